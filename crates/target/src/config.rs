@@ -1,0 +1,1 @@
+//! Configuration model (filled in by the config work).

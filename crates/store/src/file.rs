@@ -1,0 +1,399 @@
+//! File and block-device store: positional I/O (pread/pwrite) on one shared descriptor, so
+//! workers never seek and never take a lock.
+
+use crate::{check_range, BlockStore, Extent};
+use rustix::fs::{FallocateFlags, SeekFrom};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::Path;
+
+/// Size of the zero buffer used when zeroes must be written out (thick stores, no fallocate).
+const ZERO_BUFFER_BYTES: u64 = 1 << 20;
+
+pub struct FileStore {
+    file: File,
+    size_bytes: u64,
+    thin: bool,
+    block_device: bool,
+}
+
+impl FileStore {
+    /// Opens `path` (a regular file or a block device). A missing regular file is created sparse
+    /// with `create_size`; an existing shorter one is extended sparse to it. Without
+    /// `create_size` the store is as large as the file or device.
+    pub fn open(path: impl AsRef<Path>, create_size: Option<u64>, thin: bool) -> io::Result<Self> {
+        let path = path.as_ref();
+        let exists = path.exists();
+        if !exists && create_size.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{}: missing and no size given to create it", path.display()),
+            ));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(!exists)
+            .open(path)?;
+        let meta = file.metadata()?;
+        let block_device = meta.file_type().is_block_device();
+        let size_bytes = if block_device {
+            let device_bytes = rustix::fs::seek(&file, SeekFrom::End(0))?;
+            match create_size {
+                Some(want) if want > device_bytes => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "{}: device has {device_bytes} bytes, {want} requested",
+                            path.display()
+                        ),
+                    ))
+                }
+                Some(want) => want,
+                None => device_bytes,
+            }
+        } else if meta.file_type().is_file() {
+            match create_size {
+                Some(want) => {
+                    if meta.len() < want {
+                        file.set_len(want)?; // sparse extension
+                    }
+                    want
+                }
+                None => meta.len(),
+            }
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: neither a regular file nor a block device",
+                    path.display()
+                ),
+            ));
+        };
+        Ok(FileStore {
+            file,
+            size_bytes,
+            thin,
+            block_device,
+        })
+    }
+
+    pub fn is_block_device(&self) -> bool {
+        self.block_device
+    }
+
+    fn write_zero_bytes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let zeros = vec![0u8; len.min(ZERO_BUFFER_BYTES) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let piece = (len - done).min(ZERO_BUFFER_BYTES) as usize;
+            self.file.write_all_at(&zeros[..piece], offset + done)?;
+            done += piece as u64;
+        }
+        Ok(())
+    }
+
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, flags, offset, len) {
+            Ok(()) => Ok(()),
+            // Filesystems and devices without hole punching still owe zeros on read-back.
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+                self.write_zero_bytes(offset, len)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl BlockStore for FileStore {
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(self.size_bytes, offset, buf.len() as u64)?;
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, durable: bool) -> io::Result<()> {
+        check_range(self.size_bytes, offset, buf.len() as u64)?;
+        self.file.write_all_at(buf, offset)?;
+        if durable {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.size_bytes, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.thin {
+            self.punch(offset, len)
+        } else {
+            // A thick store keeps its allocation: discard only has to read back as zeros.
+            self.write_zero_bytes(offset, len)
+        }
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, deallocate: bool) -> io::Result<()> {
+        check_range(self.size_bytes, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if deallocate && self.thin {
+            return self.punch(offset, len);
+        }
+        if !self.block_device {
+            let flags = FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE;
+            if rustix::fs::fallocate(&self.file, flags, offset, len).is_ok() {
+                return Ok(());
+            }
+        }
+        self.write_zero_bytes(offset, len)
+    }
+
+    fn mapping(&self, offset: u64) -> io::Result<Extent> {
+        if offset >= self.size_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("offset {offset} outside store of {} bytes", self.size_bytes),
+            ));
+        }
+        let to_end = self.size_bytes - offset;
+        if self.block_device {
+            return Ok(Extent {
+                mapped: true,
+                len: to_end,
+            });
+        }
+        // lseek moves the shared file position, which nothing else uses (all I/O is positional).
+        let data = match rustix::fs::seek(&self.file, SeekFrom::Data(offset)) {
+            Ok(pos) => pos,
+            Err(rustix::io::Errno::NXIO) => {
+                return Ok(Extent {
+                    mapped: false,
+                    len: to_end,
+                })
+            }
+            // No SEEK_DATA support: everything counts as mapped.
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::OPNOTSUPP) => {
+                return Ok(Extent {
+                    mapped: true,
+                    len: to_end,
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if data > offset {
+            let len = (data - offset).min(to_end);
+            return Ok(Extent { mapped: false, len });
+        }
+        let hole = rustix::fs::seek(&self.file, SeekFrom::Hole(offset))?;
+        let len = hole.saturating_sub(offset).clamp(1, to_end);
+        Ok(Extent { mapped: true, len })
+    }
+
+    fn is_thin(&self) -> bool {
+        self.thin
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    struct TempPath(PathBuf);
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    fn temp_path() -> TempPath {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("ferrosan-store-test-{}-{n}", std::process::id());
+        let p = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_file(&p);
+        TempPath(p)
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn missing_file_without_size_is_an_error() {
+        let p = temp_path();
+        assert!(FileStore::open(&p.0, None, true).is_err());
+    }
+
+    #[test]
+    fn create_sparse_round_trip_and_reopen() {
+        let p = temp_path();
+        let s = FileStore::open(&p.0, Some(8 * MIB), true).unwrap();
+        assert_eq!(s.size_bytes(), 8 * MIB);
+        assert!(!s.is_block_device());
+        let mut buf = vec![1u8; 4096];
+        s.read_at(&mut buf, 0).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+        s.write_at(&data, MIB - 4096, true).unwrap();
+        s.flush().unwrap();
+        drop(s);
+        let s = FileStore::open(&p.0, None, true).unwrap();
+        assert_eq!(s.size_bytes(), 8 * MIB);
+        let mut back = vec![0u8; 8192];
+        s.read_at(&mut back, MIB - 4096).unwrap();
+        assert_eq!(back, data);
+        // Growing an existing file on request.
+        drop(s);
+        let s = FileStore::open(&p.0, Some(16 * MIB), true).unwrap();
+        assert_eq!(s.size_bytes(), 16 * MIB);
+        assert_eq!(std::fs::metadata(&p.0).unwrap().len(), 16 * MIB);
+    }
+
+    #[test]
+    fn out_of_range_is_an_error() {
+        let p = temp_path();
+        let s = FileStore::open(&p.0, Some(MIB), true).unwrap();
+        let mut buf = [0u8; 512];
+        assert!(s.read_at(&mut buf, MIB - 511).is_err());
+        assert!(s.write_at(&buf, u64::MAX, false).is_err());
+        assert!(s.discard(MIB, 1).is_err());
+        assert!(s.write_zeroes(u64::MAX - 1, 4, true).is_err());
+        assert!(s.mapping(MIB).is_err());
+        s.read_at(&mut [], MIB).unwrap();
+    }
+
+    #[test]
+    fn short_file_reads_are_errors_not_panics() {
+        let p = temp_path();
+        let s = FileStore::open(&p.0, Some(MIB), true).unwrap();
+        // Someone truncates the file under us.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p.0)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        let mut buf = vec![0u8; 8192];
+        assert!(s.read_at(&mut buf, 0).is_err());
+    }
+
+    #[test]
+    fn punch_reads_zero_and_shows_in_extents() {
+        let p = temp_path();
+        let s = FileStore::open(&p.0, Some(4 * MIB), true).unwrap();
+        assert!(s.is_thin());
+        assert!(!s.mapping(0).unwrap().mapped);
+        s.write_at(&vec![0xEEu8; (4 * MIB) as usize], 0, false)
+            .unwrap();
+        s.flush().unwrap();
+        let e = s.mapping(0).unwrap();
+        assert!(e.mapped);
+        assert_eq!(e.len, 4 * MIB);
+        s.discard(MIB, MIB).unwrap();
+        let mut buf = vec![1u8; (4 * MIB) as usize];
+        s.read_at(&mut buf, 0).unwrap();
+        let (a, rest) = buf.split_at(MIB as usize);
+        let (hole, tail) = rest.split_at(MIB as usize);
+        assert!(a.iter().all(|&b| b == 0xEE));
+        assert!(hole.iter().all(|&b| b == 0));
+        assert!(tail.iter().all(|&b| b == 0xEE));
+        // tmpfs, ext4, xfs and btrfs all report the punched hole at 4 KiB granularity.
+        assert_eq!(
+            s.mapping(0).unwrap(),
+            Extent {
+                mapped: true,
+                len: MIB
+            }
+        );
+        assert_eq!(
+            s.mapping(MIB).unwrap(),
+            Extent {
+                mapped: false,
+                len: MIB
+            }
+        );
+        assert_eq!(
+            s.mapping(MIB + 4096).unwrap(),
+            Extent {
+                mapped: false,
+                len: MIB - 4096
+            }
+        );
+        assert_eq!(
+            s.mapping(2 * MIB).unwrap(),
+            Extent {
+                mapped: true,
+                len: 2 * MIB
+            }
+        );
+        s.write_zeroes(2 * MIB, MIB, true).unwrap();
+        assert_eq!(
+            s.mapping(MIB).unwrap(),
+            Extent {
+                mapped: false,
+                len: 2 * MIB
+            }
+        );
+        s.write_zeroes(0, 4096, false).unwrap();
+        let mut first = vec![1u8; 4096];
+        s.read_at(&mut first, 0).unwrap();
+        assert!(first.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn thick_discard_zeroes_without_punching() {
+        let p = temp_path();
+        let s = FileStore::open(&p.0, Some(2 * MIB), false).unwrap();
+        assert!(!s.is_thin());
+        s.write_at(&vec![3u8; (2 * MIB) as usize], 0, true).unwrap();
+        s.discard(0, MIB).unwrap();
+        let mut buf = vec![1u8; MIB as usize];
+        s.read_at(&mut buf, 0).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+        assert_eq!(
+            s.mapping(0).unwrap(),
+            Extent {
+                mapped: true,
+                len: 2 * MIB
+            }
+        );
+    }
+
+    #[test]
+    fn concurrent_writers_on_different_ranges() {
+        let p = temp_path();
+        let s = Arc::new(FileStore::open(&p.0, Some(2 * MIB), true).unwrap());
+        let handles: Vec<_> = (0..2u8)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..64u64 {
+                        s.write_at(&[t + 1; 4096], t as u64 * MIB + i * 4096, false)
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let mut buf = vec![0u8; 64 * 4096];
+        s.read_at(&mut buf, 0).unwrap();
+        assert!(buf.iter().all(|&b| b == 1));
+        s.read_at(&mut buf, MIB).unwrap();
+        assert!(buf.iter().all(|&b| b == 2));
+    }
+}

@@ -1,1 +1,0 @@
-//! Configuration model (filled in by the config work).

@@ -1,0 +1,226 @@
+//! Quick exports: `serve --listen ADDR --target IQN --lun SPEC...` and the demo.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use super::names::{
+    check_iscsi_name, derive_identity, parse_listen, parse_size, portals_overlap,
+    ISCSI_PORT_DEFAULT,
+};
+use super::{
+    Config, ConfigError, DeviceConfig, InitiatorGroup, Limits, LunMapping, PortalGroup,
+    ServerConfig, StoreKind, TargetConfig, COMMAND_LINE, DEMO_TARGET_IQN,
+};
+
+/// The size of the demo's RAM LUN and of a quick export that names no LUN: 1 GiB.
+pub(crate) const DEMO_RAM_BYTES: u64 = 1 << 30;
+
+fn cli_error(field: String, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        file: COMMAND_LINE.to_string(),
+        line: 0,
+        column: 0,
+        field,
+        message: message.into(),
+    }
+}
+
+/// One parsed `--lun` argument.
+struct LunSpec {
+    store: StoreKind,
+    block_size: u32,
+    read_only: bool,
+}
+
+pub(crate) fn demo() -> Config {
+    let lun = LunSpec {
+        store: StoreKind::Ram {
+            size_bytes: DEMO_RAM_BYTES,
+        },
+        block_size: 512,
+        read_only: false,
+    };
+    let listen = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ISCSI_PORT_DEFAULT);
+    quick_export(vec![listen], DEMO_TARGET_IQN, vec![lun])
+}
+
+pub(crate) fn from_cli(
+    listen: &[String],
+    target: &str,
+    luns: &[String],
+) -> Result<Config, ConfigError> {
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for (i, a) in listen.iter().enumerate() {
+        let field = format!("--listen {a}");
+        let addr = parse_listen(a).map_err(|m| cli_error(field.clone(), m))?;
+        if let Some(other) = addrs.iter().find(|o| portals_overlap(**o, addr)) {
+            return Err(cli_error(
+                field,
+                format!("overlaps --listen {other} (argument {i})"),
+            ));
+        }
+        addrs.push(addr);
+    }
+    if addrs.is_empty() {
+        addrs.push(SocketAddr::new(
+            Ipv4Addr::LOCALHOST.into(),
+            ISCSI_PORT_DEFAULT,
+        ));
+    }
+    let target = if target.is_empty() {
+        DEMO_TARGET_IQN
+    } else {
+        target
+    };
+    check_iscsi_name(target).map_err(|m| cli_error(format!("--target {target}"), m))?;
+    let mut specs = Vec::new();
+    for spec in luns {
+        specs.push(parse_lun_spec(spec).map_err(|m| cli_error(format!("--lun {spec}"), m))?);
+    }
+    if specs.is_empty() {
+        specs.push(LunSpec {
+            store: StoreKind::Ram {
+                size_bytes: DEMO_RAM_BYTES,
+            },
+            block_size: 512,
+            read_only: false,
+        });
+    }
+    for (i, a) in specs.iter().enumerate() {
+        let path = |s: &StoreKind| match s {
+            StoreKind::File { path, .. } | StoreKind::Block { path } => Some(path.clone()),
+            StoreKind::Ram { .. } => None,
+        };
+        if let Some(p) = path(&a.store) {
+            if specs[..i]
+                .iter()
+                .any(|b| path(&b.store).as_ref() == Some(&p))
+            {
+                return Err(cli_error(
+                    format!("--lun {}", luns[i]),
+                    format!("{} is exported twice", p.display()),
+                ));
+            }
+        }
+    }
+    Ok(quick_export(addrs, target, specs))
+}
+
+/// `ram:SIZE` | `file:PATH[,size=SIZE]` | `block:PATH`, each with optional
+/// `,block_size=512|4096` and `,ro` at the end.
+fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
+    let (kind, mut rest) = spec
+        .split_once(':')
+        .ok_or("expected ram:SIZE, file:PATH[,size=SIZE] or block:PATH")?;
+    let mut size = None;
+    let mut block_size = 512u32;
+    let mut read_only = false;
+    // Peel known options off the end, so that a path may contain commas.
+    while let Some((head, opt)) = rest.rsplit_once(',') {
+        if opt == "ro" {
+            read_only = true;
+        } else if let Some(v) = opt.strip_prefix("size=") {
+            size = Some(parse_size(v)?);
+        } else if let Some(v) = opt.strip_prefix("block_size=") {
+            block_size = match v {
+                "512" => 512,
+                "4096" => 4096,
+                _ => return Err(format!("block_size must be 512 or 4096, got {v}")),
+            };
+        } else {
+            break;
+        }
+        rest = head;
+    }
+    let store = match kind {
+        "ram" => {
+            if size.is_some() {
+                return Err("ram takes its size as ram:SIZE".into());
+            }
+            let n = parse_size(rest)?;
+            size = Some(n);
+            StoreKind::Ram { size_bytes: n }
+        }
+        "file" | "block" if rest.is_empty() => return Err(format!("{kind}: needs a path")),
+        "file" => StoreKind::File {
+            path: PathBuf::from(rest),
+            size_bytes: size,
+        },
+        "block" => {
+            if size.is_some() {
+                return Err("a block device's size is the device's own; remove size=".into());
+            }
+            StoreKind::Block {
+                path: PathBuf::from(rest),
+            }
+        }
+        other => {
+            return Err(format!(
+                "unknown store {other:?}: expected ram, file or block"
+            ))
+        }
+    };
+    if let Some(n) = size {
+        if n == 0 {
+            return Err("size must not be 0".into());
+        }
+        if n % u64::from(block_size) != 0 {
+            return Err(format!(
+                "size {n} is not a multiple of block_size {block_size}"
+            ));
+        }
+    }
+    Ok(LunSpec {
+        store,
+        block_size,
+        read_only,
+    })
+}
+
+/// One target on one portal group, open to any initiator, LUNs numbered in order.
+/// Identities: from target IQN + LUN for RAM, from the path for files and block devices.
+fn quick_export(listen: Vec<SocketAddr>, iqn: &str, specs: Vec<LunSpec>) -> Config {
+    let mut devices = Vec::new();
+    let mut luns = Vec::new();
+    for (lun, spec) in specs.into_iter().enumerate() {
+        let key = match &spec.store {
+            StoreKind::Ram { .. } => format!("ram:{iqn}:{lun}"),
+            StoreKind::File { path, .. } => format!("file:{}", path.display()),
+            StoreKind::Block { path } => format!("block:{}", path.display()),
+        };
+        let (serial, naa) = derive_identity(&key);
+        let name = format!("lun{lun}");
+        luns.push(LunMapping {
+            lun: lun as u64,
+            device: name.clone(),
+            read_only: spec.read_only,
+        });
+        devices.push(DeviceConfig {
+            name,
+            store: spec.store,
+            block_size: spec.block_size,
+            serial,
+            naa,
+            read_only: spec.read_only,
+            write_cache: false,
+            thin: true,
+        });
+    }
+    Config {
+        server: ServerConfig::default(),
+        limits: Limits::default(),
+        portal_groups: vec![PortalGroup { tag: 1, listen }],
+        devices,
+        targets: vec![TargetConfig {
+            iqn: iqn.to_string(),
+            alias: None,
+            portal_groups: vec![1],
+            groups: vec![InitiatorGroup {
+                name: "default".into(),
+                initiators: Vec::new(),
+                any_initiator: true,
+                luns,
+            }],
+        }],
+    }
+}

@@ -1,0 +1,893 @@
+//! The declarative config file: raw (spanned) TOML structures, validation and resolution.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::names::{
+    check_iscsi_name, check_object_name, check_serial, derive_identity, parse_listen, parse_naa,
+    parse_size, portals_overlap,
+};
+use super::{
+    Config, ConfigError, ConfigErrors, DeviceConfig, InitiatorGroup, LunMapping, PortalGroup,
+    RawLimits, ServerConfig, StoreKind, TargetConfig, LIMIT_TABLE,
+};
+
+/// The largest LUN number (flat addressing, SAM-5).
+pub(crate) const LUN_MAX: u64 = 16_383;
+/// The longest TargetAlias, in bytes (RFC 7143 text value limit).
+const ALIAS_BYTES_MAX: usize = 255;
+const WORKERS_MAX: i64 = 1024;
+
+type S<T> = Spanned<T>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    server: Option<RawServer>,
+    limits: Option<RawLimits>,
+    #[serde(default)]
+    portal_group: Vec<S<RawPortalGroup>>,
+    #[serde(default)]
+    device: Vec<S<RawDevice>>,
+    #[serde(default)]
+    target: Vec<S<RawTarget>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    workers: Option<S<i64>>,
+    identity_seed: Option<S<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPortalGroup {
+    tag: Option<S<i64>>,
+    listen: Option<S<Vec<S<String>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    name: Option<S<String>>,
+    store: Option<S<String>>,
+    path: Option<S<String>>,
+    size: Option<S<toml::Value>>,
+    block_size: Option<S<i64>>,
+    serial: Option<S<String>>,
+    naa: Option<S<String>>,
+    read_only: Option<S<bool>>,
+    write_cache: Option<S<bool>>,
+    thin: Option<S<bool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    iqn: Option<S<String>>,
+    alias: Option<S<String>>,
+    portal_groups: Option<S<Vec<S<i64>>>>,
+    #[serde(default)]
+    group: Vec<S<RawGroup>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: Option<S<String>>,
+    initiators: Option<S<Vec<S<String>>>>,
+    any_initiator: Option<S<bool>>,
+    luns: Option<S<Vec<S<RawLun>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLun {
+    lun: Option<S<i64>>,
+    device: Option<S<String>>,
+    read_only: Option<S<bool>>,
+}
+
+/// Validation context: the source (to turn byte offsets into lines) and the errors so far.
+pub(crate) struct Cx<'a> {
+    src: &'a str,
+    file: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+impl<'a> Cx<'a> {
+    fn new(src: &'a str, file: &'a str) -> Self {
+        Cx {
+            src,
+            file,
+            errors: Vec::new(),
+        }
+    }
+
+    /// 1-based (line, column in characters) of a byte offset.
+    fn line_col(&self, offset: usize) -> (usize, usize) {
+        let mut offset = offset.min(self.src.len());
+        while !self.src.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &self.src[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        (line, before[line_start..].chars().count() + 1)
+    }
+
+    pub(crate) fn err(
+        &mut self,
+        span: Range<usize>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) {
+        let (line, column) = self.line_col(span.start);
+        self.errors.push(ConfigError {
+            file: self.file.to_string(),
+            line,
+            column,
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    /// The value if it lies in `min..=max`, else an error naming the range.
+    pub(crate) fn int_in(&mut self, v: &S<i64>, min: i64, max: i64, field: &str) -> Option<i64> {
+        let x = *v.get_ref();
+        if (min..=max).contains(&x) {
+            Some(x)
+        } else {
+            self.err(
+                v.span(),
+                field,
+                format!("must be in {min}..={max}, got {x}"),
+            );
+            None
+        }
+    }
+}
+
+/// `Some(&value)` of a required field, or an error at the enclosing table.
+fn required<'v, T>(
+    cx: &mut Cx<'_>,
+    v: &'v Option<S<T>>,
+    table: &Range<usize>,
+    field: String,
+) -> Option<&'v S<T>> {
+    if v.is_none() {
+        cx.err(table.clone(), field, "missing (required)");
+    }
+    v.as_ref()
+}
+
+fn bool_or(v: &Option<S<bool>>, default: bool) -> bool {
+    v.as_ref().map_or(default, |b| *b.get_ref())
+}
+
+/// Turns a TOML syntax/type error into a located error naming the key it is about.
+fn syntax_error(cx: &mut Cx<'_>, e: &toml::de::Error) {
+    let span = e.span().unwrap_or(0..0);
+    let message = e.message().trim().to_string();
+    let field = key_from_message(&message)
+        .or_else(|| key_before(cx.src, span.start))
+        .unwrap_or_else(|| "toml".to_string());
+    cx.err(span, field, message);
+}
+
+/// `unknown field `x`` / `missing field `x`` → `x`.
+fn key_from_message(message: &str) -> Option<String> {
+    let rest = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("missing field `"))?;
+    Some(rest[..rest.find('`')?].to_string())
+}
+
+/// The key of a `key = value` whose value starts at `offset`.
+fn key_before(src: &str, offset: usize) -> Option<String> {
+    let before = src.get(..offset)?.trim_end();
+    let before = before.strip_suffix('=')?.trim_end();
+    let start = before
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"')))
+        .map_or(0, |i| i + 1);
+    let key = &before[start..];
+    (!key.is_empty()).then(|| key.to_string())
+}
+
+pub(crate) fn from_toml_str(text: &str, file_name: &str) -> Result<Config, ConfigErrors> {
+    let mut cx = Cx::new(text, file_name);
+    let raw: RawFile = match toml::from_str(text) {
+        Ok(raw) => raw,
+        Err(e) => {
+            syntax_error(&mut cx, &e);
+            return Err(ConfigErrors { errors: cx.errors });
+        }
+    };
+    let config = resolve(&mut cx, &raw);
+    if cx.errors.is_empty() {
+        Ok(config)
+    } else {
+        let mut errors = cx.errors;
+        errors.sort_by_key(|e| (e.line, e.column));
+        Err(ConfigErrors { errors })
+    }
+}
+
+fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
+    let mut server = ServerConfig::default();
+    let mut identity_seed = String::new();
+    if let Some(s) = &raw.server {
+        if let Some(w) = &s.workers {
+            if let Some(w) = cx.int_in(w, 0, WORKERS_MAX, "server: workers") {
+                server.workers = w as usize;
+            }
+        }
+        if let Some(seed) = &s.identity_seed {
+            identity_seed = seed.get_ref().clone();
+        }
+    }
+    let limits = match &raw.limits {
+        Some(l) => {
+            let limits = l.resolve(cx);
+            check_limit_relations(cx, l, &limits);
+            limits
+        }
+        None => super::Limits::default(),
+    };
+    let portal_groups = resolve_portal_groups(cx, &raw.portal_group);
+    let devices = resolve_devices(cx, &raw.device, &identity_seed);
+    let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices);
+    Config {
+        server,
+        limits,
+        portal_groups,
+        devices,
+        targets,
+    }
+}
+
+fn check_limit_relations(cx: &mut Cx<'_>, raw: &RawLimits, l: &super::Limits) {
+    let span = |key: &str| raw.span_of(key).unwrap_or(0..0);
+    if l.first_burst_length > l.max_burst_length {
+        cx.err(
+            span("first_burst_length"),
+            "limits: first_burst_length",
+            format!(
+                "must not exceed max_burst_length ({}), got {}",
+                l.max_burst_length, l.first_burst_length
+            ),
+        );
+    }
+    if l.max_connections_per_source > l.max_connections {
+        cx.err(
+            span("max_connections_per_source"),
+            "limits: max_connections_per_source",
+            format!(
+                "must not exceed max_connections ({}), got {}",
+                l.max_connections, l.max_connections_per_source
+            ),
+        );
+    }
+    let need = u64::from(l.max_recv_data_segment_length) + u64::from(l.max_burst_length);
+    if l.memory_per_connection_bytes < need {
+        let key = [
+            "memory_per_connection_bytes",
+            "max_burst_length",
+            "max_recv_data_segment_length",
+        ]
+        .into_iter()
+        .find(|k| raw.span_of(k).is_some())
+        .unwrap_or("memory_per_connection_bytes");
+        cx.err(
+            span(key),
+            format!("limits: {key}"),
+            format!(
+                "memory_per_connection_bytes ({}) must be at least max_recv_data_segment_length + max_burst_length ({need})",
+                l.memory_per_connection_bytes
+            ),
+        );
+    }
+    debug_assert!(LIMIT_TABLE.iter().all(|(_, d, lo, hi)| lo <= d && d <= hi));
+}
+
+fn resolve_portal_groups(cx: &mut Cx<'_>, raw: &[S<RawPortalGroup>]) -> Vec<PortalGroup> {
+    let mut groups = Vec::new();
+    let mut tags: HashMap<u16, ()> = HashMap::new();
+    let mut seen: Vec<(SocketAddr, String)> = Vec::new();
+    for (i, rg) in raw.iter().enumerate() {
+        let table = rg.span();
+        let rg = rg.get_ref();
+        let mut ctx = format!("portal_group #{}", i + 1);
+        let mut tag = None;
+        if let Some(t) = required(cx, &rg.tag, &table, format!("{ctx}: tag")) {
+            if let Some(t) = cx.int_in(t, 1, 65_535, &format!("{ctx}: tag")) {
+                let t = t as u16;
+                ctx = format!("portal_group {t}");
+                if tags.insert(t, ()).is_some() {
+                    cx.err(
+                        rg.tag.as_ref().map_or(table.clone(), |v| v.span()),
+                        format!("{ctx}: tag"),
+                        format!("duplicate portal group tag {t}"),
+                    );
+                }
+                tag = Some(t);
+            }
+        }
+        let mut listen = Vec::new();
+        if let Some(l) = required(cx, &rg.listen, &table, format!("{ctx}: listen")) {
+            if l.get_ref().is_empty() {
+                cx.err(
+                    l.span(),
+                    format!("{ctx}: listen"),
+                    "must name at least one address",
+                );
+            }
+            for (j, a) in l.get_ref().iter().enumerate() {
+                let field = format!("{ctx}: listen[{j}]");
+                match parse_listen(a.get_ref()) {
+                    Err(m) => cx.err(a.span(), field, m),
+                    Ok(addr) => {
+                        if let Some((other, where_)) =
+                            seen.iter().find(|(o, _)| portals_overlap(*o, addr))
+                        {
+                            let msg = if *other == addr {
+                                format!("{addr} is already listed in {where_}")
+                            } else {
+                                format!("{addr} overlaps {other} ({where_}): a wildcard and a specific address of the same family on one port")
+                            };
+                            cx.err(a.span(), field, msg);
+                        } else {
+                            seen.push((addr, field.clone()));
+                        }
+                        listen.push(addr);
+                    }
+                }
+            }
+        }
+        if let Some(tag) = tag {
+            groups.push(PortalGroup { tag, listen });
+        }
+    }
+    groups
+}
+
+fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<DeviceConfig> {
+    let mut devices: Vec<DeviceConfig> = Vec::new();
+    let mut names: HashSet<String> = HashSet::new();
+    let mut naas: HashMap<Vec<u8>, String> = HashMap::new();
+    let mut paths: HashMap<PathBuf, String> = HashMap::new();
+    for (i, rd) in raw.iter().enumerate() {
+        let table = rd.span();
+        let rd = rd.get_ref();
+        let mut ok = true;
+        let mut ctx = format!("device #{}", i + 1);
+        let name = match required(cx, &rd.name, &table, format!("{ctx}: name")) {
+            Some(n) => {
+                ctx = format!("device {:?}", n.get_ref());
+                if let Err(m) = check_object_name(n.get_ref()) {
+                    cx.err(n.span(), format!("{ctx}: name"), m);
+                    ok = false;
+                } else if !names.insert(n.get_ref().clone()) {
+                    cx.err(n.span(), format!("{ctx}: name"), "duplicate device name");
+                    ok = false;
+                }
+                n.get_ref().clone()
+            }
+            None => {
+                ok = false;
+                String::new()
+            }
+        };
+        let block_size = match &rd.block_size {
+            None => 512,
+            Some(b) if matches!(*b.get_ref(), 512 | 4096) => *b.get_ref() as u32,
+            Some(b) => {
+                cx.err(
+                    b.span(),
+                    format!("{ctx}: block_size"),
+                    format!("must be 512 or 4096, got {}", b.get_ref()),
+                );
+                ok = false;
+                512
+            }
+        };
+        let size = match &rd.size {
+            None => None,
+            Some(s) => {
+                let parsed = match s.get_ref() {
+                    toml::Value::Integer(n) if *n >= 0 => Ok(*n as u64),
+                    toml::Value::Integer(n) => Err(format!("must not be negative, got {n}")),
+                    toml::Value::String(t) => parse_size(t),
+                    other => Err(format!(
+                        "must be a number of bytes or a string like \"10G\", got a {}",
+                        other.type_str()
+                    )),
+                };
+                match parsed {
+                    Ok(0) => {
+                        cx.err(s.span(), format!("{ctx}: size"), "must not be 0");
+                        ok = false;
+                        None
+                    }
+                    Ok(n) if n % u64::from(block_size) != 0 => {
+                        cx.err(
+                            s.span(),
+                            format!("{ctx}: size"),
+                            format!("must be a multiple of block_size ({block_size}), got {n}"),
+                        );
+                        ok = false;
+                        None
+                    }
+                    Ok(n) => Some((n, s.span())),
+                    Err(m) => {
+                        cx.err(s.span(), format!("{ctx}: size"), m);
+                        ok = false;
+                        None
+                    }
+                }
+            }
+        };
+        let store = match required(cx, &rd.store, &table, format!("{ctx}: store")) {
+            None => None,
+            Some(st) => {
+                let path = rd.path.as_ref();
+                let path_field = format!("{ctx}: path");
+                match st.get_ref().as_str() {
+                    "ram" => {
+                        if let Some(p) = path {
+                            cx.err(p.span(), path_field, "a ram device has no path");
+                            ok = false;
+                        }
+                        match (&rd.size, &size) {
+                            (_, Some((n, _))) => Some(StoreKind::Ram { size_bytes: *n }),
+                            (None, _) => {
+                                cx.err(
+                                    st.span(),
+                                    format!("{ctx}: size"),
+                                    "missing: a ram device needs a size",
+                                );
+                                None
+                            }
+                            (Some(_), None) => None,
+                        }
+                    }
+                    "file" | "block" => {
+                        let is_file = st.get_ref() == "file";
+                        let path = match path {
+                            None => {
+                                cx.err(
+                                    st.span(),
+                                    path_field,
+                                    format!("missing: a {} device needs a path", st.get_ref()),
+                                );
+                                None
+                            }
+                            Some(p) if p.get_ref().is_empty() => {
+                                cx.err(p.span(), path_field, "must not be empty");
+                                None
+                            }
+                            Some(p) => {
+                                let pb = PathBuf::from(p.get_ref());
+                                if let Some(other) = paths.get(&pb) {
+                                    cx.err(
+                                        p.span(),
+                                        path_field,
+                                        format!("{:?} is already the path of {other}", p.get_ref()),
+                                    );
+                                    ok = false;
+                                } else {
+                                    paths.insert(pb.clone(), ctx.clone());
+                                }
+                                Some(pb)
+                            }
+                        };
+                        if !is_file {
+                            if let (Some(s), Some(_)) = (&rd.size, &size) {
+                                cx.err(
+                                    s.span(),
+                                    format!("{ctx}: size"),
+                                    "a block device's size is the device's own; remove `size`",
+                                );
+                                ok = false;
+                            }
+                        }
+                        match (path, is_file) {
+                            (Some(path), true) => Some(StoreKind::File {
+                                path,
+                                size_bytes: size.map(|(n, _)| n),
+                            }),
+                            (Some(path), false) => Some(StoreKind::Block { path }),
+                            (None, _) => None,
+                        }
+                    }
+                    other => {
+                        cx.err(
+                            st.span(),
+                            format!("{ctx}: store"),
+                            format!("must be \"ram\", \"file\" or \"block\", got {other:?}"),
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        let (derived_serial, derived_naa) = derive_identity(&format!("{seed}device:{name}"));
+        let serial = match &rd.serial {
+            None => derived_serial,
+            Some(s) => {
+                if let Err(m) = check_serial(s.get_ref()) {
+                    cx.err(s.span(), format!("{ctx}: serial"), m);
+                    ok = false;
+                }
+                s.get_ref().clone()
+            }
+        };
+        let naa = match &rd.naa {
+            None => derived_naa,
+            Some(n) => match parse_naa(n.get_ref()) {
+                Ok(b) => b,
+                Err(m) => {
+                    cx.err(n.span(), format!("{ctx}: naa"), m);
+                    ok = false;
+                    Vec::new()
+                }
+            },
+        };
+        if ok && !naa.is_empty() {
+            if let Some(other) = naas.get(&naa) {
+                let span = rd.naa.as_ref().map_or(table.clone(), |n| n.span());
+                cx.err(
+                    span,
+                    format!("{ctx}: naa"),
+                    format!(
+                        "same NAA identifier as {other}: initiators would take them for one LU"
+                    ),
+                );
+            } else {
+                naas.insert(naa.clone(), ctx.clone());
+            }
+        }
+        if let (true, Some(store)) = (ok, store) {
+            devices.push(DeviceConfig {
+                name,
+                store,
+                block_size,
+                serial,
+                naa,
+                read_only: bool_or(&rd.read_only, false),
+                write_cache: bool_or(&rd.write_cache, false),
+                thin: bool_or(&rd.thin, true),
+            });
+        } else if !name.is_empty() {
+            // Keep the name known so that mappings to it do not report a second error.
+            devices.push(DeviceConfig {
+                name,
+                store: StoreKind::Ram { size_bytes: 0 },
+                block_size,
+                serial: String::new(),
+                naa: Vec::new(),
+                read_only: false,
+                write_cache: false,
+                thin: false,
+            });
+        }
+    }
+    devices
+}
+
+fn resolve_targets(
+    cx: &mut Cx<'_>,
+    raw: &[S<RawTarget>],
+    portal_groups: &[PortalGroup],
+    devices: &[DeviceConfig],
+) -> Vec<TargetConfig> {
+    let mut targets = Vec::new();
+    let mut iqns: HashSet<String> = HashSet::new();
+    for (i, rt) in raw.iter().enumerate() {
+        let table = rt.span();
+        let rt = rt.get_ref();
+        let mut ctx = format!("target #{}", i + 1);
+        let mut iqn = String::new();
+        if let Some(n) = required(cx, &rt.iqn, &table, format!("{ctx}: iqn")) {
+            ctx = format!("target {:?}", n.get_ref());
+            iqn = n.get_ref().clone();
+            if let Err(m) = check_iscsi_name(&iqn) {
+                cx.err(n.span(), format!("{ctx}: iqn"), m);
+            } else if !iqns.insert(iqn.to_lowercase()) {
+                cx.err(n.span(), format!("{ctx}: iqn"), "duplicate target name");
+            }
+        }
+        let here = rt.iqn.as_ref().map_or(table.clone(), |n| n.span());
+        let alias = rt.alias.as_ref().map(|a| {
+            let s = a.get_ref();
+            if s.is_empty() || s.len() > ALIAS_BYTES_MAX || s.chars().any(char::is_control) {
+                cx.err(
+                    a.span(),
+                    format!("{ctx}: alias"),
+                    format!("must be 1 to {ALIAS_BYTES_MAX} bytes without control characters"),
+                );
+            }
+            s.clone()
+        });
+        let pgs: Vec<u16> = match &rt.portal_groups {
+            None => {
+                if portal_groups.is_empty() {
+                    cx.err(
+                        here.clone(),
+                        format!("{ctx}: portal_groups"),
+                        "no portals: define a [[portal_group]] to listen on",
+                    );
+                }
+                portal_groups.iter().map(|p| p.tag).collect()
+            }
+            Some(list) => {
+                if list.get_ref().is_empty() {
+                    cx.err(
+                        list.span(),
+                        format!("{ctx}: portal_groups"),
+                        "no portals: must name at least one portal group tag",
+                    );
+                }
+                let mut tags = Vec::new();
+                for (j, t) in list.get_ref().iter().enumerate() {
+                    let field = format!("{ctx}: portal_groups[{j}]");
+                    let x = *t.get_ref();
+                    match portal_groups.iter().find(|p| i64::from(p.tag) == x) {
+                        None => cx.err(t.span(), field, format!("no [[portal_group]] has tag {x}")),
+                        Some(p) if tags.contains(&p.tag) => {
+                            cx.err(t.span(), field, format!("tag {x} is listed twice"))
+                        }
+                        Some(p) => tags.push(p.tag),
+                    }
+                }
+                tags
+            }
+        };
+        if rt.group.is_empty() {
+            cx.err(
+                here.clone(),
+                format!("{ctx}: group"),
+                "no [[target.group]]: no initiator could log in",
+            );
+        }
+        let groups = resolve_groups(cx, &ctx, &rt.group, devices);
+        targets.push(TargetConfig {
+            iqn,
+            alias,
+            portal_groups: pgs,
+            groups,
+        });
+    }
+    targets
+}
+
+fn resolve_groups(
+    cx: &mut Cx<'_>,
+    target_ctx: &str,
+    raw: &[S<RawGroup>],
+    devices: &[DeviceConfig],
+) -> Vec<InitiatorGroup> {
+    let mut groups = Vec::new();
+    let mut group_names: HashSet<String> = HashSet::new();
+    let mut initiators_seen: HashMap<String, String> = HashMap::new();
+    let mut any_group: Option<String> = None;
+    for (i, rg) in raw.iter().enumerate() {
+        let table = rg.span();
+        let rg = rg.get_ref();
+        let mut ctx = format!("{target_ctx}: group #{}", i + 1);
+        let mut name = String::new();
+        if let Some(n) = required(cx, &rg.name, &table, format!("{ctx}: name")) {
+            name = n.get_ref().clone();
+            ctx = format!("{target_ctx}: group {name:?}");
+            if let Err(m) = check_object_name(&name) {
+                cx.err(n.span(), format!("{ctx}: name"), m);
+            } else if !group_names.insert(name.clone()) {
+                cx.err(
+                    n.span(),
+                    format!("{ctx}: name"),
+                    "duplicate group name in this target",
+                );
+            }
+        }
+        let here = rg.name.as_ref().map_or(table.clone(), |n| n.span());
+        let any_initiator = bool_or(&rg.any_initiator, false);
+        let mut initiators = Vec::new();
+        if let Some(list) = &rg.initiators {
+            for (j, ini) in list.get_ref().iter().enumerate() {
+                let field = format!("{ctx}: initiators[{j}]");
+                let s = ini.get_ref();
+                if let Err(m) = check_iscsi_name(s) {
+                    cx.err(ini.span(), field, m);
+                    continue;
+                }
+                if let Some(other) = initiators_seen.get(&s.to_lowercase()) {
+                    cx.err(
+                        ini.span(),
+                        field,
+                        format!("{s} is already listed in {other}"),
+                    );
+                    continue;
+                }
+                initiators_seen.insert(s.to_lowercase(), format!("group {name:?}"));
+                initiators.push(s.clone());
+            }
+        }
+        let listed = rg
+            .initiators
+            .as_ref()
+            .is_some_and(|l| !l.get_ref().is_empty());
+        match (&rg.any_initiator, any_initiator, listed) {
+            (_, false, false) => cx.err(
+                here.clone(),
+                format!("{ctx}: initiators"),
+                "no initiators: list some, or set `any_initiator = true` to admit every initiator not in another group",
+            ),
+            (Some(a), true, true) => cx.err(
+                a.span(),
+                format!("{ctx}: any_initiator"),
+                "a group is either for listed initiators or for any initiator, not both",
+            ),
+            (Some(a), true, _) => {
+                if let Some(other) = &any_group {
+                    cx.err(a.span(), format!("{ctx}: any_initiator"), format!("group {other:?} of this target already has any_initiator = true"));
+                } else {
+                    any_group = Some(name.clone());
+                }
+            }
+            _ => {}
+        }
+        let mut luns: Vec<LunMapping> = Vec::new();
+        if let Some(list) = &rg.luns {
+            for (j, rl) in list.get_ref().iter().enumerate() {
+                let lspan = rl.span();
+                let rl = rl.get_ref();
+                let lctx = format!("{ctx}: luns[{j}]");
+                let lun = required(cx, &rl.lun, &lspan, format!("{lctx}.lun")).and_then(|l| {
+                    cx.int_in(l, 0, LUN_MAX as i64, &format!("{lctx}.lun"))
+                        .map(|x| (x as u64, l.span()))
+                });
+                if let Some((n, span)) = &lun {
+                    if luns.iter().any(|m| m.lun == *n) {
+                        cx.err(
+                            span.clone(),
+                            format!("{lctx}.lun"),
+                            format!("LUN {n} is mapped twice in this group"),
+                        );
+                    }
+                }
+                let device =
+                    required(cx, &rl.device, &lspan, format!("{lctx}.device")).and_then(|d| {
+                        match devices.iter().find(|x| x.name == *d.get_ref()) {
+                            None => {
+                                cx.err(
+                                    d.span(),
+                                    format!("{lctx}.device"),
+                                    format!("no [[device]] is named {:?}", d.get_ref()),
+                                );
+                                None
+                            }
+                            Some(dev) => {
+                                if let Some(m) = luns.iter().find(|m| m.device == dev.name) {
+                                    cx.err(
+                                        d.span(),
+                                        format!("{lctx}.device"),
+                                        format!(
+                                            "{:?} is already mapped as LUN {} in this group",
+                                            dev.name, m.lun
+                                        ),
+                                    );
+                                }
+                                Some(dev)
+                            }
+                        }
+                    });
+                if let (Some((lun, _)), Some(dev)) = (lun, device) {
+                    luns.push(LunMapping {
+                        lun,
+                        device: dev.name.clone(),
+                        read_only: dev.read_only || bool_or(&rl.read_only, false),
+                    });
+                }
+            }
+        }
+        groups.push(InitiatorGroup {
+            name,
+            initiators,
+            any_initiator,
+            luns,
+        });
+    }
+    groups
+}
+
+/// TOML text of a string (quoted, escaped).
+fn q(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+pub(crate) fn to_toml(c: &Config) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "[server]\nworkers = {}\n", c.server.workers);
+    c.limits.write_toml(&mut out);
+    for pg in &c.portal_groups {
+        let listen: Vec<String> = pg.listen.iter().map(|a| q(&a.to_string())).collect();
+        let _ = writeln!(
+            out,
+            "\n[[portal_group]]\ntag = {}\nlisten = [{}]",
+            pg.tag,
+            listen.join(", ")
+        );
+    }
+    for d in &c.devices {
+        let _ = writeln!(out, "\n[[device]]\nname = {}", q(&d.name));
+        match &d.store {
+            StoreKind::Ram { size_bytes } => {
+                let _ = writeln!(out, "store = \"ram\"\nsize = {size_bytes}");
+            }
+            StoreKind::File { path, size_bytes } => {
+                let _ = writeln!(
+                    out,
+                    "store = \"file\"\npath = {}",
+                    q(&path.to_string_lossy())
+                );
+                if let Some(n) = size_bytes {
+                    let _ = writeln!(out, "size = {n}");
+                }
+            }
+            StoreKind::Block { path } => {
+                let _ = writeln!(
+                    out,
+                    "store = \"block\"\npath = {}",
+                    q(&path.to_string_lossy())
+                );
+            }
+        }
+        let naa: String = d.naa.iter().map(|b| format!("{b:02x}")).collect();
+        let _ = writeln!(
+            out,
+            "block_size = {}\nserial = {}\nnaa = \"0x{naa}\"\nread_only = {}\nwrite_cache = {}\nthin = {}",
+            d.block_size,
+            q(&d.serial),
+            d.read_only,
+            d.write_cache,
+            d.thin
+        );
+    }
+    for t in &c.targets {
+        let _ = writeln!(out, "\n[[target]]\niqn = {}", q(&t.iqn));
+        if let Some(a) = &t.alias {
+            let _ = writeln!(out, "alias = {}", q(a));
+        }
+        let pgs: Vec<String> = t.portal_groups.iter().map(u16::to_string).collect();
+        let _ = writeln!(out, "portal_groups = [{}]", pgs.join(", "));
+        for g in &t.groups {
+            let inis: Vec<String> = g.initiators.iter().map(|s| q(s)).collect();
+            let _ = writeln!(out, "\n  [[target.group]]\n  name = {}", q(&g.name));
+            if !inis.is_empty() {
+                let _ = writeln!(out, "  initiators = [{}]", inis.join(", "));
+            }
+            let _ = writeln!(out, "  any_initiator = {}", g.any_initiator);
+            let luns: Vec<String> = g
+                .luns
+                .iter()
+                .map(|l| {
+                    format!(
+                        "    {{ lun = {}, device = {}, read_only = {} }},\n",
+                        l.lun,
+                        q(&l.device),
+                        l.read_only
+                    )
+                })
+                .collect();
+            let _ = writeln!(out, "  luns = [\n{}  ]", luns.concat());
+        }
+    }
+    out
+}

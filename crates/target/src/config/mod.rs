@@ -1,0 +1,349 @@
+//! The configuration model of the target: what `serve` runs and `check-config` checks.
+//!
+//! Three ways lead to a validated [`Config`]: [`Config::demo`], [`Config::from_cli`] (quick
+//! exports) and [`Config::from_toml_str`] / [`Config::load`] (the declarative file described in
+//! docs/CONFIG.md). Every field of a `Config` is resolved (defaults applied, identities derived)
+//! and validated, so the engine never re-checks it.
+
+mod cli;
+mod file;
+mod names;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+pub use names::{
+    check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_size, portals_overlap,
+    ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
+};
+
+/// The target IQN of the demo and of quick exports that name none.
+pub const DEMO_TARGET_IQN: &str = "iqn.2026-11.org.ferrosan:demo";
+
+/// The largest config file [`Config::load`] reads, in bytes.
+pub const CONFIG_FILE_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// The file name used in errors about command-line arguments.
+pub const COMMAND_LINE: &str = "<command line>";
+
+/// A resolved, validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub limits: Limits,
+    pub portal_groups: Vec<PortalGroup>,
+    pub devices: Vec<DeviceConfig>,
+    pub targets: Vec<TargetConfig>,
+}
+
+/// Process-wide settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Worker threads; 0 means one per core (the engine picks).
+    pub workers: usize,
+}
+
+macro_rules! limits {
+    ($( $(#[doc = $doc:expr])* $name:ident : $ty:ty = $default:expr, $min:expr, $max:expr; )*) => {
+        /// Bounds on every queue, buffer, count and wait. Exceeding one yields the standard
+        /// protocol answer, a log line and a metric (see docs/CONFIG.md).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct Limits {
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+        }
+
+        impl Default for Limits {
+            fn default() -> Self {
+                Limits { $( $name: $default, )* }
+            }
+        }
+
+        /// `(key, default, min, max)` of every limit, for validation and documentation checks.
+        pub(crate) const LIMIT_TABLE: &[(&str, u64, u64, u64)] = &[
+            $( (stringify!($name), $default as u64, $min as u64, $max as u64), )*
+        ];
+
+        #[derive(serde::Deserialize, Default)]
+        #[serde(deny_unknown_fields)]
+        pub(crate) struct RawLimits {
+            $( #[serde(default)] pub(crate) $name: Option<toml::Spanned<i64>>, )*
+        }
+
+        impl RawLimits {
+            pub(crate) fn resolve(&self, cx: &mut file::Cx<'_>) -> Limits {
+                let mut limits = Limits::default();
+                $(
+                    if let Some(v) = &self.$name {
+                        let field = concat!("limits: ", stringify!($name));
+                        if let Some(x) = cx.int_in(v, $min as i64, $max as i64, field) {
+                            limits.$name = x as $ty;
+                        }
+                    }
+                )*
+                limits
+            }
+
+            /// The span of a limit's value, for cross-field errors.
+            pub(crate) fn span_of(&self, key: &str) -> Option<std::ops::Range<usize>> {
+                $( if key == stringify!($name) { return self.$name.as_ref().map(|v| v.span()); } )*
+                None
+            }
+        }
+
+        impl Limits {
+            fn write_toml(&self, out: &mut String) {
+                use std::fmt::Write as _;
+                out.push_str("[limits]\n");
+                $( let _ = writeln!(out, "{} = {}", stringify!($name), self.$name); )*
+            }
+        }
+    };
+}
+
+limits! {
+    /// Open connections, all portals together. Over: the new connection is closed at accept.
+    max_connections: u32 = 1024, 1, 1_000_000;
+    /// Open connections from one source IP address. Over: closed at accept.
+    max_connections_per_source: u32 = 64, 1, 1_000_000;
+    /// Connections per session (MaxConnections offered). Over: login rejected (Too many connections).
+    max_connections_per_session: u32 = 1, 1, 65_535;
+    /// Sessions, all targets together. Over: login rejected (Out of resources).
+    max_sessions: u32 = 256, 1, 1_000_000;
+    /// Commands in flight per session: the CmdSN window (MaxCmdSN - ExpCmdSN + 1).
+    max_queue_depth: u32 = 128, 1, 65_535;
+    /// MaxRecvDataSegmentLength we declare and accept, in bytes (RFC 7143: 512..2^24-1).
+    max_recv_data_segment_length: u32 = 262_144, 512, 16_777_215;
+    /// MaxBurstLength offered, in bytes.
+    max_burst_length: u32 = 1_048_576, 512, 16_777_215;
+    /// FirstBurstLength offered, in bytes; at most max_burst_length.
+    first_burst_length: u32 = 65_536, 512, 16_777_215;
+    /// MaxOutstandingR2T offered, per task.
+    max_outstanding_r2t: u32 = 8, 1, 65_535;
+    /// Seconds from accept to the end of login. Over: the connection is closed.
+    login_timeout_s: u32 = 15, 1, 3_600;
+    /// Seconds a full-feature connection may stay without any PDU from the initiator; 0 = never.
+    idle_timeout_s: u32 = 0, 0, 604_800;
+    /// Seconds of silence after which the target sends a NOP-In ping; 0 = no pings.
+    nop_in_interval_s: u32 = 5, 0, 3_600;
+    /// Seconds to wait for the answer to a NOP-In ping before dropping the connection.
+    nop_in_timeout_s: u32 = 30, 1, 3_600;
+    /// key=value pairs in one login or text negotiation. Over: login rejected / Text Reject.
+    max_text_key_count: u32 = 64, 1, 4_096;
+    /// Bytes of key=value data in one negotiation sequence (with continuations).
+    max_text_length: u32 = 8_192, 8_192, 1_048_576;
+    /// Buffer memory of one connection, in bytes: at least max_recv_data_segment_length +
+    /// max_burst_length. Reached: the engine stops reading and issues no R2T until it drains.
+    memory_per_connection_bytes: u64 = 8_388_608, 1_024, 1_073_741_824;
+}
+
+/// A target portal group: a tag and the addresses it listens on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortalGroup {
+    /// Target portal group tag, 1..=65535.
+    pub tag: u16,
+    pub listen: Vec<SocketAddr>,
+}
+
+/// A logical unit's backing store and identity, defined once and mapped by groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    pub name: String,
+    pub store: StoreKind,
+    /// 512 or 4096; the device size is a multiple of it.
+    pub block_size: u32,
+    /// Unit serial number (VPD page 0x80): 1..=20 printable ASCII.
+    pub serial: String,
+    /// NAA designator (VPD page 0x83): 8 bytes (type 2, 3, 5) or 16 bytes (type 6).
+    pub naa: Vec<u8>,
+    pub read_only: bool,
+    /// Write cache enabled (WCE) at start; false = write-through.
+    pub write_cache: bool,
+    /// UNMAP / WRITE SAME with UNMAP release space (punch holes).
+    pub thin: bool,
+}
+
+/// Where a device's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreKind {
+    Ram {
+        size_bytes: u64,
+    },
+    /// `size_bytes`: create the file sparse with this size when missing (or check it).
+    File {
+        path: PathBuf,
+        size_bytes: Option<u64>,
+    },
+    Block {
+        path: PathBuf,
+    },
+}
+
+/// An iSCSI target: a name, the portal groups it is reachable on, and its initiator groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetConfig {
+    pub iqn: String,
+    pub alias: Option<String>,
+    /// Tags of the portal groups; resolved (never empty).
+    pub portal_groups: Vec<u16>,
+    pub groups: Vec<InitiatorGroup>,
+}
+
+/// Who sees what (an SCST GROUP): initiators and their own LUN numbering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitiatorGroup {
+    pub name: String,
+    pub initiators: Vec<String>,
+    /// This group applies to every initiator not listed in another group of the target.
+    pub any_initiator: bool,
+    pub luns: Vec<LunMapping>,
+}
+
+/// One LUN of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LunMapping {
+    /// 0..=16383 (flat addressing).
+    pub lun: u64,
+    pub device: String,
+    /// Effective: the mapping's `read_only` or the device's.
+    pub read_only: bool,
+}
+
+impl TargetConfig {
+    /// The group an initiator belongs to: the group listing it (iSCSI names compare
+    /// case-insensitively), else the `any_initiator` group, else `None` (login refused).
+    pub fn group_for(&self, initiator_iqn: &str) -> Option<&InitiatorGroup> {
+        self.groups
+            .iter()
+            .find(|g| {
+                g.initiators
+                    .iter()
+                    .any(|i| names::iscsi_names_equal(i, initiator_iqn))
+            })
+            .or_else(|| self.groups.iter().find(|g| g.any_initiator))
+    }
+}
+
+impl Config {
+    /// What `ferrosan serve` runs without arguments: target `iqn.2026-11.org.ferrosan:demo`
+    /// on 127.0.0.1:3260, one 1 GiB RAM LUN 0, open to any initiator.
+    pub fn demo() -> Config {
+        cli::demo()
+    }
+
+    /// A quick export from command-line arguments (see docs/CONFIG.md, "Quick exports").
+    /// `listen` empty: 127.0.0.1:3260. `target` empty: the demo IQN. `luns` empty: `ram:1G`.
+    pub fn from_cli(
+        listen: &[String],
+        target: &str,
+        luns: &[String],
+    ) -> Result<Config, ConfigError> {
+        cli::from_cli(listen, target, luns)
+    }
+
+    /// Parses and validates a config file's text; `file_name` is used in error messages.
+    /// Returns every semantic error found (a TOML syntax or type error stops at the first).
+    pub fn from_toml_str(text: &str, file_name: &str) -> Result<Config, ConfigErrors> {
+        file::from_toml_str(text, file_name)
+    }
+
+    /// Reads (at most [`CONFIG_FILE_BYTES_MAX`] bytes) and validates a config file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
+        use std::io::Read as _;
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let io_error = |message: String| ConfigErrors {
+            errors: vec![ConfigError {
+                file: name.clone(),
+                line: 0,
+                column: 0,
+                field: "file".into(),
+                message,
+            }],
+        };
+        let file = std::fs::File::open(path).map_err(|e| io_error(format!("cannot open: {e}")))?;
+        let mut text = String::new();
+        file.take(CONFIG_FILE_BYTES_MAX + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| io_error(format!("cannot read: {e}")))?;
+        if text.len() as u64 > CONFIG_FILE_BYTES_MAX {
+            return Err(io_error(format!(
+                "larger than {CONFIG_FILE_BYTES_MAX} bytes"
+            )));
+        }
+        Config::from_toml_str(&text, &name)
+    }
+
+    /// The device named `name`.
+    pub fn device(&self, name: &str) -> Option<&DeviceConfig> {
+        self.devices.iter().find(|d| d.name == name)
+    }
+
+    /// The target named `iqn` (case-insensitive).
+    pub fn target(&self, iqn: &str) -> Option<&TargetConfig> {
+        self.targets
+            .iter()
+            .find(|t| names::iscsi_names_equal(&t.iqn, iqn))
+    }
+
+    /// The config as a file with every value explicit (derived identities included), such
+    /// that `from_toml_str(&c.to_toml(), _) == Ok(c)`. Used to persist live changes.
+    pub fn to_toml(&self) -> String {
+        file::to_toml(self)
+    }
+}
+
+/// One configuration error, located in its file. Displays as `file:line:column: field: message`
+/// (`file: field: message` when there is no line, e.g. for command-line arguments).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    pub file: String,
+    /// 1-based; 0 when the error has no line (command line, I/O).
+    pub line: usize,
+    /// 1-based, in characters.
+    pub column: usize,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}: {}", self.file, self.field, self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}: {}",
+                self.file, self.line, self.column, self.field, self.message
+            )
+        }
+    }
+}
+
+/// Every error found in one config file, in file order. Displays one error per line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors {
+    pub errors: Vec<ConfigError>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl IntoIterator for ConfigErrors {
+    type Item = ConfigError;
+    type IntoIter = std::vec::IntoIter<ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.errors.into_iter()
+    }
+}

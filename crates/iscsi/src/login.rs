@@ -1,0 +1,549 @@
+//! The login phase (RFC 7143 §6.3, §11.12-11.13): stages, text accumulation, names, admission,
+//! authentication and operational negotiation, ending in full feature phase or a failure status.
+//!
+//! The state machine does no I/O: it takes one received PDU and appends one Login Response to an
+//! output buffer. Decisions that need the target's configuration (does this target exist, may this
+//! initiator log in, which TSIH) go through [`LoginPolicy`], implemented by the engine.
+
+use crate::negotiation::{Negotiator, SessionParams, SessionType, TargetLimits};
+use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu};
+use crate::text;
+
+/// A Login Response status (class, detail), RFC 7143 §11.13.5.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoginStatus {
+    pub class: u8,
+    pub detail: u8,
+}
+
+impl LoginStatus {
+    const fn new(class: u8, detail: u8) -> LoginStatus {
+        LoginStatus { class, detail }
+    }
+    pub const SUCCESS: LoginStatus = LoginStatus::new(0, 0);
+    pub const INITIATOR_ERROR: LoginStatus = LoginStatus::new(2, 0x00);
+    pub const AUTH_FAILED: LoginStatus = LoginStatus::new(2, 0x01);
+    pub const FORBIDDEN: LoginStatus = LoginStatus::new(2, 0x02);
+    pub const NOT_FOUND: LoginStatus = LoginStatus::new(2, 0x03);
+    pub const TARGET_REMOVED: LoginStatus = LoginStatus::new(2, 0x04);
+    pub const UNSUPPORTED_VERSION: LoginStatus = LoginStatus::new(2, 0x05);
+    pub const TOO_MANY_CONNECTIONS: LoginStatus = LoginStatus::new(2, 0x06);
+    pub const MISSING_PARAMETER: LoginStatus = LoginStatus::new(2, 0x07);
+    pub const CANT_INCLUDE_IN_SESSION: LoginStatus = LoginStatus::new(2, 0x08);
+    pub const SESSION_TYPE_UNSUPPORTED: LoginStatus = LoginStatus::new(2, 0x09);
+    pub const SESSION_DOES_NOT_EXIST: LoginStatus = LoginStatus::new(2, 0x0a);
+    pub const INVALID_DURING_LOGIN: LoginStatus = LoginStatus::new(2, 0x0b);
+    pub const TARGET_ERROR: LoginStatus = LoginStatus::new(3, 0x00);
+    pub const SERVICE_UNAVAILABLE: LoginStatus = LoginStatus::new(3, 0x01);
+    pub const OUT_OF_RESOURCES: LoginStatus = LoginStatus::new(3, 0x02);
+
+    pub fn is_success(&self) -> bool {
+        self.class == 0
+    }
+}
+
+impl std::fmt::Display for LoginStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match (self.class, self.detail) {
+            (0, _) => "success",
+            (2, 0x00) => "initiator error",
+            (2, 0x01) => "authentication failure",
+            (2, 0x02) => "initiator not authorized",
+            (2, 0x03) => "target not found",
+            (2, 0x04) => "target removed",
+            (2, 0x05) => "unsupported version",
+            (2, 0x06) => "too many connections",
+            (2, 0x07) => "missing parameter",
+            (2, 0x08) => "cannot include in session",
+            (2, 0x09) => "session type not supported",
+            (2, 0x0a) => "session does not exist",
+            (2, 0x0b) => "invalid request during login",
+            (3, 0x00) => "target error",
+            (3, 0x01) => "service unavailable",
+            (3, 0x02) => "out of resources",
+            _ => "other",
+        };
+        write!(f, "{:02x}{:02x} ({what})", self.class, self.detail)
+    }
+}
+
+/// Login stages as carried in CSG/NSG.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stage {
+    Security = 0,
+    Operational = 1,
+    FullFeature = 3,
+}
+
+impl Stage {
+    fn from_bits(bits: u8) -> Option<Stage> {
+        match bits & 3 {
+            0 => Some(Stage::Security),
+            1 => Some(Stage::Operational),
+            3 => Some(Stage::FullFeature),
+            _ => None,
+        }
+    }
+}
+
+/// What the target requires before a session may proceed past the security stage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthRequirement {
+    /// AuthMethod=None is acceptable.
+    None,
+}
+
+/// The engine's answer to "may this initiator log in here?".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub target_alias: Option<String>,
+    pub portal_group_tag: u16,
+    pub auth: AuthRequirement,
+}
+
+/// Identity of the connection being logged in, passed to [`LoginPolicy::open_session`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionKey {
+    pub initiator_name: String,
+    pub isid: [u8; 6],
+    pub target_name: Option<String>,
+    pub tsih: u16,
+}
+
+pub trait LoginPolicy {
+    /// A normal session to `target_name`: may `initiator_name` log in?
+    fn admit(&mut self, initiator_name: &str, target_name: &str) -> Result<Admission, LoginStatus>;
+    /// A discovery session.
+    fn admit_discovery(&mut self, initiator_name: &str) -> Result<Admission, LoginStatus>;
+    /// The login is about to succeed: register the session (reinstating an older one with the same
+    /// initiator name and ISID) and return its TSIH.
+    fn open_session(&mut self, key: &SessionKey, session_type: SessionType) -> Result<u16, LoginStatus>;
+}
+
+/// Everything full feature phase needs from a successful login.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Established {
+    pub session_type: SessionType,
+    pub initiator_name: String,
+    pub initiator_alias: Option<String>,
+    pub target_name: Option<String>,
+    pub portal_group_tag: u16,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    pub cid: u16,
+    pub params: SessionParams,
+    /// The StatSN of the next response after the final Login Response.
+    pub next_stat_sn: u32,
+    /// The CmdSN the first full-feature command carries.
+    pub exp_cmd_sn: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoginStep {
+    /// A response was written; wait for the next Login Request.
+    Continue,
+    /// The final response was written: enter full feature phase.
+    Complete(Box<Established>),
+    /// A failure response was written (when one can be); close the connection after sending it.
+    Failed(LoginStatus),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Identity {
+    isid: [u8; 6],
+    tsih: u16,
+    cid: u16,
+    cmd_sn: u32,
+}
+
+/// Limits on one login (DESIGN.md: everything bounded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoginLimits {
+    pub max_keys: usize,
+    /// Bytes of text across continued (C bit) Login Requests.
+    pub max_text_bytes: usize,
+    /// Login Requests per login before we give up on the initiator.
+    pub max_requests: usize,
+    /// The CmdSN window opened at the start of full feature phase.
+    pub queue_depth: u32,
+}
+
+impl Default for LoginLimits {
+    fn default() -> Self {
+        LoginLimits {
+            max_keys: 64,
+            max_text_bytes: 32 * 1024,
+            max_requests: 16,
+            queue_depth: 128,
+        }
+    }
+}
+
+pub struct Login {
+    limits: LoginLimits,
+    target_limits: TargetLimits,
+    stage: Stage,
+    identity: Option<Identity>,
+    stat_sn: u32,
+    requests: usize,
+    continued_text: Vec<u8>,
+    initiator_name: Option<String>,
+    initiator_alias: Option<String>,
+    target_name: Option<String>,
+    admission: Option<Admission>,
+    negotiator: Option<Negotiator>,
+    authenticated: bool,
+}
+
+impl Login {
+    pub fn new(limits: LoginLimits, target_limits: TargetLimits, initial_stat_sn: u32) -> Login {
+        Login {
+            limits,
+            target_limits,
+            stage: Stage::Security,
+            identity: None,
+            stat_sn: initial_stat_sn,
+            requests: 0,
+            continued_text: Vec::new(),
+            initiator_name: None,
+            initiator_alias: None,
+            target_name: None,
+            admission: None,
+            negotiator: None,
+            authenticated: false,
+        }
+    }
+
+    /// The framing used while logging in (no digests, 8 KiB segments).
+    pub fn framing(&self) -> Framing {
+        Framing::LOGIN
+    }
+
+    /// Handles one PDU received during login and appends the response to `out`.
+    pub fn handle(&mut self, pdu: &Pdu<'_>, policy: &mut dyn LoginPolicy, out: &mut Vec<u8>) -> LoginStep {
+        self.requests += 1;
+        if pdu.bhs.opcode_raw() != Opcode::LoginRequest as u8 {
+            return self.fail(pdu, LoginStatus::INVALID_DURING_LOGIN, out);
+        }
+        if self.requests > self.limits.max_requests {
+            return self.fail(pdu, LoginStatus::INITIATOR_ERROR, out);
+        }
+        match self.step(pdu, policy, out) {
+            Ok(step) => step,
+            Err(status) => self.fail(pdu, status, out),
+        }
+    }
+
+    fn step(
+        &mut self,
+        pdu: &Pdu<'_>,
+        policy: &mut dyn LoginPolicy,
+        out: &mut Vec<u8>,
+    ) -> Result<LoginStep, LoginStatus> {
+        let bhs = &pdu.bhs;
+        let flags = bhs.flags();
+        let transit = flags & 0x80 != 0;
+        let cont = flags & 0x40 != 0;
+        let csg = Stage::from_bits(flags >> 2).ok_or(LoginStatus::INITIATOR_ERROR)?;
+        let nsg_bits = flags & 3;
+        let version_max = bhs.0[2];
+        let version_min = bhs.0[3];
+        let mut isid = [0u8; 6];
+        isid.copy_from_slice(&bhs.0[8..14]);
+        let identity = Identity {
+            isid,
+            tsih: bhs.u16_at(14),
+            cid: bhs.u16_at(20),
+            cmd_sn: bhs.u32_at(off::CMD_SN),
+        };
+
+        match self.identity {
+            None => {
+                // We speak version 0 only (RFC 7143 §11.12.4).
+                if version_min > 0 || version_max < version_min {
+                    return Err(LoginStatus::UNSUPPORTED_VERSION);
+                }
+                if csg == Stage::FullFeature {
+                    return Err(LoginStatus::INITIATOR_ERROR);
+                }
+                self.stage = csg;
+                self.identity = Some(identity);
+            }
+            Some(first) => {
+                if first.isid != identity.isid || first.tsih != identity.tsih || first.cid != identity.cid {
+                    return Err(LoginStatus::INITIATOR_ERROR);
+                }
+                if csg != self.stage {
+                    return Err(LoginStatus::INITIATOR_ERROR);
+                }
+            }
+        }
+        if transit && cont {
+            return Err(LoginStatus::INITIATOR_ERROR);
+        }
+        let next_stage = if transit {
+            let nsg = Stage::from_bits(nsg_bits).ok_or(LoginStatus::INITIATOR_ERROR)?;
+            if nsg <= csg {
+                return Err(LoginStatus::INITIATOR_ERROR);
+            }
+            Some(nsg)
+        } else {
+            None
+        };
+
+        if self.continued_text.len() + pdu.data.len() > self.limits.max_text_bytes {
+            return Err(LoginStatus::OUT_OF_RESOURCES);
+        }
+        if cont {
+            // Part of a longer text: acknowledge with an empty response and wait for the rest.
+            self.continued_text.extend_from_slice(pdu.data);
+            self.respond(pdu, csg, None, &[], LoginStatus::SUCCESS, out);
+            return Ok(LoginStep::Continue);
+        }
+        let text_bytes = if self.continued_text.is_empty() {
+            pdu.data.to_vec()
+        } else {
+            let mut all = std::mem::take(&mut self.continued_text);
+            all.extend_from_slice(pdu.data);
+            all
+        };
+        let offers = text::parse(&text_bytes, self.limits.max_keys).map_err(|_| LoginStatus::INITIATOR_ERROR)?;
+
+        let mut answers: Vec<(String, String)> = Vec::new();
+        if self.admission.is_none() {
+            self.admit(&offers, policy, &mut answers)?;
+        } else {
+            self.check_names_unchanged(&offers)?;
+        }
+
+        match csg {
+            Stage::Security => self.security(&offers, &mut answers)?,
+            Stage::Operational => {
+                if !self.authenticated {
+                    self.require_no_auth()?;
+                }
+            }
+            Stage::FullFeature => return Err(LoginStatus::INITIATOR_ERROR),
+        }
+        let negotiator = self.negotiator.as_mut().ok_or(LoginStatus::TARGET_ERROR)?;
+        negotiator
+            .respond(&offers, &mut answers)
+            .map_err(|_| LoginStatus::INITIATOR_ERROR)?;
+        if csg == Stage::Operational || next_stage == Some(Stage::Operational) {
+            negotiator.declarations(&mut answers);
+        }
+
+        // The target agrees to move on whenever the initiator asks and authentication is done.
+        let agreed_next = match next_stage {
+            Some(next) if self.authenticated => Some(next),
+            _ => None,
+        };
+        if agreed_next == Some(Stage::FullFeature) {
+            return self.complete(pdu, csg, answers, policy, out);
+        }
+        if let Some(next) = agreed_next {
+            self.stage = next;
+        }
+        self.respond(pdu, csg, agreed_next, &answers, LoginStatus::SUCCESS, out);
+        Ok(LoginStep::Continue)
+    }
+
+    fn admit(
+        &mut self,
+        offers: &[(String, String)],
+        policy: &mut dyn LoginPolicy,
+        answers: &mut Vec<(String, String)>,
+    ) -> Result<(), LoginStatus> {
+        let get = |k: &str| offers.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+        let initiator = get("InitiatorName").ok_or(LoginStatus::MISSING_PARAMETER)?;
+        if initiator.is_empty() {
+            return Err(LoginStatus::MISSING_PARAMETER);
+        }
+        let session_type = match get("SessionType").unwrap_or("Normal") {
+            "Normal" => SessionType::Normal,
+            "Discovery" => SessionType::Discovery,
+            _ => return Err(LoginStatus::SESSION_TYPE_UNSUPPORTED),
+        };
+        let admission = match session_type {
+            SessionType::Normal => {
+                let target = get("TargetName").ok_or(LoginStatus::MISSING_PARAMETER)?;
+                let admission = policy.admit(initiator, target)?;
+                self.target_name = Some(target.to_string());
+                answers.push((
+                    "TargetPortalGroupTag".into(),
+                    admission.portal_group_tag.to_string(),
+                ));
+                if let Some(alias) = &admission.target_alias {
+                    answers.push(("TargetAlias".into(), alias.clone()));
+                }
+                admission
+            }
+            SessionType::Discovery => policy.admit_discovery(initiator)?,
+        };
+        self.initiator_name = Some(initiator.to_string());
+        self.initiator_alias = get("InitiatorAlias").map(str::to_string);
+        self.negotiator = Some(Negotiator::new(self.target_limits.clone(), session_type));
+        self.admission = Some(admission);
+        Ok(())
+    }
+
+    /// Names are fixed by the first request; a later request may repeat but not change them.
+    fn check_names_unchanged(&self, offers: &[(String, String)]) -> Result<(), LoginStatus> {
+        for (key, value) in offers {
+            let fixed = match key.as_str() {
+                "InitiatorName" => self.initiator_name.as_deref(),
+                "TargetName" => self.target_name.as_deref(),
+                _ => continue,
+            };
+            if fixed != Some(value.as_str()) {
+                return Err(LoginStatus::INITIATOR_ERROR);
+            }
+        }
+        Ok(())
+    }
+
+    fn security(&mut self, offers: &[(String, String)], answers: &mut Vec<(String, String)>) -> Result<(), LoginStatus> {
+        let requirement = self
+            .admission
+            .as_ref()
+            .map(|a| a.auth.clone())
+            .ok_or(LoginStatus::TARGET_ERROR)?;
+        if let Some((_, methods)) = offers.iter().find(|(k, _)| k == "AuthMethod") {
+            match requirement {
+                AuthRequirement::None => {
+                    if methods.split(',').any(|m| m == "None") {
+                        answers.push(("AuthMethod".into(), "None".into()));
+                        self.authenticated = true;
+                    } else {
+                        // The initiator insists on a method we were not configured for.
+                        return Err(LoginStatus::AUTH_FAILED);
+                    }
+                }
+            }
+        } else {
+            self.require_no_auth()?;
+        }
+        Ok(())
+    }
+
+    fn require_no_auth(&mut self) -> Result<(), LoginStatus> {
+        match self.admission.as_ref().map(|a| &a.auth) {
+            Some(AuthRequirement::None) => {
+                self.authenticated = true;
+                Ok(())
+            }
+            None => Err(LoginStatus::TARGET_ERROR),
+        }
+    }
+
+    fn complete(
+        &mut self,
+        pdu: &Pdu<'_>,
+        csg: Stage,
+        answers: Vec<(String, String)>,
+        policy: &mut dyn LoginPolicy,
+        out: &mut Vec<u8>,
+    ) -> Result<LoginStep, LoginStatus> {
+        let identity = self.identity.ok_or(LoginStatus::TARGET_ERROR)?;
+        let negotiator = self.negotiator.as_ref().ok_or(LoginStatus::TARGET_ERROR)?;
+        let admission = self.admission.as_ref().ok_or(LoginStatus::TARGET_ERROR)?;
+        let initiator_name = self.initiator_name.clone().ok_or(LoginStatus::TARGET_ERROR)?;
+        let mut params = negotiator.params;
+        if !negotiator_declared(&answers, negotiator) {
+            // We never told the initiator our limit, so it assumes the RFC default.
+            params.max_recv_data_segment_length = 8192;
+        }
+        let key = SessionKey {
+            initiator_name: initiator_name.clone(),
+            isid: identity.isid,
+            target_name: self.target_name.clone(),
+            tsih: identity.tsih,
+        };
+        let tsih = policy.open_session(&key, negotiator.session_type)?;
+        let established = Established {
+            session_type: negotiator.session_type,
+            initiator_name,
+            initiator_alias: self.initiator_alias.clone(),
+            target_name: self.target_name.clone(),
+            portal_group_tag: admission.portal_group_tag,
+            isid: identity.isid,
+            tsih,
+            cid: identity.cid,
+            params,
+            next_stat_sn: self.stat_sn.wrapping_add(1),
+            exp_cmd_sn: identity.cmd_sn,
+        };
+        self.stage = Stage::FullFeature;
+        self.respond_full(pdu, csg, Some(Stage::FullFeature), &answers, LoginStatus::SUCCESS, tsih, out);
+        Ok(LoginStep::Complete(Box::new(established)))
+    }
+
+    fn fail(&mut self, pdu: &Pdu<'_>, status: LoginStatus, out: &mut Vec<u8>) -> LoginStep {
+        let csg = Stage::from_bits(pdu.bhs.flags() >> 2).unwrap_or(Stage::Security);
+        self.respond(pdu, csg, None, &[], status, out);
+        LoginStep::Failed(status)
+    }
+
+    fn respond(
+        &mut self,
+        pdu: &Pdu<'_>,
+        csg: Stage,
+        next: Option<Stage>,
+        answers: &[(String, String)],
+        status: LoginStatus,
+        out: &mut Vec<u8>,
+    ) {
+        let tsih = self.identity.map_or(0, |i| i.tsih);
+        self.respond_full(pdu, csg, next, answers, status, tsih, out);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn respond_full(
+        &mut self,
+        pdu: &Pdu<'_>,
+        csg: Stage,
+        next: Option<Stage>,
+        answers: &[(String, String)],
+        status: LoginStatus,
+        tsih: u16,
+        out: &mut Vec<u8>,
+    ) {
+        let mut bhs = Bhs::new(Opcode::LoginResponse);
+        let mut flags = 0u8;
+        if status.is_success() {
+            flags |= (csg as u8) << 2;
+            if let Some(next) = next {
+                flags |= 0x80 | next as u8;
+            }
+        }
+        bhs.set_flags(flags);
+        bhs.0[2] = 0; // VersionMax
+        bhs.0[3] = 0; // VersionActive
+        bhs.0[8..14].copy_from_slice(&pdu.bhs.0[8..14]);
+        bhs.set_u16(14, tsih);
+        bhs.set_itt(pdu.bhs.itt());
+        bhs.set_u32(off::STAT_SN, self.stat_sn);
+        let cmd_sn = pdu.bhs.u32_at(off::CMD_SN);
+        bhs.set_u32(off::EXP_CMD_SN, cmd_sn);
+        let window = if next == Some(Stage::FullFeature) {
+            self.limits.queue_depth.max(1)
+        } else {
+            1
+        };
+        bhs.set_u32(off::MAX_CMD_SN, cmd_sn.wrapping_add(window - 1));
+        bhs.0[36] = status.class;
+        bhs.0[37] = status.detail;
+        let data = text::encode(answers);
+        // Every Login Response consumes a StatSN (RFC 7143 §11.13.4).
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        pdu::encode_into(out, &bhs, &data, &Framing::LOGIN);
+    }
+}
+
+fn negotiator_declared(answers: &[(String, String)], negotiator: &Negotiator) -> bool {
+    // Declared in this response or an earlier one (the negotiator remembers).
+    answers.iter().any(|(k, _)| k == "MaxRecvDataSegmentLength") || negotiator.has_declared()
+}
+
+#[cfg(test)]
+mod tests;

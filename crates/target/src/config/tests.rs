@@ -1,1 +1,1037 @@
+//! One small test per rule of the config model.
 
+use super::*;
+use std::net::SocketAddr;
+
+const FILE: &str = "ferrosan.toml";
+
+/// A minimal valid config; tests append to it or replace parts of it.
+const BASE: &str = r#"
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+
+[[device]]
+name = "disk1"
+store = "ram"
+size = "1G"
+
+[[target]]
+iqn = "iqn.2026-11.org.ferrosan:t1"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ { lun = 0, device = "disk1" } ]
+"#;
+
+fn load(text: &str) -> Config {
+    match Config::from_toml_str(text, FILE) {
+        Ok(c) => c,
+        Err(e) => panic!("expected a valid config, got:\n{e}\n---\n{text}"),
+    }
+}
+
+fn errors(text: &str) -> Vec<ConfigError> {
+    match Config::from_toml_str(text, FILE) {
+        Ok(_) => panic!("expected errors for:\n{text}"),
+        Err(e) => e.errors,
+    }
+}
+
+/// The single error of `text`; asserts it is on the line containing `needle` and names `field`.
+fn one_error(text: &str, needle: &str, field: &str) -> ConfigError {
+    let errs = errors(text);
+    assert_eq!(errs.len(), 1, "expected one error, got: {errs:#?}");
+    let e = errs.into_iter().next().unwrap();
+    assert_eq!(e.line, line_of(text, needle), "wrong line: {e}");
+    assert!(
+        e.field.contains(field),
+        "field {:?} does not name {field:?}: {e}",
+        e.field
+    );
+    assert_eq!(e.file, FILE);
+    assert!(e.column >= 1);
+    e
+}
+
+/// 1-based line of the last occurrence of `needle`.
+fn line_of(text: &str, needle: &str) -> usize {
+    let at = text
+        .rfind(needle)
+        .unwrap_or_else(|| panic!("{needle:?} not in text"));
+    text[..at].matches('\n').count() + 1
+}
+
+fn with_device(extra: &str) -> String {
+    format!("{BASE}\n[[device]]\n{extra}\n")
+}
+
+// ---- sizes -------------------------------------------------------------------------------
+
+#[test]
+fn size_accepts_integers_and_binary_units() {
+    assert_eq!(parse_size("4096"), Ok(4096));
+    assert_eq!(parse_size("4096B"), Ok(4096));
+    assert_eq!(parse_size("512M"), Ok(512 << 20));
+    assert_eq!(parse_size("1G"), Ok(1 << 30));
+    assert_eq!(parse_size("1g"), Ok(1 << 30));
+    assert_eq!(parse_size("10T"), Ok(10 << 40));
+    assert_eq!(parse_size("2P"), Ok(2 << 50));
+    assert_eq!(parse_size("64K"), Ok(64 << 10));
+    assert_eq!(parse_size("8GiB"), Ok(8 << 30));
+    assert_eq!(parse_size("3 MiB"), Ok(3 << 20));
+    assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+    assert_eq!(parse_size(" 0 "), Ok(0));
+}
+
+#[test]
+fn size_rejects_fractions_ambiguity_and_garbage() {
+    assert!(parse_size("1.5G").unwrap_err().contains("fractions"));
+    assert!(parse_size("1GB").unwrap_err().contains("ambiguous"));
+    assert!(parse_size("1mb").unwrap_err().contains("ambiguous"));
+    assert!(parse_size("1X").unwrap_err().contains("unknown unit"));
+    assert!(parse_size("").is_err());
+    assert!(parse_size("G").is_err());
+    assert!(parse_size("-1G").is_err());
+    assert!(parse_size("1G1").is_err());
+    assert!(parse_size("16384P").unwrap_err().contains("too large"));
+    assert!(parse_size("99999999999999999999999")
+        .unwrap_err()
+        .contains("too large"));
+}
+
+// ---- iSCSI names -------------------------------------------------------------------------
+
+#[test]
+fn iscsi_names_valid() {
+    for n in [
+        "iqn.2026-11.org.ferrosan:demo",
+        "iqn.1998-01.com.vmware:esx1-4c1d2e3f",
+        "iqn.1991-05.com.microsoft:backup01.example.org",
+        "iqn.2001-04.com.example",
+        "iqn.2001-04.com.example:storage:diskarrays-sn-a8675309",
+        "iqn.2001-04.com.example:stockage.données",
+        "eui.02004567A425678D",
+        "eui.02004567a425678d",
+        "naa.52004567BA64678D",
+        "naa.62004567BA64678D0123456789ABCDEF",
+    ] {
+        assert!(is_valid_iscsi_name(n), "{n}: {:?}", check_iscsi_name(n));
+    }
+}
+
+#[test]
+fn iscsi_names_invalid() {
+    for n in [
+        "",
+        "iqn",
+        "iqn.",
+        "iqn.2026-13.org.x",
+        "iqn.2026-00.org.x",
+        "iqn.26-11.org.x",
+        "iqn.2026-11",
+        "iqn.2026-11.",
+        "iqn.2026-11.org..x",
+        "iqn.2026-11.org.x:",
+        "iqn.2026-11.Org.x",
+        "iqn.2026-11.org.x:Disk",
+        "IQN.2026-11.org.x",
+        "iqn.2026-11.org.x:a b",
+        "iqn.2026-11.org.x:a_b",
+        "iqn.2026-11.org_x",
+        "eui.02004567A425678",
+        "eui.02004567A425678DD",
+        "eui.0200456GA425678D",
+        "naa.0123",
+        "naa.62004567BA64678D0123456789ABCDE",
+        "foo.bar",
+        "org.ferrosan:demo",
+    ] {
+        assert!(!is_valid_iscsi_name(n), "{n} should be invalid");
+    }
+    assert!(check_iscsi_name("iqn.2026-11.org.x:Disk")
+        .unwrap_err()
+        .contains("lowercase"));
+}
+
+#[test]
+fn iscsi_name_length_limit_is_223_bytes() {
+    let head = "iqn.2026-11.org.x:";
+    let ok = format!("{head}{}", "a".repeat(ISCSI_NAME_BYTES_MAX - head.len()));
+    assert_eq!(ok.len(), 223);
+    assert!(is_valid_iscsi_name(&ok));
+    let long = format!("{ok}a");
+    assert!(check_iscsi_name(&long).unwrap_err().contains("223"));
+}
+
+// ---- portals -------------------------------------------------------------------------------
+
+#[test]
+fn listen_addresses_parse() {
+    let a = |s: &str| parse_listen(s).unwrap();
+    assert_eq!(
+        a("127.0.0.1:3260"),
+        "127.0.0.1:3260".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(
+        a("10.0.0.1"),
+        "10.0.0.1:3260".parse::<SocketAddr>().unwrap()
+    );
+    assert_eq!(a("[::1]:3261"), "[::1]:3261".parse::<SocketAddr>().unwrap());
+    assert_eq!(a("[::1]"), "[::1]:3260".parse::<SocketAddr>().unwrap());
+    assert!(parse_listen("::1").unwrap_err().contains("brackets"));
+    assert!(parse_listen("localhost:3260").is_err());
+    assert!(parse_listen("127.0.0.1:0").unwrap_err().contains("port 0"));
+    assert!(parse_listen("127.0.0.1:65536").is_err());
+    assert!(parse_listen("[::ffff:10.0.0.1]:3260")
+        .unwrap_err()
+        .contains("IPv4-mapped"));
+    assert!(parse_listen("224.0.0.1:3260")
+        .unwrap_err()
+        .contains("multicast"));
+}
+
+#[test]
+fn portal_overlap_matrix() {
+    let o = |a: &str, b: &str| portals_overlap(a.parse().unwrap(), b.parse().unwrap());
+    // (a, b, overlap?)
+    let cases = [
+        ("127.0.0.1:3260", "127.0.0.1:3260", true),
+        ("127.0.0.1:3260", "127.0.0.1:3261", false),
+        ("127.0.0.1:3260", "10.0.0.1:3260", false),
+        ("0.0.0.0:3260", "10.0.0.1:3260", true),
+        ("0.0.0.0:3260", "0.0.0.0:3260", true),
+        ("0.0.0.0:3260", "0.0.0.0:3261", false),
+        ("0.0.0.0:3260", "10.0.0.1:3261", false),
+        ("[::]:3260", "[::1]:3260", true),
+        ("[::]:3260", "[::]:3260", true),
+        ("[::1]:3260", "[::1]:3260", true),
+        ("[::1]:3260", "[2001:db8::1]:3260", false),
+        ("0.0.0.0:3260", "[::]:3260", false),
+        ("[::]:3260", "127.0.0.1:3260", false),
+        ("0.0.0.0:3260", "[::1]:3260", false),
+    ];
+    for (a, b, want) in cases {
+        assert_eq!(o(a, b), want, "{a} vs {b}");
+        assert_eq!(o(b, a), want, "{b} vs {a} (symmetry)");
+    }
+}
+
+#[test]
+fn overlapping_portals_in_the_file_are_errors() {
+    let text = BASE.replace(
+        r#"listen = ["127.0.0.1:3260"]"#,
+        "listen = [\"0.0.0.0:3260\",\n \"[::]:3260\"]\n\n[[portal_group]]\ntag = 2\nlisten = [\"10.1.1.1:3260\"]",
+    );
+    let e = one_error(&text, "10.1.1.1", "portal_group 2: listen[0]");
+    assert!(e.message.contains("overlaps 0.0.0.0:3260"), "{e}");
+    let dup = BASE.replace(
+        r#"["127.0.0.1:3260"]"#,
+        r#"["127.0.0.1:3260", "127.0.0.1:3260"]"#,
+    );
+    let e = one_error(&dup, "listen =", "listen[1]");
+    assert!(e.message.contains("already listed"), "{e}");
+}
+
+#[test]
+fn port_zero_is_an_error() {
+    let text = BASE.replace("127.0.0.1:3260", "127.0.0.1:0");
+    let e = one_error(&text, "127.0.0.1:0", "portal_group 1: listen[0]");
+    assert!(e.message.contains("port 0"));
+}
+
+#[test]
+fn target_without_portals_is_an_error() {
+    let none = BASE.replace(
+        "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n",
+        "",
+    );
+    let e = one_error(&none, "iqn = ", "portal_groups");
+    assert!(e.message.contains("no portals"), "{e}");
+    let empty = BASE.replace(
+        "iqn = \"iqn.2026-11.org.ferrosan:t1\"",
+        "iqn = \"iqn.2026-11.org.ferrosan:t1\"\nportal_groups = []",
+    );
+    one_error(&empty, "portal_groups = []", "portal_groups");
+    let unknown = BASE.replace(
+        "iqn = \"iqn.2026-11.org.ferrosan:t1\"",
+        "iqn = \"iqn.2026-11.org.ferrosan:t1\"\nportal_groups = [7]",
+    );
+    let e = one_error(&unknown, "portal_groups = [7]", "portal_groups[0]");
+    assert!(e.message.contains("tag 7"));
+    let no_listen = BASE.replace("listen = [\"127.0.0.1:3260\"]", "listen = []");
+    one_error(&no_listen, "listen = []", "portal_group 1: listen");
+}
+
+#[test]
+fn portal_group_tag_range_and_duplicates() {
+    let zero = BASE.replace("tag = 1", "tag = 0");
+    let errs = errors(&zero);
+    assert!(
+        errs.iter()
+            .any(|e| e.field.contains("tag") && e.line == line_of(&zero, "tag = 0")),
+        "{errs:#?}"
+    );
+    let dup = BASE.replace(
+        "listen = [\"127.0.0.1:3260\"]",
+        "listen = [\"127.0.0.1:3260\"]\n\n[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.2:3260\"]",
+    );
+    let errs = errors(&dup);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].message.contains("duplicate portal group tag"),
+        "{errs:#?}"
+    );
+    assert_eq!(errs[0].line, line_of(&dup, "tag = 1"));
+}
+
+// ---- devices -------------------------------------------------------------------------------
+
+#[test]
+fn block_size_must_be_512_or_4096() {
+    let text = with_device("name = \"disk2\"\nstore = \"ram\"\nsize = \"1G\"\nblock_size = 1000");
+    let e = one_error(&text, "block_size = 1000", "device \"disk2\": block_size");
+    assert_eq!(e.message, "must be 512 or 4096, got 1000");
+    assert_eq!(e.column, 14);
+    let shown = e.to_string();
+    assert_eq!(
+        shown,
+        format!(
+            "ferrosan.toml:{}:14: device \"disk2\": block_size: must be 512 or 4096, got 1000",
+            e.line
+        )
+    );
+}
+
+#[test]
+fn size_must_be_a_multiple_of_block_size() {
+    let text = with_device("name = \"disk2\"\nstore = \"ram\"\nsize = 1000000\nblock_size = 4096");
+    let e = one_error(&text, "size = 1000000", "device \"disk2\": size");
+    assert!(e.message.contains("multiple of block_size (4096)"), "{e}");
+}
+
+#[test]
+fn bad_sizes_are_errors() {
+    for (size, needle) in [
+        ("\"1.5G\"", "fractions"),
+        ("\"10GB\"", "ambiguous"),
+        ("0", "0"),
+        ("-512", "negative"),
+        ("true", "a number of bytes"),
+    ] {
+        let text = with_device(&format!("name = \"disk2\"\nstore = \"ram\"\nsize = {size}"));
+        let e = one_error(&text, &format!("size = {size}"), "device \"disk2\": size");
+        assert!(e.message.contains(needle), "{size}: {e}");
+    }
+}
+
+#[test]
+fn ram_needs_a_size_and_no_path() {
+    let text = with_device("name = \"disk2\"\nstore = \"ram\"");
+    let e = one_error(&text, "store = \"ram\"", "device \"disk2\": size");
+    assert!(e.message.contains("needs a size"));
+    let text = with_device("name = \"disk2\"\nstore = \"ram\"\nsize = \"1G\"\npath = \"/x\"");
+    one_error(&text, "path = \"/x\"", "device \"disk2\": path");
+}
+
+#[test]
+fn file_and_block_need_a_path_and_block_has_no_size() {
+    let text = with_device("name = \"disk2\"\nstore = \"file\"");
+    one_error(&text, "store = \"file\"", "device \"disk2\": path");
+    let text =
+        with_device("name = \"disk2\"\nstore = \"block\"\npath = \"/dev/sdb\"\nsize = \"1G\"");
+    one_error(&text, "size = \"1G\"", "device \"disk2\": size");
+    let ok = load(&with_device(
+        "name = \"disk2\"\nstore = \"file\"\npath = \"/x.img\"",
+    ));
+    assert_eq!(
+        ok.device("disk2").unwrap().store,
+        StoreKind::File {
+            path: "/x.img".into(),
+            size_bytes: None
+        }
+    );
+}
+
+#[test]
+fn unknown_store_is_an_error() {
+    let text = with_device("name = \"disk2\"\nstore = \"tape\"");
+    let e = one_error(&text, "store = \"tape\"", "device \"disk2\": store");
+    assert!(e.message.contains("\"ram\", \"file\" or \"block\""));
+}
+
+#[test]
+fn duplicate_device_names_paths_and_naas_are_errors() {
+    let text = with_device("name = \"disk1\"\nstore = \"ram\"\nsize = \"1G\"");
+    let e = one_error(&text, "name = \"disk1\"", "device \"disk1\": name");
+    assert!(e.message.contains("duplicate"));
+    let text = format!(
+        "{}\n[[device]]\nname = \"b\"\nstore = \"file\"\npath = \"/same.img\"\n",
+        with_device("name = \"a\"\nstore = \"file\"\npath = \"/same.img\"")
+    );
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].field.contains("device \"b\": path"));
+    let text = format!(
+        "{}\n[[device]]\nname = \"b\"\nstore = \"ram\"\nsize = 4096\nnaa = \"0x3000000000000001\"\n",
+        with_device("name = \"a\"\nstore = \"ram\"\nsize = 4096\nnaa = \"0x3000000000000001\"")
+    );
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].field.contains("device \"b\": naa"), "{errs:#?}");
+}
+
+#[test]
+fn device_names_serials_and_naas_are_checked() {
+    let text = with_device("name = \"bad name\"\nstore = \"ram\"\nsize = 4096");
+    one_error(&text, "bad name", "name");
+    let text = with_device(
+        "name = \"d\"\nstore = \"ram\"\nsize = 4096\nserial = \"this serial is too long\"",
+    );
+    one_error(&text, "serial =", "device \"d\": serial");
+    let text = with_device("name = \"d\"\nstore = \"ram\"\nsize = 4096\nnaa = \"0x1234\"");
+    one_error(&text, "naa =", "device \"d\": naa");
+    let text =
+        with_device("name = \"d\"\nstore = \"ram\"\nsize = 4096\nnaa = \"0x6000000000000001\"");
+    let e = one_error(&text, "naa =", "device \"d\": naa");
+    assert!(
+        e.message.contains("8-byte NAA must be of type 2, 3 or 5"),
+        "{e}"
+    );
+    let c = load(&with_device("name = \"d\"\nstore = \"ram\"\nsize = 4096\nnaa = \"60014051234567890123456789abcdef\"\nserial = \"SN-1\""));
+    let d = c.device("d").unwrap();
+    assert_eq!(d.naa.len(), 16);
+    assert_eq!(d.naa[0], 0x60);
+    assert_eq!(d.serial, "SN-1");
+}
+
+#[test]
+fn device_defaults() {
+    let c = load(BASE);
+    let d = c.device("disk1").unwrap();
+    assert_eq!(
+        d.store,
+        StoreKind::Ram {
+            size_bytes: 1 << 30
+        }
+    );
+    assert_eq!(d.block_size, 512);
+    assert!(!d.read_only);
+    assert!(!d.write_cache, "write-through by default");
+    assert!(d.thin);
+    assert_eq!(d.serial.len(), 16);
+    assert_eq!(d.naa.len(), 8);
+    assert_eq!(d.naa[0] >> 4, 3, "NAA type 3");
+}
+
+// ---- identity -----------------------------------------------------------------------------
+
+#[test]
+fn derived_identity_is_stable_and_distinct() {
+    let a = load(BASE);
+    let b = load(BASE);
+    assert_eq!(a.devices[0].serial, b.devices[0].serial);
+    assert_eq!(a.devices[0].naa, b.devices[0].naa);
+    // Pinned: FNV-1a 64 of "device:disk1". A change here changes every LU's identity.
+    assert_eq!(
+        a.devices[0].serial,
+        format!("{:016x}", names::fnv1a64(b"device:disk1"))
+    );
+    assert_eq!(names::fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(names::fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    let other = load(&BASE.replace("disk1", "disk9"));
+    assert_ne!(a.devices[0].naa, other.devices[0].naa);
+    assert_ne!(a.devices[0].serial, other.devices[0].serial);
+    let seeded = load(&format!("[server]\nidentity_seed = \"host-a\"\n{BASE}"));
+    assert_ne!(a.devices[0].naa, seeded.devices[0].naa);
+}
+
+#[test]
+fn cli_identity_is_stable() {
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let a = Config::from_cli(&[], "", &args(&["ram:1G", "file:/tmp/x.img"])).unwrap();
+    let b = Config::from_cli(&[], "", &args(&["ram:1G", "file:/tmp/x.img"])).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a.devices[0].naa, a.devices[1].naa);
+    let c = Config::from_cli(
+        &[],
+        "iqn.2026-11.org.ferrosan:other",
+        &args(&["ram:1G", "file:/tmp/x.img"]),
+    )
+    .unwrap();
+    assert_ne!(
+        a.devices[0].naa, c.devices[0].naa,
+        "ram identity follows the target IQN"
+    );
+    assert_eq!(
+        a.devices[1].naa, c.devices[1].naa,
+        "file identity follows the path"
+    );
+}
+
+// ---- targets and groups -------------------------------------------------------------------
+
+#[test]
+fn duplicate_target_iqns_are_errors() {
+    let text = format!("{BASE}\n[[target]]\niqn = \"iqn.2026-11.org.ferrosan:t1\"\n  [[target.group]]\n  name = \"g\"\n  any_initiator = true\n");
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].message.contains("duplicate target"));
+    assert_eq!(errs[0].line, line_of(&text, "iqn = "));
+}
+
+#[test]
+fn malformed_target_and_initiator_names_are_errors() {
+    let text = BASE.replace("iqn.2026-11.org.ferrosan:t1", "iqn.2026-11.org.ferrosan:T1");
+    let e = one_error(
+        &text,
+        "iqn = ",
+        "target \"iqn.2026-11.org.ferrosan:T1\": iqn",
+    );
+    assert!(e.message.contains("lowercase"));
+    let text = BASE.replace(
+        "any_initiator = true",
+        "initiators = [\"iqn.1998-01.com.vmware:esx1\", \"esx2\"]",
+    );
+    one_error(&text, "initiators = ", "group \"all\": initiators[1]");
+}
+
+#[test]
+fn group_needs_initiators_or_any_initiator() {
+    let text = BASE.replace("  any_initiator = true\n", "");
+    let e = one_error(&text, "name = \"all\"", "group \"all\": initiators");
+    assert!(e.message.contains("any_initiator = true"));
+    let text = BASE.replace(
+        "any_initiator = true",
+        "any_initiator = false\n  initiators = []",
+    );
+    one_error(&text, "name = \"all\"", "group \"all\": initiators");
+    let text = BASE.replace(
+        "any_initiator = true",
+        "any_initiator = true\n  initiators = [\"iqn.1998-01.com.vmware:esx1\"]",
+    );
+    one_error(&text, "any_initiator = true", "any_initiator");
+}
+
+#[test]
+fn only_one_any_initiator_group_per_target() {
+    let text = format!("{BASE}\n  [[target.group]]\n  name = \"more\"\n  any_initiator = true\n");
+    one_error(
+        &text,
+        "any_initiator = true",
+        "group \"more\": any_initiator",
+    )
+    .message
+    .contains("already has any_initiator");
+}
+
+#[test]
+fn target_needs_a_group() {
+    let text = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n[[target]]\niqn = \"iqn.2026-11.org.x:t\"\n";
+    one_error(text, "iqn = ", "group");
+}
+
+#[test]
+fn duplicate_group_names_in_a_target_are_errors() {
+    let text = format!("{BASE}\n  [[target.group]]\n  name = \"all\"\n  initiators = [\"iqn.1998-01.com.vmware:esx1\"]\n");
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].field.contains("group \"all\": name"));
+    assert_eq!(errs[0].line, text.lines().count() - 1);
+}
+
+#[test]
+fn an_initiator_in_two_groups_is_an_error() {
+    let text = BASE.replace("any_initiator = true", "initiators = [\"iqn.1998-01.com.vmware:esx1\"]")
+        + "\n  [[target.group]]\n  name = \"second\"\n  initiators = [\"iqn.2000-01.org.x:a\", \"iqn.1998-01.com.vmware:esx1\"]\n";
+    let e = one_error(
+        &text,
+        "\"iqn.2000-01.org.x:a\"",
+        "group \"second\": initiators[1]",
+    );
+    assert!(e.message.contains("already listed in group \"all\""), "{e}");
+    // Two separate targets may share an initiator.
+    let two_targets = format!("{BASE}\n[[target]]\niqn = \"iqn.2026-11.org.ferrosan:t2\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n");
+    load(&two_targets);
+}
+
+#[test]
+fn lun_mapping_rules() {
+    let dup = BASE.replace(
+        "luns = [ { lun = 0, device = \"disk1\" } ]",
+        "luns = [ { lun = 0, device = \"disk1\" },\n    { lun = 0, device = \"disk2\" } ]",
+    ) + "\n[[device]]\nname = \"disk2\"\nstore = \"ram\"\nsize = 4096\n";
+    let e = one_error(&dup, "{ lun = 0, device = \"disk2\"", "luns[1].lun");
+    assert!(e.message.contains("LUN 0 is mapped twice"));
+    let unknown = BASE.replace("device = \"disk1\" }", "device = \"nope\" }");
+    let e = one_error(&unknown, "device = \"nope\"", "luns[0].device");
+    assert!(e.message.contains("no [[device]] is named \"nope\""));
+    assert_eq!(
+        e.column,
+        line_containing(&unknown, "\"nope\"")
+            .find("\"nope\"")
+            .unwrap()
+            + 1
+    );
+    let twice = BASE.replace(
+        "{ lun = 0, device = \"disk1\" }",
+        "{ lun = 0, device = \"disk1\" }, { lun = 1, device = \"disk1\" }",
+    );
+    one_error(&twice, "lun = 1", "luns[1].device");
+    let big = BASE.replace("lun = 0", "lun = 16384");
+    one_error(&big, "lun = 16384", "luns[0].lun");
+    let missing = BASE.replace("lun = 0, ", "");
+    one_error(&missing, "{ device", "luns[0].lun");
+}
+
+fn line_containing<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines().find(|l| l.contains(needle)).unwrap()
+}
+
+#[test]
+fn mapping_read_only_is_effective() {
+    let text = BASE.replace(
+        "device = \"disk1\" }",
+        "device = \"disk1\", read_only = true }",
+    );
+    let c = load(&text);
+    assert!(c.targets[0].groups[0].luns[0].read_only);
+    let text = BASE.replace("size = \"1G\"", "size = \"1G\"\nread_only = true");
+    let c = load(&text);
+    assert!(
+        c.targets[0].groups[0].luns[0].read_only,
+        "a read-only device is read-only in every mapping"
+    );
+}
+
+#[test]
+fn group_for_precedence() {
+    let c = load(&format!(
+        "{BASE}\n  [[target.group]]\n  name = \"esx\"\n  initiators = [\"iqn.1998-01.com.vmware:esx1\"]\n"
+    ));
+    let t = &c.targets[0];
+    assert_eq!(
+        t.group_for("iqn.1998-01.com.vmware:esx1").unwrap().name,
+        "esx",
+        "exact match beats any_initiator"
+    );
+    assert_eq!(
+        t.group_for("IQN.1998-01.COM.VMWARE:ESX1").unwrap().name,
+        "esx",
+        "case-insensitive"
+    );
+    assert_eq!(
+        t.group_for("iqn.1998-01.com.vmware:esx2").unwrap().name,
+        "all"
+    );
+    let closed = load(&BASE.replace(
+        "any_initiator = true",
+        "initiators = [\"iqn.1998-01.com.vmware:esx1\"]",
+    ));
+    assert!(closed.targets[0]
+        .group_for("iqn.1998-01.com.vmware:esx2")
+        .is_none());
+    assert!(closed.targets[0]
+        .group_for("iqn.1998-01.com.vmware:esx1")
+        .is_some());
+}
+
+#[test]
+fn portal_groups_default_to_all() {
+    let text = BASE.replace(
+        "listen = [\"127.0.0.1:3260\"]",
+        "listen = [\"127.0.0.1:3260\"]\n\n[[portal_group]]\ntag = 9\nlisten = [\"127.0.0.1:3261\"]",
+    );
+    let c = load(&text);
+    assert_eq!(c.targets[0].portal_groups, vec![1, 9]);
+}
+
+#[test]
+fn alias_is_checked() {
+    let text = BASE.replace(
+        "iqn = \"iqn.2026-11.org.ferrosan:t1\"",
+        "iqn = \"iqn.2026-11.org.ferrosan:t1\"\nalias = \"\"",
+    );
+    one_error(&text, "alias", "alias");
+}
+
+// ---- server, limits, unknown keys, syntax ----------------------------------------------------
+
+#[test]
+fn unknown_keys_are_errors() {
+    let text = with_device("name = \"d\"\nstore = \"ram\"\nsize = 4096\nblok_size = 512");
+    let e = one_error(&text, "blok_size", "blok_size");
+    assert!(e.message.contains("unknown field"), "{e}");
+    assert_eq!(e.column, 1);
+    let text = format!("[limits]\nmax_sesions = 3\n{BASE}");
+    one_error(&text, "max_sesions", "max_sesions");
+    let text = format!("[srever]\nworkers = 1\n{BASE}");
+    one_error(&text, "srever", "srever");
+    let text = BASE.replace("device = \"disk1\" }", "device = \"disk1\", ro = true }");
+    one_error(&text, "ro = true", "ro");
+}
+
+#[test]
+fn type_errors_name_the_key() {
+    let text = format!("[limits]\nmax_sessions = \"lots\"\n{BASE}");
+    let e = one_error(&text, "\"lots\"", "max_sessions");
+    assert_eq!(e.column, 16);
+}
+
+#[test]
+fn syntax_errors_are_located() {
+    let text = format!("{BASE}\n[[device]\n");
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].line, line_of(&text, "[[device]\n"));
+    assert_eq!(errs[0].file, FILE);
+}
+
+#[test]
+fn limits_defaults_ranges_and_relations() {
+    let c = load(BASE);
+    assert_eq!(c.limits, Limits::default());
+    assert_eq!(c.limits.max_queue_depth, 128);
+    assert_eq!(c.limits.max_recv_data_segment_length, 262_144);
+    assert_eq!(c.server.workers, 0);
+    let text =
+        format!("[server]\nworkers = 4\n[limits]\nmax_sessions = 10\nlogin_timeout_s = 30\n{BASE}");
+    let c = load(&text);
+    assert_eq!(
+        (
+            c.server.workers,
+            c.limits.max_sessions,
+            c.limits.login_timeout_s
+        ),
+        (4, 10, 30)
+    );
+    let text = format!("[limits]\nmax_recv_data_segment_length = 511\n{BASE}");
+    let e = one_error(&text, "= 511", "limits: max_recv_data_segment_length");
+    assert!(e.message.contains("512..=16777215"));
+    let text = format!("[limits]\nmax_burst_length = 65536\nfirst_burst_length = 131072\n{BASE}");
+    one_error(&text, "first_burst_length", "limits: first_burst_length");
+    let text = format!("[limits]\nmemory_per_connection_bytes = 65536\n{BASE}");
+    one_error(&text, "memory_per", "limits: memory_per_connection_bytes");
+    let text = format!("[server]\nworkers = -1\n{BASE}");
+    one_error(&text, "workers", "server: workers");
+    for (key, default, min, max) in LIMIT_TABLE {
+        assert!(min <= default && default <= max, "{key}");
+    }
+}
+
+#[test]
+fn every_error_is_collected_in_file_order() {
+    let text = r#"
+[limits]
+max_queue_depth = 0
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:0"]
+
+[[device]]
+name = "disk1"
+store = "ram"
+block_size = 1000
+size = "1G"
+
+[[device]]
+name = "disk1"
+store = "file"
+
+[[target]]
+iqn = "iqn.bad"
+
+  [[target.group]]
+  name = "g"
+  luns = [ { lun = 0, device = "missing" } ]
+"#;
+    let errs = errors(text);
+    let lines: Vec<usize> = errs.iter().map(|e| e.line).collect();
+    let mut sorted = lines.clone();
+    sorted.sort_unstable();
+    assert_eq!(lines, sorted, "sorted by position");
+    let want = [
+        (line_of(text, "max_queue_depth"), "limits: max_queue_depth"),
+        (line_of(text, "127.0.0.1:0"), "portal_group 1: listen[0]"),
+        (
+            line_of(text, "block_size = 1000"),
+            "device \"disk1\": block_size",
+        ),
+        (
+            line_of(text, "name = \"disk1\"\nstore = \"file\""),
+            "device \"disk1\": name",
+        ),
+        (line_of(text, "store = \"file\""), "device \"disk1\": path"),
+        (line_of(text, "iqn.bad"), "target \"iqn.bad\": iqn"),
+        (line_of(text, "name = \"g\""), "group \"g\": initiators"),
+        (line_of(text, "\"missing\""), "luns[0].device"),
+    ];
+    assert_eq!(errs.len(), want.len(), "{errs:#?}");
+    for (e, (line, field)) in errs.iter().zip(want) {
+        assert_eq!(e.line, line, "{e}");
+        assert!(e.field.contains(field), "{e} should name {field}");
+    }
+    let shown = ConfigErrors { errors: errs }.to_string();
+    assert_eq!(shown.lines().count(), want.len());
+    assert!(shown.lines().all(|l| l.starts_with("ferrosan.toml:")));
+}
+
+// ---- whole files ------------------------------------------------------------------------------
+
+#[test]
+fn example_file_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/ferrosan.toml");
+    let c = Config::load(path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.portal_groups.len(), 2);
+    assert_eq!(c.devices.len(), 4);
+    assert_eq!(c.targets.len(), 2);
+    let vmware = c.target("iqn.2026-11.org.ferrosan:vmware").unwrap();
+    assert_eq!(vmware.portal_groups, vec![1]);
+    assert_eq!(
+        vmware
+            .group_for("iqn.1998-01.com.vmware:esx1-4c1d2e3f")
+            .unwrap()
+            .name,
+        "esx-hosts"
+    );
+    assert!(vmware.group_for("iqn.1998-01.com.vmware:esx9").is_none());
+    let monitor = vmware
+        .group_for("iqn.2005-03.org.open-iscsi:monitor")
+        .unwrap();
+    assert!(monitor.luns[0].read_only);
+    let backup = c.target("iqn.2026-11.org.ferrosan:backup").unwrap();
+    assert_eq!(backup.portal_groups, vec![1, 2]);
+    assert_eq!(
+        backup
+            .group_for("iqn.2005-03.org.open-iscsi:anyone")
+            .unwrap()
+            .name,
+        "everyone-else"
+    );
+    assert_eq!(
+        c.device("vmfs1").unwrap().store,
+        StoreKind::File {
+            path: "/var/lib/ferrosan/vmfs1.img".into(),
+            size_bytes: Some(2 << 40)
+        }
+    );
+    assert_eq!(
+        c.device("vmfs2").unwrap().naa,
+        vec![0x3f, 0x00, 0xd0, 0x0d, 0xca, 0xfe, 0x00, 0x02]
+    );
+    assert_eq!(
+        c.device("scratch").unwrap().store,
+        StoreKind::Ram {
+            size_bytes: 8 << 30
+        }
+    );
+    assert_eq!(c.limits.max_connections, 512);
+}
+
+#[test]
+fn full_config_round_trips_through_to_toml() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/ferrosan.toml");
+    let c = Config::load(path).unwrap();
+    let text = c.to_toml();
+    let again =
+        Config::from_toml_str(&text, "generated.toml").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(c, again);
+    let demo = Config::demo();
+    assert_eq!(
+        Config::from_toml_str(&demo.to_toml(), "demo.toml").unwrap(),
+        demo
+    );
+}
+
+#[test]
+fn load_reports_missing_file() {
+    let e = Config::load("/nonexistent/ferrosan.toml").unwrap_err();
+    assert_eq!(e.errors.len(), 1);
+    assert_eq!(e.errors[0].line, 0);
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/ferrosan.toml: file: cannot open"),
+        "{e}"
+    );
+}
+
+// ---- demo and CLI -------------------------------------------------------------------------------
+
+#[test]
+fn demo_config() {
+    let c = Config::demo();
+    assert_eq!(
+        c.portal_groups,
+        vec![PortalGroup {
+            tag: 1,
+            listen: vec!["127.0.0.1:3260".parse().unwrap()]
+        }]
+    );
+    assert_eq!(c.targets.len(), 1);
+    let t = &c.targets[0];
+    assert_eq!(t.iqn, DEMO_TARGET_IQN);
+    assert_eq!(t.portal_groups, vec![1]);
+    assert_eq!(t.groups.len(), 1);
+    assert!(t.groups[0].any_initiator);
+    assert_eq!(
+        t.groups[0].luns,
+        vec![LunMapping {
+            lun: 0,
+            device: "lun0".into(),
+            read_only: false
+        }]
+    );
+    assert_eq!(
+        c.devices[0].store,
+        StoreKind::Ram {
+            size_bytes: 1 << 30
+        }
+    );
+    assert_eq!(c.devices[0].block_size, 512);
+    assert!(t.group_for("iqn.1998-01.com.vmware:anyone").is_some());
+    assert_eq!(
+        Config::from_cli(&[], "", &[]).unwrap(),
+        c,
+        "a bare `serve` is the demo"
+    );
+    assert!(is_valid_iscsi_name(DEMO_TARGET_IQN));
+}
+
+#[test]
+fn from_cli_builds_a_quick_export() {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let c = Config::from_cli(
+        &s(&["0.0.0.0:3260", "[::]:3260"]),
+        "iqn.2026-11.org.example:quick",
+        &s(&[
+            "ram:512M",
+            "file:/srv/a,b.img,size=10G,block_size=4096",
+            "block:/dev/sdb,ro",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.portal_groups[0].listen.len(), 2);
+    assert_eq!(c.targets[0].iqn, "iqn.2026-11.org.example:quick");
+    assert_eq!(
+        c.devices[0].store,
+        StoreKind::Ram {
+            size_bytes: 512 << 20
+        }
+    );
+    assert_eq!(
+        c.devices[1].store,
+        StoreKind::File {
+            path: "/srv/a,b.img".into(),
+            size_bytes: Some(10 << 30)
+        }
+    );
+    assert_eq!(c.devices[1].block_size, 4096);
+    assert_eq!(
+        c.devices[2].store,
+        StoreKind::Block {
+            path: "/dev/sdb".into()
+        }
+    );
+    assert!(c.devices[2].read_only);
+    let luns: Vec<u64> = c.targets[0].groups[0].luns.iter().map(|l| l.lun).collect();
+    assert_eq!(luns, vec![0, 1, 2]);
+    assert!(c.targets[0].groups[0].luns[2].read_only);
+    assert!(c.targets[0].groups[0].any_initiator);
+}
+
+#[test]
+fn from_cli_errors_name_the_argument() {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let cases: [(&[&str], &str, &[&str], &str); 9] = [
+        (&["nohost:3260"], "", &[], "--listen nohost:3260"),
+        (&["127.0.0.1:0"], "", &[], "--listen 127.0.0.1:0"),
+        (
+            &["0.0.0.0:3260", "10.0.0.1:3260"],
+            "",
+            &[],
+            "--listen 10.0.0.1:3260",
+        ),
+        (&[], "iqn.bad", &[], "--target iqn.bad"),
+        (&[], "", &["ram:1.5G"], "--lun ram:1.5G"),
+        (&[], "", &["ram"], "--lun ram"),
+        (&[], "", &["tape:/dev/st0"], "--lun tape:/dev/st0"),
+        (
+            &[],
+            "",
+            &["file:/a.img,size=1000"],
+            "--lun file:/a.img,size=1000",
+        ),
+        (
+            &[],
+            "",
+            &["file:/a.img", "file:/a.img"],
+            "--lun file:/a.img",
+        ),
+    ];
+    for (listen, target, luns, field) in cases {
+        let e = Config::from_cli(&s(listen), target, &s(luns)).unwrap_err();
+        assert_eq!(e.file, COMMAND_LINE);
+        assert_eq!(e.line, 0);
+        assert_eq!(e.field, field, "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("<command line>: {field}: ")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn config_doc_mentions_every_limit() {
+    let doc = include_str!("../../../../docs/CONFIG.md");
+    for (key, default, _, _) in LIMIT_TABLE {
+        assert!(
+            doc.contains(&format!("`{key}`")),
+            "docs/CONFIG.md does not document limits.{key}"
+        );
+        let _ = default;
+    }
+    for key in [
+        "workers",
+        "identity_seed",
+        "tag",
+        "listen",
+        "name",
+        "store",
+        "path",
+        "size",
+        "block_size",
+        "serial",
+        "naa",
+        "read_only",
+        "write_cache",
+        "thin",
+        "iqn",
+        "alias",
+        "portal_groups",
+        "initiators",
+        "any_initiator",
+        "luns",
+        "lun",
+        "device",
+    ] {
+        assert!(
+            doc.contains(&format!("`{key}`")),
+            "docs/CONFIG.md does not document {key}"
+        );
+    }
+}
+
+#[test]
+fn config_doc_example_is_valid() {
+    let doc = include_str!("../../../../docs/CONFIG.md");
+    let start = doc
+        .rfind("```toml\n")
+        .expect("CONFIG.md has a toml example")
+        + "```toml\n".len();
+    let len = doc[start..].find("```").expect("closed code block");
+    let c = load(&doc[start..start + len]);
+    assert_eq!(c.targets[0].groups.len(), 2);
+}

@@ -1,1 +1,108 @@
 #![forbid(unsafe_code)]
+//! Transport-agnostic SCSI block device (SPC-4 / SBC-3).
+//!
+//! The transport (iSCSI today, NVMe-oF or iSER later) decodes its own PDUs and hands this crate
+//! a CDB, the Data-Out bytes it received and the Data-In room it expects; this crate runs the
+//! command synchronously against a [`store::BlockStore`] and returns a status, sense data and
+//! the CDB's own transfer length (for the transport's residual accounting). No sockets, threads
+//! or clocks live here.
+
+mod cdb;
+mod inquiry;
+mod lu;
+mod lun_map;
+mod mode;
+mod opcodes;
+mod sbc;
+pub mod sense;
+mod unit_attention;
+
+pub use lu::{LogicalUnit, LuIdentity, LuSettings};
+pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
+pub use sense::Sense;
+
+use std::sync::Arc;
+
+/// A SCSI target port (for iSCSI: a target portal group of one target).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetPort {
+    pub relative_id: u16,
+    /// SCSI name of the port, e.g. "iqn.2026-11.org.ferrosan:demo,t,0x0001".
+    pub name: String,
+    /// SCSI name of the target device (the iSCSI target name).
+    pub target_name: String,
+}
+
+/// One I_T nexus: an initiator port talking to a target port.
+#[derive(Debug, Clone)]
+pub struct Nexus {
+    /// Unique per I_T nexus in this process; per-nexus LU state is keyed by it.
+    pub id: u64,
+    /// SCSI name of the initiator port, e.g. "iqn...,i,0x<isid hex>".
+    pub initiator_port: String,
+    pub target_port: Arc<TargetPort>,
+}
+
+/// One command as the transport received it.
+#[derive(Debug, Clone, Copy)]
+pub struct Command<'a> {
+    pub cdb: &'a [u8],
+    /// All Data-Out bytes the transport received (its expected transfer length, which may differ
+    /// from what the CDB asks for).
+    pub data_out: &'a [u8],
+    /// The transport's expected Data-In length; `data_in` is never filled beyond it.
+    pub data_in_limit: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Good,
+    CheckCondition,
+    ConditionMet,
+    Busy,
+    ReservationConflict,
+    TaskSetFull,
+    TaskAborted,
+}
+
+impl Status {
+    /// SAM-5 status code.
+    pub fn code(&self) -> u8 {
+        match self {
+            Status::Good => 0x00,
+            Status::CheckCondition => 0x02,
+            Status::ConditionMet => 0x04,
+            Status::Busy => 0x08,
+            Status::ReservationConflict => 0x18,
+            Status::TaskSetFull => 0x28,
+            Status::TaskAborted => 0x40,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    pub status: Status,
+    pub sense: Option<Sense>,
+    /// Bytes the CDB itself asked to move (in or out): for Data-In commands the amount the
+    /// command produced after allocation-length truncation, for Data-Out commands the amount the
+    /// CDB describes. The transport compares it with its expected length for residuals.
+    pub transfer_len: u32,
+}
+
+impl Completion {
+    pub fn good(transfer_len: u32) -> Completion {
+        Completion {
+            status: Status::Good,
+            sense: None,
+            transfer_len,
+        }
+    }
+    pub fn check_condition(sense: Sense) -> Completion {
+        Completion {
+            status: Status::CheckCondition,
+            sense: Some(sense),
+            transfer_len: 0,
+        }
+    }
+}

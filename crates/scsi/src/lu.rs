@@ -1,0 +1,354 @@
+//! The logical unit: all per-LU state and the command dispatcher.
+
+use crate::cdb::*;
+use crate::mode::ModeState;
+use crate::opcodes;
+use crate::sense::Sense;
+use crate::unit_attention::{self, UnitAttentions};
+use crate::{Command, Completion, Nexus};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use store::BlockStore;
+
+/// What the LU reports about itself in INQUIRY and VPD pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LuIdentity {
+    /// T10 vendor identification, at most 8 ASCII characters ("FERROSAN").
+    pub vendor: String,
+    /// At most 16 ASCII characters.
+    pub product: String,
+    /// At most 4 ASCII characters.
+    pub revision: String,
+    /// Unit serial number (VPD 80h), printable ASCII, at most 64 characters.
+    pub serial: String,
+    /// NAA designator (VPD 83h); only the first `naa_len` bytes are used.
+    pub naa: [u8; 16],
+    /// 8 (NAA 5, registered) or 16 (NAA 6, registered extended).
+    pub naa_len: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LuSettings {
+    /// 512 or 4096.
+    pub block_size: u32,
+    pub read_only: bool,
+    /// Initial (and default) WCE bit of the caching mode page.
+    pub write_cache: bool,
+    /// Thin provisioned: UNMAP, WRITE SAME with UNMAP, LBPME/LBPRZ, GET LBA STATUS mapping.
+    pub thin: bool,
+}
+
+impl Default for LuSettings {
+    fn default() -> Self {
+        LuSettings {
+            block_size: 512,
+            read_only: false,
+            write_cache: true,
+            thin: true,
+        }
+    }
+}
+
+/// Limits reported in the Block Limits VPD page and enforced on every command.
+pub(crate) const TRANSFER_BYTES_MAX: u32 = 8 << 20;
+pub(crate) const TRANSFER_BYTES_OPTIMAL: u32 = 1 << 20;
+pub(crate) const UNMAP_BYTES_MAX: u64 = 1 << 30;
+pub(crate) const UNMAP_DESCRIPTORS_MAX: u32 = 256;
+pub(crate) const WRITE_SAME_BYTES_MAX: u64 = 1 << 30;
+pub(crate) const COMPARE_AND_WRITE_BLOCKS_MAX: u8 = 128;
+/// Discard is exact to 4 KiB on every store (file hole punching works in filesystem blocks).
+pub(crate) const UNMAP_GRANULARITY_BYTES: u32 = 4096;
+
+pub struct LogicalUnit {
+    pub(crate) store: Arc<dyn BlockStore>,
+    pub(crate) identity: LuIdentity,
+    pub(crate) settings: LuSettings,
+    pub(crate) block_shift: u32,
+    pub(crate) mode: ModeState,
+    pub(crate) ua: UnitAttentions,
+    /// Nexuses holding PREVENT MEDIUM REMOVAL.
+    prevent: Mutex<HashSet<u64>>,
+    /// Writers share it; COMPARE AND WRITE takes it exclusively so its read-compare-write is
+    /// atomic against every other writer of this LU.
+    pub(crate) write_order: RwLock<()>,
+}
+
+fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
+    if s.len() > max || !s.bytes().all(|b| (0x20..0x7F).contains(&b)) {
+        return Err(format!(
+            "{what} {s:?}: at most {max} printable ASCII characters"
+        ));
+    }
+    Ok(())
+}
+
+impl LogicalUnit {
+    pub fn new(
+        store: Arc<dyn BlockStore>,
+        identity: LuIdentity,
+        settings: LuSettings,
+    ) -> Result<Self, String> {
+        let block_shift = match settings.block_size {
+            512 => 9,
+            4096 => 12,
+            other => {
+                return Err(format!(
+                    "block size {other}: only 512 and 4096 are supported"
+                ))
+            }
+        };
+        if store.size_bytes() < u64::from(settings.block_size) {
+            return Err(format!(
+                "store of {} bytes holds no block",
+                store.size_bytes()
+            ));
+        }
+        check_ascii("vendor", &identity.vendor, 8)?;
+        check_ascii("product", &identity.product, 16)?;
+        check_ascii("revision", &identity.revision, 4)?;
+        check_ascii("serial", &identity.serial, 64)?;
+        if identity.serial.is_empty() {
+            return Err("serial must not be empty".into());
+        }
+        if identity.naa_len != 8 && identity.naa_len != 16 {
+            return Err(format!("NAA length {}: must be 8 or 16", identity.naa_len));
+        }
+        Ok(LogicalUnit {
+            store,
+            identity,
+            mode: ModeState::new(settings.write_cache),
+            settings,
+            block_shift,
+            ua: UnitAttentions::default(),
+            prevent: Mutex::new(HashSet::new()),
+            write_order: RwLock::new(()),
+        })
+    }
+
+    pub fn settings(&self) -> &LuSettings {
+        &self.settings
+    }
+    pub fn identity(&self) -> &LuIdentity {
+        &self.identity
+    }
+    /// Current WCE bit (write-back caching enabled).
+    pub fn write_cache_enabled(&self) -> bool {
+        self.mode.wce.load(Ordering::Relaxed)
+    }
+    pub(crate) fn block_count(&self) -> u64 {
+        self.store.size_bytes() >> self.block_shift
+    }
+
+    /// A new I_T nexus: it gets POWER ON, RESET (29h/00h) on its first command.
+    pub fn nexus_added(&self, nexus_id: u64) {
+        self.ua.add_nexus(nexus_id);
+    }
+
+    /// The nexus is gone: drop its unit attentions and release its PREVENT MEDIUM REMOVAL.
+    pub fn nexus_lost(&self, nexus_id: u64) {
+        self.ua.remove_nexus(nexus_id);
+        self.prevent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&nexus_id);
+    }
+
+    /// LOGICAL UNIT RESET task management function: 29h/03h for every nexus, PREVENT cleared,
+    /// mode parameters back to their defaults.
+    pub fn logical_unit_reset(&self, by: u64) {
+        let _ = by; // SAM-5: the UA goes to every nexus, the requester's included.
+        self.prevent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.mode.reset(self.settings.write_cache);
+        self.ua.raise_all(unit_attention::LU_RESET, None);
+    }
+
+    /// The store's size changed: CAPACITY DATA HAS CHANGED (2Ah/09h) for every nexus.
+    pub fn capacity_changed(&self) {
+        self.ua.raise_all(unit_attention::CAPACITY_CHANGED, None);
+    }
+
+    /// Whether `nexus_id` holds PREVENT MEDIUM REMOVAL (for tests and diagnostics).
+    pub fn removal_prevented_by(&self, nexus_id: u64) -> bool {
+        self.prevent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&nexus_id)
+    }
+
+    /// Runs one command. `data_in` is cleared and filled with the Data-In bytes (never more than
+    /// `cmd.data_in_limit`); the caller reuses it so the fast path does not allocate.
+    pub fn execute(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
+        self.execute_mapped(nexus, cmd, data_in, false)
+    }
+
+    /// `execute` through a mapping that may be read-only.
+    pub(crate) fn execute_mapped(
+        &self,
+        nexus: &Nexus,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+        read_only_mapping: bool,
+    ) -> Completion {
+        data_in.clear();
+        let write_protected = read_only_mapping || self.settings.read_only;
+        match self.run(nexus, cmd, data_in, write_protected) {
+            Ok(transfer_len) => Completion::good(transfer_len),
+            Err(mut sense) => {
+                data_in.clear();
+                sense.descriptor_format = self.mode.d_sense.load(Ordering::Relaxed);
+                Completion::check_condition(sense)
+            }
+        }
+    }
+
+    fn run(
+        &self,
+        nexus: &Nexus,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+        write_protected: bool,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        if cmd.cdb.is_empty() {
+            return Err(Sense::invalid_opcode());
+        }
+        let opcode = cdb.u8(0);
+        // SPC-4 5.14: these three neither report nor clear a unit attention.
+        if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
+            if let Some((asc, ascq)) = self.ua.take(nexus.id) {
+                return Err(Sense::unit_attention(asc, ascq));
+            }
+        }
+        let op = opcodes::lookup(cdb, self.settings.thin)?;
+        let cdb_len = op.usage.len();
+        if cmd.cdb.len() < cdb_len {
+            return Err(Sense::invalid_field_in_cdb(0, None));
+        }
+        // NACA and LINK are not supported (SAM-5 5.9).
+        check_reserved(cdb, cdb_len - 1, 0xFA)?;
+        if write_protected && is_medium_write(opcode) {
+            return Err(Sense::write_protected());
+        }
+        match opcode {
+            TEST_UNIT_READY => Ok(0),
+            REQUEST_SENSE => self.request_sense(nexus, cmd, data_in),
+            INQUIRY => self.inquiry(nexus, cmd, data_in),
+            MODE_SENSE_6 | MODE_SENSE_10 => self.mode_sense(cmd, data_in, write_protected),
+            MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(nexus, cmd),
+            START_STOP_UNIT => self.start_stop_unit(cdb),
+            PREVENT_ALLOW_MEDIUM_REMOVAL => self.prevent_allow(nexus, cdb),
+            REPORT_LUNS => self.report_luns_single(cmd, data_in),
+            MAINTENANCE_IN => {
+                check_reserved(cdb, 2, 0x87)?;
+                opcodes::report_supported(cdb, self.settings.thin, data_in)?;
+                Ok(finish_data_in(data_in, cdb.be32(6), cmd.data_in_limit))
+            }
+            READ_CAPACITY_10 => self.read_capacity_10(cmd, data_in),
+            SERVICE_ACTION_IN_16 => match cdb.service_action() {
+                SA_READ_CAPACITY_16 => self.read_capacity_16(cmd, data_in),
+                _ => self.get_lba_status(cmd, data_in),
+            },
+            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cmd, data_in),
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => self.write(cmd),
+            WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
+                self.write_and_verify(cmd)
+            }
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => self.verify(cmd, data_in),
+            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => self.synchronize_cache(cmd),
+            PRE_FETCH_10 | PRE_FETCH_16 => self.pre_fetch(cmd),
+            WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cmd, data_in),
+            UNMAP => self.unmap(cmd),
+            COMPARE_AND_WRITE => self.compare_and_write(cmd, data_in),
+            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => self.read_defect_data(cmd, data_in),
+            // The opcode table and this match must list the same commands.
+            _ => Err(Sense::invalid_opcode()),
+        }
+    }
+
+    fn request_sense(
+        &self,
+        nexus: &Nexus,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 1, 0x01)?;
+        let descriptor_format = cdb.u8(1) & 0x01 != 0;
+        // Autosense delivers every error with its command, so only a unit attention can be
+        // pending here; reporting it clears it.
+        let sense = match self.ua.take(nexus.id) {
+            Some((asc, ascq)) => Sense::unit_attention(asc, ascq),
+            None => Sense::new(crate::sense::NO_SENSE, 0, 0),
+        };
+        put_sense(
+            data_in,
+            Sense {
+                descriptor_format,
+                ..sense
+            },
+        );
+        Ok(finish_data_in(
+            data_in,
+            u32::from(cdb.u8(4)),
+            cmd.data_in_limit,
+        ))
+    }
+
+    fn start_stop_unit(&self, cdb: Cdb<'_>) -> Result<u32, Sense> {
+        check_reserved(cdb, 1, 0x01)?;
+        check_reserved(cdb, 3, 0x0F)?;
+        check_reserved(cdb, 4, 0xF7)?;
+        let power_condition = cdb.u8(4) >> 4;
+        if power_condition != 0 {
+            // START and LOEJ are ignored with a power condition (SBC-3 5.25); there is no
+            // power state to change on a virtual disk.
+            return Ok(0);
+        }
+        if cdb.u8(4) & 0x02 != 0 {
+            // LOEJ: the medium is not removable (RMB=0).
+            return Err(Sense::invalid_field_in_cdb(4, Some(1)));
+        }
+        let start = cdb.u8(4) & 0x01 != 0;
+        let no_flush = cdb.u8(4) & 0x04 != 0;
+        if !start && !no_flush {
+            // Stopping writes the cache to the medium first.
+            self.store
+                .flush()
+                .map_err(|_| Sense::medium_error_write())?;
+        }
+        // There is no motor: the unit stays ready, so START is a no-op.
+        Ok(0)
+    }
+
+    fn prevent_allow(&self, nexus: &Nexus, cdb: Cdb<'_>) -> Result<u32, Sense> {
+        check_reserved(cdb, 4, 0x03)?;
+        let mut prevent = self.prevent.lock().unwrap_or_else(|p| p.into_inner());
+        match cdb.u8(4) & 0x03 {
+            0 => {
+                prevent.remove(&nexus.id);
+            }
+            1 => {
+                prevent.insert(nexus.id);
+            }
+            // 10b and 11b are obsolete (medium changer) values.
+            _ => return Err(Sense::invalid_field_in_cdb(4, Some(1))),
+        }
+        Ok(0)
+    }
+
+    /// REPORT LUNS sent straight to an LU (no LUN map): the LU is LUN 0.
+    fn report_luns_single(&self, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Result<u32, Sense> {
+        crate::lun_map::report_luns(Cdb(cmd.cdb), cmd.data_in_limit, [0u64].into_iter(), data_in)
+    }
+}
+
+/// Appends `sense` in its own format to `out` (REQUEST SENSE parameter data).
+pub(crate) fn put_sense(out: &mut Vec<u8>, sense: Sense) {
+    let mut buf = [0u8; crate::sense::SENSE_BYTES_MAX];
+    let n = sense.encode(&mut buf);
+    out.extend_from_slice(&buf[..n]);
+}

@@ -1,0 +1,479 @@
+//! SBC-3 block commands: reads, writes, verification, cache, provisioning, capacity.
+
+use crate::cdb::*;
+use crate::lu::*;
+use crate::sense::Sense;
+use crate::Command;
+use std::sync::atomic::Ordering;
+
+/// Scratch bound for comparisons and WRITE SAME patterns (reuses the caller's Data-In Vec).
+const SCRATCH_BYTES_MAX: usize = 1 << 20;
+/// GET LBA STATUS descriptors returned at most per command.
+const LBA_STATUS_DESCRIPTORS_MAX: u32 = 64;
+
+/// LBA, number of blocks, and the byte offset of the length field (for field pointers).
+struct Range {
+    lba: u64,
+    blocks: u32,
+    len_field: u16,
+}
+
+/// Decodes LBA and transfer length of the READ/WRITE/VERIFY families by CDB size.
+fn rw_range(cdb: Cdb<'_>) -> Range {
+    match cdb.u8(0) {
+        READ_6 | WRITE_6 => {
+            let blocks = match cdb.u8(4) {
+                0 => 256, // SBC-3 5.15: zero means 256 blocks
+                n => u32::from(n),
+            };
+            Range {
+                lba: u64::from(cdb.be24(1) & 0x1F_FFFF),
+                blocks,
+                len_field: 4,
+            }
+        }
+        op if op < 0x80 => Range {
+            lba: u64::from(cdb.be32(2)),
+            blocks: u32::from(cdb.be16(7)),
+            len_field: 7,
+        },
+        op if op < 0xA0 => Range {
+            lba: cdb.be64(2),
+            blocks: cdb.be32(10),
+            len_field: 10,
+        },
+        _ => Range {
+            lba: u64::from(cdb.be32(2)),
+            blocks: cdb.be32(6),
+            len_field: 6,
+        },
+    }
+}
+
+fn read_error(_: std::io::Error) -> Sense {
+    Sense::medium_error_unrecovered_read()
+}
+fn write_error(_: std::io::Error) -> Sense {
+    Sense::medium_error_write()
+}
+
+impl LogicalUnit {
+    fn block_size(&self) -> usize {
+        self.settings.block_size as usize
+    }
+
+    fn wce(&self) -> bool {
+        self.mode.wce.load(Ordering::Relaxed)
+    }
+
+    /// LBA OUT OF RANGE unless `[lba, lba + blocks)` lies inside the medium and `lba` names a
+    /// block (SBC-3 4.5).
+    pub(crate) fn check_lba(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
+        let capacity = self.block_count();
+        match lba.checked_add(blocks) {
+            Some(end) if lba < capacity && end <= capacity => Ok(()),
+            _ => Err(Sense::lba_out_of_range()),
+        }
+    }
+
+    fn check_transfer(&self, r: &Range) -> Result<(), Sense> {
+        if r.blocks > TRANSFER_BYTES_MAX >> self.block_shift {
+            return Err(Sense::invalid_field_in_cdb(r.len_field, None));
+        }
+        self.check_lba(r.lba, u64::from(r.blocks))
+    }
+
+    /// Flags byte of READ/WRITE 10/12/16: protection fields must be zero (no PI), DPO, FUA and
+    /// FUA_NV are accepted.
+    fn check_rw_flags(&self, cdb: Cdb<'_>) -> Result<(), Sense> {
+        if matches!(cdb.u8(0), READ_6 | WRITE_6) {
+            return Ok(());
+        }
+        check_reserved(cdb, 1, 0x1A)
+    }
+
+    pub(crate) fn read(&self, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        self.check_rw_flags(cdb)?;
+        let r = rw_range(cdb);
+        self.check_transfer(&r)?;
+        let bytes = r.blocks << self.block_shift; // bounded by TRANSFER_BYTES_MAX
+                                                  // Read no further than the transport will send; the rest is its overflow residual.
+        data_in.resize(bytes.min(cmd.data_in_limit) as usize, 0);
+        self.store
+            .read_at(data_in, r.lba << self.block_shift)
+            .map_err(read_error)?;
+        Ok(bytes)
+    }
+
+    pub(crate) fn write(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        self.check_rw_flags(cdb)?;
+        let r = rw_range(cdb);
+        self.check_transfer(&r)?;
+        let fua = !matches!(cdb.u8(0), WRITE_6) && cdb.u8(1) & 0x08 != 0;
+        self.write_blocks(cmd.data_out, &r, fua || !self.wce())
+    }
+
+    /// Writes the whole blocks of `data_out` that the CDB asked for: when the transport received
+    /// less than the CDB describes, only what arrived is written (its overflow residual).
+    fn write_blocks(&self, data_out: &[u8], r: &Range, durable: bool) -> Result<u32, Sense> {
+        let bytes = r.blocks << self.block_shift;
+        let have_blocks = (data_out.len() >> self.block_shift).min(r.blocks as usize);
+        let len = have_blocks << self.block_shift;
+        if len > 0 {
+            let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
+            self.store
+                .write_at(&data_out[..len], r.lba << self.block_shift, durable)
+                .map_err(write_error)?;
+        }
+        Ok(bytes)
+    }
+
+    pub(crate) fn write_and_verify(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 1, 0x12)?;
+        let r = rw_range(cdb);
+        self.check_transfer(&r)?;
+        // What was just written verifies by construction; "verify" asks for the medium, so the
+        // write is made durable.
+        self.write_blocks(cmd.data_out, &r, true)
+    }
+
+    pub(crate) fn verify(&self, cmd: &Command<'_>, scratch: &mut Vec<u8>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 1, 0x16)?;
+        let r = rw_range(cdb);
+        let bytchk = (cdb.u8(1) >> 1) & 0x03;
+        if bytchk == 2 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(2)));
+        }
+        self.check_transfer(&r)?;
+        let bs = self.block_size();
+        let total = (r.blocks as usize) << self.block_shift;
+        let expected = match bytchk {
+            0 => 0,
+            1 => total,
+            _ => bs,
+        };
+        if bytchk == 0 || r.blocks == 0 {
+            return Ok(expected as u32);
+        }
+        if cmd.data_out.len() < expected {
+            return Err(Sense::parameter_list_length_error());
+        }
+        let chunk_max = SCRATCH_BYTES_MAX.max(bs);
+        let mut done = 0usize;
+        while done < total {
+            let n = (total - done).min(chunk_max);
+            scratch.resize(n, 0);
+            let offset = (r.lba << self.block_shift) + done as u64;
+            self.store.read_at(scratch, offset).map_err(read_error)?;
+            for (i, &b) in scratch.iter().enumerate() {
+                let at = done + i;
+                let want = if bytchk == 1 {
+                    cmd.data_out[at]
+                } else {
+                    cmd.data_out[at % bs]
+                };
+                if b != want {
+                    scratch.clear();
+                    return Err(Sense::miscompare(at as u64));
+                }
+            }
+            done += n;
+        }
+        scratch.clear();
+        Ok(expected as u32)
+    }
+
+    pub(crate) fn synchronize_cache(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 1, 0x02)?;
+        let (lba, blocks) = if cdb.u8(0) == SYNCHRONIZE_CACHE_10 {
+            (u64::from(cdb.be32(2)), u64::from(cdb.be16(7)))
+        } else {
+            (cdb.be64(2), u64::from(cdb.be32(10)))
+        };
+        self.check_lba(lba, blocks)?;
+        // IMMED is honoured by finishing before the status: always correct, never early.
+        self.store.flush().map_err(write_error)?;
+        Ok(0)
+    }
+
+    pub(crate) fn pre_fetch(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 1, 0x02)?;
+        let (lba, blocks) = if cdb.u8(0) == PRE_FETCH_10 {
+            (u64::from(cdb.be32(2)), u64::from(cdb.be16(7)))
+        } else {
+            (cdb.be64(2), u64::from(cdb.be32(10)))
+        };
+        self.check_lba(lba, blocks)?;
+        // There is no cache to load: GOOD (not CONDITION MET) says so (SBC-3 5.9).
+        Ok(0)
+    }
+
+    pub(crate) fn write_same(
+        &self,
+        cmd: &Command<'_>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        let is_16 = cdb.u8(0) == WRITE_SAME_16;
+        if cdb.u8(1) & 0x10 != 0 {
+            // ANCHOR: anchored LBAs are not supported (ANC_SUP=0).
+            return Err(Sense::invalid_field_in_cdb(1, Some(4)));
+        }
+        check_reserved(cdb, 1, if is_16 { 0x09 } else { 0x08 })?;
+        let (lba, blocks, len_field) = if is_16 {
+            (cdb.be64(2), cdb.be32(10), 10)
+        } else {
+            (u64::from(cdb.be32(2)), u32::from(cdb.be16(7)), 7)
+        };
+        let unmap = cdb.u8(1) & 0x08 != 0;
+        let ndob = is_16 && cdb.u8(1) & 0x01 != 0;
+        // WSNZ=1: zero blocks is an error rather than "to the end of the medium".
+        if blocks == 0 || u64::from(blocks) > WRITE_SAME_BYTES_MAX >> self.block_shift {
+            return Err(Sense::invalid_field_in_cdb(len_field, None));
+        }
+        self.check_lba(lba, u64::from(blocks))?;
+        let bs = self.block_size();
+        let pattern: &[u8] = if ndob {
+            &[]
+        } else {
+            cmd.data_out
+                .get(..bs)
+                .ok_or(Sense::parameter_list_length_error())?
+        };
+        let offset = lba << self.block_shift;
+        let len = u64::from(blocks) << self.block_shift;
+        {
+            let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
+            if pattern.iter().all(|&b| b == 0) {
+                let deallocate = unmap && self.settings.thin;
+                self.store
+                    .write_zeroes(offset, len, deallocate)
+                    .map_err(write_error)?;
+            } else {
+                let per_write = (SCRATCH_BYTES_MAX / bs).max(1) * bs;
+                scratch.clear();
+                while scratch.len() < per_write.min(len as usize) {
+                    scratch.extend_from_slice(pattern);
+                }
+                let mut done = 0u64;
+                while done < len {
+                    let n = (len - done).min(scratch.len() as u64) as usize;
+                    let r = self.store.write_at(&scratch[..n], offset + done, false);
+                    if let Err(e) = r {
+                        scratch.clear();
+                        return Err(write_error(e));
+                    }
+                    done += n as u64;
+                }
+                scratch.clear();
+            }
+        }
+        if !self.wce() {
+            self.store.flush().map_err(write_error)?;
+        }
+        Ok(pattern.len() as u32)
+    }
+
+    pub(crate) fn unmap(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 1, 0x00)?; // ANCHOR unsupported
+        let param_len = cdb.be16(7) as usize;
+        if param_len == 0 {
+            return Ok(0);
+        }
+        let p = &cmd.data_out[..param_len.min(cmd.data_out.len())];
+        if param_len < 8 || p.len() < 8 {
+            return Err(Sense::parameter_list_length_error());
+        }
+        let descriptor_bytes = param_be16(p, 2).unwrap_or(0) as usize;
+        // A trailing partial descriptor is ignored (SBC-3 5.28.2).
+        let count = descriptor_bytes.min(p.len() - 8) / 16;
+        if count > UNMAP_DESCRIPTORS_MAX as usize {
+            return Err(Sense::invalid_field_in_parameter_list(2, None));
+        }
+        let max_blocks = UNMAP_BYTES_MAX >> self.block_shift;
+        let mut total = 0u64;
+        for i in 0..count {
+            let at = 8 + 16 * i;
+            let lba = param_be64(p, at).unwrap_or(0);
+            let blocks = u64::from(param_be32(p, at + 8).unwrap_or(0));
+            if blocks == 0 {
+                continue;
+            }
+            self.check_lba(lba, blocks)?;
+            total = total.saturating_add(blocks);
+            if total > max_blocks {
+                return Err(Sense::invalid_field_in_parameter_list(at as u16 + 8, None));
+            }
+        }
+        {
+            let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
+            for i in 0..count {
+                let at = 8 + 16 * i;
+                let lba = param_be64(p, at).unwrap_or(0);
+                let blocks = u64::from(param_be32(p, at + 8).unwrap_or(0));
+                if blocks > 0 {
+                    self.store
+                        .discard(lba << self.block_shift, blocks << self.block_shift)
+                        .map_err(write_error)?;
+                }
+            }
+        }
+        if !self.wce() {
+            self.store.flush().map_err(write_error)?;
+        }
+        Ok(param_len as u32)
+    }
+
+    pub(crate) fn compare_and_write(
+        &self,
+        cmd: &Command<'_>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 1, 0x18)?;
+        let lba = cdb.be64(2);
+        let blocks = cdb.u8(13);
+        if blocks > COMPARE_AND_WRITE_BLOCKS_MAX {
+            return Err(Sense::invalid_field_in_cdb(13, None));
+        }
+        if blocks == 0 {
+            return Ok(0);
+        }
+        self.check_lba(lba, u64::from(blocks))?;
+        let bytes = usize::from(blocks) << self.block_shift;
+        if cmd.data_out.len() < 2 * bytes {
+            return Err(Sense::parameter_list_length_error());
+        }
+        let (verify, write) = cmd.data_out.split_at(bytes);
+        let durable = cdb.u8(1) & 0x08 != 0 || !self.wce();
+        let offset = lba << self.block_shift;
+        let _order = self.write_order.write().unwrap_or_else(|p| p.into_inner());
+        scratch.resize(bytes, 0);
+        let result = self
+            .store
+            .read_at(scratch, offset)
+            .map_err(read_error)
+            .and_then(
+                |()| match scratch.iter().zip(verify).position(|(a, b)| a != b) {
+                    Some(at) => Err(Sense::miscompare(at as u64)),
+                    None => self
+                        .store
+                        .write_at(&write[..bytes], offset, durable)
+                        .map_err(write_error),
+                },
+            );
+        scratch.clear();
+        result.map(|()| (2 * bytes) as u32)
+    }
+
+    pub(crate) fn read_capacity_10(
+        &self,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 8, 0x01)?;
+        if cdb.u8(8) & 0x01 == 0 && cdb.be32(2) != 0 {
+            return Err(Sense::invalid_field_in_cdb(2, None));
+        }
+        // Beyond 32 bits the initiator must use READ CAPACITY (16).
+        let last = u32::try_from(self.block_count() - 1).unwrap_or(u32::MAX);
+        data_in.extend_from_slice(&last.to_be_bytes());
+        data_in.extend_from_slice(&self.settings.block_size.to_be_bytes());
+        Ok(finish_data_in(data_in, 8, cmd.data_in_limit))
+    }
+
+    pub(crate) fn read_capacity_16(
+        &self,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 14, 0x01)?; // PMI (obsolete) only
+        data_in.extend_from_slice(&(self.block_count() - 1).to_be_bytes());
+        data_in.extend_from_slice(&self.settings.block_size.to_be_bytes());
+        data_in.push(0); // no protection information
+        data_in.push(0); // one logical block per physical block
+                         // LBPME and LBPRZ: deallocated blocks read back as zeros on every store.
+        data_in.push(if self.settings.thin { 0xC0 } else { 0 });
+        data_in.resize(32, 0);
+        Ok(finish_data_in(data_in, cdb.be32(10), cmd.data_in_limit))
+    }
+
+    pub(crate) fn get_lba_status(
+        &self,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        let start = cdb.be64(2);
+        let allocation = cdb.be32(10);
+        let capacity = self.block_count();
+        if start >= capacity {
+            return Err(Sense::lba_out_of_range());
+        }
+        let bs = u64::from(self.settings.block_size);
+        let wanted = (allocation.saturating_sub(8) / 16).clamp(1, LBA_STATUS_DESCRIPTORS_MAX);
+        data_in.extend_from_slice(&[0; 8]);
+        let mut lba = start;
+        for _ in 0..wanted {
+            if lba >= capacity {
+                break;
+            }
+            let extent = self
+                .store
+                .mapping(lba << self.block_shift)
+                .map_err(read_error)?;
+            let end_byte = (lba << self.block_shift).saturating_add(extent.len);
+            // A block only partly deallocated still holds data: it counts as mapped.
+            let (mapped, mut end) = if extent.mapped {
+                (true, end_byte.div_ceil(bs))
+            } else {
+                (false, end_byte / bs)
+            };
+            let mapped = mapped || end <= lba;
+            if end <= lba {
+                end = lba + 1;
+            }
+            let end = end.min(capacity);
+            let blocks = u32::try_from(end - lba).unwrap_or(u32::MAX);
+            data_in.extend_from_slice(&lba.to_be_bytes());
+            data_in.extend_from_slice(&blocks.to_be_bytes());
+            data_in.push(if mapped { 0 } else { 1 });
+            data_in.extend_from_slice(&[0; 3]);
+            lba += u64::from(blocks);
+        }
+        let len = (data_in.len() - 4) as u32;
+        data_in[..4].copy_from_slice(&len.to_be_bytes());
+        Ok(finish_data_in(data_in, allocation, cmd.data_in_limit))
+    }
+
+    pub(crate) fn read_defect_data(
+        &self,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        // An emulated disk has no defects: an empty list in the requested format.
+        if cdb.u8(0) == READ_DEFECT_DATA_10 {
+            check_reserved(cdb, 2, 0x1F)?;
+            data_in.extend_from_slice(&[0, cdb.u8(2) & 0x1F, 0, 0]);
+            Ok(finish_data_in(
+                data_in,
+                u32::from(cdb.be16(7)),
+                cmd.data_in_limit,
+            ))
+        } else {
+            check_reserved(cdb, 1, 0x1F)?;
+            data_in.extend_from_slice(&[0, cdb.u8(1) & 0x1F, 0, 0, 0, 0, 0, 0]);
+            Ok(finish_data_in(data_in, cdb.be32(6), cmd.data_in_limit))
+        }
+    }
+}

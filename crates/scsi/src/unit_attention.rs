@@ -1,0 +1,111 @@
+//! Per-nexus unit attention queues (SAM-5 5.14, SPC-4 5.14). The fast path pays one atomic load
+//! while nothing is pending anywhere on the LU; the lock is taken only when some nexus has one.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Queued conditions per nexus; a further one is dropped (the oldest ones matter most, and
+/// duplicates are never queued).
+pub const UA_QUEUE_MAX: usize = 8;
+
+pub const POWER_ON_RESET: (u8, u8) = (0x29, 0x00);
+pub const LU_RESET: (u8, u8) = (0x29, 0x03);
+pub const MODE_PARAMETERS_CHANGED: (u8, u8) = (0x2A, 0x01);
+pub const CAPACITY_CHANGED: (u8, u8) = (0x2A, 0x09);
+
+#[derive(Default)]
+pub struct UnitAttentions {
+    /// Total conditions queued over all nexuses.
+    pending: AtomicUsize,
+    /// Every known nexus (registered by `nexus_added`) and its queue.
+    queues: Mutex<HashMap<u64, VecDeque<(u8, u8)>>>,
+}
+
+impl UnitAttentions {
+    fn push(pending: &AtomicUsize, q: &mut VecDeque<(u8, u8)>, ua: (u8, u8)) {
+        if q.len() < UA_QUEUE_MAX && !q.contains(&ua) {
+            q.push_back(ua);
+            pending.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    fn drain(pending: &AtomicUsize, q: &mut VecDeque<(u8, u8)>) {
+        pending.fetch_sub(q.len(), Ordering::Release);
+        q.clear();
+    }
+
+    /// A new nexus: it starts with POWER ON, RESET (29h/00h).
+    pub fn add_nexus(&self, nexus: u64) {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let q = queues.entry(nexus).or_default();
+        Self::drain(&self.pending, q);
+        Self::push(&self.pending, q, POWER_ON_RESET);
+    }
+
+    pub fn remove_nexus(&self, nexus: u64) {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut q) = queues.remove(&nexus) {
+            Self::drain(&self.pending, &mut q);
+        }
+    }
+
+    /// Queues `ua` for every known nexus except `except`.
+    pub fn raise_all(&self, ua: (u8, u8), except: Option<u64>) {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, q) in queues.iter_mut() {
+            if Some(*id) != except {
+                Self::push(&self.pending, q, ua);
+            }
+        }
+    }
+
+    /// Takes the oldest condition queued for `nexus`.
+    pub fn take(&self, nexus: u64) -> Option<(u8, u8)> {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let ua = queues.get_mut(&nexus)?.pop_front()?;
+        self.pending.fetch_sub(1, Ordering::Release);
+        Some(ua)
+    }
+
+    #[cfg(test)]
+    pub fn pending_total(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_order_dedup_and_counts() {
+        let u = UnitAttentions::default();
+        assert_eq!(u.take(1), None);
+        u.add_nexus(1);
+        u.add_nexus(2);
+        assert_eq!(u.pending_total(), 2);
+        u.raise_all(MODE_PARAMETERS_CHANGED, Some(2));
+        u.raise_all(MODE_PARAMETERS_CHANGED, Some(2));
+        assert_eq!(u.pending_total(), 3);
+        assert_eq!(u.take(1), Some(POWER_ON_RESET));
+        assert_eq!(u.take(1), Some(MODE_PARAMETERS_CHANGED));
+        assert_eq!(u.take(1), None);
+        u.remove_nexus(2);
+        assert_eq!(u.pending_total(), 0);
+        assert_eq!(u.take(2), None);
+    }
+
+    #[test]
+    fn queue_is_bounded() {
+        let u = UnitAttentions::default();
+        u.add_nexus(7);
+        for ascq in 0..20 {
+            u.raise_all((0x3F, ascq), None);
+        }
+        assert_eq!(u.pending_total(), UA_QUEUE_MAX);
+    }
+}

@@ -50,14 +50,11 @@ pub(crate) fn from_cli(
     luns: &[String],
 ) -> Result<Config, ConfigError> {
     let mut addrs: Vec<SocketAddr> = Vec::new();
-    for (i, a) in listen.iter().enumerate() {
+    for a in listen {
         let field = format!("--listen {a}");
         let addr = parse_listen(a).map_err(|m| cli_error(field.clone(), m))?;
         if let Some(other) = addrs.iter().find(|o| portals_overlap(**o, addr)) {
-            return Err(cli_error(
-                field,
-                format!("overlaps --listen {other} (argument {i})"),
-            ));
+            return Err(cli_error(field, format!("overlaps --listen {other}")));
         }
         addrs.push(addr);
     }

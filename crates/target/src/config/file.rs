@@ -195,8 +195,10 @@ fn key_before(src: &str, offset: usize) -> Option<String> {
     let before = src.get(..offset)?.trim_end();
     let before = before.strip_suffix('=')?.trim_end();
     let start = before
-        .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"')))
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rev()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"')))
+        .map_or(0, |(i, c)| i + c.len_utf8());
     let key = &before[start..];
     (!key.is_empty()).then(|| key.to_string())
 }
@@ -235,8 +237,8 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
     }
     let limits = match &raw.limits {
         Some(l) => {
-            let limits = l.resolve(cx);
-            check_limit_relations(cx, l, &limits);
+            let mut limits = l.resolve(cx);
+            check_limit_relations(cx, l, &mut limits);
             limits
         }
         None => super::Limits::default(),
@@ -253,46 +255,48 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
     }
 }
 
-fn check_limit_relations(cx: &mut Cx<'_>, raw: &RawLimits, l: &super::Limits) {
-    let span = |key: &str| raw.span_of(key).unwrap_or(0..0);
+/// Relations between limits. A dependent limit left at its default follows the one it depends
+/// on; one set explicitly to a conflicting value is an error at its own line.
+fn check_limit_relations(cx: &mut Cx<'_>, raw: &RawLimits, l: &mut super::Limits) {
     if l.first_burst_length > l.max_burst_length {
-        cx.err(
-            span("first_burst_length"),
-            "limits: first_burst_length",
-            format!(
-                "must not exceed max_burst_length ({}), got {}",
-                l.max_burst_length, l.first_burst_length
+        match raw.span_of("first_burst_length") {
+            None => l.first_burst_length = l.max_burst_length,
+            Some(span) => cx.err(
+                span,
+                "limits: first_burst_length",
+                format!(
+                    "must not exceed max_burst_length ({}), got {}",
+                    l.max_burst_length, l.first_burst_length
+                ),
             ),
-        );
+        }
     }
     if l.max_connections_per_source > l.max_connections {
-        cx.err(
-            span("max_connections_per_source"),
-            "limits: max_connections_per_source",
-            format!(
-                "must not exceed max_connections ({}), got {}",
-                l.max_connections, l.max_connections_per_source
+        match raw.span_of("max_connections_per_source") {
+            None => l.max_connections_per_source = l.max_connections,
+            Some(span) => cx.err(
+                span,
+                "limits: max_connections_per_source",
+                format!(
+                    "must not exceed max_connections ({}), got {}",
+                    l.max_connections, l.max_connections_per_source
+                ),
             ),
-        );
+        }
     }
     let need = u64::from(l.max_recv_data_segment_length) + u64::from(l.max_burst_length);
     if l.memory_per_connection_bytes < need {
-        let key = [
-            "memory_per_connection_bytes",
-            "max_burst_length",
-            "max_recv_data_segment_length",
-        ]
-        .into_iter()
-        .find(|k| raw.span_of(k).is_some())
-        .unwrap_or("memory_per_connection_bytes");
-        cx.err(
-            span(key),
-            format!("limits: {key}"),
-            format!(
-                "memory_per_connection_bytes ({}) must be at least max_recv_data_segment_length + max_burst_length ({need})",
-                l.memory_per_connection_bytes
+        match raw.span_of("memory_per_connection_bytes") {
+            None => l.memory_per_connection_bytes = need,
+            Some(span) => cx.err(
+                span,
+                "limits: memory_per_connection_bytes",
+                format!(
+                    "must be at least max_recv_data_segment_length + max_burst_length ({need}), got {}",
+                    l.memory_per_connection_bytes
+                ),
             ),
-        );
+        }
     }
     debug_assert!(LIMIT_TABLE.iter().all(|(_, d, lo, hi)| lo <= d && d <= hi));
 }

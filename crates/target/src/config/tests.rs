@@ -715,6 +715,14 @@ fn limits_defaults_ranges_and_relations() {
     one_error(&text, "memory_per", "limits: memory_per_connection_bytes");
     let text = format!("[server]\nworkers = -1\n{BASE}");
     one_error(&text, "workers", "server: workers");
+    let text = format!("[limits]\nmax_burst_length = 32768\nmax_connections = 8\nmax_recv_data_segment_length = 8388608\n{BASE}");
+    let c = load(&text);
+    assert_eq!(
+        c.limits.first_burst_length, 32768,
+        "a default follows the limit it depends on"
+    );
+    assert_eq!(c.limits.max_connections_per_source, 8);
+    assert_eq!(c.limits.memory_per_connection_bytes, 8388608 + 32768);
     for (key, default, min, max) in LIMIT_TABLE {
         assert!(min <= default && default <= max, "{key}");
     }
@@ -1034,4 +1042,13 @@ fn config_doc_example_is_valid() {
     let len = doc[start..].find("```").expect("closed code block");
     let c = load(&doc[start..start + len]);
     assert_eq!(c.targets[0].groups.len(), 2);
+}
+
+#[test]
+fn missing_required_keys_point_at_their_table() {
+    let text = format!("{BASE}\n[[device]]\nstore = \"ram\"\nsize = 4096\n");
+    let e = one_error(&text, "[[device]]", "device #2: name");
+    assert!(e.message.contains("missing"), "{e}");
+    let text = format!("{BASE}\n[[portal_group]]\nlisten = [\"127.0.0.1:3999\"]\n");
+    one_error(&text, "[[portal_group]]", "portal_group #2: tag");
 }

@@ -1052,3 +1052,15 @@ fn missing_required_keys_point_at_their_table() {
     let text = format!("{BASE}\n[[portal_group]]\nlisten = [\"127.0.0.1:3999\"]\n");
     one_error(&text, "[[portal_group]]", "portal_group #2: tag");
 }
+
+#[test]
+fn no_panic_on_any_prefix_of_the_example() {
+    // Every truncation of a real file: each must give a config or located errors, never a panic.
+    let text = include_str!("../../../../examples/ferrosan.toml");
+    for (at, _) in text.char_indices().step_by(3) {
+        if let Err(e) = Config::from_toml_str(&text[..at], FILE) {
+            assert!(!e.errors.is_empty());
+            assert!(e.errors.iter().all(|x| x.line >= 1 && x.column >= 1), "{e}");
+        }
+    }
+}

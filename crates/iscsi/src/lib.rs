@@ -5,6 +5,8 @@
 pub mod digest;
 pub mod login;
 pub mod negotiation;
+pub mod outbox;
 pub mod pdu;
 pub mod serial;
+pub mod session;
 pub mod text;

@@ -117,7 +117,11 @@ pub trait LoginPolicy {
     fn admit_discovery(&mut self, initiator_name: &str) -> Result<Admission, LoginStatus>;
     /// The login is about to succeed: register the session (reinstating an older one with the same
     /// initiator name and ISID) and return its TSIH.
-    fn open_session(&mut self, key: &SessionKey, session_type: SessionType) -> Result<u16, LoginStatus>;
+    fn open_session(
+        &mut self,
+        key: &SessionKey,
+        session_type: SessionType,
+    ) -> Result<u16, LoginStatus>;
 }
 
 /// Everything full feature phase needs from a successful login.
@@ -220,7 +224,12 @@ impl Login {
     }
 
     /// Handles one PDU received during login and appends the response to `out`.
-    pub fn handle(&mut self, pdu: &Pdu<'_>, policy: &mut dyn LoginPolicy, out: &mut Vec<u8>) -> LoginStep {
+    pub fn handle(
+        &mut self,
+        pdu: &Pdu<'_>,
+        policy: &mut dyn LoginPolicy,
+        out: &mut Vec<u8>,
+    ) -> LoginStep {
         self.requests += 1;
         if pdu.bhs.opcode_raw() != Opcode::LoginRequest as u8 {
             return self.fail(pdu, LoginStatus::INVALID_DURING_LOGIN, out);
@@ -270,7 +279,10 @@ impl Login {
                 self.identity = Some(identity);
             }
             Some(first) => {
-                if first.isid != identity.isid || first.tsih != identity.tsih || first.cid != identity.cid {
+                if first.isid != identity.isid
+                    || first.tsih != identity.tsih
+                    || first.cid != identity.cid
+                {
                     return Err(LoginStatus::INITIATOR_ERROR);
                 }
                 if csg != self.stage {
@@ -307,7 +319,8 @@ impl Login {
             all.extend_from_slice(pdu.data);
             all
         };
-        let offers = text::parse(&text_bytes, self.limits.max_keys).map_err(|_| LoginStatus::INITIATOR_ERROR)?;
+        let offers = text::parse(&text_bytes, self.limits.max_keys)
+            .map_err(|_| LoginStatus::INITIATOR_ERROR)?;
 
         let mut answers: Vec<(String, String)> = Vec::new();
         if self.admission.is_none() {
@@ -354,7 +367,12 @@ impl Login {
         policy: &mut dyn LoginPolicy,
         answers: &mut Vec<(String, String)>,
     ) -> Result<(), LoginStatus> {
-        let get = |k: &str| offers.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+        let get = |k: &str| {
+            offers
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
         let initiator = get("InitiatorName").ok_or(LoginStatus::MISSING_PARAMETER)?;
         if initiator.is_empty() {
             return Err(LoginStatus::MISSING_PARAMETER);
@@ -402,7 +420,11 @@ impl Login {
         Ok(())
     }
 
-    fn security(&mut self, offers: &[(String, String)], answers: &mut Vec<(String, String)>) -> Result<(), LoginStatus> {
+    fn security(
+        &mut self,
+        offers: &[(String, String)],
+        answers: &mut Vec<(String, String)>,
+    ) -> Result<(), LoginStatus> {
         let requirement = self
             .admission
             .as_ref()
@@ -447,7 +469,10 @@ impl Login {
         let identity = self.identity.ok_or(LoginStatus::TARGET_ERROR)?;
         let negotiator = self.negotiator.as_ref().ok_or(LoginStatus::TARGET_ERROR)?;
         let admission = self.admission.as_ref().ok_or(LoginStatus::TARGET_ERROR)?;
-        let initiator_name = self.initiator_name.clone().ok_or(LoginStatus::TARGET_ERROR)?;
+        let initiator_name = self
+            .initiator_name
+            .clone()
+            .ok_or(LoginStatus::TARGET_ERROR)?;
         let mut params = negotiator.params;
         if !negotiator_declared(&answers, negotiator) {
             // We never told the initiator our limit, so it assumes the RFC default.
@@ -474,7 +499,15 @@ impl Login {
             exp_cmd_sn: identity.cmd_sn,
         };
         self.stage = Stage::FullFeature;
-        self.respond_full(pdu, csg, Some(Stage::FullFeature), &answers, LoginStatus::SUCCESS, tsih, out);
+        self.respond_full(
+            pdu,
+            csg,
+            Some(Stage::FullFeature),
+            &answers,
+            LoginStatus::SUCCESS,
+            tsih,
+            out,
+        );
         Ok(LoginStep::Complete(Box::new(established)))
     }
 

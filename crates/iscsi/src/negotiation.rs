@@ -180,7 +180,9 @@ impl Negotiator {
                 continue;
             }
             if self.answered.iter().any(|k| k == key) {
-                return Err(NegotiationError::Protocol(format!("key {key} negotiated twice")));
+                return Err(NegotiationError::Protocol(format!(
+                    "key {key} negotiated twice"
+                )));
             }
             self.answered.push(key.clone());
             if let Some(answer) = self.answer(key, value) {
@@ -220,7 +222,9 @@ impl Negotiator {
                     self.limits.data_digest_allowed
                 };
                 // List negotiation: the first offered value we support wins.
-                let choice = value.split(',').find(|v| *v == "None" || (*v == "CRC32C" && allowed));
+                let choice = value
+                    .split(',')
+                    .find(|v| *v == "None" || (*v == "CRC32C" && allowed));
                 let Some(choice) = choice else {
                     return reject();
                 };
@@ -342,7 +346,8 @@ pub fn respond_text(
     data: &[u8],
     max_keys: usize,
 ) -> Result<Vec<(String, String)>, NegotiationError> {
-    let offers = text::parse(data, max_keys).map_err(|e| NegotiationError::Protocol(e.to_string()))?;
+    let offers =
+        text::parse(data, max_keys).map_err(|e| NegotiationError::Protocol(e.to_string()))?;
     let mut out = Vec::new();
     negotiator.respond(&offers, &mut out)?;
     Ok(out)
@@ -358,19 +363,29 @@ mod tests {
 
     fn answer(n: &mut Negotiator, k: &str, v: &str) -> Option<String> {
         let mut out = Vec::new();
-        n.respond(&[(k.to_string(), v.to_string())], &mut out).unwrap();
+        n.respond(&[(k.to_string(), v.to_string())], &mut out)
+            .unwrap();
         out.into_iter().find(|(key, _)| key == k).map(|(_, v)| v)
     }
 
     #[test]
     fn digests_list_choice() {
         let mut n = neg();
-        assert_eq!(answer(&mut n, "HeaderDigest", "CRC32C,None").as_deref(), Some("CRC32C"));
+        assert_eq!(
+            answer(&mut n, "HeaderDigest", "CRC32C,None").as_deref(),
+            Some("CRC32C")
+        );
         assert!(n.params.header_digest);
-        assert_eq!(answer(&mut n, "DataDigest", "None,CRC32C").as_deref(), Some("None"));
+        assert_eq!(
+            answer(&mut n, "DataDigest", "None,CRC32C").as_deref(),
+            Some("None")
+        );
         assert!(!n.params.data_digest);
         let mut n = neg();
-        assert_eq!(answer(&mut n, "HeaderDigest", "MD5").as_deref(), Some("Reject"));
+        assert_eq!(
+            answer(&mut n, "HeaderDigest", "MD5").as_deref(),
+            Some("Reject")
+        );
         let mut n = Negotiator::new(
             TargetLimits {
                 header_digest_allowed: false,
@@ -378,7 +393,10 @@ mod tests {
             },
             SessionType::Normal,
         );
-        assert_eq!(answer(&mut n, "HeaderDigest", "CRC32C,None").as_deref(), Some("None"));
+        assert_eq!(
+            answer(&mut n, "HeaderDigest", "CRC32C,None").as_deref(),
+            Some("None")
+        );
         assert!(!n.params.header_digest);
     }
 
@@ -394,31 +412,73 @@ mod tests {
         assert_eq!(answer(&mut n, "ImmediateData", "No").as_deref(), Some("No"));
         assert!(!n.params.immediate_data);
         let mut n = neg();
-        assert_eq!(answer(&mut n, "ImmediateData", "Maybe").as_deref(), Some("Reject"));
+        assert_eq!(
+            answer(&mut n, "ImmediateData", "Maybe").as_deref(),
+            Some("Reject")
+        );
         let mut n = neg();
-        assert_eq!(answer(&mut n, "DataPDUInOrder", "No").as_deref(), Some("Yes"));
+        assert_eq!(
+            answer(&mut n, "DataPDUInOrder", "No").as_deref(),
+            Some("Yes")
+        );
         assert_eq!(answer(&mut n, "IFMarker", "Yes").as_deref(), Some("No"));
     }
 
     #[test]
     fn numerical_min_max() {
         let mut n = neg();
-        assert_eq!(answer(&mut n, "MaxBurstLength", "16776192").as_deref(), Some("1048576"));
-        assert_eq!(answer(&mut n, "FirstBurstLength", "262144").as_deref(), Some("65536"));
-        assert_eq!(answer(&mut n, "MaxOutstandingR2T", "1").as_deref(), Some("1"));
-        assert_eq!(answer(&mut n, "DefaultTime2Wait", "5").as_deref(), Some("5"));
-        assert_eq!(answer(&mut n, "DefaultTime2Retain", "20").as_deref(), Some("0"));
-        assert_eq!(answer(&mut n, "ErrorRecoveryLevel", "2").as_deref(), Some("0"));
+        assert_eq!(
+            answer(&mut n, "MaxBurstLength", "16776192").as_deref(),
+            Some("1048576")
+        );
+        assert_eq!(
+            answer(&mut n, "FirstBurstLength", "262144").as_deref(),
+            Some("65536")
+        );
+        assert_eq!(
+            answer(&mut n, "MaxOutstandingR2T", "1").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            answer(&mut n, "DefaultTime2Wait", "5").as_deref(),
+            Some("5")
+        );
+        assert_eq!(
+            answer(&mut n, "DefaultTime2Retain", "20").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            answer(&mut n, "ErrorRecoveryLevel", "2").as_deref(),
+            Some("0")
+        );
         assert_eq!(answer(&mut n, "MaxConnections", "8").as_deref(), Some("1"));
         let mut n = neg();
-        assert_eq!(answer(&mut n, "MaxBurstLength", "4096").as_deref(), Some("4096"));
+        assert_eq!(
+            answer(&mut n, "MaxBurstLength", "4096").as_deref(),
+            Some("4096")
+        );
         // FirstBurstLength never exceeds MaxBurstLength.
-        assert_eq!(answer(&mut n, "FirstBurstLength", "65536").as_deref(), Some("4096"));
+        assert_eq!(
+            answer(&mut n, "FirstBurstLength", "65536").as_deref(),
+            Some("4096")
+        );
         let mut n = neg();
-        assert_eq!(answer(&mut n, "MaxBurstLength", "100").as_deref(), Some("Reject"));
-        assert_eq!(answer(&mut n, "FirstBurstLength", "abc").as_deref(), Some("Reject"));
-        assert_eq!(answer(&mut n, "MaxOutstandingR2T", "0").as_deref(), Some("Reject"));
-        assert_eq!(answer(&mut n, "DefaultTime2Wait", "3601").as_deref(), Some("Reject"));
+        assert_eq!(
+            answer(&mut n, "MaxBurstLength", "100").as_deref(),
+            Some("Reject")
+        );
+        assert_eq!(
+            answer(&mut n, "FirstBurstLength", "abc").as_deref(),
+            Some("Reject")
+        );
+        assert_eq!(
+            answer(&mut n, "MaxOutstandingR2T", "0").as_deref(),
+            Some("Reject")
+        );
+        assert_eq!(
+            answer(&mut n, "DefaultTime2Wait", "3601").as_deref(),
+            Some("Reject")
+        );
     }
 
     #[test]
@@ -427,35 +487,62 @@ mod tests {
         assert_eq!(answer(&mut n, "MaxRecvDataSegmentLength", "65536"), None);
         assert_eq!(n.params.max_xmit_data_segment_length, 65536);
         let mut n = neg();
-        assert_eq!(answer(&mut n, "MaxRecvDataSegmentLength", "100").as_deref(), Some("Reject"));
+        assert_eq!(
+            answer(&mut n, "MaxRecvDataSegmentLength", "100").as_deref(),
+            Some("Reject")
+        );
         let mut out = Vec::new();
         n.declarations(&mut out);
         n.declarations(&mut out);
-        assert_eq!(out, vec![("MaxRecvDataSegmentLength".into(), "262144".into())]);
+        assert_eq!(
+            out,
+            vec![("MaxRecvDataSegmentLength".into(), "262144".into())]
+        );
     }
 
     #[test]
     fn unknown_and_target_only_keys() {
         let mut n = neg();
-        assert_eq!(answer(&mut n, "X-com.example.Foo", "1").as_deref(), Some("NotUnderstood"));
-        assert_eq!(answer(&mut n, "TargetAlias", "x").as_deref(), Some("Reject"));
-        assert_eq!(answer(&mut n, "IFMarkInt", "2048").as_deref(), Some("Irrelevant"));
-        assert_eq!(answer(&mut n, "iSCSIProtocolLevel", "2").as_deref(), Some("1"));
+        assert_eq!(
+            answer(&mut n, "X-com.example.Foo", "1").as_deref(),
+            Some("NotUnderstood")
+        );
+        assert_eq!(
+            answer(&mut n, "TargetAlias", "x").as_deref(),
+            Some("Reject")
+        );
+        assert_eq!(
+            answer(&mut n, "IFMarkInt", "2048").as_deref(),
+            Some("Irrelevant")
+        );
+        assert_eq!(
+            answer(&mut n, "iSCSIProtocolLevel", "2").as_deref(),
+            Some("1")
+        );
     }
 
     #[test]
     fn discovery_irrelevant_keys() {
         let mut n = Negotiator::new(TargetLimits::default(), SessionType::Discovery);
-        assert_eq!(answer(&mut n, "MaxBurstLength", "262144").as_deref(), Some("Irrelevant"));
-        assert_eq!(answer(&mut n, "HeaderDigest", "None").as_deref(), Some("None"));
+        assert_eq!(
+            answer(&mut n, "MaxBurstLength", "262144").as_deref(),
+            Some("Irrelevant")
+        );
+        assert_eq!(
+            answer(&mut n, "HeaderDigest", "None").as_deref(),
+            Some("None")
+        );
     }
 
     #[test]
     fn repeated_key_is_an_error() {
         let mut n = neg();
         let mut out = Vec::new();
-        n.respond(&[("InitialR2T".into(), "No".into())], &mut out).unwrap();
-        assert!(n.respond(&[("InitialR2T".into(), "No".into())], &mut out).is_err());
+        n.respond(&[("InitialR2T".into(), "No".into())], &mut out)
+            .unwrap();
+        assert!(n
+            .respond(&[("InitialR2T".into(), "No".into())], &mut out)
+            .is_err());
     }
 
     #[test]

@@ -231,7 +231,10 @@ impl std::fmt::Display for FrameError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             FrameError::DataSegmentTooLong { len, max } => {
-                write!(f, "data segment of {len} bytes exceeds the negotiated {max}")
+                write!(
+                    f,
+                    "data segment of {len} bytes exceeds the negotiated {max}"
+                )
             }
             FrameError::HeaderDigest => write!(f, "header digest mismatch"),
             FrameError::DataDigest => write!(f, "data digest mismatch"),
@@ -277,23 +280,34 @@ pub struct Pdu<'a> {
 
 /// Splits a complete frame (as measured by [`frame_len`]) into its parts and checks the digests.
 /// A data digest error still returns the header so the caller can Reject that PDU by name.
-pub fn parse_frame<'a>(frame: &'a [u8], framing: &Framing) -> Result<Pdu<'a>, (FrameError, Option<Bhs>)> {
+pub fn parse_frame<'a>(
+    frame: &'a [u8],
+    framing: &Framing,
+) -> Result<Pdu<'a>, (FrameError, Option<Bhs>)> {
     let bhs = Bhs::from_slice(frame).ok_or((FrameError::HeaderDigest, None))?;
     let ahs_len = bhs.total_ahs_len();
     let dsl = bhs.data_segment_len();
     let header_end = BHS_LEN + ahs_len;
-    let ahs = frame.get(BHS_LEN..header_end).ok_or((FrameError::HeaderDigest, None))?;
+    let ahs = frame
+        .get(BHS_LEN..header_end)
+        .ok_or((FrameError::HeaderDigest, None))?;
     let mut pos = header_end;
     if framing.header_digest {
         let got = read_u32_le(frame, pos).ok_or((FrameError::HeaderDigest, None))?;
-        let header = frame.get(..header_end).ok_or((FrameError::HeaderDigest, None))?;
+        let header = frame
+            .get(..header_end)
+            .ok_or((FrameError::HeaderDigest, None))?;
         if digest::crc32c(header) != got {
             return Err((FrameError::HeaderDigest, None));
         }
         pos += 4;
     }
-    let data = frame.get(pos..pos + dsl).ok_or((FrameError::HeaderDigest, Some(bhs)))?;
-    let padded_data = frame.get(pos..pos + padded(dsl)).ok_or((FrameError::HeaderDigest, Some(bhs)))?;
+    let data = frame
+        .get(pos..pos + dsl)
+        .ok_or((FrameError::HeaderDigest, Some(bhs)))?;
+    let padded_data = frame
+        .get(pos..pos + padded(dsl))
+        .ok_or((FrameError::HeaderDigest, Some(bhs)))?;
     pos += padded(dsl);
     if framing.data_digest && dsl > 0 {
         let got = read_u32_le(frame, pos).ok_or((FrameError::DataDigest, Some(bhs)))?;
@@ -380,7 +394,10 @@ mod tests {
         bhs.set_data_segment_len(8193);
         assert_eq!(
             frame_len(&bhs.0, &f),
-            Err(FrameError::DataSegmentTooLong { len: 8193, max: 8192 })
+            Err(FrameError::DataSegmentTooLong {
+                len: 8193,
+                max: 8192
+            })
         );
         bhs.set_data_segment_len(DATA_SEGMENT_LEN_MAX);
         assert!(frame_len(&bhs.0, &f).is_err());
@@ -406,7 +423,10 @@ mod tests {
         encode_into(&mut wire, &bhs, b"hello", &f);
         let mut bad_header = wire.clone();
         bad_header[20] ^= 1;
-        assert_eq!(parse_frame(&bad_header, &f).unwrap_err().0, FrameError::HeaderDigest);
+        assert_eq!(
+            parse_frame(&bad_header, &f).unwrap_err().0,
+            FrameError::HeaderDigest
+        );
         let mut bad_data = wire.clone();
         bad_data[52] ^= 1;
         let (err, hdr) = parse_frame(&bad_data, &f).unwrap_err();
@@ -415,7 +435,10 @@ mod tests {
         let mut bad_digest = wire.clone();
         let n = bad_digest.len();
         bad_digest[n - 1] ^= 0x80;
-        assert_eq!(parse_frame(&bad_digest, &f).unwrap_err().0, FrameError::DataDigest);
+        assert_eq!(
+            parse_frame(&bad_digest, &f).unwrap_err().0,
+            FrameError::DataDigest
+        );
     }
 
     #[test]

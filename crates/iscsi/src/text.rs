@@ -113,12 +113,18 @@ mod tests {
         assert_eq!(parse(b"A\0", 8), Err(TextError::MissingEquals));
         assert_eq!(parse(b"=1\0", 8), Err(TextError::EmptyKey));
         assert_eq!(parse(b"\xff=1\0", 8), Err(TextError::NotUtf8));
-        assert_eq!(parse(b"A=1\0A=2\0", 8), Err(TextError::DuplicateKey("A".into())));
+        assert_eq!(
+            parse(b"A=1\0A=2\0", 8),
+            Err(TextError::DuplicateKey("A".into()))
+        );
         assert_eq!(parse(b"A=1\0B=2\0C=3\0", 2), Err(TextError::TooManyKeys(2)));
         let long_key = format!("{}=1\0", "k".repeat(64));
         assert_eq!(parse(long_key.as_bytes(), 8), Err(TextError::KeyTooLong));
         let long_value = format!("k={}\0", "v".repeat(VALUE_LEN_MAX + 1));
-        assert_eq!(parse(long_value.as_bytes(), 8), Err(TextError::ValueTooLong));
+        assert_eq!(
+            parse(long_value.as_bytes(), 8),
+            Err(TextError::ValueTooLong)
+        );
     }
 
     #[test]

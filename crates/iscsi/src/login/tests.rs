@@ -73,7 +73,10 @@ impl Resp {
         }
     }
     fn key(&self, k: &str) -> Option<&str> {
-        self.keys.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str())
+        self.keys
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -96,7 +99,13 @@ fn send(login: &mut Login, policy: &mut Policy, r: &Req) -> (LoginStep, Resp) {
     assert_eq!(resp.bhs.opcode_raw(), Opcode::LoginResponse as u8);
     assert_eq!(resp.bhs.itt(), 5);
     let keys = text::parse(resp.data, 64).unwrap();
-    (step, Resp { bhs: resp.bhs, keys })
+    (
+        step,
+        Resp {
+            bhs: resp.bhs,
+            keys,
+        },
+    )
 }
 
 fn login() -> Login {
@@ -128,7 +137,11 @@ fn two_stage_login_to_full_feature() {
     assert_eq!(r.bhs.flags(), 0x80 | (1 << 2) | 3);
     assert_eq!(r.bhs.u16_at(14), 0x42);
     assert_eq!(r.bhs.u32_at(off::STAT_SN), 101);
-    assert_eq!(r.key("MaxRecvDataSegmentLength"), None, "declared once, in the first response");
+    assert_eq!(
+        r.key("MaxRecvDataSegmentLength"),
+        None,
+        "declared once, in the first response"
+    );
     assert_eq!(r.key("InitialR2T"), Some("No"));
     assert_eq!(r.bhs.u32_at(off::MAX_CMD_SN), 10 + 127);
     let LoginStep::Complete(est) = step else {
@@ -140,7 +153,10 @@ fn two_stage_login_to_full_feature() {
     assert_eq!(est.params.max_xmit_data_segment_length, 65536);
     assert_eq!(est.params.max_recv_data_segment_length, 262_144);
     assert!(!est.params.initial_r2t);
-    assert_eq!(est.target_name.as_deref(), Some("iqn.2026-11.org.ferrosan:t"));
+    assert_eq!(
+        est.target_name.as_deref(),
+        Some("iqn.2026-11.org.ferrosan:t")
+    );
     assert_eq!(p.opened.len(), 1);
     assert_eq!(p.opened[0].isid, [0x80, 0, 0, 0, 0, 1]);
 }
@@ -164,7 +180,11 @@ fn operational_first_is_allowed_without_auth() {
     let (step, r) = send(
         &mut l,
         &mut p,
-        &req(1, Some(3), "InitiatorName=iqn.2026-11.org.test:i;TargetName=iqn.2026-11.org.ferrosan:t;"),
+        &req(
+            1,
+            Some(3),
+            "InitiatorName=iqn.2026-11.org.test:i;TargetName=iqn.2026-11.org.ferrosan:t;",
+        ),
     );
     assert!(matches!(step, LoginStep::Complete(_)));
     assert_eq!(r.key("TargetPortalGroupTag"), Some("7"));
@@ -178,7 +198,11 @@ fn discovery_session() {
     let (step, r) = send(
         &mut l,
         &mut p,
-        &req(1, Some(3), "InitiatorName=iqn.2026-11.org.test:i;SessionType=Discovery;MaxBurstLength=262144;"),
+        &req(
+            1,
+            Some(3),
+            "InitiatorName=iqn.2026-11.org.test:i;SessionType=Discovery;MaxBurstLength=262144;",
+        ),
     );
     assert_eq!(r.key("MaxBurstLength"), Some("Irrelevant"));
     let LoginStep::Complete(est) = step else {
@@ -199,15 +223,31 @@ fn expect_failure(r: &Req, policy: &mut Policy, status: LoginStatus) {
 #[test]
 fn failures_map_to_status_classes() {
     let mut p = Policy::default();
-    expect_failure(&req(0, Some(1), "TargetName=iqn.2026-11.org.ferrosan:t;"), &mut p, LoginStatus::MISSING_PARAMETER);
-    expect_failure(&req(0, Some(1), "InitiatorName=iqn.2026-11.org.test:i;"), &mut p, LoginStatus::MISSING_PARAMETER);
     expect_failure(
-        &req(0, Some(1), "InitiatorName=iqn.2026-11.org.test:i;TargetName=iqn.2026-11.org.ferrosan:nope;"),
+        &req(0, Some(1), "TargetName=iqn.2026-11.org.ferrosan:t;"),
+        &mut p,
+        LoginStatus::MISSING_PARAMETER,
+    );
+    expect_failure(
+        &req(0, Some(1), "InitiatorName=iqn.2026-11.org.test:i;"),
+        &mut p,
+        LoginStatus::MISSING_PARAMETER,
+    );
+    expect_failure(
+        &req(
+            0,
+            Some(1),
+            "InitiatorName=iqn.2026-11.org.test:i;TargetName=iqn.2026-11.org.ferrosan:nope;",
+        ),
         &mut p,
         LoginStatus::NOT_FOUND,
     );
     expect_failure(
-        &req(0, Some(1), "InitiatorName=iqn.2026-11.org.test:i;SessionType=Weird;"),
+        &req(
+            0,
+            Some(1),
+            "InitiatorName=iqn.2026-11.org.test:i;SessionType=Weird;",
+        ),
         &mut p,
         LoginStatus::SESSION_TYPE_UNSUPPORTED,
     );
@@ -220,17 +260,33 @@ fn failures_map_to_status_classes() {
         deny: Some(LoginStatus::FORBIDDEN),
         ..Policy::default()
     };
-    expect_failure(&req(0, Some(1), NORMAL), &mut denied, LoginStatus::FORBIDDEN);
+    expect_failure(
+        &req(0, Some(1), NORMAL),
+        &mut denied,
+        LoginStatus::FORBIDDEN,
+    );
     let mut bad_version = req(0, Some(1), NORMAL);
     bad_version.version_min = 1;
     expect_failure(&bad_version, &mut p, LoginStatus::UNSUPPORTED_VERSION);
     let mut both = req(0, Some(1), NORMAL);
     both.flags |= 0x40;
     expect_failure(&both, &mut p, LoginStatus::INITIATOR_ERROR);
-    expect_failure(&req(2, Some(3), NORMAL), &mut p, LoginStatus::INITIATOR_ERROR);
+    expect_failure(
+        &req(2, Some(3), NORMAL),
+        &mut p,
+        LoginStatus::INITIATOR_ERROR,
+    );
     expect_failure(&req(3, None, NORMAL), &mut p, LoginStatus::INITIATOR_ERROR);
-    expect_failure(&req(1, Some(0), NORMAL), &mut p, LoginStatus::INITIATOR_ERROR);
-    expect_failure(&req(0, Some(1), "garbage-without-nul"), &mut p, LoginStatus::INITIATOR_ERROR);
+    expect_failure(
+        &req(1, Some(0), NORMAL),
+        &mut p,
+        LoginStatus::INITIATOR_ERROR,
+    );
+    expect_failure(
+        &req(0, Some(1), "garbage-without-nul"),
+        &mut p,
+        LoginStatus::INITIATOR_ERROR,
+    );
     let mut not_login = req(0, Some(1), NORMAL);
     not_login.opcode = Opcode::TextRequest;
     expect_failure(&not_login, &mut p, LoginStatus::INVALID_DURING_LOGIN);
@@ -293,7 +349,11 @@ fn names_may_repeat_but_not_change() {
     let mut l = login();
     let mut p = Policy::default();
     send(&mut l, &mut p, &req(0, Some(1), NORMAL));
-    let (step, _) = send(&mut l, &mut p, &req(1, Some(3), "InitiatorName=iqn.2026-11.org.test:other;"));
+    let (step, _) = send(
+        &mut l,
+        &mut p,
+        &req(1, Some(3), "InitiatorName=iqn.2026-11.org.test:other;"),
+    );
     assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
 }
 

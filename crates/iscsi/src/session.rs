@@ -1,0 +1,1086 @@
+//! Full feature phase of one connection (= one session: MaxConnections=1, ERL 0).
+//!
+//! Input: one received PDU at a time (borrowing the receive buffer) plus the current time.
+//! Output: response PDUs appended to an [`Outbox`], SCSI work handed synchronously to a
+//! [`ScsiBackend`], and a [`Flow`] telling the engine whether to keep the connection.
+//!
+//! Commands are delivered in CmdSN order; out-of-order commands inside the window wait (bounded),
+//! commands outside it are dropped silently (RFC 7143 §4.2.2.1). Writes collect their data
+//! (immediate, unsolicited, solicited by R2T) into one buffer and run once complete; a write whose
+//! data arrived whole in the command PDU runs straight from the receive buffer.
+
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+use crate::negotiation::{SessionParams, SessionType};
+use crate::outbox::Outbox;
+use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu, RejectReason, RESERVED_TAG};
+use crate::serial;
+use crate::text;
+
+/// SCSI status codes the core itself produces or inspects.
+pub mod status {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const TASK_SET_FULL: u8 = 0x28;
+}
+
+/// One SCSI command handed to the backend.
+#[derive(Clone, Copy, Debug)]
+pub struct ScsiRequest<'a> {
+    pub lun: [u8; 8],
+    pub cdb: &'a [u8],
+    pub data_out: &'a [u8],
+    /// Expected Data Transfer Length from the initiator.
+    pub expected_len: u32,
+    pub read: bool,
+    pub write: bool,
+    pub task_attr: u8,
+}
+
+/// What the backend reports back; Data-In bytes and sense bytes go into the buffers it was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScsiOutcome {
+    pub status: u8,
+    /// Bytes the CDB itself transfers out (writes); reads use the Data-In length.
+    pub transfer_len: u32,
+}
+
+/// Task management functions (RFC 7143 §11.5.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmfFunction {
+    AbortTask,
+    AbortTaskSet,
+    ClearAca,
+    ClearTaskSet,
+    LogicalUnitReset,
+    TargetWarmReset,
+    TargetColdReset,
+    TaskReassign,
+}
+
+impl TmfFunction {
+    pub fn from_wire(v: u8) -> Option<TmfFunction> {
+        Some(match v {
+            1 => TmfFunction::AbortTask,
+            2 => TmfFunction::AbortTaskSet,
+            3 => TmfFunction::ClearAca,
+            4 => TmfFunction::ClearTaskSet,
+            5 => TmfFunction::LogicalUnitReset,
+            6 => TmfFunction::TargetWarmReset,
+            7 => TmfFunction::TargetColdReset,
+            8 => TmfFunction::TaskReassign,
+            _ => return None,
+        })
+    }
+}
+
+/// TMF response codes (RFC 7143 §11.6.1).
+pub mod tmf_response {
+    pub const COMPLETE: u8 = 0;
+    pub const TASK_DOES_NOT_EXIST: u8 = 1;
+    pub const LUN_DOES_NOT_EXIST: u8 = 2;
+    pub const REASSIGN_NOT_SUPPORTED: u8 = 4;
+    pub const NOT_SUPPORTED: u8 = 5;
+    pub const REJECTED: u8 = 255;
+}
+
+/// A target as SendTargets reports it: name and `address:port,tpgt` strings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiscoveredTarget {
+    pub name: String,
+    pub addresses: Vec<String>,
+}
+
+pub trait ScsiBackend {
+    /// Runs one command to completion. `data_in` and `sense` arrive empty.
+    fn execute(
+        &mut self,
+        req: &ScsiRequest<'_>,
+        data_in: &mut Vec<u8>,
+        sense: &mut Vec<u8>,
+    ) -> ScsiOutcome;
+    /// Does this LUN exist for this session? (TMF answers "LUN does not exist" otherwise.)
+    fn lun_exists(&mut self, lun: [u8; 8]) -> bool;
+    /// LU-level effects of a TMF (the core has already dropped its own pending tasks).
+    fn task_management(&mut self, function: TmfFunction, lun: [u8; 8]) -> u8;
+    /// Targets this initiator may see; `filter` is None for SendTargets=All.
+    fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget>;
+}
+
+/// What the engine should do with the connection after this input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// Send what is queued, then close (logout, fatal protocol error, cold reset, dead peer).
+    Close,
+}
+
+/// Session limits enforced by the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// The CmdSN window (commands the initiator may have outstanding).
+    pub queue_depth: u32,
+    /// Largest write (EDTL) accepted; larger ones get CHECK CONDITION.
+    pub max_write_bytes: u32,
+    /// Bytes of write data buffered across pending writes.
+    pub max_pending_write_bytes: usize,
+    pub nop_interval: Duration,
+    pub nop_timeout: Duration,
+    pub max_text_bytes: usize,
+    pub max_keys: usize,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            queue_depth: 128,
+            max_write_bytes: 16 * 1024 * 1024,
+            max_pending_write_bytes: 64 * 1024 * 1024,
+            nop_interval: Duration::from_secs(5),
+            nop_timeout: Duration::from_secs(30),
+            max_text_bytes: 64 * 1024,
+            max_keys: 64,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct R2tState {
+    ttt: u32,
+    offset: u32,
+    len: u32,
+    received: u32,
+    next_data_sn: u32,
+}
+
+/// A write waiting for its data.
+#[derive(Debug)]
+struct PendingWrite {
+    itt: u32,
+    lun: [u8; 8],
+    cdb: Vec<u8>,
+    task_attr: u8,
+    buf: Vec<u8>,
+    edtl: u32,
+    /// Unsolicited region end (immediate + unsolicited Data-Out), and how far it has arrived.
+    unsolicited_end: u32,
+    unsolicited_received: u32,
+    unsolicited_next_data_sn: u32,
+    /// Next offset to solicit with an R2T.
+    solicit_next: u32,
+    r2ts: Vec<R2tState>,
+    next_r2t_sn: u32,
+    received: u32,
+}
+
+#[derive(Debug)]
+struct TextContinuation {
+    ttt: u32,
+    remaining: Vec<u8>,
+}
+
+pub struct Session {
+    kind: SessionType,
+    initiator_name: String,
+    params: SessionParams,
+    limits: SessionLimits,
+    framing: Framing,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+    pending: Vec<PendingWrite>,
+    pending_write_bytes: usize,
+    /// Out-of-order commands inside the window: (CmdSN, the PDU's bytes).
+    deferred: Vec<(u32, Vec<u8>)>,
+    next_ttt: u32,
+    text_in: Vec<u8>,
+    text_out: Option<TextContinuation>,
+    last_rx: Instant,
+    ping: Option<(u32, Instant)>,
+    data_in_buf: Vec<u8>,
+    sense_buf: Vec<u8>,
+    logged_out: bool,
+}
+
+impl Session {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        kind: SessionType,
+        initiator_name: String,
+        params: SessionParams,
+        limits: SessionLimits,
+        next_stat_sn: u32,
+        exp_cmd_sn: u32,
+        now: Instant,
+    ) -> Session {
+        let framing = Framing {
+            header_digest: params.header_digest,
+            data_digest: params.data_digest,
+            max_data_segment_len: params.max_recv_data_segment_length as usize,
+        };
+        Session {
+            kind,
+            initiator_name,
+            params,
+            limits,
+            framing,
+            stat_sn: next_stat_sn,
+            exp_cmd_sn,
+            pending: Vec::new(),
+            pending_write_bytes: 0,
+            deferred: Vec::new(),
+            next_ttt: 1,
+            text_in: Vec::new(),
+            text_out: None,
+            last_rx: now,
+            ping: None,
+            data_in_buf: Vec::new(),
+            sense_buf: Vec::with_capacity(256),
+            logged_out: false,
+        }
+    }
+
+    pub fn framing(&self) -> Framing {
+        self.framing
+    }
+
+    pub fn params(&self) -> &SessionParams {
+        &self.params
+    }
+
+    pub fn exp_cmd_sn(&self) -> u32 {
+        self.exp_cmd_sn
+    }
+
+    pub fn max_cmd_sn(&self) -> u32 {
+        self.exp_cmd_sn
+            .wrapping_add(self.limits.queue_depth.max(1) - 1)
+    }
+
+    /// Writes waiting for data (for metrics and tests).
+    pub fn pending_writes(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// A frame that failed its data digest: Reject it by header (RFC 7143 §7.8) and fail the
+    /// connection, since at ERL 0 the lost data cannot be recovered.
+    pub fn data_digest_error(&mut self, bhs: &Bhs, out: &mut Outbox) -> Flow {
+        self.reject(bhs, RejectReason::DataDigestError, out);
+        Flow::Close
+    }
+
+    /// Periodic timer: NOP-In pings on idle connections, and the verdict on dead ones.
+    pub fn tick(&mut self, now: Instant, out: &mut Outbox) -> Flow {
+        if let Some((_, sent)) = self.ping {
+            if self.last_rx <= sent
+                && now.saturating_duration_since(sent) >= self.limits.nop_timeout
+            {
+                return Flow::Close;
+            }
+            return Flow::Continue;
+        }
+        if now.saturating_duration_since(self.last_rx) >= self.limits.nop_interval {
+            let ttt = self.alloc_ttt();
+            let mut bhs = Bhs::new(Opcode::NopIn);
+            bhs.set_flags(0x80);
+            bhs.set_itt(RESERVED_TAG);
+            bhs.set_u32(off::TTT, ttt);
+            self.stamp(&mut bhs, false);
+            self.push_pdu(out, &bhs, &[]);
+            self.ping = Some((ttt, now));
+        }
+        Flow::Continue
+    }
+
+    /// Handles one PDU received in full feature phase.
+    pub fn handle(
+        &mut self,
+        pdu: &Pdu<'_>,
+        now: Instant,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        self.last_rx = now;
+        if self.logged_out {
+            return Flow::Close;
+        }
+        let bhs = &pdu.bhs;
+        let Some(opcode) = Opcode::from_initiator(bhs.opcode_raw()) else {
+            self.reject(bhs, RejectReason::CommandNotSupported, out);
+            return Flow::Continue;
+        };
+        match opcode {
+            // Data-Out and SNACK carry no CmdSN.
+            Opcode::DataOut => return self.data_out(pdu, backend, out),
+            Opcode::SnackRequest => {
+                self.reject(bhs, RejectReason::SnackReject, out);
+                return Flow::Continue;
+            }
+            Opcode::LoginRequest => {
+                self.reject(bhs, RejectReason::ProtocolError, out);
+                return Flow::Continue;
+            }
+            _ => {}
+        }
+        // A NOP-Out answering our ping (ITT reserved) is not a command.
+        if opcode == Opcode::NopOut && bhs.itt() == RESERVED_TAG {
+            if let Some((ttt, _)) = self.ping {
+                if bhs.u32_at(off::TTT) == ttt {
+                    self.ping = None;
+                }
+            }
+            return Flow::Continue;
+        }
+        let cmd_sn = bhs.u32_at(off::CMD_SN);
+        if bhs.immediate() {
+            return self.dispatch(opcode, pdu, backend, out);
+        }
+        if cmd_sn == self.exp_cmd_sn {
+            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+            let flow = self.dispatch(opcode, pdu, backend, out);
+            if flow == Flow::Close {
+                return flow;
+            }
+            return self.run_deferred(now, backend, out);
+        }
+        if serial::in_window(cmd_sn, self.exp_cmd_sn, self.max_cmd_sn())
+            && self.deferred.len() < self.limits.queue_depth as usize
+            && !self.deferred.iter().any(|(sn, _)| *sn == cmd_sn)
+        {
+            // A gap before it: keep a copy until the missing commands arrive.
+            let mut copy = Vec::with_capacity(pdu::BHS_LEN + pdu.ahs.len() + pdu.data.len());
+            copy.extend_from_slice(&bhs.0);
+            copy.extend_from_slice(pdu.ahs);
+            copy.extend_from_slice(pdu.data);
+            self.deferred.push((cmd_sn, copy));
+        }
+        // Outside the window (or a duplicate): silently ignored.
+        Flow::Continue
+    }
+
+    fn run_deferred(
+        &mut self,
+        now: Instant,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        while let Some(pos) = self
+            .deferred
+            .iter()
+            .position(|(sn, _)| *sn == self.exp_cmd_sn)
+        {
+            let (_, raw) = self.deferred.swap_remove(pos);
+            let Some(bhs) = Bhs::from_slice(&raw) else {
+                continue;
+            };
+            let ahs_end = pdu::BHS_LEN + bhs.total_ahs_len();
+            let (Some(ahs), Some(data)) = (raw.get(pdu::BHS_LEN..ahs_end), raw.get(ahs_end..))
+            else {
+                continue;
+            };
+            let Some(opcode) = Opcode::from_initiator(bhs.opcode_raw()) else {
+                continue;
+            };
+            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+            self.last_rx = now;
+            let pdu = Pdu { bhs, ahs, data };
+            if self.dispatch(opcode, &pdu, backend, out) == Flow::Close {
+                return Flow::Close;
+            }
+        }
+        Flow::Continue
+    }
+
+    fn dispatch(
+        &mut self,
+        opcode: Opcode,
+        pdu: &Pdu<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        match opcode {
+            Opcode::NopOut => self.nop_out(pdu, out),
+            Opcode::ScsiCommand => self.scsi_command(pdu, backend, out),
+            Opcode::TaskMgmtRequest => self.task_management(pdu, backend, out),
+            Opcode::TextRequest => self.text_request(pdu, backend, out),
+            Opcode::LogoutRequest => self.logout(pdu, out),
+            _ => {
+                self.reject(&pdu.bhs, RejectReason::ProtocolError, out);
+                Flow::Continue
+            }
+        }
+    }
+
+    fn nop_out(&mut self, pdu: &Pdu<'_>, out: &mut Outbox) -> Flow {
+        let mut bhs = Bhs::new(Opcode::NopIn);
+        bhs.set_flags(0x80);
+        bhs.set_lun(pdu.bhs.lun());
+        bhs.set_itt(pdu.bhs.itt());
+        bhs.set_u32(off::TTT, RESERVED_TAG);
+        self.stamp(&mut bhs, true);
+        let echo_len = pdu
+            .data
+            .len()
+            .min(self.params.max_xmit_data_segment_length as usize);
+        self.push_pdu(out, &bhs, &pdu.data[..echo_len]);
+        Flow::Continue
+    }
+
+    fn scsi_command(
+        &mut self,
+        pdu: &Pdu<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        let bhs = &pdu.bhs;
+        if self.kind == SessionType::Discovery {
+            self.reject(bhs, RejectReason::ProtocolError, out);
+            return Flow::Continue;
+        }
+        let flags = bhs.flags();
+        let read = flags & 0x40 != 0;
+        let write = flags & 0x20 != 0;
+        let task_attr = flags & 0x07;
+        let itt = bhs.itt();
+        let edtl = bhs.u32_at(off::EDTL);
+        let lun = bhs.lun();
+        let Some(cdb) = cdb_of(pdu) else {
+            self.reject(bhs, RejectReason::InvalidPduField, out);
+            return Flow::Continue;
+        };
+        if flags & 0x80 == 0 && !write {
+            // F=0 only makes sense when unsolicited Data-Out follows.
+            self.reject(bhs, RejectReason::ProtocolError, out);
+            return Flow::Continue;
+        }
+        if !pdu.data.is_empty()
+            && (!write
+                || !self.params.immediate_data
+                || pdu.data.len() > edtl as usize
+                || pdu.data.len() > self.params.first_burst_length as usize)
+        {
+            self.reject(bhs, RejectReason::ProtocolError, out);
+            return Flow::Continue;
+        }
+        if self.pending.iter().any(|p| p.itt == itt) {
+            self.reject(bhs, RejectReason::TaskInProgress, out);
+            return Flow::Continue;
+        }
+        if read && write {
+            // Bidirectional commands are not supported by any SCSI command we implement.
+            self.respond_sense(itt, lun, edtl, &INVALID_FIELD_IN_CDB, out);
+            return Flow::Continue;
+        }
+        if !write || edtl == 0 || pdu.data.len() == edtl as usize {
+            let req = ScsiRequest {
+                lun,
+                cdb: &cdb,
+                data_out: if write { pdu.data } else { &[] },
+                expected_len: edtl,
+                read,
+                write,
+                task_attr,
+            };
+            self.execute(itt, &req, backend, out);
+            return Flow::Continue;
+        }
+        if edtl > self.limits.max_write_bytes {
+            self.respond_sense(itt, lun, edtl, &INVALID_FIELD_IN_CDB, out);
+            return Flow::Continue;
+        }
+        if self.pending_write_bytes + edtl as usize > self.limits.max_pending_write_bytes
+            || self.pending.len() >= self.limits.queue_depth as usize
+        {
+            self.respond_status(itt, status::TASK_SET_FULL, out);
+            return Flow::Continue;
+        }
+        // Collect the rest of the data.
+        let mut buf = out.take_buffer();
+        buf.resize(edtl as usize, 0);
+        let immediate = pdu.data.len() as u32;
+        buf[..pdu.data.len()].copy_from_slice(pdu.data);
+        let unsolicited_end = if self.params.initial_r2t || flags & 0x80 != 0 {
+            immediate
+        } else {
+            self.params.first_burst_length.min(edtl).max(immediate)
+        };
+        let mut task = PendingWrite {
+            itt,
+            lun,
+            cdb: cdb.to_vec(),
+            task_attr,
+            buf,
+            edtl,
+            unsolicited_end,
+            unsolicited_received: immediate,
+            unsolicited_next_data_sn: 0,
+            solicit_next: unsolicited_end,
+            r2ts: Vec::new(),
+            next_r2t_sn: 0,
+            received: immediate,
+        };
+        self.pending_write_bytes += edtl as usize;
+        self.issue_r2ts(&mut task, out);
+        self.pending.push(task);
+        Flow::Continue
+    }
+
+    fn issue_r2ts(&mut self, task: &mut PendingWrite, out: &mut Outbox) {
+        while task.solicit_next < task.edtl
+            && task.r2ts.len() < self.params.max_outstanding_r2t.max(1) as usize
+        {
+            let len = (task.edtl - task.solicit_next).min(self.params.max_burst_length.max(512));
+            let ttt = self.alloc_ttt();
+            let mut bhs = Bhs::new(Opcode::R2t);
+            bhs.set_flags(0x80);
+            bhs.set_lun(task.lun);
+            bhs.set_itt(task.itt);
+            bhs.set_u32(off::TTT, ttt);
+            self.stamp(&mut bhs, false);
+            bhs.set_u32(off::DATA_SN, task.next_r2t_sn);
+            bhs.set_u32(off::BUFFER_OFFSET, task.solicit_next);
+            bhs.set_u32(44, len);
+            self.push_pdu(out, &bhs, &[]);
+            task.r2ts.push(R2tState {
+                ttt,
+                offset: task.solicit_next,
+                len,
+                received: 0,
+                next_data_sn: 0,
+            });
+            task.next_r2t_sn = task.next_r2t_sn.wrapping_add(1);
+            task.solicit_next += len;
+        }
+    }
+
+    fn data_out(&mut self, pdu: &Pdu<'_>, backend: &mut dyn ScsiBackend, out: &mut Outbox) -> Flow {
+        let bhs = &pdu.bhs;
+        let itt = bhs.itt();
+        let ttt = bhs.u32_at(off::TTT);
+        let Some(index) = self.pending.iter().position(|p| p.itt == itt) else {
+            if ttt == RESERVED_TAG {
+                // Unsolicited data for a command we already answered (e.g. refused): drop it.
+                return Flow::Continue;
+            }
+            self.reject(bhs, RejectReason::InvalidPduField, out);
+            return Flow::Continue;
+        };
+        let offset = bhs.u32_at(off::BUFFER_OFFSET);
+        let data_sn = bhs.u32_at(off::DATA_SN);
+        let len = pdu.data.len() as u32;
+        let task = &mut self.pending[index];
+        let accepted = if ttt == RESERVED_TAG {
+            let ok = offset == task.unsolicited_received
+                && data_sn == task.unsolicited_next_data_sn
+                && offset
+                    .checked_add(len)
+                    .is_some_and(|end| end <= task.unsolicited_end);
+            if ok {
+                task.unsolicited_received += len;
+                task.unsolicited_next_data_sn = task.unsolicited_next_data_sn.wrapping_add(1);
+            }
+            ok
+        } else if let Some(r2t) = task.r2ts.iter_mut().find(|r| r.ttt == ttt) {
+            let ok = offset == r2t.offset + r2t.received
+                && data_sn == r2t.next_data_sn
+                && r2t.received.checked_add(len).is_some_and(|n| n <= r2t.len);
+            if ok {
+                r2t.received += len;
+                r2t.next_data_sn = r2t.next_data_sn.wrapping_add(1);
+            }
+            ok
+        } else {
+            false
+        };
+        if !accepted {
+            // Wrong offset, DataSN or TTT: at ERL 0 the task cannot be recovered.
+            self.reject(bhs, RejectReason::ProtocolError, out);
+            return Flow::Close;
+        }
+        let start = offset as usize;
+        let Some(dst) = task.buf.get_mut(start..start + pdu.data.len()) else {
+            self.reject(bhs, RejectReason::ProtocolError, out);
+            return Flow::Close;
+        };
+        dst.copy_from_slice(pdu.data);
+        task.received += len;
+        task.r2ts.retain(|r| r.received < r.len);
+        if task.received < task.edtl {
+            let mut task = self.pending.swap_remove(index);
+            self.issue_r2ts(&mut task, out);
+            self.pending.push(task);
+            return Flow::Continue;
+        }
+        let task = self.pending.swap_remove(index);
+        self.pending_write_bytes -= task.edtl as usize;
+        let req = ScsiRequest {
+            lun: task.lun,
+            cdb: &task.cdb,
+            data_out: &task.buf,
+            expected_len: task.edtl,
+            read: false,
+            write: true,
+            task_attr: task.task_attr,
+        };
+        self.execute(task.itt, &req, backend, out);
+        out.give_back(task.buf);
+        Flow::Continue
+    }
+
+    fn execute(
+        &mut self,
+        itt: u32,
+        req: &ScsiRequest<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) {
+        let mut data_in = if req.read {
+            out.take_buffer()
+        } else {
+            std::mem::take(&mut self.data_in_buf)
+        };
+        data_in.clear();
+        self.sense_buf.clear();
+        let outcome = backend.execute(req, &mut data_in, &mut self.sense_buf);
+        let edtl = req.expected_len as usize;
+        let actual = if req.read || !data_in.is_empty() {
+            data_in.len()
+        } else {
+            outcome.transfer_len as usize
+        };
+        let (residual_flag, residual) = match actual.cmp(&edtl) {
+            std::cmp::Ordering::Less => (0x02u8, (edtl - actual) as u32),
+            std::cmp::Ordering::Greater => (0x04u8, (actual - edtl) as u32),
+            std::cmp::Ordering::Equal => (0, 0),
+        };
+        let sense_len = self.sense_buf.len();
+        let send_len = if req.read { data_in.len().min(edtl) } else { 0 };
+        if send_len > 0 {
+            // Status rides in the last Data-In when there is no sense data (RFC 7143 §11.7.4).
+            let with_status = sense_len == 0;
+            let index = out.adopt(data_in);
+            self.data_in_pdus(
+                itt,
+                req.lun,
+                index,
+                send_len,
+                with_status,
+                outcome.status,
+                residual_flag,
+                residual,
+                out,
+            );
+            if with_status {
+                return;
+            }
+        } else if req.read {
+            out.give_back(data_in);
+        } else {
+            self.data_in_buf = data_in;
+        }
+        let mut bhs = Bhs::new(Opcode::ScsiResponse);
+        bhs.set_flags(0x80 | residual_flag);
+        bhs.0[2] = 0; // command completed at target
+        bhs.0[3] = outcome.status;
+        bhs.set_itt(itt);
+        self.stamp(&mut bhs, true);
+        bhs.set_u32(off::RESIDUAL, residual);
+        if sense_len == 0 {
+            self.push_pdu(out, &bhs, &[]);
+        } else {
+            let mut data = [0u8; 2 + 260];
+            let n = sense_len.min(data.len() - 2);
+            data[..2].copy_from_slice(&(n as u16).to_be_bytes());
+            data[2..2 + n].copy_from_slice(&self.sense_buf[..n]);
+            self.push_pdu(out, &bhs, &data[..2 + n]);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn data_in_pdus(
+        &mut self,
+        itt: u32,
+        lun: [u8; 8],
+        index: usize,
+        len: usize,
+        with_status: bool,
+        status: u8,
+        residual_flag: u8,
+        residual: u32,
+        out: &mut Outbox,
+    ) {
+        let seg_max = (self.params.max_xmit_data_segment_length as usize).max(512);
+        let burst = (self.params.max_burst_length as usize).max(seg_max);
+        let mut offset = 0usize;
+        let mut data_sn = 0u32;
+        while offset < len {
+            let in_burst = burst - (offset % burst);
+            let seg = seg_max.min(len - offset).min(in_burst);
+            let last = offset + seg == len;
+            let mut bhs = Bhs::new(Opcode::DataIn);
+            let mut flags = 0u8;
+            if last || seg == in_burst {
+                flags |= 0x80;
+            }
+            bhs.set_itt(itt);
+            bhs.set_u32(off::TTT, RESERVED_TAG);
+            bhs.set_u32(off::DATA_SN, data_sn);
+            bhs.set_u32(off::BUFFER_OFFSET, offset as u32);
+            if last && with_status {
+                flags |= 0x01 | residual_flag;
+                bhs.0[3] = status;
+                bhs.set_u32(off::RESIDUAL, residual);
+                self.stamp(&mut bhs, true);
+            } else {
+                bhs.set_lun(lun);
+                self.stamp_no_status(&mut bhs);
+            }
+            bhs.set_flags(flags);
+            bhs.set_data_segment_len(seg);
+            self.push_header(out, &bhs);
+            out.push_payload(index, offset..offset + seg);
+            let pad = pdu::padded(seg) - seg;
+            if pad > 0 {
+                out.push_bytes(&[0u8; 3][..pad]);
+            }
+            if self.framing.data_digest {
+                let crc = crate::digest::crc32c_padded(&out.payload(index)[offset..offset + seg]);
+                out.push_bytes(&crc.to_le_bytes());
+            }
+            offset += seg;
+            data_sn = data_sn.wrapping_add(1);
+        }
+    }
+
+    fn respond_status(&mut self, itt: u32, status: u8, out: &mut Outbox) {
+        let mut bhs = Bhs::new(Opcode::ScsiResponse);
+        bhs.set_flags(0x80);
+        bhs.0[3] = status;
+        bhs.set_itt(itt);
+        self.stamp(&mut bhs, true);
+        self.push_pdu(out, &bhs, &[]);
+    }
+
+    fn respond_sense(
+        &mut self,
+        itt: u32,
+        _lun: [u8; 8],
+        edtl: u32,
+        sense: &[u8],
+        out: &mut Outbox,
+    ) {
+        let mut bhs = Bhs::new(Opcode::ScsiResponse);
+        let underflow = if edtl > 0 { 0x02 } else { 0 };
+        bhs.set_flags(0x80 | underflow);
+        bhs.0[3] = status::CHECK_CONDITION;
+        bhs.set_itt(itt);
+        self.stamp(&mut bhs, true);
+        bhs.set_u32(off::RESIDUAL, edtl);
+        let mut data = Vec::with_capacity(2 + sense.len());
+        data.extend_from_slice(&(sense.len() as u16).to_be_bytes());
+        data.extend_from_slice(sense);
+        self.push_pdu(out, &bhs, &data);
+    }
+
+    fn task_management(
+        &mut self,
+        pdu: &Pdu<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        let bhs = &pdu.bhs;
+        let lun = bhs.lun();
+        let function = TmfFunction::from_wire(bhs.flags() & 0x7f);
+        let mut close = false;
+        let response = match function {
+            None => tmf_response::NOT_SUPPORTED,
+            Some(_) if self.kind == SessionType::Discovery => tmf_response::NOT_SUPPORTED,
+            Some(TmfFunction::AbortTask) => {
+                let referenced = bhs.u32_at(20);
+                let ref_cmd_sn = bhs.u32_at(32);
+                if let Some(i) = self.pending.iter().position(|p| p.itt == referenced) {
+                    let task = self.pending.swap_remove(i);
+                    self.pending_write_bytes -= task.edtl as usize;
+                    out.give_back(task.buf);
+                    tmf_response::COMPLETE
+                } else if serial::lt(ref_cmd_sn, bhs.u32_at(off::CMD_SN).wrapping_add(1))
+                    && serial::le(ref_cmd_sn, self.exp_cmd_sn)
+                {
+                    // Already completed (RFC 7143 §11.6.1): the task is gone, the function done.
+                    tmf_response::COMPLETE
+                } else {
+                    tmf_response::TASK_DOES_NOT_EXIST
+                }
+            }
+            Some(
+                f @ (TmfFunction::AbortTaskSet
+                | TmfFunction::ClearTaskSet
+                | TmfFunction::LogicalUnitReset),
+            ) => {
+                if !backend.lun_exists(lun) {
+                    tmf_response::LUN_DOES_NOT_EXIST
+                } else {
+                    self.drop_pending(|p| p.lun == lun, out);
+                    backend.task_management(f, lun)
+                }
+            }
+            Some(TmfFunction::ClearAca) => tmf_response::NOT_SUPPORTED,
+            Some(f @ (TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset)) => {
+                self.drop_pending(|_| true, out);
+                close = f == TmfFunction::TargetColdReset;
+                backend.task_management(f, lun)
+            }
+            Some(TmfFunction::TaskReassign) => tmf_response::REASSIGN_NOT_SUPPORTED,
+        };
+        let mut resp = Bhs::new(Opcode::TaskMgmtResponse);
+        resp.set_flags(0x80);
+        resp.0[2] = response;
+        resp.set_itt(bhs.itt());
+        self.stamp(&mut resp, true);
+        self.push_pdu(out, &resp, &[]);
+        if close {
+            self.logged_out = true;
+            Flow::Close
+        } else {
+            Flow::Continue
+        }
+    }
+
+    fn drop_pending(&mut self, which: impl Fn(&PendingWrite) -> bool, out: &mut Outbox) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            if which(&self.pending[i]) {
+                let task = self.pending.swap_remove(i);
+                self.pending_write_bytes -= task.edtl as usize;
+                out.give_back(task.buf);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn text_request(
+        &mut self,
+        pdu: &Pdu<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        let bhs = &pdu.bhs;
+        let ttt = bhs.u32_at(off::TTT);
+        let continued = bhs.flags() & 0x40 != 0;
+        // A request for the next piece of a long answer.
+        if ttt != RESERVED_TAG {
+            match self.text_out.take() {
+                Some(cont) if cont.ttt == ttt && pdu.data.is_empty() => {
+                    self.send_text_piece(bhs, cont.remaining, out);
+                    return Flow::Continue;
+                }
+                _ => {
+                    self.reject(bhs, RejectReason::InvalidPduField, out);
+                    return Flow::Continue;
+                }
+            }
+        }
+        self.text_out = None;
+        if self.text_in.len() + pdu.data.len() > self.limits.max_text_bytes {
+            self.text_in.clear();
+            self.reject(bhs, RejectReason::OutOfResources, out);
+            return Flow::Continue;
+        }
+        self.text_in.extend_from_slice(pdu.data);
+        if continued {
+            // Acknowledge and wait for the rest of the initiator's text.
+            let mut resp = Bhs::new(Opcode::TextResponse);
+            resp.set_itt(bhs.itt());
+            let t = self.alloc_ttt();
+            resp.set_u32(off::TTT, t);
+            self.stamp(&mut resp, true);
+            self.push_pdu(out, &resp, &[]);
+            return Flow::Continue;
+        }
+        let request = std::mem::take(&mut self.text_in);
+        let Ok(pairs) = text::parse(&request, self.limits.max_keys) else {
+            self.reject(bhs, RejectReason::ProtocolError, out);
+            return Flow::Continue;
+        };
+        let mut answer = Vec::new();
+        for (key, value) in &pairs {
+            match key.as_str() {
+                "SendTargets" => {
+                    let filter = match (value.as_str(), self.kind) {
+                        ("All", SessionType::Discovery) => None,
+                        // RFC 7143 Appendix C: All is for discovery sessions only.
+                        ("All", SessionType::Normal) => {
+                            text::encode_pair(&mut answer, "SendTargets", "Reject");
+                            continue;
+                        }
+                        // Empty: the session's own target (the backend knows which).
+                        ("", _) => Some(""),
+                        (name, _) => Some(name),
+                    };
+                    for target in backend.send_targets(filter) {
+                        text::encode_pair(&mut answer, "TargetName", &target.name);
+                        for addr in &target.addresses {
+                            text::encode_pair(&mut answer, "TargetAddress", addr);
+                        }
+                    }
+                }
+                k if k.starts_with("X-") || k.starts_with("X#") => {
+                    text::encode_pair(&mut answer, k, "NotUnderstood");
+                }
+                "MaxRecvDataSegmentLength" => {
+                    // Declarative, may change in full feature phase (RFC 7143 §13.12).
+                    if let Some(v) = crate::negotiation::parse_number(value)
+                        .filter(|v| (512..=16_777_215).contains(v))
+                    {
+                        self.params.max_xmit_data_segment_length = v as u32;
+                    } else {
+                        text::encode_pair(&mut answer, key, "Reject");
+                    }
+                }
+                _ => text::encode_pair(&mut answer, key, "NotUnderstood"),
+            }
+        }
+        self.send_text_piece(bhs, answer, out);
+        Flow::Continue
+    }
+
+    fn send_text_piece(&mut self, req: &Bhs, mut remaining: Vec<u8>, out: &mut Outbox) {
+        let max = (self.params.max_xmit_data_segment_length as usize).max(512);
+        let mut resp = Bhs::new(Opcode::TextResponse);
+        resp.set_itt(req.itt());
+        if remaining.len() > max {
+            let rest = remaining.split_off(max);
+            let ttt = self.alloc_ttt();
+            resp.set_flags(0x40);
+            resp.set_u32(off::TTT, ttt);
+            self.stamp(&mut resp, true);
+            self.push_pdu(out, &resp, &remaining);
+            self.text_out = Some(TextContinuation {
+                ttt,
+                remaining: rest,
+            });
+        } else {
+            resp.set_flags(0x80);
+            resp.set_u32(off::TTT, RESERVED_TAG);
+            self.stamp(&mut resp, true);
+            self.push_pdu(out, &resp, &remaining);
+        }
+    }
+
+    fn logout(&mut self, pdu: &Pdu<'_>, out: &mut Outbox) -> Flow {
+        let bhs = &pdu.bhs;
+        let reason = bhs.flags() & 0x7f;
+        let response = match reason {
+            0 | 1 => 0,
+            2 => 2, // connection recovery is not supported at ERL 0
+            _ => {
+                self.reject(bhs, RejectReason::InvalidPduField, out);
+                return Flow::Continue;
+            }
+        };
+        let mut resp = Bhs::new(Opcode::LogoutResponse);
+        resp.set_flags(0x80);
+        resp.0[2] = response;
+        resp.set_itt(bhs.itt());
+        self.stamp(&mut resp, true);
+        resp.set_u16(40, 0); // Time2Wait
+        resp.set_u16(42, 0); // Time2Retain
+        self.push_pdu(out, &resp, &[]);
+        if response == 0 {
+            self.drop_pending(|_| true, out);
+            self.logged_out = true;
+            Flow::Close
+        } else {
+            Flow::Continue
+        }
+    }
+
+    fn reject(&mut self, rejected: &Bhs, reason: RejectReason, out: &mut Outbox) {
+        let mut bhs = Bhs::new(Opcode::Reject);
+        bhs.set_flags(0x80);
+        bhs.0[2] = reason as u8;
+        bhs.set_itt(RESERVED_TAG);
+        // The StatSN is advanced after a Reject (RFC 7143 §11.17).
+        self.stamp(&mut bhs, true);
+        self.push_pdu(out, &bhs, &rejected.0);
+    }
+
+    /// Fills StatSN/ExpCmdSN/MaxCmdSN; `advance` consumes a StatSN.
+    fn stamp(&mut self, bhs: &mut Bhs, advance: bool) {
+        bhs.set_u32(off::STAT_SN, self.stat_sn);
+        if advance {
+            self.stat_sn = self.stat_sn.wrapping_add(1);
+        }
+        self.stamp_no_status(bhs);
+    }
+
+    fn stamp_no_status(&self, bhs: &mut Bhs) {
+        bhs.set_u32(off::EXP_CMD_SN, self.exp_cmd_sn);
+        bhs.set_u32(off::MAX_CMD_SN, self.max_cmd_sn());
+    }
+
+    fn alloc_ttt(&mut self) -> u32 {
+        let t = self.next_ttt;
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == RESERVED_TAG {
+            self.next_ttt = 1;
+        }
+        t
+    }
+
+    fn push_header(&self, out: &mut Outbox, bhs: &Bhs) {
+        out.push_bytes(&bhs.0);
+        if self.framing.header_digest {
+            out.push_bytes(&crate::digest::crc32c(&bhs.0).to_le_bytes());
+        }
+    }
+
+    fn push_pdu(&self, out: &mut Outbox, bhs: &Bhs, data: &[u8]) {
+        let mut bhs = *bhs;
+        bhs.set_data_segment_len(data.len());
+        self.push_header(out, &bhs);
+        if !data.is_empty() {
+            out.push_bytes(data);
+            let pad = pdu::padded(data.len()) - data.len();
+            out.push_bytes(&[0u8; 3][..pad]);
+            if self.framing.data_digest {
+                out.push_bytes(&crate::digest::crc32c_padded(data).to_le_bytes());
+            }
+        }
+    }
+
+    /// The initiator this session belongs to.
+    pub fn initiator_name(&self) -> &str {
+        &self.initiator_name
+    }
+}
+
+/// Fixed-format sense: ILLEGAL REQUEST, INVALID FIELD IN CDB.
+const INVALID_FIELD_IN_CDB: [u8; 18] = [
+    0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0,
+];
+
+/// The CDB: 16 bytes in the BHS, extended by an Extended CDB AHS (type 1) when longer. Borrowed
+/// in the common case so the fast path does not allocate.
+fn cdb_of<'a>(pdu: &'a Pdu<'_>) -> Option<Cow<'a, [u8]>> {
+    let base = pdu.bhs.0.get(off::CDB..off::CDB + 16)?;
+    let mut ahs = pdu.ahs;
+    while ahs.len() >= 4 {
+        let len = u16::from_be_bytes([ahs[0], ahs[1]]) as usize;
+        let kind = ahs[2];
+        let total = pdu::padded(3 + len);
+        let body = ahs.get(4..3 + len)?;
+        if kind == 1 {
+            let mut cdb = base.to_vec();
+            // The AHS length counts its reserved byte (RFC 7143 §11.2.2.3).
+            cdb.extend_from_slice(body);
+            return Some(Cow::Owned(cdb));
+        }
+        ahs = ahs.get(total..)?;
+    }
+    Some(Cow::Borrowed(base))
+}
+
+#[cfg(test)]
+mod tests;

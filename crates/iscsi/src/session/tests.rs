@@ -1,0 +1,636 @@
+use super::*;
+use crate::negotiation::TargetLimits;
+use crate::pdu::{frame_len, parse_frame};
+
+#[derive(Default)]
+struct Backend {
+    executed: Vec<(Vec<u8>, Vec<u8>, u32)>,
+    read_data: Vec<u8>,
+    sense: Vec<u8>,
+    status: u8,
+    tmf: Vec<TmfFunction>,
+}
+
+impl ScsiBackend for Backend {
+    fn execute(
+        &mut self,
+        req: &ScsiRequest<'_>,
+        data_in: &mut Vec<u8>,
+        sense: &mut Vec<u8>,
+    ) -> ScsiOutcome {
+        self.executed
+            .push((req.cdb.to_vec(), req.data_out.to_vec(), req.expected_len));
+        if req.read {
+            data_in.extend_from_slice(&self.read_data);
+        }
+        sense.extend_from_slice(&self.sense);
+        ScsiOutcome {
+            status: self.status,
+            transfer_len: req.data_out.len() as u32,
+        }
+    }
+    fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
+        lun == [0; 8]
+    }
+    fn task_management(&mut self, f: TmfFunction, _lun: [u8; 8]) -> u8 {
+        self.tmf.push(f);
+        tmf_response::COMPLETE
+    }
+    fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
+        let all = vec![
+            DiscoveredTarget {
+                name: "iqn.2026-11.org.ferrosan:a".into(),
+                addresses: vec!["127.0.0.1:3260,1".into(), "[::1]:3260,1".into()],
+            },
+            DiscoveredTarget {
+                name: "iqn.2026-11.org.ferrosan:b".into(),
+                addresses: vec!["127.0.0.1:3260,1".into()],
+            },
+        ];
+        all.into_iter()
+            .filter(|t| filter.is_none_or(|f| f == t.name))
+            .collect()
+    }
+}
+
+struct Harness {
+    s: Session,
+    b: Backend,
+    now: Instant,
+    cmd_sn: u32,
+}
+
+fn params() -> SessionParams {
+    let mut p = SessionParams::rfc_defaults(&TargetLimits::default());
+    p.max_xmit_data_segment_length = 8192;
+    p.max_burst_length = 16384;
+    p.first_burst_length = 8192;
+    p.max_outstanding_r2t = 2;
+    p.initial_r2t = false;
+    p
+}
+
+fn harness_with(kind: SessionType, p: SessionParams, limits: SessionLimits) -> Harness {
+    let now = Instant::now();
+    Harness {
+        s: Session::new(
+            kind,
+            "iqn.2026-11.org.test:i".into(),
+            p,
+            limits,
+            1000,
+            1,
+            now,
+        ),
+        b: Backend::default(),
+        now,
+        cmd_sn: 1,
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(SessionType::Normal, params(), SessionLimits::default())
+}
+
+impl Harness {
+    /// Sends one PDU through the wire encoding and returns the flow and the decoded responses.
+    fn send(&mut self, bhs: Bhs, data: &[u8]) -> (Flow, Vec<(Bhs, Vec<u8>)>) {
+        let framing = self.s.framing();
+        let mut wire = Vec::new();
+        pdu::encode_into(&mut wire, &bhs, data, &framing);
+        let pdu = parse_frame(&wire, &framing).expect("well-formed test PDU");
+        let mut out = Outbox::new(8);
+        let flow = self.s.handle(&pdu, self.now, &mut self.b, &mut out);
+        (flow, decode_all(&out.to_vec(), &framing))
+    }
+
+    fn command(&mut self, cdb: &[u8], flags: u8, edtl: u32, itt: u32) -> Bhs {
+        let mut b = Bhs::new(Opcode::ScsiCommand);
+        b.set_flags(flags);
+        b.set_itt(itt);
+        b.set_u32(off::EDTL, edtl);
+        b.set_u32(off::CMD_SN, self.cmd_sn);
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        b.0[32..32 + cdb.len()].copy_from_slice(cdb);
+        b
+    }
+}
+
+fn decode_all(mut wire: &[u8], framing: &Framing) -> Vec<(Bhs, Vec<u8>)> {
+    let recv = Framing {
+        max_data_segment_len: 1 << 24,
+        ..*framing
+    };
+    let mut v = Vec::new();
+    while !wire.is_empty() {
+        let len = frame_len(wire, &recv).unwrap().expect("complete frame");
+        let pdu = parse_frame(&wire[..len], &recv).expect("valid frame");
+        v.push((pdu.bhs, pdu.data.to_vec()));
+        wire = &wire[len..];
+    }
+    v
+}
+
+fn data_out(itt: u32, ttt: u32, data_sn: u32, offset: u32, final_bit: bool) -> Bhs {
+    let mut b = Bhs::new(Opcode::DataOut);
+    b.set_flags(if final_bit { 0x80 } else { 0 });
+    b.set_itt(itt);
+    b.set_u32(off::TTT, ttt);
+    b.set_u32(off::DATA_SN, data_sn);
+    b.set_u32(off::BUFFER_OFFSET, offset);
+    b
+}
+
+const READ10: [u8; 10] = [0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+const WRITE10: [u8; 10] = [0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+
+#[test]
+fn nop_out_is_echoed_and_consumes_stat_sn() {
+    let mut h = harness();
+    let mut nop = Bhs::new(Opcode::NopOut);
+    nop.set_flags(0x80);
+    nop.set_itt(7);
+    nop.set_u32(off::TTT, RESERVED_TAG);
+    nop.set_u32(off::CMD_SN, 1);
+    let (flow, r) = h.send(nop, b"ping");
+    assert_eq!(flow, Flow::Continue);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::NopIn as u8);
+    assert_eq!(r[0].0.itt(), 7);
+    assert_eq!(r[0].0.u32_at(off::TTT), RESERVED_TAG);
+    assert_eq!(r[0].0.u32_at(off::STAT_SN), 1000);
+    assert_eq!(r[0].0.u32_at(off::EXP_CMD_SN), 2);
+    assert_eq!(r[0].1, b"ping");
+    nop.set_u32(off::CMD_SN, 2);
+    let (_, r) = h.send(nop, b"");
+    assert_eq!(r[0].0.u32_at(off::STAT_SN), 1001);
+}
+
+#[test]
+fn read_is_split_into_data_in_with_status_in_the_last() {
+    let mut h = harness();
+    h.b.read_data = (0..20000u32).map(|i| i as u8).collect();
+    let cmd = h.command(&READ10, 0xc0, 20000, 0x11);
+    let (_, r) = h.send(cmd, &[]);
+    // 8192 + 8192 (burst 16384 ends) + 3616.
+    assert_eq!(r.len(), 3);
+    let mut data = Vec::new();
+    for (i, (bhs, d)) in r.iter().enumerate() {
+        assert_eq!(bhs.opcode_raw(), Opcode::DataIn as u8);
+        assert_eq!(bhs.u32_at(off::DATA_SN), i as u32);
+        assert_eq!(bhs.u32_at(off::BUFFER_OFFSET) as usize, data.len());
+        assert_eq!(bhs.itt(), 0x11);
+        data.extend_from_slice(d);
+    }
+    assert_eq!(data, h.b.read_data);
+    assert_eq!(r[0].0.flags(), 0x00);
+    assert_eq!(r[1].0.flags(), 0x80, "end of a MaxBurstLength sequence");
+    assert_eq!(r[2].0.flags(), 0x81, "final with status");
+    assert_eq!(r[2].0 .0[3], status::GOOD);
+    assert_eq!(r[2].0.u32_at(off::STAT_SN), 1000);
+    assert_eq!(h.b.executed[0].2, 20000);
+}
+
+#[test]
+fn read_residuals() {
+    let mut h = harness();
+    h.b.read_data = vec![1; 512];
+    let cmd = h.command(&READ10, 0xc0, 1024, 1);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.flags(), 0x80 | 0x01 | 0x02);
+    assert_eq!(r[0].0.u32_at(off::RESIDUAL), 512);
+    let cmd = h.command(&READ10, 0xc0, 256, 2);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r[0].1.len(), 256);
+    assert_eq!(r[0].0.flags(), 0x80 | 0x01 | 0x04);
+    assert_eq!(r[0].0.u32_at(off::RESIDUAL), 256);
+}
+
+#[test]
+fn sense_goes_in_a_scsi_response() {
+    let mut h = harness();
+    h.b.status = status::CHECK_CONDITION;
+    h.b.sense = vec![0x70, 0, 5, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x21, 0, 0, 0, 0, 0];
+    let cmd = h.command(&READ10, 0xc0, 4096, 3);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r.len(), 1);
+    let (bhs, data) = &r[0];
+    assert_eq!(bhs.opcode_raw(), Opcode::ScsiResponse as u8);
+    assert_eq!(bhs.0[3], status::CHECK_CONDITION);
+    assert_eq!(&data[..2], &[0, 18]);
+    assert_eq!(data[2 + 12], 0x21);
+    assert_eq!(bhs.flags() & 0x02, 0x02);
+    assert_eq!(bhs.u32_at(off::RESIDUAL), 4096);
+}
+
+#[test]
+fn write_with_all_immediate_data_runs_at_once() {
+    let mut h = harness();
+    let cmd = h.command(&WRITE10, 0xa0, 4096, 4);
+    let (_, r) = h.send(cmd, &[9u8; 4096]);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::ScsiResponse as u8);
+    assert_eq!(r[0].0 .0[3], status::GOOD);
+    assert_eq!(h.b.executed[0].1, vec![9u8; 4096]);
+    assert_eq!(h.s.pending_writes(), 0);
+}
+
+#[test]
+fn write_with_unsolicited_and_solicited_data() {
+    let mut h = harness();
+    // 40 KiB: 4 KiB immediate, unsolicited up to FirstBurst 8 KiB, then R2Ts of 16 KiB.
+    let total = 40 * 1024u32;
+    let payload: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+    let cmd = h.command(&WRITE10, 0x20, total, 5);
+    let (_, r) = h.send(cmd, &payload[..4096]);
+    assert_eq!(r.len(), 2, "two R2Ts (MaxOutstandingR2T=2)");
+    let r2ts: Vec<(u32, u32, u32, u32)> = r
+        .iter()
+        .map(|(b, _)| {
+            assert_eq!(b.opcode_raw(), Opcode::R2t as u8);
+            (
+                b.u32_at(off::TTT),
+                b.u32_at(off::DATA_SN),
+                b.u32_at(40),
+                b.u32_at(44),
+            )
+        })
+        .collect();
+    assert_eq!((r2ts[0].1, r2ts[0].2, r2ts[0].3), (0, 8192, 16384));
+    assert_eq!((r2ts[1].1, r2ts[1].2, r2ts[1].3), (1, 24576, 16384));
+    // Unsolicited Data-Out 4096..8192.
+    let (_, r) = h.send(
+        data_out(5, RESERVED_TAG, 0, 4096, true),
+        &payload[4096..8192],
+    );
+    assert!(r.is_empty());
+    // First R2T in two PDUs.
+    let (_, r) = h.send(
+        data_out(5, r2ts[0].0, 0, 8192, false),
+        &payload[8192..16384],
+    );
+    assert!(r.is_empty());
+    let (_, r) = h.send(
+        data_out(5, r2ts[0].0, 1, 16384, true),
+        &payload[16384..24576],
+    );
+    assert!(r.is_empty(), "nothing left to solicit");
+    let (_, r) = h.send(data_out(5, r2ts[1].0, 0, 24576, true), &payload[24576..]);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::ScsiResponse as u8);
+    assert_eq!(h.b.executed.len(), 1);
+    assert_eq!(h.b.executed[0].1, payload);
+    assert_eq!(h.s.pending_writes(), 0);
+}
+
+#[test]
+fn r2ts_are_issued_as_earlier_ones_complete() {
+    let mut p = params();
+    p.max_outstanding_r2t = 1;
+    p.initial_r2t = true;
+    let mut h = harness_with(SessionType::Normal, p, SessionLimits::default());
+    let cmd = h.command(&WRITE10, 0x80 | 0x20, 32768, 6);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r.len(), 1);
+    let ttt = r[0].0.u32_at(off::TTT);
+    assert_eq!((r[0].0.u32_at(40), r[0].0.u32_at(44)), (0, 16384));
+    h.send(data_out(6, ttt, 0, 0, false), &[1; 8192]);
+    let (_, r) = h.send(data_out(6, ttt, 1, 8192, true), &[1; 8192]);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::R2t as u8);
+    assert_eq!(r[0].0.u32_at(off::DATA_SN), 1, "R2TSN");
+    assert_eq!(r[0].0.u32_at(40), 16384);
+}
+
+#[test]
+fn bad_data_sn_or_offset_fails_the_connection() {
+    for (data_sn, offset) in [(1u32, 4096u32), (0, 0), (27, 4096), (u32::MAX, 4096)] {
+        let mut h = harness();
+        let cmd = h.command(&WRITE10, 0x20, 8192, 7);
+        h.send(cmd, &[0; 4096]);
+        let (flow, r) = h.send(data_out(7, RESERVED_TAG, data_sn, offset, true), &[0; 4096]);
+        assert_eq!(flow, Flow::Close, "data_sn {data_sn} offset {offset}");
+        assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
+        assert_eq!(r[0].1.len(), 48, "Reject carries the rejected header");
+        assert!(h.b.executed.is_empty());
+    }
+}
+
+#[test]
+fn data_out_beyond_the_unsolicited_burst_is_refused() {
+    let mut h = harness();
+    let cmd = h.command(&WRITE10, 0x20, 65536, 8);
+    h.send(cmd, &[]);
+    let (flow, _) = h.send(data_out(8, RESERVED_TAG, 0, 0, true), &[0; 8192 + 512]);
+    assert_eq!(flow, Flow::Close);
+}
+
+#[test]
+fn data_out_for_unknown_task() {
+    let mut h = harness();
+    let (flow, r) = h.send(data_out(99, RESERVED_TAG, 0, 0, true), &[0; 512]);
+    assert_eq!(flow, Flow::Continue);
+    assert!(r.is_empty(), "late unsolicited data is dropped");
+    let (flow, r) = h.send(data_out(99, 1234, 0, 0, true), &[0; 512]);
+    assert_eq!(flow, Flow::Continue);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
+    assert_eq!(r[0].0 .0[2], RejectReason::InvalidPduField as u8);
+}
+
+#[test]
+fn cmd_sn_window() {
+    let mut h = harness();
+    let max = h.s.max_cmd_sn();
+    assert_eq!(max, 1 + 127);
+    // Too high: silently ignored.
+    let mut tur = h.command(&[0u8; 6], 0x80, 0, 1);
+    tur.set_u32(off::CMD_SN, max + 1);
+    let (_, r) = h.send(tur, &[]);
+    assert!(r.is_empty());
+    // Too low: ignored.
+    tur.set_u32(off::CMD_SN, 0);
+    let (_, r) = h.send(tur, &[]);
+    assert!(r.is_empty());
+    // Out of order inside the window: held until the gap closes.
+    tur.set_u32(off::CMD_SN, 2);
+    tur.set_itt(2);
+    let (_, r) = h.send(tur, &[]);
+    assert!(r.is_empty());
+    tur.set_u32(off::CMD_SN, 1);
+    tur.set_itt(1);
+    let (_, r) = h.send(tur, &[]);
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[0].0.itt(), 1);
+    assert_eq!(r[1].0.itt(), 2);
+    assert_eq!(h.s.exp_cmd_sn(), 3);
+    assert_eq!(r[1].0.u32_at(off::EXP_CMD_SN), 3);
+    // Immediate commands do not advance ExpCmdSN.
+    tur.set_immediate(true);
+    tur.set_u32(off::CMD_SN, 3);
+    let (_, r) = h.send(tur, &[]);
+    assert_eq!(r.len(), 1);
+    assert_eq!(h.s.exp_cmd_sn(), 3);
+}
+
+#[test]
+fn abort_task_drops_a_pending_write() {
+    let mut h = harness();
+    let cmd = h.command(&WRITE10, 0x20, 65536, 9);
+    h.send(cmd, &[]);
+    assert_eq!(h.s.pending_writes(), 1);
+    let mut tmf = Bhs::new(Opcode::TaskMgmtRequest);
+    tmf.set_immediate(true);
+    tmf.set_flags(0x80 | 1);
+    tmf.set_itt(10);
+    tmf.set_u32(20, 9);
+    tmf.set_u32(off::CMD_SN, h.cmd_sn);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::TaskMgmtResponse as u8);
+    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(h.s.pending_writes(), 0);
+    // A task that never existed, referenced ahead of the window.
+    tmf.set_u32(20, 12345);
+    tmf.set_u32(32, h.cmd_sn + 50);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::TASK_DOES_NOT_EXIST);
+}
+
+#[test]
+fn lun_reset_and_unknown_functions() {
+    let mut h = harness();
+    let mut tmf = Bhs::new(Opcode::TaskMgmtRequest);
+    tmf.set_immediate(true);
+    tmf.set_flags(0x80 | 5);
+    tmf.set_itt(1);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(h.b.tmf, vec![TmfFunction::LogicalUnitReset]);
+    tmf.set_lun([0, 9, 0, 0, 0, 0, 0, 0]);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::LUN_DOES_NOT_EXIST);
+    tmf.set_flags(0x80 | 0x33);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::NOT_SUPPORTED);
+    tmf.set_flags(0x80 | 7);
+    let (flow, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(flow, Flow::Close, "cold reset drops the connection");
+}
+
+fn text_req(itt: u32, ttt: u32, cmd_sn: u32) -> Bhs {
+    let mut b = Bhs::new(Opcode::TextRequest);
+    b.set_flags(0x80);
+    b.set_itt(itt);
+    b.set_u32(off::TTT, ttt);
+    b.set_u32(off::CMD_SN, cmd_sn);
+    b
+}
+
+#[test]
+fn send_targets_in_discovery() {
+    let mut h = harness_with(SessionType::Discovery, params(), SessionLimits::default());
+    let (_, r) = h.send(text_req(1, RESERVED_TAG, 1), b"SendTargets=All\0");
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.flags(), 0x80);
+    let pairs = text::parse(&r[0].1, 64).err();
+    assert!(
+        pairs.is_some(),
+        "TargetAddress repeats, so a strict parse refuses it"
+    );
+    let text = String::from_utf8(r[0].1.clone()).unwrap();
+    assert_eq!(
+        text,
+        "TargetName=iqn.2026-11.org.ferrosan:a\0TargetAddress=127.0.0.1:3260,1\0TargetAddress=[::1]:3260,1\0\
+         TargetName=iqn.2026-11.org.ferrosan:b\0TargetAddress=127.0.0.1:3260,1\0"
+    );
+    let (_, r) = h.send(
+        text_req(2, RESERVED_TAG, 2),
+        b"SendTargets=iqn.2026-11.org.ferrosan:b\0",
+    );
+    assert!(String::from_utf8_lossy(&r[0].1).contains("ferrosan:b"));
+    assert!(!String::from_utf8_lossy(&r[0].1).contains("ferrosan:a"));
+    // SCSI commands are not allowed in discovery.
+    let cmd = h.command(&READ10, 0xc0, 512, 3);
+    let mut cmd = cmd;
+    cmd.set_u32(off::CMD_SN, 3);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
+}
+
+#[test]
+fn long_text_answers_continue() {
+    let mut p = params();
+    p.max_xmit_data_segment_length = 512;
+    let mut h = harness_with(SessionType::Discovery, p, SessionLimits::default());
+    h.b = Backend::default();
+    let (_, r) = h.send(
+        text_req(1, RESERVED_TAG, 1),
+        b"SendTargets=All\0X-foo=1\0".as_slice(),
+    );
+    let total_first = r[0].1.len();
+    assert!(total_first <= 512);
+    let mut collected = r[0].1.clone();
+    let mut last = r[0].0;
+    let mut sn = 2;
+    while last.flags() & 0x40 != 0 {
+        let (_, r) = h.send(text_req(1, last.u32_at(off::TTT), sn), &[]);
+        sn += 1;
+        collected.extend_from_slice(&r[0].1);
+        last = r[0].0;
+    }
+    assert_eq!(last.flags(), 0x80);
+    assert!(String::from_utf8_lossy(&collected).ends_with("X-foo=NotUnderstood\0"));
+    // A continuation with a stale TTT is rejected.
+    let (_, r) = h.send(text_req(1, 4242, sn), &[]);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
+}
+
+#[test]
+fn send_targets_all_in_normal_session_is_rejected() {
+    let mut h = harness();
+    let (_, r) = h.send(text_req(1, RESERVED_TAG, 1), b"SendTargets=All\0");
+    assert_eq!(String::from_utf8_lossy(&r[0].1), "SendTargets=Reject\0");
+}
+
+#[test]
+fn logout_closes() {
+    let mut h = harness();
+    let mut lo = Bhs::new(Opcode::LogoutRequest);
+    lo.set_immediate(true);
+    lo.set_flags(0x80);
+    lo.set_itt(77);
+    let (flow, r) = h.send(lo, &[]);
+    assert_eq!(flow, Flow::Close);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::LogoutResponse as u8);
+    assert_eq!(r[0].0 .0[2], 0);
+    assert_eq!(r[0].0.itt(), 77);
+    let mut h = harness();
+    lo.set_flags(0x80 | 2);
+    let (flow, r) = h.send(lo, &[]);
+    assert_eq!(flow, Flow::Continue);
+    assert_eq!(r[0].0 .0[2], 2, "recovery not supported at ERL 0");
+}
+
+#[test]
+fn unknown_opcodes_and_login_are_rejected() {
+    let mut h = harness();
+    let mut b = Bhs::new(Opcode::NopOut);
+    b.0[0] = 0x1c; // vendor-specific
+    let (flow, r) = h.send(b, &[]);
+    assert_eq!(flow, Flow::Continue);
+    assert_eq!(r[0].0 .0[2], RejectReason::CommandNotSupported as u8);
+    let b = Bhs::new(Opcode::LoginRequest);
+    let (_, r) = h.send(b, &[]);
+    assert_eq!(r[0].0 .0[2], RejectReason::ProtocolError as u8);
+    let b = Bhs::new(Opcode::SnackRequest);
+    let (_, r) = h.send(b, &[]);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
+}
+
+#[test]
+fn malformed_commands_are_rejected() {
+    let mut h = harness();
+    // Immediate data on a read.
+    let cmd = h.command(&READ10, 0xc0, 512, 1);
+    let (_, r) = h.send(cmd, &[0; 16]);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
+    // Immediate data longer than EDTL.
+    let cmd = h.command(&WRITE10, 0xa0, 512, 2);
+    let (_, r) = h.send(cmd, &[0; 1024]);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
+    // Duplicate ITT of a pending task.
+    let cmd = h.command(&WRITE10, 0x20, 65536, 3);
+    h.send(cmd, &[]);
+    let cmd = h.command(&WRITE10, 0x20, 65536, 3);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r[0].0 .0[2], RejectReason::TaskInProgress as u8);
+    // Bidirectional.
+    let cmd = h.command(&WRITE10, 0xe0, 512, 4);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r[0].0 .0[3], status::CHECK_CONDITION);
+}
+
+#[test]
+fn write_limits() {
+    let limits = SessionLimits {
+        max_write_bytes: 65536,
+        max_pending_write_bytes: 100_000,
+        ..SessionLimits::default()
+    };
+    let mut h = harness_with(SessionType::Normal, params(), limits);
+    let cmd = h.command(&WRITE10, 0x20, 65537, 1);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r[0].0 .0[3], status::CHECK_CONDITION);
+    let cmd = h.command(&WRITE10, 0x20, 65536, 2);
+    h.send(cmd, &[]);
+    let cmd = h.command(&WRITE10, 0x20, 65536, 3);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r[0].0 .0[3], status::TASK_SET_FULL);
+}
+
+#[test]
+fn idle_pings_and_dead_peer_detection() {
+    let mut h = harness();
+    let mut out = Outbox::new(4);
+    assert_eq!(
+        h.s.tick(h.now + Duration::from_secs(1), &mut out),
+        Flow::Continue
+    );
+    assert!(out.is_empty());
+    assert_eq!(
+        h.s.tick(h.now + Duration::from_secs(6), &mut out),
+        Flow::Continue
+    );
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(r[0].0.opcode_raw(), Opcode::NopIn as u8);
+    assert_eq!(r[0].0.itt(), RESERVED_TAG);
+    let ttt = r[0].0.u32_at(off::TTT);
+    // The answer clears the ping.
+    let mut nop = Bhs::new(Opcode::NopOut);
+    nop.set_immediate(true);
+    nop.set_flags(0x80);
+    nop.set_itt(RESERVED_TAG);
+    nop.set_u32(off::TTT, ttt);
+    h.now += Duration::from_secs(7);
+    let (_, r) = h.send(nop, &[]);
+    assert!(r.is_empty());
+    let mut out = Outbox::new(4);
+    assert_eq!(
+        h.s.tick(h.now + Duration::from_secs(60), &mut out),
+        Flow::Continue
+    );
+    // No answer this time: dead after the timeout.
+    let later = h.now + Duration::from_secs(60 + 31);
+    assert_eq!(h.s.tick(later, &mut Outbox::new(4)), Flow::Close);
+}
+
+#[test]
+fn digests_apply_to_everything_sent() {
+    let mut p = params();
+    p.header_digest = true;
+    p.data_digest = true;
+    let mut h = harness_with(SessionType::Normal, p, SessionLimits::default());
+    h.b.read_data = vec![5; 1000];
+    let cmd = h.command(&READ10, 0xc0, 1000, 1);
+    let (_, r) = h.send(cmd, &[]);
+    assert_eq!(r[0].1, vec![5; 1000]);
+}
+
+#[test]
+fn extended_cdb_from_ahs() {
+    let mut h = harness();
+    let mut cmd = h.command(&READ10, 0xc0, 0, 1);
+    cmd.0[4] = 2; // 8 bytes of AHS
+    let framing = h.s.framing();
+    let mut wire = Vec::new();
+    pdu::encode_into(&mut wire, &cmd, &[], &framing);
+    // Insert the AHS: length 5 (4 CDB bytes + reserved), type 1.
+    let ahs = [0u8, 5, 1, 0, 0xaa, 0xbb, 0xcc, 0xdd];
+    wire.splice(48..48, ahs);
+    let pdu = parse_frame(&wire, &framing).unwrap();
+    let mut out = Outbox::new(4);
+    h.s.handle(&pdu, h.now, &mut h.b, &mut out);
+    assert_eq!(h.b.executed[0].0.len(), 20);
+    assert_eq!(&h.b.executed[0].0[16..], &[0xaa, 0xbb, 0xcc, 0xdd]);
+}

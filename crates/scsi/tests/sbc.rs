@@ -142,7 +142,13 @@ fn durability_follows_wce_and_fua() {
     t.ok(&cdb16(0x91, 0, 0), &[]);
     assert_eq!(t.store.flushes.load(Ordering::SeqCst), 2);
 
-    let mut t = T::with(LuSettings { write_cache: false, ..LuSettings::default() }, 4 * MIB);
+    let mut t = T::with(
+        LuSettings {
+            write_cache: false,
+            ..LuSettings::default()
+        },
+        4 * MIB,
+    );
     t.ok(&write10(0, 1), &[1u8; 512]);
     t.ok(&[0x0A, 0, 0, 1, 1, 0], &[1u8; 512]);
     assert_eq!(t.store.durable_writes.load(Ordering::SeqCst), 2);
@@ -212,7 +218,12 @@ fn verify_compares_and_reports_miscompare_offset() {
     lba_oob(&t.err(&verify10(t.blocks() as u32, 1, 0), &[]));
     lba_oob(&t.err(&cdb16(0x8F, u64::MAX, 1), &[]));
     // Too little data to compare.
-    assert_sense(&t.err(&verify10(100, 4, 1), &data[..1024]), 0x05, 0x1A, 0x00);
+    assert_sense(
+        &t.err(&verify10(100, 4, 1), &data[..1024]),
+        0x05,
+        0x1A,
+        0x00,
+    );
 }
 
 #[test]
@@ -309,7 +320,13 @@ fn unmap_parameter_validation() {
 
 #[test]
 fn thick_lu_has_no_unmap() {
-    let mut t = T::with(LuSettings { thin: false, ..LuSettings::default() }, 4 * MIB);
+    let mut t = T::with(
+        LuSettings {
+            thin: false,
+            ..LuSettings::default()
+        },
+        4 * MIB,
+    );
     let p = unmap_params(&[(0, 1)]);
     assert_sense(&t.err(&unmap_cdb(p.len()), &p), 0x05, 0x20, 0x00);
     let d = t.ok(&cdb16(0x9E, 0, 32).map_service_action(0x10), &[]);
@@ -451,14 +468,22 @@ fn compare_and_write_is_atomic_against_writers() {
                 let mut buf = Vec::new();
                 let mut done = 0;
                 while done < 500 {
-                    let cmd = scsi::Command { cdb: &read10(0, 1), data_out: &[], data_in_limit: 512 };
+                    let cmd = scsi::Command {
+                        cdb: &read10(0, 1),
+                        data_out: &[],
+                        data_in_limit: 512,
+                    };
                     lu.execute(&nexus, &cmd, &mut buf);
                     let mut cur = buf.clone();
                     let v = u64::from_le_bytes(cur[..8].try_into().unwrap());
                     let mut next = cur.clone();
                     next[..8].copy_from_slice(&(v + 1).to_le_bytes());
                     cur.extend_from_slice(&next);
-                    let cmd = scsi::Command { cdb: &caw(0, 1), data_out: &cur, data_in_limit: 0 };
+                    let cmd = scsi::Command {
+                        cdb: &caw(0, 1),
+                        data_out: &cur,
+                        data_in_limit: 0,
+                    };
                     if lu.execute(&nexus, &cmd, &mut buf).status == Status::Good {
                         done += 1;
                     }
@@ -479,7 +504,10 @@ fn read_capacity() {
     let mut t = T::new();
     let n = t.blocks();
     let d = t.ok(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
-    assert_eq!(d, [&((n - 1) as u32).to_be_bytes()[..], &512u32.to_be_bytes()].concat());
+    assert_eq!(
+        d,
+        [&((n - 1) as u32).to_be_bytes()[..], &512u32.to_be_bytes()].concat()
+    );
     // PMI=0 requires LBA 0.
     invalid_cdb(&t.err(&[0x25, 0, 0, 0, 0, 1, 0, 0, 0, 0], &[]));
     t.ok(&[0x25, 0, 0, 0, 0, 1, 0, 0, 1, 0], &[]);
@@ -496,7 +524,13 @@ fn read_capacity() {
 
 #[test]
 fn block_size_4096() {
-    let mut t = T::with(LuSettings { block_size: 4096, ..LuSettings::default() }, 4 * MIB);
+    let mut t = T::with(
+        LuSettings {
+            block_size: 4096,
+            ..LuSettings::default()
+        },
+        4 * MIB,
+    );
     let d = t.ok(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
     assert_eq!(d, [0, 0, 3, 0xFF, 0, 0, 0x10, 0]);
     let data = pattern(8192, 3);
@@ -518,7 +552,13 @@ fn read_defect_data() {
 
 #[test]
 fn read_only_lu_refuses_medium_writes() {
-    let mut t = T::with(LuSettings { read_only: true, ..LuSettings::default() }, 4 * MIB);
+    let mut t = T::with(
+        LuSettings {
+            read_only: true,
+            ..LuSettings::default()
+        },
+        4 * MIB,
+    );
     let p = unmap_params(&[(0, 1)]);
     let cdbs: Vec<(Vec<u8>, Vec<u8>)> = vec![
         (write10(0, 1).to_vec(), vec![0; 512]),

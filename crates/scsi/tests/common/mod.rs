@@ -1,7 +1,9 @@
 //! Shared harness: a RAM-backed LU, a nexus, CDB builders and sense assertions.
 #![allow(dead_code)]
 
-use scsi::{Command, Completion, LogicalUnit, LuIdentity, LuSettings, Nexus, Sense, Status, TargetPort};
+use scsi::{
+    Command, Completion, LogicalUnit, LuIdentity, LuSettings, Nexus, Sense, Status, TargetPort,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use store::{BlockStore, Extent, RamStore};
@@ -39,7 +41,11 @@ impl BlockStore for Recording {
         self.inner.discard(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64, deallocate: bool) -> std::io::Result<()> {
-        self.log.lock().unwrap().push(if deallocate { "zeroes+dealloc" } else { "zeroes" });
+        self.log.lock().unwrap().push(if deallocate {
+            "zeroes+dealloc"
+        } else {
+            "zeroes"
+        });
         self.inner.write_zeroes(offset, len, deallocate)
     }
     fn mapping(&self, offset: u64) -> std::io::Result<Extent> {
@@ -95,7 +101,13 @@ impl T {
             log: Mutex::new(Vec::new()),
         });
         let lu = Arc::new(LogicalUnit::new(store.clone(), identity(), settings).unwrap());
-        T { lu, store, nexus: nexus(1), data_in: Vec::new(), limit: 1 << 24 }
+        T {
+            lu,
+            store,
+            nexus: nexus(1),
+            data_in: Vec::new(),
+            limit: 1 << 24,
+        }
     }
     /// 512-byte blocks, 4 MiB (8192 blocks), thin, write cache on.
     pub fn new() -> T {
@@ -105,7 +117,11 @@ impl T {
         4 * MIB / 512
     }
     pub fn run(&mut self, cdb: &[u8], data_out: &[u8]) -> Completion {
-        let cmd = Command { cdb, data_out, data_in_limit: self.limit };
+        let cmd = Command {
+            cdb,
+            data_out,
+            data_in_limit: self.limit,
+        };
         let c = self.lu.execute(&self.nexus, &cmd, &mut self.data_in);
         assert!(self.data_in.len() <= self.limit as usize);
         c
@@ -118,7 +134,11 @@ impl T {
     }
     pub fn err(&mut self, cdb: &[u8], data_out: &[u8]) -> Sense {
         let c = self.run(cdb, data_out);
-        assert_eq!(c.status, Status::CheckCondition, "cdb {cdb:02x?} unexpectedly good");
+        assert_eq!(
+            c.status,
+            Status::CheckCondition,
+            "cdb {cdb:02x?} unexpectedly good"
+        );
         assert!(self.data_in.is_empty());
         c.sense.expect("check condition carries sense")
     }
@@ -129,7 +149,10 @@ pub fn assert_sense(s: &Sense, key: u8, asc: u8, ascq: u8) {
 }
 pub fn invalid_cdb(s: &Sense) {
     assert_sense(s, 0x05, 0x24, 0x00);
-    assert!(s.sense_key_specific.is_some_and(|f| f[0] & 0xC0 == 0xC0), "{s:?}");
+    assert!(
+        s.sense_key_specific.is_some_and(|f| f[0] & 0xC0 == 0xC0),
+        "{s:?}"
+    );
 }
 pub fn lba_oob(s: &Sense) {
     assert_sense(s, 0x05, 0x21, 0x00);
@@ -167,5 +190,7 @@ pub fn cdb10(op: u8, lba: u32, n: u16) -> [u8; 10] {
     c
 }
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }

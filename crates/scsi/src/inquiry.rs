@@ -130,7 +130,6 @@ impl LogicalUnit {
 
     fn block_limits(&self, out: &mut Vec<u8>) {
         let shift = self.block_shift;
-        let unmap_blocks = |bytes: u64| u32::try_from(bytes >> shift).unwrap_or(u32::MAX);
         out.push(0x01); // WSNZ: WRITE SAME with zero blocks is rejected
         out.push(COMPARE_AND_WRITE_BLOCKS_MAX);
         out.extend_from_slice(&1u16.to_be_bytes()); // optimal transfer length granularity
@@ -138,7 +137,7 @@ impl LogicalUnit {
         out.extend_from_slice(&(TRANSFER_BYTES_OPTIMAL >> shift).to_be_bytes());
         out.extend_from_slice(&(TRANSFER_BYTES_MAX >> shift).to_be_bytes()); // max pre-fetch
         if self.settings.thin {
-            out.extend_from_slice(&unmap_blocks(UNMAP_BYTES_MAX).to_be_bytes());
+            out.extend_from_slice(&UNMAP_BLOCKS_MAX.to_be_bytes());
             out.extend_from_slice(&UNMAP_DESCRIPTORS_MAX.to_be_bytes());
             let granularity = (UNMAP_GRANULARITY_BYTES >> shift).max(1);
             out.extend_from_slice(&granularity.to_be_bytes());

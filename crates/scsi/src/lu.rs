@@ -53,7 +53,8 @@ impl Default for LuSettings {
 /// Limits reported in the Block Limits VPD page and enforced on every command.
 pub(crate) const TRANSFER_BYTES_MAX: u32 = 8 << 20;
 pub(crate) const TRANSFER_BYTES_OPTIMAL: u32 = 1 << 20;
-pub(crate) const UNMAP_BYTES_MAX: u64 = 1 << 30;
+/// In blocks: libiscsi treats more than 2^20 as implausible, and it bounds a thick zero-fill.
+pub(crate) const UNMAP_BLOCKS_MAX: u32 = 1 << 20;
 pub(crate) const UNMAP_DESCRIPTORS_MAX: u32 = 256;
 pub(crate) const WRITE_SAME_BYTES_MAX: u64 = 1 << 30;
 pub(crate) const COMPARE_AND_WRITE_BLOCKS_MAX: u8 = 128;

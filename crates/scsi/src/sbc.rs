@@ -239,13 +239,12 @@ impl LogicalUnit {
         }
         self.check_lba(lba, u64::from(blocks))?;
         let bs = self.block_size();
-        let pattern: &[u8] = if ndob {
-            &[]
-        } else {
-            cmd.data_out
-                .get(..bs)
-                .ok_or(Sense::parameter_list_length_error())?
-        };
+        // Exactly one block of Data-Out (none with NDOB): anything else means initiator and
+        // target disagree about the command, so nothing is written.
+        let pattern: &[u8] = if ndob { &[] } else { cmd.data_out };
+        if !ndob && pattern.len() != bs {
+            return Err(Sense::invalid_field_in_cdb(len_field, None));
+        }
         let offset = lba << self.block_shift;
         let len = u64::from(blocks) << self.block_shift;
         {
@@ -297,7 +296,7 @@ impl LogicalUnit {
         if count > UNMAP_DESCRIPTORS_MAX as usize {
             return Err(Sense::invalid_field_in_parameter_list(2, None));
         }
-        let max_blocks = UNMAP_BYTES_MAX >> self.block_shift;
+        let max_blocks = u64::from(UNMAP_BLOCKS_MAX);
         let mut total = 0u64;
         for i in 0..count {
             let at = 8 + 16 * i;
@@ -348,8 +347,10 @@ impl LogicalUnit {
         }
         self.check_lba(lba, u64::from(blocks))?;
         let bytes = usize::from(blocks) << self.block_shift;
-        if cmd.data_out.len() < 2 * bytes {
-            return Err(Sense::parameter_list_length_error());
+        // Verify data then write data, nothing more and nothing less: a different amount means
+        // the NUMBER OF LOGICAL BLOCKS is not what the initiator sent.
+        if cmd.data_out.len() != 2 * bytes {
+            return Err(Sense::invalid_field_in_cdb(13, None));
         }
         let (verify, write) = cmd.data_out.split_at(bytes);
         let durable = cdb.u8(1) & 0x08 != 0 || !self.wce();

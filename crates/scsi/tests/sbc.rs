@@ -396,7 +396,10 @@ fn write_same_invalid_fields() {
     lba_oob(&t.err(&cdb10(0x41, (n - 1) as u32, 2), &block));
     lba_oob(&t.err(&cdb16(0x93, u64::MAX, 1), &block));
     lba_oob(&t.err(&cdb10(0x41, 0x8000_0000, 1), &block));
-    assert_sense(&t.err(&cdb10(0x41, 0, 1), &block[..100]), 0x05, 0x1A, 0x00);
+    // Data-Out must be exactly one block.
+    invalid_cdb(&t.err(&cdb10(0x41, 0, 1), &block[..100]));
+    invalid_cdb(&t.err(&cdb10(0x41, 0, 1), &[0u8; 1024]));
+    invalid_cdb(&t.err(&cdb16(0x93, 0, 1), &[]));
 }
 
 #[test]
@@ -449,9 +452,13 @@ fn compare_and_write() {
     assert_eq!(t.ok(&read10(50, 2), &[]), new);
     t.ok(&caw(50, 0), &[]);
     invalid_cdb(&t.err(&caw(0, 129), &vec![0; 129 * 1024]));
+    lba_oob(&t.err(&caw(t.blocks(), 1), &[0; 1024]));
     lba_oob(&t.err(&caw(t.blocks() - 1, 2), &[0; 2048]));
     lba_oob(&t.err(&caw(u64::MAX, 1), &[0; 1024]));
-    assert_sense(&t.err(&caw(50, 2), &both[..1500]), 0x05, 0x1A, 0x00);
+    // Data-Out must be exactly verify + write data.
+    invalid_cdb(&t.err(&caw(50, 2), &both[..1500]));
+    invalid_cdb(&t.err(&caw(50, 1), &both));
+    invalid_cdb(&t.err(&caw(50, 3), &both));
 }
 
 #[test]

@@ -124,7 +124,7 @@ fn block_limits_and_provisioning_pages() {
     assert_eq!(d[4] & 1, 1); // WSNZ
     assert_eq!(d[5], 128); // max compare and write
     assert_eq!(be32(8), (8 << 20) / 512);
-    assert_eq!(be32(20), (1 << 30) / 512);
+    assert_eq!(be32(20), 1 << 20);
     assert_eq!(be32(24), 256);
     assert_eq!(be32(28), 8);
     assert_eq!(

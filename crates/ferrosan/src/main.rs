@@ -1,1 +1,142 @@
-fn main() {}
+//! ferrosan: a userspace iSCSI target. Thin CLI over the `target` engine.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use target::config::Config;
+
+#[derive(Parser)]
+#[command(
+    name = "ferrosan",
+    version,
+    about = "A userspace iSCSI target: RAM, file and block-device LUNs over iSCSI"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve targets. With no options: a demo target with a 1 GiB RAM LUN on 127.0.0.1:3260.
+    Serve {
+        /// Declarative configuration file (TOML, see docs/CONFIG.md).
+        #[arg(long, conflicts_with_all = ["listen", "target", "lun"])]
+        config: Option<PathBuf>,
+        /// Portal to listen on, ADDR:PORT or [V6ADDR]:PORT (repeatable; default 127.0.0.1:3260).
+        #[arg(long)]
+        listen: Vec<String>,
+        /// Target name (IQN) for a quick export.
+        #[arg(long)]
+        target: Option<String>,
+        /// LUN for a quick export, numbered 0, 1, ... in order: ram:SIZE | file:PATH[,size=SIZE] | block:PATH
+        #[arg(long)]
+        lun: Vec<String>,
+        /// Worker threads (0 = one per core).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
+    /// Validate a configuration file without serving; errors name file, line and field.
+    CheckConfig { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FERROSAN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Some(Command::CheckConfig { file }) => match Config::load(&file) {
+            Ok(config) => {
+                println!(
+                    "{}: ok ({} targets, {} devices, {} portal groups)",
+                    file.display(),
+                    config.targets.len(),
+                    config.devices.len(),
+                    config.portal_groups.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ExitCode::from(1)
+            }
+        },
+        Some(Command::Serve {
+            config,
+            listen,
+            target,
+            lun,
+            workers,
+        }) => {
+            let loaded = match config {
+                Some(path) => Config::load(&path).map_err(|e| e.to_string()),
+                None => Config::from_cli(&listen, target.as_deref().unwrap_or(""), &lun)
+                    .map_err(|e| e.to_string()),
+            };
+            serve(loaded, workers)
+        }
+        None => serve(Ok(Config::demo()), None),
+    }
+}
+
+fn serve(config: Result<Config, String>, workers: Option<usize>) -> ExitCode {
+    let mut config = match config {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ferrosan: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(w) = workers {
+        config.server.workers = w;
+    }
+    let server = match target::Server::start(&config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ferrosan: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    print_banner(&config, &server.bound);
+    server.wait();
+    ExitCode::SUCCESS
+}
+
+fn print_banner(config: &Config, bound: &[std::net::SocketAddr]) {
+    let Some(portal) = bound.first() else {
+        return;
+    };
+    println!(
+        "ferrosan {} serving on {}",
+        env!("CARGO_PKG_VERSION"),
+        join(bound)
+    );
+    for t in &config.targets {
+        let luns: Vec<u64> = t
+            .groups
+            .iter()
+            .flat_map(|g| g.luns.iter().map(|l| l.lun))
+            .collect();
+        println!("  target {}  LUNs {:?}", t.iqn, luns);
+        if let Some(first) = luns.first() {
+            println!("    iscsi://{portal}/{}/{first}", t.iqn);
+        }
+        println!("    iscsiadm -m discovery -t sendtargets -p {portal}");
+        println!("    iscsiadm -m node -T {} -p {portal} --login", t.iqn);
+    }
+}
+
+fn join(addrs: &[std::net::SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

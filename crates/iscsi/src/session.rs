@@ -643,11 +643,8 @@ impl Session {
         self.sense_buf.clear();
         let outcome = backend.execute(req, &mut data_in, &mut self.sense_buf);
         let edtl = req.expected_len as usize;
-        let actual = if req.read || !data_in.is_empty() {
-            data_in.len()
-        } else {
-            outcome.transfer_len as usize
-        };
+        // The SCSI layer reports what the CDB itself moves; the difference is the residual.
+        let actual = outcome.transfer_len as usize;
         let (residual_flag, residual) = match actual.cmp(&edtl) {
             std::cmp::Ordering::Less => (0x02u8, (edtl - actual) as u32),
             std::cmp::Ordering::Greater => (0x04u8, (actual - edtl) as u32),

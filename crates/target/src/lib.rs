@@ -2,3 +2,8 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod connection;
+pub mod registry;
+pub mod server;
+
+pub use server::Server;

@@ -20,13 +20,21 @@ impl ScsiBackend for Backend {
     ) -> ScsiOutcome {
         self.executed
             .push((req.cdb.to_vec(), req.data_out.to_vec(), req.expected_len));
+        let mut transfer_len = req.data_out.len() as u32;
         if req.read {
-            data_in.extend_from_slice(&self.read_data);
+            // Like the SCSI layer: produce what the CDB asks, send at most the expected length.
+            let n = self.read_data.len().min(req.expected_len as usize);
+            data_in.extend_from_slice(&self.read_data[..n]);
+            transfer_len = self.read_data.len() as u32;
         }
         sense.extend_from_slice(&self.sense);
         ScsiOutcome {
             status: self.status,
-            transfer_len: req.data_out.len() as u32,
+            transfer_len: if self.sense.is_empty() {
+                transfer_len
+            } else {
+                0
+            },
         }
     }
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {

@@ -1,0 +1,547 @@
+//! One connection from accept to close: login, then full feature phase. Owned by one worker
+//! thread for its whole life (no hand-off per command). Each turn parses every complete PDU the
+//! read returned, runs them, and sends all responses with one vectored write.
+
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iscsi::login::{
+    Admission, AuthRequirement, Login, LoginLimits, LoginPolicy, LoginStatus, LoginStep, SessionKey,
+};
+use iscsi::negotiation::{SessionType, TargetLimits};
+use iscsi::outbox::{Outbox, Part};
+use iscsi::pdu::{self, FrameError, Framing};
+use iscsi::session::{
+    DiscoveredTarget, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits,
+    TmfFunction,
+};
+use scsi::{LunMap, Nexus};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::registry::SessionTicket;
+use crate::server::{NewConnection, Shared};
+
+/// Largest AHS a PDU may carry (TotalAHSLength is one byte of 4-byte words).
+const AHS_BYTES_MAX: usize = 255 * 4;
+/// Slices per writev call (Linux IOV_MAX is 1024).
+const IOV_BATCH: usize = 512;
+
+pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
+    let NewConnection {
+        stream,
+        peer,
+        local,
+        portal_group_tag,
+        guard,
+    } = conn;
+    let _guard = guard;
+    let stream = match TcpStream::from_std(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%peer, "cannot register connection: {e}");
+            return;
+        }
+    };
+    let mut driver = Driver::new(stream, peer, local, portal_group_tag, &shared);
+    if let Err(reason) = driver.run(&shared).await {
+        tracing::debug!(%peer, "connection closed: {reason}");
+    }
+}
+
+struct Driver {
+    stream: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    portal_group_tag: u16,
+    rbuf: Vec<u8>,
+    start: usize,
+    end: usize,
+    out: Outbox,
+}
+
+/// The login policy of one connection: knows which portal it arrived on.
+struct Policy<'a> {
+    shared: &'a Shared,
+    portal_group_tag: u16,
+    ticket: Option<SessionTicket>,
+}
+
+impl LoginPolicy for Policy<'_> {
+    fn admit(&mut self, initiator_name: &str, target_name: &str) -> Result<Admission, LoginStatus> {
+        let target = self
+            .shared
+            .target(target_name)
+            .ok_or(LoginStatus::NOT_FOUND)?;
+        if !target.portal_groups.contains(&self.portal_group_tag) {
+            // Not served on this portal: to this initiator it does not exist here.
+            return Err(LoginStatus::NOT_FOUND);
+        }
+        if target.group_for(initiator_name).is_none() {
+            tracing::warn!(
+                initiator = initiator_name,
+                target = target_name,
+                "login refused: initiator not in any group"
+            );
+            return Err(LoginStatus::FORBIDDEN);
+        }
+        Ok(Admission {
+            target_alias: target.alias.clone(),
+            portal_group_tag: self.portal_group_tag,
+            auth: AuthRequirement::None,
+        })
+    }
+
+    fn admit_discovery(&mut self, _initiator_name: &str) -> Result<Admission, LoginStatus> {
+        Ok(Admission {
+            target_alias: None,
+            portal_group_tag: self.portal_group_tag,
+            auth: AuthRequirement::None,
+        })
+    }
+
+    fn open_session(
+        &mut self,
+        key: &SessionKey,
+        _session_type: SessionType,
+    ) -> Result<u16, LoginStatus> {
+        let ticket = self.shared.registry.open(
+            &key.initiator_name,
+            key.isid,
+            key.target_name.as_deref(),
+            key.tsih,
+        )?;
+        let tsih = ticket.tsih();
+        self.ticket = Some(ticket);
+        Ok(tsih)
+    }
+}
+
+/// The SCSI side of one session: its LUN map and I_T nexus.
+struct Backend<'a> {
+    shared: &'a Shared,
+    target_iqn: Option<String>,
+    initiator: String,
+    luns: Option<Arc<LunMap>>,
+    nexus: Option<Nexus>,
+    local: SocketAddr,
+    portal_group_tag: u16,
+    sense: [u8; scsi::sense::SENSE_BYTES_MAX],
+}
+
+impl ScsiBackend for Backend<'_> {
+    fn execute(
+        &mut self,
+        req: &ScsiRequest<'_>,
+        data_in: &mut Vec<u8>,
+        sense: &mut Vec<u8>,
+    ) -> ScsiOutcome {
+        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+            return ScsiOutcome {
+                status: 0x02,
+                transfer_len: 0,
+            };
+        };
+        let cmd = scsi::Command {
+            cdb: req.cdb,
+            data_out: req.data_out,
+            data_in_limit: req.expected_len,
+        };
+        let completion = luns.execute(nexus, scsi::lun_from_wire(req.lun), &cmd, data_in);
+        if let Some(s) = completion.sense {
+            let n = s.encode(&mut self.sense);
+            sense.extend_from_slice(&self.sense[..n]);
+        }
+        ScsiOutcome {
+            status: completion.status.code(),
+            transfer_len: completion.transfer_len,
+        }
+    }
+
+    fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
+        self.luns
+            .as_ref()
+            .is_some_and(|m| m.get(scsi::lun_from_wire(lun)).is_some())
+    }
+
+    fn task_management(&mut self, function: TmfFunction, lun: [u8; 8]) -> u8 {
+        let by = self.nexus.as_ref().map_or(0, |n| n.id);
+        match function {
+            TmfFunction::LogicalUnitReset => {
+                if let Some(entry) = self
+                    .luns
+                    .as_ref()
+                    .and_then(|m| m.get(scsi::lun_from_wire(lun)))
+                {
+                    entry.lu.logical_unit_reset(by);
+                }
+            }
+            TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
+                if let Some(t) = self
+                    .target_iqn
+                    .as_deref()
+                    .and_then(|iqn| self.shared.target(iqn))
+                {
+                    for unit in &t.units {
+                        unit.logical_unit_reset(by);
+                    }
+                }
+            }
+            // Commands run to completion as they arrive: there is no queued SCSI task to abort.
+            _ => {}
+        }
+        iscsi::session::tmf_response::COMPLETE
+    }
+
+    fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
+        let mut found = Vec::new();
+        for t in &self.shared.targets {
+            let wanted = match filter {
+                None => true,
+                // Empty value: the session's own target.
+                Some("") => self
+                    .target_iqn
+                    .as_deref()
+                    .is_some_and(|q| q.eq_ignore_ascii_case(&t.iqn)),
+                Some(name) => name.eq_ignore_ascii_case(&t.iqn),
+            };
+            if !wanted || t.group_for(&self.initiator).is_none() {
+                continue;
+            }
+            let mut addresses = Vec::new();
+            for &(addr, tag) in &self.shared.portals {
+                if !t.portal_groups.contains(&tag) {
+                    continue;
+                }
+                // A wildcard listener is reported by the address this initiator reached us on.
+                let ip = if addr.ip().is_unspecified() {
+                    if tag == self.portal_group_tag && addr.is_ipv4() == self.local.is_ipv4() {
+                        self.local.ip()
+                    } else {
+                        continue;
+                    }
+                } else {
+                    addr.ip()
+                };
+                let shown = SocketAddr::new(ip, addr.port());
+                addresses.push(format!("{shown},{tag}"));
+            }
+            found.push(DiscoveredTarget {
+                name: t.iqn.clone(),
+                addresses,
+            });
+        }
+        found
+    }
+}
+
+impl Driver {
+    fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        local: SocketAddr,
+        portal_group_tag: u16,
+        shared: &Shared,
+    ) -> Driver {
+        let limits = &shared.limits;
+        // Room for the largest PDU we accept plus slack, so a full window of small PDUs is read at once.
+        let frame_max =
+            pdu::BHS_LEN + AHS_BYTES_MAX + 4 + limits.max_recv_data_segment_length as usize + 8;
+        let rbuf_len = (frame_max * 2).max(256 * 1024);
+        Driver {
+            stream,
+            peer,
+            local,
+            portal_group_tag,
+            rbuf: vec![0; rbuf_len],
+            start: 0,
+            end: 0,
+            out: Outbox::new(64),
+        }
+    }
+
+    async fn run(&mut self, shared: &Arc<Shared>) -> Result<(), String> {
+        let limits = &shared.limits;
+        let mut policy = Policy {
+            shared,
+            portal_group_tag: self.portal_group_tag,
+            ticket: None,
+        };
+        let target_limits = TargetLimits {
+            max_recv_data_segment_length: limits.max_recv_data_segment_length,
+            max_burst_length: limits.max_burst_length,
+            first_burst_length: limits.first_burst_length,
+            max_outstanding_r2t: limits.max_outstanding_r2t.min(u16::MAX as u32) as u16,
+            header_digest_allowed: true,
+            data_digest_allowed: true,
+        };
+        let login_limits = LoginLimits {
+            max_keys: limits.max_text_key_count as usize,
+            max_text_bytes: limits.max_text_length as usize,
+            max_requests: 16,
+            queue_depth: limits.max_queue_depth,
+        };
+        let mut login = Login::new(login_limits, target_limits, initial_stat_sn());
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_secs(limits.login_timeout_s.into());
+        let established = loop {
+            let step = match tokio::time::timeout_at(
+                deadline,
+                self.next_login_step(&mut login, &mut policy),
+            )
+            .await
+            {
+                Ok(step) => step?,
+                Err(_) => return Err("login timed out".into()),
+            };
+            self.flush().await?;
+            match step {
+                LoginStep::Continue => continue,
+                LoginStep::Failed(status) => {
+                    tracing::info!(peer = %self.peer, "login failed: {status}");
+                    return Ok(());
+                }
+                LoginStep::Complete(est) => break est,
+            }
+        };
+        let Some(mut ticket) = policy.ticket.take() else {
+            return Err("login completed without a session".into());
+        };
+
+        let mut backend = Backend {
+            shared,
+            target_iqn: established.target_name.clone(),
+            initiator: established.initiator_name.clone(),
+            luns: None,
+            nexus: None,
+            local: self.local,
+            portal_group_tag: self.portal_group_tag,
+            sense: [0; scsi::sense::SENSE_BYTES_MAX],
+        };
+        if let Some(t) = established
+            .target_name
+            .as_deref()
+            .and_then(|iqn| shared.target(iqn))
+        {
+            let group = t.group_for(&established.initiator_name);
+            let port = t.ports.get(&self.portal_group_tag).cloned();
+            if let (Some(group), Some(port)) = (group, port) {
+                let id = shared
+                    .next_nexus_id
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let isid: String = established
+                    .isid
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                backend.nexus = Some(Nexus {
+                    id,
+                    initiator_port: format!("{},i,0x{isid}", established.initiator_name),
+                    target_port: port,
+                });
+                for entry in group.luns.entries() {
+                    entry.lu.nexus_added(id);
+                }
+                backend.luns = Some(Arc::clone(&group.luns));
+            }
+        }
+        tracing::info!(
+            peer = %self.peer,
+            initiator = %established.initiator_name,
+            target = established.target_name.as_deref().unwrap_or("(discovery)"),
+            tsih = established.tsih,
+            "session established"
+        );
+        let session_limits = SessionLimits {
+            queue_depth: limits.max_queue_depth,
+            max_write_bytes: 16 * 1024 * 1024,
+            max_pending_write_bytes: limits.memory_per_connection_bytes as usize,
+            nop_interval: Duration::from_secs(limits.nop_in_interval_s.max(1).into()),
+            nop_timeout: Duration::from_secs(limits.nop_in_timeout_s.into()),
+            max_text_bytes: limits.max_text_length as usize,
+            max_keys: limits.max_text_key_count as usize,
+        };
+        let mut session = Session::new(
+            established.session_type,
+            established.initiator_name.clone(),
+            established.params,
+            session_limits,
+            established.next_stat_sn,
+            established.exp_cmd_sn,
+            Instant::now(),
+        );
+        let result = self
+            .full_feature(&mut session, &mut backend, &mut ticket)
+            .await;
+        if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
+            for entry in luns.entries() {
+                entry.lu.nexus_lost(nexus.id);
+            }
+        }
+        tracing::info!(peer = %self.peer, initiator = %established.initiator_name, "session closed");
+        drop(ticket);
+        result
+    }
+
+    /// Reads until one login PDU is complete and handles it.
+    async fn next_login_step(
+        &mut self,
+        login: &mut Login,
+        policy: &mut Policy<'_>,
+    ) -> Result<LoginStep, String> {
+        let framing = login.framing();
+        loop {
+            match pdu::frame_len(&self.rbuf[self.start..self.end], &framing) {
+                Ok(Some(len)) => {
+                    let frame = &self.rbuf[self.start..self.start + len];
+                    let pdu = pdu::parse_frame(frame, &framing).map_err(|(e, _)| e.to_string())?;
+                    let mut bytes = Vec::new();
+                    let step = login.handle(&pdu, policy, &mut bytes);
+                    self.start += len;
+                    self.out.push_bytes(&bytes);
+                    return Ok(step);
+                }
+                Ok(None) => self.fill().await?,
+                Err(e) => return Err(format!("bad login PDU: {e}")),
+            }
+        }
+    }
+
+    async fn full_feature(
+        &mut self,
+        session: &mut Session,
+        backend: &mut Backend<'_>,
+        ticket: &mut SessionTicket,
+    ) -> Result<(), String> {
+        let mut ticker = tokio::time::interval(Duration::from_secs(1));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // First run whatever is already buffered (pipelined behind the login).
+            let flow = self.process(session, backend)?;
+            self.flush().await?;
+            if flow == Flow::Close {
+                return Ok(());
+            }
+            self.make_room();
+            tokio::select! {
+                read = self.stream.read(&mut self.rbuf[self.end..]) => {
+                    match read {
+                        Ok(0) => return Ok(()),
+                        Ok(n) => self.end += n,
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                _ = ticker.tick() => {
+                    let flow = session.tick(Instant::now(), &mut self.out);
+                    self.flush().await?;
+                    if flow == Flow::Close {
+                        tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)");
+                        return Ok(());
+                    }
+                }
+                changed = ticket.kill.changed() => {
+                    if changed.is_err() || *ticket.kill.borrow() {
+                        tracing::info!(peer = %self.peer, "session reinstated by a new login; closing the old one");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles every complete PDU in the buffer.
+    fn process(
+        &mut self,
+        session: &mut Session,
+        backend: &mut Backend<'_>,
+    ) -> Result<Flow, String> {
+        let framing: Framing = session.framing();
+        let now = Instant::now();
+        loop {
+            let available = &self.rbuf[self.start..self.end];
+            let len = match pdu::frame_len(available, &framing) {
+                Ok(Some(len)) => len,
+                Ok(None) => return Ok(Flow::Continue),
+                Err(e @ FrameError::DataSegmentTooLong { .. }) => {
+                    return Err(format!("protocol error: {e}"));
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            let frame = &self.rbuf[self.start..self.start + len];
+            let flow = match pdu::parse_frame(frame, &framing) {
+                Ok(pdu) => session.handle(&pdu, now, backend, &mut self.out),
+                Err((FrameError::DataDigest, Some(bhs))) => {
+                    session.data_digest_error(&bhs, &mut self.out)
+                }
+                Err((e, _)) => return Err(format!("protocol error: {e}")),
+            };
+            self.start += len;
+            if flow == Flow::Close {
+                return Ok(Flow::Close);
+            }
+        }
+    }
+
+    /// Moves a partial PDU to the front when the tail of the buffer is short.
+    fn make_room(&mut self) {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.rbuf.len() - self.end < self.rbuf.len() / 4 {
+            self.rbuf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+    }
+
+    async fn fill(&mut self) -> Result<(), String> {
+        self.make_room();
+        if self.end == self.rbuf.len() {
+            return Err("receive buffer full".into());
+        }
+        match self.stream.read(&mut self.rbuf[self.end..]).await {
+            Ok(0) => Err("peer closed".into()),
+            Ok(n) => {
+                self.end += n;
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Sends everything queued with as few vectored writes as possible.
+    async fn flush(&mut self) -> Result<(), String> {
+        while !self.out.is_empty() {
+            let written = {
+                let slices: Vec<IoSlice<'_>> = self
+                    .out
+                    .parts()
+                    .iter()
+                    .take(IOV_BATCH)
+                    .map(|p: &Part| IoSlice::new(self.out.slice(p)))
+                    .collect();
+                self.stream
+                    .write_vectored(&slices)
+                    .await
+                    .map_err(|e| e.to_string())?
+            };
+            if written == 0 {
+                return Err("peer stopped reading".into());
+            }
+            self.out.consume(written);
+        }
+        self.out.clear();
+        Ok(())
+    }
+}
+
+/// The first StatSN of a connection. Any value is valid; varying it per connection makes stale
+/// acknowledgements from an older connection stand out.
+fn initial_stat_sn() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.subsec_nanos());
+    nanos.max(1)
+}

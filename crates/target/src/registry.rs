@@ -1,0 +1,170 @@
+//! The session registry: TSIH allocation, session reinstatement by (initiator, ISID, target), and
+//! the session limit. Control plane only: touched at login and at close, never per command.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use iscsi::login::LoginStatus;
+use tokio::sync::watch;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SessionId {
+    initiator: String,
+    isid: [u8; 6],
+    target: Option<String>,
+}
+
+struct Entry {
+    tsih: u16,
+    /// Closing the session: the connection driver watches this.
+    kill: watch::Sender<bool>,
+}
+
+pub struct Registry {
+    inner: Mutex<Inner>,
+    max_sessions: usize,
+}
+
+struct Inner {
+    sessions: HashMap<SessionId, Entry>,
+    next_tsih: u16,
+}
+
+/// Held by a connection in full feature phase; unregisters the session when dropped.
+pub struct SessionTicket {
+    registry: Arc<Registry>,
+    id: SessionId,
+    tsih: u16,
+    pub kill: watch::Receiver<bool>,
+}
+
+impl Drop for SessionTicket {
+    fn drop(&mut self) {
+        let mut inner = self.registry.lock();
+        // A reinstated session has been replaced already: only remove our own entry.
+        if inner
+            .sessions
+            .get(&self.id)
+            .is_some_and(|e| e.tsih == self.tsih)
+        {
+            inner.sessions.remove(&self.id);
+        }
+    }
+}
+
+impl Registry {
+    pub fn new(max_sessions: usize) -> Registry {
+        Registry {
+            inner: Mutex::new(Inner {
+                sessions: HashMap::new(),
+                next_tsih: 1,
+            }),
+            max_sessions,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic elsewhere must not wedge logins forever; the map stays consistent per operation.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    /// Registers a new session (TSIH 0 in the request). An existing session with the same
+    /// initiator, ISID and target is told to close: session reinstatement (RFC 7143 §6.3.5).
+    pub fn open(
+        self: &Arc<Self>,
+        initiator: &str,
+        isid: [u8; 6],
+        target: Option<&str>,
+        requested_tsih: u16,
+    ) -> Result<SessionTicket, LoginStatus> {
+        let id = SessionId {
+            initiator: initiator.to_ascii_lowercase(),
+            isid,
+            target: target.map(str::to_ascii_lowercase),
+        };
+        let mut inner = self.lock();
+        if requested_tsih != 0 {
+            // Adding a connection to a session: we run one connection per session.
+            return Err(
+                if inner.sessions.values().any(|e| e.tsih == requested_tsih) {
+                    LoginStatus::TOO_MANY_CONNECTIONS
+                } else {
+                    LoginStatus::SESSION_DOES_NOT_EXIST
+                },
+            );
+        }
+        if let Some(old) = inner.sessions.remove(&id) {
+            let _ = old.kill.send(true);
+        } else if inner.sessions.len() >= self.max_sessions {
+            return Err(LoginStatus::OUT_OF_RESOURCES);
+        }
+        let mut tsih = inner.next_tsih;
+        // TSIH 0 is reserved; skip values still in use after wrap-around.
+        while tsih == 0 || inner.sessions.values().any(|e| e.tsih == tsih) {
+            tsih = tsih.wrapping_add(1);
+        }
+        inner.next_tsih = tsih.wrapping_add(1);
+        let (kill, kill_rx) = watch::channel(false);
+        inner.sessions.insert(id.clone(), Entry { tsih, kill });
+        Ok(SessionTicket {
+            registry: Arc::clone(self),
+            id,
+            tsih,
+            kill: kill_rx,
+        })
+    }
+}
+
+impl SessionTicket {
+    pub fn tsih(&self) -> u16 {
+        self.tsih
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reinstatement_kills_the_old_session() {
+        let r = Arc::new(Registry::new(4));
+        let a = r.open("iqn.x", [1; 6], Some("iqn.t"), 0).unwrap();
+        assert!(!*a.kill.borrow());
+        let b = r.open("IQN.X", [1; 6], Some("iqn.t"), 0).unwrap();
+        assert!(*a.kill.borrow(), "same initiator+ISID+target reinstates");
+        assert_ne!(a.tsih(), b.tsih());
+        drop(a);
+        assert_eq!(
+            r.session_count(),
+            1,
+            "the old ticket does not remove the new entry"
+        );
+        drop(b);
+        assert_eq!(r.session_count(), 0);
+    }
+
+    #[test]
+    fn limits_and_tsih_rules() {
+        let r = Arc::new(Registry::new(2));
+        let a = r.open("iqn.a", [1; 6], None, 0).unwrap();
+        let _b = r.open("iqn.a", [2; 6], None, 0).unwrap();
+        assert_eq!(
+            r.open("iqn.a", [3; 6], None, 0).err(),
+            Some(LoginStatus::OUT_OF_RESOURCES)
+        );
+        assert_eq!(
+            r.open("iqn.a", [3; 6], None, a.tsih()).err(),
+            Some(LoginStatus::TOO_MANY_CONNECTIONS)
+        );
+        assert_eq!(
+            r.open("iqn.a", [3; 6], None, 999).err(),
+            Some(LoginStatus::SESSION_DOES_NOT_EXIST)
+        );
+        // Reinstating does not count against the limit.
+        assert!(r.open("iqn.a", [1; 6], None, 0).is_ok());
+    }
+}

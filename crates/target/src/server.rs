@@ -1,0 +1,406 @@
+//! The running target: logical units built from the config, listeners, the acceptor and the
+//! worker threads that own connections from accept to close.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use scsi::{LogicalUnit, LuIdentity, LuSettings, LunMap, TargetPort};
+use store::{BlockStore, FileStore, RamStore};
+use tokio::sync::mpsc;
+
+use crate::config::{Config, DeviceConfig, Limits, StoreKind};
+use crate::connection;
+use crate::registry::Registry;
+
+/// One initiator group of a target, with its LUN map built.
+pub struct GroupRuntime {
+    pub name: String,
+    pub initiators: Vec<String>,
+    pub any_initiator: bool,
+    pub luns: Arc<LunMap>,
+}
+
+pub struct TargetRuntime {
+    pub iqn: String,
+    pub alias: Option<String>,
+    pub portal_groups: Vec<u16>,
+    pub groups: Vec<GroupRuntime>,
+    /// One SCSI target port per portal group tag.
+    pub ports: HashMap<u16, Arc<TargetPort>>,
+    /// Every LU reachable through this target (for target resets).
+    pub units: Vec<Arc<LogicalUnit>>,
+}
+
+impl TargetRuntime {
+    /// The initiator's group: an explicit listing wins over the any-initiator group.
+    pub fn group_for(&self, initiator: &str) -> Option<&GroupRuntime> {
+        self.groups
+            .iter()
+            .find(|g| {
+                g.initiators
+                    .iter()
+                    .any(|i| i.eq_ignore_ascii_case(initiator))
+            })
+            .or_else(|| self.groups.iter().find(|g| g.any_initiator))
+    }
+}
+
+/// State shared by all workers. Read-mostly; the registry and connection counters are the only
+/// locked parts and are touched at accept, login and close only.
+pub struct Shared {
+    pub targets: Vec<TargetRuntime>,
+    pub portals: Vec<(SocketAddr, u16)>,
+    pub limits: Limits,
+    pub registry: Arc<Registry>,
+    pub next_nexus_id: AtomicU64,
+    connections: AtomicUsize,
+    per_source: Mutex<HashMap<IpAddr, u32>>,
+}
+
+impl Shared {
+    pub fn target(&self, iqn: &str) -> Option<&TargetRuntime> {
+        self.targets
+            .iter()
+            .find(|t| t.iqn.eq_ignore_ascii_case(iqn))
+    }
+
+    /// Admits a new TCP connection under the connection limits; the guard releases it.
+    fn admit_connection(self: &Arc<Self>, source: IpAddr) -> Result<ConnectionGuard, &'static str> {
+        let total = self.connections.fetch_add(1, Ordering::AcqRel);
+        if total >= self.limits.max_connections as usize {
+            self.connections.fetch_sub(1, Ordering::AcqRel);
+            return Err("max_connections");
+        }
+        let mut per = self.per_source.lock().unwrap_or_else(|e| e.into_inner());
+        let n = per.entry(source).or_insert(0);
+        if *n >= self.limits.max_connections_per_source {
+            drop(per);
+            self.connections.fetch_sub(1, Ordering::AcqRel);
+            return Err("max_connections_per_source");
+        }
+        *n += 1;
+        Ok(ConnectionGuard {
+            shared: Arc::clone(self),
+            source,
+        })
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.connections.load(Ordering::Acquire)
+    }
+}
+
+pub struct ConnectionGuard {
+    shared: Arc<Shared>,
+    source: IpAddr,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+        let mut per = self
+            .shared
+            .per_source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = per.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                per.remove(&self.source);
+            }
+        }
+    }
+}
+
+pub struct NewConnection {
+    pub stream: std::net::TcpStream,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub portal_group_tag: u16,
+    pub guard: ConnectionGuard,
+}
+
+/// A started server: listeners bound, workers running.
+pub struct Server {
+    pub shared: Arc<Shared>,
+    pub bound: Vec<SocketAddr>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Opens every store, binds every portal and starts the threads. Errors name what failed.
+    pub fn start(config: &Config) -> Result<Server, String> {
+        let shared = Arc::new(build(config)?);
+        let workers = if config.server.workers == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            config.server.workers
+        };
+        let mut listeners = Vec::new();
+        let mut bound = Vec::new();
+        for &(addr, tag) in &shared.portals {
+            let socket = bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let local = socket.local_addr().map_err(|e| e.to_string())?;
+            bound.push(local);
+            listeners.push((socket, tag));
+        }
+        let mut threads = Vec::new();
+        let mut senders = Vec::new();
+        for index in 0..workers {
+            let (tx, rx) = mpsc::unbounded_channel::<NewConnection>();
+            senders.push(tx);
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("ferrosan-worker-{index}"))
+                .spawn(move || worker(shared, rx))
+                .map_err(|e| format!("cannot start worker thread: {e}"))?;
+            threads.push(handle);
+        }
+        let acceptor_shared = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
+            .name("ferrosan-accept".into())
+            .spawn(move || acceptor(acceptor_shared, listeners, senders))
+            .map_err(|e| format!("cannot start acceptor thread: {e}"))?;
+        threads.push(handle);
+        Ok(Server {
+            shared,
+            bound,
+            threads,
+        })
+    }
+
+    /// Blocks until the threads exit (they run until the process ends).
+    pub fn wait(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<NewConnection>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("worker runtime: {e}");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        while let Some(conn) = rx.recv().await {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(connection::serve(shared, conn));
+        }
+    });
+}
+
+fn acceptor(
+    shared: Arc<Shared>,
+    listeners: Vec<(std::net::TcpListener, u16)>,
+    senders: Vec<mpsc::UnboundedSender<NewConnection>>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("acceptor runtime: {e}");
+            return;
+        }
+    };
+    let senders = Arc::new(senders);
+    let next = Arc::new(AtomicUsize::new(0));
+    runtime.block_on(async move {
+        let mut tasks = Vec::new();
+        for (listener, tag) in listeners {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!("listener: {e}");
+                    continue;
+                }
+            };
+            let shared = Arc::clone(&shared);
+            let senders = Arc::clone(&senders);
+            let next = Arc::clone(&next);
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let (stream, peer) = match listener.accept().await {
+                        Ok(x) => x,
+                        Err(e) => {
+                            // EMFILE and friends: back off instead of spinning.
+                            tracing::warn!("accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
+                    let guard = match shared.admit_connection(peer.ip()) {
+                        Ok(g) => g,
+                        Err(limit) => {
+                            tracing::warn!(%peer, limit, "connection refused: limit reached");
+                            continue;
+                        }
+                    };
+                    let local = stream.local_addr().unwrap_or(peer);
+                    let _ = stream.set_nodelay(true);
+                    let Ok(std_stream) = stream.into_std() else {
+                        continue;
+                    };
+                    let index = next.fetch_add(1, Ordering::Relaxed) % senders.len().max(1);
+                    if let Some(tx) = senders.get(index) {
+                        let _ = tx.send(NewConnection {
+                            stream: std_stream,
+                            peer,
+                            local,
+                            portal_group_tag: tag,
+                            guard,
+                        });
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+}
+
+/// Opens a device's store and builds its logical unit.
+fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
+    let store: Arc<dyn BlockStore> = match &device.store {
+        StoreKind::Ram { size_bytes } => Arc::new(RamStore::new(*size_bytes)),
+        StoreKind::File { path, size_bytes } => Arc::new(
+            FileStore::open(path, *size_bytes, device.thin)
+                .map_err(|e| format!("device {}: {}: {e}", device.name, path.display()))?,
+        ),
+        StoreKind::Block { path } => Arc::new(
+            FileStore::open(path, None, device.thin)
+                .map_err(|e| format!("device {}: {}: {e}", device.name, path.display()))?,
+        ),
+    };
+    let mut naa = [0u8; 16];
+    let naa_len = device.naa.len().min(16);
+    naa[..naa_len].copy_from_slice(&device.naa[..naa_len]);
+    let identity = LuIdentity {
+        vendor: "FERROSAN".into(),
+        product: product_name(&device.store).into(),
+        revision: revision(),
+        serial: device.serial.clone(),
+        naa,
+        naa_len,
+    };
+    let settings = LuSettings {
+        block_size: device.block_size,
+        read_only: device.read_only,
+        write_cache: device.write_cache,
+        thin: device.thin,
+    };
+    LogicalUnit::new(store, identity, settings)
+        .map(Arc::new)
+        .map_err(|e| format!("device {}: {e}", device.name))
+}
+
+fn product_name(kind: &StoreKind) -> &'static str {
+    match kind {
+        StoreKind::Ram { .. } => "RAM DISK",
+        StoreKind::File { .. } => "FILE DISK",
+        StoreKind::Block { .. } => "BLOCK DISK",
+    }
+}
+
+/// INQUIRY's 4-character product revision, from the crate version ("0.1.0" -> "0.1").
+fn revision() -> String {
+    env!("CARGO_PKG_VERSION")
+        .chars()
+        .take(4)
+        .collect::<String>()
+        .trim_end_matches('.')
+        .to_string()
+}
+
+fn build(config: &Config) -> Result<Shared, String> {
+    let mut units: HashMap<&str, Arc<LogicalUnit>> = HashMap::new();
+    for device in &config.devices {
+        units.insert(device.name.as_str(), open_unit(device)?);
+    }
+    let mut targets = Vec::new();
+    for t in &config.targets {
+        let portal_groups = if t.portal_groups.is_empty() {
+            config.portal_groups.iter().map(|p| p.tag).collect()
+        } else {
+            t.portal_groups.clone()
+        };
+        let mut groups = Vec::new();
+        let mut target_units: Vec<Arc<LogicalUnit>> = Vec::new();
+        for g in &t.groups {
+            let mut entries = Vec::new();
+            for m in &g.luns {
+                let unit = units
+                    .get(m.device.as_str())
+                    .ok_or_else(|| format!("target {}: unknown device {}", t.iqn, m.device))?;
+                if !target_units.iter().any(|u| Arc::ptr_eq(u, unit)) {
+                    target_units.push(Arc::clone(unit));
+                }
+                entries.push((m.lun, Arc::clone(unit), m.read_only));
+            }
+            let luns = LunMap::new(entries)
+                .map_err(|e| format!("target {} group {}: {e}", t.iqn, g.name))?;
+            groups.push(GroupRuntime {
+                name: g.name.clone(),
+                initiators: g.initiators.clone(),
+                any_initiator: g.any_initiator,
+                luns: Arc::new(luns),
+            });
+        }
+        let ports = portal_groups
+            .iter()
+            .map(|&tag| {
+                (
+                    tag,
+                    Arc::new(TargetPort {
+                        relative_id: tag,
+                        name: format!("{},t,0x{tag:04x}", t.iqn),
+                        target_name: t.iqn.clone(),
+                    }),
+                )
+            })
+            .collect();
+        if t.groups.iter().any(|g| g.any_initiator) {
+            tracing::warn!(target = %t.iqn, "target is open to any initiator (any_initiator = true)");
+        }
+        targets.push(TargetRuntime {
+            iqn: t.iqn.clone(),
+            alias: t.alias.clone(),
+            portal_groups,
+            groups,
+            ports,
+            units: target_units,
+        });
+    }
+    let portals = config
+        .portal_groups
+        .iter()
+        .flat_map(|p| p.listen.iter().map(move |a| (*a, p.tag)))
+        .collect();
+    Ok(Shared {
+        targets,
+        portals,
+        limits: config.limits.clone(),
+        registry: Arc::new(Registry::new(config.limits.max_sessions as usize)),
+        next_nexus_id: AtomicU64::new(1),
+        connections: AtomicUsize::new(0),
+        per_source: Mutex::new(HashMap::new()),
+    })
+}

@@ -195,7 +195,8 @@ impl LogicalUnit {
         read_only_mapping: bool,
     ) -> Completion {
         data_in.clear();
-        let write_protected = read_only_mapping || self.settings.read_only;
+        let write_protected =
+            read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed);
         match self.run(nexus, cmd, data_in, write_protected) {
             Ok(transfer_len) => Completion::good(transfer_len),
             Err(mut sense) => {

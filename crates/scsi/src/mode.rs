@@ -1,5 +1,5 @@
 //! Mode parameters (SPC-4 7.5, SBC-3 6.4): caching (08h, WCE changeable), control (0Ah,
-//! D_SENSE changeable) and informational exceptions (1Ch). Nothing is saveable.
+//! D_SENSE and SWP changeable) and informational exceptions (1Ch). Nothing is saveable.
 
 use crate::cdb::*;
 use crate::lu::LogicalUnit;
@@ -23,6 +23,8 @@ const PC_SAVED: u8 = 3;
 pub struct ModeState {
     pub wce: AtomicBool,
     pub d_sense: AtomicBool,
+    /// Software write protect (control page SWP): medium writes get DATA PROTECT.
+    pub swp: AtomicBool,
 }
 
 impl ModeState {
@@ -30,11 +32,13 @@ impl ModeState {
         ModeState {
             wce: AtomicBool::new(wce),
             d_sense: AtomicBool::new(false),
+            swp: AtomicBool::new(false),
         }
     }
     pub fn reset(&self, wce: bool) {
         self.wce.store(wce, Ordering::Relaxed);
         self.d_sense.store(false, Ordering::Relaxed);
+        self.swp.store(false, Ordering::Relaxed);
     }
 }
 
@@ -45,16 +49,17 @@ impl LogicalUnit {
     /// One page for page control `pc`; `None` for an unknown page.
     fn mode_page(&self, code: u8, pc: u8) -> Option<([u8; PAGE_BYTES_MAX], usize)> {
         let mut p = [0u8; PAGE_BYTES_MAX];
-        let (wce, d_sense) = match pc {
+        let (wce, d_sense, swp) = match pc {
             PC_CURRENT => (
                 self.mode.wce.load(Ordering::Relaxed),
                 self.mode.d_sense.load(Ordering::Relaxed),
+                self.mode.swp.load(Ordering::Relaxed),
             ),
-            PC_CHANGEABLE => (true, true), // the mask of changeable bits
+            PC_CHANGEABLE => (true, true, true), // the mask of changeable bits
             // PC_DEFAULT (saved values were refused earlier).
             _ => {
                 debug_assert_eq!(pc, PC_DEFAULT);
-                (self.settings.write_cache, false)
+                (self.settings.write_cache, false, false)
             }
         };
         let len = match code {
@@ -68,6 +73,7 @@ impl LogicalUnit {
                 p[0] = PAGE_CONTROL;
                 p[1] = 0x0A;
                 p[2] = if d_sense { 0x04 } else { 0 };
+                p[4] = if swp { 0x08 } else { 0 };
                 if pc != PC_CHANGEABLE {
                     p[3] = 0x10; // queue algorithm modifier 1: unrestricted reordering
                     p[8] = 0xFF; // busy timeout period: unlimited
@@ -233,6 +239,7 @@ impl LogicalUnit {
         }
         let mut wce = self.mode.wce.load(Ordering::Relaxed);
         let mut d_sense = self.mode.d_sense.load(Ordering::Relaxed);
+        let mut swp = self.mode.swp.load(Ordering::Relaxed);
         let mut at = header + bd_len;
         if at > p.len() {
             return Err(Sense::parameter_list_length_error());
@@ -267,20 +274,24 @@ impl LogicalUnit {
             }
             match code {
                 PAGE_CACHING => wce = given[2] & 0x04 != 0,
-                PAGE_CONTROL => d_sense = given[2] & 0x04 != 0,
+                PAGE_CONTROL => {
+                    d_sense = given[2] & 0x04 != 0;
+                    swp = given[4] & 0x08 != 0;
+                }
                 _ => {}
             }
             at = end;
         }
         let old_wce = self.mode.wce.swap(wce, Ordering::Relaxed);
         let old_d_sense = self.mode.d_sense.swap(d_sense, Ordering::Relaxed);
+        let old_swp = self.mode.swp.swap(swp, Ordering::Relaxed);
         if old_wce && !wce {
             // Write-through from now on: what the cache held must be durable too.
             self.store
                 .flush()
                 .map_err(|_| Sense::medium_error_write())?;
         }
-        if old_wce != wce || old_d_sense != d_sense {
+        if old_wce != wce || old_d_sense != d_sense || old_swp != swp {
             self.ua.raise_all(MODE_PARAMETERS_CHANGED, Some(nexus.id));
         }
         Ok(param_len as u32)

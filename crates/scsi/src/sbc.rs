@@ -249,10 +249,16 @@ impl LogicalUnit {
         let len = u64::from(blocks) << self.block_shift;
         {
             let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
-            if pattern.iter().all(|&b| b == 0) {
-                let deallocate = unmap && self.settings.thin;
+            if unmap && self.settings.thin {
+                // UNMAP deallocates whatever the data block holds (SBC-3 5.42: the LBAs are
+                // unmapped; with LBPRZ they then read as zeros). Linux LIO does the same and
+                // libiscsi's WriteSame10.UnmapUntilEnd expects it.
                 self.store
-                    .write_zeroes(offset, len, deallocate)
+                    .write_zeroes(offset, len, true)
+                    .map_err(write_error)?;
+            } else if pattern.iter().all(|&b| b == 0) {
+                self.store
+                    .write_zeroes(offset, len, false)
                     .map_err(write_error)?;
             } else {
                 let per_write = (SCRATCH_BYTES_MAX / bs).max(1) * bs;

@@ -361,9 +361,15 @@ fn write_same_pattern_zero_unmap_and_ndob() {
     assert_eq!(t.store.log.lock().unwrap().last(), Some(&"zeroes+dealloc"));
     assert_eq!(lba_status(&mut t, 0), (0, 2048, 1));
     assert!(t.ok(&read10(0, 4), &[]).iter().all(|&b| b == 0));
-    // UNMAP with non-zero data writes the data.
+    // UNMAP deallocates even when the data block is not zeros.
+    t.ok(&write10(0, 4), &[5u8; 2048]);
     t.ok(&ws, &[9u8; 512]);
-    assert_eq!(t.ok(&read10(2047, 1), &[])[0], 9);
+    assert!(t.ok(&read10(0, 4), &[]).iter().all(|&b| b == 0));
+    assert_eq!(lba_status(&mut t, 0), (0, 2048, 1));
+    // Without UNMAP, zeros are written through write_zeroes without deallocation.
+    let zero_no_unmap = cdb10(0x41, 4000, 8);
+    t.ok(&zero_no_unmap, &[0u8; 512]);
+    assert_eq!(t.store.log.lock().unwrap().last(), Some(&"zeroes"));
     // NDOB (16 only): zeros without a Data-Out buffer.
     let mut ndob = cdb16(0x93, 0, 8);
     ndob[1] = 0x09;

@@ -236,8 +236,8 @@ fn mode_sense_all_pages_layout() {
     let d = t.ok(&mode_sense6(true, 1, 0x3F, 0, 255), &[]);
     assert_eq!(&d[4..7], &[0x08, 0x12, 0x04]);
     assert!(d[7..24].iter().all(|&b| b == 0));
-    assert_eq!(&d[24..27], &[0x0A, 0x0A, 0x04]);
-    assert!(d[27..36].iter().all(|&b| b == 0));
+    assert_eq!(&d[24..29], &[0x0A, 0x0A, 0x04, 0x00, 0x08]);
+    assert!(d[29..36].iter().all(|&b| b == 0));
     // Default equals the configured WCE.
     let d = t.ok(&mode_sense6(true, 2, 0x08, 0, 255), &[]);
     assert_eq!(d[6], 0x04);
@@ -555,4 +555,25 @@ fn data_in_vec_is_reused() {
         t.lu.execute(&t.nexus, &cmd, &mut t.data_in);
         assert_eq!((t.data_in.capacity(), t.data_in.as_ptr()), (cap, ptr));
     }
+}
+
+#[test]
+fn software_write_protect() {
+    let mut t = T::new();
+    let control = |swp: u8| {
+        let mut p = vec![0u8; 4];
+        p.extend_from_slice(&[0x0A, 0x0A, 0x00, 0x10, swp, 0, 0, 0, 0xFF, 0xFF, 0, 0]);
+        p
+    };
+    let on = control(0x08);
+    t.ok(&mode_select6(&on), &on);
+    let d = t.ok(&mode_sense6(true, 0, 0x0A, 0, 255), &[]);
+    assert_eq!((d[2] & 0x80, d[8] & 0x08), (0x80, 0x08));
+    t.ok(&read10(0, 1), &[]);
+    assert_sense(&t.err(&write10(0, 1), &[0; 512]), 0x07, 0x27, 0x00);
+    let off = control(0);
+    t.ok(&mode_select6(&off), &off);
+    t.ok(&write10(0, 1), &[0; 512]);
+    let d = t.ok(&mode_sense6(true, 0, 0x0A, 0, 255), &[]);
+    assert_eq!(d[2] & 0x80, 0);
 }

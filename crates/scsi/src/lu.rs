@@ -172,6 +172,19 @@ impl LogicalUnit {
         self.ua.raise_all(unit_attention::CAPACITY_CHANGED, None);
     }
 
+    /// The LUN inventory seen through a map holding this LU changed: REPORTED LUNS DATA HAS
+    /// CHANGED (3Fh/0Eh) for every nexus.
+    pub fn reported_luns_changed(&self) {
+        self.ua
+            .raise_all(unit_attention::REPORTED_LUNS_CHANGED, None);
+    }
+
+    /// Identity or settings visible in INQUIRY changed: INQUIRY DATA HAS CHANGED (3Fh/03h).
+    pub fn inquiry_data_changed(&self) {
+        self.ua
+            .raise_all(unit_attention::INQUIRY_DATA_CHANGED, None);
+    }
+
     /// Whether `nexus_id` holds PREVENT MEDIUM REMOVAL (for tests and diagnostics).
     pub fn removal_prevented_by(&self, nexus_id: u64) -> bool {
         self.prevent

@@ -13,6 +13,8 @@ pub const POWER_ON_RESET: (u8, u8) = (0x29, 0x00);
 pub const LU_RESET: (u8, u8) = (0x29, 0x03);
 pub const MODE_PARAMETERS_CHANGED: (u8, u8) = (0x2A, 0x01);
 pub const CAPACITY_CHANGED: (u8, u8) = (0x2A, 0x09);
+pub const INQUIRY_DATA_CHANGED: (u8, u8) = (0x3F, 0x03);
+pub const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
 
 #[derive(Default)]
 pub struct UnitAttentions {

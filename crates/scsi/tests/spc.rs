@@ -175,6 +175,11 @@ fn unit_attention_lifecycle() {
     // Capacity change.
     t.lu.capacity_changed();
     assert_sense(&t.err(&[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x2A, 0x09);
+    t.lu.reported_luns_changed();
+    t.lu.inquiry_data_changed();
+    assert_sense(&t.err(&[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x3F, 0x0E);
+    assert_sense(&t.err(&[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x3F, 0x03);
+    t.ok(&[0, 0, 0, 0, 0, 0], &[]);
     // A lost nexus has nothing queued when it comes back without a new login.
     t.lu.capacity_changed();
     t.lu.nexus_lost(1);

@@ -99,10 +99,11 @@ impl FileStore {
         let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
         match rustix::fs::fallocate(&self.file, flags, offset, len) {
             Ok(()) => Ok(()),
-            // Filesystems and devices without hole punching still owe zeros on read-back.
-            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
-                self.write_zero_bytes(offset, len)
-            }
+            // Filesystems and devices without hole punching still owe zeros on read-back
+            // (some drivers answer EINVAL rather than EOPNOTSUPP).
+            Err(
+                rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS | rustix::io::Errno::INVAL,
+            ) => self.write_zero_bytes(offset, len),
             Err(e) => Err(e.into()),
         }
     }

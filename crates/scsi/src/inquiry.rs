@@ -145,7 +145,7 @@ impl LogicalUnit {
             out.extend_from_slice(&[0; 12]);
         }
         out.extend_from_slice(&[0; 4]); // unmap granularity alignment: not valid
-        out.extend_from_slice(&(WRITE_SAME_BYTES_MAX >> shift).to_be_bytes());
+        out.extend_from_slice(&u64::from(WRITE_SAME_BLOCKS_MAX).to_be_bytes());
         out.resize(4 + 0x3C, 0);
     }
 }

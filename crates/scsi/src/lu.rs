@@ -56,7 +56,10 @@ pub(crate) const TRANSFER_BYTES_OPTIMAL: u32 = 1 << 20;
 /// In blocks: libiscsi treats more than 2^20 as implausible, and it bounds a thick zero-fill.
 pub(crate) const UNMAP_BLOCKS_MAX: u32 = 1 << 20;
 pub(crate) const UNMAP_DESCRIPTORS_MAX: u32 = 256;
-pub(crate) const WRITE_SAME_BYTES_MAX: u64 = 1 << 30;
+/// In blocks. Bounds the work of one command (at most 32 MiB at 512-byte blocks); below 2^16 so
+/// libiscsi's WriteSame16.Unmap does not follow its 65536-block check with a 65536-block WRITE
+/// (16), which would exceed the maximum transfer length.
+pub(crate) const WRITE_SAME_BLOCKS_MAX: u32 = 0xFFFF;
 pub(crate) const COMPARE_AND_WRITE_BLOCKS_MAX: u8 = 128;
 /// Discard is exact to 4 KiB on every store (file hole punching works in filesystem blocks).
 pub(crate) const UNMAP_GRANULARITY_BYTES: u32 = 4096;

@@ -234,7 +234,7 @@ impl LogicalUnit {
         let unmap = cdb.u8(1) & 0x08 != 0;
         let ndob = is_16 && cdb.u8(1) & 0x01 != 0;
         // WSNZ=1: zero blocks is an error rather than "to the end of the medium".
-        if blocks == 0 || u64::from(blocks) > WRITE_SAME_BYTES_MAX >> self.block_shift {
+        if blocks == 0 || blocks > WRITE_SAME_BLOCKS_MAX {
             return Err(Sense::invalid_field_in_cdb(len_field, None));
         }
         self.check_lba(lba, u64::from(blocks))?;
@@ -348,16 +348,17 @@ impl LogicalUnit {
         if blocks > COMPARE_AND_WRITE_BLOCKS_MAX {
             return Err(Sense::invalid_field_in_cdb(13, None));
         }
+        let bytes = usize::from(blocks) << self.block_shift;
+        // Verify data then write data, nothing more and nothing less: a different amount means
+        // the NUMBER OF LOGICAL BLOCKS is not what the initiator meant (e.g. 256 truncated to
+        // 0 in the one-byte field), so nothing is compared or written.
+        if cmd.data_out.len() != 2 * bytes {
+            return Err(Sense::invalid_field_in_cdb(13, None));
+        }
         if blocks == 0 {
             return Ok(0);
         }
         self.check_lba(lba, u64::from(blocks))?;
-        let bytes = usize::from(blocks) << self.block_shift;
-        // Verify data then write data, nothing more and nothing less: a different amount means
-        // the NUMBER OF LOGICAL BLOCKS is not what the initiator sent.
-        if cmd.data_out.len() != 2 * bytes {
-            return Err(Sense::invalid_field_in_cdb(13, None));
-        }
         let (verify, write) = cmd.data_out.split_at(bytes);
         let durable = cdb.u8(1) & 0x08 != 0 || !self.wce();
         let offset = lba << self.block_shift;

@@ -388,6 +388,9 @@ fn write_same_invalid_fields() {
     // WSNZ: zero blocks is invalid.
     invalid_cdb(&t.err(&cdb10(0x41, 0, 0), &block));
     invalid_cdb(&t.err(&cdb16(0x93, 0, 0), &block));
+    // Above MAXIMUM WRITE SAME LENGTH.
+    invalid_cdb(&t.err(&cdb16(0x93, 0, 0x1_0000), &block));
+    lba_oob(&t.err(&cdb16(0x93, 0, 0xFFFF), &block)); // within the limit, beyond this LU
     let mut anchor = cdb10(0x41, 0, 1);
     anchor[1] = 0x18;
     let s = t.err(&anchor, &block);
@@ -457,6 +460,8 @@ fn compare_and_write() {
     assert_eq!(s.info, Some(first_diff as u64));
     assert_eq!(t.ok(&read10(50, 2), &[]), new);
     t.ok(&caw(50, 0), &[]);
+    // 256 blocks do not fit the one-byte field: 0 blocks with data is a mismatch.
+    invalid_cdb(&t.err(&caw(0, 0), &vec![0; 256 * 1024]));
     invalid_cdb(&t.err(&caw(0, 129), &vec![0; 129 * 1024]));
     lba_oob(&t.err(&caw(t.blocks(), 1), &[0; 1024]));
     lba_oob(&t.err(&caw(t.blocks() - 1, 2), &[0; 2048]));

@@ -127,10 +127,7 @@ fn block_limits_and_provisioning_pages() {
     assert_eq!(be32(20), 1 << 20);
     assert_eq!(be32(24), 256);
     assert_eq!(be32(28), 8);
-    assert_eq!(
-        u64::from_be_bytes(d[36..44].try_into().unwrap()),
-        (1 << 30) / 512
-    );
+    assert_eq!(u64::from_be_bytes(d[36..44].try_into().unwrap()), 0xFFFF);
     let d = t.ok(&inquiry(true, 0xB1, 255), &[]);
     assert_eq!(&d[4..6], &[0, 1]);
     let d = t.ok(&inquiry(true, 0xB2, 255), &[]);

@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Run libiscsi's conformance suite (iscsi-test-cu --dataloss, every test it
+# lists: families ALL, SCSI, iSCSI and LINUX, 615 tests in libiscsi 1.19)
+# against ferrosan and/or tgt on loopback.
+#
+#   scripts/conformance.sh [ferrosan|tgt|both]     (default: ferrosan)
+#
+# Runs:  ferrosan-ram   ferrosan, RAM LUN of 1 GiB
+#        ferrosan-file  ferrosan, thin (sparse) file LUN of 1 GiB on tmpfs
+#        tgt-file       tgt (tgtd), 1 GiB sparse file LUN on tmpfs (baseline)
+# Results: target/conformance/<run>.tsv (test <TAB> pass|skip|fail <TAB> reason),
+#          <run>.out / <run>.err (raw tool output), <run>.daemon.log.
+# CUnit reports self-skipped tests as "passed"; scripts/lib/parse-cu.awk
+# separates real passes, skips and failures (see docs/CONFORMANCE.md).
+# Exit status: non-zero if any ferrosan test failed (or a tgt run broke).
+#
+# Environment: CONFORMANCE_TIMEOUT  seconds per run (default 600)
+#              FERROSAN_BIN         prebuilt daemon (default: cargo build --release)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOG_TAG=conformance
+# shellcheck source=lib/common.sh
+source scripts/lib/common.sh
+export PATH="$PATH:/usr/sbin:/sbin"
+
+MODE=${1:-ferrosan}
+case $MODE in ferrosan | tgt | both) ;; *) die "usage: $0 [ferrosan|tgt|both]" ;; esac
+RUN_TIMEOUT=${CONFORMANCE_TIMEOUT:-600}
+OUT=$ROOT/target/conformance
+IQN=iqn.2024-01.dev.ferrosan:conformance
+INIT1=iqn.2024-01.dev.ferrosan:initiator-1
+INIT2=iqn.2024-01.dev.ferrosan:initiator-2
+
+DAEMON_PID=""
+WORK=""
+cleanup() {
+    local rc=$?
+    stop_pid "$DAEMON_PID" "${DAEMON_GRACE:-50}"
+    DAEMON_PID=""
+    [[ -n $WORK ]] && rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+ensure_deps
+mkdir -p "$OUT"
+# tmpfs when there is one: a thin 1 GiB file costs only what the tests write.
+if [[ -d /dev/shm && -w /dev/shm ]]; then
+    WORK=$(mktemp -d /dev/shm/ferrosan-conformance.XXXXXX)
+else
+    WORK=$(mktemp -d)
+fi
+iscsi-test-cu --list >"$OUT/tests.list"
+TOTAL_LISTED=$(awk -F. 'NF == 3' "$OUT/tests.list" | wc -l)
+
+# start_ferrosan RUN LUNSPEC: start the daemon on a free port; sets PORT, LUN.
+start_ferrosan() {
+    local run=$1 lunspec=$2 rc=0
+    PORT=$(free_port)
+    LUN=0
+    log "$run: starting $FERROSAN_BIN serve --listen 127.0.0.1:$PORT --target $IQN --lun $lunspec"
+    "$FERROSAN_BIN" serve --listen "127.0.0.1:$PORT" --target "$IQN" --lun "$lunspec" \
+        </dev/null >"$OUT/$run.daemon.log" 2>&1 &
+    DAEMON_PID=$!
+    DAEMON_GRACE=50
+    wait_port "$PORT" "$DAEMON_PID" 10 || rc=$?
+    if ((rc != 0)); then
+        if ((rc == 2)); then log "$run: ferrosan exited before listening on 127.0.0.1:$PORT"
+        else log "$run: ferrosan did not accept connections on 127.0.0.1:$PORT within 10 s"; fi
+        log "$run: last lines of the daemon's output ($OUT/$run.daemon.log):"
+        tail_indented "$OUT/$run.daemon.log" 20
+        stop_pid "$DAEMON_PID"; DAEMON_PID=""
+        return 1
+    fi
+}
+
+# start_tgt RUN FILE: tgtd on a free port with a private control socket.
+start_tgt() {
+    local run=$1 file=$2 rc=0 i
+    PORT=$(free_port)
+    LUN=1 # tgt's LUN 0 is its controller LU
+    # -C N selects tgtd's management socket (abstract namespace, suffix N), so
+    # we never talk to (or clash with) a system tgtd.
+    CTL=$((1000 + PORT % 30000)) # tgtd accepts -C up to 32767
+    log "$run: starting tgtd -f -C $CTL --iscsi portal=127.0.0.1:$PORT"
+    tgtd -f -C "$CTL" --iscsi "portal=127.0.0.1:$PORT" </dev/null >"$OUT/$run.daemon.log" 2>&1 &
+    DAEMON_PID=$!
+    DAEMON_GRACE=0
+    wait_port "$PORT" "$DAEMON_PID" 10 || rc=$?
+    if ((rc != 0)); then
+        log "$run: tgtd did not come up; its output:"
+        tail_indented "$OUT/$run.daemon.log" 20
+        stop_daemon 0
+        return 1
+    fi
+    for ((i = 0; i < 50; i++)); do # the management socket may lag the portal
+        tgtadm -C "$CTL" --lld iscsi --op new --mode target --tid 1 -T "$IQN" 2>/dev/null && break
+        sleep 0.1
+    done
+    tgtadm -C "$CTL" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 --backing-store "$file" &&
+        tgtadm -C "$CTL" --lld iscsi --op bind --mode target --tid 1 -I ALL || {
+        log "$run: configuring tgtd with tgtadm failed"
+        stop_daemon 0
+        return 1
+    }
+}
+
+declare -A R_PASS R_FAIL R_SKIP
+RUNS=()
+# run_suite RUN: run the tool against $PORT/$LUN, parse, summarise.
+run_suite() {
+    local run=$1 url="iscsi://127.0.0.1:$PORT/$IQN/$LUN" t0 t1 rc=0
+    log "$run: iscsi-test-cu --dataloss $url (timeout ${RUN_TIMEOUT}s)"
+    t0=$(date +%s)
+    timeout -k 10 "$RUN_TIMEOUT" iscsi-test-cu --dataloss -i "$INIT1" -I "$INIT2" "$url" \
+        </dev/null >"$OUT/$run.out" 2>"$OUT/$run.err" || rc=$?
+    t1=$(date +%s)
+    ((rc == 124 || rc == 137)) && log "$run: TIMED OUT after ${RUN_TIMEOUT}s; unfinished tests count as failed"
+    awk -v LIST="$OUT/tests.list" -f scripts/lib/parse-cu.awk "$OUT/$run.out" >"$OUT/$run.tsv"
+    finish_run "$run" "$((t1 - t0))" "$rc"
+}
+
+# finish_run RUN SECONDS RC: count the .tsv, print the summary line.
+finish_run() {
+    local run=$1 secs=$2 rc=$3 p f s
+    p=$(awk -F'\t' '$2 == "pass"' "$OUT/$run.tsv" | wc -l)
+    f=$(awk -F'\t' '$2 == "fail"' "$OUT/$run.tsv" | wc -l)
+    s=$(awk -F'\t' '$2 == "skip"' "$OUT/$run.tsv" | wc -l)
+    R_PASS[$run]=$p R_FAIL[$run]=$f R_SKIP[$run]=$s
+    RUNS+=("$run")
+    if ((p + s == 0)); then
+        log "$run: no test ran (tool exit $rc); its stderr:"
+        tail_indented "$OUT/$run.err" 10
+    fi
+    ((f > 0)) && awk -F'\t' '$2 == "fail" { print "    FAIL " $1 ": " $3 }' "$OUT/$run.tsv" | head -n 40 >&2
+    echo "conformance $run: $p passed, $f failed, $s skipped (of $TOTAL_LISTED, ${secs}s)"
+}
+
+# A run whose daemon never came up: every listed test failed.
+not_run() {
+    local run=$1 why=$2
+    awk -F. -v why="$why" 'NF == 3 { print $0 "\tfail\t" why }' "$OUT/tests.list" >"$OUT/$run.tsv"
+    finish_run "$run" 0 -
+}
+
+# tgtd -f ignores SIGTERM (it only leaves on SIGKILL), and keeps no state we
+# need, so it gets no grace period.
+stop_daemon() { stop_pid "$DAEMON_PID" "${1:-50}"; DAEMON_PID=""; }
+
+if [[ $MODE == ferrosan || $MODE == both ]]; then
+    if [[ -z ${FERROSAN_BIN:-} ]]; then
+        log "building: cargo build --release -p ferrosan"
+        cargo build --release -p ferrosan
+        FERROSAN_BIN=$ROOT/target/release/ferrosan
+    fi
+    [[ -x $FERROSAN_BIN ]] || die "no ferrosan binary at $FERROSAN_BIN"
+    for spec in "ram ram:1G" "file file:$WORK/ferrosan-disk.img,size=1G"; do
+        run=ferrosan-${spec%% *}
+        rm -f "$WORK/ferrosan-disk.img"
+        if start_ferrosan "$run" "${spec#* }"; then
+            run_suite "$run"
+            stop_daemon
+        else
+            not_run "$run" "daemon did not start (see $run.daemon.log)"
+        fi
+    done
+fi
+
+if [[ $MODE == tgt || $MODE == both ]]; then
+    run=tgt-file
+    rm -f "$WORK/tgt-disk.img"
+    truncate -s 1G "$WORK/tgt-disk.img"
+    if start_tgt "$run" "$WORK/tgt-disk.img"; then
+        run_suite "$run"
+        stop_daemon 0
+    else
+        not_run "$run" "tgtd did not start (see $run.daemon.log)"
+    fi
+fi
+
+# Final line: the ferrosan runs summed (the tgt run alone in tgt mode).
+P=0 F=0 S=0 status=0
+for run in "${RUNS[@]}"; do
+    if [[ $MODE == tgt || $run == ferrosan-* ]]; then
+        P=$((P + R_PASS[$run])) F=$((F + R_FAIL[$run])) S=$((S + R_SKIP[$run]))
+    fi
+    if [[ $run == ferrosan-* ]]; then
+        ((R_FAIL[$run] == 0)) || status=1
+    elif ((R_PASS[$run] + R_SKIP[$run] == 0)); then
+        status=1 # the tgt baseline itself broke
+    fi
+done
+log "per-test results: $OUT/<run>.tsv"
+echo "$P passed, $F failed, $S skipped"
+exit "$status"

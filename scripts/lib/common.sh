@@ -1,0 +1,90 @@
+# shellcheck shell=bash
+# Helpers shared by scripts/test.sh and scripts/conformance.sh. Source it.
+# Everything here is loopback-only and kills nothing it did not start.
+
+# Debian packages the tests need, and a command each one provides.
+FERROSAN_DEPS=(
+    "libiscsi-bin:iscsi-test-cu"
+    "libiscsi-bin:iscsi-ls"
+    "qemu-utils:qemu-img"
+    "qemu-block-extra:-"   # a qemu module, no command: ask dpkg
+    "tgt:tgtd"
+    "iperf3:iperf3"
+)
+
+log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# Install the missing packages (apt-get update at most once). Idempotent, quiet.
+ensure_deps() {
+    local missing=() entry pkg what
+    for entry in "${FERROSAN_DEPS[@]}"; do
+        pkg=${entry%%:*}; what=${entry#*:}
+        if [[ $what == - ]]; then
+            dpkg -s "$pkg" >/dev/null 2>&1 && continue
+        else
+            command -v "$what" >/dev/null 2>&1 && continue
+            # tgtd lives in /usr/sbin, which a non-login PATH may lack.
+            [[ -x /usr/sbin/$what ]] && continue
+        fi
+        [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
+    done
+    ((${#missing[@]} == 0)) && return 0
+    command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
+    local sudo=()
+    ((EUID == 0)) || sudo=(sudo -n)
+    log "installing ${missing[*]} (apt-get)"
+    export DEBIAN_FRONTEND=noninteractive
+    if [[ -z ${FERROSAN_APT_UPDATED:-} ]]; then
+        "${sudo[@]}" apt-get update -qq >/dev/null || die "apt-get update failed"
+        export FERROSAN_APT_UPDATED=1
+    fi
+    "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+        || die "apt-get install ${missing[*]} failed"
+}
+
+# True if something accepts TCP connections on 127.0.0.1:$1.
+port_open() {
+    timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+}
+
+# tail_indented FILE [N]: show the end of a log, indented, on stderr.
+tail_indented() {
+    if [[ -f $1 ]]; then tail -n "${2:-20}" "$1" | sed 's/^/    /' >&2 || true; fi
+}
+
+# Print a loopback TCP port that nothing listens on (random in 20000-59999).
+free_port() {
+    local i p
+    for i in $(seq 1 200); do
+        p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        port_open "$p" || { echo "$p"; return 0; }
+    done
+    die "no free loopback port found"
+}
+
+# wait_port PORT PID SECONDS: wait until PORT accepts; fail early if PID dies.
+wait_port() {
+    local port=$1 pid=$2 secs=$3 i
+    for ((i = 0; i < secs * 10; i++)); do
+        port_open "$port" && return 0
+        kill -0 "$pid" 2>/dev/null || return 2
+        sleep 0.1
+    done
+    return 1
+}
+
+# stop_pid PID [GRACE_TENTHS]: stop one process we started: TERM, up to
+# GRACE_TENTHS/10 s (default 5 s) for it to exit, then KILL; reap it.
+stop_pid() {
+    local pid=$1 grace=${2:-50} i
+    [[ -n $pid ]] || return 0
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < grace; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+    wait "$pid" 2>/dev/null || true
+}

@@ -131,11 +131,13 @@ finish_run() {
     s=$(awk -F'\t' '$2 == "skip"' "$OUT/$run.tsv" | wc -l)
     R_PASS[$run]=$p R_FAIL[$run]=$f R_SKIP[$run]=$s
     RUNS+=("$run")
-    if ((p + s == 0)); then
-        log "$run: no test ran (tool exit $rc); its stderr:"
+    if ((p + s == 0)) && [[ $rc != - ]]; then
+        log "$run: no test ran (iscsi-test-cu exit $rc); its stderr ($OUT/$run.err):"
         tail_indented "$OUT/$run.err" 10
+    elif ((f > 0 && p + s > 0)); then
+        { awk -F'\t' '$2 == "fail" { print "    FAIL " $1 ": " $3 }' "$OUT/$run.tsv" | head -n 40 >&2; } || true
+        ((f <= 40)) || log "$run: ... $((f - 40)) more failures in $OUT/$run.tsv"
     fi
-    ((f > 0)) && awk -F'\t' '$2 == "fail" { print "    FAIL " $1 ": " $3 }' "$OUT/$run.tsv" | head -n 40 >&2
     echo "conformance $run: $p passed, $f failed, $s skipped (of $TOTAL_LISTED, ${secs}s)"
 }
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# ferrosan's test command (the README's, and what CI's .ci/run calls).
+#
+#   1. installs what the tests need when missing (Debian: libiscsi-bin,
+#      qemu-utils, qemu-block-extra, tgt, iperf3; apt-get update at most once)
+#   2. cargo fmt --check
+#   3. cargo clippy --workspace --all-targets -- -D warnings
+#   4. cargo test --workspace   (includes crates/ferrosan/tests: real initiators)
+#   5. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
+#
+# Every step runs even if an earlier one failed, so one run shows everything;
+# the exit status is non-zero if any step failed. Daemons are started only by
+# the steps themselves, which stop them (by PID) on success and on failure.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOG_TAG=test
+# shellcheck source=lib/common.sh
+source scripts/lib/common.sh
+
+STEP_PID=""
+on_signal() {
+    # Forward to the running step (its own traps stop its daemons), then leave.
+    [[ -n $STEP_PID ]] && kill -TERM "$STEP_PID" 2>/dev/null && wait "$STEP_PID" 2>/dev/null
+    exit 130
+}
+trap on_signal INT TERM
+
+NAMES=() RESULTS=() TIMES=()
+# step NAME CMD...: run one step in the background (so a signal can reach it).
+step() {
+    local name=$1 t0 rc=0
+    shift
+    printf '\n==== %s: %s\n' "$name" "$*"
+    t0=$(date +%s)
+    "$@" </dev/null &
+    STEP_PID=$!
+    wait "$STEP_PID" || rc=$?
+    STEP_PID=""
+    NAMES+=("$name") TIMES+=("$(($(date +%s) - t0))s")
+    if ((rc == 0)); then RESULTS+=(ok); else RESULTS+=("FAILED (exit $rc)"); fi
+    return 0
+}
+
+step deps ensure_deps
+step fmt cargo fmt --all --check
+step clippy cargo clippy --workspace --all-targets -- -D warnings
+step test cargo test --workspace
+CONF_LOG=$ROOT/target/conformance.log
+mkdir -p "$ROOT/target"
+step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 | tee "$0"' "$CONF_LOG"
+
+failed=0
+printf '\n==== summary\n'
+for i in "${!NAMES[@]}"; do
+    printf '  %-12s %-20s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}" "${TIMES[$i]}"
+    [[ ${RESULTS[$i]} == ok ]] || failed=1
+done
+grep '^conformance ' "$CONF_LOG" 2>/dev/null | sed 's/^/  /'
+if ((failed)); then echo "scripts/test.sh: FAILED"; else echo "scripts/test.sh: all steps passed"; fi
+# Last line: the conformance totals in the plain "N passed, N failed, N skipped" form.
+grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$CONF_LOG" 2>/dev/null | tail -n 1
+exit "$failed"

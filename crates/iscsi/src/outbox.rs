@@ -23,7 +23,12 @@ pub struct Outbox {
     spare: Vec<Vec<u8>>,
     /// Buffers kept for reuse; beyond this they are freed (bounded memory per connection).
     spare_max: usize,
+    queued: usize,
 }
+
+/// Larger buffers (rare, huge transfers) are freed rather than kept, so an idle connection never
+/// pins more than `spare_max * SPARE_CAPACITY_MAX` bytes.
+const SPARE_CAPACITY_MAX: usize = 4 << 20;
 
 impl Outbox {
     pub fn new(spare_max: usize) -> Outbox {
@@ -54,7 +59,13 @@ impl Outbox {
 
     /// Total bytes queued.
     pub fn len(&self) -> usize {
-        self.parts.iter().map(|p| self.slice(p).len()).sum()
+        self.queued
+    }
+
+    fn keep_spare(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < self.spare_max && buf.capacity() <= SPARE_CAPACITY_MAX {
+            self.spare.push(buf);
+        }
     }
 
     /// A cleared buffer for the SCSI layer to fill, recycled from earlier turns when possible.
@@ -66,9 +77,7 @@ impl Outbox {
 
     /// Returns a buffer that ended up not being sent.
     pub fn give_back(&mut self, buf: Vec<u8>) {
-        if self.spare.len() < self.spare_max {
-            self.spare.push(buf);
-        }
+        self.keep_spare(buf);
     }
 
     /// Appends bytes (headers, digests, small data) to the send queue.
@@ -76,6 +85,7 @@ impl Outbox {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(data);
         let end = self.bytes.len();
+        self.queued += data.len();
         if let Some(Part::Bytes(last)) = self.parts.last_mut() {
             if last.end == start {
                 last.end = end;
@@ -99,6 +109,7 @@ impl Outbox {
     pub fn push_payload(&mut self, index: usize, range: Range<usize>) {
         debug_assert!(index < self.payloads.len());
         if !range.is_empty() {
+            self.queued += range.len();
             self.parts.push(Part::Payload { index, range });
         }
     }
@@ -107,15 +118,15 @@ impl Outbox {
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.parts.clear();
+        self.queued = 0;
         while let Some(buf) = self.payloads.pop() {
-            if self.spare.len() < self.spare_max {
-                self.spare.push(buf);
-            }
+            self.keep_spare(buf);
         }
     }
 
     /// Drops `n` sent bytes from the front after a partial write.
     pub fn consume(&mut self, mut n: usize) {
+        self.queued = self.queued.saturating_sub(n);
         let mut drop_parts = 0;
         for part in self.parts.iter_mut() {
             let len = match part {

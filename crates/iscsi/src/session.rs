@@ -135,7 +135,7 @@ impl Default for SessionLimits {
     fn default() -> Self {
         SessionLimits {
             queue_depth: 128,
-            max_write_bytes: 16 * 1024 * 1024,
+            max_write_bytes: 64 * 1024 * 1024,
             max_pending_write_bytes: 64 * 1024 * 1024,
             nop_interval: Duration::from_secs(5),
             nop_timeout: Duration::from_secs(30),
@@ -592,15 +592,22 @@ impl Session {
         } else {
             false
         };
-        if !accepted {
-            // Wrong offset, DataSN or TTT: at ERL 0 the task cannot be recovered.
-            self.reject(bhs, RejectReason::ProtocolError, out);
-            return Flow::Close;
-        }
         let start = offset as usize;
-        let Some(dst) = task.buf.get_mut(start..start + pdu.data.len()) else {
+        let dst = if accepted {
+            task.buf.get_mut(start..start + pdu.data.len())
+        } else {
+            None
+        };
+        let Some(dst) = dst else {
+            // Wrong offset, DataSN or TTT: at ERL 0 the data cannot be recovered, so the task
+            // ends with CHECK CONDITION while the session lives on. Later Data-Out PDUs of the
+            // task are dropped (unsolicited) or rejected (solicited).
             self.reject(bhs, RejectReason::ProtocolError, out);
-            return Flow::Close;
+            let task = self.pending.swap_remove(index);
+            self.pending_write_bytes -= task.edtl as usize;
+            self.respond_sense(task.itt, task.lun, task.edtl, &DATA_PHASE_ERROR, out);
+            out.give_back(task.buf);
+            return Flow::Continue;
         };
         dst.copy_from_slice(pdu.data);
         task.received += len;
@@ -800,10 +807,11 @@ impl Session {
                     self.pending_write_bytes -= task.edtl as usize;
                     out.give_back(task.buf);
                     tmf_response::COMPLETE
-                } else if serial::lt(ref_cmd_sn, bhs.u32_at(off::CMD_SN).wrapping_add(1))
-                    && serial::le(ref_cmd_sn, self.exp_cmd_sn)
-                {
-                    // Already completed (RFC 7143 §11.6.1): the task is gone, the function done.
+                } else if serial::lt(ref_cmd_sn, self.exp_cmd_sn) {
+                    // Received and already completed: nothing left to abort.
+                    tmf_response::TASK_DOES_NOT_EXIST
+                } else if serial::in_window(ref_cmd_sn, self.exp_cmd_sn, self.max_cmd_sn()) {
+                    // Never received (RFC 7143 §11.5.1): consider it received, the function done.
                     tmf_response::COMPLETE
                 } else {
                     tmf_response::TASK_DOES_NOT_EXIST
@@ -1052,6 +1060,11 @@ impl Session {
         &self.initiator_name
     }
 }
+
+/// Fixed-format sense: ABORTED COMMAND, DATA PHASE ERROR (4Bh/00h).
+const DATA_PHASE_ERROR: [u8; 18] = [
+    0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x4b, 0, 0, 0, 0, 0,
+];
 
 /// Fixed-format sense: ILLEGAL REQUEST, INVALID FIELD IN CDB.
 const INVALID_FIELD_IN_CDB: [u8; 18] = [

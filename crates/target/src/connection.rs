@@ -26,6 +26,10 @@ use crate::server::{NewConnection, Shared};
 
 /// Largest AHS a PDU may carry (TotalAHSLength is one byte of 4-byte words).
 const AHS_BYTES_MAX: usize = 255 * 4;
+/// Responses queued in one turn before they are sent (bounds Data-In memory per connection).
+const TURN_BYTES_MAX: usize = 4 << 20;
+/// Largest single write (EDTL) accepted.
+const WRITE_BYTES_MAX: u32 = 64 << 20;
 /// Slices per writev call (Linux IOV_MAX is 1024).
 const IOV_BATCH: usize = 512;
 
@@ -356,8 +360,10 @@ impl Driver {
         );
         let session_limits = SessionLimits {
             queue_depth: limits.max_queue_depth,
-            max_write_bytes: 16 * 1024 * 1024,
-            max_pending_write_bytes: limits.memory_per_connection_bytes as usize,
+            max_write_bytes: WRITE_BYTES_MAX,
+            // The largest single write must always fit, or it could never run.
+            max_pending_write_bytes: (limits.memory_per_connection_bytes as usize)
+                .max(WRITE_BYTES_MAX as usize),
             nop_interval: Duration::from_secs(limits.nop_in_interval_s.max(1).into()),
             nop_timeout: Duration::from_secs(limits.nop_in_timeout_s.into()),
             max_text_bytes: limits.max_text_length as usize,
@@ -419,10 +425,13 @@ impl Driver {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // First run whatever is already buffered (pipelined behind the login).
-            let flow = self.process(session, backend)?;
+            let (flow, drained) = self.process(session, backend)?;
             self.flush().await?;
             if flow == Flow::Close {
                 return Ok(());
+            }
+            if !drained {
+                continue;
             }
             self.make_room();
             tokio::select! {
@@ -451,19 +460,20 @@ impl Driver {
         }
     }
 
-    /// Handles every complete PDU in the buffer.
+    /// Handles the complete PDUs in the buffer, stopping early once a turn's responses reach
+    /// `TURN_BYTES_MAX` so memory stays bounded. Returns whether the buffer was drained.
     fn process(
         &mut self,
         session: &mut Session,
         backend: &mut Backend<'_>,
-    ) -> Result<Flow, String> {
+    ) -> Result<(Flow, bool), String> {
         let framing: Framing = session.framing();
         let now = Instant::now();
         loop {
             let available = &self.rbuf[self.start..self.end];
             let len = match pdu::frame_len(available, &framing) {
                 Ok(Some(len)) => len,
-                Ok(None) => return Ok(Flow::Continue),
+                Ok(None) => return Ok((Flow::Continue, true)),
                 Err(e @ FrameError::DataSegmentTooLong { .. }) => {
                     return Err(format!("protocol error: {e}"));
                 }
@@ -479,7 +489,10 @@ impl Driver {
             };
             self.start += len;
             if flow == Flow::Close {
-                return Ok(Flow::Close);
+                return Ok((Flow::Close, true));
+            }
+            if self.out.len() >= TURN_BYTES_MAX {
+                return Ok((Flow::Continue, false));
             }
         }
     }

@@ -312,16 +312,23 @@ fn r2ts_are_issued_as_earlier_ones_complete() {
 }
 
 #[test]
-fn bad_data_sn_or_offset_fails_the_connection() {
+fn bad_data_sn_or_offset_fails_the_task_not_the_session() {
     for (data_sn, offset) in [(1u32, 4096u32), (0, 0), (27, 4096), (u32::MAX, 4096)] {
         let mut h = harness();
         let cmd = h.command(&WRITE10, 0x20, 8192, 7);
         h.send(cmd, &[0; 4096]);
         let (flow, r) = h.send(data_out(7, RESERVED_TAG, data_sn, offset, true), &[0; 4096]);
-        assert_eq!(flow, Flow::Close, "data_sn {data_sn} offset {offset}");
+        assert_eq!(flow, Flow::Continue, "data_sn {data_sn} offset {offset}");
         assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
         assert_eq!(r[0].1.len(), 48, "Reject carries the rejected header");
+        assert_eq!(r[1].0.opcode_raw(), Opcode::ScsiResponse as u8);
+        assert_eq!(r[1].0 .0[3], status::CHECK_CONDITION);
+        assert_eq!(r[1].1[2 + 2], 0x0b, "ABORTED COMMAND");
         assert!(h.b.executed.is_empty());
+        assert_eq!(h.s.pending_writes(), 0);
+        // Late unsolicited data for the failed task is dropped quietly.
+        let (_, r) = h.send(data_out(7, RESERVED_TAG, 1, 4096, true), &[0; 4096]);
+        assert!(r.is_empty());
     }
 }
 
@@ -330,8 +337,9 @@ fn data_out_beyond_the_unsolicited_burst_is_refused() {
     let mut h = harness();
     let cmd = h.command(&WRITE10, 0x20, 65536, 8);
     h.send(cmd, &[]);
-    let (flow, _) = h.send(data_out(8, RESERVED_TAG, 0, 0, true), &[0; 8192 + 512]);
-    assert_eq!(flow, Flow::Close);
+    let (_, r) = h.send(data_out(8, RESERVED_TAG, 0, 0, true), &[0; 8192 + 512]);
+    assert_eq!(r[1].0 .0[3], status::CHECK_CONDITION);
+    assert_eq!(h.s.pending_writes(), 0);
 }
 
 #[test]
@@ -397,11 +405,24 @@ fn abort_task_drops_a_pending_write() {
     assert_eq!(r[0].0.opcode_raw(), Opcode::TaskMgmtResponse as u8);
     assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
     assert_eq!(h.s.pending_writes(), 0);
-    // A task that never existed, referenced ahead of the window.
+    // A task that never existed, referenced beyond the window.
     tmf.set_u32(20, 12345);
-    tmf.set_u32(32, h.cmd_sn + 50);
+    tmf.set_u32(32, h.cmd_sn + 500);
     let (_, r) = h.send(tmf, &[]);
     assert_eq!(r[0].0 .0[2], tmf_response::TASK_DOES_NOT_EXIST);
+    // Received and already completed: nothing to abort.
+    let cmd = h.command(&[0u8; 6], 0x80, 0, 11);
+    let done_sn = cmd.u32_at(off::CMD_SN);
+    h.send(cmd, &[]);
+    tmf.set_u32(20, 11);
+    tmf.set_u32(32, done_sn);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::TASK_DOES_NOT_EXIST);
+    // Not received yet but inside the window: considered received, function complete.
+    tmf.set_u32(20, 12);
+    tmf.set_u32(32, h.cmd_sn + 3);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
 }
 
 #[test]

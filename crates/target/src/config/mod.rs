@@ -136,7 +136,7 @@ limits! {
     max_text_length: u32 = 8_192, 8_192, 1_048_576;
     /// Buffer memory of one connection, in bytes: at least max_recv_data_segment_length +
     /// max_burst_length. Reached: the engine stops reading and issues no R2T until it drains.
-    memory_per_connection_bytes: u64 = 8_388_608, 1_024, 1_073_741_824;
+    memory_per_connection_bytes: u64 = 67_108_864, 1_024, 1_073_741_824;
 }
 
 /// A target portal group: a tag and the addresses it listens on.

@@ -722,7 +722,10 @@ fn limits_defaults_ranges_and_relations() {
         "a default follows the limit it depends on"
     );
     assert_eq!(c.limits.max_connections_per_source, 8);
-    assert_eq!(c.limits.memory_per_connection_bytes, 8388608 + 32768);
+    assert_eq!(
+        c.limits.memory_per_connection_bytes, 67_108_864,
+        "the default already covers MRDSL + burst"
+    );
     for (key, default, min, max) in LIMIT_TABLE {
         assert!(min <= default && default <= max, "{key}");
     }

@@ -1,0 +1,64 @@
+//! Bad command-line input: a clear error on stderr, a non-zero exit, no panic.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{free_port, run_path};
+
+fn serve_with_lun(lun: &str) -> common::Run {
+    let port = free_port();
+    run_path(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
+        &[
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--target",
+            "iqn.2024-01.dev.ferrosan:cli",
+            "--lun",
+            lun,
+        ],
+    )
+}
+
+fn assert_rejected(lun: &str) {
+    let out = serve_with_lun(lun);
+    assert!(
+        !out.success(),
+        "--lun {lun} was accepted:\n{}",
+        out.describe()
+    );
+    // Killed by a signal (no exit code) would also be a failure.
+    assert!(out.status.code().is_some(), "{}", out.describe());
+    assert!(
+        !out.stderr.trim().is_empty(),
+        "no error message:\n{}",
+        out.describe()
+    );
+    for panic_text in ["panicked", "RUST_BACKTRACE", "unwrap()"] {
+        assert!(
+            !out.stderr.contains(panic_text),
+            "--lun {lun} made ferrosan panic:\n{}",
+            out.describe()
+        );
+    }
+}
+
+#[test]
+fn unknown_lun_kind_is_rejected() {
+    assert_rejected("bogus:1");
+}
+
+#[test]
+fn bad_lun_size_unit_is_rejected() {
+    assert_rejected("ram:12Q");
+}
+
+#[test]
+fn bad_input_exits_promptly() {
+    // run_path has a long timeout; a rejected config must not start serving.
+    let started = std::time::Instant::now();
+    assert_rejected("ram:");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}

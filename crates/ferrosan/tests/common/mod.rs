@@ -1,0 +1,318 @@
+//! Harness for the ferrosan binary's integration tests: start the daemon on a
+//! free loopback port, wait until it accepts, run real initiators (libiscsi
+//! tools, qemu-img) against it with a timeout, and always stop the daemon
+//! (kill + wait on Drop), so a failing test never leaks a process.
+//!
+//! Missing initiator tools are a test failure, never a silent pass: run
+//! `scripts/test.sh`, which installs them.
+#![allow(dead_code)] // each test file uses a different part of the harness
+
+use std::fs::{self, File};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long the daemon may take to accept connections after spawning.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one initiator command may run before it is killed.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub const IQN: &str = "iqn.2024-01.dev.ferrosan:itest";
+
+/// A private scratch directory, removed on Drop.
+pub struct Scratch {
+    pub path: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "ferrosan-itest-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).expect("create scratch dir");
+        Scratch { path }
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local_addr").port()
+}
+
+/// Fail (never skip) when an initiator tool is missing.
+pub fn require_tool(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path).chain([PathBuf::from("/usr/sbin")]) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "`{name}` is not installed: these tests need real initiators. \
+         Run scripts/test.sh (it installs libiscsi-bin, qemu-utils and qemu-block-extra), \
+         or apt-get install libiscsi-bin qemu-utils qemu-block-extra"
+    );
+}
+
+/// A running ferrosan daemon. Stopped (and reaped) on Drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub port: u16,
+    pub iqn: String,
+    args: Vec<String>,
+    log: PathBuf,
+    _scratch: Scratch,
+}
+
+impl Daemon {
+    /// `ferrosan serve --listen 127.0.0.1:PORT --target IQN --lun L...`
+    pub fn start(luns: &[&str]) -> Daemon {
+        Daemon::start_with(IQN, luns)
+    }
+
+    pub fn start_with(iqn: &str, luns: &[&str]) -> Daemon {
+        let scratch = Scratch::new("daemon");
+        let port = free_port();
+        let mut args = vec![
+            "serve".to_string(),
+            "--listen".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--target".to_string(),
+            iqn.to_string(),
+        ];
+        for lun in luns {
+            args.push("--lun".to_string());
+            args.push(lun.to_string());
+        }
+        let log = scratch.file("daemon.log");
+        let mut daemon = Daemon {
+            child: None,
+            port,
+            iqn: iqn.to_string(),
+            args,
+            log,
+            _scratch: scratch,
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "daemon already running");
+        let log = File::create(&self.log).expect("create daemon log");
+        let child = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn ferrosan");
+        self.child = Some(child);
+        let addr: SocketAddr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().expect("try_wait") {
+                self.child = None;
+                panic!(
+                    "ferrosan {:?} exited ({status}) before listening on {addr}; its output:\n{}",
+                    self.args,
+                    self.output()
+                );
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            if Instant::now() > deadline {
+                self.stop();
+                panic!(
+                    "ferrosan {:?} did not accept connections on {addr} within {:?}; its output:\n{}",
+                    self.args,
+                    STARTUP_TIMEOUT,
+                    self.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stop gracefully (SIGTERM, 5 s), then SIGKILL; always reaped.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Stop, then start again with the same arguments and port.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Everything the daemon printed so far (stdout and stderr).
+    pub fn output(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn portal(&self) -> String {
+        format!("iscsi://127.0.0.1:{}", self.port)
+    }
+
+    pub fn url(&self, lun: u32) -> String {
+        format!("iscsi://127.0.0.1:{}/{}/{lun}", self.port, self.iqn)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What one tool run produced.
+pub struct Run {
+    pub cmdline: String,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// Panic (with the whole output and the daemon's log) unless it succeeded.
+    pub fn expect_ok(self, daemon: &Daemon) -> Run {
+        assert!(
+            self.success(),
+            "`{}` failed ({})\n--- stdout\n{}\n--- stderr\n{}\n--- daemon output\n{}",
+            self.cmdline,
+            self.status,
+            self.stdout,
+            self.stderr,
+            daemon.output()
+        );
+        self
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "`{}` ({})\n--- stdout\n{}\n--- stderr\n{}",
+            self.cmdline, self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Run a tool (which must be installed) with a timeout; output captured.
+pub fn run(tool: &str, args: &[&str]) -> Run {
+    run_path(&require_tool(tool), args)
+}
+
+/// Run a program by path with [`TOOL_TIMEOUT`]; output captured via files so
+/// that a chatty tool can never block on a full pipe.
+pub fn run_path(program: &Path, args: &[&str]) -> Run {
+    let scratch = Scratch::new("run");
+    let out_path = scratch.file("stdout");
+    let err_path = scratch.file("stderr");
+    let cmdline = format!("{} {}", program.display(), args.join(" "));
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).expect("stdout file"))
+        .stderr(File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run `{cmdline}`: {e}"));
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`{cmdline}` did not finish within {TOOL_TIMEOUT:?}; output so far:\n{}\n{}",
+                fs::read_to_string(&out_path).unwrap_or_default(),
+                fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Run {
+        cmdline,
+        status,
+        stdout: fs::read_to_string(&out_path).unwrap_or_default(),
+        stderr: fs::read_to_string(&err_path).unwrap_or_default(),
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
+pub fn pseudo_random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        out.extend_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The sizes `iscsi-ls -s` may print for a LUN of `bytes` bytes: libiscsi
+/// 1.19 prints the size rounded down in its unit, computed from the last
+/// LBA (so 64 MiB prints as "63M" against tgt); accept that and the exact one.
+pub fn iscsi_ls_sizes(bytes: u64) -> Vec<String> {
+    let mib = bytes >> 20;
+    let mut sizes = vec![format!("{mib}M")];
+    if mib > 0 {
+        sizes.push(format!("{}M", mib - 1));
+    }
+    if bytes >= 1 << 30 {
+        sizes.push(format!("{}G", bytes >> 30));
+    }
+    sizes
+}

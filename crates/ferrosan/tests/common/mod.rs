@@ -189,7 +189,7 @@ impl Daemon {
 
     /// Everything the daemon printed so far (stdout and stderr).
     pub fn output(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        read_lossy(&self.log)
     }
 
     pub fn portal(&self) -> String {
@@ -245,6 +245,14 @@ impl Run {
     }
 }
 
+/// A file's contents as text; tools print raw binary fields (iscsi-inq shows
+/// an NAA designator's bytes as-is), so invalid UTF-8 is replaced, not fatal.
+pub fn read_lossy(path: &Path) -> String {
+    fs::read(path)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_default()
+}
+
 /// Run a tool (which must be installed) with a timeout; output captured.
 pub fn run(tool: &str, args: &[&str]) -> Run {
     run_path(&require_tool(tool), args)
@@ -274,8 +282,8 @@ pub fn run_path(program: &Path, args: &[&str]) -> Run {
             let _ = child.wait();
             panic!(
                 "`{cmdline}` did not finish within {TOOL_TIMEOUT:?}; output so far:\n{}\n{}",
-                fs::read_to_string(&out_path).unwrap_or_default(),
-                fs::read_to_string(&err_path).unwrap_or_default()
+                read_lossy(&out_path),
+                read_lossy(&err_path)
             );
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -283,8 +291,8 @@ pub fn run_path(program: &Path, args: &[&str]) -> Run {
     Run {
         cmdline,
         status,
-        stdout: fs::read_to_string(&out_path).unwrap_or_default(),
-        stderr: fs::read_to_string(&err_path).unwrap_or_default(),
+        stdout: read_lossy(&out_path),
+        stderr: read_lossy(&err_path),
     }
 }
 

@@ -14,6 +14,12 @@
 #         was logged.
 # Messages printed after a test's verdict and before the next test starts
 # (e.g. "...passed    [FAILED] ..." from its teardown) belong to that test.
+# Exception: tests listed in expected_failed_log (SUITE.TEST, in BEGIN) provoke a helper's
+# "[FAILED]" line on purpose and assert the failure with CUnit; for them only
+# CUnit's verdict counts. libiscsi 1.19: iSCSIdatasn.iSCSIDataSnInvalid calls
+# write10(..., EXPECT_STATUS_GOOD) with a corrupted DataSN and then
+# CU_ASSERT_NOT_EQUAL(ret, 0): a target that rejects the write makes the
+# helper log "[FAILED] WRITE10 command failed" while the test passes.
 # The stricter "[FAILED] means fail" rule reproduces the project's earlier
 # tgt measurement (434 passed, 25 failed, 156 skipped of 615).
 #
@@ -36,8 +42,8 @@ function flush(   name, st, why) {
     }
     if (verdict == "FAILED") { st = "fail"; why = (failmsg != "" ? failmsg : assertmsg) }
     else if (verdict == "")  { st = "fail"; why = "no verdict printed (tool crashed, hung or was killed)" }
-    else if (failmsg != "")  { st = "fail"; why = "CUnit passed it but it logged [FAILED] " failmsg }
-    else if (postfail != "") { st = "fail"; why = "CUnit passed it but it logged after its verdict [FAILED] " postfail }
+    else if (failmsg != "" && !((suite "." cur) in expected_failed_log)) { st = "fail"; why = "CUnit passed it but it logged [FAILED] " failmsg }
+    else if (postfail != "" && !((suite "." cur) in expected_failed_log)) { st = "fail"; why = "CUnit passed it but it logged after its verdict [FAILED] " postfail }
     else if (skipmsg != "")  { st = "skip"; why = skipmsg }
     else                     { st = "pass"; why = "" }
     printf "%s\t%s\t%s\n", name, st, clean(why)
@@ -52,6 +58,8 @@ function absorb(s,   m) {
     if (s ~ /\[FAILED\]/ && failmsg == "")  { m = s; sub(/.*\[FAILED\][ ]*/, "", m);  failmsg = clean(m) }
 }
 BEGIN {
+    nexp = split("iSCSIdatasn.iSCSIDataSnInvalid", exp_list, " ")
+    for (k = 1; k <= nexp; k++) expected_failed_log[exp_list[k]] = 1
     nlist = 0
     if (LIST != "") {
         while ((getline l < LIST) > 0) {

@@ -2,6 +2,7 @@
 //! full-feature connection state machine. Bytes and events in, bytes and actions out.
 #![forbid(unsafe_code)]
 
+pub mod chap;
 pub mod digest;
 pub mod login;
 pub mod negotiation;

@@ -5,6 +5,7 @@
 //! output buffer. Decisions that need the target's configuration (does this target exist, may this
 //! initiator log in, which TSIH) go through [`LoginPolicy`], implemented by the engine.
 
+use crate::chap::{self, Algorithm, Credential};
 use crate::negotiation::{Negotiator, SessionParams, SessionType, TargetLimits};
 use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu};
 use crate::text;
@@ -89,8 +90,93 @@ impl Stage {
 /// What the target requires before a session may proceed past the security stage.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AuthRequirement {
-    /// AuthMethod=None is acceptable.
+    /// AuthMethod=None is acceptable (and CHAP is refused: there is nothing to check it with).
     None,
+    /// AuthMethod=CHAP is required; an initiator offering only None fails with 0x0201.
+    Chap(ChapRequirement),
+}
+
+/// The credentials of one CHAP login, resolved by the engine for this initiator and target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChapRequirement {
+    /// The names and secrets the initiator may authenticate with (CHAP_N, compared exactly).
+    pub users: Vec<Credential>,
+    /// The target's own name and secret for mutual CHAP; `None`: an initiator asking the target
+    /// to authenticate itself fails with 0x0201.
+    pub mutual: Option<Credential>,
+    /// Algorithms the target accepts, in order of preference (the first one the initiator also
+    /// offers is chosen).
+    pub algorithms: Vec<Algorithm>,
+}
+
+impl ChapRequirement {
+    /// One user, no mutual CHAP, every algorithm.
+    pub fn one_way(user: Credential) -> ChapRequirement {
+        ChapRequirement {
+            users: vec![user],
+            mutual: None,
+            algorithms: Algorithm::ALL.to_vec(),
+        }
+    }
+}
+
+/// Why a login failed, for the engine's log (never carries a secret or a response).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// The initiator offered no AuthMethod the target accepts (e.g. only None, CHAP required).
+    MethodRefused,
+    /// CHAP_A listed no algorithm the target accepts.
+    NoCommonAlgorithm,
+    /// CHAP_N names no configured user.
+    UnknownUser,
+    /// CHAP_R is not the response the secret gives (or has the wrong length).
+    WrongResponse,
+    /// The initiator asked for mutual CHAP but the target has no credentials of its own.
+    MutualNotConfigured,
+    /// The initiator's challenge equals the target's (a reflection attack).
+    ReflectedChallenge,
+    /// The initiator tried to leave the security stage before authenticating.
+    NotAuthenticated,
+    /// A CHAP key out of order, repeated, missing or malformed.
+    Protocol(&'static str),
+}
+
+impl std::fmt::Display for AuthFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthFailure::MethodRefused => f.write_str("no acceptable AuthMethod offered"),
+            AuthFailure::NoCommonAlgorithm => f.write_str("no common CHAP algorithm"),
+            AuthFailure::UnknownUser => f.write_str("unknown CHAP user"),
+            AuthFailure::WrongResponse => f.write_str("wrong CHAP response"),
+            AuthFailure::MutualNotConfigured => {
+                f.write_str("mutual CHAP requested but not configured for the target")
+            }
+            AuthFailure::ReflectedChallenge => {
+                f.write_str("initiator reflected the target's challenge")
+            }
+            AuthFailure::NotAuthenticated => f.write_str("left the security stage unauthenticated"),
+            AuthFailure::Protocol(what) => write!(f, "CHAP protocol error: {what}"),
+        }
+    }
+}
+
+/// Where the CHAP exchange of this login stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Auth {
+    /// No AuthMethod agreed yet.
+    Start,
+    /// AuthMethod=None agreed (or implied): CHAP keys are out of order.
+    NoneAgreed,
+    /// AuthMethod=CHAP answered: the next request carries CHAP_A.
+    ChapAgreed,
+    /// CHAP_A/CHAP_I/CHAP_C answered: the next request carries CHAP_N/CHAP_R.
+    Challenged {
+        algorithm: Algorithm,
+        id: u8,
+        challenge: Vec<u8>,
+    },
+    /// CHAP succeeded: no more CHAP keys.
+    ChapDone { user: String },
 }
 
 /// The engine's answer to "may this initiator log in here?".
@@ -122,6 +208,9 @@ pub trait LoginPolicy {
         key: &SessionKey,
         session_type: SessionType,
     ) -> Result<u16, LoginStatus>;
+    /// Fills `buf` with unpredictable bytes (CHAP identifiers and challenges). The core has no
+    /// randomness of its own: the engine uses the OS's CSPRNG, tests a fixed pattern.
+    fn fill_random(&mut self, buf: &mut [u8]);
 }
 
 /// Everything full feature phase needs from a successful login.
@@ -136,6 +225,8 @@ pub struct Established {
     pub tsih: u16,
     pub cid: u16,
     pub params: SessionParams,
+    /// The CHAP user the initiator authenticated as; `None` for AuthMethod=None.
+    pub chap_user: Option<String>,
     /// The StatSN of the next response after the final Login Response.
     pub next_stat_sn: u32,
     /// The CmdSN the first full-feature command carries.
@@ -197,6 +288,8 @@ pub struct Login {
     admission: Option<Admission>,
     negotiator: Option<Negotiator>,
     authenticated: bool,
+    auth: Auth,
+    failure: Option<AuthFailure>,
 }
 
 impl Login {
@@ -215,7 +308,24 @@ impl Login {
             admission: None,
             negotiator: None,
             authenticated: false,
+            auth: Auth::Start,
+            failure: None,
         }
+    }
+
+    /// Why authentication failed, when the last step failed because of it.
+    pub fn auth_failure(&self) -> Option<AuthFailure> {
+        self.failure
+    }
+
+    /// The InitiatorName of this login, once the first request named it.
+    pub fn initiator_name(&self) -> Option<&str> {
+        self.initiator_name.as_deref()
+    }
+
+    /// The TargetName of this login (normal sessions), once the first request named it.
+    pub fn target_name(&self) -> Option<&str> {
+        self.target_name.as_deref()
     }
 
     /// The framing used while logging in (no digests, 8 KiB segments).
@@ -330,8 +440,15 @@ impl Login {
         }
 
         match csg {
-            Stage::Security => self.security(&offers, &mut answers)?,
+            Stage::Security => self.security(&offers, policy, &mut answers)?,
             Stage::Operational => {
+                if offers.iter().any(|(k, _)| k.starts_with("CHAP_")) {
+                    // CHAP keys belong to the security stage (RFC 7143 §6.3).
+                    return Err(self.auth_fail(
+                        AuthFailure::Protocol("security key in the operational stage"),
+                        LoginStatus::INITIATOR_ERROR,
+                    ));
+                }
                 if !self.authenticated {
                     self.require_no_auth()?;
                 }
@@ -420,9 +537,17 @@ impl Login {
         Ok(())
     }
 
+    fn auth_fail(&mut self, why: AuthFailure, status: LoginStatus) -> LoginStatus {
+        self.failure = Some(why);
+        status
+    }
+
+    /// The security stage: AuthMethod, then (for CHAP) CHAP_A, then CHAP_N/CHAP_R (and the
+    /// initiator's CHAP_I/CHAP_C for mutual CHAP), one step per request, RFC 7143 §12.1.3.
     fn security(
         &mut self,
         offers: &[(String, String)],
+        policy: &mut dyn LoginPolicy,
         answers: &mut Vec<(String, String)>,
     ) -> Result<(), LoginStatus> {
         let requirement = self
@@ -430,22 +555,250 @@ impl Login {
             .as_ref()
             .map(|a| a.auth.clone())
             .ok_or(LoginStatus::TARGET_ERROR)?;
-        if let Some((_, methods)) = offers.iter().find(|(k, _)| k == "AuthMethod") {
+        let get = |k: &str| {
+            offers
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        let chap_keys = offers.iter().any(|(k, _)| k.starts_with("CHAP_"));
+        if let Some(methods) = get("AuthMethod") {
+            if self.auth != Auth::Start {
+                // Already negotiated: a key may not be negotiated twice.
+                return Err(self.auth_fail(
+                    AuthFailure::Protocol("AuthMethod sent twice"),
+                    LoginStatus::INITIATOR_ERROR,
+                ));
+            }
+            if chap_keys {
+                return Err(self.auth_fail(
+                    AuthFailure::Protocol("CHAP keys before AuthMethod was agreed"),
+                    LoginStatus::INITIATOR_ERROR,
+                ));
+            }
+            let offered = |m: &str| methods.split(',').any(|x| x == m);
             match requirement {
                 AuthRequirement::None => {
-                    if methods.split(',').any(|m| m == "None") {
+                    if offered("None") {
                         answers.push(("AuthMethod".into(), "None".into()));
+                        self.auth = Auth::NoneAgreed;
                         self.authenticated = true;
                     } else {
                         // The initiator insists on a method we were not configured for.
-                        return Err(LoginStatus::AUTH_FAILED);
+                        return Err(
+                            self.auth_fail(AuthFailure::MethodRefused, LoginStatus::AUTH_FAILED)
+                        );
+                    }
+                }
+                AuthRequirement::Chap(_) => {
+                    if offered("CHAP") {
+                        answers.push(("AuthMethod".into(), "CHAP".into()));
+                        self.auth = Auth::ChapAgreed;
+                    } else {
+                        return Err(
+                            self.auth_fail(AuthFailure::MethodRefused, LoginStatus::AUTH_FAILED)
+                        );
                     }
                 }
             }
-        } else {
-            self.require_no_auth()?;
+            return Ok(());
+        }
+        match std::mem::replace(&mut self.auth, Auth::Start) {
+            Auth::Start => {
+                if chap_keys {
+                    return Err(self.auth_fail(
+                        AuthFailure::Protocol("CHAP keys before AuthMethod"),
+                        LoginStatus::INITIATOR_ERROR,
+                    ));
+                }
+                // No AuthMethod offered: the default is None.
+                self.require_no_auth()?;
+                self.auth = Auth::NoneAgreed;
+            }
+            state @ (Auth::NoneAgreed | Auth::ChapDone { .. }) => {
+                self.auth = state;
+                if chap_keys {
+                    return Err(self.auth_fail(
+                        AuthFailure::Protocol("CHAP keys after authentication"),
+                        LoginStatus::INITIATOR_ERROR,
+                    ));
+                }
+            }
+            Auth::ChapAgreed => {
+                let AuthRequirement::Chap(req) = &requirement else {
+                    return Err(LoginStatus::TARGET_ERROR);
+                };
+                self.chap_algorithm(offers, req, policy, answers)?;
+            }
+            Auth::Challenged {
+                algorithm,
+                id,
+                challenge,
+            } => {
+                let AuthRequirement::Chap(req) = &requirement else {
+                    return Err(LoginStatus::TARGET_ERROR);
+                };
+                let user = self.chap_response(offers, req, algorithm, id, &challenge, answers)?;
+                self.auth = Auth::ChapDone { user };
+                self.authenticated = true;
+            }
         }
         Ok(())
+    }
+
+    /// CHAP_A=<list> → CHAP_A, CHAP_I, CHAP_C.
+    fn chap_algorithm(
+        &mut self,
+        offers: &[(String, String)],
+        req: &ChapRequirement,
+        policy: &mut dyn LoginPolicy,
+        answers: &mut Vec<(String, String)>,
+    ) -> Result<(), LoginStatus> {
+        if offers
+            .iter()
+            .any(|(k, _)| k.starts_with("CHAP_") && k != "CHAP_A")
+        {
+            return Err(self.auth_fail(
+                AuthFailure::Protocol("CHAP key other than CHAP_A before the challenge"),
+                LoginStatus::INITIATOR_ERROR,
+            ));
+        }
+        let Some(list) = offers.iter().find(|(k, _)| k == "CHAP_A").map(|(_, v)| v) else {
+            return Err(self.auth_fail(
+                AuthFailure::Protocol("CHAP_A missing"),
+                LoginStatus::MISSING_PARAMETER,
+            ));
+        };
+        // Unknown or malformed entries are ignored (RFC 7143 §6.2: the responder picks from
+        // what it understands); an empty intersection fails.
+        let offered: Vec<Algorithm> = list
+            .split(',')
+            .filter_map(|v| v.trim().parse::<u32>().ok())
+            .filter_map(Algorithm::from_code)
+            .collect();
+        let Some(&algorithm) = req.algorithms.iter().find(|a| offered.contains(a)) else {
+            return Err(self.auth_fail(AuthFailure::NoCommonAlgorithm, LoginStatus::AUTH_FAILED));
+        };
+        let mut random = [0u8; 1 + chap::CHALLENGE_BYTES];
+        policy.fill_random(&mut random);
+        let id = random[0];
+        let challenge = random[1..].to_vec();
+        answers.push(("CHAP_A".into(), algorithm.code().to_string()));
+        answers.push(("CHAP_I".into(), id.to_string()));
+        answers.push(("CHAP_C".into(), chap::encode_hex(&challenge)));
+        self.auth = Auth::Challenged {
+            algorithm,
+            id,
+            challenge,
+        };
+        Ok(())
+    }
+
+    /// CHAP_N, CHAP_R [, CHAP_I, CHAP_C] → verified [; CHAP_N, CHAP_R for mutual CHAP].
+    /// Returns the authenticated user name.
+    fn chap_response(
+        &mut self,
+        offers: &[(String, String)],
+        req: &ChapRequirement,
+        algorithm: Algorithm,
+        id: u8,
+        challenge: &[u8],
+        answers: &mut Vec<(String, String)>,
+    ) -> Result<String, LoginStatus> {
+        let get = |k: &str| {
+            offers
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        if get("CHAP_A").is_some() {
+            return Err(self.auth_fail(
+                AuthFailure::Protocol("CHAP_A sent twice"),
+                LoginStatus::INITIATOR_ERROR,
+            ));
+        }
+        let (Some(name), Some(response)) = (get("CHAP_N"), get("CHAP_R")) else {
+            return Err(self.auth_fail(
+                AuthFailure::Protocol("CHAP_N or CHAP_R missing"),
+                LoginStatus::MISSING_PARAMETER,
+            ));
+        };
+        let mutual = match (get("CHAP_I"), get("CHAP_C")) {
+            (None, None) => None,
+            (Some(i), Some(c)) => Some((i, c)),
+            _ => {
+                return Err(self.auth_fail(
+                    AuthFailure::Protocol("CHAP_I without CHAP_C or the reverse"),
+                    LoginStatus::MISSING_PARAMETER,
+                ))
+            }
+        };
+        if name.is_empty() || name.len() > chap::USER_BYTES_MAX {
+            return Err(self.auth_fail(
+                AuthFailure::Protocol("CHAP_N empty or too long"),
+                LoginStatus::INITIATOR_ERROR,
+            ));
+        }
+        let Ok(received) = chap::decode_binary(response) else {
+            return Err(self.auth_fail(
+                AuthFailure::Protocol("CHAP_R is not a binary value"),
+                LoginStatus::INITIATOR_ERROR,
+            ));
+        };
+        // Compare against every configured user in constant time per user, so an unknown name
+        // costs what a known one does.
+        let mut matched = false;
+        let mut known = false;
+        for user in &req.users {
+            if user.user == name {
+                known = true;
+                let expected = algorithm.response(id, &user.secret, challenge);
+                matched |= chap::responses_match(&expected, &received);
+            }
+        }
+        if !known {
+            return Err(self.auth_fail(AuthFailure::UnknownUser, LoginStatus::AUTH_FAILED));
+        }
+        if !matched {
+            return Err(self.auth_fail(AuthFailure::WrongResponse, LoginStatus::AUTH_FAILED));
+        }
+        if let Some((peer_id, peer_challenge)) = mutual {
+            let Some(target) = &req.mutual else {
+                return Err(
+                    self.auth_fail(AuthFailure::MutualNotConfigured, LoginStatus::AUTH_FAILED)
+                );
+            };
+            let Some(peer_id) = chap::parse_identifier(peer_id) else {
+                return Err(self.auth_fail(
+                    AuthFailure::Protocol("CHAP_I is not a number in 0..=255"),
+                    LoginStatus::INITIATOR_ERROR,
+                ));
+            };
+            let Ok(peer_challenge) = chap::decode_binary(peer_challenge) else {
+                return Err(self.auth_fail(
+                    AuthFailure::Protocol("CHAP_C is not a binary value"),
+                    LoginStatus::INITIATOR_ERROR,
+                ));
+            };
+            if !(chap::PEER_CHALLENGE_BYTES_MIN..=chap::PEER_CHALLENGE_BYTES_MAX)
+                .contains(&peer_challenge.len())
+            {
+                return Err(self.auth_fail(
+                    AuthFailure::Protocol("CHAP_C length out of range"),
+                    LoginStatus::INITIATOR_ERROR,
+                ));
+            }
+            if peer_challenge == challenge {
+                // RFC 7143 §12.1.3: a reflected challenge would make us answer our own question.
+                return Err(
+                    self.auth_fail(AuthFailure::ReflectedChallenge, LoginStatus::AUTH_FAILED)
+                );
+            }
+            let answer = algorithm.response(peer_id, &target.secret, &peer_challenge);
+            answers.push(("CHAP_N".into(), target.user.clone()));
+            answers.push(("CHAP_R".into(), chap::encode_hex(&answer)));
+        }
+        Ok(name.to_string())
     }
 
     fn require_no_auth(&mut self) -> Result<(), LoginStatus> {
@@ -453,6 +806,9 @@ impl Login {
             Some(AuthRequirement::None) => {
                 self.authenticated = true;
                 Ok(())
+            }
+            Some(AuthRequirement::Chap(_)) => {
+                Err(self.auth_fail(AuthFailure::NotAuthenticated, LoginStatus::AUTH_FAILED))
             }
             None => Err(LoginStatus::TARGET_ERROR),
         }
@@ -495,6 +851,10 @@ impl Login {
             tsih,
             cid: identity.cid,
             params,
+            chap_user: match &self.auth {
+                Auth::ChapDone { user } => Some(user.clone()),
+                _ => None,
+            },
             next_stat_sn: self.stat_sn.wrapping_add(1),
             exp_cmd_sn: identity.cmd_sn,
         };

@@ -1,10 +1,31 @@
 use super::*;
+use crate::chap::{self, Algorithm, Credential};
 use crate::pdu::{frame_len, parse_frame};
 
 #[derive(Default)]
 struct Policy {
     opened: Vec<SessionKey>,
     deny: Option<LoginStatus>,
+    /// The requirement for normal and discovery sessions; `None` = AuthRequirement::None.
+    chap: Option<ChapRequirement>,
+    /// Random bytes handed out so far (the pattern is i as u8 + seed).
+    seed: u8,
+}
+
+impl Policy {
+    fn chap(req: ChapRequirement) -> Policy {
+        Policy {
+            chap: Some(req),
+            seed: 0x30,
+            ..Policy::default()
+        }
+    }
+    fn auth(&self) -> AuthRequirement {
+        match &self.chap {
+            Some(r) => AuthRequirement::Chap(r.clone()),
+            None => AuthRequirement::None,
+        }
+    }
 }
 
 impl LoginPolicy for Policy {
@@ -18,19 +39,24 @@ impl LoginPolicy for Policy {
         Ok(Admission {
             target_alias: Some("alias".into()),
             portal_group_tag: 7,
-            auth: AuthRequirement::None,
+            auth: self.auth(),
         })
     }
     fn admit_discovery(&mut self, _initiator: &str) -> Result<Admission, LoginStatus> {
         Ok(Admission {
             target_alias: None,
             portal_group_tag: 1,
-            auth: AuthRequirement::None,
+            auth: self.auth(),
         })
     }
     fn open_session(&mut self, key: &SessionKey, _t: SessionType) -> Result<u16, LoginStatus> {
         self.opened.push(key.clone());
         Ok(0x42)
+    }
+    fn fill_random(&mut self, buf: &mut [u8]) {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = self.seed.wrapping_add(i as u8);
+        }
     }
 }
 
@@ -392,4 +418,535 @@ fn oversized_continued_text_fails() {
     send(&mut l, &mut p, &r);
     let (step, _) = send(&mut l, &mut p, &r);
     assert_eq!(step, LoginStep::Failed(LoginStatus::OUT_OF_RESOURCES));
+}
+
+// ---- CHAP (RFC 7143 §12.1.3) ----
+
+const INI: &str = "InitiatorName=iqn.2026-11.org.test:i;TargetName=iqn.2026-11.org.ferrosan:t;";
+const USER: &str = "alice";
+const SECRET: &[u8] = b"alice-secret-123";
+const TARGET_USER: &str = "target-t";
+const TARGET_SECRET: &[u8] = b"target-secret-456";
+
+fn cred(user: &str, secret: &[u8]) -> Credential {
+    Credential {
+        user: user.into(),
+        secret: chap::Secret::new(secret.to_vec()),
+    }
+}
+
+fn chap_req(mutual: bool) -> ChapRequirement {
+    ChapRequirement {
+        users: vec![cred("bob", b"bob-secret-0000"), cred(USER, SECRET)],
+        mutual: mutual.then(|| cred(TARGET_USER, TARGET_SECRET)),
+        algorithms: Algorithm::ALL.to_vec(),
+    }
+}
+
+fn hexs(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The response computed independently of `chap.rs`, with the digest crates directly.
+fn expected_response(alg: u8, id: u8, secret: &[u8], challenge: &[u8]) -> Vec<u8> {
+    use sha2::Digest as _;
+    let mut input = vec![id];
+    input.extend_from_slice(secret);
+    input.extend_from_slice(challenge);
+    match alg {
+        5 => md5::Md5::digest(&input).to_vec(),
+        6 => sha1::Sha1::digest(&input).to_vec(),
+        7 => sha2::Sha256::digest(&input).to_vec(),
+        8 => sha3::Sha3_256::digest(&input).to_vec(),
+        _ => unreachable!(),
+    }
+}
+
+/// What the target answered to CHAP_A: (algorithm, identifier, challenge bytes).
+fn challenge_of(r: &Resp) -> (u8, u8, Vec<u8>) {
+    let alg: u8 = r.key("CHAP_A").expect("CHAP_A").parse().unwrap();
+    let id: u8 = r.key("CHAP_I").expect("CHAP_I").parse().unwrap();
+    let c = r.key("CHAP_C").expect("CHAP_C");
+    let c = c.strip_prefix("0x").expect("hex challenge");
+    let bytes = (0..c.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&c[i..i + 2], 16).unwrap())
+        .collect();
+    (alg, id, bytes)
+}
+
+/// Runs AuthMethod and CHAP_A; returns the challenge the target sent.
+fn chap_until_challenge(l: &mut Login, p: &mut Policy, algs: &str) -> (u8, u8, Vec<u8>) {
+    let (step, r) = send(
+        l,
+        p,
+        &req(0, Some(1), &format!("{INI}AuthMethod=CHAP,None;")),
+    );
+    assert_eq!(step, LoginStep::Continue);
+    assert_eq!(r.key("AuthMethod"), Some("CHAP"));
+    assert_eq!(r.bhs.flags() & 0x80, 0, "no transit before authentication");
+    let (step, r) = send(l, p, &req(0, None, &format!("CHAP_A={algs};")));
+    assert_eq!(step, LoginStep::Continue, "{:?}", l.auth_failure());
+    assert_eq!(r.bhs.flags() & 0x80, 0);
+    let (alg, id, c) = challenge_of(&r);
+    assert!(c.len() >= 16 && c.len() <= 1024);
+    (alg, id, c)
+}
+
+#[test]
+fn chap_one_way_succeeds_with_every_algorithm() {
+    for code in [5u8, 6, 7, 8] {
+        let mut l = login();
+        let mut p = Policy::chap(chap_req(false));
+        let (alg, id, c) = chap_until_challenge(&mut l, &mut p, &code.to_string());
+        assert_eq!(alg, code);
+        assert_eq!(id, 0x30, "identifier from the policy's random bytes");
+        assert_eq!(c[0], 0x31, "challenge from the policy's random bytes");
+        assert_eq!(c.len(), chap::CHALLENGE_BYTES);
+        let resp = expected_response(code, id, SECRET, &c);
+        let (step, r) = send(
+            &mut l,
+            &mut p,
+            &req(
+                0,
+                Some(1),
+                &format!("CHAP_N={USER};CHAP_R=0x{};", hexs(&resp)),
+            ),
+        );
+        assert_eq!(
+            step,
+            LoginStep::Continue,
+            "alg {code}: {:?}",
+            l.auth_failure()
+        );
+        assert!(r.status().is_success());
+        assert_eq!(r.bhs.flags(), 0x80 | 0x01, "transit to operational");
+        assert_eq!(r.key("CHAP_N"), None, "no mutual answer unless asked");
+        let (step, _) = send(&mut l, &mut p, &req(1, Some(3), ""));
+        let LoginStep::Complete(est) = step else {
+            panic!("alg {code}: expected completion, got {step:?}");
+        };
+        assert_eq!(est.chap_user.as_deref(), Some(USER));
+    }
+}
+
+#[test]
+fn chap_picks_the_strongest_common_algorithm() {
+    for (offer, want) in [("5,6,7,8", 8), ("5,7", 7), ("6,5", 6), ("99,5,x", 5)] {
+        let mut l = login();
+        let mut p = Policy::chap(chap_req(false));
+        let (alg, _, _) = chap_until_challenge(&mut l, &mut p, offer);
+        assert_eq!(alg, want, "offer {offer}");
+    }
+    // The configured preference restricts and orders.
+    let mut req = chap_req(false);
+    req.algorithms = vec![Algorithm::Sha1, Algorithm::Md5];
+    let mut l = login();
+    let mut p = Policy::chap(req);
+    let (alg, _, _) = chap_until_challenge(&mut l, &mut p, "5,6,7,8");
+    assert_eq!(alg, 6);
+}
+
+#[test]
+fn chap_mutual_succeeds_with_every_algorithm() {
+    for code in [5u8, 6, 7, 8] {
+        let mut l = login();
+        let mut p = Policy::chap(chap_req(true));
+        let (_, id, c) = chap_until_challenge(&mut l, &mut p, &code.to_string());
+        let resp = expected_response(code, id, SECRET, &c);
+        let my_challenge: Vec<u8> = (0..24).map(|i| 0xa0 ^ i).collect();
+        let (step, r) = send(
+            &mut l,
+            &mut p,
+            &req(
+                0,
+                Some(1),
+                &format!(
+                    "CHAP_N={USER};CHAP_R=0x{};CHAP_I=77;CHAP_C=0x{};",
+                    hexs(&resp),
+                    hexs(&my_challenge)
+                ),
+            ),
+        );
+        assert_eq!(
+            step,
+            LoginStep::Continue,
+            "alg {code}: {:?}",
+            l.auth_failure()
+        );
+        assert_eq!(r.bhs.flags(), 0x80 | 0x01);
+        assert_eq!(r.key("CHAP_N"), Some(TARGET_USER));
+        let want = expected_response(code, 77, TARGET_SECRET, &my_challenge);
+        assert_eq!(r.key("CHAP_R"), Some(format!("0x{}", hexs(&want)).as_str()));
+    }
+}
+
+#[test]
+fn chap_accepts_base64_and_uppercase_hex() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut l = login();
+    let mut p = Policy::chap(chap_req(true));
+    let (alg, id, c) = chap_until_challenge(&mut l, &mut p, "7");
+    let resp = expected_response(alg, id, SECRET, &c);
+    let mine = [0x55u8; 16];
+    let (step, r) = send(
+        &mut l,
+        &mut p,
+        &req(
+            0,
+            Some(1),
+            &format!(
+                "CHAP_N={USER};CHAP_R=0b{};CHAP_I=0x10;CHAP_C=0X{};",
+                b64.encode(&resp),
+                hexs(&mine).to_uppercase()
+            ),
+        ),
+    );
+    assert_eq!(step, LoginStep::Continue, "{:?}", l.auth_failure());
+    let want = expected_response(alg, 0x10, TARGET_SECRET, &mine);
+    assert_eq!(r.key("CHAP_R"), Some(format!("0x{}", hexs(&want)).as_str()));
+}
+
+/// Runs a CHAP login up to the response and sends `last`; expects failure with `status`.
+fn chap_fails_with(
+    req_cfg: ChapRequirement,
+    last: impl Fn(u8, u8, &[u8]) -> String,
+    status: LoginStatus,
+    why: AuthFailure,
+) {
+    let mut l = login();
+    let mut p = Policy::chap(req_cfg);
+    let (alg, id, c) = chap_until_challenge(&mut l, &mut p, "5");
+    let (step, r) = send(&mut l, &mut p, &req(0, Some(1), &last(alg, id, &c)));
+    assert_eq!(step, LoginStep::Failed(status), "{}", last(alg, id, &c));
+    assert_eq!(r.status(), status);
+    assert_eq!(l.auth_failure(), Some(why));
+    assert!(r.keys.is_empty(), "a failure carries no keys");
+    assert!(p.opened.is_empty());
+}
+
+#[test]
+fn chap_wrong_secret_fails() {
+    chap_fails_with(
+        chap_req(false),
+        |alg, id, c| {
+            let resp = expected_response(alg, id, b"wrong-secret-000", c);
+            format!("CHAP_N={USER};CHAP_R=0x{};", hexs(&resp))
+        },
+        LoginStatus::AUTH_FAILED,
+        AuthFailure::WrongResponse,
+    );
+    // Another user's secret does not work for this user either.
+    chap_fails_with(
+        chap_req(false),
+        |alg, id, c| {
+            let resp = expected_response(alg, id, b"bob-secret-0000", c);
+            format!("CHAP_N={USER};CHAP_R=0x{};", hexs(&resp))
+        },
+        LoginStatus::AUTH_FAILED,
+        AuthFailure::WrongResponse,
+    );
+}
+
+#[test]
+fn chap_wrong_response_length_fails() {
+    chap_fails_with(
+        chap_req(false),
+        |alg, id, c| {
+            let resp = expected_response(alg, id, SECRET, c);
+            format!("CHAP_N={USER};CHAP_R=0x{}00;", hexs(&resp))
+        },
+        LoginStatus::AUTH_FAILED,
+        AuthFailure::WrongResponse,
+    );
+}
+
+#[test]
+fn chap_unknown_user_fails() {
+    chap_fails_with(
+        chap_req(false),
+        |alg, id, c| {
+            let resp = expected_response(alg, id, SECRET, c);
+            format!("CHAP_N=mallory;CHAP_R=0x{};", hexs(&resp))
+        },
+        LoginStatus::AUTH_FAILED,
+        AuthFailure::UnknownUser,
+    );
+}
+
+#[test]
+fn chap_missing_keys_fail() {
+    chap_fails_with(
+        chap_req(false),
+        |alg, id, c| {
+            let resp = expected_response(alg, id, SECRET, c);
+            format!("CHAP_R=0x{};", hexs(&resp))
+        },
+        LoginStatus::MISSING_PARAMETER,
+        AuthFailure::Protocol("CHAP_N or CHAP_R missing"),
+    );
+    chap_fails_with(
+        chap_req(false),
+        |_, _, _| format!("CHAP_N={USER};"),
+        LoginStatus::MISSING_PARAMETER,
+        AuthFailure::Protocol("CHAP_N or CHAP_R missing"),
+    );
+    chap_fails_with(
+        chap_req(true),
+        |alg, id, c| {
+            let resp = expected_response(alg, id, SECRET, c);
+            format!("CHAP_N={USER};CHAP_R=0x{};CHAP_I=3;", hexs(&resp))
+        },
+        LoginStatus::MISSING_PARAMETER,
+        AuthFailure::Protocol("CHAP_I without CHAP_C or the reverse"),
+    );
+    // CHAP_A missing after AuthMethod=CHAP.
+    let mut l = login();
+    let mut p = Policy::chap(chap_req(false));
+    send(
+        &mut l,
+        &mut p,
+        &req(0, None, &format!("{INI}AuthMethod=CHAP;")),
+    );
+    let (step, _) = send(&mut l, &mut p, &req(0, None, ""));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::MISSING_PARAMETER));
+}
+
+#[test]
+fn chap_malformed_values_fail() {
+    for bad in ["0xzz", "zz", "0b***", "0x", ""] {
+        chap_fails_with(
+            chap_req(false),
+            move |_, _, _| format!("CHAP_N={USER};CHAP_R={bad};"),
+            LoginStatus::INITIATOR_ERROR,
+            AuthFailure::Protocol("CHAP_R is not a binary value"),
+        );
+    }
+    let ok_resp = |alg, id, c: &[u8]| hexs(&expected_response(alg, id, SECRET, c));
+    chap_fails_with(
+        chap_req(true),
+        move |alg, id, c| {
+            format!(
+                "CHAP_N={USER};CHAP_R=0x{};CHAP_I=300;CHAP_C=0x{};",
+                ok_resp(alg, id, c),
+                hexs(&[1; 16])
+            )
+        },
+        LoginStatus::INITIATOR_ERROR,
+        AuthFailure::Protocol("CHAP_I is not a number in 0..=255"),
+    );
+    chap_fails_with(
+        chap_req(true),
+        move |alg, id, c| {
+            format!(
+                "CHAP_N={USER};CHAP_R=0x{};CHAP_I=1;CHAP_C=0xgg;",
+                ok_resp(alg, id, c)
+            )
+        },
+        LoginStatus::INITIATOR_ERROR,
+        AuthFailure::Protocol("CHAP_C is not a binary value"),
+    );
+    // Too short and too long peer challenges.
+    for len in [8usize, 1025] {
+        chap_fails_with(
+            chap_req(true),
+            move |alg, id, c| {
+                format!(
+                    "CHAP_N={USER};CHAP_R=0x{};CHAP_I=1;CHAP_C=0x{};",
+                    ok_resp(alg, id, c),
+                    hexs(&vec![7; len])
+                )
+            },
+            LoginStatus::INITIATOR_ERROR,
+            AuthFailure::Protocol("CHAP_C length out of range"),
+        );
+    }
+}
+
+#[test]
+fn chap_reflected_challenge_fails() {
+    chap_fails_with(
+        chap_req(true),
+        |alg, id, c| {
+            let resp = expected_response(alg, id, SECRET, c);
+            format!(
+                "CHAP_N={USER};CHAP_R=0x{};CHAP_I={id};CHAP_C=0x{};",
+                hexs(&resp),
+                hexs(c)
+            )
+        },
+        LoginStatus::AUTH_FAILED,
+        AuthFailure::ReflectedChallenge,
+    );
+}
+
+#[test]
+fn chap_mutual_without_target_credentials_fails() {
+    chap_fails_with(
+        chap_req(false),
+        |alg, id, c| {
+            let resp = expected_response(alg, id, SECRET, c);
+            format!(
+                "CHAP_N={USER};CHAP_R=0x{};CHAP_I=9;CHAP_C=0x{};",
+                hexs(&resp),
+                hexs(&[9; 16])
+            )
+        },
+        LoginStatus::AUTH_FAILED,
+        AuthFailure::MutualNotConfigured,
+    );
+}
+
+#[test]
+fn none_only_initiator_against_chap_target_fails() {
+    let mut p = Policy::chap(chap_req(false));
+    expect_failure(&req(0, Some(1), NORMAL), &mut p, LoginStatus::AUTH_FAILED);
+    // Skipping the security stage is not a way around it.
+    expect_failure(&req(1, Some(3), INI), &mut p, LoginStatus::AUTH_FAILED);
+    // Nor is asking for transit without AuthMethod.
+    expect_failure(&req(0, Some(1), INI), &mut p, LoginStatus::AUTH_FAILED);
+    // Discovery sessions follow their own requirement (here CHAP too).
+    expect_failure(
+        &req(
+            0,
+            Some(1),
+            "InitiatorName=iqn.2026-11.org.test:i;SessionType=Discovery;AuthMethod=None;",
+        ),
+        &mut p,
+        LoginStatus::AUTH_FAILED,
+    );
+    assert!(p.opened.is_empty());
+}
+
+#[test]
+fn chap_offered_but_not_required_picks_none() {
+    let mut l = login();
+    let mut p = Policy::default();
+    let (step, r) = send(
+        &mut l,
+        &mut p,
+        &req(0, Some(1), &format!("{INI}AuthMethod=CHAP,None;")),
+    );
+    assert_eq!(step, LoginStep::Continue);
+    assert_eq!(r.key("AuthMethod"), Some("None"));
+    assert_eq!(r.bhs.flags(), 0x80 | 0x01);
+    // CHAP keys after AuthMethod=None are out of order.
+    let mut l = login();
+    send(
+        &mut l,
+        &mut p,
+        &req(0, None, &format!("{INI}AuthMethod=None;")),
+    );
+    let (step, _) = send(&mut l, &mut p, &req(0, None, "CHAP_A=5;"));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
+}
+
+#[test]
+fn chap_keys_out_of_order_fail() {
+    // CHAP_A together with the AuthMethod offer.
+    let mut p = Policy::chap(chap_req(false));
+    expect_failure(
+        &req(0, None, &format!("{INI}AuthMethod=CHAP;CHAP_A=5;")),
+        &mut p,
+        LoginStatus::INITIATOR_ERROR,
+    );
+    // CHAP_N before the challenge.
+    let mut l = login();
+    send(
+        &mut l,
+        &mut p,
+        &req(0, None, &format!("{INI}AuthMethod=CHAP;")),
+    );
+    let (step, _) = send(&mut l, &mut p, &req(0, None, "CHAP_A=5;CHAP_N=alice;"));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
+    // CHAP_A twice.
+    let mut l = login();
+    chap_until_challenge(&mut l, &mut p, "5");
+    let (step, _) = send(&mut l, &mut p, &req(0, None, "CHAP_A=5;"));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
+    // AuthMethod renegotiated.
+    let mut l = login();
+    send(
+        &mut l,
+        &mut p,
+        &req(0, None, &format!("{INI}AuthMethod=CHAP;")),
+    );
+    let (step, _) = send(&mut l, &mut p, &req(0, None, "AuthMethod=CHAP;"));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
+    // CHAP keys again after success, and CHAP keys in the operational stage.
+    for (stage, nsg) in [(0u8, None), (1, Some(3))] {
+        let mut l = login();
+        let (alg, id, c) = chap_until_challenge(&mut l, &mut p, "5");
+        let resp = expected_response(alg, id, SECRET, &c);
+        let (step, _) = send(
+            &mut l,
+            &mut p,
+            &req(
+                0,
+                (stage == 1).then_some(1),
+                &format!("CHAP_N={USER};CHAP_R=0x{};", hexs(&resp)),
+            ),
+        );
+        assert_eq!(step, LoginStep::Continue);
+        let (step, _) = send(&mut l, &mut p, &req(stage, nsg, "CHAP_N=alice;"));
+        assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
+    }
+    // No common algorithm.
+    let mut l = login();
+    send(
+        &mut l,
+        &mut p,
+        &req(0, None, &format!("{INI}AuthMethod=CHAP;")),
+    );
+    let (step, _) = send(&mut l, &mut p, &req(0, None, "CHAP_A=4,99;"));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::AUTH_FAILED));
+    assert_eq!(l.auth_failure(), Some(AuthFailure::NoCommonAlgorithm));
+}
+
+#[test]
+fn chap_challenges_come_from_the_policy() {
+    // Two logins with different random bytes get different challenges and identifiers.
+    let mut l1 = login();
+    let mut p1 = Policy::chap(chap_req(false));
+    let (_, id1, c1) = chap_until_challenge(&mut l1, &mut p1, "5");
+    let mut l2 = login();
+    let mut p2 = Policy::chap(chap_req(false));
+    p2.seed = 0x99;
+    let (_, id2, c2) = chap_until_challenge(&mut l2, &mut p2, "5");
+    assert_ne!(id1, id2);
+    assert_ne!(c1, c2);
+}
+
+#[test]
+fn chap_success_in_discovery() {
+    let mut l = login();
+    let mut p = Policy::chap(chap_req(false));
+    send(
+        &mut l,
+        &mut p,
+        &req(
+            0,
+            None,
+            "InitiatorName=iqn.2026-11.org.test:i;SessionType=Discovery;AuthMethod=CHAP,None;",
+        ),
+    );
+    let (step, r) = send(&mut l, &mut p, &req(0, None, "CHAP_A=5;"));
+    assert_eq!(step, LoginStep::Continue);
+    let (alg, id, c) = challenge_of(&r);
+    let resp = expected_response(alg, id, SECRET, &c);
+    let (step, _) = send(
+        &mut l,
+        &mut p,
+        &req(
+            0,
+            Some(3),
+            &format!("CHAP_N={USER};CHAP_R=0x{};", hexs(&resp)),
+        ),
+    );
+    let LoginStep::Complete(est) = step else {
+        panic!("expected completion, got {step:?}");
+    };
+    assert_eq!(est.session_type, SessionType::Discovery);
+    assert_eq!(est.chap_user.as_deref(), Some(USER));
 }

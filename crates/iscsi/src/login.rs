@@ -209,8 +209,9 @@ pub trait LoginPolicy {
         session_type: SessionType,
     ) -> Result<u16, LoginStatus>;
     /// Fills `buf` with unpredictable bytes (CHAP identifiers and challenges). The core has no
-    /// randomness of its own: the engine uses the OS's CSPRNG, tests a fixed pattern.
-    fn fill_random(&mut self, buf: &mut [u8]);
+    /// randomness of its own: the engine uses the OS's CSPRNG, tests a fixed pattern. An error
+    /// (no randomness to be had) fails the login with that status: never a guessable challenge.
+    fn fill_random(&mut self, buf: &mut [u8]) -> Result<(), LoginStatus>;
 }
 
 /// Everything full feature phase needs from a successful login.
@@ -680,7 +681,7 @@ impl Login {
             return Err(self.auth_fail(AuthFailure::NoCommonAlgorithm, LoginStatus::AUTH_FAILED));
         };
         let mut random = [0u8; 1 + chap::CHALLENGE_BYTES];
-        policy.fill_random(&mut random);
+        policy.fill_random(&mut random)?;
         let id = random[0];
         let challenge = random[1..].to_vec();
         answers.push(("CHAP_A".into(), algorithm.code().to_string()));

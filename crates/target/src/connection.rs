@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iscsi::login::{
-    Admission, AuthRequirement, Login, LoginLimits, LoginPolicy, LoginStatus, LoginStep, SessionKey,
+    Admission, AuthRequirement, ChapRequirement, Login, LoginLimits, LoginPolicy, LoginStatus,
+    LoginStep, SessionKey,
 };
 use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::outbox::{Outbox, Part};
@@ -21,6 +22,7 @@ use scsi::{LunMap, Nexus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::config::ResolvedAuth;
 use crate::registry::SessionTicket;
 use crate::server::{NewConnection, Shared};
 
@@ -66,15 +68,44 @@ struct Driver {
     out: Outbox,
 }
 
-/// The login policy of one connection: knows which portal it arrived on.
+/// The login policy of one connection: knows which portal it arrived on and from where.
 struct Policy<'a> {
     shared: &'a Shared,
     portal_group_tag: u16,
+    peer: SocketAddr,
     ticket: Option<SessionTicket>,
+}
+
+impl Policy<'_> {
+    /// Refuses every login from a source that failed too often lately (docs/CONFIG.md,
+    /// `login_failures_max`).
+    fn check_rate(&self, initiator_name: &str) -> Result<(), LoginStatus> {
+        if self.shared.login_blocked(self.peer.ip(), Instant::now()) {
+            tracing::warn!(
+                peer = %self.peer,
+                initiator = initiator_name,
+                "login refused: too many failed logins from this address"
+            );
+            return Err(LoginStatus::SERVICE_UNAVAILABLE);
+        }
+        Ok(())
+    }
+
+    fn requirement(&self, auth: ResolvedAuth) -> AuthRequirement {
+        match auth {
+            ResolvedAuth::None => AuthRequirement::None,
+            ResolvedAuth::Chap { users, mutual } => AuthRequirement::Chap(ChapRequirement {
+                users: users.iter().map(|u| u.credential()).collect(),
+                mutual: mutual.map(|m| m.credential()),
+                algorithms: self.shared.chap_algorithms.clone(),
+            }),
+        }
+    }
 }
 
 impl LoginPolicy for Policy<'_> {
     fn admit(&mut self, initiator_name: &str, target_name: &str) -> Result<Admission, LoginStatus> {
+        self.check_rate(initiator_name)?;
         let target = self
             .shared
             .target(target_name)
@@ -85,24 +116,43 @@ impl LoginPolicy for Policy<'_> {
         }
         if target.group_for(initiator_name).is_none() {
             tracing::warn!(
+                peer = %self.peer,
                 initiator = initiator_name,
                 target = target_name,
                 "login refused: initiator not in any group"
             );
             return Err(LoginStatus::FORBIDDEN);
         }
+        let config_group = target.config.group_for(initiator_name);
+        if !target.config.source_allowed(config_group, self.peer.ip()) {
+            tracing::warn!(
+                peer = %self.peer,
+                initiator = initiator_name,
+                target = target_name,
+                "login refused: source address not in allowed_sources"
+            );
+            return Err(LoginStatus::FORBIDDEN);
+        }
         Ok(Admission {
             target_alias: target.alias.clone(),
             portal_group_tag: self.portal_group_tag,
-            auth: AuthRequirement::None,
+            auth: self.requirement(target.config.auth_for(initiator_name)),
         })
     }
 
-    fn admit_discovery(&mut self, _initiator_name: &str) -> Result<Admission, LoginStatus> {
+    fn admit_discovery(&mut self, initiator_name: &str) -> Result<Admission, LoginStatus> {
+        self.check_rate(initiator_name)?;
         Ok(Admission {
             target_alias: None,
             portal_group_tag: self.portal_group_tag,
-            auth: AuthRequirement::None,
+            auth: self.requirement(self.shared.discovery.resolved()),
+        })
+    }
+
+    fn fill_random(&mut self, buf: &mut [u8]) -> Result<(), LoginStatus> {
+        os_random(buf).map_err(|e| {
+            tracing::error!("cannot read the OS random source: {e}");
+            LoginStatus::TARGET_ERROR
         })
     }
 
@@ -126,6 +176,8 @@ impl LoginPolicy for Policy<'_> {
 /// The SCSI side of one session: its LUN map and I_T nexus.
 struct Backend<'a> {
     shared: &'a Shared,
+    /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
+    peer: SocketAddr,
     target_iqn: Option<String>,
     initiator: String,
     luns: Option<Arc<LunMap>>,
@@ -214,6 +266,12 @@ impl ScsiBackend for Backend<'_> {
             if !wanted || t.group_for(&self.initiator).is_none() {
                 continue;
             }
+            if !t
+                .config
+                .source_allowed(t.config.group_for(&self.initiator), self.peer.ip())
+            {
+                continue;
+            }
             let mut addresses = Vec::new();
             for &(addr, tag) in &self.shared.portals {
                 if !t.portal_groups.contains(&tag) {
@@ -271,6 +329,7 @@ impl Driver {
         let mut policy = Policy {
             shared,
             portal_group_tag: self.portal_group_tag,
+            peer: self.peer,
             ticket: None,
         };
         let target_limits = TargetLimits {
@@ -304,7 +363,7 @@ impl Driver {
             match step {
                 LoginStep::Continue => continue,
                 LoginStep::Failed(status) => {
-                    tracing::info!(peer = %self.peer, "login failed: {status}");
+                    self.login_failed(shared, &login, status);
                     return Ok(());
                 }
                 LoginStep::Complete(est) => break est,
@@ -316,6 +375,7 @@ impl Driver {
 
         let mut backend = Backend {
             shared,
+            peer: self.peer,
             target_iqn: established.target_name.clone(),
             initiator: established.initiator_name.clone(),
             luns: None,
@@ -356,6 +416,7 @@ impl Driver {
             initiator = %established.initiator_name,
             target = established.target_name.as_deref().unwrap_or("(discovery)"),
             tsih = established.tsih,
+            chap_user = established.chap_user.as_deref().unwrap_or("(none)"),
             "session established"
         );
         let session_limits = SessionLimits {
@@ -389,6 +450,31 @@ impl Driver {
         tracing::info!(peer = %self.peer, initiator = %established.initiator_name, "session closed");
         drop(ticket);
         result
+    }
+
+    /// Logs a failed login (initiator, source, reason; never a secret or a response) and counts
+    /// authentication and authorization failures for the per-source rate limit.
+    fn login_failed(&self, shared: &Shared, login: &Login, status: LoginStatus) {
+        let initiator = login.initiator_name().unwrap_or("(unnamed)");
+        let target = login.target_name().unwrap_or("(discovery)");
+        let counted = status == LoginStatus::AUTH_FAILED || status == LoginStatus::FORBIDDEN;
+        match login.auth_failure() {
+            Some(reason) => tracing::warn!(
+                peer = %self.peer,
+                initiator,
+                target,
+                "login failed: {status}: {reason}"
+            ),
+            None if counted => {
+                tracing::warn!(peer = %self.peer, initiator, target, "login failed: {status}")
+            }
+            None => {
+                tracing::info!(peer = %self.peer, initiator, target, "login failed: {status}")
+            }
+        }
+        if counted {
+            shared.record_login_failure(self.peer.ip(), Instant::now());
+        }
     }
 
     /// Reads until one login PDU is complete and handles it.
@@ -548,6 +634,14 @@ impl Driver {
         self.out.clear();
         Ok(())
     }
+}
+
+/// Unpredictable bytes from the kernel's CSPRNG (CHAP identifiers and challenges).
+/// /dev/urandom never blocks once the system's pool is initialized, which is long done by the
+/// time a daemon accepts connections.
+fn os_random(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read as _;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
 
 /// The first StatSN of a connection. Any value is valid; varying it per connection makes stale

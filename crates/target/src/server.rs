@@ -1,17 +1,19 @@
 //! The running target: logical units built from the config, listeners, the acceptor and the
 //! worker threads that own connections from accept to close.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use scsi::{LogicalUnit, LuIdentity, LuSettings, LunMap, TargetPort};
 use store::{BlockStore, FileStore, RamStore};
 use tokio::sync::mpsc;
 
-use crate::config::{Config, DeviceConfig, Limits, StoreKind};
+use crate::config::{
+    ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, Limits, StoreKind, TargetConfig,
+};
 use crate::connection;
 use crate::registry::Registry;
 
@@ -32,6 +34,9 @@ pub struct TargetRuntime {
     pub ports: HashMap<u16, Arc<TargetPort>>,
     /// Every LU reachable through this target (for target resets).
     pub units: Vec<Arc<LogicalUnit>>,
+    /// The target's config, for authentication (`auth_for`) and source checks
+    /// (`source_allowed`).
+    pub config: TargetConfig,
 }
 
 impl TargetRuntime {
@@ -58,6 +63,22 @@ pub struct Shared {
     pub next_nexus_id: AtomicU64,
     connections: AtomicUsize,
     per_source: Mutex<HashMap<IpAddr, u32>>,
+    /// Authentication of discovery sessions.
+    pub discovery: DiscoveryConfig,
+    /// CHAP algorithms accepted, in order of preference.
+    pub chap_algorithms: Vec<ChapAlgorithm>,
+    login_failures: Mutex<LoginFailures>,
+}
+
+/// Sources whose failures are remembered at most; past it, sources whose failures all expired
+/// are forgotten first, and a new source is not tracked while none has expired (logged).
+const FAILURE_SOURCES_MAX: usize = 4096;
+
+/// Recent failed logins per source address (the rate limiter of docs/CONFIG.md,
+/// `login_failures_max` per `login_failure_window_s`).
+#[derive(Default)]
+struct LoginFailures {
+    by_source: HashMap<IpAddr, VecDeque<Instant>>,
 }
 
 impl Shared {
@@ -90,6 +111,68 @@ impl Shared {
 
     pub fn connection_count(&self) -> usize {
         self.connections.load(Ordering::Acquire)
+    }
+
+    fn failure_window(&self) -> Duration {
+        Duration::from_secs(self.limits.login_failure_window_s.into())
+    }
+
+    /// Whether logins from `source` are refused for now: `login_failures_max` failures within
+    /// the window. The refusal lifts when the oldest of them leaves the window.
+    pub fn login_blocked(&self, source: IpAddr, now: Instant) -> bool {
+        let max = self.limits.login_failures_max as usize;
+        if max == 0 {
+            return false;
+        }
+        let window = self.failure_window();
+        let mut log = self
+            .login_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(times) = log.by_source.get_mut(&source) else {
+            return false;
+        };
+        while times
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= window)
+        {
+            times.pop_front();
+        }
+        if times.is_empty() {
+            log.by_source.remove(&source);
+            return false;
+        }
+        times.len() >= max
+    }
+
+    /// Counts a failed login (authentication or authorization) from `source`.
+    pub fn record_login_failure(&self, source: IpAddr, now: Instant) {
+        let max = self.limits.login_failures_max as usize;
+        if max == 0 {
+            return;
+        }
+        let window = self.failure_window();
+        let mut log = self
+            .login_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !log.by_source.contains_key(&source) && log.by_source.len() >= FAILURE_SOURCES_MAX {
+            log.by_source.retain(|_, times| {
+                times
+                    .back()
+                    .is_some_and(|t| now.duration_since(*t) < window)
+            });
+            if log.by_source.len() >= FAILURE_SOURCES_MAX {
+                tracing::warn!(%source, "login failure not tracked: {FAILURE_SOURCES_MAX} sources already are");
+                return;
+            }
+        }
+        let times = log.by_source.entry(source).or_default();
+        times.push_back(now);
+        // Only the newest `max` matter.
+        while times.len() > max {
+            times.pop_front();
+        }
     }
 }
 
@@ -387,6 +470,7 @@ fn build(config: &Config) -> Result<Shared, String> {
             groups,
             ports,
             units: target_units,
+            config: t.clone(),
         });
     }
     let portals = config
@@ -402,5 +486,53 @@ fn build(config: &Config) -> Result<Shared, String> {
         next_nexus_id: AtomicU64::new(1),
         connections: AtomicUsize::new(0),
         per_source: Mutex::new(HashMap::new()),
+        discovery: config.discovery.clone(),
+        chap_algorithms: config.server.chap_algorithms.clone(),
+        login_failures: Mutex::new(LoginFailures::default()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(max: u32, window_s: u32) -> Shared {
+        let mut config = Config::demo();
+        config.devices.clear();
+        config.targets.clear();
+        config.limits.login_failures_max = max;
+        config.limits.login_failure_window_s = window_s;
+        build(&config).unwrap()
+    }
+
+    #[test]
+    fn failed_logins_are_rate_limited_per_source() {
+        let s = shared(3, 60);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let t0 = Instant::now();
+        for i in 0..3 {
+            assert!(!s.login_blocked(a, t0), "blocked after {i} failures");
+            s.record_login_failure(a, t0 + Duration::from_secs(i));
+        }
+        assert!(s.login_blocked(a, t0 + Duration::from_secs(10)));
+        assert!(
+            !s.login_blocked(b, t0 + Duration::from_secs(10)),
+            "per source"
+        );
+        // The oldest failure leaves the window: one more attempt is allowed.
+        assert!(!s.login_blocked(a, t0 + Duration::from_secs(60)));
+        assert!(!s.login_blocked(a, t0 + Duration::from_secs(200)));
+    }
+
+    #[test]
+    fn zero_disables_the_rate_limit() {
+        let s = shared(0, 60);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..100 {
+            s.record_login_failure(a, t0);
+        }
+        assert!(!s.login_blocked(a, t0));
+    }
 }

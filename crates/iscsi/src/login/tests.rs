@@ -53,10 +53,11 @@ impl LoginPolicy for Policy {
         self.opened.push(key.clone());
         Ok(0x42)
     }
-    fn fill_random(&mut self, buf: &mut [u8]) {
+    fn fill_random(&mut self, buf: &mut [u8]) -> Result<(), LoginStatus> {
         for (i, b) in buf.iter_mut().enumerate() {
             *b = self.seed.wrapping_add(i as u8);
         }
+        Ok(())
     }
 }
 

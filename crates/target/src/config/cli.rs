@@ -217,7 +217,13 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: &str, specs: Vec<LunSpec>) -> Conf
                 initiators: Vec::new(),
                 any_initiator: true,
                 luns,
+                auth: Default::default(),
+                allowed_sources: Vec::new(),
             }],
+            auth: Default::default(),
+            allowed_sources: Vec::new(),
+            credentials: Vec::new(),
         }],
+        discovery: Default::default(),
     }
 }

@@ -9,13 +9,18 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::auth::{
+    auth_toml, resolve_auth, resolve_mutual, resolve_users, user_toml, RawAuth, RawChapUser,
+    RawCredentials, RawDiscovery, SecretBook, SourceNet,
+};
 use super::names::{
     check_iscsi_name, check_object_name, check_serial, derive_identity, parse_listen, parse_naa,
     parse_size, portals_overlap,
 };
 use super::{
-    Config, ConfigError, ConfigErrors, DeviceConfig, InitiatorGroup, LunMapping, PortalGroup,
-    RawLimits, ServerConfig, StoreKind, TargetConfig, LIMIT_TABLE,
+    ChapAlgorithm, Config, ConfigError, ConfigErrors, DeviceConfig, DiscoveryConfig,
+    InitiatorCredentials, InitiatorGroup, LunMapping, PortalGroup, RawLimits, ServerConfig,
+    StoreKind, TargetConfig, LIMIT_TABLE,
 };
 
 /// The largest LUN number (flat addressing, SAM-5).
@@ -37,6 +42,7 @@ struct RawFile {
     device: Vec<S<RawDevice>>,
     #[serde(default)]
     target: Vec<S<RawTarget>>,
+    discovery: Option<S<RawDiscovery>>,
 }
 
 #[derive(Deserialize)]
@@ -44,6 +50,7 @@ struct RawFile {
 struct RawServer {
     workers: Option<S<i64>>,
     identity_seed: Option<S<String>>,
+    chap_algorithms: Option<S<Vec<S<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -76,6 +83,12 @@ struct RawTarget {
     portal_groups: Option<S<Vec<S<i64>>>>,
     #[serde(default)]
     group: Vec<S<RawGroup>>,
+    auth: Option<S<String>>,
+    users: Option<S<Vec<S<RawChapUser>>>>,
+    mutual: Option<S<RawChapUser>>,
+    allowed_sources: Option<S<Vec<S<String>>>>,
+    #[serde(default)]
+    credentials: Vec<S<RawCredentials>>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +98,10 @@ struct RawGroup {
     initiators: Option<S<Vec<S<String>>>>,
     any_initiator: Option<S<bool>>,
     luns: Option<S<Vec<S<RawLun>>>>,
+    auth: Option<S<String>>,
+    users: Option<S<Vec<S<RawChapUser>>>>,
+    mutual: Option<S<RawChapUser>>,
+    allowed_sources: Option<S<Vec<S<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -234,7 +251,26 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         if let Some(seed) = &s.identity_seed {
             identity_seed = seed.get_ref().clone();
         }
+        if let Some(list) = &s.chap_algorithms {
+            server.chap_algorithms = resolve_algorithms(cx, list);
+        }
     }
+    let mut book = SecretBook::default();
+    let discovery = match &raw.discovery {
+        None => DiscoveryConfig::default(),
+        Some(d) => {
+            let span = d.span();
+            let d = d.get_ref();
+            let view = RawAuth {
+                auth: &d.auth,
+                users: &d.users,
+                mutual: &d.mutual,
+            };
+            DiscoveryConfig {
+                auth: resolve_auth(cx, &view, "discovery", &span, false, &mut book),
+            }
+        }
+    };
     let limits = match &raw.limits {
         Some(l) => {
             let mut limits = l.resolve(cx);
@@ -245,14 +281,67 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
     };
     let portal_groups = resolve_portal_groups(cx, &raw.portal_group);
     let devices = resolve_devices(cx, &raw.device, &identity_seed);
-    let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices);
+    let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices, &mut book);
+    book.check(cx);
     Config {
         server,
         limits,
         portal_groups,
         devices,
         targets,
+        discovery,
     }
+}
+
+fn resolve_algorithms(cx: &mut Cx<'_>, list: &S<Vec<S<String>>>) -> Vec<ChapAlgorithm> {
+    let mut out = Vec::new();
+    if list.get_ref().is_empty() {
+        cx.err(
+            list.span(),
+            "server: chap_algorithms",
+            "must name at least one algorithm",
+        );
+    }
+    for (i, name) in list.get_ref().iter().enumerate() {
+        let field = format!("server: chap_algorithms[{i}]");
+        match ChapAlgorithm::from_name(name.get_ref()) {
+            None => cx.err(
+                name.span(),
+                field,
+                format!(
+                    "must be \"sha3-256\", \"sha256\", \"sha1\" or \"md5\", got {:?}",
+                    name.get_ref()
+                ),
+            ),
+            Some(a) if out.contains(&a) => cx.err(name.span(), field, "listed twice"),
+            Some(a) => out.push(a),
+        }
+    }
+    if out.is_empty() {
+        out = ChapAlgorithm::ALL.to_vec();
+    }
+    out
+}
+
+fn resolve_sources(cx: &mut Cx<'_>, raw: &Option<S<Vec<S<String>>>>, ctx: &str) -> Vec<SourceNet> {
+    let mut out = Vec::new();
+    let Some(list) = raw else {
+        return out;
+    };
+    if list.get_ref().is_empty() {
+        cx.err(
+            list.span(),
+            format!("{ctx}: allowed_sources"),
+            "an empty list would refuse every source: remove the key to allow any",
+        );
+    }
+    for (i, s) in list.get_ref().iter().enumerate() {
+        match SourceNet::parse(s.get_ref()) {
+            Ok(n) => out.push(n),
+            Err(m) => cx.err(s.span(), format!("{ctx}: allowed_sources[{i}]"), m),
+        }
+    }
+    out
 }
 
 /// Relations between limits. A dependent limit left at its default follows the one it depends
@@ -591,6 +680,7 @@ fn resolve_targets(
     raw: &[S<RawTarget>],
     portal_groups: &[PortalGroup],
     devices: &[DeviceConfig],
+    book: &mut SecretBook,
 ) -> Vec<TargetConfig> {
     let mut targets = Vec::new();
     let mut iqns: HashSet<String> = HashSet::new();
@@ -661,12 +751,23 @@ fn resolve_targets(
                 "no [[target.group]]: no initiator could log in",
             );
         }
-        let groups = resolve_groups(cx, &ctx, &rt.group, devices);
+        let view = RawAuth {
+            auth: &rt.auth,
+            users: &rt.users,
+            mutual: &rt.mutual,
+        };
+        let auth = resolve_auth(cx, &view, &ctx, &here, false, book);
+        let allowed_sources = resolve_sources(cx, &rt.allowed_sources, &ctx);
+        let groups = resolve_groups(cx, &ctx, &rt.group, devices, !auth.users.is_empty(), book);
+        let credentials = resolve_credentials(cx, &ctx, &rt.credentials, book);
         targets.push(TargetConfig {
             iqn,
             alias,
             portal_groups: pgs,
             groups,
+            auth,
+            allowed_sources,
+            credentials,
         });
     }
     targets
@@ -677,6 +778,8 @@ fn resolve_groups(
     target_ctx: &str,
     raw: &[S<RawGroup>],
     devices: &[DeviceConfig],
+    target_has_users: bool,
+    book: &mut SecretBook,
 ) -> Vec<InitiatorGroup> {
     let mut groups = Vec::new();
     let mut group_names: HashSet<String> = HashSet::new();
@@ -801,14 +904,72 @@ fn resolve_groups(
                 }
             }
         }
+        let view = RawAuth {
+            auth: &rg.auth,
+            users: &rg.users,
+            mutual: &rg.mutual,
+        };
+        let auth = resolve_auth(cx, &view, &ctx, &here, target_has_users, book);
+        let allowed_sources = resolve_sources(cx, &rg.allowed_sources, &ctx);
         groups.push(InitiatorGroup {
             name,
             initiators,
             any_initiator,
             luns,
+            auth,
+            allowed_sources,
         });
     }
     groups
+}
+
+fn resolve_credentials(
+    cx: &mut Cx<'_>,
+    target_ctx: &str,
+    raw: &[S<RawCredentials>],
+    book: &mut SecretBook,
+) -> Vec<InitiatorCredentials> {
+    let mut out: Vec<InitiatorCredentials> = Vec::new();
+    for (i, rc) in raw.iter().enumerate() {
+        let table = rc.span();
+        let rc = rc.get_ref();
+        let mut ctx = format!("{target_ctx}: credentials #{}", i + 1);
+        let mut initiator = None;
+        if let Some(n) = required(cx, &rc.initiator, &table, format!("{ctx}: initiator")) {
+            ctx = format!("{target_ctx}: credentials {:?}", n.get_ref());
+            if let Err(m) = check_iscsi_name(n.get_ref()) {
+                cx.err(n.span(), format!("{ctx}: initiator"), m);
+            } else if out
+                .iter()
+                .any(|c| c.initiator.eq_ignore_ascii_case(n.get_ref()))
+            {
+                cx.err(
+                    n.span(),
+                    format!("{ctx}: initiator"),
+                    "this initiator already has credentials in this target",
+                );
+            } else {
+                initiator = Some(n.get_ref().clone());
+            }
+        }
+        let users = resolve_users(cx, &rc.users, &ctx, book);
+        if rc.users.as_ref().is_none_or(|u| u.get_ref().is_empty()) {
+            cx.err(
+                table.clone(),
+                format!("{ctx}: users"),
+                "missing (required): the CHAP users of this initiator",
+            );
+        }
+        let mutual = resolve_mutual(cx, &rc.mutual, &ctx, book);
+        if let Some(initiator) = initiator {
+            out.push(InitiatorCredentials {
+                initiator,
+                users,
+                mutual,
+            });
+        }
+    }
+    out
 }
 
 /// TOML text of a string (quoted, escaped).
@@ -818,8 +979,22 @@ fn q(s: &str) -> String {
 
 pub(crate) fn to_toml(c: &Config) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "[server]\nworkers = {}\n", c.server.workers);
+    let algs: Vec<String> = c
+        .server
+        .chap_algorithms
+        .iter()
+        .map(|a| q(a.name()))
+        .collect();
+    let _ = writeln!(
+        out,
+        "[server]\nworkers = {}\nchap_algorithms = [{}]\n",
+        c.server.workers,
+        algs.join(", ")
+    );
     c.limits.write_toml(&mut out);
+    if c.discovery != DiscoveryConfig::default() {
+        let _ = write!(out, "\n[discovery]\n{}", auth_toml(&c.discovery.auth, ""));
+    }
     for pg in &c.portal_groups {
         let listen: Vec<String> = pg.listen.iter().map(|a| q(&a.to_string())).collect();
         let _ = writeln!(
@@ -871,6 +1046,8 @@ pub(crate) fn to_toml(c: &Config) -> String {
         }
         let pgs: Vec<String> = t.portal_groups.iter().map(u16::to_string).collect();
         let _ = writeln!(out, "portal_groups = [{}]", pgs.join(", "));
+        out.push_str(&auth_toml(&t.auth, ""));
+        out.push_str(&sources_toml(&t.allowed_sources, ""));
         for g in &t.groups {
             let inis: Vec<String> = g.initiators.iter().map(|s| q(s)).collect();
             let _ = writeln!(out, "\n  [[target.group]]\n  name = {}", q(&g.name));
@@ -891,7 +1068,29 @@ pub(crate) fn to_toml(c: &Config) -> String {
                 })
                 .collect();
             let _ = writeln!(out, "  luns = [\n{}  ]", luns.concat());
+            out.push_str(&auth_toml(&g.auth, "  "));
+            out.push_str(&sources_toml(&g.allowed_sources, "  "));
+        }
+        for cr in &t.credentials {
+            let users: Vec<String> = cr.users.iter().map(user_toml).collect();
+            let _ = writeln!(
+                out,
+                "\n  [[target.credentials]]\n  initiator = {}\n  users = [{}]",
+                q(&cr.initiator),
+                users.join(", ")
+            );
+            if let Some(m) = &cr.mutual {
+                let _ = writeln!(out, "  mutual = {}", user_toml(m));
+            }
         }
     }
     out
+}
+
+fn sources_toml(nets: &[SourceNet], indent: &str) -> String {
+    if nets.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = nets.iter().map(|n| q(&n.to_string())).collect();
+    format!("{indent}allowed_sources = [{}]\n", list.join(", "))
 }

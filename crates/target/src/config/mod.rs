@@ -5,6 +5,7 @@
 //! docs/CONFIG.md). Every field of a `Config` is resolved (defaults applied, identities derived)
 //! and validated, so the engine never re-checks it.
 
+mod auth;
 mod cli;
 mod file;
 mod names;
@@ -15,6 +16,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use auth::SourceNet;
+pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
 pub use names::{
     check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_size, portals_overlap,
     ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
@@ -37,13 +40,106 @@ pub struct Config {
     pub portal_groups: Vec<PortalGroup>,
     pub devices: Vec<DeviceConfig>,
     pub targets: Vec<TargetConfig>,
+    /// Authentication of discovery sessions.
+    pub discovery: DiscoveryConfig,
 }
 
 /// Process-wide settings.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     /// Worker threads; 0 means one per core (the engine picks).
     pub workers: usize,
+    /// CHAP algorithms accepted, in order of preference (never empty).
+    pub chap_algorithms: Vec<ChapAlgorithm>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            workers: 0,
+            chap_algorithms: ChapAlgorithm::ALL.to_vec(),
+        }
+    }
+}
+
+/// `auth = "none" | "chap"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    None,
+    Chap,
+}
+
+/// A CHAP name and secret from the config. The secret never prints (see [`Secret`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChapUser {
+    pub user: String,
+    pub secret: Secret,
+    /// Where the secret was read from (`secret_file`); `None`: written inline (`secret`).
+    pub secret_file: Option<PathBuf>,
+}
+
+impl ChapUser {
+    pub fn credential(&self) -> iscsi::chap::Credential {
+        iscsi::chap::Credential {
+            user: self.user.clone(),
+            secret: self.secret.clone(),
+        }
+    }
+}
+
+/// The authentication keys of one scope (discovery, a target, a group, one initiator).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// Explicit `auth`; `None`: CHAP when this scope has `users`, else inherited.
+    pub mode: Option<AuthMode>,
+    /// Credentials the initiator may authenticate with.
+    pub users: Vec<ChapUser>,
+    /// The target's credentials for mutual CHAP.
+    pub mutual: Option<ChapUser>,
+}
+
+impl AuthConfig {
+    /// The mode this scope decides on its own, if any.
+    fn own_mode(&self) -> Option<AuthMode> {
+        self.mode
+            .or_else(|| (!self.users.is_empty()).then_some(AuthMode::Chap))
+    }
+}
+
+/// What an initiator must do to log in: the result of the most specific scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolvedAuth {
+    None,
+    Chap {
+        users: Vec<ChapUser>,
+        mutual: Option<ChapUser>,
+    },
+}
+
+/// `[discovery]`: who may run SendTargets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    pub auth: AuthConfig,
+}
+
+impl DiscoveryConfig {
+    pub fn resolved(&self) -> ResolvedAuth {
+        match self.auth.own_mode() {
+            Some(AuthMode::Chap) => ResolvedAuth::Chap {
+                users: self.auth.users.clone(),
+                mutual: self.auth.mutual.clone(),
+            },
+            _ => ResolvedAuth::None,
+        }
+    }
+}
+
+/// `[[target.credentials]]`: CHAP credentials of one initiator of a target (the most specific).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitiatorCredentials {
+    pub initiator: String,
+    pub users: Vec<ChapUser>,
+    pub mutual: Option<ChapUser>,
 }
 
 macro_rules! limits {
@@ -137,6 +233,11 @@ limits! {
     /// Buffer memory of one connection, in bytes: at least max_recv_data_segment_length +
     /// max_burst_length. Reached: the engine stops reading and issues no R2T until it drains.
     memory_per_connection_bytes: u64 = 67_108_864, 1_024, 1_073_741_824;
+    /// Failed logins (authentication or authorization) from one source address within
+    /// login_failure_window_s after which its logins are refused (Service unavailable); 0 = no limit.
+    login_failures_max: u32 = 5, 0, 1_000;
+    /// Seconds over which login_failures_max is counted; a refused login does not count.
+    login_failure_window_s: u32 = 60, 1, 86_400;
 }
 
 /// A target portal group: a tag and the addresses it listens on.
@@ -189,6 +290,11 @@ pub struct TargetConfig {
     /// Tags of the portal groups; resolved (never empty).
     pub portal_groups: Vec<u16>,
     pub groups: Vec<InitiatorGroup>,
+    pub auth: AuthConfig,
+    /// Source addresses that may log in and see the target in discovery; empty = any.
+    pub allowed_sources: Vec<SourceNet>,
+    /// Per-initiator CHAP credentials.
+    pub credentials: Vec<InitiatorCredentials>,
 }
 
 /// Who sees what (an SCST GROUP): initiators and their own LUN numbering.
@@ -199,6 +305,10 @@ pub struct InitiatorGroup {
     /// This group applies to every initiator not listed in another group of the target.
     pub any_initiator: bool,
     pub luns: Vec<LunMapping>,
+    pub auth: AuthConfig,
+    /// Source addresses this group's initiators may come from; empty = any (the target's
+    /// `allowed_sources` applies as well).
+    pub allowed_sources: Vec<SourceNet>,
 }
 
 /// One LUN of a group.
@@ -223,6 +333,51 @@ impl TargetConfig {
                     .any(|i| names::iscsi_names_equal(i, initiator_iqn))
             })
             .or_else(|| self.groups.iter().find(|g| g.any_initiator))
+    }
+
+    /// What `initiator_iqn` must do to log in: its own `[[target.credentials]]` entry, else its
+    /// group's auth keys, else the target's (most specific wins, key by key for `mutual`).
+    pub fn auth_for(&self, initiator_iqn: &str) -> ResolvedAuth {
+        let group = self.group_for(initiator_iqn);
+        let group_auth = group.map(|g| &g.auth);
+        let mutual = || {
+            group_auth
+                .and_then(|a| a.mutual.clone())
+                .or_else(|| self.auth.mutual.clone())
+        };
+        if let Some(c) = self
+            .credentials
+            .iter()
+            .find(|c| names::iscsi_names_equal(&c.initiator, initiator_iqn))
+        {
+            return ResolvedAuth::Chap {
+                users: c.users.clone(),
+                mutual: c.mutual.clone().or_else(mutual),
+            };
+        }
+        let mode = group_auth
+            .and_then(AuthConfig::own_mode)
+            .or_else(|| self.auth.own_mode())
+            .unwrap_or(AuthMode::None);
+        match mode {
+            AuthMode::None => ResolvedAuth::None,
+            AuthMode::Chap => {
+                let users = match group_auth {
+                    Some(a) if !a.users.is_empty() => a.users.clone(),
+                    _ => self.auth.users.clone(),
+                };
+                ResolvedAuth::Chap {
+                    users,
+                    mutual: mutual(),
+                }
+            }
+        }
+    }
+
+    /// Whether a login from `source` passes the target's and the group's `allowed_sources`.
+    pub fn source_allowed(&self, group: Option<&InitiatorGroup>, source: std::net::IpAddr) -> bool {
+        let ok = |nets: &[SourceNet]| nets.is_empty() || nets.iter().any(|n| n.contains(source));
+        ok(&self.allowed_sources) && group.is_none_or(|g| ok(&g.allowed_sources))
     }
 }
 

@@ -839,15 +839,63 @@ fn example_file_is_valid() {
         }
     );
     assert_eq!(c.limits.max_connections, 512);
+    // Authentication: discovery CHAP, target-wide users, esx1's own credentials.
+    assert!(matches!(c.discovery.resolved(), ResolvedAuth::Chap { .. }));
+    let ResolvedAuth::Chap { users, mutual } =
+        vmware.auth_for("iqn.1998-01.com.vmware:esx1-4c1d2e3f")
+    else {
+        panic!("esx1 must need CHAP");
+    };
+    assert_eq!(users[0].user, "esx1");
+    assert_eq!(mutual.unwrap().user, "ferrosan-vmware");
+    let ResolvedAuth::Chap { users, .. } = vmware.auth_for("iqn.1998-01.com.vmware:esx2-5a6b7c8d")
+    else {
+        panic!("esx2 must need CHAP");
+    };
+    assert_eq!(users[0].user, "vmware");
+    assert_eq!(
+        backup.auth_for("iqn.2005-03.org.open-iscsi:anyone"),
+        ResolvedAuth::None
+    );
+    assert!(vmware.source_allowed(
+        vmware.group_for("iqn.1998-01.com.vmware:esx2-5a6b7c8d"),
+        "192.0.2.7".parse().unwrap()
+    ));
+    assert!(!vmware.source_allowed(None, "127.0.0.1".parse().unwrap()));
+    assert!(!vmware.source_allowed(Some(monitor), "192.0.2.7".parse().unwrap()));
+    assert!(vmware.source_allowed(Some(monitor), "192.0.2.99".parse().unwrap()));
 }
 
 #[test]
 fn full_config_round_trips_through_to_toml() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/ferrosan.toml");
     let c = Config::load(path).unwrap();
+    // The example's secrets are inline: to_toml() redacts them, and loading that text refuses
+    // exactly those lines. With the secrets put back, everything else round-trips.
     let text = c.to_toml();
-    let again =
-        Config::from_toml_str(&text, "generated.toml").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for secret in [
+        "d1sc0very-s3cret-2026",
+        "vmw-hosts-s3cret-2026",
+        "target-proves-itself-2026",
+        "esx1-own-s3cret-2026",
+    ] {
+        assert!(!text.contains(secret), "to_toml wrote a secret:\n{text}");
+    }
+    let errs = Config::from_toml_str(&text, "generated.toml")
+        .unwrap_err()
+        .errors;
+    assert_eq!(errs.len(), 4, "{errs:#?}");
+    assert!(
+        errs.iter().all(|e| e.message.contains("redacted")),
+        "{errs:#?}"
+    );
+    let restored = text
+        .replacen("<redacted>", "d1sc0very-s3cret-2026", 1)
+        .replacen("<redacted>", "vmw-hosts-s3cret-2026", 1)
+        .replacen("<redacted>", "target-proves-itself-2026", 1)
+        .replacen("<redacted>", "esx1-own-s3cret-2026", 1);
+    let again = Config::from_toml_str(&restored, "generated.toml")
+        .unwrap_or_else(|e| panic!("{e}\n{restored}"));
     assert_eq!(c, again);
     let demo = Config::demo();
     assert_eq!(
@@ -1027,6 +1075,17 @@ fn config_doc_mentions_every_limit() {
         "luns",
         "lun",
         "device",
+        "chap_algorithms",
+        "auth",
+        "users",
+        "mutual",
+        "allowed_sources",
+        "initiator",
+        "user",
+        "secret",
+        "secret_file",
+        "login_failures_max",
+        "login_failure_window_s",
     ] {
         assert!(
             doc.contains(&format!("`{key}`")),
@@ -1066,4 +1125,344 @@ fn no_panic_on_any_prefix_of_the_example() {
             assert!(e.errors.iter().all(|x| x.line >= 1 && x.column >= 1), "{e}");
         }
     }
+}
+
+// ---- authentication and access control ----------------------------------------------------
+
+/// BASE's target with `target_keys` at target level and `group_keys` in its group, then `extra`.
+fn auth_config(target_keys: &str, group_keys: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+
+[[device]]
+name = "disk1"
+store = "ram"
+size = "1G"
+
+[[target]]
+iqn = "iqn.2026-11.org.ferrosan:t1"
+{target_keys}
+
+  [[target.group]]
+  name = "g"
+  initiators = ["iqn.2026-11.org.test:a", "iqn.2026-11.org.test:b"]
+  luns = [ {{ lun = 0, device = "disk1" }} ]
+{group_keys}
+
+  [[target.group]]
+  name = "rest"
+  any_initiator = true
+{extra}
+"#
+    )
+}
+
+const A: &str = "iqn.2026-11.org.test:a";
+const B: &str = "iqn.2026-11.org.test:b";
+const OTHER: &str = "iqn.2026-11.org.test:other";
+
+fn users_of(auth: ResolvedAuth) -> Vec<String> {
+    match auth {
+        ResolvedAuth::None => Vec::new(),
+        ResolvedAuth::Chap { users, .. } => users.into_iter().map(|u| u.user).collect(),
+    }
+}
+
+#[test]
+fn no_auth_keys_means_no_authentication() {
+    let c = load(BASE);
+    assert_eq!(c.targets[0].auth_for(A), ResolvedAuth::None);
+    assert_eq!(c.discovery.resolved(), ResolvedAuth::None);
+}
+
+#[test]
+fn most_specific_credentials_win() {
+    let text = auth_config(
+        r#"users = [ { user = "target-user", secret = "target-secret-1" } ]
+mutual = { user = "tgt", secret = "mutual-secret-1" }"#,
+        r#"  users = [ { user = "group-user", secret = "group-secret-1" } ]"#,
+        r#"
+  [[target.credentials]]
+  initiator = "iqn.2026-11.org.test:b"
+  users = [ { user = "b-user", secret = "b-secret-0001" } ]
+  mutual = { user = "tgt-b", secret = "mutual-secret-b" }"#,
+    );
+    let c = load(&text);
+    let t = &c.targets[0];
+    assert_eq!(users_of(t.auth_for(A)), ["group-user"]);
+    assert_eq!(users_of(t.auth_for(B)), ["b-user"]);
+    assert_eq!(users_of(t.auth_for(OTHER)), ["target-user"]);
+    let ResolvedAuth::Chap { mutual, .. } = t.auth_for(A) else {
+        panic!()
+    };
+    assert_eq!(
+        mutual.unwrap().user,
+        "tgt",
+        "mutual inherited from the target"
+    );
+    let ResolvedAuth::Chap { mutual, .. } = t.auth_for(B) else {
+        panic!()
+    };
+    assert_eq!(mutual.unwrap().user, "tgt-b");
+}
+
+#[test]
+fn group_may_opt_out_or_in() {
+    let text = auth_config(
+        r#"users = [ { user = "target-user", secret = "target-secret-1" } ]"#,
+        r#"  auth = "none""#,
+        "",
+    );
+    let c = load(&text);
+    assert_eq!(c.targets[0].auth_for(A), ResolvedAuth::None);
+    assert_eq!(users_of(c.targets[0].auth_for(OTHER)), ["target-user"]);
+    // A group turns CHAP on with its own users while the target has none.
+    let text = auth_config(
+        "",
+        r#"  users = [ { user = "g", secret = "group-secret-1" } ]"#,
+        "",
+    );
+    let c = load(&text);
+    assert_eq!(users_of(c.targets[0].auth_for(A)), ["g"]);
+    assert_eq!(c.targets[0].auth_for(OTHER), ResolvedAuth::None);
+}
+
+#[test]
+fn short_secrets_are_errors() {
+    let text = auth_config(
+        r#"users = [ { user = "u", secret = "elevenbytes" } ]"#,
+        "",
+        "",
+    );
+    let e = one_error(
+        &text,
+        "elevenbytes",
+        "target \"iqn.2026-11.org.ferrosan:t1\": users[0].secret",
+    );
+    assert!(e.message.contains("12"), "{e}");
+    assert!(
+        !e.to_string().contains("elevenbytes"),
+        "errors never echo a secret: {e}"
+    );
+    load(&auth_config(
+        r#"users = [ { user = "u", secret = "twelve-bytes" } ]"#,
+        "",
+        "",
+    ));
+}
+
+#[test]
+fn mutual_secret_equal_to_an_initiator_secret_is_an_error() {
+    let text = auth_config(
+        r#"users = [ { user = "u", secret = "same-secret-123" } ]
+mutual = { user = "t", secret = "same-secret-123" }"#,
+        "",
+        "",
+    );
+    let e = one_error(&text, "mutual =", "mutual.secret");
+    assert!(e.message.contains("RFC 7143"), "{e}");
+    // Across scopes too: discovery users against a target's mutual secret.
+    let text = auth_config(
+        r#"users = [ { user = "u", secret = "target-secret-1" } ]
+mutual = { user = "t", secret = "discovery-secret" }"#,
+        "",
+        "\n[discovery]\nusers = [ { user = \"d\", secret = \"discovery-secret\" } ]\n",
+    );
+    one_error(&text, "mutual =", "mutual.secret");
+}
+
+#[test]
+fn auth_key_rules() {
+    let e = one_error(
+        &auth_config(r#"auth = "chap""#, "", ""),
+        "auth = \"chap\"",
+        "users",
+    );
+    assert!(e.message.contains("needs `users`"), "{e}");
+    one_error(
+        &auth_config(
+            r#"auth = "none"
+users = [ { user = "u", secret = "target-secret-1" } ]"#,
+            "",
+            "",
+        ),
+        "auth = \"none\"",
+        "auth",
+    );
+    one_error(
+        &auth_config(r#"auth = "kerberos""#, "", ""),
+        "kerberos",
+        "auth",
+    );
+    // A group may say auth = "chap" when the target has users.
+    load(&auth_config(
+        r#"users = [ { user = "u", secret = "target-secret-1" } ]
+auth = "none""#
+            .replace("auth = \"none\"", "")
+            .as_str(),
+        r#"  auth = "chap""#,
+        "",
+    ));
+    one_error(
+        &auth_config("", r#"  auth = "chap""#, ""),
+        "auth = \"chap\"",
+        "users",
+    );
+    one_error(
+        &auth_config(
+            r#"mutual = { user = "t", secret = "mutual-secret-1" }"#,
+            "",
+            "",
+        ),
+        "mutual =",
+        "mutual",
+    );
+    one_error(
+        &auth_config(
+            r#"users = [ { user = "u", secret = "target-secret-1" }, { user = "u", secret = "target-secret-2" } ]"#,
+            "",
+            "",
+        ),
+        "users = [",
+        "users[1].user",
+    );
+    one_error(
+        &auth_config(r#"users = [ { user = "u" } ]"#, "", ""),
+        "users = [",
+        "users[0].secret",
+    );
+    one_error(
+        &auth_config(
+            r#"users = [ { user = "u", secret = "target-secret-1", secret_file = "/x" } ]"#,
+            "",
+            "",
+        ),
+        "users = [",
+        "secret_file",
+    );
+    one_error(
+        &auth_config(r#"users = [ { secret = "target-secret-1" } ]"#, "", ""),
+        "users = [",
+        "users[0].user",
+    );
+    one_error(
+        &auth_config(
+            "",
+            "",
+            "\n  [[target.credentials]]\n  initiator = \"iqn.2026-11.org.test:a\"\n",
+        ),
+        "[[target.credentials]]",
+        "users",
+    );
+    one_error(
+        &auth_config("", "", "\n[discovery]\nauth = \"chap\"\n"),
+        "auth = \"chap\"",
+        "discovery: users",
+    );
+}
+
+#[test]
+fn secret_files_must_be_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = std::env::temp_dir().join(format!("ferrosan-secret-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let private = dir.join("private");
+    std::fs::write(&private, "from-a-file-secret\n").unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let open = dir.join("open");
+    std::fs::write(&open, "from-a-file-secret\n").unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    let keys = |path: &std::path::Path| {
+        format!(
+            "users = [ {{ user = \"u\", secret_file = \"{}\" }} ]",
+            path.display()
+        )
+    };
+    let c = load(&auth_config(&keys(&private), "", ""));
+    let ResolvedAuth::Chap { users, .. } = c.targets[0].auth_for(A) else {
+        panic!()
+    };
+    assert_eq!(
+        users[0].secret.expose(),
+        b"from-a-file-secret",
+        "trailing newline dropped"
+    );
+    assert!(
+        !format!("{c:?}").contains("from-a-file"),
+        "Debug redacts secrets"
+    );
+    // File-backed secrets round-trip through to_toml (the path is written, not the secret).
+    let text = c.to_toml();
+    assert!(!text.contains("from-a-file-secret"));
+    assert_eq!(Config::from_toml_str(&text, FILE).unwrap(), c);
+
+    let e = one_error(
+        &auth_config(&keys(&open), "", ""),
+        "secret_file",
+        "secret_file",
+    );
+    assert!(e.message.contains("chmod 600"), "{e}");
+    let e = one_error(
+        &auth_config(&keys(&dir.join("missing")), "", ""),
+        "secret_file",
+        "secret_file",
+    );
+    assert!(e.message.contains("cannot read"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn allowed_sources_parse_and_apply() {
+    let c = load(&auth_config(
+        r#"allowed_sources = ["127.0.0.0/8", "::1/128"]"#,
+        r#"  allowed_sources = ["127.0.0.2"]"#,
+        "",
+    ));
+    let t = &c.targets[0];
+    let g = t.group_for(A);
+    assert!(t.source_allowed(g, "127.0.0.2".parse().unwrap()));
+    assert!(
+        !t.source_allowed(g, "127.0.0.1".parse().unwrap()),
+        "the group narrows"
+    );
+    assert!(t.source_allowed(t.group_for(OTHER), "127.0.0.1".parse().unwrap()));
+    assert!(t.source_allowed(t.group_for(OTHER), "::1".parse().unwrap()));
+    assert!(!t.source_allowed(t.group_for(OTHER), "10.0.0.1".parse().unwrap()));
+    one_error(
+        &auth_config(r#"allowed_sources = ["10.0.0.1/8"]"#, "", ""),
+        "allowed_sources",
+        "allowed_sources[0]",
+    );
+    one_error(
+        &auth_config(r#"allowed_sources = []"#, "", ""),
+        "allowed_sources",
+        "allowed_sources",
+    );
+}
+
+#[test]
+fn chap_algorithms_are_checked() {
+    let text = format!("[server]\nchap_algorithms = [\"md5\", \"sha256\"]\n{BASE}");
+    assert_eq!(
+        load(&text).server.chap_algorithms,
+        vec![ChapAlgorithm::Md5, ChapAlgorithm::Sha256]
+    );
+    assert_eq!(
+        load(BASE).server.chap_algorithms,
+        ChapAlgorithm::ALL.to_vec()
+    );
+    one_error(
+        &format!("[server]\nchap_algorithms = [\"md4\"]\n{BASE}"),
+        "md4",
+        "chap_algorithms[0]",
+    );
+    one_error(
+        &format!("[server]\nchap_algorithms = [\"md5\", \"md5\"]\n{BASE}"),
+        "chap_algorithms",
+        "chap_algorithms[1]",
+    );
 }

@@ -1,0 +1,181 @@
+//! SCSI command execution on a small RAM-backed LU behind a `LunMap`: arbitrary CDBs, Data-Out
+//! and Data-In limits, from two nexuses (per-nexus state: unit attentions, PREVENT).
+//! Invariants: Data-In never exceeds the transport's limit; CHECK CONDITION always carries sense
+//! (and nothing else does); sense encodes within SPC's bounds; a GOOD WRITE then GOOD READ of the
+//! same blocks returns the written bytes.
+#![no_main]
+
+use std::sync::Arc;
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use scsi::{
+    sense, Command, Completion, LogicalUnit, LuIdentity, LuSettings, LunMap, Nexus, Status,
+    TargetPort,
+};
+use store::RamStore;
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    block_4k: bool,
+    read_only: bool,
+    write_cache: bool,
+    thin: bool,
+    mapping_read_only: bool,
+    ops: Vec<Op>,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Raw {
+        nexus: bool,
+        lun: u8,
+        cdb: Vec<u8>,
+        data_out: Vec<u8>,
+        limit: u16,
+    },
+    /// A CDB with a known opcode and arbitrary fields (reaches deeper than random first bytes).
+    Known {
+        nexus: bool,
+        opcode: u8,
+        fields: [u8; 15],
+        len: u8,
+        data_out: Vec<u8>,
+        limit: u16,
+    },
+    WriteRead {
+        lba: u16,
+        blocks: u8,
+        seed: u8,
+    },
+    NexusLost(bool),
+    Reset(bool),
+    CapacityChanged,
+}
+
+const OPCODES: &[u8] = &[
+    0x00, 0x03, 0x12, 0x15, 0x1a, 0x1b, 0x1e, 0x25, 0x28, 0x2a, 0x2e, 0x2f, 0x35, 0x41, 0x42,
+    0x4d, 0x55, 0x5a, 0x5e, 0x5f, 0x88, 0x89, 0x8a, 0x8e, 0x8f, 0x91, 0x93, 0x9e, 0xa0, 0xa3,
+    0x08, 0x0a, 0x2b, 0x34, 0x3b, 0x3c, 0x1c, 0x1d, 0x7f, 0xa8, 0xaa, 0x9f, 0x48, 0x83, 0x84,
+];
+
+fn check(c: &Completion, data_in: &[u8], limit: u32) {
+    assert!(
+        data_in.len() <= limit as usize,
+        "data_in {} > limit {limit}",
+        data_in.len()
+    );
+    match c.status {
+        Status::CheckCondition => {
+            let s = c.sense.expect("CHECK CONDITION without sense");
+            let mut buf = [0u8; sense::SENSE_BYTES_MAX];
+            let n = s.encode(&mut buf);
+            assert!((8..=sense::SENSE_BYTES_MAX).contains(&n), "sense of {n} bytes");
+            assert!(buf[0] & 0x7f == 0x70 || buf[0] & 0x7f == 0x72, "response code {:#x}", buf[0]);
+            assert!(s.key <= 0xf);
+            assert!(data_in.is_empty(), "Data-In with CHECK CONDITION");
+        }
+        _ => assert!(c.sense.is_none(), "sense with status {:?}", c.status),
+    }
+}
+
+fuzz_target!(|input: Input| {
+    let block_size = if input.block_4k { 4096 } else { 512 };
+    let store = Arc::new(RamStore::new(256 * 1024));
+    let mut naa = [0u8; 16];
+    naa[..8].copy_from_slice(&[0x30, 1, 2, 3, 4, 5, 6, 7]);
+    let identity = LuIdentity {
+        vendor: "FERROSAN".into(),
+        product: "FUZZ".into(),
+        revision: "0001".into(),
+        serial: "fuzz0001".into(),
+        naa,
+        naa_len: 8,
+    };
+    let settings = LuSettings {
+        block_size,
+        read_only: input.read_only,
+        write_cache: input.write_cache,
+        thin: input.thin,
+    };
+    let lu = Arc::new(LogicalUnit::new(store, identity, settings).expect("valid LU"));
+    let map = LunMap::new(vec![(0, lu.clone(), false), (5, lu.clone(), input.mapping_read_only)])
+        .expect("valid map");
+    let port = Arc::new(TargetPort {
+        relative_id: 1,
+        name: "iqn.2026-11.org.ferrosan:fuzz,t,0x0001".into(),
+        target_name: "iqn.2026-11.org.ferrosan:fuzz".into(),
+    });
+    let nexuses = [1u64, 2].map(|id| Nexus {
+        id,
+        initiator_port: format!("iqn.2026-11.org.example:i{id},i,0x800000000001"),
+        target_port: port.clone(),
+    });
+    for n in &nexuses {
+        lu.nexus_added(n.id);
+    }
+    let mut data_in = Vec::new();
+    for op in input.ops.iter().take(64) {
+        match op {
+            Op::Raw { nexus, lun, cdb, data_out, limit } => {
+                let cmd = Command {
+                    cdb: &cdb[..cdb.len().min(260)],
+                    data_out,
+                    data_in_limit: *limit as u32,
+                };
+                let c = map.execute(&nexuses[*nexus as usize], *lun as u64 % 8, &cmd, &mut data_in);
+                check(&c, &data_in, cmd.data_in_limit);
+            }
+            Op::Known { nexus, opcode, fields, len, data_out, limit } => {
+                let mut cdb = [0u8; 16];
+                cdb[0] = OPCODES[*opcode as usize % OPCODES.len()];
+                cdb[1..].copy_from_slice(fields);
+                let len = [6, 10, 12, 16][*len as usize % 4];
+                let cmd = Command {
+                    cdb: &cdb[..len],
+                    data_out,
+                    data_in_limit: *limit as u32,
+                };
+                let c = lu.execute(&nexuses[*nexus as usize], &cmd, &mut data_in);
+                check(&c, &data_in, cmd.data_in_limit);
+            }
+            Op::WriteRead { lba, blocks, seed } => {
+                let capacity_blocks = 256 * 1024 / block_size;
+                let lba = *lba as u32 % capacity_blocks;
+                let blocks = (*blocks as u32 % 8).min(capacity_blocks - lba);
+                let bytes = (blocks * block_size) as usize;
+                let payload: Vec<u8> = (0..bytes).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+                let mut w = [0u8; 10];
+                w[0] = 0x2a;
+                w[2..6].copy_from_slice(&lba.to_be_bytes());
+                w[7..9].copy_from_slice(&(blocks as u16).to_be_bytes());
+                let mut r = w;
+                r[0] = 0x28;
+                let n = &nexuses[0];
+                let cw = lu.execute(n, &Command { cdb: &w, data_out: &payload, data_in_limit: 0 }, &mut data_in);
+                check(&cw, &data_in, 0);
+                let cr = lu.execute(
+                    n,
+                    &Command { cdb: &r, data_out: &[], data_in_limit: bytes as u32 },
+                    &mut data_in,
+                );
+                check(&cr, &data_in, bytes as u32);
+                if cr.status == Status::Good {
+                    assert_eq!(data_in.len(), bytes);
+                    assert_eq!(cr.transfer_len as usize, bytes);
+                }
+                if cw.status == Status::Good && cr.status == Status::Good {
+                    assert!(!input.read_only, "a write succeeded on a read-only LU");
+                    assert_eq!(data_in, payload, "read after write differs");
+                }
+            }
+            Op::NexusLost(which) => {
+                let n = &nexuses[*which as usize];
+                lu.nexus_lost(n.id);
+                lu.nexus_added(n.id);
+            }
+            Op::Reset(which) => lu.logical_unit_reset(nexuses[*which as usize].id),
+            Op::CapacityChanged => lu.capacity_changed(),
+        }
+    }
+});

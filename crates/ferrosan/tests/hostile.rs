@@ -1,0 +1,410 @@
+//! Hostile clients never disturb a good one.
+//!
+//! One daemon; a well-behaved initiator (qemu-img: convert a random image onto the LUN, then
+//! compare it back, in a loop) runs while raw-socket clients misbehave in parallel: garbage
+//! bytes, a 16 MiB data segment, half a PDU and a stall, unknown opcodes, Data-Out for an unknown
+//! task, CmdSN outside the window, a duplicate ITT, a Login PDU in full feature phase, and a flood
+//! of 200 connections from another loopback address. Each hostile connection must get the RFC
+//! 7143 answer (Reject, an error Login Response, or a closed connection); the daemon must stay up;
+//! every byte the good client wrote must verify.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{pseudo_random_bytes, run, Daemon, Scratch};
+use iscsi::pdu::{encode_into, off, Bhs, Framing, Opcode, BHS_LEN};
+
+const IMAGE_BYTES: usize = 4 << 20;
+/// How long a hostile client waits for an answer before calling it a hang.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+// ---- a minimal raw initiator -------------------------------------------------------------------
+
+struct Raw {
+    stream: TcpStream,
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+}
+
+/// One PDU as received (no digests are negotiated here).
+struct Received {
+    bhs: Bhs,
+    data: Vec<u8>,
+}
+
+impl Received {
+    fn opcode(&self) -> u8 {
+        self.bhs.opcode_raw()
+    }
+}
+
+fn connect(port: u16) -> TcpStream {
+    let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+    stream.set_nodelay(true).unwrap();
+    stream
+}
+
+fn send(stream: &mut TcpStream, bhs: &Bhs, data: &[u8]) {
+    let mut out = Vec::new();
+    encode_into(&mut out, bhs, data, &Framing::LOGIN);
+    stream.write_all(&out).expect("send PDU");
+}
+
+/// Reads one PDU; `None` when the peer closed the connection (EOF or reset).
+fn recv(stream: &mut TcpStream) -> Option<Received> {
+    let mut header = [0u8; BHS_LEN];
+    match stream.read_exact(&mut header) {
+        Ok(()) => {}
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            panic!("no answer within {ANSWER_TIMEOUT:?}")
+        }
+        Err(_) => return None,
+    }
+    let bhs = Bhs(header);
+    let ahs = bhs.total_ahs_len();
+    let dsl = bhs.data_segment_len();
+    let mut rest = vec![0u8; ahs + ((dsl + 3) & !3)];
+    stream.read_exact(&mut rest).ok()?;
+    let data = rest[ahs..ahs + dsl].to_vec();
+    Some(Received { bhs, data })
+}
+
+/// Waits for the peer to close; panics if it keeps the connection open past `ANSWER_TIMEOUT`.
+/// Returns what it sent before closing.
+fn until_closed(stream: &mut TcpStream) -> Vec<Received> {
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    let mut got = Vec::new();
+    while Instant::now() < deadline {
+        match recv(stream) {
+            Some(pdu) => got.push(pdu),
+            None => return got,
+        }
+    }
+    panic!("connection still open after {ANSWER_TIMEOUT:?}");
+}
+
+fn login_text(iqn: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "InitiatorName=iqn.2026-11.org.example:hostile\0TargetName={iqn}\0SessionType=Normal\0\
+         HeaderDigest=None\0DataDigest=None\0MaxRecvDataSegmentLength=262144\0{extra}"
+    )
+    .into_bytes()
+}
+
+fn login_request(isid_tail: u8, text: &[u8]) -> Bhs {
+    let mut bhs = Bhs::new(Opcode::LoginRequest);
+    bhs.set_immediate(true);
+    bhs.set_flags(0x80 | (1 << 2) | 3); // T=1, CSG=operational, NSG=full feature
+    bhs.0[8..14].copy_from_slice(&[0x80, 0x12, 0x34, 0x56, 0x78, isid_tail]);
+    bhs.set_itt(0x1000);
+    bhs.set_u32(off::CMD_SN, 1);
+    bhs.set_data_segment_len(text.len());
+    bhs
+}
+
+impl Raw {
+    /// Connects and logs in (operational stage straight to full feature phase).
+    fn login(port: u16, iqn: &str, isid_tail: u8) -> Raw {
+        let mut stream = connect(port);
+        let text = login_text(iqn, "");
+        send(&mut stream, &login_request(isid_tail, &text), &text);
+        let resp = recv(&mut stream).expect("login response");
+        assert_eq!(resp.opcode(), Opcode::LoginResponse as u8);
+        assert_eq!(
+            (resp.bhs.0[36], resp.bhs.0[37]),
+            (0, 0),
+            "login failed: {}",
+            String::from_utf8_lossy(&resp.data)
+        );
+        assert_eq!(resp.bhs.flags() & 0x83, 0x83, "not in full feature phase");
+        Raw {
+            stream,
+            cmd_sn: resp.bhs.u32_at(off::EXP_CMD_SN),
+            exp_stat_sn: resp.bhs.u32_at(off::STAT_SN).wrapping_add(1),
+        }
+    }
+
+    fn header(&self, opcode: Opcode, itt: u32) -> Bhs {
+        let mut bhs = Bhs::new(opcode);
+        bhs.set_flags(0x80);
+        bhs.set_itt(itt);
+        bhs.set_u32(off::CMD_SN, self.cmd_sn);
+        bhs.set_u32(off::EXP_STAT_SN, self.exp_stat_sn);
+        bhs
+    }
+
+    fn send(&mut self, bhs: &Bhs, data: &[u8]) {
+        send(&mut self.stream, bhs, data);
+    }
+
+    fn recv(&mut self) -> Received {
+        let pdu = recv(&mut self.stream).expect("connection closed unexpectedly");
+        if pdu.opcode() != Opcode::DataIn as u8 && pdu.opcode() != Opcode::R2t as u8 {
+            self.exp_stat_sn = pdu.bhs.u32_at(off::STAT_SN).wrapping_add(1);
+        }
+        pdu
+    }
+
+    /// A NOP-Out that must be answered: proves the session still works.
+    fn ping(&mut self, itt: u32) {
+        let bhs = self.header(Opcode::NopOut, itt);
+        let mut bhs = bhs;
+        bhs.set_u32(off::TTT, 0xffff_ffff);
+        self.send(&bhs, b"ping");
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        let pdu = self.recv();
+        assert_eq!(pdu.opcode(), Opcode::NopIn as u8, "ping answered by {:?}", pdu.bhs);
+        assert_eq!(pdu.bhs.itt(), itt);
+        assert_eq!(pdu.data, b"ping");
+    }
+
+    /// `rejected` as sent, with `data_len` bytes of data (encode_into filled in the length).
+    fn expect_reject(&mut self, reason: u8, rejected: &Bhs, data_len: usize, what: &str) {
+        let mut rejected = *rejected;
+        rejected.set_data_segment_len(data_len);
+        let pdu = self.recv();
+        assert_eq!(
+            pdu.opcode(),
+            Opcode::Reject as u8,
+            "{what}: expected a Reject, got {:?}",
+            pdu.bhs
+        );
+        assert_eq!(pdu.bhs.0[2], reason, "{what}: Reject reason");
+        assert_eq!(pdu.data.len(), BHS_LEN, "{what}: Reject carries the header");
+        assert_eq!(pdu.data[..], rejected.0[..], "{what}: the rejected header");
+    }
+}
+
+// ---- the hostile clients -----------------------------------------------------------------------
+
+/// Pseudo-random bytes with the first header's length fields cleared, so the daemon sees one
+/// complete PDU (of a random opcode) at once instead of waiting for a random data length.
+fn garbage(port: u16) {
+    let mut stream = connect(port);
+    let mut bytes = pseudo_random_bytes(4096, 0xbad_5eed);
+    bytes[0] = 0x3c; // not an initiator opcode
+    bytes[4..8].fill(0);
+    stream.write_all(&bytes).expect("send garbage");
+    for pdu in until_closed(&mut stream) {
+        assert_eq!(pdu.opcode(), Opcode::LoginResponse as u8, "{:?}", pdu.bhs);
+        assert_ne!(pdu.bhs.0[36], 0, "garbage logged in");
+    }
+}
+
+/// A Login Request whose BHS announces 16 MiB - 1 of data (the login limit is 8 KiB).
+fn huge_segment(port: u16) {
+    let mut stream = connect(port);
+    let mut bhs = login_request(0x01, b"");
+    bhs.set_data_segment_len(iscsi::pdu::DATA_SEGMENT_LEN_MAX);
+    stream.write_all(&bhs.0).unwrap();
+    stream.write_all(&[b'A'; 4096]).unwrap();
+    for pdu in until_closed(&mut stream) {
+        let op = pdu.opcode();
+        assert!(
+            op == Opcode::LoginResponse as u8 && pdu.bhs.0[36] != 0 || op == Opcode::Reject as u8,
+            "16 MiB segment answered by {:?}",
+            pdu.bhs
+        );
+    }
+}
+
+/// Half a BHS, then silence: the daemon must simply wait (until its login timeout).
+fn half_pdu(port: u16) -> TcpStream {
+    let mut stream = connect(port);
+    let text = login_text(common::IQN, "");
+    let bhs = login_request(0x02, &text);
+    stream.write_all(&bhs.0[..20]).unwrap();
+    stream
+}
+
+/// Full-feature misbehaviour on one logged-in session; the session survives all of it.
+fn misbehave_after_login(port: u16, iqn: &str) {
+    let mut c = Raw::login(port, iqn, 0x03);
+    c.ping(0x10);
+
+    // Unknown opcode: Reject, Command not supported (RFC 7143 §11.17.1).
+    let mut bhs = c.header(Opcode::NopOut, 0x11);
+    bhs.0[0] = 0x1c;
+    c.send(&bhs, &[]);
+    c.expect_reject(0x05, &bhs, 0, "unknown opcode");
+    c.ping(0x12);
+
+    // Data-Out for a task that does not exist (with a TTT the target never gave).
+    let mut bhs = Bhs::new(Opcode::DataOut);
+    bhs.set_flags(0x80);
+    bhs.set_itt(0xdead);
+    bhs.set_u32(off::TTT, 0x7777);
+    bhs.set_u32(off::EXP_STAT_SN, c.exp_stat_sn);
+    c.send(&bhs, &[0u8; 512]);
+    c.expect_reject(0x09, &bhs, 512, "Data-Out for an unknown task");
+    c.ping(0x13);
+
+    // CmdSN far outside the window: silently dropped (RFC 7143 §4.2.2.1); the next in-window
+    // command is answered and the dropped one never is.
+    let mut bhs = c.header(Opcode::NopOut, 0x14);
+    bhs.set_u32(off::TTT, 0xffff_ffff);
+    bhs.set_u32(off::CMD_SN, c.cmd_sn.wrapping_add(100_000));
+    c.send(&bhs, &[]);
+    c.ping(0x15);
+
+    // Duplicate ITT: a write waiting for its data (R2T), then another command with its ITT.
+    let mut bhs = c.header(Opcode::ScsiCommand, 0x16);
+    bhs.set_flags(0x80 | 0x20); // F, W
+    bhs.set_u32(off::EDTL, 4096);
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x2a; // WRITE(10) of 8 blocks at LBA 100000 (beyond the good client's image)
+    cdb[2..6].copy_from_slice(&100_000u32.to_be_bytes());
+    cdb[8] = 8;
+    bhs.0[32..48].copy_from_slice(&cdb);
+    c.send(&bhs, &[]);
+    c.cmd_sn = c.cmd_sn.wrapping_add(1);
+    let r2t = c.recv();
+    assert_eq!(r2t.opcode(), Opcode::R2t as u8, "write without data: {:?}", r2t.bhs);
+    assert_eq!(r2t.bhs.itt(), 0x16);
+    let mut dup = c.header(Opcode::ScsiCommand, 0x16);
+    dup.0[32] = 0x00; // TEST UNIT READY with the busy ITT
+    c.send(&dup, &[]);
+    c.cmd_sn = c.cmd_sn.wrapping_add(1);
+    c.expect_reject(0x07, &dup, 0, "duplicate ITT");
+    c.ping(0x17);
+
+    // A Login Request in full feature phase: Reject, Protocol error.
+    let text = login_text(iqn, "");
+    let mut bhs = login_request(0x03, &text);
+    bhs.set_u32(off::CMD_SN, c.cmd_sn);
+    c.send(&bhs, &text);
+    c.expect_reject(0x04, &bhs, text.len(), "login in full feature phase");
+    c.ping(0x18);
+}
+
+/// Opens `n` connections from `source` (another loopback address) and holds them. Returns them
+/// and how many the daemon closed at once (the per-source limit is 64 by default).
+fn flood(port: u16, source: &str, n: usize) -> (Vec<TcpStream>, usize) {
+    use socket2::{Domain, Socket, Type};
+    let local: SocketAddr = format!("{source}:0").parse().unwrap();
+    let remote: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        socket.bind(&local.into()).expect("bind to another loopback address");
+        socket.connect(&remote.into()).expect("flood connect");
+        held.push(TcpStream::from(socket));
+    }
+    thread::sleep(Duration::from_millis(1500));
+    let mut closed = 0;
+    for s in &mut held {
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        match s.read(&mut b) {
+            Ok(0) => closed += 1,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(_) => closed += 1,
+            Ok(_) => panic!("the daemon sent bytes to a connection that sent none"),
+        }
+    }
+    (held, closed)
+}
+
+// ---- the good client ---------------------------------------------------------------------------
+
+fn good_client(daemon_url: String, image: String, stop: Arc<AtomicBool>) -> usize {
+    let mut rounds = 0;
+    while rounds < 2 || !stop.load(Ordering::SeqCst) {
+        let out = run(
+            "qemu-img",
+            &["convert", "-n", "-f", "raw", "-O", "raw", &image, &daemon_url],
+        );
+        assert!(out.success(), "good client's upload failed:\n{}", out.describe());
+        let out = run(
+            "qemu-img",
+            &["compare", "-f", "raw", "-F", "raw", &image, &daemon_url],
+        );
+        assert!(
+            out.success() && out.stdout.contains("Images are identical"),
+            "good client's data differs:\n{}",
+            out.describe()
+        );
+        rounds += 1;
+        if rounds >= 20 {
+            break;
+        }
+    }
+    rounds
+}
+
+#[test]
+fn hostile_clients_do_not_disturb_a_good_one() {
+    let started = Instant::now();
+    let scratch = Scratch::new("hostile");
+    let image = scratch.file("image.raw");
+    std::fs::write(&image, pseudo_random_bytes(IMAGE_BYTES, 0x0051_1e47)).unwrap();
+    let mut daemon = Daemon::start(&["ram:64M"]);
+    let port = daemon.port;
+    let iqn = daemon.iqn.clone();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let good = {
+        let (url, image, stop) = (
+            daemon.url(0),
+            image.display().to_string(),
+            stop.clone(),
+        );
+        thread::spawn(move || good_client(url, image, stop))
+    };
+
+    let stalled = half_pdu(port);
+    let (flooded, refused) = flood(port, "127.0.0.2", 200);
+    let hostile: Vec<thread::JoinHandle<()>> = vec![
+        thread::spawn(move || garbage(port)),
+        thread::spawn(move || huge_segment(port)),
+        thread::spawn(move || misbehave_after_login(port, &iqn)),
+    ];
+    let mut failures = Vec::new();
+    for h in hostile {
+        if let Err(e) = h.join() {
+            failures.push(
+                e.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    // Everything hostile happened while the good client kept working.
+    stop.store(true, Ordering::SeqCst);
+    let rounds = good.join();
+    assert!(
+        daemon.alive(),
+        "the daemon died; its output:\n{}",
+        daemon.output()
+    );
+    assert!(
+        failures.is_empty(),
+        "hostile clients got wrong answers: {failures:#?}\n--- daemon output\n{}",
+        daemon.output()
+    );
+    let rounds = rounds.unwrap_or_else(|_| panic!("good client failed; daemon:\n{}", daemon.output()));
+    assert!(rounds >= 2);
+    // The per-source limit (64 by default) refused the rest of the flood at once.
+    assert!(
+        refused >= 200 - 64,
+        "only {refused} of 200 flood connections from one source were refused"
+    );
+    assert!(refused < 200, "every flood connection was refused");
+    drop(flooded);
+    drop(stalled);
+    assert!(daemon.alive());
+    eprintln!(
+        "good client: {rounds} verified rounds of {} MiB; {refused}/200 flood connections refused; {:?}",
+        IMAGE_BYTES >> 20,
+        started.elapsed()
+    );
+    daemon.stop();
+}

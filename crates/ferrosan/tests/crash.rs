@@ -73,7 +73,11 @@ impl Killable {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("ferrosan exited ({status}):\n{}", self.output());
             }
-            assert!(Instant::now() < deadline, "ferrosan did not start:\n{}", self.output());
+            assert!(
+                Instant::now() < deadline,
+                "ferrosan did not start:\n{}",
+                self.output()
+            );
             thread::sleep(Duration::from_millis(50));
         }
     }
@@ -170,12 +174,7 @@ impl Initiator {
     }
 
     /// Sends one SCSI command and waits for its status; Data-In is collected into the result.
-    fn command(
-        &mut self,
-        cdb: &[u8],
-        data_out: &[u8],
-        read_len: u32,
-    ) -> Result<Vec<u8>, Failure> {
+    fn command(&mut self, cdb: &[u8], data_out: &[u8], read_len: u32) -> Result<Vec<u8>, Failure> {
         self.itt = self.itt.wrapping_add(1);
         let mut bhs = Bhs::new(Opcode::ScsiCommand);
         let mut flags = 0x80u8 | 0x01; // F, SIMPLE

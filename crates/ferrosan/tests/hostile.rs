@@ -160,7 +160,12 @@ impl Raw {
         self.send(&bhs, b"ping");
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
         let pdu = self.recv();
-        assert_eq!(pdu.opcode(), Opcode::NopIn as u8, "ping answered by {:?}", pdu.bhs);
+        assert_eq!(
+            pdu.opcode(),
+            Opcode::NopIn as u8,
+            "ping answered by {:?}",
+            pdu.bhs
+        );
         assert_eq!(pdu.bhs.itt(), itt);
         assert_eq!(pdu.data, b"ping");
     }
@@ -266,7 +271,12 @@ fn misbehave_after_login(port: u16, iqn: &str) {
     c.send(&bhs, &[]);
     c.cmd_sn = c.cmd_sn.wrapping_add(1);
     let r2t = c.recv();
-    assert_eq!(r2t.opcode(), Opcode::R2t as u8, "write without data: {:?}", r2t.bhs);
+    assert_eq!(
+        r2t.opcode(),
+        Opcode::R2t as u8,
+        "write without data: {:?}",
+        r2t.bhs
+    );
     assert_eq!(r2t.bhs.itt(), 0x16);
     let mut dup = c.header(Opcode::ScsiCommand, 0x16);
     dup.0[32] = 0x00; // TEST UNIT READY with the busy ITT
@@ -293,7 +303,9 @@ fn flood(port: u16, source: &str, n: usize) -> (Vec<TcpStream>, usize) {
     let mut held = Vec::new();
     for _ in 0..n {
         let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
-        socket.bind(&local.into()).expect("bind to another loopback address");
+        socket
+            .bind(&local.into())
+            .expect("bind to another loopback address");
         socket.connect(&remote.into()).expect("flood connect");
         held.push(TcpStream::from(socket));
     }
@@ -319,9 +331,22 @@ fn good_client(daemon_url: String, image: String, stop: Arc<AtomicBool>) -> usiz
     while rounds < 2 || !stop.load(Ordering::SeqCst) {
         let out = run(
             "qemu-img",
-            &["convert", "-n", "-f", "raw", "-O", "raw", &image, &daemon_url],
+            &[
+                "convert",
+                "-n",
+                "-f",
+                "raw",
+                "-O",
+                "raw",
+                &image,
+                &daemon_url,
+            ],
         );
-        assert!(out.success(), "good client's upload failed:\n{}", out.describe());
+        assert!(
+            out.success(),
+            "good client's upload failed:\n{}",
+            out.describe()
+        );
         let out = run(
             "qemu-img",
             &["compare", "-f", "raw", "-F", "raw", &image, &daemon_url],
@@ -351,11 +376,7 @@ fn hostile_clients_do_not_disturb_a_good_one() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let good = {
-        let (url, image, stop) = (
-            daemon.url(0),
-            image.display().to_string(),
-            stop.clone(),
-        );
+        let (url, image, stop) = (daemon.url(0), image.display().to_string(), stop.clone());
         thread::spawn(move || good_client(url, image, stop))
     };
 
@@ -390,7 +411,8 @@ fn hostile_clients_do_not_disturb_a_good_one() {
         "hostile clients got wrong answers: {failures:#?}\n--- daemon output\n{}",
         daemon.output()
     );
-    let rounds = rounds.unwrap_or_else(|_| panic!("good client failed; daemon:\n{}", daemon.output()));
+    let rounds =
+        rounds.unwrap_or_else(|_| panic!("good client failed; daemon:\n{}", daemon.output()));
     assert!(rounds >= 2);
     // The per-source limit (64 by default) refused the rest of the flood at once.
     assert!(

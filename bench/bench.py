@@ -368,7 +368,11 @@ def run(args, rounds, workdir, t_start):
            "host": {"cpus": os.cpu_count(), "kernel": os.uname().release,
                     "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                                        if l.startswith("model name")), "?")},
-           "clk_tck": TCK}
+           "clk_tck": TCK,
+           "ferrosan_bin": {"path": args.ferrosan, "mtime": datetime.datetime.fromtimestamp(
+               os.path.getmtime(args.ferrosan)).isoformat(timespec="seconds"),
+               "git_head": subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
+                                          capture_output=True, text=True).stdout.strip()}}
     log("loopback TCP ceiling (iperf3)")
     res["iperf3"] = iperf_ceiling(workdir, 2 if args.quick else 5)
     log(f"  {res['iperf3']['gbit_s']:.1f} Gbit/s = {res['iperf3']['mb_s']:.0f} MB/s")

@@ -210,7 +210,15 @@ impl LogicalUnit {
         data_in: &mut Vec<u8>,
         read_only_mapping: bool,
     ) -> Completion {
-        data_in.clear();
+        // A read overwrites the whole buffer, so it keeps the bytes of the previous command to
+        // avoid zero-filling up to a megabyte before copying over it; everything else starts
+        // from an empty buffer.
+        if !matches!(
+            cmd.cdb.first(),
+            Some(&(READ_6 | READ_10 | READ_12 | READ_16))
+        ) {
+            data_in.clear();
+        }
         let write_protected =
             read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed);
         match self.run(nexus, cmd, data_in, write_protected) {

@@ -64,7 +64,6 @@ impl LunMap {
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
     ) -> Completion {
-        data_in.clear();
         let cdb = Cdb(cmd.cdb);
         let opcode = if cmd.cdb.is_empty() {
             None
@@ -74,6 +73,7 @@ impl LunMap {
         // REPORT LUNS answers for the whole map, whichever LUN it is sent to, and neither
         // reports nor clears unit attentions.
         if opcode == Some(REPORT_LUNS) {
+            data_in.clear();
             let result = if cmd.cdb.len() < 12 {
                 Err(Sense::invalid_field_in_cdb(0, None))
             } else {
@@ -93,6 +93,7 @@ impl LunMap {
                 .lu
                 .execute_mapped(nexus, cmd, data_in, entry.read_only);
         }
+        data_in.clear();
         // No logical unit at this LUN (SPC-4 6.6.2, 6.39).
         match opcode {
             Some(INQUIRY) if cdb.u8(1) & 0x01 == 0 && cdb.u8(2) == 0 => {

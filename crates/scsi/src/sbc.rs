@@ -99,7 +99,13 @@ impl LogicalUnit {
         self.check_transfer(&r)?;
         let bytes = r.blocks << self.block_shift; // bounded by TRANSFER_BYTES_MAX
                                                   // Read no further than the transport will send; the rest is its overflow residual.
-        data_in.resize(bytes.min(cmd.data_in_limit) as usize, 0);
+                                                  // Only bytes beyond the previous length are zero-filled: read_at overwrites them all.
+        let len = bytes.min(cmd.data_in_limit) as usize;
+        if data_in.len() >= len {
+            data_in.truncate(len);
+        } else {
+            data_in.resize(len, 0);
+        }
         self.store
             .read_at(data_in, r.lba << self.block_shift)
             .map_err(read_error)?;
@@ -232,6 +238,10 @@ impl LogicalUnit {
             (u64::from(cdb.be32(2)), u32::from(cdb.be16(7)), 7)
         };
         let unmap = cdb.u8(1) & 0x08 != 0;
+        if unmap && !self.settings.thin {
+            // LBPWS/LBPWS10 are zero on a fully provisioned LU (SBC-3 5.42, 5.43).
+            return Err(Sense::invalid_field_in_cdb(1, Some(3)));
+        }
         let ndob = is_16 && cdb.u8(1) & 0x01 != 0;
         // WSNZ=1: zero blocks is an error rather than "to the end of the medium".
         if blocks == 0 || blocks > WRITE_SAME_BLOCKS_MAX {

@@ -127,6 +127,23 @@ fn read_respects_transport_limit() {
 }
 
 #[test]
+fn reused_data_in_never_leaks_previous_bytes() {
+    let mut t = T::new();
+    t.ok(&write10(0, 8), &[0xAA; 4096]);
+    assert_eq!(t.ok(&read10(0, 8), &[]), vec![0xAA; 4096]);
+    // A shorter read of unwritten blocks: exactly its own bytes.
+    assert_eq!(t.ok(&read10(100, 1), &[]), vec![0; 512]);
+    t.ok(&read10(0, 8), &[]);
+    // A failing read leaves nothing behind.
+    lba_oob(&t.err(&read10(u32::MAX, 1), &[]));
+    t.ok(&read10(0, 8), &[]);
+    t.lu.nexus_added(1);
+    assert_sense(&t.err(&read10(0, 1), &[]), 0x06, 0x29, 0x00);
+    // A longer read than before.
+    assert_eq!(t.ok(&read10(0, 16), &[])[4096..], vec![0; 4096][..]);
+}
+
+#[test]
 fn durability_follows_wce_and_fua() {
     let mut t = T::new(); // WCE=1
     t.ok(&write10(0, 1), &[1u8; 512]);
@@ -329,6 +346,12 @@ fn thick_lu_has_no_unmap() {
     );
     let p = unmap_params(&[(0, 1)]);
     assert_sense(&t.err(&unmap_cdb(p.len()), &p), 0x05, 0x20, 0x00);
+    // WRITE SAME with UNMAP is refused; without it, zeros are written.
+    let mut ws = cdb10(0x41, 0, 8);
+    ws[1] = 0x08;
+    let s = t.err(&ws, &[0; 512]);
+    assert_eq!(s.sense_key_specific, Some([0xCB, 0, 1]));
+    t.ok(&cdb10(0x41, 0, 8), &[0; 512]);
     let d = t.ok(&cdb16(0x9E, 0, 32).map_service_action(0x10), &[]);
     assert_eq!(d[14] & 0xC0, 0);
 }

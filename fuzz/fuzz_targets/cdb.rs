@@ -54,9 +54,9 @@ enum Op {
 }
 
 const OPCODES: &[u8] = &[
-    0x00, 0x03, 0x12, 0x15, 0x1a, 0x1b, 0x1e, 0x25, 0x28, 0x2a, 0x2e, 0x2f, 0x35, 0x41, 0x42,
-    0x4d, 0x55, 0x5a, 0x5e, 0x5f, 0x88, 0x89, 0x8a, 0x8e, 0x8f, 0x91, 0x93, 0x9e, 0xa0, 0xa3,
-    0x08, 0x0a, 0x2b, 0x34, 0x3b, 0x3c, 0x1c, 0x1d, 0x7f, 0xa8, 0xaa, 0x9f, 0x48, 0x83, 0x84,
+    0x00, 0x03, 0x12, 0x15, 0x1a, 0x1b, 0x1e, 0x25, 0x28, 0x2a, 0x2e, 0x2f, 0x35, 0x41, 0x42, 0x4d,
+    0x55, 0x5a, 0x5e, 0x5f, 0x88, 0x89, 0x8a, 0x8e, 0x8f, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0x08, 0x0a,
+    0x2b, 0x34, 0x3b, 0x3c, 0x1c, 0x1d, 0x7f, 0xa8, 0xaa, 0x9f, 0x48, 0x83, 0x84,
 ];
 
 fn check(c: &Completion, data_in: &[u8], limit: u32) {
@@ -70,8 +70,15 @@ fn check(c: &Completion, data_in: &[u8], limit: u32) {
             let s = c.sense.expect("CHECK CONDITION without sense");
             let mut buf = [0u8; sense::SENSE_BYTES_MAX];
             let n = s.encode(&mut buf);
-            assert!((8..=sense::SENSE_BYTES_MAX).contains(&n), "sense of {n} bytes");
-            assert!(buf[0] & 0x7f == 0x70 || buf[0] & 0x7f == 0x72, "response code {:#x}", buf[0]);
+            assert!(
+                (8..=sense::SENSE_BYTES_MAX).contains(&n),
+                "sense of {n} bytes"
+            );
+            assert!(
+                buf[0] & 0x7f == 0x70 || buf[0] & 0x7f == 0x72,
+                "response code {:#x}",
+                buf[0]
+            );
             assert!(s.key <= 0xf);
             assert!(data_in.is_empty(), "Data-In with CHECK CONDITION");
         }
@@ -99,8 +106,11 @@ fuzz_target!(|input: Input| {
         thin: input.thin,
     };
     let lu = Arc::new(LogicalUnit::new(store, identity, settings).expect("valid LU"));
-    let map = LunMap::new(vec![(0, lu.clone(), false), (5, lu.clone(), input.mapping_read_only)])
-        .expect("valid map");
+    let map = LunMap::new(vec![
+        (0, lu.clone(), false),
+        (5, lu.clone(), input.mapping_read_only),
+    ])
+    .expect("valid map");
     let port = Arc::new(TargetPort {
         relative_id: 1,
         name: "iqn.2026-11.org.ferrosan:fuzz,t,0x0001".into(),
@@ -117,16 +127,34 @@ fuzz_target!(|input: Input| {
     let mut data_in = Vec::new();
     for op in input.ops.iter().take(64) {
         match op {
-            Op::Raw { nexus, lun, cdb, data_out, limit } => {
+            Op::Raw {
+                nexus,
+                lun,
+                cdb,
+                data_out,
+                limit,
+            } => {
                 let cmd = Command {
                     cdb: &cdb[..cdb.len().min(260)],
                     data_out,
                     data_in_limit: *limit as u32,
                 };
-                let c = map.execute(&nexuses[*nexus as usize], *lun as u64 % 8, &cmd, &mut data_in);
+                let c = map.execute(
+                    &nexuses[*nexus as usize],
+                    *lun as u64 % 8,
+                    &cmd,
+                    &mut data_in,
+                );
                 check(&c, &data_in, cmd.data_in_limit);
             }
-            Op::Known { nexus, opcode, fields, len, data_out, limit } => {
+            Op::Known {
+                nexus,
+                opcode,
+                fields,
+                len,
+                data_out,
+                limit,
+            } => {
                 let mut cdb = [0u8; 16];
                 cdb[0] = OPCODES[*opcode as usize % OPCODES.len()];
                 cdb[1..].copy_from_slice(fields);
@@ -144,7 +172,9 @@ fuzz_target!(|input: Input| {
                 let lba = *lba as u32 % capacity_blocks;
                 let blocks = (*blocks as u32 % 8).min(capacity_blocks - lba);
                 let bytes = (blocks * block_size) as usize;
-                let payload: Vec<u8> = (0..bytes).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+                let payload: Vec<u8> = (0..bytes)
+                    .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+                    .collect();
                 let mut w = [0u8; 10];
                 w[0] = 0x2a;
                 w[2..6].copy_from_slice(&lba.to_be_bytes());
@@ -152,11 +182,23 @@ fuzz_target!(|input: Input| {
                 let mut r = w;
                 r[0] = 0x28;
                 let n = &nexuses[0];
-                let cw = lu.execute(n, &Command { cdb: &w, data_out: &payload, data_in_limit: 0 }, &mut data_in);
+                let cw = lu.execute(
+                    n,
+                    &Command {
+                        cdb: &w,
+                        data_out: &payload,
+                        data_in_limit: 0,
+                    },
+                    &mut data_in,
+                );
                 check(&cw, &data_in, 0);
                 let cr = lu.execute(
                     n,
-                    &Command { cdb: &r, data_out: &[], data_in_limit: bytes as u32 },
+                    &Command {
+                        cdb: &r,
+                        data_out: &[],
+                        data_in_limit: bytes as u32,
+                    },
                     &mut data_in,
                 );
                 check(&cr, &data_in, bytes as u32);

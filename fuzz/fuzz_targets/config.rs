@@ -25,12 +25,37 @@ const SECTIONS: &[&str] = &[
     "[[target.group]]",
 ];
 const KEYS: &[&str] = &[
-    "workers", "identity_seed", "max_connections", "max_connections_per_source",
-    "max_sessions", "max_queue_depth", "max_recv_data_segment_length", "max_burst_length",
-    "first_burst_length", "max_outstanding_r2t", "login_timeout_s", "memory_per_connection_bytes",
-    "max_text_length", "tag", "listen", "name", "store", "path", "size", "block_size", "serial",
-    "naa", "read_only", "write_cache", "thin", "iqn", "alias", "portal_groups", "initiators",
-    "any_initiator", "luns",
+    "workers",
+    "identity_seed",
+    "max_connections",
+    "max_connections_per_source",
+    "max_sessions",
+    "max_queue_depth",
+    "max_recv_data_segment_length",
+    "max_burst_length",
+    "first_burst_length",
+    "max_outstanding_r2t",
+    "login_timeout_s",
+    "memory_per_connection_bytes",
+    "max_text_length",
+    "tag",
+    "listen",
+    "name",
+    "store",
+    "path",
+    "size",
+    "block_size",
+    "serial",
+    "naa",
+    "read_only",
+    "write_cache",
+    "thin",
+    "iqn",
+    "alias",
+    "portal_groups",
+    "initiators",
+    "any_initiator",
+    "luns",
 ];
 
 fuzz_target!(|input: Input| {
@@ -38,7 +63,11 @@ fuzz_target!(|input: Input| {
         Input::Size(s) => {
             if let Ok(n) = parse_size(&s) {
                 assert_eq!(parse_size(&n.to_string()), Ok(n), "{s:?}");
-                let digits: String = s.trim().chars().take_while(|c| c.is_ascii_digit()).collect();
+                let digits: String = s
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit())
+                    .collect();
                 let base: u64 = digits.parse().expect("a size starts with digits");
                 assert!(n >= base, "{s:?} -> {n}");
             }

@@ -28,6 +28,8 @@ struct Policy {
     chap: bool,
     mutual: bool,
     random: u8,
+    /// The OS random source fails (the engine answers 0x0300 Target error).
+    rng_fails: bool,
 }
 
 const USER: &str = "alice";
@@ -67,7 +69,10 @@ impl LoginPolicy for Policy {
             return Err(LoginStatus::NOT_FOUND);
         }
         Ok(Admission {
-            target_alias: self.alias.clone().filter(|a| !a.contains('\0') && a.len() < 256),
+            target_alias: self
+                .alias
+                .clone()
+                .filter(|a| !a.contains('\0') && a.len() < 256),
             portal_group_tag: self.tpgt,
             auth: requirement(self),
         })
@@ -88,10 +93,14 @@ impl LoginPolicy for Policy {
             None => Ok(self.tsih.max(1)),
         }
     }
-    fn fill_random(&mut self, buf: &mut [u8]) {
+    fn fill_random(&mut self, buf: &mut [u8]) -> Result<(), LoginStatus> {
+        if self.rng_fails {
+            return Err(LoginStatus::TARGET_ERROR);
+        }
         for (i, b) in buf.iter_mut().enumerate() {
             *b = self.random.wrapping_add(i as u8);
         }
+        Ok(())
     }
 }
 
@@ -303,7 +312,8 @@ fuzz_target!(|input: Input| {
             // MaxRecvDataSegmentLength is answered "Reject" and then declared again. Tolerated
             // only with FUZZ_KNOWN_BUGS set, so the fuzzer can look past it.
             Err(text::TextError::DuplicateKey(k))
-                if k == "MaxRecvDataSegmentLength" && std::env::var_os("FUZZ_KNOWN_BUGS").is_some() =>
+                if k == "MaxRecvDataSegmentLength"
+                    && std::env::var_os("FUZZ_KNOWN_BUGS").is_some() =>
             {
                 Vec::new()
             }
@@ -316,7 +326,10 @@ fuzz_target!(|input: Input| {
                 "CHAP_C" => seen.challenge = chap::decode_binary(v).ok(),
                 _ => {}
             }
-            assert!(k != "CHAP_R" || chap_required, "target answered CHAP_R without CHAP");
+            assert!(
+                k != "CHAP_R" || chap_required,
+                "target answered CHAP_R without CHAP"
+            );
         }
         let class = rb.0[36];
         let flags = rb.flags();
@@ -325,10 +338,17 @@ fuzz_target!(|input: Input| {
                 assert_eq!(class, 0);
                 assert_eq!(flags & 0x40, 0, "target never continues its text");
                 if flags & 0x80 != 0 {
-                    assert!(matches!(flags & 3, 1), "transit only to the operational stage here");
+                    assert!(
+                        matches!(flags & 3, 1),
+                        "transit only to the operational stage here"
+                    );
                     assert!((flags >> 2) & 3 < (flags & 3));
                 }
-                assert_eq!(rb.u32_at(off::MAX_CMD_SN), r.cmd_sn, "window of one during login");
+                assert_eq!(
+                    rb.u32_at(off::MAX_CMD_SN),
+                    r.cmd_sn,
+                    "window of one during login"
+                );
             }
             LoginStep::Complete(est) => {
                 assert_eq!(class, 0);
@@ -349,7 +369,10 @@ fuzz_target!(|input: Input| {
                 // The security invariant: with CHAP required, no login completes unless the
                 // right response to the target's challenge was sent.
                 if chap_required {
-                    assert!(seen.answered_right, "login completed without authenticating");
+                    assert!(
+                        seen.answered_right,
+                        "login completed without authenticating"
+                    );
                 }
                 if est.session_type == SessionType::Normal {
                     assert_eq!(est.target_name.as_deref(), Some(TARGET));

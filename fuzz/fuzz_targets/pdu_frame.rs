@@ -57,7 +57,11 @@ fn check_raw(bytes: &[u8], framing: &Framing) {
             }
             Err(e) => panic!("frame_len returned {e:?}, only DataSegmentTooLong is possible"),
             Ok(Some(n)) => {
-                assert!(n >= BHS_LEN && n <= rest.len(), "frame length {n} of {}", rest.len());
+                assert!(
+                    n >= BHS_LEN && n <= rest.len(),
+                    "frame length {n} of {}",
+                    rest.len()
+                );
                 assert_eq!(n % 4, 0, "frames are 4-byte aligned");
                 let frame = &rest[..n];
                 match parse_frame(frame, framing) {
@@ -106,7 +110,10 @@ fuzz_target!(|input: Input| {
             assert_eq!(out.len(), expect_len);
             let measured = frame_len(&out, &framing);
             if data.len() > framing.max_data_segment_len {
-                assert!(matches!(measured, Err(FrameError::DataSegmentTooLong { .. })));
+                assert!(matches!(
+                    measured,
+                    Err(FrameError::DataSegmentTooLong { .. })
+                ));
                 return;
             }
             assert_eq!(measured, Ok(Some(out.len())));
@@ -145,8 +152,12 @@ fuzz_target!(|input: Input| {
                             "data digest missed a flip at byte {byte}"
                         );
                     }
-                    Err((FrameError::HeaderDigest, _)) => assert!(framing.header_digest && (in_bhs || in_hd)),
-                    Err((FrameError::DataDigest, _)) => assert!(framing.data_digest && !data.is_empty()),
+                    Err((FrameError::HeaderDigest, _)) => {
+                        assert!(framing.header_digest && (in_bhs || in_hd))
+                    }
+                    Err((FrameError::DataDigest, _)) => {
+                        assert!(framing.data_digest && !data.is_empty())
+                    }
                     Err((e, _)) => panic!("unexpected {e:?}"),
                 }
             }

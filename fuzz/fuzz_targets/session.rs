@@ -33,12 +33,19 @@ impl ScsiBackend for Backend {
         data_in: &mut Vec<u8>,
         sense: &mut Vec<u8>,
     ) -> ScsiOutcome {
-        assert!(data_in.is_empty() && sense.is_empty(), "buffers arrive empty");
+        assert!(
+            data_in.is_empty() && sense.is_empty(),
+            "buffers arrive empty"
+        );
         assert!(!(req.read && req.write));
         assert!(req.cdb.len() >= 16);
         assert!(req.data_out.len() <= req.expected_len as usize || !req.write);
         if req.write {
-            assert_eq!(req.data_out.len(), req.expected_len as usize, "writes run complete");
+            assert_eq!(
+                req.data_out.len(),
+                req.expected_len as usize,
+                "writes run complete"
+            );
         }
         if req.read {
             let n = (req.expected_len as i64 + self.extra as i64).clamp(0, 1 << 20) as usize;
@@ -316,7 +323,9 @@ fuzz_target!(|input: Input| {
         s.exp_cmd_sn,
         now,
     );
-    let mut backend = Backend { ..input.setup.backend };
+    let mut backend = Backend {
+        ..input.setup.backend
+    };
     let mut out = Outbox::new(4);
     let mut checker = Checker {
         framing: session.framing(),
@@ -339,7 +348,17 @@ fuzz_target!(|input: Input| {
         let mut data: Vec<u8> = Vec::new();
         let mut ahs: Vec<u8> = Vec::new();
         match op {
-            Op::Command { sn, immediate, flags, itt, edtl, lun0, cdb, imm_len, ahs: a } => {
+            Op::Command {
+                sn,
+                immediate,
+                flags,
+                itt,
+                edtl,
+                lun0,
+                cdb,
+                imm_len,
+                ahs: a,
+            } => {
                 bhs = Bhs::new(Opcode::ScsiCommand);
                 bhs.set_immediate(*immediate);
                 bhs.set_flags(*flags);
@@ -354,7 +373,14 @@ fuzz_target!(|input: Input| {
                 ahs.truncate(64);
                 ahs.resize(pdu::padded(ahs.len()), 0);
             }
-            Op::DataOut { itt, ttt, final_bit, data_sn, offset, len } => {
+            Op::DataOut {
+                itt,
+                ttt,
+                final_bit,
+                data_sn,
+                offset,
+                len,
+            } => {
                 bhs = Bhs::new(Opcode::DataOut);
                 bhs.set_flags(if *final_bit { 0x80 } else { 0 });
                 bhs.set_itt(itt.get());
@@ -372,7 +398,14 @@ fuzz_target!(|input: Input| {
                 bhs.set_u32(off::BUFFER_OFFSET, *offset as u32);
                 data.extend_from_slice(&pattern[..*len as usize]);
             }
-            Op::Tmf { sn, immediate, function, lun0, referenced, ref_cmd_sn } => {
+            Op::Tmf {
+                sn,
+                immediate,
+                function,
+                lun0,
+                referenced,
+                ref_cmd_sn,
+            } => {
                 bhs = Bhs::new(Opcode::TaskMgmtRequest);
                 bhs.set_immediate(*immediate);
                 bhs.set_flags(0x80 | (function % 10));
@@ -382,10 +415,18 @@ fuzz_target!(|input: Input| {
                 bhs.set_u32(off::CMD_SN, sn_of(&session, *sn));
                 bhs.set_u32(32, *ref_cmd_sn);
             }
-            Op::Text { sn, continued, final_bit, ttt, data: d } => {
+            Op::Text {
+                sn,
+                continued,
+                final_bit,
+                ttt,
+                data: d,
+            } => {
                 bhs = Bhs::new(Opcode::TextRequest);
                 bhs.set_immediate(true);
-                bhs.set_flags((if *final_bit { 0x80 } else { 0 }) | (if *continued { 0x40 } else { 0 }));
+                bhs.set_flags(
+                    (if *final_bit { 0x80 } else { 0 }) | (if *continued { 0x40 } else { 0 }),
+                );
                 bhs.set_itt(0x2000);
                 let t = match ttt {
                     TttChoice::Reserved => RESERVED_TAG,
@@ -400,7 +441,12 @@ fuzz_target!(|input: Input| {
                 bhs.set_u32(off::CMD_SN, sn_of(&session, *sn));
                 data = d.clone();
             }
-            Op::Nop { sn, itt, ttt, data: d } => {
+            Op::Nop {
+                sn,
+                itt,
+                ttt,
+                data: d,
+            } => {
                 bhs.set_immediate(*itt == RESERVED_TAG);
                 bhs.set_flags(0x80);
                 bhs.set_itt(*itt);
@@ -420,7 +466,11 @@ fuzz_target!(|input: Input| {
                 bhs.set_itt(0x3000);
                 bhs.set_u32(off::CMD_SN, sn_of(&session, *sn));
             }
-            Op::Raw { bhs: raw, sn, data: d } => {
+            Op::Raw {
+                bhs: raw,
+                sn,
+                data: d,
+            } => {
                 bhs = Bhs(*raw);
                 bhs.0[4] = 0;
                 bhs.set_u32(off::CMD_SN, sn_of(&session, *sn));

@@ -4,8 +4,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use iscsi::negotiation::{respond_text, Negotiator, SessionType, TargetLimits};
 use iscsi::chap;
+use iscsi::negotiation::{respond_text, Negotiator, SessionType, TargetLimits};
 use iscsi::text;
 use libfuzzer_sys::fuzz_target;
 
@@ -59,7 +59,10 @@ fn check_params(n: &Negotiator) {
     assert!(p.first_burst_length <= l.first_burst_length);
     assert!(p.max_outstanding_r2t >= 1 && p.max_outstanding_r2t <= l.max_outstanding_r2t);
     assert!((512..=16_777_215).contains(&p.max_xmit_data_segment_length));
-    assert_eq!(p.max_recv_data_segment_length, l.max_recv_data_segment_length);
+    assert_eq!(
+        p.max_recv_data_segment_length,
+        l.max_recv_data_segment_length
+    );
     assert_eq!(p.max_connections, 1);
     assert_eq!(p.error_recovery_level, 0);
     assert!(p.default_time2wait <= 3600);
@@ -71,7 +74,10 @@ fn check_params(n: &Negotiator) {
 
 fn check_answers(answers: &[(String, String)]) {
     for (k, v) in answers {
-        assert!(!k.is_empty() && k.len() <= text::KEY_LEN_MAX, "answer key {k:?}");
+        assert!(
+            !k.is_empty() && k.len() <= text::KEY_LEN_MAX,
+            "answer key {k:?}"
+        );
         assert!(!k.contains('\0') && !v.contains('\0'));
         assert!(v.len() <= text::VALUE_LEN_MAX);
     }
@@ -150,9 +156,18 @@ fuzz_target!(|input: Input| {
     }
     assert!(answers.len() >= before);
     for (k, v) in &answers {
-        assert!(offers.iter().any(|(ok, _)| ok == k), "answered unasked key {k}");
+        assert!(
+            offers.iter().any(|(ok, _)| ok == k),
+            "answered unasked key {k}"
+        );
         if input.discovery
-            && ["MaxBurstLength", "FirstBurstLength", "InitialR2T", "ImmediateData"].contains(&k.as_str())
+            && [
+                "MaxBurstLength",
+                "FirstBurstLength",
+                "InitialR2T",
+                "ImmediateData",
+            ]
+            .contains(&k.as_str())
         {
             assert_eq!(v, "Irrelevant");
         }

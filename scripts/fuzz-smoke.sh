@@ -7,8 +7,6 @@
 #   FUZZ_SECONDS=600 scripts/fuzz-smoke.sh session login
 #
 # Corpora persist in fuzz/corpus/<target> (git-ignored), crashes land in fuzz/artifacts/<target>.
-# Known, reported bugs are skipped by the targets when FUZZ_KNOWN_BUGS is set (docs/SECURITY.md);
-# unset it to reproduce them.
 set -euo pipefail
 
 cd "$(dirname "$0")/../fuzz"

@@ -308,15 +308,6 @@ fuzz_target!(|input: Input| {
         assert_eq!(rb.u32_at(off::EXP_CMD_SN), r.cmd_sn);
         let answers = match text::parse(resp.data, usize::MAX) {
             Ok(a) => a,
-            // Known bug (docs/SECURITY.md, "Found, not yet fixed" #1): an out-of-range
-            // MaxRecvDataSegmentLength is answered "Reject" and then declared again. Tolerated
-            // only with FUZZ_KNOWN_BUGS set, so the fuzzer can look past it.
-            Err(text::TextError::DuplicateKey(k))
-                if k == "MaxRecvDataSegmentLength"
-                    && std::env::var_os("FUZZ_KNOWN_BUGS").is_some() =>
-            {
-                Vec::new()
-            }
             Err(e) => panic!("response text does not parse: {e:?}"),
         };
         for (k, v) in &answers {

@@ -195,13 +195,21 @@ impl fmt::Display for DecodeError {
 /// Decodes an RFC 7143 §6.1 binary value: `0x` + hex digits (an odd count has an implied
 /// leading zero) or `0b` + base64 (RFC 4648, padded).
 pub fn decode_binary(value: &str) -> Result<Vec<u8>, DecodeError> {
-    let (prefix, rest) = value.split_at(value.len().min(2));
-    let bytes = match prefix {
-        "0x" | "0X" => decode_hex(rest)?,
-        "0b" | "0B" => base64::engine::general_purpose::STANDARD
+    // `get`, not `split_at`: byte 2 may fall inside a multi-byte character of hostile input.
+    let bytes = if let Some(rest) = value
+        .strip_prefix("0x")
+        .or_else(|| value.strip_prefix("0X"))
+    {
+        decode_hex(rest)?
+    } else if let Some(rest) = value
+        .strip_prefix("0b")
+        .or_else(|| value.strip_prefix("0B"))
+    {
+        base64::engine::general_purpose::STANDARD
             .decode(rest)
-            .map_err(|_| DecodeError::BadBase64)?,
-        _ => return Err(DecodeError::NoPrefix),
+            .map_err(|_| DecodeError::BadBase64)?
+    } else {
+        return Err(DecodeError::NoPrefix);
     };
     if bytes.is_empty() {
         return Err(DecodeError::Empty);
@@ -369,5 +377,19 @@ mod tests {
         assert!(responses_match(&[1, 2, 3], &[1, 2, 3]));
         assert!(!responses_match(&[1, 2, 3], &[1, 2, 4]));
         assert!(!responses_match(&[1, 2, 3], &[1, 2]));
+    }
+}
+
+#[cfg(test)]
+mod hostile_input_tests {
+    use super::*;
+
+    #[test]
+    fn prefix_split_inside_a_multibyte_character_is_an_error_not_a_panic() {
+        // Found by the `login` fuzz target: "0" followed by U+07FB (bytes df bb).
+        assert_eq!(decode_binary("0\u{7fb}"), Err(DecodeError::NoPrefix));
+        assert_eq!(decode_binary("\u{7fb}"), Err(DecodeError::NoPrefix));
+        assert!(decode_binary("0x\u{7fb}").is_err());
+        assert_eq!(decode_binary(""), Err(DecodeError::NoPrefix));
     }
 }

@@ -198,7 +198,10 @@ impl Negotiator {
 
     /// Declarations the target makes once in the operational stage even when not asked.
     pub fn declarations(&mut self, out: &mut Vec<(String, String)>) {
-        if !self.declared_recv_length {
+        // A key appears at most once per text (RFC 7143 §6.1): if this response already answers
+        // the initiator's MaxRecvDataSegmentLength (with Reject), declare ours in a later one.
+        let answered = out.iter().any(|(k, _)| k == "MaxRecvDataSegmentLength");
+        if !self.declared_recv_length && !answered {
             self.declared_recv_length = true;
             out.push((
                 "MaxRecvDataSegmentLength".into(),
@@ -561,5 +564,35 @@ mod tests {
         let out = respond_text(&mut n, b"ImmediateData=Yes\0InitiatorName=iqn.x\0", 8).unwrap();
         assert_eq!(out, vec![("ImmediateData".into(), "Yes".into())]);
         assert!(respond_text(&mut n, b"bad", 8).is_err());
+    }
+}
+
+#[cfg(test)]
+mod declaration_tests {
+    use super::*;
+
+    #[test]
+    fn rejected_recv_length_is_not_answered_twice_in_one_text() {
+        // Found by the `text_keys` fuzz target: Reject plus our declaration in one response.
+        let mut n = Negotiator::new(TargetLimits::default(), SessionType::Normal);
+        let mut out = Vec::new();
+        n.respond(
+            &[("MaxRecvDataSegmentLength".into(), "16777216".into())],
+            &mut out,
+        )
+        .unwrap();
+        n.declarations(&mut out);
+        let count = out
+            .iter()
+            .filter(|(k, _)| k == "MaxRecvDataSegmentLength")
+            .count();
+        assert_eq!(count, 1, "{out:?}");
+        assert!(!n.has_declared());
+        let mut next = Vec::new();
+        n.declarations(&mut next);
+        assert_eq!(
+            next,
+            vec![("MaxRecvDataSegmentLength".into(), "262144".into())]
+        );
     }
 }

@@ -6,7 +6,8 @@
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace   (includes crates/ferrosan/tests: real initiators)
-#   5. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
+#   5. scripts/fuzz-smoke.sh            (every cargo-fuzz target, 15 s each)
+#   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
 #
 # Every step runs even if an earlier one failed, so one run shows everything;
 # the exit status is non-zero if any step failed. Daemons are started only by
@@ -46,6 +47,8 @@ step deps ensure_deps
 step fmt cargo fmt --all --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
 step test cargo test --workspace
+# Every cargo-fuzz target for a short smoke (docs/SECURITY.md has the long runs).
+step fuzz-smoke env FUZZ_SECONDS="${FUZZ_SECONDS:-15}" scripts/fuzz-smoke.sh
 CONF_LOG=$ROOT/target/conformance.log
 mkdir -p "$ROOT/target"
 step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 | tee "$0"' "$CONF_LOG"

@@ -175,16 +175,19 @@ impl LogicalUnit {
             scratch.resize(n, 0);
             let offset = (r.lba << self.block_shift) + done as u64;
             self.store.read_at(scratch, offset).map_err(read_error)?;
-            for (i, &b) in scratch.iter().enumerate() {
-                let at = done + i;
+            // Compare block by block with slice equality (memcmp); only a differing block is
+            // searched byte by byte for the INFORMATION field.
+            for (k, got) in scratch.chunks(bs).enumerate() {
+                let at = done + k * bs;
                 let want = if bytchk == 1 {
-                    cmd.data_out[at]
+                    &cmd.data_out[at..at + got.len()]
                 } else {
-                    cmd.data_out[at % bs]
+                    &cmd.data_out[..got.len()]
                 };
-                if b != want {
+                if got != want {
+                    let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
                     scratch.clear();
-                    return Err(Sense::miscompare(at as u64));
+                    return Err(Sense::miscompare((at + i) as u64));
                 }
             }
             done += n;
@@ -378,15 +381,16 @@ impl LogicalUnit {
             .store
             .read_at(scratch, offset)
             .map_err(read_error)
-            .and_then(
-                |()| match scratch.iter().zip(verify).position(|(a, b)| a != b) {
-                    Some(at) => Err(Sense::miscompare(at as u64)),
-                    None => self
-                        .store
-                        .write_at(&write[..bytes], offset, durable)
-                        .map_err(write_error),
-                },
-            );
+            .and_then(|()| match scratch[..] == *verify {
+                false => {
+                    let at = scratch.iter().zip(verify).position(|(a, b)| a != b);
+                    Err(Sense::miscompare(at.unwrap_or(0) as u64))
+                }
+                true => self
+                    .store
+                    .write_at(&write[..bytes], offset, durable)
+                    .map_err(write_error),
+            });
         scratch.clear();
         result.map(|()| (2 * bytes) as u32)
     }

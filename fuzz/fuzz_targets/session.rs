@@ -11,19 +11,25 @@ use iscsi::negotiation::{SessionParams, SessionType, TargetLimits};
 use iscsi::outbox::Outbox;
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use iscsi::session::{
-    DiscoveredTarget, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits,
+    DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits,
     TmfFunction,
 };
 use libfuzzer_sys::fuzz_target;
 
-#[derive(Arbitrary, Debug)]
+#[derive(Arbitrary, Debug, Clone)]
 struct Backend {
     /// How much Data-In to produce relative to the expected length.
     extra: i16,
     status: u8,
     sense_len: u8,
-    transfer_len: Option<u32>,
+        transfer_len: Option<u32>,
     tmf_response: u8,
+    /// Every n-th command is deferred (0: never), completed later by `Op::Complete`.
+    defer_every: u8,
+    #[arbitrary(default)]
+    commands: u32,
+    #[arbitrary(default)]
+    deferred: Vec<(u32, bool)>,
 }
 
 impl ScsiBackend for Backend {
@@ -32,11 +38,16 @@ impl ScsiBackend for Backend {
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
         sense: &mut Vec<u8>,
-    ) -> ScsiOutcome {
+        ) -> Execution {
         assert!(
             data_in.is_empty() && sense.is_empty(),
             "buffers arrive empty"
         );
+        self.commands = self.commands.wrapping_add(1);
+        if self.defer_every != 0 && self.commands % self.defer_every as u32 == 0 {
+            self.deferred.push((req.itt, req.read));
+            return Execution::Deferred;
+        }
         assert!(!(req.read && req.write));
         assert!(req.cdb.len() >= 16);
         assert!(req.data_out.len() <= req.expected_len as usize || !req.write);
@@ -54,10 +65,10 @@ impl ScsiBackend for Backend {
         if self.status == 2 {
             sense.extend((0..self.sense_len.max(8)).map(|i| i ^ 0x70));
         }
-        ScsiOutcome {
+                Execution::Done(ScsiOutcome {
             status: self.status,
             transfer_len: self.transfer_len.unwrap_or(req.expected_len),
-        }
+        })
     }
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
         lun[0] == 0
@@ -149,8 +160,15 @@ enum Op {
         sn: SnChoice,
         data: Vec<u8>,
     },
-    Tick {
+        Tick {
         secs: u8,
+    },
+    /// The backend finishes one of the commands it deferred.
+    Complete {
+        pick: u8,
+        status: u8,
+        data_len: u16,
+        sense_len: u8,
     },
     DigestError {
         bhs: [u8; BHS_LEN],
@@ -203,6 +221,7 @@ struct Checker {
     queue_depth: u32,
     ttts: Vec<u32>,
     max_seg: usize,
+    max_cmd_sn: Option<u32>,
 }
 
 impl Checker {
@@ -234,11 +253,14 @@ impl Checker {
             );
             let exp = bhs.u32_at(off::EXP_CMD_SN);
             let max = bhs.u32_at(off::MAX_CMD_SN);
-            assert_eq!(
-                max.wrapping_sub(exp).wrapping_add(1),
-                self.queue_depth.max(1),
-                "{op:?} window"
-            );
+            // The window shrinks while tasks are outstanding and may close (MaxCmdSN =
+            // ExpCmdSN - 1), but never exceeds the queue depth and MaxCmdSN never goes back.
+            let window = max.wrapping_sub(exp).wrapping_add(1);
+            assert!(window <= self.queue_depth.max(1), "{op:?} window {window}");
+            if let Some(last) = self.max_cmd_sn {
+                assert!(iscsi::serial::le(last, max), "{op:?} MaxCmdSN went back: {last} -> {max}");
+            }
+            self.max_cmd_sn = Some(max);
             let status_bit = bhs.flags() & 0x01 != 0;
             let carries_stat_sn = match op {
                 Opcode::DataIn => status_bit,
@@ -323,9 +345,7 @@ fuzz_target!(|input: Input| {
         s.exp_cmd_sn,
         now,
     );
-    let mut backend = Backend {
-        ..input.setup.backend
-    };
+    let mut backend = input.setup.backend.clone();
     let mut out = Outbox::new(4);
     let mut checker = Checker {
         framing: session.framing(),
@@ -333,6 +353,7 @@ fuzz_target!(|input: Input| {
         queue_depth: limits.queue_depth,
         ttts: Vec::new(),
         max_seg: params.max_xmit_data_segment_length as usize,
+        max_cmd_sn: None,
     };
     // Immediate write data / Data-Out payloads come from this pattern.
     let pattern: Vec<u8> = (0..=u16::MAX).map(|i| (i >> 3) as u8).collect();
@@ -484,6 +505,35 @@ fuzz_target!(|input: Input| {
                 if flow == Flow::Close {
                     return;
                 }
+                continue;
+            }
+                        Op::Complete {
+                pick,
+                status,
+                data_len,
+                sense_len,
+            } => {
+                if backend.deferred.is_empty() {
+                    continue;
+                }
+                let (itt, read) = backend
+                    .deferred
+                    .swap_remove(*pick as usize % backend.deferred.len());
+                let running_before = session.running_tasks();
+                let data = if read { pattern[..*data_len as usize].to_vec() } else { Vec::new() };
+                let sense: Vec<u8> = (0..*sense_len % 64).collect();
+                let outcome = ScsiOutcome {
+                    status: *status,
+                    transfer_len: *data_len as u32,
+                };
+                let known = session.complete(itt, outcome, data, &sense, &mut out);
+                // Completing a task it still tracks frees exactly one slot; an unknown one
+                // (dropped by logout or reset) changes nothing.
+                let expect = if known { running_before - 1 } else { running_before };
+                assert_eq!(session.running_tasks(), expect);
+                assert!(session.running_tasks() <= limits.queue_depth as usize);
+                checker.check(&session, &out);
+                out.clear();
                 continue;
             }
             Op::DigestError { bhs: raw } => {

@@ -28,6 +28,8 @@ pub mod status {
 /// One SCSI command handed to the backend.
 #[derive(Clone, Copy, Debug)]
 pub struct ScsiRequest<'a> {
+    /// The initiator task tag: names the task when a deferred execution completes.
+    pub itt: u32,
     pub lun: [u8; 8],
     pub cdb: &'a [u8],
     pub data_out: &'a [u8],
@@ -44,6 +46,16 @@ pub struct ScsiOutcome {
     pub status: u8,
     /// Bytes the CDB itself transfers out (writes); reads use the Data-In length.
     pub transfer_len: u32,
+}
+
+/// How the backend ran a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Execution {
+    /// Finished: `data_in` and `sense` hold its results.
+    Done(ScsiOutcome),
+    /// Running elsewhere (e.g. a durable write on a disk-backed LU, off the network worker); the
+    /// engine calls [`Session::complete`] with the task's ITT when it finishes.
+    Deferred,
 }
 
 /// Task management functions (RFC 7143 §11.5.1).
@@ -93,13 +105,14 @@ pub struct DiscoveredTarget {
 }
 
 pub trait ScsiBackend {
-    /// Runs one command to completion. `data_in` and `sense` arrive empty.
+    /// Runs one command, or starts it elsewhere and answers [`Execution::Deferred`]. `data_in` and
+    /// `sense` arrive empty.
     fn execute(
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
         sense: &mut Vec<u8>,
-    ) -> ScsiOutcome;
+    ) -> Execution;
     /// Does this LUN exist for this session? (TMF answers "LUN does not exist" otherwise.)
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool;
     /// LU-level effects of a TMF (the core has already dropped its own pending tasks).
@@ -174,6 +187,17 @@ struct PendingWrite {
     received: u32,
 }
 
+/// A command the backend is running elsewhere.
+#[derive(Debug)]
+struct RunningTask {
+    itt: u32,
+    lun: [u8; 8],
+    expected_len: u32,
+    read: bool,
+    /// Aborted by a TMF while running: its completion sends nothing (RFC 7143 §11.5.1).
+    aborted: bool,
+}
+
 #[derive(Debug)]
 struct TextContinuation {
     ttt: u32,
@@ -191,7 +215,12 @@ pub struct Session {
     pending: Vec<PendingWrite>,
     pending_write_bytes: usize,
     /// Out-of-order commands inside the window: (CmdSN, the PDU's bytes).
-    deferred: Vec<(u32, Vec<u8>)>,
+    out_of_order: Vec<(u32, Vec<u8>)>,
+    /// Commands the backend is running elsewhere.
+    running: Vec<RunningTask>,
+    /// The highest MaxCmdSN granted so far: the window may shrink as tasks pile up, but MaxCmdSN
+    /// never goes back (RFC 7143 §4.2.2.1).
+    max_cmd_sn_granted: u32,
     next_ttt: u32,
     text_in: Vec<u8>,
     text_out: Option<TextContinuation>,
@@ -228,7 +257,9 @@ impl Session {
             exp_cmd_sn,
             pending: Vec::new(),
             pending_write_bytes: 0,
-            deferred: Vec::new(),
+            out_of_order: Vec::new(),
+            running: Vec::new(),
+            max_cmd_sn_granted: exp_cmd_sn.wrapping_add(limits.queue_depth.max(1) - 1),
             next_ttt: 1,
             text_in: Vec::new(),
             text_out: None,
@@ -252,9 +283,28 @@ impl Session {
         self.exp_cmd_sn
     }
 
+    /// The end of the command window as last granted to the initiator.
     pub fn max_cmd_sn(&self) -> u32 {
-        self.exp_cmd_sn
-            .wrapping_add(self.limits.queue_depth.max(1) - 1)
+        self.max_cmd_sn_granted
+    }
+
+    /// Commands running elsewhere (deferred by the backend).
+    pub fn running_tasks(&self) -> usize {
+        self.running.len()
+    }
+
+    /// The window to advertise now: the queue depth minus tasks still outstanding (pending data or
+    /// running elsewhere), so a slow backend throttles the initiator instead of queueing without
+    /// bound. Never below what was granted before.
+    fn grant_window(&mut self) -> u32 {
+        let outstanding = (self.pending.len() + self.running.len()) as u32;
+        let slots = self.limits.queue_depth.max(1).saturating_sub(outstanding);
+        // slots == 0 closes the window: MaxCmdSN = ExpCmdSN - 1.
+        let candidate = self.exp_cmd_sn.wrapping_add(slots).wrapping_sub(1);
+        if serial::lt(self.max_cmd_sn_granted, candidate) {
+            self.max_cmd_sn_granted = candidate;
+        }
+        self.max_cmd_sn_granted
     }
 
     /// Writes waiting for data (for metrics and tests).
@@ -335,41 +385,41 @@ impl Session {
         if bhs.immediate() {
             return self.dispatch(opcode, pdu, backend, out);
         }
-        if cmd_sn == self.exp_cmd_sn {
+        if cmd_sn == self.exp_cmd_sn && serial::le(cmd_sn, self.max_cmd_sn_granted) {
             self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
             let flow = self.dispatch(opcode, pdu, backend, out);
             if flow == Flow::Close {
                 return flow;
             }
-            return self.run_deferred(now, backend, out);
+            return self.run_out_of_order(now, backend, out);
         }
         if serial::in_window(cmd_sn, self.exp_cmd_sn, self.max_cmd_sn())
-            && self.deferred.len() < self.limits.queue_depth as usize
-            && !self.deferred.iter().any(|(sn, _)| *sn == cmd_sn)
+            && self.out_of_order.len() < self.limits.queue_depth as usize
+            && !self.out_of_order.iter().any(|(sn, _)| *sn == cmd_sn)
         {
             // A gap before it: keep a copy until the missing commands arrive.
             let mut copy = Vec::with_capacity(pdu::BHS_LEN + pdu.ahs.len() + pdu.data.len());
             copy.extend_from_slice(&bhs.0);
             copy.extend_from_slice(pdu.ahs);
             copy.extend_from_slice(pdu.data);
-            self.deferred.push((cmd_sn, copy));
+            self.out_of_order.push((cmd_sn, copy));
         }
         // Outside the window (or a duplicate): silently ignored.
         Flow::Continue
     }
 
-    fn run_deferred(
+    fn run_out_of_order(
         &mut self,
         now: Instant,
         backend: &mut dyn ScsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         while let Some(pos) = self
-            .deferred
+            .out_of_order
             .iter()
             .position(|(sn, _)| *sn == self.exp_cmd_sn)
         {
-            let (_, raw) = self.deferred.swap_remove(pos);
+            let (_, raw) = self.out_of_order.swap_remove(pos);
             let Some(bhs) = Bhs::from_slice(&raw) else {
                 continue;
             };
@@ -473,6 +523,7 @@ impl Session {
         }
         if !write || edtl == 0 || pdu.data.len() == edtl as usize {
             let req = ScsiRequest {
+                itt,
                 lun,
                 cdb: &cdb,
                 data_out: if write { pdu.data } else { &[] },
@@ -481,7 +532,7 @@ impl Session {
                 write,
                 task_attr,
             };
-            self.execute(itt, &req, backend, out);
+            self.execute(&req, backend, out);
             return Flow::Continue;
         }
         if edtl > self.limits.max_write_bytes {
@@ -621,6 +672,7 @@ impl Session {
         let task = self.pending.swap_remove(index);
         self.pending_write_bytes -= task.edtl as usize;
         let req = ScsiRequest {
+            itt: task.itt,
             lun: task.lun,
             cdb: &task.cdb,
             data_out: &task.buf,
@@ -629,18 +681,12 @@ impl Session {
             write: true,
             task_attr: task.task_attr,
         };
-        self.execute(task.itt, &req, backend, out);
+        self.execute(&req, backend, out);
         out.give_back(task.buf);
         Flow::Continue
     }
 
-    fn execute(
-        &mut self,
-        itt: u32,
-        req: &ScsiRequest<'_>,
-        backend: &mut dyn ScsiBackend,
-        out: &mut Outbox,
-    ) {
+    fn execute(&mut self, req: &ScsiRequest<'_>, backend: &mut dyn ScsiBackend, out: &mut Outbox) {
         let mut data_in = if req.read {
             out.take_buffer()
         } else {
@@ -648,8 +694,80 @@ impl Session {
         };
         data_in.clear();
         self.sense_buf.clear();
-        let outcome = backend.execute(req, &mut data_in, &mut self.sense_buf);
-        let edtl = req.expected_len as usize;
+        match backend.execute(req, &mut data_in, &mut self.sense_buf) {
+            Execution::Done(outcome) => {
+                self.finish(
+                    req.itt,
+                    req.lun,
+                    req.expected_len,
+                    req.read,
+                    outcome,
+                    data_in,
+                    out,
+                );
+            }
+            Execution::Deferred => {
+                if req.read {
+                    out.give_back(data_in);
+                } else {
+                    self.data_in_buf = data_in;
+                }
+                self.running.push(RunningTask {
+                    itt: req.itt,
+                    lun: req.lun,
+                    expected_len: req.expected_len,
+                    read: req.read,
+                    aborted: false,
+                });
+            }
+        }
+    }
+
+    /// A deferred command finished: send its Data-In and status (nothing if a TMF aborted it).
+    /// Returns false for an ITT that is not running (e.g. the session was reset meanwhile).
+    pub fn complete(
+        &mut self,
+        itt: u32,
+        outcome: ScsiOutcome,
+        data_in: Vec<u8>,
+        sense: &[u8],
+        out: &mut Outbox,
+    ) -> bool {
+        let Some(index) = self.running.iter().position(|t| t.itt == itt) else {
+            return false;
+        };
+        let task = self.running.swap_remove(index);
+        if task.aborted {
+            return true;
+        }
+        self.sense_buf.clear();
+        self.sense_buf.extend_from_slice(sense);
+        self.finish(
+            task.itt,
+            task.lun,
+            task.expected_len,
+            task.read,
+            outcome,
+            data_in,
+            out,
+        );
+        true
+    }
+
+    /// Builds the Data-In PDUs and/or SCSI Response of a finished command from `data_in` and
+    /// `self.sense_buf`.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        itt: u32,
+        lun: [u8; 8],
+        expected_len: u32,
+        read: bool,
+        outcome: ScsiOutcome,
+        data_in: Vec<u8>,
+        out: &mut Outbox,
+    ) {
+        let edtl = expected_len as usize;
         // The SCSI layer reports what the CDB itself moves; the difference is the residual.
         let actual = outcome.transfer_len as usize;
         let (residual_flag, residual) = match actual.cmp(&edtl) {
@@ -658,14 +776,14 @@ impl Session {
             std::cmp::Ordering::Equal => (0, 0),
         };
         let sense_len = self.sense_buf.len();
-        let send_len = if req.read { data_in.len().min(edtl) } else { 0 };
+        let send_len = if read { data_in.len().min(edtl) } else { 0 };
         if send_len > 0 {
             // Status rides in the last Data-In when there is no sense data (RFC 7143 §11.7.4).
             let with_status = sense_len == 0;
             let index = out.adopt(data_in);
             self.data_in_pdus(
                 itt,
-                req.lun,
+                lun,
                 index,
                 send_len,
                 with_status,
@@ -677,7 +795,7 @@ impl Session {
             if with_status {
                 return;
             }
-        } else if req.read {
+        } else if read {
             out.give_back(data_in);
         } else {
             self.data_in_buf = data_in;
@@ -807,6 +925,10 @@ impl Session {
                     self.pending_write_bytes -= task.edtl as usize;
                     out.give_back(task.buf);
                     tmf_response::COMPLETE
+                } else if let Some(task) = self.running.iter_mut().find(|t| t.itt == referenced) {
+                    // Running elsewhere: it cannot be stopped midway, but it will send nothing.
+                    task.aborted = true;
+                    tmf_response::COMPLETE
                 } else if serial::lt(ref_cmd_sn, self.exp_cmd_sn) {
                     // Received and already completed: nothing left to abort.
                     tmf_response::TASK_DOES_NOT_EXIST
@@ -826,12 +948,14 @@ impl Session {
                     tmf_response::LUN_DOES_NOT_EXIST
                 } else {
                     self.drop_pending(|p| p.lun == lun, out);
+                    self.abort_running(|t| t.lun == lun);
                     backend.task_management(f, lun)
                 }
             }
             Some(TmfFunction::ClearAca) => tmf_response::NOT_SUPPORTED,
             Some(f @ (TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset)) => {
                 self.drop_pending(|_| true, out);
+                self.abort_running(|_| true);
                 close = f == TmfFunction::TargetColdReset;
                 backend.task_management(f, lun)
             }
@@ -848,6 +972,12 @@ impl Session {
             Flow::Close
         } else {
             Flow::Continue
+        }
+    }
+
+    fn abort_running(&mut self, which: impl Fn(&RunningTask) -> bool) {
+        for task in self.running.iter_mut().filter(|t| which(t)) {
+            task.aborted = true;
         }
     }
 
@@ -994,6 +1124,7 @@ impl Session {
         self.push_pdu(out, &resp, &[]);
         if response == 0 {
             self.drop_pending(|_| true, out);
+            self.abort_running(|_| true);
             self.logged_out = true;
             Flow::Close
         } else {
@@ -1020,9 +1151,10 @@ impl Session {
         self.stamp_no_status(bhs);
     }
 
-    fn stamp_no_status(&self, bhs: &mut Bhs) {
+    fn stamp_no_status(&mut self, bhs: &mut Bhs) {
         bhs.set_u32(off::EXP_CMD_SN, self.exp_cmd_sn);
-        bhs.set_u32(off::MAX_CMD_SN, self.max_cmd_sn());
+        let max = self.grant_window();
+        bhs.set_u32(off::MAX_CMD_SN, max);
     }
 
     fn alloc_ttt(&mut self) -> u32 {

@@ -15,8 +15,8 @@ use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::outbox::{Outbox, Part};
 use iscsi::pdu::{self, FrameError, Framing};
 use iscsi::session::{
-    DiscoveredTarget, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits,
-    TmfFunction,
+    DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
+    SessionLimits, TmfFunction,
 };
 use scsi::{LunMap, Nexus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -174,8 +174,24 @@ impl LoginPolicy for Policy<'_> {
 }
 
 /// The SCSI side of one session: its LUN map and I_T nexus.
+/// A command that ran on the blocking pool, on its way back to its connection.
+struct Completed {
+    itt: u32,
+    outcome: ScsiOutcome,
+    data_in: Vec<u8>,
+    sense: Vec<u8>,
+    /// Data-Out bytes it held (released from the connection's budget).
+    held_bytes: usize,
+}
+
 struct Backend<'a> {
     shared: &'a Shared,
+    /// LUNs of this session whose durable operations run on the blocking pool.
+    slow_durable_luns: Arc<Vec<u64>>,
+    completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+    /// Data-Out bytes held by commands on the blocking pool; past the budget, commands run inline.
+    deferred_bytes: usize,
+    deferred_bytes_max: usize,
     /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
     peer: SocketAddr,
     target_iqn: Option<String>,
@@ -187,19 +203,86 @@ struct Backend<'a> {
     sense: [u8; scsi::sense::SENSE_BYTES_MAX],
 }
 
+impl Backend<'_> {
+    /// Runs the command on tokio's blocking pool; its completion returns through the channel.
+    fn defer(&mut self, luns: Arc<LunMap>, nexus: Nexus, lun: u64, req: &ScsiRequest<'_>) {
+        let itt = req.itt;
+        let cdb = req.cdb.to_vec();
+        let data_out = req.data_out.to_vec();
+        let held_bytes = data_out.len();
+        let data_in_limit = req.expected_len;
+        let completions = self.completions.clone();
+        self.deferred_bytes += held_bytes;
+        tokio::task::spawn_blocking(move || {
+            let cmd = scsi::Command {
+                cdb: &cdb,
+                data_out: &data_out,
+                data_in_limit,
+            };
+            let mut data_in = Vec::new();
+            let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
+            let mut sense = Vec::new();
+            if let Some(s) = completion.sense {
+                let mut buf = [0u8; scsi::sense::SENSE_BYTES_MAX];
+                let n = s.encode(&mut buf);
+                sense.extend_from_slice(&buf[..n]);
+            }
+            // The connection may be gone by now; then nobody waits for the answer.
+            let _ = completions.send(Completed {
+                itt,
+                outcome: ScsiOutcome {
+                    status: completion.status.code(),
+                    transfer_len: completion.transfer_len,
+                },
+                data_in,
+                sense,
+                held_bytes,
+            });
+        });
+    }
+}
+
+/// Whether this command must wait for the device to make data durable: write-through or FUA
+/// writes, cache flushes, and the commands that write or deallocate as a side effect.
+fn waits_for_device(luns: &LunMap, lun: u64, cdb: &[u8]) -> bool {
+    let Some(&opcode) = cdb.first() else {
+        return false;
+    };
+    let fua = cdb.get(1).is_some_and(|b| b & 0x08 != 0);
+    let write_back = luns.get(lun).is_some_and(|e| e.lu.write_cache_enabled());
+    match opcode {
+        // WRITE(6): no FUA bit.
+        0x0a => !write_back,
+        // WRITE(10/12/16).
+        0x2a | 0xaa | 0x8a => !write_back || fua,
+        // SYNCHRONIZE CACHE(10/16), WRITE AND VERIFY(10/12/16), WRITE SAME(10/16), UNMAP,
+        // COMPARE AND WRITE, ORWRITE.
+        0x35 | 0x91 | 0x2e | 0xae | 0x8e | 0x41 | 0x93 | 0x42 | 0x89 | 0x8b => true,
+        _ => false,
+    }
+}
+
 impl ScsiBackend for Backend<'_> {
     fn execute(
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
         sense: &mut Vec<u8>,
-    ) -> ScsiOutcome {
+    ) -> Execution {
         let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
-            return ScsiOutcome {
+            return Execution::Done(ScsiOutcome {
                 status: 0x02,
                 transfer_len: 0,
-            };
+            });
         };
+        let lun = scsi::lun_from_wire(req.lun);
+        if self.slow_durable_luns.contains(&lun)
+            && self.deferred_bytes + req.data_out.len() <= self.deferred_bytes_max
+            && waits_for_device(luns, lun, req.cdb)
+        {
+            self.defer(Arc::clone(luns), nexus.clone(), lun, req);
+            return Execution::Deferred;
+        }
         let cmd = scsi::Command {
             cdb: req.cdb,
             data_out: req.data_out,
@@ -210,10 +293,10 @@ impl ScsiBackend for Backend<'_> {
             let n = s.encode(&mut self.sense);
             sense.extend_from_slice(&self.sense[..n]);
         }
-        ScsiOutcome {
+        Execution::Done(ScsiOutcome {
             status: completion.status.code(),
             transfer_len: completion.transfer_len,
-        }
+        })
     }
 
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
@@ -373,8 +456,13 @@ impl Driver {
             return Err("login completed without a session".into());
         };
 
+        let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
         let mut backend = Backend {
             shared,
+            slow_durable_luns: Arc::new(Vec::new()),
+            completions,
+            deferred_bytes: 0,
+            deferred_bytes_max: limits.memory_per_connection_bytes as usize,
             peer: self.peer,
             target_iqn: established.target_name.clone(),
             initiator: established.initiator_name.clone(),
@@ -409,6 +497,7 @@ impl Driver {
                     entry.lu.nexus_added(id);
                 }
                 backend.luns = Some(Arc::clone(&group.luns));
+                backend.slow_durable_luns = Arc::clone(&group.slow_durable_luns);
             }
         }
         tracing::info!(
@@ -440,7 +529,7 @@ impl Driver {
             Instant::now(),
         );
         let result = self
-            .full_feature(&mut session, &mut backend, &mut ticket)
+            .full_feature(&mut session, &mut backend, &mut ticket, &mut completed)
             .await;
         if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
             for entry in luns.entries() {
@@ -506,6 +595,7 @@ impl Driver {
         session: &mut Session,
         backend: &mut Backend<'_>,
         ticket: &mut SessionTicket,
+        completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
     ) -> Result<(), String> {
         let mut ticker = tokio::time::interval(Duration::from_secs(1));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -535,6 +625,10 @@ impl Driver {
                         tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)");
                         return Ok(());
                     }
+                }
+                                Some(done) = completed.recv() => {
+                    backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
+                    session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
                 }
                 changed = ticket.kill.changed() => {
                     if changed.is_err() || *ticket.kill.borrow() {

@@ -23,6 +23,9 @@ pub struct GroupRuntime {
     pub initiators: Vec<String>,
     pub any_initiator: bool,
     pub luns: Arc<LunMap>,
+    /// LUNs whose durable operations (write-through writes, FUA, SYNCHRONIZE CACHE, UNMAP, ...)
+    /// wait for a real device: they run on the blocking pool, never on a network worker.
+    pub slow_durable_luns: Arc<Vec<u64>>,
 }
 
 pub struct TargetRuntime {
@@ -395,6 +398,22 @@ fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
         .map_err(|e| format!("device {}: {e}", device.name))
 }
 
+/// Whether making data durable on this store waits for a device. RAM never does; files on
+/// tmpfs/ramfs have nothing to flush; anything else (disk filesystems, block devices) does.
+fn durable_ops_block(kind: &StoreKind) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let path = match kind {
+        StoreKind::Ram { .. } => return false,
+        StoreKind::File { path, .. } | StoreKind::Block { path } => path,
+    };
+    match rustix::fs::statfs(path.as_path()) {
+        #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
+        Ok(st) => !matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC),
+        Err(_) => true,
+    }
+}
+
 fn product_name(kind: &StoreKind) -> &'static str {
     match kind {
         StoreKind::Ram { .. } => "RAM DISK",
@@ -415,8 +434,12 @@ fn revision() -> String {
 
 fn build(config: &Config) -> Result<Shared, String> {
     let mut units: HashMap<&str, Arc<LogicalUnit>> = HashMap::new();
+    let mut slow_devices: Vec<&str> = Vec::new();
     for device in &config.devices {
         units.insert(device.name.as_str(), open_unit(device)?);
+        if durable_ops_block(&device.store) {
+            slow_devices.push(device.name.as_str());
+        }
     }
     let mut targets = Vec::new();
     for t in &config.targets {
@@ -429,7 +452,11 @@ fn build(config: &Config) -> Result<Shared, String> {
         let mut target_units: Vec<Arc<LogicalUnit>> = Vec::new();
         for g in &t.groups {
             let mut entries = Vec::new();
+            let mut slow_durable_luns = Vec::new();
             for m in &g.luns {
+                if slow_devices.contains(&m.device.as_str()) {
+                    slow_durable_luns.push(m.lun);
+                }
                 let unit = units
                     .get(m.device.as_str())
                     .ok_or_else(|| format!("target {}: unknown device {}", t.iqn, m.device))?;
@@ -445,6 +472,7 @@ fn build(config: &Config) -> Result<Shared, String> {
                 initiators: g.initiators.clone(),
                 any_initiator: g.any_initiator,
                 luns: Arc::new(luns),
+                slow_durable_luns: Arc::new(slow_durable_luns),
             });
         }
         let ports = portal_groups

@@ -9,6 +9,9 @@ struct Backend {
     sense: Vec<u8>,
     status: u8,
     tmf: Vec<TmfFunction>,
+    /// Answer Deferred and remember the ITT instead of running the command.
+    defer: bool,
+    deferred: Vec<u32>,
 }
 
 impl ScsiBackend for Backend {
@@ -17,7 +20,11 @@ impl ScsiBackend for Backend {
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
         sense: &mut Vec<u8>,
-    ) -> ScsiOutcome {
+    ) -> Execution {
+        if self.defer {
+            self.deferred.push(req.itt);
+            return Execution::Deferred;
+        }
         self.executed
             .push((req.cdb.to_vec(), req.data_out.to_vec(), req.expected_len));
         let mut transfer_len = req.data_out.len() as u32;
@@ -28,14 +35,14 @@ impl ScsiBackend for Backend {
             transfer_len = self.read_data.len() as u32;
         }
         sense.extend_from_slice(&self.sense);
-        ScsiOutcome {
+        Execution::Done(ScsiOutcome {
             status: self.status,
             transfer_len: if self.sense.is_empty() {
                 transfer_len
             } else {
                 0
             },
-        }
+        })
     }
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
         lun == [0; 8]
@@ -662,4 +669,134 @@ fn extended_cdb_from_ahs() {
     h.s.handle(&pdu, h.now, &mut h.b, &mut out);
     assert_eq!(h.b.executed[0].0.len(), 20);
     assert_eq!(&h.b.executed[0].0[16..], &[0xaa, 0xbb, 0xcc, 0xdd]);
+}
+
+#[test]
+fn deferred_commands_complete_later_and_shrink_the_window() {
+    let limits = SessionLimits {
+        queue_depth: 4,
+        ..SessionLimits::default()
+    };
+    let mut h = harness_with(SessionType::Normal, params(), limits);
+    h.b.defer = true;
+    assert_eq!(h.s.max_cmd_sn(), 1 + 3);
+    let mut last = Bhs::new(Opcode::NopIn);
+    for itt in 1..=3u32 {
+        let cmd = h.command(&WRITE10, 0xa0, 512, itt);
+        let (_, r) = h.send(cmd, &[7; 512]);
+        assert!(r.is_empty(), "nothing is sent until the backend completes");
+        last = cmd;
+    }
+    let _ = last;
+    assert_eq!(h.s.running_tasks(), 3);
+    // Completing one sends its status; the window reflects the two still running.
+    let mut out = Outbox::new(4);
+    let good = ScsiOutcome {
+        status: status::GOOD,
+        transfer_len: 512,
+    };
+    assert!(h.s.complete(2, good, Vec::new(), &[], &mut out));
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.itt(), 2);
+    assert_eq!(r[0].0 .0[3], status::GOOD);
+    assert_eq!(r[0].0.u32_at(off::EXP_CMD_SN), 4);
+    // ExpCmdSN 4, 2 running: 2 slots, MaxCmdSN 5 (it never goes below the first grant of 4).
+    assert_eq!(r[0].0.u32_at(off::MAX_CMD_SN), 5);
+    // An unknown ITT is not completed twice.
+    assert!(!h.s.complete(2, good, Vec::new(), &[], &mut out));
+}
+
+#[test]
+fn deferred_read_returns_data_and_sense_on_completion() {
+    let mut h = harness();
+    h.b.defer = true;
+    let cmd = h.command(&READ10, 0xc0, 4096, 9);
+    let (_, r) = h.send(cmd, &[]);
+    assert!(r.is_empty());
+    let mut out = Outbox::new(4);
+    let ok = ScsiOutcome {
+        status: status::GOOD,
+        transfer_len: 4096,
+    };
+    assert!(h.s.complete(9, ok, vec![3; 4096], &[], &mut out));
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::DataIn as u8);
+    assert_eq!(r[0].0.flags() & 0x01, 0x01, "status in the Data-In");
+    assert_eq!(r[0].1, vec![3; 4096]);
+    // With sense: a SCSI Response carries it.
+    let cmd = h.command(&READ10, 0xc0, 4096, 10);
+    h.send(cmd, &[]);
+    let mut out = Outbox::new(4);
+    let bad = ScsiOutcome {
+        status: status::CHECK_CONDITION,
+        transfer_len: 0,
+    };
+    let sense = [0x70, 0, 3, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x11, 0, 0, 0, 0, 0];
+    assert!(h.s.complete(10, bad, Vec::new(), &sense, &mut out));
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(r[0].0.opcode_raw(), Opcode::ScsiResponse as u8);
+    assert_eq!(r[0].0 .0[3], status::CHECK_CONDITION);
+    assert_eq!(&r[0].1[2..], &sense);
+}
+
+#[test]
+fn aborted_deferred_tasks_send_nothing() {
+    let mut h = harness();
+    h.b.defer = true;
+    let cmd = h.command(&WRITE10, 0xa0, 512, 21);
+    h.send(cmd, &[1; 512]);
+    let cmd = h.command(&WRITE10, 0xa0, 512, 22);
+    h.send(cmd, &[1; 512]);
+    let mut tmf = Bhs::new(Opcode::TaskMgmtRequest);
+    tmf.set_immediate(true);
+    tmf.set_flags(0x80 | 1);
+    tmf.set_itt(100);
+    tmf.set_u32(20, 21);
+    tmf.set_u32(off::CMD_SN, h.cmd_sn);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    // LUN reset aborts the other one too.
+    tmf.set_flags(0x80 | 5);
+    tmf.set_itt(101);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    let mut out = Outbox::new(4);
+    let good = ScsiOutcome {
+        status: status::GOOD,
+        transfer_len: 512,
+    };
+    assert!(h.s.complete(21, good, Vec::new(), &[], &mut out));
+    assert!(h.s.complete(22, good, Vec::new(), &[], &mut out));
+    assert!(out.is_empty(), "aborted tasks produce no response");
+    assert_eq!(h.s.running_tasks(), 0);
+}
+
+#[test]
+fn a_full_window_closes_and_reopens() {
+    let limits = SessionLimits {
+        queue_depth: 2,
+        ..SessionLimits::default()
+    };
+    let mut h = harness_with(SessionType::Normal, params(), limits);
+    h.b.defer = true;
+    let c1 = h.command(&WRITE10, 0xa0, 512, 1);
+    h.send(c1, &[0; 512]);
+    let c2 = h.command(&WRITE10, 0xa0, 512, 2);
+    h.send(c2, &[0; 512]);
+    // Window granted at login was [1, 2]; both used. A third beyond it is dropped.
+    let c3 = h.command(&WRITE10, 0xa0, 512, 3);
+    let (_, r) = h.send(c3, &[0; 512]);
+    assert!(r.is_empty());
+    assert_eq!(h.b.deferred, vec![1, 2]);
+    let mut out = Outbox::new(4);
+    let good = ScsiOutcome {
+        status: status::GOOD,
+        transfer_len: 512,
+    };
+    h.s.complete(1, good, Vec::new(), &[], &mut out);
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    // ExpCmdSN 3 with one task running: one slot, MaxCmdSN 3.
+    assert_eq!(r[0].0.u32_at(off::MAX_CMD_SN), 3);
 }

@@ -132,7 +132,8 @@ impl LogicalUnit {
         let shift = self.block_shift;
         out.push(0x01); // WSNZ: WRITE SAME with zero blocks is rejected
         out.push(COMPARE_AND_WRITE_BLOCKS_MAX);
-        out.extend_from_slice(&1u16.to_be_bytes()); // optimal transfer length granularity
+        // Optimal transfer length granularity: one physical block.
+        out.extend_from_slice(&((PHYSICAL_BLOCK_BYTES >> shift).max(1) as u16).to_be_bytes());
         out.extend_from_slice(&(TRANSFER_BYTES_MAX >> shift).to_be_bytes());
         out.extend_from_slice(&(TRANSFER_BYTES_OPTIMAL >> shift).to_be_bytes());
         out.extend_from_slice(&(TRANSFER_BYTES_MAX >> shift).to_be_bytes()); // max pre-fetch

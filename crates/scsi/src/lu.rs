@@ -63,6 +63,8 @@ pub(crate) const WRITE_SAME_BLOCKS_MAX: u32 = 0xFFFF;
 pub(crate) const COMPARE_AND_WRITE_BLOCKS_MAX: u8 = 128;
 /// Discard is exact to 4 KiB on every store (file hole punching works in filesystem blocks).
 pub(crate) const UNMAP_GRANULARITY_BYTES: u32 = 4096;
+/// Reported physical block size (READ CAPACITY (16)); equal to the UNMAP granularity.
+pub(crate) const PHYSICAL_BLOCK_BYTES: u32 = 4096;
 
 pub struct LogicalUnit {
     pub(crate) store: Arc<dyn BlockStore>,
@@ -139,6 +141,11 @@ impl LogicalUnit {
     /// Current WCE bit (write-back caching enabled).
     pub fn write_cache_enabled(&self) -> bool {
         self.mode.wce.load(Ordering::Relaxed)
+    }
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: the physical block is 4 KiB (the unit of
+    /// discard and of the stores' chunks), so a 512-byte LU reports 2^3 blocks per physical block.
+    pub(crate) fn physical_block_exponent(&self) -> u8 {
+        (PHYSICAL_BLOCK_BYTES.trailing_zeros().saturating_sub(self.block_shift)) as u8
     }
     pub(crate) fn block_count(&self) -> u64 {
         self.store.size_bytes() >> self.block_shift

@@ -422,8 +422,9 @@ impl LogicalUnit {
         data_in.extend_from_slice(&(self.block_count() - 1).to_be_bytes());
         data_in.extend_from_slice(&self.settings.block_size.to_be_bytes());
         data_in.push(0); // no protection information
-        data_in.push(0); // one logical block per physical block
-                         // LBPME and LBPRZ: deallocated blocks read back as zeros on every store.
+        data_in.push(self.physical_block_exponent());
+        // LBPME and LBPRZ (deallocated blocks read back as zeros on every store); lowest
+        // aligned LBA 0.
         data_in.push(if self.settings.thin { 0xC0 } else { 0 });
         data_in.resize(32, 0);
         Ok(finish_data_in(data_in, cdb.be32(10), cmd.data_in_limit))

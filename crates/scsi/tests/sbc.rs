@@ -556,7 +556,9 @@ fn read_capacity() {
     assert_eq!(d.len(), 32);
     assert_eq!(u64::from_be_bytes(d[..8].try_into().unwrap()), n - 1);
     assert_eq!(u32::from_be_bytes(d[8..12].try_into().unwrap()), 512);
-    assert_eq!(d[14], 0xC0); // LBPME | LBPRZ
+    assert_eq!(d[13], 3); // 8 logical blocks per 4 KiB physical block
+    assert_eq!(d[14], 0xC0); // LBPME | LBPRZ, lowest aligned LBA 0
+    assert_eq!(d[15], 0);
     let c = t.run(&cdb16(0x9E, 0, 12).map_service_action(0x10), &[]);
     assert_eq!((c.transfer_len, t.data_in.len()), (12, 12));
     // Unknown SERVICE ACTION IN service action.
@@ -574,6 +576,8 @@ fn block_size_4096() {
     );
     let d = t.ok(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
     assert_eq!(d, [0, 0, 3, 0xFF, 0, 0, 0x10, 0]);
+    let d = t.ok(&cdb16(0x9E, 0, 32).map_service_action(0x10), &[]);
+    assert_eq!(d[13], 0); // one logical block per physical block
     let data = pattern(8192, 3);
     t.ok(&write10(1023, 1), &data[..4096]);
     lba_oob(&t.err(&write10(1023, 2), &data));

@@ -123,6 +123,7 @@ fn block_limits_and_provisioning_pages() {
     let be32 = |at: usize| u32::from_be_bytes(d[at..at + 4].try_into().unwrap());
     assert_eq!(d[4] & 1, 1); // WSNZ
     assert_eq!(d[5], 128); // max compare and write
+    assert_eq!(&d[6..8], &[0, 8]); // optimal transfer length granularity: one physical block
     assert_eq!(be32(8), (8 << 20) / 512);
     assert_eq!(be32(20), 1 << 20);
     assert_eq!(be32(24), 256);

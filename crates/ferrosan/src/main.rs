@@ -37,6 +37,9 @@ enum Command {
         /// Worker threads (0 = one per core).
         #[arg(long)]
         workers: Option<usize>,
+        /// Serve Prometheus metrics at http://ADDR:PORT/metrics (overrides the config file's).
+        #[arg(long)]
+        metrics_listen: Option<String>,
     },
     /// Validate a configuration file without serving; errors name file, line and field.
     CheckConfig { file: PathBuf },
@@ -74,12 +77,21 @@ fn main() -> ExitCode {
             target,
             lun,
             workers,
+            metrics_listen,
         }) => {
             let loaded = match config {
                 Some(path) => Config::load(&path).map_err(|e| e.to_string()),
                 None => Config::from_cli(&listen, target.as_deref().unwrap_or(""), &lun)
                     .map_err(|e| e.to_string()),
             };
+            let loaded = loaded.and_then(|mut c| {
+                if let Some(addr) = metrics_listen {
+                    let addr = target::config::parse_listen(&addr)
+                        .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+                    c.server.metrics_listen = Some(addr);
+                }
+                Ok(c)
+            });
             serve(loaded, workers)
         }
         None => serve(Ok(Config::demo()), None),

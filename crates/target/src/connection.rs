@@ -86,6 +86,7 @@ impl Policy<'_> {
                 initiator = initiator_name,
                 "login refused: too many failed logins from this address"
             );
+            self.shared.metrics.limit("login_failures_max");
             return Err(LoginStatus::SERVICE_UNAVAILABLE);
         }
         Ok(())
@@ -161,12 +162,20 @@ impl LoginPolicy for Policy<'_> {
         key: &SessionKey,
         _session_type: SessionType,
     ) -> Result<u16, LoginStatus> {
-        let ticket = self.shared.registry.open(
-            &key.initiator_name,
-            key.isid,
-            key.target_name.as_deref(),
-            key.tsih,
-        )?;
+        let ticket = self
+            .shared
+            .registry
+            .open(
+                &key.initiator_name,
+                key.isid,
+                key.target_name.as_deref(),
+                key.tsih,
+            )
+            .inspect_err(|status| {
+                if *status == LoginStatus::OUT_OF_RESOURCES {
+                    self.shared.metrics.limit("max_sessions");
+                }
+            })?;
         let tsih = ticket.tsih();
         self.ticket = Some(ticket);
         Ok(tsih)
@@ -440,15 +449,25 @@ impl Driver {
             .await
             {
                 Ok(step) => step?,
-                Err(_) => return Err("login timed out".into()),
+                Err(_) => {
+                    shared.metrics.limit("login_timeout_s");
+                    return Err("login timed out".into());
+                }
             };
+            // Count and log before the response goes out, so anyone who saw it sees the count.
+            match &step {
+                LoginStep::Continue => {}
+                LoginStep::Failed(status) => {
+                    let result = format!("{:02x}{:02x}", status.class, status.detail);
+                    shared.metrics.login(result);
+                    self.login_failed(shared, &login, *status);
+                }
+                LoginStep::Complete(_) => shared.metrics.login("success".into()),
+            }
             self.flush().await?;
             match step {
                 LoginStep::Continue => continue,
-                LoginStep::Failed(status) => {
-                    self.login_failed(shared, &login, status);
-                    return Ok(());
-                }
+                LoginStep::Failed(_) => return Ok(()),
                 LoginStep::Complete(est) => break est,
             }
         };
@@ -528,9 +547,11 @@ impl Driver {
             established.exp_cmd_sn,
             Instant::now(),
         );
+        shared.metrics.sessions.inc();
         let result = self
             .full_feature(&mut session, &mut backend, &mut ticket, &mut completed)
             .await;
+        shared.metrics.sessions.dec();
         if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
             for entry in luns.entries() {
                 entry.lu.nexus_lost(nexus.id);

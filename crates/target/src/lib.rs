@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod connection;
+pub mod metrics;
 pub mod registry;
 pub mod server;
 

@@ -71,6 +71,7 @@ pub struct Shared {
     /// CHAP algorithms accepted, in order of preference.
     pub chap_algorithms: Vec<ChapAlgorithm>,
     login_failures: Mutex<LoginFailures>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Sources whose failures are remembered at most; past it, sources whose failures all expired
@@ -106,6 +107,7 @@ impl Shared {
             return Err("max_connections_per_source");
         }
         *n += 1;
+        self.metrics.connections.inc();
         Ok(ConnectionGuard {
             shared: Arc::clone(self),
             source,
@@ -187,6 +189,7 @@ pub struct ConnectionGuard {
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
         self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+        self.shared.metrics.connections.dec();
         let mut per = self
             .shared
             .per_source
@@ -233,6 +236,13 @@ impl Server {
             bound.push(local);
             listeners.push((socket, tag));
         }
+        let metrics_listener = match config.server.metrics_listen {
+            Some(addr) => Some(
+                crate::metrics::bind(addr)
+                    .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
+            ),
+            None => None,
+        };
         let mut threads = Vec::new();
         let mut senders = Vec::new();
         for index in 0..workers {
@@ -248,7 +258,7 @@ impl Server {
         let acceptor_shared = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name("ferrosan-accept".into())
-            .spawn(move || acceptor(acceptor_shared, listeners, senders))
+            .spawn(move || acceptor(acceptor_shared, listeners, metrics_listener, senders))
             .map_err(|e| format!("cannot start acceptor thread: {e}"))?;
         threads.push(handle);
         Ok(Server {
@@ -294,6 +304,7 @@ fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<NewConnection>) {
 fn acceptor(
     shared: Arc<Shared>,
     listeners: Vec<(std::net::TcpListener, u16)>,
+    metrics_listener: Option<std::net::TcpListener>,
     senders: Vec<mpsc::UnboundedSender<NewConnection>>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -310,6 +321,12 @@ fn acceptor(
     let next = Arc::new(AtomicUsize::new(0));
     runtime.block_on(async move {
         let mut tasks = Vec::new();
+        if let Some(l) = metrics_listener.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
+            tasks.push(tokio::spawn(crate::metrics::serve(
+                l,
+                Arc::clone(&shared.metrics),
+            )));
+        }
         for (listener, tag) in listeners {
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(l) => l,
@@ -335,6 +352,7 @@ fn acceptor(
                     let guard = match shared.admit_connection(peer.ip()) {
                         Ok(g) => g,
                         Err(limit) => {
+                            shared.metrics.limit(limit);
                             tracing::warn!(%peer, limit, "connection refused: limit reached");
                             continue;
                         }
@@ -517,6 +535,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         discovery: config.discovery.clone(),
         chap_algorithms: config.server.chap_algorithms.clone(),
         login_failures: Mutex::new(LoginFailures::default()),
+        metrics: Arc::new(crate::metrics::Metrics::new()),
     })
 }
 

@@ -89,6 +89,11 @@ impl Daemon {
     }
 
     pub fn start_with(iqn: &str, luns: &[&str]) -> Daemon {
+        Daemon::start_with_args(iqn, luns, &[])
+    }
+
+    /// Like `start_with`, with extra `serve` options (e.g. `--metrics-listen ADDR`).
+    pub fn start_with_args(iqn: &str, luns: &[&str], extra: &[&str]) -> Daemon {
         let scratch = Scratch::new("daemon");
         let port = free_port();
         let mut args = vec![
@@ -102,6 +107,7 @@ impl Daemon {
             args.push("--lun".to_string());
             args.push(lun.to_string());
         }
+        args.extend(extra.iter().map(|a| a.to_string()));
         let log = scratch.file("daemon.log");
         let mut daemon = Daemon {
             child: None,

@@ -51,6 +51,7 @@ struct RawServer {
     workers: Option<S<i64>>,
     identity_seed: Option<S<String>>,
     chap_algorithms: Option<S<Vec<S<String>>>>,
+    metrics_listen: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -253,6 +254,12 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         }
         if let Some(list) = &s.chap_algorithms {
             server.chap_algorithms = resolve_algorithms(cx, list);
+        }
+        if let Some(addr) = &s.metrics_listen {
+            match parse_listen(addr.get_ref()) {
+                Ok(a) => server.metrics_listen = Some(a),
+                Err(m) => cx.err(addr.span(), "server: metrics_listen", m),
+            }
         }
     }
     let mut book = SecretBook::default();
@@ -987,10 +994,14 @@ pub(crate) fn to_toml(c: &Config) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "[server]\nworkers = {}\nchap_algorithms = [{}]\n",
+        "[server]\nworkers = {}\nchap_algorithms = [{}]",
         c.server.workers,
         algs.join(", ")
     );
+    if let Some(m) = c.server.metrics_listen {
+        let _ = writeln!(out, "metrics_listen = {}", q(&m.to_string()));
+    }
+    out.push('\n');
     c.limits.write_toml(&mut out);
     if c.discovery != DiscoveryConfig::default() {
         let _ = write!(out, "\n[discovery]\n{}", auth_toml(&c.discovery.auth, ""));

@@ -51,6 +51,8 @@ pub struct ServerConfig {
     pub workers: usize,
     /// CHAP algorithms accepted, in order of preference (never empty).
     pub chap_algorithms: Vec<ChapAlgorithm>,
+    /// Where `/metrics` (Prometheus text format) is served; None = not served.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +60,7 @@ impl Default for ServerConfig {
         ServerConfig {
             workers: 0,
             chap_algorithms: ChapAlgorithm::ALL.to_vec(),
+            metrics_listen: None,
         }
     }
 }

@@ -1,0 +1,209 @@
+//! Prometheus metrics (text exposition format) and the small HTTP endpoint that serves them.
+//!
+//! Only control-plane events are counted (connections, logins, sessions, limits): the per-command
+//! path stays free of shared counters, which would bounce one cache line between cores.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// The config key of the limit (docs/CONFIG.md), e.g. `max_connections_per_source`.
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoginLabel {
+    /// `success` or the failure's status class and detail, e.g. `0202`.
+    pub result: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub limit_exceeded: Family<LimitLabel, Counter>,
+    pub logins: Family<LoginLabel, Counter>,
+    pub connections: Gauge,
+    pub sessions: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("ferrosan");
+        let limit_exceeded = Family::<LimitLabel, Counter>::default();
+        let logins = Family::<LoginLabel, Counter>::default();
+        let connections = Gauge::default();
+        let sessions = Gauge::default();
+        registry.register(
+            "limit_exceeded",
+            "Times a configured limit refused or cut off a client",
+            limit_exceeded.clone(),
+        );
+        registry.register(
+            "logins",
+            "Completed login attempts by result",
+            logins.clone(),
+        );
+        registry.register("connections", "Open TCP connections", connections.clone());
+        registry.register(
+            "sessions",
+            "Sessions in full feature phase",
+            sessions.clone(),
+        );
+        Metrics {
+            registry,
+            limit_exceeded,
+            logins,
+            connections,
+            sessions,
+        }
+    }
+
+    pub fn limit(&self, limit: &'static str) {
+        self.limit_exceeded
+            .get_or_create(&LimitLabel { limit })
+            .inc();
+    }
+
+    pub fn login(&self, result: String) {
+        self.logins.get_or_create(&LoginLabel { result }).inc();
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Request bytes read before answering (a scrape request is a few hundred bytes).
+const REQUEST_BYTES_MAX: usize = 8192;
+/// Concurrent scrapes served; more wait in the listen backlog.
+const SCRAPES_MAX: usize = 8;
+
+/// Serves `GET /metrics` until the process ends. Anything else gets 404; slow or oversized
+/// requests are cut off.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
+    loop {
+        let Ok((mut stream, peer)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let answer =
+                tokio::time::timeout(Duration::from_secs(5), respond(&mut stream, &metrics)).await;
+            if answer.is_err() {
+                tracing::debug!(%peer, "metrics request timed out");
+            }
+        });
+    }
+}
+
+async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    let mut request = vec![0u8; REQUEST_BYTES_MAX];
+    let mut len = 0;
+    // Read until the end of the request head.
+    while !request[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+        if len == request.len() {
+            return stream
+                .write_all(b"HTTP/1.0 431 Request Header Fields Too Large\r\n\r\n")
+                .await;
+        }
+        let n = stream.read(&mut request[len..]).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        len += n;
+    }
+    let line = request[..len]
+        .split(|&b| b == b'\r')
+        .next()
+        .unwrap_or_default();
+    let (status, body) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
+        ("200 OK", metrics.render())
+    } else {
+        ("404 Not Found", "try /metrics\n".to_string())
+    };
+    let head = format!(
+        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await
+}
+
+/// Binds the metrics endpoint (at start-up, so a bad address fails loudly).
+pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_with_labels() {
+        let m = Metrics::new();
+        m.limit("max_connections_per_source");
+        m.limit("max_connections_per_source");
+        m.login("success".into());
+        m.connections.inc();
+        let text = m.render();
+        assert!(
+            text.contains("ferrosan_limit_exceeded_total{limit=\"max_connections_per_source\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferrosan_logins_total{result=\"success\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("ferrosan_connections 1"), "{text}");
+        assert!(text.contains("ferrosan_sessions 0"), "{text}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn endpoint_serves_metrics_and_refuses_other_paths() {
+        let std_listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        metrics.limit("max_sessions");
+        tokio::spawn(serve(listener, Arc::clone(&metrics)));
+        for (path, want) in [("/metrics", "200 OK"), ("/other", "404")] {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).await.unwrap();
+            assert!(answer.starts_with(&format!("HTTP/1.0 {want}")), "{answer}");
+            if path == "/metrics" {
+                assert!(answer.contains("ferrosan_limit_exceeded_total{limit=\"max_sessions\"} 1"));
+            }
+        }
+    }
+}

@@ -13,6 +13,7 @@ mod lu;
 mod lun_map;
 mod mode;
 mod opcodes;
+mod pr;
 mod sbc;
 pub mod sense;
 mod unit_attention;

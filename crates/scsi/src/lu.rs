@@ -78,6 +78,8 @@ pub struct LogicalUnit {
     /// Writers share it; COMPARE AND WRITE takes it exclusively so its read-compare-write is
     /// atomic against every other writer of this LU.
     pub(crate) write_order: RwLock<()>,
+    /// Persistent and SPC-2 reservations.
+    pub(crate) reservations: crate::pr::Reservations,
 }
 
 fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
@@ -129,6 +131,7 @@ impl LogicalUnit {
             ua: UnitAttentions::default(),
             prevent: Mutex::new(HashSet::new()),
             write_order: RwLock::new(()),
+            reservations: crate::pr::Reservations::default(),
         })
     }
 
@@ -145,7 +148,9 @@ impl LogicalUnit {
     /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: the physical block is 4 KiB (the unit of
     /// discard and of the stores' chunks), so a 512-byte LU reports 2^3 blocks per physical block.
     pub(crate) fn physical_block_exponent(&self) -> u8 {
-        (PHYSICAL_BLOCK_BYTES.trailing_zeros().saturating_sub(self.block_shift)) as u8
+        (PHYSICAL_BLOCK_BYTES
+            .trailing_zeros()
+            .saturating_sub(self.block_shift)) as u8
     }
     pub(crate) fn block_count(&self) -> u64 {
         self.store.size_bytes() >> self.block_shift
@@ -156,19 +161,23 @@ impl LogicalUnit {
         self.ua.add_nexus(nexus_id);
     }
 
-    /// The nexus is gone: drop its unit attentions and release its PREVENT MEDIUM REMOVAL.
+    /// The nexus is gone: drop its unit attentions, release its PREVENT MEDIUM REMOVAL and its
+    /// SPC-2 reservation (persistent reservations and registrations stay).
     pub fn nexus_lost(&self, nexus_id: u64) {
         self.ua.remove_nexus(nexus_id);
+        self.reservations.nexus_lost(nexus_id);
         self.prevent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&nexus_id);
     }
 
-    /// LOGICAL UNIT RESET task management function: 29h/03h for every nexus, PREVENT cleared,
-    /// mode parameters back to their defaults.
+    /// LOGICAL UNIT RESET task management function (and, per LU, TARGET WARM/COLD RESET):
+    /// 29h/03h for every nexus, PREVENT cleared, SPC-2 reservation released, mode parameters
+    /// back to their defaults. Persistent reservations survive (SPC-4 5.13.1).
     pub fn logical_unit_reset(&self, by: u64) {
         let _ = by; // SAM-5: the UA goes to every nexus, the requester's included.
+        self.reservations.reset();
         self.prevent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -193,6 +202,16 @@ impl LogicalUnit {
     pub fn inquiry_data_changed(&self) {
         self.ua
             .raise_all(unit_attention::INQUIRY_DATA_CHANGED, None);
+    }
+
+    /// Current PRgeneration of the persistent reservations.
+    pub fn pr_generation(&self) -> u32 {
+        self.reservations.generation()
+    }
+
+    /// Whether some persistent or SPC-2 reservation is held on the LU.
+    pub fn reservation_held(&self) -> bool {
+        self.reservations.is_held()
     }
 
     /// Whether `nexus_id` holds PREVENT MEDIUM REMOVAL (for tests and diagnostics).
@@ -230,6 +249,14 @@ impl LogicalUnit {
             read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed);
         match self.run(nexus, cmd, data_in, write_protected) {
             Ok(transfer_len) => Completion::good(transfer_len),
+            Err(sense) if sense == crate::pr::CONFLICT => {
+                data_in.clear();
+                Completion {
+                    status: crate::Status::ReservationConflict,
+                    sense: None,
+                    transfer_len: 0,
+                }
+            }
             Err(mut sense) => {
                 data_in.clear();
                 sense.descriptor_format = self.mode.d_sense.load(Ordering::Relaxed);
@@ -261,6 +288,7 @@ impl LogicalUnit {
         if cmd.cdb.len() < cdb_len {
             return Err(Sense::invalid_field_in_cdb(0, None));
         }
+        self.reservations.check(nexus, cdb)?;
         // NACA and LINK are not supported (SAM-5 5.9).
         check_reserved(cdb, cdb_len - 1, 0xFA)?;
         if write_protected && is_medium_write(opcode) {
@@ -297,6 +325,11 @@ impl LogicalUnit {
             UNMAP => self.unmap(cmd),
             COMPARE_AND_WRITE => self.compare_and_write(cmd, data_in),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => self.read_defect_data(cmd, data_in),
+            RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10 => {
+                self.reserve_release_spc2(nexus, cdb)
+            }
+            PERSISTENT_RESERVE_IN => self.persistent_reserve_in(nexus, cmd, data_in),
+            PERSISTENT_RESERVE_OUT => self.persistent_reserve_out(nexus, cmd),
             // The opcode table and this match must list the same commands.
             _ => Err(Sense::invalid_opcode()),
         }

@@ -39,6 +39,8 @@ pub static OPS: &[OpInfo] = &[
     op(READ_6, &[READ_6, 0x1F, F, F, F, 0]),
     op(WRITE_6, &[WRITE_6, 0x1F, F, F, F, 0]),
     op(INQUIRY, &[INQUIRY, 0x01, F, F, F, 0]),
+    op(RESERVE_6, &[RESERVE_6, 0, 0, 0, 0, 0]),
+    op(RELEASE_6, &[RELEASE_6, 0, 0, 0, 0, 0]),
     op(MODE_SELECT_6, &[MODE_SELECT_6, 0x11, 0, 0, F, 0]),
     op(MODE_SENSE_6, &[MODE_SENSE_6, 0x08, F, F, F, 0]),
     op(START_STOP_UNIT, &[START_STOP_UNIT, 0x01, 0, 0x0F, 0xF7, 0]),
@@ -83,6 +85,63 @@ pub static OPS: &[OpInfo] = &[
     op(
         MODE_SENSE_10,
         &[MODE_SENSE_10, 0x18, F, F, 0, 0, 0, F, F, 0],
+    ),
+    op(RESERVE_10, &[RESERVE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    op(RELEASE_10, &[RELEASE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    sa(
+        PERSISTENT_RESERVE_IN,
+        0,
+        &[PERSISTENT_RESERVE_IN, 0, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_IN,
+        1,
+        &[PERSISTENT_RESERVE_IN, 1, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_IN,
+        2,
+        &[PERSISTENT_RESERVE_IN, 2, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_IN,
+        3,
+        &[PERSISTENT_RESERVE_IN, 3, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_OUT,
+        0,
+        &[PERSISTENT_RESERVE_OUT, 0, F, 0, 0, F, F, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_OUT,
+        1,
+        &[PERSISTENT_RESERVE_OUT, 1, F, 0, 0, F, F, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_OUT,
+        2,
+        &[PERSISTENT_RESERVE_OUT, 2, F, 0, 0, F, F, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_OUT,
+        3,
+        &[PERSISTENT_RESERVE_OUT, 3, F, 0, 0, F, F, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_OUT,
+        4,
+        &[PERSISTENT_RESERVE_OUT, 4, F, 0, 0, F, F, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_OUT,
+        5,
+        &[PERSISTENT_RESERVE_OUT, 5, F, 0, 0, F, F, F, F, 0],
+    ),
+    sa(
+        PERSISTENT_RESERVE_OUT,
+        6,
+        &[PERSISTENT_RESERVE_OUT, 6, F, 0, 0, F, F, F, F, 0],
     ),
     op(
         READ_16,

@@ -11,6 +11,9 @@ pub const UA_QUEUE_MAX: usize = 8;
 
 pub const POWER_ON_RESET: (u8, u8) = (0x29, 0x00);
 pub const LU_RESET: (u8, u8) = (0x29, 0x03);
+pub const RESERVATIONS_PREEMPTED: (u8, u8) = (0x2A, 0x03);
+pub const RESERVATIONS_RELEASED: (u8, u8) = (0x2A, 0x04);
+pub const REGISTRATIONS_PREEMPTED: (u8, u8) = (0x2A, 0x05);
 pub const MODE_PARAMETERS_CHANGED: (u8, u8) = (0x2A, 0x01);
 pub const CAPACITY_CHANGED: (u8, u8) = (0x2A, 0x09);
 pub const INQUIRY_DATA_CHANGED: (u8, u8) = (0x3F, 0x03);
@@ -59,6 +62,14 @@ impl UnitAttentions {
             if Some(*id) != except {
                 Self::push(&self.pending, q, ua);
             }
+        }
+    }
+
+    /// Queues `ua` for one nexus, if it is known.
+    pub fn raise_one(&self, nexus: u64, ua: (u8, u8)) {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = queues.get_mut(&nexus) {
+            Self::push(&self.pending, q, ua);
         }
     }
 

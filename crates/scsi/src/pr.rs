@@ -1,0 +1,617 @@
+//! Reservations: SPC-4 persistent reservations (PERSISTENT RESERVE IN/OUT) and SPC-2
+//! RESERVE/RELEASE.
+//!
+//! Registrations belong to an I_T nexus named by (initiator port name, relative target port id),
+//! so they survive the session going away and coming back with the same ISID. The command fast
+//! path reads one atomic (`held`: some reservation of either kind exists) and locks only then.
+//! Persistent reservations are not persisted across restarts (PTPL_C=0; APTPL=1 is refused).
+
+use crate::cdb::*;
+use crate::lu::LogicalUnit;
+use crate::sense::Sense;
+use crate::unit_attention::{
+    REGISTRATIONS_PREEMPTED, RESERVATIONS_PREEMPTED, RESERVATIONS_RELEASED,
+};
+use crate::{Command, Nexus};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+pub const SA_PR_READ_KEYS: u16 = 0x00;
+pub const SA_PR_READ_RESERVATION: u16 = 0x01;
+pub const SA_PR_REPORT_CAPABILITIES: u16 = 0x02;
+pub const SA_PR_READ_FULL_STATUS: u16 = 0x03;
+
+pub const SA_PR_REGISTER: u16 = 0x00;
+pub const SA_PR_RESERVE: u16 = 0x01;
+pub const SA_PR_RELEASE: u16 = 0x02;
+pub const SA_PR_CLEAR: u16 = 0x03;
+pub const SA_PR_PREEMPT: u16 = 0x04;
+pub const SA_PR_PREEMPT_AND_ABORT: u16 = 0x05;
+pub const SA_PR_REGISTER_AND_IGNORE: u16 = 0x06;
+
+pub const TYPE_WE: u8 = 1;
+pub const TYPE_EA: u8 = 3;
+pub const TYPE_WE_RO: u8 = 5;
+pub const TYPE_EA_RO: u8 = 6;
+pub const TYPE_WE_AR: u8 = 7;
+pub const TYPE_EA_AR: u8 = 8;
+
+/// Parameter list length of every PERSISTENT RESERVE OUT service action we implement.
+const PROUT_PARAMETER_BYTES: usize = 24;
+
+/// Stand-in error for RESERVATION CONFLICT status inside the `Result<_, Sense>` dispatch; the
+/// logical unit turns it into the status (no sense data) at completion.
+pub(crate) const CONFLICT: Sense = Sense::new(0xFF, 0xFF, 0xFF);
+
+/// An I_T nexus as persistent reservations name it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ItNexus {
+    initiator: String,
+    relative_port: u16,
+}
+
+impl ItNexus {
+    fn of(nexus: &Nexus) -> ItNexus {
+        ItNexus {
+            initiator: nexus.initiator_port.clone(),
+            relative_port: nexus.target_port.relative_id,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Reservation {
+    holder: ItNexus,
+    pr_type: u8,
+}
+
+fn all_registrants(pr_type: u8) -> bool {
+    matches!(pr_type, TYPE_WE_AR | TYPE_EA_AR)
+}
+fn registrants_only(pr_type: u8) -> bool {
+    matches!(pr_type, TYPE_WE_RO | TYPE_EA_RO)
+}
+fn valid_type(pr_type: u8) -> bool {
+    matches!(
+        pr_type,
+        TYPE_WE | TYPE_EA | TYPE_WE_RO | TYPE_EA_RO | TYPE_WE_AR | TYPE_EA_AR
+    )
+}
+
+#[derive(Default)]
+struct State {
+    generation: u32,
+    /// In registration order (READ KEYS reports them so).
+    registrations: Vec<(ItNexus, u64)>,
+    reservation: Option<Reservation>,
+    /// SPC-2 RESERVE holder (a nexus id: released when that nexus goes).
+    spc2: Option<u64>,
+    /// Nexus ids seen sending PR commands or checked while a reservation existed, for
+    /// delivering unit attentions to an I_T nexus.
+    seen: HashMap<u64, ItNexus>,
+}
+
+impl State {
+    fn key_of(&self, it: &ItNexus) -> Option<u64> {
+        self.registrations
+            .iter()
+            .find(|(r, _)| r == it)
+            .map(|(_, k)| *k)
+    }
+    fn is_holder(&self, it: &ItNexus) -> bool {
+        match &self.reservation {
+            None => false,
+            Some(r) if all_registrants(r.pr_type) => self.key_of(it).is_some(),
+            Some(r) => r.holder == *it,
+        }
+    }
+    /// Nexus ids of I_T nexuses matching `pred`.
+    fn nexus_ids(&self, pred: impl Fn(&ItNexus) -> bool) -> Vec<u64> {
+        self.seen
+            .iter()
+            .filter(|(_, it)| pred(it))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+    /// Removes a registration; releases the reservation it held. Returns the nexuses to tell
+    /// RESERVATIONS RELEASED.
+    fn unregister(&mut self, it: &ItNexus) -> Vec<ItNexus> {
+        self.registrations.retain(|(r, _)| r != it);
+        let mut notify = Vec::new();
+        if let Some(r) = &self.reservation {
+            if all_registrants(r.pr_type) {
+                if self.registrations.is_empty() {
+                    self.reservation = None;
+                }
+            } else if r.holder == *it {
+                if registrants_only(r.pr_type) {
+                    notify = self.registrations.iter().map(|(n, _)| n.clone()).collect();
+                }
+                self.reservation = None;
+            }
+        }
+        notify
+    }
+}
+
+/// Command classes of SPC-4 5.13.1 (table "commands allowed in the presence of reservations").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Allowed from every nexus under a persistent reservation.
+    Always,
+    /// Reads: allowed from non-holders under Write Exclusive types.
+    Read,
+    /// Everything else: conflicts for non-holders of either type.
+    Write,
+}
+
+fn class(cdb: Cdb<'_>) -> Class {
+    match cdb.u8(0) {
+        INQUIRY
+        | REPORT_LUNS
+        | REQUEST_SENSE
+        | MAINTENANCE_IN
+        | PERSISTENT_RESERVE_IN
+        | PERSISTENT_RESERVE_OUT
+        | TEST_UNIT_READY
+        | READ_CAPACITY_10
+        | RELEASE_6
+        | RELEASE_10 => Class::Always,
+        SERVICE_ACTION_IN_16 if cdb.service_action() == SA_READ_CAPACITY_16 => Class::Always,
+        // PREVENT with PREVENT=0 (allow) is allowed; establishing a prevention is not.
+        PREVENT_ALLOW_MEDIUM_REMOVAL if cdb.u8(4) & 0x03 == 0 => Class::Always,
+        READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | MODE_SENSE_6
+        | MODE_SENSE_10 | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 | PRE_FETCH_10
+        | PRE_FETCH_16 | SERVICE_ACTION_IN_16 => Class::Read,
+        _ => Class::Write,
+    }
+}
+
+/// Whether a command of `class` from a nexus (registered or not) conflicts with a persistent
+/// reservation of `pr_type` that the nexus does not hold.
+fn pr_conflicts(pr_type: u8, class: Class, registered: bool) -> bool {
+    if class == Class::Always {
+        return false;
+    }
+    let exclusive_access = matches!(pr_type, TYPE_EA | TYPE_EA_RO | TYPE_EA_AR);
+    if registered && !matches!(pr_type, TYPE_WE | TYPE_EA) {
+        // Registrants-only and all-registrants types: every registrant has full access.
+        return false;
+    }
+    exclusive_access || class == Class::Write
+}
+
+/// SPC-2: with a RESERVE in effect, other nexuses may only ask for identification and sense.
+fn spc2_allowed(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        INQUIRY | REPORT_LUNS | REQUEST_SENSE | MAINTENANCE_IN | RELEASE_6 | RELEASE_10
+    )
+}
+
+pub(crate) struct Reservations {
+    /// Some reservation (persistent or SPC-2) is held: commands must be checked.
+    held: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl Default for Reservations {
+    fn default() -> Self {
+        Reservations {
+            held: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+        }
+    }
+}
+
+impl Reservations {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn update_held(&self, s: &State) {
+        self.held.store(
+            s.reservation.is_some() || s.spc2.is_some(),
+            Ordering::Release,
+        );
+    }
+
+    /// RESERVATION CONFLICT (as [`CONFLICT`]) if the command may not run for this nexus.
+    pub fn check(&self, nexus: &Nexus, cdb: Cdb<'_>) -> Result<(), Sense> {
+        if !self.held.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut s = self.lock();
+        s.seen.entry(nexus.id).or_insert_with(|| ItNexus::of(nexus));
+        if let Some(holder) = s.spc2 {
+            if holder != nexus.id && !spc2_allowed(cdb.u8(0)) {
+                return Err(CONFLICT);
+            }
+        }
+        if let Some(r) = &s.reservation {
+            let it = ItNexus::of(nexus);
+            if !s.is_holder(&it) && pr_conflicts(r.pr_type, class(cdb), s.key_of(&it).is_some()) {
+                return Err(CONFLICT);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn nexus_lost(&self, nexus_id: u64) {
+        let mut s = self.lock();
+        s.seen.remove(&nexus_id);
+        if s.spc2 == Some(nexus_id) {
+            s.spc2 = None;
+        }
+        self.update_held(&s);
+    }
+
+    /// LU reset and target reset release an SPC-2 reservation; persistent reservations stay.
+    pub fn reset(&self) {
+        let mut s = self.lock();
+        s.spc2 = None;
+        self.update_held(&s);
+    }
+
+    /// Current PRgeneration (for tests and diagnostics).
+    pub fn generation(&self) -> u32 {
+        self.lock().generation
+    }
+
+    /// Whether some persistent or SPC-2 reservation is held.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+impl LogicalUnit {
+    fn notify(&self, s: &State, targets: &[ItNexus], ua: (u8, u8)) {
+        for id in s.nexus_ids(|it| targets.contains(it)) {
+            self.ua.raise_one(id, ua);
+        }
+    }
+
+    pub(crate) fn reserve_release_spc2(&self, nexus: &Nexus, cdb: Cdb<'_>) -> Result<u32, Sense> {
+        let opcode = cdb.u8(0);
+        // Extents (6) and third-party reservations / long identifiers (10) are not supported.
+        check_reserved(cdb, 1, 0x00)?;
+        let r = &self.reservations;
+        let mut s = r.lock();
+        s.seen.entry(nexus.id).or_insert_with(|| ItNexus::of(nexus));
+        // CRH=0: with persistent reservations in use, RESERVE and RELEASE conflict.
+        if s.reservation.is_some() || !s.registrations.is_empty() {
+            return Err(CONFLICT);
+        }
+        if matches!(opcode, RESERVE_6 | RESERVE_10) {
+            match s.spc2 {
+                Some(holder) if holder != nexus.id => return Err(CONFLICT),
+                _ => s.spc2 = Some(nexus.id),
+            }
+        } else if s.spc2 == Some(nexus.id) {
+            s.spc2 = None;
+        }
+        // RELEASE from a nexus that holds nothing is GOOD and changes nothing.
+        r.update_held(&s);
+        Ok(0)
+    }
+
+    pub(crate) fn persistent_reserve_in(
+        &self,
+        nexus: &Nexus,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        let mut s = self.reservations.lock();
+        s.seen.entry(nexus.id).or_insert_with(|| ItNexus::of(nexus));
+        let generation = s.generation;
+        match cdb.service_action() {
+            SA_PR_READ_KEYS => {
+                data_in.extend_from_slice(&generation.to_be_bytes());
+                let len = (s.registrations.len() * 8) as u32;
+                data_in.extend_from_slice(&len.to_be_bytes());
+                for (_, key) in &s.registrations {
+                    data_in.extend_from_slice(&key.to_be_bytes());
+                }
+            }
+            SA_PR_READ_RESERVATION => {
+                data_in.extend_from_slice(&generation.to_be_bytes());
+                match &s.reservation {
+                    None => data_in.extend_from_slice(&0u32.to_be_bytes()),
+                    Some(r) => {
+                        data_in.extend_from_slice(&16u32.to_be_bytes());
+                        // All-registrants reservations report key 0 (SPC-4 6.15.3.3).
+                        let key = if all_registrants(r.pr_type) {
+                            0
+                        } else {
+                            s.key_of(&r.holder).unwrap_or(0)
+                        };
+                        data_in.extend_from_slice(&key.to_be_bytes());
+                        data_in.extend_from_slice(&[0; 5]); // obsolete, reserved
+                        data_in.push(r.pr_type); // scope 0 (LU)
+                        data_in.extend_from_slice(&[0; 2]);
+                    }
+                }
+            }
+            SA_PR_REPORT_CAPABILITIES => {
+                data_in.extend_from_slice(&8u16.to_be_bytes());
+                // RLR_C=0, CRH=0, SIP_C=0, ATP_C=0, PTPL_C=0 (no persistence across power loss).
+                data_in.push(0x00);
+                // TMV=1, ALLOW COMMANDS 000b, PTPL_A=0.
+                data_in.push(0x80);
+                // Type mask: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
+                data_in.push(0x80 | 0x40 | 0x20 | 0x08 | 0x02);
+                data_in.push(0x01);
+                data_in.extend_from_slice(&[0; 2]);
+            }
+            SA_PR_READ_FULL_STATUS => {
+                data_in.extend_from_slice(&generation.to_be_bytes());
+                data_in.extend_from_slice(&[0; 4]);
+                for (it, key) in &s.registrations {
+                    let holder = s.is_holder(it);
+                    data_in.extend_from_slice(&key.to_be_bytes());
+                    data_in.extend_from_slice(&[0; 4]);
+                    data_in.push(u8::from(holder)); // ALL_TG_PT=0, R_HOLDER
+                    data_in.push(match (&s.reservation, holder) {
+                        (Some(r), true) => r.pr_type,
+                        _ => 0,
+                    });
+                    data_in.extend_from_slice(&[0; 4]);
+                    data_in.extend_from_slice(&it.relative_port.to_be_bytes());
+                    // iSCSI TransportID, format 01b: "name,i,0x<ISID>", NUL-terminated,
+                    // padded to a multiple of four, at least 24 bytes in all.
+                    let name = &it.initiator.as_bytes()[..it.initiator.len().min(250)];
+                    let padded = ((name.len() + 1).div_ceil(4) * 4).max(20);
+                    data_in.extend_from_slice(&((4 + padded) as u32).to_be_bytes());
+                    data_in.extend_from_slice(&[0x40 | 0x05, 0]);
+                    data_in.extend_from_slice(&(padded as u16).to_be_bytes());
+                    data_in.extend_from_slice(name);
+                    data_in.resize(data_in.len() + padded - name.len(), 0);
+                }
+                let len = (data_in.len() - 8) as u32;
+                data_in[4..8].copy_from_slice(&len.to_be_bytes());
+            }
+            _ => return Err(Sense::invalid_field_in_cdb(1, Some(4))),
+        }
+        drop(s);
+        Ok(finish_data_in(
+            data_in,
+            u32::from(cdb.be16(7)),
+            cmd.data_in_limit,
+        ))
+    }
+
+    pub(crate) fn persistent_reserve_out(
+        &self,
+        nexus: &Nexus,
+        cmd: &Command<'_>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        let sa = cdb.service_action();
+        let scope = cdb.u8(2) >> 4;
+        let pr_type = cdb.u8(2) & 0x0F;
+        let param_len = cdb.be32(5) as usize;
+        if param_len != PROUT_PARAMETER_BYTES || cmd.data_out.len() < PROUT_PARAMETER_BYTES {
+            return Err(Sense::parameter_list_length_error());
+        }
+        let p = &cmd.data_out[..PROUT_PARAMETER_BYTES];
+        let key = param_be64(p, 0).unwrap_or(0);
+        let sa_key = param_be64(p, 8).unwrap_or(0);
+        let flags = p[20];
+        if flags & 0x08 != 0 {
+            return Err(Sense::invalid_field_in_parameter_list(20, Some(3))); // SPEC_I_PT
+        }
+        if flags & 0x04 != 0 {
+            return Err(Sense::invalid_field_in_parameter_list(20, Some(2))); // ALL_TG_PT
+        }
+        if flags & 0x01 != 0 {
+            return Err(Sense::invalid_field_in_parameter_list(20, Some(0))); // APTPL
+        }
+        let needs_type = matches!(sa, SA_PR_RESERVE | SA_PR_RELEASE)
+            || (matches!(sa, SA_PR_PREEMPT | SA_PR_PREEMPT_AND_ABORT));
+        if needs_type {
+            if scope != 0 {
+                return Err(Sense::invalid_field_in_cdb(2, Some(7)));
+            }
+            if !valid_type(pr_type) {
+                return Err(Sense::invalid_field_in_cdb(2, Some(3)));
+            }
+        }
+        let it = ItNexus::of(nexus);
+        let r = &self.reservations;
+        let mut s = r.lock();
+        s.seen.entry(nexus.id).or_insert_with(|| it.clone());
+        if s.spc2.is_some_and(|h| h != nexus.id) {
+            return Err(CONFLICT);
+        }
+        let registered = s.key_of(&it);
+        let result = match sa {
+            SA_PR_REGISTER | SA_PR_REGISTER_AND_IGNORE => {
+                if sa == SA_PR_REGISTER && registered.unwrap_or(0) != key {
+                    return Err(CONFLICT);
+                }
+                match (registered, sa_key) {
+                    (None, 0) => {} // nothing to do, and no new generation
+                    (None, k) => {
+                        s.registrations.push((it.clone(), k));
+                        s.generation = s.generation.wrapping_add(1);
+                    }
+                    (Some(_), 0) => {
+                        let notify = s.unregister(&it);
+                        self.notify(&s, &notify, RESERVATIONS_RELEASED);
+                        s.generation = s.generation.wrapping_add(1);
+                    }
+                    (Some(_), k) => {
+                        if let Some(e) = s.registrations.iter_mut().find(|(r, _)| *r == it) {
+                            e.1 = k;
+                        }
+                        s.generation = s.generation.wrapping_add(1);
+                    }
+                }
+                Ok(())
+            }
+            _ if registered != Some(key) => Err(CONFLICT),
+            SA_PR_RESERVE => match &s.reservation {
+                None => {
+                    s.reservation = Some(Reservation {
+                        holder: it.clone(),
+                        pr_type,
+                    });
+                    Ok(())
+                }
+                Some(res) if s.is_holder(&it) && res.pr_type == pr_type => Ok(()),
+                Some(_) => Err(CONFLICT),
+            },
+            SA_PR_RELEASE => match s.reservation.clone() {
+                Some(res) if s.is_holder(&it) => {
+                    if res.pr_type != pr_type {
+                        // INVALID RELEASE OF PERSISTENT RESERVATION.
+                        return Err(Sense::new(crate::sense::ILLEGAL_REQUEST, 0x26, 0x04));
+                    }
+                    s.reservation = None;
+                    if registrants_only(res.pr_type) || all_registrants(res.pr_type) {
+                        let others: Vec<ItNexus> = s
+                            .registrations
+                            .iter()
+                            .map(|(n, _)| n.clone())
+                            .filter(|n| *n != it)
+                            .collect();
+                        self.notify(&s, &others, RESERVATIONS_RELEASED);
+                    }
+                    Ok(())
+                }
+                // No reservation, or held by another nexus: GOOD, nothing changes.
+                _ => Ok(()),
+            },
+            SA_PR_CLEAR => {
+                let others: Vec<ItNexus> = s
+                    .registrations
+                    .iter()
+                    .map(|(n, _)| n.clone())
+                    .filter(|n| *n != it)
+                    .collect();
+                s.registrations.clear();
+                s.reservation = None;
+                s.generation = s.generation.wrapping_add(1);
+                self.notify(&s, &others, RESERVATIONS_PREEMPTED);
+                Ok(())
+            }
+            SA_PR_PREEMPT | SA_PR_PREEMPT_AND_ABORT => {
+                // Commands run to completion, so PREEMPT AND ABORT has nothing left to abort.
+                self.preempt(&mut s, &it, sa_key, pr_type)
+            }
+            _ => Err(Sense::invalid_field_in_cdb(1, Some(4))),
+        };
+        r.update_held(&s);
+        result.map(|()| PROUT_PARAMETER_BYTES as u32)
+    }
+
+    fn preempt(&self, s: &mut State, it: &ItNexus, sa_key: u64, pr_type: u8) -> Result<(), Sense> {
+        let reservation = s.reservation.clone();
+        let holder_key = reservation
+            .as_ref()
+            .filter(|r| !all_registrants(r.pr_type))
+            .and_then(|r| s.key_of(&r.holder));
+        let preempts_reservation = match &reservation {
+            Some(r) if all_registrants(r.pr_type) => sa_key == 0,
+            Some(_) => holder_key == Some(sa_key),
+            None => false,
+        };
+        if sa_key == 0 && !preempts_reservation {
+            return Err(Sense::invalid_field_in_parameter_list(8, None));
+        }
+        // The registrations removed: every one with the key (with an all-registrants
+        // reservation and key 0: everyone else), never the preempting nexus itself.
+        let removed: Vec<ItNexus> = s
+            .registrations
+            .iter()
+            .filter(|(n, k)| n != it && (*k == sa_key || (sa_key == 0 && preempts_reservation)))
+            .map(|(n, _)| n.clone())
+            .collect();
+        if removed.is_empty() && !preempts_reservation {
+            return Err(CONFLICT);
+        }
+        s.registrations.retain(|(n, _)| !removed.contains(n));
+        if preempts_reservation {
+            let old_type = reservation.map(|r| r.pr_type);
+            s.reservation = Some(Reservation {
+                holder: it.clone(),
+                pr_type,
+            });
+            if old_type != Some(pr_type) {
+                let others: Vec<ItNexus> = s
+                    .registrations
+                    .iter()
+                    .map(|(n, _)| n.clone())
+                    .filter(|n| n != it)
+                    .collect();
+                self.notify(s, &others, RESERVATIONS_RELEASED);
+            }
+        }
+        self.notify(s, &removed, REGISTRATIONS_PREEMPTED);
+        s.generation = s.generation.wrapping_add(1);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_matrix() {
+        use Class::*;
+        // (type, class, registered) -> conflicts, for a nexus not holding the reservation.
+        let cases = [
+            (TYPE_WE, Read, false, false),
+            (TYPE_WE, Write, false, true),
+            (TYPE_WE, Read, true, false),
+            (TYPE_WE, Write, true, true),
+            (TYPE_EA, Read, false, true),
+            (TYPE_EA, Write, true, true),
+            (TYPE_EA, Read, true, true),
+            (TYPE_WE_RO, Read, false, false),
+            (TYPE_WE_RO, Write, false, true),
+            (TYPE_WE_RO, Write, true, false),
+            (TYPE_EA_RO, Read, false, true),
+            (TYPE_EA_RO, Read, true, false),
+            (TYPE_EA_RO, Write, true, false),
+            (TYPE_WE_AR, Read, false, false),
+            (TYPE_WE_AR, Write, false, true),
+            (TYPE_WE_AR, Write, true, false),
+            (TYPE_EA_AR, Read, false, true),
+            (TYPE_EA_AR, Write, false, true),
+            (TYPE_EA_AR, Read, true, false),
+        ];
+        for (t, c, reg, conflict) in cases {
+            assert_eq!(pr_conflicts(t, c, reg), conflict, "{t} {c:?} {reg}");
+        }
+        for t in [
+            TYPE_WE, TYPE_EA, TYPE_WE_RO, TYPE_EA_RO, TYPE_WE_AR, TYPE_EA_AR,
+        ] {
+            assert!(!pr_conflicts(t, Always, false));
+        }
+    }
+
+    #[test]
+    fn command_classes() {
+        assert_eq!(class(Cdb(&[INQUIRY])), Class::Always);
+        assert_eq!(class(Cdb(&[TEST_UNIT_READY])), Class::Always);
+        assert_eq!(class(Cdb(&[SERVICE_ACTION_IN_16, 0x10])), Class::Always);
+        assert_eq!(class(Cdb(&[SERVICE_ACTION_IN_16, 0x12])), Class::Read);
+        assert_eq!(class(Cdb(&[READ_10])), Class::Read);
+        assert_eq!(class(Cdb(&[MODE_SENSE_6])), Class::Read);
+        assert_eq!(class(Cdb(&[WRITE_10])), Class::Write);
+        assert_eq!(class(Cdb(&[SYNCHRONIZE_CACHE_10])), Class::Write);
+        assert_eq!(class(Cdb(&[MODE_SELECT_6])), Class::Write);
+        assert_eq!(class(Cdb(&[RESERVE_6])), Class::Write);
+        assert_eq!(
+            class(Cdb(&[PREVENT_ALLOW_MEDIUM_REMOVAL, 0, 0, 0, 1])),
+            Class::Write
+        );
+        assert_eq!(
+            class(Cdb(&[PREVENT_ALLOW_MEDIUM_REMOVAL, 0, 0, 0, 0])),
+            Class::Always
+        );
+    }
+}

@@ -1,0 +1,341 @@
+//! Persistent reservations and SPC-2 RESERVE/RELEASE across several I_T nexuses.
+mod common;
+use common::*;
+use scsi::Status;
+
+fn prout(sa: u8, pr_type: u8) -> [u8; 10] {
+    [0x5F, sa, pr_type, 0, 0, 0, 0, 0, 24, 0]
+}
+fn params(key: u64, sa_key: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p
+}
+fn prin(sa: u8) -> [u8; 10] {
+    [0x5E, sa, 0, 0, 0, 0, 0, 0x40, 0, 0]
+}
+
+/// One LU, nexuses 1..=3 (distinct initiators), UAs from login cleared.
+fn setup() -> T {
+    let mut t = T::new();
+    for id in 1..=3 {
+        t.lu.nexus_added(id);
+        t.nexus = nexus(id);
+        t.run(&[0; 6], &[]);
+    }
+    t.nexus = nexus(1);
+    t
+}
+fn as_nexus(t: &mut T, id: u64) {
+    t.nexus = nexus(id);
+}
+fn conflict(t: &mut T, cdb: &[u8], data: &[u8]) {
+    let c = t.run(cdb, data);
+    assert_eq!(c.status, Status::ReservationConflict, "cdb {cdb:02x?}");
+    assert!(c.sense.is_none());
+}
+fn keys(t: &mut T) -> (u32, Vec<u64>) {
+    let d = t.ok(&prin(0), &[]);
+    let gen = u32::from_be_bytes(d[..4].try_into().unwrap());
+    let len = u32::from_be_bytes(d[4..8].try_into().unwrap()) as usize;
+    let keys = d[8..8 + len]
+        .chunks(8)
+        .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
+        .collect();
+    (gen, keys)
+}
+fn reservation(t: &mut T) -> Option<(u64, u8)> {
+    let d = t.ok(&prin(1), &[]);
+    if d[7] == 0 {
+        return None;
+    }
+    Some((u64::from_be_bytes(d[8..16].try_into().unwrap()), d[21]))
+}
+fn register(t: &mut T, id: u64, key: u64) {
+    as_nexus(t, id);
+    t.ok(&prout(6, 0), &params(0, key));
+}
+
+#[test]
+fn registration_lifecycle_and_generation() {
+    let mut t = setup();
+    assert_eq!(keys(&mut t), (0, vec![]));
+    // REGISTER with a reservation key while unregistered conflicts.
+    conflict(&mut t, &prout(0, 0), &params(5, 0xAA));
+    // Unregistered, SARK 0: nothing happens, no new generation.
+    t.ok(&prout(0, 0), &params(0, 0));
+    assert_eq!(keys(&mut t), (0, vec![]));
+    t.ok(&prout(0, 0), &params(0, 0xAA));
+    assert_eq!(keys(&mut t), (1, vec![0xAA]));
+    // Re-register with a wrong key conflicts; with the right one changes the key.
+    conflict(&mut t, &prout(0, 0), &params(0, 0xAB));
+    t.ok(&prout(0, 0), &params(0xAA, 0xAB));
+    assert_eq!(keys(&mut t), (2, vec![0xAB]));
+    // REGISTER AND IGNORE EXISTING KEY ignores the reservation key.
+    t.ok(&prout(6, 0), &params(0x1234, 0xAC));
+    register(&mut t, 2, 0xBB);
+    assert_eq!(keys(&mut t), (4, vec![0xAC, 0xBB]));
+    // Unregister.
+    as_nexus(&mut t, 1);
+    t.ok(&prout(0, 0), &params(0xAC, 0));
+    assert_eq!(keys(&mut t), (5, vec![0xBB]));
+    assert_eq!(t.lu.pr_generation(), 5);
+    // Registrations belong to the I_T nexus, not the session: a new session id with the same
+    // initiator port name is the same registrant.
+    as_nexus(&mut t, 2);
+    t.nexus.id = 77;
+    t.ok(&prout(0, 0), &params(0xBB, 0xBC));
+    assert_eq!(keys(&mut t), (6, vec![0xBC]));
+}
+
+#[test]
+fn parameter_validation() {
+    let mut t = setup();
+    // Wrong parameter list length.
+    let mut cdb = prout(0, 0);
+    cdb[8] = 23;
+    assert_sense(&t.err(&cdb, &params(0, 1)[..23]), 5, 0x1A, 0);
+    assert_sense(&t.err(&prout(0, 0), &params(0, 1)[..20]), 5, 0x1A, 0);
+    // APTPL is not supported (PTPL_C=0).
+    let mut p = params(0, 1);
+    p[20] = 1;
+    assert_sense(&t.err(&prout(0, 0), &p), 5, 0x26, 0);
+    // Reservation type and scope.
+    t.ok(&prout(0, 0), &params(0, 1));
+    invalid_cdb(&t.err(&prout(1, 2), &params(1, 0)));
+    invalid_cdb(&t.err(&prout(1, 0x11), &params(1, 0)));
+    // Unknown service actions.
+    invalid_cdb(&t.err(&prout(7, 0), &params(1, 0)));
+    invalid_cdb(&t.err(&prin(4), &[]));
+    // REPORT CAPABILITIES.
+    let d = t.ok(&prin(2), &[]);
+    assert_eq!(d, [0, 8, 0, 0x80, 0xEA, 0x01, 0, 0]);
+    // Allocation length truncates, the additional length stays whole.
+    let mut cdb = prin(0);
+    cdb[8] = 4;
+    cdb[7] = 0;
+    assert_eq!(t.ok(&cdb, &[]).len(), 4);
+}
+
+#[test]
+fn access_by_type_and_registration() {
+    // (type, registered nexus 2 read/write, unregistered nexus 3 read/write)
+    let cases = [
+        (1u8, (true, false), (true, false)),
+        (3, (false, false), (false, false)),
+        (5, (true, true), (true, false)),
+        (6, (true, true), (false, false)),
+        (7, (true, true), (true, false)),
+        (8, (true, true), (false, false)),
+    ];
+    for (ty, reg, unreg) in cases {
+        let mut t = setup();
+        register(&mut t, 1, 0x11);
+        register(&mut t, 2, 0x22);
+        as_nexus(&mut t, 1);
+        t.ok(&prout(1, ty), &params(0x11, 0));
+        let expect_key = if ty >= 7 { 0 } else { 0x11 };
+        assert_eq!(reservation(&mut t), Some((expect_key, ty)));
+        assert!(t.lu.reservation_held());
+        let data = vec![0u8; 512];
+        t.ok(&read10(1, 1), &[]);
+        t.ok(&write10(1, 1), &data);
+        for (id, (r, w)) in [(2, reg), (3, unreg)] {
+            as_nexus(&mut t, id);
+            if r {
+                t.ok(&read10(1, 1), &[]);
+            } else {
+                conflict(&mut t, &read10(1, 1), &[]);
+            }
+            if w {
+                t.ok(&write10(1, 1), &data);
+            } else {
+                conflict(&mut t, &write10(1, 1), &data);
+            }
+            // Always allowed.
+            t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+            t.ok(&[0; 6], &[]);
+            t.ok(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+            t.ok(&prin(0), &[]);
+            // RESERVE of another type or by a non-holder conflicts.
+            if id == 3 || ty < 7 {
+                conflict(
+                    &mut t,
+                    &prout(1, ty),
+                    &params(if id == 2 { 0x22 } else { 0 }, 0),
+                );
+            }
+        }
+        // Release by the holder with the wrong type is refused.
+        as_nexus(&mut t, 1);
+        let other = if ty == 1 { 3 } else { 1 };
+        assert_sense(&t.err(&prout(2, other), &params(0x11, 0)), 5, 0x26, 0x04);
+        t.ok(&prout(2, ty), &params(0x11, 0));
+        assert_eq!(reservation(&mut t), None);
+        assert!(!t.lu.reservation_held());
+        // Registrants-only and all-registrants releases tell the other registrants.
+        as_nexus(&mut t, 2);
+        let c = t.run(&[0; 6], &[]);
+        if ty >= 5 {
+            assert_eq!(c.status, Status::CheckCondition);
+            assert_sense(&c.sense.unwrap(), 6, 0x2A, 0x04);
+        } else {
+            assert_eq!(c.status, Status::Good);
+        }
+    }
+}
+
+#[test]
+fn holder_unregistering_releases_unless_all_registrants() {
+    for (ty, shared) in [
+        (1u8, false),
+        (3, false),
+        (5, false),
+        (6, false),
+        (7, true),
+        (8, true),
+    ] {
+        let mut t = setup();
+        register(&mut t, 1, 0x11);
+        register(&mut t, 2, 0x22);
+        as_nexus(&mut t, 1);
+        t.ok(&prout(1, ty), &params(0x11, 0));
+        t.ok(&prout(0, 0), &params(0x11, 0));
+        if shared {
+            assert_eq!(reservation(&mut t), Some((0, ty)));
+            as_nexus(&mut t, 2);
+            t.ok(&prout(2, ty), &params(0x22, 0));
+        }
+        assert_eq!(reservation(&mut t), None, "type {ty}");
+    }
+    // An all-registrants reservation goes with its last registrant.
+    let mut t = setup();
+    register(&mut t, 1, 0x11);
+    as_nexus(&mut t, 1);
+    t.ok(&prout(1, 7), &params(0x11, 0));
+    t.ok(&prout(0, 0), &params(0x11, 0));
+    assert_eq!(reservation(&mut t), None);
+}
+
+#[test]
+fn clear_and_preempt() {
+    let mut t = setup();
+    register(&mut t, 1, 0x11);
+    register(&mut t, 2, 0x22);
+    register(&mut t, 3, 0x33);
+    as_nexus(&mut t, 2);
+    t.ok(&prout(1, 1), &params(0x22, 0));
+    // Only a registrant with its own key may preempt.
+    as_nexus(&mut t, 1);
+    conflict(&mut t, &prout(4, 3), &params(0x12, 0x22));
+    // Preempting a key nobody holds conflicts; key 0 without an AR reservation is invalid.
+    conflict(&mut t, &prout(4, 3), &params(0x11, 0x99));
+    assert_sense(&t.err(&prout(4, 3), &params(0x11, 0)), 5, 0x26, 0);
+    // Preempt the holder: its registration goes, nexus 1 holds an EA reservation.
+    let gen = t.lu.pr_generation();
+    t.ok(&prout(5, 3), &params(0x11, 0x22));
+    assert_eq!(t.lu.pr_generation(), gen + 1);
+    assert_eq!(reservation(&mut t), Some((0x11, 3)));
+    assert_eq!(keys(&mut t).1, vec![0x11, 0x33]);
+    as_nexus(&mut t, 2);
+    let c = t.run(&read10(0, 1), &[]);
+    assert_sense(&c.sense.unwrap(), 6, 0x2A, 0x05); // REGISTRATIONS PREEMPTED
+    conflict(&mut t, &read10(0, 1), &[]);
+    // Type changed: the remaining registrant hears RESERVATIONS RELEASED.
+    as_nexus(&mut t, 3);
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x2A, 0x04);
+    // Preempt a registration without touching the reservation.
+    as_nexus(&mut t, 1);
+    t.ok(&prout(4, 3), &params(0x11, 0x33));
+    assert_eq!(keys(&mut t).1, vec![0x11]);
+    assert_eq!(reservation(&mut t), Some((0x11, 3)));
+    as_nexus(&mut t, 3);
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x2A, 0x05);
+    // CLEAR: everything goes, other registrants hear RESERVATIONS PREEMPTED.
+    register(&mut t, 3, 0x33);
+    as_nexus(&mut t, 3);
+    conflict(&mut t, &prout(3, 0), &params(0x34, 0));
+    as_nexus(&mut t, 1);
+    t.ok(&prout(3, 0), &params(0x11, 0));
+    assert_eq!(keys(&mut t).1, Vec::<u64>::new());
+    assert_eq!(reservation(&mut t), None);
+    as_nexus(&mut t, 3);
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x2A, 0x03);
+    // All-registrants reservation preempted with key 0: everyone else is removed.
+    register(&mut t, 1, 0x11);
+    register(&mut t, 2, 0x22);
+    as_nexus(&mut t, 1);
+    t.ok(&prout(1, 8), &params(0x11, 0));
+    as_nexus(&mut t, 2);
+    t.ok(&prout(4, 1), &params(0x22, 0));
+    assert_eq!(keys(&mut t).1, vec![0x22]);
+    assert_eq!(reservation(&mut t), Some((0x22, 1)));
+}
+
+#[test]
+fn full_status_lists_registrants() {
+    let mut t = setup();
+    register(&mut t, 1, 0x11);
+    as_nexus(&mut t, 1);
+    t.ok(&prout(1, 1), &params(0x11, 0));
+    let d = t.ok(&prin(3), &[]);
+    let len = u32::from_be_bytes(d[4..8].try_into().unwrap()) as usize;
+    assert_eq!(d.len(), 8 + len);
+    assert_eq!(u64::from_be_bytes(d[8..16].try_into().unwrap()), 0x11);
+    assert_eq!((d[20], d[21]), (1, 1)); // R_HOLDER, type
+    assert_eq!(&d[26..28], &[0, 1]); // relative target port
+    assert_eq!(d[32], 0x45); // iSCSI TransportID, format 01b
+    let name = b"iqn.1994-05.com.example:host1,i,0x00023d000001";
+    assert_eq!(&d[36..36 + name.len()], name);
+}
+
+#[test]
+fn spc2_reserve_release() {
+    let mut t = setup();
+    t.ok(&[0x16, 0, 0, 0, 0, 0], &[]);
+    t.ok(&[0x16, 0, 0, 0, 0, 0], &[]); // the holder may reserve again
+    as_nexus(&mut t, 2);
+    conflict(&mut t, &[0x16, 0, 0, 0, 0, 0], &[]);
+    conflict(&mut t, &[0x1A, 0, 0x3F, 0, 255, 0], &[]);
+    conflict(&mut t, &read10(0, 1), &[]);
+    conflict(&mut t, &prin(0), &[]);
+    t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+    t.ok(&[0x17, 0, 0, 0, 0, 0], &[]); // RELEASE by a non-holder: no-op
+    conflict(&mut t, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+    as_nexus(&mut t, 1);
+    t.ok(&[0x1A, 0, 0x3F, 0, 255, 0], &[]);
+    t.ok(&[0x17, 0, 0, 0, 0, 0], &[]);
+    as_nexus(&mut t, 2);
+    t.ok(&[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+    // Released when the holder's nexus goes.
+    t.lu.nexus_lost(2);
+    assert!(!t.lu.reservation_held());
+    as_nexus(&mut t, 1);
+    t.ok(&[0x16, 0, 0, 0, 0, 0], &[]);
+    // Released by LU reset (and so by target reset, which resets every LU).
+    t.lu.logical_unit_reset(3);
+    assert!(!t.lu.reservation_held());
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x29, 0x03);
+    // Third-party reservations are not supported.
+    invalid_cdb(&t.err(&[0x56, 0x10, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+}
+
+#[test]
+fn spc2_and_persistent_reservations_exclude_each_other() {
+    let mut t = setup();
+    t.ok(&[0x16, 0, 0, 0, 0, 0], &[]);
+    as_nexus(&mut t, 2);
+    conflict(&mut t, &prout(6, 0), &params(0, 0x22));
+    as_nexus(&mut t, 1);
+    t.ok(&[0x17, 0, 0, 0, 0, 0], &[]);
+    register(&mut t, 2, 0x22);
+    as_nexus(&mut t, 2);
+    t.ok(&prout(1, 1), &params(0x22, 0));
+    // With persistent reservations in use (CRH=0), RESERVE and RELEASE conflict.
+    as_nexus(&mut t, 1);
+    conflict(&mut t, &[0x16, 0, 0, 0, 0, 0], &[]);
+    // Persistent reservations survive an LU reset.
+    t.lu.logical_unit_reset(1);
+    assert!(t.lu.reservation_held());
+}

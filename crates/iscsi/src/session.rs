@@ -654,8 +654,7 @@ impl Session {
             // ends with CHECK CONDITION while the session lives on. Later Data-Out PDUs of the
             // task are dropped (unsolicited) or rejected (solicited).
             self.reject(bhs, RejectReason::ProtocolError, out);
-            let task = self.pending.swap_remove(index);
-            self.pending_write_bytes -= task.edtl as usize;
+            let task = self.take_pending(index);
             self.respond_sense(task.itt, task.lun, task.edtl, &DATA_PHASE_ERROR, out);
             out.give_back(task.buf);
             return Flow::Continue;
@@ -669,8 +668,7 @@ impl Session {
             self.pending.push(task);
             return Flow::Continue;
         }
-        let task = self.pending.swap_remove(index);
-        self.pending_write_bytes -= task.edtl as usize;
+        let task = self.take_pending(index);
         let req = ScsiRequest {
             itt: task.itt,
             lun: task.lun,
@@ -921,8 +919,7 @@ impl Session {
                 let referenced = bhs.u32_at(20);
                 let ref_cmd_sn = bhs.u32_at(32);
                 if let Some(i) = self.pending.iter().position(|p| p.itt == referenced) {
-                    let task = self.pending.swap_remove(i);
-                    self.pending_write_bytes -= task.edtl as usize;
+                    let task = self.take_pending(i);
                     out.give_back(task.buf);
                     tmf_response::COMPLETE
                 } else if let Some(task) = self.running.iter_mut().find(|t| t.itt == referenced) {
@@ -975,6 +972,13 @@ impl Session {
         }
     }
 
+    /// Removes a pending write and releases its share of the write-memory budget.
+    fn take_pending(&mut self, index: usize) -> PendingWrite {
+        let task = self.pending.swap_remove(index);
+        self.pending_write_bytes -= task.edtl as usize;
+        task
+    }
+
     fn abort_running(&mut self, which: impl Fn(&RunningTask) -> bool) {
         for task in self.running.iter_mut().filter(|t| which(t)) {
             task.aborted = true;
@@ -985,8 +989,7 @@ impl Session {
         let mut i = 0;
         while i < self.pending.len() {
             if which(&self.pending[i]) {
-                let task = self.pending.swap_remove(i);
-                self.pending_write_bytes -= task.edtl as usize;
+                let task = self.take_pending(i);
                 out.give_back(task.buf);
             } else {
                 i += 1;

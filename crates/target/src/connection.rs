@@ -209,7 +209,6 @@ struct Backend<'a> {
     nexus: Option<Nexus>,
     local: SocketAddr,
     portal_group_tag: u16,
-    sense: [u8; scsi::sense::SENSE_BYTES_MAX],
 }
 
 impl Backend<'_> {
@@ -231,23 +230,29 @@ impl Backend<'_> {
             let mut data_in = Vec::new();
             let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
             let mut sense = Vec::new();
-            if let Some(s) = completion.sense {
-                let mut buf = [0u8; scsi::sense::SENSE_BYTES_MAX];
-                let n = s.encode(&mut buf);
-                sense.extend_from_slice(&buf[..n]);
-            }
+            let outcome = outcome_of(&completion, &mut sense);
             // The connection may be gone by now; then nobody waits for the answer.
             let _ = completions.send(Completed {
                 itt,
-                outcome: ScsiOutcome {
-                    status: completion.status.code(),
-                    transfer_len: completion.transfer_len,
-                },
+                outcome,
                 data_in,
                 sense,
                 held_bytes,
             });
         });
+    }
+}
+
+/// The transport's view of a SCSI completion: status and transfer length, sense bytes appended.
+fn outcome_of(completion: &scsi::Completion, sense: &mut Vec<u8>) -> ScsiOutcome {
+    if let Some(s) = completion.sense {
+        let mut buf = [0u8; scsi::sense::SENSE_BYTES_MAX];
+        let n = s.encode(&mut buf);
+        sense.extend_from_slice(&buf[..n]);
+    }
+    ScsiOutcome {
+        status: completion.status.code(),
+        transfer_len: completion.transfer_len,
     }
 }
 
@@ -298,14 +303,7 @@ impl ScsiBackend for Backend<'_> {
             data_in_limit: req.expected_len,
         };
         let completion = luns.execute(nexus, scsi::lun_from_wire(req.lun), &cmd, data_in);
-        if let Some(s) = completion.sense {
-            let n = s.encode(&mut self.sense);
-            sense.extend_from_slice(&self.sense[..n]);
-        }
-        Execution::Done(ScsiOutcome {
-            status: completion.status.code(),
-            transfer_len: completion.transfer_len,
-        })
+        Execution::Done(outcome_of(&completion, sense))
     }
 
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
@@ -489,7 +487,6 @@ impl Driver {
             nexus: None,
             local: self.local,
             portal_group_tag: self.portal_group_tag,
-            sense: [0; scsi::sense::SENSE_BYTES_MAX],
         };
         if let Some(t) = established
             .target_name

@@ -33,11 +33,13 @@ pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
 pub const READ_16: u8 = 0x88;
 pub const COMPARE_AND_WRITE: u8 = 0x89;
 pub const WRITE_16: u8 = 0x8A;
+pub const ORWRITE_16: u8 = 0x8B;
 pub const WRITE_AND_VERIFY_16: u8 = 0x8E;
 pub const VERIFY_16: u8 = 0x8F;
 pub const PRE_FETCH_16: u8 = 0x90;
 pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
 pub const WRITE_SAME_16: u8 = 0x93;
+pub const WRITE_ATOMIC_16: u8 = 0x9C;
 pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
 pub const REPORT_LUNS: u8 = 0xA0;
 pub const MAINTENANCE_IN: u8 = 0xA3;
@@ -66,6 +68,8 @@ pub fn is_medium_write(opcode: u8) -> bool {
             | WRITE_SAME_16
             | UNMAP
             | COMPARE_AND_WRITE
+            | ORWRITE_16
+            | WRITE_ATOMIC_16
     )
 }
 

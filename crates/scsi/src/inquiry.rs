@@ -147,6 +147,9 @@ impl LogicalUnit {
         }
         out.extend_from_slice(&[0; 4]); // unmap granularity alignment: not valid
         out.extend_from_slice(&u64::from(WRITE_SAME_BLOCKS_MAX).to_be_bytes());
+        // Maximum atomic transfer length; atomic alignment and granularity 0 (no constraint);
+        // atomic boundaries are not supported (both boundary fields 0).
+        out.extend_from_slice(&(ATOMIC_BYTES_MAX >> shift).to_be_bytes());
         out.resize(4 + 0x3C, 0);
     }
 }

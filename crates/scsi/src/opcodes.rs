@@ -173,6 +173,31 @@ pub static OPS: &[OpInfo] = &[
         &[WRITE_16, 0x1A, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
     ),
     op(
+        ORWRITE_16,
+        &[ORWRITE_16, 0x1A, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
+    ),
+    op(
+        WRITE_ATOMIC_16,
+        &[
+            WRITE_ATOMIC_16,
+            0x18,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0,
+            0,
+        ],
+    ),
+    op(
         WRITE_AND_VERIFY_16,
         &[
             WRITE_AND_VERIFY_16,
@@ -306,6 +331,23 @@ pub static OPS: &[OpInfo] = &[
     ),
 ];
 
+/// Which optional command sets an LU offers.
+#[derive(Debug, Clone, Copy)]
+pub struct Offered {
+    /// Thin provisioning (UNMAP).
+    pub thin: bool,
+    /// SPC-2 RESERVE / RELEASE (6) and (10).
+    pub spc2_reservations: bool,
+}
+
+impl Offered {
+    fn shows(&self, o: &OpInfo) -> bool {
+        (self.thin || !o.thin_only)
+            && (self.spc2_reservations
+                || !matches!(o.opcode, RESERVE_6 | RELEASE_6 | RESERVE_10 | RELEASE_10))
+    }
+}
+
 /// Whether `opcode` uses service actions at all (SERVACTV).
 pub fn has_service_actions(opcode: u8) -> bool {
     OPS.iter()
@@ -313,7 +355,7 @@ pub fn has_service_actions(opcode: u8) -> bool {
 }
 
 /// Finds the implemented command for a CDB, or the sense to answer with.
-pub fn lookup(cdb: Cdb<'_>, thin: bool) -> Result<&'static OpInfo, Sense> {
+pub fn lookup(cdb: Cdb<'_>, offered: Offered) -> Result<&'static OpInfo, Sense> {
     let opcode = cdb.u8(0);
     let sa = if has_service_actions(opcode) {
         Some(cdb.service_action())
@@ -322,7 +364,7 @@ pub fn lookup(cdb: Cdb<'_>, thin: bool) -> Result<&'static OpInfo, Sense> {
     };
     let found = OPS
         .iter()
-        .find(|o| o.opcode == opcode && o.service_action == sa && (thin || !o.thin_only));
+        .find(|o| o.opcode == opcode && o.service_action == sa && offered.shows(o));
     match found {
         Some(o) => Ok(o),
         // A known opcode with an unknown service action is an invalid field, not an invalid opcode.
@@ -342,12 +384,12 @@ fn put_timeouts(out: &mut Vec<u8>) {
 }
 
 /// REPORT SUPPORTED OPERATION CODES (SPC-4 6.35) parameter data, before allocation truncation.
-pub fn report_supported(cdb: Cdb<'_>, thin: bool, out: &mut Vec<u8>) -> Result<(), Sense> {
+pub fn report_supported(cdb: Cdb<'_>, offered: Offered, out: &mut Vec<u8>) -> Result<(), Sense> {
     let rctd = cdb.u8(2) & 0x80 != 0;
     let options = cdb.u8(2) & 0x07;
     let req_opcode = cdb.u8(3);
     let req_sa = cdb.be16(4);
-    let visible = |o: &&OpInfo| thin || !o.thin_only;
+    let visible = |o: &&OpInfo| offered.shows(o);
     match options {
         0 => {
             out.extend_from_slice(&[0; 4]);

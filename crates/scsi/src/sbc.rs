@@ -50,6 +50,13 @@ fn rw_range(cdb: Cdb<'_>) -> Range {
     }
 }
 
+/// `dst |= src`, byte by byte (ORWRITE).
+pub(crate) fn or_into(dst: &mut [u8], src: &[u8]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d |= *s;
+    }
+}
+
 fn read_error(_: std::io::Error) -> Sense {
     Sense::medium_error_unrecovered_read()
 }
@@ -393,6 +400,76 @@ impl LogicalUnit {
             });
         scratch.clear();
         result.map(|()| (2 * bytes) as u32)
+    }
+
+    /// ORWRITE (16), SBC-3 5.8: the Data-Out blocks are ORed into the medium. The exclusive
+    /// write lock makes the read-modify-write atomic against every other writer of the LU.
+    pub(crate) fn orwrite(&self, cmd: &Command<'_>, scratch: &mut Vec<u8>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        // ORPROTECT must be zero (no protection information); DPO, FUA, FUA_NV accepted.
+        check_reserved(cdb, 1, 0x1A)?;
+        let r = rw_range(cdb);
+        self.check_transfer(&r)?;
+        let bytes = r.blocks << self.block_shift;
+        let len =
+            ((cmd.data_out.len() >> self.block_shift).min(r.blocks as usize)) << self.block_shift;
+        if len == 0 {
+            return Ok(bytes);
+        }
+        let durable = cdb.u8(1) & 0x08 != 0 || !self.wce();
+        let offset = r.lba << self.block_shift;
+        let _order = self.write_order.write().unwrap_or_else(|p| p.into_inner());
+        scratch.resize(len, 0);
+        let result = self
+            .store
+            .read_at(scratch, offset)
+            .map_err(read_error)
+            .and_then(|()| {
+                or_into(scratch, &cmd.data_out[..len]);
+                self.store
+                    .write_at(scratch, offset, durable)
+                    .map_err(write_error)
+            });
+        scratch.clear();
+        result.map(|()| bytes)
+    }
+
+    /// WRITE ATOMIC (16), SBC-4 5.48: all of the blocks or none of them, as seen by every other
+    /// command of the LU (the write lock is taken exclusively, so no read sees a partial write).
+    pub(crate) fn write_atomic(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        check_reserved(cdb, 1, 0x18)?; // WRPROTECT 0; DPO, FUA
+        if cdb.be16(10) != 0 {
+            // ATOMIC BOUNDARY: boundaries are not supported (maximum atomic boundary size 0).
+            return Err(Sense::invalid_field_in_cdb(10, None));
+        }
+        let r = Range {
+            lba: cdb.be64(2),
+            blocks: u32::from(cdb.be16(12)),
+            len_field: 12,
+        };
+        if r.blocks > ATOMIC_BYTES_MAX >> self.block_shift {
+            return Err(Sense::invalid_field_in_cdb(12, None));
+        }
+        self.check_lba(r.lba, u64::from(r.blocks))?;
+        let bytes = r.blocks << self.block_shift;
+        // A partial transfer cannot be written atomically: nothing is written.
+        if r.blocks > 0 && cmd.data_out.len() < bytes as usize {
+            return Err(Sense::invalid_field_in_cdb(12, None));
+        }
+        if r.blocks == 0 {
+            return Ok(0);
+        }
+        let durable = cdb.u8(1) & 0x08 != 0 || !self.wce();
+        let _order = self.write_order.write().unwrap_or_else(|p| p.into_inner());
+        self.store
+            .write_at(
+                &cmd.data_out[..bytes as usize],
+                r.lba << self.block_shift,
+                durable,
+            )
+            .map_err(write_error)?;
+        Ok(bytes)
     }
 
     pub(crate) fn read_capacity_10(

@@ -19,6 +19,7 @@ fn prin(sa: u8) -> [u8; 10] {
 /// One LU, nexuses 1..=3 (distinct initiators), UAs from login cleared.
 fn setup() -> T {
     let mut t = T::new();
+    t.lu.set_spc2_reservations(true);
     for id in 1..=3 {
         t.lu.nexus_added(id);
         t.nexus = nexus(id);
@@ -319,6 +320,17 @@ fn spc2_reserve_release() {
     assert_sense(&t.err(&[0; 6], &[]), 6, 0x29, 0x03);
     // Third-party reservations are not supported.
     invalid_cdb(&t.err(&[0x56, 0x10, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+}
+
+#[test]
+fn spc2_reservations_are_off_by_default() {
+    let mut t = T::new();
+    for op in [0x16u8, 0x17] {
+        assert_sense(&t.err(&[op, 0, 0, 0, 0, 0], &[]), 5, 0x20, 0);
+    }
+    assert_sense(&t.err(&[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]), 5, 0x20, 0);
+    t.lu.set_spc2_reservations(true);
+    t.ok(&[0x16, 0, 0, 0, 0, 0], &[]);
 }
 
 #[test]

@@ -556,7 +556,9 @@ fn read_capacity() {
     assert_eq!(d.len(), 32);
     assert_eq!(u64::from_be_bytes(d[..8].try_into().unwrap()), n - 1);
     assert_eq!(u32::from_be_bytes(d[8..12].try_into().unwrap()), 512);
-    assert_eq!(d[13], 3); // 8 logical blocks per 4 KiB physical block
+    // One logical block per physical block reported (4 KiB physical blocks are implemented but
+    // switched off: libiscsi GetLBAStatus.UnmapSingle is wrong for LBPPB > 1).
+    assert_eq!(d[13], 0);
     assert_eq!(d[14], 0xC0); // LBPME | LBPRZ, lowest aligned LBA 0
     assert_eq!(d[15], 0);
     let c = t.run(&cdb16(0x9E, 0, 12).map_service_action(0x10), &[]);
@@ -621,4 +623,81 @@ fn read_only_lu_refuses_medium_writes() {
     }
     t.ok(&read10(0, 1), &[]);
     t.ok(&cdb10(0x35, 0, 0), &[]);
+}
+
+#[test]
+fn orwrite_ors_into_the_medium() {
+    let mut t = T::new();
+    let n = t.blocks();
+    t.ok(&write10(0, 2), &vec![0x0F; 1024]);
+    t.ok(&cdb16(0x8B, 0, 2), &vec![0xA0; 1024]);
+    assert_eq!(t.ok(&read10(0, 2), &[]), vec![0xAF; 1024]);
+    // Only the blocks that arrived are ORed in.
+    t.ok(&cdb16(0x8B, 0, 2), &vec![0x50; 512]);
+    let d = t.ok(&read10(0, 2), &[]);
+    assert_eq!(&d[..512], &[0xFF; 512][..]);
+    assert_eq!(&d[512..], &[0xAF; 512][..]);
+    // Zero blocks, end of medium, ORPROTECT, FUA.
+    t.ok(&cdb16(0x8B, 0, 0), &[]);
+    t.ok(&cdb16(0x8B, n - 1, 1), &[1; 512]);
+    lba_oob(&t.err(&cdb16(0x8B, n - 1, 2), &[1; 1024]));
+    let mut c = cdb16(0x8B, 0, 1);
+    c[1] = 0x20;
+    invalid_cdb(&t.err(&c, &[0; 512]));
+    c[1] = 0x18;
+    t.ok(&c, &[0; 512]);
+}
+
+#[test]
+fn write_atomic_16() {
+    let mut t = T::new();
+    let n = t.blocks();
+    let atomic = |lba: u64, blocks: u16| {
+        let mut c = [0u8; 16];
+        c[0] = 0x9C;
+        c[2..10].copy_from_slice(&lba.to_be_bytes());
+        c[12..14].copy_from_slice(&blocks.to_be_bytes());
+        c
+    };
+    let data = pattern(4096, 9);
+    t.ok(&atomic(3, 8), &data);
+    assert_eq!(t.ok(&read10(3, 8), &[]), data);
+    t.ok(&atomic(0, 0), &[]);
+    t.ok(&atomic(n - 1, 1), &data[..512]);
+    lba_oob(&t.err(&atomic(n - 1, 2), &data[..1024]));
+    // Above the maximum atomic transfer length (the maximum transfer length).
+    invalid_cdb(&t.err(&atomic(0, 16385), &[]));
+    // A short Data-Out is not written at all.
+    invalid_cdb(&t.err(&atomic(100, 2), &data[..512]));
+    assert_eq!(t.ok(&read10(100, 1), &[]), vec![0; 512]);
+    // WRPROTECT and ATOMIC BOUNDARY are refused; DPO and FUA accepted.
+    let mut c = atomic(0, 1);
+    c[1] = 0x20;
+    invalid_cdb(&t.err(&c, &data[..512]));
+    c[1] = 0x18;
+    t.ok(&c, &data[..512]);
+    c[11] = 1;
+    invalid_cdb(&t.err(&c, &data[..512]));
+    // Block Limits VPD: maximum atomic transfer length, no alignment or granularity rule.
+    let d = t.ok(&[0x12, 1, 0xB0, 0, 255, 0], &[]);
+    let be32 = |at: usize| u32::from_be_bytes(d[at..at + 4].try_into().unwrap());
+    assert_eq!(be32(44), (8 << 20) / 512);
+    assert!(be32(44) <= be32(8));
+    assert_eq!((be32(48), be32(52), be32(56), be32(60)), (0, 0, 0, 0));
+}
+
+#[test]
+fn read_only_lu_refuses_orwrite_and_write_atomic() {
+    let mut t = T::with(
+        LuSettings {
+            read_only: true,
+            ..LuSettings::default()
+        },
+        4 * MIB,
+    );
+    assert_sense(&t.err(&cdb16(0x8B, 0, 1), &[0; 512]), 7, 0x27, 0);
+    let mut c = [0u8; 16];
+    c[0] = 0x9C;
+    c[13] = 1;
+    assert_sense(&t.err(&c, &[0; 512]), 7, 0x27, 0);
 }

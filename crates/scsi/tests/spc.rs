@@ -11,9 +11,7 @@ fn inquiry(evpd: bool, page: u8, alloc: u16) -> [u8; 6] {
 #[test]
 fn invalid_opcodes_and_malformed_cdbs() {
     let mut t = T::new();
-    for op in [
-        0x04u8, 0x05, 0x07, 0x3B, 0x3C, 0x48, 0x7F, 0x83, 0x84, 0x8B, 0xFF,
-    ] {
+    for op in [0x04u8, 0x05, 0x07, 0x3B, 0x3C, 0x48, 0x7F, 0x83, 0x84, 0xFF] {
         assert_sense(
             &t.err(&[op, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]),
             5,
@@ -440,7 +438,7 @@ fn rsoc(options: u8, rctd: bool, opcode: u8, sa: u16, alloc: u32) -> [u8; 12] {
 /// opcode not reported is refused with it.
 #[test]
 fn supported_opcodes_match_dispatch() {
-    for thin in [true, false] {
+    for (thin, spc2) in [(true, false), (false, false), (true, true)] {
         let mut t = T::with(
             LuSettings {
                 thin,
@@ -448,6 +446,7 @@ fn supported_opcodes_match_dispatch() {
             },
             4 * MIB,
         );
+        t.lu.set_spc2_reservations(spc2);
         let d = t.ok(&rsoc(0, false, 0, 0, 65535), &[]);
         let len = u32::from_be_bytes(d[..4].try_into().unwrap()) as usize;
         assert_eq!(len + 4, d.len());
@@ -482,6 +481,8 @@ fn supported_opcodes_match_dispatch() {
             invalid_cdb(&t.err(&rsoc(wrong, false, op, sa, 512), &[]));
         }
         assert_eq!(listed.iter().any(|&(op, _, _)| op == 0x42), thin);
+        assert_eq!(listed.iter().any(|&(op, _, _)| op == 0x16), spc2);
+        assert!(listed.iter().any(|&(op, sa, _)| op == 0x5F && sa == 6));
         for op in 0..=255u8 {
             if listed.iter().any(|&(o, _, _)| o == op) {
                 continue;

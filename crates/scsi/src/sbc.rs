@@ -434,8 +434,9 @@ impl LogicalUnit {
         result.map(|()| bytes)
     }
 
-    /// WRITE ATOMIC (16), SBC-4 5.48: all of the blocks or none of them, as seen by every other
-    /// command of the LU (the write lock is taken exclusively, so no read sees a partial write).
+    /// WRITE ATOMIC (16), SBC-4 5.48: all of the blocks or none of them with respect to every
+    /// other writer of the LU (the write lock is taken exclusively). Reads take no lock, so a
+    /// READ racing with it may see part of it; a store failure midway may leave part written.
     pub(crate) fn write_atomic(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
         check_reserved(cdb, 1, 0x18)?; // WRPROTECT 0; DPO, FUA

@@ -187,10 +187,22 @@ impl LogicalUnit {
             .remove(&nexus_id);
     }
 
-    /// LOGICAL UNIT RESET task management function (and, per LU, TARGET WARM/COLD RESET):
-    /// 29h/03h for every nexus, PREVENT cleared, SPC-2 reservation released, mode parameters
-    /// back to their defaults. Persistent reservations survive (SPC-4 5.13.1).
+    /// LOGICAL UNIT RESET task management function: 29h/03h for every nexus, PREVENT cleared,
+    /// SPC-2 reservation released, mode parameters back to their defaults. Persistent
+    /// reservations survive (SPC-4 5.13.1).
     pub fn logical_unit_reset(&self, by: u64) {
+        self.reset_with(by, unit_attention::LU_RESET);
+    }
+
+    /// This LU's part of a TARGET WARM/COLD RESET: the same as `logical_unit_reset`, but the
+    /// unit attention is the generic POWER ON, RESET, OR BUS DEVICE RESET OCCURRED (29h/00h),
+    /// which is what libiscsi's RESERVE(6) helper accepts after a target reset (its
+    /// Reserve6.LUNReset runs right after Reserve6.TargetWarmReset on the same session).
+    pub fn target_reset(&self, by: u64) {
+        self.reset_with(by, unit_attention::POWER_ON_RESET);
+    }
+
+    fn reset_with(&self, by: u64, ua: (u8, u8)) {
         let _ = by; // SAM-5: the UA goes to every nexus, the requester's included.
         self.reservations.reset();
         self.prevent
@@ -198,7 +210,7 @@ impl LogicalUnit {
             .unwrap_or_else(|p| p.into_inner())
             .clear();
         self.mode.reset(self.settings.write_cache);
-        self.ua.raise_all(unit_attention::LU_RESET, None);
+        self.ua.raise_all(ua, None);
     }
 
     /// The store's size changed: CAPACITY DATA HAS CHANGED (2Ah/09h) for every nexus.
@@ -228,11 +240,12 @@ impl LogicalUnit {
 
     /// Offers SPC-2 RESERVE/RELEASE (6) and (10), off by default: they work (conflicts, release
     /// on RELEASE, nexus loss, LU reset and target reset, exclusion with persistent
-    /// reservations), but libiscsi 1.19's Reserve6.LUNReset then logs a failure: the preceding
-    /// Reserve6.TargetWarmReset leaves its own nexus the 29h/03h unit attention that SAM-5
-    /// requires, and libiscsi's RESERVE(6) helper only tolerates 29h/00h. While off they
-    /// answer INVALID COMMAND OPERATION CODE and are not listed in REPORT SUPPORTED OPERATION
-    /// CODES.
+    /// reservations), but libiscsi 1.19's Reserve6.LUNReset logs a failure when the preceding
+    /// Reserve6.TargetWarmReset leaves its own nexus the 29h/03h unit attention of
+    /// `logical_unit_reset`: its RESERVE(6) helper tolerates only 29h/00h. A transport that
+    /// resets LUs with `target_reset` for TARGET WARM/COLD RESET can switch them on. While off
+    /// they answer INVALID COMMAND OPERATION CODE and are not listed in REPORT SUPPORTED
+    /// OPERATION CODES.
     pub fn set_spc2_reservations(&self, on: bool) {
         self.spc2_reservations.store(on, Ordering::Relaxed);
     }

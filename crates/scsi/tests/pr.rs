@@ -318,6 +318,11 @@ fn spc2_reserve_release() {
     t.lu.logical_unit_reset(3);
     assert!(!t.lu.reservation_held());
     assert_sense(&t.err(&[0; 6], &[]), 6, 0x29, 0x03);
+    // Target reset releases it too, with the generic reset unit attention.
+    t.ok(&[0x16, 0, 0, 0, 0, 0], &[]);
+    t.lu.target_reset(1);
+    assert!(!t.lu.reservation_held());
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x29, 0x00);
     // Third-party reservations are not supported.
     invalid_cdb(&t.err(&[0x56, 0x10, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
 }

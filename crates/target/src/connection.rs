@@ -331,7 +331,7 @@ impl ScsiBackend for Backend<'_> {
                     .and_then(|iqn| self.shared.target(iqn))
                 {
                     for unit in &t.units {
-                        unit.logical_unit_reset(by);
+                        unit.target_reset(by);
                     }
                 }
             }

@@ -411,9 +411,12 @@ fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
         write_cache: device.write_cache,
         thin: device.thin,
     };
-    LogicalUnit::new(store, identity, settings)
-        .map(Arc::new)
-        .map_err(|e| format!("device {}: {e}", device.name))
+    let unit = LogicalUnit::new(store, identity, settings)
+        .map_err(|e| format!("device {}: {e}", device.name))?;
+    // SPC-2 RESERVE/RELEASE stay off: with them on, libiscsi 1.19's Reserve6.LUNReset trips over
+    // the 29h/03h unit attention a LOGICAL UNIT RESET leaves on the requesting nexus (tgt fails
+    // that test too). See `LogicalUnit::set_spc2_reservations` and docs/CONFORMANCE.md.
+    Ok(Arc::new(unit))
 }
 
 /// Whether making data durable on this store waits for a device. RAM never does; files on

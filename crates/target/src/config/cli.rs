@@ -135,6 +135,12 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
                 return Err("ram takes its size as ram:SIZE".into());
             }
             let n = parse_size(rest)?;
+            if n > super::RAM_SIZE_BYTES_MAX {
+                return Err(format!(
+                    "ram: {n} bytes exceeds the largest RAM LUN ({} bytes, 16T)",
+                    super::RAM_SIZE_BYTES_MAX
+                ));
+            }
             size = Some(n);
             StoreKind::Ram { size_bytes: n }
         }

@@ -546,6 +546,17 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                             ok = false;
                         }
                         match (&rd.size, &size) {
+                            (Some(raw), Some((n, _))) if *n > super::RAM_SIZE_BYTES_MAX => {
+                                cx.err(
+                                    raw.span(),
+                                    format!("{ctx}: size"),
+                                    format!(
+                                        "{n} bytes exceeds the largest RAM LUN ({} bytes, 16T)",
+                                        super::RAM_SIZE_BYTES_MAX
+                                    ),
+                                );
+                                None
+                            }
                             (_, Some((n, _))) => Some(StoreKind::Ram { size_bytes: *n }),
                             (None, _) => {
                                 cx.err(

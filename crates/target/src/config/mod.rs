@@ -28,6 +28,9 @@ pub const DEMO_TARGET_IQN: &str = "iqn.2026-11.org.ferrosan:demo";
 
 /// The largest config file [`Config::load`] reads, in bytes.
 pub const CONFIG_FILE_BYTES_MAX: u64 = 4 * 1024 * 1024;
+/// Largest RAM LUN. RAM LUNs allocate lazily, but their chunk index (24 bytes per MiB) is built
+/// up front: 16 TiB costs a 384 MiB index; beyond, a typo like `16P` would exhaust memory.
+pub const RAM_SIZE_BYTES_MAX: u64 = 16 << 40;
 
 /// The file name used in errors about command-line arguments.
 pub const COMMAND_LINE: &str = "<command line>";

@@ -1466,3 +1466,12 @@ fn chap_algorithms_are_checked() {
         "chap_algorithms[1]",
     );
 }
+
+#[test]
+fn ram_luns_are_bounded() {
+    assert!(Config::from_cli(&[], "", &["ram:16T".into()]).is_ok());
+    let e = Config::from_cli(&[], "", &["ram:16P".into()]).unwrap_err();
+    assert!(e.to_string().contains("largest RAM LUN"), "{e}");
+    let text = with_device("name = \"disk2\"\nstore = \"ram\"\nsize = \"17T\"");
+    one_error(&text, "size = \"17T\"", "device \"disk2\": size");
+}

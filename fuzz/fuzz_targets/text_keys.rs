@@ -170,5 +170,15 @@ fuzz_target!(|input: Input| {
     }
     check_params(&n);
     n.declarations(&mut answers);
-    assert!(n.has_declared());
+    // A key appears at most once per text (RFC 7143 §6.1): our declaration waits for a later
+    // response when this one already answers the initiator's MaxRecvDataSegmentLength.
+    let recv_keys = answers
+        .iter()
+        .filter(|(k, _)| k == "MaxRecvDataSegmentLength")
+        .count();
+    assert!(recv_keys <= 1, "{answers:?}");
+    assert!(
+        n.has_declared() || answers.iter().any(|(k, v)| k == "MaxRecvDataSegmentLength" && v == "Reject"),
+        "{answers:?}"
+    );
 });

@@ -276,6 +276,37 @@ impl Server {
     }
 }
 
+/// At most one log line per interval; the lines it held back are counted into the next one, so a
+/// connection flood cannot flood the log.
+struct LogLimiter {
+    interval: Duration,
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl LogLimiter {
+    fn new(interval: Duration) -> LogLimiter {
+        LogLimiter {
+            interval,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(lines suppressed since the last one)` when a line may be logged now.
+    fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < self.interval)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
 fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
@@ -339,6 +370,7 @@ fn acceptor(
             let senders = Arc::clone(&senders);
             let next = Arc::clone(&next);
             tasks.push(tokio::spawn(async move {
+                let mut refusal_log = LogLimiter::new(Duration::from_secs(1));
                 loop {
                     let (stream, peer) = match listener.accept().await {
                         Ok(x) => x,
@@ -353,7 +385,14 @@ fn acceptor(
                         Ok(g) => g,
                         Err(limit) => {
                             shared.metrics.limit(limit);
-                            tracing::warn!(%peer, limit, "connection refused: limit reached");
+                            if let Some(suppressed) = refusal_log.admit(std::time::Instant::now()) {
+                                tracing::warn!(
+                                    %peer,
+                                    limit,
+                                    suppressed,
+                                    "connection refused: limit reached"
+                                );
+                            }
                             continue;
                         }
                     };
@@ -428,7 +467,12 @@ fn durable_ops_block(kind: &StoreKind) -> bool {
         StoreKind::Ram { .. } => return false,
         StoreKind::File { path, .. } | StoreKind::Block { path } => path,
     };
-    match rustix::fs::statfs(path.as_path()) {
+    // A file not created yet lives on its directory's filesystem.
+    let stat = rustix::fs::statfs(path.as_path()).or_else(|e| match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => rustix::fs::statfs(dir),
+        _ => Err(e),
+    });
+    match stat {
         #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
         Ok(st) => !matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC),
         Err(_) => true,
@@ -545,6 +589,39 @@ fn build(config: &Config) -> Result<Shared, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_limiter_counts_what_it_holds_back() {
+        let mut l = LogLimiter::new(Duration::from_secs(1));
+        let t0 = std::time::Instant::now();
+        assert_eq!(l.admit(t0), Some(0));
+        assert_eq!(l.admit(t0 + Duration::from_millis(10)), None);
+        assert_eq!(l.admit(t0 + Duration::from_millis(500)), None);
+        assert_eq!(l.admit(t0 + Duration::from_millis(1000)), Some(2));
+        assert_eq!(l.admit(t0 + Duration::from_millis(1001)), None);
+    }
+
+    #[test]
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
+    fn only_real_filesystems_make_durable_operations_wait() {
+        assert!(!durable_ops_block(&StoreKind::Ram {
+            size_bytes: 1 << 20
+        }));
+        // /dev/shm is tmpfs on Linux: nothing to flush.
+        if rustix::fs::statfs("/dev/shm").is_ok_and(|st| st.f_type as i64 == 0x0102_1994) {
+            let path = std::path::PathBuf::from("/dev/shm/ferrosan-x.img");
+            assert!(!durable_ops_block(&StoreKind::File {
+                path,
+                size_bytes: None
+            }));
+        }
+        // A path that cannot be inspected is treated as slow (the safe side).
+        let missing = std::path::PathBuf::from("/nonexistent/ferrosan/disk.img");
+        assert!(durable_ops_block(&StoreKind::File {
+            path: missing,
+            size_bytes: None
+        }));
+    }
 
     fn shared(max: u32, window_s: u32) -> Shared {
         let mut config = Config::demo();

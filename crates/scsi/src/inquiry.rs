@@ -65,7 +65,7 @@ impl LogicalUnit {
         out.push(0x06); // SPC-4
         out.push(0x12); // HISUP, response data format 2
         out.push((STANDARD_BYTES - 5) as u8);
-        out.push(0x00); // no SCCS/ACC/TPGS/3PC/PROTECT
+        out.push(0x08); // 3PC (EXTENDED COPY); no SCCS/ACC/TPGS/PROTECT
         out.push(0x00);
         out.push(0x02); // CMDQUE
         put_ascii(out, &self.identity.vendor, 8);

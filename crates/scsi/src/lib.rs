@@ -17,6 +17,7 @@ mod pr;
 mod sbc;
 pub mod sense;
 mod unit_attention;
+mod xcopy;
 
 pub use lu::{LogicalUnit, LuIdentity, LuSettings};
 pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};

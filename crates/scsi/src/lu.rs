@@ -6,7 +6,7 @@ use crate::opcodes;
 use crate::sense::Sense;
 use crate::unit_attention::{self, UnitAttentions};
 use crate::{Command, Completion, Nexus};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use store::BlockStore;
@@ -87,6 +87,9 @@ pub struct LogicalUnit {
     pub(crate) reservations: crate::pr::Reservations,
     /// SPC-2 RESERVE/RELEASE offered (see `set_spc2_reservations`).
     spc2_reservations: AtomicBool,
+    /// COPY STATUS of finished EXTENDED COPY commands with LIST ID USAGE 00b, by nexus and list
+    /// identifier; discarded when reported or when the nexus goes.
+    pub(crate) copy_results: Mutex<HashMap<(u64, u8), crate::xcopy::CopyRecord>>,
 }
 
 fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
@@ -140,6 +143,7 @@ impl LogicalUnit {
             write_order: RwLock::new(()),
             reservations: crate::pr::Reservations::default(),
             spc2_reservations: AtomicBool::new(false),
+            copy_results: Mutex::new(HashMap::new()),
         })
     }
 
@@ -181,6 +185,7 @@ impl LogicalUnit {
     pub fn nexus_lost(&self, nexus_id: u64) {
         self.ua.remove_nexus(nexus_id);
         self.reservations.nexus_lost(nexus_id);
+        self.drop_copy_results(nexus_id);
         self.prevent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -271,16 +276,18 @@ impl LogicalUnit {
     /// Runs one command. `data_in` is cleared and filled with the Data-In bytes (never more than
     /// `cmd.data_in_limit`); the caller reuses it so the fast path does not allocate.
     pub fn execute(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
-        self.execute_mapped(nexus, cmd, data_in, false)
+        self.execute_mapped(nexus, cmd, data_in, false, None)
     }
 
-    /// `execute` through a mapping that may be read-only.
+    /// `execute` through a mapping that may be read-only. `peers` is the map the LU was reached
+    /// through: EXTENDED COPY finds its other copy targets there.
     pub(crate) fn execute_mapped(
         &self,
         nexus: &Nexus,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
         read_only_mapping: bool,
+        peers: Option<&crate::LunMap>,
     ) -> Completion {
         // A read overwrites the whole buffer, so it keeps the bytes of the previous command to
         // avoid zero-filling up to a megabyte before copying over it; everything else starts
@@ -293,7 +300,7 @@ impl LogicalUnit {
         }
         let write_protected =
             read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed);
-        match self.run(nexus, cmd, data_in, write_protected) {
+        match self.run(nexus, cmd, data_in, write_protected, peers) {
             Ok(transfer_len) => Completion::good(transfer_len),
             Err(sense) if sense == crate::pr::CONFLICT => {
                 data_in.clear();
@@ -317,6 +324,7 @@ impl LogicalUnit {
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
         write_protected: bool,
+        peers: Option<&crate::LunMap>,
     ) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
         if cmd.cdb.is_empty() {
@@ -378,6 +386,8 @@ impl LogicalUnit {
             }
             PERSISTENT_RESERVE_IN => self.persistent_reserve_in(nexus, cmd, data_in),
             PERSISTENT_RESERVE_OUT => self.persistent_reserve_out(nexus, cmd),
+            EXTENDED_COPY => self.extended_copy(nexus, cmd, write_protected, peers),
+            RECEIVE_COPY_RESULTS => self.receive_copy_results(nexus, cmd, data_in),
             // The opcode table and this match must list the same commands.
             _ => Err(Sense::invalid_opcode()),
         }

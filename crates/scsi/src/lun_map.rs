@@ -91,7 +91,7 @@ impl LunMap {
         if let Some(entry) = self.get(lun) {
             return entry
                 .lu
-                .execute_mapped(nexus, cmd, data_in, entry.read_only);
+                .execute_mapped(nexus, cmd, data_in, entry.read_only, Some(self));
         }
         data_in.clear();
         // No logical unit at this LUN (SPC-4 6.6.2, 6.39).

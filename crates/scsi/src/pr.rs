@@ -163,7 +163,7 @@ fn class(cdb: Cdb<'_>) -> Class {
         PREVENT_ALLOW_MEDIUM_REMOVAL if cdb.u8(4) & 0x03 == 0 => Class::Always,
         READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | MODE_SENSE_6
         | MODE_SENSE_10 | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 | PRE_FETCH_10
-        | PRE_FETCH_16 | SERVICE_ACTION_IN_16 => Class::Read,
+        | PRE_FETCH_16 | SERVICE_ACTION_IN_16 | RECEIVE_COPY_RESULTS => Class::Read,
         _ => Class::Write,
     }
 }

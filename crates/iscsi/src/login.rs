@@ -751,11 +751,13 @@ impl Login {
         let mut matched = false;
         let mut known = false;
         for user in &req.users {
-            if user.user == name {
-                known = true;
-                let expected = algorithm.response(id, &user.secret, challenge);
-                matched |= chap::responses_match(&expected, &received);
-            }
+            // Hash and compare for every user, named or not, so the work done does not reveal
+            // whether the name exists.
+            let expected = algorithm.response(id, &user.secret, challenge);
+            let response_ok = chap::responses_match(&expected, &received);
+            let is_name = user.user == name;
+            known |= is_name;
+            matched |= is_name & response_ok;
         }
         if !known {
             return Err(self.auth_fail(AuthFailure::UnknownUser, LoginStatus::AUTH_FAILED));

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, read_lossy, require_tool, Run, Scratch, STARTUP_TIMEOUT, TOOL_TIMEOUT};
+use common::{free_port, read_lossy, require_tool, run_path_env, Run, Scratch, STARTUP_TIMEOUT};
 
 const TARGET: &str = "iqn.2024-01.dev.ferrosan:auth";
 const OPEN_TARGET: &str = "iqn.2024-01.dev.ferrosan:open";
@@ -107,52 +107,7 @@ impl Drop for ConfigDaemon {
 /// Runs a libiscsi tool with extra environment variables (mutual CHAP credentials), a timeout
 /// and captured output.
 fn run_env(tool: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
-    let program = require_tool(tool);
-    let scratch = Scratch::new("auth-run");
-    let out_path = scratch.file("stdout");
-    let err_path = scratch.file("stderr");
-    let cmdline = format!(
-        "{} {} {}",
-        env.iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        program.display(),
-        args.join(" ")
-    );
-    let mut cmd = Command::new(&program);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(File::create(&out_path).expect("stdout file"))
-        .stderr(File::create(&err_path).expect("stderr file"))
-        .env_remove("LIBISCSI_CHAP_USERNAME")
-        .env_remove("LIBISCSI_CHAP_PASSWORD")
-        .env_remove("LIBISCSI_CHAP_TARGET_USERNAME")
-        .env_remove("LIBISCSI_CHAP_TARGET_PASSWORD");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run `{cmdline}`: {e}"));
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`{cmdline}` did not finish within {TOOL_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Run {
-        cmdline,
-        status,
-        stdout: read_lossy(&out_path),
-        stderr: read_lossy(&err_path),
-    }
+    run_path_env(&require_tool(tool), args, env)
 }
 
 fn run(tool: &str, args: &[&str]) -> Run {

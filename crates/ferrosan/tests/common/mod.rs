@@ -267,15 +267,37 @@ pub fn run(tool: &str, args: &[&str]) -> Run {
 /// Run a program by path with [`TOOL_TIMEOUT`]; output captured via files so
 /// that a chatty tool can never block on a full pipe.
 pub fn run_path(program: &Path, args: &[&str]) -> Run {
+    run_path_env(program, args, &[])
+}
+
+/// Like [`run_path`], with extra environment variables. libiscsi reads CHAP credentials from
+/// `LIBISCSI_CHAP_*`: those are cleared first so the caller's environment never leaks in.
+pub fn run_path_env(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let scratch = Scratch::new("run");
     let out_path = scratch.file("stdout");
     let err_path = scratch.file("stderr");
-    let cmdline = format!("{} {}", program.display(), args.join(" "));
-    let mut child = Command::new(program)
-        .args(args)
+    let assignments: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    let cmdline = format!(
+        "{}{} {}",
+        assignments.concat(),
+        program.display(),
+        args.join(" ")
+    );
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(File::create(&out_path).expect("stdout file"))
-        .stderr(File::create(&err_path).expect("stderr file"))
+        .stderr(File::create(&err_path).expect("stderr file"));
+    for var in [
+        "LIBISCSI_CHAP_USERNAME",
+        "LIBISCSI_CHAP_PASSWORD",
+        "LIBISCSI_CHAP_TARGET_USERNAME",
+        "LIBISCSI_CHAP_TARGET_PASSWORD",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run `{cmdline}`: {e}"));
     let deadline = Instant::now() + TOOL_TIMEOUT;

@@ -157,6 +157,36 @@ impl LogicalUnit {
     pub fn write_cache_enabled(&self) -> bool {
         self.mode.wce.load(Ordering::Relaxed)
     }
+
+    /// Whether `cdb` makes this LU wait for its device to make data durable: write-through or
+    /// FUA writes, cache flushes, and the commands that write or deallocate as a side effect.
+    /// A transport uses it to run such commands off its network threads (on a store where
+    /// durability costs nothing, e.g. RAM, it need not ask).
+    pub fn waits_for_device(&self, cdb: &[u8]) -> bool {
+        use crate::cdb as op;
+        let Some(&opcode) = cdb.first() else {
+            return false;
+        };
+        let fua = cdb.get(1).is_some_and(|b| b & 0x08 != 0);
+        let write_back = self.write_cache_enabled();
+        match opcode {
+            // WRITE(6) has no FUA bit.
+            op::WRITE_6 => !write_back,
+            op::WRITE_10 | op::WRITE_12 | op::WRITE_16 | op::WRITE_ATOMIC_16 => !write_back || fua,
+            op::SYNCHRONIZE_CACHE_10
+            | op::SYNCHRONIZE_CACHE_16
+            | op::WRITE_AND_VERIFY_10
+            | op::WRITE_AND_VERIFY_12
+            | op::WRITE_AND_VERIFY_16
+            | op::WRITE_SAME_10
+            | op::WRITE_SAME_16
+            | op::UNMAP
+            | op::COMPARE_AND_WRITE
+            | op::ORWRITE_16
+            | op::EXTENDED_COPY => true,
+            _ => false,
+        }
+    }
     /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT (READ CAPACITY (16)). The stores work in
     /// 4 KiB units, so a 512-byte LU could report 2^3 blocks per physical block; it reports
     /// 2^0 while `REPORT_PHYSICAL_BLOCK` is off, because libiscsi 1.19's

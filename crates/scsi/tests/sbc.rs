@@ -701,3 +701,38 @@ fn read_only_lu_refuses_orwrite_and_write_atomic() {
     c[13] = 1;
     assert_sense(&t.err(&c, &[0; 512]), 7, 0x27, 0);
 }
+
+#[test]
+fn which_commands_wait_for_the_device() {
+    let write_back = T::new();
+    let write_through = T::with(
+        LuSettings {
+            write_cache: false,
+            ..LuSettings::default()
+        },
+        4 * MIB,
+    );
+    let write10 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let write10_fua = [0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0];
+    let write6 = [0x0A, 0, 0, 0, 1, 0];
+    let atomic_fua = [0x9C, 0x08, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
+    let read10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    // Write-back: only FUA writes and the always-durable commands wait.
+    assert!(!write_back.lu.waits_for_device(&write10));
+    assert!(!write_back.lu.waits_for_device(&write6));
+    assert!(write_back.lu.waits_for_device(&write10_fua));
+    assert!(write_back.lu.waits_for_device(&atomic_fua));
+    for opcode in [0x35u8, 0x91, 0x2E, 0x41, 0x93, 0x42, 0x89, 0x8B, 0x83] {
+        assert!(
+            write_back
+                .lu
+                .waits_for_device(&[opcode, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            "{opcode:#x}"
+        );
+    }
+    // Write-through: every write waits; reads and empty CDBs never do.
+    assert!(write_through.lu.waits_for_device(&write10));
+    assert!(write_through.lu.waits_for_device(&write6));
+    assert!(!write_through.lu.waits_for_device(&read10));
+    assert!(!write_through.lu.waits_for_device(&[]));
+}

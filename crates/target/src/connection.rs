@@ -256,26 +256,6 @@ fn outcome_of(completion: &scsi::Completion, sense: &mut Vec<u8>) -> ScsiOutcome
     }
 }
 
-/// Whether this command must wait for the device to make data durable: write-through or FUA
-/// writes, cache flushes, and the commands that write or deallocate as a side effect.
-fn waits_for_device(luns: &LunMap, lun: u64, cdb: &[u8]) -> bool {
-    let Some(&opcode) = cdb.first() else {
-        return false;
-    };
-    let fua = cdb.get(1).is_some_and(|b| b & 0x08 != 0);
-    let write_back = luns.get(lun).is_some_and(|e| e.lu.write_cache_enabled());
-    match opcode {
-        // WRITE(6): no FUA bit.
-        0x0a => !write_back,
-        // WRITE(10/12/16).
-        0x2a | 0xaa | 0x8a => !write_back || fua,
-        // SYNCHRONIZE CACHE(10/16), WRITE AND VERIFY(10/12/16), WRITE SAME(10/16), UNMAP,
-        // COMPARE AND WRITE, ORWRITE.
-        0x35 | 0x91 | 0x2e | 0xae | 0x8e | 0x41 | 0x93 | 0x42 | 0x89 | 0x8b => true,
-        _ => false,
-    }
-}
-
 impl ScsiBackend for Backend<'_> {
     fn execute(
         &mut self,
@@ -292,7 +272,9 @@ impl ScsiBackend for Backend<'_> {
         let lun = scsi::lun_from_wire(req.lun);
         if self.slow_durable_luns.contains(&lun)
             && self.deferred_bytes + req.data_out.len() <= self.deferred_bytes_max
-            && waits_for_device(luns, lun, req.cdb)
+            && luns
+                .get(lun)
+                .is_some_and(|e| e.lu.waits_for_device(req.cdb))
         {
             self.defer(Arc::clone(luns), nexus.clone(), lun, req);
             return Execution::Deferred;

@@ -6,9 +6,16 @@ mod file;
 mod ram;
 
 pub use file::FileStore;
-pub use ram::RamStore;
+pub use ram::{RamStore, RAM_PAGE_BYTES};
 
 use std::io;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Store memory lent to a reader instead of copied (zero-copy reads): the owner stays alive, and
+/// unchanged, for as long as the slice is held. Built from std types only, so a transport can
+/// name the same type without depending on this crate.
+pub type SharedSlice = (Arc<dyn AsRef<[u8]> + Send + Sync>, Range<usize>);
 
 /// A run of bytes that are all mapped or all deallocated (for GET LBA STATUS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +28,17 @@ pub trait BlockStore: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     /// Fills `buf` entirely; unwritten or discarded ranges read as zeros.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Zero-copy read: appends slices of the store's own memory covering `[offset, offset+len)`
+    /// in order and returns true; false (nothing appended) if this store cannot lend memory.
+    fn read_shared(&self, offset: u64, len: u64, out: &mut Vec<SharedSlice>) -> io::Result<bool> {
+        let _ = (offset, len, out);
+        Ok(false)
+    }
+    /// Like `read_at`, but returns false instead of waiting for the device (data not cached).
+    /// `buf` may then be partly filled. Stores that never wait just read.
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        self.read_at(buf, offset).map(|()| true)
+    }
     /// `durable`: the bytes are on stable storage before this returns (FUA / write-through).
     fn write_at(&self, buf: &[u8], offset: u64, durable: bool) -> io::Result<()>;
     /// Everything written so far becomes durable.

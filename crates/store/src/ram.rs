@@ -1,16 +1,37 @@
-//! RAM store: memory is allocated per chunk on first write, so a large thin LUN costs only what
-//! was written. Each chunk has its own lock, so workers touching different chunks never contend.
+//! RAM store: memory is allocated per 4 KiB page on first write, so a large thin LUN costs only
+//! what was written. Pages are reference-counted so a read can lend them to the transport instead
+//! of copying (zero-copy Data-In): a write to a page that is still lent copies it first
+//! (copy-on-write), so a lent page never changes under the reader. Pages are grouped in 1 MiB
+//! chunks, each with its own lock, so workers touching different chunks never contend and one
+//! lock covers a whole large I/O.
 
-use crate::{check_range, BlockStore, Extent};
+use crate::{check_range, BlockStore, Extent, SharedSlice};
 use std::io;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
-/// Allocation and discard granularity.
+/// Copy-on-write and thin-provisioning granularity.
+pub const RAM_PAGE_BYTES: usize = 4096;
+/// Pages per lock.
 pub const RAM_CHUNK_BYTES: u64 = 1 << 20;
+const PAGES_PER_CHUNK: usize = (RAM_CHUNK_BYTES as usize) / RAM_PAGE_BYTES;
+
+#[derive(Clone)]
+struct Page([u8; RAM_PAGE_BYTES]);
+
+impl AsRef<[u8]> for Page {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A chunk's pages; `None` until the chunk's first write. A `None` page reads as zeros.
+type Chunk = Option<Box<[Option<Arc<Page>>]>>;
 
 pub struct RamStore {
     size_bytes: u64,
-    chunks: Vec<RwLock<Option<Box<[u8]>>>>,
+    chunks: Vec<RwLock<Chunk>>,
+    /// Lent for reads of unwritten pages.
+    zero_page: Arc<Page>,
 }
 
 impl RamStore {
@@ -19,16 +40,16 @@ impl RamStore {
         let count = usize::try_from(count).expect("RAM store size exceeds the address space");
         let mut chunks = Vec::with_capacity(count);
         chunks.resize_with(count, || RwLock::new(None));
-        RamStore { size_bytes, chunks }
+        RamStore {
+            size_bytes,
+            chunks,
+            zero_page: Arc::new(Page([0; RAM_PAGE_BYTES])),
+        }
     }
 
-    fn chunk_len(&self, index: usize) -> usize {
-        let start = index as u64 * RAM_CHUNK_BYTES;
-        (self.size_bytes - start).min(RAM_CHUNK_BYTES) as usize
-    }
-
-    /// Calls `f(chunk_index, offset_in_chunk, position_in_range, len)` for each chunk piece.
-    fn for_each_piece(
+    /// Calls `f(chunk_index, offset_in_chunk, position_in_range, len)` for each chunk's share of
+    /// `[offset, offset + len)`, so each chunk's lock is taken once per I/O.
+    fn for_each_chunk(
         &self,
         offset: u64,
         len: u64,
@@ -47,16 +68,47 @@ impl RamStore {
         Ok(())
     }
 
-    fn zero_range(&self, offset: u64, len: u64, deallocate: bool) -> io::Result<()> {
-        self.for_each_piece(offset, len, |index, within, _, piece| {
+    /// Zeroes a range; whole pages are freed (they read as zeros), partial ones are cleared.
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.for_each_chunk(offset, len, |index, within, _, len| {
             let mut chunk = self.chunks[index].write().map_err(|_| poisoned())?;
-            if within == 0 && piece == self.chunk_len(index) && deallocate {
-                *chunk = None;
-            } else if let Some(data) = chunk.as_mut() {
-                data[within..within + piece].fill(0);
-            }
+            let Some(pages) = chunk.as_mut() else {
+                return Ok(());
+            };
+            for_each_page(within, len, |page, in_page, _, piece| {
+                if piece == RAM_PAGE_BYTES {
+                    pages[page] = None;
+                } else if let Some(p) = pages[page].as_mut() {
+                    Arc::make_mut(p).0[in_page..in_page + piece].fill(0);
+                }
+            });
             Ok(())
-        })
+        })?;
+        // Chunks left with no page at all are freed too.
+        let first = (offset / RAM_CHUNK_BYTES) as usize;
+        let last = (offset + len).div_ceil(RAM_CHUNK_BYTES) as usize;
+        for lock in &self.chunks[first..last.min(self.chunks.len())] {
+            let mut chunk = lock.write().map_err(|_| poisoned())?;
+            if chunk
+                .as_ref()
+                .is_some_and(|p| p.iter().all(Option::is_none))
+            {
+                *chunk = None;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Calls `f(page_index, offset_in_page, position_in_piece, len)` for each page of a chunk piece.
+fn for_each_page(within: usize, len: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+    let mut done = 0;
+    while done < len {
+        let at = within + done;
+        let in_page = at % RAM_PAGE_BYTES;
+        let piece = (len - done).min(RAM_PAGE_BYTES - in_page);
+        f(at / RAM_PAGE_BYTES, in_page, done, piece);
+        done += piece;
     }
 }
 
@@ -70,23 +122,57 @@ impl BlockStore for RamStore {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.for_each_piece(offset, buf.len() as u64, |index, within, pos, piece| {
+        self.for_each_chunk(offset, buf.len() as u64, |index, within, pos, len| {
             let chunk = self.chunks[index].read().map_err(|_| poisoned())?;
-            let out = &mut buf[pos..pos + piece];
-            match chunk.as_ref() {
-                Some(data) => out.copy_from_slice(&data[within..within + piece]),
-                None => out.fill(0),
-            }
+            let out = &mut buf[pos..pos + len];
+            let Some(pages) = chunk.as_ref() else {
+                out.fill(0);
+                return Ok(());
+            };
+            for_each_page(within, len, |page, in_page, at, piece| {
+                let out = &mut out[at..at + piece];
+                match pages[page].as_ref() {
+                    Some(p) => out.copy_from_slice(&p.0[in_page..in_page + piece]),
+                    None => out.fill(0),
+                }
+            });
             Ok(())
         })
     }
 
+    fn read_shared(&self, offset: u64, len: u64, out: &mut Vec<SharedSlice>) -> io::Result<bool> {
+        self.for_each_chunk(offset, len, |index, within, _, len| {
+            let chunk = self.chunks[index].read().map_err(|_| poisoned())?;
+            let pages = chunk.as_deref().unwrap_or(&[]);
+            for_each_page(within, len, |page, in_page, _, piece| {
+                let lent = pages
+                    .get(page)
+                    .and_then(Option::as_ref)
+                    .unwrap_or(&self.zero_page);
+                let lent: Arc<dyn AsRef<[u8]> + Send + Sync> = lent.clone();
+                out.push((lent, in_page..in_page + piece));
+            });
+            Ok(())
+        })?;
+        Ok(true)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64, _durable: bool) -> io::Result<()> {
-        self.for_each_piece(offset, buf.len() as u64, |index, within, pos, piece| {
+        self.for_each_chunk(offset, buf.len() as u64, |index, within, pos, len| {
             let mut chunk = self.chunks[index].write().map_err(|_| poisoned())?;
-            let len = self.chunk_len(index);
-            let data = chunk.get_or_insert_with(|| vec![0u8; len].into_boxed_slice());
-            data[within..within + piece].copy_from_slice(&buf[pos..pos + piece]);
+            let pages = chunk.get_or_insert_with(|| vec![None; PAGES_PER_CHUNK].into());
+            for_each_page(within, len, |page, in_page, at, piece| {
+                let data = &buf[pos + at..pos + at + piece];
+                match pages[page].as_mut() {
+                    // Copy-on-write when the page is lent to a read still in flight.
+                    Some(p) => Arc::make_mut(p).0[in_page..in_page + piece].copy_from_slice(data),
+                    None => {
+                        let mut fresh = Page([0; RAM_PAGE_BYTES]);
+                        fresh.0[in_page..in_page + piece].copy_from_slice(data);
+                        pages[page] = Some(Arc::new(fresh));
+                    }
+                }
+            });
             Ok(())
         })
     }
@@ -96,14 +182,13 @@ impl BlockStore for RamStore {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.zero_range(offset, len, true)
+        self.zero_range(offset, len)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, deallocate: bool) -> io::Result<()> {
-        // Zeroing an unallocated chunk is free, and a whole zeroed chunk reads the same whether it
-        // is kept or freed, so freeing it is always allowed.
+        // An unwritten page reads as zeros and costs nothing, so freeing is always allowed.
         let _ = deallocate;
-        self.zero_range(offset, len, true)
+        self.zero_range(offset, len)
     }
 
     fn mapping(&self, offset: u64) -> io::Result<Extent> {
@@ -113,19 +198,32 @@ impl BlockStore for RamStore {
                 format!("offset {offset} outside store of {} bytes", self.size_bytes),
             ));
         }
-        let first = (offset / RAM_CHUNK_BYTES) as usize;
-        let is_mapped = |i: usize| -> io::Result<bool> {
-            Ok(self.chunks[i].read().map_err(|_| poisoned())?.is_some())
-        };
-        let mapped = is_mapped(first)?;
-        let mut end = first + 1;
-        while end < self.chunks.len() && is_mapped(end)? == mapped {
-            end += 1;
+        // Walk page by page from `offset`, one lock per chunk, until the state changes.
+        let page_bytes = RAM_PAGE_BYTES as u64;
+        let mut mapped = None;
+        let mut at = offset - offset % page_bytes;
+        'chunks: while at < self.size_bytes {
+            let index = (at / RAM_CHUNK_BYTES) as usize;
+            let chunk = self.chunks[index].read().map_err(|_| poisoned())?;
+            let chunk_end = ((index as u64 + 1) * RAM_CHUNK_BYTES).min(self.size_bytes);
+            while at < chunk_end {
+                let page = ((at % RAM_CHUNK_BYTES) / page_bytes) as usize;
+                let here = chunk
+                    .as_ref()
+                    .is_some_and(|pages| pages.get(page).is_some_and(Option::is_some));
+                if *mapped.get_or_insert(here) != here {
+                    break 'chunks;
+                }
+                if chunk.is_none() {
+                    at = chunk_end; // a whole unallocated chunk at once
+                } else {
+                    at += page_bytes;
+                }
+            }
         }
-        let end_bytes = (end as u64 * RAM_CHUNK_BYTES).min(self.size_bytes);
         Ok(Extent {
-            mapped,
-            len: end_bytes - offset,
+            mapped: mapped.unwrap_or(false),
+            len: at.min(self.size_bytes) - offset,
         })
     }
 
@@ -137,7 +235,14 @@ impl BlockStore for RamStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+
+    fn gather(slices: &[SharedSlice]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for (owner, range) in slices {
+            v.extend_from_slice(&(**owner).as_ref()[range.clone()]);
+        }
+        v
+    }
 
     #[test]
     fn unwritten_reads_zero_and_round_trip() {
@@ -145,9 +250,9 @@ mod tests {
         let mut buf = vec![0xAAu8; 4096];
         s.read_at(&mut buf, 0).unwrap();
         assert!(buf.iter().all(|&b| b == 0));
-        // A write spanning a chunk boundary.
+        // A write spanning a chunk boundary and not aligned to pages.
         let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
-        let off = RAM_CHUNK_BYTES - 4096;
+        let off = RAM_CHUNK_BYTES - 4000;
         s.write_at(&data, off, false).unwrap();
         let mut back = vec![0u8; 8192];
         s.read_at(&mut back, off).unwrap();
@@ -157,6 +262,53 @@ mod tests {
         let mut tail = [0u8; 512];
         s.read_at(&mut tail, 3 * RAM_CHUNK_BYTES).unwrap();
         assert_eq!(tail, [7u8; 512]);
+    }
+
+    #[test]
+    fn shared_reads_match_copied_reads() {
+        let s = RamStore::new(2 * RAM_CHUNK_BYTES);
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7) as u8).collect();
+        s.write_at(&data, RAM_CHUNK_BYTES - 10_000, false).unwrap();
+        for (offset, len) in [
+            (0u64, 512u64),
+            (RAM_CHUNK_BYTES - 10_001, 20_002),
+            (RAM_CHUNK_BYTES - 4096, 8192),
+            (100, 2 * RAM_CHUNK_BYTES - 100),
+            (2 * RAM_CHUNK_BYTES, 0),
+        ] {
+            let mut copied = vec![0u8; len as usize];
+            s.read_at(&mut copied, offset).unwrap();
+            let mut slices = Vec::new();
+            assert!(s.read_shared(offset, len, &mut slices).unwrap());
+            assert_eq!(gather(&slices), copied, "{offset}+{len}");
+            assert!(slices.iter().all(|(_, r)| r.len() <= RAM_PAGE_BYTES));
+        }
+        let mut slices = Vec::new();
+        assert!(s
+            .read_shared(2 * RAM_CHUNK_BYTES - 1, 2, &mut slices)
+            .is_err());
+    }
+
+    #[test]
+    fn a_lent_page_never_changes_under_its_reader() {
+        let s = RamStore::new(RAM_CHUNK_BYTES);
+        s.write_at(&[1u8; 8192], 0, false).unwrap();
+        let mut lent = Vec::new();
+        s.read_shared(0, 8192, &mut lent).unwrap();
+        // Overwrite, partially zero and discard while the read is still "in flight".
+        s.write_at(&[2u8; 100], 10, false).unwrap();
+        s.write_zeroes(4096 + 5, 10, false).unwrap();
+        s.discard(0, 8192).unwrap();
+        assert_eq!(gather(&lent), vec![1u8; 8192]);
+        let mut now = vec![9u8; 8192];
+        s.read_at(&mut now, 0).unwrap();
+        assert!(now.iter().all(|&b| b == 0));
+        // Writes after the lender is gone go in place again, and reads see them.
+        drop(lent);
+        s.write_at(&[3u8; 4096], 0, false).unwrap();
+        let mut again = Vec::new();
+        s.read_shared(0, 4096, &mut again).unwrap();
+        assert_eq!(gather(&again), vec![3u8; 4096]);
     }
 
     #[test]
@@ -170,10 +322,11 @@ mod tests {
         assert!(s.mapping(RAM_CHUNK_BYTES).is_err());
         // Zero-length at the end is fine.
         s.read_at(&mut [], RAM_CHUNK_BYTES).unwrap();
+        s.discard(RAM_CHUNK_BYTES, 0).unwrap();
     }
 
     #[test]
-    fn discard_frees_whole_chunks_and_zeroes_partials() {
+    fn discard_frees_whole_pages_and_zeroes_partials() {
         let s = RamStore::new(4 * RAM_CHUNK_BYTES);
         let ones = vec![1u8; (4 * RAM_CHUNK_BYTES) as usize];
         s.write_at(&ones, 0, false).unwrap();
@@ -184,41 +337,46 @@ mod tests {
                 len: 4 * RAM_CHUNK_BYTES
             }
         );
-        // Discard [0.5, 2.5) chunks: chunk 1 freed, halves of 0 and 2 zeroed.
+        // Discard [0.5, 2.5) chunks plus 100 bytes: the pages inside are freed, the partial
+        // page at the end is zeroed but stays mapped.
         let half = RAM_CHUNK_BYTES / 2;
-        s.discard(half, 2 * RAM_CHUNK_BYTES).unwrap();
+        let len = 2 * RAM_CHUNK_BYTES + 100;
+        s.discard(half, len).unwrap();
         let mut back = vec![9u8; (4 * RAM_CHUNK_BYTES) as usize];
         s.read_at(&mut back, 0).unwrap();
         for (i, &b) in back.iter().enumerate() {
             let i = i as u64;
-            let expect = if (half..half + 2 * RAM_CHUNK_BYTES).contains(&i) {
+            let expect = if (half..half + len).contains(&i) {
                 0
             } else {
                 1
             };
             assert_eq!(b, expect, "byte {i}");
         }
+        let extents = [(0, true, half), (half, false, 2 * RAM_CHUNK_BYTES)];
+        for (offset, mapped, len) in extents {
+            assert_eq!(
+                s.mapping(offset).unwrap(),
+                Extent { mapped, len },
+                "{offset}"
+            );
+        }
         assert_eq!(
-            s.mapping(0).unwrap(),
-            Extent {
-                mapped: true,
-                len: RAM_CHUNK_BYTES
-            }
-        );
-        assert_eq!(
-            s.mapping(RAM_CHUNK_BYTES + 5).unwrap(),
+            s.mapping(half + 5).unwrap(),
             Extent {
                 mapped: false,
-                len: RAM_CHUNK_BYTES - 5
+                len: 2 * RAM_CHUNK_BYTES - 5
             }
         );
         assert_eq!(
-            s.mapping(2 * RAM_CHUNK_BYTES).unwrap(),
+            s.mapping(half + 2 * RAM_CHUNK_BYTES).unwrap(),
             Extent {
                 mapped: true,
-                len: 2 * RAM_CHUNK_BYTES
+                len: 4 * RAM_CHUNK_BYTES - half - 2 * RAM_CHUNK_BYTES
             }
         );
+        // The fully freed chunk holds no page table any more.
+        assert!(s.chunks[1].read().unwrap().is_none());
         s.write_zeroes(0, 4 * RAM_CHUNK_BYTES, true).unwrap();
         assert_eq!(
             s.mapping(0).unwrap(),
@@ -227,6 +385,7 @@ mod tests {
                 len: 4 * RAM_CHUNK_BYTES
             }
         );
+        assert!(s.chunks.iter().all(|c| c.read().unwrap().is_none()));
         assert!(s.is_thin());
     }
 

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use iscsi::negotiation::{SessionParams, SessionType, TargetLimits};
-use iscsi::outbox::Outbox;
+use iscsi::outbox::{Outbox, SharedSlice};
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use iscsi::session::{
-    DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits,
-    TmfFunction,
+    DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
+    SessionLimits, TmfFunction,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -22,8 +22,11 @@ struct Backend {
     extra: i16,
     status: u8,
     sense_len: u8,
-        transfer_len: Option<u32>,
+    transfer_len: Option<u32>,
     tmf_response: u8,
+    /// Nonzero: reads lend their data in slices of this many bytes (zero-copy) instead of
+    /// copying it.
+    lend_slice: u16,
     /// Every n-th command is deferred (0: never), completed later by `Op::Complete`.
     defer_every: u8,
     #[arbitrary(default)]
@@ -37,10 +40,11 @@ impl ScsiBackend for Backend {
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
+        lent: &mut Vec<SharedSlice>,
         sense: &mut Vec<u8>,
-        ) -> Execution {
+    ) -> Execution {
         assert!(
-            data_in.is_empty() && sense.is_empty(),
+            data_in.is_empty() && lent.is_empty() && sense.is_empty(),
             "buffers arrive empty"
         );
         self.commands = self.commands.wrapping_add(1);
@@ -60,12 +64,21 @@ impl ScsiBackend for Backend {
         }
         if req.read {
             let n = (req.expected_len as i64 + self.extra as i64).clamp(0, 1 << 20) as usize;
-            data_in.extend((0..n).map(|i| i as u8));
+            if self.lend_slice == 0 {
+                data_in.extend((0..n).map(|i| i as u8));
+            } else {
+                let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> =
+                    std::sync::Arc::new((0..n).map(|i| i as u8).collect::<Vec<u8>>());
+                let step = usize::from(self.lend_slice);
+                for start in (0..n).step_by(step) {
+                    lent.push((owner.clone(), start..(start + step).min(n)));
+                }
+            }
         }
         if self.status == 2 {
             sense.extend((0..self.sense_len.max(8)).map(|i| i ^ 0x70));
         }
-                Execution::Done(ScsiOutcome {
+        Execution::Done(ScsiOutcome {
             status: self.status,
             transfer_len: self.transfer_len.unwrap_or(req.expected_len),
         })
@@ -160,7 +173,7 @@ enum Op {
         sn: SnChoice,
         data: Vec<u8>,
     },
-        Tick {
+    Tick {
         secs: u8,
     },
     /// The backend finishes one of the commands it deferred.
@@ -258,7 +271,10 @@ impl Checker {
             let window = max.wrapping_sub(exp).wrapping_add(1);
             assert!(window <= self.queue_depth.max(1), "{op:?} window {window}");
             if let Some(last) = self.max_cmd_sn {
-                assert!(iscsi::serial::le(last, max), "{op:?} MaxCmdSN went back: {last} -> {max}");
+                assert!(
+                    iscsi::serial::le(last, max),
+                    "{op:?} MaxCmdSN went back: {last} -> {max}"
+                );
             }
             self.max_cmd_sn = Some(max);
             let status_bit = bhs.flags() & 0x01 != 0;
@@ -507,7 +523,7 @@ fuzz_target!(|input: Input| {
                 }
                 continue;
             }
-                        Op::Complete {
+            Op::Complete {
                 pick,
                 status,
                 data_len,
@@ -520,7 +536,11 @@ fuzz_target!(|input: Input| {
                     .deferred
                     .swap_remove(*pick as usize % backend.deferred.len());
                 let running_before = session.running_tasks();
-                let data = if read { pattern[..*data_len as usize].to_vec() } else { Vec::new() };
+                let data = if read {
+                    pattern[..*data_len as usize].to_vec()
+                } else {
+                    Vec::new()
+                };
                 let sense: Vec<u8> = (0..*sense_len % 64).collect();
                 let outcome = ScsiOutcome {
                     status: *status,
@@ -529,7 +549,11 @@ fuzz_target!(|input: Input| {
                 let known = session.complete(itt, outcome, data, &sense, &mut out);
                 // Completing a task it still tracks frees exactly one slot; an unknown one
                 // (dropped by logout or reset) changes nothing.
-                let expect = if known { running_before - 1 } else { running_before };
+                let expect = if known {
+                    running_before - 1
+                } else {
+                    running_before
+                };
                 assert_eq!(session.running_tasks(), expect);
                 assert!(session.running_tasks() <= limits.queue_depth as usize);
                 checker.check(&session, &out);

@@ -178,7 +178,10 @@ fuzz_target!(|input: Input| {
         .count();
     assert!(recv_keys <= 1, "{answers:?}");
     assert!(
-        n.has_declared() || answers.iter().any(|(k, v)| k == "MaxRecvDataSegmentLength" && v == "Reject"),
+        n.has_declared()
+            || answers
+                .iter()
+                .any(|(k, v)| k == "MaxRecvDataSegmentLength" && v == "Reject"),
         "{answers:?}"
     );
 });

@@ -1,11 +1,18 @@
 //! Everything a connection sends in one turn, gathered for a single vectored write.
 //!
 //! Headers and small payloads are appended to one byte buffer; large Data-In payloads stay in the
-//! buffer the SCSI layer filled and are referenced, not copied. The engine turns `parts()` into
-//! `IoSlice`s, writes them, then calls [`Outbox::clear`], which recycles the payload buffers so the
-//! steady state allocates nothing.
+//! buffer the SCSI layer filled, or in the store's own memory it lent (zero-copy reads), and are
+//! referenced, not copied. The engine turns `parts()` into `IoSlice`s, writes them, then calls
+//! [`Outbox::clear`], which recycles the payload buffers and returns lent memory, so the steady
+//! state allocates nothing.
 
 use std::ops::Range;
+use std::sync::Arc;
+
+/// Memory lent by the storage layer, kept alive and unchanged while it is queued: (owner, byte
+/// range within it). The same std-only type as the store's, so none of the layers depend on
+/// each other to pass it.
+pub type SharedSlice = (Arc<dyn AsRef<[u8]> + Send + Sync>, Range<usize>);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Part {
@@ -13,13 +20,27 @@ pub enum Part {
     Bytes(Range<usize>),
     /// A range of one payload buffer.
     Payload { index: usize, range: Range<usize> },
+    /// A range of one lent slice (an index into the outbox's lent slices).
+    Lent { slice: usize, range: Range<usize> },
 }
+
+enum Payload {
+    Owned(Vec<u8>),
+    /// Indexes of `Outbox::lent` that make up the payload, in order.
+    Lent(Range<usize>),
+}
+
+/// Where the last lent-payload lookup ended: (payload, slice index, payload offset of that slice),
+/// so Data-In PDUs cut in order from one payload find their slices without rescanning.
+type LentCursor = (usize, usize, usize);
 
 #[derive(Default)]
 pub struct Outbox {
     bytes: Vec<u8>,
     parts: Vec<Part>,
-    payloads: Vec<Vec<u8>>,
+    payloads: Vec<Payload>,
+    lent: Vec<SharedSlice>,
+    lent_cursor: Option<LentCursor>,
     spare: Vec<Vec<u8>>,
     /// Buffers kept for reuse; beyond this they are freed (bounded memory per connection).
     spare_max: usize,
@@ -49,10 +70,14 @@ impl Outbox {
     pub fn slice(&self, part: &Part) -> &[u8] {
         match part {
             Part::Bytes(r) => self.bytes.get(r.clone()).unwrap_or(&[]),
-            Part::Payload { index, range } => self
-                .payloads
-                .get(*index)
-                .and_then(|p| p.get(range.clone()))
+            Part::Payload { index, range } => match self.payloads.get(*index) {
+                Some(Payload::Owned(p)) => p.get(range.clone()).unwrap_or(&[]),
+                _ => &[],
+            },
+            Part::Lent { slice, range } => self
+                .lent
+                .get(*slice)
+                .and_then(|(owner, _)| (**owner).as_ref().get(range.clone()))
                 .unwrap_or(&[]),
         }
     }
@@ -97,21 +122,95 @@ impl Outbox {
 
     /// Gives a payload buffer to the outbox; returns its index for [`Outbox::push_payload`].
     pub fn adopt(&mut self, buf: Vec<u8>) -> usize {
-        self.payloads.push(buf);
+        self.payloads.push(Payload::Owned(buf));
         self.payloads.len() - 1
     }
 
-    pub fn payload(&self, index: usize) -> &[u8] {
-        self.payloads.get(index).map_or(&[], |p| p.as_slice())
+    /// Takes lent slices (emptying `slices`) as one payload; returns its index for
+    /// [`Outbox::push_payload`]. They are released by [`Outbox::clear`].
+    pub fn lend(&mut self, slices: &mut Vec<SharedSlice>) -> usize {
+        let start = self.lent.len();
+        self.lent.append(slices);
+        self.payloads.push(Payload::Lent(start..self.lent.len()));
+        self.payloads.len() - 1
     }
 
-    /// Queues a range of an adopted payload.
+    /// Total bytes of a payload.
+    pub fn payload_len(&self, index: usize) -> usize {
+        match self.payloads.get(index) {
+            Some(Payload::Owned(p)) => p.len(),
+            Some(Payload::Lent(slices)) => {
+                self.lent[slices.clone()].iter().map(|s| s.1.len()).sum()
+            }
+            None => 0,
+        }
+    }
+
+    /// Calls `f` with the pieces of `range` of a payload, in order.
+    pub fn for_each_payload_piece(
+        &self,
+        index: usize,
+        range: Range<usize>,
+        mut f: impl FnMut(&[u8]),
+    ) {
+        match self.payloads.get(index) {
+            Some(Payload::Owned(p)) => f(p.get(range).unwrap_or(&[])),
+            Some(Payload::Lent(slices)) => {
+                let mut at = 0;
+                for (owner, r) in &self.lent[slices.clone()] {
+                    let (start, end) = (at.max(range.start), (at + r.len()).min(range.end));
+                    if start < end {
+                        let within = r.start + start - at..r.start + end - at;
+                        f((**owner).as_ref().get(within).unwrap_or(&[]));
+                    }
+                    at += r.len();
+                    if at >= range.end {
+                        break;
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Queues a range of an adopted or lent payload.
     pub fn push_payload(&mut self, index: usize, range: Range<usize>) {
         debug_assert!(index < self.payloads.len());
-        if !range.is_empty() {
-            self.queued += range.len();
-            self.parts.push(Part::Payload { index, range });
+        if range.is_empty() {
+            return;
         }
+        let slices = match self.payloads.get(index) {
+            Some(Payload::Owned(_)) => {
+                self.queued += range.len();
+                self.parts.push(Part::Payload { index, range });
+                return;
+            }
+            Some(Payload::Lent(slices)) => slices.clone(),
+            None => return,
+        };
+        // Resume from the previous lookup when it is in this payload and not past `range`.
+        let (mut slice, mut at) = match self.lent_cursor {
+            Some((i, slice, at)) if i == index && at <= range.start => (slice, at),
+            _ => (slices.start, 0),
+        };
+        while slice < slices.end && at < range.end {
+            let r = self.lent[slice].1.clone();
+            let (start, end) = (at.max(range.start), (at + r.len()).min(range.end));
+            if start < end {
+                let piece = r.start + start - at..r.start + end - at;
+                self.queued += piece.len();
+                self.parts.push(Part::Lent {
+                    slice,
+                    range: piece,
+                });
+            }
+            if at + r.len() > range.end {
+                break; // the next PDU continues in this slice
+            }
+            at += r.len();
+            slice += 1;
+        }
+        self.lent_cursor = Some((index, slice, at));
     }
 
     /// Everything was sent: forget it and recycle payload buffers.
@@ -119,9 +218,14 @@ impl Outbox {
         self.bytes.clear();
         self.parts.clear();
         self.queued = 0;
-        while let Some(buf) = self.payloads.pop() {
-            self.keep_spare(buf);
+        while let Some(payload) = self.payloads.pop() {
+            if let Payload::Owned(buf) = payload {
+                self.keep_spare(buf);
+            }
         }
+        // Lent memory goes back to its owner (a RAM LUN page may be written in place again).
+        self.lent.clear();
+        self.lent_cursor = None;
     }
 
     /// Drops `n` sent bytes from the front after a partial write.
@@ -131,7 +235,7 @@ impl Outbox {
         for part in self.parts.iter_mut() {
             let len = match part {
                 Part::Bytes(r) => r.len(),
-                Part::Payload { range, .. } => range.len(),
+                Part::Payload { range, .. } | Part::Lent { range, .. } => range.len(),
             };
             if n >= len {
                 n -= len;
@@ -140,7 +244,7 @@ impl Outbox {
             }
             match part {
                 Part::Bytes(r) => r.start += n,
-                Part::Payload { range, .. } => range.start += n,
+                Part::Payload { range, .. } | Part::Lent { range, .. } => range.start += n,
             }
             break;
         }
@@ -191,6 +295,58 @@ mod tests {
         o.consume(9);
         assert!(o.is_empty());
         assert_eq!(o.len(), 0);
+    }
+
+    fn lent(parts: &[&[u8]]) -> Vec<SharedSlice> {
+        parts
+            .iter()
+            .map(|p| {
+                // Lend the middle of a larger buffer, as a store page would.
+                let mut owner = vec![0xEEu8; 2];
+                owner.extend_from_slice(p);
+                owner.push(0xEE);
+                let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(owner);
+                (owner, 2..2 + p.len())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lent_payloads_are_cut_across_slices_in_order() {
+        let mut o = Outbox::new(4);
+        let mut slices = lent(&[b"abcd", b"efgh", b"ij"]);
+        o.push_bytes(b"<");
+        let idx = o.lend(&mut slices);
+        assert!(slices.is_empty(), "the outbox took the slices");
+        assert_eq!(o.payload_len(idx), 10);
+        // PDU-sized cuts that straddle slice boundaries, each followed by a header.
+        for range in [0..3, 3..9, 9..10] {
+            o.push_payload(idx, range);
+            o.push_bytes(b"|");
+        }
+        assert_eq!(o.to_vec(), b"<abc|defghi|j|");
+        assert_eq!(o.len(), 14);
+        let mut pieces = Vec::new();
+        o.for_each_payload_piece(idx, 3..9, |p| pieces.push(p.to_vec()));
+        assert_eq!(pieces, [b"d".to_vec(), b"efgh".to_vec(), b"i".to_vec()]);
+        // A second payload and an out-of-order cut (no cursor reuse) still resolve.
+        let second = o.lend(&mut lent(&[b"XY", b"Z"]));
+        o.push_payload(second, 1..3);
+        o.push_payload(idx, 0..1);
+        assert!(o.to_vec().ends_with(b"|YZa"));
+        o.consume(5);
+        assert!(o.to_vec().starts_with(b"defghi|"));
+    }
+
+    #[test]
+    fn clearing_releases_lent_memory() {
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(vec![1u8; 8]);
+        let mut o = Outbox::new(4);
+        let idx = o.lend(&mut vec![(Arc::clone(&owner), 0..8)]);
+        o.push_payload(idx, 0..8);
+        assert_eq!(Arc::strong_count(&owner), 2);
+        o.consume(8); // fully sent: consume clears
+        assert_eq!(Arc::strong_count(&owner), 1);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use crate::negotiation::{SessionParams, SessionType};
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, SharedSlice};
 use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu, RejectReason, RESERVED_TAG};
 use crate::serial;
 use crate::text;
@@ -105,12 +105,14 @@ pub struct DiscoveredTarget {
 }
 
 pub trait ScsiBackend {
-    /// Runs one command, or starts it elsewhere and answers [`Execution::Deferred`]. `data_in` and
-    /// `sense` arrive empty.
+    /// Runs one command, or starts it elsewhere and answers [`Execution::Deferred`]. `data_in`,
+    /// `lent` and `sense` arrive empty. Data-In goes into `data_in`, or, for a zero-copy read,
+    /// into `lent` as slices of the store's memory (then `data_in` stays empty).
     fn execute(
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
+        lent: &mut Vec<SharedSlice>,
         sense: &mut Vec<u8>,
     ) -> Execution;
     /// Does this LUN exist for this session? (TMF answers "LUN does not exist" otherwise.)
@@ -119,6 +121,12 @@ pub trait ScsiBackend {
     fn task_management(&mut self, function: TmfFunction, lun: [u8; 8]) -> u8;
     /// Targets this initiator may see; `filter` is None for SendTargets=All.
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget>;
+}
+
+/// A finished command's Data-In: bytes the backend built or copied, or store memory it lent.
+enum DataIn<'a> {
+    Bytes(Vec<u8>),
+    Lent(&'a mut Vec<SharedSlice>),
 }
 
 /// What the engine should do with the connection after this input.
@@ -227,6 +235,8 @@ pub struct Session {
     last_rx: Instant,
     ping: Option<(u32, Instant)>,
     data_in_buf: Vec<u8>,
+    /// Reused for the lent slices of zero-copy reads (the outbox takes them, the capacity stays).
+    lent_buf: Vec<SharedSlice>,
     sense_buf: Vec<u8>,
     logged_out: bool,
 }
@@ -266,6 +276,7 @@ impl Session {
             last_rx: now,
             ping: None,
             data_in_buf: Vec::new(),
+            lent_buf: Vec::new(),
             sense_buf: Vec::with_capacity(256),
             logged_out: false,
         }
@@ -692,24 +703,29 @@ impl Session {
         };
         data_in.clear();
         self.sense_buf.clear();
-        match backend.execute(req, &mut data_in, &mut self.sense_buf) {
+        let mut lent = std::mem::take(&mut self.lent_buf);
+        lent.clear();
+        match backend.execute(req, &mut data_in, &mut lent, &mut self.sense_buf) {
             Execution::Done(outcome) => {
+                // Lent store memory, when there is any, is sent instead of `data_in`.
+                let data = if lent.is_empty() {
+                    DataIn::Bytes(data_in)
+                } else {
+                    self.recycle_data_in(req.read, data_in, out);
+                    DataIn::Lent(&mut lent)
+                };
                 self.finish(
                     req.itt,
                     req.lun,
                     req.expected_len,
                     req.read,
                     outcome,
-                    data_in,
+                    data,
                     out,
                 );
             }
             Execution::Deferred => {
-                if req.read {
-                    out.give_back(data_in);
-                } else {
-                    self.data_in_buf = data_in;
-                }
+                self.recycle_data_in(req.read, data_in, out);
                 self.running.push(RunningTask {
                     itt: req.itt,
                     lun: req.lun,
@@ -718,6 +734,17 @@ impl Session {
                     aborted: false,
                 });
             }
+        }
+        lent.clear();
+        self.lent_buf = lent;
+    }
+
+    /// Keeps an unsent Data-In buffer for reuse: read buffers return to the outbox's pool.
+    fn recycle_data_in(&mut self, read: bool, buf: Vec<u8>, out: &mut Outbox) {
+        if read {
+            out.give_back(buf);
+        } else {
+            self.data_in_buf = buf;
         }
     }
 
@@ -746,7 +773,7 @@ impl Session {
             task.expected_len,
             task.read,
             outcome,
-            data_in,
+            DataIn::Bytes(data_in),
             out,
         );
         true
@@ -762,7 +789,7 @@ impl Session {
         expected_len: u32,
         read: bool,
         outcome: ScsiOutcome,
-        data_in: Vec<u8>,
+        data: DataIn<'_>,
         out: &mut Outbox,
     ) {
         let edtl = expected_len as usize;
@@ -774,11 +801,31 @@ impl Session {
             std::cmp::Ordering::Equal => (0, 0),
         };
         let sense_len = self.sense_buf.len();
-        let send_len = if read { data_in.len().min(edtl) } else { 0 };
-        if send_len > 0 {
+        // Only a read's Data-In is sent; never more than the initiator expects.
+        let payload = match data {
+            DataIn::Bytes(buf) if read && !buf.is_empty() => {
+                let len = buf.len();
+                Some((out.adopt(buf), len))
+            }
+            DataIn::Bytes(buf) => {
+                self.recycle_data_in(read, buf, out);
+                None
+            }
+            DataIn::Lent(slices) if read => {
+                let index = out.lend(slices);
+                Some((index, out.payload_len(index)))
+            }
+            DataIn::Lent(slices) => {
+                slices.clear();
+                None
+            }
+        };
+        if let Some((index, send_len)) = payload
+            .map(|(index, len)| (index, len.min(edtl)))
+            .filter(|&(_, len)| len > 0)
+        {
             // Status rides in the last Data-In when there is no sense data (RFC 7143 §11.7.4).
             let with_status = sense_len == 0;
-            let index = out.adopt(data_in);
             self.data_in_pdus(
                 itt,
                 lun,
@@ -793,10 +840,6 @@ impl Session {
             if with_status {
                 return;
             }
-        } else if read {
-            out.give_back(data_in);
-        } else {
-            self.data_in_buf = data_in;
         }
         let mut bhs = Bhs::new(Opcode::ScsiResponse);
         bhs.set_flags(0x80 | residual_flag);
@@ -864,7 +907,11 @@ impl Session {
                 out.push_bytes(&[0u8; 3][..pad]);
             }
             if self.framing.data_digest {
-                let crc = crate::digest::crc32c_padded(&out.payload(index)[offset..offset + seg]);
+                let mut crc = 0;
+                out.for_each_payload_piece(index, offset..offset + seg, |piece| {
+                    crc = crc32c::crc32c_append(crc, piece);
+                });
+                let crc = crc32c::crc32c_append(crc, &[0u8; 3][..pad]);
                 out.push_bytes(&crc.to_le_bytes());
             }
             offset += seg;

@@ -22,6 +22,7 @@ mod xcopy;
 pub use lu::{LogicalUnit, LuIdentity, LuSettings};
 pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
 pub use sense::Sense;
+pub use store::SharedSlice;
 
 use std::sync::Arc;
 

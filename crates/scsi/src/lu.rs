@@ -9,7 +9,7 @@ use crate::{Command, Completion, Nexus};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use store::BlockStore;
+use store::{BlockStore, SharedSlice};
 
 /// What the LU reports about itself in INQUIRY and VPD pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -304,7 +304,8 @@ impl LogicalUnit {
     }
 
     /// Runs one command. `data_in` is cleared and filled with the Data-In bytes (never more than
-    /// `cmd.data_in_limit`); the caller reuses it so the fast path does not allocate.
+    /// `cmd.data_in_limit`); the caller reuses it so the fast path does not allocate. May wait
+    /// for the device.
     pub fn execute(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
         self.execute_mapped(nexus, cmd, data_in, false, None)
     }
@@ -319,6 +320,26 @@ impl LogicalUnit {
         read_only_mapping: bool,
         peers: Option<&crate::LunMap>,
     ) -> Completion {
+        self.execute_io(nexus, cmd, data_in, None, read_only_mapping, peers)
+            .unwrap_or_else(|| {
+                debug_assert!(false, "a blocking execution never declines to wait");
+                Completion::check_condition(Sense::internal_target_failure())
+            })
+    }
+
+    /// Runs one command with `io` deciding how reads move data: `None` copies into `data_in` and
+    /// may wait; `Some(lent)` lends store memory into `lent` where the store allows (zero-copy)
+    /// and never waits for the device: a read whose data is not cached returns `None`, with no
+    /// effect, for the caller to run with `execute` where waiting is fine.
+    pub(crate) fn execute_io(
+        &self,
+        nexus: &Nexus,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+        mut io: Option<&mut Vec<SharedSlice>>,
+        read_only_mapping: bool,
+        peers: Option<&crate::LunMap>,
+    ) -> Option<Completion> {
         // A read overwrites the whole buffer, so it keeps the bytes of the previous command to
         // avoid zero-filling up to a megabyte before copying over it; everything else starts
         // from an empty buffer.
@@ -330,22 +351,33 @@ impl LogicalUnit {
         }
         let write_protected =
             read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed);
-        match self.run(nexus, cmd, data_in, write_protected, peers) {
-            Ok(transfer_len) => Completion::good(transfer_len),
-            Err(sense) if sense == crate::pr::CONFLICT => {
-                data_in.clear();
-                Completion {
-                    status: crate::Status::ReservationConflict,
-                    sense: None,
-                    transfer_len: 0,
-                }
+        let result = self.run(
+            nexus,
+            cmd,
+            data_in,
+            io.as_deref_mut(),
+            write_protected,
+            peers,
+        );
+        if result.is_err() {
+            data_in.clear();
+            if let Some(lent) = io {
+                lent.clear();
             }
+        }
+        Some(match result {
+            Ok(transfer_len) => Completion::good(transfer_len),
+            Err(sense) if sense == crate::sbc::WOULD_WAIT => return None,
+            Err(sense) if sense == crate::pr::CONFLICT => Completion {
+                status: crate::Status::ReservationConflict,
+                sense: None,
+                transfer_len: 0,
+            },
             Err(mut sense) => {
-                data_in.clear();
                 sense.descriptor_format = self.mode.d_sense.load(Ordering::Relaxed);
                 Completion::check_condition(sense)
             }
-        }
+        })
     }
 
     fn run(
@@ -353,6 +385,7 @@ impl LogicalUnit {
         nexus: &Nexus,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
+        io: Option<&mut Vec<SharedSlice>>,
         write_protected: bool,
         peers: Option<&crate::LunMap>,
     ) -> Result<u32, Sense> {
@@ -397,7 +430,7 @@ impl LogicalUnit {
                 SA_READ_CAPACITY_16 => self.read_capacity_16(cmd, data_in),
                 _ => self.get_lba_status(cmd, data_in),
             },
-            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cmd, data_in),
+            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cmd, data_in, io),
             WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => self.write(cmd),
             WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
                 self.write_and_verify(cmd)

@@ -7,6 +7,7 @@ use crate::lu::{put_sense, LogicalUnit};
 use crate::sense::Sense;
 use crate::{Command, Completion, Nexus};
 use std::sync::Arc;
+use store::SharedSlice;
 
 /// Flat space addressing reaches LUN 16383 (SAM-5 4.7.7).
 pub const LUN_MAX: u64 = 0x3FFF;
@@ -56,7 +57,8 @@ impl LunMap {
         self.entries.iter().map(|e| e.lun)
     }
 
-    /// Runs one command addressed to `lun` (already decoded with [`lun_from_wire`]).
+    /// Runs one command addressed to `lun` (already decoded with [`lun_from_wire`]); may wait
+    /// for the device.
     pub fn execute(
         &self,
         nexus: &Nexus,
@@ -64,6 +66,36 @@ impl LunMap {
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
     ) -> Completion {
+        self.execute_io(nexus, lun, cmd, data_in, None)
+            .unwrap_or_else(|| {
+                debug_assert!(false, "a blocking execution never declines to wait");
+                Completion::check_condition(Sense::internal_target_failure())
+            })
+    }
+
+    /// Runs one command without waiting for the device, as a network worker must: a read lends
+    /// the store's memory into `lent` where the store allows (zero-copy; `data_in` stays empty),
+    /// else copies cached data into `data_in`. Returns `None`, having done nothing, when the
+    /// read's data is not cached: run it with [`LunMap::execute`] where waiting is fine.
+    pub fn try_execute(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+        lent: &mut Vec<SharedSlice>,
+    ) -> Option<Completion> {
+        self.execute_io(nexus, lun, cmd, data_in, Some(lent))
+    }
+
+    fn execute_io(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+        io: Option<&mut Vec<SharedSlice>>,
+    ) -> Option<Completion> {
         let cdb = Cdb(cmd.cdb);
         let opcode = if cmd.cdb.is_empty() {
             None
@@ -80,22 +112,22 @@ impl LunMap {
                 check_reserved(cdb, 11, 0xFA)
                     .and_then(|()| report_luns(cdb, cmd.data_in_limit, self.lun_ids(), data_in))
             };
-            return match result {
+            return Some(match result {
                 Ok(transfer_len) => Completion::good(transfer_len),
                 Err(sense) => {
                     data_in.clear();
                     Completion::check_condition(sense)
                 }
-            };
+            });
         }
         if let Some(entry) = self.get(lun) {
             return entry
                 .lu
-                .execute_mapped(nexus, cmd, data_in, entry.read_only, Some(self));
+                .execute_io(nexus, cmd, data_in, io, entry.read_only, Some(self));
         }
         data_in.clear();
         // No logical unit at this LUN (SPC-4 6.6.2, 6.39).
-        match opcode {
+        Some(match opcode {
             Some(INQUIRY) if cdb.u8(1) & 0x01 == 0 && cdb.u8(2) == 0 => {
                 standard_inquiry_no_lu(data_in);
                 Completion::good(finish_data_in(
@@ -120,7 +152,7 @@ impl LunMap {
                 ))
             }
             _ => Completion::check_condition(Sense::lu_not_supported()),
-        }
+        })
     }
 }
 

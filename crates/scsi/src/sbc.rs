@@ -5,6 +5,11 @@ use crate::lu::*;
 use crate::sense::Sense;
 use crate::Command;
 use std::sync::atomic::Ordering;
+use store::SharedSlice;
+
+/// Stand-in error inside the `Result<_, Sense>` dispatch: a non-blocking read found its data not
+/// cached. Never sent: the logical unit answers "run it where waiting is fine" instead.
+pub(crate) const WOULD_WAIT: Sense = Sense::new(0xFF, 0xFF, 0xFE);
 
 /// Scratch bound for comparisons and WRITE SAME patterns (reuses the caller's Data-In Vec).
 const SCRATCH_BYTES_MAX: usize = 1 << 20;
@@ -99,23 +104,51 @@ impl LogicalUnit {
         check_reserved(cdb, 1, 0x1A)
     }
 
-    pub(crate) fn read(&self, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Result<u32, Sense> {
+    /// READ (6/10/12/16). With `io` (a network worker), store memory is lent into it where the
+    /// store allows, and data that is not cached gives [`WOULD_WAIT`] instead of a wait.
+    pub(crate) fn read(
+        &self,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+        io: Option<&mut Vec<SharedSlice>>,
+    ) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
         self.check_rw_flags(cdb)?;
         let r = rw_range(cdb);
         self.check_transfer(&r)?;
         let bytes = r.blocks << self.block_shift; // bounded by TRANSFER_BYTES_MAX
                                                   // Read no further than the transport will send; the rest is its overflow residual.
-                                                  // Only bytes beyond the previous length are zero-filled: read_at overwrites them all.
-        let len = bytes.min(cmd.data_in_limit) as usize;
+        let len = bytes.min(cmd.data_in_limit);
+        let offset = r.lba << self.block_shift;
+        let nonblocking = io.is_some();
+        if let Some(lent) = io {
+            if self
+                .store
+                .read_shared(offset, len.into(), lent)
+                .map_err(read_error)?
+            {
+                data_in.clear();
+                return Ok(bytes);
+            }
+        }
+        // Only bytes beyond the previous length are zero-filled: the read overwrites them all.
+        let len = len as usize;
         if data_in.len() >= len {
             data_in.truncate(len);
         } else {
             data_in.resize(len, 0);
         }
-        self.store
-            .read_at(data_in, r.lba << self.block_shift)
-            .map_err(read_error)?;
+        if nonblocking {
+            if !self
+                .store
+                .try_read_at(data_in, offset)
+                .map_err(read_error)?
+            {
+                return Err(WOULD_WAIT);
+            }
+        } else {
+            self.store.read_at(data_in, offset).map_err(read_error)?;
+        }
         Ok(bytes)
     }
 

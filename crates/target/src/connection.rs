@@ -12,7 +12,7 @@ use iscsi::login::{
     LoginStep, SessionKey,
 };
 use iscsi::negotiation::{SessionType, TargetLimits};
-use iscsi::outbox::{Outbox, Part};
+use iscsi::outbox::{Outbox, Part, SharedSlice};
 use iscsi::pdu::{self, FrameError, Framing};
 use iscsi::session::{
     DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
@@ -212,12 +212,23 @@ struct Backend<'a> {
 }
 
 impl Backend<'_> {
+    /// Memory a command holds while it runs on the blocking pool: its Data-Out, and the Data-In
+    /// it will produce.
+    fn held_bytes(req: &ScsiRequest<'_>) -> usize {
+        req.data_out.len()
+            + if req.read {
+                req.expected_len as usize
+            } else {
+                0
+            }
+    }
+
     /// Runs the command on tokio's blocking pool; its completion returns through the channel.
     fn defer(&mut self, luns: Arc<LunMap>, nexus: Nexus, lun: u64, req: &ScsiRequest<'_>) {
         let itt = req.itt;
         let cdb = req.cdb.to_vec();
         let data_out = req.data_out.to_vec();
-        let held_bytes = data_out.len();
+        let held_bytes = Self::held_bytes(req);
         let data_in_limit = req.expected_len;
         let completions = self.completions.clone();
         self.deferred_bytes += held_bytes;
@@ -261,6 +272,7 @@ impl ScsiBackend for Backend<'_> {
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
+        lent: &mut Vec<SharedSlice>,
         sense: &mut Vec<u8>,
     ) -> Execution {
         let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
@@ -270,8 +282,10 @@ impl ScsiBackend for Backend<'_> {
             });
         };
         let lun = scsi::lun_from_wire(req.lun);
-        if self.slow_durable_luns.contains(&lun)
-            && self.deferred_bytes + req.data_out.len() <= self.deferred_bytes_max
+        // Past the budget, commands run inline: slower, but memory stays bounded.
+        let may_defer = self.deferred_bytes + Self::held_bytes(req) <= self.deferred_bytes_max;
+        if may_defer
+            && self.slow_durable_luns.contains(&lun)
             && luns
                 .get(lun)
                 .is_some_and(|e| e.lu.waits_for_device(req.cdb))
@@ -284,7 +298,16 @@ impl ScsiBackend for Backend<'_> {
             data_out: req.data_out,
             data_in_limit: req.expected_len,
         };
-        let completion = luns.execute(nexus, scsi::lun_from_wire(req.lun), &cmd, data_in);
+        // Reads of RAM LUs lend their pages (zero-copy); reads of disk-backed LUs are copied
+        // inline when the data is cached and otherwise go to the blocking pool.
+        let completion = match luns.try_execute(nexus, lun, &cmd, data_in, lent) {
+            Some(completion) => completion,
+            None if may_defer => {
+                self.defer(Arc::clone(luns), nexus.clone(), lun, req);
+                return Execution::Deferred;
+            }
+            None => luns.execute(nexus, lun, &cmd, data_in),
+        };
         Execution::Done(outcome_of(&completion, sense))
     }
 

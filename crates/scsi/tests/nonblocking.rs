@@ -1,0 +1,129 @@
+//! `LunMap::try_execute`: what a network worker runs. Reads lend RAM pages instead of copying,
+//! reads of uncached file data are declined without effect, everything else runs as usual.
+mod common;
+use common::*;
+use scsi::{Command, Completion, LogicalUnit, LuSettings, LunMap, SharedSlice, Status};
+use std::sync::Arc;
+use store::{BlockStore, FileStore, RamStore};
+
+fn gather(lent: &[SharedSlice]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for (owner, range) in lent {
+        v.extend_from_slice(&(**owner).as_ref()[range.clone()]);
+    }
+    v
+}
+
+fn try_run(
+    m: &LunMap,
+    cdb: &[u8],
+    data_out: &[u8],
+    limit: u32,
+    data_in: &mut Vec<u8>,
+    lent: &mut Vec<SharedSlice>,
+) -> Option<Completion> {
+    let cmd = Command {
+        cdb,
+        data_out,
+        data_in_limit: limit,
+    };
+    m.try_execute(&nexus(1), 0, &cmd, data_in, lent)
+}
+
+fn map_of(store: Arc<dyn BlockStore>) -> LunMap {
+    let lu = Arc::new(LogicalUnit::new(store, identity(), LuSettings::default()).unwrap());
+    // A fresh nexus sees "power on" first; clear it so reads run.
+    let mut buf = Vec::new();
+    let tur = Command {
+        cdb: &[0; 6],
+        data_out: &[],
+        data_in_limit: 0,
+    };
+    lu.execute(&nexus(1), &tur, &mut buf);
+    LunMap::new(vec![(0, lu, false)]).unwrap()
+}
+
+#[test]
+fn ram_reads_lend_pages_and_match_the_copy() {
+    let m = map_of(Arc::new(RamStore::new(4 * MIB)));
+    let data = pattern(64 * 1024, 9);
+    let (mut data_in, mut lent) = (Vec::new(), Vec::new());
+    let c = try_run(&m, &write10(7, 128), &data, 0, &mut data_in, &mut lent).unwrap();
+    assert_eq!(c.status, Status::Good);
+    assert!(lent.is_empty());
+    // Unaligned to pages, and crossing unwritten space.
+    let c = try_run(&m, &read10(7, 200), &[], 1 << 20, &mut data_in, &mut lent).unwrap();
+    assert_eq!((c.status, c.transfer_len), (Status::Good, 200 * 512));
+    assert!(data_in.is_empty(), "nothing copied");
+    let got = gather(&lent);
+    assert_eq!(&got[..data.len()], &data[..]);
+    assert!(got[data.len()..].iter().all(|&b| b == 0));
+    assert_eq!(got.len(), 200 * 512);
+    // The transport's expected length bounds what is lent; the CDB's length is reported.
+    lent.clear();
+    let c = try_run(&m, &read10(7, 200), &[], 1000, &mut data_in, &mut lent).unwrap();
+    assert_eq!(c.transfer_len, 200 * 512);
+    assert_eq!(gather(&lent), &data[..1000]);
+    // A failing read lends nothing.
+    lent.clear();
+    let c = try_run(&m, &read10(8191, 2), &[], 1 << 20, &mut data_in, &mut lent).unwrap();
+    lba_oob(&c.sense.unwrap());
+    assert!(lent.is_empty() && data_in.is_empty());
+    // Non-read commands build their data as before.
+    let c = try_run(
+        &m,
+        &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        &[],
+        8,
+        &mut data_in,
+        &mut lent,
+    );
+    assert_eq!(c.unwrap().status, Status::Good);
+    assert_eq!(data_in.len(), 8);
+    assert!(lent.is_empty());
+}
+
+struct TempFile(std::path::PathBuf);
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn uncached_file_reads_are_declined_without_effect() {
+    // The build directory is on a disk filesystem (not tmpfs), where pages can be uncached.
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("nonblocking-{}", std::process::id()));
+    let _guard = TempFile(path.clone());
+    let store = Arc::new(FileStore::open(&path, Some(4 * MIB), true).unwrap());
+    let m = map_of(store.clone());
+    let data = pattern(256 * 1024, 4);
+    let (mut data_in, mut lent) = (Vec::new(), Vec::new());
+    let c = try_run(&m, &write10(0, 512), &data, 0, &mut data_in, &mut lent).unwrap();
+    assert_eq!(c.status, Status::Good);
+    // Cached: copied inline (a file store does not lend).
+    let c = try_run(&m, &read10(0, 512), &[], 1 << 20, &mut data_in, &mut lent).unwrap();
+    assert_eq!(c.status, Status::Good);
+    assert!(lent.is_empty());
+    assert_eq!(data_in, data);
+    // Written back and dropped from the page cache: declined, nothing produced.
+    store.flush().unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    let declined = try_run(&m, &read10(0, 512), &[], 1 << 20, &mut data_in, &mut lent);
+    assert!(
+        declined.is_none(),
+        "uncached read must not be served inline"
+    );
+    assert!(data_in.is_empty() && lent.is_empty());
+    // The blocking path serves it.
+    let cmd = Command {
+        cdb: &read10(0, 512),
+        data_out: &[],
+        data_in_limit: 1 << 20,
+    };
+    let c = m.execute(&nexus(1), 0, &cmd, &mut data_in);
+    assert_eq!(c.status, Status::Good);
+    assert_eq!(data_in, data);
+}

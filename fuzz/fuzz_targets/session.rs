@@ -44,9 +44,11 @@ impl ScsiBackend for Backend {
         sense: &mut Vec<u8>,
     ) -> Execution {
         assert!(
-            data_in.is_empty() && lent.is_empty() && sense.is_empty(),
-            "buffers arrive empty"
+            (data_in.is_empty() || req.read) && lent.is_empty() && sense.is_empty(),
+            "buffers arrive empty (a read's may hold old bytes to overwrite)"
         );
+        // The contract: whatever the outcome, `data_in` ends up holding exactly the Data-In.
+        data_in.clear();
         self.commands = self.commands.wrapping_add(1);
         if self.defer_every != 0 && self.commands % self.defer_every as u32 == 0 {
             self.deferred.push((req.itt, req.read));

@@ -105,9 +105,11 @@ pub struct DiscoveredTarget {
 }
 
 pub trait ScsiBackend {
-    /// Runs one command, or starts it elsewhere and answers [`Execution::Deferred`]. `data_in`,
-    /// `lent` and `sense` arrive empty. Data-In goes into `data_in`, or, for a zero-copy read,
-    /// into `lent` as slices of the store's memory (then `data_in` stays empty).
+    /// Runs one command, or starts it elsewhere and answers [`Execution::Deferred`]. `lent` and
+    /// `sense` arrive empty; `data_in` arrives empty except for reads, where it may hold bytes of
+    /// an earlier read on this connection so the read can overwrite instead of zero-fill. When
+    /// the command is done, `data_in` holds exactly its Data-In (cleared if there is none), or,
+    /// for a zero-copy read, `data_in` is empty and `lent` holds slices of the store's memory.
     fn execute(
         &mut self,
         req: &ScsiRequest<'_>,
@@ -696,12 +698,14 @@ impl Session {
     }
 
     fn execute(&mut self, req: &ScsiRequest<'_>, backend: &mut dyn ScsiBackend, out: &mut Outbox) {
-        let mut data_in = if req.read {
-            out.take_buffer()
+        let data_in = if req.read {
+            out.take_scratch()
         } else {
-            std::mem::take(&mut self.data_in_buf)
+            let mut buf = std::mem::take(&mut self.data_in_buf);
+            buf.clear();
+            buf
         };
-        data_in.clear();
+        let mut data_in = data_in;
         self.sense_buf.clear();
         let mut lent = std::mem::take(&mut self.lent_buf);
         lent.clear();

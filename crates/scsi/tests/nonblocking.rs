@@ -126,4 +126,13 @@ fn uncached_file_reads_are_declined_without_effect() {
     let c = m.execute(&nexus(1), 0, &cmd, &mut data_in);
     assert_eq!(c.status, Status::Good);
     assert_eq!(data_in, data);
+    // A reused buffer with an earlier read's bytes: overwritten and cut to the new length.
+    data_in[..4096].fill(0xEE);
+    let c = try_run(&m, &read10(8, 8), &[], 1 << 20, &mut data_in, &mut lent).unwrap();
+    assert_eq!(c.status, Status::Good);
+    assert_eq!(data_in, &data[4096..8192]);
+    // ...and emptied by a command without Data-In.
+    let c = try_run(&m, &[0; 6], &[], 0, &mut data_in, &mut lent).unwrap();
+    assert_eq!(c.status, Status::Good);
+    assert!(data_in.is_empty());
 }

@@ -276,6 +276,7 @@ impl ScsiBackend for Backend<'_> {
         sense: &mut Vec<u8>,
     ) -> Execution {
         let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+            data_in.clear();
             return Execution::Done(ScsiOutcome {
                 status: 0x02,
                 transfer_len: 0,

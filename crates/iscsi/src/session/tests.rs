@@ -24,6 +24,9 @@ impl ScsiBackend for Backend {
         lent: &mut Vec<SharedSlice>,
         sense: &mut Vec<u8>,
     ) -> Execution {
+        // A read's buffer may arrive holding old bytes; the backend overwrites it.
+        assert!(req.read || data_in.is_empty());
+        data_in.clear();
         if self.defer {
             self.deferred.push(req.itt);
             return Execution::Deferred;

@@ -307,30 +307,14 @@ impl LogicalUnit {
     /// `cmd.data_in_limit`); the caller reuses it so the fast path does not allocate. May wait
     /// for the device.
     pub fn execute(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
-        self.execute_mapped(nexus, cmd, data_in, false, None)
+        waited(self.execute_io(nexus, cmd, data_in, None, false, None))
     }
 
-    /// `execute` through a mapping that may be read-only. `peers` is the map the LU was reached
-    /// through: EXTENDED COPY finds its other copy targets there.
-    pub(crate) fn execute_mapped(
-        &self,
-        nexus: &Nexus,
-        cmd: &Command<'_>,
-        data_in: &mut Vec<u8>,
-        read_only_mapping: bool,
-        peers: Option<&crate::LunMap>,
-    ) -> Completion {
-        self.execute_io(nexus, cmd, data_in, None, read_only_mapping, peers)
-            .unwrap_or_else(|| {
-                debug_assert!(false, "a blocking execution never declines to wait");
-                Completion::check_condition(Sense::internal_target_failure())
-            })
-    }
-
-    /// Runs one command with `io` deciding how reads move data: `None` copies into `data_in` and
-    /// may wait; `Some(lent)` lends store memory into `lent` where the store allows (zero-copy)
-    /// and never waits for the device: a read whose data is not cached returns `None`, with no
-    /// effect, for the caller to run with `execute` where waiting is fine.
+    /// Runs one command; `peers` is the map the LU was reached through (EXTENDED COPY finds its
+    /// other copy targets there). `io` decides how reads move data: `None` copies into `data_in`
+    /// and may wait; `Some(lent)` lends store memory into `lent` where the store allows
+    /// (zero-copy) and never waits for the device: a read whose data is not cached returns
+    /// `None`, with no effect, for the caller to run with `execute` where waiting is fine.
     pub(crate) fn execute_io(
         &self,
         nexus: &Nexus,
@@ -538,4 +522,12 @@ pub(crate) fn put_sense(out: &mut Vec<u8>, sense: Sense) {
     let mut buf = [0u8; crate::sense::SENSE_BYTES_MAX];
     let n = sense.encode(&mut buf);
     out.extend_from_slice(&buf[..n]);
+}
+
+/// The completion of an execution that was allowed to wait (`io` = `None`), which never declines.
+pub(crate) fn waited(completion: Option<Completion>) -> Completion {
+    completion.unwrap_or_else(|| {
+        debug_assert!(false, "a blocking execution never declines to wait");
+        Completion::check_condition(Sense::internal_target_failure())
+    })
 }

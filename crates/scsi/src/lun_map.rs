@@ -66,11 +66,7 @@ impl LunMap {
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
     ) -> Completion {
-        self.execute_io(nexus, lun, cmd, data_in, None)
-            .unwrap_or_else(|| {
-                debug_assert!(false, "a blocking execution never declines to wait");
-                Completion::check_condition(Sense::internal_target_failure())
-            })
+        crate::lu::waited(self.execute_io(nexus, lun, cmd, data_in, None))
     }
 
     /// Runs one command without waiting for the device, as a network worker must: a read lends

@@ -7,6 +7,8 @@
 //! `scripts/test.sh`, which installs them.
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod raw;
+
 use std::fs::{self, File};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -208,6 +208,22 @@ struct RunningTask {
     aborted: bool,
 }
 
+/// What the PDUs handled since the last [`Session::take_activity`] say about the initiator's
+/// pipeline; the connection uses it to decide whether to coalesce wake-ups.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// SCSI Command PDUs received.
+    pub commands: u32,
+    /// Their bytes: header, AHS and data segment (immediate data).
+    pub command_bytes: u64,
+    /// Every other PDU (Data-Out, NOP-Out, task management, text, logout, ...).
+    pub other_pdus: u32,
+    /// The most responses the initiator had not yet seen when it sent one of those commands:
+    /// our StatSN minus its ExpStatSN, bounded by the command window. A pipelining initiator
+    /// shows its queue depth here; one that waits for each answer shows 0.
+    pub initiator_backlog: u32,
+}
+
 #[derive(Debug)]
 struct TextContinuation {
     ttt: u32,
@@ -241,6 +257,7 @@ pub struct Session {
     lent_buf: Vec<SharedSlice>,
     sense_buf: Vec<u8>,
     logged_out: bool,
+    activity: Activity,
 }
 
 impl Session {
@@ -281,11 +298,38 @@ impl Session {
             lent_buf: Vec::new(),
             sense_buf: Vec::with_capacity(256),
             logged_out: false,
+            activity: Activity::default(),
         }
     }
 
     pub fn framing(&self) -> Framing {
         self.framing
+    }
+
+    /// The activity since the last call (see [`Activity`]), resetting it.
+    pub fn take_activity(&mut self) -> Activity {
+        std::mem::take(&mut self.activity)
+    }
+
+    fn note_activity(&mut self, opcode: Option<Opcode>, pdu: &Pdu<'_>) {
+        if opcode != Some(Opcode::ScsiCommand) {
+            self.activity.other_pdus = self.activity.other_pdus.saturating_add(1);
+            return;
+        }
+        let bytes = pdu::BHS_LEN + pdu.ahs.len() + pdu.data.len();
+        self.activity.commands = self.activity.commands.saturating_add(1);
+        self.activity.command_bytes = self.activity.command_bytes.saturating_add(bytes as u64);
+        // ExpStatSN is the initiator's word, so it is bounded: one "ahead" of our StatSN, or
+        // further behind than the window allows, counts as no backlog / a full window.
+        let exp_stat_sn = pdu.bhs.u32_at(off::EXP_STAT_SN);
+        let backlog = if serial::lt(self.stat_sn, exp_stat_sn) {
+            0
+        } else {
+            self.stat_sn
+                .wrapping_sub(exp_stat_sn)
+                .min(self.limits.queue_depth)
+        };
+        self.activity.initiator_backlog = self.activity.initiator_backlog.max(backlog);
     }
 
     pub fn params(&self) -> &SessionParams {
@@ -368,7 +412,9 @@ impl Session {
             return Flow::Close;
         }
         let bhs = &pdu.bhs;
-        let Some(opcode) = Opcode::from_initiator(bhs.opcode_raw()) else {
+        let opcode = Opcode::from_initiator(bhs.opcode_raw());
+        self.note_activity(opcode, pdu);
+        let Some(opcode) = opcode else {
             self.reject(bhs, RejectReason::CommandNotSupported, out);
             return Flow::Continue;
         };

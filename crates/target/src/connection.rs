@@ -15,12 +15,20 @@ use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::outbox::{Outbox, Part, SharedSlice};
 use iscsi::pdu::{self, FrameError, Framing};
 use iscsi::session::{
-    DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
+    Activity, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
     SessionLimits, TmfFunction,
 };
+use rustix::net::RecvFlags;
+use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
 use scsi::{LunMap, Nexus};
+use std::os::fd::OwnedFd;
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::coalesce::{Coalescer, Outcome, Plan};
+use crate::metrics::Metrics;
+use crate::sys;
 
 use crate::config::ResolvedAuth;
 use crate::registry::SessionTicket;
@@ -551,9 +559,20 @@ impl Driver {
             Instant::now(),
         );
         shared.metrics.sessions.inc();
+        let mut wakeups = Wakeups::new(
+            Duration::from_micros(limits.coalesce_wait_us.into()),
+            Arc::clone(&shared.metrics),
+        );
         let result = self
-            .full_feature(&mut session, &mut backend, &mut ticket, &mut completed)
+            .full_feature(
+                &mut session,
+                &mut backend,
+                &mut ticket,
+                &mut completed,
+                &mut wakeups,
+            )
             .await;
+        wakeups.report();
         shared.metrics.sessions.dec();
         if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
             for entry in luns.entries() {
@@ -620,9 +639,11 @@ impl Driver {
         backend: &mut Backend<'_>,
         ticket: &mut SessionTicket,
         completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
+        wakeups: &mut Wakeups,
     ) -> Result<(), String> {
         let mut ticker = tokio::time::interval(Duration::from_secs(1));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut timed_out = false;
         loop {
             // First run whatever is already buffered (pipelined behind the login).
             let (flow, drained) = self.process(session, backend)?;
@@ -633,6 +654,8 @@ impl Driver {
             if !drained {
                 continue;
             }
+            wakeups.after_turn(&self.stream, &session.take_activity(), timed_out);
+            timed_out = false;
             self.make_room();
             tokio::select! {
                 read = self.stream.read(&mut self.rbuf[self.end..]) => {
@@ -642,7 +665,19 @@ impl Driver {
                         Err(e) => return Err(e.to_string()),
                     }
                 }
+                fired = wakeups.deadline() => {
+                    fired.map_err(|e| format!("coalescing timer: {e}"))?;
+                    // The readiness the low-water mark holds back: read what is there.
+                    match rustix::net::recv(&self.stream, &mut self.rbuf[self.end..], RecvFlags::DONTWAIT) {
+                        Ok((0, _)) => return Ok(()),
+                        Ok((n, _)) => self.end += n,
+                        Err(rustix::io::Errno::AGAIN) => {}
+                        Err(e) => return Err(e.to_string()),
+                    }
+                    timed_out = true;
+                }
                 _ = ticker.tick() => {
+                    wakeups.report();
                     let flow = session.tick(Instant::now(), &mut self.out);
                     self.flush().await?;
                     if flow == Flow::Close {
@@ -650,7 +685,7 @@ impl Driver {
                         return Ok(());
                     }
                 }
-                                Some(done) = completed.recv() => {
+                Some(done) = completed.recv() => {
                     backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
                 }
@@ -751,6 +786,142 @@ impl Driver {
         }
         self.out.clear();
         Ok(())
+    }
+}
+
+/// Carries out the [`Coalescer`]'s plans on one connection: the socket's low-water mark and a
+/// microsecond timer (tokio's timers tick in milliseconds, too coarse for a 20-200 µs wait).
+struct Wakeups {
+    coalescer: Coalescer,
+    /// The low-water mark the socket has now (1 = the default).
+    applied_low_water: usize,
+    /// Created on first use, so connections that never coalesce hold no extra descriptor.
+    timer: Option<AsyncFd<OwnedFd>>,
+    /// Set up failed once (descriptor limit, say): coalescing stays off for this connection.
+    unavailable: bool,
+    batches: u64,
+    misses: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl Wakeups {
+    fn new(max_wait: Duration, metrics: Arc<Metrics>) -> Wakeups {
+        Wakeups {
+            metrics,
+            coalescer: Coalescer::new(max_wait),
+            applied_low_water: 1,
+            timer: None,
+            unavailable: max_wait.is_zero(),
+            batches: 0,
+            misses: 0,
+        }
+    }
+
+    /// Plans the next wait from the turn just run and applies it.
+    fn after_turn(&mut self, socket: &TcpStream, activity: &Activity, timed_out: bool) {
+        if self.unavailable {
+            return;
+        }
+        let now = Instant::now();
+        match self.coalescer.after_turn(activity, timed_out, now) {
+            Outcome::Missed => self.misses += 1,
+            Outcome::Steady if timed_out || self.applied_low_water > 1 => self.batches += 1,
+            Outcome::Steady => {}
+        }
+        let applied = match self.coalescer.plan() {
+            Plan::Immediate => self.set_low_water(socket, 1),
+            Plan::Batch {
+                low_water,
+                deadline,
+            } => self.arm(deadline - now) && self.set_low_water(socket, low_water),
+        };
+        if !applied {
+            // Never leave a raised low-water mark without its timer.
+            self.unavailable = true;
+            let _ = sys::set_receive_low_water(socket, 1);
+            self.applied_low_water = 1;
+        }
+    }
+
+    fn set_low_water(&mut self, socket: &TcpStream, bytes: usize) -> bool {
+        if bytes == self.applied_low_water {
+            return true;
+        }
+        match sys::set_receive_low_water(socket, bytes) {
+            Ok(()) => {
+                self.applied_low_water = bytes;
+                true
+            }
+            Err(e) => {
+                tracing::warn!("receive coalescing off for this connection: SO_RCVLOWAT: {e}");
+                false
+            }
+        }
+    }
+
+    /// Arms the one-shot timer `wait` from now (re-arming replaces the previous deadline).
+    fn arm(&mut self, wait: Duration) -> bool {
+        if self.timer.is_none() {
+            match sys::microsecond_timer() {
+                Ok(fd) => self.timer = Some(fd),
+                Err(e) => {
+                    tracing::warn!("receive coalescing off for this connection: timer: {e}");
+                    return false;
+                }
+            }
+        }
+        let Some(timer) = &self.timer else {
+            return false;
+        };
+        let spec = Itimerspec {
+            it_interval: Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: Timespec {
+                tv_sec: 0,
+                // At least 1 ns: a zero it_value would disarm instead.
+                tv_nsec: wait.as_nanos().clamp(1, 999_999_999) as i64,
+            },
+        };
+        match timerfd_settime(timer.get_ref(), TimerfdTimerFlags::empty(), &spec) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("receive coalescing off for this connection: timer: {e}");
+                false
+            }
+        }
+    }
+
+    /// Resolves when the current batch's deadline passes; never while not batching.
+    async fn deadline(&self) -> std::io::Result<()> {
+        let (Some(timer), true) = (&self.timer, self.applied_low_water > 1) else {
+            return std::future::pending().await;
+        };
+        loop {
+            let mut ready = timer.readable().await?;
+            let mut expirations = [0u8; 8];
+            match rustix::io::read(timer.get_ref(), &mut expirations) {
+                Ok(_) => return Ok(()),
+                Err(rustix::io::Errno::AGAIN) => ready.clear_ready(),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Adds the counts since the last report to the daemon's metrics (once a second and at
+    /// the end, so the command path touches no shared counter).
+    fn report(&mut self) {
+        if self.batches > 0 {
+            self.metrics
+                .receive_batches
+                .inc_by(std::mem::take(&mut self.batches));
+        }
+        if self.misses > 0 {
+            self.metrics
+                .receive_batch_misses
+                .inc_by(std::mem::take(&mut self.misses));
+        }
     }
 }
 

@@ -33,6 +33,8 @@ pub struct Metrics {
     pub logins: Family<LoginLabel, Counter>,
     pub connections: Gauge,
     pub sessions: Gauge,
+    pub receive_batches: Counter,
+    pub receive_batch_misses: Counter,
 }
 
 impl Default for Metrics {
@@ -48,6 +50,8 @@ impl Metrics {
         let logins = Family::<LoginLabel, Counter>::default();
         let connections = Gauge::default();
         let sessions = Gauge::default();
+        let receive_batches = Counter::default();
+        let receive_batch_misses = Counter::default();
         registry.register(
             "limit_exceeded",
             "Times a configured limit refused or cut off a client",
@@ -64,12 +68,24 @@ impl Metrics {
             "Sessions in full feature phase",
             sessions.clone(),
         );
+        registry.register(
+            "receive_batches",
+            "Reads that waited for several small commands (receive coalescing)",
+            receive_batches.clone(),
+        );
+        registry.register(
+            "receive_batch_misses",
+            "Coalesced reads whose batch did not fill before the timer; coalescing then backs off",
+            receive_batch_misses.clone(),
+        );
         Metrics {
             registry,
             limit_exceeded,
             logins,
             connections,
             sessions,
+            receive_batches,
+            receive_batch_misses,
         }
     }
 

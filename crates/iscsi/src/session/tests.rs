@@ -853,3 +853,74 @@ fn a_full_window_closes_and_reopens() {
     // ExpCmdSN 3 with one task running: one slot, MaxCmdSN 3.
     assert_eq!(r[0].0.u32_at(off::MAX_CMD_SN), 3);
 }
+
+/// A TEST UNIT READY carrying `exp_stat_sn`.
+fn tur_acknowledging(h: &mut Harness, itt: u32, exp_stat_sn: u32) -> Bhs {
+    let mut b = h.command(&[0; 6], 0x80, 0, itt);
+    b.set_u32(off::EXP_STAT_SN, exp_stat_sn);
+    b
+}
+
+#[test]
+fn activity_shows_the_initiators_unseen_responses() {
+    let mut h = harness();
+    assert_eq!(h.s.take_activity(), Activity::default());
+    // Three commands sent without reading any answer: each sees one more unseen response.
+    for itt in 0..3 {
+        let b = tur_acknowledging(&mut h, itt, 1000);
+        h.send(b, b"");
+    }
+    let a = h.s.take_activity();
+    assert_eq!(a.commands, 3);
+    assert_eq!(a.command_bytes, 3 * pdu::BHS_LEN as u64);
+    assert_eq!(a.other_pdus, 0);
+    assert_eq!(
+        a.initiator_backlog, 2,
+        "the third command had not seen StatSN 1000 and 1001"
+    );
+    assert_eq!(h.s.take_activity(), Activity::default(), "taking resets it");
+    // An initiator that read every answer first shows no backlog.
+    let b = tur_acknowledging(&mut h, 9, 1003);
+    h.send(b, b"");
+    assert_eq!(h.s.take_activity().initiator_backlog, 0);
+}
+
+#[test]
+fn activity_counts_immediate_data_and_other_pdus() {
+    let mut h = harness();
+    let mut w = h.command(&WRITE10, 0xa0, 4096, 1);
+    w.set_u32(off::EXP_STAT_SN, 1000);
+    h.send(w, &[7u8; 4096]);
+    let mut nop = Bhs::new(Opcode::NopOut);
+    nop.set_flags(0x80);
+    nop.set_itt(2);
+    nop.set_u32(off::TTT, RESERVED_TAG);
+    nop.set_u32(off::CMD_SN, h.cmd_sn);
+    h.send(nop, b"");
+    let a = h.s.take_activity();
+    assert_eq!(a.commands, 1);
+    assert_eq!(a.command_bytes, (pdu::BHS_LEN + 4096) as u64);
+    assert_eq!(a.other_pdus, 1);
+}
+
+#[test]
+fn activity_bounds_a_nonsense_exp_stat_sn() {
+    let mut h = harness();
+    // Far behind (or garbage): at most the command window.
+    let b = tur_acknowledging(&mut h, 1, 1000u32.wrapping_sub(1_000_000));
+    h.send(b, b"");
+    assert_eq!(
+        h.s.take_activity().initiator_backlog,
+        SessionLimits::default().queue_depth
+    );
+    // Ahead of anything we sent: no backlog.
+    let b = tur_acknowledging(&mut h, 2, 5000);
+    h.send(b, b"");
+    assert_eq!(h.s.take_activity().initiator_backlog, 0);
+    // Across the wrap of the sequence space.
+    let mut h = harness_with(SessionType::Normal, params(), SessionLimits::default());
+    h.s.stat_sn = 2;
+    let b = tur_acknowledging(&mut h, 3, u32::MAX);
+    h.send(b, b"");
+    assert_eq!(h.s.take_activity().initiator_backlog, 3);
+}

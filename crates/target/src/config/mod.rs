@@ -216,6 +216,9 @@ limits! {
     max_sessions: u32 = 256, 1, 1_000_000;
     /// Commands in flight per session: the CmdSN window (MaxCmdSN - ExpCmdSN + 1).
     max_queue_depth: u32 = 128, 1, 65_535;
+    /// Microseconds a connection may wait for more small commands before reading those that
+    /// arrived, when its initiator keeps a deep queue (receive coalescing); 0 = off.
+    coalesce_wait_us: u32 = 200, 0, 10_000;
     /// MaxRecvDataSegmentLength we declare and accept, in bytes (RFC 7143: 512..2^24-1).
     max_recv_data_segment_length: u32 = 262_144, 512, 16_777_215;
     /// MaxBurstLength offered, in bytes.

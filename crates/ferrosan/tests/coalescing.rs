@@ -1,0 +1,174 @@
+//! Receive coalescing against the real daemon: a raw initiator pipelines bursts of 4 KiB writes
+//! (so its ExpStatSN lags by many answers, as a QD64 initiator's does), then sends one lone
+//! command. The lone command must be answered (the backstop timer reads it, the connection never
+//! waits for bytes that are not coming), every write must read back intact, and the metrics must
+//! show that coalescing really engaged and that the backstop really fired.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::raw::Raw;
+use common::{free_port, pseudo_random_bytes, Daemon};
+use iscsi::pdu::{encode_into, off, Bhs, Framing, Opcode};
+
+const BLOCK: usize = 512;
+const WRITE_BYTES: usize = 4096;
+const BURST: u32 = 64;
+const BURSTS: u32 = 8;
+
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to metrics");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("metrics answer");
+    text
+}
+
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from metrics:\n{text}"))
+}
+
+/// A SCSI Command PDU for `cdb`, with the raw client's CmdSN and ExpStatSN.
+fn command(raw: &mut Raw, itt: u32, cdb: &[u8], flags: u8, edtl: u32) -> Bhs {
+    let mut bhs = Bhs::new(Opcode::ScsiCommand);
+    bhs.set_flags(flags);
+    bhs.set_itt(itt);
+    bhs.set_u32(off::EDTL, edtl);
+    bhs.set_u32(off::CMD_SN, raw.cmd_sn);
+    bhs.set_u32(off::EXP_STAT_SN, raw.exp_stat_sn);
+    bhs.0[32..32 + cdb.len()].copy_from_slice(cdb);
+    raw.cmd_sn = raw.cmd_sn.wrapping_add(1);
+    bhs
+}
+
+fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
+    let l = lba.to_be_bytes();
+    let b = blocks.to_be_bytes();
+    [opcode, 0, l[0], l[1], l[2], l[3], 0, b[0], b[1], 0]
+}
+
+/// The status of a SCSI Response (or of a Data-In with the S bit).
+fn status_of(pdu: &common::raw::Received) -> u8 {
+    pdu.bhs.0[3]
+}
+
+#[test]
+fn pipelined_bursts_are_coalesced_and_a_lone_command_still_gets_its_answer() {
+    let metrics_port = free_port();
+    let daemon = Daemon::start_with_args(
+        common::IQN,
+        &["ram:64M"],
+        &["--metrics-listen", &format!("127.0.0.1:{metrics_port}")],
+    );
+    let mut raw = Raw::login(daemon.port, &daemon.iqn, 1);
+    let blocks_per_write = (WRITE_BYTES / BLOCK) as u16;
+    let mut itt = 1u32;
+    // Consume the power-on unit attention, as an initiator does before its I/O.
+    let mut ready = false;
+    for _ in 0..3 {
+        let bhs = command(&mut raw, itt, &[0; 6], 0x80, 0);
+        itt += 1;
+        raw.send(&bhs, &[]);
+        if status_of(&raw.recv()) == 0 {
+            ready = true;
+            break;
+        }
+    }
+    assert!(ready, "TEST UNIT READY never succeeded");
+    for burst in 0..BURSTS {
+        // Send the whole burst before reading any answer: each PDU is its own write (the
+        // socket has TCP_NODELAY), as an initiator with 64 commands queued sends them.
+        let framing = Framing::LOGIN;
+        for i in 0..BURST {
+            let n = burst * BURST + i;
+            let data = pseudo_random_bytes(WRITE_BYTES, u64::from(n));
+            let cdb = rw10(0x2a, n * u32::from(blocks_per_write), blocks_per_write);
+            let mut bhs = command(&mut raw, itt, &cdb, 0xa0, WRITE_BYTES as u32);
+            bhs.set_data_segment_len(WRITE_BYTES);
+            let mut wire = Vec::new();
+            encode_into(&mut wire, &bhs, &data, &framing);
+            raw.stream.write_all(&wire).expect("send write");
+            itt += 1;
+        }
+        for _ in 0..BURST {
+            let pdu = raw.recv();
+            assert_eq!(pdu.bhs.opcode_raw(), Opcode::ScsiResponse as u8);
+            assert_eq!(status_of(&pdu), 0, "write failed: {:?}", pdu.bhs);
+        }
+    }
+    // The pipeline stops: one lone small command, sent after every answer was read. The
+    // connection may still be waiting for a batch; only its timer can read this command.
+    let started = Instant::now();
+    let cdb = rw10(0x28, 0, blocks_per_write);
+    let bhs = command(&mut raw, itt, &cdb, 0xc0, WRITE_BYTES as u32);
+    raw.send(&bhs, &[]);
+    let mut data = Vec::new();
+    loop {
+        let pdu = raw.recv(); // panics after ANSWER_TIMEOUT: a stall is a failure
+        data.extend_from_slice(&pdu.data);
+        if pdu.bhs.flags() & 0x01 != 0 || pdu.bhs.opcode_raw() == Opcode::ScsiResponse as u8 {
+            assert_eq!(status_of(&pdu), 0);
+            break;
+        }
+    }
+    let lone = started.elapsed();
+    assert_eq!(data, pseudo_random_bytes(WRITE_BYTES, 0));
+    itt += 1;
+    // Everything written reads back, in one 256 KiB read per burst.
+    for burst in 0..BURSTS {
+        let blocks = (BURST as usize * WRITE_BYTES / BLOCK) as u16;
+        let lba = burst * u32::from(blocks);
+        let cdb = rw10(0x28, lba, blocks);
+        let len = BURST * WRITE_BYTES as u32;
+        let bhs = command(&mut raw, itt, &cdb, 0xc0, len);
+        itt += 1;
+        raw.send(&bhs, &[]);
+        let mut got = Vec::new();
+        loop {
+            let pdu = raw.recv();
+            got.extend_from_slice(&pdu.data);
+            if pdu.bhs.flags() & 0x01 != 0 || pdu.bhs.opcode_raw() == Opcode::ScsiResponse as u8 {
+                assert_eq!(status_of(&pdu), 0);
+                break;
+            }
+        }
+        for i in 0..BURST {
+            let n = burst * BURST + i;
+            let at = i as usize * WRITE_BYTES;
+            assert!(
+                got[at..at + WRITE_BYTES] == pseudo_random_bytes(WRITE_BYTES, u64::from(n)),
+                "write {n} did not read back"
+            );
+        }
+    }
+    drop(raw);
+    // Counts reach the metrics once a second and when the connection ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (batches, misses) = loop {
+        let text = scrape(metrics_port);
+        let now = (
+            counter(&text, "ferrosan_receive_batches_total"),
+            counter(&text, "ferrosan_receive_batch_misses_total"),
+        );
+        if (now.0 > 0 && now.1 > 0) || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        batches > 0,
+        "coalescing never engaged (lone command took {lone:?})"
+    );
+    assert!(
+        misses > 0,
+        "the backstop timer never fired (lone command took {lone:?})"
+    );
+    eprintln!("coalesced reads: {batches}, misses: {misses}, lone command answered in {lone:?}");
+}

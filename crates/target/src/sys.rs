@@ -1,0 +1,91 @@
+//! The two system calls [`crate::coalesce`] needs that no maintained crate offers safely: the
+//! receive low-water mark (`rustix`, `socket2` and `nix` all lack `SO_RCVLOWAT`) and a timerfd
+//! registered with tokio's reactor (`AsyncFd::register` is `unsafe` since tokio 1.5x). The only
+//! `unsafe` of the crate.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// A non-blocking monotonic timerfd watched by the current tokio runtime (microsecond
+/// resolution; tokio's own timers tick in milliseconds). Must be called inside a runtime.
+pub fn microsecond_timer() -> io::Result<AsyncFd<OwnedFd>> {
+    let fd = timerfd_create(
+        TimerfdClockId::Monotonic,
+        TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+    )?;
+    // SAFETY: the AsyncFd owns the OwnedFd, which keeps the descriptor open, unchanged and
+    // returned by every as_raw_fd() call until the AsyncFd is dropped.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)
+}
+
+/// Sets `SO_RCVLOWAT`: the socket reports readable (and wakes its reader) only once `bytes`
+/// are queued. Linux clamps the value to half the receive buffer.
+pub fn set_receive_low_water(socket: impl AsFd, bytes: usize) -> io::Result<()> {
+    let value = libc::c_int::try_from(bytes.max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the descriptor is borrowed (open for the call), and the option value is a live
+    // c_int whose exact size is passed, as setsockopt(2) requires for SO_RCVLOWAT.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::from_ref(&value).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    /// Whether `socket` reports readable within `ms` milliseconds.
+    fn readable(socket: &TcpStream, ms: i64) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(socket, PollFlags::IN)];
+        let timeout = Timespec {
+            tv_sec: ms / 1000,
+            tv_nsec: ms % 1000 * 1_000_000,
+        };
+        poll(&mut fds, Some(&timeout)).unwrap() == 1
+    }
+
+    #[test]
+    fn a_socket_is_not_readable_below_the_low_water_mark() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        set_receive_low_water(&server, 100).unwrap();
+        client.write_all(&[1; 60]).unwrap();
+        assert!(!readable(&server, 100), "readable with 60 of 100 bytes");
+        client.write_all(&[2; 40]).unwrap();
+        assert!(
+            readable(&server, 5000),
+            "not readable with 100 of 100 bytes"
+        );
+        let mut buf = [0u8; 256];
+        let mut got = 0;
+        while got < 100 {
+            got += server.read(&mut buf[got..]).unwrap();
+        }
+        assert_eq!(&buf[..60], &[1; 60]);
+        assert_eq!(&buf[60..100], &[2; 40]);
+        // Back to the default: one byte makes it readable.
+        set_receive_low_water(&server, 1).unwrap();
+        client.write_all(&[3]).unwrap();
+        assert!(readable(&server, 5000));
+        assert_eq!(server.read(&mut buf).unwrap(), 1);
+    }
+}

@@ -797,6 +797,8 @@ struct Wakeups {
     applied_low_water: usize,
     /// Created on first use, so connections that never coalesce hold no extra descriptor.
     timer: Option<AsyncFd<OwnedFd>>,
+    /// The deadline the timer is armed for, if any.
+    armed: Option<Instant>,
     /// Set up failed once (descriptor limit, say): coalescing stays off for this connection.
     unavailable: bool,
     batches: u64,
@@ -811,6 +813,7 @@ impl Wakeups {
             coalescer: Coalescer::new(max_wait),
             applied_low_water: 1,
             timer: None,
+            armed: None,
             unavailable: max_wait.is_zero(),
             batches: 0,
             misses: 0,
@@ -829,11 +832,12 @@ impl Wakeups {
             Outcome::Steady => {}
         }
         let applied = match self.coalescer.plan() {
-            Plan::Immediate => self.set_low_water(socket, 1),
+            // Disarmed, so a deadline left from the last batch does not wake the worker.
+            Plan::Immediate => self.arm(None, now) && self.set_low_water(socket, 1),
             Plan::Batch {
                 low_water,
                 deadline,
-            } => self.arm(deadline - now) && self.set_low_water(socket, low_water),
+            } => self.arm(Some(deadline), now) && self.set_low_water(socket, low_water),
         };
         if !applied {
             // Never leave a raised low-water mark without its timer.
@@ -859,8 +863,12 @@ impl Wakeups {
         }
     }
 
-    /// Arms the one-shot timer `wait` from now (re-arming replaces the previous deadline).
-    fn arm(&mut self, wait: Duration) -> bool {
+    /// Arms the one-shot timer for `deadline`, or disarms it; a no-op when already so (a turn
+    /// that brought nothing new keeps its batch's deadline).
+    fn arm(&mut self, deadline: Option<Instant>, now: Instant) -> bool {
+        if deadline == self.armed {
+            return true;
+        }
         if self.timer.is_none() {
             match sys::microsecond_timer() {
                 Ok(fd) => self.timer = Some(fd),
@@ -873,19 +881,31 @@ impl Wakeups {
         let Some(timer) = &self.timer else {
             return false;
         };
-        let spec = Itimerspec {
-            it_interval: Timespec {
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let value = match deadline {
+            // All zero disarms.
+            None => zero,
+            Some(at) => Timespec {
                 tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: Timespec {
-                tv_sec: 0,
-                // At least 1 ns: a zero it_value would disarm instead.
-                tv_nsec: wait.as_nanos().clamp(1, 999_999_999) as i64,
+                // At least 1 ns (zero would disarm); waits are far below a second.
+                tv_nsec: at
+                    .saturating_duration_since(now)
+                    .as_nanos()
+                    .clamp(1, 999_999_999) as i64,
             },
         };
+        let spec = Itimerspec {
+            it_interval: zero,
+            it_value: value,
+        };
         match timerfd_settime(timer.get_ref(), TimerfdTimerFlags::empty(), &spec) {
-            Ok(_) => true,
+            Ok(_) => {
+                self.armed = deadline;
+                true
+            }
             Err(e) => {
                 tracing::warn!("receive coalescing off for this connection: timer: {e}");
                 false

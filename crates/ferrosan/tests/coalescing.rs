@@ -6,28 +6,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::raw::Raw;
-use common::{free_port, pseudo_random_bytes, Daemon};
+use common::{free_port, pseudo_random_bytes, scrape, Daemon};
 use iscsi::pdu::{encode_into, off, Bhs, Framing, Opcode};
 
 const BLOCK: usize = 512;
 const WRITE_BYTES: usize = 4096;
 const BURST: u32 = 64;
 const BURSTS: u32 = 8;
-
-fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("metrics answer");
-    text
-}
 
 fn counter(text: &str, name: &str) -> u64 {
     text.lines()
@@ -57,6 +46,19 @@ fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
 /// The status of a SCSI Response (or of a Data-In with the S bit).
 fn status_of(pdu: &common::raw::Received) -> u8 {
     pdu.bhs.0[3]
+}
+
+/// Reads a read command's Data-In PDUs up to its status; asserts GOOD and returns the data.
+fn read_data(raw: &mut Raw) -> Vec<u8> {
+    let mut data = Vec::new();
+    loop {
+        let pdu = raw.recv(); // panics after ANSWER_TIMEOUT: a stall is a failure
+        data.extend_from_slice(&pdu.data);
+        if pdu.bhs.flags() & 0x01 != 0 || pdu.bhs.opcode_raw() == Opcode::ScsiResponse as u8 {
+            assert_eq!(status_of(&pdu), 0, "read failed: {:?}", pdu.bhs);
+            return data;
+        }
+    }
 }
 
 #[test]
@@ -109,15 +111,7 @@ fn pipelined_bursts_are_coalesced_and_a_lone_command_still_gets_its_answer() {
     let cdb = rw10(0x28, 0, blocks_per_write);
     let bhs = command(&mut raw, itt, &cdb, 0xc0, WRITE_BYTES as u32);
     raw.send(&bhs, &[]);
-    let mut data = Vec::new();
-    loop {
-        let pdu = raw.recv(); // panics after ANSWER_TIMEOUT: a stall is a failure
-        data.extend_from_slice(&pdu.data);
-        if pdu.bhs.flags() & 0x01 != 0 || pdu.bhs.opcode_raw() == Opcode::ScsiResponse as u8 {
-            assert_eq!(status_of(&pdu), 0);
-            break;
-        }
-    }
+    let data = read_data(&mut raw);
     let lone = started.elapsed();
     assert_eq!(data, pseudo_random_bytes(WRITE_BYTES, 0));
     itt += 1;
@@ -130,15 +124,7 @@ fn pipelined_bursts_are_coalesced_and_a_lone_command_still_gets_its_answer() {
         let bhs = command(&mut raw, itt, &cdb, 0xc0, len);
         itt += 1;
         raw.send(&bhs, &[]);
-        let mut got = Vec::new();
-        loop {
-            let pdu = raw.recv();
-            got.extend_from_slice(&pdu.data);
-            if pdu.bhs.flags() & 0x01 != 0 || pdu.bhs.opcode_raw() == Opcode::ScsiResponse as u8 {
-                assert_eq!(status_of(&pdu), 0);
-                break;
-            }
-        }
+        let got = read_data(&mut raw);
         for i in 0..BURST {
             let n = burst * BURST + i;
             let at = i as usize * WRITE_BYTES;

@@ -2,23 +2,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
-
-use common::{free_port, run, Daemon, IQN};
-
-fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .expect("read the metrics answer");
-    assert!(answer.starts_with("HTTP/1.0 200 OK"), "{answer}");
-    answer
-}
+use common::{free_port, run, scrape, Daemon, IQN};
 
 fn value(text: &str, series: &str) -> f64 {
     text.lines()

@@ -10,6 +10,7 @@
 pub mod raw;
 
 use std::fs::{self, File};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -358,4 +359,17 @@ pub fn iscsi_ls_sizes(bytes: u64) -> Vec<String> {
         sizes.push(format!("{}G", bytes >> 30));
     }
     sizes
+}
+
+/// `GET /metrics` from the daemon's metrics endpoint on `port`; asserts a 200 answer.
+pub fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .expect("read the metrics answer");
+    assert!(answer.starts_with("HTTP/1.0 200 OK"), "{answer}");
+    answer
 }

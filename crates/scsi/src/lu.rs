@@ -187,6 +187,17 @@ impl LogicalUnit {
             _ => false,
         }
     }
+
+    /// Whether `cdb` is a plain write the store's cache absorbs (write-back, no FUA): cheap
+    /// unless the page cache makes it wait, which a transport may time (see `waits_for_device`).
+    pub fn is_buffered_write(&self, cdb: &[u8]) -> bool {
+        use crate::cdb as op;
+        matches!(
+            cdb.first(),
+            Some(&(op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16))
+        ) && !self.waits_for_device(cdb)
+    }
+
     /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT (READ CAPACITY (16)). The stores work in
     /// 4 KiB units, so a 512-byte LU could report 2^3 blocks per physical block; it reports
     /// 2^0 while `REPORT_PHYSICAL_BLOCK` is off, because libiscsi 1.19's

@@ -736,3 +736,34 @@ fn which_commands_wait_for_the_device() {
     assert!(!write_through.lu.waits_for_device(&read10));
     assert!(!write_through.lu.waits_for_device(&[]));
 }
+
+#[test]
+fn buffered_writes_are_the_write_back_writes_without_fua() {
+    let write_back = T::new();
+    let write_through = T::with(
+        LuSettings {
+            write_cache: false,
+            ..LuSettings::default()
+        },
+        4 * MIB,
+    );
+    let write6 = [0x0A, 0, 0, 0, 1, 0];
+    let write10 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let write12 = [0xAA, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
+    let mut write16 = [0u8; 16];
+    write16[0] = 0x8A;
+    for cdb in [&write6[..], &write10, &write12, &write16] {
+        assert!(write_back.lu.is_buffered_write(cdb), "{:#x}", cdb[0]);
+        assert!(!write_through.lu.is_buffered_write(cdb), "{:#x}", cdb[0]);
+    }
+    let write10_fua = [0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert!(!write_back.lu.is_buffered_write(&write10_fua));
+    // Reads, writes with side effects (WRITE SAME, COMPARE AND WRITE, WRITE AND VERIFY, ORWRITE,
+    // WRITE ATOMIC) and empty CDBs are not plain buffered writes.
+    for opcode in [0x28u8, 0x41, 0x93, 0x89, 0x2E, 0x8B, 0x9C] {
+        let mut cdb = [0u8; 16];
+        cdb[0] = opcode;
+        assert!(!write_back.lu.is_buffered_write(&cdb), "{opcode:#x}");
+    }
+    assert!(!write_back.lu.is_buffered_write(&[]));
+}

@@ -32,7 +32,8 @@ use crate::sys;
 
 use crate::config::ResolvedAuth;
 use crate::registry::SessionTicket;
-use crate::server::{NewConnection, Shared};
+use crate::server::{DiskLun, NewConnection, Shared};
+use crate::stall::WriteStalls;
 
 /// Largest AHS a PDU may carry (TotalAHSLength is one byte of 4-byte words).
 const AHS_BYTES_MAX: usize = 255 * 4;
@@ -203,8 +204,9 @@ struct Completed {
 
 struct Backend<'a> {
     shared: &'a Shared,
-    /// LUNs of this session whose durable operations run on the blocking pool.
-    slow_durable_luns: Arc<Vec<u64>>,
+    /// LUNs of this session backed by a real disk: durable operations, and buffered writes while
+    /// the device stalls, run on the blocking pool.
+    disk_luns: Arc<Vec<DiskLun>>,
     completions: tokio::sync::mpsc::UnboundedSender<Completed>,
     /// Data-Out bytes held by commands on the blocking pool; past the budget, commands run inline.
     deferred_bytes: usize,
@@ -232,7 +234,15 @@ impl Backend<'_> {
     }
 
     /// Runs the command on tokio's blocking pool; its completion returns through the channel.
-    fn defer(&mut self, luns: Arc<LunMap>, nexus: Nexus, lun: u64, req: &ScsiRequest<'_>) {
+    /// With `stalls`, it is a buffered write whose duration is recorded there.
+    fn defer(
+        &mut self,
+        luns: Arc<LunMap>,
+        nexus: Nexus,
+        lun: u64,
+        req: &ScsiRequest<'_>,
+        stalls: Option<Arc<WriteStalls>>,
+    ) {
         let itt = req.itt;
         let cdb = req.cdb.to_vec();
         let data_out = req.data_out.to_vec();
@@ -247,7 +257,12 @@ impl Backend<'_> {
                 data_in_limit,
             };
             let mut data_in = Vec::new();
+            let started = Instant::now();
             let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
+            if let Some(stalls) = stalls {
+                let now = Instant::now();
+                stalls.record(data_out.len(), now - started, now);
+            }
             let mut sense = Vec::new();
             let outcome = outcome_of(&completion, &mut sense);
             // The connection may be gone by now; then nobody waits for the answer.
@@ -293,14 +308,23 @@ impl ScsiBackend for Backend<'_> {
         let lun = scsi::lun_from_wire(req.lun);
         // Past the budget, commands run inline: slower, but memory stays bounded.
         let may_defer = self.deferred_bytes + Self::held_bytes(req) <= self.deferred_bytes_max;
-        if may_defer
-            && self.slow_durable_luns.contains(&lun)
-            && luns
-                .get(lun)
-                .is_some_and(|e| e.lu.waits_for_device(req.cdb))
-        {
-            self.defer(Arc::clone(luns), nexus.clone(), lun, req);
-            return Execution::Deferred;
+        let disk = self.disk_luns.iter().find(|d| d.lun == lun);
+        // Buffered writes to a disk are timed (two clock reads) to catch the kernel stalling them.
+        let mut buffered_write = None;
+        if let (Some(disk), Some(entry)) = (disk, luns.get(lun)) {
+            if entry.lu.is_buffered_write(req.cdb) {
+                let started = Instant::now();
+                if may_defer && disk.stalls.offloading(started) {
+                    disk.stalls.offloaded();
+                    let stalls = Some(Arc::clone(&disk.stalls));
+                    self.defer(Arc::clone(luns), nexus.clone(), lun, req, stalls);
+                    return Execution::Deferred;
+                }
+                buffered_write = Some((&disk.stalls, started));
+            } else if may_defer && entry.lu.waits_for_device(req.cdb) {
+                self.defer(Arc::clone(luns), nexus.clone(), lun, req, None);
+                return Execution::Deferred;
+            }
         }
         let cmd = scsi::Command {
             cdb: req.cdb,
@@ -312,11 +336,17 @@ impl ScsiBackend for Backend<'_> {
         let completion = match luns.try_execute(nexus, lun, &cmd, data_in, lent) {
             Some(completion) => completion,
             None if may_defer => {
-                self.defer(Arc::clone(luns), nexus.clone(), lun, req);
+                self.defer(Arc::clone(luns), nexus.clone(), lun, req, None);
                 return Execution::Deferred;
             }
             None => luns.execute(nexus, lun, &cmd, data_in),
         };
+        if let Some((stalls, started)) = buffered_write {
+            let now = Instant::now();
+            if stalls.record(req.data_out.len(), now - started, now) {
+                tracing::debug!(lun, "buffered write stalled a network worker");
+            }
+        }
         Execution::Done(outcome_of(&completion, sense))
     }
 
@@ -490,7 +520,7 @@ impl Driver {
         let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
         let mut backend = Backend {
             shared,
-            slow_durable_luns: Arc::new(Vec::new()),
+            disk_luns: Arc::new(Vec::new()),
             completions,
             deferred_bytes: 0,
             deferred_bytes_max: limits.memory_per_connection_bytes as usize,
@@ -527,7 +557,7 @@ impl Driver {
                     entry.lu.nexus_added(id);
                 }
                 backend.luns = Some(Arc::clone(&group.luns));
-                backend.slow_durable_luns = Arc::clone(&group.slow_durable_luns);
+                backend.disk_luns = Arc::clone(&group.disk_luns);
             }
         }
         tracing::info!(

@@ -8,6 +8,7 @@ pub mod connection;
 pub mod metrics;
 pub mod registry;
 pub mod server;
+pub mod stall;
 mod sys;
 
 pub use server::Server;

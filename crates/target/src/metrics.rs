@@ -22,6 +22,12 @@ pub struct LimitLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabel {
+    /// The `[[device]]` name.
+    pub device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LoginLabel {
     /// `success` or the failure's status class and detail, e.g. `0202`.
     pub result: String,
@@ -35,6 +41,8 @@ pub struct Metrics {
     pub sessions: Gauge,
     pub receive_batches: Counter,
     pub receive_batch_misses: Counter,
+    pub write_stalls: Family<DeviceLabel, Counter>,
+    pub writes_offloaded: Family<DeviceLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -52,6 +60,8 @@ impl Metrics {
         let sessions = Gauge::default();
         let receive_batches = Counter::default();
         let receive_batch_misses = Counter::default();
+        let write_stalls = Family::<DeviceLabel, Counter>::default();
+        let writes_offloaded = Family::<DeviceLabel, Counter>::default();
         registry.register(
             "limit_exceeded",
             "Times a configured limit refused or cut off a client",
@@ -78,6 +88,16 @@ impl Metrics {
             "Coalesced reads whose batch did not fill before the timer; coalescing then backs off",
             receive_batch_misses.clone(),
         );
+        registry.register(
+            "write_stalls",
+            "Buffered writes to a disk-backed device that waited in the kernel (dirty throttling, journal)",
+            write_stalls.clone(),
+        );
+        registry.register(
+            "writes_offloaded",
+            "Buffered writes run off the network workers because their device was stalling",
+            writes_offloaded.clone(),
+        );
         Metrics {
             registry,
             limit_exceeded,
@@ -86,6 +106,8 @@ impl Metrics {
             sessions,
             receive_batches,
             receive_batch_misses,
+            write_stalls,
+            writes_offloaded,
         }
     }
 
@@ -93,6 +115,17 @@ impl Metrics {
         self.limit_exceeded
             .get_or_create(&LimitLabel { limit })
             .inc();
+    }
+
+    /// The stall and offload counters of one device (see `stall.rs`).
+    pub fn device_writes(&self, device: &str) -> (Counter, Counter) {
+        let label = DeviceLabel {
+            device: device.to_owned(),
+        };
+        (
+            self.write_stalls.get_or_create(&label).clone(),
+            self.writes_offloaded.get_or_create(&label).clone(),
+        )
     }
 
     pub fn login(&self, result: String) {

@@ -16,6 +16,7 @@ use crate::config::{
 };
 use crate::connection;
 use crate::registry::Registry;
+use crate::stall::WriteStalls;
 
 /// One initiator group of a target, with its LUN map built.
 pub struct GroupRuntime {
@@ -23,9 +24,16 @@ pub struct GroupRuntime {
     pub initiators: Vec<String>,
     pub any_initiator: bool,
     pub luns: Arc<LunMap>,
-    /// LUNs whose durable operations (write-through writes, FUA, SYNCHRONIZE CACHE, UNMAP, ...)
-    /// wait for a real device: they run on the blocking pool, never on a network worker.
-    pub slow_durable_luns: Arc<Vec<u64>>,
+    /// LUNs backed by a real device: their durable operations (write-through writes, FUA,
+    /// SYNCHRONIZE CACHE, UNMAP, ...) run on the blocking pool, never on a network worker, and
+    /// so do their buffered writes while the device stalls (see `stall.rs`).
+    pub disk_luns: Arc<Vec<DiskLun>>,
+}
+
+/// A LUN whose device is a real disk (not RAM, not tmpfs), with that device's stall state.
+pub struct DiskLun {
+    pub lun: u64,
+    pub stalls: Arc<WriteStalls>,
 }
 
 pub struct TargetRuntime {
@@ -498,12 +506,17 @@ fn revision() -> String {
 }
 
 fn build(config: &Config) -> Result<Shared, String> {
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let epoch = Instant::now();
+    let stall_base = Duration::from_micros(config.limits.write_stall_us.into());
     let mut units: HashMap<&str, Arc<LogicalUnit>> = HashMap::new();
-    let mut slow_devices: Vec<&str> = Vec::new();
+    let mut disk_devices: HashMap<&str, Arc<WriteStalls>> = HashMap::new();
     for device in &config.devices {
         units.insert(device.name.as_str(), open_unit(device)?);
         if durable_ops_block(&device.store) {
-            slow_devices.push(device.name.as_str());
+            let (stalls, offloaded) = metrics.device_writes(&device.name);
+            let state = WriteStalls::new(epoch, stall_base, stalls, offloaded);
+            disk_devices.insert(device.name.as_str(), Arc::new(state));
         }
     }
     let mut targets = Vec::new();
@@ -517,10 +530,13 @@ fn build(config: &Config) -> Result<Shared, String> {
         let mut target_units: Vec<Arc<LogicalUnit>> = Vec::new();
         for g in &t.groups {
             let mut entries = Vec::new();
-            let mut slow_durable_luns = Vec::new();
+            let mut disk_luns = Vec::new();
             for m in &g.luns {
-                if slow_devices.contains(&m.device.as_str()) {
-                    slow_durable_luns.push(m.lun);
+                if let Some(stalls) = disk_devices.get(m.device.as_str()) {
+                    disk_luns.push(DiskLun {
+                        lun: m.lun,
+                        stalls: Arc::clone(stalls),
+                    });
                 }
                 let unit = units
                     .get(m.device.as_str())
@@ -537,7 +553,7 @@ fn build(config: &Config) -> Result<Shared, String> {
                 initiators: g.initiators.clone(),
                 any_initiator: g.any_initiator,
                 luns: Arc::new(luns),
-                slow_durable_luns: Arc::new(slow_durable_luns),
+                disk_luns: Arc::new(disk_luns),
             });
         }
         let ports = portal_groups
@@ -582,7 +598,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         discovery: config.discovery.clone(),
         chap_algorithms: config.server.chap_algorithms.clone(),
         login_failures: Mutex::new(LoginFailures::default()),
-        metrics: Arc::new(crate::metrics::Metrics::new()),
+        metrics,
     })
 }
 

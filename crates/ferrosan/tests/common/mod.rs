@@ -111,6 +111,26 @@ impl Daemon {
             args.push(lun.to_string());
         }
         args.extend(extra.iter().map(|a| a.to_string()));
+        Daemon::spawn_new(iqn, port, args, scratch)
+    }
+
+    /// `ferrosan serve --config FILE`, FILE holding a portal group (tag 1) on a free loopback
+    /// port followed by `body`, which defines the target `iqn`.
+    pub fn start_config(iqn: &str, body: &str) -> Daemon {
+        let scratch = Scratch::new("daemon");
+        let port = free_port();
+        let config = scratch.file("ferrosan.toml");
+        let text = format!("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{port}\"]\n\n{body}");
+        fs::write(&config, text).expect("write config");
+        let args = vec![
+            "serve".to_string(),
+            "--config".to_string(),
+            config.display().to_string(),
+        ];
+        Daemon::spawn_new(iqn, port, args, scratch)
+    }
+
+    fn spawn_new(iqn: &str, port: u16, args: Vec<String>, scratch: Scratch) -> Daemon {
         let log = scratch.file("daemon.log");
         let mut daemon = Daemon {
             child: None,

@@ -219,6 +219,10 @@ limits! {
     /// Microseconds a connection may wait for more small commands before reading those that
     /// arrived, when its initiator keeps a deep queue (receive coalescing); 0 = off.
     coalesce_wait_us: u32 = 200, 0, 10_000;
+    /// Microseconds, plus 0.8 per KiB, a buffered write to a disk-backed device may take before
+    /// it counts as a stall, moving that device's buffered writes off the network workers for a
+    /// second; 0 = always run them off the workers.
+    write_stall_us: u32 = 100, 0, 1_000_000;
     /// MaxRecvDataSegmentLength we declare and accept, in bytes (RFC 7143: 512..2^24-1).
     max_recv_data_segment_length: u32 = 262_144, 512, 16_777_215;
     /// MaxBurstLength offered, in bytes.

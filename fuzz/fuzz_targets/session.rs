@@ -11,7 +11,7 @@ use iscsi::negotiation::{SessionParams, SessionType, TargetLimits};
 use iscsi::outbox::{Outbox, SharedSlice};
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use iscsi::session::{
-    DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
+    DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
     SessionLimits, TmfFunction,
 };
 use libfuzzer_sys::fuzz_target;
@@ -33,6 +33,9 @@ struct Backend {
     commands: u32,
     #[arbitrary(default)]
     deferred: Vec<(u32, bool)>,
+    /// Set by `execute` answering Deferred; the hand-over must follow at once.
+    #[arbitrary(default)]
+    deferring: bool,
 }
 
 impl ScsiBackend for Backend {
@@ -51,7 +54,7 @@ impl ScsiBackend for Backend {
         data_in.clear();
         self.commands = self.commands.wrapping_add(1);
         if self.defer_every != 0 && self.commands % self.defer_every as u32 == 0 {
-            self.deferred.push((req.itt, req.read));
+            self.deferring = true;
             return Execution::Deferred;
         }
         assert!(!(req.read && req.write));
@@ -85,6 +88,23 @@ impl ScsiBackend for Backend {
             transfer_len: self.transfer_len.unwrap_or(req.expected_len),
         })
     }
+    fn defer(&mut self, command: DeferredCommand) {
+        assert!(
+            std::mem::take(&mut self.deferring),
+            "handed over without a Deferred answer"
+        );
+        if command.write {
+            assert_eq!(
+                command.data_out.len(),
+                command.expected_len as usize,
+                "a deferred write owns all its data"
+            );
+        } else {
+            assert!(command.data_out.is_empty());
+        }
+        self.deferred.push((command.itt, command.read));
+    }
+
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
         lun[0] == 0
     }

@@ -53,9 +53,27 @@ pub struct ScsiOutcome {
 pub enum Execution {
     /// Finished: `data_in` and `sense` hold its results.
     Done(ScsiOutcome),
-    /// Running elsewhere (e.g. a durable write on a disk-backed LU, off the network worker); the
-    /// engine calls [`Session::complete`] with the task's ITT when it finishes.
+    /// To run elsewhere (e.g. a durable write on a disk-backed LU, off the network worker),
+    /// nothing done yet: the session hands the command over, owning its Data-Out, with
+    /// [`ScsiBackend::defer`]; the engine calls [`Session::complete`] with the task's ITT when
+    /// it finishes.
     Deferred,
+}
+
+/// A command handed to the backend to run elsewhere, owning what it needs.
+#[derive(Debug)]
+pub struct DeferredCommand {
+    pub itt: u32,
+    pub lun: [u8; 8],
+    pub cdb: Vec<u8>,
+    /// The Data-Out (empty for reads), in a buffer of the connection's pool: the write's own
+    /// assembly buffer when it came in Data-Out PDUs, so it is not copied again. Give it back
+    /// with [`Outbox::give_back`] when done.
+    pub data_out: Vec<u8>,
+    pub expected_len: u32,
+    pub read: bool,
+    pub write: bool,
+    pub task_attr: u8,
 }
 
 /// Task management functions (RFC 7143 §11.5.1).
@@ -105,7 +123,8 @@ pub struct DiscoveredTarget {
 }
 
 pub trait ScsiBackend {
-    /// Runs one command, or starts it elsewhere and answers [`Execution::Deferred`]. `lent` and
+    /// Runs one command, or answers [`Execution::Deferred`] (without side effects) to run it
+    /// elsewhere. `lent` and
     /// `sense` arrive empty; `data_in` arrives empty except for reads, where it may hold bytes of
     /// an earlier read on this connection so the read can overwrite instead of zero-fill. When
     /// the command is done, `data_in` holds exactly its Data-In (cleared if there is none), or,
@@ -117,6 +136,8 @@ pub trait ScsiBackend {
         lent: &mut Vec<SharedSlice>,
         sense: &mut Vec<u8>,
     ) -> Execution;
+    /// Takes over a command `execute` answered [`Execution::Deferred`] for.
+    fn defer(&mut self, command: DeferredCommand);
     /// Does this LUN exist for this session? (TMF answers "LUN does not exist" otherwise.)
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool;
     /// LU-level effects of a TMF (the core has already dropped its own pending tasks).
@@ -581,17 +602,31 @@ impl Session {
             return Flow::Continue;
         }
         if !write || edtl == 0 || pdu.data.len() == edtl as usize {
+            let data_out = if write { pdu.data } else { &[] };
             let req = ScsiRequest {
                 itt,
                 lun,
                 cdb: &cdb,
-                data_out: if write { pdu.data } else { &[] },
+                data_out,
                 expected_len: edtl,
                 read,
                 write,
                 task_attr,
             };
-            self.execute(&req, backend, out);
+            if self.execute(&req, backend, out) {
+                let mut buf = out.take_buffer();
+                buf.extend_from_slice(data_out);
+                backend.defer(DeferredCommand {
+                    itt,
+                    lun,
+                    cdb: cdb.to_vec(),
+                    data_out: buf,
+                    expected_len: edtl,
+                    read,
+                    write,
+                    task_attr,
+                });
+            }
             return Flow::Continue;
         }
         if edtl > self.limits.max_write_bytes {
@@ -738,12 +773,31 @@ impl Session {
             write: true,
             task_attr: task.task_attr,
         };
-        self.execute(&req, backend, out);
-        out.give_back(task.buf);
+        if self.execute(&req, backend, out) {
+            backend.defer(DeferredCommand {
+                itt: task.itt,
+                lun: task.lun,
+                cdb: task.cdb,
+                data_out: task.buf,
+                expected_len: task.edtl,
+                read: false,
+                write: true,
+                task_attr: task.task_attr,
+            });
+        } else {
+            out.give_back(task.buf);
+        }
         Flow::Continue
     }
 
-    fn execute(&mut self, req: &ScsiRequest<'_>, backend: &mut dyn ScsiBackend, out: &mut Outbox) {
+    /// Runs `req` through the backend and answers it, or, when the backend defers it, records it
+    /// as running and returns true: the caller then hands it over with [`ScsiBackend::defer`].
+    fn execute(
+        &mut self,
+        req: &ScsiRequest<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> bool {
         let data_in = if req.read {
             out.take_scratch()
         } else {
@@ -755,7 +809,7 @@ impl Session {
         self.sense_buf.clear();
         let mut lent = std::mem::take(&mut self.lent_buf);
         lent.clear();
-        match backend.execute(req, &mut data_in, &mut lent, &mut self.sense_buf) {
+        let deferred = match backend.execute(req, &mut data_in, &mut lent, &mut self.sense_buf) {
             Execution::Done(outcome) => {
                 // Lent store memory, when there is any, is sent instead of `data_in`.
                 let data = if lent.is_empty() {
@@ -773,6 +827,7 @@ impl Session {
                     data,
                     out,
                 );
+                false
             }
             Execution::Deferred => {
                 self.recycle_data_in(req.read, data_in, out);
@@ -783,10 +838,12 @@ impl Session {
                     read: req.read,
                     aborted: false,
                 });
+                true
             }
-        }
+        };
         lent.clear();
         self.lent_buf = lent;
+        deferred
     }
 
     /// Keeps an unsent Data-In buffer for reuse: read buffers return to the outbox's pool.

@@ -15,8 +15,8 @@ use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::outbox::{Outbox, Part, SharedSlice};
 use iscsi::pdu::{self, FrameError, Framing};
 use iscsi::session::{
-    Activity, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
-    SessionLimits, TmfFunction,
+    Activity, DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome,
+    ScsiRequest, Session, SessionLimits, TmfFunction,
 };
 use rustix::net::RecvFlags;
 use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
@@ -200,6 +200,8 @@ struct Completed {
     sense: Vec<u8>,
     /// Data-Out bytes it held (released from the connection's budget).
     held_bytes: usize,
+    /// Its Data-Out buffer, back to the connection's pool.
+    data_out: Vec<u8>,
 }
 
 struct Backend<'a> {
@@ -224,56 +226,18 @@ struct Backend<'a> {
 impl Backend<'_> {
     /// Memory a command holds while it runs on the blocking pool: its Data-Out, and the Data-In
     /// it will produce.
-    fn held_bytes(req: &ScsiRequest<'_>) -> usize {
-        req.data_out.len()
-            + if req.read {
-                req.expected_len as usize
-            } else {
-                0
-            }
+    fn held_bytes(data_out_len: usize, read: bool, expected_len: u32) -> usize {
+        data_out_len + if read { expected_len as usize } else { 0 }
     }
 
-    /// Runs the command on tokio's blocking pool; its completion returns through the channel.
-    /// With `stalls`, it is a buffered write whose duration is recorded there.
-    fn defer(
-        &mut self,
-        luns: Arc<LunMap>,
-        nexus: Nexus,
-        lun: u64,
-        req: &ScsiRequest<'_>,
-        stalls: Option<Arc<WriteStalls>>,
-    ) {
-        let itt = req.itt;
-        let cdb = req.cdb.to_vec();
-        let data_out = req.data_out.to_vec();
-        let held_bytes = Self::held_bytes(req);
-        let data_in_limit = req.expected_len;
-        let completions = self.completions.clone();
-        self.deferred_bytes += held_bytes;
-        tokio::task::spawn_blocking(move || {
-            let cmd = scsi::Command {
-                cdb: &cdb,
-                data_out: &data_out,
-                data_in_limit,
-            };
-            let mut data_in = Vec::new();
-            let started = Instant::now();
-            let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
-            if let Some(stalls) = stalls {
-                let now = Instant::now();
-                stalls.record(data_out.len(), now - started, now);
-            }
-            let mut sense = Vec::new();
-            let outcome = outcome_of(&completion, &mut sense);
-            // The connection may be gone by now; then nobody waits for the answer.
-            let _ = completions.send(Completed {
-                itt,
-                outcome,
-                data_in,
-                sense,
-                held_bytes,
-            });
-        });
+    /// The stall state to time a deferred command with: set for buffered writes to a disk LU.
+    fn stalls_for(&self, lun: u64, cdb: &[u8]) -> Option<Arc<WriteStalls>> {
+        let disk = self.disk_luns.iter().find(|d| d.lun == lun)?;
+        let entry = self.luns.as_ref()?.get(lun)?;
+        entry
+            .lu
+            .is_buffered_write(cdb)
+            .then(|| Arc::clone(&disk.stalls))
     }
 }
 
@@ -307,7 +271,8 @@ impl ScsiBackend for Backend<'_> {
         };
         let lun = scsi::lun_from_wire(req.lun);
         // Past the budget, commands run inline: slower, but memory stays bounded.
-        let may_defer = self.deferred_bytes + Self::held_bytes(req) <= self.deferred_bytes_max;
+        let held = Self::held_bytes(req.data_out.len(), req.read, req.expected_len);
+        let may_defer = self.deferred_bytes + held <= self.deferred_bytes_max;
         let disk = self.disk_luns.iter().find(|d| d.lun == lun);
         // Buffered writes to a disk are timed (two clock reads) to catch the kernel stalling them.
         let mut buffered_write = None;
@@ -316,13 +281,10 @@ impl ScsiBackend for Backend<'_> {
                 let started = Instant::now();
                 if may_defer && disk.stalls.offloading(started) {
                     disk.stalls.offloaded();
-                    let stalls = Some(Arc::clone(&disk.stalls));
-                    self.defer(Arc::clone(luns), nexus.clone(), lun, req, stalls);
                     return Execution::Deferred;
                 }
                 buffered_write = Some((&disk.stalls, started));
             } else if may_defer && entry.lu.waits_for_device(req.cdb) {
-                self.defer(Arc::clone(luns), nexus.clone(), lun, req, None);
                 return Execution::Deferred;
             }
         }
@@ -335,10 +297,8 @@ impl ScsiBackend for Backend<'_> {
         // inline when the data is cached and otherwise go to the blocking pool.
         let completion = match luns.try_execute(nexus, lun, &cmd, data_in, lent) {
             Some(completion) => completion,
-            None if may_defer => {
-                self.defer(Arc::clone(luns), nexus.clone(), lun, req, None);
-                return Execution::Deferred;
-            }
+            // Declined with no effect: it runs again, whole, on the blocking pool.
+            None if may_defer => return Execution::Deferred,
             None => luns.execute(nexus, lun, &cmd, data_in),
         };
         if let Some((stalls, started)) = buffered_write {
@@ -348,6 +308,47 @@ impl ScsiBackend for Backend<'_> {
             }
         }
         Execution::Done(outcome_of(&completion, sense))
+    }
+
+    /// Runs the command on tokio's blocking pool; its completion returns through the channel.
+    fn defer(&mut self, command: DeferredCommand) {
+        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+            debug_assert!(false, "only commands of a session with LUNs are deferred");
+            return;
+        };
+        let (luns, nexus) = (Arc::clone(luns), nexus.clone());
+        let lun = scsi::lun_from_wire(command.lun);
+        // Buffered writes are timed there too: they keep the device's hold while they stall.
+        let stalls = self.stalls_for(lun, &command.cdb);
+        let held_bytes =
+            Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
+        self.deferred_bytes += held_bytes;
+        let completions = self.completions.clone();
+        tokio::task::spawn_blocking(move || {
+            let cmd = scsi::Command {
+                cdb: &command.cdb,
+                data_out: &command.data_out,
+                data_in_limit: command.expected_len,
+            };
+            let mut data_in = Vec::new();
+            let started = Instant::now();
+            let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
+            if let Some(stalls) = stalls {
+                let now = Instant::now();
+                stalls.record(command.data_out.len(), now - started, now);
+            }
+            let mut sense = Vec::new();
+            let outcome = outcome_of(&completion, &mut sense);
+            // The connection may be gone by now; then nobody waits for the answer.
+            let _ = completions.send(Completed {
+                itt: command.itt,
+                outcome,
+                data_in,
+                sense,
+                held_bytes,
+                data_out: command.data_out,
+            });
+        });
     }
 
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
@@ -718,6 +719,7 @@ impl Driver {
                 Some(done) = completed.recv() => {
                     backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
+                    self.out.give_back(done.data_out);
                 }
                 changed = ticket.kill.changed() => {
                     if changed.is_err() || *ticket.kill.borrow() {

@@ -12,6 +12,8 @@ struct Backend {
     /// Answer Deferred and remember the ITT instead of running the command.
     defer: bool,
     deferred: Vec<u32>,
+    /// The Data-Out of each deferred command, as handed over.
+    deferred_data: Vec<Vec<u8>>,
     /// Lend read data in slices of this many bytes (a zero-copy store) instead of copying it.
     lend_slice_bytes: usize,
 }
@@ -28,7 +30,6 @@ impl ScsiBackend for Backend {
         assert!(req.read || data_in.is_empty());
         data_in.clear();
         if self.defer {
-            self.deferred.push(req.itt);
             return Execution::Deferred;
         }
         self.executed
@@ -59,6 +60,15 @@ impl ScsiBackend for Backend {
             },
         })
     }
+    fn defer(&mut self, command: DeferredCommand) {
+        assert!(
+            self.defer,
+            "only commands answered Deferred are handed over"
+        );
+        self.deferred.push(command.itt);
+        self.deferred_data.push(command.data_out);
+    }
+
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
         lun == [0; 8]
     }
@@ -758,6 +768,35 @@ fn deferred_commands_complete_later_and_shrink_the_window() {
     assert_eq!(r[0].0.u32_at(off::MAX_CMD_SN), 5);
     // An unknown ITT is not completed twice.
     assert!(!h.s.complete(2, good, Vec::new(), &[], &mut out));
+}
+
+#[test]
+fn deferred_writes_hand_over_their_data() {
+    let mut h = harness();
+    h.b.defer = true;
+    // Immediate data only: copied into a pooled buffer (it lives in the receive buffer).
+    let cmd = h.command(&WRITE10, 0xa0, 4096, 31);
+    let (_, r) = h.send(cmd, &[5; 4096]);
+    assert!(r.is_empty());
+    // Data-Out PDUs: the task's own assembly buffer is handed over.
+    let payload: Vec<u8> = (0..8192u32).map(|i| (i % 253) as u8).collect();
+    let cmd = h.command(&WRITE10, 0x20, 8192, 32);
+    h.send(cmd, &payload[..4096]);
+    let (_, r) = h.send(data_out(32, RESERVED_TAG, 0, 4096, true), &payload[4096..]);
+    assert!(r.is_empty(), "no status before the backend completes");
+    // A read hands over no data.
+    let cmd = h.command(&READ10, 0xc0, 4096, 33);
+    h.send(cmd, &[]);
+    assert_eq!(h.b.deferred, vec![31, 32, 33]);
+    assert_eq!(h.b.deferred_data[0], vec![5; 4096]);
+    assert_eq!(h.b.deferred_data[1], payload);
+    assert!(h.b.deferred_data[2].is_empty());
+    assert_eq!(h.s.running_tasks(), 3);
+    assert_eq!(
+        h.s.pending_writes(),
+        0,
+        "a handed-over write no longer waits for data"
+    );
 }
 
 #[test]

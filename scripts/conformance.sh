@@ -7,6 +7,9 @@
 #
 # Runs:  ferrosan-ram   ferrosan, RAM LUN of 1 GiB
 #        ferrosan-file  ferrosan, thin (sparse) file LUN of 1 GiB on tmpfs
+#        ferrosan-disk  ferrosan, thin file LUN of 1 GiB on the disk filesystem under target/,
+#                       write_stall_us = 0: every write, flush and uncached read runs on the
+#                       blocking pool (the deferred path; tmpfs LUNs never take it)
 #        tgt-file       tgt (tgtd), 1 GiB sparse file LUN on tmpfs (baseline)
 # Results: target/conformance/<run>.tsv (test <TAB> pass|skip|fail <TAB> reason),
 #          <run>.out / <run>.err (raw tool output), <run>.daemon.log.
@@ -57,13 +60,19 @@ iscsi-test-cu --list >"$OUT/tests.list"
 TOTAL_LISTED=$(awk -F. 'NF == 3' "$OUT/tests.list" | wc -l)
 
 # start_ferrosan RUN LUNSPEC: start the daemon on a free port; sets PORT, LUN.
+# A LUNSPEC of config:FILE names a device file: the daemon runs from a config file instead.
 start_ferrosan() {
-    local run=$1 lunspec=$2 rc=0
+    local run=$1 lunspec=$2 rc=0 args
     PORT=$(free_port)
     LUN=0
-    log "$run: starting $FERROSAN_BIN serve --listen 127.0.0.1:$PORT --target $IQN --lun $lunspec"
-    "$FERROSAN_BIN" serve --listen "127.0.0.1:$PORT" --target "$IQN" --lun "$lunspec" \
-        </dev/null >"$OUT/$run.daemon.log" 2>&1 &
+    if [[ $lunspec == config:* ]]; then
+        disk_config "${lunspec#config:}" >"$OUT/$run.toml"
+        args=(--config "$OUT/$run.toml")
+    else
+        args=(--listen "127.0.0.1:$PORT" --target "$IQN" --lun "$lunspec")
+    fi
+    log "$run: starting $FERROSAN_BIN serve ${args[*]}"
+    "$FERROSAN_BIN" serve "${args[@]}" </dev/null >"$OUT/$run.daemon.log" 2>&1 &
     DAEMON_PID=$!
     DAEMON_GRACE=50
     wait_port "$PORT" "$DAEMON_PID" 10 || rc=$?
@@ -75,6 +84,33 @@ start_ferrosan() {
         stop_pid "$DAEMON_PID"; DAEMON_PID=""
         return 1
     fi
+}
+
+# disk_config FILE: the ferrosan-disk run's config (portal $PORT, target $IQN, LUN 0 = FILE).
+disk_config() {
+    cat <<CONFIG
+[limits]
+write_stall_us = 0
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:$PORT"]
+
+[[device]]
+name = "disk"
+store = "file"
+path = "$1"
+size = "1G"
+thin = true
+
+[[target]]
+iqn = "$IQN"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ { lun = 0, device = "disk" } ]
+CONFIG
 }
 
 # start_tgt RUN FILE: tgtd on a free port with a private control socket.
@@ -159,9 +195,11 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
         FERROSAN_BIN=$ROOT/target/release/ferrosan
     fi
     [[ -x $FERROSAN_BIN ]] || die "no ferrosan binary at $FERROSAN_BIN"
-    for spec in "ram ram:1G" "file file:$WORK/ferrosan-disk.img,size=1G"; do
+    DISK_DIR=$(mktemp -d "$OUT/disk.XXXXXX")
+    for spec in "ram ram:1G" "file file:$WORK/ferrosan-disk.img,size=1G" \
+        "disk config:$DISK_DIR/ferrosan-disk.img"; do
         run=ferrosan-${spec%% *}
-        rm -f "$WORK/ferrosan-disk.img"
+        rm -f "$WORK/ferrosan-disk.img" "$DISK_DIR/ferrosan-disk.img"
         if start_ferrosan "$run" "${spec#* }"; then
             run_suite "$run"
             stop_daemon
@@ -169,6 +207,7 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
             not_run "$run" "daemon did not start (see $run.daemon.log)"
         fi
     done
+    rm -rf "$DISK_DIR"
 fi
 
 if [[ $MODE == tgt || $MODE == both ]]; then

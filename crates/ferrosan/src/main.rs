@@ -23,7 +23,7 @@ enum Command {
     /// Serve targets. With no options: a demo target with a 1 GiB RAM LUN on 127.0.0.1:3260.
     Serve {
         /// Declarative configuration file (TOML, see docs/CONFIG.md).
-        #[arg(long, conflicts_with_all = ["listen", "target", "lun"])]
+        #[arg(short, long, conflicts_with_all = ["listen", "target", "lun"])]
         config: Option<PathBuf>,
         /// Portal to listen on, ADDR:PORT or [V6ADDR]:PORT (repeatable; default 127.0.0.1:3260).
         #[arg(long)]

@@ -62,3 +62,22 @@ fn bad_input_exits_promptly() {
     assert_rejected("ram:");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+#[test]
+fn short_config_option_reads_the_file() {
+    // docs/CONFIG.md shows `serve -c FILE`: the short form must reach the config loader, whose
+    // error names the file and field (not clap's "unexpected argument").
+    let scratch = common::Scratch::new("cli");
+    let config = scratch.file("bad.toml");
+    std::fs::write(&config, "[limits]\nmax_sessions = 0\n").expect("write config");
+    let out = run_path(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
+        &["serve", "-c", &config.display().to_string()],
+    );
+    assert!(!out.success(), "{}", out.describe());
+    assert!(
+        out.stderr.contains("bad.toml") && out.stderr.contains("max_sessions"),
+        "the config loader did not report the file's error:\n{}",
+        out.describe()
+    );
+}

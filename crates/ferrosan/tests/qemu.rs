@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{pseudo_random_bytes, run, Daemon, Scratch};
+use common::{assert_identical, pseudo_random_bytes, run, upload, Daemon, Scratch};
 
 const IMAGE_BYTES: usize = 8 << 20;
 
@@ -13,46 +13,13 @@ fn write_image(scratch: &Scratch, seed: u64) -> String {
     path.display().to_string()
 }
 
-/// qemu-img convert the image onto LUN 0 (no target creation: -n).
-fn upload(daemon: &Daemon, image: &str) {
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            image,
-            &daemon.url(0),
-        ],
-    )
-    .expect_ok(daemon);
-}
-
-/// qemu-img compare says identical (a LUN larger than the image must be zero
-/// beyond it, which compare checks too).
-fn assert_identical(daemon: &Daemon, image: &str) {
-    let out = run(
-        "qemu-img",
-        &["compare", "-f", "raw", "-F", "raw", image, &daemon.url(0)],
-    );
-    assert!(
-        out.success() && out.stdout.contains("Images are identical"),
-        "LUN 0 differs from {image}:\n{}\n--- daemon output\n{}",
-        out.describe(),
-        daemon.output()
-    );
-}
-
 #[test]
 fn qemu_img_convert_then_compare_identical() {
     let scratch = Scratch::new("qemu-convert");
     let image = write_image(&scratch, 0x5eed_0001);
     let daemon = Daemon::start(&["ram:16M"]);
-    upload(&daemon, &image);
-    assert_identical(&daemon, &image);
+    upload(&daemon, 0, &image);
+    assert_identical(&daemon, 0, &image);
     // A different image must NOT compare identical (the check has teeth).
     let other = write_image(&scratch, 0x5eed_0002);
     let out = run(
@@ -111,10 +78,10 @@ fn file_lun_data_persists_across_restart() {
     let image = write_image(&scratch, 0x5eed_0003);
     let disk = scratch.file("persist.img");
     let mut daemon = Daemon::start(&[&format!("file:{},size=16M", disk.display())]);
-    upload(&daemon, &image);
-    assert_identical(&daemon, &image);
+    upload(&daemon, 0, &image);
+    assert_identical(&daemon, 0, &image);
     daemon.restart();
-    assert_identical(&daemon, &image);
+    assert_identical(&daemon, 0, &image);
     // The bytes are really in the file, at the start.
     let on_disk = std::fs::read(&disk).expect("read backing file");
     assert_eq!(on_disk.len(), 16 << 20);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{pseudo_random_bytes, run, scrape, Daemon, Scratch};
+use common::{assert_identical, pseudo_random_bytes, run, scrape, upload, Daemon, Scratch};
 
 const IQN: &str = "iqn.2024-01.dev.ferrosan:stalls";
 const IMAGE_BYTES: usize = 4 << 20;
@@ -75,38 +75,8 @@ iqn = "{IQN}"
     std::fs::write(&image, pseudo_random_bytes(IMAGE_BYTES, 7)).expect("write image");
     let image = image.display().to_string();
     for lun in [0, 1] {
-        run(
-            "qemu-img",
-            &[
-                "convert",
-                "-n",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                &image,
-                &daemon.url(lun),
-            ],
-        )
-        .expect_ok(&daemon);
-        let compare = run(
-            "qemu-img",
-            &[
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                &image,
-                &daemon.url(lun),
-            ],
-        );
-        assert!(
-            compare.success() && compare.stdout.contains("Images are identical"),
-            "LUN {lun} differs from the image written:\n{}\n--- daemon output\n{}",
-            compare.describe(),
-            daemon.output()
-        );
+        upload(&daemon, lun, &image);
+        assert_identical(&daemon, lun, &image);
     }
     let metrics = scrape(metrics_port);
     let offloaded = counter(&metrics, "ferrosan_writes_offloaded_total", "disk")

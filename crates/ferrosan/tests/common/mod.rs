@@ -393,3 +393,36 @@ pub fn scrape(port: u16) -> String {
     assert!(answer.starts_with("HTTP/1.0 200 OK"), "{answer}");
     answer
 }
+
+/// `qemu-img convert` of a raw image onto LUN `lun` (no target creation: -n).
+pub fn upload(daemon: &Daemon, lun: u32, image: &str) {
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            image,
+            &daemon.url(lun),
+        ],
+    )
+    .expect_ok(daemon);
+}
+
+/// `qemu-img compare` says LUN `lun` is identical to the raw image (a LUN larger than the image
+/// must be zero beyond it, which compare checks too).
+pub fn assert_identical(daemon: &Daemon, lun: u32, image: &str) {
+    let out = run(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", image, &daemon.url(lun)],
+    );
+    assert!(
+        out.success() && out.stdout.contains("Images are identical"),
+        "LUN {lun} differs from {image}:\n{}\n--- daemon output\n{}",
+        out.describe(),
+        daemon.output()
+    );
+}

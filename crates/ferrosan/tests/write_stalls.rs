@@ -1,7 +1,8 @@
 //! Buffered writes to a disk-backed device leave the network workers when the device stalls
 //! (see crates/target/src/stall.rs). A real stall cannot be produced on demand, so this test
 //! takes the mechanism's own switch: `write_stall_us = 0` runs every buffered write of a disk
-//! device on the blocking pool. qemu-img then writes an image through it; the image must read
+//! device on the blocking pool, here with one thread per worker (`io_threads = 1`, so deferred
+//! writes queue behind each other). qemu-img then writes an image through it; the image must read
 //! back identical, the disk device's offload counter must have counted those writes, and a RAM
 //! device in the same target must never be offloaded (its writes cannot wait on a kernel).
 
@@ -46,6 +47,7 @@ metrics_listen = "127.0.0.1:{metrics_port}"
 
 [limits]
 write_stall_us = 0
+io_threads = 1
 
 [[device]]
 name = "disk"

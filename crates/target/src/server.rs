@@ -251,6 +251,7 @@ impl Server {
             ),
             None => None,
         };
+        let io_threads = io_threads_per_worker(config.limits.io_threads, workers);
         let mut threads = Vec::new();
         let mut senders = Vec::new();
         for index in 0..workers {
@@ -259,7 +260,7 @@ impl Server {
             let shared = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
                 .name(format!("ferrosan-worker-{index}"))
-                .spawn(move || worker(shared, rx))
+                .spawn(move || worker(shared, rx, io_threads))
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
             threads.push(handle);
         }
@@ -321,9 +322,15 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
-fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<NewConnection>) {
+/// Each worker's share of the `io_threads` limit (its blocking pool), at least one.
+fn io_threads_per_worker(io_threads: u32, workers: usize) -> usize {
+    (io_threads as usize / workers.max(1)).max(1)
+}
+
+fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<NewConnection>, io_threads: usize) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(io_threads)
         .build()
     {
         Ok(rt) => rt,
@@ -605,6 +612,14 @@ fn build(config: &Config) -> Result<Shared, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_threads_are_shared_out_and_never_zero() {
+        assert_eq!(io_threads_per_worker(128, 2), 64);
+        assert_eq!(io_threads_per_worker(128, 3), 42);
+        assert_eq!(io_threads_per_worker(1, 16), 1, "every worker can defer");
+        assert_eq!(io_threads_per_worker(4096, 0), 4096);
+    }
 
     #[test]
     fn log_limiter_counts_what_it_holds_back() {

@@ -223,6 +223,10 @@ limits! {
     /// it counts as a stall, moving that device's buffered writes off the network workers for a
     /// second; 0 = always run them off the workers.
     write_stall_us: u32 = 100, 0, 1_000_000;
+    /// Threads, all workers together, that run commands waiting for a device (durable writes,
+    /// flushes, uncached reads, writes of a stalling device); each worker gets an equal share,
+    /// at least one. Further such commands queue, bounded by each connection's memory.
+    io_threads: u32 = 128, 1, 4_096;
     /// MaxRecvDataSegmentLength we declare and accept, in bytes (RFC 7143: 512..2^24-1).
     max_recv_data_segment_length: u32 = 262_144, 512, 16_777_215;
     /// MaxBurstLength offered, in bytes.

@@ -124,11 +124,11 @@ pub struct DiscoveredTarget {
 
 pub trait ScsiBackend {
     /// Runs one command, or answers [`Execution::Deferred`] (without side effects) to run it
-    /// elsewhere. `lent` and
-    /// `sense` arrive empty; `data_in` arrives empty except for reads, where it may hold bytes of
-    /// an earlier read on this connection so the read can overwrite instead of zero-fill. When
-    /// the command is done, `data_in` holds exactly its Data-In (cleared if there is none), or,
-    /// for a zero-copy read, `data_in` is empty and `lent` holds slices of the store's memory.
+    /// elsewhere. `lent` and `sense` arrive empty; `data_in` arrives empty except for reads, where
+    /// it may hold bytes of an earlier read on this connection so the read can overwrite instead
+    /// of zero-fill. When the command is done, `data_in` holds exactly its Data-In (cleared if
+    /// there is none), or, for a zero-copy read, `data_in` is empty and `lent` holds slices of
+    /// the store's memory.
     fn execute(
         &mut self,
         req: &ScsiRequest<'_>,

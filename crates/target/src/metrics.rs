@@ -90,7 +90,7 @@ impl Metrics {
         );
         registry.register(
             "write_stalls",
-            "Buffered writes to a disk-backed device that waited in the kernel (dirty throttling, journal)",
+            "Buffered writes to a disk-backed device that waited in the kernel (writeback, throttling, journal)",
             write_stalls.clone(),
         );
         registry.register(

@@ -4,9 +4,12 @@
 //! cache — about 0.25 µs per KiB on the reference VM — so it runs inline on the network worker:
 //! handing it to a thread costs ~10 µs, and io_uring punts such writes to its own kernel threads
 //! (13 µs of CPU per 4 KiB write measured, against 2.7 µs inline). But the kernel can make a
-//! buffered write wait: dirty-page throttling, a journal commit, reclaim. A waiting worker stalls
-//! every connection it owns. Measured (ext4, sustained 1 MiB writes): 0.26 ms per write below
-//! ~500 MB of dirty pages, 1.46 ms above — 65% of the worker's time asleep in `pwrite`.
+//! buffered write wait: the filesystem's own writeback of the file holding its block-allocation
+//! lock, dirty-page throttling, a journal commit, reclaim. A waiting worker stalls every
+//! connection it owns. Measured (ext4, sustained 1 MiB writes): 0.26 ms per write until
+//! background writeback of the file starts (~500 MB dirty), 1.46 ms after — 65% of the worker's
+//! time asleep in `pwrite`, in `ext4_da_get_block_prep` waiting for `i_data_sem`, held (most
+//! likely) by the flusher allocating blocks for the same file.
 //!
 //! So every buffered write to such a device is timed. One that took much longer than a copy
 //! (see [`WriteStalls::threshold`]) marks the device as stalling: for the next [`HOLD`] its
@@ -23,8 +26,8 @@ use std::time::{Duration, Instant};
 
 /// How long buffered writes stay off the workers after the last stall.
 pub const HOLD: Duration = Duration::from_secs(1);
-/// Allowance per KiB written on top of the base: ~3× the copy cost measured unthrottled
-/// (0.26 ms per MiB) and below the throttled cost (1.4 ms per MiB).
+/// Allowance per KiB written on top of the base: ~3× the copy cost measured without contention
+/// (0.26 ms per MiB) and below the cost while the flusher writes the file back (1.4 ms per MiB).
 pub const ALLOWANCE_PER_KIB: Duration = Duration::from_nanos(800);
 
 /// One device's stall state.
@@ -125,11 +128,11 @@ mod tests {
     #[test]
     fn measured_costs_classify_as_measured() {
         let (s, epoch) = stalls(100);
-        // Unthrottled: 4 KiB in ~3 µs, 1 MiB in 0.26 ms (p99 0.32 ms).
+        // Uncontended: 4 KiB in ~3 µs, 1 MiB in 0.26 ms (p99 0.32 ms).
         assert!(!s.record(4096, us(3), epoch));
         assert!(!s.record(MIB, us(320), epoch));
         assert!(!s.offloading(epoch));
-        // Throttled: 1 MiB in 1.46 ms.
+        // Behind the flusher: 1 MiB in 1.46 ms.
         assert!(s.record(MIB, us(1_460), epoch));
         assert!(s.offloading(epoch));
         assert_eq!(s.counts(), (1, 0));

@@ -88,7 +88,11 @@ impl Outbox {
     }
 
     fn keep_spare(&mut self, buf: Vec<u8>) {
-        if self.spare.len() < self.spare_max && buf.capacity() <= SPARE_CAPACITY_MAX {
+        // A buffer that never held anything would only displace a useful one.
+        if buf.capacity() > 0
+            && self.spare.len() < self.spare_max
+            && buf.capacity() <= SPARE_CAPACITY_MAX
+        {
             self.spare.push(buf);
         }
     }
@@ -371,5 +375,16 @@ mod tests {
         assert!(again.is_empty());
         assert!(again.capacity() == cap || again.capacity() == 10);
         assert!(o.take_buffer().capacity() == 0, "only one spare kept");
+    }
+
+    #[test]
+    fn empty_buffers_are_not_kept() {
+        let mut o = Outbox::new(2);
+        o.give_back(Vec::with_capacity(64));
+        // Kept, it would be taken first (the spares are a stack) and the pool would hand out
+        // a buffer that must grow from nothing.
+        o.give_back(Vec::new());
+        assert_eq!(o.take_buffer().capacity(), 64, "the useful one comes first");
+        assert_eq!(o.take_buffer().capacity(), 0, "and the pool is then empty");
     }
 }

@@ -614,7 +614,12 @@ impl Session {
                 task_attr,
             };
             if self.execute(&req, backend, out) {
-                let mut buf = out.take_buffer();
+                // Immediate data lives in the receive buffer: the only Data-Out copied here.
+                let mut buf = if data_out.is_empty() {
+                    Vec::new()
+                } else {
+                    out.take_buffer()
+                };
                 buf.extend_from_slice(data_out);
                 backend.defer(DeferredCommand {
                     itt,

@@ -8,6 +8,7 @@
 # default 100, ROUNDS times.
 #
 # usage: bench/stall.sh [DIR (default /var/tmp; must not be tmpfs)] [GIB (default 8)] [ROUNDS (default 2)]
+#        PREALLOCATE=1 bench/stall.sh ...   the same on a file whose blocks are allocated up front
 set -euo pipefail
 DIR=${1:-/var/tmp}
 GIB=${2:-8}
@@ -31,6 +32,8 @@ URL=iscsi://127.0.0.1:$PORT/$IQN
 
 run_one() { # $1 = write_stall_us
   rm -f "$LUN"; sync
+  # PREALLOCATE=1: the LUN file's blocks are allocated up front (fallocate), so writes find them.
+  if [ "${PREALLOCATE:-0}" = 1 ]; then fallocate -l "$((GIB + 1))G" "$LUN"; sync; fi
   cat > "$WORK/c.toml" <<CFG
 [server]
 workers = 1

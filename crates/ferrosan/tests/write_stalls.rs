@@ -22,9 +22,10 @@ fn counter(metrics: &str, name: &str, device: &str) -> Option<u64> {
 
 /// A directory on a disk filesystem: offloading applies to disk-backed devices only, and
 /// `std::env::temp_dir()` may be tmpfs. Cargo's per-target scratch dir lives beside the build.
-fn disk_scratch() -> std::path::PathBuf {
+/// `tag` keeps the tests of this file, which run in parallel, out of each other's way.
+fn disk_scratch(tag: &str) -> std::path::PathBuf {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("write-stalls-{}", std::process::id()));
+        .join(format!("write-stalls-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create scratch dir under CARGO_TARGET_TMPDIR");
     let fs = run("stat", &["-f", "-c", "%T", &dir.display().to_string()]);
     assert!(
@@ -38,7 +39,7 @@ fn disk_scratch() -> std::path::PathBuf {
 
 #[test]
 fn buffered_writes_run_off_the_workers_and_land_intact() {
-    let disk_dir = disk_scratch();
+    let disk_dir = disk_scratch("offload");
     let lun_path = disk_dir.join("lun0.img");
     let metrics_port = common::free_port();
     let body = format!(
@@ -98,6 +99,91 @@ iqn = "{IQN}"
     assert_eq!(
         on_disk[..IMAGE_BYTES],
         pseudo_random_bytes(IMAGE_BYTES, 7)[..],
+        "the LUN file does not hold the image"
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&disk_dir);
+}
+
+/// With a tiny memory budget and one I/O thread, deferred writes fill the budget at once: the
+/// connection must then stop reading (TCP holds qemu-img back) rather than run writes on its
+/// worker, and every write must still complete and land.
+#[test]
+fn a_full_budget_holds_the_initiator_back_and_loses_nothing() {
+    let disk_dir = disk_scratch("budget");
+    let lun_path = disk_dir.join("lun0.img");
+    let metrics_port = common::free_port();
+    let body = format!(
+        r#"[server]
+metrics_listen = "127.0.0.1:{metrics_port}"
+
+[limits]
+write_stall_us = 0
+io_threads = 1
+# The smallest budget allowed: one data segment plus one burst.
+memory_per_connection_bytes = 1310720
+
+[[device]]
+name = "disk"
+store = "file"
+path = "{}"
+size = "64M"
+write_cache = true
+
+[[target]]
+iqn = "{IQN}"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "disk" }} ]
+"#,
+        lun_path.display()
+    );
+    let daemon = Daemon::start_config(IQN, &body);
+    // 16 MiB in 1 MiB writes, 16 in flight: far past a 1.25 MiB budget.
+    run(
+        "qemu-img",
+        &[
+            "bench",
+            "-w",
+            "-f",
+            "raw",
+            "-t",
+            "none",
+            "-c",
+            "16",
+            "-d",
+            "16",
+            "-s",
+            "1M",
+            &daemon.url(0),
+        ],
+    )
+    .expect_ok(&daemon);
+    let scratch = Scratch::new("budget");
+    let image = scratch.file("image.raw");
+    std::fs::write(&image, pseudo_random_bytes(IMAGE_BYTES, 11)).expect("write image");
+    let image = image.display().to_string();
+    upload(&daemon, 0, &image);
+    let metrics = scrape(metrics_port);
+    let held_back = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"ferrosan_limit_exceeded_total{limit="memory_per_connection_bytes"}"#)?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert!(
+        held_back > 0,
+        "the budget never filled, so the test proved nothing:\n{metrics}"
+    );
+    let on_disk = std::fs::read(&lun_path).expect("read the LUN file");
+    assert_eq!(
+        on_disk[..IMAGE_BYTES],
+        pseudo_random_bytes(IMAGE_BYTES, 11)[..],
         "the LUN file does not hold the image"
     );
     drop(daemon);

@@ -210,7 +210,9 @@ struct Backend<'a> {
     /// the device stalls, run on the blocking pool.
     disk_luns: Arc<Vec<DiskLun>>,
     completions: tokio::sync::mpsc::UnboundedSender<Completed>,
-    /// Data-Out bytes held by commands on the blocking pool; past the budget, commands run inline.
+    /// Memory held by commands on the blocking pool (their Data-Out and expected Data-In). At
+    /// the budget the connection handles no further PDU until some complete: the initiator is
+    /// held back by TCP, and the worker never waits for the device itself.
     deferred_bytes: usize,
     deferred_bytes_max: usize,
     /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
@@ -224,6 +226,11 @@ struct Backend<'a> {
 }
 
 impl Backend<'_> {
+    /// Whether commands already on the blocking pool hold the connection's whole budget.
+    fn congested(&self) -> bool {
+        self.deferred_bytes >= self.deferred_bytes_max
+    }
+
     /// Memory a command holds while it runs on the blocking pool: its Data-Out, and the Data-In
     /// it will produce.
     fn held_bytes(data_out_len: usize, read: bool, expected_len: u32) -> usize {
@@ -271,20 +278,18 @@ impl ScsiBackend for Backend<'_> {
         };
         let lun = scsi::lun_from_wire(req.lun);
         // Past the budget, commands run inline: slower, but memory stays bounded.
-        let held = Self::held_bytes(req.data_out.len(), req.read, req.expected_len);
-        let may_defer = self.deferred_bytes + held <= self.deferred_bytes_max;
         let disk = self.disk_luns.iter().find(|d| d.lun == lun);
         // Buffered writes to a disk are timed (two clock reads) to catch the kernel stalling them.
         let mut buffered_write = None;
         if let (Some(disk), Some(entry)) = (disk, luns.get(lun)) {
             if entry.lu.is_buffered_write(req.cdb) {
                 let started = Instant::now();
-                if may_defer && disk.stalls.offloading(started) {
+                if disk.stalls.offloading(started) {
                     disk.stalls.offloaded();
                     return Execution::Deferred;
                 }
                 buffered_write = Some((&disk.stalls, started));
-            } else if may_defer && entry.lu.waits_for_device(req.cdb) {
+            } else if entry.lu.waits_for_device(req.cdb) {
                 return Execution::Deferred;
             }
         }
@@ -298,8 +303,7 @@ impl ScsiBackend for Backend<'_> {
         let completion = match luns.try_execute(nexus, lun, &cmd, data_in, lent) {
             Some(completion) => completion,
             // Declined with no effect: it runs again, whole, on the blocking pool.
-            None if may_defer => return Execution::Deferred,
-            None => luns.execute(nexus, lun, &cmd, data_in),
+            None => return Execution::Deferred,
         };
         if let Some((stalls, started)) = buffered_write {
             let now = Instant::now();
@@ -675,6 +679,7 @@ impl Driver {
         let mut ticker = tokio::time::interval(Duration::from_secs(1));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut timed_out = false;
+        let mut was_congested = false;
         loop {
             // First run whatever is already buffered (pipelined behind the login).
             let (flow, drained) = self.process(session, backend)?;
@@ -682,21 +687,31 @@ impl Driver {
             if flow == Flow::Close {
                 return Ok(());
             }
-            if !drained {
+            // At its memory budget the connection reads and handles nothing more until commands
+            // on the blocking pool complete (TCP holds the initiator back).
+            let congested = backend.congested();
+            if congested && !was_congested {
+                backend.shared.metrics.limit("memory_per_connection_bytes");
+                tracing::debug!(peer = %self.peer, "memory budget reached; waiting for completions");
+            }
+            was_congested = congested;
+            if !drained && !congested {
                 continue;
             }
-            wakeups.after_turn(&self.stream, &session.take_activity(), timed_out);
-            timed_out = false;
-            self.make_room();
+            if !congested {
+                wakeups.after_turn(&self.stream, &session.take_activity(), timed_out);
+                timed_out = false;
+                self.make_room();
+            }
             tokio::select! {
-                read = self.stream.read(&mut self.rbuf[self.end..]) => {
+                read = self.stream.read(&mut self.rbuf[self.end..]), if !congested => {
                     match read {
                         Ok(0) => return Ok(()),
                         Ok(n) => self.end += n,
                         Err(e) => return Err(e.to_string()),
                     }
                 }
-                fired = wakeups.deadline() => {
+                fired = wakeups.deadline(), if !congested => {
                     fired.map_err(|e| format!("coalescing timer: {e}"))?;
                     // The readiness the low-water mark holds back: read what is there.
                     match rustix::net::recv(&self.stream, &mut self.rbuf[self.end..], RecvFlags::DONTWAIT) {
@@ -732,7 +747,8 @@ impl Driver {
     }
 
     /// Handles the complete PDUs in the buffer, stopping early once a turn's responses reach
-    /// `TURN_BYTES_MAX` so memory stays bounded. Returns whether the buffer was drained.
+    /// `TURN_BYTES_MAX` or the backend is congested, so memory stays bounded. Returns whether the
+    /// buffer was drained.
     fn process(
         &mut self,
         session: &mut Session,
@@ -741,6 +757,9 @@ impl Driver {
         let framing: Framing = session.framing();
         let now = Instant::now();
         loop {
+            if backend.congested() {
+                return Ok((Flow::Continue, false));
+            }
             let available = &self.rbuf[self.start..self.end];
             let len = match pdu::frame_len(available, &framing) {
                 Ok(Some(len)) => len,

@@ -13,11 +13,66 @@ use common::{assert_identical, pseudo_random_bytes, run, scrape, upload, Daemon,
 const IQN: &str = "iqn.2024-01.dev.ferrosan:stalls";
 const IMAGE_BYTES: usize = 4 << 20;
 
-fn counter(metrics: &str, name: &str, device: &str) -> Option<u64> {
-    let prefix = format!("{name}{{device=\"{device}\"}}");
+/// The value of `series` (name and labels, exactly as exposed) in a metrics scrape.
+fn metric(metrics: &str, series: &str) -> Option<u64> {
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+fn offloaded(metrics: &str, device: &str) -> Option<u64> {
+    metric(
+        metrics,
+        &format!("ferrosan_writes_offloaded_total{{device=\"{device}\"}}"),
+    )
+}
+
+/// A config body: metrics on `metrics_port`, `limits` lines, a write-back file device "disk" at
+/// `lun_path` as LUN 0, and with `ram_lun` a 16 MiB RAM device "mem" as LUN 1.
+fn config(metrics_port: u16, limits: &str, lun_path: &std::path::Path, ram_lun: bool) -> String {
+    let (ram_device, ram_mapping) = if ram_lun {
+        (
+            "[[device]]\nname = \"mem\"\nstore = \"ram\"\nsize = \"16M\"\n",
+            ", { lun = 1, device = \"mem\" }",
+        )
+    } else {
+        ("", "")
+    };
+    format!(
+        r#"[server]
+metrics_listen = "127.0.0.1:{metrics_port}"
+
+[limits]
+{limits}
+
+[[device]]
+name = "disk"
+store = "file"
+path = "{}"
+size = "64M"
+write_cache = true
+
+{ram_device}
+[[target]]
+iqn = "{IQN}"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "disk" }}{ram_mapping} ]
+"#,
+        lun_path.display()
+    )
+}
+
+/// The LUN file itself (not only the daemon) holds the image written with `seed`.
+fn assert_file_holds_image(lun_path: &std::path::Path, seed: u64) {
+    let on_disk = std::fs::read(lun_path).expect("read the LUN file");
+    assert_eq!(
+        on_disk[..IMAGE_BYTES],
+        pseudo_random_bytes(IMAGE_BYTES, seed)[..],
+        "the LUN file does not hold the image"
+    );
 }
 
 /// A directory on a disk filesystem: offloading applies to disk-backed devices only, and
@@ -42,35 +97,11 @@ fn buffered_writes_run_off_the_workers_and_land_intact() {
     let disk_dir = disk_scratch("offload");
     let lun_path = disk_dir.join("lun0.img");
     let metrics_port = common::free_port();
-    let body = format!(
-        r#"[server]
-metrics_listen = "127.0.0.1:{metrics_port}"
-
-[limits]
-write_stall_us = 0
-io_threads = 1
-
-[[device]]
-name = "disk"
-store = "file"
-path = "{}"
-size = "16M"
-write_cache = true
-
-[[device]]
-name = "mem"
-store = "ram"
-size = "16M"
-
-[[target]]
-iqn = "{IQN}"
-
-  [[target.group]]
-  name = "all"
-  any_initiator = true
-  luns = [ {{ lun = 0, device = "disk" }}, {{ lun = 1, device = "mem" }} ]
-"#,
-        lun_path.display()
+    let body = config(
+        metrics_port,
+        "write_stall_us = 0\nio_threads = 1",
+        &lun_path,
+        true,
     );
     let daemon = Daemon::start_config(IQN, &body);
     let scratch = Scratch::new("stalls");
@@ -82,25 +113,19 @@ iqn = "{IQN}"
         assert_identical(&daemon, lun, &image);
     }
     let metrics = scrape(metrics_port);
-    let offloaded = counter(&metrics, "ferrosan_writes_offloaded_total", "disk")
+    let disk_offloaded = offloaded(&metrics, "disk")
         .unwrap_or_else(|| panic!("no offload counter for the disk device:\n{metrics}"));
     // qemu-img convert writes at most 2 MiB per command, so 4 MiB take at least two.
     assert!(
-        offloaded >= 2,
-        "the disk device's buffered writes did not leave the workers ({offloaded}):\n{metrics}"
+        disk_offloaded >= 2,
+        "the disk device's buffered writes did not leave the workers ({disk_offloaded}):\n{metrics}"
     );
     assert_eq!(
-        counter(&metrics, "ferrosan_writes_offloaded_total", "mem"),
+        offloaded(&metrics, "mem"),
         None,
         "a RAM device has no stall state:\n{metrics}"
     );
-    // The data is on the file itself, not only in the daemon.
-    let on_disk = std::fs::read(&lun_path).expect("read the LUN file");
-    assert_eq!(
-        on_disk[..IMAGE_BYTES],
-        pseudo_random_bytes(IMAGE_BYTES, 7)[..],
-        "the LUN file does not hold the image"
-    );
+    assert_file_holds_image(&lun_path, 7);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&disk_dir);
 }
@@ -113,33 +138,9 @@ fn a_full_budget_holds_the_initiator_back_and_loses_nothing() {
     let disk_dir = disk_scratch("budget");
     let lun_path = disk_dir.join("lun0.img");
     let metrics_port = common::free_port();
-    let body = format!(
-        r#"[server]
-metrics_listen = "127.0.0.1:{metrics_port}"
-
-[limits]
-write_stall_us = 0
-io_threads = 1
-# The smallest budget allowed: one data segment plus one burst.
-memory_per_connection_bytes = 1310720
-
-[[device]]
-name = "disk"
-store = "file"
-path = "{}"
-size = "64M"
-write_cache = true
-
-[[target]]
-iqn = "{IQN}"
-
-  [[target.group]]
-  name = "all"
-  any_initiator = true
-  luns = [ {{ lun = 0, device = "disk" }} ]
-"#,
-        lun_path.display()
-    );
+    // The smallest budget allowed: one data segment plus one burst.
+    let limits = "write_stall_us = 0\nio_threads = 1\nmemory_per_connection_bytes = 1310720";
+    let body = config(metrics_port, limits, &lun_path, false);
     let daemon = Daemon::start_config(IQN, &body);
     // 16 MiB in 1 MiB writes, 16 in flight: far past a 1.25 MiB budget.
     run(
@@ -167,25 +168,16 @@ iqn = "{IQN}"
     let image = image.display().to_string();
     upload(&daemon, 0, &image);
     let metrics = scrape(metrics_port);
-    let held_back = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(r#"ferrosan_limit_exceeded_total{limit="memory_per_connection_bytes"}"#)?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .unwrap_or(0);
+    let held_back = metric(
+        &metrics,
+        r#"ferrosan_limit_exceeded_total{limit="memory_per_connection_bytes"}"#,
+    )
+    .unwrap_or(0);
     assert!(
         held_back > 0,
         "the budget never filled, so the test proved nothing:\n{metrics}"
     );
-    let on_disk = std::fs::read(&lun_path).expect("read the LUN file");
-    assert_eq!(
-        on_disk[..IMAGE_BYTES],
-        pseudo_random_bytes(IMAGE_BYTES, 11)[..],
-        "the LUN file does not hold the image"
-    );
+    assert_file_holds_image(&lun_path, 11);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&disk_dir);
 }

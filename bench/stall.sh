@@ -9,6 +9,7 @@
 #
 # usage: bench/stall.sh [DIR (default /var/tmp; must not be tmpfs)] [GIB (default 8)] [ROUNDS (default 2)]
 #        PREALLOCATE=1 bench/stall.sh ...   the same on a file whose blocks are allocated up front
+#        PREWRITE=1 bench/stall.sh ...      the same on a file written through once (overwrites only)
 set -euo pipefail
 DIR=${1:-/var/tmp}
 GIB=${2:-8}
@@ -34,6 +35,10 @@ run_one() { # $1 = write_stall_us
   rm -f "$LUN"; sync
   # PREALLOCATE=1: the LUN file's blocks are allocated up front (fallocate), so writes find them.
   if [ "${PREALLOCATE:-0}" = 1 ]; then fallocate -l "$((GIB + 1))G" "$LUN"; sync; fi
+  # PREWRITE=1: every block written once (zeros) first, like a LUN in service for a while.
+  if [ "${PREWRITE:-0}" = 1 ]; then
+    dd if=/dev/zero of="$LUN" bs=1M count=$(((GIB + 1) * 1024)) conv=fsync status=none
+  fi
   cat > "$WORK/c.toml" <<CFG
 [server]
 workers = 1

@@ -279,7 +279,8 @@ impl ScsiBackend for Backend<'_> {
         let lun = scsi::lun_from_wire(req.lun);
         // Past the budget, commands run inline: slower, but memory stays bounded.
         let disk = self.disk_luns.iter().find(|d| d.lun == lun);
-        // Buffered writes to a disk are timed (two clock reads) to catch the kernel stalling them.
+        // Buffered writes to a disk are timed (two clock reads, two getrusage calls) to catch the
+        // kernel making them wait.
         let mut buffered_write = None;
         if let (Some(disk), Some(entry)) = (disk, luns.get(lun)) {
             if entry.lu.is_buffered_write(req.cdb) {
@@ -288,7 +289,7 @@ impl ScsiBackend for Backend<'_> {
                     disk.stalls.offloaded();
                     return Execution::Deferred;
                 }
-                buffered_write = Some((&disk.stalls, started));
+                buffered_write = Some((&disk.stalls, started, sys::voluntary_context_switches()));
             } else if entry.lu.waits_for_device(req.cdb) {
                 return Execution::Deferred;
             }
@@ -305,9 +306,10 @@ impl ScsiBackend for Backend<'_> {
             // Declined with no effect: it runs again, whole, on the blocking pool.
             None => return Execution::Deferred,
         };
-        if let Some((stalls, started)) = buffered_write {
+        if let Some((stalls, started, switches)) = buffered_write {
             let now = Instant::now();
-            if stalls.record(req.data_out.len(), now - started, now) {
+            let blocked = sys::voluntary_context_switches() != switches;
+            if stalls.record(req.data_out.len(), now - started, blocked, now) {
                 tracing::debug!(lun, "buffered write stalled a network worker");
             }
         }
@@ -336,10 +338,12 @@ impl ScsiBackend for Backend<'_> {
             };
             let mut data_in = Vec::new();
             let started = Instant::now();
+            let switches = stalls.as_ref().map(|_| sys::voluntary_context_switches());
             let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
-            if let Some(stalls) = stalls {
+            if let (Some(stalls), Some(switches)) = (stalls, switches) {
                 let now = Instant::now();
-                stalls.record(command.data_out.len(), now - started, now);
+                let blocked = sys::voluntary_context_switches() != switches;
+                stalls.record(command.data_out.len(), now - started, blocked, now);
             }
             let mut sense = Vec::new();
             let outcome = outcome_of(&completion, &mut sense);

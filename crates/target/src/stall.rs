@@ -11,11 +11,15 @@
 //! time asleep in `pwrite`, in `ext4_da_get_block_prep` waiting for `i_data_sem`, held (most
 //! likely) by the flusher allocating blocks for the same file.
 //!
-//! So every buffered write to such a device is timed. One that took much longer than a copy
-//! (see [`WriteStalls::threshold`]) marks the device as stalling: for the next [`HOLD`] its
-//! buffered writes run on the blocking pool, where they are timed as well, so the hold lasts as
-//! long as the writes keep stalling and lapses [`HOLD`] after the last stall. One write per
-//! episode waits on a worker; the rest wait on pool threads.
+//! So every buffered write to such a device is timed, and the engine notes whether its thread
+//! slept in the kernel meanwhile (a voluntary context switch). One that blocked *and* took much
+//! longer than a copy (see [`WriteStalls::threshold`]) marks the device as stalling; time alone
+//! is not enough: on a busy 2-core machine a preempted write looks just as slow, and offloading
+//! such writes made 4 KiB writes cost 50–62 µs of target CPU each instead of 22 (A/B on ext4).
+//! For the next [`HOLD`] a stalling device's buffered writes run on the blocking pool, where
+//! they are checked the same way, so the hold lasts as long as the writes keep stalling and
+//! lapses [`HOLD`] after the last stall. One write per episode waits on a worker; the rest wait
+//! on pool threads.
 //!
 //! The state is per device and shared by every worker writing to it (one atomic deadline): the
 //! page cache's pressure is a property of the device's filesystem, not of a connection.
@@ -71,10 +75,13 @@ impl WriteStalls {
         self.offloaded.inc();
     }
 
-    /// Records that a buffered write of `bytes` took `elapsed`, finishing at `now`. Returns true
-    /// when it stalled (the device's writes then stay off the workers until `now + HOLD`).
-    pub fn record(&self, bytes: usize, elapsed: Duration, now: Instant) -> bool {
-        if elapsed <= self.threshold(bytes) {
+    /// Records that a buffered write of `bytes` took `elapsed`, finishing at `now`; `blocked`:
+    /// the thread slept in the kernel meanwhile (a voluntary context switch). Only a write that
+    /// blocked *and* was slow stalled: one that was merely preempted on a busy machine took long
+    /// for want of a CPU, which another thread would not have had either. Returns true when it
+    /// stalled (the device's writes then stay off the workers until `now + HOLD`).
+    pub fn record(&self, bytes: usize, elapsed: Duration, blocked: bool, now: Instant) -> bool {
+        if !blocked || elapsed <= self.threshold(bytes) {
             return false;
         }
         self.stalls.inc();
@@ -129,20 +136,33 @@ mod tests {
     fn measured_costs_classify_as_measured() {
         let (s, epoch) = stalls(100);
         // Uncontended: 4 KiB in ~3 µs, 1 MiB in 0.26 ms (p99 0.32 ms).
-        assert!(!s.record(4096, us(3), epoch));
-        assert!(!s.record(MIB, us(320), epoch));
+        assert!(!s.record(4096, us(3), true, epoch));
+        assert!(!s.record(MIB, us(320), true, epoch));
         assert!(!s.offloading(epoch));
         // Behind the flusher: 1 MiB in 1.46 ms.
-        assert!(s.record(MIB, us(1_460), epoch));
+        assert!(s.record(MIB, us(1_460), true, epoch));
         assert!(s.offloading(epoch));
         assert_eq!(s.counts(), (1, 0));
+    }
+
+    #[test]
+    fn a_slow_write_that_never_blocked_is_not_a_stall() {
+        let (s, epoch) = stalls(100);
+        // Preempted for 5 ms on a busy machine, but never asleep in the kernel.
+        assert!(!s.record(MIB, us(5_000), false, epoch));
+        assert!(!s.record(4096, us(5_000), false, epoch));
+        assert!(!s.offloading(epoch));
+        assert_eq!(s.counts(), (0, 0));
+        // Blocked but fast (a short lock wait): not a stall either.
+        assert!(!s.record(MIB, us(300), true, epoch));
+        assert!(!s.offloading(epoch));
     }
 
     #[test]
     fn small_write_stall_starts_the_hold() {
         let (s, epoch) = stalls(100);
         let t = epoch + us(5_000);
-        assert!(s.record(4096, us(2_000), t), "a 2 ms journal wait");
+        assert!(s.record(4096, us(2_000), true, t), "a 2 ms journal wait");
         assert!(s.offloading(t));
         assert!(s.offloading(t + HOLD - us(1)));
         assert!(!s.offloading(t + HOLD), "the hold lapses");
@@ -151,14 +171,14 @@ mod tests {
     #[test]
     fn offloaded_stalls_extend_the_hold_and_fast_writes_do_not() {
         let (s, epoch) = stalls(100);
-        assert!(s.record(MIB, us(5_000), epoch));
+        assert!(s.record(MIB, us(5_000), true, epoch));
         // Timed on the pool: another stall half-way pushes the end out.
         let mid = epoch + HOLD / 2;
-        assert!(s.record(MIB, us(5_000), mid));
+        assert!(s.record(MIB, us(5_000), true, mid));
         assert!(s.offloading(epoch + HOLD));
         assert!(!s.offloading(mid + HOLD));
         // Fast writes while offloading leave the deadline alone.
-        assert!(!s.record(MIB, us(200), mid + HOLD / 2));
+        assert!(!s.record(MIB, us(200), true, mid + HOLD / 2));
         assert!(!s.offloading(mid + HOLD));
     }
 
@@ -166,9 +186,9 @@ mod tests {
     fn an_older_stall_reported_late_never_shortens_the_hold() {
         let (s, epoch) = stalls(100);
         let late = epoch + us(900_000);
-        assert!(s.record(4096, us(1_000), late));
+        assert!(s.record(4096, us(1_000), true, late));
         // A pool thread finishing a write that began earlier reports an earlier `now`.
-        assert!(s.record(4096, us(1_000), epoch + us(10)));
+        assert!(s.record(4096, us(1_000), true, epoch + us(10)));
         assert!(s.offloading(late + HOLD - us(1)));
     }
 
@@ -178,8 +198,8 @@ mod tests {
         assert!(s.offloading(epoch));
         assert!(s.offloading(epoch + Duration::from_secs(3_600)));
         // It still counts real stalls.
-        assert!(!s.record(MIB, us(100), epoch));
-        assert!(s.record(MIB, us(1_000), epoch));
+        assert!(!s.record(MIB, us(100), true, epoch));
+        assert!(s.record(MIB, us(1_000), true, epoch));
         s.offloaded();
         assert_eq!(s.counts(), (1, 1));
     }
@@ -189,7 +209,7 @@ mod tests {
         let (s, epoch) = stalls(100);
         let before = epoch.checked_sub(us(10)).unwrap_or(epoch);
         assert!(!s.offloading(before));
-        assert!(s.record(4096, us(1_000), before));
+        assert!(s.record(4096, us(1_000), true, before));
         assert!(s.offloading(before));
     }
 }

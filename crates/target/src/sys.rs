@@ -1,7 +1,8 @@
-//! The two system calls [`crate::coalesce`] needs that no maintained crate offers safely: the
-//! receive low-water mark (`rustix`, `socket2` and `nix` all lack `SO_RCVLOWAT`) and a timerfd
-//! registered with tokio's reactor (`AsyncFd::register` is `unsafe` since tokio 1.5x). The only
-//! `unsafe` of the crate.
+//! The system calls the engine needs that no maintained crate offers safely: for
+//! [`crate::coalesce`], the receive low-water mark (`rustix`, `socket2` and `nix` all lack
+//! `SO_RCVLOWAT`) and a timerfd registered with tokio's reactor (`AsyncFd::register` is `unsafe`
+//! since tokio 1.5x); for [`crate::stall`], the thread's voluntary context switches
+//! (`getrusage(RUSAGE_THREAD)`, not in `rustix` 1.x). The only `unsafe` of the crate.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -43,6 +44,24 @@ pub fn set_receive_low_water(socket: impl AsFd, bytes: usize) -> io::Result<()> 
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// How many times the calling thread has slept in the kernel (blocked on a lock, I/O, a wait):
+/// its voluntary context switches. Preemption is not counted (those are involuntary), so a
+/// stretch during which this does not change ran or waited for a CPU, but never blocked.
+/// Returns 0 if the kernel refuses, which only makes every stretch look unblocked.
+pub fn voluntary_context_switches() -> u64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage(2) writes a whole rusage into the pointer it is given, which points to
+    // a live, correctly sized and aligned rusage; RUSAGE_THREAD is valid on Linux >= 2.6.26.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return 0;
+    }
+    // SAFETY: zero-initialised, then filled by the successful call above; all-zero is a valid
+    // rusage (plain integers) in any case.
+    let usage = unsafe { usage.assume_init() };
+    u64::try_from(usage.ru_nvcsw).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -87,5 +106,21 @@ mod tests {
         client.write_all(&[3]).unwrap();
         assert!(readable(&server, 5000));
         assert_eq!(server.read(&mut buf).unwrap(), 1);
+    }
+
+    #[test]
+    fn sleeping_counts_as_a_voluntary_switch_and_spinning_does_not() {
+        let before = voluntary_context_switches();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let after_sleep = voluntary_context_switches();
+        assert!(after_sleep > before, "a sleep is a voluntary switch");
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(2) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        std::hint::black_box(x);
+        // A busy loop never blocks (it may be preempted, which is not voluntary).
+        assert_eq!(voluntary_context_switches(), after_sleep);
     }
 }

@@ -702,9 +702,8 @@ fn read_only_lu_refuses_orwrite_and_write_atomic() {
     assert_sense(&t.err(&c, &[0; 512]), 7, 0x27, 0);
 }
 
-#[test]
-fn which_commands_wait_for_the_device() {
-    let write_back = T::new();
+/// One LU with the write cache on (the default) and one with it off.
+fn write_back_and_write_through() -> (T, T) {
     let write_through = T::with(
         LuSettings {
             write_cache: false,
@@ -712,6 +711,12 @@ fn which_commands_wait_for_the_device() {
         },
         4 * MIB,
     );
+    (T::new(), write_through)
+}
+
+#[test]
+fn which_commands_wait_for_the_device() {
+    let (write_back, write_through) = write_back_and_write_through();
     let write10 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
     let write10_fua = [0x2A, 0x08, 0, 0, 0, 0, 0, 0, 1, 0];
     let write6 = [0x0A, 0, 0, 0, 1, 0];
@@ -739,14 +744,7 @@ fn which_commands_wait_for_the_device() {
 
 #[test]
 fn buffered_writes_are_the_write_back_writes_without_fua() {
-    let write_back = T::new();
-    let write_through = T::with(
-        LuSettings {
-            write_cache: false,
-            ..LuSettings::default()
-        },
-        4 * MIB,
-    );
+    let (write_back, write_through) = write_back_and_write_through();
     let write6 = [0x0A, 0, 0, 0, 1, 0];
     let write10 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
     let write12 = [0xAA, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];

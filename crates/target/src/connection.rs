@@ -20,7 +20,7 @@ use iscsi::session::{
 };
 use rustix::net::RecvFlags;
 use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
-use scsi::{LunMap, Nexus};
+use scsi::{LunEntry, LunMap, Nexus};
 use std::os::fd::OwnedFd;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -237,14 +237,33 @@ impl Backend<'_> {
         data_out_len + if read { expected_len as usize } else { 0 }
     }
 
-    /// The stall state to time a deferred command with: set for buffered writes to a disk LU.
-    fn stalls_for(&self, lun: u64, cdb: &[u8]) -> Option<Arc<WriteStalls>> {
+    /// The LU behind `lun` and its device's stall state, when it is backed by a real disk.
+    fn disk_lu(&self, lun: u64) -> Option<(&DiskLun, &LunEntry)> {
         let disk = self.disk_luns.iter().find(|d| d.lun == lun)?;
-        let entry = self.luns.as_ref()?.get(lun)?;
-        entry
-            .lu
-            .is_buffered_write(cdb)
-            .then(|| Arc::clone(&disk.stalls))
+        Some((disk, self.luns.as_deref()?.get(lun)?))
+    }
+}
+
+/// Watches one buffered write for a stall: its duration, and whether its thread slept in the
+/// kernel meanwhile (see `stall.rs`).
+struct StallProbe {
+    started: Instant,
+    switches: u64,
+}
+
+impl StallProbe {
+    fn start(started: Instant) -> StallProbe {
+        StallProbe {
+            started,
+            switches: sys::voluntary_context_switches(),
+        }
+    }
+
+    /// Reports the finished write of `bytes` to `stalls`; true if it stalled.
+    fn finish(self, stalls: &WriteStalls, bytes: usize) -> bool {
+        let now = Instant::now();
+        let blocked = sys::voluntary_context_switches() != self.switches;
+        stalls.record(bytes, now - self.started, blocked, now)
     }
 }
 
@@ -277,19 +296,17 @@ impl ScsiBackend for Backend<'_> {
             });
         };
         let lun = scsi::lun_from_wire(req.lun);
-        // Past the budget, commands run inline: slower, but memory stays bounded.
-        let disk = self.disk_luns.iter().find(|d| d.lun == lun);
-        // Buffered writes to a disk are timed (two clock reads, two getrusage calls) to catch the
-        // kernel making them wait.
+        // On a disk, commands that wait for the device run elsewhere, and buffered writes are
+        // watched (two clock reads, two getrusage calls) for the kernel making them wait.
         let mut buffered_write = None;
-        if let (Some(disk), Some(entry)) = (disk, luns.get(lun)) {
+        if let Some((disk, entry)) = self.disk_lu(lun) {
             if entry.lu.is_buffered_write(req.cdb) {
                 let started = Instant::now();
                 if disk.stalls.offloading(started) {
                     disk.stalls.offloaded();
                     return Execution::Deferred;
                 }
-                buffered_write = Some((&disk.stalls, started, sys::voluntary_context_switches()));
+                buffered_write = Some((&disk.stalls, StallProbe::start(started)));
             } else if entry.lu.waits_for_device(req.cdb) {
                 return Execution::Deferred;
             }
@@ -306,10 +323,8 @@ impl ScsiBackend for Backend<'_> {
             // Declined with no effect: it runs again, whole, on the blocking pool.
             None => return Execution::Deferred,
         };
-        if let Some((stalls, started, switches)) = buffered_write {
-            let now = Instant::now();
-            let blocked = sys::voluntary_context_switches() != switches;
-            if stalls.record(req.data_out.len(), now - started, blocked, now) {
+        if let Some((stalls, probe)) = buffered_write {
+            if probe.finish(stalls, req.data_out.len()) {
                 tracing::debug!(lun, "buffered write stalled a network worker");
             }
         }
@@ -324,8 +339,11 @@ impl ScsiBackend for Backend<'_> {
         };
         let (luns, nexus) = (Arc::clone(luns), nexus.clone());
         let lun = scsi::lun_from_wire(command.lun);
-        // Buffered writes are timed there too: they keep the device's hold while they stall.
-        let stalls = self.stalls_for(lun, &command.cdb);
+        // Buffered writes are watched there too: they keep the device's hold while they stall.
+        let stalls = self
+            .disk_lu(lun)
+            .filter(|(_, entry)| entry.lu.is_buffered_write(&command.cdb))
+            .map(|(disk, _)| Arc::clone(&disk.stalls));
         let held_bytes =
             Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
         self.deferred_bytes += held_bytes;
@@ -337,13 +355,10 @@ impl ScsiBackend for Backend<'_> {
                 data_in_limit: command.expected_len,
             };
             let mut data_in = Vec::new();
-            let started = Instant::now();
-            let switches = stalls.as_ref().map(|_| sys::voluntary_context_switches());
+            let probe = stalls.as_ref().map(|_| StallProbe::start(Instant::now()));
             let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
-            if let (Some(stalls), Some(switches)) = (stalls, switches) {
-                let now = Instant::now();
-                let blocked = sys::voluntary_context_switches() != switches;
-                stalls.record(command.data_out.len(), now - started, blocked, now);
+            if let (Some(stalls), Some(probe)) = (stalls, probe) {
+                probe.finish(&stalls, command.data_out.len());
             }
             let mut sense = Vec::new();
             let outcome = outcome_of(&completion, &mut sense);

@@ -473,9 +473,10 @@ fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
     Ok(Arc::new(unit))
 }
 
-/// Whether making data durable on this store waits for a device. RAM never does; files on
-/// tmpfs/ramfs have nothing to flush; anything else (disk filesystems, block devices) does.
-fn durable_ops_block(kind: &StoreKind) -> bool {
+/// Whether this store sits on a real device, so that making data durable waits for it and
+/// buffered writes can stall in the kernel. RAM never does; files on tmpfs/ramfs have nothing to
+/// flush or write back; anything else (disk filesystems, block devices) does.
+fn disk_backed(kind: &StoreKind) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
     let path = match kind {
@@ -520,7 +521,7 @@ fn build(config: &Config) -> Result<Shared, String> {
     let mut disk_devices: HashMap<&str, Arc<WriteStalls>> = HashMap::new();
     for device in &config.devices {
         units.insert(device.name.as_str(), open_unit(device)?);
-        if durable_ops_block(&device.store) {
+        if disk_backed(&device.store) {
             let (stalls, offloaded) = metrics.device_writes(&device.name);
             let state = WriteStalls::new(epoch, stall_base, stalls, offloaded);
             disk_devices.insert(device.name.as_str(), Arc::new(state));
@@ -635,20 +636,20 @@ mod tests {
     #[test]
     #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
     fn only_real_filesystems_make_durable_operations_wait() {
-        assert!(!durable_ops_block(&StoreKind::Ram {
+        assert!(!disk_backed(&StoreKind::Ram {
             size_bytes: 1 << 20
         }));
         // /dev/shm is tmpfs on Linux: nothing to flush.
         if rustix::fs::statfs("/dev/shm").is_ok_and(|st| st.f_type as i64 == 0x0102_1994) {
             let path = std::path::PathBuf::from("/dev/shm/ferrosan-x.img");
-            assert!(!durable_ops_block(&StoreKind::File {
+            assert!(!disk_backed(&StoreKind::File {
                 path,
                 size_bytes: None
             }));
         }
         // A path that cannot be inspected is treated as slow (the safe side).
         let missing = std::path::PathBuf::from("/nonexistent/ferrosan/disk.img");
-        assert!(durable_ops_block(&StoreKind::File {
+        assert!(disk_backed(&StoreKind::File {
             path: missing,
             size_bytes: None
         }));

@@ -138,8 +138,7 @@ impl Raw {
 
     /// A NOP-Out that must be answered: proves the session still works.
     pub fn ping(&mut self, itt: u32) {
-        let bhs = self.header(Opcode::NopOut, itt);
-        let mut bhs = bhs;
+        let mut bhs = self.header(Opcode::NopOut, itt);
         bhs.set_u32(off::TTT, 0xffff_ffff);
         self.send(&bhs, b"ping");
         self.cmd_sn = self.cmd_sn.wrapping_add(1);

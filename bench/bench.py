@@ -218,6 +218,36 @@ def iscsi_perf(t, depth, blocks, secs, sessions=1):
             "client_cpu_s": ccpu, "client_cpu_pct": 100 * ccpu / sessions / wall}
 
 
+def fio_url(t):
+    # fio splits --filename at ':' unless escaped; the IQN has one too
+    esc = lambda x: x.replace(":", "\\:")
+    return esc(f"iscsi://127.0.0.1:{t.port}/{IQN}/{t.lun}")
+
+
+def fio(t, binary, rw, size, depth, secs):
+    """fio's libiscsi engine: true random I/O and per-I/O latency percentiles (µs)."""
+    argv = [binary, "--name=bench", "--ioengine=libiscsi", f"--filename={fio_url(t)}",
+            "--initiator=iqn.2024-01.dev.ferrosan:bench-fio", f"--rw={rw}", f"--bs={size}",
+            f"--iodepth={depth}", f"--size={LUN_SIZE}", "--time_based", f"--runtime={secs}",
+            "--output-format=json"]
+    outs, tcpu, ccpu, wall, _ = run_clients(t, [argv], timeout=secs + 60)
+    out = outs[0]
+    if "{" not in out:
+        raise RuntimeError("fio printed no JSON: " + out[-300:])
+    job = json.loads(out[out.index("{"):])["jobs"][0]  # a "note:" line may precede the JSON
+    d = job["read" if "read" in rw else "write"]
+    ios, el = d["total_ios"], d["runtime"] / 1000
+    if not ios or not el:
+        raise RuntimeError(f"fio did no I/O: {job.get('error')}")
+    pct = d["clat_ns"]["percentile"]
+    return {"ios": ios, "secs": el, "iops": ios / el, "mbps": ios * size / el / 1e6,
+            "target_cpu_s": tcpu, "target_us_per_io": tcpu / ios * 1e6,
+            "target_cpu_pct": 100 * tcpu / wall,
+            "client_cpu_s": ccpu, "client_cpu_pct": 100 * ccpu / wall,
+            "lat_p50_us": pct["50.000000"] / 1e3, "lat_p99_us": pct["99.000000"] / 1e3,
+            "lat_p999_us": pct["99.900000"] / 1e3, "lat_mean_us": d["clat_ns"]["mean"] / 1e3}
+
+
 # ---------------------------------------------------------------- workloads
 def est_count(size, depth, sessions, secs):
     """I/O count for ~secs of work on the faster target (rough loopback rates)."""
@@ -229,10 +259,15 @@ def est_count(size, depth, sessions, secs):
 STRIDE = 4096 * 7919  # prime multiple of 4 KiB: a strided, cache-unfriendly pattern
 
 
-def workloads(quick):
+def workloads(quick, with_fio):
     secs = 0.3 if quick else 0.8
     w = []
     for qd in (1, 64):
+        if with_fio:
+            for op in ("read", "write"):
+                w.append(dict(id=f"fio-r{op[0]}4k-qd{qd}", group="headline", tool="fio", op=op,
+                              pattern="random", size=4096, depth=qd, sessions=1,
+                              secs=1 if quick else 3))
         w.append(dict(id=f"rr4k-qd{qd}", group="headline", tool="iscsi-perf", op="read",
                       pattern="random", size=4096, depth=qd, sessions=1, secs=1 if quick else 3))
         for op in ("read", "write"):
@@ -255,7 +290,9 @@ def workloads(quick):
     return w
 
 
-def run_workload(t, w):
+def run_workload(t, w, fio_bin):
+    if w["tool"] == "fio":
+        return fio(t, fio_bin, "rand" + w["op"], w["size"], w["depth"], w["secs"])
     if w["tool"] == "iscsi-perf":
         return iscsi_perf(t, w["depth"], w["size"] // 512, w["secs"], w["sessions"])
     return qemu_bench(t, w["count"], w["depth"], w["size"], w["op"] == "write", w.get("step"),
@@ -346,6 +383,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--fio", help="fio with the libiscsi engine (bench/fio-libiscsi.sh finds or builds one)")
     ap.add_argument("--only", help="comma-separated workload groups (headline,sweep,matrix)")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
@@ -389,7 +427,9 @@ def run(args, rounds, workdir, t_start):
         qemu_bench(t, LUN_SIZE // MiB, 16, MiB, write=True)
     res["rss_kib_after_precondition"] = {t.name: rss_kib(t.pid) for t in targets}
 
-    ws = workloads(args.quick)
+    if not args.fio:
+        log("no fio with the libiscsi engine (bench/fio-libiscsi.sh): fio workloads skipped")
+    ws = workloads(args.quick, bool(args.fio))
     if args.only:
         ws = [w for w in ws if w["group"] in args.only.split(",")]
     res["workloads"] = []
@@ -400,7 +440,7 @@ def run(args, rounds, workdir, t_start):
         for r in range(rounds):
             order = tl if r % 2 == 0 else list(reversed(tl))
             for t in order:
-                per[t.name].append(run_workload(t, w))
+                per[t.name].append(run_workload(t, w, args.fio))
         entry = dict(w)
         entry["rounds"] = {k: v for k, v in per.items() if v}
         entry["median"] = {k: median_of(v) for k, v in per.items() if v}

@@ -11,7 +11,9 @@
 #   default   three rounds (< 20 minutes on 2 cores)
 # Results: bench/results/latest.json, latest.md and SVG charts (see docs/PERFORMANCE.md).
 # Needs: qemu-img (qemu-utils + qemu-block-extra for iscsi://), iscsi-perf
-# (libiscsi-bin), tgtd/tgtadm (tgt), iperf3, python3 (stdlib only).
+# (libiscsi-bin), tgtd/tgtadm (tgt), iperf3, python3 (stdlib only); fio with the
+# libiscsi engine, which bench/fio-libiscsi.sh finds or builds from Debian's source
+# (without it the fio workloads are skipped, with a warning).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -24,6 +26,13 @@ if [[ -z ${FERROSAN_BIN:-} ]]; then
     echo "[bench] building: cargo build --release -p ferrosan" >&2
     cargo build --release -p ferrosan >&2
     FERROSAN_BIN=$ROOT/target/release/ferrosan
+fi
+
+FIO_ARGS=()
+if FIO_BIN=$("$ROOT/bench/fio-libiscsi.sh"); then
+    FIO_ARGS=(--fio "$FIO_BIN")
+else
+    echo "[bench] warning: no fio with the libiscsi engine; the fio workloads are skipped" >&2
 fi
 
 # bench.py stops the daemons it starts (by PID, in a finally block); this trap
@@ -41,6 +50,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-python3 "$ROOT/bench/bench.py" --ferrosan "$FERROSAN_BIN" "$@" &
+python3 "$ROOT/bench/bench.py" --ferrosan "$FERROSAN_BIN" "${FIO_ARGS[@]}" "$@" &
 PY_PID=$!
 wait "$PY_PID"

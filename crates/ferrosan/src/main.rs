@@ -109,6 +109,32 @@ fn serve(config: Result<Config, String>, workers: Option<usize>) -> ExitCode {
     if let Some(w) = workers {
         config.server.workers = w;
     }
+    // Signal handlers go in before the first connection can arrive, so an early SIGTERM is a
+    // graceful shutdown too, not the default (immediate) death.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ferrosan: signal runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _runtime = runtime.enter();
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Signals { term, int },
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("ferrosan: cannot install signal handlers: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    };
     let server = match target::Server::start(&config) {
         Ok(s) => s,
         Err(e) => {
@@ -117,8 +143,45 @@ fn serve(config: Result<Config, String>, workers: Option<usize>) -> ExitCode {
         }
     };
     print_banner(&config, &server.bound);
-    server.wait();
-    ExitCode::SUCCESS
+    runtime.block_on(run_until_signal(&server, signals))
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+/// Serves until SIGTERM or SIGINT, then shuts down gracefully (`Server::drain`: sessions are
+/// asked to log out, LUs flushed); a second signal during the drain exits at once.
+async fn run_until_signal(server: &target::Server, signals: Signals) -> ExitCode {
+    let Signals { mut term, mut int } = signals;
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    let grace = server.shared.limits.shutdown_grace_s;
+    tracing::info!(
+        connections = server.shared.open_connections(),
+        "{name}: shutting down; sessions have {grace} s to log out (a second signal exits at once)"
+    );
+    tokio::select! {
+        left = server.drain() => {
+            if left == 0 {
+                tracing::info!("shut down: every session closed, every LU flushed");
+            } else {
+                tracing::warn!(left, "shut down: connections still open after the grace period are closed; every LU flushed");
+            }
+            ExitCode::SUCCESS
+        }
+        _ = term.recv() => {
+            tracing::warn!("SIGTERM again: exiting without waiting");
+            ExitCode::FAILURE
+        }
+        _ = int.recv() => {
+            tracing::warn!("SIGINT again: exiting without waiting");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn print_banner(config: &Config, bound: &[std::net::SocketAddr]) {

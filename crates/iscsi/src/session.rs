@@ -420,6 +420,21 @@ impl Session {
         Flow::Continue
     }
 
+    /// Asks the initiator to log out within `within_s` seconds (Async Message, AsyncEvent 1,
+    /// RFC 7143 §11.9.1): sent when the target is shutting down, so the initiator logs out
+    /// cleanly once its commands are answered and logs in again later (libiscsi and open-iscsi
+    /// both reconnect after such a logout). Commands keep being served meanwhile.
+    pub fn request_logout(&mut self, within_s: u16, out: &mut Outbox) {
+        let mut bhs = Bhs::new(Opcode::AsyncMessage);
+        bhs.set_flags(0x80);
+        bhs.set_itt(RESERVED_TAG);
+        // Status-bearing: consumes a StatSN like any other response.
+        self.stamp(&mut bhs, true);
+        bhs.0[36] = ASYNC_EVENT_REQUEST_LOGOUT;
+        bhs.set_u16(42, within_s); // Parameter3: the time the initiator has to log out
+        self.push_pdu(out, &bhs, &[]);
+    }
+
     /// Handles one PDU received in full feature phase.
     pub fn handle(
         &mut self,
@@ -1356,6 +1371,9 @@ impl Session {
 }
 
 /// Fixed-format sense: ABORTED COMMAND, DATA PHASE ERROR (4Bh/00h).
+/// AsyncEvent code of an Async Message asking the initiator to log out (RFC 7143 §11.9.1).
+const ASYNC_EVENT_REQUEST_LOGOUT: u8 = 1;
+
 const DATA_PHASE_ERROR: [u8; 18] = [
     0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x4b, 0, 0, 0, 0, 0,
 ];

@@ -153,6 +153,11 @@ impl LogicalUnit {
     pub fn identity(&self) -> &LuIdentity {
         &self.identity
     }
+    /// Makes everything written so far durable (the store's flush), as SYNCHRONIZE CACHE does;
+    /// the daemon calls it for every LU when it shuts down.
+    pub fn flush(&self) -> std::io::Result<()> {
+        self.store.flush()
+    }
     /// Current WCE bit (write-back caching enabled).
     pub fn write_cache_enabled(&self) -> bool {
         self.mode.wce.load(Ordering::Relaxed)

@@ -507,13 +507,13 @@ impl Driver {
         let mut login = Login::new(login_limits, target_limits, initial_stat_sn());
         let deadline =
             tokio::time::Instant::now() + Duration::from_secs(limits.login_timeout_s.into());
+        let mut shutdown = shared.shutdown_signal();
         let established = loop {
-            let step = match tokio::time::timeout_at(
-                deadline,
-                self.next_login_step(&mut login, &mut policy),
-            )
-            .await
-            {
+            let step = tokio::select! {
+                step = tokio::time::timeout_at(deadline, self.next_login_step(&mut login, &mut policy)) => step,
+                () = Shared::shutting_down(&mut shutdown) => return Err("shutting down during login".into()),
+            };
+            let step = match step {
                 Ok(step) => step?,
                 Err(_) => {
                     shared.metrics.limit("login_timeout_s");
@@ -699,6 +699,10 @@ impl Driver {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut timed_out = false;
         let mut was_congested = false;
+        let mut shutdown = backend.shared.shutdown_signal();
+        let grace_s = backend.shared.limits.shutdown_grace_s;
+        // Set once the initiator has been asked to log out: the session ends then at the latest.
+        let mut logout_deadline: Option<tokio::time::Instant> = None;
         loop {
             // First run whatever is already buffered (pipelined behind the login).
             let (flow, drained) = self.process(session, backend)?;
@@ -754,6 +758,21 @@ impl Driver {
                     backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
                     self.out.give_back(done.data_out);
+                }
+                () = Shared::shutting_down(&mut shutdown), if logout_deadline.is_none() => {
+                    if grace_s == 0 {
+                        tracing::info!(peer = %self.peer, "shutting down: closing the session");
+                        return Ok(());
+                    }
+                    session.request_logout(u16::try_from(grace_s).unwrap_or(u16::MAX), &mut self.out);
+                    self.flush().await?;
+                    tracing::info!(peer = %self.peer, "shutting down: asked the initiator to log out within {grace_s} s");
+                    logout_deadline =
+                        Some(tokio::time::Instant::now() + Duration::from_secs(grace_s.into()));
+                }
+                _ = tokio::time::sleep_until(logout_deadline.unwrap_or_else(tokio::time::Instant::now)), if logout_deadline.is_some() => {
+                    tracing::warn!(peer = %self.peer, "shutting down: no logout within {grace_s} s; closing the session");
+                    return Ok(());
                 }
                 changed = ticket.kill.changed() => {
                     if changed.is_err() || *ticket.kill.borrow() {

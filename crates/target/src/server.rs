@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use scsi::{LogicalUnit, LuIdentity, LuSettings, LunMap, TargetPort};
 use store::{BlockStore, FileStore, RamStore};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::config::{
     ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, Limits, StoreKind, TargetConfig,
@@ -80,6 +80,9 @@ pub struct Shared {
     pub chap_algorithms: Vec<ChapAlgorithm>,
     login_failures: Mutex<LoginFailures>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Set when the daemon shuts down: listeners close, logins in progress end, and every
+    /// session is asked to log out within `limits.shutdown_grace_s`.
+    shutdown: watch::Sender<bool>,
 }
 
 /// Sources whose failures are remembered at most; past it, sources whose failures all expired
@@ -94,6 +97,25 @@ struct LoginFailures {
 }
 
 impl Shared {
+    /// Resolves once the daemon is shutting down.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    /// Resolves once the daemon is shutting down; the receiver comes from `shutdown_signal`.
+    /// Holds no borrow of the watched value, so it can sit in a `select!` across awaits.
+    pub async fn shutting_down(rx: &mut watch::Receiver<bool>) {
+        if rx.wait_for(|down| *down).await.is_err() {
+            // The sender lives as long as `Shared`: without it nobody can shut us down.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Open TCP connections (admitted ones, in login or full feature phase).
+    pub fn open_connections(&self) -> usize {
+        self.connections.load(Ordering::Acquire)
+    }
+
     pub fn target(&self, iqn: &str) -> Option<&TargetRuntime> {
         self.targets
             .iter()
@@ -283,6 +305,29 @@ impl Server {
             let _ = t.join();
         }
     }
+
+    /// Graceful shutdown: closes the listeners and logins in progress, asks every session to
+    /// log out (each keeps serving its commands meanwhile), waits until all connections are
+    /// gone or `shutdown_grace_s` (plus a second for the last closes) has passed, then flushes
+    /// every LU so what was acknowledged is on stable storage. Returns the connections still
+    /// open, which end with the process.
+    pub async fn drain(&self) -> usize {
+        let grace = Duration::from_secs(self.shared.limits.shutdown_grace_s.into());
+        self.shared.shutdown.send_replace(true);
+        let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(1);
+        while self.shared.open_connections() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.shared.open_connections();
+        for target in &self.shared.targets {
+            for unit in &target.units {
+                if let Err(e) = unit.flush() {
+                    tracing::error!(serial = %unit.identity().serial, "flush at shutdown failed: {e}");
+                }
+            }
+        }
+        left
+    }
 }
 
 /// At most one log line per interval; the lines it held back are counted into the next one, so a
@@ -344,6 +389,9 @@ fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<NewConnection>, i
             let shared = Arc::clone(&shared);
             tokio::spawn(connection::serve(shared, conn));
         }
+        // The acceptor is gone (shutting down): this worker's connections keep running until
+        // they close or the process exits; leaving block_on would cancel them.
+        std::future::pending::<()>().await
     });
 }
 
@@ -386,8 +434,14 @@ fn acceptor(
             let next = Arc::clone(&next);
             tasks.push(tokio::spawn(async move {
                 let mut refusal_log = LogLimiter::new(Duration::from_secs(1));
+                let mut shutdown = shared.shutdown_signal();
                 loop {
-                    let (stream, peer) = match listener.accept().await {
+                    let accepted = tokio::select! {
+                        accepted = listener.accept() => accepted,
+                        // Dropping the listener refuses new connections at the TCP level.
+                        () = Shared::shutting_down(&mut shutdown) => return,
+                    };
+                    let (stream, peer) = match accepted {
                         Ok(x) => x,
                         Err(e) => {
                             // EMFILE and friends: back off instead of spinning.
@@ -607,6 +661,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         chap_algorithms: config.server.chap_algorithms.clone(),
         login_failures: Mutex::new(LoginFailures::default()),
         metrics,
+        shutdown: watch::Sender::new(false),
     })
 }
 

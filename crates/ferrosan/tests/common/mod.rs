@@ -207,6 +207,32 @@ impl Daemon {
         let _ = child.wait();
     }
 
+    /// Sends a signal ("TERM", "INT", ...) to the daemon, by PID.
+    pub fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("daemon running");
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits up to `within` for the daemon to exit on its own; its exit status if it did.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Stop, then start again with the same arguments and port.
     pub fn restart(&mut self) {
         self.stop();

@@ -574,6 +574,48 @@ fn logout_closes() {
 }
 
 #[test]
+fn a_requested_logout_is_an_async_message_then_the_logout_closes() {
+    let mut h = harness();
+    let nop = |itt| {
+        let mut b = Bhs::new(Opcode::NopOut);
+        b.set_immediate(true);
+        b.set_flags(0x80);
+        b.set_itt(itt);
+        b.set_u32(off::TTT, RESERVED_TAG);
+        b
+    };
+    let (_, r) = h.send(nop(1), &[]);
+    let stat_sn = r[0].0.u32_at(off::STAT_SN);
+    let mut out = Outbox::new(4);
+    h.s.request_logout(10, &mut out);
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(r.len(), 1);
+    let (msg, data) = &r[0];
+    assert_eq!(msg.opcode_raw(), Opcode::AsyncMessage as u8);
+    assert_eq!(msg.flags(), 0x80);
+    assert_eq!(msg.itt(), RESERVED_TAG);
+    assert_eq!(msg.0[36], 1, "AsyncEvent: target requests logout");
+    assert_eq!(
+        msg.0[42..44],
+        10u16.to_be_bytes(),
+        "Parameter3: seconds to log out"
+    );
+    assert_eq!(msg.u32_at(off::STAT_SN), stat_sn + 1);
+    assert!(data.is_empty());
+    // Commands are still served, with the StatSN after the message's.
+    let (_, r) = h.send(nop(2), &[]);
+    assert_eq!(r[0].0.u32_at(off::STAT_SN), stat_sn + 2);
+    // The initiator's logout ends the session as usual.
+    let mut lo = Bhs::new(Opcode::LogoutRequest);
+    lo.set_immediate(true);
+    lo.set_flags(0x80);
+    lo.set_itt(3);
+    let (flow, r) = h.send(lo, &[]);
+    assert_eq!(flow, Flow::Close);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::LogoutResponse as u8);
+}
+
+#[test]
 fn unknown_opcodes_and_login_are_rejected() {
     let mut h = harness();
     let mut b = Bhs::new(Opcode::NopOut);

@@ -243,6 +243,9 @@ limits! {
     nop_in_interval_s: u32 = 5, 0, 3_600;
     /// Seconds to wait for the answer to a NOP-In ping before dropping the connection.
     nop_in_timeout_s: u32 = 30, 1, 3_600;
+    /// Seconds, on SIGTERM or SIGINT, the daemon serves sessions after asking them to log out
+    /// (Async Message) before it closes those left and exits; 0 = close at once.
+    shutdown_grace_s: u32 = 10, 0, 3_600;
     /// key=value pairs in one login or text negotiation. Over: login rejected / Text Reject.
     max_text_key_count: u32 = 64, 1, 4_096;
     /// Bytes of key=value data in one negotiation sequence (with continuations).

@@ -111,11 +111,11 @@ fuzz_target!(|input: Input| {
         (5, lu.clone(), input.mapping_read_only),
     ])
     .expect("valid map");
-    let port = Arc::new(TargetPort {
-        relative_id: 1,
-        name: "iqn.2026-11.org.ferrosan:fuzz,t,0x0001".into(),
-        target_name: "iqn.2026-11.org.ferrosan:fuzz".into(),
-    });
+    let port = Arc::new(TargetPort::alone(
+        1,
+        "iqn.2026-11.org.ferrosan:fuzz,t,0x0001".into(),
+        "iqn.2026-11.org.ferrosan:fuzz".into(),
+    ));
     let nexuses = [1u64, 2].map(|id| Nexus {
         id,
         initiator_port: format!("iqn.2026-11.org.example:i{id},i,0x800000000001"),

@@ -9,9 +9,9 @@ mod common;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::raw::Raw;
+use common::raw::{self, Raw};
 use common::{free_port, pseudo_random_bytes, scrape, Daemon};
-use iscsi::pdu::{encode_into, off, Bhs, Framing, Opcode};
+use iscsi::pdu::{encode_into, Framing, Opcode};
 
 const BLOCK: usize = 512;
 const WRITE_BYTES: usize = 4096;
@@ -24,41 +24,10 @@ fn counter(text: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} missing from metrics:\n{text}"))
 }
 
-/// A SCSI Command PDU for `cdb`, with the raw client's CmdSN and ExpStatSN.
-fn command(raw: &mut Raw, itt: u32, cdb: &[u8], flags: u8, edtl: u32) -> Bhs {
-    let mut bhs = Bhs::new(Opcode::ScsiCommand);
-    bhs.set_flags(flags);
-    bhs.set_itt(itt);
-    bhs.set_u32(off::EDTL, edtl);
-    bhs.set_u32(off::CMD_SN, raw.cmd_sn);
-    bhs.set_u32(off::EXP_STAT_SN, raw.exp_stat_sn);
-    bhs.0[32..32 + cdb.len()].copy_from_slice(cdb);
-    raw.cmd_sn = raw.cmd_sn.wrapping_add(1);
-    bhs
-}
-
 fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
     let l = lba.to_be_bytes();
     let b = blocks.to_be_bytes();
     [opcode, 0, l[0], l[1], l[2], l[3], 0, b[0], b[1], 0]
-}
-
-/// The status of a SCSI Response (or of a Data-In with the S bit).
-fn status_of(pdu: &common::raw::Received) -> u8 {
-    pdu.bhs.0[3]
-}
-
-/// Reads a read command's Data-In PDUs up to its status; asserts GOOD and returns the data.
-fn read_data(raw: &mut Raw) -> Vec<u8> {
-    let mut data = Vec::new();
-    loop {
-        let pdu = raw.recv(); // panics after ANSWER_TIMEOUT: a stall is a failure
-        data.extend_from_slice(&pdu.data);
-        if pdu.bhs.flags() & 0x01 != 0 || pdu.bhs.opcode_raw() == Opcode::ScsiResponse as u8 {
-            assert_eq!(status_of(&pdu), 0, "read failed: {:?}", pdu.bhs);
-            return data;
-        }
-    }
 }
 
 #[test]
@@ -75,10 +44,10 @@ fn pipelined_bursts_are_coalesced_and_a_lone_command_still_gets_its_answer() {
     // Consume the power-on unit attention, as an initiator does before its I/O.
     let mut ready = false;
     for _ in 0..3 {
-        let bhs = command(&mut raw, itt, &[0; 6], 0x80, 0);
+        let bhs = raw.command(itt, &[0; 6], 0x80, 0);
         itt += 1;
         raw.send(&bhs, &[]);
-        if status_of(&raw.recv()) == 0 {
+        if raw::status_of(&raw.recv()) == 0 {
             ready = true;
             break;
         }
@@ -92,7 +61,7 @@ fn pipelined_bursts_are_coalesced_and_a_lone_command_still_gets_its_answer() {
             let n = burst * BURST + i;
             let data = pseudo_random_bytes(WRITE_BYTES, u64::from(n));
             let cdb = rw10(0x2a, n * u32::from(blocks_per_write), blocks_per_write);
-            let mut bhs = command(&mut raw, itt, &cdb, 0xa0, WRITE_BYTES as u32);
+            let mut bhs = raw.command(itt, &cdb, 0xa0, WRITE_BYTES as u32);
             bhs.set_data_segment_len(WRITE_BYTES);
             let mut wire = Vec::new();
             encode_into(&mut wire, &bhs, &data, &framing);
@@ -102,16 +71,16 @@ fn pipelined_bursts_are_coalesced_and_a_lone_command_still_gets_its_answer() {
         for _ in 0..BURST {
             let pdu = raw.recv();
             assert_eq!(pdu.bhs.opcode_raw(), Opcode::ScsiResponse as u8);
-            assert_eq!(status_of(&pdu), 0, "write failed: {:?}", pdu.bhs);
+            assert_eq!(raw::status_of(&pdu), 0, "write failed: {:?}", pdu.bhs);
         }
     }
     // The pipeline stops: one lone small command, sent after every answer was read. The
     // connection may still be waiting for a batch; only its timer can read this command.
     let started = Instant::now();
     let cdb = rw10(0x28, 0, blocks_per_write);
-    let bhs = command(&mut raw, itt, &cdb, 0xc0, WRITE_BYTES as u32);
+    let bhs = raw.command(itt, &cdb, 0xc0, WRITE_BYTES as u32);
     raw.send(&bhs, &[]);
-    let data = read_data(&mut raw);
+    let data = raw.read_data();
     let lone = started.elapsed();
     assert_eq!(data, pseudo_random_bytes(WRITE_BYTES, 0));
     itt += 1;
@@ -121,10 +90,10 @@ fn pipelined_bursts_are_coalesced_and_a_lone_command_still_gets_its_answer() {
         let lba = burst * u32::from(blocks);
         let cdb = rw10(0x28, lba, blocks);
         let len = BURST * WRITE_BYTES as u32;
-        let bhs = command(&mut raw, itt, &cdb, 0xc0, len);
+        let bhs = raw.command(itt, &cdb, 0xc0, len);
         itt += 1;
         raw.send(&bhs, &[]);
-        let got = read_data(&mut raw);
+        let got = raw.read_data();
         for i in 0..BURST {
             let n = burst * BURST + i;
             let at = i as usize * WRITE_BYTES;

@@ -54,6 +54,7 @@ pub const READ_DEFECT_DATA_12: u8 = 0xB7;
 pub const SA_READ_CAPACITY_16: u16 = 0x10;
 pub const SA_GET_LBA_STATUS: u16 = 0x12;
 pub const SA_REPORT_SUPPORTED_OPCODES: u16 = 0x0C;
+pub const SA_REPORT_TARGET_PORT_GROUPS: u16 = 0x0A;
 
 /// Medium-modifying commands: refused on a write-protected LU or mapping.
 pub fn is_medium_write(opcode: u8) -> bool {

@@ -65,7 +65,7 @@ impl LogicalUnit {
         out.push(0x06); // SPC-4
         out.push(0x12); // HISUP, response data format 2
         out.push((STANDARD_BYTES - 5) as u8);
-        out.push(0x08); // 3PC (EXTENDED COPY); no SCCS/ACC/TPGS/PROTECT
+        out.push(0x10 | 0x08); // TPGS = 01b (implicit ALUA), 3PC (EXTENDED COPY); no SCCS/ACC/PROTECT
         out.push(0x00);
         out.push(0x02); // CMDQUE
         put_ascii(out, &self.identity.vendor, 8);
@@ -123,6 +123,9 @@ impl LogicalUnit {
         let port = &nexus.target_port;
         out.extend_from_slice(&[0x01, 0x14, 0, 4, 0, 0]);
         out.extend_from_slice(&port.relative_id.to_be_bytes());
+        // Target port group (ALUA), target port association.
+        out.extend_from_slice(&[0x01, 0x15, 0, 4, 0, 0]);
+        out.extend_from_slice(&port.group.to_be_bytes());
         // SCSI name strings (UTF-8), target port and target device associations.
         put_name_designator(out, 0x18, &port.name);
         put_name_designator(out, 0x28, &port.target_name);

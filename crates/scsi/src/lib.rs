@@ -7,6 +7,7 @@
 //! the CDB's own transfer length (for the transport's residual accounting). No sockets, threads
 //! or clocks live here.
 
+mod alua;
 mod cdb;
 mod inquiry;
 mod lu;
@@ -34,6 +35,56 @@ pub struct TargetPort {
     pub name: String,
     /// SCSI name of the target device (the iSCSI target name).
     pub target_name: String,
+    /// The target port group (ALUA) this port belongs to.
+    pub group: u16,
+    /// Every target port group of this port's target, as REPORT TARGET PORT GROUPS lists them;
+    /// shared by all the target's ports.
+    pub groups: Arc<[PortGroup]>,
+}
+
+impl TargetPort {
+    /// A target with this one port, in a target port group of its own (same number),
+    /// active/optimized.
+    pub fn alone(relative_id: u16, name: String, target_name: String) -> TargetPort {
+        TargetPort {
+            relative_id,
+            name,
+            target_name,
+            group: relative_id,
+            groups: Arc::new([PortGroup {
+                id: relative_id,
+                state: AccessState::ActiveOptimized,
+                ports: vec![relative_id],
+            }]),
+        }
+    }
+}
+
+/// Asymmetric access state of a target port group (SPC-4 5.15.2.2). Only the active states are
+/// offered: every command works through every port, and the state tells multipath initiators
+/// which paths to prefer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessState {
+    ActiveOptimized,
+    ActiveNonOptimized,
+}
+
+impl AccessState {
+    /// The ASYMMETRIC ACCESS STATE code.
+    pub fn code(self) -> u8 {
+        match self {
+            AccessState::ActiveOptimized => 0x0,
+            AccessState::ActiveNonOptimized => 0x1,
+        }
+    }
+}
+
+/// A target port group: its number, state and the relative identifiers of its ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortGroup {
+    pub id: u16,
+    pub state: AccessState,
+    pub ports: Vec<u16>,
 }
 
 /// One I_T nexus: an initiator port talking to a target port.

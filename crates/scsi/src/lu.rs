@@ -420,6 +420,9 @@ impl LogicalUnit {
             START_STOP_UNIT => self.start_stop_unit(cdb),
             PREVENT_ALLOW_MEDIUM_REMOVAL => self.prevent_allow(nexus, cdb),
             REPORT_LUNS => self.report_luns_single(cmd, data_in),
+            MAINTENANCE_IN if cdb.service_action() == SA_REPORT_TARGET_PORT_GROUPS => {
+                crate::alua::report_target_port_groups(nexus, cmd, data_in)
+            }
             MAINTENANCE_IN => {
                 check_reserved(cdb, 2, 0x87)?;
                 opcodes::report_supported(cdb, self.offered(), data_in)?;

@@ -364,6 +364,11 @@ pub static OPS: &[OpInfo] = &[
     op(REPORT_LUNS, &[REPORT_LUNS, 0, F, 0, 0, 0, F, F, F, F, 0, 0]),
     sa(
         MAINTENANCE_IN,
+        SA_REPORT_TARGET_PORT_GROUPS,
+        &[MAINTENANCE_IN, 0xEA, 0, 0, 0, 0, F, F, F, F, 0, 0],
+    ),
+    sa(
+        MAINTENANCE_IN,
         SA_REPORT_SUPPORTED_OPCODES,
         &[MAINTENANCE_IN, 0x0C, 0x87, F, F, F, F, F, F, F, 0, 0],
     ),

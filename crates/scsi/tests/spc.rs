@@ -1,7 +1,8 @@
 mod common;
 use common::*;
 use scsi::sense::SENSE_BYTES_MAX;
-use scsi::{Command, LuSettings, Status};
+use scsi::{AccessState, Command, LuSettings, Nexus, PortGroup, Status, TargetPort};
+use std::sync::Arc;
 
 fn inquiry(evpd: bool, page: u8, alloc: u16) -> [u8; 6] {
     let [hi, lo] = alloc.to_be_bytes();
@@ -35,7 +36,8 @@ fn standard_inquiry() {
     let mut t = T::new();
     let d = t.ok(&inquiry(false, 0, 255), &[]);
     assert_eq!(d.len(), 96);
-    assert_eq!(&d[..8], &[0x00, 0x00, 0x06, 0x12, 91, 0x08, 0x00, 0x02]);
+    // TPGS = 01b (implicit ALUA), 3PC.
+    assert_eq!(&d[..8], &[0x00, 0x00, 0x06, 0x12, 91, 0x18, 0x00, 0x02]);
     assert_eq!(&d[8..16], b"FERROSAN");
     assert_eq!(&d[16..32], b"RAM DISK        ");
     assert_eq!(&d[32..36], b"0001");
@@ -104,13 +106,89 @@ fn device_identification_page() {
     );
     assert_eq!(seen[1], (2, 0x01, b"FERROSANfs0001".to_vec()));
     assert_eq!(seen[2], (1, 0x14, vec![0, 0, 0, 1]));
+    assert_eq!(seen[3], (1, 0x15, vec![0, 0, 0, 1]), "target port group");
     let port = b"iqn.2026-11.org.ferrosan:demo,t,0x0001";
-    assert_eq!(seen[3].1, 0x18);
-    assert_eq!(seen[3].2.len() % 4, 0);
-    assert_eq!(&seen[3].2[..port.len()], port);
-    assert!(seen[3].2[port.len()..].iter().all(|&b| b == 0));
-    assert_eq!(seen[4].1, 0x28);
-    assert!(seen[4].2.starts_with(b"iqn.2026-11.org.ferrosan:demo\0"));
+    assert_eq!(seen[4].1, 0x18);
+    assert_eq!(seen[4].2.len() % 4, 0);
+    assert_eq!(&seen[4].2[..port.len()], port);
+    assert!(seen[4].2[port.len()..].iter().all(|&b| b == 0));
+    assert_eq!(seen[5].1, 0x28);
+    assert!(seen[5].2.starts_with(b"iqn.2026-11.org.ferrosan:demo\0"));
+}
+
+fn rtpg(format: u8, alloc: u32) -> [u8; 12] {
+    let [a, b, c, d] = alloc.to_be_bytes();
+    [0xA3, (format << 5) | 0x0A, 0, 0, 0, 0, a, b, c, d, 0, 0]
+}
+
+/// A nexus through port 2 of a target with two ports, each its own group: 1 optimized,
+/// 2 non-optimized.
+fn two_group_nexus() -> Nexus {
+    let groups: Arc<[PortGroup]> = Arc::new([
+        PortGroup {
+            id: 1,
+            state: AccessState::ActiveOptimized,
+            ports: vec![1],
+        },
+        PortGroup {
+            id: 2,
+            state: AccessState::ActiveNonOptimized,
+            ports: vec![2],
+        },
+    ]);
+    Nexus {
+        id: 9,
+        initiator_port: "iqn.1994-05.com.example:mp,i,0x00023d000009".into(),
+        target_port: Arc::new(TargetPort {
+            relative_id: 2,
+            name: "iqn.2026-11.org.ferrosan:demo,t,0x0002".into(),
+            target_name: "iqn.2026-11.org.ferrosan:demo".into(),
+            group: 2,
+            groups,
+        }),
+    }
+}
+
+#[test]
+fn report_target_port_groups_lists_every_group_with_its_state() {
+    let mut t = T::new();
+    t.nexus = two_group_nexus();
+    let descriptor = |id: u8, state: u8, port: u8| [state, 0x03, 0, id, 0, 0, 0, 1, 0, 0, 0, port];
+    let mut want = vec![0, 0, 0, 24];
+    want.extend_from_slice(&descriptor(1, 0x0, 1));
+    want.extend_from_slice(&descriptor(2, 0x1, 2));
+    assert_eq!(t.ok(&rtpg(0, 1024), &[]), want, "length-only header");
+    // Extended header: format type 1, no implicit transition time; the length covers it.
+    let mut ext = vec![0, 0, 0, 28, 0x10, 0, 0, 0];
+    ext.extend_from_slice(&want[4..]);
+    assert_eq!(t.ok(&rtpg(1, 1024), &[]), ext, "extended header");
+    // The allocation length truncates; the length field still tells the whole size.
+    assert_eq!(t.ok(&rtpg(0, 6), &[]), want[..6].to_vec());
+    assert_eq!(t.ok(&rtpg(0, 0), &[]), Vec::<u8>::new());
+    // VPD 83h names the group of the port the command came through.
+    let d = t.ok(&inquiry(true, 0x83, 1024), &[]);
+    assert!(
+        d.windows(8).any(|w| w == [0x01, 0x15, 0, 4, 0, 0, 0, 2]),
+        "no target port group 2 designator in {d:02x?}"
+    );
+}
+
+#[test]
+fn report_target_port_groups_rejects_unknown_formats_and_reserved_bits() {
+    let mut t = T::new();
+    for format in 2..8 {
+        let s = t.err(&rtpg(format, 64), &[]);
+        assert_eq!(s.sense_key_specific, Some([0xCF, 0, 1]), "format {format}");
+    }
+    for byte in [2, 3, 4, 5, 10] {
+        let mut cdb = rtpg(0, 64);
+        cdb[byte] = 0x01;
+        invalid_cdb(&t.err(&cdb, &[]));
+    }
+    // Listed by REPORT SUPPORTED OPERATION CODES (one command: A3h, service action 0Ah).
+    let d = t.ok(&[0xA3, 0x0C, 0x02, 0xA3, 0, 0x0A, 0, 0, 1, 0, 0, 0], &[]);
+    assert_eq!(d[1] & 0x07, 0x03, "supported, as the standard says");
+    assert_eq!(&d[4..6], &[0xA3, 0xEA]);
 }
 
 #[test]

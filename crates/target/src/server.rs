@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use scsi::{LogicalUnit, LuIdentity, LuSettings, LunMap, TargetPort};
+use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, TargetPort};
 use store::{BlockStore, FileStore, RamStore};
 use tokio::sync::{mpsc, watch};
 
@@ -618,6 +618,20 @@ fn build(config: &Config) -> Result<Shared, String> {
                 disk_luns: Arc::new(disk_luns),
             });
         }
+        // ALUA: each portal group is one target port of this target and a target port group of
+        // its own, numbered by its tag, in the state the config gives it.
+        let alua_groups: Arc<[PortGroup]> = portal_groups
+            .iter()
+            .map(|&tag| PortGroup {
+                id: tag,
+                state: config
+                    .portal_groups
+                    .iter()
+                    .find(|p| p.tag == tag)
+                    .map_or(AccessState::ActiveOptimized, |p| p.alua_state),
+                ports: vec![tag],
+            })
+            .collect();
         let ports = portal_groups
             .iter()
             .map(|&tag| {
@@ -627,6 +641,8 @@ fn build(config: &Config) -> Result<Shared, String> {
                         relative_id: tag,
                         name: format!("{},t,0x{tag:04x}", t.iqn),
                         target_name: t.iqn.clone(),
+                        group: tag,
+                        groups: Arc::clone(&alua_groups),
                     }),
                 )
             })

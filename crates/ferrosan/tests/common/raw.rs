@@ -93,6 +93,11 @@ pub fn login_request(isid_tail: u8, text: &[u8]) -> Bhs {
     bhs
 }
 
+/// The status of a SCSI Response (or of a Data-In with the S bit).
+pub fn status_of(pdu: &Received) -> u8 {
+    pdu.bhs.0[3]
+}
+
 impl Raw {
     /// Connects and logs in (operational stage straight to full feature phase).
     pub fn login(port: u16, iqn: &str, isid_tail: u8) -> Raw {
@@ -134,6 +139,32 @@ impl Raw {
             self.exp_stat_sn = pdu.bhs.u32_at(off::STAT_SN).wrapping_add(1);
         }
         pdu
+    }
+
+    /// A SCSI Command PDU for `cdb` with this client's CmdSN (advanced) and ExpStatSN.
+    pub fn command(&mut self, itt: u32, cdb: &[u8], flags: u8, edtl: u32) -> Bhs {
+        let mut bhs = Bhs::new(Opcode::ScsiCommand);
+        bhs.set_flags(flags);
+        bhs.set_itt(itt);
+        bhs.set_u32(off::EDTL, edtl);
+        bhs.set_u32(off::CMD_SN, self.cmd_sn);
+        bhs.set_u32(off::EXP_STAT_SN, self.exp_stat_sn);
+        bhs.0[32..32 + cdb.len()].copy_from_slice(cdb);
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        bhs
+    }
+
+    /// Reads a command's Data-In PDUs up to its status; asserts GOOD and returns the data.
+    pub fn read_data(&mut self) -> Vec<u8> {
+        let mut data = Vec::new();
+        loop {
+            let pdu = self.recv(); // panics after ANSWER_TIMEOUT: a stall is a failure
+            data.extend_from_slice(&pdu.data);
+            if pdu.bhs.flags() & 0x01 != 0 || pdu.opcode() == Opcode::ScsiResponse as u8 {
+                assert_eq!(status_of(&pdu), 0, "command failed: {:?}", pdu.bhs);
+                return data;
+            }
+        }
     }
 
     /// A NOP-Out that must be answered: proves the session still works.

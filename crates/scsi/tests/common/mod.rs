@@ -73,11 +73,11 @@ pub fn nexus(id: u64) -> Nexus {
     Nexus {
         id,
         initiator_port: format!("iqn.1994-05.com.example:host{id},i,0x00023d000001"),
-        target_port: Arc::new(TargetPort {
-            relative_id: 1,
-            name: "iqn.2026-11.org.ferrosan:demo,t,0x0001".into(),
-            target_name: "iqn.2026-11.org.ferrosan:demo".into(),
-        }),
+        target_port: Arc::new(TargetPort::alone(
+            1,
+            "iqn.2026-11.org.ferrosan:demo,t,0x0001".into(),
+            "iqn.2026-11.org.ferrosan:demo".into(),
+        )),
     }
 }
 

@@ -212,7 +212,11 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: &str, specs: Vec<LunSpec>) -> Conf
     Config {
         server: ServerConfig::default(),
         limits: Limits::default(),
-        portal_groups: vec![PortalGroup { tag: 1, listen }],
+        portal_groups: vec![PortalGroup {
+            tag: 1,
+            listen,
+            alua_state: scsi::AccessState::ActiveOptimized,
+        }],
         devices,
         targets: vec![TargetConfig {
             iqn: iqn.to_string(),

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::PathBuf;
 
+use scsi::AccessState;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -59,6 +60,7 @@ struct RawServer {
 struct RawPortalGroup {
     tag: Option<S<i64>>,
     listen: Option<S<Vec<S<String>>>>,
+    alua_state: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -397,6 +399,16 @@ fn check_limit_relations(cx: &mut Cx<'_>, raw: &RawLimits, l: &mut super::Limits
     debug_assert!(LIMIT_TABLE.iter().all(|(_, d, lo, hi)| lo <= d && d <= hi));
 }
 
+const ALUA_ACTIVE_OPTIMIZED: &str = "active-optimized";
+const ALUA_ACTIVE_NON_OPTIMIZED: &str = "active-non-optimized";
+
+fn alua_state_name(state: AccessState) -> &'static str {
+    match state {
+        AccessState::ActiveOptimized => ALUA_ACTIVE_OPTIMIZED,
+        AccessState::ActiveNonOptimized => ALUA_ACTIVE_NON_OPTIMIZED,
+    }
+}
+
 fn resolve_portal_groups(cx: &mut Cx<'_>, raw: &[S<RawPortalGroup>]) -> Vec<PortalGroup> {
     let mut groups = Vec::new();
     let mut tags: HashMap<u16, ()> = HashMap::new();
@@ -451,8 +463,24 @@ fn resolve_portal_groups(cx: &mut Cx<'_>, raw: &[S<RawPortalGroup>]) -> Vec<Port
                 }
             }
         }
+        let mut alua_state = AccessState::ActiveOptimized;
+        if let Some(v) = &rg.alua_state {
+            match v.get_ref().as_str() {
+                ALUA_ACTIVE_OPTIMIZED => {}
+                ALUA_ACTIVE_NON_OPTIMIZED => alua_state = AccessState::ActiveNonOptimized,
+                other => cx.err(
+                    v.span(),
+                    format!("{ctx}: alua_state"),
+                    format!("unknown state {other:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\" or \"{ALUA_ACTIVE_NON_OPTIMIZED}\""),
+                ),
+            }
+        }
         if let Some(tag) = tag {
-            groups.push(PortalGroup { tag, listen });
+            groups.push(PortalGroup {
+                tag,
+                listen,
+                alua_state,
+            });
         }
     }
     groups
@@ -1021,9 +1049,10 @@ pub(crate) fn to_toml(c: &Config) -> String {
         let listen: Vec<String> = pg.listen.iter().map(|a| q(&a.to_string())).collect();
         let _ = writeln!(
             out,
-            "\n[[portal_group]]\ntag = {}\nlisten = [{}]",
+            "\n[[portal_group]]\ntag = {}\nlisten = [{}]\nalua_state = \"{}\"",
             pg.tag,
-            listen.join(", ")
+            listen.join(", "),
+            alua_state_name(pg.alua_state)
         );
     }
     for d in &c.devices {

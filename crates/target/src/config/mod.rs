@@ -266,6 +266,8 @@ pub struct PortalGroup {
     /// Target portal group tag, 1..=65535.
     pub tag: u16,
     pub listen: Vec<SocketAddr>,
+    /// ALUA state of the target port group this portal group forms (in every target it serves).
+    pub alua_state: scsi::AccessState,
 }
 
 /// A logical unit's backing store and identity, defined once and mapped by groups.

@@ -648,6 +648,30 @@ fn portal_groups_default_to_all() {
 }
 
 #[test]
+fn alua_state_is_per_portal_group() {
+    let text = BASE.replace(
+        "listen = [\"127.0.0.1:3260\"]",
+        "listen = [\"127.0.0.1:3260\"]\n\n[[portal_group]]\ntag = 9\nlisten = [\"127.0.0.1:3261\"]\nalua_state = \"active-non-optimized\"",
+    );
+    let c = load(&text);
+    let states: Vec<_> = c
+        .portal_groups
+        .iter()
+        .map(|p| (p.tag, p.alua_state))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            (1, scsi::AccessState::ActiveOptimized),
+            (9, scsi::AccessState::ActiveNonOptimized)
+        ]
+    );
+    let bad = text.replace("\"active-non-optimized\"", "\"standby\"");
+    let e = one_error(&bad, "standby", "alua_state");
+    assert!(e.message.contains("active-optimized"), "{e}");
+}
+
+#[test]
 fn alias_is_checked() {
     let text = BASE.replace(
         "iqn = \"iqn.2026-11.org.ferrosan:t1\"",
@@ -925,7 +949,8 @@ fn demo_config() {
         c.portal_groups,
         vec![PortalGroup {
             tag: 1,
-            listen: vec!["127.0.0.1:3260".parse().unwrap()]
+            listen: vec!["127.0.0.1:3260".parse().unwrap()],
+            alua_state: scsi::AccessState::ActiveOptimized,
         }]
     );
     assert_eq!(c.targets.len(), 1);

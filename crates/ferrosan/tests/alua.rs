@@ -33,24 +33,8 @@ fn report_target_port_groups_and_inquiry_through_each_portal() {
     let daemon = Daemon::start_config(
         IQN,
         &format!(
-            r#"[[portal_group]]
-tag = 2
-listen = ["127.0.0.1:{second_port}"]
-alua_state = "active-non-optimized"
-
-[[device]]
-name = "mem"
-store = "ram"
-size = "16M"
-
-[[target]]
-iqn = "{IQN}"
-
-  [[target.group]]
-  name = "all"
-  any_initiator = true
-  luns = [ {{ lun = 0, device = "mem" }} ]
-"#
+            "[[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:{second_port}\"]\nalua_state = \"active-non-optimized\"\n{}",
+            common::open_ram_target(IQN)
         ),
     );
     // Group 1 (the harness's portal group): active/optimized, port 1; group 2: non-optimized.

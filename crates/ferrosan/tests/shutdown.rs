@@ -17,23 +17,8 @@ fn daemon(grace_s: u32) -> Daemon {
     Daemon::start_config(
         IQN,
         &format!(
-            r#"[limits]
-shutdown_grace_s = {grace_s}
-
-[[device]]
-name = "mem"
-store = "ram"
-size = "16M"
-
-[[target]]
-iqn = "{IQN}"
-portal_groups = [1]
-
-  [[target.group]]
-  name = "all"
-  any_initiator = true
-  luns = [ {{ lun = 0, device = "mem" }} ]
-"#
+            "[limits]\nshutdown_grace_s = {grace_s}\n{}",
+            common::open_ram_target(IQN)
         ),
     )
 }

@@ -19,6 +19,27 @@ use std::time::{Duration, Instant};
 
 /// How long the daemon may take to accept connections after spawning.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Config text for a 16 MiB RAM device, LUN 0 of target `iqn`, open to any initiator, served
+/// on every portal group: the tail of a `Daemon::start_config` body.
+pub fn open_ram_target(iqn: &str) -> String {
+    format!(
+        r#"
+[[device]]
+name = "mem"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "{iqn}"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "mem" }} ]
+"#
+    )
+}
+
 /// How long one initiator command may run before it is killed.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 

@@ -45,3 +45,55 @@ fn logins_and_failures_are_counted() {
     );
     assert_eq!(value(&after, "ferrosan_sessions"), 0.0, "{after}");
 }
+
+/// Polls the endpoint until `series` reaches `want` (connections report once a second and when
+/// they close); returns the last scrape.
+fn wait_for(metrics_port: u16, series: &str, want: impl Fn(f64) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let text = scrape(metrics_port);
+        if want(value(&text, series)) || std::time::Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn device_io_is_counted_per_device() {
+    const IMAGE: usize = 4 << 20;
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let daemon =
+        Daemon::start_with_args(IQN, &["ram:16M", "ram:16M"], &["--metrics-listen", &listen]);
+    let scratch = common::Scratch::new("metrics-io");
+    let image = scratch.file("image.raw");
+    std::fs::write(&image, common::pseudo_random_bytes(IMAGE, 3)).expect("write image");
+    let image = image.display().to_string();
+    common::upload(&daemon, 0, &image);
+    let written = "ferrosan_device_write_bytes_total{device=\"lun0\"}";
+    let text = wait_for(metrics_port, written, |v| v >= IMAGE as f64);
+    assert_eq!(value(&text, written), IMAGE as f64, "{text}");
+    assert!(
+        value(&text, "ferrosan_device_writes_total{device=\"lun0\"}") >= 2.0,
+        "qemu-img writes at most 2 MiB per command: {text}"
+    );
+    common::assert_identical(&daemon, 0, &image);
+    let read = "ferrosan_device_read_bytes_total{device=\"lun0\"}";
+    let text = wait_for(metrics_port, read, |v| v >= IMAGE as f64);
+    let read_bytes = value(&text, read);
+    assert!(
+        read_bytes >= IMAGE as f64 && read_bytes % 512.0 == 0.0,
+        "compare reads the image back: {read_bytes}\n{text}"
+    );
+    assert!(value(&text, "ferrosan_device_reads_total{device=\"lun0\"}") >= 2.0);
+    // The other device saw no I/O: no reads or writes counted for it.
+    assert_eq!(
+        value(&text, "ferrosan_device_write_bytes_total{device=\"lun1\"}"),
+        0.0
+    );
+    assert_eq!(
+        value(&text, "ferrosan_device_read_bytes_total{device=\"lun1\"}"),
+        0.0
+    );
+}

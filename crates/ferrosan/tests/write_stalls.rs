@@ -125,6 +125,15 @@ fn buffered_writes_run_off_the_workers_and_land_intact() {
         None,
         "a RAM device has no stall state:\n{metrics}"
     );
+    // Writes that ran on the blocking pool are counted like inline ones, per device.
+    for device in ["disk", "mem"] {
+        let series = format!("ferrosan_device_write_bytes_total{{device=\"{device}\"}}");
+        assert_eq!(
+            metric(&metrics, &series),
+            Some(IMAGE_BYTES as u64),
+            "{series}:\n{metrics}"
+        );
+    }
     assert_file_holds_image(&lun_path, 7);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&disk_dir);

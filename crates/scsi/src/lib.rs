@@ -87,6 +87,31 @@ pub struct PortGroup {
     pub ports: Vec<u16>,
 }
 
+/// What a command moves, for I/O accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoKind {
+    /// READ (6/10/12/16): Data-In from the medium.
+    Read,
+    /// Commands that write the medium with the Data-Out they carry: WRITE, WRITE AND VERIFY,
+    /// WRITE SAME, COMPARE AND WRITE, ORWRITE, WRITE ATOMIC.
+    Write,
+    Other,
+}
+
+/// Classifies a command by its opcode alone (it may still fail).
+pub fn io_kind(cdb: &[u8]) -> IoKind {
+    use cdb::*;
+    match cdb.first() {
+        Some(&(READ_6 | READ_10 | READ_12 | READ_16)) => IoKind::Read,
+        Some(
+            &(WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12
+            | WRITE_AND_VERIFY_16 | WRITE_SAME_10 | WRITE_SAME_16 | COMPARE_AND_WRITE
+            | ORWRITE_16 | WRITE_ATOMIC_16),
+        ) => IoKind::Write,
+        _ => IoKind::Other,
+    }
+}
+
 /// One I_T nexus: an initiator port talking to a target port.
 #[derive(Debug, Clone)]
 pub struct Nexus {
@@ -158,5 +183,27 @@ impl Completion {
             sense: Some(sense),
             transfer_len: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_kind_by_opcode() {
+        for op in [0x08, 0x28, 0xA8, 0x88] {
+            assert_eq!(io_kind(&[op, 0, 0]), IoKind::Read, "{op:02x}");
+        }
+        for op in [
+            0x0A, 0x2A, 0xAA, 0x8A, 0x2E, 0xAE, 0x8E, 0x41, 0x93, 0x89, 0x8B, 0x9C,
+        ] {
+            assert_eq!(io_kind(&[op, 0, 0]), IoKind::Write, "{op:02x}");
+        }
+        // Data-In that is not medium data, and commands that move none.
+        for op in [0x12, 0x25, 0x1A, 0x00, 0x35, 0x42, 0xA3, 0x2F] {
+            assert_eq!(io_kind(&[op, 0, 0]), IoKind::Other, "{op:02x}");
+        }
+        assert_eq!(io_kind(&[]), IoKind::Other);
     }
 }

@@ -31,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::sys;
 
 use crate::config::ResolvedAuth;
+use crate::metrics::IoCounts;
 use crate::registry::SessionTicket;
 use crate::server::{DiskLun, NewConnection, Shared};
 use crate::stall::WriteStalls;
@@ -195,6 +196,11 @@ impl LoginPolicy for Policy<'_> {
 /// A command that ran on the blocking pool, on its way back to its connection.
 struct Completed {
     itt: u32,
+    /// For the I/O metrics: the LUN, what kind of command, and its Data-Out length.
+    lun: u64,
+    kind: scsi::IoKind,
+    data_out_len: usize,
+    expected_len: u32,
     outcome: ScsiOutcome,
     data_in: Vec<u8>,
     sense: Vec<u8>,
@@ -223,9 +229,50 @@ struct Backend<'a> {
     nexus: Option<Nexus>,
     local: SocketAddr,
     portal_group_tag: u16,
+    /// I/O per mapped LUN since the last report to the shared metrics (once a second).
+    io: Vec<DeviceIo>,
+}
+
+/// One LUN's I/O on this connection, counted without atomics.
+struct DeviceIo {
+    lun: u64,
+    device: Arc<str>,
+    counts: IoCounts,
 }
 
 impl Backend<'_> {
+    /// Counts one finished command: `data_bytes` is its Data-In (reads) or Data-Out (writes).
+    fn record_io(&mut self, lun: u64, kind: scsi::IoKind, status: u8, data_bytes: usize) {
+        let Some(slot) = self.io.iter_mut().find(|d| d.lun == lun) else {
+            return;
+        };
+        let good = status == 0;
+        let counts = &mut slot.counts;
+        counts.errors += u64::from(!good);
+        let bytes = if good { data_bytes as u64 } else { 0 };
+        match kind {
+            scsi::IoKind::Read => {
+                counts.reads += 1;
+                counts.read_bytes += bytes;
+            }
+            scsi::IoKind::Write => {
+                counts.writes += 1;
+                counts.write_bytes += bytes;
+            }
+            scsi::IoKind::Other => {}
+        }
+    }
+
+    /// Adds what this connection counted to the shared per-device metrics.
+    fn report_io(&mut self) {
+        for slot in &mut self.io {
+            if slot.counts != IoCounts::default() {
+                self.shared.metrics.add_io(&slot.device, &slot.counts);
+                slot.counts = IoCounts::default();
+            }
+        }
+    }
+
     /// Whether commands already on the blocking pool hold the connection's whole budget.
     fn congested(&self) -> bool {
         self.deferred_bytes >= self.deferred_bytes_max
@@ -318,6 +365,7 @@ impl ScsiBackend for Backend<'_> {
         };
         // Reads of RAM LUs lend their pages (zero-copy); reads of disk-backed LUs are copied
         // inline when the data is cached and otherwise go to the blocking pool.
+        let (data_before, lent_before) = (data_in.len(), lent.len());
         let completion = match luns.try_execute(nexus, lun, &cmd, data_in, lent) {
             Some(completion) => completion,
             // Declined with no effect: it runs again, whole, on the blocking pool.
@@ -328,7 +376,21 @@ impl ScsiBackend for Backend<'_> {
                 tracing::debug!(lun, "buffered write stalled a network worker");
             }
         }
-        Execution::Done(outcome_of(&completion, sense))
+        let kind = scsi::io_kind(req.cdb);
+        let data_bytes = match kind {
+            scsi::IoKind::Read => {
+                let lent_bytes: usize = lent[lent_before.min(lent.len())..]
+                    .iter()
+                    .map(|(_, range)| range.len())
+                    .sum();
+                (data_in.len().saturating_sub(data_before) + lent_bytes)
+                    .min(req.expected_len as usize)
+            }
+            _ => req.data_out.len(),
+        };
+        let outcome = outcome_of(&completion, sense);
+        self.record_io(lun, kind, outcome.status, data_bytes);
+        Execution::Done(outcome)
     }
 
     /// Runs the command on tokio's blocking pool; its completion returns through the channel.
@@ -365,6 +427,10 @@ impl ScsiBackend for Backend<'_> {
             // The connection may be gone by now; then nobody waits for the answer.
             let _ = completions.send(Completed {
                 itt: command.itt,
+                lun,
+                kind: scsi::io_kind(&command.cdb),
+                data_out_len: command.data_out.len(),
+                expected_len: command.expected_len,
                 outcome,
                 data_in,
                 sense,
@@ -555,6 +621,7 @@ impl Driver {
             nexus: None,
             local: self.local,
             portal_group_tag: self.portal_group_tag,
+            io: Vec::new(),
         };
         if let Some(t) = established
             .target_name
@@ -582,6 +649,15 @@ impl Driver {
                 }
                 backend.luns = Some(Arc::clone(&group.luns));
                 backend.disk_luns = Arc::clone(&group.disk_luns);
+                backend.io = group
+                    .lun_devices
+                    .iter()
+                    .map(|(lun, device)| DeviceIo {
+                        lun: *lun,
+                        device: Arc::clone(device),
+                        counts: IoCounts::default(),
+                    })
+                    .collect();
             }
         }
         tracing::info!(
@@ -627,6 +703,7 @@ impl Driver {
             )
             .await;
         wakeups.report();
+        backend.report_io();
         shared.metrics.sessions.dec();
         if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
             for entry in luns.entries() {
@@ -747,6 +824,7 @@ impl Driver {
                 }
                 _ = ticker.tick() => {
                     wakeups.report();
+                    backend.report_io();
                     let flow = session.tick(Instant::now(), &mut self.out);
                     self.flush().await?;
                     if flow == Flow::Close {
@@ -756,6 +834,11 @@ impl Driver {
                 }
                 Some(done) = completed.recv() => {
                     backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
+                    let data_bytes = match done.kind {
+                        scsi::IoKind::Read => done.data_in.len().min(done.expected_len as usize),
+                        _ => done.data_out_len,
+                    };
+                    backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
                     self.out.give_back(done.data_out);
                 }

@@ -1,7 +1,8 @@
 //! Prometheus metrics (text exposition format) and the small HTTP endpoint that serves them.
 //!
-//! Only control-plane events are counted (connections, logins, sessions, limits): the per-command
-//! path stays free of shared counters, which would bounce one cache line between cores.
+//! The per-command path stays free of shared counters, which would bounce one cache line between
+//! cores: per-device I/O is counted by each connection in plain integers and added here once a
+//! second (and when the connection closes).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +44,21 @@ pub struct Metrics {
     pub receive_batch_misses: Counter,
     pub write_stalls: Family<DeviceLabel, Counter>,
     pub writes_offloaded: Family<DeviceLabel, Counter>,
+    pub device_reads: Family<DeviceLabel, Counter>,
+    pub device_writes: Family<DeviceLabel, Counter>,
+    pub device_read_bytes: Family<DeviceLabel, Counter>,
+    pub device_write_bytes: Family<DeviceLabel, Counter>,
+    pub device_errors: Family<DeviceLabel, Counter>,
+}
+
+/// One connection's I/O on one device since its last report.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IoCounts {
+    pub reads: u64,
+    pub writes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub errors: u64,
 }
 
 impl Default for Metrics {
@@ -62,6 +78,11 @@ impl Metrics {
         let receive_batch_misses = Counter::default();
         let write_stalls = Family::<DeviceLabel, Counter>::default();
         let writes_offloaded = Family::<DeviceLabel, Counter>::default();
+        let device_reads = Family::<DeviceLabel, Counter>::default();
+        let device_writes = Family::<DeviceLabel, Counter>::default();
+        let device_read_bytes = Family::<DeviceLabel, Counter>::default();
+        let device_write_bytes = Family::<DeviceLabel, Counter>::default();
+        let device_errors = Family::<DeviceLabel, Counter>::default();
         registry.register(
             "limit_exceeded",
             "Times a configured limit refused or cut off a client",
@@ -98,6 +119,31 @@ impl Metrics {
             "Buffered writes run off the network workers because their device was stalling",
             writes_offloaded.clone(),
         );
+        registry.register(
+            "device_reads",
+            "READ commands completed, per device",
+            device_reads.clone(),
+        );
+        registry.register(
+            "device_writes",
+            "Commands that write the medium (WRITE, WRITE AND VERIFY, WRITE SAME, COMPARE AND WRITE, ORWRITE, WRITE ATOMIC) completed, per device",
+            device_writes.clone(),
+        );
+        registry.register(
+            "device_read_bytes",
+            "Bytes read by successful READ commands, per device",
+            device_read_bytes.clone(),
+        );
+        registry.register(
+            "device_write_bytes",
+            "Data-Out bytes of successful writing commands, per device",
+            device_write_bytes.clone(),
+        );
+        registry.register(
+            "device_errors",
+            "Commands of any kind answered with a status other than GOOD (CHECK CONDITION, including unit attentions; RESERVATION CONFLICT; TASK SET FULL; ...), per device",
+            device_errors.clone(),
+        );
         Metrics {
             registry,
             limit_exceeded,
@@ -108,6 +154,28 @@ impl Metrics {
             receive_batch_misses,
             write_stalls,
             writes_offloaded,
+            device_reads,
+            device_writes,
+            device_read_bytes,
+            device_write_bytes,
+            device_errors,
+        }
+    }
+
+    /// Adds one connection's I/O on `device` (see [`IoCounts`]).
+    pub fn add_io(&self, device: &str, io: &IoCounts) {
+        let label = DeviceLabel {
+            device: device.to_string(),
+        };
+        for (family, n) in [
+            (&self.device_reads, io.reads),
+            (&self.device_writes, io.writes),
+            (&self.device_read_bytes, io.read_bytes),
+            (&self.device_write_bytes, io.write_bytes),
+            (&self.device_errors, io.errors),
+        ] {
+            // Every series exists from a device's first report on, zero or not.
+            family.get_or_create(&label).inc_by(n);
         }
     }
 

@@ -28,6 +28,8 @@ pub struct GroupRuntime {
     /// SYNCHRONIZE CACHE, UNMAP, ...) run on the blocking pool, never on a network worker, and
     /// so do their buffered writes while the device stalls (see `stall.rs`).
     pub disk_luns: Arc<Vec<DiskLun>>,
+    /// The device name behind each LUN, for the per-device I/O metrics.
+    pub lun_devices: Arc<Vec<(u64, Arc<str>)>>,
 }
 
 /// A LUN whose device is a real disk (not RAM, not tmpfs), with that device's stall state.
@@ -593,7 +595,9 @@ fn build(config: &Config) -> Result<Shared, String> {
         for g in &t.groups {
             let mut entries = Vec::new();
             let mut disk_luns = Vec::new();
+            let mut lun_devices = Vec::new();
             for m in &g.luns {
+                lun_devices.push((m.lun, Arc::<str>::from(m.device.as_str())));
                 if let Some(stalls) = disk_devices.get(m.device.as_str()) {
                     disk_luns.push(DiskLun {
                         lun: m.lun,
@@ -616,6 +620,7 @@ fn build(config: &Config) -> Result<Shared, String> {
                 any_initiator: g.any_initiator,
                 luns: Arc::new(luns),
                 disk_luns: Arc::new(disk_luns),
+                lun_devices: Arc::new(lun_devices),
             });
         }
         // ALUA: each portal group is one target port of this target and a target port group of

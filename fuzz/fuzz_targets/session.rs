@@ -197,6 +197,8 @@ enum Op {
     },
     Tick {
         secs: u8,
+        /// False: the connection is not reading (its memory budget is full).
+        reading: bool,
     },
     /// The backend finishes one of the commands it deferred.
     Complete {
@@ -535,9 +537,9 @@ fuzz_target!(|input: Input| {
                 bhs.set_u32(off::CMD_SN, sn_of(&session, *sn));
                 data = d.clone();
             }
-            Op::Tick { secs } => {
+            Op::Tick { secs, reading } => {
                 now += Duration::from_secs(*secs as u64 % 40);
-                let flow = session.tick(now, &mut out);
+                let flow = session.tick(now, *reading, &mut out);
                 checker.check(&session, &out);
                 out.clear();
                 if flow == Flow::Close {

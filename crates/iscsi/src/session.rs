@@ -398,7 +398,17 @@ impl Session {
     }
 
     /// Periodic timer: NOP-In pings on idle connections, and the verdict on dead ones.
-    pub fn tick(&mut self, now: Instant, out: &mut Outbox) -> Flow {
+    /// `reading`: false while the connection itself stops reading (its memory budget is full,
+    /// so TCP holds the initiator back). Silence then proves nothing: no ping is sent, no
+    /// verdict given, and the clocks start afresh once it reads again.
+    pub fn tick(&mut self, now: Instant, reading: bool, out: &mut Outbox) -> Flow {
+        if !reading {
+            self.last_rx = now;
+            if let Some((ttt, _)) = self.ping {
+                self.ping = Some((ttt, now));
+            }
+            return Flow::Continue;
+        }
         if let Some((_, sent)) = self.ping {
             if self.last_rx <= sent
                 && now.saturating_duration_since(sent) >= self.limits.nop_timeout

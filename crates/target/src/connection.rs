@@ -825,7 +825,7 @@ impl Driver {
                 _ = ticker.tick() => {
                     wakeups.report();
                     backend.report_io();
-                    let flow = session.tick(Instant::now(), &mut self.out);
+                    let flow = session.tick(Instant::now(), !congested, &mut self.out);
                     self.flush().await?;
                     if flow == Flow::Close {
                         tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)");

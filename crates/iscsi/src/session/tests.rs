@@ -677,12 +677,12 @@ fn idle_pings_and_dead_peer_detection() {
     let mut h = harness();
     let mut out = Outbox::new(4);
     assert_eq!(
-        h.s.tick(h.now + Duration::from_secs(1), &mut out),
+        h.s.tick(h.now + Duration::from_secs(1), true, &mut out),
         Flow::Continue
     );
     assert!(out.is_empty());
     assert_eq!(
-        h.s.tick(h.now + Duration::from_secs(6), &mut out),
+        h.s.tick(h.now + Duration::from_secs(6), true, &mut out),
         Flow::Continue
     );
     let r = decode_all(&out.to_vec(), &h.s.framing());
@@ -700,12 +700,42 @@ fn idle_pings_and_dead_peer_detection() {
     assert!(r.is_empty());
     let mut out = Outbox::new(4);
     assert_eq!(
-        h.s.tick(h.now + Duration::from_secs(60), &mut out),
+        h.s.tick(h.now + Duration::from_secs(60), true, &mut out),
         Flow::Continue
     );
     // No answer this time: dead after the timeout.
     let later = h.now + Duration::from_secs(60 + 31);
-    assert_eq!(h.s.tick(later, &mut Outbox::new(4)), Flow::Close);
+    assert_eq!(h.s.tick(later, true, &mut Outbox::new(4)), Flow::Close);
+}
+
+#[test]
+fn no_ping_verdict_while_the_connection_is_not_reading() {
+    let mut h = harness();
+    let mut out = Outbox::new(4);
+    // A ping goes out after the idle interval.
+    h.s.tick(h.now + Duration::from_secs(6), true, &mut out);
+    assert_eq!(decode_all(&out.to_vec(), &h.s.framing()).len(), 1);
+    // The connection then stops reading for far longer than the NOP-In timeout (30 s): the
+    // unanswered ping is not a dead peer, and no further ping is sent.
+    for s in [10, 40, 70, 100] {
+        let mut out = Outbox::new(4);
+        assert_eq!(
+            h.s.tick(h.now + Duration::from_secs(s), false, &mut out),
+            Flow::Continue
+        );
+        assert!(out.is_empty());
+    }
+    // Reading again, the answer has 30 s from there before the verdict.
+    let resumed = h.now + Duration::from_secs(100);
+    let mut out = Outbox::new(4);
+    assert_eq!(
+        h.s.tick(resumed + Duration::from_secs(29), true, &mut out),
+        Flow::Continue
+    );
+    assert_eq!(
+        h.s.tick(resumed + Duration::from_secs(31), true, &mut out),
+        Flow::Close
+    );
 }
 
 #[test]

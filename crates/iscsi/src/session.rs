@@ -272,6 +272,8 @@ pub struct Session {
     text_in: Vec<u8>,
     text_out: Option<TextContinuation>,
     last_rx: Instant,
+    /// Last PDU the initiator sent of its own accord (not an answer to our NOP-In ping).
+    last_activity: Instant,
     ping: Option<(u32, Instant)>,
     data_in_buf: Vec<u8>,
     /// Reused for the lent slices of zero-copy reads (the outbox takes them, the capacity stays).
@@ -314,6 +316,7 @@ impl Session {
             text_in: Vec::new(),
             text_out: None,
             last_rx: now,
+            last_activity: now,
             ping: None,
             data_in_buf: Vec::new(),
             lent_buf: Vec::new(),
@@ -385,6 +388,12 @@ impl Session {
         self.max_cmd_sn_granted
     }
 
+    /// How long the initiator has sent nothing of its own accord (answers to our pings do not
+    /// count): what `idle_timeout_s` is measured against.
+    pub fn idle_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.last_activity)
+    }
+
     /// Writes waiting for data (for metrics and tests).
     pub fn pending_writes(&self) -> usize {
         self.pending.len()
@@ -402,6 +411,10 @@ impl Session {
     /// so TCP holds the initiator back). Silence then proves nothing: no ping is sent, no
     /// verdict given, and the clocks start afresh once it reads again.
     pub fn tick(&mut self, now: Instant, reading: bool, out: &mut Outbox) -> Flow {
+        // Work outstanding (commands running, or unread ones held back) is not idleness.
+        if !reading || self.running_tasks() > 0 || !self.pending.is_empty() {
+            self.last_activity = now;
+        }
         if !reading {
             self.last_rx = now;
             if let Some((ttt, _)) = self.ping {
@@ -458,6 +471,11 @@ impl Session {
             return Flow::Close;
         }
         let bhs = &pdu.bhs;
+        let answers_ping =
+            bhs.opcode_raw() & 0x3f == Opcode::NopOut as u8 && bhs.itt() == RESERVED_TAG;
+        if !answers_ping {
+            self.last_activity = now;
+        }
         let opcode = Opcode::from_initiator(bhs.opcode_raw());
         self.note_activity(opcode, pdu);
         let Some(opcode) = opcode else {

@@ -778,6 +778,10 @@ impl Driver {
         let mut was_congested = false;
         let mut shutdown = backend.shared.shutdown_signal();
         let grace_s = backend.shared.limits.shutdown_grace_s;
+        let idle_timeout = match backend.shared.limits.idle_timeout_s {
+            0 => None,
+            s => Some(Duration::from_secs(s.into())),
+        };
         // Set once the initiator has been asked to log out: the session ends then at the latest.
         let mut logout_deadline: Option<tokio::time::Instant> = None;
         loop {
@@ -825,10 +829,16 @@ impl Driver {
                 _ = ticker.tick() => {
                     wakeups.report();
                     backend.report_io();
-                    let flow = session.tick(Instant::now(), !congested, &mut self.out);
+                    let now = Instant::now();
+                    let flow = session.tick(now, !congested, &mut self.out);
                     self.flush().await?;
                     if flow == Flow::Close {
                         tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)");
+                        return Ok(());
+                    }
+                    if idle_timeout.is_some_and(|limit| session.idle_for(now) >= limit) {
+                        tracing::info!(peer = %self.peer, "closing idle session (idle_timeout_s)");
+                        backend.shared.metrics.limit("idle_timeout_s");
                         return Ok(());
                     }
                 }

@@ -709,6 +709,46 @@ fn idle_pings_and_dead_peer_detection() {
 }
 
 #[test]
+fn idleness_counts_what_the_initiator_sends_of_its_own_accord() {
+    let mut h = harness();
+    let start = h.now;
+    let mut out = Outbox::new(4);
+    h.s.tick(start + Duration::from_secs(6), true, &mut out);
+    let ping = decode_all(&out.to_vec(), &h.s.framing());
+    let ttt = ping[0].0.u32_at(off::TTT);
+    // Answering our ping is not activity...
+    let mut answer = Bhs::new(Opcode::NopOut);
+    answer.set_immediate(true);
+    answer.set_flags(0x80);
+    answer.set_itt(RESERVED_TAG);
+    answer.set_u32(off::TTT, ttt);
+    h.now = start + Duration::from_secs(7);
+    h.send(answer, &[]);
+    assert_eq!(
+        h.s.idle_for(start + Duration::from_secs(10)),
+        Duration::from_secs(10)
+    );
+    // ...its own NOP-Out (a ping of its own) is.
+    let mut own = Bhs::new(Opcode::NopOut);
+    own.set_immediate(true);
+    own.set_flags(0x80);
+    own.set_itt(5);
+    own.set_u32(off::TTT, RESERVED_TAG);
+    h.now = start + Duration::from_secs(12);
+    h.send(own, &[]);
+    assert_eq!(
+        h.s.idle_for(start + Duration::from_secs(15)),
+        Duration::from_secs(3)
+    );
+    // A connection that is not reading has work held back: not idle.
+    h.s.tick(start + Duration::from_secs(20), false, &mut Outbox::new(4));
+    assert_eq!(
+        h.s.idle_for(start + Duration::from_secs(21)),
+        Duration::from_secs(1)
+    );
+}
+
+#[test]
 fn no_ping_verdict_while_the_connection_is_not_reading() {
     let mut h = harness();
     let mut out = Outbox::new(4);

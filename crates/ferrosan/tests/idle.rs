@@ -1,0 +1,40 @@
+//! `idle_timeout_s`: a session whose initiator sends nothing of its own accord for that long is
+//! closed; one that keeps sending (here: its own NOP-Out pings) stays.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::raw::{self, Raw};
+use common::Daemon;
+
+const IQN: &str = "iqn.2024-01.dev.ferrosan:idle";
+
+#[test]
+fn an_idle_session_is_closed_and_a_busy_one_is_not() {
+    let daemon = Daemon::start_config(
+        IQN,
+        &format!(
+            "[limits]\nidle_timeout_s = 2\n{}",
+            common::open_ram_target(IQN)
+        ),
+    );
+    let mut idle = Raw::login(daemon.port, IQN, 1);
+    let mut busy = Raw::login(daemon.port, IQN, 2);
+    let started = Instant::now();
+    let mut itt = 1;
+    // The busy session pings every 300 ms for 4 s, twice the limit.
+    while started.elapsed() < Duration::from_secs(4) {
+        busy.ping(itt);
+        itt += 1;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    busy.ping(itt);
+    // The idle one was closed after 2-3 s (the check runs once a second), without a word.
+    assert!(raw::until_closed(&mut idle.stream).is_empty());
+    assert!(
+        daemon.output().contains("closing idle session"),
+        "{}",
+        daemon.output()
+    );
+}

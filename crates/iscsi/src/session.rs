@@ -169,6 +169,7 @@ pub struct SessionLimits {
     pub max_write_bytes: u32,
     /// Bytes of write data buffered across pending writes.
     pub max_pending_write_bytes: usize,
+    /// Silence after which a NOP-In ping goes out; zero = never ping.
     pub nop_interval: Duration,
     pub nop_timeout: Duration,
     pub max_text_bytes: usize,
@@ -430,7 +431,9 @@ impl Session {
             }
             return Flow::Continue;
         }
-        if now.saturating_duration_since(self.last_rx) >= self.limits.nop_interval {
+        if !self.limits.nop_interval.is_zero()
+            && now.saturating_duration_since(self.last_rx) >= self.limits.nop_interval
+        {
             let ttt = self.alloc_ttt();
             let mut bhs = Bhs::new(Opcode::NopIn);
             bhs.set_flags(0x80);

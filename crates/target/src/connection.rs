@@ -674,7 +674,7 @@ impl Driver {
             // The largest single write must always fit, or it could never run.
             max_pending_write_bytes: (limits.memory_per_connection_bytes as usize)
                 .max(WRITE_BYTES_MAX as usize),
-            nop_interval: Duration::from_secs(limits.nop_in_interval_s.max(1).into()),
+            nop_interval: Duration::from_secs(limits.nop_in_interval_s.into()),
             nop_timeout: Duration::from_secs(limits.nop_in_timeout_s.into()),
             max_text_bytes: limits.max_text_length as usize,
             max_keys: limits.max_text_key_count as usize,

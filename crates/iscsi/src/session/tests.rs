@@ -709,6 +709,23 @@ fn idle_pings_and_dead_peer_detection() {
 }
 
 #[test]
+fn a_zero_ping_interval_never_pings() {
+    let limits = SessionLimits {
+        nop_interval: Duration::ZERO,
+        ..SessionLimits::default()
+    };
+    let mut h = harness_with(SessionType::Normal, params(), limits);
+    for s in [1, 10, 100, 10_000] {
+        let mut out = Outbox::new(4);
+        assert_eq!(
+            h.s.tick(h.now + Duration::from_secs(s), true, &mut out),
+            Flow::Continue
+        );
+        assert!(out.is_empty(), "pinged after {s} s");
+    }
+}
+
+#[test]
 fn idleness_counts_what_the_initiator_sends_of_its_own_accord() {
     let mut h = harness();
     let start = h.now;

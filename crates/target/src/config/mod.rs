@@ -210,8 +210,9 @@ limits! {
     max_connections: u32 = 1024, 1, 1_000_000;
     /// Open connections from one source IP address. Over: closed at accept.
     max_connections_per_source: u32 = 64, 1, 1_000_000;
-    /// Connections per session (MaxConnections offered). Over: login rejected (Too many connections).
-    max_connections_per_session: u32 = 1, 1, 65_535;
+    /// Connections per session (MaxConnections offered). Over: login rejected (Too many
+    /// connections). Only 1: multiple connections per session (MC/S) are not implemented.
+    max_connections_per_session: u32 = 1, 1, 1;
     /// Sessions, all targets together. Over: login rejected (Out of resources).
     max_sessions: u32 = 256, 1, 1_000_000;
     /// Commands in flight per session: the CmdSN window (MaxCmdSN - ExpCmdSN + 1).

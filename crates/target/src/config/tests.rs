@@ -648,6 +648,19 @@ fn portal_groups_default_to_all() {
 }
 
 #[test]
+fn only_one_connection_per_session_is_accepted() {
+    let text = format!("[limits]\nmax_connections_per_session = 2\n{BASE}");
+    one_error(
+        &text,
+        "max_connections_per_session",
+        "max_connections_per_session",
+    );
+    load(&format!(
+        "[limits]\nmax_connections_per_session = 1\n{BASE}"
+    ));
+}
+
+#[test]
 fn alua_state_is_per_portal_group() {
     let text = BASE.replace(
         "listen = [\"127.0.0.1:3260\"]",

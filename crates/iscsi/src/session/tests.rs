@@ -171,6 +171,17 @@ fn decode_all(mut wire: &[u8], framing: &Framing) -> Vec<(Bhs, Vec<u8>)> {
     v
 }
 
+/// An immediate NOP-Out: `itt` RESERVED_TAG with our ping's `ttt` answers a NOP-In; any other
+/// `itt` with `ttt` RESERVED_TAG is the initiator's own ping.
+fn immediate_nop_out(itt: u32, ttt: u32) -> Bhs {
+    let mut b = Bhs::new(Opcode::NopOut);
+    b.set_immediate(true);
+    b.set_flags(0x80);
+    b.set_itt(itt);
+    b.set_u32(off::TTT, ttt);
+    b
+}
+
 fn data_out(itt: u32, ttt: u32, data_sn: u32, offset: u32, final_bit: bool) -> Bhs {
     let mut b = Bhs::new(Opcode::DataOut);
     b.set_flags(if final_bit { 0x80 } else { 0 });
@@ -576,14 +587,7 @@ fn logout_closes() {
 #[test]
 fn a_requested_logout_is_an_async_message_then_the_logout_closes() {
     let mut h = harness();
-    let nop = |itt| {
-        let mut b = Bhs::new(Opcode::NopOut);
-        b.set_immediate(true);
-        b.set_flags(0x80);
-        b.set_itt(itt);
-        b.set_u32(off::TTT, RESERVED_TAG);
-        b
-    };
+    let nop = |itt| immediate_nop_out(itt, RESERVED_TAG);
     let (_, r) = h.send(nop(1), &[]);
     let stat_sn = r[0].0.u32_at(off::STAT_SN);
     let mut out = Outbox::new(4);
@@ -690,13 +694,8 @@ fn idle_pings_and_dead_peer_detection() {
     assert_eq!(r[0].0.itt(), RESERVED_TAG);
     let ttt = r[0].0.u32_at(off::TTT);
     // The answer clears the ping.
-    let mut nop = Bhs::new(Opcode::NopOut);
-    nop.set_immediate(true);
-    nop.set_flags(0x80);
-    nop.set_itt(RESERVED_TAG);
-    nop.set_u32(off::TTT, ttt);
     h.now += Duration::from_secs(7);
-    let (_, r) = h.send(nop, &[]);
+    let (_, r) = h.send(immediate_nop_out(RESERVED_TAG, ttt), &[]);
     assert!(r.is_empty());
     let mut out = Outbox::new(4);
     assert_eq!(
@@ -734,25 +733,15 @@ fn idleness_counts_what_the_initiator_sends_of_its_own_accord() {
     let ping = decode_all(&out.to_vec(), &h.s.framing());
     let ttt = ping[0].0.u32_at(off::TTT);
     // Answering our ping is not activity...
-    let mut answer = Bhs::new(Opcode::NopOut);
-    answer.set_immediate(true);
-    answer.set_flags(0x80);
-    answer.set_itt(RESERVED_TAG);
-    answer.set_u32(off::TTT, ttt);
     h.now = start + Duration::from_secs(7);
-    h.send(answer, &[]);
+    h.send(immediate_nop_out(RESERVED_TAG, ttt), &[]);
     assert_eq!(
         h.s.idle_for(start + Duration::from_secs(10)),
         Duration::from_secs(10)
     );
     // ...its own NOP-Out (a ping of its own) is.
-    let mut own = Bhs::new(Opcode::NopOut);
-    own.set_immediate(true);
-    own.set_flags(0x80);
-    own.set_itt(5);
-    own.set_u32(off::TTT, RESERVED_TAG);
     h.now = start + Duration::from_secs(12);
-    h.send(own, &[]);
+    h.send(immediate_nop_out(5, RESERVED_TAG), &[]);
     assert_eq!(
         h.s.idle_for(start + Duration::from_secs(15)),
         Duration::from_secs(3)

@@ -130,8 +130,9 @@ fn with_no_session_sigterm_exits_promptly() {
 #[test]
 fn qemu_img_logs_out_and_finishes_its_writes_after_a_restart() {
     // On a disk filesystem, with the default write-through cache, a 512-byte write takes tens
-    // of microseconds: 30,000 of them last about two seconds, so SIGTERM lands mid-run.
-    const WRITES: usize = 30_000;
+    // of microseconds: 60,000 of them last seconds, so the logout request (sent within a second
+    // of SIGTERM) lands mid-run.
+    const WRITES: usize = 60_000;
     const SIZE: usize = 512;
     const PATTERN: u8 = 0x5a;
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

@@ -577,7 +577,7 @@ impl Driver {
         let established = loop {
             let step = tokio::select! {
                 step = tokio::time::timeout_at(deadline, self.next_login_step(&mut login, &mut policy)) => step,
-                () = Shared::shutting_down(&mut shutdown) => return Err("shutting down during login".into()),
+                () = Shared::wait_for_shutdown(&mut shutdown) => return Err("shutting down during login".into()),
             };
             let step = match step {
                 Ok(step) => step?,
@@ -776,7 +776,6 @@ impl Driver {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut timed_out = false;
         let mut was_congested = false;
-        let mut shutdown = backend.shared.shutdown_signal();
         let grace_s = backend.shared.limits.shutdown_grace_s;
         let idle_timeout = match backend.shared.limits.idle_timeout_s {
             0 => None,
@@ -841,6 +840,22 @@ impl Driver {
                         backend.shared.metrics.limit("idle_timeout_s");
                         return Ok(());
                     }
+                    // Shutdown is noticed here, within a second: a flag read once a second costs
+                    // nothing, where a wake-up channel shared by every connection would be polled
+                    // (and locked) on every turn.
+                    if logout_deadline.is_none() && backend.shared.is_shutting_down() {
+                        if grace_s == 0 {
+                            tracing::info!(peer = %self.peer, "shutting down: closing the session");
+                            return Ok(());
+                        }
+                        session.request_logout(u16::try_from(grace_s).unwrap_or(u16::MAX), &mut self.out);
+                        self.flush().await?;
+                        tracing::info!(peer = %self.peer, "shutting down: asked the initiator to log out within {grace_s} s");
+                        logout_deadline = Some(tokio::time::Instant::now() + Duration::from_secs(grace_s.into()));
+                    } else if logout_deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                        tracing::warn!(peer = %self.peer, "shutting down: no logout within {grace_s} s; closing the session");
+                        return Ok(());
+                    }
                 }
                 Some(done) = completed.recv() => {
                     backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
@@ -851,21 +866,6 @@ impl Driver {
                     backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
                     self.out.give_back(done.data_out);
-                }
-                () = Shared::shutting_down(&mut shutdown), if logout_deadline.is_none() => {
-                    if grace_s == 0 {
-                        tracing::info!(peer = %self.peer, "shutting down: closing the session");
-                        return Ok(());
-                    }
-                    session.request_logout(u16::try_from(grace_s).unwrap_or(u16::MAX), &mut self.out);
-                    self.flush().await?;
-                    tracing::info!(peer = %self.peer, "shutting down: asked the initiator to log out within {grace_s} s");
-                    logout_deadline =
-                        Some(tokio::time::Instant::now() + Duration::from_secs(grace_s.into()));
-                }
-                _ = tokio::time::sleep_until(logout_deadline.unwrap_or_else(tokio::time::Instant::now)), if logout_deadline.is_some() => {
-                    tracing::warn!(peer = %self.peer, "shutting down: no logout within {grace_s} s; closing the session");
-                    return Ok(());
                 }
                 changed = ticket.kill.changed() => {
                     if changed.is_err() || *ticket.kill.borrow() {

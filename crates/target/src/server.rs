@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,6 +85,8 @@ pub struct Shared {
     /// Set when the daemon shuts down: listeners close, logins in progress end, and every
     /// session is asked to log out within `limits.shutdown_grace_s`.
     shutdown: watch::Sender<bool>,
+    /// The same, as a flag full-feature connections read once a second.
+    shutting_down: AtomicBool,
 }
 
 /// Sources whose failures are remembered at most; past it, sources whose failures all expired
@@ -106,11 +108,16 @@ impl Shared {
 
     /// Resolves once the daemon is shutting down; the receiver comes from `shutdown_signal`.
     /// Holds no borrow of the watched value, so it can sit in a `select!` across awaits.
-    pub async fn shutting_down(rx: &mut watch::Receiver<bool>) {
+    pub async fn wait_for_shutdown(rx: &mut watch::Receiver<bool>) {
         if rx.wait_for(|down| *down).await.is_err() {
             // The sender lives as long as `Shared`: without it nobody can shut us down.
             std::future::pending::<()>().await;
         }
+    }
+
+    /// Whether the daemon is shutting down (for connections' once-a-second check).
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
     }
 
     /// Open TCP connections (admitted ones, in login or full feature phase).
@@ -310,13 +317,15 @@ impl Server {
 
     /// Graceful shutdown: closes the listeners and logins in progress, asks every session to
     /// log out (each keeps serving its commands meanwhile), waits until all connections are
-    /// gone or `shutdown_grace_s` (plus a second for the last closes) has passed, then flushes
+    /// gone or `shutdown_grace_s` (plus 3 s: sessions notice and close on a 1 s tick) has passed, then flushes
     /// every LU so what was acknowledged is on stable storage. Returns the connections still
     /// open, which end with the process.
     pub async fn drain(&self) -> usize {
         let grace = Duration::from_secs(self.shared.limits.shutdown_grace_s.into());
+        self.shared.shutting_down.store(true, Ordering::Relaxed);
         self.shared.shutdown.send_replace(true);
-        let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(1);
+        // Connections notice within a second and close within a second of their grace's end.
+        let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(3);
         while self.shared.open_connections() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -441,7 +450,7 @@ fn acceptor(
                     let accepted = tokio::select! {
                         accepted = listener.accept() => accepted,
                         // Dropping the listener refuses new connections at the TCP level.
-                        () = Shared::shutting_down(&mut shutdown) => return,
+                        () = Shared::wait_for_shutdown(&mut shutdown) => return,
                     };
                     let (stream, peer) = match accepted {
                         Ok(x) => x,
@@ -683,6 +692,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         login_failures: Mutex::new(LoginFailures::default()),
         metrics,
         shutdown: watch::Sender::new(false),
+        shutting_down: AtomicBool::new(false),
     })
 }
 

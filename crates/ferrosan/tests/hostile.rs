@@ -165,19 +165,7 @@ fn flood(port: u16, source: &str, n: usize) -> (Vec<TcpStream>, usize) {
 fn good_client(daemon_url: String, image: String, stop: Arc<AtomicBool>) -> usize {
     let mut rounds = 0;
     while rounds < 2 || !stop.load(Ordering::SeqCst) {
-        let out = run(
-            "qemu-img",
-            &[
-                "convert",
-                "-n",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                &image,
-                &daemon_url,
-            ],
-        );
+        let out = common::convert_to(&daemon_url, &image);
         assert!(
             out.success(),
             "good client's upload failed:\n{}",

@@ -196,10 +196,9 @@ impl LoginPolicy for Policy<'_> {
 /// A command that ran on the blocking pool, on its way back to its connection.
 struct Completed {
     itt: u32,
-    /// For the I/O metrics: the LUN, what kind of command, and its Data-Out length.
+    /// For the I/O metrics: the LUN, what kind of command, and the Data-In it was allowed.
     lun: u64,
     kind: scsi::IoKind,
-    data_out_len: usize,
     expected_len: u32,
     outcome: ScsiOutcome,
     data_in: Vec<u8>,
@@ -429,7 +428,6 @@ impl ScsiBackend for Backend<'_> {
                 itt: command.itt,
                 lun,
                 kind: scsi::io_kind(&command.cdb),
-                data_out_len: command.data_out.len(),
                 expected_len: command.expected_len,
                 outcome,
                 data_in,
@@ -861,7 +859,7 @@ impl Driver {
                     backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
                     let data_bytes = match done.kind {
                         scsi::IoKind::Read => done.data_in.len().min(done.expected_len as usize),
-                        _ => done.data_out_len,
+                        _ => done.data_out.len(),
                     };
                     backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,8 +85,6 @@ pub struct Shared {
     /// Set when the daemon shuts down: listeners close, logins in progress end, and every
     /// session is asked to log out within `limits.shutdown_grace_s`.
     shutdown: watch::Sender<bool>,
-    /// The same, as a flag full-feature connections read once a second.
-    shutting_down: AtomicBool,
 }
 
 /// Sources whose failures are remembered at most; past it, sources whose failures all expired
@@ -115,9 +113,10 @@ impl Shared {
         }
     }
 
-    /// Whether the daemon is shutting down (for connections' once-a-second check).
+    /// Whether the daemon is shutting down. Takes the watch's read lock: for checks once a
+    /// second, not per command (connections read it on their tick).
     pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Relaxed)
+        *self.shutdown.borrow()
     }
 
     /// Open TCP connections (admitted ones, in login or full feature phase).
@@ -255,7 +254,6 @@ pub struct NewConnection {
 pub struct Server {
     pub shared: Arc<Shared>,
     pub bound: Vec<SocketAddr>,
-    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -283,36 +281,23 @@ impl Server {
             None => None,
         };
         let io_threads = io_threads_per_worker(config.limits.io_threads, workers);
-        let mut threads = Vec::new();
+        // The threads run until the process exits (after `drain`); nobody joins them.
         let mut senders = Vec::new();
         for index in 0..workers {
             let (tx, rx) = mpsc::unbounded_channel::<NewConnection>();
             senders.push(tx);
             let shared = Arc::clone(&shared);
-            let handle = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name(format!("ferrosan-worker-{index}"))
                 .spawn(move || worker(shared, rx, io_threads))
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
-            threads.push(handle);
         }
         let acceptor_shared = Arc::clone(&shared);
-        let handle = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("ferrosan-accept".into())
             .spawn(move || acceptor(acceptor_shared, listeners, metrics_listener, senders))
             .map_err(|e| format!("cannot start acceptor thread: {e}"))?;
-        threads.push(handle);
-        Ok(Server {
-            shared,
-            bound,
-            threads,
-        })
-    }
-
-    /// Blocks until the threads exit (they run until the process ends).
-    pub fn wait(self) {
-        for t in self.threads {
-            let _ = t.join();
-        }
+        Ok(Server { shared, bound })
     }
 
     /// Graceful shutdown: closes the listeners and logins in progress, asks every session to
@@ -322,7 +307,6 @@ impl Server {
     /// open, which end with the process.
     pub async fn drain(&self) -> usize {
         let grace = Duration::from_secs(self.shared.limits.shutdown_grace_s.into());
-        self.shared.shutting_down.store(true, Ordering::Relaxed);
         self.shared.shutdown.send_replace(true);
         // Connections notice within a second and close within a second of their grace's end.
         let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(3);
@@ -692,7 +676,6 @@ fn build(config: &Config) -> Result<Shared, String> {
         login_failures: Mutex::new(LoginFailures::default()),
         metrics,
         shutdown: watch::Sender::new(false),
-        shutting_down: AtomicBool::new(false),
     })
 }
 

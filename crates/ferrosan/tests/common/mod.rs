@@ -441,22 +441,17 @@ pub fn scrape(port: u16) -> String {
     answer
 }
 
-/// `qemu-img convert` of a raw image onto LUN `lun` (no target creation: -n).
-pub fn upload(daemon: &Daemon, lun: u32, image: &str) {
+/// `qemu-img convert` of a raw image onto the LUN at `url` (no target creation: -n).
+pub fn convert_to(url: &str, image: &str) -> Run {
     run(
         "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            image,
-            &daemon.url(lun),
-        ],
+        &["convert", "-n", "-f", "raw", "-O", "raw", image, url],
     )
-    .expect_ok(daemon);
+}
+
+/// [`convert_to`] LUN `lun` of `daemon`, which must succeed.
+pub fn upload(daemon: &Daemon, lun: u32, image: &str) {
+    convert_to(&daemon.url(lun), image).expect_ok(daemon);
 }
 
 /// `qemu-img compare` says LUN `lun` is identical to the raw image (a LUN larger than the image

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use iscsi::negotiation::{SessionParams, SessionType, TargetLimits};
-use iscsi::outbox::{Outbox, SharedSlice};
+use iscsi::outbox::Outbox;
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use iscsi::session::{
     DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
@@ -43,7 +43,7 @@ impl ScsiBackend for Backend {
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
-        lent: &mut Vec<SharedSlice>,
+        lent: &mut iscsi::session::Loan,
         sense: &mut Vec<u8>,
     ) -> Execution {
         assert!(
@@ -76,7 +76,7 @@ impl ScsiBackend for Backend {
                     std::sync::Arc::new((0..n).map(|i| i as u8).collect::<Vec<u8>>());
                 let step = usize::from(self.lend_slice);
                 for start in (0..n).step_by(step) {
-                    lent.push((owner.clone(), start..(start + step).min(n)));
+                    lent.slices.push((owner.clone(), start..(start + step).min(n)));
                 }
             }
         }

@@ -2,16 +2,7 @@
 
 mod common;
 
-use common::{free_port, run, scrape, Daemon, IQN};
-
-fn value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .map(|v| v.trim().parse::<f64>().unwrap_or(-1.0))
-        })
-        .unwrap_or(0.0)
-}
+use common::{free_port, metric as value, run, scrape, wait_for_metric as wait_for, Daemon, IQN};
 
 #[test]
 fn logins_and_failures_are_counted() {
@@ -44,19 +35,6 @@ fn logins_and_failures_are_counted() {
         "{after}"
     );
     assert_eq!(value(&after, "ferrosan_sessions"), 0.0, "{after}");
-}
-
-/// Polls the endpoint until `series` reaches `want` (connections report once a second and when
-/// they close); returns the last scrape.
-fn wait_for(metrics_port: u16, series: &str, want: impl Fn(f64) -> bool) -> String {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let text = scrape(metrics_port);
-        if want(value(&text, series)) || std::time::Instant::now() > deadline {
-            return text;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
 }
 
 #[test]

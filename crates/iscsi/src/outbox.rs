@@ -2,7 +2,8 @@
 //!
 //! Headers and small payloads are appended to one byte buffer; large Data-In payloads stay in the
 //! buffer the SCSI layer filled, or in the store's own memory it lent (zero-copy reads), and are
-//! referenced, not copied. The engine turns `parts()` into `IoSlice`s, writes them, then calls
+//! referenced, not copied. A payload can also be a page-cached range of a file, which the
+//! engine sends with `sendfile` between vectored writes. The engine turns `parts()` into `IoSlice`s, writes them, then calls
 //! [`Outbox::clear`], which recycles the payload buffers and returns lent memory, so the steady
 //! state allocates nothing.
 
@@ -14,6 +15,10 @@ use std::sync::Arc;
 /// each other to pass it.
 pub type SharedSlice = (Arc<dyn AsRef<[u8]> + Send + Sync>, Range<usize>);
 
+/// A page-cached byte range of a file, `(file, offset, len)`, sent from the page cache: the same
+/// std-only type as the store's.
+pub type FileRange = (Arc<std::fs::File>, u64, usize);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Part {
     /// A range of [`Outbox::bytes`].
@@ -22,12 +27,34 @@ pub enum Part {
     Payload { index: usize, range: Range<usize> },
     /// A range of one lent slice (an index into the outbox's lent slices).
     Lent { slice: usize, range: Range<usize> },
+    /// `len` bytes at `offset` of a lent file (payload `payload`); not memory: [`Outbox::slice`]
+    /// has nothing for it, the engine sends it with `sendfile` ([`Outbox::file`]).
+    File {
+        payload: usize,
+        offset: u64,
+        len: usize,
+    },
+}
+
+impl Part {
+    pub fn len(&self) -> usize {
+        match self {
+            Part::Bytes(r) => r.len(),
+            Part::Payload { range, .. } | Part::Lent { range, .. } => range.len(),
+            Part::File { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 enum Payload {
     Owned(Vec<u8>),
     /// Indexes of `Outbox::lent` that make up the payload, in order.
     Lent(Range<usize>),
+    File(FileRange),
 }
 
 /// Where the last lent-payload lookup ended: (payload, slice index, payload offset of that slice),
@@ -79,6 +106,18 @@ impl Outbox {
                 .get(*slice)
                 .and_then(|(owner, _)| (**owner).as_ref().get(range.clone()))
                 .unwrap_or(&[]),
+            Part::File { .. } => &[],
+        }
+    }
+
+    /// The file a [`Part::File`] is sent from.
+    pub fn file(&self, part: &Part) -> Option<&std::fs::File> {
+        match part {
+            Part::File { payload, .. } => match self.payloads.get(*payload) {
+                Some(Payload::File((file, _, _))) => Some(file),
+                _ => None,
+            },
+            _ => None,
         }
     }
 
@@ -146,6 +185,12 @@ impl Outbox {
         self.payloads.len() - 1
     }
 
+    /// Takes a lent file range as one payload; returns its index for [`Outbox::push_payload`].
+    pub fn lend_file(&mut self, range: FileRange) -> usize {
+        self.payloads.push(Payload::File(range));
+        self.payloads.len() - 1
+    }
+
     /// Total bytes of a payload.
     pub fn payload_len(&self, index: usize) -> usize {
         match self.payloads.get(index) {
@@ -153,11 +198,19 @@ impl Outbox {
             Some(Payload::Lent(slices)) => {
                 self.lent[slices.clone()].iter().map(|s| s.1.len()).sum()
             }
+            Some(Payload::File((_, _, len))) => *len,
             None => 0,
         }
     }
 
-    /// Calls `f` with the pieces of `range` of a payload, in order.
+    /// Whether a payload is a file range (its bytes are not in memory).
+    pub fn is_file_payload(&self, index: usize) -> bool {
+        matches!(self.payloads.get(index), Some(Payload::File(_)))
+    }
+
+    /// Calls `f` with the pieces of `range` of a memory payload, in order; nothing for a file
+    /// payload (its bytes are not in memory: a session that needs them, for a data digest, does
+    /// not take file ranges).
     pub fn for_each_payload_piece(
         &self,
         index: usize,
@@ -180,7 +233,7 @@ impl Outbox {
                     }
                 }
             }
-            None => {}
+            Some(Payload::File(_)) | None => {}
         }
     }
 
@@ -194,6 +247,18 @@ impl Outbox {
             Some(Payload::Owned(_)) => {
                 self.queued += range.len();
                 self.parts.push(Part::Payload { index, range });
+                return;
+            }
+            Some(Payload::File((_, offset, len))) => {
+                let end = range.end.min(*len);
+                if range.start < end {
+                    self.queued += end - range.start;
+                    self.parts.push(Part::File {
+                        payload: index,
+                        offset: offset + range.start as u64,
+                        len: end - range.start,
+                    });
+                }
                 return;
             }
             Some(Payload::Lent(slices)) => slices.clone(),
@@ -244,10 +309,7 @@ impl Outbox {
         self.queued = self.queued.saturating_sub(n);
         let mut drop_parts = 0;
         for part in self.parts.iter_mut() {
-            let len = match part {
-                Part::Bytes(r) => r.len(),
-                Part::Payload { range, .. } | Part::Lent { range, .. } => range.len(),
-            };
+            let len = part.len();
             if n >= len {
                 n -= len;
                 drop_parts += 1;
@@ -256,6 +318,10 @@ impl Outbox {
             match part {
                 Part::Bytes(r) => r.start += n,
                 Part::Payload { range, .. } | Part::Lent { range, .. } => range.start += n,
+                Part::File { offset, len, .. } => {
+                    *offset += n as u64;
+                    *len -= n;
+                }
             }
             break;
         }
@@ -265,11 +331,20 @@ impl Outbox {
         }
     }
 
-    /// All queued bytes in order (tests and small tools).
+    /// All queued bytes in order, file parts read from their files (tests and small tools;
+    /// a file that cannot be read gives zeros).
     pub fn to_vec(&self) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
         let mut v = Vec::with_capacity(self.len());
         for p in &self.parts {
-            v.extend_from_slice(self.slice(p));
+            match (p, self.file(p)) {
+                (Part::File { offset, len, .. }, Some(file)) => {
+                    let start = v.len();
+                    v.resize(start + len, 0);
+                    let _ = file.read_exact_at(&mut v[start..], *offset);
+                }
+                _ => v.extend_from_slice(self.slice(p)),
+            }
         }
         v
     }

@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use crate::negotiation::{SessionParams, SessionType};
-use crate::outbox::{Outbox, SharedSlice};
+use crate::outbox::{FileRange, Outbox, SharedSlice};
 use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu, RejectReason, RESERVED_TAG};
 use crate::serial;
 use crate::text;
@@ -38,6 +38,29 @@ pub struct ScsiRequest<'a> {
     pub read: bool,
     pub write: bool,
     pub task_attr: u8,
+    /// The Data-In may be lent as a file range ([`Loan::file`]): a read of a SIMPLE (or
+    /// untagged) task on a connection without data digests, whose CRC would need the bytes.
+    pub may_lend_file: bool,
+}
+
+/// What a zero-copy read lends instead of filling `data_in`.
+#[derive(Default)]
+pub struct Loan {
+    /// Slices of store memory.
+    pub slices: Vec<SharedSlice>,
+    /// A page-cached file range, sent with `sendfile` (only when the request allows it).
+    pub file: Option<FileRange>,
+}
+
+impl Loan {
+    pub fn is_empty(&self) -> bool {
+        self.slices.is_empty() && self.file.is_none()
+    }
+
+    pub fn clear(&mut self) {
+        self.slices.clear();
+        self.file = None;
+    }
 }
 
 /// What the backend reports back; Data-In bytes and sense bytes go into the buffers it was given.
@@ -128,12 +151,12 @@ pub trait ScsiBackend {
     /// it may hold bytes of an earlier read on this connection so the read can overwrite instead
     /// of zero-fill. When the command is done, `data_in` holds exactly its Data-In (cleared if
     /// there is none), or, for a zero-copy read, `data_in` is empty and `lent` holds slices of
-    /// the store's memory.
+    /// the store's memory or (if `req.may_lend_file`) a page-cached file range.
     fn execute(
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
-        lent: &mut Vec<SharedSlice>,
+        lent: &mut Loan,
         sense: &mut Vec<u8>,
     ) -> Execution;
     /// Takes over a command `execute` answered [`Execution::Deferred`] for.
@@ -146,10 +169,10 @@ pub trait ScsiBackend {
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget>;
 }
 
-/// A finished command's Data-In: bytes the backend built or copied, or store memory it lent.
+/// A finished command's Data-In: bytes the backend built or copied, or what the store lent.
 enum DataIn<'a> {
     Bytes(Vec<u8>),
-    Lent(&'a mut Vec<SharedSlice>),
+    Lent(&'a mut Loan),
 }
 
 /// What the engine should do with the connection after this input.
@@ -278,7 +301,7 @@ pub struct Session {
     ping: Option<(u32, Instant)>,
     data_in_buf: Vec<u8>,
     /// Reused for the lent slices of zero-copy reads (the outbox takes them, the capacity stays).
-    lent_buf: Vec<SharedSlice>,
+    lent_buf: Loan,
     sense_buf: Vec<u8>,
     logged_out: bool,
     activity: Activity,
@@ -320,7 +343,7 @@ impl Session {
             last_activity: now,
             ping: None,
             data_in_buf: Vec::new(),
-            lent_buf: Vec::new(),
+            lent_buf: Loan::default(),
             sense_buf: Vec::with_capacity(256),
             logged_out: false,
             activity: Activity::default(),
@@ -658,6 +681,9 @@ impl Session {
                 read,
                 write,
                 task_attr,
+                // Untagged (0) or SIMPLE (1): the data of an ORDERED read must not change
+                // after it completes, which a page still being sent could.
+                may_lend_file: read && !self.framing.data_digest && task_attr <= 1,
             };
             if self.execute(&req, backend, out) {
                 // Immediate data lives in the receive buffer: the only Data-Out copied here.
@@ -823,6 +849,7 @@ impl Session {
             read: false,
             write: true,
             task_attr: task.task_attr,
+            may_lend_file: false,
         };
         if self.execute(&req, backend, out) {
             backend.defer(DeferredCommand {
@@ -969,12 +996,15 @@ impl Session {
                 self.recycle_data_in(read, buf, out);
                 None
             }
-            DataIn::Lent(slices) if read => {
-                let index = out.lend(slices);
+            DataIn::Lent(loan) if read => {
+                let index = match loan.file.take() {
+                    Some(range) => out.lend_file(range),
+                    None => out.lend(&mut loan.slices),
+                };
                 Some((index, out.payload_len(index)))
             }
-            DataIn::Lent(slices) => {
-                slices.clear();
+            DataIn::Lent(loan) => {
+                loan.clear();
                 None
             }
         };
@@ -1065,6 +1095,10 @@ impl Session {
                 out.push_bytes(&[0u8; 3][..pad]);
             }
             if self.framing.data_digest {
+                debug_assert!(
+                    !out.is_file_payload(index),
+                    "file ranges have no bytes to digest"
+                );
                 let mut crc = 0;
                 out.for_each_payload_piece(index, offset..offset + seg, |piece| {
                     crc = crc32c::crc32c_append(crc, piece);

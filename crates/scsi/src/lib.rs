@@ -23,7 +23,17 @@ mod xcopy;
 pub use lu::{LogicalUnit, LuIdentity, LuSettings};
 pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
 pub use sense::Sense;
-pub use store::SharedSlice;
+pub use store::{FileRange, SharedSlice};
+
+/// Where a read run by a network worker may lend data instead of copying it into `data_in`.
+pub struct Lending<'a> {
+    /// Slices of store memory (RAM LUs).
+    pub slices: &'a mut Vec<SharedSlice>,
+    /// A page-cached range of a file LU's backing file, for the transport to send with
+    /// `sendfile`: only for reads of at least `file_min_bytes` (0: never).
+    pub file: &'a mut Option<FileRange>,
+    pub file_min_bytes: u32,
+}
 
 use std::sync::Arc;
 

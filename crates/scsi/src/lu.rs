@@ -9,7 +9,7 @@ use crate::{Command, Completion, Nexus};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use store::{BlockStore, SharedSlice};
+use store::BlockStore;
 
 /// What the LU reports about itself in INQUIRY and VPD pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -328,15 +328,15 @@ impl LogicalUnit {
 
     /// Runs one command; `peers` is the map the LU was reached through (EXTENDED COPY finds its
     /// other copy targets there). `io` decides how reads move data: `None` copies into `data_in`
-    /// and may wait; `Some(lent)` lends store memory into `lent` where the store allows
-    /// (zero-copy) and never waits for the device: a read whose data is not cached returns
+    /// and may wait; `Some(lending)` lends a cached file range or store memory where the store
+    /// allows (zero-copy) and never waits for the device: a read whose data is not cached returns
     /// `None`, with no effect, for the caller to run with `execute` where waiting is fine.
     pub(crate) fn execute_io(
         &self,
         nexus: &Nexus,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
-        mut io: Option<&mut Vec<SharedSlice>>,
+        mut io: Option<&mut crate::Lending<'_>>,
         read_only_mapping: bool,
         peers: Option<&crate::LunMap>,
     ) -> Option<Completion> {
@@ -361,8 +361,9 @@ impl LogicalUnit {
         );
         if result.is_err() {
             data_in.clear();
-            if let Some(lent) = io {
-                lent.clear();
+            if let Some(lending) = io {
+                lending.slices.clear();
+                *lending.file = None;
             }
         }
         Some(match result {
@@ -385,7 +386,7 @@ impl LogicalUnit {
         nexus: &Nexus,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
-        io: Option<&mut Vec<SharedSlice>>,
+        io: Option<&mut crate::Lending<'_>>,
         write_protected: bool,
         peers: Option<&crate::LunMap>,
     ) -> Result<u32, Sense> {

@@ -7,7 +7,6 @@ use crate::lu::{put_sense, LogicalUnit};
 use crate::sense::Sense;
 use crate::{Command, Completion, Nexus};
 use std::sync::Arc;
-use store::SharedSlice;
 
 /// Flat space addressing reaches LUN 16383 (SAM-5 4.7.7).
 pub const LUN_MAX: u64 = 0x3FFF;
@@ -70,18 +69,19 @@ impl LunMap {
     }
 
     /// Runs one command without waiting for the device, as a network worker must: a read lends
-    /// the store's memory into `lent` where the store allows (zero-copy; `data_in` stays empty),
-    /// else copies cached data into `data_in`. Returns `None`, having done nothing, when the
-    /// read's data is not cached: run it with [`LunMap::execute`] where waiting is fine.
+    /// a page-cached file range or the store's memory into `lending` where the store allows
+    /// (zero-copy; `data_in` stays empty), else copies cached data into `data_in`. Returns
+    /// `None`, having done nothing, when the read's data is not cached: run it with
+    /// [`LunMap::execute`] where waiting is fine.
     pub fn try_execute(
         &self,
         nexus: &Nexus,
         lun: u64,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
-        lent: &mut Vec<SharedSlice>,
+        mut lending: crate::Lending<'_>,
     ) -> Option<Completion> {
-        self.execute_io(nexus, lun, cmd, data_in, Some(lent))
+        self.execute_io(nexus, lun, cmd, data_in, Some(&mut lending))
     }
 
     fn execute_io(
@@ -90,7 +90,7 @@ impl LunMap {
         lun: u64,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
-        io: Option<&mut Vec<SharedSlice>>,
+        io: Option<&mut crate::Lending<'_>>,
     ) -> Option<Completion> {
         let cdb = Cdb(cmd.cdb);
         let opcode = if cmd.cdb.is_empty() {

@@ -5,7 +5,6 @@ use crate::lu::*;
 use crate::sense::Sense;
 use crate::Command;
 use std::sync::atomic::Ordering;
-use store::SharedSlice;
 
 /// Stand-in error inside the `Result<_, Sense>` dispatch: a non-blocking read found its data not
 /// cached. Never sent: the logical unit answers "run it where waiting is fine" instead.
@@ -110,7 +109,7 @@ impl LogicalUnit {
         &self,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
-        io: Option<&mut Vec<SharedSlice>>,
+        io: Option<&mut crate::Lending<'_>>,
     ) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
         self.check_rw_flags(cdb)?;
@@ -121,10 +120,21 @@ impl LogicalUnit {
         let len = bytes.min(cmd.data_in_limit);
         let offset = r.lba << self.block_shift;
         let nonblocking = io.is_some();
-        if let Some(lent) = io {
+        if let Some(lending) = io {
+            if lending.file_min_bytes > 0 && len >= lending.file_min_bytes {
+                if let Some(range) = self
+                    .store
+                    .cached_file_range(offset, len.into())
+                    .map_err(read_error)?
+                {
+                    *lending.file = Some(range);
+                    data_in.clear();
+                    return Ok(bytes);
+                }
+            }
             if self
                 .store
-                .read_shared(offset, len.into(), lent)
+                .read_shared(offset, len.into(), lending.slices)
                 .map_err(read_error)?
             {
                 data_in.clear();

@@ -2,7 +2,9 @@
 //! reads of uncached file data are declined without effect, everything else runs as usual.
 mod common;
 use common::*;
-use scsi::{Command, Completion, LogicalUnit, LuSettings, LunMap, SharedSlice, Status};
+use scsi::{
+    Command, Completion, FileRange, Lending, LogicalUnit, LuSettings, LunMap, SharedSlice, Status,
+};
 use std::sync::Arc;
 use store::{BlockStore, FileStore, RamStore};
 
@@ -27,7 +29,47 @@ fn try_run(
         data_out,
         data_in_limit: limit,
     };
-    m.try_execute(&nexus(1), 0, &cmd, data_in, lent)
+    let mut file = None;
+    let lending = Lending {
+        slices: lent,
+        file: &mut file,
+        file_min_bytes: 0,
+    };
+    let c = m.try_execute(&nexus(1), 0, &cmd, data_in, lending);
+    assert!(file.is_none(), "file ranges are lent only when asked for");
+    c
+}
+
+/// Like `try_run`, with file ranges welcome from `file_min_bytes` on.
+fn try_run_files(
+    m: &LunMap,
+    cdb: &[u8],
+    limit: u32,
+    data_in: &mut Vec<u8>,
+    file: &mut Option<FileRange>,
+    file_min_bytes: u32,
+) -> Option<Completion> {
+    let cmd = Command {
+        cdb,
+        data_out: &[],
+        data_in_limit: limit,
+    };
+    let mut slices = Vec::new();
+    let lending = Lending {
+        slices: &mut slices,
+        file,
+        file_min_bytes,
+    };
+    let c = m.try_execute(&nexus(1), 0, &cmd, data_in, lending);
+    assert!(slices.is_empty(), "a file store lends no memory");
+    c
+}
+
+fn file_bytes((file, offset, len): &FileRange) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut v = vec![0u8; *len];
+    file.read_exact_at(&mut v, *offset).unwrap();
+    v
 }
 
 fn map_of(store: Arc<dyn BlockStore>) -> LunMap {
@@ -135,4 +177,71 @@ fn uncached_file_reads_are_declined_without_effect() {
     let c = try_run(&m, &[0; 6], &[], 0, &mut data_in, &mut lent).unwrap();
     assert_eq!(c.status, Status::Good);
     assert!(data_in.is_empty());
+}
+
+#[test]
+fn cached_file_reads_lend_the_file_range() {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("nonblocking-files-{}", std::process::id()));
+    let _guard = TempFile(path.clone());
+    let store = Arc::new(FileStore::open(&path, Some(4 * MIB), true).unwrap());
+    let m = map_of(store.clone());
+    let data = pattern(256 * 1024, 5);
+    let (mut data_in, mut lent) = (Vec::new(), Vec::new());
+    let c = try_run(&m, &write10(16, 512), &data, 0, &mut data_in, &mut lent).unwrap();
+    assert_eq!(c.status, Status::Good);
+    let mut file = None;
+    let c = try_run_files(
+        &m,
+        &read10(16, 512),
+        1 << 20,
+        &mut data_in,
+        &mut file,
+        64 * 1024,
+    );
+    assert_eq!(c.unwrap().status, Status::Good);
+    let Some(range) = file.take() else {
+        // Kernels before 6.5 have no cachestat: the read is copied, which the other tests cover.
+        assert_eq!(data_in, data);
+        return;
+    };
+    assert!(data_in.is_empty(), "nothing copied");
+    assert_eq!((range.1, range.2), (16 * 512, data.len()));
+    assert_eq!(file_bytes(&range), data);
+    // The transport's expected length bounds the range; the CDB's length is reported.
+    let c = try_run_files(
+        &m,
+        &read10(17, 511),
+        100_000,
+        &mut data_in,
+        &mut file,
+        64 * 1024,
+    );
+    assert_eq!(c.unwrap().transfer_len, 511 * 512);
+    let range = file.take().unwrap();
+    assert_eq!((range.1, range.2), (17 * 512, 100_000));
+    assert_eq!(file_bytes(&range), &data[512..100_512]);
+    // Below the minimum the read is copied.
+    let c = try_run_files(
+        &m,
+        &read10(16, 64),
+        1 << 20,
+        &mut data_in,
+        &mut file,
+        64 * 1024,
+    );
+    assert_eq!(c.unwrap().status, Status::Good);
+    assert!(file.is_none());
+    assert_eq!(data_in, &data[..32 * 1024]);
+    // A failing read lends nothing.
+    let c = try_run_files(&m, &read10(8191, 2), 1 << 20, &mut data_in, &mut file, 512);
+    lba_oob(&c.unwrap().sense.unwrap());
+    assert!(file.is_none() && data_in.is_empty());
+    // Not cached (written back and dropped): declined without effect, as a copied read is.
+    store.flush().unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    let declined = try_run_files(&m, &read10(16, 512), 1 << 20, &mut data_in, &mut file, 512);
+    assert!(declined.is_none());
+    assert!(file.is_none() && data_in.is_empty());
 }

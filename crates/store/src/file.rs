@@ -1,25 +1,30 @@
 //! File and block-device store: positional I/O (pread/pwrite) on one shared descriptor, so
 //! workers never seek and never take a lock.
 
-use crate::{check_range, BlockStore, Extent};
+use crate::{check_range, BlockStore, Extent, FileRange};
 use rustix::fs::{FallocateFlags, SeekFrom};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Size of the zero buffer used when zeroes must be written out (thick stores, no fallocate).
 const ZERO_BUFFER_BYTES: u64 = 1 << 20;
 
 pub struct FileStore {
-    file: File,
+    /// Shared with the transport while it sends page-cached ranges ([`FileRange`]).
+    file: Arc<File>,
     size_bytes: u64,
     thin: bool,
     block_device: bool,
     /// Cleared once the filesystem answers that it cannot do non-blocking reads (RWF_NOWAIT);
     /// reads then always wait.
     nowait_reads: AtomicBool,
+    /// Cleared once the kernel answers that it has no `cachestat` (before 6.5) or forbids it:
+    /// reads are then always copied.
+    cachestat: AtomicBool,
 }
 
 impl FileStore {
@@ -77,11 +82,12 @@ impl FileStore {
             ));
         };
         Ok(FileStore {
-            file,
+            file: Arc::new(file),
             size_bytes,
             thin,
             block_device,
             nowait_reads: AtomicBool::new(true),
+            cachestat: AtomicBool::new(true),
         })
     }
 
@@ -122,6 +128,35 @@ impl BlockStore for FileStore {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len() as u64)?;
         self.file.read_exact_at(buf, offset)
+    }
+
+    /// `cachestat` first: only a range whose every page is cached is lent, so a transport's
+    /// `sendfile` does not wait for the device (unless the pages are evicted in between).
+    fn cached_file_range(&self, offset: u64, len: u64) -> io::Result<Option<FileRange>> {
+        check_range(self.size_bytes, offset, len)?;
+        let Ok(len_bytes) = usize::try_from(len) else {
+            return Ok(None);
+        };
+        if len == 0 || !self.cachestat.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        match crate::sys::cached_pages(&self.file, offset, len) {
+            Ok(cached) => {
+                let page = rustix::param::page_size() as u64;
+                let pages = (offset + len).div_ceil(page) - offset / page;
+                Ok((cached >= pages).then(|| (Arc::clone(&self.file), offset, len_bytes)))
+            }
+            Err(e) => {
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSYS | libc::EPERM | libc::EOPNOTSUPP | libc::EINVAL)
+                ) {
+                    self.cachestat.store(false, Ordering::Relaxed);
+                }
+                // Not knowing is not a read error: the read copies instead.
+                Ok(None)
+            }
+        }
     }
 
     /// preadv2(RWF_NOWAIT): copies what the page cache holds and reports instead of waiting for
@@ -264,6 +299,28 @@ mod tests {
     }
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn only_fully_cached_ranges_are_lent() {
+        let p = temp_path();
+        let s = FileStore::open(&p.0, Some(4 << 20), true).unwrap();
+        let data: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
+        s.write_at(&data, 4096, false).unwrap();
+        assert!(s.cached_file_range(0, 5 << 20).is_err(), "beyond the end");
+        let Some((file, offset, len)) = s.cached_file_range(4096 + 512, 100_000).unwrap() else {
+            // Only kernels before 6.5 (no cachestat) lend nothing; the read then copies.
+            assert!(!s.cachestat.load(Ordering::Relaxed));
+            return;
+        };
+        assert_eq!((offset, len), (4096 + 512, 100_000));
+        let mut back = vec![0u8; len];
+        file.read_exact_at(&mut back, offset).unwrap();
+        assert_eq!(back, data[512..512 + 100_000]);
+        // A never-written hole has no cached page; neither has a range that reaches into one.
+        assert!(s.cached_file_range(2 << 20, 64 * 1024).unwrap().is_none());
+        assert!(s.cached_file_range(4096, 300 * 1024).unwrap().is_none());
+        assert!(s.cached_file_range(4096, 0).unwrap().is_none());
+    }
 
     #[test]
     fn missing_file_without_size_is_an_error() {

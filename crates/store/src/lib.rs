@@ -1,9 +1,11 @@
-#![forbid(unsafe_code)]
+// `deny`, not `forbid`: sys.rs holds the crate's only unsafe code (one system call).
+#![deny(unsafe_code)]
 //! Block stores behind one trait: RAM (lazily allocated chunks), regular files (sparse or thick)
 //! and block devices. Every call is synchronous; the engine decides which thread runs it.
 
 mod file;
 mod ram;
+mod sys;
 
 pub use file::FileStore;
 pub use ram::{RamStore, RAM_PAGE_BYTES};
@@ -16,6 +18,12 @@ use std::sync::Arc;
 /// unchanged, for as long as the slice is held. Built from std types only, so a transport can
 /// name the same type without depending on this crate.
 pub type SharedSlice = (Arc<dyn AsRef<[u8]> + Send + Sync>, Range<usize>);
+
+/// A byte range of a store's backing file, `(file, offset, len)`, whose pages were all in the
+/// page cache when it was lent: a transport sends it straight from the cache (`sendfile`), the
+/// copy out of the cache and the buffer it would fill both skipped. std types only, like
+/// [`SharedSlice`].
+pub type FileRange = (Arc<std::fs::File>, u64, usize);
 
 /// A run of bytes that are all mapped or all deallocated (for GET LBA STATUS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +41,13 @@ pub trait BlockStore: Send + Sync + 'static {
     fn read_shared(&self, offset: u64, len: u64, out: &mut Vec<SharedSlice>) -> io::Result<bool> {
         let _ = (offset, len, out);
         Ok(false)
+    }
+    /// Zero-copy read from the page cache: the backing file's range for `[offset, offset+len)`
+    /// when every page of it is cached, so sending it never waits for the device; `None` when
+    /// some page is not (or the kernel cannot tell), and for stores without a backing file.
+    fn cached_file_range(&self, offset: u64, len: u64) -> io::Result<Option<FileRange>> {
+        let _ = (offset, len);
+        Ok(None)
     }
     /// Like `read_at`, but returns false instead of waiting for the device (data not cached).
     /// `buf` may then be partly filled. Stores that never wait just read.

@@ -12,18 +12,18 @@ use iscsi::login::{
     LoginStep, SessionKey,
 };
 use iscsi::negotiation::{SessionType, TargetLimits};
-use iscsi::outbox::{Outbox, Part, SharedSlice};
+use iscsi::outbox::{Outbox, Part};
 use iscsi::pdu::{self, FrameError, Framing};
 use iscsi::session::{
-    Activity, DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome,
+    Activity, DeferredCommand, DiscoveredTarget, Execution, Flow, Loan, ScsiBackend, ScsiOutcome,
     ScsiRequest, Session, SessionLimits, TmfFunction,
 };
-use rustix::net::RecvFlags;
+use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
 use scsi::{LunEntry, LunMap, Nexus};
 use std::os::fd::OwnedFd;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use crate::coalesce::{Coalescer, Outcome, Plan};
@@ -44,6 +44,11 @@ const TURN_BYTES_MAX: usize = 4 << 20;
 const WRITE_BYTES_MAX: u32 = 64 << 20;
 /// Slices per writev call (Linux IOV_MAX is 1024).
 const IOV_BATCH: usize = 512;
+/// Reads at least this long are sent straight from the page cache (`sendfile`) when the LU is a
+/// file whose pages hold all of the range; shorter ones are copied, as are reads on connections
+/// with data digests. Below it the extra system calls (cachestat, a sendfile per Data-In PDU, a
+/// vectored write split around each) cost more than the copies they save.
+const FILE_SEND_MIN_BYTES: u32 = 64 * 1024;
 
 pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
     let NewConnection {
@@ -331,7 +336,7 @@ impl ScsiBackend for Backend<'_> {
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
-        lent: &mut Vec<SharedSlice>,
+        lent: &mut Loan,
         sense: &mut Vec<u8>,
     ) -> Execution {
         let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
@@ -362,10 +367,19 @@ impl ScsiBackend for Backend<'_> {
             data_out: req.data_out,
             data_in_limit: req.expected_len,
         };
-        // Reads of RAM LUs lend their pages (zero-copy); reads of disk-backed LUs are copied
-        // inline when the data is cached and otherwise go to the blocking pool.
-        let (data_before, lent_before) = (data_in.len(), lent.len());
-        let completion = match luns.try_execute(nexus, lun, &cmd, data_in, lent) {
+        // Reads of RAM LUs lend their pages (zero-copy); reads of file LUs lend the file range
+        // when it is long and all cached (sent with sendfile), are copied inline when cached,
+        // and otherwise go to the blocking pool.
+        let lending = scsi::Lending {
+            slices: &mut lent.slices,
+            file: &mut lent.file,
+            file_min_bytes: if req.may_lend_file {
+                FILE_SEND_MIN_BYTES
+            } else {
+                0
+            },
+        };
+        let completion = match luns.try_execute(nexus, lun, &cmd, data_in, lending) {
             Some(completion) => completion,
             // Declined with no effect: it runs again, whole, on the blocking pool.
             None => return Execution::Deferred,
@@ -378,17 +392,25 @@ impl ScsiBackend for Backend<'_> {
         let kind = scsi::io_kind(req.cdb);
         let data_bytes = match kind {
             scsi::IoKind::Read => {
-                let lent_bytes: usize = lent[lent_before.min(lent.len())..]
+                // Per the ScsiBackend contract `lent` arrived empty and `data_in` now holds exactly
+                // the Data-In (a reused read buffer's old length says nothing).
+                let lent_bytes: usize = lent
+                    .slices
                     .iter()
                     .map(|(_, range)| range.len())
-                    .sum();
-                (data_in.len().saturating_sub(data_before) + lent_bytes)
-                    .min(req.expected_len as usize)
+                    .sum::<usize>()
+                    + lent.file.as_ref().map_or(0, |(_, _, len)| *len);
+                (data_in.len() + lent_bytes).min(req.expected_len as usize)
             }
             _ => req.data_out.len(),
         };
         let outcome = outcome_of(&completion, sense);
         self.record_io(lun, kind, outcome.status, data_bytes);
+        if let Some((_, _, len)) = &lent.file {
+            if let Some(slot) = self.io.iter_mut().find(|d| d.lun == lun) {
+                slot.counts.sendfile_bytes += (*len).min(req.expected_len as usize) as u64;
+            }
+        }
         Execution::Done(outcome)
     }
 
@@ -943,21 +965,62 @@ impl Driver {
         }
     }
 
-    /// Sends everything queued with as few vectored writes as possible.
+    /// Sends everything queued with as few system calls as possible: one vectored write for the
+    /// memory parts between file ranges, one `sendfile` per file range.
     async fn flush(&mut self) -> Result<(), String> {
-        while !self.out.is_empty() {
-            let written = {
+        while let Some(first) = self.out.parts().first() {
+            let written = if let &Part::File { offset, len, .. } = first {
+                let Some(file) = self.out.file(first) else {
+                    return Err("outbox: file part without its file".into());
+                };
+                let sent = self
+                    .stream
+                    .async_io(Interest::WRITABLE, || {
+                        let mut at = offset;
+                        rustix::fs::sendfile(&self.stream, file, Some(&mut at), len)
+                            .map_err(std::io::Error::from)
+                    })
+                    .await
+                    .map_err(|e| format!("sendfile: {e}"))?;
+                if sent == 0 {
+                    // Only past the end of the file: it shrank under the LU.
+                    return Err("sendfile: LU file shorter than its size".into());
+                }
+                sent
+            } else {
+                let mut file_follows = false;
                 let slices: Vec<IoSlice<'_>> = self
                     .out
                     .parts()
                     .iter()
                     .take(IOV_BATCH)
+                    .take_while(|p| {
+                        file_follows = matches!(p, Part::File { .. });
+                        !file_follows
+                    })
                     .map(|p: &Part| IoSlice::new(self.out.slice(p)))
                     .collect();
-                self.stream
-                    .write_vectored(&slices)
-                    .await
-                    .map_err(|e| e.to_string())?
+                if file_follows {
+                    // MSG_MORE: the headers wait for the file data instead of leaving alone in
+                    // a small segment (the socket has TCP_NODELAY).
+                    self.stream
+                        .async_io(Interest::WRITABLE, || {
+                            rustix::net::sendmsg(
+                                &self.stream,
+                                &slices,
+                                &mut SendAncillaryBuffer::default(),
+                                SendFlags::MORE | SendFlags::NOSIGNAL,
+                            )
+                            .map_err(std::io::Error::from)
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?
+                } else {
+                    self.stream
+                        .write_vectored(&slices)
+                        .await
+                        .map_err(|e| e.to_string())?
+                }
             };
             if written == 0 {
                 return Err("peer stopped reading".into());

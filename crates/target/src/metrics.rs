@@ -49,6 +49,7 @@ pub struct Metrics {
     pub device_read_bytes: Family<DeviceLabel, Counter>,
     pub device_write_bytes: Family<DeviceLabel, Counter>,
     pub device_errors: Family<DeviceLabel, Counter>,
+    pub device_sendfile_bytes: Family<DeviceLabel, Counter>,
 }
 
 /// One connection's I/O on one device since its last report.
@@ -59,6 +60,8 @@ pub struct IoCounts {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub errors: u64,
+    /// Of `read_bytes`, those lent as a file range and sent with sendfile.
+    pub sendfile_bytes: u64,
 }
 
 impl Default for Metrics {
@@ -83,6 +86,7 @@ impl Metrics {
         let device_read_bytes = Family::<DeviceLabel, Counter>::default();
         let device_write_bytes = Family::<DeviceLabel, Counter>::default();
         let device_errors = Family::<DeviceLabel, Counter>::default();
+        let device_sendfile_bytes = Family::<DeviceLabel, Counter>::default();
         registry.register(
             "limit_exceeded",
             "Times a configured limit refused or cut off a client",
@@ -144,6 +148,11 @@ impl Metrics {
             "Commands of any kind answered with a status other than GOOD (CHECK CONDITION, including unit attentions; RESERVATION CONFLICT; TASK SET FULL; ...), per device",
             device_errors.clone(),
         );
+        registry.register(
+            "device_sendfile_bytes",
+            "Bytes of successful READ commands sent straight from the page cache (sendfile, file devices; part of device_read_bytes), per device",
+            device_sendfile_bytes.clone(),
+        );
         Metrics {
             registry,
             limit_exceeded,
@@ -159,6 +168,7 @@ impl Metrics {
             device_read_bytes,
             device_write_bytes,
             device_errors,
+            device_sendfile_bytes,
         }
     }
 
@@ -173,6 +183,7 @@ impl Metrics {
             (&self.device_read_bytes, io.read_bytes),
             (&self.device_write_bytes, io.write_bytes),
             (&self.device_errors, io.errors),
+            (&self.device_sendfile_bytes, io.sendfile_bytes),
         ] {
             // Every series exists from a device's first report on, zero or not.
             family.get_or_create(&label).inc_by(n);

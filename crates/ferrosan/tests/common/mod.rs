@@ -441,6 +441,29 @@ pub fn scrape(port: u16) -> String {
     answer
 }
 
+/// The value of one series (`name{labels}`) in a Prometheus text scrape; 0 when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .map(|v| v.trim().parse::<f64>().unwrap_or(-1.0))
+        })
+        .unwrap_or(0.0)
+}
+
+/// Polls the endpoint until `series` satisfies `want` (connections report once a second and
+/// when they close), for at most 5 s; returns the last scrape.
+pub fn wait_for_metric(metrics_port: u16, series: &str, want: impl Fn(f64) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = scrape(metrics_port);
+        if want(metric(&text, series)) || std::time::Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `qemu-img convert` of a raw image onto the LUN at `url` (no target creation: -n).
 pub fn convert_to(url: &str, image: &str) -> Run {
     run(

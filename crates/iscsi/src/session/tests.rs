@@ -16,19 +16,29 @@ struct Backend {
     deferred_data: Vec<Vec<u8>>,
     /// Lend read data in slices of this many bytes (a zero-copy store) instead of copying it.
     lend_slice_bytes: usize,
+    /// Lend read data as a range of this file (holding `read_data` at `FILE_AT`) when the
+    /// request allows it.
+    lend_file: Option<std::sync::Arc<std::fs::File>>,
+    /// `may_lend_file` of every request, in order.
+    may_lend_file: Vec<bool>,
 }
+
+/// Where the test backend's file holds `read_data`.
+const FILE_AT: u64 = 4096 + 7;
 
 impl ScsiBackend for Backend {
     fn execute(
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
-        lent: &mut Vec<SharedSlice>,
+        lent: &mut Loan,
         sense: &mut Vec<u8>,
     ) -> Execution {
         // A read's buffer may arrive holding old bytes; the backend overwrites it.
         assert!(req.read || data_in.is_empty());
+        assert!(lent.is_empty());
         data_in.clear();
+        self.may_lend_file.push(req.may_lend_file);
         if self.defer {
             return Execution::Deferred;
         }
@@ -38,12 +48,15 @@ impl ScsiBackend for Backend {
         if req.read {
             // Like the SCSI layer: produce what the CDB asks, send at most the expected length.
             let n = self.read_data.len().min(req.expected_len as usize);
-            if self.lend_slice_bytes > 0 {
+            if let Some(file) = self.lend_file.as_ref().filter(|_| req.may_lend_file) {
+                lent.file = Some((std::sync::Arc::clone(file), FILE_AT, n));
+            } else if self.lend_slice_bytes > 0 {
                 let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> =
                     std::sync::Arc::new(self.read_data.clone());
                 for start in (0..n).step_by(self.lend_slice_bytes) {
                     let end = (start + self.lend_slice_bytes).min(n);
-                    lent.push((std::sync::Arc::clone(&owner), start..end));
+                    lent.slices
+                        .push((std::sync::Arc::clone(&owner), start..end));
                 }
             } else {
                 data_in.extend_from_slice(&self.read_data[..n]);
@@ -798,13 +811,43 @@ fn digests_apply_to_everything_sent() {
 
 /// The raw bytes a read sends (not decoded, so any difference shows).
 fn read_wire(lend_slice_bytes: usize, digests: bool, edtl: u32) -> Vec<u8> {
+    read_wire_from(lend_slice_bytes, None, digests, edtl, 0x01)
+}
+
+/// A file holding `data` at `FILE_AT`, unlinked at once (the open handle keeps the bytes).
+fn file_holding(data: &[u8]) -> std::sync::Arc<std::fs::File> {
+    use std::os::unix::fs::FileExt;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("ferrosan-session-file-{}-{n}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    file.write_all_at(data, FILE_AT).unwrap();
+    std::sync::Arc::new(file)
+}
+
+fn read_wire_from(
+    lend_slice_bytes: usize,
+    lend_file: Option<std::sync::Arc<std::fs::File>>,
+    digests: bool,
+    edtl: u32,
+    task_attr: u8,
+) -> Vec<u8> {
     let mut p = params();
     p.header_digest = digests;
     p.data_digest = digests;
     let mut h = harness_with(SessionType::Normal, p, SessionLimits::default());
     h.b.read_data = (0..20001u32).map(|i| (i * 31 % 251) as u8).collect();
     h.b.lend_slice_bytes = lend_slice_bytes;
-    let cmd = h.command(&READ10, 0xc0, edtl, 9);
+    h.b.lend_file = lend_file;
+    let cmd = h.command(&READ10, 0xc0 | task_attr, edtl, 9);
     let framing = h.s.framing();
     let mut wire = Vec::new();
     pdu::encode_into(&mut wire, &cmd, &[], &framing);
@@ -832,6 +875,96 @@ fn lent_reads_send_the_same_bytes_as_copied_reads() {
             }
         }
     }
+}
+
+#[test]
+fn file_reads_send_the_same_bytes_as_copied_reads() {
+    let data: Vec<u8> = (0..20001u32).map(|i| (i * 31 % 251) as u8).collect();
+    let file = file_holding(&data);
+    for digests in [false, true] {
+        for edtl in [20001, 20000, 8192, 100, 30000] {
+            for attr in [0, 1, 2, 3] {
+                let copied = read_wire(0, digests, edtl);
+                let from_file = read_wire_from(0, Some(file.clone()), digests, edtl, attr);
+                assert_eq!(
+                    from_file, copied,
+                    "digests {digests}, edtl {edtl}, attr {attr}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn only_simple_reads_without_data_digests_may_lend_files() {
+    for (digests, attr, read, want) in [
+        (false, 0, true, true),
+        (false, 1, true, true),
+        (false, 2, true, false), // ORDERED
+        (false, 3, true, false), // HEAD OF QUEUE
+        (true, 1, true, false),
+        (false, 1, false, false),
+    ] {
+        let mut p = params();
+        p.data_digest = digests;
+        let mut h = harness_with(SessionType::Normal, p, SessionLimits::default());
+        h.b.read_data = vec![1; 512];
+        let flags = if read { 0xc0 } else { 0x80 } | attr;
+        let cmd = h.command(&READ10, flags, if read { 512 } else { 0 }, 3);
+        let _ = h.send(cmd, &[]);
+        assert_eq!(
+            h.b.may_lend_file,
+            vec![want],
+            "digests {digests}, attr {attr}"
+        );
+    }
+}
+
+#[test]
+fn file_payloads_are_queued_as_file_parts_and_consumed_in_place() {
+    let data: Vec<u8> = (0..20001u32).map(|i| (i * 7 % 253) as u8).collect();
+    let file = file_holding(&data);
+    let mut h = harness_with(SessionType::Normal, params(), SessionLimits::default());
+    h.b.read_data = data.clone();
+    h.b.lend_file = Some(file);
+    let cmd = h.command(&READ10, 0xc1, 20001, 4);
+    let framing = h.s.framing();
+    let mut wire = Vec::new();
+    pdu::encode_into(&mut wire, &cmd, &[], &framing);
+    let pdu = parse_frame(&wire, &framing).unwrap();
+    let mut out = Outbox::new(8);
+    h.s.handle(&pdu, h.now, &mut h.b, &mut out);
+    // 8 KiB PDUs: 8192 + 8192 + 3617 bytes from the file, each after its header.
+    let files: Vec<(u64, usize)> = out
+        .parts()
+        .iter()
+        .filter_map(|p| match p {
+            crate::outbox::Part::File { offset, len, .. } => Some((*offset, *len)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        files,
+        vec![
+            (FILE_AT, 8192),
+            (FILE_AT + 8192, 8192),
+            (FILE_AT + 16384, 3617)
+        ]
+    );
+    assert!(out
+        .parts()
+        .iter()
+        .all(|p| out.file(p).is_some() == matches!(p, crate::outbox::Part::File { .. })));
+    let whole = out.to_vec();
+    // A partial send that stops inside the first file part resumes at the right file offset.
+    out.consume(48 + 1000);
+    assert_eq!(out.to_vec(), &whole[48 + 1000..]);
+    assert!(matches!(
+        out.parts().first(),
+        Some(crate::outbox::Part::File { offset, len: 7192, .. }) if *offset == FILE_AT + 1000
+    ));
+    out.consume(7192 + 48 + 8191);
+    assert_eq!(out.to_vec(), &whole[48 + 8192 + 48 + 8191..]);
 }
 
 #[test]

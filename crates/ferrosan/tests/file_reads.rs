@@ -1,0 +1,94 @@
+//! Reads of file LUs whose pages are all cached go out with sendfile, straight from the page
+//! cache: the initiator gets the same bytes, short reads are still copied, and the metrics say
+//! which path ran.
+
+mod common;
+
+use common::{free_port, metric, run, wait_for_metric, Daemon, Scratch, IQN};
+
+const IMAGE: usize = 8 << 20;
+
+/// Whether this kernel has cachestat(2) (Linux 6.5+), without which nothing is sent from the
+/// page cache.
+fn kernel_has_cachestat() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (major, minor) >= (6, 5)
+}
+
+fn round_trip_on(dir: &std::path::Path) {
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let lun = format!("file:{},size=32M", dir.join("lun.img").display());
+    let daemon = Daemon::start_with_args(IQN, &[&lun], &["--metrics-listen", &listen]);
+    let scratch = Scratch::new("file-reads");
+    let image = scratch.file("image.raw");
+    std::fs::write(&image, common::pseudo_random_bytes(IMAGE, 11)).expect("write image");
+    let image = image.display().to_string();
+    common::upload(&daemon, 0, &image);
+    // qemu-img compare reads the mapped part (GET LBA STATUS) in large chunks; those file
+    // pages were just written, so they are cached.
+    common::assert_identical(&daemon, 0, &image);
+    let read = "ferrosan_device_read_bytes_total{device=\"lun0\"}";
+    let sent = "ferrosan_device_sendfile_bytes_total{device=\"lun0\"}";
+    let text = wait_for_metric(metrics_port, read, |v| v >= IMAGE as f64);
+    let (read_bytes, sent_bytes) = (metric(&text, read), metric(&text, sent));
+    assert!(
+        read_bytes >= IMAGE as f64,
+        "compare reads the image back:\n{text}"
+    );
+    if kernel_has_cachestat() {
+        assert!(
+            sent_bytes >= IMAGE as f64 && sent_bytes <= read_bytes,
+            "the written (cached) part goes out with sendfile: {sent_bytes} of {read_bytes}\n{text}"
+        );
+    } else {
+        assert_eq!(sent_bytes, 0.0, "no cachestat, no sendfile:\n{text}");
+    }
+    // 4 KiB reads are copied: the sendfile count stays, the read count grows by 1 MiB.
+    run(
+        "qemu-img",
+        &[
+            "bench",
+            "-f",
+            "raw",
+            "-t",
+            "none",
+            "-c",
+            "256",
+            "-d",
+            "4",
+            "-s",
+            "4096",
+            &daemon.url(0),
+        ],
+    )
+    .expect_ok(&daemon);
+    let more = read_bytes + 1024.0 * 1024.0;
+    let text = wait_for_metric(metrics_port, read, |v| v >= more);
+    assert_eq!(metric(&text, read), more, "{text}");
+    assert_eq!(
+        metric(&text, sent),
+        sent_bytes,
+        "short reads are copied:\n{text}"
+    );
+}
+
+#[test]
+fn cached_reads_of_a_disk_file_are_sent_from_the_page_cache() {
+    let dir = Scratch::new("file-reads-disk");
+    round_trip_on(&dir.path);
+}
+
+#[test]
+fn cached_reads_of_a_tmpfs_file_are_sent_from_the_page_cache() {
+    let shm = std::path::Path::new("/dev/shm");
+    assert!(shm.is_dir(), "/dev/shm (tmpfs) is needed for this test");
+    let dir = shm.join(format!("ferrosan-file-reads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create dir on /dev/shm");
+    round_trip_on(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -75,3 +75,47 @@ fn device_io_is_counted_per_device() {
         0.0
     );
 }
+
+#[test]
+fn new_connections_go_to_the_least_loaded_worker() {
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let daemon = Daemon::start_with_args(
+        IQN,
+        &["ram:16M"],
+        &["--metrics-listen", &listen, "--workers", "2"],
+    );
+    // The two workers' open connections, fewest first.
+    let loads = |text: &str| {
+        let mut v = [0, 1].map(|n| {
+            value(
+                text,
+                &format!("ferrosan_worker_connections{{worker=\"{n}\"}}"),
+            )
+        });
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let connect = || std::net::TcpStream::connect(("127.0.0.1", daemon.port)).expect("connect");
+    let open = |want: f64| wait_for(metrics_port, "ferrosan_connections", |v| v == want);
+    // Four connections (no login yet) alternate between the workers.
+    let mut conns = Vec::new();
+    for n in 1..=4 {
+        conns.push(Some(connect()));
+        open(f64::from(n));
+    }
+    let text = open(4.0);
+    assert_eq!(loads(&text), [2.0, 2.0], "{text}");
+    // The first and the third, on the same worker, close: the daemon reads EOF and drops them.
+    conns[0] = None;
+    conns[2] = None;
+    let text = open(2.0);
+    assert_eq!(loads(&text), [0.0, 2.0], "{text}");
+    // Round-robin would now give one to each worker (1 and 3); both go to the idle one.
+    conns.push(Some(connect()));
+    open(3.0);
+    conns.push(Some(connect()));
+    let text = open(4.0);
+    assert_eq!(loads(&text), [2.0, 2.0], "{text}");
+    drop(conns);
+}

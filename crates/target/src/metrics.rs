@@ -23,6 +23,12 @@ pub struct LimitLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    /// The worker's index, 0-based (its thread is `ferrosan-worker-N`).
+    pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeviceLabel {
     /// The `[[device]]` name.
     pub device: String,
@@ -40,6 +46,7 @@ pub struct Metrics {
     pub logins: Family<LoginLabel, Counter>,
     pub connections: Gauge,
     pub sessions: Gauge,
+    pub worker_connections: Family<WorkerLabel, Gauge>,
     pub receive_batches: Counter,
     pub receive_batch_misses: Counter,
     pub write_stalls: Family<DeviceLabel, Counter>,
@@ -77,6 +84,7 @@ impl Metrics {
         let logins = Family::<LoginLabel, Counter>::default();
         let connections = Gauge::default();
         let sessions = Gauge::default();
+        let worker_connections = Family::<WorkerLabel, Gauge>::default();
         let receive_batches = Counter::default();
         let receive_batch_misses = Counter::default();
         let write_stalls = Family::<DeviceLabel, Counter>::default();
@@ -102,6 +110,11 @@ impl Metrics {
             "sessions",
             "Sessions in full feature phase",
             sessions.clone(),
+        );
+        registry.register(
+            "worker_connections",
+            "Open TCP connections per network worker (the acceptor gives each new one to the least loaded)",
+            worker_connections.clone(),
         );
         registry.register(
             "receive_batches",
@@ -159,6 +172,7 @@ impl Metrics {
             logins,
             connections,
             sessions,
+            worker_connections,
             receive_batches,
             receive_batch_misses,
             write_stalls,
@@ -194,6 +208,15 @@ impl Metrics {
         self.limit_exceeded
             .get_or_create(&LimitLabel { limit })
             .inc();
+    }
+
+    /// The open-connection gauge of worker `index`: the acceptor's measure of its load.
+    pub fn worker_connections(&self, index: usize) -> Gauge {
+        self.worker_connections
+            .get_or_create(&WorkerLabel {
+                worker: index.to_string(),
+            })
+            .clone()
     }
 
     /// The stall and offload counters of one device (see `stall.rs`).

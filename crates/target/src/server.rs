@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::gauge::Gauge;
 use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, TargetPort};
 use store::{BlockStore, FileStore, RamStore};
 use tokio::sync::{mpsc, watch};
@@ -149,6 +150,7 @@ impl Shared {
         Ok(ConnectionGuard {
             shared: Arc::clone(self),
             source,
+            worker_load: None,
         })
     }
 
@@ -222,10 +224,23 @@ impl Shared {
 pub struct ConnectionGuard {
     shared: Arc<Shared>,
     source: IpAddr,
+    /// The open-connection gauge of the worker the connection was given to.
+    worker_load: Option<Gauge>,
+}
+
+impl ConnectionGuard {
+    /// Counts the connection on its worker until the guard drops.
+    fn place_on(&mut self, worker_load: &Gauge) {
+        worker_load.inc();
+        self.worker_load = Some(worker_load.clone());
+    }
 }
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
+        if let Some(load) = &self.worker_load {
+            load.dec();
+        }
         self.shared.connections.fetch_sub(1, Ordering::AcqRel);
         self.shared.metrics.connections.dec();
         let mut per = self
@@ -362,6 +377,17 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
+/// The worker to give a new connection to: the one with the fewest open connections, ties
+/// broken round-robin from `turn` so equal loads still spread. Round-robin alone drifts: once
+/// connections close unevenly, it keeps stacking new ones on the busier workers.
+fn least_loaded(loads: &[i64], turn: usize) -> usize {
+    let n = loads.len().max(1);
+    (0..n)
+        .map(|i| (turn + i) % n)
+        .min_by_key(|&i| loads.get(i).copied().unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
 /// Each worker's share of the `io_threads` limit (its blocking pool), at least one.
 fn io_threads_per_worker(io_threads: u32, workers: usize) -> usize {
     (io_threads as usize / workers.max(1)).max(1)
@@ -406,7 +432,10 @@ fn acceptor(
             return;
         }
     };
-    let senders = Arc::new(senders);
+    let loads: Vec<Gauge> = (0..senders.len())
+        .map(|index| shared.metrics.worker_connections(index))
+        .collect();
+    let workers = Arc::new((senders, loads));
     let next = Arc::new(AtomicUsize::new(0));
     runtime.block_on(async move {
         let mut tasks = Vec::new();
@@ -425,7 +454,7 @@ fn acceptor(
                 }
             };
             let shared = Arc::clone(&shared);
-            let senders = Arc::clone(&senders);
+            let workers = Arc::clone(&workers);
             let next = Arc::clone(&next);
             tasks.push(tokio::spawn(async move {
                 let mut refusal_log = LogLimiter::new(Duration::from_secs(1));
@@ -445,7 +474,7 @@ fn acceptor(
                             continue;
                         }
                     };
-                    let guard = match shared.admit_connection(peer.ip()) {
+                    let mut guard = match shared.admit_connection(peer.ip()) {
                         Ok(g) => g,
                         Err(limit) => {
                             shared.metrics.limit(limit);
@@ -465,8 +494,11 @@ fn acceptor(
                     let Ok(std_stream) = stream.into_std() else {
                         continue;
                     };
-                    let index = next.fetch_add(1, Ordering::Relaxed) % senders.len().max(1);
-                    if let Some(tx) = senders.get(index) {
+                    let (senders, loads) = &*workers;
+                    let counts: Vec<i64> = loads.iter().map(Gauge::get).collect();
+                    let index = least_loaded(&counts, next.fetch_add(1, Ordering::Relaxed));
+                    if let (Some(tx), Some(load)) = (senders.get(index), loads.get(index)) {
+                        guard.place_on(load);
                         let _ = tx.send(NewConnection {
                             stream: std_stream,
                             peer,
@@ -682,6 +714,24 @@ fn build(config: &Config) -> Result<Shared, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_connections_go_to_the_least_loaded_worker() {
+        assert_eq!(least_loaded(&[3, 1, 2], 0), 1);
+        assert_eq!(least_loaded(&[3, 1, 2], 2), 1);
+        // Ties go round-robin from the turn, so equal loads still spread.
+        assert_eq!(least_loaded(&[0, 0, 0], 0), 0);
+        assert_eq!(least_loaded(&[0, 0, 0], 1), 1);
+        assert_eq!(least_loaded(&[0, 0, 0], 5), 2);
+        assert_eq!(least_loaded(&[2, 1, 1], 0), 1);
+        assert_eq!(least_loaded(&[2, 1, 1], 2), 2);
+        // Round-robin would give the next two to workers 0 and 1 here; both go to 0.
+        assert_eq!(least_loaded(&[0, 2], 4), 0);
+        assert_eq!(least_loaded(&[1, 2], 5), 0);
+        // One worker, or none configured: index 0.
+        assert_eq!(least_loaded(&[7], 3), 0);
+        assert_eq!(least_loaded(&[], 3), 0);
+    }
 
     #[test]
     fn io_threads_are_shared_out_and_never_zero() {

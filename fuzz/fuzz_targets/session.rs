@@ -11,10 +11,33 @@ use iscsi::negotiation::{SessionParams, SessionType, TargetLimits};
 use iscsi::outbox::Outbox;
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use iscsi::session::{
-    DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest, Session,
-    SessionLimits, TmfFunction,
+    DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest,
+    Session, SessionLimits, TmfFunction,
 };
 use libfuzzer_sys::fuzz_target;
+
+/// A file holding the same bytes the backend copies (`i as u8` at offset `i`, 1 MiB), created
+/// once per fuzzing process and unlinked at once (the open handle keeps it).
+fn pattern_file() -> std::sync::Arc<std::fs::File> {
+    static FILE: std::sync::OnceLock<std::sync::Arc<std::fs::File>> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        use std::io::Write;
+        let path =
+            std::env::temp_dir().join(format!("ferrosan-fuzz-session-{}", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .expect("create the pattern file");
+        let _ = std::fs::remove_file(&path);
+        let bytes: Vec<u8> = (0..1usize << 20).map(|i| i as u8).collect();
+        file.write_all(&bytes).expect("write the pattern file");
+        std::sync::Arc::new(file)
+    })
+    .clone()
+}
 
 #[derive(Arbitrary, Debug, Clone)]
 struct Backend {
@@ -27,6 +50,8 @@ struct Backend {
     /// Nonzero: reads lend their data in slices of this many bytes (zero-copy) instead of
     /// copying it.
     lend_slice: u16,
+    /// Reads the request allows it for lend their data as a range of a file (sendfile).
+    lend_file: bool,
     /// Every n-th command is deferred (0: never), completed later by `Op::Complete`.
     defer_every: u8,
     #[arbitrary(default)]
@@ -69,14 +94,21 @@ impl ScsiBackend for Backend {
         }
         if req.read {
             let n = (req.expected_len as i64 + self.extra as i64).clamp(0, 1 << 20) as usize;
-            if self.lend_slice == 0 {
+            if self.lend_file && req.may_lend_file {
+                assert!(
+                    req.task_attr <= 1,
+                    "only SIMPLE or untagged reads may lend files"
+                );
+                lent.file = Some((pattern_file(), 0, n));
+            } else if self.lend_slice == 0 {
                 data_in.extend((0..n).map(|i| i as u8));
             } else {
                 let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> =
                     std::sync::Arc::new((0..n).map(|i| i as u8).collect::<Vec<u8>>());
                 let step = usize::from(self.lend_slice);
                 for start in (0..n).step_by(step) {
-                    lent.slices.push((owner.clone(), start..(start + step).min(n)));
+                    lent.slices
+                        .push((owner.clone(), start..(start + step).min(n)));
                 }
             }
         }
@@ -610,9 +642,16 @@ fuzz_target!(|input: Input| {
             session.pending_writes(),
             limits.queue_depth
         );
-        // Partial sends: consume in two steps like a short writev would.
+        // Partial sends: consume in two steps like a short writev (or sendfile) would; what
+        // is left is exactly the rest of the bytes.
+        let whole = out.to_vec();
         let half = out.len() / 2;
         out.consume(half);
+        assert_eq!(
+            out.to_vec(),
+            whole[half..],
+            "a partial send resumes where it stopped"
+        );
         out.consume(out.len());
         assert!(out.is_empty());
         if flow == Flow::Close {

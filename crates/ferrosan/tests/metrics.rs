@@ -119,3 +119,85 @@ fn new_connections_go_to_the_least_loaded_worker() {
     assert_eq!(loads(&text), [2.0, 2.0], "{text}");
     drop(conns);
 }
+
+/// The `_bucket` series of one latency histogram, in order (cumulative counts).
+fn latency_buckets(text: &str, device: &str, op: &str) -> Vec<f64> {
+    let labels = format!("device=\"{device}\",op=\"{op}\"}}");
+    text.lines()
+        .filter(|l| l.starts_with("ferrosan_device_latency_seconds_bucket{") && l.contains(&labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn command_latency_is_a_histogram_per_device_and_op() {
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let scratch = common::Scratch::new("metrics-latency");
+    // A file on a disk filesystem, write-through by default: its writes run on the blocking pool.
+    let disk = format!("file:{},size=16M", scratch.file("disk.img").display());
+    let daemon = Daemon::start_with_args(IQN, &["ram:16M", &disk], &["--metrics-listen", &listen]);
+    let bench = |lun: u32, write: bool| {
+        let url = daemon.url(lun);
+        let mut args = vec![
+            "bench", "-f", "raw", "-t", "none", "-c", "200", "-d", "4", "-s", "4096",
+        ];
+        if write {
+            args.push("-w");
+        }
+        args.push(&url);
+        run("qemu-img", &args).expect_ok(&daemon);
+    };
+    bench(0, false);
+    bench(1, true);
+    let count = |device: &str, op: &str| {
+        format!("ferrosan_device_latency_seconds_count{{device=\"{device}\",op=\"{op}\"}}")
+    };
+    let text = wait_for(metrics_port, &count("lun1", "write"), |v| v >= 200.0);
+    for (device, op, counter) in [("lun0", "read", "reads"), ("lun1", "write", "writes")] {
+        let n = value(&text, &count(device, op));
+        let commands = value(
+            &text,
+            &format!("ferrosan_device_{counter}_total{{device=\"{device}\"}}"),
+        );
+        assert!(
+            n >= 200.0 && n == commands,
+            "{device} {op}: {n} timed, {commands} done\n{text}"
+        );
+        let buckets = latency_buckets(&text, device, op);
+        assert_eq!(buckets.len(), 19, "18 bounds and +Inf:\n{text}");
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "cumulative:\n{text}"
+        );
+        assert_eq!(
+            buckets.last().copied(),
+            Some(n),
+            "+Inf holds them all:\n{text}"
+        );
+        let sum = value(
+            &text,
+            &format!("ferrosan_device_latency_seconds_sum{{device=\"{device}\",op=\"{op}\"}}"),
+        );
+        assert!(
+            sum > 0.0 && sum < n,
+            "{device} {op}: {sum} s in all\n{text}"
+        );
+    }
+    // Nothing was written to the RAM device nor read from the disk one.
+    assert_eq!(value(&text, &count("lun0", "write")), 0.0, "{text}");
+    assert_eq!(value(&text, &count("lun1", "read")), 0.0, "{text}");
+    // A write-through write waits for the disk (fdatasync): slower than the RAM reads.
+    let mean = |device: &str, op: &str| {
+        value(
+            &text,
+            &format!("ferrosan_device_latency_seconds_sum{{device=\"{device}\",op=\"{op}\"}}"),
+        ) / value(&text, &count(device, op))
+    };
+    assert!(
+        mean("lun1", "write") > mean("lun0", "read"),
+        "durable writes {} s vs RAM reads {} s on average",
+        mean("lun1", "write"),
+        mean("lun0", "read")
+    );
+}

@@ -31,7 +31,7 @@ use crate::metrics::Metrics;
 use crate::sys;
 
 use crate::config::ResolvedAuth;
-use crate::metrics::IoCounts;
+use crate::metrics::{IoCounts, LatencyCounts};
 use crate::registry::SessionTicket;
 use crate::server::{DiskLun, NewConnection, Shared};
 use crate::stall::WriteStalls;
@@ -208,6 +208,8 @@ struct Completed {
     outcome: ScsiOutcome,
     data_in: Vec<u8>,
     sense: Vec<u8>,
+    /// The start of the turn that handed it over (its latency runs from there).
+    started: Instant,
     /// Data-Out bytes it held (released from the connection's budget).
     held_bytes: usize,
     /// Its Data-Out buffer, back to the connection's pool.
@@ -235,6 +237,11 @@ struct Backend<'a> {
     portal_group_tag: u16,
     /// I/O per mapped LUN since the last report to the shared metrics (once a second).
     io: Vec<DeviceIo>,
+    /// When the current turn started handling PDUs: a command is complete in the target then.
+    turn_started: Instant,
+    /// Reads and writes (LUN, op index) run inline this turn; their latency is taken once, when
+    /// the turn has queued all its responses.
+    turn_inline: Vec<(u64, usize)>,
 }
 
 /// One LUN's I/O on this connection, counted without atomics.
@@ -242,6 +249,20 @@ struct DeviceIo {
     lun: u64,
     device: Arc<str>,
     counts: IoCounts,
+    /// Latencies of reads ([`OP_READ`]) and writes ([`OP_WRITE`]).
+    latency: [LatencyCounts; 2],
+}
+
+const OP_READ: usize = 0;
+const OP_WRITE: usize = 1;
+const OP_NAMES: [&str; 2] = ["read", "write"];
+
+fn op_index(kind: scsi::IoKind) -> Option<usize> {
+    match kind {
+        scsi::IoKind::Read => Some(OP_READ),
+        scsi::IoKind::Write => Some(OP_WRITE),
+        scsi::IoKind::Other => None,
+    }
 }
 
 impl Backend<'_> {
@@ -267,12 +288,45 @@ impl Backend<'_> {
         }
     }
 
+    /// Counts the latency of one read or write.
+    fn record_latency(&mut self, lun: u64, op: usize, latency: Duration) {
+        if let Some(counts) = self
+            .io
+            .iter_mut()
+            .find(|d| d.lun == lun)
+            .and_then(|slot| slot.latency.get_mut(op))
+        {
+            counts.observe(latency);
+        }
+    }
+
+    /// The turn has queued its responses: the reads and writes it ran inline took until now.
+    fn finish_turn(&mut self) {
+        if self.turn_inline.is_empty() {
+            return;
+        }
+        let latency = self.turn_started.elapsed();
+        let mut inline = std::mem::take(&mut self.turn_inline);
+        for &(lun, op) in &inline {
+            self.record_latency(lun, op, latency);
+        }
+        inline.clear();
+        self.turn_inline = inline;
+    }
+
     /// Adds what this connection counted to the shared per-device metrics.
     fn report_io(&mut self) {
         for slot in &mut self.io {
             if slot.counts != IoCounts::default() {
                 self.shared.metrics.add_io(&slot.device, &slot.counts);
                 slot.counts = IoCounts::default();
+            }
+            for (op, counts) in slot.latency.iter_mut().enumerate() {
+                if counts.count > 0 {
+                    let name = OP_NAMES.get(op).copied().unwrap_or("other");
+                    self.shared.metrics.add_latency(&slot.device, name, counts);
+                    *counts = LatencyCounts::default();
+                }
             }
         }
     }
@@ -406,6 +460,9 @@ impl ScsiBackend for Backend<'_> {
         };
         let outcome = outcome_of(&completion, sense);
         self.record_io(lun, kind, outcome.status, data_bytes);
+        if let Some(op) = op_index(kind) {
+            self.turn_inline.push((lun, op));
+        }
         if let Some((_, _, len)) = &lent.file {
             if let Some(slot) = self.io.iter_mut().find(|d| d.lun == lun) {
                 slot.counts.sendfile_bytes += (*len).min(req.expected_len as usize) as u64;
@@ -431,6 +488,7 @@ impl ScsiBackend for Backend<'_> {
             Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
         self.deferred_bytes += held_bytes;
         let completions = self.completions.clone();
+        let started = self.turn_started;
         tokio::task::spawn_blocking(move || {
             let cmd = scsi::Command {
                 cdb: &command.cdb,
@@ -454,6 +512,7 @@ impl ScsiBackend for Backend<'_> {
                 outcome,
                 data_in,
                 sense,
+                started,
                 held_bytes,
                 data_out: command.data_out,
             });
@@ -642,6 +701,8 @@ impl Driver {
             local: self.local,
             portal_group_tag: self.portal_group_tag,
             io: Vec::new(),
+            turn_started: Instant::now(),
+            turn_inline: Vec::new(),
         };
         if let Some(t) = established
             .target_name
@@ -676,6 +737,7 @@ impl Driver {
                         lun: *lun,
                         device: Arc::clone(device),
                         counts: IoCounts::default(),
+                        latency: [LatencyCounts::default(); 2],
                     })
                     .collect();
             }
@@ -884,6 +946,9 @@ impl Driver {
                         _ => done.data_out.len(),
                     };
                     backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
+                    if let Some(op) = op_index(done.kind) {
+                        backend.record_latency(done.lun, op, done.started.elapsed());
+                    }
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
                     self.out.give_back(done.data_out);
                 }
@@ -905,8 +970,20 @@ impl Driver {
         session: &mut Session,
         backend: &mut Backend<'_>,
     ) -> Result<(Flow, bool), String> {
-        let framing: Framing = session.framing();
         let now = Instant::now();
+        backend.turn_started = now;
+        let result = self.process_pdus(session, backend, now);
+        backend.finish_turn();
+        result
+    }
+
+    fn process_pdus(
+        &mut self,
+        session: &mut Session,
+        backend: &mut Backend<'_>,
+        now: Instant,
+    ) -> Result<(Flow, bool), String> {
+        let framing: Framing = session.framing();
         loop {
             if backend.congested() {
                 return Ok((Flow::Continue, false));

@@ -5,14 +5,15 @@
 //! second (and when the connection closes).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -26,6 +27,105 @@ pub struct LimitLabel {
 pub struct WorkerLabel {
     /// The worker's index, 0-based (its thread is `ferrosan-worker-N`).
     pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LatencyLabel {
+    pub device: String,
+    /// `read` or `write`.
+    pub op: &'static str,
+}
+
+/// Upper bounds of the command latency buckets, nanoseconds (2.5 µs to 2.5 s); +Inf follows.
+pub const LATENCY_BOUNDS_NS: [u64; 18] = [
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    1_000_000_000,
+    2_500_000_000,
+];
+
+/// Command latencies one connection counted (per device and direction) between two reports:
+/// plain integers, so the command path touches no shared memory.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyCounts {
+    /// Per bucket (not cumulative); the last one is +Inf.
+    pub buckets: [u64; LATENCY_BOUNDS_NS.len() + 1],
+    pub sum_ns: u64,
+    pub count: u64,
+}
+
+impl LatencyCounts {
+    pub fn observe(&mut self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BOUNDS_NS
+            .iter()
+            .position(|&bound| ns <= bound)
+            .unwrap_or(LATENCY_BOUNDS_NS.len());
+        if let Some(n) = self.buckets.get_mut(bucket) {
+            *n += 1;
+        }
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+        self.count += 1;
+    }
+
+    fn add(&mut self, other: &LatencyCounts) {
+        for (mine, theirs) in self.buckets.iter_mut().zip(other.buckets) {
+            *mine += theirs;
+        }
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+        self.count += other.count;
+    }
+}
+
+/// A Prometheus histogram fed in bulk — a connection's [`LatencyCounts`] once a second — rather
+/// than one shared atomic update per command (prometheus-client's `Histogram` observes one value
+/// at a time).
+#[derive(Debug, Default)]
+pub struct BulkHistogram(Mutex<LatencyCounts>);
+
+impl BulkHistogram {
+    pub fn add(&self, counts: &LatencyCounts) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).add(counts);
+    }
+}
+
+impl TypedMetric for BulkHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for BulkHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let counts = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let bounds = LATENCY_BOUNDS_NS
+            .iter()
+            .map(|&ns| ns as f64 / 1e9)
+            .chain(std::iter::once(f64::INFINITY));
+        let buckets: Vec<(f64, u64)> = bounds.zip(counts.buckets).collect();
+        encoder.encode_histogram::<NoLabelSet>(
+            counts.sum_ns as f64 / 1e9,
+            counts.count,
+            &buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,6 +157,7 @@ pub struct Metrics {
     pub device_write_bytes: Family<DeviceLabel, Counter>,
     pub device_errors: Family<DeviceLabel, Counter>,
     pub device_sendfile_bytes: Family<DeviceLabel, Counter>,
+    pub device_latency: Family<LatencyLabel, BulkHistogram>,
 }
 
 /// One connection's I/O on one device since its last report.
@@ -95,6 +196,7 @@ impl Metrics {
         let device_write_bytes = Family::<DeviceLabel, Counter>::default();
         let device_errors = Family::<DeviceLabel, Counter>::default();
         let device_sendfile_bytes = Family::<DeviceLabel, Counter>::default();
+        let device_latency = Family::<LatencyLabel, BulkHistogram>::default();
         registry.register(
             "limit_exceeded",
             "Times a configured limit refused or cut off a client",
@@ -166,6 +268,11 @@ impl Metrics {
             "Bytes of successful READ commands sent straight from the page cache (sendfile, file devices; part of device_read_bytes), per device",
             device_sendfile_bytes.clone(),
         );
+        registry.register(
+            "device_latency_seconds",
+            "READ and WRITE commands, per device and op: time from the command being complete in the target (CDB and all its Data-Out) to its response being queued to send",
+            device_latency.clone(),
+        );
         Metrics {
             registry,
             limit_exceeded,
@@ -183,6 +290,7 @@ impl Metrics {
             device_write_bytes,
             device_errors,
             device_sendfile_bytes,
+            device_latency,
         }
     }
 
@@ -202,6 +310,16 @@ impl Metrics {
             // Every series exists from a device's first report on, zero or not.
             family.get_or_create(&label).inc_by(n);
         }
+    }
+
+    /// Adds one connection's command latencies on `device` (`op`: "read" or "write").
+    pub fn add_latency(&self, device: &str, op: &'static str, counts: &LatencyCounts) {
+        self.device_latency
+            .get_or_create(&LatencyLabel {
+                device: device.to_string(),
+                op,
+            })
+            .add(counts);
     }
 
     pub fn limit(&self, limit: &'static str) {
@@ -315,6 +433,57 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latencies_fall_in_the_first_bucket_that_holds_them() {
+        let mut c = LatencyCounts::default();
+        for us in [0, 2, 3, 10, 11, 999, 1000, 3_000_000] {
+            c.observe(Duration::from_micros(us));
+        }
+        // Bounds: 2.5, 5, 10, 25, ... µs, 1 ms at index 8, 2.5 s last; then +Inf.
+        let mut want = [0u64; LATENCY_BOUNDS_NS.len() + 1];
+        want[0] = 2; // 0 and 2 µs
+        want[1] = 1; // 3 µs
+        want[2] = 1; // exactly 10 µs
+        want[3] = 1; // 11 µs
+        want[8] = 2; // 999 µs and exactly 1 ms
+        want[LATENCY_BOUNDS_NS.len()] = 1; // 3 s
+        assert_eq!(c.buckets, want);
+        assert_eq!(c.count, 8);
+        assert_eq!(c.sum_ns, (2 + 3 + 10 + 11 + 999 + 1000 + 3_000_000) * 1000);
+        // A huge value saturates the sum instead of wrapping.
+        c.observe(Duration::from_secs(u64::MAX));
+        assert_eq!(c.sum_ns, u64::MAX);
+    }
+
+    #[test]
+    fn bulk_histograms_add_up_and_render_cumulative_buckets() {
+        let m = Metrics::new();
+        let mut a = LatencyCounts::default();
+        a.observe(Duration::from_micros(3));
+        a.observe(Duration::from_micros(40));
+        let mut b = LatencyCounts::default();
+        b.observe(Duration::from_millis(7));
+        m.add_latency("disk0", "write", &a);
+        m.add_latency("disk0", "write", &b);
+        let text = m.render();
+        let series = |suffix: &str, le: Option<&str>| {
+            let le = le.map(|l| format!("le=\"{l}\",")).unwrap_or_default();
+            format!("ferrosan_device_latency_seconds_{suffix}{{{le}device=\"disk0\",op=\"write\"}}")
+        };
+        for (line, want) in [
+            (series("count", None), "3"),
+            (series("bucket", Some("0.0000025")), "0"),
+            (series("bucket", Some("0.000005")), "1"),
+            (series("bucket", Some("0.00005")), "2"),
+            (series("bucket", Some("0.005")), "2"),
+            (series("bucket", Some("0.01")), "3"),
+            (series("bucket", Some("+Inf")), "3"),
+        ] {
+            assert!(text.contains(&format!("{line} {want}\n")), "{line} {want}:\n{text}");
+        }
+        assert!(text.contains(&format!("{} 0.007043", series("sum", None))), "{text}");
+    }
 
     #[test]
     fn renders_counters_with_labels() {

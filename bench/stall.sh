@@ -10,13 +10,18 @@
 # usage: bench/stall.sh [DIR (default /var/tmp; must not be tmpfs)] [GIB (default 8)] [ROUNDS (default 2)]
 #        PREALLOCATE=1 bench/stall.sh ...   the same on a file whose blocks are allocated up front
 #        PREWRITE=1 bench/stall.sh ...      the same on a file written through once (overwrites only)
+#        FERROSAN_BIN=path bench/stall.sh ... that binary instead of building target/release/ferrosan
 set -euo pipefail
 DIR=${1:-/var/tmp}
 GIB=${2:-8}
 ROUNDS=${3:-2}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=$ROOT/target/release/ferrosan
-(cd "$ROOT" && cargo build --release -q)
+if [[ -n ${FERROSAN_BIN:-} ]]; then
+  BIN=$FERROSAN_BIN
+else
+  BIN=$ROOT/target/release/ferrosan
+  (cd "$ROOT" && cargo build --release -q)
+fi
 case $(stat -f -c %T "$DIR") in tmpfs|ramfs) echo "$DIR is $(stat -f -c %T "$DIR"): use a disk filesystem" >&2; exit 2;; esac
 WORK=$(mktemp -d)
 LUN=$DIR/ferrosan-stall-$$.img

@@ -435,7 +435,7 @@ impl LogicalUnit {
                 _ => self.get_lba_status(cmd, data_in),
             },
             READ_6 | READ_10 | READ_12 | READ_16 => self.read(cmd, data_in, io),
-            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => self.write(cmd),
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => self.write(cmd, io.is_some()),
             WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
                 self.write_and_verify(cmd)
             }

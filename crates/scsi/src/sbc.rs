@@ -162,28 +162,55 @@ impl LogicalUnit {
         Ok(bytes)
     }
 
-    pub(crate) fn write(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+    /// `nonblocking`: a write-back write the kernel would make wait is declined (WOULD_WAIT) to
+    /// run again, whole, where waiting is fine; part of it may have been written meanwhile,
+    /// which the second run writes over with the same bytes.
+    pub(crate) fn write(&self, cmd: &Command<'_>, nonblocking: bool) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
         self.check_rw_flags(cdb)?;
         let r = rw_range(cdb);
         self.check_transfer(&r)?;
         let fua = !matches!(cdb.u8(0), WRITE_6) && cdb.u8(1) & 0x08 != 0;
-        self.write_blocks(cmd.data_out, &r, fua || !self.wce())
+        let durable = fua || !self.wce();
+        if nonblocking && !durable {
+            return self.try_write_blocks(cmd.data_out, &r);
+        }
+        self.write_blocks(cmd.data_out, &r, durable)
     }
 
-    /// Writes the whole blocks of `data_out` that the CDB asked for: when the transport received
-    /// less than the CDB describes, only what arrived is written (its overflow residual).
-    fn write_blocks(&self, data_out: &[u8], r: &Range, durable: bool) -> Result<u32, Sense> {
-        let bytes = r.blocks << self.block_shift;
+    /// The whole blocks of `data_out` that the CDB asked for: when the transport received less
+    /// than the CDB describes, only what arrived is written (its overflow residual).
+    fn blocks_sent<'d>(&self, data_out: &'d [u8], r: &Range) -> &'d [u8] {
         let have_blocks = (data_out.len() >> self.block_shift).min(r.blocks as usize);
-        let len = have_blocks << self.block_shift;
-        if len > 0 {
+        data_out
+            .get(..have_blocks << self.block_shift)
+            .unwrap_or(&[])
+    }
+
+    fn write_blocks(&self, data_out: &[u8], r: &Range, durable: bool) -> Result<u32, Sense> {
+        let data = self.blocks_sent(data_out, r);
+        if !data.is_empty() {
             let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
             self.store
-                .write_at(&data_out[..len], r.lba << self.block_shift, durable)
+                .write_at(data, r.lba << self.block_shift, durable)
                 .map_err(write_error)?;
         }
-        Ok(bytes)
+        Ok(r.blocks << self.block_shift)
+    }
+
+    fn try_write_blocks(&self, data_out: &[u8], r: &Range) -> Result<u32, Sense> {
+        let data = self.blocks_sent(data_out, r);
+        if !data.is_empty() {
+            let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
+            let written = self
+                .store
+                .try_write_at(data, r.lba << self.block_shift)
+                .map_err(write_error)?;
+            if !written {
+                return Err(WOULD_WAIT);
+            }
+        }
+        Ok(r.blocks << self.block_shift)
     }
 
     pub(crate) fn write_and_verify(&self, cmd: &Command<'_>) -> Result<u32, Sense> {

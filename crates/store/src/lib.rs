@@ -56,6 +56,13 @@ pub trait BlockStore: Send + Sync + 'static {
     }
     /// `durable`: the bytes are on stable storage before this returns (FUA / write-through).
     fn write_at(&self, buf: &[u8], offset: u64, durable: bool) -> io::Result<()>;
+    /// Like `write_at` (not durable), but returns false instead of waiting for the kernel
+    /// (writeback of the same file, dirty-page throttling, a lock): part of `buf` may then be
+    /// written already, so the caller must write all of it again elsewhere. Stores that cannot
+    /// ask just write.
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> io::Result<bool> {
+        self.write_at(buf, offset, false).map(|()| true)
+    }
     /// Everything written so far becomes durable.
     fn flush(&self) -> io::Result<()>;
     /// Deallocate; the range reads back as zeros afterwards.

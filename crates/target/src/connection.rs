@@ -435,8 +435,15 @@ impl ScsiBackend for Backend<'_> {
         };
         let completion = match luns.try_execute(nexus, lun, &cmd, data_in, lending) {
             Some(completion) => completion,
-            // Declined with no effect: it runs again, whole, on the blocking pool.
-            None => return Execution::Deferred,
+            // Declined (a read's data is not cached, or the kernel would make a write-back write
+            // wait — RWF_NOWAIT, where the filesystem supports it): it runs again, whole, on
+            // the blocking pool.
+            None => {
+                if let Some((stalls, _)) = buffered_write {
+                    stalls.offloaded();
+                }
+                return Execution::Deferred;
+            }
         };
         if let Some((stalls, probe)) = buffered_write {
             if probe.finish(stalls, req.data_out.len()) {

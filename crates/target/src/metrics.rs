@@ -480,9 +480,15 @@ mod tests {
             (series("bucket", Some("0.01")), "3"),
             (series("bucket", Some("+Inf")), "3"),
         ] {
-            assert!(text.contains(&format!("{line} {want}\n")), "{line} {want}:\n{text}");
+            assert!(
+                text.contains(&format!("{line} {want}\n")),
+                "{line} {want}:\n{text}"
+            );
         }
-        assert!(text.contains(&format!("{} 0.007043", series("sum", None))), "{text}");
+        assert!(
+            text.contains(&format!("{} 0.007043", series("sum", None))),
+            "{text}"
+        );
     }
 
     #[test]

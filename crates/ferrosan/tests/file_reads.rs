@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::raw::Raw;
 use common::{free_port, metric, run, wait_for_metric, Daemon, Scratch, IQN};
 
 const IMAGE: usize = 8 << 20;
@@ -91,4 +92,52 @@ fn cached_reads_of_a_tmpfs_file_are_sent_from_the_page_cache() {
     std::fs::create_dir_all(&dir).expect("create dir on /dev/shm");
     round_trip_on(&dir);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// READ(10) of `blocks` 512-byte blocks at `lba`.
+fn read10(lba: u32, blocks: u16) -> [u8; 10] {
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x28;
+    cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+    cdb
+}
+
+#[test]
+fn an_initiator_that_stops_reading_file_reads_does_not_stall_its_worker() {
+    const MIB: usize = 1 << 20;
+    let dir = Scratch::new("file-reads-stuck");
+    let lun = format!("file:{},size=64M", dir.path.join("lun.img").display());
+    // One worker: the stuck session and the good client share it.
+    let daemon = Daemon::start_with_args(IQN, &[&lun], &["--workers", "1"]);
+    let scratch = Scratch::new("file-reads-stuck-image");
+    let image_path = scratch.file("image.raw");
+    let image = common::pseudo_random_bytes(16 * MIB, 29);
+    std::fs::write(&image_path, &image).expect("write image");
+    let image_path = image_path.display().to_string();
+    common::upload(&daemon, 0, &image_path);
+    // Sixteen 1 MiB reads of cached pages (the sendfile path), none of their answers read: the
+    // target's socket fills and its sends wait for room.
+    let mut stuck = Raw::login(daemon.port, IQN, 7);
+    // A new nexus first collects its unit attention (power on).
+    let tur = stuck.command(100, &[0u8; 6], 0x81, 0);
+    stuck.send(&tur, &[]);
+    let _ = stuck.recv();
+    for itt in 0..16u32 {
+        let cdb = read10(itt * 2048, 2048);
+        let bhs = stuck.command(itt, &cdb, 0xc1, MIB as u32);
+        stuck.send(&bhs, &[]);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Meanwhile a good client on the same worker reads the whole image back.
+    common::assert_identical(&daemon, 0, &image_path);
+    // The stuck initiator, reading at last, gets every byte of every read, in order.
+    for itt in 0..16usize {
+        let data = stuck.read_data();
+        assert!(
+            data == image[itt * MIB..(itt + 1) * MIB],
+            "read {itt} differs ({} bytes)",
+            data.len()
+        );
+    }
 }

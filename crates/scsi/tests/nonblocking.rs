@@ -246,60 +246,16 @@ fn cached_file_reads_lend_the_file_range() {
     assert!(file.is_none() && data_in.is_empty());
 }
 
-/// A RAM store whose non-blocking writes the "kernel" declines while `busy` is set, after
-/// writing the first half (a partial write, as a real RWF_NOWAIT write can leave).
-struct BusyStore {
-    inner: RamStore,
-    busy: std::sync::atomic::AtomicBool,
-}
-
-impl BlockStore for BusyStore {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, durable: bool) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset, durable)
-    }
-    fn try_write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<bool> {
-        if self.busy.load(std::sync::atomic::Ordering::Relaxed) {
-            self.inner.write_at(&buf[..buf.len() / 2], offset, false)?;
-            return Ok(false);
-        }
-        self.inner.write_at(buf, offset, false).map(|()| true)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, deallocate: bool) -> std::io::Result<()> {
-        self.inner.write_zeroes(offset, len, deallocate)
-    }
-    fn mapping(&self, offset: u64) -> std::io::Result<store::Extent> {
-        self.inner.mapping(offset)
-    }
-    fn is_thin(&self) -> bool {
-        self.inner.is_thin()
-    }
-}
-
 #[test]
 fn write_back_writes_the_kernel_would_block_are_declined_and_run_again_whole() {
-    let store = Arc::new(BusyStore {
-        inner: RamStore::new(4 * MIB),
-        busy: std::sync::atomic::AtomicBool::new(false),
-    });
+    let store = Arc::new(Recording::new(4 * MIB));
     let m = map_of(store.clone());
     let (mut data_in, mut lent) = (Vec::new(), Vec::new());
     let first = pattern(64 * 1024, 1);
     let c = try_run(&m, &write10(0, 128), &first, 0, &mut data_in, &mut lent).unwrap();
     assert_eq!(c.status, Status::Good);
     // The kernel would make the next write wait: declined, half of it written meanwhile.
-    store.busy.store(true, std::sync::atomic::Ordering::Relaxed);
+    store.busy.store(true, std::sync::atomic::Ordering::SeqCst);
     let second = pattern(64 * 1024, 2);
     let declined = try_run(&m, &write10(0, 128), &second, 0, &mut data_in, &mut lent);
     assert!(declined.is_none(), "must be declined, not answered");

@@ -809,6 +809,17 @@ fn digests_apply_to_everything_sent() {
     assert_eq!(r[0].1, vec![5; 1000]);
 }
 
+/// Encodes `cmd` (no data), hands it to the session and returns what the session queued.
+fn handle_to_outbox(h: &mut Harness, cmd: &Bhs) -> Outbox {
+    let framing = h.s.framing();
+    let mut wire = Vec::new();
+    pdu::encode_into(&mut wire, cmd, &[], &framing);
+    let pdu = parse_frame(&wire, &framing).unwrap();
+    let mut out = Outbox::new(8);
+    h.s.handle(&pdu, h.now, &mut h.b, &mut out);
+    out
+}
+
 /// The raw bytes a read sends (not decoded, so any difference shows).
 fn read_wire(lend_slice_bytes: usize, digests: bool, edtl: u32) -> Vec<u8> {
     read_wire_from(lend_slice_bytes, None, digests, edtl, 0x01)
@@ -849,12 +860,7 @@ fn read_wire_from(
     h.b.lend_file = lend_file;
     let cmd = h.command(&READ10, 0xc0 | task_attr, edtl, 9);
     let framing = h.s.framing();
-    let mut wire = Vec::new();
-    pdu::encode_into(&mut wire, &cmd, &[], &framing);
-    let pdu = parse_frame(&wire, &framing).unwrap();
-    let mut out = Outbox::new(8);
-    h.s.handle(&pdu, h.now, &mut h.b, &mut out);
-    let bytes = out.to_vec();
+    let bytes = handle_to_outbox(&mut h, &cmd).to_vec();
     // Every PDU (and digest) decodes.
     assert!(!decode_all(&bytes, &framing).is_empty());
     bytes
@@ -928,12 +934,7 @@ fn file_payloads_are_queued_as_file_parts_and_consumed_in_place() {
     h.b.read_data = data.clone();
     h.b.lend_file = Some(file);
     let cmd = h.command(&READ10, 0xc1, 20001, 4);
-    let framing = h.s.framing();
-    let mut wire = Vec::new();
-    pdu::encode_into(&mut wire, &cmd, &[], &framing);
-    let pdu = parse_frame(&wire, &framing).unwrap();
-    let mut out = Outbox::new(8);
-    h.s.handle(&pdu, h.now, &mut h.b, &mut out);
+    let mut out = handle_to_outbox(&mut h, &cmd);
     // 8 KiB PDUs: 8192 + 8192 + 3617 bytes from the file, each after its header.
     let files: Vec<(u64, usize)> = out
         .parts()

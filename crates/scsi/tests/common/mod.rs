@@ -4,7 +4,7 @@
 use scsi::{
     Command, Completion, LogicalUnit, LuIdentity, LuSettings, Nexus, Sense, Status, TargetPort,
 };
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use store::{BlockStore, Extent, RamStore};
 
@@ -15,6 +15,22 @@ pub struct Recording {
     pub plain_writes: AtomicUsize,
     pub flushes: AtomicUsize,
     pub log: Mutex<Vec<&'static str>>,
+    /// While set, non-blocking writes are declined after writing their first half, as the
+    /// kernel can leave an RWF_NOWAIT write.
+    pub busy: AtomicBool,
+}
+
+impl Recording {
+    pub fn new(bytes: u64) -> Recording {
+        Recording {
+            inner: RamStore::new(bytes),
+            durable_writes: AtomicUsize::new(0),
+            plain_writes: AtomicUsize::new(0),
+            flushes: AtomicUsize::new(0),
+            log: Mutex::new(Vec::new()),
+            busy: AtomicBool::new(false),
+        }
+    }
 }
 
 impl BlockStore for Recording {
@@ -31,6 +47,13 @@ impl BlockStore for Recording {
             self.plain_writes.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.write_at(buf, offset, durable)
+    }
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<bool> {
+        if self.busy.load(Ordering::SeqCst) {
+            self.inner.write_at(&buf[..buf.len() / 2], offset, false)?;
+            return Ok(false);
+        }
+        self.write_at(buf, offset, false).map(|()| true)
     }
     fn flush(&self) -> std::io::Result<()> {
         self.flushes.fetch_add(1, Ordering::SeqCst);
@@ -93,13 +116,7 @@ pub struct T {
 
 impl T {
     pub fn with(settings: LuSettings, bytes: u64) -> T {
-        let store = Arc::new(Recording {
-            inner: RamStore::new(bytes),
-            durable_writes: AtomicUsize::new(0),
-            plain_writes: AtomicUsize::new(0),
-            flushes: AtomicUsize::new(0),
-            log: Mutex::new(Vec::new()),
-        });
+        let store = Arc::new(Recording::new(bytes));
         let lu = Arc::new(LogicalUnit::new(store.clone(), identity(), settings).unwrap());
         T {
             lu,

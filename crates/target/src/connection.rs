@@ -242,6 +242,9 @@ struct Backend<'a> {
     /// Reads and writes (LUN, op index) run inline this turn; their latency is taken once, when
     /// the turn has queued all its responses.
     turn_inline: Vec<(u64, usize)>,
+    /// When the last turn that ran reads or writes inline had queued its responses: the
+    /// coalescer plans from it instead of reading the clock again (one read per turn saved).
+    turn_ended: Option<Instant>,
 }
 
 /// One LUN's I/O on this connection, counted without atomics.
@@ -303,9 +306,12 @@ impl Backend<'_> {
     /// The turn has queued its responses: the reads and writes it ran inline took until now.
     fn finish_turn(&mut self) {
         if self.turn_inline.is_empty() {
+            self.turn_ended = None;
             return;
         }
-        let latency = self.turn_started.elapsed();
+        let ended = Instant::now();
+        self.turn_ended = Some(ended);
+        let latency = ended.saturating_duration_since(self.turn_started);
         let mut inline = std::mem::take(&mut self.turn_inline);
         for &(lun, op) in &inline {
             self.record_latency(lun, op, latency);
@@ -710,6 +716,7 @@ impl Driver {
             io: Vec::new(),
             turn_started: Instant::now(),
             turn_inline: Vec::new(),
+            turn_ended: None,
         };
         if let Some(t) = established
             .target_name
@@ -891,7 +898,8 @@ impl Driver {
                 continue;
             }
             if !congested {
-                wakeups.after_turn(&self.stream, &session.take_activity(), timed_out);
+                let now = backend.turn_ended.take().unwrap_or_else(Instant::now);
+                wakeups.after_turn(&self.stream, &session.take_activity(), timed_out, now);
                 timed_out = false;
                 self.make_room();
             }
@@ -1148,11 +1156,17 @@ impl Wakeups {
     }
 
     /// Plans the next wait from the turn just run and applies it.
-    fn after_turn(&mut self, socket: &TcpStream, activity: &Activity, timed_out: bool) {
+    /// `now`: the turn's end (a few microseconds before its responses were flushed).
+    fn after_turn(
+        &mut self,
+        socket: &TcpStream,
+        activity: &Activity,
+        timed_out: bool,
+        now: Instant,
+    ) {
         if self.unavailable {
             return;
         }
-        let now = Instant::now();
         match self.coalescer.after_turn(activity, timed_out, now) {
             Outcome::Missed => self.misses += 1,
             Outcome::Steady if timed_out || self.applied_low_water > 1 => self.batches += 1,

@@ -42,6 +42,8 @@ enum Op {
         len: u8,
         data_out: Vec<u8>,
         limit: u16,
+        /// Run it as a network worker does (`LunMap::try_execute`): reads lend RAM pages.
+        nonblocking: bool,
     },
     WriteRead {
         lba: u16,
@@ -154,6 +156,7 @@ fuzz_target!(|input: Input| {
                 len,
                 data_out,
                 limit,
+                nonblocking,
             } => {
                 let mut cdb = [0u8; 16];
                 cdb[0] = OPCODES[*opcode as usize % OPCODES.len()];
@@ -164,8 +167,29 @@ fuzz_target!(|input: Input| {
                     data_out,
                     data_in_limit: *limit as u32,
                 };
-                let c = lu.execute(&nexuses[*nexus as usize], &cmd, &mut data_in);
-                check(&c, &data_in, cmd.data_in_limit);
+                if *nonblocking {
+                    let (mut slices, mut file) = (Vec::new(), None);
+                    let lending = scsi::Lending {
+                        slices: &mut slices,
+                        file: &mut file,
+                        file_min_bytes: 1,
+                    };
+                    let c = map
+                        .try_execute(&nexuses[*nexus as usize], 0, &cmd, &mut data_in, lending)
+                        .expect("a RAM LU never waits, so never declines");
+                    assert!(file.is_none(), "a RAM store lends no file");
+                    assert!(
+                        slices.is_empty() || data_in.is_empty(),
+                        "lent or copied, not both"
+                    );
+                    for (owner, range) in &slices {
+                        data_in.extend_from_slice(&(**owner).as_ref()[range.clone()]);
+                    }
+                    check(&c, &data_in, cmd.data_in_limit);
+                } else {
+                    let c = lu.execute(&nexuses[*nexus as usize], &cmd, &mut data_in);
+                    check(&c, &data_in, cmd.data_in_limit);
+                }
             }
             Op::WriteRead { lba, blocks, seed } => {
                 let capacity_blocks = 256 * 1024 / block_size;

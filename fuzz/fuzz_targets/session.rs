@@ -196,6 +196,9 @@ enum Op {
         data_sn: u8,
         offset: u16,
         len: u16,
+        /// Received the way the engine takes long payloads: into the slice the session names
+        /// (when it names one), then only the header handed over.
+        in_place: bool,
     },
     Tmf {
         sn: SnChoice,
@@ -440,6 +443,7 @@ fuzz_target!(|input: Input| {
         let mut bhs = Bhs::new(Opcode::NopOut);
         let mut data: Vec<u8> = Vec::new();
         let mut ahs: Vec<u8> = Vec::new();
+        let mut placed = false;
         match op {
             Op::Command {
                 sn,
@@ -473,7 +477,9 @@ fuzz_target!(|input: Input| {
                 data_sn,
                 offset,
                 len,
+                in_place,
             } => {
+                placed = *in_place;
                 bhs = Bhs::new(Opcode::DataOut);
                 bhs.set_flags(if *final_bit { 0x80 } else { 0 });
                 bhs.set_itt(itt.get());
@@ -634,7 +640,25 @@ fuzz_target!(|input: Input| {
             ahs: &ahs,
             data: &data,
         };
-        let flow = session.handle(&pdu, now, &mut backend, &mut out);
+        let in_place = placed && {
+            match session.data_out_destination(&pdu.bhs) {
+                Some(dst) => {
+                    assert_eq!(
+                        dst.len(),
+                        data.len(),
+                        "the destination fits the data segment"
+                    );
+                    dst.copy_from_slice(&data);
+                    true
+                }
+                None => false,
+            }
+        };
+        let flow = if in_place {
+            session.handle_placed_data_out(&pdu.bhs, now, &mut backend, &mut out)
+        } else {
+            session.handle(&pdu, now, &mut backend, &mut out)
+        };
         checker.check(&session, &out);
         assert!(
             session.pending_writes() <= limits.queue_depth as usize,

@@ -169,6 +169,22 @@ pub trait ScsiBackend {
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget>;
 }
 
+/// Whether a Data-Out PDU is accepted, and where its data goes.
+enum DataOutTarget {
+    Accept {
+        index: usize,
+        start: usize,
+    },
+    /// Unsolicited data for a task no longer pending: ignored.
+    Drop,
+    /// Solicited data for an unknown task: Reject.
+    UnknownTask,
+    /// Wrong offset, DataSN, TTT or length for pending task `index`: the task fails.
+    Bad {
+        index: usize,
+    },
+}
+
 /// A finished command's Data-In: bytes the backend built or copied, or what the store lent.
 enum DataIn<'a> {
     Bytes(Vec<u8>),
@@ -775,62 +791,134 @@ impl Session {
         }
     }
 
-    fn data_out(&mut self, pdu: &Pdu<'_>, backend: &mut dyn ScsiBackend, out: &mut Outbox) -> Flow {
-        let bhs = &pdu.bhs;
+    /// Where a Data-Out PDU's data segment of `len` bytes goes, if the session accepts it whole:
+    /// the pending task's index and the byte offset in its buffer. Checks only, no effects.
+    fn data_out_target(&self, bhs: &Bhs, len: u32) -> DataOutTarget {
         let itt = bhs.itt();
         let ttt = bhs.u32_at(off::TTT);
         let Some(index) = self.pending.iter().position(|p| p.itt == itt) else {
-            if ttt == RESERVED_TAG {
-                // Unsolicited data for a command we already answered (e.g. refused): drop it.
-                return Flow::Continue;
-            }
-            self.reject(bhs, RejectReason::InvalidPduField, out);
-            return Flow::Continue;
+            // Unsolicited data for a command we already answered (e.g. refused) is dropped.
+            return if ttt == RESERVED_TAG {
+                DataOutTarget::Drop
+            } else {
+                DataOutTarget::UnknownTask
+            };
         };
         let offset = bhs.u32_at(off::BUFFER_OFFSET);
         let data_sn = bhs.u32_at(off::DATA_SN);
-        let len = pdu.data.len() as u32;
-        let task = &mut self.pending[index];
+        let task = &self.pending[index];
         let accepted = if ttt == RESERVED_TAG {
-            let ok = offset == task.unsolicited_received
+            offset == task.unsolicited_received
                 && data_sn == task.unsolicited_next_data_sn
                 && offset
                     .checked_add(len)
-                    .is_some_and(|end| end <= task.unsolicited_end);
-            if ok {
-                task.unsolicited_received += len;
-                task.unsolicited_next_data_sn = task.unsolicited_next_data_sn.wrapping_add(1);
-            }
-            ok
-        } else if let Some(r2t) = task.r2ts.iter_mut().find(|r| r.ttt == ttt) {
-            let ok = offset == r2t.offset + r2t.received
+                    .is_some_and(|end| end <= task.unsolicited_end)
+        } else if let Some(r2t) = task.r2ts.iter().find(|r| r.ttt == ttt) {
+            offset == r2t.offset + r2t.received
                 && data_sn == r2t.next_data_sn
-                && r2t.received.checked_add(len).is_some_and(|n| n <= r2t.len);
-            if ok {
-                r2t.received += len;
-                r2t.next_data_sn = r2t.next_data_sn.wrapping_add(1);
-            }
-            ok
+                && r2t.received.checked_add(len).is_some_and(|n| n <= r2t.len)
         } else {
             false
         };
         let start = offset as usize;
-        let dst = if accepted {
-            task.buf.get_mut(start..start + pdu.data.len())
+        if accepted && task.buf.len() >= start + len as usize {
+            DataOutTarget::Accept { index, start }
         } else {
-            None
+            DataOutTarget::Bad { index }
+        }
+    }
+
+    /// For an engine that receives large Data-Out payloads straight into place: the buffer slice
+    /// the data segment of this Data-Out header belongs in, when the session would accept the
+    /// PDU whole (the checks of [`Session::handle`], none of its effects). Fill it, then call
+    /// [`Session::handle_placed_data_out`] with the same header.
+    pub fn data_out_destination(&mut self, bhs: &Bhs) -> Option<&mut [u8]> {
+        if self.logged_out || Opcode::from_initiator(bhs.opcode_raw()) != Some(Opcode::DataOut) {
+            return None;
+        }
+        let len = bhs.data_segment_len();
+        match self.data_out_target(bhs, u32::try_from(len).ok()?) {
+            DataOutTarget::Accept { index, start } => {
+                self.pending.get_mut(index)?.buf.get_mut(start..start + len)
+            }
+            _ => None,
+        }
+    }
+
+    /// [`Session::handle`] for a Data-Out PDU whose data segment the engine already received into
+    /// the slice [`Session::data_out_destination`] returned for this header.
+    pub fn handle_placed_data_out(
+        &mut self,
+        bhs: &Bhs,
+        now: Instant,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        self.last_rx = now;
+        self.last_activity = now;
+        if self.logged_out {
+            return Flow::Close;
+        }
+        self.activity.other_pdus = self.activity.other_pdus.saturating_add(1);
+        let pdu = Pdu {
+            bhs: *bhs,
+            ahs: &[],
+            data: &[],
         };
-        let Some(dst) = dst else {
-            // Wrong offset, DataSN or TTT: at ERL 0 the data cannot be recovered, so the task
-            // ends with CHECK CONDITION while the session lives on. Later Data-Out PDUs of the
-            // task are dropped (unsolicited) or rejected (solicited).
+        self.data_out_inner(&pdu, bhs.data_segment_len(), true, backend, out)
+    }
+
+    fn data_out(&mut self, pdu: &Pdu<'_>, backend: &mut dyn ScsiBackend, out: &mut Outbox) -> Flow {
+        self.data_out_inner(pdu, pdu.data.len(), false, backend, out)
+    }
+
+    /// `placed`: the `len` data bytes are already in the task's buffer (`pdu.data` is empty).
+    fn data_out_inner(
+        &mut self,
+        pdu: &Pdu<'_>,
+        len: usize,
+        placed: bool,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        let bhs = &pdu.bhs;
+        let Ok(len) = u32::try_from(len) else {
             self.reject(bhs, RejectReason::ProtocolError, out);
-            let task = self.take_pending(index);
-            self.respond_sense(task.itt, task.lun, task.edtl, &DATA_PHASE_ERROR, out);
-            out.give_back(task.buf);
             return Flow::Continue;
         };
-        dst.copy_from_slice(pdu.data);
+        let (index, start) = match self.data_out_target(bhs, len) {
+            DataOutTarget::Accept { index, start } => (index, start),
+            DataOutTarget::Drop => return Flow::Continue,
+            DataOutTarget::UnknownTask => {
+                self.reject(bhs, RejectReason::InvalidPduField, out);
+                return Flow::Continue;
+            }
+            DataOutTarget::Bad { index } => {
+                // Wrong offset, DataSN or TTT: at ERL 0 the data cannot be recovered, so the task
+                // ends with CHECK CONDITION while the session lives on. Later Data-Out PDUs of
+                // the task are dropped (unsolicited) or rejected (solicited).
+                self.reject(bhs, RejectReason::ProtocolError, out);
+                let task = self.take_pending(index);
+                self.respond_sense(task.itt, task.lun, task.edtl, &DATA_PHASE_ERROR, out);
+                out.give_back(task.buf);
+                return Flow::Continue;
+            }
+        };
+        let ttt = bhs.u32_at(off::TTT);
+        let task = &mut self.pending[index];
+        if ttt == RESERVED_TAG {
+            task.unsolicited_received += len;
+            task.unsolicited_next_data_sn = task.unsolicited_next_data_sn.wrapping_add(1);
+        } else if let Some(r2t) = task.r2ts.iter_mut().find(|r| r.ttt == ttt) {
+            r2t.received += len;
+            r2t.next_data_sn = r2t.next_data_sn.wrapping_add(1);
+        }
+        if !placed {
+            let Some(dst) = task.buf.get_mut(start..start + pdu.data.len()) else {
+                return Flow::Continue; // data_out_target checked the bounds
+            };
+            dst.copy_from_slice(pdu.data);
+        }
         task.received += len;
         task.r2ts.retain(|r| r.received < r.len);
         if task.received < task.edtl {

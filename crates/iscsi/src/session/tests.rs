@@ -157,6 +157,20 @@ impl Harness {
         (flow, decode_all(&out.to_vec(), &framing))
     }
 
+    /// Like `send` for a Data-Out, the way an engine receiving payloads in place does it: ask
+    /// for the destination, fill it, hand over the header. None if the session declines.
+    fn send_placed(&mut self, mut bhs: Bhs, data: &[u8]) -> Option<(Flow, Decoded)> {
+        bhs.set_data_segment_len(data.len());
+        let dst = self.s.data_out_destination(&bhs)?;
+        assert_eq!(dst.len(), data.len());
+        dst.copy_from_slice(data);
+        let mut out = Outbox::new(8);
+        let flow = self
+            .s
+            .handle_placed_data_out(&bhs, self.now, &mut self.b, &mut out);
+        Some((flow, decode_all(&out.to_vec(), &self.s.framing())))
+    }
+
     fn command(&mut self, cdb: &[u8], flags: u8, edtl: u32, itt: u32) -> Bhs {
         let mut b = Bhs::new(Opcode::ScsiCommand);
         b.set_flags(flags);
@@ -169,7 +183,10 @@ impl Harness {
     }
 }
 
-fn decode_all(mut wire: &[u8], framing: &Framing) -> Vec<(Bhs, Vec<u8>)> {
+/// PDUs decoded from the wire: header and data segment each.
+type Decoded = Vec<(Bhs, Vec<u8>)>;
+
+fn decode_all(mut wire: &[u8], framing: &Framing) -> Decoded {
     let recv = Framing {
         max_data_segment_len: 1 << 24,
         ..*framing
@@ -346,6 +363,85 @@ fn write_with_unsolicited_and_solicited_data() {
     assert_eq!(h.b.executed.len(), 1);
     assert_eq!(h.b.executed[0].1, payload);
     assert_eq!(h.s.pending_writes(), 0);
+}
+
+#[test]
+fn data_out_received_in_place_acts_as_handled_data_out() {
+    let total = 40 * 1024u32;
+    let payload: Vec<u8> = (0..total).map(|i| (i * 13 % 251) as u8).collect();
+    let mut runs = Vec::new();
+    for placed in [false, true] {
+        let mut h = harness();
+        let send_data = |h: &mut Harness, bhs: Bhs, data: &[u8]| {
+            if placed {
+                h.send_placed(bhs, data).expect("accepted in place")
+            } else {
+                h.send(bhs, data)
+            }
+        };
+        // 4 KiB immediate, unsolicited to 8 KiB, then two R2Ts of 16 KiB.
+        let cmd = h.command(&WRITE10, 0x20, total, 5);
+        let (_, r) = h.send(cmd, &payload[..4096]);
+        let ttts: Vec<u32> = r.iter().map(|(b, _)| b.u32_at(off::TTT)).collect();
+        let mut wire = Vec::new();
+        for (bhs, range) in [
+            (data_out(5, RESERVED_TAG, 0, 4096, true), 4096..8192),
+            (data_out(5, ttts[0], 0, 8192, false), 8192..16384),
+            (data_out(5, ttts[0], 1, 16384, true), 16384..24576),
+            (data_out(5, ttts[1], 0, 24576, true), 24576..40960),
+        ] {
+            let (flow, r) = send_data(&mut h, bhs, &payload[range]);
+            assert_eq!(flow, Flow::Continue);
+            wire.push(r);
+        }
+        assert_eq!(h.b.executed.len(), 1);
+        assert_eq!(h.b.executed[0].1, payload);
+        assert_eq!(h.s.pending_writes(), 0);
+        runs.push(wire);
+    }
+    assert_eq!(runs[0], runs[1], "the same answers either way");
+}
+
+#[test]
+fn data_out_the_session_would_refuse_has_no_destination() {
+    let mut h = harness();
+    let total = 40 * 1024u32;
+    let cmd = h.command(&WRITE10, 0x20, total, 5);
+    let (_, r) = h.send(cmd, &[1u8; 4096]);
+    let ttt = r[0].0.u32_at(off::TTT);
+    let sized = |mut b: Bhs, len: usize| {
+        b.set_data_segment_len(len);
+        b
+    };
+    for (bhs, why) in [
+        (
+            sized(data_out(5, ttt, 0, 8192 + 512, false), 4096),
+            "offset not where the R2T is",
+        ),
+        (
+            sized(data_out(5, ttt, 1, 8192, false), 4096),
+            "DataSN skips one",
+        ),
+        (
+            sized(data_out(5, ttt, 0, 8192, false), 16385),
+            "longer than the R2T",
+        ),
+        (
+            sized(data_out(5, ttt ^ 1, 0, 8192, false), 4096),
+            "unknown TTT",
+        ),
+        (sized(data_out(6, ttt, 0, 8192, false), 4096), "unknown ITT"),
+        (
+            sized(data_out(5, RESERVED_TAG, 0, 4096, true), 4097),
+            "past FirstBurstLength",
+        ),
+        (sized(Bhs::new(Opcode::NopOut), 4096), "not a Data-Out"),
+    ] {
+        assert!(h.s.data_out_destination(&bhs).is_none(), "{why}");
+    }
+    // Nothing changed: the right PDU is still accepted, in place.
+    let ok = data_out(5, ttt, 0, 8192, false);
+    assert!(h.send_placed(ok, &[2u8; 8192]).is_some());
 }
 
 #[test]

@@ -254,3 +254,76 @@ fn hostile_clients_do_not_disturb_a_good_one() {
     );
     daemon.stop();
 }
+
+/// A Data-Out whose long payload stops arriving: the target, reading it straight into the
+/// command's buffer, drops the connection within its dead-peer bound (nop_in_interval_s +
+/// nop_in_timeout_s, at least 5 s for the latter), and another session on the same (only) worker
+/// is served meanwhile.
+#[test]
+fn a_sender_stalled_inside_a_long_data_out_is_dropped_and_others_carry_on() {
+    const IQN_S: &str = "iqn.2024-01.dev.ferrosan:stalled";
+    let daemon = Daemon::start_config(
+        IQN_S,
+        &format!(
+            "[server]\nworkers = 1\n[limits]\nnop_in_interval_s = 1\nnop_in_timeout_s = 1\n{}",
+            common::open_ram_target(IQN_S)
+        ),
+    );
+    let mut stalled = Raw::login(daemon.port, IQN_S, 1);
+    let mut other = Raw::login(daemon.port, IQN_S, 2);
+    // WRITE(10) of 1 MiB without immediate data: the target asks for it with an R2T (a unit
+    // attention first answers the write itself; the second write gets the R2T).
+    let write = [0x2a, 0, 0, 0, 0, 0, 0, 0x08, 0, 0];
+    for itt in 1..=2u32 {
+        let cmd = stalled.command(itt, &write, 0xa1, 1 << 20);
+        stalled.send(&cmd, &[]);
+        let answer = stalled.recv();
+        if answer.opcode() == Opcode::R2t as u8 {
+            let mut data_out = Bhs::new(Opcode::DataOut);
+            data_out.set_itt(itt);
+            data_out.set_u32(off::TTT, answer.bhs.u32_at(off::TTT));
+            data_out.set_u32(off::EXP_STAT_SN, stalled.exp_stat_sn);
+            data_out.set_data_segment_len(256 * 1024);
+            // The header and 1,000 of the 262,144 bytes it announces; then nothing.
+            let mut bytes = data_out.0.to_vec();
+            bytes.extend_from_slice(&[7u8; 1000]);
+            stalled
+                .stream
+                .write_all(&bytes)
+                .expect("send partial Data-Out");
+            break;
+        }
+        assert_eq!(
+            answer.opcode(),
+            Opcode::ScsiResponse as u8,
+            "unit attention first"
+        );
+    }
+    let started = Instant::now();
+    // The other session is answered while the stalled one waits.
+    other.ping(100);
+    // Dropped within the bound (1 + 5 s), answered by nothing but the close.
+    stalled
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let closed = loop {
+        match stalled.stream.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue, // a NOP-In or a rejection before the close is fine
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                break false
+            }
+            Err(_) => break true, // reset
+        }
+    };
+    let waited = started.elapsed();
+    assert!(closed, "still open after {waited:?}");
+    assert!(
+        waited >= Duration::from_secs(5) && waited < Duration::from_secs(12),
+        "dropped after {waited:?}, expected about 6 s"
+    );
+    // (`other` does not answer the target's pings, so with these limits it is closed as a dead
+    // peer soon after: not checked further.)
+}

@@ -173,7 +173,11 @@ impl Raw {
         bhs.set_u32(off::TTT, 0xffff_ffff);
         self.send(&bhs, b"ping");
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
-        let pdu = self.recv();
+        // The target's own pings (ITT reserved) may come first on an idle session: skipped.
+        let mut pdu = self.recv();
+        while pdu.opcode() == Opcode::NopIn as u8 && pdu.bhs.itt() == 0xffff_ffff {
+            pdu = self.recv();
+        }
         assert_eq!(
             pdu.opcode(),
             Opcode::NopIn as u8,

@@ -23,7 +23,7 @@ pub struct FileStore {
     /// reads then always wait.
     nowait_reads: AtomicBool,
     /// Cleared once the filesystem answers that it cannot do non-blocking buffered writes
-    /// (RWF_NOWAIT: XFS and btrfs can, ext4 and tmpfs cannot on Linux 6.18).
+    /// (RWF_NOWAIT: XFS can, ext4 and tmpfs cannot, measured on Linux 6.18; btrfs untested).
     nowait_writes: AtomicBool,
     /// Cleared once the kernel answers that it has no `cachestat` (before 6.5) or forbids it:
     /// reads are then always copied.
@@ -335,7 +335,7 @@ mod tests {
         let p = temp_path();
         let s = FileStore::open(&p.0, Some(1 << 20), true).unwrap();
         let data: Vec<u8> = (0..200_000).map(|i| (i % 249) as u8).collect();
-        // RWF_NOWAIT where the filesystem has it (XFS, btrfs), else a plain write: either way
+        // RWF_NOWAIT where the filesystem has it (XFS), else a plain write: either way
         // nothing here waits for long, so the write is accepted whole.
         assert!(s.try_write_at(&data, 4096).unwrap());
         let mut back = vec![0u8; data.len()];

@@ -508,19 +508,11 @@ impl Session {
         backend: &mut dyn ScsiBackend,
         out: &mut Outbox,
     ) -> Flow {
-        self.last_rx = now;
-        if self.logged_out {
-            return Flow::Close;
+        if let Some(flow) = self.arrived(pdu, now) {
+            return flow;
         }
         let bhs = &pdu.bhs;
-        let answers_ping =
-            bhs.opcode_raw() & 0x3f == Opcode::NopOut as u8 && bhs.itt() == RESERVED_TAG;
-        if !answers_ping {
-            self.last_activity = now;
-        }
-        let opcode = Opcode::from_initiator(bhs.opcode_raw());
-        self.note_activity(opcode, pdu);
-        let Some(opcode) = opcode else {
+        let Some(opcode) = Opcode::from_initiator(bhs.opcode_raw()) else {
             self.reject(bhs, RejectReason::CommandNotSupported, out);
             return Flow::Continue;
         };
@@ -571,6 +563,23 @@ impl Session {
         }
         // Outside the window (or a duplicate): silently ignored.
         Flow::Continue
+    }
+
+    /// What every received PDU does to the session before it is handled: liveness clocks and
+    /// the turn's activity. `Some(Close)` once the session has logged out.
+    fn arrived(&mut self, pdu: &Pdu<'_>, now: Instant) -> Option<Flow> {
+        self.last_rx = now;
+        if self.logged_out {
+            return Some(Flow::Close);
+        }
+        let bhs = &pdu.bhs;
+        let answers_ping =
+            bhs.opcode_raw() & 0x3f == Opcode::NopOut as u8 && bhs.itt() == RESERVED_TAG;
+        if !answers_ping {
+            self.last_activity = now;
+        }
+        self.note_activity(Opcode::from_initiator(bhs.opcode_raw()), pdu);
+        None
     }
 
     fn run_out_of_order(
@@ -854,17 +863,14 @@ impl Session {
         backend: &mut dyn ScsiBackend,
         out: &mut Outbox,
     ) -> Flow {
-        self.last_rx = now;
-        self.last_activity = now;
-        if self.logged_out {
-            return Flow::Close;
-        }
-        self.activity.other_pdus = self.activity.other_pdus.saturating_add(1);
         let pdu = Pdu {
             bhs: *bhs,
             ahs: &[],
             data: &[],
         };
+        if let Some(flow) = self.arrived(&pdu, now) {
+            return flow;
+        }
         self.data_out_inner(&pdu, bhs.data_segment_len(), true, backend, out)
     }
 

@@ -242,9 +242,9 @@ struct Backend<'a> {
     io: Vec<DeviceIo>,
     /// When the current turn started handling PDUs: a command is complete in the target then.
     turn_started: Instant,
-    /// Reads and writes (LUN, op index) run inline this turn; their latency is taken once, when
+    /// Reads and writes (slot in `io`, op index) run inline this turn; their latency is taken once, when
     /// the turn has queued all its responses.
-    turn_inline: Vec<(u64, usize)>,
+    turn_inline: Vec<(usize, usize)>,
     /// When the last turn that ran reads or writes inline had queued its responses: the
     /// coalescer plans from it instead of reading the clock again (one read per turn saved).
     turn_ended: Option<Instant>,
@@ -273,10 +273,17 @@ fn op_index(kind: scsi::IoKind) -> Option<usize> {
 
 impl Backend<'_> {
     /// Counts one finished command: `data_bytes` is its Data-In (reads) or Data-Out (writes).
-    fn record_io(&mut self, lun: u64, kind: scsi::IoKind, status: u8, data_bytes: usize) {
-        let Some(slot) = self.io.iter_mut().find(|d| d.lun == lun) else {
-            return;
-        };
+    /// Returns the LUN's slot in `io` (None for a LUN not mapped to this session) for the
+    /// command's other statistics, so the slot is looked up once per command.
+    fn record_io(
+        &mut self,
+        lun: u64,
+        kind: scsi::IoKind,
+        status: u8,
+        data_bytes: usize,
+    ) -> Option<usize> {
+        let index = self.io.iter().position(|d| d.lun == lun)?;
+        let slot = self.io.get_mut(index)?;
         let good = status == 0;
         let counts = &mut slot.counts;
         counts.errors += u64::from(!good);
@@ -292,15 +299,15 @@ impl Backend<'_> {
             }
             scsi::IoKind::Other => {}
         }
+        Some(index)
     }
 
-    /// Counts the latency of one read or write.
-    fn record_latency(&mut self, lun: u64, op: usize, latency: Duration) {
+    /// Counts the latency of one read or write of the LUN in slot `slot` of `io`.
+    fn record_latency(&mut self, slot: usize, op: usize, latency: Duration) {
         if let Some(counts) = self
             .io
-            .iter_mut()
-            .find(|d| d.lun == lun)
-            .and_then(|slot| slot.latency.get_mut(op))
+            .get_mut(slot)
+            .and_then(|device| device.latency.get_mut(op))
         {
             counts.observe(latency);
         }
@@ -316,8 +323,8 @@ impl Backend<'_> {
         self.turn_ended = Some(ended);
         let latency = ended.saturating_duration_since(self.turn_started);
         let mut inline = std::mem::take(&mut self.turn_inline);
-        for &(lun, op) in &inline {
-            self.record_latency(lun, op, latency);
+        for &(slot, op) in &inline {
+            self.record_latency(slot, op, latency);
         }
         inline.clear();
         self.turn_inline = inline;
@@ -475,13 +482,12 @@ impl ScsiBackend for Backend<'_> {
             _ => req.data_out.len(),
         };
         let outcome = outcome_of(&completion, sense);
-        self.record_io(lun, kind, outcome.status, data_bytes);
-        if let Some(op) = op_index(kind) {
-            self.turn_inline.push((lun, op));
-        }
-        if let Some((_, _, len)) = &lent.file {
-            if let Some(slot) = self.io.iter_mut().find(|d| d.lun == lun) {
-                slot.counts.sendfile_bytes += (*len).min(req.expected_len as usize) as u64;
+        if let Some(slot) = self.record_io(lun, kind, outcome.status, data_bytes) {
+            if let Some(op) = op_index(kind) {
+                self.turn_inline.push((slot, op));
+            }
+            if let (Some((_, _, len)), Some(device)) = (&lent.file, self.io.get_mut(slot)) {
+                device.counts.sendfile_bytes += (*len).min(req.expected_len as usize) as u64;
             }
         }
         Execution::Done(outcome)
@@ -969,9 +975,9 @@ impl Driver {
                         scsi::IoKind::Read => done.data_in.len().min(done.expected_len as usize),
                         _ => done.data_out.len(),
                     };
-                    backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
-                    if let Some(op) = op_index(done.kind) {
-                        backend.record_latency(done.lun, op, done.started.elapsed());
+                    let slot = backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
+                    if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
+                        backend.record_latency(slot, op, done.started.elapsed());
                     }
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
                     self.out.give_back(done.data_out);
@@ -1063,8 +1069,8 @@ impl Driver {
         let bhs = pdu::Bhs(bytes);
         let len = bhs.data_segment_len();
         let have = available.len() - pdu::BHS_LEN;
-        if bhs.opcode_raw() & 0x3f != pdu::Opcode::DataOut as u8
-            || bhs.total_ahs_len() != 0
+        // Whether it is a Data-Out the session accepts is the session's question (below).
+        if bhs.total_ahs_len() != 0
             || len < DATA_OUT_IN_PLACE_MIN
             || len > framing.max_data_segment_len
             || have >= len

@@ -63,6 +63,12 @@ impl Loan {
     }
 }
 
+/// Fixed-format sense data, HARDWARE ERROR / INTERNAL TARGET FAILURE (SPC-4 4.5.3, ASC 0x44):
+/// the answer to a backend that broke its contract.
+const INTERNAL_TARGET_FAILURE: [u8; 18] = [
+    0x70, 0, 0x04, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x44, 0x00, 0, 0, 0, 0,
+];
+
 /// What the backend reports back; Data-In bytes and sense bytes go into the buffers it was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScsiOutcome {
@@ -982,7 +988,20 @@ impl Session {
         let mut lent = std::mem::take(&mut self.lent_buf);
         lent.clear();
         let deferred = match backend.execute(req, &mut data_in, &mut lent, &mut self.sense_buf) {
-            Execution::Done(outcome) => {
+            Execution::Done(mut outcome) => {
+                if lent.file.is_some() && !req.may_lend_file {
+                    // A backend bug: a file range has no bytes in memory to digest, or may
+                    // change under an ORDERED task. Fail the command rather than send data the
+                    // initiator would have to catch as a digest error (or could not catch).
+                    lent.clear();
+                    data_in.clear();
+                    self.sense_buf.clear();
+                    self.sense_buf.extend_from_slice(&INTERNAL_TARGET_FAILURE);
+                    outcome = ScsiOutcome {
+                        status: status::CHECK_CONDITION,
+                        transfer_len: 0,
+                    };
+                }
                 // Lent store memory, when there is any, is sent instead of `data_in`.
                 let data = if lent.is_empty() {
                     DataIn::Bytes(data_in)

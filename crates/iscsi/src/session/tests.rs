@@ -21,6 +21,8 @@ struct Backend {
     lend_file: Option<std::sync::Arc<std::fs::File>>,
     /// `may_lend_file` of every request, in order.
     may_lend_file: Vec<bool>,
+    /// Lend `lend_file` even when the request does not allow it (a broken backend).
+    ignore_may_lend_file: bool,
 }
 
 /// Where the test backend's file holds `read_data`.
@@ -48,7 +50,8 @@ impl ScsiBackend for Backend {
         if req.read {
             // Like the SCSI layer: produce what the CDB asks, send at most the expected length.
             let n = self.read_data.len().min(req.expected_len as usize);
-            if let Some(file) = self.lend_file.as_ref().filter(|_| req.may_lend_file) {
+            let allowed = req.may_lend_file || self.ignore_may_lend_file;
+            if let Some(file) = self.lend_file.as_ref().filter(|_| allowed) {
                 lent.file = Some((std::sync::Arc::clone(file), FILE_AT, n));
             } else if self.lend_slice_bytes > 0 {
                 let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> =
@@ -1019,6 +1022,44 @@ fn only_simple_reads_without_data_digests_may_lend_files() {
             vec![want],
             "digests {digests}, attr {attr}"
         );
+    }
+}
+
+#[test]
+fn a_file_lent_against_the_request_fails_the_command_instead_of_sending_it() {
+    let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    let file = file_holding(&data);
+    // Data digests on (no bytes to digest) and an ORDERED read without digests (pages may change).
+    for (digests, attr) in [(true, 1), (false, 2)] {
+        let mut p = params();
+        p.header_digest = digests;
+        p.data_digest = digests;
+        let mut h = harness_with(SessionType::Normal, p, SessionLimits::default());
+        h.b.read_data = data.clone();
+        h.b.lend_file = Some(file.clone());
+        h.b.ignore_may_lend_file = true;
+        let cmd = h.command(&READ10, 0xc0 | attr, 8192, 5);
+        let framing = h.s.framing();
+        let out = handle_to_outbox(&mut h, &cmd);
+        assert!(
+            out.parts()
+                .iter()
+                .all(|p| !matches!(p, crate::outbox::Part::File { .. })),
+            "digests {digests}, attr {attr}: no file part queued"
+        );
+        let pdus = decode_all(&out.to_vec(), &framing);
+        assert_eq!(pdus.len(), 1, "only a SCSI Response, no Data-In");
+        let (bhs, data) = &pdus[0];
+        assert_eq!(bhs.opcode_raw(), Opcode::ScsiResponse as u8);
+        assert_eq!(bhs.0[3], status::CHECK_CONDITION);
+        // Sense length, then fixed-format sense: HARDWARE ERROR, INTERNAL TARGET FAILURE.
+        assert_eq!(&data[..2], &[0, 18]);
+        assert_eq!(
+            (data[2 + 2] & 0x0f, data[2 + 12], data[2 + 13]),
+            (0x04, 0x44, 0x00)
+        );
+        // The whole expected length is residual.
+        assert_eq!(bhs.u32_at(off::RESIDUAL), 8192);
     }
 }
 

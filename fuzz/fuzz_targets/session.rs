@@ -12,7 +12,7 @@ use iscsi::outbox::Outbox;
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use iscsi::session::{
     DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest,
-    Session, SessionLimits, TmfFunction,
+    Session, SessionLimits, Tick, TmfFunction,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -401,6 +401,7 @@ fuzz_target!(|input: Input| {
         max_pending_write_bytes: s.max_pending_write_bytes as usize % (1 << 20),
         nop_interval: Duration::from_secs(5),
         nop_timeout: Duration::from_secs(30),
+        idle_timeout: Duration::from_secs(120),
         max_text_bytes: 8192,
         max_keys: 64,
     };
@@ -577,10 +578,10 @@ fuzz_target!(|input: Input| {
             }
             Op::Tick { secs, reading } => {
                 now += Duration::from_secs(*secs as u64 % 40);
-                let flow = session.tick(now, *reading, &mut out);
+                let verdict = session.tick(now, *reading, &mut out);
                 checker.check(&session, &out);
                 out.clear();
-                if flow == Flow::Close {
+                if verdict != Tick::Continue {
                     return;
                 }
                 continue;

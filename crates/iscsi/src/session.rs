@@ -63,6 +63,16 @@ impl Loan {
     }
 }
 
+/// The verdict of [`Session::tick`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tick {
+    Continue,
+    /// Our NOP-In went unanswered for `nop_timeout`: the connection is dead.
+    DeadPeer,
+    /// Nothing from the initiator for `idle_timeout`: the session ends.
+    Idle,
+}
+
 /// Fixed-format sense data, HARDWARE ERROR / INTERNAL TARGET FAILURE (SPC-4 4.5.3, ASC 0x44):
 /// the answer to a backend that broke its contract.
 const INTERNAL_TARGET_FAILURE: [u8; 18] = [
@@ -217,6 +227,9 @@ pub struct SessionLimits {
     /// Silence after which a NOP-In ping goes out; zero = never ping.
     pub nop_interval: Duration,
     pub nop_timeout: Duration,
+    /// No command (nor NOP-Out of its own) from the initiator for this long ends the session;
+    /// zero = never.
+    pub idle_timeout: Duration,
     pub max_text_bytes: usize,
     pub max_keys: usize,
 }
@@ -229,6 +242,7 @@ impl Default for SessionLimits {
             max_pending_write_bytes: 64 * 1024 * 1024,
             nop_interval: Duration::from_secs(5),
             nop_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::ZERO,
             max_text_bytes: 64 * 1024,
             max_keys: 64,
         }
@@ -452,11 +466,11 @@ impl Session {
         Flow::Close
     }
 
-    /// Periodic timer: NOP-In pings on idle connections, and the verdict on dead ones.
+    /// Periodic timer: NOP-In pings on silent connections, and the verdicts on dead and idle ones.
     /// `reading`: false while the connection itself stops reading (its memory budget is full,
     /// so TCP holds the initiator back). Silence then proves nothing: no ping is sent, no
     /// verdict given, and the clocks start afresh once it reads again.
-    pub fn tick(&mut self, now: Instant, reading: bool, out: &mut Outbox) -> Flow {
+    pub fn tick(&mut self, now: Instant, reading: bool, out: &mut Outbox) -> Tick {
         // Work outstanding (commands running, or unread ones held back) is not idleness.
         if !reading || self.running_tasks() > 0 || !self.pending.is_empty() {
             self.last_activity = now;
@@ -466,17 +480,20 @@ impl Session {
             if let Some((ttt, _)) = self.ping {
                 self.ping = Some((ttt, now));
             }
-            return Flow::Continue;
+            return Tick::Continue;
         }
         if let Some((_, sent)) = self.ping {
             if self.last_rx <= sent
                 && now.saturating_duration_since(sent) >= self.limits.nop_timeout
             {
-                return Flow::Close;
+                return Tick::DeadPeer;
             }
-            return Flow::Continue;
         }
-        if !self.limits.nop_interval.is_zero()
+        if !self.limits.idle_timeout.is_zero() && self.idle_for(now) >= self.limits.idle_timeout {
+            return Tick::Idle;
+        }
+        if self.ping.is_none()
+            && !self.limits.nop_interval.is_zero()
             && now.saturating_duration_since(self.last_rx) >= self.limits.nop_interval
         {
             let ttt = self.alloc_ttt();
@@ -488,7 +505,7 @@ impl Session {
             self.push_pdu(out, &bhs, &[]);
             self.ping = Some((ttt, now));
         }
-        Flow::Continue
+        Tick::Continue
     }
 
     /// Asks the initiator to log out within `within_s` seconds (Async Message, AsyncEvent 1,

@@ -16,7 +16,7 @@ use iscsi::outbox::{Outbox, Part};
 use iscsi::pdu::{self, FrameError, Framing};
 use iscsi::session::{
     Activity, DeferredCommand, DiscoveredTarget, Execution, Flow, Loan, ScsiBackend, ScsiOutcome,
-    ScsiRequest, Session, SessionLimits, TmfFunction,
+    ScsiRequest, Session, SessionLimits, Tick, TmfFunction,
 };
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
@@ -781,6 +781,7 @@ impl Driver {
                 .max(WRITE_BYTES_MAX as usize),
             nop_interval: Duration::from_secs(limits.nop_in_interval_s.into()),
             nop_timeout: Duration::from_secs(limits.nop_in_timeout_s.into()),
+            idle_timeout: Duration::from_secs(limits.idle_timeout_s.into()),
             max_text_bytes: limits.max_text_length as usize,
             max_keys: limits.max_text_key_count as usize,
         };
@@ -882,10 +883,6 @@ impl Driver {
         let mut timed_out = false;
         let mut was_congested = false;
         let grace_s = backend.shared.limits.shutdown_grace_s;
-        let idle_timeout = match backend.shared.limits.idle_timeout_s {
-            0 => None,
-            s => Some(Duration::from_secs(s.into())),
-        };
         // Set once the initiator has been asked to log out: the session ends then at the latest.
         let mut logout_deadline: Option<tokio::time::Instant> = None;
         loop {
@@ -941,16 +938,19 @@ impl Driver {
                     wakeups.report();
                     backend.report_io();
                     let now = Instant::now();
-                    let flow = session.tick(now, !congested, &mut self.out);
+                    let verdict = session.tick(now, !congested, &mut self.out);
                     self.flush().await?;
-                    if flow == Flow::Close {
-                        tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)");
-                        return Ok(());
-                    }
-                    if idle_timeout.is_some_and(|limit| session.idle_for(now) >= limit) {
-                        tracing::info!(peer = %self.peer, "closing idle session (idle_timeout_s)");
-                        backend.shared.metrics.limit("idle_timeout_s");
-                        return Ok(());
+                    match verdict {
+                        Tick::Continue => {}
+                        Tick::DeadPeer => {
+                            tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)");
+                            return Ok(());
+                        }
+                        Tick::Idle => {
+                            tracing::info!(peer = %self.peer, "closing idle session (idle_timeout_s)");
+                            backend.shared.metrics.limit("idle_timeout_s");
+                            return Ok(());
+                        }
                     }
                     // Shutdown is noticed here, within a second: a flag read once a second costs
                     // nothing, where a wake-up channel shared by every connection would be polled

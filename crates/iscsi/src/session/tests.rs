@@ -794,12 +794,12 @@ fn idle_pings_and_dead_peer_detection() {
     let mut out = Outbox::new(4);
     assert_eq!(
         h.s.tick(h.now + Duration::from_secs(1), true, &mut out),
-        Flow::Continue
+        Tick::Continue
     );
     assert!(out.is_empty());
     assert_eq!(
         h.s.tick(h.now + Duration::from_secs(6), true, &mut out),
-        Flow::Continue
+        Tick::Continue
     );
     let r = decode_all(&out.to_vec(), &h.s.framing());
     assert_eq!(r[0].0.opcode_raw(), Opcode::NopIn as u8);
@@ -812,11 +812,53 @@ fn idle_pings_and_dead_peer_detection() {
     let mut out = Outbox::new(4);
     assert_eq!(
         h.s.tick(h.now + Duration::from_secs(60), true, &mut out),
-        Flow::Continue
+        Tick::Continue
     );
     // No answer this time: dead after the timeout.
     let later = h.now + Duration::from_secs(60 + 31);
-    assert_eq!(h.s.tick(later, true, &mut Outbox::new(4)), Flow::Close);
+    assert_eq!(h.s.tick(later, true, &mut Outbox::new(4)), Tick::DeadPeer);
+}
+
+/// Ticks once a second from `from` to `to` (inclusive), answering every ping at once; returns the
+/// first verdict other than Continue, with its second.
+fn tick_answering_pings(h: &mut Harness, from: u64, to: u64) -> Option<(u64, Tick)> {
+    let start = h.now;
+    for s in from..=to {
+        let mut out = Outbox::new(4);
+        let verdict = h.s.tick(start + Duration::from_secs(s), true, &mut out);
+        if verdict != Tick::Continue {
+            h.now = start;
+            return Some((s, verdict));
+        }
+        for (bhs, _) in decode_all(&out.to_vec(), &h.s.framing()) {
+            h.now = start + Duration::from_secs(s);
+            h.send(immediate_nop_out(RESERVED_TAG, bhs.u32_at(off::TTT)), &[]);
+        }
+    }
+    h.now = start;
+    None
+}
+
+#[test]
+fn an_idle_session_ends_after_the_idle_timeout_unless_work_is_outstanding() {
+    let limits = SessionLimits {
+        idle_timeout: Duration::from_secs(60),
+        ..SessionLimits::default()
+    };
+    // Answered pings keep the connection alive but are not activity: idle at 60 s.
+    let mut h = harness_with(SessionType::Normal, params(), limits);
+    assert_eq!(tick_answering_pings(&mut h, 1, 120), Some((60, Tick::Idle)));
+
+    // A command still running is work outstanding: never idle meanwhile.
+    let mut h = harness_with(SessionType::Normal, params(), limits);
+    h.b.defer = true;
+    let cmd = h.command(&READ10, 0xc1, 512, 3);
+    h.send(cmd, &[]);
+    assert_eq!(tick_answering_pings(&mut h, 1, 300), None);
+
+    // Zero (the default) never ends a session for idleness.
+    let mut h = harness();
+    assert_eq!(tick_answering_pings(&mut h, 1, 3600), None);
 }
 
 #[test]
@@ -830,7 +872,7 @@ fn a_zero_ping_interval_never_pings() {
         let mut out = Outbox::new(4);
         assert_eq!(
             h.s.tick(h.now + Duration::from_secs(s), true, &mut out),
-            Flow::Continue
+            Tick::Continue
         );
         assert!(out.is_empty(), "pinged after {s} s");
     }
@@ -879,7 +921,7 @@ fn no_ping_verdict_while_the_connection_is_not_reading() {
         let mut out = Outbox::new(4);
         assert_eq!(
             h.s.tick(h.now + Duration::from_secs(s), false, &mut out),
-            Flow::Continue
+            Tick::Continue
         );
         assert!(out.is_empty());
     }
@@ -888,11 +930,11 @@ fn no_ping_verdict_while_the_connection_is_not_reading() {
     let mut out = Outbox::new(4);
     assert_eq!(
         h.s.tick(resumed + Duration::from_secs(29), true, &mut out),
-        Flow::Continue
+        Tick::Continue
     );
     assert_eq!(
         h.s.tick(resumed + Duration::from_secs(31), true, &mut out),
-        Flow::Close
+        Tick::DeadPeer
     );
 }
 

@@ -459,6 +459,15 @@ impl Session {
         self.pending.len()
     }
 
+    /// Whether some write still waits for at least `min_bytes` of Data-Out: an engine that
+    /// receives long payloads in place reads the next PDU's header alone then, so the payload
+    /// behind it is not read into the shared receive buffer first.
+    pub fn awaits_data_out(&self, min_bytes: usize) -> bool {
+        self.pending
+            .iter()
+            .any(|t| t.edtl.saturating_sub(t.received) as usize >= min_bytes)
+    }
+
     /// A frame that failed its data digest: Reject it by header (RFC 7143 §7.8) and fail the
     /// connection, since at ERL 0 the lost data cannot be recovered.
     pub fn data_digest_error(&mut self, bhs: &Bhs, out: &mut Outbox) -> Flow {
@@ -764,9 +773,17 @@ impl Session {
             self.respond_status(itt, status::TASK_SET_FULL, out);
             return Flow::Continue;
         }
-        // Collect the rest of the data.
-        let mut buf = out.take_buffer();
-        buf.resize(edtl as usize, 0);
+        // Collect the rest of the data. A recycled buffer keeps its old bytes (this connection's
+        // own earlier data) instead of being zero-filled, a pass over up to megabytes per write:
+        // the command runs only once `received` reaches EDTL, and the accepted Data-Out ranges
+        // are disjoint (each offset is checked against its burst), so by then every byte of
+        // `buf` has been overwritten.
+        let mut buf = out.take_scratch();
+        if buf.len() >= edtl as usize {
+            buf.truncate(edtl as usize);
+        } else {
+            buf.resize(edtl as usize, 0);
+        }
         let immediate = pdu.data.len() as u32;
         buf[..pdu.data.len()].copy_from_slice(pdu.data);
         let unsolicited_end = if self.params.initial_r2t || flags & 0x80 != 0 {

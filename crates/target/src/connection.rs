@@ -915,8 +915,22 @@ impl Driver {
                 timed_out = false;
                 self.make_room();
             }
+            // With a long Data-Out expected and nothing buffered, read the next header alone:
+            // if it is that Data-Out, its payload then goes straight into place (one more
+            // `recv` per PDU instead of a copy of up to 256 KiB).
+            let framing = session.framing();
+            let read_end = if self.start == self.end
+                && !framing.header_digest
+                && !framing.data_digest
+                && session.awaits_data_out(DATA_OUT_IN_PLACE_MIN)
+            {
+                // (Bounded: select! builds the future of a disabled branch too.)
+                (self.end + pdu::BHS_LEN).min(self.rbuf.len())
+            } else {
+                self.rbuf.len()
+            };
             tokio::select! {
-                read = self.stream.read(&mut self.rbuf[self.end..]), if !congested => {
+                read = self.stream.read(&mut self.rbuf[self.end..read_end]), if !congested => {
                     match read {
                         Ok(0) => return Ok(()),
                         Ok(n) => self.end += n,

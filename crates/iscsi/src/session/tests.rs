@@ -114,6 +114,8 @@ struct Harness {
     b: Backend,
     now: Instant,
     cmd_sn: u32,
+    /// Given to the outbox of the next `send` as a spare buffer (a recycled one, old bytes in).
+    recycled: Option<Vec<u8>>,
 }
 
 fn params() -> SessionParams {
@@ -141,6 +143,7 @@ fn harness_with(kind: SessionType, p: SessionParams, limits: SessionLimits) -> H
         b: Backend::default(),
         now,
         cmd_sn: 1,
+        recycled: None,
     }
 }
 
@@ -156,6 +159,9 @@ impl Harness {
         pdu::encode_into(&mut wire, &bhs, data, &framing);
         let pdu = parse_frame(&wire, &framing).expect("well-formed test PDU");
         let mut out = Outbox::new(8);
+        if let Some(buf) = self.recycled.take() {
+            out.give_back(buf);
+        }
         let flow = self.s.handle(&pdu, self.now, &mut self.b, &mut out);
         (flow, decode_all(&out.to_vec(), &framing))
     }
@@ -403,6 +409,41 @@ fn data_out_received_in_place_acts_as_handled_data_out() {
         runs.push(wire);
     }
     assert_eq!(runs[0], runs[1], "the same answers either way");
+}
+
+#[test]
+fn a_write_into_a_recycled_buffer_carries_only_the_data_sent() {
+    let total = 40 * 1024u32;
+    let payload: Vec<u8> = (0..total).map(|i| (i * 7 % 253) as u8).collect();
+    // Recycled buffers longer, as long and shorter than the write, full of old bytes.
+    for old_len in [64 * 1024, total as usize, 1000] {
+        let mut h = harness();
+        h.recycled = Some(vec![0xEE; old_len]);
+        let cmd = h.command(&WRITE10, 0x20, total, 5);
+        let (_, r) = h.send(cmd, &payload[..4096]);
+        let ttts: Vec<u32> = r.iter().map(|(b, _)| b.u32_at(off::TTT)).collect();
+        for (bhs, range) in [
+            (data_out(5, RESERVED_TAG, 0, 4096, true), 4096..8192),
+            (data_out(5, ttts[0], 0, 8192, false), 8192..16384),
+            (data_out(5, ttts[0], 1, 16384, true), 16384..24576),
+            (data_out(5, ttts[1], 0, 24576, true), 24576..40960),
+        ] {
+            let _ = h.send(bhs, &payload[range]);
+        }
+        assert_eq!(h.b.executed.len(), 1, "old_len {old_len}");
+        assert_eq!(h.b.executed[0].1, payload, "old_len {old_len}");
+    }
+    // A write still missing data never runs, whatever the buffer held.
+    let mut h = harness();
+    h.recycled = Some(vec![0xEE; 64 * 1024]);
+    let cmd = h.command(&WRITE10, 0x20, total, 5);
+    let _ = h.send(cmd, &payload[..4096]);
+    let _ = h.send(
+        data_out(5, RESERVED_TAG, 0, 4096, true),
+        &payload[4096..8192],
+    );
+    assert!(h.b.executed.is_empty());
+    assert_eq!(h.s.pending_writes(), 1);
 }
 
 #[test]

@@ -120,6 +120,92 @@ fn new_connections_go_to_the_least_loaded_worker() {
     drop(conns);
 }
 
+/// A child process killed (by PID) when dropped, so a failing assertion leaves none behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn new_connections_avoid_a_busy_worker() {
+    common::require_tool("qemu-img");
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let daemon = Daemon::start_with_args(
+        IQN,
+        &["ram:64M"],
+        &["--metrics-listen", &listen, "--workers", "2"],
+    );
+    // One saturating initiator: 4 KiB reads at QD16, far more than the test waits for.
+    let _load = KillOnDrop(
+        std::process::Command::new("qemu-img")
+            .args([
+                "bench",
+                "-f",
+                "raw",
+                "-t",
+                "none",
+                "-c",
+                "100000000",
+                "-d",
+                "16",
+                "-s",
+                "4096",
+            ])
+            .arg(daemon.url(0))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start qemu-img bench"),
+    );
+    let busy = |text: &str, n: usize| {
+        value(
+            text,
+            &format!("ferrosan_worker_busy_ratio{{worker=\"{n}\"}}"),
+        )
+    };
+    let conns = |text: &str, n: usize| {
+        value(
+            text,
+            &format!("ferrosan_worker_connections{{worker=\"{n}\"}}"),
+        )
+    };
+    // Wait for a worker to show the load (sampled once a second).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let busy_worker = loop {
+        let text = scrape(metrics_port);
+        if let Some(n) = (0..2).find(|&n| busy(&text, n) >= 0.2 && conns(&text, n) == 1.0) {
+            break n;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no worker became busy:\n{text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let idle_worker = 1 - busy_worker;
+    // Three idle connections: connection counts alone would put the third (1 vs 2) on the
+    // busy worker, and the second on it every other turn; all three go to the idle one.
+    let mut idle = Vec::new();
+    for n in 1..=3 {
+        idle.push(std::net::TcpStream::connect(("127.0.0.1", daemon.port)).expect("connect"));
+        wait_for(metrics_port, "ferrosan_connections", |v| {
+            v == f64::from(n + 1)
+        });
+    }
+    let text = scrape(metrics_port);
+    assert!(busy(&text, busy_worker) >= 0.2, "the load stopped:\n{text}");
+    assert_eq!(
+        (conns(&text, busy_worker), conns(&text, idle_worker)),
+        (1.0, 3.0),
+        "{text}"
+    );
+}
+
 /// The `_bucket` series of one latency histogram, in order (cumulative counts).
 fn latency_buckets(text: &str, device: &str, op: &str) -> Vec<f64> {
     let labels = format!("device=\"{device}\",op=\"{op}\"}}");

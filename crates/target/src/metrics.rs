@@ -5,6 +5,7 @@
 //! second (and when the connection closes).
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -147,6 +148,7 @@ pub struct Metrics {
     pub connections: Gauge,
     pub sessions: Gauge,
     pub worker_connections: Family<WorkerLabel, Gauge>,
+    pub worker_busy: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
     pub receive_batches: Counter,
     pub receive_batch_misses: Counter,
     pub write_stalls: Family<DeviceLabel, Counter>,
@@ -186,6 +188,7 @@ impl Metrics {
         let connections = Gauge::default();
         let sessions = Gauge::default();
         let worker_connections = Family::<WorkerLabel, Gauge>::default();
+        let worker_busy = Family::<WorkerLabel, Gauge<f64, AtomicU64>>::default();
         let receive_batches = Counter::default();
         let receive_batch_misses = Counter::default();
         let write_stalls = Family::<DeviceLabel, Counter>::default();
@@ -217,6 +220,11 @@ impl Metrics {
             "worker_connections",
             "Open TCP connections per network worker (the acceptor gives each new one to the least loaded)",
             worker_connections.clone(),
+        );
+        registry.register(
+            "worker_busy_ratio",
+            "Share of the last second each network worker's thread was on the CPU (the acceptor prefers the least busy)",
+            worker_busy.clone(),
         );
         registry.register(
             "receive_batches",
@@ -280,6 +288,7 @@ impl Metrics {
             connections,
             sessions,
             worker_connections,
+            worker_busy,
             receive_batches,
             receive_batch_misses,
             write_stalls,
@@ -331,6 +340,15 @@ impl Metrics {
     /// The open-connection gauge of worker `index`: the acceptor's measure of its load.
     pub fn worker_connections(&self, index: usize) -> Gauge {
         self.worker_connections
+            .get_or_create(&WorkerLabel {
+                worker: index.to_string(),
+            })
+            .clone()
+    }
+
+    /// One worker's busy share (0..=1), sampled by the worker itself once a second.
+    pub fn worker_busy(&self, index: usize) -> Gauge<f64, AtomicU64> {
+        self.worker_busy
             .get_or_create(&WorkerLabel {
                 worker: index.to_string(),
             })

@@ -304,7 +304,7 @@ impl Server {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("ferrosan-worker-{index}"))
-                .spawn(move || worker(shared, rx, io_threads))
+                .spawn(move || worker(shared, index, rx, io_threads))
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
         }
         let acceptor_shared = Arc::clone(&shared);
@@ -377,15 +377,36 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
-/// The worker to give a new connection to: the one with the fewest open connections, ties
-/// broken round-robin from `turn` so equal loads still spread. Round-robin alone drifts: once
-/// connections close unevenly, it keeps stacking new ones on the busier workers.
-fn least_loaded(loads: &[i64], turn: usize) -> usize {
+/// Workers whose busy shares differ by no more than this count as equally busy.
+const BUSY_BAND: f64 = 0.10;
+/// How often each worker samples its own CPU time for `worker_busy_ratio`.
+const BUSY_SAMPLE: Duration = Duration::from_secs(1);
+
+/// The worker to give a new connection to, from each worker's (busy share over the last
+/// second, open connections): among the workers within `BUSY_BAND` of the least busy, the one
+/// with the fewest connections, ties broken round-robin from `turn` so equal loads still spread.
+/// Connections alone would stack a new one on a worker carrying one saturating initiator rather
+/// than on one holding two idle sessions; busy share alone would follow one second's noise.
+/// Round-robin alone drifts: once connections close unevenly, it keeps stacking new ones on
+/// the busier workers.
+fn least_loaded(loads: &[(f64, i64)], turn: usize) -> usize {
     let n = loads.len().max(1);
+    let least_busy = loads.iter().map(|l| l.0).fold(f64::INFINITY, f64::min);
     (0..n)
         .map(|i| (turn + i) % n)
-        .min_by_key(|&i| loads.get(i).copied().unwrap_or(i64::MAX))
-        .unwrap_or(0)
+        .filter_map(|i| loads.get(i).map(|&(busy, conns)| (i, busy, conns)))
+        .filter(|&(_, busy, _)| busy <= least_busy + BUSY_BAND)
+        .min_by_key(|&(_, _, conns)| conns)
+        .map_or(0, |(i, _, _)| i)
+}
+
+/// The calling thread's CPU time so far.
+fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// Each worker's share of the `io_threads` limit (its blocking pool), at least one.
@@ -393,7 +414,12 @@ fn io_threads_per_worker(io_threads: u32, workers: usize) -> usize {
     (io_threads as usize / workers.max(1)).max(1)
 }
 
-fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<NewConnection>, io_threads: usize) {
+fn worker(
+    shared: Arc<Shared>,
+    index: usize,
+    mut rx: mpsc::UnboundedReceiver<NewConnection>,
+    io_threads: usize,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(io_threads)
@@ -406,6 +432,23 @@ fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<NewConnection>, i
         }
     };
     runtime.block_on(async move {
+        // The worker measures itself (its thread's CPU time, once a second) for placement.
+        let busy = shared.metrics.worker_busy(index);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(BUSY_SAMPLE);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last = (std::time::Instant::now(), thread_cpu_time());
+            loop {
+                tick.tick().await;
+                let now = (std::time::Instant::now(), thread_cpu_time());
+                let wall = now.0.saturating_duration_since(last.0);
+                if !wall.is_zero() {
+                    let cpu = now.1.saturating_sub(last.1);
+                    busy.set((cpu.as_secs_f64() / wall.as_secs_f64()).min(1.0));
+                }
+                last = now;
+            }
+        });
         while let Some(conn) = rx.recv().await {
             let shared = Arc::clone(&shared);
             tokio::spawn(connection::serve(shared, conn));
@@ -432,8 +475,13 @@ fn acceptor(
             return;
         }
     };
-    let loads: Vec<Gauge> = (0..senders.len())
-        .map(|index| shared.metrics.worker_connections(index))
+    let loads: Vec<(Gauge, Gauge<f64, AtomicU64>)> = (0..senders.len())
+        .map(|index| {
+            (
+                shared.metrics.worker_connections(index),
+                shared.metrics.worker_busy(index),
+            )
+        })
         .collect();
     let workers = Arc::new((senders, loads));
     let next = Arc::new(AtomicUsize::new(0));
@@ -495,9 +543,12 @@ fn acceptor(
                         continue;
                     };
                     let (senders, loads) = &*workers;
-                    let counts: Vec<i64> = loads.iter().map(Gauge::get).collect();
-                    let index = least_loaded(&counts, next.fetch_add(1, Ordering::Relaxed));
-                    if let (Some(tx), Some(load)) = (senders.get(index), loads.get(index)) {
+                    let now: Vec<(f64, i64)> = loads
+                        .iter()
+                        .map(|(conns, busy)| (busy.get(), conns.get()))
+                        .collect();
+                    let index = least_loaded(&now, next.fetch_add(1, Ordering::Relaxed));
+                    if let (Some(tx), Some((load, _))) = (senders.get(index), loads.get(index)) {
                         guard.place_on(load);
                         let _ = tx.send(NewConnection {
                             stream: std_stream,
@@ -717,20 +768,39 @@ mod tests {
 
     #[test]
     fn new_connections_go_to_the_least_loaded_worker() {
-        assert_eq!(least_loaded(&[3, 1, 2], 0), 1);
-        assert_eq!(least_loaded(&[3, 1, 2], 2), 1);
+        // Equally idle workers: fewest connections.
+        let idle = |conns: &[i64]| conns.iter().map(|&c| (0.0, c)).collect::<Vec<_>>();
+        assert_eq!(least_loaded(&idle(&[3, 1, 2]), 0), 1);
+        assert_eq!(least_loaded(&idle(&[3, 1, 2]), 2), 1);
         // Ties go round-robin from the turn, so equal loads still spread.
-        assert_eq!(least_loaded(&[0, 0, 0], 0), 0);
-        assert_eq!(least_loaded(&[0, 0, 0], 1), 1);
-        assert_eq!(least_loaded(&[0, 0, 0], 5), 2);
-        assert_eq!(least_loaded(&[2, 1, 1], 0), 1);
-        assert_eq!(least_loaded(&[2, 1, 1], 2), 2);
+        assert_eq!(least_loaded(&idle(&[0, 0, 0]), 0), 0);
+        assert_eq!(least_loaded(&idle(&[0, 0, 0]), 1), 1);
+        assert_eq!(least_loaded(&idle(&[0, 0, 0]), 5), 2);
+        assert_eq!(least_loaded(&idle(&[2, 1, 1]), 0), 1);
+        assert_eq!(least_loaded(&idle(&[2, 1, 1]), 2), 2);
         // Round-robin would give the next two to workers 0 and 1 here; both go to 0.
-        assert_eq!(least_loaded(&[0, 2], 4), 0);
-        assert_eq!(least_loaded(&[1, 2], 5), 0);
+        assert_eq!(least_loaded(&idle(&[0, 2]), 4), 0);
+        assert_eq!(least_loaded(&idle(&[1, 2]), 5), 0);
         // One worker, or none configured: index 0.
-        assert_eq!(least_loaded(&[7], 3), 0);
+        assert_eq!(least_loaded(&idle(&[7]), 3), 0);
         assert_eq!(least_loaded(&[], 3), 0);
+    }
+
+    #[test]
+    fn a_busy_worker_gets_no_new_connection_while_another_idles() {
+        // One saturating initiator against two idle sessions: the idle worker, whatever the turn.
+        for turn in 0..4 {
+            assert_eq!(least_loaded(&[(0.9, 1), (0.02, 2)], turn), 1);
+            assert_eq!(least_loaded(&[(0.02, 5), (0.9, 1), (0.5, 0)], turn), 0);
+        }
+        // Within the band, busy shares are noise: connections decide, then round-robin.
+        assert_eq!(least_loaded(&[(0.15, 1), (0.06, 2)], 0), 0);
+        assert_eq!(least_loaded(&[(0.15, 1), (0.06, 1)], 0), 0);
+        assert_eq!(least_loaded(&[(0.15, 1), (0.06, 1)], 1), 1);
+        // Just outside the band: the less busy one.
+        assert_eq!(least_loaded(&[(0.17, 0), (0.06, 3)], 0), 1);
+        // A nonsense share (NaN) never wins over a measured one, nor breaks the choice.
+        assert_eq!(least_loaded(&[(f64::NAN, 0), (0.3, 4)], 0), 1);
     }
 
     #[test]

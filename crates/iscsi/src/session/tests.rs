@@ -447,6 +447,32 @@ fn a_write_into_a_recycled_buffer_carries_only_the_data_sent() {
 }
 
 #[test]
+fn awaits_data_out_tells_how_much_a_pending_write_still_expects() {
+    let total = 40 * 1024u32;
+    let payload = vec![7u8; total as usize];
+    let mut h = harness();
+    assert!(!h.s.awaits_data_out(1), "no write pending");
+    let cmd = h.command(&WRITE10, 0x20, total, 5);
+    let (_, r) = h.send(cmd, &payload[..4096]);
+    // 36 KiB still to come.
+    assert!(h.s.awaits_data_out(36 * 1024));
+    assert!(!h.s.awaits_data_out(36 * 1024 + 1));
+    let ttts: Vec<u32> = r.iter().map(|(b, _)| b.u32_at(off::TTT)).collect();
+    for (bhs, range) in [
+        (data_out(5, RESERVED_TAG, 0, 4096, true), 4096..8192),
+        (data_out(5, ttts[0], 0, 8192, false), 8192..16384),
+        (data_out(5, ttts[0], 1, 16384, true), 16384..24576),
+    ] {
+        let _ = h.send(bhs, &payload[range]);
+    }
+    assert!(h.s.awaits_data_out(16 * 1024));
+    assert!(!h.s.awaits_data_out(16 * 1024 + 1));
+    let _ = h.send(data_out(5, ttts[1], 0, 24576, true), &payload[24576..]);
+    assert_eq!(h.b.executed.len(), 1);
+    assert!(!h.s.awaits_data_out(1), "the write ran");
+}
+
+#[test]
 fn data_out_the_session_would_refuse_has_no_destination() {
     let mut h = harness();
     let total = 40 * 1024u32;

@@ -249,7 +249,6 @@ struct Identity {
     isid: [u8; 6],
     tsih: u16,
     cid: u16,
-    cmd_sn: u32,
 }
 
 /// Limits on one login (DESIGN.md: everything bounded).
@@ -374,7 +373,6 @@ impl Login {
             isid,
             tsih: bhs.u16_at(14),
             cid: bhs.u16_at(20),
-            cmd_sn: bhs.u32_at(off::CMD_SN),
         };
 
         match self.identity {
@@ -859,7 +857,9 @@ impl Login {
                 _ => None,
             },
             next_stat_sn: self.stat_sn.wrapping_add(1),
-            exp_cmd_sn: identity.cmd_sn,
+            // What this last Login Response tells the initiator (ExpCmdSN = its CmdSN), even if
+            // an initiator changed CmdSN between its Login Requests (found by fuzz(login)).
+            exp_cmd_sn: pdu.bhs.u32_at(off::CMD_SN),
         };
         self.stage = Stage::FullFeature;
         self.respond_full(

@@ -189,6 +189,23 @@ fn two_stage_login_to_full_feature() {
 }
 
 #[test]
+fn the_session_expects_the_cmd_sn_the_last_login_response_acknowledged() {
+    let mut l = login();
+    let mut p = Policy::default();
+    let (step, _) = send(&mut l, &mut p, &req(0, Some(1), NORMAL));
+    assert_eq!(step, LoginStep::Continue);
+    // The initiator changes CmdSN in its last Login Request.
+    let mut last = req(1, Some(3), "HeaderDigest=None;DataDigest=None;");
+    last.cmd_sn = 4000;
+    let (step, r) = send(&mut l, &mut p, &last);
+    assert_eq!(r.bhs.u32_at(off::EXP_CMD_SN), 4000);
+    let LoginStep::Complete(est) = step else {
+        panic!("expected completion, got {step:?}");
+    };
+    assert_eq!(est.exp_cmd_sn, 4000, "as the response said");
+}
+
+#[test]
 fn straight_to_full_feature_uses_default_recv_length() {
     let mut l = login();
     let mut p = Policy::default();

@@ -73,12 +73,6 @@ pub enum Tick {
     Idle,
 }
 
-/// Fixed-format sense data, HARDWARE ERROR / INTERNAL TARGET FAILURE (SPC-4 4.5.3, ASC 0x44):
-/// the answer to a backend that broke its contract.
-const INTERNAL_TARGET_FAILURE: [u8; 18] = [
-    0x70, 0, 0x04, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x44, 0x00, 0, 0, 0, 0,
-];
-
 /// What the backend reports back; Data-In bytes and sense bytes go into the buffers it was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScsiOutcome {
@@ -1582,18 +1576,23 @@ impl Session {
     }
 }
 
-/// Fixed-format sense: ABORTED COMMAND, DATA PHASE ERROR (4Bh/00h).
 /// AsyncEvent code of an Async Message asking the initiator to log out (RFC 7143 §11.9.1).
 const ASYNC_EVENT_REQUEST_LOGOUT: u8 = 1;
 
-const DATA_PHASE_ERROR: [u8; 18] = [
-    0x70, 0, 0x0b, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x4b, 0, 0, 0, 0, 0,
-];
+/// Fixed-format sense data (SPC-4 4.5.3) for the few answers the iSCSI core gives itself.
+const fn fixed_sense(key: u8, asc: u8, ascq: u8) -> [u8; 18] {
+    [
+        0x70, 0, key, 0, 0, 0, 0, 10, 0, 0, 0, 0, asc, ascq, 0, 0, 0, 0,
+    ]
+}
 
-/// Fixed-format sense: ILLEGAL REQUEST, INVALID FIELD IN CDB.
-const INVALID_FIELD_IN_CDB: [u8; 18] = [
-    0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0,
-];
+/// ABORTED COMMAND, DATA PHASE ERROR (4Bh/00h).
+const DATA_PHASE_ERROR: [u8; 18] = fixed_sense(0x0b, 0x4b, 0x00);
+/// ILLEGAL REQUEST, INVALID FIELD IN CDB (24h/00h).
+const INVALID_FIELD_IN_CDB: [u8; 18] = fixed_sense(0x05, 0x24, 0x00);
+/// HARDWARE ERROR, INTERNAL TARGET FAILURE (44h/00h): the answer to a backend that broke its
+/// contract.
+const INTERNAL_TARGET_FAILURE: [u8; 18] = fixed_sense(0x04, 0x44, 0x00);
 
 /// The CDB: 16 bytes in the BHS, extended by an Extended CDB AHS (type 1) when longer. Borrowed
 /// in the common case so the fast path does not allocate.

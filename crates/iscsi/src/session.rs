@@ -874,9 +874,15 @@ impl Session {
     /// For an engine that receives large Data-Out payloads straight into place: the buffer slice
     /// the data segment of this Data-Out header belongs in, when the session would accept the
     /// PDU whole (the checks of [`Session::handle`], none of its effects). Fill it, then call
-    /// [`Session::handle_placed_data_out`] with the same header.
+    /// [`Session::handle_placed_data_out`] with the same header. Never with digests on.
     pub fn data_out_destination(&mut self, bhs: &Bhs) -> Option<&mut [u8]> {
-        if self.logged_out || Opcode::from_initiator(bhs.opcode_raw()) != Some(Opcode::DataOut) {
+        // A placed payload never passes through the frame parser, so its digests would go
+        // unchecked: with digests on, every PDU takes the usual way.
+        if self.logged_out
+            || self.framing.header_digest
+            || self.framing.data_digest
+            || Opcode::from_initiator(bhs.opcode_raw()) != Some(Opcode::DataOut)
+        {
             return None;
         }
         let len = bhs.data_segment_len();

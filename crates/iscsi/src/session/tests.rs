@@ -473,6 +473,24 @@ fn awaits_data_out_tells_how_much_a_pending_write_still_expects() {
 }
 
 #[test]
+fn data_out_has_no_destination_on_a_connection_with_digests() {
+    for (header, data) in [(true, false), (false, true)] {
+        let mut p = params();
+        p.header_digest = header;
+        p.data_digest = data;
+        let mut h = harness_with(SessionType::Normal, p, SessionLimits::default());
+        let cmd = h.command(&WRITE10, 0x20, 40 * 1024, 5);
+        let (_, r) = h.send(cmd, &[1u8; 4096]);
+        let mut bhs = data_out(5, r[0].0.u32_at(off::TTT), 0, 8192, false);
+        bhs.set_data_segment_len(8192);
+        assert!(
+            h.s.data_out_destination(&bhs).is_none(),
+            "header digest {header}, data digest {data}"
+        );
+    }
+}
+
+#[test]
 fn data_out_the_session_would_refuse_has_no_destination() {
     let mut h = harness();
     let total = 40 * 1024u32;

@@ -99,8 +99,9 @@ impl Coalescer {
         self.learn(a, now);
         let mut shrink_to = None;
         if timed_out && self.batch > 1 && a.commands < self.batch {
-            if a.commands * 2 < self.batch {
-                // The pipeline stopped (or nearly): stop waiting for it.
+            if a.commands * 2 <= self.batch {
+                // At most half a batch in twice the time it should take to fill: the arrival
+                // rate fell at least fourfold, or the pipeline stopped. Stop waiting for it.
                 self.backoff = self.penalty;
                 self.penalty = (self.penalty * 2).min(BACKOFF_MAX);
                 self.successes = 0;
@@ -310,6 +311,30 @@ mod tests {
         assert_eq!(out, Outcome::Steady, "9 of 13 is not a stopped pipeline");
         let (low, _) = batch_of(&c).unwrap();
         assert_eq!(low, 9 * CMD_1K_WRITE as usize);
+    }
+
+    #[test]
+    fn a_timer_turn_with_half_a_batch_is_a_miss() {
+        // A slow initiator (60 µs between commands) keeps the batch at two; when its pipeline
+        // stops, the one command that still arrives comes by the timer. Counting that as "most
+        // of the batch" kept the connection waiting a full timer for every later lone command.
+        let mut c = Coalescer::new(Duration::from_micros(200));
+        let now = run(
+            &mut c,
+            busy(1, CMD_4K_WRITE, 64),
+            10,
+            Duration::from_micros(60),
+            Instant::now(),
+        );
+        let (low, _) = batch_of(&c).unwrap();
+        assert_eq!(low, 2 * CMD_4K_WRITE as usize);
+        let out = c.after_turn(
+            &busy(1, CMD_4K_WRITE, 64),
+            true,
+            now + Duration::from_micros(200),
+        );
+        assert_eq!(out, Outcome::Missed);
+        assert_eq!(c.plan(), Plan::Immediate);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use iscsi::session::Activity;
 
 /// Coalesce only when the initiator had at least this many answers unseen.
-const BACKLOG_MIN: u32 = 8;
+pub const BACKLOG_MIN: u32 = 8;
 /// Never wait for more than this many commands.
 const BATCH_MAX: u32 = 16;
 /// Commands larger than this (header plus immediate data, on average) already amortize a turn.
@@ -27,7 +27,7 @@ const SMALL_COMMAND_MAX: u64 = 8 * 1024 + 512;
 /// Ceiling of the low-water mark, in bytes; the connection's receive buffer is far larger.
 pub const LOW_WATER_MAX: usize = 48 * 1024;
 /// Shortest backstop wait.
-const WAIT_MIN: Duration = Duration::from_micros(20);
+pub const WAIT_MIN: Duration = Duration::from_micros(20);
 /// Turns coalescing stays off after a batch did not fill in time, first and at most.
 const BACKOFF_MIN: u32 = 16;
 const BACKOFF_MAX: u32 = 4096;
@@ -99,7 +99,7 @@ impl Coalescer {
         self.learn(a, now);
         let mut shrink_to = None;
         if timed_out && self.batch > 1 && a.commands < self.batch {
-            if a.commands * 2 <= self.batch {
+            if a.commands.saturating_mul(2) <= self.batch {
                 // At most half a batch in twice the time it should take to fill: the arrival
                 // rate fell at least fourfold, or the pipeline stopped. Stop waiting for it.
                 self.backoff = self.penalty;

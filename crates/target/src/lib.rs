@@ -2,7 +2,7 @@
 // `deny`, not `forbid`: sys.rs holds the crate's only unsafe code (two system calls).
 #![deny(unsafe_code)]
 
-mod coalesce;
+pub mod coalesce;
 pub mod config;
 pub mod connection;
 pub mod metrics;

@@ -268,6 +268,11 @@ impl Daemon {
         }
     }
 
+    /// The daemon's process ID (for /proc measurements), while it runs.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
     /// Everything the daemon printed so far (stdout and stderr).
     pub fn output(&self) -> String {
         read_lossy(&self.log)

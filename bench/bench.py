@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -48,11 +49,26 @@ def log(msg):
 
 # ---------------------------------------------------------------- processes
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A loopback port nothing listens on, below the kernel's ephemeral range: a port from
+    bind(0) lies in that range and can become the local end of one of our own outgoing
+    connections before the target binds it (as scripts/lib/common.sh and the Rust tests do)."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low <= 11000:
+        low = 32768
+    for _ in range(200):
+        p = random.randrange(10000, low)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p))
+            return p
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError(f"no free loopback port below {low}")
 
 
 def wait_port(port, proc, secs=10):

@@ -74,10 +74,35 @@ impl Drop for Scratch {
     }
 }
 
-/// A loopback port nothing listens on right now.
+/// A loopback port nothing listens on right now, below the kernel's ephemeral range (as
+/// `scripts/lib/common.sh` picks them): a port from `bind(0)` lies in that range, so between
+/// this check and the daemon's bind it can become the local end of one of the tests' own
+/// outgoing connections ("Address already in use", seen in CI with the shell twin).
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr").port()
+    static TURN: AtomicU32 = AtomicU32::new(0);
+    let low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&low| low > 11_000 && low <= 65_535)
+        .unwrap_or(32_768);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    // Spread the guesses of concurrent tests (and processes) apart.
+    // Never 0 (xorshift's fixed point).
+    let mut x =
+        (nanos ^ std::process::id().rotate_left(16) ^ TURN.fetch_add(0x9e37, Ordering::Relaxed))
+            | 1;
+    for _ in 0..200 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let port = 10_000 + x % (low - 10_000);
+        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free loopback port below {low}");
 }
 
 /// Fail (never skip) when an initiator tool is missing.

@@ -453,13 +453,17 @@ impl Session {
         self.pending.len()
     }
 
-    /// Whether some write still waits for at least `min_bytes` of Data-Out: an engine that
-    /// receives long payloads in place reads the next PDU's header alone then, so the payload
-    /// behind it is not read into the shared receive buffer first.
+    /// Whether some write still waits for at least `min_bytes` of Data-Out that could be
+    /// received in place: an engine that does so reads the next PDU's header alone then, so the
+    /// payload behind it is not read into the shared receive buffer first. Never with digests
+    /// on, as for [`Session::data_out_destination`].
     pub fn awaits_data_out(&self, min_bytes: usize) -> bool {
-        self.pending
-            .iter()
-            .any(|t| t.edtl.saturating_sub(t.received) as usize >= min_bytes)
+        !self.framing.header_digest
+            && !self.framing.data_digest
+            && self
+                .pending
+                .iter()
+                .any(|t| t.edtl.saturating_sub(t.received) as usize >= min_bytes)
     }
 
     /// A frame that failed its data digest: Reject it by header (RFC 7143 §7.8) and fail the

@@ -929,22 +929,17 @@ impl Driver {
                 wakeups.after_turn(&self.stream, &session.take_activity(), timed_out, now);
                 timed_out = false;
                 self.make_room();
-                self.grow_if_full();
             }
             // With a long Data-Out expected and nothing buffered, read the next header alone:
             // if it is that Data-Out, its payload then goes straight into place (one more
             // `recv` per PDU instead of a copy of up to 256 KiB).
-            let framing = session.framing();
-            let read_end = if self.start == self.end
-                && !framing.header_digest
-                && !framing.data_digest
-                && session.awaits_data_out(DATA_OUT_IN_PLACE_MIN)
-            {
-                // (Bounded: select! builds the future of a disabled branch too.)
-                (self.end + pdu::BHS_LEN).min(self.rbuf.len())
-            } else {
-                self.rbuf.len()
-            };
+            let read_end =
+                if self.start == self.end && session.awaits_data_out(DATA_OUT_IN_PLACE_MIN) {
+                    // (Bounded: select! builds the future of a disabled branch too.)
+                    (self.end + pdu::BHS_LEN).min(self.rbuf.len())
+                } else {
+                    self.rbuf.len()
+                };
             tokio::select! {
                 read = self.stream.read(&mut self.rbuf[self.end..read_end]), if !congested => {
                     match read {
@@ -1087,9 +1082,6 @@ impl Driver {
         backend: &mut Backend<'_>,
     ) -> Result<Option<Flow>, String> {
         let framing = session.framing();
-        if framing.header_digest || framing.data_digest {
-            return Ok(None);
-        }
         let available = &self.rbuf[self.start..self.end];
         let Some(header) = available.get(..pdu::BHS_LEN) else {
             return Ok(None);
@@ -1147,7 +1139,8 @@ impl Driver {
         Ok(Some(flow))
     }
 
-    /// Moves a partial PDU to the front when the tail of the buffer is short.
+    /// Moves a partial PDU to the front when the tail of the buffer is short, and grows a small
+    /// buffer that one partial PDU fills.
     fn make_room(&mut self) {
         if self.start == self.end {
             self.start = 0;
@@ -1157,6 +1150,7 @@ impl Driver {
             self.end -= self.start;
             self.start = 0;
         }
+        self.grow_if_full();
     }
 
     /// Counts `n` bytes read into the buffer's free tail. A read that filled the buffer means
@@ -1188,7 +1182,6 @@ impl Driver {
 
     async fn fill(&mut self) -> Result<(), String> {
         self.make_room();
-        self.grow_if_full();
         if self.end == self.rbuf.len() {
             return Err("receive buffer full".into());
         }

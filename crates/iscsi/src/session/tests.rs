@@ -487,6 +487,10 @@ fn data_out_has_no_destination_on_a_connection_with_digests() {
             h.s.data_out_destination(&bhs).is_none(),
             "header digest {header}, data digest {data}"
         );
+        assert!(
+            !h.s.awaits_data_out(1),
+            "no header-first reads either: header digest {header}, data digest {data}"
+        );
     }
 }
 

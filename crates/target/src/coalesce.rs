@@ -21,11 +21,12 @@ use iscsi::session::Activity;
 /// Coalesce only when the initiator had at least this many answers unseen.
 pub const BACKLOG_MIN: u32 = 8;
 /// Never wait for more than this many commands.
-const BATCH_MAX: u32 = 16;
+const BATCH_MAX: u32 = 24;
 /// Commands larger than this (header plus immediate data, on average) already amortize a turn.
 const SMALL_COMMAND_MAX: u64 = 8 * 1024 + 512;
-/// Ceiling of the low-water mark, in bytes; the connection's receive buffer is far larger.
-pub const LOW_WATER_MAX: usize = 48 * 1024;
+/// Ceiling of the low-water mark, in bytes (24 commands of 4 KiB); the connection's receive
+/// buffer is far larger.
+pub const LOW_WATER_MAX: usize = 96 * 1024;
 /// Shortest backstop wait.
 pub const WAIT_MIN: Duration = Duration::from_micros(20);
 /// Turns coalescing stays off after a batch did not fill in time, first and at most.
@@ -141,7 +142,9 @@ impl Coalescer {
         let fits_in_low_water = (LOW_WATER_MAX as u64 / self.avg_command_bytes.max(1)) as u32;
         let grown = shrink_to.unwrap_or(self.batch + 1);
         self.batch = grown
-            .min(a.initiator_backlog / 4)
+            // Hold back at most half of what the initiator has in flight, so it always has
+            // answers to work on while a batch fills.
+            .min(a.initiator_backlog / 2)
             .min(fits_in_wait)
             .min(fits_in_low_water)
             .clamp(2, BATCH_MAX);
@@ -248,7 +251,7 @@ mod tests {
     }
 
     #[test]
-    fn a_deep_pipeline_of_small_commands_is_batched_up_to_a_quarter_of_its_depth() {
+    fn a_deep_pipeline_of_small_commands_is_batched_up_to_half_its_depth() {
         let mut c = Coalescer::new(Duration::from_millis(1));
         let t0 = Instant::now();
         let now = run(
@@ -260,7 +263,7 @@ mod tests {
         );
         let (low, _) = batch_of(&c).expect("engaged at once");
         assert_eq!(low, 2 * CMD_4K_WRITE as usize, "starts at two commands");
-        // Grows one command per turn up to backlog / 4.
+        // Grows one command per turn up to backlog / 2.
         let now = run(
             &mut c,
             busy(2, CMD_4K_WRITE, 32),
@@ -269,9 +272,9 @@ mod tests {
             now,
         );
         let (low, deadline) = batch_of(&c).unwrap();
-        assert_eq!(low, 8 * CMD_4K_WRITE as usize);
-        // Twice the expected fill time: 8 commands 15 µs apart.
-        assert_eq!(deadline - now, Duration::from_micros(240));
+        assert_eq!(low, 16 * CMD_4K_WRITE as usize);
+        // Twice the expected fill time: 16 commands 15 µs apart.
+        assert_eq!(deadline - now, Duration::from_micros(480));
     }
 
     #[test]
@@ -348,11 +351,11 @@ mod tests {
             Instant::now(),
         );
         let (low, deadline) = batch_of(&c).unwrap();
-        assert_eq!(low, 16 * 48, "batch capped at BATCH_MAX");
-        // 2 µs per command, 16 commands, twice: 64 µs.
+        assert_eq!(low, 24 * 48, "batch capped at BATCH_MAX");
+        // 2 µs per command, 24 commands, twice: 96 µs.
         let wait = deadline - now;
         assert!(
-            wait > Duration::from_micros(50) && wait < Duration::from_micros(80),
+            wait > Duration::from_micros(80) && wait < Duration::from_micros(115),
             "{wait:?}"
         );
     }

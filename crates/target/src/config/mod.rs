@@ -219,7 +219,7 @@ limits! {
     max_queue_depth: u32 = 128, 1, 65_535;
     /// Microseconds a connection may wait for more small commands before reading those that
     /// arrived, when its initiator keeps a deep queue (receive coalescing); 0 = off.
-    coalesce_wait_us: u32 = 200, 0, 10_000;
+    coalesce_wait_us: u32 = 500, 0, 10_000;
     /// Microseconds, plus 0.8 per KiB, a buffered write to a disk-backed device may take before
     /// it counts as a stall, moving that device's buffered writes off the network workers for a
     /// second; 0 = always run them off the workers.

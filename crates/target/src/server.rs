@@ -274,6 +274,7 @@ pub struct Server {
 impl Server {
     /// Opens every store, binds every portal and starts the threads. Errors name what failed.
     pub fn start(config: &Config) -> Result<Server, String> {
+        raise_descriptor_limit(config.limits.max_connections);
         let shared = Arc::new(build(config)?);
         let workers = if config.server.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -412,6 +413,48 @@ fn thread_cpu_time() -> Duration {
 /// Each worker's share of the `io_threads` limit (its blocking pool), at least one.
 fn io_threads_per_worker(io_threads: u32, workers: usize) -> usize {
     (io_threads as usize / workers.max(1)).max(1)
+}
+
+/// Descriptors a connection may hold: its socket and its coalescing timer.
+const DESCRIPTORS_PER_CONNECTION: u64 = 2;
+/// Descriptors besides connections: listeners, LU files, the runtimes' epoll and event fds,
+/// stdio, metrics scrapes.
+const DESCRIPTORS_SPARE: u64 = 256;
+
+/// Raises the soft limit on open descriptors to the hard one, as servers do: a shell's soft
+/// limit is often 1,024, which `max_connections` (1,024 by default) would exhaust at about half
+/// its value, each connection holding up to two. Warns if even the hard limit is too low.
+/// (`dist/ferrosan.service` sets `LimitNOFILE` for the systemd case.)
+fn raise_descriptor_limit(max_connections: u32) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let need = u64::from(max_connections)
+        .saturating_mul(DESCRIPTORS_PER_CONNECTION)
+        .saturating_add(DESCRIPTORS_SPARE);
+    let limit = getrlimit(Resource::Nofile);
+    let raised = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    if limit.current != limit.maximum {
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => tracing::debug!(
+                "open descriptor limit raised from {:?} to {:?}",
+                limit.current,
+                limit.maximum
+            ),
+            Err(e) => tracing::warn!("cannot raise the open descriptor limit: {e}"),
+        }
+    }
+    // `None` is unlimited.
+    if let Some(soft) = getrlimit(Resource::Nofile)
+        .current
+        .filter(|&soft| soft < need)
+    {
+        tracing::warn!(
+            "open descriptor limit {soft} is below the {need} that max_connections = \
+             {max_connections} may need; connections beyond it are refused at accept"
+        );
+    }
 }
 
 fn worker(

@@ -2,7 +2,7 @@
 # ferrosan's test command (the README's, and what CI's .ci/run calls).
 #
 #   1. installs what the tests need when missing (Debian: libiscsi-bin,
-#      qemu-utils, qemu-block-extra, tgt, iperf3; apt-get update at most once)
+#      qemu-utils, qemu-block-extra, tgt, iperf3, util-linux; apt-get update at most once)
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace   (includes crates/ferrosan/tests: real initiators)

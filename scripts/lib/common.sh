@@ -10,6 +10,7 @@ FERROSAN_DEPS=(
     "qemu-block-extra:-"   # a qemu module, no command: ask dpkg
     "tgt:tgtd"
     "iperf3:iperf3"
+    "util-linux:prlimit"   # essential in Debian; listed because tests/descriptors.rs runs it
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }

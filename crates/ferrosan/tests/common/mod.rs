@@ -127,6 +127,9 @@ pub struct Daemon {
     pub port: u16,
     pub iqn: String,
     args: Vec<String>,
+    /// A program that execs the daemon with its arguments (e.g. `prlimit --nofile=...`), kept
+    /// for restarts; empty to run the daemon directly.
+    launcher: Vec<String>,
     log: PathBuf,
     _scratch: Scratch,
 }
@@ -143,6 +146,12 @@ impl Daemon {
 
     /// Like `start_with`, with extra `serve` options (e.g. `--metrics-listen ADDR`).
     pub fn start_with_args(iqn: &str, luns: &[&str], extra: &[&str]) -> Daemon {
+        Daemon::start_launched(&[], iqn, luns, extra)
+    }
+
+    /// Like `start_with_args`, run through `launcher`, a program that execs the daemon (so
+    /// `pid()` is still the daemon's), e.g. `["prlimit", "--nofile=256:4096"]`.
+    pub fn start_launched(launcher: &[&str], iqn: &str, luns: &[&str], extra: &[&str]) -> Daemon {
         let scratch = Scratch::new("daemon");
         let port = free_port();
         let mut args = vec![
@@ -157,7 +166,10 @@ impl Daemon {
             args.push(lun.to_string());
         }
         args.extend(extra.iter().map(|a| a.to_string()));
-        Daemon::spawn_new(iqn, port, args, scratch)
+        let mut daemon = Daemon::new(iqn, port, args, scratch);
+        daemon.launcher = launcher.iter().map(|a| a.to_string()).collect();
+        daemon.spawn();
+        daemon
     }
 
     /// `ferrosan serve --config FILE`, FILE holding a portal group (tag 1) on a free loopback
@@ -173,27 +185,38 @@ impl Daemon {
             "--config".to_string(),
             config.display().to_string(),
         ];
-        Daemon::spawn_new(iqn, port, args, scratch)
+        let mut daemon = Daemon::new(iqn, port, args, scratch);
+        daemon.spawn();
+        daemon
     }
 
-    fn spawn_new(iqn: &str, port: u16, args: Vec<String>, scratch: Scratch) -> Daemon {
+    /// Not started yet.
+    fn new(iqn: &str, port: u16, args: Vec<String>, scratch: Scratch) -> Daemon {
         let log = scratch.file("daemon.log");
-        let mut daemon = Daemon {
+        Daemon {
             child: None,
             port,
             iqn: iqn.to_string(),
             args,
+            launcher: Vec::new(),
             log,
             _scratch: scratch,
-        };
-        daemon.spawn();
-        daemon
+        }
     }
 
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "daemon already running");
         let log = File::create(&self.log).expect("create daemon log");
-        let child = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        let daemon = env!("CARGO_BIN_EXE_ferrosan");
+        let mut command = match self.launcher.split_first() {
+            Some((program, options)) => {
+                let mut c = Command::new(program);
+                c.args(options).arg(daemon);
+                c
+            }
+            None => Command::new(daemon),
+        };
+        let child = command
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log"))

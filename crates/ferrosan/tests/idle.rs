@@ -1,5 +1,7 @@
-//! `idle_timeout_s`: a session whose initiator sends nothing of its own accord for that long is
-//! closed; one that keeps sending (here: its own NOP-Out pings) stays.
+//! The connection timers (crates/target/src/alarm.rs): `idle_timeout_s` closes a session whose
+//! initiator sends nothing of its own accord for that long, while one that keeps sending (here:
+//! its own NOP-Out pings) stays; `login_timeout_s` closes a connection that never completes its
+//! login, while others log in meanwhile.
 
 mod common;
 
@@ -37,4 +39,31 @@ fn an_idle_session_is_closed_and_a_busy_one_is_not() {
         "{}",
         daemon.output()
     );
+}
+
+#[test]
+fn a_login_that_never_completes_is_dropped_after_login_timeout_s() {
+    let daemon = Daemon::start_config(
+        IQN,
+        &format!(
+            "[limits]\nlogin_timeout_s = 2\n{}",
+            common::open_ram_target(IQN)
+        ),
+    );
+    let started = Instant::now();
+    // Half a login PDU, then nothing.
+    let mut silent = raw::connect(daemon.port);
+    std::io::Write::write_all(&mut silent, &[0x43; 20]).unwrap();
+    // Meanwhile another connection logs in and is answered.
+    let mut other = Raw::login(daemon.port, IQN, 3);
+    other.ping(1);
+    assert!(raw::until_closed(&mut silent).is_empty());
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1_900) && waited < Duration::from_secs(4),
+        "closed after {waited:?}, not about 2 s"
+    );
+    // The session that did log in outlives the limit.
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
+    other.ping(2);
 }

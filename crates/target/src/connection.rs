@@ -19,13 +19,11 @@ use iscsi::session::{
     ScsiRequest, Session, SessionLimits, Tick, TmfFunction,
 };
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
-use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
 use scsi::{LunEntry, LunMap, Nexus};
-use std::os::fd::OwnedFd;
-use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
+use crate::alarm::Alarm;
 use crate::coalesce::{Coalescer, Outcome, Plan};
 use crate::metrics::Metrics;
 use crate::sys;
@@ -52,6 +50,9 @@ const FILE_SEND_MIN_BYTES: u32 = 64 * 1024;
 /// Data-Out payloads at least this long that are still arriving are received straight into the
 /// command's buffer instead of through the receive buffer (one copy fewer per byte written).
 const DATA_OUT_IN_PLACE_MIN: usize = 64 * 1024;
+/// How often a connection does its housekeeping: NOP-In pings, idle and shutdown checks,
+/// shrinking an idle receive buffer, reporting its counts to the metrics.
+const TICK: Duration = Duration::from_secs(1);
 
 pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
     let NewConnection {
@@ -687,20 +688,21 @@ impl Driver {
             queue_depth: limits.max_queue_depth,
         };
         let mut login = Login::new(login_limits, target_limits, initial_stat_sn());
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_secs(limits.login_timeout_s.into());
+        // The connection's one timer: the login deadline now, its other deadlines later.
+        let mut alarm = Alarm::new().map_err(|e| format!("timer: {e}"))?;
+        alarm
+            .set(Instant::now() + Duration::from_secs(limits.login_timeout_s.into()))
+            .map_err(|e| format!("timer: {e}"))?;
         let mut shutdown = shared.shutdown_signal();
         let established = loop {
             let step = tokio::select! {
-                step = tokio::time::timeout_at(deadline, self.next_login_step(&mut login, &mut policy)) => step,
-                () = Shared::wait_for_shutdown(&mut shutdown) => return Err("shutting down during login".into()),
-            };
-            let step = match step {
-                Ok(step) => step?,
-                Err(_) => {
+                step = self.next_login_step(&mut login, &mut policy) => step?,
+                rung = alarm.rung() => {
+                    rung.map_err(|e| format!("timer: {e}"))?;
                     shared.metrics.limit("login_timeout_s");
                     return Err("login timed out".into());
                 }
+                () = Shared::wait_for_shutdown(&mut shutdown) => return Err("shutting down during login".into()),
             };
             // Count and log before the response goes out, so anyone who saw it sees the count.
             match &step {
@@ -821,6 +823,7 @@ impl Driver {
                 &mut ticket,
                 &mut completed,
                 &mut wakeups,
+                &mut alarm,
             )
             .await;
         wakeups.report();
@@ -892,14 +895,14 @@ impl Driver {
         ticket: &mut SessionTicket,
         completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
         wakeups: &mut Wakeups,
+        alarm: &mut Alarm,
     ) -> Result<(), String> {
-        let mut ticker = tokio::time::interval(Duration::from_secs(1));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_tick = Instant::now() + TICK;
         let mut timed_out = false;
         let mut was_congested = false;
         let grace_s = backend.shared.limits.shutdown_grace_s;
         // Set once the initiator has been asked to log out: the session ends then at the latest.
-        let mut logout_deadline: Option<tokio::time::Instant> = None;
+        let mut logout_deadline: Option<Instant> = None;
         loop {
             // First run whatever is already buffered (pipelined behind the login).
             let (flow, drained) = self.process(session, backend)?;
@@ -920,7 +923,10 @@ impl Driver {
             }
             if !congested {
                 // A long Data-Out payload still arriving goes straight into its command's buffer.
-                match self.receive_data_out_in_place(session, backend).await? {
+                match self
+                    .receive_data_out_in_place(session, backend, alarm)
+                    .await?
+                {
                     Some(Flow::Close) => return Ok(()),
                     Some(Flow::Continue) => continue,
                     None => {}
@@ -940,6 +946,10 @@ impl Driver {
                 } else {
                     self.rbuf.len()
                 };
+            // While congested only the tick (and completions) may wake the connection.
+            let batch_deadline = wakeups.batch_deadline().filter(|_| !congested);
+            let wake_at = batch_deadline.map_or(next_tick, |d| d.min(next_tick));
+            alarm.set(wake_at).map_err(|e| format!("timer: {e}"))?;
             tokio::select! {
                 read = self.stream.read(&mut self.rbuf[self.end..read_end]), if !congested => {
                     match read {
@@ -948,18 +958,24 @@ impl Driver {
                         Err(e) => return Err(e.to_string()),
                     }
                 }
-                fired = wakeups.deadline(), if !congested => {
-                    fired.map_err(|e| format!("coalescing timer: {e}"))?;
-                    // The readiness the low-water mark holds back: read what is there.
-                    match rustix::net::recv(&self.stream, &mut self.rbuf[self.end..], RecvFlags::DONTWAIT) {
-                        Ok((0, _)) => return Ok(()),
-                        Ok((n, _)) => self.received_into_buffer(n),
-                        Err(rustix::io::Errno::AGAIN) => {}
-                        Err(e) => return Err(e.to_string()),
+                rung = alarm.rung() => {
+                    rung.map_err(|e| format!("timer: {e}"))?;
+                    let now = Instant::now();
+                    if batch_deadline.is_some_and(|d| now >= d) {
+                        // The readiness the low-water mark holds back: read what is there.
+                        match rustix::net::recv(&self.stream, &mut self.rbuf[self.end..], RecvFlags::DONTWAIT) {
+                            Ok((0, _)) => return Ok(()),
+                            Ok((n, _)) => self.received_into_buffer(n),
+                            Err(rustix::io::Errno::AGAIN) => {}
+                            Err(e) => return Err(e.to_string()),
+                        }
+                        timed_out = true;
                     }
-                    timed_out = true;
-                }
-                _ = ticker.tick() => {
+                    if now < next_tick {
+                        continue;
+                    }
+                    // A tick held up (by a long Data-Out, say) is not made up for.
+                    next_tick = now + TICK;
                     self.shrink_if_idle();
                     wakeups.report();
                     backend.report_io();
@@ -989,8 +1005,8 @@ impl Driver {
                         session.request_logout(u16::try_from(grace_s).unwrap_or(u16::MAX), &mut self.out);
                         self.flush().await?;
                         tracing::info!(peer = %self.peer, "shutting down: asked the initiator to log out within {grace_s} s");
-                        logout_deadline = Some(tokio::time::Instant::now() + Duration::from_secs(grace_s.into()));
-                    } else if logout_deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                        logout_deadline = Some(Instant::now() + Duration::from_secs(grace_s.into()));
+                    } else if logout_deadline.is_some_and(|d| Instant::now() >= d) {
                         tracing::warn!(peer = %self.peer, "shutting down: no logout within {grace_s} s; closing the session");
                         return Ok(());
                     }
@@ -1080,6 +1096,7 @@ impl Driver {
         &mut self,
         session: &mut Session,
         backend: &mut Backend<'_>,
+        alarm: &mut Alarm,
     ) -> Result<Option<Flow>, String> {
         let framing = session.framing();
         let available = &self.rbuf[self.start..self.end];
@@ -1107,28 +1124,40 @@ impl Driver {
         self.start = 0;
         self.end = 0;
         // A sender that stops mid-PDU is dropped within the dead-peer bound of the usual path
-        // (a ping, then its timeout), which cannot run while this waits.
+        // (a ping, then its timeout), which cannot run while this waits. The alarm stays set for
+        // the connection's next deadline (no system call when the payload arrives in time);
+        // should it ring meanwhile, it is set for the stall bound instead.
         let limits = &backend.shared.limits;
-        let stall = Duration::from_secs(
-            u64::from(limits.nop_in_interval_s) + u64::from(limits.nop_in_timeout_s.max(5)),
-        );
+        let stalled_at = Instant::now()
+            + Duration::from_secs(
+                u64::from(limits.nop_in_interval_s) + u64::from(limits.nop_in_timeout_s.max(5)),
+            );
         let mut filled = have;
-        while filled < len {
-            let read = tokio::time::timeout(stall, self.stream.read(&mut dst[filled..])).await;
-            match read {
-                Err(_) => return Err("peer stalled in the middle of a Data-Out PDU".into()),
-                Ok(Ok(0)) => return Err("peer closed".into()),
-                Ok(Ok(n)) => filled += n,
-                Ok(Err(e)) => return Err(e.to_string()),
-            }
-        }
         let mut pad = [0u8; 3];
-        let pad = &mut pad[..pdu::padded(len) - len];
-        if !pad.is_empty() {
-            match tokio::time::timeout(stall, self.stream.read_exact(pad)).await {
-                Err(_) => return Err("peer stalled in the middle of a Data-Out PDU".into()),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(e.to_string()),
+        let pad_len = pdu::padded(len) - len;
+        while filled < len + pad_len {
+            // The payload, then its padding (discarded).
+            let into = if filled < len {
+                dst.get_mut(filled..len)
+            } else {
+                pad.get_mut(filled - len..pad_len)
+            };
+            let Some(into) = into else {
+                return Err("Data-Out placement out of range".into());
+            };
+            tokio::select! {
+                read = self.stream.read(into) => match read {
+                    Ok(0) => return Err("peer closed".into()),
+                    Ok(n) => filled += n,
+                    Err(e) => return Err(e.to_string()),
+                },
+                rung = alarm.rung() => {
+                    rung.map_err(|e| format!("timer: {e}"))?;
+                    if Instant::now() >= stalled_at {
+                        return Err("peer stalled in the middle of a Data-Out PDU".into());
+                    }
+                    alarm.set(stalled_at).map_err(|e| format!("timer: {e}"))?;
+                }
             }
         }
         let now = Instant::now();
@@ -1262,17 +1291,16 @@ impl Driver {
     }
 }
 
-/// Carries out the [`Coalescer`]'s plans on one connection: the socket's low-water mark and a
-/// microsecond timer (tokio's timers tick in milliseconds, too coarse for a 20-200 µs wait).
+/// Carries out the [`Coalescer`]'s plans on one connection: the socket's low-water mark, and
+/// the deadline the connection's [`Alarm`] is set for while a batch collects (tokio's timers
+/// tick in milliseconds, too coarse for a wait of a few hundred microseconds).
 struct Wakeups {
     coalescer: Coalescer,
     /// The low-water mark the socket has now (1 = the default).
     applied_low_water: usize,
-    /// Created on first use, so connections that never coalesce hold no extra descriptor.
-    timer: Option<AsyncFd<OwnedFd>>,
-    /// The deadline the timer is armed for, if any.
-    armed: Option<Instant>,
-    /// Set up failed once (descriptor limit, say): coalescing stays off for this connection.
+    /// The current batch's deadline, if a batch is collecting.
+    deadline: Option<Instant>,
+    /// Setting the low-water mark failed once: coalescing stays off for this connection.
     unavailable: bool,
     batches: u64,
     misses: u64,
@@ -1285,8 +1313,7 @@ impl Wakeups {
             metrics,
             coalescer: Coalescer::new(max_wait),
             applied_low_water: 1,
-            timer: None,
-            armed: None,
+            deadline: None,
             unavailable: max_wait.is_zero(),
             batches: 0,
             misses: 0,
@@ -1310,19 +1337,17 @@ impl Wakeups {
             Outcome::Steady if timed_out || self.applied_low_water > 1 => self.batches += 1,
             Outcome::Steady => {}
         }
-        let applied = match self.coalescer.plan() {
-            // Disarmed, so a deadline left from the last batch does not wake the worker.
-            Plan::Immediate => self.arm(None, now) && self.set_low_water(socket, 1),
+        let (low_water, deadline) = match self.coalescer.plan() {
+            Plan::Immediate => (1, None),
             Plan::Batch {
                 low_water,
                 deadline,
-            } => self.arm(Some(deadline), now) && self.set_low_water(socket, low_water),
+            } => (low_water, Some(deadline)),
         };
-        if !applied {
-            // Never leave a raised low-water mark without its timer.
+        self.deadline = deadline;
+        if !self.set_low_water(socket, low_water) {
             self.unavailable = true;
-            let _ = sys::set_receive_low_water(socket, 1);
-            self.applied_low_water = 1;
+            self.deadline = None;
         }
     }
 
@@ -1337,75 +1362,18 @@ impl Wakeups {
             }
             Err(e) => {
                 tracing::warn!("receive coalescing off for this connection: SO_RCVLOWAT: {e}");
+                // Never leave a raised low-water mark without its deadline.
+                let _ = sys::set_receive_low_water(socket, 1);
+                self.applied_low_water = 1;
                 false
             }
         }
     }
 
-    /// Arms the one-shot timer for `deadline`, or disarms it; a no-op when already so (a turn
-    /// that brought nothing new keeps its batch's deadline).
-    fn arm(&mut self, deadline: Option<Instant>, now: Instant) -> bool {
-        if deadline == self.armed {
-            return true;
-        }
-        if self.timer.is_none() {
-            match sys::microsecond_timer() {
-                Ok(fd) => self.timer = Some(fd),
-                Err(e) => {
-                    tracing::warn!("receive coalescing off for this connection: timer: {e}");
-                    return false;
-                }
-            }
-        }
-        let Some(timer) = &self.timer else {
-            return false;
-        };
-        let zero = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        let value = match deadline {
-            // All zero disarms.
-            None => zero,
-            Some(at) => Timespec {
-                tv_sec: 0,
-                // At least 1 ns (zero would disarm); waits are far below a second.
-                tv_nsec: at
-                    .saturating_duration_since(now)
-                    .as_nanos()
-                    .clamp(1, 999_999_999) as i64,
-            },
-        };
-        let spec = Itimerspec {
-            it_interval: zero,
-            it_value: value,
-        };
-        match timerfd_settime(timer.get_ref(), TimerfdTimerFlags::empty(), &spec) {
-            Ok(_) => {
-                self.armed = deadline;
-                true
-            }
-            Err(e) => {
-                tracing::warn!("receive coalescing off for this connection: timer: {e}");
-                false
-            }
-        }
-    }
-
-    /// Resolves when the current batch's deadline passes; never while not batching.
-    async fn deadline(&self) -> std::io::Result<()> {
-        let (Some(timer), true) = (&self.timer, self.applied_low_water > 1) else {
-            return std::future::pending().await;
-        };
-        loop {
-            let mut ready = timer.readable().await?;
-            let mut expirations = [0u8; 8];
-            match rustix::io::read(timer.get_ref(), &mut expirations) {
-                Ok(_) => return Ok(()),
-                Err(rustix::io::Errno::AGAIN) => ready.clear_ready(),
-                Err(e) => return Err(e.into()),
-            }
-        }
+    /// When the connection must read whatever has arrived, though less than the low-water mark:
+    /// the batch's deadline, while the socket holds readiness back (a raised mark).
+    fn batch_deadline(&self) -> Option<Instant> {
+        self.deadline.filter(|_| self.applied_low_water > 1)
     }
 
     /// Adds the counts since the last report to the daemon's metrics (once a second and at

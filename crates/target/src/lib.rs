@@ -2,6 +2,7 @@
 // `deny`, not `forbid`: sys.rs holds the crate's only unsafe code (two system calls).
 #![deny(unsafe_code)]
 
+mod alarm;
 pub mod coalesce;
 pub mod config;
 pub mod connection;

@@ -12,6 +12,7 @@ use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, 
 use store::{BlockStore, FileStore, RamStore};
 use tokio::sync::{mpsc, watch};
 
+use crate::alarm::Alarm;
 use crate::config::{
     ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, Limits, StoreKind, TargetConfig,
 };
@@ -415,7 +416,7 @@ fn io_threads_per_worker(io_threads: u32, workers: usize) -> usize {
     (io_threads as usize / workers.max(1)).max(1)
 }
 
-/// Descriptors a connection may hold: its socket and its coalescing timer.
+/// Descriptors a connection holds: its socket and its timer (crate::alarm).
 const DESCRIPTORS_PER_CONNECTION: u64 = 2;
 /// Descriptors besides connections: listeners, LU files, the runtimes' epoll and event fds,
 /// stdio, metrics scrapes.
@@ -423,7 +424,7 @@ const DESCRIPTORS_SPARE: u64 = 256;
 
 /// Raises the soft limit on open descriptors to the hard one, as servers do: a shell's soft
 /// limit is often 1,024, which `max_connections` (1,024 by default) would exhaust at about half
-/// its value, each connection holding up to two. Warns if even the hard limit is too low.
+/// its value, each connection holding two. Warns if even the hard limit is too low.
 /// (`dist/ferrosan.service` sets `LimitNOFILE` for the systemd case.)
 fn raise_descriptor_limit(max_connections: u32) {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
@@ -463,8 +464,10 @@ fn worker(
     mut rx: mpsc::UnboundedReceiver<NewConnection>,
     io_threads: usize,
 ) {
+    // No time driver: its clock reads and timer wheel on every park cost about an eighth of a
+    // QD1 write's CPU. Timers here are timerfds (crate::alarm); tokio::time would panic.
     let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+        .enable_io()
         .max_blocking_threads(io_threads)
         .build()
     {
@@ -478,15 +481,27 @@ fn worker(
         // The worker measures itself (its thread's CPU time, once a second) for placement.
         let busy = shared.metrics.worker_busy(index);
         tokio::spawn(async move {
-            // The first sample after a whole period: an interval's immediate first tick would
-            // publish the share of a few microseconds (0.01 on an idle machine, 0.26 under a CPU
-            // hog), and placement would follow that noise for the daemon's first second.
-            let mut tick =
-                tokio::time::interval_at(tokio::time::Instant::now() + BUSY_SAMPLE, BUSY_SAMPLE);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut alarm = match Alarm::new() {
+                Ok(alarm) => alarm,
+                Err(e) => {
+                    // Placement then sees this worker as idle and balances by connections.
+                    tracing::warn!("worker {index}: no busy sampling: timer: {e}");
+                    return;
+                }
+            };
+            // The first sample after a whole period: one taken at once would publish the share
+            // of a few microseconds (0.01 on an idle machine, 0.26 under a CPU hog), and
+            // placement would follow that noise for the daemon's first second.
             let mut last = (std::time::Instant::now(), thread_cpu_time());
             loop {
-                tick.tick().await;
+                let rung = match alarm.set(last.0 + BUSY_SAMPLE) {
+                    Ok(()) => alarm.rung().await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = rung {
+                    tracing::warn!("worker {index}: busy sampling stopped: timer: {e}");
+                    return;
+                }
                 let now = (std::time::Instant::now(), thread_cpu_time());
                 let wall = now.0.saturating_duration_since(last.0);
                 if !wall.is_zero() {

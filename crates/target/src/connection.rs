@@ -24,7 +24,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use crate::alarm::Alarm;
-use crate::coalesce::{Coalescer, Outcome, Plan};
+use crate::busy_poll;
+use crate::coalesce::{Coalescer, Outcome, Plan, BACKLOG_MIN};
 use crate::metrics::Metrics;
 use crate::sys;
 
@@ -70,6 +71,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
             return;
         }
     };
+    busy_poll::watch(&stream);
     let mut driver = Driver::new(stream, peer, local, portal_group_tag, &shared);
     if let Err(reason) = driver.run(&shared).await {
         tracing::debug!(%peer, "connection closed: {reason}");
@@ -262,6 +264,8 @@ struct Backend<'a> {
     /// When the last turn that ran reads or writes inline had queued its responses: the
     /// coalescer plans from it instead of reading the clock again (one read per turn saved).
     turn_ended: Option<Instant>,
+    /// Raised by the blocking pool with each completion, to end the worker's busy poll.
+    completion_flag: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// One LUN's I/O on this connection, counted without atomics.
@@ -524,6 +528,7 @@ impl ScsiBackend for Backend<'_> {
             Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
         self.deferred_bytes += held_bytes;
         let completions = self.completions.clone();
+        let completion_flag = self.completion_flag.clone();
         let started = self.turn_started;
         tokio::task::spawn_blocking(move || {
             let cmd = scsi::Command {
@@ -552,6 +557,10 @@ impl ScsiBackend for Backend<'_> {
                 held_bytes,
                 data_out: command.data_out,
             });
+            // End the worker's busy poll, if one runs: the answer is ready to go.
+            if let Some(flag) = completion_flag {
+                flag.store(true, std::sync::atomic::Ordering::Release);
+            }
         });
     }
 
@@ -743,6 +752,7 @@ impl Driver {
             turn_started: Instant::now(),
             turn_inline: Vec::new(),
             turn_ended: None,
+            completion_flag: busy_poll::completion_flag(),
         };
         if let Some(t) = established
             .target_name
@@ -1302,9 +1312,24 @@ struct Wakeups {
     deadline: Option<Instant>,
     /// Setting the low-water mark failed once: coalescing stays off for this connection.
     unavailable: bool,
+    /// Whether the worker's busy poll counts this connection as collecting a batch, and as
+    /// one whose initiator waits for answers.
+    counted_batching: bool,
+    counted_waiting: bool,
     batches: u64,
     misses: u64,
     metrics: Arc<Metrics>,
+}
+
+impl Drop for Wakeups {
+    fn drop(&mut self) {
+        if self.counted_batching {
+            busy_poll::set_batching(false);
+        }
+        if self.counted_waiting {
+            busy_poll::set_waiting(false);
+        }
+    }
 }
 
 impl Wakeups {
@@ -1315,6 +1340,8 @@ impl Wakeups {
             applied_low_water: 1,
             deadline: None,
             unavailable: max_wait.is_zero(),
+            counted_batching: false,
+            counted_waiting: false,
             batches: 0,
             misses: 0,
         }
@@ -1329,6 +1356,12 @@ impl Wakeups {
         timed_out: bool,
         now: Instant,
     ) {
+        // A turn without commands (a header whose data is still on its way) changes nothing.
+        let waiting = activity.commands > 0 && activity.initiator_backlog < BACKLOG_MIN;
+        if activity.commands > 0 && waiting != self.counted_waiting {
+            busy_poll::set_waiting(waiting);
+            self.counted_waiting = waiting;
+        }
         if self.unavailable {
             return;
         }
@@ -1348,6 +1381,11 @@ impl Wakeups {
         if !self.set_low_water(socket, low_water) {
             self.unavailable = true;
             self.deadline = None;
+        }
+        let batching = self.batch_deadline().is_some();
+        if batching != self.counted_batching {
+            busy_poll::set_batching(batching);
+            self.counted_batching = batching;
         }
     }
 

@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 mod alarm;
+mod busy_poll;
 pub mod coalesce;
 pub mod config;
 pub mod connection;

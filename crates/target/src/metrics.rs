@@ -151,6 +151,9 @@ pub struct Metrics {
     pub worker_busy: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
     pub receive_batches: Counter,
     pub receive_batch_misses: Counter,
+    pub busy_polls: Counter,
+    pub busy_poll_hits: Counter,
+    pub busy_poll_seconds: Counter<f64, AtomicU64>,
     pub write_stalls: Family<DeviceLabel, Counter>,
     pub writes_offloaded: Family<DeviceLabel, Counter>,
     pub device_reads: Family<DeviceLabel, Counter>,
@@ -191,6 +194,9 @@ impl Metrics {
         let worker_busy = Family::<WorkerLabel, Gauge<f64, AtomicU64>>::default();
         let receive_batches = Counter::default();
         let receive_batch_misses = Counter::default();
+        let busy_polls = Counter::default();
+        let busy_poll_hits = Counter::default();
+        let busy_poll_seconds = Counter::<f64, AtomicU64>::default();
         let write_stalls = Family::<DeviceLabel, Counter>::default();
         let writes_offloaded = Family::<DeviceLabel, Counter>::default();
         let device_reads = Family::<DeviceLabel, Counter>::default();
@@ -235,6 +241,21 @@ impl Metrics {
             "receive_batch_misses",
             "Coalesced reads whose batch did not fill before the timer; coalescing then backs off",
             receive_batch_misses.clone(),
+        );
+        registry.register(
+            "busy_polls",
+            "Times a network worker polled its connections before sleeping (busy_poll_us)",
+            busy_polls.clone(),
+        );
+        registry.register(
+            "busy_poll_hits",
+            "Busy polls that ended with input or a completion before their window",
+            busy_poll_hits.clone(),
+        );
+        registry.register(
+            "busy_poll_seconds",
+            "Time network workers spent busy polling",
+            busy_poll_seconds.clone(),
         );
         registry.register(
             "write_stalls",
@@ -291,6 +312,9 @@ impl Metrics {
             worker_busy,
             receive_batches,
             receive_batch_misses,
+            busy_polls,
+            busy_poll_hits,
+            busy_poll_seconds,
             write_stalls,
             writes_offloaded,
             device_reads,

@@ -13,6 +13,7 @@ use store::{BlockStore, FileStore, RamStore};
 use tokio::sync::{mpsc, watch};
 
 use crate::alarm::Alarm;
+use crate::busy_poll;
 use crate::config::{
     ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, Limits, StoreKind, TargetConfig,
 };
@@ -466,8 +467,11 @@ fn worker(
 ) {
     // No time driver: its clock reads and timer wheel on every park cost about an eighth of a
     // QD1 write's CPU. Timers here are timerfds (crate::alarm); tokio::time would panic.
+    busy_poll::install(Duration::from_micros(shared.limits.busy_poll_us.into()));
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .on_thread_park(busy_poll::before_park)
+        .on_thread_unpark(busy_poll::after_unpark)
         .max_blocking_threads(io_threads)
         .build()
     {
@@ -480,6 +484,7 @@ fn worker(
     runtime.block_on(async move {
         // The worker measures itself (its thread's CPU time, once a second) for placement.
         let busy = shared.metrics.worker_busy(index);
+        let metrics = Arc::clone(&shared.metrics);
         tokio::spawn(async move {
             let mut alarm = match Alarm::new() {
                 Ok(alarm) => alarm,
@@ -504,8 +509,10 @@ fn worker(
                 }
                 let now = (std::time::Instant::now(), thread_cpu_time());
                 let wall = now.0.saturating_duration_since(last.0);
+                // Busy polling happens only when the worker had nothing else to do.
+                let polled = busy_poll::report(&metrics);
                 if !wall.is_zero() {
-                    let cpu = now.1.saturating_sub(last.1);
+                    let cpu = now.1.saturating_sub(last.1).saturating_sub(polled);
                     busy.set((cpu.as_secs_f64() / wall.as_secs_f64()).min(1.0));
                 }
                 last = now;

@@ -220,6 +220,9 @@ limits! {
     /// Microseconds a connection may wait for more small commands before reading those that
     /// arrived, when its initiator keeps a deep queue (receive coalescing); 0 = off.
     coalesce_wait_us: u32 = 500, 0, 10_000;
+    /// Microseconds a worker with nothing to do polls its connections before it sleeps, when
+    /// its last idle stretch was no longer (adaptive busy polling); 0 = off.
+    busy_poll_us: u32 = 50, 0, 1_000;
     /// Microseconds, plus 0.8 per KiB, a buffered write to a disk-backed device may take before
     /// it counts as a stall, moving that device's buffered writes off the network workers for a
     /// second; 0 = always run them off the workers.

@@ -1,0 +1,357 @@
+//! Adaptive busy polling: a worker about to sleep first polls its connections' sockets for a
+//! short while (`busy_poll_us`), if its last idle stretch was that short.
+//!
+//! An initiator that waits for each answer (QD1) sends its next command tens of microseconds
+//! after the answer left. A worker that slept meanwhile must be woken: on a VM the sender's
+//! kernel sends an inter-processor interrupt and the sleeping vCPU leaves its halt, which costs
+//! more than the command itself (docs/PERFORMANCE.md, *busy polling*). Polling through that gap
+//! answers sooner and saves the sender's wake-up. Like the kernel's `busy_poll` and haltpoll it
+//! trades CPU for latency, so it runs only when it pays: when the worker has nothing else to do
+//! (tokio calls [`before_park`] only then), one of its connections has an initiator that waits
+//! for answers (its commands arrive with fewer than 8 of our answers unseen), none is collecting
+//! a receive batch (an initiator with a deep queue is not waiting for us, and a poll would only
+//! take CPU from it), and the worker's idle stretches have been no longer than the window. One
+//! that waits on long gaps (an idle session) stops polling after two long waits in a row, so
+//! polling costs at most two windows per long idle stretch.
+//!
+//! The poll is `epoll_wait` with no timeout on a second, per-worker epoll that watches every
+//! connection's socket for input (tokio's own epoll is not reachable), plus a flag the I/O
+//! threads raise when a command they ran completes.
+
+use std::cell::RefCell;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::event::epoll;
+use rustix::time::Timespec;
+
+use crate::metrics::Metrics;
+
+/// Consecutive idle stretches longer than the window after which polling stops: one alone may
+/// be a hiccup (the initiator's thread preempted) in a stream of short ones.
+const LONG_IDLES_TO_STOP: u8 = 2;
+
+/// Whether to poll before the next sleep: the sans-IO decision.
+#[derive(Debug, Clone)]
+pub struct SpinWindow {
+    max: Duration,
+    /// Idle stretches in a row longer than `max`; starts "stopped".
+    long_idles: u8,
+}
+
+impl SpinWindow {
+    pub fn new(max: Duration) -> SpinWindow {
+        SpinWindow {
+            max,
+            long_idles: LONG_IDLES_TO_STOP,
+        }
+    }
+
+    /// How long to poll before sleeping (zero: sleep at once).
+    pub fn budget(&self) -> Duration {
+        if self.long_idles < LONG_IDLES_TO_STOP {
+            self.max
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// The worker woke after being idle (polling, then perhaps sleeping) for `idle`: keep
+    /// polling while a poll as long as the window would have caught the worker's wake-ups.
+    pub fn woke_after(&mut self, idle: Duration) {
+        self.long_idles = if self.max.is_zero() || idle > self.max {
+            self.long_idles.saturating_add(1).min(LONG_IDLES_TO_STOP)
+        } else {
+            0
+        };
+    }
+}
+
+/// A worker's polling state, kept in a thread-local: tokio's park hooks take no arguments.
+struct WorkerPoll {
+    epoll: OwnedFd,
+    window: SpinWindow,
+    /// Connections of this worker collecting a receive batch: no polling while any is.
+    batching: usize,
+    /// Connections whose initiator keeps a short queue (waits for answers): polling needs one.
+    waiting: usize,
+    parked_at: Instant,
+    completed: Arc<AtomicBool>,
+    /// Since the last report: polls, those that ended before their window, time polling.
+    polls: u64,
+    hits: u64,
+    polling: Duration,
+}
+
+thread_local! {
+    static WORKER: RefCell<Option<WorkerPoll>> = const { RefCell::new(None) };
+}
+
+/// Sets up polling for the calling worker thread; a zero window (or an epoll the kernel refuses)
+/// leaves it off. Call before building the worker's runtime with [`before_park`] and
+/// [`after_unpark`] as its park hooks.
+pub fn install(max: Duration) {
+    if max.is_zero() {
+        return;
+    }
+    let epoll = match epoll::create(epoll::CreateFlags::CLOEXEC) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("busy polling off for this worker: epoll: {e}");
+            return;
+        }
+    };
+    WORKER.with(|w| {
+        *w.borrow_mut() = Some(WorkerPoll {
+            epoll,
+            window: SpinWindow::new(max),
+            batching: 0,
+            waiting: 0,
+            parked_at: Instant::now(),
+            completed: Arc::new(AtomicBool::new(false)),
+            polls: 0,
+            hits: 0,
+            polling: Duration::ZERO,
+        });
+    });
+}
+
+/// Adds a connection's socket to its worker's poll (call on the worker). The registration ends
+/// with the socket's last descriptor. Without it the poll still ends with its window.
+pub fn watch(socket: impl AsFd) {
+    WORKER.with(|w| {
+        if let Some(w) = &*w.borrow() {
+            // Level-triggered: a socket whose input waits unread (a congested connection) ends
+            // each poll at once, so the worker polls in vain at most once before sleeping.
+            if let Err(e) = epoll::add(
+                &w.epoll,
+                socket,
+                epoll::EventData::new_u64(0),
+                epoll::EventFlags::IN,
+            ) {
+                tracing::debug!("connection not busy-polled: epoll: {e}");
+            }
+        }
+    });
+}
+
+/// The flag an I/O thread raises after handing a completed command back to this worker, so a
+/// poll in progress ends (None when the worker does not poll).
+pub fn completion_flag() -> Option<Arc<AtomicBool>> {
+    WORKER.with(|w| w.borrow().as_ref().map(|w| Arc::clone(&w.completed)))
+}
+
+/// A connection of this worker starts (`true`) or stops collecting a receive batch.
+pub fn set_batching(batching: bool) {
+    count(batching, |w| &mut w.batching);
+}
+
+/// A connection of this worker now has an initiator that waits for answers (`true`: its
+/// commands arrive with few of our answers unseen), or no longer.
+pub fn set_waiting(waiting: bool) {
+    count(waiting, |w| &mut w.waiting);
+}
+
+fn count(up: bool, counter: impl FnOnce(&mut WorkerPoll) -> &mut usize) {
+    WORKER.with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut() {
+            if let Some(w) = w.as_mut() {
+                let n = counter(w);
+                *n = if up {
+                    n.saturating_add(1)
+                } else {
+                    n.saturating_sub(1)
+                };
+            }
+        }
+    });
+}
+
+/// tokio's `on_thread_park` hook: polls for up to the window when it is open.
+pub fn before_park() {
+    WORKER.with(|w| {
+        let Ok(mut w) = w.try_borrow_mut() else {
+            return;
+        };
+        let Some(w) = w.as_mut() else {
+            return;
+        };
+        w.parked_at = Instant::now();
+        let budget = w.window.budget();
+        if budget.is_zero() || w.batching > 0 || w.waiting == 0 {
+            return;
+        }
+        let no_wait = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut events = [epoll::Event {
+            flags: epoll::EventFlags::empty(),
+            data: epoll::EventData::new_u64(0),
+        }];
+        w.polls += 1;
+        let hit = loop {
+            if w.completed.swap(false, Ordering::Acquire) {
+                break true;
+            }
+            match epoll::wait(&w.epoll, &mut events[..], Some(&no_wait)) {
+                Ok(0) => {}
+                // Ready (tokio's epoll has it too): run it.
+                Ok(_) => break true,
+                // Broken: sleep in tokio's epoll.
+                Err(_) => break false,
+            }
+            if w.parked_at.elapsed() >= budget {
+                break false;
+            }
+            std::hint::spin_loop();
+        };
+        w.hits += u64::from(hit);
+        w.polling += w.parked_at.elapsed();
+    });
+}
+
+/// Adds this worker's polling counts since the last report to the metrics (call on the worker,
+/// once a second: the park hooks touch no shared counter). Returns the time spent polling.
+pub fn report(metrics: &Metrics) -> Duration {
+    WORKER.with(|w| {
+        let Ok(mut w) = w.try_borrow_mut() else {
+            return Duration::ZERO;
+        };
+        let Some(w) = w.as_mut() else {
+            return Duration::ZERO;
+        };
+        let polling = std::mem::take(&mut w.polling);
+        metrics.busy_polls.inc_by(std::mem::take(&mut w.polls));
+        metrics.busy_poll_hits.inc_by(std::mem::take(&mut w.hits));
+        metrics.busy_poll_seconds.inc_by(polling.as_secs_f64());
+        polling
+    })
+}
+
+/// tokio's `on_thread_unpark` hook: learns from the idle stretch that just ended.
+pub fn after_unpark() {
+    WORKER.with(|w| {
+        if let Ok(mut w) = w.try_borrow_mut() {
+            if let Some(w) = w.as_mut() {
+                let idle = w.parked_at.elapsed();
+                w.window.woke_after(idle);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn polls_only_after_an_idle_stretch_no_longer_than_the_window() {
+        let mut w = SpinWindow::new(50 * US);
+        assert_eq!(w.budget(), Duration::ZERO, "no poll before any evidence");
+        w.woke_after(30 * US);
+        assert_eq!(w.budget(), 50 * US);
+        w.woke_after(50 * US);
+        assert_eq!(w.budget(), 50 * US, "the window's own length still counts");
+        w.woke_after(51 * US);
+        assert_eq!(w.budget(), 50 * US, "one long wait may be a hiccup");
+        w.woke_after(20 * US);
+        w.woke_after(Duration::from_millis(2));
+        assert_eq!(w.budget(), 50 * US, "long waits count only in a row");
+        w.woke_after(Duration::from_secs(3));
+        assert_eq!(
+            w.budget(),
+            Duration::ZERO,
+            "two long waits in a row stop polling"
+        );
+        for _ in 0..300 {
+            w.woke_after(Duration::from_secs(1));
+        }
+        assert_eq!(w.budget(), Duration::ZERO);
+        w.woke_after(Duration::ZERO);
+        assert_eq!(w.budget(), 50 * US, "one short wait restarts it");
+    }
+
+    #[test]
+    fn a_zero_window_never_polls() {
+        let mut w = SpinWindow::new(Duration::ZERO);
+        for idle in [Duration::ZERO, US, Duration::from_secs(1)] {
+            w.woke_after(idle);
+            assert_eq!(w.budget(), Duration::ZERO);
+        }
+    }
+
+    #[test]
+    fn a_poll_ends_early_on_input_and_otherwise_at_the_window() {
+        use std::io::Write;
+        std::thread::spawn(|| {
+            let window = Duration::from_millis(20);
+            install(window);
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            watch(&server);
+            set_waiting(true);
+            // Open the window: the last idle stretch was short.
+            before_park();
+            after_unpark();
+            // Nothing arrives: the poll lasts the window.
+            let start = Instant::now();
+            before_park();
+            assert!(start.elapsed() >= window, "ended early without input");
+            after_unpark();
+            // No poll without a connection whose initiator waits for answers.
+            set_waiting(false);
+            let start = Instant::now();
+            before_park();
+            after_unpark();
+            assert!(start.elapsed() < window / 2, "polled for nobody");
+            set_waiting(true);
+            // Input waiting: the poll ends at once.
+            client.write_all(b"x").unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+            let start = Instant::now();
+            before_park();
+            assert!(start.elapsed() < window / 2, "did not notice the input");
+            after_unpark();
+            // No poll while a connection collects a batch, though input waits no longer.
+            set_batching(true);
+            let start = Instant::now();
+            before_park();
+            after_unpark();
+            set_batching(false);
+            assert!(start.elapsed() < window / 2, "polled while batching");
+            // A completion ends it too.
+            let mut buf = [0u8; 1];
+            std::io::Read::read(&mut &server, &mut buf).unwrap();
+            let flag = completion_flag().unwrap();
+            flag.store(true, Ordering::Release);
+            let start = Instant::now();
+            before_park();
+            assert!(
+                start.elapsed() < window / 2,
+                "did not notice the completion"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn hooks_are_no_ops_on_a_thread_without_polling() {
+        std::thread::spawn(|| {
+            install(Duration::ZERO);
+            assert!(completion_flag().is_none());
+            let start = Instant::now();
+            before_park();
+            after_unpark();
+            assert!(start.elapsed() < Duration::from_millis(5));
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -8,15 +8,15 @@
 //! answers sooner and saves the sender's wake-up. Like the kernel's `busy_poll` and haltpoll it
 //! trades CPU for latency, so it runs only when it pays: when the worker has nothing else to do
 //! (tokio calls [`before_park`] only then), one of its connections has an initiator that waits
-//! for answers (its commands arrive with fewer than 8 of our answers unseen), none is collecting
+//! for each answer (its commands arrive with at most one of our answers unseen), none is collecting
 //! a receive batch (an initiator with a deep queue is not waiting for us, and a poll would only
 //! take CPU from it), and the worker's idle stretches have been no longer than the window. One
 //! that waits on long gaps (an idle session) stops polling after two long waits in a row, so
 //! polling costs at most two windows per long idle stretch.
 //!
-//! The poll is `epoll_wait` with no timeout on a second, per-worker epoll that watches every
-//! connection's socket for input (tokio's own epoll is not reachable), plus a flag the I/O
-//! threads raise when a command they ran completes.
+//! The poll is `epoll_wait` with no timeout on a second, per-worker epoll that watches the
+//! sockets of those waiting initiators for input (tokio's own epoll is not reachable), plus a
+//! flag the I/O threads raise when a command they ran completes.
 
 use std::cell::RefCell;
 use std::os::fd::{AsFd, OwnedFd};
@@ -75,7 +75,7 @@ struct WorkerPoll {
     window: SpinWindow,
     /// Connections of this worker collecting a receive batch: no polling while any is.
     batching: usize,
-    /// Connections whose initiator keeps a short queue (waits for answers): polling needs one.
+    /// Connections whose initiator waits for each answer (QD1, QD2): polling needs one.
     waiting: usize,
     parked_at: Instant,
     completed: Arc<AtomicBool>,
@@ -118,25 +118,6 @@ pub fn install(max: Duration) {
     });
 }
 
-/// Adds a connection's socket to its worker's poll (call on the worker). The registration ends
-/// with the socket's last descriptor. Without it the poll still ends with its window.
-pub fn watch(socket: impl AsFd) {
-    WORKER.with(|w| {
-        if let Some(w) = &*w.borrow() {
-            // Level-triggered: a socket whose input waits unread (a congested connection) ends
-            // each poll at once, so the worker polls in vain at most once before sleeping.
-            if let Err(e) = epoll::add(
-                &w.epoll,
-                socket,
-                epoll::EventData::new_u64(0),
-                epoll::EventFlags::IN,
-            ) {
-                tracing::debug!("connection not busy-polled: epoll: {e}");
-            }
-        }
-    });
-}
-
 /// The flag an I/O thread raises after handing a completed command back to this worker, so a
 /// poll in progress ends (None when the worker does not poll).
 pub fn completion_flag() -> Option<Arc<AtomicBool>> {
@@ -148,10 +129,48 @@ pub fn set_batching(batching: bool) {
     count(batching, |w| &mut w.batching);
 }
 
-/// A connection of this worker now has an initiator that waits for answers (`true`: its
-/// commands arrive with few of our answers unseen), or no longer.
-pub fn set_waiting(waiting: bool) {
-    count(waiting, |w| &mut w.waiting);
+/// A connection of this worker now has an initiator that waits for each answer, or no longer:
+/// its socket joins the worker's poll, or leaves it. Only such sockets are watched, so the
+/// sockets of deep queues cost the kernel no second wake-up callback per segment. A socket also
+/// leaves when its last descriptor closes. Returns whether the socket is now counted as waiting
+/// (false when the worker does not poll or the kernel refused).
+pub fn set_waiting(socket: impl AsFd, waiting: bool) -> bool {
+    WORKER.with(|w| {
+        let Ok(mut w) = w.try_borrow_mut() else {
+            return false;
+        };
+        let Some(w) = w.as_mut() else {
+            return false;
+        };
+        if waiting {
+            // Level-triggered: input left unread (a congested connection) ends each poll at
+            // once, so the worker polls in vain at most once before it sleeps.
+            match epoll::add(
+                &w.epoll,
+                socket,
+                epoll::EventData::new_u64(0),
+                epoll::EventFlags::IN,
+            ) {
+                Ok(()) => {
+                    w.waiting = w.waiting.saturating_add(1);
+                    true
+                }
+                Err(e) => {
+                    tracing::debug!("connection not busy-polled: epoll: {e}");
+                    false
+                }
+            }
+        } else {
+            let _ = epoll::delete(&w.epoll, socket);
+            w.waiting = w.waiting.saturating_sub(1);
+            false
+        }
+    })
+}
+
+/// A connection counted as waiting ends (its socket leaves the poll as it closes).
+pub fn waiting_ended() {
+    count(false, |w| &mut w.waiting);
 }
 
 fn count(up: bool, counter: impl FnOnce(&mut WorkerPoll) -> &mut usize) {
@@ -206,7 +225,10 @@ pub fn before_park() {
             if w.parked_at.elapsed() >= budget {
                 break false;
             }
-            std::hint::spin_loop();
+            // Any other runnable thread on this CPU (an initiator on the same machine, another
+            // process) goes first: the poll only takes CPU time nobody else wants. Measured: on
+            // 2 cores with 4 QD1 initiators, polling without yielding lost 19% of their IOPS.
+            std::thread::yield_now();
         };
         w.hits += u64::from(hit);
         w.polling += w.parked_at.elapsed();
@@ -294,8 +316,7 @@ mod tests {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
             let (server, _) = listener.accept().unwrap();
-            watch(&server);
-            set_waiting(true);
+            assert!(set_waiting(&server, true));
             // Open the window: the last idle stretch was short.
             before_park();
             after_unpark();
@@ -305,12 +326,12 @@ mod tests {
             assert!(start.elapsed() >= window, "ended early without input");
             after_unpark();
             // No poll without a connection whose initiator waits for answers.
-            set_waiting(false);
+            assert!(!set_waiting(&server, false));
             let start = Instant::now();
             before_park();
             after_unpark();
             assert!(start.elapsed() < window / 2, "polled for nobody");
-            set_waiting(true);
+            assert!(set_waiting(&server, true));
             // Input waiting: the poll ends at once.
             client.write_all(b"x").unwrap();
             std::thread::sleep(Duration::from_millis(1));
@@ -346,6 +367,8 @@ mod tests {
         std::thread::spawn(|| {
             install(Duration::ZERO);
             assert!(completion_flag().is_none());
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            assert!(!set_waiting(&listener, true), "counted without polling");
             let start = Instant::now();
             before_park();
             after_unpark();

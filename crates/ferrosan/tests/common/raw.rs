@@ -135,7 +135,13 @@ impl Raw {
 
     pub fn recv(&mut self) -> Received {
         let pdu = recv(&mut self.stream).expect("connection closed unexpectedly");
-        if pdu.opcode() != Opcode::DataIn as u8 && pdu.opcode() != Opcode::R2t as u8 {
+        // StatSN is valid in every response but R2T and a Data-In without status (S bit).
+        let carries_status = match pdu.opcode() {
+            op if op == Opcode::R2t as u8 => false,
+            op if op == Opcode::DataIn as u8 => pdu.bhs.flags() & 0x01 != 0,
+            _ => true,
+        };
+        if carries_status {
             self.exp_stat_sn = pdu.bhs.u32_at(off::STAT_SN).wrapping_add(1);
         }
         pdu

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::raw::{self, Raw};
+use common::raw::Raw;
 use common::{free_port, metric, scrape, wait_for_metric, Daemon};
 
 const IQN: &str = "iqn.2024-01.dev.ferrosan:busy-poll";
@@ -22,18 +22,7 @@ fn read10(lba: u32) -> [u8; 10] {
 fn qd1_reads(port: u16) {
     let mut raw = Raw::login(port, IQN, 1);
     let mut itt = 1u32;
-    // The power-on unit attention first, as an initiator consumes it.
-    let mut ready = false;
-    for _ in 0..3 {
-        let bhs = raw.command(itt, &[0; 6], 0x80, 0);
-        itt += 1;
-        raw.send(&bhs, &[]);
-        if raw::status_of(&raw.recv()) == 0 {
-            ready = true;
-            break;
-        }
-    }
-    assert!(ready, "TEST UNIT READY never succeeded");
+    raw.until_ready(&mut itt);
     for i in 0..READS {
         let bhs = raw.command(itt, &read10(i * 8), 0xc0, 4096);
         itt += 1;

@@ -43,18 +43,7 @@ fn pipelined_bursts_are_coalesced_and_a_lone_command_still_gets_its_answer() {
     let mut raw = Raw::login(daemon.port, &daemon.iqn, 1);
     let blocks_per_write = (WRITE_BYTES / BLOCK) as u16;
     let mut itt = 1u32;
-    // Consume the power-on unit attention, as an initiator does before its I/O.
-    let mut ready = false;
-    for _ in 0..3 {
-        let bhs = raw.command(itt, &[0; 6], 0x80, 0);
-        itt += 1;
-        raw.send(&bhs, &[]);
-        if raw::status_of(&raw.recv()) == 0 {
-            ready = true;
-            break;
-        }
-    }
-    assert!(ready, "TEST UNIT READY never succeeded");
+    raw.until_ready(&mut itt);
     // Whether the connection is still collecting a batch when the pipeline stops depends on
     // timing, so the scenario repeats (rewriting the same data) until the backstop has fired;
     // a connection whose timer never fires would never answer the lone command at all.

@@ -160,6 +160,20 @@ impl Raw {
         bhs
     }
 
+    /// Sends TEST UNIT READY until it succeeds (at most 3 times), consuming the power-on unit
+    /// attention as an initiator does before its I/O; `itt` advances per command.
+    pub fn until_ready(&mut self, itt: &mut u32) {
+        for _ in 0..3 {
+            let bhs = self.command(*itt, &[0; 6], 0x80, 0);
+            *itt += 1;
+            self.send(&bhs, &[]);
+            if status_of(&self.recv()) == 0 {
+                return;
+            }
+        }
+        panic!("TEST UNIT READY never succeeded");
+    }
+
     /// Reads a command's Data-In PDUs up to its status; asserts GOOD and returns the data.
     pub fn read_data(&mut self) -> Vec<u8> {
         let mut data = Vec::new();

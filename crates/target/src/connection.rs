@@ -25,7 +25,7 @@ use tokio::net::TcpStream;
 
 use crate::alarm::Alarm;
 use crate::busy_poll;
-use crate::coalesce::{Coalescer, Outcome, Plan};
+use crate::coalesce::{Coalescer, Lockstep, Outcome, Plan};
 use crate::metrics::Metrics;
 use crate::sys;
 
@@ -51,14 +51,6 @@ const FILE_SEND_MIN_BYTES: u32 = 64 * 1024;
 /// Data-Out payloads at least this long that are still arriving are received straight into the
 /// command's buffer instead of through the receive buffer (one copy fewer per byte written).
 const DATA_OUT_IN_PLACE_MIN: usize = 64 * 1024;
-/// An initiator whose commands arrive with at most this many of our answers unseen waits for
-/// each answer, and its worker busy-polls for the next command (crate::busy_poll). Deeper
-/// queues gained nothing from it in an A/B (QD4, one session: -4% to +4% IOPS at twice the CPU).
-const BUSY_POLL_BACKLOG_MAX: u32 = 1;
-/// Turns in a row of such commands before the worker polls for that initiator: a deep queue
-/// shows a short backlog now and then (after a pause), which must not register it (two
-/// `epoll_ctl` calls per change).
-const BUSY_POLL_AFTER_TURNS: u32 = 8;
 /// How often a connection does its housekeeping: NOP-In pings, idle and shutdown checks,
 /// shrinking an idle receive buffer, reporting its counts to the metrics.
 const TICK: Duration = Duration::from_secs(1);
@@ -1323,8 +1315,8 @@ struct Wakeups {
     /// one whose initiator waits for answers.
     counted_batching: bool,
     counted_waiting: bool,
-    /// Turns in a row whose commands came from an initiator that had seen (nearly) all answers.
-    answered_turns: u32,
+    /// Whether the initiator waits for each answer (then the worker busy-polls for it).
+    lockstep: Lockstep,
     batches: u64,
     misses: u64,
     metrics: Arc<Metrics>,
@@ -1351,7 +1343,7 @@ impl Wakeups {
             unavailable: max_wait.is_zero(),
             counted_batching: false,
             counted_waiting: false,
-            answered_turns: 0,
+            lockstep: Lockstep::default(),
             batches: 0,
             misses: 0,
         }
@@ -1366,17 +1358,9 @@ impl Wakeups {
         timed_out: bool,
         now: Instant,
     ) {
-        // A turn without commands (a header whose data is still on its way) changes nothing.
-        if activity.commands > 0 {
-            self.answered_turns = if activity.initiator_backlog <= BUSY_POLL_BACKLOG_MAX {
-                self.answered_turns.saturating_add(1)
-            } else {
-                0
-            };
-            let waiting = self.answered_turns >= BUSY_POLL_AFTER_TURNS;
-            if waiting != self.counted_waiting {
-                self.counted_waiting = busy_poll::set_waiting(socket, waiting);
-            }
+        let waiting = self.lockstep.after_turn(activity);
+        if waiting != self.counted_waiting {
+            self.counted_waiting = busy_poll::set_waiting(socket, waiting);
         }
         if self.unavailable {
             return;

@@ -53,6 +53,10 @@ fuzz_target!(|input: Input| {
         }
         if out == Outcome::Missed {
             assert!(t.timed_out, "a miss on a turn the timer did not start");
+            assert!(
+                a.commands > 0 || a.other_pdus > 0,
+                "a timer that found nothing delayed nothing: not a miss"
+            );
             assert_eq!(plan, Plan::Immediate);
         }
         if a.commands > 0 && (a.initiator_backlog < BACKLOG_MIN || a.other_pdus > 0) {

@@ -8,9 +8,10 @@
 //! when the initiator's own queue says more commands are on their way: a command's ExpStatSN
 //! tells how many of our answers the initiator had not yet seen when it sent it
 //! ([`iscsi::session::Activity`]). An initiator waiting for each answer (queue depth 1) shows
-//! none and is never delayed. A batch that does not fill before the timer switches coalescing
-//! off for a while (doubling each time it happens again), so a pipeline that stops costs at most
-//! one timer wait.
+//! none and is never delayed. A batch the timer ends with commands waiting but not half of it
+//! read switches coalescing off for a while (doubling each time it happens again), so a
+//! pipeline that stops costs at most one timer wait. A timer that finds nothing new delayed no
+//! command: the batch only halves and the next command wakes the worker at once.
 //!
 //! This module only decides; it does no I/O, so every rule is unit tested.
 
@@ -49,7 +50,7 @@ pub enum Plan {
 pub enum Outcome {
     /// The plan is unchanged in kind.
     Steady,
-    /// A batch did not fill before its deadline.
+    /// A batch's deadline passed with commands waiting but not half the batch read.
     Missed,
 }
 
@@ -99,6 +100,16 @@ impl Coalescer {
         }
         self.learn(a, now);
         let mut shrink_to = None;
+        if timed_out && self.batch > 1 && a.commands == 0 && a.other_pdus == 0 {
+            // Nothing arrived while the batch waited, so nothing was delayed: a client busy
+            // with its answers (fio at 100% CPU pauses like this between bursts) or a pipeline
+            // that stopped. The next command wakes the worker at once; its turn plans a
+            // smaller batch. Backing off here would turn a deep queue's pauses into thousands
+            // of uncoalesced turns (fio QD64 reads: up to 3x the turns per command).
+            self.batch = (self.batch / 2).max(1);
+            self.plan = Plan::Immediate;
+            return Outcome::Steady;
+        }
         if timed_out && self.batch > 1 && a.commands < self.batch {
             if a.commands.saturating_mul(2) <= self.batch {
                 // At most half a batch in twice the time it should take to fill: the arrival
@@ -463,10 +474,11 @@ mod tests {
         );
         let mut expected_backoff = BACKOFF_MIN;
         for _ in 0..10 {
-            // The deadline passed with nothing read: the initiator stopped sending.
+            // The deadline passed with one command read: the initiator stopped sending, and
+            // that command waited the whole timer.
             now += Duration::from_micros(200);
             assert_eq!(
-                c.after_turn(&Activity::default(), true, now),
+                c.after_turn(&busy(1, CMD_4K_WRITE, 64), true, now),
                 Outcome::Missed
             );
             assert_eq!(c.plan(), Plan::Immediate);
@@ -493,7 +505,11 @@ mod tests {
             now,
         );
         assert_eq!(
-            c.after_turn(&Activity::default(), true, now + Duration::from_micros(300)),
+            c.after_turn(
+                &busy(1, CMD_4K_WRITE, 64),
+                true,
+                now + Duration::from_micros(300)
+            ),
             Outcome::Missed
         );
         let mut turns_off = 0;
@@ -504,6 +520,33 @@ mod tests {
             turns_off += 1;
         }
         assert_eq!(turns_off, BACKOFF_MIN + 1);
+    }
+
+    #[test]
+    fn a_timer_that_finds_nothing_halves_the_batch_without_backing_off() {
+        let mut c = Coalescer::new(Duration::from_micros(500));
+        let now = run(
+            &mut c,
+            busy(8, 48, 64),
+            40,
+            Duration::from_micros(80),
+            Instant::now(),
+        );
+        let (low, _) = batch_of(&c).unwrap();
+        let batch = low / 48;
+        assert!(batch >= 8, "{batch}");
+        // The client paused (busy with its answers): the timer fires with nothing read.
+        let now = now + Duration::from_micros(500);
+        assert_eq!(
+            c.after_turn(&Activity::default(), true, now),
+            Outcome::Steady
+        );
+        assert_eq!(c.plan(), Plan::Immediate, "the next command wakes at once");
+        // Its next commands plan a batch again, straight away, from half the size.
+        let now = now + Duration::from_micros(80);
+        c.after_turn(&busy(8, 48, 64), false, now);
+        let (low, _) = batch_of(&c).expect("no backoff");
+        assert_eq!(low / 48, batch / 2 + 1);
     }
 
     #[test]

@@ -239,7 +239,7 @@ impl Metrics {
         );
         registry.register(
             "receive_batch_misses",
-            "Coalesced reads whose batch did not fill before the timer; coalescing then backs off",
+            "Coalesced reads the timer ended with commands waiting but under half the batch read; coalescing then backs off",
             receive_batch_misses.clone(),
         );
         registry.register(

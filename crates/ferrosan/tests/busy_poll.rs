@@ -7,16 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::raw::Raw;
+use common::raw::{rw10, Raw};
 use common::{free_port, metric, scrape, wait_for_metric, Daemon};
 
 const IQN: &str = "iqn.2024-01.dev.ferrosan:busy-poll";
 const READS: u32 = 2_000;
-
-fn read10(lba: u32) -> [u8; 10] {
-    let l = lba.to_be_bytes();
-    [0x28, 0, l[0], l[1], l[2], l[3], 0, 0, 8, 0]
-}
 
 /// Logs in and runs `READS` 4 KiB reads one at a time, each answered before the next is sent.
 fn qd1_reads(port: u16) {
@@ -24,7 +19,7 @@ fn qd1_reads(port: u16) {
     let mut itt = 1u32;
     raw.until_ready(&mut itt);
     for i in 0..READS {
-        let bhs = raw.command(itt, &read10(i * 8), 0xc0, 4096);
+        let bhs = raw.command(itt, &rw10(0x28, i * 8, 8), 0xc0, 4096);
         itt += 1;
         raw.send(&bhs, &[]);
         let data = raw.read_data();

@@ -9,7 +9,7 @@ mod common;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::raw::{self, Raw};
+use common::raw::{self, rw10, Raw};
 use common::{free_port, pseudo_random_bytes, scrape, Daemon};
 use iscsi::pdu::{encode_into, Framing, Opcode};
 
@@ -24,12 +24,6 @@ fn counter(text: &str, name: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{name} missing from metrics:\n{text}"))
-}
-
-fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
-    let l = lba.to_be_bytes();
-    let b = blocks.to_be_bytes();
-    [opcode, 0, l[0], l[1], l[2], l[3], 0, b[0], b[1], 0]
 }
 
 #[test]

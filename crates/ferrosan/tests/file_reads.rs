@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::raw::Raw;
+use common::raw::{rw10, Raw};
 use common::{free_port, metric, run, wait_for_metric, Daemon, Scratch, IQN};
 
 const IMAGE: usize = 8 << 20;
@@ -94,15 +94,6 @@ fn cached_reads_of_a_tmpfs_file_are_sent_from_the_page_cache() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// READ(10) of `blocks` 512-byte blocks at `lba`.
-fn read10(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut cdb = [0u8; 10];
-    cdb[0] = 0x28;
-    cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-    cdb
-}
-
 #[test]
 fn an_initiator_that_stops_reading_file_reads_does_not_stall_its_worker() {
     const MIB: usize = 1 << 20;
@@ -124,7 +115,7 @@ fn an_initiator_that_stops_reading_file_reads_does_not_stall_its_worker() {
     stuck.send(&tur, &[]);
     let _ = stuck.recv();
     for itt in 0..16u32 {
-        let cdb = read10(itt * 2048, 2048);
+        let cdb = rw10(0x28, itt * 2048, 2048);
         let bhs = stuck.command(itt, &cdb, 0xc1, MIB as u32);
         stuck.send(&bhs, &[]);
     }

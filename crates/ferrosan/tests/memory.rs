@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::raw::Raw;
+use common::raw::{rw10, Raw};
 use common::{pseudo_random_bytes, Daemon};
 use iscsi::pdu::{encode_into, Framing};
 
@@ -22,12 +22,6 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS in /proc/PID/status")
-}
-
-fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
-    let l = lba.to_be_bytes();
-    let b = blocks.to_be_bytes();
-    [opcode, 0, l[0], l[1], l[2], l[3], 0, b[0], b[1], 0]
 }
 
 /// A WRITE(10) whose data all travels as immediate data (one PDU), then its answer.

@@ -93,6 +93,13 @@ pub fn login_request(isid_tail: u8, text: &[u8]) -> Bhs {
     bhs
 }
 
+/// A READ(10) (0x28) or WRITE(10) (0x2a) CDB for `blocks` blocks at `lba`.
+pub fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
+    let l = lba.to_be_bytes();
+    let b = blocks.to_be_bytes();
+    [opcode, 0, l[0], l[1], l[2], l[3], 0, b[0], b[1], 0]
+}
+
 /// The status of a SCSI Response (or of a Data-In with the S bit).
 pub fn status_of(pdu: &Received) -> u8 {
     pdu.bhs.0[3]

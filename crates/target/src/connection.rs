@@ -1315,8 +1315,11 @@ struct Wakeups {
     /// one whose initiator waits for answers.
     counted_batching: bool,
     counted_waiting: bool,
-    /// Whether the initiator waits for each answer (then the worker busy-polls for it).
+    /// Whether the initiator waits for each answer (then the worker busy-polls for it), and
+    /// its last verdict: the worker is asked only when that changes, so a kernel that refuses
+    /// to watch the socket (or a worker that does not poll) costs nothing per turn.
     lockstep: Lockstep,
+    lockstep_waiting: bool,
     batches: u64,
     misses: u64,
     metrics: Arc<Metrics>,
@@ -1344,6 +1347,7 @@ impl Wakeups {
             counted_batching: false,
             counted_waiting: false,
             lockstep: Lockstep::default(),
+            lockstep_waiting: false,
             batches: 0,
             misses: 0,
         }
@@ -1359,8 +1363,13 @@ impl Wakeups {
         now: Instant,
     ) {
         let waiting = self.lockstep.after_turn(activity);
-        if waiting != self.counted_waiting {
-            self.counted_waiting = busy_poll::set_waiting(socket, waiting);
+        if waiting != self.lockstep_waiting {
+            self.lockstep_waiting = waiting;
+            if waiting {
+                self.counted_waiting = busy_poll::set_waiting(socket, true);
+            } else if self.counted_waiting {
+                self.counted_waiting = busy_poll::set_waiting(socket, false);
+            }
         }
         if self.unavailable {
             return;

@@ -9,6 +9,7 @@ use iscsi::login::{
     Admission, AuthRequirement, ChapRequirement, Login, LoginLimits, LoginPolicy, LoginStatus,
     LoginStep, SessionKey,
 };
+use iscsi::name::IscsiName;
 use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN};
 use iscsi::text;
@@ -61,11 +62,15 @@ fn status((class, detail): (u8, u8)) -> LoginStatus {
 }
 
 impl LoginPolicy for Policy {
-    fn admit(&mut self, _initiator: &str, target: &str) -> Result<Admission, LoginStatus> {
+    fn admit(
+        &mut self,
+        _initiator: &IscsiName,
+        target: &IscsiName,
+    ) -> Result<Admission, LoginStatus> {
         if let Some(s) = self.deny_normal {
             return Err(status(s));
         }
-        if target != TARGET {
+        if target.as_str() != TARGET {
             return Err(LoginStatus::NOT_FOUND);
         }
         Ok(Admission {
@@ -77,7 +82,7 @@ impl LoginPolicy for Policy {
             auth: requirement(self),
         })
     }
-    fn admit_discovery(&mut self, _initiator: &str) -> Result<Admission, LoginStatus> {
+    fn admit_discovery(&mut self, _initiator: &IscsiName) -> Result<Admission, LoginStatus> {
         if let Some(s) = self.deny_discovery {
             return Err(status(s));
         }

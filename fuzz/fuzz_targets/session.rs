@@ -414,7 +414,7 @@ fuzz_target!(|input: Input| {
     let mut now = start;
     let mut session = Session::new(
         kind,
-        "iqn.2026-11.org.example:init".into(),
+        iscsi::name::IscsiName::from_wire("iqn.2026-11.org.example:init").unwrap(),
         params,
         limits,
         s.stat_sn,

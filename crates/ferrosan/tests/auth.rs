@@ -412,3 +412,91 @@ fn secret_files_are_read_and_checked() {
 fn run_path_plain(program: &Path, args: &[&str]) -> Run {
     common::run_path(program, args)
 }
+
+/// The authorization bypass of docs/SECURITY.md (2026-11-24): initiator names were compared
+/// two ways — the group lookup behind authentication folded non-ASCII case, the one behind the
+/// LUN map folded ASCII only — so `…:É`, listed as `…:é` in a group without CHAP, logged in
+/// without credentials and got the CHAP-protected any-initiator group's 48 MiB LU. Now every
+/// spelling of a name is one identity (RFC 3722): `…:É` is `…:é`, gets the 16 MiB LU of its
+/// own group, and every other initiator still needs CHAP for the 48 MiB one.
+#[test]
+fn one_identity_decides_authentication_and_lun_map() {
+    let d = ConfigDaemon::start(
+        r#"
+[limits]
+login_failures_max = 100
+
+[[device]]
+name = "plain-disk"
+store = "ram"
+size = "16M"
+
+[[device]]
+name = "protected-disk"
+store = "ram"
+size = "48M"
+
+[[target]]
+iqn = "iqn.2026-11.test:target"
+
+  [[target.group]]
+  name = "plain"
+  auth = "none"
+  initiators = ["iqn.2026-11.test:é"]
+  luns = [ { lun = 0, device = "plain-disk" } ]
+
+  [[target.group]]
+  name = "protected"
+  any_initiator = true
+  auth = "chap"
+  users = [ { user = "prot", secret = "protected-s3cret-2026" } ]
+  luns = [ { lun = 0, device = "protected-disk" } ]
+"#,
+    );
+    let capacity = |initiator: &str, creds: Option<(&str, &str)>| {
+        run(
+            "iscsi-readcapacity16",
+            &[
+                "-i",
+                initiator,
+                &d.url(creds, Some("iqn.2026-11.test:target")),
+            ],
+        )
+    };
+    let last_lba = |r: &Run| {
+        r.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RETURNED LOGICAL BLOCK ADDRESS:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    const PLAIN_LAST_LBA: u64 = (16 << 20) / 512 - 1;
+    const PROTECTED_LAST_LBA: u64 = (48 << 20) / 512 - 1;
+    // Every spelling of the listed name: its own group, no CHAP, the 16 MiB LU.
+    for spelling in [
+        "iqn.2026-11.test:é",
+        "iqn.2026-11.test:É",
+        "IQN.2026-11.TEST:É",
+        "iqn.2026-11.test:e\u{301}",
+    ] {
+        let r = capacity(spelling, None);
+        assert_ok(&r, &d);
+        assert_eq!(
+            last_lba(&r),
+            Some(PLAIN_LAST_LBA),
+            "{spelling:?} is the `plain` member: {}",
+            r.describe()
+        );
+    }
+    // Anyone else is in `protected`: no login without CHAP, the 48 MiB LU with it.
+    let stranger = "iqn.2026-11.test:e";
+    assert_login_fails(&capacity(stranger, None), &d, "Authentication failure");
+    let r = capacity(stranger, Some(("prot", "protected-s3cret-2026")));
+    assert_ok(&r, &d);
+    assert_eq!(last_lba(&r), Some(PROTECTED_LAST_LBA), "{}", r.describe());
+    // Sessions are logged under the name's one normal form.
+    let log = d.output();
+    assert!(
+        !log.contains("initiator=iqn.2026-11.test:É"),
+        "names are logged normalised:\n{log}"
+    );
+}

@@ -6,6 +6,7 @@
 //! initiator log in, which TSIH) go through [`LoginPolicy`], implemented by the engine.
 
 use crate::chap::{self, Algorithm, Credential};
+use crate::name::IscsiName;
 use crate::negotiation::{Negotiator, SessionParams, SessionType, TargetLimits};
 use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu};
 use crate::text;
@@ -139,6 +140,9 @@ pub enum AuthFailure {
     NotAuthenticated,
     /// A CHAP key out of order, repeated, missing or malformed.
     Protocol(&'static str),
+    /// InitiatorName or TargetName is not an iSCSI name (a character RFC 3722 prohibits, too
+    /// long): not an authentication failure, but the reason the login was refused.
+    MalformedName,
 }
 
 impl std::fmt::Display for AuthFailure {
@@ -156,6 +160,9 @@ impl std::fmt::Display for AuthFailure {
             }
             AuthFailure::NotAuthenticated => f.write_str("left the security stage unauthenticated"),
             AuthFailure::Protocol(what) => write!(f, "CHAP protocol error: {what}"),
+            AuthFailure::MalformedName => {
+                f.write_str("InitiatorName or TargetName is not an iSCSI name (RFC 3722)")
+            }
         }
     }
 }
@@ -190,17 +197,21 @@ pub struct Admission {
 /// Identity of the connection being logged in, passed to [`LoginPolicy::open_session`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionKey {
-    pub initiator_name: String,
+    pub initiator_name: IscsiName,
     pub isid: [u8; 6],
-    pub target_name: Option<String>,
+    pub target_name: Option<IscsiName>,
     pub tsih: u16,
 }
 
 pub trait LoginPolicy {
     /// A normal session to `target_name`: may `initiator_name` log in?
-    fn admit(&mut self, initiator_name: &str, target_name: &str) -> Result<Admission, LoginStatus>;
+    fn admit(
+        &mut self,
+        initiator_name: &IscsiName,
+        target_name: &IscsiName,
+    ) -> Result<Admission, LoginStatus>;
     /// A discovery session.
-    fn admit_discovery(&mut self, initiator_name: &str) -> Result<Admission, LoginStatus>;
+    fn admit_discovery(&mut self, initiator_name: &IscsiName) -> Result<Admission, LoginStatus>;
     /// The login is about to succeed: register the session (reinstating an older one with the same
     /// initiator name and ISID) and return its TSIH.
     fn open_session(
@@ -218,9 +229,9 @@ pub trait LoginPolicy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Established {
     pub session_type: SessionType,
-    pub initiator_name: String,
+    pub initiator_name: IscsiName,
     pub initiator_alias: Option<String>,
-    pub target_name: Option<String>,
+    pub target_name: Option<IscsiName>,
     pub portal_group_tag: u16,
     pub isid: [u8; 6],
     pub tsih: u16,
@@ -282,9 +293,9 @@ pub struct Login {
     stat_sn: u32,
     requests: usize,
     continued_text: Vec<u8>,
-    initiator_name: Option<String>,
+    initiator_name: Option<IscsiName>,
     initiator_alias: Option<String>,
-    target_name: Option<String>,
+    target_name: Option<IscsiName>,
     admission: Option<Admission>,
     negotiator: Option<Negotiator>,
     authenticated: bool,
@@ -319,13 +330,13 @@ impl Login {
     }
 
     /// The InitiatorName of this login, once the first request named it.
-    pub fn initiator_name(&self) -> Option<&str> {
-        self.initiator_name.as_deref()
+    pub fn initiator_name(&self) -> Option<&IscsiName> {
+        self.initiator_name.as_ref()
     }
 
     /// The TargetName of this login (normal sessions), once the first request named it.
-    pub fn target_name(&self) -> Option<&str> {
-        self.target_name.as_deref()
+    pub fn target_name(&self) -> Option<&IscsiName> {
+        self.target_name.as_ref()
     }
 
     /// The framing used while logging in (no digests, 8 KiB segments).
@@ -493,6 +504,13 @@ impl Login {
         if initiator.is_empty() {
             return Err(LoginStatus::MISSING_PARAMETER);
         }
+        // Normalised once, here: every decision about who this initiator is compares this form.
+        let initiator = IscsiName::from_wire(initiator).map_err(|_| {
+            self.failure = Some(AuthFailure::MalformedName);
+            LoginStatus::INITIATOR_ERROR
+        })?;
+        // Known from here on, so that a refusal below is logged with the names it refused.
+        self.initiator_name = Some(initiator.clone());
         let session_type = match get("SessionType").unwrap_or("Normal") {
             "Normal" => SessionType::Normal,
             "Discovery" => SessionType::Discovery,
@@ -501,8 +519,13 @@ impl Login {
         let admission = match session_type {
             SessionType::Normal => {
                 let target = get("TargetName").ok_or(LoginStatus::MISSING_PARAMETER)?;
-                let admission = policy.admit(initiator, target)?;
-                self.target_name = Some(target.to_string());
+                // No target has a name that is not one.
+                let target = IscsiName::from_wire(target).map_err(|_| {
+                    self.failure = Some(AuthFailure::MalformedName);
+                    LoginStatus::NOT_FOUND
+                })?;
+                self.target_name = Some(target.clone());
+                let admission = policy.admit(&initiator, &target)?;
                 answers.push((
                     "TargetPortalGroupTag".into(),
                     admission.portal_group_tag.to_string(),
@@ -512,9 +535,8 @@ impl Login {
                 }
                 admission
             }
-            SessionType::Discovery => policy.admit_discovery(initiator)?,
+            SessionType::Discovery => policy.admit_discovery(&initiator)?,
         };
-        self.initiator_name = Some(initiator.to_string());
         self.initiator_alias = get("InitiatorAlias").map(str::to_string);
         self.negotiator = Some(Negotiator::new(self.target_limits.clone(), session_type));
         self.admission = Some(admission);
@@ -525,11 +547,12 @@ impl Login {
     fn check_names_unchanged(&self, offers: &[(String, String)]) -> Result<(), LoginStatus> {
         for (key, value) in offers {
             let fixed = match key.as_str() {
-                "InitiatorName" => self.initiator_name.as_deref(),
-                "TargetName" => self.target_name.as_deref(),
+                "InitiatorName" => self.initiator_name.as_ref(),
+                "TargetName" => self.target_name.as_ref(),
                 _ => continue,
             };
-            if fixed != Some(value.as_str()) {
+            // The same name in another spelling is the same name.
+            if fixed.is_none() || IscsiName::from_wire(value).ok().as_ref() != fixed {
                 return Err(LoginStatus::INITIATOR_ERROR);
             }
         }

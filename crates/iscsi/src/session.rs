@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
+use crate::name::IscsiName;
 use crate::negotiation::{SessionParams, SessionType};
 use crate::outbox::{FileRange, Outbox, SharedSlice};
 use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu, RejectReason, RESERVED_TAG};
@@ -307,7 +308,7 @@ struct TextContinuation {
 
 pub struct Session {
     kind: SessionType,
-    initiator_name: String,
+    initiator_name: IscsiName,
     params: SessionParams,
     limits: SessionLimits,
     framing: Framing,
@@ -341,7 +342,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         kind: SessionType,
-        initiator_name: String,
+        initiator_name: IscsiName,
         params: SessionParams,
         limits: SessionLimits,
         next_stat_sn: u32,
@@ -1581,7 +1582,7 @@ impl Session {
     }
 
     /// The initiator this session belongs to.
-    pub fn initiator_name(&self) -> &str {
+    pub fn initiator_name(&self) -> &IscsiName {
         &self.initiator_name
     }
 }

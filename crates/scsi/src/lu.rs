@@ -153,6 +153,10 @@ impl LogicalUnit {
     pub fn identity(&self) -> &LuIdentity {
         &self.identity
     }
+    /// The store's size in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.store.size_bytes()
+    }
     /// Makes everything written so far durable (the store's flush), as SYNCHRONIZE CACHE does;
     /// the daemon calls it for every LU when it shuts down.
     pub fn flush(&self) -> std::io::Result<()> {

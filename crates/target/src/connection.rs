@@ -29,10 +29,11 @@ use crate::coalesce::{Coalescer, Lockstep, Outcome, Plan};
 use crate::metrics::Metrics;
 use crate::sys;
 
+use crate::config::IscsiName;
 use crate::config::ResolvedAuth;
 use crate::metrics::{IoCounts, LatencyCounts};
 use crate::registry::SessionTicket;
-use crate::server::{DiskLun, NewConnection, Shared};
+use crate::server::{DiskLun, Membership, NewConnection, Refusal, Shared};
 use crate::stall::WriteStalls;
 
 /// Largest AHS a PDU may carry (TotalAHSLength is one byte of 4-byte words).
@@ -107,16 +108,19 @@ struct Policy<'a> {
     portal_group_tag: u16,
     peer: SocketAddr,
     ticket: Option<SessionTicket>,
+    /// The group the initiator was admitted as (normal sessions): its session's LUN map comes
+    /// from this, not from a second lookup.
+    admitted: Option<Membership>,
 }
 
 impl Policy<'_> {
     /// Refuses every login from a source that failed too often lately (docs/CONFIG.md,
     /// `login_failures_max`).
-    fn check_rate(&self, initiator_name: &str) -> Result<(), LoginStatus> {
+    fn check_rate(&self, initiator_name: &IscsiName) -> Result<(), LoginStatus> {
         if self.shared.login_blocked(self.peer.ip(), Instant::now()) {
             tracing::warn!(
                 peer = %self.peer,
-                initiator = initiator_name,
+                initiator = %initiator_name,
                 "login refused: too many failed logins from this address"
             );
             self.shared.metrics.limit("login_failures_max");
@@ -138,43 +142,50 @@ impl Policy<'_> {
 }
 
 impl LoginPolicy for Policy<'_> {
-    fn admit(&mut self, initiator_name: &str, target_name: &str) -> Result<Admission, LoginStatus> {
+    fn admit(
+        &mut self,
+        initiator_name: &IscsiName,
+        target_name: &IscsiName,
+    ) -> Result<Admission, LoginStatus> {
         self.check_rate(initiator_name)?;
-        let target = self
+        let admitted = self.shared.admit(
+            initiator_name,
+            target_name,
+            self.portal_group_tag,
+            self.peer.ip(),
+        );
+        let (membership, auth) = match admitted {
+            Ok(admitted) => admitted,
+            Err(Refusal::NoSuchTarget) => return Err(LoginStatus::NOT_FOUND),
+            Err(refusal) => {
+                let why = match refusal {
+                    Refusal::SourceNotAllowed => "source address not in allowed_sources",
+                    _ => "initiator not in any group",
+                };
+                tracing::warn!(
+                    peer = %self.peer,
+                    initiator = %initiator_name,
+                    target = %target_name,
+                    "login refused: {why}"
+                );
+                return Err(LoginStatus::FORBIDDEN);
+            }
+        };
+        // The session's LUN map comes from this same membership, not from a second lookup.
+        self.admitted = Some(membership);
+        let alias = self
             .shared
-            .target(target_name)
-            .ok_or(LoginStatus::NOT_FOUND)?;
-        if !target.portal_groups.contains(&self.portal_group_tag) {
-            // Not served on this portal: to this initiator it does not exist here.
-            return Err(LoginStatus::NOT_FOUND);
-        }
-        if target.group_for(initiator_name).is_none() {
-            tracing::warn!(
-                peer = %self.peer,
-                initiator = initiator_name,
-                target = target_name,
-                "login refused: initiator not in any group"
-            );
-            return Err(LoginStatus::FORBIDDEN);
-        }
-        let config_group = target.config.group_for(initiator_name);
-        if !target.config.source_allowed(config_group, self.peer.ip()) {
-            tracing::warn!(
-                peer = %self.peer,
-                initiator = initiator_name,
-                target = target_name,
-                "login refused: source address not in allowed_sources"
-            );
-            return Err(LoginStatus::FORBIDDEN);
-        }
+            .targets
+            .get(membership.target)
+            .and_then(|t| t.alias.clone());
         Ok(Admission {
-            target_alias: target.alias.clone(),
+            target_alias: alias,
             portal_group_tag: self.portal_group_tag,
-            auth: self.requirement(target.config.auth_for(initiator_name)),
+            auth: self.requirement(auth),
         })
     }
 
-    fn admit_discovery(&mut self, initiator_name: &str) -> Result<Admission, LoginStatus> {
+    fn admit_discovery(&mut self, initiator_name: &IscsiName) -> Result<Admission, LoginStatus> {
         self.check_rate(initiator_name)?;
         Ok(Admission {
             target_alias: None,
@@ -201,7 +212,7 @@ impl LoginPolicy for Policy<'_> {
             .open(
                 &key.initiator_name,
                 key.isid,
-                key.target_name.as_deref(),
+                key.target_name.as_ref(),
                 key.tsih,
             )
             .inspect_err(|status| {
@@ -247,8 +258,9 @@ struct Backend<'a> {
     deferred_bytes_max: usize,
     /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
     peer: SocketAddr,
-    target_iqn: Option<String>,
-    initiator: String,
+    /// The session's target and group (normal sessions), decided at login.
+    membership: Option<Membership>,
+    initiator: IscsiName,
     luns: Option<Arc<LunMap>>,
     nexus: Option<Nexus>,
     local: SocketAddr,
@@ -583,9 +595,8 @@ impl ScsiBackend for Backend<'_> {
             }
             TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
                 if let Some(t) = self
-                    .target_iqn
-                    .as_deref()
-                    .and_then(|iqn| self.shared.target(iqn))
+                    .membership
+                    .and_then(|m| self.shared.targets.get(m.target))
                 {
                     for unit in &t.units {
                         unit.target_reset(by);
@@ -600,23 +611,26 @@ impl ScsiBackend for Backend<'_> {
 
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
         let mut found = Vec::new();
-        for t in &self.shared.targets {
-            let wanted = match filter {
-                None => true,
+        // A name that is not one names no target.
+        let named = filter
+            .filter(|f| !f.is_empty())
+            .map(|f| IscsiName::from_wire(f).ok());
+        for (index, t) in self.shared.targets.iter().enumerate() {
+            let wanted = match (&named, filter) {
+                (None, None) => true,
                 // Empty value: the session's own target.
-                Some("") => self
-                    .target_iqn
-                    .as_deref()
-                    .is_some_and(|q| q.eq_ignore_ascii_case(&t.iqn)),
-                Some(name) => name.eq_ignore_ascii_case(&t.iqn),
+                (None, Some(_)) => self.membership.is_some_and(|m| m.target == index),
+                (Some(name), _) => name.as_ref() == Some(&t.iqn),
             };
-            if !wanted || t.group_for(&self.initiator).is_none() {
+            if !wanted {
                 continue;
             }
-            if !t
-                .config
-                .source_allowed(t.config.group_for(&self.initiator), self.peer.ip())
-            {
+            // The same lookup as a login's: visible exactly to those who could log in.
+            let Some(membership) = self.shared.membership(index, &self.initiator) else {
+                continue;
+            };
+            let group = t.group(membership.group).map(|(g, _)| g);
+            if group.is_none() || !t.config.source_allowed(group, self.peer.ip()) {
                 continue;
             }
             let mut addresses = Vec::new();
@@ -638,7 +652,7 @@ impl ScsiBackend for Backend<'_> {
                 addresses.push(format!("{shown},{tag}"));
             }
             found.push(DiscoveredTarget {
-                name: t.iqn.clone(),
+                name: t.iqn.to_string(),
                 addresses,
             });
         }
@@ -680,6 +694,7 @@ impl Driver {
             portal_group_tag: self.portal_group_tag,
             peer: self.peer,
             ticket: None,
+            admitted: None,
         };
         let target_limits = TargetLimits {
             max_recv_data_segment_length: limits.max_recv_data_segment_length,
@@ -732,6 +747,18 @@ impl Driver {
         let Some(mut ticket) = policy.ticket.take() else {
             return Err("login completed without a session".into());
         };
+        // A normal session was admitted as a member of one group of its target; discovery
+        // sessions have no target.
+        let membership = policy.admitted.take();
+        assert_eq!(
+            membership.is_some(),
+            established.target_name.is_some(),
+            "a normal session's membership is decided at its admission"
+        );
+        debug_assert!(membership.is_none_or(|m| shared
+            .targets
+            .get(m.target)
+            .is_some_and(|t| Some(&t.iqn) == established.target_name.as_ref())));
 
         let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
         let mut backend = Backend {
@@ -741,7 +768,7 @@ impl Driver {
             deferred_bytes: 0,
             deferred_bytes_max: limits.memory_per_connection_bytes as usize,
             peer: self.peer,
-            target_iqn: established.target_name.clone(),
+            membership,
             initiator: established.initiator_name.clone(),
             luns: None,
             nexus: None,
@@ -753,14 +780,9 @@ impl Driver {
             turn_ended: None,
             completion_flag: busy_poll::completion_flag(),
         };
-        if let Some(t) = established
-            .target_name
-            .as_deref()
-            .and_then(|iqn| shared.target(iqn))
-        {
-            let group = t.group_for(&established.initiator_name);
+        if let Some((t, group)) = membership.and_then(|m| shared.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();
-            if let (Some(group), Some(port)) = (group, port) {
+            if let Some(port) = port {
                 let id = shared
                     .next_nexus_id
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -794,7 +816,10 @@ impl Driver {
         tracing::info!(
             peer = %self.peer,
             initiator = %established.initiator_name,
-            target = established.target_name.as_deref().unwrap_or("(discovery)"),
+            target = established
+                .target_name
+                .as_ref()
+                .map_or("(discovery)", IscsiName::as_str),
             tsih = established.tsih,
             chap_user = established.chap_user.as_deref().unwrap_or("(none)"),
             "session established"
@@ -851,8 +876,10 @@ impl Driver {
     /// Logs a failed login (initiator, source, reason; never a secret or a response) and counts
     /// authentication and authorization failures for the per-source rate limit.
     fn login_failed(&self, shared: &Shared, login: &Login, status: LoginStatus) {
-        let initiator = login.initiator_name().unwrap_or("(unnamed)");
-        let target = login.target_name().unwrap_or("(discovery)");
+        let initiator = login
+            .initiator_name()
+            .map_or("(unnamed)", IscsiName::as_str);
+        let target = login.target_name().map_or("(discovery)", IscsiName::as_str);
         let counted = status == LoginStatus::AUTH_FAILED || status == LoginStatus::FORBIDDEN;
         match login.auth_failure() {
             Some(reason) => tracing::warn!(

@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use iscsi::login::LoginStatus;
+use iscsi::name::IscsiName;
 use tokio::sync::watch;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SessionId {
-    initiator: String,
+    initiator: IscsiName,
     isid: [u8; 6],
-    target: Option<String>,
+    target: Option<IscsiName>,
 }
 
 struct Entry {
@@ -76,15 +77,15 @@ impl Registry {
     /// initiator, ISID and target is told to close: session reinstatement (RFC 7143 §6.3.5).
     pub fn open(
         self: &Arc<Self>,
-        initiator: &str,
+        initiator: &IscsiName,
         isid: [u8; 6],
-        target: Option<&str>,
+        target: Option<&IscsiName>,
         requested_tsih: u16,
     ) -> Result<SessionTicket, LoginStatus> {
         let id = SessionId {
-            initiator: initiator.to_ascii_lowercase(),
+            initiator: initiator.clone(),
             isid,
-            target: target.map(str::to_ascii_lowercase),
+            target: target.cloned(),
         };
         let mut inner = self.lock();
         if requested_tsih != 0 {
@@ -129,12 +130,18 @@ impl SessionTicket {
 mod tests {
     use super::*;
 
+    fn name(s: &str) -> IscsiName {
+        IscsiName::from_wire(s).unwrap()
+    }
+
     #[test]
     fn reinstatement_kills_the_old_session() {
         let r = Arc::new(Registry::new(4));
-        let a = r.open("iqn.x", [1; 6], Some("iqn.t"), 0).unwrap();
+        let t = name("iqn.t");
+        let a = r.open(&name("iqn.x:é"), [1; 6], Some(&t), 0).unwrap();
         assert!(!*a.kill.borrow());
-        let b = r.open("IQN.X", [1; 6], Some("iqn.t"), 0).unwrap();
+        // The same name in another spelling is the same initiator.
+        let b = r.open(&name("IQN.X:É"), [1; 6], Some(&t), 0).unwrap();
         assert!(*a.kill.borrow(), "same initiator+ISID+target reinstates");
         assert_ne!(a.tsih(), b.tsih());
         drop(a);
@@ -150,21 +157,21 @@ mod tests {
     #[test]
     fn limits_and_tsih_rules() {
         let r = Arc::new(Registry::new(2));
-        let a = r.open("iqn.a", [1; 6], None, 0).unwrap();
-        let _b = r.open("iqn.a", [2; 6], None, 0).unwrap();
+        let a = r.open(&name("iqn.a"), [1; 6], None, 0).unwrap();
+        let _b = r.open(&name("iqn.a"), [2; 6], None, 0).unwrap();
         assert_eq!(
-            r.open("iqn.a", [3; 6], None, 0).err(),
+            r.open(&name("iqn.a"), [3; 6], None, 0).err(),
             Some(LoginStatus::OUT_OF_RESOURCES)
         );
         assert_eq!(
-            r.open("iqn.a", [3; 6], None, a.tsih()).err(),
+            r.open(&name("iqn.a"), [3; 6], None, a.tsih()).err(),
             Some(LoginStatus::TOO_MANY_CONNECTIONS)
         );
         assert_eq!(
-            r.open("iqn.a", [3; 6], None, 999).err(),
+            r.open(&name("iqn.a"), [3; 6], None, 999).err(),
             Some(LoginStatus::SESSION_DOES_NOT_EXIST)
         );
         // Reinstating does not count against the limit.
-        assert!(r.open("iqn.a", [1; 6], None, 0).is_ok());
+        assert!(r.open(&name("iqn.a"), [1; 6], None, 0).is_ok());
     }
 }

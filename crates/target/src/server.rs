@@ -15,17 +15,17 @@ use tokio::sync::{mpsc, watch};
 use crate::alarm::Alarm;
 use crate::busy_poll;
 use crate::config::{
-    ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, Limits, StoreKind, TargetConfig,
+    ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, IscsiName, Limits, StoreKind,
+    TargetConfig,
 };
 use crate::connection;
 use crate::registry::Registry;
 use crate::stall::WriteStalls;
 
-/// One initiator group of a target, with its LUN map built.
+/// One initiator group of a target, with its LUN map built. Who belongs to it is the config's
+/// to say (`TargetConfig::group_index`); this is what a member gets.
 pub struct GroupRuntime {
     pub name: String,
-    pub initiators: Vec<String>,
-    pub any_initiator: bool,
     pub luns: Arc<LunMap>,
     /// LUNs backed by a real device: their durable operations (write-through writes, FUA,
     /// SYNCHRONIZE CACHE, UNMAP, ...) run on the blocking pool, never on a network worker, and
@@ -42,7 +42,7 @@ pub struct DiskLun {
 }
 
 pub struct TargetRuntime {
-    pub iqn: String,
+    pub iqn: IscsiName,
     pub alias: Option<String>,
     pub portal_groups: Vec<u16>,
     pub groups: Vec<GroupRuntime>,
@@ -50,22 +50,37 @@ pub struct TargetRuntime {
     pub ports: HashMap<u16, Arc<TargetPort>>,
     /// Every LU reachable through this target (for target resets).
     pub units: Vec<Arc<LogicalUnit>>,
-    /// The target's config, for authentication (`auth_for`) and source checks
-    /// (`source_allowed`).
+    /// The target's config: group membership, authentication and source checks. Its
+    /// `groups[i]` is `groups[i]` above.
     pub config: TargetConfig,
 }
 
+/// Why [`Shared::admit`] refused a login.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such target on this portal (Login Response 0x0203).
+    NoSuchTarget,
+    /// The initiator is in no group and the target has no `any_initiator` group (0x0202).
+    NotInAnyGroup,
+    /// The source address is outside `allowed_sources` (0x0202).
+    SourceNotAllowed,
+}
+
+/// Who an initiator is to one target, decided once from its normalised name: every decision
+/// of a login and its session (authentication, allowed sources, LUN map, discovery) is taken
+/// from this one lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Membership {
+    /// Index in `Shared::targets`.
+    pub target: usize,
+    /// Index in that target's `groups` (and its config's).
+    pub group: usize,
+}
+
 impl TargetRuntime {
-    /// The initiator's group: an explicit listing wins over the any-initiator group.
-    pub fn group_for(&self, initiator: &str) -> Option<&GroupRuntime> {
-        self.groups
-            .iter()
-            .find(|g| {
-                g.initiators
-                    .iter()
-                    .any(|i| i.eq_ignore_ascii_case(initiator))
-            })
-            .or_else(|| self.groups.iter().find(|g| g.any_initiator))
+    /// The config and runtime halves of group `index`.
+    pub fn group(&self, index: usize) -> Option<(&crate::config::InitiatorGroup, &GroupRuntime)> {
+        Some((self.config.groups.get(index)?, self.groups.get(index)?))
     }
 }
 
@@ -127,10 +142,49 @@ impl Shared {
         self.connections.load(Ordering::Acquire)
     }
 
-    pub fn target(&self, iqn: &str) -> Option<&TargetRuntime> {
-        self.targets
-            .iter()
-            .find(|t| t.iqn.eq_ignore_ascii_case(iqn))
+    /// The target named `iqn`, with its index in `targets`.
+    pub fn target(&self, iqn: &IscsiName) -> Option<(usize, &TargetRuntime)> {
+        self.targets.iter().enumerate().find(|(_, t)| t.iqn == *iqn)
+    }
+
+    /// The group `initiator` belongs to in target `target` (an index in `targets`), if any.
+    pub fn membership(&self, target: usize, initiator: &IscsiName) -> Option<Membership> {
+        let group = self.targets.get(target)?.config.group_index(initiator)?;
+        Some(Membership { target, group })
+    }
+
+    /// Whether `initiator`, coming from `source` to the portal group `portal_group_tag`, may
+    /// log in to `target_name`; if so, as which member and with what authentication. One
+    /// lookup decides the group; the authentication and the source check come from it, and
+    /// so does the session's LUN map ([`Shared::group_of`]).
+    pub fn admit(
+        &self,
+        initiator: &IscsiName,
+        target_name: &IscsiName,
+        portal_group_tag: u16,
+        source: IpAddr,
+    ) -> Result<(Membership, crate::config::ResolvedAuth), Refusal> {
+        let (index, target) = self.target(target_name).ok_or(Refusal::NoSuchTarget)?;
+        if !target.portal_groups.contains(&portal_group_tag) {
+            // Not served on this portal: to this initiator it does not exist here.
+            return Err(Refusal::NoSuchTarget);
+        }
+        let membership = self
+            .membership(index, initiator)
+            .ok_or(Refusal::NotInAnyGroup)?;
+        let (group, _) = target
+            .group(membership.group)
+            .ok_or(Refusal::NotInAnyGroup)?;
+        if !target.config.source_allowed(Some(group), source) {
+            return Err(Refusal::SourceNotAllowed);
+        }
+        Ok((membership, target.config.auth_in(initiator, Some(group))))
+    }
+
+    /// The runtime group (LUN map) of an admitted initiator.
+    pub fn group_of(&self, membership: Membership) -> Option<(&TargetRuntime, &GroupRuntime)> {
+        let target = self.targets.get(membership.target)?;
+        Some((target, target.group(membership.group)?.1))
     }
 
     /// Admits a new TCP connection under the connection limits; the guard releases it.
@@ -761,8 +815,6 @@ fn build(config: &Config) -> Result<Shared, String> {
                 .map_err(|e| format!("target {} group {}: {e}", t.iqn, g.name))?;
             groups.push(GroupRuntime {
                 name: g.name.clone(),
-                initiators: g.initiators.clone(),
-                any_initiator: g.any_initiator,
                 luns: Arc::new(luns),
                 disk_luns: Arc::new(disk_luns),
                 lun_devices: Arc::new(lun_devices),
@@ -790,7 +842,7 @@ fn build(config: &Config) -> Result<Shared, String> {
                     Arc::new(TargetPort {
                         relative_id: tag,
                         name: format!("{},t,0x{tag:04x}", t.iqn),
-                        target_name: t.iqn.clone(),
+                        target_name: t.iqn.to_string(),
                         group: tag,
                         groups: Arc::clone(&alua_groups),
                     }),
@@ -800,6 +852,11 @@ fn build(config: &Config) -> Result<Shared, String> {
         if t.groups.iter().any(|g| g.any_initiator) {
             tracing::warn!(target = %t.iqn, "target is open to any initiator (any_initiator = true)");
         }
+        assert_eq!(
+            groups.len(),
+            t.groups.len(),
+            "one runtime group per configured group"
+        );
         targets.push(TargetRuntime {
             iqn: t.iqn.clone(),
             alias: t.alias.clone(),
@@ -911,6 +968,125 @@ mod tests {
             path: missing,
             size_bytes: None
         }));
+    }
+
+    /// The reproduction of the authorization bypass (docs/SECURITY.md): group `plain` lists an
+    /// initiator with a non-ASCII name and needs no CHAP, the any-initiator group `protected`
+    /// needs CHAP. Every spelling of a name must land in one group, and the authentication a
+    /// login demands must be that group's, as must the LUN map its session gets.
+    const IDENTITY_CONFIG: &str = r#"
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+[[device]]
+name = "small"
+store = "ram"
+size = "16M"
+[[device]]
+name = "big"
+store = "ram"
+size = "48M"
+[[device]]
+name = "mid"
+store = "ram"
+size = "32M"
+[[target]]
+iqn = "iqn.2026-11.test:target"
+  [[target.group]]
+  name = "plain"
+  auth = "none"
+  initiators = ["iqn.2026-11.test:é", "iqn.2026-11.test:strasse"]
+  luns = [ { lun = 0, device = "small" } ]
+  [[target.group]]
+  name = "kelvin"
+  auth = "none"
+  initiators = ["iqn.2026-11.test:k-a", "eui.02004567a425678d"]
+  luns = [ { lun = 0, device = "mid" } ]
+  [[target.group]]
+  name = "protected"
+  any_initiator = true
+  auth = "chap"
+  users = [ { user = "u", secret = "protected-s3cret-2026" } ]
+  luns = [ { lun = 0, device = "big" } ]
+"#;
+
+    /// Spellings of one name an initiator may send: case changes, decomposed accents,
+    /// characters stringprep maps to nothing, compatibility forms.
+    fn respell(name: &str, mut seed: u64) -> String {
+        let mut out = String::new();
+        for c in name.chars() {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let pick = (seed >> 33) % 6;
+            match (c, pick) {
+                ('é', 0) => out.push('É'),
+                ('é', 1) => out.push_str("e\u{301}"),
+                ('é', 2) => out.push_str("E\u{301}"),
+                ('k', 0) => out.push('\u{212a}'), // Kelvin sign
+                ('s', 1) => out.push('S'),
+                (c, 3) if c.is_ascii_lowercase() => out.push(c.to_ascii_uppercase()),
+                (c, 4) if c.is_ascii_lowercase() => {
+                    // Fullwidth form (NFKC maps it back).
+                    out.push(char::from_u32(c as u32 - 'a' as u32 + 0xff41).unwrap_or(c));
+                }
+                (c, 5) => {
+                    out.push(c);
+                    out.push('\u{ad}'); // soft hyphen: mapped to nothing
+                }
+                (c, _) => out.push(c),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn authentication_and_lun_map_come_from_one_group_for_any_spelling() {
+        let config = Config::from_toml_str(IDENTITY_CONFIG, "identity.toml").unwrap();
+        let shared = build(&config).unwrap();
+        let target = IscsiName::from_wire("iqn.2026-11.test:target").unwrap();
+        let source: IpAddr = "127.0.0.1".parse().unwrap();
+        let bases = [
+            "iqn.2026-11.test:é",
+            "iqn.2026-11.test:strasse",
+            "iqn.2026-11.test:straße",
+            "iqn.2026-11.test:k-a",
+            "eui.02004567a425678d",
+            "iqn.2026-11.test:e",
+            "iqn.2026-11.test:other",
+        ];
+        let mut checked = 0;
+        for (b, base) in bases.iter().enumerate() {
+            for round in 0..400u64 {
+                let spelling = respell(base, round * 7919 + b as u64);
+                let Ok(name) = IscsiName::from_wire(&spelling) else {
+                    continue;
+                };
+                // The oracle: the group listing the normal form, else the any-initiator group.
+                let oracle = config.targets[0]
+                    .groups
+                    .iter()
+                    .position(|g| g.initiators.iter().any(|i| i.as_str() == name.as_str()))
+                    .unwrap_or(2);
+                let (membership, auth) = shared.admit(&name, &target, 1, source).unwrap();
+                assert_eq!(membership.group, oracle, "{spelling:?}");
+                let (_, group) = shared.group_of(membership).unwrap();
+                assert_eq!(group.name, config.targets[0].groups[oracle].name);
+                let oracle_auth =
+                    config.targets[0].auth_in(&name, Some(&config.targets[0].groups[oracle]));
+                assert_eq!(auth, oracle_auth, "{spelling:?}");
+                // Every spelling of a base is the base.
+                let normal = IscsiName::from_wire(base).unwrap();
+                assert_eq!(name, normal, "{spelling:?} is {base:?}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 2000, "only {checked} spellings were names");
+        // The reproduction, concretely: É is é, which needs no CHAP and gets the 16 MiB LU.
+        let upper = IscsiName::from_wire("iqn.2026-11.test:É").unwrap();
+        let (membership, auth) = shared.admit(&upper, &target, 1, source).unwrap();
+        assert_eq!(auth, crate::config::ResolvedAuth::None);
+        let (_, group) = shared.group_of(membership).unwrap();
+        let lu = &group.luns.get(0).unwrap().lu;
+        assert_eq!(lu.capacity_bytes(), 16 << 20);
     }
 
     fn shared(max: u32, window_s: u32) -> Shared {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::chap::{self, Algorithm, Credential};
+use crate::name::IscsiName;
 use crate::pdu::{frame_len, parse_frame};
 
 #[derive(Default)]
@@ -29,11 +30,15 @@ impl Policy {
 }
 
 impl LoginPolicy for Policy {
-    fn admit(&mut self, _initiator: &str, target: &str) -> Result<Admission, LoginStatus> {
+    fn admit(
+        &mut self,
+        _initiator: &IscsiName,
+        target: &IscsiName,
+    ) -> Result<Admission, LoginStatus> {
         if let Some(deny) = self.deny {
             return Err(deny);
         }
-        if target != "iqn.2026-11.org.ferrosan:t" {
+        if target.as_str() != "iqn.2026-11.org.ferrosan:t" {
             return Err(LoginStatus::NOT_FOUND);
         }
         Ok(Admission {
@@ -42,7 +47,7 @@ impl LoginPolicy for Policy {
             auth: self.auth(),
         })
     }
-    fn admit_discovery(&mut self, _initiator: &str) -> Result<Admission, LoginStatus> {
+    fn admit_discovery(&mut self, _initiator: &IscsiName) -> Result<Admission, LoginStatus> {
         Ok(Admission {
             target_alias: None,
             portal_group_tag: 1,
@@ -181,7 +186,7 @@ fn two_stage_login_to_full_feature() {
     assert_eq!(est.params.max_recv_data_segment_length, 262_144);
     assert!(!est.params.initial_r2t);
     assert_eq!(
-        est.target_name.as_deref(),
+        est.target_name.as_ref().map(IscsiName::as_str),
         Some("iqn.2026-11.org.ferrosan:t")
     );
     assert_eq!(p.opened.len(), 1);
@@ -967,4 +972,83 @@ fn chap_success_in_discovery() {
     };
     assert_eq!(est.session_type, SessionType::Discovery);
     assert_eq!(est.chap_user.as_deref(), Some(USER));
+}
+
+#[test]
+fn names_are_normalised_where_they_enter() {
+    let mut l = login();
+    let mut p = Policy::default();
+    let (step, r) = send(
+        &mut l,
+        &mut p,
+        &req(
+            0,
+            Some(3),
+            "InitiatorName=IQN.2026-11.Org.Test:É;TargetName=iqn.2026-11.ORG.ferrosan:T;AuthMethod=None;",
+        ),
+    );
+    assert!(r.status().is_success());
+    let LoginStep::Complete(est) = step else {
+        panic!("expected completion, got {step:?}");
+    };
+    assert_eq!(est.initiator_name.as_str(), "iqn.2026-11.org.test:é");
+    assert_eq!(
+        est.target_name.as_ref().map(IscsiName::as_str),
+        Some("iqn.2026-11.org.ferrosan:t")
+    );
+    assert_eq!(p.opened[0].initiator_name, est.initiator_name);
+}
+
+#[test]
+fn a_repeated_name_in_another_spelling_is_the_same_name() {
+    let mut l = login();
+    let mut p = Policy::default();
+    send(&mut l, &mut p, &req(0, Some(1), NORMAL));
+    let (step, r) = send(
+        &mut l,
+        &mut p,
+        &req(1, Some(3), "InitiatorName=IQN.2026-11.org.TEST:i;"),
+    );
+    assert!(r.status().is_success(), "{:?}", r.status());
+    assert!(matches!(step, LoginStep::Complete(_)));
+}
+
+#[test]
+fn malformed_names_are_refused_and_remembered_for_the_log() {
+    let mut p = Policy::default();
+    // A space is prohibited by RFC 3722: initiator error, with the reason kept for the log.
+    let mut l = login();
+    let (step, _) = send(
+        &mut l,
+        &mut p,
+        &req(
+            0,
+            Some(1),
+            "InitiatorName=iqn.2026-11.org.test:a b;TargetName=iqn.2026-11.org.ferrosan:t;",
+        ),
+    );
+    assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
+    assert_eq!(l.auth_failure(), Some(AuthFailure::MalformedName));
+    // A malformed TargetName names no target.
+    expect_failure(
+        &req(
+            0,
+            Some(1),
+            "InitiatorName=iqn.2026-11.org.test:i;TargetName=iqn.2026-11.x:\u{e000};",
+        ),
+        &mut p,
+        LoginStatus::NOT_FOUND,
+    );
+    // A refused admission still knows both names (the engine logs them).
+    let mut l = login();
+    p.deny = Some(LoginStatus::FORBIDDEN);
+    send(&mut l, &mut p, &req(0, Some(1), NORMAL));
+    assert_eq!(
+        l.initiator_name().map(IscsiName::as_str),
+        Some("iqn.2026-11.org.test:i")
+    );
+    assert_eq!(
+        l.target_name().map(IscsiName::as_str),
+        Some("iqn.2026-11.org.ferrosan:t")
+    );
 }

@@ -133,7 +133,7 @@ fn harness_with(kind: SessionType, p: SessionParams, limits: SessionLimits) -> H
     Harness {
         s: Session::new(
             kind,
-            "iqn.2026-11.org.test:i".into(),
+            IscsiName::from_wire("iqn.2026-11.org.test:i").unwrap(),
             p,
             limits,
             1000,

@@ -8,7 +8,7 @@ use super::names::{
     ISCSI_PORT_DEFAULT,
 };
 use super::{
-    Config, ConfigError, DeviceConfig, InitiatorGroup, Limits, LunMapping, PortalGroup,
+    Config, ConfigError, DeviceConfig, InitiatorGroup, IscsiName, Limits, LunMapping, PortalGroup,
     ServerConfig, StoreKind, TargetConfig, COMMAND_LINE, DEMO_TARGET_IQN,
 };
 
@@ -41,7 +41,9 @@ pub(crate) fn demo() -> Config {
         read_only: false,
     };
     let listen = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ISCSI_PORT_DEFAULT);
-    quick_export(vec![listen], DEMO_TARGET_IQN, vec![lun])
+    // The demo's name is a constant in normal form (a unit test checks it).
+    let iqn = IscsiName::from_config(DEMO_TARGET_IQN).unwrap_or_else(|e| unreachable!("{e}"));
+    quick_export(vec![listen], iqn, vec![lun])
 }
 
 pub(crate) fn from_cli(
@@ -69,7 +71,8 @@ pub(crate) fn from_cli(
     } else {
         target
     };
-    check_iscsi_name(target).map_err(|m| cli_error(format!("--target {target}"), m))?;
+    let target =
+        check_iscsi_name(target).map_err(|m| cli_error(format!("--target {target}"), m))?;
     let mut specs = Vec::new();
     for spec in luns {
         specs.push(parse_lun_spec(spec).map_err(|m| cli_error(format!("--lun {spec}"), m))?);
@@ -182,7 +185,7 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
 
 /// One target on one portal group, open to any initiator, LUNs numbered in order.
 /// Identities: from target IQN + LUN for RAM, from the path for files and block devices.
-fn quick_export(listen: Vec<SocketAddr>, iqn: &str, specs: Vec<LunSpec>) -> Config {
+fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) -> Config {
     let mut devices = Vec::new();
     let mut luns = Vec::new();
     for (lun, spec) in specs.into_iter().enumerate() {
@@ -219,7 +222,7 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: &str, specs: Vec<LunSpec>) -> Conf
         }],
         devices,
         targets: vec![TargetConfig {
-            iqn: iqn.to_string(),
+            iqn,
             alias: None,
             portal_groups: vec![1],
             groups: vec![InitiatorGroup {

@@ -20,8 +20,8 @@ use super::names::{
 };
 use super::{
     ChapAlgorithm, Config, ConfigError, ConfigErrors, DeviceConfig, DiscoveryConfig,
-    InitiatorCredentials, InitiatorGroup, LunMapping, PortalGroup, RawLimits, ServerConfig,
-    StoreKind, TargetConfig, LIMIT_TABLE,
+    InitiatorCredentials, InitiatorGroup, IscsiName, LunMapping, PortalGroup, RawLimits,
+    ServerConfig, StoreKind, TargetConfig, LIMIT_TABLE,
 };
 
 /// The largest LUN number (flat addressing, SAM-5).
@@ -729,19 +729,20 @@ fn resolve_targets(
     book: &mut SecretBook,
 ) -> Vec<TargetConfig> {
     let mut targets = Vec::new();
-    let mut iqns: HashSet<String> = HashSet::new();
+    let mut iqns: HashSet<IscsiName> = HashSet::new();
     for (i, rt) in raw.iter().enumerate() {
         let table = rt.span();
         let rt = rt.get_ref();
         let mut ctx = format!("target #{}", i + 1);
-        let mut iqn = String::new();
+        let mut iqn = None;
         if let Some(n) = required(cx, &rt.iqn, &table, format!("{ctx}: iqn")) {
             ctx = format!("target {:?}", n.get_ref());
-            iqn = n.get_ref().clone();
-            if let Err(m) = check_iscsi_name(&iqn) {
-                cx.err(n.span(), format!("{ctx}: iqn"), m);
-            } else if !iqns.insert(iqn.to_lowercase()) {
-                cx.err(n.span(), format!("{ctx}: iqn"), "duplicate target name");
+            match check_iscsi_name(n.get_ref()) {
+                Err(m) => cx.err(n.span(), format!("{ctx}: iqn"), m),
+                Ok(name) if !iqns.insert(name.clone()) => {
+                    cx.err(n.span(), format!("{ctx}: iqn"), "duplicate target name")
+                }
+                Ok(name) => iqn = Some(name),
             }
         }
         let here = rt.iqn.as_ref().map_or(table.clone(), |n| n.span());
@@ -806,6 +807,10 @@ fn resolve_targets(
         let allowed_sources = resolve_sources(cx, &rt.allowed_sources, &ctx);
         let groups = resolve_groups(cx, &ctx, &rt.group, devices, !auth.users.is_empty(), book);
         let credentials = resolve_credentials(cx, &ctx, &rt.credentials, book);
+        // A target without a valid name has had its error reported; nothing runs it.
+        let Some(iqn) = iqn else {
+            continue;
+        };
         targets.push(TargetConfig {
             iqn,
             alias,
@@ -829,7 +834,7 @@ fn resolve_groups(
 ) -> Vec<InitiatorGroup> {
     let mut groups = Vec::new();
     let mut group_names: HashSet<String> = HashSet::new();
-    let mut initiators_seen: HashMap<String, String> = HashMap::new();
+    let mut initiators_seen: HashMap<IscsiName, String> = HashMap::new();
     let mut any_group: Option<String> = None;
     for (i, rg) in raw.iter().enumerate() {
         let table = rg.span();
@@ -855,21 +860,23 @@ fn resolve_groups(
         if let Some(list) = &rg.initiators {
             for (j, ini) in list.get_ref().iter().enumerate() {
                 let field = format!("{ctx}: initiators[{j}]");
-                let s = ini.get_ref();
-                if let Err(m) = check_iscsi_name(s) {
-                    cx.err(ini.span(), field, m);
-                    continue;
-                }
-                if let Some(other) = initiators_seen.get(&s.to_lowercase()) {
+                let name_here = match check_iscsi_name(ini.get_ref()) {
+                    Ok(n) => n,
+                    Err(m) => {
+                        cx.err(ini.span(), field, m);
+                        continue;
+                    }
+                };
+                if let Some(other) = initiators_seen.get(&name_here) {
                     cx.err(
                         ini.span(),
                         field,
-                        format!("{s} is already listed in {other}"),
+                        format!("{name_here} is already listed in {other}"),
                     );
                     continue;
                 }
-                initiators_seen.insert(s.to_lowercase(), format!("group {name:?}"));
-                initiators.push(s.clone());
+                initiators_seen.insert(name_here.clone(), format!("group {name:?}"));
+                initiators.push(name_here);
             }
         }
         let listed = rg
@@ -983,19 +990,14 @@ fn resolve_credentials(
         let mut initiator = None;
         if let Some(n) = required(cx, &rc.initiator, &table, format!("{ctx}: initiator")) {
             ctx = format!("{target_ctx}: credentials {:?}", n.get_ref());
-            if let Err(m) = check_iscsi_name(n.get_ref()) {
-                cx.err(n.span(), format!("{ctx}: initiator"), m);
-            } else if out
-                .iter()
-                .any(|c| c.initiator.eq_ignore_ascii_case(n.get_ref()))
-            {
-                cx.err(
+            match check_iscsi_name(n.get_ref()) {
+                Err(m) => cx.err(n.span(), format!("{ctx}: initiator"), m),
+                Ok(name) if out.iter().any(|c| c.initiator == name) => cx.err(
                     n.span(),
                     format!("{ctx}: initiator"),
                     "this initiator already has credentials in this target",
-                );
-            } else {
-                initiator = Some(n.get_ref().clone());
+                ),
+                Ok(name) => initiator = Some(name),
             }
         }
         let users = resolve_users(cx, &rc.users, &ctx, book);
@@ -1091,7 +1093,7 @@ pub(crate) fn to_toml(c: &Config) -> String {
         );
     }
     for t in &c.targets {
-        let _ = writeln!(out, "\n[[target]]\niqn = {}", q(&t.iqn));
+        let _ = writeln!(out, "\n[[target]]\niqn = {}", q(t.iqn.as_str()));
         if let Some(a) = &t.alias {
             let _ = writeln!(out, "alias = {}", q(a));
         }
@@ -1100,7 +1102,7 @@ pub(crate) fn to_toml(c: &Config) -> String {
         out.push_str(&auth_toml(&t.auth, ""));
         out.push_str(&sources_toml(&t.allowed_sources, ""));
         for g in &t.groups {
-            let inis: Vec<String> = g.initiators.iter().map(|s| q(s)).collect();
+            let inis: Vec<String> = g.initiators.iter().map(|s| q(s.as_str())).collect();
             let _ = writeln!(out, "\n  [[target.group]]\n  name = {}", q(&g.name));
             if !inis.is_empty() {
                 let _ = writeln!(out, "  initiators = [{}]", inis.join(", "));
@@ -1127,7 +1129,7 @@ pub(crate) fn to_toml(c: &Config) -> String {
             let _ = writeln!(
                 out,
                 "\n  [[target.credentials]]\n  initiator = {}\n  users = [{}]",
-                q(&cr.initiator),
+                q(cr.initiator.as_str()),
                 users.join(", ")
             );
             if let Some(m) = &cr.mutual {

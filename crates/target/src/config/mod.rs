@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 pub use auth::SourceNet;
 pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
+pub use iscsi::name::IscsiName;
 pub use names::{
     check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_size, portals_overlap,
     ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
@@ -143,7 +144,7 @@ impl DiscoveryConfig {
 /// `[[target.credentials]]`: CHAP credentials of one initiator of a target (the most specific).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitiatorCredentials {
-    pub initiator: String,
+    pub initiator: IscsiName,
     pub users: Vec<ChapUser>,
     pub mutual: Option<ChapUser>,
 }
@@ -311,7 +312,7 @@ pub enum StoreKind {
 /// An iSCSI target: a name, the portal groups it is reachable on, and its initiator groups.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetConfig {
-    pub iqn: String,
+    pub iqn: IscsiName,
     pub alias: Option<String>,
     /// Tags of the portal groups; resolved (never empty).
     pub portal_groups: Vec<u16>,
@@ -327,7 +328,7 @@ pub struct TargetConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitiatorGroup {
     pub name: String,
-    pub initiators: Vec<String>,
+    pub initiators: Vec<IscsiName>,
     /// This group applies to every initiator not listed in another group of the target.
     pub any_initiator: bool,
     pub luns: Vec<LunMapping>,
@@ -348,34 +349,38 @@ pub struct LunMapping {
 }
 
 impl TargetConfig {
-    /// The group an initiator belongs to: the group listing it (iSCSI names compare
-    /// case-insensitively), else the `any_initiator` group, else `None` (login refused).
-    pub fn group_for(&self, initiator_iqn: &str) -> Option<&InitiatorGroup> {
+    /// The index (in `groups`) of the group an initiator belongs to: the group listing it,
+    /// else the `any_initiator` group, else `None` (login refused). The one place group
+    /// membership is decided: the engine calls it once per login and takes authentication,
+    /// allowed sources and the LUN map from the group it returns.
+    pub fn group_index(&self, initiator: &IscsiName) -> Option<usize> {
         self.groups
             .iter()
-            .find(|g| {
-                g.initiators
-                    .iter()
-                    .any(|i| names::iscsi_names_equal(i, initiator_iqn))
-            })
-            .or_else(|| self.groups.iter().find(|g| g.any_initiator))
+            .position(|g| g.initiators.contains(initiator))
+            .or_else(|| self.groups.iter().position(|g| g.any_initiator))
     }
 
-    /// What `initiator_iqn` must do to log in: its own `[[target.credentials]]` entry, else its
-    /// group's auth keys, else the target's (most specific wins, key by key for `mutual`).
-    pub fn auth_for(&self, initiator_iqn: &str) -> ResolvedAuth {
-        let group = self.group_for(initiator_iqn);
+    /// The group an initiator belongs to (see [`TargetConfig::group_index`]).
+    pub fn group_for(&self, initiator: &IscsiName) -> Option<&InitiatorGroup> {
+        self.group_index(initiator).and_then(|i| self.groups.get(i))
+    }
+
+    /// What `initiator` must do to log in (see [`TargetConfig::auth_in`]), its group looked up.
+    pub fn auth_for(&self, initiator: &IscsiName) -> ResolvedAuth {
+        self.auth_in(initiator, self.group_for(initiator))
+    }
+
+    /// What `initiator`, a member of `group`, must do to log in: its own
+    /// `[[target.credentials]]` entry, else its group's auth keys, else the target's (most
+    /// specific wins, key by key for `mutual`).
+    pub fn auth_in(&self, initiator: &IscsiName, group: Option<&InitiatorGroup>) -> ResolvedAuth {
         let group_auth = group.map(|g| &g.auth);
         let mutual = || {
             group_auth
                 .and_then(|a| a.mutual.clone())
                 .or_else(|| self.auth.mutual.clone())
         };
-        if let Some(c) = self
-            .credentials
-            .iter()
-            .find(|c| names::iscsi_names_equal(&c.initiator, initiator_iqn))
-        {
+        if let Some(c) = self.credentials.iter().find(|c| c.initiator == *initiator) {
             return ResolvedAuth::Chap {
                 users: c.users.clone(),
                 mutual: c.mutual.clone().or_else(mutual),
@@ -462,11 +467,9 @@ impl Config {
         self.devices.iter().find(|d| d.name == name)
     }
 
-    /// The target named `iqn` (case-insensitive).
-    pub fn target(&self, iqn: &str) -> Option<&TargetConfig> {
-        self.targets
-            .iter()
-            .find(|t| names::iscsi_names_equal(&t.iqn, iqn))
+    /// The target named `iqn`.
+    pub fn target(&self, iqn: &IscsiName) -> Option<&TargetConfig> {
+        self.targets.iter().find(|t| t.iqn == *iqn)
     }
 
     /// The config as a file with every value explicit (derived identities included), such

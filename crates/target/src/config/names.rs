@@ -2,123 +2,23 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-/// The longest iSCSI name, in bytes (RFC 7143 §4.2.7.1).
-pub const ISCSI_NAME_BYTES_MAX: usize = 223;
+use iscsi::name::IscsiName;
+pub use iscsi::name::ISCSI_NAME_BYTES_MAX;
 
 /// The well-known iSCSI port, used when a listen address names no port.
 pub const ISCSI_PORT_DEFAULT: u16 = 3260;
 
-/// Whether `s` is a well-formed iSCSI name: `iqn.YYYY-MM.reversed.domain[:anything]`,
-/// `eui.` + 16 hex digits or `naa.` + 16 or 32 hex digits, at most 223 bytes.
-///
-/// `iqn.` names must be lowercase (the stringprep normal form of RFC 3722); the hex digits
-/// of `eui.`/`naa.` names may be of either case (RFC 7143's own examples use uppercase).
+/// Whether `s` is an iSCSI name as a config must write it (see [`check_iscsi_name`]).
 pub fn is_valid_iscsi_name(s: &str) -> bool {
     check_iscsi_name(s).is_ok()
 }
 
-/// Like [`is_valid_iscsi_name`], with the reason a name is malformed.
-pub fn check_iscsi_name(s: &str) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("iSCSI name is empty".into());
-    }
-    if s.len() > ISCSI_NAME_BYTES_MAX {
-        return Err(format!(
-            "iSCSI name is {} bytes long, the limit is {ISCSI_NAME_BYTES_MAX}",
-            s.len()
-        ));
-    }
-    let prefix = s.get(..4).unwrap_or("");
-    match prefix {
-        "iqn." => check_iqn(&s[4..]),
-        "eui." => check_hex(&s[4..], &[16], "eui."),
-        "naa." => check_hex(&s[4..], &[16, 32], "naa."),
-        _ if ["iqn.", "eui.", "naa."]
-            .iter()
-            .any(|p| p.eq_ignore_ascii_case(prefix)) =>
-        {
-            Err(format!("the type prefix `{prefix}` must be lowercase"))
-        }
-        _ => Err("an iSCSI name must start with `iqn.`, `eui.` or `naa.`".into()),
-    }
-}
-
-fn check_hex(digits: &str, lengths: &[usize], prefix: &str) -> Result<(), String> {
-    if !digits.bytes().all(|b| b.is_ascii_hexdigit()) || !lengths.contains(&digits.len()) {
-        let want = if lengths.len() == 1 { "16" } else { "16 or 32" };
-        return Err(format!(
-            "`{prefix}` must be followed by exactly {want} hex digits"
-        ));
-    }
-    Ok(())
-}
-
-fn check_iqn(rest: &str) -> Result<(), String> {
-    // rest = "YYYY-MM.reversed.domain[:anything]"
-    let date_ok = rest.len() >= 8 && {
-        let b = rest.as_bytes();
-        b[..4].iter().all(u8::is_ascii_digit)
-            && b[4] == b'-'
-            && b[5..7].iter().all(u8::is_ascii_digit)
-            && matches!(
-                &rest[5..7],
-                "01" | "02" | "03" | "04" | "05" | "06" | "07" | "08" | "09" | "10" | "11" | "12"
-            )
-            && b[7] == b'.'
-    };
-    if !date_ok {
-        return Err("`iqn.` must be followed by a date `YYYY-MM.` (month 01..12)".into());
-    }
-    let after_date = &rest[8..];
-    let (authority, suffix) = match after_date.find(':') {
-        Some(i) => (&after_date[..i], Some(&after_date[i + 1..])),
-        None => (after_date, None),
-    };
-    if authority.is_empty() {
-        return Err(
-            "`iqn.` name has no naming authority (reversed domain name) after the date".into(),
-        );
-    }
-    for label in authority.split('.') {
-        if label.is_empty() {
-            return Err("naming authority has an empty label (`..` or a trailing `.`)".into());
-        }
-        if let Some(c) = label
-            .chars()
-            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
-        {
-            return Err(if c.is_ascii_uppercase() {
-                "iSCSI names must be lowercase".into()
-            } else {
-                format!("naming authority may contain only a-z, 0-9, `-` and `.`, found {c:?}")
-            });
-        }
-    }
-    if let Some(suffix) = suffix {
-        if suffix.is_empty() {
-            return Err("nothing follows the `:` of an `iqn.` name".into());
-        }
-        for c in suffix.chars() {
-            let ok = c.is_ascii_lowercase()
-                || c.is_ascii_digit()
-                || matches!(c, '-' | '.' | ':')
-                || (!c.is_ascii() && !c.is_whitespace() && !c.is_control());
-            if !ok {
-                return Err(if c.is_ascii_uppercase() {
-                    "iSCSI names must be lowercase".into()
-                } else {
-                    format!("iSCSI names may contain only a-z, 0-9, `-`, `.`, `:` and non-ASCII letters, found {c:?}")
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-/// iSCSI names compare case-insensitively (RFC 3722 maps them to lowercase).
-pub(crate) fn iscsi_names_equal(a: &str, b: &str) -> bool {
-    a.eq_ignore_ascii_case(b)
-        || (!(a.is_ascii() && b.is_ascii()) && a.to_lowercase() == b.to_lowercase())
+/// Parses a configured iSCSI name: well-formed (`iqn.YYYY-MM.reversed.domain[:anything]`,
+/// `eui.` + 16 hex digits or `naa.` + 16 or 32 hex digits, at most 223 bytes) and written in
+/// the normal form of RFC 3722 (lowercase, NFKC), which is the form every comparison uses
+/// ([`IscsiName`]); the error says why not, and how to write it.
+pub fn check_iscsi_name(s: &str) -> Result<IscsiName, String> {
+    IscsiName::from_config(s).map_err(|e| e.to_string())
 }
 
 /// Parses a size in bytes: an integer with an optional binary unit suffix, case-insensitive:

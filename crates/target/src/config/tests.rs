@@ -612,17 +612,17 @@ fn group_for_precedence() {
     ));
     let t = &c.targets[0];
     assert_eq!(
-        t.group_for("iqn.1998-01.com.vmware:esx1").unwrap().name,
+        t.group_for(&n("iqn.1998-01.com.vmware:esx1")).unwrap().name,
         "esx",
         "exact match beats any_initiator"
     );
     assert_eq!(
-        t.group_for("IQN.1998-01.COM.VMWARE:ESX1").unwrap().name,
+        t.group_for(&n("IQN.1998-01.COM.VMWARE:ESX1")).unwrap().name,
         "esx",
         "case-insensitive"
     );
     assert_eq!(
-        t.group_for("iqn.1998-01.com.vmware:esx2").unwrap().name,
+        t.group_for(&n("iqn.1998-01.com.vmware:esx2")).unwrap().name,
         "all"
     );
     let closed = load(&BASE.replace(
@@ -630,10 +630,10 @@ fn group_for_precedence() {
         "initiators = [\"iqn.1998-01.com.vmware:esx1\"]",
     ));
     assert!(closed.targets[0]
-        .group_for("iqn.1998-01.com.vmware:esx2")
+        .group_for(&n("iqn.1998-01.com.vmware:esx2"))
         .is_none());
     assert!(closed.targets[0]
-        .group_for("iqn.1998-01.com.vmware:esx1")
+        .group_for(&n("iqn.1998-01.com.vmware:esx1"))
         .is_some());
 }
 
@@ -835,25 +835,27 @@ fn example_file_is_valid() {
     assert_eq!(c.portal_groups.len(), 2);
     assert_eq!(c.devices.len(), 4);
     assert_eq!(c.targets.len(), 2);
-    let vmware = c.target("iqn.2026-11.org.ferrosan:vmware").unwrap();
+    let vmware = c.target(&n("iqn.2026-11.org.ferrosan:vmware")).unwrap();
     assert_eq!(vmware.portal_groups, vec![1]);
     assert_eq!(
         vmware
-            .group_for("iqn.1998-01.com.vmware:esx1-4c1d2e3f")
+            .group_for(&n("iqn.1998-01.com.vmware:esx1-4c1d2e3f"))
             .unwrap()
             .name,
         "esx-hosts"
     );
-    assert!(vmware.group_for("iqn.1998-01.com.vmware:esx9").is_none());
+    assert!(vmware
+        .group_for(&n("iqn.1998-01.com.vmware:esx9"))
+        .is_none());
     let monitor = vmware
-        .group_for("iqn.2005-03.org.open-iscsi:monitor")
+        .group_for(&n("iqn.2005-03.org.open-iscsi:monitor"))
         .unwrap();
     assert!(monitor.luns[0].read_only);
-    let backup = c.target("iqn.2026-11.org.ferrosan:backup").unwrap();
+    let backup = c.target(&n("iqn.2026-11.org.ferrosan:backup")).unwrap();
     assert_eq!(backup.portal_groups, vec![1, 2]);
     assert_eq!(
         backup
-            .group_for("iqn.2005-03.org.open-iscsi:anyone")
+            .group_for(&n("iqn.2005-03.org.open-iscsi:anyone"))
             .unwrap()
             .name,
         "everyone-else"
@@ -879,23 +881,24 @@ fn example_file_is_valid() {
     // Authentication: discovery CHAP, target-wide users, esx1's own credentials.
     assert!(matches!(c.discovery.resolved(), ResolvedAuth::Chap { .. }));
     let ResolvedAuth::Chap { users, mutual } =
-        vmware.auth_for("iqn.1998-01.com.vmware:esx1-4c1d2e3f")
+        vmware.auth_for(&n("iqn.1998-01.com.vmware:esx1-4c1d2e3f"))
     else {
         panic!("esx1 must need CHAP");
     };
     assert_eq!(users[0].user, "esx1");
     assert_eq!(mutual.unwrap().user, "ferrosan-vmware");
-    let ResolvedAuth::Chap { users, .. } = vmware.auth_for("iqn.1998-01.com.vmware:esx2-5a6b7c8d")
+    let ResolvedAuth::Chap { users, .. } =
+        vmware.auth_for(&n("iqn.1998-01.com.vmware:esx2-5a6b7c8d"))
     else {
         panic!("esx2 must need CHAP");
     };
     assert_eq!(users[0].user, "vmware");
     assert_eq!(
-        backup.auth_for("iqn.2005-03.org.open-iscsi:anyone"),
+        backup.auth_for(&n("iqn.2005-03.org.open-iscsi:anyone")),
         ResolvedAuth::None
     );
     assert!(vmware.source_allowed(
-        vmware.group_for("iqn.1998-01.com.vmware:esx2-5a6b7c8d"),
+        vmware.group_for(&n("iqn.1998-01.com.vmware:esx2-5a6b7c8d")),
         "192.0.2.7".parse().unwrap()
     ));
     assert!(!vmware.source_allowed(None, "127.0.0.1".parse().unwrap()));
@@ -968,7 +971,7 @@ fn demo_config() {
     );
     assert_eq!(c.targets.len(), 1);
     let t = &c.targets[0];
-    assert_eq!(t.iqn, DEMO_TARGET_IQN);
+    assert_eq!(t.iqn.as_str(), DEMO_TARGET_IQN);
     assert_eq!(t.portal_groups, vec![1]);
     assert_eq!(t.groups.len(), 1);
     assert!(t.groups[0].any_initiator);
@@ -987,7 +990,7 @@ fn demo_config() {
         }
     );
     assert_eq!(c.devices[0].block_size, 512);
-    assert!(t.group_for("iqn.1998-01.com.vmware:anyone").is_some());
+    assert!(t.group_for(&n("iqn.1998-01.com.vmware:anyone")).is_some());
     assert_eq!(
         Config::from_cli(&[], "", &[]).unwrap(),
         c,
@@ -1010,7 +1013,7 @@ fn from_cli_builds_a_quick_export() {
     )
     .unwrap();
     assert_eq!(c.portal_groups[0].listen.len(), 2);
-    assert_eq!(c.targets[0].iqn, "iqn.2026-11.org.example:quick");
+    assert_eq!(c.targets[0].iqn.as_str(), "iqn.2026-11.org.example:quick");
     assert_eq!(
         c.devices[0].store,
         StoreKind::Ram {
@@ -1212,7 +1215,7 @@ fn users_of(auth: ResolvedAuth) -> Vec<String> {
 #[test]
 fn no_auth_keys_means_no_authentication() {
     let c = load(BASE);
-    assert_eq!(c.targets[0].auth_for(A), ResolvedAuth::None);
+    assert_eq!(c.targets[0].auth_for(&n(A)), ResolvedAuth::None);
     assert_eq!(c.discovery.resolved(), ResolvedAuth::None);
 }
 
@@ -1230,10 +1233,10 @@ mutual = { user = "tgt", secret = "mutual-secret-1" }"#,
     );
     let c = load(&text);
     let t = &c.targets[0];
-    assert_eq!(users_of(t.auth_for(A)), ["group-user"]);
-    assert_eq!(users_of(t.auth_for(B)), ["b-user"]);
-    assert_eq!(users_of(t.auth_for(OTHER)), ["target-user"]);
-    let ResolvedAuth::Chap { mutual, .. } = t.auth_for(A) else {
+    assert_eq!(users_of(t.auth_for(&n(A))), ["group-user"]);
+    assert_eq!(users_of(t.auth_for(&n(B))), ["b-user"]);
+    assert_eq!(users_of(t.auth_for(&n(OTHER))), ["target-user"]);
+    let ResolvedAuth::Chap { mutual, .. } = t.auth_for(&n(A)) else {
         panic!()
     };
     assert_eq!(
@@ -1241,7 +1244,7 @@ mutual = { user = "tgt", secret = "mutual-secret-1" }"#,
         "tgt",
         "mutual inherited from the target"
     );
-    let ResolvedAuth::Chap { mutual, .. } = t.auth_for(B) else {
+    let ResolvedAuth::Chap { mutual, .. } = t.auth_for(&n(B)) else {
         panic!()
     };
     assert_eq!(mutual.unwrap().user, "tgt-b");
@@ -1255,8 +1258,8 @@ fn group_may_opt_out_or_in() {
         "",
     );
     let c = load(&text);
-    assert_eq!(c.targets[0].auth_for(A), ResolvedAuth::None);
-    assert_eq!(users_of(c.targets[0].auth_for(OTHER)), ["target-user"]);
+    assert_eq!(c.targets[0].auth_for(&n(A)), ResolvedAuth::None);
+    assert_eq!(users_of(c.targets[0].auth_for(&n(OTHER))), ["target-user"]);
     // A group turns CHAP on with its own users while the target has none.
     let text = auth_config(
         "",
@@ -1264,8 +1267,8 @@ fn group_may_opt_out_or_in() {
         "",
     );
     let c = load(&text);
-    assert_eq!(users_of(c.targets[0].auth_for(A)), ["g"]);
-    assert_eq!(c.targets[0].auth_for(OTHER), ResolvedAuth::None);
+    assert_eq!(users_of(c.targets[0].auth_for(&n(A))), ["g"]);
+    assert_eq!(c.targets[0].auth_for(&n(OTHER)), ResolvedAuth::None);
 }
 
 #[test]
@@ -1421,7 +1424,7 @@ fn secret_files_must_be_private() {
         )
     };
     let c = load(&auth_config(&keys(&private), "", ""));
-    let ResolvedAuth::Chap { users, .. } = c.targets[0].auth_for(A) else {
+    let ResolvedAuth::Chap { users, .. } = c.targets[0].auth_for(&n(A)) else {
         panic!()
     };
     assert_eq!(
@@ -1461,15 +1464,15 @@ fn allowed_sources_parse_and_apply() {
         "",
     ));
     let t = &c.targets[0];
-    let g = t.group_for(A);
+    let g = t.group_for(&n(A));
     assert!(t.source_allowed(g, "127.0.0.2".parse().unwrap()));
     assert!(
         !t.source_allowed(g, "127.0.0.1".parse().unwrap()),
         "the group narrows"
     );
-    assert!(t.source_allowed(t.group_for(OTHER), "127.0.0.1".parse().unwrap()));
-    assert!(t.source_allowed(t.group_for(OTHER), "::1".parse().unwrap()));
-    assert!(!t.source_allowed(t.group_for(OTHER), "10.0.0.1".parse().unwrap()));
+    assert!(t.source_allowed(t.group_for(&n(OTHER)), "127.0.0.1".parse().unwrap()));
+    assert!(t.source_allowed(t.group_for(&n(OTHER)), "::1".parse().unwrap()));
+    assert!(!t.source_allowed(t.group_for(&n(OTHER)), "10.0.0.1".parse().unwrap()));
     one_error(
         &auth_config(r#"allowed_sources = ["10.0.0.1/8"]"#, "", ""),
         "allowed_sources",
@@ -1512,4 +1515,9 @@ fn ram_luns_are_bounded() {
     assert!(e.to_string().contains("largest RAM LUN"), "{e}");
     let text = with_device("name = \"disk2\"\nstore = \"ram\"\nsize = \"17T\"");
     one_error(&text, "size = \"17T\"", "device \"disk2\": size");
+}
+
+/// A name as an initiator would send it (normalised).
+fn n(s: &str) -> IscsiName {
+    IscsiName::from_wire(s).unwrap()
 }

@@ -361,7 +361,12 @@ fuzz_target!(|input: Input| {
                 assert!(p.first_burst_length <= p.max_burst_length);
                 assert!(p.max_recv_data_segment_length >= 512);
                 assert!(p.max_xmit_data_segment_length >= 512);
-                assert!(!est.initiator_name.is_empty());
+                assert!(!est.initiator_name.as_str().is_empty());
+                // A normal form is its own normal form.
+                assert_eq!(
+                    IscsiName::from_wire(est.initiator_name.as_str()).as_ref(),
+                    Ok(&est.initiator_name)
+                );
                 // The security invariant: with CHAP required, no login completes unless the
                 // right response to the target's challenge was sent.
                 if chap_required {
@@ -371,7 +376,7 @@ fuzz_target!(|input: Input| {
                     );
                 }
                 if est.session_type == SessionType::Normal {
-                    assert_eq!(est.target_name.as_deref(), Some(TARGET));
+                    assert_eq!(est.target_name.as_ref().map(IscsiName::as_str), Some(TARGET));
                 }
                 return;
             }

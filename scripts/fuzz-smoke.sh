@@ -23,13 +23,15 @@ if [ ${#targets[@]} -eq 0 ]; then
     mapfile -t targets < <(cargo fuzz list)
 fi
 
-cargo fuzz build -O
+# -a: debug assertions on (cargo fuzz turns them off with -O): the cores' invariants are
+# what the fuzzers check.
+cargo fuzz build -O -a
 
 failed=()
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     echo "fuzz-smoke: $t for ${seconds}s" >&2
-    if ! cargo fuzz run -O "$t" "corpus/$t" -- \
+    if ! cargo fuzz run -O -a "$t" "corpus/$t" -- \
         -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
         2> >(grep -E 'panicked|ERROR|SUMMARY|stat::number_of_executed_units|Test unit written' >&2); then
         failed+=("$t")

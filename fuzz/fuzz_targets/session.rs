@@ -12,7 +12,7 @@ use iscsi::outbox::Outbox;
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use iscsi::session::{
     DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest,
-    Session, SessionLimits, Tick, TmfFunction,
+    Session, SessionLimits, Tick, TmfAnswer, TmfFunction,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -47,6 +47,10 @@ struct Backend {
     sense_len: u8,
     transfer_len: Option<u32>,
     tmf_response: u8,
+    /// LU-level TMFs are answered later, by `Op::TmfDone` (other sessions' commands running).
+    tmf_later: bool,
+    #[arbitrary(default)]
+    tmfs_later: Vec<u32>,
     /// Nonzero: reads lend their data in slices of this many bytes (zero-copy) instead of
     /// copying it.
     lend_slice: u16,
@@ -140,8 +144,13 @@ impl ScsiBackend for Backend {
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
         lun[0] == 0
     }
-    fn task_management(&mut self, _f: TmfFunction, _lun: [u8; 8]) -> u8 {
-        self.tmf_response
+    fn task_management(&mut self, itt: u32, _f: TmfFunction, _lun: [u8; 8]) -> TmfAnswer {
+        if self.tmf_later {
+            self.tmfs_later.push(itt);
+            TmfAnswer::Later
+        } else {
+            TmfAnswer::Now(self.tmf_response)
+        }
     }
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
         let all: Vec<DiscoveredTarget> = (0..40)
@@ -241,6 +250,11 @@ enum Op {
         status: u8,
         data_len: u16,
         sense_len: u8,
+    },
+    /// The engine's part of a TMF answered `Later` is done.
+    TmfDone {
+        pick: u8,
+        response: u8,
     },
     DigestError {
         bhs: [u8; BHS_LEN],
@@ -621,6 +635,23 @@ fuzz_target!(|input: Input| {
                 assert!(session.running_tasks() <= limits.queue_depth as usize);
                 checker.check(&session, &out);
                 out.clear();
+                continue;
+            }
+            Op::TmfDone { pick, response } => {
+                if backend.tmfs_later.is_empty() {
+                    continue;
+                }
+                let itt = backend
+                    .tmfs_later
+                    .swap_remove(*pick as usize % backend.tmfs_later.len());
+                let before = session.pending_tmfs();
+                let flow = session.task_management_done(itt, *response, &mut out);
+                assert!(session.pending_tmfs() <= before);
+                checker.check(&session, &out);
+                out.clear();
+                if flow == Flow::Close {
+                    return;
+                }
                 continue;
             }
             Op::DigestError { bhs: raw } => {

@@ -72,6 +72,9 @@ pub struct Outbox {
     /// Buffers kept for reuse; beyond this they are freed (bounded memory per connection).
     spare_max: usize,
     queued: usize,
+    /// A part was asked for outside its payload: what is queued no longer matches the lengths
+    /// its headers declare, and the connection must close (see [`Outbox::is_broken`]).
+    broken: bool,
 }
 
 /// Larger buffers (rare, huge transfers) are freed rather than kept, so an idle connection never
@@ -84,6 +87,18 @@ impl Outbox {
             spare_max,
             ..Outbox::default()
         }
+    }
+
+    /// Whether a payload range out of bounds was pushed (a bug upstream): sending the queue
+    /// would put the stream out of step with its PDU headers, so the engine closes the
+    /// connection instead. Debug builds assert at the push.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    fn out_of_range(&mut self, what: &str) {
+        debug_assert!(false, "outbox: {what} out of range");
+        self.broken = true;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -239,18 +254,23 @@ impl Outbox {
 
     /// Queues a range of an adopted or lent payload.
     pub fn push_payload(&mut self, index: usize, range: Range<usize>) {
-        debug_assert!(index < self.payloads.len());
         if range.is_empty() {
             return;
         }
         let slices = match self.payloads.get(index) {
-            Some(Payload::Owned(_)) => {
+            Some(Payload::Owned(p)) => {
+                if range.end > p.len() {
+                    return self.out_of_range("payload range");
+                }
                 self.queued += range.len();
                 self.parts.push(Part::Payload { index, range });
                 return;
             }
             Some(Payload::File((_, offset, len))) => {
-                let end = range.end.min(*len);
+                if range.end > *len {
+                    return self.out_of_range("file range");
+                }
+                let end = range.end;
                 if range.start < end {
                     self.queued += end - range.start;
                     self.parts.push(Part::File {
@@ -262,18 +282,21 @@ impl Outbox {
                 return;
             }
             Some(Payload::Lent(slices)) => slices.clone(),
-            None => return,
+            None => return self.out_of_range("payload index"),
         };
+
         // Resume from the previous lookup when it is in this payload and not past `range`.
         let (mut slice, mut at) = match self.lent_cursor {
             Some((i, slice, at)) if i == index && at <= range.start => (slice, at),
             _ => (slices.start, 0),
         };
+        let mut pushed = 0;
         while slice < slices.end && at < range.end {
             let r = self.lent[slice].1.clone();
             let (start, end) = (at.max(range.start), (at + r.len()).min(range.end));
             if start < end {
                 let piece = r.start + start - at..r.start + end - at;
+                pushed += piece.len();
                 self.queued += piece.len();
                 self.parts.push(Part::Lent {
                     slice,
@@ -287,6 +310,9 @@ impl Outbox {
             slice += 1;
         }
         self.lent_cursor = Some((index, slice, at));
+        if pushed != range.len() {
+            self.out_of_range("lent range");
+        }
     }
 
     /// Everything was sent: forget it and recycle payload buffers.
@@ -461,5 +487,34 @@ mod tests {
         o.give_back(Vec::new());
         assert_eq!(o.take_buffer().capacity(), 64, "the useful one comes first");
         assert_eq!(o.take_buffer().capacity(), 0, "and the pool is then empty");
+    }
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::*;
+
+    /// A payload range past its buffer is a bug upstream: debug builds stop at the push.
+    #[test]
+    #[cfg_attr(debug_assertions, should_panic(expected = "out of range"))]
+    fn a_range_past_its_payload_breaks_the_outbox() {
+        let mut out = Outbox::new(2);
+        let index = out.adopt(vec![1; 100]);
+        out.push_payload(index, 50..150);
+        // Release builds: nothing was queued for it, and the engine is told to close.
+        assert!(out.is_broken());
+        assert_eq!(out.len(), 0);
+    }
+
+    #[test]
+    fn ranges_within_their_payloads_are_fine() {
+        let mut out = Outbox::new(2);
+        let index = out.adopt(vec![1; 100]);
+        out.push_payload(index, 0..100);
+        let owner: SharedSlice = (std::sync::Arc::new(vec![2u8; 64]), 0..64);
+        let lent = out.lend(&mut vec![owner.clone(), owner]);
+        out.push_payload(lent, 10..128);
+        assert!(!out.is_broken());
+        assert_eq!(out.len(), 100 + 118);
     }
 }

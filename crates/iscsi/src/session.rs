@@ -149,6 +149,32 @@ pub mod tmf_response {
     pub const REJECTED: u8 = 255;
 }
 
+/// The backend's part of a task management function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmfAnswer {
+    /// Done; this is the response (a [`tmf_response`] code).
+    Now(u8),
+    /// Commands of other nexuses are still running: the engine answers later.
+    Later,
+}
+
+/// A TMF whose response waits until the commands it aborted can no longer reach the medium.
+#[derive(Debug)]
+struct PendingTmf {
+    itt: u32,
+    response: u8,
+    /// This session's aborted tasks still running elsewhere.
+    awaiting_tasks: Vec<u32>,
+    /// The backend has not yet called [`Session::task_management_done`].
+    awaiting_backend: bool,
+    /// TARGET COLD RESET: the connection closes once the response is out.
+    close: bool,
+}
+
+/// TMFs waiting for their aborted tasks at once; beyond it a TMF is answered "function
+/// rejected" (initiators send one at a time).
+const PENDING_TMFS_MAX: usize = 16;
+
 /// A target as SendTargets reports it: name and `address:port,tpgt` strings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiscoveredTarget {
@@ -174,8 +200,11 @@ pub trait ScsiBackend {
     fn defer(&mut self, command: DeferredCommand);
     /// Does this LUN exist for this session? (TMF answers "LUN does not exist" otherwise.)
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool;
-    /// LU-level effects of a TMF (the core has already dropped its own pending tasks).
-    fn task_management(&mut self, function: TmfFunction, lun: [u8; 8]) -> u8;
+    /// LU-level effects of TMF `itt` (the core has already dropped its own pending tasks and
+    /// will itself wait for its own aborted running tasks). [`TmfAnswer::Later`] when the
+    /// answer must wait for commands of other sessions: the engine then calls
+    /// [`Session::task_management_done`] once they can no longer reach the medium.
+    fn task_management(&mut self, itt: u32, function: TmfFunction, lun: [u8; 8]) -> TmfAnswer;
     /// Targets this initiator may see; `filter` is None for SendTargets=All.
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget>;
 }
@@ -336,6 +365,8 @@ pub struct Session {
     sense_buf: Vec<u8>,
     logged_out: bool,
     activity: Activity,
+    /// TMFs answered once their aborted tasks are done.
+    tmfs: Vec<PendingTmf>,
 }
 
 impl Session {
@@ -378,6 +409,7 @@ impl Session {
             sense_buf: Vec::with_capacity(256),
             logged_out: false,
             activity: Activity::default(),
+            tmfs: Vec::new(),
         }
     }
 
@@ -437,10 +469,35 @@ impl Session {
         let slots = self.limits.queue_depth.max(1).saturating_sub(outstanding);
         // slots == 0 closes the window: MaxCmdSN = ExpCmdSN - 1.
         let candidate = self.exp_cmd_sn.wrapping_add(slots).wrapping_sub(1);
+        let before = self.max_cmd_sn_granted;
         if serial::lt(self.max_cmd_sn_granted, candidate) {
             self.max_cmd_sn_granted = candidate;
         }
+        debug_assert!(
+            !serial::lt(self.max_cmd_sn_granted, before),
+            "MaxCmdSN never goes backwards"
+        );
         self.max_cmd_sn_granted
+    }
+
+    /// The session's invariants, checked in debug builds (and by the fuzz targets) after each
+    /// input (PDU, completion, TMF answer): the write-memory count is the sum of its parts, outstanding tasks
+    /// stay within the queue depth, waiting TMFs within their bound.
+    fn check_invariants(&self) {
+        debug_assert_eq!(
+            self.pending_write_bytes,
+            self.pending.iter().map(|p| p.edtl as usize).sum::<usize>(),
+            "pending write bytes are the sum of the pending writes"
+        );
+        debug_assert!(
+            self.pending.len() + self.running.len() <= self.limits.queue_depth.max(1) as usize,
+            "{} pending + {} running tasks exceed the queue depth {}",
+            self.pending.len(),
+            self.running.len(),
+            self.limits.queue_depth
+        );
+        debug_assert!(self.tmfs.len() <= PENDING_TMFS_MAX);
+        debug_assert!(self.out_of_order.len() <= self.limits.queue_depth as usize);
     }
 
     /// How long the initiator has sent nothing of its own accord (answers to our pings do not
@@ -539,6 +596,18 @@ impl Session {
         backend: &mut dyn ScsiBackend,
         out: &mut Outbox,
     ) -> Flow {
+        let flow = self.handle_pdu(pdu, now, backend, out);
+        self.check_invariants();
+        flow
+    }
+
+    fn handle_pdu(
+        &mut self,
+        pdu: &Pdu<'_>,
+        now: Instant,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
         if let Some(flow) = self.arrived(pdu, now) {
             return flow;
         }
@@ -625,16 +694,13 @@ impl Session {
             .position(|(sn, _)| *sn == self.exp_cmd_sn)
         {
             let (_, raw) = self.out_of_order.swap_remove(pos);
-            let Some(bhs) = Bhs::from_slice(&raw) else {
-                continue;
-            };
-            let ahs_end = pdu::BHS_LEN + bhs.total_ahs_len();
-            let (Some(ahs), Some(data)) = (raw.get(pdu::BHS_LEN..ahs_end), raw.get(ahs_end..))
-            else {
-                continue;
-            };
-            let Some(opcode) = Opcode::from_initiator(bhs.opcode_raw()) else {
-                continue;
+            // These bytes are a PDU `handle` parsed and kept whole, so they parse again. If
+            // they did not, skipping the command would stall ExpCmdSN for good: an invariant,
+            // and in release builds the connection closes (the engine logs it).
+            let Some((bhs, ahs, data, opcode)) = reparse(&raw) else {
+                debug_assert!(false, "a kept out-of-order PDU does not parse again");
+                self.logged_out = true;
+                return Flow::Close;
             };
             self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
             self.last_rx = now;
@@ -719,6 +785,13 @@ impl Session {
         }
         if self.pending.iter().any(|p| p.itt == itt) {
             self.reject(bhs, RejectReason::TaskInProgress, out);
+            return Flow::Continue;
+        }
+        // Commands inside the window never exceed the queue depth (the window shrinks as tasks
+        // pile up); immediate commands come outside it, and are refused rather than queued
+        // without bound.
+        if self.pending.len() + self.running.len() >= self.limits.queue_depth.max(1) as usize {
+            self.respond_status(itt, status::TASK_SET_FULL, out);
             return Flow::Continue;
         }
         if read && write {
@@ -916,7 +989,9 @@ impl Session {
         if let Some(flow) = self.arrived(&pdu, now) {
             return flow;
         }
-        self.data_out_inner(&pdu, bhs.data_segment_len(), true, backend, out)
+        let flow = self.data_out_inner(&pdu, bhs.data_segment_len(), true, backend, out);
+        self.check_invariants();
+        flow
     }
 
     fn data_out(&mut self, pdu: &Pdu<'_>, backend: &mut dyn ScsiBackend, out: &mut Outbox) -> Flow {
@@ -1100,6 +1175,13 @@ impl Session {
         };
         let task = self.running.swap_remove(index);
         if task.aborted {
+            // Its effect is settled: the TMFs that aborted it may answer now.
+            for tmf in &mut self.tmfs {
+                tmf.awaiting_tasks.retain(|&t| t != task.itt);
+            }
+            if self.answer_settled_tmfs(out) == Flow::Close {
+                debug_assert!(self.logged_out, "a cold reset closes the session");
+            }
             return true;
         }
         self.sense_buf.clear();
@@ -1300,31 +1382,42 @@ impl Session {
         out: &mut Outbox,
     ) -> Flow {
         let bhs = &pdu.bhs;
+        let itt = bhs.itt();
         let lun = bhs.lun();
         let function = TmfFunction::from_wire(bhs.flags() & 0x7f);
+        if function.is_some() && self.tmfs.len() >= PENDING_TMFS_MAX {
+            self.respond_tmf(itt, tmf_response::REJECTED, out);
+            return Flow::Continue;
+        }
+        // Running tasks the function aborts: their completions will send nothing, and the
+        // response waits for them (SAM-5 §7.1: an aborted task may not change the medium after
+        // the TMF completes; a running task cannot be stopped midway, so it is waited for).
+        let mut awaiting_tasks = Vec::new();
         let mut close = false;
-        let response = match function {
-            None => tmf_response::NOT_SUPPORTED,
-            Some(_) if self.kind == SessionType::Discovery => tmf_response::NOT_SUPPORTED,
+        let answer = match function {
+            None => TmfAnswer::Now(tmf_response::NOT_SUPPORTED),
+            Some(_) if self.kind == SessionType::Discovery => {
+                TmfAnswer::Now(tmf_response::NOT_SUPPORTED)
+            }
             Some(TmfFunction::AbortTask) => {
                 let referenced = bhs.u32_at(20);
                 let ref_cmd_sn = bhs.u32_at(32);
                 if let Some(i) = self.pending.iter().position(|p| p.itt == referenced) {
                     let task = self.take_pending(i);
                     out.give_back(task.buf);
-                    tmf_response::COMPLETE
+                    TmfAnswer::Now(tmf_response::COMPLETE)
                 } else if let Some(task) = self.running.iter_mut().find(|t| t.itt == referenced) {
-                    // Running elsewhere: it cannot be stopped midway, but it will send nothing.
                     task.aborted = true;
-                    tmf_response::COMPLETE
+                    awaiting_tasks.push(referenced);
+                    TmfAnswer::Now(tmf_response::COMPLETE)
                 } else if serial::lt(ref_cmd_sn, self.exp_cmd_sn) {
                     // Received and already completed: nothing left to abort.
-                    tmf_response::TASK_DOES_NOT_EXIST
+                    TmfAnswer::Now(tmf_response::TASK_DOES_NOT_EXIST)
                 } else if serial::in_window(ref_cmd_sn, self.exp_cmd_sn, self.max_cmd_sn()) {
                     // Never received (RFC 7143 §11.5.1): consider it received, the function done.
-                    tmf_response::COMPLETE
+                    TmfAnswer::Now(tmf_response::COMPLETE)
                 } else {
-                    tmf_response::TASK_DOES_NOT_EXIST
+                    TmfAnswer::Now(tmf_response::TASK_DOES_NOT_EXIST)
                 }
             }
             Some(
@@ -1333,34 +1426,90 @@ impl Session {
                 | TmfFunction::LogicalUnitReset),
             ) => {
                 if !backend.lun_exists(lun) {
-                    tmf_response::LUN_DOES_NOT_EXIST
+                    TmfAnswer::Now(tmf_response::LUN_DOES_NOT_EXIST)
                 } else {
                     self.drop_pending(|p| p.lun == lun, out);
-                    self.abort_running(|t| t.lun == lun);
-                    backend.task_management(f, lun)
+                    awaiting_tasks = self.abort_running(|t| t.lun == lun);
+                    backend.task_management(itt, f, lun)
                 }
             }
-            Some(TmfFunction::ClearAca) => tmf_response::NOT_SUPPORTED,
+            Some(TmfFunction::ClearAca) => TmfAnswer::Now(tmf_response::NOT_SUPPORTED),
             Some(f @ (TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset)) => {
                 self.drop_pending(|_| true, out);
-                self.abort_running(|_| true);
+                awaiting_tasks = self.abort_running(|_| true);
                 close = f == TmfFunction::TargetColdReset;
-                backend.task_management(f, lun)
+                backend.task_management(itt, f, lun)
             }
-            Some(TmfFunction::TaskReassign) => tmf_response::REASSIGN_NOT_SUPPORTED,
+            Some(TmfFunction::TaskReassign) => TmfAnswer::Now(tmf_response::REASSIGN_NOT_SUPPORTED),
         };
+        let (response, awaiting_backend) = match answer {
+            TmfAnswer::Now(response) => (response, false),
+            TmfAnswer::Later => (tmf_response::COMPLETE, true),
+        };
+        self.tmfs.push(PendingTmf {
+            itt,
+            response,
+            awaiting_tasks,
+            awaiting_backend,
+            close,
+        });
+        self.answer_settled_tmfs(out)
+    }
+
+    /// The engine's part of TMF `itt` is done (see [`TmfAnswer::Later`]): `response` is its
+    /// answer. Sends the response if the session's own aborted tasks are done too. Returns
+    /// `Close` after a TARGET COLD RESET's response.
+    pub fn task_management_done(&mut self, itt: u32, response: u8, out: &mut Outbox) -> Flow {
+        match self
+            .tmfs
+            .iter_mut()
+            .find(|t| t.itt == itt && t.awaiting_backend)
+        {
+            Some(tmf) => {
+                tmf.awaiting_backend = false;
+                tmf.response = response;
+            }
+            None => debug_assert!(false, "TMF {itt:#x} was not waiting for the backend"),
+        }
+        self.answer_settled_tmfs(out)
+    }
+
+    /// Whether the session has ended (logout, TARGET COLD RESET): the engine sends what is
+    /// queued and closes the connection.
+    pub fn closing(&self) -> bool {
+        self.logged_out
+    }
+
+    /// TMFs still waiting for their aborted tasks or the backend.
+    pub fn pending_tmfs(&self) -> usize {
+        self.tmfs.len()
+    }
+
+    /// Responds to every TMF nothing is left to wait for, in arrival order.
+    fn answer_settled_tmfs(&mut self, out: &mut Outbox) -> Flow {
+        let mut flow = Flow::Continue;
+        while let Some(i) = self
+            .tmfs
+            .iter()
+            .position(|t| t.awaiting_tasks.is_empty() && !t.awaiting_backend)
+        {
+            let tmf = self.tmfs.remove(i);
+            self.respond_tmf(tmf.itt, tmf.response, out);
+            if tmf.close {
+                self.logged_out = true;
+                flow = Flow::Close;
+            }
+        }
+        flow
+    }
+
+    fn respond_tmf(&mut self, itt: u32, response: u8, out: &mut Outbox) {
         let mut resp = Bhs::new(Opcode::TaskMgmtResponse);
         resp.set_flags(0x80);
         resp.0[2] = response;
-        resp.set_itt(bhs.itt());
+        resp.set_itt(itt);
         self.stamp(&mut resp, true);
         self.push_pdu(out, &resp, &[]);
-        if close {
-            self.logged_out = true;
-            Flow::Close
-        } else {
-            Flow::Continue
-        }
     }
 
     /// Removes a pending write and releases its share of the write-memory budget.
@@ -1370,10 +1519,14 @@ impl Session {
         task
     }
 
-    fn abort_running(&mut self, which: impl Fn(&RunningTask) -> bool) {
+    /// Marks the running tasks `which` selects aborted; returns their ITTs.
+    fn abort_running(&mut self, which: impl Fn(&RunningTask) -> bool) -> Vec<u32> {
+        let mut aborted = Vec::new();
         for task in self.running.iter_mut().filter(|t| which(t)) {
             task.aborted = true;
+            aborted.push(task.itt);
         }
+        aborted
     }
 
     fn drop_pending(&mut self, which: impl Fn(&PendingWrite) -> bool, out: &mut Outbox) {
@@ -1607,6 +1760,16 @@ const INTERNAL_TARGET_FAILURE: [u8; 18] = fixed_sense(0x04, 0x44, 0x00);
 
 /// The CDB: 16 bytes in the BHS, extended by an Extended CDB AHS (type 1) when longer. Borrowed
 /// in the common case so the fast path does not allocate.
+/// A PDU kept for later as one byte string: its header, AHS, data and opcode.
+fn reparse(raw: &[u8]) -> Option<(Bhs, &[u8], &[u8], Opcode)> {
+    let bhs = Bhs::from_slice(raw)?;
+    let ahs_end = pdu::BHS_LEN + bhs.total_ahs_len();
+    let ahs = raw.get(pdu::BHS_LEN..ahs_end)?;
+    let data = raw.get(ahs_end..)?;
+    let opcode = Opcode::from_initiator(bhs.opcode_raw())?;
+    Some((bhs, ahs, data, opcode))
+}
+
 fn cdb_of<'a>(pdu: &'a Pdu<'_>) -> Option<Cow<'a, [u8]>> {
     let base = pdu.bhs.0.get(off::CDB..off::CDB + 16)?;
     let mut ahs = pdu.ahs;

@@ -9,6 +9,7 @@
 
 mod alua;
 mod cdb;
+pub mod inflight;
 mod inquiry;
 mod lu;
 mod lun_map;

@@ -90,6 +90,8 @@ pub struct LogicalUnit {
     /// COPY STATUS of finished EXTENDED COPY commands with LIST ID USAGE 00b, by nexus and list
     /// identifier; discarded when reported or when the nexus goes.
     pub(crate) copy_results: Mutex<HashMap<(u64, u8), crate::xcopy::CopyRecord>>,
+    /// Commands that may still reach the medium; task management waits for them.
+    in_flight: Arc<crate::inflight::InFlight>,
 }
 
 fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
@@ -144,6 +146,7 @@ impl LogicalUnit {
             reservations: crate::pr::Reservations::default(),
             spc2_reservations: AtomicBool::new(false),
             copy_results: Mutex::new(HashMap::new()),
+            in_flight: Arc::default(),
         })
     }
 
@@ -152,6 +155,11 @@ impl LogicalUnit {
     }
     pub fn identity(&self) -> &LuIdentity {
         &self.identity
+    }
+    /// Its commands in flight: a command holds a guard from here while it runs (see
+    /// [`crate::inflight`]).
+    pub fn in_flight(&self) -> &Arc<crate::inflight::InFlight> {
+        &self.in_flight
     }
     /// The store's size in bytes.
     pub fn capacity_bytes(&self) -> u64 {

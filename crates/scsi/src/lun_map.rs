@@ -48,6 +48,23 @@ impl LunMap {
             .map(|i| &self.entries[i])
     }
 
+    /// Takes the in-flight guard of the LU behind `lun` for a command handed to another
+    /// thread: `None` when no LU is there; `Some(Err(lu))` while a reset drains it (the
+    /// command must wait with [`crate::inflight::InFlight::begin_blocking`] where waiting is
+    /// allowed).
+    pub fn begin_owned(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+    ) -> Option<Result<crate::inflight::OwnedIoGuard, Arc<crate::inflight::InFlight>>> {
+        let in_flight = self.get(lun)?.lu.in_flight();
+        Some(
+            in_flight
+                .try_begin_owned(nexus.id)
+                .ok_or_else(|| Arc::clone(in_flight)),
+        )
+    }
+
     pub fn entries(&self) -> &[LunEntry] {
         &self.entries
     }
@@ -57,7 +74,8 @@ impl LunMap {
     }
 
     /// Runs one command addressed to `lun` (already decoded with [`lun_from_wire`]); may wait
-    /// for the device.
+    /// for the device. The caller holds the LU's in-flight guard for it
+    /// ([`LunMap::begin_owned`]) from the moment it took the command over.
     pub fn execute(
         &self,
         nexus: &Nexus,
@@ -117,6 +135,12 @@ impl LunMap {
             });
         }
         if let Some(entry) = self.get(lun) {
+            // A network worker's command holds its LU for as long as it runs here; while a
+            // reset drains the LU it is declined (nothing done) and waits on an I/O thread.
+            let _guard = match io {
+                Some(_) => Some(entry.lu.in_flight().try_begin(nexus.id)?),
+                None => None,
+            };
             return entry
                 .lu
                 .execute_io(nexus, cmd, data_in, io, entry.read_only, Some(self));

@@ -16,7 +16,7 @@ use iscsi::outbox::{Outbox, Part};
 use iscsi::pdu::{self, FrameError, Framing};
 use iscsi::session::{
     Activity, DeferredCommand, DiscoveredTarget, Execution, Flow, Loan, ScsiBackend, ScsiOutcome,
-    ScsiRequest, Session, SessionLimits, Tick, TmfFunction,
+    ScsiRequest, Session, SessionLimits, Tick, TmfAnswer, TmfFunction,
 };
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use scsi::{LunEntry, LunMap, Nexus};
@@ -277,6 +277,83 @@ struct Backend<'a> {
     turn_ended: Option<Instant>,
     /// Raised by the blocking pool with each completion, to end the worker's busy poll.
     completion_flag: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Resets (LU, target) and CLEAR TASK SETs waiting for their LUs' commands to finish.
+    tmf_waits: Vec<TmfWait>,
+}
+
+/// A task management function waiting until no command of its LUs can still reach the medium;
+/// then its effects apply and it is answered. Its LUs hold new commands meanwhile (see
+/// `scsi::inflight`); dropping it (the connection closed first) lets them go on.
+struct TmfWait {
+    itt: u32,
+    function: TmfFunction,
+    /// The nexus that asked: its own unit attentions are not raised.
+    by: u64,
+    units: Vec<Arc<scsi::LogicalUnit>>,
+}
+
+impl TmfWait {
+    fn new(itt: u32, function: TmfFunction, by: u64, units: Vec<Arc<scsi::LogicalUnit>>) -> Self {
+        for unit in &units {
+            unit.in_flight().start_reset();
+        }
+        TmfWait {
+            itt,
+            function,
+            by,
+            units,
+        }
+    }
+
+    /// Ready when none of its LUs has a command running.
+    fn poll_drained(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let mut pending = false;
+        for unit in &self.units {
+            pending |= unit.in_flight().poll_drained(cx).is_pending();
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    }
+
+    /// Applies the function's effects on its drained LUs (unit attentions, reservations);
+    /// the LUs take commands again when `self` drops.
+    fn apply(&self) {
+        for unit in &self.units {
+            debug_assert_eq!(unit.in_flight().count(), 0, "applied before draining");
+            match self.function {
+                TmfFunction::LogicalUnitReset => unit.logical_unit_reset(self.by),
+                TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
+                    unit.target_reset(self.by)
+                }
+                // Every command of the task set has finished: nothing else to clear.
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Drop for TmfWait {
+    fn drop(&mut self) {
+        for unit in &self.units {
+            unit.in_flight().end_reset();
+        }
+    }
+}
+
+/// Resolves when the first of `waits` has drained (pending while there are none).
+async fn first_drained(waits: &[TmfWait]) -> usize {
+    std::future::poll_fn(|cx| {
+        for (i, wait) in waits.iter().enumerate() {
+            if wait.poll_drained(cx).is_ready() {
+                return std::task::Poll::Ready(i);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// One LUN's I/O on this connection, counted without atomics.
@@ -528,8 +605,10 @@ impl ScsiBackend for Backend<'_> {
             debug_assert!(false, "only commands of a session with LUNs are deferred");
             return;
         };
-        let (luns, nexus) = (Arc::clone(luns), nexus.clone());
         let lun = scsi::lun_from_wire(command.lun);
+        // The command counts as in flight on its LU from now on: a reset waits for it.
+        let hold = luns.begin_owned(nexus, lun);
+        let (luns, nexus) = (Arc::clone(luns), nexus.clone());
         // Buffered writes are watched there too: they keep the device's hold while they stall.
         let stalls = self
             .disk_lu(lun)
@@ -542,6 +621,13 @@ impl ScsiBackend for Backend<'_> {
         let completion_flag = self.completion_flag.clone();
         let started = self.turn_started;
         tokio::task::spawn_blocking(move || {
+            // A reset was draining the LU at hand-over: wait here (never on the worker) until
+            // it is done, then run.
+            let _hold = match hold {
+                Some(Ok(guard)) => Some(guard),
+                Some(Err(in_flight)) => Some(in_flight.begin_blocking(nexus.id)),
+                None => None,
+            };
             let cmd = scsi::Command {
                 cdb: &command.cdb,
                 data_out: &command.data_out,
@@ -581,32 +667,29 @@ impl ScsiBackend for Backend<'_> {
             .is_some_and(|m| m.get(scsi::lun_from_wire(lun)).is_some())
     }
 
-    fn task_management(&mut self, function: TmfFunction, lun: [u8; 8]) -> u8 {
+    fn task_management(&mut self, itt: u32, function: TmfFunction, lun: [u8; 8]) -> TmfAnswer {
         let by = self.nexus.as_ref().map_or(0, |n| n.id);
-        match function {
-            TmfFunction::LogicalUnitReset => {
-                if let Some(entry) = self
-                    .luns
-                    .as_ref()
-                    .and_then(|m| m.get(scsi::lun_from_wire(lun)))
-                {
-                    entry.lu.logical_unit_reset(by);
-                }
-            }
-            TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
-                if let Some(t) = self
-                    .membership
-                    .and_then(|m| self.shared.targets.get(m.target))
-                {
-                    for unit in &t.units {
-                        unit.target_reset(by);
-                    }
-                }
-            }
-            // Commands run to completion as they arrive: there is no queued SCSI task to abort.
-            _ => {}
+        // The LUs whose every command (of any session) must finish first.
+        let units: Vec<Arc<scsi::LogicalUnit>> = match function {
+            TmfFunction::LogicalUnitReset | TmfFunction::ClearTaskSet => self
+                .luns
+                .as_ref()
+                .and_then(|m| m.get(scsi::lun_from_wire(lun)))
+                .map(|entry| vec![Arc::clone(&entry.lu)])
+                .unwrap_or_default(),
+            TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => self
+                .membership
+                .and_then(|m| self.shared.targets.get(m.target))
+                .map(|t| t.units.clone())
+                .unwrap_or_default(),
+            // ABORT TASK SET concerns this nexus's tasks only, which the session waits for.
+            _ => Vec::new(),
+        };
+        if units.is_empty() {
+            return TmfAnswer::Now(iscsi::session::tmf_response::COMPLETE);
         }
-        iscsi::session::tmf_response::COMPLETE
+        self.tmf_waits.push(TmfWait::new(itt, function, by, units));
+        TmfAnswer::Later
     }
 
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
@@ -779,6 +862,7 @@ impl Driver {
             turn_inline: Vec::new(),
             turn_ended: None,
             completion_flag: busy_poll::completion_flag(),
+            tmf_waits: Vec::new(),
         };
         if let Some((t, group)) = membership.and_then(|m| shared.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();
@@ -1059,6 +1143,23 @@ impl Driver {
                     }
                     session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
                     self.out.give_back(done.data_out);
+                    if session.closing() {
+                        // A TARGET COLD RESET answered once its last aborted task finished.
+                        self.flush().await?;
+                        return Ok(());
+                    }
+                }
+                drained = first_drained(&backend.tmf_waits), if !backend.tmf_waits.is_empty() => {
+                    let wait = backend.tmf_waits.swap_remove(drained);
+                    wait.apply();
+                    let itt = wait.itt;
+                    // The LUs take commands again (before the answer goes out).
+                    drop(wait);
+                    let flow = session.task_management_done(itt, iscsi::session::tmf_response::COMPLETE, &mut self.out);
+                    self.flush().await?;
+                    if flow == Flow::Close {
+                        return Ok(());
+                    }
                 }
                 changed = ticket.kill.changed() => {
                     if changed.is_err() || *ticket.kill.borrow() {
@@ -1263,6 +1364,11 @@ impl Driver {
     /// Sends everything queued with as few system calls as possible: one vectored write for the
     /// memory parts between file ranges, one `sendfile` per file range.
     async fn flush(&mut self) -> Result<(), String> {
+        if self.out.is_broken() {
+            // A bug, not the initiator's doing: what is queued no longer matches its headers.
+            tracing::error!(peer = %self.peer, "outbox invariant broken (a payload range out of bounds); closing the connection");
+            return Err("outbox invariant broken".into());
+        }
         while let Some(first) = self.out.parts().first() {
             let written = if let &Part::File { offset, len, .. } = first {
                 let Some(file) = self.out.file(first) else {

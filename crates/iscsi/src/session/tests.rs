@@ -9,6 +9,8 @@ struct Backend {
     sense: Vec<u8>,
     status: u8,
     tmf: Vec<TmfFunction>,
+    /// Answer LU-level TMFs later (commands of other sessions still running).
+    tmf_later: bool,
     /// Answer Deferred and remember the ITT instead of running the command.
     defer: bool,
     deferred: Vec<u32>,
@@ -88,9 +90,13 @@ impl ScsiBackend for Backend {
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
         lun == [0; 8]
     }
-    fn task_management(&mut self, f: TmfFunction, _lun: [u8; 8]) -> u8 {
+    fn task_management(&mut self, _itt: u32, f: TmfFunction, _lun: [u8; 8]) -> TmfAnswer {
         self.tmf.push(f);
-        tmf_response::COMPLETE
+        if self.tmf_later {
+            TmfAnswer::Later
+        } else {
+            TmfAnswer::Now(tmf_response::COMPLETE)
+        }
     }
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
         let all = vec![
@@ -1354,13 +1360,13 @@ fn deferred_read_returns_data_and_sense_on_completion() {
 }
 
 #[test]
-fn aborted_deferred_tasks_send_nothing() {
+fn tmf_responses_wait_for_the_tasks_they_abort() {
     let mut h = harness();
     h.b.defer = true;
-    let cmd = h.command(&WRITE10, 0xa0, 512, 21);
-    h.send(cmd, &[1; 512]);
-    let cmd = h.command(&WRITE10, 0xa0, 512, 22);
-    h.send(cmd, &[1; 512]);
+    for itt in [21, 22] {
+        let cmd = h.command(&WRITE10, 0xa0, 512, itt);
+        h.send(cmd, &[1; 512]);
+    }
     let mut tmf = Bhs::new(Opcode::TaskMgmtRequest);
     tmf.set_immediate(true);
     tmf.set_flags(0x80 | 1);
@@ -1368,21 +1374,87 @@ fn aborted_deferred_tasks_send_nothing() {
     tmf.set_u32(20, 21);
     tmf.set_u32(off::CMD_SN, h.cmd_sn);
     let (_, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
-    // LUN reset aborts the other one too.
-    tmf.set_flags(0x80 | 5);
-    tmf.set_itt(101);
-    let (_, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
-    let mut out = Outbox::new(4);
+    assert!(
+        r.is_empty(),
+        "ABORT TASK of a running write waits until it can no longer reach the medium"
+    );
+    assert_eq!(h.s.pending_tmfs(), 1);
     let good = ScsiOutcome {
         status: status::GOOD,
         transfer_len: 512,
     };
+    let mut out = Outbox::new(4);
     assert!(h.s.complete(21, good, Vec::new(), &[], &mut out));
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(
+        r.len(),
+        1,
+        "the aborted task sends nothing, the TMF its response"
+    );
+    assert_eq!(r[0].0.opcode_raw(), Opcode::TaskMgmtResponse as u8);
+    assert_eq!(r[0].0.itt(), 100);
+    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    // LU reset: waits for this session's task and for the engine (other sessions' commands).
+    h.b.tmf_later = true;
+    tmf.set_flags(0x80 | 5);
+    tmf.set_itt(101);
+    let (_, r) = h.send(tmf, &[]);
+    assert!(r.is_empty());
+    let mut out = Outbox::new(4);
     assert!(h.s.complete(22, good, Vec::new(), &[], &mut out));
-    assert!(out.is_empty(), "aborted tasks produce no response");
+    assert!(out.is_empty(), "the engine has not answered yet");
     assert_eq!(h.s.running_tasks(), 0);
+    let mut out = Outbox::new(4);
+    assert_eq!(
+        h.s.task_management_done(101, tmf_response::COMPLETE, &mut out),
+        Flow::Continue
+    );
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.itt(), 101);
+    assert_eq!(h.s.pending_tmfs(), 0);
+    // The engine answered first, the session's own task completes later.
+    let cmd = h.command(&WRITE10, 0xa0, 512, 23);
+    h.send(cmd, &[1; 512]);
+    tmf.set_itt(102);
+    let (_, r) = h.send(tmf, &[]);
+    assert!(r.is_empty());
+    let mut out = Outbox::new(4);
+    h.s.task_management_done(102, tmf_response::COMPLETE, &mut out);
+    assert!(out.is_empty(), "task 23 still runs");
+    assert!(h.s.complete(23, good, Vec::new(), &[], &mut out));
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.itt(), 102);
+    // A cold reset closes the connection once its response is out.
+    let cmd = h.command(&WRITE10, 0xa0, 512, 24);
+    h.send(cmd, &[1; 512]);
+    tmf.set_flags(0x80 | 7);
+    tmf.set_itt(103);
+    let (flow, r) = h.send(tmf, &[]);
+    assert!(r.is_empty());
+    assert_eq!(flow, Flow::Continue);
+    let mut out = Outbox::new(4);
+    assert!(h.s.complete(24, good, Vec::new(), &[], &mut out));
+    assert!(out.is_empty());
+    assert_eq!(
+        h.s.task_management_done(103, tmf_response::COMPLETE, &mut out),
+        Flow::Close
+    );
+    assert_eq!(decode_all(&out.to_vec(), &h.s.framing())[0].0.itt(), 103);
+}
+
+#[test]
+fn tmfs_without_running_tasks_answer_at_once() {
+    let mut h = harness();
+    let mut tmf = Bhs::new(Opcode::TaskMgmtRequest);
+    tmf.set_immediate(true);
+    tmf.set_flags(0x80 | 2); // ABORT TASK SET
+    tmf.set_itt(7);
+    let (_, r) = h.send(tmf, &[]);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(h.b.tmf, vec![TmfFunction::AbortTaskSet]);
 }
 
 #[test]

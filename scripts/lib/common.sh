@@ -11,13 +11,17 @@ FERROSAN_DEPS=(
     "tgt:tgtd"
     "iperf3:iperf3"
     "util-linux:prlimit"   # essential in Debian; listed because tests/descriptors.rs runs it
+    "util-linux:fsfreeze"  # tests/task_management.rs holds a write in a frozen filesystem
+    "mount:losetup"
+    "e2fsprogs:mkfs.ext4"
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # Install the missing packages (apt-get update at most once). Idempotent, quiet.
-ensure_deps() {
+# Lists the packages of FERROSAN_DEPS whose command (or package) is missing.
+missing_deps() {
     local missing=() entry pkg what
     for entry in "${FERROSAN_DEPS[@]}"; do
         pkg=${entry%%:*}; what=${entry#*:}
@@ -30,18 +34,32 @@ ensure_deps() {
         fi
         [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
     done
-    ((${#missing[@]} == 0)) && return 0
-    command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
-    local sudo=()
-    ((EUID == 0)) || sudo=(sudo -n)
-    log "installing ${missing[*]} (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    if [[ -z ${FERROSAN_APT_UPDATED:-} ]]; then
-        "${sudo[@]}" apt-get update -qq >/dev/null || die "apt-get update failed"
-        export FERROSAN_APT_UPDATED=1
-    fi
-    "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-        || die "apt-get install ${missing[*]} failed"
+    echo "${missing[*]}"
+}
+
+ensure_deps() {
+    local missing pass
+    # Two passes: installing one package can remove another. Seen on Debian 12 with a
+    # backported qemu-utils: installing qemu-block-extra (bookworm's qemu) removes it, and
+    # qemu-img is gone although it was there before the install.
+    for pass in 1 2; do
+        missing=$(missing_deps)
+        [[ -z $missing ]] && return 0
+        command -v apt-get >/dev/null || die "missing packages $missing and no apt-get to install them"
+        local sudo=()
+        ((EUID == 0)) || sudo=(sudo -n)
+        log "installing $missing (apt-get, pass $pass)"
+        export DEBIAN_FRONTEND=noninteractive
+        if [[ -z ${FERROSAN_APT_UPDATED:-} ]]; then
+            "${sudo[@]}" apt-get update -qq >/dev/null || die "apt-get update failed"
+            export FERROSAN_APT_UPDATED=1
+        fi
+        # shellcheck disable=SC2086 # a list of package names
+        "${sudo[@]}" apt-get install -y -qq --no-install-recommends $missing >/dev/null \
+            || die "apt-get install $missing failed"
+    done
+    missing=$(missing_deps)
+    [[ -z $missing ]] || die "still missing after installing: $missing"
 }
 
 # True if something accepts TCP connections on 127.0.0.1:$1.

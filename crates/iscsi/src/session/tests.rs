@@ -1555,3 +1555,26 @@ fn activity_bounds_a_nonsense_exp_stat_sn() {
     h.send(b, b"");
     assert_eq!(h.s.take_activity().initiator_backlog, 3);
 }
+
+#[test]
+fn immediate_commands_beyond_the_queue_depth_get_task_set_full() {
+    let limits = SessionLimits {
+        queue_depth: 2,
+        ..SessionLimits::default()
+    };
+    let mut h = harness_with(SessionType::Normal, params(), limits);
+    h.b.defer = true;
+    for itt in 1..=2u32 {
+        let cmd = h.command(&WRITE10, 0xa0, 512, itt);
+        let (_, r) = h.send(cmd, &[0; 512]);
+        assert!(r.is_empty());
+    }
+    // Immediate delivery bypasses the CmdSN window; the task set is still bounded.
+    let mut cmd = h.command(&WRITE10, 0xa0, 512, 3);
+    cmd.set_immediate(true);
+    let (_, r) = h.send(cmd, &[0; 512]);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.itt(), 3);
+    assert_eq!(r[0].0 .0[3], status::TASK_SET_FULL);
+    assert_eq!(h.s.running_tasks(), 2);
+}

@@ -168,12 +168,27 @@ fn prepare(s: &str) -> Result<String, NameError> {
     {
         return Ok(s.to_owned());
     }
-    let normal: String = s
-        .chars()
-        .filter(|&c| !tables::commonly_mapped_to_nothing(c))
-        .flat_map(tables::case_fold_for_nfkc)
-        .nfkc()
-        .collect();
+    // Unassigned in Unicode 3.2 (the profile's version) is refused in the input too, not only
+    // in the output: NFKC here follows today's Unicode, and a character added since can
+    // decompose into one the 3.2 case folding never saw (U+1CCE3, OUTLINED LATIN CAPITAL
+    // LETTER, becomes `L`; found by the `iscsi_name` fuzz target).
+    if let Some(found) = s.chars().find(|&c| tables::unassigned_code_point(c)) {
+        return Err(NameError::Prohibited { found });
+    }
+    let map = |text: &str| -> String {
+        text.chars()
+            .filter(|&c| !tables::commonly_mapped_to_nothing(c))
+            .flat_map(tables::case_fold_for_nfkc)
+            .nfkc()
+            .collect()
+    };
+    let normal = map(s);
+    // A normal form must be its own normal form, or two spellings could compare unequal;
+    // should the tables ever disagree on some character, the name is refused instead.
+    if map(&normal) != normal {
+        let found = s.chars().find(|c| !c.is_ascii()).unwrap_or('?');
+        return Err(NameError::Prohibited { found });
+    }
     let prohibited = |c: char| {
         tables::ascii_space_character(c)
             || tables::non_ascii_space_character(c)
@@ -318,6 +333,7 @@ mod tests {
             "iqn.2026-11.test:\u{fffe}",  // non-character
             "iqn.2026-11.test:\u{200e}",  // LRM (C.8)
             "iqn.2026-11.test:\u{e0001}", // language tag (C.9)
+            "iqn.2026-11.test:\u{1cce3}", // unassigned in Unicode 3.2 (found by fuzzing)
         ] {
             assert!(
                 matches!(IscsiName::from_wire(bad), Err(NameError::Prohibited { .. })),

@@ -161,6 +161,10 @@ impl LogicalUnit {
     pub fn in_flight(&self) -> &Arc<crate::inflight::InFlight> {
         &self.in_flight
     }
+    /// What the store behind this LU can do (the engine plans from it).
+    pub fn capabilities(&self) -> store::Capabilities {
+        self.store.capabilities()
+    }
     /// The store's size in bytes.
     pub fn capacity_bytes(&self) -> u64 {
         self.store.size_bytes()

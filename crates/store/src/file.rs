@@ -28,6 +28,20 @@ pub struct FileStore {
     /// Cleared once the kernel answers that it has no `cachestat` (before 6.5) or forbids it:
     /// reads are then always copied.
     cachestat: AtomicBool,
+    /// The file lives in memory (tmpfs, ramfs): nothing it does waits for a device.
+    in_memory: bool,
+}
+
+/// Whether `file` lives on a filesystem held in memory (tmpfs, ramfs). A filesystem that cannot
+/// be inspected counts as a disk: the safe side (durable operations then leave the workers).
+fn in_memory_filesystem(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    match rustix::fs::fstatfs(file) {
+        #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
+        Ok(st) => matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC),
+        Err(_) => false,
+    }
 }
 
 impl FileStore {
@@ -84,7 +98,9 @@ impl FileStore {
                 ),
             ));
         };
+        let in_memory = !block_device && in_memory_filesystem(&file);
         Ok(FileStore {
+            in_memory,
             file: Arc::new(file),
             size_bytes,
             thin,
@@ -304,6 +320,16 @@ impl BlockStore for FileStore {
     fn is_thin(&self) -> bool {
         self.thin
     }
+
+    fn capabilities(&self) -> crate::Capabilities {
+        crate::Capabilities {
+            waits_for_device: !self.in_memory,
+            lends_memory: false,
+            lends_file_ranges: true,
+            page_cache: true,
+            thin: self.thin,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -329,6 +355,29 @@ mod tests {
     }
 
     const MIB: u64 = 1 << 20;
+
+    /// The store, not the engine, says whether it waits for a device: a file on tmpfs does
+    /// not, a file on a disk does, RAM never.
+    #[test]
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
+    fn only_files_on_disks_wait_for_a_device() {
+        assert!(!crate::RamStore::new(MIB).capabilities().waits_for_device);
+        if rustix::fs::statfs("/dev/shm").is_ok_and(|st| st.f_type as i64 == 0x0102_1994) {
+            let path = format!("/dev/shm/ferrosan-store-caps-{}", std::process::id());
+            let s = FileStore::open(&path, Some(MIB), true).unwrap();
+            let _ = std::fs::remove_file(&path);
+            assert!(!s.capabilities().waits_for_device, "tmpfs is memory");
+        }
+        // /var/tmp is on the root filesystem here (a real disk), never tmpfs by convention.
+        let path = format!("/var/tmp/ferrosan-store-caps-{}", std::process::id());
+        let s = FileStore::open(&path, Some(MIB), false).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let on_tmpfs =
+            rustix::fs::statfs("/var/tmp").is_ok_and(|st| st.f_type as i64 == 0x0102_1994);
+        assert_eq!(s.capabilities().waits_for_device, !on_tmpfs);
+        assert!(!s.capabilities().thin);
+        assert!(s.capabilities().page_cache);
+    }
 
     #[test]
     fn non_blocking_writes_land_whole() {

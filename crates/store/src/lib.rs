@@ -32,8 +32,27 @@ pub struct Extent {
     pub len: u64,
 }
 
+/// What a store can do, as the store states it: the engine plans from this (which thread runs
+/// a command, whether a read may lend), never from the store's kind or path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Reads and durable writes may wait for a device (a disk behind the page cache), so they
+    /// must not run on a network worker. False for memory: RAM, and files on tmpfs/ramfs.
+    pub waits_for_device: bool,
+    /// Reads can lend the store's own memory ([`BlockStore::read_shared`]).
+    pub lends_memory: bool,
+    /// Reads can lend page-cached ranges of a backing file ([`BlockStore::cached_file_range`]).
+    pub lends_file_ranges: bool,
+    /// I/O passes through the page cache (a direct-I/O store would say false).
+    pub page_cache: bool,
+    /// Discard deallocates: UNMAP and WRITE SAME with UNMAP release space.
+    pub thin: bool,
+}
+
 pub trait BlockStore: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
+    /// What this store can do (see [`Capabilities`]); fixed for the store's life.
+    fn capabilities(&self) -> Capabilities;
     /// Fills `buf` entirely; unwritten or discarded ranges read as zeros.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Zero-copy read: appends slices of the store's own memory covering `[offset, offset+len)`

@@ -230,6 +230,16 @@ impl BlockStore for RamStore {
     fn is_thin(&self) -> bool {
         true
     }
+
+    fn capabilities(&self) -> crate::Capabilities {
+        crate::Capabilities {
+            waits_for_device: false,
+            lends_memory: true,
+            lends_file_ranges: false,
+            page_cache: false,
+            thin: true,
+        }
+    }
 }
 
 #[cfg(test)]

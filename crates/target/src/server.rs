@@ -731,25 +731,6 @@ fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
 /// Whether this store sits on a real device, so that making data durable waits for it and
 /// buffered writes can stall in the kernel. RAM never does; files on tmpfs/ramfs have nothing to
 /// flush or write back; anything else (disk filesystems, block devices) does.
-fn disk_backed(kind: &StoreKind) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    let path = match kind {
-        StoreKind::Ram { .. } => return false,
-        StoreKind::File { path, .. } | StoreKind::Block { path } => path,
-    };
-    // A file not created yet lives on its directory's filesystem.
-    let stat = rustix::fs::statfs(path.as_path()).or_else(|e| match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => rustix::fs::statfs(dir),
-        _ => Err(e),
-    });
-    match stat {
-        #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
-        Ok(st) => !matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC),
-        Err(_) => true,
-    }
-}
-
 fn product_name(kind: &StoreKind) -> &'static str {
     match kind {
         StoreKind::Ram { .. } => "RAM DISK",
@@ -775,8 +756,11 @@ fn build(config: &Config) -> Result<Shared, String> {
     let mut units: HashMap<&str, Arc<LogicalUnit>> = HashMap::new();
     let mut disk_devices: HashMap<&str, Arc<WriteStalls>> = HashMap::new();
     for device in &config.devices {
-        units.insert(device.name.as_str(), open_unit(device)?);
-        if disk_backed(&device.store) {
+        let unit = open_unit(device)?;
+        // The store says whether it waits for a device; nothing is guessed from its kind.
+        let waits_for_device = unit.capabilities().waits_for_device;
+        units.insert(device.name.as_str(), unit);
+        if waits_for_device {
             let (stalls, offloaded) = metrics.device_writes(&device.name);
             let state = WriteStalls::new(epoch, stall_base, stalls, offloaded);
             disk_devices.insert(device.name.as_str(), Arc::new(state));
@@ -946,28 +930,6 @@ mod tests {
         assert_eq!(l.admit(t0 + Duration::from_millis(500)), None);
         assert_eq!(l.admit(t0 + Duration::from_millis(1000)), Some(2));
         assert_eq!(l.admit(t0 + Duration::from_millis(1001)), None);
-    }
-
-    #[test]
-    #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
-    fn only_real_filesystems_make_durable_operations_wait() {
-        assert!(!disk_backed(&StoreKind::Ram {
-            size_bytes: 1 << 20
-        }));
-        // /dev/shm is tmpfs on Linux: nothing to flush.
-        if rustix::fs::statfs("/dev/shm").is_ok_and(|st| st.f_type as i64 == 0x0102_1994) {
-            let path = std::path::PathBuf::from("/dev/shm/ferrosan-x.img");
-            assert!(!disk_backed(&StoreKind::File {
-                path,
-                size_bytes: None
-            }));
-        }
-        // A path that cannot be inspected is treated as slow (the safe side).
-        let missing = std::path::PathBuf::from("/nonexistent/ferrosan/disk.img");
-        assert!(disk_backed(&StoreKind::File {
-            path: missing,
-            size_bytes: None
-        }));
     }
 
     /// The reproduction of the authorization bypass (docs/SECURITY.md): group `plain` lists an

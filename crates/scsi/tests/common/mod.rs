@@ -37,6 +37,9 @@ impl BlockStore for Recording {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+    fn capabilities(&self) -> store::Capabilities {
+        self.inner.capabilities()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         self.inner.read_at(buf, offset)
     }

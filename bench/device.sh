@@ -57,8 +57,11 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PATH="$PATH:/usr/sbin:/sbin"
 
-log() { echo "[device] $*" >&2; }
-die() { log "error: $*"; exit 1; }
+# shellcheck disable=SC2034 # read by common.sh's log
+LOG_TAG=device
+# log, die, free_port, wait_port, stop_pid: the test scripts' own helpers.
+# shellcheck source=scripts/lib/common.sh
+source "$ROOT/scripts/lib/common.sh"
 
 ALL_WORKLOADS=(randread-qd1 randread-qd64 randwrite-qd64 randrw70-qd64 seqread-qd16 seqwrite-qd16)
 ALL_TARGETS=(local ferrosan tgt-rdwr tgt-aio)
@@ -187,17 +190,6 @@ declare -A GRACE_OF # tenths of a second between TERM and KILL, per started PID
 FIO_PID=""
 FAILED=0
 
-stop_pid() { # pid grace-tenths: TERM, wait, then KILL; only PIDs this script started
-    local pid=$1 grace=$2 i
-    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < grace; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
-    wait "$pid" 2>/dev/null || true
-}
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
@@ -217,39 +209,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-free_port() { # a loopback port nothing listens on, below the ephemeral range (as bench.py)
-    python3 - <<'PY'
-import random, socket
-try:
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-except (OSError, ValueError, IndexError):
-    low = 32768
-if low <= 11000:
-    low = 32768
-for _ in range(200):
-    p = random.randrange(10000, low)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p))
-        print(p)
-        break
-    except OSError:
-        continue
-    finally:
-        s.close()
-else:
-    raise SystemExit("no free loopback port")
-PY
-}
-
-wait_port() { # port pid name
-    local i
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$2" 2>/dev/null || die "$3 exited before listening on 127.0.0.1:$1: $(tail -n 5 "$WORK/$3.log")"
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    die "$3: nothing listens on 127.0.0.1:$1 after 10 s"
+wait_listening() { # port pid name: common.sh's wait_port, with the daemon's log on failure
+    wait_port "$1" "$2" 10 || die "$3: not listening on 127.0.0.1:$1: $(tail -n 5 "$WORK/$3.log")"
 }
 
 declare -A PID_OF PORT_OF LUN_OF DESC_OF
@@ -262,7 +223,7 @@ start_ferrosan() {
     STARTED+=("$pid")
     GRACE_OF[$pid]=50
     PID_OF[ferrosan]=$pid
-    wait_port "$port" "$pid" ferrosan
+    wait_listening "$port" "$pid" ferrosan
     PORT_OF[ferrosan]=$port
     LUN_OF[ferrosan]=0
     DESC_OF[ferrosan]="ferrosan serve --lun $LUNSPEC (defaults: write-through, buffered I/O + fdatasync)"
@@ -277,7 +238,7 @@ start_tgt() { # name bstype
     STARTED+=("$pid")
     GRACE_OF[$pid]=3 # tgtd -f ignores SIGTERM (as bench.py notes): KILL after 0.3 s
     PID_OF[$name]=$pid
-    wait_port "$port" "$pid" "$name"
+    wait_listening "$port" "$pid" "$name"
     local adm=(tgtadm -C "$ctl" --lld iscsi --op)
     for ((i = 0; i < 50; i++)); do
         if "${adm[@]}" new --mode target --tid 1 -T "$IQN" >/dev/null 2>&1; then break; fi

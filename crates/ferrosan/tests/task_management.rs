@@ -121,7 +121,6 @@ fn tmf(client: &mut Raw, itt: u32, function: u8, referenced: u32) {
 
 /// Asserts nothing arrives on `client` for `quiet`.
 fn silent_for(client: &mut Raw, quiet: Duration, what: &str) {
-    use std::io::Read;
     client.stream.set_read_timeout(Some(quiet)).unwrap();
     let mut byte = [0u8; 1];
     let started = Instant::now();
@@ -136,7 +135,6 @@ fn silent_for(client: &mut Raw, quiet: Duration, what: &str) {
             started.elapsed()
         ),
     }
-    let _ = client.stream.read(&mut []);
     client
         .stream
         .set_read_timeout(Some(raw::ANSWER_TIMEOUT))

@@ -365,11 +365,6 @@ impl TargetConfig {
         self.group_index(initiator).and_then(|i| self.groups.get(i))
     }
 
-    /// What `initiator` must do to log in (see [`TargetConfig::auth_in`]), its group looked up.
-    pub fn auth_for(&self, initiator: &IscsiName) -> ResolvedAuth {
-        self.auth_in(initiator, self.group_for(initiator))
-    }
-
     /// What `initiator`, a member of `group`, must do to log in: its own
     /// `[[target.credentials]]` entry, else its group's auth keys, else the target's (most
     /// specific wins, key by key for `mutual`).

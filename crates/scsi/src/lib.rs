@@ -4,8 +4,9 @@
 //! The transport (iSCSI today, NVMe-oF or iSER later) decodes its own PDUs and hands this crate
 //! a CDB, the Data-Out bytes it received and the Data-In room it expects; this crate runs the
 //! command synchronously against a [`store::BlockStore`] and returns a status, sense data and
-//! the CDB's own transfer length (for the transport's residual accounting). No sockets, threads
-//! or clocks live here.
+//! the CDB's own transfer length (for the transport's residual accounting). Block-moving
+//! commands can instead be planned and finished ([`Plan`]) so the transport performs their I/O
+//! asynchronously. No sockets, threads or clocks live here.
 
 mod alua;
 mod cdb;
@@ -15,6 +16,7 @@ mod lu;
 mod lun_map;
 mod mode;
 mod opcodes;
+mod plan;
 mod pr;
 mod sbc;
 pub mod sense;
@@ -23,6 +25,7 @@ mod xcopy;
 
 pub use lu::{LogicalUnit, LuIdentity, LuSettings};
 pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
+pub use plan::{BlockIo, BlockOp, Plan, WriteShare};
 pub use sense::Sense;
 pub use store::{FileRange, SharedSlice};
 

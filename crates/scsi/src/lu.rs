@@ -8,7 +8,7 @@ use crate::unit_attention::{self, UnitAttentions};
 use crate::{Command, Completion, Nexus};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use store::BlockStore;
 
 /// What the LU reports about itself in INQUIRY and VPD pages.
@@ -81,8 +81,9 @@ pub struct LogicalUnit {
     /// Nexuses holding PREVENT MEDIUM REMOVAL.
     prevent: Mutex<HashSet<u64>>,
     /// Writers share it; COMPARE AND WRITE takes it exclusively so its read-compare-write is
-    /// atomic against every other writer of this LU.
-    pub(crate) write_order: RwLock<()>,
+    /// atomic against every other writer of this LU. An asynchronous write holds its share
+    /// until the device answers (see [`crate::Plan`]), hence an `Arc` and owned guards.
+    pub(crate) write_order: Arc<parking_lot::RwLock<()>>,
     /// Persistent and SPC-2 reservations.
     pub(crate) reservations: crate::pr::Reservations,
     /// SPC-2 RESERVE/RELEASE offered (see `set_spc2_reservations`).
@@ -142,7 +143,7 @@ impl LogicalUnit {
             block_shift,
             ua: UnitAttentions::default(),
             prevent: Mutex::new(HashSet::new()),
-            write_order: RwLock::new(()),
+            write_order: Arc::new(parking_lot::RwLock::new(())),
             reservations: crate::pr::Reservations::default(),
             spc2_reservations: AtomicBool::new(false),
             copy_results: Mutex::new(HashMap::new()),
@@ -365,8 +366,7 @@ impl LogicalUnit {
         ) {
             data_in.clear();
         }
-        let write_protected =
-            read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed);
+        let write_protected = self.write_protected(read_only_mapping);
         let result = self.run(
             nexus,
             cmd,
@@ -382,30 +382,21 @@ impl LogicalUnit {
                 *lending.file = None;
             }
         }
-        Some(match result {
-            Ok(transfer_len) => Completion::good(transfer_len),
-            Err(sense) if sense == crate::sbc::WOULD_WAIT => return None,
-            Err(sense) if sense == crate::pr::CONFLICT => Completion {
-                status: crate::Status::ReservationConflict,
-                sense: None,
-                transfer_len: 0,
-            },
-            Err(mut sense) => {
-                sense.descriptor_format = self.mode.d_sense.load(Ordering::Relaxed);
-                Completion::check_condition(sense)
-            }
-        })
+        match result {
+            Err(sense) if sense == crate::sbc::WOULD_WAIT => None,
+            result => Some(self.completion(result)),
+        }
     }
 
-    fn run(
+    /// The checks every command passes before its own: a pending unit attention, a known
+    /// opcode and CDB length, reservations, the control byte, write protection. Returns the
+    /// opcode. Takes (reports) the nexus's unit attention.
+    pub(crate) fn admit(
         &self,
         nexus: &Nexus,
         cmd: &Command<'_>,
-        data_in: &mut Vec<u8>,
-        io: Option<&mut crate::Lending<'_>>,
         write_protected: bool,
-        peers: Option<&crate::LunMap>,
-    ) -> Result<u32, Sense> {
+    ) -> Result<u8, Sense> {
         let cdb = Cdb(cmd.cdb);
         if cmd.cdb.is_empty() {
             return Err(Sense::invalid_opcode());
@@ -428,6 +419,41 @@ impl LogicalUnit {
         if write_protected && is_medium_write(opcode) {
             return Err(Sense::write_protected());
         }
+        Ok(opcode)
+    }
+
+    /// Whether the LU is write protected for a command that came through a mapping.
+    pub(crate) fn write_protected(&self, read_only_mapping: bool) -> bool {
+        read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed)
+    }
+
+    /// The completion of a command that ran to `result` (not [`crate::sbc::WOULD_WAIT`]).
+    pub(crate) fn completion(&self, result: Result<u32, Sense>) -> Completion {
+        match result {
+            Ok(transfer_len) => Completion::good(transfer_len),
+            Err(sense) if sense == crate::pr::CONFLICT => Completion {
+                status: crate::Status::ReservationConflict,
+                sense: None,
+                transfer_len: 0,
+            },
+            Err(mut sense) => {
+                sense.descriptor_format = self.mode.d_sense.load(Ordering::Relaxed);
+                Completion::check_condition(sense)
+            }
+        }
+    }
+
+    fn run(
+        &self,
+        nexus: &Nexus,
+        cmd: &Command<'_>,
+        data_in: &mut Vec<u8>,
+        io: Option<&mut crate::Lending<'_>>,
+        write_protected: bool,
+        peers: Option<&crate::LunMap>,
+    ) -> Result<u32, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        let opcode = self.admit(nexus, cmd, write_protected)?;
         match opcode {
             TEST_UNIT_READY => Ok(0),
             REQUEST_SENSE => self.request_sense(nexus, cmd, data_in),

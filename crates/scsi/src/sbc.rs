@@ -61,10 +61,27 @@ pub(crate) fn or_into(dst: &mut [u8], src: &[u8]) {
     }
 }
 
-fn read_error(_: std::io::Error) -> Sense {
+/// A checked READ: `len` bytes at byte `offset` (what the transport will take), of the
+/// `bytes` the CDB asked for.
+pub(crate) struct ReadExtent {
+    pub offset: u64,
+    pub len: u32,
+    pub bytes: u32,
+}
+
+/// A checked WRITE: `data` (the whole blocks that arrived) at byte `offset`, of the `bytes` the
+/// CDB describes; `durable` for FUA or write-through.
+pub(crate) struct WriteExtent<'d> {
+    pub offset: u64,
+    pub data: &'d [u8],
+    pub bytes: u32,
+    pub durable: bool,
+}
+
+pub(crate) fn read_error(_: std::io::Error) -> Sense {
     Sense::medium_error_unrecovered_read()
 }
-fn write_error(_: std::io::Error) -> Sense {
+pub(crate) fn write_error(_: std::io::Error) -> Sense {
     Sense::medium_error_write()
 }
 
@@ -103,6 +120,36 @@ impl LogicalUnit {
         check_reserved(cdb, 1, 0x1A)
     }
 
+    /// What a READ (6/10/12/16) reads, once its CDB passed every check.
+    pub(crate) fn read_extent(&self, cmd: &Command<'_>) -> Result<ReadExtent, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        self.check_rw_flags(cdb)?;
+        let r = rw_range(cdb);
+        self.check_transfer(&r)?;
+        let bytes = r.blocks << self.block_shift; // bounded by TRANSFER_BYTES_MAX
+        Ok(ReadExtent {
+            offset: r.lba << self.block_shift,
+            // Read no further than the transport will send; the rest is its overflow residual.
+            len: bytes.min(cmd.data_in_limit),
+            bytes,
+        })
+    }
+
+    /// What a WRITE (6/10/12/16) writes, once its CDB passed every check.
+    pub(crate) fn write_extent<'d>(&self, cmd: &Command<'d>) -> Result<WriteExtent<'d>, Sense> {
+        let cdb = Cdb(cmd.cdb);
+        self.check_rw_flags(cdb)?;
+        let r = rw_range(cdb);
+        self.check_transfer(&r)?;
+        let fua = !matches!(cdb.u8(0), WRITE_6) && cdb.u8(1) & 0x08 != 0;
+        Ok(WriteExtent {
+            offset: r.lba << self.block_shift,
+            data: self.blocks_sent(cmd.data_out, &r),
+            bytes: r.blocks << self.block_shift,
+            durable: fua || !self.wce(),
+        })
+    }
+
     /// READ (6/10/12/16). With `io` (a network worker), store memory is lent into it where the
     /// store allows, and data that is not cached gives [`WOULD_WAIT`] instead of a wait.
     pub(crate) fn read(
@@ -111,14 +158,7 @@ impl LogicalUnit {
         data_in: &mut Vec<u8>,
         io: Option<&mut crate::Lending<'_>>,
     ) -> Result<u32, Sense> {
-        let cdb = Cdb(cmd.cdb);
-        self.check_rw_flags(cdb)?;
-        let r = rw_range(cdb);
-        self.check_transfer(&r)?;
-        let bytes = r.blocks << self.block_shift; // bounded by TRANSFER_BYTES_MAX
-                                                  // Read no further than the transport will send; the rest is its overflow residual.
-        let len = bytes.min(cmd.data_in_limit);
-        let offset = r.lba << self.block_shift;
+        let ReadExtent { offset, len, bytes } = self.read_extent(cmd)?;
         let nonblocking = io.is_some();
         if let Some(lending) = io {
             if lending.file_min_bytes > 0 && len >= lending.file_min_bytes {
@@ -166,16 +206,11 @@ impl LogicalUnit {
     /// run again, whole, where waiting is fine; part of it may have been written meanwhile,
     /// which the second run writes over with the same bytes.
     pub(crate) fn write(&self, cmd: &Command<'_>, nonblocking: bool) -> Result<u32, Sense> {
-        let cdb = Cdb(cmd.cdb);
-        self.check_rw_flags(cdb)?;
-        let r = rw_range(cdb);
-        self.check_transfer(&r)?;
-        let fua = !matches!(cdb.u8(0), WRITE_6) && cdb.u8(1) & 0x08 != 0;
-        let durable = fua || !self.wce();
-        if nonblocking && !durable {
-            return self.try_write_blocks(cmd.data_out, &r);
+        let extent = self.write_extent(cmd)?;
+        if nonblocking && !extent.durable {
+            return self.try_write_blocks(&extent);
         }
-        self.write_blocks(cmd.data_out, &r, durable)
+        self.write_blocks(&extent)
     }
 
     /// The whole blocks of `data_out` that the CDB asked for: when the transport received less
@@ -187,30 +222,28 @@ impl LogicalUnit {
             .unwrap_or(&[])
     }
 
-    fn write_blocks(&self, data_out: &[u8], r: &Range, durable: bool) -> Result<u32, Sense> {
-        let data = self.blocks_sent(data_out, r);
-        if !data.is_empty() {
-            let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
+    fn write_blocks(&self, w: &WriteExtent<'_>) -> Result<u32, Sense> {
+        if !w.data.is_empty() {
+            let _order = self.write_order.read();
             self.store
-                .write_at(data, r.lba << self.block_shift, durable)
+                .write_at(w.data, w.offset, w.durable)
                 .map_err(write_error)?;
         }
-        Ok(r.blocks << self.block_shift)
+        Ok(w.bytes)
     }
 
-    fn try_write_blocks(&self, data_out: &[u8], r: &Range) -> Result<u32, Sense> {
-        let data = self.blocks_sent(data_out, r);
-        if !data.is_empty() {
-            let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
+    fn try_write_blocks(&self, w: &WriteExtent<'_>) -> Result<u32, Sense> {
+        if !w.data.is_empty() {
+            let _order = self.write_order.read();
             let written = self
                 .store
-                .try_write_at(data, r.lba << self.block_shift)
+                .try_write_at(w.data, w.offset)
                 .map_err(write_error)?;
             if !written {
                 return Err(WOULD_WAIT);
             }
         }
-        Ok(r.blocks << self.block_shift)
+        Ok(w.bytes)
     }
 
     pub(crate) fn write_and_verify(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
@@ -220,7 +253,12 @@ impl LogicalUnit {
         self.check_transfer(&r)?;
         // What was just written verifies by construction; "verify" asks for the medium, so the
         // write is made durable.
-        self.write_blocks(cmd.data_out, &r, true)
+        self.write_blocks(&WriteExtent {
+            offset: r.lba << self.block_shift,
+            data: self.blocks_sent(cmd.data_out, &r),
+            bytes: r.blocks << self.block_shift,
+            durable: true,
+        })
     }
 
     pub(crate) fn verify(&self, cmd: &Command<'_>, scratch: &mut Vec<u8>) -> Result<u32, Sense> {
@@ -273,7 +311,8 @@ impl LogicalUnit {
         Ok(expected as u32)
     }
 
-    pub(crate) fn synchronize_cache(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+    /// The checks of SYNCHRONIZE CACHE (10/16) before it flushes.
+    pub(crate) fn check_synchronize_cache(&self, cmd: &Command<'_>) -> Result<(), Sense> {
         let cdb = Cdb(cmd.cdb);
         check_reserved(cdb, 1, 0x02)?;
         let (lba, blocks) = if cdb.u8(0) == SYNCHRONIZE_CACHE_10 {
@@ -281,7 +320,11 @@ impl LogicalUnit {
         } else {
             (cdb.be64(2), u64::from(cdb.be32(10)))
         };
-        self.check_lba(lba, blocks)?;
+        self.check_lba(lba, blocks)
+    }
+
+    pub(crate) fn synchronize_cache(&self, cmd: &Command<'_>) -> Result<u32, Sense> {
+        self.check_synchronize_cache(cmd)?;
         // IMMED is honoured by finishing before the status: always correct, never early.
         self.store.flush().map_err(write_error)?;
         Ok(0)
@@ -338,7 +381,7 @@ impl LogicalUnit {
         let offset = lba << self.block_shift;
         let len = u64::from(blocks) << self.block_shift;
         {
-            let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
+            let _order = self.write_order.read();
             if unmap && self.settings.thin {
                 // UNMAP deallocates whatever the data block holds (SBC-3 5.42: the LBAs are
                 // unmapped; with LBPRZ they then read as zeros). Linux LIO does the same and
@@ -408,7 +451,7 @@ impl LogicalUnit {
             }
         }
         {
-            let _order = self.write_order.read().unwrap_or_else(|p| p.into_inner());
+            let _order = self.write_order.read();
             for i in 0..count {
                 let at = 8 + 16 * i;
                 let lba = param_be64(p, at).unwrap_or(0);
@@ -452,7 +495,7 @@ impl LogicalUnit {
         let (verify, write) = cmd.data_out.split_at(bytes);
         let durable = cdb.u8(1) & 0x08 != 0 || !self.wce();
         let offset = lba << self.block_shift;
-        let _order = self.write_order.write().unwrap_or_else(|p| p.into_inner());
+        let _order = self.write_order.write();
         scratch.resize(bytes, 0);
         let result = self
             .store
@@ -488,7 +531,7 @@ impl LogicalUnit {
         }
         let durable = cdb.u8(1) & 0x08 != 0 || !self.wce();
         let offset = r.lba << self.block_shift;
-        let _order = self.write_order.write().unwrap_or_else(|p| p.into_inner());
+        let _order = self.write_order.write();
         scratch.resize(len, 0);
         let result = self
             .store
@@ -532,7 +575,7 @@ impl LogicalUnit {
             return Ok(0);
         }
         let durable = cdb.u8(1) & 0x08 != 0 || !self.wce();
-        let _order = self.write_order.write().unwrap_or_else(|p| p.into_inner());
+        let _order = self.write_order.write();
         self.store
             .write_at(
                 &cmd.data_out[..bytes as usize],

@@ -414,11 +414,7 @@ fn copy_job(job: &Job<'_>, buf: &mut [u8]) -> Result<(), Sense> {
             .store
             .read_at(chunk, job.src_off + at)
             .map_err(|_| Sense::medium_error_unrecovered_read())?;
-        let _order = job
-            .dst
-            .write_order
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let _order = job.dst.write_order.read();
         job.dst
             .store
             .write_at(chunk, job.dst_off + at, durable)

@@ -1,7 +1,13 @@
 //! File and block-device store: positional I/O (pread/pwrite) on one shared descriptor, so
-//! workers never seek and never take a lock.
+//! workers never seek and never take a lock. In [`Caching::Direct`] mode reads and writes go
+//! around the page cache (O_DIRECT, through an aligned bounce buffer when called here; an
+//! asynchronous engine submits to [`BlockStore::direct_io`]'s descriptor itself); the other
+//! operations (hole punching, zeroing, extent maps) keep the ordinary descriptor, and the
+//! kernel keeps the two coherent (a direct read writes back, a direct write invalidates, the
+//! cached pages of its range).
 
-use crate::{check_range, BlockStore, Extent, FileRange};
+use crate::aligned::AlignedBuf;
+use crate::{check_range, BlockStore, DirectIo, Extent, FileRange};
 use rustix::fs::{FallocateFlags, SeekFrom};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -30,6 +36,66 @@ pub struct FileStore {
     cachestat: AtomicBool,
     /// The file lives in memory (tmpfs, ramfs): nothing it does waits for a device.
     in_memory: bool,
+    /// The O_DIRECT descriptor in [`Caching::Direct`] mode.
+    direct: Option<DirectIo>,
+}
+
+/// How a file store's reads and writes reach the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caching {
+    /// Through the page cache: cached reads are served from memory, writes are absorbed there.
+    Page,
+    /// Around it (O_DIRECT): every read and write reaches the device.
+    Direct,
+}
+
+/// The alignment O_DIRECT needs for offsets and lengths on `file`: what `statx` reports
+/// (STATX_DIOALIGN, Linux 6.1+), else a block device's logical block size, else a page (safe
+/// for every device).
+fn direct_alignment(file: &File, block_device: bool) -> u32 {
+    use rustix::fs::{AtFlags, StatxFlags};
+    if let Ok(st) = rustix::fs::statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN) {
+        if st.stx_mask & StatxFlags::DIOALIGN.bits() != 0 && st.stx_dio_offset_align != 0 {
+            return st.stx_dio_offset_align;
+        }
+    }
+    if block_device {
+        if let Ok(n) = rustix::fs::ioctl_blksszget(file) {
+            if n.is_power_of_two() {
+                return n;
+            }
+        }
+    }
+    crate::aligned::DIRECT_ALIGN_BYTES as u32
+}
+
+/// Opens `path` again with O_DIRECT. A filesystem without direct I/O (tmpfs) refuses with
+/// EINVAL: reported as `Unsupported`, so a caller can choose the page cache instead.
+fn open_direct(path: &Path, block_device: bool) -> io::Result<DirectIo> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "{}: the filesystem does not support direct I/O",
+                        path.display()
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+    let alignment = direct_alignment(&file, block_device);
+    Ok(DirectIo {
+        file: Arc::new(file),
+        alignment,
+    })
 }
 
 /// Whether `file` lives on a filesystem held in memory (tmpfs, ramfs). A filesystem that cannot
@@ -49,6 +115,17 @@ impl FileStore {
     /// with `create_size`; an existing shorter one is extended sparse to it. Without
     /// `create_size` the store is as large as the file or device.
     pub fn open(path: impl AsRef<Path>, create_size: Option<u64>, thin: bool) -> io::Result<Self> {
+        Self::open_with(path, create_size, thin, Caching::Page)
+    }
+
+    /// Like [`FileStore::open`], with the given caching. Direct mode fails with `Unsupported`
+    /// where the filesystem has no direct I/O (tmpfs).
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        create_size: Option<u64>,
+        thin: bool,
+        caching: Caching,
+    ) -> io::Result<Self> {
         let path = path.as_ref();
         let exists = path.exists();
         if !exists && create_size.is_none() {
@@ -99,7 +176,12 @@ impl FileStore {
             ));
         };
         let in_memory = !block_device && in_memory_filesystem(&file);
+        let direct = match caching {
+            Caching::Page => None,
+            Caching::Direct => Some(open_direct(path, block_device)?),
+        };
         Ok(FileStore {
+            direct,
             in_memory,
             file: Arc::new(file),
             size_bytes,
@@ -113,6 +195,59 @@ impl FileStore {
 
     pub fn is_block_device(&self) -> bool {
         self.block_device
+    }
+
+    /// Reads `buf.len()` bytes at `offset` around the page cache: the aligned range around it
+    /// lands in a bounce buffer, then the asked-for bytes are copied out.
+    fn read_direct(&self, direct: &DirectIo, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let align = u64::from(direct.alignment);
+        let start = offset / align * align;
+        let end = (offset + buf.len() as u64).next_multiple_of(align);
+        let span = usize::try_from(end - start).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let mut bounce = AlignedBuf::zeroed(span).ok_or(io::ErrorKind::OutOfMemory)?;
+        direct.file.read_exact_at(&mut bounce, start)?;
+        let skip = (offset - start) as usize;
+        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// Writes `buf` at `offset` around the page cache; `durable` adds RWF_DSYNC (the device's
+    /// cache is flushed or the write is FUA). The range must be aligned: a read-modify-write
+    /// here could tear a concurrent write, so LUs whose blocks are smaller than the alignment
+    /// are refused at configuration instead.
+    fn write_direct(
+        &self,
+        direct: &DirectIo,
+        buf: &[u8],
+        offset: u64,
+        durable: bool,
+    ) -> io::Result<()> {
+        use rustix::io::{Errno, ReadWriteFlags};
+        let align = u64::from(direct.alignment);
+        if !offset.is_multiple_of(align) || !(buf.len() as u64).is_multiple_of(align) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("direct write {offset}+{} not aligned to {align}", buf.len()),
+            ));
+        }
+        let mut bounce = AlignedBuf::zeroed(buf.len()).ok_or(io::ErrorKind::OutOfMemory)?;
+        bounce.copy_from_slice(buf);
+        let flags = if durable {
+            ReadWriteFlags::DSYNC
+        } else {
+            ReadWriteFlags::empty()
+        };
+        let mut done = 0;
+        while done < bounce.len() {
+            let slice = [io::IoSlice::new(&bounce[done..])];
+            match rustix::io::pwritev2(&*direct.file, &slice, offset + done as u64, flags) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     fn write_zero_bytes(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -147,7 +282,14 @@ impl BlockStore for FileStore {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len() as u64)?;
-        self.file.read_exact_at(buf, offset)
+        match &self.direct {
+            Some(direct) => self.read_direct(direct, buf, offset),
+            None => self.file.read_exact_at(buf, offset),
+        }
+    }
+
+    fn direct_io(&self) -> Option<DirectIo> {
+        self.direct.clone()
     }
 
     /// `cachestat` first: only a range whose every page is cached is lent, so a transport's
@@ -157,7 +299,7 @@ impl BlockStore for FileStore {
         let Ok(len_bytes) = usize::try_from(len) else {
             return Ok(None);
         };
-        if len == 0 || !self.cachestat.load(Ordering::Relaxed) {
+        if len == 0 || self.direct.is_some() || !self.cachestat.load(Ordering::Relaxed) {
             return Ok(None);
         }
         match crate::sys::cached_pages(&self.file, offset, len) {
@@ -185,6 +327,10 @@ impl BlockStore for FileStore {
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
         use rustix::io::{Errno, ReadWriteFlags};
         check_range(self.size_bytes, offset, buf.len() as u64)?;
+        if self.direct.is_some() {
+            // Every direct read waits for the device.
+            return Ok(false);
+        }
         let mut done = 0;
         while done < buf.len() && self.nowait_reads.load(Ordering::Relaxed) {
             let mut slice = [io::IoSliceMut::new(&mut buf[done..])];
@@ -209,6 +355,9 @@ impl BlockStore for FileStore {
 
     fn write_at(&self, buf: &[u8], offset: u64, durable: bool) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len() as u64)?;
+        if let Some(direct) = &self.direct {
+            return self.write_direct(direct, buf, offset, durable);
+        }
         self.file.write_all_at(buf, offset)?;
         if durable {
             self.file.sync_data()?;
@@ -221,6 +370,10 @@ impl BlockStore for FileStore {
     fn try_write_at(&self, buf: &[u8], offset: u64) -> io::Result<bool> {
         use rustix::io::{Errno, ReadWriteFlags};
         check_range(self.size_bytes, offset, buf.len() as u64)?;
+        if self.direct.is_some() {
+            // Every direct write waits for the device.
+            return Ok(false);
+        }
         let mut done = 0;
         while done < buf.len() && self.nowait_writes.load(Ordering::Relaxed) {
             let slice = [io::IoSlice::new(&buf[done..])];
@@ -325,8 +478,9 @@ impl BlockStore for FileStore {
         crate::Capabilities {
             waits_for_device: !self.in_memory,
             lends_memory: false,
-            lends_file_ranges: true,
-            page_cache: true,
+            lends_file_ranges: self.direct.is_none(),
+            page_cache: self.direct.is_none(),
+            direct: self.direct.is_some(),
             thin: self.thin,
         }
     }
@@ -624,5 +778,75 @@ mod tests {
         assert!(buf.iter().all(|&b| b == 1));
         s.read_at(&mut buf, MIB).unwrap();
         assert!(buf.iter().all(|&b| b == 2));
+    }
+
+    /// A path on the disk the workspace lives on (the test's temp dir may be tmpfs, which has
+    /// no direct I/O).
+    fn disk_path(tag: &str) -> TempPath {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/store-tests");
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(format!("{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        TempPath(p)
+    }
+
+    #[test]
+    fn direct_mode_reads_what_it_wrote_around_the_page_cache() {
+        let p = disk_path("direct");
+        let s = match FileStore::open_with(&p.0, Some(4 * MIB), true, Caching::Direct) {
+            Ok(s) => s,
+            // A workspace on a filesystem without direct I/O: nothing to test here.
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => return,
+            Err(e) => panic!("{e}"),
+        };
+        let caps = s.capabilities();
+        assert!(caps.direct && !caps.page_cache && !caps.lends_file_ranges);
+        let direct = s.direct_io().expect("a direct store gives its descriptor");
+        assert!(direct.alignment.is_power_of_two() && direct.alignment <= 4096);
+        let block = direct.alignment as usize;
+        let data: Vec<u8> = (0..8 * block).map(|i| (i % 251) as u8).collect();
+        s.write_at(&data, 3 * block as u64, false).unwrap();
+        s.write_at(&data[..block], MIB, true).unwrap();
+        let mut back = vec![0u8; data.len()];
+        s.read_at(&mut back, 3 * block as u64).unwrap();
+        assert_eq!(back, data);
+        // Unaligned reads are served from the aligned range around them.
+        let mut middle = vec![0u8; 100];
+        s.read_at(&mut middle, 3 * block as u64 + 7).unwrap();
+        assert_eq!(middle, data[7..107]);
+        // Unaligned writes are refused, not torn.
+        let err = s.write_at(&[1u8; 100], 7, false).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        // A worker never waits on a direct store: it is told to go elsewhere.
+        assert!(!s.try_read_at(&mut back, 0).unwrap());
+        assert!(!s.try_write_at(&data, 0).unwrap());
+        assert!(s.cached_file_range(0, 4096).unwrap().is_none());
+        // Operations on the ordinary descriptor stay coherent with direct reads.
+        s.write_zeroes(3 * block as u64, block as u64, false)
+            .unwrap();
+        s.read_at(&mut back[..block], 3 * block as u64).unwrap();
+        assert!(back[..block].iter().all(|&b| b == 0));
+        s.flush().unwrap();
+        // Out of range is refused like in page mode.
+        assert!(s.read_at(&mut back, 4 * MIB - 1).is_err());
+    }
+
+    #[test]
+    fn direct_mode_is_refused_where_the_filesystem_has_none() {
+        let dir = PathBuf::from("/dev/shm");
+        if !dir.is_dir() {
+            return;
+        }
+        let p = TempPath(dir.join(format!("ferrosan-direct-shm-{}", std::process::id())));
+        match FileStore::open_with(&p.0, Some(MIB), true, Caching::Direct) {
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}"),
+            // Kernels since 6.6 let tmpfs accept O_DIRECT; then it must work like a disk.
+            Ok(s) => {
+                s.write_at(&[3u8; 4096], 0, true).unwrap();
+                let mut b = [0u8; 4096];
+                s.read_at(&mut b, 0).unwrap();
+                assert_eq!(b, [3u8; 4096]);
+            }
+        }
     }
 }

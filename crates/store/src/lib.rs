@@ -1,13 +1,18 @@
-// `deny`, not `forbid`: sys.rs holds the crate's only unsafe code (one system call).
+// `deny`, not `forbid`: sys.rs (one system call) and aligned.rs (an aligned allocation) hold
+// the crate's only unsafe code.
 #![deny(unsafe_code)]
 //! Block stores behind one trait: RAM (lazily allocated chunks), regular files (sparse or thick)
-//! and block devices. Every call is synchronous; the engine decides which thread runs it.
+//! and block devices. Every call is synchronous; the engine decides which thread runs it, and
+//! may submit the reads and writes of a direct-I/O store asynchronously itself
+//! ([`BlockStore::direct_io`]).
 
+mod aligned;
 mod file;
 mod ram;
 mod sys;
 
-pub use file::FileStore;
+pub use aligned::{AlignedBuf, DIRECT_ALIGN_BYTES};
+pub use file::{Caching, FileStore};
 pub use ram::{RamStore, RAM_PAGE_BYTES};
 
 use std::io;
@@ -45,14 +50,33 @@ pub struct Capabilities {
     pub lends_file_ranges: bool,
     /// I/O passes through the page cache (a direct-I/O store would say false).
     pub page_cache: bool,
+    /// Reads and writes bypass the page cache (O_DIRECT): [`BlockStore::direct_io`] gives the
+    /// descriptor for asynchronous submission.
+    pub direct: bool,
     /// Discard deallocates: UNMAP and WRITE SAME with UNMAP release space.
     pub thin: bool,
+}
+
+/// A direct-I/O store's descriptor (opened O_DIRECT) and the alignment its offsets, lengths
+/// and buffers need. Byte `n` of the store is byte `n` of the file. std types only, like
+/// [`SharedSlice`].
+#[derive(Clone, Debug)]
+pub struct DirectIo {
+    pub file: Arc<std::fs::File>,
+    /// O_DIRECT's alignment for offsets and lengths on this file (a power of two, at most
+    /// [`DIRECT_ALIGN_BYTES`] on every device we know; buffers are page-aligned anyway).
+    pub alignment: u32,
 }
 
 pub trait BlockStore: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     /// What this store can do (see [`Capabilities`]); fixed for the store's life.
     fn capabilities(&self) -> Capabilities;
+    /// The O_DIRECT descriptor of a direct-I/O store, for an engine that submits reads, writes
+    /// and flushes itself (io_uring); None for other stores.
+    fn direct_io(&self) -> Option<DirectIo> {
+        None
+    }
     /// Fills `buf` entirely; unwritten or discarded ranges read as zeros.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Zero-copy read: appends slices of the store's own memory covering `[offset, offset+len)`

@@ -237,6 +237,7 @@ impl BlockStore for RamStore {
             lends_memory: true,
             lends_file_ranges: false,
             page_cache: false,
+            direct: false,
             thin: true,
         }
     }

@@ -439,7 +439,7 @@ fn run_crash(args: Vec<String>, port: u16, scratch: &Scratch, sync_every: Option
     p.total_acked
 }
 
-fn serve_file_args(port: u16, path: &Path) -> Vec<String> {
+fn serve_file_args(port: u16, path: &Path, cache: &str) -> Vec<String> {
     vec![
         "serve".into(),
         "--listen".into(),
@@ -447,25 +447,40 @@ fn serve_file_args(port: u16, path: &Path) -> Vec<String> {
         "--target".into(),
         IQN.into(),
         "--lun".into(),
-        format!("file:{},size={LUN_BYTES}", path.display()),
+        format!("file:{},size={LUN_BYTES},cache={cache}", path.display()),
     ]
 }
 
-#[test]
-fn sigkill_during_write_through_writes_loses_nothing_acknowledged() {
-    let scratch = Scratch::new("crash-wt");
-    let port = free_port();
-    let args = serve_file_args(port, &scratch.file("lun.img"));
-    let acked = run_crash(args, port, &scratch, None);
-    eprintln!("write-through: {acked} acknowledged 4 KiB writes survived SIGKILL");
+/// Where the LUN file lives: direct I/O needs a disk filesystem (cargo's scratch dir beside
+/// the build; the temp dir may be tmpfs), the page cache works anywhere.
+fn lun_file(scratch: &Scratch, cache: &str, tag: &str) -> std::path::PathBuf {
+    if cache != "direct" {
+        return scratch.file("lun.img");
+    }
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("crash-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a scratch dir under CARGO_TARGET_TMPDIR");
+    dir.join("lun.img")
 }
 
-#[test]
-fn sigkill_after_synchronize_cache_on_write_back_loses_nothing() {
-    let scratch = Scratch::new("crash-wb");
+fn write_through(cache: &str) {
+    let scratch = Scratch::new(&format!("crash-wt-{cache}"));
+    let port = free_port();
+    let image = lun_file(&scratch, cache, "wt");
+    let args = serve_file_args(port, &image, cache);
+    let acked = run_crash(args, port, &scratch, None);
+    eprintln!("write-through ({cache}): {acked} acknowledged 4 KiB writes survived SIGKILL");
+    if cache == "direct" {
+        let _ = std::fs::remove_dir_all(image.parent().unwrap());
+    }
+}
+
+fn write_back(cache: &str) {
+    let scratch = Scratch::new(&format!("crash-wb-{cache}"));
     let port = free_port();
     let config = scratch.file("ferrosan.toml");
-    let image = scratch.file("lun.img");
+    let image = lun_file(&scratch, cache, "wb");
     std::fs::write(
         &config,
         format!(
@@ -480,6 +495,7 @@ store = "file"
 path = "{}"
 size = "{LUN_BYTES}"
 write_cache = true
+cache = "{cache}"
 
 [[target]]
 iqn = "{IQN}"
@@ -499,5 +515,28 @@ iqn = "{IQN}"
         config.display().to_string(),
     ];
     let acked = run_crash(args, port, &scratch, Some(16));
-    eprintln!("write-back: {acked} writes covered by SYNCHRONIZE CACHE survived SIGKILL");
+    eprintln!("write-back ({cache}): {acked} writes covered by SYNCHRONIZE CACHE survived SIGKILL");
+    if cache == "direct" {
+        let _ = std::fs::remove_dir_all(image.parent().unwrap());
+    }
+}
+
+#[test]
+fn sigkill_during_write_through_writes_loses_nothing_acknowledged() {
+    write_through("page");
+}
+
+#[test]
+fn sigkill_during_direct_write_through_writes_loses_nothing_acknowledged() {
+    write_through("direct");
+}
+
+#[test]
+fn sigkill_after_synchronize_cache_on_write_back_loses_nothing() {
+    write_back("page");
+}
+
+#[test]
+fn sigkill_after_synchronize_cache_on_direct_write_back_loses_nothing() {
+    write_back("direct");
 }

@@ -23,7 +23,8 @@ fn kernel_has_cachestat() -> bool {
 fn round_trip_on(dir: &std::path::Path) {
     let metrics_port = free_port();
     let listen = format!("127.0.0.1:{metrics_port}");
-    let lun = format!("file:{},size=32M", dir.join("lun.img").display());
+    // The page cache is what this test is about (a disk file's default is direct I/O).
+    let lun = format!("file:{},size=32M,cache=page", dir.join("lun.img").display());
     let daemon = Daemon::start_with_args(IQN, &[&lun], &["--metrics-listen", &listen]);
     let scratch = Scratch::new("file-reads");
     let image = scratch.file("image.raw");

@@ -27,7 +27,8 @@ fn offloaded(metrics: &str, device: &str) -> Option<u64> {
     )
 }
 
-/// A config body: metrics on `metrics_port`, `limits` lines, a write-back file device "disk" at
+/// A config body: metrics on `metrics_port`, `limits` lines, a write-back page-cache file
+/// device "disk" (buffered writes are what this file tests; direct I/O has none) at
 /// `lun_path` as LUN 0, and with `ram_lun` a 16 MiB RAM device "mem" as LUN 1.
 fn config(metrics_port: u16, limits: &str, lun_path: &std::path::Path, ram_lun: bool) -> String {
     let (ram_device, ram_mapping) = if ram_lun {
@@ -51,6 +52,7 @@ store = "file"
 path = "{}"
 size = "64M"
 write_cache = true
+cache = "page"
 
 {ram_device}
 [[target]]

@@ -225,6 +225,15 @@ enum DataOutTarget {
     },
 }
 
+/// What became of a running task that finished.
+enum Settled {
+    /// No such task (answered or dropped already).
+    Unknown,
+    /// It was aborted: no answer.
+    Aborted,
+    Answer(RunningTask),
+}
+
 /// A finished command's Data-In: bytes the backend built or copied, or what the store lent.
 enum DataIn<'a> {
     Bytes(Vec<u8>),
@@ -1170,20 +1179,11 @@ impl Session {
         sense: &[u8],
         out: &mut Outbox,
     ) -> bool {
-        let Some(index) = self.running.iter().position(|t| t.itt == itt) else {
-            return false;
+        let task = match self.settle(itt, out) {
+            Settled::Unknown => return false,
+            Settled::Aborted => return true,
+            Settled::Answer(task) => task,
         };
-        let task = self.running.swap_remove(index);
-        if task.aborted {
-            // Its effect is settled: the TMFs that aborted it may answer now.
-            for tmf in &mut self.tmfs {
-                tmf.awaiting_tasks.retain(|&t| t != task.itt);
-            }
-            if self.answer_settled_tmfs(out) == Flow::Close {
-                debug_assert!(self.logged_out, "a cold reset closes the session");
-            }
-            return true;
-        }
         self.sense_buf.clear();
         self.sense_buf.extend_from_slice(sense);
         self.finish(
@@ -1195,6 +1195,61 @@ impl Session {
             DataIn::Bytes(data_in),
             out,
         );
+        true
+    }
+
+    /// Takes the running task `itt` off the list: to be answered, or, when it was aborted,
+    /// settled silently (the TMFs that aborted it may answer now).
+    fn settle(&mut self, itt: u32, out: &mut Outbox) -> Settled {
+        let Some(index) = self.running.iter().position(|t| t.itt == itt) else {
+            return Settled::Unknown;
+        };
+        let task = self.running.swap_remove(index);
+        if !task.aborted {
+            return Settled::Answer(task);
+        }
+        for tmf in &mut self.tmfs {
+            tmf.awaiting_tasks.retain(|&t| t != task.itt);
+        }
+        if self.answer_settled_tmfs(out) == Flow::Close {
+            debug_assert!(self.logged_out, "a cold reset closes the session");
+        }
+        Settled::Aborted
+    }
+
+    /// Like [`Session::complete`], for a command whose Data-In the backend lends (`loan`, left
+    /// empty) instead of copying: a buffer its device read into, sent as it is.
+    pub fn complete_lent(
+        &mut self,
+        itt: u32,
+        outcome: ScsiOutcome,
+        loan: &mut Loan,
+        sense: &[u8],
+        out: &mut Outbox,
+    ) -> bool {
+        let task = match self.settle(itt, out) {
+            Settled::Unknown => {
+                loan.clear();
+                return false;
+            }
+            Settled::Aborted => {
+                loan.clear();
+                return true;
+            }
+            Settled::Answer(task) => task,
+        };
+        self.sense_buf.clear();
+        self.sense_buf.extend_from_slice(sense);
+        self.finish(
+            task.itt,
+            task.lun,
+            task.expected_len,
+            task.read,
+            outcome,
+            DataIn::Lent(loan),
+            out,
+        );
+        loan.clear();
         true
     }
 

@@ -166,6 +166,11 @@ impl LogicalUnit {
     pub fn capabilities(&self) -> store::Capabilities {
         self.store.capabilities()
     }
+    /// The store's O_DIRECT descriptor, for a transport that submits planned I/O itself
+    /// ([`crate::Plan`]); None unless the store does direct I/O.
+    pub fn direct_io(&self) -> Option<store::DirectIo> {
+        self.store.direct_io()
+    }
     /// The store's size in bytes.
     pub fn capacity_bytes(&self) -> u64 {
         self.store.size_bytes()

@@ -64,12 +64,32 @@ impl std::fmt::Debug for Plan {
     }
 }
 
+/// Whether `cdb` is a command that plans (READ, WRITE, SYNCHRONIZE CACHE): a transport may
+/// route it to its asynchronous path before looking further.
+pub fn plans(cdb: &[u8]) -> bool {
+    matches!(
+        cdb.first(),
+        Some(
+            &(READ_6
+                | READ_10
+                | READ_12
+                | READ_16
+                | WRITE_6
+                | WRITE_10
+                | WRITE_12
+                | WRITE_16
+                | SYNCHRONIZE_CACHE_10
+                | SYNCHRONIZE_CACHE_16)
+        )
+    )
+}
+
 impl LogicalUnit {
     /// Plans one command of `nexus` (see [`Plan`]); `read_only_mapping`: the LUN is mapped
     /// read-only. Only READ, WRITE (6/10/12/16) and SYNCHRONIZE CACHE (10/16) plan; everything
     /// else is [`Plan::Execute`] with no effect, the unit attention still pending.
     pub fn plan(&self, nexus: &Nexus, cmd: &Command<'_>, read_only_mapping: bool) -> Plan {
-        let Some(&opcode) = cmd.cdb.first() else {
+        let Some(&opcode) = cmd.cdb.first().filter(|_| plans(cmd.cdb)) else {
             return Plan::Execute;
         };
         let share = match opcode {

@@ -168,6 +168,28 @@ pub fn set_waiting(socket: impl AsFd, waiting: bool) -> bool {
     })
 }
 
+/// A connection's io_uring joins the worker's poll for good (it leaves as its descriptor
+/// closes): a direct read or write completing ends a poll like input does, so an initiator
+/// waiting for a device I/O is answered without a wake-up. Level-triggered, like sockets.
+pub fn watch_ring(ring: impl AsFd) {
+    WORKER.with(|w| {
+        let Ok(w) = w.try_borrow() else {
+            return;
+        };
+        let Some(w) = w.as_ref() else {
+            return;
+        };
+        if let Err(e) = epoll::add(
+            &w.epoll,
+            ring,
+            epoll::EventData::new_u64(1),
+            epoll::EventFlags::IN,
+        ) {
+            tracing::debug!("io_uring not busy-polled: epoll: {e}");
+        }
+    });
+}
+
 /// A connection counted as waiting ends (its socket leaves the poll as it closes).
 pub fn waiting_ended() {
     count(false, |w| &mut w.waiting);

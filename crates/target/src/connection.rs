@@ -33,6 +33,7 @@ use crate::config::IscsiName;
 use crate::config::ResolvedAuth;
 use crate::metrics::{IoCounts, LatencyCounts};
 use crate::registry::SessionTicket;
+use crate::ring::{self, DeviceRing, RingOp};
 use crate::server::{DiskLun, Membership, NewConnection, Refusal, Shared};
 use crate::stall::WriteStalls;
 
@@ -236,6 +237,8 @@ struct Completed {
     expected_len: u32,
     outcome: ScsiOutcome,
     data_in: Vec<u8>,
+    /// Data-In lent instead of copied: the aligned buffer a direct read landed in.
+    lent: Option<scsi::SharedSlice>,
     sense: Vec<u8>,
     /// The start of the turn that handed it over (its latency runs from there).
     started: Instant,
@@ -279,6 +282,26 @@ struct Backend<'a> {
     completion_flag: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Resets (LU, target) and CLEAR TASK SETs waiting for their LUs' commands to finish.
     tmf_waits: Vec<TmfWait>,
+    /// This connection's io_uring for direct-I/O LUNs, made at the first such command.
+    ring: Option<DeviceRing<RingIo>>,
+    /// Making the ring failed once (logged): direct LUNs use the I/O thread pool instead.
+    ring_failed: bool,
+    /// Commands answered while planned (a check failed): delivered at the end of the turn.
+    answered: Vec<Completed>,
+}
+
+/// A command whose block I/O is on the connection's ring.
+struct RingIo {
+    command: DeferredCommand,
+    lun: u64,
+    io: scsi::BlockIo,
+    lu: Arc<scsi::LogicalUnit>,
+    started: Instant,
+    held_bytes: usize,
+    /// Its LU counts it in flight (resets wait) until the device answers.
+    _hold: scsi::inflight::OwnedIoGuard,
+    /// A write's share of its LU's write order (COMPARE AND WRITE waits).
+    _share: Option<scsi::WriteShare>,
 }
 
 /// A task management function waiting until no command of its LUs can still reach the medium;
@@ -354,6 +377,48 @@ async fn first_drained(waits: &[TmfWait]) -> usize {
         std::task::Poll::Pending
     })
     .await
+}
+
+/// Hands a finished command to the session: its answer is queued in `out`, its memory and
+/// counts settled. True when the session is closing (a cold reset's last task finished).
+fn deliver(
+    session: &mut Session,
+    backend: &mut Backend<'_>,
+    out: &mut Outbox,
+    done: Completed,
+) -> bool {
+    backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
+    let lent_bytes = done.lent.as_ref().map_or(0, |(_, range)| range.len());
+    let data_bytes = match done.kind {
+        scsi::IoKind::Read => (done.data_in.len() + lent_bytes).min(done.expected_len as usize),
+        _ => done.data_out.len(),
+    };
+    let slot = backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
+    if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
+        backend.record_latency(slot, op, done.started.elapsed());
+    }
+    match done.lent {
+        Some(slice) => {
+            let mut loan = Loan {
+                slices: vec![slice],
+                file: None,
+            };
+            session.complete_lent(done.itt, done.outcome, &mut loan, &done.sense, out);
+        }
+        None => {
+            session.complete(done.itt, done.outcome, done.data_in, &done.sense, out);
+        }
+    }
+    out.give_back(done.data_out);
+    session.closing()
+}
+
+/// Resolves when the connection's ring has completions (never without a ring).
+async fn ring_ready<T>(ring: &Option<DeviceRing<T>>) -> std::io::Result<()> {
+    match ring {
+        Some(ring) => ring.ready().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// One LUN's I/O on this connection, counted without atomics.
@@ -453,6 +518,177 @@ impl Backend<'_> {
         }
     }
 
+    /// Plans `command` and puts its I/O on the ring. Hands the command back, untouched in
+    /// effect, when it must run on the blocking pool instead: no ring for its LU, a reset
+    /// draining the LU, a command that does not plan, a COMPARE AND WRITE holding the order,
+    /// a full ring.
+    fn submit_to_ring(
+        &mut self,
+        command: DeferredCommand,
+        lun: u64,
+    ) -> Result<(), DeferredCommand> {
+        let Some(direct) = self
+            .disk_luns
+            .iter()
+            .find(|d| d.lun == lun)
+            .and_then(|d| d.ring.clone())
+            .filter(|_| !self.ring_failed)
+        else {
+            return Err(command);
+        };
+        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+            return Err(command);
+        };
+        let Some(entry) = luns.get(lun) else {
+            return Err(command);
+        };
+        let lu = Arc::clone(&entry.lu);
+        // While a reset drains the LU the command waits on the blocking pool.
+        let Some(hold) = lu.in_flight().try_begin_owned(nexus.id) else {
+            return Err(command);
+        };
+        let cmd = scsi::Command {
+            cdb: &command.cdb,
+            data_out: &command.data_out,
+            data_in_limit: command.expected_len,
+        };
+        let (io, share) = match lu.plan(nexus, &cmd, entry.read_only) {
+            scsi::Plan::Execute => return Err(command),
+            scsi::Plan::Done(completion) => {
+                let mut sense = Vec::new();
+                let outcome = outcome_of(&completion, &mut sense);
+                let held_bytes =
+                    Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
+                self.deferred_bytes += held_bytes;
+                self.answered.push(Completed {
+                    itt: command.itt,
+                    lun,
+                    kind: scsi::io_kind(&command.cdb),
+                    expected_len: command.expected_len,
+                    outcome,
+                    data_in: Vec::new(),
+                    lent: None,
+                    sense,
+                    started: self.turn_started,
+                    held_bytes,
+                    data_out: command.data_out,
+                });
+                return Ok(());
+            }
+            scsi::Plan::Io(io, share) => (io, share),
+        };
+        if self.ring.is_none() {
+            match DeviceRing::new() {
+                Ok(ring) => {
+                    busy_poll::watch_ring(ring.fd());
+                    self.ring = Some(ring);
+                }
+                Err(e) => {
+                    tracing::warn!(peer = %self.peer, "io_uring ring: {e}: direct I/O of this connection runs on the I/O threads");
+                    self.ring_failed = true;
+                    return Err(command);
+                }
+            }
+        }
+        let (op, buf) = match io.op {
+            scsi::BlockOp::Read => (RingOp::Read, store::AlignedBuf::zeroed(io.len as usize)),
+            scsi::BlockOp::Write { durable } => {
+                let buf = store::AlignedBuf::zeroed(io.len as usize).map(|mut buf| {
+                    // The planned length is a prefix of the Data-Out (whole blocks received).
+                    if let Some(data) = command.data_out.get(..io.len as usize) {
+                        buf.copy_from_slice(data);
+                    }
+                    buf
+                });
+                (RingOp::Write { dsync: durable }, buf)
+            }
+            scsi::BlockOp::Flush => (RingOp::Flush, None),
+        };
+        if op != RingOp::Flush && buf.is_none() {
+            // Out of memory for the buffer: the blocking pool's path reports the failure.
+            return Err(command);
+        }
+        let held_bytes =
+            Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
+        let tag = RingIo {
+            command,
+            lun,
+            io,
+            lu,
+            started: self.turn_started,
+            held_bytes,
+            _hold: hold,
+            _share: share,
+        };
+        let Some(ring) = self.ring.as_mut() else {
+            return Err(tag.command);
+        };
+        match ring.push(op, &direct.file, io.offset, buf, tag) {
+            Ok(()) => {
+                self.deferred_bytes += held_bytes;
+                Ok(())
+            }
+            // The ring is full: the share and the hold are released as the tag drops.
+            Err((_, tag)) => Err(tag.command),
+        }
+    }
+
+    /// Hands the turn's ring I/Os to the kernel in one system call.
+    fn submit_ring(&mut self) {
+        if let Some(ring) = self.ring.as_mut() {
+            if let Err(e) = ring.submit() {
+                // They stay queued and go with the next submit.
+                tracing::debug!(peer = %self.peer, "io_uring submit: {e}");
+            }
+        }
+    }
+
+    /// The completions the ring has, as the connection's other completions.
+    fn reap_ring(&mut self, finished: &mut Vec<ring::Finished<RingIo>>, done: &mut Vec<Completed>) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        ring.reap(finished);
+        for f in finished.drain(..) {
+            let tag = f.tag;
+            if let Err(e) = &f.result {
+                tracing::warn!(
+                    lun = tag.lun,
+                    "device I/O failed: {:?} at {}+{}: {e}",
+                    tag.io.op,
+                    tag.io.offset,
+                    tag.io.len
+                );
+            }
+            let completion = tag.lu.finish(&tag.io, f.result);
+            let mut sense = Vec::new();
+            let outcome = outcome_of(&completion, &mut sense);
+            let good = completion.status == scsi::Status::Good;
+            let lent = match (f.buf, tag.io.op) {
+                (Some(buf), scsi::BlockOp::Read) if good => {
+                    let len = buf.len();
+                    Some((Arc::new(buf) as Arc<dyn AsRef<[u8]> + Send + Sync>, 0..len))
+                }
+                _ => None,
+            };
+            done.push(Completed {
+                itt: tag.command.itt,
+                lun: tag.lun,
+                kind: scsi::io_kind(&tag.command.cdb),
+                expected_len: tag.command.expected_len,
+                outcome,
+                data_in: Vec::new(),
+                lent,
+                sense,
+                started: tag.started,
+                held_bytes: tag.held_bytes,
+                data_out: tag.command.data_out,
+            });
+        }
+        // Retries queued by the reap go out now.
+        self.submit_ring();
+    }
+
     /// Whether commands already on the blocking pool hold the connection's whole budget.
     fn congested(&self) -> bool {
         self.deferred_bytes >= self.deferred_bytes_max
@@ -527,6 +763,11 @@ impl ScsiBackend for Backend<'_> {
         // watched (two clock reads, two getrusage calls) for the kernel making them wait.
         let mut buffered_write = None;
         if let Some((disk, entry)) = self.disk_lu(lun) {
+            if entry.lu.capabilities().direct && scsi::plans(req.cdb) {
+                // Direct I/O always waits for the device: to the ring (or the I/O threads).
+                let _ = disk;
+                return Execution::Deferred;
+            }
             if entry.lu.is_buffered_write(req.cdb) {
                 let started = Instant::now();
                 if disk.stalls.offloading(started) {
@@ -599,13 +840,19 @@ impl ScsiBackend for Backend<'_> {
         Execution::Done(outcome)
     }
 
-    /// Runs the command on tokio's blocking pool; its completion returns through the channel.
+    /// Submits the command's block I/O to the connection's ring where its LU does direct I/O
+    /// on io_uring; otherwise runs it on tokio's blocking pool. Either way its completion comes
+    /// back to this connection's event loop.
     fn defer(&mut self, command: DeferredCommand) {
+        let lun = scsi::lun_from_wire(command.lun);
+        let command = match self.submit_to_ring(command, lun) {
+            Ok(()) => return,
+            Err(command) => command,
+        };
         let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
             debug_assert!(false, "only commands of a session with LUNs are deferred");
             return;
         };
-        let lun = scsi::lun_from_wire(command.lun);
         // The command counts as in flight on its LU from now on: a reset waits for it.
         let hold = luns.begin_owned(nexus, lun);
         let (luns, nexus) = (Arc::clone(luns), nexus.clone());
@@ -649,6 +896,7 @@ impl ScsiBackend for Backend<'_> {
                 expected_len: command.expected_len,
                 outcome,
                 data_in,
+                lent: None,
                 sense,
                 started,
                 held_bytes,
@@ -863,6 +1111,9 @@ impl Driver {
             turn_ended: None,
             completion_flag: busy_poll::completion_flag(),
             tmf_waits: Vec::new(),
+            ring: None,
+            ring_failed: false,
+            answered: Vec::new(),
         };
         if let Some((t, group)) = membership.and_then(|m| shared.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();
@@ -1023,6 +1274,9 @@ impl Driver {
         let grace_s = backend.shared.limits.shutdown_grace_s;
         // Set once the initiator has been asked to log out: the session ends then at the latest.
         let mut logout_deadline: Option<Instant> = None;
+        // Reused by every reap of the ring.
+        let mut ring_finished = Vec::new();
+        let mut ring_done = Vec::new();
         loop {
             // First run whatever is already buffered (pipelined behind the login).
             let (flow, drained) = self.process(session, backend)?;
@@ -1132,19 +1386,22 @@ impl Driver {
                     }
                 }
                 Some(done) = completed.recv() => {
-                    backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
-                    let data_bytes = match done.kind {
-                        scsi::IoKind::Read => done.data_in.len().min(done.expected_len as usize),
-                        _ => done.data_out.len(),
-                    };
-                    let slot = backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
-                    if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
-                        backend.record_latency(slot, op, done.started.elapsed());
-                    }
-                    session.complete(done.itt, done.outcome, done.data_in, &done.sense, &mut self.out);
-                    self.out.give_back(done.data_out);
-                    if session.closing() {
+                    if deliver(session, backend, &mut self.out, done) {
                         // A TARGET COLD RESET answered once its last aborted task finished.
+                        self.flush().await?;
+                        return Ok(());
+                    }
+                }
+                ready = ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
+                    ready.map_err(|e| format!("io_uring: {e}"))?;
+                    let mut done = std::mem::take(&mut ring_done);
+                    backend.reap_ring(&mut ring_finished, &mut done);
+                    let mut closing = false;
+                    for d in done.drain(..) {
+                        closing |= deliver(session, backend, &mut self.out, d);
+                    }
+                    ring_done = done;
+                    if closing {
                         self.flush().await?;
                         return Ok(());
                     }
@@ -1182,7 +1439,15 @@ impl Driver {
         let now = Instant::now();
         backend.turn_started = now;
         let result = self.process_pdus(session, backend, now);
+        backend.submit_ring();
+        let mut closing = false;
+        for done in std::mem::take(&mut backend.answered) {
+            closing |= deliver(session, backend, &mut self.out, done);
+        }
         backend.finish_turn();
+        if closing {
+            return Ok((Flow::Close, true));
+        }
         result
     }
 

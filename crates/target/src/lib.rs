@@ -1,5 +1,6 @@
 //! The ferrosan engine: config model, portals, connection drivers, session registry.
-// `deny`, not `forbid`: sys.rs holds the crate's only unsafe code (two system calls).
+// `deny`, not `forbid`: sys.rs (two system calls) and ring.rs (io_uring submissions) hold the
+// crate's only unsafe code.
 #![deny(unsafe_code)]
 
 mod alarm;
@@ -9,6 +10,7 @@ pub mod config;
 pub mod connection;
 pub mod metrics;
 pub mod registry;
+pub mod ring;
 pub mod server;
 pub mod stall;
 mod sys;

@@ -129,6 +129,15 @@ impl EncodeMetric for BulkHistogram {
     }
 }
 
+/// How a device's reads and writes reach it: `io_uring` (direct, on the workers' rings),
+/// `threads` (direct, on the I/O thread pool: io_uring off or unavailable), `page_cache`
+/// (buffered), `memory` (RAM, tmpfs).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IoPathLabel {
+    pub device: String,
+    pub path: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeviceLabel {
     /// The `[[device]]` name.
@@ -161,6 +170,7 @@ pub struct Metrics {
     pub device_read_bytes: Family<DeviceLabel, Counter>,
     pub device_write_bytes: Family<DeviceLabel, Counter>,
     pub device_errors: Family<DeviceLabel, Counter>,
+    pub device_io_path: Family<IoPathLabel, Gauge>,
     pub device_sendfile_bytes: Family<DeviceLabel, Counter>,
     pub device_latency: Family<LatencyLabel, BulkHistogram>,
 }
@@ -204,6 +214,12 @@ impl Metrics {
         let device_read_bytes = Family::<DeviceLabel, Counter>::default();
         let device_write_bytes = Family::<DeviceLabel, Counter>::default();
         let device_errors = Family::<DeviceLabel, Counter>::default();
+        let device_io_path = Family::<IoPathLabel, Gauge>::default();
+        registry.register(
+            "device_io_path",
+            "1 for the path a device's reads and writes take (io_uring, threads, page_cache, memory)",
+            device_io_path.clone(),
+        );
         let device_sendfile_bytes = Family::<DeviceLabel, Counter>::default();
         let device_latency = Family::<LatencyLabel, BulkHistogram>::default();
         registry.register(
@@ -322,6 +338,7 @@ impl Metrics {
             device_read_bytes,
             device_write_bytes,
             device_errors,
+            device_io_path,
             device_sendfile_bytes,
             device_latency,
         }
@@ -388,6 +405,16 @@ impl Metrics {
             self.write_stalls.get_or_create(&label).clone(),
             self.writes_offloaded.get_or_create(&label).clone(),
         )
+    }
+
+    /// Records the I/O path of a device (see [`IoPathLabel`]).
+    pub fn device_io_path(&self, device: &str, path: &str) {
+        self.device_io_path
+            .get_or_create(&IoPathLabel {
+                device: device.to_owned(),
+                path: path.to_owned(),
+            })
+            .set(1);
     }
 
     pub fn login(&self, result: String) {

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
 use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, TargetPort};
-use store::{BlockStore, FileStore, RamStore};
+use store::{BlockStore, Caching, FileStore, RamStore};
 use tokio::sync::{mpsc, watch};
 
 use crate::alarm::Alarm;
 use crate::busy_poll;
 use crate::config::{
-    ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, IscsiName, Limits, StoreKind,
+    CacheMode, ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, IscsiName, Limits, StoreKind,
     TargetConfig,
 };
 use crate::connection;
@@ -39,6 +39,10 @@ pub struct GroupRuntime {
 pub struct DiskLun {
     pub lun: u64,
     pub stalls: Arc<WriteStalls>,
+    /// The store's O_DIRECT descriptor when its reads, writes and flushes go to the worker's
+    /// io_uring; None for page-cache devices, and for every device when io_uring is off or
+    /// unavailable (direct stores then run on the I/O thread pool).
+    pub ring: Option<store::DirectIo>,
 }
 
 pub struct TargetRuntime {
@@ -694,14 +698,10 @@ fn acceptor(
 fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
     let store: Arc<dyn BlockStore> = match &device.store {
         StoreKind::Ram { size_bytes } => Arc::new(RamStore::new(*size_bytes)),
-        StoreKind::File { path, size_bytes } => Arc::new(
-            FileStore::open(path, *size_bytes, device.thin)
-                .map_err(|e| format!("device {}: {}: {e}", device.name, path.display()))?,
-        ),
-        StoreKind::Block { path } => Arc::new(
-            FileStore::open(path, None, device.thin)
-                .map_err(|e| format!("device {}: {}: {e}", device.name, path.display()))?,
-        ),
+        StoreKind::File { path, size_bytes } => {
+            Arc::new(open_file_store(device, path, *size_bytes)?)
+        }
+        StoreKind::Block { path } => Arc::new(open_file_store(device, path, None)?),
     };
     let mut naa = [0u8; 16];
     let naa_len = device.naa.len().min(16);
@@ -726,6 +726,70 @@ fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
     // the 29h/03h unit attention a LOGICAL UNIT RESET leaves on the requesting nexus (tgt fails
     // that test too). See `LogicalUnit::set_spc2_reservations` and docs/CONFORMANCE.md.
     Ok(Arc::new(unit))
+}
+
+/// Opens a file or block device as its `cache` setting asks (see [`CacheMode`]): `auto` takes
+/// direct I/O where it works and says in the log why not where it does not.
+fn open_file_store(
+    device: &DeviceConfig,
+    path: &std::path::Path,
+    size: Option<u64>,
+) -> Result<FileStore, String> {
+    let located = |e: std::io::Error| format!("device {}: {}: {e}", device.name, path.display());
+    let open = |caching| FileStore::open_with(path, size, device.thin, caching).map_err(located);
+    let too_coarse = |store: &FileStore| {
+        store
+            .direct_io()
+            .map(|d| d.alignment)
+            .filter(|&alignment| alignment > device.block_size)
+    };
+    match device.cache {
+        CacheMode::Page => open(Caching::Page),
+        CacheMode::Direct => {
+            let store = open(Caching::Direct)?;
+            match too_coarse(&store) {
+                Some(alignment) => Err(format!(
+                    "device {}: {}: direct I/O needs {alignment}-byte alignment, larger than \
+                     block_size {}: set block_size = {alignment}, or cache = \"page\"",
+                    device.name,
+                    path.display(),
+                    device.block_size
+                )),
+                None => Ok(store),
+            }
+        }
+        CacheMode::Auto => {
+            let paged = open(Caching::Page)?;
+            // A file in memory (tmpfs) is fastest through its cache: nothing waits there.
+            if !paged.capabilities().waits_for_device {
+                return Ok(paged);
+            }
+            match FileStore::open_with(path, size, device.thin, Caching::Direct) {
+                Ok(direct) => match too_coarse(&direct) {
+                    None => Ok(direct),
+                    Some(alignment) => {
+                        tracing::warn!(
+                            "device {}: {} needs {alignment}-byte direct I/O but the LU has \
+                             {}-byte blocks: using the page cache (block_size = {alignment} \
+                             would allow direct I/O)",
+                            device.name,
+                            path.display(),
+                            device.block_size
+                        );
+                        Ok(paged)
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(
+                        "device {}: no direct I/O on {} ({e}): using the page cache",
+                        device.name,
+                        path.display()
+                    );
+                    Ok(paged)
+                }
+            }
+        }
+    }
 }
 
 /// Whether this store sits on a real device, so that making data durable waits for it and
@@ -754,16 +818,37 @@ fn build(config: &Config) -> Result<Shared, String> {
     let epoch = Instant::now();
     let stall_base = Duration::from_micros(config.limits.write_stall_us.into());
     let mut units: HashMap<&str, Arc<LogicalUnit>> = HashMap::new();
-    let mut disk_devices: HashMap<&str, Arc<WriteStalls>> = HashMap::new();
+    let mut disk_devices: HashMap<&str, (Arc<WriteStalls>, Option<store::DirectIo>)> =
+        HashMap::new();
+    let io_uring = config.server.io_uring && {
+        match crate::ring::DeviceRing::<()>::probe() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    "io_uring unavailable ({e}): direct-I/O devices run on the I/O thread pool"
+                );
+                false
+            }
+        }
+    };
     for device in &config.devices {
         let unit = open_unit(device)?;
         // The store says whether it waits for a device; nothing is guessed from its kind.
-        let waits_for_device = unit.capabilities().waits_for_device;
+        let caps = unit.capabilities();
+        let path = match (caps.direct, io_uring) {
+            (true, true) => "io_uring",
+            (true, false) => "threads",
+            (false, _) if caps.page_cache && caps.waits_for_device => "page_cache",
+            (false, _) => "memory",
+        };
+        metrics.device_io_path(&device.name, path);
+        tracing::info!("device {}: I/O path {path}", device.name);
+        let ring = if io_uring { unit.direct_io() } else { None };
         units.insert(device.name.as_str(), unit);
-        if waits_for_device {
+        if caps.waits_for_device {
             let (stalls, offloaded) = metrics.device_writes(&device.name);
             let state = WriteStalls::new(epoch, stall_base, stalls, offloaded);
-            disk_devices.insert(device.name.as_str(), Arc::new(state));
+            disk_devices.insert(device.name.as_str(), (Arc::new(state), ring));
         }
     }
     let mut targets = Vec::new();
@@ -781,10 +866,11 @@ fn build(config: &Config) -> Result<Shared, String> {
             let mut lun_devices = Vec::new();
             for m in &g.luns {
                 lun_devices.push((m.lun, Arc::<str>::from(m.device.as_str())));
-                if let Some(stalls) = disk_devices.get(m.device.as_str()) {
+                if let Some((stalls, ring)) = disk_devices.get(m.device.as_str()) {
                     disk_luns.push(DiskLun {
                         lun: m.lun,
                         stalls: Arc::clone(stalls),
+                        ring: ring.clone(),
                     });
                 }
                 let unit = units

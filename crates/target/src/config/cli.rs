@@ -8,8 +8,8 @@ use super::names::{
     ISCSI_PORT_DEFAULT,
 };
 use super::{
-    Config, ConfigError, DeviceConfig, InitiatorGroup, IscsiName, Limits, LunMapping, PortalGroup,
-    ServerConfig, StoreKind, TargetConfig, COMMAND_LINE, DEMO_TARGET_IQN,
+    CacheMode, Config, ConfigError, DeviceConfig, InitiatorGroup, IscsiName, Limits, LunMapping,
+    PortalGroup, ServerConfig, StoreKind, TargetConfig, COMMAND_LINE, DEMO_TARGET_IQN,
 };
 
 /// The size of the demo's RAM LUN and of a quick export that names no LUN: 1 GiB.
@@ -30,6 +30,7 @@ struct LunSpec {
     store: StoreKind,
     block_size: u32,
     read_only: bool,
+    cache: CacheMode,
 }
 
 pub(crate) fn demo() -> Config {
@@ -39,6 +40,7 @@ pub(crate) fn demo() -> Config {
         },
         block_size: 512,
         read_only: false,
+        cache: CacheMode::Auto,
     };
     let listen = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ISCSI_PORT_DEFAULT);
     // The demo's name is a constant in normal form (a unit test checks it).
@@ -84,6 +86,7 @@ pub(crate) fn from_cli(
             },
             block_size: 512,
             read_only: false,
+            cache: CacheMode::Auto,
         });
     }
     for (i, a) in specs.iter().enumerate() {
@@ -107,7 +110,7 @@ pub(crate) fn from_cli(
 }
 
 /// `ram:SIZE` | `file:PATH[,size=SIZE]` | `block:PATH`, each with optional
-/// `,block_size=512|4096` and `,ro` at the end.
+/// `,block_size=512|4096`, `,cache=auto|direct|page` and `,ro` at the end.
 fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
     let (kind, mut rest) = spec
         .split_once(':')
@@ -115,10 +118,14 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
     let mut size = None;
     let mut block_size = 512u32;
     let mut read_only = false;
+    let mut cache = CacheMode::Auto;
     // Peel known options off the end, so that a path may contain commas.
     while let Some((head, opt)) = rest.rsplit_once(',') {
         if opt == "ro" {
             read_only = true;
+        } else if let Some(v) = opt.strip_prefix("cache=") {
+            cache = CacheMode::parse(v)
+                .ok_or_else(|| format!("cache must be auto, direct or page, got {v}"))?;
         } else if let Some(v) = opt.strip_prefix("size=") {
             size = Some(parse_size(v)?);
         } else if let Some(v) = opt.strip_prefix("block_size=") {
@@ -180,6 +187,7 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
         store,
         block_size,
         read_only,
+        cache,
     })
 }
 
@@ -210,6 +218,7 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
             read_only: spec.read_only,
             write_cache: false,
             thin: true,
+            cache: spec.cache,
         });
     }
     Config {

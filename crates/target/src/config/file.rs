@@ -19,7 +19,7 @@ use super::names::{
     parse_size, portals_overlap,
 };
 use super::{
-    ChapAlgorithm, Config, ConfigError, ConfigErrors, DeviceConfig, DiscoveryConfig,
+    CacheMode, ChapAlgorithm, Config, ConfigError, ConfigErrors, DeviceConfig, DiscoveryConfig,
     InitiatorCredentials, InitiatorGroup, IscsiName, LunMapping, PortalGroup, RawLimits,
     ServerConfig, StoreKind, TargetConfig, LIMIT_TABLE,
 };
@@ -53,6 +53,7 @@ struct RawServer {
     identity_seed: Option<S<String>>,
     chap_algorithms: Option<S<Vec<S<String>>>>,
     metrics_listen: Option<S<String>>,
+    io_uring: Option<S<bool>>,
 }
 
 #[derive(Deserialize)]
@@ -76,6 +77,7 @@ struct RawDevice {
     read_only: Option<S<bool>>,
     write_cache: Option<S<bool>>,
     thin: Option<S<bool>>,
+    cache: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -263,6 +265,7 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
                 Err(m) => cx.err(addr.span(), "server: metrics_listen", m),
             }
         }
+        server.io_uring = bool_or(&s.io_uring, true);
     }
     let mut book = SecretBook::default();
     let discovery = match &raw.discovery {
@@ -526,6 +529,26 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                 512
             }
         };
+        let cache = match rd
+            .cache
+            .as_ref()
+            .map(|c| (c, CacheMode::parse(c.get_ref())))
+        {
+            None => CacheMode::Auto,
+            Some((_, Some(mode))) => mode,
+            Some((c, None)) => {
+                cx.err(
+                    c.span(),
+                    format!("{ctx}: cache"),
+                    format!(
+                        "unknown mode {:?}: expected \"auto\", \"direct\" or \"page\"",
+                        c.get_ref()
+                    ),
+                );
+                ok = false;
+                CacheMode::Auto
+            }
+        };
         let size = match &rd.size {
             None => None,
             Some(s) => {
@@ -703,6 +726,7 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                 read_only: bool_or(&rd.read_only, false),
                 write_cache: bool_or(&rd.write_cache, false),
                 thin: bool_or(&rd.thin, true),
+                cache,
             });
         } else if !name.is_empty() {
             // Keep the name known so that mappings to it do not report a second error.
@@ -715,6 +739,7 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                 read_only: false,
                 write_cache: false,
                 thin: false,
+                cache: CacheMode::Auto,
             });
         }
     }
@@ -1042,6 +1067,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
     if let Some(m) = c.server.metrics_listen {
         let _ = writeln!(out, "metrics_listen = {}", q(&m.to_string()));
     }
+    if !c.server.io_uring {
+        let _ = writeln!(out, "io_uring = false");
+    }
     out.push('\n');
     c.limits.write_toml(&mut out);
     if c.discovery != DiscoveryConfig::default() {
@@ -1091,6 +1119,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
             d.write_cache,
             d.thin
         );
+        if !matches!(d.store, StoreKind::Ram { .. }) {
+            let _ = writeln!(out, "cache = \"{}\"", d.cache.name());
+        }
     }
     for t in &c.targets {
         let _ = writeln!(out, "\n[[target]]\niqn = {}", q(t.iqn.as_str()));

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub chap_algorithms: Vec<ChapAlgorithm>,
     /// Where `/metrics` (Prometheus text format) is served; None = not served.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Direct-I/O devices are submitted to io_uring rings on the workers; false (or a kernel
+    /// or sandbox without io_uring) runs them on the bounded I/O thread pool instead.
+    pub io_uring: bool,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +68,7 @@ impl Default for ServerConfig {
             workers: 0,
             chap_algorithms: ChapAlgorithm::ALL.to_vec(),
             metrics_listen: None,
+            io_uring: true,
         }
     }
 }
@@ -291,6 +295,40 @@ pub struct DeviceConfig {
     pub write_cache: bool,
     /// UNMAP / WRITE SAME with UNMAP release space (punch holes).
     pub thin: bool,
+    /// How a file or block device's reads and writes reach it (ignored for RAM).
+    pub cache: CacheMode,
+}
+
+/// How a file or block device is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Direct I/O where the filesystem offers it and the LU's blocks are at least its
+    /// alignment; the page cache otherwise (tmpfs, a 512-byte LU on a 4 KiB-sector device).
+    Auto,
+    /// Direct I/O (O_DIRECT), asynchronous on the workers' rings: the disk's own speed, no
+    /// memory spent on caching. Refused at start where it cannot work.
+    Direct,
+    /// Through the page cache: repeated reads from memory, writes absorbed there (and made
+    /// durable per the write-cache setting).
+    Page,
+}
+
+impl CacheMode {
+    pub fn parse(s: &str) -> Option<CacheMode> {
+        match s {
+            "auto" => Some(CacheMode::Auto),
+            "direct" => Some(CacheMode::Direct),
+            "page" => Some(CacheMode::Page),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheMode::Auto => "auto",
+            CacheMode::Direct => "direct",
+            CacheMode::Page => "page",
+        }
+    }
 }
 
 /// Where a device's blocks live.

@@ -8,8 +8,11 @@
 # Runs:  ferrosan-ram   ferrosan, RAM LUN of 1 GiB
 #        ferrosan-file  ferrosan, thin (sparse) file LUN of 1 GiB on tmpfs
 #        ferrosan-disk  ferrosan, thin file LUN of 1 GiB on the disk filesystem under target/,
-#                       write_stall_us = 0: every write, flush and uncached read runs on the
-#                       blocking pool (the deferred path; tmpfs LUNs never take it)
+#                       cache = "page", write_stall_us = 0: every write, flush and uncached
+#                       read runs on the blocking pool (the deferred path; tmpfs LUNs never
+#                       take it)
+#        ferrosan-direct  the same file, cache = "direct": reads, writes and flushes on the
+#                       workers' io_uring rings (O_DIRECT), the default for disk files
 #        tgt-file       tgt (tgtd), 1 GiB sparse file LUN on tmpfs (baseline)
 # Results: target/conformance/<run>.tsv (test <TAB> pass|skip|fail <TAB> reason),
 #          <run>.out / <run>.err (raw tool output), <run>.daemon.log.
@@ -60,13 +63,15 @@ iscsi-test-cu --list >"$OUT/tests.list"
 TOTAL_LISTED=$(awk -F. 'NF == 3' "$OUT/tests.list" | wc -l)
 
 # start_ferrosan RUN LUNSPEC: start the daemon on a free port; sets PORT, LUN.
-# A LUNSPEC of config:FILE names a device file: the daemon runs from a config file instead.
+# A LUNSPEC of config-CACHE:FILE names a device file and its cache mode: the daemon runs from
+# a config file instead.
 start_ferrosan() {
     local run=$1 lunspec=$2 rc=0 args
     PORT=$(free_port)
     LUN=0
-    if [[ $lunspec == config:* ]]; then
-        disk_config "${lunspec#config:}" >"$OUT/$run.toml"
+    if [[ $lunspec == config-* ]]; then
+        local cache=${lunspec#config-}
+        disk_config "${cache#*:}" "${cache%%:*}" >"$OUT/$run.toml"
         args=(--config "$OUT/$run.toml")
     else
         args=(--listen "127.0.0.1:$PORT" --target "$IQN" --lun "$lunspec")
@@ -86,7 +91,8 @@ start_ferrosan() {
     fi
 }
 
-# disk_config FILE: the ferrosan-disk run's config (portal $PORT, target $IQN, LUN 0 = FILE).
+# disk_config FILE CACHE: a disk run's config (portal $PORT, target $IQN, LUN 0 = FILE with
+# cache = CACHE).
 disk_config() {
     cat <<CONFIG
 [limits]
@@ -102,6 +108,7 @@ store = "file"
 path = "$1"
 size = "1G"
 thin = true
+cache = "$2"
 
 [[target]]
 iqn = "$IQN"
@@ -197,7 +204,8 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
     [[ -x $FERROSAN_BIN ]] || die "no ferrosan binary at $FERROSAN_BIN"
     DISK_DIR=$(mktemp -d "$OUT/disk.XXXXXX")
     for spec in "ram ram:1G" "file file:$WORK/ferrosan-disk.img,size=1G" \
-        "disk config:$DISK_DIR/ferrosan-disk.img"; do
+        "disk config-page:$DISK_DIR/ferrosan-disk.img" \
+        "direct config-direct:$DISK_DIR/ferrosan-disk.img"; do
         run=ferrosan-${spec%% *}
         rm -f "$WORK/ferrosan-disk.img" "$DISK_DIR/ferrosan-disk.img"
         if start_ferrosan "$run" "${spec#* }"; then

@@ -591,7 +591,14 @@ impl Backend<'_> {
             }
         }
         let (op, buf) = match io.op {
-            scsi::BlockOp::Read => (RingOp::Read, store::AlignedBuf::zeroed(io.len as usize)),
+            // A read the transport truncated (EDTL not a whole block) still reads whole
+            // aligned blocks from the device; only `io.len` bytes are sent.
+            scsi::BlockOp::Read => (
+                RingOp::Read,
+                store::AlignedBuf::zeroed(
+                    (io.len as usize).next_multiple_of(direct.alignment.max(1) as usize),
+                ),
+            ),
             scsi::BlockOp::Write { durable } => {
                 let buf = store::AlignedBuf::zeroed(io.len as usize).map(|mut buf| {
                     // The planned length is a prefix of the Data-Out (whole blocks received).
@@ -665,8 +672,10 @@ impl Backend<'_> {
             let outcome = outcome_of(&completion, &mut sense);
             let good = completion.status == scsi::Status::Good;
             let lent = match (f.buf, tag.io.op) {
-                (Some(buf), scsi::BlockOp::Read) if good => {
-                    let len = buf.len();
+                (Some(mut buf), scsi::BlockOp::Read) if good => {
+                    // Read whole aligned blocks; the Data-In is the planned length.
+                    let len = (tag.io.len as usize).min(buf.len());
+                    buf.set_len(len);
                     Some((Arc::new(buf) as Arc<dyn AsRef<[u8]> + Send + Sync>, 0..len))
                 }
                 _ => None,

@@ -226,7 +226,7 @@ start_ferrosan() {
     wait_listening "$port" "$pid" ferrosan
     PORT_OF[ferrosan]=$port
     LUN_OF[ferrosan]=0
-    DESC_OF[ferrosan]="ferrosan serve --lun $LUNSPEC (defaults: write-through, buffered I/O + fdatasync)"
+    DESC_OF[ferrosan]="ferrosan serve --lun $LUNSPEC (defaults: write-through; cache=auto, i.e. O_DIRECT on io_uring on a disk filesystem)"
 }
 
 start_tgt() { # name bstype

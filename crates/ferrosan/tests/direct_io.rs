@@ -219,3 +219,81 @@ fn a_512_byte_lu_on_a_4k_sector_device_is_refused_direct_and_paged_by_default() 
     );
     round_trip(&daemon, metrics_port, "lun0", 24);
 }
+
+/// A device that fails reads: a loop device whose backing file shrank under it answers reads
+/// beyond the new end with nothing (device-mapper's `error` target is not available here).
+/// The command gets MEDIUM ERROR (03h/11h/00h), the failure is counted and logged, and the
+/// same session and LU keep working for the blocks that are there.
+#[test]
+fn a_failing_device_read_is_a_medium_error_and_the_lu_keeps_working() {
+    use common::raw::{rw10, status_of, Raw};
+    let dir = disk_dir("eio");
+    let backing = dir.join("backing.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let out = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&backing)
+        .output();
+    let Some(device) = out
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    else {
+        eprintln!("SKIPPED: needs root and loop devices");
+        return;
+    };
+    let dev = LoopDevice { device, dir };
+    std::fs::File::options()
+        .write(true)
+        .open(&backing)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let metrics_port = free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let lun = format!("block:{},cache=direct", dev.device);
+    let daemon = Daemon::start_with_args(IQN, &[&lun], &["--metrics-listen", &metrics]);
+    let mut client = Raw::login(daemon.port, IQN, 1);
+    let mut itt = 1;
+    client.until_ready(&mut itt);
+    // Block 12288 (6 MiB) lies beyond the backing file's new end.
+    let bhs = client.command(itt, &rw10(0x28, 12288, 8), 0xC0, 4096);
+    itt += 1;
+    client.send(&bhs, &[]);
+    let answer = client.recv();
+    assert_eq!(
+        status_of(&answer),
+        0x02,
+        "CHECK CONDITION expected: {:?}",
+        answer.bhs
+    );
+    // Sense data: 2-byte length, then fixed (70h) or descriptor (72h) format.
+    let sense = answer.data.get(2..).unwrap_or_default();
+    let (key, asc) = match sense.first() {
+        Some(0x72) => (sense[1] & 0x0F, sense[2]),
+        _ => (sense[2] & 0x0F, sense[12]),
+    };
+    assert_eq!(
+        (key, asc),
+        (0x03, 0x11),
+        "MEDIUM ERROR / UNRECOVERED READ ERROR: {sense:02x?}"
+    );
+    // The blocks that exist still read, on the same session.
+    let bhs = client.command(itt, &rw10(0x28, 0, 8), 0xC0, 4096);
+    client.send(&bhs, &[]);
+    assert_eq!(client.read_data().len(), 4096);
+    let text = common::wait_for_metric(
+        metrics_port,
+        "ferrosan_device_errors_total{device=\"lun0\"}",
+        |v| v >= 1.0,
+    );
+    assert!(
+        metric(&text, "ferrosan_device_errors_total{device=\"lun0\"}") >= 1.0,
+        "the failure is counted:\n{text}"
+    );
+    drop(client);
+    drop(daemon);
+}

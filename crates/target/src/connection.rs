@@ -286,8 +286,11 @@ struct Backend<'a> {
     ring: Option<DeviceRing<RingIo>>,
     /// Making the ring failed once (logged): direct LUNs use the I/O thread pool instead.
     ring_failed: bool,
-    /// Commands answered while planned (a check failed): delivered at the end of the turn.
+    /// Commands answered while planned (a check failed) or reaped from the ring: delivered
+    /// at the end of the turn.
     answered: Vec<Completed>,
+    /// Reused by every reap of the ring.
+    ring_finished: Vec<ring::Finished<RingIo>>,
 }
 
 /// A command whose block I/O is on the connection's ring.
@@ -650,12 +653,17 @@ impl Backend<'_> {
         }
     }
 
-    /// The completions the ring has, as the connection's other completions.
-    fn reap_ring(&mut self, finished: &mut Vec<ring::Finished<RingIo>>, done: &mut Vec<Completed>) {
+    /// Moves the completions the ring has (reading its shared memory: no system call) to
+    /// `answered`, for delivery like the connection's other completions.
+    fn reap_ring(&mut self) {
         let Some(ring) = self.ring.as_mut() else {
             return;
         };
-        ring.reap(finished);
+        if ring.in_flight() == 0 {
+            return;
+        }
+        let mut finished = std::mem::take(&mut self.ring_finished);
+        ring.reap(&mut finished);
         for f in finished.drain(..) {
             let tag = f.tag;
             if let Err(e) = &f.result {
@@ -680,7 +688,7 @@ impl Backend<'_> {
                 }
                 _ => None,
             };
-            done.push(Completed {
+            self.answered.push(Completed {
                 itt: tag.command.itt,
                 lun: tag.lun,
                 kind: scsi::io_kind(&tag.command.cdb),
@@ -694,6 +702,7 @@ impl Backend<'_> {
                 data_out: tag.command.data_out,
             });
         }
+        self.ring_finished = finished;
         // Retries queued by the reap go out now.
         self.submit_ring();
     }
@@ -1123,6 +1132,7 @@ impl Driver {
             ring: None,
             ring_failed: false,
             answered: Vec::new(),
+            ring_finished: Vec::new(),
         };
         if let Some((t, group)) = membership.and_then(|m| shared.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();
@@ -1283,9 +1293,6 @@ impl Driver {
         let grace_s = backend.shared.limits.shutdown_grace_s;
         // Set once the initiator has been asked to log out: the session ends then at the latest.
         let mut logout_deadline: Option<Instant> = None;
-        // Reused by every reap of the ring.
-        let mut ring_finished = Vec::new();
-        let mut ring_done = Vec::new();
         loop {
             // First run whatever is already buffered (pipelined behind the login).
             let (flow, drained) = self.process(session, backend)?;
@@ -1403,13 +1410,11 @@ impl Driver {
                 }
                 ready = ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
                     ready.map_err(|e| format!("io_uring: {e}"))?;
-                    let mut done = std::mem::take(&mut ring_done);
-                    backend.reap_ring(&mut ring_finished, &mut done);
+                    backend.reap_ring();
                     let mut closing = false;
-                    for d in done.drain(..) {
-                        closing |= deliver(session, backend, &mut self.out, d);
+                    for done in std::mem::take(&mut backend.answered) {
+                        closing |= deliver(session, backend, &mut self.out, done);
                     }
-                    ring_done = done;
                     if closing {
                         self.flush().await?;
                         return Ok(());
@@ -1449,6 +1454,10 @@ impl Driver {
         backend.turn_started = now;
         let result = self.process_pdus(session, backend, now);
         backend.submit_ring();
+        // Completions the kernel posted meanwhile (it runs the ring's work at every system
+        // call of this thread) are answered with this turn: a busy connection may not return
+        // to tokio's epoll for a while, which alone would tell it the ring is readable.
+        backend.reap_ring();
         let mut closing = false;
         for done in std::mem::take(&mut backend.answered) {
             closing |= deliver(session, backend, &mut self.out, done);

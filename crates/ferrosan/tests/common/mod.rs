@@ -80,6 +80,8 @@ impl Drop for Scratch {
 /// outgoing connections ("Address already in use", seen in CI with the shell twin).
 pub fn free_port() -> u16 {
     static TURN: AtomicU32 = AtomicU32::new(0);
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
@@ -97,9 +99,16 @@ pub fn free_port() -> u16 {
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
-        let port = 10_000 + x % (low - 10_000);
-        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
-            return port as u16;
+        let port = (10_000 + x % (low - 10_000)) as u16;
+        // A port handed to one test of this process is never handed to another: two tests
+        // that each picked it before either daemon bound it would collide (a metrics port
+        // "already in use", seen in CI).
+        let fresh = HANDED_OUT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(port);
+        if fresh && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
         }
     }
     panic!("no free loopback port below {low}");

@@ -31,7 +31,9 @@ enum Command {
         /// Target name (IQN) for a quick export.
         #[arg(long)]
         target: Option<String>,
-        /// LUN for a quick export, numbered 0, 1, ... in order: ram:SIZE | file:PATH[,size=SIZE] | block:PATH
+        /// LUN for a quick export, numbered 0, 1, ... in order: ram:SIZE | file:PATH[,size=SIZE] |
+        /// block:PATH, each optionally followed by ,block_size=512|4096, ,cache=auto|direct|page
+        /// (auto: direct I/O on disk filesystems) and ,ro
         #[arg(long)]
         lun: Vec<String>,
         /// Worker threads (0 = one per core).

@@ -457,11 +457,7 @@ fn lun_file(scratch: &Scratch, cache: &str, tag: &str) -> std::path::PathBuf {
     if cache != "direct" {
         return scratch.file("lun.img");
     }
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("crash-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create a scratch dir under CARGO_TARGET_TMPDIR");
-    dir.join("lun.img")
+    common::disk_dir(&format!("crash-{tag}")).join("lun.img")
 }
 
 fn write_through(cache: &str) {

@@ -15,14 +15,16 @@ use std::process::Command;
 
 const IMAGE_BYTES: usize = 6 << 20;
 
-/// A directory on the disk filesystem (cargo's scratch dir beside the build; the temp dir may
-/// be tmpfs, where there is no direct I/O to test).
 fn disk_dir(tag: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("direct-io-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create a scratch dir under CARGO_TARGET_TMPDIR");
-    dir
+    common::disk_dir(&format!("direct-io-{tag}"))
+}
+
+/// `ferrosan serve` with `luns` and metrics on a free port; returns the daemon and the port.
+fn start_with_metrics(lun: &str) -> (Daemon, u16) {
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let daemon = Daemon::start_with_args(IQN, &[lun], &["--metrics-listen", &listen]);
+    (daemon, metrics_port)
 }
 
 fn io_path_series(device: &str, path: &str) -> String {
@@ -48,10 +50,8 @@ fn round_trip(daemon: &Daemon, metrics_port: u16, device: &str, seed: u64) {
 #[test]
 fn a_disk_file_takes_the_io_uring_path_by_default_and_keeps_every_byte() {
     let dir = disk_dir("default");
-    let metrics_port = free_port();
-    let listen = format!("127.0.0.1:{metrics_port}");
     let lun = format!("file:{},size=32M", dir.join("lun.img").display());
-    let daemon = Daemon::start_with_args(IQN, &[&lun], &["--metrics-listen", &listen]);
+    let (daemon, metrics_port) = start_with_metrics(&lun);
     let text = scrape(metrics_port);
     assert_eq!(
         metric(&text, &io_path_series("lun0", "io_uring")),
@@ -122,10 +122,8 @@ fn a_file_on_tmpfs_stays_in_memory() {
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    let metrics_port = free_port();
-    let listen = format!("127.0.0.1:{metrics_port}");
     let lun = format!("file:{},size=32M", dir.join("lun.img").display());
-    let daemon = Daemon::start_with_args(IQN, &[&lun], &["--metrics-listen", &listen]);
+    let (daemon, metrics_port) = start_with_metrics(&lun);
     let text = scrape(metrics_port);
     assert_eq!(
         metric(&text, &io_path_series("lun0", "memory")),
@@ -194,10 +192,7 @@ fn a_512_byte_lu_on_a_4k_sector_device_is_refused_direct_and_paged_by_default() 
         refused.describe()
     );
     // The default (auto) exports it through the page cache instead, and says so.
-    let metrics_port = free_port();
-    let metrics = format!("127.0.0.1:{metrics_port}");
-    let lun = format!("block:{}", dev.device);
-    let daemon = Daemon::start_with_args(IQN, &[&lun], &["--metrics-listen", &metrics]);
+    let (daemon, metrics_port) = start_with_metrics(&format!("block:{}", dev.device));
     let text = scrape(metrics_port);
     assert_eq!(
         metric(&text, &io_path_series("lun0", "page_cache")),
@@ -207,10 +202,8 @@ fn a_512_byte_lu_on_a_4k_sector_device_is_refused_direct_and_paged_by_default() 
     round_trip(&daemon, metrics_port, "lun0", 23);
     drop(daemon);
     // With 4096-byte blocks it goes direct.
-    let metrics_port = free_port();
-    let metrics = format!("127.0.0.1:{metrics_port}");
     let lun = format!("block:{},block_size=4096,cache=direct", dev.device);
-    let daemon = Daemon::start_with_args(IQN, &[&lun], &["--metrics-listen", &metrics]);
+    let (daemon, metrics_port) = start_with_metrics(&lun);
     let text = scrape(metrics_port);
     assert_eq!(
         metric(&text, &io_path_series("lun0", "io_uring")),
@@ -252,10 +245,7 @@ fn a_failing_device_read_is_a_medium_error_and_the_lu_keeps_working() {
         .unwrap()
         .set_len(4 << 20)
         .unwrap();
-    let metrics_port = free_port();
-    let metrics = format!("127.0.0.1:{metrics_port}");
-    let lun = format!("block:{},cache=direct", dev.device);
-    let daemon = Daemon::start_with_args(IQN, &[&lun], &["--metrics-listen", &metrics]);
+    let (daemon, metrics_port) = start_with_metrics(&format!("block:{},cache=direct", dev.device));
     let mut client = Raw::login(daemon.port, IQN, 1);
     let mut itt = 1;
     client.until_ready(&mut itt);

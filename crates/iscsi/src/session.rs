@@ -1179,23 +1179,7 @@ impl Session {
         sense: &[u8],
         out: &mut Outbox,
     ) -> bool {
-        let task = match self.settle(itt, out) {
-            Settled::Unknown => return false,
-            Settled::Aborted => return true,
-            Settled::Answer(task) => task,
-        };
-        self.sense_buf.clear();
-        self.sense_buf.extend_from_slice(sense);
-        self.finish(
-            task.itt,
-            task.lun,
-            task.expected_len,
-            task.read,
-            outcome,
-            DataIn::Bytes(data_in),
-            out,
-        );
-        true
+        self.complete_with(itt, outcome, DataIn::Bytes(data_in), sense, out)
     }
 
     /// Takes the running task `itt` off the list: to be answered, or, when it was aborted,
@@ -1227,16 +1211,26 @@ impl Session {
         sense: &[u8],
         out: &mut Outbox,
     ) -> bool {
+        self.complete_with(itt, outcome, DataIn::Lent(loan), sense, out)
+    }
+
+    /// The answer of a finished command (see [`Session::complete`]); a loan is left empty.
+    fn complete_with(
+        &mut self,
+        itt: u32,
+        outcome: ScsiOutcome,
+        data: DataIn<'_>,
+        sense: &[u8],
+        out: &mut Outbox,
+    ) -> bool {
         let task = match self.settle(itt, out) {
-            Settled::Unknown => {
-                loan.clear();
-                return false;
-            }
-            Settled::Aborted => {
-                loan.clear();
-                return true;
-            }
             Settled::Answer(task) => task,
+            unanswered => {
+                if let DataIn::Lent(loan) = data {
+                    loan.clear();
+                }
+                return matches!(unanswered, Settled::Aborted);
+            }
         };
         self.sense_buf.clear();
         self.sense_buf.extend_from_slice(sense);
@@ -1246,10 +1240,9 @@ impl Session {
             task.expected_len,
             task.read,
             outcome,
-            DataIn::Lent(loan),
+            data,
             out,
         );
-        loan.clear();
         true
     }
 

@@ -291,6 +291,8 @@ struct Backend<'a> {
     answered: Vec<Completed>,
     /// Reused by every reap of the ring.
     ring_finished: Vec<ring::Finished<RingIo>>,
+    /// Reused by every read answered from a ring buffer.
+    loan: Loan,
 }
 
 /// A command whose block I/O is on the connection's ring.
@@ -402,11 +404,9 @@ fn deliver(
     }
     match done.lent {
         Some(slice) => {
-            let mut loan = Loan {
-                slices: vec![slice],
-                file: None,
-            };
-            session.complete_lent(done.itt, done.outcome, &mut loan, &done.sense, out);
+            // One Vec for every lent read of the connection (the outbox empties it).
+            backend.loan.slices.push(slice);
+            session.complete_lent(done.itt, done.outcome, &mut backend.loan, &done.sense, out);
         }
         None => {
             session.complete(done.itt, done.outcome, done.data_in, &done.sense, out);
@@ -414,6 +414,18 @@ fn deliver(
     }
     out.give_back(done.data_out);
     session.closing()
+}
+
+/// Delivers the commands answered this turn (planned ones that failed a check, ring
+/// completions); their Vec keeps its capacity for the next turn. True when the session closes.
+fn deliver_answered(session: &mut Session, backend: &mut Backend<'_>, out: &mut Outbox) -> bool {
+    let mut answered = std::mem::take(&mut backend.answered);
+    let mut closing = false;
+    for done in answered.drain(..) {
+        closing |= deliver(session, backend, out, done);
+    }
+    backend.answered = answered;
+    closing
 }
 
 /// Resolves when the connection's ring has completions (never without a ring).
@@ -781,9 +793,8 @@ impl ScsiBackend for Backend<'_> {
         // watched (two clock reads, two getrusage calls) for the kernel making them wait.
         let mut buffered_write = None;
         if let Some((disk, entry)) = self.disk_lu(lun) {
-            if entry.lu.capabilities().direct && scsi::plans(req.cdb) {
+            if disk.direct && scsi::plans(req.cdb) {
                 // Direct I/O always waits for the device: to the ring (or the I/O threads).
-                let _ = disk;
                 return Execution::Deferred;
             }
             if entry.lu.is_buffered_write(req.cdb) {
@@ -1133,6 +1144,7 @@ impl Driver {
             ring_failed: false,
             answered: Vec::new(),
             ring_finished: Vec::new(),
+            loan: Loan::default(),
         };
         if let Some((t, group)) = membership.and_then(|m| shared.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();
@@ -1411,11 +1423,7 @@ impl Driver {
                 ready = ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
                     ready.map_err(|e| format!("io_uring: {e}"))?;
                     backend.reap_ring();
-                    let mut closing = false;
-                    for done in std::mem::take(&mut backend.answered) {
-                        closing |= deliver(session, backend, &mut self.out, done);
-                    }
-                    if closing {
+                    if deliver_answered(session, backend, &mut self.out) {
                         self.flush().await?;
                         return Ok(());
                     }
@@ -1458,10 +1466,7 @@ impl Driver {
         // call of this thread) are answered with this turn: a busy connection may not return
         // to tokio's epoll for a while, which alone would tell it the ring is readable.
         backend.reap_ring();
-        let mut closing = false;
-        for done in std::mem::take(&mut backend.answered) {
-            closing |= deliver(session, backend, &mut self.out, done);
-        }
+        let closing = deliver_answered(session, backend, &mut self.out);
         backend.finish_turn();
         if closing {
             return Ok((Flow::Close, true));

@@ -28,6 +28,8 @@ use tokio::io::unix::AsyncFd;
 pub const RING_ENTRIES: u32 = 128;
 /// I/Os in flight per ring at most: one per completion queue entry.
 pub const RING_IN_FLIGHT_MAX: usize = 2 * RING_ENTRIES as usize;
+/// Submissions tried while the submission queue is full before an I/O counts as failed.
+const ENQUEUE_ATTEMPTS_MAX: usize = 3;
 /// Resubmissions of an I/O the kernel answered with EAGAIN or EINTR before it counts as failed.
 const RETRIES_MAX: u8 = 3;
 
@@ -157,15 +159,22 @@ impl<T> DeviceRing<T> {
         if let Some(entry) = self.slots.get_mut(index as usize) {
             *entry = Some(slot);
         }
-        self.enqueue(index);
-        Ok(())
+        if self.enqueue(index) {
+            return Ok(());
+        }
+        match self.release(index) {
+            Some(slot) => Err((slot.buf, slot.tag)),
+            None => unreachable!("slot {index} was filled above"),
+        }
     }
 
     /// Puts slot `index`'s entry on the submission queue (submitting first when it is full).
-    fn enqueue(&mut self, index: u32) {
+    /// False when the queue stayed full through [`ENQUEUE_ATTEMPTS_MAX`] submissions (a ring
+    /// the kernel no longer takes from): the caller fails the I/O instead of spinning.
+    fn enqueue(&mut self, index: u32) -> bool {
         let Some(Some(slot)) = self.slots.get_mut(index as usize) else {
             debug_assert!(false, "enqueue of an empty slot");
-            return;
+            return false;
         };
         let fd = types::Fd(slot.file.as_raw_fd());
         let entry = match (slot.op, slot.buf.as_mut()) {
@@ -184,14 +193,14 @@ impl<T> DeviceRing<T> {
                 .build(),
         }
         .user_data(u64::from(index));
-        loop {
+        for _ in 0..ENQUEUE_ATTEMPTS_MAX {
             // SAFETY: the entry points at the slot's buffer (heap memory whose address does not
             // change, see AlignedBuf) and descriptor; the slot keeps both until its completion
             // is reaped, and Drop waits for every completion, so both outlive the kernel's use.
             let pushed = unsafe { self.ring.submission().push(&entry) };
             if pushed.is_ok() {
                 self.queued += 1;
-                return;
+                return true;
             }
             // Full: hand the queue to the kernel and try again.
             if self.submit().is_err() {
@@ -200,6 +209,15 @@ impl<T> DeviceRing<T> {
                 let _ = self.ring.submit_and_wait(1);
             }
         }
+        false
+    }
+
+    /// Takes slot `index` back out of the ring (it never reached the kernel).
+    fn release(&mut self, index: u32) -> Option<Slot<T>> {
+        let slot = self.slots.get_mut(index as usize)?.take()?;
+        self.free.push(index);
+        self.in_flight -= 1;
+        Some(slot)
     }
 
     /// Hands everything queued to the kernel (one system call).
@@ -248,15 +266,14 @@ impl<T> DeviceRing<T> {
                 if let Some(slot) = entry.as_mut() {
                     slot.retries += 1;
                 }
-                self.enqueue(index);
-                continue;
+                if self.enqueue(index) {
+                    continue;
+                }
             }
-            let Some(slot) = entry.take() else {
+            let Some(slot) = self.release(index) else {
                 debug_assert!(false, "completion for empty slot {index}");
                 continue;
             };
-            self.free.push(index);
-            self.in_flight -= 1;
             let expected = slot.buf.as_ref().map_or(0, |b| b.len());
             let result = if result < 0 {
                 Err(io::Error::from_raw_os_error(-result))

@@ -43,6 +43,9 @@ pub struct DiskLun {
     /// io_uring; None for page-cache devices, and for every device when io_uring is off or
     /// unavailable (direct stores then run on the I/O thread pool).
     pub ring: Option<store::DirectIo>,
+    /// The store does direct I/O (on the ring, or on the I/O threads without one): its reads
+    /// and writes always wait for the device.
+    pub direct: bool,
 }
 
 pub struct TargetRuntime {
@@ -818,7 +821,7 @@ fn build(config: &Config) -> Result<Shared, String> {
     let epoch = Instant::now();
     let stall_base = Duration::from_micros(config.limits.write_stall_us.into());
     let mut units: HashMap<&str, Arc<LogicalUnit>> = HashMap::new();
-    let mut disk_devices: HashMap<&str, (Arc<WriteStalls>, Option<store::DirectIo>)> =
+    let mut disk_devices: HashMap<&str, (Arc<WriteStalls>, Option<store::DirectIo>, bool)> =
         HashMap::new();
     let io_uring = config.server.io_uring && {
         match crate::ring::DeviceRing::<()>::probe() {
@@ -848,7 +851,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         if caps.waits_for_device {
             let (stalls, offloaded) = metrics.device_writes(&device.name);
             let state = WriteStalls::new(epoch, stall_base, stalls, offloaded);
-            disk_devices.insert(device.name.as_str(), (Arc::new(state), ring));
+            disk_devices.insert(device.name.as_str(), (Arc::new(state), ring, caps.direct));
         }
     }
     let mut targets = Vec::new();
@@ -866,11 +869,12 @@ fn build(config: &Config) -> Result<Shared, String> {
             let mut lun_devices = Vec::new();
             for m in &g.luns {
                 lun_devices.push((m.lun, Arc::<str>::from(m.device.as_str())));
-                if let Some((stalls, ring)) = disk_devices.get(m.device.as_str()) {
+                if let Some((stalls, ring, direct)) = disk_devices.get(m.device.as_str()) {
                     disk_luns.push(DiskLun {
                         lun: m.lun,
                         stalls: Arc::clone(stalls),
                         ring: ring.clone(),
+                        direct: *direct,
                     });
                 }
                 let unit = units

@@ -68,6 +68,17 @@ impl Scratch {
     }
 }
 
+/// A fresh directory on the disk filesystem the build lives on (cargo's per-target scratch
+/// dir): the temp dir may be tmpfs, which has no direct I/O and never waits for a device.
+/// `tag` keeps concurrent tests apart; the caller removes it.
+pub fn disk_dir(tag: &str) -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("create a scratch dir under CARGO_TARGET_TMPDIR");
+    dir
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.path);

@@ -1360,6 +1360,40 @@ fn deferred_read_returns_data_and_sense_on_completion() {
 }
 
 #[test]
+fn deferred_read_completed_with_a_loan_sends_the_lent_bytes() {
+    let mut h = harness();
+    h.b.defer = true;
+    let cmd = h.command(&READ10, 0xc0, 4096, 11);
+    h.send(cmd, &[]);
+    let mut out = Outbox::new(4);
+    let ok = ScsiOutcome {
+        status: status::GOOD,
+        transfer_len: 4096,
+    };
+    let bytes: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = std::sync::Arc::new(vec![7u8; 4096]);
+    let mut loan = Loan {
+        slices: vec![(bytes, 0..4096)],
+        file: None,
+    };
+    assert!(h.s.complete_lent(11, ok, &mut loan, &[], &mut out));
+    assert!(loan.is_empty(), "the loan is handed to the outbox");
+    let r = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0.opcode_raw(), Opcode::DataIn as u8);
+    assert_eq!(r[0].0.flags() & 0x01, 0x01, "status in the Data-In");
+    assert_eq!(r[0].1, vec![7u8; 4096]);
+    // Unknown task: nothing sent, the loan released.
+    let bytes: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = std::sync::Arc::new(vec![1u8; 8]);
+    let mut loan = Loan {
+        slices: vec![(bytes, 0..8)],
+        file: None,
+    };
+    let mut out = Outbox::new(4);
+    assert!(!h.s.complete_lent(99, ok, &mut loan, &[], &mut out));
+    assert!(loan.is_empty() && out.to_vec().is_empty());
+}
+
+#[test]
 fn tmf_responses_wait_for_the_tasks_they_abort() {
     let mut h = harness();
     h.b.defer = true;

@@ -5,7 +5,9 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
 
 /// The alignment of every buffer: one page, at least any device's logical block size.
 pub const DIRECT_ALIGN_BYTES: usize = 4096;
@@ -103,6 +105,163 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
+/// Pooled buffers hold at most this many bytes each; a larger request gets a buffer of its
+/// own, freed after use. Covers the largest I/O the engine makes on the ring (16 MiB).
+pub const POOL_BUFFER_BYTES_MAX: usize = 16 << 20;
+/// Size classes: powers of two from one page to [`POOL_BUFFER_BYTES_MAX`].
+const POOL_CLASSES: usize =
+    (POOL_BUFFER_BYTES_MAX.trailing_zeros() - DIRECT_ALIGN_BYTES.trailing_zeros()) as usize + 1;
+
+/// A bounded free list of [`AlignedBuf`]s, one per power-of-two size class, so a direct I/O
+/// reuses a buffer whose pages are already mapped instead of allocating and zeroing a fresh one
+/// (for 1 MiB, 256 page faults and a 1 MiB memset: a third of the target's CPU per write,
+/// measured with `perf`). Idle buffers beyond `idle_bytes_max` are freed, never kept.
+///
+/// A reused buffer holds the bytes of its last I/O: callers fill it whole before it reaches a
+/// device or a wire (a write copies its data over it; a read that comes back short fails).
+#[derive(Clone)]
+pub struct BufPool {
+    shared: Arc<PoolShared>,
+}
+
+struct PoolShared {
+    idle: Mutex<PoolIdle>,
+    idle_bytes_max: usize,
+}
+
+struct PoolIdle {
+    classes: [Vec<AlignedBuf>; POOL_CLASSES],
+    bytes: usize,
+}
+
+impl BufPool {
+    /// A pool keeping at most `idle_bytes_max` bytes of idle buffers.
+    pub fn new(idle_bytes_max: usize) -> BufPool {
+        BufPool {
+            shared: Arc::new(PoolShared {
+                idle: Mutex::new(PoolIdle {
+                    classes: std::array::from_fn(|_| Vec::new()),
+                    bytes: 0,
+                }),
+                idle_bytes_max,
+            }),
+        }
+    }
+
+    /// A buffer of `len` bytes: an idle one of its size class (contents left over from its
+    /// last use), else a new zeroed one. None when the allocator fails.
+    pub fn take(&self, len: usize) -> Option<PooledBuf> {
+        let Some(class) = size_class(len) else {
+            return AlignedBuf::zeroed(len).map(PooledBuf::unpooled);
+        };
+        let reused = {
+            let mut idle = self.shared.lock();
+            let buf = idle.classes[class].pop();
+            idle.bytes -= buf.as_ref().map_or(0, |b| b.capacity());
+            buf
+        };
+        let mut buf = match reused {
+            Some(buf) => buf,
+            None => AlignedBuf::zeroed(DIRECT_ALIGN_BYTES << class)?,
+        };
+        buf.set_len(len);
+        Some(PooledBuf {
+            buf: ManuallyDrop::new(buf),
+            home: Some(Arc::clone(&self.shared)),
+        })
+    }
+
+    /// Bytes held by idle buffers now.
+    pub fn idle_bytes(&self) -> usize {
+        self.shared.lock().bytes
+    }
+}
+
+impl PoolShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolIdle> {
+        // A panic while holding the lock leaves only a list of buffers behind: still usable.
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn give_back(&self, buf: AlignedBuf) {
+        let Some(class) = size_class(buf.capacity()) else {
+            return;
+        };
+        if DIRECT_ALIGN_BYTES << class != buf.capacity() {
+            return; // not one of ours
+        }
+        let mut idle = self.lock();
+        if idle.bytes + buf.capacity() <= self.idle_bytes_max {
+            idle.bytes += buf.capacity();
+            idle.classes[class].push(buf);
+        }
+    }
+}
+
+/// The size class of a `len`-byte request, None above [`POOL_BUFFER_BYTES_MAX`].
+fn size_class(len: usize) -> Option<usize> {
+    if len > POOL_BUFFER_BYTES_MAX {
+        return None;
+    }
+    let pages = len.max(1).div_ceil(DIRECT_ALIGN_BYTES).next_power_of_two();
+    Some(pages.trailing_zeros() as usize)
+}
+
+/// An [`AlignedBuf`] that goes back to its [`BufPool`] when dropped (from any thread).
+pub struct PooledBuf {
+    buf: ManuallyDrop<AlignedBuf>,
+    home: Option<Arc<PoolShared>>,
+}
+
+impl PooledBuf {
+    /// A buffer that belongs to no pool: dropping it frees it.
+    pub fn unpooled(buf: AlignedBuf) -> PooledBuf {
+        PooledBuf {
+            buf: ManuallyDrop::new(buf),
+            home: None,
+        }
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        // SAFETY: `buf` is taken exactly once, here, and never used afterwards.
+        let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
+        if let Some(home) = self.home.take() {
+            home.give_back(buf);
+        }
+    }
+}
+
+impl std::ops::Deref for PooledBuf {
+    type Target = AlignedBuf;
+    fn deref(&self) -> &AlignedBuf {
+        &self.buf
+    }
+}
+
+impl std::ops::DerefMut for PooledBuf {
+    fn deref_mut(&mut self) -> &mut AlignedBuf {
+        &mut self.buf
+    }
+}
+
+impl AsRef<[u8]> for PooledBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl std::fmt::Debug for PooledBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledBuf")
+            .field("len", &self.buf.len())
+            .field("capacity", &self.buf.capacity())
+            .field("pooled", &self.home.is_some())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,5 +298,66 @@ mod tests {
     #[test]
     fn impossible_sizes_are_refused_not_allocated() {
         assert!(AlignedBuf::zeroed(usize::MAX).is_none());
+    }
+
+    #[test]
+    fn size_classes_are_powers_of_two_pages() {
+        assert_eq!(size_class(0), Some(0));
+        assert_eq!(size_class(1), Some(0));
+        assert_eq!(size_class(4096), Some(0));
+        assert_eq!(size_class(4097), Some(1));
+        assert_eq!(size_class(1 << 20), Some(8));
+        assert_eq!(size_class((1 << 20) + 1), Some(9));
+        assert_eq!(size_class(POOL_BUFFER_BYTES_MAX), Some(POOL_CLASSES - 1));
+        assert_eq!(size_class(POOL_BUFFER_BYTES_MAX + 1), None);
+    }
+
+    #[test]
+    fn pooled_buffers_come_back_and_are_reused() {
+        let pool = BufPool::new(4 << 20);
+        let mut a = pool.take(3000).unwrap();
+        assert_eq!(a.len(), 3000);
+        assert_eq!(a.capacity(), 4096);
+        assert!(a.iter().all(|&b| b == 0), "a new buffer is zeroed");
+        a.fill(7);
+        let addr = a.as_mut_ptr() as usize;
+        drop(a);
+        assert_eq!(pool.idle_bytes(), 4096);
+        let mut b = pool.take(4096).unwrap();
+        assert_eq!(b.as_mut_ptr() as usize, addr, "the idle buffer is reused");
+        assert_eq!(b.len(), 4096);
+        assert_eq!(pool.idle_bytes(), 0);
+        // A different class does not take it.
+        let c = pool.take(8192).unwrap();
+        assert_eq!(c.capacity(), 8192);
+        drop((b, c));
+        assert_eq!(pool.idle_bytes(), 4096 + 8192);
+    }
+
+    #[test]
+    fn idle_bytes_stay_within_the_bound() {
+        let pool = BufPool::new(1 << 20);
+        let bufs: Vec<_> = (0..3).map(|_| pool.take(512 << 10).unwrap()).collect();
+        drop(bufs);
+        assert_eq!(pool.idle_bytes(), 1 << 20, "the third buffer was freed");
+        let big = pool.take(POOL_BUFFER_BYTES_MAX + 1).unwrap();
+        assert_eq!(big.len(), POOL_BUFFER_BYTES_MAX + 1);
+        drop(big);
+        assert_eq!(
+            pool.idle_bytes(),
+            1 << 20,
+            "oversized buffers are never pooled"
+        );
+    }
+
+    #[test]
+    fn buffers_return_from_other_threads() {
+        let pool = BufPool::new(1 << 20);
+        let buf = pool.take(4096).unwrap();
+        std::thread::spawn(move || drop(buf)).join().unwrap();
+        assert_eq!(pool.idle_bytes(), 4096);
+        let unpooled = PooledBuf::unpooled(AlignedBuf::zeroed(4096).unwrap());
+        drop(unpooled);
+        assert_eq!(pool.idle_bytes(), 4096);
     }
 }

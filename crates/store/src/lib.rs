@@ -11,7 +11,7 @@ mod file;
 mod ram;
 mod sys;
 
-pub use aligned::{AlignedBuf, DIRECT_ALIGN_BYTES};
+pub use aligned::{AlignedBuf, BufPool, PooledBuf, DIRECT_ALIGN_BYTES, POOL_BUFFER_BYTES_MAX};
 pub use file::{Caching, FileStore};
 pub use ram::{RamStore, RAM_PAGE_BYTES};
 

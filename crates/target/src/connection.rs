@@ -56,6 +56,15 @@ const DATA_OUT_IN_PLACE_MIN: usize = 64 * 1024;
 /// How often a connection does its housekeeping: NOP-In pings, idle and shutdown checks,
 /// shrinking an idle receive buffer, reporting its counts to the metrics.
 const TICK: Duration = Duration::from_secs(1);
+/// Idle direct-I/O buffers a worker keeps for reuse, at most (see `store::BufPool`): enough for
+/// a QD16 stream of 1 MiB I/Os on each of two connections, and a bound on what idles.
+const DIRECT_BUFFERS_IDLE_BYTES_MAX: usize = 32 << 20;
+
+thread_local! {
+    /// This worker's direct-I/O buffers. Per worker, not per connection: idle connections then
+    /// hold none, and a buffer lent to a Data-In on another thread still comes home.
+    static DIRECT_BUFFERS: store::BufPool = store::BufPool::new(DIRECT_BUFFERS_IDLE_BYTES_MAX);
+}
 
 pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
     let NewConnection {
@@ -605,23 +614,28 @@ impl Backend<'_> {
                 }
             }
         }
+        // Pooled buffers hold earlier I/Os' bytes: a read's is filled whole by the device (a
+        // short read fails), a write's is overwritten whole here.
         let (op, buf) = match io.op {
             // A read the transport truncated (EDTL not a whole block) still reads whole
             // aligned blocks from the device; only `io.len` bytes are sent.
             scsi::BlockOp::Read => (
                 RingOp::Read,
-                store::AlignedBuf::zeroed(
-                    (io.len as usize).next_multiple_of(direct.alignment.max(1) as usize),
-                ),
+                DIRECT_BUFFERS.with(|pool| {
+                    pool.take((io.len as usize).next_multiple_of(direct.alignment.max(1) as usize))
+                }),
             ),
             scsi::BlockOp::Write { durable } => {
-                let buf = store::AlignedBuf::zeroed(io.len as usize).map(|mut buf| {
-                    // The planned length is a prefix of the Data-Out (whole blocks received).
-                    if let Some(data) = command.data_out.get(..io.len as usize) {
+                // The planned length is a prefix of the Data-Out (whole blocks received).
+                let Some(data) = command.data_out.get(..io.len as usize) else {
+                    return Err(command);
+                };
+                let buf = DIRECT_BUFFERS
+                    .with(|pool| pool.take(data.len()))
+                    .map(|mut buf| {
                         buf.copy_from_slice(data);
-                    }
-                    buf
-                });
+                        buf
+                    });
                 (RingOp::Write { dsync: durable }, buf)
             }
             scsi::BlockOp::Flush => (RingOp::Flush, None),

@@ -7,7 +7,7 @@
 //! socket, as tokio-uring does). No thread hand-off, no page cache.
 //!
 //! The ring owns every buffer and descriptor while the kernel may use them (TigerBeetle's
-//! io/linux.zig owns completions the same way): a slot keeps its `AlignedBuf` and its `File`
+//! io/linux.zig owns completions the same way): a slot keeps its buffer and its `File`
 //! until the completion is reaped, and dropping the ring waits for every I/O in flight first, so
 //! a connection that closes mid-I/O never frees memory the kernel is still writing into.
 //!
@@ -20,7 +20,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use store::AlignedBuf;
+use store::PooledBuf;
 use tokio::io::unix::AsyncFd;
 
 /// Submission queue entries per ring. The completion queue has twice as many (the kernel's
@@ -48,7 +48,7 @@ struct Slot<T> {
     op: RingOp,
     file: Arc<File>,
     offset: u64,
-    buf: Option<AlignedBuf>,
+    buf: Option<PooledBuf>,
     tag: T,
     retries: u8,
 }
@@ -56,7 +56,7 @@ struct Slot<T> {
 /// A reaped I/O: its tag and buffer back, and what the device said.
 pub struct Finished<T> {
     pub tag: T,
-    pub buf: Option<AlignedBuf>,
+    pub buf: Option<PooledBuf>,
     pub result: io::Result<()>,
 }
 
@@ -129,9 +129,9 @@ impl<T> DeviceRing<T> {
         op: RingOp,
         file: &Arc<File>,
         offset: u64,
-        buf: Option<AlignedBuf>,
+        buf: Option<PooledBuf>,
         tag: T,
-    ) -> Result<(), (Option<AlignedBuf>, T)> {
+    ) -> Result<(), (Option<PooledBuf>, T)> {
         debug_assert_eq!(
             op == RingOp::Flush,
             buf.is_none(),
@@ -375,7 +375,7 @@ mod tests {
         runtime().block_on(async {
             let mut ring = DeviceRing::<u32>::new().unwrap();
             for i in 0..8u32 {
-                let mut buf = AlignedBuf::zeroed(4096).unwrap();
+                let mut buf = PooledBuf::unpooled(store::AlignedBuf::zeroed(4096).unwrap());
                 buf.fill(i as u8 + 1);
                 let op = RingOp::Write { dsync: i % 2 == 0 };
                 assert!(ring
@@ -387,7 +387,7 @@ mod tests {
             assert!(done.iter().all(|f| f.result.is_ok()));
             assert!(ring.push(RingOp::Flush, &file, 0, None, 100).is_ok());
             for i in 0..8u32 {
-                let buf = AlignedBuf::zeroed(4096).unwrap();
+                let buf = PooledBuf::unpooled(store::AlignedBuf::zeroed(4096).unwrap());
                 assert!(ring
                     .push(RingOp::Read, &file, u64::from(i) * 4096, Some(buf), i)
                     .is_ok());
@@ -416,11 +416,11 @@ mod tests {
             let mut ring = DeviceRing::<u32>::new().unwrap();
             // A write to a descriptor open for reading only: EBADF from the kernel.
             let read_only = Arc::new(File::open(&path).unwrap());
-            let buf = AlignedBuf::zeroed(4096).unwrap();
+            let buf = PooledBuf::unpooled(store::AlignedBuf::zeroed(4096).unwrap());
             let write = RingOp::Write { dsync: false };
             assert!(ring.push(write, &read_only, 0, Some(buf), 1).is_ok());
             // Past the end of the file: a short (empty) read.
-            let buf = AlignedBuf::zeroed(4096).unwrap();
+            let buf = PooledBuf::unpooled(store::AlignedBuf::zeroed(4096).unwrap());
             assert!(ring
                 .push(RingOp::Read, &file, 1 << 20, Some(buf), 2)
                 .is_ok());
@@ -447,7 +447,7 @@ mod tests {
         runtime().block_on(async {
             let mut ring = DeviceRing::<u32>::new().unwrap();
             for i in 0..RING_IN_FLIGHT_MAX as u32 {
-                let buf = AlignedBuf::zeroed(4096).unwrap();
+                let buf = PooledBuf::unpooled(store::AlignedBuf::zeroed(4096).unwrap());
                 assert!(ring
                     .push(
                         RingOp::Read,
@@ -458,7 +458,7 @@ mod tests {
                     )
                     .is_ok());
             }
-            let buf = AlignedBuf::zeroed(4096).unwrap();
+            let buf = PooledBuf::unpooled(store::AlignedBuf::zeroed(4096).unwrap());
             let (back, tag) = ring
                 .push(RingOp::Read, &file, 0, Some(buf), 9999)
                 .unwrap_err();

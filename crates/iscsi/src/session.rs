@@ -94,16 +94,66 @@ pub enum Execution {
     Deferred,
 }
 
+/// Memory the engine supplies for a write's Data-Out (see [`ScsiBackend::data_out_memory`]),
+/// e.g. aligned for direct I/O so that the data goes from the socket to the device without
+/// another copy. Exactly as long as the write's expected data transfer length.
+/// `Any`, so the engine can take its own type back (trait upcasting, then a downcast).
+pub trait DataOutMemory: std::any::Any + Send + Sync + std::fmt::Debug {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+/// A write's Data-Out: in a buffer of the connection's pool, or in memory the engine supplied.
+#[derive(Debug)]
+pub enum DataOutBuf {
+    Pooled(Vec<u8>),
+    Engine(Box<dyn DataOutMemory>),
+}
+
+impl Default for DataOutBuf {
+    fn default() -> Self {
+        DataOutBuf::Pooled(Vec::new())
+    }
+}
+
+impl DataOutBuf {
+    /// Returns a pooled buffer to the outbox's pool; engine memory goes back to the engine as it
+    /// drops.
+    pub fn recycle(self, out: &mut Outbox) {
+        if let DataOutBuf::Pooled(buf) = self {
+            out.give_back(buf);
+        }
+    }
+}
+
+impl std::ops::Deref for DataOutBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            DataOutBuf::Pooled(buf) => buf,
+            DataOutBuf::Engine(memory) => memory.bytes(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for DataOutBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            DataOutBuf::Pooled(buf) => buf,
+            DataOutBuf::Engine(memory) => memory.bytes_mut(),
+        }
+    }
+}
+
 /// A command handed to the backend to run elsewhere, owning what it needs.
 #[derive(Debug)]
 pub struct DeferredCommand {
     pub itt: u32,
     pub lun: [u8; 8],
     pub cdb: Vec<u8>,
-    /// The Data-Out (empty for reads), in a buffer of the connection's pool: the write's own
-    /// assembly buffer when it came in Data-Out PDUs, so it is not copied again. Give it back
-    /// with [`Outbox::give_back`] when done.
-    pub data_out: Vec<u8>,
+    /// The Data-Out (empty for reads): the write's own assembly buffer when it came in Data-Out
+    /// PDUs, so it is not copied again. Give it back with [`DataOutBuf::recycle`] when done.
+    pub data_out: DataOutBuf,
     pub expected_len: u32,
     pub read: bool,
     pub write: bool,
@@ -207,6 +257,12 @@ pub trait ScsiBackend {
     fn task_management(&mut self, itt: u32, function: TmfFunction, lun: [u8; 8]) -> TmfAnswer;
     /// Targets this initiator may see; `filter` is None for SendTargets=All.
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget>;
+    /// Memory of exactly `len` bytes for the Data-Out of a write to `lun` the engine will run
+    /// itself (e.g. aligned for direct I/O), or None for a buffer of the connection's pool. Its
+    /// contents need not be zeroed: every byte is written before the command runs.
+    fn data_out_memory(&mut self, _lun: [u8; 8], _len: usize) -> Option<Box<dyn DataOutMemory>> {
+        None
+    }
 }
 
 /// Whether a Data-Out PDU is accepted, and where its data goes.
@@ -298,7 +354,7 @@ struct PendingWrite {
     lun: [u8; 8],
     cdb: Vec<u8>,
     task_attr: u8,
-    buf: Vec<u8>,
+    buf: DataOutBuf,
     edtl: u32,
     /// Unsolicited region end (immediate + unsolicited Data-Out), and how far it has arrived.
     unsolicited_end: u32,
@@ -825,12 +881,19 @@ impl Session {
             };
             if self.execute(&req, backend, out) {
                 // Immediate data lives in the receive buffer: the only Data-Out copied here.
-                let mut buf = if data_out.is_empty() {
-                    Vec::new()
+                let buf = if data_out.is_empty() {
+                    DataOutBuf::default()
+                } else if let Some(mut memory) = backend
+                    .data_out_memory(lun, data_out.len())
+                    .filter(|m| m.bytes().len() == data_out.len())
+                {
+                    memory.bytes_mut().copy_from_slice(data_out);
+                    DataOutBuf::Engine(memory)
                 } else {
-                    out.take_buffer()
+                    let mut buf = out.take_buffer();
+                    buf.extend_from_slice(data_out);
+                    DataOutBuf::Pooled(buf)
                 };
-                buf.extend_from_slice(data_out);
                 backend.defer(DeferredCommand {
                     itt,
                     lun,
@@ -859,14 +922,24 @@ impl Session {
         // the command runs only once `received` reaches EDTL, and the accepted Data-Out ranges
         // are disjoint (each offset is checked against its burst), so by then every byte of
         // `buf` has been overwritten.
-        let mut buf = out.take_scratch();
-        if buf.len() >= edtl as usize {
-            buf.truncate(edtl as usize);
-        } else {
-            buf.resize(edtl as usize, 0);
-        }
+        let mut buf = match backend.data_out_memory(lun, edtl as usize) {
+            Some(memory) if memory.bytes().len() == edtl as usize => DataOutBuf::Engine(memory),
+            _ => {
+                let mut buf = out.take_scratch();
+                if buf.len() >= edtl as usize {
+                    buf.truncate(edtl as usize);
+                } else {
+                    buf.resize(edtl as usize, 0);
+                }
+                DataOutBuf::Pooled(buf)
+            }
+        };
         let immediate = pdu.data.len() as u32;
-        buf[..pdu.data.len()].copy_from_slice(pdu.data);
+        let Some(head) = buf.get_mut(..pdu.data.len()) else {
+            // Checked above: immediate data never exceeds EDTL.
+            return Flow::Continue;
+        };
+        head.copy_from_slice(pdu.data);
         let unsolicited_end = if self.params.initial_r2t || flags & 0x80 != 0 {
             immediate
         } else {
@@ -1035,7 +1108,7 @@ impl Session {
                 self.reject(bhs, RejectReason::ProtocolError, out);
                 let task = self.take_pending(index);
                 self.respond_sense(task.itt, task.lun, task.edtl, &DATA_PHASE_ERROR, out);
-                out.give_back(task.buf);
+                task.buf.recycle(out);
                 return Flow::Continue;
             }
         };
@@ -1086,7 +1159,7 @@ impl Session {
                 task_attr: task.task_attr,
             });
         } else {
-            out.give_back(task.buf);
+            task.buf.recycle(out);
         }
         Flow::Continue
     }
@@ -1452,7 +1525,7 @@ impl Session {
                 let ref_cmd_sn = bhs.u32_at(32);
                 if let Some(i) = self.pending.iter().position(|p| p.itt == referenced) {
                     let task = self.take_pending(i);
-                    out.give_back(task.buf);
+                    task.buf.recycle(out);
                     TmfAnswer::Now(tmf_response::COMPLETE)
                 } else if let Some(task) = self.running.iter_mut().find(|t| t.itt == referenced) {
                     task.aborted = true;
@@ -1582,7 +1655,7 @@ impl Session {
         while i < self.pending.len() {
             if which(&self.pending[i]) {
                 let task = self.take_pending(i);
-                out.give_back(task.buf);
+                task.buf.recycle(out);
             } else {
                 i += 1;
             }

@@ -15,8 +15,8 @@ use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::outbox::{Outbox, Part};
 use iscsi::pdu::{self, FrameError, Framing};
 use iscsi::session::{
-    Activity, DeferredCommand, DiscoveredTarget, Execution, Flow, Loan, ScsiBackend, ScsiOutcome,
-    ScsiRequest, Session, SessionLimits, Tick, TmfAnswer, TmfFunction,
+    Activity, DataOutBuf, DataOutMemory, DeferredCommand, DiscoveredTarget, Execution, Flow, Loan,
+    ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits, Tick, TmfAnswer, TmfFunction,
 };
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use scsi::{LunEntry, LunMap, Nexus};
@@ -253,8 +253,10 @@ struct Completed {
     started: Instant,
     /// Data-Out bytes it held (released from the connection's budget).
     held_bytes: usize,
+    /// Its Data-Out bytes (the buffer may have gone to the device).
+    data_out_bytes: usize,
     /// Its Data-Out buffer, back to the connection's pool.
-    data_out: Vec<u8>,
+    data_out: DataOutBuf,
 }
 
 struct Backend<'a> {
@@ -312,6 +314,7 @@ struct RingIo {
     lu: Arc<scsi::LogicalUnit>,
     started: Instant,
     held_bytes: usize,
+    data_out_bytes: usize,
     /// Its LU counts it in flight (resets wait) until the device answers.
     _hold: scsi::inflight::OwnedIoGuard,
     /// A write's share of its LU's write order (COMPARE AND WRITE waits).
@@ -405,7 +408,7 @@ fn deliver(
     let lent_bytes = done.lent.as_ref().map_or(0, |(_, range)| range.len());
     let data_bytes = match done.kind {
         scsi::IoKind::Read => (done.data_in.len() + lent_bytes).min(done.expected_len as usize),
-        _ => done.data_out.len(),
+        _ => done.data_out_bytes,
     };
     let slot = backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
     if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
@@ -421,7 +424,7 @@ fn deliver(
             session.complete(done.itt, done.outcome, done.data_in, &done.sense, out);
         }
     }
-    out.give_back(done.data_out);
+    done.data_out.recycle(out);
     session.closing()
 }
 
@@ -595,6 +598,7 @@ impl Backend<'_> {
                     sense,
                     started: self.turn_started,
                     held_bytes,
+                    data_out_bytes: command.data_out.len(),
                     data_out: command.data_out,
                 });
                 return Ok(());
@@ -614,6 +618,9 @@ impl Backend<'_> {
                 }
             }
         }
+        let mut command = command;
+        let data_out_bytes = command.data_out.len();
+        let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
         // Pooled buffers hold earlier I/Os' bytes: a read's is filled whole by the device (a
         // short read fails), a write's is overwritten whole here.
         let (op, buf) = match io.op {
@@ -627,15 +634,21 @@ impl Backend<'_> {
             ),
             scsi::BlockOp::Write { durable } => {
                 // The planned length is a prefix of the Data-Out (whole blocks received).
-                let Some(data) = command.data_out.get(..io.len as usize) else {
+                let len = io.len as usize;
+                if command.data_out.len() < len {
                     return Err(command);
-                };
-                let buf = DIRECT_BUFFERS
-                    .with(|pool| pool.take(data.len()))
-                    .map(|mut buf| {
-                        buf.copy_from_slice(data);
+                }
+                let buf = match take_direct_data_out(&mut command.data_out) {
+                    // Received straight into a pooled aligned buffer: it goes to the device.
+                    Some(mut buf) => {
+                        buf.set_len(len);
+                        Some(buf)
+                    }
+                    None => DIRECT_BUFFERS.with(|pool| pool.take(len)).map(|mut buf| {
+                        buf.copy_from_slice(&command.data_out[..len]);
                         buf
-                    });
+                    }),
+                };
                 (RingOp::Write { dsync: durable }, buf)
             }
             scsi::BlockOp::Flush => (RingOp::Flush, None),
@@ -644,8 +657,6 @@ impl Backend<'_> {
             // Out of memory for the buffer: the blocking pool's path reports the failure.
             return Err(command);
         }
-        let held_bytes =
-            Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
         let tag = RingIo {
             command,
             lun,
@@ -653,6 +664,7 @@ impl Backend<'_> {
             lu,
             started: self.turn_started,
             held_bytes,
+            data_out_bytes,
             _hold: hold,
             _share: share,
         };
@@ -725,6 +737,7 @@ impl Backend<'_> {
                 sense,
                 started: tag.started,
                 held_bytes: tag.held_bytes,
+                data_out_bytes: tag.data_out_bytes,
                 data_out: tag.command.data_out,
             });
         }
@@ -749,6 +762,36 @@ impl Backend<'_> {
         let disk = self.disk_luns.iter().find(|d| d.lun == lun)?;
         Some((disk, self.luns.as_deref()?.get(lun)?))
     }
+}
+
+/// A write's Data-Out received into a pooled, aligned buffer (see
+/// [`ScsiBackend::data_out_memory`]): the ring writes it to the device as it is.
+#[derive(Debug)]
+struct DirectDataOut(store::PooledBuf);
+
+impl iscsi::session::DataOutMemory for DirectDataOut {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+/// The pooled buffer `data_out` was received into, if it was; `data_out` is left empty then.
+fn take_direct_data_out(data_out: &mut DataOutBuf) -> Option<store::PooledBuf> {
+    let DataOutBuf::Engine(memory) = data_out else {
+        return None;
+    };
+    let any: &dyn std::any::Any = memory.as_ref();
+    if !any.is::<DirectDataOut>() {
+        return None;
+    }
+    let DataOutBuf::Engine(memory) = std::mem::take(data_out) else {
+        return None;
+    };
+    let any: Box<dyn std::any::Any + Send + Sync> = memory;
+    any.downcast::<DirectDataOut>().ok().map(|direct| direct.0)
 }
 
 /// Watches one buffered write for a stall: its duration, and whether its thread slept in the
@@ -943,6 +986,7 @@ impl ScsiBackend for Backend<'_> {
                 sense,
                 started,
                 held_bytes,
+                data_out_bytes: command.data_out.len(),
                 data_out: command.data_out,
             });
             // End the worker's busy poll, if one runs: the answer is ready to go.
@@ -1031,6 +1075,21 @@ impl ScsiBackend for Backend<'_> {
             });
         }
         found
+    }
+
+    fn data_out_memory(&mut self, lun: [u8; 8], len: usize) -> Option<Box<dyn DataOutMemory>> {
+        // Only where the ring will take it: a direct-I/O LUN of a connection whose ring works.
+        let lun = scsi::lun_from_wire(lun);
+        if len == 0 || self.ring_failed {
+            return None;
+        }
+        self.disk_luns
+            .iter()
+            .find(|d| d.lun == lun)?
+            .ring
+            .as_ref()?;
+        let buf = DIRECT_BUFFERS.with(|pool| pool.take(len))?;
+        Some(Box::new(DirectDataOut(buf)))
     }
 }
 

@@ -16,6 +16,13 @@ struct Backend {
     deferred: Vec<u32>,
     /// The Data-Out of each deferred command, as handed over.
     deferred_data: Vec<Vec<u8>>,
+    /// Supply engine memory (pre-filled with 0xEE) for Data-Out; the lengths asked, in order.
+    engine_memory: bool,
+    /// Make that memory this many bytes too long (a broken engine).
+    engine_memory_extra: usize,
+    memory_asked: Vec<usize>,
+    /// Whether each deferred command's Data-Out was in engine memory.
+    deferred_in_engine_memory: Vec<bool>,
     /// Lend read data in slices of this many bytes (a zero-copy store) instead of copying it.
     lend_slice_bytes: usize,
     /// Lend read data as a range of this file (holding `read_data` at `FILE_AT`) when the
@@ -25,6 +32,18 @@ struct Backend {
     may_lend_file: Vec<bool>,
     /// Lend `lend_file` even when the request does not allow it (a broken backend).
     ignore_may_lend_file: bool,
+}
+
+#[derive(Debug)]
+struct TestMemory(Vec<u8>);
+
+impl DataOutMemory for TestMemory {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
 }
 
 /// Where the test backend's file holds `read_data`.
@@ -84,7 +103,17 @@ impl ScsiBackend for Backend {
             "only commands answered Deferred are handed over"
         );
         self.deferred.push(command.itt);
-        self.deferred_data.push(command.data_out);
+        self.deferred_in_engine_memory
+            .push(matches!(command.data_out, DataOutBuf::Engine(_)));
+        self.deferred_data.push(command.data_out.to_vec());
+    }
+
+    fn data_out_memory(&mut self, _lun: [u8; 8], len: usize) -> Option<Box<dyn DataOutMemory>> {
+        self.memory_asked.push(len);
+        self.engine_memory.then(|| {
+            Box::new(TestMemory(vec![0xEE; len + self.engine_memory_extra]))
+                as Box<dyn DataOutMemory>
+        })
     }
 
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
@@ -1323,6 +1352,56 @@ fn deferred_writes_hand_over_their_data() {
         0,
         "a handed-over write no longer waits for data"
     );
+}
+
+#[test]
+fn deferred_writes_arrive_in_engine_memory_when_the_engine_supplies_it() {
+    let mut h = harness();
+    h.b.defer = true;
+    h.b.engine_memory = true;
+    // Immediate data only, then immediate + unsolicited Data-Out, then placed Data-Out.
+    let cmd = h.command(&WRITE10, 0xa0, 4096, 41);
+    h.send(cmd, &[5; 4096]);
+    let payload: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    let cmd = h.command(&WRITE10, 0x20, 8192, 42);
+    h.send(cmd, &payload[..4096]);
+    h.send(data_out(42, RESERVED_TAG, 0, 4096, true), &payload[4096..]);
+    let cmd = h.command(&WRITE10, 0x20, 8192, 43);
+    h.send(cmd, &payload[..4096]);
+    let mut bhs = data_out(43, RESERVED_TAG, 0, 4096, true);
+    bhs.set_data_segment_len(4096);
+    let dst = h.s.data_out_destination(&bhs).expect("accepted in place");
+    dst.copy_from_slice(&payload[4096..]);
+    let mut out = Outbox::new(4);
+    h.s.handle_placed_data_out(&bhs, Instant::now(), &mut h.b, &mut out);
+    assert_eq!(
+        h.b.memory_asked,
+        vec![4096, 8192, 8192],
+        "exactly EDTL each"
+    );
+    assert_eq!(h.b.deferred, vec![41, 42, 43]);
+    assert_eq!(h.b.deferred_in_engine_memory, vec![true, true, true]);
+    assert_eq!(h.b.deferred_data[0], vec![5; 4096]);
+    assert_eq!(h.b.deferred_data[1], payload, "every byte overwritten");
+    assert_eq!(h.b.deferred_data[2], payload);
+}
+
+#[test]
+fn engine_memory_of_the_wrong_length_is_not_used() {
+    let mut h = harness();
+    h.b.defer = true;
+    h.b.engine_memory = true;
+    h.b.engine_memory_extra = 512;
+    let cmd = h.command(&WRITE10, 0xa0, 4096, 51);
+    h.send(cmd, &[9; 4096]);
+    let payload: Vec<u8> = (0..8192u32).map(|i| (i % 249) as u8).collect();
+    let cmd = h.command(&WRITE10, 0x20, 8192, 52);
+    h.send(cmd, &payload[..4096]);
+    h.send(data_out(52, RESERVED_TAG, 0, 4096, true), &payload[4096..]);
+    assert_eq!(h.b.memory_asked, vec![4096, 8192]);
+    assert_eq!(h.b.deferred_in_engine_memory, vec![false, false]);
+    assert_eq!(h.b.deferred_data[0], vec![9; 4096]);
+    assert_eq!(h.b.deferred_data[1], payload);
 }
 
 #[test]

@@ -76,6 +76,8 @@ start_ferrosan() {
     else
         args=(--listen "127.0.0.1:$PORT" --target "$IQN" --lun "$lunspec")
     fi
+    # Reservations a test makes durable (APTPL) stay with this run, not in /var/lib/ferrosan.
+    args+=(--state-dir "$WORK/state-$run")
     log "$run: starting $FERROSAN_BIN serve ${args[*]}"
     "$FERROSAN_BIN" serve "${args[@]}" </dev/null >"$OUT/$run.daemon.log" 2>&1 &
     DAEMON_PID=$!

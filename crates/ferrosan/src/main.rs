@@ -42,6 +42,11 @@ enum Command {
         /// Serve Prometheus metrics at http://ADDR:PORT/metrics (overrides the config file's).
         #[arg(long)]
         metrics_listen: Option<String>,
+        /// Directory for state kept across restarts: persistent reservations with APTPL
+        /// (overrides the config file's; default /var/lib/ferrosan for root, else
+        /// $XDG_STATE_HOME/ferrosan).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Validate a configuration file without serving; errors name file, line and field.
     CheckConfig { file: PathBuf },
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
             lun,
             workers,
             metrics_listen,
+            state_dir,
         }) => {
             let loaded = match config {
                 Some(path) => Config::load(&path).map_err(|e| e.to_string()),
@@ -91,6 +97,12 @@ fn main() -> ExitCode {
                     let addr = target::config::parse_listen(&addr)
                         .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
                     c.server.metrics_listen = Some(addr);
+                }
+                if let Some(dir) = state_dir {
+                    c.server.state_dir = Some(
+                        std::path::absolute(&dir)
+                            .map_err(|e| format!("--state-dir {}: {e}", dir.display()))?,
+                    );
                 }
                 Ok(c)
             });

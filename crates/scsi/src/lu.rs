@@ -186,7 +186,8 @@ impl LogicalUnit {
     }
 
     /// Whether `cdb` makes this LU wait for its device to make data durable: write-through or
-    /// FUA writes, cache flushes, and the commands that write or deallocate as a side effect.
+    /// FUA writes, cache flushes, the commands that write or deallocate as a side effect, and
+    /// PERSISTENT RESERVE OUT where reservations are saved.
     /// A transport uses it to run such commands off its network threads (on a store where
     /// durability costs nothing, e.g. RAM, it need not ask).
     pub fn waits_for_device(&self, cdb: &[u8]) -> bool {
@@ -211,6 +212,8 @@ impl LogicalUnit {
             | op::COMPARE_AND_WRITE
             | op::ORWRITE_16
             | op::EXTENDED_COPY => true,
+            // With APTPL the new state is saved (and fsynced) before it completes.
+            op::PERSISTENT_RESERVE_OUT => self.reservations.persists(),
             _ => false,
         }
     }

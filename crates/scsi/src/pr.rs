@@ -4,7 +4,10 @@
 //! Registrations belong to an I_T nexus named by (initiator port name, relative target port id),
 //! so they survive the session going away and coming back with the same ISID. The command fast
 //! path reads one atomic (`held`: some reservation of either kind exists) and locks only then.
-//! Persistent reservations are not persisted across restarts (PTPL_C=0; APTPL=1 is refused).
+//! With a [`PrPersistence`] set (the engine does for LUs on files and block devices), APTPL=1
+//! is accepted (PTPL_C=1): while the last REGISTER asked for it, every change is handed to the
+//! persistence before the command completes, and a failed save fails the command with the
+//! state unchanged. Without one, APTPL=1 is refused (PTPL_C=0).
 
 use crate::cdb::*;
 use crate::lu::LogicalUnit;
@@ -15,7 +18,7 @@ use crate::unit_attention::{
 use crate::{Command, Nexus};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub const SA_PR_READ_KEYS: u16 = 0x00;
 pub const SA_PR_READ_RESERVATION: u16 = 0x01;
@@ -81,6 +84,8 @@ fn valid_type(pr_type: u8) -> bool {
 
 #[derive(Default)]
 struct State {
+    /// Activate Persist Through Power Loss, from the last valid REGISTER (SPC-4 5.14.5).
+    aptpl: bool,
     generation: u32,
     /// In registration order (READ KEYS reports them so).
     registrations: Vec<(ItNexus, u64)>,
@@ -132,6 +137,92 @@ impl State {
             }
         }
         notify
+    }
+}
+
+/// The state of persistent reservations that survives a restart (with APTPL): what
+/// [`PrPersistence`] stores and [`LogicalUnit::restore_reservations`] loads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PersistentReservations {
+    pub aptpl: bool,
+    pub generation: u32,
+    /// In registration order.
+    pub registrations: Vec<PrRegistration>,
+    /// The holder (for all-registrants types, any registrant: the first) and its type.
+    pub reservation: Option<(PrNexus, u8)>,
+}
+
+/// An I_T nexus of a registration: initiator port name ("iqn...,i,0x<ISID>") and relative
+/// target port id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrNexus {
+    pub initiator_port: String,
+    pub relative_port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrRegistration {
+    pub nexus: PrNexus,
+    pub key: u64,
+}
+
+/// Where an LU's persistent reservations go when APTPL is set. `save` must be durable when it
+/// returns (the command completes after it); it is called with the LU's reservation lock held,
+/// from PERSISTENT RESERVE OUT only.
+pub trait PrPersistence: Send + Sync {
+    fn save(&self, state: &PersistentReservations) -> std::io::Result<()>;
+}
+
+impl From<&ItNexus> for PrNexus {
+    fn from(it: &ItNexus) -> PrNexus {
+        PrNexus {
+            initiator_port: it.initiator.clone(),
+            relative_port: it.relative_port,
+        }
+    }
+}
+
+impl From<&PrNexus> for ItNexus {
+    fn from(n: &PrNexus) -> ItNexus {
+        ItNexus {
+            initiator: n.initiator_port.clone(),
+            relative_port: n.relative_port,
+        }
+    }
+}
+
+impl State {
+    fn persistent(&self) -> PersistentReservations {
+        PersistentReservations {
+            aptpl: self.aptpl,
+            generation: self.generation,
+            registrations: self
+                .registrations
+                .iter()
+                .map(|(it, key)| PrRegistration {
+                    nexus: it.into(),
+                    key: *key,
+                })
+                .collect(),
+            reservation: self
+                .reservation
+                .as_ref()
+                .map(|r| ((&r.holder).into(), r.pr_type)),
+        }
+    }
+
+    fn set_persistent(&mut self, p: &PersistentReservations) {
+        self.aptpl = p.aptpl;
+        self.generation = p.generation;
+        self.registrations = p
+            .registrations
+            .iter()
+            .map(|r| ((&r.nexus).into(), r.key))
+            .collect();
+        self.reservation = p.reservation.as_ref().map(|(holder, pr_type)| Reservation {
+            holder: holder.into(),
+            pr_type: *pr_type,
+        });
     }
 }
 
@@ -194,6 +285,7 @@ pub(crate) struct Reservations {
     /// Some reservation (persistent or SPC-2) is held: commands must be checked.
     held: AtomicBool,
     state: Mutex<State>,
+    persistence: OnceLock<Arc<dyn PrPersistence>>,
 }
 
 impl Default for Reservations {
@@ -201,6 +293,7 @@ impl Default for Reservations {
         Reservations {
             held: AtomicBool::new(false),
             state: Mutex::new(State::default()),
+            persistence: OnceLock::new(),
         }
     }
 }
@@ -256,6 +349,11 @@ impl Reservations {
     /// Current PRgeneration (for tests and diagnostics).
     pub fn generation(&self) -> u32 {
         self.lock().generation
+    }
+
+    /// Whether changes may be saved (a persistence is set: APTPL is accepted).
+    pub fn persists(&self) -> bool {
+        self.persistence.get().is_some()
     }
 
     /// Whether some persistent or SPC-2 reservation is held.
@@ -335,10 +433,11 @@ impl LogicalUnit {
             }
             SA_PR_REPORT_CAPABILITIES => {
                 data_in.extend_from_slice(&8u16.to_be_bytes());
-                // RLR_C=0, CRH=0, SIP_C=0, ATP_C=0, PTPL_C=0 (no persistence across power loss).
-                data_in.push(0x00);
-                // TMV=1, ALLOW COMMANDS 000b, PTPL_A=0.
-                data_in.push(0x80);
+                // RLR_C=0, CRH=0, SIP_C=0, ATP_C=0; PTPL_C: persistence through power loss.
+                let capable = self.reservations.persistence.get().is_some();
+                data_in.push(u8::from(capable));
+                // TMV=1, ALLOW COMMANDS 000b, PTPL_A: APTPL is active.
+                data_in.push(0x80 | u8::from(capable && s.aptpl));
                 // Type mask: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
                 data_in.push(0x80 | 0x40 | 0x20 | 0x08 | 0x02);
                 data_in.push(0x01);
@@ -404,7 +503,10 @@ impl LogicalUnit {
         if flags & 0x04 != 0 {
             return Err(Sense::invalid_field_in_parameter_list(20, Some(2))); // ALL_TG_PT
         }
-        if flags & 0x01 != 0 {
+        let persistence = self.reservations.persistence.get();
+        let aptpl = flags & 0x01 != 0;
+        let registering = matches!(sa, SA_PR_REGISTER | SA_PR_REGISTER_AND_IGNORE);
+        if aptpl && registering && persistence.is_none() {
             return Err(Sense::invalid_field_in_parameter_list(20, Some(0))); // APTPL
         }
         let needs_type = matches!(sa, SA_PR_RESERVE | SA_PR_RELEASE)
@@ -425,11 +527,15 @@ impl LogicalUnit {
             return Err(CONFLICT);
         }
         let registered = s.key_of(&it);
+        // What a failed save restores: nothing changes unless it is durable.
+        let before = persistence.map(|_| s.persistent());
         let result = match sa {
             SA_PR_REGISTER | SA_PR_REGISTER_AND_IGNORE => {
                 if sa == SA_PR_REGISTER && registered.unwrap_or(0) != key {
                     return Err(CONFLICT);
                 }
+                // The last valid REGISTER's APTPL governs (SPC-4 5.14.5).
+                s.aptpl = aptpl;
                 match (registered, sa_key) {
                     (None, 0) => {} // nothing to do, and no new generation
                     (None, k) => {
@@ -502,8 +608,44 @@ impl LogicalUnit {
             }
             _ => Err(Sense::invalid_field_in_cdb(1, Some(4))),
         };
+        if let (Ok(()), Some(persistence), Some(before)) = (&result, persistence, before) {
+            let after = s.persistent();
+            // Saved while APTPL is on, and once more when it goes off (the saved copy then says
+            // so and is not restored).
+            if after != before && (after.aptpl || before.aptpl) {
+                // The persistence logs its own failure (this crate does no logging).
+                if persistence.save(&after).is_err() {
+                    s.set_persistent(&before);
+                    r.update_held(&s);
+                    return Err(Sense::new(crate::sense::HARDWARE_ERROR, 0x44, 0x00));
+                }
+            }
+        }
         r.update_held(&s);
         result.map(|()| PROUT_PARAMETER_BYTES as u32)
+    }
+
+    /// Lets APTPL=1 be accepted: the reservation state goes to `persistence` while it is set.
+    /// Once per LU (a second call changes nothing and returns false).
+    pub fn set_pr_persistence(&self, persistence: Arc<dyn PrPersistence>) -> bool {
+        self.reservations.persistence.set(persistence).is_ok()
+    }
+
+    /// Loads reservations saved with APTPL (at start, before any command). A saved state
+    /// whose APTPL is off is not restored.
+    pub fn restore_reservations(&self, saved: &PersistentReservations) {
+        if !saved.aptpl {
+            return;
+        }
+        let r = &self.reservations;
+        let mut s = r.lock();
+        s.set_persistent(saved);
+        r.update_held(&s);
+    }
+
+    /// The reservation state as it would be saved.
+    pub fn persistent_reservations(&self) -> PersistentReservations {
+        self.reservations.lock().persistent()
     }
 
     fn preempt(&self, s: &mut State, it: &ItNexus, sa_key: u64, pr_type: u8) -> Result<(), Sense> {

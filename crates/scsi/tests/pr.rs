@@ -356,3 +356,110 @@ fn spc2_and_persistent_reservations_exclude_each_other() {
     t.lu.logical_unit_reset(1);
     assert!(t.lu.reservation_held());
 }
+
+/// A persistence that keeps what it was given, and fails on demand.
+#[derive(Default)]
+struct Saved {
+    states: std::sync::Mutex<Vec<scsi::PersistentReservations>>,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl scsi::PrPersistence for Saved {
+    fn save(&self, state: &scsi::PersistentReservations) -> std::io::Result<()> {
+        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(std::io::Error::other("disk full"));
+        }
+        self.states.lock().unwrap().push(state.clone());
+        Ok(())
+    }
+}
+
+fn aptpl_params(key: u64, sa_key: u64) -> Vec<u8> {
+    let mut p = params(key, sa_key);
+    p[20] = 1;
+    p
+}
+
+#[test]
+fn aptpl_saves_every_change_and_restores_into_a_new_lu() {
+    let mut t = setup();
+    let saved = std::sync::Arc::new(Saved::default());
+    assert!(t.lu.set_pr_persistence(saved.clone()));
+    assert!(!t.lu.set_pr_persistence(saved.clone()), "once per LU");
+    // PTPL_C=1; PTPL_A=0 until a REGISTER sets APTPL.
+    assert_eq!(t.ok(&prin(2), &[]), [0, 8, 0x01, 0x80, 0xEA, 0x01, 0, 0]);
+    // Without APTPL nothing is saved.
+    t.ok(&prout(0, 0), &params(0, 0xAA));
+    assert!(saved.states.lock().unwrap().is_empty());
+    // REGISTER AND IGNORE with APTPL=1 from another nexus: saved, PTPL_A=1.
+    as_nexus(&mut t, 2);
+    t.ok(&prout(6, 0), &aptpl_params(0, 0xBB));
+    assert_eq!(t.ok(&prin(2), &[])[3], 0x81);
+    // A reservation: saved before the command completes.
+    t.ok(&prout(1, 1), &params(0xBB, 0));
+    let last = saved.states.lock().unwrap().last().cloned().unwrap();
+    assert!(last.aptpl);
+    assert_eq!(last.registrations.len(), 2);
+    assert_eq!(last.registrations[0].key, 0xAA);
+    assert_eq!(last.registrations[1].key, 0xBB);
+    let (holder, pr_type) = last.reservation.clone().unwrap();
+    assert_eq!(pr_type, 1);
+    assert_eq!(holder, last.registrations[1].nexus);
+    assert_eq!(last, t.lu.persistent_reservations());
+    // A READ changes nothing and saves nothing.
+    let count = saved.states.lock().unwrap().len();
+    keys(&mut t);
+    assert_eq!(saved.states.lock().unwrap().len(), count);
+
+    // "Restart": a new LU restores the saved state; the same I_T nexuses find it.
+    let mut t2 = setup();
+    t2.lu.restore_reservations(&last);
+    assert_eq!(keys(&mut t2), (last.generation, vec![0xAA, 0xBB]));
+    assert_eq!(reservation(&mut t2), Some((0xBB, 1)));
+    // The reservation is enforced: nexus 3 (not registered) may not write.
+    as_nexus(&mut t2, 3);
+    conflict(&mut t2, &[0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0; 512]);
+    as_nexus(&mut t2, 2);
+    t2.ok(&[0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0; 512]);
+}
+
+#[test]
+fn aptpl_off_is_saved_once_and_not_restored() {
+    let mut t = setup();
+    let saved = std::sync::Arc::new(Saved::default());
+    t.lu.set_pr_persistence(saved.clone());
+    t.ok(&prout(0, 0), &aptpl_params(0, 0xAA));
+    // REGISTER (re-register, same key) with APTPL=0 turns it off: saved once, saying so.
+    t.ok(&prout(0, 0), &params(0xAA, 0xAA));
+    let states = saved.states.lock().unwrap().clone();
+    assert_eq!(states.len(), 2);
+    assert!(!states[1].aptpl);
+    // Later changes are not saved.
+    t.ok(&prout(1, 1), &params(0xAA, 0));
+    assert_eq!(saved.states.lock().unwrap().len(), 2);
+    // A state saved with APTPL off is not restored.
+    let mut t2 = setup();
+    t2.lu.restore_reservations(&states[1]);
+    assert_eq!(keys(&mut t2), (0, vec![]));
+}
+
+#[test]
+fn a_failed_save_fails_the_command_and_changes_nothing() {
+    let mut t = setup();
+    let saved = std::sync::Arc::new(Saved::default());
+    t.lu.set_pr_persistence(saved.clone());
+    t.ok(&prout(0, 0), &aptpl_params(0, 0xAA));
+    saved.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    // HARDWARE ERROR, INTERNAL TARGET FAILURE; no reservation, same generation.
+    let (gen, _) = keys(&mut t);
+    assert_sense(&t.err(&prout(1, 1), &params(0xAA, 0)), 4, 0x44, 0);
+    assert_eq!(reservation(&mut t), None);
+    assert_sense(&t.err(&prout(0, 0), &aptpl_params(0xAA, 0xAB)), 4, 0x44, 0);
+    assert_eq!(keys(&mut t), (gen, vec![0xAA]));
+    // And once the store works again, so does the command.
+    saved
+        .fail
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    t.ok(&prout(1, 1), &params(0xAA, 0));
+    assert_eq!(reservation(&mut t), Some((0xAA, 1)));
+}

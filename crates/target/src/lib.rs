@@ -13,6 +13,7 @@ pub mod registry;
 pub mod ring;
 pub mod server;
 pub mod stall;
+pub mod state;
 mod sys;
 
 pub use server::Server;

@@ -834,8 +834,39 @@ fn build(config: &Config) -> Result<Shared, String> {
             }
         }
     };
+    let state_dir = crate::state::state_dir(config.server.state_dir.as_deref());
     for device in &config.devices {
         let unit = open_unit(device)?;
+        // Files and block devices keep their reservations across restarts when asked (APTPL);
+        // a RAM LU's medium does not survive a restart, nor do its reservations.
+        let medium = match &device.store {
+            StoreKind::File { path, .. } | StoreKind::Block { path } => Some(path),
+            StoreKind::Ram { .. } => None,
+        };
+        if let (Some(medium), Some(dir)) = (medium, &state_dir) {
+            let path = crate::state::reservation_file(dir, &device.name, medium);
+            let file = crate::state::ReservationFile::new(path, medium, &device.name);
+            let saved = file.load().map_err(|e| {
+                format!(
+                    "device {}: persistent reservations: {e} (remove the file to start without them)",
+                    device.name
+                )
+            })?;
+            if let Some(saved) = saved {
+                unit.restore_reservations(&saved);
+                tracing::info!(
+                    "device {}: restored persistent reservations ({} registrations{})",
+                    device.name,
+                    saved.registrations.len(),
+                    if saved.reservation.is_some() {
+                        ", reserved"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            unit.set_pr_persistence(Arc::new(file));
+        }
         // The store says whether it waits for a device; nothing is guessed from its kind.
         let caps = unit.capabilities();
         let path = match (caps.direct, io_uring) {

@@ -54,6 +54,7 @@ struct RawServer {
     chap_algorithms: Option<S<Vec<S<String>>>>,
     metrics_listen: Option<S<String>>,
     io_uring: Option<S<bool>>,
+    state_dir: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -266,6 +267,13 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
             }
         }
         server.io_uring = bool_or(&s.io_uring, true);
+        if let Some(dir) = &s.state_dir {
+            if dir.get_ref().is_empty() || !dir.get_ref().starts_with('/') {
+                cx.err(dir.span(), "server: state_dir", "an absolute path");
+            } else {
+                server.state_dir = Some(dir.get_ref().into());
+            }
+        }
     }
     let mut book = SecretBook::default();
     let discovery = match &raw.discovery {
@@ -1069,6 +1077,9 @@ pub(crate) fn to_toml(c: &Config) -> String {
     }
     if !c.server.io_uring {
         let _ = writeln!(out, "io_uring = false");
+    }
+    if let Some(dir) = &c.server.state_dir {
+        let _ = writeln!(out, "state_dir = {}", q(&dir.display().to_string()));
     }
     out.push('\n');
     c.limits.write_toml(&mut out);

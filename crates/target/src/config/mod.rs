@@ -60,6 +60,9 @@ pub struct ServerConfig {
     /// Direct-I/O devices are submitted to io_uring rings on the workers; false (or a kernel
     /// or sandbox without io_uring) runs them on the bounded I/O thread pool instead.
     pub io_uring: bool,
+    /// Where state that survives a restart is kept (persistent reservations with APTPL);
+    /// None: `/var/lib/ferrosan` for root, else `$XDG_STATE_HOME/ferrosan` (see `state.rs`).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -69,6 +72,7 @@ impl Default for ServerConfig {
             chap_algorithms: ChapAlgorithm::ALL.to_vec(),
             metrics_listen: None,
             io_uring: true,
+            state_dir: None,
         }
     }
 }

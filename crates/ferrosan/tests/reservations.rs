@@ -1,0 +1,196 @@
+//! Persistent reservations with APTPL survive a restart of the daemon, by SIGTERM and by
+//! SIGKILL: an initiator registers and reserves with APTPL=1, the daemon goes away and comes
+//! back on the same file and state directory, and the registration, the reservation and its
+//! enforcement are all there. A damaged state file stops the daemon from starting, naming it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::raw::{status_of, Raw};
+use common::{Daemon, Scratch};
+use iscsi::pdu::Opcode;
+
+const IQN: &str = "iqn.2026-11.org.ferrosan:aptpl";
+const RESERVATION_CONFLICT: u8 = 0x18;
+
+fn prout(sa: u8, pr_type: u8) -> [u8; 10] {
+    [0x5F, sa, pr_type, 0, 0, 0, 0, 0, 24, 0]
+}
+
+fn prout_params(key: u64, sa_key: u64, aptpl: bool) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p[20] = u8::from(aptpl);
+    p
+}
+
+/// Sends a command with `data` as immediate data; its status.
+fn run(raw: &mut Raw, itt: &mut u32, cdb: &[u8], data: &[u8]) -> u8 {
+    let flags = if data.is_empty() { 0x80 } else { 0x80 | 0x20 };
+    let bhs = raw.command(*itt, cdb, flags, data.len() as u32);
+    *itt += 1;
+    raw.send(&bhs, data);
+    let pdu = raw.recv();
+    assert_eq!(pdu.opcode(), Opcode::ScsiResponse as u8, "{:?}", pdu.bhs);
+    status_of(&pdu)
+}
+
+/// PERSISTENT RESERVE IN with service action `sa`; its data.
+fn prin(raw: &mut Raw, itt: &mut u32, sa: u8) -> Vec<u8> {
+    let cdb = [0x5E, sa, 0, 0, 0, 0, 0, 0x01, 0, 0];
+    let bhs = raw.command(*itt, &cdb, 0x80 | 0x40, 256);
+    *itt += 1;
+    raw.send(&bhs, &[]);
+    raw.read_data()
+}
+
+fn login(daemon: &Daemon, isid_tail: u8) -> (Raw, u32) {
+    let mut raw = Raw::login(daemon.port, IQN, isid_tail);
+    let mut itt = 1;
+    raw.until_ready(&mut itt);
+    (raw, itt)
+}
+
+/// What the state says after a restart: key 0xAA registered, reserved Write Exclusive by it,
+/// APTPL active; another initiator port may read but not write.
+fn assert_reserved(daemon: &Daemon, when: &str) {
+    let (mut a, mut itt) = login(daemon, 1);
+    let keys = prin(&mut a, &mut itt, 0);
+    assert_eq!(
+        &keys[4..8],
+        &8u32.to_be_bytes(),
+        "{when}: one key: {keys:02x?}"
+    );
+    assert_eq!(&keys[8..16], &0xAAu64.to_be_bytes(), "{when}");
+    let reservation = prin(&mut a, &mut itt, 1);
+    assert_eq!(&reservation[4..8], &16u32.to_be_bytes(), "{when}: reserved");
+    assert_eq!(&reservation[8..16], &0xAAu64.to_be_bytes(), "{when}");
+    assert_eq!(reservation[21] & 0x0F, 1, "{when}: Write Exclusive");
+    let caps = prin(&mut a, &mut itt, 2);
+    assert_eq!(caps[2] & 0x01, 1, "{when}: PTPL_C");
+    assert_eq!(caps[3] & 0x01, 1, "{when}: PTPL_A");
+    // The holder writes; another initiator port reads but may not write.
+    let write = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert_eq!(run(&mut a, &mut itt, &write, &[7; 512]), 0, "{when}");
+    let (mut b, mut itt_b) = login(daemon, 2);
+    assert_eq!(
+        run(&mut b, &mut itt_b, &write, &[8; 512]),
+        RESERVATION_CONFLICT,
+        "{when}: the reservation is enforced"
+    );
+}
+
+#[test]
+fn aptpl_reservations_survive_sigterm_and_sigkill() {
+    let scratch = Scratch::new("aptpl");
+    let lun = format!("file:{},size=4M", scratch.file("lun.img").display());
+    let state = scratch.file("state");
+    let state_arg = state.display().to_string();
+    let mut daemon = Daemon::start_with_args(IQN, &[&lun], &["--state-dir", &state_arg]);
+
+    let (mut a, mut itt) = login(&daemon, 1);
+    // REGISTER AND IGNORE EXISTING KEY with APTPL=1, then RESERVE Write Exclusive.
+    assert_eq!(
+        run(&mut a, &mut itt, &prout(6, 0), &prout_params(0, 0xAA, true)),
+        0
+    );
+    assert_eq!(
+        run(
+            &mut a,
+            &mut itt,
+            &prout(1, 1),
+            &prout_params(0xAA, 0, false)
+        ),
+        0
+    );
+    drop(a);
+    let saved = std::fs::read_dir(state.join("reservations"))
+        .expect("the state was saved")
+        .count();
+    assert_eq!(saved, 1);
+
+    daemon.restart(); // SIGTERM
+    assert_reserved(&daemon, "after SIGTERM");
+
+    daemon.signal("KILL");
+    assert!(daemon.wait_exit(Duration::from_secs(5)).is_some(), "killed");
+    daemon.restart();
+    assert_reserved(&daemon, "after SIGKILL");
+
+    // Releasing and unregistering is saved too: after a restart nothing is left.
+    let (mut a, mut itt) = login(&daemon, 1);
+    assert_eq!(
+        run(
+            &mut a,
+            &mut itt,
+            &prout(2, 1),
+            &prout_params(0xAA, 0, false)
+        ),
+        0
+    );
+    assert_eq!(
+        run(&mut a, &mut itt, &prout(0, 0), &prout_params(0xAA, 0, true)),
+        0
+    );
+    drop(a);
+    daemon.restart();
+    let (mut a, mut itt) = login(&daemon, 1);
+    let keys = prin(&mut a, &mut itt, 0);
+    assert_eq!(&keys[4..8], &0u32.to_be_bytes(), "no keys: {keys:02x?}");
+    drop(a);
+    daemon.stop();
+
+    // A damaged state file: the daemon refuses to start and names it.
+    let file = std::fs::read_dir(state.join("reservations"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(&file, "not = [valid").unwrap();
+    let scratch_log = scratch.file("refused.log");
+    let log = std::fs::File::create(&scratch_log).unwrap();
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args(["serve", "--listen", &listen, "--target", IQN, "--lun", &lun])
+        .args(["--state-dir", &state_arg])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("run ferrosan");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon started on a damaged state file");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let out_stderr = std::fs::read(&scratch_log).unwrap();
+    let stderr = String::from_utf8_lossy(&out_stderr);
+    assert!(
+        stderr.contains(&*file.to_string_lossy()) && stderr.contains("remove the file"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn ram_luns_refuse_aptpl() {
+    let mut daemon = Daemon::start_with(IQN, &["ram:4M"]);
+    let (mut a, mut itt) = login(&daemon, 1);
+    // CHECK CONDITION (INVALID FIELD IN PARAMETER LIST), and PTPL_C=0.
+    assert_eq!(
+        run(&mut a, &mut itt, &prout(6, 0), &prout_params(0, 0xAA, true)),
+        0x02
+    );
+    let caps = prin(&mut a, &mut itt, 2);
+    assert_eq!(caps[2] & 0x01, 0);
+    daemon.stop();
+}

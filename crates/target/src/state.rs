@@ -1,0 +1,368 @@
+//! State that must survive a restart: persistent reservations of LUs whose initiators asked
+//! for it (APTPL). One small TOML file per device under `<state_dir>/reservations/`, replaced
+//! atomically (written to a temporary file, fsynced, renamed, directory fsynced) before the
+//! PERSISTENT RESERVE OUT that changed it completes, as SCST does.
+//!
+//! What is deliberately not kept (docs/CONFIG.md, *State directory*): RAM LUs' reservations
+//! (their medium does not survive either), unit attentions, SPC-2 reservations (released by
+//! any reset or nexus loss anyway). ALUA states are the config's, not chosen at runtime.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use scsi::{PersistentReservations, PrNexus, PrPersistence, PrRegistration};
+use serde::{Deserialize, Serialize};
+
+/// Bytes a saved reservation file may have, at most (a few hundred registrations).
+const FILE_BYTES_MAX: u64 = 1 << 20;
+
+/// The state directory to use: the configured one, else `/var/lib/ferrosan` for root and
+/// `$XDG_STATE_HOME/ferrosan` (or `~/.local/state/ferrosan`) for anyone else.
+pub fn state_dir(configured: Option<&Path>) -> Option<PathBuf> {
+    if let Some(dir) = configured {
+        return Some(dir.to_path_buf());
+    }
+    if rustix::process::geteuid().is_root() {
+        return Some(PathBuf::from("/var/lib/ferrosan"));
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir).join("ferrosan"));
+    }
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|home| PathBuf::from(home).join(".local/state/ferrosan"))
+}
+
+/// Where device `name` backed by `medium` keeps its reservations: the name for people, a
+/// checksum of the medium's path so that two media never share a file.
+pub fn reservation_file(state_dir: &Path, name: &str, medium: &Path) -> PathBuf {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    let sum = crc32c::crc32c(medium.as_os_str().as_encoded_bytes());
+    state_dir
+        .join("reservations")
+        .join(format!("{safe}-{sum:08x}.toml"))
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct SavedFile {
+    /// The medium this state belongs to (checked at load).
+    medium: String,
+    aptpl: bool,
+    generation: u32,
+    #[serde(default)]
+    registration: Vec<SavedRegistration>,
+    reservation: Option<SavedReservation>,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct SavedRegistration {
+    initiator_port: String,
+    relative_port: u16,
+    /// Hex: TOML integers are signed 64-bit, keys are unsigned.
+    key: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct SavedReservation {
+    initiator_port: String,
+    relative_port: u16,
+    #[serde(rename = "type")]
+    pr_type: u8,
+}
+
+/// Reservations of one device, saved to one file.
+pub struct ReservationFile {
+    path: PathBuf,
+    medium: PathBuf,
+    device: String,
+}
+
+impl ReservationFile {
+    /// Saves to `path`; its directory is made (owner-only) at the first save, so a daemon
+    /// whose initiators never ask for APTPL leaves nothing on disk.
+    pub fn new(path: PathBuf, medium: &Path, device: &str) -> ReservationFile {
+        ReservationFile {
+            path,
+            medium: medium.to_path_buf(),
+            device: device.to_string(),
+        }
+    }
+
+    /// The saved state, if there is one for this medium. A file that cannot be read or parsed
+    /// is an error: starting without reservations an initiator made durable could let a fenced
+    /// host write.
+    pub fn load(&self) -> Result<Option<PersistentReservations>, String> {
+        let located = |e: String| format!("{}: {e}", self.path.display());
+        let meta = match fs::metadata(&self.path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(located(e.to_string())),
+        };
+        if meta.len() > FILE_BYTES_MAX {
+            return Err(located(format!("larger than {FILE_BYTES_MAX} bytes")));
+        }
+        let text = fs::read_to_string(&self.path).map_err(|e| located(e.to_string()))?;
+        let saved: SavedFile = toml::from_str(&text).map_err(|e| located(e.to_string()))?;
+        if Path::new(&saved.medium) != self.medium {
+            return Err(located(format!(
+                "saved for {}, not {}",
+                saved.medium,
+                self.medium.display()
+            )));
+        }
+        decode(saved).map(Some).map_err(located)
+    }
+
+    fn write(&self, state: &PersistentReservations) -> std::io::Result<()> {
+        let text = toml::to_string(&encode(state, &self.medium))
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if let Some(dir) = self.path.parent() {
+            create_private_dir(dir)?;
+        }
+        let tmp = self.path.with_extension("toml.tmp");
+        {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode_owner_only()
+                .open(&tmp)?;
+            f.write_all(b"# ferrosan: persistent reservations (APTPL). Written by the daemon.\n")?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+impl PrPersistence for ReservationFile {
+    fn save(&self, state: &PersistentReservations) -> std::io::Result<()> {
+        let result = self.write(state);
+        if let Err(e) = &result {
+            tracing::error!(
+                device = %self.device,
+                "cannot save persistent reservations to {}: {e}; the PERSISTENT RESERVE OUT fails",
+                self.path.display()
+            );
+        }
+        result
+    }
+}
+
+trait OwnerOnly {
+    fn mode_owner_only(&mut self) -> &mut Self;
+}
+
+impl OwnerOnly for fs::OpenOptions {
+    fn mode_owner_only(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.mode(0o600)
+    }
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+fn encode(state: &PersistentReservations, medium: &Path) -> SavedFile {
+    SavedFile {
+        medium: medium.display().to_string(),
+        aptpl: state.aptpl,
+        generation: state.generation,
+        registration: state
+            .registrations
+            .iter()
+            .map(|r| SavedRegistration {
+                initiator_port: r.nexus.initiator_port.clone(),
+                relative_port: r.nexus.relative_port,
+                key: format!("{:#018x}", r.key),
+            })
+            .collect(),
+        reservation: state
+            .reservation
+            .as_ref()
+            .map(|(holder, pr_type)| SavedReservation {
+                initiator_port: holder.initiator_port.clone(),
+                relative_port: holder.relative_port,
+                pr_type: *pr_type,
+            }),
+    }
+}
+
+fn decode(saved: SavedFile) -> Result<PersistentReservations, String> {
+    let mut registrations = Vec::with_capacity(saved.registration.len());
+    for r in saved.registration {
+        let digits = r.key.strip_prefix("0x").unwrap_or(&r.key);
+        let key = u64::from_str_radix(digits, 16)
+            .map_err(|e| format!("registration key {:?}: {e}", r.key))?;
+        registrations.push(PrRegistration {
+            nexus: PrNexus {
+                initiator_port: r.initiator_port,
+                relative_port: r.relative_port,
+            },
+            key,
+        });
+    }
+    let reservation = match saved.reservation {
+        None => None,
+        Some(r) => {
+            let holder = PrNexus {
+                initiator_port: r.initiator_port,
+                relative_port: r.relative_port,
+            };
+            if !registrations.iter().any(|reg| reg.nexus == holder) {
+                return Err("the reservation's holder is not registered".into());
+            }
+            if !matches!(r.pr_type, 1 | 3 | 5..=8) {
+                return Err(format!("reservation type {} is not valid", r.pr_type));
+            }
+            Some((holder, r.pr_type))
+        }
+    };
+    Ok(PersistentReservations {
+        aptpl: saved.aptpl,
+        generation: saved.generation,
+        registrations,
+        reservation,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PersistentReservations {
+        let a = PrNexus {
+            initiator_port: "iqn.2026-11.org.example:a,i,0x23d000000001".into(),
+            relative_port: 1,
+        };
+        PersistentReservations {
+            aptpl: true,
+            generation: 7,
+            registrations: vec![
+                PrRegistration {
+                    nexus: a.clone(),
+                    key: u64::MAX,
+                },
+                PrRegistration {
+                    nexus: PrNexus {
+                        initiator_port: "iqn.2026-11.org.example:b,i,0x23d000000002".into(),
+                        relative_port: 2,
+                    },
+                    key: 0xAB,
+                },
+            ],
+            reservation: Some((a, 3)),
+        }
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ferrosan-state-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn saved_state_loads_back_whole() {
+        let dir = temp_dir("roundtrip");
+        let medium = Path::new("/srv/lun0.img");
+        let path = reservation_file(&dir, "lun 0", medium);
+        assert!(path.to_string_lossy().contains("reservations/lun_0-"));
+        let file = ReservationFile::new(path.clone(), medium, "lun 0");
+        assert_eq!(file.load().unwrap(), None, "nothing saved yet");
+        file.save(&sample()).unwrap();
+        assert_eq!(file.load().unwrap(), Some(sample()));
+        // Replaced whole on the next save; no temporary file left behind.
+        let mut next = sample();
+        next.registrations.pop();
+        next.generation = 8;
+        file.save(&next).unwrap();
+        assert_eq!(file.load().unwrap(), Some(next));
+        let names: Vec<_> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn two_media_never_share_a_file() {
+        let dir = Path::new("/state");
+        assert_ne!(
+            reservation_file(dir, "d", Path::new("/a.img")),
+            reservation_file(dir, "d", Path::new("/b.img"))
+        );
+    }
+
+    #[test]
+    fn damaged_or_foreign_files_are_errors_naming_the_file() {
+        let dir = temp_dir("damaged");
+        let medium = Path::new("/srv/lun1.img");
+        let path = reservation_file(&dir, "d1", medium);
+        let file = ReservationFile::new(path.clone(), medium, "d1");
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        for (text, why) in [
+            ("aptpl = true\n", "missing field"),
+            ("this is not toml", "expected"),
+            (
+                "medium = \"/srv/other.img\"\naptpl = true\ngeneration = 1\n",
+                "saved for /srv/other.img",
+            ),
+            (
+                "medium = \"/srv/lun1.img\"\naptpl = true\ngeneration = 1\n[[registration]]\ninitiator_port = \"x\"\nrelative_port = 1\nkey = \"zz\"\n",
+                "registration key",
+            ),
+            (
+                "medium = \"/srv/lun1.img\"\naptpl = true\ngeneration = 1\n[reservation]\ninitiator_port = \"x\"\nrelative_port = 1\ntype = 1\n",
+                "not registered",
+            ),
+        ] {
+            fs::write(&path, text).unwrap();
+            let err = file.load().unwrap_err();
+            assert!(err.contains(&*path.to_string_lossy()), "{err}");
+            assert!(err.contains(why), "{why}: {err}");
+        }
+        fs::write(&path, vec![b'#'; FILE_BYTES_MAX as usize + 1]).unwrap();
+        assert!(file.load().unwrap_err().contains("larger than"));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_failed_save_is_an_error() {
+        let dir = temp_dir("readonly");
+        let medium = Path::new("/srv/lun2.img");
+        let path = reservation_file(&dir, "d2", medium);
+        let file = ReservationFile::new(path.clone(), medium, "d2");
+        // A directory where the file should be: rename fails.
+        fs::create_dir_all(&path).unwrap();
+        fs::write(path.join("x"), b"x").unwrap();
+        assert!(file.save(&sample()).is_err());
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

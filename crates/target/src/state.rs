@@ -135,11 +135,12 @@ impl ReservationFile {
         }
         let tmp = self.path.with_extension("toml.tmp");
         {
+            use std::os::unix::fs::OpenOptionsExt;
             let mut f = fs::OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
-                .mode_owner_only()
+                .mode(0o600)
                 .open(&tmp)?;
             f.write_all(b"# ferrosan: persistent reservations (APTPL). Written by the daemon.\n")?;
             f.write_all(text.as_bytes())?;
@@ -164,17 +165,6 @@ impl PrPersistence for ReservationFile {
             );
         }
         result
-    }
-}
-
-trait OwnerOnly {
-    fn mode_owner_only(&mut self) -> &mut Self;
-}
-
-impl OwnerOnly for fs::OpenOptions {
-    fn mode_owner_only(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.mode(0o600)
     }
 }
 

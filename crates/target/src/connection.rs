@@ -551,7 +551,7 @@ impl Backend<'_> {
     /// a full ring.
     fn submit_to_ring(
         &mut self,
-        command: DeferredCommand,
+        mut command: DeferredCommand,
         lun: u64,
     ) -> Result<(), DeferredCommand> {
         let Some(direct) = self
@@ -618,7 +618,6 @@ impl Backend<'_> {
                 }
             }
         }
-        let mut command = command;
         let data_out_bytes = command.data_out.len();
         let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
         // Pooled buffers hold earlier I/Os' bytes: a read's is filled whole by the device (a
@@ -676,8 +675,17 @@ impl Backend<'_> {
                 self.deferred_bytes += held_bytes;
                 Ok(())
             }
-            // The ring is full: the share and the hold are released as the tag drops.
-            Err((_, tag)) => Err(tag.command),
+            // The ring is full: the share and the hold are released as the tag drops. A write
+            // whose Data-Out went into the ring's buffer gets it back for the blocking path.
+            Err((buf, tag)) => {
+                let mut command = tag.command;
+                if let (Some(buf), RingOp::Write { .. }) = (buf, op) {
+                    if command.data_out.is_empty() {
+                        command.data_out = DataOutBuf::Engine(Box::new(DirectDataOut(buf)));
+                    }
+                }
+                Err(command)
+            }
         }
     }
 

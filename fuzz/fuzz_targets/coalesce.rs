@@ -1,4 +1,4 @@
-//! Receive coalescing's decisions (`target::coalesce::Coalescer`, sans-IO) over arbitrary turn
+//! Receive coalescing's decisions (`engine::coalesce::Coalescer`, sans-IO) over arbitrary turn
 //! sequences: any activity counts (the connection derives them from the initiator's PDUs), timer
 //! turns or not, any clock steps. Invariants: with coalescing off, never a batch and never a
 //! miss; a miss only on a timer turn; a new batch plan waits at least one command's worth of
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use arbitrary::Arbitrary;
 use iscsi::session::Activity;
 use libfuzzer_sys::fuzz_target;
-use target::coalesce::{Coalescer, Outcome, Plan, BACKLOG_MIN, LOW_WATER_MAX, WAIT_MIN};
+use engine::coalesce::{Coalescer, Outcome, Plan, BACKLOG_MIN, LOW_WATER_MAX, WAIT_MIN};
 
 #[derive(Arbitrary, Debug)]
 struct Turn {

@@ -5,7 +5,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use target::config::{parse_size, Config};
+use engine::config::{parse_size, Config};
 
 #[derive(Arbitrary, Debug)]
 enum Input {

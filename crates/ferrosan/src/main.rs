@@ -1,21 +1,28 @@
-//! ferrosan: a userspace iSCSI target. Thin CLI over the `target` engine.
+//! ferrosan: a userspace iSCSI target. Thin CLI over the `engine` crate.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use target::config::Config;
+use engine::config::Config;
+use engine::reload::ConfigSource;
+
+mod ctl;
 
 #[derive(Parser)]
 #[command(
     name = "ferrosan",
     version,
-    about = "A userspace iSCSI target: RAM, file and block-device LUNs over iSCSI"
+    about = "A userspace iSCSI target: RAM, file and block-device LUNs over iSCSI",
+    arg_required_else_help = true
 )]
 struct Cli {
+    /// Log format: text (colour only on a terminal) or json (one object per line).
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Command,
 }
 
 #[derive(Subcommand)]
@@ -47,22 +54,34 @@ enum Command {
         /// $XDG_STATE_HOME/ferrosan).
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Control socket for `ferrosan ctl` (overrides the config file's; default
+        /// /run/ferrosan/control.sock for root, else $XDG_RUNTIME_DIR/ferrosan/control.sock).
+        #[arg(long)]
+        control_socket: Option<PathBuf>,
     },
+    /// Control a running daemon through its control socket (see docs/OPERATIONS.md).
+    Ctl(ctl::CtlArgs),
     /// Validate a configuration file without serving; errors name file, line and field.
     CheckConfig { file: PathBuf },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FERROSAN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERROSAN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        logs.json().init();
+    } else {
+        // Colour codes only where a person reads them: not in files or the journal.
+        use std::io::IsTerminal as _;
+        logs.with_ansi(std::io::stderr().is_terminal()).init();
+    }
     match cli.command {
-        Some(Command::CheckConfig { file }) => match Config::load(&file) {
+        Command::Ctl(args) => ctl::run(args),
+        Command::CheckConfig { file } => match Config::load(&file) {
             Ok(config) => {
                 println!(
                     "{}: ok ({} targets, {} devices, {} portal groups)",
@@ -78,7 +97,7 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Some(Command::Serve {
+        Command::Serve {
             config,
             listen,
             target,
@@ -86,43 +105,56 @@ fn main() -> ExitCode {
             workers,
             metrics_listen,
             state_dir,
-        }) => {
-            let loaded = match config {
-                Some(path) => Config::load(&path).map_err(|e| e.to_string()),
-                None => Config::from_cli(&listen, target.as_deref().unwrap_or(""), &lun)
-                    .map_err(|e| e.to_string()),
-            };
-            let loaded = loaded.and_then(|mut c| {
-                if let Some(addr) = metrics_listen {
-                    let addr = target::config::parse_listen(&addr)
-                        .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
-                    c.server.metrics_listen = Some(addr);
-                }
-                if let Some(dir) = state_dir {
-                    c.server.state_dir = Some(
-                        std::path::absolute(&dir)
-                            .map_err(|e| format!("--state-dir {}: {e}", dir.display()))?,
-                    );
-                }
-                Ok(c)
+            control_socket,
+        } => {
+            let source = (|| {
+                let absolute = |flag: &str, p: &PathBuf| {
+                    std::path::absolute(p).map_err(|e| format!("{flag} {}: {e}", p.display()))
+                };
+                Ok::<_, String>(ConfigSource {
+                    path: config
+                        .as_ref()
+                        .map(|p| absolute("--config", p))
+                        .transpose()?,
+                    metrics_listen: metrics_listen
+                        .map(|addr| {
+                            engine::config::parse_listen(&addr)
+                                .map_err(|e| format!("--metrics-listen {addr}: {e}"))
+                        })
+                        .transpose()?,
+                    state_dir: state_dir
+                        .as_ref()
+                        .map(|d| absolute("--state-dir", d))
+                        .transpose()?,
+                    control_socket: control_socket
+                        .as_ref()
+                        .map(|d| absolute("--control-socket", d))
+                        .transpose()?,
+                    workers,
+                })
+            })();
+            let loaded = source.and_then(|source| {
+                let mut c = match &source.path {
+                    Some(path) => Config::load(path).map_err(|e| e.to_string())?,
+                    None => Config::from_cli(&listen, target.as_deref().unwrap_or(""), &lun)
+                        .map_err(|e| e.to_string())?,
+                };
+                source.apply_overrides(&mut c);
+                Ok((c, source))
             });
-            serve(loaded, workers)
+            serve(loaded)
         }
-        None => serve(Ok(Config::demo()), None),
     }
 }
 
-fn serve(config: Result<Config, String>, workers: Option<usize>) -> ExitCode {
-    let mut config = match config {
+fn serve(loaded: Result<(Config, ConfigSource), String>) -> ExitCode {
+    let (config, source) = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ferrosan: {e}");
             return ExitCode::from(2);
         }
     };
-    if let Some(w) = workers {
-        config.server.workers = w;
-    }
     // Signal handlers go in before the first connection can arrive, so an early SIGTERM is a
     // graceful shutdown too, not the default (immediate) death.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -141,37 +173,66 @@ fn serve(config: Result<Config, String>, workers: Option<usize>) -> ExitCode {
         match (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
         ) {
-            (Ok(term), Ok(int)) => Signals { term, int },
-            (Err(e), _) | (_, Err(e)) => {
+            (Ok(term), Ok(int), Ok(hup)) => Signals { term, int, hup },
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 eprintln!("ferrosan: cannot install signal handlers: {e}");
                 return ExitCode::from(1);
             }
         }
     };
-    let server = match target::Server::start(&config) {
+    let server = match engine::Server::start(&config, source) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("ferrosan: {e}");
             return ExitCode::from(1);
         }
     };
-    print_banner(&config, &server.bound);
+    print_banner(&config, &server);
     runtime.block_on(run_until_signal(&server, signals))
 }
 
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
 }
 
 /// Serves until SIGTERM or SIGINT, then shuts down gracefully (`Server::drain`: sessions are
-/// asked to log out, LUs flushed); a second signal during the drain exits at once.
-async fn run_until_signal(server: &target::Server, signals: Signals) -> ExitCode {
-    let Signals { mut term, mut int } = signals;
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// asked to log out, LUs flushed); a second signal during the drain exits at once. SIGHUP
+/// reloads the config file by difference (a bad file changes nothing; the error is logged).
+async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode {
+    let Signals {
+        mut term,
+        mut int,
+        mut hup,
+    } = signals;
+    let name = loop {
+        tokio::select! {
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => {
+                let shared = std::sync::Arc::clone(&server.shared);
+                // Opening devices may block: not on this (signal) thread's runtime.
+                let outcome = tokio::task::spawn_blocking(move || {
+                    engine::reload::reload_file(&shared, &shared.source)
+                })
+                .await;
+                match outcome {
+                    Ok(Ok(applied)) if applied.changes.is_empty() => {
+                        tracing::info!("SIGHUP: config unchanged")
+                    }
+                    Ok(Ok(applied)) => tracing::info!(
+                        generation = applied.generation,
+                        "SIGHUP: reloaded ({} changes)",
+                        applied.changes.lines().len()
+                    ),
+                    Ok(Err(e)) => tracing::error!("SIGHUP: reload refused, nothing changed: {e}"),
+                    Err(e) => tracing::error!("SIGHUP: reload failed: {e}"),
+                }
+            }
+        }
     };
     let grace = server.shared.limits.shutdown_grace_s;
     tracing::info!(
@@ -198,7 +259,8 @@ async fn run_until_signal(server: &target::Server, signals: Signals) -> ExitCode
     }
 }
 
-fn print_banner(config: &Config, bound: &[std::net::SocketAddr]) {
+fn print_banner(config: &Config, server: &engine::Server) {
+    let bound = &server.bound;
     let Some(portal) = bound.first() else {
         return;
     };
@@ -207,6 +269,16 @@ fn print_banner(config: &Config, bound: &[std::net::SocketAddr]) {
         env!("CARGO_PKG_VERSION"),
         join(bound)
     );
+    if let Some(metrics) = config.server.metrics_listen {
+        println!("  metrics  http://{metrics}/metrics");
+    }
+    if let Some(socket) = &server.control_socket {
+        println!(
+            "  control  {}  (ferrosan ctl --socket {} status)",
+            socket.display(),
+            socket.display()
+        );
+    }
     for t in &config.targets {
         let luns: Vec<u64> = t
             .groups

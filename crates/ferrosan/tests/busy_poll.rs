@@ -1,4 +1,4 @@
-//! Adaptive busy polling (crates/target/src/busy_poll.rs) against the real daemon: a raw
+//! Adaptive busy polling (crates/engine/src/busy_poll.rs) against the real daemon: a raw
 //! initiator that waits for each answer (QD1) makes its worker poll, and the polls catch its
 //! next commands (`ferrosan_busy_poll_hits_total`); with `busy_poll_us = 0` the same initiator
 //! makes it poll never. Both answer every command correctly.

@@ -1,4 +1,4 @@
-//! The connection timers (crates/target/src/alarm.rs): `idle_timeout_s` closes a session whose
+//! The connection timers (crates/engine/src/alarm.rs): `idle_timeout_s` closes a session whose
 //! initiator sends nothing of its own accord for that long, while one that keeps sending (here:
 //! its own NOP-Out pings) stays; `login_timeout_s` closes a connection that never completes its
 //! login, while others log in meanwhile.

@@ -1,5 +1,5 @@
 //! Buffered writes to a disk-backed device leave the network workers when the device stalls
-//! (see crates/target/src/stall.rs). A real stall cannot be produced on demand, so this test
+//! (see crates/engine/src/stall.rs). A real stall cannot be produced on demand, so this test
 //! takes the mechanism's own switch: `write_stall_us = 0` runs every buffered write of a disk
 //! device on the blocking pool, here with one thread per worker (`io_threads = 1`, so deferred
 //! writes queue behind each other). qemu-img then writes an image through it; the image must read

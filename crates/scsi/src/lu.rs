@@ -289,6 +289,30 @@ impl LogicalUnit {
         self.ua.raise_all(ua, None);
     }
 
+    /// Grows the LU to `new_bytes` (a whole number of blocks) and raises CAPACITY DATA HAS
+    /// CHANGED for every nexus. The store refuses to shrink, and says if it cannot grow.
+    pub fn resize(&self, new_bytes: u64) -> Result<(), String> {
+        if !new_bytes.is_multiple_of(u64::from(self.settings.block_size)) {
+            return Err(format!(
+                "{new_bytes} bytes is not a whole number of {}-byte blocks",
+                self.settings.block_size
+            ));
+        }
+        if new_bytes == self.store.size_bytes() {
+            return Ok(());
+        }
+        self.store.resize(new_bytes).map_err(|e| e.to_string())?;
+        self.capacity_changed();
+        Ok(())
+    }
+
+    /// REPORTED LUNS DATA HAS CHANGED (3Fh/0Eh) for one nexus: the LUN map it sees this LU
+    /// through changed.
+    pub fn reported_luns_changed_for(&self, nexus_id: u64) {
+        self.ua
+            .raise_one(nexus_id, unit_attention::REPORTED_LUNS_CHANGED);
+    }
+
     /// The store's size changed: CAPACITY DATA HAS CHANGED (2Ah/09h) for every nexus.
     pub fn capacity_changed(&self) {
         self.ua.raise_all(unit_attention::CAPACITY_CHANGED, None);

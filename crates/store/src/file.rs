@@ -13,7 +13,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Size of the zero buffer used when zeroes must be written out (thick stores, no fallocate).
@@ -22,7 +22,8 @@ const ZERO_BUFFER_BYTES: u64 = 1 << 20;
 pub struct FileStore {
     /// Shared with the transport while it sends page-cached ranges ([`FileRange`]).
     file: Arc<File>,
-    size_bytes: u64,
+    /// Grows with [`BlockStore::resize`]; never shrinks.
+    size_bytes: AtomicU64,
     thin: bool,
     block_device: bool,
     /// Cleared once the filesystem answers that it cannot do non-blocking reads (RWF_NOWAIT);
@@ -184,7 +185,7 @@ impl FileStore {
             direct,
             in_memory,
             file: Arc::new(file),
-            size_bytes,
+            size_bytes: AtomicU64::new(size_bytes),
             thin,
             block_device,
             nowait_reads: AtomicBool::new(true),
@@ -277,11 +278,37 @@ impl FileStore {
 
 impl BlockStore for FileStore {
     fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(Ordering::Acquire)
+    }
+
+    /// A file grows (sparse) to `new_bytes`; a block device grows to `new_bytes` if the
+    /// device is that large now (it was grown underneath). Shrinking is refused: it would cut
+    /// off blocks an initiator may hold data in.
+    fn resize(&self, new_bytes: u64) -> io::Result<()> {
+        let now = self.size_bytes();
+        if new_bytes < now {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("shrinking from {now} to {new_bytes} bytes is refused"),
+            ));
+        }
+        if self.block_device {
+            let device_bytes = rustix::fs::seek(&*self.file, SeekFrom::End(0))?;
+            if new_bytes > device_bytes {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("the device has {device_bytes} bytes, {new_bytes} requested"),
+                ));
+            }
+        } else if self.file.metadata()?.len() < new_bytes {
+            self.file.set_len(new_bytes)?;
+        }
+        self.size_bytes.store(new_bytes, Ordering::Release);
+        Ok(())
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.size_bytes, offset, buf.len() as u64)?;
+        check_range(self.size_bytes(), offset, buf.len() as u64)?;
         match &self.direct {
             Some(direct) => self.read_direct(direct, buf, offset),
             None => self.file.read_exact_at(buf, offset),
@@ -295,7 +322,7 @@ impl BlockStore for FileStore {
     /// `cachestat` first: only a range whose every page is cached is lent, so a transport's
     /// `sendfile` does not wait for the device (unless the pages are evicted in between).
     fn cached_file_range(&self, offset: u64, len: u64) -> io::Result<Option<FileRange>> {
-        check_range(self.size_bytes, offset, len)?;
+        check_range(self.size_bytes(), offset, len)?;
         let Ok(len_bytes) = usize::try_from(len) else {
             return Ok(None);
         };
@@ -326,7 +353,7 @@ impl BlockStore for FileStore {
     /// costs ~10 µs here) and send only real device reads elsewhere.
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
         use rustix::io::{Errno, ReadWriteFlags};
-        check_range(self.size_bytes, offset, buf.len() as u64)?;
+        check_range(self.size_bytes(), offset, buf.len() as u64)?;
         if self.direct.is_some() {
             // Every direct read waits for the device.
             return Ok(false);
@@ -354,7 +381,7 @@ impl BlockStore for FileStore {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, durable: bool) -> io::Result<()> {
-        check_range(self.size_bytes, offset, buf.len() as u64)?;
+        check_range(self.size_bytes(), offset, buf.len() as u64)?;
         if let Some(direct) = &self.direct {
             return self.write_direct(direct, buf, offset, durable);
         }
@@ -369,7 +396,7 @@ impl BlockStore for FileStore {
     /// in a buffered write: the kernel answers EAGAIN instead (see `try_read_at`).
     fn try_write_at(&self, buf: &[u8], offset: u64) -> io::Result<bool> {
         use rustix::io::{Errno, ReadWriteFlags};
-        check_range(self.size_bytes, offset, buf.len() as u64)?;
+        check_range(self.size_bytes(), offset, buf.len() as u64)?;
         if self.direct.is_some() {
             // Every direct write waits for the device.
             return Ok(false);
@@ -400,7 +427,7 @@ impl BlockStore for FileStore {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(self.size_bytes, offset, len)?;
+        check_range(self.size_bytes(), offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -413,7 +440,7 @@ impl BlockStore for FileStore {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, deallocate: bool) -> io::Result<()> {
-        check_range(self.size_bytes, offset, len)?;
+        check_range(self.size_bytes(), offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -430,13 +457,14 @@ impl BlockStore for FileStore {
     }
 
     fn mapping(&self, offset: u64) -> io::Result<Extent> {
-        if offset >= self.size_bytes {
+        let size_bytes = self.size_bytes();
+        if offset >= size_bytes {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("offset {offset} outside store of {} bytes", self.size_bytes),
+                format!("offset {offset} outside store of {size_bytes} bytes"),
             ));
         }
-        let to_end = self.size_bytes - offset;
+        let to_end = size_bytes - offset;
         if self.block_device {
             return Ok(Extent {
                 mapped: true,

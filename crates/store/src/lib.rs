@@ -114,6 +114,14 @@ pub trait BlockStore: Send + Sync + 'static {
     /// The mapped or deallocated extent starting at `offset` (clipped to the store's end).
     fn mapping(&self, offset: u64) -> io::Result<Extent>;
     fn is_thin(&self) -> bool;
+    /// Grows the store to `new_bytes` (a live resize); stores that cannot say `Unsupported`.
+    fn resize(&self, new_bytes: u64) -> io::Result<()> {
+        let _ = new_bytes;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this store cannot be resized while it runs",
+        ))
+    }
 }
 
 /// Checks that `[offset, offset + len)` lies inside a store of `size` bytes.

@@ -195,16 +195,22 @@ impl Daemon {
     /// `ferrosan serve --config FILE`, FILE holding a portal group (tag 1) on a free loopback
     /// port followed by `body`, which defines the target `iqn`.
     pub fn start_config(iqn: &str, body: &str) -> Daemon {
+        Daemon::start_config_args(iqn, body, &[])
+    }
+
+    /// Like `start_config`, with extra `serve` options.
+    pub fn start_config_args(iqn: &str, body: &str, extra: &[&str]) -> Daemon {
         let scratch = Scratch::new("daemon");
         let port = free_port();
         let config = scratch.file("ferrosan.toml");
         let text = format!("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{port}\"]\n\n{body}");
         fs::write(&config, text).expect("write config");
-        let args = vec![
+        let mut args = vec![
             "serve".to_string(),
             "--config".to_string(),
             config.display().to_string(),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         let mut daemon = Daemon::new(iqn, port, args, scratch);
         daemon.spawn();
         daemon
@@ -344,6 +350,11 @@ impl Daemon {
     /// Everything the daemon printed so far (stdout and stderr).
     pub fn output(&self) -> String {
         read_lossy(&self.log)
+    }
+
+    /// A path in the daemon's private scratch directory (its config is `ferrosan.toml`).
+    pub fn file(&self, name: &str) -> PathBuf {
+        self._scratch.file(name)
     }
 
     pub fn portal(&self) -> String {

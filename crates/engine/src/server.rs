@@ -4,105 +4,40 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
-use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, TargetPort};
-use store::{BlockStore, Caching, FileStore, RamStore};
 use tokio::sync::{mpsc, watch};
 
 use crate::alarm::Alarm;
 use crate::busy_poll;
-use crate::config::{
-    CacheMode, ChapAlgorithm, Config, DeviceConfig, DiscoveryConfig, IscsiName, Limits, StoreKind,
-    TargetConfig,
-};
+use crate::config::{ChapAlgorithm, Config, Limits};
 use crate::connection;
 use crate::registry::Registry;
-use crate::stall::WriteStalls;
-
-/// One initiator group of a target, with its LUN map built. Who belongs to it is the config's
-/// to say (`TargetConfig::group_index`); this is what a member gets.
-pub struct GroupRuntime {
-    pub name: String,
-    pub luns: Arc<LunMap>,
-    /// LUNs backed by a real device: their durable operations (write-through writes, FUA,
-    /// SYNCHRONIZE CACHE, UNMAP, ...) run on the blocking pool, never on a network worker, and
-    /// so do their buffered writes while the device stalls (see `stall.rs`).
-    pub disk_luns: Arc<Vec<DiskLun>>,
-    /// The device name behind each LUN, for the per-device I/O metrics.
-    pub lun_devices: Arc<Vec<(u64, Arc<str>)>>,
-}
-
-/// A LUN whose device is a real disk (not RAM, not tmpfs), with that device's stall state.
-pub struct DiskLun {
-    pub lun: u64,
-    pub stalls: Arc<WriteStalls>,
-    /// The store's O_DIRECT descriptor when its reads, writes and flushes go to the worker's
-    /// io_uring; None for page-cache devices, and for every device when io_uring is off or
-    /// unavailable (direct stores then run on the I/O thread pool).
-    pub ring: Option<store::DirectIo>,
-    /// The store does direct I/O (on the ring, or on the I/O threads without one): its reads
-    /// and writes always wait for the device.
-    pub direct: bool,
-}
-
-pub struct TargetRuntime {
-    pub iqn: IscsiName,
-    pub alias: Option<String>,
-    pub portal_groups: Vec<u16>,
-    pub groups: Vec<GroupRuntime>,
-    /// One SCSI target port per portal group tag.
-    pub ports: HashMap<u16, Arc<TargetPort>>,
-    /// Every LU reachable through this target (for target resets).
-    pub units: Vec<Arc<LogicalUnit>>,
-    /// The target's config: group membership, authentication and source checks. Its
-    /// `groups[i]` is `groups[i]` above.
-    pub config: TargetConfig,
-}
-
-/// Why [`Shared::admit`] refused a login.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
-    /// No such target on this portal (Login Response 0x0203).
-    NoSuchTarget,
-    /// The initiator is in no group and the target has no `any_initiator` group (0x0202).
-    NotInAnyGroup,
-    /// The source address is outside `allowed_sources` (0x0202).
-    SourceNotAllowed,
-}
-
-/// Who an initiator is to one target, decided once from its normalised name: every decision
-/// of a login and its session (authentication, allowed sources, LUN map, discovery) is taken
-/// from this one lookup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Membership {
-    /// Index in `Shared::targets`.
-    pub target: usize,
-    /// Index in that target's `groups` (and its config's).
-    pub group: usize,
-}
-
-impl TargetRuntime {
-    /// The config and runtime halves of group `index`.
-    pub fn group(&self, index: usize) -> Option<(&crate::config::InitiatorGroup, &GroupRuntime)> {
-        Some((self.config.groups.get(index)?, self.groups.get(index)?))
-    }
-}
+use crate::reload::ConfigSource;
+pub use crate::topology::{
+    DeviceContext, DiskLun, GroupRuntime, Membership, Refusal, TargetRuntime, Topology,
+};
 
 /// State shared by all workers. Read-mostly; the registry and connection counters are the only
 /// locked parts and are touched at accept, login and close only.
 pub struct Shared {
-    pub targets: Vec<TargetRuntime>,
+    /// The running targets and devices; replaced whole by a reload (see [`Shared::topology`]).
+    topology: RwLock<Arc<Topology>>,
+    /// The generation of `topology`, readable without its lock: connections compare it with
+    /// their own at every turn.
+    generation: AtomicU64,
+    /// Opens the devices a reload adds.
+    pub device_context: DeviceContext,
+    /// Held while a reload computes and applies its difference: one at a time.
+    pub reloading: Mutex<()>,
     pub portals: Vec<(SocketAddr, u16)>,
     pub limits: Limits,
     pub registry: Arc<Registry>,
     pub next_nexus_id: AtomicU64,
     connections: AtomicUsize,
     per_source: Mutex<HashMap<IpAddr, u32>>,
-    /// Authentication of discovery sessions.
-    pub discovery: DiscoveryConfig,
     /// CHAP algorithms accepted, in order of preference.
     pub chap_algorithms: Vec<ChapAlgorithm>,
     login_failures: Mutex<LoginFailures>,
@@ -110,6 +45,12 @@ pub struct Shared {
     /// Set when the daemon shuts down: listeners close, logins in progress end, and every
     /// session is asked to log out within `limits.shutdown_grace_s`.
     shutdown: watch::Sender<bool>,
+    /// When the daemon started (for `ctl status`).
+    pub started: std::time::SystemTime,
+    /// Where the config came from (what a reload re-reads).
+    pub source: ConfigSource,
+    /// Changes made with `ctl` and not saved to the config file.
+    pub unsaved: crate::control::Unsaved,
 }
 
 /// Sources whose failures are remembered at most; past it, sources whose failures all expired
@@ -124,6 +65,24 @@ struct LoginFailures {
 }
 
 impl Shared {
+    /// The running topology (a snapshot: a reload publishes a new one, this one stays valid).
+    pub fn topology(&self) -> Arc<Topology> {
+        Arc::clone(&self.topology.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The generation of the running topology (one atomic load).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Publishes the next topology; its generation must be the current one plus one. Only
+    /// the reload, holding `reloading`, calls this.
+    pub(crate) fn publish(&self, topology: Topology) {
+        let generation = topology.generation;
+        *self.topology.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(topology);
+        self.generation.store(generation, Ordering::Release);
+    }
+
     /// Resolves once the daemon is shutting down.
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.subscribe()
@@ -147,51 +106,6 @@ impl Shared {
     /// Open TCP connections (admitted ones, in login or full feature phase).
     pub fn open_connections(&self) -> usize {
         self.connections.load(Ordering::Acquire)
-    }
-
-    /// The target named `iqn`, with its index in `targets`.
-    pub fn target(&self, iqn: &IscsiName) -> Option<(usize, &TargetRuntime)> {
-        self.targets.iter().enumerate().find(|(_, t)| t.iqn == *iqn)
-    }
-
-    /// The group `initiator` belongs to in target `target` (an index in `targets`), if any.
-    pub fn membership(&self, target: usize, initiator: &IscsiName) -> Option<Membership> {
-        let group = self.targets.get(target)?.config.group_index(initiator)?;
-        Some(Membership { target, group })
-    }
-
-    /// Whether `initiator`, coming from `source` to the portal group `portal_group_tag`, may
-    /// log in to `target_name`; if so, as which member and with what authentication. One
-    /// lookup decides the group; the authentication and the source check come from it, and
-    /// so does the session's LUN map ([`Shared::group_of`]).
-    pub fn admit(
-        &self,
-        initiator: &IscsiName,
-        target_name: &IscsiName,
-        portal_group_tag: u16,
-        source: IpAddr,
-    ) -> Result<(Membership, crate::config::ResolvedAuth), Refusal> {
-        let (index, target) = self.target(target_name).ok_or(Refusal::NoSuchTarget)?;
-        if !target.portal_groups.contains(&portal_group_tag) {
-            // Not served on this portal: to this initiator it does not exist here.
-            return Err(Refusal::NoSuchTarget);
-        }
-        let membership = self
-            .membership(index, initiator)
-            .ok_or(Refusal::NotInAnyGroup)?;
-        let (group, _) = target
-            .group(membership.group)
-            .ok_or(Refusal::NotInAnyGroup)?;
-        if !target.config.source_allowed(Some(group), source) {
-            return Err(Refusal::SourceNotAllowed);
-        }
-        Ok((membership, target.config.auth_in(initiator, Some(group))))
-    }
-
-    /// The runtime group (LUN map) of an admitted initiator.
-    pub fn group_of(&self, membership: Membership) -> Option<(&TargetRuntime, &GroupRuntime)> {
-        let target = self.targets.get(membership.target)?;
-        Some((target, target.group(membership.group)?.1))
     }
 
     /// Admits a new TCP connection under the connection limits; the guard releases it.
@@ -332,13 +246,18 @@ pub struct NewConnection {
 pub struct Server {
     pub shared: Arc<Shared>,
     pub bound: Vec<SocketAddr>,
+    /// Where `ferrosan ctl` reaches this daemon; None if no control socket could be had.
+    pub control_socket: Option<std::path::PathBuf>,
+    control_inode: u64,
 }
 
 impl Server {
     /// Opens every store, binds every portal and starts the threads. Errors name what failed.
-    pub fn start(config: &Config) -> Result<Server, String> {
+    pub fn start(config: &Config, source: ConfigSource) -> Result<Server, String> {
         raise_descriptor_limit(config.limits.max_connections);
-        let shared = Arc::new(build(config)?);
+        let mut shared = build(config)?;
+        shared.source = source;
+        let shared = Arc::new(shared);
         let workers = if config.server.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -352,6 +271,17 @@ impl Server {
             bound.push(local);
             listeners.push((socket, tag));
         }
+        let control = crate::control::bind(
+            &config
+                .server
+                .control_socket
+                .clone()
+                .unwrap_or_else(crate::control::default_socket_path),
+            config.server.control_socket.is_some(),
+            config.server.control_socket_group.as_deref(),
+        )?;
+        let control_socket = control.as_ref().map(|c| c.path.clone());
+        let control_inode = control.as_ref().map_or(0, |c| c.inode);
         let metrics_listener = match config.server.metrics_listen {
             Some(addr) => Some(
                 crate::metrics::bind(addr)
@@ -374,9 +304,22 @@ impl Server {
         let acceptor_shared = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("ferrosan-accept".into())
-            .spawn(move || acceptor(acceptor_shared, listeners, metrics_listener, senders))
+            .spawn(move || {
+                acceptor(
+                    acceptor_shared,
+                    listeners,
+                    metrics_listener,
+                    control,
+                    senders,
+                )
+            })
             .map_err(|e| format!("cannot start acceptor thread: {e}"))?;
-        Ok(Server { shared, bound })
+        Ok(Server {
+            shared,
+            bound,
+            control_socket,
+            control_inode,
+        })
     }
 
     /// Graceful shutdown: closes the listeners and logins in progress, asks every session to
@@ -393,11 +336,12 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let left = self.shared.open_connections();
-        for target in &self.shared.targets {
-            for unit in &target.units {
-                if let Err(e) = unit.flush() {
-                    tracing::error!(serial = %unit.identity().serial, "flush at shutdown failed: {e}");
-                }
+        if let Some(path) = &self.control_socket {
+            crate::control::remove_if_ours(path, self.control_inode);
+        }
+        for (name, device) in &self.shared.topology().devices {
+            if let Err(e) = device.unit.flush() {
+                tracing::error!(device = %name, "flush at shutdown failed: {e}");
             }
         }
         left
@@ -593,6 +537,7 @@ fn acceptor(
     shared: Arc<Shared>,
     listeners: Vec<(std::net::TcpListener, u16)>,
     metrics_listener: Option<std::net::TcpListener>,
+    control: Option<crate::control::ControlSocket>,
     senders: Vec<mpsc::UnboundedSender<NewConnection>>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -617,6 +562,12 @@ fn acceptor(
     let next = Arc::new(AtomicUsize::new(0));
     runtime.block_on(async move {
         let mut tasks = Vec::new();
+        if let Some(control) = control {
+            tasks.push(tokio::spawn(crate::control::serve(
+                Arc::clone(&shared),
+                control,
+            )));
+        }
         if let Some(l) = metrics_listener.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
             tasks.push(tokio::spawn(crate::metrics::serve(
                 l,
@@ -697,305 +648,44 @@ fn acceptor(
     });
 }
 
-/// Opens a device's store and builds its logical unit.
-fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
-    let store: Arc<dyn BlockStore> = match &device.store {
-        StoreKind::Ram { size_bytes } => Arc::new(RamStore::new(*size_bytes)),
-        StoreKind::File { path, size_bytes } => {
-            Arc::new(open_file_store(device, path, *size_bytes)?)
-        }
-        StoreKind::Block { path } => Arc::new(open_file_store(device, path, None)?),
-    };
-    let mut naa = [0u8; 16];
-    let naa_len = device.naa.len().min(16);
-    naa[..naa_len].copy_from_slice(&device.naa[..naa_len]);
-    let identity = LuIdentity {
-        vendor: "FERROSAN".into(),
-        product: product_name(&device.store).into(),
-        revision: revision(),
-        serial: device.serial.clone(),
-        naa,
-        naa_len,
-    };
-    let settings = LuSettings {
-        block_size: device.block_size,
-        read_only: device.read_only,
-        write_cache: device.write_cache,
-        thin: device.thin,
-    };
-    let unit = LogicalUnit::new(store, identity, settings)
-        .map_err(|e| format!("device {}: {e}", device.name))?;
-    // SPC-2 RESERVE/RELEASE stay off: with them on, libiscsi 1.19's Reserve6.LUNReset trips over
-    // the 29h/03h unit attention a LOGICAL UNIT RESET leaves on the requesting nexus (tgt fails
-    // that test too). See `LogicalUnit::set_spc2_reservations` and docs/CONFORMANCE.md.
-    Ok(Arc::new(unit))
-}
-
-/// Opens a file or block device as its `cache` setting asks (see [`CacheMode`]): `auto` takes
-/// direct I/O where it works and says in the log why not where it does not.
-fn open_file_store(
-    device: &DeviceConfig,
-    path: &std::path::Path,
-    size: Option<u64>,
-) -> Result<FileStore, String> {
-    let located = |e: std::io::Error| format!("device {}: {}: {e}", device.name, path.display());
-    let open = |caching| FileStore::open_with(path, size, device.thin, caching).map_err(located);
-    let too_coarse = |store: &FileStore| {
-        store
-            .direct_io()
-            .map(|d| d.alignment)
-            .filter(|&alignment| alignment > device.block_size)
-    };
-    match device.cache {
-        CacheMode::Page => open(Caching::Page),
-        CacheMode::Direct => {
-            let store = open(Caching::Direct)?;
-            match too_coarse(&store) {
-                Some(alignment) => Err(format!(
-                    "device {}: {}: direct I/O needs {alignment}-byte alignment, larger than \
-                     block_size {}: set block_size = {alignment}, or cache = \"page\"",
-                    device.name,
-                    path.display(),
-                    device.block_size
-                )),
-                None => Ok(store),
-            }
-        }
-        CacheMode::Auto => {
-            let paged = open(Caching::Page)?;
-            // A file in memory (tmpfs) is fastest through its cache: nothing waits there.
-            if !paged.capabilities().waits_for_device {
-                return Ok(paged);
-            }
-            match FileStore::open_with(path, size, device.thin, Caching::Direct) {
-                Ok(direct) => match too_coarse(&direct) {
-                    None => Ok(direct),
-                    Some(alignment) => {
-                        tracing::warn!(
-                            "device {}: {} needs {alignment}-byte direct I/O but the LU has \
-                             {}-byte blocks: using the page cache (block_size = {alignment} \
-                             would allow direct I/O)",
-                            device.name,
-                            path.display(),
-                            device.block_size
-                        );
-                        Ok(paged)
-                    }
-                },
-                Err(e) => {
-                    tracing::warn!(
-                        "device {}: no direct I/O on {} ({e}): using the page cache",
-                        device.name,
-                        path.display()
-                    );
-                    Ok(paged)
-                }
-            }
-        }
-    }
-}
-
-/// Whether this store sits on a real device, so that making data durable waits for it and
-/// buffered writes can stall in the kernel. RAM never does; files on tmpfs/ramfs have nothing to
-/// flush or write back; anything else (disk filesystems, block devices) does.
-fn product_name(kind: &StoreKind) -> &'static str {
-    match kind {
-        StoreKind::Ram { .. } => "RAM DISK",
-        StoreKind::File { .. } => "FILE DISK",
-        StoreKind::Block { .. } => "BLOCK DISK",
-    }
-}
-
-/// INQUIRY's 4-character product revision, from the crate version ("0.1.0" -> "0.1").
-fn revision() -> String {
-    env!("CARGO_PKG_VERSION")
-        .chars()
-        .take(4)
-        .collect::<String>()
-        .trim_end_matches('.')
-        .to_string()
-}
-
 fn build(config: &Config) -> Result<Shared, String> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let epoch = Instant::now();
-    let stall_base = Duration::from_micros(config.limits.write_stall_us.into());
-    let mut units: HashMap<&str, Arc<LogicalUnit>> = HashMap::new();
-    let mut disk_devices: HashMap<&str, (Arc<WriteStalls>, Option<store::DirectIo>, bool)> =
-        HashMap::new();
-    let io_uring = config.server.io_uring && {
-        match crate::ring::DeviceRing::<()>::probe() {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(
-                    "io_uring unavailable ({e}): direct-I/O devices run on the I/O thread pool"
-                );
-                false
-            }
-        }
-    };
-    let state_dir = crate::state::state_dir(config.server.state_dir.as_deref());
+    let device_context = DeviceContext::new(config, Arc::clone(&metrics));
+    let mut devices = HashMap::new();
     for device in &config.devices {
-        let unit = open_unit(device)?;
-        // Files and block devices keep their reservations across restarts when asked (APTPL);
-        // a RAM LU's medium does not survive a restart, nor do its reservations.
-        let medium = match &device.store {
-            StoreKind::File { path, .. } | StoreKind::Block { path } => Some(path),
-            StoreKind::Ram { .. } => None,
-        };
-        if let (Some(medium), Some(dir)) = (medium, &state_dir) {
-            let path = crate::state::reservation_file(dir, &device.name, medium);
-            let file = crate::state::ReservationFile::new(path, medium, &device.name);
-            let saved = file.load().map_err(|e| {
-                format!(
-                    "device {}: persistent reservations: {e} (remove the file to start without them)",
-                    device.name
-                )
-            })?;
-            if let Some(saved) = saved {
-                unit.restore_reservations(&saved);
-                tracing::info!(
-                    "device {}: restored persistent reservations ({} registrations{})",
-                    device.name,
-                    saved.registrations.len(),
-                    if saved.reservation.is_some() {
-                        ", reserved"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            unit.set_pr_persistence(Arc::new(file));
-        }
-        // The store says whether it waits for a device; nothing is guessed from its kind.
-        let caps = unit.capabilities();
-        let path = match (caps.direct, io_uring) {
-            (true, true) => "io_uring",
-            (true, false) => "threads",
-            (false, _) if caps.page_cache && caps.waits_for_device => "page_cache",
-            (false, _) => "memory",
-        };
-        metrics.device_io_path(&device.name, path);
-        tracing::info!("device {}: I/O path {path}", device.name);
-        let ring = if io_uring { unit.direct_io() } else { None };
-        units.insert(device.name.as_str(), unit);
-        if caps.waits_for_device {
-            let (stalls, offloaded) = metrics.device_writes(&device.name);
-            let state = WriteStalls::new(epoch, stall_base, stalls, offloaded);
-            disk_devices.insert(device.name.as_str(), (Arc::new(state), ring, caps.direct));
-        }
+        devices.insert(device.name.clone(), device_context.open(device)?);
     }
-    let mut targets = Vec::new();
-    for t in &config.targets {
-        let portal_groups = if t.portal_groups.is_empty() {
-            config.portal_groups.iter().map(|p| p.tag).collect()
-        } else {
-            t.portal_groups.clone()
-        };
-        let mut groups = Vec::new();
-        let mut target_units: Vec<Arc<LogicalUnit>> = Vec::new();
-        for g in &t.groups {
-            let mut entries = Vec::new();
-            let mut disk_luns = Vec::new();
-            let mut lun_devices = Vec::new();
-            for m in &g.luns {
-                lun_devices.push((m.lun, Arc::<str>::from(m.device.as_str())));
-                if let Some((stalls, ring, direct)) = disk_devices.get(m.device.as_str()) {
-                    disk_luns.push(DiskLun {
-                        lun: m.lun,
-                        stalls: Arc::clone(stalls),
-                        ring: ring.clone(),
-                        direct: *direct,
-                    });
-                }
-                let unit = units
-                    .get(m.device.as_str())
-                    .ok_or_else(|| format!("target {}: unknown device {}", t.iqn, m.device))?;
-                if !target_units.iter().any(|u| Arc::ptr_eq(u, unit)) {
-                    target_units.push(Arc::clone(unit));
-                }
-                entries.push((m.lun, Arc::clone(unit), m.read_only));
-            }
-            let luns = LunMap::new(entries)
-                .map_err(|e| format!("target {} group {}: {e}", t.iqn, g.name))?;
-            groups.push(GroupRuntime {
-                name: g.name.clone(),
-                luns: Arc::new(luns),
-                disk_luns: Arc::new(disk_luns),
-                lun_devices: Arc::new(lun_devices),
-            });
-        }
-        // ALUA: each portal group is one target port of this target and a target port group of
-        // its own, numbered by its tag, in the state the config gives it.
-        let alua_groups: Arc<[PortGroup]> = portal_groups
-            .iter()
-            .map(|&tag| PortGroup {
-                id: tag,
-                state: config
-                    .portal_groups
-                    .iter()
-                    .find(|p| p.tag == tag)
-                    .map_or(AccessState::ActiveOptimized, |p| p.alua_state),
-                ports: vec![tag],
-            })
-            .collect();
-        let ports = portal_groups
-            .iter()
-            .map(|&tag| {
-                (
-                    tag,
-                    Arc::new(TargetPort {
-                        relative_id: tag,
-                        name: format!("{},t,0x{tag:04x}", t.iqn),
-                        target_name: t.iqn.to_string(),
-                        group: tag,
-                        groups: Arc::clone(&alua_groups),
-                    }),
-                )
-            })
-            .collect();
-        if t.groups.iter().any(|g| g.any_initiator) {
-            tracing::warn!(target = %t.iqn, "target is open to any initiator (any_initiator = true)");
-        }
-        assert_eq!(
-            groups.len(),
-            t.groups.len(),
-            "one runtime group per configured group"
-        );
-        targets.push(TargetRuntime {
-            iqn: t.iqn.clone(),
-            alias: t.alias.clone(),
-            portal_groups,
-            groups,
-            ports,
-            units: target_units,
-            config: t.clone(),
-        });
-    }
+    let topology = Topology::assemble(config.clone(), devices, 1)?;
     let portals = config
         .portal_groups
         .iter()
         .flat_map(|p| p.listen.iter().map(move |a| (*a, p.tag)))
         .collect();
     Ok(Shared {
-        targets,
+        topology: RwLock::new(Arc::new(topology)),
+        generation: AtomicU64::new(1),
+        device_context,
+        reloading: Mutex::new(()),
         portals,
         limits: config.limits.clone(),
         registry: Arc::new(Registry::new(config.limits.max_sessions as usize)),
         next_nexus_id: AtomicU64::new(1),
         connections: AtomicUsize::new(0),
         per_source: Mutex::new(HashMap::new()),
-        discovery: config.discovery.clone(),
         chap_algorithms: config.server.chap_algorithms.clone(),
         login_failures: Mutex::new(LoginFailures::default()),
         metrics,
         shutdown: watch::Sender::new(false),
+        started: std::time::SystemTime::now(),
+        source: ConfigSource::default(),
+        unsaved: crate::control::Unsaved::default(),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::IscsiName;
 
     #[test]
     fn new_connections_go_to_the_least_loaded_worker() {
@@ -1125,6 +815,7 @@ iqn = "iqn.2026-11.test:target"
     fn authentication_and_lun_map_come_from_one_group_for_any_spelling() {
         let config = Config::from_toml_str(IDENTITY_CONFIG, "identity.toml").unwrap();
         let shared = build(&config).unwrap();
+        let topology = shared.topology();
         let target = IscsiName::from_wire("iqn.2026-11.test:target").unwrap();
         let source: IpAddr = "127.0.0.1".parse().unwrap();
         let bases = [
@@ -1149,9 +840,9 @@ iqn = "iqn.2026-11.test:target"
                     .iter()
                     .position(|g| g.initiators.iter().any(|i| i.as_str() == name.as_str()))
                     .unwrap_or(2);
-                let (membership, auth) = shared.admit(&name, &target, 1, source).unwrap();
+                let (membership, auth) = topology.admit(&name, &target, 1, source).unwrap();
                 assert_eq!(membership.group, oracle, "{spelling:?}");
-                let (_, group) = shared.group_of(membership).unwrap();
+                let (_, group) = topology.group_of(membership).unwrap();
                 assert_eq!(group.name, config.targets[0].groups[oracle].name);
                 let oracle_auth =
                     config.targets[0].auth_in(&name, Some(&config.targets[0].groups[oracle]));
@@ -1165,9 +856,9 @@ iqn = "iqn.2026-11.test:target"
         assert!(checked > 2000, "only {checked} spellings were names");
         // The reproduction, concretely: É is é, which needs no CHAP and gets the 16 MiB LU.
         let upper = IscsiName::from_wire("iqn.2026-11.test:É").unwrap();
-        let (membership, auth) = shared.admit(&upper, &target, 1, source).unwrap();
+        let (membership, auth) = topology.admit(&upper, &target, 1, source).unwrap();
         assert_eq!(auth, crate::config::ResolvedAuth::None);
-        let (_, group) = shared.group_of(membership).unwrap();
+        let (_, group) = topology.group_of(membership).unwrap();
         let lu = &group.luns.get(0).unwrap().lu;
         assert_eq!(lu.capacity_bytes(), 16 << 20);
     }

@@ -2,7 +2,10 @@
 //! the session limit. Control plane only: touched at login and at close, never per command.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use iscsi::login::LoginStatus;
 use iscsi::name::IscsiName;
@@ -17,8 +20,43 @@ struct SessionId {
 
 struct Entry {
     tsih: u16,
-    /// Closing the session: the connection driver watches this.
-    kill: watch::Sender<bool>,
+    /// Closing the session, and why: the connection driver watches this.
+    kill: watch::Sender<Option<&'static str>>,
+    /// Filled in when the session reaches full feature phase.
+    info: Option<Arc<SessionInfo>>,
+}
+
+/// What `ctl sessions` shows of one session: fixed at login, plus counters the connection
+/// adds to once a second.
+#[derive(Debug)]
+pub struct SessionInfo {
+    pub initiator: String,
+    pub initiator_alias: Option<String>,
+    /// None for discovery sessions.
+    pub target: Option<String>,
+    pub tsih: u16,
+    pub isid: [u8; 6],
+    pub cid: u16,
+    pub portal_group_tag: u16,
+    /// Our address the initiator connected to.
+    pub portal: SocketAddr,
+    pub source: SocketAddr,
+    pub chap_user: Option<String>,
+    pub params: iscsi::negotiation::SessionParams,
+    pub started: SystemTime,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+}
+
+impl SessionInfo {
+    pub fn add_io(&self, reads: u64, writes: u64, read_bytes: u64, write_bytes: u64) {
+        self.reads.fetch_add(reads, Ordering::Relaxed);
+        self.writes.fetch_add(writes, Ordering::Relaxed);
+        self.read_bytes.fetch_add(read_bytes, Ordering::Relaxed);
+        self.write_bytes.fetch_add(write_bytes, Ordering::Relaxed);
+    }
 }
 
 pub struct Registry {
@@ -36,7 +74,8 @@ pub struct SessionTicket {
     registry: Arc<Registry>,
     id: SessionId,
     tsih: u16,
-    pub kill: watch::Receiver<bool>,
+    /// Set (with the reason) when the session must close: reinstated, or closed by `ctl`.
+    pub kill: watch::Receiver<Option<&'static str>>,
 }
 
 impl Drop for SessionTicket {
@@ -99,7 +138,7 @@ impl Registry {
             );
         }
         if let Some(old) = inner.sessions.remove(&id) {
-            let _ = old.kill.send(true);
+            let _ = old.kill.send(Some("reinstated by a new login"));
         } else if inner.sessions.len() >= self.max_sessions {
             return Err(LoginStatus::OUT_OF_RESOURCES);
         }
@@ -109,8 +148,15 @@ impl Registry {
             tsih = tsih.wrapping_add(1);
         }
         inner.next_tsih = tsih.wrapping_add(1);
-        let (kill, kill_rx) = watch::channel(false);
-        inner.sessions.insert(id.clone(), Entry { tsih, kill });
+        let (kill, kill_rx) = watch::channel(None);
+        inner.sessions.insert(
+            id.clone(),
+            Entry {
+                tsih,
+                kill,
+                info: None,
+            },
+        );
         Ok(SessionTicket {
             registry: Arc::clone(self),
             id,
@@ -123,6 +169,44 @@ impl Registry {
 impl SessionTicket {
     pub fn tsih(&self) -> u16 {
         self.tsih
+    }
+
+    /// Publishes what `ctl sessions` shows of this session.
+    pub fn describe(&self, info: Arc<SessionInfo>) {
+        let mut inner = self.registry.lock();
+        if let Some(e) = inner
+            .sessions
+            .get_mut(&self.id)
+            .filter(|e| e.tsih == self.tsih)
+        {
+            e.info = Some(info);
+        }
+    }
+}
+
+impl Registry {
+    /// Every session in full feature phase, by TSIH.
+    pub fn sessions(&self) -> Vec<Arc<SessionInfo>> {
+        let mut out: Vec<Arc<SessionInfo>> = self
+            .lock()
+            .sessions
+            .values()
+            .filter_map(|e| e.info.clone())
+            .collect();
+        out.sort_by_key(|i| i.tsih);
+        out
+    }
+
+    /// Asks the session with `tsih` to close; false if there is none.
+    pub fn close(&self, tsih: u16, reason: &'static str) -> bool {
+        let inner = self.lock();
+        match inner.sessions.values().find(|e| e.tsih == tsih) {
+            Some(e) => {
+                let _ = e.kill.send(Some(reason));
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -139,10 +223,13 @@ mod tests {
         let r = Arc::new(Registry::new(4));
         let t = name("iqn.t");
         let a = r.open(&name("iqn.x:é"), [1; 6], Some(&t), 0).unwrap();
-        assert!(!*a.kill.borrow());
+        assert!(a.kill.borrow().is_none());
         // The same name in another spelling is the same initiator.
         let b = r.open(&name("IQN.X:É"), [1; 6], Some(&t), 0).unwrap();
-        assert!(*a.kill.borrow(), "same initiator+ISID+target reinstates");
+        assert!(
+            a.kill.borrow().is_some(),
+            "same initiator+ISID+target reinstates"
+        );
         assert_ne!(a.tsih(), b.tsih());
         drop(a);
         assert_eq!(

@@ -8,12 +8,15 @@ mod busy_poll;
 pub mod coalesce;
 pub mod config;
 pub mod connection;
+pub mod control;
 pub mod metrics;
 pub mod registry;
+pub mod reload;
 pub mod ring;
 pub mod server;
 pub mod stall;
 pub mod state;
 mod sys;
+pub mod topology;
 
 pub use server::Server;

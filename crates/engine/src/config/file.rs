@@ -55,6 +55,8 @@ struct RawServer {
     metrics_listen: Option<S<String>>,
     io_uring: Option<S<bool>>,
     state_dir: Option<S<String>>,
+    control_socket: Option<S<String>>,
+    control_socket_group: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -272,6 +274,30 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
                 cx.err(dir.span(), "server: state_dir", "an absolute path");
             } else {
                 server.state_dir = Some(dir.get_ref().into());
+            }
+        }
+        if let Some(path) = &s.control_socket {
+            let p = path.get_ref();
+            if p.is_empty() || !p.starts_with('/') {
+                cx.err(path.span(), "server: control_socket", "an absolute path");
+            } else {
+                server.control_socket = Some(p.into());
+            }
+        }
+        if let Some(group) = &s.control_socket_group {
+            let g = group.get_ref();
+            let valid = !g.is_empty()
+                && g.len() <= 32
+                && g.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+            if valid {
+                server.control_socket_group = Some(g.clone());
+            } else {
+                cx.err(
+                    group.span(),
+                    "server: control_socket_group",
+                    "a group name (letters, digits, _ - .; at most 32)",
+                );
             }
         }
     }
@@ -1058,7 +1084,7 @@ fn q(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
-pub(crate) fn to_toml(c: &Config) -> String {
+pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
     let mut out = String::new();
     let algs: Vec<String> = c
         .server
@@ -1081,10 +1107,20 @@ pub(crate) fn to_toml(c: &Config) -> String {
     if let Some(dir) = &c.server.state_dir {
         let _ = writeln!(out, "state_dir = {}", q(&dir.display().to_string()));
     }
+    if let Some(path) = &c.server.control_socket {
+        let _ = writeln!(out, "control_socket = {}", q(&path.display().to_string()));
+    }
+    if let Some(group) = &c.server.control_socket_group {
+        let _ = writeln!(out, "control_socket_group = {}", q(group));
+    }
     out.push('\n');
     c.limits.write_toml(&mut out);
     if c.discovery != DiscoveryConfig::default() {
-        let _ = write!(out, "\n[discovery]\n{}", auth_toml(&c.discovery.auth, ""));
+        let _ = write!(
+            out,
+            "\n[discovery]\n{}",
+            auth_toml(&c.discovery.auth, "", reveal)
+        );
     }
     for pg in &c.portal_groups {
         let listen: Vec<String> = pg.listen.iter().map(|a| q(&a.to_string())).collect();
@@ -1141,7 +1177,7 @@ pub(crate) fn to_toml(c: &Config) -> String {
         }
         let pgs: Vec<String> = t.portal_groups.iter().map(u16::to_string).collect();
         let _ = writeln!(out, "portal_groups = [{}]", pgs.join(", "));
-        out.push_str(&auth_toml(&t.auth, ""));
+        out.push_str(&auth_toml(&t.auth, "", reveal));
         out.push_str(&sources_toml(&t.allowed_sources, ""));
         for g in &t.groups {
             let inis: Vec<String> = g.initiators.iter().map(|s| q(s.as_str())).collect();
@@ -1163,11 +1199,11 @@ pub(crate) fn to_toml(c: &Config) -> String {
                 })
                 .collect();
             let _ = writeln!(out, "  luns = [\n{}  ]", luns.concat());
-            out.push_str(&auth_toml(&g.auth, "  "));
+            out.push_str(&auth_toml(&g.auth, "  ", reveal));
             out.push_str(&sources_toml(&g.allowed_sources, "  "));
         }
         for cr in &t.credentials {
-            let users: Vec<String> = cr.users.iter().map(user_toml).collect();
+            let users: Vec<String> = cr.users.iter().map(|u| user_toml(u, reveal)).collect();
             let _ = writeln!(
                 out,
                 "\n  [[target.credentials]]\n  initiator = {}\n  users = [{}]",
@@ -1175,7 +1211,7 @@ pub(crate) fn to_toml(c: &Config) -> String {
                 users.join(", ")
             );
             if let Some(m) = &cr.mutual {
-                let _ = writeln!(out, "  mutual = {}", user_toml(m));
+                let _ = writeln!(out, "  mutual = {}", user_toml(m, reveal));
             }
         }
     }

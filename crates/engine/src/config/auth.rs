@@ -377,7 +377,7 @@ pub(crate) fn resolve_auth(
 }
 
 /// TOML of one CHAP user: the secret is never written; an inline one becomes [`REDACTED`].
-pub(crate) fn user_toml(u: &ChapUser) -> String {
+pub(crate) fn user_toml(u: &ChapUser, reveal: bool) -> String {
     let q = |s: &str| toml::Value::String(s.to_string()).to_string();
     match &u.secret_file {
         Some(p) => format!(
@@ -385,12 +385,17 @@ pub(crate) fn user_toml(u: &ChapUser) -> String {
             q(&u.user),
             q(&p.to_string_lossy())
         ),
+        None if reveal => format!(
+            "{{ user = {}, secret = {} }}",
+            q(&u.user),
+            q(&String::from_utf8_lossy(u.secret.expose()))
+        ),
         None => format!("{{ user = {}, secret = {} }}", q(&u.user), q(REDACTED)),
     }
 }
 
 /// The `auth`, `users`, `mutual` lines of one scope, each prefixed with `indent`.
-pub(crate) fn auth_toml(a: &AuthConfig, indent: &str) -> String {
+pub(crate) fn auth_toml(a: &AuthConfig, indent: &str, reveal: bool) -> String {
     let mut out = String::new();
     if let Some(mode) = a.mode {
         let m = match mode {
@@ -400,11 +405,11 @@ pub(crate) fn auth_toml(a: &AuthConfig, indent: &str) -> String {
         out.push_str(&format!("{indent}auth = \"{m}\"\n"));
     }
     if !a.users.is_empty() {
-        let users: Vec<String> = a.users.iter().map(user_toml).collect();
+        let users: Vec<String> = a.users.iter().map(|u| user_toml(u, reveal)).collect();
         out.push_str(&format!("{indent}users = [{}]\n", users.join(", ")));
     }
     if let Some(m) = &a.mutual {
-        out.push_str(&format!("{indent}mutual = {}\n", user_toml(m)));
+        out.push_str(&format!("{indent}mutual = {}\n", user_toml(m, reveal)));
     }
     out
 }

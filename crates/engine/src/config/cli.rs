@@ -249,3 +249,27 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
         discovery: Default::default(),
     }
 }
+
+/// A device from a quick-export LUN spec (`ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH`,
+/// options as `--lun` takes them), for `ferrosan ctl device-add`. Its identity is derived from
+/// its medium (RAM: its name) as quick exports derive theirs.
+pub(crate) fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, String> {
+    let spec = parse_lun_spec(spec)?;
+    let key = match &spec.store {
+        StoreKind::Ram { .. } => format!("ram-device:{name}"),
+        StoreKind::File { path, .. } => format!("file:{}", path.display()),
+        StoreKind::Block { path } => format!("block:{}", path.display()),
+    };
+    let (serial, naa) = derive_identity(&key);
+    Ok(DeviceConfig {
+        name: name.to_string(),
+        store: spec.store,
+        block_size: spec.block_size,
+        serial,
+        naa,
+        read_only: spec.read_only,
+        write_cache: false,
+        thin: true,
+        cache: spec.cache,
+    })
+}

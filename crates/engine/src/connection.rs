@@ -34,7 +34,7 @@ use crate::config::ResolvedAuth;
 use crate::metrics::{IoCounts, LatencyCounts};
 use crate::registry::SessionTicket;
 use crate::ring::{self, DeviceRing, RingOp};
-use crate::server::{DiskLun, Membership, NewConnection, Refusal, Shared};
+use crate::server::{DiskLun, GroupRuntime, Membership, NewConnection, Refusal, Shared, Topology};
 use crate::stall::WriteStalls;
 
 /// Largest AHS a PDU may carry (TotalAHSLength is one byte of 4-byte words).
@@ -118,9 +118,9 @@ struct Policy<'a> {
     portal_group_tag: u16,
     peer: SocketAddr,
     ticket: Option<SessionTicket>,
-    /// The group the initiator was admitted as (normal sessions): its session's LUN map comes
-    /// from this, not from a second lookup.
-    admitted: Option<Membership>,
+    /// The group the initiator was admitted as (normal sessions), in the topology it was
+    /// admitted under: its session's LUN map comes from this, not from a second lookup.
+    admitted: Option<(Arc<Topology>, Membership)>,
 }
 
 impl Policy<'_> {
@@ -158,7 +158,8 @@ impl LoginPolicy for Policy<'_> {
         target_name: &IscsiName,
     ) -> Result<Admission, LoginStatus> {
         self.check_rate(initiator_name)?;
-        let admitted = self.shared.admit(
+        let topology = self.shared.topology();
+        let admitted = topology.admit(
             initiator_name,
             target_name,
             self.portal_group_tag,
@@ -181,13 +182,12 @@ impl LoginPolicy for Policy<'_> {
                 return Err(LoginStatus::FORBIDDEN);
             }
         };
-        // The session's LUN map comes from this same membership, not from a second lookup.
-        self.admitted = Some(membership);
-        let alias = self
-            .shared
+        let alias = topology
             .targets
             .get(membership.target)
             .and_then(|t| t.alias.clone());
+        // The session's LUN map comes from this same membership, not from a second lookup.
+        self.admitted = Some((topology, membership));
         Ok(Admission {
             target_alias: alias,
             portal_group_tag: self.portal_group_tag,
@@ -200,7 +200,7 @@ impl LoginPolicy for Policy<'_> {
         Ok(Admission {
             target_alias: None,
             portal_group_tag: self.portal_group_tag,
-            auth: self.requirement(self.shared.discovery.resolved()),
+            auth: self.requirement(self.shared.topology().config.discovery.resolved()),
         })
     }
 
@@ -272,8 +272,17 @@ struct Backend<'a> {
     deferred_bytes_max: usize,
     /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
     peer: SocketAddr,
-    /// The session's target and group (normal sessions), decided at login.
+    /// What `ctl sessions` shows of this session (its counters get `io`'s once a second).
+    info: Option<Arc<crate::registry::SessionInfo>>,
+    /// Why the session closed, when the target decided it (for the log).
+    close_reason: Option<&'static str>,
+    /// The topology the session's LUN map and membership come from; replaced by a newer one at
+    /// the start of a turn after a reload ([`Backend::follow_topology`]).
+    topology: Arc<Topology>,
+    /// The session's target and group (normal sessions), decided at login, in `topology`.
     membership: Option<Membership>,
+    /// The session's target (normal sessions).
+    target_name: Option<IscsiName>,
     initiator: IscsiName,
     luns: Option<Arc<LunMap>>,
     nexus: Option<Nexus>,
@@ -529,10 +538,98 @@ impl Backend<'_> {
     }
 
     /// Adds what this connection counted to the shared per-device metrics.
+    /// Takes the LUN map (and what goes with it) of `group` for this session.
+    fn use_group(&mut self, group: &GroupRuntime) {
+        self.luns = Some(Arc::clone(&group.luns));
+        self.disk_luns = Arc::clone(&group.disk_luns);
+        self.io = group
+            .lun_devices
+            .iter()
+            .map(|(lun, device)| DeviceIo {
+                lun: *lun,
+                device: Arc::clone(device),
+                counts: IoCounts::default(),
+                latency: [LatencyCounts::default(); 2],
+            })
+            .collect();
+    }
+
+    /// Moves the session to the newest topology, if a reload published one: its group's LUN
+    /// map as the reload left it, with REPORTED LUNS DATA HAS CHANGED on its nexus when that
+    /// map changed. `Err(why)` when the session lost its access (its target, portal or group
+    /// is gone, or its initiator or source no longer belongs): the session must close.
+    /// Called at the start of a turn, when no command of the turn is half-handled.
+    fn follow_topology(&mut self) -> Result<(), &'static str> {
+        let next = self.shared.topology();
+        if next.generation == self.topology.generation {
+            return Ok(());
+        }
+        let Some(target_name) = self.target_name.clone() else {
+            // Discovery: nothing mapped, the next SendTargets reads the new topology.
+            self.topology = next;
+            return Ok(());
+        };
+        let (index, target) = next.target(&target_name).ok_or("its target was removed")?;
+        if !target.portal_groups.contains(&self.portal_group_tag) {
+            return Err("its target no longer serves this portal group");
+        }
+        let membership = next
+            .membership(index, &self.initiator)
+            .ok_or("its initiator is in no group of the target any more")?;
+        let (group_config, group) = target
+            .group(membership.group)
+            .ok_or("its group was removed")?;
+        if !target
+            .config
+            .source_allowed(Some(group_config), self.peer.ip())
+        {
+            return Err("its source address is no longer allowed");
+        }
+        let unchanged = self
+            .luns
+            .as_deref()
+            .is_some_and(|old| same_lun_map(old, &group.luns));
+        if let (Some(nexus), false) = (&self.nexus, unchanged) {
+            let old: &[LunEntry] = self.luns.as_deref().map_or(&[], LunMap::entries);
+            let reaches = |entries: &[LunEntry], lu: &Arc<scsi::LogicalUnit>| {
+                entries.iter().any(|e| Arc::ptr_eq(&e.lu, lu))
+            };
+            for entry in group.luns.entries() {
+                if !reaches(old, &entry.lu) {
+                    entry.lu.nexus_added(nexus.id);
+                }
+            }
+            for entry in old {
+                if !reaches(group.luns.entries(), &entry.lu) {
+                    entry.lu.nexus_lost(nexus.id);
+                }
+            }
+            for entry in group.luns.entries() {
+                entry.lu.reported_luns_changed_for(nexus.id);
+            }
+        }
+        if unchanged {
+            // The same LUNs: only the new topology's handles, nothing for the initiator to see.
+            self.luns = Some(Arc::clone(&group.luns));
+            self.disk_luns = Arc::clone(&group.disk_luns);
+        } else {
+            // Counts so far go to the devices they were made on.
+            self.report_io();
+            self.use_group(group);
+        }
+        self.membership = Some(membership);
+        self.topology = next;
+        Ok(())
+    }
+
     fn report_io(&mut self) {
         for slot in &mut self.io {
             if slot.counts != IoCounts::default() {
                 self.shared.metrics.add_io(&slot.device, &slot.counts);
+                if let Some(info) = &self.info {
+                    let c = &slot.counts;
+                    info.add_io(c.reads, c.writes, c.read_bytes, c.write_bytes);
+                }
                 slot.counts = IoCounts::default();
             }
             for (op, counts) in slot.latency.iter_mut().enumerate() {
@@ -1022,7 +1119,7 @@ impl ScsiBackend for Backend<'_> {
                 .unwrap_or_default(),
             TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => self
                 .membership
-                .and_then(|m| self.shared.targets.get(m.target))
+                .and_then(|m| self.topology.targets.get(m.target))
                 .map(|t| t.units.clone())
                 .unwrap_or_default(),
             // ABORT TASK SET concerns this nexus's tasks only, which the session waits for.
@@ -1041,7 +1138,8 @@ impl ScsiBackend for Backend<'_> {
         let named = filter
             .filter(|f| !f.is_empty())
             .map(|f| IscsiName::from_wire(f).ok());
-        for (index, t) in self.shared.targets.iter().enumerate() {
+        let topology = Arc::clone(&self.topology);
+        for (index, t) in topology.targets.iter().enumerate() {
             let wanted = match (&named, filter) {
                 (None, None) => true,
                 // Empty value: the session's own target.
@@ -1052,7 +1150,7 @@ impl ScsiBackend for Backend<'_> {
                 continue;
             }
             // The same lookup as a login's: visible exactly to those who could log in.
-            let Some(membership) = self.shared.membership(index, &self.initiator) else {
+            let Some(membership) = topology.membership(index, &self.initiator) else {
                 continue;
             };
             let group = t.group(membership.group).map(|(g, _)| g);
@@ -1190,13 +1288,16 @@ impl Driver {
         };
         // A normal session was admitted as a member of one group of its target; discovery
         // sessions have no target.
-        let membership = policy.admitted.take();
+        let (topology, membership) = match policy.admitted.take() {
+            Some((topology, membership)) => (topology, Some(membership)),
+            None => (shared.topology(), None),
+        };
         assert_eq!(
             membership.is_some(),
             established.target_name.is_some(),
             "a normal session's membership is decided at its admission"
         );
-        debug_assert!(membership.is_none_or(|m| shared
+        debug_assert!(membership.is_none_or(|m| topology
             .targets
             .get(m.target)
             .is_some_and(|t| Some(&t.iqn) == established.target_name.as_ref())));
@@ -1209,7 +1310,9 @@ impl Driver {
             deferred_bytes: 0,
             deferred_bytes_max: limits.memory_per_connection_bytes as usize,
             peer: self.peer,
+            topology: Arc::clone(&topology),
             membership,
+            target_name: established.target_name.clone(),
             initiator: established.initiator_name.clone(),
             luns: None,
             nexus: None,
@@ -1226,8 +1329,10 @@ impl Driver {
             answered: Vec::new(),
             ring_finished: Vec::new(),
             loan: Loan::default(),
+            info: None,
+            close_reason: None,
         };
-        if let Some((t, group)) = membership.and_then(|m| shared.group_of(m)) {
+        if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();
             if let Some(port) = port {
                 let id = shared
@@ -1246,31 +1351,43 @@ impl Driver {
                 for entry in group.luns.entries() {
                     entry.lu.nexus_added(id);
                 }
-                backend.luns = Some(Arc::clone(&group.luns));
-                backend.disk_luns = Arc::clone(&group.disk_luns);
-                backend.io = group
-                    .lun_devices
-                    .iter()
-                    .map(|(lun, device)| DeviceIo {
-                        lun: *lun,
-                        device: Arc::clone(device),
-                        counts: IoCounts::default(),
-                        latency: [LatencyCounts::default(); 2],
-                    })
-                    .collect();
+                backend.use_group(group);
             }
         }
+        let target_shown = established
+            .target_name
+            .as_ref()
+            .map_or("(discovery)", IscsiName::as_str)
+            .to_string();
         tracing::info!(
             peer = %self.peer,
             initiator = %established.initiator_name,
-            target = established
-                .target_name
-                .as_ref()
-                .map_or("(discovery)", IscsiName::as_str),
+            target = target_shown,
             tsih = established.tsih,
             chap_user = established.chap_user.as_deref().unwrap_or("(none)"),
             "session established"
         );
+        let info = Arc::new(crate::registry::SessionInfo {
+            initiator: established.initiator_name.to_string(),
+            initiator_alias: established.initiator_alias.clone(),
+            target: established.target_name.as_ref().map(|t| t.to_string()),
+            tsih: established.tsih,
+            isid: established.isid,
+            cid: established.cid,
+            portal_group_tag: self.portal_group_tag,
+            portal: self.local,
+            source: self.peer,
+            chap_user: established.chap_user.clone(),
+            params: established.params,
+            started: std::time::SystemTime::now(),
+            reads: Default::default(),
+            writes: Default::default(),
+            read_bytes: Default::default(),
+            write_bytes: Default::default(),
+        });
+        ticket.describe(Arc::clone(&info));
+        backend.info = Some(info);
+        let established_at = Instant::now();
         let session_limits = SessionLimits {
             queue_depth: limits.max_queue_depth,
             max_write_bytes: WRITE_BYTES_MAX,
@@ -1315,7 +1432,20 @@ impl Driver {
                 entry.lu.nexus_lost(nexus.id);
             }
         }
-        tracing::info!(peer = %self.peer, initiator = %established.initiator_name, "session closed");
+        let reason = match (&result, backend.close_reason) {
+            (_, Some(reason)) => reason.to_string(),
+            (Err(e), None) => e.clone(),
+            (Ok(()), None) => "logout or connection closed".to_string(),
+        };
+        tracing::info!(
+            peer = %self.peer,
+            initiator = %established.initiator_name,
+            target = target_shown,
+            tsih = established.tsih,
+            duration_s = established_at.elapsed().as_secs(),
+            reason,
+            "session closed"
+        );
         drop(ticket);
         result
     }
@@ -1469,10 +1599,12 @@ impl Driver {
                         Tick::Continue => {}
                         Tick::DeadPeer => {
                             tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)");
+                            backend.close_reason = Some("dead peer (no answer to NOP-In)");
                             return Ok(());
                         }
                         Tick::Idle => {
                             tracing::info!(peer = %self.peer, "closing idle session (idle_timeout_s)");
+                            backend.close_reason = Some("idle_timeout_s");
                             backend.shared.metrics.limit("idle_timeout_s");
                             return Ok(());
                         }
@@ -1483,6 +1615,7 @@ impl Driver {
                     if logout_deadline.is_none() && backend.shared.is_shutting_down() {
                         if grace_s == 0 {
                             tracing::info!(peer = %self.peer, "shutting down: closing the session");
+                            backend.close_reason = Some("shutdown");
                             return Ok(());
                         }
                         session.request_logout(u16::try_from(grace_s).unwrap_or(u16::MAX), &mut self.out);
@@ -1522,8 +1655,11 @@ impl Driver {
                     }
                 }
                 changed = ticket.kill.changed() => {
-                    if changed.is_err() || *ticket.kill.borrow() {
-                        tracing::info!(peer = %self.peer, "session reinstated by a new login; closing the old one");
+                    let reason = *ticket.kill.borrow();
+                    if changed.is_err() || reason.is_some() {
+                        let reason = reason.unwrap_or("registry gone");
+                        tracing::info!(peer = %self.peer, "closing the session: {reason}");
+                        backend.close_reason = Some(reason);
                         return Ok(());
                     }
                 }
@@ -1539,6 +1675,13 @@ impl Driver {
         session: &mut Session,
         backend: &mut Backend<'_>,
     ) -> Result<(Flow, bool), String> {
+        if backend.shared.generation() != backend.topology.generation {
+            if let Err(why) = backend.follow_topology() {
+                tracing::warn!(peer = %self.peer, initiator = %backend.initiator, "closing the session after a reload: {why}");
+                backend.close_reason = Some(why);
+                return Ok((Flow::Close, true));
+            }
+        }
         let now = Instant::now();
         backend.turn_started = now;
         let result = self.process_pdus(session, backend, now);
@@ -1962,4 +2105,14 @@ fn initial_stat_sn() -> u32 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.subsec_nanos());
     nanos.max(1)
+}
+
+/// Whether two LUN maps show an initiator the same LUNs: same numbers, same LUs, same
+/// read-only flags.
+fn same_lun_map(a: &LunMap, b: &LunMap) -> bool {
+    a.entries().len() == b.entries().len()
+        && a.entries()
+            .iter()
+            .zip(b.entries())
+            .all(|(x, y)| x.lun == y.lun && Arc::ptr_eq(&x.lu, &y.lu) && x.read_only == y.read_only)
 }

@@ -63,6 +63,11 @@ pub struct ServerConfig {
     /// Where state that survives a restart is kept (persistent reservations with APTPL);
     /// None: `/var/lib/ferrosan` for root, else `$XDG_STATE_HOME/ferrosan` (see `state.rs`).
     pub state_dir: Option<std::path::PathBuf>,
+    /// The control socket of `ferrosan ctl`; None: `/run/ferrosan/control.sock` for root, else
+    /// `$XDG_RUNTIME_DIR/ferrosan/control.sock` (see `control.rs`).
+    pub control_socket: Option<std::path::PathBuf>,
+    /// A group whose members may use the control socket too (mode 0660); None: owner only.
+    pub control_socket_group: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +78,8 @@ impl Default for ServerConfig {
             metrics_listen: None,
             io_uring: true,
             state_dir: None,
+            control_socket: None,
+            control_socket_group: None,
         }
     }
 }
@@ -499,6 +506,11 @@ impl Config {
         Config::from_toml_str(&text, &name)
     }
 
+    /// A device from a quick-export LUN spec (`ram:64M`, `file:/path,size=1G`, ...).
+    pub fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, String> {
+        cli::device_from_spec(name, spec)
+    }
+
     /// The device named `name`.
     pub fn device(&self, name: &str) -> Option<&DeviceConfig> {
         self.devices.iter().find(|d| d.name == name)
@@ -512,7 +524,13 @@ impl Config {
     /// The config as a file with every value explicit (derived identities included), such
     /// that `from_toml_str(&c.to_toml(), _) == Ok(c)`. Used to persist live changes.
     pub fn to_toml(&self) -> String {
-        file::to_toml(self)
+        file::to_toml(self, false)
+    }
+
+    /// Like [`Config::to_toml`], with inline secrets written as they are: for saving the
+    /// running config over its file (whose secrets were inline already), never for showing it.
+    pub fn to_toml_with_secrets(&self) -> String {
+        file::to_toml(self, true)
     }
 }
 

@@ -1,0 +1,953 @@
+//! The control plane: a Unix socket beside the data plane, speaking one JSON object per line
+//! each way (docs/OPERATIONS.md, "Control socket"). `ferrosan ctl` is its client. Reading verbs
+//! look at the running state; changing verbs edit a copy of the running config ([`edit`], pure),
+//! and apply it through the same difference as a reload (reload.rs), so a change made here and
+//! the same change made in the file and reloaded have exactly the same effect.
+//!
+//! Bounds: at most [`CLIENTS_MAX`] clients at once, requests of at most [`REQUEST_BYTES_MAX`],
+//! and a client silent for [`CLIENT_IDLE`] is closed; none of them can delay the data plane,
+//! which never takes a lock the control plane holds for long.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde_json::{json, Map, Value};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::config::{Config, IscsiName, LunMapping, StoreKind};
+use crate::server::Shared;
+
+/// Largest request line, in bytes.
+pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
+/// Clients served at once; more are told so and closed.
+pub const CLIENTS_MAX: usize = 16;
+/// A client that sends nothing for this long is closed.
+pub const CLIENT_IDLE: Duration = Duration::from_secs(30);
+
+/// The default socket path: `/run/ferrosan/control.sock` for root, else
+/// `$XDG_RUNTIME_DIR/ferrosan/control.sock`, else `/tmp/ferrosan-UID/control.sock`.
+pub fn default_socket_path() -> PathBuf {
+    let uid = rustix::process::geteuid();
+    if uid.is_root() {
+        return PathBuf::from("/run/ferrosan/control.sock");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("ferrosan/control.sock"),
+        None => PathBuf::from(format!("/tmp/ferrosan-{}/control.sock", uid.as_raw())),
+    }
+}
+
+/// A bound control socket; the file is removed when the daemon exits (if it is still ours).
+pub struct ControlSocket {
+    pub path: PathBuf,
+    /// The socket file's inode (see [`remove_if_ours`]).
+    pub inode: u64,
+    listener: std::os::unix::net::UnixListener,
+    /// The group allowed besides the owner, by id.
+    group: Option<u32>,
+}
+
+/// Whether unchanged edits were applied but not written to the config file: `ctl status`
+/// reports them so that no change is lost at the next restart without a word.
+#[derive(Default)]
+pub struct Unsaved {
+    changes: Mutex<Vec<String>>,
+}
+
+impl Unsaved {
+    fn add(&self, what: String) {
+        let mut c = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        c.push(what);
+        // Bounded: the count is what matters past a screenful.
+        if c.len() > 100 {
+            c.remove(0);
+        }
+    }
+    pub fn clear(&self) {
+        self.changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+    pub fn list(&self) -> Vec<String> {
+        self.changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Binds the control socket. `explicit`: the path was configured, so a failure stops the
+/// start; the default path in use by another running daemon only costs this one its socket
+/// (logged), so several daemons can run side by side without configuring one each.
+pub fn bind(
+    path: &Path,
+    explicit: bool,
+    group: Option<&str>,
+) -> Result<Option<ControlSocket>, String> {
+    let fail = |message: String| -> Result<Option<ControlSocket>, String> {
+        if explicit {
+            Err(message)
+        } else {
+            tracing::warn!("{message}; no control socket (set control_socket or --control-socket)");
+            Ok(None)
+        }
+    };
+    let group = match group {
+        Some(name) => match group_id(name) {
+            Some(gid) => Some(gid),
+            None => {
+                return Err(format!(
+                    "control_socket_group {name}: no such group in /etc/group"
+                ))
+            }
+        },
+        None => None,
+    };
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt as _;
+            if let Err(e) = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+            {
+                return fail(format!("control socket {}: {e}", dir.display()));
+            }
+        }
+    }
+    if path.exists() {
+        // A live daemon answers on it; a stale socket (a daemon killed) refuses: replace it.
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return fail(format!(
+                    "control socket {} is in use by another process",
+                    path.display()
+                ))
+            }
+            Err(_) => match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_socket_like() => {
+                    let _ = std::fs::remove_file(path);
+                }
+                Ok(_) => {
+                    return fail(format!(
+                        "control socket {}: exists and is not a socket",
+                        path.display()
+                    ))
+                }
+                Err(_) => {}
+            },
+        }
+    }
+    // Created with no permission for anyone but the owner, then opened to the group if asked:
+    // never a moment where others could connect.
+    let old_mask = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    rustix::process::umask(old_mask);
+    let listener = match bound {
+        Ok(l) => l,
+        Err(e) => return fail(format!("control socket {}: {e}", path.display())),
+    };
+    if let Some(gid) = group {
+        let result = rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid)))
+            .map_err(std::io::Error::from)
+            .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)));
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(path);
+            return Err(format!(
+                "control socket {}: group access: {e}",
+                path.display()
+            ));
+        }
+    }
+    if let Err(e) = listener.set_nonblocking(true) {
+        return Err(format!("control socket {}: {e}", path.display()));
+    }
+    let inode = std::fs::metadata(path).map_or(0, |m| m.ino());
+    Ok(Some(ControlSocket {
+        path: path.to_path_buf(),
+        listener,
+        group,
+        inode,
+    }))
+}
+
+trait SocketLike {
+    fn is_socket_like(&self) -> bool;
+}
+impl SocketLike for std::fs::FileType {
+    fn is_socket_like(&self) -> bool {
+        use std::os::unix::fs::FileTypeExt as _;
+        self.is_socket()
+    }
+}
+
+/// The id of group `name` from /etc/group (local groups; no NSS lookup).
+fn group_id(name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string("/etc/group").ok()?;
+    text.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next()? == name).then_some(())?;
+        fields.nth(1)?.parse().ok()
+    })
+}
+
+/// Removes the socket file at `path` if it is still the one with `inode` (another daemon may
+/// have replaced it meanwhile).
+pub fn remove_if_ours(path: &Path, inode: u64) {
+    if std::fs::metadata(path).is_ok_and(|m| m.ino() == inode) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Serves the control socket until the daemon shuts down (run on the acceptor's runtime).
+pub async fn serve(shared: Arc<Shared>, socket: ControlSocket) {
+    let ControlSocket {
+        path,
+        listener,
+        group,
+        inode,
+    } = socket;
+    let listener = match UnixListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("control socket: {e}");
+            return;
+        }
+    };
+    let clients = Arc::new(AtomicUsize::new(0));
+    let me = rustix::process::geteuid().as_raw();
+    let mut shutdown = shared.shutdown_signal();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = Shared::wait_for_shutdown(&mut shutdown) => break,
+        };
+        let mut stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("control socket: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // The file's permissions keep others out (the kernel checks them at connect, with
+        // every group of the client); without a group the peer's user is checked as well, in
+        // case the socket's directory or mode is loosened.
+        let allowed = group.is_some()
+            || stream
+                .peer_cred()
+                .is_ok_and(|c| c.uid() == 0 || c.uid() == me);
+        if !allowed {
+            let _ = reply(
+                &mut stream,
+                &error("permission denied: not the daemon's owner"),
+            )
+            .await;
+            continue;
+        }
+        if clients.fetch_add(1, Ordering::AcqRel) >= CLIENTS_MAX {
+            clients.fetch_sub(1, Ordering::AcqRel);
+            let _ = reply(&mut stream, &error("too many control clients")).await;
+            continue;
+        }
+        let shared = Arc::clone(&shared);
+        let clients = Arc::clone(&clients);
+        tokio::spawn(async move {
+            client(shared, stream).await;
+            clients.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+    remove_if_ours(&path, inode);
+}
+
+async fn reply(stream: &mut UnixStream, value: &Value) -> std::io::Result<()> {
+    let mut line = value.to_string();
+    line.push('\n');
+    stream.write_all(line.as_bytes()).await
+}
+
+fn error(message: impl Into<String>) -> Value {
+    json!({ "ok": false, "error": message.into() })
+}
+
+/// One client: requests one per line, answers one per line, until it closes or idles.
+async fn client(shared: Arc<Shared>, stream: UnixStream) {
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let got = tokio::time::timeout(
+            CLIENT_IDLE,
+            read_line_bounded(&mut read, &mut line, REQUEST_BYTES_MAX),
+        )
+        .await;
+        let answer = match got {
+            Err(_) => return, // idle
+            Ok(Ok(0)) => return,
+            Ok(Ok(_)) => {
+                let shared = Arc::clone(&shared);
+                let request = std::mem::take(&mut line);
+                // Verbs may open devices or write files: never on this runtime's thread.
+                tokio::task::spawn_blocking(move || handle(&shared, &request))
+                    .await
+                    .unwrap_or_else(|e| error(format!("internal error: {e}")))
+            }
+            Ok(Err(e)) if e.kind() == ErrorKind::InvalidData => {
+                let _ = reply_half(&mut write, &error(e.to_string())).await;
+                return;
+            }
+            Ok(Err(_)) => return,
+        };
+        if reply_half(&mut write, &answer).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn reply_half(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    value: &Value,
+) -> std::io::Result<()> {
+    let mut line = value.to_string();
+    line.push('\n');
+    write.write_all(line.as_bytes()).await
+}
+
+/// Reads one line (without its newline) of at most `max` bytes; a longer one is an
+/// `InvalidData` error (the connection is closed: the rest of it cannot be trusted to be a
+/// request boundary).
+async fn read_line_bounded<R: tokio::io::AsyncBufRead + Unpin>(
+    read: &mut R,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    loop {
+        let buf = read.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(line.len());
+        }
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > max + 1 {
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                format!("request longer than {max} bytes"),
+            ));
+        }
+        line.extend_from_slice(&buf[..take]);
+        read.consume(take);
+        if done {
+            line.pop();
+            // An empty line is not end of stream.
+            return Ok(line.len().max(1));
+        }
+    }
+}
+
+/// Answers one request line.
+pub fn handle(shared: &Shared, request: &[u8]) -> Value {
+    let request: Value = match serde_json::from_slice(request) {
+        Ok(v) => v,
+        Err(e) => return error(format!("not a JSON request: {e}")),
+    };
+    let Some(args) = request.as_object() else {
+        return error("a request is a JSON object with a \"verb\"");
+    };
+    let Some(verb) = args.get("verb").and_then(Value::as_str) else {
+        return error("missing \"verb\"");
+    };
+    let result = match verb {
+        "status" => Ok(status(shared)),
+        "sessions" => Ok(sessions(shared)),
+        "luns" => Ok(luns(shared)),
+        "config" => Ok(json!({ "toml": shared.topology().config.to_toml() })),
+        "reload" => reload(shared),
+        "save" => save(shared),
+        "session-close" => close_session(shared, args),
+        _ if EDIT_VERBS.contains(&verb) => change(shared, verb, args),
+        _ => Err(format!(
+            "unknown verb {verb:?} (status, sessions, luns, config, reload, save, \
+             session-close, {})",
+            EDIT_VERBS.join(", ")
+        )),
+    };
+    match result {
+        Ok(Value::Object(mut fields)) => {
+            fields.insert("ok".into(), Value::Bool(true));
+            Value::Object(fields)
+        }
+        Ok(other) => json!({ "ok": true, "result": other }),
+        Err(e) => error(e),
+    }
+}
+
+fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn status(shared: &Shared) -> Value {
+    let topology = shared.topology();
+    let unsaved = shared.unsaved.list();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "pid": std::process::id(),
+        "started": unix_seconds(shared.started),
+        "uptime_s": shared.started.elapsed().map_or(0, |d| d.as_secs()),
+        "generation": topology.generation,
+        "config_file": shared.source.path.as_ref().map(|p| p.display().to_string()),
+        "unsaved_changes": unsaved,
+        "sessions": shared.registry.session_count(),
+        "connections": shared.open_connections(),
+        "targets": topology.targets.len(),
+        "devices": topology.devices.len(),
+        "portals": shared.portals.iter().map(|(a, tag)| json!({"address": a.to_string(), "tag": tag})).collect::<Vec<_>>(),
+        "shutting_down": shared.is_shutting_down(),
+    })
+}
+
+fn sessions(shared: &Shared) -> Value {
+    let now = SystemTime::now();
+    let list: Vec<Value> = shared
+        .registry
+        .sessions()
+        .iter()
+        .map(|s| {
+            let p = &s.params;
+            json!({
+                "initiator": s.initiator,
+                "initiator_alias": s.initiator_alias,
+                "target": s.target,
+                "tsih": s.tsih,
+                "isid": s.isid.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                "cid": s.cid,
+                "portal": s.portal.to_string(),
+                "portal_group_tag": s.portal_group_tag,
+                "source": s.source.to_string(),
+                "chap_user": s.chap_user,
+                "header_digest": if p.header_digest { "CRC32C" } else { "None" },
+                "data_digest": if p.data_digest { "CRC32C" } else { "None" },
+                "max_recv_data_segment_length": p.max_recv_data_segment_length,
+                "max_xmit_data_segment_length": p.max_xmit_data_segment_length,
+                "max_burst_length": p.max_burst_length,
+                "first_burst_length": p.first_burst_length,
+                "immediate_data": p.immediate_data,
+                "initial_r2t": p.initial_r2t,
+                "age_s": now.duration_since(s.started).map_or(0, |d| d.as_secs()),
+                "reads": s.reads.load(Ordering::Relaxed),
+                "writes": s.writes.load(Ordering::Relaxed),
+                "read_bytes": s.read_bytes.load(Ordering::Relaxed),
+                "write_bytes": s.write_bytes.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    json!({ "sessions": list })
+}
+
+fn luns(shared: &Shared) -> Value {
+    let topology = shared.topology();
+    let mut list = Vec::new();
+    for t in &topology.targets {
+        for (g, group) in t.config.groups.iter().zip(&t.groups) {
+            for m in &g.luns {
+                let Some(device) = topology.devices.get(&m.device) else {
+                    continue;
+                };
+                let lu = &device.unit;
+                let dc = topology.config.device(&m.device);
+                let (store, path) = match dc.map(|d| &d.store) {
+                    Some(StoreKind::Ram { .. }) => ("ram", None),
+                    Some(StoreKind::File { path, .. }) => {
+                        ("file", Some(path.display().to_string()))
+                    }
+                    Some(StoreKind::Block { path }) => ("block", Some(path.display().to_string())),
+                    None => ("?", None),
+                };
+                let caps = lu.capabilities();
+                list.push(json!({
+                    "target": t.iqn.as_str(),
+                    "group": group.name,
+                    "lun": m.lun,
+                    "device": m.device,
+                    "store": store,
+                    "path": path,
+                    "size_bytes": lu.capacity_bytes(),
+                    "block_size": lu.settings().block_size,
+                    "read_only": m.read_only,
+                    "write_cache": lu.write_cache_enabled(),
+                    "direct": caps.direct,
+                    "serial": lu.identity().serial,
+                }));
+            }
+        }
+    }
+    let unmapped: Vec<&String> = topology
+        .config
+        .devices
+        .iter()
+        .map(|d| &d.name)
+        .filter(|name| {
+            !topology
+                .config
+                .targets
+                .iter()
+                .flat_map(|t| &t.groups)
+                .flat_map(|g| &g.luns)
+                .any(|m| &&m.device == name)
+        })
+        .collect();
+    json!({ "luns": list, "unmapped_devices": unmapped })
+}
+
+fn reload(shared: &Shared) -> Result<Value, String> {
+    let applied = crate::reload::reload_file(shared, &shared.source)?;
+    // The file is what runs now: edits made before it are gone (they were unsaved).
+    shared.unsaved.clear();
+    Ok(json!({ "generation": applied.generation, "changes": applied.changes.lines() }))
+}
+
+fn save(shared: &Shared) -> Result<Value, String> {
+    let path = shared.source.path.as_deref().ok_or(
+        "no config file to save to: the daemon runs the demo or a quick export (serve --config FILE)",
+    )?;
+    let config = file_view(shared, &shared.topology().config);
+    crate::reload::save_config(path, &config)?;
+    shared.unsaved.clear();
+    Ok(json!({ "saved": path.display().to_string() }))
+}
+
+/// The config as the file should hold it: command-line overrides are not written into it.
+fn file_view(shared: &Shared, running: &Config) -> Config {
+    let mut config = running.clone();
+    if let Some(path) = &shared.source.path {
+        if let Ok(on_disk) = Config::load(path) {
+            config.server = on_disk.server;
+        }
+    }
+    config
+}
+
+fn close_session(shared: &Shared, args: &Map<String, Value>) -> Result<Value, String> {
+    let tsih = args
+        .get("tsih")
+        .and_then(Value::as_u64)
+        .and_then(|t| u16::try_from(t).ok())
+        .ok_or("\"tsih\": a session's TSIH (1..65535) is required")?;
+    if shared.registry.close(tsih, "closed by ferrosan ctl") {
+        Ok(json!({ "closed": tsih }))
+    } else {
+        Err(format!("no session with TSIH {tsih}"))
+    }
+}
+
+/// The verbs that change the config (each also takes `"save": true`).
+pub const EDIT_VERBS: &[&str] = &[
+    "device-add",
+    "device-remove",
+    "resize",
+    "lun-map",
+    "lun-unmap",
+    "initiator-add",
+    "initiator-remove",
+    "chap-set",
+];
+
+fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, String> {
+    let running = shared.topology().config.clone();
+    let mut edited = running.clone();
+    let what = edit(&mut edited, verb, args)?;
+    // Validated whole, as a file would be: written out and read back.
+    let text = edited.to_toml_with_secrets();
+    let validated = Config::from_toml_str(&text, "(ctl edit)").map_err(|e| e.to_string())?;
+    let applied = crate::reload::apply(shared, validated)?;
+    let save = args.get("save").and_then(Value::as_bool).unwrap_or(false);
+    let saved = if save {
+        let path = shared
+            .source
+            .path
+            .as_deref()
+            .ok_or("applied, but not saved: no config file (serve --config FILE)")?;
+        let config = file_view(shared, &shared.topology().config);
+        crate::reload::save_config(path, &config)
+            .map_err(|e| format!("applied, but not saved: {e}"))?;
+        shared.unsaved.clear();
+        true
+    } else {
+        shared.unsaved.add(what.clone());
+        false
+    };
+    tracing::info!(saved, "ctl: {what}");
+    Ok(json!({
+        "applied": what,
+        "generation": applied.generation,
+        "changes": applied.changes.lines(),
+        "saved": saved,
+    }))
+}
+
+fn text<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
+    args.get(key)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| format!("\"{key}\" is required"))
+}
+
+fn number(args: &Map<String, Value>, key: &str) -> Result<u64, String> {
+    args.get(key)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| format!("\"{key}\": a number is required"))
+}
+
+/// Applies one changing verb to `config` (pure: no effects) and says what it did. The result
+/// is validated whole afterwards, as a config file is.
+pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Result<String, String> {
+    match verb {
+        "device-add" => {
+            let name = text(args, "name")?;
+            if config.device(name).is_some() {
+                return Err(format!("device {name} exists already"));
+            }
+            let device = Config::device_from_spec(name, text(args, "spec")?)?;
+            config.devices.push(device);
+            Ok(format!("device {name} added"))
+        }
+        "device-remove" => {
+            let name = text(args, "name")?;
+            let index = config
+                .devices
+                .iter()
+                .position(|d| d.name == name)
+                .ok_or_else(|| format!("no device {name}"))?;
+            let mapped: Vec<String> = config
+                .targets
+                .iter()
+                .flat_map(|t| t.groups.iter().map(move |g| (t, g)))
+                .flat_map(|(t, g)| {
+                    g.luns
+                        .iter()
+                        .filter(|m| m.device == name)
+                        .map(move |m| format!("{} group {} LUN {}", t.iqn, g.name, m.lun))
+                })
+                .collect();
+            if !mapped.is_empty() {
+                return Err(format!(
+                    "device {name} is mapped ({}): unmap it first",
+                    mapped.join("; ")
+                ));
+            }
+            config.devices.remove(index);
+            Ok(format!("device {name} removed"))
+        }
+        "resize" => {
+            let name = text(args, "device")?;
+            let size = crate::config::parse_size(text(args, "size")?)?;
+            let device = config
+                .devices
+                .iter_mut()
+                .find(|d| d.name == name)
+                .ok_or_else(|| format!("no device {name}"))?;
+            match &mut device.store {
+                StoreKind::File { size_bytes, .. } => *size_bytes = Some(size),
+                StoreKind::Ram { size_bytes } => *size_bytes = size,
+                StoreKind::Block { .. } => {
+                    return Err(format!(
+                        "device {name} is a block device: grow the device itself; its size is read at open"
+                    ))
+                }
+            }
+            Ok(format!("device {name} resized to {size} bytes"))
+        }
+        "lun-map" | "lun-unmap" | "initiator-add" | "initiator-remove" => {
+            let iqn = IscsiName::from_wire(text(args, "target")?).map_err(|e| e.to_string())?;
+            let group_name = text(args, "group")?;
+            let devices: Vec<String> = config.devices.iter().map(|d| d.name.clone()).collect();
+            let target = config
+                .targets
+                .iter_mut()
+                .find(|t| t.iqn == iqn)
+                .ok_or_else(|| format!("no target {iqn}"))?;
+            let group = target
+                .groups
+                .iter_mut()
+                .find(|g| g.name == group_name)
+                .ok_or_else(|| format!("target {iqn} has no group {group_name}"))?;
+            match verb {
+                "lun-map" => {
+                    let lun = number(args, "lun")?;
+                    let device = text(args, "device")?;
+                    if !devices.iter().any(|d| d == device) {
+                        return Err(format!("no device {device}"));
+                    }
+                    if group.luns.iter().any(|m| m.lun == lun) {
+                        return Err(format!("group {group_name} has a LUN {lun} already"));
+                    }
+                    let read_only = args
+                        .get("read_only")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false);
+                    group.luns.push(LunMapping {
+                        lun,
+                        device: device.to_string(),
+                        read_only,
+                    });
+                    group.luns.sort_by_key(|m| m.lun);
+                    Ok(format!(
+                        "{iqn} group {group_name}: LUN {lun} maps device {device}"
+                    ))
+                }
+                "lun-unmap" => {
+                    let lun = number(args, "lun")?;
+                    let before = group.luns.len();
+                    group.luns.retain(|m| m.lun != lun);
+                    if group.luns.len() == before {
+                        return Err(format!("group {group_name} has no LUN {lun}"));
+                    }
+                    Ok(format!("{iqn} group {group_name}: LUN {lun} unmapped"))
+                }
+                "initiator-add" => {
+                    let name = IscsiName::from_wire(text(args, "initiator")?)
+                        .map_err(|e| e.to_string())?;
+                    if group.initiators.contains(&name) {
+                        return Err(format!("{name} is in group {group_name} already"));
+                    }
+                    group.initiators.push(name.clone());
+                    Ok(format!("{iqn} group {group_name}: initiator {name} added"))
+                }
+                _ => {
+                    let name = IscsiName::from_wire(text(args, "initiator")?)
+                        .map_err(|e| e.to_string())?;
+                    let before = group.initiators.len();
+                    group.initiators.retain(|i| *i != name);
+                    if group.initiators.len() == before {
+                        return Err(format!("{name} is not in group {group_name}"));
+                    }
+                    Ok(format!(
+                        "{iqn} group {group_name}: initiator {name} removed"
+                    ))
+                }
+            }
+        }
+        "chap-set" => {
+            let iqn = IscsiName::from_wire(text(args, "target")?).map_err(|e| e.to_string())?;
+            let user = text(args, "user")?;
+            let secret = text(args, "secret")?;
+            let target = config
+                .targets
+                .iter_mut()
+                .find(|t| t.iqn == iqn)
+                .ok_or_else(|| format!("no target {iqn}"))?;
+            let credential = crate::config::ChapUser {
+                user: user.to_string(),
+                secret: crate::config::Secret::new(secret.as_bytes()),
+                secret_file: None,
+            };
+            let scope = match args.get("group").and_then(Value::as_str) {
+                Some(group_name) => {
+                    let group = target
+                        .groups
+                        .iter_mut()
+                        .find(|g| g.name == group_name)
+                        .ok_or_else(|| format!("target {iqn} has no group {group_name}"))?;
+                    group.auth.users = vec![credential];
+                    group.auth.mode = Some(crate::config::AuthMode::Chap);
+                    format!("group {group_name}")
+                }
+                None => {
+                    target.auth.users = vec![credential];
+                    target.auth.mode = Some(crate::config::AuthMode::Chap);
+                    "the target".to_string()
+                }
+            };
+            // The secret itself never reaches the log or the reply.
+            Ok(format!(
+                "{iqn}: CHAP user {user} set for {scope} (from the next login)"
+            ))
+        }
+        other => Err(format!("unknown verb {other}")),
+    }
+}
+
+/// The group of the socket file, for tests and `status`.
+pub fn socket_group(path: &Path) -> Option<u32> {
+    std::fs::metadata(path).ok().map(|m| m.gid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap()
+    }
+
+    fn base() -> Config {
+        Config::from_toml_str(
+            r#"
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+[[device]]
+name = "a"
+store = "ram"
+size = "16M"
+[[target]]
+iqn = "iqn.2026-11.test:t"
+  [[target.group]]
+  name = "g"
+  initiators = ["iqn.2026-11.test:i"]
+  luns = [ { lun = 0, device = "a" } ]
+"#,
+            "t.toml",
+        )
+        .unwrap()
+    }
+
+    fn valid(c: &Config) -> Config {
+        Config::from_toml_str(&c.to_toml_with_secrets(), "edit").unwrap()
+    }
+
+    #[test]
+    fn every_verb_edits_and_stays_valid() {
+        let mut c = base();
+        edit(
+            &mut c,
+            "device-add",
+            &args(json!({"name": "b", "spec": "ram:8M"})),
+        )
+        .unwrap();
+        edit(
+            &mut c,
+            "lun-map",
+            &args(json!({"target": "iqn.2026-11.test:t", "group": "g", "lun": 2, "device": "b"})),
+        )
+        .unwrap();
+        edit(
+            &mut c,
+            "initiator-add",
+            &args(json!({"target": "iqn.2026-11.test:t", "group": "g", "initiator": "iqn.2026-11.test:j"})),
+        )
+        .unwrap();
+        edit(
+            &mut c,
+            "chap-set",
+            &args(json!({"target": "iqn.2026-11.test:t", "group": "g", "user": "u", "secret": "a-secret-of-16-bytes"})),
+        )
+        .unwrap();
+        let v = valid(&c);
+        assert_eq!(v.targets[0].groups[0].luns.len(), 2);
+        assert_eq!(v.targets[0].groups[0].initiators.len(), 2);
+        assert_eq!(
+            v.targets[0].groups[0].auth.users[0].secret.expose(),
+            b"a-secret-of-16-bytes"
+        );
+        assert!(
+            !v.to_toml().contains("a-secret-of-16-bytes"),
+            "shown configs redact"
+        );
+        edit(
+            &mut c,
+            "lun-unmap",
+            &args(json!({"target": "iqn.2026-11.test:t", "group": "g", "lun": 2})),
+        )
+        .unwrap();
+        edit(&mut c, "device-remove", &args(json!({"name": "b"}))).unwrap();
+        edit(
+            &mut c,
+            "initiator-remove",
+            &args(json!({"target": "iqn.2026-11.test:t", "group": "g", "initiator": "IQN.2026-11.TEST:J"})),
+        )
+        .unwrap();
+        c.targets[0].groups[0].auth = base().targets[0].groups[0].auth.clone();
+        assert_eq!(valid(&c), base());
+    }
+
+    #[test]
+    fn bad_edits_are_refused_and_change_nothing() {
+        let refused = |verb: &str, a: Value| {
+            let mut c = base();
+            let e = edit(&mut c, verb, &args(a)).unwrap_err();
+            assert_eq!(c, base(), "{verb} changed the config before refusing: {e}");
+            e
+        };
+        assert!(refused("device-add", json!({"name": "a", "spec": "ram:8M"})).contains("exists"));
+        assert!(!refused("device-add", json!({"name": "b", "spec": "floppy:1"})).is_empty());
+        assert!(refused("device-remove", json!({"name": "a"})).contains("mapped"));
+        assert!(refused("device-remove", json!({"name": "zz"})).contains("no device"));
+        let t = "iqn.2026-11.test:t";
+        assert!(refused(
+            "lun-map",
+            json!({"target": t, "group": "g", "lun": 0, "device": "a"})
+        )
+        .contains("already"));
+        assert!(refused(
+            "lun-map",
+            json!({"target": t, "group": "g", "lun": 1, "device": "zz"})
+        )
+        .contains("no device"));
+        assert!(refused(
+            "lun-map",
+            json!({"target": t, "group": "nope", "lun": 1, "device": "a"})
+        )
+        .contains("no group"));
+        assert!(
+            refused("lun-unmap", json!({"target": t, "group": "g", "lun": 9})).contains("no LUN")
+        );
+        assert!(refused(
+            "lun-map",
+            json!({"target": "iqn.2026-11.test:x", "group": "g", "lun": 1, "device": "a"})
+        )
+        .contains("no target"));
+        assert!(refused(
+            "lun-map",
+            json!({"target": t, "group": "g", "lun": "one", "device": "a"})
+        )
+        .contains("number"));
+        assert!(refused(
+            "initiator-remove",
+            json!({"target": t, "group": "g", "initiator": "iqn.2026-11.test:zz"})
+        )
+        .contains("not in"));
+        assert!(!refused("resize", json!({"device": "a", "size": "lots"})).is_empty());
+        assert!(refused("frobnicate", json!({})).contains("unknown"));
+    }
+
+    #[test]
+    fn a_long_line_is_refused_and_lines_are_split() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let input = b"{\"verb\":\"status\"}\n\n{}\n".to_vec();
+            let mut r = BufReader::new(&input[..]);
+            let mut line = Vec::new();
+            assert!(read_line_bounded(&mut r, &mut line, 100).await.unwrap() > 0);
+            assert_eq!(line, b"{\"verb\":\"status\"}");
+            line.clear();
+            assert_eq!(read_line_bounded(&mut r, &mut line, 100).await.unwrap(), 1);
+            assert!(
+                line.is_empty(),
+                "an empty line is a (bad) request, not the end"
+            );
+            line.clear();
+            read_line_bounded(&mut r, &mut line, 100).await.unwrap();
+            assert_eq!(line, b"{}");
+            line.clear();
+            assert_eq!(read_line_bounded(&mut r, &mut line, 100).await.unwrap(), 0);
+            let long = vec![b'x'; 300];
+            let mut r = BufReader::new(&long[..]);
+            let e = read_line_bounded(&mut r, &mut Vec::new(), 100)
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidData);
+        });
+    }
+}

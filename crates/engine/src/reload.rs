@@ -1,0 +1,464 @@
+//! Reload by difference. [`diff`] compares the running config with a new one and says what
+//! changes, or why the new one cannot be applied live (a pure function, unit-tested);
+//! [`apply`] is the only place with effects: it opens added devices, grows resized ones,
+//! publishes the next topology and closes removed devices once their last command is done.
+//! Sessions move to the new topology at their next turn (`connection.rs`, `follow_topology`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, DeviceConfig, IscsiName, StoreKind};
+use crate::server::Shared;
+use crate::topology::{OpenDevice, Topology};
+
+/// What a reload changes, by kind. Empty: the new config is the running one.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changes {
+    pub devices_added: Vec<String>,
+    pub devices_removed: Vec<String>,
+    /// Device name and its new size in bytes.
+    pub devices_resized: Vec<(String, u64)>,
+    pub targets_added: Vec<IscsiName>,
+    pub targets_removed: Vec<IscsiName>,
+    /// Targets whose groups, LUN maps, initiators, authentication or sources changed.
+    pub targets_changed: Vec<IscsiName>,
+    pub discovery_changed: bool,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        *self == Changes::default()
+    }
+
+    /// One line per change, for the log and the caller.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        out.extend(
+            self.devices_added
+                .iter()
+                .map(|d| format!("device {d} added")),
+        );
+        out.extend(
+            self.devices_removed
+                .iter()
+                .map(|d| format!("device {d} removed")),
+        );
+        out.extend(
+            self.devices_resized
+                .iter()
+                .map(|(d, n)| format!("device {d} resized to {n} bytes")),
+        );
+        out.extend(
+            self.targets_added
+                .iter()
+                .map(|t| format!("target {t} added")),
+        );
+        out.extend(
+            self.targets_removed
+                .iter()
+                .map(|t| format!("target {t} removed")),
+        );
+        out.extend(
+            self.targets_changed
+                .iter()
+                .map(|t| format!("target {t} changed")),
+        );
+        if self.discovery_changed {
+            out.push("discovery authentication changed".into());
+        }
+        out
+    }
+}
+
+/// The difference between the running config `old` and `new`, or every reason `new` cannot be
+/// applied without a restart. Both configs are valid (validated whole when loaded).
+pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
+    let mut refused = Vec::new();
+    let restart = |what: &str| format!("{what} changed: that needs a restart");
+    if old.server != new.server {
+        refused.push(restart("[server]"));
+    }
+    if old.limits != new.limits {
+        refused.push(restart("[limits]"));
+    }
+    if old.portal_groups != new.portal_groups {
+        refused.push(restart("[[portal_group]] (listeners, ALUA states)"));
+    }
+    let mut changes = Changes {
+        discovery_changed: old.discovery != new.discovery,
+        ..Changes::default()
+    };
+    for d in &new.devices {
+        match old.device(&d.name) {
+            None => changes.devices_added.push(d.name.clone()),
+            Some(was) if was == d => {}
+            Some(was) => match resized(was, d) {
+                Ok(Some(size)) => changes.devices_resized.push((d.name.clone(), size)),
+                Ok(None) => {}
+                Err(why) => refused.push(format!("device {}: {why}", d.name)),
+            },
+        }
+    }
+    for d in &old.devices {
+        if new.device(&d.name).is_none() {
+            changes.devices_removed.push(d.name.clone());
+        }
+    }
+    for t in &new.targets {
+        match old.target(&t.iqn) {
+            None => changes.targets_added.push(t.iqn.clone()),
+            Some(was) if was == t => {}
+            Some(_) => changes.targets_changed.push(t.iqn.clone()),
+        }
+    }
+    for t in &old.targets {
+        if new.target(&t.iqn).is_none() {
+            changes.targets_removed.push(t.iqn.clone());
+        }
+    }
+    if refused.is_empty() {
+        Ok(changes)
+    } else {
+        Err(refused)
+    }
+}
+
+/// How a device's config changed, when only its size did: `Ok(Some(bytes))` to grow it to,
+/// `Ok(None)` for nothing to do on the store. Anything else changing under a running LU (its
+/// medium, block size, identity, caching) is refused: remove the device in one reload and add
+/// it back in the next.
+fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, String> {
+    let same_but_size = DeviceConfig {
+        store: now.store.clone(),
+        ..was.clone()
+    };
+    if same_but_size != *now {
+        return Err(
+            "only `size` can change while it runs (its medium, block size, identity or \
+             caching cannot): remove it in one reload and add it back in the next"
+                .into(),
+        );
+    }
+    match (&was.store, &now.store) {
+        (StoreKind::Ram { size_bytes: a }, StoreKind::Ram { size_bytes: b }) if a != b => {
+            Err("a RAM device cannot be resized while it runs".into())
+        }
+        (
+            StoreKind::File {
+                path: p,
+                size_bytes: a,
+            },
+            StoreKind::File {
+                path: q,
+                size_bytes: b,
+            },
+        ) if p == q => match (a, b) {
+            (Some(a), Some(b)) if b < a => Err(format!(
+                "size {b} is smaller than the running {a}: shrinking a LUN would cut off data \
+                 its initiators may hold"
+            )),
+            // Growing, or a size for a device that had none: the store checks it against the
+            // file (it never shrinks).
+            (_, Some(b)) => Ok(Some(*b)),
+            // No size: the file keeps the size it has.
+            (_, None) => Ok(None),
+        },
+        (a, b) if a == b => Ok(None),
+        _ => Err(
+            "its store kind or path changed: remove it in one reload and add it back in the next"
+                .into(),
+        ),
+    }
+}
+
+/// Where the running config came from, so a reload reads the same file and applies the same
+/// command-line overrides to it.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    /// The config file; None for the demo and quick exports (nothing to reload).
+    pub path: Option<PathBuf>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub state_dir: Option<PathBuf>,
+    pub control_socket: Option<PathBuf>,
+    pub workers: Option<usize>,
+}
+
+impl ConfigSource {
+    /// The command-line overrides, applied on top of the file's values.
+    pub fn apply_overrides(&self, config: &mut Config) {
+        if let Some(addr) = self.metrics_listen {
+            config.server.metrics_listen = Some(addr);
+        }
+        if let Some(dir) = &self.state_dir {
+            config.server.state_dir = Some(dir.clone());
+        }
+        if let Some(path) = &self.control_socket {
+            config.server.control_socket = Some(path.clone());
+        }
+        if let Some(w) = self.workers {
+            config.server.workers = w;
+        }
+    }
+
+    /// Reads and validates the config file, overrides applied.
+    pub fn load(&self) -> Result<Config, String> {
+        let path = self.path.as_deref().ok_or(
+            "nothing to reload: serving the demo or a quick export from the command line, not a config file",
+        )?;
+        let mut config = Config::load(path).map_err(|e| e.to_string())?;
+        self.apply_overrides(&mut config);
+        Ok(config)
+    }
+}
+
+/// What an applied reload did.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub generation: u64,
+    pub changes: Changes,
+}
+
+/// Re-reads the config file and applies the difference (SIGHUP, `ctl reload`).
+pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, String> {
+    let config = source.load()?;
+    apply(shared, config)
+}
+
+/// Applies `new` to the running daemon by difference. Everything that can fail (opening added
+/// devices, building the topology) happens before anything is visible: on error nothing
+/// changed, except that a device grown before a later failure stays grown (growing loses
+/// nothing; the error says so).
+pub fn apply(shared: &Shared, new: Config) -> Result<Applied, String> {
+    let _one_at_a_time = shared.reloading.lock().unwrap_or_else(|e| e.into_inner());
+    let current = shared.topology();
+    let changes = diff(&current.config, &new).map_err(|refused| refused.join("\n"))?;
+    if changes.is_empty() {
+        return Ok(Applied {
+            generation: current.generation,
+            changes,
+        });
+    }
+    let mut devices: HashMap<String, Arc<OpenDevice>> = current.devices.clone();
+    let mut removed = Vec::new();
+    for name in &changes.devices_removed {
+        if let Some(device) = devices.remove(name) {
+            removed.push((name.clone(), device));
+        }
+    }
+    for name in &changes.devices_added {
+        let config = new
+            .device(name)
+            .ok_or_else(|| format!("device {name}: missing from the new config"))?;
+        devices.insert(name.clone(), shared.device_context.open(config)?);
+    }
+    let topology = Topology::assemble(new, devices, current.generation + 1)?;
+    let mut grown = Vec::new();
+    for (name, size) in &changes.devices_resized {
+        let Some(device) = topology.devices.get(name) else {
+            continue;
+        };
+        let was = device.unit.capacity_bytes();
+        device.unit.resize(*size).map_err(|e| {
+            let mut message = format!("device {name}: cannot resize to {size} bytes: {e}");
+            if !grown.is_empty() {
+                message.push_str(&format!(
+                    "; nothing else changed, but {} grew already",
+                    grown.join(", ")
+                ));
+            }
+            message
+        })?;
+        if was != *size {
+            grown.push(name.clone());
+        }
+    }
+    let generation = topology.generation;
+    drop(current);
+    shared.publish(topology);
+    for line in changes.lines() {
+        tracing::info!(generation, "reload: {line}");
+    }
+    for (name, device) in removed {
+        close_when_idle(name, device);
+    }
+    Ok(Applied {
+        generation,
+        changes,
+    })
+}
+
+/// How long a removed device waits for sessions to move off it and its commands to finish
+/// before it is flushed anyway (its store then closes with its last command).
+const REMOVAL_WAIT: Duration = Duration::from_secs(120);
+
+/// Flushes a removed device and lets its store close once nothing else holds its LU: every
+/// session has moved to the new topology (within a turn, a second at most when idle) and every
+/// command it had in flight has finished.
+fn close_when_idle(name: String, device: Arc<OpenDevice>) {
+    let spawned = std::thread::Builder::new()
+        .name("ferrosan-remove".into())
+        .spawn(move || {
+            let start = Instant::now();
+            while Arc::strong_count(&device.unit) > 1 && start.elapsed() < REMOVAL_WAIT {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let busy = Arc::strong_count(&device.unit) > 1;
+            match device.unit.flush() {
+                Ok(()) if busy => tracing::warn!(
+                    device = %name,
+                    "removed device still in use after {} s: flushed; it closes with its last command",
+                    REMOVAL_WAIT.as_secs()
+                ),
+                Ok(()) => tracing::info!(device = %name, "removed device flushed and closed"),
+                Err(e) => tracing::error!(device = %name, "removed device: flush failed: {e}"),
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the thread closing a removed device: {e}");
+    }
+}
+
+/// Writes `config` to `path` atomically (a temporary file in the same directory, fsynced, then
+/// renamed over it, then the directory fsynced): a crash leaves the old file or the new one.
+pub fn save_config(path: &Path, config: &Config) -> Result<(), String> {
+    use std::io::Write as _;
+    let text = config.to_toml_with_secrets();
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file name", path.display()))?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let located = |e: std::io::Error| format!("{}: {e}", tmp.display());
+    let mode = std::fs::metadata(path).map_or(0o600, |m| {
+        use std::os::unix::fs::PermissionsExt as _;
+        m.permissions().mode() & 0o777
+    });
+    let mut file = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)
+            .map_err(located)?
+    };
+    file.write_all(text.as_bytes()).map_err(located)?;
+    file.sync_all().map_err(located)?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+[[device]]
+name = "a"
+store = "ram"
+size = "16M"
+[[device]]
+name = "f"
+store = "file"
+path = "/var/tmp/ferrosan-diff-test.img"
+size = "32M"
+[[target]]
+iqn = "iqn.2026-11.test:t"
+  [[target.group]]
+  name = "g"
+  any_initiator = true
+  luns = [ { lun = 0, device = "a" }, { lun = 1, device = "f" } ]
+"#;
+
+    fn config(text: &str) -> Config {
+        Config::from_toml_str(text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn the_same_config_is_no_change() {
+        let c = config(BASE);
+        assert!(diff(&c, &c).unwrap().is_empty());
+        // Written out and read back: still the same.
+        assert!(diff(&c, &config(&c.to_toml())).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_file_device_grows_and_never_shrinks() {
+        let old = config(BASE);
+        let grown = config(&BASE.replace("\"32M\"", "\"64M\""));
+        assert_eq!(
+            diff(&old, &grown).unwrap().devices_resized,
+            vec![("f".to_string(), 64 << 20)]
+        );
+        let shrunk = config(&BASE.replace("\"32M\"", "\"8M\""));
+        let refused = diff(&old, &shrunk).unwrap_err();
+        assert!(refused[0].contains("shrinking"), "{refused:?}");
+        let ram = config(&BASE.replace("\"16M\"", "\"32M\""));
+        assert!(diff(&old, &ram).unwrap_err()[0].contains("RAM"));
+    }
+
+    #[test]
+    fn lun_maps_devices_and_targets() {
+        let old = config(BASE);
+        let mapped = config(&format!(
+            "{BASE}\n[[device]]\nname = \"b\"\nstore = \"ram\"\nsize = \"8M\"\n"
+        ));
+        let c = diff(&old, &mapped).unwrap();
+        assert_eq!(c.devices_added, vec!["b"]);
+        assert!(
+            c.targets_changed.is_empty(),
+            "an unmapped device changes no target"
+        );
+        let unmapped = config(&BASE.replace(", { lun = 1, device = \"f\" }", ""));
+        let c = diff(&old, &unmapped).unwrap();
+        assert_eq!(c.targets_changed.len(), 1);
+        assert!(c.devices_removed.is_empty(), "the device stays, unmapped");
+        let c = diff(&unmapped, &old).unwrap();
+        assert_eq!(c.targets_changed.len(), 1);
+        let renamed = config(&BASE.replace("test:t\"", "test:u\""));
+        let c = diff(&old, &renamed).unwrap();
+        assert_eq!(c.targets_added.len(), 1);
+        assert_eq!(c.targets_removed.len(), 1);
+        let initiator = config(&BASE.replace(
+            "any_initiator = true",
+            "initiators = [\"iqn.2026-11.test:i\"]",
+        ));
+        assert_eq!(diff(&old, &initiator).unwrap().targets_changed.len(), 1);
+    }
+
+    #[test]
+    fn what_needs_a_restart_is_refused_whole() {
+        let old = config(BASE);
+        let moved = config(&BASE.replace("127.0.0.1:3260", "127.0.0.1:3261"));
+        let refused = diff(&old, &moved).unwrap_err();
+        assert!(refused[0].contains("portal_group"), "{refused:?}");
+        let limits = config(&format!("[limits]\nmax_sessions = 7\n{BASE}"));
+        assert!(diff(&old, &limits).unwrap_err()[0].contains("[limits]"));
+        let block = config(&BASE.replace(
+            "name = \"a\"\nstore = \"ram\"",
+            "name = \"a\"\nstore = \"ram\"\nblock_size = 4096",
+        ));
+        let refused = diff(&old, &block).unwrap_err();
+        assert!(refused[0].contains("device a"), "{refused:?}");
+        // Every reason is reported, not just the first.
+        let both = config(
+            &format!("[limits]\nmax_sessions = 7\n{BASE}")
+                .replace("127.0.0.1:3260", "127.0.0.1:3261"),
+        );
+        assert_eq!(diff(&old, &both).unwrap_err().len(), 2);
+    }
+}

@@ -1,0 +1,488 @@
+//! The running topology: devices opened from the config, and targets with their groups' LUN
+//! maps. Built purely from a [`Config`] plus the open devices, and published whole as one
+//! immutable snapshot with a generation number; a reload (reload.rs) builds the next one,
+//! reusing every device whose config did not change, and connections pick it up at their next
+//! turn.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, TargetPort};
+use store::{BlockStore, Caching, FileStore, RamStore};
+
+use crate::config::{CacheMode, Config, DeviceConfig, IscsiName, StoreKind, TargetConfig};
+use crate::stall::WriteStalls;
+
+/// One initiator group of a target, with its LUN map built. Who belongs to it is the config's
+/// to say (`TargetConfig::group_index`); this is what a member gets.
+pub struct GroupRuntime {
+    pub name: String,
+    pub luns: Arc<LunMap>,
+    /// LUNs backed by a real device: their durable operations (write-through writes, FUA,
+    /// SYNCHRONIZE CACHE, UNMAP, ...) run on the blocking pool, never on a network worker, and
+    /// so do their buffered writes while the device stalls (see `stall.rs`).
+    pub disk_luns: Arc<Vec<DiskLun>>,
+    /// The device name behind each LUN, for the per-device I/O metrics.
+    pub lun_devices: Arc<Vec<(u64, Arc<str>)>>,
+}
+
+/// A LUN whose device is a real disk (not RAM, not tmpfs), with that device's stall state.
+pub struct DiskLun {
+    pub lun: u64,
+    pub stalls: Arc<WriteStalls>,
+    /// The store's O_DIRECT descriptor when its reads, writes and flushes go to the worker's
+    /// io_uring; None for page-cache devices, and for every device when io_uring is off or
+    /// unavailable (direct stores then run on the I/O thread pool).
+    pub ring: Option<store::DirectIo>,
+    /// The store does direct I/O (on the ring, or on the I/O threads without one): its reads
+    /// and writes always wait for the device.
+    pub direct: bool,
+}
+
+pub struct TargetRuntime {
+    pub iqn: IscsiName,
+    pub alias: Option<String>,
+    pub portal_groups: Vec<u16>,
+    pub groups: Vec<GroupRuntime>,
+    /// One SCSI target port per portal group tag.
+    pub ports: HashMap<u16, Arc<TargetPort>>,
+    /// Every LU reachable through this target (for target resets).
+    pub units: Vec<Arc<LogicalUnit>>,
+    /// The target's config: group membership, authentication and source checks. Its
+    /// `groups[i]` is `groups[i]` above.
+    pub config: TargetConfig,
+}
+
+/// Why [`Shared::admit`] refused a login.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such target on this portal (Login Response 0x0203).
+    NoSuchTarget,
+    /// The initiator is in no group and the target has no `any_initiator` group (0x0202).
+    NotInAnyGroup,
+    /// The source address is outside `allowed_sources` (0x0202).
+    SourceNotAllowed,
+}
+
+/// Who an initiator is to one target, decided once from its normalised name: every decision
+/// of a login and its session (authentication, allowed sources, LUN map, discovery) is taken
+/// from this one lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Membership {
+    /// Index in `Shared::targets`.
+    pub target: usize,
+    /// Index in that target's `groups` (and its config's).
+    pub group: usize,
+}
+
+impl TargetRuntime {
+    /// The config and runtime halves of group `index`.
+    pub fn group(&self, index: usize) -> Option<(&crate::config::InitiatorGroup, &GroupRuntime)> {
+        Some((self.config.groups.get(index)?, self.groups.get(index)?))
+    }
+}
+
+/// A device opened for the running topology, shared by every later topology in which its
+/// config did not change (a resize keeps it). Its store closes when the last topology and the
+/// last command holding it are gone.
+pub struct OpenDevice {
+    pub unit: Arc<LogicalUnit>,
+    /// For a store that waits for a real device (not RAM, not tmpfs).
+    pub disk: Option<DiskState>,
+}
+
+/// The device-side state of a store on a real disk.
+pub struct DiskState {
+    pub stalls: Arc<WriteStalls>,
+    /// The O_DIRECT descriptor for the workers' rings (None: no ring, or not direct).
+    pub ring: Option<store::DirectIo>,
+    /// The store does direct I/O (on the ring, or on the I/O threads without one).
+    pub direct: bool,
+}
+
+/// What opening a device needs; fixed for the daemon's life.
+pub struct DeviceContext {
+    metrics: Arc<crate::metrics::Metrics>,
+    epoch: Instant,
+    stall_base: Duration,
+    io_uring: bool,
+    state_dir: Option<PathBuf>,
+}
+
+impl DeviceContext {
+    /// Probes io_uring once and resolves the state directory.
+    pub fn new(config: &Config, metrics: Arc<crate::metrics::Metrics>) -> DeviceContext {
+        let io_uring = config.server.io_uring && {
+            match crate::ring::DeviceRing::<()>::probe() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        "io_uring unavailable ({e}): direct-I/O devices run on the I/O thread pool"
+                    );
+                    false
+                }
+            }
+        };
+        DeviceContext {
+            metrics,
+            epoch: Instant::now(),
+            stall_base: Duration::from_micros(config.limits.write_stall_us.into()),
+            io_uring,
+            state_dir: crate::state::state_dir(config.server.state_dir.as_deref()),
+        }
+    }
+
+    /// Opens a device's store, builds its LU and restores its saved reservations.
+    pub fn open(&self, device: &DeviceConfig) -> Result<Arc<OpenDevice>, String> {
+        let unit = open_unit(device)?;
+        // Files and block devices keep their reservations across restarts when asked (APTPL);
+        // a RAM LU's medium does not survive a restart, nor do its reservations.
+        let medium = match &device.store {
+            StoreKind::File { path, .. } | StoreKind::Block { path } => Some(path),
+            StoreKind::Ram { .. } => None,
+        };
+        if let (Some(medium), Some(dir)) = (medium, &self.state_dir) {
+            let path = crate::state::reservation_file(dir, &device.name, medium);
+            let file = crate::state::ReservationFile::new(path, medium, &device.name);
+            let saved = file.load().map_err(|e| {
+                    format!(
+                        "device {}: persistent reservations: {e} (remove the file to start without them)",
+                        device.name
+                    )
+                })?;
+            if let Some(saved) = saved {
+                unit.restore_reservations(&saved);
+                tracing::info!(
+                    "device {}: restored persistent reservations ({} registrations{})",
+                    device.name,
+                    saved.registrations.len(),
+                    if saved.reservation.is_some() {
+                        ", reserved"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            unit.set_pr_persistence(Arc::new(file));
+        }
+        // The store says whether it waits for a device; nothing is guessed from its kind.
+        let caps = unit.capabilities();
+        let path = match (caps.direct, self.io_uring) {
+            (true, true) => "io_uring",
+            (true, false) => "threads",
+            (false, _) if caps.page_cache && caps.waits_for_device => "page_cache",
+            (false, _) => "memory",
+        };
+        self.metrics.device_io_path(&device.name, path);
+        tracing::info!("device {}: I/O path {path}", device.name);
+        let ring = if self.io_uring {
+            unit.direct_io()
+        } else {
+            None
+        };
+        let disk = caps.waits_for_device.then(|| {
+            let (stalls, offloaded) = self.metrics.device_writes(&device.name);
+            DiskState {
+                stalls: Arc::new(WriteStalls::new(
+                    self.epoch,
+                    self.stall_base,
+                    stalls,
+                    offloaded,
+                )),
+                ring,
+                direct: caps.direct,
+            }
+        });
+        Ok(Arc::new(OpenDevice { unit, disk }))
+    }
+}
+
+/// The running targets and the devices they map, as one snapshot.
+pub struct Topology {
+    /// Increases by one with every applied reload; connections compare it at each turn.
+    pub generation: u64,
+    /// The config this topology was built from.
+    pub config: Config,
+    pub targets: Vec<TargetRuntime>,
+    /// Every open device by name (also those no LUN maps).
+    pub devices: HashMap<String, Arc<OpenDevice>>,
+}
+
+impl Topology {
+    /// Builds the targets of `config` over `devices` (which must hold every device it names).
+    pub fn assemble(
+        config: Config,
+        devices: HashMap<String, Arc<OpenDevice>>,
+        generation: u64,
+    ) -> Result<Topology, String> {
+        let targets = assemble_targets(&config, &devices)?;
+        Ok(Topology {
+            generation,
+            config,
+            targets,
+            devices,
+        })
+    }
+
+    /// The target named `iqn`, with its index in `targets`.
+    pub fn target(&self, iqn: &IscsiName) -> Option<(usize, &TargetRuntime)> {
+        self.targets.iter().enumerate().find(|(_, t)| t.iqn == *iqn)
+    }
+
+    /// The group `initiator` belongs to in target `target` (an index in `targets`), if any.
+    pub fn membership(&self, target: usize, initiator: &IscsiName) -> Option<Membership> {
+        let group = self.targets.get(target)?.config.group_index(initiator)?;
+        Some(Membership { target, group })
+    }
+
+    /// Whether `initiator`, coming from `source` to the portal group `portal_group_tag`, may
+    /// log in to `target_name`; if so, as which member and with what authentication. One
+    /// lookup decides the group; the authentication and the source check come from it, and
+    /// so does the session's LUN map ([`Shared::group_of`]).
+    pub fn admit(
+        &self,
+        initiator: &IscsiName,
+        target_name: &IscsiName,
+        portal_group_tag: u16,
+        source: IpAddr,
+    ) -> Result<(Membership, crate::config::ResolvedAuth), Refusal> {
+        let (index, target) = self.target(target_name).ok_or(Refusal::NoSuchTarget)?;
+        if !target.portal_groups.contains(&portal_group_tag) {
+            // Not served on this portal: to this initiator it does not exist here.
+            return Err(Refusal::NoSuchTarget);
+        }
+        let membership = self
+            .membership(index, initiator)
+            .ok_or(Refusal::NotInAnyGroup)?;
+        let (group, _) = target
+            .group(membership.group)
+            .ok_or(Refusal::NotInAnyGroup)?;
+        if !target.config.source_allowed(Some(group), source) {
+            return Err(Refusal::SourceNotAllowed);
+        }
+        Ok((membership, target.config.auth_in(initiator, Some(group))))
+    }
+
+    /// The runtime group (LUN map) of an admitted initiator.
+    pub fn group_of(&self, membership: Membership) -> Option<(&TargetRuntime, &GroupRuntime)> {
+        let target = self.targets.get(membership.target)?;
+        Some((target, target.group(membership.group)?.1))
+    }
+}
+
+fn assemble_targets(
+    config: &Config,
+    devices: &HashMap<String, Arc<OpenDevice>>,
+) -> Result<Vec<TargetRuntime>, String> {
+    let mut targets = Vec::new();
+    for t in &config.targets {
+        let portal_groups = if t.portal_groups.is_empty() {
+            config.portal_groups.iter().map(|p| p.tag).collect()
+        } else {
+            t.portal_groups.clone()
+        };
+        let mut groups = Vec::new();
+        let mut target_units: Vec<Arc<LogicalUnit>> = Vec::new();
+        for g in &t.groups {
+            let mut entries = Vec::new();
+            let mut disk_luns = Vec::new();
+            let mut lun_devices = Vec::new();
+            for m in &g.luns {
+                lun_devices.push((m.lun, Arc::<str>::from(m.device.as_str())));
+                let device = devices
+                    .get(m.device.as_str())
+                    .ok_or_else(|| format!("target {}: unknown device {}", t.iqn, m.device))?;
+                if let Some(disk) = &device.disk {
+                    disk_luns.push(DiskLun {
+                        lun: m.lun,
+                        stalls: Arc::clone(&disk.stalls),
+                        ring: disk.ring.clone(),
+                        direct: disk.direct,
+                    });
+                }
+                let unit = &device.unit;
+                if !target_units.iter().any(|u| Arc::ptr_eq(u, unit)) {
+                    target_units.push(Arc::clone(unit));
+                }
+                entries.push((m.lun, Arc::clone(unit), m.read_only));
+            }
+            let luns = LunMap::new(entries)
+                .map_err(|e| format!("target {} group {}: {e}", t.iqn, g.name))?;
+            groups.push(GroupRuntime {
+                name: g.name.clone(),
+                luns: Arc::new(luns),
+                disk_luns: Arc::new(disk_luns),
+                lun_devices: Arc::new(lun_devices),
+            });
+        }
+        // ALUA: each portal group is one target port of this target and a target port group of
+        // its own, numbered by its tag, in the state the config gives it.
+        let alua_groups: Arc<[PortGroup]> = portal_groups
+            .iter()
+            .map(|&tag| PortGroup {
+                id: tag,
+                state: config
+                    .portal_groups
+                    .iter()
+                    .find(|p| p.tag == tag)
+                    .map_or(AccessState::ActiveOptimized, |p| p.alua_state),
+                ports: vec![tag],
+            })
+            .collect();
+        let ports = portal_groups
+            .iter()
+            .map(|&tag| {
+                (
+                    tag,
+                    Arc::new(TargetPort {
+                        relative_id: tag,
+                        name: format!("{},t,0x{tag:04x}", t.iqn),
+                        target_name: t.iqn.to_string(),
+                        group: tag,
+                        groups: Arc::clone(&alua_groups),
+                    }),
+                )
+            })
+            .collect();
+        if t.groups.iter().any(|g| g.any_initiator) {
+            tracing::warn!(target = %t.iqn, "target is open to any initiator (any_initiator = true)");
+        }
+        assert_eq!(
+            groups.len(),
+            t.groups.len(),
+            "one runtime group per configured group"
+        );
+        targets.push(TargetRuntime {
+            iqn: t.iqn.clone(),
+            alias: t.alias.clone(),
+            portal_groups,
+            groups,
+            ports,
+            units: target_units,
+            config: t.clone(),
+        });
+    }
+    Ok(targets)
+}
+
+/// Opens a device's store and builds its logical unit.
+fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
+    let store: Arc<dyn BlockStore> = match &device.store {
+        StoreKind::Ram { size_bytes } => Arc::new(RamStore::new(*size_bytes)),
+        StoreKind::File { path, size_bytes } => {
+            Arc::new(open_file_store(device, path, *size_bytes)?)
+        }
+        StoreKind::Block { path } => Arc::new(open_file_store(device, path, None)?),
+    };
+    let mut naa = [0u8; 16];
+    let naa_len = device.naa.len().min(16);
+    naa[..naa_len].copy_from_slice(&device.naa[..naa_len]);
+    let identity = LuIdentity {
+        vendor: "FERROSAN".into(),
+        product: product_name(&device.store).into(),
+        revision: revision(),
+        serial: device.serial.clone(),
+        naa,
+        naa_len,
+    };
+    let settings = LuSettings {
+        block_size: device.block_size,
+        read_only: device.read_only,
+        write_cache: device.write_cache,
+        thin: device.thin,
+    };
+    let unit = LogicalUnit::new(store, identity, settings)
+        .map_err(|e| format!("device {}: {e}", device.name))?;
+    // SPC-2 RESERVE/RELEASE stay off: with them on, libiscsi 1.19's Reserve6.LUNReset trips over
+    // the 29h/03h unit attention a LOGICAL UNIT RESET leaves on the requesting nexus (tgt fails
+    // that test too). See `LogicalUnit::set_spc2_reservations` and docs/CONFORMANCE.md.
+    Ok(Arc::new(unit))
+}
+
+/// Opens a file or block device as its `cache` setting asks (see [`CacheMode`]): `auto` takes
+/// direct I/O where it works and says in the log why not where it does not.
+fn open_file_store(
+    device: &DeviceConfig,
+    path: &std::path::Path,
+    size: Option<u64>,
+) -> Result<FileStore, String> {
+    let located = |e: std::io::Error| format!("device {}: {}: {e}", device.name, path.display());
+    let open = |caching| FileStore::open_with(path, size, device.thin, caching).map_err(located);
+    let too_coarse = |store: &FileStore| {
+        store
+            .direct_io()
+            .map(|d| d.alignment)
+            .filter(|&alignment| alignment > device.block_size)
+    };
+    match device.cache {
+        CacheMode::Page => open(Caching::Page),
+        CacheMode::Direct => {
+            let store = open(Caching::Direct)?;
+            match too_coarse(&store) {
+                Some(alignment) => Err(format!(
+                    "device {}: {}: direct I/O needs {alignment}-byte alignment, larger than \
+                     block_size {}: set block_size = {alignment}, or cache = \"page\"",
+                    device.name,
+                    path.display(),
+                    device.block_size
+                )),
+                None => Ok(store),
+            }
+        }
+        CacheMode::Auto => {
+            let paged = open(Caching::Page)?;
+            // A file in memory (tmpfs) is fastest through its cache: nothing waits there.
+            if !paged.capabilities().waits_for_device {
+                return Ok(paged);
+            }
+            match FileStore::open_with(path, size, device.thin, Caching::Direct) {
+                Ok(direct) => match too_coarse(&direct) {
+                    None => Ok(direct),
+                    Some(alignment) => {
+                        tracing::warn!(
+                            "device {}: {} needs {alignment}-byte direct I/O but the LU has \
+                             {}-byte blocks: using the page cache (block_size = {alignment} \
+                             would allow direct I/O)",
+                            device.name,
+                            path.display(),
+                            device.block_size
+                        );
+                        Ok(paged)
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(
+                        "device {}: no direct I/O on {} ({e}): using the page cache",
+                        device.name,
+                        path.display()
+                    );
+                    Ok(paged)
+                }
+            }
+        }
+    }
+}
+
+/// Whether this store sits on a real device, so that making data durable waits for it and
+/// buffered writes can stall in the kernel. RAM never does; files on tmpfs/ramfs have nothing to
+/// flush or write back; anything else (disk filesystems, block devices) does.
+fn product_name(kind: &StoreKind) -> &'static str {
+    match kind {
+        StoreKind::Ram { .. } => "RAM DISK",
+        StoreKind::File { .. } => "FILE DISK",
+        StoreKind::Block { .. } => "BLOCK DISK",
+    }
+}
+
+/// INQUIRY's 4-character product revision, from the crate version ("0.1.0" -> "0.1").
+fn revision() -> String {
+    env!("CARGO_PKG_VERSION")
+        .chars()
+        .take(4)
+        .collect::<String>()
+        .trim_end_matches('.')
+        .to_string()
+}

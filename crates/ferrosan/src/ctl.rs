@@ -1,0 +1,470 @@
+//! `ferrosan ctl`: the control socket's client (protocol in docs/OPERATIONS.md). One request,
+//! one reply; human-readable by default, the daemon's JSON reply as it is with `--json`.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+#[derive(Args)]
+pub struct CtlArgs {
+    /// The daemon's control socket (default: the daemon's default for this user).
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    /// Print the daemon's JSON reply instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand)]
+enum Verb {
+    /// Version, uptime, config generation, unsaved changes, counts.
+    Status,
+    /// Sessions: initiator, target, portal, source, TSIH, digests, lengths, age, I/O.
+    Sessions,
+    /// LUNs by target and group, with their devices.
+    Luns,
+    /// The running config.
+    Config {
+        #[command(subcommand)]
+        what: ConfigVerb,
+    },
+    /// Re-read the config file and apply the difference (as SIGHUP does).
+    Reload,
+    /// Write the running config (with changes made here) over the config file, atomically.
+    Save,
+    /// Sessions.
+    Session {
+        #[command(subcommand)]
+        what: SessionVerb,
+    },
+    /// Devices (backing stores).
+    Device {
+        #[command(subcommand)]
+        what: DeviceVerb,
+    },
+    /// Grow a file device (or set a RAM device's size; RAM cannot change while it runs).
+    Resize {
+        device: String,
+        size: String,
+        #[arg(long)]
+        save: bool,
+    },
+    /// LUN maps of initiator groups.
+    Lun {
+        #[command(subcommand)]
+        what: LunVerb,
+    },
+    /// Initiators of initiator groups.
+    Initiator {
+        #[command(subcommand)]
+        what: InitiatorVerb,
+    },
+    /// CHAP credentials.
+    Chap {
+        #[command(subcommand)]
+        what: ChapVerb,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigVerb {
+    /// Print the running config as TOML (inline secrets redacted).
+    Show,
+}
+
+#[derive(Subcommand)]
+enum SessionVerb {
+    /// Close a session (by TSIH, from `ctl sessions`).
+    Close { tsih: u16 },
+}
+
+#[derive(Subcommand)]
+enum DeviceVerb {
+    /// Add a device: SPEC as `serve --lun` takes it (ram:SIZE, file:PATH[,size=SIZE], block:PATH).
+    Add {
+        name: String,
+        spec: String,
+        #[arg(long)]
+        save: bool,
+    },
+    /// Remove an unmapped device.
+    Remove {
+        name: String,
+        #[arg(long)]
+        save: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum LunVerb {
+    /// Map DEVICE as LUN in a group of a target.
+    Map {
+        target: String,
+        group: String,
+        lun: u64,
+        device: String,
+        #[arg(long)]
+        read_only: bool,
+        #[arg(long)]
+        save: bool,
+    },
+    /// Unmap a LUN from a group.
+    Unmap {
+        target: String,
+        group: String,
+        lun: u64,
+        #[arg(long)]
+        save: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum InitiatorVerb {
+    Add {
+        target: String,
+        group: String,
+        initiator: String,
+        #[arg(long)]
+        save: bool,
+    },
+    Remove {
+        target: String,
+        group: String,
+        initiator: String,
+        #[arg(long)]
+        save: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ChapVerb {
+    /// Set the CHAP user of a target (or of one group); the secret is read from stdin.
+    Set {
+        target: String,
+        #[arg(long)]
+        group: Option<String>,
+        user: String,
+        #[arg(long)]
+        save: bool,
+    },
+}
+
+/// Longest wait for the daemon's answer (a reload opening devices can take a while).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn request(verb: &Verb) -> Result<Value, String> {
+    Ok(match verb {
+        Verb::Status => json!({"verb": "status"}),
+        Verb::Sessions => json!({"verb": "sessions"}),
+        Verb::Luns => json!({"verb": "luns"}),
+        Verb::Config {
+            what: ConfigVerb::Show,
+        } => json!({"verb": "config"}),
+        Verb::Reload => json!({"verb": "reload"}),
+        Verb::Save => json!({"verb": "save"}),
+        Verb::Session {
+            what: SessionVerb::Close { tsih },
+        } => json!({"verb": "session-close", "tsih": tsih}),
+        Verb::Device { what } => match what {
+            DeviceVerb::Add { name, spec, save } => {
+                json!({"verb": "device-add", "name": name, "spec": spec, "save": save})
+            }
+            DeviceVerb::Remove { name, save } => {
+                json!({"verb": "device-remove", "name": name, "save": save})
+            }
+        },
+        Verb::Resize { device, size, save } => {
+            json!({"verb": "resize", "device": device, "size": size, "save": save})
+        }
+        Verb::Lun { what } => match what {
+            LunVerb::Map {
+                target,
+                group,
+                lun,
+                device,
+                read_only,
+                save,
+            } => json!({"verb": "lun-map", "target": target, "group": group, "lun": lun,
+                        "device": device, "read_only": read_only, "save": save}),
+            LunVerb::Unmap {
+                target,
+                group,
+                lun,
+                save,
+            } => {
+                json!({"verb": "lun-unmap", "target": target, "group": group, "lun": lun, "save": save})
+            }
+        },
+        Verb::Initiator { what } => {
+            let (verb, target, group, initiator, save) = match what {
+                InitiatorVerb::Add {
+                    target,
+                    group,
+                    initiator,
+                    save,
+                } => ("initiator-add", target, group, initiator, save),
+                InitiatorVerb::Remove {
+                    target,
+                    group,
+                    initiator,
+                    save,
+                } => ("initiator-remove", target, group, initiator, save),
+            };
+            json!({"verb": verb, "target": target, "group": group, "initiator": initiator, "save": save})
+        }
+        Verb::Chap {
+            what:
+                ChapVerb::Set {
+                    target,
+                    group,
+                    user,
+                    save,
+                },
+        } => {
+            // Never on the command line, where `ps` shows it to every user.
+            let mut secret = String::new();
+            std::io::stdin()
+                .take(4096)
+                .read_to_string(&mut secret)
+                .map_err(|e| format!("reading the secret from stdin: {e}"))?;
+            let secret = secret.trim_end_matches(['\r', '\n']).to_string();
+            let mut r = json!({"verb": "chap-set", "target": target, "user": user,
+                               "secret": secret, "save": save});
+            if let Some(g) = group {
+                r["group"] = json!(g);
+            }
+            r
+        }
+    })
+}
+
+fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, String> {
+    let located = |e: std::io::Error| format!("{}: {e}", socket.display());
+    let mut stream = UnixStream::connect(socket).map_err(|e| {
+        format!(
+            "cannot reach the daemon at {}: {e} (is it running? --socket PATH)",
+            socket.display()
+        )
+    })?;
+    stream
+        .set_read_timeout(Some(REPLY_TIMEOUT))
+        .map_err(located)?;
+    let mut line = request.to_string();
+    line.push('\n');
+    stream.write_all(line.as_bytes()).map_err(located)?;
+    let mut reply = String::new();
+    BufReader::new(stream.take(64 << 20))
+        .read_line(&mut reply)
+        .map_err(located)?;
+    serde_json::from_str(&reply).map_err(|e| format!("bad reply from the daemon: {e}"))
+}
+
+pub fn run(args: CtlArgs) -> ExitCode {
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(engine::control::default_socket_path);
+    let reply = request(&args.verb).and_then(|r| exchange(&socket, &r));
+    let reply = match reply {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ferrosan ctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let ok = reply.get("ok").and_then(Value::as_bool).unwrap_or(false);
+    if args.json {
+        println!("{reply}");
+    } else if !ok {
+        eprintln!(
+            "ferrosan ctl: {}",
+            reply
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("failed")
+        );
+    } else {
+        print!("{}", human(&args.verb, &reply));
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut out = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        out.push_str(&line(r));
+    }
+    out
+}
+
+fn human(verb: &Verb, r: &Value) -> String {
+    match verb {
+        Verb::Status => {
+            let mut out = String::new();
+            for key in [
+                "version",
+                "pid",
+                "uptime_s",
+                "generation",
+                "config_file",
+                "sessions",
+                "connections",
+                "targets",
+                "devices",
+            ] {
+                out.push_str(&format!("{key:<13} {}\n", s(&r[key])));
+            }
+            match r["unsaved_changes"].as_array() {
+                Some(list) if !list.is_empty() => {
+                    out.push_str(&format!(
+                        "UNSAVED       {} change(s) not in the config file (ferrosan ctl save):\n",
+                        list.len()
+                    ));
+                    for c in list {
+                        out.push_str(&format!("  {}\n", s(c)));
+                    }
+                }
+                _ => out.push_str("unsaved       none\n"),
+            }
+            out
+        }
+        Verb::Sessions => {
+            let rows = r["sessions"]
+                .as_array()
+                .map(|l| {
+                    l.iter()
+                        .map(|x| {
+                            vec![
+                                s(&x["tsih"]),
+                                s(&x["initiator"]),
+                                s(&x["target"]),
+                                s(&x["source"]),
+                                s(&x["portal"]),
+                                format!("{}/{}", s(&x["header_digest"]), s(&x["data_digest"])),
+                                s(&x["chap_user"]),
+                                s(&x["age_s"]),
+                                s(&x["reads"]),
+                                s(&x["writes"]),
+                            ]
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            table(
+                &[
+                    "TSIH",
+                    "INITIATOR",
+                    "TARGET",
+                    "SOURCE",
+                    "PORTAL",
+                    "DIGESTS",
+                    "CHAP",
+                    "AGE_S",
+                    "READS",
+                    "WRITES",
+                ],
+                rows,
+            )
+        }
+        Verb::Luns => {
+            let rows = r["luns"]
+                .as_array()
+                .map(|l| {
+                    l.iter()
+                        .map(|x| {
+                            vec![
+                                s(&x["target"]),
+                                s(&x["group"]),
+                                s(&x["lun"]),
+                                s(&x["device"]),
+                                s(&x["store"]),
+                                s(&x["size_bytes"]),
+                                s(&x["block_size"]),
+                                if x["read_only"].as_bool() == Some(true) {
+                                    "ro".into()
+                                } else {
+                                    "rw".into()
+                                },
+                                s(&x["path"]),
+                            ]
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut out = table(
+                &[
+                    "TARGET", "GROUP", "LUN", "DEVICE", "STORE", "BYTES", "BLOCK", "MODE", "PATH",
+                ],
+                rows,
+            );
+            if let Some(list) = r["unmapped_devices"].as_array().filter(|l| !l.is_empty()) {
+                let names: Vec<String> = list.iter().map(s).collect();
+                out.push_str(&format!("unmapped devices: {}\n", names.join(", ")));
+            }
+            out
+        }
+        Verb::Config { .. } => s(&r["toml"]),
+        _ => {
+            let mut out = String::new();
+            for key in ["applied", "closed", "saved"] {
+                if let Some(v) = r.get(key) {
+                    if key == "saved" && v.as_bool() == Some(false) {
+                        out.push_str(
+                            "not saved to the config file (ferrosan ctl save, or --save)\n",
+                        );
+                    } else if key != "saved" || v.is_string() {
+                        out.push_str(&format!("{key}: {}\n", s(v)));
+                    }
+                }
+            }
+            if let Some(changes) = r["changes"].as_array() {
+                if changes.is_empty() {
+                    out.push_str("no change\n");
+                }
+                for c in changes {
+                    out.push_str(&format!("  {}\n", s(c)));
+                }
+            }
+            if let Some(g) = r.get("generation") {
+                out.push_str(&format!("generation {}\n", s(g)));
+            }
+            out
+        }
+    }
+}

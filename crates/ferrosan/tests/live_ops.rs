@@ -561,3 +561,57 @@ fn rustix_is_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// The unit attentions a raw session collects from TEST UNIT READY on `lun` until GOOD.
+fn unit_attentions(raw: &mut common::raw::Raw, itt: &mut u32, lun: u8) -> Vec<(u8, u8)> {
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let mut bhs = raw.command(*itt, &[0; 6], 0x80, 0);
+        bhs.0[9] = lun; // flat LUN, peripheral addressing
+        *itt += 1;
+        raw.send(&bhs, &[]);
+        let pdu = raw.recv();
+        if common::raw::status_of(&pdu) == 0 {
+            return seen;
+        }
+        // Sense: a 2-byte length, then fixed format (key in byte 2, ASC/ASCQ in 12/13).
+        let sense = pdu.data.get(2..).unwrap_or_default();
+        assert_eq!(
+            sense.get(2).map(|k| k & 0x0f),
+            Some(6),
+            "not a UA: {sense:02x?}"
+        );
+        seen.push((sense[12], sense[13]));
+    }
+    panic!("TEST UNIT READY never succeeded: {seen:02x?}");
+}
+
+#[test]
+fn a_live_session_is_told_of_map_and_capacity_changes() {
+    let dir = disk_dir("live-ua");
+    let file = dir.join("lun1.img");
+    let (mut daemon, ctl) = start(&file);
+    let mut raw = common::raw::Raw::login(daemon.port, IQN, 1);
+    let mut itt = 1;
+    assert_eq!(unit_attentions(&mut raw, &mut itt, 0), vec![(0x29, 0x00)]);
+    assert_eq!(unit_attentions(&mut raw, &mut itt, 1), vec![(0x29, 0x00)]);
+    assert_eq!(ctl.json(&["device", "add", "more", "ram:4M"])["ok"], true);
+    assert_eq!(
+        ctl.json(&["lun", "map", IQN, "all", "3", "more"])["ok"],
+        true
+    );
+    // REPORTED LUNS DATA HAS CHANGED on the LUNs the session had, once each.
+    assert_eq!(unit_attentions(&mut raw, &mut itt, 0), vec![(0x3f, 0x0e)]);
+    assert_eq!(unit_attentions(&mut raw, &mut itt, 0), vec![]);
+    // The new LUN answers on the same session (its first command sees the power-on UA).
+    let on_new = unit_attentions(&mut raw, &mut itt, 3);
+    assert_eq!(on_new.first(), Some(&(0x29, 0x00)), "{on_new:02x?}");
+    // A resize: CAPACITY DATA HAS CHANGED.
+    assert_eq!(ctl.json(&["resize", "disk", "32M"])["ok"], true);
+    let on_disk = unit_attentions(&mut raw, &mut itt, 1);
+    assert!(on_disk.contains(&(0x2a, 0x09)), "{on_disk:02x?}");
+    // The session is the same one throughout.
+    raw.ping(999);
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(dir);
+}

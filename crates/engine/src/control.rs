@@ -131,7 +131,7 @@ pub fn bind(
                 ))
             }
             Err(_) => match std::fs::symlink_metadata(path) {
-                Ok(m) if m.file_type().is_socket_like() => {
+                Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
                     let _ = std::fs::remove_file(path);
                 }
                 Ok(_) => {
@@ -175,16 +175,6 @@ pub fn bind(
         group,
         inode,
     }))
-}
-
-trait SocketLike {
-    fn is_socket_like(&self) -> bool;
-}
-impl SocketLike for std::fs::FileType {
-    fn is_socket_like(&self) -> bool {
-        use std::os::unix::fs::FileTypeExt as _;
-        self.is_socket()
-    }
 }
 
 /// The id of group `name` from /etc/group (local groups; no NSS lookup).
@@ -266,7 +256,10 @@ pub async fn serve(shared: Arc<Shared>, socket: ControlSocket) {
     remove_if_ours(&path, inode);
 }
 
-async fn reply(stream: &mut UnixStream, value: &Value) -> std::io::Result<()> {
+async fn reply<W: tokio::io::AsyncWrite + Unpin>(
+    stream: &mut W,
+    value: &Value,
+) -> std::io::Result<()> {
     let mut line = value.to_string();
     line.push('\n');
     stream.write_all(line.as_bytes()).await
@@ -300,24 +293,15 @@ async fn client(shared: Arc<Shared>, stream: UnixStream) {
                     .unwrap_or_else(|e| error(format!("internal error: {e}")))
             }
             Ok(Err(e)) if e.kind() == ErrorKind::InvalidData => {
-                let _ = reply_half(&mut write, &error(e.to_string())).await;
+                let _ = reply(&mut write, &error(e.to_string())).await;
                 return;
             }
             Ok(Err(_)) => return,
         };
-        if reply_half(&mut write, &answer).await.is_err() {
+        if reply(&mut write, &answer).await.is_err() {
             return;
         }
     }
-}
-
-async fn reply_half(
-    write: &mut tokio::net::unix::OwnedWriteHalf,
-    value: &Value,
-) -> std::io::Result<()> {
-    let mut line = value.to_string();
-    line.push('\n');
-    write.write_all(line.as_bytes()).await
 }
 
 /// Reads one line (without its newline) of at most `max` bytes; a longer one is an
@@ -516,13 +500,20 @@ fn reload(shared: &Shared) -> Result<Value, String> {
 }
 
 fn save(shared: &Shared) -> Result<Value, String> {
+    let path = save_running(shared)?;
+    Ok(json!({ "saved": path.display().to_string() }))
+}
+
+/// Writes the running config over its file (atomically); the unsaved list is cleared once the
+/// file holds it.
+fn save_running(shared: &Shared) -> Result<PathBuf, String> {
     let path = shared.source.path.as_deref().ok_or(
         "no config file to save to: the daemon runs the demo or a quick export (serve --config FILE)",
     )?;
     let config = file_view(shared, &shared.topology().config);
     crate::reload::save_config(path, &config)?;
     shared.unsaved.clear();
-    Ok(json!({ "saved": path.display().to_string() }))
+    Ok(path.to_path_buf())
 }
 
 /// The config as the file should hold it: command-line overrides are not written into it.
@@ -571,15 +562,11 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
     let applied = crate::reload::apply(shared, validated)?;
     let save = args.get("save").and_then(Value::as_bool).unwrap_or(false);
     let saved = if save {
-        let path = shared
-            .source
-            .path
-            .as_deref()
-            .ok_or("applied, but not saved: no config file (serve --config FILE)")?;
-        let config = file_view(shared, &shared.topology().config);
-        crate::reload::save_config(path, &config)
-            .map_err(|e| format!("applied, but not saved: {e}"))?;
-        shared.unsaved.clear();
+        if let Err(e) = save_running(shared) {
+            // Live, but not in the file: `status` must list it.
+            shared.unsaved.add(what.clone());
+            return Err(format!("applied, but not saved: {e}"));
+        }
         true
     } else {
         shared.unsaved.add(what.clone());
@@ -774,11 +761,6 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
         }
         other => Err(format!("unknown verb {other}")),
     }
-}
-
-/// The group of the socket file, for tests and `status`.
-pub fn socket_group(path: &Path) -> Option<u32> {
-    std::fs::metadata(path).ok().map(|m| m.gid())
 }
 
 #[cfg(test)]

@@ -615,3 +615,29 @@ fn a_live_session_is_told_of_map_and_capacity_changes() {
     daemon.stop();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_change_that_cannot_be_saved_is_live_and_listed_as_unsaved() {
+    // A quick export has no config file to save to.
+    let scratch = common::Scratch::new("ctl-nosave");
+    let socket = scratch.file("control.sock");
+    let s = socket.display().to_string();
+    let mut daemon = Daemon::start_with_args(IQN, &["ram:16M"], &["--control-socket", &s]);
+    let ctl = Ctl { socket };
+    let r = ctl.run(&["device", "add", "more", "ram:4M", "--save"]);
+    assert_eq!(r.status.code(), Some(1), "{}", r.describe());
+    assert!(
+        r.stderr.contains("applied, but not saved"),
+        "{}",
+        r.describe()
+    );
+    let status = ctl.json(&["status"]);
+    assert_eq!(
+        status["unsaved_changes"].as_array().map(Vec::len),
+        Some(1),
+        "{status}"
+    );
+    let luns = ctl.json(&["luns"]);
+    assert_eq!(luns["unmapped_devices"][0], "more", "{luns}");
+    daemon.stop();
+}

@@ -469,6 +469,7 @@ fn luns(shared: &Shared) -> Value {
                     "read_only": m.read_only,
                     "write_cache": lu.write_cache_enabled(),
                     "direct": caps.direct,
+                    "offline": lu.is_offline(),
                     "serial": lu.identity().serial,
                 }));
             }
@@ -550,10 +551,34 @@ pub const EDIT_VERBS: &[&str] = &[
     "initiator-add",
     "initiator-remove",
     "chap-set",
+    "device-offline",
+    "device-online",
 ];
 
 fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, String> {
     let running = shared.topology().config.clone();
+    let mut args = args.clone();
+    if verb == "resize" && !args.contains_key("size") {
+        let name = text(&args, "device")?;
+        let device = running
+            .device(name)
+            .ok_or_else(|| format!("no device {name}"))?;
+        match &device.store {
+            StoreKind::Block { path } => return grow_to_medium(shared, name, path),
+            StoreKind::File { path, .. } => {
+                // The file was grown underneath: the LU follows, and the config records it.
+                let len = std::fs::metadata(path)
+                    .map_err(|e| format!("device {name}: {}: {e}", path.display()))?
+                    .len();
+                let whole = len - len % u64::from(device.block_size);
+                args.insert("size".into(), Value::String(whole.to_string()));
+            }
+            StoreKind::Ram { .. } => {
+                return Err(format!("device {name} is a RAM device: give a size"))
+            }
+        }
+    }
+    let args = &args;
     let mut edited = running.clone();
     let what = edit(&mut edited, verb, args)?;
     // Validated whole, as a file would be: written out and read back.
@@ -578,6 +603,47 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
         "generation": applied.generation,
         "changes": applied.changes.lines(),
         "saved": saved,
+    }))
+}
+
+/// A block device grown underneath (lvextend, a bigger RBD image): the LU takes the device's
+/// size now, rounded down to whole blocks, and raises CAPACITY DATA HAS CHANGED. Nothing in the
+/// config changes (a block device's size is the device's), so nothing is unsaved.
+fn grow_to_medium(shared: &Shared, name: &str, path: &Path) -> Result<Value, String> {
+    use std::io::{Seek as _, SeekFrom};
+    let topology = shared.topology();
+    let device = topology
+        .devices
+        .get(name)
+        .ok_or_else(|| format!("no device {name}"))?;
+    let located = |e: std::io::Error| format!("device {name}: {}: {e}", path.display());
+    let bytes = std::fs::File::open(path)
+        .and_then(|mut f| f.seek(SeekFrom::End(0)))
+        .map_err(located)?;
+    let block = u64::from(device.unit.settings().block_size);
+    let whole = bytes - bytes % block;
+    let was = device.unit.capacity_bytes();
+    if whole < was {
+        return Err(format!(
+            "device {name}: the device has {bytes} bytes now, less than the LU's {was}: \
+             shrinking is refused"
+        ));
+    }
+    device
+        .unit
+        .resize(whole)
+        .map_err(|e| format!("device {name}: {e}"))?;
+    let what = if whole == was {
+        format!("device {name}: still {was} bytes, nothing to do")
+    } else {
+        format!("device {name} grew from {was} to {whole} bytes")
+    };
+    tracing::info!("ctl: {what}");
+    Ok(json!({
+        "applied": what,
+        "generation": topology.generation,
+        "changes": if whole == was { vec![] } else { vec![what.clone()] },
+        "saved": true,
     }))
 }
 
@@ -647,7 +713,8 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 StoreKind::Ram { size_bytes } => *size_bytes = size,
                 StoreKind::Block { .. } => {
                     return Err(format!(
-                        "device {name} is a block device: grow the device itself; its size is read at open"
+                        "device {name} is a block device: grow the device itself, then resize \
+                         it without a size to take the device's size"
                     ))
                 }
             }
@@ -723,10 +790,32 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 }
             }
         }
+        "device-offline" | "device-online" => {
+            let name = text(args, "name")?;
+            let offline = verb == "device-offline";
+            let device = config
+                .devices
+                .iter_mut()
+                .find(|d| d.name == name)
+                .ok_or_else(|| format!("no device {name}"))?;
+            if device.offline == offline {
+                return Err(format!(
+                    "device {name} is {} already",
+                    if offline { "offline" } else { "online" }
+                ));
+            }
+            device.offline = offline;
+            Ok(if offline {
+                format!("device {name} taken offline")
+            } else {
+                format!("device {name} back online")
+            })
+        }
         "chap-set" => {
             let iqn = IscsiName::from_wire(text(args, "target")?).map_err(|e| e.to_string())?;
             let user = text(args, "user")?;
             let secret = text(args, "secret")?;
+            let mutual = args.get("mutual").and_then(Value::as_bool).unwrap_or(false);
             let target = config
                 .targets
                 .iter_mut()
@@ -737,26 +826,77 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 secret: crate::config::Secret::new(secret.as_bytes()),
                 secret_file: None,
             };
-            let scope = match args.get("group").and_then(Value::as_str) {
-                Some(group_name) => {
+            let group = args.get("group").and_then(Value::as_str);
+            let initiator = args.get("initiator").and_then(Value::as_str);
+            let (auth_users, auth_mutual, scope) = match (group, initiator) {
+                (Some(_), Some(_)) => {
+                    return Err("give a group or an initiator, not both".into());
+                }
+                (Some(group_name), None) => {
                     let group = target
                         .groups
                         .iter_mut()
                         .find(|g| g.name == group_name)
                         .ok_or_else(|| format!("target {iqn} has no group {group_name}"))?;
-                    group.auth.users = vec![credential];
-                    group.auth.mode = Some(crate::config::AuthMode::Chap);
-                    format!("group {group_name}")
+                    if !mutual {
+                        group.auth.mode = Some(crate::config::AuthMode::Chap);
+                    }
+                    let auth = &mut group.auth;
+                    (
+                        &mut auth.users,
+                        &mut auth.mutual,
+                        format!("group {group_name}"),
+                    )
                 }
-                None => {
-                    target.auth.users = vec![credential];
-                    target.auth.mode = Some(crate::config::AuthMode::Chap);
-                    "the target".to_string()
+                (None, Some(name)) => {
+                    let name = IscsiName::from_wire(name).map_err(|e| e.to_string())?;
+                    let at = match target.credentials.iter().position(|c| c.initiator == name) {
+                        Some(at) => at,
+                        None if mutual => {
+                            return Err(format!(
+                                "initiator {name} has no CHAP user of its own in {iqn}: set \
+                                 one before its mutual credentials"
+                            ))
+                        }
+                        None => {
+                            target
+                                .credentials
+                                .push(crate::config::InitiatorCredentials {
+                                    initiator: name.clone(),
+                                    users: Vec::new(),
+                                    mutual: None,
+                                });
+                            target.credentials.len() - 1
+                        }
+                    };
+                    let entry = &mut target.credentials[at];
+                    (
+                        &mut entry.users,
+                        &mut entry.mutual,
+                        format!("initiator {name}"),
+                    )
+                }
+                (None, None) => {
+                    if !mutual {
+                        target.auth.mode = Some(crate::config::AuthMode::Chap);
+                    }
+                    let auth = &mut target.auth;
+                    (&mut auth.users, &mut auth.mutual, "the target".to_string())
                 }
             };
+            if mutual {
+                *auth_mutual = Some(credential);
+            } else {
+                *auth_users = vec![credential];
+            }
             // The secret itself never reaches the log or the reply.
             Ok(format!(
-                "{iqn}: CHAP user {user} set for {scope} (from the next login)"
+                "{iqn}: {} {user} set for {scope} (from the next login)",
+                if mutual {
+                    "mutual CHAP name (the target's)"
+                } else {
+                    "CHAP user"
+                }
             ))
         }
         other => Err(format!("unknown verb {other}")),
@@ -850,6 +990,104 @@ iqn = "iqn.2026-11.test:t"
         .unwrap();
         c.targets[0].groups[0].auth = base().targets[0].groups[0].auth.clone();
         assert_eq!(valid(&c), base());
+    }
+
+    #[test]
+    fn offline_online_and_every_chap_scope() {
+        let mut c = base();
+        let name = args(json!({"name": "a"}));
+        assert_eq!(
+            edit(&mut c, "device-offline", &name).unwrap(),
+            "device a taken offline"
+        );
+        assert!(valid(&c).devices[0].offline);
+        assert!(edit(&mut c, "device-offline", &name)
+            .unwrap_err()
+            .contains("offline already"));
+        edit(&mut c, "device-online", &name).unwrap();
+        assert!(edit(&mut c, "device-online", &name)
+            .unwrap_err()
+            .contains("online already"));
+        assert!(edit(&mut c, "device-offline", &args(json!({"name": "zz"})))
+            .unwrap_err()
+            .contains("no device"));
+        assert_eq!(c, base());
+        let t = "iqn.2026-11.test:t";
+        let i = "iqn.2026-11.test:i";
+        let secret = "a-secret-of-16-bytes";
+        // Mutual for an initiator without credentials of its own: refused.
+        assert!(edit(
+            &mut c,
+            "chap-set",
+            &args(json!({"target": t, "initiator": i, "user": "tgt", "secret": secret, "mutual": true}))
+        )
+        .unwrap_err()
+        .contains("no CHAP user of its own"));
+        edit(
+            &mut c,
+            "chap-set",
+            &args(json!({"target": t, "initiator": i, "user": "host", "secret": secret})),
+        )
+        .unwrap();
+        edit(
+            &mut c,
+            "chap-set",
+            &args(json!({"target": t, "initiator": i, "user": "tgt", "secret": "another-secret-16b", "mutual": true})),
+        )
+        .unwrap();
+        // The target's mutual name alone: the edit is made, the whole-config check refuses it
+        // (mutual CHAP needs a user to authenticate first).
+        let mut alone = c.clone();
+        edit(
+            &mut alone,
+            "chap-set",
+            &args(
+                json!({"target": t, "user": "tm", "secret": "target-mutual-16b", "mutual": true}),
+            ),
+        )
+        .unwrap();
+        assert!(
+            alone.targets[0].auth.users.is_empty(),
+            "mutual sets no user"
+        );
+        assert!(Config::from_toml_str(&alone.to_toml_with_secrets(), "edit").is_err());
+        for (user, secret, mutual) in [
+            ("tu", "target-user-16-by", false),
+            ("tm", "target-mutual-16b", true),
+        ] {
+            edit(
+                &mut c,
+                "chap-set",
+                &args(json!({"target": t, "user": user, "secret": secret, "mutual": mutual})),
+            )
+            .unwrap();
+        }
+        let v = valid(&c);
+        let cred = &v.targets[0].credentials[0];
+        assert_eq!(cred.initiator.as_str(), i);
+        assert_eq!(cred.users[0].user, "host");
+        assert_eq!(cred.mutual.as_ref().unwrap().user, "tgt");
+        assert_eq!(v.targets[0].auth.mutual.as_ref().unwrap().user, "tm");
+        assert_eq!(v.targets[0].auth.users[0].user, "tu");
+        // Setting it again replaces, never duplicates.
+        edit(
+            &mut c,
+            "chap-set",
+            &args(json!({"target": t, "initiator": i, "user": "host2", "secret": secret})),
+        )
+        .unwrap();
+        let v = valid(&c);
+        assert_eq!(v.targets[0].credentials.len(), 1);
+        assert_eq!(v.targets[0].credentials[0].users.len(), 1);
+        assert!(edit(
+            &mut c,
+            "chap-set",
+            &args(
+                json!({"target": t, "initiator": i, "group": "g", "user": "x", "secret": secret})
+            )
+        )
+        .unwrap_err()
+        .contains("not both"));
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct Changes {
     pub devices_removed: Vec<String>,
     /// Device name and its new size in bytes.
     pub devices_resized: Vec<(String, u64)>,
+    /// Device name and whether it goes offline (`true`) or back online.
+    pub devices_offline: Vec<(String, bool)>,
     pub targets_added: Vec<IscsiName>,
     pub targets_removed: Vec<IscsiName>,
     /// Targets whose groups, LUN maps, initiators, authentication or sources changed.
@@ -51,6 +53,13 @@ impl Changes {
                 .iter()
                 .map(|(d, n)| format!("device {d} resized to {n} bytes")),
         );
+        out.extend(self.devices_offline.iter().map(|(d, offline)| {
+            if *offline {
+                format!("device {d} taken offline")
+            } else {
+                format!("device {d} back online")
+            }
+        }));
         out.extend(
             self.targets_added
                 .iter()
@@ -95,11 +104,16 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
         match old.device(&d.name) {
             None => changes.devices_added.push(d.name.clone()),
             Some(was) if was == d => {}
-            Some(was) => match resized(was, d) {
-                Ok(Some(size)) => changes.devices_resized.push((d.name.clone(), size)),
-                Ok(None) => {}
-                Err(why) => refused.push(format!("device {}: {why}", d.name)),
-            },
+            Some(was) => {
+                match resized(was, d) {
+                    Ok(Some(size)) => changes.devices_resized.push((d.name.clone(), size)),
+                    Ok(None) => {}
+                    Err(why) => refused.push(format!("device {}: {why}", d.name)),
+                }
+                if was.offline != d.offline {
+                    changes.devices_offline.push((d.name.clone(), d.offline));
+                }
+            }
         }
     }
     for d in &old.devices {
@@ -126,19 +140,20 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
     }
 }
 
-/// How a device's config changed, when only its size did: `Ok(Some(bytes))` to grow it to,
-/// `Ok(None)` for nothing to do on the store. Anything else changing under a running LU (its
-/// medium, block size, identity, caching) is refused: remove the device in one reload and add
-/// it back in the next.
+/// How a device's size changed, when only its size and state may have: `Ok(Some(bytes))` to
+/// grow it to, `Ok(None)` for nothing to do on the store. Anything else changing under a
+/// running LU (its medium, block size, identity, caching) is refused: remove the device in one
+/// reload and add it back in the next.
 fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, String> {
-    let same_but_size = DeviceConfig {
+    let same_but_size_and_state = DeviceConfig {
         store: now.store.clone(),
+        offline: now.offline,
         ..was.clone()
     };
-    if same_but_size != *now {
+    if same_but_size_and_state != *now {
         return Err(
-            "only `size` can change while it runs (its medium, block size, identity or \
-             caching cannot): remove it in one reload and add it back in the next"
+            "only `size` and `offline` can change while it runs (its medium, block size, \
+             identity or caching cannot): remove it in one reload and add it back in the next"
                 .into(),
         );
     }
@@ -160,6 +175,7 @@ fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, String
                 "size {b} is smaller than the running {a}: shrinking a LUN would cut off data \
                  its initiators may hold"
             )),
+            (Some(a), Some(b)) if a == b => Ok(None),
             // Growing, or a size for a device that had none: the store checks it against the
             // file (it never shrinks).
             (_, Some(b)) => Ok(Some(*b)),
@@ -281,6 +297,11 @@ pub fn apply(shared: &Shared, new: Config) -> Result<Applied, String> {
     for line in changes.lines() {
         tracing::info!(generation, "reload: {line}");
     }
+    for (name, offline) in &changes.devices_offline {
+        if let Some(device) = shared.topology().devices.get(name) {
+            set_offline(name, device, *offline);
+        }
+    }
     for (name, device) in removed {
         close_when_idle(name, device);
     }
@@ -288,6 +309,34 @@ pub fn apply(shared: &Shared, new: Config) -> Result<Applied, String> {
         generation,
         changes,
     })
+}
+
+/// How long taking a device offline waits for the commands it admitted before to finish.
+const OFFLINE_DRAIN_WAIT: Duration = Duration::from_secs(30);
+
+/// Takes a device offline (new commands get NOT READY), waits for the commands admitted before
+/// to finish and flushes it, so that what its initiators wrote is on the medium when the
+/// operator is told it is offline; or brings it back online.
+fn set_offline(name: &str, device: &OpenDevice, offline: bool) {
+    device.unit.set_offline(offline);
+    if !offline {
+        return;
+    }
+    let start = Instant::now();
+    while device.unit.in_flight().count() > 0 && start.elapsed() < OFFLINE_DRAIN_WAIT {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let still = device.unit.in_flight().count();
+    if still > 0 {
+        tracing::warn!(
+            device = %name,
+            "offline: {still} commands still running after {} s; flushing anyway",
+            OFFLINE_DRAIN_WAIT.as_secs()
+        );
+    }
+    if let Err(e) = device.unit.flush() {
+        tracing::error!(device = %name, "offline: flush failed: {e}");
+    }
 }
 
 /// How long a removed device waits for sessions to move off it and its commands to finish
@@ -302,10 +351,14 @@ fn close_when_idle(name: String, device: Arc<OpenDevice>) {
         .name("ferrosan-remove".into())
         .spawn(move || {
             let start = Instant::now();
-            while Arc::strong_count(&device.unit) > 1 && start.elapsed() < REMOVAL_WAIT {
+            // A direct I/O on a worker's ring holds the LU's in-flight count, not the LU.
+            let busy = || {
+                Arc::strong_count(&device.unit) > 1 || device.unit.in_flight().count() > 0
+            };
+            while busy() && start.elapsed() < REMOVAL_WAIT {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            let busy = Arc::strong_count(&device.unit) > 1;
+            let busy = busy();
             match device.unit.flush() {
                 Ok(()) if busy => tracing::warn!(
                     device = %name,
@@ -409,6 +462,27 @@ iqn = "iqn.2026-11.test:t"
         assert!(refused[0].contains("shrinking"), "{refused:?}");
         let ram = config(&BASE.replace("\"16M\"", "\"32M\""));
         assert!(diff(&old, &ram).unwrap_err()[0].contains("RAM"));
+    }
+
+    #[test]
+    fn offline_changes_live_and_alone() {
+        let old = config(BASE);
+        let offline = config(&BASE.replace("size = \"32M\"", "size = \"32M\"\noffline = true"));
+        let c = diff(&old, &offline).unwrap();
+        assert_eq!(c.devices_offline, vec![("f".to_string(), true)]);
+        assert!(c.devices_resized.is_empty(), "the same size is no resize");
+        assert_eq!(c.lines(), vec!["device f taken offline"]);
+        let c = diff(&offline, &old).unwrap();
+        assert_eq!(c.devices_offline, vec![("f".to_string(), false)]);
+        // Offline and grown at once: both.
+        let both = config(&BASE.replace("size = \"32M\"", "size = \"64M\"\noffline = true"));
+        let c = diff(&old, &both).unwrap();
+        assert_eq!(c.devices_resized.len(), 1);
+        assert_eq!(c.devices_offline.len(), 1);
+        // It survives being written out and read back.
+        assert!(diff(&offline, &config(&offline.to_toml()))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

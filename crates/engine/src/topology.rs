@@ -138,6 +138,10 @@ impl DeviceContext {
     /// Opens a device's store, builds its LU and restores its saved reservations.
     pub fn open(&self, device: &DeviceConfig) -> Result<Arc<OpenDevice>, String> {
         let unit = open_unit(device)?;
+        if device.offline {
+            unit.set_offline(true);
+            tracing::warn!(device = %device.name, "device is offline (offline = true): its LUNs answer NOT READY");
+        }
         // Files and block devices keep their reservations across restarts when asked (APTPL);
         // a RAM LU's medium does not survive a restart, nor do its reservations.
         let medium = match &device.store {

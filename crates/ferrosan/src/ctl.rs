@@ -49,10 +49,11 @@ enum Verb {
         #[command(subcommand)]
         what: DeviceVerb,
     },
-    /// Grow a file device (or set a RAM device's size; RAM cannot change while it runs).
+    /// Grow a file device to SIZE; without SIZE, a file or block device grown underneath
+    /// (truncate, lvextend) is taken at its size now. RAM devices cannot change while running.
     Resize {
         device: String,
-        size: String,
+        size: Option<String>,
         #[arg(long)]
         save: bool,
     },
@@ -96,6 +97,19 @@ enum DeviceVerb {
     },
     /// Remove an unmapped device.
     Remove {
+        name: String,
+        #[arg(long)]
+        save: bool,
+    },
+    /// Take a device offline: its LUNs answer NOT READY (04h/12h) until it is back online;
+    /// the reply comes once the commands it was running have finished and it is flushed.
+    Offline {
+        name: String,
+        #[arg(long)]
+        save: bool,
+    },
+    /// Bring an offline device back (initiators see NOT READY TO READY CHANGE, 28h/00h).
+    Online {
         name: String,
         #[arg(long)]
         save: bool,
@@ -145,11 +159,17 @@ enum InitiatorVerb {
 
 #[derive(Subcommand)]
 enum ChapVerb {
-    /// Set the CHAP user of a target (or of one group); the secret is read from stdin.
+    /// Set the CHAP user of a target, of one group or of one initiator (or, with --mutual,
+    /// the name and secret the target answers mutual CHAP with); the secret is read from stdin.
     Set {
         target: String,
-        #[arg(long)]
+        #[arg(long, conflicts_with = "initiator")]
         group: Option<String>,
+        #[arg(long)]
+        initiator: Option<String>,
+        /// The target's own credentials for mutual CHAP, in that scope.
+        #[arg(long)]
+        mutual: bool,
         user: String,
         #[arg(long)]
         save: bool,
@@ -179,9 +199,19 @@ fn request(verb: &Verb) -> Result<Value, String> {
             DeviceVerb::Remove { name, save } => {
                 json!({"verb": "device-remove", "name": name, "save": save})
             }
+            DeviceVerb::Offline { name, save } => {
+                json!({"verb": "device-offline", "name": name, "save": save})
+            }
+            DeviceVerb::Online { name, save } => {
+                json!({"verb": "device-online", "name": name, "save": save})
+            }
         },
         Verb::Resize { device, size, save } => {
-            json!({"verb": "resize", "device": device, "size": size, "save": save})
+            let mut r = json!({"verb": "resize", "device": device, "save": save});
+            if let Some(size) = size {
+                r["size"] = json!(size);
+            }
+            r
         }
         Verb::Lun { what } => match what {
             LunVerb::Map {
@@ -224,6 +254,8 @@ fn request(verb: &Verb) -> Result<Value, String> {
                 ChapVerb::Set {
                     target,
                     group,
+                    initiator,
+                    mutual,
                     user,
                     save,
                 },
@@ -236,9 +268,12 @@ fn request(verb: &Verb) -> Result<Value, String> {
                 .map_err(|e| format!("reading the secret from stdin: {e}"))?;
             let secret = secret.trim_end_matches(['\r', '\n']).to_string();
             let mut r = json!({"verb": "chap-set", "target": target, "user": user,
-                               "secret": secret, "save": save});
+                               "secret": secret, "mutual": mutual, "save": save});
             if let Some(g) = group {
                 r["group"] = json!(g);
+            }
+            if let Some(i) = initiator {
+                r["initiator"] = json!(i);
             }
             r
         }
@@ -416,10 +451,10 @@ fn human(verb: &Verb, r: &Value) -> String {
                                 s(&x["store"]),
                                 s(&x["size_bytes"]),
                                 s(&x["block_size"]),
-                                if x["read_only"].as_bool() == Some(true) {
-                                    "ro".into()
-                                } else {
-                                    "rw".into()
+                                match (x["offline"].as_bool(), x["read_only"].as_bool()) {
+                                    (Some(true), _) => "OFFLINE".into(),
+                                    (_, Some(true)) => "ro".into(),
+                                    _ => "rw".into(),
                                 },
                                 s(&x["path"]),
                             ]

@@ -280,10 +280,13 @@ fn print_banner(config: &Config, server: &engine::Server) {
         );
     }
     for t in &config.targets {
+        // Each group numbers its own LUNs: list each number once.
         let luns: Vec<u64> = t
             .groups
             .iter()
             .flat_map(|g| g.luns.iter().map(|l| l.lun))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect();
         println!("  target {}  LUNs {:?}", t.iqn, luns);
         if let Some(first) = luns.first() {

@@ -409,6 +409,32 @@ fn every_ctl_verb_works_and_unsaved_changes_are_reported() {
         daemon.port
     );
     run("iscsi-readcapacity16", &[&with_chap]).expect_ok(&daemon);
+    // One initiator's own credentials win over its group's, for it alone.
+    let bob = "iqn.2026-11.test:bob";
+    let chap = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args(["ctl", "--socket"])
+        .arg(&ctl.socket)
+        .args(["chap", "set", IQN, "--initiator", bob, "bob"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    chap.stdin
+        .as_ref()
+        .unwrap()
+        .write_all(b"bob-s3cret-2026-x\n")
+        .unwrap();
+    assert!(chap.wait_with_output().unwrap().status.success());
+    let as_bob = |user: &str, secret: &str| {
+        let url = format!("iscsi://{user}%{secret}@127.0.0.1:{}/{IQN}/0", daemon.port);
+        run("iscsi-readcapacity16", &["-i", bob, &url])
+    };
+    assert!(
+        !as_bob("alice", "alice-s3cret-2026").success(),
+        "bob logged in with the group's credentials"
+    );
+    as_bob("bob", "bob-s3cret-2026-x").expect_ok(&daemon);
+    run("iscsi-readcapacity16", &[&with_chap]).expect_ok(&daemon);
     let shown = ok(ctl.json(&["config", "show"]));
     assert!(
         !shown["toml"].as_str().unwrap().contains("alice-s3cret"),
@@ -640,4 +666,187 @@ fn a_change_that_cannot_be_saved_is_live_and_listed_as_unsaved() {
     let luns = ctl.json(&["luns"]);
     assert_eq!(luns["unmapped_devices"][0], "more", "{luns}");
     daemon.stop();
+}
+
+/// TEST UNIT READY on `lun` of a raw session: None when GOOD, else the sense key, ASC, ASCQ.
+fn test_unit_ready(raw: &mut common::raw::Raw, itt: &mut u32, lun: u8) -> Option<(u8, u8, u8)> {
+    let mut bhs = raw.command(*itt, &[0; 6], 0x80, 0);
+    bhs.0[9] = lun;
+    *itt += 1;
+    raw.send(&bhs, &[]);
+    let pdu = raw.recv();
+    if common::raw::status_of(&pdu) == 0 {
+        return None;
+    }
+    let sense = pdu.data.get(2..).unwrap_or_default();
+    Some((sense[2] & 0x0f, sense[12], sense[13]))
+}
+
+#[test]
+fn a_device_taken_offline_answers_not_ready_and_comes_back_with_a_unit_attention() {
+    let dir = disk_dir("live-offline");
+    let file = dir.join("lun1.img");
+    let (mut daemon, ctl) = start(&file);
+    let mut raw = common::raw::Raw::login(daemon.port, IQN, 1);
+    let mut itt = 1;
+    assert_eq!(unit_attentions(&mut raw, &mut itt, 0), vec![(0x29, 0x00)]);
+    assert_eq!(unit_attentions(&mut raw, &mut itt, 1), vec![(0x29, 0x00)]);
+    // A writer on LUN 1 while it goes offline: the reply comes after its commands finished.
+    let (mut child, log) = writer(&daemon, 1, "1000000");
+    the_session(&ctl);
+    std::thread::sleep(Duration::from_millis(300));
+    let r = ctl.json(&["device", "offline", "disk"]);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["changes"][0], "device disk taken offline", "{r}");
+    // The writer fails (NOT READY is not retried forever); the daemon does not.
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the writer kept writing to an offline LUN: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(
+        test_unit_ready(&mut raw, &mut itt, 1),
+        Some((0x02, 0x04, 0x12)),
+        "LOGICAL UNIT NOT READY, OFFLINE"
+    );
+    // The other LUN is untouched, the offline one still listed (`iscsi-ls -s` gives up on
+    // its NOT READY, so ctl says it) and marked.
+    assert_eq!(test_unit_ready(&mut raw, &mut itt, 0), None);
+    let luns = ctl.json(&["luns"]);
+    let disk = luns["luns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["device"] == "disk")
+        .cloned()
+        .unwrap();
+    assert_eq!(disk["offline"], true, "{luns}");
+    assert!(ctl.run(&["luns"]).stdout.contains("OFFLINE"));
+    // Offline twice is an error that changes nothing.
+    let again = ctl.run(&["device", "offline", "disk"]);
+    assert_eq!(again.status.code(), Some(1), "{}", again.describe());
+    assert!(
+        again.stderr.contains("offline already"),
+        "{}",
+        again.describe()
+    );
+    // Unsaved until saved; saved, the file says so and a reload changes nothing.
+    let status = ctl.json(&["status"]);
+    assert_eq!(status["unsaved_changes"][0], "device disk taken offline");
+    assert_eq!(ctl.json(&["save"])["ok"], true);
+    let text = std::fs::read_to_string(daemon.file("ferrosan.toml")).unwrap();
+    assert!(text.contains("offline = true"), "{text}");
+    let r = ctl.json(&["reload"]);
+    assert_eq!(r["changes"].as_array().map(Vec::len), Some(0), "{r}");
+    // Back online: NOT READY TO READY CHANGE, then ready, on the same session.
+    let r = ctl.json(&["device", "online", "disk"]);
+    assert_eq!(r["changes"][0], "device disk back online", "{r}");
+    assert_eq!(
+        test_unit_ready(&mut raw, &mut itt, 1),
+        Some((0x06, 0x28, 0x00))
+    );
+    assert_eq!(test_unit_ready(&mut raw, &mut itt, 1), None);
+    // The file still says offline = true (saved above): SIGHUP returns to it.
+    daemon.signal("HUP");
+    let seen = within(Duration::from_secs(5), || {
+        test_unit_ready(&mut raw, &mut itt, 1) == Some((0x02, 0x04, 0x12))
+    });
+    assert!(
+        seen.is_some(),
+        "SIGHUP with offline = true took LUN 1 offline"
+    );
+    raw.ping(999);
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn devices_grown_underneath_are_picked_up_by_resize_without_a_size() {
+    let dir = disk_dir("live-grow");
+    let image = dir.join("file.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let backing = dir.join("loop.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let out = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&backing)
+        .output();
+    let loop_device = out
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    // Detached even if an assertion fails.
+    struct Detach(Option<String>);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            if let Some(device) = &self.0 {
+                let _ = Command::new("losetup").args(["-d", device]).status();
+            }
+        }
+    }
+    let _detach = Detach(loop_device.clone());
+    let scratch = common::Scratch::new("ctl-grow");
+    let socket = scratch.file("control.sock");
+    let s = socket.display().to_string();
+    let file_lun = format!("file:{}", image.display());
+    let block_lun = loop_device.as_ref().map(|d| format!("block:{d}"));
+    let mut luns = vec![file_lun.as_str()];
+    luns.extend(block_lun.as_deref());
+    let mut daemon = Daemon::start_with_args(IQN, &luns, &["--control-socket", &s]);
+    let ctl = Ctl { socket };
+    let blocks = |lun| last_lba(&daemon, lun) + 1;
+    assert_eq!(blocks(0), (8 << 20) / 512);
+    // The file grows underneath (truncate -s); resize without a size follows it.
+    std::fs::File::options()
+        .write(true)
+        .open(&image)
+        .unwrap()
+        .set_len(24 << 20)
+        .unwrap();
+    let r = ctl.json(&["resize", "lun0"]);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(blocks(0), (24 << 20) / 512);
+    // A RAM device needs a size; a missing device is an error.
+    assert_eq!(ctl.run(&["resize", "nothing"]).status.code(), Some(1));
+    match loop_device {
+        Some(device) => {
+            assert_eq!(blocks(1), (8 << 20) / 512);
+            let r = ctl.json(&["resize", "lun1"]);
+            assert_eq!(r["changes"].as_array().map(Vec::len), Some(0), "{r}");
+            std::fs::File::options()
+                .write(true)
+                .open(&backing)
+                .unwrap()
+                .set_len(16 << 20)
+                .unwrap();
+            let grew = Command::new("losetup").args(["-c", &device]).status();
+            assert!(grew.is_ok_and(|s| s.success()), "losetup -c {device}");
+            // A size for a block device is refused: the device decides.
+            let sized = ctl.run(&["resize", "lun1", "32M"]);
+            assert_eq!(sized.status.code(), Some(1), "{}", sized.describe());
+            let r = ctl.json(&["resize", "lun1"]);
+            assert_eq!(r["ok"], true, "{r}");
+            assert_eq!(blocks(1), (16 << 20) / 512);
+            // Only the file's new size is unsaved: a block device's size is the device's.
+            let status = ctl.json(&["status"]);
+            assert_eq!(
+                status["unsaved_changes"].as_array().map(Vec::len),
+                Some(1),
+                "{status}"
+            );
+            daemon.stop();
+        }
+        None => {
+            eprintln!("SKIPPED (block part): needs root and loop devices");
+            daemon.stop();
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -93,6 +93,9 @@ pub struct LogicalUnit {
     pub(crate) copy_results: Mutex<HashMap<(u64, u8), crate::xcopy::CopyRecord>>,
     /// Commands that may still reach the medium; task management waits for them.
     in_flight: Arc<crate::inflight::InFlight>,
+    /// Taken offline by the operator: commands that need the medium answer NOT READY,
+    /// LOGICAL UNIT NOT READY, OFFLINE (04h/12h) until it is back.
+    offline: AtomicBool,
 }
 
 fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
@@ -148,6 +151,7 @@ impl LogicalUnit {
             spc2_reservations: AtomicBool::new(false),
             copy_results: Mutex::new(HashMap::new()),
             in_flight: Arc::default(),
+            offline: AtomicBool::new(false),
         })
     }
 
@@ -306,6 +310,25 @@ impl LogicalUnit {
         Ok(())
     }
 
+    /// Takes the LU offline (`true`) or back online. Offline, every command but INQUIRY,
+    /// REPORT LUNS, REQUEST SENSE and the MAINTENANCE IN reports answers NOT READY, LOGICAL
+    /// UNIT NOT READY, OFFLINE (04h/12h); commands admitted before keep running (the caller
+    /// waits for [`LogicalUnit::in_flight`] to drain before it touches the medium). Back
+    /// online, every nexus gets NOT READY TO READY CHANGE (28h/00h): the medium may have
+    /// changed meanwhile. Returns whether the state changed.
+    pub fn set_offline(&self, offline: bool) -> bool {
+        let was = self.offline.swap(offline, Ordering::SeqCst);
+        if was && !offline {
+            self.ua.raise_all(unit_attention::NOT_READY_TO_READY, None);
+        }
+        was != offline
+    }
+
+    /// Whether the LU is offline (see [`LogicalUnit::set_offline`]).
+    pub fn is_offline(&self) -> bool {
+        self.offline.load(Ordering::Relaxed)
+    }
+
     /// REPORTED LUNS DATA HAS CHANGED (3Fh/0Eh) for one nexus: the LUN map it sees this LU
     /// through changed.
     pub fn reported_luns_changed_for(&self, nexus_id: u64) {
@@ -445,6 +468,15 @@ impl LogicalUnit {
         if cmd.cdb.len() < cdb_len {
             return Err(Sense::invalid_field_in_cdb(0, None));
         }
+        // SPC-4 5.12: a unit that is not ready still answers what does not need its medium.
+        if self.offline.load(Ordering::Relaxed)
+            && !matches!(
+                opcode,
+                INQUIRY | REPORT_LUNS | REQUEST_SENSE | MAINTENANCE_IN
+            )
+        {
+            return Err(Sense::not_ready_offline());
+        }
         self.reservations.check(nexus, cdb)?;
         // NACA and LINK are not supported (SAM-5 5.9).
         check_reserved(cdb, cdb_len - 1, 0xFA)?;
@@ -545,8 +577,10 @@ impl LogicalUnit {
         let descriptor_format = cdb.u8(1) & 0x01 != 0;
         // Autosense delivers every error with its command, so only a unit attention can be
         // pending here; reporting it clears it.
+        // ... or the LU's not-ready state (SPC-4 5.12: REQUEST SENSE reports it).
         let sense = match self.ua.take(nexus.id) {
             Some((asc, ascq)) => Sense::unit_attention(asc, ascq),
+            None if self.is_offline() => Sense::not_ready_offline(),
             None => Sense::new(crate::sense::NO_SENSE, 0, 0),
         };
         put_sense(

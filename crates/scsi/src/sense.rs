@@ -87,6 +87,10 @@ impl Sense {
     pub const fn internal_target_failure() -> Sense {
         Sense::new(HARDWARE_ERROR, 0x44, 0x00)
     }
+    /// LOGICAL UNIT NOT READY, OFFLINE: the operator took the LU offline.
+    pub const fn not_ready_offline() -> Sense {
+        Sense::new(NOT_READY, 0x04, 0x12)
+    }
     pub const fn unit_attention(asc: u8, ascq: u8) -> Sense {
         Sense::new(UNIT_ATTENTION, asc, ascq)
     }

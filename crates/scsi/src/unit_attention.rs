@@ -9,6 +9,7 @@ use std::sync::Mutex;
 /// duplicates are never queued).
 pub const UA_QUEUE_MAX: usize = 8;
 
+pub const NOT_READY_TO_READY: (u8, u8) = (0x28, 0x00);
 pub const POWER_ON_RESET: (u8, u8) = (0x29, 0x00);
 pub const LU_RESET: (u8, u8) = (0x29, 0x03);
 pub const RESERVATIONS_PREEMPTED: (u8, u8) = (0x2A, 0x03);

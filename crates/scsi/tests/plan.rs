@@ -294,3 +294,32 @@ fn compare_and_write_waits_for_planned_writes_and_excludes_new_ones() {
     let c = caw.join().unwrap();
     assert_eq!(c.status, Status::Good, "{:?}", c.sense);
 }
+
+#[test]
+fn an_offline_lu_plans_no_io() {
+    let mut t = T::new();
+    t.lu.nexus_added(1);
+    t.err(&[0, 0, 0, 0, 0, 0], &[]);
+    t.lu.set_offline(true);
+    for cdb in [
+        read10(0, 1).to_vec(),
+        write10(0, 1).to_vec(),
+        cdb10(0x35, 0, 0).to_vec(),
+    ] {
+        let data_out = if cdb[0] == 0x2A {
+            pattern(512, 1)
+        } else {
+            vec![]
+        };
+        let (c, data_in, io) = planned(&mut t, &cdb, &data_out, false);
+        assert!(!io, "cdb {cdb:02x?} reached the store");
+        assert!(data_in.is_empty());
+        assert_sense(&c.sense.unwrap(), 0x02, 0x04, 0x12);
+    }
+    t.lu.set_offline(false);
+    let (c, _, _) = planned(&mut t, &read10(0, 1), &[], false);
+    assert_sense(&c.sense.unwrap(), 0x06, 0x28, 0x00);
+    let (c, _, io) = planned(&mut t, &read10(0, 1), &[], false);
+    assert_eq!(c.status, Status::Good);
+    assert!(io);
+}

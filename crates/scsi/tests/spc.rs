@@ -659,3 +659,55 @@ fn software_write_protect() {
     let d = t.ok(&mode_sense6(true, 0, 0x0A, 0, 255), &[]);
     assert_eq!(d[2] & 0x80, 0);
 }
+
+#[test]
+fn offline_lu_answers_not_ready_until_back_online_then_reports_the_change() {
+    let mut t = T::new();
+    t.lu.nexus_added(1);
+    t.err(&[0, 0, 0, 0, 0, 0], &[]);
+    t.ok(&write10(0, 1), &pattern(512, 7));
+    assert!(t.lu.set_offline(true));
+    assert!(!t.lu.set_offline(true), "already offline: no change");
+    assert!(t.lu.is_offline());
+    // The medium is out of reach: TEST UNIT READY, reads, writes, capacity, flushes.
+    for cdb in [
+        &[0u8, 0, 0, 0, 0, 0][..],
+        &read10(0, 1),
+        &write10(0, 1),
+        &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        &[0x1A, 0, 0x3F, 0, 255, 0],
+    ] {
+        let data_out = if cdb[0] == 0x2A {
+            pattern(512, 9)
+        } else {
+            vec![]
+        };
+        assert_sense(&t.err(cdb, &data_out), 0x02, 0x04, 0x12);
+    }
+    // What does not need the medium still answers.
+    t.ok(&inquiry(false, 0, 96), &[]);
+    t.ok(&[0xA0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0], &[]);
+    // REQUEST SENSE describes the state.
+    let d = t.ok(&[0x03, 0, 0, 0, 252, 0], &[]);
+    assert_eq!((d[2], d[12], d[13]), (0x02, 0x04, 0x12));
+    // An invalid opcode is still an invalid opcode.
+    assert_sense(&t.err(&[0xFF, 0, 0, 0, 0, 0], &[]), 5, 0x20, 0);
+    // A pending unit attention comes first.
+    t.lu.capacity_changed();
+    assert_sense(&t.err(&read10(0, 1), &[]), 0x06, 0x2A, 0x09);
+    assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x12);
+    // Back online: every nexus hears the medium may have changed, then reads what was there.
+    t.lu.nexus_added(2);
+    assert!(t.lu.set_offline(false));
+    assert!(!t.lu.is_offline());
+    assert_sense(&t.err(&read10(0, 1), &[]), 0x06, 0x28, 0x00);
+    assert_eq!(t.ok(&read10(0, 1), &[]), pattern(512, 7));
+    t.nexus = nexus(2);
+    assert_sense(&t.err(&[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x29, 0x00);
+    assert_sense(&t.err(&[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x28, 0x00);
+    t.ok(&[0, 0, 0, 0, 0, 0], &[]);
+    // Online when online: nothing to report.
+    assert!(!t.lu.set_offline(false));
+    t.ok(&[0, 0, 0, 0, 0, 0], &[]);
+}

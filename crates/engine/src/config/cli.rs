@@ -219,6 +219,7 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
             write_cache: false,
             thin: true,
             cache: spec.cache,
+            offline: false,
         });
     }
     Config {
@@ -271,5 +272,6 @@ pub(crate) fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, S
         write_cache: false,
         thin: true,
         cache: spec.cache,
+        offline: false,
     })
 }

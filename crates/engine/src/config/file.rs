@@ -81,6 +81,7 @@ struct RawDevice {
     write_cache: Option<S<bool>>,
     thin: Option<S<bool>>,
     cache: Option<S<String>>,
+    offline: Option<S<bool>>,
 }
 
 #[derive(Deserialize)]
@@ -761,6 +762,7 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                 write_cache: bool_or(&rd.write_cache, false),
                 thin: bool_or(&rd.thin, true),
                 cache,
+                offline: bool_or(&rd.offline, false),
             });
         } else if !name.is_empty() {
             // Keep the name known so that mappings to it do not report a second error.
@@ -774,6 +776,7 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                 write_cache: false,
                 thin: false,
                 cache: CacheMode::Auto,
+                offline: false,
             });
         }
     }
@@ -1168,6 +1171,9 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
         );
         if !matches!(d.store, StoreKind::Ram { .. }) {
             let _ = writeln!(out, "cache = \"{}\"", d.cache.name());
+        }
+        if d.offline {
+            out.push_str("offline = true\n");
         }
     }
     for t in &c.targets {

@@ -308,6 +308,9 @@ pub struct DeviceConfig {
     pub thin: bool,
     /// How a file or block device's reads and writes reach it (ignored for RAM).
     pub cache: CacheMode,
+    /// Taken offline by the operator: its LUNs stay listed but answer NOT READY (LOGICAL UNIT
+    /// NOT READY, OFFLINE) to every command that needs the medium. Changes live.
+    pub offline: bool,
 }
 
 /// How a file or block device is reached.

@@ -255,6 +255,23 @@ impl Server {
     /// Opens every store, binds every portal and starts the threads. Errors name what failed.
     pub fn start(config: &Config, source: ConfigSource) -> Result<Server, String> {
         raise_descriptor_limit(config.limits.max_connections);
+        // Every port first: a start that cannot listen must not have created or grown any
+        // device file.
+        let mut listeners = Vec::new();
+        let mut bound = Vec::new();
+        for (addr, tag) in portals(config) {
+            let socket = bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let local = socket.local_addr().map_err(|e| e.to_string())?;
+            bound.push(local);
+            listeners.push((socket, tag));
+        }
+        let metrics_listener = match config.server.metrics_listen {
+            Some(addr) => Some(
+                crate::metrics::bind(addr)
+                    .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
+            ),
+            None => None,
+        };
         let mut shared = build(config)?;
         shared.source = source;
         let shared = Arc::new(shared);
@@ -263,14 +280,6 @@ impl Server {
         } else {
             config.server.workers
         };
-        let mut listeners = Vec::new();
-        let mut bound = Vec::new();
-        for &(addr, tag) in &shared.portals {
-            let socket = bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            let local = socket.local_addr().map_err(|e| e.to_string())?;
-            bound.push(local);
-            listeners.push((socket, tag));
-        }
         let control = crate::control::bind(
             &config
                 .server
@@ -282,13 +291,6 @@ impl Server {
         )?;
         let control_socket = control.as_ref().map(|c| c.path.clone());
         let control_inode = control.as_ref().map_or(0, |c| c.inode);
-        let metrics_listener = match config.server.metrics_listen {
-            Some(addr) => Some(
-                crate::metrics::bind(addr)
-                    .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
-            ),
-            None => None,
-        };
         let io_threads = io_threads_per_worker(config.limits.io_threads, workers);
         // The threads run until the process exits (after `drain`); nobody joins them.
         let mut senders = Vec::new();
@@ -648,6 +650,15 @@ fn acceptor(
     });
 }
 
+/// Every configured listen address with its portal group tag.
+fn portals(config: &Config) -> Vec<(SocketAddr, u16)> {
+    config
+        .portal_groups
+        .iter()
+        .flat_map(|p| p.listen.iter().map(move |a| (*a, p.tag)))
+        .collect()
+}
+
 fn build(config: &Config) -> Result<Shared, String> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let device_context = DeviceContext::new(config, Arc::clone(&metrics));
@@ -656,11 +667,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         devices.insert(device.name.clone(), device_context.open(device)?);
     }
     let topology = Topology::assemble(config.clone(), devices, 1)?;
-    let portals = config
-        .portal_groups
-        .iter()
-        .flat_map(|p| p.listen.iter().map(move |a| (*a, p.tag)))
-        .collect();
+    let portals = portals(config);
     Ok(Shared {
         topology: RwLock::new(Arc::new(topology)),
         generation: AtomicU64::new(1),

@@ -306,6 +306,22 @@ iqn = "{TARGET}"
     assert_ok(&inq(&d, INITIATOR, None, TARGET), &d);
     let refused = inq(&d, STRANGER, None, TARGET);
     assert_login_fails(&refused, &d, "Authorization failure");
+    assert_refusal_logged(&d, STRANGER, TARGET);
+}
+
+/// The daemon's refusal line names the initiator and target the Login Request carried.
+fn assert_refusal_logged(d: &ConfigDaemon, initiator: &str, target: &str) {
+    let out = d.output();
+    let line = out
+        .lines()
+        .find(|l| l.contains("login failed: 0202"))
+        .unwrap_or_else(|| panic!("no refusal line:\n{out}"));
+    assert!(
+        line.contains(&format!("initiator=\"{initiator}\""))
+            && line.contains(&format!("target=\"{target}\""))
+            && !line.contains("(unnamed)"),
+        "the refusal names who and what: {line}"
+    );
 }
 
 #[test]
@@ -342,6 +358,7 @@ allowed_sources = ["127.0.0.0/8", "::1/128"]
         "the refusal is logged:\n{}",
         d.output()
     );
+    assert_refusal_logged(&d, INITIATOR, TARGET);
     assert_ok(&inq(&d, INITIATOR, None, OPEN_TARGET), &d);
 }
 

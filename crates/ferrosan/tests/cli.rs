@@ -81,3 +81,80 @@ fn short_config_option_reads_the_file() {
         out.describe()
     );
 }
+
+#[test]
+fn an_existing_file_of_another_size_is_refused_and_left_alone() {
+    let scratch = common::Scratch::new("cli-size");
+    let path = scratch.file("ten.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(10 << 20)
+        .unwrap();
+    for size in ["20M", "5M"] {
+        let lun = format!("file:{},size={size}", path.display());
+        let out = serve_with_lun(&lun);
+        assert!(!out.success(), "{}", out.describe());
+        assert!(
+            out.stderr.contains(&path.display().to_string())
+                && out.stderr.contains("10485760 bytes")
+                && out.stderr.contains("nothing was changed"),
+            "the error names the file, its size and that nothing changed:\n{}",
+            out.describe()
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 10 << 20);
+    }
+    // The same through a config file: the error is located at the device.
+    let config = scratch.file("ferrosan.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{}\"]\n[[device]]\nname = \"vm\"\n\
+             store = \"file\"\npath = \"{}\"\nsize = \"20M\"\n[[target]]\n\
+             iqn = \"iqn.2024-01.dev.ferrosan:cli\"\n  [[target.group]]\n  name = \"g\"\n  \
+             any_initiator = true\n  luns = [ {{ lun = 0, device = \"vm\" }} ]\n",
+            free_port(),
+            path.display()
+        ),
+    )
+    .unwrap();
+    let out = run_path(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
+        &["serve", "--config", &config.display().to_string()],
+    );
+    assert!(!out.success(), "{}", out.describe());
+    assert!(
+        out.stderr.contains("device vm") && out.stderr.contains("10485760 bytes"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 10 << 20);
+}
+
+#[test]
+fn a_start_that_cannot_listen_creates_no_file() {
+    let scratch = common::Scratch::new("cli-bind");
+    let path = scratch.file("new.img");
+    // Holds the port for the whole test.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let lun = format!("file:{},size=8M", path.display());
+    let out = run_path(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
+        &[
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--target",
+            "iqn.2024-01.dev.ferrosan:cli",
+            "--lun",
+            &lun,
+        ],
+    );
+    assert!(!out.success(), "{}", out.describe());
+    assert!(out.stderr.contains("cannot listen"), "{}", out.describe());
+    assert!(
+        !path.exists(),
+        "a failed start created the LUN file {}",
+        path.display()
+    );
+}

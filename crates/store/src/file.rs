@@ -111,9 +111,22 @@ fn in_memory_filesystem(file: &File) -> bool {
     }
 }
 
+/// An existing medium whose size is not the one configured: exporting it either way could
+/// cut off or invent blocks an initiator holds, so the caller is told what to do instead.
+fn size_mismatch(what: &str, has: u64, want: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{what} has {has} bytes but {want} are configured: nothing was changed; remove \
+             `size` to export it as it is, set `size = {has}`, or grow it first \
+             (truncate -s, or `ferrosan ctl resize` on the running daemon)"
+        ),
+    )
+}
+
 impl FileStore {
     /// Opens `path` (a regular file or a block device). A missing regular file is created sparse
-    /// with `create_size`; an existing shorter one is extended sparse to it. Without
+    /// with `create_size`; an existing file or device must have exactly that size. Without
     /// `create_size` the store is as large as the file or device.
     pub fn open(path: impl AsRef<Path>, create_size: Option<u64>, thin: bool) -> io::Result<Self> {
         Self::open_with(path, create_size, thin, Caching::Page)
@@ -145,27 +158,23 @@ impl FileStore {
         let size_bytes = if block_device {
             let device_bytes = rustix::fs::seek(&file, SeekFrom::End(0))?;
             match create_size {
-                Some(want) if want > device_bytes => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!(
-                            "{}: device has {device_bytes} bytes, {want} requested",
-                            path.display()
-                        ),
-                    ))
+                Some(want) if want != device_bytes => {
+                    return Err(size_mismatch("the device", device_bytes, want))
                 }
-                Some(want) => want,
-                None => device_bytes,
+                _ => device_bytes,
             }
         } else if meta.file_type().is_file() {
             match create_size {
-                Some(want) => {
-                    if meta.len() < want {
-                        file.set_len(want)?; // sparse extension
-                    }
+                // Only a file this call created is sized here; an existing one must already
+                // have the size asked for (never grown or cut short without being told).
+                Some(want) if !exists => {
+                    file.set_len(want)?; // sparse
                     want
                 }
-                None => meta.len(),
+                Some(want) if want != meta.len() => {
+                    return Err(size_mismatch("the file", meta.len(), want))
+                }
+                _ => meta.len(),
             }
         } else {
             return Err(io::Error::new(
@@ -621,11 +630,24 @@ mod tests {
         let mut back = vec![0u8; 8192];
         s.read_at(&mut back, MIB - 4096).unwrap();
         assert_eq!(back, data);
-        // Growing an existing file on request.
+        // The same size again is fine; any other is refused and the file is left as it was.
         drop(s);
-        let s = FileStore::open(&p.0, Some(16 * MIB), true).unwrap();
-        assert_eq!(s.size_bytes(), 16 * MIB);
-        assert_eq!(std::fs::metadata(&p.0).unwrap().len(), 16 * MIB);
+        assert_eq!(
+            FileStore::open(&p.0, Some(8 * MIB), true)
+                .unwrap()
+                .size_bytes(),
+            8 * MIB
+        );
+        for other in [16 * MIB, 4 * MIB] {
+            let e = FileStore::open(&p.0, Some(other), true).err().unwrap();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            let said = e.to_string();
+            assert!(
+                said.contains("8388608") && said.contains("nothing was changed"),
+                "{said}"
+            );
+            assert_eq!(std::fs::metadata(&p.0).unwrap().len(), 8 * MIB);
+        }
     }
 
     #[test]

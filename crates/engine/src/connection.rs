@@ -73,6 +73,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         local,
         portal_group_tag,
         guard,
+        prelogin,
     } = conn;
     let _guard = guard;
     let stream = match TcpStream::from_std(stream) {
@@ -83,7 +84,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         }
     };
     let mut driver = Driver::new(stream, peer, local, portal_group_tag, &shared);
-    if let Err(reason) = driver.run(&shared).await {
+    if let Err(reason) = driver.run(&shared, prelogin).await {
         tracing::debug!(%peer, "connection closed: {reason}");
     }
 }
@@ -1226,7 +1227,11 @@ impl Driver {
         }
     }
 
-    async fn run(&mut self, shared: &Arc<Shared>) -> Result<(), String> {
+    async fn run(
+        &mut self,
+        shared: &Arc<Shared>,
+        prelogin: crate::prelogin::Ticket,
+    ) -> Result<(), String> {
         let limits = &shared.limits;
         let mut policy = Policy {
             shared,
@@ -1253,7 +1258,7 @@ impl Driver {
         // The connection's one timer: the login deadline now, its other deadlines later.
         let mut alarm = Alarm::new().map_err(|e| format!("timer: {e}"))?;
         alarm
-            .set(Instant::now() + Duration::from_secs(limits.login_timeout_s.into()))
+            .set(Instant::now() + prelogin.login_timeout)
             .map_err(|e| format!("timer: {e}"))?;
         let mut shutdown = shared.shutdown_signal();
         let established = loop {
@@ -1265,6 +1270,9 @@ impl Driver {
                     return Err("login timed out".into());
                 }
                 () = Shared::wait_for_shutdown(&mut shutdown) => return Err("shutting down during login".into()),
+                () = prelogin.evicted() => {
+                    return Err("evicted before login: max_prelogin_connections reached".into())
+                }
             };
             // Count and log before the response goes out, so anyone who saw it sees the count.
             match &step {
@@ -1283,6 +1291,8 @@ impl Driver {
                 LoginStep::Complete(est) => break est,
             }
         };
+        // Logged in: no longer in the pre-login budget, never evicted from here on.
+        drop(prelogin);
         let Some(mut ticket) = policy.ticket.take() else {
             return Err("login completed without a session".into());
         };

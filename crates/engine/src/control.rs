@@ -392,6 +392,7 @@ fn status(shared: &Shared) -> Value {
         "unsaved_changes": unsaved,
         "sessions": shared.registry.session_count(),
         "connections": shared.open_connections(),
+        "prelogin_connections": shared.prelogin_connections(),
         "targets": topology.targets.len(),
         "devices": topology.devices.len(),
         "portals": shared.portals.iter().map(|(a, tag)| json!({"address": a.to_string(), "tag": tag})).collect::<Vec<_>>(),

@@ -38,6 +38,8 @@ pub struct Shared {
     pub next_nexus_id: AtomicU64,
     connections: AtomicUsize,
     per_source: Mutex<HashMap<IpAddr, u32>>,
+    /// Connections still logging in, under their own budget.
+    prelogin: Arc<crate::prelogin::PreLogin>,
     /// CHAP algorithms accepted, in order of preference.
     pub chap_algorithms: Vec<ChapAlgorithm>,
     login_failures: Mutex<LoginFailures>,
@@ -108,27 +110,58 @@ impl Shared {
         self.connections.load(Ordering::Acquire)
     }
 
-    /// Admits a new TCP connection under the connection limits; the guard releases it.
-    fn admit_connection(self: &Arc<Self>, source: IpAddr) -> Result<ConnectionGuard, &'static str> {
+    /// Admits a new TCP connection under the connection limits; the guard releases it, the
+    /// ticket its place among the connections still logging in. At `max_connections` a
+    /// connection still logging in is evicted to make room (sessions are never refused because
+    /// of clients that do not log in); the evicted ones close within a turn, so the count may
+    /// pass `max_connections` by at most the pre-login budget meanwhile.
+    fn admit_connection(
+        self: &Arc<Self>,
+        source: IpAddr,
+    ) -> Result<(ConnectionGuard, crate::prelogin::Ticket), &'static str> {
+        let max = self.limits.max_connections as usize;
         let total = self.connections.fetch_add(1, Ordering::AcqRel);
-        if total >= self.limits.max_connections as usize {
+        let refuse = |limit| {
             self.connections.fetch_sub(1, Ordering::AcqRel);
-            return Err("max_connections");
+            Err(limit)
+        };
+        if total >= max {
+            if total >= max + self.limits.max_prelogin_connections as usize {
+                return refuse("max_connections");
+            }
+            match self.prelogin.evict_one() {
+                Some(_) => self.metrics.limit("max_prelogin_connections"),
+                None => return refuse("max_connections"),
+            }
         }
-        let mut per = self.per_source.lock().unwrap_or_else(|e| e.into_inner());
-        let n = per.entry(source).or_insert(0);
-        if *n >= self.limits.max_connections_per_source {
-            drop(per);
-            self.connections.fetch_sub(1, Ordering::AcqRel);
-            return Err("max_connections_per_source");
+        {
+            let mut per = self.per_source.lock().unwrap_or_else(|e| e.into_inner());
+            let n = per.entry(source).or_insert(0);
+            if *n >= self.limits.max_connections_per_source {
+                drop(per);
+                return refuse("max_connections_per_source");
+            }
+            *n += 1;
         }
-        *n += 1;
+        let login_timeout = Duration::from_secs(self.limits.login_timeout_s.into());
+        let (ticket, evicted) = self.prelogin.enter(source, login_timeout);
+        if evicted.is_some() {
+            self.metrics.limit("max_prelogin_connections");
+        }
         self.metrics.connections.inc();
-        Ok(ConnectionGuard {
-            shared: Arc::clone(self),
-            source,
-            worker_load: None,
-        })
+        Ok((
+            ConnectionGuard {
+                shared: Arc::clone(self),
+                source,
+                worker_load: None,
+            },
+            ticket,
+        ))
+    }
+
+    /// Connections that have not completed their login.
+    pub fn prelogin_connections(&self) -> usize {
+        self.prelogin.count()
     }
 
     pub fn connection_count(&self) -> usize {
@@ -240,6 +273,8 @@ pub struct NewConnection {
     pub local: SocketAddr,
     pub portal_group_tag: u16,
     pub guard: ConnectionGuard,
+    /// Its place among the connections still logging in, given up once it logged in.
+    pub prelogin: crate::prelogin::Ticket,
 }
 
 /// A started server: listeners bound, workers running.
@@ -381,8 +416,15 @@ impl LogLimiter {
     }
 }
 
+/// Pending connections the kernel queues per listener before accept (capped by
+/// net.core.somaxconn, 4096 by default since Linux 5.4). std's 128 drops a burst of logins
+/// (all of a host's sessions after a path failover) into SYN retries that cost a second each.
+const LISTEN_BACKLOG: i32 = 4096;
+
 fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let listener = std::net::TcpListener::bind(addr)?;
+    // Listening again on a listening socket sets its backlog (Linux).
+    rustix::net::listen(&listener, LISTEN_BACKLOG)?;
     listener.set_nonblocking(true)?;
     Ok(listener)
 }
@@ -605,8 +647,8 @@ fn acceptor(
                             continue;
                         }
                     };
-                    let mut guard = match shared.admit_connection(peer.ip()) {
-                        Ok(g) => g,
+                    let (mut guard, prelogin) = match shared.admit_connection(peer.ip()) {
+                        Ok(admitted) => admitted,
                         Err(limit) => {
                             shared.metrics.limit(limit);
                             if let Some(suppressed) = refusal_log.admit(std::time::Instant::now()) {
@@ -639,6 +681,7 @@ fn acceptor(
                             local,
                             portal_group_tag: tag,
                             guard,
+                            prelogin,
                         });
                     }
                 }
@@ -679,6 +722,12 @@ fn build(config: &Config) -> Result<Shared, String> {
         next_nexus_id: AtomicU64::new(1),
         connections: AtomicUsize::new(0),
         per_source: Mutex::new(HashMap::new()),
+        prelogin: crate::prelogin::PreLogin::new(
+            config
+                .limits
+                .max_prelogin_connections
+                .min(config.limits.max_connections) as usize,
+        ),
         chap_algorithms: config.server.chap_algorithms.clone(),
         login_failures: Mutex::new(LoginFailures::default()),
         metrics,

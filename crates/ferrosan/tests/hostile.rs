@@ -327,3 +327,107 @@ fn a_sender_stalled_inside_a_long_data_out_is_dropped_and_others_carry_on() {
     // (`other` does not answer the target's pings, so with these limits it is closed as a dead
     // peer soon after: not checked further.)
 }
+
+/// Opens `per_source` idle connections (they never send a Login Request) from each of
+/// 127.0.0.2..=127.0.0.21 and holds them.
+fn prelogin_flood(port: u16, per_source: usize) -> Vec<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let remote: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut held = Vec::new();
+    for round in 0..per_source {
+        for source in 2..=21u8 {
+            let local: SocketAddr = format!("127.0.0.{source}:0").parse().unwrap();
+            let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+            socket.bind(&local.into()).expect("bind a loopback source");
+            socket
+                .connect(&remote.into())
+                .unwrap_or_else(|e| panic!("flood connect {source}/{round}: {e}"));
+            held.push(TcpStream::from(socket));
+        }
+    }
+    held
+}
+
+/// How many of `held` the daemon has closed.
+fn closed(held: &mut [TcpStream]) -> usize {
+    held.iter_mut()
+        .filter(|s| {
+            let mut s: &TcpStream = s;
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            match s.read(&mut b) {
+                Ok(0) => true,
+                Err(e) => e.kind() != ErrorKind::WouldBlock,
+                Ok(_) => panic!("the daemon sent bytes to a connection that sent none"),
+            }
+        })
+        .count()
+}
+
+/// A good initiator's login and INQUIRY (iscsi-inq from 127.0.0.1); how long it took.
+fn good_login(daemon: &Daemon) -> Duration {
+    let started = Instant::now();
+    let out = run("iscsi-inq", &[&daemon.url(0)]);
+    let took = started.elapsed();
+    assert!(
+        out.success(),
+        "the good initiator could not log in during the flood:\n{}\n--- daemon\n{}",
+        out.describe(),
+        daemon.output()
+    );
+    took
+}
+
+#[test]
+fn connections_that_never_log_in_cannot_lock_out_those_that_do() {
+    // Defaults: max_connections 1024, 256 of them for connections still logging in. 20
+    // sources x 20 idle connections = 400: more than the pre-login budget.
+    let mut daemon = Daemon::start(&["ram:16M"]);
+    let mut session = Raw::login(daemon.port, &daemon.iqn, 7);
+    let mut held = prelogin_flood(daemon.port, 20);
+    let took = good_login(&daemon);
+    thread::sleep(Duration::from_millis(300));
+    let evicted = closed(&mut held);
+    assert!(
+        evicted >= 400 - 256,
+        "only {evicted} of 400 idle connections were evicted"
+    );
+    // The session logged in before the flood was never a candidate.
+    session.ping(1);
+    assert!(took < Duration::from_secs(1), "good login took {took:?}");
+    eprintln!("pre-login budget: good login in {took:?} with 400 idle connections open, {evicted} evicted");
+    drop(held);
+
+    // max_connections binds before the pre-login budget does: at the limit, a connection still
+    // logging in makes room.
+    let body = r#"
+[limits]
+max_connections = 100
+
+[[device]]
+name = "d"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "iqn.2026-11.org.ferrosan:flood"
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ { lun = 0, device = "d" } ]
+"#;
+    let mut small = Daemon::start_config_args("iqn.2026-11.org.ferrosan:flood", body, &[]);
+    let mut held = prelogin_flood(small.port, 10);
+    let took = good_login(&small);
+    assert!(took < Duration::from_secs(1), "good login took {took:?}");
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        closed(&mut held) >= 100,
+        "the flood kept its place at max_connections"
+    );
+    eprintln!("max_connections 100: good login in {took:?} with 200 idle connections attempted");
+    drop(held);
+    assert!(daemon.alive() && small.alive());
+    daemon.stop();
+    small.stop();
+}

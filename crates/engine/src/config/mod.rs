@@ -226,6 +226,10 @@ limits! {
     max_connections: u32 = 1024, 1, 1_000_000;
     /// Open connections from one source IP address. Over: closed at accept.
     max_connections_per_source: u32 = 64, 1, 1_000_000;
+    /// Connections that have not completed login, all portals together (at most
+    /// max_connections). Full: a new connection evicts the oldest waiting one of the source
+    /// with the most, and past half of it new connections get a 3 s login deadline.
+    max_prelogin_connections: u32 = 256, 1, 1_000_000;
     /// Connections per session (MaxConnections offered). Over: login rejected (Too many
     /// connections). Only 1: multiple connections per session (MC/S) are not implemented.
     max_connections_per_session: u32 = 1, 1, 1;

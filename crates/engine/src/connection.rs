@@ -1140,6 +1140,8 @@ impl ScsiBackend for Backend<'_> {
             .filter(|f| !f.is_empty())
             .map(|f| IscsiName::from_wire(f).ok());
         let topology = Arc::clone(&self.topology);
+        // The host's addresses, asked once per request and only if needed.
+        let mut host: Option<Vec<std::net::IpAddr>> = None;
         for (index, t) in topology.targets.iter().enumerate() {
             let wanted = match (&named, filter) {
                 (None, None) => true,
@@ -1158,23 +1160,19 @@ impl ScsiBackend for Backend<'_> {
             if group.is_none() || !t.config.source_allowed(group, self.peer.ip()) {
                 continue;
             }
+            // Every portal of every portal group of the target: each one a path.
             let mut addresses = Vec::new();
             for &(addr, tag) in &self.shared.portals {
                 if !t.portal_groups.contains(&tag) {
                     continue;
                 }
-                // A wildcard listener is reported by the address this initiator reached us on.
-                let ip = if addr.ip().is_unspecified() {
-                    if tag == self.portal_group_tag && addr.is_ipv4() == self.local.is_ipv4() {
-                        self.local.ip()
-                    } else {
-                        continue;
+                let host = host.get_or_insert_with(crate::portals::host_addresses);
+                for shown in crate::portals::advertised(addr, self.local.ip(), host) {
+                    let entry = format!("{shown},{tag}");
+                    if !addresses.contains(&entry) {
+                        addresses.push(entry);
                     }
-                } else {
-                    addr.ip()
-                };
-                let shown = SocketAddr::new(ip, addr.port());
-                addresses.push(format!("{shown},{tag}"));
+                }
             }
             found.push(DiscoveredTarget {
                 name: t.iqn.to_string(),

@@ -10,6 +10,7 @@ pub mod config;
 pub mod connection;
 pub mod control;
 pub mod metrics;
+pub mod portals;
 pub mod prelogin;
 pub mod registry;
 pub mod reload;

@@ -261,9 +261,11 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
 
 fn print_banner(config: &Config, server: &engine::Server) {
     let bound = &server.bound;
-    let Some(portal) = bound.first() else {
+    let Some(&first) = bound.first() else {
         return;
     };
+    // The examples must be addresses an initiator can dial, not 0.0.0.0.
+    let portal = engine::portals::dialable(first, &engine::portals::host_addresses());
     println!(
         "ferrosan {} serving on {}",
         env!("CARGO_PKG_VERSION"),

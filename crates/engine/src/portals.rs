@@ -1,0 +1,152 @@
+//! The addresses a portal is advertised at. A wildcard listener (0.0.0.0, [::]) is no address
+//! an initiator can dial: SendTargets and the start-up banner report the host's own addresses
+//! for it instead, so that discovery through one portal group finds the paths of the others
+//! (multipath with one listener per group on different ports or interfaces).
+
+use std::net::{IpAddr, SocketAddr};
+
+/// The host's addresses an initiator may reach: interfaces that are up, neither loopback nor
+/// link-local (those need a scope an initiator elsewhere does not have). Empty if the host
+/// cannot say (then only the address the initiator came in on is reported).
+pub fn host_addresses() -> Vec<IpAddr> {
+    let Ok(interfaces) = if_addrs::get_if_addrs() else {
+        return Vec::new();
+    };
+    let mut out: Vec<IpAddr> = interfaces
+        .iter()
+        .filter(|i| i.is_oper_up() && !i.is_loopback() && !i.is_link_local())
+        .map(|i| i.ip())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Where the listener `listen` is advertised to an initiator that reached this host at
+/// `local`: a specific address as it is; a wildcard at `local`'s address first, then at every
+/// other address of the host it listens on (0.0.0.0: IPv4; [::]: both), unless the initiator came over loopback (it
+/// is on this host: loopback is the path it has).
+pub fn advertised(listen: SocketAddr, local: IpAddr, host: &[IpAddr]) -> Vec<SocketAddr> {
+    if !listen.ip().is_unspecified() {
+        return vec![listen];
+    }
+    let local = canonical(local);
+    // [::] is dual-stack on Linux (unless net.ipv6.bindv6only): it is reached over both.
+    let same_family = |ip: &IpAddr| listen.is_ipv6() || ip.is_ipv4();
+    let mut ips = Vec::new();
+    if same_family(&local) {
+        ips.push(local);
+    }
+    if !local.is_loopback() {
+        ips.extend(
+            host.iter()
+                .copied()
+                .filter(|ip| same_family(ip) && *ip != local),
+        );
+    }
+    ips.into_iter()
+        .map(|ip| SocketAddr::new(ip, listen.port()))
+        .collect()
+}
+
+/// An IPv4 peer of a dual-stack socket shows as ::ffff:a.b.c.d: the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// An address for the start-up banner's examples: a specific one as it is, a wildcard as the
+/// host's first address (loopback if it has none).
+pub fn dialable(bound: SocketAddr, host: &[IpAddr]) -> SocketAddr {
+    if !bound.ip().is_unspecified() {
+        return bound;
+    }
+    let loopback = if bound.is_ipv4() {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        IpAddr::from(std::net::Ipv6Addr::LOCALHOST)
+    };
+    let ip = host
+        .iter()
+        .copied()
+        .find(|ip| ip.is_ipv4() == bound.is_ipv4())
+        .unwrap_or(loopback);
+    SocketAddr::new(ip, bound.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn specific_listeners_are_advertised_as_they_are() {
+        let host = [ip("10.0.0.5")];
+        assert_eq!(
+            advertised(sa("192.168.1.2:3260"), ip("10.0.0.5"), &host),
+            vec![sa("192.168.1.2:3260")]
+        );
+    }
+
+    #[test]
+    fn a_wildcard_is_the_address_reached_then_the_hosts_others() {
+        let host = [ip("10.0.0.5"), ip("10.1.0.5"), ip("fd00::5")];
+        assert_eq!(
+            advertised(sa("0.0.0.0:3302"), ip("10.1.0.5"), &host),
+            vec![sa("10.1.0.5:3302"), sa("10.0.0.5:3302")]
+        );
+        // Over loopback the initiator is on this host: loopback only.
+        assert_eq!(
+            advertised(sa("0.0.0.0:3302"), ip("127.0.0.1"), &host),
+            vec![sa("127.0.0.1:3302")]
+        );
+        // 0.0.0.0 is IPv4 only; [::] takes both; an IPv4 peer of a dual-stack socket counts
+        // as IPv4.
+        assert_eq!(
+            advertised(sa("0.0.0.0:3260"), ip("fd00::5"), &host),
+            vec![sa("10.0.0.5:3260"), sa("10.1.0.5:3260")]
+        );
+        assert_eq!(
+            advertised(sa("[::]:3260"), ip("fd00::5"), &host),
+            vec![
+                sa("[fd00::5]:3260"),
+                sa("10.0.0.5:3260"),
+                sa("10.1.0.5:3260")
+            ]
+        );
+        assert_eq!(
+            advertised(sa("[::]:3260"), ip("::ffff:10.0.0.5"), &host),
+            vec![
+                sa("10.0.0.5:3260"),
+                sa("10.1.0.5:3260"),
+                sa("[fd00::5]:3260")
+            ]
+        );
+        assert_eq!(
+            advertised(sa("[::]:3260"), ip("127.0.0.1"), &host),
+            vec![sa("127.0.0.1:3260")]
+        );
+    }
+
+    #[test]
+    fn the_banner_never_prints_a_wildcard() {
+        assert_eq!(
+            dialable(sa("0.0.0.0:3301"), &[ip("fd00::1"), ip("10.0.0.5")]),
+            sa("10.0.0.5:3301")
+        );
+        assert_eq!(dialable(sa("0.0.0.0:3301"), &[]), sa("127.0.0.1:3301"));
+        assert_eq!(dialable(sa("[::]:3301"), &[]), sa("[::1]:3301"));
+        assert_eq!(
+            dialable(sa("127.0.0.1:3260"), &[ip("10.0.0.5")]),
+            sa("127.0.0.1:3260")
+        );
+    }
+}

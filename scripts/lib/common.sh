@@ -14,6 +14,7 @@ FERROSAN_DEPS=(
     "util-linux:fsfreeze"  # tests/task_management.rs holds a write in a frozen filesystem
     "mount:losetup"
     "e2fsprogs:mkfs.ext4"
+    "prometheus:promtool"  # tests/metrics.rs checks the scrape and dist/prometheus rules
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }

@@ -420,7 +420,13 @@ fn deliver(
         scsi::IoKind::Read => (done.data_in.len() + lent_bytes).min(done.expected_len as usize),
         _ => done.data_out_bytes,
     };
-    let slot = backend.record_io(done.lun, done.kind, done.outcome.status, data_bytes);
+    let slot = backend.record_io(
+        done.lun,
+        done.kind,
+        done.outcome.status,
+        &done.sense,
+        data_bytes,
+    );
     if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
         backend.record_latency(slot, op, done.started.elapsed());
     }
@@ -488,13 +494,23 @@ impl Backend<'_> {
         lun: u64,
         kind: scsi::IoKind,
         status: u8,
+        sense: &[u8],
         data_bytes: usize,
     ) -> Option<usize> {
         let index = self.io.iter().position(|d| d.lun == lun)?;
         let slot = self.io.get_mut(index)?;
         let good = status == 0;
         let counts = &mut slot.counts;
-        counts.errors += u64::from(!good);
+        if !good {
+            match crate::metrics::error_cause(status, sense) {
+                Some(cause) => {
+                    if let Some(n) = counts.errors.get_mut(cause) {
+                        *n += 1;
+                    }
+                }
+                None => counts.unit_attentions += 1,
+            }
+        }
         let bytes = if good { data_bytes as u64 } else { 0 };
         match kind {
             scsi::IoKind::Read => {
@@ -1021,7 +1037,7 @@ impl ScsiBackend for Backend<'_> {
             _ => req.data_out.len(),
         };
         let outcome = outcome_of(&completion, sense);
-        if let Some(slot) = self.record_io(lun, kind, outcome.status, data_bytes) {
+        if let Some(slot) = self.record_io(lun, kind, outcome.status, sense, data_bytes) {
             if let Some(op) = op_index(kind) {
                 self.turn_inline.push((slot, op));
             }

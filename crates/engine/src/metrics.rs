@@ -144,6 +144,145 @@ pub struct DeviceLabel {
     pub device: String,
 }
 
+/// Why a command did not end GOOD, for `device_errors_total{cause}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceErrorLabel {
+    pub device: String,
+    pub cause: &'static str,
+}
+
+/// The causes of `device_errors_total`: CHECK CONDITION by sense key, then the other statuses.
+/// A UNIT ATTENTION is no error (every login and live change raises them): it is counted in
+/// `device_unit_attentions_total` instead.
+pub const ERROR_CAUSES: [&str; 10] = [
+    "not_ready",
+    "medium_error",
+    "hardware_error",
+    "illegal_request",
+    "data_protect",
+    "aborted_command",
+    "miscompare",
+    "reservation_conflict",
+    "busy",
+    "other",
+];
+
+/// The outcome of a command that did not end GOOD: Some(index into [`ERROR_CAUSES`]), or None
+/// for a unit attention. `sense` is the sense data (fixed or descriptor format).
+pub fn error_cause(status: u8, sense: &[u8]) -> Option<usize> {
+    let cause = match status {
+        // CHECK CONDITION: by sense key (byte 2 of fixed format, byte 1 of descriptor format).
+        0x02 => {
+            let key = match sense.first().map(|b| b & 0x7F) {
+                Some(0x70 | 0x71) => sense.get(2).map(|k| k & 0x0F),
+                Some(0x72 | 0x73) => sense.get(1).map(|k| k & 0x0F),
+                _ => None,
+            };
+            match key {
+                Some(0x06) => return None,
+                Some(0x02) => "not_ready",
+                Some(0x03) => "medium_error",
+                Some(0x04) => "hardware_error",
+                Some(0x05) => "illegal_request",
+                Some(0x07) => "data_protect",
+                Some(0x0B) => "aborted_command",
+                Some(0x0E) => "miscompare",
+                _ => "other",
+            }
+        }
+        0x18 => "reservation_conflict",
+        // BUSY, TASK SET FULL.
+        0x08 | 0x28 => "busy",
+        _ => "other",
+    };
+    ERROR_CAUSES.iter().position(|&c| c == cause)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabel {
+    pub version: &'static str,
+}
+
+/// The process's own figures, read from /proc at each scrape (the names Prometheus's client
+/// libraries use, so the usual dashboards and alerts apply).
+#[derive(Debug)]
+struct ProcessCollector {
+    started: std::time::SystemTime,
+}
+
+/// CPU seconds (user + system) and resident bytes of this process, from /proc/self/stat.
+fn process_stat() -> Option<(f64, u64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    // After the name: state is field 3, utime 14, stime 15, rss 24 (proc(5)).
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    let ticks = rustix::param::clock_ticks_per_second().max(1) as f64;
+    let cpu = (field(14)? + field(15)?) as f64 / ticks;
+    let rss = field(24)?.saturating_mul(rustix::param::page_size() as u64);
+    Some((cpu, rss))
+}
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        if let Some((cpu, rss)) = process_stat() {
+            let m = encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "User and system CPU time spent, in seconds",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(cpu).encode(m)?;
+            let m = encoder.encode_descriptor(
+                "process_resident_memory_bytes",
+                "Resident memory size, in bytes",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(rss as i64).encode(m)?;
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            let m = encoder.encode_descriptor(
+                "process_open_fds",
+                "Open file descriptors",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(fds.count() as i64).encode(m)?;
+        }
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        if let Some(max) = limit.current {
+            let m = encoder.encode_descriptor(
+                "process_max_fds",
+                "The open file descriptor limit",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(i64::try_from(max).unwrap_or(i64::MAX)).encode(m)?;
+        }
+        let started = self
+            .started
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let m = encoder.encode_descriptor(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch, in seconds",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(started).encode(m)?;
+        Ok(())
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LoginLabel {
     /// `success` or the failure's status class and detail, e.g. `0202`.
@@ -169,7 +308,8 @@ pub struct Metrics {
     pub device_writes: Family<DeviceLabel, Counter>,
     pub device_read_bytes: Family<DeviceLabel, Counter>,
     pub device_write_bytes: Family<DeviceLabel, Counter>,
-    pub device_errors: Family<DeviceLabel, Counter>,
+    pub device_errors: Family<DeviceErrorLabel, Counter>,
+    pub device_unit_attentions: Family<DeviceLabel, Counter>,
     pub device_io_path: Family<IoPathLabel, Gauge>,
     pub device_sendfile_bytes: Family<DeviceLabel, Counter>,
     pub device_latency: Family<LatencyLabel, BulkHistogram>,
@@ -182,7 +322,9 @@ pub struct IoCounts {
     pub writes: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
-    pub errors: u64,
+    /// Commands not ended GOOD, by [`ERROR_CAUSES`] index.
+    pub errors: [u64; ERROR_CAUSES.len()],
+    pub unit_attentions: u64,
     /// Of `read_bytes`, those lent as a file range and sent with sendfile.
     pub sendfile_bytes: u64,
 }
@@ -195,7 +337,23 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("ferrosan");
+        // Process metrics carry their conventional unprefixed names (process_*), next to ours.
+        let mut root = Registry::default();
+        root.register_collector(Box::new(ProcessCollector {
+            started: std::time::SystemTime::now(),
+        }));
+        let registry = root.sub_registry_with_prefix("ferrosan");
+        let build_info = Family::<BuildLabel, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "1, labelled with the running ferrosan's version",
+            build_info,
+        );
         let limit_exceeded = Family::<LimitLabel, Counter>::default();
         let logins = Family::<LoginLabel, Counter>::default();
         let connections = Gauge::default();
@@ -213,7 +371,8 @@ impl Metrics {
         let device_writes = Family::<DeviceLabel, Counter>::default();
         let device_read_bytes = Family::<DeviceLabel, Counter>::default();
         let device_write_bytes = Family::<DeviceLabel, Counter>::default();
-        let device_errors = Family::<DeviceLabel, Counter>::default();
+        let device_errors = Family::<DeviceErrorLabel, Counter>::default();
+        let device_unit_attentions = Family::<DeviceLabel, Counter>::default();
         let device_io_path = Family::<IoPathLabel, Gauge>::default();
         registry.register(
             "device_io_path",
@@ -305,8 +464,13 @@ impl Metrics {
         );
         registry.register(
             "device_errors",
-            "Commands of any kind answered with a status other than GOOD (CHECK CONDITION, including unit attentions; RESERVATION CONFLICT; TASK SET FULL; ...), per device",
+            "Commands of any kind answered with a status other than GOOD, per device and cause: the sense key of a CHECK CONDITION (not_ready, medium_error, hardware_error, illegal_request, data_protect, aborted_command, miscompare), reservation_conflict, busy (BUSY, TASK SET FULL) or other; unit attentions are not errors (device_unit_attentions)",
             device_errors.clone(),
+        );
+        registry.register(
+            "device_unit_attentions",
+            "Commands answered with a UNIT ATTENTION (power on after a login, reset, capacity or LUN map change, ...), per device",
+            device_unit_attentions.clone(),
         );
         registry.register(
             "device_sendfile_bytes",
@@ -319,7 +483,7 @@ impl Metrics {
             device_latency.clone(),
         );
         Metrics {
-            registry,
+            registry: root,
             limit_exceeded,
             logins,
             connections,
@@ -338,6 +502,7 @@ impl Metrics {
             device_read_bytes,
             device_write_bytes,
             device_errors,
+            device_unit_attentions,
             device_io_path,
             device_sendfile_bytes,
             device_latency,
@@ -354,11 +519,19 @@ impl Metrics {
             (&self.device_writes, io.writes),
             (&self.device_read_bytes, io.read_bytes),
             (&self.device_write_bytes, io.write_bytes),
-            (&self.device_errors, io.errors),
+            (&self.device_unit_attentions, io.unit_attentions),
             (&self.device_sendfile_bytes, io.sendfile_bytes),
         ] {
             // Every series exists from a device's first report on, zero or not.
             family.get_or_create(&label).inc_by(n);
+        }
+        for (cause, n) in ERROR_CAUSES.iter().zip(io.errors) {
+            self.device_errors
+                .get_or_create(&DeviceErrorLabel {
+                    device: device.to_string(),
+                    cause,
+                })
+                .inc_by(n);
         }
     }
 
@@ -430,6 +603,49 @@ impl Metrics {
     }
 }
 
+/// The exposition is OpenMetrics text (`# EOF` at its end, counters as `_total` samples of a
+/// family named without the suffix), and says so: a Prometheus-0.0.4 parser given it as
+/// text/plain would lose the counters' metadata.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What a scraper that does not ask for OpenMetrics gets (curl, promtool, older Prometheus).
+const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The Prometheus 0.0.4 text form of an OpenMetrics exposition: a counter family's HELP and
+/// TYPE lines name its `_total` samples, and there is no `# EOF`. Samples are the same.
+pub fn to_text_004(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len() + 16 * counters.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE ", "# UNIT "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some(("# UNIT ", _)) => continue,
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                out.push(' ');
+                out.push_str(tail);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// Request bytes read before answering (a scrape request is a few hundred bytes).
 const REQUEST_BYTES_MAX: usize = 8192;
 /// Concurrent scrapes served; more wait in the listen backlog.
@@ -479,13 +695,26 @@ async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> std::
         .split(|&b| b == b'\r')
         .next()
         .unwrap_or_default();
-    let (status, body) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
-        ("200 OK", metrics.render())
-    } else {
-        ("404 Not Found", "try /metrics\n".to_string())
-    };
+    let head = String::from_utf8_lossy(&request[..len]).to_ascii_lowercase();
+    let wants_openmetrics = head
+        .lines()
+        .any(|l| l.starts_with("accept:") && l.contains("application/openmetrics-text"));
+    let (status, content_type, body) =
+        if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
+            if wants_openmetrics {
+                ("200 OK", OPENMETRICS, metrics.render())
+            } else {
+                ("200 OK", TEXT_004, to_text_004(&metrics.render()))
+            }
+        } else {
+            (
+                "404 Not Found",
+                "text/plain; charset=utf-8",
+                "try /metrics\n".to_string(),
+            )
+        };
     let head = format!(
-        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
@@ -502,6 +731,62 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_are_classified_by_sense_key_and_unit_attentions_are_not_errors() {
+        let cause = |status, sense: &[u8]| error_cause(status, sense).map(|i| ERROR_CAUSES[i]);
+        let fixed = |key: u8| {
+            let mut s = [0u8; 18];
+            s[0] = 0x70;
+            s[2] = key;
+            s
+        };
+        assert_eq!(cause(0x02, &fixed(0x06)), None);
+        assert_eq!(
+            cause(0x02, &[0x72, 0x06, 0x29, 0]),
+            None,
+            "descriptor format"
+        );
+        assert_eq!(cause(0x02, &fixed(0x03)), Some("medium_error"));
+        assert_eq!(cause(0x02, &[0x72, 0x04, 0x44, 0]), Some("hardware_error"));
+        assert_eq!(cause(0x02, &fixed(0x05)), Some("illegal_request"));
+        assert_eq!(cause(0x02, &fixed(0x02)), Some("not_ready"));
+        assert_eq!(cause(0x02, &fixed(0x07)), Some("data_protect"));
+        assert_eq!(cause(0x02, &fixed(0x0B)), Some("aborted_command"));
+        assert_eq!(cause(0x02, &fixed(0x0E)), Some("miscompare"));
+        assert_eq!(cause(0x02, &fixed(0x01)), Some("other"));
+        // Sense data too short or of no known format: still an error, of no known cause.
+        assert_eq!(cause(0x02, &[]), Some("other"));
+        assert_eq!(cause(0x02, &[0x70, 0]), Some("other"));
+        assert_eq!(cause(0x18, &[]), Some("reservation_conflict"));
+        assert_eq!(cause(0x28, &[]), Some("busy"));
+        assert_eq!(cause(0x08, &[]), Some("busy"));
+        assert_eq!(cause(0x40, &[]), Some("other"));
+    }
+
+    #[test]
+    fn the_004_form_names_counters_by_their_samples_and_has_no_eof() {
+        let om = "# HELP ferrosan_logins Completed logins.\n# TYPE ferrosan_logins counter\n\
+                  ferrosan_logins_total{result=\"success\"} 3\n\
+                  # HELP ferrosan_sessions Sessions.\n# TYPE ferrosan_sessions gauge\n\
+                  ferrosan_sessions 1\n# EOF\n";
+        assert_eq!(
+            to_text_004(om),
+            "# HELP ferrosan_logins_total Completed logins.\n# TYPE ferrosan_logins_total counter\n\
+             ferrosan_logins_total{result=\"success\"} 3\n\
+             # HELP ferrosan_sessions Sessions.\n# TYPE ferrosan_sessions gauge\n\
+             ferrosan_sessions 1\n"
+        );
+        // The daemon's own exposition converts whole.
+        let m = Metrics::new();
+        m.login("success".into());
+        let text = to_text_004(&m.render());
+        assert!(
+            text.contains("# TYPE ferrosan_logins_total counter"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"));
+    }
 
     #[test]
     fn latencies_fall_in_the_first_bucket_that_holds_them() {

@@ -275,14 +275,27 @@ fn a_failing_device_read_is_a_medium_error_and_the_lu_keeps_working() {
     let bhs = client.command(itt, &rw10(0x28, 0, 8), 0xC0, 4096);
     client.send(&bhs, &[]);
     assert_eq!(client.read_data().len(), 4096);
-    let text = common::wait_for_metric(
-        metrics_port,
-        "ferrosan_device_errors_total{device=\"lun0\"}",
-        |v| v >= 1.0,
+    let series = "ferrosan_device_errors_total{device=\"lun0\",cause=\"medium_error\"}";
+    let text = common::wait_for_metric(metrics_port, series, |v| v >= 1.0);
+    assert!(
+        metric(&text, series) >= 1.0,
+        "the failure is counted as a medium error:\n{text}"
+    );
+    // The power-on unit attention of the login is no error.
+    assert_eq!(
+        metric(
+            &text,
+            "ferrosan_device_errors_total{device=\"lun0\",cause=\"other\"}"
+        ),
+        0.0,
+        "{text}"
     );
     assert!(
-        metric(&text, "ferrosan_device_errors_total{device=\"lun0\"}") >= 1.0,
-        "the failure is counted:\n{text}"
+        metric(
+            &text,
+            "ferrosan_device_unit_attentions_total{device=\"lun0\"}"
+        ) >= 1.0,
+        "{text}"
     );
     drop(client);
     drop(daemon);

@@ -287,3 +287,131 @@ fn command_latency_is_a_histogram_per_device_and_op() {
         mean("lun0", "read")
     );
 }
+
+/// `program args` with `stdin` fed in; its status, stdout and stderr.
+fn run_with_input(program: &std::path::Path, args: &[&str], stdin: &[u8]) -> (bool, String) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The metric names (ferrosan_*, process_*) an expression text mentions.
+fn names_in(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for start in ["ferrosan_", "process_"] {
+        let mut rest = text;
+        while let Some(at) = rest.find(start) {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            names.insert(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+#[test]
+fn promtool_accepts_the_scrape_and_the_rules_and_dashboards_name_real_series() {
+    let promtool = common::require_tool("promtool");
+    let dist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist");
+    let rules = dist.join("prometheus/ferrosan-rules.yml");
+    let check = run_path_with(&promtool, &["check", "rules", &rules.display().to_string()]);
+    assert!(check.0, "promtool check rules:\n{}", check.1);
+
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let body = format!(
+        "[limits]\nmax_connections_per_source = 2\n{}",
+        common::open_ram_target(IQN)
+    );
+    let daemon = Daemon::start_config_args(IQN, &body, &["--metrics-listen", &listen]);
+    // Every series the rules and dashboard use exists once a session did I/O and a limit
+    // refused someone (a third connection from one address).
+    let held: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", daemon.port)).unwrap())
+        .collect();
+    wait_for(
+        metrics_port,
+        "ferrosan_limit_exceeded_total{limit=\"max_connections_per_source\"}",
+        |v| v >= 1.0,
+    );
+    drop(held);
+    run("iscsi-ls", &["-s", &daemon.portal()]).expect_ok(&daemon);
+    run(
+        "qemu-img",
+        &["bench", "-w", "-c", "64", "-f", "raw", &daemon.url(0)],
+    )
+    .expect_ok(&daemon);
+    let writes = "ferrosan_device_writes_total{device=\"mem\"}";
+    let text = wait_for(metrics_port, writes, |v| v >= 64.0);
+    assert!(value(&text, writes) >= 64.0, "{text}");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let (ok, said) = run_with_input(&promtool, &["check", "metrics"], body.as_bytes());
+    assert!(ok, "promtool check metrics:\n{said}\n--- scrape\n{body}");
+    assert!(!body.contains("# EOF"));
+
+    // Asked for OpenMetrics, it gets OpenMetrics.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
+    use std::io::{Read as _, Write as _};
+    s.write_all(
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n",
+    )
+    .unwrap();
+    let mut om = String::new();
+    s.read_to_string(&mut om).unwrap();
+    assert!(
+        om.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+        "{om}"
+    );
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+
+    let rules_text = std::fs::read_to_string(&rules).unwrap();
+    let dashboard_text =
+        std::fs::read_to_string(dist.join("grafana/ferrosan-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&dashboard_text).expect("the dashboard is JSON");
+    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() >= 8));
+    let used: std::collections::BTreeSet<String> = names_in(&rules_text)
+        .into_iter()
+        .chain(names_in(&dashboard_text))
+        .collect();
+    assert!(used.len() >= 10, "{used:?}");
+    for name in &used {
+        // A sample, or at least the family (a counter with no series yet, e.g. no limit hit).
+        let declared = |l: &str| {
+            l.strip_prefix("# TYPE ")
+                .and_then(|t| t.split(' ').next())
+                .is_some_and(|family| name.starts_with(family))
+        };
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with(name.as_str()) || declared(l)),
+            "{name} is used by dist/ but the daemon does not export it:\n{body}"
+        );
+    }
+}
+
+fn run_path_with(program: &std::path::Path, args: &[&str]) -> (bool, String) {
+    run_with_input(program, args, b"")
+}

@@ -15,6 +15,7 @@ FERROSAN_DEPS=(
     "mount:losetup"
     "e2fsprogs:mkfs.ext4"
     "prometheus:promtool"  # tests/metrics.rs checks the scrape and dist/prometheus rules
+    "systemd:systemd-analyze"  # tests/systemd.rs verifies dist/ferrosan.service
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }

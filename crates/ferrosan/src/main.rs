@@ -190,7 +190,20 @@ fn serve(loaded: Result<(Config, ConfigSource), String>) -> ExitCode {
         }
     };
     print_banner(&config, &server);
+    // Every portal listens and the workers run: systemd (Type=notify) may start what needs us.
+    notify_systemd(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("serving on {}", join(&server.bound))),
+    ]);
     runtime.block_on(run_until_signal(&server, signals))
+}
+
+/// Tells systemd (when it started us with NOTIFY_SOCKET; otherwise nothing happens). A failure
+/// is logged, never fatal: the daemon serves either way.
+fn notify_systemd(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!("cannot notify systemd: {e}");
+    }
 }
 
 struct Signals {
@@ -208,11 +221,26 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
         mut int,
         mut hup,
     } = signals;
+    // WatchdogSec= in the unit: a keep-alive at half the interval from this (signal) thread,
+    // which also answers SIGHUP and SIGTERM; a daemon stuck here is restarted.
+    let watchdog = sd_notify::watchdog_enabled()
+        .map(|interval| interval / 2)
+        .filter(|half| !half.is_zero());
+    let mut keep_alive =
+        tokio::time::interval(watchdog.unwrap_or(std::time::Duration::from_secs(3600)));
     let name = loop {
         tokio::select! {
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
+            _ = keep_alive.tick(), if watchdog.is_some() => {
+                notify_systemd(&[sd_notify::NotifyState::Watchdog]);
+            }
             _ = hup.recv() => {
+                let mut reloading = vec![sd_notify::NotifyState::Reloading];
+                if let Ok(now) = sd_notify::NotifyState::monotonic_usec_now() {
+                    reloading.push(now);
+                }
+                notify_systemd(&reloading);
                 let shared = std::sync::Arc::clone(&server.shared);
                 // Opening devices may block: not on this (signal) thread's runtime.
                 let outcome = tokio::task::spawn_blocking(move || {
@@ -231,9 +259,12 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
                     Ok(Err(e)) => tracing::error!("SIGHUP: reload refused, nothing changed: {e}"),
                     Err(e) => tracing::error!("SIGHUP: reload failed: {e}"),
                 }
+                // A refused reload leaves the old config serving: ready either way.
+                notify_systemd(&[sd_notify::NotifyState::Ready]);
             }
         }
     };
+    notify_systemd(&[sd_notify::NotifyState::Stopping]);
     let grace = server.shared.limits.shutdown_grace_s;
     tracing::info!(
         connections = server.shared.open_connections(),

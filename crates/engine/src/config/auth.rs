@@ -214,8 +214,16 @@ fn resolve_user(
             )
         }
         (None, Some(f)) => {
+            // Kept as written (the file may be saved back); read where it points now.
             let path = PathBuf::from(f.get_ref());
-            match read_secret_file(&path) {
+            let resolved = match credential_path(f.get_ref()) {
+                Ok(p) => p,
+                Err(m) => {
+                    cx.err(f.span(), format!("{field}.secret_file"), m);
+                    return None;
+                }
+            };
+            match read_secret_file(&resolved) {
                 Ok(bytes) => (bytes, Some(path), f.span(), format!("{field}.secret_file")),
                 Err(m) => {
                     cx.err(f.span(), format!("{field}.secret_file"), m);
@@ -252,6 +260,39 @@ fn resolve_user(
 
 /// Reads a secret file: a regular file not readable or writable by group or others, at most
 /// 4 KiB; one trailing newline (`\n` or `\r\n`) is not part of the secret.
+/// Where a `secret_file` is: as written, or under systemd's credentials directory when it
+/// starts with `$CREDENTIALS_DIRECTORY/` (the unit's `LoadCredential=NAME:/path` puts the secret
+/// there, readable by the service alone, for `secret_file = "$CREDENTIALS_DIRECTORY/NAME"`).
+pub fn credential_path(written: &str) -> Result<PathBuf, String> {
+    credential_path_in(
+        written,
+        std::env::var_os("CREDENTIALS_DIRECTORY").as_deref(),
+    )
+}
+
+/// [`credential_path`] with the credentials directory given.
+fn credential_path_in(
+    written: &str,
+    credentials: Option<&std::ffi::OsStr>,
+) -> Result<PathBuf, String> {
+    let Some(name) = ["$CREDENTIALS_DIRECTORY/", "${CREDENTIALS_DIRECTORY}/"]
+        .iter()
+        .find_map(|p| written.strip_prefix(p))
+    else {
+        return Ok(PathBuf::from(written));
+    };
+    let dir = credentials.ok_or(
+        "$CREDENTIALS_DIRECTORY is not set: systemd sets it for a unit with LoadCredential= \
+         (outside systemd, give the file's path)",
+    )?;
+    if name.is_empty() || name.contains('/') {
+        return Err(format!(
+            "{written}: name one credential (LoadCredential=NAME:...), no sub-directories"
+        ));
+    }
+    Ok(PathBuf::from(dir).join(name))
+}
+
 fn read_secret_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
     use std::io::Read as _;
     use std::os::unix::fs::PermissionsExt as _;

@@ -7,6 +7,7 @@
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace   (includes crates/ferrosan/tests: real initiators)
+#   4b. scripts/package-test.sh      (the .deb: install, serve, remove, purge)
 #   5. scripts/fuzz-smoke.sh            (every cargo-fuzz target, 15 s each)
 #   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
 #
@@ -48,6 +49,8 @@ step deps ensure_deps
 step fmt cargo fmt --all --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
 step test cargo test --workspace
+# The .deb: built, installed, its config served, removed and purged (scripts/package-test.sh).
+step package scripts/package-test.sh
 # Every cargo-fuzz target for a short smoke (docs/SECURITY.md has the long runs).
 step fuzz-smoke env FUZZ_SECONDS="${FUZZ_SECONDS:-15}" scripts/fuzz-smoke.sh
 CONF_LOG=$ROOT/target/conformance.log

@@ -646,6 +646,11 @@ impl Backend<'_> {
                 if let Some(info) = &self.info {
                     let c = &slot.counts;
                     info.add_io(c.reads, c.writes, c.read_bytes, c.write_bytes);
+                    if let Some(target) = &info.target {
+                        self.shared
+                            .metrics
+                            .add_initiator_io(target, &info.initiator, c);
+                    }
                 }
                 slot.counts = IoCounts::default();
             }

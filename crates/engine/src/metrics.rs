@@ -198,6 +198,18 @@ pub fn error_cause(status: u8, sense: &[u8]) -> Option<usize> {
     ERROR_CAUSES.iter().position(|&c| c == cause)
 }
 
+/// A target and an initiator logged in to it (`initiator_*_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InitiatorLabel {
+    pub target: String,
+    pub initiator: String,
+}
+
+/// Distinct (target, initiator) series at most; I/O of further pairs is counted under
+/// `initiator="other"` of its target, so a churn of initiator names cannot grow the scrape
+/// without bound.
+pub const INITIATOR_SERIES_MAX: usize = 512;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabel {
     pub version: &'static str,
@@ -313,6 +325,12 @@ pub struct Metrics {
     pub device_io_path: Family<IoPathLabel, Gauge>,
     pub device_sendfile_bytes: Family<DeviceLabel, Counter>,
     pub device_latency: Family<LatencyLabel, BulkHistogram>,
+    pub initiator_reads: Family<InitiatorLabel, Counter>,
+    pub initiator_writes: Family<InitiatorLabel, Counter>,
+    pub initiator_read_bytes: Family<InitiatorLabel, Counter>,
+    pub initiator_write_bytes: Family<InitiatorLabel, Counter>,
+    /// The pairs that have their own series (at most [`INITIATOR_SERIES_MAX`]).
+    initiator_pairs: Mutex<std::collections::HashSet<InitiatorLabel>>,
 }
 
 /// One connection's I/O on one device since its last report.
@@ -482,8 +500,25 @@ impl Metrics {
             "READ and WRITE commands, per device and op: time from the command being complete in the target (CDB and all its Data-Out) to its response being queued to send",
             device_latency.clone(),
         );
+        let initiator_reads = Family::<InitiatorLabel, Counter>::default();
+        let initiator_writes = Family::<InitiatorLabel, Counter>::default();
+        let initiator_read_bytes = Family::<InitiatorLabel, Counter>::default();
+        let initiator_write_bytes = Family::<InitiatorLabel, Counter>::default();
+        for (name, help, family) in [
+            ("initiator_reads", "READ commands completed, per target and initiator (at most 512 pairs; then initiator=\"other\")", &initiator_reads),
+            ("initiator_writes", "Writing commands completed, per target and initiator (at most 512 pairs; then initiator=\"other\")", &initiator_writes),
+            ("initiator_read_bytes", "Bytes read by successful READ commands, per target and initiator", &initiator_read_bytes),
+            ("initiator_write_bytes", "Data-Out bytes of successful writing commands, per target and initiator", &initiator_write_bytes),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         Metrics {
             registry: root,
+            initiator_reads,
+            initiator_writes,
+            initiator_read_bytes,
+            initiator_write_bytes,
+            initiator_pairs: Mutex::new(std::collections::HashSet::new()),
             limit_exceeded,
             logins,
             connections,
@@ -532,6 +567,36 @@ impl Metrics {
                     cause,
                 })
                 .inc_by(n);
+        }
+    }
+
+    /// Adds one session's I/O to its target and initiator's series (see
+    /// [`INITIATOR_SERIES_MAX`]).
+    pub fn add_initiator_io(&self, target: &str, initiator: &str, io: &IoCounts) {
+        let mut label = InitiatorLabel {
+            target: target.to_string(),
+            initiator: initiator.to_string(),
+        };
+        {
+            let mut pairs = self
+                .initiator_pairs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if !pairs.contains(&label) {
+                if pairs.len() < INITIATOR_SERIES_MAX {
+                    pairs.insert(label.clone());
+                } else {
+                    label.initiator = "other".into();
+                }
+            }
+        }
+        for (family, n) in [
+            (&self.initiator_reads, io.reads),
+            (&self.initiator_writes, io.writes),
+            (&self.initiator_read_bytes, io.read_bytes),
+            (&self.initiator_write_bytes, io.write_bytes),
+        ] {
+            family.get_or_create(&label).inc_by(n);
         }
     }
 
@@ -762,6 +827,34 @@ mod tests {
         assert_eq!(cause(0x28, &[]), Some("busy"));
         assert_eq!(cause(0x08, &[]), Some("busy"));
         assert_eq!(cause(0x40, &[]), Some("other"));
+    }
+
+    #[test]
+    fn initiator_series_are_bounded() {
+        let m = Metrics::new();
+        let io = IoCounts {
+            reads: 1,
+            ..IoCounts::default()
+        };
+        for i in 0..INITIATOR_SERIES_MAX + 10 {
+            m.add_initiator_io("iqn.t", &format!("iqn.i{i}"), &io);
+        }
+        // A known pair keeps its own series once the bound is reached.
+        m.add_initiator_io("iqn.t", "iqn.i0", &io);
+        let text = m.render();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("ferrosan_initiator_reads_total{"))
+            .count();
+        assert_eq!(
+            series,
+            INITIATOR_SERIES_MAX + 1,
+            "the pairs and one \"other\""
+        );
+        assert!(text
+            .contains("ferrosan_initiator_reads_total{target=\"iqn.t\",initiator=\"other\"} 10"));
+        assert!(text
+            .contains("ferrosan_initiator_reads_total{target=\"iqn.t\",initiator=\"iqn.i0\"} 2"));
     }
 
     #[test]

@@ -16,6 +16,7 @@ FERROSAN_DEPS=(
     "e2fsprogs:mkfs.ext4"
     "prometheus:promtool"  # tests/metrics.rs checks the scrape and dist/prometheus rules
     "systemd:systemd-analyze"  # tests/systemd.rs verifies dist/ferrosan.service
+    "tmux:tmux"            # tests/top.rs runs `ferrosan top` in a tmux pane
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }

@@ -353,13 +353,14 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
         "status" => Ok(status(shared)),
         "sessions" => Ok(sessions(shared)),
         "luns" => Ok(luns(shared)),
+        "stats" => Ok(stats(shared)),
         "config" => Ok(json!({ "toml": shared.topology().config.to_toml() })),
         "reload" => reload(shared),
         "save" => save(shared),
         "session-close" => close_session(shared, args),
         _ if EDIT_VERBS.contains(&verb) => change(shared, verb, args),
         _ => Err(format!(
-            "unknown verb {verb:?} (status, sessions, luns, config, reload, save, \
+            "unknown verb {verb:?} (status, sessions, luns, stats, config, reload, save, \
              session-close, {})",
             EDIT_VERBS.join(", ")
         )),
@@ -436,6 +437,40 @@ fn sessions(shared: &Shared) -> Value {
         })
         .collect();
     json!({ "sessions": list })
+}
+
+/// Totals since start per device and per session, for `ferrosan top` (which shows rates from
+/// two samples) and scripts; `in_flight` is the device's commands running now.
+fn stats(shared: &Shared) -> Value {
+    let topology = shared.topology();
+    let mut names: Vec<&String> = topology.devices.keys().collect();
+    names.sort();
+    let devices: Vec<Value> = names
+        .into_iter()
+        .filter_map(|name| {
+            let device = topology.devices.get(name)?;
+            let t = shared.metrics.device_totals(name);
+            Some(json!({
+                "device": name,
+                "reads": t.reads,
+                "writes": t.writes,
+                "read_bytes": t.read_bytes,
+                "write_bytes": t.write_bytes,
+                "errors": t.errors,
+                "read_latency_count": t.read_latency.0,
+                "read_latency_ns": t.read_latency.1,
+                "write_latency_count": t.write_latency.0,
+                "write_latency_ns": t.write_latency.1,
+                "in_flight": device.unit.in_flight().count(),
+                "offline": device.unit.is_offline(),
+                "size_bytes": device.unit.capacity_bytes(),
+            }))
+        })
+        .collect();
+    let mut all = sessions(shared);
+    all["devices"] = Value::Array(devices);
+    all["uptime_ms"] = json!(shared.started.elapsed().map_or(0, |d| d.as_millis() as u64));
+    all
 }
 
 fn luns(shared: &Shared) -> Value {

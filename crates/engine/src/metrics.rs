@@ -102,6 +102,12 @@ impl BulkHistogram {
     pub fn add(&self, counts: &LatencyCounts) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).add(counts);
     }
+
+    /// Commands observed and their summed latency in nanoseconds.
+    pub fn totals(&self) -> (u64, u64) {
+        let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        (counts.count, counts.sum_ns)
+    }
 }
 
 impl TypedMetric for BulkHistogram {
@@ -331,6 +337,19 @@ pub struct Metrics {
     pub initiator_write_bytes: Family<InitiatorLabel, Counter>,
     /// The pairs that have their own series (at most [`INITIATOR_SERIES_MAX`]).
     initiator_pairs: Mutex<std::collections::HashSet<InitiatorLabel>>,
+}
+
+/// See [`Metrics::device_totals`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceTotals {
+    pub reads: u64,
+    pub writes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub errors: u64,
+    /// (commands, summed nanoseconds).
+    pub read_latency: (u64, u64),
+    pub write_latency: (u64, u64),
 }
 
 /// One connection's I/O on one device since its last report.
@@ -608,6 +627,42 @@ impl Metrics {
                 op,
             })
             .add(counts);
+    }
+
+    /// One device's totals since start, for `ferrosan top` (the control socket's `stats`):
+    /// reads, writes, read bytes, write bytes, errors, and per op (read, write) the commands
+    /// timed and their summed latency in nanoseconds.
+    pub fn device_totals(&self, device: &str) -> DeviceTotals {
+        let label = DeviceLabel {
+            device: device.to_string(),
+        };
+        let latency = |op| {
+            self.device_latency
+                .get_or_create(&LatencyLabel {
+                    device: device.to_string(),
+                    op,
+                })
+                .totals()
+        };
+        DeviceTotals {
+            reads: self.device_reads.get_or_create(&label).get(),
+            writes: self.device_writes.get_or_create(&label).get(),
+            read_bytes: self.device_read_bytes.get_or_create(&label).get(),
+            write_bytes: self.device_write_bytes.get_or_create(&label).get(),
+            errors: ERROR_CAUSES
+                .iter()
+                .map(|&cause| {
+                    self.device_errors
+                        .get_or_create(&DeviceErrorLabel {
+                            device: device.to_string(),
+                            cause,
+                        })
+                        .get()
+                })
+                .sum(),
+            read_latency: latency("read"),
+            write_latency: latency("write"),
+        }
     }
 
     pub fn limit(&self, limit: &'static str) {

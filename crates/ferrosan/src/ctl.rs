@@ -280,7 +280,7 @@ fn request(verb: &Verb) -> Result<Value, String> {
     })
 }
 
-fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, String> {
+pub(crate) fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, String> {
     let located = |e: std::io::Error| format!("{}: {e}", socket.display());
     let mut stream = UnixStream::connect(socket).map_err(|e| {
         format!(
@@ -335,6 +335,11 @@ pub fn run(args: CtlArgs) -> ExitCode {
     }
 }
 
+/// A JSON value as table text (strings unquoted, null as `-`).
+pub(crate) fn text(v: &Value) -> String {
+    s(v)
+}
+
 fn s(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -343,7 +348,7 @@ fn s(v: &Value) -> String {
     }
 }
 
-fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+pub(crate) fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {

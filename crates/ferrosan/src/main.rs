@@ -9,6 +9,7 @@ use engine::config::Config;
 use engine::reload::ConfigSource;
 
 mod ctl;
+mod top;
 
 #[derive(Parser)]
 #[command(
@@ -61,6 +62,8 @@ enum Command {
     },
     /// Control a running daemon through its control socket (see docs/OPERATIONS.md).
     Ctl(ctl::CtlArgs),
+    /// A live view of sessions and devices (IOPS, MB/s, latency, queue) from the control socket.
+    Top(top::TopArgs),
     /// Validate a configuration file without serving; errors name file, line and field.
     CheckConfig { file: PathBuf },
 }
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Command::Ctl(args) => ctl::run(args),
+        Command::Top(args) => top::run(args),
         Command::CheckConfig { file } => match Config::load(&file) {
             Ok(config) => {
                 println!(

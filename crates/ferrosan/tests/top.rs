@@ -1,0 +1,123 @@
+//! `ferrosan top` against a running qemu-img writer: the plain `--batch` frames and the
+//! terminal UI (in a tmux pane, read back with capture-pane) both show its session's writes
+//! per second, and `q` quits.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{require_tool, run_path, Daemon, Scratch};
+
+const IQN: &str = "iqn.2026-11.org.ferrosan:top";
+
+/// The WRITE/s column of the row naming qemu's initiator in a `top` screen or frame.
+fn writes_per_second(screen: &str) -> Option<u64> {
+    let header = screen.lines().find(|l| l.contains("WRITE/s"))?;
+    let column = header
+        .split(['│', ' '])
+        .filter(|c| !c.is_empty())
+        .position(|c| c == "WRITE/s")?;
+    let row = screen
+        .lines()
+        .find(|l| l.contains("iqn.2008-11.org.linux-kvm"))?;
+    row.split(['│', ' '])
+        .filter(|c| !c.is_empty())
+        .nth(column)?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
+    let scratch = Scratch::new("top");
+    let socket = scratch.file("control.sock");
+    let s = socket.display().to_string();
+    let mut daemon = Daemon::start_with_args(IQN, &["ram:64M"], &["--control-socket", &s]);
+    let mut writer = Command::new(require_tool("qemu-img"))
+        .args(["bench", "-w", "-c", "100000000", "-d", "4", "-f", "raw"])
+        .arg(daemon.url(0))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let top = Path::new(env!("CARGO_BIN_EXE_ferrosan"));
+
+    let batch = run_path(top, &["top", "--socket", &s, "--batch", "3"]);
+    assert!(batch.success(), "{}", batch.describe());
+    let last_frame = batch
+        .stdout
+        .rsplit("ferrosan top:")
+        .next()
+        .unwrap_or_default();
+    let writes = writes_per_second(last_frame);
+    assert!(
+        writes.is_some_and(|w| w > 0),
+        "no writes per second in the last frame:\n{}",
+        batch.stdout
+    );
+
+    // The terminal UI, in a detached tmux pane of a private tmux server.
+    let tmux = require_tool("tmux");
+    let server = format!("ferrosan-top-{}", std::process::id());
+    let tmux_cmd = |args: &[&str]| {
+        Command::new(&tmux)
+            .args(["-L", &server])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    struct KillServer<'a>(&'a dyn Fn(&[&str]) -> std::process::Output);
+    impl Drop for KillServer<'_> {
+        fn drop(&mut self) {
+            (self.0)(&["kill-server"]);
+        }
+    }
+    let _cleanup = KillServer(&tmux_cmd);
+    let command = format!("{} top --socket {s}", top.display());
+    let started = tmux_cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "150",
+        "-y",
+        "30",
+        &command,
+    ]);
+    assert!(started.status.success(), "{started:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut screen = String::new();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        screen = String::from_utf8_lossy(&tmux_cmd(&["capture-pane", "-p", "-t", "top"]).stdout)
+            .to_string();
+        if writes_per_second(&screen).is_some_and(|w| w > 0) {
+            break;
+        }
+    }
+    assert!(
+        writes_per_second(&screen).is_some_and(|w| w > 0),
+        "the terminal UI shows no writes per second:\n{screen}"
+    );
+    assert!(
+        screen.contains("WLAT_ms") && screen.contains("q: quit"),
+        "{screen}"
+    );
+    tmux_cmd(&["send-keys", "-t", "top", "q"]);
+    let quit = Instant::now() + Duration::from_secs(5);
+    while tmux_cmd(&["has-session", "-t", "top"]).status.success() {
+        assert!(Instant::now() < quit, "q did not quit");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "ferrosan top: {} writes/s in batch, {:?} in the terminal",
+        writes.unwrap_or(0),
+        writes_per_second(&screen)
+    );
+    let _ = writer.kill();
+    let _ = writer.wait();
+    daemon.stop();
+}

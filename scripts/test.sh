@@ -2,7 +2,8 @@
 # ferrosan's test command (the README's, and what CI's .ci/run calls).
 #
 #   1. installs what the tests need when missing (Debian: libiscsi-bin,
-#      qemu-utils, qemu-block-extra, tgt, iperf3, util-linux, mount, e2fsprogs;
+#      qemu-utils, qemu-block-extra, tgt, iperf3, util-linux, mount, e2fsprogs,
+#      prometheus, systemd, tmux;
 #      apt-get update at most once; a second pass if an install removed one)
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings

@@ -53,6 +53,10 @@ pub struct Shared {
     pub source: ConfigSource,
     /// Changes made with `ctl` and not saved to the config file.
     pub unsaved: crate::control::Unsaved,
+    /// Per network worker: milliseconds since `started_at` when its runtime last ran its
+    /// once-a-second task (`u64::MAX`: not watched, its timer could not be had).
+    worker_heartbeats: Vec<AtomicU64>,
+    started_at: std::time::Instant,
 }
 
 /// Sources whose failures are remembered at most; past it, sources whose failures all expired
@@ -103,6 +107,32 @@ impl Shared {
     /// second, not per command (connections read it on their tick).
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
+    }
+
+    /// Whether every network worker's runtime ran within `within` (the systemd watchdog's
+    /// question: a worker stuck in a system call or a loop stops answering its connections).
+    pub fn workers_alive(&self, within: Duration) -> bool {
+        let now = self.started_at.elapsed().as_millis() as u64;
+        let within = within.as_millis() as u64;
+        self.worker_heartbeats.iter().all(|beat| {
+            let last = beat.load(Ordering::Relaxed);
+            last == u64::MAX || now.saturating_sub(last) <= within
+        })
+    }
+
+    fn worker_heartbeat(&self, index: usize) {
+        if let Some(beat) = self.worker_heartbeats.get(index) {
+            beat.store(
+                self.started_at.elapsed().as_millis() as u64,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    fn worker_unwatched(&self, index: usize) {
+        if let Some(beat) = self.worker_heartbeats.get(index) {
+            beat.store(u64::MAX, Ordering::Relaxed);
+        }
     }
 
     /// Open TCP connections (admitted ones, in login or full feature phase).
@@ -310,11 +340,7 @@ impl Server {
         let mut shared = build(config)?;
         shared.source = source;
         let shared = Arc::new(shared);
-        let workers = if config.server.workers == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            config.server.workers
-        };
+        let workers = worker_count(config);
         let control = crate::control::bind(
             &config
                 .server
@@ -534,12 +560,15 @@ fn worker(
         // The worker measures itself (its thread's CPU time, once a second) for placement.
         let busy = shared.metrics.worker_busy(index);
         let metrics = Arc::clone(&shared.metrics);
+        let watched = Arc::clone(&shared);
+        watched.worker_heartbeat(index);
         tokio::spawn(async move {
             let mut alarm = match Alarm::new() {
                 Ok(alarm) => alarm,
                 Err(e) => {
                     // Placement then sees this worker as idle and balances by connections.
-                    tracing::warn!("worker {index}: no busy sampling: timer: {e}");
+                    tracing::warn!("worker {index}: no busy sampling or watchdog: timer: {e}");
+                    watched.worker_unwatched(index);
                     return;
                 }
             };
@@ -554,8 +583,11 @@ fn worker(
                 };
                 if let Err(e) = rung {
                     tracing::warn!("worker {index}: busy sampling stopped: timer: {e}");
+                    watched.worker_unwatched(index);
                     return;
                 }
+                // The worker's runtime runs: its heartbeat for the systemd watchdog.
+                watched.worker_heartbeat(index);
                 let now = (std::time::Instant::now(), thread_cpu_time());
                 let wall = now.0.saturating_duration_since(last.0);
                 // Busy polling happens only when the worker had nothing else to do.
@@ -693,6 +725,15 @@ fn acceptor(
     });
 }
 
+/// Network worker threads: `workers`, or one per core.
+fn worker_count(config: &Config) -> usize {
+    if config.server.workers == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        config.server.workers
+    }
+}
+
 /// Every configured listen address with its portal group tag.
 fn portals(config: &Config) -> Vec<(SocketAddr, u16)> {
     config
@@ -735,6 +776,10 @@ fn build(config: &Config) -> Result<Shared, String> {
         started: std::time::SystemTime::now(),
         source: ConfigSource::default(),
         unsaved: crate::control::Unsaved::default(),
+        worker_heartbeats: (0..worker_count(config))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        started_at: std::time::Instant::now(),
     })
 }
 
@@ -742,6 +787,29 @@ fn build(config: &Config) -> Result<Shared, String> {
 mod tests {
     use super::*;
     use crate::config::IscsiName;
+
+    #[test]
+    fn the_watchdog_asks_that_every_worker_ran_lately() {
+        let mut config = Config::demo();
+        config.server.workers = 2;
+        let shared = build(&config).unwrap();
+        let window = Duration::from_millis(200);
+        // Both beat at start (0 ms): alive within the window, then stale past it.
+        assert!(shared.workers_alive(window));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!shared.workers_alive(window));
+        shared.worker_heartbeat(0);
+        assert!(!shared.workers_alive(window), "worker 1 still silent");
+        shared.worker_heartbeat(1);
+        assert!(shared.workers_alive(window));
+        // A worker whose timer could not be had is not watched (it cannot beat).
+        std::thread::sleep(Duration::from_millis(300));
+        shared.worker_unwatched(0);
+        shared.worker_heartbeat(1);
+        assert!(shared.workers_alive(window));
+        // Out-of-range indexes are ignored.
+        shared.worker_heartbeat(7);
+    }
 
     #[test]
     fn new_connections_go_to_the_least_loaded_worker() {

@@ -226,7 +226,7 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
         mut hup,
     } = signals;
     // WatchdogSec= in the unit: a keep-alive at half the interval from this (signal) thread,
-    // which also answers SIGHUP and SIGTERM; a daemon stuck here is restarted.
+    // which also answers SIGHUP and SIGTERM, sent while every worker runs.
     let watchdog = sd_notify::watchdog_enabled()
         .map(|interval| interval / 2)
         .filter(|half| !half.is_zero());
@@ -237,7 +237,13 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
             _ = keep_alive.tick(), if watchdog.is_some() => {
-                notify_systemd(&[sd_notify::NotifyState::Watchdog]);
+                // Only while every network worker's runtime runs (each beats once a second):
+                // a stuck worker makes systemd restart the daemon.
+                if server.shared.workers_alive(std::time::Duration::from_secs(5)) {
+                    notify_systemd(&[sd_notify::NotifyState::Watchdog]);
+                } else {
+                    tracing::error!("a network worker has not run for 5 s: withholding the watchdog keep-alive");
+                }
             }
             _ = hup.recv() => {
                 let mut reloading = vec![sd_notify::NotifyState::Reloading];

@@ -35,13 +35,23 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
     let socket = scratch.file("control.sock");
     let s = socket.display().to_string();
     let mut daemon = Daemon::start_with_args(IQN, &["ram:64M"], &["--control-socket", &s]);
-    let mut writer = Command::new(require_tool("qemu-img"))
-        .args(["bench", "-w", "-c", "100000000", "-d", "4", "-f", "raw"])
-        .arg(daemon.url(0))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed and reaped even if an assertion below fails.
+    struct Writer(std::process::Child);
+    impl Drop for Writer {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _writer = Writer(
+        Command::new(require_tool("qemu-img"))
+            .args(["bench", "-w", "-c", "100000000", "-d", "4", "-f", "raw"])
+            .arg(daemon.url(0))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let top = Path::new(env!("CARGO_BIN_EXE_ferrosan"));
 
     let batch = run_path(top, &["top", "--socket", &s, "--batch", "3"]);
@@ -117,7 +127,6 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
         writes.unwrap_or(0),
         writes_per_second(&screen)
     );
-    let _ = writer.kill();
-    let _ = writer.wait();
+    drop(_writer);
     daemon.stop();
 }

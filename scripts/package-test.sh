@@ -43,8 +43,10 @@ FILES=$(dpkg -L ferrosan)
 
 # Serve the packaged config as the unit does (its ExecStart), on 3260 unless that is taken.
 CONFIG=/etc/ferrosan/ferrosan.toml PORT=3260
-if (exec 3<>/dev/tcp/127.0.0.1/3260) 2>/dev/null; then
-    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+if port_open 3260; then
+    # A port nothing listens on (no python3 needed on a minimal machine).
+    PORT=3261
+    while port_open "$PORT"; do PORT=$((PORT + 1)); done
     CONFIG=$WORK/ferrosan.toml
     sed "s/:3260/:$PORT/g" /etc/ferrosan/ferrosan.toml > "$CONFIG"
     log "port 3260 is in use here: serving the packaged config on $PORT instead"
@@ -52,7 +54,7 @@ fi
 /usr/bin/ferrosan serve --config "$CONFIG" --control-socket "$WORK/control.sock" >"$WORK/daemon.log" 2>&1 &
 DAEMON=$!
 for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+    port_open "$PORT" && break
     sleep 0.1
 done
 LISTED=$(iscsi-ls -s "iscsi://127.0.0.1:$PORT" 2>&1) || { cat "$WORK/daemon.log" >&2; die "iscsi-ls failed: $LISTED"; }
@@ -64,7 +66,7 @@ wait "$DAEMON" || die "the daemon did not exit cleanly on SIGTERM"
 DAEMON=""
 log "installed; the packaged config serves the demo LUN: $(grep -o 'Lun:0.*' <<<"$LISTED")"
 
-if [[ $(ps -p 1 -o comm= 2>/dev/null) == systemd ]]; then
+if [[ $(cat /proc/1/comm 2>/dev/null) == systemd ]]; then
     systemctl enable --now ferrosan || die "systemctl enable --now ferrosan failed"
     systemctl is-active --quiet ferrosan || die "the service is not active"
     systemctl disable --now ferrosan

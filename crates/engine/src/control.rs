@@ -595,24 +595,24 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
     let running = shared.topology().config.clone();
     let mut args = args.clone();
     if verb == "resize" && !args.contains_key("size") {
+        // A medium grown underneath: the size the open store sees now, never a second open
+        // of the path (which may name another file by now).
         let name = text(&args, "device")?;
-        let device = running
-            .device(name)
+        let topology = shared.topology();
+        let device = topology
+            .devices
+            .get(name)
             .ok_or_else(|| format!("no device {name}"))?;
-        match &device.store {
-            StoreKind::Block { path } => return grow_to_medium(shared, name, path),
-            StoreKind::File { path, .. } => {
-                // The file was grown underneath: the LU follows, and the config records it.
-                let len = std::fs::metadata(path)
-                    .map_err(|e| format!("device {name}: {}: {e}", path.display()))?
-                    .len();
-                let whole = len - len % u64::from(device.block_size);
-                args.insert("size".into(), Value::String(whole.to_string()));
-            }
-            StoreKind::Ram { .. } => {
-                return Err(format!("device {name} is a RAM device: give a size"))
-            }
-        }
+        let medium = device
+            .unit
+            .medium_bytes()
+            .map_err(|e| format!("device {name}: {e}"))?
+            .ok_or_else(|| format!("device {name} is a RAM device: give a size"))?;
+        match running.device(name).map(|d| &d.store) {
+            Some(StoreKind::Block { .. }) => return grow_to_medium(shared, name, medium),
+            // The config records a file's new size.
+            _ => args.insert("size".into(), Value::String(medium.to_string())),
+        };
     }
     let args = &args;
     let mut edited = running.clone();
@@ -643,25 +643,18 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
 }
 
 /// A block device grown underneath (lvextend, a bigger RBD image): the LU takes the device's
-/// size now, rounded down to whole blocks, and raises CAPACITY DATA HAS CHANGED. Nothing in the
+/// size now (`whole`, in whole blocks) and raises CAPACITY DATA HAS CHANGED. Nothing in the
 /// config changes (a block device's size is the device's), so nothing is unsaved.
-fn grow_to_medium(shared: &Shared, name: &str, path: &Path) -> Result<Value, String> {
-    use std::io::{Seek as _, SeekFrom};
+fn grow_to_medium(shared: &Shared, name: &str, whole: u64) -> Result<Value, String> {
     let topology = shared.topology();
     let device = topology
         .devices
         .get(name)
         .ok_or_else(|| format!("no device {name}"))?;
-    let located = |e: std::io::Error| format!("device {name}: {}: {e}", path.display());
-    let bytes = std::fs::File::open(path)
-        .and_then(|mut f| f.seek(SeekFrom::End(0)))
-        .map_err(located)?;
-    let block = u64::from(device.unit.settings().block_size);
-    let whole = bytes - bytes % block;
     let was = device.unit.capacity_bytes();
     if whole < was {
         return Err(format!(
-            "device {name}: the device has {bytes} bytes now, less than the LU's {was}: \
+            "device {name}: the device has {whole} bytes now, less than the LU's {was}: \
              shrinking is refused"
         ));
     }

@@ -337,10 +337,6 @@ pub fn run(args: CtlArgs) -> ExitCode {
 
 /// A JSON value as table text (strings unquoted, null as `-`).
 pub(crate) fn text(v: &Value) -> String {
-    s(v)
-}
-
-fn s(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => "-".into(),
@@ -388,7 +384,7 @@ fn human(verb: &Verb, r: &Value) -> String {
                 "targets",
                 "devices",
             ] {
-                out.push_str(&format!("{key:<13} {}\n", s(&r[key])));
+                out.push_str(&format!("{key:<13} {}\n", text(&r[key])));
             }
             match r["unsaved_changes"].as_array() {
                 Some(list) if !list.is_empty() => {
@@ -397,7 +393,7 @@ fn human(verb: &Verb, r: &Value) -> String {
                         list.len()
                     ));
                     for c in list {
-                        out.push_str(&format!("  {}\n", s(c)));
+                        out.push_str(&format!("  {}\n", text(c)));
                     }
                 }
                 _ => out.push_str("unsaved       none\n"),
@@ -411,16 +407,20 @@ fn human(verb: &Verb, r: &Value) -> String {
                     l.iter()
                         .map(|x| {
                             vec![
-                                s(&x["tsih"]),
-                                s(&x["initiator"]),
-                                s(&x["target"]),
-                                s(&x["source"]),
-                                s(&x["portal"]),
-                                format!("{}/{}", s(&x["header_digest"]), s(&x["data_digest"])),
-                                s(&x["chap_user"]),
-                                s(&x["age_s"]),
-                                s(&x["reads"]),
-                                s(&x["writes"]),
+                                text(&x["tsih"]),
+                                text(&x["initiator"]),
+                                text(&x["target"]),
+                                text(&x["source"]),
+                                text(&x["portal"]),
+                                format!(
+                                    "{}/{}",
+                                    text(&x["header_digest"]),
+                                    text(&x["data_digest"])
+                                ),
+                                text(&x["chap_user"]),
+                                text(&x["age_s"]),
+                                text(&x["reads"]),
+                                text(&x["writes"]),
                             ]
                         })
                         .collect()
@@ -449,19 +449,19 @@ fn human(verb: &Verb, r: &Value) -> String {
                     l.iter()
                         .map(|x| {
                             vec![
-                                s(&x["target"]),
-                                s(&x["group"]),
-                                s(&x["lun"]),
-                                s(&x["device"]),
-                                s(&x["store"]),
-                                s(&x["size_bytes"]),
-                                s(&x["block_size"]),
+                                text(&x["target"]),
+                                text(&x["group"]),
+                                text(&x["lun"]),
+                                text(&x["device"]),
+                                text(&x["store"]),
+                                text(&x["size_bytes"]),
+                                text(&x["block_size"]),
                                 match (x["offline"].as_bool(), x["read_only"].as_bool()) {
                                     (Some(true), _) => "OFFLINE".into(),
                                     (_, Some(true)) => "ro".into(),
                                     _ => "rw".into(),
                                 },
-                                s(&x["path"]),
+                                text(&x["path"]),
                             ]
                         })
                         .collect()
@@ -474,12 +474,12 @@ fn human(verb: &Verb, r: &Value) -> String {
                 rows,
             );
             if let Some(list) = r["unmapped_devices"].as_array().filter(|l| !l.is_empty()) {
-                let names: Vec<String> = list.iter().map(s).collect();
+                let names: Vec<String> = list.iter().map(text).collect();
                 out.push_str(&format!("unmapped devices: {}\n", names.join(", ")));
             }
             out
         }
-        Verb::Config { .. } => s(&r["toml"]),
+        Verb::Config { .. } => text(&r["toml"]),
         _ => {
             let mut out = String::new();
             for key in ["applied", "closed", "saved"] {
@@ -489,7 +489,7 @@ fn human(verb: &Verb, r: &Value) -> String {
                             "not saved to the config file (ferrosan ctl save, or --save)\n",
                         );
                     } else if key != "saved" || v.is_string() {
-                        out.push_str(&format!("{key}: {}\n", s(v)));
+                        out.push_str(&format!("{key}: {}\n", text(v)));
                     }
                 }
             }
@@ -498,11 +498,11 @@ fn human(verb: &Verb, r: &Value) -> String {
                     out.push_str("no change\n");
                 }
                 for c in changes {
-                    out.push_str(&format!("  {}\n", s(c)));
+                    out.push_str(&format!("  {}\n", text(c)));
                 }
             }
             if let Some(g) = r.get("generation") {
-                out.push_str(&format!("generation {}\n", s(g)));
+                out.push_str(&format!("generation {}\n", text(g)));
             }
             out
         }

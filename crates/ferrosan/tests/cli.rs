@@ -7,7 +7,11 @@ use std::time::Duration;
 use common::{free_port, run_path};
 
 fn serve_with_lun(lun: &str) -> common::Run {
-    let port = free_port();
+    serve_on(free_port(), lun)
+}
+
+/// `ferrosan serve` of the quick export `lun` on 127.0.0.1:`port`, run to its exit.
+fn serve_on(port: u16, lun: &str) -> common::Run {
     run_path(
         std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
         &[
@@ -137,19 +141,7 @@ fn a_start_that_cannot_listen_creates_no_file() {
     // Holds the port for the whole test.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let lun = format!("file:{},size=8M", path.display());
-    let out = run_path(
-        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
-        &[
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--target",
-            "iqn.2024-01.dev.ferrosan:cli",
-            "--lun",
-            &lun,
-        ],
-    );
+    let out = serve_on(port, &format!("file:{},size=8M", path.display()));
     assert!(!out.success(), "{}", out.describe());
     assert!(out.stderr.contains("cannot listen"), "{}", out.describe());
     assert!(

@@ -8,10 +8,9 @@ mod common;
 
 use common::{
     assert_identical, free_port, metric, pseudo_random_bytes, run_path, scrape, upload, Daemon,
-    Scratch, IQN,
+    LoopDevice, Scratch, IQN,
 };
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const IMAGE_BYTES: usize = 6 << 20;
 
@@ -134,41 +133,14 @@ fn a_file_on_tmpfs_stays_in_memory() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A loop device with 4096-byte logical sectors over a file on the disk; detached on drop.
-struct LoopDevice {
-    device: String,
-    dir: PathBuf,
-}
-
-impl LoopDevice {
-    fn new_4k() -> Option<LoopDevice> {
-        let dir = disk_dir("loop4k");
-        let image = dir.join("backing.img");
-        std::fs::File::create(&image).ok()?.set_len(32 << 20).ok()?;
-        let out = Command::new("losetup")
-            .args(["-b", "4096", "--direct-io=on", "-f", "--show"])
-            .arg(&image)
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!("losetup: {}", String::from_utf8_lossy(&out.stderr));
-            return None;
-        }
-        let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        Some(LoopDevice { device, dir })
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.device]).status();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A loop device with 4096-byte logical sectors over a file on the disk.
+fn loop_4k() -> Option<LoopDevice> {
+    LoopDevice::attach("loop4k", 32 << 20, &["-b", "4096", "--direct-io=on"])
 }
 
 #[test]
 fn a_512_byte_lu_on_a_4k_sector_device_is_refused_direct_and_paged_by_default() {
-    let Some(dev) = LoopDevice::new_4k() else {
+    let Some(dev) = loop_4k() else {
         eprintln!("SKIPPED: needs root and loop devices (losetup -b 4096)");
         return;
     };
@@ -220,31 +192,11 @@ fn a_512_byte_lu_on_a_4k_sector_device_is_refused_direct_and_paged_by_default() 
 #[test]
 fn a_failing_device_read_is_a_medium_error_and_the_lu_keeps_working() {
     use common::raw::{rw10, status_of, Raw};
-    let dir = disk_dir("eio");
-    let backing = dir.join("backing.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
-    let out = Command::new("losetup")
-        .args(["-f", "--show"])
-        .arg(&backing)
-        .output();
-    let Some(device) = out
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    else {
+    let Some(dev) = LoopDevice::attach("eio", 8 << 20, &[]) else {
         eprintln!("SKIPPED: needs root and loop devices");
         return;
     };
-    let dev = LoopDevice { device, dir };
-    std::fs::File::options()
-        .write(true)
-        .open(&backing)
-        .unwrap()
-        .set_len(4 << 20)
-        .unwrap();
+    dev.set_backing_len(4 << 20);
     let (daemon, metrics_port) = start_with_metrics(&format!("block:{},cache=direct", dev.device));
     let mut client = Raw::login(daemon.port, IQN, 1);
     let mut itt = 1;

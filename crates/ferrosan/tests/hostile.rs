@@ -133,31 +133,25 @@ fn misbehave_after_login(port: u16, iqn: &str) {
 /// Opens `n` connections from `source` (another loopback address) and holds them. Returns them
 /// and how many the daemon closed at once (the per-source limit is 64 by default).
 fn flood(port: u16, source: &str, n: usize) -> (Vec<TcpStream>, usize) {
+    let mut held: Vec<TcpStream> = (0..n).map(|_| connect_from(source, port)).collect();
+    thread::sleep(Duration::from_millis(1500));
+    let closed = closed(&mut held);
+    (held, closed)
+}
+
+/// A connection to the daemon on 127.0.0.1:`port` from `source` (another loopback address).
+fn connect_from(source: &str, port: u16) -> TcpStream {
     use socket2::{Domain, Socket, Type};
     let local: SocketAddr = format!("{source}:0").parse().unwrap();
     let remote: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut held = Vec::new();
-    for _ in 0..n {
-        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
-        socket
-            .bind(&local.into())
-            .expect("bind to another loopback address");
-        socket.connect(&remote.into()).expect("flood connect");
-        held.push(TcpStream::from(socket));
-    }
-    thread::sleep(Duration::from_millis(1500));
-    let mut closed = 0;
-    for s in &mut held {
-        s.set_nonblocking(true).unwrap();
-        let mut b = [0u8; 1];
-        match s.read(&mut b) {
-            Ok(0) => closed += 1,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(_) => closed += 1,
-            Ok(_) => panic!("the daemon sent bytes to a connection that sent none"),
-        }
-    }
-    (held, closed)
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket
+        .bind(&local.into())
+        .unwrap_or_else(|e| panic!("bind to {source}: {e}"));
+    socket
+        .connect(&remote.into())
+        .unwrap_or_else(|e| panic!("connect from {source}: {e}"));
+    TcpStream::from(socket)
 }
 
 // ---- the good client ---------------------------------------------------------------------------
@@ -331,21 +325,10 @@ fn a_sender_stalled_inside_a_long_data_out_is_dropped_and_others_carry_on() {
 /// Opens `per_source` idle connections (they never send a Login Request) from each of
 /// 127.0.0.2..=127.0.0.21 and holds them.
 fn prelogin_flood(port: u16, per_source: usize) -> Vec<TcpStream> {
-    use socket2::{Domain, Socket, Type};
-    let remote: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut held = Vec::new();
-    for round in 0..per_source {
-        for source in 2..=21u8 {
-            let local: SocketAddr = format!("127.0.0.{source}:0").parse().unwrap();
-            let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
-            socket.bind(&local.into()).expect("bind a loopback source");
-            socket
-                .connect(&remote.into())
-                .unwrap_or_else(|e| panic!("flood connect {source}/{round}: {e}"));
-            held.push(TcpStream::from(socket));
-        }
-    }
-    held
+    (0..per_source)
+        .flat_map(|_| 2..=21u8)
+        .map(|source| connect_from(&format!("127.0.0.{source}"), port))
+        .collect()
 }
 
 /// How many of `held` the daemon has closed.

@@ -87,6 +87,21 @@ impl Ctl {
         serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.describe()))
     }
 
+    /// `ctl chap set ARGS...` with the secret on stdin, as an operator types it.
+    fn chap_set(&self, args: &[&str], secret: &[u8]) -> std::process::Output {
+        let child = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+            .args(["ctl", "--socket"])
+            .arg(&self.socket)
+            .args(["chap", "set"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.as_ref().unwrap().write_all(secret).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
     fn sessions(&self) -> Vec<Value> {
         let v = self.json(&["sessions"]);
         assert_eq!(v["ok"], true, "{v}");
@@ -383,20 +398,7 @@ fn every_ctl_verb_works_and_unsaved_changes_are_reported() {
     ]));
 
     // Credentials apply at the next login: a session without CHAP now fails to log in.
-    let chap = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .args(["ctl", "--socket"])
-        .arg(&ctl.socket)
-        .args(["chap", "set", IQN, "--group", "all", "alice"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    chap.stdin
-        .as_ref()
-        .unwrap()
-        .write_all(b"alice-s3cret-2026\n")
-        .unwrap();
-    let out = chap.wait_with_output().unwrap();
+    let out = ctl.chap_set(&[IQN, "--group", "all", "alice"], b"alice-s3cret-2026\n");
     assert!(
         out.status.success(),
         "{}",
@@ -411,20 +413,8 @@ fn every_ctl_verb_works_and_unsaved_changes_are_reported() {
     run("iscsi-readcapacity16", &[&with_chap]).expect_ok(&daemon);
     // One initiator's own credentials win over its group's, for it alone.
     let bob = "iqn.2026-11.test:bob";
-    let chap = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .args(["ctl", "--socket"])
-        .arg(&ctl.socket)
-        .args(["chap", "set", IQN, "--initiator", bob, "bob"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    chap.stdin
-        .as_ref()
-        .unwrap()
-        .write_all(b"bob-s3cret-2026-x\n")
-        .unwrap();
-    assert!(chap.wait_with_output().unwrap().status.success());
+    let out = ctl.chap_set(&[IQN, "--initiator", bob, "bob"], b"bob-s3cret-2026-x\n");
+    assert!(out.status.success(), "{out:?}");
     let as_bob = |user: &str, secret: &str| {
         let url = format!("iscsi://{user}%{secret}@127.0.0.1:{}/{IQN}/0", daemon.port);
         run("iscsi-readcapacity16", &["-i", bob, &url])
@@ -592,22 +582,11 @@ fn rustix_is_root() -> bool {
 fn unit_attentions(raw: &mut common::raw::Raw, itt: &mut u32, lun: u8) -> Vec<(u8, u8)> {
     let mut seen = Vec::new();
     for _ in 0..4 {
-        let mut bhs = raw.command(*itt, &[0; 6], 0x80, 0);
-        bhs.0[9] = lun; // flat LUN, peripheral addressing
-        *itt += 1;
-        raw.send(&bhs, &[]);
-        let pdu = raw.recv();
-        if common::raw::status_of(&pdu) == 0 {
-            return seen;
+        match test_unit_ready(raw, itt, lun) {
+            None => return seen,
+            Some((0x06, asc, ascq)) => seen.push((asc, ascq)),
+            Some(other) => panic!("not a UA: {other:02x?}"),
         }
-        // Sense: a 2-byte length, then fixed format (key in byte 2, ASC/ASCQ in 12/13).
-        let sense = pdu.data.get(2..).unwrap_or_default();
-        assert_eq!(
-            sense.get(2).map(|k| k & 0x0f),
-            Some(6),
-            "not a UA: {sense:02x?}"
-        );
-        seen.push((sense[12], sense[13]));
     }
     panic!("TEST UNIT READY never succeeded: {seen:02x?}");
 }
@@ -769,34 +748,12 @@ fn devices_grown_underneath_are_picked_up_by_resize_without_a_size() {
         .unwrap()
         .set_len(8 << 20)
         .unwrap();
-    let backing = dir.join("loop.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
-    let out = Command::new("losetup")
-        .args(["-f", "--show"])
-        .arg(&backing)
-        .output();
-    let loop_device = out
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    // Detached even if an assertion fails.
-    struct Detach(Option<String>);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            if let Some(device) = &self.0 {
-                let _ = Command::new("losetup").args(["-d", device]).status();
-            }
-        }
-    }
-    let _detach = Detach(loop_device.clone());
+    let loop_device = common::LoopDevice::attach("live-grow-loop", 8 << 20, &[]);
     let scratch = common::Scratch::new("ctl-grow");
     let socket = scratch.file("control.sock");
     let s = socket.display().to_string();
     let file_lun = format!("file:{}", image.display());
-    let block_lun = loop_device.as_ref().map(|d| format!("block:{d}"));
+    let block_lun = loop_device.as_ref().map(|d| format!("block:{}", d.device));
     let mut luns = vec![file_lun.as_str()];
     luns.extend(block_lun.as_deref());
     let mut daemon = Daemon::start_with_args(IQN, &luns, &["--control-socket", &s]);
@@ -816,18 +773,13 @@ fn devices_grown_underneath_are_picked_up_by_resize_without_a_size() {
     // A RAM device needs a size; a missing device is an error.
     assert_eq!(ctl.run(&["resize", "nothing"]).status.code(), Some(1));
     match loop_device {
-        Some(device) => {
+        Some(dev) => {
             assert_eq!(blocks(1), (8 << 20) / 512);
             let r = ctl.json(&["resize", "lun1"]);
             assert_eq!(r["changes"].as_array().map(Vec::len), Some(0), "{r}");
-            std::fs::File::options()
-                .write(true)
-                .open(&backing)
-                .unwrap()
-                .set_len(16 << 20)
-                .unwrap();
-            let grew = Command::new("losetup").args(["-c", &device]).status();
-            assert!(grew.is_ok_and(|s| s.success()), "losetup -c {device}");
+            dev.set_backing_len(16 << 20);
+            let grew = Command::new("losetup").args(["-c", &dev.device]).status();
+            assert!(grew.is_ok_and(|s| s.success()), "losetup -c {}", dev.device);
             // A size for a block device is refused: the device decides.
             let sized = ctl.run(&["resize", "lun1", "32M"]);
             assert_eq!(sized.status.code(), Some(1), "{}", sized.describe());

@@ -332,8 +332,12 @@ fn promtool_accepts_the_scrape_and_the_rules_and_dashboards_name_real_series() {
     let promtool = common::require_tool("promtool");
     let dist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist");
     let rules = dist.join("prometheus/ferrosan-rules.yml");
-    let check = run_path_with(&promtool, &["check", "rules", &rules.display().to_string()]);
-    assert!(check.0, "promtool check rules:\n{}", check.1);
+    let check = common::run_path(&promtool, &["check", "rules", &rules.display().to_string()]);
+    assert!(
+        check.success(),
+        "promtool check rules:\n{}",
+        check.describe()
+    );
 
     let metrics_port = free_port();
     let listen = format!("127.0.0.1:{metrics_port}");
@@ -410,8 +414,4 @@ fn promtool_accepts_the_scrape_and_the_rules_and_dashboards_name_real_series() {
             "{name} is used by dist/ but the daemon does not export it:\n{body}"
         );
     }
-}
-
-fn run_path_with(program: &std::path::Path, args: &[&str]) -> (bool, String) {
-    run_with_input(program, args, b"")
 }

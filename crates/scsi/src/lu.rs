@@ -179,6 +179,12 @@ impl LogicalUnit {
     pub fn capacity_bytes(&self) -> u64 {
         self.store.size_bytes()
     }
+    /// The medium's size now, in whole blocks of this LU (a file or device grown underneath
+    /// shows here before [`LogicalUnit::resize`] takes it); None for RAM.
+    pub fn medium_bytes(&self) -> std::io::Result<Option<u64>> {
+        let block = u64::from(self.settings.block_size);
+        Ok(self.store.medium_bytes()?.map(|b| b - b % block))
+    }
     /// Makes everything written so far durable (the store's flush), as SYNCHRONIZE CACHE does;
     /// the daemon calls it for every LU when it shuts down.
     pub fn flush(&self) -> std::io::Result<()> {

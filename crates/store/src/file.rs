@@ -293,6 +293,14 @@ impl BlockStore for FileStore {
     /// A file grows (sparse) to `new_bytes`; a block device grows to `new_bytes` if the
     /// device is that large now (it was grown underneath). Shrinking is refused: it would cut
     /// off blocks an initiator may hold data in.
+    fn medium_bytes(&self) -> io::Result<Option<u64>> {
+        if self.block_device {
+            Ok(Some(rustix::fs::seek(&*self.file, SeekFrom::End(0))?))
+        } else {
+            Ok(Some(self.file.metadata()?.len()))
+        }
+    }
+
     fn resize(&self, new_bytes: u64) -> io::Result<()> {
         let now = self.size_bytes();
         if new_bytes < now {
@@ -302,7 +310,7 @@ impl BlockStore for FileStore {
             ));
         }
         if self.block_device {
-            let device_bytes = rustix::fs::seek(&*self.file, SeekFrom::End(0))?;
+            let device_bytes = self.medium_bytes()?.unwrap_or(0);
             if new_bytes > device_bytes {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -648,6 +656,18 @@ mod tests {
             );
             assert_eq!(std::fs::metadata(&p.0).unwrap().len(), 8 * MIB);
         }
+        // Grown underneath: the medium shows it, the store keeps its size until resized.
+        let s = FileStore::open(&p.0, None, true).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&p.0)
+            .unwrap()
+            .set_len(12 * MIB)
+            .unwrap();
+        assert_eq!(s.medium_bytes().unwrap(), Some(12 * MIB));
+        assert_eq!(s.size_bytes(), 8 * MIB);
+        s.resize(12 * MIB).unwrap();
+        assert_eq!(s.size_bytes(), 12 * MIB);
     }
 
     #[test]

@@ -114,6 +114,11 @@ pub trait BlockStore: Send + Sync + 'static {
     /// The mapped or deallocated extent starting at `offset` (clipped to the store's end).
     fn mapping(&self, offset: u64) -> io::Result<Extent>;
     fn is_thin(&self) -> bool;
+    /// How large the medium behind the store is now (a file or device may have grown under
+    /// it); None for stores whose medium is their own (RAM).
+    fn medium_bytes(&self) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
     /// Grows the store to `new_bytes` (a live resize); stores that cannot say `Unsupported`.
     fn resize(&self, new_bytes: u64) -> io::Result<()> {
         let _ = new_bytes;

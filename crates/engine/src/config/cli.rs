@@ -197,30 +197,13 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
     let mut devices = Vec::new();
     let mut luns = Vec::new();
     for (lun, spec) in specs.into_iter().enumerate() {
-        let key = match &spec.store {
-            StoreKind::Ram { .. } => format!("ram:{iqn}:{lun}"),
-            StoreKind::File { path, .. } => format!("file:{}", path.display()),
-            StoreKind::Block { path } => format!("block:{}", path.display()),
-        };
-        let (serial, naa) = derive_identity(&key);
         let name = format!("lun{lun}");
         luns.push(LunMapping {
             lun: lun as u64,
             device: name.clone(),
             read_only: spec.read_only,
         });
-        devices.push(DeviceConfig {
-            name,
-            store: spec.store,
-            block_size: spec.block_size,
-            serial,
-            naa,
-            read_only: spec.read_only,
-            write_cache: false,
-            thin: true,
-            cache: spec.cache,
-            offline: false,
-        });
+        devices.push(device_of(name, spec, &format!("ram:{iqn}:{lun}")));
     }
     Config {
         server: ServerConfig::default(),
@@ -256,14 +239,24 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
 /// its medium (RAM: its name) as quick exports derive theirs.
 pub(crate) fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, String> {
     let spec = parse_lun_spec(spec)?;
+    Ok(device_of(
+        name.to_string(),
+        spec,
+        &format!("ram-device:{name}"),
+    ))
+}
+
+/// The device a LUN spec describes: write-through, thin, its identity derived from its medium
+/// (a file's or block device's path; `ram_key` for RAM, which has none).
+fn device_of(name: String, spec: LunSpec, ram_key: &str) -> DeviceConfig {
     let key = match &spec.store {
-        StoreKind::Ram { .. } => format!("ram-device:{name}"),
+        StoreKind::Ram { .. } => ram_key.to_string(),
         StoreKind::File { path, .. } => format!("file:{}", path.display()),
         StoreKind::Block { path } => format!("block:{}", path.display()),
     };
     let (serial, naa) = derive_identity(&key);
-    Ok(DeviceConfig {
-        name: name.to_string(),
+    DeviceConfig {
+        name,
         store: spec.store,
         block_size: spec.block_size,
         serial,
@@ -273,5 +266,5 @@ pub(crate) fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, S
         thin: true,
         cache: spec.cache,
         offline: false,
-    })
+    }
 }

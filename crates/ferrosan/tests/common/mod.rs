@@ -79,6 +79,57 @@ pub fn disk_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// A loop device over a file on the disk (`losetup` with `options`); detached, and its
+/// directory removed, on drop. None (with the reason on stderr) without root or loop devices.
+pub struct LoopDevice {
+    pub device: String,
+    /// The file behind it (tests grow or shrink it under the device).
+    pub backing: PathBuf,
+    dir: PathBuf,
+}
+
+impl LoopDevice {
+    pub fn attach(tag: &str, bytes: u64, options: &[&str]) -> Option<LoopDevice> {
+        let dir = disk_dir(tag);
+        let backing = dir.join("backing.img");
+        File::create(&backing).ok()?.set_len(bytes).ok()?;
+        let out = Command::new("losetup")
+            .args(options)
+            .args(["-f", "--show"])
+            .arg(&backing)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!("losetup: {}", String::from_utf8_lossy(&out.stderr));
+            let _ = fs::remove_dir_all(&dir);
+            return None;
+        }
+        let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Some(LoopDevice {
+            device,
+            backing,
+            dir,
+        })
+    }
+
+    /// Sets the backing file's length (what the device sees after `losetup -c`, or at once
+    /// for reads past the new end).
+    pub fn set_backing_len(&self, bytes: u64) {
+        File::options()
+            .write(true)
+            .open(&self.backing)
+            .and_then(|f| f.set_len(bytes))
+            .expect("resize the loop device's backing file");
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.device]).status();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.path);

@@ -281,19 +281,22 @@ impl Drop for ConnectionGuard {
         if let Some(load) = &self.worker_load {
             load.dec();
         }
-        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
-        self.shared.metrics.connections.dec();
-        let mut per = self
-            .shared
-            .per_source
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = per.get_mut(&self.source) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                per.remove(&self.source);
+        {
+            let mut per = self
+                .shared
+                .per_source
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = per.get_mut(&self.source) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    per.remove(&self.source);
+                }
             }
         }
+        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+        // Last, so that a scraper seeing the gauge fall may rely on every limit being released.
+        self.shared.metrics.connections.dec();
     }
 }
 

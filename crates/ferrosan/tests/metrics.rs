@@ -357,6 +357,10 @@ fn promtool_accepts_the_scrape_and_the_rules_and_dashboards_name_real_series() {
         |v| v >= 1.0,
     );
     drop(held);
+    // The daemon notices the closes asynchronously; until it has, a new connection from this
+    // address would still be refused by the limit of 2.
+    let closed = wait_for(metrics_port, "ferrosan_connections", |v| v == 0.0);
+    assert_eq!(value(&closed, "ferrosan_connections"), 0.0, "{closed}");
     run("iscsi-ls", &["-s", &daemon.portal()]).expect_ok(&daemon);
     run(
         "qemu-img",

@@ -71,7 +71,8 @@ impl AsRawFd for RingFd {
 
 pub struct DeviceRing<T> {
     // Field order matters for Drop: `readiness` deregisters before `ring` closes the fd.
-    readiness: AsyncFd<RingFd>,
+    /// Tokio's watch of the descriptor; None for a ring waited on with [`DeviceRing::wait`].
+    readiness: Option<AsyncFd<RingFd>>,
     ring: IoUring,
     slots: Vec<Option<Slot<T>>>,
     free: Vec<u32>,
@@ -94,7 +95,17 @@ impl<T> DeviceRing<T> {
                 tokio::io::Interest::READABLE,
             )?
         };
-        Ok(DeviceRing {
+        Ok(DeviceRing::with(ring, Some(readiness)))
+    }
+
+    /// A ring for a plain thread (no tokio): completions are waited for with
+    /// [`DeviceRing::wait`]. `ferrosan bench` drives local devices with it.
+    pub fn blocking() -> io::Result<DeviceRing<T>> {
+        Ok(DeviceRing::with(IoUring::new(RING_ENTRIES)?, None))
+    }
+
+    fn with(ring: IoUring, readiness: Option<AsyncFd<RingFd>>) -> DeviceRing<T> {
+        DeviceRing {
             readiness,
             ring,
             slots: Vec::new(),
@@ -102,7 +113,7 @@ impl<T> DeviceRing<T> {
             in_flight: 0,
             queued: 0,
             cqes: Vec::new(),
-        })
+        }
     }
 
     /// Whether io_uring works here (kernel, seccomp): the error says why not.
@@ -239,11 +250,30 @@ impl<T> DeviceRing<T> {
 
     /// Waits until the ring has completions (or may have: a spurious wake reaps nothing).
     pub async fn ready(&self) -> io::Result<()> {
-        let mut guard = self.readiness.readable().await?;
+        let Some(readiness) = self.readiness.as_ref() else {
+            return Err(io::Error::other("a blocking ring is waited on with wait()"));
+        };
+        let mut guard = readiness.readable().await?;
         // Cleared before reaping: a completion posted after this is a new edge, so none is
         // missed between the reap and the next wait.
         guard.clear_ready();
         Ok(())
+    }
+
+    /// Submits what is queued and blocks until at least `min` completions are posted (at most
+    /// the I/Os in flight); reap them with [`DeviceRing::reap`].
+    pub fn wait(&mut self, min: usize) -> io::Result<()> {
+        let min = min.min(self.in_flight);
+        loop {
+            match self.ring.submit_and_wait(min) {
+                Ok(_) => {
+                    self.queued = 0;
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Moves every completed I/O into `out`. I/Os answered EAGAIN/EINTR are queued again (up
@@ -362,6 +392,45 @@ mod tests {
             ring.submit().unwrap();
         }
         out
+    }
+
+    #[test]
+    fn a_blocking_ring_is_waited_on_without_tokio() {
+        if DeviceRing::<u32>::probe().is_err() {
+            return; // no io_uring here
+        }
+        let Some((path, file)) = direct_file("blocking", 1 << 20) else {
+            return;
+        };
+        let mut ring = DeviceRing::<u32>::blocking().unwrap();
+        let mut buf = PooledBuf::unpooled(store::AlignedBuf::zeroed(4096).unwrap());
+        buf.fill(7);
+        assert!(ring
+            .push(RingOp::Write { dsync: true }, &file, 8192, Some(buf), 1)
+            .is_ok());
+        let mut done = Vec::new();
+        while done.is_empty() {
+            ring.wait(1).unwrap();
+            ring.reap(&mut done);
+        }
+        assert!(done[0].result.is_ok());
+        let buf = PooledBuf::unpooled(store::AlignedBuf::zeroed(4096).unwrap());
+        assert!(ring.push(RingOp::Read, &file, 8192, Some(buf), 2).is_ok());
+        done.clear();
+        while done.is_empty() {
+            ring.wait(1).unwrap();
+            ring.reap(&mut done);
+        }
+        assert_eq!(done[0].tag, 2);
+        assert!(done[0].buf.as_ref().unwrap().iter().all(|&b| b == 7));
+        // Waiting for more than is in flight returns instead of blocking forever.
+        ring.wait(5).unwrap();
+        assert!(
+            runtime().block_on(ring.ready()).is_err(),
+            "no tokio watch on a blocking ring"
+        );
+        drop(ring);
+        let _ = std::fs::remove_file(path);
     }
 
     #[test]

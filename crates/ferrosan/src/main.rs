@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use engine::config::Config;
 use engine::reload::ConfigSource;
 
+mod bench_cmd;
 mod ctl;
 mod top;
 
@@ -66,6 +67,9 @@ enum Command {
     Top(top::TopArgs),
     /// Validate a configuration file without serving; errors name file, line and field.
     CheckConfig { file: PathBuf },
+    /// Benchmark iSCSI LUNs and local devices side by side (the seeds' fio methodology):
+    /// writes results.json and a self-contained report.html (see docs/BENCH.md).
+    Bench(bench_cmd::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Ctl(args) => ctl::run(args),
         Command::Top(args) => top::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
         Command::CheckConfig { file } => match Config::load(&file) {
             Ok(config) => {
                 println!(

@@ -1,0 +1,188 @@
+//! `ferrosan bench`: the seeds' benchmark methodology (4 KiB random I/O across queue depths,
+//! 70/30 mix, 1 MiB sequential, an I/O-size sweep, a queue-depth × sessions matrix) run side by
+//! side on iSCSI LUNs and local files or devices, written up as results.json and a
+//! self-contained report.html.
+#![forbid(unsafe_code)]
+
+pub mod local;
+pub mod plan;
+pub mod report;
+pub mod runner;
+pub mod stats;
+
+use plan::{eta, human_duration, plan, Timing};
+use report::{Results, Row, Skipped};
+use runner::Target;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What the user asked for.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub quick: bool,
+    pub out: PathBuf,
+    /// Writes allowed (they destroy the data on every target).
+    pub destructive: bool,
+    /// Local writes with RWF_DSYNC (durable on completion, like a write-through LUN).
+    pub dsync: bool,
+    /// Overrides the measured seconds per workload.
+    pub runtime: Option<Duration>,
+    /// Only the first this-many bytes of each target.
+    pub size: Option<u64>,
+    pub targets: Vec<String>,
+}
+
+/// How the run went: the caller maps it to an exit status.
+#[derive(Debug)]
+pub struct Outcome {
+    pub results_json: PathBuf,
+    pub report_html: PathBuf,
+    /// Rows with I/O errors, and workloads that could not run.
+    pub rows_with_errors: usize,
+    pub skipped: usize,
+}
+
+/// Opens a target named on the command line.
+fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
+    if spec.starts_with("iscsi://") {
+        return Err(format!(
+            "{spec}: iSCSI targets need the initiator (not built into this binary yet)"
+        ));
+    }
+    let path = Path::new(spec);
+    if opts.destructive {
+        if let Some(why) = local::in_use(path) {
+            return Err(format!("{why}; not writing to it"));
+        }
+    }
+    Ok(Box::new(local::LocalTarget::open(
+        path,
+        opts.destructive,
+        opts.dsync,
+    )?))
+}
+
+/// Runs the benchmark; errors that stop it before any I/O (a target that cannot be opened,
+/// an output directory that cannot be written) come back as Err.
+pub fn run(opts: &Options) -> Result<Outcome, String> {
+    if opts.targets.is_empty() {
+        return Err("name at least one target (an iscsi:// URL, a file or a block device)".into());
+    }
+    std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
+    let mut targets = Vec::new();
+    for spec in &opts.targets {
+        targets.push(open_target(spec, opts)?);
+    }
+    let mut timing = if opts.quick {
+        Timing::quick()
+    } else {
+        Timing::full()
+    };
+    if let Some(r) = opts.runtime {
+        timing.runtime = r;
+    }
+    let workloads = plan(opts.quick, opts.destructive);
+    let started_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut results = Results {
+        tool: "ferrosan bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        started_unix_s,
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_or_else(|_| "?".into(), |h| h.trim().to_string()),
+        quick: opts.quick,
+        writes: opts.destructive,
+        ramp_s: timing.ramp.as_secs_f64(),
+        runtime_s: timing.runtime.as_secs_f64(),
+        targets: targets.iter().map(|t| t.info().clone()).collect(),
+        rows: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for t in &targets {
+        for note in &t.info().notes {
+            eprintln!("note: {}: {note}", t.info().name);
+        }
+    }
+    let total = workloads.len() * targets.len();
+    let tty = std::io::stderr().is_terminal();
+    let began = Instant::now();
+    let mut done = 0;
+    // Workload by workload, every target in turn: drift (a warming SSD, a neighbour's load)
+    // then touches every target alike.
+    for w in &workloads {
+        for t in &targets {
+            let info = t.info();
+            let left = human_duration(eta(total - done, &timing));
+            let line = format!(
+                "[{:>3}/{total}] {:<22} {}  (ETA {left})",
+                done + 1,
+                w.id,
+                info.name
+            );
+            if tty {
+                eprint!("\r\x1b[2K{line}");
+            } else {
+                eprintln!("{line}");
+            }
+            let _ = std::io::stderr().flush();
+            let range = opts
+                .size
+                .unwrap_or(info.capacity_bytes)
+                .min(info.capacity_bytes);
+            match runner::run(t.as_ref(), w, &timing, range) {
+                Ok(result) => {
+                    if tty {
+                        eprint!("\r\x1b[2K");
+                    }
+                    eprintln!(
+                        "{:<22} {:<40} {:>10.0} IOPS {:>9.1} MB/s  mean {:>7.0} µs  p99 {:>7.0} µs{}",
+                        w.id,
+                        info.name,
+                        result.iops,
+                        result.mb_per_s,
+                        result.latency_us.mean,
+                        result.latency_us.p99,
+                        if result.errors > 0 { format!("  {} errors", result.errors) } else { String::new() }
+                    );
+                    results.rows.push(Row {
+                        target: info.name.clone(),
+                        workload: w.clone(),
+                        result,
+                    });
+                }
+                Err(reason) => {
+                    if tty {
+                        eprint!("\r\x1b[2K");
+                    }
+                    eprintln!("{:<22} {:<40} not run: {reason}", w.id, info.name);
+                    results.skipped.push(Skipped {
+                        target: info.name.clone(),
+                        workload: w.id.clone(),
+                        reason,
+                    });
+                }
+            }
+            done += 1;
+        }
+    }
+    let results_json = opts.out.join("results.json");
+    let report_html = opts.out.join("report.html");
+    std::fs::write(&results_json, results.to_json())
+        .map_err(|e| format!("{}: {e}", results_json.display()))?;
+    std::fs::write(&report_html, results.to_html())
+        .map_err(|e| format!("{}: {e}", report_html.display()))?;
+    eprintln!(
+        "{total} runs in {}; wrote {} and {}",
+        human_duration(began.elapsed()),
+        results_json.display(),
+        report_html.display()
+    );
+    Ok(Outcome {
+        results_json,
+        report_html,
+        rows_with_errors: results.rows.iter().filter(|r| r.result.errors > 0).count(),
+        skipped: results.skipped.len(),
+    })
+}

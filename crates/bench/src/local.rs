@@ -1,0 +1,387 @@
+//! Local files and block devices, the physical limit: O_DIRECT I/O on an io_uring per job,
+//! through the same ring code the target's device path uses (`engine::ring`).
+
+use crate::runner::{Done, Engine, Op, Target, TargetInfo};
+use engine::ring::{DeviceRing, Finished, RingOp};
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use store::{AlignedBuf, PooledBuf};
+
+pub struct LocalTarget {
+    info: TargetInfo,
+    file: Arc<File>,
+    /// Writes with RWF_DSYNC: durable when done, like a write-through LUN.
+    dsync: bool,
+}
+
+impl LocalTarget {
+    /// Opens `path` for direct I/O; `writes`: read-write (the caller has checked it may).
+    pub fn open(path: &Path, writes: bool, dsync: bool) -> Result<LocalTarget, String> {
+        let shown = path.display();
+        let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+        let block = meta.file_type().is_block_device();
+        if !block && !meta.is_file() {
+            return Err(format!(
+                "{shown}: neither a regular file nor a block device"
+            ));
+        }
+        let mut options = std::fs::OpenOptions::new();
+        options
+            .read(true)
+            .write(writes)
+            .custom_flags(libc_o_direct());
+        if block && writes {
+            // The kernel refuses O_EXCL on a block device that is mounted or claimed (LVM, md,
+            // another O_EXCL opener): the last word on "in use".
+            options.custom_flags(libc_o_direct() | rustix::fs::OFlags::EXCL.bits() as i32);
+        }
+        let mut file = options.open(path).map_err(|e| match e.raw_os_error() {
+            Some(16) => format!("{shown}: in use (mounted, or held by LVM, md or another program); not writing to it"),
+            Some(22) => format!("{shown}: the filesystem does not support direct I/O (O_DIRECT), e.g. tmpfs"),
+            _ => format!("{shown}: {e}"),
+        })?;
+        let capacity = if block {
+            file.seek(SeekFrom::End(0))
+                .map_err(|e| format!("{shown}: size: {e}"))?
+        } else {
+            meta.len()
+        };
+        if capacity == 0 {
+            return Err(format!(
+                "{shown}: empty; give it a size and real data first (e.g. dd if=/dev/urandom of={shown} bs=1M count=4096 oflag=direct)"
+            ));
+        }
+        let block_size = if block {
+            rustix::fs::ioctl_blksszget(&file)
+                .map_err(|e| format!("{shown}: logical block size: {e}"))?
+        } else {
+            direct_alignment(&file)
+        };
+        let mut notes = Vec::new();
+        if !block && meta.blocks().saturating_mul(512) < capacity / 2 {
+            notes.push(format!(
+                "{} of {} bytes allocated: reads of holes never reach the device (write the file first for honest read figures)",
+                meta.blocks().saturating_mul(512),
+                capacity
+            ));
+        }
+        Ok(LocalTarget {
+            info: TargetInfo {
+                name: shown.to_string(),
+                kind: if block { "block" } else { "file" }.into(),
+                capacity_bytes: capacity,
+                block_size,
+                notes,
+            },
+            file: Arc::new(file),
+            dsync,
+        })
+    }
+}
+
+fn libc_o_direct() -> i32 {
+    rustix::fs::OFlags::DIRECT.bits() as i32
+}
+
+/// The smallest direct-I/O size the file's filesystem and device accept: 512 if a 512-byte
+/// read works, else 4096.
+fn direct_alignment(file: &File) -> u32 {
+    let Some(mut buf) = AlignedBuf::zeroed(512) else {
+        return 4096;
+    };
+    if file.read_at(&mut buf, 0).is_ok() {
+        512
+    } else {
+        4096
+    }
+}
+
+impl Target for LocalTarget {
+    fn info(&self) -> &TargetInfo {
+        &self.info
+    }
+
+    fn open(&self, queue_depth: usize, max_len: u32) -> Result<Box<dyn Engine>, String> {
+        let ring = DeviceRing::blocking().map_err(|e| format!("io_uring: {e}"))?;
+        let mut buffers = Vec::with_capacity(queue_depth);
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..queue_depth {
+            let mut buf = AlignedBuf::zeroed(max_len as usize)
+                .ok_or_else(|| format!("no memory for {queue_depth} buffers of {max_len} bytes"))?;
+            // Data that does not compress or deduplicate, so writes cost what real data costs.
+            for chunk in buf.chunks_mut(8) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let bytes = seed.to_le_bytes();
+                chunk.copy_from_slice(bytes.get(..chunk.len()).unwrap_or(&bytes));
+            }
+            buffers.push(Some(PooledBuf::unpooled(buf)));
+        }
+        Ok(Box::new(LocalEngine {
+            ring,
+            file: Arc::clone(&self.file),
+            buffers,
+            finished: Vec::new(),
+            dsync: self.dsync,
+        }))
+    }
+}
+
+struct LocalEngine {
+    ring: DeviceRing<usize>,
+    file: Arc<File>,
+    /// A buffer per tag, in the ring while its I/O is.
+    buffers: Vec<Option<PooledBuf>>,
+    finished: Vec<Finished<usize>>,
+    dsync: bool,
+}
+
+impl Engine for LocalEngine {
+    fn submit(&mut self, tag: usize, op: Op, offset: u64, len: u32) -> Result<(), String> {
+        let mut buf = self
+            .buffers
+            .get_mut(tag)
+            .and_then(Option::take)
+            .ok_or_else(|| format!("tag {tag} has no buffer (in flight?)"))?;
+        if len as usize > buf.capacity() {
+            return Err(format!(
+                "{len}-byte I/O over a {}-byte buffer",
+                buf.capacity()
+            ));
+        }
+        buf.set_len(len as usize);
+        let op = match op {
+            Op::Read => RingOp::Read,
+            Op::Write => RingOp::Write { dsync: self.dsync },
+        };
+        self.ring
+            .push(op, &self.file, offset, Some(buf), tag)
+            .map_err(|_| "io_uring full".to_string())
+    }
+
+    fn complete(&mut self, min: usize, out: &mut Vec<Done>) -> Result<(), String> {
+        let before = out.len();
+        while out.len() - before < min && self.ring.in_flight() > 0 {
+            self.ring
+                .wait(min - (out.len() - before))
+                .map_err(|e| format!("io_uring: {e}"))?;
+            self.ring.reap(&mut self.finished);
+            for f in self.finished.drain(..) {
+                if let Some(slot) = self.buffers.get_mut(f.tag) {
+                    *slot = f.buf;
+                }
+                out.push((f.tag, f.result.map_err(|e| e.to_string())));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why writing to `path` would destroy something in use, if it would: a mounted or claimed
+/// block device (or one of its partitions), a file backing a loop device, or a file another
+/// process has open.
+pub fn in_use(path: &Path) -> Option<String> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.file_type().is_block_device() {
+        let (major, minor) = (
+            rustix::fs::major(meta.rdev()),
+            rustix::fs::minor(meta.rdev()),
+        );
+        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+        let mut devices = vec![format!("{major}:{minor}")];
+        // Its partitions: subdirectories with a `partition` file.
+        if let Ok(entries) = std::fs::read_dir(&sys) {
+            for e in entries.flatten() {
+                if e.path().join("partition").exists() {
+                    if let Ok(dev) = std::fs::read_to_string(e.path().join("dev")) {
+                        devices.push(dev.trim().to_string());
+                    }
+                }
+            }
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for line in mounts.lines() {
+            let mut f = line.split(' ');
+            let (Some(dev), Some(point)) = (f.nth(2), f.nth(1)) else {
+                continue;
+            };
+            if devices.iter().any(|d| d == dev) {
+                return Some(format!(
+                    "{shown} (or a partition of it) is mounted on {point}"
+                ));
+            }
+        }
+        if std::fs::read_dir(sys.join("holders")).is_ok_and(|mut h| h.next().is_some()) {
+            return Some(format!("{shown} is held by another device (LVM, md, dm)"));
+        }
+        return None;
+    }
+    let canonical = std::fs::canonicalize(path).ok()?;
+    if let Ok(loops) = std::fs::read_dir("/sys/block") {
+        for l in loops.flatten() {
+            let backing = l.path().join("loop/backing_file");
+            if std::fs::read_to_string(&backing).is_ok_and(|b| Path::new(b.trim()) == canonical) {
+                return Some(format!(
+                    "{shown} backs loop device /dev/{}",
+                    l.file_name().to_string_lossy()
+                ));
+            }
+        }
+    }
+    let me = std::process::id().to_string();
+    for p in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = p.file_name().to_string_lossy().to_string();
+        if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|t| t == canonical) {
+                let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+                return Some(format!(
+                    "{shown} is open in process {pid} ({})",
+                    comm.trim()
+                ));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{plan, Timing};
+    use std::time::Duration;
+
+    fn scratch(tag: &str, len: usize) -> PathBuf {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-tests");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{tag}-{}", std::process::id()));
+        std::fs::write(&path, vec![0x5a; len]).unwrap();
+        path
+    }
+
+    #[test]
+    fn reads_and_writes_run_on_a_real_file_and_land() {
+        if DeviceRing::<u32>::probe().is_err() {
+            eprintln!("SKIPPED: no io_uring here");
+            return;
+        }
+        let path = scratch("rw", 8 << 20);
+        let target = match LocalTarget::open(&path, true, true) {
+            Ok(t) => t,
+            Err(e) if e.contains("direct I/O") => {
+                eprintln!("SKIPPED: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(target.info().capacity_bytes, 8 << 20);
+        assert!(target.info().notes.is_empty(), "{:?}", target.info().notes);
+        let timing = Timing {
+            ramp: Duration::from_millis(50),
+            runtime: Duration::from_millis(300),
+        };
+        for w in plan(true, true) {
+            let s = crate::runner::run(&target, &w, &timing, 8 << 20).unwrap();
+            assert_eq!(s.errors, 0, "{}: {:?}", w.id, s.first_error);
+            assert!(s.iops > 0.0, "{}: {s:?}", w.id);
+        }
+        drop(target);
+        // The writes replaced the 0x5a filler with their pattern.
+        let data = std::fs::read(&path).unwrap();
+        assert!(data.iter().filter(|&&b| b == 0x5a).count() < data.len() / 2);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn unusable_paths_get_clear_errors() {
+        let empty = scratch("empty", 0);
+        assert!(LocalTarget::open(&empty, false, false)
+            .err()
+            .unwrap()
+            .contains("empty"));
+        std::fs::remove_file(&empty).unwrap();
+        let missing = Path::new("/nonexistent/ferrosan-bench");
+        assert!(LocalTarget::open(missing, false, false)
+            .err()
+            .unwrap()
+            .contains("No such file"));
+        assert!(LocalTarget::open(Path::new("/proc"), false, false)
+            .err()
+            .unwrap()
+            .contains("neither"));
+        // tmpfs refused O_DIRECT before Linux 6.6: then the error says so.
+        if std::fs::write("/dev/shm/ferrosan-bench-test", [1u8; 4096]).is_ok() {
+            let r = LocalTarget::open(Path::new("/dev/shm/ferrosan-bench-test"), false, false);
+            let _ = std::fs::remove_file("/dev/shm/ferrosan-bench-test");
+            if let Err(e) = r {
+                assert!(e.contains("direct I/O"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_sparse_file_is_noted() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-tests");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("sparse-{}", std::process::id()));
+        let f = File::create(&path).unwrap();
+        f.set_len(64 << 20).unwrap();
+        drop(f);
+        if let Ok(t) = LocalTarget::open(&path, false, false) {
+            assert!(
+                t.info().notes.iter().any(|n| n.contains("holes")),
+                "{:?}",
+                t.info().notes
+            );
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_file_open_elsewhere_or_a_mounted_device_is_in_use() {
+        let path = scratch("busy", 4096);
+        assert_eq!(in_use(&path), None);
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(File::open(&path).unwrap())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let why = in_use(&path);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            why.as_deref().is_some_and(|w| w.contains("sleep")),
+            "{why:?}"
+        );
+        std::fs::remove_file(&path).unwrap();
+        // The root filesystem's device is mounted.
+        let root = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .find(|l| l.split(' ').nth(4) == Some("/"))
+            .and_then(|l| {
+                l.split(" - ")
+                    .nth(1)
+                    .and_then(|t| t.split(' ').nth(1))
+                    .map(str::to_string)
+            });
+        if let Some(dev) = root.filter(|d| d.starts_with("/dev/") && Path::new(d).exists()) {
+            let why = in_use(Path::new(&dev));
+            assert!(
+                why.as_deref().is_some_and(|w| w.contains("mounted")),
+                "{dev}: {why:?}"
+            );
+        }
+    }
+}

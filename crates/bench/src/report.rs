@@ -1,0 +1,630 @@
+//! results.json and report.html: one self-contained page, charts as inline SVG, no outside
+//! resource (it opens offline, in a mail attachment, from a ticket).
+
+use crate::plan::{size_label, Group, Pattern, Workload, MATRIX_DEPTHS, SWEEP_DEPTH};
+use crate::runner::TargetInfo;
+use crate::stats::Summary;
+use std::fmt::Write as _;
+
+/// One workload on one target.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Row {
+    pub target: String,
+    pub workload: Workload,
+    #[serde(flatten)]
+    pub result: Summary,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Results {
+    pub tool: String,
+    pub version: String,
+    /// Seconds since the Unix epoch when the run started.
+    pub started_unix_s: u64,
+    pub host: String,
+    pub quick: bool,
+    pub writes: bool,
+    pub ramp_s: f64,
+    pub runtime_s: f64,
+    pub targets: Vec<TargetInfo>,
+    pub rows: Vec<Row>,
+    /// Workloads that could not run on a target, and why.
+    pub skipped: Vec<Skipped>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Skipped {
+    pub target: String,
+    pub workload: String,
+    pub reason: String,
+}
+
+/// A chart line: its name, colour and (x, y) points.
+type Series = (String, &'static str, Vec<(f64, f64)>);
+
+/// A bar chart group: its label and a (target, colour, value) bar per target.
+type BarGroup = (String, Vec<(String, &'static str, f64)>);
+
+const COLORS: [&str; 8] = [
+    "#1c7ed6", "#d9480f", "#2b8a3e", "#ae3ec9", "#f59f00", "#0ca678", "#e64980", "#495057",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// 1234567 -> "1.23M", 45678 -> "45.7K".
+fn short(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.1}K", v / 1e3)
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// A "nice" axis maximum above `v`: 1, 2 or 5 times a power of ten.
+fn nice_max(v: f64) -> f64 {
+    if v.is_nan() || v <= 0.0 || !v.is_finite() {
+        return 1.0;
+    }
+    let p = 10f64.powf(v.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|&m| m >= v)
+        .unwrap_or(10.0 * p)
+}
+
+/// A line chart, x on a log2 axis (queue depths, sizes). `series`: (name, colour, points).
+fn line_chart(
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    series: &[Series],
+    xfmt: fn(f64) -> String,
+) -> String {
+    let (w, h, l, r, t, b) = (720.0, 360.0, 70.0, 20.0, 36.0, 48.0);
+    let xs: Vec<f64> = {
+        let mut xs: Vec<f64> = series
+            .iter()
+            .flat_map(|s| s.2.iter().map(|p| p.0))
+            .collect();
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        xs
+    };
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg class="chart" viewBox="0 0 {w} {h}" role="img" aria-label="{}"><title>{}</title>"#,
+        esc(title),
+        esc(title)
+    );
+    let _ = write!(
+        svg,
+        r#"<text x="{}" y="22" class="title">{}</text>"#,
+        w / 2.0,
+        esc(title)
+    );
+    if xs.is_empty() {
+        svg.push_str(r#"<text x="360" y="180" class="axis">no data</text></svg>"#);
+        return svg;
+    }
+    let ymax = nice_max(
+        series
+            .iter()
+            .flat_map(|s| s.2.iter().map(|p| p.1))
+            .fold(0.0, f64::max),
+    );
+    let (x0, x1) = (xs[0].max(1e-9).log2(), xs[xs.len() - 1].max(1e-9).log2());
+    let px = |x: f64| l + (x.max(1e-9).log2() - x0) / ((x1 - x0).max(1e-9)) * (w - l - r);
+    let py = |y: f64| h - b - y / ymax * (h - t - b);
+    for i in 0..=4 {
+        let y = ymax * f64::from(i) / 4.0;
+        let _ = write!(
+            svg,
+            r#"<line x1="{l}" x2="{}" y1="{:.1}" y2="{:.1}" class="grid"/><text x="{}" y="{:.1}" class="axis" text-anchor="end">{}</text>"#,
+            w - r,
+            py(y),
+            py(y),
+            l - 6.0,
+            py(y) + 4.0,
+            short(y)
+        );
+    }
+    for &x in &xs {
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{}" class="axis">{}</text>"#,
+            px(x),
+            h - b + 16.0,
+            esc(&xfmt(x))
+        );
+    }
+    let _ = write!(
+        svg,
+        r#"<text x="{}" y="{}" class="axis">{}</text>"#,
+        (l + w - r) / 2.0,
+        h - 8.0,
+        esc(xlabel)
+    );
+    let _ = write!(
+        svg,
+        r#"<text x="14" y="{}" class="axis" transform="rotate(-90 14 {})">{}</text>"#,
+        h / 2.0,
+        h / 2.0,
+        esc(ylabel)
+    );
+    for (i, (name, colour, points)) in series.iter().enumerate() {
+        let path: Vec<String> = points
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+            .collect();
+        let _ = write!(
+            svg,
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
+            path.join(" ")
+        );
+        for &(x, y) in points {
+            let _ = write!(
+                svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"><title>{}: {}</title></circle>"#,
+                px(x),
+                py(y),
+                esc(name),
+                short(y)
+            );
+        }
+        let ly = t + 14.0 + 16.0 * i as f64;
+        let _ = write!(
+            svg,
+            r#"<rect x="{}" y="{}" width="10" height="10" fill="{colour}"/><text x="{}" y="{}" class="legend">{}</text>"#,
+            l + 10.0,
+            ly - 9.0,
+            l + 24.0,
+            ly,
+            esc(name)
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// Grouped horizontal bars: one group per label, a bar per target.
+fn bar_chart(title: &str, unit: &str, groups: &[BarGroup]) -> String {
+    let bars: usize = groups.iter().map(|g| g.1.len()).sum();
+    let (w, l, r, t, bar_h, gap) = (720.0, 170.0, 90.0, 36.0, 16.0, 14.0);
+    let h = t + bars as f64 * bar_h + groups.len() as f64 * gap + 10.0;
+    let vmax = nice_max(
+        groups
+            .iter()
+            .flat_map(|g| g.1.iter().map(|b| b.2))
+            .fold(0.0, f64::max),
+    );
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg class="chart" viewBox="0 0 {w} {h:.0}" role="img" aria-label="{}"><title>{}</title>"#,
+        esc(title),
+        esc(title)
+    );
+    let _ = write!(
+        svg,
+        r#"<text x="{}" y="22" class="title">{}</text>"#,
+        w / 2.0,
+        esc(title)
+    );
+    let mut y = t;
+    for (label, group) in groups {
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{:.1}" class="axis" text-anchor="end">{}</text>"#,
+            l - 8.0,
+            y + bar_h * group.len() as f64 / 2.0 + 4.0,
+            esc(label)
+        );
+        for (name, colour, v) in group {
+            let len = (v / vmax).clamp(0.0, 1.0) * (w - l - r);
+            let _ = write!(
+                svg,
+                r#"<rect x="{l}" y="{y:.1}" width="{len:.1}" height="{:.1}" fill="{colour}"><title>{}: {} {}</title></rect><text x="{:.1}" y="{:.1}" class="value">{} {}</text>"#,
+                bar_h - 2.0,
+                esc(name),
+                short(*v),
+                esc(unit),
+                l + len + 4.0,
+                y + bar_h - 5.0,
+                short(*v),
+                esc(unit)
+            );
+            y += bar_h;
+        }
+        y += gap;
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:960px;color:#212529}\
+table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #dee2e6;padding:3px 7px;text-align:right}\
+th{background:#f1f3f5}td.l,th.l{text-align:left}.chart{width:100%;max-width:720px;display:block;margin:1em 0}\
+.title{font-size:15px;font-weight:600;text-anchor:middle}.axis{font-size:11px;fill:#495057;text-anchor:middle}\
+.legend{font-size:12px}.value{font-size:11px;fill:#212529}.grid{stroke:#e9ecef}.note{color:#c92a2a}";
+
+impl Results {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    fn colour(&self, target: &str) -> &'static str {
+        let i = self
+            .targets
+            .iter()
+            .position(|t| t.name == target)
+            .unwrap_or(0);
+        COLORS[i % COLORS.len()]
+    }
+
+    fn rows_where(&self, f: impl Fn(&Workload) -> bool) -> Vec<&Row> {
+        self.rows.iter().filter(|r| f(&r.workload)).collect()
+    }
+
+    /// (target, colour, points) for a line chart of `value` over `x` of the matching rows.
+    fn series(
+        &self,
+        rows: &[&Row],
+        x: fn(&Workload) -> f64,
+        value: fn(&Summary) -> f64,
+    ) -> Vec<Series> {
+        self.targets
+            .iter()
+            .map(|t| {
+                let mut pts: Vec<(f64, f64)> = rows
+                    .iter()
+                    .filter(|r| r.target == t.name)
+                    .map(|r| (x(&r.workload), value(&r.result)))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (t.name.clone(), self.colour(&t.name), pts)
+            })
+            .filter(|s| !s.2.is_empty())
+            .collect()
+    }
+
+    pub fn to_html(&self) -> String {
+        let mut h = String::new();
+        let _ = write!(h, "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>ferrosan bench report</title><style>{STYLE}</style></head><body>");
+        let _ = write!(h, "<h1>Storage benchmark</h1><p>{} {} on {}, {} run ({} s ramp + {} s measured per workload{}). Rows: {}.</p>",
+            esc(&self.tool), esc(&self.version), esc(&self.host),
+            if self.quick { "quick" } else { "full" }, self.ramp_s, self.runtime_s,
+            if self.writes { "; writes included" } else { "; reads only" }, self.rows.len());
+        h.push_str("<h2>Targets</h2><table><tr><th class=\"l\">target</th><th class=\"l\">kind</th><th>capacity</th><th>block</th><th class=\"l\">notes</th></tr>");
+        for t in &self.targets {
+            let _ = write!(h, "<tr><td class=\"l\" style=\"color:{}\">&#9632; {}</td><td class=\"l\">{}</td><td>{:.1} GiB</td><td>{}</td><td class=\"l note\">{}</td></tr>",
+                self.colour(&t.name), esc(&t.name), esc(&t.kind), t.capacity_bytes as f64 / (1u64 << 30) as f64, t.block_size, esc(&t.notes.join("; ")));
+        }
+        h.push_str("</table>");
+
+        // Headline: IOPS for 4 KiB, MB/s for 1 MiB, mean latency for QD1.
+        let headline = self.rows_where(|w| w.group == Group::Headline);
+        if !headline.is_empty() {
+            h.push_str("<h2>Headline</h2>");
+            let mut ids: Vec<&Workload> = headline.iter().map(|r| &r.workload).collect();
+            ids.dedup_by(|a, b| a.id == b.id);
+            let group_of = |pred: &dyn Fn(&Workload) -> bool, value: &dyn Fn(&Summary) -> f64| {
+                let mut groups = Vec::new();
+                for w in ids.iter().filter(|w| pred(w)) {
+                    let bars = headline
+                        .iter()
+                        .filter(|r| r.workload.id == w.id)
+                        .map(|r| (r.target.clone(), self.colour(&r.target), value(&r.result)))
+                        .collect();
+                    groups.push((w.id.clone(), bars));
+                }
+                groups
+            };
+            let iops = group_of(&|w| w.block_size < 1 << 20, &|s| s.iops);
+            if !iops.is_empty() {
+                h.push_str(&bar_chart("Small random I/O", "IOPS", &iops));
+            }
+            let mbs = group_of(&|w| w.block_size >= 1 << 20, &|s| s.mb_per_s);
+            if !mbs.is_empty() {
+                h.push_str(&bar_chart("Large sequential I/O", "MB/s", &mbs));
+            }
+            let lat = group_of(&|w| w.queue_depth == 1 && w.jobs == 1, &|s| {
+                s.latency_us.mean
+            });
+            if !lat.is_empty() {
+                h.push_str(&bar_chart(
+                    "Queue depth 1: mean latency (lower is better)",
+                    "µs",
+                    &lat,
+                ));
+            }
+        }
+
+        let qd_x = |w: &Workload| f64::from(w.queue_depth);
+        let qd_fmt: fn(f64) -> String = |x| format!("{x:.0}");
+        for (read_pct, name) in [(100u8, "read"), (0, "write")] {
+            let rows = self.rows_where(|w| {
+                w.pattern == Pattern::Random
+                    && w.block_size == 4096
+                    && w.jobs == 1
+                    && w.read_pct == read_pct
+                    && matches!(w.group, Group::Headline | Group::QueueDepth)
+            });
+            if rows.len() > self.targets.len() {
+                let _ = write!(h, "<h2>4 KiB random {name} across queue depths</h2>");
+                h.push_str(&line_chart(
+                    &format!("4 KiB random {name}: IOPS"),
+                    "queue depth",
+                    "IOPS",
+                    &self.series(&rows, qd_x, |s| s.iops),
+                    qd_fmt,
+                ));
+                h.push_str(&line_chart(
+                    &format!("4 KiB random {name}: p99 latency"),
+                    "queue depth",
+                    "µs",
+                    &self.series(&rows, qd_x, |s| s.latency_us.p99),
+                    qd_fmt,
+                ));
+            }
+        }
+        let size_x = |w: &Workload| f64::from(w.block_size);
+        let size_fmt: fn(f64) -> String = |x| size_label(x as u32);
+        for (read_pct, name) in [(100u8, "read"), (0, "write")] {
+            // The sweep's 4 KiB point is a queue-depth row.
+            let swept = self
+                .rows
+                .iter()
+                .any(|r| r.workload.group == Group::SizeSweep && r.workload.read_pct == read_pct);
+            let rows = self.rows_where(|w| {
+                w.pattern == Pattern::Random
+                    && w.read_pct == read_pct
+                    && w.queue_depth == SWEEP_DEPTH
+                    && w.jobs == 1
+            });
+            if swept {
+                let _ = write!(h, "<h2>Random {name}s from 512 B to 1 MiB (QD16)</h2>");
+                h.push_str(&line_chart(
+                    &format!("Random {name}: MB/s by I/O size"),
+                    "I/O size",
+                    "MB/s",
+                    &self.series(&rows, size_x, |s| s.mb_per_s),
+                    size_fmt,
+                ));
+                h.push_str(&line_chart(
+                    &format!("Random {name}: IOPS by I/O size"),
+                    "I/O size",
+                    "IOPS",
+                    &self.series(&rows, size_x, |s| s.iops),
+                    size_fmt,
+                ));
+            }
+        }
+        // The matrix's one-session column comes from the queue-depth rows.
+        let matrix = if self.rows.iter().any(|r| r.workload.group == Group::Matrix) {
+            self.rows_where(|w| {
+                w.pattern == Pattern::Random
+                    && w.read_pct == 100
+                    && w.block_size == 4096
+                    && MATRIX_DEPTHS.contains(&w.queue_depth)
+            })
+        } else {
+            Vec::new()
+        };
+        if !matrix.is_empty() {
+            h.push_str("<h2>Queue depth × sessions (4 KiB random read IOPS)</h2><table><tr><th class=\"l\">target</th><th>QD per session</th>");
+            let mut jobs: Vec<u32> = matrix.iter().map(|r| r.workload.jobs).collect();
+            jobs.sort_unstable();
+            jobs.dedup();
+            let mut qds: Vec<u32> = matrix.iter().map(|r| r.workload.queue_depth).collect();
+            qds.sort_unstable();
+            qds.dedup();
+            for j in &jobs {
+                let _ = write!(h, "<th>{j} session{}</th>", if *j == 1 { "" } else { "s" });
+            }
+            h.push_str("</tr>");
+            let best = matrix
+                .iter()
+                .map(|r| r.result.iops)
+                .fold(0.0, f64::max)
+                .max(1.0);
+            for t in &self.targets {
+                for q in &qds {
+                    let _ = write!(h, "<tr><td class=\"l\">{}</td><td>{q}</td>", esc(&t.name));
+                    for j in &jobs {
+                        match matrix.iter().find(|r| {
+                            r.target == t.name
+                                && r.workload.queue_depth == *q
+                                && r.workload.jobs == *j
+                        }) {
+                            Some(r) => {
+                                let shade = 255.0 - 120.0 * r.result.iops / best;
+                                let _ = write!(
+                                    h,
+                                    "<td style=\"background:rgb({shade:.0},{:.0},255)\">{}</td>",
+                                    255.0 - 60.0 * r.result.iops / best,
+                                    short(r.result.iops)
+                                );
+                            }
+                            None => h.push_str("<td>–</td>"),
+                        }
+                    }
+                    h.push_str("</tr>");
+                }
+            }
+            h.push_str("</table>");
+        }
+
+        h.push_str("<h2>All results</h2><table><tr><th class=\"l\">target</th><th class=\"l\">workload</th><th>IOPS</th><th>MB/s</th><th>mean µs</th><th>p50</th><th>p99</th><th>p99.9</th><th>max</th><th>client CPU µs/IO</th><th>errors</th></tr>");
+        for r in &self.rows {
+            let s = &r.result;
+            let _ = write!(h, "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r.target), esc(&r.workload.id), short(s.iops), s.mb_per_s, s.latency_us.mean, s.latency_us.p50, s.latency_us.p99, s.latency_us.p99_9, s.latency_us.max,
+                s.client_cpu_us_per_io.map_or("–".into(), |c| format!("{c:.1}")),
+                if s.errors == 0 { "0".to_string() } else { format!("{} ({})", s.errors, esc(s.first_error.as_deref().unwrap_or(""))) });
+        }
+        h.push_str("</table>");
+        if !self.skipped.is_empty() {
+            h.push_str("<h2>Not run</h2><ul>");
+            for s in &self.skipped {
+                let _ = write!(
+                    h,
+                    "<li>{} on {}: {}</li>",
+                    esc(&s.workload),
+                    esc(&s.target),
+                    esc(&s.reason)
+                );
+            }
+            h.push_str("</ul>");
+        }
+        h.push_str("</body></html>\n");
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::plan;
+    use crate::stats::Latency;
+
+    fn results() -> Results {
+        let targets = ["iscsi://127.0.0.1:3260/iqn.x:<t>/0", "/var/tmp/a&b.img"];
+        let mut rows = Vec::new();
+        for (i, t) in targets.iter().enumerate() {
+            for w in plan(false, true) {
+                let k = (i + 1) as f64 * f64::from(w.total_depth());
+                rows.push(Row {
+                    target: t.to_string(),
+                    workload: w.clone(),
+                    result: Summary {
+                        iops: 1000.0 * k,
+                        read_iops: 1000.0 * k,
+                        write_iops: 0.0,
+                        mb_per_s: k * f64::from(w.block_size) / 1e3,
+                        latency_us: Latency {
+                            mean: 100.0 * k,
+                            p50: 90.0,
+                            p90: 150.0,
+                            p99: 300.0 * k,
+                            p99_9: 500.0,
+                            max: 900.0,
+                        },
+                        client_cpu_us_per_io: Some(3.5),
+                        errors: 0,
+                        first_error: None,
+                    },
+                });
+            }
+        }
+        Results {
+            tool: "ferrosan bench".into(),
+            version: "0.1.0".into(),
+            started_unix_s: 0,
+            host: "test<host>".into(),
+            quick: false,
+            writes: true,
+            ramp_s: 2.0,
+            runtime_s: 10.0,
+            targets: targets
+                .iter()
+                .map(|t| TargetInfo {
+                    name: t.to_string(),
+                    kind: "file".into(),
+                    capacity_bytes: 1 << 30,
+                    block_size: 512,
+                    notes: vec!["sparse".into()],
+                })
+                .collect(),
+            rows,
+            skipped: vec![Skipped {
+                target: "x".into(),
+                workload: "randread-512-qd16".into(),
+                reason: "4096-byte blocks".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_report_is_self_contained_with_inline_svg_charts() {
+        let html = results().to_html();
+        assert!(html.starts_with("<!DOCTYPE html>"));
+        assert!(
+            html.matches("<svg ").count() >= 8,
+            "charts: {}",
+            html.matches("<svg ").count()
+        );
+        for outside in [
+            "http:", "https:", "src=", "<link", "@import", "url(", "<script",
+        ] {
+            assert!(
+                !html.contains(outside),
+                "the report refers outside: {outside}"
+            );
+        }
+        // Names are escaped, never markup.
+        assert!(
+            html.contains("iqn.x:&lt;t&gt;")
+                && html.contains("a&amp;b.img")
+                && html.contains("test&lt;host&gt;")
+        );
+        assert!(!html.contains("<t>"));
+        assert!(html.contains("randread-512-qd16 on x"));
+        assert!(html.contains("Queue depth × sessions"));
+    }
+
+    #[test]
+    fn the_json_has_a_row_per_target_and_workload_with_the_figures() {
+        let r = results();
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 2 * plan(false, true).len());
+        let row = rows
+            .iter()
+            .find(|x| {
+                x["workload"]["id"] == "randread-4k-qd64" && x["target"] == "/var/tmp/a&b.img"
+            })
+            .unwrap();
+        assert_eq!(row["iops"], 128_000.0);
+        assert_eq!(row["workload"]["queue_depth"], 64);
+        assert_eq!(row["latency_us"]["p99"], 300.0 * 128.0);
+        assert_eq!(row["workload"]["pattern"], "random");
+        assert_eq!(v["targets"][0]["block_size"], 512);
+    }
+
+    #[test]
+    fn charts_survive_empty_and_degenerate_data() {
+        let svg = line_chart("t", "x", "y", &[], |x| format!("{x}"));
+        assert!(svg.contains("no data"));
+        let one = line_chart(
+            "t",
+            "x",
+            "y",
+            &[("a".into(), "#000", vec![(1.0, 0.0)])],
+            |x| format!("{x}"),
+        );
+        assert!(!one.contains("NaN") && !one.contains("inf"), "{one}");
+        let bars = bar_chart(
+            "t",
+            "IOPS",
+            &[("w".into(), vec![("a".into(), "#000", 0.0)])],
+        );
+        assert!(!bars.contains("NaN"), "{bars}");
+        assert_eq!(nice_max(0.0), 1.0);
+        assert_eq!(nice_max(73_000.0), 100_000.0);
+        assert_eq!(nice_max(150.0), 200.0);
+        assert_eq!(short(1_234_567.0), "1.23M");
+        assert_eq!(short(45_678.0), "45.7K");
+    }
+}

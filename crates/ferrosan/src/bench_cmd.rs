@@ -1,0 +1,73 @@
+//! `ferrosan bench`: argument parsing over the `bench` crate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// A short subset (4 KiB random read QD1 and QD64, 1 MiB sequential read; with
+    /// --destructive also 4 KiB random write, 70/30 mix and 1 MiB sequential write) of 6 s each.
+    #[arg(long)]
+    quick: bool,
+    /// Directory for results.json and report.html.
+    #[arg(long, default_value = "ferrosan-bench")]
+    out: PathBuf,
+    /// Also run the write workloads. They overwrite data on every target named; a local device
+    /// that is mounted or in use, or a file another process has open, is refused even then.
+    #[arg(long)]
+    destructive: bool,
+    /// Local writes with RWF_DSYNC (each durable when it completes: compare with a
+    /// write-through LUN). Default: plain O_DIRECT, like fio --direct=1.
+    #[arg(long)]
+    dsync: bool,
+    /// Measured seconds per workload (default 5 with --quick, else 10; a ramp precedes each).
+    #[arg(long)]
+    runtime: Option<u64>,
+    /// Use only the first SIZE bytes of each target (e.g. 4G).
+    #[arg(long)]
+    size: Option<String>,
+    /// iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN, a file, or a block device.
+    #[arg(required = true)]
+    targets: Vec<String>,
+}
+
+pub fn run(args: BenchArgs) -> ExitCode {
+    let size = match args
+        .size
+        .as_deref()
+        .map(engine::config::parse_size)
+        .transpose()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ferrosan bench: --size: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = bench::Options {
+        quick: args.quick,
+        out: args.out,
+        destructive: args.destructive,
+        dsync: args.dsync,
+        runtime: args.runtime.map(Duration::from_secs),
+        size,
+        targets: args.targets,
+    };
+    match bench::run(&opts) {
+        Ok(outcome) if outcome.rows_with_errors == 0 && outcome.skipped == 0 => ExitCode::SUCCESS,
+        Ok(outcome) => {
+            eprintln!(
+                "ferrosan bench: {} results with I/O errors, {} workloads not run (see {})",
+                outcome.rows_with_errors,
+                outcome.skipped,
+                outcome.report_html.display()
+            );
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("ferrosan bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! `ferrosan bench` end to end: the real binary on a file on the build's disk filesystem,
+//! results.json and report.html checked, and the destructive-write rules.
+
+mod common;
+
+use common::{disk_dir, run_path};
+use std::path::Path;
+
+fn ferrosan() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_ferrosan"))
+}
+
+fn image(dir: &Path, name: &str, bytes: usize) -> String {
+    let path = dir.join(name);
+    // Real data, not a sparse file: reads must reach the device.
+    let block: Vec<u8> = (0..1 << 20)
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let mut data = Vec::with_capacity(bytes);
+    while data.len() < bytes {
+        data.extend_from_slice(&block);
+    }
+    data.truncate(bytes);
+    std::fs::write(&path, data).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_quick_run_on_a_file_writes_results_and_a_self_contained_report() {
+    let dir = disk_dir("bench-quick");
+    let file = image(&dir, "disk.img", 64 << 20);
+    let out = dir.join("out");
+    let out_s = out.display().to_string();
+    let run = run_path(
+        ferrosan(),
+        &["bench", "--quick", "--runtime", "1", "--out", &out_s, &file],
+    );
+    assert!(run.success(), "{}", run.describe());
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let rows = results["rows"].as_array().unwrap();
+    let ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["workload"]["id"].as_str().unwrap())
+        .collect();
+    // Reads only without --destructive.
+    assert_eq!(
+        ids,
+        ["randread-4k-qd1", "randread-4k-qd64", "seqread-1m-qd16"]
+    );
+    for r in rows {
+        assert_eq!(r["target"], file.as_str());
+        assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(
+            r["latency_us"]["p99"].as_f64().unwrap() >= r["latency_us"]["p50"].as_f64().unwrap()
+        );
+    }
+    assert!(rows[2]["mb_per_s"].as_f64().unwrap() > 1.0);
+    assert_eq!(results["targets"][0]["kind"], "file");
+    assert_eq!(results["targets"][0]["capacity_bytes"], 64 << 20);
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<svg "), "no chart");
+    for outside in ["http:", "https:", "src=", "<link", "<script"] {
+        assert!(!html.contains(outside), "report refers outside: {outside}");
+    }
+    // The file is unchanged: nothing was written.
+    let after = std::fs::read(&file).unwrap();
+    assert_eq!(after.len(), 64 << 20);
+    assert_eq!(&after[..16], &image_prefix()[..]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn image_prefix() -> Vec<u8> {
+    (0..16u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+#[test]
+fn writes_need_destructive_and_never_touch_a_file_in_use() {
+    let dir = disk_dir("bench-destructive");
+    let file = image(&dir, "disk.img", 16 << 20);
+    let out = dir.join("out").display().to_string();
+    // Another process holds it open: refused, with the reason, before any I/O.
+    let mut holder = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(std::fs::File::open(&file).unwrap())
+        .spawn()
+        .unwrap();
+    let refused = run_path(
+        ferrosan(),
+        &[
+            "bench",
+            "--quick",
+            "--destructive",
+            "--runtime",
+            "1",
+            "--out",
+            &out,
+            &file,
+        ],
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(refused.status.code(), Some(2), "{}", refused.describe());
+    assert!(
+        refused.stderr.contains("is open in process") && refused.stderr.contains("sleep"),
+        "{}",
+        refused.describe()
+    );
+    assert!(!Path::new(&out).join("results.json").exists());
+    assert_eq!(&std::fs::read(&file).unwrap()[..16], &image_prefix()[..]);
+
+    // Free now: --destructive runs the writes too, and they land.
+    let ran = run_path(
+        ferrosan(),
+        &[
+            "bench",
+            "--quick",
+            "--destructive",
+            "--dsync",
+            "--runtime",
+            "1",
+            "--out",
+            &out,
+            &file,
+        ],
+    );
+    assert!(ran.success(), "{}", ran.describe());
+    let text = std::fs::read_to_string(Path::new(&out).join("results.json")).unwrap();
+    for id in ["randwrite-4k-qd64", "randrw70-4k-qd64", "seqwrite-1m-qd16"] {
+        assert!(text.contains(id), "{id} missing");
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mix = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["workload"]["id"] == "randrw70-4k-qd64")
+        .unwrap();
+    let share = mix["read_iops"].as_f64().unwrap() / mix["iops"].as_f64().unwrap();
+    assert!((0.6..0.8).contains(&share), "70/30 mix read share {share}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_targets_and_options_fail_clearly() {
+    let dir = disk_dir("bench-bad");
+    let out = dir.join("out").display().to_string();
+    let missing = run_path(
+        ferrosan(),
+        &["bench", "--quick", "--out", &out, "/nonexistent/x.img"],
+    );
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        missing.stderr.contains("/nonexistent/x.img"),
+        "{}",
+        missing.describe()
+    );
+    let empty = dir.join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let e = run_path(
+        ferrosan(),
+        &[
+            "bench",
+            "--quick",
+            "--out",
+            &out,
+            &empty.display().to_string(),
+        ],
+    );
+    assert_eq!(e.status.code(), Some(2));
+    assert!(e.stderr.contains("empty"), "{}", e.describe());
+    let size = run_path(
+        ferrosan(),
+        &["bench", "--size", "lots", "--out", &out, "/dev/null"],
+    );
+    assert_eq!(size.status.code(), Some(2), "{}", size.describe());
+    let none = run_path(ferrosan(), &["bench"]);
+    assert!(!none.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

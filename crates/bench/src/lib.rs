@@ -30,6 +30,8 @@ pub struct Options {
     pub runtime: Option<Duration>,
     /// Only the first this-many bytes of each target.
     pub size: Option<u64>,
+    /// Only these workloads (ids as in results.json); empty: the whole plan.
+    pub only: Vec<String>,
     pub targets: Vec<String>,
 }
 
@@ -82,7 +84,22 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
     if let Some(r) = opts.runtime {
         timing.runtime = r;
     }
-    let workloads = plan(opts.quick, opts.destructive);
+    let mut workloads = plan(opts.quick, opts.destructive);
+    if !opts.only.is_empty() {
+        // Asked for by name: from the full plan, whatever --quick says.
+        workloads = plan(false, opts.destructive);
+        for id in &opts.only {
+            if !workloads.iter().any(|w| &w.id == id) {
+                let known: Vec<_> = workloads.iter().map(|w| w.id.as_str()).collect();
+                return Err(format!(
+                    "--only {id}: no such workload{}; known: {}",
+                    if opts.destructive { "" } else { " (writes need --destructive)" },
+                    known.join(", ")
+                ));
+            }
+        }
+        workloads.retain(|w| opts.only.contains(&w.id));
+    }
     let started_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

@@ -27,6 +27,10 @@ pub struct BenchArgs {
     /// Use only the first SIZE bytes of each target (e.g. 4G).
     #[arg(long)]
     size: Option<String>,
+    /// Run only these workloads (comma-separated ids as in results.json, e.g.
+    /// randread-4k-qd64,seqread-1m-qd16).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN, a file, or a block device.
     #[arg(required = true)]
     targets: Vec<String>,
@@ -52,6 +56,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         dsync: args.dsync,
         runtime: args.runtime.map(Duration::from_secs),
         size,
+        only: args.only,
         targets: args.targets,
     };
     match bench::run(&opts) {

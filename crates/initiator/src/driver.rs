@@ -378,8 +378,15 @@ impl Connection {
             if self.session.state() == crate::session::State::LoggedOut {
                 return Err(Error::Closed);
             }
-            if read {
-                continue;
+            match read {
+                // The buffer filled up: more may be waiting.
+                Got::Full => continue,
+                // The socket is drained (a short read): wait rather than read again, after
+                // sending what the input produced (R2T data, NOP replies).
+                Got::Drained => {
+                    self.write_some()?;
+                }
+                Got::Nothing => {}
             }
             let now = Instant::now();
             self.session.handle_timeout(now)?;
@@ -433,8 +440,8 @@ impl Connection {
         Ok(wrote)
     }
 
-    /// One `read` of what has arrived, handed to the session; whether anything arrived.
-    fn read_some(&mut self) -> Result<bool, Error> {
+    /// One `read` of what has arrived, handed to the session.
+    fn read_some(&mut self) -> Result<Got, Error> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -443,6 +450,7 @@ impl Connection {
             self.end -= self.start;
             self.start = 0;
         }
+        let room = self.inbuf.len() - self.end;
         let n = match self
             .stream
             .read(self.inbuf.get_mut(self.end..).unwrap_or(&mut []))
@@ -450,7 +458,7 @@ impl Connection {
             Ok(0) => return Err(Error::Closed),
             Ok(n) => n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                return Ok(false)
+                return Ok(Got::Nothing)
             }
             Err(e) => return Err(Error::Io(e)),
         };
@@ -460,8 +468,17 @@ impl Connection {
             .session
             .receive(self.inbuf.get(self.start..self.end).unwrap_or(&[]), now)?;
         self.start += used;
-        Ok(true)
+        Ok(if n == room { Got::Full } else { Got::Drained })
     }
+}
+
+/// What one `read` found.
+enum Got {
+    Nothing,
+    /// Less than the buffer's room: the socket had no more.
+    Drained,
+    /// The buffer's room filled: there may be more.
+    Full,
 }
 
 /// The socket and receive buffer during login.

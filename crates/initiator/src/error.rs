@@ -335,3 +335,8 @@ impl fmt::Display for CommandError {
         }
     }
 }
+
+impl std::error::Error for CommandError {}
+impl std::error::Error for ProtocolError {}
+impl std::error::Error for LoginError {}
+impl std::error::Error for AuthError {}

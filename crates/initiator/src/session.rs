@@ -450,7 +450,13 @@ impl Session {
         let (dir, buf, edtl) = match cmd.transfer {
             Transfer::None => (Dir::None, Vec::new(), 0),
             Transfer::Read { len, mut buf } => {
-                buf.clear();
+                if !self.params.data_pdu_in_order {
+                    // Data may arrive in any order: what never arrives must read as zeros.
+                    buf.clear();
+                }
+                // In order, data fills the buffer from 0 without holes and is cut to what
+                // arrived: a recycled buffer needs no zeroing.
+                buf.truncate(len as usize);
                 buf.resize(len as usize, 0);
                 (Dir::Read, buf, len)
             }
@@ -1036,6 +1042,7 @@ impl Session {
         let itt = bhs.itt();
         let flags = bhs.flags();
         let status_here = flags & 0x01 != 0;
+        let in_order = self.params.data_pdu_in_order;
         let Some(Task::Scsi(t)) = self.task_mut(itt) else {
             return Err(unknown(bhs));
         };
@@ -1055,6 +1062,11 @@ impl Session {
         }
         t.next_data_sn = data_sn.wrapping_add(1);
         let offset = bhs.u32_at(off::BUFFER_OFFSET);
+        if in_order && offset != t.high {
+            return Err(ProtocolError::Malformed(
+                "Data-In out of order though DataPDUInOrder=Yes",
+            ));
+        }
         let end = u64::from(offset) + data.len() as u64;
         if end > u64::from(t.edtl) {
             return Err(ProtocolError::DataBeyondLength {
@@ -1517,7 +1529,10 @@ mod tests {
 
     #[test]
     fn read_reassembles_data_in_and_takes_the_collapsed_status() {
-        let (mut s, now) = new_session(40);
+        let now = Instant::now();
+        let mut p = fake::params();
+        p.data_pdu_in_order = false;
+        let mut s = fake::session(fake::config(), p, 40, now);
         let (itt, cmd) = submit_read(&mut s, 77, 8192, now);
         assert_eq!(cmd.op(), Opcode::ScsiCommand as u8);
         assert_eq!(cmd.bhs.flags(), 0x80 | 0x40 | 1, "F, R, SIMPLE");
@@ -1544,6 +1559,32 @@ mod tests {
         s.submit(Command::none(1, 0, scsi::test_unit_ready()), now)
             .unwrap();
         assert_eq!(take(&mut s)[0].bhs.u32_at(off::EXP_STAT_SN), 101);
+    }
+
+    #[test]
+    fn in_order_reads_need_no_zeroing_and_refuse_disorder() {
+        let (mut s, now) = new_session(40);
+        // A recycled buffer with old bytes: the answer overwrites what it covers and the
+        // result is cut to what arrived.
+        let cmd = Command::read(1, 0, scsi::read10(0, 8), 4096).with_buffer(vec![0xee; 8192]);
+        let itt = s.submit(cmd, now).unwrap();
+        take(&mut s);
+        feed(&mut s, &data_in(itt, 0, 0, None), &[1; 1024], now).unwrap();
+        let mut last = data_in(itt, 1, 1024, Some(0));
+        last.set_flags(0x80 | 0x02 | 0x01);
+        last.set_u32(off::RESIDUAL, 2048);
+        feed(&mut s, &last, &[2; 1024], now).unwrap();
+        let r = completions(&mut s).remove(0).result.unwrap();
+        assert_eq!(r.data.len(), 2048);
+        assert!(r.data[..1024].iter().all(|&b| b == 1) && r.data[1024..].iter().all(|&b| b == 2));
+        assert_eq!(r.residual, Residual::Under(2048));
+        // Out of order although DataPDUInOrder=Yes.
+        let (itt, _) = submit_read(&mut s, 2, 4096, now);
+        let e = feed(&mut s, &data_in(itt, 0, 512, None), &[0; 512], now).unwrap_err();
+        assert!(
+            matches!(e, Error::Protocol(ProtocolError::Malformed(_))),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1593,8 +1634,9 @@ mod tests {
     #[test]
     fn data_in_violations_fail_the_connection() {
         type Case = fn(u32) -> (Bhs, Vec<u8>);
-        let cases: [(Case, &str); 5] = [
+        let cases: [(Case, &str); 6] = [
             (|itt| (data_in(itt, 0, 4000, None), vec![0; 200]), "beyond"),
+            (|itt| (data_in(itt, 0, 0, None), vec![0; 4100]), "beyond"),
             (|itt| (data_in(itt, 1, 0, None), vec![0; 10]), "datasn"),
             (
                 |itt| (data_in(itt ^ 0x0001_0000, 0, 0, None), vec![0; 10]),
@@ -1610,7 +1652,11 @@ mod tests {
             ),
         ];
         for (case, what) in cases {
-            let (mut s, now) = new_session(40);
+            // Out-of-order data allowed, so offsets are checked against the length alone.
+            let now = Instant::now();
+            let mut p = fake::params();
+            p.data_pdu_in_order = false;
+            let mut s = fake::session(fake::config(), p, 40, now);
             let (itt, _) = submit_read(&mut s, 5, 4096, now);
             let (bhs, data) = case(itt);
             let e = feed(&mut s, &bhs, &data, now).unwrap_err();

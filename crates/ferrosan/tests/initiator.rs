@@ -25,7 +25,6 @@ fn config(port: u16, target: &str, lun: u64) -> ClientConfig {
             target_name: target.into(),
         },
     );
-    s.isid = driver::random_isid();
     s.command_timeout = Duration::from_secs(10);
     let mut c = ClientConfig::new(format!("127.0.0.1:{port}"), s);
     c.lun = lun;

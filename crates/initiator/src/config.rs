@@ -97,7 +97,9 @@ pub struct SessionConfig {
     pub initiator_name: String,
     pub initiator_alias: Option<String>,
     pub kind: SessionKind,
-    /// Initiator Session ID. Reusing it with TSIH 0 reinstates (replaces) an older session.
+    /// Initiator Session ID. Reusing it with TSIH 0 reinstates (replaces) an older session
+    /// of the same initiator name. [`SessionConfig::new`] sets a fixed one (the core has no
+    /// randomness); [`ClientConfig::new`] replaces it with a random one.
     pub isid: [u8; 6],
     /// 0 for a new session.
     pub tsih: u16,
@@ -189,7 +191,11 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    pub fn new(address: impl Into<String>, session: SessionConfig) -> ClientConfig {
+    /// Gives the session a random ISID (see [`crate::driver::random_isid`]): two clients
+    /// with one initiator name and the same ISID would reinstate — end — each other's
+    /// sessions. A [`crate::driver::Client`] keeps its ISID across reconnects.
+    pub fn new(address: impl Into<String>, mut session: SessionConfig) -> ClientConfig {
+        session.isid = crate::driver::random_isid();
         ClientConfig {
             address: address.into(),
             session,

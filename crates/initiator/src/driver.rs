@@ -417,6 +417,13 @@ impl Connection {
         while let Some(e) = self.session.poll_event() {
             match e {
                 Event::Completed(c) => self.completions.push_back(c),
+                e @ (Event::Async(_) | Event::Rejected { .. } | Event::LogoutRequested { .. })
+                    if self.events.len() >= crate::session::UNSOLICITED_EVENTS_MAX =>
+                {
+                    // Never taken by the caller: the oldest goes.
+                    self.events.pop_front();
+                    self.events.push_back(e);
+                }
                 other => self.events.push_back(other),
             }
         }
@@ -814,5 +821,134 @@ impl Client {
             Some(c) if c.broken().is_none() => c.logout(),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake;
+    use iscsi::pdu::{off, Bhs, Framing, Opcode, BHS_LEN};
+    use std::net::TcpListener;
+
+    fn read_pdu(s: &mut TcpStream) -> Option<(Bhs, Vec<u8>)> {
+        let mut h = [0u8; BHS_LEN];
+        s.read_exact(&mut h).ok()?;
+        let bhs = Bhs(h);
+        let mut rest = vec![0u8; iscsi::pdu::padded(bhs.data_segment_len())];
+        s.read_exact(&mut rest).ok()?;
+        rest.truncate(bhs.data_segment_len());
+        Some((bhs, rest))
+    }
+
+    /// A TCP fake target: logs in without auth, then answers each SCSI command with the
+    /// next status of `statuses`, and closes the connection when they run out.
+    fn fake_target(statuses: Vec<u8>) -> (u16, std::thread::JoinHandle<usize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handle = std::thread::spawn(move || {
+            let mut answered = 0;
+            let Ok((mut s, _)) = listener.accept() else {
+                return answered;
+            };
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let (req, _) = read_pdu(&mut s).expect("login 1");
+            s.write_all(&fake::login_response(
+                &req,
+                &[("AuthMethod", "None")],
+                true,
+                (0, 0),
+                0,
+            ))
+            .unwrap();
+            let (req, _) = read_pdu(&mut s).expect("login 2");
+            s.write_all(&fake::login_response(&req, &[], true, (0, 0), 1))
+                .unwrap();
+            for (stat_sn, status) in (2u32..).zip(statuses) {
+                let Some((cmd, _)) = read_pdu(&mut s) else {
+                    break;
+                };
+                assert_eq!(cmd.opcode_raw(), Opcode::ScsiCommand as u8);
+                let cmd_sn = cmd.u32_at(off::CMD_SN);
+                let mut r = fake::target_pdu(
+                    Opcode::ScsiResponse,
+                    cmd.itt(),
+                    stat_sn,
+                    cmd_sn.wrapping_add(1),
+                    cmd_sn.wrapping_add(32),
+                );
+                r.set_flags(0x80);
+                r.0[3] = status;
+                s.write_all(&fake::encode(&r, &[], &Framing::LOGIN))
+                    .unwrap();
+                answered += 1;
+            }
+            // Hang up cleanly (FIN, not a reset that could discard our last answers): read
+            // what the initiator still sends.
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            s.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            while read_pdu(&mut s).is_some() {}
+            answered
+        });
+        (port, handle)
+    }
+
+    fn client_config(port: u16, retries: u32) -> ClientConfig {
+        let mut c = ClientConfig::new(format!("127.0.0.1:{port}"), fake::config());
+        c.retries = retries;
+        c.timeouts.login = Duration::from_secs(2);
+        c
+    }
+
+    #[test]
+    fn busy_and_task_set_full_are_retried_with_backoff() {
+        let (port, target) = fake_target(vec![status::BUSY, status::TASK_SET_FULL, status::GOOD]);
+        let mut client = Client::connect(client_config(port, 5)).unwrap();
+        assert_eq!(client.test_unit_ready().unwrap(), Ok(()));
+        drop(client);
+        assert_eq!(target.join().unwrap(), 3);
+        // Out of retries: the last status is the answer.
+        let (port, target) = fake_target(vec![status::BUSY, status::BUSY]);
+        let mut client = Client::connect(client_config(port, 1)).unwrap();
+        let err = client.test_unit_ready().unwrap().unwrap_err();
+        assert_eq!(err.status, status::BUSY);
+        drop(client);
+        assert_eq!(target.join().unwrap(), 2);
+    }
+
+    #[test]
+    fn a_closed_connection_fails_pipelined_commands_and_the_next_call_reconnects() {
+        // One answer, then the target hangs up with three commands outstanding.
+        let (port, target) = fake_target(vec![status::GOOD]);
+        let mut conn = Connection::connect(&client_config(port, 0)).unwrap();
+        for tag in 0..4 {
+            conn.submit(Command::none(tag, 0, crate::scsi::test_unit_ready()))
+                .unwrap();
+        }
+        let mut results = Vec::new();
+        while conn.in_flight() > 0 {
+            results.push(conn.next_completion().unwrap().result);
+        }
+        assert_eq!(target.join().unwrap(), 1);
+        assert!(results[0].as_ref().is_ok_and(|r| r.is_good()));
+        assert_eq!(results.len(), 4);
+        assert!(results[1..]
+            .iter()
+            .all(|r| matches!(r, Err(CommandError::ConnectionLost(_)))));
+        assert!(conn.broken().is_some());
+        assert!(matches!(
+            conn.submit(Command::none(9, 0, crate::scsi::test_unit_ready())),
+            Err(Error::NotConnected)
+        ));
+    }
+
+    #[test]
+    fn addresses_resolve() {
+        assert_eq!(resolve("127.0.0.1:3261").unwrap()[0].port(), 3261);
+        assert_eq!(resolve("127.0.0.1").unwrap()[0].port(), 3260);
+        assert_eq!(resolve("[::1]").unwrap()[0].port(), 3260);
+        assert_eq!(resolve("::1").unwrap()[0].port(), 3260);
+        assert!(resolve("no-such-host.invalid:3260").is_err());
     }
 }

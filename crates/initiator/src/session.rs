@@ -25,6 +25,9 @@ pub const TEXT_RESPONSE_MAX: usize = 1 << 20;
 const CONTROL_SLOTS: usize = 16;
 /// ITT index space: 16 bits, 0xffff never used (ITT 0xffffffff is reserved).
 const SLOTS_MAX: usize = 0xfff0;
+/// Events waiting to be taken above which unsolicited ones (async messages, stray rejects)
+/// are dropped.
+pub const UNSOLICITED_EVENTS_MAX: usize = 1024;
 
 /// Data transfer of a command.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -341,6 +344,7 @@ pub struct Session {
     ping_outstanding: bool,
     /// No command deadline falls before this (a lower bound; rescanned when reached).
     earliest_deadline: Option<Instant>,
+    dropped_events: u64,
 }
 
 impl Session {
@@ -387,6 +391,7 @@ impl Session {
             last_heard: now,
             ping_outstanding: false,
             earliest_deadline: None,
+            dropped_events: 0,
         }
     }
 
@@ -1246,11 +1251,11 @@ impl Session {
             None => None,
         };
         if event == 1 {
-            self.events.push_back(Event::LogoutRequested {
+            self.unsolicited(Event::LogoutRequested {
                 within: Duration::from_secs(u64::from(parameters[2])),
             });
         }
-        self.events.push_back(Event::Async(AsyncMessage {
+        self.unsolicited(Event::Async(AsyncMessage {
             event,
             lun: crate::scsi::decode_lun(bhs.lun()),
             sense,
@@ -1303,9 +1308,24 @@ impl Session {
                 };
                 self.events.extend(event);
             }
-            None => self.events.push_back(Event::Rejected { reason, itt }),
+            None => self.unsolicited(Event::Rejected { reason, itt }),
         }
         Ok(())
+    }
+
+    /// Queues an event the target sent on its own (async message, stray reject): at most
+    /// [`UNSOLICITED_EVENTS_MAX`] wait at a time, later ones are dropped and counted.
+    fn unsolicited(&mut self, event: Event) {
+        if self.events.len() >= UNSOLICITED_EVENTS_MAX {
+            self.dropped_events += 1;
+            return;
+        }
+        self.events.push_back(event);
+    }
+
+    /// Events the target sent on its own that were dropped because too many were waiting.
+    pub fn dropped_events(&self) -> u64 {
+        self.dropped_events
     }
 
     fn push(&mut self, bhs: &Bhs, data: &[u8]) {
@@ -2079,6 +2099,30 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_flood_of_async_messages_is_bounded() {
+        let (mut s, now) = new_session(40);
+        let mut bytes = Vec::new();
+        let f = fake::framing(s.negotiated());
+        for sn in 0..(UNSOLICITED_EVENTS_MAX as u32 + 500) {
+            let mut a = target_pdu(Opcode::AsyncMessage, RESERVED_TAG, 100 + sn, 10, 40);
+            a.0[36] = 4;
+            bytes.extend(fake::encode(&a, &[], &f));
+        }
+        assert_eq!(s.receive(&bytes, now).unwrap(), bytes.len());
+        assert_eq!(events(&mut s).len(), UNSOLICITED_EVENTS_MAX);
+        assert_eq!(s.dropped_events(), 500);
+        // Completions are never dropped.
+        let (itt, _) = submit_read(&mut s, 1, 512, now);
+        for sn in 0..(UNSOLICITED_EVENTS_MAX as u32) {
+            let mut a = target_pdu(Opcode::AsyncMessage, RESERVED_TAG, 2000 + sn, 10, 40);
+            a.0[36] = 4;
+            feed(&mut s, &a, &[], now).unwrap();
+        }
+        feed(&mut s, &data_in(itt, 0, 0, Some(0)), &[0; 512], now).unwrap();
+        assert_eq!(completions(&mut s).len(), 1);
     }
 
     #[test]

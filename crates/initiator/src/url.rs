@@ -155,7 +155,6 @@ impl IscsiUrl {
             None => SessionKind::Discovery,
         };
         let mut session = SessionConfig::new(initiator_name, kind);
-        session.isid = crate::driver::random_isid();
         session.auth = self.auth.clone();
         if let Some(d) = self.header_digest {
             session.header_digest = d;

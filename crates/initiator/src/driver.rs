@@ -9,6 +9,11 @@
 //!
 //! Nothing waits without a deadline: connect, login, each command (the session's command
 //! timeout), and pings of a silent target (the session's NOP interval and response timeout).
+//!
+//! The driver does I/O only while it is called: a connection left alone for longer than the
+//! target's NOP-In timeout answers none of its pings and may be dropped by the target (the
+//! blocking helpers then reconnect). The blocking helpers copy write data once more than the
+//! pipelined interface (to resubmit it after a reconnect).
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};

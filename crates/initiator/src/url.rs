@@ -1,0 +1,307 @@
+//! `iscsi://` URLs as libiscsi (and so qemu) accept them:
+//! `iscsi://[<user>[%<password>]@]<host>[:<port>]/<target-iqn>/<lun>` (IPv6 hosts in
+//! brackets), or the portal form without `/<target-iqn>/<lun>` for discovery.
+//!
+//! Following libiscsi's `iscsi_parse_url` (lib/init.c): the user ends at the first `%` (or,
+//! without one, the first `:`), the password is the rest up to the first `@`, and neither is
+//! percent-decoded (libiscsi uses `%` as the separator, so it cannot decode them); the target
+//! name is percent-decoded. CHAP applies only with both a user and a password. Query
+//! arguments after `?`, `&`-separated: `target_user` and `target_password` (mutual CHAP, used
+//! only with one-way credentials, as in libiscsi), `header_digest` and `data_digest`
+//! (`crc32c` or `none`), `auth` (`md5`, `sha1`, `sha-256`, `sha3-256`: the one CHAP
+//! algorithm offered); other arguments are ignored, as libiscsi ignores them.
+
+use iscsi::chap::Algorithm;
+
+use crate::config::{Auth, ChapConfig, ClientConfig, DigestChoice, SessionConfig, SessionKind};
+use crate::error::Error;
+
+/// A parsed `iscsi://` URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IscsiUrl {
+    /// Host name or address (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    /// `None` for a portal URL.
+    pub target: Option<String>,
+    pub lun: u64,
+    pub auth: Auth,
+    pub header_digest: Option<DigestChoice>,
+    pub data_digest: Option<DigestChoice>,
+}
+
+impl IscsiUrl {
+    /// Parses a full URL (target and LUN) or a portal URL (`iscsi://host[:port][/]`).
+    pub fn parse(url: &str) -> Result<IscsiUrl, Error> {
+        let bad = |why: &str| {
+            Error::Url(format!("{why} in {url:?}; the form is iscsi://[<user>[%<password>]@]<host>[:<port>]/<target-iqn>/<lun>"))
+        };
+        let rest = url
+            .strip_prefix("iscsi://")
+            .ok_or_else(|| bad("no iscsi:// prefix"))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (userinfo, rest) = match rest.split_once('@') {
+            Some((u, r)) => (Some(u), r),
+            None => (None, rest),
+        };
+        let (portal, path) = match rest.split_once('/') {
+            Some((p, path)) => (p, Some(path)),
+            None => (rest, None),
+        };
+        let (host, port) = split_host_port(portal).ok_or_else(|| bad("bad host or port"))?;
+        let (target, lun) = match path {
+            None | Some("") => (None, 0),
+            Some(path) => {
+                let (target, lun) = path
+                    .split_once('/')
+                    .ok_or_else(|| bad("no /<lun> after the target"))?;
+                if target.is_empty() {
+                    return Err(bad("empty target name"));
+                }
+                if lun.is_empty() || !lun.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad("the LUN is not a number"));
+                }
+                let lun: u64 = lun.parse().map_err(|_| bad("the LUN is too large"))?;
+                (Some(percent_decode(target)), lun)
+            }
+        };
+        let (mut user, mut password) = (None, None);
+        if let Some(u) = userinfo {
+            let split = u.find('%').or_else(|| u.find(':'));
+            match split {
+                Some(i) => {
+                    user = u.get(..i).map(str::to_string);
+                    password = u.get(i + 1..).map(str::to_string);
+                }
+                None => user = Some(u.to_string()),
+            }
+        }
+        let (mut target_user, mut target_password) = (None, None);
+        let (mut header_digest, mut data_digest) = (None, None);
+        let mut algorithm = None;
+        for arg in query.unwrap_or("").split('&').filter(|a| !a.is_empty()) {
+            let (key, value) = arg.split_once('=').unwrap_or((arg, ""));
+            let digest = |v: &str| match v {
+                "crc32c" => Ok(DigestChoice::Crc32c),
+                "none" => Ok(DigestChoice::None),
+                _ => Err(bad("header_digest/data_digest must be crc32c or none")),
+            };
+            match key {
+                "target_user" => target_user = Some(value.to_string()),
+                "target_password" => target_password = Some(value.to_string()),
+                "header_digest" => header_digest = Some(digest(value)?),
+                "data_digest" => data_digest = Some(digest(value)?),
+                "auth" => {
+                    algorithm = Some(match value {
+                        "md5" => Algorithm::Md5,
+                        "sha1" => Algorithm::Sha1,
+                        "sha-256" => Algorithm::Sha256,
+                        "sha3-256" => Algorithm::Sha3_256,
+                        _ => return Err(bad("auth must be md5, sha1, sha-256 or sha3-256")),
+                    })
+                }
+                _ => {}
+            }
+        }
+        let nonempty = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
+        let auth = if nonempty(&user) && nonempty(&password) {
+            let mut chap = ChapConfig::new(
+                user.unwrap_or_default(),
+                password.unwrap_or_default().into_bytes(),
+            );
+            if nonempty(&target_user) && nonempty(&target_password) {
+                chap = chap.with_mutual(
+                    target_user.unwrap_or_default(),
+                    target_password.unwrap_or_default().into_bytes(),
+                );
+            }
+            if let Some(a) = algorithm {
+                chap.algorithms = vec![a];
+            }
+            Auth::Chap(chap)
+        } else {
+            Auth::None
+        };
+        Ok(IscsiUrl {
+            host,
+            port,
+            target,
+            lun,
+            auth,
+            header_digest,
+            data_digest,
+        })
+    }
+
+    /// `host:port`, IPv6 in brackets.
+    pub fn address(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    /// A driver configuration for this URL (a discovery session for a portal URL), with a
+    /// random ISID.
+    pub fn client_config(&self, initiator_name: &str) -> ClientConfig {
+        let kind = match &self.target {
+            Some(t) => SessionKind::Normal {
+                target_name: t.clone(),
+            },
+            None => SessionKind::Discovery,
+        };
+        let mut session = SessionConfig::new(initiator_name, kind);
+        session.auth = self.auth.clone();
+        if let Some(d) = self.header_digest {
+            session.header_digest = d;
+        }
+        if let Some(d) = self.data_digest {
+            session.data_digest = d;
+        }
+        let mut config = ClientConfig::new(self.address(), session);
+        config.lun = self.lun;
+        config
+    }
+}
+
+fn split_host_port(portal: &str) -> Option<(String, u16)> {
+    let (host, port) = if let Some(v6) = portal.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':')?),
+        };
+        (host, port)
+    } else {
+        match portal.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (portal, None),
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let port = match port {
+        Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0)?,
+        None => 3260,
+    };
+    Some((host.to_string(), port))
+}
+
+/// `%XX` escapes decoded (invalid escapes are kept as they are).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        let hex = |x: u8| (x as char).to_digit(16);
+        match (
+            c,
+            b.get(i + 1).and_then(|&x| hex(x)),
+            b.get(i + 2).and_then(|&x| hex(x)),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            _ => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chap(u: &IscsiUrl) -> &ChapConfig {
+        match &u.auth {
+            Auth::Chap(c) => c,
+            Auth::None => panic!("no CHAP in {u:?}"),
+        }
+    }
+
+    #[test]
+    fn full_urls() {
+        let u = IscsiUrl::parse("iscsi://10.0.0.1/iqn.2024-01.x:t/3").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.lun), ("10.0.0.1", 3260, 3));
+        assert_eq!(u.target.as_deref(), Some("iqn.2024-01.x:t"));
+        assert_eq!(u.auth, Auth::None);
+        assert_eq!(u.address(), "10.0.0.1:3260");
+        let u = IscsiUrl::parse("iscsi://[2001:db8::1]:3261/iqn.x:y/0").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("2001:db8::1", 3261));
+        assert_eq!(u.address(), "[2001:db8::1]:3261");
+        let u = IscsiUrl::parse("iscsi://host.example:860/iqn.a%3Ab/1").unwrap();
+        assert_eq!(u.target.as_deref(), Some("iqn.a:b"));
+        assert_eq!(u.port, 860);
+    }
+
+    #[test]
+    fn credentials_like_libiscsi() {
+        let u = IscsiUrl::parse("iscsi://alice%s3cr%41t@h/iqn.x:t/0").unwrap();
+        let c = chap(&u);
+        assert_eq!(c.user, "alice");
+        // Not percent-decoded: libiscsi passes the password on as written.
+        assert_eq!(c.secret.expose(), b"s3cr%41t");
+        assert!(c.mutual.is_none());
+        assert_eq!(c.algorithms[0], Algorithm::Md5);
+        let u = IscsiUrl::parse("iscsi://bob:pw@h:3260/iqn.x:t/0").unwrap();
+        assert_eq!(chap(&u).secret.expose(), b"pw");
+        // A user without a password: no CHAP (libiscsi needs both).
+        assert_eq!(
+            IscsiUrl::parse("iscsi://bob@h/iqn.x:t/0").unwrap().auth,
+            Auth::None
+        );
+        let u = IscsiUrl::parse(
+            "iscsi://a%b@h/iqn.x:t/0?target_user=tgt&target_password=tsecret&header_digest=crc32c&auth=sha-256&other=1",
+        )
+        .unwrap();
+        let c = chap(&u);
+        let m = c.mutual.as_ref().expect("mutual");
+        assert_eq!(
+            (m.user.as_str(), m.secret.expose()),
+            ("tgt", &b"tsecret"[..])
+        );
+        assert_eq!(c.algorithms, vec![Algorithm::Sha256]);
+        assert_eq!(u.header_digest, Some(DigestChoice::Crc32c));
+        // Mutual credentials without one-way ones are ignored, as in libiscsi.
+        let u = IscsiUrl::parse("iscsi://h/iqn.x:t/0?target_user=t&target_password=p").unwrap();
+        assert_eq!(u.auth, Auth::None);
+    }
+
+    #[test]
+    fn portal_urls_and_errors() {
+        let u = IscsiUrl::parse("iscsi://h:3300").unwrap();
+        assert_eq!((u.target.clone(), u.port), (None, 3300));
+        assert_eq!(IscsiUrl::parse("iscsi://h/").unwrap().target, None);
+        let cfg = u.client_config("iqn.x:i");
+        assert_eq!(cfg.session.kind, SessionKind::Discovery);
+        assert_eq!(cfg.session.isid[0] & 0xc0, 0x80);
+        for bad in [
+            "http://h/iqn.x/0",
+            "iscsi://",
+            "iscsi://h:0/iqn.x/0",
+            "iscsi://h:99999/iqn.x/0",
+            "iscsi://h:x/iqn.x/0",
+            "iscsi://[::1/iqn.x/0",
+            "iscsi://[::1]x/iqn.x/0",
+            "iscsi://h/iqn.x",
+            "iscsi://h/iqn.x/",
+            "iscsi://h/iqn.x/-1",
+            "iscsi://h//0",
+            "iscsi://h/iqn.x/99999999999999999999999",
+            "iscsi://h/iqn.x/0?header_digest=md5",
+            "iscsi://h/iqn.x/0?auth=chap",
+        ] {
+            assert!(IscsiUrl::parse(bad).is_err(), "{bad} accepted");
+        }
+        assert_eq!(percent_decode("a%zzb%4"), "a%zzb%4");
+    }
+}

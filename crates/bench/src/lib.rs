@@ -4,6 +4,7 @@
 //! self-contained report.html.
 #![forbid(unsafe_code)]
 
+pub mod iscsi;
 pub mod local;
 pub mod plan;
 pub mod report;
@@ -30,6 +31,8 @@ pub struct Options {
     pub runtime: Option<Duration>,
     /// Only the first this-many bytes of each target.
     pub size: Option<u64>,
+    /// The initiator name iSCSI sessions log in with.
+    pub initiator_name: String,
     /// Only these workloads (ids as in results.json); empty: the whole plan.
     pub only: Vec<String>,
     pub targets: Vec<String>,
@@ -48,9 +51,11 @@ pub struct Outcome {
 /// Opens a target named on the command line.
 fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
     if spec.starts_with("iscsi://") {
-        return Err(format!(
-            "{spec}: iSCSI targets need the initiator (not built into this binary yet)"
-        ));
+        // ferrosan cannot tell whether other hosts use a LUN: --destructive is the user's word.
+        return Ok(Box::new(iscsi::IscsiTarget::open(
+            spec,
+            &opts.initiator_name,
+        )?));
     }
     let path = Path::new(spec);
     if opts.destructive {
@@ -93,7 +98,11 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
                 let known: Vec<_> = workloads.iter().map(|w| w.id.as_str()).collect();
                 return Err(format!(
                     "--only {id}: no such workload{}; known: {}",
-                    if opts.destructive { "" } else { " (writes need --destructive)" },
+                    if opts.destructive {
+                        ""
+                    } else {
+                        " (writes need --destructive)"
+                    },
                     known.join(", ")
                 ));
             }

@@ -31,6 +31,9 @@ pub struct BenchArgs {
     /// randread-4k-qd64,seqread-1m-qd16).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Initiator name for iSCSI sessions (default iqn.2026-11.org.ferrosan:bench.HOSTNAME).
+    #[arg(long)]
+    initiator_name: Option<String>,
     /// iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN, a file, or a block device.
     #[arg(required = true)]
     targets: Vec<String>,
@@ -57,6 +60,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         runtime: args.runtime.map(Duration::from_secs),
         size,
         only: args.only,
+        initiator_name: args.initiator_name.unwrap_or_else(default_initiator_name),
         targets: args.targets,
     };
     match bench::run(&opts) {
@@ -74,5 +78,21 @@ pub fn run(args: BenchArgs) -> ExitCode {
             eprintln!("ferrosan bench: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `iqn.2026-11.org.ferrosan:bench.HOST`, the host name reduced to what an IQN allows.
+fn default_initiator_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.'))
+        .collect();
+    if host.is_empty() {
+        "iqn.2026-11.org.ferrosan:bench".into()
+    } else {
+        format!("iqn.2026-11.org.ferrosan:bench.{host}")
     }
 }

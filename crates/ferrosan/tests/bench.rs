@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{disk_dir, run_path};
+use common::tgt::{Tgt, TGT_IQN};
+use common::{disk_dir, run_path, Daemon};
 use std::path::Path;
 
 fn ferrosan() -> &'static Path {
@@ -179,5 +180,123 @@ fn bad_targets_and_options_fail_clearly() {
     assert_eq!(size.status.code(), Some(2), "{}", size.describe());
     let none = run_path(ferrosan(), &["bench"]);
     assert!(!none.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tgt_ferrosan_and_a_file_side_by_side_in_one_run() {
+    let dir = disk_dir("bench-iscsi");
+    let file = image(&dir, "disk.img", 32 << 20);
+    let out = dir.join("out");
+    let out_s = out.display().to_string();
+    let tgt = Tgt::start();
+    let daemon = Daemon::start(&["ram:64M"]);
+    let tgt_url = format!("iscsi://127.0.0.1:{}/{TGT_IQN}/1", tgt.port);
+    let ours = daemon.url(0);
+    let run = run_path(
+        ferrosan(),
+        &[
+            "bench",
+            "--quick",
+            "--runtime",
+            "1",
+            "--out",
+            &out_s,
+            &tgt_url,
+            &ours,
+            &file,
+        ],
+    );
+    assert!(
+        run.success(),
+        "{}\n--- daemon\n{}",
+        run.describe(),
+        daemon.output()
+    );
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let rows = results["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3 * 3, "3 workloads x 3 targets");
+    for target in [&tgt_url, &ours, &file] {
+        let row = |id: &str| {
+            rows.iter()
+                .find(|r| r["target"] == target.as_str() && r["workload"]["id"] == id)
+                .unwrap_or_else(|| panic!("no {id} row for {target}"))
+        };
+        assert!(
+            row("randread-4k-qd64")["iops"].as_f64().unwrap() > 100.0,
+            "{target}"
+        );
+        assert!(
+            row("seqread-1m-qd16")["mb_per_s"].as_f64().unwrap() > 1.0,
+            "{target}"
+        );
+        assert_eq!(row("randread-4k-qd1")["errors"], 0, "{target}");
+    }
+    let kinds: Vec<_> = results["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["iscsi", "iscsi", "file"]);
+    assert_eq!(results["targets"][1]["capacity_bytes"], 64 << 20);
+    assert_eq!(results["targets"][0]["capacity_bytes"], 16 << 20);
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<svg ") && html.contains(TGT_IQN));
+    for outside in ["http:", "https:", "src=", "<link", "<script"] {
+        assert!(!html.contains(outside), "report refers outside: {outside}");
+    }
+    // Writes to a ferrosan LUN with --destructive land on the LUN (the RAM LUN was zeros).
+    let w = run_path(
+        ferrosan(),
+        &[
+            "bench",
+            "--only",
+            "randwrite-4k-qd64",
+            "--destructive",
+            "--runtime",
+            "1",
+            "--out",
+            &out_s,
+            &ours,
+        ],
+    );
+    assert!(w.success(), "{}", w.describe());
+    let text = std::fs::read_to_string(out.join("results.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        v["rows"][0]["write_iops"].as_f64().unwrap() > 100.0,
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_dead_target_or_bad_credentials_end_the_run_with_an_error_not_a_hang() {
+    let dir = disk_dir("bench-dead");
+    let out = dir.join("out").display().to_string();
+    // Accepts TCP, never answers: the login times out.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "iscsi://127.0.0.1:{}/iqn.2026-11.x:none/0",
+        silent.local_addr().unwrap().port()
+    );
+    let started = std::time::Instant::now();
+    let r = run_path(ferrosan(), &["bench", "--quick", "--out", &out, &url]);
+    assert_eq!(r.status.code(), Some(2), "{}", r.describe());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(r.stderr.contains("127.0.0.1"), "{}", r.describe());
+    // A CHAP password in the URL never shows in the error.
+    let daemon = Daemon::start(&["ram:16M"]);
+    let with_pw = daemon
+        .url(0)
+        .replacen("iscsi://", "iscsi://alice%hunter2secret@", 1);
+    let r = run_path(ferrosan(), &["bench", "--quick", "--out", &out, &with_pw]);
+    assert!(!r.stderr.contains("hunter2secret"), "{}", r.describe());
     let _ = std::fs::remove_dir_all(&dir);
 }

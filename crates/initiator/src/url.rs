@@ -30,11 +30,30 @@ pub struct IscsiUrl {
     pub data_digest: Option<DigestChoice>,
 }
 
+/// `url` without its secrets, for messages and reports: `user%password@` loses the password
+/// and a query (`target_password=` …) is elided.
+pub fn redact(url: &str) -> String {
+    let Some(rest) = url.strip_prefix("iscsi://") else {
+        return url.to_string();
+    };
+    let (rest, had_query) = match rest.split_once('?') {
+        Some((r, _)) => (r, true),
+        None => (rest, false),
+    };
+    let shown = match rest.split_once('@') {
+        Some((user, host)) => format!("{}@{host}", user.split('%').next().unwrap_or("")),
+        None => rest.to_string(),
+    };
+    format!("iscsi://{shown}{}", if had_query { "?…" } else { "" })
+}
+
 impl IscsiUrl {
     /// Parses a full URL (target and LUN) or a portal URL (`iscsi://host[:port][/]`).
     pub fn parse(url: &str) -> Result<IscsiUrl, Error> {
+        // Errors end up in logs and reports: never with the password.
+        let shown = redact(url);
         let bad = |why: &str| {
-            Error::Url(format!("{why} in {url:?}; the form is iscsi://[<user>[%<password>]@]<host>[:<port>]/<target-iqn>/<lun>"))
+            Error::Url(format!("{why} in {shown:?}; the form is iscsi://[<user>[%<password>]@]<host>[:<port>]/<target-iqn>/<lun>"))
         };
         let rest = url
             .strip_prefix("iscsi://")

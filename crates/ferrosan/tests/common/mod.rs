@@ -8,6 +8,7 @@
 #![allow(dead_code)] // each test file uses a different part of the harness
 
 pub mod raw;
+pub mod tgt;
 
 use std::fs::{self, File};
 use std::io::{Read, Write};

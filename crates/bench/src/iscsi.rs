@@ -1,0 +1,212 @@
+//! iSCSI LUNs through the project's own initiator: one session per job, its queue depth kept
+//! full with READ(16)/WRITE(16).
+
+use crate::runner::{Done, Engine, Op, Target, TargetInfo};
+use initiator::driver::{Client, Connection};
+use initiator::url::IscsiUrl;
+use initiator::{scsi, ClientConfig, Command};
+
+/// Retries of one I/O answered BUSY, TASK SET FULL or with a unit attention before it counts
+/// as failed (a target that keeps answering so is not being measured).
+const RETRIES_MAX: u8 = 16;
+
+pub struct IscsiTarget {
+    info: TargetInfo,
+    config: ClientConfig,
+}
+
+/// The URL as shown in reports: without a password (`user%password@`, `target_password=`).
+pub fn redacted(url: &str) -> String {
+    initiator::url::redact(url)
+}
+
+impl IscsiTarget {
+    /// Logs in once to learn the LUN's size and block size (and that it is reachable).
+    pub fn open(url: &str, initiator_name: &str) -> Result<IscsiTarget, String> {
+        let name = redacted(url);
+        let parsed = IscsiUrl::parse(url).map_err(|e| format!("{name}: {e}"))?;
+        let mut config = parsed.client_config(initiator_name);
+        // A LUN reporting a unit attention at login (power on, a resize) is normal.
+        config.retry_unit_attention = true;
+        let mut client = Client::connect(config.clone()).map_err(|e| format!("{name}: {e}"))?;
+        let capacity = client
+            .read_capacity()
+            .map_err(|e| format!("{name}: {e}"))?
+            .map_err(|e| format!("{name}: READ CAPACITY: {e:?}"))?;
+        let _ = client.logout();
+        if capacity.block_size == 0 || capacity.bytes() == 0 {
+            return Err(format!("{name}: the LUN reports no capacity"));
+        }
+        Ok(IscsiTarget {
+            info: TargetInfo {
+                name,
+                kind: "iscsi".into(),
+                capacity_bytes: capacity.bytes(),
+                block_size: capacity.block_size,
+                notes: Vec::new(),
+            },
+            config,
+        })
+    }
+}
+
+impl Target for IscsiTarget {
+    fn info(&self) -> &TargetInfo {
+        &self.info
+    }
+
+    fn open(&self, queue_depth: usize, max_len: u32) -> Result<Box<dyn Engine>, String> {
+        let mut config = self.config.clone();
+        // Each job is its own session (the seeds' "numjobs"): a fresh ISID, not a reinstatement.
+        config.session.isid = initiator::driver::random_isid();
+        let conn = Connection::connect(&config).map_err(|e| format!("{}: {e}", self.info.name))?;
+        let mut pattern = vec![0u8; max_len as usize];
+        initiator::driver::random_bytes(&mut pattern);
+        Ok(Box::new(IscsiEngine {
+            conn,
+            lun: config.lun,
+            block_size: u64::from(self.info.block_size),
+            buffers: (0..queue_depth).map(|_| pattern.clone()).collect(),
+            pending: vec![None; queue_depth],
+        }))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Pending {
+    op: Op,
+    offset: u64,
+    len: u32,
+    retries: u8,
+}
+
+struct IscsiEngine {
+    conn: Connection,
+    lun: u64,
+    block_size: u64,
+    /// A buffer per tag: a write's data (random, given back by the completion), a read's
+    /// landing place.
+    buffers: Vec<Vec<u8>>,
+    pending: Vec<Option<Pending>>,
+}
+
+impl IscsiEngine {
+    fn send(&mut self, tag: usize, p: Pending) -> Result<(), String> {
+        let slot = self
+            .buffers
+            .get_mut(tag)
+            .ok_or_else(|| format!("tag {tag} out of range"))?;
+        let mut buf = std::mem::take(slot);
+        let lba = p.offset / self.block_size;
+        let blocks = u32::try_from(u64::from(p.len) / self.block_size)
+            .map_err(|_| "I/O too long".to_string())?;
+        let command = match p.op {
+            Op::Read => Command::read(tag as u64, self.lun, scsi::read16(lba, blocks), p.len)
+                .with_buffer(buf),
+            Op::Write => {
+                buf.resize(p.len as usize, 0);
+                Command::write(tag as u64, self.lun, scsi::write16(lba, blocks, false), buf)
+            }
+        };
+        if let Some(slot) = self.pending.get_mut(tag) {
+            *slot = Some(p);
+        }
+        self.conn
+            .submit(command)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Engine for IscsiEngine {
+    fn submit(&mut self, tag: usize, op: Op, offset: u64, len: u32) -> Result<(), String> {
+        self.send(
+            tag,
+            Pending {
+                op,
+                offset,
+                len,
+                retries: 0,
+            },
+        )
+    }
+
+    fn complete(&mut self, min: usize, out: &mut Vec<Done>) -> Result<(), String> {
+        let before = out.len();
+        while out.len() - before < min {
+            // Bounded by the session's command timeout: a dead target is an error, not a hang.
+            let c = self.conn.next_completion().map_err(|e| e.to_string())?;
+            let tag = usize::try_from(c.tag).unwrap_or(usize::MAX);
+            let Some(p) = self.pending.get_mut(tag).and_then(Option::take) else {
+                return Err(format!("completion for unknown tag {}", c.tag));
+            };
+            let result = match c.result {
+                Ok(r) => {
+                    let status = r.status;
+                    let sense = r.sense.as_ref().map(|s| (s.key, s.asc, s.ascq));
+                    if let Some(slot) = self.buffers.get_mut(tag) {
+                        *slot = r.data;
+                    }
+                    // BUSY, TASK SET FULL, or a unit attention: the I/O goes again.
+                    let retry = matches!(status, 0x08 | 0x28)
+                        || (status == 0x02 && sense.is_some_and(|s| s.0 == 6));
+                    if retry && p.retries < RETRIES_MAX {
+                        self.send(
+                            tag,
+                            Pending {
+                                retries: p.retries + 1,
+                                ..p
+                            },
+                        )?;
+                        continue;
+                    }
+                    match (status, sense) {
+                        (0, _) => Ok(()),
+                        (s, Some((k, asc, ascq))) => Err(format!(
+                            "status {s:#04x}, sense {k:x}/{asc:02x}/{ascq:02x} at byte {}",
+                            p.offset
+                        )),
+                        (s, None) => Err(format!("status {s:#04x} at byte {}", p.offset)),
+                    }
+                }
+                Err(e) => Err(format!("{e} at byte {}", p.offset)),
+            };
+            out.push((tag, result));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_the_report() {
+        assert_eq!(
+            redacted("iscsi://bob%s3cret@10.0.0.1:3260/iqn.x:t/0"),
+            "iscsi://bob@10.0.0.1:3260/iqn.x:t/0"
+        );
+        assert_eq!(
+            redacted("iscsi://bob%s3cret@[::1]/iqn.x:t/1?target_user=t&target_password=p"),
+            "iscsi://bob@[::1]/iqn.x:t/1?…"
+        );
+        assert_eq!(
+            redacted("iscsi://127.0.0.1/iqn.x:t/0"),
+            "iscsi://127.0.0.1/iqn.x:t/0"
+        );
+        assert_eq!(redacted("/dev/sdb"), "/dev/sdb");
+    }
+
+    #[test]
+    fn an_unreachable_or_malformed_url_is_a_clear_error() {
+        let e = IscsiTarget::open("iscsi://127.0.0.1:1/iqn.2026-11.x:t/0", "iqn.2026-11.x:i")
+            .err()
+            .unwrap();
+        assert!(e.starts_with("iscsi://127.0.0.1:1/"), "{e}");
+        let e = IscsiTarget::open("iscsi://bob%pw@/nothing", "iqn.2026-11.x:i")
+            .err()
+            .unwrap();
+        assert!(!e.contains("pw"), "the password leaked: {e}");
+    }
+}

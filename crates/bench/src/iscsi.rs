@@ -144,6 +144,9 @@ impl Engine for IscsiEngine {
                 Ok(r) => {
                     let status = r.status;
                     let sense = r.sense.as_ref().map(|s| (s.key, s.asc, s.ascq));
+                    // A read that came back short did not do the work it is counted for.
+                    let short = p.op == Op::Read && status == 0 && r.data.len() != p.len as usize;
+                    let got = r.data.len();
                     if let Some(slot) = self.buffers.get_mut(tag) {
                         *slot = r.data;
                     }
@@ -161,6 +164,10 @@ impl Engine for IscsiEngine {
                         continue;
                     }
                     match (status, sense) {
+                        (0, _) if short => Err(format!(
+                            "read at byte {} returned {got} of {} bytes",
+                            p.offset, p.len
+                        )),
                         (0, _) => Ok(()),
                         (s, Some((k, asc, ascq))) => Err(format!(
                             "status {s:#04x}, sense {k:x}/{asc:02x}/{ascq:02x} at byte {}",

@@ -91,7 +91,7 @@ fn line_chart(
     series: &[Series],
     xfmt: fn(f64) -> String,
 ) -> String {
-    let (w, h, l, r, t, b) = (720.0, 360.0, 70.0, 20.0, 36.0, 48.0);
+    let (w, h, l, r, t, b) = (720.0, 360.0, 70.0, 230.0, 36.0, 48.0);
     let xs: Vec<f64> = {
         let mut xs: Vec<f64> = series
             .iter()
@@ -115,7 +115,9 @@ fn line_chart(
         esc(title)
     );
     if xs.is_empty() {
-        svg.push_str(r#"<text x="360" y="180" class="axis">no data</text></svg>"#);
+        svg.push_str(
+            r#"<text x="360" y="180" class="axis" text-anchor="middle">no data</text></svg>"#,
+        );
         return svg;
     }
     let ymax = nice_max(
@@ -143,7 +145,7 @@ fn line_chart(
     for &x in &xs {
         let _ = write!(
             svg,
-            r#"<text x="{:.1}" y="{}" class="axis">{}</text>"#,
+            r#"<text x="{:.1}" y="{}" class="axis" text-anchor="middle">{}</text>"#,
             px(x),
             h - b + 16.0,
             esc(&xfmt(x))
@@ -151,14 +153,14 @@ fn line_chart(
     }
     let _ = write!(
         svg,
-        r#"<text x="{}" y="{}" class="axis">{}</text>"#,
+        r#"<text x="{}" y="{}" class="axis" text-anchor="middle">{}</text>"#,
         (l + w - r) / 2.0,
         h - 8.0,
         esc(xlabel)
     );
     let _ = write!(
         svg,
-        r#"<text x="14" y="{}" class="axis" transform="rotate(-90 14 {})">{}</text>"#,
+        r#"<text x="14" y="{}" class="axis" text-anchor="middle" transform="rotate(-90 14 {})">{}</text>"#,
         h / 2.0,
         h / 2.0,
         esc(ylabel)
@@ -187,15 +189,25 @@ fn line_chart(
         let _ = write!(
             svg,
             r#"<rect x="{}" y="{}" width="10" height="10" fill="{colour}"/><text x="{}" y="{}" class="legend">{}</text>"#,
-            l + 10.0,
+            w - r + 12.0,
             ly - 9.0,
-            l + 24.0,
+            w - r + 26.0,
             ly,
-            esc(name)
+            esc(&legend_name(name))
         );
     }
     svg.push_str("</svg>");
     svg
+}
+
+/// A legend entry: a long name keeps its tail (the targets table has it whole).
+fn legend_name(name: &str) -> String {
+    const MAX: usize = 30;
+    let chars: Vec<char> = name.chars().collect();
+    match chars.len().checked_sub(MAX - 1) {
+        Some(skip) if skip > 0 => format!("…{}", chars[skip..].iter().collect::<String>()),
+        _ => name.to_string(),
+    }
 }
 
 /// Grouped horizontal bars: one group per label, a bar per target.
@@ -256,7 +268,7 @@ fn bar_chart(title: &str, unit: &str, groups: &[BarGroup]) -> String {
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:960px;color:#212529}\
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #dee2e6;padding:3px 7px;text-align:right}\
 th{background:#f1f3f5}td.l,th.l{text-align:left}.chart{width:100%;max-width:720px;display:block;margin:1em 0}\
-.title{font-size:15px;font-weight:600;text-anchor:middle}.axis{font-size:11px;fill:#495057;text-anchor:middle}\
+.title{font-size:15px;font-weight:600;text-anchor:middle}.axis{font-size:11px;fill:#495057}\
 .legend{font-size:12px}.value{font-size:11px;fill:#212529}.grid{stroke:#e9ecef}.note{color:#c92a2a}";
 
 impl Results {

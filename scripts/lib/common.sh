@@ -17,6 +17,12 @@ FERROSAN_DEPS=(
     "prometheus:promtool"  # tests/metrics.rs checks the scrape and dist/prometheus rules
     "systemd:systemd-analyze"  # tests/systemd.rs verifies dist/ferrosan.service
     "tmux:tmux"            # tests/top.rs runs `ferrosan top` in a tmux pane
+    # crates/rbd/tests/cluster.rs starts a single-node Ceph cluster (scripts/ceph-single-node.sh)
+    "ceph-mon:ceph-mon"
+    "ceph-mgr:ceph-mgr"
+    "ceph-osd:ceph-osd"
+    "ceph-common:rbd"
+    "librbd1:-"
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }

@@ -1,0 +1,600 @@
+//! A thin, safe binding of the librados/librbd calls ferrosan uses for Ceph RBD images.
+//!
+//! The libraries are loaded at run time (`dlopen` of librados.so.2 and librbd.so.1, through
+//! `libloading`), on first use: ferrosan builds, tests and runs on machines without Ceph, and
+//! only a configured RBD image needs the libraries (the error then says which is missing).
+//!
+//! Asynchronous I/O follows librbd's model: [`Image::submit`] hands librbd a buffer and a
+//! completion; librbd calls back on one of its own threads, where the binding takes the
+//! buffer back and passes a [`Finished`] to the caller's sink (a channel to the worker that
+//! owns the command, in the engine). The buffer is owned by the in-flight operation until
+//! that callback: nothing the caller holds is lent to the C library.
+//!
+//! Every `unsafe` block here is an FFI call; each states what it relies on.
+#![allow(unsafe_code)]
+
+use libloading::Library;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+type RadosT = *mut c_void;
+type IoctxT = *mut c_void;
+type ImageT = *mut c_void;
+type CompletionT = *mut c_void;
+type Callback = extern "C" fn(CompletionT, *mut c_void);
+
+/// The C entry points, resolved once.
+struct Api {
+    rados_create2: unsafe extern "C" fn(*mut RadosT, *const c_char, *const c_char, u64) -> c_int,
+    rados_conf_read_file: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
+    rados_conf_parse_env: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
+    rados_conf_set: unsafe extern "C" fn(RadosT, *const c_char, *const c_char) -> c_int,
+    rados_connect: unsafe extern "C" fn(RadosT) -> c_int,
+    rados_shutdown: unsafe extern "C" fn(RadosT),
+    rados_ioctx_create: unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int,
+    rados_ioctx_destroy: unsafe extern "C" fn(IoctxT),
+    rbd_open: unsafe extern "C" fn(IoctxT, *const c_char, *mut ImageT, *const c_char) -> c_int,
+    rbd_close: unsafe extern "C" fn(ImageT) -> c_int,
+    rbd_get_size: unsafe extern "C" fn(ImageT, *mut u64) -> c_int,
+    rbd_resize: unsafe extern "C" fn(ImageT, u64) -> c_int,
+    rbd_lock_acquire: unsafe extern "C" fn(ImageT, c_int) -> c_int,
+    rbd_aio_create_completion:
+        unsafe extern "C" fn(*mut c_void, Callback, *mut CompletionT) -> c_int,
+    rbd_aio_release: unsafe extern "C" fn(CompletionT),
+    rbd_aio_get_return_value: unsafe extern "C" fn(CompletionT) -> isize,
+    rbd_aio_read: unsafe extern "C" fn(ImageT, u64, usize, *mut c_char, CompletionT) -> c_int,
+    rbd_aio_write: unsafe extern "C" fn(ImageT, u64, usize, *const c_char, CompletionT) -> c_int,
+    rbd_aio_flush: unsafe extern "C" fn(ImageT, CompletionT) -> c_int,
+    rbd_aio_discard: unsafe extern "C" fn(ImageT, u64, u64, CompletionT) -> c_int,
+    rbd_aio_write_zeroes:
+        unsafe extern "C" fn(ImageT, u64, usize, CompletionT, c_int, c_int) -> c_int,
+    rbd_aio_compare_and_write: unsafe extern "C" fn(
+        ImageT,
+        u64,
+        usize,
+        *const c_char,
+        *const c_char,
+        CompletionT,
+        *mut u64,
+        c_int,
+    ) -> c_int,
+    // Keeps the libraries mapped for as long as the pointers above are used (forever).
+    _rados: Library,
+    _rbd: Library,
+}
+
+/// Why something failed: a librados/librbd error number with what was being done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The Ceph client libraries could not be loaded (not installed).
+    Library(String),
+    /// A call returned `-errno`.
+    Ceph { what: String, errno: i32 },
+    /// A name with a NUL byte, an offset past the image, and the like.
+    Invalid(String),
+}
+
+impl Error {
+    /// The errno of a failed call (ENOENT for a missing image or pool, ETIMEDOUT, ...).
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Ceph { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Library(why) => write!(f, "Ceph client libraries unavailable: {why}"),
+            Error::Ceph { what, errno } => {
+                write!(f, "{what}: {}", std::io::Error::from_raw_os_error(*errno))
+            }
+            Error::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+fn check(what: impl FnOnce() -> String, rc: c_int) -> Result<(), Error> {
+    if rc < 0 {
+        Err(Error::Ceph {
+            what: what(),
+            errno: -rc,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+fn cstring(what: &str, s: &str) -> Result<CString, Error> {
+    CString::new(s).map_err(|_| Error::Invalid(format!("{what} {s:?} contains a NUL byte")))
+}
+
+static API: OnceLock<Result<Api, String>> = OnceLock::new();
+
+fn api() -> Result<&'static Api, Error> {
+    API.get_or_init(load)
+        .as_ref()
+        .map_err(|e| Error::Library(e.clone()))
+}
+
+/// Whether the Ceph client libraries can be loaded here (and if not, why).
+pub fn available() -> Result<(), Error> {
+    api().map(drop)
+}
+
+fn load() -> Result<Api, String> {
+    // SAFETY: loading a shared library runs its initialisers; librados and librbd are the
+    // system's own, meant to be loaded into any process.
+    let rados =
+        unsafe { Library::new("librados.so.2") }.map_err(|e| format!("librados.so.2: {e}"))?;
+    let rbd = unsafe { Library::new("librbd.so.1") }.map_err(|e| format!("librbd.so.1: {e}"))?;
+    macro_rules! sym {
+        ($lib:expr, $name:literal) => {
+            // SAFETY: the symbol's type is the one librados.h / librbd.h declare for it
+            // (checked against Ceph 16's headers); the library stays loaded in `Api`.
+            *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
+                .map_err(|e| format!("{}: {e}", $name))?
+        };
+    }
+    Ok(Api {
+        rados_create2: sym!(rados, "rados_create2"),
+        rados_conf_read_file: sym!(rados, "rados_conf_read_file"),
+        rados_conf_parse_env: sym!(rados, "rados_conf_parse_env"),
+        rados_conf_set: sym!(rados, "rados_conf_set"),
+        rados_connect: sym!(rados, "rados_connect"),
+        rados_shutdown: sym!(rados, "rados_shutdown"),
+        rados_ioctx_create: sym!(rados, "rados_ioctx_create"),
+        rados_ioctx_destroy: sym!(rados, "rados_ioctx_destroy"),
+        rbd_open: sym!(rbd, "rbd_open"),
+        rbd_close: sym!(rbd, "rbd_close"),
+        rbd_get_size: sym!(rbd, "rbd_get_size"),
+        rbd_resize: sym!(rbd, "rbd_resize"),
+        rbd_lock_acquire: sym!(rbd, "rbd_lock_acquire"),
+        rbd_aio_create_completion: sym!(rbd, "rbd_aio_create_completion"),
+        rbd_aio_release: sym!(rbd, "rbd_aio_release"),
+        rbd_aio_get_return_value: sym!(rbd, "rbd_aio_get_return_value"),
+        rbd_aio_read: sym!(rbd, "rbd_aio_read"),
+        rbd_aio_write: sym!(rbd, "rbd_aio_write"),
+        rbd_aio_flush: sym!(rbd, "rbd_aio_flush"),
+        rbd_aio_discard: sym!(rbd, "rbd_aio_discard"),
+        rbd_aio_write_zeroes: sym!(rbd, "rbd_aio_write_zeroes"),
+        rbd_aio_compare_and_write: sym!(rbd, "rbd_aio_compare_and_write"),
+        _rados: rados,
+        _rbd: rbd,
+    })
+}
+
+/// How to reach a cluster, as Ceph's own tools take it.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterOptions {
+    /// ceph.conf; None: librados's default search (`$CEPH_CONF`, /etc/ceph/ceph.conf, ...).
+    pub conf: Option<std::path::PathBuf>,
+    /// The client's name, e.g. `client.iscsi` (None: `client.admin`).
+    pub client: Option<String>,
+    /// Options set after the file and `$CEPH_ARGS` (e.g. `keyring`, timeouts).
+    pub settings: Vec<(String, String)>,
+}
+
+/// Seconds an operation may wait for the cluster before it fails with ETIMEDOUT: a lost
+/// cluster fails commands in bounded time instead of holding them forever. Overridable
+/// through `settings`.
+pub const OP_TIMEOUT_S: u32 = 30;
+
+/// A connection to a cluster (librados `rados_t`).
+pub struct Cluster {
+    handle: RadosT,
+    api: &'static Api,
+}
+
+// SAFETY: librados handles are thread-safe (the C API documents concurrent use of one
+// rados_t from many threads).
+unsafe impl Send for Cluster {}
+unsafe impl Sync for Cluster {}
+
+impl Cluster {
+    pub fn connect(options: &ClusterOptions) -> Result<Arc<Cluster>, Error> {
+        let api = api()?;
+        let name = cstring(
+            "client name",
+            options.client.as_deref().unwrap_or("client.admin"),
+        )?;
+        let cluster_name = cstring("cluster name", "ceph")?;
+        let mut handle: RadosT = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the names are NUL-terminated and outlive the call.
+        let rc =
+            unsafe { (api.rados_create2)(&mut handle, cluster_name.as_ptr(), name.as_ptr(), 0) };
+        check(|| "rados_create2".into(), rc)?;
+        // From here the handle is shut down on every path (Drop).
+        let cluster = Cluster { handle, api };
+        let defaults = [
+            ("client_mount_timeout", OP_TIMEOUT_S.to_string()),
+            ("rados_mon_op_timeout", OP_TIMEOUT_S.to_string()),
+            ("rados_osd_op_timeout", OP_TIMEOUT_S.to_string()),
+        ];
+        for (k, v) in &defaults {
+            cluster.set(k, v)?;
+        }
+        let conf = match &options.conf {
+            Some(p) => Some(cstring("config path", &p.to_string_lossy())?),
+            None => None,
+        };
+        // SAFETY: a valid handle; the path is NUL-terminated or NULL (default search).
+        let rc = unsafe {
+            (api.rados_conf_read_file)(
+                handle,
+                conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+            )
+        };
+        check(
+            || match &options.conf {
+                Some(p) => format!("reading {}", p.display()),
+                None => "reading the default ceph.conf ($CEPH_CONF, /etc/ceph/ceph.conf)".into(),
+            },
+            rc,
+        )?;
+        // SAFETY: a valid handle; NULL selects $CEPH_ARGS.
+        let rc = unsafe { (api.rados_conf_parse_env)(handle, std::ptr::null()) };
+        check(|| "parsing $CEPH_ARGS".into(), rc)?;
+        for (k, v) in &options.settings {
+            cluster.set(k, v)?;
+        }
+        // SAFETY: a configured handle.
+        let rc = unsafe { (api.rados_connect)(handle) };
+        check(|| "connecting to the cluster".into(), rc)?;
+        Ok(Arc::new(cluster))
+    }
+
+    fn set(&self, key: &str, value: &str) -> Result<(), Error> {
+        let k = cstring("option", key)?;
+        let v = cstring("value", value)?;
+        // SAFETY: a valid handle; both strings NUL-terminated and alive for the call.
+        let rc = unsafe { (self.api.rados_conf_set)(self.handle, k.as_ptr(), v.as_ptr()) };
+        check(|| format!("setting {key}"), rc)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // SAFETY: the handle is ours and every Pool/Image holds an Arc<Cluster>, so none is
+        // still using it.
+        unsafe { (self.api.rados_shutdown)(self.handle) }
+    }
+}
+
+/// An open image (librbd `rbd_image_t`) and the pool context it lives in.
+pub struct Image {
+    image: ImageT,
+    ioctx: IoctxT,
+    name: String,
+    api: &'static Api,
+    // Dropped after the image and context (fields drop in order).
+    _cluster: Arc<Cluster>,
+}
+
+// SAFETY: librbd images may be used from several threads (librbd serialises internally);
+// ferrosan submits from worker threads and librbd completes on its own.
+unsafe impl Send for Image {}
+unsafe impl Sync for Image {}
+
+/// One asynchronous operation.
+pub enum Op {
+    Read {
+        offset: u64,
+        len: usize,
+    },
+    Write {
+        offset: u64,
+    },
+    /// Deallocate (`UNMAP`); reads return zeros after it.
+    Discard {
+        offset: u64,
+        len: u64,
+    },
+    /// Write zeros (`WRITE SAME` of zeros), allocating or not as librbd chooses.
+    WriteZeroes {
+        offset: u64,
+        len: usize,
+    },
+    /// Persist every completed write (`SYNCHRONIZE CACHE`, FUA).
+    Flush,
+    /// Write the second half of the buffer where the first half matches the image
+    /// (`COMPARE AND WRITE`); on a mismatch, [`Finished::mismatch_at`] is set.
+    CompareAndWrite {
+        offset: u64,
+    },
+}
+
+/// A completed operation: its tag, its buffer back, and what librbd said.
+pub struct Finished<T> {
+    pub tag: T,
+    pub buf: Vec<u8>,
+    /// Bytes transferred (reads, writes) or 0.
+    pub result: Result<usize, Error>,
+    /// COMPARE AND WRITE: the image offset of the first byte that differed.
+    pub mismatch_at: Option<u64>,
+}
+
+/// Where completions go (called on a librbd thread: keep it short, e.g. a channel send).
+pub type Sink<T> = Arc<dyn Fn(Finished<T>) + Send + Sync>;
+
+/// What librbd holds while an operation runs; owned by the callback's argument.
+struct InFlight<T> {
+    tag: T,
+    buf: Vec<u8>,
+    sink: Sink<T>,
+    completion: CompletionT,
+    api: &'static Api,
+    mismatch: u64,
+    what: &'static str,
+    offset: u64,
+}
+
+extern "C" fn on_complete<T>(_c: CompletionT, arg: *mut c_void) {
+    // SAFETY: `arg` is the Box<InFlight<T>> leaked by `submit` for exactly this callback,
+    // which librbd calls once per completion.
+    let op = unsafe { Box::from_raw(arg.cast::<InFlight<T>>()) };
+    // SAFETY: the completion is ours and complete (we are its callback); released once.
+    let rc = unsafe { (op.api.rbd_aio_get_return_value)(op.completion) };
+    unsafe { (op.api.rbd_aio_release)(op.completion) };
+    let InFlight {
+        tag,
+        buf,
+        sink,
+        mismatch,
+        what,
+        offset,
+        ..
+    } = *op;
+    let (result, mismatch_at) = if rc >= 0 {
+        // librbd returns the byte count for reads and 0 for the rest: report what was done.
+        let done = match what {
+            "read" => rc as usize,
+            "write" => buf.len(),
+            "compare-and-write" => buf.len() / 2,
+            _ => 0,
+        };
+        (Ok(done), None)
+    } else if what == "compare-and-write" && -rc == 84 {
+        // EILSEQ: the compare failed; `mismatch` is the image offset of the first difference.
+        (
+            Err(Error::Ceph {
+                what: format!("{what} at {offset}: miscompare"),
+                errno: 84,
+            }),
+            Some(mismatch),
+        )
+    } else {
+        (
+            Err(Error::Ceph {
+                what: format!("{what} at {offset}"),
+                errno: (-rc) as i32,
+            }),
+            None,
+        )
+    };
+    sink(Finished {
+        tag,
+        buf,
+        result,
+        mismatch_at,
+    });
+}
+
+impl Image {
+    /// Opens `pool/image` (write access; `rbd_open` with no snapshot).
+    pub fn open(cluster: &Arc<Cluster>, pool: &str, name: &str) -> Result<Image, Error> {
+        let api = cluster.api;
+        let pool_c = cstring("pool", pool)?;
+        let name_c = cstring("image", name)?;
+        let mut ioctx: IoctxT = std::ptr::null_mut();
+        // SAFETY: a connected cluster handle; out-pointer to a local.
+        let rc = unsafe { (api.rados_ioctx_create)(cluster.handle, pool_c.as_ptr(), &mut ioctx) };
+        check(|| format!("pool {pool:?}"), rc)?;
+        let mut image: ImageT = std::ptr::null_mut();
+        // SAFETY: a valid ioctx; out-pointer to a local; NULL snapshot = the head.
+        let rc = unsafe { (api.rbd_open)(ioctx, name_c.as_ptr(), &mut image, std::ptr::null()) };
+        if let Err(e) = check(|| format!("image {pool}/{name}"), rc) {
+            // SAFETY: created above, used by nothing else.
+            unsafe { (api.rados_ioctx_destroy)(ioctx) };
+            return Err(e);
+        }
+        Ok(Image {
+            image,
+            ioctx,
+            name: format!("{pool}/{name}"),
+            api,
+            _cluster: Arc::clone(cluster),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn size(&self) -> Result<u64, Error> {
+        let mut size = 0u64;
+        // SAFETY: an open image; out-pointer to a local.
+        let rc = unsafe { (self.api.rbd_get_size)(self.image, &mut size) };
+        check(|| format!("size of {}", self.name), rc)?;
+        Ok(size)
+    }
+
+    pub fn resize(&self, bytes: u64) -> Result<(), Error> {
+        // SAFETY: an open image.
+        let rc = unsafe { (self.api.rbd_resize)(self.image, bytes) };
+        check(|| format!("resizing {} to {bytes}", self.name), rc)
+    }
+
+    /// Takes the image's exclusive lock (blocking other clients' writes until it is released
+    /// or this client is blocklisted).
+    pub fn lock_exclusive(&self) -> Result<(), Error> {
+        // SAFETY: an open image; RBD_LOCK_MODE_EXCLUSIVE is 0.
+        let rc = unsafe { (self.api.rbd_lock_acquire)(self.image, 0) };
+        check(|| format!("exclusive lock of {}", self.name), rc)
+    }
+
+    /// Starts `op`; `buf` is the data to write (CompareAndWrite: compare then write halves),
+    /// or room for a read (resized to the read's length). `sink` gets the [`Finished`].
+    pub fn submit<T: Send + 'static>(
+        &self,
+        op: Op,
+        mut buf: Vec<u8>,
+        tag: T,
+        sink: Sink<T>,
+    ) -> Result<(), (Error, T, Vec<u8>)> {
+        let (what, offset) = match &op {
+            Op::Read { offset, len } => {
+                buf.resize(*len, 0);
+                ("read", *offset)
+            }
+            Op::Write { offset } => ("write", *offset),
+            Op::Discard { offset, .. } => ("discard", *offset),
+            Op::WriteZeroes { offset, .. } => ("write-zeroes", *offset),
+            Op::Flush => ("flush", 0),
+            Op::CompareAndWrite { offset } => {
+                if !buf.len().is_multiple_of(2) || buf.is_empty() {
+                    return Err((
+                        Error::Invalid("compare-and-write needs two halves of equal length".into()),
+                        tag,
+                        buf,
+                    ));
+                }
+                ("compare-and-write", *offset)
+            }
+        };
+        let mut op_box = Box::new(InFlight {
+            tag,
+            buf,
+            sink,
+            completion: std::ptr::null_mut(),
+            api: self.api,
+            mismatch: 0,
+            what,
+            offset,
+        });
+        let arg: *mut InFlight<T> = &mut *op_box;
+        let mut completion: CompletionT = std::ptr::null_mut();
+        // SAFETY: `arg` points at the boxed InFlight, which is leaked below before librbd can
+        // call back, and reclaimed here if it never will.
+        let rc = unsafe {
+            (self.api.rbd_aio_create_completion)(arg.cast(), on_complete::<T>, &mut completion)
+        };
+        if rc < 0 {
+            let op = *op_box;
+            return Err((
+                Error::Ceph {
+                    what: "rbd_aio_create_completion".into(),
+                    errno: -rc,
+                },
+                op.tag,
+                op.buf,
+            ));
+        }
+        op_box.completion = completion;
+        let ptr = op_box.buf.as_mut_ptr().cast::<c_char>();
+        let len = op_box.buf.len();
+        let mismatch: *mut u64 = &mut op_box.mismatch;
+        let raw = Box::into_raw(op_box);
+        // SAFETY: the buffer and the mismatch slot live in the leaked box until the callback
+        // frees it (the Vec's heap memory does not move when the box does). The image is open.
+        let rc = unsafe {
+            match op {
+                Op::Read { offset, .. } => {
+                    (self.api.rbd_aio_read)(self.image, offset, len, ptr, completion)
+                }
+                Op::Write { offset } => {
+                    (self.api.rbd_aio_write)(self.image, offset, len, ptr, completion)
+                }
+                Op::Discard { offset, len } => {
+                    (self.api.rbd_aio_discard)(self.image, offset, len, completion)
+                }
+                Op::WriteZeroes { offset, len } => {
+                    (self.api.rbd_aio_write_zeroes)(self.image, offset, len, completion, 0, 0)
+                }
+                Op::Flush => (self.api.rbd_aio_flush)(self.image, completion),
+                Op::CompareAndWrite { offset } => {
+                    let half = len / 2;
+                    (self.api.rbd_aio_compare_and_write)(
+                        self.image,
+                        offset,
+                        half,
+                        ptr,
+                        ptr.add(half),
+                        completion,
+                        mismatch,
+                        0,
+                    )
+                }
+            }
+        };
+        if rc < 0 {
+            // Refused at submission: librbd will not call back; take everything back.
+            // SAFETY: `raw` is the box leaked above and the callback will not run.
+            let op = unsafe { Box::from_raw(raw) };
+            unsafe { (self.api.rbd_aio_release)(op.completion) };
+            let op = *op;
+            return Err((
+                Error::Ceph {
+                    what: format!("{what} at {offset}"),
+                    errno: -rc,
+                },
+                op.tag,
+                op.buf,
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Image::submit`] and wait (for tools and tests; the engine never blocks on librbd).
+    pub fn run(&self, op: Op, buf: Vec<u8>) -> Finished<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink: Sink<()> = Arc::new(move |f| {
+            let _ = tx.send(f);
+        });
+        match self.submit(op, buf, (), sink) {
+            Ok(()) => rx.recv().unwrap_or_else(|_| Finished {
+                tag: (),
+                buf: Vec::new(),
+                result: Err(Error::Invalid("librbd dropped a completion".into())),
+                mismatch_at: None,
+            }),
+            Err((e, (), buf)) => Finished {
+                tag: (),
+                buf,
+                result: Err(e),
+                mismatch_at: None,
+            },
+        }
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        // SAFETY: ours to close; rbd_close waits for the image's in-flight operations (whose
+        // callbacks own their buffers), then the pool context goes.
+        unsafe {
+            (self.api.rbd_close)(self.image);
+            (self.api.rados_ioctx_destroy)(self.ioctx);
+        }
+    }
+}
+
+/// The errno name of a librbd failure, for messages (`ENOENT` ...).
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        2 => "ENOENT",
+        5 => "EIO",
+        16 => "EBUSY",
+        22 => "EINVAL",
+        30 => "EROFS",
+        84 => "EILSEQ",
+        108 => "ESHUTDOWN",
+        110 => "ETIMEDOUT",
+        _ => "errno",
+    }
+}

@@ -316,6 +316,9 @@ struct Backend<'a> {
     loan: Loan,
 }
 
+/// I/Os a turn queues on its ring before handing them to the kernel (the rest go at its end).
+const RING_SUBMIT_BATCH: usize = 4;
+
 /// A command whose block I/O is on the connection's ring.
 struct RingIo {
     command: DeferredCommand,
@@ -792,6 +795,16 @@ impl Backend<'_> {
         match ring.push(op, &direct.file, io.offset, buf, tag) {
             Ok(()) => {
                 self.deferred_bytes += held_bytes;
+                // A long turn hands its I/Os to the kernel in groups instead of all at its end:
+                // the device starts on the first ones while the rest are decoded (4 KiB random
+                // reads at QD64 +13 % in session 17, ~0.3 µs more CPU per I/O; after every
+                // push: +10 % at +2 µs).
+                if ring.queued() >= RING_SUBMIT_BATCH {
+                    if let Err(e) = ring.submit() {
+                        // They stay queued and go with the turn's final submit.
+                        tracing::debug!("io_uring submit: {e}");
+                    }
+                }
                 Ok(())
             }
             // The ring is full: the share and the hold are released as the tag drops. A write

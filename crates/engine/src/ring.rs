@@ -1,8 +1,9 @@
 //! Direct device I/O on io_uring, submitted and reaped by the network worker itself.
 //!
 //! Each connection with direct-I/O LUNs owns one ring (made at its first such command). A
-//! command's read, write or flush is pushed during the turn that handled it, all of a turn's
-//! pushes go to the kernel in one `io_uring_enter` after the turn, and completions are reaped
+//! command's read, write or flush is pushed during the turn that handled it, a turn's pushes
+//! go to the kernel in small groups and after the turn (one `io_uring_enter` each), and
+//! completions are reaped
 //! in the same event loop when the ring's descriptor turns readable (tokio watches it like a
 //! socket, as tokio-uring does). No thread hand-off, no page cache.
 //!
@@ -125,6 +126,11 @@ impl<T> DeviceRing<T> {
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd;
         self.ring.as_fd()
+    }
+
+    /// Pushed and not yet handed to the kernel.
+    pub fn queued(&self) -> usize {
+        self.queued
     }
 
     pub fn in_flight(&self) -> usize {

@@ -106,19 +106,14 @@ impl Target for LocalTarget {
 
     fn open(&self, queue_depth: usize, max_len: u32) -> Result<Box<dyn Engine>, String> {
         let ring = DeviceRing::blocking().map_err(|e| format!("io_uring: {e}"))?;
+        // Data that does not compress or deduplicate, so writes cost what real data costs.
+        let mut pattern = vec![0u8; max_len as usize];
+        initiator::driver::random_bytes(&mut pattern);
         let mut buffers = Vec::with_capacity(queue_depth);
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
         for _ in 0..queue_depth {
             let mut buf = AlignedBuf::zeroed(max_len as usize)
                 .ok_or_else(|| format!("no memory for {queue_depth} buffers of {max_len} bytes"))?;
-            // Data that does not compress or deduplicate, so writes cost what real data costs.
-            for chunk in buf.chunks_mut(8) {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                let bytes = seed.to_le_bytes();
-                chunk.copy_from_slice(bytes.get(..chunk.len()).unwrap_or(&bytes));
-            }
+            buf.copy_from_slice(&pattern);
             buffers.push(Some(PooledBuf::unpooled(buf)));
         }
         Ok(Box::new(LocalEngine {

@@ -83,6 +83,15 @@ fn nice_max(v: f64) -> f64 {
         .unwrap_or(10.0 * p)
 }
 
+/// An SVG element of `w` × `h` with its accessible name and a centred title.
+fn svg_open(w: f64, h: f64, title: &str) -> String {
+    let t = esc(title);
+    format!(
+        r#"<svg class="chart" viewBox="0 0 {w} {h:.0}" role="img" aria-label="{t}"><title>{t}</title><text x="{}" y="22" class="title">{t}</text>"#,
+        w / 2.0
+    )
+}
+
 /// A line chart, x on a log2 axis (queue depths, sizes). `series`: (name, colour, points).
 fn line_chart(
     title: &str,
@@ -101,19 +110,7 @@ fn line_chart(
         xs.dedup();
         xs
     };
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg class="chart" viewBox="0 0 {w} {h}" role="img" aria-label="{}"><title>{}</title>"#,
-        esc(title),
-        esc(title)
-    );
-    let _ = write!(
-        svg,
-        r#"<text x="{}" y="22" class="title">{}</text>"#,
-        w / 2.0,
-        esc(title)
-    );
+    let mut svg = svg_open(w, h, title);
     if xs.is_empty() {
         svg.push_str(
             r#"<text x="360" y="180" class="axis" text-anchor="middle">no data</text></svg>"#,
@@ -221,19 +218,7 @@ fn bar_chart(title: &str, unit: &str, groups: &[BarGroup]) -> String {
             .flat_map(|g| g.1.iter().map(|b| b.2))
             .fold(0.0, f64::max),
     );
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg class="chart" viewBox="0 0 {w} {h:.0}" role="img" aria-label="{}"><title>{}</title>"#,
-        esc(title),
-        esc(title)
-    );
-    let _ = write!(
-        svg,
-        r#"<text x="{}" y="22" class="title">{}</text>"#,
-        w / 2.0,
-        esc(title)
-    );
+    let mut svg = svg_open(w, h, title);
     let mut y = t;
     for (label, group) in groups {
         let _ = write!(

@@ -323,4 +323,21 @@ mod tests {
         }
         assert_eq!(percent_decode("a%zzb%4"), "a%zzb%4");
     }
+
+    #[test]
+    fn redaction_keeps_passwords_out_of_messages() {
+        assert_eq!(
+            redact("iscsi://bob%s3cret@10.0.0.1:3260/iqn.x:t/0"),
+            "iscsi://bob@10.0.0.1:3260/iqn.x:t/0"
+        );
+        assert_eq!(
+            redact("iscsi://bob%s3cret@[::1]/iqn.x:t/1?target_user=t&target_password=p"),
+            "iscsi://bob@[::1]/iqn.x:t/1?…"
+        );
+        assert_eq!(
+            redact("iscsi://127.0.0.1/iqn.x:t/0"),
+            "iscsi://127.0.0.1/iqn.x:t/0"
+        );
+        assert_eq!(redact("/dev/sdb"), "/dev/sdb");
+    }
 }

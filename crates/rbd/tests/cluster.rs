@@ -68,6 +68,13 @@ impl Drop for TestCluster {
     }
 }
 
+/// Reads `len` bytes at `offset`, which must succeed.
+fn read(image: &Image, offset: u64, len: usize) -> Vec<u8> {
+    let f = image.run(Op::Read { offset, len }, Vec::new());
+    assert_eq!(f.result, Ok(len), "read at {offset}");
+    f.buf
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -167,18 +174,7 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
         f.result,
         f.mismatch_at
     );
-    assert_eq!(
-        image
-            .run(
-                Op::Read {
-                    offset: CAW_AT,
-                    len: 512
-                },
-                Vec::new()
-            )
-            .buf,
-        pattern(99, 512)
-    );
+    assert_eq!(read(&image, CAW_AT, 512), pattern(99, 512));
     let mut stale = pattern(99, 512);
     stale[100] ^= 0xff;
     stale.extend(pattern(5, 512));
@@ -189,19 +185,7 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
         "EILSEQ"
     );
     assert_eq!(f.mismatch_at, Some(CAW_AT + 100));
-    assert_eq!(
-        image
-            .run(
-                Op::Read {
-                    offset: CAW_AT,
-                    len: 512
-                },
-                Vec::new()
-            )
-            .buf,
-        pattern(99, 512),
-        "not written"
-    );
+    assert_eq!(read(&image, CAW_AT, 512), pattern(99, 512), "not written");
     // Odd-length compare-and-write is refused before librbd sees it.
     assert!(image
         .run(Op::CompareAndWrite { offset: 0 }, vec![0; 3])

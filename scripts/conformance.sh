@@ -13,6 +13,10 @@
 #                       take it)
 #        ferrosan-direct  the same file, cache = "direct": reads, writes and flushes on the
 #                       workers' io_uring rings (O_DIRECT), the default for disk files
+#        ferrosan-rbd   ferrosan, a 1 GiB Ceph RBD image (librbd, asynchronous) in a single-node
+#                       cluster this script starts and stops (scripts/ceph-single-node.sh, OSD
+#                       on a file in the work directory); reported as skipped, not run, when
+#                       the Ceph packages are not installed
 #        tgt-file       tgt (tgtd), 1 GiB sparse file LUN on tmpfs (baseline)
 # Results: target/conformance/<run>.tsv (test <TAB> pass|skip|fail <TAB> reason),
 #          <run>.out / <run>.err (raw tool output), <run>.daemon.log.
@@ -40,10 +44,12 @@ INIT2=iqn.2024-01.dev.ferrosan:initiator-2
 
 DAEMON_PID=""
 WORK=""
+CEPH_DIR=""
 cleanup() {
     local rc=$?
     stop_pid "$DAEMON_PID" "${DAEMON_GRACE:-50}"
     DAEMON_PID=""
+    [[ -n $CEPH_DIR ]] && scripts/ceph-single-node.sh stop "$CEPH_DIR"
     [[ -n $WORK ]] && rm -rf "$WORK"
     exit "$rc"
 }
@@ -218,6 +224,29 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
         fi
     done
     rm -rf "$DISK_DIR"
+    run=ferrosan-rbd
+    if ! command -v ceph-mon >/dev/null || ! command -v rbd >/dev/null; then
+        log "$run: SKIPPED, not run: the Ceph packages (ceph-mon, ceph-mgr, ceph-osd, ceph-common) are not installed"
+    else
+        CEPH_DIR=$WORK/ceph
+        if conf=$(scripts/ceph-single-node.sh start "$CEPH_DIR" 4 2>"$OUT/$run.ceph.log"); then
+            export CEPH_CONF=${conf#CEPH_CONF=}
+            if rbd create --size 1G rbd/conformance 2>>"$OUT/$run.ceph.log" &&
+                start_ferrosan "$run" rbd:rbd/conformance; then
+                run_suite "$run"
+                stop_daemon
+            else
+                not_run "$run" "daemon or image did not start (see $run.daemon.log, $run.ceph.log)"
+            fi
+            unset CEPH_CONF
+        else
+            log "$run: the Ceph test cluster did not start; its log ($OUT/$run.ceph.log):"
+            tail_indented "$OUT/$run.ceph.log" 20
+            not_run "$run" "the Ceph test cluster did not start (see $run.ceph.log)"
+        fi
+        scripts/ceph-single-node.sh stop "$CEPH_DIR"
+        CEPH_DIR=""
+    fi
 fi
 
 if [[ $MODE == tgt || $MODE == both ]]; then

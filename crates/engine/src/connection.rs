@@ -821,6 +821,147 @@ impl Backend<'_> {
         }
     }
 
+    /// Plans `command` and starts its I/O on a store that performs it asynchronously itself
+    /// (librbd): the store's thread finishes it and sends the answer to this connection, as
+    /// the blocking pool does, with no thread of ours waiting. Hands the command back when it
+    /// must run on the blocking pool instead: not such a store, a reset draining the LU, a
+    /// command that does not plan, a COMPARE AND WRITE holding the order.
+    fn submit_async(
+        &mut self,
+        mut command: DeferredCommand,
+        lun: u64,
+    ) -> Result<(), DeferredCommand> {
+        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+            return Err(command);
+        };
+        let Some(entry) = luns.get(lun).filter(|e| e.lu.capabilities().asynchronous) else {
+            return Err(command);
+        };
+        let lu = Arc::clone(&entry.lu);
+        let Some(hold) = lu.in_flight().try_begin_owned(nexus.id) else {
+            return Err(command);
+        };
+        let cmd = scsi::Command {
+            cdb: &command.cdb,
+            data_out: &command.data_out,
+            data_in_limit: command.expected_len,
+        };
+        let data_out_bytes = command.data_out.len();
+        let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
+        let (io, share) = match lu.plan(nexus, &cmd, entry.read_only) {
+            scsi::Plan::Execute => return Err(command),
+            scsi::Plan::Done(completion) => {
+                let mut sense = Vec::new();
+                let outcome = outcome_of(&completion, &mut sense);
+                self.deferred_bytes += held_bytes;
+                self.answered.push(Completed {
+                    itt: command.itt,
+                    lun,
+                    kind: scsi::io_kind(&command.cdb),
+                    expected_len: command.expected_len,
+                    outcome,
+                    data_in: Vec::new(),
+                    lent: None,
+                    sense,
+                    started: self.turn_started,
+                    held_bytes,
+                    data_out_bytes,
+                    data_out: command.data_out,
+                });
+                return Ok(());
+            }
+            scsi::Plan::Io(io, share) => (io, share),
+        };
+        let (op, buf) = match io.op {
+            scsi::BlockOp::Read => (
+                store::AsyncIo::Read {
+                    offset: io.offset,
+                    len: io.len as usize,
+                },
+                Vec::new(),
+            ),
+            scsi::BlockOp::Write { durable } => {
+                // The planned length is a prefix of the Data-Out (whole blocks received); the
+                // Data-Out's own buffer goes to the store when it has one.
+                let len = io.len as usize;
+                let buf = match std::mem::take(&mut command.data_out) {
+                    DataOutBuf::Pooled(mut buf) if buf.len() >= len => {
+                        buf.truncate(len);
+                        buf
+                    }
+                    other => {
+                        let Some(bytes) = other.get(..len) else {
+                            command.data_out = other;
+                            return Err(command);
+                        };
+                        let buf = bytes.to_vec();
+                        command.data_out = other;
+                        buf
+                    }
+                };
+                (
+                    store::AsyncIo::Write {
+                        offset: io.offset,
+                        durable,
+                    },
+                    buf,
+                )
+            }
+            scsi::BlockOp::Flush => (store::AsyncIo::Flush, Vec::new()),
+        };
+        self.deferred_bytes += held_bytes;
+        let completions = self.completions.clone();
+        let completion_flag = self.completion_flag.clone();
+        let started = self.turn_started;
+        let finishing = Arc::clone(&lu);
+        let done: store::AsyncDone = Box::new(move |buf, result| {
+            if let Err(e) = &result {
+                tracing::warn!(
+                    lun,
+                    "device I/O failed: {:?} at {}+{}: {e}",
+                    io.op,
+                    io.offset,
+                    io.len
+                );
+            }
+            let completion = finishing.finish(&io, result);
+            let mut sense = Vec::new();
+            let outcome = outcome_of(&completion, &mut sense);
+            let (data_in, data_out) = match io.op {
+                scsi::BlockOp::Read if completion.status == scsi::Status::Good => {
+                    (buf, command.data_out)
+                }
+                scsi::BlockOp::Write { .. } if command.data_out.is_empty() => {
+                    (Vec::new(), DataOutBuf::Pooled(buf))
+                }
+                _ => (Vec::new(), command.data_out),
+            };
+            // The connection may be gone by now; then nobody waits for the answer.
+            let _ = completions.send(Completed {
+                itt: command.itt,
+                lun,
+                kind: scsi::io_kind(&command.cdb),
+                expected_len: command.expected_len,
+                outcome,
+                data_in,
+                lent: None,
+                sense,
+                started,
+                held_bytes,
+                data_out_bytes,
+                data_out,
+            });
+            if let Some(flag) = completion_flag {
+                flag.store(true, std::sync::atomic::Ordering::Release);
+            }
+            // Only now may a reset waiting for the LU, or a COMPARE AND WRITE, go on.
+            drop(share);
+            drop(hold);
+        });
+        lu.submit(op, buf, done);
+        Ok(())
+    }
+
     /// Hands the turn's ring I/Os to the kernel in one system call.
     fn submit_ring(&mut self) {
         if let Some(ring) = self.ring.as_mut() {
@@ -1072,6 +1213,10 @@ impl ScsiBackend for Backend<'_> {
     fn defer(&mut self, command: DeferredCommand) {
         let lun = scsi::lun_from_wire(command.lun);
         let command = match self.submit_to_ring(command, lun) {
+            Ok(()) => return,
+            Err(command) => command,
+        };
+        let command = match self.submit_async(command, lun) {
             Ok(()) => return,
             Err(command) => command,
         };

@@ -490,6 +490,9 @@ fn luns(shared: &Shared) -> Value {
                         ("file", Some(path.display().to_string()))
                     }
                     Some(StoreKind::Block { path }) => ("block", Some(path.display().to_string())),
+                    Some(StoreKind::Rbd(spec)) => {
+                        ("rbd", Some(format!("{}/{}", spec.pool, spec.image)))
+                    }
                     None => ("?", None),
                 };
                 let caps = lu.capabilities();
@@ -609,7 +612,9 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
             .map_err(|e| format!("device {name}: {e}"))?
             .ok_or_else(|| format!("device {name} is a RAM device: give a size"))?;
         match running.device(name).map(|d| &d.store) {
-            Some(StoreKind::Block { .. }) => return grow_to_medium(shared, name, medium),
+            Some(StoreKind::Block { .. } | StoreKind::Rbd(_)) => {
+                return grow_to_medium(shared, name, medium)
+            }
             // The config records a file's new size.
             _ => args.insert("size".into(), Value::String(medium.to_string())),
         };
@@ -744,6 +749,12 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                     return Err(format!(
                         "device {name} is a block device: grow the device itself, then resize \
                          it without a size to take the device's size"
+                    ))
+                }
+                StoreKind::Rbd(_) => {
+                    return Err(format!(
+                        "device {name} is an RBD image: grow it with `rbd resize`, then resize \
+                         it without a size to take the image's size"
                     ))
                 }
             }

@@ -146,7 +146,9 @@ impl DeviceContext {
         // a RAM LU's medium does not survive a restart, nor do its reservations.
         let medium = match &device.store {
             StoreKind::File { path, .. } | StoreKind::Block { path } => Some(path),
-            StoreKind::Ram { .. } => None,
+            // An RBD image's reservations are not saved yet (they belong in the cluster,
+            // shared by its gateways: docs/RBD.md).
+            StoreKind::Ram { .. } | StoreKind::Rbd(_) => None,
         };
         if let (Some(medium), Some(dir)) = (medium, &self.state_dir) {
             let path = crate::state::reservation_file(dir, &device.name, medium);
@@ -175,6 +177,7 @@ impl DeviceContext {
         // The store says whether it waits for a device; nothing is guessed from its kind.
         let caps = unit.capabilities();
         let path = match (caps.direct, self.io_uring) {
+            _ if caps.asynchronous => "asynchronous",
             (true, true) => "io_uring",
             (true, false) => "threads",
             (false, _) if caps.page_cache && caps.waits_for_device => "page_cache",
@@ -197,7 +200,9 @@ impl DeviceContext {
                     offloaded,
                 )),
                 ring,
-                direct: caps.direct,
+                // A store that completes I/O itself (librbd) waits for it on every read and
+                // write, as direct I/O does.
+                direct: caps.direct || caps.asynchronous,
             }
         });
         Ok(Arc::new(OpenDevice { unit, disk }))
@@ -380,6 +385,12 @@ fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
             Arc::new(open_file_store(device, path, *size_bytes)?)
         }
         StoreKind::Block { path } => Arc::new(open_file_store(device, path, None)?),
+        StoreKind::Rbd(spec) => Arc::new(store::RbdStore::open(spec).map_err(|e| {
+            format!(
+                "device {}: rbd image {}/{}: {e}",
+                device.name, spec.pool, spec.image
+            )
+        })?),
     };
     let mut naa = [0u8; 16];
     let naa_len = device.naa.len().min(16);
@@ -478,6 +489,7 @@ fn product_name(kind: &StoreKind) -> &'static str {
         StoreKind::Ram { .. } => "RAM DISK",
         StoreKind::File { .. } => "FILE DISK",
         StoreKind::Block { .. } => "BLOCK DISK",
+        StoreKind::Rbd(_) => "RBD DISK",
     }
 }
 

@@ -23,6 +23,7 @@ type IoctxT = *mut c_void;
 type ImageT = *mut c_void;
 type CompletionT = *mut c_void;
 type Callback = extern "C" fn(CompletionT, *mut c_void);
+type DiffCallback = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 
 /// The C entry points, resolved once.
 struct Api {
@@ -39,6 +40,22 @@ struct Api {
     rbd_get_size: unsafe extern "C" fn(ImageT, *mut u64) -> c_int,
     rbd_resize: unsafe extern "C" fn(ImageT, u64) -> c_int,
     rbd_lock_acquire: unsafe extern "C" fn(ImageT, c_int) -> c_int,
+    rbd_lock_release: unsafe extern "C" fn(ImageT) -> c_int,
+    rbd_is_exclusive_lock_owner: unsafe extern "C" fn(ImageT, *mut c_int) -> c_int,
+    rbd_lock_get_owners:
+        unsafe extern "C" fn(ImageT, *mut c_int, *mut *mut c_char, *mut usize) -> c_int,
+    rbd_lock_get_owners_cleanup: unsafe extern "C" fn(*mut *mut c_char, usize),
+    rbd_lock_break: unsafe extern "C" fn(ImageT, c_int, *const c_char) -> c_int,
+    rbd_diff_iterate2: unsafe extern "C" fn(
+        ImageT,
+        *const c_char,
+        u64,
+        u64,
+        u8,
+        u8,
+        DiffCallback,
+        *mut c_void,
+    ) -> c_int,
     rbd_aio_create_completion:
         unsafe extern "C" fn(*mut c_void, Callback, *mut CompletionT) -> c_int,
     rbd_aio_release: unsafe extern "C" fn(CompletionT),
@@ -155,6 +172,12 @@ fn load() -> Result<Api, String> {
         rbd_get_size: sym!(rbd, "rbd_get_size"),
         rbd_resize: sym!(rbd, "rbd_resize"),
         rbd_lock_acquire: sym!(rbd, "rbd_lock_acquire"),
+        rbd_lock_release: sym!(rbd, "rbd_lock_release"),
+        rbd_is_exclusive_lock_owner: sym!(rbd, "rbd_is_exclusive_lock_owner"),
+        rbd_lock_get_owners: sym!(rbd, "rbd_lock_get_owners"),
+        rbd_lock_get_owners_cleanup: sym!(rbd, "rbd_lock_get_owners_cleanup"),
+        rbd_lock_break: sym!(rbd, "rbd_lock_break"),
+        rbd_diff_iterate2: sym!(rbd, "rbd_diff_iterate2"),
         rbd_aio_create_completion: sym!(rbd, "rbd_aio_create_completion"),
         rbd_aio_release: sym!(rbd, "rbd_aio_release"),
         rbd_aio_get_return_value: sym!(rbd, "rbd_aio_get_return_value"),
@@ -436,6 +459,123 @@ impl Image {
         // SAFETY: an open image; RBD_LOCK_MODE_EXCLUSIVE is 0.
         let rc = unsafe { (self.api.rbd_lock_acquire)(self.image, 0) };
         check(|| format!("exclusive lock of {}", self.name), rc)
+    }
+
+    /// Gives the exclusive lock up (another gateway may take it without fencing this one).
+    pub fn unlock_exclusive(&self) -> Result<(), Error> {
+        // SAFETY: an open image.
+        let rc = unsafe { (self.api.rbd_lock_release)(self.image) };
+        check(
+            || format!("releasing the exclusive lock of {}", self.name),
+            rc,
+        )
+    }
+
+    /// Whether this client holds the image's exclusive lock now (false once another client
+    /// broke it and blocklisted this one).
+    pub fn owns_exclusive_lock(&self) -> Result<bool, Error> {
+        let mut owner: c_int = 0;
+        // SAFETY: an open image; out-pointer to a local.
+        let rc = unsafe { (self.api.rbd_is_exclusive_lock_owner)(self.image, &mut owner) };
+        check(|| format!("lock owner of {}", self.name), rc)?;
+        Ok(owner != 0)
+    }
+
+    /// The clients holding the image's exclusive lock (at most one), as librbd names them.
+    pub fn lock_owners(&self) -> Result<Vec<String>, Error> {
+        const OWNERS_MAX: usize = 8;
+        let mut mode: c_int = 0;
+        let mut owners: [*mut c_char; OWNERS_MAX] = [std::ptr::null_mut(); OWNERS_MAX];
+        let mut count = OWNERS_MAX;
+        // SAFETY: an open image; `owners` has room for `count` pointers, which librbd fills
+        // with strings freed by the cleanup call below.
+        let rc = unsafe {
+            (self.api.rbd_lock_get_owners)(self.image, &mut mode, owners.as_mut_ptr(), &mut count)
+        };
+        if rc == -2 {
+            // ENOENT: nobody holds it.
+            return Ok(Vec::new());
+        }
+        check(|| format!("lock owners of {}", self.name), rc)?;
+        let count = count.min(OWNERS_MAX);
+        let names = owners[..count]
+            .iter()
+            .filter(|p| !p.is_null())
+            // SAFETY: NUL-terminated strings librbd allocated; read before the cleanup.
+            .map(|&p| {
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        // SAFETY: the array librbd filled, with the count it returned.
+        unsafe { (self.api.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), count) };
+        Ok(names)
+    }
+
+    /// Breaks `owner`'s exclusive lock: librbd blocklists the owner's client in the cluster
+    /// first (`rbd_blocklist_on_break_lock`, on by default), so no write it still has in
+    /// flight or sends later can land. The fence of a gateway takeover.
+    pub fn break_lock(&self, owner: &str) -> Result<(), Error> {
+        let owner_c = cstring("lock owner", owner)?;
+        // SAFETY: an open image; RBD_LOCK_MODE_EXCLUSIVE is 0; the string outlives the call.
+        let rc = unsafe { (self.api.rbd_lock_break)(self.image, 0, owner_c.as_ptr()) };
+        check(|| format!("breaking {owner}'s lock of {}", self.name), rc)
+    }
+
+    /// The allocated extents of `[offset, offset + len)` as `(offset, len)` runs in order
+    /// (`rbd_diff_iterate2` from the image's creation, whole objects where the object map is
+    /// on); at most `runs_max` runs, the rest of the range unreported.
+    pub fn allocated(
+        &self,
+        offset: u64,
+        len: u64,
+        runs_max: usize,
+    ) -> Result<Vec<(u64, u64)>, Error> {
+        struct Runs {
+            runs: Vec<(u64, u64)>,
+            max: usize,
+        }
+        extern "C" fn on_extent(off: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int {
+            // SAFETY: `arg` is the `Runs` borrowed for the duration of the call below.
+            let runs = unsafe { &mut *arg.cast::<Runs>() };
+            if exists == 0 {
+                return 0;
+            }
+            if runs.runs.len() >= runs.max {
+                // Stop early: enough runs for the caller.
+                return -125;
+            }
+            let len = len as u64;
+            match runs.runs.last_mut() {
+                Some((start, run)) if *start + *run == off => *run += len,
+                _ => runs.runs.push((off, len)),
+            }
+            0
+        }
+        let mut runs = Runs {
+            runs: Vec::new(),
+            max: runs_max.max(1),
+        };
+        // SAFETY: an open image; NULL snapshot = since creation; the callback's argument is a
+        // local that outlives the (synchronous) call.
+        let rc = unsafe {
+            (self.api.rbd_diff_iterate2)(
+                self.image,
+                std::ptr::null(),
+                offset,
+                len,
+                1,
+                0,
+                on_extent,
+                (&mut runs as *mut Runs).cast(),
+            )
+        };
+        // ECANCELED: stopped by the callback with all it wanted.
+        if rc != -125 {
+            check(|| format!("allocation map of {}", self.name), rc)?;
+        }
+        Ok(runs.runs)
     }
 
     /// Starts `op`; `buf` is the data to write (CompareAndWrite: compare then write halves),

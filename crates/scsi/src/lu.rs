@@ -175,6 +175,12 @@ impl LogicalUnit {
     pub fn direct_io(&self) -> Option<store::DirectIo> {
         self.store.direct_io()
     }
+    /// Starts a planned read, write or flush on the store ([`crate::Plan`]), for a transport
+    /// whose LU's store says [`store::Capabilities::asynchronous`]: `done` is called once, on
+    /// the store's thread, with the buffer and the outcome for [`LogicalUnit::finish`].
+    pub fn submit(&self, io: store::AsyncIo, buf: Vec<u8>, done: store::AsyncDone) {
+        self.store.submit(io, buf, done)
+    }
     /// The store's size in bytes.
     pub fn capacity_bytes(&self) -> u64 {
         self.store.size_bytes()

@@ -78,11 +78,33 @@ pub(crate) struct WriteExtent<'d> {
     pub durable: bool,
 }
 
-pub(crate) fn read_error(_: std::io::Error) -> Sense {
+pub(crate) fn read_error(e: std::io::Error) -> Sense {
+    if backend_unreachable(&e) {
+        return Sense::not_ready_transition();
+    }
     Sense::medium_error_unrecovered_read()
 }
-pub(crate) fn write_error(_: std::io::Error) -> Sense {
+pub(crate) fn write_error(e: std::io::Error) -> Sense {
+    if backend_unreachable(&e) {
+        return Sense::not_ready_transition();
+    }
     Sense::medium_error_write()
+}
+
+/// Whether an I/O failed because the store's backend could not be reached or fenced this
+/// client off (a Ceph cluster timing out, this gateway blocklisted), not because the medium
+/// failed: the command may succeed later or through another path, so the initiator is told
+/// to retry (NOT READY, ASYMMETRIC ACCESS STATE TRANSITION) instead of failing the I/O.
+fn backend_unreachable(e: &std::io::Error) -> bool {
+    const ENOTCONN: i32 = 107;
+    const ESHUTDOWN: i32 = 108;
+    const ETIMEDOUT: i32 = 110;
+    const ECONNREFUSED: i32 = 111;
+    const EHOSTUNREACH: i32 = 113;
+    matches!(
+        store::rbd::errno_of(e),
+        Some(ENOTCONN | ESHUTDOWN | ETIMEDOUT | ECONNREFUSED | EHOSTUNREACH)
+    )
 }
 
 impl LogicalUnit {

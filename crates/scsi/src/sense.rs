@@ -91,6 +91,11 @@ impl Sense {
     pub const fn not_ready_offline() -> Sense {
         Sense::new(NOT_READY, 0x04, 0x12)
     }
+    /// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION: not now, retry (the
+    /// path's backend is unreachable or the LU is moving between target port groups).
+    pub const fn not_ready_transition() -> Sense {
+        Sense::new(NOT_READY, 0x04, 0x0A)
+    }
     pub const fn unit_attention(asc: u8, ascq: u8) -> Sense {
         Sense::new(UNIT_ATTENTION, asc, ascq)
     }

@@ -526,6 +526,7 @@ impl BlockStore for FileStore {
             lends_file_ranges: self.direct.is_none(),
             page_cache: self.direct.is_none(),
             direct: self.direct.is_some(),
+            asynchronous: false,
             thin: self.thin,
         }
     }

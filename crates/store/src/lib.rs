@@ -9,11 +9,13 @@
 mod aligned;
 mod file;
 mod ram;
+pub mod rbd;
 mod sys;
 
 pub use aligned::{AlignedBuf, BufPool, PooledBuf, DIRECT_ALIGN_BYTES, POOL_BUFFER_BYTES_MAX};
 pub use file::{Caching, FileStore};
 pub use ram::{RamStore, RAM_PAGE_BYTES};
+pub use rbd::{RbdSpec, RbdStore};
 
 use std::io;
 use std::ops::Range;
@@ -53,6 +55,9 @@ pub struct Capabilities {
     /// Reads and writes bypass the page cache (O_DIRECT): [`BlockStore::direct_io`] gives the
     /// descriptor for asynchronous submission.
     pub direct: bool,
+    /// The store performs reads, writes and flushes asynchronously itself
+    /// ([`BlockStore::submit`], e.g. librbd): a transport submits them and is called back.
+    pub asynchronous: bool,
     /// Discard deallocates: UNMAP and WRITE SAME with UNMAP release space.
     pub thin: bool,
 }
@@ -68,6 +73,21 @@ pub struct DirectIo {
     pub alignment: u32,
 }
 
+/// A read, write or flush a store performs asynchronously ([`BlockStore::submit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncIo {
+    /// Read `len` bytes at `offset` into the buffer (resized to `len`).
+    Read { offset: u64, len: usize },
+    /// Write the whole buffer at `offset`; `durable`: on stable storage before completion.
+    Write { offset: u64, durable: bool },
+    /// Make everything completed so far durable.
+    Flush,
+}
+
+/// Called exactly once when an asynchronous I/O ends, on whatever thread the store completes
+/// on, with the buffer back (a read's data) and the outcome.
+pub type AsyncDone = Box<dyn FnOnce(Vec<u8>, io::Result<()>) + Send>;
+
 pub trait BlockStore: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     /// What this store can do (see [`Capabilities`]); fixed for the store's life.
@@ -76,6 +96,20 @@ pub trait BlockStore: Send + Sync + 'static {
     /// and flushes itself (io_uring); None for other stores.
     fn direct_io(&self) -> Option<DirectIo> {
         None
+    }
+    /// Starts `io` and returns; `done` gets the buffer back with the outcome. Stores that say
+    /// [`Capabilities::asynchronous`] complete on their own threads; the rest run it here,
+    /// synchronously (so every store takes the call).
+    fn submit(&self, io: AsyncIo, mut buf: Vec<u8>, done: AsyncDone) {
+        let result = match io {
+            AsyncIo::Read { offset, len } => {
+                buf.resize(len, 0);
+                self.read_at(&mut buf, offset)
+            }
+            AsyncIo::Write { offset, durable } => self.write_at(&buf, offset, durable),
+            AsyncIo::Flush => self.flush(),
+        };
+        done(buf, result)
     }
     /// Fills `buf` entirely; unwritten or discarded ranges read as zeros.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;

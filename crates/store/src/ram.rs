@@ -238,6 +238,7 @@ impl BlockStore for RamStore {
             lends_file_ranges: false,
             page_cache: false,
             direct: false,
+            asynchronous: false,
             thin: true,
         }
     }

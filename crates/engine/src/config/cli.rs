@@ -92,6 +92,9 @@ pub(crate) fn from_cli(
     for (i, a) in specs.iter().enumerate() {
         let path = |s: &StoreKind| match s {
             StoreKind::File { path, .. } | StoreKind::Block { path } => Some(path.clone()),
+            StoreKind::Rbd(spec) => {
+                Some(PathBuf::from(format!("rbd:{}/{}", spec.pool, spec.image)))
+            }
             StoreKind::Ram { .. } => None,
         };
         if let Some(p) = path(&a.store) {
@@ -109,12 +112,15 @@ pub(crate) fn from_cli(
     Ok(quick_export(addrs, target, specs))
 }
 
-/// `ram:SIZE` | `file:PATH[,size=SIZE]` | `block:PATH`, each with optional
-/// `,block_size=512|4096`, `,cache=auto|direct|page` and `,ro` at the end.
+/// `ram:SIZE` | `file:PATH[,size=SIZE]` | `block:PATH` | `rbd:POOL/IMAGE[,conf=PATH]
+/// [,client=NAME]`, each with optional `,block_size=512|4096`, `,cache=auto|direct|page` and
+/// `,ro` at the end.
 fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
     let (kind, mut rest) = spec
         .split_once(':')
-        .ok_or("expected ram:SIZE, file:PATH[,size=SIZE] or block:PATH")?;
+        .ok_or("expected ram:SIZE, file:PATH[,size=SIZE], block:PATH or rbd:POOL/IMAGE")?;
+    let mut ceph_conf = None;
+    let mut ceph_client = None;
     let mut size = None;
     let mut block_size = 512u32;
     let mut read_only = false;
@@ -126,6 +132,10 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
         } else if let Some(v) = opt.strip_prefix("cache=") {
             cache = CacheMode::parse(v)
                 .ok_or_else(|| format!("cache must be auto, direct or page, got {v}"))?;
+        } else if let Some(v) = opt.strip_prefix("conf=").filter(|_| kind == "rbd") {
+            ceph_conf = Some(PathBuf::from(v));
+        } else if let Some(v) = opt.strip_prefix("client=").filter(|_| kind == "rbd") {
+            ceph_client = Some(v.to_string());
         } else if let Some(v) = opt.strip_prefix("size=") {
             size = Some(parse_size(v)?);
         } else if let Some(v) = opt.strip_prefix("block_size=") {
@@ -167,9 +177,21 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
                 path: PathBuf::from(rest),
             }
         }
+        "rbd" => {
+            if size.is_some() {
+                return Err("an RBD image's size is the image's own; remove size=".into());
+            }
+            let (pool, image) = super::parse_rbd_image(rest)?;
+            StoreKind::Rbd(store::RbdSpec {
+                pool,
+                image,
+                conf: ceph_conf,
+                client: ceph_client,
+            })
+        }
         other => {
             return Err(format!(
-                "unknown store {other:?}: expected ram, file or block"
+                "unknown store {other:?}: expected ram, file, block or rbd"
             ))
         }
     };
@@ -253,6 +275,8 @@ fn device_of(name: String, spec: LunSpec, ram_key: &str) -> DeviceConfig {
         StoreKind::Ram { .. } => ram_key.to_string(),
         StoreKind::File { path, .. } => format!("file:{}", path.display()),
         StoreKind::Block { path } => format!("block:{}", path.display()),
+        // The image, not the gateway: every gateway exporting it shows the same identity.
+        StoreKind::Rbd(spec) => format!("rbd:{}/{}", spec.pool, spec.image),
     };
     let (serial, naa) = derive_identity(&key);
     DeviceConfig {

@@ -73,6 +73,10 @@ struct RawDevice {
     name: Option<S<String>>,
     store: Option<S<String>>,
     path: Option<S<String>>,
+    /// RBD: `POOL/IMAGE`, and how to reach the cluster.
+    image: Option<S<String>>,
+    ceph_conf: Option<S<String>>,
+    ceph_client: Option<S<String>>,
     size: Option<S<toml::Value>>,
     block_size: Option<S<i64>>,
     serial: Option<S<String>>,
@@ -704,18 +708,105 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                             (None, _) => None,
                         }
                     }
+                    "rbd" => {
+                        if let Some(p) = path {
+                            cx.err(
+                                p.span(),
+                                path_field,
+                                "an rbd device has no path: name it with image = \"POOL/IMAGE\"",
+                            );
+                            ok = false;
+                        }
+                        if let (Some(s), Some(_)) = (&rd.size, &size) {
+                            cx.err(
+                                s.span(),
+                                format!("{ctx}: size"),
+                                "an RBD image's size is the image's own; remove `size`",
+                            );
+                            ok = false;
+                        }
+                        let image = match &rd.image {
+                            None => {
+                                cx.err(
+                                    st.span(),
+                                    format!("{ctx}: image"),
+                                    "missing: an rbd device needs image = \"POOL/IMAGE\"",
+                                );
+                                None
+                            }
+                            Some(i) => match super::parse_rbd_image(i.get_ref()) {
+                                Ok(parts) => {
+                                    let key = PathBuf::from(format!("rbd:{}", i.get_ref()));
+                                    if let Some(other) = paths.get(&key) {
+                                        cx.err(
+                                            i.span(),
+                                            format!("{ctx}: image"),
+                                            format!(
+                                                "{:?} is already the image of {other}",
+                                                i.get_ref()
+                                            ),
+                                        );
+                                        ok = false;
+                                    } else {
+                                        paths.insert(key, ctx.clone());
+                                    }
+                                    Some(parts)
+                                }
+                                Err(m) => {
+                                    cx.err(i.span(), format!("{ctx}: image"), m);
+                                    None
+                                }
+                            },
+                        };
+                        let ceph_conf = match &rd.ceph_conf {
+                            Some(c) if c.get_ref().is_empty() => {
+                                cx.err(c.span(), format!("{ctx}: ceph_conf"), "must not be empty");
+                                ok = false;
+                                None
+                            }
+                            c => c.as_ref().map(|c| PathBuf::from(c.get_ref())),
+                        };
+                        let ceph_client = match &rd.ceph_client {
+                            Some(c) if c.get_ref().is_empty() || c.get_ref().contains('\0') => {
+                                cx.err(
+                                    c.span(),
+                                    format!("{ctx}: ceph_client"),
+                                    "must be a Ceph client name like \"client.iscsi\"",
+                                );
+                                ok = false;
+                                None
+                            }
+                            c => c.as_ref().map(|c| c.get_ref().clone()),
+                        };
+                        image.map(|(pool, image)| {
+                            StoreKind::Rbd(store::RbdSpec {
+                                pool,
+                                image,
+                                conf: ceph_conf,
+                                client: ceph_client,
+                            })
+                        })
+                    }
                     other => {
                         cx.err(
                             st.span(),
                             format!("{ctx}: store"),
-                            format!("must be \"ram\", \"file\" or \"block\", got {other:?}"),
+                            format!(
+                                "must be \"ram\", \"file\", \"block\" or \"rbd\", got {other:?}"
+                            ),
                         );
                         None
                     }
                 }
             }
         };
-        let (derived_serial, derived_naa) = derive_identity(&format!("{seed}device:{name}"));
+        // An RBD image has one identity on every gateway that exports it (whatever the device
+        // is called there): multipath sees one LU behind all of them.
+        let identity_key = match &store {
+            Some(StoreKind::Rbd(spec)) => format!("rbd:{}/{}", spec.pool, spec.image),
+            _ => format!("{seed}device:{name}"),
+        };
+        let (derived_serial, derived_naa) = derive_identity(&identity_key);
         let serial = match &rd.serial {
             None => derived_serial,
             Some(s) => {
@@ -1158,6 +1249,19 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
                     q(&path.to_string_lossy())
                 );
             }
+            StoreKind::Rbd(spec) => {
+                let _ = writeln!(
+                    out,
+                    "store = \"rbd\"\nimage = {}",
+                    q(&format!("{}/{}", spec.pool, spec.image))
+                );
+                if let Some(conf) = &spec.conf {
+                    let _ = writeln!(out, "ceph_conf = {}", q(&conf.to_string_lossy()));
+                }
+                if let Some(client) = &spec.client {
+                    let _ = writeln!(out, "ceph_client = {}", q(client));
+                }
+            }
         }
         let naa: String = d.naa.iter().map(|b| format!("{b:02x}")).collect();
         let _ = writeln!(
@@ -1169,7 +1273,7 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
             d.write_cache,
             d.thin
         );
-        if !matches!(d.store, StoreKind::Ram { .. }) {
+        if matches!(d.store, StoreKind::File { .. } | StoreKind::Block { .. }) {
             let _ = writeln!(out, "cache = \"{}\"", d.cache.name());
         }
         if d.offline {

@@ -363,6 +363,22 @@ pub enum StoreKind {
     Block {
         path: PathBuf,
     },
+    /// A Ceph RBD image, `pool/image`, reached through librbd.
+    Rbd(store::RbdSpec),
+}
+
+/// `POOL/IMAGE` of an RBD image (no namespace: `POOL/NS/IMAGE` is refused, as are empty
+/// parts).
+pub(crate) fn parse_rbd_image(s: &str) -> Result<(String, String), String> {
+    match s.split('/').collect::<Vec<_>>().as_slice() {
+        [pool, image] if !pool.is_empty() && !image.is_empty() => {
+            Ok((pool.to_string(), image.to_string()))
+        }
+        [_, _, _] => Err(format!(
+            "{s:?}: RBD namespaces (POOL/NAMESPACE/IMAGE) are not supported; expected POOL/IMAGE"
+        )),
+        _ => Err(format!("{s:?}: expected POOL/IMAGE")),
+    }
 }
 
 /// An iSCSI target: a name, the portal groups it is reachable on, and its initiator groups.

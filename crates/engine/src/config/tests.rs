@@ -358,7 +358,113 @@ fn file_and_block_need_a_path_and_block_has_no_size() {
 fn unknown_store_is_an_error() {
     let text = with_device("name = \"disk2\"\nstore = \"tape\"");
     let e = one_error(&text, "store = \"tape\"", "device \"disk2\": store");
-    assert!(e.message.contains("\"ram\", \"file\" or \"block\""));
+    assert!(e
+        .message
+        .contains("\"ram\", \"file\", \"block\" or \"rbd\""));
+}
+
+#[test]
+fn rbd_devices_name_their_image_and_cluster() {
+    let text = with_device(
+        "name = \"vm\"\nstore = \"rbd\"\nimage = \"pool1/vm-disk\"\nceph_conf = \"/etc/ceph/a.conf\"\nceph_client = \"client.iscsi\"",
+    );
+    let c = Config::from_toml_str(&text, FILE).unwrap();
+    let d = c.device("vm").unwrap();
+    assert_eq!(
+        d.store,
+        StoreKind::Rbd(store::RbdSpec {
+            pool: "pool1".into(),
+            image: "vm-disk".into(),
+            conf: Some("/etc/ceph/a.conf".into()),
+            client: Some("client.iscsi".into()),
+        })
+    );
+    // Two gateways export one image under different device names with one identity.
+    let other = with_device("name = \"elsewhere\"\nstore = \"rbd\"\nimage = \"pool1/vm-disk\"");
+    let o = Config::from_toml_str(&other, FILE).unwrap();
+    let e = o.device("elsewhere").unwrap();
+    assert_eq!((&d.serial, &d.naa), (&e.serial, &e.naa));
+    let quick = Config::from_cli(&[], "", &["rbd:pool1/vm-disk".into()]).unwrap();
+    assert_eq!(quick.devices[0].naa, d.naa);
+    // The saved form reads back the same.
+    let again = Config::from_toml_str(&c.to_toml(), FILE).unwrap();
+    assert_eq!(again.device("vm").unwrap().store, d.store);
+}
+
+#[test]
+fn rbd_device_errors_are_located() {
+    for (extra, needle, field, says) in [
+        ("store = \"rbd\"", "store = \"rbd\"", "image", "needs image"),
+        (
+            "store = \"rbd\"\nimage = \"justname\"",
+            "image = ",
+            "image",
+            "POOL/IMAGE",
+        ),
+        (
+            "store = \"rbd\"\nimage = \"p/ns/i\"",
+            "image = ",
+            "image",
+            "namespaces",
+        ),
+        (
+            "store = \"rbd\"\nimage = \"/i\"",
+            "image = ",
+            "image",
+            "POOL/IMAGE",
+        ),
+        (
+            "store = \"rbd\"\nimage = \"p/i\"\npath = \"/x\"",
+            "path = ",
+            "path",
+            "no path",
+        ),
+        (
+            "store = \"rbd\"\nimage = \"p/i\"\nsize = \"1G\"",
+            "size = ",
+            "size",
+            "image's own",
+        ),
+        (
+            "store = \"rbd\"\nimage = \"p/i\"\nceph_client = \"\"",
+            "ceph_client",
+            "ceph_client",
+            "client name",
+        ),
+    ] {
+        let text = with_device(&format!("name = \"r\"\n{extra}"));
+        let e = one_error(&text, needle, field);
+        assert!(e.message.contains(says), "{extra}: {e}");
+    }
+    let twice = format!(
+        "{}\n[[device]]\nname = \"b\"\nstore = \"rbd\"\nimage = \"p/i\" # again\n",
+        with_device("name = \"a\"\nstore = \"rbd\"\nimage = \"p/i\"")
+    );
+    let e = one_error(&twice, "# again", "image");
+    assert!(e.message.contains("already the image of"), "{e}");
+}
+
+#[test]
+fn rbd_lun_specs_parse() {
+    let c = Config::from_cli(
+        &[],
+        "",
+        &["rbd:rbd/img,conf=/c/ceph.conf,client=client.gw,ro".into()],
+    )
+    .unwrap();
+    assert_eq!(
+        c.devices[0].store,
+        StoreKind::Rbd(store::RbdSpec {
+            pool: "rbd".into(),
+            image: "img".into(),
+            conf: Some("/c/ceph.conf".into()),
+            client: Some("client.gw".into()),
+        })
+    );
+    assert!(c.targets[0].groups[0].luns[0].read_only);
+    for bad in ["rbd:img", "rbd:rbd/img,size=1G", "rbd:a/b/c"] {
+        assert!(Config::from_cli(&[], "", &[bad.into()]).is_err(), "{bad}");
+    }
 }
 
 #[test]

@@ -1,0 +1,297 @@
+//! Ceph RBD store: an image in a cluster, through librbd (the `rbd` crate, loaded at run time).
+//!
+//! Reads, writes and flushes are asynchronous ([`BlockStore::submit`]): librbd completes them
+//! on its own threads and the engine's worker gets the completion. Everything else (UNMAP,
+//! WRITE SAME, COMPARE AND WRITE, GET LBA STATUS, resize) runs synchronously on the engine's
+//! I/O threads, each an asynchronous librbd call waited for there.
+//!
+//! Durability: librbd's client-side cache is turned off for ferrosan's connections
+//! (`rbd_cache = false`), so a write is acknowledged only once the OSDs have it; SYNCHRONIZE
+//! CACHE is still an `rbd_aio_flush`. Discards are written as zeroes (`rbd_aio_write_zeroes`):
+//! librbd skips plain discards smaller than its discard granularity, which would leave old
+//! data readable after an UNMAP; write-zeroes releases whole objects and zeroes the rest, so
+//! deallocated blocks always read as zeros (LBPRZ).
+
+use crate::{AsyncDone, AsyncIo, BlockStore, Capabilities, Extent};
+use std::collections::HashMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Where an image is and how to reach its cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RbdSpec {
+    pub pool: String,
+    pub image: String,
+    /// ceph.conf; None: librados's default search (`$CEPH_CONF`, /etc/ceph/ceph.conf).
+    pub conf: Option<PathBuf>,
+    /// The cephx client name (`client.iscsi`); None: `client.admin`.
+    pub client: Option<String>,
+}
+
+/// How far [`BlockStore::mapping`] looks ahead in one call (one librbd diff walk).
+const MAPPING_WINDOW_BYTES: u64 = 256 << 20;
+
+/// One cluster connection per (config, client) shared by every image that names it, as a
+/// gateway serving many images keeps one session with the monitors.
+fn cluster(spec: &RbdSpec) -> Result<Arc<rbd::Cluster>, rbd::Error> {
+    type Key = (Option<PathBuf>, Option<String>);
+    static CLUSTERS: Mutex<Option<HashMap<Key, Weak<rbd::Cluster>>>> = Mutex::new(None);
+    let key = (spec.conf.clone(), spec.client.clone());
+    let mut clusters = CLUSTERS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = clusters.get_or_insert_with(HashMap::new);
+    if let Some(cluster) = map.get(&key).and_then(Weak::upgrade) {
+        return Ok(cluster);
+    }
+    let options = rbd::ClusterOptions {
+        conf: spec.conf.clone(),
+        client: spec.client.clone(),
+        settings: vec![("rbd_cache".into(), "false".into())],
+    };
+    let cluster = rbd::Cluster::connect(&options)?;
+    map.retain(|_, weak| weak.strong_count() > 0);
+    map.insert(key, Arc::downgrade(&cluster));
+    Ok(cluster)
+}
+
+/// An `io::Error` from a librbd failure, keeping its errno (ETIMEDOUT, ESHUTDOWN for a
+/// blocklisted client, ...) so the SCSI layer can tell a lost cluster from a failed medium.
+pub fn io_error(e: rbd::Error) -> io::Error {
+    match e.errno() {
+        Some(errno) => {
+            let kind = io::Error::from_raw_os_error(errno).kind();
+            // Keep the errno reachable: the message names it, the kind classifies it.
+            io::Error::new(
+                kind,
+                RbdError {
+                    errno,
+                    message: e.to_string(),
+                },
+            )
+        }
+        None => io::Error::other(e.to_string()),
+    }
+}
+
+/// A librbd failure inside an `io::Error` (see [`errno_of`]).
+#[derive(Debug)]
+struct RbdError {
+    errno: i32,
+    message: String,
+}
+
+impl std::fmt::Display for RbdError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RbdError {}
+
+/// The errno behind an I/O error: the OS's own, or a librbd failure's.
+pub fn errno_of(e: &io::Error) -> Option<i32> {
+    e.raw_os_error().or_else(|| {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<RbdError>())
+            .map(|r| r.errno)
+    })
+}
+
+pub struct RbdStore {
+    image: rbd::Image,
+    spec: RbdSpec,
+    /// The size the LU serves (the image may have grown since: [`BlockStore::medium_bytes`]).
+    size_bytes: AtomicU64,
+    /// Where every asynchronous completion goes: its tag is the caller's `done`, called on
+    /// the librbd thread that completed it.
+    sink: rbd::Sink<AsyncDone>,
+}
+
+impl RbdStore {
+    /// Connects (or shares the connection) and opens `pool/image`; ENOENT names which is
+    /// missing.
+    pub fn open(spec: &RbdSpec) -> io::Result<RbdStore> {
+        let cluster = cluster(spec).map_err(io_error)?;
+        let image = rbd::Image::open(&cluster, &spec.pool, &spec.image).map_err(io_error)?;
+        let size = image.size().map_err(io_error)?;
+        Ok(RbdStore {
+            image,
+            spec: spec.clone(),
+            size_bytes: AtomicU64::new(size),
+            sink: Arc::new(|f: rbd::Finished<AsyncDone>| {
+                // librbd reports what it moved: a read or write of fewer bytes than the
+                // buffer holds failed, whatever its return code says.
+                let result = match f.result {
+                    Ok(n) if n == f.buf.len() => Ok(()),
+                    Ok(n) => Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("librbd moved {n} of {} bytes", f.buf.len()),
+                    )),
+                    Err(e) => Err(io_error(e)),
+                };
+                (f.tag)(f.buf, result)
+            }),
+        })
+    }
+
+    pub fn spec(&self) -> &RbdSpec {
+        &self.spec
+    }
+
+    /// The librbd image (exclusive lock, fencing).
+    pub fn image(&self) -> &rbd::Image {
+        &self.image
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        crate::check_range(self.size_bytes(), offset, len)
+    }
+
+    /// Runs one operation and waits for it (the engine's I/O threads only).
+    fn run(&self, op: rbd::Op, buf: Vec<u8>) -> io::Result<rbd::Finished<()>> {
+        let finished = self.image.run(op, buf);
+        match finished.result {
+            Ok(_) => Ok(finished),
+            Err(e) => Err(io_error(e)),
+        }
+    }
+}
+
+impl BlockStore for RbdStore {
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(Ordering::Relaxed)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            waits_for_device: true,
+            lends_memory: false,
+            lends_file_ranges: false,
+            page_cache: false,
+            direct: false,
+            asynchronous: true,
+            thin: true,
+        }
+    }
+
+    fn submit(&self, io: AsyncIo, buf: Vec<u8>, done: AsyncDone) {
+        let (op, len) = match io {
+            AsyncIo::Read { offset, len } => (rbd::Op::Read { offset, len }, len as u64),
+            AsyncIo::Write { offset, .. } => (rbd::Op::Write { offset }, buf.len() as u64),
+            AsyncIo::Flush => (rbd::Op::Flush, 0),
+        };
+        let offset = match io {
+            AsyncIo::Read { offset, .. } | AsyncIo::Write { offset, .. } => offset,
+            AsyncIo::Flush => 0,
+        };
+        if let Err(e) = self.check_range(offset, len) {
+            done(buf, Err(e));
+            return;
+        }
+        if let Err((e, done, buf)) = self.image.submit(op, buf, done, Arc::clone(&self.sink)) {
+            // Refused at submission: no callback will come; answer here.
+            done(buf, Err(io_error(e)));
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let finished = self.run(
+            rbd::Op::Read {
+                offset,
+                len: buf.len(),
+            },
+            Vec::new(),
+        )?;
+        if finished.buf.len() != buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: short read at {offset}: {} of {} bytes",
+                    self.image.name(),
+                    finished.buf.len(),
+                    buf.len()
+                ),
+            ));
+        }
+        buf.copy_from_slice(&finished.buf);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, _durable: bool) -> io::Result<()> {
+        // Without librbd's cache every acknowledged write is on the OSDs: durable either way.
+        self.check_range(offset, buf.len() as u64)?;
+        self.run(rbd::Op::Write { offset }, buf.to_vec()).map(drop)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.run(rbd::Op::Flush, Vec::new()).map(drop)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.write_zeroes(offset, len, true)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, _deallocate: bool) -> io::Result<()> {
+        self.check_range(offset, len)?;
+        // librbd takes the length as size_t: one call per 1 GiB keeps every call bounded.
+        const STEP_BYTES: u64 = 1 << 30;
+        let mut done = 0;
+        while done < len {
+            let step = (len - done).min(STEP_BYTES);
+            self.run(
+                rbd::Op::WriteZeroes {
+                    offset: offset + done,
+                    len: step as usize,
+                },
+                Vec::new(),
+            )?;
+            done += step;
+        }
+        Ok(())
+    }
+
+    fn mapping(&self, offset: u64) -> io::Result<Extent> {
+        let size_bytes = self.size_bytes();
+        if offset >= size_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("offset {offset} outside store of {size_bytes} bytes"),
+            ));
+        }
+        let window = (size_bytes - offset).min(MAPPING_WINDOW_BYTES);
+        let runs = self.image.allocated(offset, window, 1).map_err(io_error)?;
+        Ok(match runs.first() {
+            Some(&(start, len)) if start <= offset => Extent {
+                mapped: true,
+                len: (start + len - offset).clamp(1, window),
+            },
+            Some(&(start, _)) => Extent {
+                mapped: false,
+                len: start - offset,
+            },
+            None => Extent {
+                mapped: false,
+                len: window,
+            },
+        })
+    }
+
+    fn is_thin(&self) -> bool {
+        true
+    }
+
+    fn medium_bytes(&self) -> io::Result<Option<u64>> {
+        self.image.size().map(Some).map_err(io_error)
+    }
+
+    fn resize(&self, new_bytes: u64) -> io::Result<()> {
+        let now = self.image.size().map_err(io_error)?;
+        if new_bytes > now {
+            self.image.resize(new_bytes).map_err(io_error)?;
+        }
+        self.size_bytes.store(new_bytes, Ordering::Relaxed);
+        Ok(())
+    }
+}

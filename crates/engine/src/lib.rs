@@ -9,6 +9,7 @@ pub mod coalesce;
 pub mod config;
 pub mod connection;
 pub mod control;
+pub mod gateway;
 pub mod metrics;
 pub mod portals;
 pub mod prelogin;

@@ -200,6 +200,8 @@ pub struct ConfigSource {
     pub state_dir: Option<PathBuf>,
     pub control_socket: Option<PathBuf>,
     pub workers: Option<usize>,
+    /// `serve --gateway`: which gateway of the config this daemon is.
+    pub gateway: Option<String>,
 }
 
 impl ConfigSource {
@@ -216,6 +218,9 @@ impl ConfigSource {
         }
         if let Some(w) = self.workers {
             config.server.workers = w;
+        }
+        if let Some(g) = &self.gateway {
+            config.server.gateway = Some(g.clone());
         }
     }
 

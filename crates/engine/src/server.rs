@@ -323,6 +323,7 @@ impl Server {
     /// Opens every store, binds every portal and starts the threads. Errors name what failed.
     pub fn start(config: &Config, source: ConfigSource) -> Result<Server, String> {
         raise_descriptor_limit(config.limits.max_connections);
+        check_gateway(config)?;
         // Every port first: a start that cannot listen must not have created or grown any
         // device file.
         let mut listeners = Vec::new();
@@ -737,13 +738,41 @@ fn worker_count(config: &Config) -> usize {
     }
 }
 
-/// Every configured listen address with its portal group tag.
+/// Every listen address of this daemon's portal groups with its tag (a portal group another
+/// gateway serves is only reported, in REPORT TARGET PORT GROUPS and discovery).
 fn portals(config: &Config) -> Vec<(SocketAddr, u16)> {
+    let me = config.server.gateway.as_deref();
     config
         .portal_groups
         .iter()
+        .filter(|p| p.served_by(me))
         .flat_map(|p| p.listen.iter().map(move |a| (*a, p.tag)))
         .collect()
+}
+
+/// Where portal groups name gateways, this daemon must be one of them.
+fn check_gateway(config: &Config) -> Result<(), String> {
+    let named: Vec<&str> = config
+        .portal_groups
+        .iter()
+        .filter_map(|p| p.gateway.as_deref())
+        .collect();
+    match config.server.gateway.as_deref() {
+        None if !named.is_empty() => Err(format!(
+            "portal groups name gateways ({}): say which one this daemon is with [server] \
+             gateway or serve --gateway",
+            named.join(", ")
+        )),
+        Some(me) if !named.contains(&me) => Err(format!(
+            "gateway {me:?} serves no portal group (portal groups name {})",
+            if named.is_empty() {
+                "no gateway".to_string()
+            } else {
+                named.join(", ")
+            }
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn build(config: &Config) -> Result<Shared, String> {

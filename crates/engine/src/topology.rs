@@ -110,6 +110,10 @@ pub struct DeviceContext {
     stall_base: Duration,
     io_uring: bool,
     state_dir: Option<PathBuf>,
+    /// This gateway's name and every portal group's gateway, when portal groups name
+    /// gateways: RBD images are then owned by one gateway at a time (explicit ALUA,
+    /// `gateway.rs`).
+    gateways: Option<(String, Vec<(u16, String)>)>,
 }
 
 impl DeviceContext {
@@ -132,12 +136,32 @@ impl DeviceContext {
             stall_base: Duration::from_micros(config.limits.write_stall_us.into()),
             io_uring,
             state_dir: crate::state::state_dir(config.server.state_dir.as_deref()),
+            gateways: config.server.gateway.as_ref().map(|me| {
+                let groups = config
+                    .portal_groups
+                    .iter()
+                    .filter_map(|p| Some((p.tag, p.gateway.clone()?)))
+                    .collect();
+                (me.clone(), groups)
+            }),
         }
     }
 
     /// Opens a device's store, builds its LU and restores its saved reservations.
     pub fn open(&self, device: &DeviceConfig) -> Result<Arc<OpenDevice>, String> {
-        let unit = open_unit(device)?;
+        let (unit, rbd) = open_unit(device)?;
+        if let (Some(store), Some((me, groups))) = (rbd, &self.gateways) {
+            let ownership = crate::gateway::ImageOwnership::new(store, &device.name, groups, me)
+                .map_err(|e| format!("device {}: {e}", device.name))?;
+            ownership.start().map_err(|e| {
+                format!(
+                    "device {}: taking or following the image's owner: {e}",
+                    device.name
+                )
+            })?;
+            unit.set_ownership(Arc::clone(&ownership) as Arc<dyn scsi::Ownership>);
+            ownership.follow(&unit);
+        }
         if device.offline {
             unit.set_offline(true);
             tracing::warn!(device = %device.name, "device is offline (offline = true): its LUNs answer NOT READY");
@@ -377,20 +401,27 @@ fn assemble_targets(
     Ok(targets)
 }
 
-/// Opens a device's store and builds its logical unit.
-fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
+/// Opens a device's store and builds its logical unit (with the RBD store, for gateways).
+fn open_unit(
+    device: &DeviceConfig,
+) -> Result<(Arc<LogicalUnit>, Option<Arc<store::RbdStore>>), String> {
+    let mut rbd = None;
     let store: Arc<dyn BlockStore> = match &device.store {
         StoreKind::Ram { size_bytes } => Arc::new(RamStore::new(*size_bytes)),
         StoreKind::File { path, size_bytes } => {
             Arc::new(open_file_store(device, path, *size_bytes)?)
         }
         StoreKind::Block { path } => Arc::new(open_file_store(device, path, None)?),
-        StoreKind::Rbd(spec) => Arc::new(store::RbdStore::open(spec).map_err(|e| {
-            format!(
-                "device {}: rbd image {}/{}: {e}",
-                device.name, spec.pool, spec.image
-            )
-        })?),
+        StoreKind::Rbd(spec) => {
+            let store = Arc::new(store::RbdStore::open(spec).map_err(|e| {
+                format!(
+                    "device {}: rbd image {}/{}: {e}",
+                    device.name, spec.pool, spec.image
+                )
+            })?);
+            rbd = Some(Arc::clone(&store));
+            store
+        }
     };
     let mut naa = [0u8; 16];
     let naa_len = device.naa.len().min(16);
@@ -414,7 +445,7 @@ fn open_unit(device: &DeviceConfig) -> Result<Arc<LogicalUnit>, String> {
     // SPC-2 RESERVE/RELEASE stay off: with them on, libiscsi 1.19's Reserve6.LUNReset trips over
     // the 29h/03h unit attention a LOGICAL UNIT RESET leaves on the requesting nexus (tgt fails
     // that test too). See `LogicalUnit::set_spc2_reservations` and docs/CONFORMANCE.md.
-    Ok(Arc::new(unit))
+    Ok((Arc::new(unit), rbd))
 }
 
 /// Opens a file or block device as its `cache` setting asks (see [`CacheMode`]): `auto` takes

@@ -88,7 +88,8 @@ enum SessionVerb {
 
 #[derive(Subcommand)]
 enum DeviceVerb {
-    /// Add a device: SPEC as `serve --lun` takes it (ram:SIZE, file:PATH[,size=SIZE], block:PATH).
+    /// Add a device: SPEC as `serve --lun` takes it (ram:SIZE, file:PATH[,size=SIZE], block:PATH,
+    /// rbd:POOL/IMAGE).
     Add {
         name: String,
         spec: String,

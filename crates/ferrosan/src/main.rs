@@ -41,13 +41,18 @@ enum Command {
         #[arg(long)]
         target: Option<String>,
         /// LUN for a quick export, numbered 0, 1, ... in order: ram:SIZE | file:PATH[,size=SIZE] |
-        /// block:PATH, each optionally followed by ,block_size=512|4096, ,cache=auto|direct|page
-        /// (auto: direct I/O on disk filesystems) and ,ro
+        /// block:PATH | rbd:POOL/IMAGE[,conf=CEPH_CONF][,client=client.NAME], each optionally
+        /// followed by ,block_size=512|4096, ,cache=auto|direct|page (auto: direct I/O on disk
+        /// filesystems) and ,ro
         #[arg(long)]
         lun: Vec<String>,
         /// Worker threads (0 = one per core).
         #[arg(long)]
         workers: Option<usize>,
+        /// Which gateway of the config this daemon is (portal groups with `gateway = NAME`;
+        /// overrides [server] gateway).
+        #[arg(long)]
+        gateway: Option<String>,
         /// Serve Prometheus metrics at http://ADDR:PORT/metrics (overrides the config file's).
         #[arg(long)]
         metrics_listen: Option<String>,
@@ -112,6 +117,7 @@ fn main() -> ExitCode {
             target,
             lun,
             workers,
+            gateway,
             metrics_listen,
             state_dir,
             control_socket,
@@ -140,6 +146,7 @@ fn main() -> ExitCode {
                         .map(|d| absolute("--control-socket", d))
                         .transpose()?,
                     workers,
+                    gateway,
                 })
             })();
             let loaded = source.and_then(|source| {

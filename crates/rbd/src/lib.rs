@@ -41,6 +41,8 @@ struct Api {
     rbd_resize: unsafe extern "C" fn(ImageT, u64) -> c_int,
     rbd_lock_acquire: unsafe extern "C" fn(ImageT, c_int) -> c_int,
     rbd_lock_release: unsafe extern "C" fn(ImageT) -> c_int,
+    rbd_metadata_get: unsafe extern "C" fn(ImageT, *const c_char, *mut c_char, *mut usize) -> c_int,
+    rbd_metadata_set: unsafe extern "C" fn(ImageT, *const c_char, *const c_char) -> c_int,
     rbd_is_exclusive_lock_owner: unsafe extern "C" fn(ImageT, *mut c_int) -> c_int,
     rbd_lock_get_owners:
         unsafe extern "C" fn(ImageT, *mut c_int, *mut *mut c_char, *mut usize) -> c_int,
@@ -173,6 +175,8 @@ fn load() -> Result<Api, String> {
         rbd_resize: sym!(rbd, "rbd_resize"),
         rbd_lock_acquire: sym!(rbd, "rbd_lock_acquire"),
         rbd_lock_release: sym!(rbd, "rbd_lock_release"),
+        rbd_metadata_get: sym!(rbd, "rbd_metadata_get"),
+        rbd_metadata_set: sym!(rbd, "rbd_metadata_set"),
         rbd_is_exclusive_lock_owner: sym!(rbd, "rbd_is_exclusive_lock_owner"),
         rbd_lock_get_owners: sym!(rbd, "rbd_lock_get_owners"),
         rbd_lock_get_owners_cleanup: sym!(rbd, "rbd_lock_get_owners_cleanup"),
@@ -207,6 +211,11 @@ pub struct ClusterOptions {
 /// cluster fails commands in bounded time instead of holding them forever. Overridable
 /// through `settings`.
 pub const OP_TIMEOUT_S: u32 = 30;
+
+/// How long [`Image::run`] waits for an answer: past librbd's own operation timeout, so that
+/// one normally answers first.
+pub const RUN_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(OP_TIMEOUT_S as u64 + 15);
 
 /// A connection to a cluster (librados `rados_t`).
 pub struct Cluster {
@@ -461,6 +470,41 @@ impl Image {
         check(|| format!("exclusive lock of {}", self.name), rc)
     }
 
+    /// The image metadata value under `key` (None when unset); values are short here.
+    pub fn metadata(&self, key: &str) -> Result<Option<String>, Error> {
+        const VALUE_BYTES_MAX: usize = 256;
+        let key_c = cstring("metadata key", key)?;
+        let mut value = [0u8; VALUE_BYTES_MAX];
+        let mut len = value.len();
+        // SAFETY: an open image; `value` has room for `len` bytes, which librbd never exceeds
+        // (it returns ERANGE instead).
+        let rc = unsafe {
+            (self.api.rbd_metadata_get)(
+                self.image,
+                key_c.as_ptr(),
+                value.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if rc == -2 {
+            return Ok(None);
+        }
+        check(|| format!("metadata {key} of {}", self.name), rc)?;
+        let bytes = &value[..len.min(value.len())];
+        let text = bytes.split(|&b| b == 0).next().unwrap_or(&[]);
+        Ok(Some(String::from_utf8_lossy(text).into_owned()))
+    }
+
+    /// Sets the image metadata `key` to `value` (seen by every client of the image).
+    pub fn set_metadata(&self, key: &str, value: &str) -> Result<(), Error> {
+        let key_c = cstring("metadata key", key)?;
+        let value_c = cstring("metadata value", value)?;
+        // SAFETY: an open image; both strings NUL-terminated and alive for the call.
+        let rc =
+            unsafe { (self.api.rbd_metadata_set)(self.image, key_c.as_ptr(), value_c.as_ptr()) };
+        check(|| format!("setting metadata {key} of {}", self.name), rc)
+    }
+
     /// Gives the exclusive lock up (another gateway may take it without fencing this one).
     pub fn unlock_exclusive(&self) -> Result<(), Error> {
         // SAFETY: an open image.
@@ -697,12 +741,30 @@ impl Image {
             let _ = tx.send(f);
         });
         match self.submit(op, buf, (), sink) {
-            Ok(()) => rx.recv().unwrap_or_else(|_| Finished {
-                tag: (),
-                buf: Vec::new(),
-                result: Err(Error::Invalid("librbd dropped a completion".into())),
-                mismatch_at: None,
-            }),
+            // Bounded even where librbd's own timeouts do not reach (a flush behind writes
+            // paused by a full cluster waits forever): the operation is then abandoned to
+            // librbd, which still owns its buffer, and reported as timed out.
+            Ok(()) => match rx.recv_timeout(RUN_TIMEOUT) {
+                Ok(finished) => finished,
+                Err(e) => Finished {
+                    tag: (),
+                    buf: Vec::new(),
+                    result: Err(match e {
+                        std::sync::mpsc::RecvTimeoutError::Timeout => Error::Ceph {
+                            what: format!(
+                                "{} gave no answer in {} s",
+                                self.name,
+                                RUN_TIMEOUT.as_secs()
+                            ),
+                            errno: 110,
+                        },
+                        std::sync::mpsc::RecvTimeoutError::Disconnected => {
+                            Error::Invalid("librbd dropped a completion".into())
+                        }
+                    }),
+                    mismatch_at: None,
+                },
+            },
             Err((e, (), buf)) => Finished {
                 tag: (),
                 buf,

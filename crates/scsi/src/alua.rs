@@ -1,15 +1,101 @@
-//! Asymmetric logical unit access (SPC-4 5.15), implicit only: the INQUIRY TPGS field says so,
-//! VPD page 83h names the port's target port group, and REPORT TARGET PORT GROUPS lists every
-//! group of the target with its state (set by configuration: one group per iSCSI portal group).
-//! There is no SET TARGET PORT GROUPS: initiators cannot change states, and the states offered
-//! (active/optimized, active/non-optimized) never refuse a command, so no command checks them.
+//! Asymmetric logical unit access (SPC-4 5.15). VPD page 83h names the port's target port
+//! group (one per iSCSI portal group) and REPORT TARGET PORT GROUPS lists every group of the
+//! target with its state.
+//!
+//! Implicit ALUA (every LU by default): the states are set by configuration (active/optimized,
+//! active/non-optimized), never refuse a command and never change while the daemon runs.
+//!
+//! Explicit ALUA (an LU with an [`crate::Ownership`], e.g. an RBD image several gateways
+//! export): the owner's group is active/optimized, every other standby (commands that need the
+//! medium answer NOT READY, TARGET PORT IN STANDBY STATE), and SET TARGET PORT GROUPS through
+//! a standby group's port takes the LU over (TPGS = 11b).
 
 use crate::cdb::*;
 use crate::sense::Sense;
 use crate::{Command, Nexus};
 
-/// Supported-states byte of every descriptor: AO_SUP and AN_SUP, the only states used.
+/// Supported-states byte of every descriptor: AO_SUP and AN_SUP, the only implicit states.
 const SUPPORTED_STATES: u8 = 0x01 | 0x02;
+/// With explicit ALUA: AO_SUP and S_SUP.
+const SUPPORTED_STATES_EXPLICIT: u8 = 0x01 | 0x04;
+
+/// ASYMMETRIC ACCESS STATE CHANGED (2Ah/06h).
+pub(crate) const UA_ACCESS_STATE_CHANGED: (u8, u8) = (0x2A, 0x06);
+/// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE (NOT READY, 04h/0Bh).
+pub(crate) const STANDBY: Sense = Sense::new(crate::sense::NOT_READY, 0x04, 0x0B);
+/// SET TARGET PORT GROUPS COMMAND FAILED (ABORTED COMMAND, 67h/0Ah).
+const STPG_FAILED: Sense = Sense::new(crate::sense::ABORTED_COMMAND, 0x67, 0x0A);
+
+/// Whether a standby port still takes `opcode` (SPC-4 5.15.2.4.4): identification, sense,
+/// mode pages, reservations, the target port group commands.
+pub(crate) fn standby_allows(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        INQUIRY
+            | REPORT_LUNS
+            | REQUEST_SENSE
+            | MODE_SENSE_6
+            | MODE_SENSE_10
+            | MODE_SELECT_6
+            | MODE_SELECT_10
+            | PERSISTENT_RESERVE_IN
+            | PERSISTENT_RESERVE_OUT
+            | MAINTENANCE_IN
+            | MAINTENANCE_OUT
+    )
+}
+
+/// SET TARGET PORT GROUPS (MAINTENANCE OUT, service action 0Ah): the only change a gateway
+/// can make itself is to take the LU over through its own port's group (the group the
+/// command came through) — the change Linux's ALUA handler asks for. Descriptors that ask a
+/// group to become active must name that group; standby for any other group is what taking
+/// over means anyway.
+pub(crate) fn set_target_port_groups(
+    lu: &crate::LogicalUnit,
+    nexus: &Nexus,
+    cmd: &Command<'_>,
+) -> Result<u32, Sense> {
+    let cdb = Cdb(cmd.cdb);
+    for byte in [2, 3, 4, 5, 10] {
+        check_reserved(cdb, byte, 0)?;
+    }
+    let Some(ownership) = lu.ownership() else {
+        return Err(Sense::invalid_opcode());
+    };
+    let list_len = cdb.be32(6) as usize;
+    if list_len == 0 {
+        return Ok(0);
+    }
+    if list_len < 4 || !(list_len - 4).is_multiple_of(4) || cmd.data_out.len() < list_len {
+        return Err(Sense::parameter_list_length_error());
+    }
+    let own = nexus.target_port.group;
+    let mut take = false;
+    for (i, d) in cmd.data_out[4..list_len].chunks_exact(4).enumerate() {
+        let at = (4 + 4 * i) as u16;
+        let state = d[0] & 0x0F;
+        let group = u16::from_be_bytes([d[2], d[3]]);
+        if !nexus.target_port.groups.iter().any(|g| g.id == group) {
+            return Err(Sense::invalid_field_in_parameter_list(at + 2, None));
+        }
+        match state {
+            // Active/optimized or active/non-optimized: only through the group's own port.
+            0x0 | 0x1 if group == own => take = true,
+            0x0 | 0x1 if ownership.is_active(group) => {}
+            0x0 | 0x1 => return Err(Sense::invalid_field_in_parameter_list(at, Some(3))),
+            // Standby, unavailable, offline: fine for any group that will not own the LU.
+            0x2 | 0x3 | 0xE if group != own => {}
+            _ => return Err(Sense::invalid_field_in_parameter_list(at, Some(3))),
+        }
+    }
+    if take && !ownership.is_active(own) {
+        ownership.take(own).map_err(|_| STPG_FAILED)?;
+        // Every other nexus of this gateway sees the change; the old owner's see it when
+        // their gateway notices.
+        lu.access_state_changed(Some(nexus.id));
+    }
+    Ok(0)
+}
 /// PARAMETER DATA FORMAT values (CDB byte 1, bits 7..5).
 const FORMAT_LENGTH_ONLY: u8 = 0;
 const FORMAT_EXTENDED: u8 = 1;
@@ -18,6 +104,7 @@ const EXTENDED_HEADER: u8 = 0x10;
 
 /// REPORT TARGET PORT GROUPS (MAINTENANCE IN, service action 0Ah).
 pub(crate) fn report_target_port_groups(
+    lu: &crate::LogicalUnit,
     nexus: &Nexus,
     cmd: &Command<'_>,
     data_in: &mut Vec<u8>,
@@ -33,14 +120,18 @@ pub(crate) fn report_target_port_groups(
     };
     data_in.extend_from_slice(&[0; 4]); // RETURN DATA LENGTH, filled in below
     if extended {
-        // No implicit transition time: states never change while the daemon runs.
+        // No implicit transition time: implicit states never change while the daemon runs.
         data_in.extend_from_slice(&[EXTENDED_HEADER, 0, 0, 0]);
     }
     for group in nexus.target_port.groups.iter() {
         // A descriptor counts at most 255 ports (one byte); a group here has one per target.
         let ports = &group.ports[..group.ports.len().min(usize::from(u8::MAX))];
-        data_in.push(group.state.code()); // PREF = 0
-        data_in.push(SUPPORTED_STATES);
+        data_in.push(lu.access_state(group.id, group.state).code()); // PREF = 0
+        data_in.push(if lu.ownership().is_some() {
+            SUPPORTED_STATES_EXPLICIT
+        } else {
+            SUPPORTED_STATES
+        });
         data_in.extend_from_slice(&group.id.to_be_bytes());
         data_in.push(0); // reserved
         data_in.push(0); // STATUS CODE: no status available

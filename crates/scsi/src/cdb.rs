@@ -45,6 +45,7 @@ pub const WRITE_ATOMIC_16: u8 = 0x9C;
 pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
 pub const REPORT_LUNS: u8 = 0xA0;
 pub const MAINTENANCE_IN: u8 = 0xA3;
+pub const MAINTENANCE_OUT: u8 = 0xA4;
 pub const READ_12: u8 = 0xA8;
 pub const WRITE_12: u8 = 0xAA;
 pub const WRITE_AND_VERIFY_12: u8 = 0xAE;
@@ -55,6 +56,7 @@ pub const SA_READ_CAPACITY_16: u16 = 0x10;
 pub const SA_GET_LBA_STATUS: u16 = 0x12;
 pub const SA_REPORT_SUPPORTED_OPCODES: u16 = 0x0C;
 pub const SA_REPORT_TARGET_PORT_GROUPS: u16 = 0x0A;
+pub const SA_SET_TARGET_PORT_GROUPS: u16 = 0x0A;
 
 /// Medium-modifying commands: refused on a write-protected LU or mapping.
 pub fn is_medium_write(opcode: u8) -> bool {

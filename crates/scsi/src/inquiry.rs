@@ -65,7 +65,14 @@ impl LogicalUnit {
         out.push(0x06); // SPC-4
         out.push(0x12); // HISUP, response data format 2
         out.push((STANDARD_BYTES - 5) as u8);
-        out.push(0x10 | 0x08); // TPGS = 01b (implicit ALUA), 3PC (EXTENDED COPY); no SCCS/ACC/PROTECT
+        // TPGS = 01b (implicit ALUA) or 11b (and explicit, an LU with an owner); 3PC (EXTENDED
+        // COPY); no SCCS/ACC/PROTECT.
+        let tpgs = if self.ownership().is_some() {
+            0x30
+        } else {
+            0x10
+        };
+        out.push(tpgs | 0x08);
         out.push(0x00);
         out.push(0x02); // CMDQUE
         put_ascii(out, &self.identity.vendor, 8);

@@ -82,6 +82,21 @@ impl TargetPort {
 pub enum AccessState {
     ActiveOptimized,
     ActiveNonOptimized,
+    /// Only identification, sense, mode and reservation commands (SPC-4 5.15.2.4.4): the LU
+    /// is owned through another target port group ([`Ownership`]).
+    Standby,
+}
+
+/// Explicit ALUA for an LU that several gateways export, each a target port group of the same
+/// target: one group owns the LU (active/optimized), every other is standby. The engine says
+/// who owns it (an RBD image's exclusive lock) and moves it on SET TARGET PORT GROUPS.
+pub trait Ownership: Send + Sync {
+    /// Whether target port group `group` belongs to the gateway that owns the LU now (false
+    /// for every group while none does: all standby).
+    fn is_active(&self, group: u16) -> bool;
+    /// Makes `group` (a group of this gateway) the owner, fencing the previous owner so that
+    /// nothing it still sends can land; may wait for a cluster (an I/O thread's call).
+    fn take(&self, group: u16) -> std::io::Result<()>;
 }
 
 impl AccessState {
@@ -90,6 +105,7 @@ impl AccessState {
         match self {
             AccessState::ActiveOptimized => 0x0,
             AccessState::ActiveNonOptimized => 0x1,
+            AccessState::Standby => 0x2,
         }
     }
 }

@@ -96,6 +96,9 @@ pub struct LogicalUnit {
     /// Taken offline by the operator: commands that need the medium answer NOT READY,
     /// LOGICAL UNIT NOT READY, OFFLINE (04h/12h) until it is back.
     offline: AtomicBool,
+    /// Explicit ALUA across gateways (see [`crate::Ownership`]); unset: the target port
+    /// groups' configured states apply and nothing is refused.
+    ownership: std::sync::OnceLock<Arc<dyn crate::Ownership>>,
 }
 
 fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
@@ -152,7 +155,36 @@ impl LogicalUnit {
             copy_results: Mutex::new(HashMap::new()),
             in_flight: Arc::default(),
             offline: AtomicBool::new(false),
+            ownership: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Puts the LU under explicit ALUA (once; later calls are ignored): `ownership` says which
+    /// target port group owns it, every other group is standby, and SET TARGET PORT GROUPS
+    /// moves it.
+    pub fn set_ownership(&self, ownership: Arc<dyn crate::Ownership>) {
+        let _ = self.ownership.set(ownership);
+    }
+
+    pub(crate) fn ownership(&self) -> Option<&Arc<dyn crate::Ownership>> {
+        self.ownership.get()
+    }
+
+    /// The asymmetric access state of this LU through target port group `group`, whose
+    /// configured state is `configured`.
+    pub fn access_state(&self, group: u16, configured: crate::AccessState) -> crate::AccessState {
+        match self.ownership.get() {
+            None => configured,
+            Some(o) if o.is_active(group) => crate::AccessState::ActiveOptimized,
+            Some(_) => crate::AccessState::Standby,
+        }
+    }
+
+    /// Raises ASYMMETRIC ACCESS STATE CHANGED for every nexus but `except` (the engine calls it
+    /// when the owner changed elsewhere).
+    pub fn access_state_changed(&self, except: Option<u64>) {
+        self.ua
+            .raise_all(crate::alua::UA_ACCESS_STATE_CHANGED, except);
     }
 
     pub fn settings(&self) -> &LuSettings {
@@ -228,6 +260,8 @@ impl LogicalUnit {
             | op::COMPARE_AND_WRITE
             | op::ORWRITE_16
             | op::EXTENDED_COPY => true,
+            // SET TARGET PORT GROUPS takes the LU over: a cluster round trip or several.
+            op::MAINTENANCE_OUT => self.ownership.get().is_some(),
             // With APTPL the new state is saved (and fsynced) before it completes.
             op::PERSISTENT_RESERVE_OUT => self.reservations.persists(),
             _ => false,
@@ -370,6 +404,7 @@ impl LogicalUnit {
         opcodes::Offered {
             thin: self.settings.thin,
             spc2_reservations: self.spc2_reservations.load(Ordering::Relaxed),
+            explicit_alua: self.ownership.get().is_some(),
         }
     }
 
@@ -489,6 +524,12 @@ impl LogicalUnit {
         {
             return Err(Sense::not_ready_offline());
         }
+        if let Some(ownership) = self.ownership.get() {
+            if !ownership.is_active(nexus.target_port.group) && !crate::alua::standby_allows(opcode)
+            {
+                return Err(crate::alua::STANDBY);
+            }
+        }
         self.reservations.check(nexus, cdb)?;
         // NACA and LINK are not supported (SAM-5 5.9).
         check_reserved(cdb, cdb_len - 1, 0xFA)?;
@@ -540,8 +581,9 @@ impl LogicalUnit {
             PREVENT_ALLOW_MEDIUM_REMOVAL => self.prevent_allow(nexus, cdb),
             REPORT_LUNS => self.report_luns_single(cmd, data_in),
             MAINTENANCE_IN if cdb.service_action() == SA_REPORT_TARGET_PORT_GROUPS => {
-                crate::alua::report_target_port_groups(nexus, cmd, data_in)
+                crate::alua::report_target_port_groups(self, nexus, cmd, data_in)
             }
+            MAINTENANCE_OUT => crate::alua::set_target_port_groups(self, nexus, cmd),
             MAINTENANCE_IN => {
                 check_reserved(cdb, 2, 0x87)?;
                 opcodes::report_supported(cdb, self.offered(), data_in)?;

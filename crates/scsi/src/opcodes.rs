@@ -368,6 +368,11 @@ pub static OPS: &[OpInfo] = &[
         &[MAINTENANCE_IN, 0xEA, 0, 0, 0, 0, F, F, F, F, 0, 0],
     ),
     sa(
+        MAINTENANCE_OUT,
+        SA_SET_TARGET_PORT_GROUPS,
+        &[MAINTENANCE_OUT, 0x0A, 0, 0, 0, 0, F, F, F, F, 0, 0],
+    ),
+    sa(
         MAINTENANCE_IN,
         SA_REPORT_SUPPORTED_OPCODES,
         &[MAINTENANCE_IN, 0x0C, 0x87, F, F, F, F, F, F, F, 0, 0],
@@ -392,26 +397,29 @@ pub struct Offered {
     pub thin: bool,
     /// SPC-2 RESERVE / RELEASE (6) and (10).
     pub spc2_reservations: bool,
+    /// SET TARGET PORT GROUPS (explicit ALUA, an LU with an owner).
+    pub explicit_alua: bool,
 }
 
 impl Offered {
     fn shows(&self, o: &OpInfo) -> bool {
         (self.thin || !o.thin_only)
+            && (self.explicit_alua || o.opcode != MAINTENANCE_OUT)
             && (self.spc2_reservations
                 || !matches!(o.opcode, RESERVE_6 | RELEASE_6 | RESERVE_10 | RELEASE_10))
     }
 }
 
 /// Whether `opcode` uses service actions at all (SERVACTV).
-pub fn has_service_actions(opcode: u8) -> bool {
+pub fn has_service_actions(opcode: u8, offered: Offered) -> bool {
     OPS.iter()
-        .any(|o| o.opcode == opcode && o.service_action.is_some())
+        .any(|o| o.opcode == opcode && o.service_action.is_some() && offered.shows(o))
 }
 
 /// Finds the implemented command for a CDB, or the sense to answer with.
 pub fn lookup(cdb: Cdb<'_>, offered: Offered) -> Result<&'static OpInfo, Sense> {
     let opcode = cdb.u8(0);
-    let sa = if has_service_actions(opcode) {
+    let sa = if has_service_actions(opcode, offered) {
         Some(cdb.service_action())
     } else {
         None
@@ -421,8 +429,11 @@ pub fn lookup(cdb: Cdb<'_>, offered: Offered) -> Result<&'static OpInfo, Sense> 
         .find(|o| o.opcode == opcode && o.service_action == sa && offered.shows(o));
     match found {
         Some(o) => Ok(o),
-        // A known opcode with an unknown service action is an invalid field, not an invalid opcode.
-        None if sa.is_some() => Err(Sense::invalid_field_in_cdb(1, Some(4))),
+        // A known opcode with an unknown service action is an invalid field, not an invalid
+        // opcode (an opcode none of whose service actions this LU offers is unknown).
+        None if sa.is_some() && OPS.iter().any(|o| o.opcode == opcode && offered.shows(o)) => {
+            Err(Sense::invalid_field_in_cdb(1, Some(4)))
+        }
         None => Err(Sense::invalid_opcode()),
     }
 }
@@ -463,7 +474,7 @@ pub fn report_supported(cdb: Cdb<'_>, offered: Offered, out: &mut Vec<u8>) -> Re
             Ok(())
         }
         1..=3 => {
-            let servactv = has_service_actions(req_opcode);
+            let servactv = has_service_actions(req_opcode, offered);
             let want_sa = match options {
                 1 if servactv => return Err(Sense::invalid_field_in_cdb(3, None)),
                 1 => None,

@@ -33,12 +33,14 @@ pub struct RbdSpec {
 /// How far [`BlockStore::mapping`] looks ahead in one call (one librbd diff walk).
 const MAPPING_WINDOW_BYTES: u64 = 256 << 20;
 
-/// One cluster connection per (config, client) shared by every image that names it, as a
-/// gateway serving many images keeps one session with the monitors.
-fn cluster(spec: &RbdSpec) -> Result<Arc<rbd::Cluster>, rbd::Error> {
-    type Key = (Option<PathBuf>, Option<String>);
+/// One cluster connection per (config, client, role) shared by every image that names it, as
+/// a gateway serving many images keeps one session with the monitors. `observer`: a second
+/// connection for watching images (who owns them), which stays usable when the data
+/// connection is blocklisted by a gateway that took an image over.
+fn cluster(spec: &RbdSpec, observer: bool) -> Result<Arc<rbd::Cluster>, rbd::Error> {
+    type Key = (Option<PathBuf>, Option<String>, bool);
     static CLUSTERS: Mutex<Option<HashMap<Key, Weak<rbd::Cluster>>>> = Mutex::new(None);
-    let key = (spec.conf.clone(), spec.client.clone());
+    let key = (spec.conf.clone(), spec.client.clone(), observer);
     let mut clusters = CLUSTERS.lock().unwrap_or_else(|p| p.into_inner());
     let map = clusters.get_or_insert_with(HashMap::new);
     if let Some(cluster) = map.get(&key).and_then(Weak::upgrade) {
@@ -112,7 +114,7 @@ impl RbdStore {
     /// Connects (or shares the connection) and opens `pool/image`; ENOENT names which is
     /// missing.
     pub fn open(spec: &RbdSpec) -> io::Result<RbdStore> {
-        let cluster = cluster(spec).map_err(io_error)?;
+        let cluster = cluster(spec, false).map_err(io_error)?;
         let image = rbd::Image::open(&cluster, &spec.pool, &spec.image).map_err(io_error)?;
         let size = image.size().map_err(io_error)?;
         Ok(RbdStore {
@@ -133,6 +135,13 @@ impl RbdStore {
                 (f.tag)(f.buf, result)
             }),
         })
+    }
+
+    /// The image again, through the observer connection (see `cluster`): for reading its
+    /// metadata and lock state, never for I/O.
+    pub fn observer(&self) -> io::Result<rbd::Image> {
+        let cluster = cluster(&self.spec, true).map_err(io_error)?;
+        rbd::Image::open(&cluster, &self.spec.pool, &self.spec.image).map_err(io_error)
     }
 
     pub fn spec(&self) -> &RbdSpec {

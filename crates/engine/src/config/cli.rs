@@ -234,6 +234,7 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
             tag: 1,
             listen,
             alua_state: scsi::AccessState::ActiveOptimized,
+            gateway: None,
         }],
         devices,
         targets: vec![TargetConfig {

@@ -57,6 +57,7 @@ struct RawServer {
     state_dir: Option<S<String>>,
     control_socket: Option<S<String>>,
     control_socket_group: Option<S<String>>,
+    gateway: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -65,6 +66,7 @@ struct RawPortalGroup {
     tag: Option<S<i64>>,
     listen: Option<S<Vec<S<String>>>>,
     alua_state: Option<S<String>>,
+    gateway: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -289,6 +291,12 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
                 server.control_socket = Some(p.into());
             }
         }
+        if let Some(g) = &s.gateway {
+            match check_gateway_name(g.get_ref()) {
+                Ok(()) => server.gateway = Some(g.get_ref().clone()),
+                Err(m) => cx.err(g.span(), "server: gateway", m),
+            }
+        }
         if let Some(group) = &s.control_socket_group {
             let g = group.get_ref();
             let valid = !g.is_empty()
@@ -448,6 +456,8 @@ fn alua_state_name(state: AccessState) -> &'static str {
     match state {
         AccessState::ActiveOptimized => ALUA_ACTIVE_OPTIMIZED,
         AccessState::ActiveNonOptimized => ALUA_ACTIVE_NON_OPTIMIZED,
+        // Never configured (only an LU's owner makes a group standby); named for completeness.
+        AccessState::Standby => "standby",
     }
 }
 
@@ -517,15 +527,42 @@ fn resolve_portal_groups(cx: &mut Cx<'_>, raw: &[S<RawPortalGroup>]) -> Vec<Port
                 ),
             }
         }
+        let gateway = match &rg.gateway {
+            None => None,
+            Some(g) => match check_gateway_name(g.get_ref()) {
+                Ok(()) => Some(g.get_ref().clone()),
+                Err(m) => {
+                    cx.err(g.span(), format!("{ctx}: gateway"), m);
+                    None
+                }
+            },
+        };
         if let Some(tag) = tag {
             groups.push(PortalGroup {
                 tag,
                 listen,
                 alua_state,
+                gateway,
             });
         }
     }
     groups
+}
+
+/// A gateway's name: what `[server] gateway` and a portal group's `gateway` say.
+fn check_gateway_name(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?}: a gateway name (letters, digits, _ - .; at most 64)"
+        ))
+    }
 }
 
 fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<DeviceConfig> {
@@ -1204,6 +1241,9 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
     if let Some(path) = &c.server.control_socket {
         let _ = writeln!(out, "control_socket = {}", q(&path.display().to_string()));
     }
+    if let Some(gateway) = &c.server.gateway {
+        let _ = writeln!(out, "gateway = {}", q(gateway));
+    }
     if let Some(group) = &c.server.control_socket_group {
         let _ = writeln!(out, "control_socket_group = {}", q(group));
     }
@@ -1225,6 +1265,9 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
             listen.join(", "),
             alua_state_name(pg.alua_state)
         );
+        if let Some(gateway) = &pg.gateway {
+            let _ = writeln!(out, "gateway = {}", q(gateway));
+        }
     }
     for d in &c.devices {
         let _ = writeln!(out, "\n[[device]]\nname = {}", q(&d.name));

@@ -68,6 +68,10 @@ pub struct ServerConfig {
     pub control_socket: Option<std::path::PathBuf>,
     /// A group whose members may use the control socket too (mode 0660); None: owner only.
     pub control_socket_group: Option<String>,
+    /// Which gateway this daemon is, where portal groups name gateways (RBD gateways sharing
+    /// one config): it listens on its own portal groups only and reports the others' as the
+    /// other target port groups. `serve --gateway` overrides it.
+    pub gateway: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -80,6 +84,7 @@ impl Default for ServerConfig {
             state_dir: None,
             control_socket: None,
             control_socket_group: None,
+            gateway: None,
         }
     }
 }
@@ -292,6 +297,19 @@ pub struct PortalGroup {
     pub listen: Vec<SocketAddr>,
     /// ALUA state of the target port group this portal group forms (in every target it serves).
     pub alua_state: scsi::AccessState,
+    /// The gateway that serves it (None: this daemon, whichever gateway it is).
+    pub gateway: Option<String>,
+}
+
+impl PortalGroup {
+    /// Whether the daemon that is `gateway` listens on this group.
+    pub fn served_by(&self, gateway: Option<&str>) -> bool {
+        match (&self.gateway, gateway) {
+            (None, _) => true,
+            (Some(g), Some(me)) => g == me,
+            (Some(_), None) => false,
+        }
+    }
 }
 
 /// A logical unit's backing store and identity, defined once and mapped by groups.

@@ -1073,6 +1073,7 @@ fn demo_config() {
             tag: 1,
             listen: vec!["127.0.0.1:3260".parse().unwrap()],
             alua_state: scsi::AccessState::ActiveOptimized,
+            gateway: None,
         }]
     );
     assert_eq!(c.targets.len(), 1);
@@ -1635,4 +1636,27 @@ fn n(s: &str) -> IscsiName {
 /// engine takes both from one lookup, `Shared::admit`).
 fn auth_for(t: &TargetConfig, initiator: &IscsiName) -> ResolvedAuth {
     t.auth_in(initiator, t.group_for(initiator))
+}
+
+#[test]
+fn portal_groups_name_their_gateways() {
+    let text = format!(
+        "[server]\ngateway = \"gw-a\"\n{BASE}\n[[portal_group]]\ntag = 7\nlisten = [\"127.0.0.1:3999\"]\ngateway = \"gw-b\"\n"
+    );
+    let c = Config::from_toml_str(&text, FILE).unwrap();
+    assert_eq!(c.server.gateway.as_deref(), Some("gw-a"));
+    let remote = c.portal_groups.iter().find(|p| p.tag == 7).unwrap();
+    assert_eq!(remote.gateway.as_deref(), Some("gw-b"));
+    assert!(!remote.served_by(Some("gw-a")));
+    assert!(remote.served_by(Some("gw-b")));
+    // Unnamed portal groups are served by whichever gateway this is.
+    let local = c.portal_groups.iter().find(|p| p.tag != 7).unwrap();
+    assert!(local.served_by(Some("gw-a")) && local.served_by(None));
+    // Saved and read back the same.
+    let again = Config::from_toml_str(&c.to_toml(), FILE).unwrap();
+    assert_eq!(again.portal_groups, c.portal_groups);
+    assert_eq!(again.server.gateway, c.server.gateway);
+    let bad = format!("{BASE}\n[[portal_group]]\ntag = 7\nlisten = [\"127.0.0.1:3999\"]\ngateway = \"no spaces\"\n");
+    let e = one_error(&bad, "gateway = ", "gateway");
+    assert!(e.message.contains("a gateway name"), "{e}");
 }

@@ -7,6 +7,7 @@
 //! `scripts/test.sh`, which installs them.
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod ceph;
 pub mod raw;
 pub mod tgt;
 
@@ -256,6 +257,23 @@ impl Daemon {
         let port = free_port();
         let config = scratch.file("ferrosan.toml");
         let text = format!("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{port}\"]\n\n{body}");
+        fs::write(&config, text).expect("write config");
+        let mut args = vec![
+            "serve".to_string(),
+            "--config".to_string(),
+            config.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let mut daemon = Daemon::new(iqn, port, args, scratch);
+        daemon.spawn();
+        daemon
+    }
+
+    /// `ferrosan serve --config FILE` with `text` as the whole file, reached on `port` (one of
+    /// its portals), with extra `serve` options.
+    pub fn start_config_text(iqn: &str, port: u16, text: &str, extra: &[&str]) -> Daemon {
+        let scratch = Scratch::new("daemon");
+        let config = scratch.file("ferrosan.toml");
         fs::write(&config, text).expect("write config");
         let mut args = vec![
             "serve".to_string(),

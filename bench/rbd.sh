@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# How much of librbd survives the gateway? fio's rbd engine on an RBD image (the physical limit
+# a gateway is measured against) vs the same fio's libiscsi engine on that image exported by
+# ferrosan (`--lun rbd:POOL/IMAGE`), interleaved rounds, the same client binary
+# (bench/fio-libiscsi.sh builds one with both engines).
+#
+#   bench/rbd.sh                         # starts a single-node cluster, OSD on a file
+#   CEPH_CONF=/etc/ceph/ceph.conf POOL=rbd bench/rbd.sh   # an existing cluster (creates and
+#                                                           # removes image ferrosan-bench-$$)
+#
+# Env: ROUNDS (3), RUNTIME (10 s measured, after a 2 s ramp), IMAGE_GIB (2),
+#      CEPH_DIR (target/bench-ceph: where the single-node cluster lives; /dev/shm/... puts the
+#      OSD in memory, which takes the disk out and leaves CPU as the limit),
+#      WORKLOADS (randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16).
+# Prints a line per round and path and workload, then the median gateway/librbd ratio and the
+# gateway's CPU per I/O (utime+stime of the ferrosan process over the run / I/Os).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROUNDS=${ROUNDS:-3}
+RUNTIME=${RUNTIME:-10}
+IMAGE_GIB=${IMAGE_GIB:-2}
+WORKLOADS=${WORKLOADS:-randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16}
+POOL=${POOL:-rbd}
+IMAGE=ferrosan-bench-$$
+BIN=$ROOT/target/release/ferrosan
+FIO=$("$ROOT/bench/fio-libiscsi.sh")
+[[ -x $BIN ]] || (cd "$ROOT" && cargo build --release -q -p ferrosan)
+WORK=$(mktemp -d /tmp/bench-rbd.XXXXXX)
+OWN_CLUSTER=""
+GW_PID=""
+cleanup() {
+    [[ -n $GW_PID ]] && { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
+    rbd rm "$POOL/$IMAGE" >/dev/null 2>&1 || true
+    [[ -n $OWN_CLUSTER ]] && "$ROOT/scripts/ceph-single-node.sh" stop "$OWN_CLUSTER"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+log() { echo "[bench-rbd] $*" >&2; }
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+
+if [[ -z ${CEPH_CONF:-} ]]; then
+    OWN_CLUSTER=${CEPH_DIR:-$ROOT/target/bench-ceph}
+    "$ROOT/scripts/ceph-single-node.sh" stop "$OWN_CLUSTER" 2>/dev/null || true
+    rm -rf "$OWN_CLUSTER"
+    conf=$("$ROOT/scripts/ceph-single-node.sh" start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)))
+    export CEPH_CONF=${conf#CEPH_CONF=}
+fi
+rbd create --size "${IMAGE_GIB}G" "$POOL/$IMAGE"
+log "filling $POOL/$IMAGE (${IMAGE_GIB} GiB) so reads find data"
+"$FIO" --name=fill --ioengine=rbd --pool="$POOL" --rbdname="$IMAGE" --clientname=admin \
+    --rw=write --bs=4m --iodepth=8 --size="${IMAGE_GIB}g" >/dev/null
+
+IQN=iqn.2026-11.org.ferrosan:bench-rbd
+PORT=$(free_port)
+"$BIN" serve --listen "127.0.0.1:$PORT" --target "$IQN" --lun "rbd:$POOL/$IMAGE" \
+    --state-dir "$WORK/state" >"$WORK/ferrosan.log" 2>&1 &
+GW_PID=$!
+wait_port "$PORT" || { log "the gateway did not start:"; cat "$WORK/ferrosan.log" >&2; exit 1; }
+URL=iscsi://127.0.0.1:$PORT/$IQN/0
+URL=${URL//:/\\:} # fio splits file names at every unescaped colon
+
+fio_args() { # workload -> rw bs iodepth
+    local w=$1
+    echo "${w%%-*} ${w#*-}" | sed -E 's/-qd/ /' | awk '{print $1, $2, $3}'
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
+run() { # path workload -> "iops mbps mean_us cpu_us_per_io"
+    local path=$1 w=$2 rw bs qd engine t0 t1
+    read -r rw bs qd < <(fio_args "$w")
+    if [[ $path == librbd ]]; then
+        engine=(--ioengine=rbd --pool="$POOL" --rbdname="$IMAGE" --clientname=admin)
+    else
+        engine=(--ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio --filename="$URL")
+    fi
+    t0=$(cpu_ticks)
+    "$FIO" --name=x --rw="$rw" --bs="$bs" --iodepth="$qd" "${engine[@]}" --size="${IMAGE_GIB}g" \
+        --time_based --runtime="$RUNTIME" --ramp_time=2 --norandommap --randrepeat=0 \
+        --output-format=json >"$WORK/out.json" 2>"$WORK/fio.err" || { cat "$WORK/fio.err" >&2; exit 1; }
+    t1=$(cpu_ticks)
+    python3 - "$WORK/out.json" "$((t1 - t0))" "$(getconf CLK_TCK)" "$path" "$RUNTIME" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+ticks, hz, path, runtime = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
+iops, mbps, lat = side["iops"], side["bw_bytes"] / 1e6, side["lat_ns"]["mean"] / 1e3
+# The gateway's CPU covers the ramp too: per I/O over ramp + run at the measured rate.
+ios = iops * (runtime + 2)
+cpu = "-" if path == "librbd" or ios == 0 else f"{ticks / hz * 1e6 / ios:.1f}"
+print(f"{iops:.0f} {mbps:.1f} {lat:.0f} {cpu}")
+PY
+}
+
+echo "round path     workload           |      IOPS    MB/s  mean-us | gateway CPU us/IO"
+RESULTS=$WORK/results
+for r in $(seq "$ROUNDS"); do
+    for w in ${WORKLOADS//,/ }; do
+        for path in librbd ferrosan; do
+            read -r iops mbps lat cpu < <(run "$path" "$w")
+            printf '%s     %-8s %-18s | %9s %7s %8s | %s\n' "$r" "$path" "$w" "$iops" "$mbps" "$lat" "$cpu"
+            echo "$path $w $iops $cpu" >>"$RESULTS"
+        done
+    done
+done
+echo "median over rounds: gateway / librbd (bar >= 0.9), gateway CPU per I/O:"
+python3 - "$RESULTS" <<'PY'
+import sys, statistics, collections
+iops = collections.defaultdict(list); cpu = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    path, w, i, c = line.split()
+    iops[(path, w)].append(float(i))
+    if c != "-": cpu[w].append(float(c))
+for w in dict.fromkeys(w for _, w in iops):
+    lib, gw = statistics.median(iops[("librbd", w)]), statistics.median(iops[("ferrosan", w)])
+    print(f"  {w:<18} librbd {lib:9.0f}  ferrosan {gw:9.0f}  ratio {gw / lib:.2f}"
+          f"  gateway CPU {statistics.median(cpu[w]):.1f} us/IO")
+PY

@@ -1,0 +1,217 @@
+//! RBD gateways: several ferrosan daemons export one image, each as a target port group of the
+//! same target (explicit ALUA, see `scsi::alua`). The gateway that owns the image holds RBD's
+//! exclusive lock and is active/optimized; the others are standby. Taking the image over
+//! (SET TARGET PORT GROUPS through a standby gateway's port) breaks the owner's lock, which
+//! blocklists the owner's client in the cluster first: nothing the old owner still has in
+//! flight or sends later can land after the takeover. The owner's name is recorded in the
+//! image's metadata so that every gateway reports the same states.
+
+use scsi::{LogicalUnit, Ownership};
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use store::RbdStore;
+
+/// The image metadata key naming the gateway that owns the image.
+pub const OWNER_KEY: &str = "ferrosan.alua_owner";
+/// How often a gateway looks at who owns its images (ownership moved by another gateway is
+/// reported within this, plus the cluster's answer time).
+pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
+
+pub struct ImageOwnership {
+    store: Arc<RbdStore>,
+    /// The image through the observer connection: who owns it stays readable after this
+    /// gateway's data connection was blocklisted.
+    observer: rbd::Image,
+    device: String,
+    /// Every gateway of the config by name, sorted; `owner` indexes it.
+    gateways: Vec<String>,
+    /// Each target port group's gateway (an index in `gateways`).
+    group_gateway: Vec<(u16, usize)>,
+    /// This gateway (an index in `gateways`).
+    me: usize,
+    /// The owner's index in `gateways` + 1; 0 while no gateway owns the image (as far as this
+    /// one knows).
+    owner: AtomicU32,
+    /// Counts takeovers by this gateway, twice each (odd while one runs): an observation made
+    /// while one ran is stale.
+    takes: std::sync::atomic::AtomicU64,
+}
+
+impl ImageOwnership {
+    /// `groups`: every portal group tag with its gateway's name; `me`: this gateway's name
+    /// (one of them).
+    pub fn new(
+        store: Arc<RbdStore>,
+        device: &str,
+        groups: &[(u16, String)],
+        me: &str,
+    ) -> Result<Arc<ImageOwnership>, String> {
+        let mut gateways: Vec<String> = groups.iter().map(|(_, g)| g.clone()).collect();
+        gateways.sort();
+        gateways.dedup();
+        let index = |name: &str| gateways.iter().position(|g| g == name);
+        let group_gateway = groups
+            .iter()
+            .filter_map(|(tag, g)| Some((*tag, index(g)?)))
+            .collect();
+        let me = index(me).ok_or_else(|| format!("gateway {me:?} serves no portal group"))?;
+        let observer = store
+            .observer()
+            .map_err(|e| format!("watching {}/{}: {e}", store.spec().pool, store.spec().image))?;
+        Ok(Arc::new(ImageOwnership {
+            observer,
+            store,
+            device: device.to_string(),
+            gateways,
+            group_gateway,
+            me,
+            owner: AtomicU32::new(0),
+            takes: std::sync::atomic::AtomicU64::new(0),
+        }))
+    }
+
+    fn owner_index(&self) -> Option<usize> {
+        match self.owner.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(n as usize - 1),
+        }
+    }
+
+    /// Records the owner; true if it changed.
+    fn set_owner(&self, owner: Option<usize>) -> bool {
+        let new = owner.map_or(0, |i| i as u32 + 1);
+        self.owner.swap(new, Ordering::AcqRel) != new
+    }
+
+    fn recorded_owner(&self) -> Result<Option<usize>, rbd::Error> {
+        let recorded = self.observer.metadata(OWNER_KEY)?;
+        Ok(recorded.and_then(|name| self.gateways.iter().position(|g| *g == name.trim())))
+    }
+
+    /// Who owns the image now, as the cluster says: this gateway while it holds the lock,
+    /// otherwise the gateway the metadata names (None when that is this one: the lock was
+    /// broken, this gateway fenced).
+    fn observe(&self) -> Result<Option<usize>, rbd::Error> {
+        // A blocklisted data connection fails here: it owns nothing any more.
+        if self.store.image().owns_exclusive_lock().unwrap_or(false) {
+            return Ok(Some(self.me));
+        }
+        Ok(self.recorded_owner()?.filter(|&i| i != self.me))
+    }
+
+    /// At start: takes the image when no other gateway holds or claims it (first start, or
+    /// this gateway owned it before a restart); otherwise follows the recorded owner.
+    pub fn start(&self) -> Result<(), rbd::Error> {
+        let image = self.store.image();
+        let holders = image.lock_owners()?;
+        let recorded = self.recorded_owner()?;
+        let ours_or_nobodys = recorded.is_none_or(|i| i == self.me);
+        let me = &self.gateways[self.me];
+        if holders.is_empty() && ours_or_nobodys {
+            image.lock_exclusive()?;
+            image.set_metadata(OWNER_KEY, me)?;
+            self.set_owner(Some(self.me));
+            tracing::info!(device = %self.device, "gateway {me} owns {}", image.name());
+        } else {
+            let owner = self.observe()?;
+            self.set_owner(owner);
+            let name = owner.map_or("none", |i| self.gateways[i].as_str());
+            tracing::info!(device = %self.device, "{} is owned by gateway {name}: {me} is standby", image.name());
+        }
+        Ok(())
+    }
+
+    /// Follows the owner every [`FOLLOW_INTERVAL`] on a thread of its own, raising ASYMMETRIC
+    /// ACCESS STATE CHANGED when it moves; ends when the LU is gone.
+    pub fn follow(self: &Arc<Self>, lu: &Arc<LogicalUnit>) {
+        let me = Arc::clone(self);
+        let lu: Weak<LogicalUnit> = Arc::downgrade(lu);
+        let spawned = std::thread::Builder::new()
+            .name("ferrosan-alua".into())
+            .spawn(move || loop {
+                std::thread::sleep(FOLLOW_INTERVAL);
+                let Some(lu) = lu.upgrade() else {
+                    return;
+                };
+                let takes = me.takes.load(Ordering::Acquire);
+                let observed = me.observe();
+                if takes % 2 == 1 || me.takes.load(Ordering::Acquire) != takes {
+                    // A takeover ran meanwhile: what was observed may predate it.
+                    continue;
+                }
+                match observed {
+                    Ok(owner) => {
+                        if me.set_owner(owner) {
+                            let name = owner.map_or("none", |i| me.gateways[i].as_str());
+                            tracing::warn!(device = %me.device, "owner of {} is now gateway {name}", me.store.image().name());
+                            lu.access_state_changed(None);
+                        }
+                    }
+                    // Blocklisted (fenced) or the cluster unreachable: this gateway cannot
+                    // serve the image now; it is standby until the cluster says otherwise.
+                    Err(e) => {
+                        if me.set_owner(None) {
+                            tracing::warn!(device = %me.device, "owner of {} unknown ({e}): standby", me.store.image().name());
+                            lu.access_state_changed(None);
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(device = %self.device, "cannot follow the image's owner: {e}");
+        }
+    }
+}
+
+impl Ownership for ImageOwnership {
+    fn is_active(&self, group: u16) -> bool {
+        let Some(owner) = self.owner_index() else {
+            return false;
+        };
+        self.group_gateway
+            .iter()
+            .any(|&(tag, gateway)| tag == group && gateway == owner)
+    }
+
+    fn take(&self, group: u16) -> io::Result<()> {
+        if !self
+            .group_gateway
+            .iter()
+            .any(|&(tag, gateway)| tag == group && gateway == self.me)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("target port group {group} is not this gateway's"),
+            ));
+        }
+        self.takes.fetch_add(1, Ordering::AcqRel);
+        let result = self.take_over();
+        self.takes.fetch_add(1, Ordering::AcqRel);
+        result
+    }
+}
+
+impl ImageOwnership {
+    fn take_over(&self) -> io::Result<()> {
+        let image = self.store.image();
+        let fail = |e: rbd::Error| {
+            tracing::error!(device = %self.device, "taking {} over: {e}", image.name());
+            store::rbd::io_error(e)
+        };
+        if !image.owns_exclusive_lock().map_err(fail)? {
+            for holder in image.lock_owners().map_err(fail)? {
+                // Blocklists the holder before the lock goes: its writes cannot land later.
+                image.break_lock(&holder).map_err(fail)?;
+                tracing::warn!(device = %self.device, "fenced {holder}: blocklisted, its lock of {} broken", image.name());
+            }
+            image.lock_exclusive().map_err(fail)?;
+        }
+        let me = &self.gateways[self.me];
+        image.set_metadata(OWNER_KEY, me).map_err(fail)?;
+        self.set_owner(Some(self.me));
+        tracing::warn!(device = %self.device, "gateway {me} took {} over (active/optimized)", image.name());
+        Ok(())
+    }
+}

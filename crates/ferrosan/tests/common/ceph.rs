@@ -1,0 +1,85 @@
+//! A single-node Ceph cluster for a test (scripts/ceph-single-node.sh), stopped on Drop.
+//! Missing Ceph packages are a failure, as every other missing tool is (scripts/test.sh
+//! installs them).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct TestCluster {
+    dir: PathBuf,
+    pub conf: PathBuf,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-single-node.sh")
+}
+
+impl TestCluster {
+    /// Starts a cluster whose OSD holds `osd_gib` GiB; `client_conf` is appended to its
+    /// ceph.conf (e.g. shorter client timeouts).
+    pub fn start(tag: &str, osd_gib: u32, client_conf: &str) -> TestCluster {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("ceph-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = Command::new(script())
+            .args(["start", &dir.display().to_string(), &osd_gib.to_string()])
+            .output()
+            .expect("run scripts/ceph-single-node.sh");
+        let cluster = TestCluster {
+            conf: dir.join("ceph.conf"),
+            dir,
+        };
+        assert!(
+            out.status.success(),
+            "the test cluster did not start (apt-get install ceph-mon ceph-mgr ceph-osd ceph-common):\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !client_conf.is_empty() {
+            let mut text = std::fs::read_to_string(&cluster.conf).expect("read ceph.conf");
+            text.push_str(&format!("\n[client]\n{client_conf}\n"));
+            std::fs::write(&cluster.conf, text).expect("write ceph.conf");
+        }
+        cluster
+    }
+
+    /// Runs `rbd -c CONF ARGS`, which must succeed; its stdout.
+    pub fn rbd(&self, args: &[&str]) -> Vec<u8> {
+        let out = Command::new("rbd")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(args)
+            .output()
+            .expect("rbd");
+        assert!(
+            out.status.success(),
+            "rbd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// The PID of a daemon of the cluster (`osd.0`, `mon.a`).
+    pub fn pid(&self, name: &str) -> u32 {
+        let text = std::fs::read_to_string(self.dir.join("run").join(format!("{name}.pid")))
+            .expect("daemon pid file");
+        text.trim().parse().expect("pid")
+    }
+
+    pub fn conf_str(&self) -> String {
+        self.conf.display().to_string()
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        // A daemon a test stopped (SIGSTOP) must be able to die.
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("run/osd.0.pid")) {
+            let _ = Command::new("kill").args(["-CONT", pid.trim()]).status();
+        }
+        let _ = Command::new(script())
+            .args(["stop", &self.dir.display().to_string()])
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,342 @@
+//! RBD LUNs against a real single-node Ceph cluster the test starts (scripts/ceph-single-node.sh):
+//! data written through the gateway is what librbd reads (`rbd export`) and the other way
+//! round, a missing image is a located error, a lost cluster fails commands with a standard
+//! sense in bounded time and I/O resumes when it returns; two gateways export one image with
+//! explicit ALUA, and a takeover fences the old owner (blocklist) so none of its writes lands
+//! afterwards, also when the old owner was SIGKILLed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::ceph::TestCluster;
+use common::{free_port, pseudo_random_bytes, Daemon, Scratch};
+use initiator::driver::Client;
+use initiator::scsi::{Cdb, Sense};
+use initiator::session::Transfer;
+use initiator::{ClientConfig, SessionConfig, SessionKind};
+
+const INITIATOR: &str = "iqn.2024-01.dev.ferrosan:rbd-test";
+const NOT_READY: u8 = 0x02;
+
+fn client(port: u16, target: &str) -> Client {
+    let mut s = SessionConfig::new(
+        INITIATOR,
+        SessionKind::Normal {
+            target_name: target.into(),
+        },
+    );
+    s.command_timeout = Duration::from_secs(90);
+    let mut c = ClientConfig::new(format!("127.0.0.1:{port}"), s);
+    c.timeouts.login = Duration::from_secs(10);
+    Client::connect(c).expect("login")
+}
+
+/// Sends `cdb` with `transfer`; the status and sense (key, asc, ascq) and the data.
+fn command(c: &mut Client, cdb: &[u8], transfer: Transfer) -> (u8, Option<(u8, u8, u8)>, Vec<u8>) {
+    let r = c
+        .command(Cdb::new(cdb).expect("cdb"), transfer)
+        .expect("command reaches the target");
+    let sense = r.sense.as_ref().map(|s: &Sense| (s.key, s.asc, s.ascq));
+    (r.status, sense, r.data)
+}
+
+fn write10(c: &mut Client, lba: u32, data: &[u8]) -> (u8, Option<(u8, u8, u8)>) {
+    let blocks = (data.len() / 512) as u16;
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x2A;
+    cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+    let (status, sense, _) = command(c, &cdb, Transfer::Write(data.to_vec()));
+    (status, sense)
+}
+
+fn read10(c: &mut Client, lba: u32, blocks: u16) -> (u8, Option<(u8, u8, u8)>, Vec<u8>) {
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x28;
+    cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+    command(
+        c,
+        &cdb,
+        Transfer::Read {
+            len: u32::from(blocks) * 512,
+            buf: Vec::new(),
+        },
+    )
+}
+
+/// TEST UNIT READY until no unit attention is pending; its final status and sense.
+fn settle(c: &mut Client) -> (u8, Option<(u8, u8, u8)>) {
+    for _ in 0..16 {
+        let (status, sense, _) = command(c, &[0; 6], Transfer::None);
+        if sense.is_some_and(|(key, _, _)| key == 0x06) {
+            continue;
+        }
+        return (status, sense);
+    }
+    panic!("unit attentions never cleared");
+}
+
+/// REPORT TARGET PORT GROUPS: (group, asymmetric access state) per descriptor.
+fn rtpg(c: &mut Client) -> Vec<(u16, u8)> {
+    let cdb = [0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
+    let mut answer = || {
+        command(
+            c,
+            &cdb,
+            Transfer::Read {
+                len: 1024,
+                buf: Vec::new(),
+            },
+        )
+    };
+    let mut reply = answer();
+    // Unit attentions first (a new nexus, ASYMMETRIC ACCESS STATE CHANGED).
+    for _ in 0..8 {
+        if reply.1.is_none_or(|(key, _, _)| key != 0x06) {
+            break;
+        }
+        reply = answer();
+    }
+    let (status, sense, data) = reply;
+    assert_eq!(status, 0, "RTPG: {sense:?}");
+    let mut groups = Vec::new();
+    let mut at = 4;
+    while at + 8 <= data.len() {
+        let ports = usize::from(data[at + 7]);
+        groups.push((
+            u16::from_be_bytes([data[at + 2], data[at + 3]]),
+            data[at] & 0x0F,
+        ));
+        at += 8 + 4 * ports;
+    }
+    groups
+}
+
+/// SET TARGET PORT GROUPS: `group` active/optimized.
+fn stpg(c: &mut Client, group: u16) -> (u8, Option<(u8, u8, u8)>) {
+    let mut params = vec![0u8; 4];
+    params.extend_from_slice(&[0x00, 0, 0, 0]);
+    params[6..8].copy_from_slice(&group.to_be_bytes());
+    let cdb = [0xA4, 0x0A, 0, 0, 0, 0, 0, 0, 0, params.len() as u8, 0, 0];
+    let (status, sense, _) = command(c, &cdb, Transfer::Write(params));
+    (status, sense)
+}
+
+fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn rbd_lun_data_missing_image_and_lost_cluster() {
+    // Short client timeouts, so that a lost cluster fails commands within seconds.
+    let cluster = TestCluster::start(
+        "lun",
+        3,
+        "rados osd op timeout = 8\nrados mon op timeout = 8",
+    );
+    let conf = cluster.conf_str();
+    cluster.rbd(&["create", "--size", "64M", "rbd/lun"]);
+
+    // A missing image or pool stops the start with an error naming it.
+    for (spec, says) in [
+        (format!("rbd:rbd/missing,conf={conf}"), "rbd/missing"),
+        (format!("rbd:nopool/x,conf={conf}"), "nopool"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--lun", &spec])
+            .output()
+            .expect("run ferrosan");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{spec}: started");
+        assert!(
+            stderr.contains(says) && stderr.contains("No such file"),
+            "{spec}: {stderr}"
+        );
+    }
+
+    let daemon = Daemon::start(&[&format!("rbd:rbd/lun,conf={conf}")]);
+    assert!(
+        daemon.output().contains("I/O path asynchronous"),
+        "{}",
+        daemon.output()
+    );
+    // Through the gateway, then as librbd sees it; and librbd's writes through the gateway.
+    let scratch = Scratch::new("rbd");
+    let image = scratch.file("pattern.img");
+    std::fs::write(&image, pseudo_random_bytes(8 << 20, 20)).unwrap();
+    common::upload(&daemon, 0, &image.display().to_string());
+    let exported = scratch.file("export.img");
+    cluster.rbd(&["export", "rbd/lun", &exported.display().to_string()]);
+    let exported = std::fs::read(&exported).unwrap();
+    assert_eq!(&exported[..8 << 20], &std::fs::read(&image).unwrap()[..]);
+    assert!(exported[8 << 20..].iter().all(|&b| b == 0));
+    let other = scratch.file("other.img");
+    std::fs::write(&other, pseudo_random_bytes(64 << 20, 21)).unwrap();
+    cluster.rbd(&[
+        "import",
+        "--no-progress",
+        &other.display().to_string(),
+        "rbd/lun2",
+    ]);
+    drop(daemon);
+    let daemon = Daemon::start(&[&format!("rbd:rbd/lun2,conf={conf}")]);
+    common::assert_identical(&daemon, 0, &other.display().to_string());
+
+    // The cluster lost mid-I/O (its only OSD stopped): a write fails with NOT READY within
+    // the client's timeout instead of hanging, other commands still answer, and I/O resumes
+    // once the OSD is back.
+    let mut c = client(daemon.port, &daemon.iqn);
+    assert_eq!(settle(&mut c), (0, None));
+    let osd = cluster.pid("osd.0").to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &osd])
+        .status()
+        .unwrap()
+        .success());
+    let started = Instant::now();
+    let (status, sense) = write10(&mut c, 0, &[7u8; 4096]);
+    let took = started.elapsed();
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &osd])
+        .status();
+    assert_eq!(status, 0x02, "write with the OSD stopped: {sense:?}");
+    assert_eq!(sense, Some((NOT_READY, 0x04, 0x0A)));
+    assert!(took < Duration::from_secs(60), "failed only after {took:?}");
+    let mut resumed = false;
+    wait_until("I/O resumes", Duration::from_secs(60), || {
+        resumed = write10(&mut c, 0, &[8u8; 4096]).0 == 0;
+        resumed
+    });
+    let (status, _, data) = read10(&mut c, 0, 8);
+    assert_eq!((status, data), (0, vec![8u8; 4096]));
+}
+
+#[test]
+fn rbd_gateways_fence_on_takeover() {
+    let cluster = TestCluster::start("gw", 3, "");
+    cluster.rbd(&["create", "--size", "64M", "rbd/gw"]);
+    let iqn = "iqn.2024-01.dev.ferrosan:gateways";
+    let (port_a, port_b) = (free_port(), free_port());
+    let config = format!(
+        r#"[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port_a}"]
+gateway = "a"
+
+[[portal_group]]
+tag = 2
+listen = ["127.0.0.1:{port_b}"]
+gateway = "b"
+
+[[device]]
+name = "vm"
+store = "rbd"
+image = "rbd/gw"
+ceph_conf = "{conf}"
+
+[[target]]
+iqn = "{iqn}"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "vm" }} ]
+"#,
+        conf = cluster.conf_str()
+    );
+    let start = |gateway: &str, port: u16| {
+        Daemon::start_config_text(iqn, port, &config, &["--gateway", gateway])
+    };
+    let mut a = start("a", port_a);
+    let b = start("b", port_b);
+
+    // A owns the image (first to start); B is standby, and both say so.
+    let mut ca = client(port_a, iqn);
+    let mut cb = client(port_b, iqn);
+    assert_eq!(settle(&mut ca), (0, None));
+    assert_eq!(settle(&mut cb), (NOT_READY, Some((NOT_READY, 0x04, 0x0B))));
+    assert_eq!(rtpg(&mut ca), vec![(1, 0x0), (2, 0x2)]);
+    assert_eq!(rtpg(&mut cb), vec![(1, 0x0), (2, 0x2)]);
+    let first = pseudo_random_bytes(64 << 10, 1);
+    assert_eq!(write10(&mut ca, 0, &first), (0, None));
+    let (status, sense, _) = read10(&mut cb, 0, 8);
+    assert_eq!((status, sense), (NOT_READY, Some((NOT_READY, 0x04, 0x0B))));
+
+    // A keeps writing while B takes the image over: after the takeover, nothing A sends
+    // lands (its client is blocklisted), whatever A answers its initiator.
+    let writer = std::thread::spawn(move || {
+        let mut late = Vec::new();
+        for i in 0u32..200 {
+            let block = pseudo_random_bytes(4096, 1000 + u64::from(i));
+            let (status, _) = write10(&mut ca, 1024, &block);
+            late.push((Instant::now(), status, block));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        late
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stpg(&mut cb, 2), (0, None));
+    let taken = Instant::now();
+    let writes = writer.join().expect("writer");
+    assert_eq!(rtpg(&mut cb), vec![(1, 0x2), (2, 0x0)]);
+    let (status, sense, data) = read10(&mut cb, 0, 128);
+    assert_eq!(status, 0, "read through B after the takeover: {sense:?}");
+    assert!(data == first, "B does not read the data written through A");
+    let (status, _, now) = read10(&mut cb, 1024, 8);
+    assert_eq!(status, 0);
+    // What B reads is one A wrote before the takeover (or the initial zeros), never a later one.
+    let landed = writes.iter().position(|(_, _, block)| *block == now);
+    match landed {
+        Some(i) => assert!(
+            writes[i].0 < taken,
+            "a write A sent {:?} after the takeover landed",
+            writes[i].0 - taken
+        ),
+        None => assert!(now.iter().all(|&b| b == 0), "block 1024 holds unknown data"),
+    }
+    let after: Vec<u8> = writes
+        .iter()
+        .filter(|(at, _, _)| *at > taken + Duration::from_secs(1))
+        .map(|(_, status, _)| *status)
+        .collect();
+    assert!(
+        !after.is_empty() && after.iter().all(|&s| s != 0),
+        "A still acknowledged writes after the takeover: {after:?}"
+    );
+    // A notices and reports the same picture.
+    let mut ca = client(port_a, iqn);
+    wait_until("A reports B as the owner", Duration::from_secs(10), || {
+        rtpg(&mut ca) == vec![(1, 0x2), (2, 0x0)]
+    });
+
+    // B writes; A is SIGKILLed (it was fenced anyway) and a restarted A follows B.
+    let second = pseudo_random_bytes(64 << 10, 2);
+    assert_eq!(write10(&mut cb, 0, &second), (0, None));
+    a.signal("KILL");
+    let _ = a.wait_exit(Duration::from_secs(5));
+    drop(a);
+    let a = start("a", port_a);
+    let mut ca = client(port_a, iqn);
+    assert_eq!(settle(&mut ca), (NOT_READY, Some((NOT_READY, 0x04, 0x0B))));
+    // SIGKILL the owner B now: A takes over and reads everything B acknowledged.
+    let mut b = b;
+    b.signal("KILL");
+    let _ = b.wait_exit(Duration::from_secs(5));
+    assert_eq!(stpg(&mut ca, 1), (0, None));
+    let (status, sense, data) = read10(&mut ca, 0, 128);
+    assert_eq!(
+        status,
+        0,
+        "read through A after its takeover: {sense:?}\n{}",
+        a.output()
+    );
+    assert!(data == second, "A does not read the data written through B");
+    drop(a);
+}

@@ -1,0 +1,250 @@
+//! Explicit ALUA (an LU with an owner, as RBD gateways use it): states per target port group
+//! from the owner, standby refusing what needs the medium, SET TARGET PORT GROUPS taking the
+//! LU over through the sender's own group, unit attentions on every other nexus, and bad
+//! parameter lists refused.
+mod common;
+use common::*;
+use scsi::{AccessState, Nexus, Ownership, PortGroup, TargetPort};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Owned by group `owner` (0: nobody); `take` fails while `refuse` is set.
+#[derive(Default)]
+struct FakeOwner {
+    owner: AtomicU16,
+    takes: AtomicUsize,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl Ownership for FakeOwner {
+    fn is_active(&self, group: u16) -> bool {
+        self.owner.load(Ordering::SeqCst) == group
+    }
+    fn take(&self, group: u16) -> std::io::Result<()> {
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("cluster unreachable"));
+        }
+        self.takes.fetch_add(1, Ordering::SeqCst);
+        self.owner.store(group, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A nexus `id` through the port of group `group` of a two-gateway target (groups 1 and 2).
+fn gateway_nexus(id: u64, group: u16) -> Nexus {
+    let groups: Arc<[PortGroup]> = Arc::new([
+        PortGroup {
+            id: 1,
+            state: AccessState::ActiveOptimized,
+            ports: vec![1],
+        },
+        PortGroup {
+            id: 2,
+            state: AccessState::ActiveOptimized,
+            ports: vec![2],
+        },
+    ]);
+    Nexus {
+        id,
+        initiator_port: format!("iqn.1994-05.com.example:mp,i,0x00023d00000{id}"),
+        target_port: Arc::new(TargetPort {
+            relative_id: group,
+            name: format!("iqn.2026-11.org.ferrosan:gw,t,0x000{group}"),
+            target_name: "iqn.2026-11.org.ferrosan:gw".into(),
+            group,
+            groups,
+        }),
+    }
+}
+
+fn owned(owner: u16) -> (T, Arc<FakeOwner>) {
+    let t = T::new();
+    let fake = Arc::new(FakeOwner::default());
+    fake.owner.store(owner, Ordering::SeqCst);
+    t.lu.set_ownership(fake.clone());
+    (t, fake)
+}
+
+const RTPG: [u8; 12] = [0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
+
+fn stpg_cdb(len: u8) -> [u8; 12] {
+    [0xA4, 0x0A, 0, 0, 0, 0, 0, 0, 0, len, 0, 0]
+}
+
+/// A SET TARGET PORT GROUPS parameter list of (state, group) descriptors.
+fn stpg_list(descriptors: &[(u8, u16)]) -> Vec<u8> {
+    let mut list = vec![0u8; 4];
+    for &(state, group) in descriptors {
+        list.extend_from_slice(&[state, 0]);
+        list.extend_from_slice(&group.to_be_bytes());
+    }
+    list
+}
+
+/// (group, state, supported states) per RTPG descriptor.
+fn states(data: &[u8]) -> Vec<(u16, u8, u8)> {
+    data[4..]
+        .chunks(12)
+        .map(|d| (u16::from_be_bytes([d[2], d[3]]), d[0] & 0x0F, d[1]))
+        .collect()
+}
+
+/// Clears the power-on unit attention of the test's nexus.
+fn clear_ua(t: &mut T) {
+    let _ = t.run(&[0x12, 0, 0, 0, 36, 0], &[]);
+    let _ = t.run(&[0x03, 0, 0, 0, 18, 0], &[]);
+}
+
+#[test]
+fn the_owner_is_active_optimized_every_other_group_standby() {
+    let (mut t, _) = owned(1);
+    t.nexus = gateway_nexus(1, 1);
+    clear_ua(&mut t);
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0x0, 0x05), (2, 0x2, 0x05)]
+    );
+    // TPGS = 11b: implicit and explicit.
+    let inquiry = t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+    assert_eq!(inquiry[5] & 0x30, 0x30);
+    // Through the owner's group everything works.
+    t.ok(&write10(0, 1), &[7u8; 512]);
+    assert_eq!(t.ok(&read10(0, 1), &[]), vec![7u8; 512]);
+}
+
+#[test]
+fn a_standby_group_refuses_what_needs_the_medium_and_answers_the_rest() {
+    let (mut t, _) = owned(1);
+    t.nexus = gateway_nexus(2, 2);
+    clear_ua(&mut t);
+    for cdb in [
+        &read10(0, 1)[..],
+        &write10(0, 1)[..],
+        &[0u8; 6][..],                      // TEST UNIT READY
+        &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], // READ CAPACITY (10)
+        &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], // SYNCHRONIZE CACHE (10)
+    ] {
+        let data = if cdb[0] == 0x2A {
+            vec![0u8; 512]
+        } else {
+            Vec::new()
+        };
+        let s = t.err(cdb, &data);
+        assert_sense(&s, 0x02, 0x04, 0x0B);
+    }
+    assert!(
+        t.store.durable_writes.load(Ordering::SeqCst) + t.store.plain_writes.load(Ordering::SeqCst)
+            == 0
+    );
+    // Identification, sense, mode pages, reservations and the group commands still answer.
+    t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+    t.ok(&[0xA0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+    t.ok(&[0x1A, 0, 0x3F, 0, 255, 0], &[]);
+    t.ok(&[0x5E, 0, 0, 0, 0, 0, 0, 0, 255, 0], &[]);
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0x0, 0x05), (2, 0x2, 0x05)]
+    );
+}
+
+#[test]
+fn nobody_owning_makes_every_group_standby() {
+    let (mut t, _) = owned(0);
+    t.nexus = gateway_nexus(1, 1);
+    clear_ua(&mut t);
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0x2, 0x05), (2, 0x2, 0x05)]
+    );
+    assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x0B);
+}
+
+#[test]
+fn set_target_port_groups_takes_over_through_the_senders_group() {
+    let (mut t, fake) = owned(1);
+    // Another nexus of the LU, to see the unit attention.
+    let other = gateway_nexus(3, 2);
+    t.lu.nexus_added(other.id);
+    // Its power-on unit attention first.
+    let _ = t.lu.execute(
+        &other,
+        &scsi::Command {
+            cdb: &[0u8; 6],
+            data_out: &[],
+            data_in_limit: 64,
+        },
+        &mut Vec::new(),
+    );
+    t.nexus = gateway_nexus(2, 2);
+    clear_ua(&mut t);
+    let list = stpg_list(&[(0x0, 2), (0x2, 1)]);
+    t.ok(&stpg_cdb(list.len() as u8), &list);
+    assert_eq!(fake.takes.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0x2, 0x05), (2, 0x0, 0x05)]
+    );
+    t.ok(&write10(0, 1), &[9u8; 512]);
+    // The other nexus is told; the sender is not.
+    let mut data_in = Vec::new();
+    let c = t.lu.execute(
+        &other,
+        &scsi::Command {
+            cdb: &[0u8; 6],
+            data_out: &[],
+            data_in_limit: 0,
+        },
+        &mut data_in,
+    );
+    let s = c.sense.expect("unit attention");
+    assert_sense(&s, 0x06, 0x2A, 0x06);
+    // Asking again for what already is: nothing to take.
+    t.ok(&stpg_cdb(list.len() as u8), &list);
+    assert_eq!(fake.takes.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn set_target_port_groups_refuses_what_it_cannot_do() {
+    let (mut t, fake) = owned(1);
+    t.nexus = gateway_nexus(2, 2);
+    clear_ua(&mut t);
+    // Another gateway's group cannot be made active from here.
+    let remote = stpg_list(&[(0x0, 3)]);
+    assert_sense(&t.err(&stpg_cdb(8), &remote), 0x05, 0x26, 0x00);
+    let elsewhere = {
+        let (mut t2, _) = owned(0);
+        t2.nexus = gateway_nexus(2, 2);
+        clear_ua(&mut t2);
+        let list = stpg_list(&[(0x0, 1)]);
+        t2.err(&stpg_cdb(8), &list)
+    };
+    assert_sense(&elsewhere, 0x05, 0x26, 0x00);
+    // Our own group standby, transitioning, or a reserved state: refused.
+    for state in [0x2, 0xF, 0x7] {
+        let list = stpg_list(&[(state, 2)]);
+        assert_sense(&t.err(&stpg_cdb(8), &list), 0x05, 0x26, 0x00);
+    }
+    // A list shorter than its header, not whole descriptors, or longer than the data.
+    assert_sense(&t.err(&stpg_cdb(3), &[0, 0, 0]), 0x05, 0x1A, 0x00);
+    assert_sense(&t.err(&stpg_cdb(6), &[0; 6]), 0x05, 0x1A, 0x00);
+    assert_sense(&t.err(&stpg_cdb(12), &[0; 8]), 0x05, 0x1A, 0x00);
+    // A failed takeover: SET TARGET PORT GROUPS COMMAND FAILED, nothing changed.
+    fake.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    let list = stpg_list(&[(0x0, 2)]);
+    assert_sense(&t.err(&stpg_cdb(8), &list), 0x0B, 0x67, 0x0A);
+    assert!(!fake.is_active(2));
+    assert_eq!(fake.takes.load(Ordering::SeqCst), 0);
+    // An empty list does nothing.
+    t.ok(&stpg_cdb(0), &[]);
+}
+
+#[test]
+fn without_an_owner_set_target_port_groups_is_not_offered() {
+    let mut t = T::new();
+    t.nexus = gateway_nexus(1, 1);
+    clear_ua(&mut t);
+    let list = stpg_list(&[(0x0, 1)]);
+    assert_sense(&t.err(&stpg_cdb(8), &list), 0x05, 0x20, 0x00);
+    let inquiry = t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+    assert_eq!(inquiry[5] & 0x30, 0x10);
+}

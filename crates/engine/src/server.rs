@@ -779,10 +779,32 @@ fn build(config: &Config) -> Result<Shared, String> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let device_context = DeviceContext::new(config, Arc::clone(&metrics));
     let mut devices = HashMap::new();
+    let mut unavailable = Vec::new();
     for device in &config.devices {
-        devices.insert(device.name.clone(), device_context.open(device)?);
+        match device_context.open(device) {
+            Ok(open) => {
+                devices.insert(device.name.clone(), open);
+            }
+            // A cluster that is down must not keep the other LUNs from being served: the RBD
+            // device is left out of the running config (its LUNs unmapped), and a reload
+            // (`ferrosan ctl reload`, SIGHUP) opens it once the cluster is back.
+            Err(e) if e.contains(crate::topology::RBD_UNAVAILABLE) => {
+                tracing::error!("{e}: its LUNs are not served; a reload retries");
+                unavailable.push(device.name.clone());
+            }
+            Err(e) => return Err(e),
+        }
     }
-    let topology = Topology::assemble(config.clone(), devices, 1)?;
+    let mut running = config.clone();
+    if !unavailable.is_empty() {
+        running.devices.retain(|d| !unavailable.contains(&d.name));
+        for target in &mut running.targets {
+            for group in &mut target.groups {
+                group.luns.retain(|m| !unavailable.contains(&m.device));
+            }
+        }
+    }
+    let topology = Topology::assemble(running, devices, 1)?;
     let portals = portals(config);
     Ok(Shared {
         topology: RwLock::new(Arc::new(topology)),

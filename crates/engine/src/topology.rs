@@ -401,6 +401,10 @@ fn assemble_targets(
     Ok(targets)
 }
 
+/// Marks an RBD device that could not be opened for a reason that may pass (the cluster
+/// unreachable): the daemon starts without it (see `server::build`).
+pub const RBD_UNAVAILABLE: &str = "cluster unavailable: ";
+
 /// Opens a device's store and builds its logical unit (with the RBD store, for gateways).
 fn open_unit(
     device: &DeviceConfig,
@@ -414,8 +418,15 @@ fn open_unit(
         StoreKind::Block { path } => Arc::new(open_file_store(device, path, None)?),
         StoreKind::Rbd(spec) => {
             let store = Arc::new(store::RbdStore::open(spec).map_err(|e| {
+                // A missing image or pool is the config's error; anything else (a cluster
+                // down, a timeout, no libraries) may pass.
+                let transient = if e.kind() == std::io::ErrorKind::NotFound {
+                    ""
+                } else {
+                    RBD_UNAVAILABLE
+                };
                 format!(
-                    "device {}: rbd image {}/{}: {e}",
+                    "device {}: rbd image {}/{}: {transient}{e}",
                     device.name, spec.pool, spec.image
                 )
             })?);

@@ -161,6 +161,41 @@ fn rbd_lun_data_missing_image_and_lost_cluster() {
         );
     }
 
+    // The cluster unreachable at start (its monitor elsewhere): the other LUNs serve, the
+    // RBD device is left out with an error that says why.
+    let scratch = Scratch::new("rbd");
+    let dead_monitor = scratch.file("dead.conf");
+    let text = std::fs::read_to_string(&cluster.conf).unwrap();
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("mon host") {
+                format!("mon host = [v2:127.0.0.1:{}]\n", free_port())
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    std::fs::write(
+        &dead_monitor,
+        format!("{text}\n[client]\nclient mount timeout = 3\n"),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&[
+        "ram:16M",
+        &format!("rbd:rbd/lun,conf={}", dead_monitor.display()),
+    ]);
+    assert!(
+        daemon.output().contains("cluster unavailable") && daemon.output().contains("rbd/lun"),
+        "{}",
+        daemon.output()
+    );
+    let mut c = client(daemon.port, &daemon.iqn);
+    assert_eq!(settle(&mut c), (0, None));
+    assert_eq!(read10(&mut c, 0, 1).0, 0);
+    drop(c);
+    drop(daemon);
+
     let daemon = Daemon::start(&[&format!("rbd:rbd/lun,conf={conf}")]);
     assert!(
         daemon.output().contains("I/O path asynchronous"),
@@ -168,7 +203,6 @@ fn rbd_lun_data_missing_image_and_lost_cluster() {
         daemon.output()
     );
     // Through the gateway, then as librbd sees it; and librbd's writes through the gateway.
-    let scratch = Scratch::new("rbd");
     let image = scratch.file("pattern.img");
     std::fs::write(&image, pseudo_random_bytes(8 << 20, 20)).unwrap();
     common::upload(&daemon, 0, &image.display().to_string());

@@ -31,6 +31,7 @@ struct Api {
     rados_conf_read_file: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
     rados_conf_parse_env: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
     rados_conf_set: unsafe extern "C" fn(RadosT, *const c_char, *const c_char) -> c_int,
+    rados_conf_get: unsafe extern "C" fn(RadosT, *const c_char, *mut c_char, usize) -> c_int,
     rados_connect: unsafe extern "C" fn(RadosT) -> c_int,
     rados_shutdown: unsafe extern "C" fn(RadosT),
     rados_ioctx_create: unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int,
@@ -165,6 +166,7 @@ fn load() -> Result<Api, String> {
         rados_conf_read_file: sym!(rados, "rados_conf_read_file"),
         rados_conf_parse_env: sym!(rados, "rados_conf_parse_env"),
         rados_conf_set: sym!(rados, "rados_conf_set"),
+        rados_conf_get: sym!(rados, "rados_conf_get"),
         rados_connect: sym!(rados, "rados_connect"),
         rados_shutdown: sym!(rados, "rados_shutdown"),
         rados_ioctx_create: sym!(rados, "rados_ioctx_create"),
@@ -243,14 +245,6 @@ impl Cluster {
         check(|| "rados_create2".into(), rc)?;
         // From here the handle is shut down on every path (Drop).
         let cluster = Cluster { handle, api };
-        let defaults = [
-            ("client_mount_timeout", OP_TIMEOUT_S.to_string()),
-            ("rados_mon_op_timeout", OP_TIMEOUT_S.to_string()),
-            ("rados_osd_op_timeout", OP_TIMEOUT_S.to_string()),
-        ];
-        for (k, v) in &defaults {
-            cluster.set(k, v)?;
-        }
         let conf = match &options.conf {
             Some(p) => Some(cstring("config path", &p.to_string_lossy())?),
             None => None,
@@ -272,6 +266,21 @@ impl Cluster {
         // SAFETY: a valid handle; NULL selects $CEPH_ARGS.
         let rc = unsafe { (api.rados_conf_parse_env)(handle, std::ptr::null()) };
         check(|| "parsing $CEPH_ARGS".into(), rc)?;
+        // Bounded waits unless ceph.conf or $CEPH_ARGS chose otherwise (a value set here
+        // would override theirs, so only Ceph's own defaults are replaced: 300 s to mount,
+        // no limit on operations).
+        let defaults = [
+            ("client_mount_timeout", "300"),
+            ("rados_mon_op_timeout", "0"),
+            ("rados_osd_op_timeout", "0"),
+        ];
+        for (key, ceph_default) in defaults {
+            let current = cluster.get(key)?;
+            let unchanged = current.trim().parse::<f64>().ok() == ceph_default.parse::<f64>().ok();
+            if unchanged {
+                cluster.set(key, &OP_TIMEOUT_S.to_string())?;
+            }
+        }
         for (k, v) in &options.settings {
             cluster.set(k, v)?;
         }
@@ -279,6 +288,19 @@ impl Cluster {
         let rc = unsafe { (api.rados_connect)(handle) };
         check(|| "connecting to the cluster".into(), rc)?;
         Ok(Arc::new(cluster))
+    }
+
+    fn get(&self, key: &str) -> Result<String, Error> {
+        let k = cstring("option", key)?;
+        let mut buf = [0u8; 64];
+        // SAFETY: a valid handle; `buf` has room for `len` bytes, NUL included (librados
+        // returns ENAMETOOLONG rather than overflow).
+        let rc = unsafe {
+            (self.api.rados_conf_get)(self.handle, k.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        };
+        check(|| format!("reading {key}"), rc)?;
+        let text = buf.split(|&b| b == 0).next().unwrap_or(&[]);
+        Ok(String::from_utf8_lossy(text).into_owned())
     }
 
     fn set(&self, key: &str, value: &str) -> Result<(), Error> {

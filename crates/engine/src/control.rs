@@ -358,10 +358,11 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
         "reload" => reload(shared),
         "save" => save(shared),
         "session-close" => close_session(shared, args),
+        "device-take" => take_device(shared, args),
         _ if EDIT_VERBS.contains(&verb) => change(shared, verb, args),
         _ => Err(format!(
             "unknown verb {verb:?} (status, sessions, luns, stats, config, reload, save, \
-             session-close, {})",
+             session-close, device-take, {})",
             EDIT_VERBS.join(", ")
         )),
     };
@@ -565,6 +566,23 @@ fn file_view(shared: &Shared, running: &Config) -> Config {
         }
     }
     config
+}
+
+/// Makes this gateway the owner of an RBD image (explicit ALUA), fencing the previous owner.
+fn take_device(shared: &Shared, args: &Map<String, Value>) -> Result<Value, String> {
+    let name = text(args, "name")?;
+    let topology = shared.topology();
+    let device = topology
+        .devices
+        .get(name)
+        .ok_or_else(|| format!("no device {name}"))?;
+    let ownership = device.ownership.as_ref().ok_or_else(|| {
+        format!("device {name} has no owner to move: only RBD images under gateways do")
+    })?;
+    let me = ownership
+        .take_here(&device.unit)
+        .map_err(|e| format!("device {name}: taking it over: {e}"))?;
+    Ok(json!({ "device": name, "owner": me }))
 }
 
 fn close_session(shared: &Shared, args: &Map<String, Value>) -> Result<Value, String> {

@@ -6,7 +6,7 @@
 //! flight or sends later can land after the takeover. The owner's name is recorded in the
 //! image's metadata so that every gateway reports the same states.
 
-use scsi::{LogicalUnit, Ownership};
+use scsi::{LogicalUnit, Ownership, PrPersistence};
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
@@ -23,7 +23,9 @@ pub struct ImageOwnership {
     store: Arc<RbdStore>,
     /// The image through the observer connection: who owns it stays readable after this
     /// gateway's data connection was blocklisted.
-    observer: rbd::Image,
+    observer: Arc<rbd::Image>,
+    /// The image's reservations, followed with the owner.
+    reservations: Arc<ImageReservations>,
     device: String,
     /// Every gateway of the config by name, sorted; `owner` indexes it.
     gateways: Vec<String>,
@@ -44,6 +46,8 @@ impl ImageOwnership {
     /// (one of them).
     pub fn new(
         store: Arc<RbdStore>,
+        observer: Arc<rbd::Image>,
+        reservations: Arc<ImageReservations>,
         device: &str,
         groups: &[(u16, String)],
         me: &str,
@@ -57,11 +61,9 @@ impl ImageOwnership {
             .filter_map(|(tag, g)| Some((*tag, index(g)?)))
             .collect();
         let me = index(me).ok_or_else(|| format!("gateway {me:?} serves no portal group"))?;
-        let observer = store
-            .observer()
-            .map_err(|e| format!("watching {}/{}: {e}", store.spec().pool, store.spec().image))?;
         Ok(Arc::new(ImageOwnership {
             observer,
+            reservations,
             store,
             device: device.to_string(),
             gateways,
@@ -135,6 +137,11 @@ impl ImageOwnership {
                 let Some(lu) = lu.upgrade() else {
                     return;
                 };
+                // Registrations another gateway changed (through its PERSISTENT RESERVE OUT)
+                // are enforced here within a tick.
+                if let Ok(Some(state)) = me.reservations.load() {
+                    lu.replace_reservations(&state);
+                }
                 let takes = me.takes.load(Ordering::Acquire);
                 let observed = me.observe();
                 if takes % 2 == 1 || me.takes.load(Ordering::Acquire) != takes {
@@ -194,6 +201,27 @@ impl Ownership for ImageOwnership {
 }
 
 impl ImageOwnership {
+    /// An operator's takeover (`ferrosan ctl device take`): this gateway's first group becomes
+    /// active, with the same fence as SET TARGET PORT GROUPS; every nexus here is told.
+    pub fn take_here(&self, lu: &LogicalUnit) -> io::Result<&str> {
+        let group = self
+            .group_gateway
+            .iter()
+            .find(|&&(_, gateway)| gateway == self.me)
+            .map(|&(tag, _)| tag)
+            .ok_or_else(|| io::Error::other("this gateway serves no portal group"))?;
+        if !self.is_active(group) {
+            self.take(group)?;
+            lu.access_state_changed(None);
+        }
+        Ok(&self.gateways[self.me])
+    }
+
+    /// The owner's name, as this gateway knows it.
+    pub fn owner_name(&self) -> Option<&str> {
+        self.owner_index().map(|i| self.gateways[i].as_str())
+    }
+
     fn take_over(&self) -> io::Result<()> {
         let image = self.store.image();
         let fail = |e: rbd::Error| {
@@ -213,5 +241,60 @@ impl ImageOwnership {
         self.set_owner(Some(self.me));
         tracing::warn!(device = %self.device, "gateway {me} took {} over (active/optimized)", image.name());
         Ok(())
+    }
+}
+
+/// An RBD image's persistent reservations, kept in the image's metadata (through the observer
+/// connection, which a fenced gateway keeps): every gateway reads them before each PERSISTENT
+/// RESERVE command and the owner follows them once a second, so the registrations an initiator
+/// made through one gateway hold on all of them and survive a takeover. APTPL is kept too.
+pub struct ImageReservations {
+    observer: Arc<rbd::Image>,
+    medium: String,
+    device: String,
+}
+
+/// The image metadata key holding the reservations (the TOML of a reservation file).
+pub const RESERVATIONS_KEY: &str = "ferrosan.persistent_reservations";
+
+impl ImageReservations {
+    pub fn new(observer: Arc<rbd::Image>, device: &str) -> Arc<ImageReservations> {
+        Arc::new(ImageReservations {
+            medium: format!("rbd:{}", observer.name()),
+            observer,
+            device: device.to_string(),
+        })
+    }
+}
+
+impl PrPersistence for ImageReservations {
+    fn save(&self, state: &scsi::PersistentReservations) -> io::Result<()> {
+        let text = crate::state::reservations_to_text(state, &self.medium)?;
+        self.observer
+            .set_metadata(RESERVATIONS_KEY, &text)
+            .map_err(|e| {
+                tracing::error!(device = %self.device, "cannot save persistent reservations in the image: {e}; the PERSISTENT RESERVE OUT fails");
+                store::rbd::io_error(e)
+            })
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn load(&self) -> io::Result<Option<scsi::PersistentReservations>> {
+        let Some(text) = self
+            .observer
+            .metadata(RESERVATIONS_KEY)
+            .map_err(store::rbd::io_error)?
+        else {
+            return Ok(None);
+        };
+        crate::state::reservations_from_text(&text, &self.medium)
+            .map(Some)
+            .map_err(|e| {
+                tracing::error!(device = %self.device, "persistent reservations in the image: {e}");
+                io::Error::new(io::ErrorKind::InvalidData, e)
+            })
     }
 }

@@ -168,6 +168,25 @@ impl PrPersistence for ReservationFile {
     }
 }
 
+/// The saved form of `state` for `medium` (TOML), for stores other than a file (an RBD
+/// image's metadata).
+pub fn reservations_to_text(
+    state: &PersistentReservations,
+    medium: &str,
+) -> std::io::Result<String> {
+    toml::to_string(&encode(state, Path::new(medium)))
+        .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+/// Reads back [`reservations_to_text`], checking it was saved for `medium`.
+pub fn reservations_from_text(text: &str, medium: &str) -> Result<PersistentReservations, String> {
+    let saved: SavedFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    if saved.medium != medium {
+        return Err(format!("saved for {}, not {medium}", saved.medium));
+    }
+    decode(saved)
+}
+
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     fs::DirBuilder::new()
@@ -222,7 +241,16 @@ fn decode(saved: SavedFile) -> Result<PersistentReservations, String> {
                 initiator_port: r.initiator_port,
                 relative_port: r.relative_port,
             };
-            if !registrations.iter().any(|reg| reg.nexus == holder) {
+            // An all-registrants reservation (types 7, 8) is held by every registrant and
+            // outlives the registration of the nexus that made it, which stays its recorded
+            // holder; any other type's holder is registered.
+            let all_registrants = matches!(r.pr_type, 7 | 8);
+            let held = if all_registrants {
+                !registrations.is_empty()
+            } else {
+                registrations.iter().any(|reg| reg.nexus == holder)
+            };
+            if !held {
                 return Err("the reservation's holder is not registered".into());
             }
             if !matches!(r.pr_type, 1 | 3 | 5..=8) {
@@ -299,6 +327,30 @@ mod tests {
         let mode = fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// An all-registrants reservation outlives its maker's registration (the recorded holder
+    /// then names an unregistered nexus): it saves and loads; any other type's must not.
+    #[test]
+    fn all_registrants_reservations_outlive_their_makers_registration() {
+        let mut state = sample();
+        let gone = PrNexus {
+            initiator_port: "iqn.1994-05.com.example:gone,i,0x000000000001".into(),
+            relative_port: 1,
+        };
+        for pr_type in [7u8, 8] {
+            state.reservation = Some((gone.clone(), pr_type));
+            let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
+            assert_eq!(reservations_from_text(&text, "rbd:rbd/vm").unwrap(), state);
+        }
+        state.reservation = Some((gone, 1));
+        let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
+        let e = reservations_from_text(&text, "rbd:rbd/vm").unwrap_err();
+        assert!(e.contains("not registered"), "{e}");
+        // Text saved for another medium is refused.
+        state.reservation = None;
+        let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
+        assert!(reservations_from_text(&text, "rbd:rbd/other").is_err());
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub struct OpenDevice {
     pub unit: Arc<LogicalUnit>,
     /// For a store that waits for a real device (not RAM, not tmpfs).
     pub disk: Option<DiskState>,
+    /// An RBD image under gateways: who owns it (`ferrosan ctl device take`).
+    pub ownership: Option<Arc<crate::gateway::ImageOwnership>>,
 }
 
 /// The device-side state of a store on a real disk.
@@ -150,17 +152,43 @@ impl DeviceContext {
     /// Opens a device's store, builds its LU and restores its saved reservations.
     pub fn open(&self, device: &DeviceConfig) -> Result<Arc<OpenDevice>, String> {
         let (unit, rbd) = open_unit(device)?;
-        if let (Some(store), Some((me, groups))) = (rbd, &self.gateways) {
-            let ownership = crate::gateway::ImageOwnership::new(store, &device.name, groups, me)
-                .map_err(|e| format!("device {}: {e}", device.name))?;
-            ownership.start().map_err(|e| {
+        let mut owned = None;
+        if let Some(store) = rbd {
+            // An image's reservations live in the image, shared by every gateway.
+            let observer = store.observer().map(Arc::new).map_err(|e| {
                 format!(
-                    "device {}: taking or following the image's owner: {e}",
+                    "device {}: watching the image: {RBD_UNAVAILABLE}{e}",
                     device.name
                 )
             })?;
-            unit.set_ownership(Arc::clone(&ownership) as Arc<dyn scsi::Ownership>);
-            ownership.follow(&unit);
+            let reservations =
+                crate::gateway::ImageReservations::new(Arc::clone(&observer), &device.name);
+            if let Some(state) = scsi::PrPersistence::load(&*reservations)
+                .map_err(|e| format!("device {}: persistent reservations: {e}", device.name))?
+            {
+                unit.replace_reservations(&state);
+            }
+            unit.set_pr_persistence(Arc::clone(&reservations) as Arc<dyn scsi::PrPersistence>);
+            if let Some((me, groups)) = &self.gateways {
+                let ownership = crate::gateway::ImageOwnership::new(
+                    store,
+                    observer,
+                    reservations,
+                    &device.name,
+                    groups,
+                    me,
+                )
+                .map_err(|e| format!("device {}: {e}", device.name))?;
+                ownership.start().map_err(|e| {
+                    format!(
+                        "device {}: taking or following the image's owner: {e}",
+                        device.name
+                    )
+                })?;
+                unit.set_ownership(Arc::clone(&ownership) as Arc<dyn scsi::Ownership>);
+                ownership.follow(&unit);
+                owned = Some(ownership);
+            }
         }
         if device.offline {
             unit.set_offline(true);
@@ -170,8 +198,7 @@ impl DeviceContext {
         // a RAM LU's medium does not survive a restart, nor do its reservations.
         let medium = match &device.store {
             StoreKind::File { path, .. } | StoreKind::Block { path } => Some(path),
-            // An RBD image's reservations are not saved yet (they belong in the cluster,
-            // shared by its gateways: docs/RBD.md).
+            // An RBD image keeps its reservations in the image (set up above).
             StoreKind::Ram { .. } | StoreKind::Rbd(_) => None,
         };
         if let (Some(medium), Some(dir)) = (medium, &self.state_dir) {
@@ -229,7 +256,11 @@ impl DeviceContext {
                 direct: caps.direct || caps.asynchronous,
             }
         });
-        Ok(Arc::new(OpenDevice { unit, disk }))
+        Ok(Arc::new(OpenDevice {
+            unit,
+            disk,
+            ownership: owned,
+        }))
     }
 }
 

@@ -115,6 +115,9 @@ enum DeviceVerb {
         #[arg(long)]
         save: bool,
     },
+    /// Make this gateway the owner of an RBD image (docs/RBD.md): its ports become
+    /// active/optimized, the old owner is fenced (blocklisted) first.
+    Take { name: String },
 }
 
 #[derive(Subcommand)]
@@ -206,6 +209,7 @@ fn request(verb: &Verb) -> Result<Value, String> {
             DeviceVerb::Online { name, save } => {
                 json!({"verb": "device-online", "name": name, "save": save})
             }
+            DeviceVerb::Take { name } => json!({"verb": "device-take", "name": name}),
         },
         Verb::Resize { device, size, save } => {
             let mut r = json!({"verb": "resize", "device": device, "save": save});
@@ -483,6 +487,13 @@ fn human(verb: &Verb, r: &Value) -> String {
         Verb::Config { .. } => text(&r["toml"]),
         _ => {
             let mut out = String::new();
+            if let (Some(device), Some(owner)) = (r.get("device"), r.get("owner")) {
+                out.push_str(&format!(
+                    "device {} is owned by gateway {} (active/optimized here)\n",
+                    text(device),
+                    text(owner)
+                ));
+            }
             for key in ["applied", "closed", "saved"] {
                 if let Some(v) = r.get(key) {
                     if key == "saved" && v.as_bool() == Some(false) {

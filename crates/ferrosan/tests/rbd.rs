@@ -285,8 +285,26 @@ iqn = "{iqn}"
 "#,
         conf = cluster.conf_str()
     );
+    let scratch = Scratch::new("gateways");
+    let socket_of = |gateway: &str| {
+        scratch
+            .file(&format!("{gateway}.sock"))
+            .display()
+            .to_string()
+    };
+    let socket = socket_of("a");
     let start = |gateway: &str, port: u16| {
-        Daemon::start_config_text(iqn, port, &config, &["--gateway", gateway])
+        Daemon::start_config_text(
+            iqn,
+            port,
+            &config,
+            &[
+                "--gateway",
+                gateway,
+                "--control-socket",
+                &socket_of(gateway),
+            ],
+        )
     };
     let mut a = start("a", port_a);
     let b = start("b", port_b);
@@ -302,6 +320,30 @@ iqn = "{iqn}"
     assert_eq!(write10(&mut ca, 0, &first), (0, None));
     let (status, sense, _) = read10(&mut cb, 0, 8);
     assert_eq!((status, sense), (NOT_READY, Some((NOT_READY, 0x04, 0x0B))));
+
+    // A registration made through A is kept in the image: B sees it (before and after the
+    // takeover).
+    let mut register = vec![0u8; 24];
+    register[8..16].copy_from_slice(&0xFE55_0001u64.to_be_bytes());
+    let cdb = [0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0];
+    let (status, sense, _) = command(&mut ca, &cdb, Transfer::Write(register));
+    assert_eq!(status, 0, "REGISTER through A: {sense:?}");
+    let read_keys = |c: &mut Client| {
+        let (status, sense, data) = command(
+            c,
+            &[0x5E, 0x00, 0, 0, 0, 0, 0, 0x01, 0, 0],
+            Transfer::Read {
+                len: 256,
+                buf: Vec::new(),
+            },
+        );
+        assert_eq!(status, 0, "READ KEYS: {sense:?}");
+        data[8..]
+            .chunks(8)
+            .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(read_keys(&mut cb), vec![0xFE55_0001]);
 
     // A keeps writing while B takes the image over: after the takeover, nothing A sends
     // lands (its client is blocklisted), whatever A answers its initiator.
@@ -320,6 +362,11 @@ iqn = "{iqn}"
     let taken = Instant::now();
     let writes = writer.join().expect("writer");
     assert_eq!(rtpg(&mut cb), vec![(1, 0x2), (2, 0x0)]);
+    assert_eq!(
+        read_keys(&mut cb),
+        vec![0xFE55_0001],
+        "registrations survive the takeover"
+    );
     let (status, sense, data) = read10(&mut cb, 0, 128);
     assert_eq!(status, 0, "read through B after the takeover: {sense:?}");
     assert!(data == first, "B does not read the data written through A");
@@ -359,11 +406,22 @@ iqn = "{iqn}"
     let a = start("a", port_a);
     let mut ca = client(port_a, iqn);
     assert_eq!(settle(&mut ca), (NOT_READY, Some((NOT_READY, 0x04, 0x0B))));
-    // SIGKILL the owner B now: A takes over and reads everything B acknowledged.
+    // SIGKILL the owner B now: the operator moves the image to A (`ferrosan ctl device take`),
+    // and A reads everything B acknowledged.
     let mut b = b;
     b.signal("KILL");
     let _ = b.wait_exit(Duration::from_secs(5));
-    assert_eq!(stpg(&mut ca, 1), (0, None));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args(["ctl", "--socket", &socket, "device", "take", "vm"])
+        .output()
+        .expect("ferrosan ctl");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("owned by gateway a"),
+        "ctl device take: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(rtpg(&mut ca), vec![(1, 0x0), (2, 0x2)]);
     let (status, sense, data) = read10(&mut ca, 0, 128);
     assert_eq!(
         status,

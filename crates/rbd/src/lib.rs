@@ -214,6 +214,9 @@ pub struct ClusterOptions {
 /// through `settings`.
 pub const OP_TIMEOUT_S: u32 = 30;
 
+/// The longest image metadata value read ([`Image::metadata`]).
+pub const METADATA_BYTES_MAX: usize = 1 << 20;
+
 /// How long [`Image::run`] waits for an answer: past librbd's own operation timeout, so that
 /// one normally answers first.
 pub const RUN_TIMEOUT: std::time::Duration =
@@ -492,26 +495,34 @@ impl Image {
         check(|| format!("exclusive lock of {}", self.name), rc)
     }
 
-    /// The image metadata value under `key` (None when unset); values are short here.
+    /// The image metadata value under `key` (None when unset), at most
+    /// [`METADATA_BYTES_MAX`] bytes.
     pub fn metadata(&self, key: &str) -> Result<Option<String>, Error> {
-        const VALUE_BYTES_MAX: usize = 256;
         let key_c = cstring("metadata key", key)?;
-        let mut value = [0u8; VALUE_BYTES_MAX];
+        let mut value = vec![0u8; 1024];
         let mut len = value.len();
-        // SAFETY: an open image; `value` has room for `len` bytes, which librbd never exceeds
-        // (it returns ERANGE instead).
-        let rc = unsafe {
-            (self.api.rbd_metadata_get)(
-                self.image,
-                key_c.as_ptr(),
-                value.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
-        if rc == -2 {
-            return Ok(None);
+        loop {
+            // SAFETY: an open image; `value` has room for `len` bytes, which librbd never
+            // exceeds (it returns ERANGE with the length it needs instead).
+            let rc = unsafe {
+                (self.api.rbd_metadata_get)(
+                    self.image,
+                    key_c.as_ptr(),
+                    value.as_mut_ptr().cast(),
+                    &mut len,
+                )
+            };
+            match rc {
+                -2 => return Ok(None),
+                -34 if len > value.len() && len <= METADATA_BYTES_MAX => {
+                    value.resize(len, 0);
+                }
+                _ => {
+                    check(|| format!("metadata {key} of {}", self.name), rc)?;
+                    break;
+                }
+            }
         }
-        check(|| format!("metadata {key} of {}", self.name), rc)?;
         let bytes = &value[..len.min(value.len())];
         let text = bytes.split(|&b| b == 0).next().unwrap_or(&[]);
         Ok(Some(String::from_utf8_lossy(text).into_owned()))

@@ -26,12 +26,18 @@ pub(crate) const STANDBY: Sense = Sense::new(crate::sense::NOT_READY, 0x04, 0x0B
 /// SET TARGET PORT GROUPS COMMAND FAILED (ABORTED COMMAND, 67h/0Ah).
 const STPG_FAILED: Sense = Sense::new(crate::sense::ABORTED_COMMAND, 0x67, 0x0A);
 
-/// Whether a standby port still takes `opcode` (SPC-4 5.15.2.4.4): identification, sense,
-/// mode pages, reservations, the target port group commands.
-pub(crate) fn standby_allows(opcode: u8) -> bool {
+/// Whether a standby port still takes the command (SPC-4 5.15.2.4.4): identification, sense,
+/// mode pages, reservations, the target port group commands; and, as LIO does, READ CAPACITY,
+/// so that an initiator probing a standby path learns the LU's size.
+pub(crate) fn standby_allows(cdb: Cdb<'_>) -> bool {
+    let opcode = cdb.u8(0);
+    if opcode == SERVICE_ACTION_IN_16 {
+        return cdb.service_action() == SA_READ_CAPACITY_16;
+    }
     matches!(
         opcode,
-        INQUIRY
+        READ_CAPACITY_10
+            | INQUIRY
             | REPORT_LUNS
             | REQUEST_SENSE
             | MODE_SENSE_6

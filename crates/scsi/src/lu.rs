@@ -264,6 +264,8 @@ impl LogicalUnit {
             op::MAINTENANCE_OUT => self.ownership.get().is_some(),
             // With APTPL the new state is saved (and fsynced) before it completes.
             op::PERSISTENT_RESERVE_OUT => self.reservations.persists(),
+            // Shared reservations are read from their store first.
+            op::PERSISTENT_RESERVE_IN => self.reservations.shared(),
             _ => false,
         }
     }
@@ -525,8 +527,7 @@ impl LogicalUnit {
             return Err(Sense::not_ready_offline());
         }
         if let Some(ownership) = self.ownership.get() {
-            if !ownership.is_active(nexus.target_port.group) && !crate::alua::standby_allows(opcode)
-            {
+            if !ownership.is_active(nexus.target_port.group) && !crate::alua::standby_allows(cdb) {
                 return Err(crate::alua::STANDBY);
             }
         }

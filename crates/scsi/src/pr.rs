@@ -171,6 +171,16 @@ pub struct PrRegistration {
 /// from PERSISTENT RESERVE OUT only.
 pub trait PrPersistence: Send + Sync {
     fn save(&self, state: &PersistentReservations) -> std::io::Result<()>;
+    /// The state is shared with other targets exporting the same medium (RBD gateways): it is
+    /// loaded before every PERSISTENT RESERVE IN/OUT ([`PrPersistence::load`]) and saved after
+    /// every change, APTPL or not. False: saved only while APTPL is on, never reloaded.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// The shared state as stored now (None: nothing stored yet); only asked when `shared`.
+    fn load(&self) -> std::io::Result<Option<PersistentReservations>> {
+        Ok(None)
+    }
 }
 
 impl From<&ItNexus> for PrNexus {
@@ -356,6 +366,32 @@ impl Reservations {
         self.persistence.get().is_some()
     }
 
+    /// Whether the state is shared through its store (see [`PrPersistence::shared`]): every
+    /// PERSISTENT RESERVE command then reads it from there first.
+    pub fn shared(&self) -> bool {
+        self.persistence.get().is_some_and(|p| p.shared())
+    }
+
+    /// Takes the shared state as stored (another gateway may have changed it) before a
+    /// PERSISTENT RESERVE command works on it; a store that cannot be read fails the command
+    /// (NOT READY, ASYMMETRIC ACCESS STATE TRANSITION: retry) rather than act on a stale copy.
+    fn refresh_shared(&self, s: &mut State) -> Result<(), Sense> {
+        let Some(p) = self.persistence.get().filter(|p| p.shared()) else {
+            return Ok(());
+        };
+        match p.load() {
+            Ok(Some(stored)) => {
+                if s.persistent() != stored {
+                    s.set_persistent(&stored);
+                    self.update_held(s);
+                }
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(_) => Err(Sense::not_ready_transition()),
+        }
+    }
+
     /// Whether some persistent or SPC-2 reservation is held.
     pub fn is_held(&self) -> bool {
         self.held.load(Ordering::Acquire)
@@ -401,6 +437,7 @@ impl LogicalUnit {
     ) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
         let mut s = self.reservations.lock();
+        self.reservations.refresh_shared(&mut s)?;
         s.seen.entry(nexus.id).or_insert_with(|| ItNexus::of(nexus));
         let generation = s.generation;
         match cdb.service_action() {
@@ -522,6 +559,7 @@ impl LogicalUnit {
         let it = ItNexus::of(nexus);
         let r = &self.reservations;
         let mut s = r.lock();
+        r.refresh_shared(&mut s)?;
         s.seen.entry(nexus.id).or_insert_with(|| it.clone());
         if s.spc2.is_some_and(|h| h != nexus.id) {
             return Err(CONFLICT);
@@ -612,7 +650,7 @@ impl LogicalUnit {
             let after = s.persistent();
             // Saved while APTPL is on, and once more when it goes off (the saved copy then says
             // so and is not restored).
-            if after != before && (after.aptpl || before.aptpl) {
+            if after != before && (after.aptpl || before.aptpl || persistence.shared()) {
                 // The persistence logs its own failure (this crate does no logging).
                 if persistence.save(&after).is_err() {
                     s.set_persistent(&before);
@@ -641,6 +679,17 @@ impl LogicalUnit {
         let mut s = r.lock();
         s.set_persistent(saved);
         r.update_held(&s);
+    }
+
+    /// Replaces the reservation state with `stored`, APTPL or not: a gateway taking an image
+    /// over, or following the registrations another gateway changed.
+    pub fn replace_reservations(&self, stored: &PersistentReservations) {
+        let r = &self.reservations;
+        let mut s = r.lock();
+        if s.persistent() != *stored {
+            s.set_persistent(stored);
+            r.update_held(&s);
+        }
     }
 
     /// The reservation state as it would be saved.

@@ -120,9 +120,9 @@ fn a_standby_group_refuses_what_needs_the_medium_and_answers_the_rest() {
     for cdb in [
         &read10(0, 1)[..],
         &write10(0, 1)[..],
-        &[0u8; 6][..],                      // TEST UNIT READY
-        &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], // READ CAPACITY (10)
-        &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], // SYNCHRONIZE CACHE (10)
+        &[0u8; 6][..],                                            // TEST UNIT READY
+        &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0],                       // SYNCHRONIZE CACHE (10)
+        &[0x9E, 0x12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0], // GET LBA STATUS
     ] {
         let data = if cdb[0] == 0x2A {
             vec![0u8; 512]
@@ -136,8 +136,14 @@ fn a_standby_group_refuses_what_needs_the_medium_and_answers_the_rest() {
         t.store.durable_writes.load(Ordering::SeqCst) + t.store.plain_writes.load(Ordering::SeqCst)
             == 0
     );
-    // Identification, sense, mode pages, reservations and the group commands still answer.
+    // Identification, sense, mode pages, reservations, the group commands and (as LIO)
+    // READ CAPACITY still answer.
     t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+    t.ok(&[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+    t.ok(
+        &[0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        &[],
+    );
     t.ok(&[0xA0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
     t.ok(&[0x1A, 0, 0x3F, 0, 255, 0], &[]);
     t.ok(&[0x5E, 0, 0, 0, 0, 0, 0, 0, 255, 0], &[]);

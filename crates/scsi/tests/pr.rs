@@ -463,3 +463,63 @@ fn a_failed_save_fails_the_command_and_changes_nothing() {
     t.ok(&prout(1, 1), &params(0xAA, 0));
     assert_eq!(reservation(&mut t), Some((0xAA, 1)));
 }
+
+/// A store two LUs share (two gateways exporting one image): whatever was saved last is
+/// what `load` gives; loading fails on demand.
+#[derive(Default)]
+struct Shared {
+    state: std::sync::Mutex<Option<scsi::PersistentReservations>>,
+    saves: std::sync::atomic::AtomicUsize,
+    unreadable: std::sync::atomic::AtomicBool,
+}
+
+impl scsi::PrPersistence for Shared {
+    fn save(&self, state: &scsi::PersistentReservations) -> std::io::Result<()> {
+        self.saves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        *self.state.lock().unwrap() = Some(state.clone());
+        Ok(())
+    }
+    fn shared(&self) -> bool {
+        true
+    }
+    fn load(&self) -> std::io::Result<Option<scsi::PersistentReservations>> {
+        if self.unreadable.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("cluster unreachable"));
+        }
+        Ok(self.state.lock().unwrap().clone())
+    }
+}
+
+#[test]
+fn shared_reservations_are_saved_without_aptpl_and_seen_by_every_lu() {
+    let store = std::sync::Arc::new(Shared::default());
+    let mut a = setup();
+    let mut b = setup();
+    a.lu.set_pr_persistence(store.clone());
+    b.lu.set_pr_persistence(store.clone());
+    // PERSISTENT RESERVE IN waits for the store too (it reads it first).
+    assert!(a.lu.waits_for_device(&prin(0)));
+    // Registered and reserved through A, APTPL off: saved anyway.
+    register(&mut a, 1, 0xA1);
+    a.ok(&prout(1, 1), &params(0xA1, 0));
+    assert_eq!(store.saves.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // B reads the same registrations and reservation.
+    as_nexus(&mut b, 2);
+    assert_eq!(keys(&mut b).1, vec![0xA1]);
+    assert_eq!(reservation(&mut b), Some((0xA1, 1)));
+    // A registration through B reaches A; B's read-modify-write keeps A's.
+    register(&mut b, 2, 0xB2);
+    as_nexus(&mut a, 3);
+    assert_eq!(keys(&mut a).1, vec![0xA1, 0xB2]);
+    // Enforced on B for its writes (once it has read the state: the engine's follower does
+    // it once a second through `replace_reservations`).
+    b.lu.replace_reservations(&store.state.lock().unwrap().clone().unwrap());
+    as_nexus(&mut b, 3);
+    conflict(&mut b, &[0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0; 512]);
+    // A store that cannot be read: the command fails (retry), nothing acts on a stale copy.
+    store
+        .unreadable
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_sense(&a.err(&prin(0), &[]), 2, 0x04, 0x0A);
+    assert_sense(&a.err(&prout(6, 0), &params(0, 0xCC)), 2, 0x04, 0x0A);
+}

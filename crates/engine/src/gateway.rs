@@ -148,6 +148,11 @@ impl ImageOwnership {
                     // A takeover ran meanwhile: what was observed may predate it.
                     continue;
                 }
+                // Fenced by another gateway's takeover: this gateway's data connection is
+                // blocklisted; a new one makes it a standby that can take the image back.
+                if observed.as_ref().is_ok_and(|owner| *owner != Some(me.me)) {
+                    me.recover_if_fenced();
+                }
                 match observed {
                     Ok(owner) => {
                         if me.set_owner(owner) {
@@ -215,6 +220,23 @@ impl ImageOwnership {
             lu.access_state_changed(None);
         }
         Ok(&self.gateways[self.me])
+    }
+
+    /// Replaces the data connection when the cluster refuses it (ESHUTDOWN: blocklisted).
+    fn recover_if_fenced(&self) {
+        const ESHUTDOWN: i32 = 108;
+        let probe = self.store.image().metadata(OWNER_KEY);
+        if probe.as_ref().err().and_then(rbd::Error::errno) != Some(ESHUTDOWN) {
+            return;
+        }
+        match self.store.reconnect() {
+            Ok(()) => {
+                tracing::warn!(device = %self.device, "this gateway was fenced (blocklisted) for {}: reconnected, standby", self.observer.name())
+            }
+            Err(e) => {
+                tracing::error!(device = %self.device, "this gateway was fenced for {}; reconnecting failed: {e} (retried in a second)", self.observer.name())
+            }
+        }
     }
 
     /// The owner's name, as this gateway knows it.

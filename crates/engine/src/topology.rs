@@ -151,7 +151,7 @@ impl DeviceContext {
 
     /// Opens a device's store, builds its LU and restores its saved reservations.
     pub fn open(&self, device: &DeviceConfig) -> Result<Arc<OpenDevice>, String> {
-        let (unit, rbd) = open_unit(device)?;
+        let (unit, rbd) = open_unit(device, self.gateways.is_some())?;
         let mut owned = None;
         if let Some(store) = rbd {
             // An image's reservations live in the image, shared by every gateway.
@@ -437,8 +437,11 @@ fn assemble_targets(
 pub const RBD_UNAVAILABLE: &str = "cluster unavailable: ";
 
 /// Opens a device's store and builds its logical unit (with the RBD store, for gateways).
+/// `gateway`: portal groups name gateways, so an RBD image gets a cluster connection of its own
+/// (a fence blocklists only it).
 fn open_unit(
     device: &DeviceConfig,
+    gateway: bool,
 ) -> Result<(Arc<LogicalUnit>, Option<Arc<store::RbdStore>>), String> {
     let mut rbd = None;
     let store: Arc<dyn BlockStore> = match &device.store {
@@ -448,7 +451,12 @@ fn open_unit(
         }
         StoreKind::Block { path } => Arc::new(open_file_store(device, path, None)?),
         StoreKind::Rbd(spec) => {
-            let store = Arc::new(store::RbdStore::open(spec).map_err(|e| {
+            let opened = if gateway {
+                store::RbdStore::open_dedicated(spec)
+            } else {
+                store::RbdStore::open(spec)
+            };
+            let store = Arc::new(opened.map_err(|e| {
                 // A missing image or pool is the config's error; anything else (a cluster
                 // down, a timeout, no libraries) may pass.
                 let transient = if e.kind() == std::io::ErrorKind::NotFound {

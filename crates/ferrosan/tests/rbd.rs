@@ -292,7 +292,6 @@ iqn = "{iqn}"
             .display()
             .to_string()
     };
-    let socket = socket_of("a");
     let start = |gateway: &str, port: u16| {
         Daemon::start_config_text(
             iqn,
@@ -397,38 +396,60 @@ iqn = "{iqn}"
         rtpg(&mut ca) == vec![(1, 0x2), (2, 0x0)]
     });
 
-    // B writes; A is SIGKILLed (it was fenced anyway) and a restarted A follows B.
+    // The fenced A reconnects (a new cluster client) and can take the image back: B is
+    // fenced in turn, and A reads what B acknowledged.
+    wait_until(
+        "A reconnects after its fence",
+        Duration::from_secs(15),
+        || a.output().contains("reconnected, standby"),
+    );
     let second = pseudo_random_bytes(64 << 10, 2);
     assert_eq!(write10(&mut cb, 0, &second), (0, None));
+    let (status, sense) = stpg(&mut ca, 1);
+    assert_eq!(
+        status,
+        0,
+        "A takes the image back: {sense:?}\n{}",
+        a.output()
+    );
+    let (status, sense, data) = read10(&mut ca, 0, 128);
+    assert_eq!(status, 0, "read through A after taking it back: {sense:?}");
+    assert!(data == second, "A does not read the data written through B");
+    let (status, _) = write10(&mut cb, 0, &first);
+    assert_ne!(status, 0, "the fenced B still acknowledged a write");
+
+    // B recovers too. The owner A is SIGKILLed; the operator moves the image to B with
+    // `ferrosan ctl device take`, and B reads everything A acknowledged.
+    wait_until(
+        "B reconnects after its fence",
+        Duration::from_secs(15),
+        || b.output().contains("reconnected, standby"),
+    );
+    let third = pseudo_random_bytes(64 << 10, 3);
+    assert_eq!(write10(&mut ca, 0, &third), (0, None));
     a.signal("KILL");
     let _ = a.wait_exit(Duration::from_secs(5));
     drop(a);
-    let a = start("a", port_a);
-    let mut ca = client(port_a, iqn);
-    assert_eq!(settle(&mut ca), (NOT_READY, Some((NOT_READY, 0x04, 0x0B))));
-    // SIGKILL the owner B now: the operator moves the image to A (`ferrosan ctl device take`),
-    // and A reads everything B acknowledged.
-    let mut b = b;
-    b.signal("KILL");
-    let _ = b.wait_exit(Duration::from_secs(5));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .args(["ctl", "--socket", &socket, "device", "take", "vm"])
+        .args(["ctl", "--socket", &socket_of("b"), "device", "take", "vm"])
         .output()
         .expect("ferrosan ctl");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && said.contains("owned by gateway a"),
+        out.status.success() && said.contains("owned by gateway b"),
         "ctl device take: {said}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(rtpg(&mut ca), vec![(1, 0x0), (2, 0x2)]);
-    let (status, sense, data) = read10(&mut ca, 0, 128);
+    let mut cb = client(port_b, iqn);
+    assert_eq!(rtpg(&mut cb), vec![(1, 0x2), (2, 0x0)]);
+    let (status, sense, data) = read10(&mut cb, 0, 128);
     assert_eq!(
         status,
         0,
-        "read through A after its takeover: {sense:?}\n{}",
-        a.output()
+        "read through B after ctl take: {sense:?}\n{}",
+        b.output()
     );
-    assert!(data == second, "A does not read the data written through B");
-    drop(a);
+    assert!(data == third, "B does not read the data written through A");
+    assert_eq!(read_keys(&mut cb), vec![0xFE55_0001]);
+    drop(b);
 }

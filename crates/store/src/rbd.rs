@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// Where an image is and how to reach its cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -46,15 +46,20 @@ fn cluster(spec: &RbdSpec, observer: bool) -> Result<Arc<rbd::Cluster>, rbd::Err
     if let Some(cluster) = map.get(&key).and_then(Weak::upgrade) {
         return Ok(cluster);
     }
+    let cluster = connect(spec)?;
+    map.retain(|_, weak| weak.strong_count() > 0);
+    map.insert(key, Arc::downgrade(&cluster));
+    Ok(cluster)
+}
+
+/// A cluster connection of its own (see [`RbdStore::open_dedicated`]).
+fn connect(spec: &RbdSpec) -> Result<Arc<rbd::Cluster>, rbd::Error> {
     let options = rbd::ClusterOptions {
         conf: spec.conf.clone(),
         client: spec.client.clone(),
         settings: vec![("rbd_cache".into(), "false".into())],
     };
-    let cluster = rbd::Cluster::connect(&options)?;
-    map.retain(|_, weak| weak.strong_count() > 0);
-    map.insert(key, Arc::downgrade(&cluster));
-    Ok(cluster)
+    rbd::Cluster::connect(&options)
 }
 
 /// An `io::Error` from a librbd failure, keeping its errno (ETIMEDOUT, ESHUTDOWN for a
@@ -101,7 +106,11 @@ pub fn errno_of(e: &io::Error) -> Option<i32> {
 }
 
 pub struct RbdStore {
-    image: rbd::Image,
+    /// Replaced whole by [`RbdStore::reconnect`]; I/O holds the read lock only to submit.
+    image: RwLock<Arc<rbd::Image>>,
+    /// The image has a cluster connection of its own (it can be fenced and reconnected
+    /// without touching other images).
+    dedicated: bool,
     spec: RbdSpec,
     /// The size the LU serves (the image may have grown since: [`BlockStore::medium_bytes`]).
     size_bytes: AtomicU64,
@@ -115,10 +124,28 @@ impl RbdStore {
     /// missing.
     pub fn open(spec: &RbdSpec) -> io::Result<RbdStore> {
         let cluster = cluster(spec, false).map_err(io_error)?;
-        let image = rbd::Image::open(&cluster, &spec.pool, &spec.image).map_err(io_error)?;
+        Self::open_on(spec, &cluster, false)
+    }
+
+    /// Like [`RbdStore::open`], on a cluster connection of its own: blocklisting this client
+    /// (a gateway fenced for this image) touches no other image, and
+    /// [`RbdStore::reconnect`] can replace it (LIO's tcmu-runner keeps one per image for the
+    /// same reason). Costs a connection's threads per image.
+    pub fn open_dedicated(spec: &RbdSpec) -> io::Result<RbdStore> {
+        let cluster = connect(spec).map_err(io_error)?;
+        Self::open_on(spec, &cluster, true)
+    }
+
+    fn open_on(
+        spec: &RbdSpec,
+        cluster: &Arc<rbd::Cluster>,
+        dedicated: bool,
+    ) -> io::Result<RbdStore> {
+        let image = rbd::Image::open(cluster, &spec.pool, &spec.image).map_err(io_error)?;
         let size = image.size().map_err(io_error)?;
         Ok(RbdStore {
-            image,
+            image: RwLock::new(Arc::new(image)),
+            dedicated,
             spec: spec.clone(),
             size_bytes: AtomicU64::new(size),
             sink: Arc::new(|f: rbd::Finished<AsyncDone>| {
@@ -149,8 +176,32 @@ impl RbdStore {
     }
 
     /// The librbd image (exclusive lock, fencing).
-    pub fn image(&self) -> &rbd::Image {
-        &self.image
+    pub fn image(&self) -> Arc<rbd::Image> {
+        Arc::clone(&*self.current())
+    }
+
+    fn current(&self) -> std::sync::RwLockReadGuard<'_, Arc<rbd::Image>> {
+        self.image.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces a dedicated connection (blocklisted after another gateway took the image
+    /// over) with a new one and reopens the image on it; commands from then on use it. The
+    /// old image closes when its last operation has answered (they fail once blocklisted).
+    pub fn reconnect(&self) -> io::Result<()> {
+        if !self.dedicated {
+            return Err(io::Error::other(
+                "the image shares its cluster connection; only a dedicated one is replaced",
+            ));
+        }
+        let cluster = connect(&self.spec).map_err(io_error)?;
+        let image =
+            rbd::Image::open(&cluster, &self.spec.pool, &self.spec.image).map_err(io_error)?;
+        let old = std::mem::replace(
+            &mut *self.image.write().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(image),
+        );
+        drop(old);
+        Ok(())
     }
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -159,7 +210,8 @@ impl RbdStore {
 
     /// Runs one operation and waits for it (the engine's I/O threads only).
     fn run(&self, op: rbd::Op, buf: Vec<u8>) -> io::Result<rbd::Finished<()>> {
-        let finished = self.image.run(op, buf);
+        let image = self.image();
+        let finished = image.run(op, buf);
         match finished.result {
             Ok(_) => Ok(finished),
             Err(e) => Err(io_error(e)),
@@ -198,7 +250,8 @@ impl BlockStore for RbdStore {
             done(buf, Err(e));
             return;
         }
-        if let Err((e, done, buf)) = self.image.submit(op, buf, done, Arc::clone(&self.sink)) {
+        let submitted = self.current().submit(op, buf, done, Arc::clone(&self.sink));
+        if let Err((e, done, buf)) = submitted {
             // Refused at submission: no callback will come; answer here.
             done(buf, Err(io_error(e)));
         }
@@ -218,7 +271,7 @@ impl BlockStore for RbdStore {
                 io::ErrorKind::UnexpectedEof,
                 format!(
                     "{}: short read at {offset}: {} of {} bytes",
-                    self.image.name(),
+                    self.spec.image,
                     finished.buf.len(),
                     buf.len()
                 ),
@@ -270,7 +323,10 @@ impl BlockStore for RbdStore {
             ));
         }
         let window = (size_bytes - offset).min(MAPPING_WINDOW_BYTES);
-        let runs = self.image.allocated(offset, window, 1).map_err(io_error)?;
+        let runs = self
+            .image()
+            .allocated(offset, window, 1)
+            .map_err(io_error)?;
         Ok(match runs.first() {
             Some(&(start, len)) if start <= offset => Extent {
                 mapped: true,
@@ -292,13 +348,14 @@ impl BlockStore for RbdStore {
     }
 
     fn medium_bytes(&self) -> io::Result<Option<u64>> {
-        self.image.size().map(Some).map_err(io_error)
+        self.image().size().map(Some).map_err(io_error)
     }
 
     fn resize(&self, new_bytes: u64) -> io::Result<()> {
-        let now = self.image.size().map_err(io_error)?;
+        let image = self.image();
+        let now = image.size().map_err(io_error)?;
         if new_bytes > now {
-            self.image.resize(new_bytes).map_err(io_error)?;
+            image.resize(new_bytes).map_err(io_error)?;
         }
         self.size_bytes.store(new_bytes, Ordering::Relaxed);
         Ok(())

@@ -97,7 +97,12 @@ impl ImageOwnership {
     /// broken, this gateway fenced).
     fn observe(&self) -> Result<Option<usize>, rbd::Error> {
         // A blocklisted data connection fails here: it owns nothing any more.
-        if self.store.image().owns_exclusive_lock().unwrap_or(false) {
+        if self
+            .store
+            .image()
+            .and_then(|image| image.owns_exclusive_lock())
+            .unwrap_or(false)
+        {
             return Ok(Some(self.me));
         }
         Ok(self.recorded_owner()?.filter(|&i| i != self.me))
@@ -106,7 +111,7 @@ impl ImageOwnership {
     /// At start: takes the image when no other gateway holds or claims it (first start, or
     /// this gateway owned it before a restart); otherwise follows the recorded owner.
     pub fn start(&self) -> Result<(), rbd::Error> {
-        let image = self.store.image();
+        let image = self.store.image()?;
         let holders = image.lock_owners()?;
         let recorded = self.recorded_owner()?;
         let ours_or_nobodys = recorded.is_none_or(|i| i == self.me);
@@ -157,7 +162,7 @@ impl ImageOwnership {
                     Ok(owner) => {
                         if me.set_owner(owner) {
                             let name = owner.map_or("none", |i| me.gateways[i].as_str());
-                            tracing::warn!(device = %me.device, "owner of {} is now gateway {name}", me.store.image().name());
+                            tracing::warn!(device = %me.device, "owner of {} is now gateway {name}", me.observer.name());
                             lu.access_state_changed(None);
                         }
                     }
@@ -165,7 +170,7 @@ impl ImageOwnership {
                     // serve the image now; it is standby until the cluster says otherwise.
                     Err(e) => {
                         if me.set_owner(None) {
-                            tracing::warn!(device = %me.device, "owner of {} unknown ({e}): standby", me.store.image().name());
+                            tracing::warn!(device = %me.device, "owner of {} unknown ({e}): standby", me.observer.name());
                             lu.access_state_changed(None);
                         }
                     }
@@ -225,7 +230,10 @@ impl ImageOwnership {
     /// Replaces the data connection when the cluster refuses it (ESHUTDOWN: blocklisted).
     fn recover_if_fenced(&self) {
         const ESHUTDOWN: i32 = 108;
-        let probe = self.store.image().metadata(OWNER_KEY);
+        let probe = self
+            .store
+            .image()
+            .and_then(|image| image.metadata(OWNER_KEY));
         if probe.as_ref().err().and_then(rbd::Error::errno) != Some(ESHUTDOWN) {
             return;
         }
@@ -245,7 +253,7 @@ impl ImageOwnership {
     }
 
     fn take_over(&self) -> io::Result<()> {
-        let image = self.store.image();
+        let image = self.store.image().map_err(store::rbd::io_error)?;
         let fail = |e: rbd::Error| {
             tracing::error!(device = %self.device, "taking {} over: {e}", image.name());
             store::rbd::io_error(e)

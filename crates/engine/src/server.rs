@@ -410,6 +410,7 @@ impl Server {
             if let Err(e) = device.unit.flush() {
                 tracing::error!(device = %name, "flush at shutdown failed: {e}");
             }
+            device.unit.close();
         }
         left
     }

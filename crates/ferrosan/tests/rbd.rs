@@ -219,7 +219,17 @@ fn rbd_lun_data_missing_image_and_lost_cluster() {
         &other.display().to_string(),
         "rbd/lun2",
     ]);
+    // librbd waits up to 5 s for the image's other watchers (the export above) to acknowledge
+    // the lock's release: more than Daemon::stop's patience.
+    let mut daemon = daemon;
+    daemon.signal("TERM");
+    assert!(daemon.wait_exit(Duration::from_secs(30)).is_some());
     drop(daemon);
+    // A daemon that stopped gracefully closed the image: its exclusive lock is released, so
+    // the next writer (a restarted daemon, another gateway) does not wait for it to expire.
+    let locks =
+        String::from_utf8(cluster.rbd(&["lock", "ls", "--format", "json", "rbd/lun"])).unwrap();
+    assert!(!locks.contains("locker"), "lock left behind: {locks}");
     let daemon = Daemon::start(&[&format!("rbd:rbd/lun2,conf={conf}")]);
     common::assert_identical(&daemon, 0, &other.display().to_string());
 

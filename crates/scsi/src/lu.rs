@@ -228,6 +228,10 @@ impl LogicalUnit {
     pub fn flush(&self) -> std::io::Result<()> {
         self.store.flush()
     }
+    /// Releases the store at shutdown, after the last flush ([`store::BlockStore::close`]).
+    pub fn close(&self) {
+        self.store.close()
+    }
     /// Current WCE bit (write-back caching enabled).
     pub fn write_cache_enabled(&self) -> bool {
         self.mode.wce.load(Ordering::Relaxed)

@@ -142,6 +142,9 @@ pub trait BlockStore: Send + Sync + 'static {
     }
     /// Everything written so far becomes durable.
     fn flush(&self) -> io::Result<()>;
+    /// The daemon is leaving: release what others may wait for (an RBD image's exclusive
+    /// lock). Commands after it fail.
+    fn close(&self) {}
     /// Deallocate; the range reads back as zeros afterwards.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     fn write_zeroes(&self, offset: u64, len: u64, deallocate: bool) -> io::Result<()>;

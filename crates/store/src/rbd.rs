@@ -106,8 +106,9 @@ pub fn errno_of(e: &io::Error) -> Option<i32> {
 }
 
 pub struct RbdStore {
-    /// Replaced whole by [`RbdStore::reconnect`]; I/O holds the read lock only to submit.
-    image: RwLock<Arc<rbd::Image>>,
+    /// Replaced whole by [`RbdStore::reconnect`], taken by [`BlockStore::close`]; I/O holds
+    /// the read lock only to submit.
+    image: RwLock<Option<Arc<rbd::Image>>>,
     /// The image has a cluster connection of its own (it can be fenced and reconnected
     /// without touching other images).
     dedicated: bool,
@@ -144,7 +145,7 @@ impl RbdStore {
         let image = rbd::Image::open(cluster, &spec.pool, &spec.image).map_err(io_error)?;
         let size = image.size().map_err(io_error)?;
         Ok(RbdStore {
-            image: RwLock::new(Arc::new(image)),
+            image: RwLock::new(Some(Arc::new(image))),
             dedicated,
             spec: spec.clone(),
             size_bytes: AtomicU64::new(size),
@@ -175,12 +176,14 @@ impl RbdStore {
         &self.spec
     }
 
-    /// The librbd image (exclusive lock, fencing).
-    pub fn image(&self) -> Arc<rbd::Image> {
-        Arc::clone(&*self.current())
+    /// The librbd image (exclusive lock, fencing); an error once closed.
+    pub fn image(&self) -> Result<Arc<rbd::Image>, rbd::Error> {
+        self.current()
+            .clone()
+            .ok_or_else(|| rbd::Error::Invalid(format!("{}: closed", self.spec.image)))
     }
 
-    fn current(&self) -> std::sync::RwLockReadGuard<'_, Arc<rbd::Image>> {
+    fn current(&self) -> std::sync::RwLockReadGuard<'_, Option<Arc<rbd::Image>>> {
         self.image.read().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -196,10 +199,12 @@ impl RbdStore {
         let cluster = connect(&self.spec).map_err(io_error)?;
         let image =
             rbd::Image::open(&cluster, &self.spec.pool, &self.spec.image).map_err(io_error)?;
-        let old = std::mem::replace(
-            &mut *self.image.write().unwrap_or_else(|p| p.into_inner()),
-            Arc::new(image),
-        );
+        let mut current = self.image.write().unwrap_or_else(|p| p.into_inner());
+        if current.is_none() {
+            return Err(io::Error::other("closed"));
+        }
+        let old = current.replace(Arc::new(image));
+        drop(current);
         drop(old);
         Ok(())
     }
@@ -210,7 +215,7 @@ impl RbdStore {
 
     /// Runs one operation and waits for it (the engine's I/O threads only).
     fn run(&self, op: rbd::Op, buf: Vec<u8>) -> io::Result<rbd::Finished<()>> {
-        let image = self.image();
+        let image = self.image().map_err(io_error)?;
         let finished = image.run(op, buf);
         match finished.result {
             Ok(_) => Ok(finished),
@@ -250,7 +255,14 @@ impl BlockStore for RbdStore {
             done(buf, Err(e));
             return;
         }
-        let submitted = self.current().submit(op, buf, done, Arc::clone(&self.sink));
+        let submitted = match &*self.current() {
+            Some(image) => image.submit(op, buf, done, Arc::clone(&self.sink)),
+            None => Err((
+                rbd::Error::Invalid(format!("{}: closed", self.spec.image)),
+                done,
+                buf,
+            )),
+        };
         if let Err((e, done, buf)) = submitted {
             // Refused at submission: no callback will come; answer here.
             done(buf, Err(io_error(e)));
@@ -325,7 +337,7 @@ impl BlockStore for RbdStore {
         let window = (size_bytes - offset).min(MAPPING_WINDOW_BYTES);
         let runs = self
             .image()
-            .allocated(offset, window, 1)
+            .and_then(|image| image.allocated(offset, window, 1))
             .map_err(io_error)?;
         Ok(match runs.first() {
             Some(&(start, len)) if start <= offset => Extent {
@@ -347,12 +359,22 @@ impl BlockStore for RbdStore {
         true
     }
 
+    /// Closes the image (librbd waits for its operations and releases the exclusive lock), so
+    /// that a gateway or a restarted daemon does not wait for this client's lock to time out.
+    fn close(&self) {
+        let taken = self.image.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(taken);
+    }
+
     fn medium_bytes(&self) -> io::Result<Option<u64>> {
-        self.image().size().map(Some).map_err(io_error)
+        self.image()
+            .and_then(|image| image.size())
+            .map(Some)
+            .map_err(io_error)
     }
 
     fn resize(&self, new_bytes: u64) -> io::Result<()> {
-        let image = self.image();
+        let image = self.image().map_err(io_error)?;
         let now = image.size().map_err(io_error)?;
         if new_bytes > now {
             image.resize(new_bytes).map_err(io_error)?;

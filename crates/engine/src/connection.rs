@@ -704,25 +704,7 @@ impl Backend<'_> {
         let (io, share) = match lu.plan(nexus, &cmd, entry.read_only) {
             scsi::Plan::Execute => return Err(command),
             scsi::Plan::Done(completion) => {
-                let mut sense = Vec::new();
-                let outcome = outcome_of(&completion, &mut sense);
-                let held_bytes =
-                    Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
-                self.deferred_bytes += held_bytes;
-                self.answered.push(Completed {
-                    itt: command.itt,
-                    lun,
-                    kind: scsi::io_kind(&command.cdb),
-                    expected_len: command.expected_len,
-                    outcome,
-                    data_in: Vec::new(),
-                    lent: None,
-                    sense,
-                    started: self.turn_started,
-                    held_bytes,
-                    data_out_bytes: command.data_out.len(),
-                    data_out: command.data_out,
-                });
+                self.answer_planned(command, lun, &completion);
                 return Ok(());
             }
             scsi::Plan::Io(io, share) => (io, share),
@@ -821,6 +803,35 @@ impl Backend<'_> {
         }
     }
 
+    /// A planned command answered without I/O (a check failed, nothing to move): delivered
+    /// at the end of the turn like the connection's other completions.
+    fn answer_planned(
+        &mut self,
+        command: DeferredCommand,
+        lun: u64,
+        completion: &scsi::Completion,
+    ) {
+        let mut sense = Vec::new();
+        let outcome = outcome_of(completion, &mut sense);
+        let data_out_bytes = command.data_out.len();
+        let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
+        self.deferred_bytes += held_bytes;
+        self.answered.push(Completed {
+            itt: command.itt,
+            lun,
+            kind: scsi::io_kind(&command.cdb),
+            expected_len: command.expected_len,
+            outcome,
+            data_in: Vec::new(),
+            lent: None,
+            sense,
+            started: self.turn_started,
+            held_bytes,
+            data_out_bytes,
+            data_out: command.data_out,
+        });
+    }
+
     /// Plans `command` and starts its I/O on a store that performs it asynchronously itself
     /// (librbd): the store's thread finishes it and sends the answer to this connection, as
     /// the blocking pool does, with no thread of ours waiting. Hands the command back when it
@@ -851,23 +862,7 @@ impl Backend<'_> {
         let (io, share) = match lu.plan(nexus, &cmd, entry.read_only) {
             scsi::Plan::Execute => return Err(command),
             scsi::Plan::Done(completion) => {
-                let mut sense = Vec::new();
-                let outcome = outcome_of(&completion, &mut sense);
-                self.deferred_bytes += held_bytes;
-                self.answered.push(Completed {
-                    itt: command.itt,
-                    lun,
-                    kind: scsi::io_kind(&command.cdb),
-                    expected_len: command.expected_len,
-                    outcome,
-                    data_in: Vec::new(),
-                    lent: None,
-                    sense,
-                    started: self.turn_started,
-                    held_bytes,
-                    data_out_bytes,
-                    data_out: command.data_out,
-                });
+                self.answer_planned(command, lun, &completion);
                 return Ok(());
             }
             scsi::Plan::Io(io, share) => (io, share),

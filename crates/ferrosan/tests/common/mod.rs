@@ -253,20 +253,9 @@ impl Daemon {
 
     /// Like `start_config`, with extra `serve` options.
     pub fn start_config_args(iqn: &str, body: &str, extra: &[&str]) -> Daemon {
-        let scratch = Scratch::new("daemon");
         let port = free_port();
-        let config = scratch.file("ferrosan.toml");
         let text = format!("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{port}\"]\n\n{body}");
-        fs::write(&config, text).expect("write config");
-        let mut args = vec![
-            "serve".to_string(),
-            "--config".to_string(),
-            config.display().to_string(),
-        ];
-        args.extend(extra.iter().map(|a| a.to_string()));
-        let mut daemon = Daemon::new(iqn, port, args, scratch);
-        daemon.spawn();
-        daemon
+        Daemon::start_config_text(iqn, port, &text, extra)
     }
 
     /// `ferrosan serve --config FILE` with `text` as the whole file, reached on `port` (one of

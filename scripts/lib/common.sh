@@ -17,7 +17,8 @@ FERROSAN_DEPS=(
     "prometheus:promtool"  # tests/metrics.rs checks the scrape and dist/prometheus rules
     "systemd:systemd-analyze"  # tests/systemd.rs verifies dist/ferrosan.service
     "tmux:tmux"            # tests/top.rs runs `ferrosan top` in a tmux pane
-    # crates/rbd/tests/cluster.rs starts a single-node Ceph cluster (scripts/ceph-single-node.sh)
+    # the rbd tests (crates/rbd/tests, crates/ferrosan/tests/rbd.rs) and the ferrosan-rbd
+    # conformance run start single-node Ceph clusters (scripts/ceph-single-node.sh)
     "ceph-mon:ceph-mon"
     "ceph-mgr:ceph-mgr"
     "ceph-osd:ceph-osd"

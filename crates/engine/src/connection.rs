@@ -260,12 +260,33 @@ struct Completed {
     data_out: DataOutBuf,
 }
 
+/// The way back to the connection for a command finished on another thread.
+#[derive(Clone)]
+struct Answers {
+    completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+    /// Raised with each answer, to end the worker's busy poll.
+    flag: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Answers {
+    fn send(&self, done: Completed) {
+        // The connection may be gone by now; then nobody waits for the answer.
+        let _ = self.completions.send(done);
+        // End the worker's busy poll, if one runs: the answer is ready to go.
+        if let Some(flag) = &self.flag {
+            flag.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
 struct Backend<'a> {
     shared: &'a Shared,
     /// LUNs of this session backed by a real disk: durable operations, and buffered writes while
     /// the device stalls, run on the blocking pool.
     disk_luns: Arc<Vec<DiskLun>>,
-    completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+    /// Where commands finished on another thread (the blocking pool, a store's own thread)
+    /// send their answers.
+    answers: Answers,
     /// Memory held by commands on the blocking pool (their Data-Out and expected Data-In). At
     /// the budget the connection handles no further PDU until some complete: the initiator is
     /// held back by TCP, and the worker never waits for the device itself.
@@ -299,8 +320,6 @@ struct Backend<'a> {
     /// When the last turn that ran reads or writes inline had queued its responses: the
     /// coalescer plans from it instead of reading the clock again (one read per turn saved).
     turn_ended: Option<Instant>,
-    /// Raised by the blocking pool with each completion, to end the worker's busy poll.
-    completion_flag: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Resets (LU, target) and CLEAR TASK SETs waiting for their LUs' commands to finish.
     tmf_waits: Vec<TmfWait>,
     /// This connection's io_uring for direct-I/O LUNs, made at the first such command.
@@ -905,8 +924,7 @@ impl Backend<'_> {
             scsi::BlockOp::Flush => (store::AsyncIo::Flush, Vec::new()),
         };
         self.deferred_bytes += held_bytes;
-        let completions = self.completions.clone();
-        let completion_flag = self.completion_flag.clone();
+        let answers = self.answers.clone();
         let started = self.turn_started;
         let finishing = Arc::clone(&lu);
         let done: store::AsyncDone = Box::new(move |buf, result| {
@@ -931,8 +949,7 @@ impl Backend<'_> {
                 }
                 _ => (Vec::new(), command.data_out),
             };
-            // The connection may be gone by now; then nobody waits for the answer.
-            let _ = completions.send(Completed {
+            answers.send(Completed {
                 itt: command.itt,
                 lun,
                 kind: scsi::io_kind(&command.cdb),
@@ -946,9 +963,6 @@ impl Backend<'_> {
                 data_out_bytes,
                 data_out,
             });
-            if let Some(flag) = completion_flag {
-                flag.store(true, std::sync::atomic::Ordering::Release);
-            }
             // Only now may a reset waiting for the LU, or a COMPARE AND WRITE, go on.
             drop(share);
             drop(hold);
@@ -1230,8 +1244,7 @@ impl ScsiBackend for Backend<'_> {
         let held_bytes =
             Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
         self.deferred_bytes += held_bytes;
-        let completions = self.completions.clone();
-        let completion_flag = self.completion_flag.clone();
+        let answers = self.answers.clone();
         let started = self.turn_started;
         tokio::task::spawn_blocking(move || {
             // A reset was draining the LU at hand-over: wait here (never on the worker) until
@@ -1254,8 +1267,7 @@ impl ScsiBackend for Backend<'_> {
             }
             let mut sense = Vec::new();
             let outcome = outcome_of(&completion, &mut sense);
-            // The connection may be gone by now; then nobody waits for the answer.
-            let _ = completions.send(Completed {
+            answers.send(Completed {
                 itt: command.itt,
                 lun,
                 kind: scsi::io_kind(&command.cdb),
@@ -1269,10 +1281,6 @@ impl ScsiBackend for Backend<'_> {
                 data_out_bytes: command.data_out.len(),
                 data_out: command.data_out,
             });
-            // End the worker's busy poll, if one runs: the answer is ready to go.
-            if let Some(flag) = completion_flag {
-                flag.store(true, std::sync::atomic::Ordering::Release);
-            }
         });
     }
 
@@ -1488,7 +1496,10 @@ impl Driver {
         let mut backend = Backend {
             shared,
             disk_luns: Arc::new(Vec::new()),
-            completions,
+            answers: Answers {
+                completions,
+                flag: busy_poll::completion_flag(),
+            },
             deferred_bytes: 0,
             deferred_bytes_max: limits.memory_per_connection_bytes as usize,
             peer: self.peer,
@@ -1504,7 +1515,6 @@ impl Driver {
             turn_started: Instant::now(),
             turn_inline: Vec::new(),
             turn_ended: None,
-            completion_flag: busy_poll::completion_flag(),
             tmf_waits: Vec::new(),
             ring: None,
             ring_failed: false,

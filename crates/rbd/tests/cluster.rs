@@ -3,68 +3,19 @@
 //! missing tool is (scripts/test.sh installs them).
 
 use rbd::{Cluster, ClusterOptions, Image, Op};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct TestCluster {
-    dir: PathBuf,
-    conf: PathBuf,
-}
+// The single-node cluster helper the daemon's tests use too.
+#[path = "../../ferrosan/tests/common/ceph.rs"]
+mod ceph;
+use ceph::TestCluster;
 
-impl TestCluster {
-    fn start() -> TestCluster {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let dir =
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("ceph-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let out = Command::new(root.join("scripts/ceph-single-node.sh"))
-            .args(["start", &dir.display().to_string(), "2"])
-            .output()
-            .expect("run scripts/ceph-single-node.sh");
-        let cluster = TestCluster {
-            conf: dir.join("ceph.conf"),
-            dir,
-        };
-        assert!(
-            out.status.success(),
-            "the test cluster did not start (apt-get install ceph-mon ceph-mgr ceph-osd ceph-common):\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        cluster
-    }
-
-    fn rbd(&self, args: &[&str]) {
-        let out = Command::new("rbd")
-            .arg("-c")
-            .arg(&self.conf)
-            .args(args)
-            .output()
-            .expect("rbd");
-        assert!(
-            out.status.success(),
-            "rbd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn options(&self) -> ClusterOptions {
-        ClusterOptions {
-            conf: Some(self.conf.clone()),
-            ..Default::default()
-        }
-    }
-}
-
-impl Drop for TestCluster {
-    fn drop(&mut self) {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let _ = Command::new(root.join("scripts/ceph-single-node.sh"))
-            .args(["stop", &self.dir.display().to_string()])
-            .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
+fn options(cluster: &TestCluster) -> ClusterOptions {
+    ClusterOptions {
+        conf: Some(cluster.conf.clone()),
+        ..Default::default()
     }
 }
 
@@ -84,9 +35,9 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 #[test]
 fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
     rbd::available().expect("librbd loads");
-    let c = TestCluster::start();
+    let c = TestCluster::start("binding", 2, "");
     c.rbd(&["create", "rbd/img", "--size", "64M"]);
-    let cluster = Cluster::connect(&c.options()).expect("connect");
+    let cluster = Cluster::connect(&options(&c)).expect("connect");
     let image = Image::open(&cluster, "rbd", "img").expect("open");
     assert_eq!(image.size().unwrap(), 64 << 20);
 

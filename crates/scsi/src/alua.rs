@@ -78,11 +78,12 @@ pub(crate) fn set_target_port_groups(
     let own = nexus.target_port.group;
     let mut take = false;
     for (i, d) in cmd.data_out[4..list_len].chunks_exact(4).enumerate() {
-        let at = (4 + 4 * i) as u16;
+        // The descriptor's byte in the list (for the sense's field pointer), saturated.
+        let at = u16::try_from(4 + 4 * i).unwrap_or(u16::MAX);
         let state = d[0] & 0x0F;
         let group = u16::from_be_bytes([d[2], d[3]]);
         if !nexus.target_port.groups.iter().any(|g| g.id == group) {
-            return Err(Sense::invalid_field_in_parameter_list(at + 2, None));
+            return Err(Sense::invalid_field_in_parameter_list(at.saturating_add(2), None));
         }
         match state {
             // Active/optimized or active/non-optimized: only through the group's own port.

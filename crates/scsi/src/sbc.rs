@@ -102,7 +102,7 @@ fn backend_unreachable(e: &std::io::Error) -> bool {
     const ECONNREFUSED: i32 = 111;
     const EHOSTUNREACH: i32 = 113;
     matches!(
-        store::rbd::errno_of(e),
+        store::errno_of(e),
         Some(ENOTCONN | ESHUTDOWN | ETIMEDOUT | ECONNREFUSED | EHOSTUNREACH)
     )
 }

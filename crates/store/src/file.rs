@@ -474,14 +474,7 @@ impl BlockStore for FileStore {
     }
 
     fn mapping(&self, offset: u64) -> io::Result<Extent> {
-        let size_bytes = self.size_bytes();
-        if offset >= size_bytes {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("offset {offset} outside store of {size_bytes} bytes"),
-            ));
-        }
-        let to_end = size_bytes - offset;
+        let to_end = crate::bytes_to_end(self.size_bytes(), offset)?;
         if self.block_device {
             return Ok(Extent {
                 mapped: true,

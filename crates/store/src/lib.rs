@@ -15,7 +15,7 @@ mod sys;
 pub use aligned::{AlignedBuf, BufPool, PooledBuf, DIRECT_ALIGN_BYTES, POOL_BUFFER_BYTES_MAX};
 pub use file::{Caching, FileStore};
 pub use ram::{RamStore, RAM_PAGE_BYTES};
-pub use rbd::{RbdSpec, RbdStore};
+pub use rbd::{errno_of, RbdSpec, RbdStore};
 
 use std::io;
 use std::ops::Range;
@@ -164,6 +164,18 @@ pub trait BlockStore: Send + Sync + 'static {
             "this store cannot be resized while it runs",
         ))
     }
+}
+
+/// The bytes from `offset` to the end of a store of `size` bytes (for `mapping`): an error
+/// unless `offset` names a byte of it.
+pub(crate) fn bytes_to_end(size: u64, offset: u64) -> io::Result<u64> {
+    if offset >= size {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("offset {offset} outside store of {size} bytes"),
+        ));
+    }
+    Ok(size - offset)
 }
 
 /// Checks that `[offset, offset + len)` lies inside a store of `size` bytes.

@@ -192,12 +192,7 @@ impl BlockStore for RamStore {
     }
 
     fn mapping(&self, offset: u64) -> io::Result<Extent> {
-        if offset >= self.size_bytes {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("offset {offset} outside store of {} bytes", self.size_bytes),
-            ));
-        }
+        crate::bytes_to_end(self.size_bytes, offset)?;
         // Walk page by page from `offset`, one lock per chunk, until the state changes.
         let page_bytes = RAM_PAGE_BYTES as u64;
         let mut mapped = None;

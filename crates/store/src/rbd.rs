@@ -327,14 +327,7 @@ impl BlockStore for RbdStore {
     }
 
     fn mapping(&self, offset: u64) -> io::Result<Extent> {
-        let size_bytes = self.size_bytes();
-        if offset >= size_bytes {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("offset {offset} outside store of {size_bytes} bytes"),
-            ));
-        }
-        let window = (size_bytes - offset).min(MAPPING_WINDOW_BYTES);
+        let window = crate::bytes_to_end(self.size_bytes(), offset)?.min(MAPPING_WINDOW_BYTES);
         let runs = self
             .image()
             .and_then(|image| image.allocated(offset, window, 1))
@@ -342,11 +335,15 @@ impl BlockStore for RbdStore {
         Ok(match runs.first() {
             Some(&(start, len)) if start <= offset => Extent {
                 mapped: true,
-                len: (start + len - offset).clamp(1, window),
+                // Runs come from librbd: never trusted to stay inside the window.
+                len: start
+                    .saturating_add(len)
+                    .saturating_sub(offset)
+                    .clamp(1, window),
             },
             Some(&(start, _)) => Extent {
                 mapped: false,
-                len: start - offset,
+                len: (start - offset).min(window),
             },
             None => Extent {
                 mapped: false,

@@ -1,6 +1,7 @@
 //! A single-node Ceph cluster for a test (scripts/ceph-single-node.sh), stopped on Drop.
 //! Missing Ceph packages are a failure, as every other missing tool is (scripts/test.sh
-//! installs them).
+//! installs them). Shared with the rbd crate's binding test (`#[path]`), which uses a part.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -83,7 +83,10 @@ pub(crate) fn set_target_port_groups(
         let state = d[0] & 0x0F;
         let group = u16::from_be_bytes([d[2], d[3]]);
         if !nexus.target_port.groups.iter().any(|g| g.id == group) {
-            return Err(Sense::invalid_field_in_parameter_list(at.saturating_add(2), None));
+            return Err(Sense::invalid_field_in_parameter_list(
+                at.saturating_add(2),
+                None,
+            ));
         }
         match state {
             // Active/optimized or active/non-optimized: only through the group's own port.

@@ -376,6 +376,12 @@ impl Login {
                         Some(v.parse().map_err(|_| bad_value(k, v))?);
                 }
                 "TargetAlias" => self.negotiated.target_alias = Some(v.clone()),
+                // A declaration, which a target may make in the security stage's response
+                // too (ferrosan does; libiscsi takes it there). Missed, our Data-Out PDUs
+                // stayed at the default 8 KiB.
+                "MaxRecvDataSegmentLength" => {
+                    self.negotiated.max_xmit_data_segment_length = number(k, v, 512, 16_777_215)?;
+                }
                 _ => {}
             }
         }
@@ -762,14 +768,20 @@ mod tests {
         assert_eq!(first.key("TargetName").as_deref(), Some(fake::TARGET));
         assert_eq!(first.key("SessionType").as_deref(), Some("Normal"));
         assert_eq!(first.key("AuthMethod").as_deref(), Some("None"));
+        // The target declares its receive limit already in the security stage's response.
         let bytes = login_response(
             &first.bhs,
-            &[("AuthMethod", "None"), ("TargetPortalGroupTag", "1")],
+            &[
+                ("AuthMethod", "None"),
+                ("TargetPortalGroupTag", "1"),
+                ("MaxRecvDataSegmentLength", "131072"),
+            ],
             true,
             (0, 0),
             5,
         );
         answer(&mut login, &bytes).unwrap();
+        assert_eq!(login.negotiated().max_xmit_data_segment_length, 131_072);
         let op = one(&mut login);
         assert_eq!(op.bhs.u32_at(off::EXP_STAT_SN), 6);
         for (k, v) in [

@@ -13,7 +13,7 @@ use iscsi::login::{
 };
 use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::outbox::{Outbox, Part};
-use iscsi::pdu::{self, FrameError, Framing};
+use iscsi::pdu::{self, FrameError, Framing, Opcode};
 use iscsi::session::{
     Activity, DataOutBuf, DataOutMemory, DeferredCommand, DiscoveredTarget, Execution, Flow, Loan,
     ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits, Tick, TmfAnswer, TmfFunction,
@@ -50,8 +50,9 @@ const IOV_BATCH: usize = 512;
 /// with data digests. Below it the extra system calls (cachestat, a sendfile per Data-In PDU, a
 /// vectored write split around each) cost more than the copies they save.
 const FILE_SEND_MIN_BYTES: u32 = 64 * 1024;
-/// Data-Out payloads at least this long that are still arriving are received straight into the
-/// command's buffer instead of through the receive buffer (one copy fewer per byte written).
+/// Write payloads (Data-Out, or a command's immediate data) at least this long that are still
+/// arriving are received straight into the command's buffer instead of through the receive
+/// buffer (one copy fewer per byte written).
 const DATA_OUT_IN_PLACE_MIN: usize = 64 * 1024;
 /// How often a connection does its housekeeping: NOP-In pings, idle and shutdown checks,
 /// shrinking an idle receive buffer, reporting its counts to the metrics.
@@ -101,6 +102,9 @@ struct Driver {
     end: usize,
     /// Bytes arrived since the last tick (an idle second shrinks the buffer back).
     received: bool,
+    /// Whether the last PDU handled carried a long data segment: reads then stop at the next
+    /// header, so that a long payload behind it can be received in place.
+    last_pdu_long: bool,
     out: Outbox,
 }
 
@@ -1403,6 +1407,7 @@ impl Driver {
             start: 0,
             end: 0,
             received: false,
+            last_pdu_long: false,
             out: Outbox::new(64),
         }
     }
@@ -1728,10 +1733,7 @@ impl Driver {
             }
             if !congested {
                 // A long Data-Out payload still arriving goes straight into its command's buffer.
-                match self
-                    .receive_data_out_in_place(session, backend, alarm)
-                    .await?
-                {
+                match self.receive_in_place(session, backend, alarm).await? {
                     Some(Flow::Close) => return Ok(()),
                     Some(Flow::Continue) => continue,
                     None => {}
@@ -1741,16 +1743,7 @@ impl Driver {
                 timed_out = false;
                 self.make_room();
             }
-            // With a long Data-Out expected and nothing buffered, read the next header alone:
-            // if it is that Data-Out, its payload then goes straight into place (one more
-            // `recv` per PDU instead of a copy of up to 256 KiB).
-            let read_end =
-                if self.start == self.end && session.awaits_data_out(DATA_OUT_IN_PLACE_MIN) {
-                    // (Bounded: select! builds the future of a disabled branch too.)
-                    (self.end + pdu::BHS_LEN).min(self.rbuf.len())
-                } else {
-                    self.rbuf.len()
-                };
+            let read_end = self.read_end(session);
             // While congested only the tick (and completions) may wake the connection.
             let batch_deadline = wakeups.batch_deadline().filter(|_| !congested);
             let wake_at = batch_deadline.map_or(next_tick, |d| d.min(next_tick));
@@ -1911,6 +1904,7 @@ impl Driver {
                 Err(e) => return Err(e.to_string()),
             };
             let frame = &self.rbuf[self.start..self.start + len];
+            self.last_pdu_long = len >= DATA_OUT_IN_PLACE_MIN;
             let flow = match pdu::parse_frame(frame, &framing) {
                 Ok(pdu) => session.handle(&pdu, now, backend, &mut self.out),
                 Err((FrameError::DataDigest, Some(bhs))) => {
@@ -1928,12 +1922,13 @@ impl Driver {
         }
     }
 
-    /// When the receive buffer ends in the first part of a Data-Out PDU with a long payload that
-    /// the session accepts (no digests on the connection), receives the rest of the payload
-    /// straight into the command's Data-Out buffer — the bytes already here are copied there —
-    /// and hands the PDU over: the receive buffer never holds it whole, and the session does not
-    /// copy it again. None when this does not apply: the PDU takes the usual way.
-    async fn receive_data_out_in_place(
+    /// When the receive buffer ends in the first part of a PDU with a long payload that the
+    /// session takes in place — a Data-Out, or a write's SCSI Command with immediate data (no
+    /// digests on the connection) — receives the rest of the payload straight into the
+    /// command's Data-Out buffer (the bytes already here are copied there) and hands the PDU
+    /// over: the receive buffer never holds it whole, and the session does not copy it again.
+    /// None when this does not apply: the PDU takes the usual way.
+    async fn receive_in_place(
         &mut self,
         session: &mut Session,
         backend: &mut Backend<'_>,
@@ -1950,7 +1945,7 @@ impl Driver {
         let bhs = pdu::Bhs(bytes);
         let len = bhs.data_segment_len();
         let have = available.len() - pdu::BHS_LEN;
-        // Whether it is a Data-Out the session accepts is the session's question (below).
+        // Whether the session takes it in place is the session's question (below).
         if bhs.total_ahs_len() != 0
             || len < DATA_OUT_IN_PLACE_MIN
             || len > framing.max_data_segment_len
@@ -1958,7 +1953,15 @@ impl Driver {
         {
             return Ok(None);
         }
-        let Some(dst) = session.data_out_destination(&bhs) else {
+        let opcode = Opcode::from_initiator(bhs.opcode_raw());
+        let dst = match opcode {
+            Some(Opcode::DataOut) => session.data_out_destination(&bhs),
+            Some(Opcode::ScsiCommand) => {
+                session.command_data_destination(&bhs, backend, &mut self.out)
+            }
+            _ => None,
+        };
+        let Some(dst) = dst else {
             return Ok(None);
         };
         dst[..have].copy_from_slice(&self.rbuf[self.start + pdu::BHS_LEN..self.end]);
@@ -2003,10 +2006,43 @@ impl Driver {
         }
         let now = Instant::now();
         backend.turn_started = now;
-        let flow = session.handle_placed_data_out(&bhs, now, backend, &mut self.out);
+        let flow = if opcode == Some(Opcode::DataOut) {
+            session.handle_placed_data_out(&bhs, now, backend, &mut self.out)
+        } else {
+            session.handle_placed_command(now, backend, &mut self.out)
+        };
+        self.last_pdu_long = true;
         backend.finish_turn();
         self.flush().await?;
         Ok(Some(flow))
+    }
+
+    /// Where the next read into the buffer stops. While a long Data-Out is awaited, a read ends
+    /// with the next PDU's header: with nothing buffered, the header alone; in the middle of a
+    /// long PDU, that PDU's rest and the header after it. A long Data-Out's payload then goes
+    /// straight into place ([`Driver::receive_in_place`]) instead of arriving in this
+    /// buffer whole and being copied out of it: one more `recv` per long PDU instead of a copy
+    /// of up to 256 KiB. Otherwise (short PDUs, no long write waiting) reads fill the buffer.
+    fn read_end(&self, session: &Session) -> usize {
+        let full = self.rbuf.len();
+        // A long PDU is coming when a write awaits its Data-Out, and likely after a long one
+        // (a stream of large writes: commands with immediate data, then their Data-Out).
+        let long_expected = self.last_pdu_long || session.awaits_data_out(DATA_OUT_IN_PLACE_MIN);
+        let buffered = &self.rbuf[self.start..self.end];
+        let stop = match pdu::declared_frame_len(buffered, &session.framing()) {
+            _ if !long_expected => return full,
+            _ if buffered.is_empty() => self.end + pdu::BHS_LEN,
+            Ok(None) => self.start + pdu::BHS_LEN,
+            Ok(Some(len)) if len >= DATA_OUT_IN_PLACE_MIN => self.start + len + pdu::BHS_LEN,
+            _ => return full,
+        };
+        // Never an empty range: a read into one returns 0, which means the peer closed.
+        let stop = stop.min(full);
+        if stop > self.end {
+            stop
+        } else {
+            full
+        }
     }
 
     /// Moves a partial PDU to the front when the tail of the buffer is short, and grows a small

@@ -248,6 +248,12 @@ pub fn padded(len: usize) -> usize {
 
 /// How many bytes the PDU at the start of `buf` occupies, or `None` if more bytes are needed.
 pub fn frame_len(buf: &[u8], framing: &Framing) -> Result<Option<usize>, FrameError> {
+    Ok(declared_frame_len(buf, framing)?.filter(|&total| buf.len() >= total))
+}
+
+/// The length of the frame that `buf` begins with, as its header declares it, once the whole
+/// header is in `buf` (the frame itself may not be yet): None before that.
+pub fn declared_frame_len(buf: &[u8], framing: &Framing) -> Result<Option<usize>, FrameError> {
     let Some(bhs) = buf.get(..BHS_LEN) else {
         return Ok(None);
     };
@@ -266,7 +272,7 @@ pub fn frame_len(buf: &[u8], framing: &Framing) -> Result<Option<usize>, FrameEr
     if framing.data_digest && dsl > 0 {
         total += 4;
     }
-    Ok((buf.len() >= total).then_some(total))
+    Ok(Some(total))
 }
 
 /// One received PDU, borrowing the receive buffer.
@@ -370,6 +376,13 @@ mod tests {
                 assert_eq!(wire.len() % 4, 0);
                 assert_eq!(frame_len(&wire, &f), Ok(Some(wire.len())));
                 assert_eq!(frame_len(&wire[..wire.len() - 1], &f), Ok(None));
+                // The header alone declares the whole frame's length.
+                let header = BHS_LEN + if hd { 4 } else { 0 };
+                assert_eq!(
+                    declared_frame_len(&wire[..header], &f),
+                    Ok(Some(wire.len()))
+                );
+                assert_eq!(declared_frame_len(&wire[..BHS_LEN - 1], &f), Ok(None));
                 let pdu = parse_frame(&wire, &f).expect("valid frame");
                 assert_eq!(pdu.data, data);
                 assert_eq!(pdu.bhs.itt(), 0x1234_5678);

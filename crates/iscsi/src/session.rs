@@ -145,6 +145,31 @@ impl std::ops::DerefMut for DataOutBuf {
     }
 }
 
+/// A SCSI Command's immediate data: where it is.
+enum Immediate<'a> {
+    /// In the receive buffer (the PDU's data segment).
+    Received(&'a [u8]),
+    /// Received straight into the first `len` bytes of a buffer for the whole write.
+    Placed { buf: DataOutBuf, len: usize },
+}
+
+impl Immediate<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Immediate::Received(data) => data.len(),
+            Immediate::Placed { len, .. } => *len,
+        }
+    }
+
+    /// The placed buffer, for a command that did not take it.
+    fn into_buffer(self) -> Option<DataOutBuf> {
+        match self {
+            Immediate::Placed { buf, .. } => Some(buf),
+            Immediate::Received(_) => None,
+        }
+    }
+}
+
 /// A command handed to the backend to run elsewhere, owning what it needs.
 #[derive(Debug)]
 pub struct DeferredCommand {
@@ -432,6 +457,8 @@ pub struct Session {
     activity: Activity,
     /// TMFs answered once their aborted tasks are done.
     tmfs: Vec<PendingTmf>,
+    /// A SCSI Command whose immediate data the engine is receiving in place.
+    staged: Option<(Bhs, DataOutBuf)>,
 }
 
 impl Session {
@@ -475,6 +502,7 @@ impl Session {
             logged_out: false,
             activity: Activity::default(),
             tmfs: Vec::new(),
+            staged: None,
         }
     }
 
@@ -487,12 +515,12 @@ impl Session {
         std::mem::take(&mut self.activity)
     }
 
-    fn note_activity(&mut self, opcode: Option<Opcode>, pdu: &Pdu<'_>) {
+    fn note_activity(&mut self, opcode: Option<Opcode>, pdu: &Pdu<'_>, data_len: usize) {
         if opcode != Some(Opcode::ScsiCommand) {
             self.activity.other_pdus = self.activity.other_pdus.saturating_add(1);
             return;
         }
-        let bytes = pdu::BHS_LEN + pdu.ahs.len() + pdu.data.len();
+        let bytes = pdu::BHS_LEN + pdu.ahs.len() + data_len;
         self.activity.commands = self.activity.commands.saturating_add(1);
         self.activity.command_bytes = self.activity.command_bytes.saturating_add(bytes as u64);
         // ExpStatSN is the initiator's word, so it is bounded: one "ahead" of our StatSN, or
@@ -673,7 +701,7 @@ impl Session {
         backend: &mut dyn ScsiBackend,
         out: &mut Outbox,
     ) -> Flow {
-        if let Some(flow) = self.arrived(pdu, now) {
+        if let Some(flow) = self.arrived(pdu, pdu.data.len(), now) {
             return flow;
         }
         let bhs = &pdu.bhs;
@@ -732,7 +760,8 @@ impl Session {
 
     /// What every received PDU does to the session before it is handled: liveness clocks and
     /// the turn's activity. `Some(Close)` once the session has logged out.
-    fn arrived(&mut self, pdu: &Pdu<'_>, now: Instant) -> Option<Flow> {
+    /// `data_len`: the data segment's length (a payload received in place is not in `pdu`).
+    fn arrived(&mut self, pdu: &Pdu<'_>, data_len: usize, now: Instant) -> Option<Flow> {
         self.last_rx = now;
         if self.logged_out {
             return Some(Flow::Close);
@@ -743,7 +772,7 @@ impl Session {
         if !answers_ping {
             self.last_activity = now;
         }
-        self.note_activity(Opcode::from_initiator(bhs.opcode_raw()), pdu);
+        self.note_activity(Opcode::from_initiator(bhs.opcode_raw()), pdu, data_len);
         None
     }
 
@@ -786,7 +815,9 @@ impl Session {
     ) -> Flow {
         match opcode {
             Opcode::NopOut => self.nop_out(pdu, out),
-            Opcode::ScsiCommand => self.scsi_command(pdu, backend, out),
+            Opcode::ScsiCommand => {
+                self.scsi_command(pdu, Immediate::Received(pdu.data), backend, out)
+            }
             Opcode::TaskMgmtRequest => self.task_management(pdu, backend, out),
             Opcode::TextRequest => self.text_request(pdu, backend, out),
             Opcode::LogoutRequest => self.logout(pdu, out),
@@ -812,16 +843,36 @@ impl Session {
         Flow::Continue
     }
 
+    /// `immediate`: the command's immediate data, in the receive buffer or already in place in
+    /// a buffer for the whole write ([`Session::command_data_destination`]).
     fn scsi_command(
         &mut self,
         pdu: &Pdu<'_>,
+        immediate: Immediate<'_>,
         backend: &mut dyn ScsiBackend,
         out: &mut Outbox,
     ) -> Flow {
+        let (flow, unused) = self.scsi_command_inner(pdu, immediate, backend, out);
+        // A placed buffer the command did not take (it was refused) goes back to the pool.
+        if let Some(buf) = unused {
+            buf.recycle(out);
+        }
+        flow
+    }
+
+    fn scsi_command_inner(
+        &mut self,
+        pdu: &Pdu<'_>,
+        immediate: Immediate<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> (Flow, Option<DataOutBuf>) {
         let bhs = &pdu.bhs;
+        let immediate_len = immediate.len();
+        let refuse = |immediate: Immediate<'_>| (Flow::Continue, immediate.into_buffer());
         if self.kind == SessionType::Discovery {
             self.reject(bhs, RejectReason::ProtocolError, out);
-            return Flow::Continue;
+            return refuse(immediate);
         }
         let flags = bhs.flags();
         let read = flags & 0x40 != 0;
@@ -832,114 +883,119 @@ impl Session {
         let lun = bhs.lun();
         let Some(cdb) = cdb_of(pdu) else {
             self.reject(bhs, RejectReason::InvalidPduField, out);
-            return Flow::Continue;
+            return refuse(immediate);
         };
         if flags & 0x80 == 0 && !write {
             // F=0 only makes sense when unsolicited Data-Out follows.
             self.reject(bhs, RejectReason::ProtocolError, out);
-            return Flow::Continue;
+            return refuse(immediate);
         }
-        if !pdu.data.is_empty()
+        if immediate_len != 0
             && (!write
                 || !self.params.immediate_data
-                || pdu.data.len() > edtl as usize
-                || pdu.data.len() > self.params.first_burst_length as usize)
+                || immediate_len > edtl as usize
+                || immediate_len > self.params.first_burst_length as usize)
         {
             self.reject(bhs, RejectReason::ProtocolError, out);
-            return Flow::Continue;
+            return refuse(immediate);
         }
         if self.pending.iter().any(|p| p.itt == itt) {
             self.reject(bhs, RejectReason::TaskInProgress, out);
-            return Flow::Continue;
+            return refuse(immediate);
         }
         // Commands inside the window never exceed the queue depth (the window shrinks as tasks
         // pile up); immediate commands come outside it, and are refused rather than queued
         // without bound.
         if self.pending.len() + self.running.len() >= self.limits.queue_depth.max(1) as usize {
             self.respond_status(itt, status::TASK_SET_FULL, out);
-            return Flow::Continue;
+            return refuse(immediate);
         }
         if read && write {
             // Bidirectional commands are not supported by any SCSI command we implement.
             self.respond_sense(itt, lun, edtl, &INVALID_FIELD_IN_CDB, out);
-            return Flow::Continue;
+            return refuse(immediate);
         }
-        if !write || edtl == 0 || pdu.data.len() == edtl as usize {
-            let data_out = if write { pdu.data } else { &[] };
-            let req = ScsiRequest {
-                itt,
-                lun,
-                cdb: &cdb,
-                data_out,
-                expected_len: edtl,
-                read,
-                write,
-                task_attr,
-                // Untagged (0) or SIMPLE (1): the data of an ORDERED read must not change
-                // after it completes, which a page still being sent could.
-                may_lend_file: read && !self.framing.data_digest && task_attr <= 1,
-            };
-            if self.execute(&req, backend, out) {
-                // Immediate data lives in the receive buffer: the only Data-Out copied here.
-                let buf = if data_out.is_empty() {
-                    DataOutBuf::default()
-                } else if let Some(mut memory) = backend
-                    .data_out_memory(lun, data_out.len())
-                    .filter(|m| m.bytes().len() == data_out.len())
-                {
-                    memory.bytes_mut().copy_from_slice(data_out);
-                    DataOutBuf::Engine(memory)
-                } else {
-                    let mut buf = out.take_buffer();
-                    buf.extend_from_slice(data_out);
-                    DataOutBuf::Pooled(buf)
+        if !write || edtl == 0 || immediate_len == edtl as usize {
+            let deferred = {
+                let data_out = match &immediate {
+                    _ if !write => &[][..],
+                    Immediate::Received(data) => data,
+                    Immediate::Placed { buf, len } => buf.get(..*len).unwrap_or_default(),
                 };
-                backend.defer(DeferredCommand {
+                let req = ScsiRequest {
                     itt,
                     lun,
-                    cdb: cdb.to_vec(),
-                    data_out: buf,
+                    cdb: &cdb,
+                    data_out,
                     expected_len: edtl,
                     read,
                     write,
                     task_attr,
-                });
+                    // Untagged (0) or SIMPLE (1): the data of an ORDERED read must not change
+                    // after it completes, which a page still being sent could.
+                    may_lend_file: read && !self.framing.data_digest && task_attr <= 1,
+                };
+                self.execute(&req, backend, out)
+            };
+            if !deferred {
+                return refuse(immediate);
             }
-            return Flow::Continue;
+            let buf = match immediate {
+                // All of it, in place: the buffer is EDTL bytes long.
+                Immediate::Placed { buf, .. } => buf,
+                Immediate::Received([]) => DataOutBuf::default(),
+                // Immediate data in the receive buffer: the only Data-Out copied here.
+                Immediate::Received(data_out) => match backend
+                    .data_out_memory(lun, data_out.len())
+                    .filter(|m| m.bytes().len() == data_out.len())
+                {
+                    Some(mut memory) => {
+                        memory.bytes_mut().copy_from_slice(data_out);
+                        DataOutBuf::Engine(memory)
+                    }
+                    None => {
+                        let mut buf = out.take_buffer();
+                        buf.extend_from_slice(data_out);
+                        DataOutBuf::Pooled(buf)
+                    }
+                },
+            };
+            backend.defer(DeferredCommand {
+                itt,
+                lun,
+                cdb: cdb.to_vec(),
+                data_out: buf,
+                expected_len: edtl,
+                read,
+                write,
+                task_attr,
+            });
+            return (Flow::Continue, None);
         }
         if edtl > self.limits.max_write_bytes {
             self.respond_sense(itt, lun, edtl, &INVALID_FIELD_IN_CDB, out);
-            return Flow::Continue;
+            return refuse(immediate);
         }
         if self.pending_write_bytes + edtl as usize > self.limits.max_pending_write_bytes
             || self.pending.len() >= self.limits.queue_depth as usize
         {
             self.respond_status(itt, status::TASK_SET_FULL, out);
-            return Flow::Continue;
+            return refuse(immediate);
         }
-        // Collect the rest of the data. A recycled buffer keeps its old bytes (this connection's
-        // own earlier data) instead of being zero-filled, a pass over up to megabytes per write:
-        // the command runs only once `received` reaches EDTL, and the accepted Data-Out ranges
-        // are disjoint (each offset is checked against its burst), so by then every byte of
-        // `buf` has been overwritten.
-        let mut buf = match backend.data_out_memory(lun, edtl as usize) {
-            Some(memory) if memory.bytes().len() == edtl as usize => DataOutBuf::Engine(memory),
-            _ => {
-                let mut buf = out.take_scratch();
-                if buf.len() >= edtl as usize {
-                    buf.truncate(edtl as usize);
-                } else {
-                    buf.resize(edtl as usize, 0);
-                }
-                DataOutBuf::Pooled(buf)
+        let buf = match immediate {
+            // Already in place, in a buffer of EDTL bytes.
+            Immediate::Placed { buf, .. } => buf,
+            Immediate::Received(data) => {
+                let mut buf = self.write_buffer(lun, edtl, backend, out);
+                let Some(head) = buf.get_mut(..data.len()) else {
+                    // Checked above: immediate data never exceeds EDTL.
+                    return (Flow::Continue, Some(buf));
+                };
+                head.copy_from_slice(data);
+                buf
             }
         };
-        let immediate = pdu.data.len() as u32;
-        let Some(head) = buf.get_mut(..pdu.data.len()) else {
-            // Checked above: immediate data never exceeds EDTL.
-            return Flow::Continue;
-        };
-        head.copy_from_slice(pdu.data);
+        let immediate = immediate_len as u32;
         let unsolicited_end = if self.params.initial_r2t || flags & 0x80 != 0 {
             immediate
         } else {
@@ -963,7 +1019,117 @@ impl Session {
         self.pending_write_bytes += edtl as usize;
         self.issue_r2ts(&mut task, out);
         self.pending.push(task);
-        Flow::Continue
+        (Flow::Continue, None)
+    }
+
+    /// A buffer for the `edtl` bytes of a write's data: memory the engine runs the write from
+    /// (aligned for direct I/O), else one of the connection's pool. A recycled buffer keeps its
+    /// old bytes (this connection's own earlier data) instead of being zero-filled, a pass over
+    /// up to megabytes per write: the command runs only once `received` reaches EDTL, and the
+    /// accepted ranges are disjoint (each offset is checked against its burst), so by then every
+    /// byte of it has been overwritten.
+    fn write_buffer(
+        &mut self,
+        lun: [u8; 8],
+        edtl: u32,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> DataOutBuf {
+        match backend.data_out_memory(lun, edtl as usize) {
+            Some(memory) if memory.bytes().len() == edtl as usize => DataOutBuf::Engine(memory),
+            _ => {
+                let mut buf = out.take_scratch();
+                if buf.len() >= edtl as usize {
+                    buf.truncate(edtl as usize);
+                } else {
+                    buf.resize(edtl as usize, 0);
+                }
+                DataOutBuf::Pooled(buf)
+            }
+        }
+    }
+
+    /// For an engine that receives long immediate data straight into place: the slice of a
+    /// buffer for the whole write that this SCSI Command header's data segment belongs in, when
+    /// the session takes the command now (in CmdSN order, every check of
+    /// [`Session::handle`] passing, nothing to answer first). Fill it, then call
+    /// [`Session::handle_placed_command`]. Never with digests on (a placed payload skips the
+    /// frame parser, so its digest would go unchecked), never for a command with an AHS.
+    pub fn command_data_destination(
+        &mut self,
+        bhs: &Bhs,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Option<&mut [u8]> {
+        let len = bhs.data_segment_len();
+        let flags = bhs.flags();
+        let (read, write) = (flags & 0x40 != 0, flags & 0x20 != 0);
+        let edtl = bhs.u32_at(off::EDTL);
+        let cmd_sn = bhs.u32_at(off::CMD_SN);
+        let more_to_come = len < edtl as usize;
+        let takes_it = !self.logged_out
+            && !self.framing.header_digest
+            && !self.framing.data_digest
+            && self.staged.is_none()
+            && self.kind != SessionType::Discovery
+            && Opcode::from_initiator(bhs.opcode_raw()) == Some(Opcode::ScsiCommand)
+            && bhs.total_ahs_len() == 0
+            && !bhs.immediate()
+            && cmd_sn == self.exp_cmd_sn
+            && serial::le(cmd_sn, self.max_cmd_sn_granted)
+            && write
+            && !read
+            && len > 0
+            && self.params.immediate_data
+            && len <= edtl as usize
+            && len <= self.params.first_burst_length as usize
+            && !self.pending.iter().any(|p| p.itt == bhs.itt())
+            && self.pending.len() + self.running.len() < self.limits.queue_depth.max(1) as usize
+            && (!more_to_come
+                || (edtl <= self.limits.max_write_bytes
+                    && self.pending_write_bytes + edtl as usize
+                        <= self.limits.max_pending_write_bytes
+                    && self.pending.len() < self.limits.queue_depth as usize));
+        if !takes_it {
+            return None;
+        }
+        let buf = self.write_buffer(bhs.lun(), edtl, backend, out);
+        let (_, buf) = self.staged.insert((*bhs, buf));
+        buf.get_mut(..len)
+    }
+
+    /// [`Session::handle`] for the SCSI Command whose immediate data the engine received into
+    /// the slice [`Session::command_data_destination`] returned.
+    pub fn handle_placed_command(
+        &mut self,
+        now: Instant,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        let Some((bhs, buf)) = self.staged.take() else {
+            debug_assert!(false, "handle_placed_command without a destination");
+            return Flow::Continue;
+        };
+        let len = bhs.data_segment_len();
+        let pdu = Pdu {
+            bhs,
+            ahs: &[],
+            data: &[],
+        };
+        if let Some(flow) = self.arrived(&pdu, len, now) {
+            buf.recycle(out);
+            return flow;
+        }
+        // command_data_destination took it as the next in CmdSN order, inside the window.
+        self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+        let flow = self.scsi_command(&pdu, Immediate::Placed { buf, len }, backend, out);
+        let flow = if flow == Flow::Close {
+            flow
+        } else {
+            self.run_out_of_order(now, backend, out)
+        };
+        self.check_invariants();
+        flow
     }
 
     fn issue_r2ts(&mut self, task: &mut PendingWrite, out: &mut Outbox) {
@@ -1068,7 +1234,7 @@ impl Session {
             ahs: &[],
             data: &[],
         };
-        if let Some(flow) = self.arrived(&pdu, now) {
+        if let Some(flow) = self.arrived(&pdu, 0, now) {
             return flow;
         }
         let flow = self.data_out_inner(&pdu, bhs.data_segment_len(), true, backend, out);

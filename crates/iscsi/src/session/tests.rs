@@ -215,6 +215,22 @@ impl Harness {
         Some((flow, decode_all(&out.to_vec(), &self.s.framing())))
     }
 
+    /// Like `send` for a SCSI Command whose immediate data an engine receives in place. None
+    /// if the session declines (the PDU then takes the usual way).
+    fn send_placed_command(&mut self, mut bhs: Bhs, data: &[u8]) -> Option<(Flow, Decoded)> {
+        bhs.set_data_segment_len(data.len());
+        let mut out = Outbox::new(8);
+        let dst = self
+            .s
+            .command_data_destination(&bhs, &mut self.b, &mut out)?;
+        assert_eq!(dst.len(), data.len());
+        dst.copy_from_slice(data);
+        let flow = self
+            .s
+            .handle_placed_command(self.now, &mut self.b, &mut out);
+        Some((flow, decode_all(&out.to_vec(), &self.s.framing())))
+    }
+
     fn command(&mut self, cdb: &[u8], flags: u8, edtl: u32, itt: u32) -> Bhs {
         let mut b = Bhs::new(Opcode::ScsiCommand);
         b.set_flags(flags);
@@ -1690,4 +1706,219 @@ fn immediate_commands_beyond_the_queue_depth_get_task_set_full() {
     assert_eq!(r[0].0.itt(), 3);
     assert_eq!(r[0].0 .0[3], status::TASK_SET_FULL);
     assert_eq!(h.s.running_tasks(), 2);
+}
+
+/// Runs `steps` (a command with immediate data, then its Data-Out) on two sessions: one handed
+/// every PDU from its receive buffer, one whose command's immediate data arrives in place. What
+/// the initiator sees and what the backend runs must not differ.
+fn placed_and_usual(
+    setup: impl Fn(&mut Harness),
+    command: impl Fn(&mut Harness) -> Bhs,
+    immediate: &[u8],
+    data_outs: &[(Bhs, std::ops::Range<usize>)],
+    payload: &[u8],
+) -> [(Harness, Vec<Decoded>); 2] {
+    let run = |placed: bool| {
+        let mut h = harness();
+        setup(&mut h);
+        let cmd = command(&mut h);
+        let first = if placed {
+            h.send_placed_command(cmd, immediate)
+                .expect("taken in place")
+                .1
+        } else {
+            h.send(cmd, immediate).1
+        };
+        let mut answers = vec![first];
+        for (bhs, range) in data_outs {
+            answers.push(h.send(*bhs, &payload[range.clone()]).1);
+        }
+        (h, answers)
+    };
+    [run(false), run(true)]
+}
+
+#[test]
+fn immediate_data_received_in_place_runs_like_the_usual_path() {
+    let payload: Vec<u8> = (0..24576u32).map(|i| (i % 253) as u8).collect();
+    // All of the write as immediate data, run by the backend at once.
+    let [(usual, a), (placed, b)] = placed_and_usual(
+        |_| {},
+        |h| h.command(&WRITE10, 0xa0, 8192, 7),
+        &payload[..8192],
+        &[],
+        &payload,
+    );
+    assert_eq!(a, b);
+    assert_eq!(usual.b.executed, placed.b.executed);
+    assert_eq!(placed.b.executed[0].1, payload[..8192]);
+    // Immediate data, unsolicited Data-Out, then an R2T's Data-Out; deferred, in engine memory.
+    let setup = |h: &mut Harness| {
+        h.b.defer = true;
+        h.b.engine_memory = true;
+    };
+    let [(usual, a), (placed, b)] = placed_and_usual(
+        setup,
+        |h| h.command(&WRITE10, 0x20, 24576, 8),
+        &payload[..4096],
+        &[
+            (data_out(8, RESERVED_TAG, 0, 4096, true), 4096..8192),
+            // The harness's session hands out TTTs from 1.
+            (data_out(8, 1, 0, 8192, true), 8192..24576),
+        ],
+        &payload,
+    );
+    assert_eq!(a, b, "the same R2T, the same answers");
+    assert_eq!(usual.b.deferred, vec![8]);
+    assert_eq!(placed.b.deferred, vec![8]);
+    assert_eq!(
+        placed.b.deferred_data[0], payload,
+        "every byte where it belongs"
+    );
+    assert_eq!(placed.b.deferred_in_engine_memory, vec![true]);
+    assert_eq!(
+        placed.b.memory_asked,
+        vec![24576],
+        "one buffer of EDTL bytes"
+    );
+    assert_eq!(placed.s.pending_writes(), 0);
+    assert_eq!(placed.s.running_tasks(), 1);
+}
+
+#[test]
+fn a_placed_command_counts_as_a_command_with_its_data() {
+    let mut h = harness();
+    let _ = h.s.take_activity();
+    let cmd = h.command(&WRITE10, 0xa0, 8192, 9);
+    assert!(h.send_placed_command(cmd, &[3u8; 8192]).is_some());
+    let activity = h.s.take_activity();
+    assert_eq!(activity.commands, 1);
+    assert_eq!(activity.command_bytes, (pdu::BHS_LEN + 8192) as u64);
+    assert_eq!(h.s.exp_cmd_sn(), 2, "CmdSN advanced once");
+}
+
+#[test]
+fn commands_the_session_would_not_take_at_once_have_no_destination() {
+    let data = [4u8; 4096];
+    type MakeCommand = Box<dyn Fn(&mut Harness) -> Bhs>;
+    let cases: Vec<(&str, MakeCommand)> = vec![
+        (
+            "CmdSN ahead of ExpCmdSN (kept out of order)",
+            Box::new(|h| {
+                h.cmd_sn += 1;
+                h.command(&WRITE10, 0x20, 8192, 20)
+            }),
+        ),
+        (
+            "immediate delivery",
+            Box::new(|h| {
+                let mut b = h.command(&WRITE10, 0x20, 8192, 20);
+                b.set_immediate(true);
+                b
+            }),
+        ),
+        ("a read", Box::new(|h| h.command(&READ10, 0xc0, 4096, 20))),
+        (
+            "more data than EDTL",
+            Box::new(|h| h.command(&WRITE10, 0xa0, 2048, 20)),
+        ),
+        (
+            "more than FirstBurstLength",
+            Box::new(|h| {
+                let mut b = h.command(&WRITE10, 0x20, 65536, 20);
+                b.set_data_segment_len(8193);
+                b
+            }),
+        ),
+        (
+            "an AHS",
+            Box::new(|h| {
+                let mut b = h.command(&WRITE10, 0x20, 8192, 20);
+                b.0[4] = 1;
+                b
+            }),
+        ),
+        (
+            "the ITT of a write still pending",
+            Box::new(|h| {
+                let pending = h.command(&WRITE10, 0x20, 16384, 20);
+                let _ = h.send(pending, &[1u8; 4096]);
+                h.command(&WRITE10, 0x20, 8192, 20)
+            }),
+        ),
+        (
+            "a write larger than max_write_bytes",
+            Box::new(|h| {
+                h.command(
+                    &WRITE10,
+                    0x20,
+                    SessionLimits::default().max_write_bytes + 512,
+                    20,
+                )
+            }),
+        ),
+        (
+            "not a SCSI Command",
+            Box::new(|h| {
+                let mut b = h.command(&WRITE10, 0x20, 8192, 20);
+                b.0[0] = Opcode::NopOut as u8;
+                b
+            }),
+        ),
+    ];
+    for (why, make) in cases {
+        let mut h = harness();
+        let mut bhs = make(&mut h);
+        if bhs.data_segment_len() == 0 {
+            bhs.set_data_segment_len(data.len());
+        }
+        let pending = h.s.pending_writes();
+        let mut out = Outbox::new(4);
+        assert!(
+            h.s.command_data_destination(&bhs, &mut h.b, &mut out)
+                .is_none(),
+            "{why}"
+        );
+        assert!(out.is_empty(), "{why}: nothing answered");
+        assert_eq!(h.s.pending_writes(), pending, "{why}: nothing changed");
+        // The session still takes the next good command in place.
+        h.cmd_sn = h.s.exp_cmd_sn();
+        let good = h.command(&WRITE10, 0xa0, 4096, 99);
+        assert!(h.send_placed_command(good, &data).is_some(), "{why}");
+    }
+    // Session-wide refusals: digests, ImmediateData=No, a discovery session.
+    for (why, p, kind) in [
+        (
+            "header digest",
+            {
+                let mut p = params();
+                p.header_digest = true;
+                p
+            },
+            SessionType::Normal,
+        ),
+        (
+            "data digest",
+            {
+                let mut p = params();
+                p.data_digest = true;
+                p
+            },
+            SessionType::Normal,
+        ),
+        (
+            "ImmediateData=No",
+            {
+                let mut p = params();
+                p.immediate_data = false;
+                p
+            },
+            SessionType::Normal,
+        ),
+        ("discovery session", params(), SessionType::Discovery),
+    ] {
+        let mut h = harness_with(kind, p, SessionLimits::default());
+        let cmd = h.command(&WRITE10, 0xa0, 4096, 1);
+        assert!(h.send_placed_command(cmd, &data).is_none(), "{why}");
+    }
 }

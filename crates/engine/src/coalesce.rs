@@ -204,6 +204,12 @@ fn ewma(avg: u64, sample: u64) -> u64 {
 /// Deeper queues gained nothing from polling in an A/B (QD4, one session: -4% to +4% IOPS at
 /// twice the CPU).
 pub const LOCKSTEP_BACKLOG_MAX: u32 = 1;
+/// Nor may more than this many of its other commands still be in the target when one arrives:
+/// with a deep queue of slow commands (QD16 of 1 MiB writes, QD64 on a disk) each new command
+/// follows an answer the initiator has just seen, so the backlog alone reads as lockstep, and
+/// polling there cost 2 µs per 4 KiB disk read and ~100 µs per 1 MiB write for no gain (A/B,
+/// session 19).
+pub const LOCKSTEP_IN_FLIGHT_MAX: u32 = 1;
 /// Turns in a row of such commands before an initiator counts as waiting for each answer: a
 /// deep queue shows a short backlog now and then (after a pause), which must not count (each
 /// change costs two `epoll_ctl` calls).
@@ -213,7 +219,8 @@ pub const LOCKSTEP_AFTER_TURNS: u32 = 8;
 /// its next command (the case busy polling serves, and coalescing never does).
 #[derive(Debug, Default)]
 pub struct Lockstep {
-    /// Turns in a row whose commands came with at most `LOCKSTEP_BACKLOG_MAX` answers unseen.
+    /// Turns in a row whose commands came with at most `LOCKSTEP_BACKLOG_MAX` answers unseen
+    /// and at most `LOCKSTEP_IN_FLIGHT_MAX` other commands in the target.
     answered_turns: u32,
 }
 
@@ -222,7 +229,9 @@ impl Lockstep {
     /// A turn without commands (a header whose data is still on its way) changes nothing.
     pub fn after_turn(&mut self, a: &Activity) -> bool {
         if a.commands > 0 {
-            self.answered_turns = if a.initiator_backlog <= LOCKSTEP_BACKLOG_MAX {
+            let lockstep = a.initiator_backlog <= LOCKSTEP_BACKLOG_MAX
+                && a.in_flight <= LOCKSTEP_IN_FLIGHT_MAX;
+            self.answered_turns = if lockstep {
                 self.answered_turns.saturating_add(1)
             } else {
                 0
@@ -244,6 +253,7 @@ mod tests {
             command_bytes: u64::from(commands) * bytes_each,
             other_pdus: 0,
             initiator_backlog: backlog,
+            in_flight: 0,
         }
     }
 
@@ -597,6 +607,31 @@ mod tests {
             assert!(!l.after_turn(&busy(1, CMD_4K_WRITE, 0)));
         }
         assert!(l.after_turn(&busy(1, CMD_4K_WRITE, 0)));
+    }
+
+    #[test]
+    fn a_deep_queue_of_slow_commands_is_not_lockstep_though_every_answer_was_seen() {
+        let mut l = Lockstep::default();
+        // QD16 of 1 MiB writes: each command follows an answer just seen (backlog 0), with the
+        // other 15 still in the target.
+        let deep = Activity {
+            in_flight: 15,
+            ..busy(1, 48, 0)
+        };
+        for _ in 0..1_000 {
+            assert!(!l.after_turn(&deep));
+        }
+        // QD2 on a disk: one other command in flight is still lockstep.
+        let qd2 = Activity {
+            in_flight: LOCKSTEP_IN_FLIGHT_MAX,
+            ..busy(1, 48, 0)
+        };
+        for _ in 1..LOCKSTEP_AFTER_TURNS {
+            assert!(!l.after_turn(&qd2));
+        }
+        assert!(l.after_turn(&qd2));
+        // One deep turn ends it.
+        assert!(!l.after_turn(&deep));
     }
 
     #[test]

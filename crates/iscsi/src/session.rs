@@ -417,6 +417,11 @@ pub struct Activity {
     /// our StatSN minus its ExpStatSN, bounded by the command window. A pipelining initiator
     /// shows its queue depth here; one that waits for each answer shows 0.
     pub initiator_backlog: u32,
+    /// The most commands of this session still in the target (waiting for Data-Out or
+    /// running) when one of those commands arrived. An initiator with a deep queue of slow
+    /// commands (large writes, a disk) has seen every answer when it sends the next one, so
+    /// only this tells it from one that waits for each answer.
+    pub in_flight: u32,
 }
 
 #[derive(Debug)]
@@ -534,6 +539,8 @@ impl Session {
                 .min(self.limits.queue_depth)
         };
         self.activity.initiator_backlog = self.activity.initiator_backlog.max(backlog);
+        let in_flight = u32::try_from(self.pending.len() + self.running.len()).unwrap_or(u32::MAX);
+        self.activity.in_flight = self.activity.in_flight.max(in_flight);
     }
 
     pub fn params(&self) -> &SessionParams {

@@ -1922,3 +1922,27 @@ fn commands_the_session_would_not_take_at_once_have_no_destination() {
         assert!(h.send_placed_command(cmd, &data).is_none(), "{why}");
     }
 }
+
+#[test]
+fn activity_counts_the_commands_in_flight_when_one_arrives() {
+    let mut h = harness();
+    h.b.defer = true;
+    let _ = h.s.take_activity();
+    for itt in 1..=3 {
+        let cmd = h.command(&READ10, 0xc0, 4096, itt);
+        h.send(cmd, &[]);
+    }
+    // A write still waiting for its Data-Out counts too.
+    let cmd = h.command(&WRITE10, 0x20, 16384, 4);
+    h.send(cmd, &[1u8; 4096]);
+    let activity = h.s.take_activity();
+    assert_eq!(activity.commands, 4);
+    assert_eq!(
+        activity.in_flight, 3,
+        "the last arrived with three before it"
+    );
+    let cmd = h.command(&READ10, 0xc0, 4096, 5);
+    h.send(cmd, &[]);
+    assert_eq!(h.s.take_activity().in_flight, 4);
+    assert_eq!(h.s.take_activity(), Activity::default(), "taken: reset");
+}

@@ -10,9 +10,9 @@
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
+use engine::coalesce::{Coalescer, Outcome, Plan, BACKLOG_MIN, LOW_WATER_MAX, WAIT_MIN};
 use iscsi::session::Activity;
 use libfuzzer_sys::fuzz_target;
-use engine::coalesce::{Coalescer, Outcome, Plan, BACKLOG_MIN, LOW_WATER_MAX, WAIT_MIN};
 
 #[derive(Arbitrary, Debug)]
 struct Turn {
@@ -20,6 +20,7 @@ struct Turn {
     command_bytes: u64,
     other_pdus: u32,
     initiator_backlog: u32,
+    in_flight: u32,
     timed_out: bool,
     /// Nanoseconds since the previous turn.
     step_ns: u32,
@@ -43,6 +44,7 @@ fuzz_target!(|input: Input| {
             command_bytes: t.command_bytes,
             other_pdus: t.other_pdus,
             initiator_backlog: t.initiator_backlog,
+            in_flight: t.in_flight,
         };
         let before = c.plan();
         let out = c.after_turn(&a, t.timed_out, now);

@@ -4,8 +4,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use libfuzzer_sys::fuzz_target;
 use engine::config::{parse_size, Config};
+use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 enum Input {

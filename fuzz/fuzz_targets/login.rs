@@ -376,7 +376,10 @@ fuzz_target!(|input: Input| {
                     );
                 }
                 if est.session_type == SessionType::Normal {
-                    assert_eq!(est.target_name.as_ref().map(IscsiName::as_str), Some(TARGET));
+                    assert_eq!(
+                        est.target_name.as_ref().map(IscsiName::as_str),
+                        Some(TARGET)
+                    );
                 }
                 return;
             }

@@ -197,6 +197,8 @@ enum Op {
         cdb: [u8; 16],
         imm_len: u16,
         ahs: Vec<u8>,
+        /// Immediate data received in place (Session::command_data_destination), if taken.
+        in_place: bool,
     },
     DataOut {
         itt: ItChoice,
@@ -470,7 +472,9 @@ fuzz_target!(|input: Input| {
                 cdb,
                 imm_len,
                 ahs: a,
+                in_place,
             } => {
+                placed = *in_place;
                 bhs = Bhs::new(Opcode::ScsiCommand);
                 bhs.set_immediate(*immediate);
                 bhs.set_flags(*flags);
@@ -672,8 +676,16 @@ fuzz_target!(|input: Input| {
             ahs: &ahs,
             data: &data,
         };
+        // Like the engine: a Data-Out's payload, or a SCSI Command's immediate data, received
+        // in place when the session takes it there (the rest take the usual way).
+        let command = pdu.bhs.opcode_raw() & 0x3f == Opcode::ScsiCommand as u8;
         let in_place = placed && {
-            match session.data_out_destination(&pdu.bhs) {
+            let dst = if command {
+                session.command_data_destination(&pdu.bhs, &mut backend, &mut out)
+            } else {
+                session.data_out_destination(&pdu.bhs)
+            };
+            match dst {
                 Some(dst) => {
                     assert_eq!(
                         dst.len(),
@@ -686,10 +698,10 @@ fuzz_target!(|input: Input| {
                 None => false,
             }
         };
-        let flow = if in_place {
-            session.handle_placed_data_out(&pdu.bhs, now, &mut backend, &mut out)
-        } else {
-            session.handle(&pdu, now, &mut backend, &mut out)
+        let flow = match (in_place, command) {
+            (true, true) => session.handle_placed_command(now, &mut backend, &mut out),
+            (true, false) => session.handle_placed_data_out(&pdu.bhs, now, &mut backend, &mut out),
+            (false, _) => session.handle(&pdu, now, &mut backend, &mut out),
         };
         checker.check(&session, &out);
         assert!(

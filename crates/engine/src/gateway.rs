@@ -13,8 +13,36 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use store::RbdStore;
 
-/// The image metadata key naming the gateway that owns the image.
+/// The image metadata key naming the gateway that owns the image and, after a space, the
+/// lock holder as librbd names it (the client's address: `NAME 10.0.0.5:0/3052916102`; one
+/// key, so one write sets both). A gateway restarted after a crash knows its predecessor's
+/// lock by that holder.
 pub const OWNER_KEY: &str = "ferrosan.alua_owner";
+
+/// What the owner key holds.
+#[derive(Debug, PartialEq, Eq)]
+struct OwnerRecord<'a> {
+    gateway: &'a str,
+    /// Absent in records written before the client was kept.
+    client: Option<&'a str>,
+}
+
+fn parse_owner(value: &str) -> Option<OwnerRecord<'_>> {
+    let value = value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    Some(match value.split_once(char::is_whitespace) {
+        Some((gateway, client)) => OwnerRecord {
+            gateway,
+            client: Some(client.trim()).filter(|c| !c.is_empty()),
+        },
+        None => OwnerRecord {
+            gateway: value,
+            client: None,
+        },
+    })
+}
 /// How often a gateway looks at who owns its images (ownership moved by another gateway is
 /// reported within this, plus the cluster's answer time).
 pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -88,8 +116,28 @@ impl ImageOwnership {
     }
 
     fn recorded_owner(&self) -> Result<Option<usize>, rbd::Error> {
-        let recorded = self.observer.metadata(OWNER_KEY)?;
-        Ok(recorded.and_then(|name| self.gateways.iter().position(|g| *g == name.trim())))
+        Ok(self.recorded()?.0)
+    }
+
+    /// The recorded owner (an index in `gateways`) and the client that holds its lock.
+    fn recorded(&self) -> Result<(Option<usize>, Option<String>), rbd::Error> {
+        let recorded = self.observer.metadata(OWNER_KEY)?.unwrap_or_default();
+        let Some(record) = parse_owner(&recorded) else {
+            return Ok((None, None));
+        };
+        let index = self.gateways.iter().position(|g| g == record.gateway);
+        Ok((index, record.client.map(str::to_string)))
+    }
+
+    /// Records this gateway as the owner, with the lock holder as librbd names it (this
+    /// gateway's data connection: it holds the lock now).
+    fn record_self(&self, image: &rbd::Image) -> Result<(), rbd::Error> {
+        let me = &self.gateways[self.me];
+        let value = match image.lock_owners()?.as_slice() {
+            [holder] => format!("{me} {holder}"),
+            _ => me.clone(),
+        };
+        image.set_metadata(OWNER_KEY, &value)
     }
 
     /// Who owns the image now, as the cluster says: this gateway while it holds the lock,
@@ -109,16 +157,36 @@ impl ImageOwnership {
     }
 
     /// At start: takes the image when no other gateway holds or claims it (first start, or
-    /// this gateway owned it before a restart); otherwise follows the recorded owner.
+    /// this gateway owned it before a restart); otherwise follows the recorded owner. A lock
+    /// still held by the client this gateway recorded as its own is its predecessor's (killed
+    /// before it could close the image; its watch lingers for ~30 s, so librbd would not break
+    /// it yet): that client is fenced and the image taken back.
     pub fn start(&self) -> Result<(), rbd::Error> {
         let image = self.store.image()?;
         let holders = image.lock_owners()?;
-        let recorded = self.recorded_owner()?;
+        let (recorded, recorded_client) = self.recorded()?;
         let ours_or_nobodys = recorded.is_none_or(|i| i == self.me);
         let me = &self.gateways[self.me];
-        if holders.is_empty() && ours_or_nobodys {
-            image.lock_exclusive()?;
-            image.set_metadata(OWNER_KEY, me)?;
+        // (Never this very connection: a lock it holds already is simply kept.)
+        let mine = image.owns_exclusive_lock()?;
+        let predecessor = match (
+            recorded == Some(self.me),
+            recorded_client,
+            holders.as_slice(),
+        ) {
+            (true, Some(client), [holder]) if *holder == client && !mine => Some(client),
+            _ => None,
+        };
+        if let Some(client) = &predecessor {
+            // Blocklisted first: whatever the predecessor still had in flight cannot land.
+            image.break_lock(client)?;
+            tracing::warn!(device = %self.device, "the lock of {} was held by {client}, this gateway's previous instance: fenced (blocklisted), taking the image back", image.name());
+        }
+        if (holders.is_empty() || predecessor.is_some() || mine) && ours_or_nobodys {
+            if !mine {
+                image.lock_exclusive()?;
+            }
+            self.record_self(&image)?;
             self.set_owner(Some(self.me));
             tracing::info!(device = %self.device, "gateway {me} owns {}", image.name());
         } else {
@@ -267,7 +335,7 @@ impl ImageOwnership {
             image.lock_exclusive().map_err(fail)?;
         }
         let me = &self.gateways[self.me];
-        image.set_metadata(OWNER_KEY, me).map_err(fail)?;
+        self.record_self(&image).map_err(fail)?;
         self.set_owner(Some(self.me));
         tracing::warn!(device = %self.device, "gateway {me} took {} over (active/optimized)", image.name());
         Ok(())
@@ -326,5 +394,31 @@ impl PrPersistence for ImageReservations {
                 tracing::error!(device = %self.device, "persistent reservations in the image: {e}");
                 io::Error::new(io::ErrorKind::InvalidData, e)
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_record_names_the_gateway_and_its_client() {
+        assert_eq!(
+            parse_owner("gw-a 10.0.0.5:0/3052916102"),
+            Some(OwnerRecord {
+                gateway: "gw-a",
+                client: Some("10.0.0.5:0/3052916102")
+            })
+        );
+        // Written before the client was kept: the gateway alone.
+        assert_eq!(
+            parse_owner(" gw-b\n"),
+            Some(OwnerRecord {
+                gateway: "gw-b",
+                client: None
+            })
+        );
+        assert_eq!(parse_owner(""), None);
+        assert_eq!(parse_owner("   "), None);
     }
 }

@@ -316,7 +316,7 @@ iqn = "{iqn}"
         )
     };
     let mut a = start("a", port_a);
-    let b = start("b", port_b);
+    let mut b = start("b", port_b);
 
     // A owns the image (first to start); B is standby, and both say so.
     let mut ca = client(port_a, iqn);
@@ -461,5 +461,27 @@ iqn = "{iqn}"
     );
     assert!(data == third, "B does not read the data written through A");
     assert_eq!(read_keys(&mut cb), vec![0xFE55_0001]);
+
+    // The owner B crashes and is restarted at once, with its lock still held by the dead
+    // client: it knows that client as its own (recorded with its name), fences it and owns
+    // the image again without an operator.
+    let fourth = pseudo_random_bytes(64 << 10, 4);
+    assert_eq!(write10(&mut cb, 0, &fourth), (0, None));
+    b.signal("KILL");
+    let _ = b.wait_exit(Duration::from_secs(5));
+    drop(b);
+    let b = start("b", port_b);
+    let mut cb = client(port_b, iqn);
+    assert_eq!(settle(&mut cb), (0, None), "{}", b.output());
+    assert!(
+        b.output().contains("this gateway's previous instance"),
+        "{}",
+        b.output()
+    );
+    assert_eq!(rtpg(&mut cb), vec![(1, 0x2), (2, 0x0)]);
+    let (status, sense, data) = read10(&mut cb, 0, 128);
+    assert_eq!(status, 0, "read through the restarted B: {sense:?}");
+    assert!(data == fourth, "the restarted B lost what it acknowledged");
+    assert_eq!(write10(&mut cb, 0, &first), (0, None));
     drop(b);
 }

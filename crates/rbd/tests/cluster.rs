@@ -158,6 +158,14 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
         128 << 20
     );
     image.lock_exclusive().expect("exclusive lock");
+    // The one holder, named by its client's address (what a gateway records with its name,
+    // so that a restarted gateway knows its dead predecessor's lock).
+    let holders = image.lock_owners().unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert!(
+        holders[0].contains('/'),
+        "an address and nonce: {holders:?}"
+    );
     drop(image);
 
     // Missing image and pool: ENOENT, named.

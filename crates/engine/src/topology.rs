@@ -157,14 +157,14 @@ impl DeviceContext {
             // An image's reservations live in the image, shared by every gateway.
             let observer = store.observer().map(Arc::new).map_err(|e| {
                 format!(
-                    "device {}: watching the image: {RBD_UNAVAILABLE}{e}",
-                    device.name
+                    "{}: watching the image: {RBD_UNAVAILABLE}{e}",
+                    device.located()
                 )
             })?;
             let reservations =
                 crate::gateway::ImageReservations::new(Arc::clone(&observer), &device.name);
             if let Some(state) = scsi::PrPersistence::load(&*reservations)
-                .map_err(|e| format!("device {}: persistent reservations: {e}", device.name))?
+                .map_err(|e| format!("{}: persistent reservations: {e}", device.located()))?
             {
                 unit.replace_reservations(&state);
             }
@@ -178,7 +178,7 @@ impl DeviceContext {
                     groups,
                     me,
                 )
-                .map_err(|e| format!("device {}: {e}", device.name))?;
+                .map_err(|e| format!("{}: {e}", device.located()))?;
                 ownership.start().map_err(|e| {
                     format!(
                         "device {}: taking or following the image's owner: {e}",
@@ -465,8 +465,10 @@ fn open_unit(
                     RBD_UNAVAILABLE
                 };
                 format!(
-                    "device {}: rbd image {}/{}: {transient}{e}",
-                    device.name, spec.pool, spec.image
+                    "{}: rbd image {}/{}: {transient}{e}",
+                    device.located(),
+                    spec.pool,
+                    spec.image
                 )
             })?);
             rbd = Some(Arc::clone(&store));
@@ -491,7 +493,7 @@ fn open_unit(
         thin: device.thin,
     };
     let unit = LogicalUnit::new(store, identity, settings)
-        .map_err(|e| format!("device {}: {e}", device.name))?;
+        .map_err(|e| format!("{}: {e}", device.located()))?;
     // SPC-2 RESERVE/RELEASE stay off: with them on, libiscsi 1.19's Reserve6.LUNReset trips over
     // the 29h/03h unit attention a LOGICAL UNIT RESET leaves on the requesting nexus (tgt fails
     // that test too). See `LogicalUnit::set_spc2_reservations` and docs/CONFORMANCE.md.
@@ -505,7 +507,7 @@ fn open_file_store(
     path: &std::path::Path,
     size: Option<u64>,
 ) -> Result<FileStore, String> {
-    let located = |e: std::io::Error| format!("device {}: {}: {e}", device.name, path.display());
+    let located = |e: std::io::Error| format!("{}: {}: {e}", device.located(), path.display());
     let open = |caching| FileStore::open_with(path, size, device.thin, caching).map_err(located);
     let too_coarse = |store: &FileStore| {
         store

@@ -127,8 +127,8 @@ fn an_existing_file_of_another_size_is_refused_and_left_alone() {
     );
     assert!(!out.success(), "{}", out.describe());
     assert!(
-        out.stderr.contains("device vm") && out.stderr.contains("10485760 bytes"),
-        "{}",
+        out.stderr.contains("ferrosan.toml:4: device vm") && out.stderr.contains("10485760 bytes"),
+        "the file and line of the device's table: {}",
         out.describe()
     );
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 10 << 20);

@@ -20,7 +20,7 @@ use super::names::{
 };
 use super::{
     CacheMode, ChapAlgorithm, Config, ConfigError, ConfigErrors, DeviceConfig, DiscoveryConfig,
-    InitiatorCredentials, InitiatorGroup, IscsiName, LunMapping, PortalGroup, RawLimits,
+    InitiatorCredentials, InitiatorGroup, IscsiName, LunMapping, Origin, PortalGroup, RawLimits,
     ServerConfig, StoreKind, TargetConfig, LIMIT_TABLE,
 };
 
@@ -891,6 +891,7 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                 thin: bool_or(&rd.thin, true),
                 cache,
                 offline: bool_or(&rd.offline, false),
+                origin: Origin(Some(format!("{}:{}", cx.file, cx.line_col(table.start).0))),
             });
         } else if !name.is_empty() {
             // Keep the name known so that mappings to it do not report a second error.
@@ -905,6 +906,7 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                 thin: false,
                 cache: CacheMode::Auto,
                 offline: false,
+                origin: Origin::default(),
             });
         }
     }

@@ -312,6 +312,20 @@ impl PortalGroup {
     }
 }
 
+/// Where a device was defined (`FILE:LINE` of its `[[device]]` table), for errors found only
+/// when it is opened (a missing file or RBD image). Equal to every other origin: a device that
+/// only moved in its file is the same device (reload by difference leaves it alone).
+#[derive(Debug, Clone, Default)]
+pub struct Origin(pub Option<String>);
+
+impl PartialEq for Origin {
+    fn eq(&self, _: &Origin) -> bool {
+        true
+    }
+}
+
+impl Eq for Origin {}
+
 /// A logical unit's backing store and identity, defined once and mapped by groups.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -333,6 +347,18 @@ pub struct DeviceConfig {
     /// Taken offline by the operator: its LUNs stay listed but answer NOT READY (LOGICAL UNIT
     /// NOT READY, OFFLINE) to every command that needs the medium. Changes live.
     pub offline: bool,
+    pub origin: Origin,
+}
+
+impl DeviceConfig {
+    /// "FILE:LINE: device NAME" (or "device NAME" for one from the command line): how errors
+    /// found when the device is opened begin.
+    pub fn located(&self) -> String {
+        match &self.origin.0 {
+            Some(at) => format!("{at}: device {}", self.name),
+            None => format!("device {}", self.name),
+        }
+    }
 }
 
 /// How a file or block device is reached.

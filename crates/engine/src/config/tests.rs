@@ -1660,3 +1660,23 @@ fn portal_groups_name_their_gateways() {
     let e = one_error(&bad, "gateway = ", "gateway");
     assert!(e.message.contains("a gateway name"), "{e}");
 }
+
+#[test]
+fn a_device_knows_where_it_was_defined_but_moving_it_changes_nothing() {
+    let text = "[[device]]\nname = \"a\"\nstore = \"ram\"\nsize = \"1M\"\n\n\
+                [[device]]\nname = \"b\"\nstore = \"ram\"\nsize = \"1M\"\n\n\
+                [[target]]\niqn = \"iqn.2024-01.dev.ferrosan:t\"\n  [[target.group]]\n  \
+                name = \"g\"\n  any_initiator = true\n  luns = [ { lun = 0, device = \"a\" }, \
+                { lun = 1, device = \"b\" } ]\n\
+                [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n";
+    let c = load(text);
+    let located: Vec<String> = c.devices.iter().map(|d| d.located()).collect();
+    assert_eq!(
+        located,
+        vec![format!("{FILE}:1: device a"), format!("{FILE}:6: device b")]
+    );
+    // The same devices two lines further down are the same devices (reload leaves them).
+    let moved = load(&format!("\n\n{text}"));
+    assert_eq!(moved.devices, c.devices);
+    assert_eq!(moved.devices[1].located(), format!("{FILE}:8: device b"));
+}

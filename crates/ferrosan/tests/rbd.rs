@@ -161,6 +161,31 @@ fn rbd_lun_data_missing_image_and_lost_cluster() {
         );
     }
 
+    // Through a config file the error is located at the device's table.
+    let located = Scratch::new("rbd-missing");
+    let config = located.file("missing.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{}\"]\n[[device]]\nname = \"vm\"\n\
+             store = \"rbd\"\nimage = \"rbd/missing\"\nceph_conf = \"{conf}\"\n[[target]]\n\
+             iqn = \"iqn.2024-01.dev.ferrosan:missing\"\n  [[target.group]]\n  name = \"g\"\n  \
+             any_initiator = true\n  luns = [ {{ lun = 0, device = \"vm\" }} ]\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args(["serve", "--config", &config.display().to_string()])
+        .output()
+        .expect("run ferrosan");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with a missing image");
+    assert!(
+        stderr.contains("missing.toml:4: device vm: rbd image rbd/missing"),
+        "{stderr}"
+    );
+
     // The cluster unreachable at start (its monitor elsewhere): the other LUNs serve, the
     // RBD device is left out with an error that says why.
     let scratch = Scratch::new("rbd");

@@ -161,13 +161,22 @@ impl Immediate<'_> {
         }
     }
 
-    /// The placed buffer, for a command that did not take it.
-    fn into_buffer(self) -> Option<DataOutBuf> {
-        match self {
-            Immediate::Placed { buf, .. } => Some(buf),
-            Immediate::Received(_) => None,
+    /// Gives a placed buffer the command did not take back to the pool.
+    fn recycle(self, out: &mut Outbox) {
+        if let Immediate::Placed { buf, .. } = self {
+            buf.recycle(out);
         }
     }
+}
+
+/// Why a SCSI Command is refused before it runs, and so how it is answered.
+#[derive(Clone, Copy, Debug)]
+enum Refusal {
+    Reject(RejectReason),
+    /// Status TASK SET FULL.
+    TaskSetFull,
+    /// CHECK CONDITION, ILLEGAL REQUEST, INVALID FIELD IN CDB.
+    InvalidField,
 }
 
 /// A command handed to the backend to run elsewhere, owning what it needs.
@@ -850,52 +859,23 @@ impl Session {
         Flow::Continue
     }
 
-    /// `immediate`: the command's immediate data, in the receive buffer or already in place in
-    /// a buffer for the whole write ([`Session::command_data_destination`]).
-    fn scsi_command(
-        &mut self,
-        pdu: &Pdu<'_>,
-        immediate: Immediate<'_>,
-        backend: &mut dyn ScsiBackend,
-        out: &mut Outbox,
-    ) -> Flow {
-        let (flow, unused) = self.scsi_command_inner(pdu, immediate, backend, out);
-        // A placed buffer the command did not take (it was refused) goes back to the pool.
-        if let Some(buf) = unused {
-            buf.recycle(out);
-        }
-        flow
-    }
-
-    fn scsi_command_inner(
-        &mut self,
-        pdu: &Pdu<'_>,
-        immediate: Immediate<'_>,
-        backend: &mut dyn ScsiBackend,
-        out: &mut Outbox,
-    ) -> (Flow, Option<DataOutBuf>) {
-        let bhs = &pdu.bhs;
-        let immediate_len = immediate.len();
-        let refuse = |immediate: Immediate<'_>| (Flow::Continue, immediate.into_buffer());
-        if self.kind == SessionType::Discovery {
-            self.reject(bhs, RejectReason::ProtocolError, out);
-            return refuse(immediate);
-        }
+    /// Why a SCSI Command with `immediate_len` bytes of immediate data would be refused before
+    /// anything runs, in the order the answers are chosen; None when it is taken. `cdb_valid`:
+    /// its AHS (an extended CDB) parsed. One place for these checks: the usual path answers
+    /// with them, and [`Session::command_data_destination`] places only what passes them all.
+    fn command_refusal(&self, bhs: &Bhs, immediate_len: usize, cdb_valid: bool) -> Option<Refusal> {
         let flags = bhs.flags();
-        let read = flags & 0x40 != 0;
-        let write = flags & 0x20 != 0;
-        let task_attr = flags & 0x07;
-        let itt = bhs.itt();
+        let (read, write) = (flags & 0x40 != 0, flags & 0x20 != 0);
         let edtl = bhs.u32_at(off::EDTL);
-        let lun = bhs.lun();
-        let Some(cdb) = cdb_of(pdu) else {
-            self.reject(bhs, RejectReason::InvalidPduField, out);
-            return refuse(immediate);
-        };
+        if self.kind == SessionType::Discovery {
+            return Some(Refusal::Reject(RejectReason::ProtocolError));
+        }
+        if !cdb_valid {
+            return Some(Refusal::Reject(RejectReason::InvalidPduField));
+        }
         if flags & 0x80 == 0 && !write {
             // F=0 only makes sense when unsolicited Data-Out follows.
-            self.reject(bhs, RejectReason::ProtocolError, out);
-            return refuse(immediate);
+            return Some(Refusal::Reject(RejectReason::ProtocolError));
         }
         if immediate_len != 0
             && (!write
@@ -903,25 +883,67 @@ impl Session {
                 || immediate_len > edtl as usize
                 || immediate_len > self.params.first_burst_length as usize)
         {
-            self.reject(bhs, RejectReason::ProtocolError, out);
-            return refuse(immediate);
+            return Some(Refusal::Reject(RejectReason::ProtocolError));
         }
-        if self.pending.iter().any(|p| p.itt == itt) {
-            self.reject(bhs, RejectReason::TaskInProgress, out);
-            return refuse(immediate);
+        if self.pending.iter().any(|p| p.itt == bhs.itt()) {
+            return Some(Refusal::Reject(RejectReason::TaskInProgress));
         }
         // Commands inside the window never exceed the queue depth (the window shrinks as tasks
         // pile up); immediate commands come outside it, and are refused rather than queued
         // without bound.
         if self.pending.len() + self.running.len() >= self.limits.queue_depth.max(1) as usize {
-            self.respond_status(itt, status::TASK_SET_FULL, out);
-            return refuse(immediate);
+            return Some(Refusal::TaskSetFull);
         }
         if read && write {
             // Bidirectional commands are not supported by any SCSI command we implement.
-            self.respond_sense(itt, lun, edtl, &INVALID_FIELD_IN_CDB, out);
-            return refuse(immediate);
+            return Some(Refusal::InvalidField);
         }
+        let data_to_come = write && edtl != 0 && immediate_len != edtl as usize;
+        if data_to_come && edtl > self.limits.max_write_bytes {
+            return Some(Refusal::InvalidField);
+        }
+        if data_to_come
+            && (self.pending_write_bytes + edtl as usize > self.limits.max_pending_write_bytes
+                || self.pending.len() >= self.limits.queue_depth as usize)
+        {
+            return Some(Refusal::TaskSetFull);
+        }
+        None
+    }
+
+    /// `immediate`: the command's immediate data, in the receive buffer or already in place in
+    /// a buffer for the whole write ([`Session::command_data_destination`]). A placed buffer
+    /// the command does not take goes back to the pool.
+    fn scsi_command(
+        &mut self,
+        pdu: &Pdu<'_>,
+        immediate: Immediate<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
+        let bhs = &pdu.bhs;
+        let immediate_len = immediate.len();
+        let flags = bhs.flags();
+        let read = flags & 0x40 != 0;
+        let write = flags & 0x20 != 0;
+        let task_attr = flags & 0x07;
+        let itt = bhs.itt();
+        let edtl = bhs.u32_at(off::EDTL);
+        let lun = bhs.lun();
+        let cdb = cdb_of(pdu);
+        let refusal = self.command_refusal(bhs, immediate_len, cdb.is_some());
+        let (Some(cdb), None) = (cdb, refusal) else {
+            match refusal {
+                Some(Refusal::Reject(reason)) => self.reject(bhs, reason, out),
+                Some(Refusal::TaskSetFull) => self.respond_status(itt, status::TASK_SET_FULL, out),
+                Some(Refusal::InvalidField) => {
+                    self.respond_sense(itt, lun, edtl, &INVALID_FIELD_IN_CDB, out)
+                }
+                None => debug_assert!(false, "a CDB that does not parse is refused"),
+            }
+            immediate.recycle(out);
+            return Flow::Continue;
+        };
         if !write || edtl == 0 || immediate_len == edtl as usize {
             let deferred = {
                 let data_out = match &immediate {
@@ -945,7 +967,8 @@ impl Session {
                 self.execute(&req, backend, out)
             };
             if !deferred {
-                return refuse(immediate);
+                immediate.recycle(out);
+                return Flow::Continue;
             }
             let buf = match immediate {
                 // All of it, in place: the buffer is EDTL bytes long.
@@ -977,17 +1000,7 @@ impl Session {
                 write,
                 task_attr,
             });
-            return (Flow::Continue, None);
-        }
-        if edtl > self.limits.max_write_bytes {
-            self.respond_sense(itt, lun, edtl, &INVALID_FIELD_IN_CDB, out);
-            return refuse(immediate);
-        }
-        if self.pending_write_bytes + edtl as usize > self.limits.max_pending_write_bytes
-            || self.pending.len() >= self.limits.queue_depth as usize
-        {
-            self.respond_status(itt, status::TASK_SET_FULL, out);
-            return refuse(immediate);
+            return Flow::Continue;
         }
         let buf = match immediate {
             // Already in place, in a buffer of EDTL bytes.
@@ -996,7 +1009,8 @@ impl Session {
                 let mut buf = self.write_buffer(lun, edtl, backend, out);
                 let Some(head) = buf.get_mut(..data.len()) else {
                     // Checked above: immediate data never exceeds EDTL.
-                    return (Flow::Continue, Some(buf));
+                    buf.recycle(out);
+                    return Flow::Continue;
                 };
                 head.copy_from_slice(data);
                 buf
@@ -1026,7 +1040,7 @@ impl Session {
         self.pending_write_bytes += edtl as usize;
         self.issue_r2ts(&mut task, out);
         self.pending.push(task);
-        (Flow::Continue, None)
+        Flow::Continue
     }
 
     /// A buffer for the `edtl` bytes of a write's data: memory the engine runs the write from
@@ -1069,35 +1083,21 @@ impl Session {
         out: &mut Outbox,
     ) -> Option<&mut [u8]> {
         let len = bhs.data_segment_len();
-        let flags = bhs.flags();
-        let (read, write) = (flags & 0x40 != 0, flags & 0x20 != 0);
         let edtl = bhs.u32_at(off::EDTL);
         let cmd_sn = bhs.u32_at(off::CMD_SN);
-        let more_to_come = len < edtl as usize;
-        let takes_it = !self.logged_out
+        // What placing needs beyond the command's own checks: the next command in CmdSN
+        // order (not kept for later), immediate data, a plain CDB, no digests.
+        let placeable = !self.logged_out
             && !self.framing.header_digest
             && !self.framing.data_digest
             && self.staged.is_none()
-            && self.kind != SessionType::Discovery
             && Opcode::from_initiator(bhs.opcode_raw()) == Some(Opcode::ScsiCommand)
             && bhs.total_ahs_len() == 0
             && !bhs.immediate()
             && cmd_sn == self.exp_cmd_sn
             && serial::le(cmd_sn, self.max_cmd_sn_granted)
-            && write
-            && !read
-            && len > 0
-            && self.params.immediate_data
-            && len <= edtl as usize
-            && len <= self.params.first_burst_length as usize
-            && !self.pending.iter().any(|p| p.itt == bhs.itt())
-            && self.pending.len() + self.running.len() < self.limits.queue_depth.max(1) as usize
-            && (!more_to_come
-                || (edtl <= self.limits.max_write_bytes
-                    && self.pending_write_bytes + edtl as usize
-                        <= self.limits.max_pending_write_bytes
-                    && self.pending.len() < self.limits.queue_depth as usize));
-        if !takes_it {
+            && len > 0;
+        if !placeable || self.command_refusal(bhs, len, true).is_some() {
             return None;
         }
         let buf = self.write_buffer(bhs.lun(), edtl, backend, out);

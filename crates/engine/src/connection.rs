@@ -53,7 +53,7 @@ const FILE_SEND_MIN_BYTES: u32 = 64 * 1024;
 /// Write payloads (Data-Out, or a command's immediate data) at least this long that are still
 /// arriving are received straight into the command's buffer instead of through the receive
 /// buffer (one copy fewer per byte written).
-const DATA_OUT_IN_PLACE_MIN: usize = 64 * 1024;
+const IN_PLACE_MIN: usize = 64 * 1024;
 /// How often a connection does its housekeeping: NOP-In pings, idle and shutdown checks,
 /// shrinking an idle receive buffer, reporting its counts to the metrics.
 const TICK: Duration = Duration::from_secs(1);
@@ -1732,7 +1732,7 @@ impl Driver {
                 continue;
             }
             if !congested {
-                // A long Data-Out payload still arriving goes straight into its command's buffer.
+                // A long write payload still arriving goes straight into its command's buffer.
                 match self.receive_in_place(session, backend, alarm).await? {
                     Some(Flow::Close) => return Ok(()),
                     Some(Flow::Continue) => continue,
@@ -1904,7 +1904,7 @@ impl Driver {
                 Err(e) => return Err(e.to_string()),
             };
             let frame = &self.rbuf[self.start..self.start + len];
-            self.last_pdu_long = len >= DATA_OUT_IN_PLACE_MIN;
+            self.last_pdu_long = len >= IN_PLACE_MIN;
             let flow = match pdu::parse_frame(frame, &framing) {
                 Ok(pdu) => session.handle(&pdu, now, backend, &mut self.out),
                 Err((FrameError::DataDigest, Some(bhs))) => {
@@ -1947,7 +1947,7 @@ impl Driver {
         let have = available.len() - pdu::BHS_LEN;
         // Whether the session takes it in place is the session's question (below).
         if bhs.total_ahs_len() != 0
-            || len < DATA_OUT_IN_PLACE_MIN
+            || len < IN_PLACE_MIN
             || len > framing.max_data_segment_len
             || have >= len
         {
@@ -2017,24 +2017,28 @@ impl Driver {
         Ok(Some(flow))
     }
 
-    /// Where the next read into the buffer stops. While a long Data-Out is awaited, a read ends
-    /// with the next PDU's header: with nothing buffered, the header alone; in the middle of a
-    /// long PDU, that PDU's rest and the header after it. A long Data-Out's payload then goes
-    /// straight into place ([`Driver::receive_in_place`]) instead of arriving in this
-    /// buffer whole and being copied out of it: one more `recv` per long PDU instead of a copy
-    /// of up to 256 KiB. Otherwise (short PDUs, no long write waiting) reads fill the buffer.
+    /// Where the next read into the buffer stops. When a long PDU is likely next — a write
+    /// awaits its Data-Out, or the last PDU was long (a stream of large writes: commands with
+    /// immediate data, then their Data-Out) — a read ends with the next PDU's header: with
+    /// nothing buffered, the header alone; in the middle of a long PDU, that PDU's rest and the
+    /// header after it. A long write payload then goes straight into place
+    /// ([`Driver::receive_in_place`]) instead of arriving in this buffer whole and being copied
+    /// out of it: one more `recv` per long PDU instead of a copy of up to 256 KiB. Otherwise
+    /// (short PDUs) reads fill the buffer.
     fn read_end(&self, session: &Session) -> usize {
         let full = self.rbuf.len();
-        // A long PDU is coming when a write awaits its Data-Out, and likely after a long one
-        // (a stream of large writes: commands with immediate data, then their Data-Out).
-        let long_expected = self.last_pdu_long || session.awaits_data_out(DATA_OUT_IN_PLACE_MIN);
+        if !self.last_pdu_long && !session.awaits_data_out(IN_PLACE_MIN) {
+            return full;
+        }
         let buffered = &self.rbuf[self.start..self.end];
-        let stop = match pdu::declared_frame_len(buffered, &session.framing()) {
-            _ if !long_expected => return full,
-            _ if buffered.is_empty() => self.end + pdu::BHS_LEN,
-            Ok(None) => self.start + pdu::BHS_LEN,
-            Ok(Some(len)) if len >= DATA_OUT_IN_PLACE_MIN => self.start + len + pdu::BHS_LEN,
-            _ => return full,
+        let stop = if buffered.is_empty() {
+            self.end + pdu::BHS_LEN
+        } else {
+            match pdu::declared_frame_len(buffered, &session.framing()) {
+                Ok(None) => self.start + pdu::BHS_LEN,
+                Ok(Some(len)) if len >= IN_PLACE_MIN => self.start + len + pdu::BHS_LEN,
+                _ => return full,
+            }
         };
         // Never an empty range: a read into one returns 0, which means the peer closed.
         let stop = stop.min(full);

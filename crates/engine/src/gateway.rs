@@ -23,8 +23,8 @@ pub const OWNER_KEY: &str = "ferrosan.alua_owner";
 #[derive(Debug, PartialEq, Eq)]
 struct OwnerRecord<'a> {
     gateway: &'a str,
-    /// Absent in records written before the client was kept.
-    client: Option<&'a str>,
+    /// The lock holder it recorded; absent in records written before holders were kept.
+    holder: Option<&'a str>,
 }
 
 fn parse_owner(value: &str) -> Option<OwnerRecord<'_>> {
@@ -33,13 +33,13 @@ fn parse_owner(value: &str) -> Option<OwnerRecord<'_>> {
         return None;
     }
     Some(match value.split_once(char::is_whitespace) {
-        Some((gateway, client)) => OwnerRecord {
+        Some((gateway, holder)) => OwnerRecord {
             gateway,
-            client: Some(client.trim()).filter(|c| !c.is_empty()),
+            holder: Some(holder.trim()).filter(|h| !h.is_empty()),
         },
         None => OwnerRecord {
             gateway: value,
-            client: None,
+            holder: None,
         },
     })
 }
@@ -119,14 +119,14 @@ impl ImageOwnership {
         Ok(self.recorded()?.0)
     }
 
-    /// The recorded owner (an index in `gateways`) and the client that holds its lock.
+    /// The recorded owner (an index in `gateways`) and its lock holder as recorded.
     fn recorded(&self) -> Result<(Option<usize>, Option<String>), rbd::Error> {
         let recorded = self.observer.metadata(OWNER_KEY)?.unwrap_or_default();
         let Some(record) = parse_owner(&recorded) else {
             return Ok((None, None));
         };
         let index = self.gateways.iter().position(|g| g == record.gateway);
-        Ok((index, record.client.map(str::to_string)))
+        Ok((index, record.holder.map(str::to_string)))
     }
 
     /// Records this gateway as the owner, with the lock holder as librbd names it (this
@@ -158,20 +158,20 @@ impl ImageOwnership {
 
     /// At start: takes the image when no other gateway holds or claims it (first start, or
     /// this gateway owned it before a restart); otherwise follows the recorded owner. A lock
-    /// still held by the client this gateway recorded as its own is its predecessor's (killed
+    /// still held by the holder this gateway recorded with its name is its predecessor's (killed
     /// before it could close the image; its watch lingers for ~30 s, so librbd would not break
     /// it yet): that client is fenced and the image taken back.
     pub fn start(&self) -> Result<(), rbd::Error> {
         let image = self.store.image()?;
         let holders = image.lock_owners()?;
-        let (recorded, recorded_client) = self.recorded()?;
+        let (recorded, recorded_holder) = self.recorded()?;
         let ours_or_nobodys = recorded.is_none_or(|i| i == self.me);
         let me = &self.gateways[self.me];
         // (Never this very connection: a lock it holds already is simply kept.)
         let mine = image.owns_exclusive_lock()?;
         let predecessor = match (
             recorded == Some(self.me),
-            recorded_client,
+            recorded_holder,
             holders.as_slice(),
         ) {
             (true, Some(client), [holder]) if *holder == client && !mine => Some(client),
@@ -402,20 +402,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_owner_record_names_the_gateway_and_its_client() {
+    fn the_owner_record_names_the_gateway_and_its_lock_holder() {
         assert_eq!(
             parse_owner("gw-a 10.0.0.5:0/3052916102"),
             Some(OwnerRecord {
                 gateway: "gw-a",
-                client: Some("10.0.0.5:0/3052916102")
+                holder: Some("10.0.0.5:0/3052916102")
             })
         );
-        // Written before the client was kept: the gateway alone.
+        // Written before holders were kept: the gateway alone.
         assert_eq!(
             parse_owner(" gw-b\n"),
             Some(OwnerRecord {
                 gateway: "gw-b",
-                client: None
+                holder: None
             })
         );
         assert_eq!(parse_owner(""), None);

@@ -25,6 +25,14 @@ type CompletionT = *mut c_void;
 type Callback = extern "C" fn(CompletionT, *mut c_void);
 type DiffCallback = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 
+/// `rbd_image_watcher_t`: one client watching an image's header.
+#[repr(C)]
+struct Watcher {
+    addr: *mut c_char,
+    id: i64,
+    cookie: u64,
+}
+
 /// The C entry points, resolved once.
 struct Api {
     rados_create2: unsafe extern "C" fn(*mut RadosT, *const c_char, *const c_char, u64) -> c_int,
@@ -49,6 +57,8 @@ struct Api {
         unsafe extern "C" fn(ImageT, *mut c_int, *mut *mut c_char, *mut usize) -> c_int,
     rbd_lock_get_owners_cleanup: unsafe extern "C" fn(*mut *mut c_char, usize),
     rbd_lock_break: unsafe extern "C" fn(ImageT, c_int, *const c_char) -> c_int,
+    rbd_watchers_list: unsafe extern "C" fn(ImageT, *mut Watcher, *mut usize) -> c_int,
+    rbd_watchers_list_cleanup: unsafe extern "C" fn(*mut Watcher, usize),
     rbd_diff_iterate2: unsafe extern "C" fn(
         ImageT,
         *const c_char,
@@ -183,6 +193,8 @@ fn load() -> Result<Api, String> {
         rbd_lock_get_owners: sym!(rbd, "rbd_lock_get_owners"),
         rbd_lock_get_owners_cleanup: sym!(rbd, "rbd_lock_get_owners_cleanup"),
         rbd_lock_break: sym!(rbd, "rbd_lock_break"),
+        rbd_watchers_list: sym!(rbd, "rbd_watchers_list"),
+        rbd_watchers_list_cleanup: sym!(rbd, "rbd_watchers_list_cleanup"),
         rbd_diff_iterate2: sym!(rbd, "rbd_diff_iterate2"),
         rbd_aio_create_completion: sym!(rbd, "rbd_aio_create_completion"),
         rbd_aio_release: sym!(rbd, "rbd_aio_release"),
@@ -600,6 +612,44 @@ impl Image {
         check(|| format!("breaking {owner}'s lock of {}", self.name), rc)
     }
 
+    /// The addresses of the clients watching the image (every client that has it open, as
+    /// long as the cluster hears from it: a dead client's watch lasts until the OSD's
+    /// `osd_client_watch_timeout`, 30 s by default), in the form [`Image::lock_owners`] uses.
+    pub fn watchers(&self) -> Result<Vec<String>, Error> {
+        const WATCHERS_MAX: usize = 1024;
+        let mut capacity = 16;
+        loop {
+            let mut list: Vec<Watcher> = (0..capacity)
+                .map(|_| Watcher {
+                    addr: std::ptr::null_mut(),
+                    id: 0,
+                    cookie: 0,
+                })
+                .collect();
+            let mut count = capacity;
+            // SAFETY: an open image; `list` has room for `count` entries, which librbd fills
+            // (strings freed by the cleanup call below) or answers ERANGE with the count needed.
+            let rc =
+                unsafe { (self.api.rbd_watchers_list)(self.image, list.as_mut_ptr(), &mut count) };
+            if rc == -34 && capacity < WATCHERS_MAX {
+                capacity = count.clamp(capacity * 2, WATCHERS_MAX);
+                continue;
+            }
+            check(|| format!("watchers of {}", self.name), rc)?;
+            let count = count.min(capacity);
+            let addresses = list[..count]
+                .iter()
+                .filter(|w| !w.addr.is_null())
+                // SAFETY: NUL-terminated strings librbd allocated; read before the cleanup.
+                .map(|w| unsafe { std::ffi::CStr::from_ptr(w.addr) }.to_string_lossy())
+                .map(|a| plain_address(&a).to_string())
+                .collect();
+            // SAFETY: the entries librbd filled, with the count it returned.
+            unsafe { (self.api.rbd_watchers_list_cleanup)(list.as_mut_ptr(), count) };
+            return Ok(addresses);
+        }
+    }
+
     /// The allocated extents of `[offset, offset + len)` as `(offset, len)` runs in order
     /// (`rbd_diff_iterate2` from the image's creation, whole objects where the object map is
     /// on); at most `runs_max` runs, the rest of the range unreported.
@@ -819,6 +869,16 @@ impl Drop for Image {
     }
 }
 
+/// A client address without the messenger prefix the watcher list may give it (`v2:`, `v1:`,
+/// `any:`): `127.0.0.1:0/3052916102`, as lock owners are named.
+pub fn plain_address(address: &str) -> &str {
+    let address = address.trim();
+    ["v1:", "v2:", "any:"]
+        .iter()
+        .find_map(|prefix| address.strip_prefix(prefix))
+        .unwrap_or(address)
+}
+
 /// The errno name of a librbd failure, for messages (`ENOENT` ...).
 pub fn errno_name(errno: i32) -> &'static str {
     match errno {
@@ -831,5 +891,22 @@ pub fn errno_name(errno: i32) -> &'static str {
         108 => "ESHUTDOWN",
         110 => "ETIMEDOUT",
         _ => "errno",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_address;
+
+    #[test]
+    fn addresses_compare_without_their_messenger_prefix() {
+        assert_eq!(
+            plain_address("v2:127.0.0.1:0/3052916102"),
+            "127.0.0.1:0/3052916102"
+        );
+        assert_eq!(plain_address("any:10.0.0.5:0/42"), "10.0.0.5:0/42");
+        assert_eq!(plain_address("v1:[::1]:0/7"), "[::1]:0/7");
+        assert_eq!(plain_address(" 127.0.0.1:0/1 "), "127.0.0.1:0/1");
+        assert_eq!(plain_address(""), "");
     }
 }

@@ -166,6 +166,21 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
         holders[0].contains('/'),
         "an address and nonce: {holders:?}"
     );
+    // The holder is among the image's watchers, named alike (how a standby gateway tells a
+    // live owner from a dead one); a second client of the image watches too, and stops
+    // watching when it closes the image.
+    let watchers = image.watchers().unwrap();
+    assert!(
+        watchers
+            .iter()
+            .any(|w| w == rbd::plain_address(&holders[0])),
+        "holder {holders:?} not among watchers {watchers:?}"
+    );
+    let other = Image::open(&cluster, "rbd", "img").unwrap();
+    let with_other = image.watchers().unwrap();
+    assert_eq!(with_other.len(), watchers.len() + 1, "{with_other:?}");
+    drop(other);
+    assert_eq!(image.watchers().unwrap(), watchers);
     drop(image);
 
     // Missing image and pool: ENOENT, named.

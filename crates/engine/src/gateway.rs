@@ -4,13 +4,15 @@
 //! (SET TARGET PORT GROUPS through a standby gateway's port) breaks the owner's lock, which
 //! blocklists the owner's client in the cluster first: nothing the old owner still has in
 //! flight or sends later can land after the takeover. The owner's name is recorded in the
-//! image's metadata so that every gateway reports the same states.
+//! image's metadata so that every gateway reports the same states. A standby also takes the
+//! image over by itself when the cluster stops hearing from the owner's client (its watch on
+//! the image gone) for `gateway_takeover_s`: implicit ALUA, for initiators that never move it.
 
 use scsi::{LogicalUnit, Ownership, PrPersistence};
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use store::RbdStore;
 
 /// The image metadata key naming the gateway that owns the image and, after a space, the
@@ -43,6 +45,92 @@ fn parse_owner(value: &str) -> Option<OwnerRecord<'_>> {
         },
     })
 }
+/// What a standby gateway makes of one look at the image: is the client holding its lock
+/// (the owner gateway's) still heard from by the cluster?
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum OwnerSeen {
+    /// The holder watches the image: the owner lives (or several clients hold the lock, which
+    /// is no lock a gateway took: never acted on).
+    Present,
+    /// The lock is held by a client that no longer watches the image: dead, or cut off from the
+    /// cluster for longer than the OSDs' watch timeout.
+    Gone { holder: String },
+    /// Nobody holds the lock (the owner closed the image: a clean shutdown).
+    Unlocked,
+}
+
+fn judge(holders: &[String], watchers: &[String]) -> OwnerSeen {
+    match holders {
+        [] => OwnerSeen::Unlocked,
+        [holder] => {
+            let address = rbd::plain_address(holder);
+            if watchers.iter().any(|w| rbd::plain_address(w) == address) {
+                OwnerSeen::Present
+            } else {
+                OwnerSeen::Gone {
+                    holder: holder.clone(),
+                }
+            }
+        }
+        _ => OwnerSeen::Present,
+    }
+}
+
+/// What a standby does after a look.
+#[derive(Debug, PartialEq, Eq)]
+enum Vigil {
+    /// Nothing (the owner is present, or has not been gone long enough).
+    Wait,
+    /// The owner was just seen gone: worth a log line.
+    Noticed,
+    /// Gone for the whole grace: take the image (fencing this holder, if any).
+    Take(OwnerSeen),
+}
+
+/// A standby's patience: the owner must be seen gone -- the same holder absent, or the lock
+/// free -- on every look for `grace` before the image is taken over. Zero: never.
+#[derive(Debug)]
+struct OwnerVigil {
+    grace: Duration,
+    gone_since: Option<(OwnerSeen, Instant)>,
+}
+
+impl OwnerVigil {
+    fn new(grace: Duration) -> OwnerVigil {
+        OwnerVigil {
+            grace,
+            gone_since: None,
+        }
+    }
+
+    fn look(&mut self, seen: OwnerSeen, now: Instant) -> Vigil {
+        if self.grace.is_zero() || seen == OwnerSeen::Present {
+            self.gone_since = None;
+            return Vigil::Wait;
+        }
+        match &self.gone_since {
+            Some((before, since)) if *before == seen => {
+                if now.saturating_duration_since(*since) >= self.grace {
+                    self.gone_since = None;
+                    Vigil::Take(seen)
+                } else {
+                    Vigil::Wait
+                }
+            }
+            _ => {
+                self.gone_since = Some((seen, now));
+                Vigil::Noticed
+            }
+        }
+    }
+
+    /// Forgets what was seen (the cluster did not answer, a takeover failed): the grace starts
+    /// over.
+    fn reset(&mut self) {
+        self.gone_since = None;
+    }
+}
+
 /// How often a gateway looks at who owns its images (ownership moved by another gateway is
 /// reported within this, plus the cluster's answer time).
 pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -67,6 +155,9 @@ pub struct ImageOwnership {
     /// Counts takeovers by this gateway, twice each (odd while one runs): an observation made
     /// while one ran is stale.
     takes: std::sync::atomic::AtomicU64,
+    /// How long the owner must be gone before this gateway, standby, takes the image over by
+    /// itself (`gateway_takeover_s`; zero: only when told).
+    takeover_after: Duration,
 }
 
 impl ImageOwnership {
@@ -79,6 +170,7 @@ impl ImageOwnership {
         device: &str,
         groups: &[(u16, String)],
         me: &str,
+        takeover_after: Duration,
     ) -> Result<Arc<ImageOwnership>, String> {
         let mut gateways: Vec<String> = groups.iter().map(|(_, g)| g.clone()).collect();
         gateways.sort();
@@ -99,6 +191,7 @@ impl ImageOwnership {
             me,
             owner: AtomicU32::new(0),
             takes: std::sync::atomic::AtomicU64::new(0),
+            takeover_after,
         }))
     }
 
@@ -205,7 +298,9 @@ impl ImageOwnership {
         let lu: Weak<LogicalUnit> = Arc::downgrade(lu);
         let spawned = std::thread::Builder::new()
             .name("ferrosan-alua".into())
-            .spawn(move || loop {
+            .spawn(move || {
+                let mut vigil = OwnerVigil::new(me.takeover_after);
+                loop {
                 std::thread::sleep(FOLLOW_INTERVAL);
                 let Some(lu) = lu.upgrade() else {
                     return;
@@ -223,7 +318,8 @@ impl ImageOwnership {
                 }
                 // Fenced by another gateway's takeover: this gateway's data connection is
                 // blocklisted; a new one makes it a standby that can take the image back.
-                if observed.as_ref().is_ok_and(|owner| *owner != Some(me.me)) {
+                let standby = observed.as_ref().is_ok_and(|owner| *owner != Some(me.me));
+                if standby {
                     me.recover_if_fenced();
                 }
                 match observed {
@@ -242,6 +338,12 @@ impl ImageOwnership {
                             lu.access_state_changed(None);
                         }
                     }
+                }
+                if standby {
+                    me.keep_vigil(&mut vigil, &lu);
+                } else {
+                    vigil.reset();
+                }
                 }
             });
         if let Err(e) = spawned {
@@ -313,6 +415,69 @@ impl ImageOwnership {
                 tracing::error!(device = %self.device, "this gateway was fenced for {}; reconnecting failed: {e} (retried in a second)", self.observer.name())
             }
         }
+    }
+
+    /// A standby's look at the owner: when the client holding the image's lock has not watched
+    /// the image for `takeover_after` (or nobody has held the lock that long), this gateway
+    /// takes the image over, fencing exactly that client. Initiators that never send SET
+    /// TARGET PORT GROUPS (ESXi's default SATP, implicit ALUA) need the array to do this.
+    fn keep_vigil(&self, vigil: &mut OwnerVigil, lu: &LogicalUnit) {
+        if self.takeover_after.is_zero() {
+            return;
+        }
+        // Through the observer connection: it keeps working after this gateway's data
+        // connection was fenced.
+        let seen = self
+            .observer
+            .lock_owners()
+            .and_then(|holders| Ok(judge(&holders, &self.observer.watchers()?)));
+        let seen = match seen {
+            Ok(seen) => seen,
+            Err(e) => {
+                tracing::debug!(device = %self.device, "cannot tell whether the owner of {} lives: {e}", self.observer.name());
+                vigil.reset();
+                return;
+            }
+        };
+        let after = self.takeover_after.as_secs();
+        match vigil.look(seen, Instant::now()) {
+            Vigil::Wait => {}
+            Vigil::Noticed => match self.owner_name() {
+                Some(owner) => {
+                    tracing::warn!(device = %self.device, "the cluster no longer hears from gateway {owner}'s client (the owner of {}): taking it over in {after} s unless it returns", self.observer.name())
+                }
+                None => {
+                    tracing::warn!(device = %self.device, "nobody holds {}: taking it over in {after} s unless another gateway does", self.observer.name())
+                }
+            },
+            Vigil::Take(seen) => {
+                self.takes.fetch_add(1, Ordering::AcqRel);
+                let taken = self.take_from(&seen);
+                self.takes.fetch_add(1, Ordering::AcqRel);
+                match taken {
+                    Ok(()) => lu.access_state_changed(None),
+                    Err(e) => {
+                        tracing::error!(device = %self.device, "taking {} over from its gone owner: {e}", self.observer.name());
+                        vigil.reset();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the image whose owner was judged gone: breaks exactly the lock of the client seen
+    /// gone (blocklisting it first; librbd refuses if the lock has moved since), then locks.
+    fn take_from(&self, seen: &OwnerSeen) -> Result<(), rbd::Error> {
+        let image = self.store.image()?;
+        if let OwnerSeen::Gone { holder } = seen {
+            image.break_lock(holder)?;
+            tracing::warn!(device = %self.device, "fenced {holder}: blocklisted, its lock of {} broken", image.name());
+        }
+        image.lock_exclusive()?;
+        self.record_self(&image)?;
+        self.set_owner(Some(self.me));
+        tracing::warn!(device = %self.device, "gateway {} took {} over from its gone owner (active/optimized)", self.gateways[self.me], image.name());
+        Ok(())
     }
 
     /// The owner's name, as this gateway knows it.
@@ -400,6 +565,77 @@ impl PrPersistence for ImageReservations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_owner_is_gone_when_its_lock_holder_no_longer_watches_the_image() {
+        let holder = "127.0.0.1:0/1001";
+        let watchers = names(&["v2:127.0.0.1:0/1001", "127.0.0.1:0/2002"]);
+        assert_eq!(judge(&names(&[holder]), &watchers), OwnerSeen::Present);
+        assert_eq!(
+            judge(&names(&[holder]), &names(&["127.0.0.1:0/2002"])),
+            OwnerSeen::Gone {
+                holder: holder.to_string()
+            }
+        );
+        assert_eq!(
+            judge(&names(&[holder]), &[]),
+            OwnerSeen::Gone {
+                holder: holder.to_string()
+            }
+        );
+        // A nonce is part of the name: a restarted client on the same address is another.
+        assert_eq!(
+            judge(&names(&[holder]), &names(&["127.0.0.1:0/10011"])),
+            OwnerSeen::Gone {
+                holder: holder.to_string()
+            }
+        );
+        assert_eq!(judge(&[], &watchers), OwnerSeen::Unlocked);
+        // Shared locks are not a gateway's: never acted on.
+        assert_eq!(
+            judge(&names(&[holder, "127.0.0.1:0/3"]), &[]),
+            OwnerSeen::Present
+        );
+    }
+
+    #[test]
+    fn a_standby_takes_over_only_after_the_owner_was_gone_for_the_whole_grace() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let gone = |h: &str| OwnerSeen::Gone {
+            holder: h.to_string(),
+        };
+        let mut vigil = OwnerVigil::new(10 * s);
+        assert_eq!(vigil.look(OwnerSeen::Present, t0), Vigil::Wait);
+        assert_eq!(vigil.look(gone("a"), t0 + s), Vigil::Noticed);
+        assert_eq!(vigil.look(gone("a"), t0 + 10 * s), Vigil::Wait);
+        // Back before the grace ran out: the count starts over.
+        assert_eq!(vigil.look(OwnerSeen::Present, t0 + 11 * s), Vigil::Wait);
+        assert_eq!(vigil.look(gone("a"), t0 + 12 * s), Vigil::Noticed);
+        assert_eq!(vigil.look(gone("a"), t0 + 21 * s), Vigil::Wait);
+        assert_eq!(vigil.look(gone("a"), t0 + 22 * s), Vigil::Take(gone("a")));
+        // Taken (or failed): a new grace for whatever is seen next.
+        assert_eq!(vigil.look(gone("a"), t0 + 23 * s), Vigil::Noticed);
+        // Another holder gone is another owner: its own grace.
+        assert_eq!(vigil.look(gone("b"), t0 + 40 * s), Vigil::Noticed);
+        assert_eq!(vigil.look(OwnerSeen::Unlocked, t0 + 50 * s), Vigil::Noticed);
+        assert_eq!(
+            vigil.look(OwnerSeen::Unlocked, t0 + 60 * s),
+            Vigil::Take(OwnerSeen::Unlocked)
+        );
+        // A failed takeover or a cluster that did not answer: the grace starts over.
+        vigil.look(gone("c"), t0 + 70 * s);
+        vigil.reset();
+        assert_eq!(vigil.look(gone("c"), t0 + 90 * s), Vigil::Noticed);
+        // Zero: never by itself.
+        let mut never = OwnerVigil::new(Duration::ZERO);
+        assert_eq!(never.look(gone("a"), t0), Vigil::Wait);
+        assert_eq!(never.look(gone("a"), t0 + 1000 * s), Vigil::Wait);
+    }
 
     #[test]
     fn the_owner_record_names_the_gateway_and_its_lock_holder() {

@@ -116,6 +116,8 @@ pub struct DeviceContext {
     /// gateways: RBD images are then owned by one gateway at a time (explicit ALUA,
     /// `gateway.rs`).
     gateways: Option<(String, Vec<(u16, String)>)>,
+    /// `gateway_takeover_s`.
+    takeover_after: Duration,
 }
 
 impl DeviceContext {
@@ -136,6 +138,7 @@ impl DeviceContext {
             metrics,
             epoch: Instant::now(),
             stall_base: Duration::from_micros(config.limits.write_stall_us.into()),
+            takeover_after: Duration::from_secs(config.limits.gateway_takeover_s.into()),
             io_uring,
             state_dir: crate::state::state_dir(config.server.state_dir.as_deref()),
             gateways: config.server.gateway.as_ref().map(|me| {
@@ -177,6 +180,7 @@ impl DeviceContext {
                     &device.name,
                     groups,
                     me,
+                    self.takeover_after,
                 )
                 .map_err(|e| format!("{}: {e}", device.located()))?;
                 ownership.start().map_err(|e| {

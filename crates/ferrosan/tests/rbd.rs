@@ -510,3 +510,173 @@ iqn = "{iqn}"
     assert_eq!(write10(&mut cb, 0, &first), (0, None));
     drop(b);
 }
+
+/// A standby gateway takes an image over by itself once its owner is gone -- hung (SIGSTOP:
+/// the cluster stops hearing from it), crashed (SIGKILL) or cleanly stopped -- for
+/// `gateway_takeover_s`; the hung owner is fenced, so the write it was sent while hung and runs
+/// when it wakes never lands. The OSD drops a silent client's watch after
+/// `osd_client_watch_timeout` (30 s by default, 5 s here).
+#[test]
+fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
+    let cluster = TestCluster::start("auto", 3, "");
+    let out = std::process::Command::new("ceph")
+        .args(["-c", &cluster.conf_str()])
+        .args(["config", "set", "osd", "osd_client_watch_timeout", "5"])
+        .output()
+        .expect("ceph config set");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.rbd(&["create", "--size", "64M", "rbd/auto"]);
+    let iqn = "iqn.2024-01.dev.ferrosan:auto";
+    let (port_a, port_b) = (free_port(), free_port());
+    let config = format!(
+        r#"[limits]
+gateway_takeover_s = 2
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port_a}"]
+gateway = "a"
+
+[[portal_group]]
+tag = 2
+listen = ["127.0.0.1:{port_b}"]
+gateway = "b"
+
+[[device]]
+name = "vm"
+store = "rbd"
+image = "rbd/auto"
+ceph_conf = "{conf}"
+
+[[target]]
+iqn = "{iqn}"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "vm" }} ]
+"#,
+        conf = cluster.conf_str()
+    );
+    let scratch = Scratch::new("auto-takeover");
+    let start = |gateway: &str, port: u16| {
+        let socket = scratch
+            .file(&format!("{gateway}.sock"))
+            .display()
+            .to_string();
+        Daemon::start_config_text(
+            iqn,
+            port,
+            &config,
+            &["--gateway", gateway, "--control-socket", &socket],
+        )
+    };
+    let a_owns = vec![(1, 0x0), (2, 0x2)];
+    let b_owns = vec![(1, 0x2), (2, 0x0)];
+    let mut a = start("a", port_a);
+    let b = start("b", port_b);
+    let mut ca = client(port_a, iqn);
+    let mut cb = client(port_b, iqn);
+    assert_eq!(settle(&mut ca), (0, None));
+    let first = pseudo_random_bytes(64 << 10, 1);
+    assert_eq!(write10(&mut ca, 0, &first), (0, None));
+    // A live owner is left alone, however long the grace has run.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        rtpg(&mut cb),
+        a_owns,
+        "B took a live owner's image\n{}",
+        b.output()
+    );
+
+    // A hangs. The initiator's next write reaches A's socket, unread; B takes the image over
+    // once the cluster stopped hearing from A, and writes the same block.
+    a.signal("STOP");
+    let stale = pseudo_random_bytes(4096, 7);
+    let hung_write = {
+        let stale = stale.clone();
+        std::thread::spawn(move || write10(&mut ca, 2048, &stale))
+    };
+    let stopped = Instant::now();
+    wait_until(
+        "B takes over from the hung A",
+        Duration::from_secs(30),
+        || rtpg(&mut cb) == b_owns,
+    );
+    let waited = stopped.elapsed();
+    eprintln!("B took over {waited:?} after A hung");
+    assert!(
+        waited >= Duration::from_secs(6),
+        "B took over {waited:?} after A hung: before the cluster could have dropped A's watch"
+    );
+    assert!(b.output().contains("fenced"), "{}", b.output());
+    let (status, sense, data) = read10(&mut cb, 0, 128);
+    assert_eq!(status, 0, "read through B: {sense:?}");
+    assert!(data == first, "B does not read what A acknowledged");
+    let fresh = pseudo_random_bytes(4096, 8);
+    assert_eq!(settle(&mut cb), (0, None));
+    assert_eq!(write10(&mut cb, 2048, &fresh), (0, None));
+    // A wakes and runs the write it was sent while hung: fenced, it cannot land.
+    a.signal("CONT");
+    let (status, sense) = hung_write.join().expect("hung writer");
+    assert_ne!(status, 0, "the fenced A acknowledged a write: {sense:?}");
+    let (status, _, data) = read10(&mut cb, 2048, 8);
+    assert_eq!(status, 0);
+    assert!(
+        data == fresh,
+        "a write the fenced A ran after the takeover landed"
+    );
+
+    // B crashes: A (reconnected after its fence, standby) takes the image back.
+    wait_until(
+        "A reconnects after its fence",
+        Duration::from_secs(15),
+        || a.output().contains("reconnected, standby"),
+    );
+    let second = pseudo_random_bytes(64 << 10, 2);
+    assert_eq!(write10(&mut cb, 0, &second), (0, None));
+    b.signal("KILL");
+    drop(b);
+    let crashed = Instant::now();
+    let mut ca = client(port_a, iqn);
+    wait_until(
+        "A takes over from the crashed B",
+        Duration::from_secs(30),
+        || rtpg(&mut ca) == a_owns,
+    );
+    eprintln!("A took over {:?} after B crashed", crashed.elapsed());
+    assert_eq!(settle(&mut ca), (0, None));
+    let (status, sense, data) = read10(&mut ca, 0, 128);
+    assert_eq!(status, 0, "read through A: {sense:?}\n{}", a.output());
+    assert!(data == second, "A does not read what B acknowledged");
+    assert_eq!(write10(&mut ca, 0, &first), (0, None));
+
+    // A stops cleanly (the lock goes with it): the restarted B takes over without waiting for
+    // any watch to expire.
+    let b = start("b", port_b);
+    let mut cb = client(port_b, iqn);
+    assert_eq!(rtpg(&mut cb), a_owns, "{}", b.output());
+    a.signal("TERM");
+    assert!(
+        a.wait_exit(Duration::from_secs(20)).is_some(),
+        "A did not stop"
+    );
+    let stopped = Instant::now();
+    wait_until(
+        "B takes over from the stopped A",
+        Duration::from_secs(15),
+        || rtpg(&mut cb) == b_owns,
+    );
+    eprintln!("B took over {:?} after A stopped", stopped.elapsed());
+    assert_eq!(settle(&mut cb), (0, None));
+    let (status, _, data) = read10(&mut cb, 0, 128);
+    assert_eq!(status, 0);
+    assert!(
+        data == first,
+        "B does not read what A acknowledged before it stopped"
+    );
+}

@@ -248,6 +248,10 @@ limits! {
     /// Microseconds a worker with nothing to do polls its connections before it sleeps, when
     /// its last idle stretch was no longer (adaptive busy polling); 0 = off.
     busy_poll_us: u32 = 50, 0, 1_000;
+    /// Seconds an RBD image's owner gateway must be gone -- its cluster client no longer
+    /// watching the image, or nobody holding the lock -- before a standby gateway takes the
+    /// image over by itself (fencing it); 0 = only SET TARGET PORT GROUPS or `ferrosan ctl`.
+    gateway_takeover_s: u32 = 10, 0, 3_600;
     /// Microseconds, plus 0.8 per KiB, a buffered write to a disk-backed device may take before
     /// it counts as a stall, moving that device's buffered writes off the network workers for a
     /// second; 0 = always run them off the workers.

@@ -26,7 +26,7 @@ mod xcopy;
 pub use lu::{LogicalUnit, LuIdentity, LuSettings};
 pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
 pub use plan::{plans, BlockIo, BlockOp, Plan, WriteShare};
-pub use pr::{PersistentReservations, PrNexus, PrPersistence, PrRegistration};
+pub use pr::{PersistentReservations, PrNexus, PrPersistence, PrRegistration, SaveConflict};
 pub use sense::Sense;
 pub use store::{FileRange, SharedSlice};
 

@@ -95,6 +95,9 @@ struct State {
     /// Nexus ids seen sending PR commands or checked while a reservation existed, for
     /// delivering unit attentions to an I_T nexus.
     seen: HashMap<u64, ItNexus>,
+    /// Unit attentions a PERSISTENT RESERVE OUT raises, held until its change is saved (a
+    /// change another gateway's save overtook is run again, and raises them then).
+    pending_ua: Vec<(u64, (u8, u8))>,
 }
 
 impl State {
@@ -169,7 +172,50 @@ pub struct PrRegistration {
 /// Where an LU's persistent reservations go when APTPL is set. `save` must be durable when it
 /// returns (the command completes after it); it is called with the LU's reservation lock held,
 /// from PERSISTENT RESERVE OUT only.
+/// How a shared [`PrPersistence`] refuses a save that would overwrite a change saved by
+/// another target since this one loaded the state (returned inside the `io::Error`): the
+/// PERSISTENT RESERVE OUT is run again on the state as now stored.
+#[derive(Debug)]
+pub struct SaveConflict;
+
+impl SaveConflict {
+    pub fn error() -> std::io::Error {
+        std::io::Error::other(SaveConflict)
+    }
+
+    pub fn is(e: &std::io::Error) -> bool {
+        e.get_ref().is_some_and(|inner| inner.is::<SaveConflict>())
+    }
+}
+
+impl std::fmt::Display for SaveConflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the shared reservation state changed since it was loaded")
+    }
+}
+
+impl std::error::Error for SaveConflict {}
+
+/// Times a PERSISTENT RESERVE OUT is run again after another target's save overtook it,
+/// before it fails (NOT READY, retry).
+const SAVE_ATTEMPTS_MAX: u32 = 8;
+
+/// How one attempt at a PERSISTENT RESERVE OUT ended, when not in success.
+enum Attempt {
+    Failed(Sense),
+    Overtaken,
+}
+
+impl From<Sense> for Attempt {
+    fn from(sense: Sense) -> Attempt {
+        Attempt::Failed(sense)
+    }
+}
+
 pub trait PrPersistence: Send + Sync {
+    /// Stores `state`. A shared persistence saves only over the state it last loaded (an
+    /// atomic compare-and-set in the medium's store) and returns [`SaveConflict::error`]
+    /// when another target saved in between.
     fn save(&self, state: &PersistentReservations) -> std::io::Result<()>;
     /// The state is shared with other targets exporting the same medium (RBD gateways): it is
     /// loaded before every PERSISTENT RESERVE IN/OUT ([`PrPersistence::load`]) and saved after
@@ -399,8 +445,16 @@ impl Reservations {
 }
 
 impl LogicalUnit {
-    fn notify(&self, s: &State, targets: &[ItNexus], ua: (u8, u8)) {
+    /// Queues `ua` for the nexuses of `targets`; raised by [`Self::raise_pending`] once the
+    /// command's change stands.
+    fn notify(&self, s: &mut State, targets: &[ItNexus], ua: (u8, u8)) {
         for id in s.nexus_ids(|it| targets.contains(it)) {
+            s.pending_ua.push((id, ua));
+        }
+    }
+
+    fn raise_pending(&self, s: &mut State) {
+        for (id, ua) in s.pending_ua.drain(..) {
             self.ua.raise_one(id, ua);
         }
     }
@@ -557,12 +611,40 @@ impl LogicalUnit {
             }
         }
         let it = ItNexus::of(nexus);
+        let mut overtaken = 0;
+        loop {
+            match self.prout_once(&it, nexus, sa, pr_type, key, sa_key, aptpl) {
+                Err(Attempt::Overtaken) if overtaken < SAVE_ATTEMPTS_MAX => overtaken += 1,
+                // Overtaken every time: the medium's state keeps moving; the initiator retries.
+                Err(Attempt::Overtaken) => return Err(Sense::not_ready_transition()),
+                Err(Attempt::Failed(sense)) => return Err(sense),
+                Ok(len) => return Ok(len),
+            }
+        }
+    }
+
+    /// One PERSISTENT RESERVE OUT on the state as loaded; `Overtaken` when another gateway
+    /// saved a change in between (nothing of this one stands: it is run again).
+    #[allow(clippy::too_many_arguments)]
+    fn prout_once(
+        &self,
+        it: &ItNexus,
+        nexus: &Nexus,
+        sa: u16,
+        pr_type: u8,
+        key: u64,
+        sa_key: u64,
+        aptpl: bool,
+    ) -> Result<u32, Attempt> {
+        let persistence = self.reservations.persistence.get();
+        let it = it.clone();
         let r = &self.reservations;
         let mut s = r.lock();
         r.refresh_shared(&mut s)?;
+        s.pending_ua.clear();
         s.seen.entry(nexus.id).or_insert_with(|| it.clone());
         if s.spc2.is_some_and(|h| h != nexus.id) {
-            return Err(CONFLICT);
+            return Err(CONFLICT.into());
         }
         let registered = s.key_of(&it);
         // What a failed save restores: nothing changes unless it is durable.
@@ -570,7 +652,7 @@ impl LogicalUnit {
         let result = match sa {
             SA_PR_REGISTER | SA_PR_REGISTER_AND_IGNORE => {
                 if sa == SA_PR_REGISTER && registered.unwrap_or(0) != key {
-                    return Err(CONFLICT);
+                    return Err(CONFLICT.into());
                 }
                 // The last valid REGISTER's APTPL governs (SPC-4 5.14.5).
                 s.aptpl = aptpl;
@@ -582,7 +664,7 @@ impl LogicalUnit {
                     }
                     (Some(_), 0) => {
                         let notify = s.unregister(&it);
-                        self.notify(&s, &notify, RESERVATIONS_RELEASED);
+                        self.notify(&mut s, &notify, RESERVATIONS_RELEASED);
                         s.generation = s.generation.wrapping_add(1);
                     }
                     (Some(_), k) => {
@@ -610,7 +692,7 @@ impl LogicalUnit {
                 Some(res) if s.is_holder(&it) => {
                     if res.pr_type != pr_type {
                         // INVALID RELEASE OF PERSISTENT RESERVATION.
-                        return Err(Sense::new(crate::sense::ILLEGAL_REQUEST, 0x26, 0x04));
+                        return Err(Sense::new(crate::sense::ILLEGAL_REQUEST, 0x26, 0x04).into());
                     }
                     s.reservation = None;
                     if registrants_only(res.pr_type) || all_registrants(res.pr_type) {
@@ -620,7 +702,7 @@ impl LogicalUnit {
                             .map(|(n, _)| n.clone())
                             .filter(|n| *n != it)
                             .collect();
-                        self.notify(&s, &others, RESERVATIONS_RELEASED);
+                        self.notify(&mut s, &others, RESERVATIONS_RELEASED);
                     }
                     Ok(())
                 }
@@ -637,7 +719,7 @@ impl LogicalUnit {
                 s.registrations.clear();
                 s.reservation = None;
                 s.generation = s.generation.wrapping_add(1);
-                self.notify(&s, &others, RESERVATIONS_PREEMPTED);
+                self.notify(&mut s, &others, RESERVATIONS_PREEMPTED);
                 Ok(())
             }
             SA_PR_PREEMPT | SA_PR_PREEMPT_AND_ABORT => {
@@ -652,15 +734,27 @@ impl LogicalUnit {
             // so and is not restored).
             if after != before && (after.aptpl || before.aptpl || persistence.shared()) {
                 // The persistence logs its own failure (this crate does no logging).
-                if persistence.save(&after).is_err() {
+                if let Err(e) = persistence.save(&after) {
                     s.set_persistent(&before);
+                    s.pending_ua.clear();
                     r.update_held(&s);
-                    return Err(Sense::new(crate::sense::HARDWARE_ERROR, 0x44, 0x00));
+                    return Err(if SaveConflict::is(&e) {
+                        Attempt::Overtaken
+                    } else {
+                        Sense::new(crate::sense::HARDWARE_ERROR, 0x44, 0x00).into()
+                    });
                 }
             }
         }
+        if result.is_ok() {
+            self.raise_pending(&mut s);
+        } else {
+            s.pending_ua.clear();
+        }
         r.update_held(&s);
-        result.map(|()| PROUT_PARAMETER_BYTES as u32)
+        result
+            .map(|()| PROUT_PARAMETER_BYTES as u32)
+            .map_err(Attempt::Failed)
     }
 
     /// Lets APTPL=1 be accepted: the reservation state goes to `persistence` while it is set.

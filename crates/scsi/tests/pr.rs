@@ -471,11 +471,18 @@ struct Shared {
     state: std::sync::Mutex<Option<scsi::PersistentReservations>>,
     saves: std::sync::atomic::AtomicUsize,
     unreadable: std::sync::atomic::AtomicBool,
+    /// Another gateway's saves that land between the next loads and saves (each overtakes
+    /// one save, which then fails with `SaveConflict`).
+    overtaking: std::sync::Mutex<Vec<scsi::PersistentReservations>>,
 }
 
 impl scsi::PrPersistence for Shared {
     fn save(&self, state: &scsi::PersistentReservations) -> std::io::Result<()> {
         self.saves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some(other) = self.overtaking.lock().unwrap().pop() {
+            *self.state.lock().unwrap() = Some(other);
+            return Err(scsi::SaveConflict::error());
+        }
         *self.state.lock().unwrap() = Some(state.clone());
         Ok(())
     }
@@ -522,4 +529,52 @@ fn shared_reservations_are_saved_without_aptpl_and_seen_by_every_lu() {
         .store(true, std::sync::atomic::Ordering::SeqCst);
     assert_sense(&a.err(&prin(0), &[]), 2, 0x04, 0x0A);
     assert_sense(&a.err(&prout(6, 0), &params(0, 0xCC)), 2, 0x04, 0x0A);
+}
+
+#[test]
+fn a_save_another_gateway_overtook_is_run_again_on_the_state_it_saved() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = std::sync::Arc::new(Shared::default());
+    let mut a = setup();
+    let mut b = setup();
+    a.lu.set_pr_persistence(store.clone());
+    b.lu.set_pr_persistence(store.clone());
+    register(&mut a, 1, 0xA1);
+    let only_a1 = store.state.lock().unwrap().clone().unwrap();
+    // B's registration, saved while A works on the state without it.
+    register(&mut b, 2, 0xB2);
+    let with_b2 = store.state.lock().unwrap().clone().unwrap();
+    *store.state.lock().unwrap() = Some(only_a1.clone());
+    store.overtaking.lock().unwrap().push(with_b2);
+    let saves = store.saves.load(SeqCst);
+    register(&mut a, 3, 0xA3);
+    assert_eq!(
+        store.saves.load(SeqCst),
+        saves + 2,
+        "overtaken once, saved again"
+    );
+    // Neither registration is lost, on either LU.
+    as_nexus(&mut a, 4);
+    assert_eq!(keys(&mut a).1, vec![0xA1, 0xB2, 0xA3]);
+    as_nexus(&mut b, 4);
+    assert_eq!(keys(&mut b).1, vec![0xA1, 0xB2, 0xA3]);
+
+    // Overtaken on every attempt: NOT READY (retry), and nothing of it stands.
+    let now = store.state.lock().unwrap().clone().unwrap();
+    *store.overtaking.lock().unwrap() = vec![now.clone(); 64];
+    as_nexus(&mut a, 5);
+    assert_sense(&a.err(&prout(6, 0), &params(0, 0xA5)), 2, 0x04, 0x0A);
+    store.overtaking.lock().unwrap().clear();
+    assert_eq!(store.state.lock().unwrap().clone().unwrap(), now);
+    assert_eq!(keys(&mut a).1, vec![0xA1, 0xB2, 0xA3]);
+    // Nothing was raised for it either; a CLEAR overtaken once raises its unit attention once.
+    as_nexus(&mut a, 1);
+    a.ok(&[0; 6], &[]);
+    store.overtaking.lock().unwrap().push(now);
+    as_nexus(&mut a, 3);
+    a.ok(&prout(3, 0), &params(0xA3, 0));
+    assert_eq!(keys(&mut a).1, Vec::<u64>::new());
+    as_nexus(&mut a, 1);
+    assert_sense(&a.err(&[0; 6], &[]), 6, 0x2A, 0x03); // RESERVATIONS PREEMPTED
+    a.ok(&[0; 6], &[]);
 }

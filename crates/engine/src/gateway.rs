@@ -307,7 +307,7 @@ impl ImageOwnership {
                 };
                 // Registrations another gateway changed (through its PERSISTENT RESERVE OUT)
                 // are enforced here within a tick.
-                if let Ok(Some(state)) = me.reservations.load() {
+                if let Ok(Some(state)) = me.reservations.current() {
                     lu.replace_reservations(&state);
                 }
                 let takes = me.takes.load(Ordering::Acquire);
@@ -515,6 +515,10 @@ pub struct ImageReservations {
     observer: Arc<rbd::Image>,
     medium: String,
     device: String,
+    /// The stored text the last PERSISTENT RESERVE command loaded ("" when none): its save
+    /// replaces exactly that, or is refused. (The core loads and saves under the LU's
+    /// reservation lock, so this is the command's own load.)
+    loaded: std::sync::Mutex<Option<String>>,
 }
 
 /// The image metadata key holding the reservations (the TOML of a reservation file).
@@ -526,19 +530,61 @@ impl ImageReservations {
             medium: format!("rbd:{}", observer.name()),
             observer,
             device: device.to_string(),
+            loaded: std::sync::Mutex::new(None),
         })
+    }
+
+    fn stored_text(&self) -> io::Result<Option<String>> {
+        self.observer
+            .metadata(RESERVATIONS_KEY)
+            .map_err(store::rbd::io_error)
+    }
+
+    fn parse(&self, text: &str) -> io::Result<scsi::PersistentReservations> {
+        crate::state::reservations_from_text(text, &self.medium).map_err(|e| {
+            tracing::error!(device = %self.device, "persistent reservations in the image: {e}");
+            io::Error::new(io::ErrorKind::InvalidData, e)
+        })
+    }
+
+    /// The reservations as stored now, for following them (leaves the PERSISTENT RESERVE
+    /// commands' compare-and-set alone).
+    pub fn current(&self) -> io::Result<Option<scsi::PersistentReservations>> {
+        match self.stored_text()? {
+            Some(text) => self.parse(&text).map(Some),
+            None => Ok(None),
+        }
     }
 }
 
 impl PrPersistence for ImageReservations {
+    /// Saves over the text the command loaded, atomically: another gateway's save in between
+    /// (two PERSISTENT RESERVE OUTs through two gateways at once) makes this one
+    /// [`scsi::SaveConflict`], and the core runs the command again on the new state.
     fn save(&self, state: &scsi::PersistentReservations) -> io::Result<()> {
         let text = crate::state::reservations_to_text(state, &self.medium)?;
-        self.observer
-            .set_metadata(RESERVATIONS_KEY, &text)
-            .map_err(|e| {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(expected) = loaded.take() else {
+            // Nothing loaded first (the core always loads a shared state): load, run again.
+            return Err(scsi::SaveConflict::error());
+        };
+        match self
+            .observer
+            .compare_and_set_metadata(RESERVATIONS_KEY, &expected, &text)
+        {
+            Ok(true) => {
+                *loaded = Some(text);
+                Ok(())
+            }
+            Ok(false) => {
+                tracing::info!(device = %self.device, "persistent reservations changed through another gateway meanwhile: the PERSISTENT RESERVE OUT runs again");
+                Err(scsi::SaveConflict::error())
+            }
+            Err(e) => {
                 tracing::error!(device = %self.device, "cannot save persistent reservations in the image: {e}; the PERSISTENT RESERVE OUT fails");
-                store::rbd::io_error(e)
-            })
+                Err(store::rbd::io_error(e))
+            }
+        }
     }
 
     fn shared(&self) -> bool {
@@ -546,19 +592,16 @@ impl PrPersistence for ImageReservations {
     }
 
     fn load(&self) -> io::Result<Option<scsi::PersistentReservations>> {
-        let Some(text) = self
-            .observer
-            .metadata(RESERVATIONS_KEY)
-            .map_err(store::rbd::io_error)?
-        else {
+        let text = self.stored_text();
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        *loaded = None;
+        let Some(text) = text? else {
+            *loaded = Some(String::new());
             return Ok(None);
         };
-        crate::state::reservations_from_text(&text, &self.medium)
-            .map(Some)
-            .map_err(|e| {
-                tracing::error!(device = %self.device, "persistent reservations in the image: {e}");
-                io::Error::new(io::ErrorKind::InvalidData, e)
-            })
+        let state = self.parse(&text)?;
+        *loaded = Some(text);
+        Ok(Some(state))
     }
 }
 

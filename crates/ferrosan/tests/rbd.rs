@@ -20,8 +20,12 @@ const INITIATOR: &str = "iqn.2024-01.dev.ferrosan:rbd-test";
 const NOT_READY: u8 = 0x02;
 
 fn client(port: u16, target: &str) -> Client {
+    client_named(port, target, INITIATOR)
+}
+
+fn client_named(port: u16, target: &str, initiator: &str) -> Client {
     let mut s = SessionConfig::new(
-        INITIATOR,
+        initiator,
         SessionKind::Normal {
             target_name: target.into(),
         },
@@ -379,6 +383,42 @@ iqn = "{iqn}"
     };
     assert_eq!(read_keys(&mut cb), vec![0xFE55_0001]);
 
+    // Registrations through both gateways at the same moment: each gateway's save replaces
+    // only the state it loaded (compare-and-set in the cluster), so none is lost.
+    let registrars: Vec<_> = [(port_a, 0xA000u64), (port_b, 0xB000)]
+        .into_iter()
+        .map(|(port, base)| {
+            std::thread::spawn(move || {
+                for i in 0..6u64 {
+                    let name = format!("iqn.2024-01.dev.ferrosan:pr-{base:x}-{i}");
+                    let mut c = client_named(port, iqn, &name);
+                    // The new nexus's unit attention first (B's answer is standby's).
+                    settle(&mut c);
+                    let mut params = vec![0u8; 24];
+                    params[8..16].copy_from_slice(&(base + i).to_be_bytes());
+                    let (status, sense, _) = command(
+                        &mut c,
+                        &[0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0],
+                        Transfer::Write(params),
+                    );
+                    assert_eq!(status, 0, "REGISTER {:x}: {sense:?}", base + i);
+                }
+            })
+        })
+        .collect();
+    for r in registrars {
+        r.join().expect("registrar");
+    }
+    let sorted_keys = |c: &mut Client| {
+        let mut keys = read_keys(c);
+        keys.sort_unstable();
+        keys
+    };
+    let mut expected: Vec<u64> = (0..6).flat_map(|i| [0xA000 + i, 0xB000 + i]).collect();
+    expected.push(0xFE55_0001);
+    expected.sort_unstable();
+    assert_eq!(sorted_keys(&mut ca), expected, "a registration was lost");
+
     // A keeps writing while B takes the image over: after the takeover, nothing A sends
     // lands (its client is blocklisted), whatever A answers its initiator.
     let writer = std::thread::spawn(move || {
@@ -397,8 +437,8 @@ iqn = "{iqn}"
     let writes = writer.join().expect("writer");
     assert_eq!(rtpg(&mut cb), vec![(1, 0x2), (2, 0x0)]);
     assert_eq!(
-        read_keys(&mut cb),
-        vec![0xFE55_0001],
+        sorted_keys(&mut cb),
+        expected,
         "registrations survive the takeover"
     );
     let (status, sense, data) = read10(&mut cb, 0, 128);
@@ -485,7 +525,7 @@ iqn = "{iqn}"
         b.output()
     );
     assert!(data == third, "B does not read the data written through A");
-    assert_eq!(read_keys(&mut cb), vec![0xFE55_0001]);
+    assert_eq!(sorted_keys(&mut cb), expected);
 
     // The owner B crashes and is restarted at once, with its lock still held by the dead
     // client: it knows that client as its own (recorded with its name), fences it and owns

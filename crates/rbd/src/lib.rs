@@ -22,6 +22,9 @@ type RadosT = *mut c_void;
 type IoctxT = *mut c_void;
 type ImageT = *mut c_void;
 type CompletionT = *mut c_void;
+type WriteOpT = *mut c_void;
+#[allow(non_camel_case_types)]
+type libc_time_t = i64;
 type Callback = extern "C" fn(CompletionT, *mut c_void);
 type DiffCallback = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 
@@ -58,6 +61,20 @@ struct Api {
     rbd_lock_get_owners_cleanup: unsafe extern "C" fn(*mut *mut c_char, usize),
     rbd_lock_break: unsafe extern "C" fn(ImageT, c_int, *const c_char) -> c_int,
     rbd_watchers_list: unsafe extern "C" fn(ImageT, *mut Watcher, *mut usize) -> c_int,
+    rbd_get_id: unsafe extern "C" fn(ImageT, *mut c_char, usize) -> c_int,
+    rados_create_write_op: unsafe extern "C" fn() -> WriteOpT,
+    rados_release_write_op: unsafe extern "C" fn(WriteOpT),
+    rados_write_op_omap_cmp:
+        unsafe extern "C" fn(WriteOpT, *const c_char, u8, *const c_char, usize, *mut c_int),
+    rados_write_op_omap_set: unsafe extern "C" fn(
+        WriteOpT,
+        *const *const c_char,
+        *const *const c_char,
+        *const usize,
+        usize,
+    ),
+    rados_write_op_operate:
+        unsafe extern "C" fn(WriteOpT, IoctxT, *const c_char, *mut libc_time_t, c_int) -> c_int,
     rbd_watchers_list_cleanup: unsafe extern "C" fn(*mut Watcher, usize),
     rbd_diff_iterate2: unsafe extern "C" fn(
         ImageT,
@@ -194,6 +211,12 @@ fn load() -> Result<Api, String> {
         rbd_lock_get_owners_cleanup: sym!(rbd, "rbd_lock_get_owners_cleanup"),
         rbd_lock_break: sym!(rbd, "rbd_lock_break"),
         rbd_watchers_list: sym!(rbd, "rbd_watchers_list"),
+        rbd_get_id: sym!(rbd, "rbd_get_id"),
+        rados_create_write_op: sym!(rados, "rados_create_write_op"),
+        rados_release_write_op: sym!(rados, "rados_release_write_op"),
+        rados_write_op_omap_cmp: sym!(rados, "rados_write_op_omap_cmp"),
+        rados_write_op_omap_set: sym!(rados, "rados_write_op_omap_set"),
+        rados_write_op_operate: sym!(rados, "rados_write_op_operate"),
         rbd_watchers_list_cleanup: sym!(rbd, "rbd_watchers_list_cleanup"),
         rbd_diff_iterate2: sym!(rbd, "rbd_diff_iterate2"),
         rbd_aio_create_completion: sym!(rbd, "rbd_aio_create_completion"),
@@ -548,6 +571,78 @@ impl Image {
         let rc =
             unsafe { (self.api.rbd_metadata_set)(self.image, key_c.as_ptr(), value_c.as_ptr()) };
         check(|| format!("setting metadata {key} of {}", self.name), rc)
+    }
+
+    /// Sets the image metadata `key` to `value` only if it still holds `expected` (an absent
+    /// key holds ""), atomically in the cluster: one RADOS operation on the image's header
+    /// object comparing and setting the omap entry librbd keeps the key in. False when the
+    /// value differed (nothing was written). Unlike [`Image::set_metadata`] it sends the
+    /// image's other clients no header-update notice, which only matters for librbd's own
+    /// `conf_` keys.
+    pub fn compare_and_set_metadata(
+        &self,
+        key: &str,
+        expected: &str,
+        value: &str,
+    ) -> Result<bool, Error> {
+        // librbd's layout (cls_rbd): format-2 header object, keys prefixed "metadata_".
+        let oid = cstring("header object", &format!("rbd_header.{}", self.id()?))?;
+        let omap_key = cstring("metadata key", &format!("metadata_{key}"))?;
+        cstring("metadata value", value)?;
+        const LIBRADOS_CMPXATTR_OP_EQ: u8 = 1;
+        // SAFETY: librados allocates the operation; released below on every path.
+        let op = unsafe { (self.api.rados_create_write_op)() };
+        if op.is_null() {
+            return Err(Error::Invalid("rados_create_write_op failed".into()));
+        }
+        let mut compared: c_int = 0;
+        let keys = [omap_key.as_ptr()];
+        let values = [value.as_ptr().cast::<c_char>()];
+        let lens = [value.len()];
+        // SAFETY: `op` is live; every pointer (key, expected, value, the arrays) outlives the
+        // synchronous operate call, which copies what it sends; `compared` too.
+        let rc = unsafe {
+            (self.api.rados_write_op_omap_cmp)(
+                op,
+                omap_key.as_ptr(),
+                LIBRADOS_CMPXATTR_OP_EQ,
+                expected.as_ptr().cast(),
+                expected.len(),
+                &mut compared,
+            );
+            (self.api.rados_write_op_omap_set)(
+                op,
+                keys.as_ptr(),
+                values.as_ptr(),
+                lens.as_ptr(),
+                1,
+            );
+            let rc = (self.api.rados_write_op_operate)(
+                op,
+                self.ioctx,
+                oid.as_ptr(),
+                std::ptr::null_mut(),
+                0,
+            );
+            (self.api.rados_release_write_op)(op);
+            rc
+        };
+        const ECANCELED: c_int = 125;
+        if rc == -ECANCELED {
+            return Ok(false);
+        }
+        check(|| format!("setting metadata {key} of {}", self.name), rc)?;
+        Ok(true)
+    }
+
+    /// The image's id (names its header object).
+    fn id(&self) -> Result<String, Error> {
+        let mut id = [0u8; 64];
+        // SAFETY: an open image; `id` has room for `id.len()` bytes including the NUL.
+        let rc = unsafe { (self.api.rbd_get_id)(self.image, id.as_mut_ptr().cast(), id.len()) };
+        check(|| format!("id of {}", self.name), rc)?;
+        let text = id.split(|&b| b == 0).next().unwrap_or(&[]);
+        Ok(String::from_utf8_lossy(text).into_owned())
     }
 
     /// Gives the exclusive lock up (another gateway may take it without fencing this one).

@@ -176,6 +176,19 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
             .any(|w| w == rbd::plain_address(&holders[0])),
         "holder {holders:?} not among watchers {watchers:?}"
     );
+    // Compare-and-set of a metadata key: an absent key holds ""; a stale expectation
+    // writes nothing; what it sets is what librbd reads.
+    assert!(image.compare_and_set_metadata("t.cas", "", "one").unwrap());
+    assert_eq!(image.metadata("t.cas").unwrap().as_deref(), Some("one"));
+    assert!(!image.compare_and_set_metadata("t.cas", "", "two").unwrap());
+    assert!(!image
+        .compare_and_set_metadata("t.cas", "zero", "two")
+        .unwrap());
+    assert_eq!(image.metadata("t.cas").unwrap().as_deref(), Some("one"));
+    assert!(image
+        .compare_and_set_metadata("t.cas", "one", "two")
+        .unwrap());
+    assert_eq!(image.metadata("t.cas").unwrap().as_deref(), Some("two"));
     let other = Image::open(&cluster, "rbd", "img").unwrap();
     let with_other = image.watchers().unwrap();
     assert_eq!(with_other.len(), watchers.len() + 1, "{with_other:?}");

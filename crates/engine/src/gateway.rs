@@ -135,6 +135,16 @@ impl OwnerVigil {
 /// reported within this, plus the cluster's answer time).
 pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The gateways of a config, as this daemon sees them.
+pub struct Gateways {
+    /// This gateway's name.
+    pub me: String,
+    /// Every portal group's tag with the gateway that serves it.
+    pub groups: Vec<(u16, String)>,
+    /// `gateway_takeover_s`.
+    pub takeover_after: Duration,
+}
+
 pub struct ImageOwnership {
     store: Arc<RbdStore>,
     /// The image through the observer connection: who owns it stays readable after this
@@ -158,6 +168,7 @@ pub struct ImageOwnership {
     /// How long the owner must be gone before this gateway, standby, takes the image over by
     /// itself (`gateway_takeover_s`; zero: only when told).
     takeover_after: Duration,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl ImageOwnership {
@@ -168,10 +179,11 @@ impl ImageOwnership {
         observer: Arc<rbd::Image>,
         reservations: Arc<ImageReservations>,
         device: &str,
-        groups: &[(u16, String)],
-        me: &str,
-        takeover_after: Duration,
+        settings: &Gateways,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<Arc<ImageOwnership>, String> {
+        let (groups, me) = (&settings.groups, settings.me.as_str());
+        let takeover_after = settings.takeover_after;
         let mut gateways: Vec<String> = groups.iter().map(|(_, g)| g.clone()).collect();
         gateways.sort();
         gateways.dedup();
@@ -192,6 +204,7 @@ impl ImageOwnership {
             owner: AtomicU32::new(0),
             takes: std::sync::atomic::AtomicU64::new(0),
             takeover_after,
+            metrics,
         }))
     }
 
@@ -205,6 +218,8 @@ impl ImageOwnership {
     /// Records the owner; true if it changed.
     fn set_owner(&self, owner: Option<usize>) -> bool {
         let new = owner.map_or(0, |i| i as u32 + 1);
+        self.metrics
+            .gateway_owner(&self.device, owner == Some(self.me));
         self.owner.swap(new, Ordering::AcqRel) != new
     }
 
@@ -274,6 +289,7 @@ impl ImageOwnership {
             // Blocklisted first: whatever the predecessor still had in flight cannot land.
             image.break_lock(client)?;
             tracing::warn!(device = %self.device, "the lock of {} was held by {client}, this gateway's previous instance: fenced (blocklisted), taking the image back", image.name());
+            self.metrics.gateway_takeover(&self.device, "restart");
         }
         if (holders.is_empty() || predecessor.is_some() || mine) && ours_or_nobodys {
             if !mine {
@@ -409,6 +425,7 @@ impl ImageOwnership {
         }
         match self.store.reconnect() {
             Ok(()) => {
+                self.metrics.gateway_fenced(&self.device);
                 tracing::warn!(device = %self.device, "this gateway was fenced (blocklisted) for {}: reconnected, standby", self.observer.name())
             }
             Err(e) => {
@@ -477,6 +494,7 @@ impl ImageOwnership {
         self.record_self(&image)?;
         self.set_owner(Some(self.me));
         tracing::warn!(device = %self.device, "gateway {} took {} over from its gone owner (active/optimized)", self.gateways[self.me], image.name());
+        self.metrics.gateway_takeover(&self.device, "owner_gone");
         Ok(())
     }
 
@@ -503,6 +521,7 @@ impl ImageOwnership {
         self.record_self(&image).map_err(fail)?;
         self.set_owner(Some(self.me));
         tracing::warn!(device = %self.device, "gateway {me} took {} over (active/optimized)", image.name());
+        self.metrics.gateway_takeover(&self.device, "told");
         Ok(())
     }
 }

@@ -150,6 +150,14 @@ pub struct DeviceLabel {
     pub device: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TakeoverLabel {
+    pub device: String,
+    /// `told` (SET TARGET PORT GROUPS, `ferrosan ctl device take`), `owner_gone` (the owner's
+    /// client no longer watched the image), `restart` (this gateway's crashed predecessor).
+    pub reason: String,
+}
+
 /// Why a command did not end GOOD, for `device_errors_total{cause}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeviceErrorLabel {
@@ -329,6 +337,9 @@ pub struct Metrics {
     pub device_errors: Family<DeviceErrorLabel, Counter>,
     pub device_unit_attentions: Family<DeviceLabel, Counter>,
     pub device_io_path: Family<IoPathLabel, Gauge>,
+    pub gateway_owner: Family<DeviceLabel, Gauge>,
+    pub gateway_takeovers: Family<TakeoverLabel, Counter>,
+    pub gateway_fenced: Family<DeviceLabel, Counter>,
     pub device_sendfile_bytes: Family<DeviceLabel, Counter>,
     pub device_latency: Family<LatencyLabel, BulkHistogram>,
     pub initiator_reads: Family<InitiatorLabel, Counter>,
@@ -415,6 +426,24 @@ impl Metrics {
             "device_io_path",
             "1 for the path a device's reads and writes take (io_uring, threads, page_cache, memory)",
             device_io_path.clone(),
+        );
+        let gateway_owner = Family::<DeviceLabel, Gauge>::default();
+        registry.register(
+            "gateway_owner",
+            "RBD gateways: 1 while this gateway owns the device's image (its target port groups active/optimized), 0 while standby",
+            gateway_owner.clone(),
+        );
+        let gateway_takeovers = Family::<TakeoverLabel, Counter>::default();
+        registry.register(
+            "gateway_takeovers",
+            "RBD gateways: times this gateway took the device's image over, by reason (told, owner_gone, restart)",
+            gateway_takeovers.clone(),
+        );
+        let gateway_fenced = Family::<DeviceLabel, Counter>::default();
+        registry.register(
+            "gateway_fenced",
+            "RBD gateways: times this gateway found itself fenced (blocklisted) by another gateway's takeover of the device's image",
+            gateway_fenced.clone(),
         );
         let device_sendfile_bytes = Family::<DeviceLabel, Counter>::default();
         let device_latency = Family::<LatencyLabel, BulkHistogram>::default();
@@ -558,6 +587,9 @@ impl Metrics {
             device_errors,
             device_unit_attentions,
             device_io_path,
+            gateway_owner,
+            gateway_takeovers,
+            gateway_fenced,
             device_sendfile_bytes,
             device_latency,
         }
@@ -708,6 +740,32 @@ impl Metrics {
                 path: path.to_owned(),
             })
             .set(1);
+    }
+
+    /// Records whether this gateway owns `device`'s image.
+    pub fn gateway_owner(&self, device: &str, owns: bool) {
+        self.gateway_owner
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .set(i64::from(owns));
+    }
+
+    pub fn gateway_takeover(&self, device: &str, reason: &str) {
+        self.gateway_takeovers
+            .get_or_create(&TakeoverLabel {
+                device: device.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn gateway_fenced(&self, device: &str) {
+        self.gateway_fenced
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .inc();
     }
 
     pub fn login(&self, result: String) {

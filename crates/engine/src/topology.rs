@@ -115,9 +115,7 @@ pub struct DeviceContext {
     /// This gateway's name and every portal group's gateway, when portal groups name
     /// gateways: RBD images are then owned by one gateway at a time (explicit ALUA,
     /// `gateway.rs`).
-    gateways: Option<(String, Vec<(u16, String)>)>,
-    /// `gateway_takeover_s`.
-    takeover_after: Duration,
+    gateways: Option<crate::gateway::Gateways>,
 }
 
 impl DeviceContext {
@@ -138,17 +136,21 @@ impl DeviceContext {
             metrics,
             epoch: Instant::now(),
             stall_base: Duration::from_micros(config.limits.write_stall_us.into()),
-            takeover_after: Duration::from_secs(config.limits.gateway_takeover_s.into()),
             io_uring,
             state_dir: crate::state::state_dir(config.server.state_dir.as_deref()),
-            gateways: config.server.gateway.as_ref().map(|me| {
-                let groups = config
-                    .portal_groups
-                    .iter()
-                    .filter_map(|p| Some((p.tag, p.gateway.clone()?)))
-                    .collect();
-                (me.clone(), groups)
-            }),
+            gateways: config
+                .server
+                .gateway
+                .as_ref()
+                .map(|me| crate::gateway::Gateways {
+                    me: me.clone(),
+                    groups: config
+                        .portal_groups
+                        .iter()
+                        .filter_map(|p| Some((p.tag, p.gateway.clone()?)))
+                        .collect(),
+                    takeover_after: Duration::from_secs(config.limits.gateway_takeover_s.into()),
+                }),
         }
     }
 
@@ -172,15 +174,14 @@ impl DeviceContext {
                 unit.replace_reservations(&state);
             }
             unit.set_pr_persistence(Arc::clone(&reservations) as Arc<dyn scsi::PrPersistence>);
-            if let Some((me, groups)) = &self.gateways {
+            if let Some(gateways) = &self.gateways {
                 let ownership = crate::gateway::ImageOwnership::new(
                     store,
                     observer,
                     reservations,
                     &device.name,
-                    groups,
-                    me,
-                    self.takeover_after,
+                    gateways,
+                    Arc::clone(&self.metrics),
                 )
                 .map_err(|e| format!("{}: {e}", device.located()))?;
                 ownership.start().map_err(|e| {

@@ -405,7 +405,10 @@ fn promtool_accepts_the_scrape_and_the_rules_and_dashboards_name_real_series() {
         .chain(names_in(&dashboard_text))
         .collect();
     assert!(used.len() >= 10, "{used:?}");
-    for name in &used {
+    // Exported only by RBD gateways (a family without series is not written at all): the rbd
+    // test scrapes these from real gateways.
+    const GATEWAY_ONLY: [&str; 2] = ["ferrosan_gateway_owner", "ferrosan_gateway_takeovers_total"];
+    for name in used.iter().filter(|n| !GATEWAY_ONLY.contains(&n.as_str())) {
         // A sample, or at least the family (a counter with no series yet, e.g. no limit hit).
         let declared = |l: &str| {
             l.strip_prefix("# TYPE ")

@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::ceph::TestCluster;
-use common::{free_port, pseudo_random_bytes, Daemon, Scratch};
+use common::{free_port, pseudo_random_bytes, scrape, Daemon, Scratch};
 use initiator::driver::Client;
 use initiator::scsi::{Cdb, Sense};
 use initiator::session::Transfer;
@@ -291,14 +291,18 @@ fn rbd_lun_data_missing_image_and_lost_cluster() {
     assert_eq!((status, data), (0, vec![8u8; 4096]));
 }
 
-#[test]
-fn rbd_gateways_fence_on_takeover() {
-    let cluster = TestCluster::start("gw", 3, "");
-    cluster.rbd(&["create", "--size", "64M", "rbd/gw"]);
-    let iqn = "iqn.2024-01.dev.ferrosan:gateways";
-    let (port_a, port_b) = (free_port(), free_port());
-    let config = format!(
-        r#"[[portal_group]]
+/// One config for two gateways `a` and `b` (portal groups 1 and 2) exporting `image` as LUN 0
+/// of `iqn`; `top` goes first (e.g. a `[limits]` table).
+fn gateways_config(
+    top: &str,
+    iqn: &str,
+    image: &str,
+    cluster: &TestCluster,
+    (port_a, port_b): (u16, u16),
+) -> String {
+    format!(
+        r#"{top}
+[[portal_group]]
 tag = 1
 listen = ["127.0.0.1:{port_a}"]
 gateway = "a"
@@ -311,7 +315,7 @@ gateway = "b"
 [[device]]
 name = "vm"
 store = "rbd"
-image = "rbd/gw"
+image = "{image}"
 ceph_conf = "{conf}"
 
 [[target]]
@@ -323,7 +327,16 @@ iqn = "{iqn}"
   luns = [ {{ lun = 0, device = "vm" }} ]
 "#,
         conf = cluster.conf_str()
-    );
+    )
+}
+
+#[test]
+fn rbd_gateways_fence_on_takeover() {
+    let cluster = TestCluster::start("gw", 3, "");
+    cluster.rbd(&["create", "--size", "64M", "rbd/gw"]);
+    let iqn = "iqn.2024-01.dev.ferrosan:gateways";
+    let (port_a, port_b) = (free_port(), free_port());
+    let config = gateways_config("", iqn, "rbd/gw", &cluster, (port_a, port_b));
     let scratch = Scratch::new("gateways");
     let socket_of = |gateway: &str| {
         scratch
@@ -572,48 +585,41 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
     cluster.rbd(&["create", "--size", "64M", "rbd/auto"]);
     let iqn = "iqn.2024-01.dev.ferrosan:auto";
     let (port_a, port_b) = (free_port(), free_port());
-    let config = format!(
-        r#"[limits]
-gateway_takeover_s = 2
-
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:{port_a}"]
-gateway = "a"
-
-[[portal_group]]
-tag = 2
-listen = ["127.0.0.1:{port_b}"]
-gateway = "b"
-
-[[device]]
-name = "vm"
-store = "rbd"
-image = "rbd/auto"
-ceph_conf = "{conf}"
-
-[[target]]
-iqn = "{iqn}"
-
-  [[target.group]]
-  name = "all"
-  any_initiator = true
-  luns = [ {{ lun = 0, device = "vm" }} ]
-"#,
-        conf = cluster.conf_str()
+    let config = gateways_config(
+        "[limits]\ngateway_takeover_s = 2\n",
+        iqn,
+        "rbd/auto",
+        &cluster,
+        (port_a, port_b),
     );
     let scratch = Scratch::new("auto-takeover");
+    let (metrics_a, metrics_b) = (free_port(), free_port());
     let start = |gateway: &str, port: u16| {
         let socket = scratch
             .file(&format!("{gateway}.sock"))
             .display()
             .to_string();
+        let metrics = format!(
+            "127.0.0.1:{}",
+            if gateway == "a" { metrics_a } else { metrics_b }
+        );
         Daemon::start_config_text(
             iqn,
             port,
             &config,
-            &["--gateway", gateway, "--control-socket", &socket],
+            &[
+                "--gateway",
+                gateway,
+                "--control-socket",
+                &socket,
+                "--metrics-listen",
+                &metrics,
+            ],
         )
+    };
+    let has = |port: u16, sample: &str| {
+        let text = scrape(port);
+        assert!(text.contains(sample), "{sample} not in\n{text}");
     };
     let a_owns = vec![(1, 0x0), (2, 0x2)];
     let b_owns = vec![(1, 0x2), (2, 0x0)];
@@ -654,6 +660,11 @@ iqn = "{iqn}"
         "B took over {waited:?} after A hung: before the cluster could have dropped A's watch"
     );
     assert!(b.output().contains("fenced"), "{}", b.output());
+    has(metrics_b, "ferrosan_gateway_owner{device=\"vm\"} 1");
+    has(
+        metrics_b,
+        "ferrosan_gateway_takeovers_total{device=\"vm\",reason=\"owner_gone\"} 1",
+    );
     let (status, sense, data) = read10(&mut cb, 0, 128);
     assert_eq!(status, 0, "read through B: {sense:?}");
     assert!(data == first, "B does not read what A acknowledged");
@@ -677,6 +688,8 @@ iqn = "{iqn}"
         Duration::from_secs(15),
         || a.output().contains("reconnected, standby"),
     );
+    has(metrics_a, "ferrosan_gateway_fenced_total{device=\"vm\"} 1");
+    has(metrics_a, "ferrosan_gateway_owner{device=\"vm\"} 0");
     let second = pseudo_random_bytes(64 << 10, 2);
     assert_eq!(write10(&mut cb, 0, &second), (0, None));
     b.signal("KILL");

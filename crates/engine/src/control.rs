@@ -497,6 +497,11 @@ fn luns(shared: &Shared) -> Value {
                     None => ("?", None),
                 };
                 let caps = lu.capabilities();
+                // Under RBD gateways: who owns the image, as this gateway knows it.
+                let (gateway_owner, owner_here) = match &device.ownership {
+                    Some(o) => (json!(o.owner_name()), json!(o.owns_here())),
+                    None => (Value::Null, Value::Null),
+                };
                 list.push(json!({
                     "target": t.iqn.as_str(),
                     "group": group.name,
@@ -511,6 +516,8 @@ fn luns(shared: &Shared) -> Value {
                     "direct": caps.direct,
                     "offline": lu.is_offline(),
                     "serial": lu.identity().serial,
+                    "gateway_owner": gateway_owner,
+                    "owner_here": owner_here,
                 }));
             }
         }

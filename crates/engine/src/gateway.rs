@@ -498,6 +498,11 @@ impl ImageOwnership {
         Ok(())
     }
 
+    /// Whether this gateway owns the image (its groups are active/optimized).
+    pub fn owns_here(&self) -> bool {
+        self.owner_index() == Some(self.me)
+    }
+
     /// The owner's name, as this gateway knows it.
     pub fn owner_name(&self) -> Option<&str> {
         self.owner_index().map(|i| self.gateways[i].as_str())

@@ -340,6 +340,23 @@ pub fn run(args: CtlArgs) -> ExitCode {
     }
 }
 
+/// A LUN's MODE column: OFFLINE, ro or rw, and under RBD gateways whether this gateway owns
+/// the image (`owner`) or is standby, naming the owner.
+fn lun_mode(x: &Value) -> String {
+    let mut mode = match (x["offline"].as_bool(), x["read_only"].as_bool()) {
+        (Some(true), _) => "OFFLINE".to_string(),
+        (_, Some(true)) => "ro".to_string(),
+        _ => "rw".to_string(),
+    };
+    match (x["owner_here"].as_bool(), x["gateway_owner"].as_str()) {
+        (Some(true), _) => mode.push_str(" owner"),
+        (Some(false), Some(owner)) => mode.push_str(&format!(" standby (owner {owner})")),
+        (Some(false), None) => mode.push_str(" standby (no owner)"),
+        (None, _) => {}
+    }
+    mode
+}
+
 /// A JSON value as table text (strings unquoted, null as `-`).
 pub(crate) fn text(v: &Value) -> String {
     match v {
@@ -461,11 +478,7 @@ fn human(verb: &Verb, r: &Value) -> String {
                                 text(&x["store"]),
                                 text(&x["size_bytes"]),
                                 text(&x["block_size"]),
-                                match (x["offline"].as_bool(), x["read_only"].as_bool()) {
-                                    (Some(true), _) => "OFFLINE".into(),
-                                    (_, Some(true)) => "ro".into(),
-                                    _ => "rw".into(),
-                                },
+                                lun_mode(x),
                                 text(&x["path"]),
                             ]
                         })

@@ -617,6 +617,19 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
             ],
         )
     };
+    // `ferrosan ctl luns` on a gateway: the MODE column says who owns the image.
+    let lun_mode = |gateway: &str| {
+        let socket = scratch
+            .file(&format!("{gateway}.sock"))
+            .display()
+            .to_string();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+            .args(["ctl", "--socket", &socket, "luns"])
+            .output()
+            .expect("ferrosan ctl luns");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
     let has = |port: u16, sample: &str| {
         let text = scrape(port);
         assert!(text.contains(sample), "{sample} not in\n{text}");
@@ -690,6 +703,10 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
     );
     has(metrics_a, "ferrosan_gateway_fenced_total{device=\"vm\"} 1");
     has(metrics_a, "ferrosan_gateway_owner{device=\"vm\"} 0");
+    let said = lun_mode("a");
+    assert!(said.contains("rw standby (owner b)"), "{said}");
+    let said = lun_mode("b");
+    assert!(said.contains("rw owner"), "{said}");
     let second = pseudo_random_bytes(64 << 10, 2);
     assert_eq!(write10(&mut cb, 0, &second), (0, None));
     b.signal("KILL");

@@ -29,6 +29,10 @@ pub struct Options {
     pub dsync: bool,
     /// Overrides the measured seconds per workload.
     pub runtime: Option<Duration>,
+    /// Overrides the unmeasured seconds before each workload's measurement.
+    pub ramp: Option<Duration>,
+    /// With `destructive`: write to a local file even when another process has it open.
+    pub even_if_open: bool,
     /// Only the first this-many bytes of each target.
     pub size: Option<u64>,
     /// The initiator name iSCSI sessions log in with.
@@ -59,7 +63,7 @@ fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
     }
     let path = Path::new(spec);
     if opts.destructive {
-        if let Some(why) = local::in_use(path) {
+        if let Some(why) = local::in_use(path, opts.even_if_open) {
             return Err(format!("{why}; not writing to it"));
         }
     }
@@ -88,6 +92,9 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
     };
     if let Some(r) = opts.runtime {
         timing.runtime = r;
+    }
+    if let Some(r) = opts.ramp {
+        timing.ramp = r;
     }
     let mut workloads = plan(opts.quick, opts.destructive);
     if !opts.only.is_empty() {

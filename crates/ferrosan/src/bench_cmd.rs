@@ -24,6 +24,14 @@ pub struct BenchArgs {
     /// Measured seconds per workload (default 5 with --quick, else 10; a ramp precedes each).
     #[arg(long)]
     runtime: Option<u64>,
+    /// Unmeasured seconds before each workload's measurement (default 1 with --quick, else 2).
+    #[arg(long)]
+    ramp: Option<u64>,
+    /// With --destructive: write to a local file even while another process has it open (a
+    /// benchmark script that keeps a target serving the same file). Mounted or claimed devices
+    /// and loop-device backing files are still refused.
+    #[arg(long, requires = "destructive")]
+    even_if_open: bool,
     /// Use only the first SIZE bytes of each target (e.g. 4G).
     #[arg(long)]
     size: Option<String>,
@@ -58,6 +66,8 @@ pub fn run(args: BenchArgs) -> ExitCode {
         destructive: args.destructive,
         dsync: args.dsync,
         runtime: args.runtime.map(Duration::from_secs),
+        ramp: args.ramp.map(Duration::from_secs),
+        even_if_open: args.even_if_open,
         size,
         only: args.only,
         initiator_name: args.initiator_name.unwrap_or_else(default_initiator_name),

@@ -102,8 +102,6 @@ fn writes_need_destructive_and_never_touch_a_file_in_use() {
             &file,
         ],
     );
-    let _ = holder.kill();
-    let _ = holder.wait();
     assert_eq!(refused.status.code(), Some(2), "{}", refused.describe());
     assert!(
         refused.stderr.contains("is open in process") && refused.stderr.contains("sleep"),
@@ -112,6 +110,33 @@ fn writes_need_destructive_and_never_touch_a_file_in_use() {
     );
     assert!(!Path::new(&out).join("results.json").exists());
     assert_eq!(&std::fs::read(&file).unwrap()[..16], &image_prefix()[..]);
+    // Unless asked to write even so (a benchmark keeping a target on the same file), with its
+    // own ramp.
+    let forced = run_path(
+        ferrosan(),
+        &[
+            "bench",
+            "--destructive",
+            "--even-if-open",
+            "--only",
+            "seqwrite-1m-qd16",
+            "--ramp",
+            "0",
+            "--runtime",
+            "1",
+            "--out",
+            &out,
+            &file,
+        ],
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(forced.success(), "{}", forced.describe());
+    assert_ne!(&std::fs::read(&file).unwrap()[..16], &image_prefix()[..]);
+    let text = std::fs::read_to_string(Path::new(&out).join("results.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["ramp_s"].as_f64(), Some(0.0), "{text}");
+    std::fs::remove_file(Path::new(&out).join("results.json")).unwrap();
 
     // Free now: --destructive runs the writes too, and they land.
     let ran = run_path(

@@ -36,6 +36,12 @@
 #   WRITE_OK=1       required when DEV is a block device and a selected workload writes
 #   FERROSAN         ferrosan binary (default $FERROSAN_BIN, else target/release/ferrosan; this
 #                    script never builds it)
+#   CLIENT           fio (default) or bench: the client for every row. bench is ferrosan's own
+#                    (`ferrosan bench`: 1 µs of client CPU per I/O where fio's libiscsi engine
+#                    spends ~7, so on a small machine it shows the targets rather than the
+#                    client); local rows then use its O_DIRECT engine (io_uring; RWF_DSYNC for
+#                    local-dsync) instead of fio's libaio. Workloads, order, windows and CPU
+#                    sampling are the same.
 #   FIO              fio with both the libiscsi and libaio engines (default: what
 #                    bench/fio-libiscsi.sh prints; libaio-dev is installed first if it must build)
 #   OUT              result directory (default bench/results)
@@ -78,6 +84,7 @@ WORKLOADS=${WORKLOADS:-$(IFS=,; echo "${ALL_WORKLOADS[*]}")}
 TARGETS=${TARGETS:-$(IFS=,; echo "${ALL_TARGETS[*]}")}
 TGT_WCE=${TGT_WCE:-0}
 WRITE_OK=${WRITE_OK:-0}
+CLIENT=${CLIENT:-fio}
 OUT=${OUT:-$ROOT/bench/results}
 FERROSAN=${FERROSAN:-${FERROSAN_BIN:-$ROOT/target/release/ferrosan}}
 
@@ -88,12 +95,13 @@ FERROSAN=${FERROSAN:-${FERROSAN_BIN:-$ROOT/target/release/ferrosan}}
 RAMP=${RAMP:-$((SECONDS_PER_RUN >= 20 ? 5 : (SECONDS_PER_RUN + 3) / 4))}
 [[ $RAMP =~ ^[1-9][0-9]*$ ]] || die "RAMP must be a whole number of seconds, at least 1"
 [[ $TGT_WCE == 0 || $TGT_WCE == 1 ]] || die "TGT_WCE must be 0 or 1"
+[[ $CLIENT == fio || $CLIENT == bench ]] || die "CLIENT must be fio or bench"
 [[ $(id -u) -eq 0 ]] || die "needs root (drop_caches, tgtd)"
 [[ -x $FERROSAN ]] || die "no ferrosan binary at $FERROSAN (set FERROSAN=...; this script does not build it)"
 for cmd in python3 tgtd tgtadm dd numfmt; do
     command -v "$cmd" >/dev/null || die "missing $cmd (apt-get install tgt coreutils python3)"
 done
-TAG=${TAG:-$(basename "$DEV")}
+TAG=${TAG:-$(basename "$DEV")$(if [[ $CLIENT == bench ]]; then echo -bench; fi)}
 TAG=$(tr -c 'A-Za-z0-9._\n-' '_' <<<"$TAG")
 
 IFS=, read -ra SEL_W <<<"$WORKLOADS"
@@ -120,6 +128,16 @@ workload_spec() {
     esac
 }
 writes() { [[ $(workload_spec "$1") == *write* || $(workload_spec "$1") == randrw* ]]; }
+bench_id() { # the same workload in `ferrosan bench`'s plan
+    case $1 in
+        randread-qd1) echo randread-4k-qd1 ;;
+        randread-qd64) echo randread-4k-qd64 ;;
+        randwrite-qd64) echo randwrite-4k-qd64 ;;
+        randrw70-qd64) echo randrw70-4k-qd64 ;;
+        seqread-qd16) echo seqread-1m-qd16 ;;
+        seqwrite-qd16) echo seqwrite-1m-qd16 ;;
+    esac
+}
 ANY_WRITES=0
 for w in "${SEL_W[@]}"; do if writes "$w"; then ANY_WRITES=1; fi; done
 
@@ -164,24 +182,29 @@ FSTYPE=$(if [[ $KIND == file ]]; then findmnt -no FSTYPE -T "$DEV" 2>/dev/null |
 log "DEV $DEV ($KIND${FSTYPE:+ on $FSTYPE}, $((BYTES / 1048576)) MiB used), ${SECONDS_PER_RUN}s runs after ${RAMP}s ramp, $ROUNDS round(s)"
 
 # ------------------------------------------------------------------ fio
-FIO_BIN=${FIO:-}
-if [[ -z $FIO_BIN ]]; then
-    has_iscsi() { [[ -x $1 ]] && "$1" --enghelp 2>/dev/null | grep -qw libiscsi; }
-    if ! has_iscsi "$(command -v fio || true)" && ! has_iscsi "$ROOT/target/bench-tools/fio" \
-        && [[ ! -e /usr/include/libaio.h ]]; then
-        # bench/fio-libiscsi.sh is about to build fio: with libaio.h it gets the libaio engine too
-        log "installing libaio-dev so that the fio bench/fio-libiscsi.sh builds has the libaio engine"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev >&2
+if [[ $CLIENT == fio ]]; then
+    FIO_BIN=${FIO:-}
+    if [[ -z $FIO_BIN ]]; then
+        has_iscsi() { [[ -x $1 ]] && "$1" --enghelp 2>/dev/null | grep -qw libiscsi; }
+        if ! has_iscsi "$(command -v fio || true)" && ! has_iscsi "$ROOT/target/bench-tools/fio" \
+            && [[ ! -e /usr/include/libaio.h ]]; then
+            # bench/fio-libiscsi.sh is about to build fio: with libaio.h it gets the libaio engine too
+            log "installing libaio-dev so that the fio bench/fio-libiscsi.sh builds has the libaio engine"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev >&2
+        fi
+        FIO_BIN=$("$ROOT/bench/fio-libiscsi.sh") || die "no fio with the libiscsi engine (bench/fio-libiscsi.sh)"
     fi
-    FIO_BIN=$("$ROOT/bench/fio-libiscsi.sh") || die "no fio with the libiscsi engine (bench/fio-libiscsi.sh)"
+    ENGINES=$("$FIO_BIN" --enghelp 2>/dev/null || true)
+    grep -qw libiscsi <<<"$ENGINES" || die "$FIO_BIN has no libiscsi engine"
+    if ! grep -qw libaio <<<"$ENGINES"; then
+        die "$FIO_BIN has no libaio engine (built without libaio.h): apt-get install libaio-dev," \
+            "rm $ROOT/target/bench-tools/fio and run again (bench/fio-libiscsi.sh rebuilds it), or set FIO=..."
+    fi
+    log "fio: $FIO_BIN ($("$FIO_BIN" --version))"
+else
+    FIO_BIN=none
+    log "client: $FERROSAN bench"
 fi
-ENGINES=$("$FIO_BIN" --enghelp 2>/dev/null || true)
-grep -qw libiscsi <<<"$ENGINES" || die "$FIO_BIN has no libiscsi engine"
-if ! grep -qw libaio <<<"$ENGINES"; then
-    die "$FIO_BIN has no libaio engine (built without libaio.h): apt-get install libaio-dev," \
-        "rm $ROOT/target/bench-tools/fio and run again (bench/fio-libiscsi.sh rebuilds it), or set FIO=..."
-fi
-log "fio: $FIO_BIN ($("$FIO_BIN" --version))"
 
 # ------------------------------------------------------------------ processes and cleanup
 WORK=$(mktemp -d /tmp/ferrosan-device.XXXXXX)
@@ -331,6 +354,31 @@ def row(a):
                  cpu_us_per_io_whole_run=int(dwhole) / tck / ios * 1e6)
     return r
 
+def bench2fio(a):
+    """A `ferrosan bench` results.json (one row) -> the parts of fio's JSON `row` reads."""
+    src, dst, bs = a
+    try:
+        res = json.load(open(src))
+        r = res["rows"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return  # no JSON for `row`: it reports the run as failed, with the client's stderr
+    secs = res["runtime_s"]
+    block = {"4k": 4096, "1M": 1 << 20}[bs]
+    ios = r["iops"] * secs
+    cpu_s = (r.get("client_cpu_us_per_io") or 0) * ios / 1e6
+    lat = r["latency_us"]
+    side = lambda iops: {"total_ios": round(iops * secs), "io_bytes": round(iops * secs) * block}
+    job = {"error": 1 if r.get("errors") else 0,
+           "usr_cpu": 100 * cpu_s / secs, "sys_cpu": 0.0, "job_runtime": secs * 1000,
+           "read": side(r["read_iops"]), "write": side(r["write_iops"]),
+           "mixed": {"total_ios": round(ios), "runtime": secs * 1000,
+                     "io_bytes": r["mb_per_s"] * 1e6 * secs,
+                     "lat_ns": {"mean": lat["mean"] * 1e3,
+                                "percentile": {"50.000000": lat["p50"] * 1e3,
+                                               "99.000000": lat["p99"] * 1e3,
+                                               "99.900000": lat["p99_9"] * 1e3}}}}
+    json.dump({"jobs": [job]}, open(dst, "w"))
+
 def report(a):
     rows_path, out_path, meta_path = a
     rows = [json.loads(l) for l in open(rows_path) if l.strip()]
@@ -385,9 +433,11 @@ def report(a):
     print(f"\nmedian of {meta['rounds']} round(s), {meta['seconds_per_run']} s each after a "
           f"{meta['ramp_seconds']} s ramp; DEV {meta['dev']['path']} ({meta['dev']['kind']}, "
           f"{meta['dev']['bytes'] // 1048576} MiB)")
-    print("CPU µs/IO: target process (utime+stime) per I/O; * = local rows: fio's own CPU per I/O")
+    client = "fio" if meta.get("client", "fio") == "fio" else "ferrosan bench"
+    print(f"client: {client} for every row")
+    print(f"CPU µs/IO: target process (utime+stime) per I/O; * = local rows: {client}'s own CPU per I/O")
     print("×local, ×dsync: IOPS relative to local (O_DIRECT) and local-dsync (O_DIRECT|O_DSYNC)")
-    print("dev-rd%: bytes the target read from storage / bytes fio read (below 100: page-cache hits)")
+    print(f"dev-rd%: bytes the target read from storage / bytes {client} read (below 100: page-cache hits)")
     if any(not r["ok"] for r in rows):
         print("\nfailed runs:")
         for r in rows:
@@ -397,6 +447,8 @@ def report(a):
 if __name__ == "__main__":
     if sys.argv[1] == "row":
         print(json.dumps(row(sys.argv[2:])))
+    elif sys.argv[1] == "bench2fio":
+        bench2fio(sys.argv[2:])
     else:
         report(sys.argv[2:])
 PY
@@ -404,7 +456,17 @@ PY
 # ------------------------------------------------------------------ runs
 esc() { local s=$1; echo "${s//:/\\:}"; } # fio splits --filename at ':'
 
-drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    # Back into the cache at once: the programs the CPU sampler runs during the window, and the
+    # client's own binary. Left out, they are read from the device under test behind the
+    # benchmark's I/O -- with 16 MiB of 1 MiB reads queued that took seconds, so the sampler
+    # overslept the client's run and 1 MiB reads got no CPU figure (sessions 19-20).
+    sleep 0
+    awk 'BEGIN {}' </dev/null
+    if [[ $CLIENT == fio ]]; then "$FIO_BIN" --version >/dev/null; else "$FERROSAN" --version >/dev/null; fi
+}
 
 RUN_N=0
 CLK_TCK=$(getconf CLK_TCK)
@@ -428,20 +490,37 @@ run_one() { # round workload target
     local w0=0 w1=0 c0=0 c1=0 r0=0 r1=0 t0=0 t1=0
     drop_caches
     if [[ -n $pid ]]; then w0=$(cpu_ticks "$pid"); fi
-    "$FIO_BIN" "${args[@]}" >"$base.json" 2>"$base.err" &
+    if [[ $CLIENT == bench ]]; then
+        local bargs=(bench --only "$(bench_id "$w")" --runtime "$SECONDS_PER_RUN" --ramp "$RAMP"
+            --out "$base.d")
+        # The daemons keep DEV open all along: the local writes go ahead anyway.
+        if writes "$w"; then bargs+=(--destructive --even-if-open); fi
+        case $t in
+            local) bargs+=("$DEV") ;;
+            local-dsync) bargs+=(--dsync "$DEV") ;;
+            *) bargs+=(--initiator-name "$CLIENT_IQN"
+                "iscsi://127.0.0.1:${PORT_OF[$t]}/$IQN/${LUN_OF[$t]}") ;;
+        esac
+        "$FERROSAN" "${bargs[@]}" >"$base.out" 2>"$base.err" &
+    else
+        "$FIO_BIN" "${args[@]}" >"$base.json" 2>"$base.err" &
+    fi
     FIO_PID=$!
     if [[ -n $pid ]]; then
         # Sample the target inside fio's measured window: from the end of the ramp (fio counts
         # no I/O before it) to just before the runtime ends (fio's start-up -- fork, login --
         # shifts its window later than ours, never earlier).
         sleep "$RAMP"
-        c0=$(cpu_ticks "$pid"); r0=$(read_bytes "$pid"); t0=$(date +%s.%N)
+        c0=$(cpu_ticks "$pid"); r0=$(read_bytes "$pid"); t0=$EPOCHREALTIME
         sleep "$SAMPLE_SECS"
-        c1=$(cpu_ticks "$pid"); r1=$(read_bytes "$pid"); t1=$(date +%s.%N)
+        c1=$(cpu_ticks "$pid"); r1=$(read_bytes "$pid"); t1=$EPOCHREALTIME
         if kill -0 "$FIO_PID" 2>/dev/null; then window_ok=1; fi
     fi
     wait "$FIO_PID" || rc=$?
     FIO_PID=""
+    if [[ $CLIENT == bench ]]; then
+        python3 "$WORK/report.py" bench2fio "$base.d/results.json" "$base.json" "$bs" || true
+    fi
     if [[ -n $pid ]]; then
         kill -0 "$pid" 2>/dev/null || die "$t exited during $w: $(tail -n 5 "$WORK/$t.log")"
         w1=$(cpu_ticks "$pid")
@@ -492,6 +571,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 
 # ------------------------------------------------------------------ results
+FIO_VERSION=-
+if [[ $CLIENT == fio ]]; then FIO_VERSION=$("$FIO_BIN" --version); fi
 mkdir -p "$OUT"
 RESULT=$OUT/device-$(date +%F)-$TAG.json
 n=2
@@ -501,7 +582,7 @@ TARGET_DESC=$(for t in ferrosan tgt-rdwr tgt-aio; do
 done)
 DEV_PATH=$DEV KIND=$KIND BYTES=$BYTES FSTYPE=$FSTYPE CREATED=$CREATED TAG=$TAG ROUNDS=$ROUNDS \
 SECONDS_PER_RUN=$SECONDS_PER_RUN RAMP=$RAMP WORKLOADS="${SEL_W[*]}" TARGETS="${SEL_T[*]}" \
-TGT_WCE=$TGT_WCE FIO_BIN=$FIO_BIN FIO_VERSION="$("$FIO_BIN" --version)" FERROSAN=$FERROSAN \
+TGT_WCE=$TGT_WCE FIO_BIN=$FIO_BIN FERROSAN=$FERROSAN CLIENT=$CLIENT FIO_VERSION=$FIO_VERSION \
 TARGET_DESC=$TARGET_DESC ELAPSED=$(($(date +%s) - T_START)) ROOT=$ROOT \
 python3 - "$WORK/meta.json" <<'PY'
 import datetime, json, os, subprocess, sys
@@ -513,8 +594,12 @@ meta = {
     "rounds": int(e["ROUNDS"]), "seconds_per_run": int(e["SECONDS_PER_RUN"]),
     "ramp_seconds": int(e["RAMP"]), "workloads": e["WORKLOADS"].split(),
     "targets_selected": e["TARGETS"].split(), "tgt_wce": int(e["TGT_WCE"]),
+    "client": e["CLIENT"],
     "targets": {"local": "fio libaio, direct=1",
-                "local-dsync": "fio libaio, direct=1, sync=dsync (O_DIRECT|O_DSYNC), workloads that write"},
+                "local-dsync": "fio libaio, direct=1, sync=dsync (O_DIRECT|O_DSYNC), workloads that write"}
+               if e["CLIENT"] == "fio" else
+               {"local": "ferrosan bench, O_DIRECT on io_uring",
+                "local-dsync": "ferrosan bench --dsync, O_DIRECT with RWF_DSYNC, workloads that write"},
     "fio": {"path": e["FIO_BIN"], "version": e["FIO_VERSION"]},
     "ferrosan": {"path": e["FERROSAN"],
                  "mtime": datetime.datetime.fromtimestamp(os.path.getmtime(e["FERROSAN"])).isoformat(timespec="seconds"),

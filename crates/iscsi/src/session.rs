@@ -752,12 +752,9 @@ impl Session {
             return self.dispatch(opcode, pdu, backend, out);
         }
         if cmd_sn == self.exp_cmd_sn && serial::le(cmd_sn, self.max_cmd_sn_granted) {
-            self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
-            let flow = self.dispatch(opcode, pdu, backend, out);
-            if flow == Flow::Close {
-                return flow;
-            }
-            return self.run_out_of_order(now, backend, out);
+            return self.in_order(now, backend, out, |s, backend, out| {
+                s.dispatch(opcode, pdu, backend, out)
+            });
         }
         if serial::in_window(cmd_sn, self.exp_cmd_sn, self.max_cmd_sn())
             && self.out_of_order.len() < self.limits.queue_depth as usize
@@ -772,6 +769,22 @@ impl Session {
         }
         // Outside the window (or a duplicate): silently ignored.
         Flow::Continue
+    }
+
+    /// Runs the command the session expects next (CmdSN = ExpCmdSN, inside the window), then
+    /// the commands that arrived early and were waiting for it.
+    fn in_order(
+        &mut self,
+        now: Instant,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+        run: impl FnOnce(&mut Self, &mut dyn ScsiBackend, &mut Outbox) -> Flow,
+    ) -> Flow {
+        self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
+        if run(self, backend, out) == Flow::Close {
+            return Flow::Close;
+        }
+        self.run_out_of_order(now, backend, out)
     }
 
     /// What every received PDU does to the session before it is handled: liveness clocks and
@@ -1128,13 +1141,9 @@ impl Session {
             return flow;
         }
         // command_data_destination took it as the next in CmdSN order, inside the window.
-        self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
-        let flow = self.scsi_command(&pdu, Immediate::Placed { buf, len }, backend, out);
-        let flow = if flow == Flow::Close {
-            flow
-        } else {
-            self.run_out_of_order(now, backend, out)
-        };
+        let flow = self.in_order(now, backend, out, |s, backend, out| {
+            s.scsi_command(&pdu, Immediate::Placed { buf, len }, backend, out)
+        });
         self.check_invariants();
         flow
     }

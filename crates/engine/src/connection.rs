@@ -31,6 +31,7 @@ use crate::sys;
 
 use crate::config::IscsiName;
 use crate::config::ResolvedAuth;
+use crate::group_commit::{Durability, GroupCommit};
 use crate::metrics::{IoCounts, LatencyCounts};
 use crate::registry::SessionTicket;
 use crate::ring::{self, DeviceRing, RingOp};
@@ -327,20 +328,33 @@ struct Backend<'a> {
     /// Resets (LU, target) and CLEAR TASK SETs waiting for their LUs' commands to finish.
     tmf_waits: Vec<TmfWait>,
     /// This connection's io_uring for direct-I/O LUNs, made at the first such command.
-    ring: Option<DeviceRing<RingIo>>,
+    ring: Option<DeviceRing<RingTag>>,
+    /// Durable writes on the ring, per file, and the fdatasyncs that make them so.
+    group_commits: Vec<(Arc<std::fs::File>, GroupCommit<Written>)>,
     /// Making the ring failed once (logged): direct LUNs use the I/O thread pool instead.
     ring_failed: bool,
     /// Commands answered while planned (a check failed) or reaped from the ring: delivered
     /// at the end of the turn.
     answered: Vec<Completed>,
     /// Reused by every reap of the ring.
-    ring_finished: Vec<ring::Finished<RingIo>>,
+    ring_finished: Vec<ring::Finished<RingTag>>,
     /// Reused by every read answered from a ring buffer.
     loan: Loan,
 }
 
 /// I/Os a turn queues on its ring before handing them to the kernel (the rest go at its end).
 const RING_SUBMIT_BATCH: usize = 4;
+
+/// What an I/O on the connection's ring is for.
+enum RingTag {
+    /// A command's read, write or flush.
+    Command(RingIo),
+    /// The fdatasync of a file's group commit.
+    GroupFlush(Arc<std::fs::File>),
+}
+
+/// A write done on the device and its buffer, waiting for its group's flush.
+type Written = (RingIo, Option<store::PooledBuf>);
 
 /// A command whose block I/O is on the connection's ring.
 struct RingIo {
@@ -355,6 +369,8 @@ struct RingIo {
     _hold: scsi::inflight::OwnedIoGuard,
     /// A write's share of its LU's write order (COMPARE AND WRITE waits).
     _share: Option<scsi::WriteShare>,
+    /// A durable write's file and how it is made durable (its group commit's choice).
+    durable: Option<(Arc<std::fs::File>, Durability)>,
 }
 
 /// A task management function waiting until no command of its LUs can still reach the medium;
@@ -758,7 +774,7 @@ impl Backend<'_> {
                     pool.take((io.len as usize).next_multiple_of(direct.alignment.max(1) as usize))
                 }),
             ),
-            scsi::BlockOp::Write { durable } => {
+            scsi::BlockOp::Write { .. } => {
                 // The planned length is a prefix of the Data-Out (whole blocks received).
                 let len = io.len as usize;
                 if command.data_out.len() < len {
@@ -775,7 +791,7 @@ impl Backend<'_> {
                         buf
                     }),
                 };
-                (RingOp::Write { dsync: durable }, buf)
+                (RingOp::Write { dsync: false }, buf)
             }
             scsi::BlockOp::Flush => (RingOp::Flush, None),
         };
@@ -783,6 +799,18 @@ impl Backend<'_> {
             // Out of memory for the buffer: the blocking pool's path reports the failure.
             return Err(command);
         }
+        let (op, durable) = match op {
+            RingOp::Write { .. } if io.op == (scsi::BlockOp::Write { durable: true }) => {
+                let how = self.group_commit(&direct.file).durability();
+                let dsync = how == Durability::Dsync;
+                (
+                    RingOp::Write { dsync },
+                    Some((Arc::clone(&direct.file), how)),
+                )
+            }
+            op => (op, None),
+        };
+        let is_durable = durable.is_some();
         let tag = RingIo {
             command,
             lun,
@@ -793,13 +821,20 @@ impl Backend<'_> {
             data_out_bytes,
             _hold: hold,
             _share: share,
+            durable,
         };
         let Some(ring) = self.ring.as_mut() else {
             return Err(tag.command);
         };
-        match ring.push(op, &direct.file, io.offset, buf, tag) {
+        match ring.push(op, &direct.file, io.offset, buf, RingTag::Command(tag)) {
             Ok(()) => {
                 self.deferred_bytes += held_bytes;
+                if is_durable {
+                    self.group_commit(&direct.file).sent();
+                }
+                let Some(ring) = self.ring.as_mut() else {
+                    return Ok(());
+                };
                 // A long turn hands its I/Os to the kernel in groups instead of all at its end:
                 // the device starts on the first ones while the rest are decoded (4 KiB random
                 // reads at QD64 +13 % in session 17, ~0.3 µs more CPU per I/O; after every
@@ -815,6 +850,9 @@ impl Backend<'_> {
             // The ring is full: the share and the hold are released as the tag drops. A write
             // whose Data-Out went into the ring's buffer gets it back for the blocking path.
             Err((buf, tag)) => {
+                let RingTag::Command(tag) = tag else {
+                    unreachable!("pushed as a command above")
+                };
                 let mut command = tag.command;
                 if let (Some(buf), RingOp::Write { .. }) = (buf, op) {
                     if command.data_out.is_empty() {
@@ -997,47 +1035,129 @@ impl Backend<'_> {
         let mut finished = std::mem::take(&mut self.ring_finished);
         ring.reap(&mut finished);
         for f in finished.drain(..) {
-            let tag = f.tag;
-            if let Err(e) = &f.result {
-                tracing::warn!(
-                    lun = tag.lun,
-                    "device I/O failed: {:?} at {}+{}: {e}",
-                    tag.io.op,
-                    tag.io.offset,
-                    tag.io.len
-                );
-            }
-            let completion = tag.lu.finish(&tag.io, f.result);
-            let mut sense = Vec::new();
-            let outcome = outcome_of(&completion, &mut sense);
-            let good = completion.status == scsi::Status::Good;
-            let lent = match (f.buf, tag.io.op) {
-                (Some(mut buf), scsi::BlockOp::Read) if good => {
-                    // Read whole aligned blocks; the Data-In is the planned length.
-                    let len = (tag.io.len as usize).min(buf.len());
-                    buf.set_len(len);
-                    Some((Arc::new(buf) as Arc<dyn AsRef<[u8]> + Send + Sync>, 0..len))
+            match f.tag {
+                RingTag::Command(mut tag) => match tag.durable.take() {
+                    None => self.answer_reaped(tag, f.buf, f.result),
+                    Some((file, how)) => {
+                        let ok = f.result.is_ok();
+                        if let Some((tag, buf)) =
+                            self.group_commit(&file).completed((tag, f.buf), how, ok)
+                        {
+                            self.answer_reaped(tag, buf, f.result);
+                        }
+                    }
+                },
+                RingTag::GroupFlush(file) => {
+                    let covered = self.group_commit(&file).flush_done();
+                    let metrics = &self.shared.metrics;
+                    metrics.group_commit_flushes.inc();
+                    metrics.group_commit_writes.inc_by(covered.len() as u64);
+                    if let Err(e) = &f.result {
+                        tracing::warn!(
+                            "device flush failed: {e}: {} write-through writes fail",
+                            covered.len()
+                        );
+                    }
+                    for (tag, buf) in covered {
+                        self.answer_reaped(tag, buf, same_result(&f.result));
+                    }
                 }
-                _ => None,
-            };
-            self.answered.push(Completed {
-                itt: tag.command.itt,
-                lun: tag.lun,
-                kind: scsi::io_kind(&tag.command.cdb),
-                expected_len: tag.command.expected_len,
-                outcome,
-                data_in: Vec::new(),
-                lent,
-                sense,
-                started: tag.started,
-                held_bytes: tag.held_bytes,
-                data_out_bytes: tag.data_out_bytes,
-                data_out: tag.command.data_out,
-            });
+            }
         }
+        self.start_group_flushes();
         self.ring_finished = finished;
         // Retries queued by the reap go out now.
         self.submit_ring();
+    }
+
+    /// Answers a command whose ring I/O is over (delivered at the end of the turn).
+    fn answer_reaped(
+        &mut self,
+        tag: RingIo,
+        buf: Option<store::PooledBuf>,
+        result: std::io::Result<()>,
+    ) {
+        if let Err(e) = &result {
+            tracing::warn!(
+                lun = tag.lun,
+                "device I/O failed: {:?} at {}+{}: {e}",
+                tag.io.op,
+                tag.io.offset,
+                tag.io.len
+            );
+        }
+        let completion = tag.lu.finish(&tag.io, result);
+        let mut sense = Vec::new();
+        let outcome = outcome_of(&completion, &mut sense);
+        let good = completion.status == scsi::Status::Good;
+        let lent = match (buf, tag.io.op) {
+            (Some(mut buf), scsi::BlockOp::Read) if good => {
+                // Read whole aligned blocks; the Data-In is the planned length.
+                let len = (tag.io.len as usize).min(buf.len());
+                buf.set_len(len);
+                Some((Arc::new(buf) as Arc<dyn AsRef<[u8]> + Send + Sync>, 0..len))
+            }
+            _ => None,
+        };
+        self.answered.push(Completed {
+            itt: tag.command.itt,
+            lun: tag.lun,
+            kind: scsi::io_kind(&tag.command.cdb),
+            expected_len: tag.command.expected_len,
+            outcome,
+            data_in: Vec::new(),
+            lent,
+            sense,
+            started: tag.started,
+            held_bytes: tag.held_bytes,
+            data_out_bytes: tag.data_out_bytes,
+            data_out: tag.command.data_out,
+        });
+    }
+
+    /// The group commit of `file` (one per direct-I/O file this connection wrote durably).
+    fn group_commit(&mut self, file: &Arc<std::fs::File>) -> &mut GroupCommit<Written> {
+        let index = match self
+            .group_commits
+            .iter()
+            .position(|(f, _)| Arc::ptr_eq(f, file))
+        {
+            Some(index) => index,
+            None => {
+                self.group_commits
+                    .push((Arc::clone(file), GroupCommit::default()));
+                self.group_commits.len() - 1
+            }
+        };
+        &mut self.group_commits[index].1
+    }
+
+    /// Starts the flush of every file with completed durable writes and no flush running.
+    fn start_group_flushes(&mut self) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        let mut unflushed = Vec::new();
+        for (file, group) in &mut self.group_commits {
+            if !group.start_flush() {
+                continue;
+            }
+            let tag = RingTag::GroupFlush(Arc::clone(file));
+            if ring.push(RingOp::Flush, file, 0, None, tag).is_err() {
+                // The ring refused it (its kernel no longer takes entries): nothing else
+                // would ever flush these writes, so flush here, once, blocking the worker
+                // for it -- never leave a write unanswered or answer it undurable.
+                let result = file.sync_data();
+                unflushed.push((group.flush_not_sent(), result));
+            }
+        }
+        for (writes, result) in unflushed {
+            for (tag, buf) in writes {
+                self.answer_reaped(tag, buf, same_result(&result));
+            }
+        }
+        // An idle group holds its file open for nothing (a device removed by a reload).
+        self.group_commits.retain(|(_, group)| !group.is_idle());
     }
 
     /// Whether commands already on the blocking pool hold the connection's whole budget.
@@ -1055,6 +1175,17 @@ impl Backend<'_> {
     fn disk_lu(&self, lun: u64) -> Option<(&DiskLun, &LunEntry)> {
         let disk = self.disk_luns.iter().find(|d| d.lun == lun)?;
         Some((disk, self.luns.as_deref()?.get(lun)?))
+    }
+}
+
+/// `result` again, for each of the writes one flush answers (`io::Error` is not `Clone`).
+fn same_result(result: &std::io::Result<()>) -> std::io::Result<()> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) => Err(match e.raw_os_error() {
+            Some(errno) => std::io::Error::from_raw_os_error(errno),
+            None => std::io::Error::new(e.kind(), e.to_string()),
+        }),
     }
 }
 
@@ -1525,6 +1656,7 @@ impl Driver {
             ring_failed: false,
             answered: Vec::new(),
             ring_finished: Vec::new(),
+            group_commits: Vec::new(),
             loan: Loan::default(),
             info: None,
             close_reason: None,

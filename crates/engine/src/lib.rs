@@ -10,6 +10,7 @@ pub mod config;
 pub mod connection;
 pub mod control;
 pub mod gateway;
+mod group_commit;
 pub mod metrics;
 pub mod portals;
 pub mod prelogin;

@@ -328,6 +328,8 @@ pub struct Metrics {
     pub busy_polls: Counter,
     pub busy_poll_hits: Counter,
     pub busy_poll_seconds: Counter<f64, AtomicU64>,
+    pub group_commit_flushes: Counter,
+    pub group_commit_writes: Counter,
     pub write_stalls: Family<DeviceLabel, Counter>,
     pub writes_offloaded: Family<DeviceLabel, Counter>,
     pub device_reads: Family<DeviceLabel, Counter>,
@@ -413,6 +415,8 @@ impl Metrics {
         let busy_polls = Counter::default();
         let busy_poll_hits = Counter::default();
         let busy_poll_seconds = Counter::<f64, AtomicU64>::default();
+        let group_commit_flushes = Counter::default();
+        let group_commit_writes = Counter::default();
         let write_stalls = Family::<DeviceLabel, Counter>::default();
         let writes_offloaded = Family::<DeviceLabel, Counter>::default();
         let device_reads = Family::<DeviceLabel, Counter>::default();
@@ -499,6 +503,16 @@ impl Metrics {
             busy_poll_seconds.clone(),
         );
         registry.register(
+            "group_commit_flushes",
+            "fdatasyncs on direct-I/O devices that answered a group of write-through/FUA writes",
+            group_commit_flushes.clone(),
+        );
+        registry.register(
+            "group_commit_writes",
+            "Write-through/FUA writes on direct-I/O devices made durable by a group flush (the rest carry RWF_DSYNC)",
+            group_commit_writes.clone(),
+        );
+        registry.register(
             "write_stalls",
             "Buffered writes to a disk-backed device that waited in the kernel (writeback, throttling, journal)",
             write_stalls.clone(),
@@ -578,6 +592,8 @@ impl Metrics {
             busy_polls,
             busy_poll_hits,
             busy_poll_seconds,
+            group_commit_flushes,
+            group_commit_writes,
             write_stalls,
             writes_offloaded,
             device_reads,

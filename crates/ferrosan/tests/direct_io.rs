@@ -290,3 +290,157 @@ fn a_failing_device_read_is_a_medium_error_and_the_lu_keeps_working() {
     drop(client);
     drop(daemon);
 }
+
+/// A loop device over a sparse file on a tmpfs far smaller than the file: writes to blocks
+/// the tmpfs has no room for fail in the kernel with ENOSPC. Unmounted, detached and removed
+/// on drop. None (with the reason on stderr) without root, tmpfs mounts or loop devices.
+struct FullDevice {
+    dir: PathBuf,
+    mounted: bool,
+    device: Option<String>,
+}
+
+impl FullDevice {
+    fn new(tag: &str, fs_bytes: u64, device_bytes: u64) -> Option<FullDevice> {
+        let dir = disk_dir(tag);
+        let mut full = FullDevice {
+            dir,
+            mounted: false,
+            device: None,
+        };
+        let size = format!("size={fs_bytes}");
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
+            .arg(&full.dir)
+            .status();
+        if !mounted.as_ref().is_ok_and(|s| s.success()) {
+            eprintln!("mount -t tmpfs: {mounted:?}");
+            return None;
+        }
+        full.mounted = true;
+        let backing = full.dir.join("backing.img");
+        std::fs::File::create(&backing)
+            .and_then(|f| f.set_len(device_bytes))
+            .ok()?;
+        let out = std::process::Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&backing)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!("losetup: {}", String::from_utf8_lossy(&out.stderr));
+            return None;
+        }
+        full.device = Some(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        Some(full)
+    }
+}
+
+impl Drop for FullDevice {
+    fn drop(&mut self) {
+        if let Some(device) = &self.device {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", device])
+                .status();
+        }
+        if self.mounted {
+            let _ = std::process::Command::new("umount").arg(&self.dir).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A device that runs out of room under concurrent write-through writes (the write-through
+/// LU's group commit): every write is answered, each either GOOD or DATA PROTECT / SPACE
+/// ALLOCATION FAILED WRITE PROTECT (27h/07h) — never a medium error, never a hang — the
+/// failures are counted, every write answered GOOD reads back, and the session and another
+/// LUN keep working.
+#[test]
+fn a_full_device_fails_writes_as_out_of_space_and_keeps_what_it_acknowledged() {
+    use common::raw::{rw10, status_of, Raw};
+    const WRITES: u32 = 48;
+    // 64 KiB of tmpfs under a 32 MiB device: 16 pages for 48 writes to distinct pages.
+    let Some(full) = FullDevice::new("full", 64 << 10, 32 << 20) else {
+        eprintln!("SKIPPED: needs root, tmpfs mounts and loop devices");
+        return;
+    };
+    let device = full.device.clone().unwrap_or_default();
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let daemon = Daemon::start_with_args(
+        IQN,
+        &[&format!("block:{device},cache=direct"), "ram:8M"],
+        &["--metrics-listen", &listen],
+    );
+    let mut client = Raw::login(daemon.port, IQN, 1);
+    let mut itt = 1;
+    client.until_ready(&mut itt);
+    // Every write in flight at once: 4 KiB of immediate data each, 512 KiB apart.
+    let block = |n: u32| pseudo_random_bytes(4096, u64::from(n) + 100);
+    let lba = |n: u32| n * 1024;
+    for n in 0..WRITES {
+        let data = block(n);
+        let mut bhs = client.command(100 + n, &rw10(0x2a, lba(n), 8), 0xa0, 4096);
+        bhs.set_data_segment_len(data.len());
+        client.send(&bhs, &data);
+    }
+    let mut good = Vec::new();
+    let mut out_of_space = 0;
+    for _ in 0..WRITES {
+        let answer = client.recv();
+        let n = answer.bhs.itt() - 100;
+        match status_of(&answer) {
+            0x00 => good.push(n),
+            0x02 => {
+                let sense = answer.data.get(2..).unwrap_or_default();
+                let (key, asc, ascq) = match sense.first() {
+                    Some(0x72) => (sense[1] & 0x0F, sense[2], sense[3]),
+                    _ => (sense[2] & 0x0F, sense[12], sense[13]),
+                };
+                assert_eq!(
+                    (key, asc, ascq),
+                    (0x07, 0x27, 0x07),
+                    "write {n}: SPACE ALLOCATION FAILED WRITE PROTECT expected: {sense:02x?}"
+                );
+                out_of_space += 1;
+            }
+            other => panic!("write {n}: status {other:#x}"),
+        }
+    }
+    assert!(
+        !good.is_empty() && out_of_space > 0,
+        "{} good, {out_of_space} out of space: the device should take some and refuse some\n{}",
+        good.len(),
+        daemon.output()
+    );
+    // What was acknowledged is there.
+    for &n in &good {
+        let bhs = client.command(itt, &rw10(0x28, lba(n), 8), 0xc0, 4096);
+        itt += 1;
+        client.send(&bhs, &[]);
+        assert_eq!(client.read_data(), block(n), "acknowledged write {n}");
+    }
+    // The other LUN and the session work on (its first answer is its power-on unit
+    // attention).
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let mut bhs = client.command(itt, &rw10(0x2a, 0, 8), 0xa0, 4096);
+        itt += 1;
+        bhs.set_lun([0, 1, 0, 0, 0, 0, 0, 0]);
+        bhs.set_data_segment_len(4096);
+        client.send(&bhs, &block(999));
+        statuses.push(status_of(&client.recv()));
+    }
+    assert_eq!(
+        statuses.last(),
+        Some(&0),
+        "writes to the RAM LUN: {statuses:?}"
+    );
+    client.ping(itt);
+    let series = "ferrosan_device_errors_total{device=\"lun0\",cause=\"data_protect\"}";
+    let text = common::wait_for_metric(metrics_port, series, |v| v >= f64::from(out_of_space));
+    assert_eq!(metric(&text, series), f64::from(out_of_space), "{text}");
+    drop(client);
+    drop(daemon);
+    drop(full);
+}

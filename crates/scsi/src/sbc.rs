@@ -85,8 +85,15 @@ pub(crate) fn read_error(e: std::io::Error) -> Sense {
     Sense::medium_error_unrecovered_read()
 }
 pub(crate) fn write_error(e: std::io::Error) -> Sense {
+    const ENOSPC: i32 = 28;
+    const EDQUOT: i32 = 122;
     if backend_unreachable(&e) {
         return Sense::not_ready_transition();
+    }
+    // The filesystem or device under the LU is full (a thin file LU outgrew its disk, a
+    // quota): not a medium error.
+    if matches!(store::errno_of(&e), Some(ENOSPC | EDQUOT)) {
+        return Sense::space_allocation_failed();
     }
     Sense::medium_error_write()
 }

@@ -84,6 +84,12 @@ impl Sense {
     pub const fn medium_error_write() -> Sense {
         Sense::new(MEDIUM_ERROR, 0x0C, 0x00)
     }
+    /// SPACE ALLOCATION FAILED WRITE PROTECT (SBC-3 4.7.3.7): a thin LU's backing storage is
+    /// full. Initiators treat it as out of space, not as a failing disk (ESXi pauses the VMs
+    /// on the datastore instead of failing their I/O).
+    pub const fn space_allocation_failed() -> Sense {
+        Sense::new(DATA_PROTECT, 0x27, 0x07)
+    }
     pub const fn internal_target_failure() -> Sense {
         Sense::new(HARDWARE_ERROR, 0x44, 0x00)
     }

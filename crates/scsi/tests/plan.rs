@@ -247,6 +247,33 @@ fn device_errors_finish_as_medium_errors() {
     }
 }
 
+/// A full filesystem or quota under the LU is out of space, not a failing medium: DATA
+/// PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT (27h/07h), for a write and for a flush.
+#[test]
+fn a_full_backing_store_is_space_allocation_failed_not_a_medium_error() {
+    let mut t = T::new();
+    t.lu.nexus_added(1);
+    t.run(&[0; 6], &[]);
+    let synchronize_cache = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    for cdb in [write10(0, 1).to_vec(), synchronize_cache.to_vec()] {
+        let data = vec![0u8; if cdb[0] == 0x2A { 512 } else { 0 }];
+        let cmd = Command {
+            cdb: &cdb,
+            data_out: &data,
+            data_in_limit: 0,
+        };
+        let Plan::Io(io, _) = t.lu.plan(&t.nexus, &cmd, false) else {
+            panic!("plans");
+        };
+        for errno in [28 /* ENOSPC */, 122 /* EDQUOT */] {
+            let c =
+                t.lu.finish(&io, Err(std::io::Error::from_raw_os_error(errno)));
+            assert_eq!(c.status, Status::CheckCondition);
+            assert_sense(&c.sense.unwrap(), 0x07, 0x27, 0x07);
+        }
+    }
+}
+
 #[test]
 fn compare_and_write_waits_for_planned_writes_and_excludes_new_ones() {
     let mut t = T::new();

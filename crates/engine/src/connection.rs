@@ -331,6 +331,8 @@ struct Backend<'a> {
     ring: Option<DeviceRing<RingTag>>,
     /// Durable writes on the ring, per file, and the fdatasyncs that make them so.
     group_commits: Vec<(Arc<std::fs::File>, GroupCommit<Written>)>,
+    /// The ring's I/Os in flight as last told to the worker's busy poll.
+    ring_reported: usize,
     /// Making the ring failed once (logged): direct LUNs use the I/O thread pool instead.
     ring_failed: bool,
     /// Commands answered while planned (a check failed) or reaped from the ring: delivered
@@ -351,6 +353,13 @@ enum RingTag {
     Command(RingIo),
     /// The fdatasync of a file's group commit.
     GroupFlush(Arc<std::fs::File>),
+}
+
+impl Drop for Backend<'_> {
+    fn drop(&mut self) {
+        // Its ring's I/Os no longer count as the worker's device waits.
+        busy_poll::device_io_changed(self.ring_reported, 0);
+    }
 }
 
 /// A write done on the device and its buffer, waiting for its group's flush.
@@ -1020,6 +1029,10 @@ impl Backend<'_> {
                 // They stay queued and go with the next submit.
                 tracing::debug!(peer = %self.peer, "io_uring submit: {e}");
             }
+            // The worker's busy poll learns device waits apart from initiator waits.
+            let in_flight = ring.in_flight();
+            busy_poll::device_io_changed(self.ring_reported, in_flight);
+            self.ring_reported = in_flight;
         }
     }
 
@@ -1654,6 +1667,7 @@ impl Driver {
             tmf_waits: Vec::new(),
             ring: None,
             ring_failed: false,
+            ring_reported: 0,
             answered: Vec::new(),
             ring_finished: Vec::new(),
             group_commits: Vec::new(),

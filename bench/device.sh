@@ -59,6 +59,11 @@
 # window, as a rate): below 100, page-cache hits (ferrosan and tgt-rdwr read buffered).
 # Output: a table on stdout, every row in bench/results/device-DATE-TAG.json. Daemons are
 # started on free loopback ports and stopped by PID on exit.
+#
+# Charts: `bench/device_charts.py RESULTS.json [OUTDIR]` renders two SVGs next to the JSON (or
+# into OUTDIR): device-DATE-TAG.vs-local.svg, each target's median IOPS over local's (over
+# local-dsync's for the workloads that write), with lines at 1.0 and at issue #17's 0.85; and
+# device-DATE-TAG.cpu.svg, the target CPU µs per I/O above (cpu_us_per_io), on a log scale.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PATH="$PATH:/usr/sbin:/sbin"

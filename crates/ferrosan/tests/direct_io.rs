@@ -292,60 +292,37 @@ fn a_failing_device_read_is_a_medium_error_and_the_lu_keeps_working() {
 }
 
 /// A loop device over a sparse file on a tmpfs far smaller than the file: writes to blocks
-/// the tmpfs has no room for fail in the kernel with ENOSPC. Unmounted, detached and removed
+/// the tmpfs has no room for fail in the kernel with ENOSPC. Detached, unmounted and removed
 /// on drop. None (with the reason on stderr) without root, tmpfs mounts or loop devices.
 struct FullDevice {
+    /// Detached before the tmpfs under it is unmounted.
+    device: Option<LoopDevice>,
     dir: PathBuf,
-    mounted: bool,
-    device: Option<String>,
 }
 
 impl FullDevice {
     fn new(tag: &str, fs_bytes: u64, device_bytes: u64) -> Option<FullDevice> {
         let dir = disk_dir(tag);
-        let mut full = FullDevice {
-            dir,
-            mounted: false,
-            device: None,
-        };
         let size = format!("size={fs_bytes}");
         let mounted = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
-            .arg(&full.dir)
+            .arg(&dir)
             .status();
+        let mut full = FullDevice { device: None, dir };
         if !mounted.as_ref().is_ok_and(|s| s.success()) {
             eprintln!("mount -t tmpfs: {mounted:?}");
             return None;
         }
-        full.mounted = true;
-        let backing = full.dir.join("backing.img");
-        std::fs::File::create(&backing)
-            .and_then(|f| f.set_len(device_bytes))
-            .ok()?;
-        let out = std::process::Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&backing)
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!("losetup: {}", String::from_utf8_lossy(&out.stderr));
-            return None;
-        }
-        full.device = Some(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        full.device = Some(LoopDevice::attach_in(full.dir.clone(), device_bytes, &[])?);
         Some(full)
     }
 }
 
 impl Drop for FullDevice {
     fn drop(&mut self) {
-        if let Some(device) = &self.device {
-            let _ = std::process::Command::new("losetup")
-                .args(["-d", device])
-                .status();
-        }
-        if self.mounted {
-            let _ = std::process::Command::new("umount").arg(&self.dir).status();
-        }
+        drop(self.device.take());
+        // Fails harmlessly when the mount above did not happen.
+        let _ = std::process::Command::new("umount").arg(&self.dir).status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -364,7 +341,11 @@ fn a_full_device_fails_writes_as_out_of_space_and_keeps_what_it_acknowledged() {
         eprintln!("SKIPPED: needs root, tmpfs mounts and loop devices");
         return;
     };
-    let device = full.device.clone().unwrap_or_default();
+    let device = full
+        .device
+        .as_ref()
+        .map(|d| d.device.clone())
+        .unwrap_or_default();
     let metrics_port = free_port();
     let listen = format!("127.0.0.1:{metrics_port}");
     let daemon = Daemon::start_with_args(

@@ -92,7 +92,11 @@ pub struct LoopDevice {
 
 impl LoopDevice {
     pub fn attach(tag: &str, bytes: u64, options: &[&str]) -> Option<LoopDevice> {
-        let dir = disk_dir(tag);
+        LoopDevice::attach_in(disk_dir(tag), bytes, options)
+    }
+
+    /// Like [`LoopDevice::attach`], over a file in `dir` (removed with it on drop).
+    pub fn attach_in(dir: PathBuf, bytes: u64, options: &[&str]) -> Option<LoopDevice> {
         let backing = dir.join("backing.img");
         File::create(&backing).ok()?.set_len(bytes).ok()?;
         let out = Command::new("losetup")

@@ -125,6 +125,23 @@ def group_geometry(order, L, R, W):
     return gw, bw, lambda g, i: L + gw * g + (gw - bw * len(TARGETS)) / 2 + bw * i
 
 
+def axes(o, L, R, T, B, W, H, ylabel):
+    """The chart's two axes and its rotated y label."""
+    o.append(f'<line x1="{L}" x2="{L}" y1="{T}" y2="{H - B}" stroke="black"/>')
+    o.append(f'<line x1="{L}" x2="{W - R}" y1="{H - B}" y2="{H - B}" stroke="black"/>')
+    o.append(f'<text x="16" y="{(T + H - B) / 2}" text-anchor="middle" '
+             f'transform="rotate(-90 16 {(T + H - B) / 2})">{esc(ylabel)}</text>')
+
+
+def finish(o, res, W, H, path):
+    """The footnote, the closing tag, and the file."""
+    o.append(f'<text x="{W / 2}" y="{H - 8}" text-anchor="middle" font-size="11" fill="#777">'
+             f'{esc(footnote(res))}</text>')
+    o.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(o) + "\n")
+
+
 def group_labels(o, order, L, gw, y0, baseline_of):
     for g, w in enumerate(order):
         cx = L + gw * g + gw / 2
@@ -189,31 +206,23 @@ def vs_local_chart(res, src, path):
         o.append(f'<line x1="{L}" x2="{W - R}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="{color}" '
                  f'stroke-width="1.5" stroke-dasharray="{dash}"/>')
         o.append(f'<text x="{W - R + 6}" y="{py(v) + 4:.1f}" fill="{color}">{esc(label)}</text>')
-    o.append(f'<line x1="{L}" x2="{L}" y1="{T}" y2="{H - B}" stroke="black"/>')
-    o.append(f'<line x1="{L}" x2="{W - R}" y1="{H - B}" y2="{H - B}" stroke="black"/>')
-    o.append(f'<text x="16" y="{(T + H - B) / 2}" text-anchor="middle" '
-             f'transform="rotate(-90 16 {(T + H - B) / 2})">× local (median IOPS ÷ median IOPS)</text>')
+    axes(o, L, R, T, B, W, H, "× local (median IOPS ÷ median IOPS)")
     group_labels(o, order, L, gw, H - B + 18, lambda w: baseline(w)[1])
     for g, w in enumerate(order):  # mean latency at QD1, where it is the figure that matters
         depths = {r.get("iodepth") for (w2, _), rs in cells.items() if w2 == w for r in rs}
         if not (depths == {1} or w.endswith("-qd1")):
             continue
         lines = ["mean latency:"]
-        for t in ("local", "ferrosan"):
-            v = median(cells, w, t, "lat_mean_us")[0]
+        a, b = (median(cells, w, t, "lat_mean_us")[0] for t in ("local", "ferrosan"))
+        for t, v in (("local", a), ("ferrosan", b)):
             lines.append(f"{t} {v:.0f} µs" if v is not None else f"{t} n/a")
-        a, b = median(cells, w, "local", "lat_mean_us")[0], median(cells, w, "ferrosan", "lat_mean_us")[0]
         if a is not None and b is not None:
             lines[-1] += f" ({b - a:+.0f})"
         cx = L + gw * g + gw / 2
         for j, s in enumerate(lines):
             o.append(f'<text x="{cx:.1f}" y="{H - B + 50 + 13 * j}" text-anchor="middle" '
                      f'font-size="11" fill="#444">{esc(s)}</text>')
-    o.append(f'<text x="{W / 2}" y="{H - 8}" text-anchor="middle" font-size="11" fill="#777">'
-             f'{esc(footnote(res))}</text>')
-    o.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(o) + "\n")
+    finish(o, res, W, H, path)
     return ratios
 
 
@@ -267,21 +276,14 @@ def cpu_chart(res, src, path):
                 y, paint = (py(v) + 12, f'fill="{ink}"') if inside else (py(v) - 17, HALO)
                 o.append(f'<text x="{x + bw / 2 - 1:.1f}" y="{y:.1f}" text-anchor="middle" '
                          f'font-size="9" {paint}>{have}/{ok} rds</text>')
-    o.append(f'<line x1="{L}" x2="{L}" y1="{T}" y2="{H - B}" stroke="black"/>')
-    o.append(f'<line x1="{L}" x2="{W - R}" y1="{H - B}" y2="{H - B}" stroke="black"/>')
-    o.append(f'<text x="16" y="{(T + H - B) / 2}" text-anchor="middle" '
-             f'transform="rotate(-90 16 {(T + H - B) / 2})">target CPU µs per I/O (log)</text>')
+    axes(o, L, R, T, B, W, H, "target CPU µs per I/O (log)")
     group_labels(o, order, L, gw, H - B + 18, None)
     notes = ["n/a: no windowed", "CPU sample (the", "client's run ended", "before the sampler's",
              "window closed)"]
     for j, s in enumerate(notes):
         o.append(f'<text x="{W - R + 10}" y="{T + 20 + 13 * j}" font-size="10" fill="#777">'
                  f'{esc(s)}</text>')
-    o.append(f'<text x="{W / 2}" y="{H - 8}" text-anchor="middle" font-size="11" fill="#777">'
-             f'{esc(footnote(res))}</text>')
-    o.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(o) + "\n")
+    finish(o, res, W, H, path)
     return meds
 
 

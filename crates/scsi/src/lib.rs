@@ -83,7 +83,7 @@ pub enum AccessState {
     ActiveOptimized,
     ActiveNonOptimized,
     /// Only identification, sense, mode and reservation commands (SPC-4 5.15.2.4.4): the LU
-    /// is owned through another target port group ([`Ownership`]).
+    /// is owned through another target port group ([`Ownership`]) that cannot be reached.
     Standby,
 }
 
@@ -97,7 +97,31 @@ pub trait Ownership: Send + Sync {
     /// Makes `group` (a group of this gateway) the owner, fencing the previous owner so that
     /// nothing it still sends can land; may wait for a cluster (an I/O thread's call).
     fn take(&self, group: u16) -> std::io::Result<()>;
+    /// Whether this gateway's groups that do not own the LU are active/non-optimized: a
+    /// command that needs the medium is run by the owner ([`Ownership::ship`]) instead of
+    /// refused (standby). False while no owner is known.
+    fn ships(&self) -> bool {
+        false
+    }
+    /// Runs `cmd` of `nexus` on the owner (I/O shipping) and returns its completion, Data-In
+    /// in `data_in` (at most `cmd.data_in_limit` bytes). Called after this LU's own checks
+    /// (unit attention, opcode, reservations) passed; may wait for the network.
+    fn ship(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
+        let _ = (nexus, cmd, data_in);
+        Completion::check_condition(crate::alua::STANDBY)
+    }
+    /// A LOGICAL UNIT RESET through a non-owner's port: the owner resets too (its nexuses get
+    /// the unit attention). Returns whether the owner confirmed it. May wait for the network.
+    fn reset_owner(&self) -> bool {
+        false
+    }
 }
+
+/// Initiator names of the sessions gateways open to each other to ship commands (see
+/// [`Ownership::ship`]): `<prefix><the LU's NAA in hex>`. Their commands were checked against
+/// reservations by the gateway that shipped them, so the owner does not check them again; the
+/// transport admits such a name only with the image's shared secret (CHAP).
+pub const GATEWAY_PEER_PREFIX: &str = "iqn.2026-11.org.ferrosan:gateway-peer.";
 
 impl AccessState {
     /// The ASYMMETRIC ACCESS STATE code.

@@ -176,6 +176,7 @@ impl LogicalUnit {
         match self.ownership.get() {
             None => configured,
             Some(o) if o.is_active(group) => crate::AccessState::ActiveOptimized,
+            Some(o) if o.ships() => crate::AccessState::ActiveNonOptimized,
             Some(_) => crate::AccessState::Standby,
         }
     }
@@ -492,7 +493,48 @@ impl LogicalUnit {
         }
         match result {
             Err(sense) if sense == crate::sbc::WOULD_WAIT => None,
+            Err(sense) if sense == crate::alua::SHIP => Some(self.ship(nexus, cmd, data_in)),
             result => Some(self.completion(result)),
+        }
+    }
+
+    /// Whether a command of `nexus` is run by the LU's owner through another gateway (I/O
+    /// shipping, see [`crate::Ownership::ship`]): a transport runs it where waiting for the
+    /// network is fine.
+    pub fn ships_to_owner(&self, nexus: &Nexus, cdb: &[u8]) -> bool {
+        self.ownership.get().is_some_and(|o| {
+            !o.is_active(nexus.target_port.group)
+                && o.ships()
+                && !crate::alua::standby_allows(Cdb(cdb))
+        })
+    }
+
+    /// Runs a command that passed this LU's checks on its owner. A unit attention the owner
+    /// reports is an event of the LU (a reset, a mode or capacity change there): every other
+    /// nexus here is told too.
+    fn ship(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
+        let Some(ownership) = self.ownership.get() else {
+            return Completion::check_condition(crate::alua::STANDBY);
+        };
+        data_in.clear();
+        let completion = ownership.ship(nexus, cmd, data_in);
+        data_in.truncate(cmd.data_in_limit as usize);
+        if let Some(sense) = completion
+            .sense
+            .filter(|s| s.key == crate::sense::UNIT_ATTENTION)
+        {
+            self.ua.raise_all((sense.asc, sense.ascq), Some(nexus.id));
+        }
+        completion
+    }
+
+    /// A LOGICAL UNIT RESET through a port that does not own the LU: resets it at the owner
+    /// too (true when the owner confirmed). May wait for the network; false at once for an LU
+    /// without a remote owner.
+    pub fn reset_at_owner(&self, nexus: &Nexus) -> bool {
+        match self.ownership.get() {
+            Some(o) if !o.is_active(nexus.target_port.group) && o.ships() => o.reset_owner(),
+            _ => false,
         }
     }
 
@@ -530,12 +572,25 @@ impl LogicalUnit {
         {
             return Err(Sense::not_ready_offline());
         }
+        let mut ship = false;
         if let Some(ownership) = self.ownership.get() {
             if !ownership.is_active(nexus.target_port.group) && !crate::alua::standby_allows(cdb) {
-                return Err(crate::alua::STANDBY);
+                if !ownership.ships() {
+                    return Err(crate::alua::STANDBY);
+                }
+                ship = true;
             }
         }
-        self.reservations.check(nexus, cdb)?;
+        // A gateway peer's commands were checked where they arrived (see GATEWAY_PEER_PREFIX).
+        let peer = self.ownership.get().is_some()
+            && nexus.initiator_port.starts_with(crate::GATEWAY_PEER_PREFIX);
+        if !peer {
+            self.reservations.check(nexus, cdb)?;
+        }
+        if ship {
+            // The owner checks the rest (CDB fields, write protection) as it runs it.
+            return Err(crate::alua::SHIP);
+        }
         // NACA and LINK are not supported (SAM-5 5.9).
         check_reserved(cdb, cdb_len - 1, 0xFA)?;
         if write_protected && is_medium_write(opcode) {

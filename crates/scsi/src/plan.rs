@@ -49,8 +49,9 @@ pub enum Plan {
     /// Answered already: a check failed, a unit attention was reported, or there is nothing
     /// to move.
     Done(Completion),
-    /// Not a command that plans, or one that must wait for a COMPARE AND WRITE: nothing was
-    /// done or checked; run it the ordinary way (`execute`, where waiting is fine).
+    /// Not a command that plans, one that must wait for a COMPARE AND WRITE, or one through
+    /// a port that does not own the LU: nothing was done or checked; run it the ordinary way
+    /// (`execute`, where waiting is fine).
     Execute,
 }
 
@@ -92,6 +93,14 @@ impl LogicalUnit {
         let Some(&opcode) = cmd.cdb.first().filter(|_| plans(cmd.cdb)) else {
             return Plan::Execute;
         };
+        // Through a port that does not own the LU: refused or shipped to the owner, never
+        // planned here.
+        if self
+            .ownership()
+            .is_some_and(|o| !o.is_active(nexus.target_port.group))
+        {
+            return Plan::Execute;
+        }
         let share = match opcode {
             READ_6 | READ_10 | READ_12 | READ_16 | SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => {
                 None

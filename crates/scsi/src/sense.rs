@@ -115,6 +115,56 @@ impl Sense {
         }
     }
 
+    /// Reads sense data another device server sent (fixed or descriptor format, current or
+    /// deferred): key, ASC/ASCQ, the INFORMATION field when VALID and the sense-key-specific
+    /// bytes when SKSV is set. `None` for an unknown response code or data too short for its
+    /// header; fields past the end of short data are left out.
+    pub fn decode(raw: &[u8]) -> Option<Sense> {
+        let code = raw.first()? & 0x7F;
+        match code {
+            0x70 | 0x71 => {
+                let mut sense = Sense::new(
+                    raw.get(2)? & 0x0F,
+                    raw.get(12).copied().unwrap_or(0),
+                    raw.get(13).copied().unwrap_or(0),
+                );
+                if raw[0] & 0x80 != 0 {
+                    let info = raw.get(3..7)?;
+                    sense.info = Some(u64::from(u32::from_be_bytes(info.try_into().ok()?)));
+                }
+                if let Some(sks) = raw.get(15..18).filter(|b| b[0] & 0x80 != 0) {
+                    sense.sense_key_specific = sks.try_into().ok();
+                }
+                Some(sense)
+            }
+            0x72 | 0x73 => {
+                let mut sense = Sense::new(raw.get(1)? & 0x0F, *raw.get(2)?, *raw.get(3)?);
+                sense.descriptor_format = true;
+                let additional = usize::from(raw.get(7).copied().unwrap_or(0));
+                let end = raw.len().min(8 + additional);
+                let mut at = 8;
+                while at + 2 <= end {
+                    let (kind, len) = (raw[at], usize::from(raw[at + 1]));
+                    let Some(d) = raw.get(at..at + 2 + len).filter(|_| at + 2 + len <= end) else {
+                        break;
+                    };
+                    match kind {
+                        0x00 if d.len() >= 12 && d[2] & 0x80 != 0 => {
+                            sense.info = Some(u64::from_be_bytes(d[4..12].try_into().ok()?));
+                        }
+                        0x02 if d.len() >= 7 && d[4] & 0x80 != 0 => {
+                            sense.sense_key_specific = d[4..7].try_into().ok();
+                        }
+                        _ => {}
+                    }
+                    at += 2 + len;
+                }
+                Some(sense)
+            }
+            _ => None,
+        }
+    }
+
     fn encode_fixed(&self, out: &mut [u8; SENSE_BYTES_MAX]) -> usize {
         const LEN: usize = 18;
         out[..LEN].fill(0);
@@ -191,6 +241,58 @@ mod tests {
             &out[..18],
             &[0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0xCD, 0x00, 0x02]
         );
+    }
+
+    #[test]
+    fn decode_reads_back_what_encode_wrote_in_both_formats() {
+        let mut cases = vec![
+            Sense::invalid_field_in_cdb(2, Some(5)),
+            Sense::miscompare(0x1234),
+            Sense::unit_attention(0x29, 0x03),
+            Sense::not_ready_transition(),
+            Sense::invalid_field_in_parameter_list(6, None),
+        ];
+        for mut s in cases.clone() {
+            s.descriptor_format = true;
+            cases.push(s);
+        }
+        let mut wide = Sense::miscompare(0x1_0000_0000);
+        wide.descriptor_format = true;
+        cases.push(wide);
+        for s in cases {
+            let mut out = [0u8; SENSE_BYTES_MAX];
+            let n = s.encode(&mut out);
+            assert_eq!(Sense::decode(&out[..n]), Some(s), "{s:?}");
+        }
+        // An INFORMATION value too wide for the fixed format is sent without VALID.
+        let mut out = [0u8; SENSE_BYTES_MAX];
+        let n = Sense::miscompare(0x1_0000_0000).encode(&mut out);
+        assert_eq!(Sense::decode(&out[..n]).and_then(|s| s.info), None);
+    }
+
+    #[test]
+    fn decode_refuses_or_trims_malformed_sense() {
+        assert_eq!(Sense::decode(&[]), None);
+        assert_eq!(Sense::decode(&[0x00; 18]), None);
+        assert_eq!(Sense::decode(&[0x70, 0]), None);
+        assert_eq!(Sense::decode(&[0x72, 0x05, 0x24]), None);
+        // VALID set but the INFORMATION bytes missing.
+        assert_eq!(Sense::decode(&[0xF0, 0, 0x0E]), None);
+        // Short fixed data: ASC/ASCQ default to 0.
+        assert_eq!(Sense::decode(&[0x70, 0, 0x06]), Some(Sense::new(6, 0, 0)));
+        // Descriptors running past the data, or past the ADDITIONAL LENGTH, are ignored.
+        let mut d = vec![
+            0x72, 0x0E, 0x1D, 0x00, 0, 0, 0, 40, 0x00, 0x0A, 0x80, 0, 0, 0,
+        ];
+        let s = Sense::decode(&d).expect("header is enough");
+        assert_eq!((s.key, s.asc, s.info), (0x0E, 0x1D, None));
+        d[7] = 2;
+        d.extend_from_slice(&[0; 8]);
+        assert_eq!(Sense::decode(&d).and_then(|s| s.info), None);
+        for len in 0..40 {
+            let junk: Vec<u8> = (0..len).map(|i| (i * 37 + 0x70) as u8).collect();
+            let _ = Sense::decode(&junk);
+        }
     }
 
     #[test]

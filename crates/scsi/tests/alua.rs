@@ -7,6 +7,7 @@ use common::*;
 use scsi::{AccessState, Nexus, Ownership, PortGroup, TargetPort};
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
+use store::BlockStore;
 
 /// Owned by group `owner` (0: nobody); `take` fails while `refuse` is set.
 #[derive(Default)]
@@ -102,7 +103,7 @@ fn the_owner_is_active_optimized_every_other_group_standby() {
     clear_ua(&mut t);
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x0, 0x05), (2, 0x2, 0x05)]
+        vec![(1, 0x0, 0x07), (2, 0x2, 0x07)]
     );
     // TPGS = 11b: implicit and explicit.
     let inquiry = t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
@@ -149,7 +150,7 @@ fn a_standby_group_refuses_what_needs_the_medium_and_answers_the_rest() {
     t.ok(&[0x5E, 0, 0, 0, 0, 0, 0, 0, 255, 0], &[]);
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x0, 0x05), (2, 0x2, 0x05)]
+        vec![(1, 0x0, 0x07), (2, 0x2, 0x07)]
     );
 }
 
@@ -160,7 +161,7 @@ fn nobody_owning_makes_every_group_standby() {
     clear_ua(&mut t);
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x2, 0x05), (2, 0x2, 0x05)]
+        vec![(1, 0x2, 0x07), (2, 0x2, 0x07)]
     );
     assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x0B);
 }
@@ -188,7 +189,7 @@ fn set_target_port_groups_takes_over_through_the_senders_group() {
     assert_eq!(fake.takes.load(Ordering::SeqCst), 1);
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x2, 0x05), (2, 0x0, 0x05)]
+        vec![(1, 0x2, 0x07), (2, 0x0, 0x07)]
     );
     t.ok(&write10(0, 1), &[9u8; 512]);
     // The other nexus is told; the sender is not.
@@ -253,4 +254,194 @@ fn without_an_owner_set_target_port_groups_is_not_offered() {
     assert_sense(&t.err(&stpg_cdb(8), &list), 0x05, 0x20, 0x00);
     let inquiry = t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
     assert_eq!(inquiry[5] & 0x30, 0x10);
+}
+
+/// A non-owner gateway that ships to an owner in the same process: the owner's LU (with its
+/// own store) run through a peer nexus, as the engine's peer session does over the network.
+struct Shipper {
+    owner_lu: Arc<scsi::LogicalUnit>,
+    peer: Nexus,
+    shipped: AtomicUsize,
+    resets: AtomicUsize,
+}
+
+impl Ownership for Shipper {
+    fn is_active(&self, group: u16) -> bool {
+        group == 1
+    }
+    fn take(&self, _: u16) -> std::io::Result<()> {
+        Err(std::io::Error::other("not in this test"))
+    }
+    fn ships(&self) -> bool {
+        true
+    }
+    fn ship(&self, _: &Nexus, cmd: &scsi::Command<'_>, data_in: &mut Vec<u8>) -> scsi::Completion {
+        self.shipped.fetch_add(1, Ordering::SeqCst);
+        self.owner_lu.execute(&self.peer, cmd, data_in)
+    }
+    fn reset_owner(&self) -> bool {
+        self.resets.fetch_add(1, Ordering::SeqCst);
+        self.owner_lu.logical_unit_reset(self.peer.id);
+        true
+    }
+}
+
+/// `t` is the gateway of group 2 (not the owner), shipping to `owner` (group 1's LU), whose
+/// peer nexus has had its power-on unit attention.
+fn shipping() -> (T, T, Arc<Shipper>) {
+    let mut owner = T::new();
+    owner.nexus = gateway_nexus(1, 1);
+    let owns = Arc::new(FakeOwner::default());
+    owns.owner.store(1, Ordering::SeqCst);
+    owner.lu.set_ownership(owns);
+    owner.store.inner.write_at(&[0x5A; 512], 0, false).unwrap();
+    let mut peer = gateway_nexus(90, 1);
+    peer.initiator_port = format!("{}00112233,i,0x800000000001", scsi::GATEWAY_PEER_PREFIX);
+    owner.lu.nexus_added(peer.id);
+    let _ = owner.lu.execute(
+        &peer,
+        &scsi::Command {
+            cdb: &[0u8; 6],
+            data_out: &[],
+            data_in_limit: 0,
+        },
+        &mut Vec::new(),
+    );
+    let shipper = Arc::new(Shipper {
+        owner_lu: Arc::clone(&owner.lu),
+        peer,
+        shipped: AtomicUsize::new(0),
+        resets: AtomicUsize::new(0),
+    });
+    let mut t = T::new();
+    t.lu.set_ownership(shipper.clone());
+    t.nexus = gateway_nexus(2, 2);
+    t.lu.nexus_added(t.nexus.id);
+    clear_ua(&mut t);
+    (t, owner, shipper)
+}
+
+#[test]
+fn a_non_owner_that_ships_is_active_non_optimized_and_runs_everything_at_the_owner() {
+    let (mut t, owner, shipper) = shipping();
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0x0, 0x07), (2, 0x1, 0x07)]
+    );
+    // The transport is told to run these off its network threads; the rest stay local.
+    for cdb in [&read10(0, 1)[..], &write10(0, 1)[..], &[0u8; 6][..]] {
+        assert!(t.lu.ships_to_owner(&t.nexus, cdb), "{cdb:02x?}");
+    }
+    assert!(!t.lu.ships_to_owner(&t.nexus, &RTPG));
+    assert!(!t.lu.ships_to_owner(&t.nexus, &[0x12, 0, 0, 0, 36, 0]));
+    // Planned I/O is not planned here: the transport runs it through `execute`.
+    let cmd = scsi::Command {
+        cdb: &read10(0, 1),
+        data_out: &[],
+        data_in_limit: 512,
+    };
+    assert!(matches!(
+        t.lu.plan(&t.nexus, &cmd, false),
+        scsi::Plan::Execute
+    ));
+    // Reads return the owner's data; writes land in the owner's store, never in this one.
+    assert_eq!(t.ok(&read10(0, 1), &[]), vec![0x5A; 512]);
+    t.ok(&write10(8, 2), &[0xC3; 1024]);
+    let mut back = vec![0u8; 1024];
+    owner.store.inner.read_at(&mut back, 8 * 512).unwrap();
+    assert_eq!(back, vec![0xC3; 1024]);
+    assert_eq!(
+        t.store.plain_writes.load(Ordering::SeqCst) + t.store.durable_writes.load(Ordering::SeqCst),
+        0
+    );
+    // Errors come back as the owner sent them (LBA out of range: 05h/21h/00h).
+    let s = t.err(&read10(u32::MAX - 1, 1), &[]);
+    assert_sense(&s, 0x05, 0x21, 0x00);
+    // A shorter Data-In allowance than the owner's answer is respected.
+    t.limit = 100;
+    let data = t.ok(&read10(0, 1), &[]);
+    assert_eq!(data.len(), 100);
+    // The local answers did not go to the owner.
+    let before = shipper.shipped.load(Ordering::SeqCst);
+    t.ok(&RTPG, &[]);
+    t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+    assert_eq!(shipper.shipped.load(Ordering::SeqCst), before);
+}
+
+#[test]
+fn reservations_are_checked_where_the_command_arrives_and_not_again_at_the_owner() {
+    let (mut t, mut owner, shipper) = shipping();
+    // Nexus 2 (here) registers and reserves WRITE EXCLUSIVE on this gateway's view.
+    let mut register = vec![0u8; 24];
+    register[8..16].copy_from_slice(&0xABu64.to_be_bytes());
+    t.ok(&[0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0], &register);
+    let mut reserve = vec![0u8; 24];
+    reserve[0..8].copy_from_slice(&0xABu64.to_be_bytes());
+    t.ok(&[0x5F, 0x01, 0x01, 0, 0, 0, 0, 0, 24, 0], &reserve);
+    // Another nexus here may not write: refused before anything is shipped.
+    let holder = t.nexus.clone();
+    t.nexus = gateway_nexus(3, 2);
+    t.lu.nexus_added(t.nexus.id);
+    clear_ua(&mut t);
+    let shipped = shipper.shipped.load(Ordering::SeqCst);
+    let c = t.run(&write10(0, 1), &[1u8; 512]);
+    assert_eq!(c.status, scsi::Status::ReservationConflict);
+    assert_eq!(shipper.shipped.load(Ordering::SeqCst), shipped);
+    // The holder may, and its write is run at the owner through the peer nexus.
+    t.nexus = holder;
+    t.ok(&write10(0, 1), &[2u8; 512]);
+    // At the owner, the same reservation (gateways share it through the cluster): a direct
+    // nexus that is not the holder conflicts; the peer nexus is not checked.
+    owner
+        .lu
+        .replace_reservations(&t.lu.persistent_reservations());
+    owner.nexus = gateway_nexus(4, 1);
+    owner.lu.nexus_added(owner.nexus.id);
+    clear_ua(&mut owner);
+    let c = owner.run(&write10(0, 1), &[3u8; 512]);
+    assert_eq!(c.status, scsi::Status::ReservationConflict);
+    t.ok(&write10(0, 1), &[4u8; 512]);
+    // A peer name on an LU without gateways is an ordinary initiator: checked.
+    let mut plain = T::new();
+    plain.ok(&[0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0], &register);
+    plain.ok(&[0x5F, 0x01, 0x01, 0, 0, 0, 0, 0, 24, 0], &reserve);
+    plain.nexus = nexus(7);
+    plain.nexus.initiator_port = format!("{}00,i,0x800000000001", scsi::GATEWAY_PEER_PREFIX);
+    plain.lu.nexus_added(7);
+    clear_ua(&mut plain);
+    let c = plain.run(&write10(0, 1), &[5u8; 512]);
+    assert_eq!(c.status, scsi::Status::ReservationConflict);
+}
+
+#[test]
+fn unit_attentions_from_the_owner_reach_every_nexus_and_resets_reach_the_owner() {
+    let (t, owner, shipper) = shipping();
+    let other = gateway_nexus(3, 2);
+    t.lu.nexus_added(other.id);
+    let tur = |lu: &scsi::LogicalUnit, n: &Nexus| {
+        lu.execute(
+            n,
+            &scsi::Command {
+                cdb: &[0u8; 6],
+                data_out: &[],
+                data_in_limit: 0,
+            },
+            &mut Vec::new(),
+        )
+        .sense
+        .map(|s| (s.key, s.asc, s.ascq))
+    };
+    assert_eq!(tur(&t.lu, &other), Some((0x06, 0x29, 0x00)));
+    assert_eq!(tur(&t.lu, &other), None);
+    // A LOGICAL UNIT RESET at the owner: the shipped TUR reports it, and the other nexus
+    // here learns it on its next command, once.
+    owner.lu.logical_unit_reset(0);
+    assert_eq!(tur(&t.lu, &t.nexus), Some((0x06, 0x29, 0x03)));
+    assert_eq!(tur(&t.lu, &other), Some((0x06, 0x29, 0x03)));
+    assert_eq!(tur(&t.lu, &other), None);
+    // A reset through this (non-owner) port is passed on to the owner; through the owner's
+    // own port there is nothing to pass on.
+    assert!(t.lu.reset_at_owner(&t.nexus));
+    assert_eq!(shipper.resets.load(Ordering::SeqCst), 1);
+    assert!(!owner.lu.reset_at_owner(&owner.nexus));
 }

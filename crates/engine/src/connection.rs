@@ -391,6 +391,9 @@ struct TmfWait {
     /// The nexus that asked: its own unit attentions are not raised.
     by: u64,
     units: Vec<Arc<scsi::LogicalUnit>>,
+    /// A LOGICAL UNIT RESET through a gateway that does not own the LU: the nexus it came
+    /// through, to pass the reset on to the owner before answering.
+    at_owner: Option<scsi::Nexus>,
 }
 
 impl TmfWait {
@@ -403,6 +406,19 @@ impl TmfWait {
             function,
             by,
             units,
+            at_owner: None,
+        }
+    }
+
+    /// Passes a LOGICAL UNIT RESET on to the LU's owner when this gateway does not own it
+    /// (waits for the network: an I/O thread's call). Without an owner elsewhere, nothing.
+    fn reset_at_owner(&self) {
+        if let (TmfFunction::LogicalUnitReset, Some(nexus)) = (self.function, &self.at_owner) {
+            for unit in &self.units {
+                if !unit.reset_at_owner(nexus) {
+                    tracing::warn!("a LUN reset could not be passed on to the LU's owner");
+                }
+            }
         }
     }
 
@@ -1281,6 +1297,13 @@ impl ScsiBackend for Backend<'_> {
             });
         };
         let lun = scsi::lun_from_wire(req.lun);
+        // Commands a gateway ships to an image's owner wait for the network: never here.
+        if luns
+            .get(lun)
+            .is_some_and(|entry| entry.lu.ships_to_owner(nexus, req.cdb))
+        {
+            return Execution::Deferred;
+        }
         // On a disk, commands that wait for the device run elsewhere, and buffered writes are
         // watched (two clock reads, two getrusage calls) for the kernel making them wait.
         let mut buffered_write = None;
@@ -1456,7 +1479,15 @@ impl ScsiBackend for Backend<'_> {
         if units.is_empty() {
             return TmfAnswer::Now(iscsi::session::tmf_response::COMPLETE);
         }
-        self.tmf_waits.push(TmfWait::new(itt, function, by, units));
+        let mut wait = TmfWait::new(itt, function, by, units);
+        wait.at_owner = self.nexus.clone().filter(|nexus| {
+            function == TmfFunction::LogicalUnitReset
+                && wait
+                    .units
+                    .iter()
+                    .any(|u| u.ships_to_owner(nexus, &[0u8; 6]))
+        });
+        self.tmf_waits.push(wait);
         TmfAnswer::Later
     }
 
@@ -1675,9 +1706,7 @@ impl Driver {
         if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();
             if let Some(port) = port {
-                let id = shared
-                    .next_nexus_id
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let id = crate::server::new_nexus_id();
                 let isid: String = established
                     .isid
                     .iter()
@@ -1972,6 +2001,17 @@ impl Driver {
                 }
                 drained = first_drained(&backend.tmf_waits), if !backend.tmf_waits.is_empty() => {
                     let wait = backend.tmf_waits.swap_remove(drained);
+                    // Through a gateway that does not own the LU, the owner resets it too
+                    // before the answer (its nexuses get the unit attention). This
+                    // connection waits meanwhile; its LU holds new commands anyway.
+                    let wait = if wait.at_owner.is_some() {
+                        match tokio::task::spawn_blocking(move || { wait.reset_at_owner(); wait }).await {
+                            Ok(wait) => wait,
+                            Err(e) => return Err(format!("LUN reset at the owner: {e}")),
+                        }
+                    } else {
+                        wait
+                    };
                     wait.apply();
                     let itt = wait.itt;
                     // The LUs take commands again (before the answer goes out).

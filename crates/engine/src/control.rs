@@ -498,9 +498,13 @@ fn luns(shared: &Shared) -> Value {
                 };
                 let caps = lu.capabilities();
                 // Under RBD gateways: who owns the image, as this gateway knows it.
-                let (gateway_owner, owner_here) = match &device.ownership {
-                    Some(o) => (json!(o.owner_name()), json!(o.owns_here())),
-                    None => (Value::Null, Value::Null),
+                let (gateway_owner, owner_here, ships) = match &device.ownership {
+                    Some(o) => (
+                        json!(o.owner_name()),
+                        json!(o.owns_here()),
+                        json!(scsi::Ownership::ships(o.as_ref())),
+                    ),
+                    None => (Value::Null, Value::Null, Value::Null),
                 };
                 list.push(json!({
                     "target": t.iqn.as_str(),
@@ -513,6 +517,7 @@ fn luns(shared: &Shared) -> Value {
                     "block_size": lu.settings().block_size,
                     "read_only": m.read_only,
                     "write_cache": lu.write_cache_enabled(),
+                    "ships_to_owner": ships,
                     "direct": caps.direct,
                     "offline": lu.is_offline(),
                     "serial": lu.identity().serial,

@@ -10,7 +10,7 @@
 
 use scsi::{LogicalUnit, Ownership, PrPersistence};
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use store::RbdStore;
@@ -143,6 +143,10 @@ pub struct Gateways {
     pub groups: Vec<(u16, String)>,
     /// `gateway_takeover_s`.
     pub takeover_after: Duration,
+    /// `gateway_standby`: a non-owner refuses what needs the medium instead of shipping it.
+    pub standby: bool,
+    /// Every gateway's portal addresses (concrete ones: a wildcard cannot be connected to).
+    pub portals: Vec<(String, Vec<String>)>,
 }
 
 pub struct ImageOwnership {
@@ -169,6 +173,16 @@ pub struct ImageOwnership {
     /// itself (`gateway_takeover_s`; zero: only when told).
     takeover_after: Duration,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The session to the owner that commands through this gateway are shipped on while it
+    /// does not own the image (None: `gateway_standby`, standby instead).
+    link: Option<crate::peer::PeerLink>,
+    /// The image's peer secret (the owner admits peer sessions with it).
+    peer_secret: String,
+    /// Nexuses numbered below this ship nothing: they existed when this gateway lost the
+    /// image, and a command of theirs may have waited (unread, or hung with this gateway)
+    /// since before the takeover — shipped now, it would land after writes the initiator
+    /// made through the new owner. New sessions ship.
+    ship_floor: AtomicU64,
 }
 
 impl ImageOwnership {
@@ -181,6 +195,7 @@ impl ImageOwnership {
         device: &str,
         settings: &Gateways,
         metrics: Arc<crate::metrics::Metrics>,
+        (peer_identity, peer_target): (&scsi::LuIdentity, &str),
     ) -> Result<Arc<ImageOwnership>, String> {
         let (groups, me) = (&settings.groups, settings.me.as_str());
         let takeover_after = settings.takeover_after;
@@ -193,7 +208,34 @@ impl ImageOwnership {
             .filter_map(|(tag, g)| Some((*tag, index(g)?)))
             .collect();
         let me = index(me).ok_or_else(|| format!("gateway {me:?} serves no portal group"))?;
+        let peer_secret = crate::peer::secret(&observer)
+            .map_err(|e| format!("the gateway peer secret of {}: {e}", observer.name()))?;
+        let link = (!settings.standby).then(|| {
+            let portals = gateways
+                .iter()
+                .map(|g| {
+                    settings
+                        .portals
+                        .iter()
+                        .filter(|(name, _)| name == g)
+                        .flat_map(|(_, addresses)| addresses.iter().cloned())
+                        .collect()
+                })
+                .collect();
+            crate::peer::PeerLink::new(
+                crate::peer::PeerRoute {
+                    name: crate::peer::peer_name(peer_identity),
+                    target: peer_target.to_string(),
+                    secret: peer_secret.clone(),
+                    portals,
+                },
+                device,
+            )
+        });
         Ok(Arc::new(ImageOwnership {
+            link,
+            peer_secret,
+            ship_floor: AtomicU64::new(0),
             observer,
             reservations,
             store,
@@ -220,7 +262,17 @@ impl ImageOwnership {
         let new = owner.map_or(0, |i| i as u32 + 1);
         self.metrics
             .gateway_owner(&self.device, owner == Some(self.me));
+        if owner != Some(self.me) && self.owner_index() == Some(self.me) {
+            // Raised before the new owner is visible: no command can ship in between.
+            self.ship_floor
+                .store(crate::server::next_nexus_id(), Ordering::Release);
+        }
         self.owner.swap(new, Ordering::AcqRel) != new
+    }
+
+    /// The secret peer sessions to this image's owner log in with (CHAP).
+    pub fn peer_secret(&self) -> &str {
+        &self.peer_secret
     }
 
     fn recorded_owner(&self) -> Result<Option<usize>, rbd::Error> {
@@ -302,7 +354,12 @@ impl ImageOwnership {
             let owner = self.observe()?;
             self.set_owner(owner);
             let name = owner.map_or("none", |i| self.gateways[i].as_str());
-            tracing::info!(device = %self.device, "{} is owned by gateway {name}: {me} is standby", image.name());
+            let role = if self.link.is_some() && owner.is_some() {
+                "active/non-optimized (ships commands to the owner)"
+            } else {
+                "standby"
+            };
+            tracing::info!(device = %self.device, "{} is owned by gateway {name}: {me} is {role}", image.name());
         }
         Ok(())
     }
@@ -360,6 +417,9 @@ impl ImageOwnership {
                 } else {
                     vigil.reset();
                 }
+                if let Some(link) = &me.link {
+                    link.follow(me.owner_index().filter(|&o| o != me.me));
+                }
                 }
             });
         if let Err(e) = spawned {
@@ -376,6 +436,42 @@ impl Ownership for ImageOwnership {
         self.group_gateway
             .iter()
             .any(|&(tag, gateway)| tag == group && gateway == owner)
+    }
+
+    fn ships(&self) -> bool {
+        self.link.is_some() && self.owner_index().is_some_and(|o| o != self.me)
+    }
+
+    fn non_owners_ship(&self) -> bool {
+        // The same config on every gateway: what this one does, the others do.
+        self.link.is_some() && self.owner_index().is_some()
+    }
+
+    fn ship(
+        &self,
+        nexus: &scsi::Nexus,
+        cmd: &scsi::Command<'_>,
+        data_in: &mut Vec<u8>,
+    ) -> scsi::Completion {
+        let transition = scsi::Completion::check_condition(scsi::Sense::not_ready_transition());
+        // A peer's command is never shipped on (two gateways that disagree on the owner
+        // would pass it back and forth).
+        if crate::peer::is_peer_port(&nexus.initiator_port)
+            || nexus.id < self.ship_floor.load(Ordering::Acquire)
+        {
+            return transition;
+        }
+        match (&self.link, self.owner_index()) {
+            (Some(link), Some(owner)) if owner != self.me => link.ship(owner, cmd, data_in),
+            _ => transition,
+        }
+    }
+
+    fn reset_owner(&self) -> bool {
+        match (&self.link, self.owner_index()) {
+            (Some(link), Some(owner)) if owner != self.me => link.reset(owner),
+            _ => false,
+        }
     }
 
     fn take(&self, group: u16) -> io::Result<()> {

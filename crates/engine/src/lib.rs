@@ -12,6 +12,7 @@ pub mod control;
 pub mod gateway;
 mod group_commit;
 pub mod metrics;
+pub mod peer;
 pub mod portals;
 pub mod prelogin;
 pub mod registry;

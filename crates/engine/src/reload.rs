@@ -273,7 +273,7 @@ pub fn apply(shared: &Shared, new: Config) -> Result<Applied, String> {
         let config = new
             .device(name)
             .ok_or_else(|| format!("device {name}: missing from the new config"))?;
-        devices.insert(name.clone(), shared.device_context.open(config)?);
+        devices.insert(name.clone(), shared.device_context.open(config, &new)?);
     }
     let topology = Topology::assemble(new, devices, current.generation + 1)?;
     let mut grown = Vec::new();

@@ -22,6 +22,20 @@ pub use crate::topology::{
 
 /// State shared by all workers. Read-mostly; the registry and connection counters are the only
 /// locked parts and are touched at accept, login and close only.
+/// Numbers I_T nexuses, in the order they are made (unique in the process): a gateway that
+/// lost an image's ownership ships nothing for nexuses numbered before that (`gateway.rs`).
+static NEXUS_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// A new I_T nexus's number.
+pub fn new_nexus_id() -> u64 {
+    NEXUS_IDS.fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+}
+
+/// The number the next nexus will get: every nexus made so far is below it.
+pub fn next_nexus_id() -> u64 {
+    NEXUS_IDS.load(std::sync::atomic::Ordering::Acquire)
+}
+
 pub struct Shared {
     /// The running targets and devices; replaced whole by a reload (see [`Shared::topology`]).
     topology: RwLock<Arc<Topology>>,
@@ -35,7 +49,6 @@ pub struct Shared {
     pub portals: Vec<(SocketAddr, u16)>,
     pub limits: Limits,
     pub registry: Arc<Registry>,
-    pub next_nexus_id: AtomicU64,
     connections: AtomicUsize,
     per_source: Mutex<HashMap<IpAddr, u32>>,
     /// Connections still logging in, under their own budget.
@@ -782,7 +795,7 @@ fn build(config: &Config) -> Result<Shared, String> {
     let mut devices = HashMap::new();
     let mut unavailable = Vec::new();
     for device in &config.devices {
-        match device_context.open(device) {
+        match device_context.open(device, config) {
             Ok(open) => {
                 devices.insert(device.name.clone(), open);
             }
@@ -815,7 +828,6 @@ fn build(config: &Config) -> Result<Shared, String> {
         portals,
         limits: config.limits.clone(),
         registry: Arc::new(Registry::new(config.limits.max_sessions as usize)),
-        next_nexus_id: AtomicU64::new(1),
         connections: AtomicUsize::new(0),
         per_source: Mutex::new(HashMap::new()),
         prelogin: crate::prelogin::PreLogin::new(

@@ -150,12 +150,28 @@ impl DeviceContext {
                         .filter_map(|p| Some((p.tag, p.gateway.clone()?)))
                         .collect(),
                     takeover_after: Duration::from_secs(config.limits.gateway_takeover_s.into()),
+                    standby: config.server.gateway_standby,
+                    portals: config
+                        .portal_groups
+                        .iter()
+                        .filter_map(|p| {
+                            let addresses = p
+                                .listen
+                                .iter()
+                                .filter(|a| !a.ip().is_unspecified())
+                                .map(|a| a.to_string())
+                                .collect();
+                            Some((p.gateway.clone()?, addresses))
+                        })
+                        .collect(),
                 }),
         }
     }
 
     /// Opens a device's store, builds its LU and restores its saved reservations.
-    pub fn open(&self, device: &DeviceConfig) -> Result<Arc<OpenDevice>, String> {
+    /// `config` is the config the device comes from (its targets decide where peer sessions
+    /// of gateways log in).
+    pub fn open(&self, device: &DeviceConfig, config: &Config) -> Result<Arc<OpenDevice>, String> {
         let (unit, rbd) = open_unit(device, self.gateways.is_some())?;
         let mut owned = None;
         if let Some(store) = rbd {
@@ -175,6 +191,18 @@ impl DeviceContext {
             }
             unit.set_pr_persistence(Arc::clone(&reservations) as Arc<dyn scsi::PrPersistence>);
             if let Some(gateways) = &self.gateways {
+                // Peer sessions log in to the first target that maps the device (the same on
+                // every gateway: they share the config).
+                let peer_target = config
+                    .targets
+                    .iter()
+                    .find(|t| {
+                        t.groups
+                            .iter()
+                            .any(|g| g.luns.iter().any(|m| m.device == device.name))
+                    })
+                    .map(|t| t.iqn.to_string())
+                    .unwrap_or_default();
                 let ownership = crate::gateway::ImageOwnership::new(
                     store,
                     observer,
@@ -182,6 +210,7 @@ impl DeviceContext {
                     &device.name,
                     gateways,
                     Arc::clone(&self.metrics),
+                    (unit.identity(), &peer_target),
                 )
                 .map_err(|e| format!("{}: {e}", device.located()))?;
                 ownership.start().map_err(|e| {
@@ -329,6 +358,14 @@ impl Topology {
         let (group, _) = target
             .group(membership.group)
             .ok_or(Refusal::NotInAnyGroup)?;
+        // A gateway peer's name is admitted only into its image's peer group (CHAP with the
+        // image's secret): elsewhere, e.g. through an `any_initiator` group, it could pass
+        // for a peer, whose commands skip reservation checks.
+        if crate::peer::is_peer_port(initiator.as_str())
+            && !group.initiators.iter().any(|i| i == initiator)
+        {
+            return Err(Refusal::NotInAnyGroup);
+        }
         if !target.config.source_allowed(Some(group), source) {
             return Err(Refusal::SourceNotAllowed);
         }
@@ -424,6 +461,8 @@ fn assemble_targets(
             t.groups.len(),
             "one runtime group per configured group"
         );
+        let mut target_config = t.clone();
+        add_peer_groups(&mut target_config, &mut groups, devices)?;
         targets.push(TargetRuntime {
             iqn: t.iqn.clone(),
             alias: t.alias.clone(),
@@ -431,10 +470,79 @@ fn assemble_targets(
             groups,
             ports,
             units: target_units,
-            config: t.clone(),
+            config: target_config,
         });
     }
     Ok(targets)
+}
+
+/// For each RBD image under gateways that `target` maps, a group of its own for the other
+/// gateways' peer sessions (`peer.rs`): only the peer name of that image's LU, with CHAP and
+/// the image's peer secret, the device at LUN 0.
+fn add_peer_groups(
+    target: &mut TargetConfig,
+    groups: &mut Vec<GroupRuntime>,
+    devices: &HashMap<String, Arc<OpenDevice>>,
+) -> Result<(), String> {
+    let mut mapped: Vec<&str> = target
+        .groups
+        .iter()
+        .flat_map(|g| g.luns.iter().map(|m| m.device.as_str()))
+        .collect();
+    mapped.sort_unstable();
+    mapped.dedup();
+    let mut peer_groups = Vec::new();
+    for name in mapped {
+        let Some(device) = devices.get(name) else {
+            continue;
+        };
+        let Some(ownership) = &device.ownership else {
+            continue;
+        };
+        let peer = crate::peer::peer_name(device.unit.identity());
+        let initiator = IscsiName::from_wire(&peer)
+            .map_err(|e| format!("device {name}: peer name {peer}: {e:?}"))?;
+        let luns = LunMap::new(vec![(0, Arc::clone(&device.unit), false)])
+            .map_err(|e| format!("device {name}: peer group: {e}"))?;
+        let disk_luns = device
+            .disk
+            .iter()
+            .map(|disk| DiskLun {
+                lun: 0,
+                stalls: Arc::clone(&disk.stalls),
+                ring: disk.ring.clone(),
+                direct: disk.direct,
+            })
+            .collect();
+        groups.push(GroupRuntime {
+            name: format!("gateway-peer:{name}"),
+            luns: Arc::new(luns),
+            disk_luns: Arc::new(disk_luns),
+            lun_devices: Arc::new(vec![(0, Arc::<str>::from(name))]),
+        });
+        peer_groups.push(crate::config::InitiatorGroup {
+            name: format!("gateway-peer:{name}"),
+            initiators: vec![initiator],
+            any_initiator: false,
+            luns: vec![crate::config::LunMapping {
+                lun: 0,
+                device: name.to_string(),
+                read_only: false,
+            }],
+            auth: crate::config::AuthConfig {
+                mode: Some(crate::config::AuthMode::Chap),
+                users: vec![crate::config::ChapUser {
+                    user: peer,
+                    secret: iscsi::chap::Secret::new(ownership.peer_secret().as_bytes()),
+                    secret_file: None,
+                }],
+                mutual: None,
+            },
+            allowed_sources: Vec::new(),
+        });
+    }
+    target.groups.extend(peer_groups);
+    Ok(())
 }
 
 /// Marks an RBD device that could not be opened for a reason that may pass (the cluster

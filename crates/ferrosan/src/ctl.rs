@@ -341,7 +341,8 @@ pub fn run(args: CtlArgs) -> ExitCode {
 }
 
 /// A LUN's MODE column: OFFLINE, ro or rw, and under RBD gateways whether this gateway owns
-/// the image (`owner`) or is standby, naming the owner.
+/// the image (`owner`), ships commands to the owner (`non-optimized`) or is standby, naming
+/// the owner.
 fn lun_mode(x: &Value) -> String {
     let mut mode = match (x["offline"].as_bool(), x["read_only"].as_bool()) {
         (Some(true), _) => "OFFLINE".to_string(),
@@ -350,6 +351,9 @@ fn lun_mode(x: &Value) -> String {
     };
     match (x["owner_here"].as_bool(), x["gateway_owner"].as_str()) {
         (Some(true), _) => mode.push_str(" owner"),
+        (Some(false), Some(owner)) if x["ships_to_owner"].as_bool() == Some(true) => {
+            mode.push_str(&format!(" non-optimized (owner {owner})"))
+        }
         (Some(false), Some(owner)) => mode.push_str(&format!(" standby (owner {owner})")),
         (Some(false), None) => mode.push_str(" standby (no owner)"),
         (None, _) => {}

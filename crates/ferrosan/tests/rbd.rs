@@ -336,7 +336,15 @@ fn rbd_gateways_fence_on_takeover() {
     cluster.rbd(&["create", "--size", "64M", "rbd/gw"]);
     let iqn = "iqn.2024-01.dev.ferrosan:gateways";
     let (port_a, port_b) = (free_port(), free_port());
-    let config = gateways_config("", iqn, "rbd/gw", &cluster, (port_a, port_b));
+    // Standby non-owners: what this test shows is librbd's fence (the default, shipping to
+    // the owner, is rbd_gateways_ship_commands_to_the_owner).
+    let config = gateways_config(
+        "[server]\ngateway_standby = true\n",
+        iqn,
+        "rbd/gw",
+        &cluster,
+        (port_a, port_b),
+    );
     let scratch = Scratch::new("gateways");
     let socket_of = |gateway: &str| {
         scratch
@@ -586,7 +594,7 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
     let iqn = "iqn.2024-01.dev.ferrosan:auto";
     let (port_a, port_b) = (free_port(), free_port());
     let config = gateways_config(
-        "[limits]\ngateway_takeover_s = 2\n",
+        "[server]\ngateway_standby = true\n[limits]\ngateway_takeover_s = 2\n",
         iqn,
         "rbd/auto",
         &cluster,
@@ -749,4 +757,192 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
         data == first,
         "B does not read what A acknowledged before it stopped"
     );
+}
+
+/// COMPARE AND WRITE of one 512-byte block at `lba`: `compare` then `write`.
+fn compare_and_write(
+    c: &mut Client,
+    lba: u64,
+    compare: &[u8],
+    write: &[u8],
+) -> (u8, Option<(u8, u8, u8)>) {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x89;
+    cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+    cdb[13] = 1;
+    let mut data = compare.to_vec();
+    data.extend_from_slice(write);
+    let (status, sense, _) = command(c, &cdb, Transfer::Write(data));
+    (status, sense)
+}
+
+/// PERSISTENT RESERVE OUT with service action `action`, type `kind`, key and service action
+/// key; the status.
+fn pr_out(c: &mut Client, action: u8, kind: u8, key: u64, sa_key: u64) -> u8 {
+    let mut params = vec![0u8; 24];
+    params[0..8].copy_from_slice(&key.to_be_bytes());
+    params[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    let cdb = [0x5F, action, kind, 0, 0, 0, 0, 0, 24, 0];
+    let (status, sense, _) = command(c, &cdb, Transfer::Write(params));
+    assert!(status != 0x02, "PERSISTENT RESERVE OUT {action}: {sense:?}");
+    status
+}
+
+fn lun_reset(c: &mut Client) -> u8 {
+    c.connection()
+        .expect("connected")
+        .task_management(initiator::session::Tmf::LunReset { lun: 0 })
+        .expect("LUN reset answered")
+}
+
+/// The default: a gateway that does not own the image is active/non-optimized and runs the
+/// commands that need the medium on the owner (I/O shipping over a CHAP-authenticated peer
+/// session), so either portal serves every command — what libiscsi's MultipathIO tests and
+/// initiators without ALUA need. Reservations are checked where a command arrives, resets
+/// and the owner's unit attentions cross to the other gateway, and after a takeover the old
+/// owner's sessions ship nothing (a command they held from before could land after writes made
+/// through the new owner); new sessions do.
+#[test]
+fn rbd_gateways_ship_commands_to_the_owner() {
+    let cluster = TestCluster::start("ship", 3, "");
+    cluster.rbd(&["create", "--size", "64M", "rbd/ship"]);
+    let iqn = "iqn.2024-01.dev.ferrosan:ship";
+    let (port_a, port_b) = (free_port(), free_port());
+    let config = gateways_config("", iqn, "rbd/ship", &cluster, (port_a, port_b));
+    let scratch = Scratch::new("ship");
+    let start = |gateway: &str, port: u16| {
+        let socket = scratch
+            .file(&format!("{gateway}.sock"))
+            .display()
+            .to_string();
+        Daemon::start_config_text(
+            iqn,
+            port,
+            &config,
+            &["--gateway", gateway, "--control-socket", &socket],
+        )
+    };
+    let a = start("a", port_a);
+    let b = start("b", port_b);
+    let mut ca = client(port_a, iqn);
+    let mut cb = client(port_b, iqn);
+    assert_eq!(settle(&mut ca), (0, None));
+    assert_eq!(settle(&mut cb), (0, None), "{}", b.output());
+    let a_owns = vec![(1, 0x0), (2, 0x1)];
+    assert_eq!(rtpg(&mut ca), a_owns);
+    assert_eq!(rtpg(&mut cb), a_owns);
+
+    // Data written through either gateway reads back through the other.
+    let first = pseudo_random_bytes(64 << 10, 1);
+    assert_eq!(write10(&mut cb, 0, &first), (0, None));
+    let (status, sense, data) = read10(&mut ca, 0, 128);
+    assert_eq!(status, 0, "{sense:?}");
+    assert!(data == first, "A does not read what B shipped");
+    let second = pseudo_random_bytes(64 << 10, 2);
+    assert_eq!(write10(&mut ca, 256, &second), (0, None));
+    let (status, sense, data) = read10(&mut cb, 256, 128);
+    assert_eq!(status, 0, "{sense:?}");
+    assert!(data == second, "B does not read what A wrote");
+    // COMPARE AND WRITE through B runs at the owner: atomic against A's writers.
+    let block = &first[..512];
+    let new = vec![0xC4u8; 512];
+    assert_eq!(compare_and_write(&mut cb, 0, block, &new), (0, None));
+    assert_eq!(
+        compare_and_write(&mut cb, 0, block, &new),
+        (0x02, Some((0x0E, 0x1D, 0x00)))
+    );
+    let (_, _, data) = read10(&mut ca, 0, 1);
+    assert_eq!(data, new);
+
+    // A reservation is checked where the command arrives (B), not again at the owner.
+    let holder = INITIATOR;
+    let other = "iqn.2024-01.dev.ferrosan:rbd-other";
+    let mut cb_other = client_named(port_b, iqn, other);
+    settle(&mut cb_other);
+    assert_eq!(pr_out(&mut cb, 0x00, 0, 0, 0x5151), 0);
+    assert_eq!(pr_out(&mut cb, 0x01, 0x01, 0x5151, 0), 0);
+    let (status, _) = write10(&mut cb_other, 512, &[1u8; 512]);
+    assert_eq!(status, 0x18, "B let a non-holder write");
+    assert_eq!(write10(&mut cb, 512, &[2u8; 512]), (0, None), "{holder}");
+    let mut ca_other = client_named(port_a, iqn, other);
+    settle(&mut ca_other);
+    wait_until(
+        "A enforces the reservation made through B",
+        Duration::from_secs(5),
+        || write10(&mut ca_other, 512, &[3u8; 512]).0 == 0x18,
+    );
+    assert_eq!(pr_out(&mut cb, 0x03, 0, 0x5151, 0), 0, "CLEAR");
+    settle(&mut cb);
+    settle(&mut cb_other);
+
+    // A LUN reset through A reaches B's nexuses (through the peer session's unit attention),
+    // and one through B is passed on to A before it is answered.
+    assert_eq!(lun_reset(&mut ca), 0);
+    let (_, sense, _) = command(&mut cb_other, &[0; 6], Transfer::None);
+    assert_eq!(
+        sense,
+        Some((0x06, 0x29, 0x03)),
+        "B's nexus missed A's reset"
+    );
+    settle(&mut ca);
+    settle(&mut cb);
+    settle(&mut cb_other);
+    assert_eq!(lun_reset(&mut cb), 0);
+    let (_, sense, _) = command(&mut ca, &[0; 6], Transfer::None);
+    assert_eq!(
+        sense,
+        Some((0x06, 0x29, 0x03)),
+        "A's nexus missed B's reset"
+    );
+    settle(&mut ca);
+    settle(&mut cb);
+
+    // A peer's name is admitted only with the image's secret, even by an open target.
+    let peer = format!("iqn.2026-11.org.ferrosan:gateway-peer.{}", "00".repeat(8));
+    let mut s = SessionConfig::new(
+        peer.as_str(),
+        SessionKind::Normal {
+            target_name: iqn.into(),
+        },
+    );
+    s.command_timeout = Duration::from_secs(10);
+    assert!(
+        Client::connect(ClientConfig::new(format!("127.0.0.1:{port_a}"), s)).is_err(),
+        "a made-up peer name logged in"
+    );
+
+    // B takes the image over. A's session from before ships nothing (transition: retry);
+    // a new session to A ships to B, and what it writes B reads.
+    assert_eq!(stpg(&mut cb, 2), (0, None));
+    let b_owns = vec![(1, 0x1), (2, 0x0)];
+    wait_until("A follows the takeover", Duration::from_secs(10), || {
+        rtpg(&mut ca) == b_owns
+    });
+    let third = pseudo_random_bytes(4096, 3);
+    let (status, sense) = write10(&mut ca, 0, &third);
+    assert_eq!(
+        (status, sense),
+        (NOT_READY, Some((NOT_READY, 0x04, 0x0A))),
+        "a session from before the takeover shipped a write"
+    );
+    let mut ca2 = client(port_a, iqn);
+    assert_eq!(settle(&mut ca2), (0, None), "{}", a.output());
+    assert_eq!(write10(&mut ca2, 0, &third), (0, None));
+    let (_, _, data) = read10(&mut cb, 0, 8);
+    assert!(
+        data == third,
+        "B does not read what A shipped after the takeover"
+    );
+    let said = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args([
+            "ctl",
+            "--socket",
+            &scratch.file("a.sock").display().to_string(),
+            "luns",
+        ])
+        .output()
+        .expect("ferrosan ctl luns");
+    let said = String::from_utf8_lossy(&said.stdout);
+    assert!(said.contains("rw non-optimized (owner b)"), "{said}");
+    drop((a, b));
 }

@@ -103,6 +103,12 @@ pub trait Ownership: Send + Sync {
     fn ships(&self) -> bool {
         false
     }
+    /// Whether the groups that do not own the LU are active/non-optimized (every gateway's
+    /// non-owner ships), as REPORT TARGET PORT GROUPS says on every gateway alike. False
+    /// while no owner is known.
+    fn non_owners_ship(&self) -> bool {
+        false
+    }
     /// Runs `cmd` of `nexus` on the owner (I/O shipping) and returns its completion, Data-In
     /// in `data_in` (at most `cmd.data_in_limit` bytes). Called after this LU's own checks
     /// (unit attention, opcode, reservations) passed; may wait for the network.

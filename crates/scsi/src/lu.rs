@@ -176,7 +176,7 @@ impl LogicalUnit {
         match self.ownership.get() {
             None => configured,
             Some(o) if o.is_active(group) => crate::AccessState::ActiveOptimized,
-            Some(o) if o.ships() => crate::AccessState::ActiveNonOptimized,
+            Some(o) if o.non_owners_ship() => crate::AccessState::ActiveNonOptimized,
             Some(_) => crate::AccessState::Standby,
         }
     }

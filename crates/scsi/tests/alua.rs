@@ -275,6 +275,9 @@ impl Ownership for Shipper {
     fn ships(&self) -> bool {
         true
     }
+    fn non_owners_ship(&self) -> bool {
+        true
+    }
     fn ship(&self, _: &Nexus, cmd: &scsi::Command<'_>, data_in: &mut Vec<u8>) -> scsi::Completion {
         self.shipped.fetch_add(1, Ordering::SeqCst);
         self.owner_lu.execute(&self.peer, cmd, data_in)

@@ -58,6 +58,7 @@ struct RawServer {
     control_socket: Option<S<String>>,
     control_socket_group: Option<S<String>>,
     gateway: Option<S<String>>,
+    gateway_standby: Option<S<bool>>,
 }
 
 #[derive(Deserialize)]
@@ -296,6 +297,9 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
                 Ok(()) => server.gateway = Some(g.get_ref().clone()),
                 Err(m) => cx.err(g.span(), "server: gateway", m),
             }
+        }
+        if let Some(standby) = &s.gateway_standby {
+            server.gateway_standby = *standby.get_ref();
         }
         if let Some(group) = &s.control_socket_group {
             let g = group.get_ref();
@@ -1245,6 +1249,9 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
     }
     if let Some(gateway) = &c.server.gateway {
         let _ = writeln!(out, "gateway = {}", q(gateway));
+    }
+    if c.server.gateway_standby {
+        let _ = writeln!(out, "gateway_standby = true");
     }
     if let Some(group) = &c.server.control_socket_group {
         let _ = writeln!(out, "control_socket_group = {}", q(group));

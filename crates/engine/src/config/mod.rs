@@ -72,6 +72,9 @@ pub struct ServerConfig {
     /// one config): it listens on its own portal groups only and reports the others' as the
     /// other target port groups. `serve --gateway` overrides it.
     pub gateway: Option<String>,
+    /// Gateways that do not own an RBD image refuse what needs its medium (standby) instead
+    /// of shipping it to the owner (active/non-optimized, the default; docs/RBD.md).
+    pub gateway_standby: bool,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +88,7 @@ impl Default for ServerConfig {
             control_socket: None,
             control_socket_group: None,
             gateway: None,
+            gateway_standby: false,
         }
     }
 }

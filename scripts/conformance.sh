@@ -17,6 +17,9 @@
 #                       cluster this script starts and stops (scripts/ceph-single-node.sh, OSD
 #                       on a file in the work directory); reported as skipped, not run, when
 #                       the Ceph packages are not installed
+#        ferrosan-rbd-gateways  two ferrosan gateways exporting one 1 GiB image of that cluster
+#                       (docs/RBD.md): the suite through gateway a's portal, gateway b's as the
+#                       second path of the MultipathIO tests (b ships to the owner a)
 #        tgt-file       tgt (tgtd), 1 GiB sparse file LUN on tmpfs (baseline)
 # Results: target/conformance/<run>.tsv (test <TAB> pass|skip|fail <TAB> reason),
 #          <run>.out / <run>.err (raw tool output), <run>.daemon.log.
@@ -43,12 +46,15 @@ INIT1=iqn.2024-01.dev.ferrosan:initiator-1
 INIT2=iqn.2024-01.dev.ferrosan:initiator-2
 
 DAEMON_PID=""
+GATEWAY_B_PID=""
 WORK=""
 CEPH_DIR=""
 cleanup() {
     local rc=$?
     stop_pid "$DAEMON_PID" "${DAEMON_GRACE:-50}"
     DAEMON_PID=""
+    stop_pid "$GATEWAY_B_PID" 50
+    GATEWAY_B_PID=""
     [[ -n $CEPH_DIR ]] && scripts/ceph-single-node.sh stop "$CEPH_DIR"
     [[ -n $WORK ]] && rm -rf "$WORK"
     exit "$rc"
@@ -128,6 +134,62 @@ iqn = "$IQN"
 CONFIG
 }
 
+# start_gateways RUN IMAGE: gateways a (DAEMON_PID, portal PORT, the owner: it starts first)
+# and b (GATEWAY_B_PID, portal PORT2) exporting rbd IMAGE of $CEPH_CONF as LUN 0 of $IQN;
+# b ships the commands that need the medium to a.
+start_gateways() {
+    local run=$1 image=$2 g port rc
+    PORT=$(free_port)
+    PORT2=$(free_port)
+    LUN=0
+    cat >"$OUT/$run.toml" <<CONFIG
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:$PORT"]
+gateway = "a"
+
+[[portal_group]]
+tag = 2
+listen = ["127.0.0.1:$PORT2"]
+gateway = "b"
+
+[[device]]
+name = "image"
+store = "rbd"
+image = "$image"
+ceph_conf = "$CEPH_CONF"
+
+[[target]]
+iqn = "$IQN"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ { lun = 0, device = "image" } ]
+CONFIG
+    for g in a b; do
+        port=$PORT
+        [[ $g == b ]] && port=$PORT2
+        log "$run: starting gateway $g: $FERROSAN_BIN serve --config $OUT/$run.toml --gateway $g"
+        "$FERROSAN_BIN" serve --config "$OUT/$run.toml" --gateway "$g" \
+            --state-dir "$WORK/state-$run-$g" --control-socket "$WORK/$run-$g.sock" \
+            </dev/null >"$OUT/$run.$g.daemon.log" 2>&1 &
+        if [[ $g == a ]]; then DAEMON_PID=$!; else GATEWAY_B_PID=$!; fi
+        rc=0
+        wait_port "$port" "$!" 20 || rc=$?
+        if ((rc != 0)); then
+            log "$run: gateway $g did not listen on 127.0.0.1:$port; its output ($OUT/$run.$g.daemon.log):"
+            tail_indented "$OUT/$run.$g.daemon.log" 20
+            return 1
+        fi
+    done
+    # b knows a as the owner once it has looked (at start, before it listens).
+    grep -q "is owned by gateway a" "$OUT/$run.b.daemon.log" && return 0
+    log "$run: gateway b does not see a as the owner; its output:"
+    tail_indented "$OUT/$run.b.daemon.log" 20
+    return 1
+}
+
 # start_tgt RUN FILE: tgtd on a free port with a private control socket.
 start_tgt() {
     local run=$1 file=$2 rc=0 i
@@ -161,12 +223,14 @@ start_tgt() {
 
 declare -A R_PASS R_FAIL R_SKIP
 RUNS=()
-# run_suite RUN: run the tool against $PORT/$LUN, parse, summarise.
+# run_suite RUN [URL2]: run the tool against $PORT/$LUN (and URL2, a second path to the same
+# LU for the MultipathIO tests), parse, summarise.
 run_suite() {
     local run=$1 url="iscsi://127.0.0.1:$PORT/$IQN/$LUN" t0 t1 rc=0
-    log "$run: iscsi-test-cu --dataloss $url (timeout ${RUN_TIMEOUT}s)"
+    local urls=("$url" ${2:+"$2"})
+    log "$run: iscsi-test-cu --dataloss ${urls[*]} (timeout ${RUN_TIMEOUT}s)"
     t0=$(date +%s)
-    timeout -k 10 "$RUN_TIMEOUT" iscsi-test-cu --dataloss -i "$INIT1" -I "$INIT2" "$url" \
+    timeout -k 10 "$RUN_TIMEOUT" iscsi-test-cu --dataloss -i "$INIT1" -I "$INIT2" "${urls[@]}" \
         </dev/null >"$OUT/$run.out" 2>"$OUT/$run.err" || rc=$?
     t1=$(date +%s)
     ((rc == 124 || rc == 137)) && log "$run: TIMED OUT after ${RUN_TIMEOUT}s; unfinished tests count as failed"
@@ -226,7 +290,7 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
     rm -rf "$DISK_DIR"
     run=ferrosan-rbd
     if ! command -v ceph-mon >/dev/null || ! command -v rbd >/dev/null; then
-        log "$run: SKIPPED, not run: the Ceph packages (ceph-mon, ceph-mgr, ceph-osd, ceph-common) are not installed"
+        log "$run, $run-gateways: SKIPPED, not run: the Ceph packages (ceph-mon, ceph-mgr, ceph-osd, ceph-common) are not installed"
     else
         CEPH_DIR=$WORK/ceph
         if conf=$(scripts/ceph-single-node.sh start "$CEPH_DIR" 4 2>"$OUT/$run.ceph.log"); then
@@ -238,11 +302,22 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
             else
                 not_run "$run" "daemon or image did not start (see $run.daemon.log, $run.ceph.log)"
             fi
+            run=ferrosan-rbd-gateways
+            if rbd create --size 1G rbd/gateways 2>>"$OUT/$run.ceph.log" &&
+                start_gateways "$run" rbd/gateways; then
+                run_suite "$run" "iscsi://127.0.0.1:$PORT2/$IQN/$LUN"
+            else
+                not_run "$run" "a gateway or the image did not start (see $run.[ab].daemon.log, $run.ceph.log)"
+            fi
+            stop_pid "$GATEWAY_B_PID" 50
+            GATEWAY_B_PID=""
+            stop_daemon
             unset CEPH_CONF
         else
             log "$run: the Ceph test cluster did not start; its log ($OUT/$run.ceph.log):"
             tail_indented "$OUT/$run.ceph.log" 20
             not_run "$run" "the Ceph test cluster did not start (see $run.ceph.log)"
+            not_run "$run-gateways" "the Ceph test cluster did not start (see $run.ceph.log)"
         fi
         scripts/ceph-single-node.sh stop "$CEPH_DIR"
         CEPH_DIR=""

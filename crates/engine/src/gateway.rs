@@ -462,15 +462,31 @@ impl Ownership for ImageOwnership {
             return transition;
         }
         match (&self.link, self.owner_index()) {
-            (Some(link), Some(owner)) if owner != self.me => link.ship(owner, cmd, data_in),
+            (Some(link), Some(owner)) if owner != self.me => {
+                link.ship(nexus.id, owner, cmd, data_in)
+            }
             _ => transition,
         }
     }
 
-    fn reset_owner(&self) -> bool {
+    fn reset_owner(&self, nexus: &scsi::Nexus) -> bool {
         match (&self.link, self.owner_index()) {
-            (Some(link), Some(owner)) if owner != self.me => link.reset(owner),
+            (Some(link), Some(owner)) if owner != self.me => link.reset(nexus.id, owner),
             _ => false,
+        }
+    }
+
+    fn reservations_changed(&self, nexus: &scsi::Nexus) {
+        if let (Some(link), Some(owner)) = (&self.link, self.owner_index()) {
+            if owner != self.me {
+                link.refresh_reservations(nexus.id, owner);
+            }
+        }
+    }
+
+    fn nexus_lost(&self, nexus_id: u64) {
+        if let Some(link) = &self.link {
+            link.nexus_lost(nexus_id);
         }
     }
 

@@ -9,12 +9,13 @@
 //! that maps the device at LUN 0 (`topology.rs`), and does not check reservations again for
 //! it: the gateway that shipped the command checked them for the initiator that sent it.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use initiator::driver::Client;
 use initiator::scsi::Cdb;
-use initiator::session::{Residual, Transfer};
+use initiator::session::{Residual, Tmf, Transfer};
 use initiator::{Auth, ChapConfig, ClientConfig, SessionConfig, SessionKind};
 
 /// The image metadata key holding the peer sessions' CHAP secret.
@@ -70,13 +71,28 @@ pub struct PeerRoute {
     pub portals: Vec<Vec<String>>,
 }
 
-/// The peer session to the current owner (one; commands shipped through it run one at a
-/// time — see docs/RBD.md, *Limits*).
+/// Peer sessions beyond this many (per image) are not opened: the command gets NOT READY,
+/// transition (retry), as when the owner cannot be reached.
+const SESSIONS_MAX: usize = 256;
+
+/// One peer session, or none yet (opened at its first command).
+type Slot = Arc<Mutex<Option<Client>>>;
+
+/// The peer sessions to the current owner: one per nexus of this gateway that ships, so the
+/// owner sees one nexus per initiator nexus (its unit attentions, copy results and task
+/// management then work per nexus as they would directly). A session runs one command at a
+/// time (see docs/RBD.md, *Limits*).
 pub struct PeerLink {
     route: PeerRoute,
     device: String,
-    /// The owner's index and the session to it.
-    session: Mutex<Option<(usize, Client)>>,
+    sessions: Mutex<Sessions>,
+}
+
+#[derive(Default)]
+struct Sessions {
+    /// The owner every session below is logged in to.
+    owner: Option<usize>,
+    by_nexus: HashMap<u64, Slot>,
 }
 
 impl PeerLink {
@@ -84,12 +100,71 @@ impl PeerLink {
         PeerLink {
             route,
             device: device.to_string(),
-            session: Mutex::new(None),
+            sessions: Mutex::new(Sessions::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(usize, Client)>> {
-        self.session.lock().unwrap_or_else(|p| p.into_inner())
+    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The owner moved (or this gateway took it, None): every session to the old one goes.
+    pub fn follow(&self, owner: Option<usize>) {
+        let mut sessions = self.sessions();
+        if sessions.owner != owner {
+            sessions.by_nexus.clear();
+            sessions.owner = owner;
+        }
+    }
+
+    /// The nexus is gone here: its peer session goes too.
+    pub fn nexus_lost(&self, nexus: u64) {
+        self.sessions().by_nexus.remove(&nexus);
+    }
+
+    /// Runs `f` on `nexus`'s session to `owner`, logging in first if it has none. Err: no
+    /// session could be had (logged).
+    fn with_session<T>(
+        &self,
+        nexus: u64,
+        owner: usize,
+        f: impl FnOnce(&mut Client) -> T,
+    ) -> Result<T, ()> {
+        let slot = {
+            let mut sessions = self.sessions();
+            if sessions.owner != Some(owner) {
+                sessions.by_nexus.clear();
+                sessions.owner = Some(owner);
+            }
+            let full = sessions.by_nexus.len() >= SESSIONS_MAX;
+            match sessions.by_nexus.get(&nexus) {
+                Some(slot) => Arc::clone(slot),
+                None if full => {
+                    tracing::warn!(device = %self.device, "{SESSIONS_MAX} peer sessions open already: not shipping");
+                    return Err(());
+                }
+                None => Arc::clone(sessions.by_nexus.entry(nexus).or_default()),
+            }
+        };
+        let mut session = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if session.is_none() {
+            match self.connect(owner) {
+                Ok(client) => *session = Some(client),
+                Err(e) => {
+                    tracing::warn!(device = %self.device, "cannot reach the owner: {e}");
+                    return Err(());
+                }
+            }
+        }
+        match session.as_mut() {
+            Some(client) => Ok(f(client)),
+            None => Err(()),
+        }
+    }
+
+    /// Drops `nexus`'s session (it broke): the next command logs in again.
+    fn drop_session(&self, nexus: u64) {
+        self.sessions().by_nexus.remove(&nexus);
     }
 
     /// Logs in to `owner`'s first portal that answers, and takes the new nexus's unit
@@ -123,13 +198,8 @@ impl PeerLink {
             config.retry_unit_attention = false;
             match Client::connect(config) {
                 Ok(mut client) => {
-                    for _ in 0..8 {
-                        match client.command(tur(), Transfer::None) {
-                            Ok(r) if r.is_unit_attention() => continue,
-                            _ => break,
-                        }
-                    }
-                    tracing::info!(device = %self.device, "peer session to the owner at {address}");
+                    take_unit_attentions(&mut client);
+                    tracing::debug!(device = %self.device, "peer session to the owner at {address}");
                     return Ok(client);
                 }
                 Err(e) => last = format!("{address}: {e}"),
@@ -138,31 +208,12 @@ impl PeerLink {
         Err(last)
     }
 
-    /// Keeps the session pointed at `owner` (None: this gateway owns the image or nobody
-    /// does: no session). The follow loop calls it so the session exists before the first
-    /// shipped command, and the owner's unit attentions (a reset there) reach it.
-    pub fn follow(&self, owner: Option<usize>) {
-        let mut session = self.lock();
-        match (owner, session.as_ref()) {
-            (None, Some(_)) => *session = None,
-            (Some(o), Some((at, _))) if *at != o => *session = None,
-            _ => {}
-        }
-        if let (Some(owner), None) = (owner, session.as_ref()) {
-            match self.connect(owner) {
-                Ok(client) => *session = Some((owner, client)),
-                Err(e) => {
-                    tracing::debug!(device = %self.device, "no peer session to the owner yet: {e}")
-                }
-            }
-        }
-    }
-
-    /// Runs `cmd` on `owner` and returns its completion as the owner gave it (status, sense,
-    /// residual), Data-In appended to `data_in`. A session that cannot be had or breaks
-    /// answers NOT READY, ASYMMETRIC ACCESS STATE TRANSITION (retry).
+    /// Runs `cmd` of `nexus` on `owner` and returns its completion as the owner gave it
+    /// (status, sense, residual), Data-In appended to `data_in`. A session that cannot be had
+    /// or breaks answers NOT READY, ASYMMETRIC ACCESS STATE TRANSITION (retry).
     pub fn ship(
         &self,
+        nexus: u64,
         owner: usize,
         cmd: &scsi::Command<'_>,
         data_in: &mut Vec<u8>,
@@ -187,33 +238,16 @@ impl PeerLink {
         } else {
             (Transfer::None, 0)
         };
-        let mut session = self.lock();
-        if session.as_ref().is_some_and(|(at, _)| *at != owner) {
-            *session = None;
-        }
-        if session.is_none() {
-            match self.connect(owner) {
-                Ok(client) => *session = Some((owner, client)),
-                Err(e) => {
-                    tracing::warn!(device = %self.device, "cannot ship to the owner: {e}");
-                    return transition;
-                }
-            }
-        }
-        let Some((_, client)) = session.as_mut() else {
-            return transition;
-        };
-        let result = match client.command(cdb, transfer) {
-            Ok(result) => result,
-            Err(e) => {
+        let result = match self.with_session(nexus, owner, |c| c.command(cdb, transfer)) {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => {
                 tracing::warn!(device = %self.device, "shipping to the owner failed: {e}");
-                *session = None;
+                self.drop_session(nexus);
                 return transition;
             }
+            Err(()) => return transition,
         };
-        drop(session);
-        let read = matches!(cmd.data_out, []) && cmd.data_in_limit > 0;
-        if read {
+        if cmd.data_out.is_empty() && cmd.data_in_limit > 0 {
             let n = result.data.len().min(cmd.data_in_limit as usize);
             data_in.extend_from_slice(&result.data[..n]);
         }
@@ -249,49 +283,66 @@ impl PeerLink {
         }
     }
 
-    /// LOGICAL UNIT RESET at `owner` through the peer session; the unit attention it raises
-    /// for the peer nexus itself is taken (this gateway raises its own). True when the owner
-    /// answered *function complete*.
-    pub fn reset(&self, owner: usize) -> bool {
-        let mut session = self.lock();
-        if session.as_ref().is_some_and(|(at, _)| *at != owner) {
-            *session = None;
-        }
-        if session.is_none() {
-            match self.connect(owner) {
-                Ok(client) => *session = Some((owner, client)),
-                Err(e) => {
-                    tracing::warn!(device = %self.device, "cannot pass a LUN reset to the owner: {e}");
-                    return false;
-                }
+    /// LOGICAL UNIT RESET at `owner` through `nexus`'s peer session; the unit attention it
+    /// leaves the peer nexus itself is taken (this gateway raises its own). True when the
+    /// owner answered *function complete*.
+    pub fn reset(&self, nexus: u64, owner: usize) -> bool {
+        let done = self.with_session(nexus, owner, |client| {
+            let lun = client.config().lun;
+            let answer = client
+                .connection()
+                .and_then(|c| c.task_management(Tmf::LunReset { lun }));
+            if matches!(answer, Ok(0)) {
+                take_unit_attentions(client);
             }
-        }
-        let Some((_, client)) = session.as_mut() else {
-            return false;
-        };
-        let lun = client.config().lun;
-        let done = client
-            .connection()
-            .and_then(|c| c.task_management(initiator::session::Tmf::LunReset { lun }));
+            answer
+        });
         match done {
-            Ok(0) => {
-                for _ in 0..8 {
-                    match client.command(tur(), Transfer::None) {
-                        Ok(r) if r.is_unit_attention() => continue,
-                        _ => break,
-                    }
-                }
-                true
-            }
-            Ok(response) => {
+            Ok(Ok(0)) => true,
+            Ok(Ok(response)) => {
                 tracing::warn!(device = %self.device, "the owner answered a LUN reset with {response}");
                 false
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::warn!(device = %self.device, "passing a LUN reset to the owner failed: {e}");
-                *session = None;
+                self.drop_session(nexus);
                 false
             }
+            Err(()) => false,
+        }
+    }
+
+    /// Makes the owner take up the reservations as stored (a PERSISTENT RESERVE IN, which reads
+    /// them first, through `nexus`'s peer session): after a PERSISTENT RESERVE OUT here, before
+    /// it is answered.
+    pub fn refresh_reservations(&self, nexus: u64, owner: usize) {
+        let Some(read_keys) = Cdb::new(&[0x5E, 0x00, 0, 0, 0, 0, 0, 0, 8, 0]) else {
+            return;
+        };
+        let read = Transfer::Read {
+            len: 8,
+            buf: Vec::new(),
+        };
+        match self.with_session(nexus, owner, |c| c.command(read_keys, read)) {
+            Ok(Ok(r)) if r.is_good() => {}
+            Ok(Ok(r)) => {
+                tracing::warn!(device = %self.device, "the owner did not re-read the reservations (status {:#04x})", r.status)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(device = %self.device, "the owner did not re-read the reservations: {e}");
+                self.drop_session(nexus);
+            }
+            Err(()) => {}
+        }
+    }
+}
+
+/// Takes a new (or just reset) peer nexus's unit attentions: TEST UNIT READY until none.
+fn take_unit_attentions(client: &mut Client) {
+    for _ in 0..8 {
+        match client.command(tur(), Transfer::None) {
+            Ok(r) if r.is_unit_attention() => continue,
+            _ => break,
         }
     }
 }

@@ -116,10 +116,22 @@ pub trait Ownership: Send + Sync {
         let _ = (nexus, cmd, data_in);
         Completion::check_condition(crate::alua::STANDBY)
     }
-    /// A LOGICAL UNIT RESET through a non-owner's port: the owner resets too (its nexuses get
-    /// the unit attention). Returns whether the owner confirmed it. May wait for the network.
-    fn reset_owner(&self) -> bool {
+    /// A LOGICAL UNIT RESET of `nexus` through a non-owner's port: the owner resets too (its
+    /// nexuses get the unit attention). Returns whether the owner confirmed it. May wait for
+    /// the network.
+    fn reset_owner(&self, nexus: &Nexus) -> bool {
+        let _ = nexus;
         false
+    }
+    /// A PERSISTENT RESERVE OUT through a non-owner's port changed the stored reservations:
+    /// the owner takes them up before the command is answered (so a reservation made here
+    /// holds there at once). May wait for the network.
+    fn reservations_changed(&self, nexus: &Nexus) {
+        let _ = nexus;
+    }
+    /// The nexus is gone: what the owner keeps for it (its peer session) can go too.
+    fn nexus_lost(&self, nexus_id: u64) {
+        let _ = nexus_id;
     }
 }
 

@@ -311,6 +311,9 @@ impl LogicalUnit {
     /// The nexus is gone: drop its unit attentions, release its PREVENT MEDIUM REMOVAL and its
     /// SPC-2 reservation (persistent reservations and registrations stay).
     pub fn nexus_lost(&self, nexus_id: u64) {
+        if let Some(o) = self.ownership.get() {
+            o.nexus_lost(nexus_id);
+        }
         self.ua.remove_nexus(nexus_id);
         self.reservations.nexus_lost(nexus_id);
         self.drop_copy_results(nexus_id);
@@ -509,9 +512,8 @@ impl LogicalUnit {
         })
     }
 
-    /// Runs a command that passed this LU's checks on its owner. A unit attention the owner
-    /// reports is an event of the LU (a reset, a mode or capacity change there): every other
-    /// nexus here is told too.
+    /// Runs a command that passed this LU's checks on its owner (each nexus here has a nexus
+    /// of its own there, so the owner's unit attentions reach it as they would directly).
     fn ship(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
         let Some(ownership) = self.ownership.get() else {
             return Completion::check_condition(crate::alua::STANDBY);
@@ -519,12 +521,6 @@ impl LogicalUnit {
         data_in.clear();
         let completion = ownership.ship(nexus, cmd, data_in);
         data_in.truncate(cmd.data_in_limit as usize);
-        if let Some(sense) = completion
-            .sense
-            .filter(|s| s.key == crate::sense::UNIT_ATTENTION)
-        {
-            self.ua.raise_all((sense.asc, sense.ascq), Some(nexus.id));
-        }
         completion
     }
 
@@ -533,7 +529,7 @@ impl LogicalUnit {
     /// without a remote owner.
     pub fn reset_at_owner(&self, nexus: &Nexus) -> bool {
         match self.ownership.get() {
-            Some(o) if !o.is_active(nexus.target_port.group) && o.ships() => o.reset_owner(),
+            Some(o) if !o.is_active(nexus.target_port.group) && o.ships() => o.reset_owner(nexus),
             _ => false,
         }
     }
@@ -584,17 +580,21 @@ impl LogicalUnit {
         // A gateway peer's commands were checked where they arrived (see GATEWAY_PEER_PREFIX).
         let peer = self.ownership.get().is_some()
             && nexus.initiator_port.starts_with(crate::GATEWAY_PEER_PREFIX);
-        if !peer {
-            self.reservations.check(nexus, cdb)?;
-        }
         if ship {
-            // The owner checks the rest (CDB fields, write protection) as it runs it.
-            return Err(crate::alua::SHIP);
+            self.reservations.check_fresh(nexus, cdb)?;
+        } else if !peer {
+            self.reservations.check(nexus, cdb)?;
         }
         // NACA and LINK are not supported (SAM-5 5.9).
         check_reserved(cdb, cdb_len - 1, 0xFA)?;
+        // Write protection as this gateway's mode pages and mapping say (MODE SELECT runs
+        // where it arrives).
         if write_protected && is_medium_write(opcode) {
             return Err(Sense::write_protected());
+        }
+        if ship {
+            // The owner checks the rest (CDB fields, LBA range) as it runs it.
+            return Err(crate::alua::SHIP);
         }
         Ok(opcode)
     }
@@ -672,7 +672,15 @@ impl LogicalUnit {
                 self.reserve_release_spc2(nexus, cdb)
             }
             PERSISTENT_RESERVE_IN => self.persistent_reserve_in(nexus, cmd, data_in),
-            PERSISTENT_RESERVE_OUT => self.persistent_reserve_out(nexus, cmd),
+            PERSISTENT_RESERVE_OUT => {
+                let done = self.persistent_reserve_out(nexus, cmd)?;
+                if let Some(o) = self.ownership.get() {
+                    if !o.is_active(nexus.target_port.group) && o.ships() {
+                        o.reservations_changed(nexus);
+                    }
+                }
+                Ok(done)
+            }
             EXTENDED_COPY => self.extended_copy(nexus, cmd, write_protected, peers),
             RECEIVE_COPY_RESULTS => self.receive_copy_results(nexus, cmd, data_in),
             // The opcode table and this match must list the same commands.

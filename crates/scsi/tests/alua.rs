@@ -257,12 +257,42 @@ fn without_an_owner_set_target_port_groups_is_not_offered() {
 }
 
 /// A non-owner gateway that ships to an owner in the same process: the owner's LU (with its
-/// own store) run through a peer nexus, as the engine's peer session does over the network.
+/// own store) run through a peer nexus per nexus here, as the engine's peer sessions do over
+/// the network (a new one's POWER ON unit attention taken at once, as at its login).
 struct Shipper {
     owner_lu: Arc<scsi::LogicalUnit>,
-    peer: Nexus,
+    /// Peer nexuses by the id of the nexus here.
+    peers: std::sync::Mutex<std::collections::HashMap<u64, Nexus>>,
     shipped: AtomicUsize,
     resets: AtomicUsize,
+    reservation_pokes: AtomicUsize,
+}
+
+impl Shipper {
+    fn peer(&self, nexus: &Nexus) -> Nexus {
+        let mut peers = self.peers.lock().unwrap();
+        if let Some(p) = peers.get(&nexus.id) {
+            return p.clone();
+        }
+        let mut peer = gateway_nexus(1000 + nexus.id, 1);
+        peer.initiator_port = format!(
+            "{}00112233,i,0x8000000000{:02x}",
+            scsi::GATEWAY_PEER_PREFIX,
+            nexus.id
+        );
+        self.owner_lu.nexus_added(peer.id);
+        let _ = self.owner_lu.execute(
+            &peer,
+            &scsi::Command {
+                cdb: &[0u8; 6],
+                data_out: &[],
+                data_in_limit: 0,
+            },
+            &mut Vec::new(),
+        );
+        peers.insert(nexus.id, peer.clone());
+        peer
+    }
 }
 
 impl Ownership for Shipper {
@@ -278,14 +308,24 @@ impl Ownership for Shipper {
     fn non_owners_ship(&self) -> bool {
         true
     }
-    fn ship(&self, _: &Nexus, cmd: &scsi::Command<'_>, data_in: &mut Vec<u8>) -> scsi::Completion {
+    fn ship(
+        &self,
+        nexus: &Nexus,
+        cmd: &scsi::Command<'_>,
+        data_in: &mut Vec<u8>,
+    ) -> scsi::Completion {
         self.shipped.fetch_add(1, Ordering::SeqCst);
-        self.owner_lu.execute(&self.peer, cmd, data_in)
+        let peer = self.peer(nexus);
+        self.owner_lu.execute(&peer, cmd, data_in)
     }
-    fn reset_owner(&self) -> bool {
+    fn reset_owner(&self, nexus: &Nexus) -> bool {
         self.resets.fetch_add(1, Ordering::SeqCst);
-        self.owner_lu.logical_unit_reset(self.peer.id);
+        let peer = self.peer(nexus);
+        self.owner_lu.logical_unit_reset(peer.id);
         true
+    }
+    fn reservations_changed(&self, _: &Nexus) {
+        self.reservation_pokes.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -298,23 +338,12 @@ fn shipping() -> (T, T, Arc<Shipper>) {
     owns.owner.store(1, Ordering::SeqCst);
     owner.lu.set_ownership(owns);
     owner.store.inner.write_at(&[0x5A; 512], 0, false).unwrap();
-    let mut peer = gateway_nexus(90, 1);
-    peer.initiator_port = format!("{}00112233,i,0x800000000001", scsi::GATEWAY_PEER_PREFIX);
-    owner.lu.nexus_added(peer.id);
-    let _ = owner.lu.execute(
-        &peer,
-        &scsi::Command {
-            cdb: &[0u8; 6],
-            data_out: &[],
-            data_in_limit: 0,
-        },
-        &mut Vec::new(),
-    );
     let shipper = Arc::new(Shipper {
         owner_lu: Arc::clone(&owner.lu),
-        peer,
+        peers: Default::default(),
         shipped: AtomicUsize::new(0),
         resets: AtomicUsize::new(0),
+        reservation_pokes: AtomicUsize::new(0),
     });
     let mut t = T::new();
     t.lu.set_ownership(shipper.clone());
@@ -390,7 +419,9 @@ fn reservations_are_checked_where_the_command_arrives_and_not_again_at_the_owner
     let c = t.run(&write10(0, 1), &[1u8; 512]);
     assert_eq!(c.status, scsi::Status::ReservationConflict);
     assert_eq!(shipper.shipped.load(Ordering::SeqCst), shipped);
-    // The holder may, and its write is run at the owner through the peer nexus.
+    // The holder may, and its write is run at the owner through the peer nexus. Each
+    // PERSISTENT RESERVE OUT here told the owner to take up the stored state.
+    assert_eq!(shipper.reservation_pokes.load(Ordering::SeqCst), 2);
     t.nexus = holder;
     t.ok(&write10(0, 1), &[2u8; 512]);
     // At the owner, the same reservation (gateways share it through the cluster): a direct
@@ -436,15 +467,60 @@ fn unit_attentions_from_the_owner_reach_every_nexus_and_resets_reach_the_owner()
     };
     assert_eq!(tur(&t.lu, &other), Some((0x06, 0x29, 0x00)));
     assert_eq!(tur(&t.lu, &other), None);
-    // A LOGICAL UNIT RESET at the owner: the shipped TUR reports it, and the other nexus
-    // here learns it on its next command, once.
+    // A LOGICAL UNIT RESET at the owner: each nexus here learns it on its next shipped
+    // command, once, through its own peer nexus.
+    assert_eq!(tur(&t.lu, &t.nexus), None);
     owner.lu.logical_unit_reset(0);
     assert_eq!(tur(&t.lu, &t.nexus), Some((0x06, 0x29, 0x03)));
+    assert_eq!(tur(&t.lu, &t.nexus), None);
     assert_eq!(tur(&t.lu, &other), Some((0x06, 0x29, 0x03)));
     assert_eq!(tur(&t.lu, &other), None);
+    // A nexus gone here lets its peer nexus go (the engine closes the peer session).
+    t.lu.nexus_lost(other.id);
     // A reset through this (non-owner) port is passed on to the owner; through the owner's
     // own port there is nothing to pass on.
     assert!(t.lu.reset_at_owner(&t.nexus));
     assert_eq!(shipper.resets.load(Ordering::SeqCst), 1);
     assert!(!owner.lu.reset_at_owner(&owner.nexus));
+}
+
+/// Reservations kept where both gateways see them (as an RBD image's metadata).
+#[derive(Default)]
+struct SharedStore(std::sync::Mutex<Option<scsi::PersistentReservations>>);
+
+impl scsi::PrPersistence for SharedStore {
+    fn save(&self, state: &scsi::PersistentReservations) -> std::io::Result<()> {
+        *self.0.lock().unwrap() = Some(state.clone());
+        Ok(())
+    }
+    fn shared(&self) -> bool {
+        true
+    }
+    fn load(&self) -> std::io::Result<Option<scsi::PersistentReservations>> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+}
+
+#[test]
+fn a_shipped_command_meets_a_reservation_made_through_the_owner_a_moment_before() {
+    let (mut t, mut owner, shipper) = shipping();
+    let shared = Arc::new(SharedStore::default());
+    t.lu.set_pr_persistence(shared.clone());
+    owner.lu.set_pr_persistence(shared.clone());
+    // Through the owner: register and reserve EXCLUSIVE ACCESS (saved to the shared store).
+    owner.nexus = gateway_nexus(5, 1);
+    owner.lu.nexus_added(5);
+    clear_ua(&mut owner);
+    let mut register = vec![0u8; 24];
+    register[8..16].copy_from_slice(&0x77u64.to_be_bytes());
+    owner.ok(&[0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0], &register);
+    let mut reserve = vec![0u8; 24];
+    reserve[0..8].copy_from_slice(&0x77u64.to_be_bytes());
+    owner.ok(&[0x5F, 0x01, 0x03, 0, 0, 0, 0, 0, 24, 0], &reserve);
+    // The non-owner never ran a PERSISTENT RESERVE command, yet refuses a read it would
+    // ship: the stored state is read first.
+    let shipped = shipper.shipped.load(Ordering::SeqCst);
+    let c = t.run(&read10(0, 1), &[]);
+    assert_eq!(c.status, scsi::Status::ReservationConflict);
+    assert_eq!(shipper.shipped.load(Ordering::SeqCst), shipped);
 }

@@ -1712,10 +1712,35 @@ impl Driver {
                     .iter()
                     .map(|b| format!("{b:02x}"))
                     .collect();
-                backend.nexus = Some(Nexus {
-                    id,
-                    initiator_port: format!("{},i,0x{isid}", established.initiator_name),
-                    target_port: port,
+                // A gateway peer's session ships for the nexus its alias names: the initiator's
+                // own port through that gateway's port, in this gateway's group.
+                let shipped_for = group
+                    .peer
+                    .then(|| established.initiator_alias.as_deref())
+                    .flatten()
+                    .and_then(crate::peer::parse_peer_alias)
+                    .and_then(|(initiator, relative)| {
+                        let theirs = t.ports.values().find(|p| p.relative_id == relative)?;
+                        Some((initiator, theirs))
+                    });
+                backend.nexus = Some(match shipped_for {
+                    Some((initiator_port, theirs)) => Nexus {
+                        id,
+                        initiator_port,
+                        target_port: Arc::new(scsi::TargetPort {
+                            relative_id: theirs.relative_id,
+                            name: theirs.name.clone(),
+                            target_name: theirs.target_name.clone(),
+                            group: port.group,
+                            groups: Arc::clone(&port.groups),
+                            shipped: true,
+                        }),
+                    },
+                    None => Nexus {
+                        id,
+                        initiator_port: format!("{},i,0x{isid}", established.initiator_name),
+                        target_port: port,
+                    },
                 });
                 for entry in group.luns.entries() {
                     entry.lu.nexus_added(id);

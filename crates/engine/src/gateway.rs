@@ -456,22 +456,18 @@ impl Ownership for ImageOwnership {
         let transition = scsi::Completion::check_condition(scsi::Sense::not_ready_transition());
         // A peer's command is never shipped on (two gateways that disagree on the owner
         // would pass it back and forth).
-        if crate::peer::is_peer_port(&nexus.initiator_port)
-            || nexus.id < self.ship_floor.load(Ordering::Acquire)
-        {
+        if nexus.target_port.shipped || nexus.id < self.ship_floor.load(Ordering::Acquire) {
             return transition;
         }
         match (&self.link, self.owner_index()) {
-            (Some(link), Some(owner)) if owner != self.me => {
-                link.ship(nexus.id, owner, cmd, data_in)
-            }
+            (Some(link), Some(owner)) if owner != self.me => link.ship(nexus, owner, cmd, data_in),
             _ => transition,
         }
     }
 
     fn reset_owner(&self, nexus: &scsi::Nexus) -> bool {
         match (&self.link, self.owner_index()) {
-            (Some(link), Some(owner)) if owner != self.me => link.reset(nexus.id, owner),
+            (Some(link), Some(owner)) if owner != self.me => link.reset(nexus, owner),
             _ => false,
         }
     }
@@ -479,7 +475,7 @@ impl Ownership for ImageOwnership {
     fn reservations_changed(&self, nexus: &scsi::Nexus) {
         if let (Some(link), Some(owner)) = (&self.link, self.owner_index()) {
             if owner != self.me {
-                link.refresh_reservations(nexus.id, owner);
+                link.refresh_reservations(nexus, owner);
             }
         }
     }

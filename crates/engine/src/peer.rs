@@ -3,19 +3,23 @@
 //! (active/non-optimized paths, as dual-controller arrays ship I/O over their interconnect).
 //! Only the owner ever writes the image, so the fence of a takeover still covers every write.
 //!
-//! The peer session logs in with the initiator name `scsi::GATEWAY_PEER_PREFIX` + the LU's NAA
-//! and CHAP with a secret kept in the image's metadata: only a client of the cluster (who could
-//! write the image anyway) can ship. The owner admits that name only into a group of its own
-//! that maps the device at LUN 0 (`topology.rs`), and does not check reservations again for
-//! it: the gateway that shipped the command checked them for the initiator that sent it.
+//! The peer session logs in with the initiator name [`PEER_PREFIX`] + the LU's NAA and CHAP
+//! with a secret kept in the image's metadata: only a client of the cluster (who could write
+//! the image anyway) can ship. The owner admits that name only into a group of its own that
+//! maps the device at LUN 0 (`topology.rs`). Each nexus of the shipping gateway has a peer
+//! session of its own, whose InitiatorAlias names that nexus ([`peer_alias`]); the owner runs
+//! its commands as that initiator port through the shipping gateway's port
+//! (`scsi::TargetPort::shipped`), so reservations, registrations and unit attentions are
+//! those of the initiator's own I_T nexus.
 
 use std::collections::HashMap;
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use initiator::driver::Client;
+use initiator::driver::Connection;
 use initiator::scsi::Cdb;
-use initiator::session::{Residual, Tmf, Transfer};
+use initiator::session::{Command, Completion, Residual, ScsiResult, Tmf, Transfer};
 use initiator::{Auth, ChapConfig, ClientConfig, SessionConfig, SessionKind};
 
 /// The image metadata key holding the peer sessions' CHAP secret.
@@ -25,6 +29,30 @@ pub const SECRET_KEY: &str = "ferrosan.gateway_peer_secret";
 /// retries), and the peer session is dropped.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Initiator names of peer sessions: this, then the LU's NAA in hex.
+pub const PEER_PREFIX: &str = "iqn.2026-11.org.ferrosan:gateway-peer.";
+
+/// How a peer session's InitiatorAlias names the nexus it ships for.
+const ALIAS_PREFIX: &str = "ferrosan-peer-of ";
+
+/// The InitiatorAlias of `nexus`'s peer session: its initiator port and this gateway's
+/// relative target port.
+pub fn peer_alias(nexus: &scsi::Nexus) -> String {
+    format!(
+        "{ALIAS_PREFIX}{} {}",
+        nexus.target_port.relative_id, nexus.initiator_port
+    )
+}
+
+/// The initiator port and relative target port a peer session's alias names.
+pub fn parse_peer_alias(alias: &str) -> Option<(String, u16)> {
+    let rest = alias.strip_prefix(ALIAS_PREFIX)?;
+    let (port, initiator) = rest.split_once(' ')?;
+    let port = port.parse().ok().filter(|&p| p != 0)?;
+    (!initiator.is_empty() && initiator.len() <= 255 && !initiator.contains(char::is_whitespace))
+        .then(|| (initiator.to_string(), port))
+}
+
 /// The peer sessions' initiator name for an LU with this identity.
 pub fn peer_name(identity: &scsi::LuIdentity) -> String {
     let naa: String = identity
@@ -33,12 +61,12 @@ pub fn peer_name(identity: &scsi::LuIdentity) -> String {
         .take(identity.naa_len)
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("{}{naa}", scsi::GATEWAY_PEER_PREFIX)
+    format!("{PEER_PREFIX}{naa}")
 }
 
-/// Whether `initiator_port` (an I_T nexus's initiator port name) is a gateway's peer session.
-pub fn is_peer_port(initiator_port: &str) -> bool {
-    initiator_port.starts_with(scsi::GATEWAY_PEER_PREFIX)
+/// Whether `initiator` (a login's initiator name) is a gateway's peer session.
+pub fn is_peer_name(initiator: &str) -> bool {
+    initiator.starts_with(PEER_PREFIX)
 }
 
 /// The image's peer secret: read, or made and stored by the first gateway to need it (a
@@ -75,13 +103,53 @@ pub struct PeerRoute {
 /// transition (retry), as when the owner cannot be reached.
 const SESSIONS_MAX: usize = 256;
 
-/// One peer session, or none yet (opened at its first command).
-type Slot = Arc<Mutex<Option<Client>>>;
+/// A shipped command's outcome as the peer session delivers it.
+type Outcome = Result<ScsiResult, String>;
+
+/// Tags of shipped commands start here (the driver's own exchanges use small ones and
+/// `u64::MAX - 1`).
+const TAG_BASE: u64 = 1 << 48;
+
+/// One peer session and the commands of the threads shipping through it, pipelined: whichever
+/// shipping thread holds the connection sends every queued command and reaps completions for
+/// all of them, so several commands of one nexus are in flight at the owner at once.
+struct PeerSession {
+    /// Its InitiatorAlias ([`peer_alias`]).
+    alias: String,
+    /// None until logged in (at the first command), and again after it broke.
+    connection: Mutex<Option<Connection>>,
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Not sent yet.
+    queued: Vec<(Command, Sender<Outcome>)>,
+    /// Sent, by tag.
+    waiting: HashMap<u64, Sender<Outcome>>,
+    next_tag: u64,
+}
+
+impl PeerSession {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every command queued or in flight fails with `why` (the connection is gone).
+    fn fail_all(&self, why: &str) {
+        let mut pending = self.pending();
+        for (_, tx) in pending.queued.drain(..) {
+            let _ = tx.send(Err(why.to_string()));
+        }
+        for (_, tx) in pending.waiting.drain() {
+            let _ = tx.send(Err(why.to_string()));
+        }
+    }
+}
 
 /// The peer sessions to the current owner: one per nexus of this gateway that ships, so the
 /// owner sees one nexus per initiator nexus (its unit attentions, copy results and task
-/// management then work per nexus as they would directly). A session runs one command at a
-/// time (see docs/RBD.md, *Limits*).
+/// management then work per nexus as they would directly).
 pub struct PeerLink {
     route: PeerRoute,
     device: String,
@@ -92,7 +160,7 @@ pub struct PeerLink {
 struct Sessions {
     /// The owner every session below is logged in to.
     owner: Option<usize>,
-    by_nexus: HashMap<u64, Slot>,
+    by_nexus: HashMap<u64, Arc<PeerSession>>,
 }
 
 impl PeerLink {
@@ -122,54 +190,36 @@ impl PeerLink {
         self.sessions().by_nexus.remove(&nexus);
     }
 
-    /// Runs `f` on `nexus`'s session to `owner`, logging in first if it has none. Err: no
-    /// session could be had (logged).
-    fn with_session<T>(
-        &self,
-        nexus: u64,
-        owner: usize,
-        f: impl FnOnce(&mut Client) -> T,
-    ) -> Result<T, ()> {
-        let slot = {
-            let mut sessions = self.sessions();
-            if sessions.owner != Some(owner) {
-                sessions.by_nexus.clear();
-                sessions.owner = Some(owner);
+    /// `nexus`'s session to `owner` (made, not yet logged in, at its first use); None beyond
+    /// [`SESSIONS_MAX`].
+    fn session(&self, nexus: &scsi::Nexus, owner: usize) -> Option<Arc<PeerSession>> {
+        let mut sessions = self.sessions();
+        if sessions.owner != Some(owner) {
+            sessions.by_nexus.clear();
+            sessions.owner = Some(owner);
+        }
+        let full = sessions.by_nexus.len() >= SESSIONS_MAX;
+        match sessions.by_nexus.get(&nexus.id) {
+            Some(session) => Some(Arc::clone(session)),
+            None if full => {
+                tracing::warn!(device = %self.device, "{SESSIONS_MAX} peer sessions open already: not shipping");
+                None
             }
-            let full = sessions.by_nexus.len() >= SESSIONS_MAX;
-            match sessions.by_nexus.get(&nexus) {
-                Some(slot) => Arc::clone(slot),
-                None if full => {
-                    tracing::warn!(device = %self.device, "{SESSIONS_MAX} peer sessions open already: not shipping");
-                    return Err(());
-                }
-                None => Arc::clone(sessions.by_nexus.entry(nexus).or_default()),
-            }
-        };
-        let mut session = slot.lock().unwrap_or_else(|p| p.into_inner());
-        if session.is_none() {
-            match self.connect(owner) {
-                Ok(client) => *session = Some(client),
-                Err(e) => {
-                    tracing::warn!(device = %self.device, "cannot reach the owner: {e}");
-                    return Err(());
-                }
+            None => {
+                let session = Arc::new(PeerSession {
+                    alias: peer_alias(nexus),
+                    connection: Mutex::new(None),
+                    pending: Mutex::new(Pending::default()),
+                });
+                sessions.by_nexus.insert(nexus.id, Arc::clone(&session));
+                Some(session)
             }
         }
-        match session.as_mut() {
-            Some(client) => Ok(f(client)),
-            None => Err(()),
-        }
-    }
-
-    /// Drops `nexus`'s session (it broke): the next command logs in again.
-    fn drop_session(&self, nexus: u64) {
-        self.sessions().by_nexus.remove(&nexus);
     }
 
     /// Logs in to `owner`'s first portal that answers, and takes the new nexus's unit
     /// attentions (its POWER ON): they are the peer session's, not the LU's.
-    fn connect(&self, owner: usize) -> Result<Client, String> {
+    fn connect(&self, owner: usize, alias: &str) -> Result<Connection, String> {
         let portals = self
             .route
             .portals
@@ -188,19 +238,16 @@ impl PeerLink {
                 self.route.name.clone(),
                 self.route.secret.as_bytes().to_vec(),
             ));
+            session.initiator_alias = Some(alias.to_string());
             session.command_timeout = COMMAND_TIMEOUT;
             let mut config = ClientConfig::new(address.clone(), session);
             config.timeouts.connect = Duration::from_secs(2);
             config.timeouts.login = Duration::from_secs(5);
-            // Nothing is resent on its own: a command that met a lost connection fails, and
-            // the initiator that sent it decides.
-            config.retries = 0;
-            config.retry_unit_attention = false;
-            match Client::connect(config) {
-                Ok(mut client) => {
-                    take_unit_attentions(&mut client);
+            match Connection::connect(&config) {
+                Ok(mut connection) => {
+                    take_unit_attentions(&mut connection);
                     tracing::debug!(device = %self.device, "peer session to the owner at {address}");
-                    return Ok(client);
+                    return Ok(connection);
                 }
                 Err(e) => last = format!("{address}: {e}"),
             }
@@ -208,12 +255,63 @@ impl PeerLink {
         Err(last)
     }
 
+    /// While holding `session`'s connection: logs in if needed, sends every queued command
+    /// and delivers the completions that arrive within a millisecond. A broken connection
+    /// fails everything it carried and is dropped (the next command logs in again).
+    fn lead(&self, session: &PeerSession, held: &mut Option<Connection>, owner: usize) {
+        if held.as_ref().is_some_and(|c| c.broken().is_some()) {
+            *held = None;
+            session.fail_all("the peer session broke");
+        }
+        if held.is_none() {
+            match self.connect(owner, &session.alias) {
+                Ok(connection) => *held = Some(connection),
+                Err(e) => {
+                    tracing::warn!(device = %self.device, "cannot reach the owner: {e}");
+                    session.fail_all(&e);
+                    return;
+                }
+            }
+        }
+        let Some(connection) = held.as_mut() else {
+            return;
+        };
+        let queued = std::mem::take(&mut session.pending().queued);
+        for (command, tx) in queued {
+            let tag = command.tag;
+            match connection.submit(command) {
+                Ok(_) => {
+                    session.pending().waiting.insert(tag, tx);
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                }
+            }
+        }
+        let reaped = connection.flush().and_then(|()| {
+            let mut next = connection.wait_completion(Duration::from_millis(1))?;
+            while let Some(completion) = next {
+                let tx = session.pending().waiting.remove(&completion.tag);
+                if let Some(tx) = tx {
+                    let _ = tx.send(completion.result.map_err(|e| e.to_string()));
+                }
+                next = connection.try_completion()?;
+            }
+            Ok(())
+        });
+        if let Err(e) = reaped {
+            tracing::warn!(device = %self.device, "the peer session to the owner failed: {e}");
+            *held = None;
+            session.fail_all(&e.to_string());
+        }
+    }
+
     /// Runs `cmd` of `nexus` on `owner` and returns its completion as the owner gave it
     /// (status, sense, residual), Data-In appended to `data_in`. A session that cannot be had
     /// or breaks answers NOT READY, ASYMMETRIC ACCESS STATE TRANSITION (retry).
     pub fn ship(
         &self,
-        nexus: u64,
+        nexus: &scsi::Nexus,
         owner: usize,
         cmd: &scsi::Command<'_>,
         data_in: &mut Vec<u8>,
@@ -238,14 +336,55 @@ impl PeerLink {
         } else {
             (Transfer::None, 0)
         };
-        let result = match self.with_session(nexus, owner, |c| c.command(cdb, transfer)) {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) => {
+        let Some(session) = self.session(nexus, owner) else {
+            return transition;
+        };
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut pending = session.pending();
+            let tag = TAG_BASE + pending.next_tag;
+            pending.next_tag = pending.next_tag.wrapping_add(1);
+            pending.queued.push((
+                Command {
+                    tag,
+                    lun: 0,
+                    cdb,
+                    transfer,
+                    attr: Default::default(),
+                },
+                tx,
+            ));
+        }
+        // Lead while nobody else does; otherwise wait for the leader to deliver. Bounded: the
+        // session times a command out (COMMAND_TIMEOUT) and a broken one fails them all.
+        let outcome = loop {
+            match rx.try_recv() {
+                Ok(outcome) => break outcome,
+                Err(mpsc::TryRecvError::Disconnected) => break Err("the peer session went".into()),
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
+            match session.connection.try_lock() {
+                Ok(mut held) => self.lead(&session, &mut held, owner),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    self.lead(&session, &mut p.into_inner(), owner)
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    match rx.recv_timeout(Duration::from_millis(2)) {
+                        Ok(outcome) => break outcome,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => {
+                            break Err("the peer session went".into())
+                        }
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    }
+                }
+            }
+        };
+        let result = match outcome {
+            Ok(result) => result,
+            Err(e) => {
                 tracing::warn!(device = %self.device, "shipping to the owner failed: {e}");
-                self.drop_session(nexus);
                 return transition;
             }
-            Err(()) => return transition,
         };
         if cmd.data_out.is_empty() && cmd.data_in_limit > 0 {
             let n = result.data.len().min(cmd.data_in_limit as usize);
@@ -286,62 +425,65 @@ impl PeerLink {
     /// LOGICAL UNIT RESET at `owner` through `nexus`'s peer session; the unit attention it
     /// leaves the peer nexus itself is taken (this gateway raises its own). True when the
     /// owner answered *function complete*.
-    pub fn reset(&self, nexus: u64, owner: usize) -> bool {
-        let done = self.with_session(nexus, owner, |client| {
-            let lun = client.config().lun;
-            let answer = client
-                .connection()
-                .and_then(|c| c.task_management(Tmf::LunReset { lun }));
-            if matches!(answer, Ok(0)) {
-                take_unit_attentions(client);
+    pub fn reset(&self, nexus: &scsi::Nexus, owner: usize) -> bool {
+        let Some(session) = self.session(nexus, owner) else {
+            return false;
+        };
+        let mut held = session.connection.lock().unwrap_or_else(|p| p.into_inner());
+        if held.as_ref().is_none_or(|c| c.broken().is_some()) {
+            session.fail_all("the peer session broke");
+            match self.connect(owner, &session.alias) {
+                Ok(connection) => *held = Some(connection),
+                Err(e) => {
+                    tracing::warn!(device = %self.device, "cannot pass a LUN reset to the owner: {e}");
+                    *held = None;
+                    return false;
+                }
             }
-            answer
-        });
-        match done {
-            Ok(Ok(0)) => true,
-            Ok(Ok(response)) => {
+        }
+        let Some(connection) = held.as_mut() else {
+            return false;
+        };
+        match connection.task_management(Tmf::LunReset { lun: 0 }) {
+            Ok(0) => {
+                take_unit_attentions(connection);
+                true
+            }
+            Ok(response) => {
                 tracing::warn!(device = %self.device, "the owner answered a LUN reset with {response}");
                 false
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::warn!(device = %self.device, "passing a LUN reset to the owner failed: {e}");
-                self.drop_session(nexus);
+                *held = None;
+                session.fail_all(&e.to_string());
                 false
             }
-            Err(()) => false,
         }
     }
 
     /// Makes the owner take up the reservations as stored (a PERSISTENT RESERVE IN, which reads
     /// them first, through `nexus`'s peer session): after a PERSISTENT RESERVE OUT here, before
     /// it is answered.
-    pub fn refresh_reservations(&self, nexus: u64, owner: usize) {
-        let Some(read_keys) = Cdb::new(&[0x5E, 0x00, 0, 0, 0, 0, 0, 0, 8, 0]) else {
-            return;
+    pub fn refresh_reservations(&self, nexus: &scsi::Nexus, owner: usize) {
+        let read_keys = scsi::Command {
+            cdb: &[0x5E, 0x00, 0, 0, 0, 0, 0, 0, 8, 0],
+            data_out: &[],
+            data_in_limit: 8,
         };
-        let read = Transfer::Read {
-            len: 8,
-            buf: Vec::new(),
-        };
-        match self.with_session(nexus, owner, |c| c.command(read_keys, read)) {
-            Ok(Ok(r)) if r.is_good() => {}
-            Ok(Ok(r)) => {
-                tracing::warn!(device = %self.device, "the owner did not re-read the reservations (status {:#04x})", r.status)
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(device = %self.device, "the owner did not re-read the reservations: {e}");
-                self.drop_session(nexus);
-            }
-            Err(()) => {}
+        let done = self.ship(nexus, owner, &read_keys, &mut Vec::new());
+        if done.status != scsi::Status::Good {
+            tracing::warn!(device = %self.device, "the owner did not re-read the reservations: {:?}", done.sense);
         }
     }
 }
 
-/// Takes a new (or just reset) peer nexus's unit attentions: TEST UNIT READY until none.
-fn take_unit_attentions(client: &mut Client) {
-    for _ in 0..8 {
-        match client.command(tur(), Transfer::None) {
-            Ok(r) if r.is_unit_attention() => continue,
+/// Takes a new (or just reset) peer nexus's unit attentions: TEST UNIT READY until none (its
+/// other commands' completions stay queued for their reaper).
+fn take_unit_attentions(connection: &mut Connection) {
+    for tag in 0..8u64 {
+        match connection.run(Command::none(tag + 1, 0, tur())) {
+            Ok(Completion { result: Ok(r), .. }) if r.is_unit_attention() => continue,
             _ => break,
         }
     }
@@ -349,4 +491,42 @@ fn take_unit_attentions(client: &mut Client) {
 
 fn tur() -> Cdb {
     initiator::scsi::test_unit_ready()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_alias_names_the_nexus_and_nothing_else_parses() {
+        let nexus = scsi::Nexus {
+            id: 4,
+            initiator_port: "iqn.1994-05.com.redhat:host,i,0x023d00000001".into(),
+            target_port: std::sync::Arc::new(scsi::TargetPort::alone(
+                7,
+                "iqn.2026-11.org.ferrosan:x,t,0x0007".into(),
+                "iqn.2026-11.org.ferrosan:x".into(),
+            )),
+        };
+        let alias = peer_alias(&nexus);
+        assert_eq!(
+            parse_peer_alias(&alias),
+            Some(("iqn.1994-05.com.redhat:host,i,0x023d00000001".into(), 7))
+        );
+        for bad in [
+            "",
+            "host1",
+            "ferrosan-peer-of ",
+            "ferrosan-peer-of 7",
+            "ferrosan-peer-of 0 iqn.x,i,0x01",
+            "ferrosan-peer-of 70000 iqn.x,i,0x01",
+            "ferrosan-peer-of x iqn.x,i,0x01",
+            "ferrosan-peer-of 7 iqn.x,i,0x01 extra",
+            "ferrosan-peer-of 7 ",
+        ] {
+            assert_eq!(parse_peer_alias(bad), None, "{bad:?}");
+        }
+        let long = format!("ferrosan-peer-of 7 {}", "a".repeat(300));
+        assert_eq!(parse_peer_alias(&long), None);
+    }
 }

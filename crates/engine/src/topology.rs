@@ -27,6 +27,8 @@ pub struct GroupRuntime {
     pub disk_luns: Arc<Vec<DiskLun>>,
     /// The device name behind each LUN, for the per-device I/O metrics.
     pub lun_devices: Arc<Vec<(u64, Arc<str>)>>,
+    /// A gateway peer group (`peer.rs`): its sessions ship for the nexus their alias names.
+    pub peer: bool,
 }
 
 /// A LUN whose device is a real disk (not RAM, not tmpfs), with that device's stall state.
@@ -361,7 +363,7 @@ impl Topology {
         // A gateway peer's name is admitted only into its image's peer group (CHAP with the
         // image's secret): elsewhere, e.g. through an `any_initiator` group, it could pass
         // for a peer, whose commands skip reservation checks.
-        if crate::peer::is_peer_port(initiator.as_str())
+        if crate::peer::is_peer_name(initiator.as_str())
             && !group.initiators.iter().any(|i| i == initiator)
         {
             return Err(Refusal::NotInAnyGroup);
@@ -422,6 +424,7 @@ fn assemble_targets(
                 luns: Arc::new(luns),
                 disk_luns: Arc::new(disk_luns),
                 lun_devices: Arc::new(lun_devices),
+                peer: false,
             });
         }
         // ALUA: each portal group is one target port of this target and a target port group of
@@ -449,6 +452,7 @@ fn assemble_targets(
                         target_name: t.iqn.to_string(),
                         group: tag,
                         groups: Arc::clone(&alua_groups),
+                        shipped: false,
                     }),
                 )
             })
@@ -519,6 +523,7 @@ fn add_peer_groups(
             luns: Arc::new(luns),
             disk_luns: Arc::new(disk_luns),
             lun_devices: Arc::new(vec![(0, Arc::<str>::from(name))]),
+            peer: true,
         });
         peer_groups.push(crate::config::InitiatorGroup {
             name: format!("gateway-peer:{name}"),

@@ -843,6 +843,45 @@ fn rbd_gateways_ship_commands_to_the_owner() {
     let (status, sense, data) = read10(&mut cb, 256, 128);
     assert_eq!(status, 0, "{sense:?}");
     assert!(data == second, "B does not read what A wrote");
+    // 32 writes in flight at once through B share its nexus's peer session (pipelined);
+    // each lands where it was sent.
+    {
+        let conn = cb.connection().expect("connected");
+        for i in 0..32u64 {
+            let mut cdb = [0u8; 10];
+            cdb[0] = 0x2A;
+            cdb[2..6].copy_from_slice(&(1024 + 8 * i as u32).to_be_bytes());
+            cdb[8] = 8;
+            let data = pseudo_random_bytes(4096, 100 + i);
+            conn.submit(initiator::Command {
+                tag: 500 + i,
+                lun: 0,
+                cdb: Cdb::new(&cdb).expect("cdb"),
+                transfer: Transfer::Write(data),
+                attr: Default::default(),
+            })
+            .expect("submit");
+        }
+        conn.flush().expect("flush");
+        for _ in 0..32 {
+            let done = conn.next_completion().expect("completion");
+            let result = done.result.expect("answered");
+            assert_eq!(
+                result.status, 0,
+                "pipelined write {}: {:?}",
+                done.tag, result.sense
+            );
+        }
+    }
+    let (status, _, data) = read10(&mut ca, 1024, 256);
+    assert_eq!(status, 0);
+    for i in 0..32u64 {
+        let at = (8 * i as usize) * 512;
+        assert!(
+            data[at..at + 4096] == pseudo_random_bytes(4096, 100 + i)[..],
+            "pipelined write {i} did not land"
+        );
+    }
     // COMPARE AND WRITE through B runs at the owner: atomic against A's writers.
     let block = &first[..512];
     let new = vec![0xC4u8; 512];

@@ -238,6 +238,26 @@ impl Connection {
         Ok(self.completions.pop_front())
     }
 
+    /// The next completion if one arrives within `timeout` (`None` when none did, or when no
+    /// command is in flight). For callers that interleave submitting and reaping.
+    pub fn wait_completion(&mut self, timeout: Duration) -> Result<Option<Completion>, Error> {
+        if let Some(c) = self.completions.pop_front() {
+            return Ok(Some(c));
+        }
+        if self.session.in_flight() == 0 {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + timeout;
+        match self.pump(Some(deadline), "a command's completion", |c| {
+            !c.completions.is_empty()
+        }) {
+            Ok(()) | Err(Error::Timeout { .. }) => {}
+            Err(e) if self.completions.is_empty() => return Err(e),
+            Err(_) => {}
+        }
+        Ok(self.completions.pop_front())
+    }
+
     /// Events other than completions (async messages, task management answers, pongs, ...),
     /// oldest first.
     pub fn poll_event(&mut self) -> Option<Event> {
@@ -946,6 +966,33 @@ mod tests {
             conn.submit(Command::none(9, 0, crate::scsi::test_unit_ready())),
             Err(Error::NotConnected)
         ));
+    }
+
+    #[test]
+    fn wait_completion_returns_what_arrives_and_none_when_nothing_is_in_flight() {
+        let (port, target) = fake_target(vec![status::GOOD, status::BUSY]);
+        let mut conn = Connection::connect(&client_config(port, 0)).unwrap();
+        let started = Instant::now();
+        assert!(conn
+            .wait_completion(Duration::from_secs(5))
+            .unwrap()
+            .is_none());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited with nothing in flight"
+        );
+        for tag in [7, 8] {
+            conn.submit(Command::none(tag, 0, crate::scsi::test_unit_ready()))
+                .unwrap();
+        }
+        conn.flush().unwrap();
+        let mut got = Vec::new();
+        while let Some(c) = conn.wait_completion(Duration::from_secs(5)).unwrap() {
+            got.push((c.tag, c.result.map(|r| r.status)));
+        }
+        assert_eq!(got, vec![(7, Ok(status::GOOD)), (8, Ok(status::BUSY))]);
+        drop(conn);
+        assert_eq!(target.join().unwrap(), 2);
     }
 
     #[test]

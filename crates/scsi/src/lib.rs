@@ -55,6 +55,10 @@ pub struct TargetPort {
     /// Every target port group of this port's target, as REPORT TARGET PORT GROUPS lists them;
     /// shared by all the target's ports.
     pub groups: Arc<[PortGroup]>,
+    /// A gateway's port as seen by the LU's owner through a peer session: commands through it
+    /// were shipped by that gateway ([`Ownership::ship`]) for the initiator port the nexus
+    /// names; `relative_id` is that gateway's port, `group` the owner's. Never shipped on.
+    pub shipped: bool,
 }
 
 impl TargetPort {
@@ -71,6 +75,7 @@ impl TargetPort {
                 state: AccessState::ActiveOptimized,
                 ports: vec![relative_id],
             }]),
+            shipped: false,
         }
     }
 }
@@ -110,8 +115,10 @@ pub trait Ownership: Send + Sync {
         false
     }
     /// Runs `cmd` of `nexus` on the owner (I/O shipping) and returns its completion, Data-In
-    /// in `data_in` (at most `cmd.data_in_limit` bytes). Called after this LU's own checks
-    /// (unit attention, opcode, reservations) passed; may wait for the network.
+    /// in `data_in` (at most `cmd.data_in_limit` bytes): the owner runs it as `nexus`'s
+    /// initiator port through this gateway's port (a [`TargetPort::shipped`] nexus there), so
+    /// its reservations are checked there, where they are current. Called after this LU's own
+    /// checks (unit attention, opcode, write protection) passed; may wait for the network.
     fn ship(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
         let _ = (nexus, cmd, data_in);
         Completion::check_condition(crate::alua::STANDBY)
@@ -134,12 +141,6 @@ pub trait Ownership: Send + Sync {
         let _ = nexus_id;
     }
 }
-
-/// Initiator names of the sessions gateways open to each other to ship commands (see
-/// [`Ownership::ship`]): `<prefix><the LU's NAA in hex>`. Their commands were checked against
-/// reservations by the gateway that shipped them, so the owner does not check them again; the
-/// transport admits such a name only with the image's shared secret (CHAP).
-pub const GATEWAY_PEER_PREFIX: &str = "iqn.2026-11.org.ferrosan:gateway-peer.";
 
 impl AccessState {
     /// The ASYMMETRIC ACCESS STATE code.

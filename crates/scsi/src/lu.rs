@@ -577,12 +577,9 @@ impl LogicalUnit {
                 ship = true;
             }
         }
-        // A gateway peer's commands were checked where they arrived (see GATEWAY_PEER_PREFIX).
-        let peer = self.ownership.get().is_some()
-            && nexus.initiator_port.starts_with(crate::GATEWAY_PEER_PREFIX);
-        if ship {
-            self.reservations.check_fresh(nexus, cdb)?;
-        } else if !peer {
+        // A shipped command meets the reservations at the owner, as its own initiator port
+        // through this gateway's port (Ownership::ship): this gateway's copy may be stale.
+        if !ship {
             self.reservations.check(nexus, cdb)?;
         }
         // NACA and LINK are not supported (SAM-5 5.9).

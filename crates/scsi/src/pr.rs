@@ -386,18 +386,6 @@ impl Reservations {
         Ok(())
     }
 
-    /// [`Reservations::check`] against the state as stored, where it is shared (another
-    /// gateway may have changed it a moment ago): a command shipped to another gateway is
-    /// checked only here, so a reservation made through that gateway must already hold.
-    /// A store that cannot be read refuses the command (NOT READY, transition: retry).
-    pub fn check_fresh(&self, nexus: &Nexus, cdb: Cdb<'_>) -> Result<(), Sense> {
-        if self.shared() {
-            let mut s = self.lock();
-            self.refresh_shared(&mut s)?;
-        }
-        self.check(nexus, cdb)
-    }
-
     pub fn nexus_lost(&self, nexus_id: u64) {
         let mut s = self.lock();
         s.seen.remove(&nexus_id);

@@ -54,6 +54,7 @@ fn gateway_nexus(id: u64, group: u16) -> Nexus {
             target_name: "iqn.2026-11.org.ferrosan:gw".into(),
             group,
             groups,
+            shipped: false,
         }),
     }
 }
@@ -274,12 +275,13 @@ impl Shipper {
         if let Some(p) = peers.get(&nexus.id) {
             return p.clone();
         }
+        // The initiator's own port, through this gateway's port, as the owner's group.
         let mut peer = gateway_nexus(1000 + nexus.id, 1);
-        peer.initiator_port = format!(
-            "{}00112233,i,0x8000000000{:02x}",
-            scsi::GATEWAY_PEER_PREFIX,
-            nexus.id
-        );
+        peer.initiator_port = nexus.initiator_port.clone();
+        let mut port = (*nexus.target_port).clone();
+        port.group = 1;
+        port.shipped = true;
+        peer.target_port = Arc::new(port);
         self.owner_lu.nexus_added(peer.id);
         let _ = self.owner_lu.execute(
             &peer,
@@ -401,50 +403,50 @@ fn a_non_owner_that_ships_is_active_non_optimized_and_runs_everything_at_the_own
 }
 
 #[test]
-fn reservations_are_checked_where_the_command_arrives_and_not_again_at_the_owner() {
+fn shipped_commands_meet_the_reservations_at_the_owner_as_their_own_initiator() {
     let (mut t, mut owner, shipper) = shipping();
-    // Nexus 2 (here) registers and reserves WRITE EXCLUSIVE on this gateway's view.
+    // Gateways share reservations through the image; here, the owner's copy is the one kept
+    // current (a PERSISTENT RESERVE OUT through the non-owner tells the owner).
+    let shared = Arc::new(SharedStore::default());
+    t.lu.set_pr_persistence(shared.clone());
+    owner.lu.set_pr_persistence(shared.clone());
+    // Nexus 2 (here, group 2) registers and reserves WRITE EXCLUSIVE.
     let mut register = vec![0u8; 24];
     register[8..16].copy_from_slice(&0xABu64.to_be_bytes());
     t.ok(&[0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0], &register);
     let mut reserve = vec![0u8; 24];
     reserve[0..8].copy_from_slice(&0xABu64.to_be_bytes());
     t.ok(&[0x5F, 0x01, 0x01, 0, 0, 0, 0, 0, 24, 0], &reserve);
-    // Another nexus here may not write: refused before anything is shipped.
+    assert_eq!(shipper.reservation_pokes.load(Ordering::SeqCst), 2);
+    // (What the poke makes the engine's owner do: re-read the stored state.)
+    owner.ok(&[0x5E, 0x00, 0, 0, 0, 0, 0, 0, 8, 0], &[]);
+    // Another nexus here may not write: the owner refuses it.
     let holder = t.nexus.clone();
     t.nexus = gateway_nexus(3, 2);
     t.lu.nexus_added(t.nexus.id);
     clear_ua(&mut t);
-    let shipped = shipper.shipped.load(Ordering::SeqCst);
     let c = t.run(&write10(0, 1), &[1u8; 512]);
     assert_eq!(c.status, scsi::Status::ReservationConflict);
-    assert_eq!(shipper.shipped.load(Ordering::SeqCst), shipped);
-    // The holder may, and its write is run at the owner through the peer nexus. Each
-    // PERSISTENT RESERVE OUT here told the owner to take up the stored state.
-    assert_eq!(shipper.reservation_pokes.load(Ordering::SeqCst), 2);
-    t.nexus = holder;
+    // The holder may: at the owner it is the same I_T nexus (its port, this gateway's port).
+    t.nexus = holder.clone();
     t.ok(&write10(0, 1), &[2u8; 512]);
-    // At the owner, the same reservation (gateways share it through the cluster): a direct
-    // nexus that is not the holder conflicts; the peer nexus is not checked.
-    owner
-        .lu
-        .replace_reservations(&t.lu.persistent_reservations());
+    // A direct nexus of the owner that is not the holder conflicts.
     owner.nexus = gateway_nexus(4, 1);
     owner.lu.nexus_added(owner.nexus.id);
     clear_ua(&mut owner);
     let c = owner.run(&write10(0, 1), &[3u8; 512]);
     assert_eq!(c.status, scsi::Status::ReservationConflict);
-    t.ok(&write10(0, 1), &[4u8; 512]);
-    // A peer name on an LU without gateways is an ordinary initiator: checked.
-    let mut plain = T::new();
-    plain.ok(&[0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0], &register);
-    plain.ok(&[0x5F, 0x01, 0x01, 0, 0, 0, 0, 0, 24, 0], &reserve);
-    plain.nexus = nexus(7);
-    plain.nexus.initiator_port = format!("{}00,i,0x800000000001", scsi::GATEWAY_PEER_PREFIX);
-    plain.lu.nexus_added(7);
-    clear_ua(&mut plain);
-    let c = plain.run(&write10(0, 1), &[5u8; 512]);
-    assert_eq!(c.status, scsi::Status::ReservationConflict);
+    // Released through the owner: a non-holder's shipped write passes at once, even though
+    // this gateway's own copy still says reserved.
+    owner.nexus = gateway_nexus(1002, 1);
+    owner.nexus.initiator_port = holder.initiator_port.clone();
+    let mut port = (*holder.target_port).clone();
+    port.group = 1;
+    port.shipped = true;
+    owner.nexus.target_port = Arc::new(port);
+    owner.ok(&[0x5F, 0x02, 0x01, 0, 0, 0, 0, 0, 24, 0], &reserve);
+    t.nexus = gateway_nexus(3, 2);
+    t.ok(&write10(0, 1), &[5u8; 512]);
 }
 
 #[test]
@@ -517,10 +519,10 @@ fn a_shipped_command_meets_a_reservation_made_through_the_owner_a_moment_before(
     let mut reserve = vec![0u8; 24];
     reserve[0..8].copy_from_slice(&0x77u64.to_be_bytes());
     owner.ok(&[0x5F, 0x01, 0x03, 0, 0, 0, 0, 0, 24, 0], &reserve);
-    // The non-owner never ran a PERSISTENT RESERVE command, yet refuses a read it would
-    // ship: the stored state is read first.
-    let shipped = shipper.shipped.load(Ordering::SeqCst);
+    // The non-owner never ran a PERSISTENT RESERVE command (its copy is empty), yet its
+    // nexus's read meets the reservation: the owner checks it.
     let c = t.run(&read10(0, 1), &[]);
     assert_eq!(c.status, scsi::Status::ReservationConflict);
-    assert_eq!(shipper.shipped.load(Ordering::SeqCst), shipped);
+    assert!(shipper.shipped.load(Ordering::SeqCst) > 0);
+    assert!(!t.lu.reservation_held());
 }

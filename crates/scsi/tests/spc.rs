@@ -145,6 +145,7 @@ fn two_group_nexus() -> Nexus {
             target_name: "iqn.2026-11.org.ferrosan:demo".into(),
             group: 2,
             groups,
+            shipped: false,
         }),
     }
 }

@@ -1716,7 +1716,7 @@ impl Driver {
                 // own port through that gateway's port, in this gateway's group.
                 let shipped_for = group
                     .peer
-                    .then(|| established.initiator_alias.as_deref())
+                    .then_some(established.initiator_alias.as_deref())
                     .flatten()
                     .and_then(crate::peer::parse_peer_alias)
                     .and_then(|(initiator, relative)| {

@@ -138,7 +138,7 @@ CONFIG
 # and b (GATEWAY_B_PID, portal PORT2) exporting rbd IMAGE of $CEPH_CONF as LUN 0 of $IQN;
 # b ships the commands that need the medium to a.
 start_gateways() {
-    local run=$1 image=$2 g port rc
+    local run=$1 image=$2 g port rc i
     PORT=$(free_port)
     PORT2=$(free_port)
     LUN=0
@@ -183,9 +183,12 @@ CONFIG
             return 1
         fi
     done
-    # b knows a as the owner once it has looked (at start, before it listens).
-    grep -q "is owned by gateway a" "$OUT/$run.b.daemon.log" && return 0
-    log "$run: gateway b does not see a as the owner; its output:"
+    # b logs whom it found owning the image (it may listen before it has looked).
+    for ((i = 0; i < 100; i++)); do
+        grep -q "is owned by gateway a" "$OUT/$run.b.daemon.log" && return 0
+        sleep 0.1
+    done
+    log "$run: gateway b does not see a as the owner after 10 s; its output:"
     tail_indented "$OUT/$run.b.daemon.log" 20
     return 1
 }

@@ -1991,6 +1991,16 @@ impl Driver {
                             return Ok(());
                         }
                     }
+                    // A gateway that lost an RBD image this session maps ends the session: a
+                    // command it holds could be stale (docs/RBD.md); the initiator logs in again
+                    // and its new session ships to the new owner.
+                    if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
+                        if luns.entries().iter().any(|e| e.lu.nexus_outlived_ownership(nexus)) {
+                            tracing::warn!(peer = %self.peer, "closing the session: this gateway lost an RBD image it maps (log in again to reach the new owner)");
+                            backend.close_reason = Some("the gateway lost an image the session maps");
+                            return Ok(());
+                        }
+                    }
                     // Shutdown is noticed here, within a second: a flag read once a second costs
                     // nothing, where a wake-up channel shared by every connection would be polled
                     // (and locked) on every turn.

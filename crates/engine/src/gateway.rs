@@ -486,6 +486,12 @@ impl Ownership for ImageOwnership {
         }
     }
 
+    fn nexus_outlived_ownership(&self, nexus_id: u64) -> bool {
+        self.link.is_some()
+            && nexus_id < self.ship_floor.load(Ordering::Acquire)
+            && self.owner_index() != Some(self.me)
+    }
+
     fn take(&self, group: u16) -> io::Result<()> {
         if !self
             .group_gateway

@@ -420,6 +420,10 @@ impl Server {
             crate::control::remove_if_ours(path, self.control_inode);
         }
         for (name, device) in &self.shared.topology().devices {
+            // A gateway that does not own its image wrote nothing to it (the owner did).
+            if device.ownership.as_ref().is_some_and(|o| !o.owns_here()) {
+                continue;
+            }
             if let Err(e) = device.unit.flush() {
                 tracing::error!(device = %name, "flush at shutdown failed: {e}");
             }

@@ -950,20 +950,80 @@ fn rbd_gateways_ship_commands_to_the_owner() {
         "a made-up peer name logged in"
     );
 
-    // B takes the image over. A's session from before ships nothing (transition: retry);
-    // a new session to A ships to B, and what it writes B reads.
+    // B takes the image over. A's session from before ships nothing (transition, retry) and
+    // A ends it within a second or so; a new session to A ships to B, and what it writes B
+    // reads.
+    let mut old = {
+        let mut s = SessionConfig::new(
+            INITIATOR,
+            SessionKind::Normal {
+                target_name: iqn.into(),
+            },
+        );
+        s.command_timeout = Duration::from_secs(30);
+        initiator::driver::Connection::connect(&ClientConfig::new(format!("127.0.0.1:{port_a}"), s))
+            .expect("login to A")
+    };
+    let tur = |conn: &mut initiator::driver::Connection, tag: u64| {
+        conn.run(initiator::Command::none(
+            tag,
+            0,
+            Cdb::new(&[0; 6]).expect("cdb"),
+        ))
+    };
+    while tur(&mut old, 900)
+        .ok()
+        .and_then(|c| c.result.ok())
+        .is_some_and(|r| r.is_unit_attention())
+    {}
     assert_eq!(stpg(&mut cb, 2), (0, None));
     let b_owns = vec![(1, 0x1), (2, 0x0)];
     wait_until("A follows the takeover", Duration::from_secs(10), || {
-        rtpg(&mut ca) == b_owns
+        rtpg(&mut client(port_a, iqn)) == b_owns
     });
     let third = pseudo_random_bytes(4096, 3);
-    let (status, sense) = write10(&mut ca, 0, &third);
-    assert_eq!(
-        (status, sense),
-        (NOT_READY, Some((NOT_READY, 0x04, 0x0A))),
-        "a session from before the takeover shipped a write"
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x2A;
+    cdb[8] = 8;
+    // (Past the unit attention the state change leaves first: ASYMMETRIC ACCESS STATE CHANGED.)
+    let mut stale = None;
+    for tag in 901..905 {
+        let got = old.run(initiator::Command {
+            tag,
+            lun: 0,
+            cdb: Cdb::new(&cdb).expect("cdb"),
+            transfer: Transfer::Write(third.clone()),
+            attr: Default::default(),
+        });
+        let attention =
+            matches!(&got, Ok(c) if c.result.as_ref().is_ok_and(|r| r.is_unit_attention()));
+        stale = Some(got);
+        if !attention {
+            break;
+        }
+    }
+    match stale.expect("sent").map(|c| c.result) {
+        Ok(Ok(r)) => assert_eq!(
+            (r.status, r.sense.map(|s| (s.key, s.asc, s.ascq))),
+            (NOT_READY, Some((NOT_READY, 0x04, 0x0A))),
+            "a session from before the takeover shipped a write"
+        ),
+        // Or A had ended the session already.
+        Ok(Err(e)) => assert!(e.to_string().contains("connection"), "{e}"),
+        Err(_) => {}
+    }
+    wait_until(
+        "A ends its session from before",
+        Duration::from_secs(5),
+        || !tur(&mut old, 910).is_ok_and(|c| c.result.is_ok()),
     );
+    assert!(
+        a.output().contains("this gateway lost an RBD image"),
+        "{}",
+        a.output()
+    );
+    let (_, _, data) = read10(&mut cb, 0, 8);
+    assert!(data != third, "the stale session's write landed");
     let mut ca2 = client(port_a, iqn);
     assert_eq!(settle(&mut ca2), (0, None), "{}", a.output());
     assert_eq!(write10(&mut ca2, 0, &third), (0, None));

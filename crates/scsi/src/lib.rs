@@ -136,6 +136,13 @@ pub trait Ownership: Send + Sync {
     fn reservations_changed(&self, nexus: &Nexus) {
         let _ = nexus;
     }
+    /// Whether the nexus existed when this gateway lost the LU: a command it holds could be
+    /// stale, so its commands are never shipped and the transport ends its session (the
+    /// initiator logs in again, as a new nexus that ships).
+    fn nexus_outlived_ownership(&self, nexus_id: u64) -> bool {
+        let _ = nexus_id;
+        false
+    }
     /// The nexus is gone: what the owner keeps for it (its peer session) can go too.
     fn nexus_lost(&self, nexus_id: u64) {
         let _ = nexus_id;

@@ -501,6 +501,14 @@ impl LogicalUnit {
         }
     }
 
+    /// Whether `nexus` existed when this gateway lost the LU to another (see
+    /// [`crate::Ownership::nexus_outlived_ownership`]): its session should end.
+    pub fn nexus_outlived_ownership(&self, nexus: &Nexus) -> bool {
+        self.ownership
+            .get()
+            .is_some_and(|o| o.nexus_outlived_ownership(nexus.id))
+    }
+
     /// Whether a command of `nexus` is run by the LU's owner through another gateway (I/O
     /// shipping, see [`crate::Ownership::ship`]): a transport runs it where waiting for the
     /// network is fine.

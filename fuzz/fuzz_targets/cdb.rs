@@ -175,6 +175,7 @@ fuzz_target!(|input: Input| {
                 target_name: target,
                 group: id,
                 groups: groups.clone(),
+                shipped: false,
             }
         } else {
             TargetPort::alone(1, name, target)

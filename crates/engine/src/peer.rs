@@ -255,10 +255,14 @@ impl PeerLink {
         Err(last)
     }
 
-    /// While holding `session`'s connection: logs in if needed, sends every queued command
-    /// and delivers the completions that arrive within a millisecond. A broken connection
-    /// fails everything it carried and is dropped (the next command logs in again).
-    fn lead(&self, session: &PeerSession, held: &mut Option<Connection>, owner: usize) {
+    /// `held`'s connection, logged in again if it broke (everything it carried fails) or was
+    /// never made. Err: the owner cannot be reached (everything queued fails too).
+    fn connected<'a>(
+        &self,
+        session: &PeerSession,
+        held: &'a mut Option<Connection>,
+        owner: usize,
+    ) -> Result<&'a mut Connection, String> {
         if held.as_ref().is_some_and(|c| c.broken().is_some()) {
             *held = None;
             session.fail_all("the peer session broke");
@@ -267,14 +271,24 @@ impl PeerLink {
             match self.connect(owner, &session.alias) {
                 Ok(connection) => *held = Some(connection),
                 Err(e) => {
-                    tracing::warn!(device = %self.device, "cannot reach the owner: {e}");
                     session.fail_all(&e);
-                    return;
+                    return Err(e);
                 }
             }
         }
-        let Some(connection) = held.as_mut() else {
-            return;
+        held.as_mut().ok_or_else(|| "no peer session".to_string())
+    }
+
+    /// While holding `session`'s connection: logs in if needed, sends every queued command
+    /// and delivers the completions that arrive within a millisecond. A broken connection
+    /// fails everything it carried and is dropped (the next command logs in again).
+    fn lead(&self, session: &PeerSession, held: &mut Option<Connection>, owner: usize) {
+        let connection = match self.connected(session, held, owner) {
+            Ok(connection) => connection,
+            Err(e) => {
+                tracing::warn!(device = %self.device, "cannot reach the owner: {e}");
+                return;
+            }
         };
         let queued = std::mem::take(&mut session.pending().queued);
         for (command, tx) in queued {
@@ -430,19 +444,12 @@ impl PeerLink {
             return false;
         };
         let mut held = session.connection.lock().unwrap_or_else(|p| p.into_inner());
-        if held.as_ref().is_none_or(|c| c.broken().is_some()) {
-            session.fail_all("the peer session broke");
-            match self.connect(owner, &session.alias) {
-                Ok(connection) => *held = Some(connection),
-                Err(e) => {
-                    tracing::warn!(device = %self.device, "cannot pass a LUN reset to the owner: {e}");
-                    *held = None;
-                    return false;
-                }
+        let connection = match self.connected(&session, &mut held, owner) {
+            Ok(connection) => connection,
+            Err(e) => {
+                tracing::warn!(device = %self.device, "cannot pass a LUN reset to the owner: {e}");
+                return false;
             }
-        }
-        let Some(connection) = held.as_mut() else {
-            return false;
         };
         match connection.task_management(Tmf::LunReset { lun: 0 }) {
             Ok(0) => {

@@ -240,8 +240,11 @@ pub struct ClusterOptions {
     pub conf: Option<std::path::PathBuf>,
     /// The client's name, e.g. `client.iscsi` (None: `client.admin`).
     pub client: Option<String>,
-    /// Options set after the file and `$CEPH_ARGS` (e.g. `keyring`, timeouts).
+    /// Options set after the file and `$CEPH_ARGS`, over whatever they say.
     pub settings: Vec<(String, String)>,
+    /// Options set only where ceph.conf and `$CEPH_ARGS` left Ceph's built-in value (the
+    /// caller's choice of default, which an operator's config still overrides).
+    pub defaults: Vec<(String, String)>,
 }
 
 /// Seconds an operation may wait for the cluster before it fails with ETIMEDOUT: a lost
@@ -283,6 +286,27 @@ impl Cluster {
         check(|| "rados_create2".into(), rc)?;
         // From here the handle is shut down on every path (Drop).
         let cluster = Cluster { handle, api };
+        // Bounded waits (300 s to mount and no limit on operations are Ceph's own), then the
+        // caller's defaults: each replaces Ceph's built-in value only, read here before the
+        // file and the environment can change it.
+        let timeout = OP_TIMEOUT_S.to_string();
+        let defaults: Vec<(&str, &str)> = [
+            ("client_mount_timeout", timeout.as_str()),
+            ("rados_mon_op_timeout", timeout.as_str()),
+            ("rados_osd_op_timeout", timeout.as_str()),
+        ]
+        .into_iter()
+        .chain(
+            options
+                .defaults
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .collect();
+        let builtin = defaults
+            .iter()
+            .map(|(key, _)| cluster.option(key))
+            .collect::<Result<Vec<_>, _>>()?;
         let conf = match &options.conf {
             Some(p) => Some(cstring("config path", &p.to_string_lossy())?),
             None => None,
@@ -304,19 +328,9 @@ impl Cluster {
         // SAFETY: a valid handle; NULL selects $CEPH_ARGS.
         let rc = unsafe { (api.rados_conf_parse_env)(handle, std::ptr::null()) };
         check(|| "parsing $CEPH_ARGS".into(), rc)?;
-        // Bounded waits unless ceph.conf or $CEPH_ARGS chose otherwise (a value set here
-        // would override theirs, so only Ceph's own defaults are replaced: 300 s to mount,
-        // no limit on operations).
-        let defaults = [
-            ("client_mount_timeout", "300"),
-            ("rados_mon_op_timeout", "0"),
-            ("rados_osd_op_timeout", "0"),
-        ];
-        for (key, ceph_default) in defaults {
-            let current = cluster.get(key)?;
-            let unchanged = current.trim().parse::<f64>().ok() == ceph_default.parse::<f64>().ok();
-            if unchanged {
-                cluster.set(key, &OP_TIMEOUT_S.to_string())?;
+        for ((key, ours), builtin) in defaults.iter().zip(&builtin) {
+            if cluster.option(key)? == *builtin {
+                cluster.set(key, ours)?;
             }
         }
         for (k, v) in &options.settings {
@@ -328,7 +342,8 @@ impl Cluster {
         Ok(Arc::new(cluster))
     }
 
-    fn get(&self, key: &str) -> Result<String, Error> {
+    /// The value of a configuration option as this connection has it.
+    pub fn option(&self, key: &str) -> Result<String, Error> {
         let k = cstring("option", key)?;
         let mut buf = [0u8; 64];
         // SAFETY: a valid handle; `buf` has room for `len` bytes, NUL included (librados

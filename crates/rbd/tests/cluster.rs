@@ -41,6 +41,34 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
     let image = Image::open(&cluster, "rbd", "img").expect("open");
     assert_eq!(image.size().unwrap(), 64 << 20);
 
+    // Bounded waits and a caller's defaults apply where the config is silent, and yield to a
+    // config that chooses.
+    let seconds = |c: &Cluster, key: &str| c.option(key).unwrap().trim().parse::<f64>().unwrap();
+    assert_eq!(seconds(&cluster, "rados_osd_op_timeout"), 30.0);
+    let thread_default = vec![("librados_thread_count".to_string(), "1".to_string())];
+    let defaulted = Cluster::connect(&ClusterOptions {
+        defaults: thread_default.clone(),
+        ..options(&c)
+    })
+    .expect("connect");
+    assert_eq!(defaulted.option("librados_thread_count").unwrap(), "1");
+    let chosen_conf = c.conf.with_file_name("chosen.conf");
+    let text = std::fs::read_to_string(&c.conf).unwrap();
+    std::fs::write(
+        &chosen_conf,
+        format!("{text}\n[client.admin]\nlibrados_thread_count = 3\nrados_osd_op_timeout = 7\n"),
+    )
+    .unwrap();
+    let chosen = Cluster::connect(&ClusterOptions {
+        conf: Some(chosen_conf),
+        defaults: thread_default,
+        ..Default::default()
+    })
+    .expect("connect");
+    assert_eq!(chosen.option("librados_thread_count").unwrap(), "3");
+    assert_eq!(seconds(&chosen, "rados_osd_op_timeout"), 7.0);
+    drop((defaulted, chosen));
+
     // 64 asynchronous 4 KiB writes in flight at once, completions through a channel.
     let (tx, rx) = std::sync::mpsc::channel();
     let sink: rbd::Sink<u64> = Arc::new(move |f| {

@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -258,6 +258,32 @@ impl Connection {
         Ok(self.completions.pop_front())
     }
 
+    /// [`Connection::wait_completion`] that also ends, with `Ok(None)`, as soon as `wake`
+    /// becomes readable (an eventfd or pipe the caller drains): for a thread that waits for
+    /// completions and must also take up new commands other threads hand it.
+    pub fn wait_completion_or_wake(
+        &mut self,
+        timeout: Duration,
+        wake: BorrowedFd<'_>,
+    ) -> Result<Option<Completion>, Error> {
+        if let Some(c) = self.completions.pop_front() {
+            return Ok(Some(c));
+        }
+        if self.session.in_flight() == 0 {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + timeout;
+        let what = "a command's completion";
+        match self.pump_with(Some(deadline), what, Some(wake), |c| {
+            !c.completions.is_empty()
+        }) {
+            Ok(()) | Err(Error::Timeout { .. }) => {}
+            Err(e) if self.completions.is_empty() => return Err(e),
+            Err(_) => {}
+        }
+        Ok(self.completions.pop_front())
+    }
+
     /// Events other than completions (async messages, task management answers, pongs, ...),
     /// oldest first.
     pub fn poll_event(&mut self) -> Option<Event> {
@@ -366,12 +392,23 @@ impl Connection {
         what: &'static str,
         done: impl Fn(&Connection) -> bool,
     ) -> Result<(), Error> {
+        self.pump_with(deadline, what, None, done)
+    }
+
+    /// [`Connection::pump`], ending with a timeout when `wake` becomes readable.
+    fn pump_with(
+        &mut self,
+        deadline: Option<Instant>,
+        what: &'static str,
+        wake: Option<BorrowedFd<'_>>,
+        done: impl Fn(&Connection) -> bool,
+    ) -> Result<(), Error> {
         if let Some(why) = &self.broken {
             let _ = why;
             return Err(Error::NotConnected);
         }
         let started = Instant::now();
-        let result = self.pump_inner(deadline, what, started, &done);
+        let result = self.pump_inner(deadline, what, started, wake, &done);
         if let Err(e) = &result {
             if !matches!(e, Error::Timeout { what: w, .. } if *w == what) {
                 // The connection is unusable: fail what is outstanding.
@@ -388,6 +425,7 @@ impl Connection {
         deadline: Option<Instant>,
         what: &'static str,
         started: Instant,
+        wake: Option<BorrowedFd<'_>>,
         done: &impl Fn(&Connection) -> bool,
     ) -> Result<(), Error> {
         loop {
@@ -423,7 +461,7 @@ impl Connection {
             if !self.session.output().is_empty() && self.write_some()? {
                 continue;
             }
-            let mut wake = self.session.next_timeout();
+            let mut until = self.session.next_timeout();
             if let Some(d) = deadline {
                 if d <= now {
                     return Err(Error::Timeout {
@@ -431,10 +469,20 @@ impl Connection {
                         after: now.saturating_duration_since(started),
                     });
                 }
-                wake = Some(wake.map_or(d, |w| w.min(d)));
+                until = Some(until.map_or(d, |w| w.min(d)));
             }
-            let timeout = wake.map(|w| w.saturating_duration_since(now));
-            wait_fd(&self.stream, !self.session.output().is_empty(), timeout)?;
+            let timeout = until.map(|w| w.saturating_duration_since(now));
+            if wait_fd(
+                &self.stream,
+                !self.session.output().is_empty(),
+                timeout,
+                wake,
+            )? {
+                return Err(Error::Timeout {
+                    what,
+                    after: started.elapsed(),
+                });
+            }
         }
     }
 
@@ -572,28 +620,43 @@ impl Io {
         if timeout == Some(Duration::ZERO) {
             return Err(Error::Timeout { what, after: limit });
         }
-        wait_fd(&self.stream, write, timeout)
+        wait_fd(&self.stream, write, timeout, None).map(|_| ())
     }
 }
 
-/// `poll(2)` for readability (and writability when `write`), up to `timeout`.
-fn wait_fd(stream: &TcpStream, write: bool, timeout: Option<Duration>) -> Result<(), Error> {
+/// `poll(2)` for readability (and writability when `write`), up to `timeout`; also for
+/// `wake`'s readability, returning whether it woke the wait.
+fn wait_fd(
+    stream: &TcpStream,
+    write: bool,
+    timeout: Option<Duration>,
+    wake: Option<BorrowedFd<'_>>,
+) -> Result<bool, Error> {
     let mut flags = PollFlags::IN;
     if write {
         flags |= PollFlags::OUT;
     }
     let fd = stream.as_fd();
-    let mut fds = [PollFd::new(&fd, flags)];
     let ts = timeout.map(|t| {
-        // Round up to the next millisecond so a wake-up is never early by a fraction.
         Timespec::try_from(t).unwrap_or(Timespec {
             tv_sec: i64::MAX / 2,
             tv_nsec: 0,
         })
     });
-    match poll(&mut fds, ts.as_ref()) {
-        Ok(_) => Ok(()),
-        Err(rustix::io::Errno::INTR) => Ok(()),
+    let mut fds = [
+        PollFd::new(&fd, flags),
+        PollFd::new(&fd, PollFlags::empty()),
+    ];
+    let count = match &wake {
+        Some(w) => {
+            fds[1] = PollFd::new(w, PollFlags::IN);
+            2
+        }
+        None => 1,
+    };
+    match poll(&mut fds[..count], ts.as_ref()) {
+        Ok(_) => Ok(count == 2 && !fds[1].revents().is_empty()),
+        Err(rustix::io::Errno::INTR) => Ok(false),
         Err(e) => Err(Error::Io(e.into())),
     }
 }
@@ -869,6 +932,14 @@ mod tests {
     /// A TCP fake target: logs in without auth, then answers each SCSI command with the
     /// next status of `statuses`, and closes the connection when they run out.
     fn fake_target(statuses: Vec<u8>) -> (u16, std::thread::JoinHandle<usize>) {
+        fake_target_slow(statuses, Duration::ZERO)
+    }
+
+    /// [`fake_target`] that waits `delay` before each answer.
+    fn fake_target_slow(
+        statuses: Vec<u8>,
+        delay: Duration,
+    ) -> (u16, std::thread::JoinHandle<usize>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let handle = std::thread::spawn(move || {
@@ -894,6 +965,7 @@ mod tests {
                     break;
                 };
                 assert_eq!(cmd.opcode_raw(), Opcode::ScsiCommand as u8);
+                std::thread::sleep(delay);
                 let cmd_sn = cmd.u32_at(off::CMD_SN);
                 let mut r = fake::target_pdu(
                     Opcode::ScsiResponse,
@@ -993,6 +1065,42 @@ mod tests {
         assert_eq!(got, vec![(7, Ok(status::GOOD)), (8, Ok(status::BUSY))]);
         drop(conn);
         assert_eq!(target.join().unwrap(), 2);
+    }
+
+    #[test]
+    fn a_wake_ends_the_wait_for_a_completion_early_and_the_answer_still_comes() {
+        let (port, target) = fake_target_slow(vec![status::GOOD], Duration::from_millis(1500));
+        let mut conn = Connection::connect(&client_config(port, 0)).unwrap();
+        conn.submit(Command::none(3, 0, crate::scsi::test_unit_ready()))
+            .unwrap();
+        conn.flush().unwrap();
+        let flags = rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC;
+        let wake = rustix::event::eventfd(0, flags).unwrap();
+        let raiser = wake.try_clone().unwrap();
+        let raising = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            rustix::io::write(&raiser, &1u64.to_ne_bytes()).unwrap();
+        });
+        let started = Instant::now();
+        let woken = conn
+            .wait_completion_or_wake(Duration::from_secs(10), wake.as_fd())
+            .unwrap();
+        assert!(woken.is_none());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the wake did not end the wait ({:?})",
+            started.elapsed()
+        );
+        assert!(conn.broken().is_none(), "a wake is not a failure");
+        raising.join().unwrap();
+        rustix::io::read(&wake, &mut [0u8; 8]).unwrap();
+        let answer = conn
+            .wait_completion_or_wake(Duration::from_secs(10), wake.as_fd())
+            .unwrap()
+            .expect("the answer comes after the wake");
+        assert_eq!(answer.tag, 3);
+        drop(conn);
+        assert_eq!(target.join().unwrap(), 1);
     }
 
     #[test]

@@ -123,6 +123,14 @@ pub trait Ownership: Send + Sync {
         let _ = (nexus, cmd, data_in);
         Completion::check_condition(crate::alua::STANDBY)
     }
+    /// [`Ownership::ship`] without waiting: `done` gets the completion and the Data-In, on a
+    /// thread of the shipper's, so that no thread of the transport waits for the owner. The
+    /// default ships on the calling thread.
+    fn ship_then(&self, nexus: &Nexus, cmd: ShippedCommand, done: ShipDone) {
+        let mut data_in = Vec::new();
+        let completion = self.ship(nexus, &cmd.command(), &mut data_in);
+        done(completion, data_in);
+    }
     /// A LOGICAL UNIT RESET of `nexus` through a non-owner's port: the owner resets too (its
     /// nexuses get the unit attention). Returns whether the owner confirmed it. May wait for
     /// the network.
@@ -213,6 +221,36 @@ pub struct Command<'a> {
     /// The transport's expected Data-In length; `data_in` is never filled beyond it.
     pub data_in_limit: u32,
 }
+
+/// A command handed to the LU's owner whole ([`Ownership::ship_then`]): it outlives the
+/// transport's buffers.
+#[derive(Debug, Clone, Default)]
+pub struct ShippedCommand {
+    pub cdb: Vec<u8>,
+    pub data_out: Vec<u8>,
+    pub data_in_limit: u32,
+}
+
+impl ShippedCommand {
+    pub fn new(cmd: &Command<'_>) -> ShippedCommand {
+        ShippedCommand {
+            cdb: cmd.cdb.to_vec(),
+            data_out: cmd.data_out.to_vec(),
+            data_in_limit: cmd.data_in_limit,
+        }
+    }
+
+    pub fn command(&self) -> Command<'_> {
+        Command {
+            cdb: &self.cdb,
+            data_out: &self.data_out,
+            data_in_limit: self.data_in_limit,
+        }
+    }
+}
+
+/// Where a shipped command's completion and Data-In go ([`Ownership::ship_then`]).
+pub type ShipDone = Box<dyn FnOnce(Completion, Vec<u8>) + Send>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {

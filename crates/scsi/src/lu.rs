@@ -520,6 +520,44 @@ impl LogicalUnit {
         })
     }
 
+    /// This LU's own checks of a command [`LogicalUnit::ships_to_owner`] (unit attention,
+    /// opcode, write protection), for a transport that ships without waiting: `Ok` when the
+    /// owner is to run it ([`LogicalUnit::ship_then`]); otherwise its answer here — a failed
+    /// check, or NOT READY, ASYMMETRIC ACCESS STATE TRANSITION when this gateway took the LU
+    /// over meanwhile (the initiator retries and it runs here).
+    pub fn admit_for_owner(
+        &self,
+        nexus: &Nexus,
+        cmd: &Command<'_>,
+        read_only_mapping: bool,
+    ) -> Result<(), Completion> {
+        match self.admit(nexus, cmd, self.write_protected(read_only_mapping)) {
+            Err(sense) if sense == crate::alua::SHIP => Ok(()),
+            Err(sense) => Err(self.completion(Err(sense))),
+            Ok(_) => Err(Completion::check_condition(Sense::not_ready_transition())),
+        }
+    }
+
+    /// Runs a command [`LogicalUnit::admit_for_owner`] admitted on the owner; `done` gets its
+    /// completion and Data-In (within the allowance) on a thread of the shipper's.
+    pub fn ship_then(&self, nexus: &Nexus, cmd: crate::ShippedCommand, done: crate::ShipDone) {
+        let Some(ownership) = self.ownership.get() else {
+            return done(
+                Completion::check_condition(crate::alua::STANDBY),
+                Vec::new(),
+            );
+        };
+        let limit = cmd.data_in_limit as usize;
+        ownership.ship_then(
+            nexus,
+            cmd,
+            Box::new(move |completion, mut data_in| {
+                data_in.truncate(limit);
+                done(completion, data_in)
+            }),
+        );
+    }
+
     /// Runs a command that passed this LU's checks on its owner (each nexus here has a nexus
     /// of its own there, so the owner's unit attentions reach it as they would directly).
     fn ship(&self, nexus: &Nexus, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {

@@ -526,3 +526,74 @@ fn a_shipped_command_meets_a_reservation_made_through_the_owner_a_moment_before(
     assert!(shipper.shipped.load(Ordering::SeqCst) > 0);
     assert!(!t.lu.reservation_held());
 }
+
+/// What a transport that ships without waiting does: this LU's checks, then the owner's
+/// answer through `done`.
+fn ship_without_waiting(
+    t: &T,
+    nexus: &Nexus,
+    cdb: &[u8],
+    data_out: &[u8],
+    limit: u32,
+    read_only_mapping: bool,
+) -> Result<(scsi::Completion, Vec<u8>), scsi::Completion> {
+    let cmd = scsi::Command {
+        cdb,
+        data_out,
+        data_in_limit: limit,
+    };
+    t.lu.admit_for_owner(nexus, &cmd, read_only_mapping)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    t.lu.ship_then(
+        nexus,
+        scsi::ShippedCommand::new(&cmd),
+        Box::new(move |completion, data_in| {
+            let _ = tx.send((completion, data_in));
+        }),
+    );
+    Ok(rx.recv().expect("done is called"))
+}
+
+#[test]
+fn shipping_without_waiting_checks_here_first_and_answers_as_the_owner() {
+    let (t, owner, shipper) = shipping();
+    // Reads come back from the owner within the allowance; writes land there.
+    let (done, data) = ship_without_waiting(&t, &t.nexus, &read10(0, 1), &[], 100, false).unwrap();
+    assert_eq!(done.status, scsi::Status::Good, "{:?}", done.sense);
+    assert_eq!(data, vec![0x5A; 100]);
+    let (done, _) =
+        ship_without_waiting(&t, &t.nexus, &write10(8, 1), &[0xC3; 512], 0, false).unwrap();
+    assert_eq!(done.status, scsi::Status::Good, "{:?}", done.sense);
+    let mut back = vec![0u8; 512];
+    owner.store.inner.read_at(&mut back, 8 * 512).unwrap();
+    assert_eq!(back, vec![0xC3; 512]);
+    // The owner's errors come back as it sent them (LBA out of range).
+    let (done, _) =
+        ship_without_waiting(&t, &t.nexus, &read10(u32::MAX - 1, 1), &[], 512, false).unwrap();
+    assert_sense(done.sense.as_ref().unwrap(), 0x05, 0x21, 0x00);
+    let shipped = shipper.shipped.load(Ordering::SeqCst);
+    // A write through a read-only mapping is refused here and never shipped.
+    let refused =
+        ship_without_waiting(&t, &t.nexus, &write10(8, 1), &[0; 512], 0, true).unwrap_err();
+    assert_sense(refused.sense.as_ref().unwrap(), 0x07, 0x27, 0x00);
+    // A new nexus's unit attention is reported here, once, before anything ships.
+    let fresh = gateway_nexus(3, 2);
+    t.lu.nexus_added(fresh.id);
+    let attention = ship_without_waiting(&t, &fresh, &read10(0, 1), &[], 512, false).unwrap_err();
+    assert_eq!(attention.sense.as_ref().unwrap().key, 0x06);
+    assert_eq!(shipper.shipped.load(Ordering::SeqCst), shipped);
+    let (done, _) = ship_without_waiting(&t, &fresh, &read10(0, 1), &[], 512, false).unwrap();
+    assert_eq!(done.status, scsi::Status::Good, "{:?}", done.sense);
+    assert_eq!(shipper.shipped.load(Ordering::SeqCst), shipped + 1);
+}
+
+#[test]
+fn a_gateway_that_became_the_owner_meanwhile_asks_for_a_retry_instead_of_shipping() {
+    // The transport saw a non-owner; by the checks, this gateway's group owns the LU.
+    let (mut t, _) = owned(2);
+    t.nexus = gateway_nexus(2, 2);
+    t.lu.nexus_added(t.nexus.id);
+    clear_ua(&mut t);
+    let answer = ship_without_waiting(&t, &t.nexus, &read10(0, 1), &[], 512, false).unwrap_err();
+    assert_sense(answer.sense.as_ref().unwrap(), 0x02, 0x04, 0x0A);
+}

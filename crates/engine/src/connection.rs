@@ -1035,6 +1035,81 @@ impl Backend<'_> {
         Ok(())
     }
 
+    /// Ships `command` to its LU's owner (another gateway) without a thread of ours waiting:
+    /// this gateway's checks run here, the peer session's driver thread sends it and hands the
+    /// owner's answer to this connection. A hung owner then holds no I/O thread that other
+    /// devices' commands need. Hands the command back for the blocking pool when its LU does
+    /// not ship it or a reset is draining the LU.
+    fn submit_shipped(
+        &mut self,
+        mut command: DeferredCommand,
+        lun: u64,
+    ) -> Result<(), DeferredCommand> {
+        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+            return Err(command);
+        };
+        let Some(entry) = luns
+            .get(lun)
+            .filter(|e| e.lu.ships_to_owner(nexus, &command.cdb))
+        else {
+            return Err(command);
+        };
+        let lu = Arc::clone(&entry.lu);
+        let Some(hold) = lu.in_flight().try_begin_owned(nexus.id) else {
+            return Err(command);
+        };
+        let cmd = scsi::Command {
+            cdb: &command.cdb,
+            data_out: &command.data_out,
+            data_in_limit: command.expected_len,
+        };
+        if let Err(completion) = lu.admit_for_owner(nexus, &cmd, entry.read_only) {
+            self.answer_planned(command, lun, &completion);
+            return Ok(());
+        }
+        let data_out_bytes = command.data_out.len();
+        let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
+        // The Data-Out's own buffer travels to the owner when it has one.
+        let shipped_data = match std::mem::take(&mut command.data_out) {
+            DataOutBuf::Pooled(buf) => buf,
+            other => {
+                let copy = other.to_vec();
+                command.data_out = other;
+                copy
+            }
+        };
+        let shipped = scsi::ShippedCommand {
+            cdb: command.cdb.clone(),
+            data_out: shipped_data,
+            data_in_limit: command.expected_len,
+        };
+        self.deferred_bytes += held_bytes;
+        let answers = self.answers.clone();
+        let started = self.turn_started;
+        let done: scsi::ShipDone = Box::new(move |completion, data_in| {
+            let mut sense = Vec::new();
+            let outcome = outcome_of(&completion, &mut sense);
+            answers.send(Completed {
+                itt: command.itt,
+                lun,
+                kind: scsi::io_kind(&command.cdb),
+                expected_len: command.expected_len,
+                outcome,
+                data_in,
+                lent: None,
+                sense,
+                started,
+                held_bytes,
+                data_out_bytes,
+                data_out: command.data_out,
+            });
+            // Only now may a reset waiting for the LU go on.
+            drop(hold);
+        });
+        lu.ship_then(nexus, shipped, done);
+        Ok(())
+    }
+
     /// Hands the turn's ring I/Os to the kernel in one system call.
     fn submit_ring(&mut self) {
         if let Some(ring) = self.ring.as_mut() {
@@ -1394,6 +1469,10 @@ impl ScsiBackend for Backend<'_> {
             Err(command) => command,
         };
         let command = match self.submit_async(command, lun) {
+            Ok(()) => return,
+            Err(command) => command,
+        };
+        let command = match self.submit_shipped(command, lun) {
             Ok(()) => return,
             Err(command) => command,
         };

@@ -465,6 +465,20 @@ impl Ownership for ImageOwnership {
         }
     }
 
+    fn ship_then(&self, nexus: &scsi::Nexus, cmd: scsi::ShippedCommand, done: scsi::ShipDone) {
+        let transition = scsi::Completion::check_condition(scsi::Sense::not_ready_transition());
+        // As `ship`: a peer's command never ships on, nor one of a nexus from before a loss.
+        if nexus.target_port.shipped || nexus.id < self.ship_floor.load(Ordering::Acquire) {
+            return done(transition, Vec::new());
+        }
+        match (&self.link, self.owner_index()) {
+            (Some(link), Some(owner)) if owner != self.me => {
+                link.ship_then(nexus, owner, cmd, done)
+            }
+            _ => done(transition, Vec::new()),
+        }
+    }
+
     fn reset_owner(&self, nexus: &scsi::Nexus) -> bool {
         match (&self.link, self.owner_index()) {
             (Some(link), Some(owner)) if owner != self.me => link.reset(nexus, owner),

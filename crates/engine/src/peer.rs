@@ -12,8 +12,10 @@
 //! (`scsi::TargetPort::shipped`), so reservations, registrations and unit attentions are
 //! those of the initiator's own I_T nexus.
 
-use std::collections::HashMap;
-use std::sync::mpsc::{self, Sender};
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -106,17 +108,57 @@ const SESSIONS_MAX: usize = 256;
 /// A shipped command's outcome as the peer session delivers it.
 type Outcome = Result<ScsiResult, String>;
 
+/// Where a shipped command's outcome goes (called on the session's driver thread).
+type Reply = Box<dyn FnOnce(Outcome) + Send>;
+
 /// Tags of shipped commands start here (the driver's own exchanges use small ones and
 /// `u64::MAX - 1`).
 const TAG_BASE: u64 = 1 << 48;
 
-/// One peer session and the commands of the threads shipping through it, pipelined: whichever
-/// shipping thread holds the connection sends every queued command and reaps completions for
-/// all of them, so several commands of one nexus are in flight at the owner at once.
+/// How long a session's driver thread stays for more work once nothing is queued or in flight
+/// (the session itself stays logged in).
+const DRIVER_IDLE: Duration = Duration::from_secs(2);
+
+/// How long a waiting caller of [`PeerLink::ship`] or [`PeerLink::reset`] waits at most: past
+/// the session's own command timeout, which normally answers first.
+const CALLER_WAIT: Duration = Duration::from_secs(COMMAND_TIMEOUT.as_secs() + 15);
+
+/// What a peer session's driver does for its callers.
+enum Job {
+    Command {
+        cdb: Cdb,
+        transfer: Transfer,
+        reply: Reply,
+    },
+    /// LOGICAL UNIT RESET at the owner; true when it answered *function complete*.
+    Reset(Box<dyn FnOnce(bool) + Send>),
+}
+
+impl Job {
+    fn fail(self, why: &str) {
+        match self {
+            Job::Command { reply, .. } => reply(Err(why.to_string())),
+            Job::Reset(reply) => reply(false),
+        }
+    }
+}
+
+/// One peer session, driven by a thread of its own while it has work: callers (the network
+/// workers, which never wait for the owner) queue commands and raise `wake`; the driver sends
+/// them, pipelined, and delivers each completion to its caller's reply.
 struct PeerSession {
     /// Its InitiatorAlias ([`peer_alias`]).
     alias: String,
-    /// None until logged in (at the first command), and again after it broke.
+    /// The gateway it is logged in to.
+    owner: usize,
+    /// An eventfd: written when a job is queued or the session closes, ending the driver's
+    /// wait for the owner's answers.
+    wake: OwnedFd,
+    /// Set when the session is no longer this nexus's (the owner moved, the nexus went).
+    closed: AtomicBool,
+    /// None until logged in (at the first command), and again after it broke. Held by the
+    /// driver while it runs; kept between drivers, so the owner keeps the nexus (its unit
+    /// attentions) as long as the nexus lives here.
     connection: Mutex<Option<Connection>>,
     pending: Mutex<Pending>,
 }
@@ -124,10 +166,12 @@ struct PeerSession {
 #[derive(Default)]
 struct Pending {
     /// Not sent yet.
-    queued: Vec<(Command, Sender<Outcome>)>,
+    queued: VecDeque<Job>,
     /// Sent, by tag.
-    waiting: HashMap<u64, Sender<Outcome>>,
+    waiting: HashMap<u64, Reply>,
     next_tag: u64,
+    /// Whether a driver thread runs (or is starting) for the session.
+    driven: bool,
 }
 
 impl PeerSession {
@@ -135,14 +179,35 @@ impl PeerSession {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Every command queued or in flight fails with `why` (the connection is gone).
+    fn raise(&self) {
+        // A full counter (never, at 2^64 - 2) still reads as raised.
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    fn lower(&self) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(&self.wake, &mut counter);
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.raise();
+    }
+
+    /// Every job queued or in flight fails with `why` (the connection is gone).
     fn fail_all(&self, why: &str) {
-        let mut pending = self.pending();
-        for (_, tx) in pending.queued.drain(..) {
-            let _ = tx.send(Err(why.to_string()));
+        let (queued, waiting) = {
+            let mut pending = self.pending();
+            (
+                std::mem::take(&mut pending.queued),
+                std::mem::take(&mut pending.waiting),
+            )
+        };
+        for job in queued {
+            job.fail(why);
         }
-        for (_, tx) in pending.waiting.drain() {
-            let _ = tx.send(Err(why.to_string()));
+        for (_, reply) in waiting {
+            reply(Err(why.to_string()));
         }
     }
 }
@@ -151,9 +216,14 @@ impl PeerSession {
 /// owner sees one nexus per initiator nexus (its unit attentions, copy results and task
 /// management then work per nexus as they would directly).
 pub struct PeerLink {
+    route: Arc<LinkRoute>,
+    sessions: Mutex<Sessions>,
+}
+
+/// What a session's driver needs to log in.
+struct LinkRoute {
     route: PeerRoute,
     device: String,
-    sessions: Mutex<Sessions>,
 }
 
 #[derive(Default)]
@@ -163,11 +233,21 @@ struct Sessions {
     by_nexus: HashMap<u64, Arc<PeerSession>>,
 }
 
+impl Sessions {
+    fn close_all(&mut self) {
+        for (_, session) in self.by_nexus.drain() {
+            session.close();
+        }
+    }
+}
+
 impl PeerLink {
     pub fn new(route: PeerRoute, device: &str) -> PeerLink {
         PeerLink {
-            route,
-            device: device.to_string(),
+            route: Arc::new(LinkRoute {
+                route,
+                device: device.to_string(),
+            }),
             sessions: Mutex::new(Sessions::default()),
         }
     }
@@ -180,34 +260,49 @@ impl PeerLink {
     pub fn follow(&self, owner: Option<usize>) {
         let mut sessions = self.sessions();
         if sessions.owner != owner {
-            sessions.by_nexus.clear();
+            sessions.close_all();
             sessions.owner = owner;
         }
     }
 
     /// The nexus is gone here: its peer session goes too.
     pub fn nexus_lost(&self, nexus: u64) {
-        self.sessions().by_nexus.remove(&nexus);
+        if let Some(session) = self.sessions().by_nexus.remove(&nexus) {
+            session.close();
+        }
     }
 
     /// `nexus`'s session to `owner` (made, not yet logged in, at its first use); None beyond
-    /// [`SESSIONS_MAX`].
+    /// [`SESSIONS_MAX`] or without an eventfd.
     fn session(&self, nexus: &scsi::Nexus, owner: usize) -> Option<Arc<PeerSession>> {
         let mut sessions = self.sessions();
         if sessions.owner != Some(owner) {
-            sessions.by_nexus.clear();
+            sessions.close_all();
             sessions.owner = Some(owner);
         }
         let full = sessions.by_nexus.len() >= SESSIONS_MAX;
+        let device = &self.route.device;
         match sessions.by_nexus.get(&nexus.id) {
             Some(session) => Some(Arc::clone(session)),
             None if full => {
-                tracing::warn!(device = %self.device, "{SESSIONS_MAX} peer sessions open already: not shipping");
+                tracing::warn!(%device, "{SESSIONS_MAX} peer sessions open already: not shipping");
                 None
             }
             None => {
+                let flags =
+                    rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC;
+                let wake = match rustix::event::eventfd(0, flags) {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        tracing::warn!(%device, "no eventfd for a peer session: {e}");
+                        return None;
+                    }
+                };
                 let session = Arc::new(PeerSession {
                     alias: peer_alias(nexus),
+                    owner,
+                    wake,
+                    closed: AtomicBool::new(false),
                     connection: Mutex::new(None),
                     pending: Mutex::new(Pending::default()),
                 });
@@ -217,112 +312,82 @@ impl PeerLink {
         }
     }
 
-    /// Logs in to `owner`'s first portal that answers, and takes the new nexus's unit
-    /// attentions (its POWER ON): they are the peer session's, not the LU's.
-    fn connect(&self, owner: usize, alias: &str) -> Result<Connection, String> {
-        let portals = self
-            .route
-            .portals
-            .get(owner)
-            .filter(|p| !p.is_empty())
-            .ok_or("the owner has no portal address to ship to")?;
-        let mut last = String::new();
-        for address in portals {
-            let mut session = SessionConfig::new(
-                self.route.name.clone(),
-                SessionKind::Normal {
-                    target_name: self.route.target.clone(),
-                },
-            );
-            session.auth = Auth::Chap(ChapConfig::new(
-                self.route.name.clone(),
-                self.route.secret.as_bytes().to_vec(),
-            ));
-            session.initiator_alias = Some(alias.to_string());
-            session.command_timeout = COMMAND_TIMEOUT;
-            let mut config = ClientConfig::new(address.clone(), session);
-            config.timeouts.connect = Duration::from_secs(2);
-            config.timeouts.login = Duration::from_secs(5);
-            match Connection::connect(&config) {
-                Ok(mut connection) => {
-                    take_unit_attentions(&mut connection);
-                    tracing::debug!(device = %self.device, "peer session to the owner at {address}");
-                    return Ok(connection);
-                }
-                Err(e) => last = format!("{address}: {e}"),
-            }
-        }
-        Err(last)
-    }
-
-    /// `held`'s connection, logged in again if it broke (everything it carried fails) or was
-    /// never made. Err: the owner cannot be reached (everything queued fails too).
-    fn connected<'a>(
-        &self,
-        session: &PeerSession,
-        held: &'a mut Option<Connection>,
-        owner: usize,
-    ) -> Result<&'a mut Connection, String> {
-        if held.as_ref().is_some_and(|c| c.broken().is_some()) {
-            *held = None;
-            session.fail_all("the peer session broke");
-        }
-        if held.is_none() {
-            match self.connect(owner, &session.alias) {
-                Ok(connection) => *held = Some(connection),
-                Err(e) => {
-                    session.fail_all(&e);
-                    return Err(e);
-                }
-            }
-        }
-        held.as_mut().ok_or_else(|| "no peer session".to_string())
-    }
-
-    /// While holding `session`'s connection: logs in if needed, sends every queued command
-    /// and delivers the completions that arrive within a millisecond. A broken connection
-    /// fails everything it carried and is dropped (the next command logs in again).
-    fn lead(&self, session: &PeerSession, held: &mut Option<Connection>, owner: usize) {
-        let connection = match self.connected(session, held, owner) {
-            Ok(connection) => connection,
-            Err(e) => {
-                tracing::warn!(device = %self.device, "cannot reach the owner: {e}");
-                return;
-            }
+    /// Queues `job` on `nexus`'s session to `owner`, starting its driver if none runs. The
+    /// job is handed back when no session can be had.
+    fn enqueue(&self, nexus: &scsi::Nexus, owner: usize, job: Job) -> Result<(), Job> {
+        let Some(session) = self.session(nexus, owner) else {
+            return Err(job);
         };
-        let queued = std::mem::take(&mut session.pending().queued);
-        for (command, tx) in queued {
-            let tag = command.tag;
-            match connection.submit(command) {
-                Ok(_) => {
-                    session.pending().waiting.insert(tag, tx);
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e.to_string()));
-                }
+        let start = {
+            let mut pending = session.pending();
+            pending.queued.push_back(job);
+            !std::mem::replace(&mut pending.driven, true)
+        };
+        if start {
+            let (route, driven) = (Arc::clone(&self.route), Arc::clone(&session));
+            let spawned = std::thread::Builder::new()
+                .name("ferrosan-peer".into())
+                .spawn(move || drive(&route, &driven));
+            if let Err(e) = spawned {
+                session.pending().driven = false;
+                session.fail_all(&format!("no thread for the peer session: {e}"));
             }
         }
-        let reaped = connection.flush().and_then(|()| {
-            let mut next = connection.wait_completion(Duration::from_millis(1))?;
-            while let Some(completion) = next {
-                let tx = session.pending().waiting.remove(&completion.tag);
-                if let Some(tx) = tx {
-                    let _ = tx.send(completion.result.map_err(|e| e.to_string()));
-                }
-                next = connection.try_completion()?;
-            }
-            Ok(())
+        session.raise();
+        Ok(())
+    }
+
+    /// Runs `cmd` of `nexus` on `owner` without waiting: `done` gets the owner's completion
+    /// (status, sense, residual) and Data-In, on the session's driver thread. A session that
+    /// cannot be had or breaks answers NOT READY, ASYMMETRIC ACCESS STATE TRANSITION (retry).
+    pub fn ship_then(
+        &self,
+        nexus: &scsi::Nexus,
+        owner: usize,
+        cmd: scsi::ShippedCommand,
+        done: scsi::ShipDone,
+    ) {
+        let Some(cdb) = Cdb::new(&cmd.cdb) else {
+            return done(
+                scsi::Completion::check_condition(scsi::Sense::invalid_opcode()),
+                Vec::new(),
+            );
+        };
+        let reads = cmd.data_out.is_empty() && cmd.data_in_limit > 0;
+        let limit = cmd.data_in_limit;
+        let (transfer, expected) = if !cmd.data_out.is_empty() {
+            let len = u32::try_from(cmd.data_out.len()).unwrap_or(u32::MAX);
+            (Transfer::Write(cmd.data_out), len)
+        } else if reads {
+            (
+                Transfer::Read {
+                    len: limit,
+                    buf: Vec::new(),
+                },
+                limit,
+            )
+        } else {
+            (Transfer::None, 0)
+        };
+        let device = self.route.device.clone();
+        let reply: Reply = Box::new(move |outcome| {
+            let (completion, data_in) = answer(&device, expected, reads, limit, outcome);
+            done(completion, data_in)
         });
-        if let Err(e) = reaped {
-            tracing::warn!(device = %self.device, "the peer session to the owner failed: {e}");
-            *held = None;
-            session.fail_all(&e.to_string());
+        if let Err(job) = self.enqueue(
+            nexus,
+            owner,
+            Job::Command {
+                cdb,
+                transfer,
+                reply,
+            },
+        ) {
+            job.fail("no peer session");
         }
     }
 
-    /// Runs `cmd` of `nexus` on `owner` and returns its completion as the owner gave it
-    /// (status, sense, residual), Data-In appended to `data_in`. A session that cannot be had
-    /// or breaks answers NOT READY, ASYMMETRIC ACCESS STATE TRANSITION (retry).
+    /// [`PeerLink::ship_then`], waiting for the answer (Data-In appended to `data_in`).
     pub fn ship(
         &self,
         nexus: &scsi::Nexus,
@@ -330,143 +395,36 @@ impl PeerLink {
         cmd: &scsi::Command<'_>,
         data_in: &mut Vec<u8>,
     ) -> scsi::Completion {
-        let transition = scsi::Completion::check_condition(scsi::Sense::not_ready_transition());
-        let Some(cdb) = Cdb::new(cmd.cdb) else {
-            return scsi::Completion::check_condition(scsi::Sense::invalid_opcode());
-        };
-        let (transfer, expected) = if !cmd.data_out.is_empty() {
-            (
-                Transfer::Write(cmd.data_out.to_vec()),
-                u32::try_from(cmd.data_out.len()).unwrap_or(u32::MAX),
-            )
-        } else if cmd.data_in_limit > 0 {
-            (
-                Transfer::Read {
-                    len: cmd.data_in_limit,
-                    buf: Vec::new(),
-                },
-                cmd.data_in_limit,
-            )
-        } else {
-            (Transfer::None, 0)
-        };
-        let Some(session) = self.session(nexus, owner) else {
-            return transition;
-        };
         let (tx, rx) = mpsc::channel();
-        {
-            let mut pending = session.pending();
-            let tag = TAG_BASE + pending.next_tag;
-            pending.next_tag = pending.next_tag.wrapping_add(1);
-            pending.queued.push((
-                Command {
-                    tag,
-                    lun: 0,
-                    cdb,
-                    transfer,
-                    attr: Default::default(),
-                },
-                tx,
-            ));
-        }
-        // Lead while nobody else does; otherwise wait for the leader to deliver. Bounded: the
-        // session times a command out (COMMAND_TIMEOUT) and a broken one fails them all.
-        let outcome = loop {
-            match rx.try_recv() {
-                Ok(outcome) => break outcome,
-                Err(mpsc::TryRecvError::Disconnected) => break Err("the peer session went".into()),
-                Err(mpsc::TryRecvError::Empty) => {}
+        self.ship_then(
+            nexus,
+            owner,
+            scsi::ShippedCommand::new(cmd),
+            Box::new(move |completion, data| {
+                let _ = tx.send((completion, data));
+            }),
+        );
+        match rx.recv_timeout(CALLER_WAIT) {
+            Ok((completion, data)) => {
+                data_in.extend_from_slice(&data);
+                completion
             }
-            match session.connection.try_lock() {
-                Ok(mut held) => self.lead(&session, &mut held, owner),
-                Err(std::sync::TryLockError::Poisoned(p)) => {
-                    self.lead(&session, &mut p.into_inner(), owner)
-                }
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    match rx.recv_timeout(Duration::from_millis(2)) {
-                        Ok(outcome) => break outcome,
-                        Err(mpsc::RecvTimeoutError::Disconnected) => {
-                            break Err("the peer session went".into())
-                        }
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    }
-                }
-            }
-        };
-        let result = match outcome {
-            Ok(result) => result,
-            Err(e) => {
-                tracing::warn!(device = %self.device, "shipping to the owner failed: {e}");
-                return transition;
-            }
-        };
-        if cmd.data_out.is_empty() && cmd.data_in_limit > 0 {
-            let n = result.data.len().min(cmd.data_in_limit as usize);
-            data_in.extend_from_slice(&result.data[..n]);
-        }
-        let transfer_len = match result.residual {
-            Residual::None => expected,
-            Residual::Under(n) => expected.saturating_sub(n),
-            Residual::Over(n) => expected.saturating_add(n),
-        };
-        let status = match result.status {
-            0x00 => scsi::Status::Good,
-            0x02 => scsi::Status::CheckCondition,
-            0x04 => scsi::Status::ConditionMet,
-            0x08 => scsi::Status::Busy,
-            0x18 => scsi::Status::ReservationConflict,
-            0x28 => scsi::Status::TaskSetFull,
-            0x40 => scsi::Status::TaskAborted,
-            other => {
-                tracing::warn!(device = %self.device, "the owner answered status {other:#04x}");
-                return transition;
-            }
-        };
-        let sense = result
-            .sense
-            .as_ref()
-            .and_then(|s| scsi::Sense::decode(&s.raw));
-        if status == scsi::Status::CheckCondition && sense.is_none() {
-            return transition;
-        }
-        scsi::Completion {
-            status,
-            sense,
-            transfer_len,
+            Err(_) => scsi::Completion::check_condition(scsi::Sense::not_ready_transition()),
         }
     }
 
-    /// LOGICAL UNIT RESET at `owner` through `nexus`'s peer session; the unit attention it
-    /// leaves the peer nexus itself is taken (this gateway raises its own). True when the
-    /// owner answered *function complete*.
+    /// LOGICAL UNIT RESET at `owner` through `nexus`'s peer session (after the commands queued
+    /// on it before); the unit attention it leaves the peer nexus itself is taken (this
+    /// gateway raises its own). True when the owner answered *function complete*.
     pub fn reset(&self, nexus: &scsi::Nexus, owner: usize) -> bool {
-        let Some(session) = self.session(nexus, owner) else {
+        let (tx, rx) = mpsc::channel();
+        let job = Job::Reset(Box::new(move |done| {
+            let _ = tx.send(done);
+        }));
+        if self.enqueue(nexus, owner, job).is_err() {
             return false;
-        };
-        let mut held = session.connection.lock().unwrap_or_else(|p| p.into_inner());
-        let connection = match self.connected(&session, &mut held, owner) {
-            Ok(connection) => connection,
-            Err(e) => {
-                tracing::warn!(device = %self.device, "cannot pass a LUN reset to the owner: {e}");
-                return false;
-            }
-        };
-        match connection.task_management(Tmf::LunReset { lun: 0 }) {
-            Ok(0) => {
-                take_unit_attentions(connection);
-                true
-            }
-            Ok(response) => {
-                tracing::warn!(device = %self.device, "the owner answered a LUN reset with {response}");
-                false
-            }
-            Err(e) => {
-                tracing::warn!(device = %self.device, "passing a LUN reset to the owner failed: {e}");
-                *held = None;
-                session.fail_all(&e.to_string());
-                false
-            }
         }
+        rx.recv_timeout(CALLER_WAIT).unwrap_or(false)
     }
 
     /// Makes the owner take up the reservations as stored (a PERSISTENT RESERVE IN, which reads
@@ -480,9 +438,254 @@ impl PeerLink {
         };
         let done = self.ship(nexus, owner, &read_keys, &mut Vec::new());
         if done.status != scsi::Status::Good {
-            tracing::warn!(device = %self.device, "the owner did not re-read the reservations: {:?}", done.sense);
+            tracing::warn!(device = %self.route.device, "the owner did not re-read the reservations: {:?}", done.sense);
         }
     }
+}
+
+/// Logs in to `owner`'s first portal that answers, and takes the new nexus's unit attentions
+/// (its POWER ON): they are the peer session's, not the LU's.
+fn connect(route: &LinkRoute, owner: usize, alias: &str) -> Result<Connection, String> {
+    let portals = route
+        .route
+        .portals
+        .get(owner)
+        .filter(|p| !p.is_empty())
+        .ok_or("the owner has no portal address to ship to")?;
+    let mut last = String::new();
+    for address in portals {
+        let name = route.route.name.clone();
+        let mut session = SessionConfig::new(
+            name.clone(),
+            SessionKind::Normal {
+                target_name: route.route.target.clone(),
+            },
+        );
+        session.auth = Auth::Chap(ChapConfig::new(
+            name,
+            route.route.secret.as_bytes().to_vec(),
+        ));
+        session.initiator_alias = Some(alias.to_string());
+        session.command_timeout = COMMAND_TIMEOUT;
+        let mut config = ClientConfig::new(address.clone(), session);
+        config.timeouts.connect = Duration::from_secs(2);
+        config.timeouts.login = Duration::from_secs(5);
+        match Connection::connect(&config) {
+            Ok(mut connection) => {
+                take_unit_attentions(&mut connection);
+                tracing::debug!(device = %route.device, "peer session to the owner at {address}");
+                return Ok(connection);
+            }
+            Err(e) => last = format!("{address}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// A session's driver: runs while the session has work (and [`DRIVER_IDLE`] longer), sending
+/// queued jobs and delivering completions. The connection is logged in at the first job, and
+/// again after it broke (what it carried fails: NOT READY, transition, for the initiator to
+/// retry). Bounded: the session times out a command the owner does not answer
+/// (`COMMAND_TIMEOUT`), which breaks the connection.
+fn drive(route: &LinkRoute, session: &PeerSession) {
+    let device = &route.device;
+    let mut held = session.connection.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        session.lower();
+        if session.closed.load(Ordering::Acquire) {
+            *held = None;
+            session.fail_all("the peer session closed");
+            session.pending().driven = false;
+            // A job queued between the failing and now finds `driven` false and starts a
+            // driver of its own, which fails it here.
+            return;
+        }
+        let (has_jobs, has_waiting) = {
+            let pending = session.pending();
+            (!pending.queued.is_empty(), !pending.waiting.is_empty())
+        };
+        if !has_jobs && !has_waiting {
+            if !readable(&session.wake, DRIVER_IDLE) {
+                let mut pending = session.pending();
+                if pending.queued.is_empty() && !session.closed.load(Ordering::Acquire) {
+                    pending.driven = false;
+                    return;
+                }
+            }
+            continue;
+        }
+        if held.as_ref().is_some_and(|c| c.broken().is_some()) {
+            *held = None;
+            session.fail_all("the peer session broke");
+            continue;
+        }
+        if held.is_none() {
+            match connect(route, session.owner, &session.alias) {
+                Ok(connection) => *held = Some(connection),
+                Err(e) => {
+                    tracing::warn!(%device, "cannot reach the owner: {e}");
+                    session.fail_all(&e);
+                    continue;
+                }
+            }
+        }
+        let Some(connection) = held.as_mut() else {
+            continue;
+        };
+        if let Err(e) = run_queued(session, connection) {
+            tracing::warn!(%device, "the peer session to the owner failed: {e}");
+            *held = None;
+            session.fail_all(&e);
+            continue;
+        }
+        let reaped = connection
+            .wait_completion_or_wake(Duration::from_secs(1), session.wake.as_fd())
+            .and_then(|mut next| {
+                while let Some(completion) = next {
+                    let reply = session.pending().waiting.remove(&completion.tag);
+                    if let Some(reply) = reply {
+                        reply(completion.result.map_err(|e| e.to_string()));
+                    }
+                    next = connection.try_completion()?;
+                }
+                Ok(())
+            });
+        if let Err(e) = reaped {
+            tracing::warn!(%device, "the peer session to the owner failed: {e}");
+            *held = None;
+            session.fail_all(&e.to_string());
+        }
+    }
+}
+
+/// Sends every queued command (and runs a queued reset, in order), then flushes.
+fn run_queued(session: &PeerSession, connection: &mut Connection) -> Result<(), String> {
+    loop {
+        let job = {
+            let mut pending = session.pending();
+            match pending.queued.pop_front() {
+                Some(Job::Command {
+                    cdb,
+                    transfer,
+                    reply,
+                }) => {
+                    let tag = TAG_BASE + pending.next_tag;
+                    pending.next_tag = pending.next_tag.wrapping_add(1);
+                    let command = Command {
+                        tag,
+                        lun: 0,
+                        cdb,
+                        transfer,
+                        attr: Default::default(),
+                    };
+                    match connection.submit(command) {
+                        Ok(_) => {
+                            pending.waiting.insert(tag, reply);
+                            continue;
+                        }
+                        Err(e) => {
+                            drop(pending);
+                            reply(Err(e.to_string()));
+                            continue;
+                        }
+                    }
+                }
+                Some(reset @ Job::Reset(_)) => reset,
+                None => break,
+            }
+        };
+        let Job::Reset(reply) = job else {
+            continue;
+        };
+        connection.flush().map_err(|e| e.to_string())?;
+        match connection.task_management(Tmf::LunReset { lun: 0 }) {
+            Ok(0) => {
+                take_unit_attentions(connection);
+                reply(true);
+            }
+            Ok(response) => {
+                tracing::warn!("the owner answered a LUN reset with {response}");
+                reply(false);
+            }
+            Err(e) => {
+                reply(false);
+                return Err(format!("passing a LUN reset to the owner: {e}"));
+            }
+        }
+    }
+    connection.flush().map_err(|e| e.to_string())
+}
+
+/// Whether `fd` became readable within `timeout`.
+fn readable(fd: &OwnedFd, timeout: Duration) -> bool {
+    let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+    let ts = rustix::event::Timespec::try_from(timeout).ok();
+    matches!(rustix::event::poll(&mut fds, ts.as_ref()), Ok(n) if n > 0)
+}
+
+/// A shipped command's completion here from the owner's answer: its status, sense and
+/// residual, and its Data-In (within the allowance). What cannot be relayed (no session, an
+/// unknown status, CHECK CONDITION without sense) is NOT READY, transition: retry.
+fn answer(
+    device: &str,
+    expected: u32,
+    reads: bool,
+    limit: u32,
+    outcome: Outcome,
+) -> (scsi::Completion, Vec<u8>) {
+    let transition = || {
+        (
+            scsi::Completion::check_condition(scsi::Sense::not_ready_transition()),
+            Vec::new(),
+        )
+    };
+    let mut result = match outcome {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::warn!(%device, "shipping to the owner failed: {e}");
+            return transition();
+        }
+    };
+    let data_in = if reads {
+        let mut data = std::mem::take(&mut result.data);
+        data.truncate(limit as usize);
+        data
+    } else {
+        Vec::new()
+    };
+    let transfer_len = match result.residual {
+        Residual::None => expected,
+        Residual::Under(n) => expected.saturating_sub(n),
+        Residual::Over(n) => expected.saturating_add(n),
+    };
+    let status = match result.status {
+        0x00 => scsi::Status::Good,
+        0x02 => scsi::Status::CheckCondition,
+        0x04 => scsi::Status::ConditionMet,
+        0x08 => scsi::Status::Busy,
+        0x18 => scsi::Status::ReservationConflict,
+        0x28 => scsi::Status::TaskSetFull,
+        0x40 => scsi::Status::TaskAborted,
+        other => {
+            tracing::warn!(%device, "the owner answered status {other:#04x}");
+            return transition();
+        }
+    };
+    let sense = result
+        .sense
+        .as_ref()
+        .and_then(|s| scsi::Sense::decode(&s.raw));
+    if status == scsi::Status::CheckCondition && sense.is_none() {
+        return transition();
+    }
+    (
+        scsi::Completion {
+            status,
+            sense,
+            transfer_len,
+        },
+        data_in,
+    )
 }
 
 /// Takes a new (or just reset) peer nexus's unit attentions: TEST UNIT READY until none (its

@@ -1045,3 +1045,115 @@ fn rbd_gateways_ship_commands_to_the_owner() {
     assert!(said.contains("rw non-optimized (owner b)"), "{said}");
     drop((a, b));
 }
+
+/// A shipped command waits for the owner on the peer session's own thread, not on the
+/// shipping gateway's I/O threads: while the owner hangs (SIGSTOP), gateway B — one worker,
+/// one I/O thread — still runs a write-through write to a file device of its own, on the same
+/// session, at once; the shipped read completes when the owner wakes.
+#[test]
+fn a_hung_owner_holds_no_io_thread_other_devices_need() {
+    let cluster = TestCluster::start("hung", 3, "");
+    cluster.rbd(&["create", "--size", "64M", "rbd/hung"]);
+    let iqn = "iqn.2024-01.dev.ferrosan:hung";
+    let (port_a, port_b) = (free_port(), free_port());
+    let scratch = Scratch::new("hung-owner");
+    let config_a = gateways_config("", iqn, "rbd/hung", &cluster, (port_a, port_b));
+    let local = scratch.file("local.img").display().to_string();
+    let config_b = gateways_config(
+        "[server]\nworkers = 1\n[limits]\nio_threads = 1\n",
+        iqn,
+        "rbd/hung",
+        &cluster,
+        (port_a, port_b),
+    )
+    .replace(
+        "luns = [ { lun = 0, device = \"vm\" } ]",
+        "luns = [ { lun = 0, device = \"vm\" }, { lun = 1, device = \"local\" } ]",
+    )
+    .replace(
+        "[[target]]",
+        &format!(
+            "[[device]]\nname = \"local\"\nstore = \"file\"\npath = \"{local}\"\nsize = \"16M\"\ncache = \"page\"\nwrite_cache = false\n\n[[target]]"
+        ),
+    );
+    assert!(config_b.contains("lun = 1"), "{config_b}");
+    let start = |gateway: &str, port: u16, config: &str| {
+        let socket = scratch
+            .file(&format!("{gateway}.sock"))
+            .display()
+            .to_string();
+        Daemon::start_config_text(
+            iqn,
+            port,
+            config,
+            &["--gateway", gateway, "--control-socket", &socket],
+        )
+    };
+    let a = start("a", port_a, &config_a);
+    let b = start("b", port_b, &config_b);
+    let mut cb = client(port_b, iqn);
+    assert_eq!(settle(&mut cb), (0, None), "{}", b.output());
+    let data = pseudo_random_bytes(4096, 7);
+    assert_eq!(write10(&mut cb, 0, &data), (0, None), "{}", b.output());
+    let conn = cb.connection().expect("connected");
+    // LUN 1's own power-on unit attention, out of the way.
+    for tag in 10..14 {
+        let tur = initiator::scsi::test_unit_ready();
+        let done = conn
+            .run(initiator::Command::none(tag, 1, tur))
+            .expect("TUR");
+        if done.result.expect("answered").status == 0 {
+            break;
+        }
+    }
+
+    a.signal("STOP");
+    let read = Cdb::new(&[0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0]).expect("cdb");
+    conn.submit(initiator::Command {
+        tag: 1,
+        lun: 0,
+        cdb: read,
+        transfer: Transfer::Read {
+            len: 4096,
+            buf: Vec::new(),
+        },
+        attr: Default::default(),
+    })
+    .expect("submit the shipped read");
+    // Let the read reach B and be shipped before the local write follows it.
+    conn.flush().expect("flush");
+    std::thread::sleep(Duration::from_millis(300));
+    let write = Cdb::new(&[0x2A, 0, 0, 0, 0, 0, 0, 0, 8, 0]).expect("cdb");
+    let started = Instant::now();
+    conn.submit(initiator::Command {
+        tag: 2,
+        lun: 1,
+        cdb: write,
+        transfer: Transfer::Write(data.clone()),
+        attr: Default::default(),
+    })
+    .expect("submit the local write");
+    conn.flush().expect("flush");
+    let first = conn
+        .wait_completion(Duration::from_secs(10))
+        .expect("the connection holds");
+    let waited = started.elapsed();
+    a.signal("CONT");
+    let first = first.expect("an answer while the owner hangs");
+    assert_eq!(
+        first.tag, 2,
+        "the shipped read answered first, while its owner hung?"
+    );
+    let local = first.result.expect("answered");
+    assert_eq!(local.status, 0, "{:?}", local.sense);
+    assert!(
+        waited < Duration::from_secs(5),
+        "the local write waited {waited:?} behind a hung owner"
+    );
+    // The owner wakes and answers the shipped read.
+    let second = conn.next_completion().expect("the shipped read's answer");
+    assert_eq!(second.tag, 1);
+    let result = second.result.expect("answered");
+    assert_eq!(result.status, 0, "{:?}", result.sense);
+    assert_eq!(result.data, data);
+}

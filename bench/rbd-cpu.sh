@@ -21,7 +21,7 @@ cleanup() {
     rm -rf "$WORK" "$CEPH"
 }
 trap cleanup EXIT
-conf=$("$ROOT/scripts/ceph-single-node.sh" start "$CEPH" 6)
+conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} "$ROOT/scripts/ceph-single-node.sh" start "$CEPH" 6)
 export CEPH_CONF=${conf#CEPH_CONF=}
 rbd create --size 2G rbd/cpu
 "$FIO" --name=fill --ioengine=rbd --pool=rbd --rbdname=cpu --clientname=admin \

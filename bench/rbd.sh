@@ -52,7 +52,7 @@ if [[ -z ${CEPH_CONF:-} ]]; then
     OWN_CLUSTER=${CEPH_DIR:-$ROOT/target/bench-ceph}
     "$ROOT/scripts/ceph-single-node.sh" stop "$OWN_CLUSTER" 2>/dev/null || true
     rm -rf "$OWN_CLUSTER"
-    conf=$("$ROOT/scripts/ceph-single-node.sh" start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)))
+    conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} "$ROOT/scripts/ceph-single-node.sh" start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)))
     export CEPH_CONF=${conf#CEPH_CONF=}
 fi
 rbd create --size "${IMAGE_GIB}G" "$POOL/$IMAGE"

@@ -8,6 +8,8 @@
 #
 # Clients then use CEPH_CONF=DIR/ceph.conf (client.admin's keyring is named there). Needs the
 # Debian packages ceph-mon, ceph-mgr, ceph-osd and ceph-common (root, for the OSD's file).
+# OSD_CACHE_MIB (128) sizes BlueStore's cache: small for the tests; benchmarks that overwrite
+# gigabytes at random want more (the OSD slows down as fragmented objects miss the cache).
 set -euo pipefail
 CMD=${1:?usage: $0 start|stop DIR [OSD_GIB]}
 DIR=${2:?usage: $0 start|stop DIR [OSD_GIB]}
@@ -83,9 +85,9 @@ osd objectstore = bluestore
 bluestore block path = $DIR/osd/block-\$id
 bluestore block create = true
 bluestore block size = $((OSD_GIB << 30))
-osd memory target = 939524096
+osd memory target = $(((${OSD_CACHE_MIB:-128} + 768) << 20))
 bluestore cache autotune = false
-bluestore cache size = 134217728
+bluestore cache size = $((${OSD_CACHE_MIB:-128} << 20))
 osd max object size = 134217728
 EOF
 export CEPH_CONF=$CONF

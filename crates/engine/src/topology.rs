@@ -158,9 +158,9 @@ impl DeviceContext {
                         .iter()
                         .filter_map(|p| {
                             let addresses = p
-                                .listen
+                                .peer_address
                                 .iter()
-                                .filter(|a| !a.ip().is_unspecified())
+                                .chain(p.listen.iter().filter(|a| !a.ip().is_unspecified()))
                                 .map(|a| a.to_string())
                                 .collect();
                             Some((p.gateway.clone()?, addresses))

@@ -1049,7 +1049,8 @@ fn rbd_gateways_ship_commands_to_the_owner() {
 /// A shipped command waits for the owner on the peer session's own thread, not on the
 /// shipping gateway's I/O threads: while the owner hangs (SIGSTOP), gateway B — one worker,
 /// one I/O thread — still runs a write-through write to a file device of its own, on the same
-/// session, at once; the shipped read completes when the owner wakes.
+/// session, at once; the shipped read completes when the owner wakes. The owner listens on a
+/// wildcard only: B ships to its `peer_address`.
 #[test]
 fn a_hung_owner_holds_no_io_thread_other_devices_need() {
     let cluster = TestCluster::start("hung", 3, "");
@@ -1057,9 +1058,25 @@ fn a_hung_owner_holds_no_io_thread_other_devices_need() {
     let iqn = "iqn.2024-01.dev.ferrosan:hung";
     let (port_a, port_b) = (free_port(), free_port());
     let scratch = Scratch::new("hung-owner");
-    let config_a = gateways_config("", iqn, "rbd/hung", &cluster, (port_a, port_b));
+    // The owner listens on a wildcard; the others reach it at its `peer_address`.
+    let wildcard_owner = |config: String| {
+        config.replace(
+            &format!("listen = [\"127.0.0.1:{port_a}\"]\ngateway = \"a\""),
+            &format!(
+                "listen = [\"0.0.0.0:{port_a}\"]\ngateway = \"a\"\npeer_address = \"127.0.0.1:{port_a}\""
+            ),
+        )
+    };
+    let config_a = wildcard_owner(gateways_config(
+        "",
+        iqn,
+        "rbd/hung",
+        &cluster,
+        (port_a, port_b),
+    ));
+    assert!(config_a.contains("peer_address"), "{config_a}");
     let local = scratch.file("local.img").display().to_string();
-    let config_b = gateways_config(
+    let config_b = wildcard_owner(gateways_config(
         "[server]\nworkers = 1\n[limits]\nio_threads = 1\n",
         iqn,
         "rbd/hung",
@@ -1075,8 +1092,11 @@ fn a_hung_owner_holds_no_io_thread_other_devices_need() {
         &format!(
             "[[device]]\nname = \"local\"\nstore = \"file\"\npath = \"{local}\"\nsize = \"16M\"\ncache = \"page\"\nwrite_cache = false\n\n[[target]]"
         ),
+    ));
+    assert!(
+        config_b.contains("lun = 1") && config_b.contains("peer_address"),
+        "{config_b}"
     );
-    assert!(config_b.contains("lun = 1"), "{config_b}");
     let start = |gateway: &str, port: u16, config: &str| {
         let socket = scratch
             .file(&format!("{gateway}.sock"))

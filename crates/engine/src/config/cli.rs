@@ -235,6 +235,7 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
             listen,
             alua_state: scsi::AccessState::ActiveOptimized,
             gateway: None,
+            peer_address: None,
         }],
         devices,
         targets: vec![TargetConfig {

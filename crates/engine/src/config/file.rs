@@ -68,6 +68,7 @@ struct RawPortalGroup {
     listen: Option<S<Vec<S<String>>>>,
     alua_state: Option<S<String>>,
     gateway: Option<S<String>>,
+    peer_address: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -342,7 +343,7 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         }
         None => super::Limits::default(),
     };
-    let portal_groups = resolve_portal_groups(cx, &raw.portal_group);
+    let portal_groups = resolve_portal_groups(cx, &raw.portal_group, !server.gateway_standby);
     let devices = resolve_devices(cx, &raw.device, &identity_seed);
     let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices, &mut book);
     book.check(cx);
@@ -465,7 +466,13 @@ fn alua_state_name(state: AccessState) -> &'static str {
     }
 }
 
-fn resolve_portal_groups(cx: &mut Cx<'_>, raw: &[S<RawPortalGroup>]) -> Vec<PortalGroup> {
+/// `shipping`: non-owner gateways ship commands to the owner (not `gateway_standby`), so
+/// every gateway's portal group must be reachable by the others.
+fn resolve_portal_groups(
+    cx: &mut Cx<'_>,
+    raw: &[S<RawPortalGroup>],
+    shipping: bool,
+) -> Vec<PortalGroup> {
     let mut groups = Vec::new();
     let mut tags: HashMap<u16, ()> = HashMap::new();
     let mut seen: Vec<(SocketAddr, String)> = Vec::new();
@@ -541,12 +548,46 @@ fn resolve_portal_groups(cx: &mut Cx<'_>, raw: &[S<RawPortalGroup>]) -> Vec<Port
                 }
             },
         };
+        let mut peer_address = None;
+        if let Some(a) = &rg.peer_address {
+            let field = format!("{ctx}: peer_address");
+            match parse_listen(a.get_ref()) {
+                Err(m) => cx.err(a.span(), field, m),
+                Ok(addr) if addr.ip().is_unspecified() => cx.err(
+                    a.span(),
+                    field,
+                    format!("{addr}: an address the other gateways can connect to, not a wildcard"),
+                ),
+                Ok(_) if gateway.is_none() => cx.err(
+                    a.span(),
+                    field,
+                    "only for a portal group that names its gateway (where other gateways ship commands)",
+                ),
+                Ok(addr) => peer_address = Some(addr),
+            }
+        }
+        // Other gateways ship commands here over iSCSI: they need an address to dial.
+        let dialable = listen.iter().any(|a| !a.ip().is_unspecified());
+        if shipping
+            && gateway.is_some()
+            && !listen.is_empty()
+            && !dialable
+            && rg.peer_address.is_none()
+        {
+            let span = rg.listen.as_ref().map_or(table.clone(), |l| l.span());
+            cx.err(
+                span,
+                format!("{ctx}: listen"),
+                "only wildcards, which the other gateways cannot connect to when they ship commands to this one: add peer_address = \"IP:PORT\" (an address of this gateway that reaches a listener), or a specific listen address",
+            );
+        }
         if let Some(tag) = tag {
             groups.push(PortalGroup {
                 tag,
                 listen,
                 alua_state,
                 gateway,
+                peer_address,
             });
         }
     }
@@ -1276,6 +1317,9 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
         );
         if let Some(gateway) = &pg.gateway {
             let _ = writeln!(out, "gateway = {}", q(gateway));
+        }
+        if let Some(peer) = &pg.peer_address {
+            let _ = writeln!(out, "peer_address = {}", q(&peer.to_string()));
         }
     }
     for d in &c.devices {

@@ -307,6 +307,9 @@ pub struct PortalGroup {
     pub alua_state: scsi::AccessState,
     /// The gateway that serves it (None: this daemon, whichever gateway it is).
     pub gateway: Option<String>,
+    /// Where the other gateways reach this group to ship commands, when `listen` names only
+    /// wildcards (they cannot dial those).
+    pub peer_address: Option<SocketAddr>,
 }
 
 impl PortalGroup {

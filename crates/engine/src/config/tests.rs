@@ -1074,6 +1074,7 @@ fn demo_config() {
             listen: vec!["127.0.0.1:3260".parse().unwrap()],
             alua_state: scsi::AccessState::ActiveOptimized,
             gateway: None,
+            peer_address: None,
         }]
     );
     assert_eq!(c.targets.len(), 1);
@@ -1679,4 +1680,33 @@ fn a_device_knows_where_it_was_defined_but_moving_it_changes_nothing() {
     let moved = load(&format!("\n\n{text}"));
     assert_eq!(moved.devices, c.devices);
     assert_eq!(moved.devices[1].located(), format!("{FILE}:8: device b"));
+}
+
+#[test]
+fn a_gateway_listening_only_on_wildcards_needs_a_peer_address() {
+    let group = "[[portal_group]]\ntag = 7\nlisten = [\"0.0.0.0:3999\"]\ngateway = \"gw-b\"\n";
+    let text = format!("[server]\ngateway = \"gw-a\"\n{BASE}\n{group}");
+    let e = one_error(&text, "listen = [\"0.0.0.0:3999\"]", "listen");
+    assert!(e.message.contains("peer_address"), "{e}");
+    // Standby gateways ship nothing: nobody dials them.
+    let standby = format!("[server]\ngateway = \"gw-a\"\ngateway_standby = true\n{BASE}\n{group}");
+    Config::from_toml_str(&standby, FILE).unwrap();
+    // With a peer address: saved and read back the same.
+    let with =
+        format!("[server]\ngateway = \"gw-a\"\n{BASE}\n{group}peer_address = \"127.0.0.1:3999\"\n");
+    let c = Config::from_toml_str(&with, FILE).unwrap();
+    let g = c.portal_groups.iter().find(|p| p.tag == 7).unwrap();
+    assert_eq!(g.peer_address, Some("127.0.0.1:3999".parse().unwrap()));
+    let again = Config::from_toml_str(&c.to_toml(), FILE).unwrap();
+    assert_eq!(again.portal_groups, c.portal_groups);
+    // A wildcard as the peer address, or one on a group of no named gateway, is refused.
+    let wild =
+        format!("[server]\ngateway = \"gw-a\"\n{BASE}\n{group}peer_address = \"0.0.0.0:3999\"\n");
+    let e = one_error(&wild, "peer_address", "peer_address");
+    assert!(e.message.contains("not a wildcard"), "{e}");
+    let unnamed = format!(
+        "{BASE}\n[[portal_group]]\ntag = 7\nlisten = [\"127.0.0.1:3999\"]\npeer_address = \"127.0.0.1:3999\"\n"
+    );
+    let e = one_error(&unnamed, "peer_address", "peer_address");
+    assert!(e.message.contains("names its gateway"), "{e}");
 }

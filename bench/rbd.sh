@@ -10,8 +10,8 @@
 #
 # Env: ROUNDS (3), RUNTIME (10 s measured, after a 2 s ramp), IMAGE_GIB (2),
 #      CEPH_DIR (target/bench-ceph: where the single-node cluster lives; /dev/shm/... puts the
-#      OSD in memory, which takes the disk out and leaves CPU as the limit),
-#      WORKLOADS (randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16).
+#      OSD in memory, which takes the disk out and leaves CPU as the limit), OSD_CACHE_MIB
+#      (1024; BlueStore's cache, 128 MiB in the tests' clusters), WORKLOADS (randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16).
 # Two librbd references: fio's rbd engine as it comes (`librbd`: librbd's default write-around
 # cache acknowledges a write once it is sent, before the OSD has it: a 4 KiB write at QD1 in
 # ~90 us instead of ~490 us here), and with the librados settings the gateway itself runs

@@ -230,6 +230,7 @@ impl ImageOwnership {
                     portals,
                 },
                 device,
+                metrics.gateway_shipping(device),
             )
         });
         Ok(Arc::new(ImageOwnership {

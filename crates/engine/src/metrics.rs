@@ -315,6 +315,14 @@ pub struct LoginLabel {
     pub result: String,
 }
 
+/// What a gateway's I/O shipping counts for one device ([`Metrics::gateway_shipping`]).
+#[derive(Clone, Default)]
+pub struct ShippingMetrics {
+    pub shipped: Counter,
+    pub failures: Counter,
+    pub peer_sessions: Gauge,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub limit_exceeded: Family<LimitLabel, Counter>,
@@ -342,6 +350,9 @@ pub struct Metrics {
     pub gateway_owner: Family<DeviceLabel, Gauge>,
     pub gateway_takeovers: Family<TakeoverLabel, Counter>,
     pub gateway_fenced: Family<DeviceLabel, Counter>,
+    pub gateway_shipped: Family<DeviceLabel, Counter>,
+    pub gateway_ship_failures: Family<DeviceLabel, Counter>,
+    pub gateway_peer_sessions: Family<DeviceLabel, Gauge>,
     pub device_sendfile_bytes: Family<DeviceLabel, Counter>,
     pub device_latency: Family<LatencyLabel, BulkHistogram>,
     pub initiator_reads: Family<InitiatorLabel, Counter>,
@@ -448,6 +459,24 @@ impl Metrics {
             "gateway_fenced",
             "RBD gateways: times this gateway found itself fenced (blocklisted) by another gateway's takeover of the device's image",
             gateway_fenced.clone(),
+        );
+        let gateway_shipped = Family::<DeviceLabel, Counter>::default();
+        registry.register(
+            "gateway_shipped",
+            "RBD gateways: commands this gateway shipped to the image's owner (they came through a non-optimized path)",
+            gateway_shipped.clone(),
+        );
+        let gateway_ship_failures = Family::<DeviceLabel, Counter>::default();
+        registry.register(
+            "gateway_ship_failures",
+            "RBD gateways: shipped commands that did not reach the owner or got no answer from it (answered NOT READY, transition, for a retry)",
+            gateway_ship_failures.clone(),
+        );
+        let gateway_peer_sessions = Family::<DeviceLabel, Gauge>::default();
+        registry.register(
+            "gateway_peer_sessions",
+            "RBD gateways: peer sessions open (or being opened) from this gateway to the image's owner, one per shipping nexus",
+            gateway_peer_sessions.clone(),
         );
         let device_sendfile_bytes = Family::<DeviceLabel, Counter>::default();
         let device_latency = Family::<LatencyLabel, BulkHistogram>::default();
@@ -606,6 +635,9 @@ impl Metrics {
             gateway_owner,
             gateway_takeovers,
             gateway_fenced,
+            gateway_shipped,
+            gateway_ship_failures,
+            gateway_peer_sessions,
             device_sendfile_bytes,
             device_latency,
         }
@@ -782,6 +814,19 @@ impl Metrics {
                 device: device.to_owned(),
             })
             .inc();
+    }
+
+    /// A device's shipping series, taken once: the handles share the values, so shipped
+    /// commands count without a label lookup each.
+    pub fn gateway_shipping(&self, device: &str) -> ShippingMetrics {
+        let label = DeviceLabel {
+            device: device.to_owned(),
+        };
+        ShippingMetrics {
+            shipped: self.gateway_shipped.get_or_create(&label).clone(),
+            failures: self.gateway_ship_failures.get_or_create(&label).clone(),
+            peer_sessions: self.gateway_peer_sessions.get_or_create(&label).clone(),
+        }
     }
 
     pub fn login(&self, result: String) {

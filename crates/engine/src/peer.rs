@@ -218,6 +218,7 @@ impl PeerSession {
 pub struct PeerLink {
     route: Arc<LinkRoute>,
     sessions: Mutex<Sessions>,
+    metrics: crate::metrics::ShippingMetrics,
 }
 
 /// What a session's driver needs to log in.
@@ -242,14 +243,24 @@ impl Sessions {
 }
 
 impl PeerLink {
-    pub fn new(route: PeerRoute, device: &str) -> PeerLink {
+    pub fn new(
+        route: PeerRoute,
+        device: &str,
+        metrics: crate::metrics::ShippingMetrics,
+    ) -> PeerLink {
         PeerLink {
             route: Arc::new(LinkRoute {
                 route,
                 device: device.to_string(),
             }),
             sessions: Mutex::new(Sessions::default()),
+            metrics,
         }
+    }
+
+    fn count_sessions(&self, sessions: &Sessions) {
+        let open = i64::try_from(sessions.by_nexus.len()).unwrap_or(i64::MAX);
+        self.metrics.peer_sessions.set(open);
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
@@ -262,13 +273,16 @@ impl PeerLink {
         if sessions.owner != owner {
             sessions.close_all();
             sessions.owner = owner;
+            self.count_sessions(&sessions);
         }
     }
 
     /// The nexus is gone here: its peer session goes too.
     pub fn nexus_lost(&self, nexus: u64) {
-        if let Some(session) = self.sessions().by_nexus.remove(&nexus) {
+        let mut sessions = self.sessions();
+        if let Some(session) = sessions.by_nexus.remove(&nexus) {
             session.close();
+            self.count_sessions(&sessions);
         }
     }
 
@@ -279,6 +293,7 @@ impl PeerLink {
         if sessions.owner != Some(owner) {
             sessions.close_all();
             sessions.owner = Some(owner);
+            self.count_sessions(&sessions);
         }
         let full = sessions.by_nexus.len() >= SESSIONS_MAX;
         let device = &self.route.device;
@@ -307,6 +322,7 @@ impl PeerLink {
                     pending: Mutex::new(Pending::default()),
                 });
                 sessions.by_nexus.insert(nexus.id, Arc::clone(&session));
+                self.count_sessions(&sessions);
                 Some(session)
             }
         }
@@ -370,7 +386,12 @@ impl PeerLink {
             (Transfer::None, 0)
         };
         let device = self.route.device.clone();
+        self.metrics.shipped.inc();
+        let failures = self.metrics.failures.clone();
         let reply: Reply = Box::new(move |outcome| {
+            if outcome.is_err() {
+                failures.inc();
+            }
             let (completion, data_in) = answer(&device, expected, reads, limit, outcome);
             done(completion, data_in)
         });

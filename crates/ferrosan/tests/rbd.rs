@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::ceph::TestCluster;
-use common::{free_port, pseudo_random_bytes, scrape, Daemon, Scratch};
+use common::{free_port, metric, pseudo_random_bytes, scrape, Daemon, Scratch};
 use initiator::driver::Client;
 use initiator::scsi::{Cdb, Sense};
 use initiator::session::Transfer;
@@ -1097,17 +1097,18 @@ fn a_hung_owner_holds_no_io_thread_other_devices_need() {
         config_b.contains("lun = 1") && config_b.contains("peer_address"),
         "{config_b}"
     );
+    let metrics_b = free_port();
     let start = |gateway: &str, port: u16, config: &str| {
         let socket = scratch
             .file(&format!("{gateway}.sock"))
             .display()
             .to_string();
-        Daemon::start_config_text(
-            iqn,
-            port,
-            config,
-            &["--gateway", gateway, "--control-socket", &socket],
-        )
+        let metrics = format!("127.0.0.1:{metrics_b}");
+        let mut args = vec!["--gateway", gateway, "--control-socket", &socket];
+        if gateway == "b" {
+            args.extend(["--metrics-listen", &metrics]);
+        }
+        Daemon::start_config_text(iqn, port, config, &args)
     };
     let a = start("a", port_a, &config_a);
     let b = start("b", port_b, &config_b);
@@ -1176,4 +1177,13 @@ fn a_hung_owner_holds_no_io_thread_other_devices_need() {
     let result = second.result.expect("answered");
     assert_eq!(result.status, 0, "{:?}", result.sense);
     assert_eq!(result.data, data);
+    // B counted what it shipped (settle's TEST UNIT READY, the write, the read) and its one
+    // peer session; nothing failed.
+    let text = scrape(metrics_b);
+    let shipped = metric(&text, "ferrosan_gateway_shipped_total{device=\"vm\"}");
+    assert!(shipped >= 3.0, "{shipped}");
+    let sessions = metric(&text, "ferrosan_gateway_peer_sessions{device=\"vm\"}");
+    assert_eq!(sessions, 1.0);
+    let failed = metric(&text, "ferrosan_gateway_ship_failures_total{device=\"vm\"}");
+    assert_eq!(failed, 0.0);
 }

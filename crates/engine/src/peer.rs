@@ -11,7 +11,7 @@
 //! its commands as that initiator port through the shipping gateway's port
 //! (`scsi::TargetPort::shipped`), so reservations, registrations and unit attentions are
 //! those of the initiator's own I_T nexus. A session is driven by a thread of its own while it
-//! has work ([`drive`]): the network workers queue commands and go on, so no thread of theirs
+//! has work (`drive`): the network workers queue commands and go on, so no thread of theirs
 //! (nor an I/O thread) waits for another gateway.
 
 use std::collections::{HashMap, VecDeque};

@@ -1,4 +1,4 @@
-//! The addresses a portal is advertised at. A wildcard listener (0.0.0.0, [::]) is no address
+//! The addresses a portal is advertised at. A wildcard listener (0.0.0.0, `[::]`) is no address
 //! an initiator can dial: SendTargets and the start-up banner report the host's own addresses
 //! for it instead, so that discovery through one portal group finds the paths of the others
 //! (multipath with one listener per group on different ports or interfaces).
@@ -24,7 +24,7 @@ pub fn host_addresses() -> Vec<IpAddr> {
 
 /// Where the listener `listen` is advertised to an initiator that reached this host at
 /// `local`: a specific address as it is; a wildcard at `local`'s address first, then at every
-/// other address of the host it listens on (0.0.0.0: IPv4; [::]: both), unless the initiator came over loopback (it
+/// other address of the host it listens on (0.0.0.0: IPv4; `[::]`: both), unless the initiator came over loopback (it
 /// is on this host: loopback is the path it has).
 pub fn advertised(listen: SocketAddr, local: IpAddr, host: &[IpAddr]) -> Vec<SocketAddr> {
     if !listen.ip().is_unspecified() {

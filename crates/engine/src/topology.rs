@@ -58,7 +58,7 @@ pub struct TargetRuntime {
     pub config: TargetConfig,
 }
 
-/// Why [`Shared::admit`] refused a login.
+/// Why [`Topology::admit`] refused a login.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// No such target on this portal (Login Response 0x0203).
@@ -341,7 +341,7 @@ impl Topology {
     /// Whether `initiator`, coming from `source` to the portal group `portal_group_tag`, may
     /// log in to `target_name`; if so, as which member and with what authentication. One
     /// lookup decides the group; the authentication and the source check come from it, and
-    /// so does the session's LUN map ([`Shared::group_of`]).
+    /// so does the session's LUN map ([`Topology::group_of`]).
     pub fn admit(
         &self,
         initiator: &IscsiName,

@@ -21,7 +21,7 @@ pub type FileRange = (Arc<std::fs::File>, u64, usize);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Part {
-    /// A range of [`Outbox::bytes`].
+    /// A range of the outbox's own byte buffer.
     Bytes(Range<usize>),
     /// A range of one payload buffer.
     Payload { index: usize, range: Range<usize> },

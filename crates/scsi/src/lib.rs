@@ -206,7 +206,7 @@ pub fn io_kind(cdb: &[u8]) -> IoKind {
 pub struct Nexus {
     /// Unique per I_T nexus in this process; per-nexus LU state is keyed by it.
     pub id: u64,
-    /// SCSI name of the initiator port, e.g. "iqn...,i,0x<isid hex>".
+    /// SCSI name of the initiator port, e.g. `iqn...,i,0x<isid hex>`.
     pub initiator_port: String,
     pub target_port: Arc<TargetPort>,
 }

@@ -200,9 +200,9 @@ pub(crate) fn report_luns(
     Ok(finish_data_in(out, cdb.be32(6), data_in_limit))
 }
 
-/// Decodes an 8-byte LUN. Peripheral (<256) and flat (<16384) single-level addresses give the
+/// Decodes an 8-byte LUN. Peripheral (below 256) and flat (below 16384) single-level addresses give the
 /// LUN number; any other address comes back as its raw big-endian value, which is above
-/// [`LUN_MAX`] and so never matches a mapping.
+/// the highest LUN a map holds (16383) and so never matches a mapping.
 pub fn lun_from_wire(raw: [u8; 8]) -> u64 {
     let single_level = raw[2..].iter().all(|&b| b == 0);
     match raw[0] >> 6 {

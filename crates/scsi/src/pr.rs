@@ -155,7 +155,7 @@ pub struct PersistentReservations {
     pub reservation: Option<(PrNexus, u8)>,
 }
 
-/// An I_T nexus of a registration: initiator port name ("iqn...,i,0x<ISID>") and relative
+/// An I_T nexus of a registration: initiator port name (`iqn...,i,0x<ISID>`) and relative
 /// target port id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrNexus {

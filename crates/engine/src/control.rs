@@ -563,7 +563,8 @@ fn save_running(shared: &Shared) -> Result<PathBuf, String> {
     let path = shared.source.path.as_deref().ok_or(
         "no config file to save to: the daemon runs the demo or a quick export (serve --config FILE)",
     )?;
-    let config = file_view(shared, &shared.topology().config);
+    // Devices left out at start (their cluster down) stay in the file.
+    let config = file_view(shared, &shared.config_to_keep());
     crate::reload::save_config(path, &config)?;
     shared.unsaved.clear();
     Ok(path.to_path_buf())

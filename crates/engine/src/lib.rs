@@ -11,6 +11,7 @@ pub mod connection;
 pub mod control;
 pub mod gateway;
 mod group_commit;
+pub mod left_out;
 pub mod metrics;
 pub mod peer;
 pub mod portals;

@@ -245,7 +245,15 @@ pub struct Applied {
 /// Re-reads the config file and applies the difference (SIGHUP, `ctl reload`).
 pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, String> {
     let config = source.load()?;
-    apply(shared, config)
+    let applied = apply(shared, config)?;
+    // Every device of the file opened (or the file dropped it): none is left out any more.
+    let names: Vec<String> = shared
+        .left_out()
+        .into_iter()
+        .map(|out| out.device.name)
+        .collect();
+    shared.forget_left_out(&names);
+    Ok(applied)
 }
 
 /// Applies `new` to the running daemon by difference. Everything that can fail (opening added

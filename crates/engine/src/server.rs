@@ -64,6 +64,9 @@ pub struct Shared {
     pub started: std::time::SystemTime,
     /// Where the config came from (what a reload re-reads).
     pub source: ConfigSource,
+    /// RBD devices started without (their cluster unreachable): retried until they open,
+    /// kept in a saved config meanwhile (`crate::left_out`).
+    left_out: Mutex<Vec<crate::left_out::LeftOut>>,
     /// Changes made with `ctl` and not saved to the config file.
     pub unsaved: crate::control::Unsaved,
     /// Per network worker: milliseconds since `started_at` when its runtime last ran its
@@ -120,6 +123,28 @@ impl Shared {
     /// second, not per command (connections read it on their tick).
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
+    }
+
+    /// The RBD devices started without and not back yet (see [`crate::left_out`]).
+    pub fn left_out(&self) -> Vec<crate::left_out::LeftOut> {
+        self.left_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Devices `names` run now (or the config no longer has them): no longer left out.
+    pub fn forget_left_out(&self, names: &[String]) {
+        self.left_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|out| !names.contains(&out.device.name));
+    }
+
+    /// The running config with the devices left out at start added back: what the config
+    /// file should keep (`ctl save`).
+    pub fn config_to_keep(&self) -> Config {
+        crate::left_out::merged(&self.topology().config, &self.left_out())
     }
 
     /// Whether every network worker's runtime ran within `within` (the systemd watchdog's
@@ -380,6 +405,13 @@ impl Server {
                 .name(format!("ferrosan-worker-{index}"))
                 .spawn(move || worker(shared, index, rx, io_threads))
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
+        }
+        if !shared.left_out().is_empty() {
+            let retrying = Arc::downgrade(&shared);
+            std::thread::Builder::new()
+                .name("ferrosan-retry".into())
+                .spawn(move || retry_left_out(&retrying))
+                .map_err(|e| format!("cannot start the device retry thread: {e}"))?;
         }
         let acceptor_shared = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -793,6 +825,66 @@ fn check_gateway(config: &Config) -> Result<(), String> {
     }
 }
 
+/// The first retry of devices left out at start comes this long after it, each next one twice
+/// as long after the last, up to [`LEFT_OUT_RETRY_MAX`].
+const LEFT_OUT_RETRY_FIRST: Duration = Duration::from_secs(5);
+const LEFT_OUT_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Retries the devices left out at start until every one runs (or the daemon stops): each
+/// round first checks that their clusters answer (outside the reload lock: a `ctl` command
+/// never waits for a cluster that is down), then applies the running config with them added.
+fn retry_left_out(shared: &std::sync::Weak<Shared>) {
+    let mut wait = LEFT_OUT_RETRY_FIRST;
+    loop {
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(LEFT_OUT_RETRY_MAX);
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.is_shutting_down() {
+            return;
+        }
+        let left_out = shared.left_out();
+        if left_out.is_empty() {
+            return;
+        }
+        let (reachable, unreachable): (Vec<_>, Vec<_>) =
+            left_out
+                .into_iter()
+                .partition(|out| match &out.device.store {
+                    crate::config::StoreKind::Rbd(spec) => store::RbdStore::reachable(spec).is_ok(),
+                    _ => true,
+                });
+        if reachable.is_empty() {
+            let names: Vec<&str> = unreachable.iter().map(|o| o.device.name.as_str()).collect();
+            tracing::debug!(
+                "devices left out, clusters still unreachable: {}",
+                names.join(", ")
+            );
+            continue;
+        }
+        let left_out = reachable;
+        let config = crate::left_out::merged(&shared.topology().config, &left_out);
+        match crate::reload::apply(&shared, config) {
+            Ok(_) => {
+                let running = shared.topology();
+                let back: Vec<String> = left_out
+                    .iter()
+                    .map(|out| out.device.name.clone())
+                    .filter(|name| running.devices.contains_key(name))
+                    .collect();
+                shared.forget_left_out(&back);
+                tracing::info!(
+                    "the cluster can be reached again: device {} served",
+                    back.join(", ")
+                );
+                wait = LEFT_OUT_RETRY_FIRST;
+            }
+            Err(e) => tracing::warn!("devices left out at start, not yet back: {e}"),
+        }
+    }
+}
+
 fn build(config: &Config) -> Result<Shared, String> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let device_context = DeviceContext::new(config, Arc::clone(&metrics));
@@ -807,7 +899,11 @@ fn build(config: &Config) -> Result<Shared, String> {
             // device is left out of the running config (its LUNs unmapped), and a reload
             // (`ferrosan ctl reload`, SIGHUP) opens it once the cluster is back.
             Err(e) if e.contains(crate::topology::RBD_UNAVAILABLE) => {
-                tracing::error!("{e}: its LUNs are not served; a reload retries");
+                tracing::error!(
+                    "{e}: its LUNs are not served until the cluster can be reached (retried \
+                     every {} s at most, or at a reload)",
+                    LEFT_OUT_RETRY_MAX.as_secs()
+                );
                 unavailable.push(device.name.clone());
             }
             Err(e) => return Err(e),
@@ -824,7 +920,12 @@ fn build(config: &Config) -> Result<Shared, String> {
     }
     let topology = Topology::assemble(running, devices, 1)?;
     let portals = portals(config);
+    let left_out = unavailable
+        .iter()
+        .filter_map(|name| crate::left_out::LeftOut::of(config, name))
+        .collect();
     Ok(Shared {
+        left_out: Mutex::new(left_out),
         topology: RwLock::new(Arc::new(topology)),
         generation: AtomicU64::new(1),
         device_context,

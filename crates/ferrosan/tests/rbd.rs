@@ -210,19 +210,74 @@ fn rbd_lun_data_missing_image_and_lost_cluster() {
         format!("{text}\n[client]\nclient mount timeout = 3\n"),
     )
     .unwrap();
-    let daemon = Daemon::start(&[
-        "ram:16M",
-        &format!("rbd:rbd/lun,conf={}", dead_monitor.display()),
-    ]);
+    let left_out_iqn = "iqn.2024-01.dev.ferrosan:left-out";
+    let port = free_port();
+    let socket = scratch.file("left-out.sock").display().to_string();
+    let text = format!(
+        r#"[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+
+[[device]]
+name = "scratch"
+store = "ram"
+size = "16M"
+
+[[device]]
+name = "vm"
+store = "rbd"
+image = "rbd/lun"
+ceph_conf = "{dead}"
+
+[[target]]
+iqn = "{left_out_iqn}"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "scratch" }}, {{ lun = 1, device = "vm" }} ]
+"#,
+        dead = dead_monitor.display()
+    );
+    let daemon =
+        Daemon::start_config_text(left_out_iqn, port, &text, &["--control-socket", &socket]);
     assert!(
         daemon.output().contains("cluster unavailable") && daemon.output().contains("rbd/lun"),
         "{}",
         daemon.output()
     );
-    let mut c = client(daemon.port, &daemon.iqn);
+    let mut c = client(port, left_out_iqn);
     assert_eq!(settle(&mut c), (0, None));
     assert_eq!(read10(&mut c, 0, 1).0, 0);
+    assert_eq!(c.report_luns().expect("sent").expect("good"), vec![0]);
     drop(c);
+    // Saving the running config keeps the device that is left out (and its LUN) in the file.
+    let saved = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args(["ctl", "--socket", &socket, "save"])
+        .output()
+        .expect("ferrosan ctl save");
+    assert!(saved.status.success(), "{saved:?}");
+    let file = std::fs::read_to_string(daemon.file("ferrosan.toml")).expect("the config file");
+    assert!(
+        file.contains("name = \"vm\"") && file.contains("device = \"vm\""),
+        "the saved config lost the device left out:\n{file}"
+    );
+    // The cluster reachable again (its monitor where the config file now says): the device is
+    // opened and served without a reload.
+    std::fs::copy(&cluster.conf, &dead_monitor).expect("restore the monitor address");
+    wait_until("the RBD LUN served again", Duration::from_secs(60), || {
+        let mut c = client(port, left_out_iqn);
+        settle(&mut c);
+        c.report_luns()
+            .ok()
+            .and_then(Result::ok)
+            .is_some_and(|luns| luns == vec![0, 1])
+    });
+    assert!(
+        daemon.output().contains("the cluster can be reached again"),
+        "{}",
+        daemon.output()
+    );
     drop(daemon);
 
     let daemon = Daemon::start(&[&format!("rbd:rbd/lun,conf={conf}")]);

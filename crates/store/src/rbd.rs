@@ -183,6 +183,12 @@ impl RbdStore {
         })
     }
 
+    /// Whether the cluster `spec` names answers (a connection made and dropped): for retrying
+    /// a device whose cluster was down without holding anything meanwhile.
+    pub fn reachable(spec: &RbdSpec) -> io::Result<()> {
+        connect(spec).map(drop).map_err(io_error)
+    }
+
     /// The image again, through the observer connection (see `cluster`): for reading its
     /// metadata and lock state, never for I/O.
     pub fn observer(&self) -> io::Result<rbd::Image> {

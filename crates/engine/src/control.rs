@@ -392,6 +392,7 @@ fn status(shared: &Shared) -> Value {
         "generation": topology.generation,
         "config_file": shared.source.path.as_ref().map(|p| p.display().to_string()),
         "unsaved_changes": unsaved,
+        "left_out_devices": shared.left_out().iter().map(|o| o.device.name.clone()).collect::<Vec<_>>(),
         "sessions": shared.registry.session_count(),
         "connections": shared.open_connections(),
         "prelogin_connections": shared.prelogin_connections(),

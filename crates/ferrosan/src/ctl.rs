@@ -424,6 +424,13 @@ fn human(verb: &Verb, r: &Value) -> String {
                 }
                 _ => out.push_str("unsaved       none\n"),
             }
+            if let Some(list) = r["left_out_devices"].as_array().filter(|l| !l.is_empty()) {
+                let names: Vec<String> = list.iter().map(text).collect();
+                out.push_str(&format!(
+                    "LEFT OUT      {} (cluster unreachable at start; retried until it answers)\n",
+                    names.join(", ")
+                ));
+            }
             out
         }
         Verb::Sessions => {

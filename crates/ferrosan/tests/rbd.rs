@@ -251,12 +251,18 @@ iqn = "{left_out_iqn}"
     assert_eq!(read10(&mut c, 0, 1).0, 0);
     assert_eq!(c.report_luns().expect("sent").expect("good"), vec![0]);
     drop(c);
+    let ctl = |verb: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+            .args(["ctl", "--socket", &socket, verb])
+            .output()
+            .expect("ferrosan ctl");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let status = ctl("status");
+    assert!(status.contains("LEFT OUT      vm"), "{status}");
     // Saving the running config keeps the device that is left out (and its LUN) in the file.
-    let saved = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .args(["ctl", "--socket", &socket, "save"])
-        .output()
-        .expect("ferrosan ctl save");
-    assert!(saved.status.success(), "{saved:?}");
+    ctl("save");
     let file = std::fs::read_to_string(daemon.file("ferrosan.toml")).expect("the config file");
     assert!(
         file.contains("name = \"vm\"") && file.contains("device = \"vm\""),
@@ -278,6 +284,8 @@ iqn = "{left_out_iqn}"
         "{}",
         daemon.output()
     );
+    let status = ctl("status");
+    assert!(!status.contains("LEFT OUT"), "{status}");
     drop(daemon);
 
     let daemon = Daemon::start(&[&format!("rbd:rbd/lun,conf={conf}")]);

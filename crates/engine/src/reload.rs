@@ -245,15 +245,19 @@ pub struct Applied {
 /// Re-reads the config file and applies the difference (SIGHUP, `ctl reload`).
 pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, String> {
     let config = source.load()?;
-    let applied = apply(shared, config)?;
-    // Every device of the file opened (or the file dropped it): none is left out any more.
-    let names: Vec<String> = shared
-        .left_out()
-        .into_iter()
-        .map(|out| out.device.name)
-        .collect();
-    shared.forget_left_out(&names);
-    Ok(applied)
+    apply_with(
+        shared,
+        |_| config,
+        |shared| {
+            // Every device of the file opened (or the file dropped it): none is left out.
+            let names: Vec<String> = shared
+                .left_out()
+                .into_iter()
+                .map(|out| out.device.name)
+                .collect();
+            shared.forget_left_out(&names);
+        },
+    )
 }
 
 /// Applies `new` to the running daemon by difference. Everything that can fail (opening added
@@ -261,10 +265,23 @@ pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, St
 /// changed, except that a device grown before a later failure stays grown (growing loses
 /// nothing; the error says so).
 pub fn apply(shared: &Shared, new: Config) -> Result<Applied, String> {
+    apply_with(shared, |_| new, |_| {})
+}
+
+/// [`apply`] of the config `make` derives from the running one, both under the reload lock (a
+/// change applied meanwhile is not undone); `on_success` runs under it too, after a successful
+/// apply (or one with nothing to change).
+pub fn apply_with(
+    shared: &Shared,
+    make: impl FnOnce(&Config) -> Config,
+    on_success: impl FnOnce(&Shared),
+) -> Result<Applied, String> {
     let _one_at_a_time = shared.reloading.lock().unwrap_or_else(|e| e.into_inner());
     let current = shared.topology();
+    let new = make(&current.config);
     let changes = diff(&current.config, &new).map_err(|refused| refused.join("\n"))?;
     if changes.is_empty() {
+        on_success(shared);
         return Ok(Applied {
             generation: current.generation,
             changes,
@@ -318,6 +335,7 @@ pub fn apply(shared: &Shared, new: Config) -> Result<Applied, String> {
     for (name, device) in removed {
         close_when_idle(name, device);
     }
+    on_success(shared);
     Ok(Applied {
         generation,
         changes,

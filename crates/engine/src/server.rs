@@ -863,23 +863,39 @@ fn retry_left_out(shared: &std::sync::Weak<Shared>) {
             );
             continue;
         }
-        let left_out = reachable;
-        let config = crate::left_out::merged(&shared.topology().config, &left_out);
-        match crate::reload::apply(&shared, config) {
-            Ok(_) => {
+        let retried: Vec<String> = reachable.iter().map(|o| o.device.name.clone()).collect();
+        let mut back = Vec::new();
+        // Derived under the reload lock from what is left out *then* (a reload meanwhile may
+        // have opened or dropped these devices) and from the running config then.
+        let applied = crate::reload::apply_with(
+            &shared,
+            |running| {
+                let still: Vec<_> = shared
+                    .left_out()
+                    .into_iter()
+                    .filter(|o| retried.contains(&o.device.name))
+                    .collect();
+                crate::left_out::merged(running, &still)
+            },
+            |shared| {
                 let running = shared.topology();
-                let back: Vec<String> = left_out
+                back = retried
                     .iter()
-                    .map(|out| out.device.name.clone())
-                    .filter(|name| running.devices.contains_key(name))
+                    .filter(|name| running.devices.contains_key(*name))
+                    .cloned()
                     .collect();
                 shared.forget_left_out(&back);
+            },
+        );
+        match applied {
+            Ok(_) if !back.is_empty() => {
                 tracing::info!(
                     "the cluster can be reached again: device {} served",
                     back.join(", ")
                 );
                 wait = LEFT_OUT_RETRY_FIRST;
             }
+            Ok(_) => {}
             Err(e) => tracing::warn!("devices left out at start, not yet back: {e}"),
         }
     }

@@ -100,11 +100,18 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
     assert!(started.status.success(), "{started:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut screen = String::new();
+    // A capture can land in the middle of a redraw (the sessions pane drawn, the rest not
+    // yet): wait for one that shows the whole screen.
+    let complete = |screen: &str| {
+        writes_per_second(screen).is_some_and(|w| w > 0)
+            && screen.contains("WLAT_ms")
+            && screen.contains("q: quit")
+    };
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
         screen = String::from_utf8_lossy(&tmux_cmd(&["capture-pane", "-p", "-t", "top"]).stdout)
             .to_string();
-        if writes_per_second(&screen).is_some_and(|w| w > 0) {
+        if complete(&screen) {
             break;
         }
     }

@@ -265,6 +265,35 @@ struct Completed {
     data_out: DataOutBuf,
 }
 
+impl Completed {
+    /// The answer to a deferred `command` that ran to `completion` with `data_in`; what it
+    /// held comes back with it (its Data-Out buffer to the pool, `held_bytes` to the budget).
+    fn answering(
+        command: DeferredCommand,
+        lun: u64,
+        completion: &scsi::Completion,
+        data_in: Vec<u8>,
+        (started, held_bytes, data_out_bytes): (Instant, usize, usize),
+    ) -> Completed {
+        let mut sense = Vec::new();
+        let outcome = outcome_of(completion, &mut sense);
+        Completed {
+            itt: command.itt,
+            lun,
+            kind: scsi::io_kind(&command.cdb),
+            expected_len: command.expected_len,
+            outcome,
+            data_in,
+            lent: None,
+            sense,
+            started,
+            held_bytes,
+            data_out_bytes,
+            data_out: command.data_out,
+        }
+    }
+}
+
 /// The way back to the connection for a command finished on another thread.
 #[derive(Clone)]
 struct Answers {
@@ -894,25 +923,12 @@ impl Backend<'_> {
         lun: u64,
         completion: &scsi::Completion,
     ) {
-        let mut sense = Vec::new();
-        let outcome = outcome_of(completion, &mut sense);
         let data_out_bytes = command.data_out.len();
         let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
         self.deferred_bytes += held_bytes;
-        self.answered.push(Completed {
-            itt: command.itt,
-            lun,
-            kind: scsi::io_kind(&command.cdb),
-            expected_len: command.expected_len,
-            outcome,
-            data_in: Vec::new(),
-            lent: None,
-            sense,
-            started: self.turn_started,
-            held_bytes,
-            data_out_bytes,
-            data_out: command.data_out,
-        });
+        let held = (self.turn_started, held_bytes, data_out_bytes);
+        let answer = Completed::answering(command, lun, completion, Vec::new(), held);
+        self.answered.push(answer);
     }
 
     /// Plans `command` and starts its I/O on a store that performs it asynchronously itself
@@ -1087,22 +1103,14 @@ impl Backend<'_> {
         let answers = self.answers.clone();
         let started = self.turn_started;
         let done: scsi::ShipDone = Box::new(move |completion, data_in| {
-            let mut sense = Vec::new();
-            let outcome = outcome_of(&completion, &mut sense);
-            answers.send(Completed {
-                itt: command.itt,
+            let held = (started, held_bytes, data_out_bytes);
+            answers.send(Completed::answering(
+                command,
                 lun,
-                kind: scsi::io_kind(&command.cdb),
-                expected_len: command.expected_len,
-                outcome,
+                &completion,
                 data_in,
-                lent: None,
-                sense,
-                started,
-                held_bytes,
-                data_out_bytes,
-                data_out: command.data_out,
-            });
+                held,
+            ));
             // Only now may a reset waiting for the LU go on.
             drop(hold);
         });
@@ -1512,22 +1520,14 @@ impl ScsiBackend for Backend<'_> {
             if let (Some(stalls), Some(probe)) = (stalls, probe) {
                 probe.finish(&stalls, command.data_out.len());
             }
-            let mut sense = Vec::new();
-            let outcome = outcome_of(&completion, &mut sense);
-            answers.send(Completed {
-                itt: command.itt,
+            let held = (started, held_bytes, command.data_out.len());
+            answers.send(Completed::answering(
+                command,
                 lun,
-                kind: scsi::io_kind(&command.cdb),
-                expected_len: command.expected_len,
-                outcome,
+                &completion,
                 data_in,
-                lent: None,
-                sense,
-                started,
-                held_bytes,
-                data_out_bytes: command.data_out.len(),
-                data_out: command.data_out,
-            });
+                held,
+            ));
         });
     }
 

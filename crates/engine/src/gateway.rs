@@ -429,6 +429,22 @@ impl ImageOwnership {
     }
 }
 
+impl ImageOwnership {
+    /// The peer link and owner `nexus`'s commands ship to; None when they must not ship: a
+    /// peer's command is never shipped on (two gateways that disagree on the owner would pass
+    /// it back and forth), nor one of a nexus from before this gateway lost the image, nor one
+    /// while this gateway owns it or knows no owner.
+    fn ship_route(&self, nexus: &scsi::Nexus) -> Option<(&crate::peer::PeerLink, usize)> {
+        if nexus.target_port.shipped || nexus.id < self.ship_floor.load(Ordering::Acquire) {
+            return None;
+        }
+        match (&self.link, self.owner_index()) {
+            (Some(link), Some(owner)) if owner != self.me => Some((link, owner)),
+            _ => None,
+        }
+    }
+}
+
 impl Ownership for ImageOwnership {
     fn is_active(&self, group: u16) -> bool {
         let Some(owner) = self.owner_index() else {
@@ -454,29 +470,19 @@ impl Ownership for ImageOwnership {
         cmd: &scsi::Command<'_>,
         data_in: &mut Vec<u8>,
     ) -> scsi::Completion {
-        let transition = scsi::Completion::check_condition(scsi::Sense::not_ready_transition());
-        // A peer's command is never shipped on (two gateways that disagree on the owner
-        // would pass it back and forth).
-        if nexus.target_port.shipped || nexus.id < self.ship_floor.load(Ordering::Acquire) {
-            return transition;
-        }
-        match (&self.link, self.owner_index()) {
-            (Some(link), Some(owner)) if owner != self.me => link.ship(nexus, owner, cmd, data_in),
-            _ => transition,
+        match self.ship_route(nexus) {
+            Some((link, owner)) => link.ship(nexus, owner, cmd, data_in),
+            None => scsi::Completion::check_condition(scsi::Sense::not_ready_transition()),
         }
     }
 
     fn ship_then(&self, nexus: &scsi::Nexus, cmd: scsi::ShippedCommand, done: scsi::ShipDone) {
-        let transition = scsi::Completion::check_condition(scsi::Sense::not_ready_transition());
-        // As `ship`: a peer's command never ships on, nor one of a nexus from before a loss.
-        if nexus.target_port.shipped || nexus.id < self.ship_floor.load(Ordering::Acquire) {
-            return done(transition, Vec::new());
-        }
-        match (&self.link, self.owner_index()) {
-            (Some(link), Some(owner)) if owner != self.me => {
-                link.ship_then(nexus, owner, cmd, done)
-            }
-            _ => done(transition, Vec::new()),
+        match self.ship_route(nexus) {
+            Some((link, owner)) => link.ship_then(nexus, owner, cmd, done),
+            None => done(
+                scsi::Completion::check_condition(scsi::Sense::not_ready_transition()),
+                Vec::new(),
+            ),
         }
     }
 

@@ -141,6 +141,7 @@ start_gateways() {
     local run=$1 image=$2 g port rc i
     PORT=$(free_port)
     PORT2=$(free_port)
+    while [[ $PORT2 == "$PORT" ]]; do PORT2=$(free_port); done
     LUN=0
     cat >"$OUT/$run.toml" <<CONFIG
 [[portal_group]]

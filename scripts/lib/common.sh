@@ -85,12 +85,14 @@ tail_indented() {
 # Print a loopback TCP port that nothing listens on, below the kernel's ephemeral range (random
 # in 10000 up to it): a port in that range can be taken between this check and the daemon's bind
 # as the local end of some outgoing connection (seen in CI: "Address already in use").
+# SRANDOM, not RANDOM: each $(free_port) is a subshell, and subshells forked close together
+# drew the same RANDOM values (two gateways were handed one port: seen here).
 free_port() {
     local i p low=32768
     read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
     ((low > 11000)) || low=32768
     for i in $(seq 1 200); do
-        p=$((10000 + (RANDOM * 32768 + RANDOM) % (low - 10000)))
+        p=$((10000 + SRANDOM % (low - 10000)))
         port_open "$p" || { echo "$p"; return 0; }
     done
     die "no free loopback port found"

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use iscsi::negotiation::{SessionParams, SessionType, TargetLimits};
-use iscsi::outbox::Outbox;
+use iscsi::outbox::{Outbox, ReadBuffers};
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use iscsi::session::{
     DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest,
@@ -124,7 +124,7 @@ impl ScsiBackend for Backend {
             transfer_len: self.transfer_len.unwrap_or(req.expected_len),
         })
     }
-    fn defer(&mut self, command: DeferredCommand) {
+    fn defer(&mut self, command: DeferredCommand, _buffers: ReadBuffers<'_>) {
         assert!(
             std::mem::take(&mut self.deferring),
             "handed over without a Deferred answer"

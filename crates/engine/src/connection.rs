@@ -12,7 +12,7 @@ use iscsi::login::{
     LoginStep, SessionKey,
 };
 use iscsi::negotiation::{SessionType, TargetLimits};
-use iscsi::outbox::{Outbox, Part};
+use iscsi::outbox::{Outbox, Part, ReadBuffers};
 use iscsi::pdu::{self, FrameError, Framing, Opcode};
 use iscsi::session::{
     Activity, DataOutBuf, DataOutMemory, DeferredCommand, DiscoveredTarget, Execution, Flow, Loan,
@@ -940,6 +940,7 @@ impl Backend<'_> {
         &mut self,
         mut command: DeferredCommand,
         lun: u64,
+        buffers: &mut ReadBuffers<'_>,
     ) -> Result<(), DeferredCommand> {
         let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
             return Err(command);
@@ -967,12 +968,14 @@ impl Backend<'_> {
             scsi::Plan::Io(io, share) => (io, share),
         };
         let (op, buf) = match io.op {
+            // A recycled buffer: the store overwrites every byte of a read that succeeds, and
+            // a failed read's buffer is never sent (see the answer below).
             scsi::BlockOp::Read => (
                 store::AsyncIo::Read {
                     offset: io.offset,
                     len: io.len as usize,
                 },
-                Vec::new(),
+                buffers.take(),
             ),
             scsi::BlockOp::Write { durable } => {
                 // The planned length is a prefix of the Data-Out (whole blocks received); the
@@ -1018,31 +1021,26 @@ impl Backend<'_> {
                 );
             }
             let completion = finishing.finish(&io, result);
-            let mut sense = Vec::new();
-            let outcome = outcome_of(&completion, &mut sense);
-            let (data_in, data_out) = match io.op {
-                scsi::BlockOp::Read if completion.status == scsi::Status::Good => {
-                    (buf, command.data_out)
-                }
+            let mut command = command;
+            let data_in = match io.op {
+                // Only a read that succeeded sends its buffer (a recycled one holds old bytes
+                // wherever the store did not write).
+                scsi::BlockOp::Read if completion.status == scsi::Status::Good => buf,
+                // The Data-Out's own buffer went to the store: it returns to the pool.
                 scsi::BlockOp::Write { .. } if command.data_out.is_empty() => {
-                    (Vec::new(), DataOutBuf::Pooled(buf))
+                    command.data_out = DataOutBuf::Pooled(buf);
+                    Vec::new()
                 }
-                _ => (Vec::new(), command.data_out),
+                _ => Vec::new(),
             };
-            answers.send(Completed {
-                itt: command.itt,
+            let held = (started, held_bytes, data_out_bytes);
+            answers.send(Completed::answering(
+                command,
                 lun,
-                kind: scsi::io_kind(&command.cdb),
-                expected_len: command.expected_len,
-                outcome,
+                &completion,
                 data_in,
-                lent: None,
-                sense,
-                started,
-                held_bytes,
-                data_out_bytes,
-                data_out,
-            });
+                held,
+            ));
             // Only now may a reset waiting for the LU, or a COMPARE AND WRITE, go on.
             drop(share);
             drop(hold);
@@ -1470,13 +1468,13 @@ impl ScsiBackend for Backend<'_> {
     /// Submits the command's block I/O to the connection's ring where its LU does direct I/O
     /// on io_uring; otherwise runs it on tokio's blocking pool. Either way its completion comes
     /// back to this connection's event loop.
-    fn defer(&mut self, command: DeferredCommand) {
+    fn defer(&mut self, command: DeferredCommand, mut buffers: ReadBuffers<'_>) {
         let lun = scsi::lun_from_wire(command.lun);
         let command = match self.submit_to_ring(command, lun) {
             Ok(()) => return,
             Err(command) => command,
         };
-        let command = match self.submit_async(command, lun) {
+        let command = match self.submit_async(command, lun, &mut buffers) {
             Ok(()) => return,
             Err(command) => command,
         };
@@ -1501,6 +1499,12 @@ impl ScsiBackend for Backend<'_> {
         self.deferred_bytes += held_bytes;
         let answers = self.answers.clone();
         let started = self.turn_started;
+        // The LU overwrites a read's recycled buffer whole (and clears it for other commands).
+        let mut data_in = if command.read {
+            buffers.take()
+        } else {
+            Vec::new()
+        };
         tokio::task::spawn_blocking(move || {
             // A reset was draining the LU at hand-over: wait here (never on the worker) until
             // it is done, then run.
@@ -1514,7 +1518,6 @@ impl ScsiBackend for Backend<'_> {
                 data_out: &command.data_out,
                 data_in_limit: command.expected_len,
             };
-            let mut data_in = Vec::new();
             let probe = stalls.as_ref().map(|_| StallProbe::start(Instant::now()));
             let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
             if let (Some(stalls), Some(probe)) = (stalls, probe) {

@@ -77,6 +77,20 @@ pub struct Outbox {
     broken: bool,
 }
 
+/// The outbox's recycled buffers as a backend that runs a read elsewhere sees them: only
+/// taking one. The read's Data-In comes back through the same outbox and the buffer returns
+/// to the pool once sent, so a connection's deferred reads reuse memory instead of allocating
+/// and zero-filling up to megabytes each.
+pub struct ReadBuffers<'a>(&'a mut Outbox);
+
+impl ReadBuffers<'_> {
+    /// A buffer that may hold bytes this connection sent earlier: the read must overwrite
+    /// every byte it sends (resize, then fill), and send nothing when it fails.
+    pub fn take(&mut self) -> Vec<u8> {
+        self.0.take_scratch()
+    }
+}
+
 /// Larger buffers (rare, huge transfers) are freed rather than kept, so an idle connection never
 /// pins more than `spare_max * SPARE_CAPACITY_MAX` bytes.
 const SPARE_CAPACITY_MAX: usize = 4 << 20;
@@ -163,6 +177,11 @@ impl Outbox {
     /// saves a pass over up to megabytes per read.
     pub fn take_scratch(&mut self) -> Vec<u8> {
         self.spare.pop().unwrap_or_default()
+    }
+
+    /// The recycled buffers, for a backend running a read elsewhere (see [`ReadBuffers`]).
+    pub fn read_buffers(&mut self) -> ReadBuffers<'_> {
+        ReadBuffers(self)
     }
 
     /// Returns a buffer that ended up not being sent.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::name::IscsiName;
 use crate::negotiation::{SessionParams, SessionType};
-use crate::outbox::{FileRange, Outbox, SharedSlice};
+use crate::outbox::{FileRange, Outbox, ReadBuffers, SharedSlice};
 use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu, RejectReason, RESERVED_TAG};
 use crate::serial;
 use crate::text;
@@ -280,8 +280,10 @@ pub trait ScsiBackend {
         lent: &mut Loan,
         sense: &mut Vec<u8>,
     ) -> Execution;
-    /// Takes over a command `execute` answered [`Execution::Deferred`] for.
-    fn defer(&mut self, command: DeferredCommand);
+    /// Takes over a command `execute` answered [`Execution::Deferred`] for. A read that will
+    /// fill a buffer of its own may take one from `buffers` (its Data-In returns through the
+    /// same outbox).
+    fn defer(&mut self, command: DeferredCommand, buffers: ReadBuffers<'_>);
     /// Does this LUN exist for this session? (TMF answers "LUN does not exist" otherwise.)
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool;
     /// LU-level effects of TMF `itt` (the core has already dropped its own pending tasks and
@@ -1003,16 +1005,19 @@ impl Session {
                     }
                 },
             };
-            backend.defer(DeferredCommand {
-                itt,
-                lun,
-                cdb: cdb.to_vec(),
-                data_out: buf,
-                expected_len: edtl,
-                read,
-                write,
-                task_attr,
-            });
+            backend.defer(
+                DeferredCommand {
+                    itt,
+                    lun,
+                    cdb: cdb.to_vec(),
+                    data_out: buf,
+                    expected_len: edtl,
+                    read,
+                    write,
+                    task_attr,
+                },
+                out.read_buffers(),
+            );
             return Flow::Continue;
         }
         let buf = match immediate {
@@ -1330,16 +1335,19 @@ impl Session {
             may_lend_file: false,
         };
         if self.execute(&req, backend, out) {
-            backend.defer(DeferredCommand {
-                itt: task.itt,
-                lun: task.lun,
-                cdb: task.cdb,
-                data_out: task.buf,
-                expected_len: task.edtl,
-                read: false,
-                write: true,
-                task_attr: task.task_attr,
-            });
+            backend.defer(
+                DeferredCommand {
+                    itt: task.itt,
+                    lun: task.lun,
+                    cdb: task.cdb,
+                    data_out: task.buf,
+                    expected_len: task.edtl,
+                    read: false,
+                    write: true,
+                    task_attr: task.task_attr,
+                },
+                out.read_buffers(),
+            );
         } else {
             task.buf.recycle(out);
         }

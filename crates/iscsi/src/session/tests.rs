@@ -32,6 +32,8 @@ struct Backend {
     may_lend_file: Vec<bool>,
     /// Lend `lend_file` even when the request does not allow it (a broken backend).
     ignore_may_lend_file: bool,
+    /// The buffer each deferred read took for its Data-In.
+    read_buffers: Vec<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -97,11 +99,14 @@ impl ScsiBackend for Backend {
             },
         })
     }
-    fn defer(&mut self, command: DeferredCommand) {
+    fn defer(&mut self, command: DeferredCommand, mut buffers: ReadBuffers<'_>) {
         assert!(
             self.defer,
             "only commands answered Deferred are handed over"
         );
+        if command.read {
+            self.read_buffers.push(buffers.take());
+        }
         self.deferred.push(command.itt);
         self.deferred_in_engine_memory
             .push(matches!(command.data_out, DataOutBuf::Engine(_)));
@@ -1452,6 +1457,29 @@ fn deferred_read_returns_data_and_sense_on_completion() {
     assert_eq!(r[0].0.opcode_raw(), Opcode::ScsiResponse as u8);
     assert_eq!(r[0].0 .0[3], status::CHECK_CONDITION);
     assert_eq!(&r[0].1[2..], &sense);
+}
+
+#[test]
+fn a_deferred_read_takes_the_connections_recycled_buffer() {
+    let mut h = harness();
+    h.b.defer = true;
+    h.recycled = Some(vec![0xaa; 4096]);
+    let cmd = h.command(&READ10, 0xc0, 4096, 9);
+    let (_, r) = h.send(cmd, &[]);
+    assert!(
+        r.is_empty(),
+        "nothing is answered before the read completes"
+    );
+    // The spare the session lent to `execute` went back to the pool on deferral and on to
+    // the read: its memory, not a fresh allocation.
+    assert_eq!(h.b.read_buffers.len(), 1);
+    assert_eq!(h.b.read_buffers[0].capacity(), 4096);
+    // A deferred write takes none.
+    h.recycled = Some(vec![0xbb; 512]);
+    let cmd = h.command(&WRITE10, 0xa0, 4096, 10);
+    h.send(cmd, &[5; 4096]);
+    assert_eq!(h.b.deferred, vec![9, 10]);
+    assert_eq!(h.b.read_buffers.len(), 1);
 }
 
 #[test]

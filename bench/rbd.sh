@@ -11,7 +11,10 @@
 # Env: ROUNDS (3), RUNTIME (10 s measured, after a 2 s ramp), IMAGE_GIB (2),
 #      CEPH_DIR (target/bench-ceph: where the single-node cluster lives; /dev/shm/... puts the
 #      OSD in memory, which takes the disk out and leaves CPU as the limit), OSD_CACHE_MIB
-#      (1024; BlueStore's cache, 128 MiB in the tests' clusters), WORKLOADS (randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16).
+#      (1024; BlueStore's cache, 128 MiB in the tests' clusters), WORKLOADS (randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16),
+#      PLACEMENT (shared: every process on every CPU; split: the cluster's daemons on the first
+#      half of the CPUs, fio and the gateway on the other half — the cluster as on hosts of its
+#      own, so a client's CPU is not taken from the OSD; needs this script's own cluster).
 # Two librbd references: fio's rbd engine as it comes (`librbd`: librbd's default write-around
 # cache acknowledges a write once it is sent, before the OSD has it: a 4 KiB write at QD1 in
 # ~90 us instead of ~490 us here), and with the librados settings the gateway itself runs
@@ -48,21 +51,37 @@ log() { echo "[bench-rbd] $*" >&2; }
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
+PLACEMENT=${PLACEMENT:-shared}
+CLIENT_CPUS=()
+if [[ $PLACEMENT == split ]]; then
+    [[ -z ${CEPH_CONF:-} ]] || { log "PLACEMENT=split needs the script's own cluster (no CEPH_CONF)"; exit 1; }
+    half=$(($(nproc) / 2))
+    ((half >= 1)) || { log "PLACEMENT=split needs 2 CPUs or more"; exit 1; }
+    CLUSTER_CPUS=0-$((half - 1))
+    CLIENT_CPUS=(taskset -c "$half-$(($(nproc) - 1))")
+elif [[ $PLACEMENT != shared ]]; then
+    log "PLACEMENT is shared or split, not $PLACEMENT"
+    exit 1
+fi
 if [[ -z ${CEPH_CONF:-} ]]; then
     OWN_CLUSTER=${CEPH_DIR:-$ROOT/target/bench-ceph}
     "$ROOT/scripts/ceph-single-node.sh" stop "$OWN_CLUSTER" 2>/dev/null || true
     rm -rf "$OWN_CLUSTER"
     conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} "$ROOT/scripts/ceph-single-node.sh" start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)))
     export CEPH_CONF=${conf#CEPH_CONF=}
+    if [[ $PLACEMENT == split ]]; then
+        for f in "$OWN_CLUSTER"/run/*.pid; do taskset -a -p -c "$CLUSTER_CPUS" "$(cat "$f")" >/dev/null; done
+        log "placement: the cluster on CPUs $CLUSTER_CPUS, fio and the gateway on ${CLIENT_CPUS[2]}"
+    fi
 fi
 rbd create --size "${IMAGE_GIB}G" "$POOL/$IMAGE"
 log "filling $POOL/$IMAGE (${IMAGE_GIB} GiB) so reads find data"
-"$FIO" --name=fill --ioengine=rbd --pool="$POOL" --rbdname="$IMAGE" --clientname=admin \
+"${CLIENT_CPUS[@]}" "$FIO" --name=fill --ioengine=rbd --pool="$POOL" --rbdname="$IMAGE" --clientname=admin \
     --rw=write --bs=4m --iodepth=8 --size="${IMAGE_GIB}g" >/dev/null
 
 IQN=iqn.2026-11.org.ferrosan:bench-rbd
 PORT=$(free_port)
-"$BIN" serve --listen "127.0.0.1:$PORT" --target "$IQN" --lun "rbd:$POOL/$IMAGE" \
+"${CLIENT_CPUS[@]}" "$BIN" serve --listen "127.0.0.1:$PORT" --target "$IQN" --lun "rbd:$POOL/$IMAGE" \
     --state-dir "$WORK/state" >"$WORK/ferrosan.log" 2>&1 &
 GW_PID=$!
 wait_port "$PORT" || { log "the gateway did not start:"; cat "$WORK/ferrosan.log" >&2; exit 1; }
@@ -89,7 +108,7 @@ run() { # path workload -> "iops mbps mean_us cpu_us_per_io"
         engine=(--ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio --filename="$URL")
     fi
     t0=$(cpu_ticks)
-    CEPH_ARGS=$ceph_args "$FIO" --name=x --rw="$rw" --bs="$bs" --iodepth="$qd" "${engine[@]}" --size="${IMAGE_GIB}g" \
+    CEPH_ARGS=$ceph_args "${CLIENT_CPUS[@]}" "$FIO" --name=x --rw="$rw" --bs="$bs" --iodepth="$qd" "${engine[@]}" --size="${IMAGE_GIB}g" \
         --time_based --runtime="$RUNTIME" --ramp_time=2 --norandommap --randrepeat=0 \
         --output-format=json >"$WORK/out.json" 2>"$WORK/fio.err" || { cat "$WORK/fio.err" >&2; exit 1; }
     t1=$(cpu_ticks)

@@ -5,7 +5,9 @@
 # I/O: the client process (all its threads, /usr/bin/time), the gateway and the OSD
 # (utime+stime from /proc). On a machine where all three share the cores, the throughput ratio
 # follows the sums. Env: ROUNDS (2), RUNTIME (10), WORKLOADS (randread-4k-qd32; also e.g.
-# read-1m-qd16,write-1m-qd16: RW-BS-qdDEPTH as in bench/rbd.sh).
+# read-1m-qd16,write-1m-qd16: RW-BS-qdDEPTH as in bench/rbd.sh), PLACEMENT (shared, or split:
+# the cluster on the first half of the CPUs, fio and the gateway on the other, as in
+# bench/rbd.sh).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ROUNDS=${ROUNDS:-2}
@@ -25,12 +27,18 @@ cleanup() {
 trap cleanup EXIT
 conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} "$ROOT/scripts/ceph-single-node.sh" start "$CEPH" 6)
 export CEPH_CONF=${conf#CEPH_CONF=}
+CLIENT_CPUS=()
+if [[ ${PLACEMENT:-shared} == split ]]; then
+    half=$(($(nproc) / 2))
+    for f in "$CEPH"/run/*.pid; do taskset -a -p -c "0-$((half - 1))" "$(cat "$f")" >/dev/null; done
+    CLIENT_CPUS=(taskset -c "$half-$(($(nproc) - 1))")
+fi
 rbd create --size 2G rbd/cpu
 "$FIO" --name=fill --ioengine=rbd --pool=rbd --rbdname=cpu --clientname=admin \
     --rw=write --bs=4m --iodepth=8 --size=2g >/dev/null
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 IQN=iqn.2026-11.org.ferrosan:rbd-cpu
-"$BIN" serve --listen "127.0.0.1:$PORT" --target "$IQN" --lun rbd:rbd/cpu \
+"${CLIENT_CPUS[@]}" "$BIN" serve --listen "127.0.0.1:$PORT" --target "$IQN" --lun rbd:rbd/cpu \
     --state-dir "$WORK/state" >"$WORK/gateway.log" 2>&1 &
 GW=$!
 for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
@@ -48,9 +56,10 @@ for r in $(seq "$ROUNDS"); do
                     "--filename=iscsi\\://127.0.0.1\\:$PORT/${IQN//:/\\:}/0")
             fi
             g0=$(ticks "$GW") o0=$(ticks "$OSD")
-            /usr/bin/time -o "$WORK/time" -f "%U %S" "$FIO" --name=x --rw="$rw" --bs="$bs" \
-                --iodepth="$qd" "${engine[@]}" --size=2g --time_based --runtime="$RUNTIME" \
-                --norandommap --randrepeat=0 --output-format=json >"$WORK/out.json"
+            /usr/bin/time -o "$WORK/time" -f "%U %S" "${CLIENT_CPUS[@]}" "$FIO" --name=x \
+                --rw="$rw" --bs="$bs" --iodepth="$qd" "${engine[@]}" --size=2g --time_based \
+                --runtime="$RUNTIME" --norandommap --randrepeat=0 --output-format=json \
+                >"$WORK/out.json"
             g1=$(ticks "$GW") o1=$(ticks "$OSD")
             python3 - "$WORK/out.json" "$r" "$path" "$((g1 - g0))" "$((o1 - o0))" \
                 "$(getconf CLK_TCK)" "$(cat "$WORK/time")" "$w" <<'PY'

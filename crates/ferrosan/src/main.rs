@@ -43,7 +43,7 @@ enum Command {
         /// LUN for a quick export, numbered 0, 1, ... in order: ram:SIZE | file:PATH[,size=SIZE] |
         /// block:PATH | rbd:POOL/IMAGE[,conf=CEPH_CONF][,client=client.NAME], each optionally
         /// followed by ,block_size=512|4096, ,cache=auto|direct|page (auto: direct I/O on disk
-        /// filesystems) and ,ro
+        /// filesystems), ,write_cache (WCE=1: durable only after SYNCHRONIZE CACHE or FUA) and ,ro
         #[arg(long)]
         lun: Vec<String>,
         /// Worker threads (0 = one per core).

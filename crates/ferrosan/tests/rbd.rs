@@ -352,6 +352,89 @@ iqn = "{left_out_iqn}"
     });
     let (status, _, data) = read10(&mut c, 0, 8);
     assert_eq!((status, data), (0, vec![8u8; 4096]));
+    drop(c);
+    drop(daemon);
+    rbd_write_cache(&cluster, &scratch);
+}
+
+const SYNCHRONIZE_CACHE_10: [u8; 10] = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// An RBD LUN with its write cache on (`,write_cache`, WCE=1): what qemu-img wrote through it
+/// is the image's once flushed, reads overlapping writes answered early see them, and a write
+/// answered before it reached the cluster that then failed (the OSD stopped past the client's
+/// timeout) fails the next SYNCHRONIZE CACHE as a write error, once, not as "retry".
+fn rbd_write_cache(cluster: &TestCluster, scratch: &Scratch) {
+    let conf = cluster.conf_str();
+    cluster.rbd(&["create", "--size", "64M", "rbd/cached"]);
+    let daemon = Daemon::start(&[&format!("rbd:rbd/cached,conf={conf},write_cache")]);
+    let image = scratch.file("cached.img");
+    std::fs::write(&image, pseudo_random_bytes(16 << 20, 22)).unwrap();
+    common::upload(&daemon, 0, &image.display().to_string());
+    common::assert_identical(&daemon, 0, &image.display().to_string());
+    let mut c = client(daemon.port, &daemon.iqn);
+    assert_eq!(settle(&mut c), (0, None));
+    // Back to back, each read right after the write under it was answered.
+    for round in 0..64u32 {
+        let data = pseudo_random_bytes(4096, 100 + u64::from(round));
+        let lba = (round % 8) * 8;
+        assert_eq!(write10(&mut c, lba, &data), (0, None));
+        let (status, sense, read) = read10(&mut c, lba, 8);
+        assert_eq!((status, sense), (0, None));
+        assert!(read == data, "round {round}: read back other data");
+    }
+    let (status, sense, _) = command(&mut c, &SYNCHRONIZE_CACHE_10, Transfer::None);
+    assert_eq!((status, sense), (0, None));
+    let exported = scratch.file("cached-export.img");
+    cluster.rbd(&["export", "rbd/cached", &exported.display().to_string()]);
+    let exported = std::fs::read(&exported).unwrap();
+    let last = pseudo_random_bytes(4096, 100 + 63);
+    assert!(
+        exported[7 * 8 * 512..8 * 8 * 512] == last[..],
+        "not in the image"
+    );
+    assert!(exported[64 * 512..16 << 20] == std::fs::read(&image).unwrap()[64 * 512..]);
+
+    // The OSD stopped: a write is still answered at once (write-back), and the flush after it
+    // waits for it to fail and says so.
+    let osd = cluster.pid("osd.0").to_string();
+    let signal = |which: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([which, &osd])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    let started = Instant::now();
+    let answered = write10(&mut c, 4096, &[9u8; 4096]);
+    let answer_took = started.elapsed();
+    let (status, sense, _) = command(&mut c, &SYNCHRONIZE_CACHE_10, Transfer::None);
+    signal("-CONT");
+    assert_eq!(answered, (0, None), "a write-back write");
+    assert!(
+        answer_took < Duration::from_secs(4),
+        "answered only after {answer_took:?}: not early"
+    );
+    assert_eq!(
+        (status, sense),
+        (0x02, Some((0x03, 0x0C, 0x00))),
+        "SYNCHRONIZE CACHE after a lost write: MEDIUM ERROR, WRITE ERROR\n{}",
+        daemon.output()
+    );
+    assert!(
+        daemon
+            .output()
+            .contains("a write answered from the write cache failed"),
+        "{}",
+        daemon.output()
+    );
+    // Reported once: with the OSD back, the next flush succeeds and writes are answered again.
+    wait_until("I/O resumes", Duration::from_secs(60), || {
+        write10(&mut c, 4096, &[10u8; 4096]).0 == 0
+            && command(&mut c, &SYNCHRONIZE_CACHE_10, Transfer::None).0 == 0
+    });
+    let (status, _, data) = read10(&mut c, 4096, 8);
+    assert_eq!((status, data), (0, vec![10u8; 4096]));
 }
 
 /// One config for two gateways `a` and `b` (portal groups 1 and 2) exporting `image` as LUN 0

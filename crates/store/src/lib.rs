@@ -7,6 +7,7 @@
 //! ([`BlockStore::direct_io`]).
 
 mod aligned;
+pub mod early_ack;
 mod file;
 mod ram;
 pub mod rbd;

@@ -6,12 +6,19 @@
 //! I/O threads, each an asynchronous librbd call waited for there.
 //!
 //! Durability: librbd's client-side cache is turned off for ferrosan's connections
-//! (`rbd_cache = false`), so a write is acknowledged only once the OSDs have it; SYNCHRONIZE
-//! CACHE is still an `rbd_aio_flush`. Discards are written as zeroes (`rbd_aio_write_zeroes`):
+//! (`rbd_cache = false`), so librbd completes a write only once the OSDs have it. With the
+//! LU's write cache on (WCE=1) a write without FUA may be answered as soon as librbd has it
+//! (write-back, as librbd's own write-around cache does), with ferrosan keeping the account
+//! ([`crate::early_ack`]): bounded, nothing overtakes such a write, SYNCHRONIZE CACHE (an
+//! `rbd_aio_flush` after the writes answered before it) reports one that failed. librbd's
+//! cache is not used for that because it reports such a failure only to a flush already
+//! waiting when it happens. Never on a gateway's image (a dedicated connection): a gateway
+//! that dies or is fenced must not take answered writes with it. Discards are written as zeroes (`rbd_aio_write_zeroes`):
 //! librbd skips plain discards smaller than its discard granularity, which would leave old
 //! data readable after an UNMAP; write-zeroes releases whole objects and zeroes the rest, so
 //! deallocated blocks always read as zeros (LBPRZ).
 
+use crate::early_ack::EarlyAcks;
 use crate::{AsyncDone, AsyncIo, BlockStore, Capabilities, Extent};
 use std::collections::HashMap;
 use std::io;
@@ -136,6 +143,9 @@ pub struct RbdStore {
     /// Where every asynchronous completion goes: its tag is the caller's `done`, called on
     /// the librbd thread that completed it.
     sink: rbd::Sink<AsyncDone>,
+    /// Writes answered before librbd completed them (write-back); None on a dedicated
+    /// connection (a gateway's image), which always writes through.
+    early: Option<Arc<EarlyAcks>>,
 }
 
 impl RbdStore {
@@ -180,6 +190,7 @@ impl RbdStore {
                 };
                 (f.tag)(f.buf, result)
             }),
+            early: (!dedicated).then(Default::default),
         })
     }
 
@@ -237,8 +248,31 @@ impl RbdStore {
         crate::check_range(self.size_bytes(), offset, len)
     }
 
-    /// Runs one operation and waits for it (the engine's I/O threads only).
+    /// Waits for the writes answered early before now (synchronous callers: what they do
+    /// must not overtake them).
+    fn drain(&self) {
+        if let Some(early) = &self.early {
+            early.drain();
+        }
+    }
+
+    /// A write answered early that failed, as SYNCHRONIZE CACHE reports it.
+    fn lost_write(&self) -> Option<io::Error> {
+        let lost = self.early.as_ref()?.take_lost()?;
+        Some(lost_write_error(&lost))
+    }
+
+    /// Writes answered early and still in flight: (count, bytes).
+    pub fn early_writes(&self) -> (usize, u64) {
+        self.early
+            .as_ref()
+            .map_or((0, 0), |e| (e.writes(), e.bytes()))
+    }
+
+    /// Runs one operation and waits for it (the engine's I/O threads only), after the writes
+    /// answered early before it.
     fn run(&self, op: rbd::Op, buf: Vec<u8>) -> io::Result<rbd::Finished<()>> {
+        self.drain();
         let image = self.image().map_err(io_error)?;
         let finished = image.run(op, buf);
         match finished.result {
@@ -266,30 +300,81 @@ impl BlockStore for RbdStore {
     }
 
     fn submit(&self, io: AsyncIo, buf: Vec<u8>, done: AsyncDone) {
-        let (op, len) = match io {
-            AsyncIo::Read { offset, len } => (rbd::Op::Read { offset, len }, len as u64),
-            AsyncIo::Write { offset, .. } => (rbd::Op::Write { offset }, buf.len() as u64),
-            AsyncIo::Flush => (rbd::Op::Flush, 0),
-        };
-        let offset = match io {
-            AsyncIo::Read { offset, .. } | AsyncIo::Write { offset, .. } => offset,
-            AsyncIo::Flush => 0,
+        let (op, offset, len) = match io {
+            AsyncIo::Read { offset, len } => (rbd::Op::Read { offset, len }, offset, len as u64),
+            AsyncIo::Write { offset, .. } => (rbd::Op::Write { offset }, offset, buf.len() as u64),
+            AsyncIo::Flush => (rbd::Op::Flush, 0, 0),
         };
         if let Err(e) = self.check_range(offset, len) {
             done(buf, Err(e));
             return;
         }
-        let submitted = match &*self.current() {
-            Some(image) => image.submit(op, buf, done, Arc::clone(&self.sink)),
-            None => Err((
-                rbd::Error::Invalid(format!("{}: closed", self.spec.image)),
-                done,
-                buf,
-            )),
+        let image = self.current().clone();
+        let Some(early) = &self.early else {
+            start(image, &self.spec, op, buf, done, &self.sink);
+            return;
         };
-        if let Err((e, done, buf)) = submitted {
-            // Refused at submission: no callback will come; answer here.
-            done(buf, Err(io_error(e)));
+        let sink = Arc::clone(&self.sink);
+        let spec = self.spec.clone();
+        match io {
+            AsyncIo::Flush => {
+                // After the writes answered before it; then it reports one of them lost.
+                let account = Arc::clone(early);
+                let done: AsyncDone = Box::new(move |buf, result| {
+                    let result = match account.take_lost() {
+                        Some(lost) => Err(lost_write_error(&lost)),
+                        None => result,
+                    };
+                    done(buf, result)
+                });
+                let spec = self.spec.clone();
+                early.after_earlier(
+                    early.barrier(),
+                    Box::new(move || start(image, &spec, op, buf, done, &sink)),
+                );
+            }
+            _ => {
+                if let Some(barrier) = early.overlapping(offset, len) {
+                    // Over a write the initiator already has an answer for: after it. Not
+                    // answered early itself (rare; keeps the wait simple).
+                    early.after_earlier(
+                        barrier,
+                        Box::new(move || start(image, &spec, op, buf, done, &sink)),
+                    );
+                    return;
+                }
+                let seq = match io {
+                    AsyncIo::Write { durable: false, .. } => early.begin(offset, len),
+                    _ => None,
+                };
+                let Some(seq) = seq else {
+                    start(image, &spec, op, buf, done, &sink);
+                    return;
+                };
+                let account = Arc::clone(early);
+                let ended: AsyncDone = Box::new(move |_buf, result| {
+                    let failure = result.err().map(|e| {
+                        // The initiator has GOOD for it: the log says so now, the next
+                        // SYNCHRONIZE CACHE says so to the initiator.
+                        tracing::error!(
+                            "{}/{}: a write answered from the write cache failed at byte \
+                             {offset} (+{len}): {e}",
+                            spec.pool,
+                            spec.image
+                        );
+                        e.to_string()
+                    });
+                    account.end(seq, failure);
+                });
+                match submit_to(image, &self.spec, op, buf, ended, &sink) {
+                    Ok(()) => done(Vec::new(), Ok(())),
+                    Err((e, _ended, buf)) => {
+                        // Refused at once: answered with the failure, not early.
+                        early.end(seq, None);
+                        done(buf, Err(io_error(e)));
+                    }
+                }
+            }
         }
     }
 
@@ -318,13 +403,17 @@ impl BlockStore for RbdStore {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, _durable: bool) -> io::Result<()> {
-        // Without librbd's cache every acknowledged write is on the OSDs: durable either way.
+        // Without librbd's cache every write that returns is on the OSDs: durable either way.
         self.check_range(offset, buf.len() as u64)?;
         self.run(rbd::Op::Write { offset }, buf.to_vec()).map(drop)
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.run(rbd::Op::Flush, Vec::new()).map(drop)
+        let flushed = self.run(rbd::Op::Flush, Vec::new()).map(drop);
+        match self.lost_write() {
+            Some(lost) => Err(lost),
+            None => flushed,
+        }
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -351,6 +440,8 @@ impl BlockStore for RbdStore {
     }
 
     fn mapping(&self, offset: u64) -> io::Result<Extent> {
+        // A block written early is mapped once its write is over.
+        self.drain();
         let window = crate::bytes_to_end(self.size_bytes(), offset)?.min(MAPPING_WINDOW_BYTES);
         let runs = self
             .image()
@@ -383,6 +474,9 @@ impl BlockStore for RbdStore {
     /// Closes the image (librbd waits for its operations and releases the exclusive lock), so
     /// that a gateway or a restarted daemon does not wait for this client's lock to time out.
     fn close(&self) {
+        // A write answered early is over before the image closes (its failure is logged:
+        // nobody is left to report it to).
+        self.drain();
         let taken = self.image.write().unwrap_or_else(|p| p.into_inner()).take();
         drop(taken);
     }
@@ -395,6 +489,7 @@ impl BlockStore for RbdStore {
     }
 
     fn resize(&self, new_bytes: u64) -> io::Result<()> {
+        self.drain();
         let image = self.image().map_err(io_error)?;
         let now = image.size().map_err(io_error)?;
         if new_bytes > now {
@@ -402,6 +497,47 @@ impl BlockStore for RbdStore {
         }
         self.size_bytes.store(new_bytes, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// What SYNCHRONIZE CACHE answers when a write answered early failed: a write error (no
+/// errno, so never "retry", which would let a second flush succeed over the lost data).
+fn lost_write_error(lost: &str) -> io::Error {
+    io::Error::other(format!(
+        "a write answered before it reached the cluster failed: {lost}"
+    ))
+}
+
+/// Submits `op` to `image` (None: closed); `done` gets the outcome from librbd's thread.
+fn submit_to(
+    image: Option<Arc<rbd::Image>>,
+    spec: &RbdSpec,
+    op: rbd::Op,
+    buf: Vec<u8>,
+    done: AsyncDone,
+    sink: &rbd::Sink<AsyncDone>,
+) -> Result<(), (rbd::Error, AsyncDone, Vec<u8>)> {
+    match image {
+        Some(image) => image.submit(op, buf, done, Arc::clone(sink)),
+        None => Err((
+            rbd::Error::Invalid(format!("{}: closed", spec.image)),
+            done,
+            buf,
+        )),
+    }
+}
+
+/// [`submit_to`], answering a refusal at once (no callback will come).
+fn start(
+    image: Option<Arc<rbd::Image>>,
+    spec: &RbdSpec,
+    op: rbd::Op,
+    buf: Vec<u8>,
+    done: AsyncDone,
+    sink: &rbd::Sink<AsyncDone>,
+) {
+    if let Err((e, done, buf)) = submit_to(image, spec, op, buf, done, sink) {
+        done(buf, Err(io_error(e)));
     }
 }
 

@@ -30,6 +30,8 @@ struct LunSpec {
     store: StoreKind,
     block_size: u32,
     read_only: bool,
+    /// `,write_cache`: WCE=1 at start (write-back).
+    write_cache: bool,
     cache: CacheMode,
 }
 
@@ -40,6 +42,7 @@ pub(crate) fn demo() -> Config {
         },
         block_size: 512,
         read_only: false,
+        write_cache: false,
         cache: CacheMode::Auto,
     };
     let listen = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ISCSI_PORT_DEFAULT);
@@ -86,6 +89,7 @@ pub(crate) fn from_cli(
             },
             block_size: 512,
             read_only: false,
+            write_cache: false,
             cache: CacheMode::Auto,
         });
     }
@@ -124,11 +128,14 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
     let mut size = None;
     let mut block_size = 512u32;
     let mut read_only = false;
+    let mut write_cache = false;
     let mut cache = CacheMode::Auto;
     // Peel known options off the end, so that a path may contain commas.
     while let Some((head, opt)) = rest.rsplit_once(',') {
         if opt == "ro" {
             read_only = true;
+        } else if opt == "write_cache" {
+            write_cache = true;
         } else if let Some(v) = opt.strip_prefix("cache=") {
             cache = CacheMode::parse(v)
                 .ok_or_else(|| format!("cache must be auto, direct or page, got {v}"))?;
@@ -209,6 +216,7 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
         store,
         block_size,
         read_only,
+        write_cache,
         cache,
     })
 }
@@ -288,7 +296,7 @@ fn device_of(name: String, spec: LunSpec, ram_key: &str) -> DeviceConfig {
         serial,
         naa,
         read_only: spec.read_only,
-        write_cache: false,
+        write_cache: spec.write_cache,
         thin: true,
         cache: spec.cache,
         offline: false,

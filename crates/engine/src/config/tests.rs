@@ -462,6 +462,9 @@ fn rbd_lun_specs_parse() {
         })
     );
     assert!(c.targets[0].groups[0].luns[0].read_only);
+    assert!(!c.devices[0].write_cache, "write-through unless asked");
+    let c = Config::from_cli(&[], "", &["rbd:rbd/img,write_cache".into()]).unwrap();
+    assert!(c.devices[0].write_cache);
     for bad in ["rbd:img", "rbd:rbd/img,size=1G", "rbd:a/b/c"] {
         assert!(Config::from_cli(&[], "", &[bad.into()]).is_err(), "{bad}");
     }

@@ -19,8 +19,12 @@
 # cache acknowledges a write once it is sent, before the OSD has it: a 4 KiB write at QD1 in
 # ~90 us instead of ~490 us here), and with the librados settings the gateway itself runs
 # (`librbd-gw`: rbd_cache=false, so a write is acknowledged when the OSD commits it, as the
-# gateway acknowledges a SCSI WRITE; librados_thread_count as the gateway picks it). The first
-# is what users compare with, the second isolates what the gateway adds.
+# gateway acknowledges a SCSI WRITE with its write cache off; librados_thread_count as the
+# gateway picks it). The first is what users compare with, the second isolates what the gateway
+# adds. Two gateways, so that writes meet both at equal durability: `ferrosan` (write cache off,
+# the default: a write answered once the OSD has it, like librbd-gw) and `ferrosan-wc`
+# (`,write_cache`, WCE=1: a write answered once librbd has it, durable after SYNCHRONIZE CACHE,
+# like fio's librbd with its write-around cache). Writes run on both, reads on `ferrosan` only.
 # Prints a line per round and path and workload, then the median gateway/librbd ratios and the
 # gateway's CPU per I/O (utime+stime of the ferrosan process over the run / I/Os).
 set -euo pipefail
@@ -36,9 +40,9 @@ FIO=$("$ROOT/bench/fio-libiscsi.sh")
 [[ -x $BIN ]] || (cd "$ROOT" && cargo build --release -q -p ferrosan)
 WORK=$(mktemp -d /tmp/bench-rbd.XXXXXX)
 OWN_CLUSTER=""
-GW_PID=""
+declare -A GW_PID=()
 cleanup() {
-    [[ -n $GW_PID ]] && { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
+    for pid in "${GW_PID[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
     rbd rm "$POOL/$IMAGE" >/dev/null 2>&1 || true
     if [[ -n $OWN_CLUSTER ]]; then
         "$ROOT/scripts/ceph-single-node.sh" stop "$OWN_CLUSTER"
@@ -80,13 +84,18 @@ log "filling $POOL/$IMAGE (${IMAGE_GIB} GiB) so reads find data"
     --rw=write --bs=4m --iodepth=8 --size="${IMAGE_GIB}g" >/dev/null
 
 IQN=iqn.2026-11.org.ferrosan:bench-rbd
-PORT=$(free_port)
-"${CLIENT_CPUS[@]}" "$BIN" serve --listen "127.0.0.1:$PORT" --target "$IQN" --lun "rbd:$POOL/$IMAGE" \
-    --state-dir "$WORK/state" >"$WORK/ferrosan.log" 2>&1 &
-GW_PID=$!
-wait_port "$PORT" || { log "the gateway did not start:"; cat "$WORK/ferrosan.log" >&2; exit 1; }
-URL=iscsi://127.0.0.1:$PORT/$IQN/0
-URL=${URL//:/\\:} # fio splits file names at every unescaped colon
+declare -A URL=()
+for gw in ferrosan ferrosan-wc; do # both open the image; librbd's exclusive lock moves with the writer
+    port=$(free_port)
+    options=""
+    [[ $gw == ferrosan-wc ]] && options=,write_cache
+    "${CLIENT_CPUS[@]}" "$BIN" serve --listen "127.0.0.1:$port" --target "$IQN" --lun "rbd:$POOL/$IMAGE$options" \
+        --state-dir "$WORK/state-$gw" >"$WORK/$gw.log" 2>&1 &
+    GW_PID[$gw]=$!
+    wait_port "$port" || { log "gateway $gw did not start:"; cat "$WORK/$gw.log" >&2; exit 1; }
+    url=iscsi://127.0.0.1:$port/$IQN/0
+    URL[$gw]=${url//:/\\:} # fio splits file names at every unescaped colon
+done
 # What crates/store/src/rbd.rs sets on the gateway's connections (where ceph.conf is silent).
 GATEWAY_CEPH_ARGS="--rbd_cache=false"
 if (($(nproc) < 8)); then GATEWAY_CEPH_ARGS="$GATEWAY_CEPH_ARGS --librados_thread_count=1"; fi
@@ -96,7 +105,9 @@ fio_args() { # workload -> rw bs iodepth
     local w=$1
     echo "${w%%-*} ${w#*-}" | sed -E 's/-qd/ /' | awk '{print $1, $2, $3}'
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$GW_PID/stat"; }
+cpu_ticks() { # path -> utime+stime of its gateway (0 for librbd)
+    [[ -n ${GW_PID[$1]:-} ]] && awk '{print $14 + $15}' "/proc/${GW_PID[$1]}/stat" || echo 0
+}
 run() { # path workload -> "iops mbps mean_us cpu_us_per_io"
     local path=$1 w=$2 rw bs qd engine t0 t1
     read -r rw bs qd < <(fio_args "$w")
@@ -105,13 +116,13 @@ run() { # path workload -> "iops mbps mean_us cpu_us_per_io"
         engine=(--ioengine=rbd --pool="$POOL" --rbdname="$IMAGE" --clientname=admin)
         if [[ $path == librbd-gw ]]; then ceph_args="$ceph_args $GATEWAY_CEPH_ARGS"; fi
     else
-        engine=(--ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio --filename="$URL")
+        engine=(--ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio --filename="${URL[$path]}")
     fi
-    t0=$(cpu_ticks)
+    t0=$(cpu_ticks "$path")
     CEPH_ARGS=$ceph_args "${CLIENT_CPUS[@]}" "$FIO" --name=x --rw="$rw" --bs="$bs" --iodepth="$qd" "${engine[@]}" --size="${IMAGE_GIB}g" \
         --time_based --runtime="$RUNTIME" --ramp_time=2 --norandommap --randrepeat=0 \
         --output-format=json >"$WORK/out.json" 2>"$WORK/fio.err" || { cat "$WORK/fio.err" >&2; exit 1; }
-    t1=$(cpu_ticks)
+    t1=$(cpu_ticks "$path")
     python3 - "$WORK/out.json" "$((t1 - t0))" "$(getconf CLK_TCK)" "$path" "$RUNTIME" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
@@ -132,7 +143,8 @@ for r in $(seq "$ROUNDS"); do
     for w in ${WORKLOADS//,/ }; do
         # Each round starts with another path: none always meets the OSD fresher than the rest.
         paths=(librbd librbd-gw ferrosan)
-        first=$(((r - 1) % 3))
+        [[ $w == *write* ]] && paths+=(ferrosan-wc)
+        first=$(((r - 1) % ${#paths[@]}))
         for path in "${paths[@]:first}" "${paths[@]:0:first}"; do
             read -r iops mbps lat cpu < <(run "$path" "$w")
             printf '%s     %-8s %-18s | %9s %7s %8s | %s\n' "$r" "$path" "$w" "$iops" "$mbps" "$lat" "$cpu"
@@ -143,19 +155,27 @@ done
 # Ratios are taken within each round (the three paths run back to back) and then the median:
 # the OSD drifts between rounds (random 4 KiB writes slow it down round after round as its
 # small cache meets fragmented objects), which a ratio of medians would mix in.
-echo "median over rounds of the per-round ratio: gateway / librbd as it comes (the bar: >= 0.9), and / librbd with the gateway's settings:"
+echo "median over rounds of the per-round ratio, at equal durability: the bar (>= 0.9) is the"
+echo "gateway / librbd as it comes (reads: ferrosan, writes: ferrosan-wc, both answering before the OSD"
+echo "has a write); 'like' is ferrosan / librbd-gw (writes answered once the OSD has them):"
 python3 - "$RESULTS" <<'PY'
 import sys, statistics, collections
 rows = [line.split() for line in open(sys.argv[1])]
 iops = collections.defaultdict(list); cpu = collections.defaultdict(list)
 for path, w, i, c in rows:
     iops[(path, w)].append(float(i))
-    if c != "-": cpu[w].append(float(c))
+    if c != "-": cpu[(path, w)].append(float(c))
+med = statistics.median
+def ratio(a, b, w):
+    return med(x / y for x, y in zip(iops[(a, w)], iops[(b, w)]))
 for w in dict.fromkeys(w for _, w, _, _ in rows):
-    lib, like, gw = (iops[(p, w)] for p in ("librbd", "librbd-gw", "ferrosan"))
-    vs_lib = statistics.median(g / l for g, l in zip(gw, lib))
-    vs_like = statistics.median(g / l for g, l in zip(gw, like))
-    print(f"  {w:<18} librbd {statistics.median(lib):7.0f}  librbd-gw {statistics.median(like):7.0f}"
-          f"  ferrosan {statistics.median(gw):7.0f}  ratio {vs_lib:.2f} / {vs_like:.2f}"
-          f"  gateway CPU {statistics.median(cpu[w]):.1f} us/IO")
+    gw = "ferrosan-wc" if (("ferrosan-wc", w) in iops) else "ferrosan"
+    line = (f"  {w:<18} librbd {med(iops[('librbd', w)]):7.0f}  librbd-gw {med(iops[('librbd-gw', w)]):7.0f}"
+            f"  ferrosan {med(iops[('ferrosan', w)]):7.0f}")
+    if gw == "ferrosan-wc":
+        line += f"  ferrosan-wc {med(iops[(gw, w)]):7.0f}"
+    line += f"  bar {gw}/librbd {ratio(gw, 'librbd', w):.2f}  like {ratio('ferrosan', 'librbd-gw', w):.2f}"
+    line += "  gateway CPU us/IO " + " ".join(
+        f"{p} {med(cpu[(p, w)]):.1f}" for p in ("ferrosan", "ferrosan-wc") if (p, w) in cpu)
+    print(line)
 PY

@@ -262,13 +262,6 @@ impl RbdStore {
         Some(lost_write_error(&lost))
     }
 
-    /// Writes answered early and still in flight: (count, bytes).
-    pub fn early_writes(&self) -> (usize, u64) {
-        self.early
-            .as_ref()
-            .map_or((0, 0), |e| (e.writes(), e.bytes()))
-    }
-
     /// Runs one operation and waits for it (the engine's I/O threads only), after the writes
     /// answered early before it.
     fn run(&self, op: rbd::Op, buf: Vec<u8>) -> io::Result<rbd::Finished<()>> {

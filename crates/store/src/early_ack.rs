@@ -27,10 +27,11 @@ pub type Waiter = Box<dyn FnOnce() + Send>;
 /// Bytes of early-answered writes one store holds in flight at most (librbd's own write-around
 /// cache allows 24 MiB by default, `rbd_cache_max_dirty`).
 pub const EARLY_BYTES_MAX: usize = 32 << 20;
-/// Early-answered writes one store holds in flight at most: the byte bound in 4 KiB writes,
-/// bounding the account's own bookkeeping. Measured on an OSD bound by random 4 KiB writes:
-/// with 1024 the account ran full and the OSD did ~20 % fewer writes per second than with
-/// librbd's cache, which bounds only bytes; with this, 2-3 K were in flight and it did as many.
+/// Early-answered writes one store holds in flight at most: the byte bound in 4 KiB writes, so
+/// that, like librbd's cache (which bounds only bytes), 4 KiB writes meet the byte bound first;
+/// it bounds the account's bookkeeping for smaller ones. (With 1024, 4 KiB random writes at
+/// QD32 on an OSD-bound cluster kept the account full; with this, 2-3 K were in flight. Whether
+/// that changed the OSD's rate could not be told apart from its drift: docs/RBD.md, *Speed*.)
 pub const EARLY_WRITES_MAX: usize = 8192;
 /// The largest write answered early; larger ones are answered when done. Also bounds the
 /// search for overlaps.

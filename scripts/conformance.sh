@@ -17,6 +17,8 @@
 #                       cluster this script starts and stops (scripts/ceph-single-node.sh, OSD
 #                       on a file in the work directory); reported as skipped, not run, when
 #                       the Ceph packages are not installed
+#        ferrosan-rbd-wc  another 1 GiB image of that cluster with its write cache on
+#                       (`,write_cache`: a write answered once librbd has it, docs/RBD.md)
 #        ferrosan-rbd-gateways  two ferrosan gateways exporting one 1 GiB image of that cluster
 #                       (docs/RBD.md): the suite through gateway a's portal, gateway b's as the
 #                       second path of the MultipathIO tests (b ships to the owner a)
@@ -306,6 +308,14 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
             else
                 not_run "$run" "daemon or image did not start (see $run.daemon.log, $run.ceph.log)"
             fi
+            run=ferrosan-rbd-wc
+            if rbd create --size 1G rbd/conformance-wc 2>>"$OUT/$run.ceph.log" &&
+                start_ferrosan "$run" rbd:rbd/conformance-wc,write_cache; then
+                run_suite "$run"
+                stop_daemon
+            else
+                not_run "$run" "daemon or image did not start (see $run.daemon.log, $run.ceph.log)"
+            fi
             run=ferrosan-rbd-gateways
             if rbd create --size 1G rbd/gateways 2>>"$OUT/$run.ceph.log" &&
                 start_gateways "$run" rbd/gateways; then
@@ -321,6 +331,7 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
             log "$run: the Ceph test cluster did not start; its log ($OUT/$run.ceph.log):"
             tail_indented "$OUT/$run.ceph.log" 20
             not_run "$run" "the Ceph test cluster did not start (see $run.ceph.log)"
+            not_run "$run-wc" "the Ceph test cluster did not start (see $run.ceph.log)"
             not_run "$run-gateways" "the Ceph test cluster did not start (see $run.ceph.log)"
         fi
         scripts/ceph-single-node.sh stop "$CEPH_DIR"

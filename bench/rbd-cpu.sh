@@ -35,7 +35,7 @@ cleanup() {
     rm -rf "$WORK" "$CEPH"
 }
 trap cleanup EXIT
-conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} "$ROOT/scripts/ceph-single-node.sh" start "$CEPH" 6)
+conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} PG_NUM=${PG_NUM:-128} "$ROOT/scripts/ceph-single-node.sh" start "$CEPH" 6)
 export CEPH_CONF=${conf#CEPH_CONF=}
 CLIENT_CPUS=()
 if [[ ${PLACEMENT:-shared} == split ]]; then

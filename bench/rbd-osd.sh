@@ -8,6 +8,10 @@
 #   bench/rbd-osd.sh                                  # PATHS="librbd wc librbd wc"
 #   PATHS="wc librbd librbd-nocache@1024" bench/rbd-osd.sh
 #   PERF=1 bench/rbd-osd.sh                           # also `perf record` the OSD 4 s per run
+#   IOPS_LOG=1 bench/rbd-osd.sh                       # fio's IOPS per 0.5 s, per run
+#   PG_NUM=8 bench/rbd-osd.sh                         # the tests' pool: see the OSD's PG log
+#                                                     # trimming take over (default 128)
+# Files go to target/rbd-osd-RUN-PATH* and the gateways' logs to target/wc.log, target/wt.log.
 #
 # Paths: librbd (fio's rbd engine as it comes: write-around cache), librbd-nocache
 # (rbd_cache=false), librbd-wt (rbd_cache_policy=writethrough), wc (fio's libiscsi engine
@@ -27,13 +31,14 @@ declare -A GW_PID=() URL=()
 cleanup() {
     for pid in "${GW_PID[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
     "$ROOT/scripts/ceph-single-node.sh" stop "$CLUSTER"
+    cp "$WORK"/*.log "$ROOT/target/" 2>/dev/null || true
     rm -rf "$CLUSTER" "$WORK"
 }
 trap cleanup EXIT
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
-conf=$(OSD_CACHE_MIB=1024 "$ROOT/scripts/ceph-single-node.sh" start "$CLUSTER" 6 2>/dev/null)
+conf=$(OSD_CACHE_MIB=1024 PG_NUM=${PG_NUM:-128} "$ROOT/scripts/ceph-single-node.sh" start "$CLUSTER" 6 2>/dev/null)
 export CEPH_CONF=${conf#CEPH_CONF=}
 for f in "$CLUSTER"/run/*.pid; do taskset -a -p -c 0 "$(cat "$f")" >/dev/null; done
 OSD_PID=$(cat "$CLUSTER"/run/osd*.pid)
@@ -56,7 +61,9 @@ for gw in wc wt; do
     URL[$gw]=${url//:/\\:}
 done
 
+run=0
 for path in $PATHS; do
+    run=$((run + 1))
     name=${path%@*} qd=32
     [[ $path == *@* ]] && qd=${path#*@}
     ceph tell osd.0 perf dump 2>/dev/null >"$WORK/p0.json"
@@ -68,7 +75,7 @@ for path in $PATHS; do
     sampler=$!
     recorder=""
     if [[ -n ${PERF:-} ]]; then
-        (sleep 3; perf record -g -o "$ROOT/target/rbd-osd-$path.perf" -p "$OSD_PID" -- sleep 4 >/dev/null 2>&1) &
+        (sleep 3; perf record -g -o "$ROOT/target/rbd-osd-$run-$path.perf" -p "$OSD_PID" -- sleep 4 >/dev/null 2>&1) &
         recorder=$!
     fi
     ceph_args=""
@@ -82,7 +89,8 @@ for path in $PATHS; do
         engine=(--ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio --filename="${URL[$name]}")
     fi
     CEPH_ARGS=$ceph_args taskset -c 1 "$FIO" --name=x --rw=randwrite --bs=4k --iodepth="$qd" "${engine[@]}" \
-        --size=2g --time_based --runtime=10 --norandommap --randrepeat=0 --output-format=json >"$WORK/out.json"
+        --size=2g --time_based --runtime=10 --norandommap --randrepeat=0 ${IOPS_LOG:+--write_iops_log=$ROOT/target/rbd-osd-$run-$path --log_avg_msec=500} \
+        --output-format=json >"$WORK/out.json"
     wait "$sampler"
     grep '^cpu[01] ' /proc/stat >"$WORK/s1"
     [[ -n $gw_pid ]] && awk '{print $14+$15}' "/proc/$gw_pid/stat" >"$WORK/g1" || echo 0 >"$WORK/g1"

@@ -11,7 +11,9 @@
 # Env: ROUNDS (3), RUNTIME (10 s measured, after a 2 s ramp), IMAGE_GIB (2),
 #      CEPH_DIR (target/bench-ceph: where the single-node cluster lives; /dev/shm/... puts the
 #      OSD in memory, which takes the disk out and leaves CPU as the limit), OSD_CACHE_MIB
-#      (1024; BlueStore's cache, 128 MiB in the tests' clusters), WORKLOADS (randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16),
+#      (1024; BlueStore's cache, 128 MiB in the tests' clusters), PG_NUM (128: the pool's placement
+#      groups, as a production OSD holds; with the tests' 8 the OSD's PG log trimming takes most of
+#      its CPU after a few minutes of random writes, scripts/ceph-single-node.sh), WORKLOADS (randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16),
 #      PLACEMENT (shared: every process on every CPU; split: the cluster's daemons on the first
 #      half of the CPUs, fio and the gateway on the other half — the cluster as on hosts of its
 #      own, so a client's CPU is not taken from the OSD; needs this script's own cluster).
@@ -71,7 +73,7 @@ if [[ -z ${CEPH_CONF:-} ]]; then
     OWN_CLUSTER=${CEPH_DIR:-$ROOT/target/bench-ceph}
     "$ROOT/scripts/ceph-single-node.sh" stop "$OWN_CLUSTER" 2>/dev/null || true
     rm -rf "$OWN_CLUSTER"
-    conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} "$ROOT/scripts/ceph-single-node.sh" start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)))
+    conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} PG_NUM=${PG_NUM:-128} "$ROOT/scripts/ceph-single-node.sh" start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)))
     export CEPH_CONF=${conf#CEPH_CONF=}
     if [[ $PLACEMENT == split ]]; then
         for f in "$OWN_CLUSTER"/run/*.pid; do taskset -a -p -c "$CLUSTER_CPUS" "$(cat "$f")" >/dev/null; done

@@ -10,10 +10,17 @@
 # Debian packages ceph-mon, ceph-mgr, ceph-osd and ceph-common (root, for the OSD's file).
 # OSD_CACHE_MIB (128) sizes BlueStore's cache: small for the tests; benchmarks that overwrite
 # gigabytes at random want more (the OSD slows down as fragmented objects miss the cache).
+# PG_NUM (8) is pool rbd's placement groups. An OSD divides its PG log budget
+# (osd_target_pg_log_entries_per_osd, 300000) among its PGs, up to 10000 entries each: with 8,
+# every PG keeps 10000 and the OSD's log trimming walks them on every write once they are
+# full (PeeringState::calc_trim_to_aggressive, measured at 67-73 % of the OSD's CPU after a few
+# minutes of random 4 KiB writes). A production OSD holds ~100-200 PGs (~1500-3000 entries
+# each): benchmarks pass PG_NUM=128 to get that.
 set -euo pipefail
 CMD=${1:?usage: $0 start|stop DIR [OSD_GIB]}
 DIR=${2:?usage: $0 start|stop DIR [OSD_GIB]}
 OSD_GIB=${3:-4}
+PG_NUM=${PG_NUM:-8}
 log() { echo "[ceph] $*" >&2; }
 
 stop() {
@@ -115,7 +122,7 @@ ceph -c "$CONF" auth get-or-create "osd.$OSD_ID" mon 'allow profile osd' mgr 'al
 ceph-osd -i "$OSD_ID" -c "$CONF" --mkfs --osd-uuid "$OSD_UUID" --keyring "$DIR/osd/ceph-$OSD_ID/keyring" >"$DIR/log/osd-mkfs.log" 2>&1 ||
     { log "ceph-osd --mkfs failed:"; tail -n 20 "$DIR/log/osd-mkfs.log" >&2; exit 1; }
 ceph-osd -i "$OSD_ID" -c "$CONF" --keyring "$DIR/osd/ceph-$OSD_ID/keyring"
-ceph -c "$CONF" osd pool create rbd 8 8 >/dev/null
+ceph -c "$CONF" osd pool create rbd "$PG_NUM" "$PG_NUM" >/dev/null
 ceph -c "$CONF" osd pool set rbd size 1 --yes-i-really-mean-it >/dev/null 2>&1 || true
 rbd -c "$CONF" pool init rbd
 for _ in $(seq 120); do

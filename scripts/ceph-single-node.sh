@@ -69,6 +69,9 @@ mon cluster log file = $DIR/log/cluster.log
 osd pool default size = 1
 osd pool default min size = 1
 osd crush chooseleaf type = 0
+# The manager's autoscaler would split or merge the pool's PGs while clients write (each change
+# re-peers PGs and holds their I/O for seconds): PG_NUM stays what it is.
+osd pool default pg autoscale mode = off
 mon allow pool size one = true
 mon warn on pool no redundancy = false
 auth allow insecure global id reclaim = false

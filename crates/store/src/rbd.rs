@@ -146,6 +146,8 @@ pub struct RbdStore {
     /// Writes answered before librbd completed them (write-back); None on a dedicated
     /// connection (a gateway's image), which always writes through.
     early: Option<Arc<EarlyAcks>>,
+    /// `POOL/IMAGE`, for messages from librbd's threads.
+    label: Arc<str>,
 }
 
 impl RbdStore {
@@ -191,6 +193,7 @@ impl RbdStore {
                 (f.tag)(f.buf, result)
             }),
             early: (!dedicated).then(Default::default),
+            label: format!("{}/{}", spec.pool, spec.image).into(),
         })
     }
 
@@ -302,13 +305,15 @@ impl BlockStore for RbdStore {
             done(buf, Err(e));
             return;
         }
-        let image = self.current().clone();
+        let to = Submission {
+            image: self.current().clone(),
+            sink: Arc::clone(&self.sink),
+            label: Arc::clone(&self.label),
+        };
         let Some(early) = &self.early else {
-            start(image, &self.spec, op, buf, done, &self.sink);
+            to.start(op, buf, done);
             return;
         };
-        let sink = Arc::clone(&self.sink);
-        let spec = self.spec.clone();
         match io {
             AsyncIo::Flush => {
                 // After the writes answered before it; then it reports one of them lost.
@@ -320,20 +325,13 @@ impl BlockStore for RbdStore {
                     };
                     done(buf, result)
                 });
-                let spec = self.spec.clone();
-                early.after_earlier(
-                    early.barrier(),
-                    Box::new(move || start(image, &spec, op, buf, done, &sink)),
-                );
+                early.after_earlier(early.barrier(), Box::new(move || to.start(op, buf, done)));
             }
             _ => {
                 if let Some(barrier) = early.overlapping(offset, len) {
                     // Over a write the initiator already has an answer for: after it. Not
                     // answered early itself (rare; keeps the wait simple).
-                    early.after_earlier(
-                        barrier,
-                        Box::new(move || start(image, &spec, op, buf, done, &sink)),
-                    );
+                    early.after_earlier(barrier, Box::new(move || to.start(op, buf, done)));
                     return;
                 }
                 let seq = match io {
@@ -341,25 +339,24 @@ impl BlockStore for RbdStore {
                     _ => None,
                 };
                 let Some(seq) = seq else {
-                    start(image, &spec, op, buf, done, &sink);
+                    to.start(op, buf, done);
                     return;
                 };
                 let account = Arc::clone(early);
+                let label = Arc::clone(&self.label);
                 let ended: AsyncDone = Box::new(move |_buf, result| {
                     let failure = result.err().map(|e| {
                         // The initiator has GOOD for it: the log says so now, the next
                         // SYNCHRONIZE CACHE says so to the initiator.
                         tracing::error!(
-                            "{}/{}: a write answered from the write cache failed at byte \
-                             {offset} (+{len}): {e}",
-                            spec.pool,
-                            spec.image
+                            "{label}: a write answered from the write cache failed at byte \
+                             {offset} (+{len}): {e}"
                         );
                         e.to_string()
                     });
                     account.end(seq, failure);
                 });
-                match submit_to(image, &self.spec, op, buf, ended, &sink) {
+                match to.submit(op, buf, ended) {
                     Ok(()) => done(Vec::new(), Ok(())),
                     Err((e, _ended, buf)) => {
                         // Refused at once: answered with the failure, not early.
@@ -501,36 +498,39 @@ fn lost_write_error(lost: &str) -> io::Error {
     ))
 }
 
-/// Submits `op` to `image` (None: closed); `done` gets the outcome from librbd's thread.
-fn submit_to(
+/// Where one operation goes, taken from the store when it is submitted and carried by value
+/// (to librbd's thread when it waits for early writes): the image then (None: closed), the
+/// completion sink and the image's name. Clones of `Arc`s only: nothing allocated per command.
+struct Submission {
     image: Option<Arc<rbd::Image>>,
-    spec: &RbdSpec,
-    op: rbd::Op,
-    buf: Vec<u8>,
-    done: AsyncDone,
-    sink: &rbd::Sink<AsyncDone>,
-) -> Result<(), (rbd::Error, AsyncDone, Vec<u8>)> {
-    match image {
-        Some(image) => image.submit(op, buf, done, Arc::clone(sink)),
-        None => Err((
-            rbd::Error::Invalid(format!("{}: closed", spec.image)),
-            done,
-            buf,
-        )),
-    }
+    sink: rbd::Sink<AsyncDone>,
+    label: Arc<str>,
 }
 
-/// [`submit_to`], answering a refusal at once (no callback will come).
-fn start(
-    image: Option<Arc<rbd::Image>>,
-    spec: &RbdSpec,
-    op: rbd::Op,
-    buf: Vec<u8>,
-    done: AsyncDone,
-    sink: &rbd::Sink<AsyncDone>,
-) {
-    if let Err((e, done, buf)) = submit_to(image, spec, op, buf, done, sink) {
-        done(buf, Err(io_error(e)));
+impl Submission {
+    /// Submits `op`; `done` gets the outcome from librbd's thread, or comes back with the error
+    /// when librbd refuses it at once.
+    fn submit(
+        self,
+        op: rbd::Op,
+        buf: Vec<u8>,
+        done: AsyncDone,
+    ) -> Result<(), (rbd::Error, AsyncDone, Vec<u8>)> {
+        match self.image {
+            Some(image) => image.submit(op, buf, done, self.sink),
+            None => Err((
+                rbd::Error::Invalid(format!("{}: closed", self.label)),
+                done,
+                buf,
+            )),
+        }
+    }
+
+    /// [`Submission::submit`], answering a refusal at once (no callback will come).
+    fn start(self, op: rbd::Op, buf: Vec<u8>, done: AsyncDone) {
+        if let Err((e, done, buf)) = self.submit(op, buf, done) {
+            done(buf, Err(io_error(e)));
+        }
     }
 }
 

@@ -2102,7 +2102,15 @@ impl Driver {
                     }
                 }
                 Some(done) = completed.recv() => {
-                    if deliver(session, backend, &mut self.out, done) {
+                    // Answers that arrived meanwhile leave with this one in a single write: a
+                    // device that completes in bursts (librbd's thread hands several over per
+                    // wake-up) then costs one send, not one per command.
+                    let mut closing = deliver(session, backend, &mut self.out, done);
+                    while !closing && self.out.len() < TURN_BYTES_MAX {
+                        let Ok(done) = completed.try_recv() else { break };
+                        closing = deliver(session, backend, &mut self.out, done);
+                    }
+                    if closing {
                         // A TARGET COLD RESET answered once its last aborted task finished.
                         self.flush().await?;
                         return Ok(());

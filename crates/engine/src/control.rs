@@ -452,7 +452,7 @@ fn stats(shared: &Shared) -> Value {
         .filter_map(|name| {
             let device = topology.devices.get(name)?;
             let t = shared.metrics.device_totals(name);
-            Some(json!({
+            let mut entry = json!({
                 "device": name,
                 "reads": t.reads,
                 "writes": t.writes,
@@ -466,7 +466,13 @@ fn stats(shared: &Shared) -> Value {
                 "in_flight": device.unit.in_flight().count(),
                 "offline": device.unit.is_offline(),
                 "size_bytes": device.unit.capacity_bytes(),
-            }))
+            });
+            // Only devices that can answer writes early have a write-back queue to show.
+            if let Some(queue) = device.unit.write_back() {
+                entry["write_back_bytes"] = json!(queue.bytes);
+                entry["write_back_writes"] = json!(queue.writes);
+            }
+            Some(entry)
         })
         .collect();
     let mut all = sessions(shared);

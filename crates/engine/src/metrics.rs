@@ -309,6 +309,67 @@ impl prometheus_client::collector::Collector for ProcessCollector {
     }
 }
 
+/// The write-back queues of devices whose store answers writes before its medium has them
+/// (RBD images with the write cache on), read at each scrape: they change with every write, so
+/// a gauge kept up to date would cost the I/O path a shared counter.
+#[derive(Clone, Default)]
+struct WriteBackCollector {
+    devices: Arc<Mutex<std::collections::BTreeMap<String, std::sync::Weak<scsi::LogicalUnit>>>>,
+}
+
+impl std::fmt::Debug for WriteBackCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WriteBackCollector")
+    }
+}
+
+impl WriteBackCollector {
+    /// The devices still served and their queues now (devices removed since are forgotten).
+    fn sample(&self) -> Vec<(String, store::WriteBack)> {
+        let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+        devices.retain(|_, lu| lu.strong_count() > 0);
+        devices
+            .iter()
+            .filter_map(|(name, lu)| Some((name.clone(), lu.upgrade()?.write_back()?)))
+            .collect()
+    }
+}
+
+impl prometheus_client::collector::Collector for WriteBackCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let sample = self.sample();
+        if sample.is_empty() {
+            return Ok(());
+        }
+        for (name, help, value) in [
+            (
+                "device_write_back_bytes",
+                "Bytes of writes answered from the device's write cache that its medium does not have yet (RBD write-back)",
+                (|w: &store::WriteBack| w.bytes) as fn(&store::WriteBack) -> u64,
+            ),
+            (
+                "device_write_back_writes",
+                "Writes answered from the device's write cache that its medium does not have yet (RBD write-back)",
+                |w: &store::WriteBack| w.writes,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (device, queue) in &sample {
+                let label = DeviceLabel {
+                    device: device.clone(),
+                };
+                let m = family.encode_family(&label)?;
+                ConstGauge::new(i64::try_from(value(queue)).unwrap_or(i64::MAX)).encode(m)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LoginLabel {
     /// `success` or the failure's status class and detail, e.g. `0202`.
@@ -361,6 +422,7 @@ pub struct Metrics {
     pub initiator_write_bytes: Family<InitiatorLabel, Counter>,
     /// The pairs that have their own series (at most [`INITIATOR_SERIES_MAX`]).
     initiator_pairs: Mutex<std::collections::HashSet<InitiatorLabel>>,
+    write_back: WriteBackCollector,
 }
 
 /// See [`Metrics::device_totals`].
@@ -404,6 +466,8 @@ impl Metrics {
             started: std::time::SystemTime::now(),
         }));
         let registry = root.sub_registry_with_prefix("ferrosan");
+        let write_back = WriteBackCollector::default();
+        registry.register_collector(Box::new(write_back.clone()));
         let build_info = Family::<BuildLabel, Gauge>::default();
         build_info
             .get_or_create(&BuildLabel {
@@ -610,6 +674,7 @@ impl Metrics {
             initiator_read_bytes,
             initiator_write_bytes,
             initiator_pairs: Mutex::new(std::collections::HashSet::new()),
+            write_back,
             limit_exceeded,
             logins,
             connections,
@@ -778,6 +843,21 @@ impl Metrics {
             self.write_stalls.get_or_create(&label).clone(),
             self.writes_offloaded.get_or_create(&label).clone(),
         )
+    }
+
+    /// Reports `lu`'s write-back queue as `device`'s from now on, if its store has one (it
+    /// replaces a device of that name served before).
+    pub fn watch_write_back(&self, device: &str, lu: &Arc<scsi::LogicalUnit>) {
+        let mut devices = self
+            .write_back
+            .devices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if lu.write_back().is_some() {
+            devices.insert(device.to_owned(), Arc::downgrade(lu));
+        } else {
+            devices.remove(device);
+        }
     }
 
     /// Records the I/O path of a device (see [`IoPathLabel`]).

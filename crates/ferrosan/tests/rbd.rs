@@ -366,7 +366,32 @@ const SYNCHRONIZE_CACHE_10: [u8; 10] = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
 fn rbd_write_cache(cluster: &TestCluster, scratch: &Scratch) {
     let conf = cluster.conf_str();
     cluster.rbd(&["create", "--size", "64M", "rbd/cached"]);
-    let daemon = Daemon::start(&[&format!("rbd:rbd/cached,conf={conf},write_cache")]);
+    let metrics_port = free_port();
+    let socket = scratch.file("cached.sock").display().to_string();
+    let daemon = Daemon::start_with_args(
+        common::IQN,
+        &[&format!("rbd:rbd/cached,conf={conf},write_cache")],
+        &[
+            "--metrics-listen",
+            &format!("127.0.0.1:{metrics_port}"),
+            "--control-socket",
+            &socket,
+        ],
+    );
+    // The control socket's `stats` (what `ferrosan top` polls), spoken directly.
+    let stats = || {
+        use std::io::{BufRead, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&socket).expect("control socket");
+        s.write_all(b"{\"verb\":\"stats\"}\n").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        line.replace([' ', '\n'], "")
+    };
+    let queued_writes = "ferrosan_device_write_back_writes{device=\"lun0\"}";
+    let queued_bytes = "ferrosan_device_write_back_bytes{device=\"lun0\"}";
+    let text = scrape(metrics_port);
+    assert!(text.contains(queued_writes), "{text}");
+    assert_eq!(metric(&text, queued_bytes), 0.0);
     let image = scratch.file("cached.img");
     std::fs::write(&image, pseudo_random_bytes(16 << 20, 22)).unwrap();
     common::upload(&daemon, 0, &image.display().to_string());
@@ -408,8 +433,23 @@ fn rbd_write_cache(cluster: &TestCluster, scratch: &Scratch) {
     let started = Instant::now();
     let answered = write10(&mut c, 4096, &[9u8; 4096]);
     let answer_took = started.elapsed();
+    // Answered, not yet on the OSD: the write-back queue shows it.
+    let queued = scrape(metrics_port);
+    let queued_stats = stats();
     let (status, sense, _) = command(&mut c, &SYNCHRONIZE_CACHE_10, Transfer::None);
     signal("-CONT");
+    assert_eq!(
+        (
+            metric(&queued, queued_writes),
+            metric(&queued, queued_bytes)
+        ),
+        (1.0, 4096.0),
+        "{queued}"
+    );
+    assert!(
+        queued_stats.contains("\"write_back_bytes\":4096,\"write_back_writes\":1"),
+        "{queued_stats}"
+    );
     assert_eq!(answered, (0, None), "a write-back write");
     assert!(
         answer_took < Duration::from_secs(4),
@@ -435,6 +475,8 @@ fn rbd_write_cache(cluster: &TestCluster, scratch: &Scratch) {
     });
     let (status, _, data) = read10(&mut c, 4096, 8);
     assert_eq!((status, data), (0, vec![10u8; 4096]));
+    let text = scrape(metrics_port);
+    assert_eq!(metric(&text, queued_writes), 0.0, "{text}");
 }
 
 /// One config for two gateways `a` and `b` (portal groups 1 and 2) exporting `image` as LUN 0

@@ -203,6 +203,11 @@ impl LogicalUnit {
     pub fn capabilities(&self) -> store::Capabilities {
         self.store.capabilities()
     }
+    /// The writes its store answered early and still owes the medium (see
+    /// [`store::BlockStore::write_back`]).
+    pub fn write_back(&self) -> Option<store::WriteBack> {
+        self.store.write_back()
+    }
     /// The store's O_DIRECT descriptor, for a transport that submits planned I/O itself
     /// ([`crate::Plan`]); None unless the store does direct I/O.
     pub fn direct_io(&self) -> Option<store::DirectIo> {

@@ -159,14 +159,13 @@ impl EarlyAcks {
         self.state().lost.take()
     }
 
-    /// Bytes of early-answered writes in flight.
-    pub fn bytes(&self) -> u64 {
-        self.state().bytes
-    }
-
-    /// Early-answered writes in flight.
-    pub fn writes(&self) -> usize {
-        self.state().in_flight.len()
+    /// Early-answered writes in flight, and their bytes, read together.
+    pub fn in_flight(&self) -> crate::WriteBack {
+        let s = self.state();
+        crate::WriteBack {
+            bytes: s.bytes,
+            writes: s.in_flight.len() as u64,
+        }
     }
 }
 
@@ -224,7 +223,7 @@ mod tests {
             "c came later: not waited for"
         );
         acks.end(c, None);
-        assert_eq!((acks.bytes(), acks.writes()), (0, 0));
+        assert_eq!(acks.in_flight(), crate::WriteBack::default());
         assert_eq!(acks.take_lost(), None);
     }
 
@@ -253,7 +252,7 @@ mod tests {
         let seqs: Vec<u64> = (0..fill)
             .map(|i| acks.begin(i as u64 * step, step).unwrap())
             .collect();
-        assert_eq!(acks.bytes(), EARLY_BYTES_MAX as u64);
+        assert_eq!(acks.in_flight().bytes, EARLY_BYTES_MAX as u64);
         assert_eq!(acks.begin(1 << 40, 1), None, "past the byte bound");
         acks.end(seqs[0], None);
         assert!(acks.begin(1 << 40, 1).is_some());
@@ -333,7 +332,7 @@ mod tests {
             }),
         );
         acks.end(a, None);
-        assert_eq!(acks.bytes(), 0);
+        assert_eq!(acks.in_flight().bytes, 0);
 
         acks.drain(); // nothing in flight: returns at once
         let b = acks.begin(0, 8).unwrap();
@@ -345,7 +344,7 @@ mod tests {
             })
         };
         acks.drain();
-        assert_eq!(acks.writes(), 0, "drained only after b ended");
+        assert_eq!(acks.in_flight().writes, 0, "drained only after b ended");
         ender.join().unwrap();
     }
 }

@@ -85,6 +85,13 @@ pub enum AsyncIo {
     Flush,
 }
 
+/// Writes a store answered before its medium had them (a write-back cache), in flight now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteBack {
+    pub bytes: u64,
+    pub writes: u64,
+}
+
 /// Called exactly once when an asynchronous I/O ends, on whatever thread the store completes
 /// on, with the buffer back (a read's data) and the outcome.
 pub type AsyncDone = Box<dyn FnOnce(Vec<u8>, io::Result<()>) + Send>;
@@ -143,6 +150,12 @@ pub trait BlockStore: Send + Sync + 'static {
     }
     /// Everything written so far becomes durable.
     fn flush(&self) -> io::Result<()>;
+    /// What this store answered early and still owes its medium; None for stores that never
+    /// answer a write before their medium has it (whose writes then sit in the page cache or
+    /// memory, not in a queue of their own).
+    fn write_back(&self) -> Option<WriteBack> {
+        None
+    }
     /// The daemon is leaving: release what others may wait for (an RBD image's exclusive
     /// lock). Commands after it fail.
     fn close(&self) {}

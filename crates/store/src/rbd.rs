@@ -368,6 +368,10 @@ impl BlockStore for RbdStore {
         }
     }
 
+    fn write_back(&self) -> Option<crate::WriteBack> {
+        self.early.as_ref().map(|early| early.in_flight())
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         let finished = self.run(

@@ -28,26 +28,19 @@ fi
 FIO=$("$ROOT/bench/fio-libiscsi.sh")
 WORK=$(mktemp -d /tmp/bench-rbd-cpu.XXXXXX)
 CEPH=$(mktemp -d /dev/shm/bench-rbd-cpu-ceph.XXXXXX)
+source "$ROOT/bench/rbd-lib.sh"
+declare -A GW_PID=()
 GW=""
 cleanup() {
-    [[ -n $GW ]] && { kill "$GW" 2>/dev/null || true; wait "$GW" 2>/dev/null || true; }
-    "$ROOT/scripts/ceph-single-node.sh" stop "$CEPH" || true
-    rm -rf "$WORK" "$CEPH"
+    for name in "${!GW_PID[@]}"; do rbd_gateway_stop "$name"; done
+    rbd_cluster_stop "$CEPH"
+    rm -rf "$WORK"
 }
 trap cleanup EXIT
-conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} PG_NUM=${PG_NUM:-128} "$ROOT/scripts/ceph-single-node.sh" start "$CEPH" 6)
-export CEPH_CONF=${conf#CEPH_CONF=}
-CLIENT_CPUS=()
-if [[ ${PLACEMENT:-shared} == split ]]; then
-    half=$(($(nproc) / 2))
-    for f in "$CEPH"/run/*.pid; do taskset -a -p -c "0-$((half - 1))" "$(cat "$f")" >/dev/null; done
-    CLIENT_CPUS=(taskset -c "$half-$(($(nproc) - 1))")
-fi
+rbd_cluster_start "$CEPH" 6 "${PLACEMENT:-shared}"
 rbd create --size 2G rbd/cpu
-"${CLIENT_CPUS[@]}" "$FIO" --name=fill --ioengine=rbd --pool=rbd --rbdname=cpu \
-    --clientname=admin --rw=write --bs=4m --iodepth=8 --size=2g >/dev/null
+rbd_fill "$FIO" rbd cpu 2
 OSD=$(cat "$CEPH"/run/osd*.pid)
-IQN=iqn.2026-11.org.ferrosan:rbd-cpu
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 measure() { # round path workload fio-engine-args... -> one line
     local r=$1 path=$2 w=$3 rw bs qd g0=0 g1=0 o0 o1
@@ -81,16 +74,11 @@ for r in $(seq "$ROUNDS"); do
         measure "$r" librbd "$w" --ioengine=rbd --pool=rbd --rbdname=cpu --clientname=admin
         for v in $VARIANTS; do
             IFS=: read -r name bin args <<<"$v"
-            port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-            CEPH_ARGS="${args//,/ }" "${CLIENT_CPUS[@]}" "$bin" serve --listen "127.0.0.1:$port" \
-                --target "$IQN" --lun rbd:rbd/cpu --state-dir "$WORK/state-$name" \
-                >"$WORK/$name.log" 2>&1 &
-            GW=$!
-            for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+            rbd_gateway "$name" "$bin" "$WORK/state-$name" "$WORK/$name.log" rbd:rbd/cpu "${args//,/ }"
+            GW=${GW_PID[$name]}
             measure "$r" "$name" "$w" --ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio \
-                "--filename=iscsi\\://127.0.0.1\\:$port/${IQN//:/\\:}/0"
-            kill "$GW"
-            wait "$GW" 2>/dev/null || true
+                "--filename=$GW_URL"
+            rbd_gateway_stop "$name"
             GW=""
         done
     done

@@ -27,38 +27,27 @@ BIN=$ROOT/target/release/ferrosan
 (($(nproc) >= 2)) || { echo "needs 2 CPUs" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/bench-rbd-osd.XXXXXX)
 CLUSTER=/dev/shm/bench-rbd-osd-$$
+source "$ROOT/bench/rbd-lib.sh"
 declare -A GW_PID=() URL=()
 cleanup() {
-    for pid in "${GW_PID[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
-    "$ROOT/scripts/ceph-single-node.sh" stop "$CLUSTER"
+    for name in "${!GW_PID[@]}"; do rbd_gateway_stop "$name"; done
+    rbd_cluster_stop "$CLUSTER"
     cp "$WORK"/*.log "$ROOT/target/" 2>/dev/null || true
-    rm -rf "$CLUSTER" "$WORK"
+    rm -rf "$WORK"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
-
-conf=$(OSD_CACHE_MIB=1024 PG_NUM=${PG_NUM:-128} "$ROOT/scripts/ceph-single-node.sh" start "$CLUSTER" 6 2>/dev/null)
-export CEPH_CONF=${conf#CEPH_CONF=}
-for f in "$CLUSTER"/run/*.pid; do taskset -a -p -c 0 "$(cat "$f")" >/dev/null; done
+rbd_cluster_start "$CLUSTER" 6 split 2>/dev/null
 OSD_PID=$(cat "$CLUSTER"/run/osd*.pid)
 rbd create --size 2G rbd/img
-taskset -c 1 "$FIO" --name=fill --ioengine=rbd --pool=rbd --rbdname=img --clientname=admin \
-    --rw=write --bs=4m --iodepth=8 --size=2g >/dev/null
-IQN=iqn.2026-11.org.ferrosan:bench-rbd-osd
+rbd_fill "$FIO" rbd img 2
 needed=" "
 for path in $PATHS; do needed+="${path%@*} "; done
 for gw in wc wt; do
     [[ $needed == *" $gw "* ]] || continue
-    port=$(free_port)
     options=""
     [[ $gw == wc ]] && options=,write_cache
-    taskset -c 1 "$BIN" serve --listen "127.0.0.1:$port" --target "$IQN" --lun "rbd:rbd/img$options" \
-        --state-dir "$WORK/state-$gw" >"$WORK/$gw.log" 2>&1 &
-    GW_PID[$gw]=$!
-    wait_port "$port" || { cat "$WORK/$gw.log" >&2; exit 1; }
-    url=iscsi://127.0.0.1:$port/$IQN/0
-    URL[$gw]=${url//:/\\:}
+    rbd_gateway "$gw" "$BIN" "$WORK/state-$gw" "$WORK/$gw.log" "rbd:rbd/img$options"
+    URL[$gw]=$GW_URL
 done
 
 run=0
@@ -88,7 +77,7 @@ for path in $PATHS; do
     else
         engine=(--ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio --filename="${URL[$name]}")
     fi
-    CEPH_ARGS=$ceph_args taskset -c 1 "$FIO" --name=x --rw=randwrite --bs=4k --iodepth="$qd" "${engine[@]}" \
+    CEPH_ARGS=$ceph_args "${CLIENT_CPUS[@]}" "$FIO" --name=x --rw=randwrite --bs=4k --iodepth="$qd" "${engine[@]}" \
         --size=2g --time_based --runtime=10 --norandommap --randrepeat=0 ${IOPS_LOG:+--write_iops_log=$ROOT/target/rbd-osd-$run-$path --log_avg_msec=500} \
         --output-format=json >"$WORK/out.json"
     wait "$sampler"

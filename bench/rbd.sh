@@ -41,62 +41,36 @@ BIN=$ROOT/target/release/ferrosan
 FIO=$("$ROOT/bench/fio-libiscsi.sh")
 [[ -x $BIN ]] || (cd "$ROOT" && cargo build --release -q -p ferrosan)
 WORK=$(mktemp -d /tmp/bench-rbd.XXXXXX)
+source "$ROOT/bench/rbd-lib.sh"
 OWN_CLUSTER=""
-declare -A GW_PID=()
+declare -A GW_PID=() URL=()
 cleanup() {
-    for pid in "${GW_PID[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+    for gw in "${!GW_PID[@]}"; do rbd_gateway_stop "$gw"; done
     rbd rm "$POOL/$IMAGE" >/dev/null 2>&1 || true
-    if [[ -n $OWN_CLUSTER ]]; then
-        "$ROOT/scripts/ceph-single-node.sh" stop "$OWN_CLUSTER"
-        rm -rf "$OWN_CLUSTER" # on /dev/shm it holds the OSD's memory
-    fi
+    [[ -z $OWN_CLUSTER ]] || rbd_cluster_stop "$OWN_CLUSTER"
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 log() { echo "[bench-rbd] $*" >&2; }
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 PLACEMENT=${PLACEMENT:-shared}
 CLIENT_CPUS=()
-if [[ $PLACEMENT == split ]]; then
-    [[ -z ${CEPH_CONF:-} ]] || { log "PLACEMENT=split needs the script's own cluster (no CEPH_CONF)"; exit 1; }
-    half=$(($(nproc) / 2))
-    ((half >= 1)) || { log "PLACEMENT=split needs 2 CPUs or more"; exit 1; }
-    CLUSTER_CPUS=0-$((half - 1))
-    CLIENT_CPUS=(taskset -c "$half-$(($(nproc) - 1))")
-elif [[ $PLACEMENT != shared ]]; then
-    log "PLACEMENT is shared or split, not $PLACEMENT"
-    exit 1
-fi
 if [[ -z ${CEPH_CONF:-} ]]; then
     OWN_CLUSTER=${CEPH_DIR:-$ROOT/target/bench-ceph}
-    "$ROOT/scripts/ceph-single-node.sh" stop "$OWN_CLUSTER" 2>/dev/null || true
-    rm -rf "$OWN_CLUSTER"
-    conf=$(OSD_CACHE_MIB=${OSD_CACHE_MIB:-1024} PG_NUM=${PG_NUM:-128} "$ROOT/scripts/ceph-single-node.sh" start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)))
-    export CEPH_CONF=${conf#CEPH_CONF=}
-    if [[ $PLACEMENT == split ]]; then
-        for f in "$OWN_CLUSTER"/run/*.pid; do taskset -a -p -c "$CLUSTER_CPUS" "$(cat "$f")" >/dev/null; done
-        log "placement: the cluster on CPUs $CLUSTER_CPUS, fio and the gateway on ${CLIENT_CPUS[2]}"
-    fi
+    rbd_cluster_start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)) "$PLACEMENT"
+elif [[ $PLACEMENT != shared ]]; then
+    log "PLACEMENT=$PLACEMENT needs the script's own cluster (no CEPH_CONF)"
+    exit 1
 fi
 rbd create --size "${IMAGE_GIB}G" "$POOL/$IMAGE"
 log "filling $POOL/$IMAGE (${IMAGE_GIB} GiB) so reads find data"
-"${CLIENT_CPUS[@]}" "$FIO" --name=fill --ioengine=rbd --pool="$POOL" --rbdname="$IMAGE" --clientname=admin \
-    --rw=write --bs=4m --iodepth=8 --size="${IMAGE_GIB}g" >/dev/null
+rbd_fill "$FIO" "$POOL" "$IMAGE" "$IMAGE_GIB"
 
-IQN=iqn.2026-11.org.ferrosan:bench-rbd
-declare -A URL=()
 for gw in ferrosan ferrosan-wc; do # both open the image; librbd's exclusive lock moves with the writer
-    port=$(free_port)
     options=""
     [[ $gw == ferrosan-wc ]] && options=,write_cache
-    "${CLIENT_CPUS[@]}" "$BIN" serve --listen "127.0.0.1:$port" --target "$IQN" --lun "rbd:$POOL/$IMAGE$options" \
-        --state-dir "$WORK/state-$gw" >"$WORK/$gw.log" 2>&1 &
-    GW_PID[$gw]=$!
-    wait_port "$port" || { log "gateway $gw did not start:"; cat "$WORK/$gw.log" >&2; exit 1; }
-    url=iscsi://127.0.0.1:$port/$IQN/0
-    URL[$gw]=${url//:/\\:} # fio splits file names at every unescaped colon
+    rbd_gateway "$gw" "$BIN" "$WORK/state-$gw" "$WORK/$gw.log" "rbd:$POOL/$IMAGE$options"
+    URL[$gw]=$GW_URL
 done
 # What crates/store/src/rbd.rs sets on the gateway's connections (where ceph.conf is silent).
 GATEWAY_CEPH_ARGS="--rbd_cache=false"

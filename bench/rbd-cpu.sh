@@ -12,8 +12,9 @@
 #       WORKLOADS=randread-4k-qd32,read-1m-qd16 bench/rbd-cpu.sh
 #
 # Env: ROUNDS (2), RUNTIME (10 s), WORKLOADS (randread-4k-qd32; RW-BS-qdDEPTH as in
-# bench/rbd.sh), VARIANTS (NAME:BINARY:CEPH_ARGS, CEPH_ARGS with commas for spaces and maybe
-# empty; default one, `gateway`, this tree's release build), PLACEMENT (shared, or split: the
+# bench/rbd.sh), VARIANTS (NAME:BINARY:CEPH_ARGS[:LUN_OPTIONS], CEPH_ARGS with commas for
+# spaces and maybe empty, LUN_OPTIONS appended to the `--lun rbd:rbd/cpu` spec, e.g.
+# `,write_cache`; default one, `gateway`, this tree's release build), PLACEMENT (shared, or split: the
 # cluster on the first half of the CPUs, fio and the gateways on the other, as in bench/rbd.sh).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -73,8 +74,8 @@ for r in $(seq "$ROUNDS"); do
         GW=""
         measure "$r" librbd "$w" --ioengine=rbd --pool=rbd --rbdname=cpu --clientname=admin
         for v in $VARIANTS; do
-            IFS=: read -r name bin args <<<"$v"
-            rbd_gateway "$name" "$bin" "$WORK/state-$name" "$WORK/$name.log" rbd:rbd/cpu "${args//,/ }"
+            IFS=: read -r name bin args options <<<"$v"
+            rbd_gateway "$name" "$bin" "$WORK/state-$name" "$WORK/$name.log" "rbd:rbd/cpu${options:-}" "${args//,/ }"
             GW=${GW_PID[$name]}
             measure "$r" "$name" "$w" --ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio \
                 "--filename=$GW_URL"

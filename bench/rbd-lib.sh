@@ -1,9 +1,8 @@
-# What bench/rbd.sh, bench/rbd-cpu.sh and bench/rbd-osd.sh share: sourced, not run (ROOT set).
-
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-
-# Waits up to 10 s for something to listen on 127.0.0.1:PORT.
-wait_port() { for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+# What bench/rbd.sh, bench/rbd-cpu.sh, bench/rbd-osd.sh and bench/rbd-shipping.sh share: sourced,
+# not run (ROOT set). Ports and processes through scripts/lib/common.sh (free_port, wait_port,
+# stop_pid), as the tests do.
+# shellcheck source=../scripts/lib/common.sh
+source "$ROOT/scripts/lib/common.sh"
 
 # rbd_cluster_start DIR OSD_GIB PLACEMENT: a fresh single-node cluster in DIR (on /dev/shm the
 # OSD is in memory) as a benchmark needs it: PG_NUM placement groups (128 unless set: with the
@@ -60,16 +59,13 @@ rbd_gateway() {
     CEPH_ARGS="${CEPH_ARGS:-}${6:+ $6}" "${CLIENT_CPUS[@]}" "$bin" serve --listen "127.0.0.1:$port" \
         --target iqn.2026-11.org.ferrosan:bench-rbd --lun "$lun" --state-dir "$state" >"$log" 2>&1 &
     GW_PID[$name]=$!
-    wait_port "$port" || { echo "gateway $name did not start:" >&2; cat "$log" >&2; return 1; }
+    wait_port "$port" "${GW_PID[$name]}" 10 || { echo "gateway $name did not start:" >&2; cat "$log" >&2; return 1; }
     url=iscsi://127.0.0.1:$port/iqn.2026-11.org.ferrosan:bench-rbd/0
     GW_URL=${url//:/\\:} # fio splits file names at every unescaped colon
 }
 
 # rbd_gateway_stop NAME: stops that gateway (started by rbd_gateway) and forgets it.
 rbd_gateway_stop() {
-    local pid=${GW_PID[$1]:-}
-    [[ -n $pid ]] || return 0
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    stop_pid "${GW_PID[$1]:-}"
     unset "GW_PID[$1]"
 }

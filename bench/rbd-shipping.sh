@@ -26,10 +26,7 @@ CLUSTER=${CEPH_DIR:-/dev/shm/bench-rbd-shipping-$$}
 source "$ROOT/bench/rbd-lib.sh"
 declare -A GW_PID=()
 cleanup() {
-    for gw in "${!GW_PID[@]}"; do
-        kill "${GW_PID[$gw]}" 2>/dev/null || true
-        wait "${GW_PID[$gw]}" 2>/dev/null || true
-    done
+    for gw in "${!GW_PID[@]}"; do rbd_gateway_stop "$gw"; done
     rbd_cluster_stop "$CLUSTER"
     rm -rf "$WORK"
 }
@@ -43,38 +40,14 @@ IQN=iqn.2026-11.org.ferrosan:shipping
 PORT_A=$(free_port)
 PORT_B=$(free_port)
 while [[ $PORT_B == "$PORT_A" ]]; do PORT_B=$(free_port); done
-cat >"$WORK/gateways.toml" <<CONFIG
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:$PORT_A"]
-gateway = "a"
-
-[[portal_group]]
-tag = 2
-listen = ["127.0.0.1:$PORT_B"]
-gateway = "b"
-
-[[device]]
-name = "image"
-store = "rbd"
-image = "rbd/shipping"
-ceph_conf = "$CEPH_CONF"
-
-[[target]]
-iqn = "$IQN"
-
-  [[target.group]]
-  name = "all"
-  any_initiator = true
-  luns = [ { lun = 0, device = "image" } ]
-CONFIG
+gateways_config "$IQN" rbd/shipping "$CEPH_CONF" "$PORT_A" "$PORT_B" >"$WORK/gateways.toml"
 for gw in a b; do # a first: it takes the image's lock and owns it
     port=$PORT_A
     [[ $gw == b ]] && port=$PORT_B
     "${CLIENT_CPUS[@]}" "$BIN" serve --config "$WORK/gateways.toml" --gateway "$gw" \
         --state-dir "$WORK/state-$gw" >"$WORK/$gw.log" 2>&1 &
     GW_PID[$gw]=$!
-    wait_port "$port" || { echo "gateway $gw did not start:" >&2; cat "$WORK/$gw.log" >&2; exit 1; }
+    wait_port "$port" "${GW_PID[$gw]}" 10 || { echo "gateway $gw did not start:" >&2; cat "$WORK/$gw.log" >&2; exit 1; }
 done
 for _ in $(seq 100); do
     grep -q "is owned by gateway a" "$WORK/b.log" && break

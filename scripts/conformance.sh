@@ -145,31 +145,7 @@ start_gateways() {
     PORT2=$(free_port)
     while [[ $PORT2 == "$PORT" ]]; do PORT2=$(free_port); done
     LUN=0
-    cat >"$OUT/$run.toml" <<CONFIG
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:$PORT"]
-gateway = "a"
-
-[[portal_group]]
-tag = 2
-listen = ["127.0.0.1:$PORT2"]
-gateway = "b"
-
-[[device]]
-name = "image"
-store = "rbd"
-image = "$image"
-ceph_conf = "$CEPH_CONF"
-
-[[target]]
-iqn = "$IQN"
-
-  [[target.group]]
-  name = "all"
-  any_initiator = true
-  luns = [ { lun = 0, device = "image" } ]
-CONFIG
+    gateways_config "$IQN" "$image" "$CEPH_CONF" "$PORT" "$PORT2" >"$OUT/$run.toml"
     for g in a b; do
         port=$PORT
         [[ $g == b ]] && port=$PORT2

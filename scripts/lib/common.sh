@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Helpers shared by scripts/test.sh and scripts/conformance.sh. Source it.
+# Helpers shared by scripts/test.sh, scripts/conformance.sh and the bench scripts. Source it.
 # Everything here is loopback-only and kills nothing it did not start.
 
 # Debian packages the tests need, and a command each one provides.
@@ -107,6 +107,38 @@ wait_port() {
         sleep 0.1
     done
     return 1
+}
+
+# gateways_config IQN IMAGE CEPH_CONF PORT_A PORT_B: prints a config for two RBD gateways, a and
+# b (portal groups 1 and 2 on 127.0.0.1:PORT_A and PORT_B), exporting rbd IMAGE (POOL/NAME) of
+# the cluster CEPH_CONF names as LUN 0 of IQN to any initiator (docs/RBD.md); each gateway runs
+# it with `serve --config FILE --gateway a|b`.
+gateways_config() {
+    cat <<CONFIG
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:$4"]
+gateway = "a"
+
+[[portal_group]]
+tag = 2
+listen = ["127.0.0.1:$5"]
+gateway = "b"
+
+[[device]]
+name = "image"
+store = "rbd"
+image = "$2"
+ceph_conf = "$3"
+
+[[target]]
+iqn = "$1"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ { lun = 0, device = "image" } ]
+CONFIG
 }
 
 # stop_pid PID [GRACE_TENTHS]: stop one process we started: TERM, up to

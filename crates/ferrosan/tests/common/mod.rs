@@ -373,6 +373,9 @@ impl Daemon {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -{name} failed");
+        if name == "STOP" {
+            wait_stopped(child.id());
+        }
     }
 
     /// Waits up to `within` for the daemon to exit on its own; its exit status if it did.
@@ -637,4 +640,32 @@ pub fn assert_identical(daemon: &Daemon, lun: u32, image: &str) {
         out.describe(),
         daemon.output()
     );
+}
+
+/// Waits until every thread of process `pid` is stopped (SIGSTOP). `kill` returns before that:
+/// one thread takes the stop and then stops the others, and under load that thread may not run
+/// for tens of milliseconds, while the rest of the process goes on serving (a daemon "hung" by
+/// SIGSTOP answered a command sent after `kill` returned, in a loaded run).
+pub fn wait_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let all_stopped = || -> Option<bool> {
+        let mut any = false;
+        for task in fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+            let stat = fs::read_to_string(task.ok()?.path().join("stat")).ok()?;
+            // The state follows the command name's closing parenthesis.
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            if !matches!(state, 'T' | 't') {
+                return Some(false);
+            }
+            any = true;
+        }
+        Some(any)
+    };
+    while all_stopped() != Some(true) {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} did not stop within 10 s of SIGSTOP"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

@@ -131,6 +131,38 @@ impl OwnerVigil {
     }
 }
 
+/// How long a gateway keeps its last view of an image's owner while it cannot look (the
+/// cluster refused or did not answer): a single slow or failed call under load must not flap
+/// every initiator's path state (each flip is a unit attention, and a non-owner that knows no
+/// owner answers NOT READY instead of shipping). Keeping the view is safe: the fence, not this
+/// view, keeps a stale owner's writes out.
+pub const BLIND_GRACE: Duration = Duration::from_secs(3);
+
+/// errno of a blocklisted (fenced) client's calls.
+const ESHUTDOWN: i32 = 108;
+
+/// How long a gateway has been unable to see who owns an image.
+#[derive(Debug, Default)]
+struct Sight {
+    /// When the first look of the current run of failed looks began.
+    failing_since: Option<Instant>,
+}
+
+impl Sight {
+    /// A look succeeded.
+    fn seen(&mut self) {
+        self.failing_since = None;
+    }
+
+    /// The look begun at `started` failed at `now`: whether to give up the last view (the
+    /// looks have failed for [`BLIND_GRACE`] since the first of them began, or this gateway
+    /// was fenced, which it must act on at once).
+    fn failed(&mut self, started: Instant, now: Instant, fenced: bool) -> bool {
+        let since = *self.failing_since.get_or_insert(started);
+        fenced || now.saturating_duration_since(since) >= BLIND_GRACE
+    }
+}
+
 /// How often a gateway looks at who owns its images (ownership moved by another gateway is
 /// reported within this, plus the cluster's answer time).
 pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
@@ -305,14 +337,17 @@ impl ImageOwnership {
     /// otherwise the gateway the metadata names (None when that is this one: the lock was
     /// broken, this gateway fenced).
     fn observe(&self) -> Result<Option<usize>, rbd::Error> {
-        // A blocklisted data connection fails here: it owns nothing any more.
-        if self
+        match self
             .store
             .image()
             .and_then(|image| image.owns_exclusive_lock())
-            .unwrap_or(false)
         {
-            return Ok(Some(self.me));
+            Ok(true) => return Ok(Some(self.me)),
+            Ok(false) => {}
+            // Blocklisted (fenced): the data connection owns nothing any more.
+            Err(e) if e.errno() == Some(ESHUTDOWN) => {}
+            // (librbd may refresh the image header here, which can fail like any call.)
+            Err(e) => return Err(e),
         }
         Ok(self.recorded_owner()?.filter(|&i| i != self.me))
     }
@@ -374,6 +409,7 @@ impl ImageOwnership {
             .name("ferrosan-alua".into())
             .spawn(move || {
                 let mut vigil = OwnerVigil::new(me.takeover_after);
+                let mut sight = Sight::default();
                 loop {
                 std::thread::sleep(FOLLOW_INTERVAL);
                 let Some(lu) = lu.upgrade() else {
@@ -385,6 +421,7 @@ impl ImageOwnership {
                     lu.replace_reservations(&state);
                 }
                 let takes = me.takes.load(Ordering::Acquire);
+                let looked = Instant::now();
                 let observed = me.observe();
                 if takes % 2 == 1 || me.takes.load(Ordering::Acquire) != takes {
                     // A takeover ran meanwhile: what was observed may predate it.
@@ -398,16 +435,21 @@ impl ImageOwnership {
                 }
                 match observed {
                     Ok(owner) => {
+                        sight.seen();
                         if me.set_owner(owner) {
                             let name = owner.map_or("none", |i| me.gateways[i].as_str());
                             tracing::warn!(device = %me.device, "owner of {} is now gateway {name}", me.observer.name());
                             lu.access_state_changed(None);
                         }
                     }
-                    // Blocklisted (fenced) or the cluster unreachable: this gateway cannot
-                    // serve the image now; it is standby until the cluster says otherwise.
+                    // Blocklisted (fenced), or the cluster unreachable for BLIND_GRACE: this
+                    // gateway cannot serve the image now; it is standby until the cluster says
+                    // otherwise. A shorter failure keeps the last view.
                     Err(e) => {
-                        if me.set_owner(None) {
+                        let fenced = e.errno() == Some(ESHUTDOWN);
+                        if !sight.failed(looked, Instant::now(), fenced) {
+                            tracing::debug!(device = %me.device, "cannot see who owns {} ({e}): keeping the last view for now", me.observer.name());
+                        } else if me.set_owner(None) {
                             tracing::warn!(device = %me.device, "owner of {} unknown ({e}): standby", me.observer.name());
                             lu.access_state_changed(None);
                         }
@@ -550,7 +592,6 @@ impl ImageOwnership {
 
     /// Replaces the data connection when the cluster refuses it (ESHUTDOWN: blocklisted).
     fn recover_if_fenced(&self) {
-        const ESHUTDOWN: i32 = 108;
         let probe = self
             .store
             .image()
@@ -770,6 +811,37 @@ mod tests {
 
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_gateway_keeps_its_view_of_the_owner_through_brief_blindness() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut sight = Sight::default();
+        // Quick failures, one look a second: the view is kept until the first failed look
+        // began BLIND_GRACE ago.
+        assert!(!sight.failed(at(0), at(10), false));
+        assert!(!sight.failed(at(1000), at(1010), false));
+        assert!(!sight.failed(at(2000), at(2010), false));
+        assert!(sight.failed(at(3000), at(3010), false));
+        // A success starts the count over.
+        sight.seen();
+        assert!(!sight.failed(at(4000), at(4010), false));
+        assert!(!sight.failed(at(5000), at(6999), false));
+        assert!(sight.failed(at(6000), at(7000), false));
+        // One look that hung for the whole grace (a cluster gone: calls time out) is enough.
+        sight.seen();
+        assert!(sight.failed(
+            at(10_000),
+            at(10_000 + BLIND_GRACE.as_millis() as u64),
+            false
+        ));
+        // Fenced: at once.
+        sight.seen();
+        assert!(sight.failed(at(20_000), at(20_001), true));
+        // A clock that seems to run back counts as no time.
+        let mut sight = Sight::default();
+        assert!(!sight.failed(at(5000), at(4000), false));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use scsi::{PersistentReservations, PrNexus, PrPersistence, PrRegistration};
+use scsi::{PersistentReservations, PrNexus, PrNotice, PrPersistence, PrRegistration};
 use serde::{Deserialize, Serialize};
 
 /// Bytes a saved reservation file may have, at most (a few hundred registrations).
@@ -64,6 +64,26 @@ struct SavedFile {
     #[serde(default)]
     registration: Vec<SavedRegistration>,
     reservation: Option<SavedReservation>,
+    /// The unit attentions of the last changes (a state shared by RBD gateways only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    notice: Vec<SavedNotice>,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct SavedNotice {
+    seq: u64,
+    asc: u8,
+    ascq: u8,
+    #[serde(default)]
+    nexus: Vec<SavedNexus>,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct SavedNexus {
+    initiator_port: String,
+    relative_port: u16,
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
@@ -217,6 +237,23 @@ fn encode(state: &PersistentReservations, medium: &Path) -> SavedFile {
                 relative_port: holder.relative_port,
                 pr_type: *pr_type,
             }),
+        notice: state
+            .notices
+            .iter()
+            .map(|n| SavedNotice {
+                seq: n.seq,
+                asc: n.ua.0,
+                ascq: n.ua.1,
+                nexus: n
+                    .nexuses
+                    .iter()
+                    .map(|x| SavedNexus {
+                        initiator_port: x.initiator_port.clone(),
+                        relative_port: x.relative_port,
+                    })
+                    .collect(),
+            })
+            .collect(),
     }
 }
 
@@ -259,11 +296,36 @@ fn decode(saved: SavedFile) -> Result<PersistentReservations, String> {
             Some((holder, r.pr_type))
         }
     };
+    if saved.notice.len() > scsi::NOTICES_KEPT
+        || saved.notice.windows(2).any(|w| w[0].seq >= w[1].seq)
+    {
+        return Err(format!(
+            "notices: at most {} in rising order expected",
+            scsi::NOTICES_KEPT
+        ));
+    }
+    let notices = saved
+        .notice
+        .into_iter()
+        .map(|n| PrNotice {
+            seq: n.seq,
+            ua: (n.asc, n.ascq),
+            nexuses: n
+                .nexus
+                .into_iter()
+                .map(|x| PrNexus {
+                    initiator_port: x.initiator_port,
+                    relative_port: x.relative_port,
+                })
+                .collect(),
+        })
+        .collect();
     Ok(PersistentReservations {
         aptpl: saved.aptpl,
         generation: saved.generation,
         registrations,
         reservation,
+        notices,
     })
 }
 
@@ -292,7 +354,12 @@ mod tests {
                     key: 0xAB,
                 },
             ],
-            reservation: Some((a, 3)),
+            reservation: Some((a.clone(), 3)),
+            notices: vec![PrNotice {
+                seq: 4,
+                ua: (0x2A, 0x05),
+                nexuses: vec![a],
+            }],
         }
     }
 
@@ -351,6 +418,35 @@ mod tests {
         state.reservation = None;
         let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
         assert!(reservations_from_text(&text, "rbd:rbd/other").is_err());
+    }
+
+    /// A state shared by gateways keeps its last notices, numbered in rising order; more, or
+    /// out of order, is refused (nothing else writes them).
+    #[test]
+    fn notices_load_back_in_order_and_bounded() {
+        let mut state = sample();
+        let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
+        assert!(text.contains("[[notice]]"), "{text}");
+        assert_eq!(reservations_from_text(&text, "rbd:rbd/vm").unwrap(), state);
+        // A state without notices saves none (files of single targets look as before).
+        state.notices.clear();
+        let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
+        assert!(!text.contains("notice"), "{text}");
+        assert_eq!(reservations_from_text(&text, "rbd:rbd/vm").unwrap(), state);
+        let notice = |seq| PrNotice {
+            seq,
+            ua: (0x2A, 0x03),
+            nexuses: Vec::new(),
+        };
+        state.notices = vec![notice(2), notice(2)];
+        let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
+        assert!(reservations_from_text(&text, "rbd:rbd/vm").is_err());
+        state.notices = (1..=scsi::NOTICES_KEPT as u64 + 1).map(notice).collect();
+        let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
+        assert!(reservations_from_text(&text, "rbd:rbd/vm").is_err());
+        state.notices.remove(0);
+        let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
+        assert_eq!(reservations_from_text(&text, "rbd:rbd/vm").unwrap(), state);
     }
 
     #[test]

@@ -1103,6 +1103,21 @@ fn rbd_gateways_ship_commands_to_the_owner() {
     assert_eq!(pr_out(&mut cb, 0x03, 0, 0x5151, 0), 0, "CLEAR");
     settle(&mut cb);
     settle(&mut cb_other);
+    // A PREEMPT through B tells the preempted initiator connected to A (REGISTRATIONS
+    // PREEMPTED): A raises it from the notice B saved with the reservations.
+    settle(&mut ca_other);
+    assert_eq!(pr_out(&mut ca_other, 0x00, 0, 0, 0x77), 0);
+    assert_eq!(pr_out(&mut cb, 0x00, 0, 0, 0x88), 0);
+    assert_eq!(pr_out(&mut cb, 0x04, 0x01, 0x88, 0x77), 0, "PREEMPT");
+    wait_until(
+        "A tells its nexus that B preempted it",
+        Duration::from_secs(5),
+        || command(&mut ca_other, &[0; 6], Transfer::None).1 == Some((0x06, 0x2A, 0x05)),
+    );
+    let (status, sense, _) = command(&mut ca_other, &[0; 6], Transfer::None);
+    assert_eq!((status, sense), (0, None), "told once");
+    assert_eq!(pr_out(&mut cb, 0x03, 0, 0x88, 0), 0, "CLEAR");
+    settle(&mut cb);
 
     // A LUN reset through A reaches B's nexuses (through the peer session's unit attention),
     // and one through B is passed on to A before it is answered.

@@ -26,7 +26,10 @@ mod xcopy;
 pub use lu::{LogicalUnit, LuIdentity, LuSettings};
 pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
 pub use plan::{plans, BlockIo, BlockOp, Plan, WriteShare};
-pub use pr::{PersistentReservations, PrNexus, PrPersistence, PrRegistration, SaveConflict};
+pub use pr::{
+    PersistentReservations, PrNexus, PrNotice, PrPersistence, PrRegistration, SaveConflict,
+    NOTICES_KEPT,
+};
 pub use sense::Sense;
 pub use store::{FileRange, SharedSlice};
 

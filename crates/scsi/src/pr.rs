@@ -94,13 +94,41 @@ struct State {
     spc2: Option<u64>,
     /// Nexus ids seen sending PR commands or checked while a reservation existed, for
     /// delivering unit attentions to an I_T nexus.
-    seen: HashMap<u64, ItNexus>,
+    seen: HashMap<u64, Seen>,
+    /// Unit attentions of changes made through any target sharing the state (the last
+    /// [`NOTICES_KEPT`]; shared state only): each target raises them on its own nexuses.
+    notices: Vec<PrNotice>,
+    /// The highest notice number this LU has raised (or made itself).
+    notices_raised: u64,
     /// Unit attentions a PERSISTENT RESERVE OUT raises, held until its change is saved (a
     /// change another gateway's save overtook is run again, and raises them then).
-    pending_ua: Vec<(u64, (u8, u8))>,
+    pending_ua: Vec<NexusAttention>,
 }
 
+/// A unit attention (ASC, ASCQ) for a nexus id.
+type NexusAttention = (u64, (u8, u8));
+
+/// An I_T nexus as seen here.
+#[derive(Debug, Clone)]
+struct Seen {
+    it: ItNexus,
+    /// Its commands were shipped here by another gateway: that gateway raises the nexus's
+    /// reservation unit attentions, from the shared notices.
+    shipped: bool,
+}
+
+/// Notices kept in a shared reservation state: a target that looks at it at least this many
+/// changes apart raises every unit attention (targets look before each PERSISTENT RESERVE
+/// command and, as RBD gateways, once a second).
+pub const NOTICES_KEPT: usize = 16;
+
 impl State {
+    fn see(&mut self, nexus: &Nexus) {
+        self.seen.entry(nexus.id).or_insert_with(|| Seen {
+            it: ItNexus::of(nexus),
+            shipped: nexus.target_port.shipped,
+        });
+    }
     fn key_of(&self, it: &ItNexus) -> Option<u64> {
         self.registrations
             .iter()
@@ -114,13 +142,36 @@ impl State {
             Some(r) => r.holder == *it,
         }
     }
-    /// Nexus ids of I_T nexuses matching `pred`.
-    fn nexus_ids(&self, pred: impl Fn(&ItNexus) -> bool) -> Vec<u64> {
+    /// Nexus ids of I_T nexuses matching `pred`; with `direct_only`, not those of commands
+    /// shipped here.
+    fn nexus_ids(&self, direct_only: bool, pred: impl Fn(&ItNexus) -> bool) -> Vec<u64> {
         self.seen
             .iter()
-            .filter(|(_, it)| pred(it))
+            .filter(|(_, seen)| !(direct_only && seen.shipped) && pred(&seen.it))
             .map(|(id, _)| *id)
             .collect()
+    }
+
+    /// Takes `stored` (saved by another target sharing the state) and returns the unit
+    /// attentions of its notices not yet raised here, for this target's own nexuses.
+    fn adopt(&mut self, stored: &PersistentReservations) -> Vec<NexusAttention> {
+        self.set_persistent(stored);
+        let mut raise = Vec::new();
+        for notice in &self.notices {
+            if notice.seq > self.notices_raised {
+                let targets: Vec<ItNexus> = notice.nexuses.iter().map(ItNexus::from).collect();
+                for id in self.nexus_ids(true, |it| targets.contains(it)) {
+                    raise.push((id, notice.ua));
+                }
+            }
+        }
+        // (Lower when the stored notices were started over: numbering follows them.)
+        self.notices_raised = self.last_notice();
+        raise
+    }
+
+    fn last_notice(&self) -> u64 {
+        self.notices.last().map_or(0, |n| n.seq)
     }
     /// Removes a registration; releases the reservation it held. Returns the nexuses to tell
     /// RESERVATIONS RELEASED.
@@ -153,6 +204,20 @@ pub struct PersistentReservations {
     pub registrations: Vec<PrRegistration>,
     /// The holder (for all-registrants types, any registrant: the first) and its type.
     pub reservation: Option<(PrNexus, u8)>,
+    /// Shared state only: the unit attentions of the last changes, oldest first.
+    pub notices: Vec<PrNotice>,
+}
+
+/// A unit attention a PERSISTENT RESERVE OUT raised for I_T nexuses, kept in a shared state
+/// so that every target sharing it tells its own nexuses (a PREEMPT through one RBD gateway
+/// reaches the preempted initiator connected to another).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrNotice {
+    /// Numbered from 1, one up per notice.
+    pub seq: u64,
+    /// ASC and ASCQ (UNIT ATTENTION).
+    pub ua: (u8, u8),
+    pub nexuses: Vec<PrNexus>,
 }
 
 /// An I_T nexus of a registration: initiator port name (`iqn...,i,0x<ISID>`) and relative
@@ -264,6 +329,7 @@ impl State {
                 .reservation
                 .as_ref()
                 .map(|r| ((&r.holder).into(), r.pr_type)),
+            notices: self.notices.clone(),
         }
     }
 
@@ -279,6 +345,7 @@ impl State {
             holder: holder.into(),
             pr_type: *pr_type,
         });
+        self.notices = p.notices.clone();
     }
 }
 
@@ -371,7 +438,7 @@ impl Reservations {
             return Ok(());
         }
         let mut s = self.lock();
-        s.seen.entry(nexus.id).or_insert_with(|| ItNexus::of(nexus));
+        s.see(nexus);
         if let Some(holder) = s.spc2 {
             if holder != nexus.id && !spc2_allowed(cdb.u8(0)) {
                 return Err(CONFLICT);
@@ -421,19 +488,18 @@ impl Reservations {
     /// Takes the shared state as stored (another gateway may have changed it) before a
     /// PERSISTENT RESERVE command works on it; a store that cannot be read fails the command
     /// (NOT READY, ASYMMETRIC ACCESS STATE TRANSITION: retry) rather than act on a stale copy.
-    fn refresh_shared(&self, s: &mut State) -> Result<(), Sense> {
+    /// Returns the unit attentions its new notices raise here.
+    fn refresh_shared(&self, s: &mut State) -> Result<Vec<NexusAttention>, Sense> {
         let Some(p) = self.persistence.get().filter(|p| p.shared()) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         match p.load() {
-            Ok(Some(stored)) => {
-                if s.persistent() != stored {
-                    s.set_persistent(&stored);
-                    self.update_held(s);
-                }
-                Ok(())
+            Ok(Some(stored)) if s.persistent() != stored => {
+                let raise = s.adopt(&stored);
+                self.update_held(s);
+                Ok(raise)
             }
-            Ok(None) => Ok(()),
+            Ok(_) => Ok(Vec::new()),
             Err(_) => Err(Sense::not_ready_transition()),
         }
     }
@@ -446,10 +512,28 @@ impl Reservations {
 
 impl LogicalUnit {
     /// Queues `ua` for the nexuses of `targets`; raised by [`Self::raise_pending`] once the
-    /// command's change stands.
+    /// command's change stands. With a shared state it is also noticed there, for the other
+    /// targets' nexuses; nexuses shipped here are told by the gateway that shipped them.
     fn notify(&self, s: &mut State, targets: &[ItNexus], ua: (u8, u8)) {
-        for id in s.nexus_ids(|it| targets.contains(it)) {
+        let shared = self.reservations.shared();
+        for id in s.nexus_ids(shared, |it| targets.contains(it)) {
             s.pending_ua.push((id, ua));
+        }
+        if shared && !targets.is_empty() {
+            let seq = s.last_notice().max(s.notices_raised) + 1;
+            s.notices.push(PrNotice {
+                seq,
+                ua,
+                nexuses: targets.iter().map(PrNexus::from).collect(),
+            });
+            let excess = s.notices.len().saturating_sub(NOTICES_KEPT);
+            s.notices.drain(..excess);
+        }
+    }
+
+    fn raise_now(&self, raise: Vec<NexusAttention>) {
+        for (id, ua) in raise {
+            self.ua.raise_one(id, ua);
         }
     }
 
@@ -465,7 +549,7 @@ impl LogicalUnit {
         check_reserved(cdb, 1, 0x00)?;
         let r = &self.reservations;
         let mut s = r.lock();
-        s.seen.entry(nexus.id).or_insert_with(|| ItNexus::of(nexus));
+        s.see(nexus);
         // CRH=0: with persistent reservations in use, RESERVE and RELEASE conflict.
         if s.reservation.is_some() || !s.registrations.is_empty() {
             return Err(CONFLICT);
@@ -491,8 +575,9 @@ impl LogicalUnit {
     ) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
         let mut s = self.reservations.lock();
-        self.reservations.refresh_shared(&mut s)?;
-        s.seen.entry(nexus.id).or_insert_with(|| ItNexus::of(nexus));
+        let noticed = self.reservations.refresh_shared(&mut s)?;
+        self.raise_now(noticed);
+        s.see(nexus);
         let generation = s.generation;
         match cdb.service_action() {
             SA_PR_READ_KEYS => {
@@ -640,9 +725,10 @@ impl LogicalUnit {
         let it = it.clone();
         let r = &self.reservations;
         let mut s = r.lock();
-        r.refresh_shared(&mut s)?;
+        let noticed = r.refresh_shared(&mut s)?;
+        self.raise_now(noticed);
         s.pending_ua.clear();
-        s.seen.entry(nexus.id).or_insert_with(|| it.clone());
+        s.see(nexus);
         if s.spc2.is_some_and(|h| h != nexus.id) {
             return Err(CONFLICT.into());
         }
@@ -748,6 +834,8 @@ impl LogicalUnit {
         }
         if result.is_ok() {
             self.raise_pending(&mut s);
+            // Raised here already (or nothing to raise): not again when read back.
+            s.notices_raised = s.last_notice();
         } else {
             s.pending_ua.clear();
         }
@@ -772,17 +860,21 @@ impl LogicalUnit {
         let r = &self.reservations;
         let mut s = r.lock();
         s.set_persistent(saved);
+        s.notices_raised = s.last_notice();
         r.update_held(&s);
     }
 
     /// Replaces the reservation state with `stored`, APTPL or not: a gateway taking an image
     /// over, or following the registrations another gateway changed.
+    /// The unit attentions of changes made through another target are raised here.
     pub fn replace_reservations(&self, stored: &PersistentReservations) {
         let r = &self.reservations;
         let mut s = r.lock();
         if s.persistent() != *stored {
-            s.set_persistent(stored);
+            let raise = s.adopt(stored);
             r.update_held(&s);
+            drop(s);
+            self.raise_now(raise);
         }
     }
 

@@ -4,7 +4,7 @@
 //! parameter lists refused.
 mod common;
 use common::*;
-use scsi::{AccessState, Nexus, Ownership, PortGroup, TargetPort};
+use scsi::{AccessState, Nexus, Ownership, PortGroup, PrPersistence, TargetPort};
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use store::BlockStore;
@@ -596,4 +596,135 @@ fn a_gateway_that_became_the_owner_meanwhile_asks_for_a_retry_instead_of_shippin
     clear_ua(&mut t);
     let answer = ship_without_waiting(&t, &t.nexus, &read10(0, 1), &[], 512, false).unwrap_err();
     assert_sense(answer.sense.as_ref().unwrap(), 0x02, 0x04, 0x0A);
+}
+
+/// A PERSISTENT RESERVE OUT parameter list: reservation key, service action key.
+fn prout_list(key: u64, sa_key: u64) -> Vec<u8> {
+    let mut list = vec![0u8; 24];
+    list[0..8].copy_from_slice(&key.to_be_bytes());
+    list[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    list
+}
+
+/// The unit attention (or other sense) a TEST UNIT READY of `nexus` gets from `lu`.
+fn tur_sense(lu: &scsi::LogicalUnit, nexus: &Nexus) -> Option<(u8, u8, u8)> {
+    let cmd = scsi::Command {
+        cdb: &[0u8; 6],
+        data_out: &[],
+        data_in_limit: 0,
+    };
+    lu.execute(nexus, &cmd, &mut Vec::new())
+        .sense
+        .map(|s| (s.key, s.asc, s.ascq))
+}
+
+/// A PREEMPT through one gateway tells the preempted initiators connected to either gateway,
+/// each once: the gateway that ran it tells its own nexuses at once, the other when it reads
+/// the shared state (following it, or before its next PERSISTENT RESERVE command); a nexus
+/// the owner knows only as shipped is told by the gateway that shipped it, not twice.
+#[test]
+fn reservation_unit_attentions_reach_initiators_of_every_gateway_once() {
+    const PREEMPTED: Option<(u8, u8, u8)> = Some((0x06, 0x2A, 0x05));
+    let (mut t, mut owner, _shipper) = shipping();
+    let shared = Arc::new(SharedStore::default());
+    t.lu.set_pr_persistence(shared.clone());
+    owner.lu.set_pr_persistence(shared.clone());
+    let register = [0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0];
+    let reserve_we = [0x5F, 0x01, 0x01, 0, 0, 0, 0, 0, 24, 0];
+    let preempt_we = [0x5F, 0x04, 0x01, 0, 0, 0, 0, 0, 24, 0];
+    let read_keys = [0x5E, 0x00, 0, 0, 0, 0, 0, 0, 64, 0];
+    // Through the non-owner: nexus 2 registers 0xB, nexus 3 registers 0xA.
+    let b2 = t.nexus.clone();
+    t.ok(&register, &prout_list(0, 0xB));
+    let b3 = gateway_nexus(3, 2);
+    t.lu.nexus_added(b3.id);
+    t.nexus = b3.clone();
+    clear_ua(&mut t);
+    t.ok(&register, &prout_list(0, 0xA));
+    // Through the owner: nexus 5 registers 0xA as well and reserves WRITE EXCLUSIVE.
+    let a5 = gateway_nexus(5, 1);
+    owner.lu.nexus_added(a5.id);
+    owner.nexus = a5.clone();
+    clear_ua(&mut owner);
+    owner.ok(&register, &prout_list(0, 0xA));
+    owner.ok(&reserve_we, &prout_list(0xA, 0));
+    // Nexus 2 reads through shipping: the owner now knows its peer nexus.
+    t.nexus = b2.clone();
+    t.ok(&read10(0, 1), &[]);
+
+    // Nexus 5 (owner) preempts 0xB: nexus 2's registration goes. The owner does not tell the
+    // peer nexus; the non-owner tells nexus 2 when it follows the shared state.
+    owner.ok(&preempt_we, &prout_list(0xA, 0xB));
+    assert_eq!(tur_sense(&t.lu, &b2), None, "not followed yet");
+    t.lu.replace_reservations(&shared.load().unwrap().unwrap());
+    assert_eq!(tur_sense(&t.lu, &b2), PREEMPTED);
+    assert_eq!(tur_sense(&t.lu, &b2), None, "once");
+    // Not again from the owner: a read ships, and comes back GOOD (WRITE EXCLUSIVE).
+    t.nexus = b2.clone();
+    t.ok(&read10(0, 1), &[]);
+    assert_eq!(tur_sense(&t.lu, &b3), None, "nexus 3 was not preempted");
+    // Following the same state again raises nothing.
+    t.lu.replace_reservations(&shared.load().unwrap().unwrap());
+    assert_eq!(tur_sense(&t.lu, &b2), None);
+
+    // Nexus 2 registers again (0xC) through the non-owner and preempts key 0xA, held by nexus
+    // 3 (here: told at once) and nexus 5 (the owner's: told when the owner reads the state,
+    // here before its next PERSISTENT RESERVE command).
+    t.ok(&register, &prout_list(0, 0xC));
+    t.ok(&preempt_we, &prout_list(0xC, 0xA));
+    assert_eq!(tur_sense(&t.lu, &b3), PREEMPTED);
+    assert_eq!(tur_sense(&t.lu, &b3), None);
+    t.lu.replace_reservations(&shared.load().unwrap().unwrap());
+    assert_eq!(
+        tur_sense(&t.lu, &b3),
+        None,
+        "its own notice, not raised twice"
+    );
+    assert_eq!(
+        tur_sense(&owner.lu, &a5),
+        None,
+        "the owner has not read it yet"
+    );
+    let keys = owner.ok(&read_keys, &[]);
+    assert_eq!(
+        &keys[4..8],
+        &8u32.to_be_bytes(),
+        "only 0xC is left: {keys:02x?}"
+    );
+    assert_eq!(tur_sense(&owner.lu, &a5), PREEMPTED);
+    assert_eq!(tur_sense(&owner.lu, &a5), None);
+    // The shared state keeps the notices, numbered.
+    let stored = shared.load().unwrap().unwrap();
+    let seqs: Vec<u64> = stored.notices.iter().map(|n| n.seq).collect();
+    assert_eq!(seqs, vec![1, 2]);
+}
+
+/// A shared state keeps only the last [`scsi::NOTICES_KEPT`] notices.
+#[test]
+fn a_shared_reservation_state_keeps_a_bounded_number_of_notices() {
+    let (mut t, owner, _shipper) = shipping();
+    let shared = Arc::new(SharedStore::default());
+    t.lu.set_pr_persistence(shared.clone());
+    owner.lu.set_pr_persistence(shared.clone());
+    let register = [0x5F, 0x00, 0, 0, 0, 0, 0, 0, 24, 0];
+    let preempt_we = [0x5F, 0x04, 0x01, 0, 0, 0, 0, 0, 24, 0];
+    let victim = gateway_nexus(7, 2);
+    t.lu.nexus_added(victim.id);
+    let me = t.nexus.clone();
+    t.ok(&register, &prout_list(0, 1));
+    for round in 0..(scsi::NOTICES_KEPT as u64 + 4) {
+        t.nexus = victim.clone();
+        let _ = t.run(&[0u8; 6], &[]);
+        t.ok(&register, &prout_list(0, 100 + round));
+        t.nexus = me.clone();
+        t.ok(&preempt_we, &prout_list(1, 100 + round));
+    }
+    let stored = shared.load().unwrap().unwrap();
+    assert_eq!(stored.notices.len(), scsi::NOTICES_KEPT);
+    let last = scsi::NOTICES_KEPT as u64 + 4;
+    assert_eq!(stored.notices.last().map(|n| n.seq), Some(last));
+    assert_eq!(
+        stored.notices.first().map(|n| n.seq),
+        Some(last - scsi::NOTICES_KEPT as u64 + 1)
+    );
 }

@@ -1406,3 +1406,252 @@ fn a_hung_owner_holds_no_io_thread_other_devices_need() {
     let failed = metric(&text, "ferrosan_gateway_ship_failures_total{device=\"vm\"}");
     assert_eq!(failed, 0.0);
 }
+
+/// One path's writes and read-backs in [`rbd_gateways_keep_every_acknowledged_write_while_ownership_moves`]:
+/// a 512-byte block names its LBA and the write's number.
+fn numbered_block(lba: u32, seq: u64) -> Vec<u8> {
+    let mut block = pseudo_random_bytes(512, seq);
+    block[..8].copy_from_slice(&u64::from(lba).to_be_bytes());
+    block[8..16].copy_from_slice(&seq.to_be_bytes());
+    block
+}
+
+/// The (LBA, write number) a block read back names.
+fn block_number(block: &[u8]) -> Option<(u32, u64)> {
+    let lba = u64::from_be_bytes(block.get(..8)?.try_into().ok()?);
+    let seq = u64::from_be_bytes(block.get(8..16)?.try_into().ok()?);
+    Some((u32::try_from(lba).ok()?, seq))
+}
+
+/// The image moves between the gateways six times (`ferrosan ctl device take`, each fencing
+/// the other) while an initiator writes through both portals in turn, reconnecting when a
+/// gateway ends its sessions and retrying what failed, and reads each block back through the
+/// other portal after every write: no read ever returns a write older than one acknowledged
+/// for that block (a stale write landing after a newer one), and the final contents hold
+/// every acknowledged write.
+#[test]
+fn rbd_gateways_keep_every_acknowledged_write_while_ownership_moves() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    const BLOCKS: u32 = 32;
+    let cluster = TestCluster::start("moves", 3, "");
+    cluster.rbd(&["create", "--size", "64M", "rbd/moves"]);
+    let iqn = "iqn.2024-01.dev.ferrosan:moves";
+    let (port_a, port_b) = (free_port(), free_port());
+    let config = gateways_config("", iqn, "rbd/moves", &cluster, (port_a, port_b));
+    let scratch = Scratch::new("moves");
+    let socket_of = |gateway: &str| {
+        scratch
+            .file(&format!("{gateway}.sock"))
+            .display()
+            .to_string()
+    };
+    let start = |gateway: &str, port: u16| {
+        Daemon::start_config_text(
+            iqn,
+            port,
+            &config,
+            &[
+                "--gateway",
+                gateway,
+                "--control-socket",
+                &socket_of(gateway),
+            ],
+        )
+    };
+    let a = start("a", port_a);
+    let b = start("b", port_b);
+    assert_eq!(
+        settle(&mut client(port_a, iqn)),
+        (0, None),
+        "{}",
+        a.output()
+    );
+    assert_eq!(
+        settle(&mut client(port_b, iqn)),
+        (0, None),
+        "{}",
+        b.output()
+    );
+
+    // What the writer learned: per block, the newest acknowledged write; what went wrong. (The
+    // blocking client logs in again by itself when a gateway ends its session, and resubmits
+    // the command it had in flight: the same write, so the same number.)
+    #[derive(Default)]
+    struct Seen {
+        acked: Vec<u64>,
+        acked_total: u64,
+        failed: u64,
+        stale: Vec<String>,
+    }
+    let seen = Arc::new(Mutex::new(Seen {
+        acked: vec![0; BLOCKS as usize],
+        ..Seen::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (seen, stop, iqn) = (Arc::clone(&seen), Arc::clone(&stop), iqn.to_string());
+        std::thread::spawn(move || {
+            let ports = [port_a, port_b];
+            let connect = |port: u16| {
+                let mut s = SessionConfig::new(
+                    INITIATOR,
+                    SessionKind::Normal {
+                        target_name: iqn.clone(),
+                    },
+                );
+                s.command_timeout = Duration::from_secs(30);
+                let mut c = ClientConfig::new(format!("127.0.0.1:{port}"), s);
+                c.timeouts.login = Duration::from_secs(10);
+                Client::connect(c).ok()
+            };
+            let mut clients: Vec<Option<Client>> = ports.iter().map(|&p| connect(p)).collect();
+            let mut seq = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                seq += 1;
+                let lba = (seq % u64::from(BLOCKS)) as u32;
+                let path = (seq % 2) as usize;
+                let Some(c) = clients[path].as_mut() else {
+                    std::thread::sleep(Duration::from_millis(50));
+                    clients[path] = connect(ports[path]);
+                    continue;
+                };
+                let mut cdb = [0u8; 10];
+                cdb[0] = 0x2A;
+                cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+                cdb[8] = 1;
+                let written = c.command(
+                    Cdb::new(&cdb).expect("cdb"),
+                    Transfer::Write(numbered_block(lba, seq)),
+                );
+                match written {
+                    Ok(r) if r.status == 0 => {
+                        let mut s = seen.lock().unwrap();
+                        s.acked[lba as usize] = seq;
+                        s.acked_total += 1;
+                    }
+                    Ok(_) => {
+                        seen.lock().unwrap().failed += 1;
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(_) => {
+                        seen.lock().unwrap().failed += 1;
+                        clients[path] = None;
+                        continue;
+                    }
+                }
+                // Read the block back through the other path: never older than acknowledged.
+                let other = 1 - path;
+                let Some(c) = clients[other].as_mut() else {
+                    continue;
+                };
+                let mut cdb = [0u8; 10];
+                cdb[0] = 0x28;
+                cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+                cdb[8] = 1;
+                let floor = seen.lock().unwrap().acked[lba as usize];
+                let read = c.command(
+                    Cdb::new(&cdb).expect("cdb"),
+                    Transfer::Read {
+                        len: 512,
+                        buf: Vec::new(),
+                    },
+                );
+                match read {
+                    Ok(r) if r.status == 0 => match block_number(&r.data) {
+                        Some((at, got)) if at == lba && got >= floor => {}
+                        other_block => seen.lock().unwrap().stale.push(format!(
+                            "LBA {lba} read through port {}: {other_block:?}, acknowledged {floor}",
+                            ports[other]
+                        )),
+                    },
+                    Ok(_) => {}
+                    Err(_) => clients[other] = None,
+                }
+            }
+        })
+    };
+
+    // Six moves, each once the gateway taking the image has replaced the connection the
+    // previous move fenced.
+    let reconnected = |d: &Daemon| d.output().matches("reconnected, standby").count();
+    let mut fenced = [0usize; 2];
+    let mut acked_before_last_move = 0;
+    for (i, gateway) in ["b", "a", "b", "a", "b", "a"].into_iter().enumerate() {
+        std::thread::sleep(Duration::from_millis(1500));
+        let (me, other) = if gateway == "a" { (0, 1) } else { (1, 0) };
+        let daemon = [&a, &b][me];
+        wait_until(
+            &format!("gateway {gateway} replaces its fenced connection"),
+            Duration::from_secs(20),
+            || reconnected(daemon) >= fenced[me],
+        );
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+            .args([
+                "ctl",
+                "--socket",
+                &socket_of(gateway),
+                "device",
+                "take",
+                "vm",
+            ])
+            .output()
+            .expect("ferrosan ctl");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains(&format!("owned by gateway {gateway}")),
+            "move {i}: ctl device take: {said}{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            daemon.output()
+        );
+        // Each move breaks the other gateway's lock, blocklisting its data connection.
+        fenced[other] += 1;
+        acked_before_last_move = seen.lock().unwrap().acked_total;
+    }
+    // The writer keeps going through the final owner's portal and the shipping one.
+    wait_until(
+        "writes are acknowledged after the last move",
+        Duration::from_secs(30),
+        || seen.lock().unwrap().acked_total > acked_before_last_move + 20,
+    );
+    stop.store(true, Ordering::Release);
+    writer.join().expect("the writer ran to the end");
+    let seen = seen.lock().unwrap();
+    assert!(seen.stale.is_empty(), "stale reads: {:?}", seen.stale);
+    // Each gateway that lost the image ended the sessions it had then; they logged in again.
+    let ended = |d: &Daemon| {
+        d.output()
+            .matches("closing the session: this gateway lost an RBD image")
+            .count()
+    };
+    let (ended_a, ended_b) = (ended(&a), ended(&b));
+    eprintln!(
+        "{} writes acknowledged, {} failed (retried as new writes); sessions ended: a {ended_a}, b {ended_b}",
+        seen.acked_total, seen.failed
+    );
+    assert!(
+        ended_a >= 1 && ended_b >= 1,
+        "{}\n{}",
+        a.output(),
+        b.output()
+    );
+    // The final contents, through the owner a: every block holds its newest acknowledged
+    // write or a later one that failed to answer, never an older one.
+    let mut ca = client(port_a, iqn);
+    settle(&mut ca);
+    let (status, sense, data) = read10(&mut ca, 0, BLOCKS as u16);
+    assert_eq!(status, 0, "{sense:?}");
+    for (lba, block) in data.chunks(512).enumerate() {
+        if seen.acked[lba] == 0 && block.iter().all(|&b| b == 0) {
+            continue;
+        }
+        let (at, got) = block_number(block).expect("a numbered block");
+        assert_eq!(at as usize, lba, "block {lba} holds another LBA's write");
+        assert!(
+            got >= seen.acked[lba],
+            "block {lba}: write {got}, older than the acknowledged {}",
+            seen.acked[lba]
+        );
+    }
+    drop((a, b));
+}

@@ -15,8 +15,8 @@
 # Env: ROUNDS (2), RUNTIME (10 s), WORKLOADS (randread-4k-qd32; RW-BS-qdDEPTH as in
 # bench/rbd.sh), VARIANTS (NAME:BINARY:CEPH_ARGS[:LUN_OPTIONS], CEPH_ARGS with commas for
 # spaces and maybe empty, LUN_OPTIONS appended to the `--lun rbd:rbd/cpu` spec, e.g.
-# `,write_cache`; default one, `gateway`, this tree's release build), PLACEMENT (shared, or split: the
-# cluster on the first half of the CPUs, fio and the gateways on the other, as in bench/rbd.sh).
+# `,write_cache`; default one, `gateway`, this tree's release build), PLACEMENT (shared, split
+# or hosts, as in bench/rbd.sh).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ROUNDS=${ROUNDS:-2}

@@ -44,7 +44,7 @@ gateways_config "$IQN" rbd/shipping "$CEPH_CONF" "$PORT_A" "$PORT_B" >"$WORK/gat
 for gw in a b; do # a first: it takes the image's lock and owns it
     port=$PORT_A
     [[ $gw == b ]] && port=$PORT_B
-    "${CLIENT_CPUS[@]}" "$BIN" serve --config "$WORK/gateways.toml" --gateway "$gw" \
+    "${GATEWAY_CPUS[@]}" "$BIN" serve --config "$WORK/gateways.toml" --gateway "$gw" \
         --state-dir "$WORK/state-$gw" >"$WORK/$gw.log" 2>&1 &
     GW_PID[$gw]=$!
     wait_port "$port" "${GW_PID[$gw]}" 10 || { echo "gateway $gw did not start:" >&2; cat "$WORK/$gw.log" >&2; exit 1; }

@@ -16,7 +16,10 @@
 #      its CPU after a few minutes of random writes, scripts/ceph-single-node.sh), WORKLOADS (randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16),
 #      PLACEMENT (shared: every process on every CPU; split: the cluster's daemons on the first
 #      half of the CPUs, fio and the gateway on the other half — the cluster as on hosts of its
-#      own, so a client's CPU is not taken from the OSD; needs this script's own cluster).
+#      own, so a client's CPU is not taken from the OSD; hosts: every party as on a host of its
+#      own — the gateway alone on the second half, the cluster and fio on the first half held
+#      to fixed shares of it by CPU quotas, CLUSTER_SHARE 60 % and CLIENT_SHARE 40 %, root
+#      needed (bench/rbd-lib.sh); split and hosts need this script's own cluster).
 # Two librbd references: fio's rbd engine as it comes (`librbd`: librbd's default write-around
 # cache acknowledges a write once it is sent, before the OSD has it: a 4 KiB write at QD1 in
 # ~90 us instead of ~490 us here), and with the librados settings the gateway itself runs
@@ -55,6 +58,7 @@ log() { echo "[bench-rbd] $*" >&2; }
 
 PLACEMENT=${PLACEMENT:-shared}
 CLIENT_CPUS=()
+GATEWAY_CPUS=()
 if [[ -z ${CEPH_CONF:-} ]]; then
     OWN_CLUSTER=${CEPH_DIR:-$ROOT/target/bench-ceph}
     rbd_cluster_start "$OWN_CLUSTER" $((IMAGE_GIB * 2 + 2)) "$PLACEMENT"

@@ -48,12 +48,10 @@ for gw in a b; do # a first: it takes the image's lock and owns it
         --state-dir "$WORK/state-$gw" >"$WORK/$gw.log" 2>&1 &
     GW_PID[$gw]=$!
     wait_port "$port" "${GW_PID[$gw]}" 10 || { echo "gateway $gw did not start:" >&2; cat "$WORK/$gw.log" >&2; exit 1; }
+    # (a listens before it has locked the image: b waits for that.)
+    [[ $gw == b ]] || wait_for_line "$WORK/a.log" "$GATEWAY_A_OWNS" 10 || true
 done
-for _ in $(seq 100); do
-    grep -q "is owned by gateway a" "$WORK/b.log" && break
-    sleep 0.1
-done
-grep -q "is owned by gateway a" "$WORK/b.log" || { echo "b does not see a as the owner:" >&2; cat "$WORK/b.log" >&2; exit 1; }
+wait_for_line "$WORK/b.log" "$GATEWAY_B_SEES_A" 10 || { echo "b does not see a as the owner:" >&2; cat "$WORK/b.log" >&2; exit 1; }
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 echo "round portal         workload            IOPS   mean-us  p99-us | gateway CPU us/IO: a  b"

@@ -140,7 +140,7 @@ CONFIG
 # and b (GATEWAY_B_PID, portal PORT2) exporting rbd IMAGE of $CEPH_CONF as LUN 0 of $IQN;
 # b ships the commands that need the medium to a.
 start_gateways() {
-    local run=$1 image=$2 g port rc i
+    local run=$1 image=$2 g port rc
     PORT=$(free_port)
     PORT2=$(free_port)
     while [[ $PORT2 == "$PORT" ]]; do PORT2=$(free_port); done
@@ -161,12 +161,13 @@ start_gateways() {
             tail_indented "$OUT/$run.$g.daemon.log" 20
             return 1
         fi
+        # a listens before it has locked and recorded the image: b, started before that, would
+        # find no owner (standby until its follow loop looks, a second later).
+        if [[ $g == a ]]; then
+            wait_for_line "$OUT/$run.a.daemon.log" "$GATEWAY_A_OWNS" 10 || true
+        fi
     done
-    # b logs whom it found owning the image (it may listen before it has looked).
-    for ((i = 0; i < 100; i++)); do
-        grep -q "is owned by gateway a" "$OUT/$run.b.daemon.log" && return 0
-        sleep 0.1
-    done
+    wait_for_line "$OUT/$run.b.daemon.log" "$GATEWAY_B_SEES_A" 10 && return 0
     log "$run: gateway b does not see a as the owner after 10 s; its output:"
     tail_indented "$OUT/$run.b.daemon.log" 20
     return 1

@@ -109,6 +109,22 @@ wait_port() {
     return 1
 }
 
+# wait_for_line FILE ERE SECONDS: wait until FILE has a line matching ERE; fail after SECONDS.
+wait_for_line() {
+    local i
+    for ((i = 0; i < $3 * 10; i++)); do
+        grep -qE "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# What a gateway started by gateways_config logs once it owns the image (gateway a at start),
+# and what gateway b logs once it knows a owns it (at start, or when it next looks, a second
+# later, if a had not locked the image yet: a listens before it has).
+GATEWAY_A_OWNS="gateway a owns"
+GATEWAY_B_SEES_A="is owned by gateway a|owner of .* is now gateway a"
+
 # gateways_config IQN IMAGE CEPH_CONF PORT_A PORT_B: prints a config for two RBD gateways, a and
 # b (portal groups 1 and 2 on 127.0.0.1:PORT_A and PORT_B), exporting rbd IMAGE (POOL/NAME) of
 # the cluster CEPH_CONF names as LUN 0 of IQN to any initiator (docs/RBD.md); each gateway runs

@@ -24,16 +24,27 @@ fn client(port: u16, target: &str) -> Client {
 }
 
 fn client_named(port: u16, target: &str, initiator: &str) -> Client {
+    connect(port, target, initiator, Duration::from_secs(90)).expect("login")
+}
+
+/// A session of `initiator` to `target` on the loopback `port`, whose commands time out after
+/// `command_timeout`.
+fn connect(
+    port: u16,
+    target: &str,
+    initiator: &str,
+    command_timeout: Duration,
+) -> Result<Client, initiator::Error> {
     let mut s = SessionConfig::new(
         initiator,
         SessionKind::Normal {
             target_name: target.into(),
         },
     );
-    s.command_timeout = Duration::from_secs(90);
+    s.command_timeout = command_timeout;
     let mut c = ClientConfig::new(format!("127.0.0.1:{port}"), s);
     c.timeouts.login = Duration::from_secs(10);
-    Client::connect(c).expect("login")
+    Client::connect(c)
 }
 
 /// Sends `cdb` with `transfer`; the status and sense (key, asc, ascq) and the data.
@@ -520,6 +531,39 @@ iqn = "{iqn}"
     )
 }
 
+/// Gateway `gateway`'s control socket, in `scratch`.
+fn gateway_socket(scratch: &Scratch, gateway: &str) -> String {
+    scratch
+        .file(&format!("{gateway}.sock"))
+        .display()
+        .to_string()
+}
+
+/// Starts gateway `gateway` of `config` on `port`, its control socket in `scratch`, with
+/// `extra` arguments.
+fn start_gateway(
+    iqn: &str,
+    port: u16,
+    config: &str,
+    scratch: &Scratch,
+    gateway: &str,
+    extra: &[&str],
+) -> Daemon {
+    let socket = gateway_socket(scratch, gateway);
+    let mut args = vec!["--gateway", gateway, "--control-socket", &socket];
+    args.extend_from_slice(extra);
+    Daemon::start_config_text(iqn, port, config, &args)
+}
+
+/// `ferrosan ctl ARGS` on gateway `gateway`'s control socket.
+fn gateway_ctl(scratch: &Scratch, gateway: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args(["ctl", "--socket", &gateway_socket(scratch, gateway)])
+        .args(args)
+        .output()
+        .expect("ferrosan ctl")
+}
+
 #[test]
 fn rbd_gateways_fence_on_takeover() {
     let cluster = TestCluster::start("gw", 3, "");
@@ -536,25 +580,8 @@ fn rbd_gateways_fence_on_takeover() {
         (port_a, port_b),
     );
     let scratch = Scratch::new("gateways");
-    let socket_of = |gateway: &str| {
-        scratch
-            .file(&format!("{gateway}.sock"))
-            .display()
-            .to_string()
-    };
-    let start = |gateway: &str, port: u16| {
-        Daemon::start_config_text(
-            iqn,
-            port,
-            &config,
-            &[
-                "--gateway",
-                gateway,
-                "--control-socket",
-                &socket_of(gateway),
-            ],
-        )
-    };
+    let start =
+        |gateway: &str, port: u16| start_gateway(iqn, port, &config, &scratch, gateway, &[]);
     let mut a = start("a", port_a);
     let mut b = start("b", port_b);
 
@@ -716,10 +743,7 @@ fn rbd_gateways_fence_on_takeover() {
     a.signal("KILL");
     let _ = a.wait_exit(Duration::from_secs(5));
     drop(a);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .args(["ctl", "--socket", &socket_of("b"), "device", "take", "vm"])
-        .output()
-        .expect("ferrosan ctl");
+    let out = gateway_ctl(&scratch, "b", &["device", "take", "vm"]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && said.contains("owned by gateway b"),
@@ -793,38 +817,22 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
     let scratch = Scratch::new("auto-takeover");
     let (metrics_a, metrics_b) = (free_port(), free_port());
     let start = |gateway: &str, port: u16| {
-        let socket = scratch
-            .file(&format!("{gateway}.sock"))
-            .display()
-            .to_string();
         let metrics = format!(
             "127.0.0.1:{}",
             if gateway == "a" { metrics_a } else { metrics_b }
         );
-        Daemon::start_config_text(
+        start_gateway(
             iqn,
             port,
             &config,
-            &[
-                "--gateway",
-                gateway,
-                "--control-socket",
-                &socket,
-                "--metrics-listen",
-                &metrics,
-            ],
+            &scratch,
+            gateway,
+            &["--metrics-listen", &metrics],
         )
     };
     // `ferrosan ctl luns` on a gateway: the MODE column says who owns the image.
     let lun_mode = |gateway: &str| {
-        let socket = scratch
-            .file(&format!("{gateway}.sock"))
-            .display()
-            .to_string();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-            .args(["ctl", "--socket", &socket, "luns"])
-            .output()
-            .expect("ferrosan ctl luns");
+        let out = gateway_ctl(&scratch, gateway, &["luns"]);
         assert!(out.status.success(), "{out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -1000,18 +1008,8 @@ fn rbd_gateways_ship_commands_to_the_owner() {
     let (port_a, port_b) = (free_port(), free_port());
     let config = gateways_config("", iqn, "rbd/ship", &cluster, (port_a, port_b));
     let scratch = Scratch::new("ship");
-    let start = |gateway: &str, port: u16| {
-        let socket = scratch
-            .file(&format!("{gateway}.sock"))
-            .display()
-            .to_string();
-        Daemon::start_config_text(
-            iqn,
-            port,
-            &config,
-            &["--gateway", gateway, "--control-socket", &socket],
-        )
-    };
+    let start =
+        |gateway: &str, port: u16| start_gateway(iqn, port, &config, &scratch, gateway, &[]);
     let a = start("a", port_a);
     let b = start("b", port_b);
     let mut ca = client(port_a, iqn);
@@ -1237,15 +1235,7 @@ fn rbd_gateways_ship_commands_to_the_owner() {
         data == third,
         "B does not read what A shipped after the takeover"
     );
-    let said = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .args([
-            "ctl",
-            "--socket",
-            &scratch.file("a.sock").display().to_string(),
-            "luns",
-        ])
-        .output()
-        .expect("ferrosan ctl luns");
+    let said = gateway_ctl(&scratch, "a", &["luns"]);
     let said = String::from_utf8_lossy(&said.stdout);
     assert!(said.contains("rw non-optimized (owner b)"), "{said}");
     drop((a, b));
@@ -1303,17 +1293,14 @@ fn a_hung_owner_holds_no_io_thread_other_devices_need() {
         "{config_b}"
     );
     let metrics_b = free_port();
+    let metrics = format!("127.0.0.1:{metrics_b}");
     let start = |gateway: &str, port: u16, config: &str| {
-        let socket = scratch
-            .file(&format!("{gateway}.sock"))
-            .display()
-            .to_string();
-        let metrics = format!("127.0.0.1:{metrics_b}");
-        let mut args = vec!["--gateway", gateway, "--control-socket", &socket];
-        if gateway == "b" {
-            args.extend(["--metrics-listen", &metrics]);
-        }
-        Daemon::start_config_text(iqn, port, config, &args)
+        let extra: &[&str] = if gateway == "b" {
+            &["--metrics-listen", &metrics]
+        } else {
+            &[]
+        };
+        start_gateway(iqn, port, config, &scratch, gateway, extra)
     };
     let a = start("a", port_a, &config_a);
     let b = start("b", port_b, &config_b);
@@ -1440,25 +1427,8 @@ fn rbd_gateways_keep_every_acknowledged_write_while_ownership_moves() {
     let (port_a, port_b) = (free_port(), free_port());
     let config = gateways_config("", iqn, "rbd/moves", &cluster, (port_a, port_b));
     let scratch = Scratch::new("moves");
-    let socket_of = |gateway: &str| {
-        scratch
-            .file(&format!("{gateway}.sock"))
-            .display()
-            .to_string()
-    };
-    let start = |gateway: &str, port: u16| {
-        Daemon::start_config_text(
-            iqn,
-            port,
-            &config,
-            &[
-                "--gateway",
-                gateway,
-                "--control-socket",
-                &socket_of(gateway),
-            ],
-        )
-    };
+    let start =
+        |gateway: &str, port: u16| start_gateway(iqn, port, &config, &scratch, gateway, &[]);
     let a = start("a", port_a);
     let b = start("b", port_b);
     assert_eq!(
@@ -1493,18 +1463,7 @@ fn rbd_gateways_keep_every_acknowledged_write_while_ownership_moves() {
         let (seen, stop, iqn) = (Arc::clone(&seen), Arc::clone(&stop), iqn.to_string());
         std::thread::spawn(move || {
             let ports = [port_a, port_b];
-            let connect = |port: u16| {
-                let mut s = SessionConfig::new(
-                    INITIATOR,
-                    SessionKind::Normal {
-                        target_name: iqn.clone(),
-                    },
-                );
-                s.command_timeout = Duration::from_secs(30);
-                let mut c = ClientConfig::new(format!("127.0.0.1:{port}"), s);
-                c.timeouts.login = Duration::from_secs(10);
-                Client::connect(c).ok()
-            };
+            let connect = |port: u16| connect(port, &iqn, INITIATOR, Duration::from_secs(30)).ok();
             let mut clients: Vec<Option<Client>> = ports.iter().map(|&p| connect(p)).collect();
             let mut seq = 0u64;
             while !stop.load(Ordering::Acquire) {
@@ -1586,17 +1545,7 @@ fn rbd_gateways_keep_every_acknowledged_write_while_ownership_moves() {
             Duration::from_secs(20),
             || reconnected(daemon) >= fenced[me],
         );
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-            .args([
-                "ctl",
-                "--socket",
-                &socket_of(gateway),
-                "device",
-                "take",
-                "vm",
-            ])
-            .output()
-            .expect("ferrosan ctl");
+        let out = gateway_ctl(&scratch, gateway, &["device", "take", "vm"]);
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && said.contains(&format!("owned by gateway {gateway}")),

@@ -29,6 +29,7 @@ use crate::coalesce::{Coalescer, Lockstep, Outcome, Plan};
 use crate::metrics::Metrics;
 use crate::sys;
 
+use crate::admission::{Admitted, Standing};
 use crate::config::IscsiName;
 use crate::config::ResolvedAuth;
 use crate::group_commit::{Durability, GroupCommit};
@@ -124,9 +125,11 @@ struct Policy<'a> {
     portal_group_tag: u16,
     peer: SocketAddr,
     ticket: Option<SessionTicket>,
-    /// The group the initiator was admitted as (normal sessions), in the topology it was
-    /// admitted under: its session's LUN map comes from this, not from a second lookup.
-    admitted: Option<(Arc<Topology>, Membership)>,
+    /// The group the initiator was admitted as (normal sessions) and the authentication that
+    /// required, in the topology it was admitted under: its session's LUN map comes from
+    /// this, not from a second lookup.
+    /// `None` as the membership: a discovery session, with discovery's authentication.
+    admitted: Option<(Arc<Topology>, Option<Membership>, ResolvedAuth)>,
 }
 
 impl Policy<'_> {
@@ -192,21 +195,26 @@ impl LoginPolicy for Policy<'_> {
             .targets
             .get(membership.target)
             .and_then(|t| t.alias.clone());
+        let requirement = self.requirement(auth.clone());
         // The session's LUN map comes from this same membership, not from a second lookup.
-        self.admitted = Some((topology, membership));
+        self.admitted = Some((topology, Some(membership), auth));
         Ok(Admission {
             target_alias: alias,
             portal_group_tag: self.portal_group_tag,
-            auth: self.requirement(auth),
+            auth: requirement,
         })
     }
 
     fn admit_discovery(&mut self, initiator_name: &IscsiName) -> Result<Admission, LoginStatus> {
         self.check_rate(initiator_name)?;
+        let topology = self.shared.topology();
+        let auth = topology.config.discovery.resolved();
+        let requirement = self.requirement(auth.clone());
+        self.admitted = Some((topology, None, auth));
         Ok(Admission {
             target_alias: None,
             portal_group_tag: self.portal_group_tag,
-            auth: self.requirement(self.shared.topology().config.discovery.resolved()),
+            auth: requirement,
         })
     }
 
@@ -335,8 +343,10 @@ struct Backend<'a> {
     /// The topology the session's LUN map and membership come from; replaced by a newer one at
     /// the start of a turn after a reload ([`Backend::follow_topology`]).
     topology: Arc<Topology>,
-    /// The session's target and group (normal sessions), decided at login, in `topology`.
-    membership: Option<Membership>,
+    /// The session's target, group and login proof (normal sessions), decided at login and
+    /// confirmed by every topology since ([`Backend::follow_topology`]); its membership is
+    /// `topology`'s.
+    admitted: Admitted,
     /// The session's target (normal sessions).
     target_name: Option<IscsiName>,
     initiator: IscsiName,
@@ -667,37 +677,37 @@ impl Backend<'_> {
             .collect();
     }
 
-    /// Moves the session to the newest topology, if a reload published one: its group's LUN
-    /// map as the reload left it, with REPORTED LUNS DATA HAS CHANGED on its nexus when that
-    /// map changed. `Err(why)` when the session lost its access (its target, portal or group
-    /// is gone, or its initiator or source no longer belongs): the session must close.
-    /// Called at the start of a turn, when no command of the turn is half-handled.
-    fn follow_topology(&mut self) -> Result<(), &'static str> {
+    /// Moves the session to the newest topology, if a reload published one: admitted again by
+    /// the login's own decision ([`Topology::readmit`]), then its group's LUN map as the
+    /// reload left it, with REPORTED LUNS DATA HAS CHANGED on its nexus when that map changed.
+    /// `Err` when the answer changed (its target, portal or group is gone, its initiator or
+    /// source no longer belongs, it belongs to another group now, or its login's proof no
+    /// longer meets the group's authentication): the session must close.
+    /// Called at the start of a turn, when no command of the turn is half-handled, and by the
+    /// once-a-second tick, so an idle session is closed too.
+    fn follow_topology(&mut self) -> Result<(), Refusal> {
         let next = self.shared.topology();
         if next.generation == self.topology.generation {
             return Ok(());
         }
-        let Some(target_name) = self.target_name.clone() else {
-            // Discovery: nothing mapped, the next SendTargets reads the new topology.
-            self.topology = next;
-            return Ok(());
+        let standing = Standing {
+            initiator: &self.initiator,
+            target_name: self.target_name.as_ref(),
+            portal_group_tag: self.portal_group_tag,
+            source: self.peer.ip(),
         };
-        let (index, target) = next.target(&target_name).ok_or("its target was removed")?;
-        if !target.portal_groups.contains(&self.portal_group_tag) {
-            return Err("its target no longer serves this portal group");
+        let admitted = next.readmit(&standing, &self.admitted)?;
+        let group = admitted.membership().and_then(|m| next.group_of(m));
+        if let Some((_, group)) = group {
+            self.follow_lun_map(group);
         }
-        let membership = next
-            .membership(index, &self.initiator)
-            .ok_or("its initiator is in no group of the target any more")?;
-        let (group_config, group) = target
-            .group(membership.group)
-            .ok_or("its group was removed")?;
-        if !target
-            .config
-            .source_allowed(Some(group_config), self.peer.ip())
-        {
-            return Err("its source address is no longer allowed");
-        }
+        self.admitted = admitted;
+        self.topology = next;
+        Ok(())
+    }
+
+    /// Takes `group`'s LUN map of a newer topology (the session's own group).
+    fn follow_lun_map(&mut self, group: &GroupRuntime) {
         let unchanged = self
             .luns
             .as_deref()
@@ -730,9 +740,24 @@ impl Backend<'_> {
             self.report_io();
             self.use_group(group);
         }
-        self.membership = Some(membership);
-        self.topology = next;
-        Ok(())
+    }
+
+    /// [`Backend::follow_topology`]; on `Err`, the log line, the metric and the close reason.
+    fn follow_or_close(&mut self) -> bool {
+        match self.follow_topology() {
+            Ok(()) => true,
+            Err(refusal) => {
+                tracing::warn!(
+                    peer = %self.peer,
+                    initiator = %self.initiator,
+                    reason = refusal.reason(),
+                    "closing the session after a change: a login now would not be admitted to the same group with the same proof"
+                );
+                self.shared.metrics.session_closed(refusal.reason());
+                self.close_reason = Some(refusal.reason());
+                false
+            }
+        }
     }
 
     fn report_io(&mut self) {
@@ -1551,7 +1576,8 @@ impl ScsiBackend for Backend<'_> {
                 .map(|entry| vec![Arc::clone(&entry.lu)])
                 .unwrap_or_default(),
             TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => self
-                .membership
+                .admitted
+                .membership()
                 .and_then(|m| self.topology.targets.get(m.target))
                 .map(|t| t.units.clone())
                 .unwrap_or_default(),
@@ -1586,18 +1612,20 @@ impl ScsiBackend for Backend<'_> {
             let wanted = match (&named, filter) {
                 (None, None) => true,
                 // Empty value: the session's own target.
-                (None, Some(_)) => self.membership.is_some_and(|m| m.target == index),
+                (None, Some(_)) => self
+                    .admitted
+                    .membership()
+                    .is_some_and(|m| m.target == index),
                 (Some(name), _) => name.as_ref() == Some(&t.iqn),
             };
             if !wanted {
                 continue;
             }
-            // The same lookup as a login's: visible exactly to those who could log in.
-            let Some(membership) = topology.membership(index, &self.initiator) else {
-                continue;
-            };
-            let group = t.group(membership.group).map(|(g, _)| g);
-            if group.is_none() || !t.config.source_allowed(group, self.peer.ip()) {
+            // The same decision as a login's: visible exactly to those who could log in.
+            if topology
+                .member(index, &self.initiator, self.peer.ip())
+                .is_err()
+            {
                 continue;
             }
             // Every portal of every portal group of the target: each one a path.
@@ -1737,10 +1765,16 @@ impl Driver {
         };
         // A normal session was admitted as a member of one group of its target; discovery
         // sessions have no target.
-        let (topology, membership) = match policy.admitted.take() {
-            Some((topology, membership)) => (topology, Some(membership)),
-            None => (shared.topology(), None),
+        let Some((topology, membership, required)) = policy.admitted.take() else {
+            return Err("login completed without an admission".into());
         };
+        let admitted = Admitted::of_login(
+            &topology,
+            membership,
+            &required,
+            established.chap_user.as_deref(),
+        )
+        .ok_or("the admitted group is not in its topology")?;
         assert_eq!(
             membership.is_some(),
             established.target_name.is_some(),
@@ -1763,7 +1797,7 @@ impl Driver {
             deferred_bytes_max: limits.memory_per_connection_bytes as usize,
             peer: self.peer,
             topology: Arc::clone(&topology),
-            membership,
+            admitted,
             target_name: established.target_name.clone(),
             initiator: established.initiator_name.clone(),
             luns: None,
@@ -2073,6 +2107,10 @@ impl Driver {
                             return Ok(());
                         }
                     }
+                    // A change is decided for an idle session too, not only at its next PDU.
+                    if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close() {
+                        return Ok(());
+                    }
                     // A gateway that lost an RBD image this session maps ends the session: a
                     // command it holds could be stale (docs/RBD.md); the initiator logs in again
                     // and its new session ships to the new owner.
@@ -2168,12 +2206,9 @@ impl Driver {
         session: &mut Session,
         backend: &mut Backend<'_>,
     ) -> Result<(Flow, bool), String> {
-        if backend.shared.generation() != backend.topology.generation {
-            if let Err(why) = backend.follow_topology() {
-                tracing::warn!(peer = %self.peer, initiator = %backend.initiator, "closing the session after a reload: {why}");
-                backend.close_reason = Some(why);
-                return Ok((Flow::Close, true));
-            }
+        if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
+        {
+            return Ok((Flow::Close, true));
         }
         let now = Instant::now();
         backend.turn_started = now;

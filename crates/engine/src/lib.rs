@@ -3,6 +3,7 @@
 // crate's only unsafe code.
 #![deny(unsafe_code)]
 
+pub mod admission;
 mod alarm;
 mod busy_poll;
 pub mod coalesce;

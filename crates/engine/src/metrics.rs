@@ -19,6 +19,12 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why the target closed the session (`admission::Refusal::reason`).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
     /// The config key of the limit (docs/CONFIG.md), e.g. `max_connections_per_source`.
     pub limit: &'static str,
@@ -387,6 +393,7 @@ pub struct ShippingMetrics {
 pub struct Metrics {
     registry: Registry,
     pub limit_exceeded: Family<LimitLabel, Counter>,
+    pub sessions_closed: Family<ReasonLabel, Counter>,
     pub logins: Family<LoginLabel, Counter>,
     pub connections: Gauge,
     pub sessions: Gauge,
@@ -480,6 +487,12 @@ impl Metrics {
             build_info,
         );
         let limit_exceeded = Family::<LimitLabel, Counter>::default();
+        let sessions_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "sessions_closed",
+            "Sessions the target closed because a change (reload, ctl verb) took their admission away: a login now would go to another group, need another proof, or be refused; by reason",
+            sessions_closed.clone(),
+        );
         let logins = Family::<LoginLabel, Counter>::default();
         let connections = Gauge::default();
         let sessions = Gauge::default();
@@ -676,6 +689,7 @@ impl Metrics {
             initiator_pairs: Mutex::new(std::collections::HashSet::new()),
             write_back,
             limit_exceeded,
+            sessions_closed,
             logins,
             connections,
             sessions,
@@ -808,6 +822,12 @@ impl Metrics {
             read_latency: latency("read"),
             write_latency: latency("write"),
         }
+    }
+
+    pub fn session_closed(&self, reason: &'static str) {
+        self.sessions_closed
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     pub fn limit(&self, limit: &'static str) {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, watch};
 
+pub use crate::admission::Refusal;
 use crate::alarm::Alarm;
 use crate::busy_poll;
 use crate::config::{ChapAlgorithm, Config, Limits};
@@ -17,7 +18,7 @@ use crate::connection;
 use crate::registry::Registry;
 use crate::reload::ConfigSource;
 pub use crate::topology::{
-    DeviceContext, DiskLun, GroupRuntime, Membership, Refusal, TargetRuntime, Topology,
+    DeviceContext, DiskLun, GroupRuntime, Membership, TargetRuntime, Topology,
 };
 
 /// State shared by all workers. Read-mostly; the registry and connection counters are the only

@@ -5,7 +5,6 @@
 //! turn.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,17 +55,6 @@ pub struct TargetRuntime {
     /// The target's config: group membership, authentication and source checks. Its
     /// `groups[i]` is `groups[i]` above.
     pub config: TargetConfig,
-}
-
-/// Why [`Topology::admit`] refused a login.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
-    /// No such target on this portal (Login Response 0x0203).
-    NoSuchTarget,
-    /// The initiator is in no group and the target has no `any_initiator` group (0x0202).
-    NotInAnyGroup,
-    /// The source address is outside `allowed_sources` (0x0202).
-    SourceNotAllowed,
 }
 
 /// Who an initiator is to one target, decided once from its normalised name: every decision
@@ -337,42 +325,6 @@ impl Topology {
     pub fn membership(&self, target: usize, initiator: &IscsiName) -> Option<Membership> {
         let group = self.targets.get(target)?.config.group_index(initiator)?;
         Some(Membership { target, group })
-    }
-
-    /// Whether `initiator`, coming from `source` to the portal group `portal_group_tag`, may
-    /// log in to `target_name`; if so, as which member and with what authentication. One
-    /// lookup decides the group; the authentication and the source check come from it, and
-    /// so does the session's LUN map ([`Topology::group_of`]).
-    pub fn admit(
-        &self,
-        initiator: &IscsiName,
-        target_name: &IscsiName,
-        portal_group_tag: u16,
-        source: IpAddr,
-    ) -> Result<(Membership, crate::config::ResolvedAuth), Refusal> {
-        let (index, target) = self.target(target_name).ok_or(Refusal::NoSuchTarget)?;
-        if !target.portal_groups.contains(&portal_group_tag) {
-            // Not served on this portal: to this initiator it does not exist here.
-            return Err(Refusal::NoSuchTarget);
-        }
-        let membership = self
-            .membership(index, initiator)
-            .ok_or(Refusal::NotInAnyGroup)?;
-        let (group, _) = target
-            .group(membership.group)
-            .ok_or(Refusal::NotInAnyGroup)?;
-        // A gateway peer's name is admitted only into its image's peer group (CHAP with the
-        // image's secret): elsewhere, e.g. through an `any_initiator` group, it could pass
-        // for a peer, whose commands skip reservation checks.
-        if crate::peer::is_peer_name(initiator.as_str())
-            && !group.initiators.iter().any(|i| i == initiator)
-        {
-            return Err(Refusal::NotInAnyGroup);
-        }
-        if !target.config.source_allowed(Some(group), source) {
-            return Err(Refusal::SourceNotAllowed);
-        }
-        Ok((membership, target.config.auth_in(initiator, Some(group))))
     }
 
     /// The runtime group (LUN map) of an admitted initiator.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{disk_dir, require_tool, run, run_path, Daemon};
+use common::{disk_dir, require_tool, run, run_path, Ctl, Daemon};
 use serde_json::Value;
 
 const IQN: &str = "iqn.2026-11.org.ferrosan:live";
@@ -67,57 +67,12 @@ fn rewrite_config(daemon: &Daemon, body: &str) {
     std::fs::write(&path, format!("{}\n\n{body}", &text[..head_end])).unwrap();
 }
 
-struct Ctl {
-    socket: PathBuf,
-}
-
-impl Ctl {
-    fn run(&self, args: &[&str]) -> common::Run {
-        let mut all = vec!["ctl", "--socket"];
-        let socket = self.socket.display().to_string();
-        all.push(&socket);
-        all.extend_from_slice(args);
-        run_path(Path::new(env!("CARGO_BIN_EXE_ferrosan")), &all)
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut all = vec!["--json"];
-        all.extend_from_slice(args);
-        let r = self.run(&all);
-        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.describe()))
-    }
-
-    /// `ctl chap set ARGS...` with the secret on stdin, as an operator types it.
-    fn chap_set(&self, args: &[&str], secret: &[u8]) -> std::process::Output {
-        let child = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-            .args(["ctl", "--socket"])
-            .arg(&self.socket)
-            .args(["chap", "set"])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.as_ref().unwrap().write_all(secret).unwrap();
-        child.wait_with_output().unwrap()
-    }
-
-    fn sessions(&self) -> Vec<Value> {
-        let v = self.json(&["sessions"]);
-        assert_eq!(v["ok"], true, "{v}");
-        v["sessions"].as_array().cloned().unwrap_or_default()
-    }
-}
-
 fn start(file: &Path) -> (Daemon, Ctl) {
-    let socket_dir = common::Scratch::new("ctl");
-    let socket = socket_dir.file("control.sock");
-    // The scratch dir is removed on drop; keep the path's directory alive with the daemon's.
-    std::mem::forget(socket_dir);
-    let s = socket.display().to_string();
+    let ctl = Ctl::new();
+    let s = ctl.socket.display().to_string();
     let daemon =
         Daemon::start_config_args(IQN, &body(file, "16M", false), &["--control-socket", &s]);
-    (daemon, Ctl { socket })
+    (daemon, ctl)
 }
 
 fn url(daemon: &Daemon, lun: u32) -> String {

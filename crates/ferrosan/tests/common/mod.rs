@@ -19,6 +19,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 /// How long the daemon may take to accept connections after spawning.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Config text for a 16 MiB RAM device, LUN 0 of target `iqn`, open to any initiator, served
@@ -667,5 +669,57 @@ pub fn wait_stopped(pid: u32) {
             "process {pid} did not stop within 10 s of SIGSTOP"
         );
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// `ferrosan ctl` against one daemon's control socket.
+pub struct Ctl {
+    pub socket: PathBuf,
+}
+
+impl Ctl {
+    /// A socket path in a fresh private directory, for `serve --control-socket`.
+    pub fn new() -> Ctl {
+        let socket_dir = Scratch::new("ctl");
+        let socket = socket_dir.file("control.sock");
+        // The scratch dir is removed on drop; keep the path's directory alive with the daemon's.
+        std::mem::forget(socket_dir);
+        Ctl { socket }
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        let mut all = vec!["ctl", "--socket"];
+        let socket = self.socket.display().to_string();
+        all.push(&socket);
+        all.extend_from_slice(args);
+        run_path(Path::new(env!("CARGO_BIN_EXE_ferrosan")), &all)
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let r = self.run(&all);
+        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.describe()))
+    }
+
+    /// `ctl chap set ARGS...` with the secret on stdin, as an operator types it.
+    pub fn chap_set(&self, args: &[&str], secret: &[u8]) -> std::process::Output {
+        let child = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+            .args(["ctl", "--socket"])
+            .arg(&self.socket)
+            .args(["chap", "set"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.as_ref().unwrap().write_all(secret).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    pub fn sessions(&self) -> Vec<Value> {
+        let v = self.json(&["sessions"]);
+        assert_eq!(v["ok"], true, "{v}");
+        v["sessions"].as_array().cloned().unwrap_or_default()
     }
 }

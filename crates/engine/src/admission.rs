@@ -1,0 +1,291 @@
+//! Who a session is and what it may touch: the one admission decision.
+//!
+//! A login asks [`Topology::admit`]; a discovery session's SendTargets asks
+//! [`Topology::member`] for every target it might list; and a running session asks
+//! [`Topology::readmit`] each time the topology changes (a reload, any `ctl` verb). All three
+//! are the same lookup, so a change can never give a session what a fresh login under the
+//! same name and proof would be refused: a session whose answer changed is closed, never moved
+//! silently (docs/SECURITY.md, finding 2026-11-26-1).
+
+use std::net::IpAddr;
+
+use crate::config::{IscsiName, ResolvedAuth, Secret};
+use crate::topology::{Membership, Topology};
+
+/// Why an initiator may not (or may no longer) be in a session with a target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such target on this portal (Login Response 0x0203).
+    NoSuchTarget,
+    /// The initiator is in no group and the target has no `any_initiator` group (0x0202).
+    NotInAnyGroup,
+    /// The source address is outside `allowed_sources` (0x0202).
+    SourceNotAllowed,
+    /// A running session's initiator now belongs to another group than the one it logged in
+    /// to: its LUN numbering and its group's authentication are another group's.
+    GroupChanged,
+    /// A running session's login proof no longer meets its group's authentication (CHAP now
+    /// required, its CHAP user removed, or that user's secret changed).
+    AuthChanged,
+}
+
+impl Refusal {
+    /// For the log line and the `reason` label of `ferrosan_sessions_closed_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::NoSuchTarget => "target_gone",
+            Refusal::NotInAnyGroup => "not_in_any_group",
+            Refusal::SourceNotAllowed => "source_not_allowed",
+            Refusal::GroupChanged => "group_changed",
+            Refusal::AuthChanged => "authentication_changed",
+        }
+    }
+}
+
+/// How a session proved who it is at login; every later requirement is held against it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// No authentication (AuthMethod=None).
+    None,
+    /// CHAP as `user`, with the secret the target held for that user at the time.
+    Chap { user: String, secret: Secret },
+}
+
+impl Proof {
+    /// The proof of a login that met `required` as `chap_user` (`None`: without CHAP).
+    pub fn of_login(required: &ResolvedAuth, chap_user: Option<&str>) -> Proof {
+        let (ResolvedAuth::Chap { users, .. }, Some(user)) = (required, chap_user) else {
+            return Proof::None;
+        };
+        match users.iter().find(|u| u.user == user) {
+            Some(u) => Proof::Chap {
+                user: u.user.clone(),
+                secret: u.secret.clone(),
+            },
+            // The login core accepts only users of `required`: no proof otherwise.
+            None => Proof::None,
+        }
+    }
+
+    /// Whether a login with this proof would meet `required`. The target's own (mutual)
+    /// credential is not part of it: it is what the target proves to the initiator, and a
+    /// change of it takes nothing from this session.
+    pub fn meets(&self, required: &ResolvedAuth) -> bool {
+        match (required, self) {
+            (ResolvedAuth::None, _) => true,
+            (ResolvedAuth::Chap { .. }, Proof::None) => false,
+            (ResolvedAuth::Chap { users, .. }, Proof::Chap { user, secret }) => {
+                users.iter().any(|u| u.user == *user && u.secret == *secret)
+            }
+        }
+    }
+}
+
+/// What a session was admitted as, kept for its life.
+#[derive(Clone, Debug)]
+pub enum Admitted {
+    /// A discovery session: only its proof (discovery's own authentication).
+    Discovery { proof: Proof },
+    /// A normal session: its target and group, and its proof.
+    Normal {
+        membership: Membership,
+        /// The group's name: groups are matched by name across topologies (indices shift).
+        group: String,
+        proof: Proof,
+    },
+}
+
+impl Admitted {
+    /// A login's admission: `membership` (`None` for discovery) under `topology`, whose
+    /// requirement `required` it met as `chap_user`.
+    pub fn of_login(
+        topology: &Topology,
+        membership: Option<Membership>,
+        required: &ResolvedAuth,
+        chap_user: Option<&str>,
+    ) -> Option<Admitted> {
+        let proof = Proof::of_login(required, chap_user);
+        let Some(membership) = membership else {
+            return Some(Admitted::Discovery { proof });
+        };
+        Some(Admitted::Normal {
+            membership,
+            group: topology.group_name(membership)?.to_string(),
+            proof,
+        })
+    }
+
+    pub fn membership(&self) -> Option<Membership> {
+        match self {
+            Admitted::Discovery { .. } => None,
+            Admitted::Normal { membership, .. } => Some(*membership),
+        }
+    }
+}
+
+/// Where a running session stands: what [`Topology::readmit`] decides again.
+pub struct Standing<'a> {
+    pub initiator: &'a IscsiName,
+    /// `None` for a discovery session.
+    pub target_name: Option<&'a IscsiName>,
+    pub portal_group_tag: u16,
+    pub source: IpAddr,
+}
+
+impl Topology {
+    /// Which group of target `index` `initiator`, coming from `source`, belongs to, and what
+    /// authentication that requires. The one lookup behind a login, its session's life and
+    /// discovery.
+    pub fn member(
+        &self,
+        index: usize,
+        initiator: &IscsiName,
+        source: IpAddr,
+    ) -> Result<(Membership, ResolvedAuth), Refusal> {
+        let target = self.targets.get(index).ok_or(Refusal::NoSuchTarget)?;
+        let membership = self
+            .membership(index, initiator)
+            .ok_or(Refusal::NotInAnyGroup)?;
+        let (group, _) = target
+            .group(membership.group)
+            .ok_or(Refusal::NotInAnyGroup)?;
+        // A gateway peer's name is admitted only into its image's peer group (CHAP with the
+        // image's secret): elsewhere, e.g. through an `any_initiator` group, it could pass
+        // for a peer, whose commands skip reservation checks.
+        if crate::peer::is_peer_name(initiator.as_str())
+            && !group.initiators.iter().any(|i| i == initiator)
+        {
+            return Err(Refusal::NotInAnyGroup);
+        }
+        if !target.config.source_allowed(Some(group), source) {
+            return Err(Refusal::SourceNotAllowed);
+        }
+        Ok((membership, target.config.auth_in(initiator, Some(group))))
+    }
+
+    /// Whether `initiator`, coming from `source` to the portal group `portal_group_tag`, may
+    /// log in to `target_name`; if so, as which member and with what authentication. The
+    /// session's LUN map comes from the same membership ([`Topology::group_of`]).
+    pub fn admit(
+        &self,
+        initiator: &IscsiName,
+        target_name: &IscsiName,
+        portal_group_tag: u16,
+        source: IpAddr,
+    ) -> Result<(Membership, ResolvedAuth), Refusal> {
+        let (index, target) = self.target(target_name).ok_or(Refusal::NoSuchTarget)?;
+        if !target.portal_groups.contains(&portal_group_tag) {
+            // Not served on this portal: to this initiator it does not exist here.
+            return Err(Refusal::NoSuchTarget);
+        }
+        self.member(index, initiator, source)
+    }
+
+    /// A running session, admitted as `before`, admitted again under this topology: the same
+    /// decision as a login's, and then the same group and a proof that still meets what
+    /// that group (or discovery) requires. `Ok`: the session's admission under this
+    /// topology (its membership may have a new index). `Err`: the session must be closed.
+    pub fn readmit(&self, session: &Standing<'_>, before: &Admitted) -> Result<Admitted, Refusal> {
+        let (target_name, group_before, proof) = match (session.target_name, before) {
+            (None, Admitted::Discovery { proof }) => {
+                if !proof.meets(&self.config.discovery.resolved()) {
+                    return Err(Refusal::AuthChanged);
+                }
+                return Ok(before.clone());
+            }
+            (Some(name), Admitted::Normal { group, proof, .. }) => (name, group, proof),
+            // A session's kind never changes: an engine bug, refused rather than trusted.
+            _ => {
+                debug_assert!(false, "a session's standing and admission disagree");
+                return Err(Refusal::NotInAnyGroup);
+            }
+        };
+        let (membership, required) = self.admit(
+            session.initiator,
+            target_name,
+            session.portal_group_tag,
+            session.source,
+        )?;
+        let group = self.group_name(membership).ok_or(Refusal::NotInAnyGroup)?;
+        if group != group_before {
+            return Err(Refusal::GroupChanged);
+        }
+        if !proof.meets(&required) {
+            return Err(Refusal::AuthChanged);
+        }
+        Ok(Admitted::Normal {
+            membership,
+            group: group.to_string(),
+            proof: proof.clone(),
+        })
+    }
+
+    /// The name of a membership's group.
+    pub fn group_name(&self, membership: Membership) -> Option<&str> {
+        let target = self.targets.get(membership.target)?;
+        Some(target.group(membership.group)?.0.name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ChapUser;
+
+    fn user(name: &str, secret: &str) -> ChapUser {
+        ChapUser {
+            user: name.into(),
+            secret: Secret::new(secret.as_bytes()),
+            secret_file: None,
+        }
+    }
+
+    fn chap(users: &[ChapUser]) -> ResolvedAuth {
+        ResolvedAuth::Chap {
+            users: users.to_vec(),
+            mutual: None,
+        }
+    }
+
+    #[test]
+    fn a_proof_meets_what_a_login_with_it_would_meet() {
+        let alice = user("alice", "alice-secret-2026");
+        let none = Proof::of_login(&ResolvedAuth::None, None);
+        assert_eq!(none, Proof::None);
+        assert!(none.meets(&ResolvedAuth::None));
+        assert!(
+            !none.meets(&chap(std::slice::from_ref(&alice))),
+            "CHAP now required"
+        );
+
+        let proof = Proof::of_login(&chap(std::slice::from_ref(&alice)), Some("alice"));
+        assert!(proof.meets(&chap(std::slice::from_ref(&alice))));
+        assert!(proof.meets(&ResolvedAuth::None), "less required: still met");
+        assert!(
+            proof.meets(&chap(&[user("bob", "bob-secret-2026x"), alice.clone()])),
+            "another user added beside it"
+        );
+        assert!(
+            !proof.meets(&chap(&[user("bob", "bob-secret-2026x")])),
+            "its user removed"
+        );
+        assert!(
+            !proof.meets(&chap(&[user("alice", "rotated-secret-26")])),
+            "its user's secret changed"
+        );
+        // The target's own credential is not the initiator's proof.
+        let with_mutual = ResolvedAuth::Chap {
+            users: vec![alice],
+            mutual: Some(user("target", "target-secret-26")),
+        };
+        assert!(proof.meets(&with_mutual));
+    }
+
+    #[test]
+    fn a_chap_user_the_requirement_does_not_hold_proves_nothing() {
+        let proof = Proof::of_login(&chap(&[user("alice", "alice-secret-2026")]), Some("eve"));
+        assert_eq!(proof, Proof::None);
+        let proof = Proof::of_login(&ResolvedAuth::None, Some("alice"));
+        assert_eq!(proof, Proof::None);
+    }
+}

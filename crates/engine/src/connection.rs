@@ -1403,10 +1403,13 @@ impl ScsiBackend for Backend<'_> {
             });
         };
         let lun = scsi::lun_from_wire(req.lun);
-        // Commands a gateway ships to an image's owner wait for the network: never here.
-        if luns
-            .get(lun)
-            .is_some_and(|entry| entry.lu.ships_to_owner(nexus, req.cdb))
+        // Commands a gateway ships to an image's owner wait for the network, and commands of
+        // unbounded cost (a copy may write another LU's disk) would hold every session of
+        // this worker: never here.
+        if scsi::runs_long(req.cdb)
+            || luns
+                .get(lun)
+                .is_some_and(|entry| entry.lu.ships_to_owner(nexus, req.cdb))
         {
             return Execution::Deferred;
         }

@@ -204,6 +204,18 @@ pub fn io_kind(cdb: &[u8]) -> IoKind {
     }
 }
 
+/// Whether a command's cost has no bound a network worker could afford, whatever store the
+/// addressed LU has: EXTENDED COPY (up to 1 GiB, between any LUs of the map), WRITE SAME (a
+/// whole LU with NUMBER OF LOGICAL BLOCKS 0) and UNMAP (up to 4096 ranges). A transport runs
+/// these where waiting is fine, never where other sessions' commands wait behind them.
+pub fn runs_long(cdb: &[u8]) -> bool {
+    use cdb::*;
+    matches!(
+        cdb.first(),
+        Some(&(EXTENDED_COPY | WRITE_SAME_10 | WRITE_SAME_16 | UNMAP))
+    )
+}
+
 /// One I_T nexus: an initiator port talking to a target port.
 #[derive(Debug, Clone)]
 pub struct Nexus {

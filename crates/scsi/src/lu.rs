@@ -110,6 +110,15 @@ fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Where a command that passed [`LogicalUnit::gate`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// On this gateway's own LU.
+    Here,
+    /// On the LU's owner, through another gateway (I/O shipping).
+    Owner,
+}
+
 impl LogicalUnit {
     pub fn new(
         store: Arc<dyn BlockStore>,
@@ -610,6 +619,28 @@ impl LogicalUnit {
         if cmd.cdb.len() < cdb_len {
             return Err(Sense::invalid_field_in_cdb(0, None));
         }
+        // NACA and LINK are not supported (SAM-5 5.9).
+        check_reserved(cdb, cdb_len - 1, 0xFA)?;
+        match self.gate(nexus, cdb, write_protected)? {
+            Reach::Here => Ok(opcode),
+            // The owner checks the rest (CDB fields, LBA range) as it runs it.
+            Reach::Owner => Err(crate::alua::SHIP),
+        }
+    }
+
+    /// May `nexus` touch this LU now for `cdb`: the one gate every LU a command touches
+    /// passes — the addressed LU (through [`LogicalUnit::admit`]) and every other LU of a
+    /// multi-LU command such as EXTENDED COPY (as a READ or a WRITE of it). Offline, ALUA
+    /// ownership, reservations and write protection (`write_protected`: as the mapping
+    /// through which the LU is reached says); the in-flight guard is the caller's to hold.
+    /// `Reach::Owner`: the command is for this LU's owner through another gateway.
+    pub(crate) fn gate(
+        &self,
+        nexus: &Nexus,
+        cdb: Cdb<'_>,
+        write_protected: bool,
+    ) -> Result<Reach, Sense> {
+        let opcode = cdb.u8(0);
         // SPC-4 5.12: a unit that is not ready still answers what does not need its medium.
         if self.offline.load(Ordering::Relaxed)
             && !matches!(
@@ -619,32 +650,26 @@ impl LogicalUnit {
         {
             return Err(Sense::not_ready_offline());
         }
-        let mut ship = false;
+        let mut reach = Reach::Here;
         if let Some(ownership) = self.ownership.get() {
             if !ownership.is_active(nexus.target_port.group) && !crate::alua::standby_allows(cdb) {
                 if !ownership.ships() {
                     return Err(crate::alua::STANDBY);
                 }
-                ship = true;
+                reach = Reach::Owner;
             }
         }
         // A shipped command meets the reservations at the owner, as its own initiator port
         // through this gateway's port (Ownership::ship): this gateway's copy may be stale.
-        if !ship {
+        if reach == Reach::Here {
             self.reservations.check(nexus, cdb)?;
         }
-        // NACA and LINK are not supported (SAM-5 5.9).
-        check_reserved(cdb, cdb_len - 1, 0xFA)?;
         // Write protection as this gateway's mode pages and mapping say (MODE SELECT runs
         // where it arrives).
         if write_protected && is_medium_write(opcode) {
             return Err(Sense::write_protected());
         }
-        if ship {
-            // The owner checks the rest (CDB fields, LBA range) as it runs it.
-            return Err(crate::alua::SHIP);
-        }
-        Ok(opcode)
+        Ok(reach)
     }
 
     /// Whether the LU is write protected for a command that came through a mapping.

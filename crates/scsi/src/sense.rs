@@ -97,6 +97,11 @@ impl Sense {
     pub const fn not_ready_offline() -> Sense {
         Sense::new(NOT_READY, 0x04, 0x12)
     }
+    /// LOGICAL UNIT NOT READY, OPERATION IN PROGRESS: another LU the command touches is
+    /// being reset (initiators retry after a delay).
+    pub const fn reset_in_progress() -> Sense {
+        Sense::new(NOT_READY, 0x04, 0x07)
+    }
     /// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION: not now, retry (the
     /// path's backend is unreachable or the LU is moving between target port groups).
     pub const fn not_ready_transition() -> Sense {

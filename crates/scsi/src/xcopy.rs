@@ -219,6 +219,19 @@ struct Target<'a> {
     write_protected: bool,
 }
 
+impl Target<'_> {
+    /// The LU's gate ([`LogicalUnit::gate`]) for a command `opcode` of it, within segment
+    /// `segment`: an LU the copy could reach only through its owner is out of reach here.
+    fn pass_gate(&self, nexus: &Nexus, opcode: u8, segment: usize) -> Result<(), Sense> {
+        let mut cdb = [0u8; 16];
+        cdb[0] = opcode;
+        match self.lu.gate(nexus, Cdb(&cdb), self.write_protected)? {
+            crate::lu::Reach::Here => Ok(()),
+            crate::lu::Reach::Owner => Err(unreachable_target(segment)),
+        }
+    }
+}
+
 /// One validated segment, in bytes.
 struct Job<'a> {
     src: &'a LogicalUnit,
@@ -255,9 +268,7 @@ impl LogicalUnit {
         let lu: &LogicalUnit = &entry.lu;
         Some(Target {
             lu,
-            write_protected: entry.read_only
-                || lu.settings.read_only
-                || lu.mode.swp.load(Ordering::Relaxed),
+            write_protected: lu.write_protected(entry.read_only),
         })
     }
 
@@ -307,17 +318,10 @@ impl LogicalUnit {
             if bytes > u64::from(MAX_SEGMENT_BYTES) || !whole(src.lu) || !whole(dst.lu) {
                 return Err(bad_param(seg.offset + 10));
             }
-            if dst.write_protected {
-                return Err(Sense::write_protected());
-            }
-            let read_cdb = [READ_16];
-            let write_cdb = [WRITE_16];
-            if !std::ptr::eq(src.lu, self) {
-                src.lu.reservations.check(nexus, Cdb(&read_cdb))?;
-            }
-            if !std::ptr::eq(dst.lu, self) {
-                dst.lu.reservations.check(nexus, Cdb(&write_cdb))?;
-            }
+            // Every LU the copy touches, this one too, passes the gate a READ or a WRITE of it
+            // would: a copy reaches no LU a plain command could not.
+            src.pass_gate(nexus, READ_16, n)?;
+            dst.pass_gate(nexus, WRITE_16, n)?;
             if bytes == 0 {
                 continue;
             }
@@ -337,6 +341,21 @@ impl LogicalUnit {
         }
         let total: u64 = jobs.iter().map(|j| j.bytes).sum();
         debug_assert!(total <= MAX_COPY_BYTES);
+        // The other LUs count the copy as in flight as their own commands do (this one's hold
+        // is the transport's), so a reset of any of them waits for it. A reset under way
+        // aborts the copy: waiting here could deadlock a target reset that waits for this
+        // LU's count.
+        let mut holds = Vec::new();
+        for lu in jobs.iter().flat_map(|j| [j.src, j.dst]) {
+            if std::ptr::eq(lu, self) || holds.iter().any(|(held, _)| std::ptr::eq(*held, lu)) {
+                continue;
+            }
+            let hold = lu
+                .in_flight()
+                .try_begin(nexus.id)
+                .ok_or(Sense::reset_in_progress())?;
+            holds.push((lu, hold));
+        }
         let mut buf = vec![0u8; (total as usize).min(CHUNK_BYTES)];
         for job in &jobs {
             copy_job(job, &mut buf)?;

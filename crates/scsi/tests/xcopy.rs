@@ -370,3 +370,63 @@ fn operating_parameters_and_unsupported_service_actions() {
     cdb[5] = 1;
     assert_eq!(key(&exec(&m, 0, 1, &cdb, &[]).0), (0x05, 0x24, 0x00));
 }
+
+#[test]
+fn an_offline_lu_is_neither_source_nor_destination() {
+    let (m, a, sa, b, sb) = setup();
+    fill(&sa, 0, 8, b'S');
+    fill(&sb, 0, 8, b'D');
+    assert!(b.set_offline(true));
+    // Addressed to LUN 0 (online), writing the offline LUN 1.
+    let to_b = list(
+        1,
+        0,
+        &[target(&naa(&a)), target(&naa(&b))],
+        &[segment(0, 1, 8, 0, 0)],
+    );
+    let c = xcopy(&m, 0, &to_b);
+    assert_eq!(c.status, Status::CheckCondition);
+    assert_eq!(key(&c), (0x02, 0x04, 0x12), "NOT READY, OFFLINE");
+    assert_eq!(
+        read(&sb, 0, 8),
+        vec![b'D'; 8 * 512],
+        "the offline LU was written"
+    );
+    // Reading it is refused too.
+    let from_b = list(
+        1,
+        0,
+        &[target(&naa(&b)), target(&naa(&a))],
+        &[segment(0, 1, 8, 0, 100)],
+    );
+    assert_eq!(key(&xcopy(&m, 0, &from_b)), (0x02, 0x04, 0x12));
+    assert_eq!(read(&sa, 100, 8), vec![0; 8 * 512]);
+    // Back online, the same copy runs (after the unit attention of coming back).
+    assert!(b.set_offline(false));
+    exec(&m, 1, 1, &[0, 0, 0, 0, 0, 0], &[]);
+    assert_eq!(xcopy(&m, 0, &to_b).status, Status::Good);
+    assert_eq!(read(&sb, 0, 8), vec![b'S'; 8 * 512]);
+}
+
+#[test]
+fn a_copy_counts_in_flight_on_every_lu_it_touches() {
+    let (m, a, sa, b, sb) = setup();
+    fill(&sa, 0, 8, b'S');
+    // A reset of the destination is under way: the copy addressed to LUN 0 does not write it
+    // behind the reset's back (it is refused, to be retried), and leaves no hold behind.
+    b.in_flight().start_reset();
+    let p = list(
+        1,
+        0,
+        &[target(&naa(&a)), target(&naa(&b))],
+        &[segment(0, 1, 8, 0, 0)],
+    );
+    let c = xcopy(&m, 0, &p);
+    assert_eq!(key(&c), (0x02, 0x04, 0x07), "{c:?}");
+    assert_eq!(read(&sb, 0, 8), vec![0; 8 * 512]);
+    assert_eq!(b.in_flight().count(), 0);
+    b.in_flight().end_reset();
+    assert_eq!(xcopy(&m, 0, &p).status, Status::Good);
+    assert_eq!(read(&sb, 0, 8), vec![b'S'; 8 * 512]);
+    assert_eq!((a.in_flight().count(), b.in_flight().count()), (0, 0));
+}

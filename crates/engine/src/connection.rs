@@ -611,6 +611,13 @@ impl Backend<'_> {
             match crate::metrics::error_cause(status, sense) {
                 Some(cause) => {
                     if let Some(n) = counts.errors.get_mut(cause) {
+                        // A limit of the target's refused the command: said once per
+                        // connection, LUN and second (counts are reset once a second).
+                        if *n == 0
+                            && crate::metrics::ERROR_CAUSES[cause] == "insufficient_resources"
+                        {
+                            tracing::warn!(peer = %self.peer, initiator = %self.initiator, lun, device = %slot.device, "a command was refused for lack of resources (INSUFFICIENT RESOURCES, 55h): e.g. the device's persistent reservation registrations are at their limit ({})", scsi::REGISTRATIONS_MAX);
+                        }
                         *n += 1;
                     }
                 }

@@ -174,11 +174,12 @@ pub struct DeviceErrorLabel {
 /// The causes of `device_errors_total`: CHECK CONDITION by sense key, then the other statuses.
 /// A UNIT ATTENTION is no error (every login and live change raises them): it is counted in
 /// `device_unit_attentions_total` instead.
-pub const ERROR_CAUSES: [&str; 10] = [
+pub const ERROR_CAUSES: [&str; 11] = [
     "not_ready",
     "medium_error",
     "hardware_error",
     "illegal_request",
+    "insufficient_resources",
     "data_protect",
     "aborted_command",
     "miscompare",
@@ -193,13 +194,15 @@ pub fn error_cause(status: u8, sense: &[u8]) -> Option<usize> {
     let cause = match status {
         // CHECK CONDITION: by sense key (byte 2 of fixed format, byte 1 of descriptor format).
         0x02 => {
-            let key = match sense.first().map(|b| b & 0x7F) {
-                Some(0x70 | 0x71) => sense.get(2).map(|k| k & 0x0F),
-                Some(0x72 | 0x73) => sense.get(1).map(|k| k & 0x0F),
-                _ => None,
+            let (key, asc) = match sense.first().map(|b| b & 0x7F) {
+                Some(0x70 | 0x71) => (sense.get(2).map(|k| k & 0x0F), sense.get(12)),
+                Some(0x72 | 0x73) => (sense.get(1).map(|k| k & 0x0F), sense.get(2)),
+                _ => (None, None),
             };
             match key {
                 Some(0x06) => return None,
+                // INSUFFICIENT (REGISTRATION) RESOURCES: a limit of the target's was reached.
+                Some(0x05) if asc == Some(&0x55) => "insufficient_resources",
                 Some(0x02) => "not_ready",
                 Some(0x03) => "medium_error",
                 Some(0x04) => "hardware_error",
@@ -416,6 +419,7 @@ pub struct Metrics {
     pub device_unit_attentions: Family<DeviceLabel, Counter>,
     pub device_io_path: Family<IoPathLabel, Gauge>,
     pub gateway_owner: Family<DeviceLabel, Gauge>,
+    pub device_fenced: Family<DeviceLabel, Gauge>,
     pub gateway_takeovers: Family<TakeoverLabel, Counter>,
     pub gateway_fenced: Family<DeviceLabel, Counter>,
     pub gateway_shipped: Family<DeviceLabel, Counter>,
@@ -518,6 +522,12 @@ impl Metrics {
             "device_io_path",
             "1 for the path a device's reads and writes take (io_uring, threads, page_cache, memory)",
             device_io_path.clone(),
+        );
+        let device_fenced = Family::<DeviceLabel, Gauge>::default();
+        registry.register(
+            "device_fenced",
+            "1 for a device whose saved persistent reservations could not be loaded at start: it answers NOT READY, MANUAL INTERVENTION REQUIRED until the file is repaired or removed and the daemon restarted",
+            device_fenced.clone(),
         );
         let gateway_owner = Family::<DeviceLabel, Gauge>::default();
         registry.register(
@@ -712,6 +722,7 @@ impl Metrics {
             device_unit_attentions,
             device_io_path,
             gateway_owner,
+            device_fenced,
             gateway_takeovers,
             gateway_fenced,
             gateway_shipped,
@@ -891,6 +902,14 @@ impl Metrics {
     }
 
     /// Records whether this gateway owns `device`'s image.
+    pub fn device_fenced(&self, device: &str) {
+        self.device_fenced
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .set(1);
+    }
+
     pub fn gateway_owner(&self, device: &str, owns: bool) {
         self.gateway_owner
             .get_or_create(&DeviceLabel {

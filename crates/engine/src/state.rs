@@ -14,8 +14,12 @@ use std::path::{Path, PathBuf};
 use scsi::{PersistentReservations, PrNexus, PrNotice, PrPersistence, PrRegistration};
 use serde::{Deserialize, Serialize};
 
-/// Bytes a saved reservation file may have, at most (a few hundred registrations).
-const FILE_BYTES_MAX: u64 = 1 << 20;
+/// Bytes a saved reservation state (a file, or an RBD image's metadata) may have, at most.
+/// Saving never writes more ([`to_text`]), so what was saved always loads.
+/// [`scsi::REGISTRATIONS_MAX`] registrations of the longest names take ~90 KiB.
+pub const STATE_BYTES_MAX: usize = 1 << 20;
+/// The header line of a reservation file.
+const FILE_HEADER: &str = "# ferrosan: persistent reservations (APTPL). Written by the daemon.\n";
 
 /// The state directory to use: the configured one, else `/var/lib/ferrosan` for root and
 /// `$XDG_STATE_HOME/ferrosan` (or `~/.local/state/ferrosan`) for anyone else.
@@ -132,8 +136,8 @@ impl ReservationFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(located(e.to_string())),
         };
-        if meta.len() > FILE_BYTES_MAX {
-            return Err(located(format!("larger than {FILE_BYTES_MAX} bytes")));
+        if meta.len() > (STATE_BYTES_MAX + FILE_HEADER.len()) as u64 {
+            return Err(located(format!("larger than {STATE_BYTES_MAX} bytes")));
         }
         let text = fs::read_to_string(&self.path).map_err(|e| located(e.to_string()))?;
         let saved: SavedFile = toml::from_str(&text).map_err(|e| located(e.to_string()))?;
@@ -148,8 +152,7 @@ impl ReservationFile {
     }
 
     fn write(&self, state: &PersistentReservations) -> std::io::Result<()> {
-        let text = toml::to_string(&encode(state, &self.medium))
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let text = to_text(state, &self.medium)?;
         if let Some(dir) = self.path.parent() {
             create_private_dir(dir)?;
         }
@@ -162,7 +165,7 @@ impl ReservationFile {
                 .truncate(true)
                 .mode(0o600)
                 .open(&tmp)?;
-            f.write_all(b"# ferrosan: persistent reservations (APTPL). Written by the daemon.\n")?;
+            f.write_all(FILE_HEADER.as_bytes())?;
             f.write_all(text.as_bytes())?;
             f.sync_all()?;
         }
@@ -194,12 +197,32 @@ pub fn reservations_to_text(
     state: &PersistentReservations,
     medium: &str,
 ) -> std::io::Result<String> {
-    toml::to_string(&encode(state, Path::new(medium)))
-        .map_err(|e| std::io::Error::other(e.to_string()))
+    to_text(state, Path::new(medium))
+}
+
+/// The saved form of `state`, at most [`STATE_BYTES_MAX`] bytes. Past it, the oldest notices
+/// go first (a gateway that had not seen them misses their unit attentions, which initiators
+/// recover from with READ KEYS); a state still too large is refused with
+/// [`scsi::SaveTooLarge`], and its PERSISTENT RESERVE OUT fails with nothing changed.
+fn to_text(state: &PersistentReservations, medium: &Path) -> std::io::Result<String> {
+    let mut saved = encode(state, medium);
+    loop {
+        let text = toml::to_string(&saved).map_err(|e| std::io::Error::other(e.to_string()))?;
+        if text.len() <= STATE_BYTES_MAX {
+            return Ok(text);
+        }
+        if saved.notice.is_empty() {
+            return Err(scsi::SaveTooLarge::error());
+        }
+        saved.notice.remove(0);
+    }
 }
 
 /// Reads back [`reservations_to_text`], checking it was saved for `medium`.
 pub fn reservations_from_text(text: &str, medium: &str) -> Result<PersistentReservations, String> {
+    if text.len() > STATE_BYTES_MAX {
+        return Err(format!("larger than {STATE_BYTES_MAX} bytes"));
+    }
     let saved: SavedFile = toml::from_str(text).map_err(|e| e.to_string())?;
     if saved.medium != medium {
         return Err(format!("saved for {}, not {medium}", saved.medium));
@@ -486,7 +509,7 @@ mod tests {
             assert!(err.contains(&*path.to_string_lossy()), "{err}");
             assert!(err.contains(why), "{why}: {err}");
         }
-        fs::write(&path, vec![b'#'; FILE_BYTES_MAX as usize + 1]).unwrap();
+        fs::write(&path, vec![b'#'; STATE_BYTES_MAX + FILE_HEADER.len() + 1]).unwrap();
         assert!(file.load().unwrap_err().contains("larger than"));
         let _ = fs::remove_dir_all(&dir);
     }
@@ -502,5 +525,62 @@ mod tests {
         fs::write(path.join("x"), b"x").unwrap();
         assert!(file.save(&sample()).is_err());
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A state with `registrations` registrations of the longest initiator port names and
+    /// `notices` notices naming each of them.
+    fn big(registrations: usize, notices: u64) -> PersistentReservations {
+        let nexus = |n: usize| PrNexus {
+            initiator_port: format!("iqn.2026-11.test:{:0>200},i,0x80123456{n:04x}", n),
+            relative_port: 1,
+        };
+        PersistentReservations {
+            aptpl: true,
+            generation: 1,
+            registrations: (0..registrations)
+                .map(|n| PrRegistration {
+                    nexus: nexus(n),
+                    key: n as u64 + 1,
+                })
+                .collect(),
+            reservation: None,
+            notices: (1..=notices)
+                .map(|seq| PrNotice {
+                    seq,
+                    ua: (0x2A, 0x04),
+                    nexuses: (0..registrations).map(nexus).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_saved_state_is_never_larger_than_a_load_accepts() {
+        let medium = Path::new("/srv/lun3.img");
+        // The most registrations with the longest names fit, with room to spare.
+        let most = big(scsi::REGISTRATIONS_MAX, 0);
+        let text = to_text(&most, medium).unwrap();
+        assert!(text.len() < STATE_BYTES_MAX / 4, "{} bytes", text.len());
+        assert_eq!(
+            reservations_from_text(&text, "/srv/lun3.img").unwrap(),
+            most
+        );
+        // Sixteen notices naming all of them would not: the oldest are left out.
+        let noisy = big(scsi::REGISTRATIONS_MAX, scsi::NOTICES_KEPT as u64);
+        let text = to_text(&noisy, medium).unwrap();
+        assert!(text.len() <= STATE_BYTES_MAX);
+        let back = reservations_from_text(&text, "/srv/lun3.img").unwrap();
+        assert_eq!(back.registrations, noisy.registrations);
+        assert!(!back.notices.is_empty() && back.notices.len() < noisy.notices.len());
+        assert_eq!(
+            back.notices.last(),
+            noisy.notices.last(),
+            "the newest are kept"
+        );
+        // Registrations alone past the bound: refused, nothing written.
+        let e = to_text(&big(scsi::REGISTRATIONS_MAX * 16, 0), medium).unwrap_err();
+        assert!(scsi::SaveTooLarge::is(&e), "{e}");
+        let too_long = "#".repeat(STATE_BYTES_MAX + 1);
+        assert!(reservations_from_text(&too_long, "/srv/lun3.img").is_err());
     }
 }

@@ -228,26 +228,26 @@ impl DeviceContext {
         if let (Some(medium), Some(dir)) = (medium, &self.state_dir) {
             let path = crate::state::reservation_file(dir, &device.name, medium);
             let file = crate::state::ReservationFile::new(path, medium, &device.name);
-            let saved = file.load().map_err(|e| {
-                    format!(
-                        "device {}: persistent reservations: {e} (remove the file to start without them)",
-                        device.name
-                    )
-                })?;
-            if let Some(saved) = saved {
-                unit.restore_reservations(&saved);
-                tracing::info!(
-                    "device {}: restored persistent reservations ({} registrations{})",
-                    device.name,
-                    saved.registrations.len(),
-                    if saved.reservation.is_some() {
-                        ", reserved"
-                    } else {
-                        ""
+            match file.load() {
+                Ok(saved) => {
+                    if let Some(saved) = saved {
+                        restored(&device.name, &unit, &saved);
                     }
-                );
+                    unit.set_pr_persistence(Arc::new(file));
+                }
+                // Serving without the registrations an initiator made durable could let a
+                // fenced host write; stopping every other device for it would let one
+                // initiator keep the array down. This device alone waits for the operator,
+                // and its file is left as it is (nothing is saved over it).
+                Err(e) => {
+                    tracing::error!(
+                        device = %device.name,
+                        "persistent reservations cannot be loaded: {e}; the device answers NOT READY, MANUAL INTERVENTION REQUIRED (04h/03h) until the file is repaired or removed and the daemon restarted"
+                    );
+                    unit.fence();
+                    self.metrics.device_fenced(&device.name);
+                }
             }
-            unit.set_pr_persistence(Arc::new(file));
         }
         // The store says whether it waits for a device; nothing is guessed from its kind.
         let caps = unit.capabilities();
@@ -655,4 +655,18 @@ fn revision() -> String {
         .collect::<String>()
         .trim_end_matches('.')
         .to_string()
+}
+
+/// Applies reservations loaded from a device's state file, and says so.
+fn restored(device: &str, unit: &LogicalUnit, saved: &scsi::PersistentReservations) {
+    unit.restore_reservations(saved);
+    tracing::info!(
+        "device {device}: restored persistent reservations ({} registrations{})",
+        saved.registrations.len(),
+        if saved.reservation.is_some() {
+            ", reserved"
+        } else {
+            ""
+        }
+    );
 }

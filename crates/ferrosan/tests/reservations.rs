@@ -1,7 +1,8 @@
 //! Persistent reservations with APTPL survive a restart of the daemon, by SIGTERM and by
 //! SIGKILL: an initiator registers and reserves with APTPL=1, the daemon goes away and comes
 //! back on the same file and state directory, and the registration, the reservation and its
-//! enforcement are all there. A damaged state file stops the daemon from starting, naming it.
+//! enforcement are all there. A damaged state file fences its device alone, naming the file;
+//! registrations are bounded, so the saved state always loads.
 
 mod common;
 
@@ -142,7 +143,8 @@ fn aptpl_reservations_survive_sigterm_and_sigkill() {
     drop(a);
     daemon.stop();
 
-    // A damaged state file: the daemon refuses to start and names it.
+    // A damaged state file: that device alone is fenced (NOT READY, MANUAL INTERVENTION
+    // REQUIRED), named in the log; the daemon and its other devices serve.
     let file = std::fs::read_dir(state.join("reservations"))
         .unwrap()
         .next()
@@ -150,34 +152,119 @@ fn aptpl_reservations_survive_sigterm_and_sigkill() {
         .unwrap()
         .path();
     std::fs::write(&file, "not = [valid").unwrap();
-    let scratch_log = scratch.file("refused.log");
-    let log = std::fs::File::create(&scratch_log).unwrap();
-    let listen = format!("127.0.0.1:{}", common::free_port());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .args(["serve", "--listen", &listen, "--target", IQN, "--lun", &lun])
-        .args(["--state-dir", &state_arg])
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("run ferrosan");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the daemon started on a damaged state file");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(!status.success());
-    let out_stderr = std::fs::read(&scratch_log).unwrap();
-    let stderr = String::from_utf8_lossy(&out_stderr);
+    let daemon = Daemon::start_with_args(IQN, &[&lun, "ram:4M"], &["--state-dir", &state_arg]);
+    let mut fenced = client(daemon.port, 0, 1);
+    let tur = fenced.test_unit_ready().expect("answered");
+    let sense = tur.expect_err("a fenced device is not ready").sense;
+    assert_eq!(
+        sense.map(|s| (s.key, s.asc, s.ascq)),
+        Some((0x02, 0x04, 0x03)),
+        "NOT READY, MANUAL INTERVENTION REQUIRED"
+    );
+    let mut other = client(daemon.port, 1, 2);
+    other
+        .test_unit_ready()
+        .expect("answered")
+        .expect("the other device serves");
+    let log = daemon.output();
     assert!(
-        stderr.contains(&*file.to_string_lossy()) && stderr.contains("remove the file"),
-        "{stderr}"
+        log.contains(&*file.to_string_lossy()) && log.contains("MANUAL INTERVENTION"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "not = [valid",
+        "the damaged file is left for the operator"
+    );
+}
+
+/// A session of the `initiator` crate on LUN `lun` with ISID tail `isid_tail`, past the
+/// unit attentions of a new nexus (a not-ready LU's answer is left for the caller).
+fn client(port: u16, lun: u64, isid_tail: u8) -> initiator::driver::Client {
+    let mut s = initiator::SessionConfig::new(
+        "iqn.2026-11.test:pr",
+        initiator::SessionKind::Normal {
+            target_name: IQN.into(),
+        },
+    );
+    s.isid[5] = isid_tail;
+    let mut c = initiator::ClientConfig::new(format!("127.0.0.1:{port}"), s);
+    c.lun = lun;
+    let mut client = initiator::driver::Client::connect(c).expect("login");
+    for _ in 0..4 {
+        match client.test_unit_ready().expect("answered") {
+            Err(e) if e.is_unit_attention() => continue,
+            _ => break,
+        }
+    }
+    client
+}
+
+/// One initiator logging in with ever new ISIDs and registering each with APTPL=1 cannot grow
+/// the saved state past what loads: registration 257 gets INSUFFICIENT REGISTRATION
+/// RESOURCES, the file stays small, and a restart loads it with the 256 registrations.
+#[test]
+fn registrations_are_bounded_and_their_state_always_loads() {
+    let scratch = Scratch::new("pr-bound");
+    let lun = format!("file:{},size=4M", scratch.file("lun.img").display());
+    let state = scratch.file("state");
+    let state_arg = state.display().to_string();
+    let mut daemon = Daemon::start_with_args(IQN, &[&lun], &["--state-dir", &state_arg]);
+    // The documented bound (CONFIG.md, *State directory*; scsi::REGISTRATIONS_MAX).
+    let max = 256u16;
+    let register = |daemon: &Daemon, n: u16| {
+        // A long initiator name, as in the report (223 bytes is the most a name may have).
+        let name = format!("iqn.2026-11.test:{}", "x".repeat(200));
+        let mut s = initiator::SessionConfig::new(
+            name,
+            initiator::SessionKind::Normal {
+                target_name: IQN.into(),
+            },
+        );
+        s.isid[4..6].copy_from_slice(&n.to_be_bytes());
+        let c = initiator::ClientConfig::new(format!("127.0.0.1:{}", daemon.port), s);
+        let mut client = initiator::driver::Client::connect(c).expect("login");
+        let cdb = initiator::scsi::Cdb::new(&prout(6, 0)).unwrap();
+        let params = prout_params(0, 0x1000 + u64::from(n), true);
+        let mut result = None;
+        for _ in 0..4 {
+            let r = client
+                .command(cdb, initiator::session::Transfer::Write(params.clone()))
+                .expect("PERSISTENT RESERVE OUT answered");
+            let ua = r.sense.as_ref().is_some_and(|s| s.key == 0x06);
+            result = Some(r);
+            if !ua {
+                break;
+            }
+        }
+        let r = result.unwrap();
+        (r.status, r.sense.map(|s| (s.key, s.asc, s.ascq)))
+    };
+    for n in 0..max {
+        assert_eq!(register(&daemon, n), (0, None), "registration {n}");
+    }
+    assert_eq!(
+        register(&daemon, max),
+        (0x02, Some((0x05, 0x55, 0x04))),
+        "INSUFFICIENT REGISTRATION RESOURCES"
+    );
+    let file = std::fs::read_dir(state.join("reservations"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let bytes = std::fs::metadata(&file).unwrap().len();
+    assert!(bytes < 1 << 20, "{bytes} bytes");
+    let log = daemon.output();
+    assert!(log.contains("INSUFFICIENT RESOURCES"), "{log}");
+    daemon.restart();
+    let log = daemon.output();
+    assert!(
+        log.contains(&format!(
+            "restored persistent reservations ({max} registrations"
+        )),
+        "{log}"
     );
 }
 

@@ -28,7 +28,7 @@ pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
 pub use plan::{plans, BlockIo, BlockOp, Plan, WriteShare};
 pub use pr::{
     PersistentReservations, PrNexus, PrNotice, PrPersistence, PrRegistration, SaveConflict,
-    NOTICES_KEPT,
+    SaveTooLarge, NOTICES_KEPT, REGISTRATIONS_MAX,
 };
 pub use sense::Sense;
 pub use store::{FileRange, SharedSlice};

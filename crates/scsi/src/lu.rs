@@ -96,6 +96,10 @@ pub struct LogicalUnit {
     /// Taken offline by the operator: commands that need the medium answer NOT READY,
     /// LOGICAL UNIT NOT READY, OFFLINE (04h/12h) until it is back.
     offline: AtomicBool,
+    /// Its saved reservation state could not be loaded: serving it could let a host the
+    /// lost registrations fenced write, so commands that need the medium answer NOT READY,
+    /// MANUAL INTERVENTION REQUIRED (04h/03h) for the LU's life.
+    fenced: AtomicBool,
     /// Explicit ALUA across gateways (see [`crate::Ownership`]); unset: the target port
     /// groups' configured states apply and nothing is refused.
     ownership: std::sync::OnceLock<Arc<dyn crate::Ownership>>,
@@ -164,6 +168,7 @@ impl LogicalUnit {
             copy_results: Mutex::new(HashMap::new()),
             in_flight: Arc::default(),
             offline: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
             ownership: std::sync::OnceLock::new(),
         })
     }
@@ -392,6 +397,22 @@ impl LogicalUnit {
             self.ua.raise_all(unit_attention::NOT_READY_TO_READY, None);
         }
         was != offline
+    }
+
+    /// Fences the LU for good (see `fenced`): its reservation state is unknown.
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+    }
+
+    /// Why the LU's medium may not be used now, if it may not: fenced, or offline.
+    fn not_ready(&self) -> Option<Sense> {
+        if self.fenced.load(Ordering::Relaxed) {
+            Some(Sense::not_ready_manual_intervention())
+        } else if self.offline.load(Ordering::Relaxed) {
+            Some(Sense::not_ready_offline())
+        } else {
+            None
+        }
     }
 
     /// Whether the LU is offline (see [`LogicalUnit::set_offline`]).
@@ -642,13 +663,13 @@ impl LogicalUnit {
     ) -> Result<Reach, Sense> {
         let opcode = cdb.u8(0);
         // SPC-4 5.12: a unit that is not ready still answers what does not need its medium.
-        if self.offline.load(Ordering::Relaxed)
-            && !matches!(
-                opcode,
-                INQUIRY | REPORT_LUNS | REQUEST_SENSE | MAINTENANCE_IN
-            )
-        {
-            return Err(Sense::not_ready_offline());
+        if !matches!(
+            opcode,
+            INQUIRY | REPORT_LUNS | REQUEST_SENSE | MAINTENANCE_IN
+        ) {
+            if let Some(sense) = self.not_ready() {
+                return Err(sense);
+            }
         }
         let mut reach = Reach::Here;
         if let Some(ownership) = self.ownership.get() {
@@ -775,8 +796,9 @@ impl LogicalUnit {
         // ... or the LU's not-ready state (SPC-4 5.12: REQUEST SENSE reports it).
         let sense = match self.ua.take(nexus.id) {
             Some((asc, ascq)) => Sense::unit_attention(asc, ascq),
-            None if self.is_offline() => Sense::not_ready_offline(),
-            None => Sense::new(crate::sense::NO_SENSE, 0, 0),
+            None => self
+                .not_ready()
+                .unwrap_or(Sense::new(crate::sense::NO_SENSE, 0, 0)),
         };
         put_sense(
             data_in,

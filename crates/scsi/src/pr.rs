@@ -117,6 +117,17 @@ struct Seen {
     shipped: bool,
 }
 
+/// Registrations one LU holds (I_T nexuses with a key). A REGISTER beyond it is refused with
+/// INSUFFICIENT REGISTRATION RESOURCES: without a bound, one initiator logging in again and
+/// again with fresh ISIDs grows the saved state until it no longer loads. 256 is a 64-node
+/// cluster with four paths per node.
+pub const REGISTRATIONS_MAX: usize = 256;
+
+/// ILLEGAL REQUEST, INSUFFICIENT REGISTRATION RESOURCES (55h/04h, SPC-4 5.14.7).
+pub(crate) fn insufficient_registration_resources() -> Sense {
+    Sense::new(crate::sense::ILLEGAL_REQUEST, 0x55, 0x04)
+}
+
 /// Notices kept in a shared reservation state: a target that looks at it at least this many
 /// changes apart raises every unit attention (targets look before each PERSISTENT RESERVE
 /// command and, as RBD gateways, once a second).
@@ -260,6 +271,30 @@ impl std::fmt::Display for SaveConflict {
 }
 
 impl std::error::Error for SaveConflict {}
+
+/// How a [`PrPersistence`] refuses a state larger than it can store and load back (returned
+/// inside the `io::Error`): the PERSISTENT RESERVE OUT fails with INSUFFICIENT REGISTRATION
+/// RESOURCES, nothing changed.
+#[derive(Debug)]
+pub struct SaveTooLarge;
+
+impl SaveTooLarge {
+    pub fn error() -> std::io::Error {
+        std::io::Error::other(SaveTooLarge)
+    }
+
+    pub fn is(e: &std::io::Error) -> bool {
+        e.get_ref().is_some_and(|inner| inner.is::<SaveTooLarge>())
+    }
+}
+
+impl std::fmt::Display for SaveTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the reservation state would be larger than can be loaded back")
+    }
+}
+
+impl std::error::Error for SaveTooLarge {}
 
 /// Times a PERSISTENT RESERVE OUT is run again after another target's save overtook it,
 /// before it fails (NOT READY, retry).
@@ -744,6 +779,9 @@ impl LogicalUnit {
                 s.aptpl = aptpl;
                 match (registered, sa_key) {
                     (None, 0) => {} // nothing to do, and no new generation
+                    (None, _) if s.registrations.len() >= REGISTRATIONS_MAX => {
+                        return Err(insufficient_registration_resources().into());
+                    }
                     (None, k) => {
                         s.registrations.push((it.clone(), k));
                         s.generation = s.generation.wrapping_add(1);
@@ -826,6 +864,8 @@ impl LogicalUnit {
                     r.update_held(&s);
                     return Err(if SaveConflict::is(&e) {
                         Attempt::Overtaken
+                    } else if SaveTooLarge::is(&e) {
+                        insufficient_registration_resources().into()
                     } else {
                         Sense::new(crate::sense::HARDWARE_ERROR, 0x44, 0x00).into()
                     });

@@ -97,6 +97,11 @@ impl Sense {
     pub const fn not_ready_offline() -> Sense {
         Sense::new(NOT_READY, 0x04, 0x12)
     }
+    /// LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED: the LU is fenced until the
+    /// operator acts (its saved reservations could not be loaded).
+    pub const fn not_ready_manual_intervention() -> Sense {
+        Sense::new(NOT_READY, 0x04, 0x03)
+    }
     /// LOGICAL UNIT NOT READY, OPERATION IN PROGRESS: another LU the command touches is
     /// being reset (initiators retry after a delay).
     pub const fn reset_in_progress() -> Sense {

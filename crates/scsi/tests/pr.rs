@@ -578,3 +578,28 @@ fn a_save_another_gateway_overtook_is_run_again_on_the_state_it_saved() {
     assert_sense(&a.err(&[0; 6], &[]), 6, 0x2A, 0x03); // RESERVATIONS PREEMPTED
     a.ok(&[0; 6], &[]);
 }
+
+#[test]
+fn registrations_beyond_the_bound_get_insufficient_registration_resources() {
+    let mut t = T::new();
+    let max = scsi::REGISTRATIONS_MAX as u64;
+    for id in 1..=max + 1 {
+        t.lu.nexus_added(id);
+        as_nexus(&mut t, id);
+        t.run(&[0; 6], &[]); // the nexus's power-on unit attention
+    }
+    for id in 1..=max {
+        register(&mut t, id, 0x100 + id);
+    }
+    as_nexus(&mut t, max + 1);
+    let s = t.err(&prout(6, 0), &params(0, 0xFFFF));
+    assert_eq!((s.key, s.asc, s.ascq), (0x05, 0x55, 0x04));
+    let (_, held) = keys(&mut t);
+    assert_eq!(held.len(), max as usize, "nothing changed");
+    // Registrants still change their key and unregister; then a place is free again.
+    as_nexus(&mut t, 1);
+    t.ok(&prout(0, 0), &params(0x101, 0x1001));
+    t.ok(&prout(0, 0), &params(0x1001, 0));
+    register(&mut t, max + 1, 0xFFFF);
+    assert_eq!(keys(&mut t).1.len(), max as usize);
+}

@@ -114,6 +114,18 @@ fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a command changes what every initiator sees of the LU, not only what its own
+/// nexus sees: its ALUA states and owner (SET TARGET PORT GROUPS), its mode pages (MODE
+/// SELECT: the write cache, SWP), its reservations (PERSISTENT RESERVE OUT, SPC-2 RESERVE).
+/// Refused through a read-only mapping: read access is not a say in how others may write.
+fn changes_lu_state(cdb: Cdb<'_>) -> bool {
+    match cdb.u8(0) {
+        MODE_SELECT_6 | MODE_SELECT_10 | PERSISTENT_RESERVE_OUT | RESERVE_6 | RESERVE_10 => true,
+        MAINTENANCE_OUT => cdb.service_action() == SA_SET_TARGET_PORT_GROUPS,
+        _ => false,
+    }
+}
+
 /// Where a command that passed [`LogicalUnit::gate`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reach {
@@ -513,13 +525,12 @@ impl LogicalUnit {
         ) {
             data_in.clear();
         }
-        let write_protected = self.write_protected(read_only_mapping);
         let result = self.run(
             nexus,
             cmd,
             data_in,
             io.as_deref_mut(),
-            write_protected,
+            read_only_mapping,
             peers,
         );
         if result.is_err() {
@@ -566,7 +577,7 @@ impl LogicalUnit {
         cmd: &Command<'_>,
         read_only_mapping: bool,
     ) -> Result<(), Completion> {
-        match self.admit(nexus, cmd, self.write_protected(read_only_mapping)) {
+        match self.admit(nexus, cmd, read_only_mapping) {
             Err(sense) if sense == crate::alua::SHIP => Ok(()),
             Err(sense) => Err(self.completion(Err(sense))),
             Ok(_) => Err(Completion::check_condition(Sense::not_ready_transition())),
@@ -616,13 +627,14 @@ impl LogicalUnit {
     }
 
     /// The checks every command passes before its own: a pending unit attention, a known
-    /// opcode and CDB length, reservations, the control byte, write protection. Returns the
-    /// opcode. Takes (reports) the nexus's unit attention.
+    /// opcode and CDB length, the control byte, then the LU's [`LogicalUnit::gate`]. Returns
+    /// the opcode. Takes (reports) the nexus's unit attention. `read_only_mapping`: the LU is
+    /// reached through a read-only mapping.
     pub(crate) fn admit(
         &self,
         nexus: &Nexus,
         cmd: &Command<'_>,
-        write_protected: bool,
+        read_only_mapping: bool,
     ) -> Result<u8, Sense> {
         let cdb = Cdb(cmd.cdb);
         if cmd.cdb.is_empty() {
@@ -642,7 +654,7 @@ impl LogicalUnit {
         }
         // NACA and LINK are not supported (SAM-5 5.9).
         check_reserved(cdb, cdb_len - 1, 0xFA)?;
-        match self.gate(nexus, cdb, write_protected)? {
+        match self.gate(nexus, cdb, read_only_mapping)? {
             Reach::Here => Ok(opcode),
             // The owner checks the rest (CDB fields, LBA range) as it runs it.
             Reach::Owner => Err(crate::alua::SHIP),
@@ -651,15 +663,17 @@ impl LogicalUnit {
 
     /// May `nexus` touch this LU now for `cdb`: the one gate every LU a command touches
     /// passes — the addressed LU (through [`LogicalUnit::admit`]) and every other LU of a
-    /// multi-LU command such as EXTENDED COPY (as a READ or a WRITE of it). Offline, ALUA
-    /// ownership, reservations and write protection (`write_protected`: as the mapping
-    /// through which the LU is reached says); the in-flight guard is the caller's to hold.
+    /// multi-LU command such as EXTENDED COPY (as a READ or a WRITE of it). Not ready
+    /// (offline, fenced), ALUA ownership, reservations, and write protection: the LU's own
+    /// (`read_only`, SWP) and that of a read-only mapping (`read_only_mapping`), which also
+    /// keeps its initiators from changing what others see of the LU (see
+    /// [`changes_lu_state`]). The in-flight guard is the caller's to hold.
     /// `Reach::Owner`: the command is for this LU's owner through another gateway.
     pub(crate) fn gate(
         &self,
         nexus: &Nexus,
         cdb: Cdb<'_>,
-        write_protected: bool,
+        read_only_mapping: bool,
     ) -> Result<Reach, Sense> {
         let opcode = cdb.u8(0);
         // SPC-4 5.12: a unit that is not ready still answers what does not need its medium.
@@ -687,7 +701,10 @@ impl LogicalUnit {
         }
         // Write protection as this gateway's mode pages and mapping say (MODE SELECT runs
         // where it arrives).
-        if write_protected && is_medium_write(opcode) {
+        if self.write_protected(read_only_mapping) && is_medium_write(opcode) {
+            return Err(Sense::write_protected());
+        }
+        if read_only_mapping && changes_lu_state(cdb) {
             return Err(Sense::write_protected());
         }
         Ok(reach)
@@ -720,11 +737,12 @@ impl LogicalUnit {
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
         io: Option<&mut crate::Lending<'_>>,
-        write_protected: bool,
+        read_only_mapping: bool,
         peers: Option<&crate::LunMap>,
     ) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
-        let opcode = self.admit(nexus, cmd, write_protected)?;
+        let opcode = self.admit(nexus, cmd, read_only_mapping)?;
+        let write_protected = self.write_protected(read_only_mapping);
         match opcode {
             TEST_UNIT_READY => Ok(0),
             REQUEST_SENSE => self.request_sense(nexus, cmd, data_in),
@@ -775,7 +793,7 @@ impl LogicalUnit {
                 }
                 Ok(done)
             }
-            EXTENDED_COPY => self.extended_copy(nexus, cmd, write_protected, peers),
+            EXTENDED_COPY => self.extended_copy(nexus, cmd, read_only_mapping, peers),
             RECEIVE_COPY_RESULTS => self.receive_copy_results(nexus, cmd, data_in),
             // The opcode table and this match must list the same commands.
             _ => Err(Sense::invalid_opcode()),

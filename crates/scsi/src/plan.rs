@@ -114,8 +114,7 @@ impl LogicalUnit {
             }
             _ => return Plan::Execute,
         };
-        let write_protected = self.write_protected(read_only_mapping);
-        let planned = self.admit(nexus, cmd, write_protected).and_then(|_| {
+        let planned = self.admit(nexus, cmd, read_only_mapping).and_then(|_| {
             match opcode {
                 READ_6 | READ_10 | READ_12 | READ_16 => {
                     let read = self.read_extent(cmd)?;

@@ -213,10 +213,11 @@ pub(crate) struct CopyRecord {
     pub bytes: u64,
 }
 
-/// A resolved copy target: the LU and whether writes to it are refused.
+/// A resolved copy target: the LU and whether the copy reaches it through a read-only
+/// mapping.
 struct Target<'a> {
     lu: &'a LogicalUnit,
-    write_protected: bool,
+    read_only_mapping: bool,
 }
 
 impl Target<'_> {
@@ -225,7 +226,7 @@ impl Target<'_> {
     fn pass_gate(&self, nexus: &Nexus, opcode: u8, segment: usize) -> Result<(), Sense> {
         let mut cdb = [0u8; 16];
         cdb[0] = opcode;
-        match self.lu.gate(nexus, Cdb(&cdb), self.write_protected)? {
+        match self.lu.gate(nexus, Cdb(&cdb), self.read_only_mapping)? {
             crate::lu::Reach::Here => Ok(()),
             crate::lu::Reach::Owner => Err(unreachable_target(segment)),
         }
@@ -252,23 +253,22 @@ impl LogicalUnit {
     fn resolve<'a>(
         &'a self,
         t: &TargetDescriptor,
-        write_protected: bool,
+        read_only_mapping: bool,
         peers: Option<&'a LunMap>,
     ) -> Option<Target<'a>> {
         if self.matches_designator(t) {
             return Some(Target {
                 lu: self,
-                write_protected,
+                read_only_mapping,
             });
         }
         let entry = peers?
             .entries()
             .iter()
             .find(|e| e.lu.matches_designator(t))?;
-        let lu: &LogicalUnit = &entry.lu;
         Some(Target {
-            lu,
-            write_protected: lu.write_protected(entry.read_only),
+            lu: &entry.lu,
+            read_only_mapping: entry.read_only,
         })
     }
 
@@ -277,7 +277,7 @@ impl LogicalUnit {
         &self,
         nexus: &Nexus,
         cmd: &Command<'_>,
-        write_protected: bool,
+        read_only_mapping: bool,
         peers: Option<&LunMap>,
     ) -> Result<u32, Sense> {
         let cdb = Cdb(cmd.cdb);
@@ -299,7 +299,7 @@ impl LogicalUnit {
                     .get(usize::from(index))
                     .ok_or_else(|| unreachable_target(n))?;
                 let resolved = self
-                    .resolve(t, write_protected, peers)
+                    .resolve(t, read_only_mapping, peers)
                     .ok_or_else(|| unreachable_target(n))?;
                 if t.block_len != 0 && t.block_len != resolved.lu.settings.block_size {
                     return Err(bad_param(t.offset + 29));

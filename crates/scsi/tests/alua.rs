@@ -728,3 +728,69 @@ fn a_shared_reservation_state_keeps_a_bounded_number_of_notices() {
         Some(last - scsi::NOTICES_KEPT as u64 + 1)
     );
 }
+
+/// What a read-only mapping may not do: take the LU over (SET TARGET PORT GROUPS would fence
+/// the owner gateway's sessions), change its mode pages or its reservations. Through a
+/// read-write mapping of the same LU the same commands run.
+#[test]
+fn a_read_only_mapping_changes_nothing_others_see_of_the_lu() {
+    let (t, fake) = owned(1);
+    t.lu.set_spc2_reservations(true);
+    let read_only = scsi::LunMap::new(vec![(0, t.lu.clone(), true)]).unwrap();
+    let read_write = scsi::LunMap::new(vec![(0, t.lu.clone(), false)]).unwrap();
+    // Through the standby gateway (group 2) for SET TARGET PORT GROUPS, which takes the LU
+    // over; through the owner's (group 1) for the rest, which standby refuses anyway.
+    let standby = gateway_nexus(2, 2);
+    let active = gateway_nexus(3, 1);
+    let run = |map: &scsi::LunMap, nexus: &Nexus, cdb: &[u8], data_out: &[u8]| {
+        let cmd = scsi::Command {
+            cdb,
+            data_out,
+            data_in_limit: 4096,
+        };
+        map.execute(nexus, 0, &cmd, &mut Vec::new())
+    };
+    for nexus in [&standby, &active] {
+        t.lu.nexus_added(nexus.id);
+        let _ = run(&read_only, nexus, &[0u8; 6], &[]); // the power-on unit attention
+    }
+    let list = stpg_list(&[(0x0, 2), (0x2, 1)]);
+    let stpg = stpg_cdb(list.len() as u8);
+    // MODE SELECT(10) of the caching page flipping WCE; PERSISTENT RESERVE OUT REGISTER.
+    let wce = t.lu.write_cache_enabled();
+    let mut caching = vec![0u8; 8];
+    caching.extend_from_slice(&[0x08, 0x12, if wce { 0 } else { 0x04 }]);
+    caching.extend_from_slice(&[0u8; 17]);
+    let mode_select = [0x55, 0x10, 0, 0, 0, 0, 0, 0, caching.len() as u8, 0];
+    let mut register = vec![0u8; 24];
+    register[8..16].copy_from_slice(&7u64.to_be_bytes());
+    let prout = [0x5F, 0x06, 0, 0, 0, 0, 0, 0, 24, 0];
+    let reserve = [0x16, 0, 0, 0, 0, 0];
+    for (what, nexus, cdb, data) in [
+        ("SET TARGET PORT GROUPS", &standby, &stpg[..], &list[..]),
+        ("MODE SELECT", &active, &mode_select[..], &caching[..]),
+        ("PERSISTENT RESERVE OUT", &active, &prout[..], &register[..]),
+        ("RESERVE(6)", &active, &reserve[..], &[][..]),
+    ] {
+        let c = run(&read_only, nexus, cdb, data);
+        let s = c.sense.unwrap_or_else(|| panic!("{what}: {:?}", c.status));
+        assert_sense(&s, 0x07, 0x27, 0x00);
+    }
+    assert_eq!(
+        fake.takes.load(Ordering::SeqCst),
+        0,
+        "the owner did not move"
+    );
+    assert_eq!(t.lu.write_cache_enabled(), wce);
+    assert_eq!(t.lu.pr_generation(), 0);
+    // Through a read-write mapping the same commands run.
+    let c = run(&read_write, &active, &mode_select, &caching);
+    assert_eq!(c.status, scsi::Status::Good, "{:?}", c.sense);
+    assert_eq!(t.lu.write_cache_enabled(), !wce);
+    let c = run(&read_write, &active, &prout, &register);
+    assert_eq!(c.status, scsi::Status::Good, "{:?}", c.sense);
+    let _ = run(&read_write, &standby, &[0u8; 6], &[]); // MODE PARAMETERS CHANGED
+    let c = run(&read_write, &standby, &stpg, &list);
+    assert_eq!(c.status, scsi::Status::Good, "{:?}", c.sense);
+    assert_eq!(fake.takes.load(Ordering::SeqCst), 1);
+}

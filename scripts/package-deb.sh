@@ -53,7 +53,7 @@ Package: ferrosan
 Version: $VERSION
 Architecture: $ARCH
 Maintainer: ferrosan developers <ferrosan@localhost>
-Depends: ${DEPENDS:-libc6}
+Depends: ${DEPENDS:-libc6}, passwd
 Section: net
 Priority: optional
 Installed-Size: $(du -sk "$STAGE" | cut -f1)
@@ -68,6 +68,19 @@ echo /etc/ferrosan/ferrosan.toml > "$STAGE/DEBIAN/conffiles"
 cat > "$STAGE/DEBIAN/postinst" <<'SCRIPT'
 #!/bin/sh
 set -e
+if [ "$1" = configure ]; then
+    # The daemon's user (the unit's User=): it may write its own config (ctl ... --save).
+    if ! getent passwd ferrosan >/dev/null; then
+        useradd --system --user-group --home-dir /var/lib/ferrosan --no-create-home \
+            --shell /usr/sbin/nologin --comment "ferrosan iSCSI target" ferrosan
+    fi
+    # On first install only: an admin's own modes and owners are kept on upgrades.
+    if [ -z "$2" ]; then
+        chown root:ferrosan /etc/ferrosan /etc/ferrosan/ferrosan.toml
+        chmod 0770 /etc/ferrosan
+        chmod 0640 /etc/ferrosan/ferrosan.toml
+    fi
+fi
 # Enabling and starting is the admin's choice: systemctl enable --now ferrosan
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null || true
@@ -87,7 +100,13 @@ set -e
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null || true
 fi
-# LUN files in /var/lib/ferrosan are data: never removed by the package, not even on purge.
+# LUN files in /var/lib/ferrosan are data: never removed by the package, not even on purge
+# (nor is the user ferrosan that owns them). The daemon's backup of its config goes with it.
+if [ "$1" = purge ]; then
+    rm -f /etc/ferrosan/ferrosan.toml.bak /etc/ferrosan/.ferrosan.toml.tmp \
+        /etc/ferrosan/.ferrosan.toml.bak.tmp
+    rmdir --ignore-fail-on-non-empty /etc/ferrosan 2>/dev/null || true
+fi
 SCRIPT
 chmod 0755 "$STAGE/DEBIAN/postinst" "$STAGE/DEBIAN/prerm" "$STAGE/DEBIAN/postrm"
 mkdir -p "$OUT"

@@ -40,6 +40,12 @@ grep -q 'ExecStart=/usr/bin/ferrosan serve' <<<"$UNIT" || die "the packaged unit
 dpkg -i "$DEB" >/dev/null || die "dpkg -i failed"
 FILES=$(dpkg -L ferrosan)
 /usr/bin/ferrosan check-config /etc/ferrosan/ferrosan.toml >/dev/null || die "the packaged config does not check"
+# The unit's user, and the config's directory it may write (--save).
+getent passwd ferrosan >/dev/null || die "the package made no user ferrosan"
+[[ $(stat -c '%U:%G %a' /etc/ferrosan) == "root:ferrosan 770" ]] \
+    || die "/etc/ferrosan is $(stat -c '%U:%G %a' /etc/ferrosan), not root:ferrosan 770"
+[[ $(stat -c '%U:%G %a' /etc/ferrosan/ferrosan.toml) == "root:ferrosan 640" ]] \
+    || die "the config is $(stat -c '%U:%G %a' /etc/ferrosan/ferrosan.toml), not root:ferrosan 640"
 
 # Serve the packaged config as the unit does (its ExecStart), on 3260 unless that is taken.
 CONFIG=/etc/ferrosan/ferrosan.toml PORT=3260
@@ -47,11 +53,18 @@ if port_open 3260; then
     # A port nothing listens on (no python3 needed on a minimal machine).
     PORT=3261
     while port_open "$PORT"; do PORT=$((PORT + 1)); done
-    CONFIG=$WORK/ferrosan.toml
+    CONFIG=/etc/ferrosan/test.toml
     sed "s/:3260/:$PORT/g" /etc/ferrosan/ferrosan.toml > "$CONFIG"
+    chown root:ferrosan "$CONFIG" && chmod 0640 "$CONFIG"
     log "port 3260 is in use here: serving the packaged config on $PORT instead"
 fi
-/usr/bin/ferrosan serve --config "$CONFIG" --control-socket "$WORK/control.sock" >"$WORK/daemon.log" 2>&1 &
+# As the unit runs it: the user ferrosan, its socket in a directory of its own (in a
+# root-owned directory it may pass through, as /run/ferrosan is in /run).
+chmod 0755 "$WORK"
+install -d -o ferrosan -g ferrosan -m 0755 "$WORK/run"
+SOCKET=$WORK/run/control.sock
+setpriv --reuid=ferrosan --regid=ferrosan --init-groups \
+    /usr/bin/ferrosan serve --config "$CONFIG" --control-socket "$SOCKET" >"$WORK/daemon.log" 2>&1 &
 DAEMON=$!
 for _ in $(seq 100); do
     port_open "$PORT" && break
@@ -60,11 +73,21 @@ done
 LISTED=$(iscsi-ls -s "iscsi://127.0.0.1:$PORT" 2>&1) || { cat "$WORK/daemon.log" >&2; die "iscsi-ls failed: $LISTED"; }
 grep -q 'iqn.2026-11.org.ferrosan:demo' <<<"$LISTED" && grep -q 'Lun:0 *Type:DIRECT_ACCESS' <<<"$LISTED" \
     || die "the demo LUN is not listed: $LISTED"
-/usr/bin/ferrosan ctl --socket "$WORK/control.sock" status >/dev/null || die "ctl status failed"
+/usr/bin/ferrosan ctl --socket "$SOCKET" status >/dev/null || die "ctl status failed"
+# A live change saved by the daemon's user into its file: edited in place, comments kept, the
+# previous file kept beside it.
+/usr/bin/ferrosan ctl --socket "$SOCKET" device add extra ram:4M --save >/dev/null \
+    || { cat "$WORK/daemon.log" >&2; die "ctl device add --save failed"; }
+grep -q '^name = "extra"' "$CONFIG" || die "the saved config has no device extra"
+grep -q '^# /etc/ferrosan/ferrosan.toml: the configuration the Debian package installs' "$CONFIG" \
+    || die "saving lost the config's comments"
+[[ -f $CONFIG.bak ]] || die "no backup of the config beside it"
+/usr/bin/ferrosan check-config "$CONFIG" >/dev/null || die "the saved config does not check"
 kill -TERM "$DAEMON"
 wait "$DAEMON" || die "the daemon did not exit cleanly on SIGTERM"
 DAEMON=""
-log "installed; the packaged config serves the demo LUN: $(grep -o 'Lun:0.*' <<<"$LISTED")"
+[[ $CONFIG == /etc/ferrosan/test.toml ]] && rm -f "$CONFIG" "$CONFIG.bak"
+log "installed; the packaged config serves the demo LUN as the user ferrosan, and --save edits it: $(grep -o 'Lun:0.*' <<<"$LISTED")"
 
 if [[ $(cat /proc/1/comm 2>/dev/null) == systemd ]]; then
     systemctl enable --now ferrosan || die "systemctl enable --now ferrosan failed"

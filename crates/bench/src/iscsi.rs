@@ -17,9 +17,20 @@ pub struct IscsiTarget {
 
 impl IscsiTarget {
     /// Logs in once to learn the LUN's size and block size (and that it is reachable).
-    pub fn open(url: &str, initiator_name: &str) -> Result<IscsiTarget, String> {
+    /// `chap_secret`: the CHAP secret of a URL that names a user without a password.
+    pub fn open(
+        url: &str,
+        initiator_name: &str,
+        chap_secret: Option<&initiator::Secret>,
+    ) -> Result<IscsiTarget, String> {
         let name = redact(url);
-        let parsed = IscsiUrl::parse(url).map_err(|e| format!("{name}: {e}"))?;
+        let mut parsed = IscsiUrl::parse(url).map_err(|e| format!("{name}: {e}"))?;
+        if let Some(user) = &parsed.user_without_secret {
+            let secret = chap_secret.ok_or_else(|| {
+                format!("{name}: CHAP user {user} without a secret: give --chap-secret-file FILE or FERROSAN_CHAP_SECRET, or run on a terminal to be asked")
+            })?;
+            parsed = parsed.with_secret(secret.expose());
+        }
         let mut config = parsed.client_config(initiator_name);
         // A LUN reporting a unit attention at login (power on, a resize) is normal.
         config.retry_unit_attention = true;
@@ -185,13 +196,25 @@ mod tests {
 
     #[test]
     fn an_unreachable_or_malformed_url_is_a_clear_error() {
-        let e = IscsiTarget::open("iscsi://127.0.0.1:1/iqn.2026-11.x:t/0", "iqn.2026-11.x:i")
-            .err()
-            .unwrap();
+        let e = IscsiTarget::open(
+            "iscsi://127.0.0.1:1/iqn.2026-11.x:t/0",
+            "iqn.2026-11.x:i",
+            None,
+        )
+        .err()
+        .unwrap();
         assert!(e.starts_with("iscsi://127.0.0.1:1/"), "{e}");
-        let e = IscsiTarget::open("iscsi://bob%pw@/nothing", "iqn.2026-11.x:i")
+        let e = IscsiTarget::open("iscsi://bob%pw@/nothing", "iqn.2026-11.x:i", None)
             .err()
             .unwrap();
         assert!(!e.contains("pw"), "the password leaked: {e}");
+        let e = IscsiTarget::open(
+            "iscsi://bob@127.0.0.1:1/iqn.2026-11.x:t/0",
+            "iqn.2026-11.x:i",
+            None,
+        )
+        .err()
+        .unwrap();
+        assert!(e.contains("--chap-secret-file"), "{e}");
     }
 }

@@ -37,6 +37,8 @@ pub struct Options {
     pub size: Option<u64>,
     /// The initiator name iSCSI sessions log in with.
     pub initiator_name: String,
+    /// The CHAP secret for iSCSI URLs that name a user without a password.
+    pub chap_secret: Option<initiator::Secret>,
     /// Only these workloads (ids as in results.json); empty: the whole plan.
     pub only: Vec<String>,
     pub targets: Vec<String>,
@@ -59,6 +61,7 @@ fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
         return Ok(Box::new(iscsi::IscsiTarget::open(
             spec,
             &opts.initiator_name,
+            opts.chap_secret.as_ref(),
         )?));
     }
     let path = Path::new(spec);

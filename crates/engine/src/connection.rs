@@ -78,6 +78,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         guard,
         prelogin,
     } = conn;
+    let peer_only = guard.peer_only;
     let _guard = guard;
     let stream = match TcpStream::from_std(stream) {
         Ok(s) => s,
@@ -87,7 +88,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         }
     };
     let mut driver = Driver::new(stream, peer, local, portal_group_tag, &shared);
-    if let Err(reason) = driver.run(&shared, prelogin).await {
+    if let Err(reason) = driver.run(&shared, prelogin, peer_only).await {
         tracing::debug!(%peer, "connection closed: {reason}");
     }
 }
@@ -125,6 +126,8 @@ struct Policy<'a> {
     portal_group_tag: u16,
     peer: SocketAddr,
     ticket: Option<SessionTicket>,
+    /// Admitted past its source's `max_connections_per_source`: a gateway peer's login only.
+    peer_only: bool,
     /// The group the initiator was admitted as (normal sessions) and the authentication that
     /// required, in the topology it was admitted under: its session's LUN map comes from
     /// this, not from a second lookup.
@@ -133,9 +136,20 @@ struct Policy<'a> {
 }
 
 impl Policy<'_> {
-    /// Refuses every login from a source that failed too often lately (docs/CONFIG.md,
+    /// Refuses a login on a connection admitted for gateway peers only, unless it is a peer's,
+    /// and every login from a source that failed too often lately (docs/CONFIG.md,
     /// `login_failures_max`).
-    fn check_rate(&self, initiator_name: &IscsiName) -> Result<(), LoginStatus> {
+    fn check_source(&self, initiator_name: &IscsiName) -> Result<(), LoginStatus> {
+        // A connection past its source's limit is for a gateway peer only (server.rs).
+        if self.peer_only && !crate::peer::is_peer_name(initiator_name.as_str()) {
+            tracing::warn!(
+                peer = %self.peer,
+                initiator = %initiator_name,
+                "login refused: max_connections_per_source"
+            );
+            self.shared.metrics.limit("max_connections_per_source");
+            return Err(LoginStatus::OUT_OF_RESOURCES);
+        }
         if self.shared.login_blocked(self.peer.ip(), Instant::now()) {
             tracing::warn!(
                 peer = %self.peer,
@@ -166,7 +180,7 @@ impl LoginPolicy for Policy<'_> {
         initiator_name: &IscsiName,
         target_name: &IscsiName,
     ) -> Result<Admission, LoginStatus> {
-        self.check_rate(initiator_name)?;
+        self.check_source(initiator_name)?;
         let topology = self.shared.topology();
         let admitted = topology.admit(
             initiator_name,
@@ -206,7 +220,7 @@ impl LoginPolicy for Policy<'_> {
     }
 
     fn admit_discovery(&mut self, initiator_name: &IscsiName) -> Result<Admission, LoginStatus> {
-        self.check_rate(initiator_name)?;
+        self.check_source(initiator_name)?;
         let topology = self.shared.topology();
         let auth = topology.config.discovery.resolved();
         let requirement = self.requirement(auth.clone());
@@ -1708,6 +1722,7 @@ impl Driver {
         &mut self,
         shared: &Arc<Shared>,
         prelogin: crate::prelogin::Ticket,
+        peer_only: bool,
     ) -> Result<(), String> {
         let limits = &shared.limits;
         let mut policy = Policy {
@@ -1715,6 +1730,7 @@ impl Driver {
             portal_group_tag: self.portal_group_tag,
             peer: self.peer,
             ticket: None,
+            peer_only,
             admitted: None,
         };
         let target_limits = TargetLimits {

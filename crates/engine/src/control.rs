@@ -30,16 +30,63 @@ pub const CLIENTS_MAX: usize = 16;
 pub const CLIENT_IDLE: Duration = Duration::from_secs(30);
 
 /// The default socket path: `/run/ferrosan/control.sock` for root, else
-/// `$XDG_RUNTIME_DIR/ferrosan/control.sock`, else `/tmp/ferrosan-UID/control.sock`.
-pub fn default_socket_path() -> PathBuf {
-    let uid = rustix::process::geteuid();
-    if uid.is_root() {
-        return PathBuf::from("/run/ferrosan/control.sock");
+/// `$XDG_RUNTIME_DIR/ferrosan/control.sock`, else `$HOME/.local/state/ferrosan/control.sock`;
+/// `None` without either variable. Never a shared directory such as `/tmp`, where another
+/// user could make the directory first and listen in the daemon's place.
+pub fn default_socket_path() -> Option<PathBuf> {
+    if rustix::process::geteuid().is_root() {
+        return Some(PathBuf::from("/run/ferrosan/control.sock"));
     }
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => PathBuf::from(dir).join("ferrosan/control.sock"),
-        None => PathBuf::from(format!("/tmp/ferrosan-{}/control.sock", uid.as_raw())),
+    let var = |name: &str| std::env::var_os(name).filter(|d| !d.is_empty());
+    match (var("XDG_RUNTIME_DIR"), var("HOME")) {
+        (Some(dir), _) => Some(PathBuf::from(dir).join("ferrosan/control.sock")),
+        (None, Some(home)) => Some(PathBuf::from(home).join(".local/state/ferrosan/control.sock")),
+        (None, None) => None,
     }
+}
+
+/// Whether `dir` may hold the control socket of a daemon running as `owner`: a directory
+/// owned by `owner` that no one else may write to (who can write there can put their own
+/// socket in the daemon's place, and receive the secrets `ctl chap set` sends).
+pub fn check_socket_dir(dir: &Path, owner: u32) -> Result<(), String> {
+    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{}: not a directory", dir.display()));
+    }
+    if meta.uid() != owner {
+        return Err(format!(
+            "{}: owned by uid {}, not by the daemon's user ({owner})",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{}: writable by others (mode {:o}); make it 0755 or stricter",
+            dir.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the process listening on `socket` (user `peer`) is a daemon `ctl`, running as
+/// `me`, may send a request to: root or `me` itself; or, when `me` is root, the user the
+/// system made the socket's directory for (a directory owned by `peer`, not writable by
+/// others, in a root-owned directory no one else may write to: systemd's `RuntimeDirectory`
+/// of a service with its own user).
+pub fn trusted_daemon(socket: &Path, peer: u32, me: u32) -> bool {
+    if peer == 0 || peer == me {
+        return true;
+    }
+    let Some(dir) = socket.parent() else {
+        return false;
+    };
+    me == 0
+        && check_socket_dir(dir, peer).is_ok()
+        && dir
+            .parent()
+            .is_some_and(|up| check_socket_dir(up, 0).is_ok())
 }
 
 /// A bound control socket; the file is removed when the daemon exits (if it is still ours).
@@ -119,6 +166,10 @@ pub fn bind(
             {
                 return fail(format!("control socket {}: {e}", dir.display()));
             }
+        }
+        let me = rustix::process::geteuid().as_raw();
+        if let Err(e) = check_socket_dir(dir, me) {
+            return fail(format!("control socket directory {e}"));
         }
     }
     if path.exists() {
@@ -572,7 +623,9 @@ fn save_running(shared: &Shared) -> Result<PathBuf, String> {
     )?;
     // Devices left out at start (their cluster down) stay in the file.
     let config = file_view(shared, &shared.config_to_keep());
-    crate::reload::save_config(path, &config)?;
+    let mut base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
+    let saved = crate::reload::save_config(path, base.as_ref(), &config)?;
+    *base = Some(saved);
     shared.unsaved.clear();
     Ok(path.to_path_buf())
 }
@@ -892,7 +945,16 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
         "chap-set" => {
             let iqn = IscsiName::from_wire(text(args, "target")?).map_err(|e| e.to_string())?;
             let user = text(args, "user")?;
-            let secret = text(args, "secret")?;
+            // A secret file is read (and its mode checked) when the edited config is
+            // validated; the config then names the file, never the secret.
+            let (secret, secret_file) = match (args.get("secret"), args.get("secret_file")) {
+                (Some(_), Some(_)) => return Err("give a secret or a secret_file, not both".into()),
+                (_, Some(_)) => (
+                    String::new(),
+                    Some(PathBuf::from(text(args, "secret_file")?)),
+                ),
+                _ => (text(args, "secret")?.to_string(), None),
+            };
             let mutual = args.get("mutual").and_then(Value::as_bool).unwrap_or(false);
             let target = config
                 .targets
@@ -901,8 +963,8 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 .ok_or_else(|| format!("no target {iqn}"))?;
             let credential = crate::config::ChapUser {
                 user: user.to_string(),
-                secret: crate::config::Secret::new(secret.as_bytes()),
-                secret_file: None,
+                secret: crate::config::Secret::new(secret.into_bytes()),
+                secret_file,
             };
             let group = args.get("group").and_then(Value::as_str);
             let initiator = args.get("initiator").and_then(Value::as_str);
@@ -984,6 +1046,49 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_directory_is_the_daemons_own_and_closed_to_others() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("ferrosan-sockdir-{}", std::process::id()));
+        let own = dir.join("own");
+        std::fs::create_dir_all(&own).unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        let set =
+            |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+        set(&dir, 0o755).unwrap();
+        set(&own, 0o755).unwrap();
+        assert!(check_socket_dir(&own, me).is_ok());
+        assert!(check_socket_dir(&own, me + 1)
+            .unwrap_err()
+            .contains("not by the daemon's user"));
+        for mode in [0o775, 0o777, 0o1777] {
+            set(&own, mode).unwrap();
+            assert!(check_socket_dir(&own, me)
+                .unwrap_err()
+                .contains("writable by others"));
+        }
+        set(&own, 0o700).unwrap();
+        // ctl: itself and root are trusted; another user only as root, in a directory root
+        // made for that user (as systemd's RuntimeDirectory).
+        let socket = own.join("control.sock");
+        assert!(trusted_daemon(&socket, me, me));
+        assert!(trusted_daemon(&socket, 0, me));
+        assert!(!trusted_daemon(&socket, me + 1, me + 2));
+        if me == 0 {
+            rustix::fs::chown(&own, Some(rustix::fs::Uid::from_raw(65534)), None).unwrap();
+            assert!(
+                trusted_daemon(&socket, 65534, 0),
+                "a service directory under a root-owned one"
+            );
+            set(&dir, 0o1777).unwrap();
+            assert!(
+                !trusted_daemon(&socket, 65534, 0),
+                "a directory in a /tmp-like place"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn args(v: Value) -> Map<String, Value> {
         v.as_object().cloned().unwrap()

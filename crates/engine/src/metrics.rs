@@ -1006,48 +1006,84 @@ pub fn to_text_004(openmetrics: &str) -> String {
 
 /// Request bytes read before answering (a scrape request is a few hundred bytes).
 const REQUEST_BYTES_MAX: usize = 8192;
-/// Concurrent scrapes served; more wait in the listen backlog.
-const SCRAPES_MAX: usize = 8;
+/// Metrics connections open at once, all sources together; more are closed at accept.
+const SCRAPES_MAX: usize = 64;
+/// Metrics connections open at once from one address: a client holding connections open
+/// delays nobody else's scrape (Prometheus opens one per scrape).
+const SCRAPES_PER_SOURCE_MAX: usize = 4;
+/// Time a client has to send its request head.
+const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a whole answer may take (a slow reader of a large page).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves `GET /metrics` until the process ends. Anything else gets 404; slow or oversized
-/// requests are cut off.
+/// Connections open per source address (and in all), for the bounds above.
+#[derive(Default)]
+struct ScrapeCount(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+impl ScrapeCount {
+    /// Counts a connection from `source` in, unless a bound is reached: which one.
+    fn enter(&self, source: std::net::IpAddr) -> Result<(), &'static str> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if open.values().sum::<usize>() >= SCRAPES_MAX {
+            return Err("metrics_connections");
+        }
+        let n = open.entry(source).or_default();
+        if *n >= SCRAPES_PER_SOURCE_MAX {
+            return Err("metrics_connections_per_source");
+        }
+        *n += 1;
+        Ok(())
+    }
+
+    fn leave(&self, source: std::net::IpAddr) {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&source);
+            }
+        }
+    }
+}
+
+/// Serves `GET /metrics` until the process ends. Anything else gets 404; slow, oversized or
+/// too many requests are cut off (per source and in all), each refusal logged and counted.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_MAX));
+    let open = Arc::new(ScrapeCount::default());
     loop {
         let Ok((mut stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
+        if let Err(limit) = open.enter(peer.ip()) {
+            tracing::debug!(%peer, "metrics connection refused: {limit}");
+            metrics.limit(limit);
+            continue;
+        }
         let metrics = Arc::clone(&metrics);
+        let open = Arc::clone(&open);
         tokio::spawn(async move {
-            let _permit = permit;
-            let answer =
-                tokio::time::timeout(Duration::from_secs(5), respond(&mut stream, &metrics)).await;
-            if answer.is_err() {
-                tracing::debug!(%peer, "metrics request timed out");
+            if let Err(why) = respond(&mut stream, &metrics).await {
+                tracing::debug!(%peer, "metrics request: {why}");
             }
+            open.leave(peer.ip());
         });
     }
 }
 
-async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> Result<(), String> {
     let mut request = vec![0u8; REQUEST_BYTES_MAX];
-    let mut len = 0;
-    // Read until the end of the request head.
-    while !request[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-        if len == request.len() {
-            return stream
-                .write_all(b"HTTP/1.0 431 Request Header Fields Too Large\r\n\r\n")
-                .await;
-        }
-        let n = stream.read(&mut request[len..]).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        len += n;
+    let head = tokio::time::timeout(REQUEST_HEAD_TIMEOUT, read_head(stream, &mut request));
+    let len = match head.await {
+        Err(_) => return Err("no request head within 2 s".into()),
+        Ok(Err(e)) => return Err(e.to_string()),
+        Ok(Ok(None)) => return Ok(()),
+        Ok(Ok(Some(len))) => len,
+    };
+    if len == 0 {
+        let refusal = b"HTTP/1.0 431 Request Header Fields Too Large\r\n\r\n";
+        let _ = tokio::time::timeout(ANSWER_TIMEOUT, stream.write_all(refusal)).await;
+        return Err("request head too long".into());
     }
     let line = request[..len]
         .split(|&b| b == b'\r')
@@ -1075,8 +1111,34 @@ async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> std::
         "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await
+    let answer = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await
+    };
+    match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("answer not taken within 10 s".into()),
+    }
+}
+
+/// Reads up to the end of a request head into `request`: its length, `Some(0)` when the
+/// head does not fit, `None` when the client closed first.
+async fn read_head(
+    stream: &mut tokio::net::TcpStream,
+    request: &mut [u8],
+) -> std::io::Result<Option<usize>> {
+    let mut len = 0;
+    while !request[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+        if len == request.len() {
+            return Ok(Some(0));
+        }
+        let n = stream.read(&mut request[len..]).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        len += n;
+    }
+    Ok(Some(len))
 }
 
 /// Binds the metrics endpoint (at start-up, so a bad address fails loudly).

@@ -107,6 +107,13 @@ pub struct PeerRoute {
 /// transition (retry), as when the owner cannot be reached.
 const SESSIONS_MAX: usize = 256;
 
+/// Peer sessions (and their connections) the owner admits beyond `max_sessions` and a
+/// source's `max_connections_per_source`, all other gateways and images together: peers log
+/// in from the other gateways' addresses, one session per initiator nexus that ships, so
+/// counting them among the initiators' would let one initiator with many sessions on a
+/// non-owner take every place its gateway's address has at the owner.
+pub const ADMITTED_MAX: usize = 1024;
+
 /// A shipped command's outcome as the peer session delivers it.
 type Outcome = Result<ScsiResult, String>;
 

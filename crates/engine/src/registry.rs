@@ -139,8 +139,18 @@ impl Registry {
         }
         if let Some(old) = inner.sessions.remove(&id) {
             let _ = old.kill.send(Some("reinstated by a new login"));
-        } else if inner.sessions.len() >= self.max_sessions {
-            return Err(LoginStatus::OUT_OF_RESOURCES);
+        } else {
+            // Called once the login authenticated: a peer name here passed its image's CHAP.
+            // Gateway peers and initiators each have their own bound (`peer::ADMITTED_MAX`).
+            let peer = is_peer(&id);
+            let max = if peer {
+                crate::peer::ADMITTED_MAX
+            } else {
+                self.max_sessions
+            };
+            if inner.sessions.keys().filter(|k| is_peer(k) == peer).count() >= max {
+                return Err(LoginStatus::OUT_OF_RESOURCES);
+            }
         }
         let mut tsih = inner.next_tsih;
         // TSIH 0 is reserved; skip values still in use after wrap-around.
@@ -210,6 +220,11 @@ impl Registry {
     }
 }
 
+/// A gateway peer's session (`peer.rs`).
+fn is_peer(id: &SessionId) -> bool {
+    crate::peer::is_peer_name(id.initiator.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +275,31 @@ mod tests {
         );
         // Reinstating does not count against the limit.
         assert!(r.open(&name("iqn.a"), [1; 6], None, 0).is_ok());
+    }
+
+    #[test]
+    fn gateway_peers_and_initiators_have_bounds_of_their_own() {
+        let r = Arc::new(Registry::new(2));
+        let t = name("iqn.t");
+        let peer = name(&format!("{}x", crate::peer::PEER_PREFIX));
+        // Initiators fill max_sessions: peers still log in, up to their own bound.
+        let _a = r.open(&name("iqn.a"), [1; 6], Some(&t), 0).unwrap();
+        let _b = r.open(&name("iqn.a"), [2; 6], Some(&t), 0).unwrap();
+        let mut peers = Vec::new();
+        for i in 0..crate::peer::ADMITTED_MAX {
+            let isid = [0, 0, 0, 0, (i >> 8) as u8, i as u8];
+            peers.push(r.open(&peer, isid, Some(&t), 0).expect("a peer session"));
+        }
+        assert_eq!(
+            r.open(&peer, [9; 6], Some(&t), 0).err(),
+            Some(LoginStatus::OUT_OF_RESOURCES)
+        );
+        assert_eq!(
+            r.open(&name("iqn.a"), [3; 6], Some(&t), 0).err(),
+            Some(LoginStatus::OUT_OF_RESOURCES)
+        );
+        // Peers take nothing from initiators either: one leaves, one logs in.
+        drop(_b);
+        assert!(r.open(&name("iqn.a"), [3; 6], Some(&t), 0).is_ok());
     }
 }

@@ -230,6 +230,9 @@ impl ConfigSource {
             "nothing to reload: serving the demo or a quick export from the command line, not a config file",
         )?;
         let mut config = Config::load(path).map_err(|e| e.to_string())?;
+        if let Some(warning) = config.exposed_secrets(path) {
+            tracing::warn!("{warning}");
+        }
         self.apply_overrides(&mut config);
         Ok(config)
     }
@@ -245,6 +248,7 @@ pub struct Applied {
 /// Re-reads the config file and applies the difference (SIGHUP, `ctl reload`).
 pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, String> {
     let config = source.load()?;
+    let base = config.clone();
     apply_with(
         shared,
         |_| config,
@@ -256,6 +260,7 @@ pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, St
                 .map(|out| out.device.name)
                 .collect();
             shared.forget_left_out(&names);
+            *shared.file_base.lock().unwrap_or_else(|e| e.into_inner()) = Some(base);
         },
     )
 }
@@ -405,11 +410,53 @@ fn close_when_idle(name: String, device: Arc<OpenDevice>) {
     }
 }
 
-/// Writes `config` to `path` atomically (a temporary file in the same directory, fsynced, then
-/// renamed over it, then the directory fsynced): a crash leaves the old file or the new one.
-pub fn save_config(path: &Path, config: &Config) -> Result<(), String> {
+/// Saves `running` into the config file at `path` (a symlink is followed): the file is
+/// edited where `running` differs from `base`, the config it last held (`config::edit`), so
+/// comments, order, units, `secret_file` references and edits made to it meanwhile stay; a
+/// missing file is written whole. The previous file is kept as `NAME.bak`. Written atomically
+/// (a temporary file in the same directory, fsynced, renamed over it, the directory fsynced):
+/// a crash leaves the old file or the new one. Returns the config the file now holds.
+pub fn save_config(path: &Path, base: Option<&Config>, running: &Config) -> Result<Config, String> {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let located = |e: std::io::Error| format!("{}: {e}", path.display());
+    let text = match std::fs::read_to_string(&path) {
+        Ok(old) => {
+            let loaded;
+            let base = match base {
+                Some(b) => b,
+                None => {
+                    loaded =
+                        Config::from_toml_str(&old, &path.display().to_string()).map_err(|e| {
+                            format!("the file no longer loads ({e}); not saving over it")
+                        })?;
+                    &loaded
+                }
+            };
+            let text = crate::config::edit::merge(&old, base, running)?;
+            keep_backup(&path, &old)?;
+            text
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => running.to_toml_with_secrets(),
+        Err(e) => return Err(located(e)),
+    };
+    let saved = Config::from_toml_str(&text, &path.display().to_string())
+        .map_err(|e| format!("the edited file would not load ({e}); not saved"))?;
+    write_atomically(&path, &text, saved.has_inline_secrets())?;
+    Ok(saved)
+}
+
+/// `NAME.bak` beside `path`, with the file's previous text (and no wider mode than it had).
+fn keep_backup(path: &Path, old: &str) -> Result<(), String> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".bak");
+    let backup = path.with_file_name(name);
+    write_atomically(&backup, old, true)
+}
+
+/// Writes `text` to `path` through a temporary file and a rename. The file's mode is kept,
+/// but never more open than 0640 when `secret` (it holds CHAP secrets).
+fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), String> {
     use std::io::Write as _;
-    let text = config.to_toml_with_secrets();
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -423,6 +470,7 @@ pub fn save_config(path: &Path, config: &Config) -> Result<(), String> {
         use std::os::unix::fs::PermissionsExt as _;
         m.permissions().mode() & 0o777
     });
+    let mode = if secret { mode & 0o640 } else { mode };
     let mut file = {
         use std::os::unix::fs::OpenOptionsExt as _;
         std::fs::OpenOptions::new()
@@ -433,6 +481,12 @@ pub fn save_config(path: &Path, config: &Config) -> Result<(), String> {
             .open(&tmp)
             .map_err(located)?
     };
+    // The mode of a file left by an earlier attempt is not changed by open: set it.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(located)?;
+    }
     file.write_all(text.as_bytes()).map_err(located)?;
     file.sync_all().map_err(located)?;
     drop(file);

@@ -52,6 +52,10 @@ pub struct Shared {
     pub registry: Arc<Registry>,
     connections: AtomicUsize,
     per_source: Mutex<HashMap<IpAddr, u32>>,
+    /// Connections admitted past their source's limit, for gateway peers only.
+    peer_only_connections: AtomicUsize,
+    /// The other gateways' addresses ([`gateway_sources`]).
+    gateway_sources: std::collections::HashSet<IpAddr>,
     /// Connections still logging in, under their own budget.
     prelogin: Arc<crate::prelogin::PreLogin>,
     /// CHAP algorithms accepted, in order of preference.
@@ -65,6 +69,9 @@ pub struct Shared {
     pub started: std::time::SystemTime,
     /// Where the config came from (what a reload re-reads).
     pub source: ConfigSource,
+    /// The config as its file last held it (loaded or saved by this daemon): the base of the
+    /// merge that saves the running config into the file (`config::edit`).
+    pub file_base: Mutex<Option<Config>>,
     /// RBD devices started without (their cluster unreachable): retried until they open,
     /// kept in a saved config meanwhile (`crate::left_out`).
     left_out: Mutex<Vec<crate::left_out::LeftOut>>,
@@ -203,14 +210,27 @@ impl Shared {
                 None => return refuse("max_connections"),
             }
         }
+        // Past its source's limit a connection from another gateway's address may still be
+        // a gateway peer's (peer.rs): it is admitted within the peers' own bound, and must
+        // log in as a peer.
+        let mut peer_only = false;
         {
             let mut per = self.per_source.lock().unwrap_or_else(|e| e.into_inner());
             let n = per.entry(source).or_insert(0);
             if *n >= self.limits.max_connections_per_source {
                 drop(per);
-                return refuse("max_connections_per_source");
+                if !self.gateway_sources.contains(&source) {
+                    return refuse("max_connections_per_source");
+                }
+                let peers = self.peer_only_connections.fetch_add(1, Ordering::AcqRel);
+                if peers >= crate::peer::ADMITTED_MAX {
+                    self.peer_only_connections.fetch_sub(1, Ordering::AcqRel);
+                    return refuse("max_connections_per_source");
+                }
+                peer_only = true;
+            } else {
+                *n += 1;
             }
-            *n += 1;
         }
         let login_timeout = Duration::from_secs(self.limits.login_timeout_s.into());
         let (ticket, evicted) = self.prelogin.enter(source, login_timeout);
@@ -223,6 +243,7 @@ impl Shared {
                 shared: Arc::clone(self),
                 source,
                 worker_load: None,
+                peer_only,
             },
             ticket,
         ))
@@ -305,6 +326,9 @@ pub struct ConnectionGuard {
     source: IpAddr,
     /// The open-connection gauge of the worker the connection was given to.
     worker_load: Option<Gauge>,
+    /// Admitted past its source's `max_connections_per_source`: only a gateway peer may log
+    /// in on it (counted in `peer_only_connections`, not in `per_source`).
+    pub peer_only: bool,
 }
 
 impl ConnectionGuard {
@@ -320,7 +344,11 @@ impl Drop for ConnectionGuard {
         if let Some(load) = &self.worker_load {
             load.dec();
         }
-        {
+        if self.peer_only {
+            self.shared
+                .peer_only_connections
+                .fetch_sub(1, Ordering::AcqRel);
+        } else {
             let mut per = self
                 .shared
                 .per_source
@@ -381,18 +409,31 @@ impl Server {
             None => None,
         };
         let mut shared = build(config)?;
+        if source.path.is_some() {
+            *shared
+                .file_base
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner()) = Some(config.clone());
+        }
         shared.source = source;
         let shared = Arc::new(shared);
         let workers = worker_count(config);
-        let control = crate::control::bind(
-            &config
-                .server
-                .control_socket
-                .clone()
-                .unwrap_or_else(crate::control::default_socket_path),
-            config.server.control_socket.is_some(),
-            config.server.control_socket_group.as_deref(),
-        )?;
+        let socket_path = config
+            .server
+            .control_socket
+            .clone()
+            .or_else(crate::control::default_socket_path);
+        let control = match &socket_path {
+            Some(path) => crate::control::bind(
+                path,
+                config.server.control_socket.is_some(),
+                config.server.control_socket_group.as_deref(),
+            )?,
+            None => {
+                tracing::warn!("no control socket: neither XDG_RUNTIME_DIR nor HOME is set (set control_socket or --control-socket)");
+                None
+            }
+        };
         let control_socket = control.as_ref().map(|c| c.path.clone());
         let control_inode = control.as_ref().map_or(0, |c| c.inode);
         let io_threads = io_threads_per_worker(config.limits.io_threads, workers);
@@ -791,6 +832,21 @@ fn worker_count(config: &Config) -> usize {
 
 /// Every listen address of this daemon's portal groups with its tag (a portal group another
 /// gateway serves is only reported, in REPORT TARGET PORT GROUPS and discovery).
+/// The addresses the other RBD gateways of the config are known by (their portal groups'
+/// specific `listen` and `peer_address` addresses): only from these may a gateway peer's
+/// connection pass its source's `max_connections_per_source`.
+fn gateway_sources(config: &Config) -> std::collections::HashSet<IpAddr> {
+    let me = config.server.gateway.as_deref();
+    config
+        .portal_groups
+        .iter()
+        .filter(|p| p.gateway.is_some() && !p.served_by(me))
+        .flat_map(|p| p.listen.iter().chain(&p.peer_address))
+        .map(SocketAddr::ip)
+        .filter(|ip| !ip.is_unspecified())
+        .collect()
+}
+
 fn portals(config: &Config) -> Vec<(SocketAddr, u16)> {
     let me = config.server.gateway.as_deref();
     config
@@ -952,6 +1008,8 @@ fn build(config: &Config) -> Result<Shared, String> {
         registry: Arc::new(Registry::new(config.limits.max_sessions as usize)),
         connections: AtomicUsize::new(0),
         per_source: Mutex::new(HashMap::new()),
+        peer_only_connections: AtomicUsize::new(0),
+        gateway_sources: gateway_sources(config),
         prelogin: crate::prelogin::PreLogin::new(
             config
                 .limits
@@ -964,6 +1022,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         shutdown: watch::Sender::new(false),
         started: std::time::SystemTime::now(),
         source: ConfigSource::default(),
+        file_base: Mutex::new(None),
         unsaved: crate::control::Unsaved::default(),
         worker_heartbeats: (0..worker_count(config))
             .map(|_| AtomicU64::new(0))
@@ -976,6 +1035,37 @@ fn build(config: &Config) -> Result<Shared, String> {
 mod tests {
     use super::*;
     use crate::config::IscsiName;
+
+    #[test]
+    fn only_the_other_gateways_addresses_may_bring_peers_past_a_sources_limit() {
+        let config = Config::from_toml_str(
+            r#"
+[server]
+gateway = "a"
+[[portal_group]]
+tag = 1
+listen = ["10.0.0.1:3260"]
+gateway = "a"
+[[portal_group]]
+tag = 2
+listen = ["10.0.0.2:3260"]
+peer_address = "10.0.1.2:3260"
+gateway = "b"
+[[portal_group]]
+tag = 3
+listen = ["10.0.0.9:3260"]
+"#,
+            "test",
+        )
+        .unwrap();
+        let sources = gateway_sources(&config);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            sources,
+            [ip("10.0.0.2"), ip("10.0.1.2")].into_iter().collect(),
+            "b's listen and peer addresses; not this gateway's, not a group without a gateway"
+        );
+    }
 
     #[test]
     fn the_watchdog_asks_that_every_worker_ran_lately() {

@@ -42,6 +42,11 @@ pub struct BenchArgs {
     /// Initiator name for iSCSI sessions (default iqn.2026-11.org.ferrosan:bench.HOSTNAME).
     #[arg(long)]
     initiator_name: Option<String>,
+    /// The CHAP secret for iscsi:// URLs that name a user without a password (one line; the
+    /// file should be mode 0600). Else FERROSAN_CHAP_SECRET, else asked on the terminal. A
+    /// password in the URL works too, but every user sees it in the process list.
+    #[arg(long, value_name = "FILE")]
+    chap_secret_file: Option<PathBuf>,
     /// iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN, a file, or a block device.
     #[arg(required = true)]
     targets: Vec<String>,
@@ -60,6 +65,13 @@ pub fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let chap_secret = match chap_secret(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ferrosan bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = bench::Options {
         quick: args.quick,
         out: args.out,
@@ -71,6 +83,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         size,
         only: args.only,
         initiator_name: args.initiator_name.unwrap_or_else(default_initiator_name),
+        chap_secret,
         targets: args.targets,
     };
     match bench::run(&opts) {
@@ -104,5 +117,37 @@ fn default_initiator_name() -> String {
         "iqn.2026-11.org.ferrosan:bench".into()
     } else {
         format!("iqn.2026-11.org.ferrosan:bench.{host}")
+    }
+}
+
+/// The CHAP secret for URLs with a user but no password: from `--chap-secret-file`, else
+/// `FERROSAN_CHAP_SECRET`, else asked on the terminal (not echoed); `None` when no URL needs
+/// one, or none can be had (the target's open then says what to give).
+fn chap_secret(args: &BenchArgs) -> Result<Option<initiator::Secret>, String> {
+    let trimmed = |s: &str| s.trim_end_matches(['\r', '\n']).as_bytes().to_vec();
+    if let Some(path) = &args.chap_secret_file {
+        use std::io::Read as _;
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(4096).read_to_string(&mut text))
+            .map_err(|e| format!("--chap-secret-file {}: {e}", path.display()))?;
+        return Ok(Some(initiator::Secret::new(trimmed(&text))));
+    }
+    if let Some(secret) = std::env::var_os("FERROSAN_CHAP_SECRET") {
+        return Ok(Some(initiator::Secret::new(trimmed(
+            &secret.to_string_lossy(),
+        ))));
+    }
+    let needed = args
+        .targets
+        .iter()
+        .find_map(|t| initiator::url::IscsiUrl::parse(t).ok()?.user_without_secret);
+    match needed {
+        Some(user) if std::io::IsTerminal::is_terminal(&std::io::stdin()) => {
+            let secret = rpassword::prompt_password(format!("CHAP secret of {user}: "))
+                .map_err(|e| format!("reading the CHAP secret: {e}"))?;
+            Ok(Some(initiator::Secret::new(trimmed(&secret))))
+        }
+        _ => Ok(None),
     }
 }

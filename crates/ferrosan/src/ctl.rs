@@ -164,7 +164,8 @@ enum InitiatorVerb {
 #[derive(Subcommand)]
 enum ChapVerb {
     /// Set the CHAP user of a target, of one group or of one initiator (or, with --mutual,
-    /// the name and secret the target answers mutual CHAP with); the secret is read from stdin.
+    /// the name and secret the target answers mutual CHAP with); the secret is read from stdin,
+    /// or by the daemon from --secret-file.
     Set {
         target: String,
         #[arg(long, conflicts_with = "initiator")]
@@ -175,6 +176,10 @@ enum ChapVerb {
         #[arg(long)]
         mutual: bool,
         user: String,
+        /// A file the daemon reads the secret from (mode 0600, or `$CREDENTIALS_DIRECTORY/NAME`
+        /// under systemd's LoadCredential=); a saved config names the file, not the secret.
+        #[arg(long, value_name = "PATH")]
+        secret_file: Option<String>,
         #[arg(long)]
         save: bool,
     },
@@ -262,18 +267,24 @@ fn request(verb: &Verb) -> Result<Value, String> {
                     initiator,
                     mutual,
                     user,
+                    secret_file,
                     save,
                 },
         } => {
-            // Never on the command line, where `ps` shows it to every user.
-            let mut secret = String::new();
-            std::io::stdin()
-                .take(4096)
-                .read_to_string(&mut secret)
-                .map_err(|e| format!("reading the secret from stdin: {e}"))?;
-            let secret = secret.trim_end_matches(['\r', '\n']).to_string();
             let mut r = json!({"verb": "chap-set", "target": target, "user": user,
-                               "secret": secret, "mutual": mutual, "save": save});
+                               "mutual": mutual, "save": save});
+            match secret_file {
+                Some(path) => r["secret_file"] = json!(path),
+                // Never on the command line, where `ps` shows it to every user.
+                None => {
+                    let mut secret = String::new();
+                    std::io::stdin()
+                        .take(4096)
+                        .read_to_string(&mut secret)
+                        .map_err(|e| format!("reading the secret from stdin: {e}"))?;
+                    r["secret"] = json!(secret.trim_end_matches(['\r', '\n']));
+                }
+            }
             if let Some(g) = group {
                 r["group"] = json!(g);
             }
@@ -293,6 +304,17 @@ pub(crate) fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, Strin
             socket.display()
         )
     })?;
+    // Nothing is sent (a CHAP secret, say) before the listener is known to be the daemon.
+    let peer = rustix::net::sockopt::socket_peercred(&stream)
+        .map_err(|e| format!("{}: the listener's credentials: {e}", socket.display()))?;
+    let me = rustix::process::geteuid().as_raw();
+    if !engine::control::trusted_daemon(socket, peer.uid.as_raw(), me) {
+        return Err(format!(
+            "{}: the process listening there runs as uid {}, neither root nor you, nor the user of a service directory: not sending it anything",
+            socket.display(),
+            peer.uid.as_raw()
+        ));
+    }
     stream
         .set_read_timeout(Some(REPLY_TIMEOUT))
         .map_err(located)?;
@@ -307,10 +329,14 @@ pub(crate) fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, Strin
 }
 
 pub fn run(args: CtlArgs) -> ExitCode {
-    let socket = args
+    let Some(socket) = args
         .socket
         .clone()
-        .unwrap_or_else(engine::control::default_socket_path);
+        .or_else(engine::control::default_socket_path)
+    else {
+        eprintln!("ferrosan ctl: no default control socket (neither XDG_RUNTIME_DIR nor HOME is set): give --socket PATH");
+        return ExitCode::from(2);
+    };
     let reply = request(&args.verb).and_then(|r| exchange(&socket, &r));
     let reply = match reply {
         Ok(r) => r,

@@ -97,6 +97,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench_cmd::run(args),
         Command::CheckConfig { file } => match Config::load(&file) {
             Ok(config) => {
+                if let Some(warning) = config.exposed_secrets(&file) {
+                    eprintln!("warning: {warning}");
+                }
                 println!(
                     "{}: ok ({} targets, {} devices, {} portal groups)",
                     file.display(),

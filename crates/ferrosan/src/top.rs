@@ -221,10 +221,14 @@ fn plain(frame: &Frame) -> String {
 }
 
 pub fn run(args: TopArgs) -> ExitCode {
-    let socket = args
+    let Some(socket) = args
         .socket
         .clone()
-        .unwrap_or_else(engine::control::default_socket_path);
+        .or_else(engine::control::default_socket_path)
+    else {
+        eprintln!("ferrosan top: no default control socket (neither XDG_RUNTIME_DIR nor HOME is set): give --socket PATH");
+        return ExitCode::from(2);
+    };
     let interval = Duration::from_secs_f64(args.interval);
     let first = match sample(&socket) {
         Ok(s) => s,

@@ -367,3 +367,354 @@ fn extended_copy_leaves_the_network_worker_to_other_sessions() {
         "QD1 reads waited behind copies on their worker: p50 {p50:?} ({copies} copies)"
     );
 }
+
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// A config written as an operator would: comments, sizes with units, an inline secret.
+fn commented_config(port: u16, lun_file: &std::path::Path) -> String {
+    format!(
+        r#"# The lab array. Keep this comment.
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+
+[[device]]
+name = "disk"
+store = "file"
+path = "{}"
+size = "16M"   # sixteen mebibytes
+
+[[target]]
+iqn = "{IQN}"
+users = [ {{ user = "{SECURE_USER}", secret = "{SECURE_SECRET}" }} ]
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "disk" }} ]
+"#,
+        lun_file.display()
+    )
+}
+
+#[test]
+fn secrets_and_lun_files_are_kept_from_other_users_and_the_file_is_edited_not_rewritten() {
+    let scratch = common::Scratch::new("trust-secrets");
+    let lun_file = scratch.file("lun.img");
+    let ctl = Ctl::new();
+    let port = free_port();
+    let text = commented_config(port, &lun_file);
+    let daemon = Daemon::start_config_text(
+        IQN,
+        port,
+        &text,
+        &["--control-socket", &ctl.socket.display().to_string()],
+    );
+    let config = daemon.file("ferrosan.toml");
+    // The harness wrote the file with the umask's 0644: every user may read the secret.
+    std::fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let check = common::run_path(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
+        &["check-config", &config.display().to_string()],
+    );
+    assert!(check.success(), "{}", check.describe());
+    assert!(
+        check.stderr.contains("readable by every user"),
+        "{}",
+        check.describe()
+    );
+    // The LUN file the daemon created is the initiators' data: no one else's to read.
+    assert_eq!(mode_of(&lun_file), 0o600);
+
+    // A secret from a file: the saved config names the file, not the secret.
+    let secret_file = scratch.file("bob.secret");
+    std::fs::write(&secret_file, "bob-secret-from-a-file\n").unwrap();
+    std::fs::set_permissions(
+        &secret_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let set = ctl.run(&[
+        "chap",
+        "set",
+        IQN,
+        "--group",
+        "all",
+        "bob",
+        "--secret-file",
+        &secret_file.display().to_string(),
+        "--save",
+    ]);
+    assert!(set.success(), "{}", set.describe());
+    let saved = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        saved.contains(&format!("secret_file = \"{}\"", secret_file.display())),
+        "{saved}"
+    );
+    assert!(!saved.contains("bob-secret-from-a-file"), "{saved}");
+    // Edited, not rewritten: the comments, the unit and what was not changed stay.
+    for kept in [
+        "# The lab array. Keep this comment.",
+        "size = \"16M\"   # sixteen mebibytes",
+    ] {
+        assert!(saved.contains(kept), "{kept:?} lost:\n{saved}");
+    }
+    assert!(!saved.contains("serial"), "defaults spelled out:\n{saved}");
+    let backup = std::fs::read_to_string(scratch_backup(&config)).expect("a backup");
+    assert!(
+        backup.ends_with(&text),
+        "the backup is not the previous file:\n{backup}"
+    );
+    // It still holds the target's inline secret: saved no more open than 0640.
+    assert_eq!(mode_of(&config) & 0o007, 0, "mode {:o}", mode_of(&config));
+    // bob logs in with the secret from the file.
+    let mut bob = Client::connect(client_config(
+        port,
+        DB2,
+        Some(("bob", "bob-secret-from-a-file")),
+    ))
+    .expect("login with the file's secret");
+    assert_eq!(capacity(&mut bob), Ok(16 << 20));
+    let log = daemon.output();
+    assert!(
+        !log.contains("bob-secret-from-a-file") && !log.contains(SECURE_SECRET),
+        "{log}"
+    );
+}
+
+fn scratch_backup(config: &std::path::Path) -> std::path::PathBuf {
+    let mut name = config.file_name().unwrap().to_os_string();
+    name.push(".bak");
+    config.with_file_name(name)
+}
+
+/// `ferrosan bench` takes a CHAP secret from the environment (or a file, or a prompt), never
+/// needing it in a URL that every user sees in the process list.
+#[test]
+fn bench_takes_the_chap_secret_from_outside_its_command_line() {
+    let scratch = common::Scratch::new("trust-bench");
+    let port = free_port();
+    let daemon = Daemon::start_config_text(
+        IQN,
+        port,
+        &commented_config(port, &scratch.file("l.img")),
+        &[],
+    );
+    let url = format!("iscsi://{SECURE_USER}@127.0.0.1:{}/{IQN}/0", daemon.port);
+    let out = scratch.file("out").display().to_string();
+    let args = [
+        "bench",
+        "--only",
+        "randread-4k-qd1",
+        "--ramp",
+        "0",
+        "--runtime",
+        "1",
+        "--out",
+        &out,
+        &url,
+    ];
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan"));
+    let without = common::run_path(bin, &args);
+    assert!(!without.success());
+    assert!(
+        without.stderr.contains("--chap-secret-file"),
+        "{}",
+        without.describe()
+    );
+    let with = common::run_path_env(bin, &args, &[("FERROSAN_CHAP_SECRET", SECURE_SECRET)]);
+    assert!(with.success(), "{}", with.describe());
+    let secret_file = scratch.file("secret");
+    std::fs::write(&secret_file, format!("{SECURE_SECRET}\n")).unwrap();
+    let mut from_file = args.to_vec();
+    let s = secret_file.display().to_string();
+    from_file.splice(1..1, ["--chap-secret-file", s.as_str()]);
+    let with_file = common::run_path(bin, &from_file);
+    assert!(with_file.success(), "{}", with_file.describe());
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .map(|u| u.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// `serve ARGS` run to its exit (it must not start): its stderr.
+fn refused_start(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ferrosan");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut child = out;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(!status.success(), "the daemon ran");
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon started: {args:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    err
+}
+
+/// Another user's daemon listening where `ferrosan ctl` looks (a directory in a shared,
+/// world-writable place, like `/tmp`): `ctl` sends it nothing; and the daemon itself refuses
+/// a socket directory others may write to.
+#[test]
+fn the_control_socket_cannot_be_squatted() {
+    if !is_root() {
+        eprintln!("needs root (to run a daemon as another user): not run");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let scratch = common::Scratch::new("trust-socket");
+    // A world-writable, sticky directory, as /tmp is.
+    let shared = scratch.file("tmp");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    // The daemon refuses a socket directory every user may write to.
+    let socket = shared.join("control.sock").display().to_string();
+    let err = refused_start(&[
+        "serve",
+        "--listen",
+        &listen,
+        "--lun",
+        "ram:4M",
+        "--control-socket",
+        &socket,
+    ]);
+    assert!(err.contains("writable by others"), "{err}");
+
+    // User 65534 makes a directory of its own there and listens in it.
+    let squat = shared.join("ferrosan-0");
+    let status = std::process::Command::new("/usr/bin/setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "mkdir",
+            "-m",
+            "0755",
+        ])
+        .arg(&squat)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let socket = squat.join("control.sock");
+    let socket_s = socket.display().to_string();
+    let mut squatter = std::process::Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_ferrosan"))
+        .args([
+            "serve",
+            "--listen",
+            &listen,
+            "--lun",
+            "ram:4M",
+            "--control-socket",
+            &socket_s,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Root's ctl, sent there, refuses to talk to it: the new secret never leaves.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args([
+            "ctl",
+            "--socket",
+            &socket_s,
+            "chap",
+            "set",
+            "iqn.2026-11.x:t",
+            "admin",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(b"a-secret-for-nobody\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not sending it anything"), "{stderr}");
+}
+
+/// Idle connections to the metrics endpoint, many of them from one address, delay no one's
+/// scrape from another address (the old listener served 8 at a time for up to 5 s each).
+#[test]
+fn idle_metrics_connections_delay_no_scrape() {
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let _daemon = Daemon::start_with_args(IQN, &["ram:4M"], &["--metrics-listen", &listen]);
+    let idle: Vec<std::net::TcpStream> = (0..40)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // A scrape from another address.
+    let started = Instant::now();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(
+            &"127.0.0.2:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+    socket
+        .connect(&std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)).into())
+        .unwrap();
+    let mut stream: std::net::TcpStream = socket.into();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    std::io::Write::write_all(&mut stream, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut page = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut page).unwrap();
+    let took = started.elapsed();
+    assert!(page.starts_with("HTTP/1.0 200"), "{page}");
+    // Well under the 5 s the old listener made it wait, far over a scrape's real time.
+    assert!(
+        took < Duration::from_millis(2500),
+        "the scrape waited {took:?}"
+    );
+    assert!(
+        metric(
+            &page,
+            r#"ferrosan_limit_exceeded_total{limit="metrics_connections_per_source"}"#
+        ) >= 36.0,
+        "{page}"
+    );
+    drop(idle);
+}

@@ -39,4 +39,6 @@ pub use config::{
     Auth, ChapConfig, ClientConfig, DigestChoice, SessionConfig, SessionKind, Timeouts,
 };
 pub use error::{AuthError, CommandError, Error, LoginError, ProtocolError};
+/// A CHAP secret (its `Debug` prints `<redacted>`).
+pub use iscsi::chap::Secret;
 pub use session::{Command, Completion, Event, ScsiResult, Session};

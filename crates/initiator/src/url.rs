@@ -26,6 +26,9 @@ pub struct IscsiUrl {
     pub target: Option<String>,
     pub lun: u64,
     pub auth: Auth,
+    /// A CHAP user named without a password (`iscsi://alice@host/...`): the secret is the
+    /// caller's to supply ([`IscsiUrl::with_secret`]) from somewhere other than the URL.
+    pub user_without_secret: Option<String>,
     pub header_digest: Option<DigestChoice>,
     pub data_digest: Option<DigestChoice>,
 }
@@ -126,6 +129,7 @@ impl IscsiUrl {
             }
         }
         let nonempty = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
+        let user_without_secret = user.clone().filter(|_| !nonempty(&password));
         let auth = if nonempty(&user) && nonempty(&password) {
             let mut chap = ChapConfig::new(
                 user.unwrap_or_default(),
@@ -150,9 +154,19 @@ impl IscsiUrl {
             target,
             lun,
             auth,
+            user_without_secret: user_without_secret.filter(|u| !u.is_empty()),
             header_digest,
             data_digest,
         })
+    }
+
+    /// One-way CHAP as the URL's user with `secret` (given apart from the URL, so it shows in
+    /// no process list); the URL unchanged when it names no user or already has a password.
+    pub fn with_secret(mut self, secret: &[u8]) -> IscsiUrl {
+        if let Some(user) = self.user_without_secret.take() {
+            self.auth = Auth::Chap(ChapConfig::new(user, secret.to_vec()));
+        }
+        self
     }
 
     /// `host:port`, IPv6 in brackets.

@@ -148,11 +148,17 @@ impl FileStore {
                 format!("{}: missing and no size given to create it", path.display()),
             ));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(!exists)
-            .open(path)?;
+        // A LUN file this call creates is the initiators' data: no one else's to read,
+        // whatever the umask (0644 outside the service unit).
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(!exists)
+                .mode(0o600)
+                .open(path)?
+        };
         let meta = file.metadata()?;
         let block_device = meta.file_type().is_block_device();
         let size_bytes = if block_device {

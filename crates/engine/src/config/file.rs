@@ -59,6 +59,7 @@ struct RawServer {
     control_socket_group: Option<S<String>>,
     gateway: Option<S<String>>,
     gateway_standby: Option<S<bool>>,
+    device_roots: Option<S<Vec<S<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -302,6 +303,17 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         if let Some(standby) = &s.gateway_standby {
             server.gateway_standby = *standby.get_ref();
         }
+        if let Some(roots) = &s.device_roots {
+            for (i, root) in roots.get_ref().iter().enumerate() {
+                let r = root.get_ref();
+                if r.is_empty() || !r.starts_with('/') {
+                    let field = format!("server: device_roots[{i}]");
+                    cx.err(root.span(), field, "an absolute path");
+                } else {
+                    server.device_roots.push(r.into());
+                }
+            }
+        }
         if let Some(group) = &s.control_socket_group {
             let g = group.get_ref();
             let valid = !g.is_empty()
@@ -344,7 +356,7 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         None => super::Limits::default(),
     };
     let portal_groups = resolve_portal_groups(cx, &raw.portal_group, !server.gateway_standby);
-    let devices = resolve_devices(cx, &raw.device, &identity_seed);
+    let devices = resolve_devices(cx, &raw.device, &identity_seed, &server.device_roots);
     let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices, &mut book);
     book.check(cx);
     Config {
@@ -610,7 +622,12 @@ fn check_gateway_name(name: &str) -> Result<(), String> {
     }
 }
 
-fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<DeviceConfig> {
+fn resolve_devices(
+    cx: &mut Cx<'_>,
+    raw: &[S<RawDevice>],
+    seed: &str,
+    roots: &[PathBuf],
+) -> Vec<DeviceConfig> {
     let mut devices: Vec<DeviceConfig> = Vec::new();
     let mut names: HashSet<String> = HashSet::new();
     let mut naas: HashMap<Vec<u8>, String> = HashMap::new();
@@ -758,6 +775,10 @@ fn resolve_devices(cx: &mut Cx<'_>, raw: &[S<RawDevice>], seed: &str) -> Vec<Dev
                             }
                             Some(p) => {
                                 let pb = PathBuf::from(p.get_ref());
+                                if let Err(m) = super::within_roots(&pb, roots) {
+                                    cx.err(p.span(), path_field.clone(), m);
+                                    ok = false;
+                                }
                                 if let Some(other) = paths.get(&pb) {
                                     cx.err(
                                         p.span(),
@@ -1296,6 +1317,15 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
     }
     if let Some(group) = &c.server.control_socket_group {
         let _ = writeln!(out, "control_socket_group = {}", q(group));
+    }
+    if !c.server.device_roots.is_empty() {
+        let roots: Vec<String> = c
+            .server
+            .device_roots
+            .iter()
+            .map(|r| q(&r.to_string_lossy()))
+            .collect();
+        let _ = writeln!(out, "device_roots = [{}]", roots.join(", "));
     }
     out.push('\n');
     c.limits.write_toml(&mut out);

@@ -7,6 +7,7 @@
 
 mod auth;
 mod cli;
+pub mod edit;
 mod file;
 mod names;
 #[cfg(test)]
@@ -75,6 +76,9 @@ pub struct ServerConfig {
     /// Gateways that do not own an RBD image refuse what needs its medium (standby) instead
     /// of shipping it to the owner (active/non-optimized, the default; docs/RBD.md).
     pub gateway_standby: bool,
+    /// Directories (and device paths) that `file` and `block` devices must lie in, symlinks
+    /// resolved; empty: any path the daemon can open.
+    pub device_roots: Vec<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +93,7 @@ impl Default for ServerConfig {
             control_socket_group: None,
             gateway: None,
             gateway_standby: false,
+            device_roots: Vec::new(),
         }
     }
 }
@@ -584,6 +589,41 @@ impl Config {
         Config::from_toml_str(&text, &name)
     }
 
+    /// Whether any CHAP secret is written in the config itself (`secret`), not read from a
+    /// `secret_file`: such a file must be readable by no one but its owner (and group).
+    pub fn has_inline_secrets(&self) -> bool {
+        let inline = |a: &AuthConfig| {
+            a.users
+                .iter()
+                .chain(&a.mutual)
+                .any(|u| u.secret_file.is_none())
+        };
+        inline(&self.discovery.auth)
+            || self.targets.iter().any(|t| {
+                inline(&t.auth)
+                    || t.groups.iter().any(|g| inline(&g.auth))
+                    || t.credentials.iter().any(|c| {
+                        c.users
+                            .iter()
+                            .chain(&c.mutual)
+                            .any(|u| u.secret_file.is_none())
+                    })
+            })
+    }
+
+    /// A warning when the config at `path` holds inline CHAP secrets and users other than its
+    /// owner and group may read it (`serve` logs it at each load, `check-config` prints it).
+    pub fn exposed_secrets(&self, path: &Path) -> Option<String> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+        (self.has_inline_secrets() && mode & 0o007 != 0).then(|| {
+            format!(
+                "{} holds CHAP secrets and is readable by every user (mode {mode:04o}): chmod 640 it, or move the secrets to secret_file (docs/CONFIG.md, Authentication)",
+                path.display()
+            )
+        })
+    }
+
     /// A device from a quick-export LUN spec (`ram:64M`, `file:/path,size=1G`, ...).
     pub fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, String> {
         cli::device_from_spec(name, spec)
@@ -662,5 +702,36 @@ impl IntoIterator for ConfigErrors {
     type IntoIter = std::vec::IntoIter<ConfigError>;
     fn into_iter(self) -> Self::IntoIter {
         self.errors.into_iter()
+    }
+}
+
+/// Whether `path` lies in one of `roots` (each a directory, or the very device or file),
+/// symlinks resolved: a path that does not exist yet counts by its directory. Every root
+/// when `roots` is empty.
+pub fn within_roots(path: &Path, roots: &[PathBuf]) -> Result<(), String> {
+    if roots.is_empty() {
+        return Ok(());
+    }
+    let resolved = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        // Not there yet (a file to create): its directory must be.
+        Err(_) => match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+                .map_err(|e| format!("{}: {e}", dir.display()))?
+                .join(name),
+            _ => return Err(format!("{}: not a file path", path.display())),
+        },
+    };
+    let inside = roots.iter().any(|root| {
+        std::fs::canonicalize(root).is_ok_and(|r| resolved == r || resolved.starts_with(&r))
+    });
+    if inside {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} (resolved: {}) is outside server.device_roots",
+            path.display(),
+            resolved.display()
+        ))
     }
 }

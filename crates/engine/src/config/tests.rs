@@ -1713,3 +1713,42 @@ fn a_gateway_listening_only_on_wildcards_needs_a_peer_address() {
     let e = one_error(&unnamed, "peer_address", "peer_address");
     assert!(e.message.contains("names its gateway"), "{e}");
 }
+
+// ---- device_roots ------------------------------------------------------------------------
+
+#[test]
+fn devices_outside_device_roots_are_refused_symlinks_resolved() {
+    let dir = std::env::temp_dir().join(format!("ferrosan-roots-{}", std::process::id()));
+    let luns = dir.join("luns");
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&luns).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("secret.img"), b"").unwrap();
+    // A link inside the root that points out of it counts where it points.
+    let link = luns.join("link.img");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(elsewhere.join("secret.img"), &link).unwrap();
+    let config = |path: &std::path::Path| {
+        format!(
+            "[server]\ndevice_roots = [{:?}]\n\n[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[device]]\nname = \"d\"\nstore = \"file\"\npath = {:?}\nsize = \"1M\"\n",
+            luns.display().to_string(),
+            path.display().to_string()
+        )
+    };
+    // Inside: an existing file's directory, or a file still to be created there.
+    load(&config(&luns.join("new.img")));
+    for outside in [
+        elsewhere.join("secret.img"),
+        link.clone(),
+        luns.join("../elsewhere/x.img"),
+    ] {
+        let text = config(&outside);
+        let e = one_error(&text, "path =", "path");
+        assert!(e.message.contains("outside server.device_roots"), "{e}");
+    }
+    // Without device_roots, any path.
+    assert!(super::within_roots(&elsewhere.join("secret.img"), &[]).is_ok());
+    // A root may be a single device or file.
+    assert!(super::within_roots(&link, &[elsewhere.join("secret.img")]).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}

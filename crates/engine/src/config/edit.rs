@@ -1,0 +1,244 @@
+//! Saving the running config into the operator's file by editing it, not rewriting it.
+//!
+//! A three-way merge over `toml_edit` documents: `base` is the config as the file last held it
+//! (loaded or saved by the daemon), `running` the config to save, `file` the file's text now.
+//! Both configs are rendered by the one serializer ([`Config::to_toml_with_secrets`]), so a key
+//! whose rendering is the same in both did not change, and the file keeps whatever it says
+//! there (a comment, a size in `G`, a default left out, a `secret_file`). Only keys that
+//! changed are written, in the file's own tables; tables of devices, targets, groups,
+//! credentials and portal groups are matched by their name, IQN or tag; a new one is added at
+//! the end of its list and a removed one taken out. `[server]` is never touched: its keys do
+//! not change while the daemon runs, and command-line overrides must not reach the file.
+
+use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
+
+use super::Config;
+
+/// The text of `file` with the changes from `base` to `running` applied.
+pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, String> {
+    let mut doc: DocumentMut = file
+        .parse()
+        .map_err(|e| format!("the file no longer parses as TOML ({e}); not saving over it"))?;
+    let render = |c: &Config| -> Result<DocumentMut, String> {
+        c.to_toml_with_secrets()
+            .parse()
+            .map_err(|e| format!("the running config does not render as TOML: {e}"))
+    };
+    let (before, after) = (render(base)?, render(running)?);
+    merge_table(
+        doc.as_table_mut(),
+        before.as_table(),
+        after.as_table(),
+        true,
+    );
+    Ok(doc.to_string())
+}
+
+/// The key naming each element of an array of tables.
+fn identity_key(array: &str) -> Option<&'static str> {
+    match array {
+        "device" | "group" => Some("name"),
+        "target" => Some("iqn"),
+        "credentials" => Some("initiator"),
+        "portal_group" => Some("tag"),
+        _ => None,
+    }
+}
+
+/// An item's rendering without its whitespace and comments, for comparing.
+fn bare(item: &Item) -> String {
+    match item {
+        Item::Value(v) => {
+            let mut v = v.clone();
+            v.decor_mut().clear();
+            v.to_string()
+        }
+        other => other.to_string(),
+    }
+}
+
+fn merge_table(doc: &mut Table, before: &Table, after: &Table, top: bool) {
+    for (key, wanted) in after.iter() {
+        if top && key == "server" {
+            continue;
+        }
+        let was = before.get(key);
+        if was.is_some_and(|w| bare(w) == bare(wanted)) {
+            continue;
+        }
+        match (doc.get_mut(key), wanted) {
+            (Some(Item::ArrayOfTables(have)), Item::ArrayOfTables(want)) => {
+                let empty = ArrayOfTables::new();
+                let was = was.and_then(Item::as_array_of_tables).unwrap_or(&empty);
+                merge_array(have, was, want, identity_key(key));
+            }
+            (Some(Item::Table(have)), Item::Table(want)) => {
+                let empty = Table::new();
+                let was = was.and_then(Item::as_table).unwrap_or(&empty);
+                merge_table(have, was, want, false);
+            }
+            (Some(Item::Value(have)), Item::Value(want)) => {
+                // The new value where the old one stood, with its comments and spacing.
+                let decor = have.decor().clone();
+                *have = want.clone();
+                *have.decor_mut() = decor;
+            }
+            // Absent from the file (a default it left out), or written in another form.
+            _ => {
+                doc.insert(key, wanted.clone());
+            }
+        }
+    }
+    let gone: Vec<String> = before
+        .iter()
+        .map(|(key, _)| key.to_string())
+        .filter(|key| !(after.contains_key(key) || top && key == "server"))
+        .collect();
+    for key in gone {
+        doc.remove(&key);
+    }
+}
+
+/// The identity of an element (its name, IQN or tag) as rendered.
+fn identity(table: &Table, key: Option<&str>) -> Option<String> {
+    key.and_then(|k| table.get(k)).map(bare)
+}
+
+fn merge_array(
+    doc: &mut ArrayOfTables,
+    before: &ArrayOfTables,
+    after: &ArrayOfTables,
+    key: Option<&str>,
+) {
+    let Some(key) = key else {
+        // Nothing to match elements by: the list as it is now.
+        *doc = after.clone();
+        return;
+    };
+    let find = |list: &ArrayOfTables, id: &str| {
+        list.iter()
+            .position(|t| identity(t, Some(key)).as_deref() == Some(id))
+    };
+    for want in after.iter() {
+        let Some(id) = identity(want, Some(key)) else {
+            continue;
+        };
+        let was = find(before, &id).and_then(|i| before.get(i));
+        match find(doc, &id).and_then(|i| doc.get_mut(i)) {
+            Some(have) => {
+                let empty = Table::new();
+                merge_table(have, was.unwrap_or(&empty), want, false);
+            }
+            None => doc.push(want.clone()),
+        }
+    }
+    let gone: Vec<String> = before
+        .iter()
+        .filter_map(|t| identity(t, Some(key)))
+        .filter(|id| find(after, id).is_none())
+        .collect();
+    for id in gone {
+        if let Some(i) = find(doc, &id) {
+            doc.remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"# Our array: edit with care.
+[server]
+workers = 2
+
+[limits]
+max_sessions = 64   # a small lab
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+
+# The VM images.
+[[device]]
+name = "vm1"
+store = "ram"
+size = "1G"     # one gibibyte
+
+[[device]]
+name = "vm2"
+store = "ram"
+size = "2G"
+
+[[target]]
+iqn = "iqn.2026-11.org.example:store1"
+  # Everyone sees vm1.
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ { lun = 0, device = "vm1" } ]
+"#;
+
+    fn parse(text: &str) -> Config {
+        Config::from_toml_str(text, "test").unwrap()
+    }
+
+    #[test]
+    fn only_what_changed_changes() {
+        let base = parse(FILE);
+        let mut running = base.clone();
+        // Map vm2 as LUN 1, remove nothing, change one limit.
+        let group = &mut running.targets[0].groups[0];
+        group.luns.push(super::super::LunMapping {
+            lun: 1,
+            device: "vm2".into(),
+            read_only: true,
+        });
+        running.limits.max_sessions = 128;
+        let text = merge(FILE, &base, &running).unwrap();
+        assert_eq!(parse(&text), running, "the file says what runs:\n{text}");
+        for kept in [
+            "# Our array: edit with care.",
+            "# The VM images.",
+            "size = \"1G\"     # one gibibyte",
+            "# Everyone sees vm1.",
+            "[server]\nworkers = 2",
+        ] {
+            assert!(text.contains(kept), "{kept:?} lost:\n{text}");
+        }
+        assert!(
+            text.contains("max_sessions = 128   # a small lab"),
+            "{text}"
+        );
+        // Nothing spelled out that was not written before.
+        assert!(!text.contains("serial"), "{text}");
+        assert!(!text.contains("block_size"), "{text}");
+    }
+
+    #[test]
+    fn devices_added_and_removed_and_edits_of_the_file_kept() {
+        let base = parse(FILE);
+        let mut running = base.clone();
+        running.devices.retain(|d| d.name != "vm2");
+        let mut vm3 = base.devices[0].clone();
+        vm3.name = "vm3".into();
+        vm3.serial = "vm3-serial".into();
+        vm3.naa[7] ^= 0x55;
+        running.devices.push(vm3);
+        // The operator edited the file meanwhile (not reloaded): that edit stays.
+        let edited = FILE.replace("max_sessions = 64", "max_sessions = 32");
+        let text = merge(&edited, &base, &running).unwrap();
+        let saved = parse(&text);
+        assert_eq!(saved.devices, running.devices, "{text}");
+        assert_eq!(saved.limits.max_sessions, 32, "{text}");
+        assert!(!text.contains("\"vm2\""), "{text}");
+        assert!(text.contains("# one gibibyte"), "{text}");
+    }
+
+    #[test]
+    fn a_file_that_no_longer_parses_is_not_saved_over() {
+        let base = parse(FILE);
+        let e = merge("[[device]\nname =", &base, &base).unwrap_err();
+        assert!(e.contains("not saving over it"), "{e}");
+    }
+}

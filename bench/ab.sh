@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Two ferrosan builds side by side in one run: the same client (`ferrosan bench`, the newer
+# build's), the same workloads, a RAM LUN each, interleaved rounds; reports IOPS and each
+# daemon's CPU per I/O (from /proc/PID/stat around each round).
+#
+#   bench/ab.sh OLD_BIN NEW_BIN [ROUNDS] [WORKLOADS]
+#
+#   WORKLOADS  comma-separated `ferrosan bench` ids (default: randread-4k-qd1,
+#              randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64)
+# Results: bench/results/ab-DATE.txt (and the raw results.json of each round under target/).
+# A change is judged against the commit before it in the same run, never against old files.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOG_TAG=ab
+# shellcheck source=../scripts/lib/common.sh
+source scripts/lib/common.sh
+
+OLD=${1:?usage: bench/ab.sh OLD_BIN NEW_BIN [ROUNDS] [WORKLOADS]}
+NEW=${2:?usage: bench/ab.sh OLD_BIN NEW_BIN [ROUNDS] [WORKLOADS]}
+ROUNDS=${3:-3}
+WORKLOADS=${4:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64}
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+start() { # NAME BIN PORT
+    "$2" serve --listen "127.0.0.1:$3" --target "iqn.2026-11.org.ferrosan:$1" --lun ram:1G \
+        --control-socket "$WORK/$1.sock" >"$WORK/$1.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$3" "${PIDS[-1]}" 10 || die "$1 did not start: $(cat "$WORK/$1.log")"
+}
+# utime + stime of a process, in clock ticks.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+PORT_OLD=$(free_port)
+start old "$OLD" "$PORT_OLD"
+PID_OLD=${PIDS[-1]}
+PORT_NEW=$(free_port)
+start new "$NEW" "$PORT_NEW"
+PID_NEW=${PIDS[-1]}
+HZ=$(getconf CLK_TCK)
+OUT=bench/results/ab-$(date +%Y-%m-%d-%H%M).txt
+{
+    echo "# bench/ab.sh $(date -u +%FT%TZ): old=$OLD new=$NEW rounds=$ROUNDS"
+    echo "# round side workload iops cpu_us_per_io"
+} >"$OUT"
+for round in $(seq "$ROUNDS"); do
+    for w in ${WORKLOADS//,/ }; do
+        # The two sides of a workload back to back, the order alternating by round, so
+        # neither always runs first nor in a different minute of the machine's noise.
+        sides=(old new)
+        ((round % 2 == 0)) && sides=(new old)
+        for side in "${sides[@]}"; do
+            if [[ $side == old ]]; then port=$PORT_OLD pid=$PID_OLD; else port=$PORT_NEW pid=$PID_NEW; fi
+            res=$WORK/$side-$round-$w
+            before=$(ticks "$pid")
+            # No ramp: the daemon's CPU between the two reads is the measured I/O's (and one
+            # login's, the same on both sides).
+            "$NEW" bench --destructive --only "$w" --ramp 0 --runtime 5 --out "$res" \
+                "iscsi://127.0.0.1:$port/iqn.2026-11.org.ferrosan:$side/0" >/dev/null 2>&1 \
+                || die "ferrosan bench failed on $side ($w)"
+            after=$(ticks "$pid")
+            python3 - "$res/results.json" "$round" "$side" "$w" "$((after - before))" "$HZ" >>"$OUT" <<'PY'
+import json, sys
+path, rnd, side, w, ticks, hz = sys.argv[1:]
+results = json.load(open(path))
+rows = [r for r in results["rows"] if r["workload"]["id"] == w]
+if not rows or not rows[0].get("iops"):
+    sys.exit(f"no result rows for {w} in {path}")
+r = rows[0]
+ios = r["iops"] * results["runtime_s"]
+cpu_us = int(ticks) / int(hz) * 1e6
+print(f"{rnd} {side} {w} {r['iops']:.0f} {cpu_us / ios:.2f}")
+PY
+        done
+    done
+done
+python3 - "$OUT" <<'PY' | tee -a "$OUT"
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if not l.startswith("#")]
+for w in dict.fromkeys(r[2] for r in rows):
+    def med(side, col):
+        return statistics.median(float(r[col]) for r in rows if r[1] == side and r[2] == w)
+    ratio = med("new", 3) / med("old", 3)
+    print(f"# {w}: iops old {med('old', 3):.0f} new {med('new', 3):.0f} (new/old {ratio:.3f}); "
+          f"cpu us/io old {med('old', 4):.2f} new {med('new', 4):.2f}")
+PY
+log "results: $OUT"

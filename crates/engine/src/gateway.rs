@@ -760,13 +760,13 @@ impl ImageReservations {
 impl PrPersistence for ImageReservations {
     /// Saves over the text the command loaded, atomically: another gateway's save in between
     /// (two PERSISTENT RESERVE OUTs through two gateways at once) makes this one
-    /// [`scsi::SaveConflict`], and the core runs the command again on the new state.
+    /// [`scsi::SaveRefused::Conflict`], and the core runs the command again on the new state.
     fn save(&self, state: &scsi::PersistentReservations) -> io::Result<()> {
         let text = crate::state::reservations_to_text(state, &self.medium)?;
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         let Some(expected) = loaded.take() else {
             // Nothing loaded first (the core always loads a shared state): load, run again.
-            return Err(scsi::SaveConflict::error());
+            return Err(scsi::SaveRefused::Conflict.error());
         };
         match self
             .observer
@@ -778,7 +778,7 @@ impl PrPersistence for ImageReservations {
             }
             Ok(false) => {
                 tracing::info!(device = %self.device, "persistent reservations changed through another gateway meanwhile: the PERSISTENT RESERVE OUT runs again");
-                Err(scsi::SaveConflict::error())
+                Err(scsi::SaveRefused::Conflict.error())
             }
             Err(e) => {
                 tracing::error!(device = %self.device, "cannot save persistent reservations in the image: {e}; the PERSISTENT RESERVE OUT fails");

@@ -203,7 +203,7 @@ pub fn reservations_to_text(
 /// The saved form of `state`, at most [`STATE_BYTES_MAX`] bytes. Past it, the oldest notices
 /// go first (a gateway that had not seen them misses their unit attentions, which initiators
 /// recover from with READ KEYS); a state still too large is refused with
-/// [`scsi::SaveTooLarge`], and its PERSISTENT RESERVE OUT fails with nothing changed.
+/// [`scsi::SaveRefused::TooLarge`], and its PERSISTENT RESERVE OUT fails with nothing changed.
 fn to_text(state: &PersistentReservations, medium: &Path) -> std::io::Result<String> {
     let mut saved = encode(state, medium);
     loop {
@@ -212,7 +212,7 @@ fn to_text(state: &PersistentReservations, medium: &Path) -> std::io::Result<Str
             return Ok(text);
         }
         if saved.notice.is_empty() {
-            return Err(scsi::SaveTooLarge::error());
+            return Err(scsi::SaveRefused::TooLarge.error());
         }
         saved.notice.remove(0);
     }
@@ -579,7 +579,11 @@ mod tests {
         );
         // Registrations alone past the bound: refused, nothing written.
         let e = to_text(&big(scsi::REGISTRATIONS_MAX * 16, 0), medium).unwrap_err();
-        assert!(scsi::SaveTooLarge::is(&e), "{e}");
+        assert_eq!(
+            scsi::SaveRefused::of(&e),
+            Some(scsi::SaveRefused::TooLarge),
+            "{e}"
+        );
         let too_long = "#".repeat(STATE_BYTES_MAX + 1);
         assert!(reservations_from_text(&too_long, "/srv/lun3.img").is_err());
     }

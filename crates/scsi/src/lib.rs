@@ -27,8 +27,8 @@ pub use lu::{LogicalUnit, LuIdentity, LuSettings};
 pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
 pub use plan::{plans, BlockIo, BlockOp, Plan, WriteShare};
 pub use pr::{
-    PersistentReservations, PrNexus, PrNotice, PrPersistence, PrRegistration, SaveConflict,
-    SaveTooLarge, NOTICES_KEPT, REGISTRATIONS_MAX,
+    PersistentReservations, PrNexus, PrNotice, PrPersistence, PrRegistration, SaveRefused,
+    NOTICES_KEPT, REGISTRATIONS_MAX,
 };
 pub use sense::Sense;
 pub use store::{FileRange, SharedSlice};

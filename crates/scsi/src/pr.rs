@@ -248,53 +248,41 @@ pub struct PrRegistration {
 /// Where an LU's persistent reservations go when APTPL is set. `save` must be durable when it
 /// returns (the command completes after it); it is called with the LU's reservation lock held,
 /// from PERSISTENT RESERVE OUT only.
-/// How a shared [`PrPersistence`] refuses a save that would overwrite a change saved by
-/// another target since this one loaded the state (returned inside the `io::Error`): the
-/// PERSISTENT RESERVE OUT is run again on the state as now stored.
-#[derive(Debug)]
-pub struct SaveConflict;
+/// How a [`PrPersistence`] refuses a save, carried inside the `io::Error` it returns; any other
+/// error is a failed save (HARDWARE ERROR).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveRefused {
+    /// A shared persistence's state changed since this target loaded it (another target
+    /// saved in between): the PERSISTENT RESERVE OUT is run again on the state as now stored.
+    Conflict,
+    /// The state would be larger than can be stored and loaded back: the PERSISTENT RESERVE
+    /// OUT fails with INSUFFICIENT REGISTRATION RESOURCES, nothing changed.
+    TooLarge,
+}
 
-impl SaveConflict {
-    pub fn error() -> std::io::Error {
-        std::io::Error::other(SaveConflict)
+impl SaveRefused {
+    pub fn error(self) -> std::io::Error {
+        std::io::Error::other(self)
     }
 
-    pub fn is(e: &std::io::Error) -> bool {
-        e.get_ref().is_some_and(|inner| inner.is::<SaveConflict>())
+    /// The refusal `e` carries, if it is one.
+    pub fn of(e: &std::io::Error) -> Option<SaveRefused> {
+        e.get_ref()?.downcast_ref::<SaveRefused>().copied()
     }
 }
 
-impl std::fmt::Display for SaveConflict {
+impl std::fmt::Display for SaveRefused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the shared reservation state changed since it was loaded")
+        f.write_str(match self {
+            SaveRefused::Conflict => "the shared reservation state changed since it was loaded",
+            SaveRefused::TooLarge => {
+                "the reservation state would be larger than can be loaded back"
+            }
+        })
     }
 }
 
-impl std::error::Error for SaveConflict {}
-
-/// How a [`PrPersistence`] refuses a state larger than it can store and load back (returned
-/// inside the `io::Error`): the PERSISTENT RESERVE OUT fails with INSUFFICIENT REGISTRATION
-/// RESOURCES, nothing changed.
-#[derive(Debug)]
-pub struct SaveTooLarge;
-
-impl SaveTooLarge {
-    pub fn error() -> std::io::Error {
-        std::io::Error::other(SaveTooLarge)
-    }
-
-    pub fn is(e: &std::io::Error) -> bool {
-        e.get_ref().is_some_and(|inner| inner.is::<SaveTooLarge>())
-    }
-}
-
-impl std::fmt::Display for SaveTooLarge {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the reservation state would be larger than can be loaded back")
-    }
-}
-
-impl std::error::Error for SaveTooLarge {}
+impl std::error::Error for SaveRefused {}
 
 /// Times a PERSISTENT RESERVE OUT is run again after another target's save overtook it,
 /// before it fails (NOT READY, retry).
@@ -314,7 +302,7 @@ impl From<Sense> for Attempt {
 
 pub trait PrPersistence: Send + Sync {
     /// Stores `state`. A shared persistence saves only over the state it last loaded (an
-    /// atomic compare-and-set in the medium's store) and returns [`SaveConflict::error`]
+    /// atomic compare-and-set in the medium's store) and returns [`SaveRefused::Conflict`]
     /// when another target saved in between.
     fn save(&self, state: &PersistentReservations) -> std::io::Result<()>;
     /// The state is shared with other targets exporting the same medium (RBD gateways): it is
@@ -862,12 +850,10 @@ impl LogicalUnit {
                     s.set_persistent(&before);
                     s.pending_ua.clear();
                     r.update_held(&s);
-                    return Err(if SaveConflict::is(&e) {
-                        Attempt::Overtaken
-                    } else if SaveTooLarge::is(&e) {
-                        insufficient_registration_resources().into()
-                    } else {
-                        Sense::new(crate::sense::HARDWARE_ERROR, 0x44, 0x00).into()
+                    return Err(match SaveRefused::of(&e) {
+                        Some(SaveRefused::Conflict) => Attempt::Overtaken,
+                        Some(SaveRefused::TooLarge) => insufficient_registration_resources().into(),
+                        None => Sense::new(crate::sense::HARDWARE_ERROR, 0x44, 0x00).into(),
                     });
                 }
             }

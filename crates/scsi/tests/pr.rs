@@ -472,7 +472,7 @@ struct Shared {
     saves: std::sync::atomic::AtomicUsize,
     unreadable: std::sync::atomic::AtomicBool,
     /// Another gateway's saves that land between the next loads and saves (each overtakes
-    /// one save, which then fails with `SaveConflict`).
+    /// one save, which then fails with `SaveRefused::Conflict`).
     overtaking: std::sync::Mutex<Vec<scsi::PersistentReservations>>,
 }
 
@@ -481,7 +481,7 @@ impl scsi::PrPersistence for Shared {
         self.saves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(other) = self.overtaking.lock().unwrap().pop() {
             *self.state.lock().unwrap() = Some(other);
-            return Err(scsi::SaveConflict::error());
+            return Err(scsi::SaveRefused::Conflict.error());
         }
         *self.state.lock().unwrap() = Some(state.clone());
         Ok(())

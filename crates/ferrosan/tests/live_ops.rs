@@ -466,7 +466,7 @@ fn the_control_socket_is_private_and_survives_bad_clients() {
     let mode = std::fs::metadata(&ctl.socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "owner only by default");
     // Another user cannot connect (the test runs as root in CI; skip the check otherwise).
-    if rustix_is_root() {
+    if common::is_root() {
         let r = run_path(
             Path::new("/usr/bin/setpriv"),
             &[
@@ -520,17 +520,6 @@ fn the_control_socket_is_private_and_survives_bad_clients() {
     daemon.stop();
     assert!(!ctl.socket.exists(), "the socket file is removed at exit");
     let _ = std::fs::remove_dir_all(dir);
-}
-
-fn rustix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .map(|u| u.split_whitespace().next() == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 /// The unit attentions a raw session collects from TEST UNIT READY on `lun` until GOOD.

@@ -145,12 +145,7 @@ fn aptpl_reservations_survive_sigterm_and_sigkill() {
 
     // A damaged state file: that device alone is fenced (NOT READY, MANUAL INTERVENTION
     // REQUIRED), named in the log; the daemon and its other devices serve.
-    let file = std::fs::read_dir(state.join("reservations"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let file = the_state_file(&state);
     std::fs::write(&file, "not = [valid").unwrap();
     let daemon = Daemon::start_with_args(IQN, &[&lun, "ram:4M"], &["--state-dir", &state_arg]);
     let mut fenced = client(daemon.port, 0, 1);
@@ -176,6 +171,18 @@ fn aptpl_reservations_survive_sigterm_and_sigkill() {
         "not = [valid",
         "the damaged file is left for the operator"
     );
+}
+
+/// The one reservation file of the state directory `state`.
+fn the_state_file(state: &std::path::Path) -> std::path::PathBuf {
+    let mut files = std::fs::read_dir(state.join("reservations")).expect("the state was saved");
+    let file = files
+        .next()
+        .expect("a state file")
+        .expect("readable")
+        .path();
+    assert!(files.next().is_none(), "one state file");
+    file
 }
 
 /// A session of the `initiator` crate on LUN `lun` with ISID tail `isid_tail`, past the
@@ -248,12 +255,7 @@ fn registrations_are_bounded_and_their_state_always_loads() {
         (0x02, Some((0x05, 0x55, 0x04))),
         "INSUFFICIENT REGISTRATION RESOURCES"
     );
-    let file = std::fs::read_dir(state.join("reservations"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let file = the_state_file(&state);
     let bytes = std::fs::metadata(&file).unwrap().len();
     assert!(bytes < 1 << 20, "{bytes} bytes");
     let log = daemon.output();

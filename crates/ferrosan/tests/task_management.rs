@@ -98,10 +98,6 @@ impl Drop for Frozen<'_> {
     }
 }
 
-fn is_root() -> bool {
-    sh("id", &["-u"]) == "0"
-}
-
 /// A 4 KiB WRITE (10) at `lba` with its data immediate.
 fn write(client: &mut Raw, itt: u32, lba: u32, fill: u8) {
     let cdb = raw::rw10(0x2a, lba, 8);
@@ -148,7 +144,7 @@ fn setup(fs: &LoopFs) -> Daemon {
 
 #[test]
 fn logical_unit_reset_waits_for_a_write_still_reaching_the_medium() {
-    if !is_root() {
+    if !common::is_root() {
         eprintln!("SKIPPED: needs root for losetup, mount and fsfreeze");
         return;
     }
@@ -198,7 +194,7 @@ fn logical_unit_reset_waits_for_a_write_still_reaching_the_medium() {
 
 #[test]
 fn abort_task_and_lu_reset_of_the_same_session_wait_for_the_aborted_write() {
-    if !is_root() {
+    if !common::is_root() {
         eprintln!("SKIPPED: needs root for losetup, mount and fsfreeze");
         return;
     }

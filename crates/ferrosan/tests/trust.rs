@@ -535,17 +535,6 @@ fn bench_takes_the_chap_secret_from_outside_its_command_line() {
     assert!(with_file.success(), "{}", with_file.describe());
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .map(|u| u.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 /// `serve ARGS` run to its exit (it must not start): its stderr.
 fn refused_start(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
@@ -578,7 +567,7 @@ fn refused_start(args: &[&str]) -> String {
 /// a socket directory others may write to.
 #[test]
 fn the_control_socket_cannot_be_squatted() {
-    if !is_root() {
+    if !common::is_root() {
         eprintln!("needs root (to run a daemon as another user): not run");
         return;
     }

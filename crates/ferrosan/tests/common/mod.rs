@@ -672,6 +672,19 @@ pub fn wait_stopped(pid: u32) {
     }
 }
 
+/// Whether the tests run as root (the effective user id, from /proc): some need to act as
+/// another user or on devices.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .map(|u| u.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
 /// `ferrosan ctl` against one daemon's control socket.
 pub struct Ctl {
     pub socket: PathBuf,

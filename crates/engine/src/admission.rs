@@ -281,6 +281,102 @@ mod tests {
         assert!(proof.meets(&with_mutual));
     }
 
+    /// A topology of `text` (groups without LUNs: no device needs opening).
+    fn topology(text: &str) -> Topology {
+        let config = crate::config::Config::from_toml_str(text, "test").unwrap();
+        Topology::assemble(config, Default::default(), 1).unwrap()
+    }
+
+    const PORTAL: &str = "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n";
+
+    fn groups(db2_in: &str, secure_auth: &str) -> String {
+        format!(
+            r#"{PORTAL}
+[[target]]
+iqn = "iqn.2026-11.test:t"
+  [[target.group]]
+  name = "open"
+  any_initiator = true
+  luns = []
+  [[target.group]]
+  name = "secure"
+  initiators = [{db2_in}"iqn.2026-11.test:db3"]
+  {secure_auth}
+  luns = []
+"#
+        )
+    }
+
+    #[test]
+    fn readmission_is_the_login_decision_then_the_same_group_and_proof() {
+        let name = |s: &str| IscsiName::from_wire(s).unwrap();
+        let (db2, db3, target) = (
+            name("iqn.2026-11.test:db2"),
+            name("iqn.2026-11.test:db3"),
+            name("iqn.2026-11.test:t"),
+        );
+        let chap = r#"auth = "chap"
+  users = [ { user = "sec", secret = "secure-secret-2026" } ]"#;
+        let before = topology(&groups("", chap));
+        let source = "127.0.0.1".parse().unwrap();
+        let standing = |initiator| Standing {
+            initiator,
+            target_name: Some(&target),
+            portal_group_tag: 1,
+            source,
+        };
+        let admitted = |t: &Topology, who: &IscsiName, chap_user: Option<&str>| {
+            let (membership, required) = t.admit(who, &target, 1, source).unwrap();
+            Admitted::of_login(t, Some(membership), &required, chap_user).unwrap()
+        };
+        let db2_open = admitted(&before, &db2, None);
+        let db3_secure = admitted(&before, &db3, Some("sec"));
+        // Nothing changed for them: both stay.
+        let same = topology(&groups("", chap));
+        assert!(same.readmit(&standing(&db2), &db2_open).is_ok());
+        assert!(same.readmit(&standing(&db3), &db3_secure).is_ok());
+        // db2 put into the CHAP group: another group now.
+        let moved = topology(&groups("\"iqn.2026-11.test:db2\", ", chap));
+        assert_eq!(
+            moved.readmit(&standing(&db2), &db2_open).err(),
+            Some(Refusal::GroupChanged)
+        );
+        // The CHAP group's user changed: db3's proof no longer meets it.
+        let rotated = topology(&groups(
+            "",
+            r#"auth = "chap"
+  users = [ { user = "sec", secret = "rotated-secret-26" } ]"#,
+        ));
+        assert_eq!(
+            rotated.readmit(&standing(&db3), &db3_secure).err(),
+            Some(Refusal::AuthChanged)
+        );
+        // A portal group the target no longer serves: as a login, no such target there.
+        let elsewhere = Standing {
+            portal_group_tag: 2,
+            ..standing(&db3)
+        };
+        assert_eq!(
+            same.readmit(&elsewhere, &db3_secure).err(),
+            Some(Refusal::NoSuchTarget)
+        );
+        // Discovery: CHAP now required for SendTargets closes an unauthenticated session.
+        let discovery = Admitted::Discovery { proof: Proof::None };
+        let open_discovery = Standing {
+            target_name: None,
+            ..standing(&db2)
+        };
+        assert!(same.readmit(&open_discovery, &discovery).is_ok());
+        let guarded = topology(&format!(
+            "{}\n[discovery]\nauth = \"chap\"\nusers = [ {{ user = \"d\", secret = \"discovery-secret-26\" }} ]\n",
+            groups("", chap)
+        ));
+        assert_eq!(
+            guarded.readmit(&open_discovery, &discovery).err(),
+            Some(Refusal::AuthChanged)
+        );
+    }
+
     #[test]
     fn a_chap_user_the_requirement_does_not_hold_proves_nothing() {
         let proof = Proof::of_login(&chap(&[user("alice", "alice-secret-2026")]), Some("eve"));

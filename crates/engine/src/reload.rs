@@ -527,6 +527,41 @@ iqn = "iqn.2026-11.test:t"
     }
 
     #[test]
+    fn saving_follows_a_symlink_keeps_a_backup_and_edits_in_place() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("ferrosan-save-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("real")).unwrap();
+        let real = dir.join("real/ferrosan.toml");
+        let text = format!("# hand-written\n{BASE}");
+        std::fs::write(&real, &text).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let link = dir.join("ferrosan.toml");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let base = config(BASE);
+        let mut running = base.clone();
+        running.targets[0].groups[0].luns.retain(|m| m.lun == 0);
+        let saved = save_config(&link, Some(&base), &running).unwrap();
+        assert_eq!(saved, running);
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let now = std::fs::read_to_string(&real).unwrap();
+        assert!(now.starts_with("# hand-written\n"), "{now}");
+        assert_eq!(config(&now), running);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("real/ferrosan.toml.bak")).unwrap(),
+            text
+        );
+        assert_eq!(
+            std::fs::metadata(&real).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn the_same_config_is_no_change() {
         let c = config(BASE);
         assert!(diff(&c, &c).unwrap().is_empty());

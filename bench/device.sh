@@ -467,7 +467,7 @@ drop_caches() {
     # Back into the cache at once: the programs the CPU sampler runs during the window, and the
     # client's own binary. Left out, they are read from the device under test behind the
     # benchmark's I/O -- with 16 MiB of 1 MiB reads queued that took seconds, so the sampler
-    # overslept the client's run and 1 MiB reads got no CPU figure (sessions 19-20).
+    # overslept the client's run and 1 MiB reads got no CPU figure.
     sleep 0
     awk 'BEGIN {}' </dev/null
     if [[ $CLIENT == fio ]]; then "$FIO_BIN" --version >/dev/null; else "$FERROSAN" --version >/dev/null; fi

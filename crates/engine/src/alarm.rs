@@ -3,7 +3,7 @@
 //! The workers' runtimes are built without tokio's time driver. With it, every park of the
 //! runtime reads the clock and turns the timer wheel, whether or not any timer is due: A/Bs at
 //! QD1 measured the target's CPU 3-6 % lower per I/O with this module than with it
-//! (docs/PERFORMANCE.md, session 10). Each connection instead holds one `Alarm`, armed for its
+//! (A/B of 2026-11-22, docs/PERFORMANCE.md). Each connection instead holds one `Alarm`, armed for its
 //! nearest deadline (the once-a-second housekeeping, a receive batch's deadline, the login
 //! deadline, a stalled Data-Out's bound), so it costs one descriptor and a `timerfd_settime`
 //! only when that deadline changes. Calling a `tokio::time` function on a worker panics, so none

@@ -4,7 +4,7 @@
 //! An initiator that waits for each answer (QD1) sends its next command tens of microseconds
 //! after the answer left. A worker that slept meanwhile must be woken: on a VM the sender's
 //! kernel sends an inter-processor interrupt and the sleeping vCPU leaves its halt, which costs
-//! more than the command itself (docs/PERFORMANCE.md, *busy polling*). Polling through that gap
+//! more than the command itself (docs/PERFORMANCE.md, *The QD1 wake-up*). Polling through that gap
 //! answers sooner and saves the sender's wake-up. Like the kernel's `busy_poll` and haltpoll it
 //! trades CPU for latency, so it runs only when it pays: when the worker has nothing else to do
 //! (tokio calls [`before_park`] only then), one of its connections has an initiator that waits
@@ -244,7 +244,7 @@ pub fn before_park() {
         // No polling while the worker waits on a device: on this VM a vCPU spinning through a
         // disk read's wait slowed the read itself (4 KiB reads QD1 on the disk: 107-113 µs
         // mean polling, 94-103 µs polling only between an answer and the next command, at
-        // half the CPU; session 21) — a halted vCPU leaves the host's CPU to the disk's
+        // half the CPU; measured 2026-11-25) — a halted vCPU leaves the host's CPU to the disk's
         // emulation. The wait for the initiator's next command is what polling pays for
         // (RAM LUN QD1: 21 µs polling, 63-67 µs sleeping).
         w.parked_on_device = w.device_io > 0;

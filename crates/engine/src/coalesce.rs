@@ -207,8 +207,8 @@ pub const LOCKSTEP_BACKLOG_MAX: u32 = 1;
 /// Nor may more than this many of its other commands still be in the target when one arrives:
 /// with a deep queue of slow commands (QD16 of 1 MiB writes, QD64 on a disk) each new command
 /// follows an answer the initiator has just seen, so the backlog alone reads as lockstep, and
-/// polling there cost 2 µs per 4 KiB disk read and ~100 µs per 1 MiB write for no gain (A/B,
-/// session 19).
+/// polling there cost 2 µs per 4 KiB disk read and ~100 µs per 1 MiB write for no gain (A/B
+/// of 2026-11-25, docs/PERFORMANCE-LOG.md).
 pub const LOCKSTEP_IN_FLIGHT_MAX: u32 = 1;
 /// Turns in a row of such commands before an initiator counts as waiting for each answer: a
 /// deep queue shows a short backlog now and then (after a pause), which must not count (each

@@ -931,8 +931,8 @@ impl Backend<'_> {
                 self.deferred_bytes += held_bytes;
                 // A long turn hands its I/Os to the kernel in groups instead of all at its end:
                 // the device starts on the first ones while the rest are decoded (4 KiB random
-                // reads at QD64 +13 % in session 17, ~0.3 µs more CPU per I/O; after every
-                // push: +10 % at +2 µs).
+                // reads at QD64 +13 %, ~0.3 µs more CPU per I/O; after every push: +10 % at
+                // +2 µs; measured 2026-11-24).
                 if ring.queued() >= RING_SUBMIT_BATCH {
                     if let Err(e) = ring.submit() {
                         // They stay queued and go with the turn's final submit.

@@ -8,8 +8,8 @@
 //!
 //! Why: RWF_DSYNC on every write costs one device cache flush per write on a disk without
 //! FUA (virtio, most SATA SSDs). At QD64 on this machine's disk one flush covered ~35 writes
-//! and the machine's CPU per 4 KiB write-through write fell by ~21 % (docs/PERFORMANCE-LOG.md,
-//! session 21).
+//! and the machine's CPU per 4 KiB write-through write fell by ~21 % (measured 2026-11-25,
+//! docs/PERFORMANCE-LOG.md).
 //!
 //! A durable write with no other of its file in flight, waiting or being flushed goes with
 //! RWF_DSYNC instead: at QD1 the flush as a second I/O would add a trip through the event loop

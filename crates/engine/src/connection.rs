@@ -36,6 +36,7 @@ use crate::group_commit::{Durability, GroupCommit};
 use crate::metrics::{IoCounts, LatencyCounts};
 use crate::registry::SessionTicket;
 use crate::ring::{self, DeviceRing, RingOp};
+use crate::route;
 use crate::server::{DiskLun, GroupRuntime, Membership, NewConnection, Refusal, Shared, Topology};
 use crate::stall::WriteStalls;
 
@@ -354,6 +355,9 @@ struct Backend<'a> {
     info: Option<Arc<crate::registry::SessionInfo>>,
     /// Why the session closed, when the target decided it (for the log).
     close_reason: Option<&'static str>,
+    /// The route `execute` decided for the command it just deferred, for the `defer` that
+    /// follows it at once (ITT, route).
+    routed: Option<(u32, route::Route)>,
     /// The topology the session's LUN map and membership come from; replaced by a newer one at
     /// the start of a turn after a reload ([`Backend::follow_topology`]).
     topology: Arc<Topology>,
@@ -1324,6 +1328,61 @@ impl Backend<'_> {
         data_out_len + if read { expected_len as usize } else { 0 }
     }
 
+    /// The facts of `cdb` on LUN `lun` and the one route decision from them
+    /// ([`route::route`]); with the time read for a buffered write's stall watch.
+    fn route(&self, lun: u64, cdb: &[u8]) -> (route::Route, Option<Instant>) {
+        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+            return (route::Route::Inline, None);
+        };
+        let entry = luns.get(lun);
+        let mut facts = route::Facts {
+            runs_long: scsi::runs_long(cdb),
+            ships: entry.is_some_and(|e| e.lu.ships_to_owner(nexus, cdb)),
+            disk: None,
+        };
+        let mut started = None;
+        if let Some((disk, entry)) = self.disk_lu(lun) {
+            // Each fact only where the decision reads it: this runs for every command.
+            let lu = &entry.lu;
+            let plans = scsi::plans(cdb);
+            let direct_io = disk.direct && plans;
+            let ring = direct_io && disk.ring.is_some() && !self.ring_failed;
+            let buffered_write = !direct_io && lu.is_buffered_write(cdb);
+            let offloading = buffered_write && {
+                let now = Instant::now();
+                started = Some(now);
+                disk.stalls.offloading(now)
+            };
+            facts.disk = Some(route::Disk {
+                direct: disk.direct,
+                ring,
+                asynchronous: direct_io && !ring && lu.capabilities().asynchronous,
+                plans,
+                buffered_write,
+                offloading,
+                waits_for_device: !direct_io && !buffered_write && lu.waits_for_device(cdb),
+            });
+        }
+        let route = route::route(&facts);
+        if route == route::Route::Offload {
+            if let Some((disk, _)) = self.disk_lu(lun) {
+                disk.stalls.offloaded();
+            }
+        }
+        (route, started)
+    }
+
+    /// [`Execution::Deferred`] for command `itt`, its route kept for the `defer` that follows.
+    fn deferred(&mut self, itt: u32, route: route::Route) -> Execution {
+        debug_assert!(!route.inline(), "deferred on the worker's own route");
+        debug_assert!(
+            self.routed.is_none(),
+            "a route left over from an earlier command"
+        );
+        self.routed = Some((itt, route));
+        Execution::Deferred
+    }
+
     /// The LU behind `lun` and its device's stall state, when it is backed by a real disk.
     fn disk_lu(&self, lun: u64) -> Option<(&DiskLun, &LunEntry)> {
         let disk = self.disk_luns.iter().find(|d| d.lun == lun)?;
@@ -1424,35 +1483,18 @@ impl ScsiBackend for Backend<'_> {
             });
         };
         let lun = scsi::lun_from_wire(req.lun);
-        // Commands a gateway ships to an image's owner wait for the network, and commands of
-        // unbounded cost (a copy may write another LU's disk) would hold every session of
-        // this worker: never here.
-        if scsi::runs_long(req.cdb)
-            || luns
-                .get(lun)
-                .is_some_and(|entry| entry.lu.ships_to_owner(nexus, req.cdb))
-        {
-            return Execution::Deferred;
+        let (route, started) = self.route(lun, req.cdb);
+        if !route.inline() {
+            return self.deferred(req.itt, route);
         }
-        // On a disk, commands that wait for the device run elsewhere, and buffered writes are
-        // watched (two clock reads, two getrusage calls) for the kernel making them wait.
-        let mut buffered_write = None;
-        if let Some((disk, entry)) = self.disk_lu(lun) {
-            if disk.direct && scsi::plans(req.cdb) {
-                // Direct I/O always waits for the device: to the ring (or the I/O threads).
-                return Execution::Deferred;
+        // On a disk, buffered writes are watched (two clock reads, two getrusage calls) for
+        // the kernel making them wait.
+        let buffered_write = match (route, started, self.disk_lu(lun)) {
+            (route::Route::InlineWatched, Some(started), Some((disk, _))) => {
+                Some((&disk.stalls, StallProbe::start(started)))
             }
-            if entry.lu.is_buffered_write(req.cdb) {
-                let started = Instant::now();
-                if disk.stalls.offloading(started) {
-                    disk.stalls.offloaded();
-                    return Execution::Deferred;
-                }
-                buffered_write = Some((&disk.stalls, StallProbe::start(started)));
-            } else if entry.lu.waits_for_device(req.cdb) {
-                return Execution::Deferred;
-            }
-        }
+            _ => None,
+        };
         let cmd = scsi::Command {
             cdb: req.cdb,
             data_out: req.data_out,
@@ -1479,7 +1521,7 @@ impl ScsiBackend for Backend<'_> {
                 if let Some((stalls, _)) = buffered_write {
                     stalls.offloaded();
                 }
-                return Execution::Deferred;
+                return self.deferred(req.itt, route::Route::Blocking);
             }
         };
         if let Some((stalls, probe)) = buffered_write {
@@ -1519,17 +1561,23 @@ impl ScsiBackend for Backend<'_> {
     /// back to this connection's event loop.
     fn defer(&mut self, command: DeferredCommand, mut buffers: ReadBuffers<'_>) {
         let lun = scsi::lun_from_wire(command.lun);
-        let command = match self.submit_to_ring(command, lun) {
-            Ok(()) => return,
-            Err(command) => command,
+        // The route `execute` decided for this very command, just before.
+        let routed = self.routed.take();
+        debug_assert_eq!(
+            routed.map(|(itt, _)| itt),
+            Some(command.itt),
+            "defer pairs with execute"
+        );
+        let route = routed.map_or(route::Route::Blocking, |(_, route)| route);
+        // A path that cannot take the command now hands it back: it runs on the I/O threads.
+        let submitted = match route {
+            route::Route::Ring => self.submit_to_ring(command, lun),
+            route::Route::Async => self.submit_async(command, lun, &mut buffers),
+            route::Route::Owner => self.submit_shipped(command, lun),
+            _ => Err(command),
         };
-        let command = match self.submit_async(command, lun, &mut buffers) {
-            Ok(()) => return,
-            Err(command) => command,
-        };
-        let command = match self.submit_shipped(command, lun) {
-            Ok(()) => return,
-            Err(command) => command,
+        let Err(command) = submitted else {
+            return;
         };
         let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
             debug_assert!(false, "only commands of a session with LUNs are deferred");
@@ -1844,6 +1892,7 @@ impl Driver {
             loan: Loan::default(),
             info: None,
             close_reason: None,
+            routed: None,
         };
         if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();

@@ -20,6 +20,7 @@ pub mod prelogin;
 pub mod registry;
 pub mod reload;
 pub mod ring;
+pub mod route;
 pub mod server;
 pub mod stall;
 pub mod state;

@@ -23,9 +23,6 @@ const SUPPORTED_STATES_EXPLICIT: u8 = 0x01 | 0x02 | 0x04;
 pub(crate) const UA_ACCESS_STATE_CHANGED: (u8, u8) = (0x2A, 0x06);
 /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE (NOT READY, 04h/0Bh).
 pub(crate) const STANDBY: Sense = Sense::new(crate::sense::NOT_READY, 0x04, 0x0B);
-/// Not an answer: the command passed this LU's checks and goes to the owner (see
-/// `LogicalUnit::ship`). Never sent (an impossible sense key, as `sbc::WOULD_WAIT`).
-pub(crate) const SHIP: Sense = Sense::new(0xFF, 0xFF, 0xFD);
 /// SET TARGET PORT GROUPS COMMAND FAILED (ABORTED COMMAND, 67h/0Ah).
 const STPG_FAILED: Sense = Sense::new(crate::sense::ABORTED_COMMAND, 0x67, 0x0A);
 

@@ -3,7 +3,7 @@
 use crate::cdb::*;
 use crate::mode::ModeState;
 use crate::opcodes;
-use crate::sense::Sense;
+use crate::sense::{Sense, Stop};
 use crate::unit_attention::{self, UnitAttentions};
 use crate::{Command, Completion, Nexus};
 use std::collections::{HashMap, HashSet};
@@ -541,8 +541,8 @@ impl LogicalUnit {
             }
         }
         match result {
-            Err(sense) if sense == crate::sbc::WOULD_WAIT => None,
-            Err(sense) if sense == crate::alua::SHIP => Some(self.ship(nexus, cmd, data_in)),
+            Err(Stop::WouldWait) => None,
+            Err(Stop::Ship) => Some(self.ship(nexus, cmd, data_in)),
             result => Some(self.completion(result)),
         }
     }
@@ -578,8 +578,8 @@ impl LogicalUnit {
         read_only_mapping: bool,
     ) -> Result<(), Completion> {
         match self.admit(nexus, cmd, read_only_mapping) {
-            Err(sense) if sense == crate::alua::SHIP => Ok(()),
-            Err(sense) => Err(self.completion(Err(sense))),
+            Err(Stop::Ship) => Ok(()),
+            Err(stop) => Err(self.completion(Err(stop))),
             Ok(_) => Err(Completion::check_condition(Sense::not_ready_transition())),
         }
     }
@@ -635,29 +635,29 @@ impl LogicalUnit {
         nexus: &Nexus,
         cmd: &Command<'_>,
         read_only_mapping: bool,
-    ) -> Result<u8, Sense> {
+    ) -> Result<u8, Stop> {
         let cdb = Cdb(cmd.cdb);
         if cmd.cdb.is_empty() {
-            return Err(Sense::invalid_opcode());
+            return Err(Sense::invalid_opcode().into());
         }
         let opcode = cdb.u8(0);
         // SPC-4 5.14: these three neither report nor clear a unit attention.
         if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
             if let Some((asc, ascq)) = self.ua.take(nexus.id) {
-                return Err(Sense::unit_attention(asc, ascq));
+                return Err(Sense::unit_attention(asc, ascq).into());
             }
         }
         let op = opcodes::lookup(cdb, self.offered())?;
         let cdb_len = op.usage.len();
         if cmd.cdb.len() < cdb_len {
-            return Err(Sense::invalid_field_in_cdb(0, None));
+            return Err(Sense::invalid_field_in_cdb(0, None).into());
         }
         // NACA and LINK are not supported (SAM-5 5.9).
         check_reserved(cdb, cdb_len - 1, 0xFA)?;
         match self.gate(nexus, cdb, read_only_mapping)? {
             Reach::Here => Ok(opcode),
             // The owner checks the rest (CDB fields, LBA range) as it runs it.
-            Reach::Owner => Err(crate::alua::SHIP),
+            Reach::Owner => Err(Stop::Ship),
         }
     }
 
@@ -674,7 +674,7 @@ impl LogicalUnit {
         nexus: &Nexus,
         cdb: Cdb<'_>,
         read_only_mapping: bool,
-    ) -> Result<Reach, Sense> {
+    ) -> Result<Reach, Stop> {
         let opcode = cdb.u8(0);
         // SPC-4 5.12: a unit that is not ready still answers what does not need its medium.
         if !matches!(
@@ -682,14 +682,14 @@ impl LogicalUnit {
             INQUIRY | REPORT_LUNS | REQUEST_SENSE | MAINTENANCE_IN
         ) {
             if let Some(sense) = self.not_ready() {
-                return Err(sense);
+                return Err(sense.into());
             }
         }
         let mut reach = Reach::Here;
         if let Some(ownership) = self.ownership.get() {
             if !ownership.is_active(nexus.target_port.group) && !crate::alua::standby_allows(cdb) {
                 if !ownership.ships() {
-                    return Err(crate::alua::STANDBY);
+                    return Err(crate::alua::STANDBY.into());
                 }
                 reach = Reach::Owner;
             }
@@ -702,10 +702,10 @@ impl LogicalUnit {
         // Write protection as this gateway's mode pages and mapping say (MODE SELECT runs
         // where it arrives).
         if self.write_protected(read_only_mapping) && is_medium_write(opcode) {
-            return Err(Sense::write_protected());
+            return Err(Sense::write_protected().into());
         }
         if read_only_mapping && changes_lu_state(cdb) {
-            return Err(Sense::write_protected());
+            return Err(Sense::write_protected().into());
         }
         Ok(reach)
     }
@@ -715,18 +715,25 @@ impl LogicalUnit {
         read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed)
     }
 
-    /// The completion of a command that ran to `result` (not [`crate::sbc::WOULD_WAIT`]).
-    pub(crate) fn completion(&self, result: Result<u32, Sense>) -> Completion {
+    /// The completion of a command that ran to `result` (not [`Stop::WouldWait`] or
+    /// [`Stop::Ship`], which are not answers).
+    pub(crate) fn completion(&self, result: Result<u32, Stop>) -> Completion {
         match result {
             Ok(transfer_len) => Completion::good(transfer_len),
-            Err(sense) if sense == crate::pr::CONFLICT => Completion {
+            Err(Stop::Conflict) => Completion {
                 status: crate::Status::ReservationConflict,
                 sense: None,
                 transfer_len: 0,
             },
-            Err(mut sense) => {
+            Err(Stop::Check(mut sense)) => {
                 sense.descriptor_format = self.mode.d_sense.load(Ordering::Relaxed);
                 Completion::check_condition(sense)
+            }
+            // Not answers: the caller runs the command elsewhere. Reaching here is an engine
+            // bug; the initiator retries a transition.
+            Err(Stop::WouldWait | Stop::Ship) => {
+                debug_assert!(false, "a run-elsewhere outcome taken for an answer");
+                Completion::check_condition(Sense::not_ready_transition())
             }
         }
     }
@@ -739,11 +746,13 @@ impl LogicalUnit {
         io: Option<&mut crate::Lending<'_>>,
         read_only_mapping: bool,
         peers: Option<&crate::LunMap>,
-    ) -> Result<u32, Sense> {
+    ) -> Result<u32, Stop> {
         let cdb = Cdb(cmd.cdb);
         let opcode = self.admit(nexus, cmd, read_only_mapping)?;
         let write_protected = self.write_protected(read_only_mapping);
-        match opcode {
+        // Arms that may stop short of an answer (would wait, reservation conflict, ship)
+        // return their `Stop` at once; the rest answer with sense data.
+        let answer: Result<u32, Sense> = match opcode {
             TEST_UNIT_READY => Ok(0),
             REQUEST_SENSE => self.request_sense(nexus, cmd, data_in),
             INQUIRY => self.inquiry(nexus, cmd, data_in),
@@ -766,8 +775,8 @@ impl LogicalUnit {
                 SA_READ_CAPACITY_16 => self.read_capacity_16(cmd, data_in),
                 _ => self.get_lba_status(cmd, data_in),
             },
-            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cmd, data_in, io),
-            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => self.write(cmd, io.is_some()),
+            READ_6 | READ_10 | READ_12 | READ_16 => return self.read(cmd, data_in, io),
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => return self.write(cmd, io.is_some()),
             WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
                 self.write_and_verify(cmd)
             }
@@ -781,9 +790,9 @@ impl LogicalUnit {
             WRITE_ATOMIC_16 => self.write_atomic(cmd),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => self.read_defect_data(cmd, data_in),
             RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10 => {
-                self.reserve_release_spc2(nexus, cdb)
+                return self.reserve_release_spc2(nexus, cdb)
             }
-            PERSISTENT_RESERVE_IN => self.persistent_reserve_in(nexus, cmd, data_in),
+            PERSISTENT_RESERVE_IN => return self.persistent_reserve_in(nexus, cmd, data_in),
             PERSISTENT_RESERVE_OUT => {
                 let done = self.persistent_reserve_out(nexus, cmd)?;
                 if let Some(o) = self.ownership.get() {
@@ -791,13 +800,14 @@ impl LogicalUnit {
                         o.reservations_changed(nexus);
                     }
                 }
-                Ok(done)
+                return Ok(done);
             }
-            EXTENDED_COPY => self.extended_copy(nexus, cmd, read_only_mapping, peers),
+            EXTENDED_COPY => return self.extended_copy(nexus, cmd, read_only_mapping, peers),
             RECEIVE_COPY_RESULTS => self.receive_copy_results(nexus, cmd, data_in),
             // The opcode table and this match must list the same commands.
             _ => Err(Sense::invalid_opcode()),
-        }
+        };
+        answer.map_err(Stop::from)
     }
 
     fn request_sense(

@@ -154,7 +154,7 @@ impl LogicalUnit {
                 Plan::Done(Completion::good(io.transfer_len))
             }
             Ok(io) => Plan::Io(io, share),
-            Err(sense) => Plan::Done(self.completion(Err(sense))),
+            Err(stop) => Plan::Done(self.completion(Err(stop))),
         }
     }
 
@@ -166,7 +166,8 @@ impl LogicalUnit {
             Err(e) => Err(match io.op {
                 BlockOp::Read => crate::sbc::read_error(e),
                 BlockOp::Write { .. } | BlockOp::Flush => crate::sbc::write_error(e),
-            }),
+            }
+            .into()),
         })
     }
 }

@@ -11,7 +11,7 @@
 
 use crate::cdb::*;
 use crate::lu::LogicalUnit;
-use crate::sense::Sense;
+use crate::sense::{Sense, Stop};
 use crate::unit_attention::{
     REGISTRATIONS_PREEMPTED, RESERVATIONS_PREEMPTED, RESERVATIONS_RELEASED,
 };
@@ -42,10 +42,6 @@ pub const TYPE_EA_AR: u8 = 8;
 
 /// Parameter list length of every PERSISTENT RESERVE OUT service action we implement.
 const PROUT_PARAMETER_BYTES: usize = 24;
-
-/// Stand-in error for RESERVATION CONFLICT status inside the `Result<_, Sense>` dispatch; the
-/// logical unit turns it into the status (no sense data) at completion.
-pub(crate) const CONFLICT: Sense = Sense::new(0xFF, 0xFF, 0xFF);
 
 /// An I_T nexus as persistent reservations name it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -290,13 +286,19 @@ const SAVE_ATTEMPTS_MAX: u32 = 8;
 
 /// How one attempt at a PERSISTENT RESERVE OUT ended, when not in success.
 enum Attempt {
-    Failed(Sense),
+    Failed(Stop),
     Overtaken,
+}
+
+impl From<Stop> for Attempt {
+    fn from(stop: Stop) -> Attempt {
+        Attempt::Failed(stop)
+    }
 }
 
 impl From<Sense> for Attempt {
     fn from(sense: Sense) -> Attempt {
-        Attempt::Failed(sense)
+        Attempt::Failed(Stop::Check(sense))
     }
 }
 
@@ -455,8 +457,8 @@ impl Reservations {
         );
     }
 
-    /// RESERVATION CONFLICT (as [`CONFLICT`]) if the command may not run for this nexus.
-    pub fn check(&self, nexus: &Nexus, cdb: Cdb<'_>) -> Result<(), Sense> {
+    /// RESERVATION CONFLICT ([`Stop::Conflict`]) if the command may not run for this nexus.
+    pub(crate) fn check(&self, nexus: &Nexus, cdb: Cdb<'_>) -> Result<(), Stop> {
         if !self.held.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -464,13 +466,13 @@ impl Reservations {
         s.see(nexus);
         if let Some(holder) = s.spc2 {
             if holder != nexus.id && !spc2_allowed(cdb.u8(0)) {
-                return Err(CONFLICT);
+                return Err(Stop::Conflict);
             }
         }
         if let Some(r) = &s.reservation {
             let it = ItNexus::of(nexus);
             if !s.is_holder(&it) && pr_conflicts(r.pr_type, class(cdb), s.key_of(&it).is_some()) {
-                return Err(CONFLICT);
+                return Err(Stop::Conflict);
             }
         }
         Ok(())
@@ -566,7 +568,7 @@ impl LogicalUnit {
         }
     }
 
-    pub(crate) fn reserve_release_spc2(&self, nexus: &Nexus, cdb: Cdb<'_>) -> Result<u32, Sense> {
+    pub(crate) fn reserve_release_spc2(&self, nexus: &Nexus, cdb: Cdb<'_>) -> Result<u32, Stop> {
         let opcode = cdb.u8(0);
         // Extents (6) and third-party reservations / long identifiers (10) are not supported.
         check_reserved(cdb, 1, 0x00)?;
@@ -575,11 +577,11 @@ impl LogicalUnit {
         s.see(nexus);
         // CRH=0: with persistent reservations in use, RESERVE and RELEASE conflict.
         if s.reservation.is_some() || !s.registrations.is_empty() {
-            return Err(CONFLICT);
+            return Err(Stop::Conflict);
         }
         if matches!(opcode, RESERVE_6 | RESERVE_10) {
             match s.spc2 {
-                Some(holder) if holder != nexus.id => return Err(CONFLICT),
+                Some(holder) if holder != nexus.id => return Err(Stop::Conflict),
                 _ => s.spc2 = Some(nexus.id),
             }
         } else if s.spc2 == Some(nexus.id) {
@@ -595,7 +597,7 @@ impl LogicalUnit {
         nexus: &Nexus,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
-    ) -> Result<u32, Sense> {
+    ) -> Result<u32, Stop> {
         let cdb = Cdb(cmd.cdb);
         let mut s = self.reservations.lock();
         let noticed = self.reservations.refresh_shared(&mut s)?;
@@ -669,7 +671,7 @@ impl LogicalUnit {
                 let len = (data_in.len() - 8) as u32;
                 data_in[4..8].copy_from_slice(&len.to_be_bytes());
             }
-            _ => return Err(Sense::invalid_field_in_cdb(1, Some(4))),
+            _ => return Err(Sense::invalid_field_in_cdb(1, Some(4)).into()),
         }
         drop(s);
         Ok(finish_data_in(
@@ -683,39 +685,42 @@ impl LogicalUnit {
         &self,
         nexus: &Nexus,
         cmd: &Command<'_>,
-    ) -> Result<u32, Sense> {
+    ) -> Result<u32, Stop> {
         let cdb = Cdb(cmd.cdb);
         let sa = cdb.service_action();
         let scope = cdb.u8(2) >> 4;
         let pr_type = cdb.u8(2) & 0x0F;
         let param_len = cdb.be32(5) as usize;
         if param_len != PROUT_PARAMETER_BYTES || cmd.data_out.len() < PROUT_PARAMETER_BYTES {
-            return Err(Sense::parameter_list_length_error());
+            return Err(Sense::parameter_list_length_error().into());
         }
         let p = &cmd.data_out[..PROUT_PARAMETER_BYTES];
         let key = param_be64(p, 0).unwrap_or(0);
         let sa_key = param_be64(p, 8).unwrap_or(0);
         let flags = p[20];
         if flags & 0x08 != 0 {
-            return Err(Sense::invalid_field_in_parameter_list(20, Some(3))); // SPEC_I_PT
+            return Err(Sense::invalid_field_in_parameter_list(20, Some(3)).into());
+            // SPEC_I_PT
         }
         if flags & 0x04 != 0 {
-            return Err(Sense::invalid_field_in_parameter_list(20, Some(2))); // ALL_TG_PT
+            return Err(Sense::invalid_field_in_parameter_list(20, Some(2)).into());
+            // ALL_TG_PT
         }
         let persistence = self.reservations.persistence.get();
         let aptpl = flags & 0x01 != 0;
         let registering = matches!(sa, SA_PR_REGISTER | SA_PR_REGISTER_AND_IGNORE);
         if aptpl && registering && persistence.is_none() {
-            return Err(Sense::invalid_field_in_parameter_list(20, Some(0))); // APTPL
+            return Err(Sense::invalid_field_in_parameter_list(20, Some(0)).into());
+            // APTPL
         }
         let needs_type = matches!(sa, SA_PR_RESERVE | SA_PR_RELEASE)
             || (matches!(sa, SA_PR_PREEMPT | SA_PR_PREEMPT_AND_ABORT));
         if needs_type {
             if scope != 0 {
-                return Err(Sense::invalid_field_in_cdb(2, Some(7)));
+                return Err(Sense::invalid_field_in_cdb(2, Some(7)).into());
             }
             if !valid_type(pr_type) {
-                return Err(Sense::invalid_field_in_cdb(2, Some(3)));
+                return Err(Sense::invalid_field_in_cdb(2, Some(3)).into());
             }
         }
         let it = ItNexus::of(nexus);
@@ -724,7 +729,7 @@ impl LogicalUnit {
             match self.prout_once(&it, nexus, sa, pr_type, key, sa_key, aptpl) {
                 Err(Attempt::Overtaken) if overtaken < SAVE_ATTEMPTS_MAX => overtaken += 1,
                 // Overtaken every time: the medium's state keeps moving; the initiator retries.
-                Err(Attempt::Overtaken) => return Err(Sense::not_ready_transition()),
+                Err(Attempt::Overtaken) => return Err(Sense::not_ready_transition().into()),
                 Err(Attempt::Failed(sense)) => return Err(sense),
                 Ok(len) => return Ok(len),
             }
@@ -753,7 +758,7 @@ impl LogicalUnit {
         s.pending_ua.clear();
         s.see(nexus);
         if s.spc2.is_some_and(|h| h != nexus.id) {
-            return Err(CONFLICT.into());
+            return Err(Stop::Conflict.into());
         }
         let registered = s.key_of(&it);
         // What a failed save restores: nothing changes unless it is durable.
@@ -761,7 +766,7 @@ impl LogicalUnit {
         let result = match sa {
             SA_PR_REGISTER | SA_PR_REGISTER_AND_IGNORE => {
                 if sa == SA_PR_REGISTER && registered.unwrap_or(0) != key {
-                    return Err(CONFLICT.into());
+                    return Err(Stop::Conflict.into());
                 }
                 // The last valid REGISTER's APTPL governs (SPC-4 5.14.5).
                 s.aptpl = aptpl;
@@ -788,7 +793,7 @@ impl LogicalUnit {
                 }
                 Ok(())
             }
-            _ if registered != Some(key) => Err(CONFLICT),
+            _ if registered != Some(key) => Err(Stop::Conflict),
             SA_PR_RESERVE => match &s.reservation {
                 None => {
                     s.reservation = Some(Reservation {
@@ -798,7 +803,7 @@ impl LogicalUnit {
                     Ok(())
                 }
                 Some(res) if s.is_holder(&it) && res.pr_type == pr_type => Ok(()),
-                Some(_) => Err(CONFLICT),
+                Some(_) => Err(Stop::Conflict),
             },
             SA_PR_RELEASE => match s.reservation.clone() {
                 Some(res) if s.is_holder(&it) => {
@@ -838,7 +843,7 @@ impl LogicalUnit {
                 // Commands run to completion, so PREEMPT AND ABORT has nothing left to abort.
                 self.preempt(&mut s, &it, sa_key, pr_type)
             }
-            _ => Err(Sense::invalid_field_in_cdb(1, Some(4))),
+            _ => Err(Sense::invalid_field_in_cdb(1, Some(4)).into()),
         };
         if let (Ok(()), Some(persistence), Some(before)) = (&result, persistence, before) {
             let after = s.persistent();
@@ -909,7 +914,7 @@ impl LogicalUnit {
         self.reservations.lock().persistent()
     }
 
-    fn preempt(&self, s: &mut State, it: &ItNexus, sa_key: u64, pr_type: u8) -> Result<(), Sense> {
+    fn preempt(&self, s: &mut State, it: &ItNexus, sa_key: u64, pr_type: u8) -> Result<(), Stop> {
         let reservation = s.reservation.clone();
         let holder_key = reservation
             .as_ref()
@@ -921,7 +926,7 @@ impl LogicalUnit {
             None => false,
         };
         if sa_key == 0 && !preempts_reservation {
-            return Err(Sense::invalid_field_in_parameter_list(8, None));
+            return Err(Sense::invalid_field_in_parameter_list(8, None).into());
         }
         // The registrations removed: every one with the key (with an all-registrants
         // reservation and key 0: everyone else), never the preempting nexus itself.
@@ -932,7 +937,7 @@ impl LogicalUnit {
             .map(|(n, _)| n.clone())
             .collect();
         if removed.is_empty() && !preempts_reservation {
-            return Err(CONFLICT);
+            return Err(Stop::Conflict);
         }
         s.registrations.retain(|(n, _)| !removed.contains(n));
         if preempts_reservation {

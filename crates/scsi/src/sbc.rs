@@ -2,13 +2,9 @@
 
 use crate::cdb::*;
 use crate::lu::*;
-use crate::sense::Sense;
+use crate::sense::{Sense, Stop};
 use crate::Command;
 use std::sync::atomic::Ordering;
-
-/// Stand-in error inside the `Result<_, Sense>` dispatch: a non-blocking read found its data not
-/// cached. Never sent: the logical unit answers "run it where waiting is fine" instead.
-pub(crate) const WOULD_WAIT: Sense = Sense::new(0xFF, 0xFF, 0xFE);
 
 /// Scratch bound for comparisons and WRITE SAME patterns (reuses the caller's Data-In Vec).
 const SCRATCH_BYTES_MAX: usize = 1 << 20;
@@ -180,13 +176,13 @@ impl LogicalUnit {
     }
 
     /// READ (6/10/12/16). With `io` (a network worker), store memory is lent into it where the
-    /// store allows, and data that is not cached gives [`WOULD_WAIT`] instead of a wait.
+    /// store allows, and data that is not cached gives [`Stop::WouldWait`] instead of a wait.
     pub(crate) fn read(
         &self,
         cmd: &Command<'_>,
         data_in: &mut Vec<u8>,
         io: Option<&mut crate::Lending<'_>>,
-    ) -> Result<u32, Sense> {
+    ) -> Result<u32, Stop> {
         let ReadExtent { offset, len, bytes } = self.read_extent(cmd)?;
         let nonblocking = io.is_some();
         if let Some(lending) = io {
@@ -223,7 +219,7 @@ impl LogicalUnit {
                 .try_read_at(data_in, offset)
                 .map_err(read_error)?
             {
-                return Err(WOULD_WAIT);
+                return Err(Stop::WouldWait);
             }
         } else {
             self.store.read_at(data_in, offset).map_err(read_error)?;
@@ -231,15 +227,15 @@ impl LogicalUnit {
         Ok(bytes)
     }
 
-    /// `nonblocking`: a write-back write the kernel would make wait is declined (WOULD_WAIT) to
+    /// `nonblocking`: a write-back write the kernel would make wait is declined ([`Stop::WouldWait`]) to
     /// run again, whole, where waiting is fine; part of it may have been written meanwhile,
     /// which the second run writes over with the same bytes.
-    pub(crate) fn write(&self, cmd: &Command<'_>, nonblocking: bool) -> Result<u32, Sense> {
+    pub(crate) fn write(&self, cmd: &Command<'_>, nonblocking: bool) -> Result<u32, Stop> {
         let extent = self.write_extent(cmd)?;
         if nonblocking && !extent.durable {
             return self.try_write_blocks(&extent);
         }
-        self.write_blocks(&extent)
+        Ok(self.write_blocks(&extent)?)
     }
 
     /// The whole blocks of `data_out` that the CDB asked for: when the transport received less
@@ -261,7 +257,7 @@ impl LogicalUnit {
         Ok(w.bytes)
     }
 
-    fn try_write_blocks(&self, w: &WriteExtent<'_>) -> Result<u32, Sense> {
+    fn try_write_blocks(&self, w: &WriteExtent<'_>) -> Result<u32, Stop> {
         if !w.data.is_empty() {
             let _order = self.write_order.read();
             let written = self
@@ -269,7 +265,7 @@ impl LogicalUnit {
                 .try_write_at(w.data, w.offset)
                 .map_err(write_error)?;
             if !written {
-                return Err(WOULD_WAIT);
+                return Err(Stop::WouldWait);
             }
         }
         Ok(w.bytes)

@@ -337,3 +337,27 @@ mod tests {
         assert_eq!(&out[20..28], &[2, 6, 0, 0, 0x80, 0x00, 0x09, 0]);
     }
 }
+
+/// How a command stops short of GOOD inside the core, before it becomes a
+/// [`crate::Completion`]: a CHECK CONDITION with its sense data, RESERVATION CONFLICT status,
+/// or one of two outcomes that are not answers yet (the caller runs the command elsewhere).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// CHECK CONDITION with this sense.
+    Check(Sense),
+    /// RESERVATION CONFLICT status (no sense data).
+    Conflict,
+    /// Running it here would wait for the device where the caller may not wait (a read not
+    /// in the page cache, a write-back write the kernel would hold): nothing was done; run it
+    /// where waiting is fine.
+    WouldWait,
+    /// It is for the LU's owner, through another gateway (I/O shipping): this LU's own checks
+    /// passed; nothing was done here.
+    Ship,
+}
+
+impl From<Sense> for Stop {
+    fn from(sense: Sense) -> Stop {
+        Stop::Check(sense)
+    }
+}

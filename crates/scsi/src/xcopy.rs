@@ -9,7 +9,7 @@
 use crate::cdb::*;
 use crate::lu::LogicalUnit;
 use crate::lun_map::LunMap;
-use crate::sense::{Sense, ILLEGAL_REQUEST};
+use crate::sense::{Sense, Stop, ILLEGAL_REQUEST};
 use crate::{Command, Nexus};
 use std::sync::atomic::Ordering;
 
@@ -223,12 +223,12 @@ struct Target<'a> {
 impl Target<'_> {
     /// The LU's gate ([`LogicalUnit::gate`]) for a command `opcode` of it, within segment
     /// `segment`: an LU the copy could reach only through its owner is out of reach here.
-    fn pass_gate(&self, nexus: &Nexus, opcode: u8, segment: usize) -> Result<(), Sense> {
+    fn pass_gate(&self, nexus: &Nexus, opcode: u8, segment: usize) -> Result<(), Stop> {
         let mut cdb = [0u8; 16];
         cdb[0] = opcode;
         match self.lu.gate(nexus, Cdb(&cdb), self.read_only_mapping)? {
             crate::lu::Reach::Here => Ok(()),
-            crate::lu::Reach::Owner => Err(unreachable_target(segment)),
+            crate::lu::Reach::Owner => Err(unreachable_target(segment).into()),
         }
     }
 }
@@ -279,7 +279,7 @@ impl LogicalUnit {
         cmd: &Command<'_>,
         read_only_mapping: bool,
         peers: Option<&LunMap>,
-    ) -> Result<u32, Sense> {
+    ) -> Result<u32, Stop> {
         let cdb = Cdb(cmd.cdb);
         for byte in 2..=9 {
             check_reserved(cdb, byte, 0)?;
@@ -316,7 +316,7 @@ impl LogicalUnit {
             let bytes = u64::from(seg.blocks) << shift;
             let whole = |lu: &LogicalUnit| bytes & ((1u64 << lu.block_shift) - 1) == 0;
             if bytes > u64::from(MAX_SEGMENT_BYTES) || !whole(src.lu) || !whole(dst.lu) {
-                return Err(bad_param(seg.offset + 10));
+                return Err(bad_param(seg.offset + 10).into());
             }
             // Every LU the copy touches, this one too, passes the gate a READ or a WRITE of it
             // would: a copy reaches no LU a plain command could not.

@@ -40,6 +40,13 @@ use crate::route;
 use crate::server::{DiskLun, GroupRuntime, Membership, NewConnection, Refusal, Shared, Topology};
 use crate::stall::WriteStalls;
 
+/// What a command of unbounded cost (`scsi::runs_long`: EXTENDED COPY, WRITE SAME, UNMAP)
+/// counts against its connection's `memory_per_connection_bytes` while it runs on the I/O
+/// threads: its copy buffer (up to 1 MiB) and the thread it holds. With the default budget
+/// (64 MiB) a connection runs at most 8 at once, so it cannot take every I/O thread its
+/// worker's other sessions need.
+const LONG_COMMAND_HELD_BYTES: usize = 8 << 20;
+
 /// Largest AHS a PDU may carry (TotalAHSLength is one byte of 4-byte words).
 const AHS_BYTES_MAX: usize = 255 * 4;
 /// Responses queued in one turn before they are sent (bounds Data-In memory per connection).
@@ -1591,8 +1598,16 @@ impl ScsiBackend for Backend<'_> {
             .disk_lu(lun)
             .filter(|(_, entry)| entry.lu.is_buffered_write(&command.cdb))
             .map(|(disk, _)| Arc::clone(&disk.stalls));
+        // A command of unbounded cost also holds an I/O thread for as long as it runs: it
+        // counts as LONG_COMMAND_HELD_BYTES more, so one connection runs a bounded number at
+        // once (8 with the default budget) and the rest wait in TCP, as other commands do.
+        let long = if scsi::runs_long(&command.cdb) {
+            LONG_COMMAND_HELD_BYTES
+        } else {
+            0
+        };
         let held_bytes =
-            Self::held_bytes(command.data_out.len(), command.read, command.expected_len);
+            Self::held_bytes(command.data_out.len(), command.read, command.expected_len) + long;
         self.deferred_bytes += held_bytes;
         let answers = self.answers.clone();
         let started = self.turn_started;

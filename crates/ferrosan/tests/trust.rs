@@ -707,3 +707,73 @@ fn idle_metrics_connections_delay_no_scrape() {
     );
     drop(idle);
 }
+
+/// One connection with 24 copies of 1 GiB queued runs a bounded number at once (8 with the
+/// default memory budget): the rest wait in TCP, and the I/O threads stay free for others.
+#[test]
+fn one_connection_runs_a_bounded_number_of_copies_at_once() {
+    let ctl = Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let daemon = Daemon::start_config_args(
+        IQN,
+        &format!(
+            "[server]\nworkers = 1\n{}",
+            copy_pair("store = \"ram\"", "1G")
+        ),
+        &["--control-socket", &socket],
+    );
+    let port = daemon.port;
+    let mut client = Client::connect(client_config(port, DB3, None)).expect("login");
+    capacity(&mut client).expect("ready");
+    let segments: Vec<_> = (0..32u64).map(|i| (u16::MAX, i << 16, i << 16)).collect();
+    let conn = client.connection().expect("connected");
+    for tag in 0..24u64 {
+        let list = copy_list(&SRC_NAA, &DST_NAA, &segments);
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x83;
+        cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
+        let cdb = initiator::scsi::Cdb::new(&cdb).unwrap();
+        conn.submit(initiator::session::Command::write(tag, 0, cdb, list))
+            .expect("submit");
+    }
+    conn.flush().expect("sent");
+    // The most copies in flight on the source LU while they run.
+    let mut most = 0;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let stats = socket_verb(&ctl.socket, "stats");
+        let in_flight = stats["devices"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["device"] == "src"))
+            .and_then(|d| d["in_flight"].as_u64())
+            .unwrap_or(0);
+        most = most.max(in_flight);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every copy completes.
+    for _ in 0..24 {
+        let done = conn.next_completion().expect("a copy's completion");
+        let result = done.result.expect("a copy's answer");
+        assert_eq!(result.status, 0, "{:?}", result.sense);
+    }
+    assert!(most >= 1, "no copy seen running");
+    // 8 running, and a copy whose answer already went out still holds the LU for a moment
+    // while the next one starts (all 24 at once without the bound).
+    assert!(most <= 12, "{most} copies of one connection ran at once");
+}
+
+/// A verb of the control socket's own protocol (one JSON object per line), such as `stats`,
+/// which `ferrosan top` reads.
+fn socket_verb(socket: &std::path::Path, verb: &str) -> serde_json::Value {
+    use std::io::{BufRead as _, Write as _};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("control socket");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    writeln!(stream, "{{\"verb\":\"{verb}\"}}").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stream)
+        .read_line(&mut line)
+        .unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}

@@ -237,11 +237,30 @@ fn copy_list(src: &[u8], dst: &[u8], segments: &[(u16, u64, u64)]) -> Vec<u8> {
     p
 }
 
-fn extended_copy(client: &mut Client, list: Vec<u8>) -> initiator::session::ScsiResult {
+/// A session of DB3 for many long copies: a copy queued behind others on a loaded machine
+/// may take longer than the usual 10 s to be answered.
+fn copier_config(port: u16) -> ClientConfig {
+    let mut c = client_config(port, DB3, None);
+    c.session.command_timeout = Duration::from_secs(120);
+    c
+}
+
+/// The CDB of an EXTENDED COPY (LID1) of a `list_len`-byte parameter list.
+fn extended_copy_cdb(list_len: usize) -> initiator::scsi::Cdb {
     let mut cdb = [0u8; 16];
     cdb[0] = 0x83;
-    cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
-    let cdb = initiator::scsi::Cdb::new(&cdb).unwrap();
+    cdb[10..14].copy_from_slice(&(list_len as u32).to_be_bytes());
+    initiator::scsi::Cdb::new(&cdb).unwrap()
+}
+
+/// An EXTENDED COPY of `segments` from `src` to `dst` (512-byte blocks), for pipelining.
+fn copy_command(tag: u64, segments: &[(u16, u64, u64)]) -> initiator::session::Command {
+    let list = copy_list(&SRC_NAA, &DST_NAA, segments);
+    initiator::session::Command::write(tag, 0, extended_copy_cdb(list.len()), list)
+}
+
+fn extended_copy(client: &mut Client, list: Vec<u8>) -> initiator::session::ScsiResult {
+    let cdb = extended_copy_cdb(list.len());
     client
         .command(cdb, initiator::session::Transfer::Write(list))
         .expect("EXTENDED COPY answered")
@@ -313,7 +332,7 @@ fn extended_copy_leaves_the_network_worker_to_other_sessions() {
     let copier = {
         let stop = std::sync::Arc::clone(&stop);
         std::thread::spawn(move || {
-            let mut client = Client::connect(client_config(port, DB3, None)).expect("login");
+            let mut client = Client::connect(copier_config(port)).expect("login");
             capacity(&mut client).expect("ready");
             // 32 segments of 32 MiB less a block: 1 GiB per command (the most one may move),
             // 8 in flight.
@@ -323,12 +342,7 @@ fn extended_copy_leaves_the_network_worker_to_other_sessions() {
             let mut in_flight = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 while in_flight < 8 {
-                    let list = copy_list(&SRC_NAA, &DST_NAA, &segments);
-                    let mut cdb = [0u8; 16];
-                    cdb[0] = 0x83;
-                    cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
-                    let cdb = initiator::scsi::Cdb::new(&cdb).unwrap();
-                    let cmd = initiator::session::Command::write(u64::from(copies), 0, cdb, list);
+                    let cmd = copy_command(u64::from(copies), &segments);
                     conn.submit(cmd).expect("submit");
                     in_flight += 1;
                 }
@@ -723,18 +737,13 @@ fn one_connection_runs_a_bounded_number_of_copies_at_once() {
         &["--control-socket", &socket],
     );
     let port = daemon.port;
-    let mut client = Client::connect(client_config(port, DB3, None)).expect("login");
+    let mut client = Client::connect(copier_config(port)).expect("login");
     capacity(&mut client).expect("ready");
-    let segments: Vec<_> = (0..32u64).map(|i| (u16::MAX, i << 16, i << 16)).collect();
+    // 512 MiB each: the bound counts commands, not bytes.
+    let segments: Vec<_> = (0..32u64).map(|i| (1u16 << 15, i << 15, i << 15)).collect();
     let conn = client.connection().expect("connected");
     for tag in 0..24u64 {
-        let list = copy_list(&SRC_NAA, &DST_NAA, &segments);
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x83;
-        cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
-        let cdb = initiator::scsi::Cdb::new(&cdb).unwrap();
-        conn.submit(initiator::session::Command::write(tag, 0, cdb, list))
-            .expect("submit");
+        conn.submit(copy_command(tag, &segments)).expect("submit");
     }
     conn.flush().expect("sent");
     // The most copies in flight on the source LU while they run.

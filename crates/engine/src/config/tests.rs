@@ -1637,7 +1637,7 @@ fn n(s: &str) -> IscsiName {
 }
 
 /// What a login by `initiator` must do: the authentication of the group it belongs to (the
-/// engine takes both from one lookup, `Shared::admit`).
+/// engine takes both from one lookup, `Topology::admit`).
 fn auth_for(t: &TargetConfig, initiator: &IscsiName) -> ResolvedAuth {
     t.auth_in(initiator, t.group_for(initiator))
 }

@@ -639,7 +639,8 @@ impl Backend<'_> {
                         // A limit of the target's refused the command: said once per
                         // connection, LUN and second (counts are reset once a second).
                         if *n == 0
-                            && crate::metrics::ERROR_CAUSES[cause] == "insufficient_resources"
+                            && crate::metrics::ERROR_CAUSES.get(cause)
+                                == Some(&"insufficient_resources")
                         {
                             tracing::warn!(peer = %self.peer, initiator = %self.initiator, lun, device = %slot.device, "a command was refused for lack of resources (INSUFFICIENT RESOURCES, 55h): e.g. the device's persistent reservation registrations are at their limit ({})", scsi::REGISTRATIONS_MAX);
                         }
@@ -1496,10 +1497,10 @@ impl ScsiBackend for Backend<'_> {
         }
         // On a disk, buffered writes are watched (two clock reads, two getrusage calls) for
         // the kernel making them wait.
-        let buffered_write = match (route, started, self.disk_lu(lun)) {
-            (route::Route::InlineWatched, Some(started), Some((disk, _))) => {
-                Some((&disk.stalls, StallProbe::start(started)))
-            }
+        let buffered_write = match (route, started) {
+            (route::Route::InlineWatched, Some(started)) => self
+                .disk_lu(lun)
+                .map(|(disk, _)| (&disk.stalls, StallProbe::start(started))),
             _ => None,
         };
         let cmd = scsi::Command {

@@ -1,8 +1,8 @@
 //! Local files and block devices, the physical limit: O_DIRECT I/O on an io_uring per job,
-//! through the same ring code the target's device path uses (`engine::ring`).
+//! through the same ring code the target's device path uses (`engine::io::ring`).
 
 use crate::runner::{Done, Engine, Op, Target, TargetInfo};
-use engine::ring::{DeviceRing, Finished, RingOp};
+use engine::io::ring::{DeviceRing, Finished, RingOp};
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};

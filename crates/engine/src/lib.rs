@@ -1,30 +1,20 @@
-//! The ferrosan engine: config model, portals, connection drivers, session registry.
-// `deny`, not `forbid`: sys.rs (two system calls) and ring.rs (io_uring submissions) hold the
-// crate's only unsafe code.
+//! The ferrosan engine: the running target around the iSCSI and SCSI cores.
+//!
+//! Its rooms, and the only direction their imports run (docs/ARCHITECTURE.md, "Rooms"):
+//! [`server`] → {[`control`], [`dataplane`]} → [`shared`] → [`admission`] → [`topology`] →
+//! {[`io`], [`config`], [`metrics`]}. The control plane and the data plane never import each
+//! other; nothing imports the server.
+// `deny`, not `forbid`: dataplane/sys.rs (system calls the crates lack) and io/ring.rs
+// (io_uring submissions) hold the crate's only unsafe code.
 #![deny(unsafe_code)]
 
 pub mod admission;
-mod alarm;
-mod busy_poll;
-pub mod coalesce;
 pub mod config;
-pub mod connection;
 pub mod control;
-pub mod gateway;
-mod group_commit;
-pub mod left_out;
+pub mod dataplane;
+pub mod io;
 pub mod metrics;
-pub mod peer;
-pub mod portals;
-pub mod prelogin;
-pub mod registry;
-pub mod reload;
-pub mod ring;
-pub mod route;
 pub mod server;
-pub mod stall;
-pub mod state;
-mod sys;
 pub mod topology;
 
 pub use server::Server;

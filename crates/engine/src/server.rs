@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, watch};
 
+use crate::admission::registry::Registry;
 pub use crate::admission::Refusal;
-use crate::alarm::Alarm;
-use crate::busy_poll;
+use crate::config::ConfigSource;
 use crate::config::{ChapAlgorithm, Config, Limits};
-use crate::connection;
-use crate::registry::Registry;
-use crate::reload::ConfigSource;
+use crate::dataplane::alarm::Alarm;
+use crate::dataplane::busy_poll;
+use crate::dataplane::connection;
 pub use crate::topology::{
     DeviceContext, DiskLun, GroupRuntime, Membership, TargetRuntime, Topology,
 };
@@ -57,7 +57,7 @@ pub struct Shared {
     /// The other gateways' addresses ([`gateway_sources`]).
     gateway_sources: std::collections::HashSet<IpAddr>,
     /// Connections still logging in, under their own budget.
-    prelogin: Arc<crate::prelogin::PreLogin>,
+    prelogin: Arc<crate::admission::prelogin::PreLogin>,
     /// CHAP algorithms accepted, in order of preference.
     pub chap_algorithms: Vec<ChapAlgorithm>,
     login_failures: Mutex<LoginFailures>,
@@ -73,10 +73,10 @@ pub struct Shared {
     /// merge that saves the running config into the file (`config::edit`).
     pub file_base: Mutex<Option<Config>>,
     /// RBD devices started without (their cluster unreachable): retried until they open,
-    /// kept in a saved config meanwhile (`crate::left_out`).
-    left_out: Mutex<Vec<crate::left_out::LeftOut>>,
+    /// kept in a saved config meanwhile (`crate::topology::left_out`).
+    left_out: Mutex<Vec<crate::topology::left_out::LeftOut>>,
     /// Changes made with `ctl` and not saved to the config file.
-    pub unsaved: crate::control::Unsaved,
+    pub unsaved: crate::config::Unsaved,
     /// Per network worker: milliseconds since `started_at` when its runtime last ran its
     /// once-a-second task (`u64::MAX`: not watched, its timer could not be had).
     worker_heartbeats: Vec<AtomicU64>,
@@ -133,8 +133,8 @@ impl Shared {
         *self.shutdown.borrow()
     }
 
-    /// The RBD devices started without and not back yet (see [`crate::left_out`]).
-    pub fn left_out(&self) -> Vec<crate::left_out::LeftOut> {
+    /// The RBD devices started without and not back yet (see [`crate::topology::left_out`]).
+    pub fn left_out(&self) -> Vec<crate::topology::left_out::LeftOut> {
         self.left_out
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -152,7 +152,7 @@ impl Shared {
     /// The running config with the devices left out at start added back: what the config
     /// file should keep (`ctl save`).
     pub fn config_to_keep(&self) -> Config {
-        crate::left_out::merged(&self.topology().config, &self.left_out())
+        crate::topology::left_out::merged(&self.topology().config, &self.left_out())
     }
 
     /// Whether every network worker's runtime ran within `within` (the systemd watchdog's
@@ -194,7 +194,7 @@ impl Shared {
     fn admit_connection(
         self: &Arc<Self>,
         source: IpAddr,
-    ) -> Result<(ConnectionGuard, crate::prelogin::Ticket), &'static str> {
+    ) -> Result<(ConnectionGuard, crate::admission::prelogin::Ticket), &'static str> {
         let max = self.limits.max_connections as usize;
         let total = self.connections.fetch_add(1, Ordering::AcqRel);
         let refuse = |limit| {
@@ -223,7 +223,7 @@ impl Shared {
                     return refuse("max_connections_per_source");
                 }
                 let peers = self.peer_only_connections.fetch_add(1, Ordering::AcqRel);
-                if peers >= crate::peer::ADMITTED_MAX {
+                if peers >= crate::io::peer::ADMITTED_MAX {
                     self.peer_only_connections.fetch_sub(1, Ordering::AcqRel);
                     return refuse("max_connections_per_source");
                 }
@@ -374,7 +374,7 @@ pub struct NewConnection {
     pub portal_group_tag: u16,
     pub guard: ConnectionGuard,
     /// Its place among the connections still logging in, given up once it logged in.
-    pub prelogin: crate::prelogin::Ticket,
+    pub prelogin: crate::admission::prelogin::Ticket,
 }
 
 /// A started server: listeners bound, workers running.
@@ -588,7 +588,7 @@ fn io_threads_per_worker(io_threads: u32, workers: usize) -> usize {
     (io_threads as usize / workers.max(1)).max(1)
 }
 
-/// Descriptors a connection holds: its socket and its timer (crate::alarm).
+/// Descriptors a connection holds: its socket and its timer (crate::dataplane::alarm).
 const DESCRIPTORS_PER_CONNECTION: u64 = 2;
 /// Descriptors besides connections: listeners, LU files, the runtimes' epoll and event fds, each
 /// worker's busy-poll epoll and sampling timer, stdio, metrics scrapes.
@@ -637,7 +637,7 @@ fn worker(
     io_threads: usize,
 ) {
     // No time driver: its clock reads and timer wheel run on every park (3-6% of a QD1 I/O's
-    // CPU, measured). Timers here are timerfds (crate::alarm); tokio::time would panic.
+    // CPU, measured). Timers here are timerfds (crate::dataplane::alarm); tokio::time would panic.
     busy_poll::install(Duration::from_micros(shared.limits.busy_poll_us.into()));
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
@@ -924,7 +924,7 @@ fn retry_left_out(shared: &std::sync::Weak<Shared>) {
         let mut back = Vec::new();
         // Derived under the reload lock from what is left out *then* (a reload meanwhile may
         // have opened or dropped these devices) and from the running config then.
-        let applied = crate::reload::apply_with(
+        let applied = crate::control::reload::apply_with(
             &shared,
             |running| {
                 let still: Vec<_> = shared
@@ -932,7 +932,7 @@ fn retry_left_out(shared: &std::sync::Weak<Shared>) {
                     .into_iter()
                     .filter(|o| retried.contains(&o.device.name))
                     .collect();
-                crate::left_out::merged(running, &still)
+                crate::topology::left_out::merged(running, &still)
             },
             |shared| {
                 let running = shared.topology();
@@ -995,7 +995,7 @@ fn build(config: &Config) -> Result<Shared, String> {
     let portals = portals(config);
     let left_out = unavailable
         .iter()
-        .filter_map(|name| crate::left_out::LeftOut::of(config, name))
+        .filter_map(|name| crate::topology::left_out::LeftOut::of(config, name))
         .collect();
     Ok(Shared {
         left_out: Mutex::new(left_out),
@@ -1010,7 +1010,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         per_source: Mutex::new(HashMap::new()),
         peer_only_connections: AtomicUsize::new(0),
         gateway_sources: gateway_sources(config),
-        prelogin: crate::prelogin::PreLogin::new(
+        prelogin: crate::admission::prelogin::PreLogin::new(
             config
                 .limits
                 .max_prelogin_connections
@@ -1023,7 +1023,7 @@ fn build(config: &Config) -> Result<Shared, String> {
         started: std::time::SystemTime::now(),
         source: ConfigSource::default(),
         file_base: Mutex::new(None),
-        unsaved: crate::control::Unsaved::default(),
+        unsaved: crate::config::Unsaved::default(),
         worker_heartbeats: (0..worker_count(config))
             .map(|_| AtomicU64::new(0))
             .collect(),

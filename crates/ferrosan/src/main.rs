@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use engine::config::Config;
-use engine::reload::ConfigSource;
+use engine::config::ConfigSource;
 
 mod bench_cmd;
 mod ctl;
@@ -269,7 +269,7 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
                 let shared = std::sync::Arc::clone(&server.shared);
                 // Opening devices may block: not on this (signal) thread's runtime.
                 let outcome = tokio::task::spawn_blocking(move || {
-                    engine::reload::reload_file(&shared, &shared.source)
+                    engine::control::reload::reload_file(&shared, &shared.source)
                 })
                 .await;
                 match outcome {
@@ -321,7 +321,8 @@ fn print_banner(config: &Config, server: &engine::Server) {
         return;
     };
     // The examples must be addresses an initiator can dial, not 0.0.0.0.
-    let portal = engine::portals::dialable(first, &engine::portals::host_addresses());
+    let portal =
+        engine::topology::portals::dialable(first, &engine::topology::portals::host_addresses());
     println!(
         "ferrosan {} serving on {}",
         env!("CARGO_PKG_VERSION"),

@@ -69,7 +69,7 @@ fn a_disk_file_takes_the_io_uring_path_by_default_and_keeps_every_byte() {
 }
 
 /// Write-through writes that are in flight together are made durable by one fdatasync per
-/// group (engine::group_commit) and every byte is kept: qemu-img writes out of order (-W),
+/// group (engine::io::group_commit) and every byte is kept: qemu-img writes out of order (-W),
 /// 16 requests at a time, and the file read back after the daemon stopped is the image.
 #[test]
 fn concurrent_write_through_writes_are_group_committed_and_kept() {

@@ -10,6 +10,7 @@ mod cli;
 pub mod edit;
 mod file;
 mod names;
+mod source;
 #[cfg(test)]
 mod tests;
 
@@ -24,6 +25,7 @@ pub use names::{
     check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_size, portals_overlap,
     ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
 };
+pub use source::{ConfigSource, Unsaved};
 
 /// The target IQN of the demo and of quick exports that name none.
 pub const DEMO_TARGET_IQN: &str = "iqn.2026-11.org.ferrosan:demo";

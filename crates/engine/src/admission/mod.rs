@@ -7,6 +7,9 @@
 //! same name and proof would be refused: a session whose answer changed is closed, never moved
 //! silently (docs/SECURITY.md, finding 2026-11-26-1).
 
+pub mod prelogin;
+pub mod registry;
+
 use std::net::IpAddr;
 
 use crate::config::{IscsiName, ResolvedAuth, Secret};
@@ -152,7 +155,7 @@ impl Topology {
         // A gateway peer's name is admitted only into its image's peer group (CHAP with the
         // image's secret): elsewhere, e.g. through an `any_initiator` group, it could pass
         // for a peer, whose commands skip reservation checks.
-        if crate::peer::is_peer_name(initiator.as_str())
+        if crate::io::peer::is_peer_name(initiator.as_str())
             && !group.initiators.iter().any(|i| i == initiator)
         {
             return Err(Refusal::NotInAnyGroup);

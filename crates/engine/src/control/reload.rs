@@ -5,12 +5,11 @@
 //! Sessions move to the new topology at their next turn (`connection.rs`, `follow_topology`).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, DeviceConfig, IscsiName, StoreKind};
+use crate::config::{Config, ConfigSource, DeviceConfig, IscsiName, StoreKind};
 use crate::server::Shared;
 use crate::topology::{OpenDevice, Topology};
 
@@ -187,54 +186,6 @@ fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, String
             "its store kind or path changed: remove it in one reload and add it back in the next"
                 .into(),
         ),
-    }
-}
-
-/// Where the running config came from, so a reload reads the same file and applies the same
-/// command-line overrides to it.
-#[derive(Debug, Clone, Default)]
-pub struct ConfigSource {
-    /// The config file; None for the demo and quick exports (nothing to reload).
-    pub path: Option<PathBuf>,
-    pub metrics_listen: Option<SocketAddr>,
-    pub state_dir: Option<PathBuf>,
-    pub control_socket: Option<PathBuf>,
-    pub workers: Option<usize>,
-    /// `serve --gateway`: which gateway of the config this daemon is.
-    pub gateway: Option<String>,
-}
-
-impl ConfigSource {
-    /// The command-line overrides, applied on top of the file's values.
-    pub fn apply_overrides(&self, config: &mut Config) {
-        if let Some(addr) = self.metrics_listen {
-            config.server.metrics_listen = Some(addr);
-        }
-        if let Some(dir) = &self.state_dir {
-            config.server.state_dir = Some(dir.clone());
-        }
-        if let Some(path) = &self.control_socket {
-            config.server.control_socket = Some(path.clone());
-        }
-        if let Some(w) = self.workers {
-            config.server.workers = w;
-        }
-        if let Some(g) = &self.gateway {
-            config.server.gateway = Some(g.clone());
-        }
-    }
-
-    /// Reads and validates the config file, overrides applied.
-    pub fn load(&self) -> Result<Config, String> {
-        let path = self.path.as_deref().ok_or(
-            "nothing to reload: serving the demo or a quick export from the command line, not a config file",
-        )?;
-        let mut config = Config::load(path).map_err(|e| e.to_string())?;
-        if let Some(warning) = config.exposed_secrets(path) {
-            tracing::warn!("{warning}");
-        }
-        self.apply_overrides(&mut config);
-        Ok(config)
     }
 }
 

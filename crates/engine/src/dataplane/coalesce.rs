@@ -200,7 +200,7 @@ fn ewma(avg: u64, sample: u64) -> u64 {
 }
 
 /// An initiator whose commands arrive with at most this many of our answers unseen waits for
-/// each answer (QD1, QD2), and its worker busy-polls for the next command (crate::busy_poll).
+/// each answer (QD1, QD2), and its worker busy-polls for the next command (crate::dataplane::busy_poll).
 /// Deeper queues gained nothing from polling in an A/B (QD4, one session: -4% to +4% IOPS at
 /// twice the CPU).
 pub const LOCKSTEP_BACKLOG_MAX: u32 = 1;

@@ -8,11 +8,13 @@
 //! and a client silent for [`CLIENT_IDLE`] is closed; none of them can delay the data plane,
 //! which never takes a lock the control plane holds for long.
 
+pub mod reload;
+
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde_json::{json, Map, Value};
@@ -97,36 +99,6 @@ pub struct ControlSocket {
     listener: std::os::unix::net::UnixListener,
     /// The group allowed besides the owner, by id.
     group: Option<u32>,
-}
-
-/// Whether unchanged edits were applied but not written to the config file: `ctl status`
-/// reports them so that no change is lost at the next restart without a word.
-#[derive(Default)]
-pub struct Unsaved {
-    changes: Mutex<Vec<String>>,
-}
-
-impl Unsaved {
-    fn add(&self, what: String) {
-        let mut c = self.changes.lock().unwrap_or_else(|e| e.into_inner());
-        c.push(what);
-        // Bounded: the count is what matters past a screenful.
-        if c.len() > 100 {
-            c.remove(0);
-        }
-    }
-    pub fn clear(&self) {
-        self.changes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-    }
-    pub fn list(&self) -> Vec<String> {
-        self.changes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
 }
 
 /// Binds the control socket. `explicit`: the path was configured, so a failure stops the
@@ -604,7 +576,7 @@ fn luns(shared: &Shared) -> Value {
 }
 
 fn reload(shared: &Shared) -> Result<Value, String> {
-    let applied = crate::reload::reload_file(shared, &shared.source)?;
+    let applied = crate::control::reload::reload_file(shared, &shared.source)?;
     // The file is what runs now: edits made before it are gone (they were unsaved).
     shared.unsaved.clear();
     Ok(json!({ "generation": applied.generation, "changes": applied.changes.lines() }))
@@ -624,7 +596,7 @@ fn save_running(shared: &Shared) -> Result<PathBuf, String> {
     // Devices left out at start (their cluster down) stay in the file.
     let config = file_view(shared, &shared.config_to_keep());
     let mut base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
-    let saved = crate::reload::save_config(path, base.as_ref(), &config)?;
+    let saved = crate::control::reload::save_config(path, base.as_ref(), &config)?;
     *base = Some(saved);
     shared.unsaved.clear();
     Ok(path.to_path_buf())
@@ -716,7 +688,7 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
     // Validated whole, as a file would be: written out and read back.
     let text = edited.to_toml_with_secrets();
     let validated = Config::from_toml_str(&text, "(ctl edit)").map_err(|e| e.to_string())?;
-    let applied = crate::reload::apply(shared, validated)?;
+    let applied = crate::control::reload::apply(shared, validated)?;
     let save = args.get("save").and_then(Value::as_bool).unwrap_or(false);
     let saved = if save {
         if let Err(e) = save_running(shared) {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
 use tokio::io::unix::AsyncFd;
 
-use crate::sys;
+use crate::dataplane::sys;
 
 pub struct Alarm {
     fd: AsyncFd<OwnedFd>,

@@ -23,22 +23,22 @@ use scsi::{LunEntry, LunMap, Nexus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
-use crate::alarm::Alarm;
-use crate::busy_poll;
-use crate::coalesce::{Coalescer, Lockstep, Outcome, Plan};
+use crate::dataplane::alarm::Alarm;
+use crate::dataplane::busy_poll;
+use crate::dataplane::coalesce::{Coalescer, Lockstep, Outcome, Plan};
+use crate::dataplane::sys;
 use crate::metrics::Metrics;
-use crate::sys;
 
+use crate::admission::registry::SessionTicket;
 use crate::admission::{Admitted, Standing};
 use crate::config::IscsiName;
 use crate::config::ResolvedAuth;
-use crate::group_commit::{Durability, GroupCommit};
+use crate::dataplane::route;
+use crate::dataplane::stall::WriteStalls;
+use crate::io::group_commit::{Durability, GroupCommit};
+use crate::io::ring::{self, DeviceRing, RingOp};
 use crate::metrics::{IoCounts, LatencyCounts};
-use crate::registry::SessionTicket;
-use crate::ring::{self, DeviceRing, RingOp};
-use crate::route;
 use crate::server::{DiskLun, GroupRuntime, Membership, NewConnection, Refusal, Shared, Topology};
-use crate::stall::WriteStalls;
 
 /// What a command of unbounded cost (`scsi::runs_long`: EXTENDED COPY, WRITE SAME, UNMAP)
 /// counts against its connection's `memory_per_connection_bytes` while it runs on the I/O
@@ -149,7 +149,7 @@ impl Policy<'_> {
     /// `login_failures_max`).
     fn check_source(&self, initiator_name: &IscsiName) -> Result<(), LoginStatus> {
         // A connection past its source's limit is for a gateway peer only (server.rs).
-        if self.peer_only && !crate::peer::is_peer_name(initiator_name.as_str()) {
+        if self.peer_only && !crate::io::peer::is_peer_name(initiator_name.as_str()) {
             tracing::warn!(
                 peer = %self.peer,
                 initiator = %initiator_name,
@@ -359,7 +359,7 @@ struct Backend<'a> {
     /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
     peer: SocketAddr,
     /// What `ctl sessions` shows of this session (its counters get `io`'s once a second).
-    info: Option<Arc<crate::registry::SessionInfo>>,
+    info: Option<Arc<crate::admission::registry::SessionInfo>>,
     /// Why the session closed, when the target decided it (for the log).
     close_reason: Option<&'static str>,
     /// The route `execute` decided for the command it just deferred, for the `defer` that
@@ -1722,8 +1722,8 @@ impl ScsiBackend for Backend<'_> {
                 if !t.portal_groups.contains(&tag) {
                     continue;
                 }
-                let host = host.get_or_insert_with(crate::portals::host_addresses);
-                for shown in crate::portals::advertised(addr, self.local.ip(), host) {
+                let host = host.get_or_insert_with(crate::topology::portals::host_addresses);
+                for shown in crate::topology::portals::advertised(addr, self.local.ip(), host) {
                     let entry = format!("{shown},{tag}");
                     if !addresses.contains(&entry) {
                         addresses.push(entry);
@@ -1785,7 +1785,7 @@ impl Driver {
     async fn run(
         &mut self,
         shared: &Arc<Shared>,
-        prelogin: crate::prelogin::Ticket,
+        prelogin: crate::admission::prelogin::Ticket,
         peer_only: bool,
     ) -> Result<(), String> {
         let limits = &shared.limits;
@@ -1925,7 +1925,7 @@ impl Driver {
                     .peer
                     .then_some(established.initiator_alias.as_deref())
                     .flatten()
-                    .and_then(crate::peer::parse_peer_alias)
+                    .and_then(crate::io::peer::parse_peer_alias)
                     .and_then(|(initiator, relative)| {
                         let theirs = t.ports.values().find(|p| p.relative_id == relative)?;
                         Some((initiator, theirs))
@@ -1968,7 +1968,7 @@ impl Driver {
             chap_user = established.chap_user.as_deref().unwrap_or("(none)"),
             "session established"
         );
-        let info = Arc::new(crate::registry::SessionInfo {
+        let info = Arc::new(crate::admission::registry::SessionInfo {
             initiator: established.initiator_name.to_string(),
             initiator_alias: established.initiator_alias.clone(),
             target: established.target_name.as_ref().map(|t| t.to_string()),

@@ -144,7 +144,7 @@ impl Registry {
             // Gateway peers and initiators each have their own bound (`peer::ADMITTED_MAX`).
             let peer = is_peer(&id);
             let max = if peer {
-                crate::peer::ADMITTED_MAX
+                crate::io::peer::ADMITTED_MAX
             } else {
                 self.max_sessions
             };
@@ -222,7 +222,7 @@ impl Registry {
 
 /// A gateway peer's session (`peer.rs`).
 fn is_peer(id: &SessionId) -> bool {
-    crate::peer::is_peer_name(id.initiator.as_str())
+    crate::io::peer::is_peer_name(id.initiator.as_str())
 }
 
 #[cfg(test)]
@@ -281,12 +281,12 @@ mod tests {
     fn gateway_peers_and_initiators_have_bounds_of_their_own() {
         let r = Arc::new(Registry::new(2));
         let t = name("iqn.t");
-        let peer = name(&format!("{}x", crate::peer::PEER_PREFIX));
+        let peer = name(&format!("{}x", crate::io::peer::PEER_PREFIX));
         // Initiators fill max_sessions: peers still log in, up to their own bound.
         let _a = r.open(&name("iqn.a"), [1; 6], Some(&t), 0).unwrap();
         let _b = r.open(&name("iqn.a"), [2; 6], Some(&t), 0).unwrap();
         let mut peers = Vec::new();
-        for i in 0..crate::peer::ADMITTED_MAX {
+        for i in 0..crate::io::peer::ADMITTED_MAX {
             let isid = [0, 0, 0, 0, (i >> 8) as u8, i as u8];
             peers.push(r.open(&peer, isid, Some(&t), 0).expect("a peer session"));
         }

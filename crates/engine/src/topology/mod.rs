@@ -4,6 +4,11 @@
 //! reusing every device whose config did not change, and connections pick it up at their next
 //! turn.
 
+pub mod gateway;
+pub mod left_out;
+pub mod portals;
+pub mod state;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +18,7 @@ use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, 
 use store::{BlockStore, Caching, FileStore, RamStore};
 
 use crate::config::{CacheMode, Config, DeviceConfig, IscsiName, StoreKind, TargetConfig};
-use crate::stall::WriteStalls;
+use crate::dataplane::stall::WriteStalls;
 
 /// One initiator group of a target, with its LUN map built. Who belongs to it is the config's
 /// to say (`TargetConfig::group_index`); this is what a member gets.
@@ -83,7 +88,7 @@ pub struct OpenDevice {
     /// For a store that waits for a real device (not RAM, not tmpfs).
     pub disk: Option<DiskState>,
     /// An RBD image under gateways: who owns it (`ferrosan ctl device take`).
-    pub ownership: Option<Arc<crate::gateway::ImageOwnership>>,
+    pub ownership: Option<Arc<crate::topology::gateway::ImageOwnership>>,
 }
 
 /// The device-side state of a store on a real disk.
@@ -105,14 +110,14 @@ pub struct DeviceContext {
     /// This gateway's name and every portal group's gateway, when portal groups name
     /// gateways: RBD images are then owned by one gateway at a time (explicit ALUA,
     /// `gateway.rs`).
-    gateways: Option<crate::gateway::Gateways>,
+    gateways: Option<crate::topology::gateway::Gateways>,
 }
 
 impl DeviceContext {
     /// Probes io_uring once and resolves the state directory.
     pub fn new(config: &Config, metrics: Arc<crate::metrics::Metrics>) -> DeviceContext {
         let io_uring = config.server.io_uring && {
-            match crate::ring::DeviceRing::<()>::probe() {
+            match crate::io::ring::DeviceRing::<()>::probe() {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(
@@ -127,12 +132,12 @@ impl DeviceContext {
             epoch: Instant::now(),
             stall_base: Duration::from_micros(config.limits.write_stall_us.into()),
             io_uring,
-            state_dir: crate::state::state_dir(config.server.state_dir.as_deref()),
+            state_dir: crate::topology::state::state_dir(config.server.state_dir.as_deref()),
             gateways: config
                 .server
                 .gateway
                 .as_ref()
-                .map(|me| crate::gateway::Gateways {
+                .map(|me| crate::topology::gateway::Gateways {
                     me: me.clone(),
                     groups: config
                         .portal_groups
@@ -172,8 +177,10 @@ impl DeviceContext {
                     device.located()
                 )
             })?;
-            let reservations =
-                crate::gateway::ImageReservations::new(Arc::clone(&observer), &device.name);
+            let reservations = crate::topology::gateway::ImageReservations::new(
+                Arc::clone(&observer),
+                &device.name,
+            );
             if let Some(state) = scsi::PrPersistence::load(&*reservations)
                 .map_err(|e| format!("{}: persistent reservations: {e}", device.located()))?
             {
@@ -193,7 +200,7 @@ impl DeviceContext {
                     })
                     .map(|t| t.iqn.to_string())
                     .unwrap_or_default();
-                let ownership = crate::gateway::ImageOwnership::new(
+                let ownership = crate::topology::gateway::ImageOwnership::new(
                     store,
                     observer,
                     reservations,
@@ -226,8 +233,8 @@ impl DeviceContext {
             StoreKind::Ram { .. } | StoreKind::Rbd(_) => None,
         };
         if let (Some(medium), Some(dir)) = (medium, &self.state_dir) {
-            let path = crate::state::reservation_file(dir, &device.name, medium);
-            let file = crate::state::ReservationFile::new(path, medium, &device.name);
+            let path = crate::topology::state::reservation_file(dir, &device.name, medium);
+            let file = crate::topology::state::ReservationFile::new(path, medium, &device.name);
             match file.load() {
                 Ok(saved) => {
                     if let Some(saved) = saved {
@@ -456,7 +463,7 @@ fn add_peer_groups(
         let Some(ownership) = &device.ownership else {
             continue;
         };
-        let peer = crate::peer::peer_name(device.unit.identity());
+        let peer = crate::io::peer::peer_name(device.unit.identity());
         let initiator = IscsiName::from_wire(&peer)
             .map_err(|e| format!("device {name}: peer name {peer}: {e:?}"))?;
         let luns = LunMap::new(vec![(0, Arc::clone(&device.unit), false)])

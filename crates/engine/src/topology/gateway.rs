@@ -207,7 +207,7 @@ pub struct ImageOwnership {
     metrics: Arc<crate::metrics::Metrics>,
     /// The session to the owner that commands through this gateway are shipped on while it
     /// does not own the image (None: `gateway_standby`, standby instead).
-    link: Option<crate::peer::PeerLink>,
+    link: Option<crate::io::peer::PeerLink>,
     /// The image's peer secret (the owner admits peer sessions with it).
     peer_secret: String,
     /// Nexuses numbered below this ship nothing: they existed when this gateway lost the
@@ -240,7 +240,7 @@ impl ImageOwnership {
             .filter_map(|(tag, g)| Some((*tag, index(g)?)))
             .collect();
         let me = index(me).ok_or_else(|| format!("gateway {me:?} serves no portal group"))?;
-        let peer_secret = crate::peer::secret(&observer)
+        let peer_secret = crate::io::peer::secret(&observer)
             .map_err(|e| format!("the gateway peer secret of {}: {e}", observer.name()))?;
         let link = (!settings.standby).then(|| {
             let portals = gateways
@@ -254,9 +254,9 @@ impl ImageOwnership {
                         .collect()
                 })
                 .collect();
-            crate::peer::PeerLink::new(
-                crate::peer::PeerRoute {
-                    name: crate::peer::peer_name(peer_identity),
+            crate::io::peer::PeerLink::new(
+                crate::io::peer::PeerRoute {
+                    name: crate::io::peer::peer_name(peer_identity),
                     target: peer_target.to_string(),
                     secret: peer_secret.clone(),
                     portals,
@@ -476,7 +476,7 @@ impl ImageOwnership {
     /// peer's command is never shipped on (two gateways that disagree on the owner would pass
     /// it back and forth), nor one of a nexus from before this gateway lost the image, nor one
     /// while this gateway owns it or knows no owner.
-    fn ship_route(&self, nexus: &scsi::Nexus) -> Option<(&crate::peer::PeerLink, usize)> {
+    fn ship_route(&self, nexus: &scsi::Nexus) -> Option<(&crate::io::peer::PeerLink, usize)> {
         if nexus.target_port.shipped || nexus.id < self.ship_floor.load(Ordering::Acquire) {
             return None;
         }
@@ -741,7 +741,7 @@ impl ImageReservations {
     }
 
     fn parse(&self, text: &str) -> io::Result<scsi::PersistentReservations> {
-        crate::state::reservations_from_text(text, &self.medium).map_err(|e| {
+        crate::topology::state::reservations_from_text(text, &self.medium).map_err(|e| {
             tracing::error!(device = %self.device, "persistent reservations in the image: {e}");
             io::Error::new(io::ErrorKind::InvalidData, e)
         })
@@ -762,7 +762,7 @@ impl PrPersistence for ImageReservations {
     /// (two PERSISTENT RESERVE OUTs through two gateways at once) makes this one
     /// [`scsi::SaveRefused::Conflict`], and the core runs the command again on the new state.
     fn save(&self, state: &scsi::PersistentReservations) -> io::Result<()> {
-        let text = crate::state::reservations_to_text(state, &self.medium)?;
+        let text = crate::topology::state::reservations_to_text(state, &self.medium)?;
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         let Some(expected) = loaded.take() else {
             // Nothing loaded first (the core always loads a shared state): load, run again.

@@ -15,6 +15,7 @@ pub mod dataplane;
 pub mod io;
 pub mod metrics;
 pub mod server;
+pub mod shared;
 pub mod topology;
 
 pub use server::Server;

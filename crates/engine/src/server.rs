@@ -1,381 +1,22 @@
 //! The running target: logical units built from the config, listeners, the acceptor and the
 //! worker threads that own connections from accept to close.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
-use crate::admission::registry::Registry;
-pub use crate::admission::Refusal;
-use crate::config::ConfigSource;
-use crate::config::{ChapAlgorithm, Config, Limits};
+use crate::admission::doors::Doors;
+use crate::config::{Config, ConfigSource};
 use crate::dataplane::alarm::Alarm;
 use crate::dataplane::busy_poll;
-use crate::dataplane::connection;
-pub use crate::topology::{
-    DeviceContext, DiskLun, GroupRuntime, Membership, TargetRuntime, Topology,
-};
-
-/// State shared by all workers. Read-mostly; the registry and connection counters are the only
-/// locked parts and are touched at accept, login and close only.
-/// Numbers I_T nexuses, in the order they are made (unique in the process): a gateway that
-/// lost an image's ownership ships nothing for nexuses numbered before that (`gateway.rs`).
-static NEXUS_IDS: AtomicU64 = AtomicU64::new(1);
-
-/// A new I_T nexus's number.
-pub fn new_nexus_id() -> u64 {
-    NEXUS_IDS.fetch_add(1, std::sync::atomic::Ordering::AcqRel)
-}
-
-/// The number the next nexus will get: every nexus made so far is below it.
-pub fn next_nexus_id() -> u64 {
-    NEXUS_IDS.load(std::sync::atomic::Ordering::Acquire)
-}
-
-pub struct Shared {
-    /// The running targets and devices; replaced whole by a reload (see [`Shared::topology`]).
-    topology: RwLock<Arc<Topology>>,
-    /// The generation of `topology`, readable without its lock: connections compare it with
-    /// their own at every turn.
-    generation: AtomicU64,
-    /// Opens the devices a reload adds.
-    pub device_context: DeviceContext,
-    /// Held while a reload computes and applies its difference: one at a time.
-    pub reloading: Mutex<()>,
-    pub portals: Vec<(SocketAddr, u16)>,
-    pub limits: Limits,
-    pub registry: Arc<Registry>,
-    connections: AtomicUsize,
-    per_source: Mutex<HashMap<IpAddr, u32>>,
-    /// Connections admitted past their source's limit, for gateway peers only.
-    peer_only_connections: AtomicUsize,
-    /// The other gateways' addresses ([`gateway_sources`]).
-    gateway_sources: std::collections::HashSet<IpAddr>,
-    /// Connections still logging in, under their own budget.
-    prelogin: Arc<crate::admission::prelogin::PreLogin>,
-    /// CHAP algorithms accepted, in order of preference.
-    pub chap_algorithms: Vec<ChapAlgorithm>,
-    login_failures: Mutex<LoginFailures>,
-    pub metrics: Arc<crate::metrics::Metrics>,
-    /// Set when the daemon shuts down: listeners close, logins in progress end, and every
-    /// session is asked to log out within `limits.shutdown_grace_s`.
-    shutdown: watch::Sender<bool>,
-    /// When the daemon started (for `ctl status`).
-    pub started: std::time::SystemTime,
-    /// Where the config came from (what a reload re-reads).
-    pub source: ConfigSource,
-    /// The config as its file last held it (loaded or saved by this daemon): the base of the
-    /// merge that saves the running config into the file (`config::edit`).
-    pub file_base: Mutex<Option<Config>>,
-    /// RBD devices started without (their cluster unreachable): retried until they open,
-    /// kept in a saved config meanwhile (`crate::topology::left_out`).
-    left_out: Mutex<Vec<crate::topology::left_out::LeftOut>>,
-    /// Changes made with `ctl` and not saved to the config file.
-    pub unsaved: crate::config::Unsaved,
-    /// Per network worker: milliseconds since `started_at` when its runtime last ran its
-    /// once-a-second task (`u64::MAX`: not watched, its timer could not be had).
-    worker_heartbeats: Vec<AtomicU64>,
-    started_at: std::time::Instant,
-}
-
-/// Sources whose failures are remembered at most; past it, sources whose failures all expired
-/// are forgotten first, and a new source is not tracked while none has expired (logged).
-const FAILURE_SOURCES_MAX: usize = 4096;
-
-/// Recent failed logins per source address (the rate limiter of docs/CONFIG.md,
-/// `login_failures_max` per `login_failure_window_s`).
-#[derive(Default)]
-struct LoginFailures {
-    by_source: HashMap<IpAddr, VecDeque<Instant>>,
-}
-
-impl Shared {
-    /// The running topology (a snapshot: a reload publishes a new one, this one stays valid).
-    pub fn topology(&self) -> Arc<Topology> {
-        Arc::clone(&self.topology.read().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// The generation of the running topology (one atomic load).
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    /// Publishes the next topology; its generation must be the current one plus one. Only
-    /// the reload, holding `reloading`, calls this.
-    pub(crate) fn publish(&self, topology: Topology) {
-        let generation = topology.generation;
-        *self.topology.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(topology);
-        self.generation.store(generation, Ordering::Release);
-    }
-
-    /// Resolves once the daemon is shutting down.
-    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.shutdown.subscribe()
-    }
-
-    /// Resolves once the daemon is shutting down; the receiver comes from `shutdown_signal`.
-    /// Holds no borrow of the watched value, so it can sit in a `select!` across awaits.
-    pub async fn wait_for_shutdown(rx: &mut watch::Receiver<bool>) {
-        if rx.wait_for(|down| *down).await.is_err() {
-            // The sender lives as long as `Shared`: without it nobody can shut us down.
-            std::future::pending::<()>().await;
-        }
-    }
-
-    /// Whether the daemon is shutting down. Takes the watch's read lock: for checks once a
-    /// second, not per command (connections read it on their tick).
-    pub fn is_shutting_down(&self) -> bool {
-        *self.shutdown.borrow()
-    }
-
-    /// The RBD devices started without and not back yet (see [`crate::topology::left_out`]).
-    pub fn left_out(&self) -> Vec<crate::topology::left_out::LeftOut> {
-        self.left_out
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Devices `names` run now (or the config no longer has them): no longer left out.
-    pub fn forget_left_out(&self, names: &[String]) {
-        self.left_out
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|out| !names.contains(&out.device.name));
-    }
-
-    /// The running config with the devices left out at start added back: what the config
-    /// file should keep (`ctl save`).
-    pub fn config_to_keep(&self) -> Config {
-        crate::topology::left_out::merged(&self.topology().config, &self.left_out())
-    }
-
-    /// Whether every network worker's runtime ran within `within` (the systemd watchdog's
-    /// question: a worker stuck in a system call or a loop stops answering its connections).
-    pub fn workers_alive(&self, within: Duration) -> bool {
-        let now = self.started_at.elapsed().as_millis() as u64;
-        let within = within.as_millis() as u64;
-        self.worker_heartbeats.iter().all(|beat| {
-            let last = beat.load(Ordering::Relaxed);
-            last == u64::MAX || now.saturating_sub(last) <= within
-        })
-    }
-
-    fn worker_heartbeat(&self, index: usize) {
-        if let Some(beat) = self.worker_heartbeats.get(index) {
-            beat.store(
-                self.started_at.elapsed().as_millis() as u64,
-                Ordering::Relaxed,
-            );
-        }
-    }
-
-    fn worker_unwatched(&self, index: usize) {
-        if let Some(beat) = self.worker_heartbeats.get(index) {
-            beat.store(u64::MAX, Ordering::Relaxed);
-        }
-    }
-
-    /// Open TCP connections (admitted ones, in login or full feature phase).
-    pub fn open_connections(&self) -> usize {
-        self.connections.load(Ordering::Acquire)
-    }
-
-    /// Admits a new TCP connection under the connection limits; the guard releases it, the
-    /// ticket its place among the connections still logging in. At `max_connections` a
-    /// connection still logging in is evicted to make room (sessions are never refused because
-    /// of clients that do not log in); the evicted ones close within a turn, so the count may
-    /// pass `max_connections` by at most the pre-login budget meanwhile.
-    fn admit_connection(
-        self: &Arc<Self>,
-        source: IpAddr,
-    ) -> Result<(ConnectionGuard, crate::admission::prelogin::Ticket), &'static str> {
-        let max = self.limits.max_connections as usize;
-        let total = self.connections.fetch_add(1, Ordering::AcqRel);
-        let refuse = |limit| {
-            self.connections.fetch_sub(1, Ordering::AcqRel);
-            Err(limit)
-        };
-        if total >= max {
-            if total >= max + self.limits.max_prelogin_connections as usize {
-                return refuse("max_connections");
-            }
-            match self.prelogin.evict_one() {
-                Some(_) => self.metrics.limit("max_prelogin_connections"),
-                None => return refuse("max_connections"),
-            }
-        }
-        // Past its source's limit a connection from another gateway's address may still be
-        // a gateway peer's (peer.rs): it is admitted within the peers' own bound, and must
-        // log in as a peer.
-        let mut peer_only = false;
-        {
-            let mut per = self.per_source.lock().unwrap_or_else(|e| e.into_inner());
-            let n = per.entry(source).or_insert(0);
-            if *n >= self.limits.max_connections_per_source {
-                drop(per);
-                if !self.gateway_sources.contains(&source) {
-                    return refuse("max_connections_per_source");
-                }
-                let peers = self.peer_only_connections.fetch_add(1, Ordering::AcqRel);
-                if peers >= crate::io::peer::ADMITTED_MAX {
-                    self.peer_only_connections.fetch_sub(1, Ordering::AcqRel);
-                    return refuse("max_connections_per_source");
-                }
-                peer_only = true;
-            } else {
-                *n += 1;
-            }
-        }
-        let login_timeout = Duration::from_secs(self.limits.login_timeout_s.into());
-        let (ticket, evicted) = self.prelogin.enter(source, login_timeout);
-        if evicted.is_some() {
-            self.metrics.limit("max_prelogin_connections");
-        }
-        self.metrics.connections.inc();
-        Ok((
-            ConnectionGuard {
-                shared: Arc::clone(self),
-                source,
-                worker_load: None,
-                peer_only,
-            },
-            ticket,
-        ))
-    }
-
-    /// Connections that have not completed their login.
-    pub fn prelogin_connections(&self) -> usize {
-        self.prelogin.count()
-    }
-
-    pub fn connection_count(&self) -> usize {
-        self.connections.load(Ordering::Acquire)
-    }
-
-    fn failure_window(&self) -> Duration {
-        Duration::from_secs(self.limits.login_failure_window_s.into())
-    }
-
-    /// Whether logins from `source` are refused for now: `login_failures_max` failures within
-    /// the window. The refusal lifts when the oldest of them leaves the window.
-    pub fn login_blocked(&self, source: IpAddr, now: Instant) -> bool {
-        let max = self.limits.login_failures_max as usize;
-        if max == 0 {
-            return false;
-        }
-        let window = self.failure_window();
-        let mut log = self
-            .login_failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let Some(times) = log.by_source.get_mut(&source) else {
-            return false;
-        };
-        while times
-            .front()
-            .is_some_and(|t| now.duration_since(*t) >= window)
-        {
-            times.pop_front();
-        }
-        if times.is_empty() {
-            log.by_source.remove(&source);
-            return false;
-        }
-        times.len() >= max
-    }
-
-    /// Counts a failed login (authentication or authorization) from `source`.
-    pub fn record_login_failure(&self, source: IpAddr, now: Instant) {
-        let max = self.limits.login_failures_max as usize;
-        if max == 0 {
-            return;
-        }
-        let window = self.failure_window();
-        let mut log = self
-            .login_failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if !log.by_source.contains_key(&source) && log.by_source.len() >= FAILURE_SOURCES_MAX {
-            log.by_source.retain(|_, times| {
-                times
-                    .back()
-                    .is_some_and(|t| now.duration_since(*t) < window)
-            });
-            if log.by_source.len() >= FAILURE_SOURCES_MAX {
-                tracing::warn!(%source, "login failure not tracked: {FAILURE_SOURCES_MAX} sources already are");
-                return;
-            }
-        }
-        let times = log.by_source.entry(source).or_default();
-        times.push_back(now);
-        // Only the newest `max` matter.
-        while times.len() > max {
-            times.pop_front();
-        }
-    }
-}
-
-pub struct ConnectionGuard {
-    shared: Arc<Shared>,
-    source: IpAddr,
-    /// The open-connection gauge of the worker the connection was given to.
-    worker_load: Option<Gauge>,
-    /// Admitted past its source's `max_connections_per_source`: only a gateway peer may log
-    /// in on it (counted in `peer_only_connections`, not in `per_source`).
-    pub peer_only: bool,
-}
-
-impl ConnectionGuard {
-    /// Counts the connection on its worker until the guard drops.
-    fn place_on(&mut self, worker_load: &Gauge) {
-        worker_load.inc();
-        self.worker_load = Some(worker_load.clone());
-    }
-}
-
-impl Drop for ConnectionGuard {
-    fn drop(&mut self) {
-        if let Some(load) = &self.worker_load {
-            load.dec();
-        }
-        if self.peer_only {
-            self.shared
-                .peer_only_connections
-                .fetch_sub(1, Ordering::AcqRel);
-        } else {
-            let mut per = self
-                .shared
-                .per_source
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = per.get_mut(&self.source) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    per.remove(&self.source);
-                }
-            }
-        }
-        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
-        // Last, so that a scraper seeing the gauge fall may rely on every limit being released.
-        self.shared.metrics.connections.dec();
-    }
-}
-
-pub struct NewConnection {
-    pub stream: std::net::TcpStream,
-    pub peer: SocketAddr,
-    pub local: SocketAddr,
-    pub portal_group_tag: u16,
-    pub guard: ConnectionGuard,
-    /// Its place among the connections still logging in, given up once it logged in.
-    pub prelogin: crate::admission::prelogin::Ticket,
-}
+use crate::dataplane::connection::{self, NewConnection};
+use crate::shared::Shared;
+use crate::topology::{DeviceContext, Topology};
 
 /// A started server: listeners bound, workers running.
 pub struct Server {
@@ -395,7 +36,7 @@ impl Server {
         // device file.
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
-        for (addr, tag) in portals(config) {
+        for (addr, tag) in crate::topology::portals::served(config) {
             let socket = bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
             let local = socket.local_addr().map_err(|e| e.to_string())?;
             bound.push(local);
@@ -483,13 +124,13 @@ impl Server {
     /// open, which end with the process.
     pub async fn drain(&self) -> usize {
         let grace = Duration::from_secs(self.shared.limits.shutdown_grace_s.into());
-        self.shared.shutdown.send_replace(true);
+        self.shared.shut_down();
         // Connections notice within a second and close within a second of their grace's end.
         let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(3);
-        while self.shared.open_connections() > 0 && tokio::time::Instant::now() < deadline {
+        while self.shared.doors.open_connections() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let left = self.shared.open_connections();
+        let left = self.shared.doors.open_connections();
         if let Some(path) = &self.control_socket {
             crate::control::remove_if_ours(path, self.control_inode);
         }
@@ -775,7 +416,7 @@ fn acceptor(
                             continue;
                         }
                     };
-                    let (mut guard, prelogin) = match shared.admit_connection(peer.ip()) {
+                    let (mut guard, prelogin) = match shared.doors.admit(peer.ip()) {
                         Ok(admitted) => admitted,
                         Err(limit) => {
                             shared.metrics.limit(limit);
@@ -830,8 +471,6 @@ fn worker_count(config: &Config) -> usize {
     }
 }
 
-/// Every listen address of this daemon's portal groups with its tag (a portal group another
-/// gateway serves is only reported, in REPORT TARGET PORT GROUPS and discovery).
 /// The addresses the other RBD gateways of the config are known by (their portal groups'
 /// specific `listen` and `peer_address` addresses): only from these may a gateway peer's
 /// connection pass its source's `max_connections_per_source`.
@@ -844,16 +483,6 @@ fn gateway_sources(config: &Config) -> std::collections::HashSet<IpAddr> {
         .flat_map(|p| p.listen.iter().chain(&p.peer_address))
         .map(SocketAddr::ip)
         .filter(|ip| !ip.is_unspecified())
-        .collect()
-}
-
-fn portals(config: &Config) -> Vec<(SocketAddr, u16)> {
-    let me = config.server.gateway.as_deref();
-    config
-        .portal_groups
-        .iter()
-        .filter(|p| p.served_by(me))
-        .flat_map(|p| p.listen.iter().map(move |a| (*a, p.tag)))
         .collect()
 }
 
@@ -992,43 +621,24 @@ fn build(config: &Config) -> Result<Shared, String> {
         }
     }
     let topology = Topology::assemble(running, devices, 1)?;
-    let portals = portals(config);
     let left_out = unavailable
         .iter()
         .filter_map(|name| crate::topology::left_out::LeftOut::of(config, name))
         .collect();
-    Ok(Shared {
-        left_out: Mutex::new(left_out),
-        topology: RwLock::new(Arc::new(topology)),
-        generation: AtomicU64::new(1),
+    let doors = Doors::new(
+        &config.limits,
+        gateway_sources(config),
+        Arc::clone(&metrics),
+    );
+    Ok(Shared::new(
+        config,
+        topology,
         device_context,
-        reloading: Mutex::new(()),
-        portals,
-        limits: config.limits.clone(),
-        registry: Arc::new(Registry::new(config.limits.max_sessions as usize)),
-        connections: AtomicUsize::new(0),
-        per_source: Mutex::new(HashMap::new()),
-        peer_only_connections: AtomicUsize::new(0),
-        gateway_sources: gateway_sources(config),
-        prelogin: crate::admission::prelogin::PreLogin::new(
-            config
-                .limits
-                .max_prelogin_connections
-                .min(config.limits.max_connections) as usize,
-        ),
-        chap_algorithms: config.server.chap_algorithms.clone(),
-        login_failures: Mutex::new(LoginFailures::default()),
         metrics,
-        shutdown: watch::Sender::new(false),
-        started: std::time::SystemTime::now(),
-        source: ConfigSource::default(),
-        file_base: Mutex::new(None),
-        unsaved: crate::config::Unsaved::default(),
-        worker_heartbeats: (0..worker_count(config))
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-        started_at: std::time::Instant::now(),
-    })
+        left_out,
+        Arc::new(doors),
+        worker_count(config),
+    ))
 }
 
 #[cfg(test)]
@@ -1264,45 +874,5 @@ iqn = "iqn.2026-11.test:target"
         let (_, group) = topology.group_of(membership).unwrap();
         let lu = &group.luns.get(0).unwrap().lu;
         assert_eq!(lu.capacity_bytes(), 16 << 20);
-    }
-
-    fn shared(max: u32, window_s: u32) -> Shared {
-        let mut config = Config::demo();
-        config.devices.clear();
-        config.targets.clear();
-        config.limits.login_failures_max = max;
-        config.limits.login_failure_window_s = window_s;
-        build(&config).unwrap()
-    }
-
-    #[test]
-    fn failed_logins_are_rate_limited_per_source() {
-        let s = shared(3, 60);
-        let a: IpAddr = "192.0.2.1".parse().unwrap();
-        let b: IpAddr = "192.0.2.2".parse().unwrap();
-        let t0 = Instant::now();
-        for i in 0..3 {
-            assert!(!s.login_blocked(a, t0), "blocked after {i} failures");
-            s.record_login_failure(a, t0 + Duration::from_secs(i));
-        }
-        assert!(s.login_blocked(a, t0 + Duration::from_secs(10)));
-        assert!(
-            !s.login_blocked(b, t0 + Duration::from_secs(10)),
-            "per source"
-        );
-        // The oldest failure leaves the window: one more attempt is allowed.
-        assert!(!s.login_blocked(a, t0 + Duration::from_secs(60)));
-        assert!(!s.login_blocked(a, t0 + Duration::from_secs(200)));
-    }
-
-    #[test]
-    fn zero_disables_the_rate_limit() {
-        let s = shared(0, 60);
-        let a: IpAddr = "192.0.2.1".parse().unwrap();
-        let t0 = Instant::now();
-        for _ in 0..100 {
-            s.record_login_failure(a, t0);
-        }
-        assert!(!s.login_blocked(a, t0));
     }
 }

@@ -292,7 +292,7 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
     notify_systemd(&[sd_notify::NotifyState::Stopping]);
     let grace = server.shared.limits.shutdown_grace_s;
     tracing::info!(
-        connections = server.shared.open_connections(),
+        connections = server.shared.doors.open_connections(),
         "{name}: shutting down; sessions have {grace} s to log out (a second signal exits at once)"
     );
     tokio::select! {

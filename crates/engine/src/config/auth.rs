@@ -9,7 +9,7 @@ use iscsi::chap::{Secret, SECRET_BYTES_MAX, SECRET_BYTES_MIN, USER_BYTES_MAX};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::file::Cx;
+use super::cx::Cx;
 use super::{AuthConfig, AuthMode, ChapUser};
 
 type S<T> = Spanned<T>;

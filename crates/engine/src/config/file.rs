@@ -19,7 +19,7 @@ use super::names::{
     parse_size, portals_overlap,
 };
 use super::{
-    CacheMode, ChapAlgorithm, Config, ConfigError, ConfigErrors, DeviceConfig, DiscoveryConfig,
+    CacheMode, ChapAlgorithm, Config, ConfigErrors, DeviceConfig, DiscoveryConfig,
     InitiatorCredentials, InitiatorGroup, IscsiName, LunMapping, Origin, PortalGroup, RawLimits,
     ServerConfig, StoreKind, TargetConfig, LIMIT_TABLE,
 };
@@ -29,6 +29,8 @@ pub(crate) const LUN_MAX: u64 = 16_383;
 /// The longest TargetAlias, in bytes (RFC 7143 text value limit).
 const ALIAS_BYTES_MAX: usize = 255;
 const WORKERS_MAX: i64 = 1024;
+
+use super::cx::Cx;
 
 type S<T> = Spanned<T>;
 
@@ -128,66 +130,6 @@ struct RawLun {
     lun: Option<S<i64>>,
     device: Option<S<String>>,
     read_only: Option<S<bool>>,
-}
-
-/// Validation context: the source (to turn byte offsets into lines) and the errors so far.
-pub(crate) struct Cx<'a> {
-    src: &'a str,
-    file: &'a str,
-    errors: Vec<ConfigError>,
-}
-
-impl<'a> Cx<'a> {
-    fn new(src: &'a str, file: &'a str) -> Self {
-        Cx {
-            src,
-            file,
-            errors: Vec::new(),
-        }
-    }
-
-    /// 1-based (line, column in characters) of a byte offset.
-    fn line_col(&self, offset: usize) -> (usize, usize) {
-        let mut offset = offset.min(self.src.len());
-        while !self.src.is_char_boundary(offset) {
-            offset -= 1;
-        }
-        let before = &self.src[..offset];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        (line, before[line_start..].chars().count() + 1)
-    }
-
-    pub(crate) fn err(
-        &mut self,
-        span: Range<usize>,
-        field: impl Into<String>,
-        message: impl Into<String>,
-    ) {
-        let (line, column) = self.line_col(span.start);
-        self.errors.push(ConfigError {
-            file: self.file.to_string(),
-            line,
-            column,
-            field: field.into(),
-            message: message.into(),
-        });
-    }
-
-    /// The value if it lies in `min..=max`, else an error naming the range.
-    pub(crate) fn int_in(&mut self, v: &S<i64>, min: i64, max: i64, field: &str) -> Option<i64> {
-        let x = *v.get_ref();
-        if (min..=max).contains(&x) {
-            Some(x)
-        } else {
-            self.err(
-                v.span(),
-                field,
-                format!("must be in {min}..={max}, got {x}"),
-            );
-            None
-        }
-    }
 }
 
 /// `Some(&value)` of a required field, or an error at the enclosing table.

@@ -7,6 +7,7 @@
 
 mod auth;
 mod cli;
+mod cx;
 pub mod edit;
 mod file;
 mod names;
@@ -207,7 +208,7 @@ macro_rules! limits {
         }
 
         impl RawLimits {
-            pub(crate) fn resolve(&self, cx: &mut file::Cx<'_>) -> Limits {
+            pub(crate) fn resolve(&self, cx: &mut cx::Cx<'_>) -> Limits {
                 let mut limits = Limits::default();
                 $(
                     if let Some(v) = &self.$name {

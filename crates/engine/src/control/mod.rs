@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::config::{Config, IscsiName, LunMapping, StoreKind};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Largest request line, in bytes.
 pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
@@ -417,8 +417,8 @@ fn status(shared: &Shared) -> Value {
         "unsaved_changes": unsaved,
         "left_out_devices": shared.left_out().iter().map(|o| o.device.name.clone()).collect::<Vec<_>>(),
         "sessions": shared.registry.session_count(),
-        "connections": shared.open_connections(),
-        "prelogin_connections": shared.prelogin_connections(),
+        "connections": shared.doors.open_connections(),
+        "prelogin_connections": shared.doors.prelogin_connections(),
         "targets": topology.targets.len(),
         "devices": topology.devices.len(),
         "portals": shared.portals.iter().map(|(a, tag)| json!({"address": a.to_string(), "tag": tag})).collect::<Vec<_>>(),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigSource, DeviceConfig, IscsiName, StoreKind};
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::topology::{OpenDevice, Topology};
 
 /// What a reload changes, by kind. Empty: the new config is the running one.

@@ -29,16 +29,30 @@ use crate::dataplane::coalesce::{Coalescer, Lockstep, Outcome, Plan};
 use crate::dataplane::sys;
 use crate::metrics::Metrics;
 
+use crate::admission::doors::ConnectionGuard;
 use crate::admission::registry::SessionTicket;
+use crate::admission::Refusal;
 use crate::admission::{Admitted, Standing};
 use crate::config::IscsiName;
 use crate::config::ResolvedAuth;
 use crate::dataplane::route;
-use crate::dataplane::stall::WriteStalls;
 use crate::io::group_commit::{Durability, GroupCommit};
 use crate::io::ring::{self, DeviceRing, RingOp};
+use crate::io::stall::WriteStalls;
 use crate::metrics::{IoCounts, LatencyCounts};
-use crate::server::{DiskLun, GroupRuntime, Membership, NewConnection, Refusal, Shared, Topology};
+use crate::shared::Shared;
+use crate::topology::{DiskLun, GroupRuntime, Membership, Topology};
+
+/// A connection the acceptor admitted and gave to this worker.
+pub struct NewConnection {
+    pub stream: std::net::TcpStream,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub portal_group_tag: u16,
+    pub guard: ConnectionGuard,
+    /// Its place among the connections still logging in, given up once it logged in.
+    pub prelogin: crate::admission::prelogin::Ticket,
+}
 
 /// What a command of unbounded cost (`scsi::runs_long`: EXTENDED COPY, WRITE SAME, UNMAP)
 /// counts against its connection's `memory_per_connection_bytes` while it runs on the I/O
@@ -158,7 +172,11 @@ impl Policy<'_> {
             self.shared.metrics.limit("max_connections_per_source");
             return Err(LoginStatus::OUT_OF_RESOURCES);
         }
-        if self.shared.login_blocked(self.peer.ip(), Instant::now()) {
+        if self
+            .shared
+            .doors
+            .login_blocked(self.peer.ip(), Instant::now())
+        {
             tracing::warn!(
                 peer = %self.peer,
                 initiator = %initiator_name,
@@ -1913,7 +1931,7 @@ impl Driver {
         if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
             let port = t.ports.get(&self.portal_group_tag).cloned();
             if let Some(port) = port {
-                let id = crate::server::new_nexus_id();
+                let id = crate::topology::nexus::new_id();
                 let isid: String = established
                     .isid
                     .iter()
@@ -2074,7 +2092,9 @@ impl Driver {
             }
         }
         if counted {
-            shared.record_login_failure(self.peer.ip(), Instant::now());
+            shared
+                .doors
+                .record_login_failure(self.peer.ip(), Instant::now());
         }
     }
 

@@ -1,11 +1,9 @@
 //! The data plane: the connection drivers that carry commands from socket bytes to the
-//! devices and back, the per-command route, receive coalescing, busy polling and the write
-//! stall watch.
+//! devices and back, the per-command route, receive coalescing, and busy polling.
 
 pub(crate) mod alarm;
 pub(crate) mod busy_poll;
 pub mod coalesce;
 pub mod connection;
 pub mod route;
-pub mod stall;
 pub(crate) mod sys;

@@ -1,7 +1,7 @@
 //! The system calls the engine needs that no maintained crate offers safely: for
 //! [`crate::dataplane::coalesce`], the receive low-water mark (`rustix`, `socket2` and `nix` all lack
 //! `SO_RCVLOWAT`); for [`crate::dataplane::alarm`], a timerfd registered with tokio's reactor
-//! (`AsyncFd::register` is `unsafe` since tokio 1.5x); for [`crate::dataplane::stall`], the thread's voluntary context switches
+//! (`AsyncFd::register` is `unsafe` since tokio 1.5x); for [`crate::io::stall`], the thread's voluntary context switches
 //! (`getrusage(RUSAGE_THREAD)`, not in `rustix` 1.x). The only `unsafe` of the crate.
 #![allow(unsafe_code)]
 

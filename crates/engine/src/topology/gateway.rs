@@ -298,7 +298,7 @@ impl ImageOwnership {
         if owner != Some(self.me) && self.owner_index() == Some(self.me) {
             // Raised before the new owner is visible: no command can ship in between.
             self.ship_floor
-                .store(crate::server::next_nexus_id(), Ordering::Release);
+                .store(crate::topology::nexus::next_id(), Ordering::Release);
         }
         self.owner.swap(new, Ordering::AcqRel) != new
     }

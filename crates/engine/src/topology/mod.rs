@@ -6,6 +6,7 @@
 
 pub mod gateway;
 pub mod left_out;
+pub mod nexus;
 pub mod portals;
 pub mod state;
 
@@ -18,7 +19,7 @@ use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, 
 use store::{BlockStore, Caching, FileStore, RamStore};
 
 use crate::config::{CacheMode, Config, DeviceConfig, IscsiName, StoreKind, TargetConfig};
-use crate::dataplane::stall::WriteStalls;
+use crate::io::stall::WriteStalls;
 
 /// One initiator group of a target, with its LUN map built. Who belongs to it is the config's
 /// to say (`TargetConfig::group_index`); this is what a member gets.

@@ -5,6 +5,20 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use crate::config::Config;
+
+/// Every listen address of this daemon's portal groups with its tag (a portal group another
+/// gateway serves is only reported, in REPORT TARGET PORT GROUPS and discovery).
+pub fn served(config: &Config) -> Vec<(SocketAddr, u16)> {
+    let me = config.server.gateway.as_deref();
+    config
+        .portal_groups
+        .iter()
+        .filter(|p| p.served_by(me))
+        .flat_map(|p| p.listen.iter().map(move |a| (*a, p.tag)))
+        .collect()
+}
+
 /// The host's addresses an initiator may reach: interfaces that are up, neither loopback nor
 /// link-local (those need a scope an initiator elsewhere does not have). Empty if the host
 /// cannot say (then only the address the initiator came in on is reported).

@@ -1071,19 +1071,32 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
     }
 }
 
-async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> Result<(), String> {
+/// Why a scrape was cut off.
+#[derive(Debug, thiserror::Error)]
+enum ScrapeError {
+    #[error("no request head within 2 s")]
+    SlowHead,
+    #[error("request head too long")]
+    HeadTooLong,
+    #[error("answer not taken within 10 s")]
+    SlowReader,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> Result<(), ScrapeError> {
     let mut request = vec![0u8; REQUEST_BYTES_MAX];
     let head = tokio::time::timeout(REQUEST_HEAD_TIMEOUT, read_head(stream, &mut request));
     let len = match head.await {
-        Err(_) => return Err("no request head within 2 s".into()),
-        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(ScrapeError::SlowHead),
+        Ok(Err(e)) => return Err(e.into()),
         Ok(Ok(None)) => return Ok(()),
         Ok(Ok(Some(len))) => len,
     };
     if len == 0 {
         let refusal = b"HTTP/1.0 431 Request Header Fields Too Large\r\n\r\n";
         let _ = tokio::time::timeout(ANSWER_TIMEOUT, stream.write_all(refusal)).await;
-        return Err("request head too long".into());
+        return Err(ScrapeError::HeadTooLong);
     }
     let line = request[..len]
         .split(|&b| b == b'\r')
@@ -1116,8 +1129,8 @@ async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> Resul
         stream.write_all(body.as_bytes()).await
     };
     match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err("answer not taken within 10 s".into()),
+        Ok(result) => result.map_err(ScrapeError::Io),
+        Err(_) => Err(ScrapeError::SlowReader),
     }
 }
 

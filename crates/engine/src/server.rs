@@ -16,7 +16,43 @@ use crate::dataplane::alarm::Alarm;
 use crate::dataplane::busy_poll;
 use crate::dataplane::connection::{self, NewConnection};
 use crate::shared::Shared;
-use crate::topology::{DeviceContext, Topology};
+use crate::topology::{DeviceContext, OpenError, Topology};
+
+/// Why the daemon did not start. Nothing was left behind: no device file was created or grown
+/// before every port was bound.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Portal groups name gateways, and this daemon is none of them (or names none).
+    #[error("{0}")]
+    Gateway(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(transparent)]
+    ControlSocket(#[from] crate::control::SocketError),
+    #[error("cannot start the {0} thread: {1}")]
+    Thread(&'static str, std::io::Error),
+}
+
+impl StartError {
+    /// The process's exit status: 2 for what the config says (fix the config), 1 for what
+    /// the host refused (a port taken, a device missing, a cluster down).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Gateway(_) | StartError::Open(OpenError::Config(_)) => 2,
+            _ => 1,
+        }
+    }
+}
 
 /// A started server: listeners bound, workers running.
 pub struct Server {
@@ -29,7 +65,7 @@ pub struct Server {
 
 impl Server {
     /// Opens every store, binds every portal and starts the threads. Errors name what failed.
-    pub fn start(config: &Config, source: ConfigSource) -> Result<Server, String> {
+    pub fn start(config: &Config, source: ConfigSource) -> Result<Server, StartError> {
         raise_descriptor_limit(config.limits.max_connections);
         check_gateway(config)?;
         // Every port first: a start that cannot listen must not have created or grown any
@@ -37,15 +73,16 @@ impl Server {
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
         for (addr, tag) in crate::topology::portals::served(config) {
-            let socket = bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            let local = socket.local_addr().map_err(|e| e.to_string())?;
+            let listen = |source| StartError::Listen { addr, source };
+            let socket = bind(addr).map_err(listen)?;
+            let local = socket.local_addr().map_err(listen)?;
             bound.push(local);
             listeners.push((socket, tag));
         }
         let metrics_listener = match config.server.metrics_listen {
             Some(addr) => Some(
                 crate::metrics::bind(addr)
-                    .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
+                    .map_err(|source| StartError::Metrics { addr, source })?,
             ),
             None => None,
         };
@@ -87,14 +124,14 @@ impl Server {
             std::thread::Builder::new()
                 .name(format!("ferrosan-worker-{index}"))
                 .spawn(move || worker(shared, index, rx, io_threads))
-                .map_err(|e| format!("cannot start worker thread: {e}"))?;
+                .map_err(|e| StartError::Thread("worker", e))?;
         }
         if !shared.left_out().is_empty() {
             let retrying = Arc::downgrade(&shared);
             std::thread::Builder::new()
                 .name("ferrosan-retry".into())
                 .spawn(move || retry_left_out(&retrying))
-                .map_err(|e| format!("cannot start the device retry thread: {e}"))?;
+                .map_err(|e| StartError::Thread("device retry", e))?;
         }
         let acceptor_shared = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -108,7 +145,7 @@ impl Server {
                     senders,
                 )
             })
-            .map_err(|e| format!("cannot start acceptor thread: {e}"))?;
+            .map_err(|e| StartError::Thread("acceptor", e))?;
         Ok(Server {
             shared,
             bound,
@@ -487,26 +524,26 @@ fn gateway_sources(config: &Config) -> std::collections::HashSet<IpAddr> {
 }
 
 /// Where portal groups name gateways, this daemon must be one of them.
-fn check_gateway(config: &Config) -> Result<(), String> {
+fn check_gateway(config: &Config) -> Result<(), StartError> {
     let named: Vec<&str> = config
         .portal_groups
         .iter()
         .filter_map(|p| p.gateway.as_deref())
         .collect();
     match config.server.gateway.as_deref() {
-        None if !named.is_empty() => Err(format!(
+        None if !named.is_empty() => Err(StartError::Gateway(format!(
             "portal groups name gateways ({}): say which one this daemon is with [server] \
              gateway or serve --gateway",
             named.join(", ")
-        )),
-        Some(me) if !named.contains(&me) => Err(format!(
+        ))),
+        Some(me) if !named.contains(&me) => Err(StartError::Gateway(format!(
             "gateway {me:?} serves no portal group (portal groups name {})",
             if named.is_empty() {
                 "no gateway".to_string()
             } else {
                 named.join(", ")
             }
-        )),
+        ))),
         _ => Ok(()),
     }
 }
@@ -587,7 +624,7 @@ fn retry_left_out(shared: &std::sync::Weak<Shared>) {
     }
 }
 
-fn build(config: &Config) -> Result<Shared, String> {
+fn build(config: &Config) -> Result<Shared, OpenError> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let device_context = DeviceContext::new(config, Arc::clone(&metrics));
     let mut devices = HashMap::new();
@@ -600,7 +637,7 @@ fn build(config: &Config) -> Result<Shared, String> {
             // A cluster that is down must not keep the other LUNs from being served: the RBD
             // device is left out of the running config (its LUNs unmapped), and a reload
             // (`ferrosan ctl reload`, SIGHUP) opens it once the cluster is back.
-            Err(e) if e.contains(crate::topology::RBD_UNAVAILABLE) => {
+            Err(e @ OpenError::Unavailable { .. }) => {
                 tracing::error!(
                     "{e}: its LUNs are not served until the cluster can be reached (retried \
                      every {} s at most, or at a reload)",

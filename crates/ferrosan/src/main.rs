@@ -205,7 +205,7 @@ fn serve(loaded: Result<(Config, ConfigSource), String>) -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             eprintln!("ferrosan: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(e.exit_code());
         }
     };
     print_banner(&config, &server);
@@ -281,7 +281,10 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
                         "SIGHUP: reloaded ({} changes)",
                         applied.changes.lines().len()
                     ),
-                    Ok(Err(e)) => tracing::error!("SIGHUP: reload refused, nothing changed: {e}"),
+                    Ok(Err(e)) => tracing::error!(
+                        kind = e.kind(),
+                        "SIGHUP: reload refused, nothing changed: {e}"
+                    ),
                     Err(e) => tracing::error!("SIGHUP: reload failed: {e}"),
                 }
                 // A refused reload leaves the old config serving: ready either way.

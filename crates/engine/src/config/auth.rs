@@ -1,6 +1,7 @@
 //! Authentication and access-control keys of the config file: CHAP users and secrets
 //! (inline or from a protected file), `auth` modes, and `allowed_sources` address ranges.
 
+use super::Invalid;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ pub struct SourceNet {
 }
 
 impl SourceNet {
-    pub fn parse(text: &str) -> Result<SourceNet, String> {
+    pub fn parse(text: &str) -> Result<SourceNet, Invalid> {
         let (addr_text, prefix) = match text.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (text, None),
@@ -40,15 +41,15 @@ impl SourceNet {
             None => max,
             Some(p) => match p.parse::<u8>() {
                 Ok(n) if n <= max && !p.starts_with('+') => n,
-                _ => return Err(format!("prefix length of {text:?} must be 0..={max}")),
+                _ => return Err(format!("prefix length of {text:?} must be 0..={max}").into()),
             },
         };
         let net = SourceNet { addr, prefix_len };
         if net.network() != addr {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{text:?} has host bits set: write {}/{prefix_len}",
                 net.network()
-            ));
+            )));
         }
         Ok(net)
     }
@@ -263,7 +264,7 @@ fn resolve_user(
 /// Where a `secret_file` is: as written, or under systemd's credentials directory when it
 /// starts with `$CREDENTIALS_DIRECTORY/` (the unit's `LoadCredential=NAME:/path` puts the secret
 /// there, readable by the service alone, for `secret_file = "$CREDENTIALS_DIRECTORY/NAME"`).
-pub fn credential_path(written: &str) -> Result<PathBuf, String> {
+pub fn credential_path(written: &str) -> Result<PathBuf, Invalid> {
     credential_path_in(
         written,
         std::env::var_os("CREDENTIALS_DIRECTORY").as_deref(),
@@ -274,7 +275,7 @@ pub fn credential_path(written: &str) -> Result<PathBuf, String> {
 fn credential_path_in(
     written: &str,
     credentials: Option<&std::ffi::OsStr>,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, Invalid> {
     let Some(name) = ["$CREDENTIALS_DIRECTORY/", "${CREDENTIALS_DIRECTORY}/"]
         .iter()
         .find_map(|p| written.strip_prefix(p))
@@ -286,37 +287,37 @@ fn credential_path_in(
          (outside systemd, give the file's path)",
     )?;
     if name.is_empty() || name.contains('/') {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{written}: name one credential (LoadCredential=NAME:...), no sub-directories"
-        ));
+        )));
     }
     Ok(PathBuf::from(dir).join(name))
 }
 
-fn read_secret_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+fn read_secret_file(path: &std::path::Path) -> Result<Vec<u8>, Invalid> {
     use std::io::Read as _;
     use std::os::unix::fs::PermissionsExt as _;
     let meta =
         std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
+        return Err(Invalid(format!("{} is not a regular file", path.display())));
     }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{} is accessible by group or others (mode {mode:04o}): chmod 600 it",
             path.display()
-        ));
+        )));
     }
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(SECRET_FILE_BYTES_MAX + 1).read_to_end(&mut bytes))
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if bytes.len() as u64 > SECRET_FILE_BYTES_MAX {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{} is larger than {SECRET_FILE_BYTES_MAX} bytes",
             path.display()
-        ));
+        )));
     }
     if bytes.ends_with(b"\r\n") {
         bytes.truncate(bytes.len() - 2);

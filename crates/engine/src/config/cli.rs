@@ -1,5 +1,6 @@
 //! Quick exports: `serve --listen ADDR --target IQN --lun SPEC...` and the demo.
 
+use super::Invalid;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
@@ -119,7 +120,7 @@ pub(crate) fn from_cli(
 /// `ram:SIZE` | `file:PATH[,size=SIZE]` | `block:PATH` | `rbd:POOL/IMAGE[,conf=PATH]
 /// [,client=NAME]`, each with optional `,block_size=512|4096`, `,cache=auto|direct|page` and
 /// `,ro` at the end.
-fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
+fn parse_lun_spec(spec: &str) -> Result<LunSpec, Invalid> {
     let (kind, mut rest) = spec
         .split_once(':')
         .ok_or("expected ram:SIZE, file:PATH[,size=SIZE], block:PATH or rbd:POOL/IMAGE")?;
@@ -149,7 +150,7 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
             block_size = match v {
                 "512" => 512,
                 "4096" => 4096,
-                _ => return Err(format!("block_size must be 512 or 4096, got {v}")),
+                _ => return Err(Invalid(format!("block_size must be 512 or 4096, got {v}"))),
             };
         } else {
             break;
@@ -159,26 +160,30 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
     let store = match kind {
         "ram" => {
             if size.is_some() {
-                return Err("ram takes its size as ram:SIZE".into());
+                return Err(Invalid("ram takes its size as ram:SIZE".into()));
             }
             let n = parse_size(rest)?;
             if n > super::RAM_SIZE_BYTES_MAX {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "ram: {n} bytes exceeds the largest RAM LUN ({} bytes, 16T)",
                     super::RAM_SIZE_BYTES_MAX
-                ));
+                )));
             }
             size = Some(n);
             StoreKind::Ram { size_bytes: n }
         }
-        "file" | "block" if rest.is_empty() => return Err(format!("{kind}: needs a path")),
+        "file" | "block" if rest.is_empty() => {
+            return Err(Invalid(format!("{kind}: needs a path")))
+        }
         "file" => StoreKind::File {
             path: PathBuf::from(rest),
             size_bytes: size,
         },
         "block" => {
             if size.is_some() {
-                return Err("a block device's size is the device's own; remove size=".into());
+                return Err(Invalid(
+                    "a block device's size is the device's own; remove size=".into(),
+                ));
             }
             StoreKind::Block {
                 path: PathBuf::from(rest),
@@ -186,7 +191,9 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
         }
         "rbd" => {
             if size.is_some() {
-                return Err("an RBD image's size is the image's own; remove size=".into());
+                return Err(Invalid(
+                    "an RBD image's size is the image's own; remove size=".into(),
+                ));
             }
             let (pool, image) = super::parse_rbd_image(rest)?;
             StoreKind::Rbd(store::RbdSpec {
@@ -197,19 +204,19 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, String> {
             })
         }
         other => {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "unknown store {other:?}: expected ram, file, block or rbd"
-            ))
+            )))
         }
     };
     if let Some(n) = size {
         if n == 0 {
-            return Err("size must not be 0".into());
+            return Err(Invalid("size must not be 0".into()));
         }
         if n % u64::from(block_size) != 0 {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "size {n} is not a multiple of block_size {block_size}"
-            ));
+            )));
         }
     }
     Ok(LunSpec {
@@ -269,7 +276,7 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
 /// A device from a quick-export LUN spec (`ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH`,
 /// options as `--lun` takes them), for `ferrosan ctl device-add`. Its identity is derived from
 /// its medium (RAM: its name) as quick exports derive theirs.
-pub(crate) fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, String> {
+pub(crate) fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, Invalid> {
     let spec = parse_lun_spec(spec)?;
     Ok(device_of(
         name.to_string(),

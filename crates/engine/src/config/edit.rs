@@ -14,15 +14,20 @@ use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
 use super::Config;
 
+/// Why the running config could not be merged into the file's text.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error("the file no longer parses as TOML ({0}); not saving over it")]
+    FileNotToml(toml_edit::TomlError),
+    #[error("the running config does not render as TOML: {0}")]
+    Render(toml_edit::TomlError),
+}
+
 /// The text of `file` with the changes from `base` to `running` applied.
-pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, String> {
-    let mut doc: DocumentMut = file
-        .parse()
-        .map_err(|e| format!("the file no longer parses as TOML ({e}); not saving over it"))?;
-    let render = |c: &Config| -> Result<DocumentMut, String> {
-        c.to_toml_with_secrets()
-            .parse()
-            .map_err(|e| format!("the running config does not render as TOML: {e}"))
+pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, MergeError> {
+    let mut doc: DocumentMut = file.parse().map_err(MergeError::FileNotToml)?;
+    let render = |c: &Config| -> Result<DocumentMut, MergeError> {
+        c.to_toml_with_secrets().parse().map_err(MergeError::Render)
     };
     let (before, after) = (render(base)?, render(running)?);
     merge_table(
@@ -239,6 +244,6 @@ iqn = "iqn.2026-11.org.example:store1"
     fn a_file_that_no_longer_parses_is_not_saved_over() {
         let base = parse(FILE);
         let e = merge("[[device]\nname =", &base, &base).unwrap_err();
-        assert!(e.contains("not saving over it"), "{e}");
+        assert!(e.to_string().contains("not saving over it"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 //! The declarative config file: raw (spanned) TOML structures, validation and resolution.
 
+use super::Invalid;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -549,7 +550,7 @@ fn resolve_portal_groups(
 }
 
 /// A gateway's name: what `[server] gateway` and a portal group's `gateway` say.
-fn check_gateway_name(name: &str) -> Result<(), String> {
+fn check_gateway_name(name: &str) -> Result<(), Invalid> {
     let valid = !name.is_empty()
         && name.len() <= 64
         && name
@@ -558,9 +559,9 @@ fn check_gateway_name(name: &str) -> Result<(), String> {
     if valid {
         Ok(())
     } else {
-        Err(format!(
+        Err(Invalid(format!(
             "{name:?}: a gateway name (letters, digits, _ - .; at most 64)"
-        ))
+        )))
     }
 }
 
@@ -634,12 +635,14 @@ fn resolve_devices(
             Some(s) => {
                 let parsed = match s.get_ref() {
                     toml::Value::Integer(n) if *n >= 0 => Ok(*n as u64),
-                    toml::Value::Integer(n) => Err(format!("must not be negative, got {n}")),
+                    toml::Value::Integer(n) => {
+                        Err(Invalid(format!("must not be negative, got {n}")))
+                    }
                     toml::Value::String(t) => parse_size(t),
-                    other => Err(format!(
+                    other => Err(Invalid::from(format!(
                         "must be a number of bytes or a string like \"10G\", got a {}",
                         other.type_str()
-                    )),
+                    ))),
                 };
                 match parsed {
                     Ok(0) => {

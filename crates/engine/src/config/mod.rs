@@ -26,7 +26,7 @@ pub use names::{
     check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_size, portals_overlap,
     ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
 };
-pub use source::{ConfigSource, Unsaved};
+pub use source::{ConfigSource, LoadError, Unsaved};
 
 /// The target IQN of the demo and of quick exports that name none.
 pub const DEMO_TARGET_IQN: &str = "iqn.2026-11.org.ferrosan:demo";
@@ -432,15 +432,15 @@ pub enum StoreKind {
 
 /// `POOL/IMAGE` of an RBD image (no namespace: `POOL/NS/IMAGE` is refused, as are empty
 /// parts).
-pub(crate) fn parse_rbd_image(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_rbd_image(s: &str) -> Result<(String, String), Invalid> {
     match s.split('/').collect::<Vec<_>>().as_slice() {
         [pool, image] if !pool.is_empty() && !image.is_empty() => {
             Ok((pool.to_string(), image.to_string()))
         }
-        [_, _, _] => Err(format!(
+        [_, _, _] => Err(Invalid(format!(
             "{s:?}: RBD namespaces (POOL/NAMESPACE/IMAGE) are not supported; expected POOL/IMAGE"
-        )),
-        _ => Err(format!("{s:?}: expected POOL/IMAGE")),
+        ))),
+        _ => Err(Invalid(format!("{s:?}: expected POOL/IMAGE"))),
     }
 }
 
@@ -628,7 +628,7 @@ impl Config {
     }
 
     /// A device from a quick-export LUN spec (`ram:64M`, `file:/path,size=1G`, ...).
-    pub fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, String> {
+    pub fn device_from_spec(name: &str, spec: &str) -> Result<DeviceConfig, Invalid> {
         cli::device_from_spec(name, spec)
     }
 
@@ -682,6 +682,32 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// A value that is not valid where it was given (a size, a name, an address, a device or LUN
+/// spec, a secret file), and why. A config file reports it at the value's line; the command
+/// line and `ctl` report it as the argument's error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl From<&str> for Invalid {
+    fn from(why: &str) -> Invalid {
+        Invalid(why.to_string())
+    }
+}
+
+impl From<String> for Invalid {
+    fn from(why: String) -> Invalid {
+        Invalid(why)
+    }
+}
+
+/// The message of a config error ([`ConfigError::message`], a `cx.err`).
+impl From<Invalid> for String {
+    fn from(invalid: Invalid) -> String {
+        invalid.0
+    }
+}
+
 /// Every error found in one config file, in file order. Displays one error per line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ConfigErrors {
@@ -711,7 +737,7 @@ impl IntoIterator for ConfigErrors {
 /// Whether `path` lies in one of `roots` (each a directory, or the very device or file),
 /// symlinks resolved: a path that does not exist yet counts by its directory. Every root
 /// when `roots` is empty.
-pub fn within_roots(path: &Path, roots: &[PathBuf]) -> Result<(), String> {
+pub fn within_roots(path: &Path, roots: &[PathBuf]) -> Result<(), Invalid> {
     if roots.is_empty() {
         return Ok(());
     }
@@ -722,7 +748,7 @@ pub fn within_roots(path: &Path, roots: &[PathBuf]) -> Result<(), String> {
             (Some(dir), Some(name)) => std::fs::canonicalize(dir)
                 .map_err(|e| format!("{}: {e}", dir.display()))?
                 .join(name),
-            _ => return Err(format!("{}: not a file path", path.display())),
+            _ => return Err(Invalid(format!("{}: not a file path", path.display()))),
         },
     };
     let inside = roots.iter().any(|root| {
@@ -731,10 +757,10 @@ pub fn within_roots(path: &Path, roots: &[PathBuf]) -> Result<(), String> {
     if inside {
         Ok(())
     } else {
-        Err(format!(
+        Err(Invalid(format!(
             "{} (resolved: {}) is outside server.device_roots",
             path.display(),
             resolved.display()
-        ))
+        )))
     }
 }

@@ -1,5 +1,6 @@
 //! Pure helpers of the config model: iSCSI names, sizes, addresses and stable identities.
 
+use super::Invalid;
 use std::net::{IpAddr, SocketAddr};
 
 use iscsi::name::IscsiName;
@@ -17,26 +18,26 @@ pub fn is_valid_iscsi_name(s: &str) -> bool {
 /// `eui.` + 16 hex digits or `naa.` + 16 or 32 hex digits, at most 223 bytes) and written in
 /// the normal form of RFC 3722 (lowercase, NFKC), which is the form every comparison uses
 /// ([`IscsiName`]); the error says why not, and how to write it.
-pub fn check_iscsi_name(s: &str) -> Result<IscsiName, String> {
-    IscsiName::from_config(s).map_err(|e| e.to_string())
+pub fn check_iscsi_name(s: &str) -> Result<IscsiName, Invalid> {
+    IscsiName::from_config(s).map_err(|e| Invalid(e.to_string()))
 }
 
 /// Parses a size in bytes: an integer with an optional binary unit suffix, case-insensitive:
 /// `K`/`KiB` (2^10), `M`/`MiB`, `G`/`GiB`, `T`/`TiB`, `P`/`PiB`, or `B`/none for bytes.
 /// `1.5G` (fractions) and `1GB` (ambiguous decimal-or-binary) are refused with a hint.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, Invalid> {
     let t = s.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     if digits_end == 0 {
-        return Err(format!(
+        return Err(Invalid(format!(
             "size `{s}` must start with a number, e.g. `512M` or `10G`"
-        ));
+        )));
     }
     let (number, unit) = t.split_at(digits_end);
     if unit.starts_with(['.', ',']) {
-        return Err(format!(
+        return Err(Invalid(format!(
             "size `{s}`: fractions are not accepted; use a smaller unit, e.g. `1536M` for 1.5G"
-        ));
+        )));
     }
     let unit = unit.trim_start().to_ascii_lowercase();
     let shift: u32 = match unit.as_str() {
@@ -47,28 +48,28 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "t" | "tib" => 40,
         "p" | "pib" => 50,
         "kb" | "mb" | "gb" | "tb" | "pb" => {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "size `{s}`: unit `{unit}` is ambiguous (decimal or binary?); write `{}` or `{}iB` (binary units)",
                 &unit[..1].to_ascii_uppercase(),
                 &unit[..1].to_ascii_uppercase()
-            ))
+            )))
         }
         _ => {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "size `{s}`: unknown unit `{unit}`; use K, M, G, T, P (or KiB, MiB, GiB, TiB, PiB)"
-            ))
+            )))
         }
     };
     let n: u64 = number
         .parse()
         .map_err(|_| format!("size `{s}` is too large"))?;
     n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size `{s}` is too large"))
+        .ok_or_else(|| Invalid(format!("size `{s}` is too large")))
 }
 
 /// Parses a listen address: `IPv4[:PORT]` or `[IPv6][:PORT]`; the port defaults to 3260.
 /// Host names are not accepted (the config is resolved without DNS).
-pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_listen(s: &str) -> Result<SocketAddr, Invalid> {
     let t = s.trim();
     let addr = if let Ok(a) = t.parse::<SocketAddr>() {
         a
@@ -77,30 +78,32 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     } else if let Some(ip) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
         match ip.parse::<std::net::Ipv6Addr>() {
             Ok(ip) => SocketAddr::new(IpAddr::V6(ip), ISCSI_PORT_DEFAULT),
-            Err(_) => return Err(format!("`{s}` is not an IPv6 address")),
+            Err(_) => return Err(Invalid(format!("`{s}` is not an IPv6 address"))),
         }
     } else if t.parse::<std::net::Ipv6Addr>().is_ok() {
-        return Err(format!(
+        return Err(Invalid(format!(
             "`{s}`: write IPv6 addresses in brackets, e.g. `[{t}]:3260`"
-        ));
+        )));
     } else {
-        return Err(format!(
+        return Err(Invalid(format!(
             "`{s}` is not an address: expected IPv4:PORT or [IPv6]:PORT (no host names)"
-        ));
+        )));
     };
     if addr.port() == 0 {
-        return Err(format!(
+        return Err(Invalid(format!(
             "`{s}`: port 0 is not allowed (the port must be known to initiators)"
-        ));
+        )));
     }
     match addr.ip() {
         IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "`{s}`: use the plain IPv4 form instead of an IPv4-mapped IPv6 address"
-            ))
+            )))
         }
         ip if ip.is_multicast() => {
-            return Err(format!("`{s}`: a multicast address cannot be listened on"))
+            return Err(Invalid(format!(
+                "`{s}`: a multicast address cannot be listened on"
+            )))
         }
         _ => {}
     }
@@ -138,15 +141,15 @@ pub(crate) fn derive_identity(key: &str) -> (String, Vec<u8>) {
 
 /// Parses a configured NAA: 16 or 32 hex digits, optional `0x`; the NAA type (first nibble)
 /// must be 2, 3 or 5 for 8 bytes and 6 for 16 bytes.
-pub(crate) fn parse_naa(s: &str) -> Result<Vec<u8>, String> {
+pub(crate) fn parse_naa(s: &str) -> Result<Vec<u8>, Invalid> {
     let hex = s
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
     if !hex.bytes().all(|b| b.is_ascii_hexdigit()) || !(hex.len() == 16 || hex.len() == 32) {
-        return Err(format!(
+        return Err(Invalid(format!(
             "`{s}` must be 16 or 32 hex digits (8 or 16 bytes), optionally after `0x`"
-        ));
+        )));
     }
     let bytes: Vec<u8> = (0..hex.len() / 2)
         .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0))
@@ -154,40 +157,46 @@ pub(crate) fn parse_naa(s: &str) -> Result<Vec<u8>, String> {
     let naa_type = bytes.first().map_or(0, |b| b >> 4);
     match (bytes.len(), naa_type) {
         (8, 2 | 3 | 5) | (16, 6) => Ok(bytes),
-        (8, t) => Err(format!(
+        (8, t) => Err(Invalid(format!(
             "`{s}`: an 8-byte NAA must be of type 2, 3 or 5 (first hex digit), got {t:x}"
-        )),
-        (_, t) => Err(format!(
+        ))),
+        (_, t) => Err(Invalid(format!(
             "`{s}`: a 16-byte NAA must be of type 6 (first hex digit), got {t:x}"
-        )),
+        ))),
     }
 }
 
 /// Checks a configured unit serial number: 1..=20 printable ASCII characters, no spaces.
-pub(crate) fn check_serial(s: &str) -> Result<(), String> {
+pub(crate) fn check_serial(s: &str) -> Result<(), Invalid> {
     if s.is_empty() || s.len() > 20 {
-        return Err(format!("must be 1 to 20 characters, got {}", s.len()));
+        return Err(Invalid(format!(
+            "must be 1 to 20 characters, got {}",
+            s.len()
+        )));
     }
     if let Some(c) = s.chars().find(|c| !c.is_ascii_graphic()) {
-        return Err(format!(
+        return Err(Invalid(format!(
             "may contain only printable ASCII without spaces, found {c:?}"
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Checks a device or group name: 1..=64 of `A-Z a-z 0-9 . _ -`.
-pub(crate) fn check_object_name(s: &str) -> Result<(), String> {
+pub(crate) fn check_object_name(s: &str) -> Result<(), Invalid> {
     if s.is_empty() || s.len() > 64 {
-        return Err(format!("must be 1 to 64 characters, got {}", s.len()));
+        return Err(Invalid(format!(
+            "must be 1 to 64 characters, got {}",
+            s.len()
+        )));
     }
     if let Some(c) = s
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!(
+        return Err(Invalid(format!(
             "may contain only A-Z, a-z, 0-9, `.`, `_` and `-`, found {c:?}"
-        ));
+        )));
     }
     Ok(())
 }

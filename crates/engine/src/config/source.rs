@@ -5,7 +5,18 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use super::Config;
+use super::{Config, ConfigErrors};
+
+/// Why the config file could not be (re)loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(
+        "nothing to reload: serving the demo or a quick export from the command line, not a config file"
+    )]
+    NoFile,
+    #[error(transparent)]
+    Invalid(#[from] ConfigErrors),
+}
 
 /// Where the running config came from, so a reload reads the same file and applies the same
 /// command-line overrides to it.
@@ -42,11 +53,9 @@ impl ConfigSource {
     }
 
     /// Reads and validates the config file, overrides applied.
-    pub fn load(&self) -> Result<Config, String> {
-        let path = self.path.as_deref().ok_or(
-            "nothing to reload: serving the demo or a quick export from the command line, not a config file",
-        )?;
-        let mut config = Config::load(path).map_err(|e| e.to_string())?;
+    pub fn load(&self) -> Result<Config, LoadError> {
+        let path = self.path.as_deref().ok_or(LoadError::NoFile)?;
+        let mut config = Config::load(path)?;
         if let Some(warning) = config.exposed_secrets(path) {
             tracing::warn!("{warning}");
         }

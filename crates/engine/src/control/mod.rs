@@ -8,7 +8,10 @@
 //! and a client silent for [`CLIENT_IDLE`] is closed; none of them can delay the data plane,
 //! which never takes a lock the control plane holds for long.
 
+pub mod error;
 pub mod reload;
+
+pub use error::{ControlError, SocketError};
 
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -23,6 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::config::{Config, IscsiName, LunMapping, StoreKind};
 use crate::shared::Shared;
+use error::SaveError;
 
 /// Largest request line, in bytes.
 pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
@@ -50,24 +54,25 @@ pub fn default_socket_path() -> Option<PathBuf> {
 /// Whether `dir` may hold the control socket of a daemon running as `owner`: a directory
 /// owned by `owner` that no one else may write to (who can write there can put their own
 /// socket in the daemon's place, and receive the secrets `ctl chap set` sends).
-pub fn check_socket_dir(dir: &Path, owner: u32) -> Result<(), String> {
-    let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn check_socket_dir(dir: &Path, owner: u32) -> Result<(), SocketError> {
+    let meta =
+        std::fs::metadata(dir).map_err(|e| SocketError(format!("{}: {e}", dir.display())))?;
     if !meta.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()));
+        return Err(SocketError(format!("{}: not a directory", dir.display())));
     }
     if meta.uid() != owner {
-        return Err(format!(
+        return Err(SocketError(format!(
             "{}: owned by uid {}, not by the daemon's user ({owner})",
             dir.display(),
             meta.uid()
-        ));
+        )));
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(format!(
+        return Err(SocketError(format!(
             "{}: writable by others (mode {:o}); make it 0755 or stricter",
             dir.display(),
             meta.mode() & 0o7777
-        ));
+        )));
     }
     Ok(())
 }
@@ -108,10 +113,10 @@ pub fn bind(
     path: &Path,
     explicit: bool,
     group: Option<&str>,
-) -> Result<Option<ControlSocket>, String> {
-    let fail = |message: String| -> Result<Option<ControlSocket>, String> {
+) -> Result<Option<ControlSocket>, SocketError> {
+    let fail = |message: String| -> Result<Option<ControlSocket>, SocketError> {
         if explicit {
-            Err(message)
+            Err(SocketError(message))
         } else {
             tracing::warn!("{message}; no control socket (set control_socket or --control-socket)");
             Ok(None)
@@ -121,9 +126,9 @@ pub fn bind(
         Some(name) => match group_id(name) {
             Some(gid) => Some(gid),
             None => {
-                return Err(format!(
+                return Err(SocketError(format!(
                     "control_socket_group {name}: no such group in /etc/group"
-                ))
+                )))
             }
         },
         None => None,
@@ -182,14 +187,17 @@ pub fn bind(
             .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)));
         if let Err(e) = result {
             let _ = std::fs::remove_file(path);
-            return Err(format!(
+            return Err(SocketError(format!(
                 "control socket {}: group access: {e}",
                 path.display()
-            ));
+            )));
         }
     }
     if let Err(e) = listener.set_nonblocking(true) {
-        return Err(format!("control socket {}: {e}", path.display()));
+        return Err(SocketError(format!(
+            "control socket {}: {e}",
+            path.display()
+        )));
     }
     let inode = std::fs::metadata(path).map_or(0, |m| m.ino());
     Ok(Some(ControlSocket {
@@ -289,7 +297,12 @@ async fn reply<W: tokio::io::AsyncWrite + Unpin>(
 }
 
 fn error(message: impl Into<String>) -> Value {
-    json!({ "ok": false, "error": message.into() })
+    json!({ "ok": false, "error": message.into(), "kind": "bad_request" })
+}
+
+/// The answer to a request that failed: the message, and its kind for a program to act on.
+fn failed(e: &ControlError) -> Value {
+    json!({ "ok": false, "error": e.to_string(), "kind": e.kind() })
 }
 
 /// One client: requests one per line, answers one per line, until it closes or idles.
@@ -383,11 +396,11 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
         "session-close" => close_session(shared, args),
         "device-take" => take_device(shared, args),
         _ if EDIT_VERBS.contains(&verb) => change(shared, verb, args),
-        _ => Err(format!(
+        _ => Err(ControlError::BadRequest(format!(
             "unknown verb {verb:?} (status, sessions, luns, stats, config, reload, save, \
              session-close, device-take, {})",
             EDIT_VERBS.join(", ")
-        )),
+        ))),
     };
     match result {
         Ok(Value::Object(mut fields)) => {
@@ -395,7 +408,10 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
             Value::Object(fields)
         }
         Ok(other) => json!({ "ok": true, "result": other }),
-        Err(e) => error(e),
+        Err(e) => {
+            tracing::warn!(kind = e.kind(), "ctl: {e}");
+            failed(&e)
+        }
     }
 }
 
@@ -575,24 +591,22 @@ fn luns(shared: &Shared) -> Value {
     json!({ "luns": list, "unmapped_devices": unmapped })
 }
 
-fn reload(shared: &Shared) -> Result<Value, String> {
+fn reload(shared: &Shared) -> Result<Value, ControlError> {
     let applied = crate::control::reload::reload_file(shared, &shared.source)?;
     // The file is what runs now: edits made before it are gone (they were unsaved).
     shared.unsaved.clear();
     Ok(json!({ "generation": applied.generation, "changes": applied.changes.lines() }))
 }
 
-fn save(shared: &Shared) -> Result<Value, String> {
+fn save(shared: &Shared) -> Result<Value, ControlError> {
     let path = save_running(shared)?;
     Ok(json!({ "saved": path.display().to_string() }))
 }
 
 /// Writes the running config over its file (atomically); the unsaved list is cleared once the
 /// file holds it.
-fn save_running(shared: &Shared) -> Result<PathBuf, String> {
-    let path = shared.source.path.as_deref().ok_or(
-        "no config file to save to: the daemon runs the demo or a quick export (serve --config FILE)",
-    )?;
+fn save_running(shared: &Shared) -> Result<PathBuf, SaveError> {
+    let path = shared.source.path.as_deref().ok_or(SaveError::NoFile)?;
     // Devices left out at start (their cluster down) stay in the file.
     let config = file_view(shared, &shared.config_to_keep());
     let mut base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
@@ -614,32 +628,38 @@ fn file_view(shared: &Shared, running: &Config) -> Config {
 }
 
 /// Makes this gateway the owner of an RBD image (explicit ALUA), fencing the previous owner.
-fn take_device(shared: &Shared, args: &Map<String, Value>) -> Result<Value, String> {
+fn take_device(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let name = text(args, "name")?;
     let topology = shared.topology();
     let device = topology
         .devices
         .get(name)
-        .ok_or_else(|| format!("no device {name}"))?;
+        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
     let ownership = device.ownership.as_ref().ok_or_else(|| {
-        format!("device {name} has no owner to move: only RBD images under gateways do")
+        ControlError::Conflict(format!(
+            "device {name} has no owner to move: only RBD images under gateways do"
+        ))
     })?;
     let me = ownership
         .take_here(&device.unit)
-        .map_err(|e| format!("device {name}: taking it over: {e}"))?;
+        .map_err(|e| ControlError::Device(format!("device {name}: taking it over: {e}")))?;
     Ok(json!({ "device": name, "owner": me }))
 }
 
-fn close_session(shared: &Shared, args: &Map<String, Value>) -> Result<Value, String> {
+fn close_session(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let tsih = args
         .get("tsih")
         .and_then(Value::as_u64)
         .and_then(|t| u16::try_from(t).ok())
-        .ok_or("\"tsih\": a session's TSIH (1..65535) is required")?;
+        .ok_or_else(|| {
+            ControlError::BadRequest("\"tsih\": a session's TSIH (1..65535) is required".into())
+        })?;
     if shared.registry.close(tsih, "closed by ferrosan ctl") {
         Ok(json!({ "closed": tsih }))
     } else {
-        Err(format!("no session with TSIH {tsih}"))
+        Err(ControlError::NotFound(format!(
+            "no session with TSIH {tsih}"
+        )))
     }
 }
 
@@ -657,7 +677,7 @@ pub const EDIT_VERBS: &[&str] = &[
     "device-online",
 ];
 
-fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, String> {
+fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let running = shared.topology().config.clone();
     let mut args = args.clone();
     if verb == "resize" && !args.contains_key("size") {
@@ -668,12 +688,14 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
         let device = topology
             .devices
             .get(name)
-            .ok_or_else(|| format!("no device {name}"))?;
+            .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
         let medium = device
             .unit
             .medium_bytes()
-            .map_err(|e| format!("device {name}: {e}"))?
-            .ok_or_else(|| format!("device {name} is a RAM device: give a size"))?;
+            .map_err(|e| ControlError::Device(format!("device {name}: {e}")))?
+            .ok_or_else(|| {
+                ControlError::BadRequest(format!("device {name} is a RAM device: give a size"))
+            })?;
         match running.device(name).map(|d| &d.store) {
             Some(StoreKind::Block { .. } | StoreKind::Rbd(_)) => {
                 return grow_to_medium(shared, name, medium)
@@ -687,14 +709,14 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
     let what = edit(&mut edited, verb, args)?;
     // Validated whole, as a file would be: written out and read back.
     let text = edited.to_toml_with_secrets();
-    let validated = Config::from_toml_str(&text, "(ctl edit)").map_err(|e| e.to_string())?;
+    let validated = Config::from_toml_str(&text, "(ctl edit)").map_err(ControlError::Invalid)?;
     let applied = crate::control::reload::apply(shared, validated)?;
     let save = args.get("save").and_then(Value::as_bool).unwrap_or(false);
     let saved = if save {
         if let Err(e) = save_running(shared) {
             // Live, but not in the file: `status` must list it.
             shared.unsaved.add(what.clone());
-            return Err(format!("applied, but not saved: {e}"));
+            return Err(ControlError::NotSaved(e));
         }
         true
     } else {
@@ -713,23 +735,23 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
 /// A block device grown underneath (lvextend, a bigger RBD image): the LU takes the device's
 /// size now (`whole`, in whole blocks) and raises CAPACITY DATA HAS CHANGED. Nothing in the
 /// config changes (a block device's size is the device's), so nothing is unsaved.
-fn grow_to_medium(shared: &Shared, name: &str, whole: u64) -> Result<Value, String> {
+fn grow_to_medium(shared: &Shared, name: &str, whole: u64) -> Result<Value, ControlError> {
     let topology = shared.topology();
     let device = topology
         .devices
         .get(name)
-        .ok_or_else(|| format!("no device {name}"))?;
+        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
     let was = device.unit.capacity_bytes();
     if whole < was {
-        return Err(format!(
+        return Err(ControlError::Conflict(format!(
             "device {name}: the device has {whole} bytes now, less than the LU's {was}: \
              shrinking is refused"
-        ));
+        )));
     }
     device
         .unit
         .resize(whole)
-        .map_err(|e| format!("device {name}: {e}"))?;
+        .map_err(|e| ControlError::Device(format!("device {name}: {e}")))?;
     let what = if whole == was {
         format!("device {name}: still {was} bytes, nothing to do")
     } else {
@@ -744,27 +766,33 @@ fn grow_to_medium(shared: &Shared, name: &str, whole: u64) -> Result<Value, Stri
     }))
 }
 
-fn text<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
+fn text<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, ControlError> {
     args.get(key)
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| format!("\"{key}\" is required"))
+        .ok_or_else(|| ControlError::BadRequest(format!("\"{key}\" is required")))
 }
 
-fn number(args: &Map<String, Value>, key: &str) -> Result<u64, String> {
+fn number(args: &Map<String, Value>, key: &str) -> Result<u64, ControlError> {
     args.get(key)
         .and_then(Value::as_u64)
-        .ok_or_else(|| format!("\"{key}\": a number is required"))
+        .ok_or_else(|| ControlError::BadRequest(format!("\"{key}\": a number is required")))
 }
 
 /// Applies one changing verb to `config` (pure: no effects) and says what it did. The result
 /// is validated whole afterwards, as a config file is.
-pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Result<String, String> {
+pub fn edit(
+    config: &mut Config,
+    verb: &str,
+    args: &Map<String, Value>,
+) -> Result<String, ControlError> {
     match verb {
         "device-add" => {
             let name = text(args, "name")?;
             if config.device(name).is_some() {
-                return Err(format!("device {name} exists already"));
+                return Err(ControlError::Conflict(format!(
+                    "device {name} exists already"
+                )));
             }
             let device = Config::device_from_spec(name, text(args, "spec")?)?;
             config.devices.push(device);
@@ -776,7 +804,7 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 .devices
                 .iter()
                 .position(|d| d.name == name)
-                .ok_or_else(|| format!("no device {name}"))?;
+                .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
             let mapped: Vec<String> = config
                 .targets
                 .iter()
@@ -789,10 +817,10 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 })
                 .collect();
             if !mapped.is_empty() {
-                return Err(format!(
+                return Err(ControlError::Conflict(format!(
                     "device {name} is mapped ({}): unmap it first",
                     mapped.join("; ")
-                ));
+                )));
             }
             config.devices.remove(index);
             Ok(format!("device {name} removed"))
@@ -804,48 +832,53 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 .devices
                 .iter_mut()
                 .find(|d| d.name == name)
-                .ok_or_else(|| format!("no device {name}"))?;
+                .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
             match &mut device.store {
                 StoreKind::File { size_bytes, .. } => *size_bytes = Some(size),
                 StoreKind::Ram { size_bytes } => *size_bytes = size,
                 StoreKind::Block { .. } => {
-                    return Err(format!(
+                    return Err(ControlError::Conflict(format!(
                         "device {name} is a block device: grow the device itself, then resize \
                          it without a size to take the device's size"
-                    ))
+                    )))
                 }
                 StoreKind::Rbd(_) => {
-                    return Err(format!(
+                    return Err(ControlError::Conflict(format!(
                         "device {name} is an RBD image: grow it with `rbd resize`, then resize \
                          it without a size to take the image's size"
-                    ))
+                    )))
                 }
             }
             Ok(format!("device {name} resized to {size} bytes"))
         }
         "lun-map" | "lun-unmap" | "initiator-add" | "initiator-remove" => {
-            let iqn = IscsiName::from_wire(text(args, "target")?).map_err(|e| e.to_string())?;
+            let iqn =
+                IscsiName::from_wire(text(args, "target")?).map_err(ControlError::bad_request)?;
             let group_name = text(args, "group")?;
             let devices: Vec<String> = config.devices.iter().map(|d| d.name.clone()).collect();
             let target = config
                 .targets
                 .iter_mut()
                 .find(|t| t.iqn == iqn)
-                .ok_or_else(|| format!("no target {iqn}"))?;
+                .ok_or_else(|| ControlError::NotFound(format!("no target {iqn}")))?;
             let group = target
                 .groups
                 .iter_mut()
                 .find(|g| g.name == group_name)
-                .ok_or_else(|| format!("target {iqn} has no group {group_name}"))?;
+                .ok_or_else(|| {
+                    ControlError::NotFound(format!("target {iqn} has no group {group_name}"))
+                })?;
             match verb {
                 "lun-map" => {
                     let lun = number(args, "lun")?;
                     let device = text(args, "device")?;
                     if !devices.iter().any(|d| d == device) {
-                        return Err(format!("no device {device}"));
+                        return Err(ControlError::NotFound(format!("no device {device}")));
                     }
                     if group.luns.iter().any(|m| m.lun == lun) {
-                        return Err(format!("group {group_name} has a LUN {lun} already"));
+                        return Err(ControlError::Conflict(format!(
+                            "group {group_name} has a LUN {lun} already"
+                        )));
                     }
                     let read_only = args
                         .get("read_only")
@@ -866,26 +899,32 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                     let before = group.luns.len();
                     group.luns.retain(|m| m.lun != lun);
                     if group.luns.len() == before {
-                        return Err(format!("group {group_name} has no LUN {lun}"));
+                        return Err(ControlError::NotFound(format!(
+                            "group {group_name} has no LUN {lun}"
+                        )));
                     }
                     Ok(format!("{iqn} group {group_name}: LUN {lun} unmapped"))
                 }
                 "initiator-add" => {
                     let name = IscsiName::from_wire(text(args, "initiator")?)
-                        .map_err(|e| e.to_string())?;
+                        .map_err(ControlError::bad_request)?;
                     if group.initiators.contains(&name) {
-                        return Err(format!("{name} is in group {group_name} already"));
+                        return Err(ControlError::Conflict(format!(
+                            "{name} is in group {group_name} already"
+                        )));
                     }
                     group.initiators.push(name.clone());
                     Ok(format!("{iqn} group {group_name}: initiator {name} added"))
                 }
                 _ => {
                     let name = IscsiName::from_wire(text(args, "initiator")?)
-                        .map_err(|e| e.to_string())?;
+                        .map_err(ControlError::bad_request)?;
                     let before = group.initiators.len();
                     group.initiators.retain(|i| *i != name);
                     if group.initiators.len() == before {
-                        return Err(format!("{name} is not in group {group_name}"));
+                        return Err(ControlError::NotFound(format!(
+                            "{name} is not in group {group_name}"
+                        )));
                     }
                     Ok(format!(
                         "{iqn} group {group_name}: initiator {name} removed"
@@ -900,12 +939,12 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 .devices
                 .iter_mut()
                 .find(|d| d.name == name)
-                .ok_or_else(|| format!("no device {name}"))?;
+                .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
             if device.offline == offline {
-                return Err(format!(
+                return Err(ControlError::Conflict(format!(
                     "device {name} is {} already",
                     if offline { "offline" } else { "online" }
-                ));
+                )));
             }
             device.offline = offline;
             Ok(if offline {
@@ -915,12 +954,17 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
             })
         }
         "chap-set" => {
-            let iqn = IscsiName::from_wire(text(args, "target")?).map_err(|e| e.to_string())?;
+            let iqn =
+                IscsiName::from_wire(text(args, "target")?).map_err(ControlError::bad_request)?;
             let user = text(args, "user")?;
             // A secret file is read (and its mode checked) when the edited config is
             // validated; the config then names the file, never the secret.
             let (secret, secret_file) = match (args.get("secret"), args.get("secret_file")) {
-                (Some(_), Some(_)) => return Err("give a secret or a secret_file, not both".into()),
+                (Some(_), Some(_)) => {
+                    return Err(ControlError::BadRequest(
+                        "give a secret or a secret_file, not both".into(),
+                    ))
+                }
                 (_, Some(_)) => (
                     String::new(),
                     Some(PathBuf::from(text(args, "secret_file")?)),
@@ -932,7 +976,7 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 .targets
                 .iter_mut()
                 .find(|t| t.iqn == iqn)
-                .ok_or_else(|| format!("no target {iqn}"))?;
+                .ok_or_else(|| ControlError::NotFound(format!("no target {iqn}")))?;
             let credential = crate::config::ChapUser {
                 user: user.to_string(),
                 secret: crate::config::Secret::new(secret.into_bytes()),
@@ -942,14 +986,20 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
             let initiator = args.get("initiator").and_then(Value::as_str);
             let (auth_users, auth_mutual, scope) = match (group, initiator) {
                 (Some(_), Some(_)) => {
-                    return Err("give a group or an initiator, not both".into());
+                    return Err(ControlError::BadRequest(
+                        "give a group or an initiator, not both".into(),
+                    ));
                 }
                 (Some(group_name), None) => {
                     let group = target
                         .groups
                         .iter_mut()
                         .find(|g| g.name == group_name)
-                        .ok_or_else(|| format!("target {iqn} has no group {group_name}"))?;
+                        .ok_or_else(|| {
+                            ControlError::NotFound(format!(
+                                "target {iqn} has no group {group_name}"
+                            ))
+                        })?;
                     if !mutual {
                         group.auth.mode = Some(crate::config::AuthMode::Chap);
                     }
@@ -961,14 +1011,14 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                     )
                 }
                 (None, Some(name)) => {
-                    let name = IscsiName::from_wire(name).map_err(|e| e.to_string())?;
+                    let name = IscsiName::from_wire(name).map_err(ControlError::bad_request)?;
                     let at = match target.credentials.iter().position(|c| c.initiator == name) {
                         Some(at) => at,
                         None if mutual => {
-                            return Err(format!(
+                            return Err(ControlError::Conflict(format!(
                                 "initiator {name} has no CHAP user of its own in {iqn}: set \
                                  one before its mutual credentials"
-                            ))
+                            )))
                         }
                         None => {
                             target
@@ -1011,7 +1061,7 @@ pub fn edit(config: &mut Config, verb: &str, args: &Map<String, Value>) -> Resul
                 }
             ))
         }
-        other => Err(format!("unknown verb {other}")),
+        other => Err(ControlError::BadRequest(format!("unknown verb {other}"))),
     }
 }
 
@@ -1033,11 +1083,13 @@ mod tests {
         assert!(check_socket_dir(&own, me).is_ok());
         assert!(check_socket_dir(&own, me + 1)
             .unwrap_err()
+            .to_string()
             .contains("not by the daemon's user"));
         for mode in [0o775, 0o777, 0o1777] {
             set(&own, mode).unwrap();
             assert!(check_socket_dir(&own, me)
                 .unwrap_err()
+                .to_string()
                 .contains("writable by others"));
         }
         set(&own, 0o700).unwrap();
@@ -1158,13 +1210,16 @@ iqn = "iqn.2026-11.test:t"
         assert!(valid(&c).devices[0].offline);
         assert!(edit(&mut c, "device-offline", &name)
             .unwrap_err()
+            .to_string()
             .contains("offline already"));
         edit(&mut c, "device-online", &name).unwrap();
         assert!(edit(&mut c, "device-online", &name)
             .unwrap_err()
+            .to_string()
             .contains("online already"));
         assert!(edit(&mut c, "device-offline", &args(json!({"name": "zz"})))
             .unwrap_err()
+            .to_string()
             .contains("no device"));
         assert_eq!(c, base());
         let t = "iqn.2026-11.test:t";
@@ -1177,6 +1232,7 @@ iqn = "iqn.2026-11.test:t"
             &args(json!({"target": t, "initiator": i, "user": "tgt", "secret": secret, "mutual": true}))
         )
         .unwrap_err()
+        .to_string()
         .contains("no CHAP user of its own"));
         edit(
             &mut c,
@@ -1242,7 +1298,27 @@ iqn = "iqn.2026-11.test:t"
             )
         )
         .unwrap_err()
+        .to_string()
         .contains("not both"));
+    }
+
+    #[test]
+    fn refusals_say_their_kind() {
+        let kind = |verb: &str, a: Value| edit(&mut base(), verb, &args(a)).unwrap_err().kind();
+        let t = "iqn.2026-11.test:t";
+        assert_eq!(kind("device-add", json!({"name": "a", "spec": "ram:8M"})), "conflict");
+        assert_eq!(kind("device-add", json!({"name": "b", "spec": "floppy:1"})), "bad_request");
+        assert_eq!(kind("device-add", json!({"name": "b"})), "bad_request");
+        assert_eq!(kind("device-remove", json!({"name": "a"})), "conflict");
+        assert_eq!(kind("device-remove", json!({"name": "zz"})), "not_found");
+        assert_eq!(kind("resize", json!({"device": "a", "size": "lots"})), "bad_request");
+        let lun = |group: &str, lun: u64, device: &str| {
+            json!({"target": t, "group": group, "lun": lun, "device": device})
+        };
+        assert_eq!(kind("lun-map", lun("g", 0, "a")), "conflict");
+        assert_eq!(kind("lun-map", lun("g", 1, "zz")), "not_found");
+        assert_eq!(kind("lun-map", lun("nope", 1, "a")), "not_found");
+        assert_eq!(kind("frobnicate", json!({})), "bad_request");
     }
 
     #[test]
@@ -1251,7 +1327,7 @@ iqn = "iqn.2026-11.test:t"
             let mut c = base();
             let e = edit(&mut c, verb, &args(a)).unwrap_err();
             assert_eq!(c, base(), "{verb} changed the config before refusing: {e}");
-            e
+            e.to_string()
         };
         assert!(refused("device-add", json!({"name": "a", "spec": "ram:8M"})).contains("exists"));
         assert!(!refused("device-add", json!({"name": "b", "spec": "floppy:1"})).is_empty());

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, ConfigSource, DeviceConfig, IscsiName, StoreKind};
+use super::error::{ReloadError, SaveError};
+use crate::config::{Config, ConfigSource, DeviceConfig, Invalid, IscsiName, StoreKind};
 use crate::shared::Shared;
 use crate::topology::{OpenDevice, Topology};
 
@@ -143,7 +144,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
 /// grow it to, `Ok(None)` for nothing to do on the store. Anything else changing under a
 /// running LU (its medium, block size, identity, caching) is refused: remove the device in one
 /// reload and add it back in the next.
-fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, String> {
+fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, Invalid> {
     let same_but_size_and_state = DeviceConfig {
         store: now.store.clone(),
         offline: now.offline,
@@ -170,10 +171,10 @@ fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, String
                 size_bytes: b,
             },
         ) if p == q => match (a, b) {
-            (Some(a), Some(b)) if b < a => Err(format!(
+            (Some(a), Some(b)) if b < a => Err(Invalid(format!(
                 "size {b} is smaller than the running {a}: shrinking a LUN would cut off data \
                  its initiators may hold"
-            )),
+            ))),
             (Some(a), Some(b)) if a == b => Ok(None),
             // Growing, or a size for a device that had none: the store checks it against the
             // file (it never shrinks).
@@ -197,7 +198,7 @@ pub struct Applied {
 }
 
 /// Re-reads the config file and applies the difference (SIGHUP, `ctl reload`).
-pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, String> {
+pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, ReloadError> {
     let config = source.load()?;
     let base = config.clone();
     apply_with(
@@ -220,7 +221,7 @@ pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, St
 /// devices, building the topology) happens before anything is visible: on error nothing
 /// changed, except that a device grown before a later failure stays grown (growing loses
 /// nothing; the error says so).
-pub fn apply(shared: &Shared, new: Config) -> Result<Applied, String> {
+pub fn apply(shared: &Shared, new: Config) -> Result<Applied, ReloadError> {
     apply_with(shared, |_| new, |_| {})
 }
 
@@ -231,11 +232,11 @@ pub fn apply_with(
     shared: &Shared,
     make: impl FnOnce(&Config) -> Config,
     on_success: impl FnOnce(&Shared),
-) -> Result<Applied, String> {
+) -> Result<Applied, ReloadError> {
     let _one_at_a_time = shared.reloading.lock().unwrap_or_else(|e| e.into_inner());
     let current = shared.topology();
     let new = make(&current.config);
-    let changes = diff(&current.config, &new).map_err(|refused| refused.join("\n"))?;
+    let changes = diff(&current.config, &new).map_err(ReloadError::NeedsRestart)?;
     if changes.is_empty() {
         on_success(shared);
         return Ok(Applied {
@@ -251,9 +252,13 @@ pub fn apply_with(
         }
     }
     for name in &changes.devices_added {
-        let config = new
-            .device(name)
-            .ok_or_else(|| format!("device {name}: missing from the new config"))?;
+        let config = new.device(name);
+        // `diff` lists as added only devices of `new`.
+        assert!(
+            config.is_some(),
+            "device {name}: added but not in the new config"
+        );
+        let Some(config) = config else { continue };
         devices.insert(name.clone(), shared.device_context.open(config, &new)?);
     }
     let topology = Topology::assemble(new, devices, current.generation + 1)?;
@@ -271,7 +276,7 @@ pub fn apply_with(
                     grown.join(", ")
                 ));
             }
-            message
+            ReloadError::Resize(message)
         })?;
         if was != *size {
             grown.push(name.clone());
@@ -367,19 +372,20 @@ fn close_when_idle(name: String, device: Arc<OpenDevice>) {
 /// missing file is written whole. The previous file is kept as `NAME.bak`. Written atomically
 /// (a temporary file in the same directory, fsynced, renamed over it, the directory fsynced):
 /// a crash leaves the old file or the new one. Returns the config the file now holds.
-pub fn save_config(path: &Path, base: Option<&Config>, running: &Config) -> Result<Config, String> {
+pub fn save_config(
+    path: &Path,
+    base: Option<&Config>,
+    running: &Config,
+) -> Result<Config, SaveError> {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let located = |e: std::io::Error| format!("{}: {e}", path.display());
     let text = match std::fs::read_to_string(&path) {
         Ok(old) => {
             let loaded;
             let base = match base {
                 Some(b) => b,
                 None => {
-                    loaded =
-                        Config::from_toml_str(&old, &path.display().to_string()).map_err(|e| {
-                            format!("the file no longer loads ({e}); not saving over it")
-                        })?;
+                    loaded = Config::from_toml_str(&old, &path.display().to_string())
+                        .map_err(SaveError::FileInvalid)?;
                     &loaded
                 }
             };
@@ -388,16 +394,16 @@ pub fn save_config(path: &Path, base: Option<&Config>, running: &Config) -> Resu
             text
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => running.to_toml_with_secrets(),
-        Err(e) => return Err(located(e)),
+        Err(e) => return Err(SaveError::io(&path)(e)),
     };
     let saved = Config::from_toml_str(&text, &path.display().to_string())
-        .map_err(|e| format!("the edited file would not load ({e}); not saved"))?;
+        .map_err(SaveError::WouldNotLoad)?;
     write_atomically(&path, &text, saved.has_inline_secrets())?;
     Ok(saved)
 }
 
 /// `NAME.bak` beside `path`, with the file's previous text (and no wider mode than it had).
-fn keep_backup(path: &Path, old: &str) -> Result<(), String> {
+fn keep_backup(path: &Path, old: &str) -> Result<(), SaveError> {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".bak");
     let backup = path.with_file_name(name);
@@ -406,7 +412,7 @@ fn keep_backup(path: &Path, old: &str) -> Result<(), String> {
 
 /// Writes `text` to `path` through a temporary file and a rename. The file's mode is kept,
 /// but never more open than 0640 when `secret` (it holds CHAP secrets).
-fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), String> {
+fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), SaveError> {
     use std::io::Write as _;
     let dir = path
         .parent()
@@ -414,9 +420,9 @@ fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), String>
         .unwrap_or(Path::new("."));
     let name = path
         .file_name()
-        .ok_or_else(|| format!("{}: not a file name", path.display()))?;
+        .ok_or_else(|| SaveError::NotAFile(path.to_path_buf()))?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let located = |e: std::io::Error| format!("{}: {e}", tmp.display());
+    let located = SaveError::io(&tmp);
     let mode = std::fs::metadata(path).map_or(0o600, |m| {
         use std::os::unix::fs::PermissionsExt as _;
         m.permissions().mode() & 0o777
@@ -430,18 +436,18 @@ fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), String>
             .truncate(true)
             .mode(mode)
             .open(&tmp)
-            .map_err(located)?
+            .map_err(&located)?
     };
     // The mode of a file left by an earlier attempt is not changed by open: set it.
     {
         use std::os::unix::fs::PermissionsExt as _;
         file.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(located)?;
+            .map_err(&located)?;
     }
-    file.write_all(text.as_bytes()).map_err(located)?;
-    file.sync_all().map_err(located)?;
+    file.write_all(text.as_bytes()).map_err(&located)?;
+    file.sync_all().map_err(&located)?;
     drop(file);
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::rename(&tmp, path).map_err(SaveError::io(path))?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }

@@ -29,6 +29,7 @@ use crate::dataplane::coalesce::{Coalescer, Lockstep, Outcome, Plan};
 use crate::dataplane::sys;
 use crate::metrics::Metrics;
 
+use super::closed::Closed;
 use crate::admission::doors::ConnectionGuard;
 use crate::admission::registry::SessionTicket;
 use crate::admission::Refusal;
@@ -1805,7 +1806,7 @@ impl Driver {
         shared: &Arc<Shared>,
         prelogin: crate::admission::prelogin::Ticket,
         peer_only: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), Closed> {
         let limits = &shared.limits;
         let mut policy = Policy {
             shared,
@@ -1831,22 +1832,22 @@ impl Driver {
         };
         let mut login = Login::new(login_limits, target_limits, initial_stat_sn());
         // The connection's one timer: the login deadline now, its other deadlines later.
-        let mut alarm = Alarm::new().map_err(|e| format!("timer: {e}"))?;
+        let mut alarm = Alarm::new().map_err(Closed::timer)?;
         alarm
             .set(Instant::now() + prelogin.login_timeout)
-            .map_err(|e| format!("timer: {e}"))?;
+            .map_err(Closed::timer)?;
         let mut shutdown = shared.shutdown_signal();
         let established = loop {
             let step = tokio::select! {
                 step = self.next_login_step(&mut login, &mut policy) => step?,
                 rung = alarm.rung() => {
-                    rung.map_err(|e| format!("timer: {e}"))?;
+                    rung.map_err(Closed::timer)?;
                     shared.metrics.limit("login_timeout_s");
-                    return Err("login timed out".into());
+                    return Err(Closed::Limit("login timed out"));
                 }
-                () = Shared::wait_for_shutdown(&mut shutdown) => return Err("shutting down during login".into()),
+                () = Shared::wait_for_shutdown(&mut shutdown) => return Err(Closed::Limit("shutting down during login")),
                 () = prelogin.evicted() => {
-                    return Err("evicted before login: max_prelogin_connections reached".into())
+                    return Err(Closed::Limit("evicted before login: max_prelogin_connections reached"))
                 }
             };
             // Count and log before the response goes out, so anyone who saw it sees the count.
@@ -1869,12 +1870,12 @@ impl Driver {
         // Logged in: no longer in the pre-login budget, never evicted from here on.
         drop(prelogin);
         let Some(mut ticket) = policy.ticket.take() else {
-            return Err("login completed without a session".into());
+            return Err(Closed::Invariant("login completed without a session"));
         };
         // A normal session was admitted as a member of one group of its target; discovery
         // sessions have no target.
         let Some((topology, membership, required)) = policy.admitted.take() else {
-            return Err("login completed without an admission".into());
+            return Err(Closed::Invariant("login completed without an admission"));
         };
         let admitted = Admitted::of_login(
             &topology,
@@ -1882,7 +1883,9 @@ impl Driver {
             &required,
             established.chap_user.as_deref(),
         )
-        .ok_or("the admitted group is not in its topology")?;
+        .ok_or(Closed::Invariant(
+            "the admitted group is not in its topology",
+        ))?;
         assert_eq!(
             membership.is_some(),
             established.target_name.is_some(),
@@ -2053,7 +2056,7 @@ impl Driver {
         }
         let reason = match (&result, backend.close_reason) {
             (_, Some(reason)) => reason.to_string(),
-            (Err(e), None) => e.clone(),
+            (Err(e), None) => e.to_string(),
             (Ok(()), None) => "logout or connection closed".to_string(),
         };
         tracing::info!(
@@ -2103,13 +2106,14 @@ impl Driver {
         &mut self,
         login: &mut Login,
         policy: &mut Policy<'_>,
-    ) -> Result<LoginStep, String> {
+    ) -> Result<LoginStep, Closed> {
         let framing = login.framing();
         loop {
             match pdu::frame_len(&self.rbuf[self.start..self.end], &framing) {
                 Ok(Some(len)) => {
                     let frame = &self.rbuf[self.start..self.start + len];
-                    let pdu = pdu::parse_frame(frame, &framing).map_err(|(e, _)| e.to_string())?;
+                    let pdu = pdu::parse_frame(frame, &framing)
+                        .map_err(|(e, _)| Closed::Protocol(e.to_string()))?;
                     let mut bytes = Vec::new();
                     let step = login.handle(&pdu, policy, &mut bytes);
                     self.start += len;
@@ -2117,7 +2121,7 @@ impl Driver {
                     return Ok(step);
                 }
                 Ok(None) => self.fill().await?,
-                Err(e) => return Err(format!("bad login PDU: {e}")),
+                Err(e) => return Err(Closed::Protocol(format!("bad login PDU: {e}"))),
             }
         }
     }
@@ -2130,7 +2134,7 @@ impl Driver {
         completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
         wakeups: &mut Wakeups,
         alarm: &mut Alarm,
-    ) -> Result<(), String> {
+    ) -> Result<(), Closed> {
         let mut next_tick = Instant::now() + TICK;
         let mut timed_out = false;
         let mut was_congested = false;
@@ -2171,17 +2175,17 @@ impl Driver {
             // While congested only the tick (and completions) may wake the connection.
             let batch_deadline = wakeups.batch_deadline().filter(|_| !congested);
             let wake_at = batch_deadline.map_or(next_tick, |d| d.min(next_tick));
-            alarm.set(wake_at).map_err(|e| format!("timer: {e}"))?;
+            alarm.set(wake_at).map_err(Closed::timer)?;
             tokio::select! {
                 read = self.stream.read(&mut self.rbuf[self.end..read_end]), if !congested => {
                     match read {
                         Ok(0) => return Ok(()),
                         Ok(n) => self.received_into_buffer(n),
-                        Err(e) => return Err(e.to_string()),
+                        Err(e) => return Err(Closed::Io(e)),
                     }
                 }
                 rung = alarm.rung() => {
-                    rung.map_err(|e| format!("timer: {e}"))?;
+                    rung.map_err(Closed::timer)?;
                     let now = Instant::now();
                     if batch_deadline.is_some_and(|d| now >= d) {
                         // The readiness the low-water mark holds back: read what is there.
@@ -2189,7 +2193,7 @@ impl Driver {
                             Ok((0, _)) => return Ok(()),
                             Ok((n, _)) => self.received_into_buffer(n),
                             Err(rustix::io::Errno::AGAIN) => {}
-                            Err(e) => return Err(e.to_string()),
+                            Err(e) => return Err(Closed::Io(e.into())),
                         }
                         timed_out = true;
                     }
@@ -2266,7 +2270,7 @@ impl Driver {
                     }
                 }
                 ready = ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
-                    ready.map_err(|e| format!("io_uring: {e}"))?;
+                    ready.map_err(|e| Closed::Failed(format!("io_uring: {e}")))?;
                     backend.reap_ring();
                     if deliver_answered(session, backend, &mut self.out) {
                         self.flush().await?;
@@ -2281,7 +2285,7 @@ impl Driver {
                     let wait = if wait.at_owner.is_some() {
                         match tokio::task::spawn_blocking(move || { wait.reset_at_owner(); wait }).await {
                             Ok(wait) => wait,
-                            Err(e) => return Err(format!("LUN reset at the owner: {e}")),
+                            Err(e) => return Err(Closed::Failed(format!("LUN reset at the owner: {e}"))),
                         }
                     } else {
                         wait
@@ -2316,7 +2320,7 @@ impl Driver {
         &mut self,
         session: &mut Session,
         backend: &mut Backend<'_>,
-    ) -> Result<(Flow, bool), String> {
+    ) -> Result<(Flow, bool), Closed> {
         if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
         {
             return Ok((Flow::Close, true));
@@ -2342,7 +2346,7 @@ impl Driver {
         session: &mut Session,
         backend: &mut Backend<'_>,
         now: Instant,
-    ) -> Result<(Flow, bool), String> {
+    ) -> Result<(Flow, bool), Closed> {
         let framing: Framing = session.framing();
         loop {
             if backend.congested() {
@@ -2353,9 +2357,9 @@ impl Driver {
                 Ok(Some(len)) => len,
                 Ok(None) => return Ok((Flow::Continue, true)),
                 Err(e @ FrameError::DataSegmentTooLong { .. }) => {
-                    return Err(format!("protocol error: {e}"));
+                    return Err(Closed::Protocol(format!("protocol error: {e}")));
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(Closed::Protocol(e.to_string())),
             };
             let frame = &self.rbuf[self.start..self.start + len];
             self.last_pdu_long = len >= IN_PLACE_MIN;
@@ -2364,7 +2368,7 @@ impl Driver {
                 Err((FrameError::DataDigest, Some(bhs))) => {
                     session.data_digest_error(&bhs, &mut self.out)
                 }
-                Err((e, _)) => return Err(format!("protocol error: {e}")),
+                Err((e, _)) => return Err(Closed::Protocol(format!("protocol error: {e}"))),
             };
             self.start += len;
             if flow == Flow::Close {
@@ -2387,7 +2391,7 @@ impl Driver {
         session: &mut Session,
         backend: &mut Backend<'_>,
         alarm: &mut Alarm,
-    ) -> Result<Option<Flow>, String> {
+    ) -> Result<Option<Flow>, Closed> {
         let framing = session.framing();
         let available = &self.rbuf[self.start..self.end];
         let Some(header) = available.get(..pdu::BHS_LEN) else {
@@ -2441,20 +2445,20 @@ impl Driver {
                 pad.get_mut(filled - len..pad_len)
             };
             let Some(into) = into else {
-                return Err("Data-Out placement out of range".into());
+                return Err(Closed::Protocol("Data-Out placement out of range".into()));
             };
             tokio::select! {
                 read = self.stream.read(into) => match read {
-                    Ok(0) => return Err("peer closed".into()),
+                    Ok(0) => return Err(Closed::Limit("peer closed")),
                     Ok(n) => filled += n,
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return Err(Closed::Io(e)),
                 },
                 rung = alarm.rung() => {
-                    rung.map_err(|e| format!("timer: {e}"))?;
+                    rung.map_err(Closed::timer)?;
                     if Instant::now() >= stalled_at {
-                        return Err("peer stalled in the middle of a Data-Out PDU".into());
+                        return Err(Closed::Limit("peer stalled in the middle of a Data-Out PDU"));
                     }
-                    alarm.set(stalled_at).map_err(|e| format!("timer: {e}"))?;
+                    alarm.set(stalled_at).map_err(Closed::timer)?;
                 }
             }
         }
@@ -2544,33 +2548,33 @@ impl Driver {
         self.received = false;
     }
 
-    async fn fill(&mut self) -> Result<(), String> {
+    async fn fill(&mut self) -> Result<(), Closed> {
         self.make_room();
         if self.end == self.rbuf.len() {
-            return Err("receive buffer full".into());
+            return Err(Closed::Limit("receive buffer full"));
         }
         match self.stream.read(&mut self.rbuf[self.end..]).await {
-            Ok(0) => Err("peer closed".into()),
+            Ok(0) => Err(Closed::Limit("peer closed")),
             Ok(n) => {
                 self.received_into_buffer(n);
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(Closed::Io(e)),
         }
     }
 
     /// Sends everything queued with as few system calls as possible: one vectored write for the
     /// memory parts between file ranges, one `sendfile` per file range.
-    async fn flush(&mut self) -> Result<(), String> {
+    async fn flush(&mut self) -> Result<(), Closed> {
         if self.out.is_broken() {
             // A bug, not the initiator's doing: what is queued no longer matches its headers.
             tracing::error!(peer = %self.peer, "outbox invariant broken (a payload range out of bounds); closing the connection");
-            return Err("outbox invariant broken".into());
+            return Err(Closed::Invariant("outbox invariant broken"));
         }
         while let Some(first) = self.out.parts().first() {
             let written = if let &Part::File { offset, len, .. } = first {
                 let Some(file) = self.out.file(first) else {
-                    return Err("outbox: file part without its file".into());
+                    return Err(Closed::Invariant("outbox: file part without its file"));
                 };
                 let sent = self
                     .stream
@@ -2580,10 +2584,12 @@ impl Driver {
                             .map_err(std::io::Error::from)
                     })
                     .await
-                    .map_err(|e| format!("sendfile: {e}"))?;
+                    .map_err(|e| Closed::Failed(format!("sendfile: {e}")))?;
                 if sent == 0 {
                     // Only past the end of the file: it shrank under the LU.
-                    return Err("sendfile: LU file shorter than its size".into());
+                    return Err(Closed::Failed(
+                        "sendfile: LU file shorter than its size".into(),
+                    ));
                 }
                 sent
             } else {
@@ -2612,17 +2618,13 @@ impl Driver {
                             )
                             .map_err(std::io::Error::from)
                         })
-                        .await
-                        .map_err(|e| e.to_string())?
+                        .await?
                 } else {
-                    self.stream
-                        .write_vectored(&slices)
-                        .await
-                        .map_err(|e| e.to_string())?
+                    self.stream.write_vectored(&slices).await?
                 }
             };
             if written == 0 {
-                return Err("peer stopped reading".into());
+                return Err(Closed::Limit("peer stopped reading"));
             }
             self.out.consume(written);
         }

@@ -3,6 +3,7 @@
 
 pub(crate) mod alarm;
 pub(crate) mod busy_poll;
+pub mod closed;
 pub mod coalesce;
 pub mod connection;
 pub mod route;

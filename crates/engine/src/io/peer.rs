@@ -114,8 +114,20 @@ const SESSIONS_MAX: usize = 256;
 /// non-owner take every place its gateway's address has at the owner.
 pub const ADMITTED_MAX: usize = 1024;
 
+/// Why a shipped command got no answer from the owner: the initiator is answered NOT READY,
+/// transition, and retries.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ShipError {
+    /// No portal of the owner let the peer session log in.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The peer session closed, broke or failed with the command queued or in flight.
+    #[error("{0}")]
+    Broken(String),
+}
+
 /// A shipped command's outcome as the peer session delivers it.
-type Outcome = Result<ScsiResult, String>;
+type Outcome = Result<ScsiResult, ShipError>;
 
 /// Where a shipped command's outcome goes (called on the session's driver thread).
 type Reply = Box<dyn FnOnce(Outcome) + Send>;
@@ -144,9 +156,9 @@ enum Job {
 }
 
 impl Job {
-    fn fail(self, why: &str) {
+    fn fail(self, why: &ShipError) {
         match self {
-            Job::Command { reply, .. } => reply(Err(why.to_string())),
+            Job::Command { reply, .. } => reply(Err(why.clone())),
             Job::Reset(reply) => reply(false),
         }
     }
@@ -204,7 +216,7 @@ impl PeerSession {
     }
 
     /// Every job queued or in flight fails with `why` (the connection is gone).
-    fn fail_all(&self, why: &str) {
+    fn fail_all(&self, why: &ShipError) {
         let (queued, waiting) = {
             let mut pending = self.pending();
             (
@@ -216,7 +228,7 @@ impl PeerSession {
             job.fail(why);
         }
         for (_, reply) in waiting {
-            reply(Err(why.to_string()));
+            reply(Err(why.clone()));
         }
     }
 }
@@ -355,7 +367,9 @@ impl PeerLink {
                 .spawn(move || drive(&route, &driven));
             if let Err(e) = spawned {
                 session.pending().driven = false;
-                session.fail_all(&format!("no thread for the peer session: {e}"));
+                session.fail_all(&ShipError::Broken(format!(
+                    "no thread for the peer session: {e}"
+                )));
             }
         }
         session.raise();
@@ -413,7 +427,7 @@ impl PeerLink {
                 reply,
             },
         ) {
-            job.fail("no peer session");
+            job.fail(&ShipError::Broken("no peer session".into()));
         }
     }
 
@@ -475,13 +489,15 @@ impl PeerLink {
 
 /// Logs in to `owner`'s first portal that answers, and takes the new nexus's unit attentions
 /// (its POWER ON): they are the peer session's, not the LU's.
-fn connect(route: &LinkRoute, owner: usize, alias: &str) -> Result<Connection, String> {
+fn connect(route: &LinkRoute, owner: usize, alias: &str) -> Result<Connection, ShipError> {
     let portals = route
         .route
         .portals
         .get(owner)
         .filter(|p| !p.is_empty())
-        .ok_or("the owner has no portal address to ship to")?;
+        .ok_or_else(|| {
+            ShipError::Unreachable("the owner has no portal address to ship to".into())
+        })?;
     let mut last = String::new();
     for address in portals {
         let name = route.route.name.clone();
@@ -509,7 +525,7 @@ fn connect(route: &LinkRoute, owner: usize, alias: &str) -> Result<Connection, S
             Err(e) => last = format!("{address}: {e}"),
         }
     }
-    Err(last)
+    Err(ShipError::Unreachable(last))
 }
 
 /// A session's driver: runs while the session has work (and [`DRIVER_IDLE`] longer), sending
@@ -524,7 +540,7 @@ fn drive(route: &LinkRoute, session: &PeerSession) {
         session.lower();
         if session.closed.load(Ordering::Acquire) {
             *held = None;
-            session.fail_all("the peer session closed");
+            session.fail_all(&ShipError::Broken("the peer session closed".into()));
             session.pending().driven = false;
             // A job queued between the failing and now finds `driven` false and starts a
             // driver of its own, which fails it here.
@@ -546,7 +562,7 @@ fn drive(route: &LinkRoute, session: &PeerSession) {
         }
         if held.as_ref().is_some_and(|c| c.broken().is_some()) {
             *held = None;
-            session.fail_all("the peer session broke");
+            session.fail_all(&ShipError::Broken("the peer session broke".into()));
             continue;
         }
         if held.is_none() {
@@ -574,7 +590,7 @@ fn drive(route: &LinkRoute, session: &PeerSession) {
                 while let Some(completion) = next {
                     let reply = session.pending().waiting.remove(&completion.tag);
                     if let Some(reply) = reply {
-                        reply(completion.result.map_err(|e| e.to_string()));
+                        reply(completion.result.map_err(broken));
                     }
                     next = connection.try_completion()?;
                 }
@@ -583,13 +599,13 @@ fn drive(route: &LinkRoute, session: &PeerSession) {
         if let Err(e) = reaped {
             tracing::warn!(%device, "the peer session to the owner failed: {e}");
             *held = None;
-            session.fail_all(&e.to_string());
+            session.fail_all(&ShipError::Broken(e.to_string()));
         }
     }
 }
 
 /// Sends every queued command (and runs a queued reset, in order), then flushes.
-fn run_queued(session: &PeerSession, connection: &mut Connection) -> Result<(), String> {
+fn run_queued(session: &PeerSession, connection: &mut Connection) -> Result<(), ShipError> {
     loop {
         let job = {
             let mut pending = session.pending();
@@ -615,7 +631,7 @@ fn run_queued(session: &PeerSession, connection: &mut Connection) -> Result<(), 
                         }
                         Err(e) => {
                             drop(pending);
-                            reply(Err(e.to_string()));
+                            reply(Err(ShipError::Broken(e.to_string())));
                             continue;
                         }
                     }
@@ -627,7 +643,7 @@ fn run_queued(session: &PeerSession, connection: &mut Connection) -> Result<(), 
         let Job::Reset(reply) = job else {
             continue;
         };
-        connection.flush().map_err(|e| e.to_string())?;
+        connection.flush().map_err(broken)?;
         match connection.task_management(Tmf::LunReset { lun: 0 }) {
             Ok(0) => {
                 take_unit_attentions(connection);
@@ -639,11 +655,17 @@ fn run_queued(session: &PeerSession, connection: &mut Connection) -> Result<(), 
             }
             Err(e) => {
                 reply(false);
-                return Err(format!("passing a LUN reset to the owner: {e}"));
+                return Err(ShipError::Broken(format!(
+                    "passing a LUN reset to the owner: {e}"
+                )));
             }
         }
     }
-    connection.flush().map_err(|e| e.to_string())
+    connection.flush().map_err(broken)
+}
+
+fn broken(e: impl std::fmt::Display) -> ShipError {
+    ShipError::Broken(e.to_string())
 }
 
 /// Whether `fd` became readable within `timeout`.

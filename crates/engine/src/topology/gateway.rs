@@ -228,7 +228,7 @@ impl ImageOwnership {
         settings: &Gateways,
         metrics: Arc<crate::metrics::Metrics>,
         (peer_identity, peer_target): (&scsi::LuIdentity, &str),
-    ) -> Result<Arc<ImageOwnership>, String> {
+    ) -> Result<Arc<ImageOwnership>, super::OpenError> {
         let (groups, me) = (&settings.groups, settings.me.as_str());
         let takeover_after = settings.takeover_after;
         let mut gateways: Vec<String> = groups.iter().map(|(_, g)| g.clone()).collect();
@@ -239,9 +239,17 @@ impl ImageOwnership {
             .iter()
             .filter_map(|(tag, g)| Some((*tag, index(g)?)))
             .collect();
-        let me = index(me).ok_or_else(|| format!("gateway {me:?} serves no portal group"))?;
-        let peer_secret = crate::io::peer::secret(&observer)
-            .map_err(|e| format!("the gateway peer secret of {}: {e}", observer.name()))?;
+        let me = index(me).ok_or_else(|| {
+            super::OpenError::Config(format!(
+                "device {device}: gateway {me:?} serves no portal group"
+            ))
+        })?;
+        let peer_secret = crate::io::peer::secret(&observer).map_err(|e| {
+            super::OpenError::device(
+                format!("device {device}"),
+                format!("the gateway peer secret of {}: {e}", observer.name()),
+            )
+        })?;
         let link = (!settings.standby).then(|| {
             let portals = gateways
                 .iter()

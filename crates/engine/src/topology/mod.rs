@@ -4,6 +4,7 @@
 //! reusing every device whose config did not change, and connections pick it up at their next
 //! turn.
 
+pub mod error;
 pub mod gateway;
 pub mod left_out;
 pub mod nexus;
@@ -20,6 +21,7 @@ use store::{BlockStore, Caching, FileStore, RamStore};
 
 use crate::config::{CacheMode, Config, DeviceConfig, IscsiName, StoreKind, TargetConfig};
 use crate::io::stall::WriteStalls;
+pub use error::OpenError;
 
 /// One initiator group of a target, with its LUN map built. Who belongs to it is the config's
 /// to say (`TargetConfig::group_index`); this is what a member gets.
@@ -167,24 +169,30 @@ impl DeviceContext {
     /// Opens a device's store, builds its LU and restores its saved reservations.
     /// `config` is the config the device comes from (its targets decide where peer sessions
     /// of gateways log in).
-    pub fn open(&self, device: &DeviceConfig, config: &Config) -> Result<Arc<OpenDevice>, String> {
+    pub fn open(
+        &self,
+        device: &DeviceConfig,
+        config: &Config,
+    ) -> Result<Arc<OpenDevice>, OpenError> {
         let (unit, rbd) = open_unit(device, self.gateways.is_some())?;
         let mut owned = None;
         if let Some(store) = rbd {
             // An image's reservations live in the image, shared by every gateway.
-            let observer = store.observer().map(Arc::new).map_err(|e| {
-                format!(
-                    "{}: watching the image: {RBD_UNAVAILABLE}{e}",
-                    device.located()
-                )
-            })?;
+            let observer = store
+                .observer()
+                .map(Arc::new)
+                .map_err(|e| OpenError::Unavailable {
+                    located: device.located(),
+                    what: "watching the image".into(),
+                    reason: e.to_string(),
+                })?;
             let reservations = crate::topology::gateway::ImageReservations::new(
                 Arc::clone(&observer),
                 &device.name,
             );
-            if let Some(state) = scsi::PrPersistence::load(&*reservations)
-                .map_err(|e| format!("{}: persistent reservations: {e}", device.located()))?
-            {
+            if let Some(state) = scsi::PrPersistence::load(&*reservations).map_err(|e| {
+                OpenError::device(device.located(), format!("persistent reservations: {e}"))
+            })? {
                 unit.replace_reservations(&state);
             }
             unit.set_pr_persistence(Arc::clone(&reservations) as Arc<dyn scsi::PrPersistence>);
@@ -209,12 +217,11 @@ impl DeviceContext {
                     gateways,
                     Arc::clone(&self.metrics),
                     (unit.identity(), &peer_target),
-                )
-                .map_err(|e| format!("{}: {e}", device.located()))?;
+                )?;
                 ownership.start().map_err(|e| {
-                    format!(
-                        "device {}: taking or following the image's owner: {e}",
-                        device.name
+                    OpenError::device(
+                        format!("device {}", device.name),
+                        format!("taking or following the image's owner: {e}"),
                     )
                 })?;
                 unit.set_ownership(Arc::clone(&ownership) as Arc<dyn scsi::Ownership>);
@@ -314,7 +321,7 @@ impl Topology {
         config: Config,
         devices: HashMap<String, Arc<OpenDevice>>,
         generation: u64,
-    ) -> Result<Topology, String> {
+    ) -> Result<Topology, OpenError> {
         let targets = assemble_targets(&config, &devices)?;
         Ok(Topology {
             generation,
@@ -345,7 +352,7 @@ impl Topology {
 fn assemble_targets(
     config: &Config,
     devices: &HashMap<String, Arc<OpenDevice>>,
-) -> Result<Vec<TargetRuntime>, String> {
+) -> Result<Vec<TargetRuntime>, OpenError> {
     let mut targets = Vec::new();
     for t in &config.targets {
         let portal_groups = if t.portal_groups.is_empty() {
@@ -361,9 +368,9 @@ fn assemble_targets(
             let mut lun_devices = Vec::new();
             for m in &g.luns {
                 lun_devices.push((m.lun, Arc::<str>::from(m.device.as_str())));
-                let device = devices
-                    .get(m.device.as_str())
-                    .ok_or_else(|| format!("target {}: unknown device {}", t.iqn, m.device))?;
+                let device = devices.get(m.device.as_str()).ok_or_else(|| {
+                    OpenError::Config(format!("target {}: unknown device {}", t.iqn, m.device))
+                })?;
                 if let Some(disk) = &device.disk {
                     disk_luns.push(DiskLun {
                         lun: m.lun,
@@ -378,8 +385,9 @@ fn assemble_targets(
                 }
                 entries.push((m.lun, Arc::clone(unit), m.read_only));
             }
-            let luns = LunMap::new(entries)
-                .map_err(|e| format!("target {} group {}: {e}", t.iqn, g.name))?;
+            let luns = LunMap::new(entries).map_err(|e| {
+                OpenError::Config(format!("target {} group {}: {e}", t.iqn, g.name))
+            })?;
             groups.push(GroupRuntime {
                 name: g.name.clone(),
                 luns: Arc::new(luns),
@@ -448,7 +456,7 @@ fn add_peer_groups(
     target: &mut TargetConfig,
     groups: &mut Vec<GroupRuntime>,
     devices: &HashMap<String, Arc<OpenDevice>>,
-) -> Result<(), String> {
+) -> Result<(), OpenError> {
     let mut mapped: Vec<&str> = target
         .groups
         .iter()
@@ -466,9 +474,9 @@ fn add_peer_groups(
         };
         let peer = crate::io::peer::peer_name(device.unit.identity());
         let initiator = IscsiName::from_wire(&peer)
-            .map_err(|e| format!("device {name}: peer name {peer}: {e:?}"))?;
+            .map_err(|e| OpenError::Config(format!("device {name}: peer name {peer}: {e:?}")))?;
         let luns = LunMap::new(vec![(0, Arc::clone(&device.unit), false)])
-            .map_err(|e| format!("device {name}: peer group: {e}"))?;
+            .map_err(|e| OpenError::Config(format!("device {name}: peer group: {e}")))?;
         let disk_luns = device
             .disk
             .iter()
@@ -511,17 +519,13 @@ fn add_peer_groups(
     Ok(())
 }
 
-/// Marks an RBD device that could not be opened for a reason that may pass (the cluster
-/// unreachable): the daemon starts without it (see `server::build`).
-pub const RBD_UNAVAILABLE: &str = "cluster unavailable: ";
-
 /// Opens a device's store and builds its logical unit (with the RBD store, for gateways).
 /// `gateway`: portal groups name gateways, so an RBD image gets a cluster connection of its own
 /// (a fence blocklists only it).
 fn open_unit(
     device: &DeviceConfig,
     gateway: bool,
-) -> Result<(Arc<LogicalUnit>, Option<Arc<store::RbdStore>>), String> {
+) -> Result<(Arc<LogicalUnit>, Option<Arc<store::RbdStore>>), OpenError> {
     let mut rbd = None;
     let store: Arc<dyn BlockStore> = match &device.store {
         StoreKind::Ram { size_bytes } => Arc::new(RamStore::new(*size_bytes)),
@@ -536,19 +540,18 @@ fn open_unit(
                 store::RbdStore::open(spec)
             };
             let store = Arc::new(opened.map_err(|e| {
+                let what = format!("rbd image {}/{}", spec.pool, spec.image);
                 // A missing image or pool is the config's error; anything else (a cluster
                 // down, a timeout, no libraries) may pass.
-                let transient = if e.kind() == std::io::ErrorKind::NotFound {
-                    ""
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    OpenError::device(device.located(), format!("{what}: {e}"))
                 } else {
-                    RBD_UNAVAILABLE
-                };
-                format!(
-                    "{}: rbd image {}/{}: {transient}{e}",
-                    device.located(),
-                    spec.pool,
-                    spec.image
-                )
+                    OpenError::Unavailable {
+                        located: device.located(),
+                        what,
+                        reason: e.to_string(),
+                    }
+                }
             })?);
             rbd = Some(Arc::clone(&store));
             store
@@ -572,7 +575,7 @@ fn open_unit(
         thin: device.thin,
     };
     let unit = LogicalUnit::new(store, identity, settings)
-        .map_err(|e| format!("{}: {e}", device.located()))?;
+        .map_err(|e| OpenError::device(device.located(), e))?;
     // SPC-2 RESERVE/RELEASE stay off: with them on, libiscsi 1.19's Reserve6.LUNReset trips over
     // the 29h/03h unit attention a LOGICAL UNIT RESET leaves on the requesting nexus (tgt fails
     // that test too). See `LogicalUnit::set_spc2_reservations` and docs/CONFORMANCE.md.
@@ -585,8 +588,9 @@ fn open_file_store(
     device: &DeviceConfig,
     path: &std::path::Path,
     size: Option<u64>,
-) -> Result<FileStore, String> {
-    let located = |e: std::io::Error| format!("{}: {}: {e}", device.located(), path.display());
+) -> Result<FileStore, OpenError> {
+    let located =
+        |e: std::io::Error| OpenError::device(device.located(), format!("{}: {e}", path.display()));
     let open = |caching| FileStore::open_with(path, size, device.thin, caching).map_err(located);
     let too_coarse = |store: &FileStore| {
         store
@@ -599,12 +603,14 @@ fn open_file_store(
         CacheMode::Direct => {
             let store = open(Caching::Direct)?;
             match too_coarse(&store) {
-                Some(alignment) => Err(format!(
-                    "device {}: {}: direct I/O needs {alignment}-byte alignment, larger than \
-                     block_size {}: set block_size = {alignment}, or cache = \"page\"",
-                    device.name,
-                    path.display(),
-                    device.block_size
+                Some(alignment) => Err(OpenError::device(
+                    format!("device {}", device.name),
+                    format!(
+                        "{}: direct I/O needs {alignment}-byte alignment, larger than \
+                         block_size {}: set block_size = {alignment}, or cache = \"page\"",
+                        path.display(),
+                        device.block_size
+                    ),
                 )),
                 None => Ok(store),
             }

@@ -18,6 +18,32 @@ use serde::{Deserialize, Serialize};
 /// Saving never writes more ([`to_text`]), so what was saved always loads.
 /// [`scsi::REGISTRATIONS_MAX`] registrations of the longest names take ~90 KiB.
 pub const STATE_BYTES_MAX: usize = 1 << 20;
+/// Why a saved reservation state does not load. The device it belongs to is fenced until the
+/// operator repairs or removes it (`topology::DeviceContext::open`).
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("larger than {STATE_BYTES_MAX} bytes")]
+    TooLarge,
+    #[error("{0}")]
+    NotToml(#[from] toml::de::Error),
+    #[error("saved for {saved}, not {medium}")]
+    WrongMedium { saved: String, medium: String },
+    /// Well-formed TOML that no save writes (a key, a holder, a type, notices out of order).
+    #[error("{0}")]
+    Damaged(String),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// One of the above, in the file at `path`.
+    #[error("{}: {error}", path.display())]
+    In {
+        path: PathBuf,
+        error: Box<StateError>,
+    },
+}
+
 /// The header line of a reservation file.
 const FILE_HEADER: &str = "# ferrosan: persistent reservations (APTPL). Written by the daemon.\n";
 
@@ -129,24 +155,30 @@ impl ReservationFile {
     /// The saved state, if there is one for this medium. A file that cannot be read or parsed
     /// is an error: starting without reservations an initiator made durable could let a fenced
     /// host write.
-    pub fn load(&self) -> Result<Option<PersistentReservations>, String> {
-        let located = |e: String| format!("{}: {e}", self.path.display());
+    pub fn load(&self) -> Result<Option<PersistentReservations>, StateError> {
+        let io = |source| StateError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let located = |error| StateError::In {
+            path: self.path.clone(),
+            error: Box::new(error),
+        };
         let meta = match fs::metadata(&self.path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(located(e.to_string())),
+            Err(e) => return Err(io(e)),
         };
         if meta.len() > (STATE_BYTES_MAX + FILE_HEADER.len()) as u64 {
-            return Err(located(format!("larger than {STATE_BYTES_MAX} bytes")));
+            return Err(located(StateError::TooLarge));
         }
-        let text = fs::read_to_string(&self.path).map_err(|e| located(e.to_string()))?;
-        let saved: SavedFile = toml::from_str(&text).map_err(|e| located(e.to_string()))?;
+        let text = fs::read_to_string(&self.path).map_err(io)?;
+        let saved: SavedFile = toml::from_str(&text).map_err(|e| located(e.into()))?;
         if Path::new(&saved.medium) != self.medium {
-            return Err(located(format!(
-                "saved for {}, not {}",
-                saved.medium,
-                self.medium.display()
-            )));
+            return Err(located(StateError::WrongMedium {
+                saved: saved.medium,
+                medium: self.medium.display().to_string(),
+            }));
         }
         decode(saved).map(Some).map_err(located)
     }
@@ -219,13 +251,19 @@ fn to_text(state: &PersistentReservations, medium: &Path) -> std::io::Result<Str
 }
 
 /// Reads back [`reservations_to_text`], checking it was saved for `medium`.
-pub fn reservations_from_text(text: &str, medium: &str) -> Result<PersistentReservations, String> {
+pub fn reservations_from_text(
+    text: &str,
+    medium: &str,
+) -> Result<PersistentReservations, StateError> {
     if text.len() > STATE_BYTES_MAX {
-        return Err(format!("larger than {STATE_BYTES_MAX} bytes"));
+        return Err(StateError::TooLarge);
     }
-    let saved: SavedFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    let saved: SavedFile = toml::from_str(text)?;
     if saved.medium != medium {
-        return Err(format!("saved for {}, not {medium}", saved.medium));
+        return Err(StateError::WrongMedium {
+            saved: saved.medium,
+            medium: medium.to_string(),
+        });
     }
     decode(saved)
 }
@@ -280,12 +318,12 @@ fn encode(state: &PersistentReservations, medium: &Path) -> SavedFile {
     }
 }
 
-fn decode(saved: SavedFile) -> Result<PersistentReservations, String> {
+fn decode(saved: SavedFile) -> Result<PersistentReservations, StateError> {
     let mut registrations = Vec::with_capacity(saved.registration.len());
     for r in saved.registration {
         let digits = r.key.strip_prefix("0x").unwrap_or(&r.key);
         let key = u64::from_str_radix(digits, 16)
-            .map_err(|e| format!("registration key {:?}: {e}", r.key))?;
+            .map_err(|e| StateError::Damaged(format!("registration key {:?}: {e}", r.key)))?;
         registrations.push(PrRegistration {
             nexus: PrNexus {
                 initiator_port: r.initiator_port,
@@ -311,10 +349,15 @@ fn decode(saved: SavedFile) -> Result<PersistentReservations, String> {
                 registrations.iter().any(|reg| reg.nexus == holder)
             };
             if !held {
-                return Err("the reservation's holder is not registered".into());
+                return Err(StateError::Damaged(
+                    "the reservation's holder is not registered".into(),
+                ));
             }
             if !matches!(r.pr_type, 1 | 3 | 5..=8) {
-                return Err(format!("reservation type {} is not valid", r.pr_type));
+                return Err(StateError::Damaged(format!(
+                    "reservation type {} is not valid",
+                    r.pr_type
+                )));
             }
             Some((holder, r.pr_type))
         }
@@ -322,10 +365,10 @@ fn decode(saved: SavedFile) -> Result<PersistentReservations, String> {
     if saved.notice.len() > scsi::NOTICES_KEPT
         || saved.notice.windows(2).any(|w| w[0].seq >= w[1].seq)
     {
-        return Err(format!(
+        return Err(StateError::Damaged(format!(
             "notices: at most {} in rising order expected",
             scsi::NOTICES_KEPT
-        ));
+        )));
     }
     let notices = saved
         .notice
@@ -436,7 +479,7 @@ mod tests {
         state.reservation = Some((gone, 1));
         let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
         let e = reservations_from_text(&text, "rbd:rbd/vm").unwrap_err();
-        assert!(e.contains("not registered"), "{e}");
+        assert!(e.to_string().contains("not registered"), "{e}");
         // Text saved for another medium is refused.
         state.reservation = None;
         let text = reservations_to_text(&state, "rbd:rbd/vm").unwrap();
@@ -505,12 +548,12 @@ mod tests {
             ),
         ] {
             fs::write(&path, text).unwrap();
-            let err = file.load().unwrap_err();
+            let err = file.load().unwrap_err().to_string();
             assert!(err.contains(&*path.to_string_lossy()), "{err}");
             assert!(err.contains(why), "{why}: {err}");
         }
         fs::write(&path, vec![b'#'; STATE_BYTES_MAX + FILE_HEADER.len() + 1]).unwrap();
-        assert!(file.load().unwrap_err().contains("larger than"));
+        assert!(file.load().unwrap_err().to_string().contains("larger than"));
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -1,11 +1,9 @@
 //! The declarative config file: raw (spanned) TOML structures, validation and resolution.
 
-use super::Invalid;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::path::PathBuf;
 
 use scsi::AccessState;
 use serde::Deserialize;
@@ -15,14 +13,11 @@ use super::auth::{
     auth_toml, resolve_auth, resolve_mutual, resolve_users, user_toml, RawAuth, RawChapUser,
     RawCredentials, RawDiscovery, SecretBook, SourceNet,
 };
-use super::names::{
-    check_iscsi_name, check_object_name, check_serial, derive_identity, parse_listen, parse_naa,
-    parse_size, portals_overlap,
-};
+use super::names::{check_iscsi_name, check_object_name, parse_listen, portals_overlap};
 use super::{
-    CacheMode, ChapAlgorithm, Config, ConfigErrors, DeviceConfig, DiscoveryConfig,
-    InitiatorCredentials, InitiatorGroup, IscsiName, LunMapping, Origin, PortalGroup, RawLimits,
-    ServerConfig, StoreKind, TargetConfig, LIMIT_TABLE,
+    ChapAlgorithm, Config, ConfigErrors, DeviceConfig, DiscoveryConfig, InitiatorCredentials,
+    InitiatorGroup, IscsiName, LunMapping, PortalGroup, RawLimits, ServerConfig, StoreKind,
+    TargetConfig, LIMIT_TABLE,
 };
 
 /// The largest LUN number (flat addressing, SAM-5).
@@ -32,6 +27,8 @@ const ALIAS_BYTES_MAX: usize = 255;
 const WORKERS_MAX: i64 = 1024;
 
 use super::cx::Cx;
+use super::devices::{resolve_devices, RawDevice};
+use super::Invalid;
 
 type S<T> = Spanned<T>;
 
@@ -77,27 +74,6 @@ struct RawPortalGroup {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawDevice {
-    name: Option<S<String>>,
-    store: Option<S<String>>,
-    path: Option<S<String>>,
-    /// RBD: `POOL/IMAGE`, and how to reach the cluster.
-    image: Option<S<String>>,
-    ceph_conf: Option<S<String>>,
-    ceph_client: Option<S<String>>,
-    size: Option<S<toml::Value>>,
-    block_size: Option<S<i64>>,
-    serial: Option<S<String>>,
-    naa: Option<S<String>>,
-    read_only: Option<S<bool>>,
-    write_cache: Option<S<bool>>,
-    thin: Option<S<bool>>,
-    cache: Option<S<String>>,
-    offline: Option<S<bool>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawTarget {
     iqn: Option<S<String>>,
     alias: Option<S<String>>,
@@ -134,7 +110,7 @@ struct RawLun {
 }
 
 /// `Some(&value)` of a required field, or an error at the enclosing table.
-fn required<'v, T>(
+pub(super) fn required<'v, T>(
     cx: &mut Cx<'_>,
     v: &'v Option<S<T>>,
     table: &Range<usize>,
@@ -146,7 +122,7 @@ fn required<'v, T>(
     v.as_ref()
 }
 
-fn bool_or(v: &Option<S<bool>>, default: bool) -> bool {
+pub(super) fn bool_or(v: &Option<S<bool>>, default: bool) -> bool {
     v.as_ref().map_or(default, |b| *b.get_ref())
 }
 
@@ -563,365 +539,6 @@ fn check_gateway_name(name: &str) -> Result<(), Invalid> {
             "{name:?}: a gateway name (letters, digits, _ - .; at most 64)"
         )))
     }
-}
-
-fn resolve_devices(
-    cx: &mut Cx<'_>,
-    raw: &[S<RawDevice>],
-    seed: &str,
-    roots: &[PathBuf],
-) -> Vec<DeviceConfig> {
-    let mut devices: Vec<DeviceConfig> = Vec::new();
-    let mut names: HashSet<String> = HashSet::new();
-    let mut naas: HashMap<Vec<u8>, String> = HashMap::new();
-    let mut paths: HashMap<PathBuf, String> = HashMap::new();
-    for (i, rd) in raw.iter().enumerate() {
-        let table = rd.span();
-        let rd = rd.get_ref();
-        let mut ok = true;
-        let mut ctx = format!("device #{}", i + 1);
-        let name = match required(cx, &rd.name, &table, format!("{ctx}: name")) {
-            Some(n) => {
-                ctx = format!("device {:?}", n.get_ref());
-                if let Err(m) = check_object_name(n.get_ref()) {
-                    cx.err(n.span(), format!("{ctx}: name"), m);
-                    ok = false;
-                } else if !names.insert(n.get_ref().clone()) {
-                    cx.err(n.span(), format!("{ctx}: name"), "duplicate device name");
-                    ok = false;
-                }
-                n.get_ref().clone()
-            }
-            None => {
-                ok = false;
-                String::new()
-            }
-        };
-        let block_size = match &rd.block_size {
-            None => 512,
-            Some(b) if matches!(*b.get_ref(), 512 | 4096) => *b.get_ref() as u32,
-            Some(b) => {
-                cx.err(
-                    b.span(),
-                    format!("{ctx}: block_size"),
-                    format!("must be 512 or 4096, got {}", b.get_ref()),
-                );
-                ok = false;
-                512
-            }
-        };
-        let cache = match rd
-            .cache
-            .as_ref()
-            .map(|c| (c, CacheMode::parse(c.get_ref())))
-        {
-            None => CacheMode::Auto,
-            Some((_, Some(mode))) => mode,
-            Some((c, None)) => {
-                cx.err(
-                    c.span(),
-                    format!("{ctx}: cache"),
-                    format!(
-                        "unknown mode {:?}: expected \"auto\", \"direct\" or \"page\"",
-                        c.get_ref()
-                    ),
-                );
-                ok = false;
-                CacheMode::Auto
-            }
-        };
-        let size = match &rd.size {
-            None => None,
-            Some(s) => {
-                let parsed = match s.get_ref() {
-                    toml::Value::Integer(n) if *n >= 0 => Ok(*n as u64),
-                    toml::Value::Integer(n) => {
-                        Err(Invalid(format!("must not be negative, got {n}")))
-                    }
-                    toml::Value::String(t) => parse_size(t),
-                    other => Err(Invalid::from(format!(
-                        "must be a number of bytes or a string like \"10G\", got a {}",
-                        other.type_str()
-                    ))),
-                };
-                match parsed {
-                    Ok(0) => {
-                        cx.err(s.span(), format!("{ctx}: size"), "must not be 0");
-                        ok = false;
-                        None
-                    }
-                    Ok(n) if n % u64::from(block_size) != 0 => {
-                        cx.err(
-                            s.span(),
-                            format!("{ctx}: size"),
-                            format!("must be a multiple of block_size ({block_size}), got {n}"),
-                        );
-                        ok = false;
-                        None
-                    }
-                    Ok(n) => Some((n, s.span())),
-                    Err(m) => {
-                        cx.err(s.span(), format!("{ctx}: size"), m);
-                        ok = false;
-                        None
-                    }
-                }
-            }
-        };
-        let store = match required(cx, &rd.store, &table, format!("{ctx}: store")) {
-            None => None,
-            Some(st) => {
-                let path = rd.path.as_ref();
-                let path_field = format!("{ctx}: path");
-                match st.get_ref().as_str() {
-                    "ram" => {
-                        if let Some(p) = path {
-                            cx.err(p.span(), path_field, "a ram device has no path");
-                            ok = false;
-                        }
-                        match (&rd.size, &size) {
-                            (Some(raw), Some((n, _))) if *n > super::RAM_SIZE_BYTES_MAX => {
-                                cx.err(
-                                    raw.span(),
-                                    format!("{ctx}: size"),
-                                    format!(
-                                        "{n} bytes exceeds the largest RAM LUN ({} bytes, 16T)",
-                                        super::RAM_SIZE_BYTES_MAX
-                                    ),
-                                );
-                                None
-                            }
-                            (_, Some((n, _))) => Some(StoreKind::Ram { size_bytes: *n }),
-                            (None, _) => {
-                                cx.err(
-                                    st.span(),
-                                    format!("{ctx}: size"),
-                                    "missing: a ram device needs a size",
-                                );
-                                None
-                            }
-                            (Some(_), None) => None,
-                        }
-                    }
-                    "file" | "block" => {
-                        let is_file = st.get_ref() == "file";
-                        let path = match path {
-                            None => {
-                                cx.err(
-                                    st.span(),
-                                    path_field,
-                                    format!("missing: a {} device needs a path", st.get_ref()),
-                                );
-                                None
-                            }
-                            Some(p) if p.get_ref().is_empty() => {
-                                cx.err(p.span(), path_field, "must not be empty");
-                                None
-                            }
-                            Some(p) => {
-                                let pb = PathBuf::from(p.get_ref());
-                                if let Err(m) = super::within_roots(&pb, roots) {
-                                    cx.err(p.span(), path_field.clone(), m);
-                                    ok = false;
-                                }
-                                if let Some(other) = paths.get(&pb) {
-                                    cx.err(
-                                        p.span(),
-                                        path_field,
-                                        format!("{:?} is already the path of {other}", p.get_ref()),
-                                    );
-                                    ok = false;
-                                } else {
-                                    paths.insert(pb.clone(), ctx.clone());
-                                }
-                                Some(pb)
-                            }
-                        };
-                        if !is_file {
-                            if let (Some(s), Some(_)) = (&rd.size, &size) {
-                                cx.err(
-                                    s.span(),
-                                    format!("{ctx}: size"),
-                                    "a block device's size is the device's own; remove `size`",
-                                );
-                                ok = false;
-                            }
-                        }
-                        match (path, is_file) {
-                            (Some(path), true) => Some(StoreKind::File {
-                                path,
-                                size_bytes: size.map(|(n, _)| n),
-                            }),
-                            (Some(path), false) => Some(StoreKind::Block { path }),
-                            (None, _) => None,
-                        }
-                    }
-                    "rbd" => {
-                        if let Some(p) = path {
-                            cx.err(
-                                p.span(),
-                                path_field,
-                                "an rbd device has no path: name it with image = \"POOL/IMAGE\"",
-                            );
-                            ok = false;
-                        }
-                        if let (Some(s), Some(_)) = (&rd.size, &size) {
-                            cx.err(
-                                s.span(),
-                                format!("{ctx}: size"),
-                                "an RBD image's size is the image's own; remove `size`",
-                            );
-                            ok = false;
-                        }
-                        let image = match &rd.image {
-                            None => {
-                                cx.err(
-                                    st.span(),
-                                    format!("{ctx}: image"),
-                                    "missing: an rbd device needs image = \"POOL/IMAGE\"",
-                                );
-                                None
-                            }
-                            Some(i) => match super::parse_rbd_image(i.get_ref()) {
-                                Ok(parts) => {
-                                    let key = PathBuf::from(format!("rbd:{}", i.get_ref()));
-                                    if let Some(other) = paths.get(&key) {
-                                        cx.err(
-                                            i.span(),
-                                            format!("{ctx}: image"),
-                                            format!(
-                                                "{:?} is already the image of {other}",
-                                                i.get_ref()
-                                            ),
-                                        );
-                                        ok = false;
-                                    } else {
-                                        paths.insert(key, ctx.clone());
-                                    }
-                                    Some(parts)
-                                }
-                                Err(m) => {
-                                    cx.err(i.span(), format!("{ctx}: image"), m);
-                                    None
-                                }
-                            },
-                        };
-                        let ceph_conf = match &rd.ceph_conf {
-                            Some(c) if c.get_ref().is_empty() => {
-                                cx.err(c.span(), format!("{ctx}: ceph_conf"), "must not be empty");
-                                ok = false;
-                                None
-                            }
-                            c => c.as_ref().map(|c| PathBuf::from(c.get_ref())),
-                        };
-                        let ceph_client = match &rd.ceph_client {
-                            Some(c) if c.get_ref().is_empty() || c.get_ref().contains('\0') => {
-                                cx.err(
-                                    c.span(),
-                                    format!("{ctx}: ceph_client"),
-                                    "must be a Ceph client name like \"client.iscsi\"",
-                                );
-                                ok = false;
-                                None
-                            }
-                            c => c.as_ref().map(|c| c.get_ref().clone()),
-                        };
-                        image.map(|(pool, image)| {
-                            StoreKind::Rbd(store::RbdSpec {
-                                pool,
-                                image,
-                                conf: ceph_conf,
-                                client: ceph_client,
-                            })
-                        })
-                    }
-                    other => {
-                        cx.err(
-                            st.span(),
-                            format!("{ctx}: store"),
-                            format!(
-                                "must be \"ram\", \"file\", \"block\" or \"rbd\", got {other:?}"
-                            ),
-                        );
-                        None
-                    }
-                }
-            }
-        };
-        // An RBD image has one identity on every gateway that exports it (whatever the device
-        // is called there): multipath sees one LU behind all of them.
-        let identity_key = match &store {
-            Some(StoreKind::Rbd(spec)) => format!("rbd:{}/{}", spec.pool, spec.image),
-            _ => format!("{seed}device:{name}"),
-        };
-        let (derived_serial, derived_naa) = derive_identity(&identity_key);
-        let serial = match &rd.serial {
-            None => derived_serial,
-            Some(s) => {
-                if let Err(m) = check_serial(s.get_ref()) {
-                    cx.err(s.span(), format!("{ctx}: serial"), m);
-                    ok = false;
-                }
-                s.get_ref().clone()
-            }
-        };
-        let naa = match &rd.naa {
-            None => derived_naa,
-            Some(n) => match parse_naa(n.get_ref()) {
-                Ok(b) => b,
-                Err(m) => {
-                    cx.err(n.span(), format!("{ctx}: naa"), m);
-                    ok = false;
-                    Vec::new()
-                }
-            },
-        };
-        if ok && !naa.is_empty() {
-            if let Some(other) = naas.get(&naa) {
-                let span = rd.naa.as_ref().map_or(table.clone(), |n| n.span());
-                cx.err(
-                    span,
-                    format!("{ctx}: naa"),
-                    format!(
-                        "same NAA identifier as {other}: initiators would take them for one LU"
-                    ),
-                );
-            } else {
-                naas.insert(naa.clone(), ctx.clone());
-            }
-        }
-        if let (true, Some(store)) = (ok, store) {
-            devices.push(DeviceConfig {
-                name,
-                store,
-                block_size,
-                serial,
-                naa,
-                read_only: bool_or(&rd.read_only, false),
-                write_cache: bool_or(&rd.write_cache, false),
-                thin: bool_or(&rd.thin, true),
-                cache,
-                offline: bool_or(&rd.offline, false),
-                origin: Origin(Some(format!("{}:{}", cx.file, cx.line_col(table.start).0))),
-            });
-        } else if !name.is_empty() {
-            // Keep the name known so that mappings to it do not report a second error.
-            devices.push(DeviceConfig {
-                name,
-                store: StoreKind::Ram { size_bytes: 0 },
-                block_size,
-                serial: String::new(),
-                naa: Vec::new(),
-                read_only: false,
-                write_cache: false,
-                thin: false,
-                cache: CacheMode::Auto,
-                offline: false,
-                origin: Origin::default(),
-            });
-        }
-    }
-    devices
 }
 
 fn resolve_targets(

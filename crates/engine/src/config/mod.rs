@@ -8,6 +8,7 @@
 mod auth;
 mod cli;
 mod cx;
+mod devices;
 pub mod edit;
 mod file;
 mod names;

@@ -87,15 +87,30 @@ fn size_accepts_integers_and_binary_units() {
 
 #[test]
 fn size_rejects_fractions_ambiguity_and_garbage() {
-    assert!(parse_size("1.5G").unwrap_err().to_string().contains("fractions"));
-    assert!(parse_size("1GB").unwrap_err().to_string().contains("ambiguous"));
-    assert!(parse_size("1mb").unwrap_err().to_string().contains("ambiguous"));
-    assert!(parse_size("1X").unwrap_err().to_string().contains("unknown unit"));
+    assert!(parse_size("1.5G")
+        .unwrap_err()
+        .to_string()
+        .contains("fractions"));
+    assert!(parse_size("1GB")
+        .unwrap_err()
+        .to_string()
+        .contains("ambiguous"));
+    assert!(parse_size("1mb")
+        .unwrap_err()
+        .to_string()
+        .contains("ambiguous"));
+    assert!(parse_size("1X")
+        .unwrap_err()
+        .to_string()
+        .contains("unknown unit"));
     assert!(parse_size("").is_err());
     assert!(parse_size("G").is_err());
     assert!(parse_size("-1G").is_err());
     assert!(parse_size("1G1").is_err());
-    assert!(parse_size("16384P").unwrap_err().to_string().contains("too large"));
+    assert!(parse_size("16384P")
+        .unwrap_err()
+        .to_string()
+        .contains("too large"));
     assert!(parse_size("99999999999999999999999")
         .unwrap_err()
         .to_string()
@@ -164,7 +179,10 @@ fn iscsi_name_length_limit_is_223_bytes() {
     assert_eq!(ok.len(), 223);
     assert!(is_valid_iscsi_name(&ok));
     let long = format!("{ok}a");
-    assert!(check_iscsi_name(&long).unwrap_err().to_string().contains("223"));
+    assert!(check_iscsi_name(&long)
+        .unwrap_err()
+        .to_string()
+        .contains("223"));
 }
 
 // ---- portals -------------------------------------------------------------------------------
@@ -182,9 +200,15 @@ fn listen_addresses_parse() {
     );
     assert_eq!(a("[::1]:3261"), "[::1]:3261".parse::<SocketAddr>().unwrap());
     assert_eq!(a("[::1]"), "[::1]:3260".parse::<SocketAddr>().unwrap());
-    assert!(parse_listen("::1").unwrap_err().to_string().contains("brackets"));
+    assert!(parse_listen("::1")
+        .unwrap_err()
+        .to_string()
+        .contains("brackets"));
     assert!(parse_listen("localhost:3260").is_err());
-    assert!(parse_listen("127.0.0.1:0").unwrap_err().to_string().contains("port 0"));
+    assert!(parse_listen("127.0.0.1:0")
+        .unwrap_err()
+        .to_string()
+        .contains("port 0"));
     assert!(parse_listen("127.0.0.1:65536").is_err());
     assert!(parse_listen("[::ffff:10.0.0.1]:3260")
         .unwrap_err()

@@ -8,6 +8,7 @@
 //! and a client silent for [`CLIENT_IDLE`] is closed; none of them can delay the data plane,
 //! which never takes a lock the control plane holds for long.
 
+pub mod edit;
 pub mod error;
 pub mod reload;
 
@@ -24,8 +25,9 @@ use serde_json::{json, Map, Value};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::config::{Config, IscsiName, LunMapping, StoreKind};
+use crate::config::{Config, StoreKind};
 use crate::shared::Shared;
+use edit::{edit, text, EDIT_VERBS};
 use error::SaveError;
 
 /// Largest request line, in bytes.
@@ -663,20 +665,6 @@ fn close_session(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Co
     }
 }
 
-/// The verbs that change the config (each also takes `"save": true`).
-pub const EDIT_VERBS: &[&str] = &[
-    "device-add",
-    "device-remove",
-    "resize",
-    "lun-map",
-    "lun-unmap",
-    "initiator-add",
-    "initiator-remove",
-    "chap-set",
-    "device-offline",
-    "device-online",
-];
-
 fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let running = shared.topology().config.clone();
     let mut args = args.clone();
@@ -764,305 +752,6 @@ fn grow_to_medium(shared: &Shared, name: &str, whole: u64) -> Result<Value, Cont
         "changes": if whole == was { vec![] } else { vec![what.clone()] },
         "saved": true,
     }))
-}
-
-fn text<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, ControlError> {
-    args.get(key)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| ControlError::BadRequest(format!("\"{key}\" is required")))
-}
-
-fn number(args: &Map<String, Value>, key: &str) -> Result<u64, ControlError> {
-    args.get(key)
-        .and_then(Value::as_u64)
-        .ok_or_else(|| ControlError::BadRequest(format!("\"{key}\": a number is required")))
-}
-
-/// Applies one changing verb to `config` (pure: no effects) and says what it did. The result
-/// is validated whole afterwards, as a config file is.
-pub fn edit(
-    config: &mut Config,
-    verb: &str,
-    args: &Map<String, Value>,
-) -> Result<String, ControlError> {
-    match verb {
-        "device-add" => {
-            let name = text(args, "name")?;
-            if config.device(name).is_some() {
-                return Err(ControlError::Conflict(format!(
-                    "device {name} exists already"
-                )));
-            }
-            let device = Config::device_from_spec(name, text(args, "spec")?)?;
-            config.devices.push(device);
-            Ok(format!("device {name} added"))
-        }
-        "device-remove" => {
-            let name = text(args, "name")?;
-            let index = config
-                .devices
-                .iter()
-                .position(|d| d.name == name)
-                .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
-            let mapped: Vec<String> = config
-                .targets
-                .iter()
-                .flat_map(|t| t.groups.iter().map(move |g| (t, g)))
-                .flat_map(|(t, g)| {
-                    g.luns
-                        .iter()
-                        .filter(|m| m.device == name)
-                        .map(move |m| format!("{} group {} LUN {}", t.iqn, g.name, m.lun))
-                })
-                .collect();
-            if !mapped.is_empty() {
-                return Err(ControlError::Conflict(format!(
-                    "device {name} is mapped ({}): unmap it first",
-                    mapped.join("; ")
-                )));
-            }
-            config.devices.remove(index);
-            Ok(format!("device {name} removed"))
-        }
-        "resize" => {
-            let name = text(args, "device")?;
-            let size = crate::config::parse_size(text(args, "size")?)?;
-            let device = config
-                .devices
-                .iter_mut()
-                .find(|d| d.name == name)
-                .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
-            match &mut device.store {
-                StoreKind::File { size_bytes, .. } => *size_bytes = Some(size),
-                StoreKind::Ram { size_bytes } => *size_bytes = size,
-                StoreKind::Block { .. } => {
-                    return Err(ControlError::Conflict(format!(
-                        "device {name} is a block device: grow the device itself, then resize \
-                         it without a size to take the device's size"
-                    )))
-                }
-                StoreKind::Rbd(_) => {
-                    return Err(ControlError::Conflict(format!(
-                        "device {name} is an RBD image: grow it with `rbd resize`, then resize \
-                         it without a size to take the image's size"
-                    )))
-                }
-            }
-            Ok(format!("device {name} resized to {size} bytes"))
-        }
-        "lun-map" | "lun-unmap" | "initiator-add" | "initiator-remove" => {
-            let iqn =
-                IscsiName::from_wire(text(args, "target")?).map_err(ControlError::bad_request)?;
-            let group_name = text(args, "group")?;
-            let devices: Vec<String> = config.devices.iter().map(|d| d.name.clone()).collect();
-            let target = config
-                .targets
-                .iter_mut()
-                .find(|t| t.iqn == iqn)
-                .ok_or_else(|| ControlError::NotFound(format!("no target {iqn}")))?;
-            let group = target
-                .groups
-                .iter_mut()
-                .find(|g| g.name == group_name)
-                .ok_or_else(|| {
-                    ControlError::NotFound(format!("target {iqn} has no group {group_name}"))
-                })?;
-            match verb {
-                "lun-map" => {
-                    let lun = number(args, "lun")?;
-                    let device = text(args, "device")?;
-                    if !devices.iter().any(|d| d == device) {
-                        return Err(ControlError::NotFound(format!("no device {device}")));
-                    }
-                    if group.luns.iter().any(|m| m.lun == lun) {
-                        return Err(ControlError::Conflict(format!(
-                            "group {group_name} has a LUN {lun} already"
-                        )));
-                    }
-                    let read_only = args
-                        .get("read_only")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false);
-                    group.luns.push(LunMapping {
-                        lun,
-                        device: device.to_string(),
-                        read_only,
-                    });
-                    group.luns.sort_by_key(|m| m.lun);
-                    Ok(format!(
-                        "{iqn} group {group_name}: LUN {lun} maps device {device}"
-                    ))
-                }
-                "lun-unmap" => {
-                    let lun = number(args, "lun")?;
-                    let before = group.luns.len();
-                    group.luns.retain(|m| m.lun != lun);
-                    if group.luns.len() == before {
-                        return Err(ControlError::NotFound(format!(
-                            "group {group_name} has no LUN {lun}"
-                        )));
-                    }
-                    Ok(format!("{iqn} group {group_name}: LUN {lun} unmapped"))
-                }
-                "initiator-add" => {
-                    let name = IscsiName::from_wire(text(args, "initiator")?)
-                        .map_err(ControlError::bad_request)?;
-                    if group.initiators.contains(&name) {
-                        return Err(ControlError::Conflict(format!(
-                            "{name} is in group {group_name} already"
-                        )));
-                    }
-                    group.initiators.push(name.clone());
-                    Ok(format!("{iqn} group {group_name}: initiator {name} added"))
-                }
-                _ => {
-                    let name = IscsiName::from_wire(text(args, "initiator")?)
-                        .map_err(ControlError::bad_request)?;
-                    let before = group.initiators.len();
-                    group.initiators.retain(|i| *i != name);
-                    if group.initiators.len() == before {
-                        return Err(ControlError::NotFound(format!(
-                            "{name} is not in group {group_name}"
-                        )));
-                    }
-                    Ok(format!(
-                        "{iqn} group {group_name}: initiator {name} removed"
-                    ))
-                }
-            }
-        }
-        "device-offline" | "device-online" => {
-            let name = text(args, "name")?;
-            let offline = verb == "device-offline";
-            let device = config
-                .devices
-                .iter_mut()
-                .find(|d| d.name == name)
-                .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
-            if device.offline == offline {
-                return Err(ControlError::Conflict(format!(
-                    "device {name} is {} already",
-                    if offline { "offline" } else { "online" }
-                )));
-            }
-            device.offline = offline;
-            Ok(if offline {
-                format!("device {name} taken offline")
-            } else {
-                format!("device {name} back online")
-            })
-        }
-        "chap-set" => {
-            let iqn =
-                IscsiName::from_wire(text(args, "target")?).map_err(ControlError::bad_request)?;
-            let user = text(args, "user")?;
-            // A secret file is read (and its mode checked) when the edited config is
-            // validated; the config then names the file, never the secret.
-            let (secret, secret_file) = match (args.get("secret"), args.get("secret_file")) {
-                (Some(_), Some(_)) => {
-                    return Err(ControlError::BadRequest(
-                        "give a secret or a secret_file, not both".into(),
-                    ))
-                }
-                (_, Some(_)) => (
-                    String::new(),
-                    Some(PathBuf::from(text(args, "secret_file")?)),
-                ),
-                _ => (text(args, "secret")?.to_string(), None),
-            };
-            let mutual = args.get("mutual").and_then(Value::as_bool).unwrap_or(false);
-            let target = config
-                .targets
-                .iter_mut()
-                .find(|t| t.iqn == iqn)
-                .ok_or_else(|| ControlError::NotFound(format!("no target {iqn}")))?;
-            let credential = crate::config::ChapUser {
-                user: user.to_string(),
-                secret: crate::config::Secret::new(secret.into_bytes()),
-                secret_file,
-            };
-            let group = args.get("group").and_then(Value::as_str);
-            let initiator = args.get("initiator").and_then(Value::as_str);
-            let (auth_users, auth_mutual, scope) = match (group, initiator) {
-                (Some(_), Some(_)) => {
-                    return Err(ControlError::BadRequest(
-                        "give a group or an initiator, not both".into(),
-                    ));
-                }
-                (Some(group_name), None) => {
-                    let group = target
-                        .groups
-                        .iter_mut()
-                        .find(|g| g.name == group_name)
-                        .ok_or_else(|| {
-                            ControlError::NotFound(format!(
-                                "target {iqn} has no group {group_name}"
-                            ))
-                        })?;
-                    if !mutual {
-                        group.auth.mode = Some(crate::config::AuthMode::Chap);
-                    }
-                    let auth = &mut group.auth;
-                    (
-                        &mut auth.users,
-                        &mut auth.mutual,
-                        format!("group {group_name}"),
-                    )
-                }
-                (None, Some(name)) => {
-                    let name = IscsiName::from_wire(name).map_err(ControlError::bad_request)?;
-                    let at = match target.credentials.iter().position(|c| c.initiator == name) {
-                        Some(at) => at,
-                        None if mutual => {
-                            return Err(ControlError::Conflict(format!(
-                                "initiator {name} has no CHAP user of its own in {iqn}: set \
-                                 one before its mutual credentials"
-                            )))
-                        }
-                        None => {
-                            target
-                                .credentials
-                                .push(crate::config::InitiatorCredentials {
-                                    initiator: name.clone(),
-                                    users: Vec::new(),
-                                    mutual: None,
-                                });
-                            target.credentials.len() - 1
-                        }
-                    };
-                    let entry = &mut target.credentials[at];
-                    (
-                        &mut entry.users,
-                        &mut entry.mutual,
-                        format!("initiator {name}"),
-                    )
-                }
-                (None, None) => {
-                    if !mutual {
-                        target.auth.mode = Some(crate::config::AuthMode::Chap);
-                    }
-                    let auth = &mut target.auth;
-                    (&mut auth.users, &mut auth.mutual, "the target".to_string())
-                }
-            };
-            if mutual {
-                *auth_mutual = Some(credential);
-            } else {
-                *auth_users = vec![credential];
-            }
-            // The secret itself never reaches the log or the reply.
-            Ok(format!(
-                "{iqn}: {} {user} set for {scope} (from the next login)",
-                if mutual {
-                    "mutual CHAP name (the target's)"
-                } else {
-                    "CHAP user"
-                }
-            ))
-        }
-        other => Err(ControlError::BadRequest(format!("unknown verb {other}"))),
-    }
 }
 
 #[cfg(test)]
@@ -1306,15 +995,22 @@ iqn = "iqn.2026-11.test:t"
     fn refusals_say_their_kind() {
         let kind = |verb: &str, a: Value| edit(&mut base(), verb, &args(a)).unwrap_err().kind();
         let t = "iqn.2026-11.test:t";
-        assert_eq!(kind("device-add", json!({"name": "a", "spec": "ram:8M"})), "conflict");
-        assert_eq!(kind("device-add", json!({"name": "b", "spec": "floppy:1"})), "bad_request");
+        assert_eq!(
+            kind("device-add", json!({"name": "a", "spec": "ram:8M"})),
+            "conflict"
+        );
+        assert_eq!(
+            kind("device-add", json!({"name": "b", "spec": "floppy:1"})),
+            "bad_request"
+        );
         assert_eq!(kind("device-add", json!({"name": "b"})), "bad_request");
         assert_eq!(kind("device-remove", json!({"name": "a"})), "conflict");
         assert_eq!(kind("device-remove", json!({"name": "zz"})), "not_found");
-        assert_eq!(kind("resize", json!({"device": "a", "size": "lots"})), "bad_request");
-        let lun = |group: &str, lun: u64, device: &str| {
-            json!({"target": t, "group": group, "lun": lun, "device": device})
-        };
+        assert_eq!(
+            kind("resize", json!({"device": "a", "size": "lots"})),
+            "bad_request"
+        );
+        let lun = |group: &str, lun: u64, device: &str| json!({"target": t, "group": group, "lun": lun, "device": device});
         assert_eq!(kind("lun-map", lun("g", 0, "a")), "conflict");
         assert_eq!(kind("lun-map", lun("g", 1, "zz")), "not_found");
         assert_eq!(kind("lun-map", lun("nope", 1, "a")), "not_found");

@@ -69,7 +69,7 @@ pub struct ServerConfig {
     /// None: `/var/lib/ferrosan` for root, else `$XDG_STATE_HOME/ferrosan` (see `state.rs`).
     pub state_dir: Option<std::path::PathBuf>,
     /// The control socket of `ferrosan ctl`; None: `/run/ferrosan/control.sock` for root, else
-    /// `$XDG_RUNTIME_DIR/ferrosan/control.sock` (see `control.rs`).
+    /// `$XDG_RUNTIME_DIR/ferrosan/control.sock` (see `control/mod.rs`).
     pub control_socket: Option<std::path::PathBuf>,
     /// A group whose members may use the control socket too (mode 0660); None: owner only.
     pub control_socket_group: Option<String>,

@@ -163,7 +163,7 @@ impl Policy<'_> {
     /// and every login from a source that failed too often lately (docs/CONFIG.md,
     /// `login_failures_max`).
     fn check_source(&self, initiator_name: &IscsiName) -> Result<(), LoginStatus> {
-        // A connection past its source's limit is for a gateway peer only (server.rs).
+        // A connection past its source's limit is for a gateway peer only (admission/doors.rs).
         if self.peer_only && !crate::io::peer::is_peer_name(initiator_name.as_str()) {
             tracing::warn!(
                 peer = %self.peer,

@@ -6,7 +6,7 @@
 //! The peer session logs in with the initiator name [`PEER_PREFIX`] + the LU's NAA and CHAP
 //! with a secret kept in the image's metadata: only a client of the cluster (who could write
 //! the image anyway) can ship. The owner admits that name only into a group of its own that
-//! maps the device at LUN 0 (`topology.rs`). Each nexus of the shipping gateway has a peer
+//! maps the device at LUN 0 (`topology/mod.rs`). Each nexus of the shipping gateway has a peer
 //! session of its own, whose InitiatorAlias names that nexus ([`peer_alias`]); the owner runs
 //! its commands as that initiator port through the shipping gateway's port
 //! (`scsi::TargetPort::shipped`), so reservations, registrations and unit attentions are

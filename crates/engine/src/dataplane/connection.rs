@@ -8,15 +8,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iscsi::login::{
-    Admission, AuthRequirement, ChapRequirement, Login, LoginLimits, LoginPolicy, LoginStatus,
-    LoginStep, SessionKey,
+    Admission, AuthRequirement, ChapRequirement, Established, Login, LoginLimits, LoginPolicy,
+    LoginStatus, LoginStep, SessionKey,
 };
 use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::outbox::{Outbox, Part, ReadBuffers};
 use iscsi::pdu::{self, FrameError, Framing, Opcode};
 use iscsi::session::{
     Activity, DataOutBuf, DataOutMemory, DeferredCommand, DiscoveredTarget, Execution, Flow, Loan,
-    ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits, Tick, TmfAnswer, TmfFunction,
+    ScsiBackend, ScsiOutcome, ScsiRequest, Session, SessionLimits, TmfAnswer, TmfFunction,
 };
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use scsi::{LunEntry, LunMap, Nexus};
@@ -30,6 +30,7 @@ use crate::dataplane::sys;
 use crate::metrics::Metrics;
 
 use super::closed::Closed;
+use super::lifecycle::{self, Lifecycle, Shutdown};
 use crate::admission::doors::ConnectionGuard;
 use crate::admission::registry::SessionTicket;
 use crate::admission::Refusal;
@@ -79,9 +80,6 @@ const FILE_SEND_MIN_BYTES: u32 = 64 * 1024;
 /// arriving are received straight into the command's buffer instead of through the receive
 /// buffer (one copy fewer per byte written).
 const IN_PLACE_MIN: usize = 64 * 1024;
-/// How often a connection does its housekeeping: NOP-In pings, idle and shutdown checks,
-/// shrinking an idle receive buffer, reporting its counts to the metrics.
-const TICK: Duration = Duration::from_secs(1);
 /// Idle direct-I/O buffers a worker keeps for reuse, at most (see `store::BufPool`): enough for
 /// a QD16 stream of 1 MiB I/Os on each of two connections, and a bound on what idles.
 const DIRECT_BUFFERS_IDLE_BYTES_MAX: usize = 32 << 20;
@@ -809,6 +807,18 @@ impl Backend<'_> {
                 self.close_reason = Some(refusal.reason());
                 false
             }
+        }
+    }
+
+    /// Whether this gateway lost the ownership of an RBD image the session maps since the
+    /// session's nexus was made.
+    fn lost_an_image(&self) -> bool {
+        match (&self.luns, &self.nexus) {
+            (Some(luns), Some(nexus)) => luns
+                .entries()
+                .iter()
+                .any(|e| e.lu.nexus_outlived_ownership(nexus)),
+            _ => false,
         }
     }
 
@@ -1807,7 +1817,65 @@ impl Driver {
         prelogin: crate::admission::prelogin::Ticket,
         peer_only: bool,
     ) -> Result<(), Closed> {
-        let limits = &shared.limits;
+        // The connection's one timer: the login deadline now, its other deadlines later.
+        let mut alarm = Alarm::new().map_err(Closed::timer)?;
+        let Some(logged_in) = self.login(shared, prelogin, peer_only, &mut alarm).await? else {
+            return Ok(());
+        };
+        let LoggedIn {
+            established,
+            mut ticket,
+            topology,
+            membership,
+            admitted,
+        } = logged_in;
+        let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
+        let mut backend = self.backend(shared, &topology, admitted, &established, completions);
+        if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
+            if let Some(port) = t.ports.get(&self.portal_group_tag).cloned() {
+                let nexus = nexus_of(&established, t, group, port);
+                for entry in group.luns.entries() {
+                    entry.lu.nexus_added(nexus.id);
+                }
+                backend.nexus = Some(nexus);
+                backend.use_group(group);
+            }
+        }
+        let info = self.session_info(&established);
+        self.log_established(&established);
+        ticket.describe(Arc::clone(&info));
+        backend.info = Some(info);
+        let established_at = Instant::now();
+        let mut session = new_session(&established, &shared.limits);
+        shared.metrics.sessions.inc();
+        let mut wakeups = Wakeups::new(
+            Duration::from_micros(shared.limits.coalesce_wait_us.into()),
+            Arc::clone(&shared.metrics),
+        );
+        let result = self
+            .full_feature(
+                &mut session,
+                &mut backend,
+                &mut ticket,
+                &mut completed,
+                &mut wakeups,
+                &mut alarm,
+            )
+            .await;
+        wakeups.report();
+        self.end_session(&mut backend, &established, established_at, &result);
+        drop(ticket);
+        result
+    }
+
+    /// The login phase, to its end: `None` when the login failed (its response was sent).
+    async fn login(
+        &mut self,
+        shared: &Arc<Shared>,
+        prelogin: crate::admission::prelogin::Ticket,
+        peer_only: bool,
+        alarm: &mut Alarm,
+    ) -> Result<Option<LoggedIn>, Closed> {
         let mut policy = Policy {
             shared,
             portal_group_tag: self.portal_group_tag,
@@ -1816,23 +1884,8 @@ impl Driver {
             peer_only,
             admitted: None,
         };
-        let target_limits = TargetLimits {
-            max_recv_data_segment_length: limits.max_recv_data_segment_length,
-            max_burst_length: limits.max_burst_length,
-            first_burst_length: limits.first_burst_length,
-            max_outstanding_r2t: limits.max_outstanding_r2t.min(u16::MAX as u32) as u16,
-            header_digest_allowed: true,
-            data_digest_allowed: true,
-        };
-        let login_limits = LoginLimits {
-            max_keys: limits.max_text_key_count as usize,
-            max_text_bytes: limits.max_text_length as usize,
-            max_requests: 16,
-            queue_depth: limits.max_queue_depth,
-        };
+        let (login_limits, target_limits) = login_limits(&shared.limits);
         let mut login = Login::new(login_limits, target_limits, initial_stat_sn());
-        // The connection's one timer: the login deadline now, its other deadlines later.
-        let mut alarm = Alarm::new().map_err(Closed::timer)?;
         alarm
             .set(Instant::now() + prelogin.login_timeout)
             .map_err(Closed::timer)?;
@@ -1863,41 +1916,26 @@ impl Driver {
             self.flush().await?;
             match step {
                 LoginStep::Continue => continue,
-                LoginStep::Failed(_) => return Ok(()),
+                LoginStep::Failed(_) => return Ok(None),
                 LoginStep::Complete(est) => break est,
             }
         };
         // Logged in: no longer in the pre-login budget, never evicted from here on.
         drop(prelogin);
-        let Some(mut ticket) = policy.ticket.take() else {
-            return Err(Closed::Invariant("login completed without a session"));
-        };
-        // A normal session was admitted as a member of one group of its target; discovery
-        // sessions have no target.
-        let Some((topology, membership, required)) = policy.admitted.take() else {
-            return Err(Closed::Invariant("login completed without an admission"));
-        };
-        let admitted = Admitted::of_login(
-            &topology,
-            membership,
-            &required,
-            established.chap_user.as_deref(),
-        )
-        .ok_or(Closed::Invariant(
-            "the admitted group is not in its topology",
-        ))?;
-        assert_eq!(
-            membership.is_some(),
-            established.target_name.is_some(),
-            "a normal session's membership is decided at its admission"
-        );
-        debug_assert!(membership.is_none_or(|m| topology
-            .targets
-            .get(m.target)
-            .is_some_and(|t| Some(&t.iqn) == established.target_name.as_ref())));
+        logged_in(policy, established).map(Some)
+    }
 
-        let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
-        let mut backend = Backend {
+    /// The backend of a session admitted as `admitted` under `topology` (its nexus and LUN
+    /// map are set next).
+    fn backend<'s>(
+        &self,
+        shared: &'s Arc<Shared>,
+        topology: &Arc<Topology>,
+        admitted: Admitted,
+        established: &Established,
+        completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+    ) -> Backend<'s> {
+        Backend {
             shared,
             disk_luns: Arc::new(Vec::new()),
             answers: Answers {
@@ -1905,9 +1943,9 @@ impl Driver {
                 flag: busy_poll::completion_flag(),
             },
             deferred_bytes: 0,
-            deferred_bytes_max: limits.memory_per_connection_bytes as usize,
+            deferred_bytes_max: shared.limits.memory_per_connection_bytes as usize,
             peer: self.peer,
-            topology: Arc::clone(&topology),
+            topology: Arc::clone(topology),
             admitted,
             target_name: established.target_name.clone(),
             initiator: established.initiator_name.clone(),
@@ -1930,66 +1968,14 @@ impl Driver {
             info: None,
             close_reason: None,
             routed: None,
-        };
-        if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
-            let port = t.ports.get(&self.portal_group_tag).cloned();
-            if let Some(port) = port {
-                let id = crate::topology::nexus::new_id();
-                let isid: String = established
-                    .isid
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
-                // A gateway peer's session ships for the nexus its alias names: the initiator's
-                // own port through that gateway's port, in this gateway's group.
-                let shipped_for = group
-                    .peer
-                    .then_some(established.initiator_alias.as_deref())
-                    .flatten()
-                    .and_then(crate::io::peer::parse_peer_alias)
-                    .and_then(|(initiator, relative)| {
-                        let theirs = t.ports.values().find(|p| p.relative_id == relative)?;
-                        Some((initiator, theirs))
-                    });
-                backend.nexus = Some(match shipped_for {
-                    Some((initiator_port, theirs)) => Nexus {
-                        id,
-                        initiator_port,
-                        target_port: Arc::new(scsi::TargetPort {
-                            relative_id: theirs.relative_id,
-                            name: theirs.name.clone(),
-                            target_name: theirs.target_name.clone(),
-                            group: port.group,
-                            groups: Arc::clone(&port.groups),
-                            shipped: true,
-                        }),
-                    },
-                    None => Nexus {
-                        id,
-                        initiator_port: format!("{},i,0x{isid}", established.initiator_name),
-                        target_port: port,
-                    },
-                });
-                for entry in group.luns.entries() {
-                    entry.lu.nexus_added(id);
-                }
-                backend.use_group(group);
-            }
         }
-        let target_shown = established
-            .target_name
-            .as_ref()
-            .map_or("(discovery)", IscsiName::as_str)
-            .to_string();
-        tracing::info!(
-            peer = %self.peer,
-            initiator = %established.initiator_name,
-            target = target_shown,
-            tsih = established.tsih,
-            chap_user = established.chap_user.as_deref().unwrap_or("(none)"),
-            "session established"
-        );
-        let info = Arc::new(crate::admission::registry::SessionInfo {
+    }
+
+    fn session_info(
+        &self,
+        established: &Established,
+    ) -> Arc<crate::admission::registry::SessionInfo> {
+        Arc::new(crate::admission::registry::SessionInfo {
             initiator: established.initiator_name.to_string(),
             initiator_alias: established.initiator_alias.clone(),
             target: established.target_name.as_ref().map(|t| t.to_string()),
@@ -2006,55 +1992,36 @@ impl Driver {
             writes: Default::default(),
             read_bytes: Default::default(),
             write_bytes: Default::default(),
-        });
-        ticket.describe(Arc::clone(&info));
-        backend.info = Some(info);
-        let established_at = Instant::now();
-        let session_limits = SessionLimits {
-            queue_depth: limits.max_queue_depth,
-            max_write_bytes: WRITE_BYTES_MAX,
-            // The largest single write must always fit, or it could never run.
-            max_pending_write_bytes: (limits.memory_per_connection_bytes as usize)
-                .max(WRITE_BYTES_MAX as usize),
-            nop_interval: Duration::from_secs(limits.nop_in_interval_s.into()),
-            nop_timeout: Duration::from_secs(limits.nop_in_timeout_s.into()),
-            idle_timeout: Duration::from_secs(limits.idle_timeout_s.into()),
-            max_text_bytes: limits.max_text_length as usize,
-            max_keys: limits.max_text_key_count as usize,
-        };
-        let mut session = Session::new(
-            established.session_type,
-            established.initiator_name.clone(),
-            established.params,
-            session_limits,
-            established.next_stat_sn,
-            established.exp_cmd_sn,
-            Instant::now(),
+        })
+    }
+
+    fn log_established(&self, established: &Established) {
+        tracing::info!(
+            peer = %self.peer,
+            initiator = %established.initiator_name,
+            target = target_shown(established),
+            tsih = established.tsih,
+            chap_user = established.chap_user.as_deref().unwrap_or("(none)"),
+            "session established"
         );
-        shared.metrics.sessions.inc();
-        let mut wakeups = Wakeups::new(
-            Duration::from_micros(limits.coalesce_wait_us.into()),
-            Arc::clone(&shared.metrics),
-        );
-        let result = self
-            .full_feature(
-                &mut session,
-                &mut backend,
-                &mut ticket,
-                &mut completed,
-                &mut wakeups,
-                &mut alarm,
-            )
-            .await;
-        wakeups.report();
+    }
+
+    /// A session's end: its counts reported, its nexus gone from its LUs, its close logged.
+    fn end_session(
+        &self,
+        backend: &mut Backend<'_>,
+        established: &Established,
+        established_at: Instant,
+        result: &Result<(), Closed>,
+    ) {
         backend.report_io();
-        shared.metrics.sessions.dec();
+        backend.shared.metrics.sessions.dec();
         if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
             for entry in luns.entries() {
                 entry.lu.nexus_lost(nexus.id);
             }
         }
-        let reason = match (&result, backend.close_reason) {
+        let reason = match (result, backend.close_reason) {
             (_, Some(reason)) => reason.to_string(),
             (Err(e), None) => e.to_string(),
             (Ok(()), None) => "logout or connection closed".to_string(),
@@ -2062,14 +2029,12 @@ impl Driver {
         tracing::info!(
             peer = %self.peer,
             initiator = %established.initiator_name,
-            target = target_shown,
+            target = target_shown(established),
             tsih = established.tsih,
             duration_s = established_at.elapsed().as_secs(),
             reason,
             "session closed"
         );
-        drop(ticket);
-        result
     }
 
     /// Logs a failed login (initiator, source, reason; never a secret or a response) and counts
@@ -2135,12 +2100,10 @@ impl Driver {
         wakeups: &mut Wakeups,
         alarm: &mut Alarm,
     ) -> Result<(), Closed> {
-        let mut next_tick = Instant::now() + TICK;
+        let grace = Duration::from_secs(backend.shared.limits.shutdown_grace_s.into());
+        let mut life = Lifecycle::new(Instant::now(), grace);
         let mut timed_out = false;
         let mut was_congested = false;
-        let grace_s = backend.shared.limits.shutdown_grace_s;
-        // Set once the initiator has been asked to log out: the session ends then at the latest.
-        let mut logout_deadline: Option<Instant> = None;
         loop {
             // First run whatever is already buffered (pipelined behind the login).
             let (flow, drained) = self.process(session, backend)?;
@@ -2171,146 +2134,229 @@ impl Driver {
                 timed_out = false;
                 self.make_room();
             }
-            let read_end = self.read_end(session);
-            // While congested only the tick (and completions) may wake the connection.
-            let batch_deadline = wakeups.batch_deadline().filter(|_| !congested);
-            let wake_at = batch_deadline.map_or(next_tick, |d| d.min(next_tick));
-            alarm.set(wake_at).map_err(Closed::timer)?;
-            tokio::select! {
-                read = self.stream.read(&mut self.rbuf[self.end..read_end]), if !congested => {
-                    match read {
-                        Ok(0) => return Ok(()),
-                        Ok(n) => self.received_into_buffer(n),
-                        Err(e) => return Err(Closed::Io(e)),
-                    }
-                }
-                rung = alarm.rung() => {
-                    rung.map_err(Closed::timer)?;
-                    let now = Instant::now();
-                    if batch_deadline.is_some_and(|d| now >= d) {
-                        // The readiness the low-water mark holds back: read what is there.
-                        match rustix::net::recv(&self.stream, &mut self.rbuf[self.end..], RecvFlags::DONTWAIT) {
-                            Ok((0, _)) => return Ok(()),
-                            Ok((n, _)) => self.received_into_buffer(n),
-                            Err(rustix::io::Errno::AGAIN) => {}
-                            Err(e) => return Err(Closed::Io(e.into())),
-                        }
-                        timed_out = true;
-                    }
-                    if now < next_tick {
-                        continue;
-                    }
-                    // A tick held up (by a long Data-Out, say) is not made up for.
-                    next_tick = now + TICK;
-                    self.shrink_if_idle();
-                    wakeups.report();
-                    backend.report_io();
-                    let now = Instant::now();
-                    let verdict = session.tick(now, !congested, &mut self.out);
-                    self.flush().await?;
-                    match verdict {
-                        Tick::Continue => {}
-                        Tick::DeadPeer => {
-                            tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)");
-                            backend.close_reason = Some("dead peer (no answer to NOP-In)");
-                            return Ok(());
-                        }
-                        Tick::Idle => {
-                            tracing::info!(peer = %self.peer, "closing idle session (idle_timeout_s)");
-                            backend.close_reason = Some("idle_timeout_s");
-                            backend.shared.metrics.limit("idle_timeout_s");
-                            return Ok(());
-                        }
-                    }
-                    // A change is decided for an idle session too, not only at its next PDU.
-                    if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close() {
-                        return Ok(());
-                    }
-                    // A gateway that lost an RBD image this session maps ends the session: a
-                    // command it holds could be stale (docs/RBD.md); the initiator logs in again
-                    // and its new session ships to the new owner.
-                    if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
-                        if luns.entries().iter().any(|e| e.lu.nexus_outlived_ownership(nexus)) {
-                            tracing::warn!(peer = %self.peer, "closing the session: this gateway lost an RBD image it maps (log in again to reach the new owner)");
-                            backend.close_reason = Some("the gateway lost an image the session maps");
-                            return Ok(());
-                        }
-                    }
-                    // Shutdown is noticed here, within a second: a flag read once a second costs
-                    // nothing, where a wake-up channel shared by every connection would be polled
-                    // (and locked) on every turn.
-                    if logout_deadline.is_none() && backend.shared.is_shutting_down() {
-                        if grace_s == 0 {
-                            tracing::info!(peer = %self.peer, "shutting down: closing the session");
-                            backend.close_reason = Some("shutdown");
-                            return Ok(());
-                        }
-                        session.request_logout(u16::try_from(grace_s).unwrap_or(u16::MAX), &mut self.out);
-                        self.flush().await?;
-                        tracing::info!(peer = %self.peer, "shutting down: asked the initiator to log out within {grace_s} s");
-                        logout_deadline = Some(Instant::now() + Duration::from_secs(grace_s.into()));
-                    } else if logout_deadline.is_some_and(|d| Instant::now() >= d) {
-                        tracing::warn!(peer = %self.peer, "shutting down: no logout within {grace_s} s; closing the session");
-                        return Ok(());
-                    }
-                }
-                Some(done) = completed.recv() => {
-                    // Answers that arrived meanwhile leave with this one in a single write: a
-                    // device that completes in bursts (librbd's thread hands several over per
-                    // wake-up) then costs one send, not one per command.
-                    let mut closing = deliver(session, backend, &mut self.out, done);
-                    while !closing && self.out.len() < TURN_BYTES_MAX {
-                        let Ok(done) = completed.try_recv() else { break };
-                        closing = deliver(session, backend, &mut self.out, done);
-                    }
-                    if closing {
-                        // A TARGET COLD RESET answered once its last aborted task finished.
-                        self.flush().await?;
-                        return Ok(());
-                    }
-                }
-                ready = ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
-                    ready.map_err(|e| Closed::Failed(format!("io_uring: {e}")))?;
-                    backend.reap_ring();
-                    if deliver_answered(session, backend, &mut self.out) {
-                        self.flush().await?;
-                        return Ok(());
-                    }
-                }
-                drained = first_drained(&backend.tmf_waits), if !backend.tmf_waits.is_empty() => {
-                    let wait = backend.tmf_waits.swap_remove(drained);
-                    // Through a gateway that does not own the LU, the owner resets it too
-                    // before the answer (its nexuses get the unit attention). This
-                    // connection waits meanwhile; its LU holds new commands anyway.
-                    let wait = if wait.at_owner.is_some() {
-                        match tokio::task::spawn_blocking(move || { wait.reset_at_owner(); wait }).await {
-                            Ok(wait) => wait,
-                            Err(e) => return Err(Closed::Failed(format!("LUN reset at the owner: {e}"))),
-                        }
-                    } else {
-                        wait
-                    };
-                    wait.apply();
-                    let itt = wait.itt;
-                    // The LUs take commands again (before the answer goes out).
-                    drop(wait);
-                    let flow = session.task_management_done(itt, iscsi::session::tmf_response::COMPLETE, &mut self.out);
-                    self.flush().await?;
-                    if flow == Flow::Close {
-                        return Ok(());
-                    }
-                }
-                changed = ticket.kill.changed() => {
-                    let reason = *ticket.kill.borrow();
-                    if changed.is_err() || reason.is_some() {
-                        let reason = reason.unwrap_or("registry gone");
-                        tracing::info!(peer = %self.peer, "closing the session: {reason}");
-                        backend.close_reason = Some(reason);
-                        return Ok(());
-                    }
-                }
+            let mut waiting = Waiting {
+                session,
+                backend,
+                ticket,
+                completed,
+                wakeups,
+                life: &mut life,
+                congested,
+            };
+            match self.wait(&mut waiting, alarm).await? {
+                Woken::Work => {}
+                Woken::BatchOver => timed_out = true,
+                Woken::End => return Ok(()),
             }
         }
+    }
+
+    /// Waits for the next thing to do: bytes from the initiator (unless congested), the alarm
+    /// (a batch's wait over, the session's tick), a completion from another thread or the
+    /// ring, a task management function's LUs drained, the registry closing the session.
+    async fn wait(&mut self, w: &mut Waiting<'_, '_>, alarm: &mut Alarm) -> Result<Woken, Closed> {
+        let (session, backend) = (&mut *w.session, &mut *w.backend);
+        let read_end = self.read_end(session);
+        // While congested only the tick (and completions) may wake the connection.
+        let batch_deadline = w.wakeups.batch_deadline().filter(|_| !w.congested);
+        let next_tick = w.life.poll_timeout();
+        let wake_at = batch_deadline.map_or(next_tick, |d| d.min(next_tick));
+        alarm.set(wake_at).map_err(Closed::timer)?;
+        let end_if = |close: bool| if close { Woken::End } else { Woken::Work };
+        tokio::select! {
+            read = self.stream.read(&mut self.rbuf[self.end..read_end]), if !w.congested => {
+                match read {
+                    Ok(0) => Ok(Woken::End),
+                    Ok(n) => {
+                        self.received_into_buffer(n);
+                        Ok(Woken::Work)
+                    }
+                    Err(e) => Err(Closed::Io(e)),
+                }
+            }
+            rung = alarm.rung() => {
+                rung.map_err(Closed::timer)?;
+                let now = Instant::now();
+                let batch_over = batch_deadline.is_some_and(|d| now >= d);
+                if batch_over && !self.read_held_back()? {
+                    return Ok(Woken::End);
+                }
+                if w.life.handle_timeout(now)
+                    && !self.tick(session, backend, w.wakeups, w.life, w.congested).await?
+                {
+                    return Ok(Woken::End);
+                }
+                Ok(if batch_over { Woken::BatchOver } else { Woken::Work })
+            }
+            Some(done) = w.completed.recv() => {
+                let closing = self.deliver_burst(session, backend, w.completed, done);
+                if closing {
+                    // A TARGET COLD RESET answered once its last aborted task finished.
+                    self.flush().await?;
+                }
+                Ok(end_if(closing))
+            }
+            ready = ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
+                ready.map_err(|e| Closed::Failed(format!("io_uring: {e}")))?;
+                backend.reap_ring();
+                let closing = deliver_answered(session, backend, &mut self.out);
+                if closing {
+                    self.flush().await?;
+                }
+                Ok(end_if(closing))
+            }
+            drained = first_drained(&backend.tmf_waits), if !backend.tmf_waits.is_empty() => {
+                let flow = self.finish_tmf(session, backend, drained).await?;
+                Ok(end_if(flow == Flow::Close))
+            }
+            changed = w.ticket.kill.changed() => {
+                let reason = *w.ticket.kill.borrow();
+                if changed.is_err() || reason.is_some() {
+                    let reason = reason.unwrap_or("registry gone");
+                    tracing::info!(peer = %self.peer, "closing the session: {reason}");
+                    backend.close_reason = Some(reason);
+                    return Ok(Woken::End);
+                }
+                Ok(Woken::Work)
+            }
+        }
+    }
+
+    /// Reads what the receive low-water mark held back once the batch's wait is over; false at
+    /// the end of the stream.
+    fn read_held_back(&mut self) -> Result<bool, Closed> {
+        match rustix::net::recv(
+            &self.stream,
+            &mut self.rbuf[self.end..],
+            RecvFlags::DONTWAIT,
+        ) {
+            Ok((0, _)) => Ok(false),
+            Ok((n, _)) => {
+                self.received_into_buffer(n);
+                Ok(true)
+            }
+            Err(rustix::io::Errno::AGAIN) => Ok(true),
+            Err(e) => Err(Closed::Io(e.into())),
+        }
+    }
+
+    /// The session's tick: the iSCSI session's pings and verdicts, then the decisions made for
+    /// an idle session too (a topology change, an RBD image's ownership lost, the shutdown).
+    /// False when the session ends.
+    async fn tick(
+        &mut self,
+        session: &mut Session,
+        backend: &mut Backend<'_>,
+        wakeups: &mut Wakeups,
+        life: &mut Lifecycle,
+        congested: bool,
+    ) -> Result<bool, Closed> {
+        self.shrink_if_idle();
+        wakeups.report();
+        backend.report_io();
+        let now = Instant::now();
+        let verdict = session.tick(now, !congested, &mut self.out);
+        self.flush().await?;
+        if let Some(close) = Lifecycle::verdict(verdict) {
+            match close {
+                lifecycle::Close::Idle => {
+                    tracing::info!(peer = %self.peer, "closing idle session (idle_timeout_s)");
+                    backend.shared.metrics.limit("idle_timeout_s");
+                }
+                _ => {
+                    tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)")
+                }
+            }
+            backend.close_reason = Some(close.reason());
+            return Ok(false);
+        }
+        if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
+        {
+            return Ok(false);
+        }
+        if backend.lost_an_image() {
+            // A command this session holds could be stale (docs/RBD.md); the initiator logs in
+            // again and its new session ships to the new owner.
+            tracing::warn!(peer = %self.peer, "closing the session: this gateway lost an RBD image it maps (log in again to reach the new owner)");
+            backend.close_reason = Some("the gateway lost an image the session maps");
+            return Ok(false);
+        }
+        // Shutdown is noticed here, within a second: a flag read once a second costs nothing,
+        // where a wake-up channel shared by every connection would be polled (and locked) on
+        // every turn.
+        let grace_s = backend.shared.limits.shutdown_grace_s;
+        match life.shutdown(Instant::now(), backend.shared.is_shutting_down()) {
+            Shutdown::Nothing => Ok(true),
+            Shutdown::AskLogout(within) => {
+                session.request_logout(within, &mut self.out);
+                self.flush().await?;
+                tracing::info!(peer = %self.peer, "shutting down: asked the initiator to log out within {grace_s} s");
+                Ok(true)
+            }
+            Shutdown::Close(close) => {
+                match close {
+                    lifecycle::Close::NoLogout => {
+                        tracing::warn!(peer = %self.peer, "shutting down: no logout within {grace_s} s; closing the session")
+                    }
+                    _ => tracing::info!(peer = %self.peer, "shutting down: closing the session"),
+                }
+                backend.close_reason = Some(close.reason());
+                Ok(false)
+            }
+        }
+    }
+
+    /// Answers a completion and those that arrived meanwhile, in a single write: a device that
+    /// completes in bursts (librbd's thread hands several over per wake-up) then costs one
+    /// send, not one per command. True when the session closes.
+    fn deliver_burst(
+        &mut self,
+        session: &mut Session,
+        backend: &mut Backend<'_>,
+        completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
+        done: Completed,
+    ) -> bool {
+        let mut closing = deliver(session, backend, &mut self.out, done);
+        while !closing && self.out.len() < TURN_BYTES_MAX {
+            let Ok(done) = completed.try_recv() else {
+                break;
+            };
+            closing = deliver(session, backend, &mut self.out, done);
+        }
+        closing
+    }
+
+    /// Answers a task management function whose LUs drained. Through a gateway that does not
+    /// own the LU, the owner resets it too before the answer (its nexuses get the unit
+    /// attention); this connection waits meanwhile, its LU holding new commands anyway.
+    async fn finish_tmf(
+        &mut self,
+        session: &mut Session,
+        backend: &mut Backend<'_>,
+        drained: usize,
+    ) -> Result<Flow, Closed> {
+        let wait = backend.tmf_waits.swap_remove(drained);
+        let wait = if wait.at_owner.is_some() {
+            tokio::task::spawn_blocking(move || {
+                wait.reset_at_owner();
+                wait
+            })
+            .await
+            .map_err(|e| Closed::Failed(format!("LUN reset at the owner: {e}")))?
+        } else {
+            wait
+        };
+        wait.apply();
+        let itt = wait.itt;
+        // The LUs take commands again (before the answer goes out).
+        drop(wait);
+        let flow = session.task_management_done(
+            itt,
+            iscsi::session::tmf_response::COMPLETE,
+            &mut self.out,
+        );
+        self.flush().await?;
+        Ok(flow)
     }
 
     /// Handles the complete PDUs in the buffer, stopping early once a turn's responses reach
@@ -2781,6 +2827,175 @@ impl Wakeups {
 /// Unpredictable bytes from the kernel's CSPRNG (CHAP identifiers and challenges).
 /// /dev/urandom never blocks once the system's pool is initialized, which is long done by the
 /// time a daemon accepts connections.
+/// What a full feature session waits with.
+struct Waiting<'w, 'b> {
+    session: &'w mut Session,
+    backend: &'w mut Backend<'b>,
+    ticket: &'w mut SessionTicket,
+    completed: &'w mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
+    wakeups: &'w mut Wakeups,
+    life: &'w mut Lifecycle,
+    congested: bool,
+}
+
+/// What woke a waiting session.
+enum Woken {
+    /// Bytes, completions or a tick: run a turn.
+    Work,
+    /// The batch's wait is over: run a turn with what arrived (and say so to the coalescer).
+    BatchOver,
+    /// The session ends.
+    End,
+}
+
+/// What a completed login hands to the full feature phase.
+struct LoggedIn {
+    established: Box<Established>,
+    ticket: SessionTicket,
+    /// The topology the session was admitted under, its group in it (`None`: discovery) and
+    /// what it proved.
+    topology: Arc<Topology>,
+    membership: Option<Membership>,
+    admitted: Admitted,
+}
+
+/// What the login policy decided, taken once the login completed.
+fn logged_in(mut policy: Policy<'_>, established: Box<Established>) -> Result<LoggedIn, Closed> {
+    let ticket = policy
+        .ticket
+        .take()
+        .ok_or(Closed::Invariant("login completed without a session"))?;
+    // A normal session was admitted as a member of one group of its target; discovery
+    // sessions have no target.
+    let (topology, membership, required) = policy
+        .admitted
+        .take()
+        .ok_or(Closed::Invariant("login completed without an admission"))?;
+    let admitted = Admitted::of_login(
+        &topology,
+        membership,
+        &required,
+        established.chap_user.as_deref(),
+    )
+    .ok_or(Closed::Invariant(
+        "the admitted group is not in its topology",
+    ))?;
+    assert_eq!(
+        membership.is_some(),
+        established.target_name.is_some(),
+        "a normal session's membership is decided at its admission"
+    );
+    debug_assert!(membership.is_none_or(|m| topology
+        .targets
+        .get(m.target)
+        .is_some_and(|t| Some(&t.iqn) == established.target_name.as_ref())));
+    Ok(LoggedIn {
+        established,
+        ticket,
+        topology,
+        membership,
+        admitted,
+    })
+}
+
+/// The limits a login negotiates within.
+fn login_limits(limits: &crate::config::Limits) -> (LoginLimits, TargetLimits) {
+    let target_limits = TargetLimits {
+        max_recv_data_segment_length: limits.max_recv_data_segment_length,
+        max_burst_length: limits.max_burst_length,
+        first_burst_length: limits.first_burst_length,
+        max_outstanding_r2t: limits.max_outstanding_r2t.min(u16::MAX as u32) as u16,
+        header_digest_allowed: true,
+        data_digest_allowed: true,
+    };
+    let login_limits = LoginLimits {
+        max_keys: limits.max_text_key_count as usize,
+        max_text_bytes: limits.max_text_length as usize,
+        max_requests: 16,
+        queue_depth: limits.max_queue_depth,
+    };
+    (login_limits, target_limits)
+}
+
+/// The I_T nexus of a session in `group` through `port`. A gateway peer's session ships for
+/// the nexus its alias names: the initiator's own port through that gateway's port, in this
+/// gateway's group.
+fn nexus_of(
+    established: &Established,
+    t: &crate::topology::TargetRuntime,
+    group: &GroupRuntime,
+    port: Arc<scsi::TargetPort>,
+) -> Nexus {
+    let id = crate::topology::nexus::new_id();
+    let shipped_for = group
+        .peer
+        .then_some(established.initiator_alias.as_deref())
+        .flatten()
+        .and_then(crate::io::peer::parse_peer_alias)
+        .and_then(|(initiator, relative)| {
+            let theirs = t.ports.values().find(|p| p.relative_id == relative)?;
+            Some((initiator, theirs))
+        });
+    match shipped_for {
+        Some((initiator_port, theirs)) => Nexus {
+            id,
+            initiator_port,
+            target_port: Arc::new(scsi::TargetPort {
+                relative_id: theirs.relative_id,
+                name: theirs.name.clone(),
+                target_name: theirs.target_name.clone(),
+                group: port.group,
+                groups: Arc::clone(&port.groups),
+                shipped: true,
+            }),
+        },
+        None => {
+            let isid: String = established
+                .isid
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            Nexus {
+                id,
+                initiator_port: format!("{},i,0x{isid}", established.initiator_name),
+                target_port: port,
+            }
+        }
+    }
+}
+
+/// The full feature session a login established.
+fn new_session(established: &Established, limits: &crate::config::Limits) -> Session {
+    let session_limits = SessionLimits {
+        queue_depth: limits.max_queue_depth,
+        max_write_bytes: WRITE_BYTES_MAX,
+        // The largest single write must always fit, or it could never run.
+        max_pending_write_bytes: (limits.memory_per_connection_bytes as usize)
+            .max(WRITE_BYTES_MAX as usize),
+        nop_interval: Duration::from_secs(limits.nop_in_interval_s.into()),
+        nop_timeout: Duration::from_secs(limits.nop_in_timeout_s.into()),
+        idle_timeout: Duration::from_secs(limits.idle_timeout_s.into()),
+        max_text_bytes: limits.max_text_length as usize,
+        max_keys: limits.max_text_key_count as usize,
+    };
+    Session::new(
+        established.session_type,
+        established.initiator_name.clone(),
+        established.params,
+        session_limits,
+        established.next_stat_sn,
+        established.exp_cmd_sn,
+        Instant::now(),
+    )
+}
+
+fn target_shown(established: &Established) -> &str {
+    established
+        .target_name
+        .as_ref()
+        .map_or("(discovery)", IscsiName::as_str)
+}
+
 fn os_random(buf: &mut [u8]) -> std::io::Result<()> {
     use std::io::Read as _;
     std::fs::File::open("/dev/urandom")?.read_exact(buf)

@@ -6,5 +6,6 @@ pub(crate) mod busy_poll;
 pub mod closed;
 pub mod coalesce;
 pub mod connection;
+pub(crate) mod lifecycle;
 pub mod route;
 pub(crate) mod sys;

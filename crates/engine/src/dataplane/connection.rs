@@ -429,6 +429,26 @@ struct Backend<'a> {
 const RING_SUBMIT_BATCH: usize = 4;
 
 /// What an I/O on the connection's ring is for.
+/// A deferred command's LU, held in flight for it ([`Backend::hold`]).
+struct Held {
+    lu: Arc<scsi::LogicalUnit>,
+    /// The LU is mapped read-only to this session.
+    read_only: bool,
+    hold: scsi::inflight::OwnedIoGuard,
+    /// What the command holds of the connection's memory budget, and its Data-Out's length.
+    held_bytes: usize,
+    data_out_bytes: usize,
+}
+
+/// What planning a held command gave ([`Backend::plan`]).
+enum Planned {
+    Io(scsi::BlockIo, Option<scsi::WriteShare>, DeferredCommand),
+    /// Answered without I/O.
+    Answered,
+    /// Run it whole on the blocking pool.
+    Execute(DeferredCommand),
+}
+
 enum RingTag {
     /// A command's read, write or flush.
     Command(RingIo),
@@ -847,13 +867,58 @@ impl Backend<'_> {
         }
     }
 
+    /// The LU a deferred command addresses, held in flight for it from here to its answer (a
+    /// reset waits for the hold): the lookup every submit path starts with. None, the command
+    /// untouched, when the session has no LUN map or the LUN is unmapped, when the path does
+    /// not `take` the command, or while a reset drains the LU (it then waits on the blocking
+    /// pool).
+    fn hold(
+        &self,
+        command: &DeferredCommand,
+        lun: u64,
+        takes: impl FnOnce(&LunEntry, &Nexus) -> bool,
+    ) -> Option<Held> {
+        let (luns, nexus) = (self.luns.as_ref()?, self.nexus.as_ref()?);
+        let entry = luns.get(lun).filter(|entry| takes(entry, nexus))?;
+        let hold = entry.lu.in_flight().try_begin_owned(nexus.id)?;
+        let data_out_bytes = command.data_out.len();
+        Some(Held {
+            lu: Arc::clone(&entry.lu),
+            read_only: entry.read_only,
+            hold,
+            held_bytes: Self::held_bytes(data_out_bytes, command.read, command.expected_len),
+            data_out_bytes,
+        })
+    }
+
+    /// Plans a held command: its I/O, or its answer (a check failed, nothing to move; sent
+    /// at the end of the turn), or back to run whole where waiting is fine.
+    fn plan(&mut self, held: &Held, command: DeferredCommand, lun: u64) -> Planned {
+        let Some(nexus) = self.nexus.as_ref() else {
+            return Planned::Execute(command);
+        };
+        let cmd = scsi::Command {
+            cdb: &command.cdb,
+            data_out: &command.data_out,
+            data_in_limit: command.expected_len,
+        };
+        match held.lu.plan(nexus, &cmd, held.read_only) {
+            scsi::Plan::Execute => Planned::Execute(command),
+            scsi::Plan::Done(completion) => {
+                self.answer_planned(command, lun, &completion);
+                Planned::Answered
+            }
+            scsi::Plan::Io(io, share) => Planned::Io(io, share, command),
+        }
+    }
+
     /// Plans `command` and puts its I/O on the ring. Hands the command back, untouched in
     /// effect, when it must run on the blocking pool instead: no ring for its LU, a reset
     /// draining the LU, a command that does not plan, a COMPARE AND WRITE holding the order,
     /// a full ring.
     fn submit_to_ring(
         &mut self,
-        mut command: DeferredCommand,
+        command: DeferredCommand,
         lun: u64,
     ) -> Result<(), DeferredCommand> {
         let Some(direct) = self
@@ -865,81 +930,27 @@ impl Backend<'_> {
         else {
             return Err(command);
         };
-        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+        let Some(held) = self.hold(&command, lun, |_, _| true) else {
             return Err(command);
         };
-        let Some(entry) = luns.get(lun) else {
-            return Err(command);
+        let (io, share, mut command) = match self.plan(&held, command, lun) {
+            Planned::Io(io, share, command) => (io, share, command),
+            Planned::Answered => return Ok(()),
+            Planned::Execute(command) => return Err(command),
         };
-        let lu = Arc::clone(&entry.lu);
-        // While a reset drains the LU the command waits on the blocking pool.
-        let Some(hold) = lu.in_flight().try_begin_owned(nexus.id) else {
-            return Err(command);
-        };
-        let cmd = scsi::Command {
-            cdb: &command.cdb,
-            data_out: &command.data_out,
-            data_in_limit: command.expected_len,
-        };
-        let (io, share) = match lu.plan(nexus, &cmd, entry.read_only) {
-            scsi::Plan::Execute => return Err(command),
-            scsi::Plan::Done(completion) => {
-                self.answer_planned(command, lun, &completion);
-                return Ok(());
-            }
-            scsi::Plan::Io(io, share) => (io, share),
-        };
-        if self.ring.is_none() {
-            match DeviceRing::new() {
-                Ok(ring) => {
-                    busy_poll::watch_ring(ring.fd());
-                    self.ring = Some(ring);
-                }
-                Err(e) => {
-                    tracing::warn!(peer = %self.peer, "io_uring ring: {e}: direct I/O of this connection runs on the I/O threads");
-                    self.ring_failed = true;
-                    return Err(command);
-                }
-            }
-        }
-        let data_out_bytes = command.data_out.len();
-        let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
-        // Pooled buffers hold earlier I/Os' bytes: a read's is filled whole by the device (a
-        // short read fails), a write's is overwritten whole here.
-        let (op, buf) = match io.op {
-            // A read the transport truncated (EDTL not a whole block) still reads whole
-            // aligned blocks from the device; only `io.len` bytes are sent.
-            scsi::BlockOp::Read => (
-                RingOp::Read,
-                DIRECT_BUFFERS.with(|pool| {
-                    pool.take((io.len as usize).next_multiple_of(direct.alignment.max(1) as usize))
-                }),
-            ),
-            scsi::BlockOp::Write { .. } => {
-                // The planned length is a prefix of the Data-Out (whole blocks received).
-                let len = io.len as usize;
-                if command.data_out.len() < len {
-                    return Err(command);
-                }
-                let buf = match take_direct_data_out(&mut command.data_out) {
-                    // Received straight into a pooled aligned buffer: it goes to the device.
-                    Some(mut buf) => {
-                        buf.set_len(len);
-                        Some(buf)
-                    }
-                    None => DIRECT_BUFFERS.with(|pool| pool.take(len)).map(|mut buf| {
-                        buf.copy_from_slice(&command.data_out[..len]);
-                        buf
-                    }),
-                };
-                (RingOp::Write { dsync: false }, buf)
-            }
-            scsi::BlockOp::Flush => (RingOp::Flush, None),
-        };
-        if op != RingOp::Flush && buf.is_none() {
-            // Out of memory for the buffer: the blocking pool's path reports the failure.
+        let Held {
+            lu,
+            hold,
+            held_bytes,
+            data_out_bytes,
+            ..
+        } = held;
+        if !self.has_ring() {
             return Err(command);
         }
+        let Some((op, buf)) = ring_buffer(&io, direct.alignment, &mut command) else {
+            return Err(command);
+        };
         let (op, durable) = match op {
             RingOp::Write { .. } if io.op == (scsi::BlockOp::Write { durable: true }) => {
                 let how = self.group_commit(&direct.file).durability();
@@ -951,7 +962,6 @@ impl Backend<'_> {
             }
             op => (op, None),
         };
-        let is_durable = durable.is_some();
         let tag = RingIo {
             command,
             lun,
@@ -964,10 +974,46 @@ impl Backend<'_> {
             _share: share,
             durable,
         };
+        self.push_to_ring(op, &direct.file, io.offset, buf, tag)
+    }
+
+    /// Makes the connection's ring at its first direct I/O; false (and never again) when the
+    /// kernel gives none: direct I/O of this connection runs on the I/O threads.
+    fn has_ring(&mut self) -> bool {
+        if self.ring.is_some() {
+            return true;
+        }
+        if self.ring_failed {
+            return false;
+        }
+        match DeviceRing::new() {
+            Ok(ring) => {
+                busy_poll::watch_ring(ring.fd());
+                self.ring = Some(ring);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, "io_uring ring: {e}: direct I/O of this connection runs on the I/O threads");
+                self.ring_failed = true;
+                false
+            }
+        }
+    }
+
+    /// Puts a planned I/O on the ring; a full ring hands the command back.
+    fn push_to_ring(
+        &mut self,
+        op: RingOp,
+        file: &Arc<std::fs::File>,
+        offset: u64,
+        buf: Option<store::PooledBuf>,
+        tag: RingIo,
+    ) -> Result<(), DeferredCommand> {
+        let (held_bytes, is_durable) = (tag.held_bytes, tag.durable.is_some());
         let Some(ring) = self.ring.as_mut() else {
             return Err(tag.command);
         };
-        match ring.push(op, &direct.file, io.offset, buf, RingTag::Command(tag)) {
+        match ring.push(op, file, offset, buf, RingTag::Command(tag)) {
             Ok(()) => {
                 self.deferred_bytes += held_bytes;
                 // A long turn hands its I/Os to the kernel in groups instead of all at its end:
@@ -981,7 +1027,7 @@ impl Backend<'_> {
                     }
                 }
                 if is_durable {
-                    self.group_commit(&direct.file).sent();
+                    self.group_commit(file).sent();
                 }
                 Ok(())
             }
@@ -1025,73 +1071,28 @@ impl Backend<'_> {
     /// command that does not plan, a COMPARE AND WRITE holding the order.
     fn submit_async(
         &mut self,
-        mut command: DeferredCommand,
+        command: DeferredCommand,
         lun: u64,
         buffers: &mut ReadBuffers<'_>,
     ) -> Result<(), DeferredCommand> {
-        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+        let asynchronous = |entry: &LunEntry, _: &Nexus| entry.lu.capabilities().asynchronous;
+        let Some(held) = self.hold(&command, lun, asynchronous) else {
             return Err(command);
         };
-        let Some(entry) = luns.get(lun).filter(|e| e.lu.capabilities().asynchronous) else {
+        let (io, share, mut command) = match self.plan(&held, command, lun) {
+            Planned::Io(io, share, command) => (io, share, command),
+            Planned::Answered => return Ok(()),
+            Planned::Execute(command) => return Err(command),
+        };
+        let Held {
+            lu,
+            hold,
+            held_bytes,
+            data_out_bytes,
+            ..
+        } = held;
+        let Some((op, buf)) = async_io(&io, &mut command, buffers) else {
             return Err(command);
-        };
-        let lu = Arc::clone(&entry.lu);
-        let Some(hold) = lu.in_flight().try_begin_owned(nexus.id) else {
-            return Err(command);
-        };
-        let cmd = scsi::Command {
-            cdb: &command.cdb,
-            data_out: &command.data_out,
-            data_in_limit: command.expected_len,
-        };
-        let data_out_bytes = command.data_out.len();
-        let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
-        let (io, share) = match lu.plan(nexus, &cmd, entry.read_only) {
-            scsi::Plan::Execute => return Err(command),
-            scsi::Plan::Done(completion) => {
-                self.answer_planned(command, lun, &completion);
-                return Ok(());
-            }
-            scsi::Plan::Io(io, share) => (io, share),
-        };
-        let (op, buf) = match io.op {
-            // A recycled buffer: the store overwrites every byte of a read that succeeds, and
-            // a failed read's buffer is never sent (see the answer below).
-            scsi::BlockOp::Read => (
-                store::AsyncIo::Read {
-                    offset: io.offset,
-                    len: io.len as usize,
-                },
-                buffers.take(),
-            ),
-            scsi::BlockOp::Write { durable } => {
-                // The planned length is a prefix of the Data-Out (whole blocks received); the
-                // Data-Out's own buffer goes to the store when it has one.
-                let len = io.len as usize;
-                let buf = match std::mem::take(&mut command.data_out) {
-                    DataOutBuf::Pooled(mut buf) if buf.len() >= len => {
-                        buf.truncate(len);
-                        buf
-                    }
-                    other => {
-                        let Some(bytes) = other.get(..len) else {
-                            command.data_out = other;
-                            return Err(command);
-                        };
-                        let buf = bytes.to_vec();
-                        command.data_out = other;
-                        buf
-                    }
-                };
-                (
-                    store::AsyncIo::Write {
-                        offset: io.offset,
-                        durable,
-                    },
-                    buf,
-                )
-            }
-            scsi::BlockOp::Flush => (store::AsyncIo::Flush, Vec::new()),
         };
         self.deferred_bytes += held_bytes;
         let answers = self.answers.clone();
@@ -1146,17 +1147,11 @@ impl Backend<'_> {
         mut command: DeferredCommand,
         lun: u64,
     ) -> Result<(), DeferredCommand> {
-        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+        let ships = |entry: &LunEntry, nexus: &Nexus| entry.lu.ships_to_owner(nexus, &command.cdb);
+        let Some(held) = self.hold(&command, lun, ships) else {
             return Err(command);
         };
-        let Some(entry) = luns
-            .get(lun)
-            .filter(|e| e.lu.ships_to_owner(nexus, &command.cdb))
-        else {
-            return Err(command);
-        };
-        let lu = Arc::clone(&entry.lu);
-        let Some(hold) = lu.in_flight().try_begin_owned(nexus.id) else {
+        let Some(nexus) = self.nexus.clone() else {
             return Err(command);
         };
         let cmd = scsi::Command {
@@ -1164,12 +1159,17 @@ impl Backend<'_> {
             data_out: &command.data_out,
             data_in_limit: command.expected_len,
         };
-        if let Err(completion) = lu.admit_for_owner(nexus, &cmd, entry.read_only) {
+        if let Err(completion) = held.lu.admit_for_owner(&nexus, &cmd, held.read_only) {
             self.answer_planned(command, lun, &completion);
             return Ok(());
         }
-        let data_out_bytes = command.data_out.len();
-        let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
+        let Held {
+            lu,
+            hold,
+            held_bytes,
+            data_out_bytes,
+            ..
+        } = held;
         // The Data-Out's own buffer travels to the owner when it has one.
         let shipped_data = match std::mem::take(&mut command.data_out) {
             DataOutBuf::Pooled(buf) => buf,
@@ -1199,7 +1199,7 @@ impl Backend<'_> {
             // Only now may a reset waiting for the LU go on.
             drop(hold);
         });
-        lu.ship_then(nexus, shipped, done);
+        lu.ship_then(&nexus, shipped, done);
         Ok(())
     }
 
@@ -1428,6 +1428,90 @@ impl Backend<'_> {
 }
 
 /// `result` again, for each of the writes one flush answers (`io::Error` is not `Clone`).
+/// The operation and buffer of a planned I/O on a store that performs it itself; None when a
+/// write's Data-Out is shorter than planned (the blocking pool's path reports it).
+fn async_io(
+    io: &scsi::BlockIo,
+    command: &mut DeferredCommand,
+    buffers: &mut ReadBuffers<'_>,
+) -> Option<(store::AsyncIo, Vec<u8>)> {
+    match io.op {
+        // A recycled buffer: the store overwrites every byte of a read that succeeds, and a
+        // failed read's buffer is never sent (see `submit_async`'s answer).
+        scsi::BlockOp::Read => Some((
+            store::AsyncIo::Read {
+                offset: io.offset,
+                len: io.len as usize,
+            },
+            buffers.take(),
+        )),
+        scsi::BlockOp::Write { durable } => {
+            // The planned length is a prefix of the Data-Out (whole blocks received); the
+            // Data-Out's own buffer goes to the store when it has one.
+            let len = io.len as usize;
+            let buf = match std::mem::take(&mut command.data_out) {
+                DataOutBuf::Pooled(mut buf) if buf.len() >= len => {
+                    buf.truncate(len);
+                    buf
+                }
+                other => {
+                    let copy = other.get(..len).map(<[u8]>::to_vec);
+                    command.data_out = other;
+                    copy?
+                }
+            };
+            let op = store::AsyncIo::Write {
+                offset: io.offset,
+                durable,
+            };
+            Some((op, buf))
+        }
+        scsi::BlockOp::Flush => Some((store::AsyncIo::Flush, Vec::new())),
+    }
+}
+
+/// The operation and buffer of a planned I/O on the ring; None when it cannot go there (a
+/// write's Data-Out shorter than planned, no memory for the buffer): the blocking pool's path
+/// runs it and reports the failure. Pooled buffers hold earlier I/Os' bytes: a read's is
+/// filled whole by the device (a short read fails), a write's is overwritten whole here.
+fn ring_buffer(
+    io: &scsi::BlockIo,
+    alignment: u32,
+    command: &mut DeferredCommand,
+) -> Option<(RingOp, Option<store::PooledBuf>)> {
+    let (op, buf) = match io.op {
+        // A read the transport truncated (EDTL not a whole block) still reads whole aligned
+        // blocks from the device; only `io.len` bytes are sent.
+        scsi::BlockOp::Read => (
+            RingOp::Read,
+            DIRECT_BUFFERS.with(|pool| {
+                pool.take((io.len as usize).next_multiple_of(alignment.max(1) as usize))
+            }),
+        ),
+        scsi::BlockOp::Write { .. } => {
+            // The planned length is a prefix of the Data-Out (whole blocks received).
+            let len = io.len as usize;
+            if command.data_out.len() < len {
+                return None;
+            }
+            let buf = match take_direct_data_out(&mut command.data_out) {
+                // Received straight into a pooled aligned buffer: it goes to the device.
+                Some(mut buf) => {
+                    buf.set_len(len);
+                    Some(buf)
+                }
+                None => DIRECT_BUFFERS.with(|pool| pool.take(len)).map(|mut buf| {
+                    buf.copy_from_slice(&command.data_out[..len]);
+                    buf
+                }),
+            };
+            (RingOp::Write { dsync: false }, buf)
+        }
+        scsi::BlockOp::Flush => (RingOp::Flush, None),
+    };
+    (op == RingOp::Flush || buf.is_some()).then_some((op, buf))
+}
+
 fn same_result(result: &std::io::Result<()>) -> std::io::Result<()> {
     match result {
         Ok(()) => Ok(()),

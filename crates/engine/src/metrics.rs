@@ -393,47 +393,118 @@ pub struct ShippingMetrics {
     pub peer_sessions: Gauge,
 }
 
+/// Declares every plainly registered series once: its field, its type, its name (under the
+/// `ferrosan_` prefix) and its help, which is also the field's documentation.
+macro_rules! series {
+    ($($(#[doc = $help:literal])+ $field:ident: $ty:ty = $name:literal;)*) => {
+        /// Every series registered as it is (the [`Metrics`] deref to it).
+        pub struct Series {
+            $($(#[doc = $help])+ pub $field: $ty,)*
+        }
+
+        impl Series {
+            fn register(registry: &mut Registry) -> Series {
+                let series = Series {
+                    $($field: <$ty>::default(),)*
+                };
+                $(registry.register($name, concat!($($help),+).trim(), series.$field.clone());)*
+                series
+            }
+        }
+    };
+}
+
+series! {
+    /// Times a configured limit refused or cut off a client
+    limit_exceeded: Family<LimitLabel, Counter> = "limit_exceeded";
+    /// Sessions the target closed because a change (reload, ctl verb) took their admission away: a login now would go to another group, need another proof, or be refused; by reason
+    sessions_closed: Family<ReasonLabel, Counter> = "sessions_closed";
+    /// Completed login attempts by result
+    logins: Family<LoginLabel, Counter> = "logins";
+    /// Open TCP connections
+    connections: Gauge = "connections";
+    /// Sessions in full feature phase
+    sessions: Gauge = "sessions";
+    /// Open TCP connections per network worker (the acceptor gives each new one to the least loaded)
+    worker_connections: Family<WorkerLabel, Gauge> = "worker_connections";
+    /// Share of the last second each network worker's thread was on the CPU (the acceptor prefers the least busy)
+    worker_busy: Family<WorkerLabel, Gauge<f64, AtomicU64>> = "worker_busy_ratio";
+    /// Reads that waited for several small commands (receive coalescing)
+    receive_batches: Counter = "receive_batches";
+    /// Coalesced reads the timer ended with commands waiting but under half the batch read; coalescing then backs off
+    receive_batch_misses: Counter = "receive_batch_misses";
+    /// Times a network worker polled its connections before sleeping (busy_poll_us)
+    busy_polls: Counter = "busy_polls";
+    /// Busy polls that ended with input or a completion before their window
+    busy_poll_hits: Counter = "busy_poll_hits";
+    /// Time network workers spent busy polling
+    busy_poll_seconds: Counter<f64, AtomicU64> = "busy_poll_seconds";
+    /// fdatasyncs on direct-I/O devices that answered a group of write-through/FUA writes
+    group_commit_flushes: Counter = "group_commit_flushes";
+    /// Write-through/FUA writes on direct-I/O devices made durable by a group flush (the rest carry RWF_DSYNC)
+    group_commit_writes: Counter = "group_commit_writes";
+    /// Buffered writes to a disk-backed device that waited in the kernel (writeback, throttling, journal)
+    write_stalls: Family<DeviceLabel, Counter> = "write_stalls";
+    /// Buffered writes run off the network workers because their device was stalling
+    writes_offloaded: Family<DeviceLabel, Counter> = "writes_offloaded";
+    /// READ commands completed, per device
+    device_reads: Family<DeviceLabel, Counter> = "device_reads";
+    /// Commands that write the medium (WRITE, WRITE AND VERIFY, WRITE SAME, COMPARE AND WRITE, ORWRITE, WRITE ATOMIC) completed, per device
+    device_writes: Family<DeviceLabel, Counter> = "device_writes";
+    /// Bytes read by successful READ commands, per device
+    device_read_bytes: Family<DeviceLabel, Counter> = "device_read_bytes";
+    /// Data-Out bytes of successful writing commands, per device
+    device_write_bytes: Family<DeviceLabel, Counter> = "device_write_bytes";
+    /// Commands of any kind answered with a status other than GOOD, per device and cause: the sense key of a CHECK CONDITION (not_ready, medium_error, hardware_error, illegal_request, data_protect, aborted_command, miscompare), reservation_conflict, busy (BUSY, TASK SET FULL) or other; unit attentions are not errors (device_unit_attentions)
+    device_errors: Family<DeviceErrorLabel, Counter> = "device_errors";
+    /// Commands answered with a UNIT ATTENTION (power on after a login, reset, capacity or LUN map change, ...), per device
+    device_unit_attentions: Family<DeviceLabel, Counter> = "device_unit_attentions";
+    /// 1 for the path a device's reads and writes take (io_uring, threads, page_cache, memory)
+    device_io_path: Family<IoPathLabel, Gauge> = "device_io_path";
+    /// RBD gateways: 1 while this gateway owns the device's image (its target port groups active/optimized), 0 while standby
+    gateway_owner: Family<DeviceLabel, Gauge> = "gateway_owner";
+    /// 1 for a device whose saved persistent reservations could not be loaded at start: it answers NOT READY, MANUAL INTERVENTION REQUIRED until the file is repaired or removed and the daemon restarted
+    device_fenced: Family<DeviceLabel, Gauge> = "device_fenced";
+    /// RBD gateways: times this gateway took the device's image over, by reason (told, owner_gone, restart)
+    gateway_takeovers: Family<TakeoverLabel, Counter> = "gateway_takeovers";
+    /// RBD gateways: times this gateway found itself fenced (blocklisted) by another gateway's takeover of the device's image
+    gateway_fenced: Family<DeviceLabel, Counter> = "gateway_fenced";
+    /// RBD gateways: commands this gateway shipped to the image's owner (they came through a non-optimized path)
+    gateway_shipped: Family<DeviceLabel, Counter> = "gateway_shipped";
+    /// RBD gateways: shipped commands that did not reach the owner or got no answer from it (answered NOT READY, transition, for a retry)
+    gateway_ship_failures: Family<DeviceLabel, Counter> = "gateway_ship_failures";
+    /// RBD gateways: peer sessions open (or being opened) from this gateway to the image's owner, one per shipping nexus
+    gateway_peer_sessions: Family<DeviceLabel, Gauge> = "gateway_peer_sessions";
+    /// Bytes of successful READ commands sent straight from the page cache (sendfile, file devices; part of device_read_bytes), per device
+    device_sendfile_bytes: Family<DeviceLabel, Counter> = "device_sendfile_bytes";
+    /// READ and WRITE commands, per device and op: time from the command being complete in the target (CDB and all its Data-Out) to its response being queued to send
+    device_latency: Family<LatencyLabel, BulkHistogram> = "device_latency_seconds";
+    /// READ commands completed, per target and initiator (at most 512 pairs; then initiator="other")
+    initiator_reads: Family<InitiatorLabel, Counter> = "initiator_reads";
+    /// Writing commands completed, per target and initiator (at most 512 pairs; then initiator="other")
+    initiator_writes: Family<InitiatorLabel, Counter> = "initiator_writes";
+    /// Bytes read by successful READ commands, per target and initiator
+    initiator_read_bytes: Family<InitiatorLabel, Counter> = "initiator_read_bytes";
+    /// Data-Out bytes of successful writing commands, per target and initiator
+    initiator_write_bytes: Family<InitiatorLabel, Counter> = "initiator_write_bytes";
+}
+
+/// The daemon's metrics: every [`Series`] (a `Metrics` derefs to them) and the registry that
+/// renders them.
 pub struct Metrics {
     registry: Registry,
-    pub limit_exceeded: Family<LimitLabel, Counter>,
-    pub sessions_closed: Family<ReasonLabel, Counter>,
-    pub logins: Family<LoginLabel, Counter>,
-    pub connections: Gauge,
-    pub sessions: Gauge,
-    pub worker_connections: Family<WorkerLabel, Gauge>,
-    pub worker_busy: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
-    pub receive_batches: Counter,
-    pub receive_batch_misses: Counter,
-    pub busy_polls: Counter,
-    pub busy_poll_hits: Counter,
-    pub busy_poll_seconds: Counter<f64, AtomicU64>,
-    pub group_commit_flushes: Counter,
-    pub group_commit_writes: Counter,
-    pub write_stalls: Family<DeviceLabel, Counter>,
-    pub writes_offloaded: Family<DeviceLabel, Counter>,
-    pub device_reads: Family<DeviceLabel, Counter>,
-    pub device_writes: Family<DeviceLabel, Counter>,
-    pub device_read_bytes: Family<DeviceLabel, Counter>,
-    pub device_write_bytes: Family<DeviceLabel, Counter>,
-    pub device_errors: Family<DeviceErrorLabel, Counter>,
-    pub device_unit_attentions: Family<DeviceLabel, Counter>,
-    pub device_io_path: Family<IoPathLabel, Gauge>,
-    pub gateway_owner: Family<DeviceLabel, Gauge>,
-    pub device_fenced: Family<DeviceLabel, Gauge>,
-    pub gateway_takeovers: Family<TakeoverLabel, Counter>,
-    pub gateway_fenced: Family<DeviceLabel, Counter>,
-    pub gateway_shipped: Family<DeviceLabel, Counter>,
-    pub gateway_ship_failures: Family<DeviceLabel, Counter>,
-    pub gateway_peer_sessions: Family<DeviceLabel, Gauge>,
-    pub device_sendfile_bytes: Family<DeviceLabel, Counter>,
-    pub device_latency: Family<LatencyLabel, BulkHistogram>,
-    pub initiator_reads: Family<InitiatorLabel, Counter>,
-    pub initiator_writes: Family<InitiatorLabel, Counter>,
-    pub initiator_read_bytes: Family<InitiatorLabel, Counter>,
-    pub initiator_write_bytes: Family<InitiatorLabel, Counter>,
+    series: Series,
     /// The pairs that have their own series (at most [`INITIATOR_SERIES_MAX`]).
     initiator_pairs: Mutex<std::collections::HashSet<InitiatorLabel>>,
     write_back: WriteBackCollector,
+}
+
+impl std::ops::Deref for Metrics {
+    type Target = Series;
+
+    fn deref(&self) -> &Series {
+        &self.series
+    }
 }
 
 /// See [`Metrics::device_totals`].
@@ -490,246 +561,12 @@ impl Metrics {
             "1, labelled with the running ferrosan's version",
             build_info,
         );
-        let limit_exceeded = Family::<LimitLabel, Counter>::default();
-        let sessions_closed = Family::<ReasonLabel, Counter>::default();
-        registry.register(
-            "sessions_closed",
-            "Sessions the target closed because a change (reload, ctl verb) took their admission away: a login now would go to another group, need another proof, or be refused; by reason",
-            sessions_closed.clone(),
-        );
-        let logins = Family::<LoginLabel, Counter>::default();
-        let connections = Gauge::default();
-        let sessions = Gauge::default();
-        let worker_connections = Family::<WorkerLabel, Gauge>::default();
-        let worker_busy = Family::<WorkerLabel, Gauge<f64, AtomicU64>>::default();
-        let receive_batches = Counter::default();
-        let receive_batch_misses = Counter::default();
-        let busy_polls = Counter::default();
-        let busy_poll_hits = Counter::default();
-        let busy_poll_seconds = Counter::<f64, AtomicU64>::default();
-        let group_commit_flushes = Counter::default();
-        let group_commit_writes = Counter::default();
-        let write_stalls = Family::<DeviceLabel, Counter>::default();
-        let writes_offloaded = Family::<DeviceLabel, Counter>::default();
-        let device_reads = Family::<DeviceLabel, Counter>::default();
-        let device_writes = Family::<DeviceLabel, Counter>::default();
-        let device_read_bytes = Family::<DeviceLabel, Counter>::default();
-        let device_write_bytes = Family::<DeviceLabel, Counter>::default();
-        let device_errors = Family::<DeviceErrorLabel, Counter>::default();
-        let device_unit_attentions = Family::<DeviceLabel, Counter>::default();
-        let device_io_path = Family::<IoPathLabel, Gauge>::default();
-        registry.register(
-            "device_io_path",
-            "1 for the path a device's reads and writes take (io_uring, threads, page_cache, memory)",
-            device_io_path.clone(),
-        );
-        let device_fenced = Family::<DeviceLabel, Gauge>::default();
-        registry.register(
-            "device_fenced",
-            "1 for a device whose saved persistent reservations could not be loaded at start: it answers NOT READY, MANUAL INTERVENTION REQUIRED until the file is repaired or removed and the daemon restarted",
-            device_fenced.clone(),
-        );
-        let gateway_owner = Family::<DeviceLabel, Gauge>::default();
-        registry.register(
-            "gateway_owner",
-            "RBD gateways: 1 while this gateway owns the device's image (its target port groups active/optimized), 0 while standby",
-            gateway_owner.clone(),
-        );
-        let gateway_takeovers = Family::<TakeoverLabel, Counter>::default();
-        registry.register(
-            "gateway_takeovers",
-            "RBD gateways: times this gateway took the device's image over, by reason (told, owner_gone, restart)",
-            gateway_takeovers.clone(),
-        );
-        let gateway_fenced = Family::<DeviceLabel, Counter>::default();
-        registry.register(
-            "gateway_fenced",
-            "RBD gateways: times this gateway found itself fenced (blocklisted) by another gateway's takeover of the device's image",
-            gateway_fenced.clone(),
-        );
-        let gateway_shipped = Family::<DeviceLabel, Counter>::default();
-        registry.register(
-            "gateway_shipped",
-            "RBD gateways: commands this gateway shipped to the image's owner (they came through a non-optimized path)",
-            gateway_shipped.clone(),
-        );
-        let gateway_ship_failures = Family::<DeviceLabel, Counter>::default();
-        registry.register(
-            "gateway_ship_failures",
-            "RBD gateways: shipped commands that did not reach the owner or got no answer from it (answered NOT READY, transition, for a retry)",
-            gateway_ship_failures.clone(),
-        );
-        let gateway_peer_sessions = Family::<DeviceLabel, Gauge>::default();
-        registry.register(
-            "gateway_peer_sessions",
-            "RBD gateways: peer sessions open (or being opened) from this gateway to the image's owner, one per shipping nexus",
-            gateway_peer_sessions.clone(),
-        );
-        let device_sendfile_bytes = Family::<DeviceLabel, Counter>::default();
-        let device_latency = Family::<LatencyLabel, BulkHistogram>::default();
-        registry.register(
-            "limit_exceeded",
-            "Times a configured limit refused or cut off a client",
-            limit_exceeded.clone(),
-        );
-        registry.register(
-            "logins",
-            "Completed login attempts by result",
-            logins.clone(),
-        );
-        registry.register("connections", "Open TCP connections", connections.clone());
-        registry.register(
-            "sessions",
-            "Sessions in full feature phase",
-            sessions.clone(),
-        );
-        registry.register(
-            "worker_connections",
-            "Open TCP connections per network worker (the acceptor gives each new one to the least loaded)",
-            worker_connections.clone(),
-        );
-        registry.register(
-            "worker_busy_ratio",
-            "Share of the last second each network worker's thread was on the CPU (the acceptor prefers the least busy)",
-            worker_busy.clone(),
-        );
-        registry.register(
-            "receive_batches",
-            "Reads that waited for several small commands (receive coalescing)",
-            receive_batches.clone(),
-        );
-        registry.register(
-            "receive_batch_misses",
-            "Coalesced reads the timer ended with commands waiting but under half the batch read; coalescing then backs off",
-            receive_batch_misses.clone(),
-        );
-        registry.register(
-            "busy_polls",
-            "Times a network worker polled its connections before sleeping (busy_poll_us)",
-            busy_polls.clone(),
-        );
-        registry.register(
-            "busy_poll_hits",
-            "Busy polls that ended with input or a completion before their window",
-            busy_poll_hits.clone(),
-        );
-        registry.register(
-            "busy_poll_seconds",
-            "Time network workers spent busy polling",
-            busy_poll_seconds.clone(),
-        );
-        registry.register(
-            "group_commit_flushes",
-            "fdatasyncs on direct-I/O devices that answered a group of write-through/FUA writes",
-            group_commit_flushes.clone(),
-        );
-        registry.register(
-            "group_commit_writes",
-            "Write-through/FUA writes on direct-I/O devices made durable by a group flush (the rest carry RWF_DSYNC)",
-            group_commit_writes.clone(),
-        );
-        registry.register(
-            "write_stalls",
-            "Buffered writes to a disk-backed device that waited in the kernel (writeback, throttling, journal)",
-            write_stalls.clone(),
-        );
-        registry.register(
-            "writes_offloaded",
-            "Buffered writes run off the network workers because their device was stalling",
-            writes_offloaded.clone(),
-        );
-        registry.register(
-            "device_reads",
-            "READ commands completed, per device",
-            device_reads.clone(),
-        );
-        registry.register(
-            "device_writes",
-            "Commands that write the medium (WRITE, WRITE AND VERIFY, WRITE SAME, COMPARE AND WRITE, ORWRITE, WRITE ATOMIC) completed, per device",
-            device_writes.clone(),
-        );
-        registry.register(
-            "device_read_bytes",
-            "Bytes read by successful READ commands, per device",
-            device_read_bytes.clone(),
-        );
-        registry.register(
-            "device_write_bytes",
-            "Data-Out bytes of successful writing commands, per device",
-            device_write_bytes.clone(),
-        );
-        registry.register(
-            "device_errors",
-            "Commands of any kind answered with a status other than GOOD, per device and cause: the sense key of a CHECK CONDITION (not_ready, medium_error, hardware_error, illegal_request, data_protect, aborted_command, miscompare), reservation_conflict, busy (BUSY, TASK SET FULL) or other; unit attentions are not errors (device_unit_attentions)",
-            device_errors.clone(),
-        );
-        registry.register(
-            "device_unit_attentions",
-            "Commands answered with a UNIT ATTENTION (power on after a login, reset, capacity or LUN map change, ...), per device",
-            device_unit_attentions.clone(),
-        );
-        registry.register(
-            "device_sendfile_bytes",
-            "Bytes of successful READ commands sent straight from the page cache (sendfile, file devices; part of device_read_bytes), per device",
-            device_sendfile_bytes.clone(),
-        );
-        registry.register(
-            "device_latency_seconds",
-            "READ and WRITE commands, per device and op: time from the command being complete in the target (CDB and all its Data-Out) to its response being queued to send",
-            device_latency.clone(),
-        );
-        let initiator_reads = Family::<InitiatorLabel, Counter>::default();
-        let initiator_writes = Family::<InitiatorLabel, Counter>::default();
-        let initiator_read_bytes = Family::<InitiatorLabel, Counter>::default();
-        let initiator_write_bytes = Family::<InitiatorLabel, Counter>::default();
-        for (name, help, family) in [
-            ("initiator_reads", "READ commands completed, per target and initiator (at most 512 pairs; then initiator=\"other\")", &initiator_reads),
-            ("initiator_writes", "Writing commands completed, per target and initiator (at most 512 pairs; then initiator=\"other\")", &initiator_writes),
-            ("initiator_read_bytes", "Bytes read by successful READ commands, per target and initiator", &initiator_read_bytes),
-            ("initiator_write_bytes", "Data-Out bytes of successful writing commands, per target and initiator", &initiator_write_bytes),
-        ] {
-            registry.register(name, help, family.clone());
-        }
+        let series = Series::register(registry);
         Metrics {
             registry: root,
-            initiator_reads,
-            initiator_writes,
-            initiator_read_bytes,
-            initiator_write_bytes,
+            series,
             initiator_pairs: Mutex::new(std::collections::HashSet::new()),
             write_back,
-            limit_exceeded,
-            sessions_closed,
-            logins,
-            connections,
-            sessions,
-            worker_connections,
-            worker_busy,
-            receive_batches,
-            receive_batch_misses,
-            busy_polls,
-            busy_poll_hits,
-            busy_poll_seconds,
-            group_commit_flushes,
-            group_commit_writes,
-            write_stalls,
-            writes_offloaded,
-            device_reads,
-            device_writes,
-            device_read_bytes,
-            device_write_bytes,
-            device_errors,
-            device_unit_attentions,
-            device_io_path,
-            gateway_owner,
-            device_fenced,
-            gateway_takeovers,
-            gateway_fenced,
-            gateway_shipped,
-            gateway_ship_failures,
-            gateway_peer_sessions,
-            device_sendfile_bytes,
-            device_latency,
         }
     }
 

@@ -305,18 +305,7 @@ impl Login {
         let flags = bhs.flags();
         let (class, detail) = (bhs.0[36], bhs.0[37]);
         if class != 0 {
-            let keys = text::parse(data, 256).unwrap_or_default();
-            let get = |k: &str| keys.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-            return Err(match class {
-                1 => LoginError::Redirect {
-                    permanent: detail == 2,
-                    address: get("TargetAddress").unwrap_or_default(),
-                },
-                2 => LoginError::Initiator { detail },
-                3 => LoginError::Target { detail },
-                _ => LoginError::Status { class, detail },
-            }
-            .into());
+            return Err(refused(class, detail, data).into());
         }
         if bhs.itt() != LOGIN_ITT {
             return Err(ProtocolError::Login("ITT is not the request's").into());
@@ -369,7 +358,14 @@ impl Login {
                 self.negotiated.tsih = tsih;
             }
         }
-        for (k, v) in &keys {
+        self.declarations(&keys)?;
+        self.next_step(&keys, target_transit, target_nsg)
+    }
+
+    /// What the target declares in any stage's response: its portal group tag, its alias,
+    /// how much it receives per PDU.
+    fn declarations(&mut self, keys: &[(String, String)]) -> Result<(), Error> {
+        for (k, v) in keys {
             match k.as_str() {
                 "TargetPortalGroupTag" => {
                     self.negotiated.target_portal_group_tag =
@@ -385,9 +381,19 @@ impl Login {
                 _ => {}
             }
         }
+        Ok(())
+    }
+
+    /// The login's next step after a complete response.
+    fn next_step(
+        &mut self,
+        keys: &[(String, String)],
+        target_transit: bool,
+        target_nsg: u8,
+    ) -> Result<(), Error> {
         match self.step {
             Step::SecurityNone => {
-                if let Some(m) = value(&keys, "AuthMethod") {
+                if let Some(m) = value(keys, "AuthMethod") {
                     if m != "None" {
                         return Err(AuthError::MethodRefused(m.to_string()).into());
                     }
@@ -395,7 +401,7 @@ impl Login {
                 self.after_security(target_transit)
             }
             Step::AuthMethod => {
-                let m = value(&keys, "AuthMethod").unwrap_or("");
+                let m = value(keys, "AuthMethod").unwrap_or("");
                 if m != "CHAP" {
                     return Err(AuthError::MethodRefused(m.to_string()).into());
                 }
@@ -411,12 +417,12 @@ impl Login {
                 self.send(SECURITY, false, OPERATIONAL, &[("CHAP_A".into(), list)]);
                 Ok(())
             }
-            Step::Challenge => self.answer_challenge(&keys),
+            Step::Challenge => self.answer_challenge(keys),
             Step::ChapResult => {
-                self.verify_target(&keys)?;
+                self.verify_target(keys)?;
                 self.after_security(target_transit)
             }
-            Step::Operational => self.operational_response(&keys, target_transit, target_nsg),
+            Step::Operational => self.operational_response(keys, target_transit, target_nsg),
             Step::Complete | Step::Failed => {
                 Err(ProtocolError::Login("response after the end").into())
             }
@@ -681,6 +687,22 @@ fn yes_no(b: bool) -> &'static str {
         "Yes"
     } else {
         "No"
+    }
+}
+
+/// A Login Response with a non-zero status class: a redirect (with the address to try), or
+/// the initiator's or the target's error.
+fn refused(class: u8, detail: u8, data: &[u8]) -> LoginError {
+    let keys = text::parse(data, 256).unwrap_or_default();
+    let get = |k: &str| keys.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    match class {
+        1 => LoginError::Redirect {
+            permanent: detail == 2,
+            address: get("TargetAddress").unwrap_or_default(),
+        },
+        2 => LoginError::Initiator { detail },
+        3 => LoginError::Target { detail },
+        _ => LoginError::Status { class, detail },
     }
 }
 

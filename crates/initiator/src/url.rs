@@ -50,6 +50,60 @@ pub fn redact(url: &str) -> String {
     format!("iscsi://{shown}{}", if had_query { "?…" } else { "" })
 }
 
+/// `<target-iqn>/<lun>`, the target percent-decoded.
+fn target_and_lun(path: &str) -> Result<(Option<String>, u64), &'static str> {
+    let (target, lun) = path.split_once('/').ok_or("no /<lun> after the target")?;
+    if target.is_empty() {
+        return Err("empty target name");
+    }
+    if lun.is_empty() || !lun.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("the LUN is not a number");
+    }
+    let lun: u64 = lun.parse().map_err(|_| "the LUN is too large")?;
+    Ok((Some(percent_decode(target)), lun))
+}
+
+/// The URL's query: mutual CHAP, digests, the CHAP algorithm. Unknown keys are ignored.
+#[derive(Default)]
+struct Query {
+    target_user: Option<String>,
+    target_password: Option<String>,
+    header_digest: Option<DigestChoice>,
+    data_digest: Option<DigestChoice>,
+    algorithm: Option<Algorithm>,
+}
+
+impl Query {
+    fn parse(query: &str) -> Result<Query, &'static str> {
+        let mut q = Query::default();
+        let digest = |v: &str| match v {
+            "crc32c" => Ok(DigestChoice::Crc32c),
+            "none" => Ok(DigestChoice::None),
+            _ => Err("header_digest/data_digest must be crc32c or none"),
+        };
+        for arg in query.split('&').filter(|a| !a.is_empty()) {
+            let (key, value) = arg.split_once('=').unwrap_or((arg, ""));
+            match key {
+                "target_user" => q.target_user = Some(value.to_string()),
+                "target_password" => q.target_password = Some(value.to_string()),
+                "header_digest" => q.header_digest = Some(digest(value)?),
+                "data_digest" => q.data_digest = Some(digest(value)?),
+                "auth" => {
+                    q.algorithm = Some(match value {
+                        "md5" => Algorithm::Md5,
+                        "sha1" => Algorithm::Sha1,
+                        "sha-256" => Algorithm::Sha256,
+                        "sha3-256" => Algorithm::Sha3_256,
+                        _ => return Err("auth must be md5, sha1, sha-256 or sha3-256"),
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(q)
+    }
+}
+
 impl IscsiUrl {
     /// Parses a full URL (target and LUN) or a portal URL (`iscsi://host[:port][/]`).
     pub fn parse(url: &str) -> Result<IscsiUrl, Error> {
@@ -76,58 +130,17 @@ impl IscsiUrl {
         let (host, port) = split_host_port(portal).ok_or_else(|| bad("bad host or port"))?;
         let (target, lun) = match path {
             None | Some("") => (None, 0),
-            Some(path) => {
-                let (target, lun) = path
-                    .split_once('/')
-                    .ok_or_else(|| bad("no /<lun> after the target"))?;
-                if target.is_empty() {
-                    return Err(bad("empty target name"));
-                }
-                if lun.is_empty() || !lun.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad("the LUN is not a number"));
-                }
-                let lun: u64 = lun.parse().map_err(|_| bad("the LUN is too large"))?;
-                (Some(percent_decode(target)), lun)
-            }
+            Some(path) => target_and_lun(path).map_err(&bad)?,
         };
-        let (mut user, mut password) = (None, None);
-        if let Some(u) = userinfo {
-            let split = u.find('%').or_else(|| u.find(':'));
-            match split {
-                Some(i) => {
-                    user = u.get(..i).map(str::to_string);
-                    password = u.get(i + 1..).map(str::to_string);
-                }
-                None => user = Some(u.to_string()),
-            }
-        }
-        let (mut target_user, mut target_password) = (None, None);
-        let (mut header_digest, mut data_digest) = (None, None);
-        let mut algorithm = None;
-        for arg in query.unwrap_or("").split('&').filter(|a| !a.is_empty()) {
-            let (key, value) = arg.split_once('=').unwrap_or((arg, ""));
-            let digest = |v: &str| match v {
-                "crc32c" => Ok(DigestChoice::Crc32c),
-                "none" => Ok(DigestChoice::None),
-                _ => Err(bad("header_digest/data_digest must be crc32c or none")),
-            };
-            match key {
-                "target_user" => target_user = Some(value.to_string()),
-                "target_password" => target_password = Some(value.to_string()),
-                "header_digest" => header_digest = Some(digest(value)?),
-                "data_digest" => data_digest = Some(digest(value)?),
-                "auth" => {
-                    algorithm = Some(match value {
-                        "md5" => Algorithm::Md5,
-                        "sha1" => Algorithm::Sha1,
-                        "sha-256" => Algorithm::Sha256,
-                        "sha3-256" => Algorithm::Sha3_256,
-                        _ => return Err(bad("auth must be md5, sha1, sha-256 or sha3-256")),
-                    })
-                }
-                _ => {}
-            }
-        }
+        let (user, password) = match userinfo.map(|u| (u, u.find('%').or_else(|| u.find(':')))) {
+            Some((u, Some(i))) => (
+                u.get(..i).map(str::to_string),
+                u.get(i + 1..).map(str::to_string),
+            ),
+            Some((u, None)) => (Some(u.to_string()), None),
+            None => (None, None),
+        };
+        let q = Query::parse(query.unwrap_or("")).map_err(&bad)?;
         let nonempty = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
         let user_without_secret = user.clone().filter(|_| !nonempty(&password));
         let auth = if nonempty(&user) && nonempty(&password) {
@@ -135,13 +148,13 @@ impl IscsiUrl {
                 user.unwrap_or_default(),
                 password.unwrap_or_default().into_bytes(),
             );
-            if nonempty(&target_user) && nonempty(&target_password) {
+            if nonempty(&q.target_user) && nonempty(&q.target_password) {
                 chap = chap.with_mutual(
-                    target_user.unwrap_or_default(),
-                    target_password.unwrap_or_default().into_bytes(),
+                    q.target_user.unwrap_or_default(),
+                    q.target_password.unwrap_or_default().into_bytes(),
                 );
             }
-            if let Some(a) = algorithm {
+            if let Some(a) = q.algorithm {
                 chap.algorithms = vec![a];
             }
             Auth::Chap(chap)
@@ -155,8 +168,8 @@ impl IscsiUrl {
             lun,
             auth,
             user_without_secret: user_without_secret.filter(|u| !u.is_empty()),
-            header_digest,
-            data_digest,
+            header_digest: q.header_digest,
+            data_digest: q.data_digest,
         })
     }
 

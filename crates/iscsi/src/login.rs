@@ -370,59 +370,9 @@ impl Login {
         policy: &mut dyn LoginPolicy,
         out: &mut Vec<u8>,
     ) -> Result<LoginStep, LoginStatus> {
-        let bhs = &pdu.bhs;
-        let flags = bhs.flags();
-        let transit = flags & 0x80 != 0;
+        let flags = pdu.bhs.flags();
         let cont = flags & 0x40 != 0;
-        let csg = Stage::from_bits(flags >> 2).ok_or(LoginStatus::INITIATOR_ERROR)?;
-        let nsg_bits = flags & 3;
-        let version_max = bhs.0[2];
-        let version_min = bhs.0[3];
-        let mut isid = [0u8; 6];
-        isid.copy_from_slice(&bhs.0[8..14]);
-        let identity = Identity {
-            isid,
-            tsih: bhs.u16_at(14),
-            cid: bhs.u16_at(20),
-        };
-
-        match self.identity {
-            None => {
-                // We speak version 0 only (RFC 7143 §11.12.4).
-                if version_min > 0 || version_max < version_min {
-                    return Err(LoginStatus::UNSUPPORTED_VERSION);
-                }
-                if csg == Stage::FullFeature {
-                    return Err(LoginStatus::INITIATOR_ERROR);
-                }
-                self.stage = csg;
-                self.identity = Some(identity);
-            }
-            Some(first) => {
-                if first.isid != identity.isid
-                    || first.tsih != identity.tsih
-                    || first.cid != identity.cid
-                {
-                    return Err(LoginStatus::INITIATOR_ERROR);
-                }
-                if csg != self.stage {
-                    return Err(LoginStatus::INITIATOR_ERROR);
-                }
-            }
-        }
-        if transit && cont {
-            return Err(LoginStatus::INITIATOR_ERROR);
-        }
-        let next_stage = if transit {
-            let nsg = Stage::from_bits(nsg_bits).ok_or(LoginStatus::INITIATOR_ERROR)?;
-            if nsg <= csg {
-                return Err(LoginStatus::INITIATOR_ERROR);
-            }
-            Some(nsg)
-        } else {
-            None
-        };
-
+        let (csg, next_stage) = self.check_header(&pdu.bhs)?;
         if self.continued_text.len() + pdu.data.len() > self.limits.max_text_bytes {
             return Err(LoginStatus::OUT_OF_RESOURCES);
         }
@@ -449,22 +399,7 @@ impl Login {
             self.check_names_unchanged(&offers)?;
         }
 
-        match csg {
-            Stage::Security => self.security(&offers, policy, &mut answers)?,
-            Stage::Operational => {
-                if offers.iter().any(|(k, _)| k.starts_with("CHAP_")) {
-                    // CHAP keys belong to the security stage (RFC 7143 §6.3).
-                    return Err(self.auth_fail(
-                        AuthFailure::Protocol("security key in the operational stage"),
-                        LoginStatus::INITIATOR_ERROR,
-                    ));
-                }
-                if !self.authenticated {
-                    self.require_no_auth()?;
-                }
-            }
-            Stage::FullFeature => return Err(LoginStatus::INITIATOR_ERROR),
-        }
+        self.stage_keys(csg, &offers, policy, &mut answers)?;
         let negotiator = self.negotiator.as_mut().ok_or(LoginStatus::TARGET_ERROR)?;
         negotiator
             .respond(&offers, &mut answers)
@@ -486,6 +421,85 @@ impl Login {
         }
         self.respond(pdu, csg, agreed_next, &answers, LoginStatus::SUCCESS, out);
         Ok(LoginStep::Continue)
+    }
+
+    /// The Login Request's header against the login so far: the same ISID, TSIH and CID as
+    /// the first request (which sets them, with version 0 and a stage before full feature),
+    /// the current stage, and a next stage after it when T is set (never with C). Returns the
+    /// current stage and the next one asked for.
+    fn check_header(&mut self, bhs: &Bhs) -> Result<(Stage, Option<Stage>), LoginStatus> {
+        let flags = bhs.flags();
+        let transit = flags & 0x80 != 0;
+        let cont = flags & 0x40 != 0;
+        let csg = Stage::from_bits(flags >> 2).ok_or(LoginStatus::INITIATOR_ERROR)?;
+        let (version_max, version_min) = (bhs.0[2], bhs.0[3]);
+        let mut isid = [0u8; 6];
+        isid.copy_from_slice(&bhs.0[8..14]);
+        let identity = Identity {
+            isid,
+            tsih: bhs.u16_at(14),
+            cid: bhs.u16_at(20),
+        };
+        match self.identity {
+            None => {
+                // We speak version 0 only (RFC 7143 §11.12.4).
+                if version_min > 0 || version_max < version_min {
+                    return Err(LoginStatus::UNSUPPORTED_VERSION);
+                }
+                if csg == Stage::FullFeature {
+                    return Err(LoginStatus::INITIATOR_ERROR);
+                }
+                self.stage = csg;
+                self.identity = Some(identity);
+            }
+            Some(first) => {
+                let same = first.isid == identity.isid
+                    && first.tsih == identity.tsih
+                    && first.cid == identity.cid;
+                if !same || csg != self.stage {
+                    return Err(LoginStatus::INITIATOR_ERROR);
+                }
+            }
+        }
+        if transit && cont {
+            return Err(LoginStatus::INITIATOR_ERROR);
+        }
+        if !transit {
+            return Ok((csg, None));
+        }
+        let nsg = Stage::from_bits(flags & 3).ok_or(LoginStatus::INITIATOR_ERROR)?;
+        if nsg <= csg {
+            return Err(LoginStatus::INITIATOR_ERROR);
+        }
+        Ok((csg, Some(nsg)))
+    }
+
+    /// What the current stage requires of the keys: the security stage negotiates
+    /// authentication; the operational stage takes no CHAP key (RFC 7143 §6.3) and, without
+    /// authentication, needs a group that requires none.
+    fn stage_keys(
+        &mut self,
+        csg: Stage,
+        offers: &[(String, String)],
+        policy: &mut dyn LoginPolicy,
+        answers: &mut Vec<(String, String)>,
+    ) -> Result<(), LoginStatus> {
+        match csg {
+            Stage::Security => self.security(offers, policy, answers),
+            Stage::Operational => {
+                if offers.iter().any(|(k, _)| k.starts_with("CHAP_")) {
+                    return Err(self.auth_fail(
+                        AuthFailure::Protocol("security key in the operational stage"),
+                        LoginStatus::INITIATOR_ERROR,
+                    ));
+                }
+                if !self.authenticated {
+                    self.require_no_auth()?;
+                }
+                Ok(())
+            }
+            Stage::FullFeature => Err(LoginStatus::INITIATOR_ERROR),
+        }
     }
 
     fn admit(

@@ -215,132 +215,133 @@ impl Negotiator {
         if discovery && DISCOVERY_IRRELEVANT.contains(&key) {
             return Some("Irrelevant".into());
         }
-        let p = &mut self.params;
-        let reject = || Some("Reject".to_string());
         match key {
-            "HeaderDigest" | "DataDigest" => {
-                let allowed = if key == "HeaderDigest" {
-                    self.limits.header_digest_allowed
-                } else {
-                    self.limits.data_digest_allowed
-                };
-                // List negotiation: the first offered value we support wins.
-                let choice = value
-                    .split(',')
-                    .find(|v| *v == "None" || (*v == "CRC32C" && allowed));
-                let Some(choice) = choice else {
-                    return reject();
-                };
-                let on = choice == "CRC32C";
-                if key == "HeaderDigest" {
-                    p.header_digest = on;
-                } else {
-                    p.data_digest = on;
-                }
-                Some(choice.to_string())
-            }
-            "MaxConnections" => match number_in(value, 1, 65535) {
-                Some(_) => {
-                    p.max_connections = 1;
-                    Some("1".into())
-                }
-                None => reject(),
-            },
-            "InitialR2T" => match parse_bool(value) {
-                // OR: we do not require R2T for the first burst, so the offer decides.
-                Some(v) => {
-                    p.initial_r2t = v;
-                    Some(yes_no(v).into())
-                }
-                None => reject(),
-            },
-            "ImmediateData" => match parse_bool(value) {
-                // AND: we accept immediate data, so the offer decides.
-                Some(v) => {
-                    p.immediate_data = v;
-                    Some(yes_no(v).into())
-                }
-                None => reject(),
-            },
-            "MaxRecvDataSegmentLength" => match number_in(value, 512, 16_777_215) {
-                // Declarative: the initiator tells us how much it accepts per PDU.
-                Some(v) => {
-                    p.max_xmit_data_segment_length = v as u32;
-                    None
-                }
-                None => reject(),
-            },
-            "MaxBurstLength" => match number_in(value, 512, 16_777_215) {
-                Some(v) => {
-                    p.max_burst_length = (v as u32).min(self.limits.max_burst_length);
-                    p.first_burst_length = p.first_burst_length.min(p.max_burst_length);
-                    Some(p.max_burst_length.to_string())
-                }
-                None => reject(),
-            },
-            "FirstBurstLength" => match number_in(value, 512, 16_777_215) {
-                Some(v) => {
-                    p.first_burst_length = (v as u32)
-                        .min(self.limits.first_burst_length)
-                        .min(p.max_burst_length);
-                    Some(p.first_burst_length.to_string())
-                }
-                None => reject(),
-            },
-            "DefaultTime2Wait" => match number_in(value, 0, 3600) {
-                // Max function; our own value is 0 so the offer stands.
-                Some(v) => {
-                    p.default_time2wait = v as u16;
-                    Some(v.to_string())
-                }
-                None => reject(),
-            },
-            "DefaultTime2Retain" => match number_in(value, 0, 3600) {
-                // Min function; at ERL 0 we retain nothing, so 0.
-                Some(_) => {
-                    p.default_time2retain = 0;
-                    Some("0".into())
-                }
-                None => reject(),
-            },
-            "MaxOutstandingR2T" => match number_in(value, 1, 65535) {
-                Some(v) => {
-                    p.max_outstanding_r2t = (v as u16).min(self.limits.max_outstanding_r2t);
-                    Some(p.max_outstanding_r2t.to_string())
-                }
-                None => reject(),
-            },
-            "DataPDUInOrder" | "DataSequenceInOrder" => match parse_bool(value) {
-                // OR with our Yes: always Yes.
-                Some(_) => Some("Yes".into()),
-                None => reject(),
-            },
-            "ErrorRecoveryLevel" => match number_in(value, 0, 2) {
-                Some(_) => {
-                    p.error_recovery_level = 0;
-                    Some("0".into())
-                }
-                None => reject(),
-            },
-            "IFMarker" | "OFMarker" => match parse_bool(value) {
-                // AND with our No: markers are never used (RFC 7143 removed them).
-                Some(_) => Some("No".into()),
-                None => reject(),
-            },
+            "HeaderDigest" | "DataDigest" => self.answer_digest(key, value),
+            "MaxConnections"
+            | "MaxRecvDataSegmentLength"
+            | "MaxBurstLength"
+            | "FirstBurstLength"
+            | "DefaultTime2Wait"
+            | "DefaultTime2Retain"
+            | "MaxOutstandingR2T"
+            | "ErrorRecoveryLevel"
+            | "iSCSIProtocolLevel" => self.answer_number(key, value),
+            "InitialR2T"
+            | "ImmediateData"
+            | "DataPDUInOrder"
+            | "DataSequenceInOrder"
+            | "IFMarker"
+            | "OFMarker" => self.answer_bool(key, value),
             "IFMarkInt" | "OFMarkInt" => Some("Irrelevant".into()),
-            "iSCSIProtocolLevel" => match number_in(value, 0, 31) {
-                // RFC 7144: numerical min; we implement RFC 7143 (level 1).
-                Some(v) => Some(v.min(1).to_string()),
-                None => reject(),
-            },
             "TaskReporting" => Some("RFC3720".into()),
-            "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => {
-                // Target-declared keys the initiator must not send.
-                reject()
-            }
+            // Target-declared keys the initiator must not send.
+            "TargetAlias" | "TargetAddress" | "TargetPortalGroupTag" => reject(),
             _ => Some("NotUnderstood".into()),
         }
     }
+
+    /// HeaderDigest, DataDigest: list negotiation, the first offered value we support wins.
+    fn answer_digest(&mut self, key: &str, value: &str) -> Option<String> {
+        let header = key == "HeaderDigest";
+        let allowed = if header {
+            self.limits.header_digest_allowed
+        } else {
+            self.limits.data_digest_allowed
+        };
+        let choice = value
+            .split(',')
+            .find(|v| *v == "None" || (*v == "CRC32C" && allowed));
+        let Some(choice) = choice else {
+            return reject();
+        };
+        let on = choice == "CRC32C";
+        if header {
+            self.params.header_digest = on;
+        } else {
+            self.params.data_digest = on;
+        }
+        Some(choice.to_string())
+    }
+
+    /// The boolean keys.
+    fn answer_bool(&mut self, key: &str, value: &str) -> Option<String> {
+        let Some(v) = parse_bool(value) else {
+            return reject();
+        };
+        let p = &mut self.params;
+        match key {
+            // OR: we do not require R2T for the first burst, so the offer decides.
+            "InitialR2T" => p.initial_r2t = v,
+            // AND: we accept immediate data, so the offer decides.
+            "ImmediateData" => p.immediate_data = v,
+            // OR with our Yes: always Yes.
+            "DataPDUInOrder" | "DataSequenceInOrder" => return Some("Yes".into()),
+            // AND with our No: markers are never used (RFC 7143 removed them).
+            _ => return Some("No".into()),
+        }
+        Some(yes_no(v).into())
+    }
+
+    /// The numeric keys, each within its range (else Reject).
+    fn answer_number(&mut self, key: &str, value: &str) -> Option<String> {
+        let (min, max) = match key {
+            "MaxConnections" | "MaxOutstandingR2T" => (1, 65535),
+            "MaxRecvDataSegmentLength" | "MaxBurstLength" | "FirstBurstLength" => (512, 16_777_215),
+            "DefaultTime2Wait" | "DefaultTime2Retain" => (0, 3600),
+            "ErrorRecoveryLevel" => (0, 2),
+            _ => (0, 31), // iSCSIProtocolLevel
+        };
+        let Some(v) = number_in(value, min, max) else {
+            return reject();
+        };
+        let p = &mut self.params;
+        match key {
+            "MaxConnections" => {
+                p.max_connections = 1;
+                Some("1".into())
+            }
+            // Declarative: the initiator tells us how much it accepts per PDU.
+            "MaxRecvDataSegmentLength" => {
+                p.max_xmit_data_segment_length = v as u32;
+                None
+            }
+            "MaxBurstLength" => {
+                p.max_burst_length = (v as u32).min(self.limits.max_burst_length);
+                p.first_burst_length = p.first_burst_length.min(p.max_burst_length);
+                Some(p.max_burst_length.to_string())
+            }
+            "FirstBurstLength" => {
+                p.first_burst_length = (v as u32)
+                    .min(self.limits.first_burst_length)
+                    .min(p.max_burst_length);
+                Some(p.first_burst_length.to_string())
+            }
+            // Max function; our own value is 0 so the offer stands.
+            "DefaultTime2Wait" => {
+                p.default_time2wait = v as u16;
+                Some(v.to_string())
+            }
+            // Min function; at ERL 0 we retain nothing, so 0.
+            "DefaultTime2Retain" => {
+                p.default_time2retain = 0;
+                Some("0".into())
+            }
+            "MaxOutstandingR2T" => {
+                p.max_outstanding_r2t = (v as u16).min(self.limits.max_outstanding_r2t);
+                Some(p.max_outstanding_r2t.to_string())
+            }
+            "ErrorRecoveryLevel" => {
+                p.error_recovery_level = 0;
+                Some("0".into())
+            }
+            // iSCSIProtocolLevel (RFC 7144): numerical min; we implement RFC 7143 (level 1).
+            _ => Some(v.min(1).to_string()),
+        }
+    }
+}
+
+fn reject() -> Option<String> {
+    Some("Reject".to_string())
 }
 
 /// Parses and answers one text in a single call (used by tests and the Text phase).

@@ -939,126 +939,147 @@ impl Session {
         let bhs = &pdu.bhs;
         let immediate_len = immediate.len();
         let flags = bhs.flags();
-        let read = flags & 0x40 != 0;
-        let write = flags & 0x20 != 0;
-        let task_attr = flags & 0x07;
-        let itt = bhs.itt();
-        let edtl = bhs.u32_at(off::EDTL);
-        let lun = bhs.lun();
+        let h = CommandHeader {
+            itt: bhs.itt(),
+            lun: bhs.lun(),
+            edtl: bhs.u32_at(off::EDTL),
+            read: flags & 0x40 != 0,
+            write: flags & 0x20 != 0,
+            task_attr: flags & 0x07,
+            final_unsolicited: flags & 0x80 != 0,
+        };
         let cdb = cdb_of(pdu);
         let refusal = self.command_refusal(bhs, immediate_len, cdb.is_some());
         let (Some(cdb), None) = (cdb, refusal) else {
             match refusal {
                 Some(Refusal::Reject(reason)) => self.reject(bhs, reason, out),
-                Some(Refusal::TaskSetFull) => self.respond_status(itt, status::TASK_SET_FULL, out),
+                Some(Refusal::TaskSetFull) => {
+                    self.respond_status(h.itt, status::TASK_SET_FULL, out)
+                }
                 Some(Refusal::InvalidField) => {
-                    self.respond_sense(itt, lun, edtl, &INVALID_FIELD_IN_CDB, out)
+                    self.respond_sense(h.itt, h.lun, h.edtl, &INVALID_FIELD_IN_CDB, out)
                 }
                 None => debug_assert!(false, "a CDB that does not parse is refused"),
             }
             immediate.recycle(out);
             return Flow::Continue;
         };
-        if !write || edtl == 0 || immediate_len == edtl as usize {
-            let deferred = {
-                let data_out = match &immediate {
-                    _ if !write => &[][..],
-                    Immediate::Received(data) => data,
-                    Immediate::Placed { buf, len } => buf.get(..*len).unwrap_or_default(),
-                };
-                let req = ScsiRequest {
-                    itt,
-                    lun,
-                    cdb: &cdb,
-                    data_out,
-                    expected_len: edtl,
-                    read,
-                    write,
-                    task_attr,
-                    // Untagged (0) or SIMPLE (1): the data of an ORDERED read must not change
-                    // after it completes, which a page still being sent could.
-                    may_lend_file: read && !self.framing.data_digest && task_attr <= 1,
-                };
-                self.execute(&req, backend, out)
-            };
-            if !deferred {
-                immediate.recycle(out);
-                return Flow::Continue;
-            }
-            let buf = match immediate {
-                // All of it, in place: the buffer is EDTL bytes long.
-                Immediate::Placed { buf, .. } => buf,
-                Immediate::Received([]) => DataOutBuf::default(),
-                // Immediate data in the receive buffer: the only Data-Out copied here.
-                Immediate::Received(data_out) => match backend
-                    .data_out_memory(lun, data_out.len())
-                    .filter(|m| m.bytes().len() == data_out.len())
-                {
-                    Some(mut memory) => {
-                        memory.bytes_mut().copy_from_slice(data_out);
-                        DataOutBuf::Engine(memory)
-                    }
-                    None => {
-                        let mut buf = out.take_buffer();
-                        buf.extend_from_slice(data_out);
-                        DataOutBuf::Pooled(buf)
-                    }
-                },
-            };
-            backend.defer(
-                DeferredCommand {
-                    itt,
-                    lun,
-                    cdb: cdb.to_vec(),
-                    data_out: buf,
-                    expected_len: edtl,
-                    read,
-                    write,
-                    task_attr,
-                },
-                out.read_buffers(),
-            );
-            return Flow::Continue;
+        if !h.write || h.edtl == 0 || immediate_len == h.edtl as usize {
+            self.run_command(&h, &cdb, immediate, backend, out);
+        } else {
+            self.start_write(&h, &cdb, immediate, backend, out);
         }
+        Flow::Continue
+    }
+
+    /// A command with all its data here: run at once, or handed to the backend (deferred)
+    /// with its Data-Out.
+    fn run_command(
+        &mut self,
+        h: &CommandHeader,
+        cdb: &[u8],
+        immediate: Immediate<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) {
+        let deferred = {
+            let data_out = match &immediate {
+                _ if !h.write => &[][..],
+                Immediate::Received(data) => data,
+                Immediate::Placed { buf, len } => buf.get(..*len).unwrap_or_default(),
+            };
+            let req = ScsiRequest {
+                itt: h.itt,
+                lun: h.lun,
+                cdb,
+                data_out,
+                expected_len: h.edtl,
+                read: h.read,
+                write: h.write,
+                task_attr: h.task_attr,
+                // Untagged (0) or SIMPLE (1): the data of an ORDERED read must not change
+                // after it completes, which a page still being sent could.
+                may_lend_file: h.read && !self.framing.data_digest && h.task_attr <= 1,
+            };
+            self.execute(&req, backend, out)
+        };
+        if !deferred {
+            immediate.recycle(out);
+            return;
+        }
+        let buf = match immediate {
+            // All of it, in place: the buffer is EDTL bytes long.
+            Immediate::Placed { buf, .. } => buf,
+            Immediate::Received([]) => DataOutBuf::default(),
+            // Immediate data in the receive buffer: the only Data-Out copied here.
+            Immediate::Received(data_out) => deferred_data_out(h.lun, data_out, backend, out),
+        };
+        backend.defer(
+            DeferredCommand {
+                itt: h.itt,
+                lun: h.lun,
+                cdb: cdb.to_vec(),
+                data_out: buf,
+                expected_len: h.edtl,
+                read: h.read,
+                write: h.write,
+                task_attr: h.task_attr,
+            },
+            out.read_buffers(),
+        );
+    }
+
+    /// A write whose data is still to come: its buffer takes the immediate data, and R2Ts
+    /// solicit the rest (after the unsolicited burst, if any).
+    fn start_write(
+        &mut self,
+        h: &CommandHeader,
+        cdb: &[u8],
+        immediate: Immediate<'_>,
+        backend: &mut dyn ScsiBackend,
+        out: &mut Outbox,
+    ) {
+        let immediate_len = immediate.len() as u32;
         let buf = match immediate {
             // Already in place, in a buffer of EDTL bytes.
             Immediate::Placed { buf, .. } => buf,
             Immediate::Received(data) => {
-                let mut buf = self.write_buffer(lun, edtl, backend, out);
+                let mut buf = self.write_buffer(h.lun, h.edtl, backend, out);
                 let Some(head) = buf.get_mut(..data.len()) else {
-                    // Checked above: immediate data never exceeds EDTL.
+                    // Checked already: immediate data never exceeds EDTL.
                     buf.recycle(out);
-                    return Flow::Continue;
+                    return;
                 };
                 head.copy_from_slice(data);
                 buf
             }
         };
-        let immediate = immediate_len as u32;
-        let unsolicited_end = if self.params.initial_r2t || flags & 0x80 != 0 {
-            immediate
+        let unsolicited_end = if self.params.initial_r2t || h.final_unsolicited {
+            immediate_len
         } else {
-            self.params.first_burst_length.min(edtl).max(immediate)
+            self.params
+                .first_burst_length
+                .min(h.edtl)
+                .max(immediate_len)
         };
         let mut task = PendingWrite {
-            itt,
-            lun,
+            itt: h.itt,
+            lun: h.lun,
             cdb: cdb.to_vec(),
-            task_attr,
+            task_attr: h.task_attr,
             buf,
-            edtl,
+            edtl: h.edtl,
             unsolicited_end,
-            unsolicited_received: immediate,
+            unsolicited_received: immediate_len,
             unsolicited_next_data_sn: 0,
             solicit_next: unsolicited_end,
             r2ts: Vec::new(),
             next_r2t_sn: 0,
-            received: immediate,
+            received: immediate_len,
         };
-        self.pending_write_bytes += edtl as usize;
+        self.pending_write_bytes += h.edtl as usize;
         self.issue_r2ts(&mut task, out);
         self.pending.push(task);
-        Flow::Continue
     }
 
     /// A buffer for the `edtl` bytes of a write's data: memory the engine runs the write from
@@ -1654,6 +1675,10 @@ impl Session {
             offset += seg;
             data_sn = data_sn.wrapping_add(1);
         }
+        assert_eq!(
+            offset, len,
+            "the Data-In PDUs carry the bytes planned, no more"
+        );
     }
 
     fn respond_status(&mut self, itt: u32, status: u8, out: &mut Outbox) {
@@ -2079,6 +2104,42 @@ fn reparse(raw: &[u8]) -> Option<(Bhs, &[u8], &[u8], Opcode)> {
     let data = raw.get(ahs_end..)?;
     let opcode = Opcode::from_initiator(bhs.opcode_raw())?;
     Some((bhs, ahs, data, opcode))
+}
+
+/// What a SCSI Command PDU's header says of its command.
+struct CommandHeader {
+    itt: u32,
+    lun: [u8; 8],
+    edtl: u32,
+    read: bool,
+    write: bool,
+    task_attr: u8,
+    /// F: no unsolicited Data-Out follows the immediate data.
+    final_unsolicited: bool,
+}
+
+/// A deferred command's immediate data, copied out of the receive buffer: into memory the
+/// engine runs it from when it offers some, else a buffer of the connection's pool.
+fn deferred_data_out(
+    lun: [u8; 8],
+    data_out: &[u8],
+    backend: &mut dyn ScsiBackend,
+    out: &mut Outbox,
+) -> DataOutBuf {
+    match backend
+        .data_out_memory(lun, data_out.len())
+        .filter(|m| m.bytes().len() == data_out.len())
+    {
+        Some(mut memory) => {
+            memory.bytes_mut().copy_from_slice(data_out);
+            DataOutBuf::Engine(memory)
+        }
+        None => {
+            let mut buf = out.take_buffer();
+            buf.extend_from_slice(data_out);
+            DataOutBuf::Pooled(buf)
+        }
+    }
 }
 
 fn cdb_of<'a>(pdu: &'a Pdu<'_>) -> Option<Cow<'a, [u8]>> {

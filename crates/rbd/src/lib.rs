@@ -492,6 +492,29 @@ extern "C" fn on_complete<T>(_c: CompletionT, arg: *mut c_void) {
     });
 }
 
+/// An operation's name and offset (for errors), its buffer made ready: a read's resized to
+/// its length; a compare-and-write's checked to hold two halves of equal length.
+fn prepare(op: &Op, buf: &mut Vec<u8>) -> Result<(&'static str, u64), Error> {
+    Ok(match op {
+        Op::Read { offset, len } => {
+            buf.resize(*len, 0);
+            ("read", *offset)
+        }
+        Op::Write { offset } => ("write", *offset),
+        Op::Discard { offset, .. } => ("discard", *offset),
+        Op::WriteZeroes { offset, .. } => ("write-zeroes", *offset),
+        Op::Flush => ("flush", 0),
+        Op::CompareAndWrite { offset } => {
+            if !buf.len().is_multiple_of(2) || buf.is_empty() {
+                return Err(Error::Invalid(
+                    "compare-and-write needs two halves of equal length".into(),
+                ));
+            }
+            ("compare-and-write", *offset)
+        }
+    })
+}
+
 impl Image {
     /// Opens `pool/image` (write access; `rbd_open` with no snapshot).
     pub fn open(cluster: &Arc<Cluster>, pool: &str, name: &str) -> Result<Image, Error> {
@@ -824,25 +847,9 @@ impl Image {
         tag: T,
         sink: Sink<T>,
     ) -> Result<(), (Error, T, Vec<u8>)> {
-        let (what, offset) = match &op {
-            Op::Read { offset, len } => {
-                buf.resize(*len, 0);
-                ("read", *offset)
-            }
-            Op::Write { offset } => ("write", *offset),
-            Op::Discard { offset, .. } => ("discard", *offset),
-            Op::WriteZeroes { offset, .. } => ("write-zeroes", *offset),
-            Op::Flush => ("flush", 0),
-            Op::CompareAndWrite { offset } => {
-                if !buf.len().is_multiple_of(2) || buf.is_empty() {
-                    return Err((
-                        Error::Invalid("compare-and-write needs two halves of equal length".into()),
-                        tag,
-                        buf,
-                    ));
-                }
-                ("compare-and-write", *offset)
-            }
+        let (what, offset) = match prepare(&op, &mut buf) {
+            Ok(named) => named,
+            Err(e) => return Err((e, tag, buf)),
         };
         let mut op_box = Box::new(InFlight {
             tag,
@@ -879,36 +886,7 @@ impl Image {
         let raw = Box::into_raw(op_box);
         // SAFETY: the buffer and the mismatch slot live in the leaked box until the callback
         // frees it (the Vec's heap memory does not move when the box does). The image is open.
-        let rc = unsafe {
-            match op {
-                Op::Read { offset, .. } => {
-                    (self.api.rbd_aio_read)(self.image, offset, len, ptr, completion)
-                }
-                Op::Write { offset } => {
-                    (self.api.rbd_aio_write)(self.image, offset, len, ptr, completion)
-                }
-                Op::Discard { offset, len } => {
-                    (self.api.rbd_aio_discard)(self.image, offset, len, completion)
-                }
-                Op::WriteZeroes { offset, len } => {
-                    (self.api.rbd_aio_write_zeroes)(self.image, offset, len, completion, 0, 0)
-                }
-                Op::Flush => (self.api.rbd_aio_flush)(self.image, completion),
-                Op::CompareAndWrite { offset } => {
-                    let half = len / 2;
-                    (self.api.rbd_aio_compare_and_write)(
-                        self.image,
-                        offset,
-                        half,
-                        ptr,
-                        ptr.add(half),
-                        completion,
-                        mismatch,
-                        0,
-                    )
-                }
-            }
-        };
+        let rc = unsafe { self.start(op, ptr, len, mismatch, completion) };
         if rc < 0 {
             // Refused at submission: librbd will not call back; take everything back.
             // SAFETY: `raw` is the box leaked above and the callback will not run.
@@ -925,6 +903,46 @@ impl Image {
             ));
         }
         Ok(())
+    }
+
+    /// Hands `op` to librbd with its completion.
+    ///
+    /// # Safety
+    /// `ptr` points at `len` bytes and `mismatch` at a u64, both valid until `completion`
+    /// fires; `completion` was made for this operation and not used before.
+    unsafe fn start(
+        &self,
+        op: Op,
+        ptr: *mut c_char,
+        len: usize,
+        mismatch: *mut u64,
+        completion: CompletionT,
+    ) -> c_int {
+        let api = self.api;
+        match op {
+            Op::Read { offset, .. } => (api.rbd_aio_read)(self.image, offset, len, ptr, completion),
+            Op::Write { offset } => (api.rbd_aio_write)(self.image, offset, len, ptr, completion),
+            Op::Discard { offset, len } => {
+                (api.rbd_aio_discard)(self.image, offset, len, completion)
+            }
+            Op::WriteZeroes { offset, len } => {
+                (api.rbd_aio_write_zeroes)(self.image, offset, len, completion, 0, 0)
+            }
+            Op::Flush => (api.rbd_aio_flush)(self.image, completion),
+            Op::CompareAndWrite { offset } => {
+                let half = len / 2;
+                (api.rbd_aio_compare_and_write)(
+                    self.image,
+                    offset,
+                    half,
+                    ptr,
+                    ptr.add(half),
+                    completion,
+                    mismatch,
+                    0,
+                )
+            }
+        }
     }
 
     /// [`Image::submit`] and wait (for tools and tests; the engine never blocks on librbd).

@@ -793,21 +793,25 @@ impl LogicalUnit {
                 return self.reserve_release_spc2(nexus, cdb)
             }
             PERSISTENT_RESERVE_IN => return self.persistent_reserve_in(nexus, cmd, data_in),
-            PERSISTENT_RESERVE_OUT => {
-                let done = self.persistent_reserve_out(nexus, cmd)?;
-                if let Some(o) = self.ownership.get() {
-                    if !o.is_active(nexus.target_port.group) && o.ships() {
-                        o.reservations_changed(nexus);
-                    }
-                }
-                return Ok(done);
-            }
+            PERSISTENT_RESERVE_OUT => return self.prout_and_tell_owner(nexus, cmd),
             EXTENDED_COPY => return self.extended_copy(nexus, cmd, read_only_mapping, peers),
             RECEIVE_COPY_RESULTS => self.receive_copy_results(nexus, cmd, data_in),
             // The opcode table and this match must list the same commands.
             _ => Err(Sense::invalid_opcode()),
         };
         answer.map_err(Stop::from)
+    }
+
+    /// PERSISTENT RESERVE OUT; through a gateway that ships to the image's owner, the owner
+    /// is told the reservations changed.
+    fn prout_and_tell_owner(&self, nexus: &Nexus, cmd: &Command<'_>) -> Result<u32, Stop> {
+        let done = self.persistent_reserve_out(nexus, cmd)?;
+        if let Some(o) = self.ownership.get() {
+            if !o.is_active(nexus.target_port.group) && o.ships() {
+                o.reservations_changed(nexus);
+            }
+        }
+        Ok(done)
     }
 
     fn request_sense(

@@ -145,34 +145,40 @@ impl LunMap {
                 .lu
                 .execute_io(nexus, cmd, data_in, io, entry.read_only, Some(self));
         }
-        data_in.clear();
-        // No logical unit at this LUN (SPC-4 6.6.2, 6.39).
-        Some(match opcode {
-            Some(INQUIRY) if cdb.u8(1) & 0x01 == 0 && cdb.u8(2) == 0 => {
-                standard_inquiry_no_lu(data_in);
-                Completion::good(finish_data_in(
-                    data_in,
-                    u32::from(cdb.be16(3)),
-                    cmd.data_in_limit,
-                ))
-            }
-            Some(REQUEST_SENSE) => {
-                let descriptor_format = cdb.u8(1) & 0x01 != 0;
-                put_sense(
-                    data_in,
-                    Sense {
-                        descriptor_format,
-                        ..Sense::lu_not_supported()
-                    },
-                );
-                Completion::good(finish_data_in(
-                    data_in,
-                    u32::from(cdb.u8(4)),
-                    cmd.data_in_limit,
-                ))
-            }
-            _ => Completion::check_condition(Sense::lu_not_supported()),
-        })
+        Some(no_lu(opcode, cdb, cmd, data_in))
+    }
+}
+
+/// The answer at a LUN with no logical unit (SPC-4 6.6.2, 6.39): a standard INQUIRY says so
+/// (peripheral qualifier 3), REQUEST SENSE returns LOGICAL UNIT NOT SUPPORTED, anything else
+/// fails with it.
+fn no_lu(opcode: Option<u8>, cdb: Cdb<'_>, cmd: &Command<'_>, data_in: &mut Vec<u8>) -> Completion {
+    data_in.clear();
+    match opcode {
+        Some(INQUIRY) if cdb.u8(1) & 0x01 == 0 && cdb.u8(2) == 0 => {
+            standard_inquiry_no_lu(data_in);
+            Completion::good(finish_data_in(
+                data_in,
+                u32::from(cdb.be16(3)),
+                cmd.data_in_limit,
+            ))
+        }
+        Some(REQUEST_SENSE) => {
+            let descriptor_format = cdb.u8(1) & 0x01 != 0;
+            put_sense(
+                data_in,
+                Sense {
+                    descriptor_format,
+                    ..Sense::lu_not_supported()
+                },
+            );
+            Completion::good(finish_data_in(
+                data_in,
+                u32::from(cdb.u8(4)),
+                cmd.data_in_limit,
+            ))
+        }
+        _ => Completion::check_condition(Sense::lu_not_supported()),
     }
 }
 

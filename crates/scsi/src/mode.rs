@@ -207,35 +207,7 @@ impl LogicalUnit {
         };
         let long = !six && p[4] & 0x01 != 0;
         if bd_len != 0 {
-            let want = if long { 16 } else { 8 };
-            if bd_len != want {
-                return Err(Sense::invalid_field_in_parameter_list(bd_len_at, None));
-            }
-            let d = p
-                .get(header..header + bd_len)
-                .ok_or(Sense::parameter_list_length_error())?;
-            let (blocks, block_len, len_at) = if long {
-                (
-                    param_be64(d, 0).unwrap_or(0),
-                    param_be32(d, 12).unwrap_or(0),
-                    12,
-                )
-            } else {
-                let blocks = u64::from(param_be32(d, 0).unwrap_or(0));
-                (blocks, param_be32(d, 4).unwrap_or(0) & 0x00FF_FFFF, 5)
-            };
-            if block_len != self.settings.block_size {
-                return Err(Sense::invalid_field_in_parameter_list(
-                    (header + len_at) as u16,
-                    None,
-                ));
-            }
-            let count = self.block_count();
-            let short_count = count.min(u64::from(u32::MAX));
-            let matches = blocks == 0 || blocks == count || (!long && blocks == short_count);
-            if !matches {
-                return Err(Sense::invalid_field_in_parameter_list(header as u16, None));
-            }
+            self.check_block_descriptor(p, header, bd_len, bd_len_at, long)?;
         }
         let mut wce = self.mode.wce.load(Ordering::Relaxed);
         let mut d_sense = self.mode.d_sense.load(Ordering::Relaxed);
@@ -245,33 +217,7 @@ impl LogicalUnit {
             return Err(Sense::parameter_list_length_error());
         }
         while at < p.len() {
-            let code = p[at] & 0x3F;
-            if p[at] & 0x40 != 0 {
-                return Err(Sense::invalid_field_in_parameter_list(at as u16, Some(6)));
-            }
-            let page_len = usize::from(*p.get(at + 1).ok_or(Sense::parameter_list_length_error())?);
-            let end = at + 2 + page_len;
-            let given = p.get(at..end).ok_or(Sense::parameter_list_length_error())?;
-            let Some((current, len)) = self.mode_page(code, PC_CURRENT) else {
-                return Err(Sense::invalid_field_in_parameter_list(at as u16, Some(5)));
-            };
-            if len != given.len() {
-                return Err(Sense::invalid_field_in_parameter_list(at as u16 + 1, None));
-            }
-            let (mask, _) = self
-                .mode_page(code, PC_CHANGEABLE)
-                .unwrap_or(([0; PAGE_BYTES_MAX], 0));
-            // Byte 0 (PS, SPF, code) and 1 (length) are already checked; PS is ignored.
-            for i in 2..len {
-                let bad = (given[i] ^ current[i]) & !mask[i];
-                if bad != 0 {
-                    let bit = 7 - bad.leading_zeros() as u8;
-                    return Err(Sense::invalid_field_in_parameter_list(
-                        (at + i) as u16,
-                        Some(bit),
-                    ));
-                }
-            }
+            let (code, given, end) = self.changed_page(p, at)?;
             match code {
                 PAGE_CACHING => wce = given[2] & 0x04 != 0,
                 PAGE_CONTROL => {
@@ -295,5 +241,80 @@ impl LogicalUnit {
             self.ua.raise_all(MODE_PARAMETERS_CHANGED, Some(nexus.id));
         }
         Ok(param_len as u32)
+    }
+
+    /// A MODE SELECT block descriptor may only restate the LU: its block length, and its
+    /// block count or 0.
+    fn check_block_descriptor(
+        &self,
+        p: &[u8],
+        header: usize,
+        bd_len: usize,
+        bd_len_at: u16,
+        long: bool,
+    ) -> Result<(), Sense> {
+        let want = if long { 16 } else { 8 };
+        if bd_len != want {
+            return Err(Sense::invalid_field_in_parameter_list(bd_len_at, None));
+        }
+        let d = p
+            .get(header..header + bd_len)
+            .ok_or(Sense::parameter_list_length_error())?;
+        let (blocks, block_len, len_at) = if long {
+            (
+                param_be64(d, 0).unwrap_or(0),
+                param_be32(d, 12).unwrap_or(0),
+                12,
+            )
+        } else {
+            let blocks = u64::from(param_be32(d, 0).unwrap_or(0));
+            (blocks, param_be32(d, 4).unwrap_or(0) & 0x00FF_FFFF, 5)
+        };
+        if block_len != self.settings.block_size {
+            return Err(Sense::invalid_field_in_parameter_list(
+                (header + len_at) as u16,
+                None,
+            ));
+        }
+        let count = self.block_count();
+        let short_count = count.min(u64::from(u32::MAX));
+        let matches = blocks == 0 || blocks == count || (!long && blocks == short_count);
+        if !matches {
+            return Err(Sense::invalid_field_in_parameter_list(header as u16, None));
+        }
+        Ok(())
+    }
+
+    /// The mode page at `at` of a MODE SELECT parameter list: its code, its bytes and where
+    /// the next begins. A page changes only what its changeable mask allows (PS is ignored;
+    /// bytes 0 and 1, the code and the length, are checked against the current page).
+    fn changed_page<'p>(&self, p: &'p [u8], at: usize) -> Result<(u8, &'p [u8], usize), Sense> {
+        let code = p[at] & 0x3F;
+        if p[at] & 0x40 != 0 {
+            return Err(Sense::invalid_field_in_parameter_list(at as u16, Some(6)));
+        }
+        let page_len = usize::from(*p.get(at + 1).ok_or(Sense::parameter_list_length_error())?);
+        let end = at + 2 + page_len;
+        let given = p.get(at..end).ok_or(Sense::parameter_list_length_error())?;
+        let Some((current, len)) = self.mode_page(code, PC_CURRENT) else {
+            return Err(Sense::invalid_field_in_parameter_list(at as u16, Some(5)));
+        };
+        if len != given.len() {
+            return Err(Sense::invalid_field_in_parameter_list(at as u16 + 1, None));
+        }
+        let (mask, _) = self
+            .mode_page(code, PC_CHANGEABLE)
+            .unwrap_or(([0; PAGE_BYTES_MAX], 0));
+        for i in 2..len {
+            let bad = (given[i] ^ current[i]) & !mask[i];
+            if bad != 0 {
+                let bit = 7 - bad.leading_zeros() as u8;
+                return Err(Sense::invalid_field_in_parameter_list(
+                    (at + i) as u16,
+                    Some(bit),
+                ));
+            }
+        }
+        Ok((code, given, end))
     }
 }

@@ -120,6 +120,31 @@ struct Seen {
 pub const REGISTRATIONS_MAX: usize = 256;
 
 /// ILLEGAL REQUEST, INSUFFICIENT REGISTRATION RESOURCES (55h/04h, SPC-4 5.14.7).
+/// Saves a change made under the lock, while APTPL is on and once more when it goes off (the
+/// saved copy then says so and is not restored), or always when the state is shared. A save
+/// that fails restores `before`: nothing changes unless it is durable. The persistence logs
+/// its own failure (this crate does no logging).
+fn save_change(
+    s: &mut State,
+    persistence: &dyn PrPersistence,
+    before: &PersistentReservations,
+) -> Result<(), Attempt> {
+    let after = s.persistent();
+    if after == *before || !(after.aptpl || before.aptpl || persistence.shared()) {
+        return Ok(());
+    }
+    let Err(e) = persistence.save(&after) else {
+        return Ok(());
+    };
+    s.set_persistent(before);
+    s.pending_ua.clear();
+    Err(match SaveRefused::of(&e) {
+        Some(SaveRefused::Conflict) => Attempt::Overtaken,
+        Some(SaveRefused::TooLarge) => insufficient_registration_resources().into(),
+        None => Sense::new(crate::sense::HARDWARE_ERROR, 0x44, 0x00).into(),
+    })
+}
+
 pub(crate) fn insufficient_registration_resources() -> Sense {
     Sense::new(crate::sense::ILLEGAL_REQUEST, 0x55, 0x04)
 }
@@ -180,6 +205,31 @@ impl State {
     fn last_notice(&self) -> u64 {
         self.notices.last().map_or(0, |n| n.seq)
     }
+    /// RESERVE: taken when free; held already by `it` with the same type, GOOD; otherwise
+    /// RESERVATION CONFLICT.
+    fn reserve(&mut self, it: &ItNexus, pr_type: u8) -> Result<(), Stop> {
+        match &self.reservation {
+            None => {
+                self.reservation = Some(Reservation {
+                    holder: it.clone(),
+                    pr_type,
+                });
+                Ok(())
+            }
+            Some(res) if self.is_holder(it) && res.pr_type == pr_type => Ok(()),
+            Some(_) => Err(Stop::Conflict),
+        }
+    }
+
+    /// The registered nexuses other than `it`.
+    fn registrants_but(&self, it: &ItNexus) -> Vec<ItNexus> {
+        self.registrations
+            .iter()
+            .map(|(n, _)| n.clone())
+            .filter(|n| n != it)
+            .collect()
+    }
+
     /// Removes a registration; releases the reservation it held. Returns the nexuses to tell
     /// RESERVATIONS RELEASED.
     fn unregister(&mut self, it: &ItNexus) -> Vec<ItNexus> {
@@ -770,69 +820,13 @@ impl LogicalUnit {
                 }
                 // The last valid REGISTER's APTPL governs (SPC-4 5.14.5).
                 s.aptpl = aptpl;
-                match (registered, sa_key) {
-                    (None, 0) => {} // nothing to do, and no new generation
-                    (None, _) if s.registrations.len() >= REGISTRATIONS_MAX => {
-                        return Err(insufficient_registration_resources().into());
-                    }
-                    (None, k) => {
-                        s.registrations.push((it.clone(), k));
-                        s.generation = s.generation.wrapping_add(1);
-                    }
-                    (Some(_), 0) => {
-                        let notify = s.unregister(&it);
-                        self.notify(&mut s, &notify, RESERVATIONS_RELEASED);
-                        s.generation = s.generation.wrapping_add(1);
-                    }
-                    (Some(_), k) => {
-                        if let Some(e) = s.registrations.iter_mut().find(|(r, _)| *r == it) {
-                            e.1 = k;
-                        }
-                        s.generation = s.generation.wrapping_add(1);
-                    }
-                }
-                Ok(())
+                self.register(&mut s, &it, registered, sa_key)
             }
             _ if registered != Some(key) => Err(Stop::Conflict),
-            SA_PR_RESERVE => match &s.reservation {
-                None => {
-                    s.reservation = Some(Reservation {
-                        holder: it.clone(),
-                        pr_type,
-                    });
-                    Ok(())
-                }
-                Some(res) if s.is_holder(&it) && res.pr_type == pr_type => Ok(()),
-                Some(_) => Err(Stop::Conflict),
-            },
-            SA_PR_RELEASE => match s.reservation.clone() {
-                Some(res) if s.is_holder(&it) => {
-                    if res.pr_type != pr_type {
-                        // INVALID RELEASE OF PERSISTENT RESERVATION.
-                        return Err(Sense::new(crate::sense::ILLEGAL_REQUEST, 0x26, 0x04).into());
-                    }
-                    s.reservation = None;
-                    if registrants_only(res.pr_type) || all_registrants(res.pr_type) {
-                        let others: Vec<ItNexus> = s
-                            .registrations
-                            .iter()
-                            .map(|(n, _)| n.clone())
-                            .filter(|n| *n != it)
-                            .collect();
-                        self.notify(&mut s, &others, RESERVATIONS_RELEASED);
-                    }
-                    Ok(())
-                }
-                // No reservation, or held by another nexus: GOOD, nothing changes.
-                _ => Ok(()),
-            },
+            SA_PR_RESERVE => s.reserve(&it, pr_type),
+            SA_PR_RELEASE => self.release(&mut s, &it, pr_type),
             SA_PR_CLEAR => {
-                let others: Vec<ItNexus> = s
-                    .registrations
-                    .iter()
-                    .map(|(n, _)| n.clone())
-                    .filter(|n| *n != it)
-                    .collect();
+                let others = s.registrants_but(&it);
                 s.registrations.clear();
                 s.reservation = None;
                 s.generation = s.generation.wrapping_add(1);
@@ -846,21 +840,9 @@ impl LogicalUnit {
             _ => Err(Sense::invalid_field_in_cdb(1, Some(4)).into()),
         };
         if let (Ok(()), Some(persistence), Some(before)) = (&result, persistence, before) {
-            let after = s.persistent();
-            // Saved while APTPL is on, and once more when it goes off (the saved copy then says
-            // so and is not restored).
-            if after != before && (after.aptpl || before.aptpl || persistence.shared()) {
-                // The persistence logs its own failure (this crate does no logging).
-                if let Err(e) = persistence.save(&after) {
-                    s.set_persistent(&before);
-                    s.pending_ua.clear();
-                    r.update_held(&s);
-                    return Err(match SaveRefused::of(&e) {
-                        Some(SaveRefused::Conflict) => Attempt::Overtaken,
-                        Some(SaveRefused::TooLarge) => insufficient_registration_resources().into(),
-                        None => Sense::new(crate::sense::HARDWARE_ERROR, 0x44, 0x00).into(),
-                    });
-                }
+            if let Err(refused) = save_change(&mut s, persistence.as_ref(), &before) {
+                r.update_held(&s);
+                return Err(refused);
             }
         }
         if result.is_ok() {
@@ -874,6 +856,54 @@ impl LogicalUnit {
         result
             .map(|()| PROUT_PARAMETER_BYTES as u32)
             .map_err(Attempt::Failed)
+    }
+
+    /// REGISTER (AND IGNORE EXISTING KEY) of a nexus whose registration is `registered`:
+    /// `sa_key` 0 unregisters it, another key registers it or changes its key. At
+    /// [`REGISTRATIONS_MAX`] a new registration is refused (INSUFFICIENT REGISTRATION RESOURCES).
+    fn register(
+        &self,
+        s: &mut State,
+        it: &ItNexus,
+        registered: Option<u64>,
+        sa_key: u64,
+    ) -> Result<(), Stop> {
+        match (registered, sa_key) {
+            (None, 0) => return Ok(()), // nothing to do, and no new generation
+            (None, _) if s.registrations.len() >= REGISTRATIONS_MAX => {
+                return Err(insufficient_registration_resources().into());
+            }
+            (None, k) => s.registrations.push((it.clone(), k)),
+            (Some(_), 0) => {
+                let notify = s.unregister(it);
+                self.notify(s, &notify, RESERVATIONS_RELEASED);
+            }
+            (Some(_), k) => {
+                if let Some(e) = s.registrations.iter_mut().find(|(r, _)| r == it) {
+                    e.1 = k;
+                }
+            }
+        }
+        s.generation = s.generation.wrapping_add(1);
+        Ok(())
+    }
+
+    /// RELEASE by the holder: the reservation goes (its registrants told when they shared
+    /// it); a type other than the reservation's is INVALID RELEASE OF PERSISTENT RESERVATION.
+    /// No reservation, or one another nexus holds: GOOD, nothing changes.
+    fn release(&self, s: &mut State, it: &ItNexus, pr_type: u8) -> Result<(), Stop> {
+        let Some(res) = s.reservation.clone().filter(|_| s.is_holder(it)) else {
+            return Ok(());
+        };
+        if res.pr_type != pr_type {
+            return Err(Sense::new(crate::sense::ILLEGAL_REQUEST, 0x26, 0x04).into());
+        }
+        s.reservation = None;
+        if registrants_only(res.pr_type) || all_registrants(res.pr_type) {
+            let others = s.registrants_but(it);
+            self.notify(s, &others, RESERVATIONS_RELEASED);
+        }
+        Ok(())
     }
 
     /// Lets APTPL=1 be accepted: the reservation state goes to `persistence` while it is set.

@@ -11,7 +11,7 @@ pub mod report;
 pub mod runner;
 pub mod stats;
 
-use plan::{eta, human_duration, plan, Timing};
+use plan::{eta, human_duration, plan, Timing, Workload};
 use report::{Results, Row, Skipped};
 use runner::Target;
 use std::io::{IsTerminal, Write};
@@ -77,17 +77,7 @@ fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
     )?))
 }
 
-/// Runs the benchmark; errors that stop it before any I/O (a target that cannot be opened,
-/// an output directory that cannot be written) come back as Err.
-pub fn run(opts: &Options) -> Result<Outcome, String> {
-    if opts.targets.is_empty() {
-        return Err("name at least one target (an iscsi:// URL, a file or a block device)".into());
-    }
-    std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
-    let mut targets = Vec::new();
-    for spec in &opts.targets {
-        targets.push(open_target(spec, opts)?);
-    }
+fn timing(opts: &Options) -> Timing {
     let mut timing = if opts.quick {
         Timing::quick()
     } else {
@@ -99,30 +89,40 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
     if let Some(r) = opts.ramp {
         timing.ramp = r;
     }
-    let mut workloads = plan(opts.quick, opts.destructive);
-    if !opts.only.is_empty() {
-        // Asked for by name: from the full plan, whatever --quick says.
-        workloads = plan(false, opts.destructive);
-        for id in &opts.only {
-            if !workloads.iter().any(|w| &w.id == id) {
-                let known: Vec<_> = workloads.iter().map(|w| w.id.as_str()).collect();
-                return Err(format!(
-                    "--only {id}: no such workload{}; known: {}",
-                    if opts.destructive {
-                        ""
-                    } else {
-                        " (writes need --destructive)"
-                    },
-                    known.join(", ")
-                ));
-            }
-        }
-        workloads.retain(|w| opts.only.contains(&w.id));
+    timing
+}
+
+/// The workloads to run: the plan, or those `--only` names (from the full plan, whatever
+/// `--quick` says).
+fn workloads(opts: &Options) -> Result<Vec<Workload>, String> {
+    if opts.only.is_empty() {
+        return Ok(plan(opts.quick, opts.destructive));
     }
+    let mut workloads = plan(false, opts.destructive);
+    for id in &opts.only {
+        if !workloads.iter().any(|w| &w.id == id) {
+            let known: Vec<_> = workloads.iter().map(|w| w.id.as_str()).collect();
+            return Err(format!(
+                "--only {id}: no such workload{}; known: {}",
+                if opts.destructive {
+                    ""
+                } else {
+                    " (writes need --destructive)"
+                },
+                known.join(", ")
+            ));
+        }
+    }
+    workloads.retain(|w| opts.only.contains(&w.id));
+    Ok(workloads)
+}
+
+/// The results of a run starting now, with no row yet.
+fn new_results(opts: &Options, timing: &Timing, targets: &[Box<dyn Target>]) -> Results {
     let started_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut results = Results {
+    Results {
         tool: "ferrosan bench".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         started_unix_s,
@@ -135,7 +135,84 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
         targets: targets.iter().map(|t| t.info().clone()).collect(),
         rows: Vec::new(),
         skipped: Vec::new(),
-    };
+    }
+}
+
+/// A progress line: rewritten in place on a terminal, one line each elsewhere.
+fn progress(tty: bool, line: &str) {
+    if tty {
+        eprint!("\r\x1b[2K{line}");
+    } else {
+        eprintln!("{line}");
+    }
+    let _ = std::io::stderr().flush();
+}
+
+/// Runs one workload on one target and records its row (or why it was not run).
+fn run_one(
+    t: &dyn Target,
+    w: &Workload,
+    timing: &Timing,
+    opts: &Options,
+    tty: bool,
+    results: &mut Results,
+) {
+    let info = t.info();
+    let range = opts
+        .size
+        .unwrap_or(info.capacity_bytes)
+        .min(info.capacity_bytes);
+    let outcome = runner::run(t, w, timing, range);
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    match outcome {
+        Ok(result) => {
+            eprintln!(
+                "{:<22} {:<40} {:>10.0} IOPS {:>9.1} MB/s  mean {:>7.0} µs  p99 {:>7.0} µs{}",
+                w.id,
+                info.name,
+                result.iops,
+                result.mb_per_s,
+                result.latency_us.mean,
+                result.latency_us.p99,
+                if result.errors > 0 {
+                    format!("  {} errors", result.errors)
+                } else {
+                    String::new()
+                }
+            );
+            results.rows.push(Row {
+                target: info.name.clone(),
+                workload: w.clone(),
+                result,
+            });
+        }
+        Err(reason) => {
+            eprintln!("{:<22} {:<40} not run: {reason}", w.id, info.name);
+            results.skipped.push(Skipped {
+                target: info.name.clone(),
+                workload: w.id.clone(),
+                reason,
+            });
+        }
+    }
+}
+
+/// Runs the benchmark; errors that stop it before any I/O (a target that cannot be opened,
+/// an output directory that cannot be written) come back as Err.
+pub fn run(opts: &Options) -> Result<Outcome, String> {
+    if opts.targets.is_empty() {
+        return Err("name at least one target (an iscsi:// URL, a file or a block device)".into());
+    }
+    std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
+    let mut targets = Vec::new();
+    for spec in &opts.targets {
+        targets.push(open_target(spec, opts)?);
+    }
+    let timing = timing(opts);
+    let workloads = workloads(opts)?;
+    let mut results = new_results(opts, &timing, &targets);
     for t in &targets {
         for note in &t.info().notes {
             eprintln!("note: {}: {note}", t.info().name);
@@ -149,57 +226,17 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
     // then touches every target alike.
     for w in &workloads {
         for t in &targets {
-            let info = t.info();
             let left = human_duration(eta(total - done, &timing));
-            let line = format!(
-                "[{:>3}/{total}] {:<22} {}  (ETA {left})",
-                done + 1,
-                w.id,
-                info.name
+            progress(
+                tty,
+                &format!(
+                    "[{:>3}/{total}] {:<22} {}  (ETA {left})",
+                    done + 1,
+                    w.id,
+                    t.info().name
+                ),
             );
-            if tty {
-                eprint!("\r\x1b[2K{line}");
-            } else {
-                eprintln!("{line}");
-            }
-            let _ = std::io::stderr().flush();
-            let range = opts
-                .size
-                .unwrap_or(info.capacity_bytes)
-                .min(info.capacity_bytes);
-            match runner::run(t.as_ref(), w, &timing, range) {
-                Ok(result) => {
-                    if tty {
-                        eprint!("\r\x1b[2K");
-                    }
-                    eprintln!(
-                        "{:<22} {:<40} {:>10.0} IOPS {:>9.1} MB/s  mean {:>7.0} µs  p99 {:>7.0} µs{}",
-                        w.id,
-                        info.name,
-                        result.iops,
-                        result.mb_per_s,
-                        result.latency_us.mean,
-                        result.latency_us.p99,
-                        if result.errors > 0 { format!("  {} errors", result.errors) } else { String::new() }
-                    );
-                    results.rows.push(Row {
-                        target: info.name.clone(),
-                        workload: w.clone(),
-                        result,
-                    });
-                }
-                Err(reason) => {
-                    if tty {
-                        eprint!("\r\x1b[2K");
-                    }
-                    eprintln!("{:<22} {:<40} not run: {reason}", w.id, info.name);
-                    results.skipped.push(Skipped {
-                        target: info.name.clone(),
-                        workload: w.id.clone(),
-                        reason,
-                    });
-                }
-            }
+            run_one(t.as_ref(), w, &timing, opts, tty, &mut results);
             done += 1;
         }
     }

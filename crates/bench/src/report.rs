@@ -100,7 +100,7 @@ fn line_chart(
     series: &[Series],
     xfmt: fn(f64) -> String,
 ) -> String {
-    let (w, h, l, r, t, b) = (720.0, 360.0, 70.0, 230.0, 36.0, 48.0);
+    let (w, h) = (720.0, 360.0);
     let xs: Vec<f64> = {
         let mut xs: Vec<f64> = series
             .iter()
@@ -123,49 +123,99 @@ fn line_chart(
             .flat_map(|s| s.2.iter().map(|p| p.1))
             .fold(0.0, f64::max),
     );
-    let (x0, x1) = (xs[0].max(1e-9).log2(), xs[xs.len() - 1].max(1e-9).log2());
-    let px = |x: f64| l + (x.max(1e-9).log2() - x0) / ((x1 - x0).max(1e-9)) * (w - l - r);
-    let py = |y: f64| h - b - y / ymax * (h - t - b);
-    for i in 0..=4 {
-        let y = ymax * f64::from(i) / 4.0;
+    let plot = Plot {
+        w,
+        h,
+        x0: xs[0].max(1e-9).log2(),
+        x1: xs[xs.len() - 1].max(1e-9).log2(),
+        ymax,
+    };
+    plot.axes(&mut svg, &xs, xfmt, xlabel, ylabel);
+    for (i, serie) in series.iter().enumerate() {
+        plot.series(&mut svg, i, serie);
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// A line chart's area: log2 x, linear y from 0 to `ymax`.
+struct Plot {
+    w: f64,
+    h: f64,
+    x0: f64,
+    x1: f64,
+    ymax: f64,
+}
+
+impl Plot {
+    /// Margins: left, right (the legend), top, bottom.
+    const L: f64 = 70.0;
+    const R: f64 = 230.0;
+    const T: f64 = 36.0;
+    const B: f64 = 48.0;
+
+    fn px(&self, x: f64) -> f64 {
+        Self::L
+            + (x.max(1e-9).log2() - self.x0) / ((self.x1 - self.x0).max(1e-9))
+                * (self.w - Self::L - Self::R)
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        self.h - Self::B - y / self.ymax * (self.h - Self::T - Self::B)
+    }
+
+    fn axes(
+        &self,
+        svg: &mut String,
+        xs: &[f64],
+        xfmt: fn(f64) -> String,
+        xlabel: &str,
+        ylabel: &str,
+    ) {
+        let (w, h, l, r, b) = (self.w, self.h, Self::L, Self::R, Self::B);
+        for i in 0..=4 {
+            let y = self.ymax * f64::from(i) / 4.0;
+            let _ = write!(
+                svg,
+                r#"<line x1="{l}" x2="{}" y1="{:.1}" y2="{:.1}" class="grid"/><text x="{}" y="{:.1}" class="axis" text-anchor="end">{}</text>"#,
+                w - r,
+                self.py(y),
+                self.py(y),
+                l - 6.0,
+                self.py(y) + 4.0,
+                short(y)
+            );
+        }
+        for &x in xs {
+            let _ = write!(
+                svg,
+                r#"<text x="{:.1}" y="{}" class="axis" text-anchor="middle">{}</text>"#,
+                self.px(x),
+                h - b + 16.0,
+                esc(&xfmt(x))
+            );
+        }
         let _ = write!(
             svg,
-            r#"<line x1="{l}" x2="{}" y1="{:.1}" y2="{:.1}" class="grid"/><text x="{}" y="{:.1}" class="axis" text-anchor="end">{}</text>"#,
-            w - r,
-            py(y),
-            py(y),
-            l - 6.0,
-            py(y) + 4.0,
-            short(y)
+            r#"<text x="{}" y="{}" class="axis" text-anchor="middle">{}</text>"#,
+            (l + w - r) / 2.0,
+            h - 8.0,
+            esc(xlabel)
         );
-    }
-    for &x in &xs {
         let _ = write!(
             svg,
-            r#"<text x="{:.1}" y="{}" class="axis" text-anchor="middle">{}</text>"#,
-            px(x),
-            h - b + 16.0,
-            esc(&xfmt(x))
+            r#"<text x="14" y="{}" class="axis" text-anchor="middle" transform="rotate(-90 14 {})">{}</text>"#,
+            h / 2.0,
+            h / 2.0,
+            esc(ylabel)
         );
     }
-    let _ = write!(
-        svg,
-        r#"<text x="{}" y="{}" class="axis" text-anchor="middle">{}</text>"#,
-        (l + w - r) / 2.0,
-        h - 8.0,
-        esc(xlabel)
-    );
-    let _ = write!(
-        svg,
-        r#"<text x="14" y="{}" class="axis" text-anchor="middle" transform="rotate(-90 14 {})">{}</text>"#,
-        h / 2.0,
-        h / 2.0,
-        esc(ylabel)
-    );
-    for (i, (name, colour, points)) in series.iter().enumerate() {
+
+    /// One series: its line, its points (with their value on hover) and its legend entry.
+    fn series(&self, svg: &mut String, i: usize, (name, colour, points): &Series) {
         let path: Vec<String> = points
             .iter()
-            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+            .map(|&(x, y)| format!("{:.1},{:.1}", self.px(x), self.py(y)))
             .collect();
         let _ = write!(
             svg,
@@ -176,25 +226,23 @@ fn line_chart(
             let _ = write!(
                 svg,
                 r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{colour}"><title>{}: {}</title></circle>"#,
-                px(x),
-                py(y),
+                self.px(x),
+                self.py(y),
                 esc(name),
                 short(y)
             );
         }
-        let ly = t + 14.0 + 16.0 * i as f64;
+        let ly = Self::T + 14.0 + 16.0 * i as f64;
         let _ = write!(
             svg,
             r#"<rect x="{}" y="{}" width="10" height="10" fill="{colour}"/><text x="{}" y="{}" class="legend">{}</text>"#,
-            w - r + 12.0,
+            self.w - Self::R + 12.0,
             ly - 9.0,
-            w - r + 26.0,
+            self.w - Self::R + 26.0,
             ly,
             esc(&legend_name(name))
         );
     }
-    svg.push_str("</svg>");
-    svg
 }
 
 /// A legend entry: a long name keeps its tail (the targets table has it whole).
@@ -298,6 +346,18 @@ impl Results {
 
     pub fn to_html(&self) -> String {
         let mut h = String::new();
+        self.html_head(&mut h);
+        self.html_headline(&mut h);
+        self.html_queue_depths(&mut h);
+        self.html_sizes(&mut h);
+        self.html_matrix(&mut h);
+        self.html_all(&mut h);
+        h.push_str("</body></html>\n");
+        h
+    }
+
+    /// The page head, the run and its targets.
+    fn html_head(&self, h: &mut String) {
         let _ = write!(h, "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>ferrosan bench report</title><style>{STYLE}</style></head><body>");
         let _ = write!(h, "<h1>Storage benchmark</h1><p>{} {} on {}, {} run ({} s ramp + {} s measured per workload{}). Rows: {}.</p>",
             esc(&self.tool), esc(&self.version), esc(&self.host),
@@ -309,8 +369,10 @@ impl Results {
                 self.colour(&t.name), esc(&t.name), esc(&t.kind), t.capacity_bytes as f64 / (1u64 << 30) as f64, t.block_size, esc(&t.notes.join("; ")));
         }
         h.push_str("</table>");
+    }
 
-        // Headline: IOPS for 4 KiB, MB/s for 1 MiB, mean latency for QD1.
+    /// Headline: IOPS for 4 KiB, MB/s for 1 MiB, mean latency for QD1.
+    fn html_headline(&self, h: &mut String) {
         let headline = self.rows_where(|w| w.group == Group::Headline);
         if !headline.is_empty() {
             h.push_str("<h2>Headline</h2>");
@@ -347,7 +409,10 @@ impl Results {
                 ));
             }
         }
+    }
 
+    /// 4 KiB random reads and writes across queue depths.
+    fn html_queue_depths(&self, h: &mut String) {
         let qd_x = |w: &Workload| f64::from(w.queue_depth);
         let qd_fmt: fn(f64) -> String = |x| format!("{x:.0}");
         for (read_pct, name) in [(100u8, "read"), (0, "write")] {
@@ -376,6 +441,10 @@ impl Results {
                 ));
             }
         }
+    }
+
+    /// Random reads and writes across I/O sizes.
+    fn html_sizes(&self, h: &mut String) {
         let size_x = |w: &Workload| f64::from(w.block_size);
         let size_fmt: fn(f64) -> String = |x| size_label(x as u32);
         for (read_pct, name) in [(100u8, "read"), (0, "write")] {
@@ -408,6 +477,10 @@ impl Results {
                 ));
             }
         }
+    }
+
+    /// Queue depth × sessions.
+    fn html_matrix(&self, h: &mut String) {
         // The matrix's one-session column comes from the queue-depth rows.
         let matrix = if self.rows.iter().any(|r| r.workload.group == Group::Matrix) {
             self.rows_where(|w| {
@@ -462,7 +535,10 @@ impl Results {
             }
             h.push_str("</table>");
         }
+    }
 
+    /// Every row, and what was not run.
+    fn html_all(&self, h: &mut String) {
         h.push_str("<h2>All results</h2><table><tr><th class=\"l\">target</th><th class=\"l\">workload</th><th>IOPS</th><th>MB/s</th><th>mean µs</th><th>p50</th><th>p99</th><th>p99.9</th><th>max</th><th>client CPU µs/IO</th><th>errors</th></tr>");
         for r in &self.rows {
             let s = &r.result;
@@ -485,8 +561,6 @@ impl Results {
             }
             h.push_str("</ul>");
         }
-        h.push_str("</body></html>\n");
-        h
     }
 }
 

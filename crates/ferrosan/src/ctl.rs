@@ -201,21 +201,7 @@ fn request(verb: &Verb) -> Result<Value, String> {
         Verb::Session {
             what: SessionVerb::Close { tsih },
         } => json!({"verb": "session-close", "tsih": tsih}),
-        Verb::Device { what } => match what {
-            DeviceVerb::Add { name, spec, save } => {
-                json!({"verb": "device-add", "name": name, "spec": spec, "save": save})
-            }
-            DeviceVerb::Remove { name, save } => {
-                json!({"verb": "device-remove", "name": name, "save": save})
-            }
-            DeviceVerb::Offline { name, save } => {
-                json!({"verb": "device-offline", "name": name, "save": save})
-            }
-            DeviceVerb::Online { name, save } => {
-                json!({"verb": "device-online", "name": name, "save": save})
-            }
-            DeviceVerb::Take { name } => json!({"verb": "device-take", "name": name}),
-        },
+        Verb::Device { what } => device_request(what),
         Verb::Resize { device, size, save } => {
             let mut r = json!({"verb": "resize", "device": device, "save": save});
             if let Some(size) = size {
@@ -223,25 +209,7 @@ fn request(verb: &Verb) -> Result<Value, String> {
             }
             r
         }
-        Verb::Lun { what } => match what {
-            LunVerb::Map {
-                target,
-                group,
-                lun,
-                device,
-                read_only,
-                save,
-            } => json!({"verb": "lun-map", "target": target, "group": group, "lun": lun,
-                        "device": device, "read_only": read_only, "save": save}),
-            LunVerb::Unmap {
-                target,
-                group,
-                lun,
-                save,
-            } => {
-                json!({"verb": "lun-unmap", "target": target, "group": group, "lun": lun, "save": save})
-            }
-        },
+        Verb::Lun { what } => lun_request(what),
         Verb::Initiator { what } => {
             let (verb, target, group, initiator, save) = match what {
                 InitiatorVerb::Add {
@@ -259,41 +227,81 @@ fn request(verb: &Verb) -> Result<Value, String> {
             };
             json!({"verb": verb, "target": target, "group": group, "initiator": initiator, "save": save})
         }
-        Verb::Chap {
-            what:
-                ChapVerb::Set {
-                    target,
-                    group,
-                    initiator,
-                    mutual,
-                    user,
-                    secret_file,
-                    save,
-                },
-        } => {
-            let mut r = json!({"verb": "chap-set", "target": target, "user": user,
-                               "mutual": mutual, "save": save});
-            match secret_file {
-                Some(path) => r["secret_file"] = json!(path),
-                // Never on the command line, where `ps` shows it to every user.
-                None => {
-                    let mut secret = String::new();
-                    std::io::stdin()
-                        .take(4096)
-                        .read_to_string(&mut secret)
-                        .map_err(|e| format!("reading the secret from stdin: {e}"))?;
-                    r["secret"] = json!(secret.trim_end_matches(['\r', '\n']));
-                }
-            }
-            if let Some(g) = group {
-                r["group"] = json!(g);
-            }
-            if let Some(i) = initiator {
-                r["initiator"] = json!(i);
-            }
-            r
-        }
+        Verb::Chap { what } => chap_request(what)?,
     })
+}
+
+fn device_request(what: &DeviceVerb) -> Value {
+    match what {
+        DeviceVerb::Add { name, spec, save } => {
+            json!({"verb": "device-add", "name": name, "spec": spec, "save": save})
+        }
+        DeviceVerb::Remove { name, save } => {
+            json!({"verb": "device-remove", "name": name, "save": save})
+        }
+        DeviceVerb::Offline { name, save } => {
+            json!({"verb": "device-offline", "name": name, "save": save})
+        }
+        DeviceVerb::Online { name, save } => {
+            json!({"verb": "device-online", "name": name, "save": save})
+        }
+        DeviceVerb::Take { name } => json!({"verb": "device-take", "name": name}),
+    }
+}
+
+fn lun_request(what: &LunVerb) -> Value {
+    match what {
+        LunVerb::Map {
+            target,
+            group,
+            lun,
+            device,
+            read_only,
+            save,
+        } => json!({"verb": "lun-map", "target": target, "group": group, "lun": lun,
+                    "device": device, "read_only": read_only, "save": save}),
+        LunVerb::Unmap {
+            target,
+            group,
+            lun,
+            save,
+        } => {
+            json!({"verb": "lun-unmap", "target": target, "group": group, "lun": lun, "save": save})
+        }
+    }
+}
+
+fn chap_request(what: &ChapVerb) -> Result<Value, String> {
+    let ChapVerb::Set {
+        target,
+        group,
+        initiator,
+        mutual,
+        user,
+        secret_file,
+        save,
+    } = what;
+    let mut r = json!({"verb": "chap-set", "target": target, "user": user,
+                       "mutual": mutual, "save": save});
+    match secret_file {
+        Some(path) => r["secret_file"] = json!(path),
+        // Never on the command line, where `ps` shows it to every user.
+        None => {
+            let mut secret = String::new();
+            std::io::stdin()
+                .take(4096)
+                .read_to_string(&mut secret)
+                .map_err(|e| format!("reading the secret from stdin: {e}"))?;
+            r["secret"] = json!(secret.trim_end_matches(['\r', '\n']));
+        }
+    }
+    if let Some(g) = group {
+        r["group"] = json!(g);
+    }
+    if let Some(i) = initiator {
+        r["initiator"] = json!(i);
+    }
+    Ok(r)
 }
 
 pub(crate) fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, String> {
@@ -423,150 +431,153 @@ pub(crate) fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
 
 fn human(verb: &Verb, r: &Value) -> String {
     match verb {
-        Verb::Status => {
-            let mut out = String::new();
-            for key in [
-                "version",
-                "pid",
-                "uptime_s",
-                "generation",
-                "config_file",
-                "sessions",
-                "connections",
-                "targets",
-                "devices",
-            ] {
-                out.push_str(&format!("{key:<13} {}\n", text(&r[key])));
-            }
-            match r["unsaved_changes"].as_array() {
-                Some(list) if !list.is_empty() => {
-                    out.push_str(&format!(
-                        "UNSAVED       {} change(s) not in the config file (ferrosan ctl save):\n",
-                        list.len()
-                    ));
-                    for c in list {
-                        out.push_str(&format!("  {}\n", text(c)));
-                    }
-                }
-                _ => out.push_str("unsaved       none\n"),
-            }
-            if let Some(list) = r["left_out_devices"].as_array().filter(|l| !l.is_empty()) {
-                let names: Vec<String> = list.iter().map(text).collect();
-                out.push_str(&format!(
-                    "LEFT OUT      {} (cluster unreachable at start; retried until it answers)\n",
-                    names.join(", ")
-                ));
-            }
-            out
-        }
-        Verb::Sessions => {
-            let rows = r["sessions"]
-                .as_array()
-                .map(|l| {
-                    l.iter()
-                        .map(|x| {
-                            vec![
-                                text(&x["tsih"]),
-                                text(&x["initiator"]),
-                                text(&x["target"]),
-                                text(&x["source"]),
-                                text(&x["portal"]),
-                                format!(
-                                    "{}/{}",
-                                    text(&x["header_digest"]),
-                                    text(&x["data_digest"])
-                                ),
-                                text(&x["chap_user"]),
-                                text(&x["age_s"]),
-                                text(&x["reads"]),
-                                text(&x["writes"]),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            table(
-                &[
-                    "TSIH",
-                    "INITIATOR",
-                    "TARGET",
-                    "SOURCE",
-                    "PORTAL",
-                    "DIGESTS",
-                    "CHAP",
-                    "AGE_S",
-                    "READS",
-                    "WRITES",
-                ],
-                rows,
-            )
-        }
-        Verb::Luns => {
-            let rows = r["luns"]
-                .as_array()
-                .map(|l| {
-                    l.iter()
-                        .map(|x| {
-                            vec![
-                                text(&x["target"]),
-                                text(&x["group"]),
-                                text(&x["lun"]),
-                                text(&x["device"]),
-                                text(&x["store"]),
-                                text(&x["size_bytes"]),
-                                text(&x["block_size"]),
-                                lun_mode(x),
-                                text(&x["path"]),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let mut out = table(
-                &[
-                    "TARGET", "GROUP", "LUN", "DEVICE", "STORE", "BYTES", "BLOCK", "MODE", "PATH",
-                ],
-                rows,
-            );
-            if let Some(list) = r["unmapped_devices"].as_array().filter(|l| !l.is_empty()) {
-                let names: Vec<String> = list.iter().map(text).collect();
-                out.push_str(&format!("unmapped devices: {}\n", names.join(", ")));
-            }
-            out
-        }
+        Verb::Status => human_status(r),
+        Verb::Sessions => human_sessions(r),
+        Verb::Luns => human_luns(r),
         Verb::Config { .. } => text(&r["toml"]),
-        _ => {
-            let mut out = String::new();
-            if let (Some(device), Some(owner)) = (r.get("device"), r.get("owner")) {
-                out.push_str(&format!(
-                    "device {} is owned by gateway {} (active/optimized here)\n",
-                    text(device),
-                    text(owner)
-                ));
+        _ => human_change(r),
+    }
+}
+
+fn human_status(r: &Value) -> String {
+    let mut out = String::new();
+    for key in [
+        "version",
+        "pid",
+        "uptime_s",
+        "generation",
+        "config_file",
+        "sessions",
+        "connections",
+        "targets",
+        "devices",
+    ] {
+        out.push_str(&format!("{key:<13} {}\n", text(&r[key])));
+    }
+    match r["unsaved_changes"].as_array() {
+        Some(list) if !list.is_empty() => {
+            out.push_str(&format!(
+                "UNSAVED       {} change(s) not in the config file (ferrosan ctl save):\n",
+                list.len()
+            ));
+            for c in list {
+                out.push_str(&format!("  {}\n", text(c)));
             }
-            for key in ["applied", "closed", "saved"] {
-                if let Some(v) = r.get(key) {
-                    if key == "saved" && v.as_bool() == Some(false) {
-                        out.push_str(
-                            "not saved to the config file (ferrosan ctl save, or --save)\n",
-                        );
-                    } else if key != "saved" || v.is_string() {
-                        out.push_str(&format!("{key}: {}\n", text(v)));
-                    }
-                }
+        }
+        _ => out.push_str("unsaved       none\n"),
+    }
+    if let Some(list) = r["left_out_devices"].as_array().filter(|l| !l.is_empty()) {
+        let names: Vec<String> = list.iter().map(text).collect();
+        out.push_str(&format!(
+            "LEFT OUT      {} (cluster unreachable at start; retried until it answers)\n",
+            names.join(", ")
+        ));
+    }
+    out
+}
+
+fn human_sessions(r: &Value) -> String {
+    let rows = r["sessions"]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .map(|x| {
+                    vec![
+                        text(&x["tsih"]),
+                        text(&x["initiator"]),
+                        text(&x["target"]),
+                        text(&x["source"]),
+                        text(&x["portal"]),
+                        format!("{}/{}", text(&x["header_digest"]), text(&x["data_digest"])),
+                        text(&x["chap_user"]),
+                        text(&x["age_s"]),
+                        text(&x["reads"]),
+                        text(&x["writes"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(
+        &[
+            "TSIH",
+            "INITIATOR",
+            "TARGET",
+            "SOURCE",
+            "PORTAL",
+            "DIGESTS",
+            "CHAP",
+            "AGE_S",
+            "READS",
+            "WRITES",
+        ],
+        rows,
+    )
+}
+
+fn human_luns(r: &Value) -> String {
+    let rows = r["luns"]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .map(|x| {
+                    vec![
+                        text(&x["target"]),
+                        text(&x["group"]),
+                        text(&x["lun"]),
+                        text(&x["device"]),
+                        text(&x["store"]),
+                        text(&x["size_bytes"]),
+                        text(&x["block_size"]),
+                        lun_mode(x),
+                        text(&x["path"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = table(
+        &[
+            "TARGET", "GROUP", "LUN", "DEVICE", "STORE", "BYTES", "BLOCK", "MODE", "PATH",
+        ],
+        rows,
+    );
+    if let Some(list) = r["unmapped_devices"].as_array().filter(|l| !l.is_empty()) {
+        let names: Vec<String> = list.iter().map(text).collect();
+        out.push_str(&format!("unmapped devices: {}\n", names.join(", ")));
+    }
+    out
+}
+
+/// What a changing verb did (applied, closed, saved, the changes, the generation).
+fn human_change(r: &Value) -> String {
+    let mut out = String::new();
+    if let (Some(device), Some(owner)) = (r.get("device"), r.get("owner")) {
+        out.push_str(&format!(
+            "device {} is owned by gateway {} (active/optimized here)\n",
+            text(device),
+            text(owner)
+        ));
+    }
+    for key in ["applied", "closed", "saved"] {
+        if let Some(v) = r.get(key) {
+            if key == "saved" && v.as_bool() == Some(false) {
+                out.push_str("not saved to the config file (ferrosan ctl save, or --save)\n");
+            } else if key != "saved" || v.is_string() {
+                out.push_str(&format!("{key}: {}\n", text(v)));
             }
-            if let Some(changes) = r["changes"].as_array() {
-                if changes.is_empty() {
-                    out.push_str("no change\n");
-                }
-                for c in changes {
-                    out.push_str(&format!("  {}\n", text(c)));
-                }
-            }
-            if let Some(g) = r.get("generation") {
-                out.push_str(&format!("generation {}\n", text(g)));
-            }
-            out
         }
     }
+    if let Some(changes) = r["changes"].as_array() {
+        if changes.is_empty() {
+            out.push_str("no change\n");
+        }
+        for c in changes {
+            out.push_str(&format!("  {}\n", text(c)));
+        }
+    }
+    if let Some(g) = r.get("generation") {
+        out.push_str(&format!("generation {}\n", text(g)));
+    }
+    out
 }

@@ -1,7 +1,7 @@
 //! ferrosan: a userspace iSCSI target. Thin CLI over the `engine` crate.
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -79,41 +79,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FERROSAN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if cli.log_format == "json" {
-        logs.json().init();
-    } else {
-        // Colour codes only where a person reads them: not in files or the journal.
-        use std::io::IsTerminal as _;
-        logs.with_ansi(std::io::stderr().is_terminal()).init();
-    }
+    init_logs(&cli.log_format);
     match cli.command {
         Command::Ctl(args) => ctl::run(args),
         Command::Top(args) => top::run(args),
         Command::Bench(args) => bench_cmd::run(args),
-        Command::CheckConfig { file } => match Config::load(&file) {
-            Ok(config) => {
-                if let Some(warning) = config.exposed_secrets(&file) {
-                    eprintln!("warning: {warning}");
-                }
-                println!(
-                    "{}: ok ({} targets, {} devices, {} portal groups)",
-                    file.display(),
-                    config.targets.len(),
-                    config.devices.len(),
-                    config.portal_groups.len()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(errors) => {
-                eprintln!("{errors}");
-                ExitCode::from(1)
-            }
-        },
+        Command::CheckConfig { file } => check_config(&file),
         Command::Serve {
             config,
             listen,
@@ -125,33 +96,15 @@ fn main() -> ExitCode {
             state_dir,
             control_socket,
         } => {
-            let source = (|| {
-                let absolute = |flag: &str, p: &PathBuf| {
-                    std::path::absolute(p).map_err(|e| format!("{flag} {}: {e}", p.display()))
-                };
-                Ok::<_, String>(ConfigSource {
-                    path: config
-                        .as_ref()
-                        .map(|p| absolute("--config", p))
-                        .transpose()?,
-                    metrics_listen: metrics_listen
-                        .map(|addr| {
-                            engine::config::parse_listen(&addr)
-                                .map_err(|e| format!("--metrics-listen {addr}: {e}"))
-                        })
-                        .transpose()?,
-                    state_dir: state_dir
-                        .as_ref()
-                        .map(|d| absolute("--state-dir", d))
-                        .transpose()?,
-                    control_socket: control_socket
-                        .as_ref()
-                        .map(|d| absolute("--control-socket", d))
-                        .transpose()?,
-                    workers,
-                    gateway,
-                })
-            })();
+            let source = ConfigSource {
+                path: config,
+                metrics_listen: None,
+                state_dir,
+                control_socket,
+                workers,
+                gateway,
+            };
+            let source = resolve_source(source, metrics_listen);
             let loaded = source.and_then(|source| {
                 let mut c = match &source.path {
                     Some(path) => Config::load(path).map_err(|e| e.to_string())?,
@@ -164,6 +117,65 @@ fn main() -> ExitCode {
             serve(loaded)
         }
     }
+}
+
+/// Logs to stderr, as text (coloured only on a terminal) or JSON lines; `FERROSAN_LOG` filters.
+fn init_logs(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERROSAN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        logs.json().init();
+    } else {
+        // Colour codes only where a person reads them: not in files or the journal.
+        use std::io::IsTerminal as _;
+        logs.with_ansi(std::io::stderr().is_terminal()).init();
+    }
+}
+
+fn check_config(file: &Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(config) => {
+            if let Some(warning) = config.exposed_secrets(file) {
+                eprintln!("warning: {warning}");
+            }
+            println!(
+                "{}: ok ({} targets, {} devices, {} portal groups)",
+                file.display(),
+                config.targets.len(),
+                config.devices.len(),
+                config.portal_groups.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The command line's config source with its paths made absolute (a reload re-reads them
+/// whatever the working directory) and `--metrics-listen` parsed.
+fn resolve_source(
+    mut source: ConfigSource,
+    metrics_listen: Option<String>,
+) -> Result<ConfigSource, String> {
+    let absolute = |flag: &str, p: Option<PathBuf>| {
+        p.map(|p| std::path::absolute(&p).map_err(|e| format!("{flag} {}: {e}", p.display())))
+            .transpose()
+    };
+    source.path = absolute("--config", source.path.take())?;
+    source.state_dir = absolute("--state-dir", source.state_dir.take())?;
+    source.control_socket = absolute("--control-socket", source.control_socket.take())?;
+    source.metrics_listen = metrics_listen
+        .map(|addr| {
+            engine::config::parse_listen(&addr).map_err(|e| format!("--metrics-listen {addr}: {e}"))
+        })
+        .transpose()?;
+    Ok(source)
 }
 
 fn serve(loaded: Result<(Config, ConfigSource), String>) -> ExitCode {
@@ -260,36 +272,7 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
                     tracing::error!("a network worker has not run for 5 s: withholding the watchdog keep-alive");
                 }
             }
-            _ = hup.recv() => {
-                let mut reloading = vec![sd_notify::NotifyState::Reloading];
-                if let Ok(now) = sd_notify::NotifyState::monotonic_usec_now() {
-                    reloading.push(now);
-                }
-                notify_systemd(&reloading);
-                let shared = std::sync::Arc::clone(&server.shared);
-                // Opening devices may block: not on this (signal) thread's runtime.
-                let outcome = tokio::task::spawn_blocking(move || {
-                    engine::control::reload::reload_file(&shared, &shared.source)
-                })
-                .await;
-                match outcome {
-                    Ok(Ok(applied)) if applied.changes.is_empty() => {
-                        tracing::info!("SIGHUP: config unchanged")
-                    }
-                    Ok(Ok(applied)) => tracing::info!(
-                        generation = applied.generation,
-                        "SIGHUP: reloaded ({} changes)",
-                        applied.changes.lines().len()
-                    ),
-                    Ok(Err(e)) => tracing::error!(
-                        kind = e.kind(),
-                        "SIGHUP: reload refused, nothing changed: {e}"
-                    ),
-                    Err(e) => tracing::error!("SIGHUP: reload failed: {e}"),
-                }
-                // A refused reload leaves the old config serving: ready either way.
-                notify_systemd(&[sd_notify::NotifyState::Ready]);
-            }
+            _ = hup.recv() => reload(server).await,
         }
     };
     notify_systemd(&[sd_notify::NotifyState::Stopping]);
@@ -316,6 +299,38 @@ async fn run_until_signal(server: &engine::Server, signals: Signals) -> ExitCode
             ExitCode::FAILURE
         }
     }
+}
+
+/// SIGHUP: re-reads the config file and applies the difference, telling systemd it reloads.
+async fn reload(server: &engine::Server) {
+    let mut reloading = vec![sd_notify::NotifyState::Reloading];
+    if let Ok(now) = sd_notify::NotifyState::monotonic_usec_now() {
+        reloading.push(now);
+    }
+    notify_systemd(&reloading);
+    let shared = std::sync::Arc::clone(&server.shared);
+    // Opening devices may block: not on this (signal) thread's runtime.
+    let outcome = tokio::task::spawn_blocking(move || {
+        engine::control::reload::reload_file(&shared, &shared.source)
+    })
+    .await;
+    match outcome {
+        Ok(Ok(applied)) if applied.changes.is_empty() => {
+            tracing::info!("SIGHUP: config unchanged")
+        }
+        Ok(Ok(applied)) => tracing::info!(
+            generation = applied.generation,
+            "SIGHUP: reloaded ({} changes)",
+            applied.changes.lines().len()
+        ),
+        Ok(Err(e)) => tracing::error!(
+            kind = e.kind(),
+            "SIGHUP: reload refused, nothing changed: {e}"
+        ),
+        Err(e) => tracing::error!("SIGHUP: reload failed: {e}"),
+    }
+    // A refused reload leaves the old config serving: ready either way.
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
 }
 
 fn print_banner(config: &Config, server: &engine::Server) {

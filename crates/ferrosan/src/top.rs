@@ -118,70 +118,8 @@ fn frame(before: &Sample, now: &Sample) -> Frame {
         .saturating_duration_since(before.at)
         .as_secs_f64()
         .max(1e-3);
-    let list = |s: &Sample, key: &str| {
-        s.stats
-            .get(key)
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
-    let (old_sessions, sessions) = (list(before, "sessions"), list(now, "sessions"));
-    let session_key = |v: &Value| format!("{}/{}", v["target"], v["tsih"]);
-    let mut session_rows: Vec<(f64, Vec<String>)> = sessions
-        .iter()
-        .map(|s| {
-            let r = |f: &str| rate(&old_sessions, s, session_key, f, secs);
-            let (reads, writes) = (r("reads"), r("writes"));
-            (
-                reads + writes,
-                vec![
-                    crate::ctl::text(&s["tsih"]),
-                    crate::ctl::text(&s["initiator"]),
-                    crate::ctl::text(&s["target"]),
-                    crate::ctl::text(&s["source"]),
-                    format!("{reads:.0}"),
-                    format!("{writes:.0}"),
-                    mb(r("read_bytes")),
-                    mb(r("write_bytes")),
-                ],
-            )
-        })
-        .collect();
-    session_rows.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let (old_devices, devices) = (list(before, "devices"), list(now, "devices"));
-    let device_key = |v: &Value| crate::ctl::text(&v["device"]);
-    let device_rows = devices
-        .iter()
-        .map(|d| {
-            let r = |f: &str| rate(&old_devices, d, device_key, f, secs);
-            // Mean latency of the commands finished in the interval.
-            let latency = |op: &str| {
-                let n = r(&format!("{op}_latency_count"));
-                let ns = r(&format!("{op}_latency_ns"));
-                if n > 0.0 {
-                    format!("{:.3}", ns / n / 1e6)
-                } else {
-                    "-".into()
-                }
-            };
-            vec![
-                crate::ctl::text(&d["device"]),
-                format!("{:.0}", r("reads")),
-                format!("{:.0}", r("writes")),
-                mb(r("read_bytes")),
-                mb(r("write_bytes")),
-                latency("read"),
-                latency("write"),
-                crate::ctl::text(&d["in_flight"]),
-                format!("{:.0}", r("errors")),
-                if d["offline"].as_bool() == Some(true) {
-                    "OFFLINE".into()
-                } else {
-                    "online".into()
-                },
-            ]
-        })
-        .collect();
+    let (old_sessions, sessions) = (listed(before, "sessions"), listed(now, "sessions"));
+    let (old_devices, devices) = (listed(before, "devices"), listed(now, "devices"));
     Frame {
         title: format!(
             "ferrosan top: {} sessions, {} devices; rates over the last {secs:.1} s",
@@ -199,16 +137,85 @@ fn frame(before: &Sample, now: &Sample) -> Frame {
                 "RMB/s",
                 "WMB/s",
             ],
-            session_rows.into_iter().map(|(_, row)| row).collect(),
+            session_rows(&old_sessions, &sessions, secs),
         ),
         devices: (
             vec![
                 "DEVICE", "READ/s", "WRITE/s", "RMB/s", "WMB/s", "RLAT_ms", "WLAT_ms", "QUEUED",
                 "ERR/s", "STATE",
             ],
-            device_rows,
+            devices
+                .iter()
+                .map(|d| device_row(&old_devices, d, secs))
+                .collect(),
         ),
     }
+}
+
+fn listed(s: &Sample, key: &str) -> Vec<Value> {
+    s.stats
+        .get(key)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// One row per session, the busiest first.
+fn session_rows(old: &[Value], sessions: &[Value], secs: f64) -> Vec<Vec<String>> {
+    let session_key = |v: &Value| format!("{}/{}", v["target"], v["tsih"]);
+    let mut rows: Vec<(f64, Vec<String>)> = sessions
+        .iter()
+        .map(|s| {
+            let r = |f: &str| rate(old, s, session_key, f, secs);
+            let (reads, writes) = (r("reads"), r("writes"));
+            (
+                reads + writes,
+                vec![
+                    crate::ctl::text(&s["tsih"]),
+                    crate::ctl::text(&s["initiator"]),
+                    crate::ctl::text(&s["target"]),
+                    crate::ctl::text(&s["source"]),
+                    format!("{reads:.0}"),
+                    format!("{writes:.0}"),
+                    mb(r("read_bytes")),
+                    mb(r("write_bytes")),
+                ],
+            )
+        })
+        .collect();
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    rows.into_iter().map(|(_, row)| row).collect()
+}
+
+fn device_row(old: &[Value], d: &Value, secs: f64) -> Vec<String> {
+    let device_key = |v: &Value| crate::ctl::text(&v["device"]);
+    let r = |f: &str| rate(old, d, device_key, f, secs);
+    // Mean latency of the commands finished in the interval.
+    let latency = |op: &str| {
+        let n = r(&format!("{op}_latency_count"));
+        let ns = r(&format!("{op}_latency_ns"));
+        if n > 0.0 {
+            format!("{:.3}", ns / n / 1e6)
+        } else {
+            "-".into()
+        }
+    };
+    vec![
+        crate::ctl::text(&d["device"]),
+        format!("{:.0}", r("reads")),
+        format!("{:.0}", r("writes")),
+        mb(r("read_bytes")),
+        mb(r("write_bytes")),
+        latency("read"),
+        latency("write"),
+        crate::ctl::text(&d["in_flight"]),
+        format!("{:.0}", r("errors")),
+        if d["offline"].as_bool() == Some(true) {
+            "OFFLINE".into()
+        } else {
+            "online".into()
+        },
+    ]
 }
 
 fn plain(frame: &Frame) -> String {
@@ -260,11 +267,6 @@ fn batch(socket: &PathBuf, first: Sample, interval: Duration, frames: u32) -> Re
 }
 
 fn interactive(socket: &PathBuf, first: Sample, interval: Duration) -> Result<(), String> {
-    use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
-    use ratatui::layout::{Constraint, Layout};
-    use ratatui::style::{Modifier, Style};
-    use ratatui::widgets::{Block, Paragraph, Row, Table};
-
     let mut window = Window::new(first);
     let mut terminal = ratatui::try_init().map_err(|e| format!("terminal: {e}"))?;
     let mut shown: Option<Frame> = None;
@@ -277,66 +279,81 @@ fn interactive(socket: &PathBuf, first: Sample, interval: Duration) -> Result<()
             }
             next = Instant::now() + interval;
         }
-        let drawn = terminal.draw(|f| {
-            let [title, sessions, devices, help] = Layout::vertical([
-                Constraint::Length(1),
-                Constraint::Percentage(55),
-                Constraint::Fill(1),
-                Constraint::Length(1),
-            ])
-            .areas(f.area());
-            let Some(frame) = &shown else {
-                f.render_widget(Paragraph::new("ferrosan top: sampling..."), title);
-                return;
-            };
-            f.render_widget(Paragraph::new(frame.title.as_str()), title);
-            let table = |(header, rows): &(Vec<&'static str>, Vec<Vec<String>>),
-                         name: &'static str| {
-                let widths: Vec<Constraint> = header
-                    .iter()
-                    .enumerate()
-                    .map(|(i, h)| {
-                        let widest = rows
-                            .iter()
-                            .filter_map(|r| r.get(i))
-                            .map(|c| c.chars().count())
-                            .max()
-                            .unwrap_or(0)
-                            .max(h.len());
-                        Constraint::Length(widest as u16)
-                    })
-                    .collect();
-                Table::new(rows.iter().map(|r| Row::new(r.clone())), widths)
-                    .header(
-                        Row::new(header.clone()).style(Style::new().add_modifier(Modifier::BOLD)),
-                    )
-                    .column_spacing(2)
-                    .block(Block::bordered().title(name))
-            };
-            f.render_widget(table(&frame.sessions, "sessions"), sessions);
-            f.render_widget(table(&frame.devices, "devices"), devices);
-            f.render_widget(Paragraph::new("q: quit"), help);
-        });
-        if let Err(e) = drawn {
+        if let Err(e) = terminal.draw(|f| draw(f, shown.as_ref())) {
             break Err(format!("terminal: {e}"));
         }
-        let wait = next.saturating_duration_since(Instant::now());
-        match event::poll(wait) {
-            Ok(true) => match event::read() {
-                Ok(Event::Key(k)) if k.kind == KeyEventKind::Press => {
-                    let ctrl_c =
-                        k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
-                    if matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) || ctrl_c {
-                        break Ok(());
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => break Err(format!("terminal: {e}")),
-            },
+        match quit_pressed(next.saturating_duration_since(Instant::now())) {
             Ok(false) => {}
-            Err(e) => break Err(format!("terminal: {e}")),
+            Ok(true) => break Ok(()),
+            Err(e) => break Err(e),
         }
     };
     ratatui::restore();
     outcome
+}
+
+/// Draws a frame: its title, the sessions and devices tables, the help line.
+fn draw(f: &mut ratatui::Frame<'_>, shown: Option<&Frame>) {
+    use ratatui::layout::{Constraint, Layout};
+    use ratatui::widgets::Paragraph;
+    let [title, sessions, devices, help] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Percentage(55),
+        Constraint::Fill(1),
+        Constraint::Length(1),
+    ])
+    .areas(f.area());
+    let Some(frame) = shown else {
+        f.render_widget(Paragraph::new("ferrosan top: sampling..."), title);
+        return;
+    };
+    f.render_widget(Paragraph::new(frame.title.as_str()), title);
+    f.render_widget(widget_table(&frame.sessions, "sessions"), sessions);
+    f.render_widget(widget_table(&frame.devices, "devices"), devices);
+    f.render_widget(Paragraph::new("q: quit"), help);
+}
+
+/// A table whose columns are as wide as their widest cell.
+fn widget_table<'a>(
+    (header, rows): &'a (Vec<&'static str>, Vec<Vec<String>>),
+    name: &'static str,
+) -> ratatui::widgets::Table<'a> {
+    use ratatui::layout::Constraint;
+    use ratatui::style::{Modifier, Style};
+    use ratatui::widgets::{Block, Row, Table};
+    let widths: Vec<Constraint> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let widest = rows
+                .iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(h.len());
+            Constraint::Length(widest as u16)
+        })
+        .collect();
+    Table::new(rows.iter().map(|r| Row::new(r.clone())), widths)
+        .header(Row::new(header.clone()).style(Style::new().add_modifier(Modifier::BOLD)))
+        .column_spacing(2)
+        .block(Block::bordered().title(name))
+}
+
+/// Waits up to `wait` for a key: true for q, Esc or Ctrl-C.
+fn quit_pressed(wait: Duration) -> Result<bool, String> {
+    use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+    let terminal = |e: std::io::Error| format!("terminal: {e}");
+    if !event::poll(wait).map_err(terminal)? {
+        return Ok(false);
+    }
+    match event::read().map_err(terminal)? {
+        Event::Key(k) if k.kind == KeyEventKind::Press => {
+            let ctrl_c =
+                k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+            Ok(matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) || ctrl_c)
+        }
+        _ => Ok(false),
+    }
 }

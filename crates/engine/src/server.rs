@@ -70,15 +70,7 @@ impl Server {
         check_gateway(config)?;
         // Every port first: a start that cannot listen must not have created or grown any
         // device file.
-        let mut listeners = Vec::new();
-        let mut bound = Vec::new();
-        for (addr, tag) in crate::topology::portals::served(config) {
-            let listen = |source| StartError::Listen { addr, source };
-            let socket = bind(addr).map_err(listen)?;
-            let local = socket.local_addr().map_err(listen)?;
-            bound.push(local);
-            listeners.push((socket, tag));
-        }
+        let (listeners, bound) = bind_portals(config)?;
         let metrics_listener = match config.server.metrics_listen {
             Some(addr) => Some(
                 crate::metrics::bind(addr)
@@ -96,36 +88,11 @@ impl Server {
         shared.source = source;
         let shared = Arc::new(shared);
         let workers = worker_count(config);
-        let socket_path = config
-            .server
-            .control_socket
-            .clone()
-            .or_else(crate::control::default_socket_path);
-        let control = match &socket_path {
-            Some(path) => crate::control::bind(
-                path,
-                config.server.control_socket.is_some(),
-                config.server.control_socket_group.as_deref(),
-            )?,
-            None => {
-                tracing::warn!("no control socket: neither XDG_RUNTIME_DIR nor HOME is set (set control_socket or --control-socket)");
-                None
-            }
-        };
+        let control = bind_control(config)?;
         let control_socket = control.as_ref().map(|c| c.path.clone());
         let control_inode = control.as_ref().map_or(0, |c| c.inode);
         let io_threads = io_threads_per_worker(config.limits.io_threads, workers);
-        // The threads run until the process exits (after `drain`); nobody joins them.
-        let mut senders = Vec::new();
-        for index in 0..workers {
-            let (tx, rx) = mpsc::unbounded_channel::<NewConnection>();
-            senders.push(tx);
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name(format!("ferrosan-worker-{index}"))
-                .spawn(move || worker(shared, index, rx, io_threads))
-                .map_err(|e| StartError::Thread("worker", e))?;
-        }
+        let senders = start_workers(&shared, workers, io_threads)?;
         if !shared.left_out().is_empty() {
             let retrying = Arc::downgrade(&shared);
             std::thread::Builder::new()
@@ -183,6 +150,59 @@ impl Server {
         }
         left
     }
+}
+
+/// Binds every portal this daemon serves: the listeners with their tags, and the addresses
+/// they are bound at.
+#[allow(clippy::type_complexity)]
+fn bind_portals(
+    config: &Config,
+) -> Result<(Vec<(std::net::TcpListener, u16)>, Vec<SocketAddr>), StartError> {
+    let mut listeners = Vec::new();
+    let mut bound = Vec::new();
+    for (addr, tag) in crate::topology::portals::served(config) {
+        let listen = |source| StartError::Listen { addr, source };
+        let socket = bind(addr).map_err(listen)?;
+        let local = socket.local_addr().map_err(listen)?;
+        bound.push(local);
+        listeners.push((socket, tag));
+    }
+    Ok((listeners, bound))
+}
+
+/// The control socket: the configured path (a failure stops the start), else the default one
+/// (a failure costs only the socket).
+fn bind_control(config: &Config) -> Result<Option<crate::control::ControlSocket>, StartError> {
+    let configured = config.server.control_socket.clone();
+    let Some(path) = configured.or_else(crate::control::default_socket_path) else {
+        tracing::warn!("no control socket: neither XDG_RUNTIME_DIR nor HOME is set (set control_socket or --control-socket)");
+        return Ok(None);
+    };
+    Ok(crate::control::bind(
+        &path,
+        config.server.control_socket.is_some(),
+        config.server.control_socket_group.as_deref(),
+    )?)
+}
+
+/// Starts the network workers; the threads run until the process exits (after `drain`) and
+/// nobody joins them.
+fn start_workers(
+    shared: &Arc<Shared>,
+    workers: usize,
+    io_threads: usize,
+) -> Result<Vec<mpsc::UnboundedSender<NewConnection>>, StartError> {
+    let mut senders = Vec::new();
+    for index in 0..workers {
+        let (tx, rx) = mpsc::unbounded_channel::<NewConnection>();
+        senders.push(tx);
+        let shared = Arc::clone(shared);
+        std::thread::Builder::new()
+            .name(format!("ferrosan-worker-{index}"))
+            .spawn(move || worker(shared, index, rx, io_threads))
+            .map_err(|e| StartError::Thread("worker", e))?;
+    }
+    Ok(senders)
 }
 
 /// At most one log line per interval; the lines it held back are counted into the next one, so a
@@ -332,47 +352,8 @@ fn worker(
     };
     runtime.block_on(async move {
         // The worker measures itself (its thread's CPU time, once a second) for placement.
-        let busy = shared.metrics.worker_busy(index);
-        let metrics = Arc::clone(&shared.metrics);
-        let watched = Arc::clone(&shared);
-        watched.worker_heartbeat(index);
-        tokio::spawn(async move {
-            let mut alarm = match Alarm::new() {
-                Ok(alarm) => alarm,
-                Err(e) => {
-                    // Placement then sees this worker as idle and balances by connections.
-                    tracing::warn!("worker {index}: no busy sampling or watchdog: timer: {e}");
-                    watched.worker_unwatched(index);
-                    return;
-                }
-            };
-            // The first sample after a whole period: one taken at once would publish the share
-            // of a few microseconds (0.01 on an idle machine, 0.26 under a CPU hog), and
-            // placement would follow that noise for the daemon's first second.
-            let mut last = (std::time::Instant::now(), thread_cpu_time());
-            loop {
-                let rung = match alarm.set(last.0 + BUSY_SAMPLE) {
-                    Ok(()) => alarm.rung().await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = rung {
-                    tracing::warn!("worker {index}: busy sampling stopped: timer: {e}");
-                    watched.worker_unwatched(index);
-                    return;
-                }
-                // The worker's runtime runs: its heartbeat for the systemd watchdog.
-                watched.worker_heartbeat(index);
-                let now = (std::time::Instant::now(), thread_cpu_time());
-                let wall = now.0.saturating_duration_since(last.0);
-                // Busy polling happens only when the worker had nothing else to do.
-                let polled = busy_poll::report(&metrics);
-                if !wall.is_zero() {
-                    let cpu = now.1.saturating_sub(last.1).saturating_sub(polled);
-                    busy.set((cpu.as_secs_f64() / wall.as_secs_f64()).min(1.0));
-                }
-                last = now;
-            }
-        });
+        shared.worker_heartbeat(index);
+        tokio::spawn(sample_busy(Arc::clone(&shared), index));
         while let Some(conn) = rx.recv().await {
             let shared = Arc::clone(&shared);
             tokio::spawn(connection::serve(shared, conn));
@@ -381,6 +362,49 @@ fn worker(
         // they close or the process exits; leaving block_on would cancel them.
         std::future::pending::<()>().await
     });
+}
+
+/// Samples a worker's busy share once a second (its thread's CPU time, less busy polling,
+/// over the wall time) for placement, and beats its heartbeat for the systemd watchdog. Runs
+/// on the worker's own runtime: a worker stuck in a system call or a loop stops beating.
+async fn sample_busy(watched: Arc<Shared>, index: usize) {
+    let busy = watched.metrics.worker_busy(index);
+    let metrics = Arc::clone(&watched.metrics);
+    let mut alarm = match Alarm::new() {
+        Ok(alarm) => alarm,
+        Err(e) => {
+            // Placement then sees this worker as idle and balances by connections.
+            tracing::warn!("worker {index}: no busy sampling or watchdog: timer: {e}");
+            watched.worker_unwatched(index);
+            return;
+        }
+    };
+    // The first sample after a whole period: one taken at once would publish the share
+    // of a few microseconds (0.01 on an idle machine, 0.26 under a CPU hog), and
+    // placement would follow that noise for the daemon's first second.
+    let mut last = (std::time::Instant::now(), thread_cpu_time());
+    loop {
+        let rung = match alarm.set(last.0 + BUSY_SAMPLE) {
+            Ok(()) => alarm.rung().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = rung {
+            tracing::warn!("worker {index}: busy sampling stopped: timer: {e}");
+            watched.worker_unwatched(index);
+            return;
+        }
+        // The worker's runtime runs: its heartbeat for the systemd watchdog.
+        watched.worker_heartbeat(index);
+        let now = (std::time::Instant::now(), thread_cpu_time());
+        let wall = now.0.saturating_duration_since(last.0);
+        // Busy polling happens only when the worker had nothing else to do.
+        let polled = busy_poll::report(&metrics);
+        if !wall.is_zero() {
+            let cpu = now.1.saturating_sub(last.1).saturating_sub(polled);
+            busy.set((cpu.as_secs_f64() / wall.as_secs_f64()).min(1.0));
+        }
+        last = now;
+    }
 }
 
 fn acceptor(
@@ -400,16 +424,7 @@ fn acceptor(
             return;
         }
     };
-    let loads: Vec<(Gauge, Gauge<f64, AtomicU64>)> = (0..senders.len())
-        .map(|index| {
-            (
-                shared.metrics.worker_connections(index),
-                shared.metrics.worker_busy(index),
-            )
-        })
-        .collect();
-    let workers = Arc::new((senders, loads));
-    let next = Arc::new(AtomicUsize::new(0));
+    let workers = Arc::new(Workers::new(&shared, senders));
     runtime.block_on(async move {
         let mut tasks = Vec::new();
         if let Some(control) = control {
@@ -432,71 +447,106 @@ fn acceptor(
                     continue;
                 }
             };
-            let shared = Arc::clone(&shared);
-            let workers = Arc::clone(&workers);
-            let next = Arc::clone(&next);
-            tasks.push(tokio::spawn(async move {
-                let mut refusal_log = LogLimiter::new(Duration::from_secs(1));
-                let mut shutdown = shared.shutdown_signal();
-                loop {
-                    let accepted = tokio::select! {
-                        accepted = listener.accept() => accepted,
-                        // Dropping the listener refuses new connections at the TCP level.
-                        () = Shared::wait_for_shutdown(&mut shutdown) => return,
-                    };
-                    let (stream, peer) = match accepted {
-                        Ok(x) => x,
-                        Err(e) => {
-                            // EMFILE and friends: back off instead of spinning.
-                            tracing::warn!("accept failed: {e}");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    };
-                    let (mut guard, prelogin) = match shared.doors.admit(peer.ip()) {
-                        Ok(admitted) => admitted,
-                        Err(limit) => {
-                            shared.metrics.limit(limit);
-                            if let Some(suppressed) = refusal_log.admit(std::time::Instant::now()) {
-                                tracing::warn!(
-                                    %peer,
-                                    limit,
-                                    suppressed,
-                                    "connection refused: limit reached"
-                                );
-                            }
-                            continue;
-                        }
-                    };
-                    let local = stream.local_addr().unwrap_or(peer);
-                    let _ = stream.set_nodelay(true);
-                    let Ok(std_stream) = stream.into_std() else {
-                        continue;
-                    };
-                    let (senders, loads) = &*workers;
-                    let now: Vec<(f64, i64)> = loads
-                        .iter()
-                        .map(|(conns, busy)| (busy.get(), conns.get()))
-                        .collect();
-                    let index = least_loaded(&now, next.fetch_add(1, Ordering::Relaxed));
-                    if let (Some(tx), Some((load, _))) = (senders.get(index), loads.get(index)) {
-                        guard.place_on(load);
-                        let _ = tx.send(NewConnection {
-                            stream: std_stream,
-                            peer,
-                            local,
-                            portal_group_tag: tag,
-                            guard,
-                            prelogin,
-                        });
-                    }
-                }
-            }));
+            let accepting = accept(listener, tag, Arc::clone(&shared), Arc::clone(&workers));
+            tasks.push(tokio::spawn(accepting));
         }
         for t in tasks {
             let _ = t.await;
         }
     });
+}
+
+/// The network workers as the acceptor sees them: where to send a connection, and how loaded
+/// each is.
+struct Workers {
+    senders: Vec<mpsc::UnboundedSender<NewConnection>>,
+    /// Per worker: its open connections and its busy share.
+    loads: Vec<(Gauge, Gauge<f64, AtomicU64>)>,
+    /// The round-robin turn among equally loaded workers.
+    next: AtomicUsize,
+}
+
+impl Workers {
+    fn new(shared: &Shared, senders: Vec<mpsc::UnboundedSender<NewConnection>>) -> Workers {
+        let loads = (0..senders.len())
+            .map(|index| {
+                (
+                    shared.metrics.worker_connections(index),
+                    shared.metrics.worker_busy(index),
+                )
+            })
+            .collect();
+        Workers {
+            senders,
+            loads,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Gives an admitted connection to the least loaded worker (`least_loaded`).
+    fn hand_over(&self, mut connection: NewConnection) {
+        let now: Vec<(f64, i64)> = self
+            .loads
+            .iter()
+            .map(|(conns, busy)| (busy.get(), conns.get()))
+            .collect();
+        let index = least_loaded(&now, self.next.fetch_add(1, Ordering::Relaxed));
+        if let (Some(tx), Some((load, _))) = (self.senders.get(index), self.loads.get(index)) {
+            connection.guard.place_on(load);
+            let _ = tx.send(connection);
+        }
+    }
+}
+
+/// Accepts one listener's connections until the daemon shuts down: each passes the doors
+/// (refusals logged at most once a second) and goes to a worker.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    tag: u16,
+    shared: Arc<Shared>,
+    workers: Arc<Workers>,
+) {
+    let mut refusal_log = LogLimiter::new(Duration::from_secs(1));
+    let mut shutdown = shared.shutdown_signal();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            // Dropping the listener refuses new connections at the TCP level.
+            () = Shared::wait_for_shutdown(&mut shutdown) => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (guard, prelogin) = match shared.doors.admit(peer.ip()) {
+            Ok(admitted) => admitted,
+            Err(limit) => {
+                shared.metrics.limit(limit);
+                if let Some(suppressed) = refusal_log.admit(std::time::Instant::now()) {
+                    tracing::warn!(%peer, limit, suppressed, "connection refused: limit reached");
+                }
+                continue;
+            }
+        };
+        let local = stream.local_addr().unwrap_or(peer);
+        let _ = stream.set_nodelay(true);
+        let Ok(stream) = stream.into_std() else {
+            continue;
+        };
+        workers.hand_over(NewConnection {
+            stream,
+            peer,
+            local,
+            portal_group_tag: tag,
+            guard,
+            prelogin,
+        });
+    }
 }
 
 /// Network worker threads: `workers`, or one per core.
@@ -571,13 +621,12 @@ fn retry_left_out(shared: &std::sync::Weak<Shared>) {
         if left_out.is_empty() {
             return;
         }
-        let (reachable, unreachable): (Vec<_>, Vec<_>) =
-            left_out
-                .into_iter()
-                .partition(|out| match &out.device.store {
-                    crate::config::StoreKind::Rbd(spec) => store::RbdStore::reachable(spec).is_ok(),
-                    _ => true,
-                });
+        let (reachable, unreachable): (Vec<_>, Vec<_>) = left_out.into_iter().partition(|out| {
+            out.device
+                .store
+                .rbd()
+                .is_none_or(|spec| store::RbdStore::reachable(spec).is_ok())
+        });
         if reachable.is_empty() {
             let names: Vec<&str> = unreachable.iter().map(|o| o.device.name.as_str()).collect();
             tracing::debug!(

@@ -1,9 +1,9 @@
 //! Authentication and access-control keys of the config file: CHAP users and secrets
 //! (inline or from a protected file), `auth` modes, and `allowed_sources` address ranges.
 
-use super::Invalid;
 use std::fmt;
 use std::net::IpAddr;
+use std::ops::Range;
 use std::path::PathBuf;
 
 use iscsi::chap::{Secret, SECRET_BYTES_MAX, SECRET_BYTES_MIN, USER_BYTES_MAX};
@@ -11,7 +11,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::cx::Cx;
-use super::{AuthConfig, AuthMode, ChapUser};
+use super::{AuthConfig, AuthMode, ChapUser, Invalid};
 
 type S<T> = Spanned<T>;
 
@@ -152,6 +152,69 @@ impl SecretBook {
     }
 }
 
+/// A CHAP user's secret: given inline or read from its file, with where it was given (for
+/// errors) and the file's path as written. None after an error.
+#[allow(clippy::type_complexity)]
+fn user_secret(
+    cx: &mut Cx<'_>,
+    raw: &RawChapUser,
+    span: &Range<usize>,
+    field: &str,
+) -> Option<(Vec<u8>, Option<PathBuf>, Range<usize>, String)> {
+    match (&raw.secret, &raw.secret_file) {
+        (Some(_), Some(f)) => {
+            cx.err(
+                f.span(),
+                format!("{field}.secret_file"),
+                "give `secret` or `secret_file`, not both",
+            );
+            None
+        }
+        (None, None) => {
+            cx.err(
+                span.clone(),
+                format!("{field}.secret"),
+                "missing: give `secret` or `secret_file`",
+            );
+            None
+        }
+        (Some(s), None) => {
+            if s.get_ref() == REDACTED {
+                cx.err(
+                    s.span(),
+                    format!("{field}.secret"),
+                    "this secret was redacted when the config was written out: put the secret back or use `secret_file`",
+                );
+                return None;
+            }
+            Some((
+                s.get_ref().as_bytes().to_vec(),
+                None,
+                s.span(),
+                format!("{field}.secret"),
+            ))
+        }
+        (None, Some(f)) => {
+            // Kept as written (the file may be saved back); read where it points now.
+            let path = PathBuf::from(f.get_ref());
+            let resolved = match credential_path(f.get_ref()) {
+                Ok(p) => p,
+                Err(m) => {
+                    cx.err(f.span(), format!("{field}.secret_file"), m);
+                    return None;
+                }
+            };
+            match read_secret_file(&resolved) {
+                Ok(bytes) => Some((bytes, Some(path), f.span(), format!("{field}.secret_file"))),
+                Err(m) => {
+                    cx.err(f.span(), format!("{field}.secret_file"), m);
+                    None
+                }
+            }
+        }
+    }
+}
+
 fn resolve_user(
     cx: &mut Cx<'_>,
     raw: &S<RawChapUser>,
@@ -181,58 +244,7 @@ fn resolve_user(
             s.clone()
         }
     };
-    let (secret, secret_file, secret_span, secret_field) = match (&raw.secret, &raw.secret_file) {
-        (Some(_), Some(f)) => {
-            cx.err(
-                f.span(),
-                format!("{field}.secret_file"),
-                "give `secret` or `secret_file`, not both",
-            );
-            return None;
-        }
-        (None, None) => {
-            cx.err(
-                span,
-                format!("{field}.secret"),
-                "missing: give `secret` or `secret_file`",
-            );
-            return None;
-        }
-        (Some(s), None) => {
-            if s.get_ref() == REDACTED {
-                cx.err(
-                    s.span(),
-                    format!("{field}.secret"),
-                    "this secret was redacted when the config was written out: put the secret back or use `secret_file`",
-                );
-                return None;
-            }
-            (
-                s.get_ref().as_bytes().to_vec(),
-                None,
-                s.span(),
-                format!("{field}.secret"),
-            )
-        }
-        (None, Some(f)) => {
-            // Kept as written (the file may be saved back); read where it points now.
-            let path = PathBuf::from(f.get_ref());
-            let resolved = match credential_path(f.get_ref()) {
-                Ok(p) => p,
-                Err(m) => {
-                    cx.err(f.span(), format!("{field}.secret_file"), m);
-                    return None;
-                }
-            };
-            match read_secret_file(&resolved) {
-                Ok(bytes) => (bytes, Some(path), f.span(), format!("{field}.secret_file")),
-                Err(m) => {
-                    cx.err(f.span(), format!("{field}.secret_file"), m);
-                    return None;
-                }
-            }
-        }
-    };
+    let (secret, secret_file, secret_span, secret_field) = user_secret(cx, raw, &span, field)?;
     // The length rule is stated in bytes, never echoing the secret.
     if !(SECRET_BYTES_MIN..=SECRET_BYTES_MAX).contains(&secret.len()) {
         cx.err(

@@ -1,6 +1,5 @@
 //! Quick exports: `serve --listen ADDR --target IQN --lun SPEC...` and the demo.
 
-use super::Invalid;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
@@ -8,6 +7,7 @@ use super::names::{
     check_iscsi_name, derive_identity, parse_listen, parse_size, portals_overlap,
     ISCSI_PORT_DEFAULT,
 };
+use super::Invalid;
 use super::{
     CacheMode, Config, ConfigError, DeviceConfig, InitiatorGroup, IscsiName, Limits, LunMapping,
     PortalGroup, ServerConfig, StoreKind, TargetConfig, COMMAND_LINE, DEMO_TARGET_IQN,
@@ -121,33 +121,70 @@ pub(crate) fn from_cli(
 /// [,client=NAME]`, each with optional `,block_size=512|4096`, `,cache=auto|direct|page` and
 /// `,ro` at the end.
 fn parse_lun_spec(spec: &str) -> Result<LunSpec, Invalid> {
-    let (kind, mut rest) = spec
+    let (kind, rest) = spec
         .split_once(':')
         .ok_or("expected ram:SIZE, file:PATH[,size=SIZE], block:PATH or rbd:POOL/IMAGE")?;
-    let mut ceph_conf = None;
-    let mut ceph_client = None;
-    let mut size = None;
-    let mut block_size = 512u32;
-    let mut read_only = false;
-    let mut write_cache = false;
-    let mut cache = CacheMode::Auto;
-    // Peel known options off the end, so that a path may contain commas.
+    let (rest, options) = lun_options(kind, rest)?;
+    let (store, size) = lun_store(kind, rest, &options)?;
+    if let Some(n) = size {
+        if n == 0 {
+            return Err(Invalid("size must not be 0".into()));
+        }
+        if n % u64::from(options.block_size) != 0 {
+            return Err(Invalid(format!(
+                "size {n} is not a multiple of block_size {}",
+                options.block_size
+            )));
+        }
+    }
+    Ok(LunSpec {
+        store,
+        block_size: options.block_size,
+        read_only: options.read_only,
+        write_cache: options.write_cache,
+        cache: options.cache,
+    })
+}
+
+/// The `,OPTION`s of a `--lun` spec.
+struct LunOptions {
+    ceph_conf: Option<PathBuf>,
+    ceph_client: Option<String>,
+    size: Option<u64>,
+    block_size: u32,
+    read_only: bool,
+    write_cache: bool,
+    cache: CacheMode,
+}
+
+/// Peels the known options off the end of a spec's `rest` (so that a path may contain
+/// commas); returns what is left and the options.
+fn lun_options<'s>(kind: &str, mut rest: &'s str) -> Result<(&'s str, LunOptions), Invalid> {
+    let mut o = LunOptions {
+        ceph_conf: None,
+        ceph_client: None,
+        size: None,
+        block_size: 512,
+        read_only: false,
+        write_cache: false,
+        cache: CacheMode::Auto,
+    };
     while let Some((head, opt)) = rest.rsplit_once(',') {
         if opt == "ro" {
-            read_only = true;
+            o.read_only = true;
         } else if opt == "write_cache" {
-            write_cache = true;
+            o.write_cache = true;
         } else if let Some(v) = opt.strip_prefix("cache=") {
-            cache = CacheMode::parse(v)
+            o.cache = CacheMode::parse(v)
                 .ok_or_else(|| format!("cache must be auto, direct or page, got {v}"))?;
         } else if let Some(v) = opt.strip_prefix("conf=").filter(|_| kind == "rbd") {
-            ceph_conf = Some(PathBuf::from(v));
+            o.ceph_conf = Some(PathBuf::from(v));
         } else if let Some(v) = opt.strip_prefix("client=").filter(|_| kind == "rbd") {
-            ceph_client = Some(v.to_string());
+            o.ceph_client = Some(v.to_string());
         } else if let Some(v) = opt.strip_prefix("size=") {
-            size = Some(parse_size(v)?);
+            o.size = Some(parse_size(v)?);
         } else if let Some(v) = opt.strip_prefix("block_size=") {
-            block_size = match v {
+            o.block_size = match v {
                 "512" => 512,
                 "4096" => 4096,
                 _ => return Err(Invalid(format!("block_size must be 512 or 4096, got {v}"))),
@@ -157,9 +194,18 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, Invalid> {
         }
         rest = head;
     }
-    let store = match kind {
+    Ok((rest, o))
+}
+
+/// The store a spec names, and its size when it has one.
+fn lun_store(kind: &str, rest: &str, o: &LunOptions) -> Result<(StoreKind, Option<u64>), Invalid> {
+    let own_size = |why: &str| match o.size {
+        Some(_) => Err(Invalid(why.into())),
+        None => Ok(()),
+    };
+    match kind {
         "ram" => {
-            if size.is_some() {
+            if o.size.is_some() {
                 return Err(Invalid("ram takes its size as ram:SIZE".into()));
             }
             let n = parse_size(rest)?;
@@ -169,63 +215,37 @@ fn parse_lun_spec(spec: &str) -> Result<LunSpec, Invalid> {
                     super::RAM_SIZE_BYTES_MAX
                 )));
             }
-            size = Some(n);
-            StoreKind::Ram { size_bytes: n }
+            Ok((StoreKind::Ram { size_bytes: n }, Some(n)))
         }
-        "file" | "block" if rest.is_empty() => {
-            return Err(Invalid(format!("{kind}: needs a path")))
+        "file" | "block" if rest.is_empty() => Err(Invalid(format!("{kind}: needs a path"))),
+        "file" => {
+            let path = PathBuf::from(rest);
+            let store = StoreKind::File {
+                path,
+                size_bytes: o.size,
+            };
+            Ok((store, o.size))
         }
-        "file" => StoreKind::File {
-            path: PathBuf::from(rest),
-            size_bytes: size,
-        },
         "block" => {
-            if size.is_some() {
-                return Err(Invalid(
-                    "a block device's size is the device's own; remove size=".into(),
-                ));
-            }
-            StoreKind::Block {
-                path: PathBuf::from(rest),
-            }
+            own_size("a block device's size is the device's own; remove size=")?;
+            let path = PathBuf::from(rest);
+            Ok((StoreKind::Block { path }, None))
         }
         "rbd" => {
-            if size.is_some() {
-                return Err(Invalid(
-                    "an RBD image's size is the image's own; remove size=".into(),
-                ));
-            }
+            own_size("an RBD image's size is the image's own; remove size=")?;
             let (pool, image) = super::parse_rbd_image(rest)?;
-            StoreKind::Rbd(store::RbdSpec {
+            let spec = store::RbdSpec {
                 pool,
                 image,
-                conf: ceph_conf,
-                client: ceph_client,
-            })
+                conf: o.ceph_conf.clone(),
+                client: o.ceph_client.clone(),
+            };
+            Ok((StoreKind::Rbd(spec), None))
         }
-        other => {
-            return Err(Invalid(format!(
-                "unknown store {other:?}: expected ram, file, block or rbd"
-            )))
-        }
-    };
-    if let Some(n) = size {
-        if n == 0 {
-            return Err(Invalid("size must not be 0".into()));
-        }
-        if n % u64::from(block_size) != 0 {
-            return Err(Invalid(format!(
-                "size {n} is not a multiple of block_size {block_size}"
-            )));
-        }
+        other => Err(Invalid(format!(
+            "unknown store {other:?}: expected ram, file, block or rbd"
+        ))),
     }
-    Ok(LunSpec {
-        store,
-        block_size,
-        read_only,
-        write_cache,
-        cache,
-    })
 }
 
 /// One target on one portal group, open to any initiator, LUNs numbered in order.

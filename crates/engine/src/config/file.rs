@@ -180,75 +180,7 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
     let mut server = ServerConfig::default();
     let mut identity_seed = String::new();
     if let Some(s) = &raw.server {
-        if let Some(w) = &s.workers {
-            if let Some(w) = cx.int_in(w, 0, WORKERS_MAX, "server: workers") {
-                server.workers = w as usize;
-            }
-        }
-        if let Some(seed) = &s.identity_seed {
-            identity_seed = seed.get_ref().clone();
-        }
-        if let Some(list) = &s.chap_algorithms {
-            server.chap_algorithms = resolve_algorithms(cx, list);
-        }
-        if let Some(addr) = &s.metrics_listen {
-            match parse_listen(addr.get_ref()) {
-                Ok(a) => server.metrics_listen = Some(a),
-                Err(m) => cx.err(addr.span(), "server: metrics_listen", m),
-            }
-        }
-        server.io_uring = bool_or(&s.io_uring, true);
-        if let Some(dir) = &s.state_dir {
-            if dir.get_ref().is_empty() || !dir.get_ref().starts_with('/') {
-                cx.err(dir.span(), "server: state_dir", "an absolute path");
-            } else {
-                server.state_dir = Some(dir.get_ref().into());
-            }
-        }
-        if let Some(path) = &s.control_socket {
-            let p = path.get_ref();
-            if p.is_empty() || !p.starts_with('/') {
-                cx.err(path.span(), "server: control_socket", "an absolute path");
-            } else {
-                server.control_socket = Some(p.into());
-            }
-        }
-        if let Some(g) = &s.gateway {
-            match check_gateway_name(g.get_ref()) {
-                Ok(()) => server.gateway = Some(g.get_ref().clone()),
-                Err(m) => cx.err(g.span(), "server: gateway", m),
-            }
-        }
-        if let Some(standby) = &s.gateway_standby {
-            server.gateway_standby = *standby.get_ref();
-        }
-        if let Some(roots) = &s.device_roots {
-            for (i, root) in roots.get_ref().iter().enumerate() {
-                let r = root.get_ref();
-                if r.is_empty() || !r.starts_with('/') {
-                    let field = format!("server: device_roots[{i}]");
-                    cx.err(root.span(), field, "an absolute path");
-                } else {
-                    server.device_roots.push(r.into());
-                }
-            }
-        }
-        if let Some(group) = &s.control_socket_group {
-            let g = group.get_ref();
-            let valid = !g.is_empty()
-                && g.len() <= 32
-                && g.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
-            if valid {
-                server.control_socket_group = Some(g.clone());
-            } else {
-                cx.err(
-                    group.span(),
-                    "server: control_socket_group",
-                    "a group name (letters, digits, _ - .; at most 32)",
-                );
-            }
-        }
+        identity_seed = resolve_server(cx, s, &mut server);
     }
     let mut book = SecretBook::default();
     let discovery = match &raw.discovery {
@@ -285,6 +217,91 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         devices,
         targets,
         discovery,
+    }
+}
+
+/// `[server]`, into `server`; returns the identity seed.
+fn resolve_server(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) -> String {
+    let mut identity_seed = String::new();
+    if let Some(w) = &s.workers {
+        if let Some(w) = cx.int_in(w, 0, WORKERS_MAX, "server: workers") {
+            server.workers = w as usize;
+        }
+    }
+    if let Some(seed) = &s.identity_seed {
+        identity_seed = seed.get_ref().clone();
+    }
+    if let Some(list) = &s.chap_algorithms {
+        server.chap_algorithms = resolve_algorithms(cx, list);
+    }
+    if let Some(addr) = &s.metrics_listen {
+        match parse_listen(addr.get_ref()) {
+            Ok(a) => server.metrics_listen = Some(a),
+            Err(m) => cx.err(addr.span(), "server: metrics_listen", m),
+        }
+    }
+    server.io_uring = bool_or(&s.io_uring, true);
+    server_paths(cx, s, server);
+    if let Some(g) = &s.gateway {
+        match check_gateway_name(g.get_ref()) {
+            Ok(()) => server.gateway = Some(g.get_ref().clone()),
+            Err(m) => cx.err(g.span(), "server: gateway", m),
+        }
+    }
+    if let Some(standby) = &s.gateway_standby {
+        server.gateway_standby = *standby.get_ref();
+    }
+    server_roots_and_group(cx, s, server);
+    identity_seed
+}
+
+/// `[server]`'s state directory and control socket: absolute paths.
+fn server_paths(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) {
+    if let Some(dir) = &s.state_dir {
+        if dir.get_ref().is_empty() || !dir.get_ref().starts_with('/') {
+            cx.err(dir.span(), "server: state_dir", "an absolute path");
+        } else {
+            server.state_dir = Some(dir.get_ref().into());
+        }
+    }
+    if let Some(path) = &s.control_socket {
+        let p = path.get_ref();
+        if p.is_empty() || !p.starts_with('/') {
+            cx.err(path.span(), "server: control_socket", "an absolute path");
+        } else {
+            server.control_socket = Some(p.into());
+        }
+    }
+}
+
+/// `[server]`'s device roots (absolute paths) and control socket group (a group name).
+fn server_roots_and_group(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) {
+    if let Some(roots) = &s.device_roots {
+        for (i, root) in roots.get_ref().iter().enumerate() {
+            let r = root.get_ref();
+            if r.is_empty() || !r.starts_with('/') {
+                let field = format!("server: device_roots[{i}]");
+                cx.err(root.span(), field, "an absolute path");
+            } else {
+                server.device_roots.push(r.into());
+            }
+        }
+    }
+    if let Some(group) = &s.control_socket_group {
+        let g = group.get_ref();
+        let valid = !g.is_empty()
+            && g.len() <= 32
+            && g.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if valid {
+            server.control_socket_group = Some(g.clone());
+        } else {
+            cx.err(
+                group.span(),
+                "server: control_socket_group",
+                "a group name (letters, digits, _ - .; at most 32)",
+            );
+        }
     }
 }
 
@@ -426,49 +443,8 @@ fn resolve_portal_groups(
                 tag = Some(t);
             }
         }
-        let mut listen = Vec::new();
-        if let Some(l) = required(cx, &rg.listen, &table, format!("{ctx}: listen")) {
-            if l.get_ref().is_empty() {
-                cx.err(
-                    l.span(),
-                    format!("{ctx}: listen"),
-                    "must name at least one address",
-                );
-            }
-            for (j, a) in l.get_ref().iter().enumerate() {
-                let field = format!("{ctx}: listen[{j}]");
-                match parse_listen(a.get_ref()) {
-                    Err(m) => cx.err(a.span(), field, m),
-                    Ok(addr) => {
-                        if let Some((other, where_)) =
-                            seen.iter().find(|(o, _)| portals_overlap(*o, addr))
-                        {
-                            let msg = if *other == addr {
-                                format!("{addr} is already listed in {where_}")
-                            } else {
-                                format!("{addr} overlaps {other} ({where_}): a wildcard and a specific address of the same family on one port")
-                            };
-                            cx.err(a.span(), field, msg);
-                        } else {
-                            seen.push((addr, field.clone()));
-                        }
-                        listen.push(addr);
-                    }
-                }
-            }
-        }
-        let mut alua_state = AccessState::ActiveOptimized;
-        if let Some(v) = &rg.alua_state {
-            match v.get_ref().as_str() {
-                ALUA_ACTIVE_OPTIMIZED => {}
-                ALUA_ACTIVE_NON_OPTIMIZED => alua_state = AccessState::ActiveNonOptimized,
-                other => cx.err(
-                    v.span(),
-                    format!("{ctx}: alua_state"),
-                    format!("unknown state {other:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\" or \"{ALUA_ACTIVE_NON_OPTIMIZED}\""),
-                ),
-            }
-        }
+        let listen = portal_listen(cx, &ctx, rg, &table, &mut seen);
+        let alua_state = portal_alua_state(cx, &ctx, rg);
         let gateway = match &rg.gateway {
             None => None,
             Some(g) => match check_gateway_name(g.get_ref()) {
@@ -479,24 +455,7 @@ fn resolve_portal_groups(
                 }
             },
         };
-        let mut peer_address = None;
-        if let Some(a) = &rg.peer_address {
-            let field = format!("{ctx}: peer_address");
-            match parse_listen(a.get_ref()) {
-                Err(m) => cx.err(a.span(), field, m),
-                Ok(addr) if addr.ip().is_unspecified() => cx.err(
-                    a.span(),
-                    field,
-                    format!("{addr}: an address the other gateways can connect to, not a wildcard"),
-                ),
-                Ok(_) if gateway.is_none() => cx.err(
-                    a.span(),
-                    field,
-                    "only for a portal group that names its gateway (where other gateways ship commands)",
-                ),
-                Ok(addr) => peer_address = Some(addr),
-            }
-        }
+        let peer_address = peer_address(cx, &ctx, rg, gateway.is_some());
         // Other gateways ship commands here over iSCSI: they need an address to dial.
         let dialable = listen.iter().any(|a| !a.ip().is_unspecified());
         if shipping
@@ -523,6 +482,96 @@ fn resolve_portal_groups(
         }
     }
     groups
+}
+
+/// A portal group's listen addresses, none of them another's (or overlapping one: a wildcard
+/// and a specific address of the same family on one port).
+fn portal_listen(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rg: &RawPortalGroup,
+    table: &Range<usize>,
+    seen: &mut Vec<(SocketAddr, String)>,
+) -> Vec<SocketAddr> {
+    let mut listen = Vec::new();
+    let Some(l) = required(cx, &rg.listen, table, format!("{ctx}: listen")) else {
+        return listen;
+    };
+    if l.get_ref().is_empty() {
+        cx.err(
+            l.span(),
+            format!("{ctx}: listen"),
+            "must name at least one address",
+        );
+    }
+    for (j, a) in l.get_ref().iter().enumerate() {
+        let field = format!("{ctx}: listen[{j}]");
+        let addr = match parse_listen(a.get_ref()) {
+            Err(m) => {
+                cx.err(a.span(), field, m);
+                continue;
+            }
+            Ok(addr) => addr,
+        };
+        match seen.iter().find(|(o, _)| portals_overlap(*o, addr)) {
+            Some((other, where_)) => {
+                let msg = if *other == addr {
+                    format!("{addr} is already listed in {where_}")
+                } else {
+                    format!("{addr} overlaps {other} ({where_}): a wildcard and a specific address of the same family on one port")
+                };
+                cx.err(a.span(), field, msg);
+            }
+            None => seen.push((addr, field)),
+        }
+        listen.push(addr);
+    }
+    listen
+}
+
+fn portal_alua_state(cx: &mut Cx<'_>, ctx: &str, rg: &RawPortalGroup) -> AccessState {
+    let Some(v) = &rg.alua_state else {
+        return AccessState::ActiveOptimized;
+    };
+    match v.get_ref().as_str() {
+        ALUA_ACTIVE_OPTIMIZED => AccessState::ActiveOptimized,
+        ALUA_ACTIVE_NON_OPTIMIZED => AccessState::ActiveNonOptimized,
+        other => {
+            cx.err(
+                v.span(),
+                format!("{ctx}: alua_state"),
+                format!("unknown state {other:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\" or \"{ALUA_ACTIVE_NON_OPTIMIZED}\""),
+            );
+            AccessState::ActiveOptimized
+        }
+    }
+}
+
+/// The address other gateways ship to this portal group's gateway at: specific (not a
+/// wildcard), and only for a group that names its gateway.
+fn peer_address(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rg: &RawPortalGroup,
+    names_gateway: bool,
+) -> Option<SocketAddr> {
+    let a = rg.peer_address.as_ref()?;
+    let field = format!("{ctx}: peer_address");
+    match parse_listen(a.get_ref()) {
+        Err(m) => cx.err(a.span(), field, m),
+        Ok(addr) if addr.ip().is_unspecified() => cx.err(
+            a.span(),
+            field,
+            format!("{addr}: an address the other gateways can connect to, not a wildcard"),
+        ),
+        Ok(_) if !names_gateway => cx.err(
+            a.span(),
+            field,
+            "only for a portal group that names its gateway (where other gateways ship commands)",
+        ),
+        Ok(addr) => return Some(addr),
+    }
+    None
 }
 
 /// A gateway's name: what `[server] gateway` and a portal group's `gateway` say.
@@ -577,40 +626,7 @@ fn resolve_targets(
             }
             s.clone()
         });
-        let pgs: Vec<u16> = match &rt.portal_groups {
-            None => {
-                if portal_groups.is_empty() {
-                    cx.err(
-                        here.clone(),
-                        format!("{ctx}: portal_groups"),
-                        "no portals: define a [[portal_group]] to listen on",
-                    );
-                }
-                portal_groups.iter().map(|p| p.tag).collect()
-            }
-            Some(list) => {
-                if list.get_ref().is_empty() {
-                    cx.err(
-                        list.span(),
-                        format!("{ctx}: portal_groups"),
-                        "no portals: must name at least one portal group tag",
-                    );
-                }
-                let mut tags = Vec::new();
-                for (j, t) in list.get_ref().iter().enumerate() {
-                    let field = format!("{ctx}: portal_groups[{j}]");
-                    let x = *t.get_ref();
-                    match portal_groups.iter().find(|p| i64::from(p.tag) == x) {
-                        None => cx.err(t.span(), field, format!("no [[portal_group]] has tag {x}")),
-                        Some(p) if tags.contains(&p.tag) => {
-                            cx.err(t.span(), field, format!("tag {x} is listed twice"))
-                        }
-                        Some(p) => tags.push(p.tag),
-                    }
-                }
-                tags
-            }
-        };
+        let pgs = target_portal_groups(cx, &ctx, rt, &here, portal_groups);
         if rt.group.is_empty() {
             cx.err(
                 here.clone(),
@@ -642,6 +658,50 @@ fn resolve_targets(
         });
     }
     targets
+}
+
+/// The portal groups a target is served on: the tags it lists, or every portal group.
+fn target_portal_groups(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rt: &RawTarget,
+    here: &Range<usize>,
+    portal_groups: &[PortalGroup],
+) -> Vec<u16> {
+    match &rt.portal_groups {
+        None => {
+            if portal_groups.is_empty() {
+                cx.err(
+                    here.clone(),
+                    format!("{ctx}: portal_groups"),
+                    "no portals: define a [[portal_group]] to listen on",
+                );
+            }
+            portal_groups.iter().map(|p| p.tag).collect()
+        }
+        Some(list) => {
+            if list.get_ref().is_empty() {
+                cx.err(
+                    list.span(),
+                    format!("{ctx}: portal_groups"),
+                    "no portals: must name at least one portal group tag",
+                );
+            }
+            let mut tags = Vec::new();
+            for (j, t) in list.get_ref().iter().enumerate() {
+                let field = format!("{ctx}: portal_groups[{j}]");
+                let x = *t.get_ref();
+                match portal_groups.iter().find(|p| i64::from(p.tag) == x) {
+                    None => cx.err(t.span(), field, format!("no [[portal_group]] has tag {x}")),
+                    Some(p) if tags.contains(&p.tag) => {
+                        cx.err(t.span(), field, format!("tag {x} is listed twice"))
+                    }
+                    Some(p) => tags.push(p.tag),
+                }
+            }
+            tags
+        }
+    }
 }
 
 fn resolve_groups(
@@ -676,104 +736,14 @@ fn resolve_groups(
         }
         let here = rg.name.as_ref().map_or(table.clone(), |n| n.span());
         let any_initiator = bool_or(&rg.any_initiator, false);
-        let mut initiators = Vec::new();
-        if let Some(list) = &rg.initiators {
-            for (j, ini) in list.get_ref().iter().enumerate() {
-                let field = format!("{ctx}: initiators[{j}]");
-                let name_here = match check_iscsi_name(ini.get_ref()) {
-                    Ok(n) => n,
-                    Err(m) => {
-                        cx.err(ini.span(), field, m);
-                        continue;
-                    }
-                };
-                if let Some(other) = initiators_seen.get(&name_here) {
-                    cx.err(
-                        ini.span(),
-                        field,
-                        format!("{name_here} is already listed in {other}"),
-                    );
-                    continue;
-                }
-                initiators_seen.insert(name_here.clone(), format!("group {name:?}"));
-                initiators.push(name_here);
-            }
-        }
-        let listed = rg
-            .initiators
-            .as_ref()
-            .is_some_and(|l| !l.get_ref().is_empty());
-        match (&rg.any_initiator, any_initiator, listed) {
-            (_, false, false) => cx.err(
-                here.clone(),
-                format!("{ctx}: initiators"),
-                "no initiators: list some, or set `any_initiator = true` to admit every initiator not in another group",
-            ),
-            (Some(a), true, true) => cx.err(
-                a.span(),
-                format!("{ctx}: any_initiator"),
-                "a group is either for listed initiators or for any initiator, not both",
-            ),
-            (Some(a), true, _) => {
-                if let Some(other) = &any_group {
-                    cx.err(a.span(), format!("{ctx}: any_initiator"), format!("group {other:?} of this target already has any_initiator = true"));
-                } else {
-                    any_group = Some(name.clone());
-                }
-            }
-            _ => {}
-        }
+        let initiators = group_initiators(cx, &ctx, rg, &name, &mut initiators_seen);
+        check_any_initiator(cx, &ctx, rg, &here, &name, &mut any_group);
         let mut luns: Vec<LunMapping> = Vec::new();
         if let Some(list) = &rg.luns {
             for (j, rl) in list.get_ref().iter().enumerate() {
-                let lspan = rl.span();
-                let rl = rl.get_ref();
                 let lctx = format!("{ctx}: luns[{j}]");
-                let lun = required(cx, &rl.lun, &lspan, format!("{lctx}.lun")).and_then(|l| {
-                    cx.int_in(l, 0, LUN_MAX as i64, &format!("{lctx}.lun"))
-                        .map(|x| (x as u64, l.span()))
-                });
-                if let Some((n, span)) = &lun {
-                    if luns.iter().any(|m| m.lun == *n) {
-                        cx.err(
-                            span.clone(),
-                            format!("{lctx}.lun"),
-                            format!("LUN {n} is mapped twice in this group"),
-                        );
-                    }
-                }
-                let device =
-                    required(cx, &rl.device, &lspan, format!("{lctx}.device")).and_then(|d| {
-                        match devices.iter().find(|x| x.name == *d.get_ref()) {
-                            None => {
-                                cx.err(
-                                    d.span(),
-                                    format!("{lctx}.device"),
-                                    format!("no [[device]] is named {:?}", d.get_ref()),
-                                );
-                                None
-                            }
-                            Some(dev) => {
-                                if let Some(m) = luns.iter().find(|m| m.device == dev.name) {
-                                    cx.err(
-                                        d.span(),
-                                        format!("{lctx}.device"),
-                                        format!(
-                                            "{:?} is already mapped as LUN {} in this group",
-                                            dev.name, m.lun
-                                        ),
-                                    );
-                                }
-                                Some(dev)
-                            }
-                        }
-                    });
-                if let (Some((lun, _)), Some(dev)) = (lun, device) {
-                    luns.push(LunMapping {
-                        lun,
-                        device: dev.name.clone(),
-                        read_only: dev.read_only || bool_or(&rl.read_only, false),
-                    });
+                if let Some(mapping) = lun_mapping(cx, &lctx, rl, devices, &luns) {
+                    luns.push(mapping);
                 }
             }
         }
@@ -794,6 +764,119 @@ fn resolve_groups(
         });
     }
     groups
+}
+
+/// A group's listed initiators, each in no other group of the target.
+fn group_initiators(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rg: &RawGroup,
+    name: &str,
+    seen: &mut HashMap<IscsiName, String>,
+) -> Vec<IscsiName> {
+    let mut initiators = Vec::new();
+    let Some(list) = &rg.initiators else {
+        return initiators;
+    };
+    for (j, ini) in list.get_ref().iter().enumerate() {
+        let field = format!("{ctx}: initiators[{j}]");
+        let name_here = match check_iscsi_name(ini.get_ref()) {
+            Ok(n) => n,
+            Err(m) => {
+                cx.err(ini.span(), field, m);
+                continue;
+            }
+        };
+        if let Some(other) = seen.get(&name_here) {
+            let why = format!("{name_here} is already listed in {other}");
+            cx.err(ini.span(), field, why);
+            continue;
+        }
+        seen.insert(name_here.clone(), format!("group {name:?}"));
+        initiators.push(name_here);
+    }
+    initiators
+}
+
+/// A group lists initiators or takes any initiator, not both, and one group of a target at
+/// most takes any initiator.
+fn check_any_initiator(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rg: &RawGroup,
+    here: &Range<usize>,
+    name: &str,
+    any_group: &mut Option<String>,
+) {
+    let any_initiator = bool_or(&rg.any_initiator, false);
+    let listed = rg
+        .initiators
+        .as_ref()
+        .is_some_and(|l| !l.get_ref().is_empty());
+    match (&rg.any_initiator, any_initiator, listed) {
+        (_, false, false) => cx.err(
+            here.clone(),
+            format!("{ctx}: initiators"),
+            "no initiators: list some, or set `any_initiator = true` to admit every initiator not in another group",
+        ),
+        (Some(a), true, true) => cx.err(
+            a.span(),
+            format!("{ctx}: any_initiator"),
+            "a group is either for listed initiators or for any initiator, not both",
+        ),
+        (Some(a), true, _) => match any_group {
+            Some(other) => {
+                let why = format!("group {other:?} of this target already has any_initiator = true");
+                cx.err(a.span(), format!("{ctx}: any_initiator"), why);
+            }
+            None => *any_group = Some(name.to_string()),
+        },
+        _ => {}
+    }
+}
+
+/// One `luns` entry of a group: a LUN number not mapped before in the group, of a device that
+/// exists and is not mapped before in the group. None after an error.
+fn lun_mapping(
+    cx: &mut Cx<'_>,
+    lctx: &str,
+    raw: &S<RawLun>,
+    devices: &[DeviceConfig],
+    luns: &[LunMapping],
+) -> Option<LunMapping> {
+    let (lspan, rl) = (raw.span(), raw.get_ref());
+    let lun = required(cx, &rl.lun, &lspan, format!("{lctx}.lun")).and_then(|l| {
+        cx.int_in(l, 0, LUN_MAX as i64, &format!("{lctx}.lun"))
+            .map(|x| (x as u64, l.span()))
+    });
+    if let Some((n, span)) = &lun {
+        if luns.iter().any(|m| m.lun == *n) {
+            let why = format!("LUN {n} is mapped twice in this group");
+            cx.err(span.clone(), format!("{lctx}.lun"), why);
+        }
+    }
+    let d = required(cx, &rl.device, &lspan, format!("{lctx}.device"));
+    let device = d.and_then(|d| {
+        let Some(dev) = devices.iter().find(|x| x.name == *d.get_ref()) else {
+            let why = format!("no [[device]] is named {:?}", d.get_ref());
+            cx.err(d.span(), format!("{lctx}.device"), why);
+            return None;
+        };
+        if let Some(m) = luns.iter().find(|m| m.device == dev.name) {
+            let why = format!(
+                "{:?} is already mapped as LUN {} in this group",
+                dev.name, m.lun
+            );
+            cx.err(d.span(), format!("{lctx}.device"), why);
+        }
+        Some(dev)
+    });
+    let ((lun, _), dev) = (lun?, device?);
+    Some(LunMapping {
+        lun,
+        device: dev.name.clone(),
+        read_only: dev.read_only || bool_or(&rl.read_only, false),
+    })
 }
 
 fn resolve_credentials(
@@ -847,48 +930,7 @@ fn q(s: &str) -> String {
 
 pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
     let mut out = String::new();
-    let algs: Vec<String> = c
-        .server
-        .chap_algorithms
-        .iter()
-        .map(|a| q(a.name()))
-        .collect();
-    let _ = writeln!(
-        out,
-        "[server]\nworkers = {}\nchap_algorithms = [{}]",
-        c.server.workers,
-        algs.join(", ")
-    );
-    if let Some(m) = c.server.metrics_listen {
-        let _ = writeln!(out, "metrics_listen = {}", q(&m.to_string()));
-    }
-    if !c.server.io_uring {
-        let _ = writeln!(out, "io_uring = false");
-    }
-    if let Some(dir) = &c.server.state_dir {
-        let _ = writeln!(out, "state_dir = {}", q(&dir.display().to_string()));
-    }
-    if let Some(path) = &c.server.control_socket {
-        let _ = writeln!(out, "control_socket = {}", q(&path.display().to_string()));
-    }
-    if let Some(gateway) = &c.server.gateway {
-        let _ = writeln!(out, "gateway = {}", q(gateway));
-    }
-    if c.server.gateway_standby {
-        let _ = writeln!(out, "gateway_standby = true");
-    }
-    if let Some(group) = &c.server.control_socket_group {
-        let _ = writeln!(out, "control_socket_group = {}", q(group));
-    }
-    if !c.server.device_roots.is_empty() {
-        let roots: Vec<String> = c
-            .server
-            .device_roots
-            .iter()
-            .map(|r| q(&r.to_string_lossy()))
-            .collect();
-        let _ = writeln!(out, "device_roots = [{}]", roots.join(", "));
-    }
+    server_toml(&mut out, &c.server);
     out.push('\n');
     c.limits.write_toml(&mut out);
     if c.discovery != DiscoveryConfig::default() {
@@ -899,121 +941,172 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
         );
     }
     for pg in &c.portal_groups {
-        let listen: Vec<String> = pg.listen.iter().map(|a| q(&a.to_string())).collect();
-        let _ = writeln!(
-            out,
-            "\n[[portal_group]]\ntag = {}\nlisten = [{}]\nalua_state = \"{}\"",
-            pg.tag,
-            listen.join(", "),
-            alua_state_name(pg.alua_state)
-        );
-        if let Some(gateway) = &pg.gateway {
-            let _ = writeln!(out, "gateway = {}", q(gateway));
-        }
-        if let Some(peer) = &pg.peer_address {
-            let _ = writeln!(out, "peer_address = {}", q(&peer.to_string()));
-        }
+        portal_group_toml(&mut out, pg);
     }
     for d in &c.devices {
-        let _ = writeln!(out, "\n[[device]]\nname = {}", q(&d.name));
-        match &d.store {
-            StoreKind::Ram { size_bytes } => {
-                let _ = writeln!(out, "store = \"ram\"\nsize = {size_bytes}");
-            }
-            StoreKind::File { path, size_bytes } => {
-                let _ = writeln!(
-                    out,
-                    "store = \"file\"\npath = {}",
-                    q(&path.to_string_lossy())
-                );
-                if let Some(n) = size_bytes {
-                    let _ = writeln!(out, "size = {n}");
-                }
-            }
-            StoreKind::Block { path } => {
-                let _ = writeln!(
-                    out,
-                    "store = \"block\"\npath = {}",
-                    q(&path.to_string_lossy())
-                );
-            }
-            StoreKind::Rbd(spec) => {
-                let _ = writeln!(
-                    out,
-                    "store = \"rbd\"\nimage = {}",
-                    q(&format!("{}/{}", spec.pool, spec.image))
-                );
-                if let Some(conf) = &spec.conf {
-                    let _ = writeln!(out, "ceph_conf = {}", q(&conf.to_string_lossy()));
-                }
-                if let Some(client) = &spec.client {
-                    let _ = writeln!(out, "ceph_client = {}", q(client));
-                }
-            }
-        }
-        let naa: String = d.naa.iter().map(|b| format!("{b:02x}")).collect();
-        let _ = writeln!(
-            out,
-            "block_size = {}\nserial = {}\nnaa = \"0x{naa}\"\nread_only = {}\nwrite_cache = {}\nthin = {}",
-            d.block_size,
-            q(&d.serial),
-            d.read_only,
-            d.write_cache,
-            d.thin
-        );
-        if matches!(d.store, StoreKind::File { .. } | StoreKind::Block { .. }) {
-            let _ = writeln!(out, "cache = \"{}\"", d.cache.name());
-        }
-        if d.offline {
-            out.push_str("offline = true\n");
-        }
+        device_toml(&mut out, d);
     }
     for t in &c.targets {
-        let _ = writeln!(out, "\n[[target]]\niqn = {}", q(t.iqn.as_str()));
-        if let Some(a) = &t.alias {
-            let _ = writeln!(out, "alias = {}", q(a));
+        target_toml(&mut out, t, reveal);
+    }
+    out
+}
+
+fn server_toml(out: &mut String, server: &ServerConfig) {
+    let algs: Vec<String> = server.chap_algorithms.iter().map(|a| q(a.name())).collect();
+    let _ = writeln!(
+        out,
+        "[server]\nworkers = {}\nchap_algorithms = [{}]",
+        server.workers,
+        algs.join(", ")
+    );
+    if let Some(m) = server.metrics_listen {
+        let _ = writeln!(out, "metrics_listen = {}", q(&m.to_string()));
+    }
+    if !server.io_uring {
+        let _ = writeln!(out, "io_uring = false");
+    }
+    if let Some(dir) = &server.state_dir {
+        let _ = writeln!(out, "state_dir = {}", q(&dir.display().to_string()));
+    }
+    if let Some(path) = &server.control_socket {
+        let _ = writeln!(out, "control_socket = {}", q(&path.display().to_string()));
+    }
+    if let Some(gateway) = &server.gateway {
+        let _ = writeln!(out, "gateway = {}", q(gateway));
+    }
+    if server.gateway_standby {
+        let _ = writeln!(out, "gateway_standby = true");
+    }
+    if let Some(group) = &server.control_socket_group {
+        let _ = writeln!(out, "control_socket_group = {}", q(group));
+    }
+    if !server.device_roots.is_empty() {
+        let roots: Vec<String> = server
+            .device_roots
+            .iter()
+            .map(|r| q(&r.to_string_lossy()))
+            .collect();
+        let _ = writeln!(out, "device_roots = [{}]", roots.join(", "));
+    }
+}
+
+fn portal_group_toml(out: &mut String, pg: &PortalGroup) {
+    let listen: Vec<String> = pg.listen.iter().map(|a| q(&a.to_string())).collect();
+    let _ = writeln!(
+        out,
+        "\n[[portal_group]]\ntag = {}\nlisten = [{}]\nalua_state = \"{}\"",
+        pg.tag,
+        listen.join(", "),
+        alua_state_name(pg.alua_state)
+    );
+    if let Some(gateway) = &pg.gateway {
+        let _ = writeln!(out, "gateway = {}", q(gateway));
+    }
+    if let Some(peer) = &pg.peer_address {
+        let _ = writeln!(out, "peer_address = {}", q(&peer.to_string()));
+    }
+}
+
+fn device_toml(out: &mut String, d: &DeviceConfig) {
+    let _ = writeln!(out, "\n[[device]]\nname = {}", q(&d.name));
+    match &d.store {
+        StoreKind::Ram { size_bytes } => {
+            let _ = writeln!(out, "store = \"ram\"\nsize = {size_bytes}");
         }
-        let pgs: Vec<String> = t.portal_groups.iter().map(u16::to_string).collect();
-        let _ = writeln!(out, "portal_groups = [{}]", pgs.join(", "));
-        out.push_str(&auth_toml(&t.auth, "", reveal));
-        out.push_str(&sources_toml(&t.allowed_sources, ""));
-        for g in &t.groups {
-            let inis: Vec<String> = g.initiators.iter().map(|s| q(s.as_str())).collect();
-            let _ = writeln!(out, "\n  [[target.group]]\n  name = {}", q(&g.name));
-            if !inis.is_empty() {
-                let _ = writeln!(out, "  initiators = [{}]", inis.join(", "));
-            }
-            let _ = writeln!(out, "  any_initiator = {}", g.any_initiator);
-            let luns: Vec<String> = g
-                .luns
-                .iter()
-                .map(|l| {
-                    format!(
-                        "    {{ lun = {}, device = {}, read_only = {} }},\n",
-                        l.lun,
-                        q(&l.device),
-                        l.read_only
-                    )
-                })
-                .collect();
-            let _ = writeln!(out, "  luns = [\n{}  ]", luns.concat());
-            out.push_str(&auth_toml(&g.auth, "  ", reveal));
-            out.push_str(&sources_toml(&g.allowed_sources, "  "));
-        }
-        for cr in &t.credentials {
-            let users: Vec<String> = cr.users.iter().map(|u| user_toml(u, reveal)).collect();
+        StoreKind::File { path, size_bytes } => {
             let _ = writeln!(
                 out,
-                "\n  [[target.credentials]]\n  initiator = {}\n  users = [{}]",
-                q(cr.initiator.as_str()),
-                users.join(", ")
+                "store = \"file\"\npath = {}",
+                q(&path.to_string_lossy())
             );
-            if let Some(m) = &cr.mutual {
-                let _ = writeln!(out, "  mutual = {}", user_toml(m, reveal));
+            if let Some(n) = size_bytes {
+                let _ = writeln!(out, "size = {n}");
+            }
+        }
+        StoreKind::Block { path } => {
+            let _ = writeln!(
+                out,
+                "store = \"block\"\npath = {}",
+                q(&path.to_string_lossy())
+            );
+        }
+        StoreKind::Rbd(spec) => {
+            let _ = writeln!(
+                out,
+                "store = \"rbd\"\nimage = {}",
+                q(&format!("{}/{}", spec.pool, spec.image))
+            );
+            if let Some(conf) = &spec.conf {
+                let _ = writeln!(out, "ceph_conf = {}", q(&conf.to_string_lossy()));
+            }
+            if let Some(client) = &spec.client {
+                let _ = writeln!(out, "ceph_client = {}", q(client));
             }
         }
     }
-    out
+    let naa: String = d.naa.iter().map(|b| format!("{b:02x}")).collect();
+    let _ = writeln!(
+        out,
+        "block_size = {}\nserial = {}\nnaa = \"0x{naa}\"\nread_only = {}\nwrite_cache = {}\nthin = {}",
+        d.block_size,
+        q(&d.serial),
+        d.read_only,
+        d.write_cache,
+        d.thin
+    );
+    if matches!(d.store, StoreKind::File { .. } | StoreKind::Block { .. }) {
+        let _ = writeln!(out, "cache = \"{}\"", d.cache.name());
+    }
+    if d.offline {
+        out.push_str("offline = true\n");
+    }
+}
+
+fn target_toml(out: &mut String, t: &TargetConfig, reveal: bool) {
+    let _ = writeln!(out, "\n[[target]]\niqn = {}", q(t.iqn.as_str()));
+    if let Some(a) = &t.alias {
+        let _ = writeln!(out, "alias = {}", q(a));
+    }
+    let pgs: Vec<String> = t.portal_groups.iter().map(u16::to_string).collect();
+    let _ = writeln!(out, "portal_groups = [{}]", pgs.join(", "));
+    out.push_str(&auth_toml(&t.auth, "", reveal));
+    out.push_str(&sources_toml(&t.allowed_sources, ""));
+    for g in &t.groups {
+        let inis: Vec<String> = g.initiators.iter().map(|s| q(s.as_str())).collect();
+        let _ = writeln!(out, "\n  [[target.group]]\n  name = {}", q(&g.name));
+        if !inis.is_empty() {
+            let _ = writeln!(out, "  initiators = [{}]", inis.join(", "));
+        }
+        let _ = writeln!(out, "  any_initiator = {}", g.any_initiator);
+        let luns: Vec<String> = g
+            .luns
+            .iter()
+            .map(|l| {
+                format!(
+                    "    {{ lun = {}, device = {}, read_only = {} }},\n",
+                    l.lun,
+                    q(&l.device),
+                    l.read_only
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "  luns = [\n{}  ]", luns.concat());
+        out.push_str(&auth_toml(&g.auth, "  ", reveal));
+        out.push_str(&sources_toml(&g.allowed_sources, "  "));
+    }
+    for cr in &t.credentials {
+        let users: Vec<String> = cr.users.iter().map(|u| user_toml(u, reveal)).collect();
+        let _ = writeln!(
+            out,
+            "\n  [[target.credentials]]\n  initiator = {}\n  users = [{}]",
+            q(cr.initiator.as_str()),
+            users.join(", ")
+        );
+        if let Some(m) = &cr.mutual {
+            let _ = writeln!(out, "  mutual = {}", user_toml(m, reveal));
+        }
+    }
 }
 
 fn sources_toml(nets: &[SourceNet], indent: &str) -> String {

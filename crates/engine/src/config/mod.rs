@@ -13,6 +13,7 @@ pub mod edit;
 mod file;
 mod names;
 mod source;
+mod store_kind;
 #[cfg(test)]
 mod tests;
 
@@ -28,6 +29,7 @@ pub use names::{
     ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
 };
 pub use source::{ConfigSource, LoadError, Unsaved};
+pub use store_kind::StoreKind;
 
 /// The target IQN of the demo and of quick exports that name none.
 pub const DEMO_TARGET_IQN: &str = "iqn.2026-11.org.ferrosan:demo";
@@ -411,24 +413,6 @@ impl CacheMode {
             CacheMode::Page => "page",
         }
     }
-}
-
-/// Where a device's blocks live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreKind {
-    Ram {
-        size_bytes: u64,
-    },
-    /// `size_bytes`: create the file sparse with this size when missing (or check it).
-    File {
-        path: PathBuf,
-        size_bytes: Option<u64>,
-    },
-    Block {
-        path: PathBuf,
-    },
-    /// A Ceph RBD image, `pool/image`, reached through librbd.
-    Rbd(store::RbdSpec),
 }
 
 /// `POOL/IMAGE` of an RBD image (no namespace: `POOL/NS/IMAGE` is refused, as are empty

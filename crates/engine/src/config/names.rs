@@ -1,10 +1,11 @@
 //! Pure helpers of the config model: iSCSI names, sizes, addresses and stable identities.
 
-use super::Invalid;
 use std::net::{IpAddr, SocketAddr};
 
 use iscsi::name::IscsiName;
 pub use iscsi::name::ISCSI_NAME_BYTES_MAX;
+
+use super::Invalid;
 
 /// The well-known iSCSI port, used when a listen address names no port.
 pub const ISCSI_PORT_DEFAULT: u16 = 3260;

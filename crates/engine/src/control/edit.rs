@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::error::ControlError;
 use crate::config::{
     AuthMode, ChapUser, Config, InitiatorCredentials, InitiatorGroup, IscsiName, LunMapping,
-    StoreKind, TargetConfig,
+    TargetConfig,
 };
 
 /// The verbs that change the config (each also takes `"save": true`).
@@ -144,22 +144,10 @@ fn resize(config: &mut Config, args: &Map<String, Value>) -> Result<String, Cont
         .iter_mut()
         .find(|d| d.name == name)
         .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
-    match &mut device.store {
-        StoreKind::File { size_bytes, .. } => *size_bytes = Some(size),
-        StoreKind::Ram { size_bytes } => *size_bytes = size,
-        StoreKind::Block { .. } => {
-            return Err(ControlError::Conflict(format!(
-                "device {name} is a block device: grow the device itself, then resize \
-                 it without a size to take the device's size"
-            )))
-        }
-        StoreKind::Rbd(_) => {
-            return Err(ControlError::Conflict(format!(
-                "device {name} is an RBD image: grow it with `rbd resize`, then resize \
-                 it without a size to take the image's size"
-            )))
-        }
-    }
+    device
+        .store
+        .set_size(size)
+        .map_err(|why| ControlError::Conflict(format!("device {name} {why}")))?;
     Ok(format!("device {name} resized to {size} bytes"))
 }
 

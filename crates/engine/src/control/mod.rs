@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::config::{Config, StoreKind};
+use crate::config::Config;
 use crate::shared::Shared;
 use edit::{edit, text, EDIT_VERBS};
 use error::SaveError;
@@ -135,44 +135,8 @@ pub fn bind(
         },
         None => None,
     };
-    if let Some(dir) = path.parent() {
-        if !dir.exists() {
-            use std::os::unix::fs::DirBuilderExt as _;
-            if let Err(e) = std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(dir)
-            {
-                return fail(format!("control socket {}: {e}", dir.display()));
-            }
-        }
-        let me = rustix::process::geteuid().as_raw();
-        if let Err(e) = check_socket_dir(dir, me) {
-            return fail(format!("control socket directory {e}"));
-        }
-    }
-    if path.exists() {
-        // A live daemon answers on it; a stale socket (a daemon killed) refuses: replace it.
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => {
-                return fail(format!(
-                    "control socket {} is in use by another process",
-                    path.display()
-                ))
-            }
-            Err(_) => match std::fs::symlink_metadata(path) {
-                Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
-                    let _ = std::fs::remove_file(path);
-                }
-                Ok(_) => {
-                    return fail(format!(
-                        "control socket {}: exists and is not a socket",
-                        path.display()
-                    ))
-                }
-                Err(_) => {}
-            },
-        }
+    if let Err(e) = prepare_socket_path(path) {
+        return fail(e.0);
     }
     // Created with no permission for anyone but the owner, then opened to the group if asked:
     // never a moment where others could connect.
@@ -208,6 +172,46 @@ pub fn bind(
         group,
         inode,
     }))
+}
+
+/// Readies `path` for a new socket: its directory made (0755) if missing and checked
+/// ([`check_socket_dir`]), a stale socket of a killed daemon removed. A live daemon's socket,
+/// or a file that is not a socket, is an error.
+fn prepare_socket_path(path: &Path) -> Result<(), SocketError> {
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(|e| SocketError(format!("control socket {}: {e}", dir.display())))?;
+        }
+        let me = rustix::process::geteuid().as_raw();
+        check_socket_dir(dir, me)
+            .map_err(|e| SocketError(format!("control socket directory {e}")))?;
+    }
+    if !path.exists() {
+        return Ok(());
+    }
+    // A live daemon answers on it; a stale socket (a daemon killed) refuses: replace it.
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(SocketError(format!(
+            "control socket {} is in use by another process",
+            path.display()
+        )));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            let _ = std::fs::remove_file(path);
+            Ok(())
+        }
+        Ok(_) => Err(SocketError(format!(
+            "control socket {}: exists and is not a socket",
+            path.display()
+        ))),
+        Err(_) => Ok(()),
+    }
 }
 
 /// The id of group `name` from /etc/group (local groups; no NSS lookup).
@@ -533,17 +537,7 @@ fn luns(shared: &Shared) -> Value {
                 };
                 let lu = &device.unit;
                 let dc = topology.config.device(&m.device);
-                let (store, path) = match dc.map(|d| &d.store) {
-                    Some(StoreKind::Ram { .. }) => ("ram", None),
-                    Some(StoreKind::File { path, .. }) => {
-                        ("file", Some(path.display().to_string()))
-                    }
-                    Some(StoreKind::Block { path }) => ("block", Some(path.display().to_string())),
-                    Some(StoreKind::Rbd(spec)) => {
-                        ("rbd", Some(format!("{}/{}", spec.pool, spec.image)))
-                    }
-                    None => ("?", None),
-                };
+                let (store, path) = dc.map_or(("?", None), |d| (d.store.name(), d.store.medium()));
                 let caps = lu.capabilities();
                 // Under RBD gateways: who owns the image, as this gateway knows it.
                 let (gateway_owner, owner_here, ships) = match &device.ownership {
@@ -684,13 +678,14 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
             .ok_or_else(|| {
                 ControlError::BadRequest(format!("device {name} is a RAM device: give a size"))
             })?;
-        match running.device(name).map(|d| &d.store) {
-            Some(StoreKind::Block { .. } | StoreKind::Rbd(_)) => {
-                return grow_to_medium(shared, name, medium)
-            }
-            // The config records a file's new size.
-            _ => args.insert("size".into(), Value::String(medium.to_string())),
-        };
+        if running
+            .device(name)
+            .is_some_and(|d| d.store.sized_by_medium())
+        {
+            return grow_to_medium(shared, name, medium);
+        }
+        // The config records a file's new size.
+        args.insert("size".into(), Value::String(medium.to_string()));
     }
     let args = &args;
     let mut edited = running.clone();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{ReloadError, SaveError};
-use crate::config::{Config, ConfigSource, DeviceConfig, Invalid, IscsiName, StoreKind};
+use crate::config::{Config, ConfigSource, DeviceConfig, Invalid, IscsiName};
 use crate::shared::Shared;
 use crate::topology::{OpenDevice, Topology};
 
@@ -157,37 +157,7 @@ fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, Invali
                 .into(),
         );
     }
-    match (&was.store, &now.store) {
-        (StoreKind::Ram { size_bytes: a }, StoreKind::Ram { size_bytes: b }) if a != b => {
-            Err("a RAM device cannot be resized while it runs".into())
-        }
-        (
-            StoreKind::File {
-                path: p,
-                size_bytes: a,
-            },
-            StoreKind::File {
-                path: q,
-                size_bytes: b,
-            },
-        ) if p == q => match (a, b) {
-            (Some(a), Some(b)) if b < a => Err(Invalid(format!(
-                "size {b} is smaller than the running {a}: shrinking a LUN would cut off data \
-                 its initiators may hold"
-            ))),
-            (Some(a), Some(b)) if a == b => Ok(None),
-            // Growing, or a size for a device that had none: the store checks it against the
-            // file (it never shrinks).
-            (_, Some(b)) => Ok(Some(*b)),
-            // No size: the file keeps the size it has.
-            (_, None) => Ok(None),
-        },
-        (a, b) if a == b => Ok(None),
-        _ => Err(
-            "its store kind or path changed: remove it in one reload and add it back in the next"
-                .into(),
-        ),
-    }
+    was.store.resized_to(&now.store)
 }
 
 /// What an applied reload did.
@@ -262,26 +232,7 @@ pub fn apply_with(
         devices.insert(name.clone(), shared.device_context.open(config, &new)?);
     }
     let topology = Topology::assemble(new, devices, current.generation + 1)?;
-    let mut grown = Vec::new();
-    for (name, size) in &changes.devices_resized {
-        let Some(device) = topology.devices.get(name) else {
-            continue;
-        };
-        let was = device.unit.capacity_bytes();
-        device.unit.resize(*size).map_err(|e| {
-            let mut message = format!("device {name}: cannot resize to {size} bytes: {e}");
-            if !grown.is_empty() {
-                message.push_str(&format!(
-                    "; nothing else changed, but {} grew already",
-                    grown.join(", ")
-                ));
-            }
-            ReloadError::Resize(message)
-        })?;
-        if was != *size {
-            grown.push(name.clone());
-        }
-    }
+    resize(&topology, &changes.devices_resized)?;
     let generation = topology.generation;
     drop(current);
     shared.publish(topology);
@@ -301,6 +252,32 @@ pub fn apply_with(
         generation,
         changes,
     })
+}
+
+/// Grows the devices a reload resizes, before the topology is published. A failure names
+/// the devices that grew already (growing loses nothing, so they stay grown).
+fn resize(topology: &Topology, resized: &[(String, u64)]) -> Result<(), ReloadError> {
+    let mut grown = Vec::new();
+    for (name, size) in resized {
+        let Some(device) = topology.devices.get(name) else {
+            continue;
+        };
+        let was = device.unit.capacity_bytes();
+        device.unit.resize(*size).map_err(|e| {
+            let mut message = format!("device {name}: cannot resize to {size} bytes: {e}");
+            if !grown.is_empty() {
+                message.push_str(&format!(
+                    "; nothing else changed, but {} grew already",
+                    grown.join(", ")
+                ));
+            }
+            ReloadError::Resize(message)
+        })?;
+        if was != *size {
+            grown.push(name.clone());
+        }
+    }
+    Ok(())
 }
 
 /// How long taking a device offline waits for the commands it admitted before to finish.

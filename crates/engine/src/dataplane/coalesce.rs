@@ -99,30 +99,10 @@ impl Coalescer {
             return Outcome::Steady;
         }
         self.learn(a, now);
-        let mut shrink_to = None;
-        if timed_out && self.batch > 1 && a.commands == 0 && a.other_pdus == 0 {
-            // Nothing arrived while the batch waited, so nothing was delayed: a client busy
-            // with its answers (fio at 100% CPU pauses like this between bursts) or a pipeline
-            // that stopped. The next command wakes the worker at once; its turn plans a
-            // smaller batch. Backing off here would turn a deep queue's pauses into thousands
-            // of uncoalesced turns (fio QD64 reads: up to 3x the turns per command).
-            self.batch = (self.batch / 2).max(1);
-            self.plan = Plan::Immediate;
-            return Outcome::Steady;
-        }
-        if timed_out && self.batch > 1 && a.commands < self.batch {
-            if a.commands.saturating_mul(2) <= self.batch {
-                // At most half a batch in twice the time it should take to fill: the arrival
-                // rate fell at least fourfold, or the pipeline stopped. Stop waiting for it.
-                self.backoff = self.penalty;
-                self.penalty = (self.penalty * 2).min(BACKOFF_MAX);
-                self.successes = 0;
-                self.stop();
-                return Outcome::Missed;
-            }
-            // Most of the batch came: the arrival rate dipped, aim lower.
-            shrink_to = Some(a.commands);
-        }
+        let shrink_to = match self.after_batch_wait(a, timed_out) {
+            Ok(shrink_to) => shrink_to,
+            Err(outcome) => return outcome,
+        };
         if a.commands == 0 && a.other_pdus == 0 {
             // Nothing new arrived (a completion, a tick): the current plan stands.
             return Outcome::Steady;
@@ -143,6 +123,46 @@ impl Coalescer {
                 self.penalty = BACKOFF_MIN;
             }
         }
+        self.plan_batch(a, shrink_to, now);
+        Outcome::Steady
+    }
+
+    /// After a turn the batch's deadline began: `Err` with the outcome when that ends the
+    /// decision (nothing arrived: a smaller batch next; at most half a batch: back off),
+    /// else the batch to shrink to when most of it came.
+    fn after_batch_wait(&mut self, a: &Activity, timed_out: bool) -> Result<Option<u32>, Outcome> {
+        if !timed_out || self.batch <= 1 {
+            return Ok(None);
+        }
+        if a.commands == 0 && a.other_pdus == 0 {
+            // Nothing arrived while the batch waited, so nothing was delayed: a client busy
+            // with its answers (fio at 100% CPU pauses like this between bursts) or a pipeline
+            // that stopped. The next command wakes the worker at once; its turn plans a
+            // smaller batch. Backing off here would turn a deep queue's pauses into thousands
+            // of uncoalesced turns (fio QD64 reads: up to 3x the turns per command).
+            self.batch = (self.batch / 2).max(1);
+            self.plan = Plan::Immediate;
+            return Err(Outcome::Steady);
+        }
+        if a.commands >= self.batch {
+            return Ok(None);
+        }
+        if a.commands.saturating_mul(2) <= self.batch {
+            // At most half a batch in twice the time it should take to fill: the arrival
+            // rate fell at least fourfold, or the pipeline stopped. Stop waiting for it.
+            self.backoff = self.penalty;
+            self.penalty = (self.penalty * 2).min(BACKOFF_MAX);
+            self.successes = 0;
+            self.stop();
+            return Err(Outcome::Missed);
+        }
+        // Most of the batch came: the arrival rate dipped, aim lower.
+        Ok(Some(a.commands))
+    }
+
+    /// The next batch: grown by one (or shrunk to what came), small enough to fill twice over
+    /// within the longest wait, and its low-water mark and deadline.
+    fn plan_batch(&mut self, a: &Activity, shrink_to: Option<u32>, now: Instant) {
         // Small enough to fill twice over within the longest wait.
         let fits_in_wait = match self.avg_gap_ns {
             0 => 2,
@@ -168,7 +188,6 @@ impl Coalescer {
             low_water,
             deadline: now + wait,
         };
-        Outcome::Steady
     }
 
     fn learn(&mut self, a: &Activity, now: Instant) {

@@ -322,6 +322,11 @@ impl Completed {
         data_in: Vec<u8>,
         (started, held_bytes, data_out_bytes): (Instant, usize, usize),
     ) -> Completed {
+        assert_eq!(
+            scsi::lun_from_wire(command.lun),
+            lun,
+            "a completion answers the LUN its command addressed"
+        );
         let mut sense = Vec::new();
         let outcome = outcome_of(completion, &mut sense);
         Completed {
@@ -582,6 +587,10 @@ fn deliver(
     out: &mut Outbox,
     done: Completed,
 ) -> bool {
+    debug_assert!(
+        backend.deferred_bytes >= done.held_bytes,
+        "a completion gives back no more of the budget than its command took"
+    );
     backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
     let lent_bytes = done.lent.as_ref().map_or(0, |(_, range)| range.len());
     let data_bytes = match done.kind {
@@ -865,6 +874,104 @@ impl Backend<'_> {
                 }
             }
         }
+    }
+
+    /// Counts a command run inline in the device's I/O metrics (its latency at the turn's end).
+    fn record_inline(
+        &mut self,
+        lun: u64,
+        req: &ScsiRequest<'_>,
+        data_in: &[u8],
+        lent: &Loan,
+        sense: &[u8],
+        status: u8,
+    ) {
+        let kind = scsi::io_kind(req.cdb);
+        let data_bytes = match kind {
+            scsi::IoKind::Read => {
+                // Per the ScsiBackend contract `lent` arrived empty and `data_in` now holds exactly
+                // the Data-In (a reused read buffer's old length says nothing).
+                let lent_bytes: usize = lent
+                    .slices
+                    .iter()
+                    .map(|(_, range)| range.len())
+                    .sum::<usize>()
+                    + lent.file.as_ref().map_or(0, |(_, _, len)| *len);
+                (data_in.len() + lent_bytes).min(req.expected_len as usize)
+            }
+            _ => req.data_out.len(),
+        };
+        if let Some(slot) = self.record_io(lun, kind, status, sense, data_bytes) {
+            if let Some(op) = op_index(kind) {
+                self.turn_inline.push((slot, op));
+            }
+            if let (Some((_, _, len)), Some(device)) = (&lent.file, self.io.get_mut(slot)) {
+                device.counts.sendfile_bytes += (*len).min(req.expected_len as usize) as u64;
+            }
+        }
+    }
+
+    /// Runs a deferred command whole on tokio's blocking pool (where waiting is fine); its
+    /// answer comes back to this connection.
+    fn run_blocking(&mut self, command: DeferredCommand, lun: u64, buffers: &mut ReadBuffers<'_>) {
+        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+            debug_assert!(false, "only commands of a session with LUNs are deferred");
+            return;
+        };
+        // The command counts as in flight on its LU from now on: a reset waits for it.
+        let hold = luns.begin_owned(nexus, lun);
+        let (luns, nexus) = (Arc::clone(luns), nexus.clone());
+        // Buffered writes are watched there too: they keep the device's hold while they stall.
+        let stalls = self
+            .disk_lu(lun)
+            .filter(|(_, entry)| entry.lu.is_buffered_write(&command.cdb))
+            .map(|(disk, _)| Arc::clone(&disk.stalls));
+        // A command of unbounded cost also holds an I/O thread for as long as it runs: it
+        // counts as LONG_COMMAND_HELD_BYTES more, so one connection runs a bounded number at
+        // once (8 with the default budget) and the rest wait in TCP, as other commands do.
+        let long = if scsi::runs_long(&command.cdb) {
+            LONG_COMMAND_HELD_BYTES
+        } else {
+            0
+        };
+        let held_bytes =
+            Self::held_bytes(command.data_out.len(), command.read, command.expected_len) + long;
+        self.deferred_bytes += held_bytes;
+        let answers = self.answers.clone();
+        let started = self.turn_started;
+        // The LU overwrites a read's recycled buffer whole (and clears it for other commands).
+        let mut data_in = if command.read {
+            buffers.take()
+        } else {
+            Vec::new()
+        };
+        tokio::task::spawn_blocking(move || {
+            // A reset was draining the LU at hand-over: wait here (never on the worker) until
+            // it is done, then run.
+            let _hold = match hold {
+                Some(Ok(guard)) => Some(guard),
+                Some(Err(in_flight)) => Some(in_flight.begin_blocking(nexus.id)),
+                None => None,
+            };
+            let cmd = scsi::Command {
+                cdb: &command.cdb,
+                data_out: &command.data_out,
+                data_in_limit: command.expected_len,
+            };
+            let probe = stalls.as_ref().map(|_| StallProbe::start(Instant::now()));
+            let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
+            if let (Some(stalls), Some(probe)) = (stalls, probe) {
+                probe.finish(&stalls, command.data_out.len());
+            }
+            let held = (started, held_bytes, command.data_out.len());
+            answers.send(Completed::answering(
+                command,
+                lun,
+                &completion,
+                data_in,
+                held,
+            ));
+        });
     }
 
     /// The LU a deferred command addresses, held in flight for it from here to its answer (a
@@ -1280,6 +1387,11 @@ impl Backend<'_> {
                 tag.io.len
             );
         }
+        assert_eq!(
+            scsi::lun_from_wire(tag.command.lun),
+            tag.lun,
+            "a ring completion answers the LUN its command addressed"
+        );
         let completion = tag.lu.finish(&tag.io, result);
         let mut sense = Vec::new();
         let outcome = outcome_of(&completion, &mut sense);
@@ -1287,6 +1399,10 @@ impl Backend<'_> {
         let lent = match (buf, tag.io.op) {
             (Some(mut buf), scsi::BlockOp::Read) if good => {
                 // Read whole aligned blocks; the Data-In is the planned length.
+                debug_assert!(
+                    buf.len() >= tag.io.len as usize,
+                    "a ring read's buffer holds the bytes planned"
+                );
                 let len = (tag.io.len as usize).min(buf.len());
                 buf.set_len(len);
                 Some((Arc::new(buf) as Arc<dyn AsRef<[u8]> + Send + Sync>, 0..len))
@@ -1650,30 +1766,8 @@ impl ScsiBackend for Backend<'_> {
                 tracing::debug!(lun, "buffered write stalled a network worker");
             }
         }
-        let kind = scsi::io_kind(req.cdb);
-        let data_bytes = match kind {
-            scsi::IoKind::Read => {
-                // Per the ScsiBackend contract `lent` arrived empty and `data_in` now holds exactly
-                // the Data-In (a reused read buffer's old length says nothing).
-                let lent_bytes: usize = lent
-                    .slices
-                    .iter()
-                    .map(|(_, range)| range.len())
-                    .sum::<usize>()
-                    + lent.file.as_ref().map_or(0, |(_, _, len)| *len);
-                (data_in.len() + lent_bytes).min(req.expected_len as usize)
-            }
-            _ => req.data_out.len(),
-        };
         let outcome = outcome_of(&completion, sense);
-        if let Some(slot) = self.record_io(lun, kind, outcome.status, sense, data_bytes) {
-            if let Some(op) = op_index(kind) {
-                self.turn_inline.push((slot, op));
-            }
-            if let (Some((_, _, len)), Some(device)) = (&lent.file, self.io.get_mut(slot)) {
-                device.counts.sendfile_bytes += (*len).min(req.expected_len as usize) as u64;
-            }
-        }
+        self.record_inline(lun, req, data_in, lent, sense, outcome.status);
         Execution::Done(outcome)
     }
 
@@ -1697,67 +1791,9 @@ impl ScsiBackend for Backend<'_> {
             route::Route::Owner => self.submit_shipped(command, lun),
             _ => Err(command),
         };
-        let Err(command) = submitted else {
-            return;
-        };
-        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
-            debug_assert!(false, "only commands of a session with LUNs are deferred");
-            return;
-        };
-        // The command counts as in flight on its LU from now on: a reset waits for it.
-        let hold = luns.begin_owned(nexus, lun);
-        let (luns, nexus) = (Arc::clone(luns), nexus.clone());
-        // Buffered writes are watched there too: they keep the device's hold while they stall.
-        let stalls = self
-            .disk_lu(lun)
-            .filter(|(_, entry)| entry.lu.is_buffered_write(&command.cdb))
-            .map(|(disk, _)| Arc::clone(&disk.stalls));
-        // A command of unbounded cost also holds an I/O thread for as long as it runs: it
-        // counts as LONG_COMMAND_HELD_BYTES more, so one connection runs a bounded number at
-        // once (8 with the default budget) and the rest wait in TCP, as other commands do.
-        let long = if scsi::runs_long(&command.cdb) {
-            LONG_COMMAND_HELD_BYTES
-        } else {
-            0
-        };
-        let held_bytes =
-            Self::held_bytes(command.data_out.len(), command.read, command.expected_len) + long;
-        self.deferred_bytes += held_bytes;
-        let answers = self.answers.clone();
-        let started = self.turn_started;
-        // The LU overwrites a read's recycled buffer whole (and clears it for other commands).
-        let mut data_in = if command.read {
-            buffers.take()
-        } else {
-            Vec::new()
-        };
-        tokio::task::spawn_blocking(move || {
-            // A reset was draining the LU at hand-over: wait here (never on the worker) until
-            // it is done, then run.
-            let _hold = match hold {
-                Some(Ok(guard)) => Some(guard),
-                Some(Err(in_flight)) => Some(in_flight.begin_blocking(nexus.id)),
-                None => None,
-            };
-            let cmd = scsi::Command {
-                cdb: &command.cdb,
-                data_out: &command.data_out,
-                data_in_limit: command.expected_len,
-            };
-            let probe = stalls.as_ref().map(|_| StallProbe::start(Instant::now()));
-            let completion = luns.execute(&nexus, lun, &cmd, &mut data_in);
-            if let (Some(stalls), Some(probe)) = (stalls, probe) {
-                probe.finish(&stalls, command.data_out.len());
-            }
-            let held = (started, held_bytes, command.data_out.len());
-            answers.send(Completed::answering(
-                command,
-                lun,
-                &completion,
-                data_in,
-                held,
-            ));
-        });
+        if let Err(command) = submitted {
+            self.run_blocking(command, lun, &mut buffers);
+        }
     }
 
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {

@@ -175,78 +175,95 @@ impl DeviceContext {
         config: &Config,
     ) -> Result<Arc<OpenDevice>, OpenError> {
         let (unit, rbd) = open_unit(device, self.gateways.is_some())?;
-        let mut owned = None;
-        if let Some(store) = rbd {
-            // An image's reservations live in the image, shared by every gateway.
-            let observer = store
-                .observer()
-                .map(Arc::new)
-                .map_err(|e| OpenError::Unavailable {
-                    located: device.located(),
-                    what: "watching the image".into(),
-                    reason: e.to_string(),
-                })?;
-            let reservations = crate::topology::gateway::ImageReservations::new(
-                Arc::clone(&observer),
-                &device.name,
-            );
-            if let Some(state) = scsi::PrPersistence::load(&*reservations).map_err(|e| {
-                OpenError::device(device.located(), format!("persistent reservations: {e}"))
-            })? {
-                unit.replace_reservations(&state);
-            }
-            unit.set_pr_persistence(Arc::clone(&reservations) as Arc<dyn scsi::PrPersistence>);
-            if let Some(gateways) = &self.gateways {
-                // Peer sessions log in to the first target that maps the device (the same on
-                // every gateway: they share the config).
-                let peer_target = config
-                    .targets
-                    .iter()
-                    .find(|t| {
-                        t.groups
-                            .iter()
-                            .any(|g| g.luns.iter().any(|m| m.device == device.name))
-                    })
-                    .map(|t| t.iqn.to_string())
-                    .unwrap_or_default();
-                let ownership = crate::topology::gateway::ImageOwnership::new(
-                    store,
-                    observer,
-                    reservations,
-                    &device.name,
-                    gateways,
-                    Arc::clone(&self.metrics),
-                    (unit.identity(), &peer_target),
-                )?;
-                ownership.start().map_err(|e| {
-                    OpenError::device(
-                        format!("device {}", device.name),
-                        format!("taking or following the image's owner: {e}"),
-                    )
-                })?;
-                unit.set_ownership(Arc::clone(&ownership) as Arc<dyn scsi::Ownership>);
-                ownership.follow(&unit);
-                owned = Some(ownership);
-            }
-        }
+        let ownership = match rbd {
+            Some(store) => self.open_image(device, config, &unit, store)?,
+            None => None,
+        };
         if device.offline {
             unit.set_offline(true);
             tracing::warn!(device = %device.name, "device is offline (offline = true): its LUNs answer NOT READY");
         }
-        // Files and block devices keep their reservations across restarts when asked (APTPL);
-        // a RAM LU's medium does not survive a restart, nor do its reservations.
-        let medium = match &device.store {
-            StoreKind::File { path, .. } | StoreKind::Block { path } => Some(path),
-            // An RBD image keeps its reservations in the image (set up above).
-            StoreKind::Ram { .. } | StoreKind::Rbd(_) => None,
-        };
+        self.restore_reservations(device, &unit);
+        let disk = self.io_path(device, &unit);
+        Ok(Arc::new(OpenDevice {
+            unit,
+            disk,
+            ownership,
+        }))
+    }
+
+    /// An RBD image's shared state: its reservations (kept in the image, shared by every
+    /// gateway) and, under gateways, its ownership.
+    fn open_image(
+        &self,
+        device: &DeviceConfig,
+        config: &Config,
+        unit: &Arc<LogicalUnit>,
+        store: Arc<store::RbdStore>,
+    ) -> Result<Option<Arc<crate::topology::gateway::ImageOwnership>>, OpenError> {
+        // An image's reservations live in the image, shared by every gateway.
+        let observer = store
+            .observer()
+            .map(Arc::new)
+            .map_err(|e| OpenError::Unavailable {
+                located: device.located(),
+                what: "watching the image".into(),
+                reason: e.to_string(),
+            })?;
+        let reservations =
+            crate::topology::gateway::ImageReservations::new(Arc::clone(&observer), &device.name);
+        if let Some(state) = scsi::PrPersistence::load(&*reservations).map_err(|e| {
+            OpenError::device(device.located(), format!("persistent reservations: {e}"))
+        })? {
+            unit.replace_reservations(&state);
+        }
+        unit.set_pr_persistence(Arc::clone(&reservations) as Arc<dyn scsi::PrPersistence>);
+        if let Some(gateways) = &self.gateways {
+            // Peer sessions log in to the first target that maps the device (the same on
+            // every gateway: they share the config).
+            let peer_target = config
+                .targets
+                .iter()
+                .find(|t| {
+                    t.groups
+                        .iter()
+                        .any(|g| g.luns.iter().any(|m| m.device == device.name))
+                })
+                .map(|t| t.iqn.to_string())
+                .unwrap_or_default();
+            let ownership = crate::topology::gateway::ImageOwnership::new(
+                store,
+                observer,
+                reservations,
+                &device.name,
+                gateways,
+                Arc::clone(&self.metrics),
+                (unit.identity(), &peer_target),
+            )?;
+            ownership.start().map_err(|e| {
+                OpenError::device(
+                    format!("device {}", device.name),
+                    format!("taking or following the image's owner: {e}"),
+                )
+            })?;
+            unit.set_ownership(Arc::clone(&ownership) as Arc<dyn scsi::Ownership>);
+            ownership.follow(unit);
+            return Ok(Some(ownership));
+        }
+        Ok(None)
+    }
+
+    /// Files and block devices keep their reservations across restarts when asked (APTPL).
+    /// A RAM LU's medium does not survive a restart, nor do its reservations.
+    fn restore_reservations(&self, device: &DeviceConfig, unit: &Arc<LogicalUnit>) {
+        let medium = device.store.path();
         if let (Some(medium), Some(dir)) = (medium, &self.state_dir) {
             let path = crate::topology::state::reservation_file(dir, &device.name, medium);
             let file = crate::topology::state::ReservationFile::new(path, medium, &device.name);
             match file.load() {
                 Ok(saved) => {
                     if let Some(saved) = saved {
-                        restored(&device.name, &unit, &saved);
+                        restored(&device.name, unit, &saved);
                     }
                     unit.set_pr_persistence(Arc::new(file));
                 }
@@ -264,6 +281,11 @@ impl DeviceContext {
                 }
             }
         }
+    }
+
+    /// The path the device's I/O takes (logged and counted), and for a store that waits for
+    /// a device, its disk state: the stall watch and the ring.
+    fn io_path(&self, device: &DeviceConfig, unit: &Arc<LogicalUnit>) -> Option<DiskState> {
         // The store says whether it waits for a device; nothing is guessed from its kind.
         let caps = unit.capabilities();
         let path = match (caps.direct, self.io_uring) {
@@ -274,14 +296,15 @@ impl DeviceContext {
             (false, _) => "memory",
         };
         self.metrics.device_io_path(&device.name, path);
-        self.metrics.watch_write_back(&device.name, &unit);
+        self.metrics.watch_write_back(&device.name, unit);
         tracing::info!("device {}: I/O path {path}", device.name);
         let ring = if self.io_uring {
             unit.direct_io()
         } else {
             None
         };
-        let disk = caps.waits_for_device.then(|| {
+
+        caps.waits_for_device.then(|| {
             let (stalls, offloaded) = self.metrics.device_writes(&device.name);
             DiskState {
                 stalls: Arc::new(WriteStalls::new(
@@ -295,12 +318,7 @@ impl DeviceContext {
                 // write, as direct I/O does.
                 direct: caps.direct || caps.asynchronous,
             }
-        });
-        Ok(Arc::new(OpenDevice {
-            unit,
-            disk,
-            ownership: owned,
-        }))
+        })
     }
 }
 
@@ -363,69 +381,9 @@ fn assemble_targets(
         let mut groups = Vec::new();
         let mut target_units: Vec<Arc<LogicalUnit>> = Vec::new();
         for g in &t.groups {
-            let mut entries = Vec::new();
-            let mut disk_luns = Vec::new();
-            let mut lun_devices = Vec::new();
-            for m in &g.luns {
-                lun_devices.push((m.lun, Arc::<str>::from(m.device.as_str())));
-                let device = devices.get(m.device.as_str()).ok_or_else(|| {
-                    OpenError::Config(format!("target {}: unknown device {}", t.iqn, m.device))
-                })?;
-                if let Some(disk) = &device.disk {
-                    disk_luns.push(DiskLun {
-                        lun: m.lun,
-                        stalls: Arc::clone(&disk.stalls),
-                        ring: disk.ring.clone(),
-                        direct: disk.direct,
-                    });
-                }
-                let unit = &device.unit;
-                if !target_units.iter().any(|u| Arc::ptr_eq(u, unit)) {
-                    target_units.push(Arc::clone(unit));
-                }
-                entries.push((m.lun, Arc::clone(unit), m.read_only));
-            }
-            let luns = LunMap::new(entries).map_err(|e| {
-                OpenError::Config(format!("target {} group {}: {e}", t.iqn, g.name))
-            })?;
-            groups.push(GroupRuntime {
-                name: g.name.clone(),
-                luns: Arc::new(luns),
-                disk_luns: Arc::new(disk_luns),
-                lun_devices: Arc::new(lun_devices),
-                peer: false,
-            });
+            groups.push(assemble_group(t, g, devices, &mut target_units)?);
         }
-        // ALUA: each portal group is one target port of this target and a target port group of
-        // its own, numbered by its tag, in the state the config gives it.
-        let alua_groups: Arc<[PortGroup]> = portal_groups
-            .iter()
-            .map(|&tag| PortGroup {
-                id: tag,
-                state: config
-                    .portal_groups
-                    .iter()
-                    .find(|p| p.tag == tag)
-                    .map_or(AccessState::ActiveOptimized, |p| p.alua_state),
-                ports: vec![tag],
-            })
-            .collect();
-        let ports = portal_groups
-            .iter()
-            .map(|&tag| {
-                (
-                    tag,
-                    Arc::new(TargetPort {
-                        relative_id: tag,
-                        name: format!("{},t,0x{tag:04x}", t.iqn),
-                        target_name: t.iqn.to_string(),
-                        group: tag,
-                        groups: Arc::clone(&alua_groups),
-                        shipped: false,
-                    }),
-                )
-            })
-            .collect();
+        let ports = target_ports(config, t, &portal_groups);
         if t.groups.iter().any(|g| g.any_initiator) {
             tracing::warn!(target = %t.iqn, "target is open to any initiator (any_initiator = true)");
         }
@@ -447,6 +405,81 @@ fn assemble_targets(
         });
     }
     Ok(targets)
+}
+
+/// The runtime group (LUN map) of `g`; the LUs it maps join `units`, the target's.
+fn assemble_group(
+    t: &TargetConfig,
+    g: &crate::config::InitiatorGroup,
+    devices: &HashMap<String, Arc<OpenDevice>>,
+    units: &mut Vec<Arc<LogicalUnit>>,
+) -> Result<GroupRuntime, OpenError> {
+    let mut entries = Vec::new();
+    let mut disk_luns = Vec::new();
+    let mut lun_devices = Vec::new();
+    for m in &g.luns {
+        lun_devices.push((m.lun, Arc::<str>::from(m.device.as_str())));
+        let device = devices.get(m.device.as_str()).ok_or_else(|| {
+            OpenError::Config(format!("target {}: unknown device {}", t.iqn, m.device))
+        })?;
+        if let Some(disk) = &device.disk {
+            disk_luns.push(DiskLun {
+                lun: m.lun,
+                stalls: Arc::clone(&disk.stalls),
+                ring: disk.ring.clone(),
+                direct: disk.direct,
+            });
+        }
+        let unit = &device.unit;
+        if !units.iter().any(|u| Arc::ptr_eq(u, unit)) {
+            units.push(Arc::clone(unit));
+        }
+        entries.push((m.lun, Arc::clone(unit), m.read_only));
+    }
+    let luns = LunMap::new(entries)
+        .map_err(|e| OpenError::Config(format!("target {} group {}: {e}", t.iqn, g.name)))?;
+    Ok(GroupRuntime {
+        name: g.name.clone(),
+        luns: Arc::new(luns),
+        disk_luns: Arc::new(disk_luns),
+        lun_devices: Arc::new(lun_devices),
+        peer: false,
+    })
+}
+
+/// The target ports of `t`, by tag. ALUA: each portal group is one target port of this target
+/// and a target port group of its own, numbered by its tag, in the state the config gives it.
+fn target_ports(
+    config: &Config,
+    t: &TargetConfig,
+    portal_groups: &[u16],
+) -> HashMap<u16, Arc<TargetPort>> {
+    let alua_groups: Arc<[PortGroup]> = portal_groups
+        .iter()
+        .map(|&tag| PortGroup {
+            id: tag,
+            state: config
+                .portal_groups
+                .iter()
+                .find(|p| p.tag == tag)
+                .map_or(AccessState::ActiveOptimized, |p| p.alua_state),
+            ports: vec![tag],
+        })
+        .collect();
+    portal_groups
+        .iter()
+        .map(|&tag| {
+            let port = TargetPort {
+                relative_id: tag,
+                name: format!("{},t,0x{tag:04x}", t.iqn),
+                target_name: t.iqn.to_string(),
+                group: tag,
+                groups: Arc::clone(&alua_groups),
+                shipped: false,
+            };
+            (tag, Arc::new(port))
+        })
+        .collect()
 }
 
 /// For each RBD image under gateways that `target` maps, a group of its own for the other
@@ -562,7 +595,7 @@ fn open_unit(
     naa[..naa_len].copy_from_slice(&device.naa[..naa_len]);
     let identity = LuIdentity {
         vendor: "FERROSAN".into(),
-        product: product_name(&device.store).into(),
+        product: device.store.product().into(),
         revision: revision(),
         serial: device.serial.clone(),
         naa,
@@ -646,18 +679,6 @@ fn open_file_store(
                 }
             }
         }
-    }
-}
-
-/// Whether this store sits on a real device, so that making data durable waits for it and
-/// buffered writes can stall in the kernel. RAM never does; files on tmpfs/ramfs have nothing to
-/// flush or write back; anything else (disk filesystems, block devices) does.
-fn product_name(kind: &StoreKind) -> &'static str {
-    match kind {
-        StoreKind::Ram { .. } => "RAM DISK",
-        StoreKind::File { .. } => "FILE DISK",
-        StoreKind::Block { .. } => "BLOCK DISK",
-        StoreKind::Rbd(_) => "RBD DISK",
     }
 }
 

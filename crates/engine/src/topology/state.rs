@@ -334,33 +334,7 @@ fn decode(saved: SavedFile) -> Result<PersistentReservations, StateError> {
     }
     let reservation = match saved.reservation {
         None => None,
-        Some(r) => {
-            let holder = PrNexus {
-                initiator_port: r.initiator_port,
-                relative_port: r.relative_port,
-            };
-            // An all-registrants reservation (types 7, 8) is held by every registrant and
-            // outlives the registration of the nexus that made it, which stays its recorded
-            // holder; any other type's holder is registered.
-            let all_registrants = matches!(r.pr_type, 7 | 8);
-            let held = if all_registrants {
-                !registrations.is_empty()
-            } else {
-                registrations.iter().any(|reg| reg.nexus == holder)
-            };
-            if !held {
-                return Err(StateError::Damaged(
-                    "the reservation's holder is not registered".into(),
-                ));
-            }
-            if !matches!(r.pr_type, 1 | 3 | 5..=8) {
-                return Err(StateError::Damaged(format!(
-                    "reservation type {} is not valid",
-                    r.pr_type
-                )));
-            }
-            Some((holder, r.pr_type))
-        }
+        Some(r) => Some(decode_reservation(r, &registrations)?),
     };
     if saved.notice.len() > scsi::NOTICES_KEPT
         || saved.notice.windows(2).any(|w| w[0].seq >= w[1].seq)
@@ -393,6 +367,34 @@ fn decode(saved: SavedFile) -> Result<PersistentReservations, StateError> {
         reservation,
         notices,
     })
+}
+
+/// A saved reservation: a valid type, held by a registered nexus. An all-registrants
+/// reservation (types 7, 8) is held by every registrant and outlives the registration of the
+/// nexus that made it, which stays its recorded holder; any other type's holder is registered.
+fn decode_reservation(
+    r: SavedReservation,
+    registrations: &[PrRegistration],
+) -> Result<(PrNexus, u8), StateError> {
+    let holder = PrNexus {
+        initiator_port: r.initiator_port,
+        relative_port: r.relative_port,
+    };
+    let held = if matches!(r.pr_type, 7 | 8) {
+        !registrations.is_empty()
+    } else {
+        registrations.iter().any(|reg| reg.nexus == holder)
+    };
+    if !held {
+        return Err(StateError::Damaged(
+            "the reservation's holder is not registered".into(),
+        ));
+    }
+    if !matches!(r.pr_type, 1 | 3 | 5..=8) {
+        let why = format!("reservation type {} is not valid", r.pr_type);
+        return Err(StateError::Damaged(why));
+    }
+    Ok((holder, r.pr_type))
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 #
 #   WORKLOADS  comma-separated `ferrosan bench` ids (default: randread-4k-qd1,
 #              randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64)
+#   LUN_DIR=DIR  each daemon serves a 1 GiB file LUN in DIR instead of a RAM LUN (on a disk's
+#              filesystem: direct I/O through the io_uring ring); the files are removed after
 # Results: bench/results/ab-DATE.txt (and the raw results.json of each round under target/).
 # A change is judged against the commit before it in the same run, never against old files.
 set -euo pipefail
@@ -25,11 +27,15 @@ PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
     rm -rf "$WORK"
+    if [[ -n ${LUN_DIR:-} ]]; then rm -f "$LUN_DIR"/ab-old.img "$LUN_DIR"/ab-new.img; fi
 }
 trap cleanup EXIT
 
+lun_spec() { # NAME
+    if [[ -n ${LUN_DIR:-} ]]; then echo "file:$LUN_DIR/ab-$1.img,size=1G"; else echo ram:1G; fi
+}
 start() { # NAME BIN PORT
-    "$2" serve --listen "127.0.0.1:$3" --target "iqn.2026-11.org.ferrosan:$1" --lun ram:1G \
+    "$2" serve --listen "127.0.0.1:$3" --target "iqn.2026-11.org.ferrosan:$1" --lun "$(lun_spec "$1")" \
         --control-socket "$WORK/$1.sock" >"$WORK/$1.log" 2>&1 &
     PIDS+=($!)
     wait_port "$3" "${PIDS[-1]}" 10 || die "$1 did not start: $(cat "$WORK/$1.log")"
@@ -46,7 +52,7 @@ PID_NEW=${PIDS[-1]}
 HZ=$(getconf CLK_TCK)
 OUT=bench/results/ab-$(date +%Y-%m-%d-%H%M).txt
 {
-    echo "# bench/ab.sh $(date -u +%FT%TZ): old=$OLD new=$NEW rounds=$ROUNDS"
+    echo "# bench/ab.sh $(date -u +%FT%TZ): old=$OLD new=$NEW rounds=$ROUNDS lun=$(lun_spec new)"
     echo "# round side workload iops cpu_us_per_io"
 } >"$OUT"
 for round in $(seq "$ROUNDS"); do

@@ -30,25 +30,7 @@ const STPG_FAILED: Sense = Sense::new(crate::sense::ABORTED_COMMAND, 0x67, 0x0A)
 /// mode pages, reservations, the target port group commands; and, as LIO does, READ CAPACITY,
 /// so that an initiator probing a standby path learns the LU's size.
 pub(crate) fn standby_allows(cdb: Cdb<'_>) -> bool {
-    let opcode = cdb.u8(0);
-    if opcode == SERVICE_ACTION_IN_16 {
-        return cdb.service_action() == SA_READ_CAPACITY_16;
-    }
-    matches!(
-        opcode,
-        READ_CAPACITY_10
-            | INQUIRY
-            | REPORT_LUNS
-            | REQUEST_SENSE
-            | MODE_SENSE_6
-            | MODE_SENSE_10
-            | MODE_SELECT_6
-            | MODE_SELECT_10
-            | PERSISTENT_RESERVE_IN
-            | PERSISTENT_RESERVE_OUT
-            | MAINTENANCE_IN
-            | MAINTENANCE_OUT
-    )
+    crate::facts::facts(cdb).in_standby
 }
 
 /// SET TARGET PORT GROUPS (MAINTENANCE OUT, service action 0Ah): the only change a gateway

@@ -10,6 +10,7 @@
 
 mod alua;
 mod cdb;
+pub mod facts;
 pub mod inflight;
 mod inquiry;
 mod lu;
@@ -190,30 +191,16 @@ pub enum IoKind {
     Other,
 }
 
-/// Classifies a command by its opcode alone (it may still fail).
+/// Classifies a command by its opcode alone (it may still fail); see [`facts::facts`].
 pub fn io_kind(cdb: &[u8]) -> IoKind {
-    use cdb::*;
-    match cdb.first() {
-        Some(&(READ_6 | READ_10 | READ_12 | READ_16)) => IoKind::Read,
-        Some(
-            &(WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12
-            | WRITE_AND_VERIFY_16 | WRITE_SAME_10 | WRITE_SAME_16 | COMPARE_AND_WRITE
-            | ORWRITE_16 | WRITE_ATOMIC_16),
-        ) => IoKind::Write,
-        _ => IoKind::Other,
-    }
+    facts::facts(cdb::Cdb(cdb)).kind
 }
 
 /// Whether a command's cost has no bound a network worker could afford, whatever store the
-/// addressed LU has: EXTENDED COPY (up to 1 GiB, between any LUs of the map), WRITE SAME (a
-/// whole LU with NUMBER OF LOGICAL BLOCKS 0) and UNMAP (up to 4096 ranges). A transport runs
-/// these where waiting is fine, never where other sessions' commands wait behind them.
+/// addressed LU has ([`facts::Facts::runs_long`]). A transport runs these where waiting is
+/// fine, never where other sessions' commands wait behind them.
 pub fn runs_long(cdb: &[u8]) -> bool {
-    use cdb::*;
-    matches!(
-        cdb.first(),
-        Some(&(EXTENDED_COPY | WRITE_SAME_10 | WRITE_SAME_16 | UNMAP))
-    )
+    facts::facts(cdb::Cdb(cdb)).runs_long
 }
 
 /// One I_T nexus: an initiator port talking to a target port.

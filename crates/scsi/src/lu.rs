@@ -115,15 +115,10 @@ fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
 }
 
 /// Whether a command changes what every initiator sees of the LU, not only what its own
-/// nexus sees: its ALUA states and owner (SET TARGET PORT GROUPS), its mode pages (MODE
-/// SELECT: the write cache, SWP), its reservations (PERSISTENT RESERVE OUT, SPC-2 RESERVE).
-/// Refused through a read-only mapping: read access is not a say in how others may write.
+/// nexus sees ([`crate::facts::Facts::changes_lu_state`]). Refused through a read-only
+/// mapping: read access is not a say in how others may write.
 fn changes_lu_state(cdb: Cdb<'_>) -> bool {
-    match cdb.u8(0) {
-        MODE_SELECT_6 | MODE_SELECT_10 | PERSISTENT_RESERVE_OUT | RESERVE_6 | RESERVE_10 => true,
-        MAINTENANCE_OUT => cdb.service_action() == SA_SET_TARGET_PORT_GROUPS,
-        _ => false,
-    }
+    crate::facts::facts(cdb).changes_lu_state
 }
 
 /// Where a command that passed [`LogicalUnit::gate`] runs.
@@ -275,45 +270,27 @@ impl LogicalUnit {
     /// A transport uses it to run such commands off its network threads (on a store where
     /// durability costs nothing, e.g. RAM, it need not ask).
     pub fn waits_for_device(&self, cdb: &[u8]) -> bool {
-        use crate::cdb as op;
-        let Some(&opcode) = cdb.first() else {
-            return false;
-        };
+        use crate::facts::Durability;
         let fua = cdb.get(1).is_some_and(|b| b & 0x08 != 0);
         let write_back = self.write_cache_enabled();
-        match opcode {
-            // WRITE(6) has no FUA bit.
-            op::WRITE_6 => !write_back,
-            op::WRITE_10 | op::WRITE_12 | op::WRITE_16 | op::WRITE_ATOMIC_16 => !write_back || fua,
-            op::SYNCHRONIZE_CACHE_10
-            | op::SYNCHRONIZE_CACHE_16
-            | op::WRITE_AND_VERIFY_10
-            | op::WRITE_AND_VERIFY_12
-            | op::WRITE_AND_VERIFY_16
-            | op::WRITE_SAME_10
-            | op::WRITE_SAME_16
-            | op::UNMAP
-            | op::COMPARE_AND_WRITE
-            | op::ORWRITE_16
-            | op::EXTENDED_COPY => true,
+        match crate::facts::facts(Cdb(cdb)).durability {
+            Durability::None => false,
+            Durability::UnlessWriteBack => !write_back,
+            Durability::UnlessWriteBackOrFua => !write_back || fua,
+            Durability::Always => true,
             // SET TARGET PORT GROUPS takes the LU over: a cluster round trip or several.
-            op::MAINTENANCE_OUT => self.ownership.get().is_some(),
+            Durability::Ownership => self.ownership.get().is_some(),
             // With APTPL the new state is saved (and fsynced) before it completes.
-            op::PERSISTENT_RESERVE_OUT => self.reservations.persists(),
+            Durability::Reservations => self.reservations.persists(),
             // Shared reservations are read from their store first.
-            op::PERSISTENT_RESERVE_IN => self.reservations.shared(),
-            _ => false,
+            Durability::SharedReservations => self.reservations.shared(),
         }
     }
 
     /// Whether `cdb` is a plain write the store's cache absorbs (write-back, no FUA): cheap
     /// unless the page cache makes it wait, which a transport may time (see `waits_for_device`).
     pub fn is_buffered_write(&self, cdb: &[u8]) -> bool {
-        use crate::cdb as op;
-        matches!(
-            cdb.first(),
-            Some(&(op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16))
-        ) && !self.waits_for_device(cdb)
+        crate::facts::facts(Cdb(cdb)).plain_write && !self.waits_for_device(cdb)
     }
 
     /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT (READ CAPACITY (16)). The stores work in
@@ -519,10 +496,7 @@ impl LogicalUnit {
         // A read overwrites the whole buffer, so it keeps the bytes of the previous command to
         // avoid zero-filling up to a megabyte before copying over it; everything else starts
         // from an empty buffer.
-        if !matches!(
-            cmd.cdb.first(),
-            Some(&(READ_6 | READ_10 | READ_12 | READ_16))
-        ) {
+        if crate::io_kind(cmd.cdb) != crate::IoKind::Read {
             data_in.clear();
         }
         let result = self.run(
@@ -641,8 +615,8 @@ impl LogicalUnit {
             return Err(Sense::invalid_opcode().into());
         }
         let opcode = cdb.u8(0);
-        // SPC-4 5.14: these three neither report nor clear a unit attention.
-        if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
+        // SPC-4 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear one.
+        if !crate::facts::facts(cdb).keeps_unit_attention {
             if let Some((asc, ascq)) = self.ua.take(nexus.id) {
                 return Err(Sense::unit_attention(asc, ascq).into());
             }
@@ -677,10 +651,7 @@ impl LogicalUnit {
     ) -> Result<Reach, Stop> {
         let opcode = cdb.u8(0);
         // SPC-4 5.12: a unit that is not ready still answers what does not need its medium.
-        if !matches!(
-            opcode,
-            INQUIRY | REPORT_LUNS | REQUEST_SENSE | MAINTENANCE_IN
-        ) {
+        if !crate::facts::facts(cdb).when_not_ready {
             if let Some(sense) = self.not_ready() {
                 return Err(sense.into());
             }

@@ -66,23 +66,9 @@ impl std::fmt::Debug for Plan {
 }
 
 /// Whether `cdb` is a command that plans (READ, WRITE, SYNCHRONIZE CACHE): a transport may
-/// route it to its asynchronous path before looking further.
+/// route it to its asynchronous path before looking further ([`crate::facts::Facts::plans`]).
 pub fn plans(cdb: &[u8]) -> bool {
-    matches!(
-        cdb.first(),
-        Some(
-            &(READ_6
-                | READ_10
-                | READ_12
-                | READ_16
-                | WRITE_6
-                | WRITE_10
-                | WRITE_12
-                | WRITE_16
-                | SYNCHRONIZE_CACHE_10
-                | SYNCHRONIZE_CACHE_16)
-        )
-    )
+    crate::facts::facts(Cdb(cdb)).plans
 }
 
 impl LogicalUnit {

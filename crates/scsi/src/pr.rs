@@ -424,37 +424,11 @@ impl State {
     }
 }
 
-/// Command classes of SPC-4 5.13.1 (table "commands allowed in the presence of reservations").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    /// Allowed from every nexus under a persistent reservation.
-    Always,
-    /// Reads: allowed from non-holders under Write Exclusive types.
-    Read,
-    /// Everything else: conflicts for non-holders of either type.
-    Write,
-}
+/// A command under a reservation it does not hold (see [`crate::facts::PrAccess`]).
+use crate::facts::PrAccess as Class;
 
 fn class(cdb: Cdb<'_>) -> Class {
-    match cdb.u8(0) {
-        INQUIRY
-        | REPORT_LUNS
-        | REQUEST_SENSE
-        | MAINTENANCE_IN
-        | PERSISTENT_RESERVE_IN
-        | PERSISTENT_RESERVE_OUT
-        | TEST_UNIT_READY
-        | READ_CAPACITY_10
-        | RELEASE_6
-        | RELEASE_10 => Class::Always,
-        SERVICE_ACTION_IN_16 if cdb.service_action() == SA_READ_CAPACITY_16 => Class::Always,
-        // PREVENT with PREVENT=0 (allow) is allowed; establishing a prevention is not.
-        PREVENT_ALLOW_MEDIUM_REMOVAL if cdb.u8(4) & 0x03 == 0 => Class::Always,
-        READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | MODE_SENSE_6
-        | MODE_SENSE_10 | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 | PRE_FETCH_10
-        | PRE_FETCH_16 | SERVICE_ACTION_IN_16 | RECEIVE_COPY_RESULTS => Class::Read,
-        _ => Class::Write,
-    }
+    crate::facts::facts(cdb).pr
 }
 
 /// Whether a command of `class` from a nexus (registered or not) conflicts with a persistent
@@ -469,14 +443,6 @@ fn pr_conflicts(pr_type: u8, class: Class, registered: bool) -> bool {
         return false;
     }
     exclusive_access || class == Class::Write
-}
-
-/// SPC-2: with a RESERVE in effect, other nexuses may only ask for identification and sense.
-fn spc2_allowed(opcode: u8) -> bool {
-    matches!(
-        opcode,
-        INQUIRY | REPORT_LUNS | REQUEST_SENSE | MAINTENANCE_IN | RELEASE_6 | RELEASE_10
-    )
 }
 
 pub(crate) struct Reservations {
@@ -515,7 +481,7 @@ impl Reservations {
         let mut s = self.lock();
         s.see(nexus);
         if let Some(holder) = s.spc2 {
-            if holder != nexus.id && !spc2_allowed(cdb.u8(0)) {
+            if holder != nexus.id && !crate::facts::facts(cdb).under_spc2_reservation {
                 return Err(Stop::Conflict);
             }
         }

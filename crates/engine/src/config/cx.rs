@@ -68,3 +68,20 @@ impl<'a> Cx<'a> {
         }
     }
 }
+
+/// `Some(&value)` of a required field, or an error at the enclosing table.
+pub(super) fn required<'v, T>(
+    cx: &mut Cx<'_>,
+    v: &'v Option<S<T>>,
+    table: &Range<usize>,
+    field: String,
+) -> Option<&'v S<T>> {
+    if v.is_none() {
+        cx.err(table.clone(), field, "missing (required)");
+    }
+    v.as_ref()
+}
+
+pub(super) fn bool_or(v: &Option<S<bool>>, default: bool) -> bool {
+    v.as_ref().map_or(default, |b| *b.get_ref())
+}

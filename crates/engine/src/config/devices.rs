@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::cx::Cx;
-use super::file::{bool_or, required};
+use super::cx::{bool_or, required, Cx};
 use super::names::{check_object_name, check_serial, derive_identity, parse_naa, parse_size};
 use super::{CacheMode, DeviceConfig, Invalid, Origin, StoreKind};
 

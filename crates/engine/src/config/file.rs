@@ -26,7 +26,7 @@ pub(crate) const LUN_MAX: u64 = 16_383;
 const ALIAS_BYTES_MAX: usize = 255;
 const WORKERS_MAX: i64 = 1024;
 
-use super::cx::Cx;
+use super::cx::{bool_or, required, Cx};
 use super::devices::{resolve_devices, RawDevice};
 use super::Invalid;
 
@@ -107,23 +107,6 @@ struct RawLun {
     lun: Option<S<i64>>,
     device: Option<S<String>>,
     read_only: Option<S<bool>>,
-}
-
-/// `Some(&value)` of a required field, or an error at the enclosing table.
-pub(super) fn required<'v, T>(
-    cx: &mut Cx<'_>,
-    v: &'v Option<S<T>>,
-    table: &Range<usize>,
-    field: String,
-) -> Option<&'v S<T>> {
-    if v.is_none() {
-        cx.err(table.clone(), field, "missing (required)");
-    }
-    v.as_ref()
-}
-
-pub(super) fn bool_or(v: &Option<S<bool>>, default: bool) -> bool {
-    v.as_ref().map_or(default, |b| *b.get_ref())
 }
 
 /// Turns a TOML syntax/type error into a located error naming the key it is about.

@@ -2,10 +2,13 @@
 //! devices and back, the per-command route, receive coalescing, and busy polling.
 
 pub(crate) mod alarm;
+mod backend;
 pub(crate) mod busy_poll;
 pub mod closed;
 pub mod coalesce;
 pub mod connection;
 pub(crate) mod lifecycle;
+mod login;
 pub mod route;
 pub(crate) mod sys;
+mod wakeups;

@@ -234,7 +234,7 @@ fuzz_target!(|input: Input| {
                 if lun == 0 || lun == 5 {
                     check_alua(n, cmd.cdb, before, &c);
                 }
-                // Sense data as a peer gateway sends it back (engine::peer): decoding any
+                // Sense data as a peer gateway sends it back (engine::io::peer): decoding any
                 // bytes never panics, and what decodes survives an encode and a decode.
                 if let Some(sense) = scsi::Sense::decode(data_out) {
                     let mut buf = [0u8; scsi::sense::SENSE_BYTES_MAX];

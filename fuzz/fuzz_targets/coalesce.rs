@@ -1,5 +1,5 @@
-//! Receive coalescing's decisions (`engine::coalesce::Coalescer`, sans-IO) over arbitrary turn
-//! sequences: any activity counts (the connection derives them from the initiator's PDUs), timer
+//! Receive coalescing's decisions (`engine::dataplane::coalesce::Coalescer`, sans-IO) over
+//! arbitrary turn sequences: any activity counts (the connection derives them from the initiator's PDUs), timer
 //! turns or not, any clock steps. Invariants: with coalescing off, never a batch and never a
 //! miss; a miss only on a timer turn; a new batch plan waits at least one command's worth of
 //! bytes and at most `LOW_WATER_MAX`, with a deadline `WAIT_MIN`..max(`max_wait`, `WAIT_MIN`)
@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
-use engine::coalesce::{Coalescer, Outcome, Plan, BACKLOG_MIN, LOW_WATER_MAX, WAIT_MIN};
+use engine::dataplane::coalesce::{Coalescer, Outcome, Plan, BACKLOG_MIN, LOW_WATER_MAX, WAIT_MIN};
 use iscsi::session::Activity;
 use libfuzzer_sys::fuzz_target;
 

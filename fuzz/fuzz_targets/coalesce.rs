@@ -1,6 +1,6 @@
 //! Receive coalescing's decisions (`engine::dataplane::coalesce::Coalescer`, sans-IO) over
-//! arbitrary turn sequences: any activity counts (the connection derives them from the initiator's PDUs), timer
-//! turns or not, any clock steps. Invariants: with coalescing off, never a batch and never a
+//! arbitrary turn sequences: any activity counts (the connection derives them from the
+//! initiator's PDUs), timer turns or not, any clock steps. Invariants: with coalescing off, never a batch and never a
 //! miss; a miss only on a timer turn; a new batch plan waits at least one command's worth of
 //! bytes and at most `LOW_WATER_MAX`, with a deadline `WAIT_MIN`..max(`max_wait`, `WAIT_MIN`)
 //! after its turn; a turn that brought commands from an initiator with a short backlog (or with

@@ -204,6 +204,14 @@ pub(super) struct Held {
     pub(super) data_out_bytes: usize,
 }
 
+/// A held command with its planned I/O ([`Backend::hold_and_plan`]).
+pub(super) struct PlannedIo {
+    pub(super) held: Held,
+    pub(super) io: scsi::BlockIo,
+    pub(super) share: Option<scsi::WriteShare>,
+    pub(super) command: DeferredCommand,
+}
+
 /// What planning a held command gave ([`Backend::plan`]).
 pub(super) enum Planned {
     Io(scsi::BlockIo, Option<scsi::WriteShare>, DeferredCommand),
@@ -792,6 +800,30 @@ impl Backend<'_> {
         }
     }
 
+    /// The prelude of the submit paths that plan (the ring, an asynchronous store): the LU
+    /// held ([`Backend::hold`]) and the command planned ([`Backend::plan`]). `Ok(None)`: the
+    /// command was answered without I/O; `Err`: it goes back, untouched, for the blocking pool.
+    pub(super) fn hold_and_plan(
+        &mut self,
+        command: DeferredCommand,
+        lun: u64,
+        takes: impl FnOnce(&LunEntry, &Nexus) -> bool,
+    ) -> Result<Option<PlannedIo>, DeferredCommand> {
+        let Some(held) = self.hold(&command, lun, takes) else {
+            return Err(command);
+        };
+        match self.plan(&held, command, lun) {
+            Planned::Io(io, share, command) => Ok(Some(PlannedIo {
+                held,
+                io,
+                share,
+                command,
+            })),
+            Planned::Answered => Ok(None),
+            Planned::Execute(command) => Err(command),
+        }
+    }
+
     /// Plans `command` and puts its I/O on the ring. Hands the command back, untouched in
     /// effect, when it must run on the blocking pool instead: no ring for its LU, a reset
     /// draining the LU, a command that does not plan, a COMPARE AND WRITE holding the order,
@@ -810,21 +842,22 @@ impl Backend<'_> {
         else {
             return Err(command);
         };
-        let Some(held) = self.hold(&command, lun, |_, _| true) else {
-            return Err(command);
+        let Some(planned) = self.hold_and_plan(command, lun, |_, _| true)? else {
+            return Ok(());
         };
-        let (io, share, mut command) = match self.plan(&held, command, lun) {
-            Planned::Io(io, share, command) => (io, share, command),
-            Planned::Answered => return Ok(()),
-            Planned::Execute(command) => return Err(command),
-        };
-        let Held {
-            lu,
-            hold,
-            held_bytes,
-            data_out_bytes,
-            ..
-        } = held;
+        let PlannedIo {
+            held:
+                Held {
+                    lu,
+                    hold,
+                    held_bytes,
+                    data_out_bytes,
+                    ..
+                },
+            io,
+            share,
+            mut command,
+        } = planned;
         if !self.has_ring() {
             return Err(command);
         }
@@ -956,21 +989,22 @@ impl Backend<'_> {
         buffers: &mut ReadBuffers<'_>,
     ) -> Result<(), DeferredCommand> {
         let asynchronous = |entry: &LunEntry, _: &Nexus| entry.lu.capabilities().asynchronous;
-        let Some(held) = self.hold(&command, lun, asynchronous) else {
-            return Err(command);
+        let Some(planned) = self.hold_and_plan(command, lun, asynchronous)? else {
+            return Ok(());
         };
-        let (io, share, mut command) = match self.plan(&held, command, lun) {
-            Planned::Io(io, share, command) => (io, share, command),
-            Planned::Answered => return Ok(()),
-            Planned::Execute(command) => return Err(command),
-        };
-        let Held {
-            lu,
-            hold,
-            held_bytes,
-            data_out_bytes,
-            ..
-        } = held;
+        let PlannedIo {
+            held:
+                Held {
+                    lu,
+                    hold,
+                    held_bytes,
+                    data_out_bytes,
+                    ..
+                },
+            io,
+            share,
+            mut command,
+        } = planned;
         let Some((op, buf)) = async_io(&io, &mut command, buffers) else {
             return Err(command);
         };
@@ -1031,15 +1065,15 @@ impl Backend<'_> {
         let Some(held) = self.hold(&command, lun, ships) else {
             return Err(command);
         };
-        let Some(nexus) = self.nexus.clone() else {
-            return Err(command);
-        };
         let cmd = scsi::Command {
             cdb: &command.cdb,
             data_out: &command.data_out,
             data_in_limit: command.expected_len,
         };
-        if let Err(completion) = held.lu.admit_for_owner(&nexus, &cmd, held.read_only) {
+        let Some(nexus) = self.nexus.as_ref() else {
+            return Err(command);
+        };
+        if let Err(completion) = held.lu.admit_for_owner(nexus, &cmd, held.read_only) {
             self.answer_planned(command, lun, &completion);
             return Ok(());
         }
@@ -1079,7 +1113,7 @@ impl Backend<'_> {
             // Only now may a reset waiting for the LU go on.
             drop(hold);
         });
-        lu.ship_then(&nexus, shipped, done);
+        lu.ship_then(nexus, shipped, done);
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 //! `scripts/test.sh`, which installs them.
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod array;
 pub mod ceph;
 pub mod raw;
 pub mod tgt;

@@ -1,12 +1,24 @@
-//! ALUA over the wire: a target served by two portal groups, one active/optimized and one
-//! active/non-optimized. Through either portal, REPORT TARGET PORT GROUPS lists both groups with
-//! their states and ports, INQUIRY says implicit ALUA, and VPD 83h names the group of the port the
-//! initiator logged in through.
+//! ALUA over the wire, one small test per behaviour.
+//!
+//! Implicit ALUA (RAM LU, states from the configuration): through either portal REPORT TARGET
+//! PORT GROUPS lists every group with its state and ports, INQUIRY says implicit ALUA, VPD 83h
+//! names the group of the port the initiator logged in through; each state (active/optimized,
+//! active/non-optimized, standby, unavailable) answers exactly the commands SPC-4 5.15.2.4 lets
+//! it answer and refuses the rest with its own sense; SET TARGET PORT GROUPS is not offered.
+//!
+//! Explicit ALUA (an RBD image behind two gateways): the owner's group is active/optimized, the
+//! other active/non-optimized and serving every command; SET TARGET PORT GROUPS through the
+//! other moves the LU, every other nexus on both gateways gets ASYMMETRIC ACCESS STATE CHANGED
+//! and the sender does not; a request it cannot carry out is refused. The transitioning state
+//! (a takeover in progress) is tested in the scsi crate (`tests/alua.rs`), where the takeover
+//! can be held open.
 
 mod common;
 
+use common::array::{read_len, rtpg_cdb, Array, Backing, Path, GOOD};
 use common::raw::Raw;
 use common::{free_port, Daemon};
+use initiator::session::Transfer;
 
 const IQN: &str = "iqn.2024-01.dev.ferrosan:alua";
 
@@ -39,8 +51,8 @@ fn report_target_port_groups_and_inquiry_through_each_portal() {
     );
     // Group 1 (the harness's portal group): active/optimized, port 1; group 2: non-optimized.
     let mut groups = vec![0, 0, 0, 24];
-    groups.extend_from_slice(&[0x00, 0x03, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1]);
-    groups.extend_from_slice(&[0x01, 0x03, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2]);
+    groups.extend_from_slice(&[0x00, 0x0F, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1]);
+    groups.extend_from_slice(&[0x01, 0x0F, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2]);
     for (port, group, isid) in [(daemon.port, 1u8, 1u8), (second_port, 2, 2)] {
         let mut client = Raw::login(port, IQN, isid);
         // The new nexus's first command collects its power-on unit attention.
@@ -175,4 +187,287 @@ fn the_banner_names_dialable_addresses() {
         assert!(!line.contains("0.0.0.0"), "not dialable: {line}");
         assert!(line.contains(&format!(":{port}")), "{line}");
     }
+}
+
+/// A RAM LU served through four portal groups, one per configured state: 1 active/optimized,
+/// 2 active/non-optimized, 3 standby, 4 unavailable. The ports, by group.
+fn four_states() -> (Daemon, [u16; 4]) {
+    let ports = [free_port(), free_port(), free_port()];
+    let mut body = String::new();
+    for (tag, port, state) in [
+        (2, ports[0], "active-non-optimized"),
+        (3, ports[1], "standby"),
+        (4, ports[2], "unavailable"),
+    ] {
+        body.push_str(&format!(
+            "[[portal_group]]\ntag = {tag}\nlisten = [\"127.0.0.1:{port}\"]\nalua_state = \"{state}\"\n"
+        ));
+    }
+    body.push_str(&common::open_ram_target(IQN));
+    let daemon = Daemon::start_config(IQN, &body);
+    let all = [daemon.port, ports[0], ports[1], ports[2]];
+    (daemon, all)
+}
+
+/// A new nexus through `port`, its power-on unit attention collected.
+fn nexus(port: u16, initiator: &str) -> Path {
+    let mut p = Path::connect(port, IQN, initiator, initiator::driver::random_isid())
+        .expect("login through every state's portal");
+    p.settle();
+    p
+}
+
+/// The commands each state is checked with: name, CDB, Data-Out (None: a Data-In allowance).
+fn commands() -> Vec<(&'static str, Vec<u8>, Option<Vec<u8>>)> {
+    vec![
+        ("TEST UNIT READY", vec![0; 6], None),
+        ("INQUIRY", vec![0x12, 0, 0, 0, 96, 0], None),
+        (
+            "REPORT LUNS",
+            vec![0xA0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+            None,
+        ),
+        ("REQUEST SENSE", vec![0x03, 0, 0, 0, 18, 0], None),
+        ("REPORT TARGET PORT GROUPS", rtpg_cdb().to_vec(), None),
+        (
+            "READ CAPACITY (10)",
+            vec![0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            None,
+        ),
+        (
+            "READ CAPACITY (16)",
+            vec![0x9E, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+            None,
+        ),
+        ("MODE SENSE (6)", vec![0x1A, 0, 0x3F, 0, 255, 0], None),
+        (
+            "PERSISTENT RESERVE IN",
+            vec![0x5E, 0, 0, 0, 0, 0, 0, 1, 0, 0],
+            None,
+        ),
+        ("READ (10)", vec![0x28, 0, 0, 0, 0, 8, 0, 0, 1, 0], None),
+        (
+            "WRITE (10)",
+            vec![0x2A, 0, 0, 0, 0, 8, 0, 0, 1, 0],
+            Some(vec![0xA5; 512]),
+        ),
+        (
+            "SYNCHRONIZE CACHE (10)",
+            vec![0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            None,
+        ),
+    ]
+}
+
+/// Sends every command of [`commands`] through `p`; `refused(name)` gives the ASCQ of the
+/// NOT READY, LOGICAL UNIT NOT ACCESSIBLE sense the state must answer it with, or None for GOOD.
+fn check_state(p: &mut Path, state: &str, refused: impl Fn(&str) -> Option<u8>) {
+    for (name, cdb, data) in commands() {
+        let transfer = match data {
+            Some(d) => Transfer::Write(d),
+            None => read_len(1024),
+        };
+        let want = match refused(name) {
+            Some(ascq) => (0x02, Some((0x02, 0x04, ascq))),
+            None => GOOD,
+        };
+        assert_eq!(p.answer(&cdb, transfer), want, "{name} through {state}");
+    }
+}
+
+#[test]
+fn active_optimized_serves_every_command() {
+    let (_daemon, ports) = four_states();
+    check_state(
+        &mut nexus(ports[0], "iqn.2026-11.org.ferrosan:ao"),
+        "AO",
+        |_| None,
+    );
+}
+
+#[test]
+fn active_non_optimized_serves_every_command() {
+    let (_daemon, ports) = four_states();
+    check_state(
+        &mut nexus(ports[1], "iqn.2026-11.org.ferrosan:ano"),
+        "ANO",
+        |_| None,
+    );
+}
+
+#[test]
+fn standby_answers_identification_sense_mode_reservations_and_capacity_only() {
+    let (_daemon, ports) = four_states();
+    let medium = [
+        "TEST UNIT READY",
+        "READ (10)",
+        "WRITE (10)",
+        "SYNCHRONIZE CACHE (10)",
+    ];
+    check_state(
+        &mut nexus(ports[2], "iqn.2026-11.org.ferrosan:sb"),
+        "standby",
+        |name| medium.contains(&name).then_some(0x0B),
+    );
+}
+
+#[test]
+fn unavailable_answers_identification_sense_and_group_reports_only() {
+    let (_daemon, ports) = four_states();
+    let answers = [
+        "INQUIRY",
+        "REPORT LUNS",
+        "REQUEST SENSE",
+        "REPORT TARGET PORT GROUPS",
+    ];
+    check_state(
+        &mut nexus(ports[3], "iqn.2026-11.org.ferrosan:un"),
+        "unavailable",
+        |name| (!answers.contains(&name)).then_some(0x0C),
+    );
+}
+
+#[test]
+fn every_port_reports_every_state_and_the_implicit_states_supported() {
+    let (_daemon, ports) = four_states();
+    for port in ports {
+        let mut p = nexus(port, "iqn.2026-11.org.ferrosan:rtpg");
+        let (status, _, data) = p.run(&rtpg_cdb(), read_len(1024));
+        assert_eq!(status, 0);
+        assert_eq!(
+            common::array::parse_rtpg(&data),
+            vec![(1, 0x0), (2, 0x1), (3, 0x2), (4, 0x3)],
+            "through {port}"
+        );
+        // AO_SUP, AN_SUP, S_SUP and U_SUP; no transitioning under implicit ALUA.
+        assert!(data[4..].chunks(12).all(|d| d[1] == 0x0F), "{data:02x?}");
+    }
+}
+
+#[test]
+fn set_target_port_groups_is_not_offered_under_implicit_alua() {
+    let (_daemon, ports) = four_states();
+    // Through every state, unavailable included (it answers the group commands).
+    for port in ports {
+        let mut p = nexus(port, "iqn.2026-11.org.ferrosan:stpg");
+        let list = vec![0, 0, 0, 0, 0x00, 0, 0, 2];
+        let cdb = [0xA4, 0x0A, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0];
+        assert_eq!(
+            p.answer(&cdb, Transfer::Write(list)),
+            (0x02, Some((0x05, 0x20, 0x00))),
+            "through {port}"
+        );
+    }
+}
+
+#[test]
+fn a_standby_or_unavailable_group_in_the_config_is_checked() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .args(["check-config", "/dev/stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(
+                format!(
+                    "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\nalua_state = \"offline\"\n{}",
+                    common::open_ram_target(IQN)
+                )
+                .as_bytes(),
+            )?;
+            child.wait_with_output()
+        })
+        .expect("check-config");
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("\"standby\" or \"unavailable\""), "{text}");
+}
+
+/// SET TARGET PORT GROUPS through `p` asking `(state, group)`.
+fn stpg(p: &mut Path, state: u8, group: u16) -> (u8, Option<(u8, u8, u8)>) {
+    let mut list = vec![0u8; 4];
+    list.extend_from_slice(&[state, 0]);
+    list.extend_from_slice(&group.to_be_bytes());
+    p.answer(
+        &[0xA4, 0x0A, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0],
+        Transfer::Write(list),
+    )
+}
+
+const STATE_CHANGED: (u8, Option<(u8, u8, u8)>) = (0x02, Some((0x06, 0x2A, 0x06)));
+
+#[test]
+fn rbd_gateways_explicit_alua_moves_the_lu_and_tells_every_other_nexus() {
+    let array = Array::start(Backing::Rbd, "alua-rbd");
+    let initiator = "iqn.2026-11.org.ferrosan:explicit";
+    let mut on_a = array.path(0, initiator);
+    let mut on_b = array.path(1, initiator);
+    let mut sender = array.path(1, initiator);
+    for p in [&mut on_a, &mut on_b, &mut sender] {
+        p.settle();
+        let (status, _, data) = p.run(&rtpg_cdb(), read_len(1024));
+        assert_eq!(status, 0);
+        assert_eq!(common::array::parse_rtpg(&data), vec![(1, 0x0), (2, 0x1)]);
+        // AO_SUP, AN_SUP, S_SUP, T_SUP; TPGS = 11b.
+        assert!(data[4..].chunks(12).all(|d| d[1] == 0x87), "{data:02x?}");
+        let (_, _, inquiry) = p.run(&[0x12, 0, 0, 0, 96, 0], read_len(96));
+        assert_eq!(inquiry[5] & 0x30, 0x30);
+    }
+    // Active/non-optimized serves every command (at the owner).
+    check_state(&mut on_b, "ANO (gateway b)", |_| None);
+    assert_eq!(on_b.write(64, &[0x3C; 512]), GOOD);
+    // Asking for what is already so changes nothing; a reserved state is refused.
+    assert_eq!(stpg(&mut sender, 0x0, 1), GOOD);
+    assert_eq!(sender.rtpg(), vec![(1, 0x0), (2, 0x1)]);
+    assert_eq!(stpg(&mut sender, 0x5, 2), (0x02, Some((0x05, 0x26, 0x00))));
+    // Through b: b's group becomes active/optimized.
+    assert_eq!(stpg(&mut sender, 0x0, 2), GOOD, "{}", array.output());
+    assert_eq!(
+        sender.answer(&[0; 6], Transfer::None),
+        GOOD,
+        "the sender is not told"
+    );
+    assert_eq!(
+        on_b.answer(&[0; 6], Transfer::None),
+        STATE_CHANGED,
+        "another nexus on b"
+    );
+    assert_eq!(sender.rtpg(), vec![(1, 0x1), (2, 0x0)]);
+    // Activating another gateway's group from here is not something b can do.
+    assert_eq!(stpg(&mut sender, 0x0, 1), (0x02, Some((0x05, 0x26, 0x00))));
+    common::array::wait_until(
+        "a nexus on a is told",
+        std::time::Duration::from_secs(10),
+        || match on_a.answer(&[0; 6], Transfer::None) {
+            STATE_CHANGED => true,
+            GOOD => false,
+            other => panic!("on a: {other:?}"),
+        },
+    );
+    // A nexus from before a lost the LU ships nothing (a command it held could land after the
+    // new owner's writes): retry, and the session ends (docs/RBD.md); a new one ships.
+    common::array::wait_until("a's old session ends", std::time::Duration::from_secs(10), || {
+        let tur = initiator::scsi::test_unit_ready();
+        match on_a.client.command(tur, Transfer::None) {
+            Err(_) => true,
+            Ok(r) => {
+                let sense = r.sense.map(|s| (s.key, s.asc, s.ascq));
+                assert_eq!((r.status, sense), (0x02, Some((0x02, 0x04, 0x0A))));
+                false
+            }
+        }
+    });
+    let mut on_a = array.path(0, initiator);
+    on_a.settle();
+    assert_eq!(on_a.rtpg(), vec![(1, 0x1), (2, 0x0)]);
+    // The data moved with the LU; a is active/non-optimized and serves everything.
+    let (status, _, data) = on_a.read(64, 1);
+    assert_eq!((status, data), (0, vec![0x3C; 512]));
+    check_state(&mut on_a, "ANO (gateway a)", |_| None);
+    // And back through a.
+    assert_eq!(stpg(&mut on_a, 0x0, 1), GOOD);
+    assert_eq!(on_a.rtpg(), vec![(1, 0x0), (2, 0x1)]);
 }

@@ -3,7 +3,8 @@
 //! target with its state.
 //!
 //! Implicit ALUA (every LU by default): the states are set by configuration (active/optimized,
-//! active/non-optimized), never refuse a command and never change while the daemon runs.
+//! active/non-optimized, standby, unavailable) and never change while the daemon runs; the
+//! inactive ones refuse what SPC-4 says they refuse ([`admit`]).
 //!
 //! Explicit ALUA (an LU with an [`crate::Ownership`], e.g. an RBD image several gateways
 //! export): the owner's group is active/optimized, every other standby (commands that need the
@@ -14,15 +15,19 @@ use crate::cdb::*;
 use crate::sense::Sense;
 use crate::{Command, Nexus};
 
-/// Supported-states byte of every descriptor: AO_SUP and AN_SUP, the only implicit states.
-const SUPPORTED_STATES: u8 = 0x01 | 0x02;
-/// With explicit ALUA: AO_SUP, AN_SUP (a non-owner that ships to the owner) and S_SUP.
-const SUPPORTED_STATES_EXPLICIT: u8 = 0x01 | 0x02 | 0x04;
+/// Supported-states byte of every descriptor under implicit ALUA: AO_SUP, AN_SUP, S_SUP and
+/// U_SUP, the states the configuration can give a group.
+const SUPPORTED_STATES: u8 = 0x01 | 0x02 | 0x04 | 0x08;
+/// With explicit ALUA: AO_SUP, AN_SUP (a non-owner that ships to the owner), S_SUP and T_SUP
+/// (a group while a takeover through it runs).
+const SUPPORTED_STATES_EXPLICIT: u8 = 0x01 | 0x02 | 0x04 | 0x80;
 
 /// ASYMMETRIC ACCESS STATE CHANGED (2Ah/06h).
 pub(crate) const UA_ACCESS_STATE_CHANGED: (u8, u8) = (0x2A, 0x06);
 /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE (NOT READY, 04h/0Bh).
 pub(crate) const STANDBY: Sense = Sense::new(crate::sense::NOT_READY, 0x04, 0x0B);
+/// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE (NOT READY, 04h/0Ch).
+pub(crate) const UNAVAILABLE: Sense = Sense::new(crate::sense::NOT_READY, 0x04, 0x0C);
 /// SET TARGET PORT GROUPS COMMAND FAILED (ABORTED COMMAND, 67h/0Ah).
 const STPG_FAILED: Sense = Sense::new(crate::sense::ABORTED_COMMAND, 0x67, 0x0A);
 
@@ -31,6 +36,22 @@ const STPG_FAILED: Sense = Sense::new(crate::sense::ABORTED_COMMAND, 0x67, 0x0A)
 /// so that an initiator probing a standby path learns the LU's size.
 pub(crate) fn standby_allows(cdb: Cdb<'_>) -> bool {
     crate::facts::facts(cdb).in_standby
+}
+
+/// Whether a port in `state` answers the command (SPC-4 5.15.2.4, 5.15.2.5), or the sense it
+/// gets instead.
+pub(crate) fn admit(state: crate::AccessState, cdb: Cdb<'_>) -> Result<(), Sense> {
+    use crate::AccessState::*;
+    let f = crate::facts::facts(cdb);
+    match state {
+        ActiveOptimized | ActiveNonOptimized => Ok(()),
+        Standby if f.in_standby => Ok(()),
+        Standby => Err(STANDBY),
+        Unavailable if f.in_unavailable => Ok(()),
+        Unavailable => Err(UNAVAILABLE),
+        Transitioning if f.in_transition => Ok(()),
+        Transitioning => Err(Sense::not_ready_transition()),
+    }
 }
 
 /// SET TARGET PORT GROUPS (MAINTENANCE OUT, service action 0Ah): the only change a gateway

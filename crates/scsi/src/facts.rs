@@ -60,6 +60,12 @@ pub struct Facts {
     pub under_spc2_reservation: bool,
     /// Answered through a port in the standby ALUA state (SPC-4 5.15.2.4.4).
     pub in_standby: bool,
+    /// Answered through a port in the unavailable ALUA state (SPC-4 5.15.2.4.5); implies
+    /// `in_standby`.
+    pub in_unavailable: bool,
+    /// Answered through a port whose ALUA state is transitioning (SPC-4 5.15.2.5); implies
+    /// `in_unavailable`.
+    pub in_transition: bool,
     /// Answered by a unit that is not ready (SPC-4 5.12): it does not need the medium.
     pub when_not_ready: bool,
     /// Neither reports nor clears a pending unit attention (SPC-4 5.14).
@@ -77,6 +83,8 @@ const OTHER: Facts = Facts {
     pr: PrAccess::Write,
     under_spc2_reservation: false,
     in_standby: false,
+    in_unavailable: false,
+    in_transition: false,
     when_not_ready: false,
     keeps_unit_attention: false,
     durability: Durability::None,
@@ -153,11 +161,16 @@ pub fn facts(cdb: Cdb<'_>) -> Facts {
             under_spc2_reservation: true,
             when_not_ready: true,
             keeps_unit_attention: true,
+            in_unavailable: true,
+            in_transition: true,
             ..anywhere
         },
+        // REPORT TARGET PORT GROUPS (and the other reports): how an initiator learns the state.
         MAINTENANCE_IN => Facts {
             under_spc2_reservation: true,
             when_not_ready: true,
+            in_unavailable: true,
+            in_transition: true,
             ..anywhere
         },
         READ_CAPACITY_10 => anywhere,
@@ -191,6 +204,7 @@ pub fn facts(cdb: Cdb<'_>) -> Facts {
         MAINTENANCE_OUT => Facts {
             changes_lu_state: cdb.service_action() == SA_SET_TARGET_PORT_GROUPS,
             in_standby: true,
+            in_unavailable: true,
             durability: Durability::Ownership,
             ..f
         },
@@ -278,6 +292,22 @@ mod tests {
         assert!(!of(&[SERVICE_ACTION_IN_16, SA_GET_LBA_STATUS as u8]).in_standby);
         assert!(!of(&[READ_10, 0]).in_standby);
         assert!(!of(&[TEST_UNIT_READY, 0]).in_standby);
+    }
+
+    #[test]
+    fn each_alua_state_answers_a_subset_of_the_one_before() {
+        for op in 0..=u8::MAX {
+            for sa in [0u8, 0x0A, 0x0C, 0x10] {
+                let f = of(&[op, sa, 0, 0, 0, 0]);
+                assert!(!f.in_transition || f.in_unavailable, "{op:02x}/{sa:02x}");
+                assert!(!f.in_unavailable || f.in_standby, "{op:02x}/{sa:02x}");
+            }
+        }
+        assert!(of(&[INQUIRY, 0]).in_transition);
+        assert!(of(&[MAINTENANCE_OUT, SA_SET_TARGET_PORT_GROUPS as u8]).in_unavailable);
+        assert!(!of(&[MAINTENANCE_OUT, SA_SET_TARGET_PORT_GROUPS as u8]).in_transition);
+        assert!(!of(&[PERSISTENT_RESERVE_IN, 0]).in_unavailable);
+        assert!(!of(&[MODE_SENSE_6, 0]).in_unavailable);
     }
 
     #[test]

@@ -66,6 +66,15 @@ pub struct TargetPort {
 }
 
 impl TargetPort {
+    /// The configured state of this port's own target port group (active/optimized if the
+    /// group list does not name it).
+    pub fn configured_state(&self) -> AccessState {
+        self.groups
+            .iter()
+            .find(|g| g.id == self.group)
+            .map_or(AccessState::ActiveOptimized, |g| g.state)
+    }
+
     /// A target with this one port, in a target port group of its own (same number),
     /// active/optimized.
     pub fn alone(relative_id: u16, name: String, target_name: String) -> TargetPort {
@@ -84,16 +93,25 @@ impl TargetPort {
     }
 }
 
-/// Asymmetric access state of a target port group (SPC-4 5.15.2.2). Only the active states are
-/// offered: every command works through every port, and the state tells multipath initiators
-/// which paths to prefer.
+/// Asymmetric access state of a target port group (SPC-4 5.15.2.4). In the active states every
+/// command works and the state tells multipath initiators which paths to prefer; the others
+/// answer fewer commands each ([`crate::facts::Facts`]: `in_standby`, `in_unavailable`,
+/// `in_transition`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccessState {
     ActiveOptimized,
     ActiveNonOptimized,
     /// Only identification, sense, mode and reservation commands (SPC-4 5.15.2.4.4): the LU
-    /// is owned through another target port group ([`Ownership`]) that cannot be reached.
+    /// is owned through another target port group ([`Ownership`]) that cannot be reached, or
+    /// the operator keeps the group in reserve.
     Standby,
+    /// Only identification, sense and the target port group commands (SPC-4 5.15.2.4.5): the
+    /// operator took the group out of service (maintenance of its network, say).
+    Unavailable,
+    /// Changing between states (SPC-4 5.15.2.5): only identification, sense and REPORT TARGET
+    /// PORT GROUPS; everything else is NOT READY, ASYMMETRIC ACCESS STATE TRANSITION, which
+    /// initiators retry.
+    Transitioning,
 }
 
 /// Explicit ALUA for an LU that several gateways export, each a target port group of the same
@@ -106,6 +124,13 @@ pub trait Ownership: Send + Sync {
     /// Makes `group` (a group of this gateway) the owner, fencing the previous owner so that
     /// nothing it still sends can land; may wait for a cluster (an I/O thread's call).
     fn take(&self, group: u16) -> std::io::Result<()>;
+    /// Whether target port group `group` is on its way to owning the LU (a takeover through it
+    /// is running: fencing the old owner, taking the lock): transitioning, so that its commands
+    /// are retried instead of going to an owner that is being fenced.
+    fn transitioning(&self, group: u16) -> bool {
+        let _ = group;
+        false
+    }
     /// Whether this gateway's groups that do not own the LU are active/non-optimized: a
     /// command that needs the medium is run by the owner ([`Ownership::ship`]) instead of
     /// refused (standby). False while no owner is known.
@@ -168,6 +193,8 @@ impl AccessState {
             AccessState::ActiveOptimized => 0x0,
             AccessState::ActiveNonOptimized => 0x1,
             AccessState::Standby => 0x2,
+            AccessState::Unavailable => 0x3,
+            AccessState::Transitioning => 0xF,
         }
     }
 }

@@ -196,6 +196,7 @@ impl LogicalUnit {
     pub fn access_state(&self, group: u16, configured: crate::AccessState) -> crate::AccessState {
         match self.ownership.get() {
             None => configured,
+            Some(o) if o.transitioning(group) => crate::AccessState::Transitioning,
             Some(o) if o.is_active(group) => crate::AccessState::ActiveOptimized,
             Some(o) if o.non_owners_ship() => crate::AccessState::ActiveNonOptimized,
             Some(_) => crate::AccessState::Standby,
@@ -657,13 +658,22 @@ impl LogicalUnit {
             }
         }
         let mut reach = Reach::Here;
-        if let Some(ownership) = self.ownership.get() {
-            if !ownership.is_active(nexus.target_port.group) && !crate::alua::standby_allows(cdb) {
-                if !ownership.ships() {
-                    return Err(crate::alua::STANDBY.into());
+        match self.ownership.get() {
+            Some(ownership) => {
+                if ownership.transitioning(nexus.target_port.group) {
+                    crate::alua::admit(crate::AccessState::Transitioning, cdb)?;
                 }
-                reach = Reach::Owner;
+                if !ownership.is_active(nexus.target_port.group)
+                    && !crate::alua::standby_allows(cdb)
+                {
+                    if !ownership.ships() {
+                        return Err(crate::alua::STANDBY.into());
+                    }
+                    reach = Reach::Owner;
+                }
             }
+            // Implicit ALUA: the state the configuration gives the port's group.
+            None => crate::alua::admit(nexus.target_port.configured_state(), cdb)?,
         }
         // A shipped command meets the reservations at the owner, as its own initiator port
         // through this gateway's port (Ownership::ship): this gateway's copy may be stale.

@@ -9,10 +9,12 @@ use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use store::BlockStore;
 
-/// Owned by group `owner` (0: nobody); `take` fails while `refuse` is set.
+/// Owned by group `owner` (0: nobody); `take` fails while `refuse` is set; group `moving`
+/// (0: none) is transitioning.
 #[derive(Default)]
 struct FakeOwner {
     owner: AtomicU16,
+    moving: AtomicU16,
     takes: AtomicUsize,
     refuse: std::sync::atomic::AtomicBool,
 }
@@ -20,6 +22,9 @@ struct FakeOwner {
 impl Ownership for FakeOwner {
     fn is_active(&self, group: u16) -> bool {
         self.owner.load(Ordering::SeqCst) == group
+    }
+    fn transitioning(&self, group: u16) -> bool {
+        self.moving.load(Ordering::SeqCst) == group
     }
     fn take(&self, group: u16) -> std::io::Result<()> {
         if self.refuse.load(Ordering::SeqCst) {
@@ -104,7 +109,7 @@ fn the_owner_is_active_optimized_every_other_group_standby() {
     clear_ua(&mut t);
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x0, 0x07), (2, 0x2, 0x07)]
+        vec![(1, 0x0, 0x87), (2, 0x2, 0x87)]
     );
     // TPGS = 11b: implicit and explicit.
     let inquiry = t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
@@ -151,8 +156,48 @@ fn a_standby_group_refuses_what_needs_the_medium_and_answers_the_rest() {
     t.ok(&[0x5E, 0, 0, 0, 0, 0, 0, 0, 255, 0], &[]);
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x0, 0x07), (2, 0x2, 0x07)]
+        vec![(1, 0x0, 0x87), (2, 0x2, 0x87)]
     );
+}
+
+#[test]
+fn a_group_taking_over_is_transitioning_and_asks_for_retries() {
+    let (mut t, fake) = owned(1);
+    t.nexus = gateway_nexus(2, 2);
+    clear_ua(&mut t);
+    fake.moving.store(2, Ordering::SeqCst);
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0x0, 0x87), (2, 0xF, 0x87)]
+    );
+    // Identification, sense and REPORT TARGET PORT GROUPS answer; everything else, SET TARGET
+    // PORT GROUPS and the reservations too, is NOT READY, ASYMMETRIC ACCESS STATE TRANSITION.
+    t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+    t.ok(&[0xA0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+    t.ok(&[0x03, 0, 0, 0, 18, 0], &[]);
+    for cdb in [
+        &read10(0, 1)[..],
+        &[0u8; 6][..],
+        &[0x5E, 0, 0, 0, 0, 0, 0, 0, 255, 0],
+        &[0x1A, 0, 0x3F, 0, 255, 0],
+        &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        &stpg_cdb(8)[..],
+    ] {
+        let data = if cdb[0] == 0xA4 {
+            stpg_list(&[(0x0, 2)])
+        } else {
+            Vec::new()
+        };
+        assert_sense(&t.err(cdb, &data), 0x02, 0x04, 0x0A);
+    }
+    assert_eq!(fake.takes.load(Ordering::SeqCst), 0);
+    // The owner's group is not affected.
+    t.nexus = gateway_nexus(1, 1);
+    clear_ua(&mut t);
+    t.ok(&read10(0, 1), &[]);
+    fake.moving.store(0, Ordering::SeqCst);
+    t.nexus = gateway_nexus(2, 2);
+    assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x0B);
 }
 
 #[test]
@@ -162,7 +207,7 @@ fn nobody_owning_makes_every_group_standby() {
     clear_ua(&mut t);
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x2, 0x07), (2, 0x2, 0x07)]
+        vec![(1, 0x2, 0x87), (2, 0x2, 0x87)]
     );
     assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x0B);
 }
@@ -190,7 +235,7 @@ fn set_target_port_groups_takes_over_through_the_senders_group() {
     assert_eq!(fake.takes.load(Ordering::SeqCst), 1);
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x2, 0x07), (2, 0x0, 0x07)]
+        vec![(1, 0x2, 0x87), (2, 0x0, 0x87)]
     );
     t.ok(&write10(0, 1), &[9u8; 512]);
     // The other nexus is told; the sender is not.
@@ -360,7 +405,7 @@ fn a_non_owner_that_ships_is_active_non_optimized_and_runs_everything_at_the_own
     let (mut t, owner, shipper) = shipping();
     assert_eq!(
         states(&t.ok(&RTPG, &[])),
-        vec![(1, 0x0, 0x07), (2, 0x1, 0x07)]
+        vec![(1, 0x0, 0x87), (2, 0x1, 0x87)]
     );
     // The transport is told to run these off its network threads; the rest stay local.
     for cdb in [&read10(0, 1)[..], &write10(0, 1)[..], &[0u8; 6][..]] {

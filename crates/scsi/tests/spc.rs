@@ -154,7 +154,7 @@ fn two_group_nexus() -> Nexus {
 fn report_target_port_groups_lists_every_group_with_its_state() {
     let mut t = T::new();
     t.nexus = two_group_nexus();
-    let descriptor = |id: u8, state: u8, port: u8| [state, 0x03, 0, id, 0, 0, 0, 1, 0, 0, 0, port];
+    let descriptor = |id: u8, state: u8, port: u8| [state, 0x0F, 0, id, 0, 0, 0, 1, 0, 0, 0, port];
     let mut want = vec![0, 0, 0, 24];
     want.extend_from_slice(&descriptor(1, 0x0, 1));
     want.extend_from_slice(&descriptor(2, 0x1, 2));

@@ -387,13 +387,17 @@ fn check_limit_relations(cx: &mut Cx<'_>, raw: &RawLimits, l: &mut super::Limits
 
 const ALUA_ACTIVE_OPTIMIZED: &str = "active-optimized";
 const ALUA_ACTIVE_NON_OPTIMIZED: &str = "active-non-optimized";
+const ALUA_STANDBY: &str = "standby";
+const ALUA_UNAVAILABLE: &str = "unavailable";
 
 fn alua_state_name(state: AccessState) -> &'static str {
     match state {
         AccessState::ActiveOptimized => ALUA_ACTIVE_OPTIMIZED,
         AccessState::ActiveNonOptimized => ALUA_ACTIVE_NON_OPTIMIZED,
-        // Never configured (only an LU's owner makes a group standby); named for completeness.
-        AccessState::Standby => "standby",
+        AccessState::Standby => ALUA_STANDBY,
+        AccessState::Unavailable => ALUA_UNAVAILABLE,
+        // Never configured (a state between two others); named for completeness.
+        AccessState::Transitioning => "transitioning",
     }
 }
 
@@ -519,11 +523,13 @@ fn portal_alua_state(cx: &mut Cx<'_>, ctx: &str, rg: &RawPortalGroup) -> AccessS
     match v.get_ref().as_str() {
         ALUA_ACTIVE_OPTIMIZED => AccessState::ActiveOptimized,
         ALUA_ACTIVE_NON_OPTIMIZED => AccessState::ActiveNonOptimized,
+        ALUA_STANDBY => AccessState::Standby,
+        ALUA_UNAVAILABLE => AccessState::Unavailable,
         other => {
             cx.err(
                 v.span(),
                 format!("{ctx}: alua_state"),
-                format!("unknown state {other:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\" or \"{ALUA_ACTIVE_NON_OPTIMIZED}\""),
+                format!("unknown state {other:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\", \"{ALUA_ACTIVE_NON_OPTIMIZED}\", \"{ALUA_STANDBY}\" or \"{ALUA_UNAVAILABLE}\""),
             );
             AccessState::ActiveOptimized
         }

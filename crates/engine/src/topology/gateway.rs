@@ -579,6 +579,16 @@ impl Ownership for ImageOwnership {
         self.takes.fetch_add(1, Ordering::AcqRel);
         result
     }
+
+    fn transitioning(&self, group: u16) -> bool {
+        // Odd while a takeover by this gateway runs (SET TARGET PORT GROUPS, `ctl device
+        // take`, or the vigil's).
+        self.takes.load(Ordering::Acquire) % 2 == 1
+            && self
+                .group_gateway
+                .iter()
+                .any(|&(tag, gateway)| tag == group && gateway == self.me)
+    }
 }
 
 impl ImageOwnership {

@@ -160,25 +160,12 @@ ceph_conf = "{conf}"
     /// Like [`Array::path`] with a given ISID (the same ISID and initiator name through the
     /// same portal is the same I_T nexus: a reconnect).
     pub fn path_with_isid(&self, path: usize, initiator: &str, isid: [u8; 6]) -> Path {
-        let mut s = SessionConfig::new(
-            initiator,
-            SessionKind::Normal {
-                target_name: self.iqn.clone(),
-            },
-        );
-        s.command_timeout = Duration::from_secs(60);
-        let mut c = ClientConfig::new(format!("127.0.0.1:{}", self.ports[path]), s);
-        c.session.isid = isid;
-        c.retries = 0;
-        c.retry_unit_attention = false;
-        c.timeouts.login = Duration::from_secs(10);
-        let client = Client::connect(c).unwrap_or_else(|e| {
+        Path::connect(self.ports[path], &self.iqn, initiator, isid).unwrap_or_else(|e| {
             panic!(
                 "{initiator} logs in through path {path}: {e}\n{}",
                 self.output()
             )
-        });
-        Path { client, isid }
+        })
     }
 
     /// Every daemon's log, for a failure message.
@@ -236,6 +223,32 @@ pub struct Path {
 }
 
 impl Path {
+    /// A session of `initiator` with `isid` to LUN 0 of `target` on the loopback `port`.
+    /// Nothing is retried.
+    pub fn connect(
+        port: u16,
+        target: &str,
+        initiator: &str,
+        isid: [u8; 6],
+    ) -> Result<Path, initiator::Error> {
+        let mut s = SessionConfig::new(
+            initiator,
+            SessionKind::Normal {
+                target_name: target.into(),
+            },
+        );
+        s.command_timeout = Duration::from_secs(60);
+        let mut c = ClientConfig::new(format!("127.0.0.1:{port}"), s);
+        c.session.isid = isid;
+        c.retries = 0;
+        c.retry_unit_attention = false;
+        c.timeouts.login = Duration::from_secs(10);
+        Ok(Path {
+            client: Client::connect(c)?,
+            isid,
+        })
+    }
+
     /// Sends `cdb` with `transfer`: the status, sense and Data-In.
     pub fn run(&mut self, cdb: &[u8], transfer: Transfer) -> (u8, Option<(u8, u8, u8)>, Vec<u8>) {
         let r = self

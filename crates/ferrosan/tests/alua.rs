@@ -192,6 +192,11 @@ fn the_banner_names_dialable_addresses() {
 /// A RAM LU served through four portal groups, one per configured state: 1 active/optimized,
 /// 2 active/non-optimized, 3 standby, 4 unavailable. The ports, by group.
 fn four_states() -> (Daemon, [u16; 4]) {
+    four_states_of(&common::open_ram_target(IQN))
+}
+
+/// [`four_states`] with `target` (devices and the target `IQN`) as the rest of the config.
+fn four_states_of(target: &str) -> (Daemon, [u16; 4]) {
     let ports = [free_port(), free_port(), free_port()];
     let mut body = String::new();
     for (tag, port, state) in [
@@ -203,7 +208,7 @@ fn four_states() -> (Daemon, [u16; 4]) {
             "[[portal_group]]\ntag = {tag}\nlisten = [\"127.0.0.1:{port}\"]\nalua_state = \"{state}\"\n"
         ));
     }
-    body.push_str(&common::open_ram_target(IQN));
+    body.push_str(target);
     let daemon = Daemon::start_config(IQN, &body);
     let all = [daemon.port, ports[0], ports[1], ports[2]];
     (daemon, all)
@@ -325,6 +330,55 @@ fn unavailable_answers_identification_sense_and_group_reports_only() {
         "unavailable",
         |name| (!answers.contains(&name)).then_some(0x0C),
     );
+}
+
+/// The states decide before the device is touched: the same answers from a file on disk.
+#[test]
+fn every_state_answers_the_same_on_a_file_on_disk() {
+    let dir = common::disk_dir("alua-disk");
+    let target = common::open_ram_target(IQN).replace(
+        "store = \"ram\"\nsize = \"16M\"",
+        &format!(
+            "store = \"file\"\npath = \"{}\"\nsize = \"16M\"",
+            dir.join("lu.img").display()
+        ),
+    );
+    assert!(target.contains("store = \"file\""), "{target}");
+    let (daemon, ports) = four_states_of(&target);
+    check_state(
+        &mut nexus(ports[0], "iqn.2026-11.org.ferrosan:d0"),
+        "AO",
+        |_| None,
+    );
+    check_state(
+        &mut nexus(ports[1], "iqn.2026-11.org.ferrosan:d1"),
+        "ANO",
+        |_| None,
+    );
+    let medium = [
+        "TEST UNIT READY",
+        "READ (10)",
+        "WRITE (10)",
+        "SYNCHRONIZE CACHE (10)",
+    ];
+    check_state(
+        &mut nexus(ports[2], "iqn.2026-11.org.ferrosan:d2"),
+        "standby",
+        |name| medium.contains(&name).then_some(0x0B),
+    );
+    let answers = [
+        "INQUIRY",
+        "REPORT LUNS",
+        "REQUEST SENSE",
+        "REPORT TARGET PORT GROUPS",
+    ];
+    check_state(
+        &mut nexus(ports[3], "iqn.2026-11.org.ferrosan:d3"),
+        "unavailable",
+        |name| (!answers.contains(&name)).then_some(0x0C),
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -449,17 +503,21 @@ fn rbd_gateways_explicit_alua_moves_the_lu_and_tells_every_other_nexus() {
     );
     // A nexus from before a lost the LU ships nothing (a command it held could land after the
     // new owner's writes): retry, and the session ends (docs/RBD.md); a new one ships.
-    common::array::wait_until("a's old session ends", std::time::Duration::from_secs(10), || {
-        let tur = initiator::scsi::test_unit_ready();
-        match on_a.client.command(tur, Transfer::None) {
-            Err(_) => true,
-            Ok(r) => {
-                let sense = r.sense.map(|s| (s.key, s.asc, s.ascq));
-                assert_eq!((r.status, sense), (0x02, Some((0x02, 0x04, 0x0A))));
-                false
+    common::array::wait_until(
+        "a's old session ends",
+        std::time::Duration::from_secs(10),
+        || {
+            let tur = initiator::scsi::test_unit_ready();
+            match on_a.client.command(tur, Transfer::None) {
+                Err(_) => true,
+                Ok(r) => {
+                    let sense = r.sense.map(|s| (s.key, s.asc, s.ascq));
+                    assert_eq!((r.status, sense), (0x02, Some((0x02, 0x04, 0x0A))));
+                    false
+                }
             }
-        }
-    });
+        },
+    );
     let mut on_a = array.path(0, initiator);
     on_a.settle();
     assert_eq!(on_a.rtpg(), vec![(1, 0x1), (2, 0x0)]);

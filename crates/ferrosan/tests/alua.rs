@@ -222,8 +222,10 @@ fn nexus(port: u16, initiator: &str) -> Path {
     p
 }
 
-/// The commands each state is checked with: name, CDB, Data-Out (None: a Data-In allowance).
-fn commands() -> Vec<(&'static str, Vec<u8>, Option<Vec<u8>>)> {
+/// A command each state is checked with: name, CDB, Data-Out (None: a Data-In allowance).
+type Probe = (&'static str, Vec<u8>, Option<Vec<u8>>);
+
+fn commands() -> Vec<Probe> {
     vec![
         ("TEST UNIT READY", vec![0; 6], None),
         ("INQUIRY", vec![0x12, 0, 0, 0, 96, 0], None),

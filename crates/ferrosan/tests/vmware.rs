@@ -165,7 +165,7 @@ fn vaai_limits(array: &Array) {
     assert!(be32(24) >= 1, "MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT");
     let granularity = be32(28);
     assert!(
-        granularity >= 1 && MIB_BLOCKS % granularity == 0,
+        granularity >= 1 && MIB_BLOCKS.is_multiple_of(granularity),
         "OPTIMAL UNMAP GRANULARITY {granularity} divides 1 MiB"
     );
     let alignment = be32(32) & 0x7FFF_FFFF;

@@ -816,9 +816,18 @@ fn alua_state_is_per_portal_group() {
             (9, scsi::AccessState::ActiveNonOptimized)
         ]
     );
-    let bad = text.replace("\"active-non-optimized\"", "\"standby\"");
-    let e = one_error(&bad, "standby", "alua_state");
+    for (name, state) in [
+        ("standby", scsi::AccessState::Standby),
+        ("unavailable", scsi::AccessState::Unavailable),
+    ] {
+        let c = load(&text.replace("active-non-optimized", name));
+        assert_eq!(c.portal_groups[1].alua_state, state);
+    }
+    // Transitioning is a state between two others, never a configured one.
+    let bad = text.replace("\"active-non-optimized\"", "\"transitioning\"");
+    let e = one_error(&bad, "transitioning", "alua_state");
     assert!(e.message.contains("active-optimized"), "{e}");
+    assert!(e.message.contains("unavailable"), "{e}");
 }
 
 #[test]

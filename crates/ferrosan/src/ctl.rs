@@ -72,6 +72,24 @@ enum Verb {
         #[command(subcommand)]
         what: ChapVerb,
     },
+    /// Portal groups.
+    PortalGroup {
+        #[command(subcommand)]
+        what: PortalGroupVerb,
+    },
+}
+
+#[derive(Subcommand)]
+enum PortalGroupVerb {
+    /// Give portal group TAG the ALUA state STATE (active-optimized, active-non-optimized,
+    /// standby, unavailable), live: every initiator of the targets it serves gets ASYMMETRIC
+    /// ACCESS STATE CHANGED and multipath moves its I/O (not for RBD gateways' groups).
+    Alua {
+        tag: u16,
+        state: String,
+        #[arg(long)]
+        save: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -228,6 +246,9 @@ fn request(verb: &Verb) -> Result<Value, String> {
             json!({"verb": verb, "target": target, "group": group, "initiator": initiator, "save": save})
         }
         Verb::Chap { what } => chap_request(what)?,
+        Verb::PortalGroup {
+            what: PortalGroupVerb::Alua { tag, state, save },
+        } => json!({"verb": "portal-group-alua", "tag": tag, "state": state, "save": save}),
     })
 }
 

@@ -531,3 +531,75 @@ fn rbd_gateways_explicit_alua_moves_the_lu_and_tells_every_other_nexus() {
     assert_eq!(stpg(&mut on_a, 0x0, 1), GOOD);
     assert_eq!(on_a.rtpg(), vec![(1, 0x0), (2, 0x1)]);
 }
+
+/// `ferrosan ctl ARGS` on `socket`: whether it succeeded, and what it printed.
+fn ctl(socket: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
+        .arg("ctl")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("ferrosan ctl");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_live_state_change_tells_every_nexus_and_applies_at_once() {
+    let second = free_port();
+    let scratch = common::Scratch::new("alua-live");
+    let socket = scratch.file("ctl.sock");
+    let daemon = Daemon::start_config_args(
+        IQN,
+        &format!(
+            "[[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:{second}\"]\nalua_state = \"active-non-optimized\"\n{}",
+            common::open_ram_target(IQN)
+        ),
+        &["--control-socket", &socket.display().to_string()],
+    );
+    let mut one = nexus(daemon.port, "iqn.2026-11.org.ferrosan:live1");
+    let mut two = nexus(second, "iqn.2026-11.org.ferrosan:live2");
+    // Maintenance of path 2's network: unavailable.
+    let (ok, text) = ctl(&socket, &["portal-group", "alua", "2", "unavailable"]);
+    assert!(ok, "{text}");
+    for p in [&mut one, &mut two] {
+        assert_eq!(p.answer(&[0; 6], Transfer::None), STATE_CHANGED);
+        assert_eq!(p.rtpg(), vec![(1, 0x0), (2, 0x3)]);
+    }
+    assert_eq!(one.read(0, 1).0, 0);
+    assert_eq!(
+        two.answer(&[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0], read_len(512)),
+        (0x02, Some((0x02, 0x04, 0x0C)))
+    );
+    // Asking for what is so already, an unknown group or state, a bad state: refused, nothing told.
+    assert!(!ctl(&socket, &["portal-group", "alua", "2", "unavailable"]).0);
+    assert!(!ctl(&socket, &["portal-group", "alua", "9", "standby"]).0);
+    assert!(!ctl(&socket, &["portal-group", "alua", "2", "transitioning"]).0);
+    assert_eq!(one.answer(&[0; 6], Transfer::None), GOOD);
+    // Back, optimized this time.
+    let (ok, text) = ctl(&socket, &["portal-group", "alua", "2", "active-optimized"]);
+    assert!(ok, "{text}");
+    assert_eq!(two.answer(&[0; 6], Transfer::None), STATE_CHANGED);
+    assert_eq!(two.rtpg(), vec![(1, 0x0), (2, 0x0)]);
+    assert_eq!(two.read(0, 1).0, 0);
+    // The same through the config file and a reload: group 1 standby.
+    let file = daemon.file("ferrosan.toml");
+    let text = std::fs::read_to_string(&file).expect("config");
+    let text = text.replacen("tag = 1\n", "tag = 1\nalua_state = \"standby\"\n", 1);
+    std::fs::write(
+        &file,
+        text.replace("\"active-non-optimized\"", "\"active-optimized\""),
+    )
+    .expect("config");
+    let (ok, text) = ctl(&socket, &["reload"]);
+    assert!(ok, "{text}");
+    assert_eq!(one.answer(&[0; 6], Transfer::None), STATE_CHANGED);
+    assert_eq!(
+        one.answer(&[0; 6], Transfer::None),
+        (0x02, Some((0x02, 0x04, 0x0B)))
+    );
+    assert_eq!(two.answer(&[0; 6], Transfer::None), STATE_CHANGED);
+    assert_eq!(two.rtpg(), vec![(1, 0x2), (2, 0x0)]);
+}

@@ -3,8 +3,8 @@
 //! target with its state.
 //!
 //! Implicit ALUA (every LU by default): the states are set by configuration (active/optimized,
-//! active/non-optimized, standby, unavailable) and never change while the daemon runs; the
-//! inactive ones refuse what SPC-4 says they refuse ([`admit`]).
+//! active/non-optimized, standby, unavailable), changed by the operator at once (no
+//! transitioning phase); the inactive ones refuse what SPC-4 says they refuse ([`admit`]).
 //!
 //! Explicit ALUA (an LU with an [`crate::Ownership`], e.g. an RBD image several gateways
 //! export): the owner's group is active/optimized, every other standby (commands that need the
@@ -133,7 +133,7 @@ pub(crate) fn report_target_port_groups(
     };
     data_in.extend_from_slice(&[0; 4]); // RETURN DATA LENGTH, filled in below
     if extended {
-        // No implicit transition time: implicit states never change while the daemon runs.
+        // IMPLICIT TRANSITION TIME 0: an operator's change takes effect at once.
         data_in.extend_from_slice(&[EXTENDED_HEADER, 0, 0, 0]);
     }
     for group in nexus.target_port.groups.iter() {

@@ -516,24 +516,26 @@ fn portal_listen(
     listen
 }
 
+/// The ALUA state an operator can give a portal group (`alua_state`, `ctl portal-group alua`),
+/// or the error naming the choices.
+pub fn configured_alua_state(name: &str) -> Result<AccessState, String> {
+    match name {
+        ALUA_ACTIVE_OPTIMIZED => Ok(AccessState::ActiveOptimized),
+        ALUA_ACTIVE_NON_OPTIMIZED => Ok(AccessState::ActiveNonOptimized),
+        ALUA_STANDBY => Ok(AccessState::Standby),
+        ALUA_UNAVAILABLE => Ok(AccessState::Unavailable),
+        other => Err(format!("unknown state {other:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\", \"{ALUA_ACTIVE_NON_OPTIMIZED}\", \"{ALUA_STANDBY}\" or \"{ALUA_UNAVAILABLE}\"")),
+    }
+}
+
 fn portal_alua_state(cx: &mut Cx<'_>, ctx: &str, rg: &RawPortalGroup) -> AccessState {
     let Some(v) = &rg.alua_state else {
         return AccessState::ActiveOptimized;
     };
-    match v.get_ref().as_str() {
-        ALUA_ACTIVE_OPTIMIZED => AccessState::ActiveOptimized,
-        ALUA_ACTIVE_NON_OPTIMIZED => AccessState::ActiveNonOptimized,
-        ALUA_STANDBY => AccessState::Standby,
-        ALUA_UNAVAILABLE => AccessState::Unavailable,
-        other => {
-            cx.err(
-                v.span(),
-                format!("{ctx}: alua_state"),
-                format!("unknown state {other:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\", \"{ALUA_ACTIVE_NON_OPTIMIZED}\", \"{ALUA_STANDBY}\" or \"{ALUA_UNAVAILABLE}\""),
-            );
-            AccessState::ActiveOptimized
-        }
-    }
+    configured_alua_state(v.get_ref()).unwrap_or_else(|message| {
+        cx.err(v.span(), format!("{ctx}: alua_state"), message);
+        AccessState::ActiveOptimized
+    })
 }
 
 /// The address other gateways ship to this portal group's gateway at: specific (not a

@@ -22,6 +22,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub use auth::SourceNet;
+pub use file::configured_alua_state;
 pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
 pub use iscsi::name::IscsiName;
 pub use names::{

@@ -25,6 +25,7 @@ pub const EDIT_VERBS: &[&str] = &[
     "chap-set",
     "device-offline",
     "device-online",
+    "portal-group-alua",
 ];
 
 /// Applies one changing verb to `config` (pure: no effects) and says what it did.
@@ -52,6 +53,7 @@ pub fn edit(
         "device-offline" => set_offline(config, args, true),
         "device-online" => set_offline(config, args, false),
         "chap-set" => chap_set(config, args),
+        "portal-group-alua" => portal_group_alua(config, args),
         other => Err(ControlError::BadRequest(format!("unknown verb {other}"))),
     }
 }
@@ -250,6 +252,38 @@ fn set_offline(
     } else {
         format!("device {name} back online")
     })
+}
+
+/// Gives a portal group another ALUA state (implicit ALUA: not a gateway's group, whose state
+/// follows the RBD image's owner).
+fn portal_group_alua(
+    config: &mut Config,
+    args: &Map<String, Value>,
+) -> Result<String, ControlError> {
+    let tag = number(args, "tag")?;
+    let state = crate::config::configured_alua_state(text(args, "state")?)
+        .map_err(ControlError::BadRequest)?;
+    let group = config
+        .portal_groups
+        .iter_mut()
+        .find(|p| u64::from(p.tag) == tag)
+        .ok_or_else(|| ControlError::NotFound(format!("no portal group {tag}")))?;
+    if let Some(gateway) = &group.gateway {
+        return Err(ControlError::Conflict(format!(
+            "portal group {tag} is gateway {gateway}'s: its state follows the owner of each RBD image (ctl device take)"
+        )));
+    }
+    if group.alua_state == state {
+        return Err(ControlError::Conflict(format!(
+            "portal group {tag} is {} already",
+            text(args, "state")?
+        )));
+    }
+    group.alua_state = state;
+    Ok(format!(
+        "portal group {tag} is now {}",
+        text(args, "state")?
+    ))
 }
 
 fn chap_set(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {

@@ -28,6 +28,8 @@ pub struct Changes {
     /// Targets whose groups, LUN maps, initiators, authentication or sources changed.
     pub targets_changed: Vec<IscsiName>,
     pub discovery_changed: bool,
+    /// Portal groups whose ALUA state changed, with the new state.
+    pub alua_changed: Vec<(u16, scsi::AccessState)>,
 }
 
 impl Changes {
@@ -78,6 +80,11 @@ impl Changes {
         if self.discovery_changed {
             out.push("discovery authentication changed".into());
         }
+        out.extend(
+            self.alua_changed
+                .iter()
+                .map(|(tag, state)| format!("portal group {tag} ALUA state {state:?}")),
+        );
         out
     }
 }
@@ -93,13 +100,14 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
     if old.limits != new.limits {
         refused.push(restart("[limits]"));
     }
-    if old.portal_groups != new.portal_groups {
-        refused.push(restart("[[portal_group]] (listeners, ALUA states)"));
-    }
     let mut changes = Changes {
         discovery_changed: old.discovery != new.discovery,
         ..Changes::default()
     };
+    match alua_changes(old, new) {
+        Some(alua) => changes.alua_changed = alua,
+        None => refused.push(restart("[[portal_group]] (tags, listeners, gateways)")),
+    }
     for d in &new.devices {
         match old.device(&d.name) {
             None => changes.devices_added.push(d.name.clone()),
@@ -187,6 +195,28 @@ pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, Re
     )
 }
 
+/// The portal groups whose ALUA state changed, when nothing else of them did (None: something
+/// else did, which needs a restart: listeners are bound at start).
+fn alua_changes(old: &Config, new: &Config) -> Option<Vec<(u16, scsi::AccessState)>> {
+    if old.portal_groups.len() != new.portal_groups.len() {
+        return None;
+    }
+    let mut changed = Vec::new();
+    for (was, is) in old.portal_groups.iter().zip(&new.portal_groups) {
+        let same_but_state = crate::config::PortalGroup {
+            alua_state: was.alua_state,
+            ..is.clone()
+        };
+        if same_but_state != *was {
+            return None;
+        }
+        if was.alua_state != is.alua_state {
+            changed.push((is.tag, is.alua_state));
+        }
+    }
+    Some(changed)
+}
+
 /// Applies `new` to the running daemon by difference. Everything that can fail (opening added
 /// devices, building the topology) happens before anything is visible: on error nothing
 /// changed, except that a device grown before a later failure stays grown (growing loses
@@ -247,11 +277,34 @@ pub fn apply_with(
     for (name, device) in removed {
         close_when_idle(name, device);
     }
+    announce_alua_changes(&shared.topology(), &changes.alua_changed);
     on_success(shared);
     Ok(Applied {
         generation,
         changes,
     })
+}
+
+/// ASYMMETRIC ACCESS STATE CHANGED for every nexus of every LU a target serves through a
+/// portal group whose state changed (an implicit transition, SPC-4 5.15.2.3): multipath
+/// initiators read REPORT TARGET PORT GROUPS again and move their I/O. Sessions take the new
+/// states with the topology, at their next turn, before they run another command.
+fn announce_alua_changes(topology: &Topology, changed: &[(u16, scsi::AccessState)]) {
+    let mut told: Vec<*const scsi::LogicalUnit> = Vec::new();
+    for target in topology.targets.iter() {
+        if !changed
+            .iter()
+            .any(|(tag, _)| target.portal_groups.contains(tag))
+        {
+            continue;
+        }
+        for unit in &target.units {
+            if !told.contains(&Arc::as_ptr(unit)) {
+                told.push(Arc::as_ptr(unit));
+                unit.access_state_changed(None);
+            }
+        }
+    }
 }
 
 /// Grows the devices a reload resizes, before the topology is published. A failure names
@@ -516,6 +569,30 @@ iqn = "iqn.2026-11.test:t"
         assert!(refused[0].contains("shrinking"), "{refused:?}");
         let ram = config(&BASE.replace("\"16M\"", "\"32M\""));
         assert!(diff(&old, &ram).unwrap_err()[0].contains("RAM"));
+    }
+
+    #[test]
+    fn an_alua_state_changes_live_a_listener_does_not() {
+        let old = config(BASE);
+        let standby = config(&BASE.replace(
+            "listen = [\"127.0.0.1:3260\"]",
+            "listen = [\"127.0.0.1:3260\"]\nalua_state = \"standby\"",
+        ));
+        let c = diff(&old, &standby).unwrap();
+        assert_eq!(c.alua_changed, vec![(1, scsi::AccessState::Standby)]);
+        assert_eq!(c.lines(), vec!["portal group 1 ALUA state Standby"]);
+        assert!(
+            diff(&standby, &old).unwrap().alua_changed
+                == vec![(1, scsi::AccessState::ActiveOptimized)]
+        );
+        let moved = config(&BASE.replace("3260", "3262"));
+        assert!(diff(&old, &moved).unwrap_err()[0].contains("listeners"));
+        // A new state and a new listener at once: refused whole.
+        let both = config(&BASE.replace(
+            "listen = [\"127.0.0.1:3260\"]",
+            "listen = [\"127.0.0.1:3262\"]\nalua_state = \"standby\"",
+        ));
+        assert!(diff(&old, &both).is_err());
     }
 
     #[test]

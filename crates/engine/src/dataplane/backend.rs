@@ -553,12 +553,28 @@ impl Backend<'_> {
         };
         let admitted = next.readmit(&standing, &self.admitted)?;
         let group = admitted.membership().and_then(|m| next.group_of(m));
-        if let Some((_, group)) = group {
+        if let Some((target, group)) = group {
             self.follow_lun_map(group);
+            self.follow_port(target);
         }
         self.admitted = admitted;
         self.topology = next;
         Ok(())
+    }
+
+    /// Takes the session's target port of a newer topology when its ALUA states changed (a
+    /// live `alua_state` change). A shipped nexus keeps its own: its states are the owner's.
+    fn follow_port(&mut self, target: &crate::topology::TargetRuntime) {
+        let Some(nexus) = &mut self.nexus else {
+            return;
+        };
+        match target.ports.get(&self.portal_group_tag) {
+            Some(port) if !nexus.target_port.shipped && port.groups != nexus.target_port.groups => {
+                debug_assert_eq!(port.relative_id, nexus.target_port.relative_id);
+                nexus.target_port = Arc::clone(port);
+            }
+            _ => {}
+        }
     }
 
     /// Takes `group`'s LUN map of a newer topology (the session's own group).

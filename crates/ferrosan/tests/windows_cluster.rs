@@ -1,6 +1,7 @@
 //! What Windows failover clustering's storage validation asks of a LUN, call by call, with two
 //! (or more) cluster nodes as initiator names and each node's paths through both portal groups
-//! — on a RAM LU, a file on disk, and an RBD image behind two gateways (a node on each).
+//! — on a RAM LU, a file on disk, and an RBD image behind two gateways: first every path through
+//! one portal group (one gateway), then the nodes and their paths spread over both.
 //!
 //! The calls are those of [MS-CSVP] (ClusPrep): CprepDiskPRRegister is REGISTER AND IGNORE
 //! EXISTING KEY, CprepDiskPRUnRegister the same with key 0, CprepDiskPRReserve/Release/Clear,
@@ -63,7 +64,7 @@ fn vpd_is_one_disk_on_every_path(array: &Array) {
         assert_eq!(port.2[2..], group.2[2..], "port {path}: one port per group");
         assert_eq!(
             u16::from_be_bytes([group.2[2], group.2[3]]),
-            path as u16 + 1
+            array.portal_of(path) as u16 + 1
         );
         seen.push((serial[4..].to_vec(), naa[0].2.clone()));
     }
@@ -280,13 +281,18 @@ fn reservation_survives_a_path_change(array: &Array) {
     assert_eq!(first.prout(pr::CLEAR, 0, KEY1, 0), GOOD);
 }
 
+/// The whole validation through one portal group (one gateway), then with the nodes and their
+/// paths spread over both.
 fn validate(backing: Backing, tag: &str) {
     let array = Array::start(backing, tag);
-    vpd_is_one_disk_on_every_path(&array);
-    reservation_sequence(&array);
-    disk_arbitration(&array);
-    multiple_arbitration(&array);
-    reservation_survives_a_path_change(&array);
+    for spread in [false, true] {
+        array.spread_paths(spread);
+        vpd_is_one_disk_on_every_path(&array);
+        reservation_sequence(&array);
+        disk_arbitration(&array);
+        multiple_arbitration(&array);
+        reservation_survives_a_path_change(&array);
+    }
 }
 
 #[test]

@@ -40,6 +40,8 @@ pub struct Array {
     pub ports: [u16; 2],
     /// One daemon (RAM, disk) or the gateways `a` and `b` (RBD).
     pub daemons: Vec<Daemon>,
+    /// False: every path goes through portal group 1 (one gateway, for RBD).
+    spread: std::cell::Cell<bool>,
     // Dropped after the daemons: the file and the cluster outlive them.
     scratch: Scratch,
     dir: Option<std::path::PathBuf>,
@@ -57,6 +59,7 @@ impl Array {
             iqn,
             ports,
             daemons: Vec::new(),
+            spread: std::cell::Cell::new(true),
             scratch,
             dir: None,
             cluster: None,
@@ -160,12 +163,29 @@ ceph_conf = "{conf}"
     /// Like [`Array::path`] with a given ISID (the same ISID and initiator name through the
     /// same portal is the same I_T nexus: a reconnect).
     pub fn path_with_isid(&self, path: usize, initiator: &str, isid: [u8; 6]) -> Path {
-        Path::connect(self.ports[path], &self.iqn, initiator, isid).unwrap_or_else(|e| {
-            panic!(
-                "{initiator} logs in through path {path}: {e}\n{}",
-                self.output()
-            )
-        })
+        Path::connect(self.ports[self.portal_of(path)], &self.iqn, initiator, isid).unwrap_or_else(
+            |e| {
+                panic!(
+                    "{initiator} logs in through path {path}: {e}\n{}",
+                    self.output()
+                )
+            },
+        )
+    }
+
+    /// Whether paths 0 and 1 go through portal groups 1 and 2 (true, the default), or both
+    /// through group 1: one gateway for RBD, two sessions through one portal otherwise.
+    pub fn spread_paths(&self, spread: bool) {
+        self.spread.set(spread);
+    }
+
+    /// The portal (0: group 1, 1: group 2) path `path` goes through.
+    pub fn portal_of(&self, path: usize) -> usize {
+        if self.spread.get() {
+            path
+        } else {
+            0
+        }
     }
 
     /// Every daemon's log, for a failure message.

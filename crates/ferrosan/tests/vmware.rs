@@ -289,44 +289,64 @@ fn naa(p: &mut Path) -> Vec<u8> {
     panic!("no NAA designator: {page:02x?}");
 }
 
-/// EXTENDED COPY (LID1) as ESXi's clone sends it: one identification target descriptor (the
-/// LU copies to itself), block-to-block segments of 16 MiB.
-fn vaai_full_copy(array: &Array) {
-    let mut p = host(array, 2, 1);
-    let source = pseudo_random_bytes(16 << 20, 11);
-    fill(&mut p, 0, &source);
-    let id = naa(&mut p);
+/// An EXTENDED COPY (LID1) parameter list as ESXi's clone sends it: one identification target
+/// descriptor naming the LU `id` (it copies to itself), block-to-block segments of
+/// `(blocks, source LBA, destination LBA)`.
+fn xcopy_list(id: &[u8], segments: &[(u16, u64, u64)]) -> Vec<u8> {
     let mut target = vec![0u8; 32];
     target[0] = 0xE4;
     target[4] = 0x01; // binary
     target[5] = 0x03; // LU, NAA
     target[7] = id.len() as u8;
-    target[8..8 + id.len()].copy_from_slice(&id);
+    target[8..8 + id.len()].copy_from_slice(id);
     target[29..32].copy_from_slice(&(BLOCK as u32).to_be_bytes()[1..]);
-    let blocks = 16 * MIB_BLOCKS;
-    let dst = LU_BYTES / BLOCK as u64 / 2;
-    let mut segment = vec![0u8; 28];
-    segment[0] = 0x02; // block to block
-    segment[3] = 0x18;
-    segment[10..12].copy_from_slice(&(blocks as u16).to_be_bytes());
-    segment[20..28].copy_from_slice(&dst.to_be_bytes());
     let mut list = vec![0u8; 16];
     list[1] = 0x18; // no list identifier
     list[2..4].copy_from_slice(&32u16.to_be_bytes());
-    list[8..12].copy_from_slice(&28u32.to_be_bytes());
+    list[8..12].copy_from_slice(&(28 * segments.len() as u32).to_be_bytes());
     list.extend_from_slice(&target);
-    list.extend_from_slice(&segment);
+    for &(blocks, src, dst) in segments {
+        let mut segment = vec![0u8; 28];
+        segment[0] = 0x02; // block to block
+        segment[3] = 0x18;
+        segment[10..12].copy_from_slice(&blocks.to_be_bytes());
+        segment[12..20].copy_from_slice(&src.to_be_bytes());
+        segment[20..28].copy_from_slice(&dst.to_be_bytes());
+        list.extend_from_slice(&segment);
+    }
+    list
+}
+
+fn xcopy(p: &mut Path, list: Vec<u8>) -> (u8, Option<(u8, u8, u8)>) {
     let mut cdb = [0u8; 16];
     cdb[0] = 0x83;
     cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
-    assert_eq!(
-        p.answer(&cdb, Transfer::Write(list)),
-        GOOD,
-        "{}",
-        array.output()
-    );
+    p.answer(&cdb, Transfer::Write(list))
+}
+
+/// VAAI full copy: one 16 MiB segment (the largest `MaxHWTransferSize`), then the default's
+/// four 4 MiB segments in one command; each copy equals its source.
+fn vaai_full_copy(array: &Array) {
+    let mut p = host(array, 2, 1);
+    let source = pseudo_random_bytes(16 << 20, 11);
+    fill(&mut p, 0, &source);
+    let id = naa(&mut p);
+    let blocks = 16 * MIB_BLOCKS;
+    let dst = LU_BYTES / BLOCK as u64 / 2;
+    let one = xcopy_list(&id, &[(blocks as u16, 0, dst)]);
+    assert_eq!(xcopy(&mut p, one), GOOD, "{}", array.output());
     let copy = read_all(&mut p, dst as u32, blocks);
     assert!(copy == source, "the 16 MiB clone differs from its source");
+    let (four_mib, dst) = (4 * u64::from(MIB_BLOCKS), dst + u64::from(blocks));
+    let segments: Vec<_> = (0..4)
+        .map(|i| (four_mib as u16, i * four_mib, dst + i * four_mib))
+        .collect();
+    assert_eq!(xcopy(&mut p, xcopy_list(&id, &segments)), GOOD);
+    let copy = read_all(&mut p, dst as u32, blocks);
+    assert!(
+        copy == source,
+        "the clone in 4 MiB segments differs from its source"
+    );
 }
 
 /// Round robin, one command per path: write through one path, read it back through the other,

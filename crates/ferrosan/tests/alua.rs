@@ -282,6 +282,29 @@ fn check_state(p: &mut Path, state: &str, refused: impl Fn(&str) -> Option<u8>) 
     }
 }
 
+/// What standby refuses (TARGET PORT IN STANDBY STATE, 04h/0Bh): what needs the medium.
+fn standby_refuses(name: &str) -> Option<u8> {
+    let medium = [
+        "TEST UNIT READY",
+        "READ (10)",
+        "WRITE (10)",
+        "SYNCHRONIZE CACHE (10)",
+    ];
+    medium.contains(&name).then_some(0x0B)
+}
+
+/// What unavailable refuses (TARGET PORT IN UNAVAILABLE STATE, 04h/0Ch): all but
+/// identification, sense and the group reports.
+fn unavailable_refuses(name: &str) -> Option<u8> {
+    let answers = [
+        "INQUIRY",
+        "REPORT LUNS",
+        "REQUEST SENSE",
+        "REPORT TARGET PORT GROUPS",
+    ];
+    (!answers.contains(&name)).then_some(0x0C)
+}
+
 #[test]
 fn active_optimized_serves_every_command() {
     let (_daemon, ports) = four_states();
@@ -305,32 +328,20 @@ fn active_non_optimized_serves_every_command() {
 #[test]
 fn standby_answers_identification_sense_mode_reservations_and_capacity_only() {
     let (_daemon, ports) = four_states();
-    let medium = [
-        "TEST UNIT READY",
-        "READ (10)",
-        "WRITE (10)",
-        "SYNCHRONIZE CACHE (10)",
-    ];
     check_state(
         &mut nexus(ports[2], "iqn.2026-11.org.ferrosan:sb"),
         "standby",
-        |name| medium.contains(&name).then_some(0x0B),
+        standby_refuses,
     );
 }
 
 #[test]
 fn unavailable_answers_identification_sense_and_group_reports_only() {
     let (_daemon, ports) = four_states();
-    let answers = [
-        "INQUIRY",
-        "REPORT LUNS",
-        "REQUEST SENSE",
-        "REPORT TARGET PORT GROUPS",
-    ];
     check_state(
         &mut nexus(ports[3], "iqn.2026-11.org.ferrosan:un"),
         "unavailable",
-        |name| (!answers.contains(&name)).then_some(0x0C),
+        unavailable_refuses,
     );
 }
 
@@ -357,27 +368,15 @@ fn every_state_answers_the_same_on_a_file_on_disk() {
         "ANO",
         |_| None,
     );
-    let medium = [
-        "TEST UNIT READY",
-        "READ (10)",
-        "WRITE (10)",
-        "SYNCHRONIZE CACHE (10)",
-    ];
     check_state(
         &mut nexus(ports[2], "iqn.2026-11.org.ferrosan:d2"),
         "standby",
-        |name| medium.contains(&name).then_some(0x0B),
+        standby_refuses,
     );
-    let answers = [
-        "INQUIRY",
-        "REPORT LUNS",
-        "REQUEST SENSE",
-        "REPORT TARGET PORT GROUPS",
-    ];
     check_state(
         &mut nexus(ports[3], "iqn.2026-11.org.ferrosan:d3"),
         "unavailable",
-        |name| (!answers.contains(&name)).then_some(0x0C),
+        unavailable_refuses,
     );
     drop(daemon);
     let _ = std::fs::remove_dir_all(dir);

@@ -3,7 +3,7 @@
 #
 #   1. installs what the tests need when missing (Debian: libiscsi-bin,
 #      qemu-utils, qemu-block-extra, tgt, iperf3, util-linux, mount, e2fsprogs,
-#      prometheus, systemd, tmux;
+#      prometheus, systemd, tmux, qemu-system-x86, mmdebstrap;
 #      apt-get update at most once; a second pass if an install removed one)
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
@@ -11,6 +11,8 @@
 #   4b. scripts/package-test.sh      (the .deb: install, serve, remove, purge)
 #   5. scripts/fuzz-smoke.sh            (every cargo-fuzz target, 15 s each)
 #   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
+#   7. scripts/kernel-iscsi.sh   (a QEMU guest's Linux kernel initiator, open-iscsi and
+#      dm-multipath, against ferrosan: SCSI, ALUA, reservations, failover, restarts)
 #
 # Every step runs even if an earlier one failed, so one run shows everything;
 # the exit status is non-zero if any step failed. Daemons are started only by
@@ -57,6 +59,8 @@ step fuzz-smoke env FUZZ_SECONDS="${FUZZ_SECONDS:-15}" scripts/fuzz-smoke.sh
 CONF_LOG=$ROOT/target/conformance.log
 mkdir -p "$ROOT/target"
 step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 | tee "$0"' "$CONF_LOG"
+# The Linux kernel's initiator in a QEMU guest (docs/CONFORMANCE.md, "Linux kernel initiator").
+step kernel-iscsi scripts/kernel-iscsi.sh
 
 failed=0
 printf '\n==== summary\n'

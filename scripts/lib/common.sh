@@ -24,6 +24,10 @@ FERROSAN_DEPS=(
     "ceph-osd:ceph-osd"
     "ceph-common:rbd"
     "librbd1:-"
+    # scripts/kernel-iscsi.sh: a QEMU guest with the Linux kernel's initiator, built from
+    # Debian's packages (scripts/lib/guest.sh)
+    "qemu-system-x86:qemu-system-x86_64"
+    "mmdebstrap:mmdebstrap"
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }

@@ -52,14 +52,14 @@ impl LogicalUnit {
             if page != 0 {
                 return Err(Sense::invalid_field_in_cdb(2, None));
             }
-            self.standard_inquiry(data_in);
+            self.standard_inquiry(nexus, data_in);
         } else {
             self.vpd_page(nexus, page, data_in)?;
         }
         Ok(finish_data_in(data_in, allocation, cmd.data_in_limit))
     }
 
-    fn standard_inquiry(&self, out: &mut Vec<u8>) {
+    fn standard_inquiry(&self, nexus: &Nexus, out: &mut Vec<u8>) {
         out.push(0x00); // connected direct-access block device
         out.push(0x00); // RMB=0: not removable
         out.push(0x06); // SPC-4
@@ -73,7 +73,10 @@ impl LogicalUnit {
             0x10
         };
         out.push(tpgs | 0x08);
-        out.push(0x00);
+        // MULTIP: the target has more than one port (a portal group each), as a multipath
+        // initiator reaches it.
+        let ports: usize = nexus.target_port.groups.iter().map(|g| g.ports.len()).sum();
+        out.push(if ports > 1 { 0x10 } else { 0x00 });
         out.push(0x02); // CMDQUE
         put_ascii(out, &self.identity.vendor, 8);
         put_ascii(out, &self.identity.product, 16);

@@ -166,6 +166,10 @@ fn report_target_port_groups_lists_every_group_with_its_state() {
     // The allocation length truncates; the length field still tells the whole size.
     assert_eq!(t.ok(&rtpg(0, 6), &[]), want[..6].to_vec());
     assert_eq!(t.ok(&rtpg(0, 0), &[]), Vec::<u8>::new());
+    // Standard INQUIRY: MULTIP, the target has two ports; a one-port target does not say so.
+    assert_eq!(t.ok(&inquiry(false, 0, 96), &[])[6] & 0x10, 0x10);
+    let mut single = T::new();
+    assert_eq!(single.ok(&inquiry(false, 0, 96), &[])[6] & 0x10, 0);
     // VPD 83h names the group of the port the command came through.
     let d = t.ok(&inquiry(true, 0x83, 1024), &[]);
     assert!(

@@ -301,6 +301,9 @@ pub struct Login {
     authenticated: bool,
     auth: Auth,
     failure: Option<AuthFailure>,
+    /// The request (by count) whose response carried the target's answer to the initiator's
+    /// mutual CHAP challenge: the initiator judges it before it sends another.
+    proved_at: Option<usize>,
 }
 
 impl Login {
@@ -321,7 +324,14 @@ impl Login {
             authenticated: false,
             auth: Auth::Start,
             failure: None,
+            proved_at: None,
         }
+    }
+
+    /// Whether the last response carried the target's answer to the initiator's mutual CHAP
+    /// challenge: a login the initiator ends now most likely did not accept the target's secret.
+    pub fn proved_itself(&self) -> bool {
+        self.proved_at == Some(self.requests)
     }
 
     /// Why authentication failed, when the last step failed because of it.
@@ -404,7 +414,10 @@ impl Login {
         negotiator
             .respond(&offers, &mut answers)
             .map_err(|_| LoginStatus::INITIATOR_ERROR)?;
-        if csg == Stage::Operational || next_stage == Some(Stage::Operational) {
+        // Only in the operational stage: Linux's open-iscsi fails a login whose security-stage
+        // response carries an operational key ("can't accept MaxRecvDataSegmentLength in
+        // security stage"), also the one that moves on to the operational stage.
+        if csg == Stage::Operational {
             negotiator.declarations(&mut answers);
         }
 
@@ -835,6 +848,7 @@ impl Login {
             let answer = algorithm.response(peer_id, &target.secret, &peer_challenge);
             answers.push(("CHAP_N".into(), target.user.clone()));
             answers.push(("CHAP_R".into(), chap::encode_hex(&answer)));
+            self.proved_at = Some(self.requests);
         }
         Ok(name.to_string())
     }

@@ -227,6 +227,19 @@ fn mutual_chap_proves_the_target_to_the_initiator() {
         ],
     );
     assert_login_fails(&wrong, &d, "Invalid CHAP_R");
+    // Only the initiator knows; the target says where to look.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !d
+        .output()
+        .contains("right after the target's mutual CHAP answer")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no log line for the refused target:\n{}",
+            d.output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     // And another target name.
     let wrong_name = run_env(
         "iscsi-inq",

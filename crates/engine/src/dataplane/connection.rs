@@ -217,7 +217,9 @@ impl Driver {
         let mut shutdown = shared.shutdown_signal();
         let established = loop {
             let step = tokio::select! {
-                step = self.next_login_step(&mut login, &mut policy) => step?,
+                step = self.next_login_step(&mut login, &mut policy) => {
+                    step.inspect_err(|closed| self.login_abandoned(shared, &login, closed))?
+                }
                 rung = alarm.rung() => {
                     rung.map_err(Closed::timer)?;
                     shared.metrics.limit("login_timeout_s");
@@ -389,6 +391,26 @@ impl Driver {
                 .doors
                 .record_login_failure(self.peer.ip(), Instant::now());
         }
+    }
+
+    /// A login the initiator ended before it completed. Right after the target's answer to a
+    /// mutual CHAP challenge, that is how an initiator refuses the target (open-iscsi logs
+    /// only on its side): said here, so the operator can find the mismatched secret.
+    fn login_abandoned(&self, shared: &Shared, login: &Login, closed: &Closed) {
+        if !login.proved_itself() {
+            return;
+        }
+        let initiator = login
+            .initiator_name()
+            .map_or("(unnamed)", IscsiName::as_str);
+        let target = login.target_name().map_or("(discovery)", IscsiName::as_str);
+        tracing::warn!(
+            peer = %self.peer,
+            initiator,
+            target,
+            "login ended by the initiator right after the target's mutual CHAP answer ({closed}): it most likely does not accept the target's secret (the target's `mutual` secret must be the initiator's secret for the target, open-iscsi's password_in)"
+        );
+        shared.metrics.login("mutual_chap_refused".into());
     }
 
     /// Reads until one login PDU is complete and handles it.

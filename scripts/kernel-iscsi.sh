@@ -35,6 +35,10 @@ GUEST_TIMEOUT=${KERNEL_ISCSI_TIMEOUT:-600}
 IQN=iqn.2026-11.org.ferrosan:kernel-iscsi
 INIT_A=iqn.2026-11.org.ferrosan.guest:node-a
 INIT_B=iqn.2026-11.org.ferrosan.guest:node-b
+# CHAP both ways: the initiators prove themselves (CHAP_USER) and the target proves itself back
+# (mutual, MUTUAL_USER), with the strongest algorithm both sides offer.
+CHAP_USER=guest CHAP_SECRET=kernel-initiator-s3cret
+MUTUAL_USER=ferrosan-kernel-iscsi MUTUAL_SECRET=target-proves-itself-2026
 # Seconds ferrosan stays down in a restart: longer than the guest's replacement_timeout (5 s),
 # so the sessions give up their commands and dm-multipath queues them with no path left.
 RESTART_GAP=8
@@ -102,6 +106,8 @@ thin = true
 [[target]]
 iqn = "$IQN"
 # portal_groups omitted: both
+users = [ { user = "$CHAP_USER", secret = "$CHAP_SECRET" } ]
+mutual = { user = "$MUTUAL_USER", secret = "$MUTUAL_SECRET" }
 
   [[target.group]]
   name = "guest"
@@ -109,6 +115,7 @@ iqn = "$IQN"
   luns = [ { lun = 0, device = "lun0" } ]
 CONFIG
 "$FERROSAN_BIN" check-config "$OUT/ferrosan.toml" >/dev/null
+chmod 0600 "$OUT/ferrosan.toml" # it holds the CHAP secrets
 
 # start_daemon: start ferrosan on the config (its log appended to ferrosan.log) and wait for
 # both portals.
@@ -179,6 +186,10 @@ PORT_OPT=$PORT_OPT
 PORT_NONOPT=$PORT_NONOPT
 INIT_A=$INIT_A
 INIT_B=$INIT_B
+CHAP_USER=$CHAP_USER
+CHAP_SECRET=$CHAP_SECRET
+MUTUAL_USER=$MUTUAL_USER
+MUTUAL_SECRET=$MUTUAL_SECRET
 PARAMS
 
 CONSOLE=$OUT/guest-console.log

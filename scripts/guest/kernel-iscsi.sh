@@ -19,12 +19,14 @@
 #
 # /host/params (written by the host) sets TARGET_IQN, HOST_ADDR, PORT_OPT (portal group 1,
 # active/optimized), PORT_NONOPT (portal group 2, active/non-optimized), INIT_A, INIT_B (the
-# two initiator names).
+# two initiator names), CHAP_USER, CHAP_SECRET (what the initiators prove), MUTUAL_USER,
+# MUTUAL_SECRET (what the target proves back).
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
 source /host/params
 : "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${INIT_A:?}" "${INIT_B:?}"
+: "${CHAP_USER:?}" "${CHAP_SECRET:?}" "${MUTUAL_USER:?}" "${MUTUAL_SECRET:?}"
 REPORT=${REPORT:-/dev/ttyS1}
 # The portals with their target portal group tags (ferrosan's portal groups 1 and 2).
 PORTAL_OPT=$HOST_ADDR:$PORT_OPT,1 PORTAL_NONOPT=$HOST_ADDR:$PORT_NONOPT,2
@@ -39,7 +41,7 @@ FIO_CUT_SIZE=$((40 << 20)) FIO_RESTART_SIZE=$((32 << 20))
 
 # The checks, in order (check_NAME, dashes as underscores, runs each): login, then the SCSI
 # checks on the sd devices, then multipath-map, then those on the multipath device.
-SCSI_CHECKS=(inquiry vpd-di vpd-bl vpd-lbpv rtpg pr-register pr-reserve pr-conflict pr-read-both
+SCSI_CHECKS=(chap-refused inquiry vpd-di vpd-bl vpd-lbpv rtpg pr-register pr-reserve pr-conflict pr-read-both
     pr-preempt pr-release-clear caw-match caw-miscompare write-same write-same-unmap unmap xcopy)
 MP_CHECKS=(multipath-optimized-io failover-cut failback fio-verify-cut
     alua-unavailable alua-optimized-again fio-verify-alua restart-kill fio-verify-restart-kill restart-term fio-verify-restart-term)
@@ -93,13 +95,17 @@ run() {
 # The portal group tag must be given: without it, records of one portal through two ifaces are
 # one record (the second replaces the first).
 node_setup() {
-    local portal=$1 iface=$2 kv
+    local portal=$1 iface=$2 secret=${3:-$CHAP_SECRET} target_secret=${4:-$MUTUAL_SECRET} kv
     # Created by hand, not by discovery: ferrosan's SendTargets lists its 127.0.0.1 listeners,
     # which the guest cannot reach (it sees the host's loopback as 10.0.2.2).
     iscsiadm -m node -o new -T "$TARGET_IQN" -p "$portal" -I "$iface" >/dev/null
+    # Mutual CHAP, the strongest algorithm first (ferrosan prefers SHA3-256 too).
     for kv in node.session.timeo.replacement_timeout=5 node.conn[0].timeo.noop_out_interval=2 \
         node.conn[0].timeo.noop_out_timeout=3 node.conn[0].timeo.login_timeout=5 \
-        node.session.initial_login_retry_max=2; do
+        node.session.initial_login_retry_max=2 node.session.auth.authmethod=CHAP \
+        node.session.auth.chap_algs=SHA3-256,SHA256,SHA1,MD5 \
+        "node.session.auth.username=$CHAP_USER" "node.session.auth.password=$secret" \
+        "node.session.auth.username_in=$MUTUAL_USER" "node.session.auth.password_in=$target_secret"; do
         iscsiadm -m node -T "$TARGET_IQN" -p "$portal" -I "$iface" -o update \
             -n "${kv%%=*}" -v "${kv#*=}"
     done
@@ -170,6 +176,30 @@ check_login() {
     DISK_B=$(wait_disk "$PORT_OPT" nodeb) || fail "no disk on initiator B's session"
     echo "disks: A optimized $DISK_OPT, A non-optimized $DISK_NONOPT, B $DISK_B"
     save "DISK_OPT=$DISK_OPT" "DISK_NONOPT=$DISK_NONOPT" "DISK_B=$DISK_B"
+}
+
+# CHAP refuses: a wrong secret gets no session (the target refuses the initiator), nor does a
+# target that cannot prove itself with the secret the initiator expects (mutual CHAP: the
+# initiator refuses the target). Each through its own iface and node record, removed after.
+check_chap_refused() {
+    local before after case secret target_secret
+    before=$(iscsiadm -m session 2>/dev/null | wc -l)
+    for case in initiator target; do
+        secret=$CHAP_SECRET target_secret=$MUTUAL_SECRET
+        if [[ $case == initiator ]]; then secret=wrong-$CHAP_SECRET; else target_secret=wrong-$MUTUAL_SECRET; fi
+        iscsiadm -m iface -I bad$case -o new >/dev/null
+        iscsiadm -m iface -I bad$case -o update -n iface.transport_name -v tcp >/dev/null
+        iscsiadm -m iface -I bad$case -o update -n iface.initiatorname -v "$INIT_B" >/dev/null
+        node_setup "$PORTAL_OPT" bad$case "$secret" "$target_secret"
+        if node_login "$PORTAL_OPT" bad$case; then
+            fail "a login with a wrong $case secret succeeded"
+        fi
+        echo "a wrong $case secret: login refused, as it must be"
+        iscsiadm -m node -T "$TARGET_IQN" -p "$PORTAL_OPT" -I bad$case -o delete || true
+        iscsiadm -m iface -I bad$case -o delete >/dev/null || true
+    done
+    after=$(iscsiadm -m session 2>/dev/null | wc -l)
+    ((after == before)) || fail "sessions went from $before to $after"
 }
 
 # Standard INQUIRY on both of A's paths: the same vendor and product, and byte 5's TPGS field

@@ -38,11 +38,10 @@ pub(crate) fn standby_allows(cdb: Cdb<'_>) -> bool {
     crate::facts::facts(cdb).in_standby
 }
 
-/// Whether a port in `state` answers the command (SPC-4 5.15.2.4, 5.15.2.5), or the sense it
-/// gets instead.
-pub(crate) fn admit(state: crate::AccessState, cdb: Cdb<'_>) -> Result<(), Sense> {
+/// Whether a port in `state` answers the command whose facts are `f` (SPC-4 5.15.2.4,
+/// 5.15.2.5), or the sense it gets instead.
+pub(crate) fn admit(state: crate::AccessState, f: &crate::facts::Facts) -> Result<(), Sense> {
     use crate::AccessState::*;
-    let f = crate::facts::facts(cdb);
     match state {
         ActiveOptimized | ActiveNonOptimized => Ok(()),
         Standby if f.in_standby => Ok(()),

@@ -651,8 +651,9 @@ impl LogicalUnit {
         read_only_mapping: bool,
     ) -> Result<Reach, Stop> {
         let opcode = cdb.u8(0);
+        let facts = crate::facts::facts(cdb);
         // SPC-4 5.12: a unit that is not ready still answers what does not need its medium.
-        if !crate::facts::facts(cdb).when_not_ready {
+        if !facts.when_not_ready {
             if let Some(sense) = self.not_ready() {
                 return Err(sense.into());
             }
@@ -661,11 +662,9 @@ impl LogicalUnit {
         match self.ownership.get() {
             Some(ownership) => {
                 if ownership.transitioning(nexus.target_port.group) {
-                    crate::alua::admit(crate::AccessState::Transitioning, cdb)?;
+                    crate::alua::admit(crate::AccessState::Transitioning, &facts)?;
                 }
-                if !ownership.is_active(nexus.target_port.group)
-                    && !crate::alua::standby_allows(cdb)
-                {
+                if !ownership.is_active(nexus.target_port.group) && !facts.in_standby {
                     if !ownership.ships() {
                         return Err(crate::alua::STANDBY.into());
                     }
@@ -673,7 +672,7 @@ impl LogicalUnit {
                 }
             }
             // Implicit ALUA: the state the configuration gives the port's group.
-            None => crate::alua::admit(nexus.target_port.configured_state(), cdb)?,
+            None => crate::alua::admit(nexus.target_port.configured_state(), &facts)?,
         }
         // A shipped command meets the reservations at the owner, as its own initiator port
         // through this gateway's port (Ownership::ship): this gateway's copy may be stale.

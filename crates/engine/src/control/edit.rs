@@ -261,8 +261,8 @@ fn portal_group_alua(
     args: &Map<String, Value>,
 ) -> Result<String, ControlError> {
     let tag = number(args, "tag")?;
-    let state = crate::config::configured_alua_state(text(args, "state")?)
-        .map_err(ControlError::BadRequest)?;
+    let name = text(args, "state")?;
+    let state = crate::config::configured_alua_state(name).map_err(ControlError::BadRequest)?;
     let group = config
         .portal_groups
         .iter_mut()
@@ -275,15 +275,11 @@ fn portal_group_alua(
     }
     if group.alua_state == state {
         return Err(ControlError::Conflict(format!(
-            "portal group {tag} is {} already",
-            text(args, "state")?
+            "portal group {tag} is {name} already"
         )));
     }
     group.alua_state = state;
-    Ok(format!(
-        "portal group {tag} is now {}",
-        text(args, "state")?
-    ))
+    Ok(format!("portal group {tag} is now {name}"))
 }
 
 fn chap_set(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {

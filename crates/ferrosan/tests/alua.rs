@@ -531,38 +531,23 @@ fn rbd_gateways_explicit_alua_moves_the_lu_and_tells_every_other_nexus() {
     assert_eq!(on_a.rtpg(), vec![(1, 0x0), (2, 0x1)]);
 }
 
-/// `ferrosan ctl ARGS` on `socket`: whether it succeeded, and what it printed.
-fn ctl(socket: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .arg("ctl")
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("ferrosan ctl");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
-
 #[test]
 fn a_live_state_change_tells_every_nexus_and_applies_at_once() {
     let second = free_port();
-    let scratch = common::Scratch::new("alua-live");
-    let socket = scratch.file("ctl.sock");
+    let ctl = common::Ctl::new();
     let daemon = Daemon::start_config_args(
         IQN,
         &format!(
             "[[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:{second}\"]\nalua_state = \"active-non-optimized\"\n{}",
             common::open_ram_target(IQN)
         ),
-        &["--control-socket", &socket.display().to_string()],
+        &["--control-socket", &ctl.socket.display().to_string()],
     );
     let mut one = nexus(daemon.port, "iqn.2026-11.org.ferrosan:live1");
     let mut two = nexus(second, "iqn.2026-11.org.ferrosan:live2");
     // Maintenance of path 2's network: unavailable.
-    let (ok, text) = ctl(&socket, &["portal-group", "alua", "2", "unavailable"]);
-    assert!(ok, "{text}");
+    let out = ctl.run(&["portal-group", "alua", "2", "unavailable"]);
+    assert!(out.success(), "{}", out.describe());
     for p in [&mut one, &mut two] {
         assert_eq!(p.answer(&[0; 6], Transfer::None), STATE_CHANGED);
         assert_eq!(p.rtpg(), vec![(1, 0x0), (2, 0x3)]);
@@ -573,13 +558,17 @@ fn a_live_state_change_tells_every_nexus_and_applies_at_once() {
         (0x02, Some((0x02, 0x04, 0x0C)))
     );
     // Asking for what is so already, an unknown group or state, a bad state: refused, nothing told.
-    assert!(!ctl(&socket, &["portal-group", "alua", "2", "unavailable"]).0);
-    assert!(!ctl(&socket, &["portal-group", "alua", "9", "standby"]).0);
-    assert!(!ctl(&socket, &["portal-group", "alua", "2", "transitioning"]).0);
+    assert!(!ctl
+        .run(&["portal-group", "alua", "2", "unavailable"])
+        .success());
+    assert!(!ctl.run(&["portal-group", "alua", "9", "standby"]).success());
+    assert!(!ctl
+        .run(&["portal-group", "alua", "2", "transitioning"])
+        .success());
     assert_eq!(one.answer(&[0; 6], Transfer::None), GOOD);
     // Back, optimized this time.
-    let (ok, text) = ctl(&socket, &["portal-group", "alua", "2", "active-optimized"]);
-    assert!(ok, "{text}");
+    let out = ctl.run(&["portal-group", "alua", "2", "active-optimized"]);
+    assert!(out.success(), "{}", out.describe());
     assert_eq!(two.answer(&[0; 6], Transfer::None), STATE_CHANGED);
     assert_eq!(two.rtpg(), vec![(1, 0x0), (2, 0x0)]);
     assert_eq!(two.read(0, 1).0, 0);
@@ -592,8 +581,8 @@ fn a_live_state_change_tells_every_nexus_and_applies_at_once() {
         text.replace("\"active-non-optimized\"", "\"active-optimized\""),
     )
     .expect("config");
-    let (ok, text) = ctl(&socket, &["reload"]);
-    assert!(ok, "{text}");
+    let out = ctl.run(&["reload"]);
+    assert!(out.success(), "{}", out.describe());
     assert_eq!(one.answer(&[0; 6], Transfer::None), STATE_CHANGED);
     assert_eq!(
         one.answer(&[0; 6], Transfer::None),

@@ -196,21 +196,6 @@ ceph_conf = "{conf}"
             .collect::<Vec<_>>()
             .join("\n----\n")
     }
-
-    /// `ferrosan ctl ARGS` on daemon `index`'s control socket.
-    pub fn ctl(&self, index: usize, args: &[&str]) -> std::process::Output {
-        let socket = match self.backing {
-            Backing::Rbd => self
-                .scratch
-                .file(if index == 0 { "a.sock" } else { "b.sock" }),
-            _ => self.scratch.file("ctl.sock"),
-        };
-        std::process::Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-            .args(["ctl", "--socket", &socket.display().to_string()])
-            .args(args)
-            .output()
-            .expect("ferrosan ctl")
-    }
 }
 
 impl Drop for Array {

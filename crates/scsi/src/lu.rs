@@ -555,7 +555,10 @@ impl LogicalUnit {
         match self.admit(nexus, cmd, read_only_mapping) {
             Err(Stop::Ship) => Ok(()),
             Err(stop) => Err(self.completion(Err(stop))),
-            Ok(_) => Err(Completion::check_condition(Sense::not_ready_transition())),
+            Ok(_) => Err(path_check_answer(
+                cmd.cdb.first().copied(),
+                Completion::check_condition(Sense::not_ready_transition()),
+            )),
         }
     }
 
@@ -569,12 +572,13 @@ impl LogicalUnit {
             );
         };
         let limit = cmd.data_in_limit as usize;
+        let opcode = cmd.cdb.first().copied();
         ownership.ship_then(
             nexus,
             cmd,
             Box::new(move |completion, mut data_in| {
                 data_in.truncate(limit);
-                done(completion, data_in)
+                done(path_check_answer(opcode, completion), data_in)
             }),
         );
     }
@@ -588,7 +592,7 @@ impl LogicalUnit {
         data_in.clear();
         let completion = ownership.ship(nexus, cmd, data_in);
         data_in.truncate(cmd.data_in_limit as usize);
-        completion
+        path_check_answer(cmd.cdb.first().copied(), completion)
     }
 
     /// A LOGICAL UNIT RESET through a port that does not own the LU: resets it at the owner
@@ -887,4 +891,18 @@ pub(crate) fn waited(completion: Option<Completion>) -> Completion {
         debug_assert!(false, "a blocking execution never declines to wait");
         Completion::check_condition(Sense::internal_target_failure())
     })
+}
+
+/// The answer to a shipped command, for `opcode`: a TEST UNIT READY the owner could not be
+/// asked (the ship failed, NOT READY, ASYMMETRIC ACCESS STATE TRANSITION: the owner is gone or
+/// changing) is GOOD -- it passed this path's own checks, and this path serves again as soon
+/// as the owner answers or this gateway takes the LU over (commands that need the medium are
+/// retried meanwhile). Path checkers such as multipathd's `tur` count a transition as a dead
+/// path and look again only a checker interval later. Every other answer is the owner's.
+fn path_check_answer(opcode: Option<u8>, completion: Completion) -> Completion {
+    let ship_failed = completion.sense == Some(Sense::not_ready_transition());
+    if opcode == Some(crate::cdb::TEST_UNIT_READY) && ship_failed {
+        return Completion::good(0);
+    }
+    completion
 }

@@ -40,6 +40,9 @@ impl Ownership for FuzzOwner {
     fn is_active(&self, group: u16) -> bool {
         self.owner.load(Ordering::SeqCst) == group
     }
+    fn explicit(&self) -> bool {
+        true
+    }
     fn take(&self, group: u16) -> std::io::Result<()> {
         if self.refuse.load(Ordering::SeqCst) {
             return Err(std::io::Error::other("cluster unreachable"));

@@ -159,8 +159,9 @@ pub struct DeviceLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TakeoverLabel {
     pub device: String,
-    /// `told` (SET TARGET PORT GROUPS, `ferrosan ctl device take`), `owner_gone` (the owner's
-    /// client no longer watched the image), `restart` (this gateway's crashed predecessor).
+    /// `initiator` (SET TARGET PORT GROUPS), `operator` (`ferrosan ctl device take`),
+    /// `owner_gone` (the owner's heartbeat stopped or its client left the cluster), `restart`
+    /// (this gateway's crashed predecessor).
     pub reason: String,
 }
 
@@ -465,8 +466,10 @@ series! {
     gateway_owner: Family<DeviceLabel, Gauge> = "gateway_owner";
     /// 1 for a device whose saved persistent reservations could not be loaded at start: it answers NOT READY, MANUAL INTERVENTION REQUIRED until the file is repaired or removed and the daemon restarted
     device_fenced: Family<DeviceLabel, Gauge> = "device_fenced";
-    /// RBD gateways: times this gateway took the device's image over, by reason (told, owner_gone, restart)
+    /// RBD gateways: times this gateway took the device's image over, by reason (initiator, operator, owner_gone, restart)
     gateway_takeovers: Family<TakeoverLabel, Counter> = "gateway_takeovers";
+    /// RBD gateways: SET TARGET PORT GROUPS through this gateway refused because the image's owner is alive (failback is the operator's)
+    gateway_takeovers_refused: Family<DeviceLabel, Counter> = "gateway_takeovers_refused";
     /// RBD gateways: times this gateway found itself fenced (blocklisted) by another gateway's takeover of the device's image
     gateway_fenced: Family<DeviceLabel, Counter> = "gateway_fenced";
     /// RBD gateways: commands this gateway shipped to the image's owner (they came through a non-optimized path)
@@ -760,6 +763,14 @@ impl Metrics {
             .get_or_create(&TakeoverLabel {
                 device: device.to_owned(),
                 reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn gateway_takeover_refused(&self, device: &str) {
+        self.gateway_takeovers_refused
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
             })
             .inc();
     }

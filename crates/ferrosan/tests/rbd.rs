@@ -139,6 +139,18 @@ fn stpg(c: &mut Client, group: u16) -> (u8, Option<(u8, u8, u8)>) {
     (status, sense)
 }
 
+/// `ferrosan ctl device take vm` on `gateway`: the operator moves the image there (an
+/// initiator's SET TARGET PORT GROUPS never takes it from a live owner).
+fn take(scratch: &Scratch, gateway: &str) {
+    let out = gateway_ctl(scratch, gateway, &["device", "take", "vm"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains(&format!("owned by gateway {gateway}")),
+        "ctl device take on {gateway}: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !done() {
@@ -670,7 +682,7 @@ fn rbd_gateways_fence_on_takeover() {
         late
     });
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(stpg(&mut cb, 2), (0, None));
+    take(&scratch, "b");
     let taken = Instant::now();
     let writes = writer.join().expect("writer");
     assert_eq!(rtpg(&mut cb), vec![(1, 0x2), (2, 0x0)]);
@@ -718,13 +730,9 @@ fn rbd_gateways_fence_on_takeover() {
     );
     let second = pseudo_random_bytes(64 << 10, 2);
     assert_eq!(write10(&mut cb, 0, &second), (0, None));
-    let (status, sense) = stpg(&mut ca, 1);
-    assert_eq!(
-        status,
-        0,
-        "A takes the image back: {sense:?}\n{}",
-        a.output()
-    );
+    take(&scratch, "a");
+    // (Every nexus of A is told: ASYMMETRIC ACCESS STATE CHANGED.)
+    assert_eq!(settle(&mut ca), (0, None));
     let (status, sense, data) = read10(&mut ca, 0, 128);
     assert_eq!(status, 0, "read through A after taking it back: {sense:?}");
     assert!(data == second, "A does not read the data written through B");
@@ -786,24 +794,106 @@ fn rbd_gateways_fence_on_takeover() {
     drop(b);
 }
 
-/// A standby gateway takes an image over by itself once its owner is gone -- hung (SIGSTOP:
-/// the cluster stops hearing from it), crashed (SIGKILL) or cleanly stopped -- for
-/// `gateway_takeover_s`; the hung owner is fenced, so the write it was sent while hung and runs
-/// when it wakes never lands. The OSD drops a silent client's watch after
-/// `osd_client_watch_timeout` (30 s by default, 5 s here).
+/// With `gateway_alua = "explicit"` an initiator's SET TARGET PORT GROUPS through a non-owner
+/// takes the image only from an owner that is not known to be alive (its heartbeat stopped):
+/// a gateway that returns, or a path the initiator activates, never takes the image back from
+/// the one serving it. `gateway_takeover_s = 0`: only the initiator (or the operator) moves it.
+#[test]
+fn rbd_gateways_under_explicit_alua_never_take_from_a_live_owner() {
+    let cluster = TestCluster::start("explicit", 3, "");
+    cluster.rbd(&["create", "--size", "64M", "rbd/explicit"]);
+    let iqn = "iqn.2024-01.dev.ferrosan:explicit";
+    let (port_a, port_b) = (free_port(), free_port());
+    let config = gateways_config(
+        "[server]\ngateway_alua = \"explicit\"\n[limits]\ngateway_takeover_s = 0\n",
+        iqn,
+        "rbd/explicit",
+        &cluster,
+        (port_a, port_b),
+    );
+    let scratch = Scratch::new("explicit");
+    let metrics_b = free_port();
+    let a = start_gateway(iqn, port_a, &config, &scratch, "a", &[]);
+    let metrics = format!("127.0.0.1:{metrics_b}");
+    let b = start_gateway(
+        iqn,
+        port_b,
+        &config,
+        &scratch,
+        "b",
+        &["--metrics-listen", &metrics],
+    );
+    let (a_owns, b_owns) = (vec![(1, 0x0), (2, 0x1)], vec![(1, 0x1), (2, 0x0)]);
+    let mut ca = client(port_a, iqn);
+    let mut cb = client(port_b, iqn);
+    assert_eq!(settle(&mut ca), (0, None));
+    settle(&mut cb);
+    wait_until("B sees A own the image", Duration::from_secs(10), || {
+        rtpg(&mut cb) == a_owns
+    });
+    let (_, _, inquiry) = command(
+        &mut cb,
+        &[0x12, 0, 0, 0, 36, 0],
+        Transfer::Read {
+            len: 36,
+            buf: Vec::new(),
+        },
+    );
+    assert_eq!(inquiry[5] & 0x30, 0x30, "TPGS = 11b");
+    let first = pseudo_random_bytes(64 << 10, 1);
+    assert_eq!(write10(&mut ca, 0, &first), (0, None));
+    // A lives: refused (SET TARGET PORT GROUPS COMMAND FAILED), nothing moves, counted.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(stpg(&mut cb, 2), (0x02, Some((0x0B, 0x67, 0x0A))));
+    assert_eq!(rtpg(&mut cb), a_owns);
+    assert_eq!(rtpg(&mut ca), a_owns);
+    assert_eq!(
+        metric(
+            &scrape(metrics_b),
+            "ferrosan_gateway_takeovers_refused_total{device=\"vm\"}"
+        ),
+        1.0
+    );
+    // A hangs: its heartbeat stops. No takeover by itself (gateway_takeover_s = 0), but the
+    // initiator's request now goes ahead, fencing A.
+    a.signal("STOP");
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(rtpg(&mut cb), a_owns, "B took the image by itself");
+    assert_eq!(stpg(&mut cb, 2), (0, None), "{}", b.output());
+    assert_eq!(rtpg(&mut cb), b_owns);
+    assert!(b.output().contains("fenced"), "{}", b.output());
+    let (status, sense, data) = read10(&mut cb, 0, 128);
+    assert_eq!(status, 0, "read through B: {sense:?}");
+    assert!(data == first, "B does not read what A acknowledged");
+    // A returns, fenced: it follows B, and an initiator activating its path takes nothing.
+    a.signal("CONT");
+    wait_until(
+        "A reconnects after its fence",
+        Duration::from_secs(20),
+        || a.output().contains("reconnected"),
+    );
+    let mut ca = client(port_a, iqn);
+    settle(&mut ca);
+    wait_until("A follows B", Duration::from_secs(10), || {
+        rtpg(&mut ca) == b_owns
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(stpg(&mut ca, 1), (0x02, Some((0x0B, 0x67, 0x0A))));
+    assert_eq!(rtpg(&mut ca), b_owns);
+    assert_eq!(rtpg(&mut cb), b_owns);
+    // The operator may: failback is theirs.
+    take(&scratch, "a");
+    assert_eq!(rtpg(&mut client(port_a, iqn)), a_owns);
+}
+
+/// A standby gateway takes an image over by itself once its owner is gone -- hung (SIGSTOP),
+/// crashed (SIGKILL) or cleanly stopped -- for `gateway_takeover_s`: its heartbeat in the
+/// image stopped (or nobody holds the lock), with the cluster's watch timeout at its default
+/// (30 s), which the heartbeat does not wait for. The hung owner is fenced, so the write it
+/// was sent while hung and runs when it wakes never lands.
 #[test]
 fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
     let cluster = TestCluster::start("auto", 3, "");
-    let out = std::process::Command::new("ceph")
-        .args(["-c", &cluster.conf_str()])
-        .args(["config", "set", "osd", "osd_client_watch_timeout", "5"])
-        .output()
-        .expect("ceph config set");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     cluster.rbd(&["create", "--size", "64M", "rbd/auto"]);
     let iqn = "iqn.2024-01.dev.ferrosan:auto";
     let (port_a, port_b) = (free_port(), free_port());
@@ -875,8 +965,12 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
     let waited = stopped.elapsed();
     eprintln!("B took over {waited:?} after A hung");
     assert!(
-        waited >= Duration::from_secs(6),
-        "B took over {waited:?} after A hung: before the cluster could have dropped A's watch"
+        waited >= Duration::from_secs(2),
+        "B took over {waited:?} after A hung: before the grace ran out"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "B took over {waited:?} after A hung: the heartbeat was not what judged it"
     );
     assert!(b.output().contains("fenced"), "{}", b.output());
     has(metrics_b, "ferrosan_gateway_owner{device=\"vm\"} 1");
@@ -1179,7 +1273,7 @@ fn rbd_gateways_ship_commands_to_the_owner() {
         .and_then(|c| c.result.ok())
         .is_some_and(|r| r.is_unit_attention())
     {}
-    assert_eq!(stpg(&mut cb, 2), (0, None));
+    take(&scratch, "b");
     let b_owns = vec![(1, 0x1), (2, 0x0)];
     wait_until("A follows the takeover", Duration::from_secs(10), || {
         rtpg(&mut client(port_a, iqn)) == b_owns

@@ -614,13 +614,31 @@ impl Image {
     /// Sets the image metadata `key` to `value` only if it still holds `expected` (an absent
     /// key holds ""), atomically in the cluster: one RADOS operation on the image's header
     /// object comparing and setting the omap entry librbd keeps the key in. False when the
-    /// value differed (nothing was written). Unlike [`Image::set_metadata`] it sends the
-    /// image's other clients no header-update notice, which only matters for librbd's own
-    /// `conf_` keys.
+    /// value differed (nothing was written). Like [`Image::put_metadata`] it sends no notice.
     pub fn compare_and_set_metadata(
         &self,
         key: &str,
         expected: &str,
+        value: &str,
+    ) -> Result<bool, Error> {
+        self.write_metadata(key, Some(expected), value)
+    }
+
+    /// Sets the image metadata `key` to `value` with one RADOS write to the image's header
+    /// object. Unlike [`Image::set_metadata`] it sends the image's other clients no
+    /// header-update notice (which only librbd's own `conf_` keys need): that notice waits
+    /// up to 5 s for every watcher's answer, a dead client's included, so a takeover that
+    /// records its owner with it would wait out the client it just fenced.
+    pub fn put_metadata(&self, key: &str, value: &str) -> Result<(), Error> {
+        self.write_metadata(key, None, value).map(|_| ())
+    }
+
+    /// One write operation on the header object's omap entry for `key`, compared with
+    /// `expected` first when given (false: it differed, nothing written).
+    fn write_metadata(
+        &self,
+        key: &str,
+        expected: Option<&str>,
         value: &str,
     ) -> Result<bool, Error> {
         // librbd's layout (cls_rbd): format-2 header object, keys prefixed "metadata_".
@@ -640,14 +658,16 @@ impl Image {
         // SAFETY: `op` is live; every pointer (key, expected, value, the arrays) outlives the
         // synchronous operate call, which copies what it sends; `compared` too.
         let rc = unsafe {
-            (self.api.rados_write_op_omap_cmp)(
-                op,
-                omap_key.as_ptr(),
-                LIBRADOS_CMPXATTR_OP_EQ,
-                expected.as_ptr().cast(),
-                expected.len(),
-                &mut compared,
-            );
+            if let Some(expected) = expected {
+                (self.api.rados_write_op_omap_cmp)(
+                    op,
+                    omap_key.as_ptr(),
+                    LIBRADOS_CMPXATTR_OP_EQ,
+                    expected.as_ptr().cast(),
+                    expected.len(),
+                    &mut compared,
+                );
+            }
             (self.api.rados_write_op_omap_set)(
                 op,
                 keys.as_ptr(),
@@ -666,7 +686,7 @@ impl Image {
             rc
         };
         const ECANCELED: c_int = 125;
-        if rc == -ECANCELED {
+        if rc == -ECANCELED && expected.is_some() {
             return Ok(false);
         }
         check(|| format!("setting metadata {key} of {}", self.name), rc)?;

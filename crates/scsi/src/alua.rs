@@ -6,10 +6,11 @@
 //! active/non-optimized, standby, unavailable), changed by the operator at once (no
 //! transitioning phase); the inactive ones refuse what SPC-4 says they refuse ([`admit`]).
 //!
-//! Explicit ALUA (an LU with an [`crate::Ownership`], e.g. an RBD image several gateways
-//! export): the owner's group is active/optimized, every other standby (commands that need the
-//! medium answer NOT READY, TARGET PORT IN STANDBY STATE), and SET TARGET PORT GROUPS through
-//! a standby group's port takes the LU over (TPGS = 11b).
+//! An LU with an [`crate::Ownership`] (an RBD image several gateways export): the owner's
+//! group is active/optimized, every other active/non-optimized (shipping to the owner) or
+//! standby, transitioning while a takeover through it runs. Implicit unless the ownership is
+//! explicit ([`crate::Ownership::explicit`]: TPGS = 11b), when SET TARGET PORT GROUPS through
+//! a non-owner's port asks the ownership to take the LU over (it may refuse: 67h/0Ah).
 
 use crate::cdb::*;
 use crate::sense::Sense;
@@ -67,7 +68,7 @@ pub(crate) fn set_target_port_groups(
     for byte in [2, 3, 4, 5, 10] {
         check_reserved(cdb, byte, 0)?;
     }
-    let Some(ownership) = lu.ownership() else {
+    let Some(ownership) = lu.ownership().filter(|o| o.explicit()) else {
         return Err(Sense::invalid_opcode());
     };
     let list_len = cdb.be32(6) as usize;

@@ -65,9 +65,9 @@ impl LogicalUnit {
         out.push(0x06); // SPC-4
         out.push(0x12); // HISUP, response data format 2
         out.push((STANDARD_BYTES - 5) as u8);
-        // TPGS = 01b (implicit ALUA) or 11b (and explicit, an LU with an owner); 3PC (EXTENDED
-        // COPY); no SCCS/ACC/PROTECT.
-        let tpgs = if self.ownership().is_some() {
+        // TPGS = 01b (implicit ALUA) or 11b (and explicit, an LU whose owner lets initiators
+        // move it); 3PC (EXTENDED COPY); no SCCS/ACC/PROTECT.
+        let tpgs = if self.ownership().is_some_and(|o| o.explicit()) {
             0x30
         } else {
             0x10

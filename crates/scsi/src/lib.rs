@@ -124,6 +124,12 @@ pub trait Ownership: Send + Sync {
     /// Makes `group` (a group of this gateway) the owner, fencing the previous owner so that
     /// nothing it still sends can land; may wait for a cluster (an I/O thread's call).
     fn take(&self, group: u16) -> std::io::Result<()>;
+    /// Whether initiators may move the LU (explicit ALUA: TPGS = 11b, SET TARGET PORT GROUPS
+    /// calls [`Ownership::take`]); false: implicit only (TPGS = 01b), SET TARGET PORT GROUPS
+    /// is refused as for an LU without an owner, and the owners move the LU themselves.
+    fn explicit(&self) -> bool {
+        false
+    }
     /// Whether target port group `group` is on its way to owning the LU (a takeover through it
     /// is running: fencing the old owner, taking the lock): transitioning, so that its commands
     /// are retried instead of going to an owner that is being fenced.

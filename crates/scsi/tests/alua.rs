@@ -17,6 +17,8 @@ struct FakeOwner {
     moving: AtomicU16,
     takes: AtomicUsize,
     refuse: std::sync::atomic::AtomicBool,
+    /// Implicit only: initiators may not move the LU.
+    implicit: std::sync::atomic::AtomicBool,
 }
 
 impl Ownership for FakeOwner {
@@ -25,6 +27,9 @@ impl Ownership for FakeOwner {
     }
     fn transitioning(&self, group: u16) -> bool {
         self.moving.load(Ordering::SeqCst) == group
+    }
+    fn explicit(&self) -> bool {
+        !self.implicit.load(Ordering::SeqCst)
     }
     fn take(&self, group: u16) -> std::io::Result<()> {
         if self.refuse.load(Ordering::SeqCst) {
@@ -292,6 +297,25 @@ fn set_target_port_groups_refuses_what_it_cannot_do() {
 }
 
 #[test]
+fn under_implicit_ownership_set_target_port_groups_is_not_offered() {
+    let (mut t, fake) = owned(1);
+    fake.implicit.store(true, Ordering::SeqCst);
+    t.nexus = gateway_nexus(2, 2);
+    clear_ua(&mut t);
+    // TPGS = 01b: implicit only; the states and their supported bits as under explicit.
+    let inquiry = t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
+    assert_eq!(inquiry[5] & 0x30, 0x10);
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0x0, 0x87), (2, 0x2, 0x87)]
+    );
+    let list = stpg_list(&[(0x0, 2)]);
+    assert_sense(&t.err(&stpg_cdb(8), &list), 0x05, 0x20, 0x00);
+    assert_eq!(fake.takes.load(Ordering::SeqCst), 0);
+    assert!(fake.is_active(1));
+}
+
+#[test]
 fn without_an_owner_set_target_port_groups_is_not_offered() {
     let mut t = T::new();
     t.nexus = gateway_nexus(1, 1);
@@ -312,6 +336,9 @@ struct Shipper {
     shipped: AtomicUsize,
     resets: AtomicUsize,
     reservation_pokes: AtomicUsize,
+    /// The owner cannot be reached: every ship fails as the engine's does (NOT READY,
+    /// ASYMMETRIC ACCESS STATE TRANSITION).
+    owner_gone: std::sync::atomic::AtomicBool,
 }
 
 impl Shipper {
@@ -362,6 +389,9 @@ impl Ownership for Shipper {
         data_in: &mut Vec<u8>,
     ) -> scsi::Completion {
         self.shipped.fetch_add(1, Ordering::SeqCst);
+        if self.owner_gone.load(Ordering::SeqCst) {
+            return scsi::Completion::check_condition(scsi::Sense::not_ready_transition());
+        }
         let peer = self.peer(nexus);
         self.owner_lu.execute(&peer, cmd, data_in)
     }
@@ -391,6 +421,7 @@ fn shipping() -> (T, T, Arc<Shipper>) {
         shipped: AtomicUsize::new(0),
         resets: AtomicUsize::new(0),
         reservation_pokes: AtomicUsize::new(0),
+        owner_gone: Default::default(),
     });
     let mut t = T::new();
     t.lu.set_ownership(shipper.clone());
@@ -838,4 +869,24 @@ fn a_read_only_mapping_changes_nothing_others_see_of_the_lu() {
     let c = run(&read_write, &standby, &stpg, &list);
     assert_eq!(c.status, scsi::Status::Good, "{:?}", c.sense);
     assert_eq!(fake.takes.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_path_check_through_a_non_owner_is_good_while_the_owner_cannot_be_asked() {
+    let (mut t, owner, shipper) = shipping();
+    // Shipped while the owner answers: its answer (here GOOD), its unit attentions included.
+    t.ok(&[0u8; 6], &[]);
+    owner.lu.logical_unit_reset(0);
+    assert_sense(&t.err(&[0u8; 6], &[]), 0x06, 0x29, 0x03);
+    // The owner gone (a takeover about to happen): TEST UNIT READY says this path is ready,
+    // what needs the medium is retried (NOT READY, ASYMMETRIC ACCESS STATE TRANSITION).
+    shipper.owner_gone.store(true, Ordering::SeqCst);
+    let shipped = shipper.shipped.load(Ordering::SeqCst);
+    t.ok(&[0u8; 6], &[]);
+    assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x0A);
+    assert_eq!(shipper.shipped.load(Ordering::SeqCst), shipped + 2);
+    // This path's own checks still answer first: a unit attention here is reported.
+    t.lu.logical_unit_reset(0);
+    assert_sense(&t.err(&[0u8; 6], &[]), 0x06, 0x29, 0x03);
+    t.ok(&[0u8; 6], &[]);
 }

@@ -59,6 +59,7 @@ struct RawServer {
     control_socket_group: Option<S<String>>,
     gateway: Option<S<String>>,
     gateway_standby: Option<S<bool>>,
+    gateway_alua: Option<S<String>>,
     device_roots: Option<S<Vec<S<String>>>>,
 }
 
@@ -233,6 +234,17 @@ fn resolve_server(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) -> 
     }
     if let Some(standby) = &s.gateway_standby {
         server.gateway_standby = *standby.get_ref();
+    }
+    if let Some(alua) = &s.gateway_alua {
+        match alua.get_ref().as_str() {
+            "implicit" => server.gateway_alua_explicit = false,
+            "explicit" => server.gateway_alua_explicit = true,
+            _ => cx.err(
+                alua.span(),
+                "server: gateway_alua",
+                "\"implicit\" (the gateways move an image; the default) or \"explicit\" (initiators may move it too, with SET TARGET PORT GROUPS)",
+            ),
+        }
     }
     server_roots_and_group(cx, s, server);
     identity_seed
@@ -968,6 +980,9 @@ fn server_toml(out: &mut String, server: &ServerConfig) {
     }
     if server.gateway_standby {
         let _ = writeln!(out, "gateway_standby = true");
+    }
+    if server.gateway_alua_explicit {
+        let _ = writeln!(out, "gateway_alua = \"explicit\"");
     }
     if let Some(group) = &server.control_socket_group {
         let _ = writeln!(out, "control_socket_group = {}", q(group));

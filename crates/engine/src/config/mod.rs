@@ -83,6 +83,11 @@ pub struct ServerConfig {
     /// Gateways that do not own an RBD image refuse what needs its medium (standby) instead
     /// of shipping it to the owner (active/non-optimized, the default; docs/RBD.md).
     pub gateway_standby: bool,
+    /// `gateway_alua = "explicit"`: the gateways report explicit ALUA too (TPGS = 11b) and an
+    /// initiator's SET TARGET PORT GROUPS may take an image from an owner that is not known to
+    /// be alive. Implicit only (the default): the gateways alone move images, and Linux's ALUA
+    /// handler sends no SET TARGET PORT GROUPS when it activates a path.
+    pub gateway_alua_explicit: bool,
     /// Directories (and device paths) that `file` and `block` devices must lie in, symlinks
     /// resolved; empty: any path the daemon can open.
     pub device_roots: Vec<PathBuf>,
@@ -100,6 +105,7 @@ impl Default for ServerConfig {
             control_socket_group: None,
             gateway: None,
             gateway_standby: false,
+            gateway_alua_explicit: false,
             device_roots: Vec::new(),
         }
     }
@@ -264,10 +270,12 @@ limits! {
     /// Microseconds a worker with nothing to do polls its connections before it sleeps, when
     /// its last idle stretch was no longer (adaptive busy polling); 0 = off.
     busy_poll_us: u32 = 50, 0, 1_000;
-    /// Seconds an RBD image's owner gateway must be gone -- its cluster client no longer
-    /// watching the image, or nobody holding the lock -- before a standby gateway takes the
-    /// image over by itself (fencing it); 0 = only SET TARGET PORT GROUPS or `ferrosan ctl`.
-    gateway_takeover_s: u32 = 10, 0, 3_600;
+    /// Seconds an RBD image's owner gateway may be silent -- its heartbeat in the image not
+    /// moving, or nobody holding the lock -- before another gateway takes the image over by
+    /// itself (fencing it); an owner whose cluster client left the cluster is taken over after
+    /// 2 s. 0 = never by itself: only `ferrosan ctl device take` (or, with explicit ALUA, an
+    /// initiator while the owner is silent).
+    gateway_takeover_s: u32 = 5, 0, 3_600;
     /// Microseconds, plus 0.8 per KiB, a buffered write to a disk-backed device may take before
     /// it counts as a stall, moving that device's buffered writes off the network workers for a
     /// second; 0 = always run them off the workers.

@@ -149,6 +149,7 @@ impl DeviceContext {
                         .collect(),
                     takeover_after: Duration::from_secs(config.limits.gateway_takeover_s.into()),
                     standby: config.server.gateway_standby,
+                    explicit: config.server.gateway_alua_explicit,
                     portals: config
                         .portal_groups
                         .iter()

@@ -1,17 +1,26 @@
 //! RBD gateways: several ferrosan daemons export one image, each as a target port group of the
-//! same target (explicit ALUA, see `scsi::alua`). The gateway that owns the image holds RBD's
-//! exclusive lock and is active/optimized; the others are standby. Taking the image over
-//! (SET TARGET PORT GROUPS through a standby gateway's port) breaks the owner's lock, which
-//! blocklists the owner's client in the cluster first: nothing the old owner still has in
-//! flight or sends later can land after the takeover. The owner's name is recorded in the
-//! image's metadata so that every gateway reports the same states. A standby also takes the
-//! image over by itself when the cluster stops hearing from the owner's client (its watch on
-//! the image gone) for `gateway_takeover_s`: implicit ALUA, for initiators that never move it.
+//! same target. The gateway that owns the image holds RBD's exclusive lock and is
+//! active/optimized; the others are active/non-optimized (they ship commands to the owner) or
+//! standby. The owner writes a heartbeat into the image's metadata every second; a non-owner
+//! takes the image over by itself when the owner falls silent or the cluster stops hearing
+//! from its client (`policy`), breaking the owner's lock, which blocklists the owner's client
+//! in the cluster first: nothing the old owner still has in flight or sends later can land
+//! after the takeover. The owner's name is recorded in the image's metadata so that every
+//! gateway reports the same states. ALUA is implicit by default (the gateways move the image,
+//! initiators follow); with `gateway_alua = "explicit"` an initiator's SET TARGET PORT GROUPS
+//! takes the image only from an owner that is not known to be alive.
 
-use scsi::{LogicalUnit, Ownership, PrPersistence};
+mod policy;
+mod reservations;
+
+use policy::BEAT_INTERVAL;
+pub use reservations::{ImageReservations, RESERVATIONS_KEY};
+
+use policy::{Asker, Doubt, OwnerVigil, Sight, Vigil};
+use scsi::{LogicalUnit, Ownership};
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use store::RbdStore;
 
@@ -21,147 +30,12 @@ use store::RbdStore;
 /// lock by that holder.
 pub const OWNER_KEY: &str = "ferrosan.alua_owner";
 
-/// What the owner key holds.
-#[derive(Debug, PartialEq, Eq)]
-struct OwnerRecord<'a> {
-    gateway: &'a str,
-    /// The lock holder it recorded; absent in records written before holders were kept.
-    holder: Option<&'a str>,
-}
-
-fn parse_owner(value: &str) -> Option<OwnerRecord<'_>> {
-    let value = value.trim();
-    if value.is_empty() {
-        return None;
-    }
-    Some(match value.split_once(char::is_whitespace) {
-        Some((gateway, holder)) => OwnerRecord {
-            gateway,
-            holder: Some(holder.trim()).filter(|h| !h.is_empty()),
-        },
-        None => OwnerRecord {
-            gateway: value,
-            holder: None,
-        },
-    })
-}
-/// What a standby gateway makes of one look at the image: is the client holding its lock
-/// (the owner gateway's) still heard from by the cluster?
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum OwnerSeen {
-    /// The holder watches the image: the owner lives (or several clients hold the lock, which
-    /// is no lock a gateway took: never acted on).
-    Present,
-    /// The lock is held by a client that no longer watches the image: dead, or cut off from the
-    /// cluster for longer than the OSDs' watch timeout.
-    Gone { holder: String },
-    /// Nobody holds the lock (the owner closed the image: a clean shutdown).
-    Unlocked,
-}
-
-fn judge(holders: &[String], watchers: &[String]) -> OwnerSeen {
-    match holders {
-        [] => OwnerSeen::Unlocked,
-        [holder] => {
-            let address = rbd::plain_address(holder);
-            if watchers.iter().any(|w| rbd::plain_address(w) == address) {
-                OwnerSeen::Present
-            } else {
-                OwnerSeen::Gone {
-                    holder: holder.clone(),
-                }
-            }
-        }
-        _ => OwnerSeen::Present,
-    }
-}
-
-/// What a standby does after a look.
-#[derive(Debug, PartialEq, Eq)]
-enum Vigil {
-    /// Nothing (the owner is present, or has not been gone long enough).
-    Wait,
-    /// The owner was just seen gone: worth a log line.
-    Noticed,
-    /// Gone for the whole grace: take the image (fencing this holder, if any).
-    Take(OwnerSeen),
-}
-
-/// A standby's patience: the owner must be seen gone -- the same holder absent, or the lock
-/// free -- on every look for `grace` before the image is taken over. Zero: never.
-#[derive(Debug)]
-struct OwnerVigil {
-    grace: Duration,
-    gone_since: Option<(OwnerSeen, Instant)>,
-}
-
-impl OwnerVigil {
-    fn new(grace: Duration) -> OwnerVigil {
-        OwnerVigil {
-            grace,
-            gone_since: None,
-        }
-    }
-
-    fn look(&mut self, seen: OwnerSeen, now: Instant) -> Vigil {
-        if self.grace.is_zero() || seen == OwnerSeen::Present {
-            self.gone_since = None;
-            return Vigil::Wait;
-        }
-        match &self.gone_since {
-            Some((before, since)) if *before == seen => {
-                if now.saturating_duration_since(*since) >= self.grace {
-                    self.gone_since = None;
-                    Vigil::Take(seen)
-                } else {
-                    Vigil::Wait
-                }
-            }
-            _ => {
-                self.gone_since = Some((seen, now));
-                Vigil::Noticed
-            }
-        }
-    }
-
-    /// Forgets what was seen (the cluster did not answer, a takeover failed): the grace starts
-    /// over.
-    fn reset(&mut self) {
-        self.gone_since = None;
-    }
-}
-
-/// How long a gateway keeps its last view of an image's owner while it cannot look (the
-/// cluster refused or did not answer): a single slow or failed call under load must not flap
-/// every initiator's path state (each flip is a unit attention, and a non-owner that knows no
-/// owner answers NOT READY instead of shipping). Keeping the view is safe: the fence, not this
-/// view, keeps a stale owner's writes out.
-pub const BLIND_GRACE: Duration = Duration::from_secs(3);
+/// The image metadata key the owner's heartbeat is written under (`HOLDER COUNT`, every
+/// [`BEAT_INTERVAL`], without librbd's header-update notice).
+pub const HEARTBEAT_KEY: &str = "ferrosan.alua_heartbeat";
 
 /// errno of a blocklisted (fenced) client's calls.
 const ESHUTDOWN: i32 = 108;
-
-/// How long a gateway has been unable to see who owns an image.
-#[derive(Debug, Default)]
-struct Sight {
-    /// When the first look of the current run of failed looks began.
-    failing_since: Option<Instant>,
-}
-
-impl Sight {
-    /// A look succeeded.
-    fn seen(&mut self) {
-        self.failing_since = None;
-    }
-
-    /// The look begun at `started` failed at `now`: whether to give up the last view (the
-    /// looks have failed for [`BLIND_GRACE`] since the first of them began, or this gateway
-    /// was fenced, which it must act on at once).
-    fn failed(&mut self, started: Instant, now: Instant, fenced: bool) -> bool {
-        let since = *self.failing_since.get_or_insert(started);
-        fenced || now.saturating_duration_since(since) >= BLIND_GRACE
-    }
-}
 
 /// How often a gateway looks at who owns its images (ownership moved by another gateway is
 /// reported within this, plus the cluster's answer time).
@@ -177,6 +51,8 @@ pub struct Gateways {
     pub takeover_after: Duration,
     /// `gateway_standby`: a non-owner refuses what needs the medium instead of shipping it.
     pub standby: bool,
+    /// `gateway_alua = "explicit"`: initiators may move the image (SET TARGET PORT GROUPS).
+    pub explicit: bool,
     /// Every gateway's portal addresses (concrete ones: a wildcard cannot be connected to).
     pub portals: Vec<(String, Vec<String>)>,
 }
@@ -200,7 +76,15 @@ pub struct ImageOwnership {
     owner: AtomicU32,
     /// Counts takeovers by this gateway, twice each (odd while one runs): an observation made
     /// while one ran is stale.
-    takes: std::sync::atomic::AtomicU64,
+    takes: AtomicU64,
+    /// Whether the owner is known to be alive, as this gateway's last look judged it (true
+    /// while this gateway owns the image or has not judged yet).
+    owner_alive: AtomicBool,
+    /// The lock holder this gateway recorded with its name (its data connection, as librbd
+    /// names it): what its heartbeat names.
+    holder: Mutex<Option<String>>,
+    /// `gateway_alua = "explicit"`.
+    explicit: bool,
     /// How long the owner must be gone before this gateway, standby, takes the image over by
     /// itself (`gateway_takeover_s`; zero: only when told).
     takeover_after: Duration,
@@ -285,7 +169,10 @@ impl ImageOwnership {
             group_gateway,
             me,
             owner: AtomicU32::new(0),
-            takes: std::sync::atomic::AtomicU64::new(0),
+            takes: AtomicU64::new(0),
+            owner_alive: AtomicBool::new(true),
+            holder: Mutex::new(None),
+            explicit: settings.explicit,
             takeover_after,
             metrics,
         }))
@@ -323,7 +210,7 @@ impl ImageOwnership {
     /// The recorded owner (an index in `gateways`) and its lock holder as recorded.
     fn recorded(&self) -> Result<(Option<usize>, Option<String>), rbd::Error> {
         let recorded = self.observer.metadata(OWNER_KEY)?.unwrap_or_default();
-        let Some(record) = parse_owner(&recorded) else {
+        let Some(record) = policy::parse_owner(&recorded) else {
             return Ok((None, None));
         };
         let index = self.gateways.iter().position(|g| g == record.gateway);
@@ -334,11 +221,56 @@ impl ImageOwnership {
     /// gateway's data connection: it holds the lock now).
     fn record_self(&self, image: &rbd::Image) -> Result<(), rbd::Error> {
         let me = &self.gateways[self.me];
-        let value = match image.lock_owners()?.as_slice() {
-            [holder] => format!("{me} {holder}"),
-            _ => me.clone(),
+        let holder = match image.lock_owners()?.as_slice() {
+            [holder] => Some(holder.clone()),
+            _ => None,
         };
-        image.set_metadata(OWNER_KEY, &value)
+        let value = match &holder {
+            Some(holder) => format!("{me} {holder}"),
+            None => me.clone(),
+        };
+        // Without librbd's header-update notice: it would wait for the fenced client's answer.
+        image.put_metadata(OWNER_KEY, &value)?;
+        *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = holder;
+        Ok(())
+    }
+
+    /// The owner's heartbeat, every [`BEAT_INTERVAL`] on a thread of its own while this
+    /// gateway owns the image (through its data connection: a fenced owner's beat stops with
+    /// its writes); ends when the LU is gone. A non-owner that sees it stop takes the image.
+    fn beat(self: &Arc<Self>, lu: &Arc<LogicalUnit>) {
+        let me = Arc::clone(self);
+        let lu: Weak<LogicalUnit> = Arc::downgrade(lu);
+        let spawned = std::thread::Builder::new()
+            .name("ferrosan-beat".into())
+            .spawn(move || {
+                let mut count = 0u64;
+                let mut failing = false;
+                while lu.strong_count() > 0 {
+                    std::thread::sleep(BEAT_INTERVAL);
+                    let holder = me.holder.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let Some(holder) = holder.filter(|_| me.owns_here()) else {
+                        continue;
+                    };
+                    count = count.wrapping_add(1);
+                    let value = policy::beat_value(&holder, count);
+                    let written = me
+                        .store
+                        .image()
+                        .and_then(|image| image.put_metadata(HEARTBEAT_KEY, &value));
+                    match written {
+                        Ok(()) => failing = false,
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::warn!(device = %me.device, "cannot write this owner's heartbeat for {}: {e} (other gateways take the image over if it stays silent)", me.observer.name());
+                        }
+                        Err(_) => {}
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(device = %self.device, "cannot start the owner's heartbeat: {e}");
+        }
     }
 
     /// Who owns the image now, as the cluster says: this gateway while it holds the lock,
@@ -411,6 +343,7 @@ impl ImageOwnership {
     /// Follows the owner every [`FOLLOW_INTERVAL`] on a thread of its own, raising ASYMMETRIC
     /// ACCESS STATE CHANGED when it moves; ends when the LU is gone.
     pub fn follow(self: &Arc<Self>, lu: &Arc<LogicalUnit>) {
+        self.beat(lu);
         let me = Arc::clone(self);
         let lu: Weak<LogicalUnit> = Arc::downgrade(lu);
         let spawned = std::thread::Builder::new()
@@ -488,6 +421,12 @@ impl ImageOwnership {
         if nexus.target_port.shipped || nexus.id < self.ship_floor.load(Ordering::Acquire) {
             return None;
         }
+        // An owner whose heartbeat stopped may be hung: a command shipped to it would wait for
+        // the peer timeout; NOT READY, transition now has the initiator retry, here once this
+        // gateway took over.
+        if !self.owner_alive.load(Ordering::Acquire) {
+            return None;
+        }
         match (&self.link, self.owner_index()) {
             (Some(link), Some(owner)) if owner != self.me => Some((link, owner)),
             _ => None,
@@ -563,21 +502,12 @@ impl Ownership for ImageOwnership {
             && self.owner_index() != Some(self.me)
     }
 
+    fn explicit(&self) -> bool {
+        self.explicit
+    }
+
     fn take(&self, group: u16) -> io::Result<()> {
-        if !self
-            .group_gateway
-            .iter()
-            .any(|&(tag, gateway)| tag == group && gateway == self.me)
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("target port group {group} is not this gateway's"),
-            ));
-        }
-        self.takes.fetch_add(1, Ordering::AcqRel);
-        let result = self.take_over();
-        self.takes.fetch_add(1, Ordering::AcqRel);
-        result
+        self.take_for(group, Asker::Initiator)
     }
 
     fn transitioning(&self, group: u16) -> bool {
@@ -602,7 +532,7 @@ impl ImageOwnership {
             .map(|&(tag, _)| tag)
             .ok_or_else(|| io::Error::other("this gateway serves no portal group"))?;
         if !self.is_active(group) {
-            self.take(group)?;
+            self.take_for(group, Asker::Operator)?;
             lu.access_state_changed(None);
         }
         Ok(&self.gateways[self.me])
@@ -628,47 +558,43 @@ impl ImageOwnership {
         }
     }
 
-    /// A standby's look at the owner: when the client holding the image's lock has not watched
-    /// the image for `takeover_after` (or nobody has held the lock that long), this gateway
-    /// takes the image over, fencing exactly that client. Initiators that never send SET
-    /// TARGET PORT GROUPS (ESXi's default SATP, implicit ALUA) need the array to do this.
+    /// A non-owner's look at the owner (`policy::OwnerVigil`): when the owner's heartbeat
+    /// stopped for `takeover_after`, the cluster stopped hearing from its client, or nobody
+    /// held the image for `takeover_after`, this gateway takes the image over, fencing exactly
+    /// that client. Initiators do not move the image under implicit ALUA (the default): the
+    /// gateways must. Also keeps `owner_alive` for the initiators' takeovers and for shipping.
     fn keep_vigil(&self, vigil: &mut OwnerVigil, lu: &LogicalUnit) {
-        if self.takeover_after.is_zero() {
-            return;
-        }
         // Through the observer connection: it keeps working after this gateway's data
         // connection was fenced.
-        let seen = self
-            .observer
-            .lock_owners()
-            .and_then(|holders| Ok(judge(&holders, &self.observer.watchers()?)));
-        let seen = match seen {
-            Ok(seen) => seen,
+        let observer = &self.observer;
+        let looked = observer.lock_owners().and_then(|holders| {
+            let seen = policy::judge(&holders, &observer.watchers()?);
+            Ok((seen, observer.metadata(HEARTBEAT_KEY)?))
+        });
+        let (seen, beat) = match looked {
+            Ok(looked) => looked,
             Err(e) => {
-                tracing::debug!(device = %self.device, "cannot tell whether the owner of {} lives: {e}", self.observer.name());
+                // Keeps the last judgement of `owner_alive`: no takeover on a failed look.
+                tracing::debug!(device = %self.device, "cannot tell whether the owner of {} lives: {e}", observer.name());
                 vigil.reset();
                 return;
             }
         };
-        let after = self.takeover_after.as_secs();
-        match vigil.look(seen, Instant::now()) {
+        let now = Instant::now();
+        let vigil_said = vigil.look(seen, beat.as_deref(), now);
+        self.owner_alive
+            .store(vigil.owner_alive(now), Ordering::Release);
+        match vigil_said {
             Vigil::Wait => {}
-            Vigil::Noticed => match self.owner_name() {
-                Some(owner) => {
-                    tracing::warn!(device = %self.device, "the cluster no longer hears from gateway {owner}'s client (the owner of {}): taking it over in {after} s unless it returns", self.observer.name())
-                }
-                None => {
-                    tracing::warn!(device = %self.device, "nobody holds {}: taking it over in {after} s unless another gateway does", self.observer.name())
-                }
-            },
-            Vigil::Take(seen) => {
+            Vigil::Noticed(doubt) => self.log_doubt(doubt),
+            Vigil::Take(fence) => {
                 self.takes.fetch_add(1, Ordering::AcqRel);
-                let taken = self.take_from(&seen);
+                let taken = self.take_from(fence.as_deref());
                 self.takes.fetch_add(1, Ordering::AcqRel);
                 match taken {
                     Ok(()) => lu.access_state_changed(None),
                     Err(e) => {
-                        tracing::error!(device = %self.device, "taking {} over from its gone owner: {e}", self.observer.name());
+                        tracing::error!(device = %self.device, "taking {} over from its gone owner: {e}", observer.name());
                         vigil.reset();
                     }
                 }
@@ -676,18 +602,42 @@ impl ImageOwnership {
         }
     }
 
+    fn log_doubt(&self, doubt: Doubt) {
+        let after = self.takeover_after.as_secs();
+        let image = self.observer.name();
+        let owner = self.owner_name().unwrap_or("none");
+        let then = if after == 0 {
+            "not taking it over (gateway_takeover_s = 0)".to_string()
+        } else {
+            format!("taking it over in {after} s unless it returns")
+        };
+        match doubt {
+            Doubt::Gone => {
+                tracing::warn!(device = %self.device, "the cluster no longer hears from gateway {owner}'s client (the owner of {image}): taking it over in {} s unless it returns", policy::GONE_CONFIRM.min(self.takeover_after).as_secs())
+            }
+            Doubt::Silent => {
+                tracing::warn!(device = %self.device, "gateway {owner}'s heartbeat for {image} stopped: {then}")
+            }
+            Doubt::Unlocked => {
+                tracing::warn!(device = %self.device, "nobody holds {image}: {then}")
+            }
+        }
+    }
+
     /// Takes the image whose owner was judged gone: breaks exactly the lock of the client seen
-    /// gone (blocklisting it first; librbd refuses if the lock has moved since), then locks.
-    fn take_from(&self, seen: &OwnerSeen) -> Result<(), rbd::Error> {
+    /// gone or silent (blocklisting it first; librbd refuses if the lock has moved since),
+    /// then locks.
+    fn take_from(&self, fence: Option<&str>) -> Result<(), rbd::Error> {
         let image = self.store.image()?;
-        if let OwnerSeen::Gone { holder } = seen {
+        let started = Instant::now();
+        if let Some(holder) = fence {
             image.break_lock(holder)?;
             tracing::warn!(device = %self.device, "fenced {holder}: blocklisted, its lock of {} broken", image.name());
         }
         image.lock_exclusive()?;
         self.record_self(&image)?;
         self.set_owner(Some(self.me));
-        tracing::warn!(device = %self.device, "gateway {} took {} over from its gone owner (active/optimized)", self.gateways[self.me], image.name());
+        tracing::warn!(device = %self.device, "gateway {} took {} over from its gone owner (active/optimized) in {} ms", self.gateways[self.me], image.name(), started.elapsed().as_millis());
         self.metrics.gateway_takeover(&self.device, "owner_gone");
         Ok(())
     }
@@ -702,7 +652,37 @@ impl ImageOwnership {
         self.owner_index().map(|i| self.gateways[i].as_str())
     }
 
-    fn take_over(&self) -> io::Result<()> {
+    /// Takes the image for `asker` if the policy allows (`policy::may_take`): an initiator
+    /// only from an owner not known to be alive.
+    fn take_for(&self, group: u16, asker: Asker) -> io::Result<()> {
+        if !self
+            .group_gateway
+            .iter()
+            .any(|&(tag, gateway)| tag == group && gateway == self.me)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("target port group {group} is not this gateway's"),
+            ));
+        }
+        let alive = self.owner_alive.load(Ordering::Acquire) && self.owner_index().is_some();
+        if !policy::may_take(asker, alive) {
+            let owner = self.owner_name().unwrap_or("none");
+            tracing::info!(device = %self.device, "SET TARGET PORT GROUPS through group {group} refused: gateway {owner} owns {} and is alive (failback is the operator's: ferrosan ctl device take)", self.observer.name());
+            self.metrics.gateway_takeover_refused(&self.device);
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("gateway {owner} owns the image and is alive"),
+            ));
+        }
+        self.takes.fetch_add(1, Ordering::AcqRel);
+        let result = self.take_over(asker);
+        self.takes.fetch_add(1, Ordering::AcqRel);
+        result
+    }
+
+    fn take_over(&self, asker: Asker) -> io::Result<()> {
+        let started = Instant::now();
         let image = self.store.image().map_err(store::rbd::io_error)?;
         let fail = |e: rbd::Error| {
             tracing::error!(device = %self.device, "taking {} over: {e}", image.name());
@@ -719,234 +699,12 @@ impl ImageOwnership {
         let me = &self.gateways[self.me];
         self.record_self(&image).map_err(fail)?;
         self.set_owner(Some(self.me));
-        tracing::warn!(device = %self.device, "gateway {me} took {} over (active/optimized)", image.name());
-        self.metrics.gateway_takeover(&self.device, "told");
+        let (reason, by) = match asker {
+            Asker::Initiator => ("initiator", "SET TARGET PORT GROUPS"),
+            Asker::Operator => ("operator", "ctl device take"),
+        };
+        tracing::warn!(device = %self.device, "gateway {me} took {} over (active/optimized; {by}) in {} ms", image.name(), started.elapsed().as_millis());
+        self.metrics.gateway_takeover(&self.device, reason);
         Ok(())
-    }
-}
-
-/// An RBD image's persistent reservations, kept in the image's metadata (through the observer
-/// connection, which a fenced gateway keeps): every gateway reads them before each PERSISTENT
-/// RESERVE command and the owner follows them once a second, so the registrations an initiator
-/// made through one gateway hold on all of them and survive a takeover. APTPL is kept too.
-pub struct ImageReservations {
-    observer: Arc<rbd::Image>,
-    medium: String,
-    device: String,
-    /// The stored text the last PERSISTENT RESERVE command loaded ("" when none): its save
-    /// replaces exactly that, or is refused. (The core loads and saves under the LU's
-    /// reservation lock, so this is the command's own load.)
-    loaded: std::sync::Mutex<Option<String>>,
-}
-
-/// The image metadata key holding the reservations (the TOML of a reservation file).
-pub const RESERVATIONS_KEY: &str = "ferrosan.persistent_reservations";
-
-impl ImageReservations {
-    pub fn new(observer: Arc<rbd::Image>, device: &str) -> Arc<ImageReservations> {
-        Arc::new(ImageReservations {
-            medium: format!("rbd:{}", observer.name()),
-            observer,
-            device: device.to_string(),
-            loaded: std::sync::Mutex::new(None),
-        })
-    }
-
-    fn stored_text(&self) -> io::Result<Option<String>> {
-        self.observer
-            .metadata(RESERVATIONS_KEY)
-            .map_err(store::rbd::io_error)
-    }
-
-    fn parse(&self, text: &str) -> io::Result<scsi::PersistentReservations> {
-        crate::topology::state::reservations_from_text(text, &self.medium).map_err(|e| {
-            tracing::error!(device = %self.device, "persistent reservations in the image: {e}");
-            io::Error::new(io::ErrorKind::InvalidData, e)
-        })
-    }
-
-    /// The reservations as stored now, for following them (leaves the PERSISTENT RESERVE
-    /// commands' compare-and-set alone).
-    pub fn current(&self) -> io::Result<Option<scsi::PersistentReservations>> {
-        match self.stored_text()? {
-            Some(text) => self.parse(&text).map(Some),
-            None => Ok(None),
-        }
-    }
-}
-
-impl PrPersistence for ImageReservations {
-    /// Saves over the text the command loaded, atomically: another gateway's save in between
-    /// (two PERSISTENT RESERVE OUTs through two gateways at once) makes this one
-    /// [`scsi::SaveRefused::Conflict`], and the core runs the command again on the new state.
-    fn save(&self, state: &scsi::PersistentReservations) -> io::Result<()> {
-        let text = crate::topology::state::reservations_to_text(state, &self.medium)?;
-        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(expected) = loaded.take() else {
-            // Nothing loaded first (the core always loads a shared state): load, run again.
-            return Err(scsi::SaveRefused::Conflict.error());
-        };
-        match self
-            .observer
-            .compare_and_set_metadata(RESERVATIONS_KEY, &expected, &text)
-        {
-            Ok(true) => {
-                *loaded = Some(text);
-                Ok(())
-            }
-            Ok(false) => {
-                tracing::info!(device = %self.device, "persistent reservations changed through another gateway meanwhile: the PERSISTENT RESERVE OUT runs again");
-                Err(scsi::SaveRefused::Conflict.error())
-            }
-            Err(e) => {
-                tracing::error!(device = %self.device, "cannot save persistent reservations in the image: {e}; the PERSISTENT RESERVE OUT fails");
-                Err(store::rbd::io_error(e))
-            }
-        }
-    }
-
-    fn shared(&self) -> bool {
-        true
-    }
-
-    fn load(&self) -> io::Result<Option<scsi::PersistentReservations>> {
-        let text = self.stored_text();
-        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        *loaded = None;
-        let Some(text) = text? else {
-            *loaded = Some(String::new());
-            return Ok(None);
-        };
-        let state = self.parse(&text)?;
-        *loaded = Some(text);
-        Ok(Some(state))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn names(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn a_gateway_keeps_its_view_of_the_owner_through_brief_blindness() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut sight = Sight::default();
-        // Quick failures, one look a second: the view is kept until the first failed look
-        // began BLIND_GRACE ago.
-        assert!(!sight.failed(at(0), at(10), false));
-        assert!(!sight.failed(at(1000), at(1010), false));
-        assert!(!sight.failed(at(2000), at(2010), false));
-        assert!(sight.failed(at(3000), at(3010), false));
-        // A success starts the count over.
-        sight.seen();
-        assert!(!sight.failed(at(4000), at(4010), false));
-        assert!(!sight.failed(at(5000), at(6999), false));
-        assert!(sight.failed(at(6000), at(7000), false));
-        // One look that hung for the whole grace (a cluster gone: calls time out) is enough.
-        sight.seen();
-        assert!(sight.failed(
-            at(10_000),
-            at(10_000 + BLIND_GRACE.as_millis() as u64),
-            false
-        ));
-        // Fenced: at once.
-        sight.seen();
-        assert!(sight.failed(at(20_000), at(20_001), true));
-        // A clock that seems to run back counts as no time.
-        let mut sight = Sight::default();
-        assert!(!sight.failed(at(5000), at(4000), false));
-    }
-
-    #[test]
-    fn an_owner_is_gone_when_its_lock_holder_no_longer_watches_the_image() {
-        let holder = "127.0.0.1:0/1001";
-        let watchers = names(&["v2:127.0.0.1:0/1001", "127.0.0.1:0/2002"]);
-        assert_eq!(judge(&names(&[holder]), &watchers), OwnerSeen::Present);
-        assert_eq!(
-            judge(&names(&[holder]), &names(&["127.0.0.1:0/2002"])),
-            OwnerSeen::Gone {
-                holder: holder.to_string()
-            }
-        );
-        assert_eq!(
-            judge(&names(&[holder]), &[]),
-            OwnerSeen::Gone {
-                holder: holder.to_string()
-            }
-        );
-        // A nonce is part of the name: a restarted client on the same address is another.
-        assert_eq!(
-            judge(&names(&[holder]), &names(&["127.0.0.1:0/10011"])),
-            OwnerSeen::Gone {
-                holder: holder.to_string()
-            }
-        );
-        assert_eq!(judge(&[], &watchers), OwnerSeen::Unlocked);
-        // Shared locks are not a gateway's: never acted on.
-        assert_eq!(
-            judge(&names(&[holder, "127.0.0.1:0/3"]), &[]),
-            OwnerSeen::Present
-        );
-    }
-
-    #[test]
-    fn a_standby_takes_over_only_after_the_owner_was_gone_for_the_whole_grace() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let gone = |h: &str| OwnerSeen::Gone {
-            holder: h.to_string(),
-        };
-        let mut vigil = OwnerVigil::new(10 * s);
-        assert_eq!(vigil.look(OwnerSeen::Present, t0), Vigil::Wait);
-        assert_eq!(vigil.look(gone("a"), t0 + s), Vigil::Noticed);
-        assert_eq!(vigil.look(gone("a"), t0 + 10 * s), Vigil::Wait);
-        // Back before the grace ran out: the count starts over.
-        assert_eq!(vigil.look(OwnerSeen::Present, t0 + 11 * s), Vigil::Wait);
-        assert_eq!(vigil.look(gone("a"), t0 + 12 * s), Vigil::Noticed);
-        assert_eq!(vigil.look(gone("a"), t0 + 21 * s), Vigil::Wait);
-        assert_eq!(vigil.look(gone("a"), t0 + 22 * s), Vigil::Take(gone("a")));
-        // Taken (or failed): a new grace for whatever is seen next.
-        assert_eq!(vigil.look(gone("a"), t0 + 23 * s), Vigil::Noticed);
-        // Another holder gone is another owner: its own grace.
-        assert_eq!(vigil.look(gone("b"), t0 + 40 * s), Vigil::Noticed);
-        assert_eq!(vigil.look(OwnerSeen::Unlocked, t0 + 50 * s), Vigil::Noticed);
-        assert_eq!(
-            vigil.look(OwnerSeen::Unlocked, t0 + 60 * s),
-            Vigil::Take(OwnerSeen::Unlocked)
-        );
-        // A failed takeover or a cluster that did not answer: the grace starts over.
-        vigil.look(gone("c"), t0 + 70 * s);
-        vigil.reset();
-        assert_eq!(vigil.look(gone("c"), t0 + 90 * s), Vigil::Noticed);
-        // Zero: never by itself.
-        let mut never = OwnerVigil::new(Duration::ZERO);
-        assert_eq!(never.look(gone("a"), t0), Vigil::Wait);
-        assert_eq!(never.look(gone("a"), t0 + 1000 * s), Vigil::Wait);
-    }
-
-    #[test]
-    fn the_owner_record_names_the_gateway_and_its_lock_holder() {
-        assert_eq!(
-            parse_owner("gw-a 10.0.0.5:0/3052916102"),
-            Some(OwnerRecord {
-                gateway: "gw-a",
-                holder: Some("10.0.0.5:0/3052916102")
-            })
-        );
-        // Written before holders were kept: the gateway alone.
-        assert_eq!(
-            parse_owner(" gw-b\n"),
-            Some(OwnerRecord {
-                gateway: "gw-b",
-                holder: None
-            })
-        );
-        assert_eq!(parse_owner(""), None);
-        assert_eq!(parse_owner("   "), None);
     }
 }

@@ -68,7 +68,7 @@ pub(crate) fn set_target_port_groups(
     for byte in [2, 3, 4, 5, 10] {
         check_reserved(cdb, byte, 0)?;
     }
-    let Some(ownership) = lu.ownership().filter(|o| o.explicit()) else {
+    let Some(ownership) = lu.ownership().filter(|_| lu.explicit_alua()) else {
         return Err(Sense::invalid_opcode());
     };
     let list_len = cdb.be32(6) as usize;

@@ -67,11 +67,7 @@ impl LogicalUnit {
         out.push((STANDARD_BYTES - 5) as u8);
         // TPGS = 01b (implicit ALUA) or 11b (and explicit, an LU whose owner lets initiators
         // move it); 3PC (EXTENDED COPY); no SCCS/ACC/PROTECT.
-        let tpgs = if self.ownership().is_some_and(|o| o.explicit()) {
-            0x30
-        } else {
-            0x10
-        };
+        let tpgs = if self.explicit_alua() { 0x30 } else { 0x10 };
         out.push(tpgs | 0x08);
         // MULTIP: the target has more than one port (a portal group each), as a multipath
         // initiator reaches it.

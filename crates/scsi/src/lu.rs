@@ -439,8 +439,15 @@ impl LogicalUnit {
         opcodes::Offered {
             thin: self.settings.thin,
             spc2_reservations: self.spc2_reservations.load(Ordering::Relaxed),
-            explicit_alua: self.ownership.get().is_some(),
+            explicit_alua: self.explicit_alua(),
         }
+    }
+
+    /// Whether initiators may move this LU (explicit ALUA: TPGS = 11b, SET TARGET PORT GROUPS
+    /// offered): an LU whose owner says so. INQUIRY, the opcode table and SET TARGET PORT
+    /// GROUPS ask here.
+    pub(crate) fn explicit_alua(&self) -> bool {
+        self.ownership.get().is_some_and(|o| o.explicit())
     }
 
     /// Offers SPC-2 RESERVE/RELEASE (6) and (10), off by default: they work (conflicts, release

@@ -194,6 +194,9 @@ impl ImageOwnership {
             // Raised before the new owner is visible: no command can ship in between.
             self.ship_floor
                 .store(crate::topology::nexus::next_id(), Ordering::Release);
+            // No heartbeat in this gateway's name from here on (a fenced gateway's new
+            // connection must not write one for the client it lost).
+            *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         self.owner.swap(new, Ordering::AcqRel) != new
     }

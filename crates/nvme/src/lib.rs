@@ -1,0 +1,11 @@
+//! The NVMe over TCP core (NVMe/TCP transport specification 1.0, NVMe base and fabrics
+//! specifications 2.0), sans I/O in the style of the `iscsi` crate: bytes and time in, actions
+//! out, every rule unit-tested and fuzzed. Byte order on the wire is little-endian throughout.
+//!
+//! This crate holds the PDU framing (`pdu`) and the queue entries (`sqe`). The controller, the
+//! subsystems and the engine's listener are built on it; until they are, ferrosan serves no
+//! NVMe/TCP (docs/ARCHITECTURE.md says so).
+#![forbid(unsafe_code)]
+
+pub mod pdu;
+pub mod sqe;

@@ -2,10 +2,12 @@
 //! specifications 2.0), sans I/O in the style of the `iscsi` crate: bytes and time in, actions
 //! out, every rule unit-tested and fuzzed. Byte order on the wire is little-endian throughout.
 //!
-//! This crate holds the PDU framing (`pdu`) and the queue entries (`sqe`). The controller, the
+//! This crate holds the PDU framing (`pdu`), the queue entries (`sqe`) and the Fabrics commands
+//! with the controller's properties (`fabrics`). The controller, the
 //! subsystems and the engine's listener are built on it; until they are, ferrosan serves no
 //! NVMe/TCP (docs/ARCHITECTURE.md says so).
 #![forbid(unsafe_code)]
 
+pub mod fabrics;
 pub mod pdu;
 pub mod sqe;

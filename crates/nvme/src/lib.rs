@@ -2,12 +2,13 @@
 //! specifications 2.0), sans I/O in the style of the `iscsi` crate: bytes and time in, actions
 //! out, every rule unit-tested and fuzzed. Byte order on the wire is little-endian throughout.
 //!
-//! This crate holds the PDU framing (`pdu`), the queue entries (`sqe`) and the Fabrics commands
-//! with the controller's properties (`fabrics`). The controller, the
-//! subsystems and the engine's listener are built on it; until they are, ferrosan serves no
-//! NVMe/TCP (docs/ARCHITECTURE.md says so).
+//! This crate holds the PDU framing (`pdu`), the queue entries (`sqe`), the Fabrics commands
+//! with the controller's properties (`fabrics`) and the Identify data (`identify`). The
+//! controller's queues, the subsystems and the engine's listener are built on it; until they
+//! are, ferrosan serves no NVMe/TCP (docs/ARCHITECTURE.md, *NVMe/TCP*).
 #![forbid(unsafe_code)]
 
 pub mod fabrics;
+pub mod identify;
 pub mod pdu;
 pub mod sqe;

@@ -1,7 +1,8 @@
 //! NVMe/TCP PDU framing: `nvme::pdu::frame` on arbitrary bytes and receiver settings (every
 //! accepted frame's lengths must add up and stay within the receiver's limit; the PDU-specific
-//! parsers must take whatever the frame lets through), and the round trip of the PDUs the
-//! controller builds.
+//! parsers, the I/O command decoder and Connect must take whatever the frame lets through, and a
+//! Connect that parses re-encodes to itself), and the round trip of the PDUs the controller
+//! builds.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -96,6 +97,24 @@ fn raw(accept: &Accept, mut bytes: &[u8]) {
             PduType::CapsuleCmd => {
                 let sqe = Sqe::from_slice(&header[CH_LEN..]).expect("64 bytes");
                 let _ = (sqe.data_pointer(), sqe.cid(), sqe.fctype(), sqe.cdw(10));
+                let data = &pdu[f.data_offset.max(f.hlen)..f.len];
+                if let Ok(cmd) = nvme::nvm::IoCommand::decode(&sqe) {
+                    let _ = cmd.data_out_len(4096);
+                    let _ = (
+                        nvme::nvm::dsm_ranges(data),
+                        nvme::nvm::reservation_keys(data),
+                    );
+                }
+                if sqe.fctype() == nvme::fabrics::fctype::CONNECT {
+                    if let Ok(c) = nvme::fabrics::Connect::parse(&sqe, data) {
+                        // What parses re-encodes to what was parsed.
+                        assert_eq!(
+                            nvme::fabrics::Connect::parse(&c.sqe(sqe.cid()), &c.data()),
+                            Ok(c)
+                        );
+                    }
+                }
+                let _ = nvme::fabrics::property(&sqe);
             }
             PduType::CapsuleResp => {
                 let raw: [u8; CQE_LEN] = header[CH_LEN..].try_into().expect("16 bytes");

@@ -13,6 +13,8 @@
 #   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
 #   7. scripts/kernel-iscsi.sh   (a QEMU guest's Linux kernel initiator, open-iscsi and
 #      dm-multipath, against ferrosan: SCSI, ALUA, reservations, failover, restarts)
+#   8. scripts/kernel-gateways.sh   (that guest against two RBD gateways of one image: the owner
+#      killed, restarted and hung under each multipath grouping; stalls, takeovers, fio verify)
 #
 # Every step runs even if an earlier one failed, so one run shows everything;
 # the exit status is non-zero if any step failed. Daemons are started only by
@@ -61,11 +63,13 @@ mkdir -p "$ROOT/target"
 step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 | tee "$0"' "$CONF_LOG"
 # The Linux kernel's initiator in a QEMU guest (docs/CONFORMANCE.md, "Linux kernel initiator").
 step kernel-iscsi scripts/kernel-iscsi.sh
+# RBD gateways failing over under dm-multipath (docs/CONFORMANCE.md, "RBD gateways under dm-multipath").
+step kernel-gateways scripts/kernel-gateways.sh
 
 failed=0
 printf '\n==== summary\n'
 for i in "${!NAMES[@]}"; do
-    printf '  %-12s %-20s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}" "${TIMES[$i]}"
+    printf '  %-16s %-20s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}" "${TIMES[$i]}"
     [[ ${RESULTS[$i]} == ok ]] || failed=1
 done
 grep '^conformance ' "$CONF_LOG" 2>/dev/null | sed 's/^/  /'

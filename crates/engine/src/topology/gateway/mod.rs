@@ -570,6 +570,7 @@ impl ImageOwnership {
         // Through the observer connection: it keeps working after this gateway's data
         // connection was fenced.
         let observer = &self.observer;
+        let began = Instant::now();
         let looked = observer.lock_owners().and_then(|holders| {
             let seen = policy::judge(&holders, &observer.watchers()?);
             Ok((seen, observer.metadata(HEARTBEAT_KEY)?))
@@ -584,7 +585,7 @@ impl ImageOwnership {
             }
         };
         let now = Instant::now();
-        let vigil_said = vigil.look(seen, beat.as_deref(), now);
+        let vigil_said = vigil.look(seen, beat.as_deref(), began, now);
         self.owner_alive
             .store(vigil.owner_alive(now), Ordering::Release);
         match vigil_said {

@@ -18,6 +18,11 @@ pub const BEAT_LATE: Duration = Duration::from_millis(2500);
 /// client's watch can be missing for a moment while librbd re-establishes it.
 pub const GONE_CONFIRM: Duration = Duration::from_secs(2);
 
+/// A look at the cluster that took longer than this says nothing of the owner's heartbeat: the
+/// cluster itself is slow (an OSD peering, a monitor election), so the owner's heartbeat writes
+/// may be as held up as the look, and its silence is counted from the end of this look on.
+pub const SLOW_LOOK: Duration = Duration::from_secs(1);
+
 /// How long a gateway keeps its last view of an image's owner while it cannot look (the
 /// cluster refused or did not answer): a single slow or failed call under load must not flap
 /// every initiator's path state (each flip is a unit attention, and a non-owner that knows no
@@ -146,14 +151,28 @@ impl OwnerVigil {
         }
     }
 
-    /// One look: the cluster's view of the lock holder and the heartbeat value stored now.
-    pub fn look(&mut self, seen: OwnerSeen, beat: Option<&str>, now: Instant) -> Vigil {
+    /// One look, begun at `began`: the cluster's view of the lock holder and the heartbeat value
+    /// stored now.
+    pub fn look(
+        &mut self,
+        seen: OwnerSeen,
+        beat: Option<&str>,
+        began: Instant,
+        now: Instant,
+    ) -> Vigil {
         match seen {
             OwnerSeen::Present {
                 holder: Some(holder),
             } => {
                 self.gone_since = None;
                 self.note_beat(&holder, beat, now);
+                if now.saturating_duration_since(began) > SLOW_LOOK {
+                    if let Some(b) = &mut self.beat {
+                        b.moved = now;
+                        b.noticed = false;
+                    }
+                    return Vigil::Wait;
+                }
                 self.judge_silence(holder, now)
             }
             OwnerSeen::Present { holder: None } => {

@@ -81,7 +81,12 @@ fn a_silent_owner_is_taken_over_after_the_grace_a_beating_one_never() {
     for i in 0..60u64 {
         let beat = beat_value(h, i);
         assert_eq!(
-            vigil.look(present(h), Some(&beat), t0 + i as u32 * S),
+            vigil.look(
+                present(h),
+                Some(&beat),
+                t0 + i as u32 * S,
+                t0 + i as u32 * S
+            ),
             Vigil::Wait
         );
         assert!(vigil.owner_alive(t0 + i as u32 * S));
@@ -90,36 +95,52 @@ fn a_silent_owner_is_taken_over_after_the_grace_a_beating_one_never() {
     // watch still present (the OSDs hear from a stopped client's connection for 30 s).
     let last = beat_value(h, 59);
     let at = |s: u32| t0 + (59 + s) * S;
-    assert_eq!(vigil.look(present(h), Some(&last), at(1)), Vigil::Wait);
+    assert_eq!(
+        vigil.look(present(h), Some(&last), at(1), at(1)),
+        Vigil::Wait
+    );
     assert!(vigil.owner_alive(at(2)));
     assert_eq!(
-        vigil.look(present(h), Some(&last), at(3)),
+        vigil.look(present(h), Some(&last), at(3), at(3)),
         Vigil::Noticed(Doubt::Silent)
     );
     assert!(!vigil.owner_alive(at(3)));
-    assert_eq!(vigil.look(present(h), Some(&last), at(4)), Vigil::Wait);
     assert_eq!(
-        vigil.look(present(h), Some(&last), at(5)),
+        vigil.look(present(h), Some(&last), at(4), at(4)),
+        Vigil::Wait
+    );
+    assert_eq!(
+        vigil.look(present(h), Some(&last), at(5), at(5)),
         Vigil::Take(Some(h.to_string()))
     );
     // A beat that moves again before the grace: alive again, the count starts over.
     let mut vigil = OwnerVigil::new(5 * S);
-    vigil.look(present(h), Some(&beat_value(h, 1)), t0);
+    vigil.look(present(h), Some(&beat_value(h, 1)), t0, t0);
     assert_eq!(
-        vigil.look(present(h), Some(&beat_value(h, 1)), t0 + 4 * S),
+        vigil.look(present(h), Some(&beat_value(h, 1)), t0 + 4 * S, t0 + 4 * S),
         Vigil::Noticed(Doubt::Silent)
     );
     assert_eq!(
-        vigil.look(present(h), Some(&beat_value(h, 2)), t0 + 4 * S + S / 2),
+        vigil.look(
+            present(h),
+            Some(&beat_value(h, 2)),
+            t0 + 4 * S + S / 2,
+            t0 + 4 * S + S / 2
+        ),
         Vigil::Wait
     );
     assert!(vigil.owner_alive(t0 + 5 * S));
     assert_eq!(
-        vigil.look(present(h), Some(&beat_value(h, 2)), t0 + 9 * S),
+        vigil.look(present(h), Some(&beat_value(h, 2)), t0 + 9 * S, t0 + 9 * S),
         Vigil::Noticed(Doubt::Silent)
     );
     assert_eq!(
-        vigil.look(present(h), Some(&beat_value(h, 2)), t0 + 9 * S + S / 4),
+        vigil.look(
+            present(h),
+            Some(&beat_value(h, 2)),
+            t0 + 9 * S + S / 4,
+            t0 + 9 * S + S / 4
+        ),
         Vigil::Wait
     );
 }
@@ -134,23 +155,36 @@ fn only_the_holders_own_heartbeat_counts() {
     let stale = beat_value(old, 40);
     for i in 0..30 {
         assert_eq!(
-            vigil.look(present(new), Some(&stale), t0 + i * S),
+            vigil.look(present(new), Some(&stale), t0 + i * S, t0 + i * S),
             Vigil::Wait
         );
         assert!(vigil.owner_alive(t0 + i * S));
     }
-    assert_eq!(vigil.look(present(new), None, t0 + 31 * S), Vigil::Wait);
-    // Once it beats, its beat is what counts.
-    vigil.look(present(new), Some(&beat_value(new, 0)), t0 + 32 * S);
     assert_eq!(
-        vigil.look(present(new), Some(&beat_value(new, 0)), t0 + 37 * S),
+        vigil.look(present(new), None, t0 + 31 * S, t0 + 31 * S),
+        Vigil::Wait
+    );
+    // Once it beats, its beat is what counts.
+    vigil.look(
+        present(new),
+        Some(&beat_value(new, 0)),
+        t0 + 32 * S,
+        t0 + 32 * S,
+    );
+    assert_eq!(
+        vigil.look(
+            present(new),
+            Some(&beat_value(new, 0)),
+            t0 + 37 * S,
+            t0 + 37 * S
+        ),
         Vigil::Take(Some(new.to_string()))
     );
     // A garbled value is no beat.
     let mut vigil = OwnerVigil::new(5 * S);
     for i in 0..10 {
         assert_eq!(
-            vigil.look(present(new), Some("garbage"), t0 + i * S),
+            vigil.look(present(new), Some("garbage"), t0 + i * S, t0 + i * S),
             Vigil::Wait
         );
     }
@@ -160,60 +194,71 @@ fn only_the_holders_own_heartbeat_counts() {
 fn a_gone_owner_is_taken_over_after_two_looks_an_unlocked_image_after_the_grace() {
     let t0 = Instant::now();
     let mut vigil = OwnerVigil::new(5 * S);
-    assert_eq!(vigil.look(present("a"), None, t0), Vigil::Wait);
+    assert_eq!(vigil.look(present("a"), None, t0, t0), Vigil::Wait);
     assert_eq!(
-        vigil.look(gone("a"), None, t0 + S),
+        vigil.look(gone("a"), None, t0 + S, t0 + S),
         Vigil::Noticed(Doubt::Gone)
     );
     assert!(!vigil.owner_alive(t0 + S));
-    assert_eq!(vigil.look(gone("a"), None, t0 + 2 * S), Vigil::Wait);
     assert_eq!(
-        vigil.look(gone("a"), None, t0 + 3 * S),
+        vigil.look(gone("a"), None, t0 + 2 * S, t0 + 2 * S),
+        Vigil::Wait
+    );
+    assert_eq!(
+        vigil.look(gone("a"), None, t0 + 3 * S, t0 + 3 * S),
         Vigil::Take(Some("a".to_string()))
     );
     // A watch missing for one look (librbd re-watching): nothing happens.
     assert_eq!(
-        vigil.look(gone("b"), None, t0 + 10 * S),
+        vigil.look(gone("b"), None, t0 + 10 * S, t0 + 10 * S),
         Vigil::Noticed(Doubt::Gone)
     );
-    assert_eq!(vigil.look(present("b"), None, t0 + 11 * S), Vigil::Wait);
+    assert_eq!(
+        vigil.look(present("b"), None, t0 + 11 * S, t0 + 11 * S),
+        Vigil::Wait
+    );
     assert!(vigil.owner_alive(t0 + 11 * S));
     assert_eq!(
-        vigil.look(gone("b"), None, t0 + 12 * S),
+        vigil.look(gone("b"), None, t0 + 12 * S, t0 + 12 * S),
         Vigil::Noticed(Doubt::Gone)
     );
     // Another holder gone is another owner: its own count.
     assert_eq!(
-        vigil.look(gone("c"), None, t0 + 13 * S),
+        vigil.look(gone("c"), None, t0 + 13 * S, t0 + 13 * S),
         Vigil::Noticed(Doubt::Gone)
     );
     // Nobody holds it (a clean stop, maybe a restart): the whole grace.
     assert_eq!(
-        vigil.look(OwnerSeen::Unlocked, None, t0 + 20 * S),
+        vigil.look(OwnerSeen::Unlocked, None, t0 + 20 * S, t0 + 20 * S),
         Vigil::Noticed(Doubt::Unlocked)
     );
     assert_eq!(
-        vigil.look(OwnerSeen::Unlocked, None, t0 + 24 * S),
+        vigil.look(OwnerSeen::Unlocked, None, t0 + 24 * S, t0 + 24 * S),
         Vigil::Wait
     );
     assert_eq!(
-        vigil.look(OwnerSeen::Unlocked, None, t0 + 25 * S),
+        vigil.look(OwnerSeen::Unlocked, None, t0 + 25 * S, t0 + 25 * S),
         Vigil::Take(None)
     );
     // A failed takeover or a cluster that did not answer: the count starts over.
-    vigil.look(gone("d"), None, t0 + 30 * S);
+    vigil.look(gone("d"), None, t0 + 30 * S, t0 + 30 * S);
     vigil.reset();
     assert_eq!(
-        vigil.look(gone("d"), None, t0 + 40 * S),
+        vigil.look(gone("d"), None, t0 + 40 * S, t0 + 40 * S),
         Vigil::Noticed(Doubt::Gone)
     );
     // Shared locks: never acted on, and they forget what was seen.
     assert_eq!(
-        vigil.look(OwnerSeen::Present { holder: None }, None, t0 + 41 * S),
+        vigil.look(
+            OwnerSeen::Present { holder: None },
+            None,
+            t0 + 41 * S,
+            t0 + 41 * S
+        ),
         Vigil::Wait
     );
     assert_eq!(
-        vigil.look(gone("d"), None, t0 + 42 * S),
+        vigil.look(gone("d"), None, t0 + 42 * S, t0 + 42 * S),
         Vigil::Noticed(Doubt::Gone)
     );
 }
@@ -222,18 +267,23 @@ fn a_gone_owner_is_taken_over_after_two_looks_an_unlocked_image_after_the_grace(
 fn a_zero_grace_judges_but_never_takes() {
     let t0 = Instant::now();
     let mut never = OwnerVigil::new(Duration::ZERO);
-    never.look(present("a"), Some(&beat_value("a", 1)), t0);
+    never.look(present("a"), Some(&beat_value("a", 1)), t0, t0);
     for i in 1..100 {
         let seen = if i % 2 == 0 { gone("a") } else { present("a") };
         assert!(!matches!(
-            never.look(seen, Some(&beat_value("a", 1)), t0 + i * S),
+            never.look(seen, Some(&beat_value("a", 1)), t0 + i * S, t0 + i * S),
             Vigil::Take(_)
         ));
     }
     assert!(!never.owner_alive(t0 + 100 * S));
     for i in 0..100 {
         assert!(!matches!(
-            never.look(OwnerSeen::Unlocked, None, t0 + (200 + i) * S),
+            never.look(
+                OwnerSeen::Unlocked,
+                None,
+                t0 + (200 + i) * S,
+                t0 + (200 + i) * S
+            ),
             Vigil::Take(_)
         ));
     }
@@ -271,4 +321,33 @@ fn the_owner_record_names_the_gateway_and_its_lock_holder() {
         Some("10.0.0.5:0/3")
     );
     assert_eq!(beat_holder("7"), None);
+}
+
+#[test]
+fn a_slow_cluster_holds_the_count_of_a_silent_heartbeat() {
+    let t0 = Instant::now();
+    let h = "10.0.0.5:0/77";
+    let beat = beat_value(h, 1);
+    let mut vigil = OwnerVigil::new(5 * S);
+    assert_eq!(vigil.look(present(h), Some(&beat), t0, t0), Vigil::Wait);
+    // Looks that each take 2 s (the cluster slow for all): the owner's beat may be held up
+    // as much as the look, so its silence is not counted.
+    for i in 1..10 {
+        let now = t0 + 3 * i * S;
+        assert_eq!(
+            vigil.look(present(h), Some(&beat), now - 2 * S, now),
+            Vigil::Wait
+        );
+        assert!(vigil.owner_alive(now));
+    }
+    // Quick looks again: the silence counts from the last slow one.
+    let last = t0 + 27 * S;
+    assert_eq!(
+        vigil.look(present(h), Some(&beat), last + 3 * S, last + 3 * S),
+        Vigil::Noticed(Doubt::Silent)
+    );
+    assert_eq!(
+        vigil.look(present(h), Some(&beat), last + 5 * S, last + 5 * S),
+        Vigil::Take(Some(h.to_string()))
+    );
 }

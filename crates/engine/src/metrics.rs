@@ -464,6 +464,8 @@ series! {
     device_io_path: Family<IoPathLabel, Gauge> = "device_io_path";
     /// RBD gateways: 1 while this gateway owns the device's image (its target port groups active/optimized), 0 while standby
     gateway_owner: Family<DeviceLabel, Gauge> = "gateway_owner";
+    /// RBD gateways, on a non-owner: milliseconds since the owner's heartbeat last moved (as this gateway saw it; 0 while it moves each second, on the owner, or for an owner that writes none). The image is taken over at gateway_takeover_s
+    gateway_owner_silence_milliseconds: Family<DeviceLabel, Gauge> = "gateway_owner_silence_milliseconds";
     /// 1 for a device whose saved persistent reservations could not be loaded at start: it answers NOT READY, MANUAL INTERVENTION REQUIRED until the file is repaired or removed and the daemon restarted
     device_fenced: Family<DeviceLabel, Gauge> = "device_fenced";
     /// RBD gateways: times this gateway took the device's image over, by reason (initiator, operator, owner_gone, restart)
@@ -756,6 +758,14 @@ impl Metrics {
                 device: device.to_owned(),
             })
             .set(i64::from(owns));
+    }
+
+    pub fn gateway_owner_silence(&self, device: &str, silence: std::time::Duration) {
+        self.gateway_owner_silence_milliseconds
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .set(i64::try_from(silence.as_millis()).unwrap_or(i64::MAX));
     }
 
     pub fn gateway_takeover(&self, device: &str, reason: &str) {

@@ -403,6 +403,7 @@ impl ImageOwnership {
                     me.keep_vigil(&mut vigil, &lu);
                 } else {
                     vigil.reset();
+                    me.metrics.gateway_owner_silence(&me.device, Duration::ZERO);
                 }
                 if let Some(link) = &me.link {
                     link.follow(me.owner_index().filter(|&o| o != me.me));
@@ -588,6 +589,8 @@ impl ImageOwnership {
         let vigil_said = vigil.look(seen, beat.as_deref(), began, now);
         self.owner_alive
             .store(vigil.owner_alive(now), Ordering::Release);
+        self.metrics
+            .gateway_owner_silence(&self.device, vigil.silence(now));
         match vigil_said {
             Vigil::Wait => {}
             Vigil::Noticed(doubt) => self.log_doubt(doubt),

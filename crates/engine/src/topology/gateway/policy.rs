@@ -250,6 +250,14 @@ impl OwnerVigil {
         }
     }
 
+    /// How long the owner's heartbeat has not moved, as last seen (zero for an owner that
+    /// writes none).
+    pub fn silence(&self, now: Instant) -> Duration {
+        self.beat
+            .as_ref()
+            .map_or(Duration::ZERO, |b| now.saturating_duration_since(b.moved))
+    }
+
     /// Whether the owner is known to be alive: the cluster hears from its client and its
     /// heartbeat (if it writes one) moved within [`BEAT_LATE`].
     pub fn owner_alive(&self, now: Instant) -> bool {

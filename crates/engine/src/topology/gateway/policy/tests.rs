@@ -100,6 +100,7 @@ fn a_silent_owner_is_taken_over_after_the_grace_a_beating_one_never() {
         Vigil::Wait
     );
     assert!(vigil.owner_alive(at(2)));
+    assert_eq!(vigil.silence(at(2)), 2 * S);
     assert_eq!(
         vigil.look(present(h), Some(&last), at(3), at(3)),
         Vigil::Noticed(Doubt::Silent)

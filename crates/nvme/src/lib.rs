@@ -3,14 +3,15 @@
 //! out, every rule unit-tested and fuzzed. Byte order on the wire is little-endian throughout.
 //!
 //! This crate holds the PDU framing (`pdu`), the queue entries (`sqe`), the Fabrics commands
-//! with the controller's properties (`fabrics`), the Identify data (`identify`) and the NVM
-//! I/O commands decoded (`nvm`). The
+//! with the controller's properties (`fabrics`), the Identify data (`identify`), the log pages
+//! (`log`) and the NVM I/O commands decoded (`nvm`). The
 //! controller's queues, the subsystems and the engine's listener are built on it; until they
 //! are, ferrosan serves no NVMe/TCP (docs/ARCHITECTURE.md, *NVMe/TCP*).
 #![forbid(unsafe_code)]
 
 pub mod fabrics;
 pub mod identify;
+pub mod log;
 pub mod nvm;
 pub mod pdu;
 pub mod sqe;

@@ -115,6 +115,8 @@ fn raw(accept: &Accept, mut bytes: &[u8]) {
                     }
                 }
                 let _ = nvme::fabrics::property(&sqe);
+                let _ = nvme::admin::AdminCommand::decode(&sqe);
+                let _ = nvme::admin::number_of_queues(sqe.cdw(11), sqe.u16_at(44));
             }
             PduType::CapsuleResp => {
                 let raw: [u8; CQE_LEN] = header[CH_LEN..].try_into().expect("16 bytes");

@@ -4,11 +4,12 @@
 //!
 //! This crate holds the PDU framing (`pdu`), the queue entries (`sqe`), the Fabrics commands
 //! with the controller's properties (`fabrics`), the Identify data (`identify`), the log pages
-//! (`log`) and the NVM I/O commands decoded (`nvm`). The
+//! (`log`), the admin commands (`admin`) and the NVM I/O commands (`nvm`), decoded. The
 //! controller's queues, the subsystems and the engine's listener are built on it; until they
 //! are, ferrosan serves no NVMe/TCP (docs/ARCHITECTURE.md, *NVMe/TCP*).
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod fabrics;
 pub mod identify;
 pub mod log;

@@ -6,7 +6,7 @@
 //! with the controller's properties (`fabrics`), the Identify data (`identify`), the log pages
 //! (`log`), the admin commands (`admin`) and the NVM I/O commands (`nvm`), decoded. The
 //! controller's queues, the subsystems and the engine's listener are built on it; until they
-//! are, ferrosan serves no NVMe/TCP (docs/ARCHITECTURE.md, *NVMe/TCP*).
+//! are, ferrosan serves no NVMe/TCP (docs/ARCHITECTURE.md, *Crates*).
 #![forbid(unsafe_code)]
 
 pub mod admin;

@@ -198,7 +198,13 @@ impl ImageOwnership {
             // connection must not write one for the client it lost).
             *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
-        self.owner.swap(new, Ordering::AcqRel) != new
+        let changed = self.owner.swap(new, Ordering::AcqRel) != new;
+        if changed {
+            // A new owner is not judged yet (the vigil's next look does): alive until then, so
+            // neither shipping to it nor an initiator's takeover acts on the old owner's state.
+            self.owner_alive.store(true, Ordering::Release);
+        }
+        changed
     }
 
     /// The secret peer sessions to this image's owner log in with (CHAP).

@@ -251,12 +251,7 @@ not_run() {
 stop_daemon() { stop_pid "$DAEMON_PID" "${1:-50}"; DAEMON_PID=""; }
 
 if [[ $MODE == ferrosan || $MODE == both ]]; then
-    if [[ -z ${FERROSAN_BIN:-} ]]; then
-        log "building: cargo build --release -p ferrosan"
-        cargo build --release -p ferrosan
-        FERROSAN_BIN=$ROOT/target/release/ferrosan
-    fi
-    [[ -x $FERROSAN_BIN ]] || die "no ferrosan binary at $FERROSAN_BIN"
+    ferrosan_bin
     DISK_DIR=$(mktemp -d "$OUT/disk.XXXXXX")
     for spec in "ram ram:1G" "file file:$WORK/ferrosan-disk.img,size=1G" \
         "disk config-page:$DISK_DIR/ferrosan-disk.img" \

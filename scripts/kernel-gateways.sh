@@ -112,12 +112,7 @@ trap 'exit 129' HUP
 
 T_START=$(date +%s)
 ensure_deps
-if [[ -z ${FERROSAN_BIN:-} ]]; then
-    log "building: cargo build --release -p ferrosan"
-    cargo build --release -p ferrosan
-    FERROSAN_BIN=$ROOT/target/release/ferrosan
-fi
-[[ -x $FERROSAN_BIN ]] || die "no ferrosan binary at $FERROSAN_BIN"
+ferrosan_bin
 command -v curl >/dev/null || die "curl is missing (the gateways' metrics are scraped with it)"
 mkdir -p "$OUT"
 rm -rf "${OUT:?}"/{guest-console.log,guest-console.log.qemu,guest-report.log,summary.txt,ceph.log}

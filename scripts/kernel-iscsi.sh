@@ -60,12 +60,7 @@ trap 'exit 143' TERM
 
 T_START=$(date +%s)
 ensure_deps
-if [[ -z ${FERROSAN_BIN:-} ]]; then
-    log "building: cargo build --release -p ferrosan"
-    cargo build --release -p ferrosan
-    FERROSAN_BIN=$ROOT/target/release/ferrosan
-fi
-[[ -x $FERROSAN_BIN ]] || die "no ferrosan binary at $FERROSAN_BIN"
+ferrosan_bin
 mkdir -p "$OUT"
 rm -f "$OUT"/{guest-console.log,guest-console.log.qemu,guest-report.log,ferrosan.log,summary.txt}
 

@@ -33,6 +33,17 @@ FERROSAN_DEPS=(
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+# ferrosan_bin: FERROSAN_BIN is the daemon the caller named, or the release build of this
+# checkout (cargo build --release -p ferrosan; ROOT is the checkout); dies without one.
+ferrosan_bin() {
+    if [[ -z ${FERROSAN_BIN:-} ]]; then
+        log "building: cargo build --release -p ferrosan"
+        cargo build --release -p ferrosan
+        FERROSAN_BIN=$ROOT/target/release/ferrosan
+    fi
+    [[ -x $FERROSAN_BIN ]] || die "no ferrosan binary at $FERROSAN_BIN"
+}
+
 # Install the missing packages (apt-get update at most once). Idempotent, quiet.
 # Lists the packages of FERROSAN_DEPS whose command (or package) is missing.
 missing_deps() {

@@ -18,9 +18,10 @@ pub const BEAT_LATE: Duration = Duration::from_millis(2500);
 /// client's watch can be missing for a moment while librbd re-establishes it.
 pub const GONE_CONFIRM: Duration = Duration::from_secs(2);
 
-/// A look at the cluster that took longer than this says nothing of the owner's heartbeat: the
-/// cluster itself is slow (an OSD peering, a monitor election), so the owner's heartbeat writes
-/// may be as held up as the look, and its silence is counted from the end of this look on.
+/// A look at the cluster that took longer than this was slowed by the cluster itself (an OSD
+/// peering, a monitor election, a loaded host), and the owner's heartbeat writes may have been
+/// held up as much: the time such a look took does not count toward the owner's silence. A
+/// cluster that stays slow stretches the grace; it does not cancel it.
 pub const SLOW_LOOK: Duration = Duration::from_secs(1);
 
 /// How long a gateway keeps its last view of an image's owner while it cannot look (the
@@ -166,12 +167,11 @@ impl OwnerVigil {
             } => {
                 self.gone_since = None;
                 self.note_beat(&holder, beat, now);
-                if now.saturating_duration_since(began) > SLOW_LOOK {
+                let took = now.saturating_duration_since(began);
+                if took > SLOW_LOOK {
                     if let Some(b) = &mut self.beat {
-                        b.moved = now;
-                        b.noticed = false;
+                        b.moved = (b.moved + took).min(now);
                     }
-                    return Vigil::Wait;
                 }
                 self.judge_silence(holder, now)
             }

@@ -271,8 +271,8 @@ limits! {
     /// its last idle stretch was no longer (adaptive busy polling); 0 = off.
     busy_poll_us: u32 = 50, 0, 1_000;
     /// Seconds an RBD image's owner gateway may be silent -- its heartbeat in the image not
-    /// moving (judged from looks at the cluster that took at most 1 s), or nobody holding the
-    /// lock -- before another gateway takes the image over by itself (fencing it); an owner whose cluster client left the cluster is taken over after
+    /// moving (the time of looks at the cluster that took over 1 s not counted), or nobody
+    /// holding the lock -- before another gateway takes the image over by itself (fencing it); an owner whose cluster client left the cluster is taken over after
     /// 2 s. 0 = never by itself: only `ferrosan ctl device take` (or, with explicit ALUA, an
     /// initiator while the owner is silent).
     gateway_takeover_s: u32 = 4, 0, 3_600;

@@ -170,7 +170,7 @@ impl OwnerVigil {
                 let took = now.saturating_duration_since(began);
                 if took > SLOW_LOOK {
                     if let Some(b) = &mut self.beat {
-                        b.moved = (b.moved + took).min(now);
+                        b.moved = b.moved.checked_add(took).map_or(now, |m| m.min(now));
                     }
                 }
                 self.judge_silence(holder, now)

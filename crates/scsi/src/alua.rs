@@ -49,7 +49,7 @@ pub(crate) fn admit(state: crate::AccessState, f: &crate::facts::Facts) -> Resul
         Standby => Err(STANDBY),
         Unavailable if f.in_unavailable => Ok(()),
         Unavailable => Err(UNAVAILABLE),
-        Transitioning if f.in_transition => Ok(()),
+        Transitioning if f.in_transition || f.path_check => Ok(()),
         Transitioning => Err(Sense::not_ready_transition()),
     }
 }

@@ -66,6 +66,12 @@ pub struct Facts {
     /// Answered through a port whose ALUA state is transitioning (SPC-4 5.15.2.5); implies
     /// `in_unavailable`.
     pub in_transition: bool,
+    /// Asks whether this path is ready (TEST UNIT READY): answered by a port whose group is
+    /// transitioning to active as well (a takeover through it runs, for well under a second).
+    /// SPC-4 has it refused there, but multipathd's `tur` checker takes that refusal for a dead
+    /// path and looks again only a checker interval later, after the path already serves.
+    /// Standby and unavailable still refuse it (multipathd reads 04h/0Bh as a standby path).
+    pub path_check: bool,
     /// Answered by a unit that is not ready (SPC-4 5.12): it does not need the medium.
     pub when_not_ready: bool,
     /// Neither reports nor clears a pending unit attention (SPC-4 5.14).
@@ -85,6 +91,7 @@ const OTHER: Facts = Facts {
     in_standby: false,
     in_unavailable: false,
     in_transition: false,
+    path_check: false,
     when_not_ready: false,
     keeps_unit_attention: false,
     durability: Durability::None,
@@ -185,6 +192,7 @@ pub fn facts(cdb: Cdb<'_>) -> Facts {
         },
         TEST_UNIT_READY => Facts {
             pr: PrAccess::Always,
+            path_check: true,
             ..f
         },
         RELEASE_6 | RELEASE_10 => Facts {
@@ -304,6 +312,11 @@ mod tests {
             }
         }
         assert!(of(&[INQUIRY, 0]).in_transition);
+        // Only TEST UNIT READY checks a path, and standby refuses it all the same.
+        for op in 0..=255u8 {
+            assert_eq!(of(&[op, 0]).path_check, op == TEST_UNIT_READY, "{op:02x}");
+        }
+        assert!(!of(&[TEST_UNIT_READY, 0]).in_standby);
         assert!(of(&[MAINTENANCE_OUT, SA_SET_TARGET_PORT_GROUPS as u8]).in_unavailable);
         assert!(!of(&[MAINTENANCE_OUT, SA_SET_TARGET_PORT_GROUPS as u8]).in_transition);
         assert!(!of(&[PERSISTENT_RESERVE_IN, 0]).in_unavailable);

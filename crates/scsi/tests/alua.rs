@@ -175,14 +175,17 @@ fn a_group_taking_over_is_transitioning_and_asks_for_retries() {
         states(&t.ok(&RTPG, &[])),
         vec![(1, 0x0, 0x87), (2, 0xF, 0x87)]
     );
-    // Identification, sense and REPORT TARGET PORT GROUPS answer; everything else, SET TARGET
-    // PORT GROUPS and the reservations too, is NOT READY, ASYMMETRIC ACCESS STATE TRANSITION.
+    // Identification, sense and REPORT TARGET PORT GROUPS answer; everything else but TEST UNIT
+    // READY, SET TARGET PORT GROUPS and the reservations too, is NOT READY, ASYMMETRIC ACCESS
+    // STATE TRANSITION.
     t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
     t.ok(&[0xA0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
     t.ok(&[0x03, 0, 0, 0, 18, 0], &[]);
+    // TEST UNIT READY is not refused for the transition (multipathd would fail the path): it
+    // gets what the group would answer without it -- standby here, as this owner does not ship.
+    assert_sense(&t.err(&[0u8; 6], &[]), 0x02, 0x04, 0x0B);
     for cdb in [
         &read10(0, 1)[..],
-        &[0u8; 6][..],
         &[0x5E, 0, 0, 0, 0, 0, 0, 0, 255, 0],
         &[0x1A, 0, 0x3F, 0, 255, 0],
         &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0],

@@ -1013,10 +1013,13 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
     drop(b);
     let crashed = Instant::now();
     let mut ca = client(port_a, iqn);
+    // Within the cluster's watch timeout (30 s) and the grace at the latest: A was fenced and
+    // reconnected before, and such a gateway has been seen (under two tests at once) to judge
+    // the next owner by its watch rather than its heartbeat (docs/RBD.md, *Limits and gaps*).
     while rtpg(&mut ca) != a_owns {
         assert!(
-            crashed.elapsed() < Duration::from_secs(30),
-            "A did not take over from the crashed B within 30 s\n{}",
+            crashed.elapsed() < Duration::from_secs(45),
+            "A did not take over from the crashed B within 45 s\n{}",
             a.output()
         );
         std::thread::sleep(Duration::from_millis(200));

@@ -257,8 +257,10 @@ impl ImageOwnership {
                 let mut failing = false;
                 while lu.strong_count() > 0 {
                     std::thread::sleep(BEAT_INTERVAL);
-                    let holder = me.holder.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    let Some(holder) = holder.filter(|_| me.owns_here()) else {
+                    if !me.owns_here() {
+                        continue;
+                    }
+                    let Some(holder) = me.beat_holder() else {
                         continue;
                     };
                     count = count.wrapping_add(1);
@@ -280,6 +282,27 @@ impl ImageOwnership {
         if let Err(e) = spawned {
             tracing::error!(device = %self.device, "cannot start the owner's heartbeat: {e}");
         }
+    }
+
+    /// The lock holder this owner's heartbeat names: the one recorded, or, when the record had
+    /// none (the lock's owners were not one client at that moment), the one holding it now.
+    fn beat_holder(&self) -> Option<String> {
+        let mut holder = self.holder.lock().unwrap_or_else(|p| p.into_inner());
+        if holder.is_none() {
+            // Only a lock this connection holds: never a heartbeat in another client's name.
+            let owners = self.store.image().and_then(|image| {
+                Ok(if image.owns_exclusive_lock()? {
+                    image.lock_owners()?
+                } else {
+                    Vec::new()
+                })
+            });
+            if let Ok([one]) = owners.as_deref() {
+                tracing::info!(device = %self.device, "heartbeat of {} in the name of {one}", self.observer.name());
+                *holder = Some(one.clone());
+            }
+        }
+        holder.clone()
     }
 
     /// Who owns the image now, as the cluster says: this gateway while it holds the lock,

@@ -3,7 +3,7 @@
 #
 #   1. installs what the tests need when missing (Debian: libiscsi-bin,
 #      qemu-utils, qemu-block-extra, tgt, iperf3, util-linux, mount, e2fsprogs,
-#      prometheus, systemd, tmux, qemu-system-x86, mmdebstrap;
+#      prometheus, systemd, tmux, qemu-system-x86, mmdebstrap, curl;
 #      apt-get update at most once; a second pass if an install removed one)
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings

@@ -28,6 +28,7 @@ FERROSAN_DEPS=(
     # Debian's packages (scripts/lib/guest.sh)
     "qemu-system-x86:qemu-system-x86_64"
     "mmdebstrap:mmdebstrap"
+    "curl:curl"            # scripts/kernel-gateways.sh scrapes the gateways' metrics
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }

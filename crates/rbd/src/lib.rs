@@ -54,7 +54,6 @@ struct Api {
     rbd_lock_acquire: unsafe extern "C" fn(ImageT, c_int) -> c_int,
     rbd_lock_release: unsafe extern "C" fn(ImageT) -> c_int,
     rbd_metadata_get: unsafe extern "C" fn(ImageT, *const c_char, *mut c_char, *mut usize) -> c_int,
-    rbd_metadata_set: unsafe extern "C" fn(ImageT, *const c_char, *const c_char) -> c_int,
     rbd_is_exclusive_lock_owner: unsafe extern "C" fn(ImageT, *mut c_int) -> c_int,
     rbd_lock_get_owners:
         unsafe extern "C" fn(ImageT, *mut c_int, *mut *mut c_char, *mut usize) -> c_int,
@@ -205,7 +204,6 @@ fn load() -> Result<Api, String> {
         rbd_lock_acquire: sym!(rbd, "rbd_lock_acquire"),
         rbd_lock_release: sym!(rbd, "rbd_lock_release"),
         rbd_metadata_get: sym!(rbd, "rbd_metadata_get"),
-        rbd_metadata_set: sym!(rbd, "rbd_metadata_set"),
         rbd_is_exclusive_lock_owner: sym!(rbd, "rbd_is_exclusive_lock_owner"),
         rbd_lock_get_owners: sym!(rbd, "rbd_lock_get_owners"),
         rbd_lock_get_owners_cleanup: sym!(rbd, "rbd_lock_get_owners_cleanup"),
@@ -601,16 +599,6 @@ impl Image {
         Ok(Some(String::from_utf8_lossy(text).into_owned()))
     }
 
-    /// Sets the image metadata `key` to `value` (seen by every client of the image).
-    pub fn set_metadata(&self, key: &str, value: &str) -> Result<(), Error> {
-        let key_c = cstring("metadata key", key)?;
-        let value_c = cstring("metadata value", value)?;
-        // SAFETY: an open image; both strings NUL-terminated and alive for the call.
-        let rc =
-            unsafe { (self.api.rbd_metadata_set)(self.image, key_c.as_ptr(), value_c.as_ptr()) };
-        check(|| format!("setting metadata {key} of {}", self.name), rc)
-    }
-
     /// Sets the image metadata `key` to `value` only if it still holds `expected` (an absent
     /// key holds ""), atomically in the cluster: one RADOS operation on the image's header
     /// object comparing and setting the omap entry librbd keeps the key in. False when the
@@ -625,7 +613,7 @@ impl Image {
     }
 
     /// Sets the image metadata `key` to `value` with one RADOS write to the image's header
-    /// object. Unlike [`Image::set_metadata`] it sends the image's other clients no
+    /// object. Unlike librbd's `rbd_metadata_set` it sends the image's other clients no
     /// header-update notice (which only librbd's own `conf_` keys need): that notice waits
     /// up to 5 s for every watcher's answer, a dead client's included, so a takeover that
     /// records its owner with it would wait out the client it just fenced.

@@ -546,11 +546,7 @@ impl Ownership for ImageOwnership {
     fn transitioning(&self, group: u16) -> bool {
         // Odd while a takeover by this gateway runs (SET TARGET PORT GROUPS, `ctl device
         // take`, or the vigil's).
-        self.takes.load(Ordering::Acquire) % 2 == 1
-            && self
-                .group_gateway
-                .iter()
-                .any(|&(tag, gateway)| tag == group && gateway == self.me)
+        self.takes.load(Ordering::Acquire) % 2 == 1 && self.serves(group)
     }
 }
 
@@ -688,14 +684,17 @@ impl ImageOwnership {
         self.owner_index().map(|i| self.gateways[i].as_str())
     }
 
+    /// Whether target port group `group` is one of this gateway's.
+    fn serves(&self, group: u16) -> bool {
+        self.group_gateway
+            .iter()
+            .any(|&(tag, gateway)| tag == group && gateway == self.me)
+    }
+
     /// Takes the image for `asker` if the policy allows (`policy::may_take`): an initiator
     /// only from an owner not known to be alive.
     fn take_for(&self, group: u16, asker: Asker) -> io::Result<()> {
-        if !self
-            .group_gateway
-            .iter()
-            .any(|&(tag, gateway)| tag == group && gateway == self.me)
-        {
+        if !self.serves(group) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("target port group {group} is not this gateway's"),

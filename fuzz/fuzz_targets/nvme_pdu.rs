@@ -122,7 +122,9 @@ fn raw(accept: &Accept, mut bytes: &[u8]) {
                 let raw: [u8; CQE_LEN] = header[CH_LEN..].try_into().expect("16 bytes");
                 let _ = Cqe::parse(&raw);
             }
-            PduType::H2CData | PduType::C2HData | PduType::R2T => drop(Transfer::parse(header)),
+            PduType::H2CData | PduType::C2HData | PduType::R2T => {
+                assert!(Transfer::parse(header).is_some())
+            }
             PduType::H2CTermReq | PduType::C2HTermReq => {}
         }
         bytes = &bytes[f.len..];
@@ -163,7 +165,7 @@ fuzz_target!(|input: Input| match input {
         )
         .expect("our R2T frames");
         assert_eq!(f.len, out.len());
-        assert_eq!(Transfer::parse(&out[..24]), t);
+        assert_eq!(Transfer::parse(&out[..24]), Some(t));
         if hd {
             assert!(pdu::header_digest_ok(
                 &out[..24],

@@ -387,14 +387,15 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    pub fn parse(header: &[u8]) -> Transfer {
-        debug_assert!(header.len() >= 24);
-        Transfer {
-            cccid: u16::from_le_bytes([header[8], header[9]]),
-            ttag: u16::from_le_bytes([header[10], header[11]]),
-            offset: le32(&header[12..16]),
-            len: le32(&header[16..20]),
-        }
+    /// The transfer a 24-byte data or R2T header names (None for a shorter slice).
+    pub fn parse(header: &[u8]) -> Option<Transfer> {
+        let h = header.get(..20)?;
+        Some(Transfer {
+            cccid: u16::from_le_bytes([h[8], h[9]]),
+            ttag: u16::from_le_bytes([h[10], h[11]]),
+            offset: le32(&h[12..16]),
+            len: le32(&h[16..20]),
+        })
     }
 
     fn put(&self, out: &mut Vec<u8>) {

@@ -180,7 +180,8 @@ fn data_and_r2t_headers_carry_their_transfer() {
     let mut out = Vec::new();
     t.encode_r2t(true, &mut out);
     assert_eq!(out.len(), 28);
-    assert_eq!(Transfer::parse(&out), t);
+    assert_eq!(Transfer::parse(&out), Some(t));
+    assert_eq!(Transfer::parse(&out[..19]), None);
     assert!(header_digest_ok(
         &out[..24],
         out[24..28].try_into().unwrap()

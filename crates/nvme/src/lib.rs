@@ -15,4 +15,5 @@ pub mod identify;
 pub mod log;
 pub mod nvm;
 pub mod pdu;
+pub mod queue;
 pub mod sqe;

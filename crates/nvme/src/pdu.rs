@@ -430,9 +430,25 @@ impl Transfer {
     /// data and its digest follow, the caller's.
     pub fn encode_c2h_header(&self, extra: u8, digests: (bool, bool), out: &mut Vec<u8>) {
         debug_assert!(extra & !(flags::LAST_PDU | flags::SUCCESS) == 0);
+        self.encode_data_header(PduType::C2HData, extra, digests, out);
+    }
+
+    /// The header of an H2CData PDU (a host's), as [`Transfer::encode_c2h_header`].
+    pub fn encode_h2c_header(&self, last: bool, digests: (bool, bool), out: &mut Vec<u8>) {
+        let extra = if last { flags::LAST_PDU } else { 0 };
+        self.encode_data_header(PduType::H2CData, extra, digests, out);
+    }
+
+    fn encode_data_header(
+        &self,
+        pdu_type: PduType,
+        extra: u8,
+        digests: (bool, bool),
+        out: &mut Vec<u8>,
+    ) {
         let (hdgst, ddgst) = digests;
         let start = out.len();
-        let pdo = PduType::C2HData.hlen() + if hdgst { DIGEST_LEN } else { 0 };
+        let pdo = pdu_type.hlen() + if hdgst { DIGEST_LEN } else { 0 };
         let plen = pdo + self.len as usize + if ddgst { DIGEST_LEN } else { 0 };
         let mut f = extra;
         if hdgst {
@@ -443,7 +459,7 @@ impl Transfer {
         }
         put_ch(
             out,
-            PduType::C2HData,
+            pdu_type,
             f,
             pdo as u8,
             u32::try_from(plen).unwrap_or(u32::MAX),

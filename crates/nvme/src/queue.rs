@@ -1,0 +1,512 @@
+//! One NVMe/TCP connection, controller side: a queue's transport (transport specification 1.0,
+//! sections 3.3 and 3.6). Connection initialization (ICReq → ICResp with the digests the host
+//! asked for), command capsules with their data in the capsule or solicited by R2T and sent in
+//! H2CData PDUs, and the answers back (C2HData, then a response capsule). What a command
+//! means is the caller's: a command whose data has all arrived comes out as a [`Received`],
+//! and its answer goes in through [`Queue::answer`].
+//!
+//! Bytes in, bytes out: [`Queue::receive`] takes what the socket returned and says how much of
+//! it it consumed; whatever it has to send it appends to the caller's buffer. A PDU the
+//! transport cannot take ends the connection with a C2HTermReq (the error says why).
+
+use crate::pdu::{self, flags, Accept, Fatal, PduType, Refusal, Transfer, CH_LEN, DIGEST_LEN};
+use crate::sqe::{Cqe, DataPointer, Sqe, Status, SQE_LEN};
+
+/// What a queue accepts; every bound a host could push against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// The most data one H2CData PDU may carry (MAXH2CDATA, sent in the ICResp): at least
+    /// 4096, a multiple of 4.
+    pub maxh2cdata: u32,
+    /// In-capsule data a command capsule may carry (IOCCSZ − 64 bytes).
+    pub in_capsule_max: u32,
+    /// The most data one command may move (MDTS).
+    pub transfer_max: u32,
+    /// Commands in this queue at once (its SQSIZE + 1 once connected; at most this).
+    pub depth_max: u16,
+    /// Write data solicited and not yet arrived, at most (a write longer than this alone is
+    /// still solicited, alone): further writes wait for their R2T.
+    pub solicited_max: u32,
+}
+
+/// Transient Transport Error (generic 22h): a data digest failed; the host may retry.
+pub const TRANSIENT_TRANSPORT_ERROR: Status = Status {
+    sct: 0,
+    sc: 0x22,
+    dnr: false,
+};
+
+/// A command ready to run: its entry, and its data from the host (empty for a command that
+/// moves none to the controller).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Received {
+    pub sqe: Sqe,
+    pub data: Vec<u8>,
+    /// The bytes the command may move to the host (its transport data block's length).
+    pub data_in_len: u32,
+}
+
+/// A command the transport answers by itself (a malformed data pointer, a digest error, a
+/// command identifier already in use): its completion is queued with the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub cid: u16,
+    pub status: Status,
+}
+
+/// A write command whose data is being solicited (one R2T for all of it).
+struct Awaiting {
+    sqe: Sqe,
+    ttag: u16,
+    total: u32,
+    /// Bytes arrived (kept in `data` unless a digest failed).
+    arrived: u32,
+    data: Vec<u8>,
+    /// A data digest failed: the rest is received and dropped, the command answered
+    /// Transient Transport Error.
+    failed: bool,
+}
+
+/// The transport state of one queue.
+pub struct Queue {
+    limits: QueueLimits,
+    accept: Accept,
+    /// Commands received and not yet answered (their identifiers), awaiting data or running.
+    open: Vec<u16>,
+    awaiting: Vec<Awaiting>,
+    /// Writes whose R2T waits for solicited data to arrive (the `solicited_max` bound).
+    unsolicited: std::collections::VecDeque<(Sqe, u32)>,
+    /// Bytes of `awaiting` still to arrive.
+    solicited: u64,
+    next_ttag: u16,
+    /// A termination request was sent: nothing more is read.
+    terminated: bool,
+}
+
+/// Data transfer direction of an opcode (bits 1:0): 01b host to controller.
+fn host_to_controller(sqe: &Sqe) -> bool {
+    let op = if sqe.opcode() == crate::sqe::FABRICS {
+        sqe.fctype()
+    } else {
+        sqe.opcode()
+    };
+    op & 0x3 == 0x1
+}
+
+impl Queue {
+    pub fn new(limits: QueueLimits) -> Queue {
+        assert!(limits.maxh2cdata >= 4096 && limits.maxh2cdata.is_multiple_of(4));
+        assert!(limits.depth_max > 0);
+        Queue {
+            limits,
+            accept: Accept {
+                controller: true,
+                initialized: false,
+                header_digest: false,
+                data_digest: false,
+                alignment: 0,
+                data_max: limits.in_capsule_max.max(limits.maxh2cdata),
+            },
+            open: Vec::new(),
+            awaiting: Vec::new(),
+            unsolicited: std::collections::VecDeque::new(),
+            solicited: 0,
+            next_ttag: 0,
+            terminated: false,
+        }
+    }
+
+    /// The connection's negotiated header and data digests.
+    pub fn digests(&self) -> (bool, bool) {
+        (self.accept.header_digest, self.accept.data_digest)
+    }
+
+    pub fn initialized(&self) -> bool {
+        self.accept.initialized
+    }
+
+    /// Commands received and not yet answered.
+    pub fn open(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The most commands this queue holds at once (the host's SQSIZE once it connected).
+    pub fn set_depth(&mut self, depth: u16) {
+        self.limits.depth_max = depth.clamp(1, self.limits.depth_max);
+    }
+
+    /// Bytes of the next PDU that must be buffered before [`Queue::receive`] can take it (its
+    /// whole length once the common header is in), so the caller can size its reads.
+    pub fn next_len(&self, buf: &[u8]) -> usize {
+        match buf.get(..CH_LEN) {
+            Some(ch) => u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]) as usize,
+            None => CH_LEN,
+        }
+    }
+
+    /// Takes every complete PDU at the start of `buf`: commands ready to run go to `ready`,
+    /// commands the transport refuses to `refused`, bytes to send (ICResp, R2T) to `out`.
+    /// Returns the bytes consumed; `Err` once a termination request was appended to `out`
+    /// (send it, then close).
+    pub fn receive(
+        &mut self,
+        buf: &[u8],
+        out: &mut Vec<u8>,
+        ready: &mut Vec<Received>,
+        refused: &mut Vec<Refused>,
+    ) -> Result<usize, Fatal> {
+        let mut used = 0;
+        while !self.terminated {
+            let rest = &buf[used..];
+            let Some(ch) = rest.get(..CH_LEN) else { break };
+            let ch: &[u8; CH_LEN] = ch.try_into().unwrap_or(&[0; CH_LEN]);
+            let frame = match pdu::frame(ch, &self.accept) {
+                Ok(f) => f,
+                Err(r) => return Err(self.terminate(r, &rest[..CH_LEN], out)),
+            };
+            let Some(whole) = rest.get(..frame.len) else {
+                break;
+            };
+            if let Err(r) = self.take(&frame, whole, out, ready, refused) {
+                let header = &whole[..frame.hlen.min(whole.len())];
+                return Err(self.terminate(r, header, out));
+            }
+            used += frame.len;
+        }
+        Ok(used)
+    }
+
+    fn terminate(&mut self, r: Refusal, header: &[u8], out: &mut Vec<u8>) -> Fatal {
+        self.terminated = true;
+        pdu::encode_term(&r, true, header, out);
+        r.status
+    }
+
+    /// One whole PDU whose common header `frame` accepted.
+    fn take(
+        &mut self,
+        frame: &pdu::Frame,
+        whole: &[u8],
+        out: &mut Vec<u8>,
+        ready: &mut Vec<Received>,
+        refused: &mut Vec<Refused>,
+    ) -> Result<(), Refusal> {
+        let header = &whole[..frame.hlen];
+        if frame.header_digest {
+            let d: [u8; DIGEST_LEN] = whole[frame.hlen..frame.hlen + DIGEST_LEN]
+                .try_into()
+                .unwrap_or([0; DIGEST_LEN]);
+            if !pdu::header_digest_ok(header, &d) {
+                return Err(Refusal {
+                    status: Fatal::HeaderDigestError,
+                    field: 0,
+                });
+            }
+        }
+        let data = &whole[frame.data_offset..frame.data_offset + frame.data_len];
+        let data_ok = !frame.data_digest || {
+            let at = frame.data_offset + frame.data_len;
+            let d: [u8; DIGEST_LEN] = whole[at..at + DIGEST_LEN]
+                .try_into()
+                .unwrap_or([0; DIGEST_LEN]);
+            pdu::digest(data) == u32::from_le_bytes(d)
+        };
+        match frame.pdu_type {
+            PduType::ICReq => {
+                self.initialize(header, out)?;
+                Ok(())
+            }
+            PduType::H2CTermReq => Err(Refusal {
+                // The host ends the connection: nothing is sent back but the close.
+                status: Fatal::SequenceError,
+                field: 0,
+            }),
+            PduType::CapsuleCmd => {
+                let sqe = Sqe::from_slice(&header[CH_LEN..]).ok_or(Refusal {
+                    status: Fatal::InvalidHeaderField,
+                    field: 2,
+                })?;
+                self.command(sqe, data, data_ok, out, ready, refused);
+                Ok(())
+            }
+            PduType::H2CData => {
+                self.h2c_data(frame, header, data, data_ok, ready, refused)?;
+                self.solicit_waiting(out);
+                Ok(())
+            }
+            // `frame` lets through only what a host sends.
+            _ => Err(Refusal {
+                status: Fatal::InvalidHeaderField,
+                field: 0,
+            }),
+        }
+    }
+
+    fn initialize(&mut self, header: &[u8], out: &mut Vec<u8>) -> Result<(), Refusal> {
+        let req = pdu::ICReq::parse(header)?;
+        self.accept.initialized = true;
+        self.accept.header_digest = req.header_digest;
+        self.accept.data_digest = req.data_digest;
+        self.accept.alignment = req.hpda;
+        pdu::ICResp {
+            cpda: 0,
+            header_digest: req.header_digest,
+            data_digest: req.data_digest,
+            maxh2cdata: self.limits.maxh2cdata,
+        }
+        .encode(out);
+        Ok(())
+    }
+
+    /// A command capsule: ready now (data in the capsule, or none to receive), solicited with
+    /// an R2T, or refused.
+    fn command(
+        &mut self,
+        sqe: Sqe,
+        data: &[u8],
+        data_ok: bool,
+        out: &mut Vec<u8>,
+        ready: &mut Vec<Received>,
+        refused: &mut Vec<Refused>,
+    ) {
+        let cid = sqe.cid();
+        if self.open.contains(&cid) {
+            // The one in use keeps running; this one is answered (with the same identifier:
+            // the host broke the rule, it sorts out which answer is which).
+            refused.push(Refused {
+                cid,
+                status: Status::COMMAND_ID_CONFLICT,
+            });
+            return;
+        }
+        if self.open.len() >= usize::from(self.limits.depth_max) {
+            refused.push(Refused {
+                cid,
+                status: QUEUE_FULL,
+            });
+            return;
+        }
+        let refuse = |status| Refused { cid, status };
+        if !data_ok {
+            refused.push(refuse(TRANSIENT_TRANSPORT_ERROR));
+            return;
+        }
+        let pointer = match sqe.data_pointer() {
+            Ok(p) => p,
+            Err(status) => {
+                refused.push(refuse(status));
+                return;
+            }
+        };
+        match pointer {
+            DataPointer::InCapsule { offset, len } => {
+                // In-capsule data begins at offset 0 (the identify data says so) and is all of
+                // the capsule's data.
+                if offset != 0 || len as usize != data.len() || len > self.limits.in_capsule_max {
+                    refused.push(refuse(Status::DATA_SGL_LENGTH_INVALID));
+                    return;
+                }
+                self.open.push(cid);
+                ready.push(Received {
+                    sqe,
+                    data: data.to_vec(),
+                    data_in_len: 0,
+                });
+            }
+            DataPointer::Transport { len } => {
+                if !data.is_empty() || len > self.limits.transfer_max {
+                    refused.push(refuse(Status::DATA_SGL_LENGTH_INVALID));
+                    return;
+                }
+                self.open.push(cid);
+                if host_to_controller(&sqe) && len > 0 {
+                    self.unsolicited.push_back((sqe, len));
+                    self.solicit_waiting(out);
+                } else {
+                    ready.push(Received {
+                        sqe,
+                        data: Vec::new(),
+                        data_in_len: if host_to_controller(&sqe) { 0 } else { len },
+                    });
+                }
+            }
+        }
+    }
+
+    /// Sends the R2Ts of waiting writes while the data solicited stays within its bound (one
+    /// at a time past it).
+    fn solicit_waiting(&mut self, out: &mut Vec<u8>) {
+        while let Some(&(sqe, len)) = self.unsolicited.front() {
+            let room = self.solicited + u64::from(len) <= u64::from(self.limits.solicited_max);
+            if !room && !self.awaiting.is_empty() {
+                break;
+            }
+            self.unsolicited.pop_front();
+            self.solicit(sqe, len, out);
+        }
+    }
+
+    /// Asks for all of a write's data with one R2T (the host sends it in H2CData PDUs of at
+    /// most MAXH2CDATA each).
+    fn solicit(&mut self, sqe: Sqe, len: u32, out: &mut Vec<u8>) {
+        self.solicited += u64::from(len);
+        let ttag = self.next_ttag;
+        self.next_ttag = self.next_ttag.wrapping_add(1);
+        Transfer {
+            cccid: sqe.cid(),
+            ttag,
+            offset: 0,
+            len,
+        }
+        .encode_r2t(self.accept.header_digest, out);
+        self.awaiting.push(Awaiting {
+            sqe,
+            ttag,
+            total: len,
+            arrived: 0,
+            data: Vec::new(),
+            failed: false,
+        });
+    }
+
+    fn h2c_data(
+        &mut self,
+        frame: &pdu::Frame,
+        header: &[u8],
+        data: &[u8],
+        data_ok: bool,
+        ready: &mut Vec<Received>,
+        refused: &mut Vec<Refused>,
+    ) -> Result<(), Refusal> {
+        let field = |offset| Refusal {
+            status: Fatal::InvalidHeaderField,
+            field: offset,
+        };
+        let t = Transfer::parse(header).ok_or(field(2))?;
+        let index = self
+            .awaiting
+            .iter()
+            .position(|a| a.sqe.cid() == t.cccid && a.ttag == t.ttag)
+            .ok_or(field(8))?;
+        let a = &mut self.awaiting[index];
+        if t.offset != a.arrived || t.len as usize != data.len() {
+            return Err(field(12));
+        }
+        let arrived = a.arrived + t.len;
+        if arrived > a.total {
+            return Err(Refusal {
+                status: Fatal::DataOutOfRange,
+                field: 16,
+            });
+        }
+        let done = arrived == a.total;
+        if done != (frame.flags & flags::LAST_PDU != 0) {
+            return Err(field(1));
+        }
+        a.arrived = arrived;
+        a.failed |= !data_ok;
+        if !a.failed {
+            if a.data.is_empty() {
+                a.data.reserve_exact(a.total as usize);
+            }
+            a.data.extend_from_slice(data);
+        }
+        if done {
+            let a = self.awaiting.swap_remove(index);
+            self.solicited -= u64::from(a.total);
+            if a.failed {
+                refused.push(Refused {
+                    cid: a.sqe.cid(),
+                    status: TRANSIENT_TRANSPORT_ERROR,
+                });
+            } else {
+                ready.push(Received {
+                    sqe: a.sqe,
+                    data: a.data,
+                    data_in_len: 0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers command `cqe.cid`: `data` (at most what it may move to the host) in C2HData,
+    /// then the response capsule. A command that is not open is answered too (a refused one).
+    pub fn answer(&mut self, cqe: &Cqe, data: &[u8], out: &mut Vec<u8>) {
+        if let Some(i) = self.open.iter().position(|&c| c == cqe.cid) {
+            self.open.swap_remove(i);
+        }
+        let (hdgst, ddgst) = self.digests();
+        if !data.is_empty() {
+            let mut offset = 0usize;
+            for chunk in data.chunks(C2H_DATA_MAX) {
+                let last = offset + chunk.len() == data.len();
+                Transfer {
+                    cccid: cqe.cid,
+                    ttag: 0,
+                    offset: offset as u32,
+                    len: chunk.len() as u32,
+                }
+                .encode_c2h_header(
+                    if last { flags::LAST_PDU } else { 0 },
+                    (hdgst, ddgst),
+                    out,
+                );
+                out.extend_from_slice(chunk);
+                if ddgst {
+                    out.extend_from_slice(&pdu::digest(chunk).to_le_bytes());
+                }
+                offset += chunk.len();
+            }
+        }
+        cqe.encode_capsule(hdgst, out);
+    }
+}
+
+/// The most data one C2HData PDU carries: a long read goes in several, so no PDU length nears
+/// the 32-bit field.
+const C2H_DATA_MAX: usize = 1 << 20;
+
+/// Commands beyond the queue's size: the host broke SQ flow control. Answered with Command
+/// Interrupted (generic 21h, retryable) rather than ending the connection.
+pub const QUEUE_FULL: Status = Status {
+    sct: 0,
+    sc: 0x21,
+    dnr: false,
+};
+
+/// Writes a command capsule of `sqe` with `data` in it (a host's PDU: for hosts and tests).
+pub fn capsule(sqe: &Sqe, data: &[u8], digests: (bool, bool), out: &mut Vec<u8>) {
+    let (hdgst, ddgst) = digests;
+    let start = out.len();
+    let hlen = PduType::CapsuleCmd.hlen();
+    let header_end = hlen + if hdgst { DIGEST_LEN } else { 0 };
+    let pdo = if data.is_empty() { 0 } else { header_end };
+    let plen = header_end
+        + data.len()
+        + if ddgst && !data.is_empty() {
+            DIGEST_LEN
+        } else {
+            0
+        };
+    let mut f = 0;
+    if hdgst {
+        f |= flags::HDGSTF;
+    }
+    if ddgst && !data.is_empty() {
+        f |= flags::DDGSTF;
+    }
+    pdu::put_ch(out, PduType::CapsuleCmd, f, pdo as u8, plen as u32);
+    out.extend_from_slice(&sqe.0[..SQE_LEN]);
+    if hdgst {
+        let d = pdu::digest(&out[start..]);
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+    out.extend_from_slice(data);
+    if ddgst && !data.is_empty() {
+        out.extend_from_slice(&pdu::digest(data).to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests;

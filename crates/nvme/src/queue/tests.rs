@@ -1,0 +1,458 @@
+use super::*;
+use crate::pdu::ICReq;
+
+const LIMITS: QueueLimits = QueueLimits {
+    maxh2cdata: 8192,
+    in_capsule_max: 8192,
+    transfer_max: 1 << 20,
+    depth_max: 4,
+    solicited_max: 64 * 1024,
+};
+
+fn icreq(digests: (bool, bool)) -> Vec<u8> {
+    let mut out = Vec::new();
+    ICReq {
+        hpda: 0,
+        header_digest: digests.0,
+        data_digest: digests.1,
+        maxr2t: 0,
+    }
+    .encode(&mut out);
+    out
+}
+
+/// An initialized queue with the given digests.
+fn queue(digests: (bool, bool)) -> Queue {
+    let mut q = Queue::new(LIMITS);
+    let (mut out, mut ready, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    let req = icreq(digests);
+    assert_eq!(q.receive(&req, &mut out, &mut ready, &mut refused), Ok(128));
+    let resp = pdu::ICResp::parse(&out).unwrap();
+    assert_eq!((resp.header_digest, resp.data_digest), digests);
+    assert_eq!(resp.maxh2cdata, LIMITS.maxh2cdata);
+    assert!(q.initialized());
+    q
+}
+
+fn sqe(op: u8, cid: u16, pointer: DataPointer) -> Sqe {
+    let mut s = [0u8; SQE_LEN];
+    s[0] = op;
+    s[1] = 0x40;
+    s[2..4].copy_from_slice(&cid.to_le_bytes());
+    s[4..8].copy_from_slice(&1u32.to_le_bytes());
+    match pointer {
+        DataPointer::InCapsule { offset, len } => {
+            s[24..32].copy_from_slice(&offset.to_le_bytes());
+            s[32..36].copy_from_slice(&len.to_le_bytes());
+            s[39] = 0x01;
+        }
+        DataPointer::Transport { len } => {
+            s[32..36].copy_from_slice(&len.to_le_bytes());
+            s[39] = 0x5A;
+        }
+    }
+    Sqe(s)
+}
+
+const WRITE: u8 = 0x01;
+const READ: u8 = 0x02;
+
+struct Turn {
+    used: Result<usize, Fatal>,
+    out: Vec<u8>,
+    ready: Vec<Received>,
+    refused: Vec<Refused>,
+}
+
+fn feed(q: &mut Queue, bytes: &[u8]) -> Turn {
+    let (mut out, mut ready, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    let used = q.receive(bytes, &mut out, &mut ready, &mut refused);
+    Turn {
+        used,
+        out,
+        ready,
+        refused,
+    }
+}
+
+fn r2ts(out: &[u8]) -> Vec<Transfer> {
+    let mut v = Vec::new();
+    let mut at = 0;
+    while at < out.len() {
+        assert_eq!(out[at], PduType::R2T as u8);
+        let plen = u32::from_le_bytes(out[at + 4..at + 8].try_into().unwrap()) as usize;
+        v.push(Transfer::parse(&out[at..at + 24]).unwrap());
+        at += plen;
+    }
+    v
+}
+
+fn h2c(t: Transfer, last: bool, data: &[u8], digests: (bool, bool)) -> Vec<u8> {
+    let mut out = Vec::new();
+    t.encode_h2c_header(last, digests, &mut out);
+    out.extend_from_slice(data);
+    if digests.1 {
+        out.extend_from_slice(&pdu::digest(data).to_le_bytes());
+    }
+    out
+}
+
+#[test]
+fn a_command_before_connection_initialization_ends_the_connection() {
+    let mut q = Queue::new(LIMITS);
+    let mut cap = Vec::new();
+    capsule(
+        &sqe(READ, 1, DataPointer::Transport { len: 512 }),
+        &[],
+        (false, false),
+        &mut cap,
+    );
+    let t = feed(&mut q, &cap);
+    assert_eq!(t.used, Err(Fatal::SequenceError));
+    assert_eq!(t.out[0], PduType::C2HTermReq as u8);
+    // Nothing more is taken after a termination.
+    assert_eq!(feed(&mut q, &icreq((false, false))).used, Ok(0));
+}
+
+#[test]
+fn a_partial_pdu_waits_for_the_rest() {
+    let mut q = Queue::new(LIMITS);
+    let req = icreq((true, true));
+    assert_eq!(q.next_len(&req[..4]), CH_LEN);
+    assert_eq!(q.next_len(&req[..8]), 128);
+    assert_eq!(feed(&mut q, &req[..100]).used, Ok(0));
+    assert_eq!(feed(&mut q, &req).used, Ok(128));
+}
+
+#[test]
+fn a_read_is_ready_at_once_and_its_answer_is_data_then_a_response() {
+    for digests in [(false, false), (true, true)] {
+        let mut q = queue(digests);
+        let mut cap = Vec::new();
+        capsule(
+            &sqe(READ, 7, DataPointer::Transport { len: 4096 }),
+            &[],
+            digests,
+            &mut cap,
+        );
+        let t = feed(&mut q, &cap);
+        assert_eq!(t.used, Ok(cap.len()));
+        assert_eq!(t.ready.len(), 1);
+        assert_eq!(t.ready[0].data_in_len, 4096);
+        assert_eq!(q.open(), 1);
+        let mut out = Vec::new();
+        let cqe = Cqe {
+            dw0: 0,
+            dw1: 0,
+            sqhd: 0,
+            sqid: 1,
+            cid: 7,
+            status: Status::SUCCESS,
+        };
+        q.answer(&cqe, &[0xAB; 4096], &mut out);
+        assert_eq!(q.open(), 0);
+        assert_eq!(out[0], PduType::C2HData as u8);
+        assert_ne!(out[1] & flags::LAST_PDU, 0);
+        let hd = if digests.0 { 4 } else { 0 };
+        let dd = if digests.1 { 4 } else { 0 };
+        let data_at = 24 + hd;
+        assert_eq!(&out[data_at..data_at + 4096], &[0xAB; 4096][..]);
+        let resp = &out[data_at + 4096 + dd..];
+        assert_eq!(resp[0], PduType::CapsuleResp as u8);
+        assert_eq!(resp.len(), 24 + hd);
+        if digests.1 {
+            let d = u32::from_le_bytes(out[data_at + 4096..data_at + 4100].try_into().unwrap());
+            assert_eq!(d, pdu::digest(&[0xAB; 4096]));
+        }
+    }
+}
+
+#[test]
+fn in_capsule_data_comes_with_its_command() {
+    let mut q = queue((false, true));
+    let mut cap = Vec::new();
+    let s = sqe(
+        WRITE,
+        3,
+        DataPointer::InCapsule {
+            offset: 0,
+            len: 512,
+        },
+    );
+    capsule(&s, &[5; 512], (false, true), &mut cap);
+    let t = feed(&mut q, &cap);
+    assert_eq!(t.used, Ok(cap.len()));
+    assert_eq!(
+        t.ready,
+        vec![Received {
+            sqe: s,
+            data: vec![5; 512],
+            data_in_len: 0
+        }]
+    );
+    // A wrong length or offset in the descriptor is refused, not run.
+    for (offset, len) in [(0, 511), (16, 512)] {
+        let mut cap = Vec::new();
+        capsule(
+            &sqe(WRITE, 4, DataPointer::InCapsule { offset, len }),
+            &[5; 512],
+            (false, true),
+            &mut cap,
+        );
+        let t = feed(&mut q, &cap);
+        assert!(t.ready.is_empty());
+        assert_eq!(
+            t.refused,
+            vec![Refused {
+                cid: 4,
+                status: Status::DATA_SGL_LENGTH_INVALID
+            }]
+        );
+    }
+    // A corrupted data digest: Transient Transport Error, the connection lives on.
+    let mut cap = Vec::new();
+    capsule(&s, &[5; 512], (false, true), &mut cap);
+    let n = cap.len();
+    cap[n - 1] ^= 1;
+    let mut q = queue((false, true));
+    let t = feed(&mut q, &cap);
+    assert_eq!(t.used, Ok(n));
+    assert_eq!(
+        t.refused,
+        vec![Refused {
+            cid: 3,
+            status: TRANSIENT_TRANSPORT_ERROR
+        }]
+    );
+}
+
+#[test]
+fn a_write_is_solicited_with_one_r2t_and_ready_when_its_data_arrived() {
+    let digests = (true, true);
+    let mut q = queue(digests);
+    let mut cap = Vec::new();
+    let s = sqe(WRITE, 9, DataPointer::Transport { len: 20_000 });
+    capsule(&s, &[], digests, &mut cap);
+    let t = feed(&mut q, &cap);
+    assert!(t.ready.is_empty());
+    let r2t = r2ts(&t.out);
+    assert_eq!(r2t.len(), 1);
+    assert_eq!((r2t[0].cccid, r2t[0].offset, r2t[0].len), (9, 0, 20_000));
+    let data: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+    let mut at = 0;
+    let mut ready = Vec::new();
+    while at < data.len() {
+        let n = (data.len() - at).min(8192);
+        let t = Transfer {
+            cccid: 9,
+            ttag: r2t[0].ttag,
+            offset: at as u32,
+            len: n as u32,
+        };
+        let pdu = h2c(t, at + n == data.len(), &data[at..at + n], digests);
+        let turn = feed(&mut q, &pdu);
+        assert_eq!(turn.used, Ok(pdu.len()));
+        ready.extend(turn.ready);
+        at += n;
+    }
+    assert_eq!(
+        ready,
+        vec![Received {
+            sqe: s,
+            data,
+            data_in_len: 0
+        }]
+    );
+}
+
+#[test]
+fn data_out_of_order_or_beyond_the_transfer_ends_the_connection() {
+    let cases: [(u32, u32, bool, Fatal); 4] = [
+        // Offset ahead of what arrived.
+        (512, 512, false, Fatal::InvalidHeaderField),
+        // Past the end of the transfer.
+        (0, 8192, true, Fatal::DataOutOfRange),
+        // The last PDU not flagged so.
+        (0, 4096, false, Fatal::InvalidHeaderField),
+        // Flagged last too early.
+        (0, 512, true, Fatal::InvalidHeaderField),
+    ];
+    for (offset, len, last, fatal) in cases {
+        let mut q = queue((false, false));
+        let mut cap = Vec::new();
+        capsule(
+            &sqe(WRITE, 1, DataPointer::Transport { len: 4096 }),
+            &[],
+            (false, false),
+            &mut cap,
+        );
+        let ttag = r2ts(&feed(&mut q, &cap).out)[0].ttag;
+        let t = Transfer {
+            cccid: 1,
+            ttag,
+            offset,
+            len,
+        };
+        let turn = feed(
+            &mut q,
+            &h2c(t, last, &vec![0; len as usize], (false, false)),
+        );
+        assert_eq!(turn.used, Err(fatal), "{offset} {len} {last}");
+        assert_eq!(turn.out[0], PduType::C2HTermReq as u8);
+    }
+    // Data for a transfer nobody asked for.
+    let mut q = queue((false, false));
+    let t = Transfer {
+        cccid: 1,
+        ttag: 0,
+        offset: 0,
+        len: 512,
+    };
+    assert_eq!(
+        feed(&mut q, &h2c(t, true, &[0; 512], (false, false))).used,
+        Err(Fatal::InvalidHeaderField)
+    );
+}
+
+#[test]
+fn a_bad_data_digest_in_h2c_data_fails_only_its_command() {
+    let mut q = queue((false, true));
+    let mut cap = Vec::new();
+    capsule(
+        &sqe(WRITE, 2, DataPointer::Transport { len: 8192 }),
+        &[],
+        (false, true),
+        &mut cap,
+    );
+    let ttag = r2ts(&feed(&mut q, &cap).out)[0].ttag;
+    let first = Transfer {
+        cccid: 2,
+        ttag,
+        offset: 0,
+        len: 4096,
+    };
+    let mut pdu = h2c(first, false, &[1; 4096], (false, true));
+    let n = pdu.len();
+    pdu[n - 1] ^= 0xFF;
+    assert!(feed(&mut q, &pdu).refused.is_empty());
+    let second = Transfer {
+        cccid: 2,
+        ttag,
+        offset: 4096,
+        len: 4096,
+    };
+    let t = feed(&mut q, &h2c(second, true, &[1; 4096], (false, true)));
+    assert!(t.ready.is_empty());
+    assert_eq!(
+        t.refused,
+        vec![Refused {
+            cid: 2,
+            status: TRANSIENT_TRANSPORT_ERROR
+        }]
+    );
+}
+
+#[test]
+fn writes_beyond_the_solicited_bound_wait_for_their_r2t() {
+    let mut q = queue((false, false));
+    let mut cap = Vec::new();
+    // Two 48 KiB writes: the bound (64 KiB) lets one be solicited at a time.
+    for cid in [1, 2] {
+        capsule(
+            &sqe(WRITE, cid, DataPointer::Transport { len: 48 * 1024 }),
+            &[],
+            (false, false),
+            &mut cap,
+        );
+    }
+    let t = feed(&mut q, &cap);
+    let first = r2ts(&t.out);
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].cccid, 1);
+    let mut got = Vec::new();
+    for at in (0..48 * 1024).step_by(8192) {
+        let t = Transfer {
+            cccid: 1,
+            ttag: first[0].ttag,
+            offset: at,
+            len: 8192,
+        };
+        let turn = feed(
+            &mut q,
+            &h2c(t, at + 8192 == 48 * 1024, &[0; 8192], (false, false)),
+        );
+        got.extend(r2ts(&turn.out));
+    }
+    // The first one's data arrived: the second is solicited.
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].cccid, 2);
+}
+
+#[test]
+fn a_command_identifier_in_use_or_a_full_queue_is_refused_not_run() {
+    let mut q = queue((false, false));
+    let mut cap = Vec::new();
+    for cid in [1, 1, 2, 3, 4, 5] {
+        capsule(
+            &sqe(READ, cid, DataPointer::Transport { len: 512 }),
+            &[],
+            (false, false),
+            &mut cap,
+        );
+    }
+    let t = feed(&mut q, &cap);
+    assert_eq!(
+        t.ready.iter().map(|r| r.sqe.cid()).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(
+        t.refused,
+        vec![
+            Refused {
+                cid: 1,
+                status: Status::COMMAND_ID_CONFLICT
+            },
+            Refused {
+                cid: 5,
+                status: QUEUE_FULL
+            },
+        ]
+    );
+    // A longer transfer than MDTS is refused too.
+    let mut q = queue((false, false));
+    let mut cap = Vec::new();
+    capsule(
+        &sqe(
+            READ,
+            1,
+            DataPointer::Transport {
+                len: (1 << 20) + 512,
+            },
+        ),
+        &[],
+        (false, false),
+        &mut cap,
+    );
+    assert_eq!(
+        feed(&mut q, &cap).refused,
+        vec![Refused {
+            cid: 1,
+            status: Status::DATA_SGL_LENGTH_INVALID
+        }]
+    );
+}
+
+#[test]
+fn a_corrupt_header_digest_ends_the_connection() {
+    let mut q = queue((true, false));
+    let mut cap = Vec::new();
+    capsule(
+        &sqe(READ, 1, DataPointer::Transport { len: 512 }),
+        &[],
+        (true, false),
+        &mut cap,
+    );
+    cap[20] ^= 1;
+    let t = feed(&mut q, &cap);
+    assert_eq!(t.used, Err(Fatal::HeaderDigestError));
+}

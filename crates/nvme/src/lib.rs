@@ -18,3 +18,4 @@ pub mod nvm;
 pub mod pdu;
 pub mod queue;
 pub mod sqe;
+pub mod translate;

@@ -1,0 +1,307 @@
+//! NVM commands as SCSI block commands, and SCSI answers as NVMe status: the bridge that lets
+//! a namespace be the same logical unit an iSCSI initiator reaches, with the same gates
+//! (offline, ALUA, reservations, read-only, in-flight guards) deciding both. Bytes only: this
+//! crate knows no SCSI semantics beyond the CDB layouts (SBC-4) and sense fields (SPC-4) it
+//! writes and reads.
+
+use crate::nvm::{self, AcquireAction, Blocks, Cptpl, IoCommand, RegisterAction};
+use crate::queue::QUEUE_FULL;
+use crate::sqe::Status;
+
+/// A SCSI command standing for an NVM command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScsiCommand {
+    pub cdb: Vec<u8>,
+    /// Its Data-Out (the NVMe command's data, reshaped where SCSI's layout differs).
+    pub data_out: Vec<u8>,
+    /// The Data-In it may return.
+    pub data_in_len: u32,
+    pub read: bool,
+    pub write: bool,
+}
+
+const READ_16: u8 = 0x88;
+const WRITE_16: u8 = 0x8A;
+const VERIFY_16: u8 = 0x8F;
+const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+const WRITE_SAME_16: u8 = 0x93;
+const UNMAP: u8 = 0x42;
+const COMPARE_AND_WRITE: u8 = 0x89;
+const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
+
+/// What stops a command from becoming a SCSI one: answered with this status.
+pub type Refusal = Status;
+
+fn cdb16(op: u8, byte1: u8, blocks: Blocks) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op;
+    c[1] = byte1;
+    c[2..10].copy_from_slice(&blocks.slba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.count.to_be_bytes());
+    c
+}
+
+fn bytes(blocks: Blocks, block_size: u32) -> Result<u32, Refusal> {
+    u32::try_from(u64::from(blocks.count) * u64::from(block_size))
+        .map_err(|_| Status::DATA_SGL_LENGTH_INVALID)
+}
+
+/// The SCSI command for I/O command `command` with its `data` (what the host sent), on a
+/// namespace of `block_size`-byte blocks. Reservation Report has none yet: refused as an
+/// invalid opcode (docs/NVME.md).
+pub fn scsi_command(
+    command: &IoCommand,
+    data: Vec<u8>,
+    block_size: u32,
+) -> Result<ScsiCommand, Refusal> {
+    const FUA: u8 = 0x08;
+    let plain = |cdb, data_out, data_in_len, read, write| ScsiCommand {
+        cdb,
+        data_out,
+        data_in_len,
+        read,
+        write,
+    };
+    Ok(match *command {
+        IoCommand::Read { blocks, fua } => {
+            let len = bytes(blocks, block_size)?;
+            let f = if fua { FUA } else { 0 };
+            plain(cdb16(READ_16, f, blocks), data, len, true, false)
+        }
+        IoCommand::Write { blocks, fua } => {
+            let len = bytes(blocks, block_size)?;
+            if data.len() != len as usize {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            let f = if fua { FUA } else { 0 };
+            plain(cdb16(WRITE_16, f, blocks), data, 0, false, true)
+        }
+        IoCommand::Compare { blocks } => {
+            let len = bytes(blocks, block_size)?;
+            if data.len() != len as usize {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            // VERIFY (16) with BYTCHK 01b: the medium against the data, MISCOMPARE if not.
+            plain(cdb16(VERIFY_16, 0x02, blocks), data, 0, false, true)
+        }
+        IoCommand::Flush => {
+            let whole = Blocks { slba: 0, count: 0 };
+            plain(cdb16(SYNCHRONIZE_CACHE_16, 0, whole), data, 0, false, false)
+        }
+        IoCommand::WriteZeroes {
+            blocks,
+            deallocate,
+            fua,
+        } => {
+            // WRITE SAME has no FUA: a write-back device would answer before the zeroes are
+            // durable, which FUA forbids. Refused rather than answered early.
+            if fua {
+                return Err(Status::INVALID_FIELD);
+            }
+            // NDOB: no Data-Out, the pattern is zeros; UNMAP where the host allows it.
+            let f = 0x01 | if deallocate { 0x08 } else { 0 };
+            plain(cdb16(WRITE_SAME_16, f, blocks), Vec::new(), 0, false, true)
+        }
+        IoCommand::DatasetManagement { .. } => unmap(&nvm::dsm_ranges(&data)),
+        IoCommand::ReservationRegister {
+            action,
+            ignore_key,
+            cptpl,
+        } => {
+            let (crkey, nrkey) = nvm::reservation_keys(&data).ok_or(Status::INVALID_FIELD)?;
+            let sa = if ignore_key { 0x06 } else { 0x00 };
+            let (key, sa_key) = match action {
+                RegisterAction::Register => (if ignore_key { 0 } else { crkey }, nrkey),
+                RegisterAction::Unregister => (crkey, 0),
+                RegisterAction::Replace => (crkey, nrkey),
+            };
+            pr_out(sa, 0, key, sa_key, cptpl == Cptpl::Set)
+        }
+        IoCommand::ReservationAcquire {
+            action,
+            ignore_key,
+            rtype,
+        } => {
+            if ignore_key {
+                return Err(Status::INVALID_FIELD);
+            }
+            let (crkey, prkey) = nvm::reservation_keys(&data).ok_or(Status::INVALID_FIELD)?;
+            let rtype = rtype.ok_or(Status::INVALID_FIELD)?.spc_type();
+            match action {
+                AcquireAction::Acquire => pr_out(0x01, rtype, crkey, 0, false),
+                AcquireAction::Preempt => pr_out(0x04, rtype, crkey, prkey, false),
+                AcquireAction::PreemptAndAbort => pr_out(0x05, rtype, crkey, prkey, false),
+            }
+        }
+        IoCommand::ReservationRelease {
+            clear,
+            ignore_key,
+            rtype,
+        } => {
+            if ignore_key {
+                return Err(Status::INVALID_FIELD);
+            }
+            let crkey = data
+                .get(..8)
+                .and_then(|k| k.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or(Status::INVALID_FIELD)?;
+            if clear {
+                pr_out(0x03, 0, crkey, 0, false)
+            } else {
+                let t = rtype.map_or(0, |t| t.spc_type());
+                pr_out(0x02, t, crkey, 0, false)
+            }
+        }
+        IoCommand::ReservationReport { .. } => return Err(Status::INVALID_OPCODE),
+    })
+}
+
+/// UNMAP with a descriptor per range (SBC-4 5.32): a range of no blocks is dropped.
+fn unmap(ranges: &[Blocks]) -> ScsiCommand {
+    let ranges: Vec<&Blocks> = ranges.iter().filter(|r| r.count > 0).collect();
+    let mut p = vec![0u8; 8];
+    for r in &ranges {
+        p.extend_from_slice(&r.slba.to_be_bytes());
+        p.extend_from_slice(&r.count.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    let len = p.len();
+    p[0..2].copy_from_slice(&((len - 2) as u16).to_be_bytes());
+    p[2..4].copy_from_slice(&((len - 8) as u16).to_be_bytes());
+    let mut cdb = vec![0u8; 10];
+    cdb[0] = UNMAP;
+    cdb[7..9].copy_from_slice(&(len as u16).to_be_bytes());
+    ScsiCommand {
+        cdb,
+        data_out: p,
+        data_in_len: 0,
+        read: false,
+        write: true,
+    }
+}
+
+/// PERSISTENT RESERVE OUT, scope LU, with a 24-byte parameter list. A registration is the
+/// host's through the port it came by (SPC-4's I_T nexus), as for an iSCSI initiator; NVMe
+/// makes it the host's through every controller (docs/NVME.md names the difference).
+fn pr_out(sa: u8, rtype: u8, key: u64, sa_key: u64, aptpl: bool) -> ScsiCommand {
+    let mut cdb = vec![0u8; 10];
+    cdb[0] = PERSISTENT_RESERVE_OUT;
+    cdb[1] = sa;
+    cdb[2] = rtype & 0x0F;
+    cdb[8] = 24;
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p[20] = u8::from(aptpl);
+    ScsiCommand {
+        cdb,
+        data_out: p,
+        data_in_len: 0,
+        read: false,
+        write: false,
+    }
+}
+
+/// The fused Compare and Write pair as COMPARE AND WRITE (SBC-4 5.3): the first command's data
+/// to compare, the second's to write, the same blocks (at most 255).
+pub fn compare_and_write(
+    compare: &IoCommand,
+    compare_data: &[u8],
+    write: &IoCommand,
+    write_data: &[u8],
+    block_size: u32,
+) -> Result<ScsiCommand, Refusal> {
+    let (IoCommand::Compare { blocks: c }, IoCommand::Write { blocks: w, fua }) = (compare, write)
+    else {
+        return Err(Status::ABORTED_FUSE_FAILED);
+    };
+    if c != w || c.count > 255 {
+        return Err(Status::INVALID_FIELD);
+    }
+    let len = bytes(*c, block_size)? as usize;
+    if compare_data.len() != len || write_data.len() != len {
+        return Err(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    let mut cdb = vec![0u8; 16];
+    cdb[0] = COMPARE_AND_WRITE;
+    cdb[1] = if *fua { 0x08 } else { 0 };
+    cdb[2..10].copy_from_slice(&c.slba.to_be_bytes());
+    cdb[13] = c.count as u8;
+    let mut data_out = Vec::with_capacity(len * 2);
+    data_out.extend_from_slice(compare_data);
+    data_out.extend_from_slice(write_data);
+    Ok(ScsiCommand {
+        cdb,
+        data_out,
+        data_in_len: 0,
+        read: false,
+        write: true,
+    })
+}
+
+/// Namespace Is Write Protected (generic 20h).
+pub const WRITE_PROTECTED: Status = Status {
+    sct: 0,
+    sc: 0x20,
+    dnr: true,
+};
+/// Media errors (type 2): Write Fault, Unrecovered Read Error.
+pub const WRITE_FAULT: Status = Status {
+    sct: 2,
+    sc: 0x80,
+    dnr: false,
+};
+pub const UNRECOVERED_READ_ERROR: Status = Status {
+    sct: 2,
+    sc: 0x81,
+    dnr: false,
+};
+
+/// The sense key, ASC and ASCQ of fixed (70h/71h) or descriptor (72h/73h) sense data.
+pub fn sense_fields(sense: &[u8]) -> Option<(u8, u8, u8)> {
+    match sense.first()? & 0x7F {
+        0x70 | 0x71 => Some((sense.get(2)? & 0x0F, *sense.get(12)?, *sense.get(13)?)),
+        0x72 | 0x73 => Some((sense.get(1)? & 0x0F, *sense.get(2)?, *sense.get(3)?)),
+        _ => None,
+    }
+}
+
+/// The NVMe status for a SCSI status and its sense data: one table, so both doors fail the
+/// same way for the same reason.
+pub fn status_of(scsi_status: u8, sense: &[u8]) -> Status {
+    match scsi_status {
+        0x00 => Status::SUCCESS,
+        0x18 => Status::RESERVATION_CONFLICT,
+        0x08 | 0x28 => QUEUE_FULL,
+        0x02 => match sense_fields(sense) {
+            Some((key, asc, ascq)) => check_condition(key, asc, ascq),
+            None => Status::INTERNAL_ERROR,
+        },
+        _ => Status::INTERNAL_ERROR,
+    }
+}
+
+fn check_condition(key: u8, asc: u8, ascq: u8) -> Status {
+    match (key, asc, ascq) {
+        (0x05, 0x20, _) => Status::INVALID_OPCODE,
+        (0x05, 0x21, _) => Status::LBA_OUT_OF_RANGE,
+        (0x05, 0x25, _) => Status::INVALID_NAMESPACE,
+        (0x05, _, _) => Status::INVALID_FIELD,
+        (0x07, 0x27, _) => WRITE_PROTECTED,
+        (0x07, _, _) => Status::ACCESS_DENIED,
+        (0x0E, _, _) => Status::COMPARE_FAILURE,
+        (0x02, 0x04, 0x0A) => Status::ANA_TRANSITION,
+        (0x02, 0x04, 0x0B | 0x0C) => Status::ANA_INACCESSIBLE,
+        (0x02, _, _) => Status::NAMESPACE_NOT_READY,
+        (0x03, 0x11, _) => UNRECOVERED_READ_ERROR,
+        (0x03, _, _) => WRITE_FAULT,
+        // An NVMe nexus is given no unit attentions; one that arrives anyway, or a command
+        // aborted on the way, is retried by the host.
+        (0x06 | 0x0B, _, _) => QUEUE_FULL,
+        _ => Status::INTERNAL_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,222 @@
+use super::*;
+use crate::nvm::ReservationType;
+
+fn blocks(slba: u64, count: u32) -> Blocks {
+    Blocks { slba, count }
+}
+
+#[test]
+fn reads_and_writes_become_their_sixteen_byte_scsi_commands() {
+    let r = scsi_command(
+        &IoCommand::Read {
+            blocks: blocks(0x1_0000_0002, 8),
+            fua: true,
+        },
+        Vec::new(),
+        512,
+    )
+    .unwrap();
+    assert_eq!(
+        r.cdb,
+        [0x88, 0x08, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 8, 0, 0]
+    );
+    assert_eq!((r.data_in_len, r.read, r.write), (4096, true, false));
+    let w = scsi_command(
+        &IoCommand::Write {
+            blocks: blocks(3, 1),
+            fua: false,
+        },
+        vec![7; 4096],
+        4096,
+    )
+    .unwrap();
+    assert_eq!(w.cdb[0], 0x8A);
+    assert_eq!(w.cdb[1], 0);
+    assert_eq!(w.data_out, vec![7; 4096]);
+    // Data that does not match the blocks asked for never reaches the medium.
+    assert_eq!(
+        scsi_command(
+            &IoCommand::Write {
+                blocks: blocks(3, 2),
+                fua: false
+            },
+            vec![7; 4096],
+            4096
+        ),
+        Err(Status::DATA_SGL_LENGTH_INVALID)
+    );
+    let c = scsi_command(
+        &IoCommand::Compare {
+            blocks: blocks(0, 1),
+        },
+        vec![1; 512],
+        512,
+    )
+    .unwrap();
+    assert_eq!((c.cdb[0], c.cdb[1]), (0x8F, 0x02));
+    let f = scsi_command(&IoCommand::Flush, Vec::new(), 512).unwrap();
+    assert_eq!(f.cdb, [0x91, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn write_zeroes_and_deallocate_become_write_same_and_unmap() {
+    let z = scsi_command(
+        &IoCommand::WriteZeroes {
+            blocks: blocks(16, 32),
+            deallocate: true,
+            fua: false,
+        },
+        Vec::new(),
+        512,
+    )
+    .unwrap();
+    assert_eq!((z.cdb[0], z.cdb[1]), (0x93, 0x09));
+    assert!(z.data_out.is_empty());
+    assert_eq!(
+        scsi_command(
+            &IoCommand::WriteZeroes {
+                blocks: blocks(0, 1),
+                deallocate: false,
+                fua: true
+            },
+            Vec::new(),
+            512
+        ),
+        Err(Status::INVALID_FIELD)
+    );
+    let mut ranges = Vec::new();
+    for (slba, count) in [(100u64, 8u32), (0, 0), (7, 1)] {
+        ranges.extend_from_slice(&[0; 4]);
+        ranges.extend_from_slice(&count.to_le_bytes());
+        ranges.extend_from_slice(&slba.to_le_bytes());
+    }
+    let u = scsi_command(
+        &IoCommand::DatasetManagement {
+            ranges: 3,
+            deallocate: true,
+        },
+        ranges,
+        512,
+    )
+    .unwrap();
+    assert_eq!(u.cdb[0], 0x42);
+    assert_eq!(u16::from_be_bytes([u.cdb[7], u.cdb[8]]), 40);
+    assert_eq!(&u.data_out[..4], &[0, 38, 0, 32]);
+    assert_eq!(&u.data_out[8..20], &[0, 0, 0, 0, 0, 0, 0, 100, 0, 0, 0, 8]);
+    assert_eq!(&u.data_out[24..36], &[0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1]);
+}
+
+#[test]
+fn reservation_commands_become_persistent_reserve_out_with_the_same_type() {
+    let mut keys = Vec::new();
+    keys.extend_from_slice(&0x1111u64.to_le_bytes());
+    keys.extend_from_slice(&0x2222u64.to_le_bytes());
+    let reg = scsi_command(
+        &IoCommand::ReservationRegister {
+            action: RegisterAction::Register,
+            ignore_key: false,
+            cptpl: Cptpl::NoChange,
+        },
+        keys.clone(),
+        512,
+    )
+    .unwrap();
+    assert_eq!((reg.cdb[0], reg.cdb[1], reg.cdb[8]), (0x5F, 0x00, 24));
+    assert_eq!(
+        &reg.data_out[..16],
+        &[0, 0, 0, 0, 0, 0, 0x11, 0x11, 0, 0, 0, 0, 0, 0, 0x22, 0x22]
+    );
+    assert_eq!(reg.data_out[20], 0);
+    let acq = scsi_command(
+        &IoCommand::ReservationAcquire {
+            action: AcquireAction::Preempt,
+            ignore_key: false,
+            rtype: Some(ReservationType::WriteExclusiveRegistrantsOnly),
+        },
+        keys.clone(),
+        512,
+    )
+    .unwrap();
+    assert_eq!((acq.cdb[1], acq.cdb[2]), (0x04, 5));
+    let unreg = scsi_command(
+        &IoCommand::ReservationRegister {
+            action: RegisterAction::Unregister,
+            ignore_key: false,
+            cptpl: Cptpl::Set,
+        },
+        keys.clone(),
+        512,
+    )
+    .unwrap();
+    assert_eq!(&unreg.data_out[8..16], &[0; 8]);
+    assert_eq!(unreg.data_out[20], 1, "APTPL");
+    let clear = scsi_command(
+        &IoCommand::ReservationRelease {
+            clear: true,
+            ignore_key: false,
+            rtype: None,
+        },
+        keys,
+        512,
+    )
+    .unwrap();
+    assert_eq!(clear.cdb[1], 0x03);
+}
+
+#[test]
+fn a_fused_pair_becomes_compare_and_write() {
+    let c = IoCommand::Compare {
+        blocks: blocks(9, 1),
+    };
+    let w = IoCommand::Write {
+        blocks: blocks(9, 1),
+        fua: false,
+    };
+    let cw = compare_and_write(&c, &[1; 512], &w, &[2; 512], 512).unwrap();
+    assert_eq!(cw.cdb[0], 0x89);
+    assert_eq!(cw.cdb[13], 1);
+    assert_eq!(cw.data_out.len(), 1024);
+    let elsewhere = IoCommand::Write {
+        blocks: blocks(10, 1),
+        fua: false,
+    };
+    assert_eq!(
+        compare_and_write(&c, &[1; 512], &elsewhere, &[2; 512], 512),
+        Err(Status::INVALID_FIELD)
+    );
+    assert_eq!(
+        compare_and_write(&w, &[1; 512], &c, &[2; 512], 512),
+        Err(Status::ABORTED_FUSE_FAILED)
+    );
+}
+
+#[test]
+fn scsi_answers_map_to_one_nvme_status_each() {
+    let fixed = |key: u8, asc: u8, ascq: u8| {
+        let mut s = vec![0u8; 18];
+        s[0] = 0x70;
+        s[2] = key;
+        s[12] = asc;
+        s[13] = ascq;
+        s
+    };
+    assert_eq!(status_of(0, &[]), Status::SUCCESS);
+    assert_eq!(status_of(0x18, &[]), Status::RESERVATION_CONFLICT);
+    assert_eq!(status_of(0x28, &[]), QUEUE_FULL);
+    assert_eq!(status_of(2, &fixed(5, 0x21, 0)), Status::LBA_OUT_OF_RANGE);
+    assert_eq!(status_of(2, &fixed(5, 0x20, 0)), Status::INVALID_OPCODE);
+    assert_eq!(status_of(2, &fixed(7, 0x27, 0)), WRITE_PROTECTED);
+    assert_eq!(status_of(2, &fixed(0xE, 0x1D, 0)), Status::COMPARE_FAILURE);
+    assert_eq!(status_of(2, &fixed(2, 4, 0x0A)), Status::ANA_TRANSITION);
+    assert_eq!(status_of(2, &fixed(2, 4, 0x0B)), Status::ANA_INACCESSIBLE);
+    assert_eq!(
+        status_of(2, &fixed(2, 4, 0x12)),
+        Status::NAMESPACE_NOT_READY
+    );
+    assert_eq!(status_of(2, &fixed(3, 0x11, 0)), UNRECOVERED_READ_ERROR);
+    assert_eq!(
+        status_of(2, &[0x72, 0x05, 0x24, 0x00]),
+        Status::INVALID_FIELD
+    );
+    assert_eq!(status_of(2, &[]), Status::INTERNAL_ERROR);
+}

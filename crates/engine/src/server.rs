@@ -939,7 +939,9 @@ iqn = "iqn.2026-11.test:target"
                     .iter()
                     .position(|g| g.initiators.iter().any(|i| i.as_str() == name.as_str()))
                     .unwrap_or(2);
-                let (membership, auth) = topology.admit(&name, &target, 1, source).unwrap();
+                let (membership, auth) = topology
+                    .admit(crate::admission::Door::Iscsi, &name, &target, 1, source)
+                    .unwrap();
                 assert_eq!(membership.group, oracle, "{spelling:?}");
                 let (_, group) = topology.group_of(membership).unwrap();
                 assert_eq!(group.name, config.targets[0].groups[oracle].name);
@@ -955,7 +957,9 @@ iqn = "iqn.2026-11.test:target"
         assert!(checked > 2000, "only {checked} spellings were names");
         // The reproduction, concretely: É is é, which needs no CHAP and gets the 16 MiB LU.
         let upper = IscsiName::from_wire("iqn.2026-11.test:É").unwrap();
-        let (membership, auth) = topology.admit(&upper, &target, 1, source).unwrap();
+        let (membership, auth) = topology
+            .admit(crate::admission::Door::Iscsi, &upper, &target, 1, source)
+            .unwrap();
         assert_eq!(auth, crate::config::ResolvedAuth::None);
         let (_, group) = topology.group_of(membership).unwrap();
         let lu = &group.luns.get(0).unwrap().lu;

@@ -29,14 +29,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve targets. With no options: a demo target with a 1 GiB RAM LUN on 127.0.0.1:3260.
+    /// Serve targets. With no options: a demo target with a 1 GiB RAM LUN on 127.0.0.1:3260
+    /// (iSCSI) and 127.0.0.1:4420 (NVMe/TCP).
     Serve {
         /// Declarative configuration file (TOML, see docs/CONFIG.md).
-        #[arg(short, long, conflicts_with_all = ["listen", "target", "lun"])]
+        #[arg(short, long, conflicts_with_all = ["listen", "nvme_listen", "target", "lun"])]
         config: Option<PathBuf>,
         /// Portal to listen on, ADDR:PORT or [V6ADDR]:PORT (repeatable; default 127.0.0.1:3260).
         #[arg(long)]
         listen: Vec<String>,
+        /// NVMe/TCP listener for the same target, ADDR[:PORT] (port 4420 unless given;
+        /// repeatable). The subsystem's NQN is the target's IQN with `nqn.` for `iqn.`. With
+        /// neither --listen nor --nvme-listen, both 127.0.0.1:3260 and 127.0.0.1:4420.
+        #[arg(long)]
+        nvme_listen: Vec<String>,
         /// Target name (IQN) for a quick export.
         #[arg(long)]
         target: Option<String>,
@@ -88,6 +94,7 @@ fn main() -> ExitCode {
         Command::Serve {
             config,
             listen,
+            nvme_listen,
             target,
             lun,
             workers,
@@ -108,8 +115,13 @@ fn main() -> ExitCode {
             let loaded = source.and_then(|source| {
                 let mut c = match &source.path {
                     Some(path) => Config::load(path).map_err(|e| e.to_string())?,
-                    None => Config::from_cli(&listen, target.as_deref().unwrap_or(""), &lun)
-                        .map_err(|e| e.to_string())?,
+                    None => Config::from_cli(
+                        &listen,
+                        &nvme_listen,
+                        target.as_deref().unwrap_or(""),
+                        &lun,
+                    )
+                    .map_err(|e| e.to_string())?,
                 };
                 source.apply_overrides(&mut c);
                 Ok((c, source))

@@ -84,7 +84,8 @@ impl IscsiName {
         Ok(IscsiName(normal.into_boxed_str()))
     }
 
-    /// A name as a configuration states it: well-formed (`iqn.`/`eui.`/`naa.`) and already in
+    /// A name as a configuration states it: well-formed (`iqn.`/`eui.`/`naa.`, or an NVMe
+    /// `nqn.`, which shares the `iqn.` grammar and is compared the same way) and already in
     /// normal form, so that what the admin wrote is exactly what is compared. The one mapping
     /// accepted is upper-case hex digits of `eui.`/`naa.` names (RFC 7143's own examples use
     /// them); they are stored lowercase.
@@ -96,7 +97,7 @@ impl IscsiName {
             && normal.eq_ignore_ascii_case(s);
         if normal != s && !hex_case_only {
             if s.get(..4).is_some_and(|p| {
-                ["iqn.", "eui.", "naa."]
+                ["iqn.", "nqn.", "eui.", "naa."]
                     .iter()
                     .any(|want| want.eq_ignore_ascii_case(p) && *want != p)
             }) {
@@ -114,9 +115,15 @@ impl IscsiName {
         &self.0
     }
 
-    /// Whether the name follows RFC 7143's grammar (`iqn.`, `eui.`, `naa.`).
+    /// Whether the name follows RFC 7143's grammar (`iqn.`, `eui.`, `naa.`) or an NQN's.
     pub fn is_well_formed(&self) -> bool {
         check_format(&self.0).is_ok()
+    }
+
+    /// Whether this is an NVMe Qualified Name (an NVMe host's or subsystem's), not an iSCSI
+    /// name.
+    pub fn is_nqn(&self) -> bool {
+        self.0.starts_with("nqn.")
     }
 }
 
@@ -222,10 +229,12 @@ fn prepare(s: &str) -> Result<String, NameError> {
 /// `naa.` + 16 or 32 hex digits; applied to a normal form (so lowercase throughout).
 fn check_format(s: &str) -> Result<(), String> {
     match s.get(..4).unwrap_or("") {
-        "iqn." => check_iqn(&s[4..]),
+        "iqn." => check_iqn(&s[4..], "iqn."),
+        // An NVMe Qualified Name (NVMe base 2.0, 4.5) has the grammar of an `iqn.` name.
+        "nqn." => check_iqn(&s[4..], "nqn."),
         "eui." => check_hex(&s[4..], &[16], "eui."),
         "naa." => check_hex(&s[4..], &[16, 32], "naa."),
-        _ => Err("an iSCSI name must start with `iqn.`, `eui.` or `naa.`".into()),
+        _ => Err("a name must start with `iqn.`, `eui.` or `naa.` (iSCSI) or `nqn.` (NVMe)".into()),
     }
 }
 
@@ -239,7 +248,7 @@ fn check_hex(digits: &str, lengths: &[usize], prefix: &str) -> Result<(), String
     Ok(())
 }
 
-fn check_iqn(rest: &str) -> Result<(), String> {
+fn check_iqn(rest: &str, prefix: &str) -> Result<(), String> {
     // rest = "YYYY-MM.reversed.domain[:anything]"
     let b = rest.as_bytes();
     let date_ok = b.len() >= 8
@@ -248,7 +257,9 @@ fn check_iqn(rest: &str) -> Result<(), String> {
         && matches!((b[5], b[6]), (b'0', b'1'..=b'9') | (b'1', b'0'..=b'2'))
         && b[7] == b'.';
     if !date_ok {
-        return Err("`iqn.` must be followed by a date `YYYY-MM.` (month 01..12)".into());
+        return Err(format!(
+            "`{prefix}` must be followed by a date `YYYY-MM.` (month 01..12)"
+        ));
     }
     let after_date = &rest[8..];
     let (authority, suffix) = match after_date.split_once(':') {
@@ -256,9 +267,9 @@ fn check_iqn(rest: &str) -> Result<(), String> {
         None => (after_date, None),
     };
     if authority.is_empty() {
-        return Err(
-            "`iqn.` name has no naming authority (reversed domain name) after the date".into(),
-        );
+        return Err(format!(
+            "`{prefix}` name has no naming authority (reversed domain name) after the date"
+        ));
     }
     for label in authority.split('.') {
         if label.is_empty() {
@@ -275,7 +286,7 @@ fn check_iqn(rest: &str) -> Result<(), String> {
     }
     if let Some(suffix) = suffix {
         if suffix.is_empty() {
-            return Err("nothing follows the `:` of an `iqn.` name".into());
+            return Err(format!("nothing follows the `:` of an `{prefix}` name"));
         }
         // Non-ASCII characters left after the profile are letters and marks it allows.
         if let Some(c) = suffix.chars().find(|&c| {

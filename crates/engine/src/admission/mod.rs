@@ -16,6 +16,14 @@ use std::net::IpAddr;
 use crate::config::{IscsiName, ResolvedAuth, Secret};
 use crate::topology::{Membership, Topology};
 
+/// The transport a session came through: an iSCSI login names a target by its iSCSI name, an
+/// NVMe/TCP Connect by its NQN; each finds the target only under its own kind of name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Door {
+    Iscsi,
+    Nvme,
+}
+
 /// Why an initiator may not (or may no longer) be in a session with a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -129,6 +137,7 @@ impl Admitted {
 
 /// Where a running session stands: what [`Topology::readmit`] decides again.
 pub struct Standing<'a> {
+    pub door: Door,
     pub initiator: &'a IscsiName,
     /// `None` for a discovery session.
     pub target_name: Option<&'a IscsiName>,
@@ -172,11 +181,16 @@ impl Topology {
     /// session's LUN map comes from the same membership ([`Topology::group_of`]).
     pub fn admit(
         &self,
+        door: Door,
         initiator: &IscsiName,
         target_name: &IscsiName,
         portal_group_tag: u16,
         source: IpAddr,
     ) -> Result<(Membership, ResolvedAuth), Refusal> {
+        if target_name.is_nqn() != (door == Door::Nvme) {
+            // An iSCSI login naming an NQN, or a Connect naming an IQN: no such target here.
+            return Err(Refusal::NoSuchTarget);
+        }
         let (index, target) = self.target(target_name).ok_or(Refusal::NoSuchTarget)?;
         if !target.portal_groups.contains(&portal_group_tag) {
             // Not served on this portal: to this initiator it does not exist here.
@@ -205,6 +219,7 @@ impl Topology {
             }
         };
         let (membership, required) = self.admit(
+            session.door,
             session.initiator,
             target_name,
             session.portal_group_tag,
@@ -324,13 +339,14 @@ iqn = "iqn.2026-11.test:t"
         let before = topology(&groups("", chap));
         let source = "127.0.0.1".parse().unwrap();
         let standing = |initiator| Standing {
+            door: Door::Iscsi,
             initiator,
             target_name: Some(&target),
             portal_group_tag: 1,
             source,
         };
         let admitted = |t: &Topology, who: &IscsiName, chap_user: Option<&str>| {
-            let (membership, required) = t.admit(who, &target, 1, source).unwrap();
+            let (membership, required) = t.admit(Door::Iscsi, who, &target, 1, source).unwrap();
             Admitted::of_login(t, Some(membership), &required, chap_user).unwrap()
         };
         let db2_open = admitted(&before, &db2, None);

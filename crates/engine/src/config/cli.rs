@@ -4,8 +4,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use super::names::{
-    check_iscsi_name, derive_identity, parse_listen, parse_size, portals_overlap,
-    ISCSI_PORT_DEFAULT,
+    check_iscsi_name, derive_identity, parse_listen, parse_nvme_listen, parse_size,
+    portals_overlap, ISCSI_PORT_DEFAULT, NVME_PORT_DEFAULT,
 };
 use super::Invalid;
 use super::{
@@ -49,24 +49,56 @@ pub(crate) fn demo() -> Config {
     let listen = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ISCSI_PORT_DEFAULT);
     // The demo's name is a constant in normal form (a unit test checks it).
     let iqn = IscsiName::from_config(DEMO_TARGET_IQN).unwrap_or_else(|e| unreachable!("{e}"));
-    quick_export(vec![listen], iqn, vec![lun])
+    // Both doors: the same RAM disk is an NVMe/TCP namespace on 4420.
+    let nvme = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), NVME_PORT_DEFAULT);
+    quick_export(vec![listen], vec![nvme], iqn, vec![lun])
+}
+
+/// The NVMe subsystem name of a quick export's target: its IQN as an NQN (`iqn.` becomes
+/// `nqn.`), or under ferrosan's own naming authority for an `eui.`/`naa.` target.
+pub(crate) fn nqn_of(iqn: &IscsiName) -> IscsiName {
+    let text = match iqn.as_str().strip_prefix("iqn.") {
+        Some(rest) => format!("nqn.{rest}"),
+        None => format!("nqn.2026-11.org.ferrosan:{}", iqn.as_str()),
+    };
+    IscsiName::from_wire(&text).unwrap_or_else(|_| iqn.clone())
 }
 
 pub(crate) fn from_cli(
     listen: &[String],
+    nvme_listen: &[String],
     target: &str,
     luns: &[String],
 ) -> Result<Config, ConfigError> {
     let mut addrs: Vec<SocketAddr> = Vec::new();
+    let mut nvme: Vec<SocketAddr> = Vec::new();
+    for a in nvme_listen {
+        let field = format!("--nvme-listen {a}");
+        let addr = parse_nvme_listen(a).map_err(|m| cli_error(field.clone(), m))?;
+        if let Some(other) = nvme.iter().find(|o| portals_overlap(**o, addr)) {
+            return Err(cli_error(field, format!("overlaps --nvme-listen {other}")));
+        }
+        nvme.push(addr);
+    }
     for a in listen {
         let field = format!("--listen {a}");
         let addr = parse_listen(a).map_err(|m| cli_error(field.clone(), m))?;
         if let Some(other) = addrs.iter().find(|o| portals_overlap(**o, addr)) {
             return Err(cli_error(field, format!("overlaps --listen {other}")));
         }
+        if let Some(other) = nvme.iter().find(|o| portals_overlap(**o, addr)) {
+            return Err(cli_error(field, format!("overlaps --nvme-listen {other}")));
+        }
         addrs.push(addr);
     }
     if addrs.is_empty() {
+        // No address at all: the demo's two doors.
+        if nvme.is_empty() {
+            nvme.push(SocketAddr::new(
+                Ipv4Addr::LOCALHOST.into(),
+                NVME_PORT_DEFAULT,
+            ));
+        }
         addrs.push(SocketAddr::new(
             Ipv4Addr::LOCALHOST.into(),
             ISCSI_PORT_DEFAULT,
@@ -114,7 +146,7 @@ pub(crate) fn from_cli(
             }
         }
     }
-    Ok(quick_export(addrs, target, specs))
+    Ok(quick_export(addrs, nvme, target, specs))
 }
 
 /// `ram:SIZE` | `file:PATH[,size=SIZE]` | `block:PATH` | `rbd:POOL/IMAGE[,conf=PATH]
@@ -250,7 +282,12 @@ fn lun_store(kind: &str, rest: &str, o: &LunOptions) -> Result<(StoreKind, Optio
 
 /// One target on one portal group, open to any initiator, LUNs numbered in order.
 /// Identities: from target IQN + LUN for RAM, from the path for files and block devices.
-fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) -> Config {
+fn quick_export(
+    listen: Vec<SocketAddr>,
+    nvme_listen: Vec<SocketAddr>,
+    iqn: IscsiName,
+    specs: Vec<LunSpec>,
+) -> Config {
     let mut devices = Vec::new();
     let mut luns = Vec::new();
     for (lun, spec) in specs.into_iter().enumerate() {
@@ -268,12 +305,14 @@ fn quick_export(listen: Vec<SocketAddr>, iqn: IscsiName, specs: Vec<LunSpec>) ->
         portal_groups: vec![PortalGroup {
             tag: 1,
             listen,
+            nvme_listen: nvme_listen.clone(),
             alua_state: scsi::AccessState::ActiveOptimized,
             gateway: None,
             peer_address: None,
         }],
         devices,
         targets: vec![TargetConfig {
+            nqn: (!nvme_listen.is_empty()).then(|| nqn_of(&iqn)),
             iqn,
             alias: None,
             portal_groups: vec![1],

@@ -68,6 +68,7 @@ struct RawServer {
 struct RawPortalGroup {
     tag: Option<S<i64>>,
     listen: Option<S<Vec<S<String>>>>,
+    nvme_listen: Option<S<Vec<S<String>>>>,
     alua_state: Option<S<String>>,
     gateway: Option<S<String>>,
     peer_address: Option<S<String>>,
@@ -77,6 +78,7 @@ struct RawPortalGroup {
 #[serde(deny_unknown_fields)]
 struct RawTarget {
     iqn: Option<S<String>>,
+    nqn: Option<S<String>>,
     alias: Option<S<String>>,
     portal_groups: Option<S<Vec<S<i64>>>>,
     #[serde(default)]
@@ -443,6 +445,7 @@ fn resolve_portal_groups(
             }
         }
         let listen = portal_listen(cx, &ctx, rg, &table, &mut seen);
+        let nvme_listen = nvme_listen(cx, &ctx, rg, &mut seen);
         let alua_state = portal_alua_state(cx, &ctx, rg);
         let gateway = match &rg.gateway {
             None => None,
@@ -474,6 +477,7 @@ fn resolve_portal_groups(
             groups.push(PortalGroup {
                 tag,
                 listen,
+                nvme_listen,
                 alua_state,
                 gateway,
                 peer_address,
@@ -520,6 +524,42 @@ fn portal_listen(
                     format!("{addr} overlaps {other} ({where_}): a wildcard and a specific address of the same family on one port")
                 };
                 cx.err(a.span(), field, msg);
+            }
+            None => seen.push((addr, field)),
+        }
+        listen.push(addr);
+    }
+    listen
+}
+
+/// A portal group's NVMe/TCP listen addresses (optional; port 4420 by default), overlapping
+/// no other listener of any kind.
+fn nvme_listen(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rg: &RawPortalGroup,
+    seen: &mut Vec<(SocketAddr, String)>,
+) -> Vec<SocketAddr> {
+    let mut listen = Vec::new();
+    let Some(l) = &rg.nvme_listen else {
+        return listen;
+    };
+    for (j, a) in l.get_ref().iter().enumerate() {
+        let field = format!("{ctx}: nvme_listen[{j}]");
+        let addr = match super::names::parse_nvme_listen(a.get_ref()) {
+            Err(m) => {
+                cx.err(a.span(), field, m);
+                continue;
+            }
+            Ok(addr) => addr,
+        };
+        match seen.iter().find(|(o, _)| portals_overlap(*o, addr)) {
+            Some((other, where_)) => {
+                cx.err(
+                    a.span(),
+                    field,
+                    format!("{addr} overlaps {other} ({where_})"),
+                );
             }
             None => seen.push((addr, field)),
         }
@@ -611,6 +651,11 @@ fn resolve_targets(
             ctx = format!("target {:?}", n.get_ref());
             match check_iscsi_name(n.get_ref()) {
                 Err(m) => cx.err(n.span(), format!("{ctx}: iqn"), m),
+                Ok(name) if name.is_nqn() => cx.err(
+                    n.span(),
+                    format!("{ctx}: iqn"),
+                    "an NVMe name: give the target an iSCSI name here and the NQN as `nqn`",
+                ),
                 Ok(name) if !iqns.insert(name.clone()) => {
                     cx.err(n.span(), format!("{ctx}: iqn"), "duplicate target name")
                 }
@@ -618,6 +663,7 @@ fn resolve_targets(
             }
         }
         let here = rt.iqn.as_ref().map_or(table.clone(), |n| n.span());
+        let nqn = target_nqn(cx, &ctx, rt, &mut iqns);
         let alias = rt.alias.as_ref().map(|a| {
             let s = a.get_ref();
             if s.is_empty() || s.len() > ALIAS_BYTES_MAX || s.chars().any(char::is_control) {
@@ -652,6 +698,7 @@ fn resolve_targets(
         };
         targets.push(TargetConfig {
             iqn,
+            nqn,
             alias,
             portal_groups: pgs,
             groups,
@@ -661,6 +708,32 @@ fn resolve_targets(
         });
     }
     targets
+}
+
+/// A target's NVMe subsystem name: an `nqn.` name, unique among every target's names, not the
+/// discovery subsystem's.
+fn target_nqn(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rt: &RawTarget,
+    names: &mut HashSet<IscsiName>,
+) -> Option<IscsiName> {
+    let n = rt.nqn.as_ref()?;
+    let field = format!("{ctx}: nqn");
+    match check_iscsi_name(n.get_ref()) {
+        Err(m) => cx.err(n.span(), field, m),
+        Ok(name) if !name.is_nqn() => {
+            cx.err(n.span(), field, "an NVMe subsystem name starts with `nqn.`")
+        }
+        Ok(name) if name.as_str() == nvme::fabrics::DISCOVERY_NQN => cx.err(
+            n.span(),
+            field,
+            "the discovery subsystem's name: choose one of your own",
+        ),
+        Ok(name) if !names.insert(name.clone()) => cx.err(n.span(), field, "duplicate target name"),
+        Ok(name) => return Some(name),
+    }
+    None
 }
 
 /// The portal groups a target is served on: the tags it lists, or every portal group.
@@ -1006,6 +1079,10 @@ fn portal_group_toml(out: &mut String, pg: &PortalGroup) {
         listen.join(", "),
         alua_state_name(pg.alua_state)
     );
+    if !pg.nvme_listen.is_empty() {
+        let nvme: Vec<String> = pg.nvme_listen.iter().map(|a| q(&a.to_string())).collect();
+        let _ = writeln!(out, "nvme_listen = [{}]", nvme.join(", "));
+    }
     if let Some(gateway) = &pg.gateway {
         let _ = writeln!(out, "gateway = {}", q(gateway));
     }
@@ -1071,6 +1148,9 @@ fn device_toml(out: &mut String, d: &DeviceConfig) {
 
 fn target_toml(out: &mut String, t: &TargetConfig, reveal: bool) {
     let _ = writeln!(out, "\n[[target]]\niqn = {}", q(t.iqn.as_str()));
+    if let Some(nqn) = &t.nqn {
+        let _ = writeln!(out, "nqn = {}", q(nqn.as_str()));
+    }
     if let Some(a) = &t.alias {
         let _ = writeln!(out, "alias = {}", q(a));
     }

@@ -26,8 +26,8 @@ pub use file::configured_alua_state;
 pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
 pub use iscsi::name::IscsiName;
 pub use names::{
-    check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_size, portals_overlap,
-    ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
+    check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_nvme_listen, parse_size,
+    portals_overlap, ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT, NVME_PORT_DEFAULT,
 };
 pub use source::{ConfigSource, LoadError, Unsaved};
 pub use store_kind::StoreKind;
@@ -323,6 +323,10 @@ pub struct PortalGroup {
     /// Target portal group tag, 1..=65535.
     pub tag: u16,
     pub listen: Vec<SocketAddr>,
+    /// NVMe/TCP listeners of the same port group (empty: none): the targets of this group
+    /// that have an `nqn` are served there as NVMe subsystems, with the same ALUA state as
+    /// their ANA state.
+    pub nvme_listen: Vec<SocketAddr>,
     /// ALUA state of the target port group this portal group forms (in every target it serves).
     pub alua_state: scsi::AccessState,
     /// The gateway that serves it (None: this daemon, whichever gateway it is).
@@ -442,6 +446,9 @@ pub(crate) fn parse_rbd_image(s: &str) -> Result<(String, String), Invalid> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetConfig {
     pub iqn: IscsiName,
+    /// The NVMe subsystem name the same target is served under on its portal groups'
+    /// `nvme_listen` addresses (None: iSCSI only).
+    pub nqn: Option<IscsiName>,
     pub alias: Option<String>,
     /// Tags of the portal groups; resolved (never empty).
     pub portal_groups: Vec<u16>,
@@ -547,10 +554,11 @@ impl Config {
     /// `listen` empty: 127.0.0.1:3260. `target` empty: the demo IQN. `luns` empty: `ram:1G`.
     pub fn from_cli(
         listen: &[String],
+        nvme_listen: &[String],
         target: &str,
         luns: &[String],
     ) -> Result<Config, ConfigError> {
-        cli::from_cli(listen, target, luns)
+        cli::from_cli(listen, nvme_listen, target, luns)
     }
 
     /// Parses and validates a config file's text; `file_name` is used in error messages.

@@ -9,6 +9,8 @@ use super::Invalid;
 
 /// The well-known iSCSI port, used when a listen address names no port.
 pub const ISCSI_PORT_DEFAULT: u16 = 3260;
+/// The NVMe/TCP port (IANA `nvme-tcp`, 4420); discovery controllers answer on it too.
+pub const NVME_PORT_DEFAULT: u16 = 4420;
 
 /// Whether `s` is an iSCSI name as a config must write it (see [`check_iscsi_name`]).
 pub fn is_valid_iscsi_name(s: &str) -> bool {
@@ -71,19 +73,28 @@ pub fn parse_size(s: &str) -> Result<u64, Invalid> {
 /// Parses a listen address: `IPv4[:PORT]` or `[IPv6][:PORT]`; the port defaults to 3260.
 /// Host names are not accepted (the config is resolved without DNS).
 pub fn parse_listen(s: &str) -> Result<SocketAddr, Invalid> {
+    parse_listen_on(s, ISCSI_PORT_DEFAULT)
+}
+
+/// An NVMe/TCP listen address: as [`parse_listen`], the port 4420 when none is given.
+pub fn parse_nvme_listen(s: &str) -> Result<SocketAddr, Invalid> {
+    parse_listen_on(s, NVME_PORT_DEFAULT)
+}
+
+fn parse_listen_on(s: &str, default_port: u16) -> Result<SocketAddr, Invalid> {
     let t = s.trim();
     let addr = if let Ok(a) = t.parse::<SocketAddr>() {
         a
     } else if let Ok(ip) = t.parse::<std::net::Ipv4Addr>() {
-        SocketAddr::new(IpAddr::V4(ip), ISCSI_PORT_DEFAULT)
+        SocketAddr::new(IpAddr::V4(ip), default_port)
     } else if let Some(ip) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
         match ip.parse::<std::net::Ipv6Addr>() {
-            Ok(ip) => SocketAddr::new(IpAddr::V6(ip), ISCSI_PORT_DEFAULT),
+            Ok(ip) => SocketAddr::new(IpAddr::V6(ip), default_port),
             Err(_) => return Err(Invalid(format!("`{s}` is not an IPv6 address"))),
         }
     } else if t.parse::<std::net::Ipv6Addr>().is_ok() {
         return Err(Invalid(format!(
-            "`{s}`: write IPv6 addresses in brackets, e.g. `[{t}]:3260`"
+            "`{s}`: write IPv6 addresses in brackets, e.g. `[{t}]:{default_port}`"
         )));
     } else {
         return Err(Invalid(format!(

@@ -412,7 +412,7 @@ fn rbd_devices_name_their_image_and_cluster() {
     let o = Config::from_toml_str(&other, FILE).unwrap();
     let e = o.device("elsewhere").unwrap();
     assert_eq!((&d.serial, &d.naa), (&e.serial, &e.naa));
-    let quick = Config::from_cli(&[], "", &["rbd:pool1/vm-disk".into()]).unwrap();
+    let quick = Config::from_cli(&[], &[], "", &["rbd:pool1/vm-disk".into()]).unwrap();
     assert_eq!(quick.devices[0].naa, d.naa);
     // The saved form reads back the same.
     let again = Config::from_toml_str(&c.to_toml(), FILE).unwrap();
@@ -476,6 +476,7 @@ fn rbd_device_errors_are_located() {
 fn rbd_lun_specs_parse() {
     let c = Config::from_cli(
         &[],
+        &[],
         "",
         &["rbd:rbd/img,conf=/c/ceph.conf,client=client.gw,ro".into()],
     )
@@ -491,10 +492,13 @@ fn rbd_lun_specs_parse() {
     );
     assert!(c.targets[0].groups[0].luns[0].read_only);
     assert!(!c.devices[0].write_cache, "write-through unless asked");
-    let c = Config::from_cli(&[], "", &["rbd:rbd/img,write_cache".into()]).unwrap();
+    let c = Config::from_cli(&[], &[], "", &["rbd:rbd/img,write_cache".into()]).unwrap();
     assert!(c.devices[0].write_cache);
     for bad in ["rbd:img", "rbd:rbd/img,size=1G", "rbd:a/b/c"] {
-        assert!(Config::from_cli(&[], "", &[bad.into()]).is_err(), "{bad}");
+        assert!(
+            Config::from_cli(&[], &[], "", &[bad.into()]).is_err(),
+            "{bad}"
+        );
     }
 }
 
@@ -587,11 +591,12 @@ fn derived_identity_is_stable_and_distinct() {
 #[test]
 fn cli_identity_is_stable() {
     let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let a = Config::from_cli(&[], "", &args(&["ram:1G", "file:/tmp/x.img"])).unwrap();
-    let b = Config::from_cli(&[], "", &args(&["ram:1G", "file:/tmp/x.img"])).unwrap();
+    let a = Config::from_cli(&[], &[], "", &args(&["ram:1G", "file:/tmp/x.img"])).unwrap();
+    let b = Config::from_cli(&[], &[], "", &args(&["ram:1G", "file:/tmp/x.img"])).unwrap();
     assert_eq!(a, b);
     assert_ne!(a.devices[0].naa, a.devices[1].naa);
     let c = Config::from_cli(
+        &[],
         &[],
         "iqn.2026-11.org.ferrosan:other",
         &args(&["ram:1G", "file:/tmp/x.img"]),
@@ -1112,6 +1117,7 @@ fn demo_config() {
         vec![PortalGroup {
             tag: 1,
             listen: vec!["127.0.0.1:3260".parse().unwrap()],
+            nvme_listen: vec!["127.0.0.1:4420".parse().unwrap()],
             alua_state: scsi::AccessState::ActiveOptimized,
             gateway: None,
             peer_address: None,
@@ -1120,6 +1126,10 @@ fn demo_config() {
     assert_eq!(c.targets.len(), 1);
     let t = &c.targets[0];
     assert_eq!(t.iqn.as_str(), DEMO_TARGET_IQN);
+    assert_eq!(
+        t.nqn.as_ref().map(IscsiName::as_str),
+        Some("nqn.2026-11.org.ferrosan:demo")
+    );
     assert_eq!(t.portal_groups, vec![1]);
     assert_eq!(t.groups.len(), 1);
     assert!(t.groups[0].any_initiator);
@@ -1140,7 +1150,7 @@ fn demo_config() {
     assert_eq!(c.devices[0].block_size, 512);
     assert!(t.group_for(&n("iqn.1998-01.com.vmware:anyone")).is_some());
     assert_eq!(
-        Config::from_cli(&[], "", &[]).unwrap(),
+        Config::from_cli(&[], &[], "", &[]).unwrap(),
         c,
         "a bare `serve` is the demo"
     );
@@ -1152,6 +1162,7 @@ fn from_cli_builds_a_quick_export() {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let c = Config::from_cli(
         &s(&["0.0.0.0:3260", "[::]:3260"]),
+        &[],
         "iqn.2026-11.org.example:quick",
         &s(&[
             "ram:512M",
@@ -1219,7 +1230,7 @@ fn from_cli_errors_name_the_argument() {
         ),
     ];
     for (listen, target, luns, field) in cases {
-        let e = Config::from_cli(&s(listen), target, &s(luns)).unwrap_err();
+        let e = Config::from_cli(&s(listen), &[], target, &s(luns)).unwrap_err();
         assert_eq!(e.file, COMMAND_LINE);
         assert_eq!(e.line, 0);
         assert_eq!(e.field, field, "{e}");
@@ -1661,8 +1672,8 @@ fn chap_algorithms_are_checked() {
 
 #[test]
 fn ram_luns_are_bounded() {
-    assert!(Config::from_cli(&[], "", &["ram:16T".into()]).is_ok());
-    let e = Config::from_cli(&[], "", &["ram:16P".into()]).unwrap_err();
+    assert!(Config::from_cli(&[], &[], "", &["ram:16T".into()]).is_ok());
+    let e = Config::from_cli(&[], &[], "", &["ram:16P".into()]).unwrap_err();
     assert!(e.to_string().contains("largest RAM LUN"), "{e}");
     let text = with_device("name = \"disk2\"\nstore = \"ram\"\nsize = \"17T\"");
     one_error(&text, "size = \"17T\"", "device \"disk2\": size");
@@ -1788,4 +1799,58 @@ fn devices_outside_device_roots_are_refused_symlinks_resolved() {
     // A root may be a single device or file.
     assert!(super::within_roots(&link, &[elsewhere.join("secret.img")]).is_ok());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_target_is_an_nvme_subsystem_under_its_nqn_on_its_groups_nvme_listeners() {
+    let text = BASE
+        .replace(
+            "listen = [\"127.0.0.1:3260\"]",
+            "listen = [\"127.0.0.1:3260\"]\nnvme_listen = [\"127.0.0.1\", \"[::1]:4421\"]",
+        )
+        .replace(
+            "iqn = \"iqn.2026-11.org.ferrosan:t1\"",
+            "iqn = \"iqn.2026-11.org.ferrosan:t1\"\nnqn = \"nqn.2026-11.org.ferrosan:t1\"",
+        )
+        .replace(
+            "any_initiator = true",
+            "initiators = [\"nqn.2014-08.org.nvmexpress:uuid:1b4e28ba-2fa1-11d2-883f-0016d3cca427\", \"iqn.1993-08.org.debian:01:a\"]",
+        );
+    let c = load(&text);
+    assert_eq!(
+        c.portal_groups[0].nvme_listen,
+        vec![
+            "127.0.0.1:4420".parse::<SocketAddr>().unwrap(),
+            "[::1]:4421".parse().unwrap()
+        ]
+    );
+    let nqn = c.targets[0].nqn.clone().unwrap();
+    assert_eq!(nqn.as_str(), "nqn.2026-11.org.ferrosan:t1");
+    assert!(c.targets[0].groups[0].initiators[0].is_nqn());
+    // Written back and read again: the same config.
+    assert_eq!(load(&c.to_toml()), c);
+}
+
+#[test]
+fn nqns_and_nvme_listeners_are_checked_like_their_iscsi_twins() {
+    let nqn = |v: &str| {
+        BASE.replace(
+            "iqn = \"iqn.2026-11.org.ferrosan:t1\"",
+            &format!("iqn = \"iqn.2026-11.org.ferrosan:t1\"\nnqn = \"{v}\""),
+        )
+    };
+    one_error(&nqn("iqn.2026-11.org.ferrosan:t1"), "nqn =", "nqn");
+    one_error(&nqn("nqn.2026-11.org.ferrosan:T1"), "nqn =", "nqn");
+    one_error(&nqn("nqn.2014-08.org.nvmexpress.discovery"), "nqn =", "nqn");
+    one_error(&nqn("nqn.bad"), "nqn =", "nqn");
+    let as_iqn = BASE.replace(
+        "iqn = \"iqn.2026-11.org.ferrosan:t1\"",
+        "iqn = \"nqn.2026-11.org.ferrosan:t1\"",
+    );
+    one_error(&as_iqn, "iqn = \"nqn", "iqn");
+    let overlapping = BASE.replace(
+        "listen = [\"127.0.0.1:3260\"]",
+        "listen = [\"127.0.0.1:3260\"]\nnvme_listen = [\"0.0.0.0:3260\"]",
+    );
+    one_error(&overlapping, "nvme_listen", "nvme_listen[0]");
 }

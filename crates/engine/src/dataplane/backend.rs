@@ -153,8 +153,9 @@ pub(super) struct Backend<'a> {
     /// confirmed by every topology since ([`Backend::follow_topology`]); its membership is
     /// `topology`'s.
     pub(super) admitted: Admitted,
-    /// The session's target (normal sessions).
+    /// The session's target (normal sessions): its IQN, or its NQN through the NVMe door.
     pub(super) target_name: Option<IscsiName>,
+    pub(super) door: crate::admission::Door,
     pub(super) initiator: IscsiName,
     pub(super) luns: Option<Arc<LunMap>>,
     pub(super) nexus: Option<Nexus>,
@@ -546,6 +547,7 @@ impl Backend<'_> {
             return Ok(());
         }
         let standing = Standing {
+            door: self.door,
             initiator: &self.initiator,
             target_name: self.target_name.as_ref(),
             portal_group_tag: self.portal_group_tag,

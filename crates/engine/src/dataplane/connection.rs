@@ -275,6 +275,7 @@ impl Driver {
             topology: Arc::clone(topology),
             admitted,
             target_name: established.target_name.clone(),
+            door: crate::admission::Door::Iscsi,
             initiator: established.initiator_name.clone(),
             luns: None,
             nexus: None,

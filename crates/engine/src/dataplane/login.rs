@@ -93,6 +93,7 @@ impl LoginPolicy for Policy<'_> {
         self.check_source(initiator_name)?;
         let topology = self.shared.topology();
         let admitted = topology.admit(
+            crate::admission::Door::Iscsi,
             initiator_name,
             target_name,
             self.portal_group_tag,

@@ -350,9 +350,16 @@ impl Topology {
         })
     }
 
-    /// The target named `iqn`, with its index in `targets`.
-    pub fn target(&self, iqn: &IscsiName) -> Option<(usize, &TargetRuntime)> {
-        self.targets.iter().enumerate().find(|(_, t)| t.iqn == *iqn)
+    /// The target named `name`: its iSCSI name, or the NQN it is served under as an NVMe
+    /// subsystem (one target, two doors, one admission).
+    pub fn target(&self, name: &IscsiName) -> Option<(usize, &TargetRuntime)> {
+        self.targets
+            .iter()
+            .enumerate()
+            .find(|(_, t)| match name.is_nqn() {
+                true => t.config.nqn.as_ref() == Some(name),
+                false => t.iqn == *name,
+            })
     }
 
     /// The group `initiator` belongs to in target `target` (an index in `targets`), if any.

@@ -426,6 +426,12 @@ series! {
     connections: Gauge = "connections";
     /// Sessions in full feature phase
     sessions: Gauge = "sessions";
+    /// NVMe/TCP controllers (each an admin queue with its I/O queues), discovery controllers included
+    nvme_controllers: Gauge = "nvme_controllers";
+    /// NVMe/TCP queues connected (admin and I/O), each one TCP connection
+    nvme_queues: Gauge = "nvme_queues";
+    /// NVMe/TCP Connect commands by result: success, or why refused (invalid_host, invalid_parameters, controller_busy, sequence)
+    nvme_connects: Family<LoginLabel, Counter> = "nvme_connects";
     /// Open TCP connections per network worker (the acceptor gives each new one to the least loaded)
     worker_connections: Family<WorkerLabel, Gauge> = "worker_connections";
     /// Share of the last second each network worker's thread was on the CPU (the acceptor prefers the least busy)
@@ -808,6 +814,15 @@ impl Metrics {
 
     pub fn login(&self, result: String) {
         self.logins.get_or_create(&LoginLabel { result }).inc();
+    }
+
+    /// Counts an NVMe/TCP Connect by its result.
+    pub fn nvme_connect(&self, result: &str) {
+        self.nvme_connects
+            .get_or_create(&LoginLabel {
+                result: result.to_string(),
+            })
+            .inc();
     }
 
     /// The exposition text.

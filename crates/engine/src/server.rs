@@ -58,6 +58,8 @@ impl StartError {
 pub struct Server {
     pub shared: Arc<Shared>,
     pub bound: Vec<SocketAddr>,
+    /// The NVMe/TCP listeners, as bound.
+    pub bound_nvme: Vec<SocketAddr>,
     /// Where `ferrosan ctl` reaches this daemon; None if no control socket could be had.
     pub control_socket: Option<std::path::PathBuf>,
     control_inode: u64,
@@ -70,7 +72,9 @@ impl Server {
         check_gateway(config)?;
         // Every port first: a start that cannot listen must not have created or grown any
         // device file.
-        let (listeners, bound) = bind_portals(config)?;
+        let (mut listeners, bound) = bind_portals(crate::topology::portals::served(config), false)?;
+        let (nvme, bound_nvme) = bind_portals(crate::topology::portals::served_nvme(config), true)?;
+        listeners.extend(nvme);
         let metrics_listener = match config.server.metrics_listen {
             Some(addr) => Some(
                 crate::metrics::bind(addr)
@@ -116,6 +120,7 @@ impl Server {
         Ok(Server {
             shared,
             bound,
+            bound_nvme,
             control_socket,
             control_inode,
         })
@@ -152,20 +157,23 @@ impl Server {
     }
 }
 
-/// Binds every portal this daemon serves: the listeners with their tags, and the addresses
-/// they are bound at.
-#[allow(clippy::type_complexity)]
+/// A bound listener: its socket, its portal group tag, and whether it is an NVMe/TCP one.
+type Listener = (std::net::TcpListener, u16, bool);
+
+/// Binds `portals` (iSCSI ones, or NVMe/TCP ones when `nvme`): the listeners with their tags,
+/// and the addresses they are bound at.
 fn bind_portals(
-    config: &Config,
-) -> Result<(Vec<(std::net::TcpListener, u16)>, Vec<SocketAddr>), StartError> {
+    portals: Vec<(SocketAddr, u16)>,
+    nvme: bool,
+) -> Result<(Vec<Listener>, Vec<SocketAddr>), StartError> {
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
-    for (addr, tag) in crate::topology::portals::served(config) {
+    for (addr, tag) in portals {
         let listen = |source| StartError::Listen { addr, source };
         let socket = bind(addr).map_err(listen)?;
         let local = socket.local_addr().map_err(listen)?;
         bound.push(local);
-        listeners.push((socket, tag));
+        listeners.push((socket, tag, nvme));
     }
     Ok((listeners, bound))
 }
@@ -356,7 +364,11 @@ fn worker(
         tokio::spawn(sample_busy(Arc::clone(&shared), index));
         while let Some(conn) = rx.recv().await {
             let shared = Arc::clone(&shared);
-            tokio::spawn(connection::serve(shared, conn));
+            if conn.nvme {
+                tokio::spawn(crate::dataplane::nvme::serve(shared, conn));
+            } else {
+                tokio::spawn(connection::serve(shared, conn));
+            }
         }
         // The acceptor is gone (shutting down): this worker's connections keep running until
         // they close or the process exits; leaving block_on would cancel them.
@@ -409,7 +421,7 @@ async fn sample_busy(watched: Arc<Shared>, index: usize) {
 
 fn acceptor(
     shared: Arc<Shared>,
-    listeners: Vec<(std::net::TcpListener, u16)>,
+    listeners: Vec<Listener>,
     metrics_listener: Option<std::net::TcpListener>,
     control: Option<crate::control::ControlSocket>,
     senders: Vec<mpsc::UnboundedSender<NewConnection>>,
@@ -439,7 +451,7 @@ fn acceptor(
                 Arc::clone(&shared.metrics),
             )));
         }
-        for (listener, tag) in listeners {
+        for (listener, tag, nvme) in listeners {
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(l) => l,
                 Err(e) => {
@@ -447,7 +459,12 @@ fn acceptor(
                     continue;
                 }
             };
-            let accepting = accept(listener, tag, Arc::clone(&shared), Arc::clone(&workers));
+            let accepting = accept(
+                listener,
+                (tag, nvme),
+                Arc::clone(&shared),
+                Arc::clone(&workers),
+            );
             tasks.push(tokio::spawn(accepting));
         }
         for t in tasks {
@@ -502,7 +519,7 @@ impl Workers {
 /// (refusals logged at most once a second) and goes to a worker.
 async fn accept(
     listener: tokio::net::TcpListener,
-    tag: u16,
+    (tag, nvme): (u16, bool),
     shared: Arc<Shared>,
     workers: Arc<Workers>,
 ) {
@@ -543,6 +560,7 @@ async fn accept(
             peer,
             local,
             portal_group_tag: tag,
+            nvme,
             guard,
             prelogin,
         });

@@ -30,6 +30,10 @@ pub struct Shared {
     pub portals: Vec<(SocketAddr, u16)>,
     pub limits: Limits,
     pub registry: Arc<Registry>,
+    /// The NVMe/TCP controllers, found by ID when a host connects their I/O queues.
+    pub nvme: crate::admission::controllers::Controllers,
+    /// Every NVMe/TCP listener with its portal group tag (the discovery log's entries).
+    pub nvme_portals: Vec<(SocketAddr, u16)>,
     /// The connection limits and counts; every accepted connection passes them.
     pub doors: Arc<Doors>,
     /// CHAP algorithms accepted, in order of preference.
@@ -78,6 +82,8 @@ impl Shared {
             portals: crate::topology::portals::served(config),
             limits: config.limits.clone(),
             registry: Arc::new(Registry::new(config.limits.max_sessions as usize)),
+            nvme: Default::default(),
+            nvme_portals: crate::topology::portals::served_nvme(config),
             doors,
             chap_algorithms: config.server.chap_algorithms.clone(),
             shutdown: watch::Sender::new(false),

@@ -28,6 +28,7 @@ pub mod config;
 pub mod driver;
 pub mod error;
 pub mod login;
+pub mod nvme;
 pub mod scsi;
 pub mod session;
 pub mod url;

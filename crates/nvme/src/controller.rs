@@ -37,6 +37,10 @@ pub struct View<'a> {
     pub discovery: &'a [DiscoveryEntry],
     pub discovery_generation: u64,
     pub health: Health,
+    /// The highest NSID (and ANA group ID) the subsystem could ever show (Identify's NN,
+    /// ANAGRPMAX, NANAGRPID): hosts size their ANA log buffers from it once. 0: the highest
+    /// present.
+    pub nsid_max: u32,
 }
 
 /// What a controller is made with.
@@ -53,6 +57,11 @@ pub struct ControllerLimits {
     /// The keep-alive timeout a host may ask for at most, milliseconds (0 asks for none).
     pub kato_ms_max: u32,
 }
+
+/// The admin and I/O opcodes an I/O controller runs, and those that change blocks.
+const ADMIN_OPS: &[u8] = &[0x02, 0x06, 0x08, 0x09, 0x0A, 0x0C, 0x18];
+const IO_OPS: &[u8] = &[0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x0D, 0x0E, 0x11, 0x15];
+const IO_CHANGES: &[u8] = &[0x01, 0x08, 0x09];
 
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 pub const AER_MAX: usize = 4;
@@ -282,6 +291,11 @@ impl Controller {
                 let nsids: Vec<u32> = view.namespaces.iter().map(|n| n.nsid).collect();
                 Answer::data(identify::active_namespaces(&nsids, nsid))
             }
+            identify::cns::NS_INDEPENDENT => match (nsid, find()) {
+                (0 | u32::MAX, _) => Answer::status(Status::INVALID_NAMESPACE),
+                (_, Some(ns)) => Answer::data(ns.identify.encode_independent()),
+                (_, None) => Answer::data(vec![0; identify::IDENTIFY_LEN]),
+            },
             identify::cns::NS_DESCRIPTORS => match find() {
                 Some(ns) => Answer::data(identify::ns_descriptors(
                     &ns.identify.eui64,
@@ -305,7 +319,7 @@ impl Controller {
             kind: self.kind,
             mdts: self.limits.mdts,
             maxcmd: self.limits.mqes.saturating_add(1),
-            nn: view.namespaces.iter().map(|n| n.nsid).max().unwrap_or(0),
+            nn: self.nsid_max(view),
             oncs: if io {
                 identify::ONCS_COMPARE
                     | identify::ONCS_DSM
@@ -330,11 +344,16 @@ impl Controller {
             elpe: 0,
             kas: KAS_100MS,
             anatt: ANATT_S,
-            anagrpmax: view.ana_groups.iter().map(|g| g.id).max().unwrap_or(0),
-            nanagrpid: view.ana_groups.len() as u32,
+            anagrpmax: if io { self.nsid_max(view) } else { 0 },
+            nanagrpid: if io { self.nsid_max(view) } else { 0 },
             subnqn: view.subnqn.to_string(),
             in_capsule: self.limits.in_capsule,
         }
+    }
+
+    fn nsid_max(&self, view: &View<'_>) -> u32 {
+        let present = view.namespaces.iter().map(|n| n.nsid).max().unwrap_or(0);
+        view.nsid_max.max(present)
     }
 
     fn log_page(&mut self, page: &log::GetLogPage, view: &View<'_>) -> Answer {
@@ -342,6 +361,7 @@ impl Controller {
         let bytes = match (page.lid, io) {
             (lid::ERROR, _) => log::error_log(1),
             (lid::SMART, true) => log::smart(&view.health),
+            (lid::COMMAND_EFFECTS, true) => log::command_effects(ADMIN_OPS, IO_OPS, IO_CHANGES),
             (lid::CHANGED_NAMESPACES, true) => {
                 let list = log::changed_namespaces(&self.changed);
                 if !page.rae {

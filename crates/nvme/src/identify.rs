@@ -12,6 +12,8 @@ pub mod cns {
     pub const CONTROLLER: u8 = 0x01;
     pub const ACTIVE_NAMESPACES: u8 = 0x02;
     pub const NS_DESCRIPTORS: u8 = 0x03;
+    /// I/O command set independent Identify Namespace (what Linux asks of NVMe 1.2+).
+    pub const NS_INDEPENDENT: u8 = 0x08;
 }
 
 /// Controller multi-path I/O and namespace sharing (CMIC): more than one port, more than one
@@ -188,6 +190,22 @@ impl Namespace {
         d[120..128].copy_from_slice(&self.eui64);
         // LBA format 0: no metadata, this block size, best performance.
         d[130] = self.block_shift;
+        d
+    }
+}
+
+impl Namespace {
+    /// The 4096-byte I/O command set independent Identify Namespace data (CNS 08h): features,
+    /// sharing, reservations, ANA group, write protection; the namespace is ready.
+    pub fn encode_independent(&self) -> Vec<u8> {
+        let mut d = vec![0u8; IDENTIFY_LEN];
+        d[0] = u8::from(self.thin);
+        d[1] = u8::from(self.shared);
+        d[2] = if self.reservations { 0xFF } else { 0 };
+        put32(&mut d, 4, self.anagrpid);
+        d[8] = u8::from(self.write_protected);
+        // NSTAT: ready.
+        d[14] = 1;
         d
     }
 }

@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod controller;
 pub mod fabrics;
+pub mod host;
 pub mod identify;
 pub mod log;
 pub mod nvm;

@@ -9,6 +9,7 @@ pub mod lid {
     pub const ERROR: u8 = 0x01;
     pub const SMART: u8 = 0x02;
     pub const CHANGED_NAMESPACES: u8 = 0x04;
+    pub const COMMAND_EFFECTS: u8 = 0x05;
     pub const ANA: u8 = 0x0C;
     pub const DISCOVERY: u8 = 0x70;
 }
@@ -102,6 +103,24 @@ pub fn changed_namespaces(nsids: &[u32]) -> Vec<u8> {
     }
     for (i, n) in nsids.iter().enumerate() {
         d[i * 4..i * 4 + 4].copy_from_slice(&n.to_le_bytes());
+    }
+    d
+}
+
+/// The Commands Supported and Effects page: for each admin and I/O opcode offered, CSUPP, and
+/// LBCC (it may change logical block content) for those in `changes`.
+pub fn command_effects(admin: &[u8], io: &[u8], changes: &[u8]) -> Vec<u8> {
+    let mut d = vec![0u8; 4096];
+    let mut put = |base: usize, op: u8, lbcc: bool| {
+        let v: u32 = 1 | if lbcc { 1 << 1 } else { 0 };
+        let at = base + usize::from(op) * 4;
+        d[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    };
+    for &op in admin {
+        put(0, op, false);
+    }
+    for &op in io {
+        put(1024, op, changes.contains(&op));
     }
     d
 }

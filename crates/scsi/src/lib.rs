@@ -25,7 +25,7 @@ mod unit_attention;
 mod xcopy;
 
 pub use lu::{LogicalUnit, LuIdentity, LuSettings};
-pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap};
+pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap, LUN_MAX};
 pub use plan::{plans, BlockIo, BlockOp, Plan, WriteShare};
 pub use pr::{
     PersistentReservations, PrNexus, PrNotice, PrPersistence, PrRegistration, SaveRefused,

@@ -7,6 +7,7 @@
 //! same name and proof would be refused: a session whose answer changed is closed, never moved
 //! silently (docs/SECURITY.md, finding 2026-11-26-1).
 
+pub mod controllers;
 pub mod doors;
 pub mod prelogin;
 pub mod registry;

@@ -41,6 +41,8 @@ pub struct NewConnection {
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub portal_group_tag: u16,
+    /// Came in on an NVMe/TCP listener.
+    pub nvme: bool,
     pub guard: ConnectionGuard,
     /// Its place among the connections still logging in, given up once it logged in.
     pub prelogin: crate::admission::prelogin::Ticket,
@@ -65,6 +67,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         portal_group_tag,
         guard,
         prelogin,
+        ..
     } = conn;
     let peer_only = guard.peer_only;
     let _guard = guard;

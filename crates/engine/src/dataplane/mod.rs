@@ -9,6 +9,7 @@ pub mod coalesce;
 pub mod connection;
 pub(crate) mod lifecycle;
 mod login;
+pub mod nvme;
 pub mod route;
 pub(crate) mod sys;
 mod wakeups;

@@ -19,6 +19,17 @@ pub fn served(config: &Config) -> Vec<(SocketAddr, u16)> {
         .collect()
 }
 
+/// Every NVMe/TCP listen address of this daemon's portal groups with its tag.
+pub fn served_nvme(config: &Config) -> Vec<(SocketAddr, u16)> {
+    let me = config.server.gateway.as_deref();
+    config
+        .portal_groups
+        .iter()
+        .filter(|p| p.served_by(me))
+        .flat_map(|p| p.nvme_listen.iter().map(move |a| (*a, p.tag)))
+        .collect()
+}
+
 /// The host's addresses an initiator may reach: interfaces that are up, neither loopback nor
 /// link-local (those need a scope an initiator elsewhere does not have). Empty if the host
 /// cannot say (then only the address the initiator came in on is reported).

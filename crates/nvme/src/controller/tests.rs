@@ -263,6 +263,27 @@ fn event_requests_beyond_the_limit_are_refused_and_a_reset_drops_them() {
 }
 
 #[test]
+fn the_command_effects_page_lists_what_runs() {
+    let mut c = enabled();
+    let page = data(c.admin(
+        &sqe(
+            admin::opcode::GET_LOG_PAGE,
+            0,
+            u32::from(lid::COMMAND_EFFECTS) | 1023 << 16,
+            0,
+        ),
+        &View::default(),
+    ));
+    let at = |base: usize, op: usize| {
+        u32::from_le_bytes(page[base + op * 4..base + op * 4 + 4].try_into().unwrap())
+    };
+    assert_eq!(at(0, 0x06), 1, "Identify");
+    assert_eq!(at(0, 0x01), 0, "Create I/O SQ: not on fabrics");
+    assert_eq!(at(1024, 0x02), 1, "Read");
+    assert_eq!(at(1024, 0x01), 3, "Write changes blocks");
+}
+
+#[test]
 fn pages_of_the_other_controller_kind_are_refused() {
     let mut c = enabled();
     let view = View::default();

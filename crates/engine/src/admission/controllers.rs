@@ -1,0 +1,114 @@
+//! The NVMe/TCP controllers of this daemon: one per admin queue a host connected, found again
+//! by its controller ID when the host connects its I/O queues (each its own TCP connection,
+//! possibly on another worker). Control plane only: touched at Connect and at close.
+//!
+//! A controller is a session of the session registry too (its controller ID is the TSIH the
+//! registry allocated): `max_sessions` bounds both doors together, and `ctl sessions` lists
+//! and closes NVMe controllers beside iSCSI sessions.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use super::registry::SessionTicket;
+use super::Admitted;
+use crate::config::IscsiName;
+
+/// The highest controller ID a host may be given (0 and FFF0h and above are reserved).
+pub const CNTLID_MAX: u16 = 0xFFEF;
+
+/// One controller, as its queues share it.
+pub struct ControllerEntry {
+    pub cntlid: u16,
+    pub host: IscsiName,
+    pub host_id: [u8; 16],
+    /// The subsystem (its target's NQN); None for a discovery controller.
+    pub subsystem: Option<IscsiName>,
+    pub portal_group_tag: u16,
+    /// The admin queue's peer: I/O queues must come from the same address.
+    pub source: SocketAddr,
+    /// What the admin queue's Connect was admitted as; each I/O queue starts from it and
+    /// is readmitted on its own at every topology change.
+    pub admitted: Admitted,
+    /// The I_T nexus of the controller: the SCSI core's view of this host through this port.
+    pub nexus: Option<scsi::Nexus>,
+    pub state: Mutex<nvme::controller::Controller>,
+    /// I/O queue IDs connected.
+    pub io_queues: Mutex<Vec<u16>>,
+    /// Set (with the reason) when the controller ends: every queue closes.
+    pub kill: watch::Sender<Option<&'static str>>,
+    /// Its place in the session registry (held while the controller lives).
+    pub ticket: Mutex<Option<SessionTicket>>,
+}
+
+impl ControllerEntry {
+    pub fn state(&self) -> std::sync::MutexGuard<'_, nvme::controller::Controller> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers I/O queue `qid` once: false if it is connected already or beyond what the
+    /// host was granted.
+    pub fn add_io_queue(&self, qid: u16) -> bool {
+        let granted = self.state().io_queues();
+        let mut queues = self.io_queues.lock().unwrap_or_else(|e| e.into_inner());
+        if qid == 0 || qid > granted || queues.contains(&qid) {
+            return false;
+        }
+        queues.push(qid);
+        true
+    }
+
+    pub fn remove_io_queue(&self, qid: u16) {
+        self.io_queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&q| q != qid);
+    }
+
+    /// Ends the controller: its queues close at their next turn.
+    pub fn end(&self, reason: &'static str) {
+        self.kill.send_replace(Some(reason));
+    }
+}
+
+/// Every live controller by ID.
+#[derive(Default)]
+pub struct Controllers {
+    map: Mutex<HashMap<u16, Arc<ControllerEntry>>>,
+}
+
+impl Controllers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<ControllerEntry>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn insert(&self, entry: Arc<ControllerEntry>) {
+        let old = self.lock().insert(entry.cntlid, entry);
+        debug_assert!(
+            old.is_none(),
+            "controller IDs are the registry's TSIHs: unique"
+        );
+    }
+
+    pub fn get(&self, cntlid: u16) -> Option<Arc<ControllerEntry>> {
+        self.lock().get(&cntlid).cloned()
+    }
+
+    /// Removes controller `cntlid` (its admin queue closed) and ends its queues.
+    pub fn remove(&self, cntlid: u16, reason: &'static str) {
+        if let Some(entry) = self.lock().remove(&cntlid) {
+            entry.end(reason);
+            entry
+                .ticket
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+}

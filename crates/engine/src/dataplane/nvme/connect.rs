@@ -1,0 +1,213 @@
+//! Fabrics Connect: an admin queue's Connect makes a controller — admitted by the one
+//! admission decision (`Topology::admit`, through the NVMe door), registered as a session —
+//! and an I/O queue's Connect joins the controller it names.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use nvme::controller::{Controller, ControllerLimits};
+use nvme::fabrics::{Connect, InvalidParameter, DISCOVERY_NQN};
+use nvme::identify::ControllerType;
+use nvme::sqe::Status;
+
+use crate::admission::controllers::{ControllerEntry, CNTLID_MAX};
+use crate::admission::{Admitted, Door, Proof, Refusal};
+use crate::config::IscsiName;
+use crate::shared::Shared;
+
+/// Why a Connect was refused: its status, its dword 0 (the parameter in error), and the
+/// metric's label.
+pub(super) struct Refused {
+    pub(super) status: Status,
+    pub(super) dw0: u32,
+    pub(super) why: &'static str,
+}
+
+fn invalid(in_data: bool, offset: u16) -> Refused {
+    Refused {
+        status: Status::CONNECT_INVALID_PARAMETERS,
+        dw0: InvalidParameter { in_data, offset }.dw0(),
+        why: "invalid_parameters",
+    }
+}
+
+fn invalid_host() -> Refused {
+    Refused {
+        status: Status::CONNECT_INVALID_HOST,
+        dw0: 0,
+        why: "invalid_host",
+    }
+}
+
+/// Where a Connect came from.
+pub(super) struct Arrival {
+    pub(super) peer: SocketAddr,
+    pub(super) local: SocketAddr,
+    pub(super) portal_group_tag: u16,
+}
+
+/// A controller's limits, from the daemon's.
+pub(super) fn controller_limits(limits: &crate::config::Limits) -> ControllerLimits {
+    ControllerLimits {
+        io_queues_max: super::IO_QUEUES_MAX,
+        mqes: limits.max_queue_depth.saturating_sub(1) as u16,
+        mdts: super::mdts(limits),
+        in_capsule: super::IN_CAPSULE_BYTES,
+        kato_ms_max: super::KATO_MS_MAX,
+    }
+}
+
+/// The admin queue's Connect: a new controller, or the refusal.
+pub(super) fn admin(
+    shared: &Shared,
+    connect: &Connect,
+    at: &Arrival,
+) -> Result<Arc<ControllerEntry>, Refused> {
+    let host = IscsiName::from_wire(&connect.hostnqn).map_err(|_| invalid(true, 512))?;
+    let discovery = connect.subnqn == DISCOVERY_NQN;
+    let topology = shared.topology();
+    let (subsystem, admitted) = if discovery {
+        if !Proof::None.meets(&topology.config.discovery.resolved()) {
+            tracing::warn!(peer = %at.peer, host = %host, "NVMe discovery refused: discovery requires CHAP, and NVMe in-band authentication (DH-HMAC-CHAP) is not offered yet");
+            return Err(invalid_host());
+        }
+        (None, Admitted::Discovery { proof: Proof::None })
+    } else {
+        let sub = IscsiName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
+        let admitted = admit(&topology, &host, &sub, at)?;
+        (Some(sub), admitted)
+    };
+    let isid = isid_of(&connect.host_id, at.portal_group_tag);
+    let ticket = shared
+        .registry
+        .open(&host, isid, subsystem.as_ref(), 0)
+        .map_err(|_| busy("max_sessions"))?;
+    let cntlid = ticket.tsih();
+    if cntlid > CNTLID_MAX {
+        return Err(busy("controller IDs"));
+    }
+    let nexus = admitted
+        .membership()
+        .and_then(|m| topology.targets.get(m.target))
+        .and_then(|t| t.ports.get(&at.portal_group_tag))
+        .map(|port| scsi::Nexus {
+            id: crate::topology::nexus::new_id(),
+            initiator_port: initiator_port(&host, &connect.host_id),
+            target_port: Arc::clone(port),
+        });
+    let kind = if discovery {
+        ControllerType::Discovery
+    } else {
+        ControllerType::Io
+    };
+    let state = Controller::new(
+        cntlid,
+        kind,
+        controller_limits(&shared.limits),
+        connect.kato_ms,
+    );
+    let (kill, _) = tokio::sync::watch::channel(None);
+    let entry = Arc::new(ControllerEntry {
+        cntlid,
+        host,
+        host_id: connect.host_id,
+        subsystem,
+        portal_group_tag: at.portal_group_tag,
+        source: at.peer,
+        admitted,
+        nexus,
+        state: Mutex::new(state),
+        io_queues: Mutex::new(Vec::new()),
+        kill,
+        ticket: Mutex::new(Some(ticket)),
+    });
+    shared.nvme.insert(Arc::clone(&entry));
+    Ok(entry)
+}
+
+fn busy(what: &'static str) -> Refused {
+    tracing::warn!("NVMe Connect refused: {what} exhausted");
+    Refused {
+        status: Status::CONNECT_CONTROLLER_BUSY,
+        dw0: 0,
+        why: "controller_busy",
+    }
+}
+
+/// The one admission decision, through the NVMe door: the subsystem is the target whose
+/// `nqn` it names, the host must belong to one of its groups from this address, and what that
+/// group requires must be met — with no NVMe authentication offered yet, only "none" is.
+fn admit(
+    topology: &crate::topology::Topology,
+    host: &IscsiName,
+    sub: &IscsiName,
+    at: &Arrival,
+) -> Result<Admitted, Refused> {
+    let refused = |refusal: Refusal| {
+        tracing::warn!(peer = %at.peer, host = %host, subsystem = %sub, reason = refusal.reason(), "NVMe Connect refused");
+        match refusal {
+            // Not served on this port, or no such subsystem: the subsystem NQN is wrong.
+            Refusal::NoSuchTarget => invalid(true, 256),
+            _ => invalid_host(),
+        }
+    };
+    let (membership, required) = topology
+        .admit(Door::Nvme, host, sub, at.portal_group_tag, at.peer.ip())
+        .map_err(refused)?;
+    if !Proof::None.meets(&required) {
+        tracing::warn!(peer = %at.peer, host = %host, subsystem = %sub, "NVMe Connect refused: the host's group requires CHAP, and NVMe in-band authentication (DH-HMAC-CHAP) is not offered yet");
+        return Err(invalid_host());
+    }
+    Admitted::of_login(topology, Some(membership), &required, None).ok_or_else(invalid_host)
+}
+
+/// The SCSI initiator port name of an NVMe host: its NQN and host identifier. Reservations
+/// and per-nexus state key on it, as on an iSCSI initiator's name and ISID.
+fn initiator_port(host: &IscsiName, host_id: &[u8; 16]) -> String {
+    let id: String = host_id.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{host},h,0x{id}")
+}
+
+/// The registry's session key for a controller: never the same for two controllers (a host
+/// may run several through one port; NVMe has no reinstatement to ask for).
+fn isid_of(_host_id: &[u8; 16], _tag: u16) -> [u8; 6] {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let b = n.to_be_bytes();
+    // Qualifier type 3 (reserved by RFC 7143 for no iSCSI initiator): no ISID of a login.
+    [0xC0, 0xFE, b[0], b[1], b[2], b[3]]
+}
+
+/// An I/O queue's Connect: the controller it names, if this host on this port owns it.
+pub(super) fn io(
+    shared: &Shared,
+    connect: &Connect,
+    at: &Arrival,
+) -> Result<Arc<ControllerEntry>, Refused> {
+    let entry = shared
+        .nvme
+        .get(connect.cntlid)
+        .ok_or_else(|| invalid(true, 16))?;
+    let host = IscsiName::from_wire(&connect.hostnqn).map_err(|_| invalid(true, 512))?;
+    let sub = IscsiName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
+    if entry.host != host || entry.host_id != connect.host_id {
+        return Err(invalid_host());
+    }
+    if entry.subsystem.as_ref() != Some(&sub) || entry.portal_group_tag != at.portal_group_tag {
+        return Err(invalid(true, 256));
+    }
+    if !entry.state().regs.ready() {
+        return Err(Refused {
+            status: nvme::controller::COMMAND_SEQUENCE_ERROR,
+            dw0: 0,
+            why: "sequence",
+        });
+    }
+    if connect.sqsize > entry.state().regs.mqes {
+        return Err(invalid(false, 44));
+    }
+    if !entry.add_io_queue(connect.qid) {
+        return Err(invalid(false, 42));
+    }
+    Ok(entry)
+}

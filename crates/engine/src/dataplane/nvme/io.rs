@@ -1,0 +1,462 @@
+//! A connected queue's commands: Fabrics commands, admin commands (the `nvme` core's
+//! controller, answering from the namespaces the LUN map gives), and NVM commands run as the
+//! SCSI commands they translate to, through the session backend every iSCSI command takes.
+
+use std::time::{Duration, Instant};
+
+use iscsi::session::{DataOutBuf, DeferredCommand, Execution, ScsiBackend, ScsiRequest};
+use nvme::controller::{Answer, Notice, View};
+use nvme::fabrics::fctype;
+use nvme::nvm::IoCommand;
+use nvme::queue::Received;
+use nvme::sqe::{Status, FABRICS};
+use nvme::translate::{self, ScsiCommand};
+
+use super::view::{self, Namespaces};
+use super::{Driver, Role};
+use crate::admission::controllers::ControllerEntry;
+use crate::dataplane::backend::{op_index, Backend, Completed};
+
+/// SIMPLE task attribute (the iSCSI ATTR field's value): NVMe has no ordering attributes.
+const TASK_SIMPLE: u8 = 1;
+
+/// A queue's clock and what its admin queue last showed the host.
+pub(super) struct Life {
+    next_tick: Instant,
+    admin: bool,
+    last_keep_alive: Instant,
+    kato: Duration,
+    /// The namespaces as last compared (for notices).
+    shown: Option<Namespaces>,
+}
+
+impl Life {
+    pub(super) fn new(backend: &Backend<'_>, admin: bool) -> Life {
+        let _ = backend;
+        let now = Instant::now();
+        Life {
+            next_tick: now + Duration::from_secs(1),
+            admin,
+            last_keep_alive: now,
+            kato: Duration::ZERO,
+            shown: None,
+        }
+    }
+
+    pub(super) fn next_tick(&self) -> Instant {
+        self.next_tick
+    }
+
+    pub(super) fn ticked(&mut self, now: Instant) {
+        self.next_tick = now + Duration::from_secs(1);
+    }
+
+    fn kept_alive(&mut self, now: Instant, kato_ms: u32) {
+        self.last_keep_alive = now;
+        self.kato = Duration::from_millis(kato_ms.into());
+    }
+
+    /// No Keep Alive within the timeout (plus `slack`): the host is gone.
+    pub(super) fn keep_alive_late(&self, now: Instant, slack: Duration) -> bool {
+        self.admin
+            && !self.kato.is_zero()
+            && now.saturating_duration_since(self.last_keep_alive) > self.kato + slack
+    }
+}
+
+impl Driver {
+    /// One command of a connected queue.
+    pub(super) fn command(
+        &mut self,
+        role: &Role,
+        backend: &mut Backend<'_>,
+        life: &mut Life,
+        r: Received,
+    ) {
+        let sqe = r.sqe;
+        if sqe.opcode() == FABRICS {
+            self.fabrics(role, life, &r);
+            return;
+        }
+        match role {
+            Role::Admin(entry) => self.admin(entry, backend, life, &r),
+            Role::Io(_) => self.nvm(backend, r),
+        }
+    }
+
+    fn fabrics(&mut self, role: &Role, life: &mut Life, r: &Received) {
+        let sqe = &r.sqe;
+        match (sqe.fctype(), role) {
+            (fctype::PROPERTY_GET | fctype::PROPERTY_SET, Role::Admin(entry)) => {
+                let (value, status) = entry.state().property(sqe);
+                if sqe.fctype() == fctype::PROPERTY_SET {
+                    // Enabling the controller starts its keep-alive clock.
+                    life.kept_alive(Instant::now(), entry.state().kato_ms());
+                }
+                self.answer_wide(sqe.cid(), status, value);
+            }
+            (fctype::DISCONNECT, _) => {
+                self.answer(sqe.cid(), Status::SUCCESS, 0, &[]);
+                self.closing = true;
+            }
+            (fctype::CONNECT, _) => {
+                self.answer(sqe.cid(), nvme::controller::COMMAND_SEQUENCE_ERROR, 0, &[]);
+            }
+            // Authentication Send / Receive (DH-HMAC-CHAP) are not offered yet.
+            _ => self.answer(sqe.cid(), Status::INVALID_OPCODE, 0, &[]),
+        }
+    }
+
+    /// A completion whose dword 0 and 1 carry a 64-bit property.
+    fn answer_wide(&mut self, cid: u16, status: Status, value: u64) {
+        self.sqhd = if self.sqsize == 0 {
+            0
+        } else {
+            (self.sqhd + 1) % (self.sqsize + 1)
+        };
+        let cqe = nvme::sqe::Cqe {
+            dw0: value as u32,
+            dw1: (value >> 32) as u32,
+            sqhd: self.sqhd,
+            sqid: self.qid,
+            cid,
+            status,
+        };
+        self.queue.answer(&cqe, &[], &mut self.out);
+    }
+
+    fn admin(
+        &mut self,
+        entry: &ControllerEntry,
+        backend: &Backend<'_>,
+        life: &mut Life,
+        r: &Received,
+    ) {
+        let namespaces = self.namespaces_of(backend);
+        let discovery = self.discovery_entries(entry, backend);
+        let subnqn = entry
+            .subsystem
+            .as_ref()
+            .map_or(nvme::fabrics::DISCOVERY_NQN, |s| s.as_str());
+        let serial = view::serial_of(subnqn);
+        let v = View {
+            subnqn,
+            serial: &serial,
+            model: "ferrosan",
+            firmware: env!("CARGO_PKG_VERSION"),
+            namespaces: &namespaces.views,
+            ana_groups: &namespaces.ana,
+            ana_change_count: backend.topology.generation,
+            volatile_write_cache: namespaces.write_cache,
+            discovery: &discovery,
+            discovery_generation: backend.topology.generation,
+            health: Default::default(),
+            nsid_max: view::NSID_MAX,
+        };
+        let answer = entry.state().admin(&r.sqe, &v);
+        if r.sqe.opcode() == nvme::admin::opcode::KEEP_ALIVE {
+            life.kept_alive(Instant::now(), entry.state().kato_ms());
+        }
+        match answer {
+            Answer::Now {
+                dw0,
+                status,
+                mut data,
+            } => {
+                // Exactly what the host asked for: a page read past its end reads zeros.
+                data.resize(r.data_in_len as usize, 0);
+                self.answer(r.sqe.cid(), status, dw0, &data);
+            }
+            Answer::Held => {
+                if let Some((cid, dw0)) = entry.state().pending_notice() {
+                    self.answer(cid, Status::SUCCESS, dw0, &[]);
+                }
+            }
+        }
+        if life.shown.is_none() {
+            life.shown = Some(namespaces);
+        }
+    }
+
+    fn namespaces_of(&self, backend: &Backend<'_>) -> Namespaces {
+        match (&backend.luns, &backend.nexus) {
+            (Some(luns), Some(nexus)) => view::namespaces(luns, &nexus.target_port),
+            _ => Namespaces::default(),
+        }
+    }
+
+    /// The discovery log: every subsystem this host would be admitted to, at every NVMe
+    /// listener of its portal groups (the same decision as a Connect's: `Topology::member`).
+    fn discovery_entries(
+        &self,
+        entry: &ControllerEntry,
+        backend: &Backend<'_>,
+    ) -> Vec<nvme::log::DiscoveryEntry> {
+        if entry.subsystem.is_some() {
+            return Vec::new();
+        }
+        let topology = &backend.topology;
+        let host_ips = crate::topology::portals::host_addresses();
+        let mut out = Vec::new();
+        for (index, t) in topology.targets.iter().enumerate() {
+            let Some(nqn) = &t.config.nqn else { continue };
+            if topology
+                .member(index, &entry.host, self.at.peer.ip())
+                .is_err()
+            {
+                continue;
+            }
+            for &(addr, tag) in &backend.shared.nvme_portals {
+                if !t.portal_groups.contains(&tag) {
+                    continue;
+                }
+                for shown in
+                    crate::topology::portals::advertised(addr, self.at.local.ip(), &host_ips)
+                {
+                    out.push(nvme::log::DiscoveryEntry {
+                        kind: nvme::log::SubsystemType::Nvm,
+                        port_id: tag,
+                        ipv6: shown.is_ipv6(),
+                        address: shown.ip().to_string(),
+                        port: shown.port(),
+                        subnqn: nqn.to_string(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Once a second on an admin queue: an ANA state or a namespace that changed since the
+    /// host last looked is owed a notice (it completes a held Asynchronous Event Request).
+    pub(super) fn notices(
+        &mut self,
+        entry: &ControllerEntry,
+        backend: &Backend<'_>,
+        life: &mut Life,
+    ) {
+        let now = self.namespaces_of(backend);
+        let Some(before) = life.shown.replace(now.clone()) else {
+            return;
+        };
+        let (ana_moved, changed) = view::changes(&before, &now);
+        let mut owed = Vec::new();
+        {
+            let mut state = entry.state();
+            if ana_moved {
+                owed.extend(state.notify(Notice::AnaChange, &[]));
+            }
+            if !changed.is_empty() {
+                owed.extend(state.notify(Notice::NamespaceAttribute, &changed));
+            }
+        }
+        for (cid, dw0) in owed {
+            self.answer(cid, Status::SUCCESS, dw0, &[]);
+        }
+    }
+
+    /// An NVM command: decoded, its namespace found, translated and run.
+    fn nvm(&mut self, backend: &mut Backend<'_>, r: Received) {
+        let cid = r.sqe.cid();
+        let command = match IoCommand::decode(&r.sqe) {
+            Ok(c) => c,
+            Err(status) => return self.answer(cid, status, 0, &[]),
+        };
+        // A fused pair (ESXi's ATS, Linux's compare-and-write): the first waits for the
+        // second; anything else in between fails the first.
+        match (r.sqe.fuse(), self.fused.take()) {
+            (1, None) => {
+                self.fused = Some((r, command));
+                return;
+            }
+            (2, Some((first, first_command))) => {
+                return self.fused_pair(backend, first, first_command, r, command);
+            }
+            (_, Some((first, _))) => {
+                self.answer(first.sqe.cid(), Status::ABORTED_FUSE_MISSING, 0, &[]);
+                if r.sqe.fuse() != 0 {
+                    return self.answer(cid, Status::ABORTED_FUSE_MISSING, 0, &[]);
+                }
+            }
+            (0, None) => {}
+            (_, None) => return self.answer(cid, Status::ABORTED_FUSE_MISSING, 0, &[]),
+        }
+        let Some((lun, block_size)) = namespace(backend, r.sqe.nsid()) else {
+            return self.answer(cid, Status::INVALID_NAMESPACE, 0, &[]);
+        };
+        if let IoCommand::DatasetManagement {
+            deallocate: false, ..
+        } = command
+        {
+            // Hints only: nothing to do.
+            return self.answer(cid, Status::SUCCESS, 0, &[]);
+        }
+        let scsi = match translate::scsi_command(&command, r.data, block_size) {
+            Ok(s) => s,
+            Err(status) => return self.answer(cid, status, 0, &[]),
+        };
+        if scsi.read && scsi.data_in_len != r.data_in_len {
+            return self.answer(cid, Status::DATA_SGL_LENGTH_INVALID, 0, &[]);
+        }
+        self.run(backend, cid, lun, scsi);
+    }
+
+    fn fused_pair(
+        &mut self,
+        backend: &mut Backend<'_>,
+        first: Received,
+        first_command: IoCommand,
+        second: Received,
+        second_command: IoCommand,
+    ) {
+        let (c1, c2) = (first.sqe.cid(), second.sqe.cid());
+        let fail = |d: &mut Driver, status| {
+            d.answer(c1, status, 0, &[]);
+            d.answer(c2, Status::ABORTED_FUSE_FAILED, 0, &[]);
+        };
+        if first.sqe.nsid() != second.sqe.nsid() {
+            return fail(self, Status::INVALID_FIELD);
+        }
+        let Some((lun, block_size)) = namespace(backend, first.sqe.nsid()) else {
+            return fail(self, Status::INVALID_NAMESPACE);
+        };
+        match translate::compare_and_write(
+            &first_command,
+            &first.data,
+            &second_command,
+            &second.data,
+            block_size,
+        ) {
+            Ok(scsi) => {
+                self.fused_pairs.push((c2, c1));
+                self.run(backend, c2, lun, scsi);
+            }
+            Err(status) => fail(self, status),
+        }
+    }
+
+    /// Runs a translated command on the session backend: inline, or handed to its route
+    /// (`defer`), its answer then coming back through `complete`.
+    fn run(&mut self, backend: &mut Backend<'_>, cid: u16, lun: u64, scsi: ScsiCommand) {
+        let write = !scsi.data_out.is_empty();
+        let expected_len = if scsi.read {
+            scsi.data_in_len
+        } else {
+            scsi.data_out.len() as u32
+        };
+        let wire_lun = scsi::lun_to_wire(lun);
+        let req = ScsiRequest {
+            itt: u32::from(cid),
+            lun: wire_lun,
+            cdb: &scsi.cdb,
+            data_out: &scsi.data_out,
+            expected_len,
+            read: scsi.read,
+            write,
+            task_attr: TASK_SIMPLE,
+            may_lend_file: false,
+        };
+        let mut data_in = Vec::new();
+        let mut sense = Vec::new();
+        let mut lent = std::mem::take(&mut backend.loan);
+        lent.clear();
+        match backend.execute(&req, &mut data_in, &mut lent, &mut sense) {
+            Execution::Done(outcome) => {
+                let status = translate::status_of(outcome.status, &sense);
+                if lent.slices.is_empty() {
+                    self.finish(cid, status, &data_in);
+                } else {
+                    let bytes = gather(&lent.slices, expected_len as usize);
+                    self.finish(cid, status, &bytes);
+                }
+                lent.clear();
+                backend.loan = lent;
+            }
+            Execution::Deferred => {
+                backend.loan = lent;
+                let command = DeferredCommand {
+                    itt: u32::from(cid),
+                    lun: wire_lun,
+                    cdb: scsi.cdb,
+                    data_out: DataOutBuf::Pooled(scsi.data_out),
+                    expected_len,
+                    read: scsi.read,
+                    write,
+                    task_attr: TASK_SIMPLE,
+                };
+                backend.defer(command, self.buffers.read_buffers());
+            }
+        }
+    }
+
+    /// A command that ran elsewhere is back: its budget and counts settled, then answered.
+    pub(super) fn complete(&mut self, backend: &mut Backend<'_>, done: Completed) {
+        debug_assert!(backend.deferred_bytes >= done.held_bytes);
+        backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
+        let lent_bytes = done.lent.as_ref().map_or(0, |(_, range)| range.len());
+        let data_bytes = match done.kind {
+            scsi::IoKind::Read => (done.data_in.len() + lent_bytes).min(done.expected_len as usize),
+            _ => done.data_out_bytes,
+        };
+        let slot = backend.record_io(
+            done.lun,
+            done.kind,
+            done.outcome.status,
+            &done.sense,
+            data_bytes,
+        );
+        if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
+            backend.record_latency(slot, op, done.started.elapsed());
+        }
+        let status = translate::status_of(done.outcome.status, &done.sense);
+        let cid = done.itt as u16;
+        match &done.lent {
+            Some(slice) => {
+                let bytes = gather(std::slice::from_ref(slice), done.expected_len as usize);
+                self.finish(cid, status, &bytes);
+            }
+            None => {
+                let len = done.data_in.len().min(done.expected_len as usize);
+                self.finish(cid, status, &done.data_in[..len]);
+            }
+        }
+        self.buffers.give_back(done.data_in);
+    }
+
+    /// Answers command `cid` and, for the write of a fused pair, its compare too.
+    fn finish(&mut self, cid: u16, status: Status, data: &[u8]) {
+        if let Some(i) = self.fused_pairs.iter().position(|&(w, _)| w == cid) {
+            let (_, compare) = self.fused_pairs.swap_remove(i);
+            if status == Status::COMPARE_FAILURE {
+                self.answer(compare, status, 0, &[]);
+                self.answer(cid, Status::ABORTED_FUSE_FAILED, 0, &[]);
+            } else {
+                self.answer(compare, status, 0, &[]);
+                self.answer(cid, status, 0, &[]);
+            }
+            return;
+        }
+        self.answer(cid, status, 0, data);
+    }
+}
+
+/// The LUN and block size of namespace `nsid` in the session's map.
+fn namespace(backend: &Backend<'_>, nsid: u32) -> Option<(u64, u32)> {
+    let lun = view::lun_of(nsid)?;
+    let entry = backend.luns.as_ref()?.get(lun)?;
+    Some((lun, entry.lu.settings().block_size))
+}
+
+/// Lent store memory copied into one buffer (at most `limit` bytes).
+fn gather(slices: &[scsi::SharedSlice], limit: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(limit);
+    for (memory, range) in slices {
+        let bytes = &(**memory).as_ref()[range.clone()];
+        let room = limit - out.len();
+        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        if out.len() == limit {
+            break;
+        }
+    }
+    out
+}

@@ -1,0 +1,612 @@
+//! One NVMe/TCP queue from accept to close: connection initialization, the Connect that makes
+//! it a controller's admin queue or joins it as an I/O queue, then its commands. Admin
+//! commands are the `nvme` core's controller's; I/O commands become SCSI commands
+//! (`nvme::translate`) run by the same backend, route and gates as an iSCSI session's, so a
+//! device is one device whichever door a command came through.
+
+mod connect;
+mod io;
+pub(crate) mod view;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvme::queue::{Queue, QueueLimits, Received, Refused};
+use nvme::sqe::{Cqe, Status};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::alarm::Alarm;
+use super::backend::{Answers, Backend, Completed};
+use super::busy_poll;
+use super::closed::Closed;
+use super::connection::NewConnection;
+use crate::admission::controllers::ControllerEntry;
+use crate::admission::Door;
+use crate::shared::Shared;
+
+/// I/O queues one controller may have (a host asks for one per CPU; more share the workers).
+pub(crate) const IO_QUEUES_MAX: u16 = 8;
+/// In-capsule data a command may carry: a 4 KiB or 8 KiB write then needs no R2T round trip.
+pub(crate) const IN_CAPSULE_BYTES: u32 = 8192;
+/// The longest keep-alive timeout a host may ask for: an hour.
+pub(crate) const KATO_MS_MAX: u32 = 3_600_000;
+/// The most data one command moves: 1 MiB (MDTS 8, in 4 KiB pages).
+pub(crate) const TRANSFER_BYTES_MAX: u32 = 1 << 20;
+/// A keep-alive is late after the timeout plus this (the host's timer and ours drift apart).
+const KEEP_ALIVE_SLACK: Duration = Duration::from_secs(1);
+
+pub(crate) fn mdts(_limits: &crate::config::Limits) -> u8 {
+    (TRANSFER_BYTES_MAX / 4096).trailing_zeros() as u8
+}
+
+fn queue_limits(limits: &crate::config::Limits) -> QueueLimits {
+    // MAXH2CDATA: the largest PDU the iSCSI door takes too, a multiple of 4.
+    let maxh2cdata = (limits.max_recv_data_segment_length & !3).max(4096);
+    QueueLimits {
+        maxh2cdata,
+        in_capsule_max: IN_CAPSULE_BYTES,
+        transfer_max: TRANSFER_BYTES_MAX,
+        depth_max: limits.max_queue_depth.clamp(1, u32::from(u16::MAX)) as u16,
+        solicited_max: u32::try_from(limits.memory_per_connection_bytes / 4)
+            .unwrap_or(u32::MAX)
+            .max(TRANSFER_BYTES_MAX),
+    }
+}
+
+pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
+    let NewConnection {
+        stream,
+        peer,
+        local,
+        portal_group_tag,
+        guard,
+        prelogin,
+        ..
+    } = conn;
+    let _guard = guard;
+    let stream = match TcpStream::from_std(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%peer, "cannot register NVMe/TCP connection: {e}");
+            return;
+        }
+    };
+    let mut driver = Driver {
+        stream,
+        at: connect::Arrival {
+            peer,
+            local,
+            portal_group_tag,
+        },
+        rbuf: vec![0; 64 * 1024],
+        start: 0,
+        end: 0,
+        out: Vec::new(),
+        queue: Queue::new(queue_limits(&shared.limits)),
+        buffers: iscsi::outbox::Outbox::new(16),
+        qid: 0,
+        sqsize: 0,
+        sqhd: 0,
+        fused: None,
+        fused_pairs: Vec::new(),
+        closing: false,
+    };
+    match driver.serve(&shared, prelogin).await {
+        Ok(()) => tracing::debug!(%peer, "NVMe/TCP queue closed"),
+        Err(reason) => tracing::debug!(%peer, "NVMe/TCP queue closed: {reason}"),
+    }
+}
+
+/// What a queue is once its Connect was accepted.
+enum Role {
+    Admin(Arc<ControllerEntry>),
+    Io(Arc<ControllerEntry>),
+}
+
+impl Role {
+    fn entry(&self) -> &Arc<ControllerEntry> {
+        match self {
+            Role::Admin(e) | Role::Io(e) => e,
+        }
+    }
+}
+
+struct Driver {
+    stream: TcpStream,
+    at: connect::Arrival,
+    rbuf: Vec<u8>,
+    start: usize,
+    end: usize,
+    out: Vec<u8>,
+    queue: Queue,
+    /// Buffers deferred reads fill (the backend takes them from an outbox's pool).
+    buffers: iscsi::outbox::Outbox,
+    qid: u16,
+    sqsize: u16,
+    /// Submission queue head as the completions report it.
+    sqhd: u16,
+    /// The first command of a fused pair, waiting for its second.
+    fused: Option<(Received, nvme::nvm::IoCommand)>,
+    /// Fused pairs running as one COMPARE AND WRITE: (the write's identifier, the compare's).
+    fused_pairs: Vec<(u16, u16)>,
+    /// A Disconnect was answered: close once it is sent.
+    closing: bool,
+}
+
+impl Driver {
+    async fn serve(
+        &mut self,
+        shared: &Arc<Shared>,
+        prelogin: crate::admission::prelogin::Ticket,
+    ) -> Result<(), Closed> {
+        let mut alarm = Alarm::new().map_err(Closed::timer)?;
+        alarm
+            .set(Instant::now() + prelogin.login_timeout)
+            .map_err(Closed::timer)?;
+        let role = tokio::select! {
+            role = self.until_connected(shared) => role?,
+            rung = alarm.rung() => {
+                rung.map_err(Closed::timer)?;
+                shared.metrics.limit("login_timeout_s");
+                return Err(Closed::Limit("no Connect within login_timeout_s"));
+            }
+            () = prelogin.evicted() => {
+                return Err(Closed::Limit("evicted before Connect: max_prelogin_connections reached"));
+            }
+        };
+        let Some(role) = role else {
+            // The Connect was refused (its answer sent).
+            return Ok(());
+        };
+        drop(prelogin);
+        shared.metrics.nvme_queues.inc();
+        let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
+        let mut backend = self.backend(shared, role.entry(), completions);
+        let result = self
+            .connected(&role, &mut backend, &mut completed, &mut alarm)
+            .await;
+        backend.report_io();
+        shared.metrics.nvme_queues.dec();
+        self.end(shared, &role, &backend, &result);
+        result
+    }
+
+    /// Reads and answers until a Connect was accepted (`Some`) or refused (`None`).
+    async fn until_connected(&mut self, shared: &Shared) -> Result<Option<Role>, Closed> {
+        loop {
+            let mut ready = Vec::new();
+            let mut refused = Vec::new();
+            self.take_pdus(&mut ready, &mut refused)?;
+            self.answer_refused(&refused);
+            let mut ready = ready.into_iter();
+            if let Some(first) = ready.next() {
+                let role = self.connect(shared, &first);
+                // Commands pipelined behind a refused Connect, or behind an accepted one
+                // before its answer could be seen: answered as out of sequence.
+                for r in ready {
+                    self.answer(
+                        r.sqe.cid(),
+                        nvme::controller::COMMAND_SEQUENCE_ERROR,
+                        0,
+                        &[],
+                    );
+                }
+                self.flush().await?;
+                return Ok(role);
+            }
+            self.flush().await?;
+            self.fill().await?;
+        }
+    }
+
+    /// The first command: it must be a Connect.
+    fn connect(&mut self, shared: &Shared, first: &Received) -> Option<Role> {
+        let sqe = &first.sqe;
+        if sqe.opcode() != nvme::sqe::FABRICS || sqe.fctype() != nvme::fabrics::fctype::CONNECT {
+            self.answer(sqe.cid(), nvme::controller::COMMAND_SEQUENCE_ERROR, 0, &[]);
+            shared.metrics.nvme_connect("sequence");
+            return None;
+        }
+        let parsed = match nvme::fabrics::Connect::parse(sqe, &first.data) {
+            Ok(c) => c,
+            Err(e) => {
+                self.answer(sqe.cid(), e.status(), e.dw0(), &[]);
+                shared.metrics.nvme_connect("invalid_parameters");
+                return None;
+            }
+        };
+        let result = if parsed.qid == 0 {
+            connect::admin(shared, &parsed, &self.at).map(Role::Admin)
+        } else {
+            connect::io(shared, &parsed, &self.at).map(Role::Io)
+        };
+        match result {
+            Ok(role) => {
+                let entry = role.entry();
+                self.qid = parsed.qid;
+                self.sqsize = parsed.sqsize;
+                self.queue.set_depth(parsed.sqsize.saturating_add(1));
+                self.answer(sqe.cid(), Status::SUCCESS, u32::from(entry.cntlid), &[]);
+                shared.metrics.nvme_connect("success");
+                if let Role::Admin(entry) = &role {
+                    shared.metrics.nvme_controllers.inc();
+                    self.describe(entry);
+                    tracing::info!(peer = %self.at.peer, host = %entry.host, subsystem = entry.subsystem.as_ref().map_or(nvme::fabrics::DISCOVERY_NQN, |s| s.as_str()), cntlid = entry.cntlid, kato_ms = parsed.kato_ms, "NVMe controller connected");
+                }
+                Some(role)
+            }
+            Err(refused) => {
+                self.answer(sqe.cid(), refused.status, refused.dw0, &[]);
+                shared.metrics.nvme_connect(refused.why);
+                None
+            }
+        }
+    }
+
+    /// What `ctl sessions` shows of a controller.
+    fn describe(&self, entry: &ControllerEntry) {
+        let info = Arc::new(crate::admission::registry::SessionInfo {
+            initiator: entry.host.to_string(),
+            initiator_alias: Some("nvme".into()),
+            target: entry.subsystem.as_ref().map(|s| s.to_string()),
+            tsih: entry.cntlid,
+            isid: [0; 6],
+            cid: 0,
+            portal_group_tag: self.at.portal_group_tag,
+            portal: self.at.local,
+            source: self.at.peer,
+            chap_user: None,
+            params: self.params(),
+            started: std::time::SystemTime::now(),
+            reads: Default::default(),
+            writes: Default::default(),
+            read_bytes: Default::default(),
+            write_bytes: Default::default(),
+        });
+        if let Some(ticket) = entry
+            .ticket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            ticket.describe(info);
+        }
+    }
+
+    /// The queue's transport settings in the terms `ctl sessions` shows for iSCSI: digests as
+    /// negotiated, one connection per queue, the transfer limits.
+    fn params(&self) -> iscsi::negotiation::SessionParams {
+        let (header_digest, data_digest) = self.queue.digests();
+        iscsi::negotiation::SessionParams {
+            header_digest,
+            data_digest,
+            max_connections: 1,
+            initial_r2t: true,
+            immediate_data: true,
+            max_burst_length: TRANSFER_BYTES_MAX,
+            first_burst_length: IN_CAPSULE_BYTES,
+            default_time2wait: 0,
+            default_time2retain: 0,
+            max_outstanding_r2t: 1,
+            data_pdu_in_order: true,
+            data_sequence_in_order: true,
+            error_recovery_level: 0,
+            max_xmit_data_segment_length: TRANSFER_BYTES_MAX,
+            max_recv_data_segment_length: TRANSFER_BYTES_MAX,
+        }
+    }
+
+    /// The backend a connected queue runs its commands on: the controller's admission, nexus
+    /// and LUN map, as an iSCSI session's.
+    fn backend<'s>(
+        &self,
+        shared: &'s Arc<Shared>,
+        entry: &ControllerEntry,
+        completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+    ) -> Backend<'s> {
+        let topology = shared.topology();
+        let mut backend = Backend {
+            shared,
+            disk_luns: Arc::new(Vec::new()),
+            answers: Answers {
+                completions,
+                flag: busy_poll::completion_flag(),
+            },
+            deferred_bytes: 0,
+            deferred_bytes_max: shared.limits.memory_per_connection_bytes as usize,
+            peer: self.at.peer,
+            topology: Arc::clone(&topology),
+            admitted: entry.admitted.clone(),
+            target_name: entry.subsystem.clone(),
+            door: Door::Nvme,
+            initiator: entry.host.clone(),
+            luns: None,
+            nexus: entry.nexus.clone(),
+            local: self.at.local,
+            portal_group_tag: self.at.portal_group_tag,
+            io: Vec::new(),
+            turn_started: Instant::now(),
+            turn_inline: Vec::new(),
+            turn_ended: None,
+            tmf_waits: Vec::new(),
+            ring: None,
+            ring_failed: false,
+            ring_reported: 0,
+            answered: Vec::new(),
+            ring_finished: Vec::new(),
+            group_commits: Vec::new(),
+            loan: Default::default(),
+            info: None,
+            close_reason: None,
+            routed: None,
+        };
+        if let Some((_, group)) = entry
+            .admitted
+            .membership()
+            .and_then(|m| topology.group_of(m))
+        {
+            backend.use_group(group);
+        }
+        backend
+    }
+
+    /// The connected queue's life: its commands, completions, and once a second its clock.
+    async fn connected(
+        &mut self,
+        role: &Role,
+        backend: &mut Backend<'_>,
+        completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
+        alarm: &mut Alarm,
+    ) -> Result<(), Closed> {
+        let entry = Arc::clone(role.entry());
+        let mut kill = entry.kill.subscribe();
+        // `ctl sessions close` reaches a controller through its registry entry.
+        let mut closed_by_ctl = entry
+            .ticket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|t| t.kill.clone());
+        let mut life = io::Life::new(backend, matches!(role, Role::Admin(_)));
+        let mut ready = Vec::new();
+        let mut refused = Vec::new();
+        loop {
+            // Everything buffered first (pipelined behind the Connect, or read last turn).
+            backend.turn_started = Instant::now();
+            if backend.shared.generation() != backend.topology.generation
+                && !backend.follow_or_close()
+            {
+                return Ok(());
+            }
+            self.take_pdus(&mut ready, &mut refused)?;
+            self.answer_refused(&refused);
+            refused.clear();
+            for r in ready.drain(..) {
+                self.command(role, backend, &mut life, r);
+            }
+            let answered = std::mem::take(&mut backend.answered);
+            for done in answered {
+                self.complete(backend, done);
+            }
+            backend.finish_turn();
+            backend.submit_ring();
+            self.flush().await?;
+            if self.closing {
+                return Ok(());
+            }
+            alarm.set(life.next_tick()).map_err(Closed::timer)?;
+            tokio::select! {
+                read = self.stream.read(&mut self.rbuf[self.end..]), if !backend.congested() => {
+                    match read {
+                        Ok(0) => return Ok(()),
+                        Ok(n) => self.end += n,
+                        Err(e) => return Err(Closed::Io(e)),
+                    }
+                }
+                Some(done) = completed.recv() => {
+                    self.complete(backend, done);
+                    while let Ok(done) = completed.try_recv() {
+                        self.complete(backend, done);
+                    }
+                }
+                ready = super::backend::ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
+                    ready.map_err(|e| Closed::Failed(format!("io_uring: {e}")))?;
+                    backend.reap_ring();
+                }
+                rung = alarm.rung() => {
+                    rung.map_err(Closed::timer)?;
+                    if !self.tick(role, backend, &mut life) {
+                        return Ok(());
+                    }
+                }
+                _ = kill.changed() => {
+                    let reason = kill.borrow().unwrap_or("controller gone");
+                    backend.close_reason = Some(reason);
+                    return Ok(());
+                }
+                changed = registry_kill(&mut closed_by_ctl) => {
+                    backend.close_reason = Some(changed);
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Once a second: I/O counts, the topology, a lost RBD image, the shutdown, and for an
+    /// admin queue the keep-alive and the notices owed. False when the queue ends.
+    fn tick(&mut self, role: &Role, backend: &mut Backend<'_>, life: &mut io::Life) -> bool {
+        backend.report_io();
+        let now = Instant::now();
+        life.ticked(now);
+        if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
+        {
+            return false;
+        }
+        if backend.lost_an_image() {
+            tracing::warn!(peer = %self.at.peer, "closing the NVMe queue: this gateway lost an RBD image it maps (the host reconnects to reach the new owner)");
+            backend.close_reason = Some("the gateway lost an image the controller maps");
+            return false;
+        }
+        if backend.shared.is_shutting_down() && self.queue.open() == 0 {
+            backend.close_reason = Some("shutting down");
+            return false;
+        }
+        if let Role::Admin(entry) = role {
+            if life.keep_alive_late(now, KEEP_ALIVE_SLACK) {
+                tracing::warn!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, kato_ms = entry.state().kato_ms(), "NVMe controller ended: no Keep Alive within its timeout");
+                backend.shared.metrics.limit("nvme_keep_alive");
+                backend.close_reason = Some("keep-alive timeout");
+                return false;
+            }
+            self.notices(entry, backend, life);
+        }
+        true
+    }
+
+    /// Reads more into the receive buffer (at least one byte; end of stream is a close).
+    async fn fill(&mut self) -> Result<(), Closed> {
+        self.make_room();
+        match self.stream.read(&mut self.rbuf[self.end..]).await {
+            Ok(0) => Err(Closed::Limit("closed by the host")),
+            Ok(n) => {
+                self.end += n;
+                Ok(())
+            }
+            Err(e) => Err(Closed::Io(e)),
+        }
+    }
+
+    /// Moves what is left to the front, and grows the buffer to hold the next whole PDU.
+    fn make_room(&mut self) {
+        if self.start > 0 {
+            self.rbuf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let need = self.queue.next_len(&self.rbuf[..self.end]).max(64 * 1024);
+        if self.rbuf.len() < need {
+            self.rbuf.resize(need, 0);
+        }
+        if self.end == self.rbuf.len() {
+            // Never a read into no room (it would look like the end of the stream).
+            self.rbuf.resize(self.end + 64 * 1024, 0);
+        }
+    }
+
+    /// Takes every whole PDU buffered; a PDU the transport refuses ends the connection (its
+    /// termination request sent first).
+    fn take_pdus(
+        &mut self,
+        ready: &mut Vec<Received>,
+        refused: &mut Vec<Refused>,
+    ) -> Result<(), Closed> {
+        match self.queue.receive(
+            &self.rbuf[self.start..self.end],
+            &mut self.out,
+            ready,
+            refused,
+        ) {
+            Ok(used) => {
+                self.start += used;
+                self.make_room();
+                Ok(())
+            }
+            Err(fatal) => {
+                // Best effort: the termination request, then the close.
+                let _ = futures_lite_write(&mut self.stream, &self.out);
+                Err(Closed::Protocol(format!("NVMe/TCP: {fatal:?}")))
+            }
+        }
+    }
+
+    fn answer_refused(&mut self, refused: &[Refused]) {
+        for r in refused {
+            self.answer(r.cid, r.status, 0, &[]);
+        }
+    }
+
+    /// Queues command `cid`'s answer: `data` for the host, then its completion.
+    fn answer(&mut self, cid: u16, status: Status, dw0: u32, data: &[u8]) {
+        self.sqhd = if self.sqsize == 0 {
+            0
+        } else {
+            (self.sqhd + 1) % (self.sqsize + 1)
+        };
+        let cqe = Cqe {
+            dw0,
+            dw1: 0,
+            sqhd: self.sqhd,
+            sqid: self.qid,
+            cid,
+            status,
+        };
+        let data = if status.is_success() { data } else { &[] };
+        self.queue.answer(&cqe, data, &mut self.out);
+    }
+
+    async fn flush(&mut self) -> Result<(), Closed> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let result = self.stream.write_all(&self.out).await;
+        self.out.clear();
+        result.map_err(Closed::Io)
+    }
+
+    /// A queue's end: a controller's admin queue takes the controller with it (its I/O queues
+    /// close, its nexus leaves its LUs); an I/O queue gives its queue ID back.
+    fn end(
+        &self,
+        shared: &Shared,
+        role: &Role,
+        backend: &Backend<'_>,
+        result: &Result<(), Closed>,
+    ) {
+        let entry = role.entry();
+        let reason = match (result, backend.close_reason) {
+            (_, Some(r)) => r.to_string(),
+            (Err(e), None) => e.to_string(),
+            (Ok(()), None) => "disconnected".to_string(),
+        };
+        match role {
+            Role::Io(entry) => entry.remove_io_queue(self.qid),
+            Role::Admin(entry) => {
+                shared
+                    .nvme
+                    .remove(entry.cntlid, "the controller's admin queue closed");
+                shared.metrics.nvme_controllers.dec();
+                if let (Some(luns), Some(nexus)) = (&backend.luns, &entry.nexus) {
+                    for e in luns.entries() {
+                        e.lu.nexus_lost(nexus.id);
+                    }
+                }
+                tracing::info!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, reason, "NVMe controller closed");
+            }
+        }
+        let _ = entry;
+    }
+}
+
+/// Resolves with the reason when the session registry closes the controller (never without
+/// an entry there).
+async fn registry_kill(
+    rx: &mut Option<tokio::sync::watch::Receiver<Option<&'static str>>>,
+) -> &'static str {
+    let Some(rx) = rx else {
+        return std::future::pending().await;
+    };
+    loop {
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if let Some(reason) = *rx.borrow() {
+            return reason;
+        }
+    }
+}
+
+/// Writes what is queued without waiting for the socket (a termination request on the way out).
+fn futures_lite_write(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    stream.try_write(bytes)
+}

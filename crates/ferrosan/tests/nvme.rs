@@ -1,0 +1,290 @@
+//! NVMe/TCP, the second door: the same devices as the iSCSI targets, one admission, one set of
+//! gates and reservations. Driven by the initiator crate's NVMe/TCP host (the Linux kernel's
+//! host is exercised in the QEMU guest step, `scripts/kernel-nvme.sh`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::array::Path;
+use common::{free_port, Daemon};
+use initiator::nvme::{self as host, NvmeHost, QueueConn};
+use nvme::sqe::Status;
+
+const IQN: &str = "iqn.2024-01.dev.ferrosan:nvme";
+const NQN: &str = "nqn.2024-01.dev.ferrosan:nvme";
+const INITIATOR: &str = "iqn.2024-01.dev.ferrosan:nvme-peer";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:8c1d2f0a-5b7e-4c3d-9a1f-0e2d3c4b5a69";
+
+fn addr(port: u16) -> SocketAddr {
+    format!("127.0.0.1:{port}").parse().unwrap()
+}
+
+/// A quick export of one RAM LUN through both doors; the NVMe port.
+fn both_doors(luns: &[&str]) -> (Daemon, u16) {
+    let nvme_port = free_port();
+    let listen = format!("127.0.0.1:{nvme_port}");
+    let daemon = Daemon::start_with_args(IQN, luns, &["--nvme-listen", &listen]);
+    (daemon, nvme_port)
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn a_namespace_is_the_lun_an_iscsi_initiator_sees() {
+    let (daemon, nvme_port) = both_doors(&["ram:64M"]);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 32).expect("connect");
+    // Identify Controller: the subsystem asked for, the controller ID Connect gave.
+    assert!(h.identify[768..].starts_with(NQN.as_bytes()));
+    assert_eq!(
+        u16::from_le_bytes([h.identify[78], h.identify[79]]),
+        h.cntlid
+    );
+    // The active namespace list: NSID 1 (LUN 0); its size in 512-byte blocks.
+    let list = h
+        .admin
+        .run_ok(host::sqe(0x06, 0, [2, 0, 0, 0, 0, 0]), Vec::new(), 4096)
+        .unwrap()
+        .data;
+    assert_eq!(&list[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    let ns = h
+        .admin
+        .run_ok(host::sqe(0x06, 1, [0, 0, 0, 0, 0, 0]), Vec::new(), 4096)
+        .unwrap()
+        .data;
+    assert_eq!(
+        u64::from_le_bytes(ns[..8].try_into().unwrap()),
+        (64 << 20) / 512
+    );
+    // Written through NVMe (in the capsule, and on an R2T), read back through both doors.
+    let small = pattern(1, 4096);
+    let large = pattern(2, 256 * 1024);
+    h.write(1, 8, small.clone(), 512).unwrap();
+    h.write(1, 1000, large.clone(), 512).unwrap();
+    assert_eq!(h.read(1, 8, 8, 512).unwrap(), small);
+    assert_eq!(h.read(1, 1000, 512, 512).unwrap(), large);
+    let mut iscsi = Path::connect(daemon.port, IQN, INITIATOR, [0x40, 0, 0, 0, 0, 1]).unwrap();
+    iscsi.settle();
+    let (status, _, data) = iscsi.read(8, 8);
+    assert_eq!((status, data), (0, small));
+    // Written through iSCSI, read through NVMe.
+    let other = pattern(3, 512);
+    assert_eq!(iscsi.write(20, &other).0, 0);
+    assert_eq!(h.read(1, 20, 1, 512).unwrap(), other);
+    // A block past the end: LBA Out of Range, as the SCSI core's 21h/00h.
+    let end = (64 << 20) / 512;
+    let done =
+        h.io.run(host::rw(0x02, 1, end, 1), Vec::new(), 512)
+            .unwrap();
+    assert_eq!(done.cqe.status, Status::LBA_OUT_OF_RANGE);
+    // A namespace that is not there.
+    let done = h.io.run(host::rw(0x02, 2, 0, 1), Vec::new(), 512).unwrap();
+    assert_eq!(done.cqe.status, Status::INVALID_NAMESPACE);
+    h.disconnect();
+}
+
+#[test]
+fn many_commands_in_flight_complete_each_once() {
+    let (_daemon, nvme_port) = both_doors(&["ram:64M"]);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 64).expect("connect");
+    for round in 0..4u8 {
+        let mut cids = Vec::new();
+        for i in 0..48u64 {
+            let data = pattern(round ^ i as u8, 4096);
+            let s = host::rw(0x01, 1, i * 8, 8);
+            cids.push(h.io.submit(s, data, 0).unwrap());
+        }
+        let mut seen = Vec::new();
+        while h.io.in_flight() > 0 {
+            let done = h.io.next_done().unwrap();
+            assert!(done.cqe.status.is_success(), "{:?}", done.cqe);
+            assert!(!seen.contains(&done.cqe.cid), "answered twice");
+            seen.push(done.cqe.cid);
+        }
+        seen.sort_unstable();
+        cids.sort_unstable();
+        assert_eq!(seen, cids);
+        for i in (0..48u64).step_by(7) {
+            assert_eq!(
+                h.read(1, i * 8, 8, 512).unwrap(),
+                pattern(round ^ i as u8, 4096)
+            );
+        }
+    }
+}
+
+#[test]
+fn an_iscsi_reservation_fences_an_nvme_host_and_the_reverse() {
+    let (daemon, nvme_port) = both_doors(&["ram:16M"]);
+    let mut iscsi = Path::connect(daemon.port, IQN, INITIATOR, [0x40, 0, 0, 0, 0, 2]).unwrap();
+    iscsi.settle();
+    // The iSCSI initiator registers and takes Write Exclusive.
+    assert_eq!(iscsi.prout(0x00, 0, 0, 0xAAAA).0, 0);
+    assert_eq!(iscsi.prout(0x01, common::array::pr::WRITE_EXCLUSIVE, 0xAAAA, 0).0, 0);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let write = h.io.run(host::rw(0x01, 1, 0, 1), vec![1; 512], 0).unwrap();
+    assert_eq!(write.cqe.status, Status::RESERVATION_CONFLICT);
+    // Reads stay open under Write Exclusive.
+    assert!(h.read(1, 0, 1, 512).is_ok());
+    // The NVMe host registers and preempts: now the iSCSI initiator is fenced.
+    let keys = |cr: u64, nr: u64| {
+        let mut d = cr.to_le_bytes().to_vec();
+        d.extend_from_slice(&nr.to_le_bytes());
+        d
+    };
+    h.io.run_ok(host::sqe(0x0D, 1, [0, 0, 0, 0, 0, 0]), keys(0, 0xBBBB), 0)
+        .expect("register");
+    // Preempt (action 1) with type Write Exclusive (1): takes the reservation, removes AAAA.
+    h.io.run_ok(
+        host::sqe(0x11, 1, [1 | 1 << 8, 0, 0, 0, 0, 0]),
+        keys(0xBBBB, 0xAAAA),
+        0,
+    )
+    .expect("preempt");
+    assert!(h.write(1, 0, vec![2; 512], 512).is_ok());
+    // The preempted initiator hears of it (REGISTRATIONS PREEMPTED), then is fenced.
+    assert_eq!(iscsi.settle().0, 0);
+    let (status, _) = iscsi.write(0, &[3; 512]);
+    assert_eq!(
+        status, 0x18,
+        "the iSCSI initiator is fenced after the preempt"
+    );
+    // The state is one table: READ KEYS through iSCSI shows the NVMe host's key.
+    assert_eq!(iscsi.read_keys(), vec![0xBBBB]);
+    assert_eq!(iscsi.read_reservation().map(|r| r.0), Some(0xBBBB));
+}
+
+#[test]
+fn only_admitted_hosts_connect_and_each_door_takes_its_own_names() {
+    let nvme_port = free_port();
+    let body = format!(
+        r#"
+[[device]]
+name = "mem"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "{IQN}"
+nqn = "{NQN}"
+
+  [[target.group]]
+  name = "db"
+  initiators = ["{HOSTNQN}"]
+  luns = [ {{ lun = 3, device = "mem" }} ]
+"#
+    );
+    let port = free_port();
+    let text = format!(
+        "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{port}\"]\nnvme_listen = [\"127.0.0.1:{nvme_port}\"]\n{body}"
+    );
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    // The listed host: its group's LUN 3 is NSID 4.
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let list = h
+        .admin
+        .run_ok(host::sqe(0x06, 0, [2, 0, 0, 0, 0, 0]), Vec::new(), 4096)
+        .unwrap()
+        .data;
+    assert_eq!(&list[..8], &[4, 0, 0, 0, 0, 0, 0, 0]);
+    // Another host: Connect Invalid Host.
+    let refused = connect_status(
+        nvme_port,
+        NQN,
+        "nqn.2014-08.org.nvmexpress:uuid:someone-else",
+    );
+    assert_eq!(refused, Status::CONNECT_INVALID_HOST);
+    // The target's iSCSI name through the NVMe door: no such subsystem.
+    let refused = connect_status(nvme_port, IQN, HOSTNQN);
+    assert_eq!(refused, Status::CONNECT_INVALID_PARAMETERS);
+    // An I/O queue naming a controller that is not the host's.
+    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(
+        1,
+        7,
+        h.cntlid,
+        NQN,
+        "nqn.2014-08.org.nvmexpress:uuid:x",
+        [9; 16],
+    );
+    assert_eq!(
+        q.run(c, data, 0).unwrap().cqe.status,
+        Status::CONNECT_INVALID_HOST
+    );
+    // The NQN as an iSCSI target name: not found through the iSCSI door.
+    assert!(Path::connect(port, NQN, INITIATOR, [0x40, 0, 0, 0, 0, 3]).is_err());
+}
+
+fn connect_status(port: u16, subnqn: &str, hostnqn: &str) -> Status {
+    let mut q = QueueConn::open(addr(port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(0, 31, 0xFFFF, subnqn, hostnqn, [1; 16]);
+    q.run(c, data, 0).unwrap().cqe.status
+}
+
+#[test]
+fn discovery_lists_the_subsystems_a_host_may_reach() {
+    let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
+    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(
+        0,
+        31,
+        0xFFFF,
+        nvme::fabrics::DISCOVERY_NQN,
+        HOSTNQN,
+        [2; 16],
+    );
+    q.run_ok(c, data, 0).unwrap();
+    q.run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
+        .unwrap();
+    // Get Log Page 70h, 4 KiB.
+    let page = q
+        .run_ok(
+            host::sqe(0x02, 0, [0x70 | 1023 << 16, 0, 0, 0, 0, 0]),
+            Vec::new(),
+            4096,
+        )
+        .unwrap()
+        .data;
+    let records = u64::from_le_bytes(page[8..16].try_into().unwrap());
+    assert_eq!(records, 1);
+    let entry = &page[1024..2048];
+    assert_eq!(entry[0], 3, "TCP");
+    assert!(entry[256..].starts_with(NQN.as_bytes()));
+    assert!(entry[512..].starts_with(b"127.0.0.1"));
+    assert!(entry[32..].starts_with(nvme_port.to_string().as_bytes()));
+}
+
+#[test]
+fn a_host_that_stops_sending_keep_alives_loses_its_controller() {
+    let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
+    let mut admin = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (mut c, data) = host::connect_command(0, 31, 0xFFFF, NQN, HOSTNQN, [3; 16]);
+    // KATO 1 s.
+    c.0[48..52].copy_from_slice(&1000u32.to_le_bytes());
+    let cntlid = admin.run_ok(c, data, 0).unwrap().cqe.dw0 as u16;
+    admin
+        .run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
+        .unwrap();
+    let mut io = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(1, 7, cntlid, NQN, HOSTNQN, [3; 16]);
+    io.run_ok(c, data, 0).unwrap();
+    let started = Instant::now();
+    // No Keep Alive: the controller ends within its timeout and the tick's slack; the I/O
+    // queue's next command finds the connection closed.
+    let err = io.run(host::rw(0x02, 1, 0, 1), Vec::new(), 512);
+    let mut closed = err.is_err();
+    while !closed && started.elapsed() < Duration::from_secs(6) {
+        std::thread::sleep(Duration::from_millis(200));
+        closed = io.run(host::rw(0x02, 1, 0, 1), Vec::new(), 512).is_err();
+    }
+    assert!(
+        closed,
+        "the I/O queue still serves after the keep-alive timeout"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+}

@@ -1,0 +1,328 @@
+//! An NVMe/TCP host: an admin queue and one I/O queue to a subsystem, each its own TCP
+//! connection, on the `nvme` crate's sans-IO host queue. Blocking and pipelined: submit many
+//! commands, then take their completions. For the tests and `ferrosan bench`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use nvme::fabrics::{Connect, DYNAMIC_CONTROLLER};
+use nvme::host::{next_len, Done, HostQueue};
+use nvme::sqe::{Cqe, Sqe, Status};
+
+/// Why a host command failed.
+#[derive(Debug)]
+pub enum NvmeError {
+    Io(std::io::Error),
+    /// The transport broke (a termination request, or a PDU that made no sense).
+    Transport(nvme::pdu::Fatal),
+    /// The controller answered with this status.
+    Status(Status),
+}
+
+impl std::fmt::Display for NvmeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NvmeError::Io(e) => write!(f, "I/O: {e}"),
+            NvmeError::Transport(t) => write!(f, "transport: {t:?}"),
+            NvmeError::Status(s) => write!(f, "status: SCT {} SC {:#04x}", s.sct, s.sc),
+        }
+    }
+}
+
+impl std::error::Error for NvmeError {}
+
+impl From<std::io::Error> for NvmeError {
+    fn from(e: std::io::Error) -> Self {
+        NvmeError::Io(e)
+    }
+}
+
+/// One queue's connection.
+pub struct QueueConn {
+    stream: TcpStream,
+    queue: HostQueue,
+    rbuf: Vec<u8>,
+    end: usize,
+    out: Vec<u8>,
+    next_cid: u16,
+    /// Completions received and not yet taken.
+    done: Vec<Done>,
+}
+
+impl QueueConn {
+    /// Opens a connection and initializes it (ICReq / ICResp) with these digests.
+    pub fn open(addr: SocketAddr, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let mut q = QueueConn {
+            stream,
+            queue: HostQueue::new(),
+            rbuf: vec![0; 1 << 20],
+            end: 0,
+            out: Vec::new(),
+            next_cid: 0,
+            done: Vec::new(),
+        };
+        q.queue.icreq(digests, &mut q.out);
+        q.flush()?;
+        while !q.queue.initialized() {
+            q.pump()?;
+        }
+        Ok(q)
+    }
+
+    fn flush(&mut self) -> Result<(), NvmeError> {
+        self.stream.write_all(&self.out)?;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Reads once and takes every whole PDU (sending the data R2Ts ask for).
+    fn pump(&mut self) -> Result<(), NvmeError> {
+        let need = next_len(&self.rbuf[..self.end]).max(self.end + 1);
+        if self.rbuf.len() < need {
+            self.rbuf.resize(need, 0);
+        }
+        let n = self.stream.read(&mut self.rbuf[self.end..])?;
+        if n == 0 {
+            return Err(NvmeError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        self.end += n;
+        let used = self
+            .queue
+            .receive(&self.rbuf[..self.end], &mut self.out, &mut self.done)
+            .map_err(NvmeError::Transport)?;
+        self.rbuf.copy_within(used..self.end, 0);
+        self.end -= used;
+        self.flush()
+    }
+
+    /// Sends a command (its identifier set here) and returns the identifier.
+    pub fn submit(
+        &mut self,
+        mut sqe: Sqe,
+        data_out: Vec<u8>,
+        data_in_len: u32,
+    ) -> Result<u16, NvmeError> {
+        let cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        sqe.0[2..4].copy_from_slice(&cid.to_le_bytes());
+        self.queue.submit(sqe, data_out, data_in_len, &mut self.out);
+        self.flush()?;
+        Ok(cid)
+    }
+
+    /// The next completion (of any command).
+    pub fn next_done(&mut self) -> Result<Done, NvmeError> {
+        while self.done.is_empty() {
+            self.pump()?;
+        }
+        Ok(self.done.remove(0))
+    }
+
+    /// Commands sent and not yet taken.
+    pub fn in_flight(&self) -> usize {
+        self.queue.outstanding() + self.done.len()
+    }
+
+    /// Runs one command to its completion (other completions arriving meanwhile are kept).
+    pub fn run(
+        &mut self,
+        sqe: Sqe,
+        data_out: Vec<u8>,
+        data_in_len: u32,
+    ) -> Result<Done, NvmeError> {
+        let cid = self.submit(sqe, data_out, data_in_len)?;
+        loop {
+            if let Some(i) = self.done.iter().position(|d| d.cqe.cid == cid) {
+                return Ok(self.done.remove(i));
+            }
+            self.pump()?;
+        }
+    }
+
+    /// As [`QueueConn::run`], a failing status as an error.
+    pub fn run_ok(
+        &mut self,
+        sqe: Sqe,
+        data_out: Vec<u8>,
+        data_in_len: u32,
+    ) -> Result<Done, NvmeError> {
+        let done = self.run(sqe, data_out, data_in_len)?;
+        if !done.cqe.status.is_success() {
+            return Err(NvmeError::Status(done.cqe.status));
+        }
+        Ok(done)
+    }
+
+    /// The in-capsule data the controller takes (from its Identify data).
+    pub fn set_in_capsule(&mut self, bytes: u32) {
+        self.queue.in_capsule_max = bytes;
+    }
+}
+
+/// A connected host: a controller's admin queue and one I/O queue.
+pub struct NvmeHost {
+    pub admin: QueueConn,
+    pub io: QueueConn,
+    pub cntlid: u16,
+    /// Identify Controller's data.
+    pub identify: Vec<u8>,
+}
+
+/// A Fabrics Connect's SQE and data for queue `qid`.
+pub fn connect_command(
+    qid: u16,
+    sqsize: u16,
+    cntlid: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    host_id: [u8; 16],
+) -> (Sqe, Vec<u8>) {
+    let c = Connect {
+        qid,
+        sqsize,
+        cattr: 0,
+        kato_ms: if qid == 0 { 15_000 } else { 0 },
+        host_id,
+        cntlid,
+        subnqn: subnqn.to_string(),
+        hostnqn: hostnqn.to_string(),
+    };
+    (c.sqe(0), c.data())
+}
+
+/// A Property Set of CC (the controller's configuration: EN, and the queue entry sizes).
+pub fn property_set_cc(value: u32) -> Sqe {
+    let mut s = [0u8; 64];
+    s[0] = nvme::sqe::FABRICS;
+    s[4] = nvme::fabrics::fctype::PROPERTY_SET;
+    s[44..48].copy_from_slice(&nvme::fabrics::reg::CC.to_le_bytes());
+    s[48..56].copy_from_slice(&u64::from(value).to_le_bytes());
+    Sqe(s)
+}
+
+/// An SQE with `opcode`, `nsid` and command dwords 10..=15.
+pub fn sqe(opcode: u8, nsid: u32, cdw: [u32; 6]) -> Sqe {
+    let mut s = [0u8; 64];
+    s[0] = opcode;
+    s[4..8].copy_from_slice(&nsid.to_le_bytes());
+    for (i, v) in cdw.iter().enumerate() {
+        s[40 + i * 4..44 + i * 4].copy_from_slice(&v.to_le_bytes());
+    }
+    Sqe(s)
+}
+
+impl NvmeHost {
+    /// Connects to subsystem `subnqn` at `addr` as `hostnqn`: the admin queue, the
+    /// controller enabled, one I/O queue of `depth` entries.
+    pub fn connect(
+        addr: SocketAddr,
+        subnqn: &str,
+        hostnqn: &str,
+        depth: u16,
+    ) -> Result<NvmeHost, NvmeError> {
+        let host_id = host_id_of(hostnqn);
+        let mut admin = QueueConn::open(addr, (false, false))?;
+        let (connect, data) = connect_command(0, 31, DYNAMIC_CONTROLLER, subnqn, hostnqn, host_id);
+        let done = admin.run_ok(connect, data, 0)?;
+        let cntlid = done.cqe.dw0 as u16;
+        // EN, 64-byte submission and 16-byte completion entries.
+        admin.run_ok(property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)?;
+        let identify = admin
+            .run_ok(
+                sqe(nvme::admin::opcode::IDENTIFY, 0, [1, 0, 0, 0, 0, 0]),
+                Vec::new(),
+                4096,
+            )?
+            .data;
+        let ioccsz = u32::from_le_bytes(identify[1792..1796].try_into().unwrap_or([0; 4]));
+        let mut io = QueueConn::open(addr, (false, false))?;
+        io.set_in_capsule((ioccsz * 16).saturating_sub(64));
+        let (connect, data) = connect_command(
+            1,
+            depth.saturating_sub(1).max(1),
+            cntlid,
+            subnqn,
+            hostnqn,
+            host_id,
+        );
+        io.run_ok(connect, data, 0)?;
+        Ok(NvmeHost {
+            admin,
+            io,
+            cntlid,
+            identify,
+        })
+    }
+
+    /// Reads `blocks` blocks of `block_size` at `lba` of namespace `nsid`.
+    pub fn read(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        blocks: u32,
+        block_size: u32,
+    ) -> Result<Vec<u8>, NvmeError> {
+        let s = rw(nvme::nvm::opcode::READ, nsid, lba, blocks);
+        Ok(self.io.run_ok(s, Vec::new(), blocks * block_size)?.data)
+    }
+
+    /// Writes `data` (whole blocks) at `lba` of namespace `nsid`.
+    pub fn write(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        data: Vec<u8>,
+        block_size: u32,
+    ) -> Result<(), NvmeError> {
+        let blocks = (data.len() / block_size as usize) as u32;
+        let s = rw(nvme::nvm::opcode::WRITE, nsid, lba, blocks);
+        self.io.run_ok(s, data, 0).map(|_| ())
+    }
+
+    /// Ends the controller (closing the admin queue ends its I/O queues too).
+    pub fn disconnect(self) {
+        let _ = self.admin.stream.shutdown(std::net::Shutdown::Both);
+        let _ = self.io.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// A read or write SQE: starting LBA in CDW10-11, the 0's based block count in CDW12.
+pub fn rw(opcode: u8, nsid: u32, lba: u64, blocks: u32) -> Sqe {
+    sqe(
+        opcode,
+        nsid,
+        [
+            lba as u32,
+            (lba >> 32) as u32,
+            blocks.saturating_sub(1),
+            0,
+            0,
+            0,
+        ],
+    )
+}
+
+/// A host identifier derived from the host NQN (stable for one name).
+pub fn host_id_of(hostnqn: &str) -> [u8; 16] {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut id = [0u8; 16];
+    for (i, b) in hostnqn.bytes().enumerate() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+        id[i % 16] ^= h as u8;
+    }
+    id
+}
+
+/// A completion's status as a result.
+pub fn status(cqe: &Cqe) -> Result<(), NvmeError> {
+    if cqe.status.is_success() {
+        Ok(())
+    } else {
+        Err(NvmeError::Status(cqe.status))
+    }
+}

@@ -1,0 +1,314 @@
+//! One NVMe/TCP queue, host side, sans I/O: connection initialization, command capsules (data
+//! in the capsule up to the controller's in-capsule size, else sent on its R2T), and the
+//! controller's C2HData and response capsules gathered into completions. For the initiator
+//! crate's host and the tests; the controller side is [`crate::queue`].
+
+use crate::pdu::{self, Accept, Fatal, PduType, Refusal, Transfer, CH_LEN};
+use crate::queue::capsule;
+use crate::sqe::{Cqe, Sqe, CQE_LEN};
+
+/// A command the controller answered: its completion and the data it returned.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Done {
+    pub cqe: Cqe,
+    pub data: Vec<u8>,
+}
+
+struct Outstanding {
+    cid: u16,
+    /// Data still to send on the controller's R2T.
+    data_out: Vec<u8>,
+    data_in: Vec<u8>,
+    data_in_len: usize,
+}
+
+/// The host side of a queue.
+pub struct HostQueue {
+    accept: Accept,
+    maxh2cdata: u32,
+    /// In-capsule data the controller takes (its IOCCSZ); 0 until the host learns it.
+    pub in_capsule_max: u32,
+    outstanding: Vec<Outstanding>,
+}
+
+impl Default for HostQueue {
+    fn default() -> Self {
+        HostQueue::new()
+    }
+}
+
+impl HostQueue {
+    pub fn new() -> HostQueue {
+        HostQueue {
+            accept: Accept {
+                controller: false,
+                initialized: false,
+                header_digest: false,
+                data_digest: false,
+                alignment: 0,
+                data_max: 16 << 20,
+            },
+            maxh2cdata: 4096,
+            in_capsule_max: 8192,
+            outstanding: Vec::new(),
+        }
+    }
+
+    /// The ICReq that opens the connection, asking for these digests.
+    pub fn icreq(&self, digests: (bool, bool), out: &mut Vec<u8>) {
+        pdu::ICReq {
+            hpda: 0,
+            header_digest: digests.0,
+            data_digest: digests.1,
+            maxr2t: 0,
+        }
+        .encode(out);
+    }
+
+    pub fn initialized(&self) -> bool {
+        self.accept.initialized
+    }
+
+    /// Commands sent and not yet answered.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Sends command `sqe` (its data pointer set here) with `data_out` to write and room for
+    /// `data_in_len` bytes back.
+    pub fn submit(&mut self, mut sqe: Sqe, data_out: Vec<u8>, data_in_len: u32, out: &mut Vec<u8>) {
+        let cid = sqe.cid();
+        let in_capsule = !data_out.is_empty() && data_out.len() <= self.in_capsule_max as usize;
+        sqe.0[1] = (sqe.0[1] & 0x3F) | 0x40;
+        sqe.0[24..40].fill(0);
+        let len = if data_out.is_empty() {
+            data_in_len
+        } else {
+            data_out.len() as u32
+        };
+        sqe.0[32..36].copy_from_slice(&len.to_le_bytes());
+        sqe.0[39] = if in_capsule { 0x01 } else { 0x5A };
+        let digests = (self.accept.header_digest, self.accept.data_digest);
+        if in_capsule {
+            capsule(&sqe, &data_out, digests, out);
+        } else {
+            capsule(&sqe, &[], digests, out);
+        }
+        self.outstanding.push(Outstanding {
+            cid,
+            data_out: if in_capsule { Vec::new() } else { data_out },
+            data_in: Vec::new(),
+            data_in_len: data_in_len as usize,
+        });
+    }
+
+    /// Takes every whole PDU at the start of `buf`: completions go to `done`, H2CData
+    /// answering R2Ts to `out`. Returns the bytes consumed.
+    pub fn receive(
+        &mut self,
+        buf: &[u8],
+        out: &mut Vec<u8>,
+        done: &mut Vec<Done>,
+    ) -> Result<usize, Fatal> {
+        let mut used = 0;
+        loop {
+            let rest = &buf[used..];
+            let Some(ch) = rest.get(..CH_LEN) else { break };
+            let ch: [u8; CH_LEN] = ch.try_into().unwrap_or([0; CH_LEN]);
+            let frame = pdu::frame(&ch, &self.accept).map_err(|r| r.status)?;
+            let Some(whole) = rest.get(..frame.len) else {
+                break;
+            };
+            self.take(&frame, whole, out, done).map_err(|r| r.status)?;
+            used += frame.len;
+        }
+        Ok(used)
+    }
+
+    fn take(
+        &mut self,
+        frame: &pdu::Frame,
+        whole: &[u8],
+        out: &mut Vec<u8>,
+        done: &mut Vec<Done>,
+    ) -> Result<(), Refusal> {
+        let bad = |field| Refusal {
+            status: Fatal::InvalidHeaderField,
+            field,
+        };
+        let header = &whole[..frame.hlen];
+        let data = &whole[frame.data_offset..frame.data_offset + frame.data_len];
+        match frame.pdu_type {
+            PduType::ICResp => {
+                let resp = pdu::ICResp::parse(header)?;
+                self.accept.initialized = true;
+                self.accept.header_digest = resp.header_digest;
+                self.accept.data_digest = resp.data_digest;
+                self.maxh2cdata = resp.maxh2cdata;
+            }
+            PduType::C2HData => {
+                let t = Transfer::parse(header).ok_or(bad(8))?;
+                let o = self
+                    .outstanding
+                    .iter_mut()
+                    .find(|o| o.cid == t.cccid)
+                    .ok_or(bad(8))?;
+                if t.offset as usize != o.data_in.len()
+                    || o.data_in.len() + data.len() > o.data_in_len
+                {
+                    return Err(Refusal {
+                        status: Fatal::DataOutOfRange,
+                        field: 12,
+                    });
+                }
+                o.data_in.extend_from_slice(data);
+            }
+            PduType::R2T => {
+                let t = Transfer::parse(header).ok_or(bad(8))?;
+                self.send_data(t, out)?;
+            }
+            PduType::CapsuleResp => {
+                let raw: [u8; CQE_LEN] = header[CH_LEN..CH_LEN + CQE_LEN]
+                    .try_into()
+                    .map_err(|_| bad(2))?;
+                let cqe = Cqe::parse(&raw);
+                let i = self
+                    .outstanding
+                    .iter()
+                    .position(|o| o.cid == cqe.cid)
+                    .ok_or(bad(12))?;
+                let o = self.outstanding.swap_remove(i);
+                done.push(Done {
+                    cqe,
+                    data: o.data_in,
+                });
+            }
+            PduType::C2HTermReq => {
+                return Err(Refusal {
+                    status: Fatal::SequenceError,
+                    field: 0,
+                })
+            }
+            _ => return Err(bad(0)),
+        }
+        Ok(())
+    }
+
+    /// The data an R2T asks for, in H2CData PDUs of at most MAXH2CDATA.
+    fn send_data(&mut self, t: Transfer, out: &mut Vec<u8>) -> Result<(), Refusal> {
+        let o = self
+            .outstanding
+            .iter()
+            .find(|o| o.cid == t.cccid)
+            .ok_or(Refusal {
+                status: Fatal::InvalidHeaderField,
+                field: 8,
+            })?;
+        let end = (t.offset as usize).saturating_add(t.len as usize);
+        let data = o.data_out.get(t.offset as usize..end).ok_or(Refusal {
+            status: Fatal::DataOutOfRange,
+            field: 12,
+        })?;
+        let digests = (self.accept.header_digest, self.accept.data_digest);
+        let mut at = 0;
+        while at < data.len() {
+            let n = (data.len() - at).min(self.maxh2cdata as usize);
+            let part = Transfer {
+                cccid: t.cccid,
+                ttag: t.ttag,
+                offset: t.offset + at as u32,
+                len: n as u32,
+            };
+            part.encode_h2c_header(at + n == data.len(), digests, out);
+            out.extend_from_slice(&data[at..at + n]);
+            if digests.1 {
+                out.extend_from_slice(&pdu::digest(&data[at..at + n]).to_le_bytes());
+            }
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of the next PDU a host must buffer before [`HostQueue::receive`] takes it.
+pub fn next_len(buf: &[u8]) -> usize {
+    match buf.get(..CH_LEN) {
+        Some(ch) => (u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]) as usize).max(CH_LEN),
+        None => CH_LEN,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::{Queue, QueueLimits};
+    use crate::sqe::Status;
+
+    /// A host and a controller queue joined back to back: what one sends the other takes.
+    #[test]
+    fn a_host_and_a_controller_queue_understand_each_other() {
+        for digests in [(false, false), (true, true)] {
+            let mut host = HostQueue::new();
+            host.in_capsule_max = 4096;
+            let mut ctrl = Queue::new(QueueLimits {
+                maxh2cdata: 8192,
+                in_capsule_max: 4096,
+                transfer_max: 1 << 20,
+                depth_max: 8,
+                solicited_max: 1 << 20,
+            });
+            let (mut to_ctrl, mut to_host) = (Vec::new(), Vec::new());
+            host.icreq(digests, &mut to_ctrl);
+            let (mut ready, mut refused, mut done) = (Vec::new(), Vec::new(), Vec::new());
+            ctrl.receive(&to_ctrl, &mut to_host, &mut ready, &mut refused)
+                .unwrap();
+            to_ctrl.clear();
+            host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+            to_host.clear();
+            assert!(host.initialized());
+            // A 20 000-byte write goes on an R2T in H2CData; a small one in the capsule.
+            let mut write = Sqe([0; 64]);
+            write.0[0] = 0x01;
+            write.0[2] = 1;
+            let big: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+            host.submit(write, big.clone(), 0, &mut to_ctrl);
+            write.0[2] = 2;
+            host.submit(write, vec![9; 512], 0, &mut to_ctrl);
+            ctrl.receive(&to_ctrl, &mut to_host, &mut ready, &mut refused)
+                .unwrap();
+            to_ctrl.clear();
+            assert_eq!(ready.len(), 1, "the small write came whole");
+            host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+            to_host.clear();
+            ctrl.receive(&to_ctrl, &mut to_host, &mut ready, &mut refused)
+                .unwrap();
+            to_ctrl.clear();
+            assert_eq!(ready.len(), 2);
+            assert_eq!(ready[1].data, big);
+            assert!(refused.is_empty());
+            // Answers: one with data (a read's), one without.
+            let cqe = |cid| Cqe {
+                dw0: 0,
+                dw1: 0,
+                sqhd: 0,
+                sqid: 1,
+                cid,
+                status: Status::SUCCESS,
+            };
+            let mut read = Sqe([0; 64]);
+            read.0[0] = 0x02;
+            read.0[2] = 3;
+            host.submit(read, Vec::new(), 4096, &mut to_ctrl);
+            ctrl.receive(&to_ctrl, &mut to_host, &mut ready, &mut refused)
+                .unwrap();
+            ctrl.answer(&cqe(3), &[7; 4096], &mut to_host);
+            ctrl.answer(&cqe(1), &[], &mut to_host);
+            ctrl.answer(&cqe(2), &[], &mut to_host);
+            let used = host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+            assert_eq!(used, to_host.len());
+            assert_eq!(done.len(), 3);
+            assert_eq!(done[0].data, vec![7; 4096]);
+            assert_eq!(host.outstanding(), 0);
+        }
+    }
+}

@@ -351,13 +351,20 @@ fn print_banner(config: &Config, server: &engine::Server) {
         return;
     };
     // The examples must be addresses an initiator can dial, not 0.0.0.0.
-    let portal =
-        engine::topology::portals::dialable(first, &engine::topology::portals::host_addresses());
+    let host = engine::topology::portals::host_addresses();
+    let portal = engine::topology::portals::dialable(first, &host);
+    let nvme = server
+        .bound_nvme
+        .first()
+        .map(|&a| engine::topology::portals::dialable(a, &host));
     println!(
         "ferrosan {} serving on {}",
         env!("CARGO_PKG_VERSION"),
         join(bound)
     );
+    if !server.bound_nvme.is_empty() {
+        println!("  NVMe/TCP on {}", join(&server.bound_nvme));
+    }
     if let Some(metrics) = config.server.metrics_listen {
         println!("  metrics  http://{metrics}/metrics");
     }
@@ -383,6 +390,15 @@ fn print_banner(config: &Config, server: &engine::Server) {
         }
         println!("    iscsiadm -m discovery -t sendtargets -p {portal}");
         println!("    iscsiadm -m node -T {} -p {portal} --login", t.iqn);
+        if let (Some(nqn), Some(nvme)) = (&t.nqn, nvme) {
+            // NSID = LUN + 1.
+            if let Some(first) = luns.first() {
+                println!("    nvme+tcp://{nvme}/{nqn}/{}", first + 1);
+            }
+            let (ip, port) = (nvme.ip(), nvme.port());
+            println!("    nvme discover -t tcp -a {ip} -s {port}");
+            println!("    nvme connect -t tcp -a {ip} -s {port} -n {nqn}");
+        }
     }
 }
 

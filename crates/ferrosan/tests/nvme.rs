@@ -125,7 +125,12 @@ fn an_iscsi_reservation_fences_an_nvme_host_and_the_reverse() {
     iscsi.settle();
     // The iSCSI initiator registers and takes Write Exclusive.
     assert_eq!(iscsi.prout(0x00, 0, 0, 0xAAAA).0, 0);
-    assert_eq!(iscsi.prout(0x01, common::array::pr::WRITE_EXCLUSIVE, 0xAAAA, 0).0, 0);
+    assert_eq!(
+        iscsi
+            .prout(0x01, common::array::pr::WRITE_EXCLUSIVE, 0xAAAA, 0)
+            .0,
+        0
+    );
     let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
     let write = h.io.run(host::rw(0x01, 1, 0, 1), vec![1; 512], 0).unwrap();
     assert_eq!(write.cqe.status, Status::RESERVATION_CONFLICT);

@@ -128,6 +128,9 @@ impl Controller {
         d[513] = 0x44;
         put16(&mut d, 514, self.maxcmd);
         put32(&mut d, 516, self.nn);
+        // MNAN: namespaces the subsystem may hold at most, as many as NSIDs (Linux refuses a
+        // multipath controller without it).
+        put32(&mut d, 540, self.nn);
         put16(&mut d, 520, self.oncs);
         put16(&mut d, 522, u16::from(self.fused_compare_write));
         d[525] = u8::from(self.volatile_write_cache);

@@ -1,0 +1,340 @@
+#!/bin/bash
+# The guest's half of scripts/kernel-nvme.sh: runs inside the test guest (scripts/lib/guest.sh)
+# as /host/main.sh and checks ferrosan's NVMe/TCP door with the Linux kernel's host (nvme-tcp,
+# native NVMe multipath) and nvme-cli, beside its iSCSI door (open-iscsi) on the same device.
+#
+# Reports on $REPORT (the second serial port), one line each:
+#   PLAN name...                 every check this script will report, before the first
+#   CHECK name: ok               a check passed
+#   CHECK name: FAILED detail    a check failed, and why
+#   TIME name SECONDS            how long a check took
+#   HOST: restart-ferrosan KILL  asks the host to kill ferrosan and start it again; answered
+#                                in /host/acks/restart-N once the daemon is back
+#   HOST: alua GROUP STATE       asks the host to give portal group GROUP the ALUA state STATE
+#                                live; answered in /host/acks/alua-N ("ok ..." or "FAILED ...")
+#
+# /host/params sets NQN, TARGET_IQN, HOST_ADDR, PORT_OPT and PORT_NONOPT (the NVMe/TCP
+# listeners of portal groups 1, active/optimized, and 2, active/non-optimized), ISCSI_PORT
+# (portal group 1's iSCSI portal), HOSTNQN, HOSTID, INIT (the guest's iSCSI name), EUI64 (the
+# device's NAA as nvme-cli prints an EUI-64) and BLOCKS (its size in 512-byte blocks).
+set -euo pipefail
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+# shellcheck source=/dev/null
+source /host/params
+: "${NQN:?}" "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${ISCSI_PORT:?}"
+: "${HOSTNQN:?}" "${HOSTID:?}" "${INIT:?}" "${EUI64:?}" "${BLOCKS:?}"
+REPORT=${REPORT:-/dev/ttyS1}
+ACKS=/host/acks
+WORK=/tmp/knvme
+mkdir -p "$WORK"
+: >"$WORK/state"
+FIO_SIZE=$((32 << 20))
+
+CHECKS=(discover connect identify two-paths fio-verify one-device reservations
+    ana-unavailable ana-optimized-again fio-verify-ana restart-kill fio-verify-restart disconnect)
+
+report() {
+    printf '%s\n' "$*" >"$REPORT"
+    printf '>>> %s\n' "$*"
+}
+now() { cut -d' ' -f1 /proc/uptime; }
+fail() {
+    [[ -s $WORK/detail ]] || printf '%s' "$*" | tr '\n' ' ' >"$WORK/detail"
+    echo "FAILED: $*"
+    return 1
+}
+save() { printf '%s\n' "$@" >>"$WORK/state"; }
+run() {
+    local name=$1 fn=$2 t0 rc
+    t0=$(now)
+    : >"$WORK/detail"
+    printf '\n==== check %s\n' "$name"
+    set +e
+    (set -e; "$fn")
+    rc=$?
+    set -e
+    # shellcheck source=/dev/null
+    source "$WORK/state"
+    if ((rc == 0)); then
+        report "CHECK $name: ok"
+    else
+        [[ -s $WORK/detail ]] || echo "a command failed (exit $rc; see the console log)" >"$WORK/detail"
+        report "CHECK $name: FAILED $(cat "$WORK/detail")"
+    fi
+    report "TIME $name $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')"
+}
+wait_until() {
+    local secs=$1 i
+    shift
+    for ((i = 0; i < secs * 2; i++)); do
+        "$@" && return 0
+        sleep 0.5
+    done
+    return 1
+}
+
+connect_port() {
+    nvme connect -t tcp -a "$HOST_ADDR" -s "$1" -n "$NQN" -q "$HOSTNQN" -I "$HOSTID" \
+        --ctrl-loss-tmo=120 --reconnect-delay=1 --keep-alive-tmo=5
+}
+
+# The namespace's head device (native multipath: nvmeXnY, its paths nvmeXcZnY hidden).
+head_dev() {
+    local b n
+    for b in /sys/block/nvme*n1; do
+        n=${b##*/}
+        [[ $n == *c* ]] && continue
+        echo "$n"
+        return 0
+    done
+    return 1
+}
+# The path device through the controller connected to PORT, and its ANA state.
+path_of() {
+    local c p addr
+    for c in /sys/class/nvme/nvme*; do
+        addr=$(cat "$c/address" 2>/dev/null) || continue
+        [[ $addr == *"trsvcid=$1"* ]] || continue
+        for p in /sys/block/nvme*c"${c##*/nvme}"n1; do
+            [[ -e $p ]] && echo "${p##*/}" && return 0
+        done
+    done
+    return 1
+}
+ana_state() { cat "/sys/block/$1/ana_state" 2>/dev/null; }
+stat_ios() { awk '{ print $1 + $5 }' "/sys/block/$1/stat"; }
+io_moves() {
+    local a i
+    a=$(stat_ios "$1")
+    for ((i = 0; i < $2 * 2; i++)); do
+        sleep 0.5
+        (($(stat_ios "$1") > a)) && return 0
+    done
+    return 1
+}
+
+fio_run() {
+    local name=$1 offset=$2 size=$3
+    shift 3
+    fio --name="$name" --filename="/dev/$DEV" --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
+        --iodepth=16 --offset="$offset" --size="$size" --verify=crc32c --do_verify=1 \
+        --verify_fatal=1 --output-format=json --output="$WORK/fio-$name.json" "$@"
+}
+fio_start() {
+    rm -f "$WORK/fio-$1.rc"
+    (
+        set +e
+        fio_run "$1" "$2" "$3" --rate=,"$4" >"$WORK/fio-$1.out" 2>&1
+        echo $? >"$WORK/fio-$1.rc"
+    ) &
+}
+fio_running() { [[ ! -e $WORK/fio-$1.rc ]]; }
+fio_wait() { wait_until "$2" test -e "$WORK/fio-$1.rc" || fail "fio $1 still running after $2 s"; }
+fio_verdict() {
+    local name=$1 bytes=$2 rc err w r
+    rc=$(cat "$WORK/fio-$name.rc")
+    ((rc == 0)) || fail "fio exited $rc: $(grep -m2 -iE 'verify|error' "$WORK/fio-$name.out" 2>/dev/null | tr '\n' ' ')"
+    read -r err w r < <(awk '
+        /"error"/ && err == "" { gsub(/[^0-9]/, "", $0); err = $0 }
+        /"read" : \{/ { sect = "read" }
+        /"write" : \{/ { sect = "write" }
+        /"trim" : \{/ { sect = "trim" }
+        /"io_bytes"/ { v = $0; gsub(/[^0-9]/, "", v); if (sect == "read" && r == "") r = v; if (sect == "write" && w == "") w = v }
+        END { print err, w, r }' "$WORK/fio-$name.json")
+    echo "fio $name: error=$err written=$w verified=$r (expected $bytes)"
+    ((err == 0)) || fail "fio reported error $err"
+    ((w == bytes)) || fail "fio wrote $w bytes, expected $bytes"
+    ((r == bytes)) || fail "the verify pass read $r bytes, expected $bytes"
+}
+
+# ask_host KIND ARGS...: a request to the host (restart or alua), waited for. The host numbers
+# each kind's requests from 1; the counts outlive the checks' subshells through save.
+RESTARTS=0 ALUA_CHANGES=0
+ask_host() {
+    local kind=$1 n ack
+    shift
+    if [[ $kind == restart ]]; then
+        RESTARTS=$((RESTARTS + 1)) n=$((RESTARTS + 0))
+        save "RESTARTS=$RESTARTS"
+    else
+        ALUA_CHANGES=$((ALUA_CHANGES + 1)) n=$((ALUA_CHANGES + 0))
+        save "ALUA_CHANGES=$ALUA_CHANGES"
+    fi
+    ack=$ACKS/$kind-$n
+    if [[ $kind == restart ]]; then report "HOST: restart-ferrosan $*"; else report "HOST: alua $*"; fi
+    wait_until 120 test -e "$ack" || fail "the host did not answer $kind $* within 120 s"
+    echo "host: $(cat "$ack")"
+    grep -q "^ok " "$ack" || fail "the host could not do $kind $*: $(cat "$ack")"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+# Discovery through the well-known discovery NQN: the subsystem at both of its ports.
+check_discover() {
+    nvme discover -t tcp -a "$HOST_ADDR" -s "$PORT_OPT" -q "$HOSTNQN" | tee "$WORK/discover"
+    grep -q "subnqn: *$NQN" "$WORK/discover" || fail "discovery does not list $NQN"
+    grep -q "trsvcid: *$PORT_OPT" "$WORK/discover" || fail "discovery does not list port $PORT_OPT"
+    grep -q "trsvcid: *$PORT_NONOPT" "$WORK/discover" || fail "discovery does not list port $PORT_NONOPT"
+}
+
+check_connect() {
+    connect_port "$PORT_OPT" || fail "nvme connect to $PORT_OPT failed"
+    wait_until 20 head_dev >/dev/null || fail "no namespace block device after connect"
+    DEV=$(head_dev)
+    save "DEV=$DEV"
+    nvme list-subsys | cat
+    echo "namespace: /dev/$DEV"
+}
+
+check_identify() {
+    local ctrl
+    ctrl=$(find /sys/class/nvme -mindepth 1 -maxdepth 1 -name 'nvme*' -printf '%f\n' | sort | head -1)
+    nvme id-ctrl "/dev/$ctrl" >"$WORK/id-ctrl"
+    head -40 "$WORK/id-ctrl"
+    grep -qE "^subnqn +: $NQN\$" "$WORK/id-ctrl" || fail "id-ctrl names another subsystem"
+    grep -qE "^mdts +: 8\$" "$WORK/id-ctrl" || fail "MDTS is not 8 (1 MiB)"
+    nvme id-ns "/dev/$DEV" >"$WORK/id-ns"
+    head -30 "$WORK/id-ns"
+    grep -qE "^nsze +: $(printf '%#x' "$BLOCKS")\$" "$WORK/id-ns" || fail "nsze is not $BLOCKS blocks"
+    grep -qE "^nmic +: 0x1\$" "$WORK/id-ns" || fail "the namespace is not shared (nmic)"
+    grep -qiE "^eui64 +: $EUI64\$" "$WORK/id-ns" || fail "eui64 is not the device's NAA ($EUI64)"
+    [[ $(blockdev --getsize64 "/dev/$DEV") == $((BLOCKS * 512)) ]] || fail "the block device's size differs"
+}
+
+# Native NVMe multipath: a second controller through portal group 2; each path's ANA state is
+# its portal group's ALUA state.
+check_two_paths() {
+    connect_port "$PORT_NONOPT" || fail "nvme connect to $PORT_NONOPT failed"
+    wait_until 20 path_of "$PORT_NONOPT" >/dev/null || fail "no path device through $PORT_NONOPT"
+    P_OPT=$(path_of "$PORT_OPT") P_NONOPT=$(path_of "$PORT_NONOPT")
+    save "P_OPT=$P_OPT" "P_NONOPT=$P_NONOPT"
+    echo "paths: $P_OPT (port $PORT_OPT) $P_NONOPT (port $PORT_NONOPT)"
+    nvme list-subsys | cat
+    wait_until 10 test "$(ana_state "$P_OPT")" = optimized || fail "$P_OPT is $(ana_state "$P_OPT"), not optimized"
+    [[ $(ana_state "$P_NONOPT") == non-optimized ]] || fail "$P_NONOPT is $(ana_state "$P_NONOPT"), not non-optimized"
+}
+
+# fio with crc32c verify through the head device: the I/O takes the optimized path.
+check_fio_verify() {
+    local before_non
+    before_non=$(stat_ios "$P_NONOPT")
+    local rc=0
+    fio_run base 0 $FIO_SIZE >"$WORK/fio-base.out" 2>&1 || rc=$?
+    echo "$rc" >"$WORK/fio-base.rc"
+    fio_verdict base $FIO_SIZE
+    (($(stat_ios "$P_NONOPT") - before_non < 64)) || fail "the I/O went down the non-optimized path"
+}
+
+# The same device through the iSCSI door: what one door wrote the other reads.
+check_one_device() {
+    echo "InitiatorName=$INIT" >/etc/iscsi/initiatorname.iscsi
+    iscsid
+    sleep 1
+    iscsiadm -m node -o new -T "$TARGET_IQN" -p "$HOST_ADDR:$ISCSI_PORT,1" >/dev/null
+    iscsiadm -m node -T "$TARGET_IQN" -p "$HOST_ADDR:$ISCSI_PORT,1" --login || fail "iSCSI login failed"
+    udevadm settle --timeout=20 || true
+    local sd i
+    for ((i = 0; i < 40; i++)); do
+        sd=$(iscsiadm -m session -P3 2>/dev/null | awk '/Attached scsi disk/ { print $4 }' | head -1)
+        [[ -n $sd && -e /dev/$sd ]] && break
+        sleep 0.5
+    done
+    [[ -n $sd ]] || fail "no SCSI disk on the iSCSI session"
+    save "SD=$sd"
+    head -c 1048576 /dev/urandom >"$WORK/a"
+    head -c 1048576 /dev/urandom >"$WORK/b"
+    dd if="$WORK/a" of="/dev/$DEV" bs=1M seek=400 oflag=direct status=none
+    dd if="/dev/$sd" of="$WORK/a.back" bs=1M skip=400 count=1 iflag=direct status=none
+    cmp "$WORK/a" "$WORK/a.back" || fail "iSCSI reads other data than NVMe wrote"
+    dd if="$WORK/b" of="/dev/$sd" bs=1M seek=401 oflag=direct status=none
+    dd if="/dev/$DEV" of="$WORK/b.back" bs=1M skip=401 count=1 iflag=direct status=none
+    cmp "$WORK/b" "$WORK/b.back" || fail "NVMe reads other data than iSCSI wrote"
+}
+
+# One reservation table: an NVMe host's Write Exclusive fences the iSCSI initiator, and
+# sg_persist through iSCSI sees the NVMe host's key and reservation.
+check_reservations() {
+    nvme resv-register "/dev/$DEV" -n 1 --nrkey=0x4e564d65 --rrega=0 || fail "resv-register failed"
+    nvme resv-acquire "/dev/$DEV" -n 1 --crkey=0x4e564d65 --rtype=1 --racqa=0 || fail "resv-acquire failed"
+    sg_persist --in --read-keys "/dev/$SD" | tee "$WORK/keys"
+    grep -qi "0x4e564d65" "$WORK/keys" || fail "iSCSI READ KEYS does not show the NVMe host's key"
+    sg_persist --in --read-reservation "/dev/$SD" | tee "$WORK/resv"
+    grep -qi "Write Exclusive" "$WORK/resv" || fail "iSCSI READ RESERVATION does not show Write Exclusive"
+    if dd if=/dev/zero of="/dev/$SD" bs=4k seek=1000 count=1 oflag=direct status=none 2>"$WORK/dd.err"; then
+        fail "the iSCSI initiator wrote through the NVMe host's Write Exclusive reservation"
+    fi
+    cat "$WORK/dd.err"
+    dd if=/dev/zero of="/dev/$DEV" bs=4k seek=1000 count=1 oflag=direct status=none || fail "the holder cannot write"
+    nvme resv-release "/dev/$DEV" -n 1 --crkey=0x4e564d65 --rtype=1 --rrela=0 || fail "resv-release failed"
+    nvme resv-register "/dev/$DEV" -n 1 --crkey=0x4e564d65 --rrega=1 || fail "unregister failed"
+    dd if=/dev/zero of="/dev/$SD" bs=4k seek=1000 count=1 oflag=direct status=none || fail "iSCSI still fenced after the release"
+    iscsiadm -m node -T "$TARGET_IQN" -p "$HOST_ADDR:$ISCSI_PORT,1" --logout || true
+}
+
+# The operator takes portal group 1 out of service under I/O: the ANA change notice reaches the
+# host, the path goes inaccessible, the I/O moves to the non-optimized path without an error.
+check_ana_unavailable() {
+    fio_start ana 64M $FIO_SIZE 1m
+    io_moves "$P_OPT" 20 || fail "fio's writes do not reach the optimized path"
+    local t0
+    t0=$(now)
+    ask_host alua 1 unavailable
+    wait_until 20 test "$(ana_state "$P_OPT")" = inaccessible \
+        || fail "$P_OPT is still $(ana_state "$P_OPT") 20 s after the change"
+    echo "inaccessible after $(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }') s"
+    io_moves "$P_NONOPT" 20 || fail "no I/O on the non-optimized path"
+}
+
+check_ana_optimized_again() {
+    ask_host alua 1 active-optimized
+    wait_until 20 test "$(ana_state "$P_OPT")" = optimized \
+        || fail "$P_OPT is still $(ana_state "$P_OPT") 20 s after the change"
+    io_moves "$P_OPT" 20 || fail "the I/O does not come back to the optimized path"
+}
+
+check_fio_verify_ana() {
+    fio_wait ana 300
+    fio_verdict ana $FIO_SIZE
+}
+
+# SIGKILL under I/O: the host's controllers reconnect (reconnect-delay 1 s) once ferrosan is
+# back, and fio's verify finds every write.
+check_restart_kill() {
+    fio_start restart 128M $FIO_SIZE 1m
+    # The head device keeps no I/O statistics on this kernel: its optimized path does.
+    io_moves "$P_OPT" 20 || fail "fio's writes do not reach the optimized path"
+    ask_host restart KILL
+    fio_running restart || fail "fio ended before ferrosan was back: the restart did not happen under I/O"
+    wait_until 90 io_moves "$P_OPT" 1 || fail "no I/O on the optimized path 90 s after the restart"
+    [[ $(ana_state "$P_OPT") == optimized ]] || fail "$P_OPT is $(ana_state "$P_OPT") after the restart"
+}
+
+check_fio_verify_restart() {
+    fio_wait restart 300
+    fio_verdict restart $FIO_SIZE
+}
+
+check_disconnect() {
+    nvme disconnect -n "$NQN" | tee "$WORK/disc"
+    grep -q "disconnected 2 controller" "$WORK/disc" || fail "not both controllers disconnected"
+    wait_until 10 bash -c '! ls /sys/block/nvme*n1 >/dev/null 2>&1' || fail "the namespace is still there"
+}
+
+diagnostics() {
+    printf '\n==== diagnostics\n'
+    nvme list-subsys 2>/dev/null | cat || true
+    printf '\n---- kernel log (NVMe)\n'
+    dmesg | grep -iE 'nvme|I/O error|reservation' | tail -n 150 || true
+}
+trap diagnostics EXIT
+
+report "PLAN ${CHECKS[*]}"
+run discover check_discover
+run connect check_connect
+if [[ -z ${DEV:-} ]]; then
+    # Nothing else can run without the namespace: each reported as not run.
+    for c in "${CHECKS[@]:2}"; do report "CHECK $c: FAILED not run: no namespace after connect"; done
+    exit 0
+fi
+for c in "${CHECKS[@]:2}"; do run "$c" "check_${c//-/_}"; done

@@ -15,6 +15,9 @@
 #      dm-multipath, against ferrosan: SCSI, ALUA, reservations, failover, restarts)
 #   8. scripts/kernel-gateways.sh   (that guest against two RBD gateways of one image: the owner
 #      killed, restarted and hung under each multipath grouping; stalls, takeovers, fio verify)
+#   9. scripts/kernel-nvme.sh   (that guest's NVMe/TCP host and nvme-cli against ferrosan's second
+#      door: discovery, native multipath with ANA, both doors on one device, reservations across
+#      them, a live ALUA change and a kill under fio verify)
 #
 # Every step runs even if an earlier one failed, so one run shows everything;
 # the exit status is non-zero if any step failed. Daemons are started only by
@@ -65,6 +68,8 @@ step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 
 step kernel-iscsi scripts/kernel-iscsi.sh
 # RBD gateways failing over under dm-multipath (docs/CONFORMANCE.md, "RBD gateways under dm-multipath").
 step kernel-gateways scripts/kernel-gateways.sh
+# NVMe/TCP with the Linux kernel's host (docs/NVME.md, "Tested with").
+step kernel-nvme scripts/kernel-nvme.sh
 
 failed=0
 printf '\n==== summary\n'

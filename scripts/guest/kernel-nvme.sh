@@ -102,6 +102,8 @@ path_of() {
     return 1
 }
 ana_state() { cat "/sys/block/$1/ana_state" 2>/dev/null; }
+# ana_is PATH STATE (a command for wait_until: the state is read at each try).
+ana_is() { [[ $(ana_state "$1") == "$2" ]]; }
 stat_ios() { awk '{ print $1 + $5 }' "/sys/block/$1/stat"; }
 io_moves() {
     local a i
@@ -211,7 +213,7 @@ check_two_paths() {
     save "P_OPT=$P_OPT" "P_NONOPT=$P_NONOPT"
     echo "paths: $P_OPT (port $PORT_OPT) $P_NONOPT (port $PORT_NONOPT)"
     nvme list-subsys | cat
-    wait_until 10 test "$(ana_state "$P_OPT")" = optimized || fail "$P_OPT is $(ana_state "$P_OPT"), not optimized"
+    wait_until 10 ana_is "$P_OPT" optimized || fail "$P_OPT is $(ana_state "$P_OPT"), not optimized"
     [[ $(ana_state "$P_NONOPT") == non-optimized ]] || fail "$P_NONOPT is $(ana_state "$P_NONOPT"), not non-optimized"
 }
 
@@ -280,7 +282,7 @@ check_ana_unavailable() {
     local t0
     t0=$(now)
     ask_host alua 1 unavailable
-    wait_until 20 test "$(ana_state "$P_OPT")" = inaccessible \
+    wait_until 20 ana_is "$P_OPT" inaccessible \
         || fail "$P_OPT is still $(ana_state "$P_OPT") 20 s after the change"
     echo "inaccessible after $(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }') s"
     io_moves "$P_NONOPT" 20 || fail "no I/O on the non-optimized path"
@@ -288,7 +290,7 @@ check_ana_unavailable() {
 
 check_ana_optimized_again() {
     ask_host alua 1 active-optimized
-    wait_until 20 test "$(ana_state "$P_OPT")" = optimized \
+    wait_until 20 ana_is "$P_OPT" optimized \
         || fail "$P_OPT is still $(ana_state "$P_OPT") 20 s after the change"
     io_moves "$P_OPT" 20 || fail "the I/O does not come back to the optimized path"
 }

@@ -6,6 +6,7 @@
 
 pub mod iscsi;
 pub mod local;
+pub mod nvme;
 pub mod plan;
 pub mod report;
 pub mod runner;
@@ -39,6 +40,8 @@ pub struct Options {
     pub initiator_name: String,
     /// The CHAP secret for iSCSI URLs that name a user without a password.
     pub chap_secret: Option<initiator::Secret>,
+    /// The host NQN NVMe/TCP controllers connect with.
+    pub host_nqn: String,
     /// Only these workloads (ids as in results.json); empty: the whole plan.
     pub only: Vec<String>,
     pub targets: Vec<String>,
@@ -63,6 +66,9 @@ fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
             &opts.initiator_name,
             opts.chap_secret.as_ref(),
         )?));
+    }
+    if spec.starts_with("nvme+tcp://") {
+        return Ok(Box::new(nvme::NvmeTarget::open(spec, &opts.host_nqn)?));
     }
     let path = Path::new(spec);
     if opts.destructive {
@@ -203,7 +209,10 @@ fn run_one(
 /// an output directory that cannot be written) come back as Err.
 pub fn run(opts: &Options) -> Result<Outcome, String> {
     if opts.targets.is_empty() {
-        return Err("name at least one target (an iscsi:// URL, a file or a block device)".into());
+        return Err(
+            "name at least one target (an iscsi:// or nvme+tcp:// URL, a file or a block device)"
+                .into(),
+        );
     }
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
     let mut targets = Vec::new();

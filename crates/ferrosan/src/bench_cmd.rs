@@ -47,7 +47,12 @@ pub struct BenchArgs {
     /// password in the URL works too, but every user sees it in the process list.
     #[arg(long, value_name = "FILE")]
     chap_secret_file: Option<PathBuf>,
-    /// iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN, a file, or a block device.
+    /// Host NQN for nvme+tcp:// targets (default: /etc/nvme/hostnqn, else
+    /// nqn.2026-11.org.ferrosan:bench.HOSTNAME).
+    #[arg(long)]
+    host_nqn: Option<String>,
+    /// iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN,
+    /// nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID, a file, or a block device.
     #[arg(required = true)]
     targets: Vec<String>,
 }
@@ -82,6 +87,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         even_if_open: args.even_if_open,
         size,
         only: args.only,
+        host_nqn: args.host_nqn.unwrap_or_else(default_host_nqn),
         initiator_name: args.initiator_name.unwrap_or_else(default_initiator_name),
         chap_secret,
         targets: args.targets,
@@ -102,6 +108,16 @@ pub fn run(args: BenchArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// This host's NQN as nvme-cli keeps it (/etc/nvme/hostnqn), else ferrosan's bench name.
+fn default_host_nqn() -> String {
+    let kept = std::fs::read_to_string("/etc/nvme/hostnqn").unwrap_or_default();
+    let kept = kept.trim();
+    if kept.starts_with("nqn.") {
+        return kept.to_string();
+    }
+    default_initiator_name().replacen("iqn.", "nqn.", 1)
 }
 
 /// `iqn.2026-11.org.ferrosan:bench.HOST`, the host name reduced to what an IQN allows.

@@ -2,8 +2,8 @@
 //! and an I/O queue) per job, its queue depth kept full with Read / Write.
 
 use crate::runner::{Done, Engine, Op, Target, TargetInfo};
-use initiator::nvme::{self as host, NvmeHost, QueueConn};
 use ::nvme::sqe::Status;
+use initiator::nvme::{self as host, NvmeHost, QueueConn};
 
 /// Retries of one I/O answered with a retryable status (Command Interrupted, Namespace Not
 /// Ready, an ANA transition) before it counts as failed.

@@ -152,6 +152,23 @@ fn an_iscsi_reservation_fences_an_nvme_host_and_the_reverse() {
     )
     .expect("preempt");
     assert!(h.write(1, 0, vec![2; 512], 512).is_ok());
+    // Reservation Report: the NVMe host holds Write Exclusive under its key and host ID.
+    let report =
+        h.io.run_ok(host::sqe(0x0E, 1, [1023, 0, 0, 0, 0, 0]), Vec::new(), 4096)
+            .expect("report")
+            .data;
+    assert_eq!(report[4], 1, "Write Exclusive");
+    assert_eq!(
+        u16::from_le_bytes([report[5], report[6]]),
+        1,
+        "one registrant"
+    );
+    assert_eq!(report[24 + 2], 1, "holds the reservation");
+    assert_eq!(&report[24 + 8..24 + 16], &host::host_id_of(HOSTNQN)[..8]);
+    assert_eq!(
+        u64::from_le_bytes(report[24 + 16..24 + 24].try_into().unwrap()),
+        0xBBBB
+    );
     // The preempted initiator hears of it (REGISTRATIONS PREEMPTED), then is fenced.
     assert_eq!(iscsi.settle().0, 0);
     let (status, _) = iscsi.write(0, &[3; 512]);

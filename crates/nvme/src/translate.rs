@@ -4,7 +4,7 @@
 //! crate knows no SCSI semantics beyond the CDB layouts (SBC-4) and sense fields (SPC-4) it
 //! writes and reads.
 
-use crate::nvm::{self, AcquireAction, Blocks, Cptpl, IoCommand, RegisterAction};
+use crate::nvm::{self, AcquireAction, Blocks, Cptpl, IoCommand, RegisterAction, ReservationType};
 use crate::queue::QUEUE_FULL;
 use crate::sqe::Status;
 
@@ -28,6 +28,7 @@ const WRITE_SAME_16: u8 = 0x93;
 const UNMAP: u8 = 0x42;
 const COMPARE_AND_WRITE: u8 = 0x89;
 const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
+const PERSISTENT_RESERVE_IN: u8 = 0x5E;
 
 /// What stops a command from becoming a SCSI one: answered with this status.
 pub type Refusal = Status;
@@ -47,8 +48,8 @@ fn bytes(blocks: Blocks, block_size: u32) -> Result<u32, Refusal> {
 }
 
 /// The SCSI command for I/O command `command` with its `data` (what the host sent), on a
-/// namespace of `block_size`-byte blocks. Reservation Report has none yet: refused as an
-/// invalid opcode (docs/NVME.md).
+/// namespace of `block_size`-byte blocks. Reservation Report is [`reservation_report`] (its
+/// answer is reshaped by [`reservation_status`]).
 pub fn scsi_command(
     command: &IoCommand,
     data: Vec<u8>,
@@ -153,8 +154,94 @@ pub fn scsi_command(
                 pr_out(0x02, t, crkey, 0, false)
             }
         }
-        IoCommand::ReservationReport { .. } => return Err(Status::INVALID_OPCODE),
+        IoCommand::ReservationReport { .. } => reservation_report(),
     })
+}
+
+/// PERSISTENT RESERVE IN, READ FULL STATUS: the whole table, for a Reservation Report.
+pub fn reservation_report() -> ScsiCommand {
+    let mut cdb = vec![0u8; 10];
+    cdb[0] = PERSISTENT_RESERVE_IN;
+    cdb[1] = 0x03;
+    cdb[7..9].copy_from_slice(&u16::MAX.to_be_bytes());
+    ScsiCommand {
+        cdb,
+        data_out: Vec::new(),
+        data_in_len: u32::from(u16::MAX),
+        read: true,
+        write: false,
+    }
+}
+
+/// The Reservation Status data structure (NVMe base 2.0, figures 564-566) a Reservation Report
+/// answers, from READ FULL STATUS's parameter data: the generation, the reservation's type,
+/// and a registrant entry per registration (an I_T nexus: a host through one port, with its
+/// host identifier when it is an NVMe host's; controller ID FFFFh, as SCSI does not know it).
+/// `extended`: 64-byte entries with 128-bit host identifiers. Cut to `len` bytes.
+pub fn reservation_status(full: &[u8], extended: bool, len: usize) -> Vec<u8> {
+    let be32 = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let generation = be32(full, 0).unwrap_or(0);
+    let listed = be32(full, 4).unwrap_or(0) as usize;
+    let body = full
+        .get(8..8 + listed.min(full.len().saturating_sub(8)))
+        .unwrap_or(&[]);
+    let mut entries = Vec::new();
+    let mut rtype = 0u8;
+    let mut at = 0;
+    while let Some(d) = body.get(at..at + 24) {
+        let key = u64::from_be_bytes(d[..8].try_into().unwrap_or([0; 8]));
+        let holder = d[12] & 1 != 0;
+        if holder {
+            rtype = ReservationType::from_spc(d[13] & 0x0F).map_or(0, |t| t as u8);
+        }
+        let tid_len = be32(d, 20).unwrap_or(0) as usize;
+        let tid = body.get(at + 24..at + 24 + tid_len).unwrap_or(&[]);
+        entries.push((key, holder, host_id(tid)));
+        at += 24 + tid_len;
+    }
+    let (header, entry) = if extended { (64, 64) } else { (24, 24) };
+    let mut d = vec![0u8; header];
+    d[0..4].copy_from_slice(&generation.to_le_bytes());
+    d[4] = rtype;
+    d[5..7].copy_from_slice(&(entries.len().min(usize::from(u16::MAX)) as u16).to_le_bytes());
+    for (key, holder, id) in entries {
+        let mut e = vec![0u8; entry];
+        e[0..2].copy_from_slice(&u16::MAX.to_le_bytes());
+        e[2] = u8::from(holder);
+        if extended {
+            e[8..16].copy_from_slice(&key.to_le_bytes());
+            e[16..32].copy_from_slice(&id);
+        } else {
+            e[8..16].copy_from_slice(&id[..8]);
+            e[16..24].copy_from_slice(&key.to_le_bytes());
+        }
+        d.extend_from_slice(&e);
+    }
+    d.resize(len, 0);
+    d
+}
+
+/// An NVMe host's identifier from the TransportID of its registration (its initiator port is
+/// `HOSTNQN,h,0x<32 hex digits>`); zeros for an iSCSI initiator's.
+fn host_id(tid: &[u8]) -> [u8; 16] {
+    let mut id = [0u8; 16];
+    let name = tid.get(4..).unwrap_or(&[]);
+    let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+    let Ok(name) = std::str::from_utf8(name) else {
+        return id;
+    };
+    let Some((_, hex)) = name.rsplit_once(",h,0x") else {
+        return id;
+    };
+    if hex.len() != 32 {
+        return id;
+    }
+    for (i, byte) in id.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16).unwrap_or(0);
+    }
+    id
 }
 
 /// UNMAP with a descriptor per range (SBC-4 5.32): a range of no blocks is dropped.

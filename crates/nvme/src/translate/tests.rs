@@ -220,3 +220,63 @@ fn scsi_answers_map_to_one_nvme_status_each() {
     );
     assert_eq!(status_of(2, &[]), Status::INTERNAL_ERROR);
 }
+
+#[test]
+fn read_full_status_becomes_the_reservation_status_structure() {
+    // Two registrations: an iSCSI initiator's (holding Write Exclusive) and an NVMe host's.
+    let mut full = vec![0, 0, 0, 7, 0, 0, 0, 0];
+    let descriptor = |key: u64, holder: bool, name: &str| {
+        let mut d = key.to_be_bytes().to_vec();
+        d.extend_from_slice(&[0; 4]);
+        d.push(u8::from(holder));
+        d.push(if holder { 1 } else { 0 });
+        d.extend_from_slice(&[0, 0, 0, 0, 0, 1]);
+        let padded = (name.len() + 1).div_ceil(4) * 4;
+        d.extend_from_slice(&((4 + padded) as u32).to_be_bytes());
+        d.extend_from_slice(&[0x45, 0]);
+        d.extend_from_slice(&(padded as u16).to_be_bytes());
+        d.extend_from_slice(name.as_bytes());
+        d.resize(d.len() + padded - name.len(), 0);
+        d
+    };
+    full.extend(descriptor(0xAAAA, true, "iqn.2026-11.x:i,i,0x400000000001"));
+    full.extend(descriptor(
+        0xBBBB,
+        false,
+        "nqn.2014-08.org.nvmexpress:uuid:x,h,0x000102030405060708090a0b0c0d0e0f",
+    ));
+    let n = (full.len() - 8) as u32;
+    full[4..8].copy_from_slice(&n.to_be_bytes());
+    let s = reservation_status(&full, false, 4096);
+    assert_eq!(s.len(), 4096);
+    assert_eq!(
+        u32::from_le_bytes(s[0..4].try_into().unwrap()),
+        7,
+        "generation"
+    );
+    assert_eq!(s[4], 1, "Write Exclusive");
+    assert_eq!(u16::from_le_bytes([s[5], s[6]]), 2, "registrants");
+    assert_eq!(s[24 + 2], 1, "the first holds it");
+    assert_eq!(
+        u64::from_le_bytes(s[24 + 16..24 + 24].try_into().unwrap()),
+        0xAAAA
+    );
+    assert_eq!(
+        &s[48 + 8..48 + 16],
+        &[0, 1, 2, 3, 4, 5, 6, 7],
+        "the NVMe host's identifier"
+    );
+    assert_eq!(
+        u64::from_le_bytes(s[48 + 16..48 + 24].try_into().unwrap()),
+        0xBBBB
+    );
+    let e = reservation_status(&full, true, 256);
+    assert_eq!(
+        u64::from_le_bytes(e[128 + 8..128 + 16].try_into().unwrap()),
+        0xBBBB
+    );
+    assert_eq!(e[128 + 16..128 + 32], (0..16u8).collect::<Vec<_>>()[..]);
+    // Garbage in: a well-formed empty answer, never a panic.
+    assert_eq!(reservation_status(&[1, 2, 3], false, 24), vec![0; 24]);
+    assert_eq!(reservation_report().cdb[..2], [0x5E, 0x03]);
+}

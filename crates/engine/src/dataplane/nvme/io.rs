@@ -284,12 +284,22 @@ impl Driver {
         let Some((lun, block_size)) = namespace(backend, r.sqe.nsid()) else {
             return self.answer(cid, Status::INVALID_NAMESPACE, 0, &[]);
         };
-        if let IoCommand::DatasetManagement {
-            deallocate: false, ..
-        } = command
-        {
-            // Hints only: nothing to do.
-            return self.answer(cid, Status::SUCCESS, 0, &[]);
+        match command {
+            IoCommand::DatasetManagement {
+                deallocate: false, ..
+            } => {
+                // Hints only: nothing to do.
+                return self.answer(cid, Status::SUCCESS, 0, &[]);
+            }
+            IoCommand::ReservationReport { dwords, extended } => {
+                // READ FULL STATUS, its answer reshaped when it is back (`finish`).
+                let len = (dwords as usize)
+                    .saturating_mul(4)
+                    .min(r.data_in_len as usize);
+                self.reports.push((cid, extended, len));
+                return self.run(backend, cid, lun, translate::reservation_report());
+            }
+            _ => {}
         }
         let scsi = match translate::scsi_command(&command, r.data, block_size) {
             Ok(s) => s,
@@ -423,8 +433,14 @@ impl Driver {
         self.buffers.give_back(done.data_in);
     }
 
-    /// Answers command `cid` and, for the write of a fused pair, its compare too.
+    /// Answers command `cid` and, for the write of a fused pair, its compare too; a
+    /// Reservation Report's answer is reshaped from READ FULL STATUS's.
     fn finish(&mut self, cid: u16, status: Status, data: &[u8]) {
+        if let Some(i) = self.reports.iter().position(|&(c, _, _)| c == cid) {
+            let (_, extended, len) = self.reports.swap_remove(i);
+            let report = translate::reservation_status(data, extended, len);
+            return self.answer(cid, status, 0, &report);
+        }
         if let Some(i) = self.fused_pairs.iter().position(|&(w, _)| w == cid) {
             let (_, compare) = self.fused_pairs.swap_remove(i);
             if status == Status::COMPARE_FAILURE {

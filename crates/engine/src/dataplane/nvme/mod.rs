@@ -90,6 +90,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         sqhd: 0,
         fused: None,
         fused_pairs: Vec::new(),
+        reports: Vec::new(),
         closing: false,
     };
     match driver.serve(&shared, prelogin).await {
@@ -130,6 +131,8 @@ struct Driver {
     fused: Option<(Received, nvme::nvm::IoCommand)>,
     /// Fused pairs running as one COMPARE AND WRITE: (the write's identifier, the compare's).
     fused_pairs: Vec<(u16, u16)>,
+    /// Reservation Reports running as READ FULL STATUS: (identifier, extended, bytes asked).
+    reports: Vec<(u16, bool, usize)>,
     /// A Disconnect was answered: close once it is sent.
     closing: bool,
 }
@@ -371,6 +374,7 @@ impl Driver {
         let mut life = io::Life::new(backend, matches!(role, Role::Admin(_)));
         let mut ready = Vec::new();
         let mut refused = Vec::new();
+        let mut armed: Option<Instant> = None;
         loop {
             // Everything buffered first (pipelined behind the Connect, or read last turn).
             backend.turn_started = Instant::now();
@@ -395,7 +399,12 @@ impl Driver {
             if self.closing {
                 return Ok(());
             }
-            alarm.set(life.next_tick()).map_err(Closed::timer)?;
+            // The timer is armed only when its deadline moved: one system call a second, not
+            // one a turn.
+            if armed != Some(life.next_tick()) {
+                alarm.set(life.next_tick()).map_err(Closed::timer)?;
+                armed = Some(life.next_tick());
+            }
             tokio::select! {
                 read = self.stream.read(&mut self.rbuf[self.end..]), if !backend.congested() => {
                     match read {

@@ -21,6 +21,7 @@ use super::backend::{Answers, Backend, Completed};
 use super::busy_poll;
 use super::closed::Closed;
 use super::connection::NewConnection;
+use super::wakeups::Wakeups;
 use crate::admission::controllers::ControllerEntry;
 use crate::admission::Door;
 use crate::shared::Shared;
@@ -375,6 +376,8 @@ impl Driver {
         let mut ready = Vec::new();
         let mut refused = Vec::new();
         let mut armed: Option<Instant> = None;
+        // Busy polling only: receive coalescing is iSCSI's for now (a zero wait turns it off).
+        let mut wakeups = Wakeups::new(Duration::ZERO, Arc::clone(&backend.shared.metrics));
         loop {
             // Everything buffered first (pipelined behind the Connect, or read last turn).
             backend.turn_started = Instant::now();
@@ -386,6 +389,7 @@ impl Driver {
             self.take_pdus(&mut ready, &mut refused)?;
             self.answer_refused(&refused);
             refused.clear();
+            let activity = activity(&ready, self.queue.open());
             for r in ready.drain(..) {
                 self.command(role, backend, &mut life, r);
             }
@@ -398,6 +402,11 @@ impl Driver {
             self.flush().await?;
             if self.closing {
                 return Ok(());
+            }
+            if activity.commands > 0 {
+                // A host that waits for each answer has the worker busy-poll for its next
+                // command, as an iSCSI initiator does (dataplane/busy_poll.rs).
+                wakeups.after_turn(&self.stream, &activity, false, Instant::now());
             }
             // The timer is armed only when its deadline moved: one system call a second, not
             // one a turn.
@@ -594,6 +603,24 @@ impl Driver {
             }
         }
         let _ = entry;
+    }
+}
+
+/// What a turn's commands say of the host's pipeline, in the terms the worker's busy poll
+/// judges an iSCSI turn by: the commands and their bytes, and how many were still in the
+/// target when they came (0 for a host that waits for each answer; NVMe/TCP has no
+/// acknowledgement of answers, so that count stands for the host's backlog too).
+fn activity(ready: &[Received], open_now: usize) -> iscsi::session::Activity {
+    let earlier = open_now.saturating_sub(ready.len()) as u32;
+    iscsi::session::Activity {
+        commands: ready.len() as u32,
+        command_bytes: ready
+            .iter()
+            .map(|r| (nvme::pdu::PduType::CapsuleCmd.hlen() + r.data.len()) as u64)
+            .sum(),
+        other_pdus: 0,
+        initiator_backlog: earlier,
+        in_flight: earlier,
     }
 }
 

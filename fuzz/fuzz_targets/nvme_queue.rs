@@ -45,7 +45,9 @@ fuzz_target!(|input: Input| {
     let mut at = 0;
     let mut cuts = input.cuts.iter();
     while at < stream.len() {
-        let n = cuts.next().map_or(stream.len() - at, |&c| usize::from(c).max(1));
+        let n = cuts
+            .next()
+            .map_or(stream.len() - at, |&c| usize::from(c).max(1));
         let end = (at + n).min(stream.len());
         buffered.extend_from_slice(&stream[at..end]);
         at = end;
@@ -58,7 +60,10 @@ fuzz_target!(|input: Input| {
         }
         let mut open: Vec<u16> = Vec::new();
         for r in ready.drain(..) {
-            assert!(!open.contains(&r.sqe.cid()), "a command handed out twice at once");
+            assert!(
+                !open.contains(&r.sqe.cid()),
+                "a command handed out twice at once"
+            );
             open.push(r.sqe.cid());
             if let Ok(pointer) = r.sqe.data_pointer() {
                 match pointer {

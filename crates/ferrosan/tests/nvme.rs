@@ -310,3 +310,44 @@ fn a_host_that_stops_sending_keep_alives_loses_its_controller() {
     );
     assert!(started.elapsed() >= Duration::from_millis(900));
 }
+
+#[test]
+fn controllers_are_sessions_to_ctl_and_a_hostile_queue_touches_no_other() {
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let nvme_port = free_port();
+    let listen = format!("127.0.0.1:{nvme_port}");
+    let _daemon = Daemon::start_with_args(
+        IQN,
+        &["ram:16M"],
+        &["--nvme-listen", &listen, "--control-socket", &socket],
+    );
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let listed = ctl.sessions();
+    let mine = listed
+        .iter()
+        .find(|s| s["initiator"] == HOSTNQN)
+        .unwrap_or_else(|| panic!("the controller in ctl sessions: {listed:?}"));
+    assert_eq!(mine["target"], NQN);
+    assert_eq!(mine["tsih"], u64::from(h.cntlid));
+    // Garbage on a new queue: a termination request and a close, nothing more.
+    let mut raw = std::net::TcpStream::connect(addr(nvme_port)).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    use std::io::{Read, Write};
+    raw.write_all(&[0x04, 0, 72, 0, 0xFF, 0xFF, 0xFF, 0x7F]).unwrap();
+    let mut answer = Vec::new();
+    let _ = raw.read_to_end(&mut answer);
+    assert_eq!(answer.first(), Some(&0x03), "a C2HTermReq: {answer:02x?}");
+    // The controller serves on.
+    h.write(1, 0, vec![5; 512], 512).unwrap();
+    assert_eq!(h.read(1, 0, 1, 512).unwrap(), vec![5; 512]);
+    // `ctl sessions close` ends the controller: its I/O queue is closed too.
+    let tsih = h.cntlid.to_string();
+    let closed = ctl.json(&["session", "close", &tsih]);
+    assert_eq!(closed["ok"], true, "{closed}");
+    let started = Instant::now();
+    while h.read(1, 0, 1, 512).is_ok() {
+        assert!(started.elapsed() < Duration::from_secs(5), "the controller still serves");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

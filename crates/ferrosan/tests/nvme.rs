@@ -334,7 +334,8 @@ fn controllers_are_sessions_to_ctl_and_a_hostile_queue_touches_no_other() {
     let mut raw = std::net::TcpStream::connect(addr(nvme_port)).unwrap();
     raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     use std::io::{Read, Write};
-    raw.write_all(&[0x04, 0, 72, 0, 0xFF, 0xFF, 0xFF, 0x7F]).unwrap();
+    raw.write_all(&[0x04, 0, 72, 0, 0xFF, 0xFF, 0xFF, 0x7F])
+        .unwrap();
     let mut answer = Vec::new();
     let _ = raw.read_to_end(&mut answer);
     assert_eq!(answer.first(), Some(&0x03), "a C2HTermReq: {answer:02x?}");
@@ -347,7 +348,56 @@ fn controllers_are_sessions_to_ctl_and_a_hostile_queue_touches_no_other() {
     assert_eq!(closed["ok"], true, "{closed}");
     let started = Instant::now();
     while h.read(1, 0, 1, 512).is_ok() {
-        assert!(started.elapsed() < Duration::from_secs(5), "the controller still serves");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the controller still serves"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn every_queue_passes_the_admission_from_its_own_address() {
+    let nvme_port = free_port();
+    let port = free_port();
+    let text = format!(
+        r#"[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+nvme_listen = ["127.0.0.1:{nvme_port}"]
+
+[[device]]
+name = "mem"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "{IQN}"
+nqn = "{NQN}"
+
+  [[target.group]]
+  name = "db"
+  initiators = ["{HOSTNQN}"]
+  allowed_sources = ["127.0.0.1/32"]
+  luns = [ {{ lun = 0, device = "mem" }} ]
+"#
+    );
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    let h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect from 127.0.0.1");
+    // A second I/O queue of the same controller, from 127.0.0.2: outside allowed_sources.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&"127.0.0.2:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    socket.connect(&addr(nvme_port).into()).unwrap();
+    let mut q = QueueConn::over(socket.into(), (false, false)).unwrap();
+    let (c, data) = host::connect_command(2, 7, h.cntlid, NQN, HOSTNQN, host::host_id_of(HOSTNQN));
+    assert_eq!(
+        q.run(c, data, 0).unwrap().cqe.status,
+        Status::CONNECT_INVALID_HOST
+    );
+    // From the admitted address the same queue joins.
+    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(2, 7, h.cntlid, NQN, HOSTNQN, host::host_id_of(HOSTNQN));
+    assert_eq!(q.run(c, data, 0).unwrap().cqe.status, Status::SUCCESS);
 }

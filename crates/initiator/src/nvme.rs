@@ -54,6 +54,12 @@ impl QueueConn {
     /// Opens a connection and initializes it (ICReq / ICResp) with these digests.
     pub fn open(addr: SocketAddr, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        QueueConn::over(stream, digests)
+    }
+
+    /// Initializes a queue on a connection the caller made (from a chosen source address,
+    /// say).
+    pub fn over(stream: TcpStream, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut q = QueueConn {

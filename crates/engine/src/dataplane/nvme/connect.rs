@@ -77,7 +77,7 @@ pub(super) fn admin(
         let admitted = admit(&topology, &host, &sub, at)?;
         (Some(sub), admitted)
     };
-    let isid = isid_of(&connect.host_id, at.portal_group_tag);
+    let isid = isid_of();
     let ticket = shared
         .registry
         .open(&host, isid, subsystem.as_ref(), 0)
@@ -161,6 +161,14 @@ fn admit(
     Admitted::of_login(topology, Some(membership), &required, None).ok_or_else(invalid_host)
 }
 
+/// The group an admission names (None for discovery).
+fn group_of(admitted: &Admitted) -> Option<&str> {
+    match admitted {
+        Admitted::Normal { group, .. } => Some(group),
+        Admitted::Discovery { .. } => None,
+    }
+}
+
 /// The SCSI initiator port name of an NVMe host: its NQN and host identifier. Reservations
 /// and per-nexus state key on it, as on an iSCSI initiator's name and ISID.
 fn initiator_port(host: &IscsiName, host_id: &[u8; 16]) -> String {
@@ -170,7 +178,7 @@ fn initiator_port(host: &IscsiName, host_id: &[u8; 16]) -> String {
 
 /// The registry's session key for a controller: never the same for two controllers (a host
 /// may run several through one port; NVMe has no reinstatement to ask for).
-fn isid_of(_host_id: &[u8; 16], _tag: u16) -> [u8; 6] {
+fn isid_of() -> [u8; 6] {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let b = n.to_be_bytes();
@@ -195,6 +203,12 @@ pub(super) fn io(
     }
     if entry.subsystem.as_ref() != Some(&sub) || entry.portal_group_tag != at.portal_group_tag {
         return Err(invalid(true, 256));
+    }
+    // Each queue is its own connection, possibly from another address: the same admission
+    // decision for it (its source against `allowed_sources`), into the controller's group.
+    let admitted = admit(&shared.topology(), &host, &sub, at)?;
+    if group_of(&admitted) != group_of(&entry.admitted) {
+        return Err(invalid_host());
     }
     if !entry.state().regs.ready() {
         return Err(Refused {

@@ -401,3 +401,60 @@ nqn = "{NQN}"
     let (c, data) = host::connect_command(2, 7, h.cntlid, NQN, HOSTNQN, host::host_id_of(HOSTNQN));
     assert_eq!(q.run(c, data, 0).unwrap().cqe.status, Status::SUCCESS);
 }
+
+#[test]
+fn a_live_change_that_drops_the_host_ends_its_controller() {
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let nvme_port = free_port();
+    let port = free_port();
+    let config = |hosts: &str| {
+        format!(
+            r#"[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+nvme_listen = ["127.0.0.1:{nvme_port}"]
+
+[[device]]
+name = "mem"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "{IQN}"
+nqn = "{NQN}"
+
+  [[target.group]]
+  name = "db"
+  initiators = [{hosts}]
+  luns = [ {{ lun = 0, device = "mem" }} ]
+"#
+        )
+    };
+    let listed = format!("\"{HOSTNQN}\", \"iqn.2024-01.dev.ferrosan:other\"");
+    let daemon =
+        Daemon::start_config_text(IQN, port, &config(&listed), &["--control-socket", &socket]);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    h.write(1, 0, vec![1; 512], 512).unwrap();
+    // Reloaded without the host: the next turn's readmission ends both queues.
+    std::fs::write(
+        daemon.file("ferrosan.toml"),
+        config("\"iqn.2024-01.dev.ferrosan:other\""),
+    )
+    .unwrap();
+    let reloaded = ctl.json(&["reload"]);
+    assert_eq!(reloaded["ok"], true, "{reloaded}");
+    let started = Instant::now();
+    while h.read(1, 0, 1, 512).is_ok() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the dropped host still reads"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // And it cannot connect again.
+    assert_eq!(
+        connect_status(nvme_port, NQN, HOSTNQN),
+        Status::CONNECT_INVALID_HOST
+    );
+}

@@ -347,20 +347,25 @@ async fn reload(server: &engine::Server) {
 
 fn print_banner(config: &Config, server: &engine::Server) {
     let bound = &server.bound;
-    let Some(&first) = bound.first() else {
-        return;
-    };
     // The examples must be addresses an initiator can dial, not 0.0.0.0.
     let host = engine::topology::portals::host_addresses();
-    let portal = engine::topology::portals::dialable(first, &host);
+    let portal = bound
+        .first()
+        .map(|&a| engine::topology::portals::dialable(a, &host));
     let nvme = server
         .bound_nvme
         .first()
         .map(|&a| engine::topology::portals::dialable(a, &host));
+    // An NVMe/TCP-only config still says where it serves.
+    let first_line = if bound.is_empty() {
+        &server.bound_nvme
+    } else {
+        bound
+    };
     println!(
         "ferrosan {} serving on {}",
         env!("CARGO_PKG_VERSION"),
-        join(bound)
+        join(first_line)
     );
     if !server.bound_nvme.is_empty() {
         println!("  NVMe/TCP on {}", join(&server.bound_nvme));
@@ -385,11 +390,13 @@ fn print_banner(config: &Config, server: &engine::Server) {
             .into_iter()
             .collect();
         println!("  target {}  LUNs {:?}", t.iqn, luns);
-        if let Some(first) = luns.first() {
-            println!("    iscsi://{portal}/{}/{first}", t.iqn);
+        if let Some(portal) = portal {
+            if let Some(first) = luns.first() {
+                println!("    iscsi://{portal}/{}/{first}", t.iqn);
+            }
+            println!("    iscsiadm -m discovery -t sendtargets -p {portal}");
+            println!("    iscsiadm -m node -T {} -p {portal} --login", t.iqn);
         }
-        println!("    iscsiadm -m discovery -t sendtargets -p {portal}");
-        println!("    iscsiadm -m node -T {} -p {portal} --login", t.iqn);
         if let (Some(nqn), Some(nvme)) = (&t.nqn, nvme) {
             // NSID = LUN + 1.
             if let Some(first) = luns.first() {

@@ -458,3 +458,71 @@ nqn = "{NQN}"
         Status::CONNECT_INVALID_HOST
     );
 }
+
+#[test]
+fn a_host_registered_through_one_path_is_registered_through_its_others() {
+    let (p1, p2, port) = (free_port(), free_port(), free_port());
+    let text = format!(
+        r#"[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+nvme_listen = ["127.0.0.1:{p1}"]
+
+[[portal_group]]
+tag = 2
+nvme_listen = ["127.0.0.1:{p2}"]
+
+[[device]]
+name = "mem"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "{IQN}"
+nqn = "{NQN}"
+
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "mem" }} ]
+"#
+    );
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    // One host, a controller through each portal group (native multipath's two paths).
+    let mut a = NvmeHost::connect(addr(p1), NQN, HOSTNQN, 8).expect("path 1");
+    let mut b = NvmeHost::connect(addr(p2), NQN, HOSTNQN, 8).expect("path 2");
+    let keys = |cr: u64, nr: u64| {
+        let mut d = cr.to_le_bytes().to_vec();
+        d.extend_from_slice(&nr.to_le_bytes());
+        d
+    };
+    a.io.run_ok(host::sqe(0x0D, 1, [0; 6]), keys(0, 0x77), 0)
+        .expect("register through path 1");
+    // Write Exclusive - Registrants Only (3), acquired through path 1.
+    a.io.run_ok(
+        host::sqe(0x11, 1, [3 << 8, 0, 0, 0, 0, 0]),
+        keys(0x77, 0),
+        0,
+    )
+    .expect("acquire");
+    // Path 2 is the same registrant: it writes, and reports one registration.
+    b.write(1, 0, vec![9; 512], 512)
+        .expect("the registrant writes through its other path");
+    let report =
+        b.io.run_ok(host::sqe(0x0E, 1, [1023, 0, 0, 0, 0, 0]), Vec::new(), 4096)
+            .unwrap()
+            .data;
+    assert_eq!(
+        u16::from_le_bytes([report[5], report[6]]),
+        1,
+        "one registrant"
+    );
+    // Another host is not.
+    let mut other = NvmeHost::connect(addr(p2), NQN, "nqn.2014-08.org.nvmexpress:uuid:other", 8)
+        .expect("another host");
+    let w = other
+        .io
+        .run(host::rw(0x01, 1, 0, 1), vec![1; 512], 0)
+        .unwrap();
+    assert_eq!(w.cqe.status, Status::RESERVATION_CONFLICT);
+}

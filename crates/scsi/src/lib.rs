@@ -46,6 +46,12 @@ pub struct Lending<'a> {
 
 use std::sync::Arc;
 
+/// The relative target port ID of every NVMe host's nexus. NVMe makes a reservation
+/// registration the host's through all of a subsystem's controllers (NVMe base 2.0, 8.19),
+/// where SPC-4 makes it one I_T nexus's: with one port ID for all of them, a host registered
+/// through one path is registered through its others. (0 is no SCSI port's ID.)
+pub const ANY_PORT: u16 = 0;
+
 /// A SCSI target port (for iSCSI: a target portal group of one target).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetPort {
@@ -73,6 +79,15 @@ impl TargetPort {
             .iter()
             .find(|g| g.id == self.group)
             .map_or(AccessState::ActiveOptimized, |g| g.state)
+    }
+
+    /// This port as an NVMe host's nexus carries it: the same port group (its ALUA state is the
+    /// namespaces' ANA state), the relative ID [`ANY_PORT`].
+    pub fn any_port(&self) -> TargetPort {
+        TargetPort {
+            relative_id: ANY_PORT,
+            ..self.clone()
+        }
     }
 
     /// A target with this one port, in a target port group of its own (same number),

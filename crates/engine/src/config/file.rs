@@ -497,6 +497,14 @@ fn portal_listen(
     seen: &mut Vec<(SocketAddr, String)>,
 ) -> Vec<SocketAddr> {
     let mut listen = Vec::new();
+    // A port group may be NVMe/TCP only: then `listen` may be left out or empty.
+    let nvme_only = rg
+        .nvme_listen
+        .as_ref()
+        .is_some_and(|n| !n.get_ref().is_empty());
+    if nvme_only && rg.listen.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
+        return listen;
+    }
     let Some(l) = required(cx, &rg.listen, table, format!("{ctx}: listen")) else {
         return listen;
     };
@@ -504,7 +512,7 @@ fn portal_listen(
         cx.err(
             l.span(),
             format!("{ctx}: listen"),
-            "must name at least one address",
+            "must name at least one address (or give nvme_listen for an NVMe/TCP-only group)",
         );
     }
     for (j, a) in l.get_ref().iter().enumerate() {

@@ -1854,3 +1854,21 @@ fn nqns_and_nvme_listeners_are_checked_like_their_iscsi_twins() {
     );
     one_error(&overlapping, "nvme_listen", "nvme_listen[0]");
 }
+
+#[test]
+fn a_portal_group_may_be_nvme_only() {
+    let text = BASE.replace(
+        "listen = [\"127.0.0.1:3260\"]",
+        "listen = [\"127.0.0.1:3260\"]\n\n[[portal_group]]\ntag = 2\nnvme_listen = [\"127.0.0.1:4421\"]",
+    );
+    let c = load(&text);
+    assert!(c.portal_groups[1].listen.is_empty());
+    assert_eq!(c.portal_groups[1].nvme_listen.len(), 1);
+    assert_eq!(load(&c.to_toml()), c);
+    // Neither: still an error.
+    let neither = BASE.replace(
+        "listen = [\"127.0.0.1:3260\"]",
+        "listen = [\"127.0.0.1:3260\"]\n\n[[portal_group]]\ntag = 2\nlisten = []",
+    );
+    one_error(&neither, "listen = []", "listen");
+}

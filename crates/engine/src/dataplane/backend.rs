@@ -572,8 +572,13 @@ impl Backend<'_> {
         };
         match target.ports.get(&self.portal_group_tag) {
             Some(port) if !nexus.target_port.shipped && port.groups != nexus.target_port.groups => {
-                debug_assert_eq!(port.relative_id, nexus.target_port.relative_id);
-                nexus.target_port = Arc::clone(port);
+                nexus.target_port = if nexus.target_port.relative_id == scsi::ANY_PORT {
+                    // An NVMe host's nexus keeps its port ID (its registrations are the host's).
+                    Arc::new(port.any_port())
+                } else {
+                    debug_assert_eq!(port.relative_id, nexus.target_port.relative_id);
+                    Arc::clone(port)
+                };
             }
             _ => {}
         }

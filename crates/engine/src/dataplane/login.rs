@@ -263,15 +263,19 @@ pub(super) fn nexus_of(
         .flatten()
         .and_then(crate::io::peer::parse_peer_alias)
         .and_then(|(initiator, relative)| {
-            let theirs = t.ports.values().find(|p| p.relative_id == relative)?;
-            Some((initiator, theirs))
+            // An NVMe host's nexus names no one port (scsi::ANY_PORT): the owner's stands in.
+            let theirs = match relative {
+                scsi::ANY_PORT => Some(&port),
+                _ => t.ports.values().find(|p| p.relative_id == relative),
+            }?;
+            Some((initiator, relative, theirs))
         });
     match shipped_for {
-        Some((initiator_port, theirs)) => Nexus {
+        Some((initiator_port, relative_id, theirs)) => Nexus {
             id,
             initiator_port,
             target_port: Arc::new(scsi::TargetPort {
-                relative_id: theirs.relative_id,
+                relative_id,
                 name: theirs.name.clone(),
                 target_name: theirs.target_name.clone(),
                 group: port.group,

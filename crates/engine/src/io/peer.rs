@@ -52,7 +52,8 @@ pub fn peer_alias(nexus: &scsi::Nexus) -> String {
 pub fn parse_peer_alias(alias: &str) -> Option<(String, u16)> {
     let rest = alias.strip_prefix(ALIAS_PREFIX)?;
     let (port, initiator) = rest.split_once(' ')?;
-    let port = port.parse().ok().filter(|&p| p != 0)?;
+    // 0 is an NVMe host's nexus (scsi::ANY_PORT): every other is a real port's ID.
+    let port = port.parse().ok()?;
     (!initiator.is_empty() && initiator.len() <= 255 && !initiator.contains(char::is_whitespace))
         .then(|| (initiator.to_string(), port))
 }
@@ -780,7 +781,6 @@ mod tests {
             "host1",
             "ferrosan-peer-of ",
             "ferrosan-peer-of 7",
-            "ferrosan-peer-of 0 iqn.x,i,0x01",
             "ferrosan-peer-of 70000 iqn.x,i,0x01",
             "ferrosan-peer-of x iqn.x,i,0x01",
             "ferrosan-peer-of 7 iqn.x,i,0x01 extra",
@@ -790,5 +790,10 @@ mod tests {
         }
         let long = format!("ferrosan-peer-of 7 {}", "a".repeat(300));
         assert_eq!(parse_peer_alias(&long), None);
+        // An NVMe host's nexus ships as port 0 (scsi::ANY_PORT).
+        assert_eq!(
+            parse_peer_alias("ferrosan-peer-of 0 nqn.2014-08.org.nvmexpress:uuid:x,h,0x00"),
+            Some(("nqn.2014-08.org.nvmexpress:uuid:x,h,0x00".into(), 0))
+        );
     }
 }

@@ -93,7 +93,7 @@ pub(super) fn admin(
         .map(|port| scsi::Nexus {
             id: crate::topology::nexus::new_id(),
             initiator_port: initiator_port(&host, &connect.host_id),
-            target_port: Arc::clone(port),
+            target_port: Arc::new(port.any_port()),
         });
     let kind = if discovery {
         ControllerType::Discovery

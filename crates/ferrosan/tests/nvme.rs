@@ -29,6 +29,30 @@ fn both_doors(luns: &[&str]) -> (Daemon, u16) {
     (daemon, nvme_port)
 }
 
+/// A config: portal group 1 (iSCSI on `port`, NVMe/TCP on `nvme_port`) and `more` groups,
+/// a 16 MiB RAM device, the target with its NQN, and one group `group` (its TOML lines).
+fn config_text(port: u16, nvme_port: u16, more: &str, group: &str) -> String {
+    format!(
+        r#"[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+nvme_listen = ["127.0.0.1:{nvme_port}"]
+{more}
+[[device]]
+name = "mem"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "{IQN}"
+nqn = "{NQN}"
+
+  [[target.group]]
+{group}
+"#
+    )
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
@@ -183,28 +207,11 @@ fn an_iscsi_reservation_fences_an_nvme_host_and_the_reverse() {
 
 #[test]
 fn only_admitted_hosts_connect_and_each_door_takes_its_own_names() {
-    let nvme_port = free_port();
-    let body = format!(
-        r#"
-[[device]]
-name = "mem"
-store = "ram"
-size = "16M"
-
-[[target]]
-iqn = "{IQN}"
-nqn = "{NQN}"
-
-  [[target.group]]
-  name = "db"
-  initiators = ["{HOSTNQN}"]
-  luns = [ {{ lun = 3, device = "mem" }} ]
-"#
+    let (nvme_port, port) = (free_port(), free_port());
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 3, device = \"mem\" }} ]"
     );
-    let port = free_port();
-    let text = format!(
-        "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{port}\"]\nnvme_listen = [\"127.0.0.1:{nvme_port}\"]\n{body}"
-    );
+    let text = config_text(port, nvme_port, "", &group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     // The listed host: its group's LUN 3 is NSID 4.
     let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
@@ -358,30 +365,11 @@ fn controllers_are_sessions_to_ctl_and_a_hostile_queue_touches_no_other() {
 
 #[test]
 fn every_queue_passes_the_admission_from_its_own_address() {
-    let nvme_port = free_port();
-    let port = free_port();
-    let text = format!(
-        r#"[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:{port}"]
-nvme_listen = ["127.0.0.1:{nvme_port}"]
-
-[[device]]
-name = "mem"
-store = "ram"
-size = "16M"
-
-[[target]]
-iqn = "{IQN}"
-nqn = "{NQN}"
-
-  [[target.group]]
-  name = "db"
-  initiators = ["{HOSTNQN}"]
-  allowed_sources = ["127.0.0.1/32"]
-  luns = [ {{ lun = 0, device = "mem" }} ]
-"#
+    let (nvme_port, port) = (free_port(), free_port());
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  allowed_sources = [\"127.0.0.1/32\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
     );
+    let text = config_text(port, nvme_port, "", &group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     let h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect from 127.0.0.1");
     // A second I/O queue of the same controller, from 127.0.0.2: outside allowed_sources.
@@ -409,27 +397,10 @@ fn a_live_change_that_drops_the_host_ends_its_controller() {
     let nvme_port = free_port();
     let port = free_port();
     let config = |hosts: &str| {
-        format!(
-            r#"[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:{port}"]
-nvme_listen = ["127.0.0.1:{nvme_port}"]
-
-[[device]]
-name = "mem"
-store = "ram"
-size = "16M"
-
-[[target]]
-iqn = "{IQN}"
-nqn = "{NQN}"
-
-  [[target.group]]
-  name = "db"
-  initiators = [{hosts}]
-  luns = [ {{ lun = 0, device = "mem" }} ]
-"#
-        )
+        let group = format!(
+            "  name = \"db\"\n  initiators = [{hosts}]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+        );
+        config_text(port, nvme_port, "", &group)
     };
     let listed = format!("\"{HOSTNQN}\", \"iqn.2024-01.dev.ferrosan:other\"");
     let daemon =
@@ -462,31 +433,11 @@ nqn = "{NQN}"
 #[test]
 fn a_host_registered_through_one_path_is_registered_through_its_others() {
     let (p1, p2, port) = (free_port(), free_port(), free_port());
-    let text = format!(
-        r#"[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:{port}"]
-nvme_listen = ["127.0.0.1:{p1}"]
-
-[[portal_group]]
-tag = 2
-nvme_listen = ["127.0.0.1:{p2}"]
-
-[[device]]
-name = "mem"
-store = "ram"
-size = "16M"
-
-[[target]]
-iqn = "{IQN}"
-nqn = "{NQN}"
-
-  [[target.group]]
-  name = "all"
-  any_initiator = true
-  luns = [ {{ lun = 0, device = "mem" }} ]
-"#
-    );
+    // Group 2 is NVMe/TCP only.
+    let more = format!("\n[[portal_group]]\ntag = 2\nnvme_listen = [\"127.0.0.1:{p2}\"]\n");
+    let group =
+        "  name = \"all\"\n  any_initiator = true\n  luns = [ { lun = 0, device = \"mem\" } ]";
+    let text = config_text(port, p1, &more, group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     // One host, a controller through each portal group (native multipath's two paths).
     let mut a = NvmeHost::connect(addr(p1), NQN, HOSTNQN, 8).expect("path 1");

@@ -360,26 +360,7 @@ pub(super) fn deliver(
     out: &mut Outbox,
     done: Completed,
 ) -> bool {
-    debug_assert!(
-        backend.deferred_bytes >= done.held_bytes,
-        "a completion gives back no more of the budget than its command took"
-    );
-    backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
-    let lent_bytes = done.lent.as_ref().map_or(0, |(_, range)| range.len());
-    let data_bytes = match done.kind {
-        scsi::IoKind::Read => (done.data_in.len() + lent_bytes).min(done.expected_len as usize),
-        _ => done.data_out_bytes,
-    };
-    let slot = backend.record_io(
-        done.lun,
-        done.kind,
-        done.outcome.status,
-        &done.sense,
-        data_bytes,
-    );
-    if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
-        backend.record_latency(slot, op, done.started.elapsed());
-    }
+    backend.settle(&done);
     match done.lent {
         Some(slice) => {
             // One Vec for every lent read of the connection (the outbox empties it).
@@ -436,6 +417,90 @@ pub(super) fn op_index(kind: scsi::IoKind) -> Option<usize> {
         scsi::IoKind::Read => Some(OP_READ),
         scsi::IoKind::Write => Some(OP_WRITE),
         scsi::IoKind::Other => None,
+    }
+}
+
+/// Who a backend serves: the session's (or NVMe queue's) identity and where it came from.
+pub(super) struct Party {
+    pub(super) door: crate::admission::Door,
+    pub(super) admitted: Admitted,
+    /// Its target's name for this door (IQN or NQN; None for discovery).
+    pub(super) target_name: Option<IscsiName>,
+    pub(super) initiator: IscsiName,
+    pub(super) peer: SocketAddr,
+    pub(super) local: SocketAddr,
+    pub(super) portal_group_tag: u16,
+}
+
+impl<'s> Backend<'s> {
+    /// A backend for `party` under `topology`, its answers to `completions`; its nexus and
+    /// LUN map are set next.
+    pub(super) fn new(
+        shared: &'s Shared,
+        topology: &Arc<Topology>,
+        party: Party,
+        completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+    ) -> Backend<'s> {
+        Backend {
+            shared,
+            disk_luns: Arc::new(Vec::new()),
+            answers: Answers {
+                completions,
+                flag: busy_poll::completion_flag(),
+            },
+            deferred_bytes: 0,
+            deferred_bytes_max: shared.limits.memory_per_connection_bytes as usize,
+            peer: party.peer,
+            topology: Arc::clone(topology),
+            admitted: party.admitted,
+            target_name: party.target_name,
+            door: party.door,
+            initiator: party.initiator,
+            luns: None,
+            nexus: None,
+            local: party.local,
+            portal_group_tag: party.portal_group_tag,
+            io: Vec::new(),
+            turn_started: Instant::now(),
+            turn_inline: Vec::new(),
+            turn_ended: None,
+            tmf_waits: Vec::new(),
+            ring: None,
+            ring_failed: false,
+            ring_reported: 0,
+            answered: Vec::new(),
+            ring_finished: Vec::new(),
+            group_commits: Vec::new(),
+            loan: Loan::default(),
+            info: None,
+            close_reason: None,
+            routed: None,
+        }
+    }
+
+    /// A command finished elsewhere is back: the budget it held given back, its I/O and
+    /// latency counted (`data_bytes`: its Data-In or Data-Out, as the transport moved it).
+    pub(super) fn settle(&mut self, done: &Completed) {
+        debug_assert!(
+            self.deferred_bytes >= done.held_bytes,
+            "a completion gives back no more of the budget than its command took"
+        );
+        self.deferred_bytes = self.deferred_bytes.saturating_sub(done.held_bytes);
+        let lent_bytes = done.lent.as_ref().map_or(0, |(_, range)| range.len());
+        let data_bytes = match done.kind {
+            scsi::IoKind::Read => (done.data_in.len() + lent_bytes).min(done.expected_len as usize),
+            _ => done.data_out_bytes,
+        };
+        let slot = self.record_io(
+            done.lun,
+            done.kind,
+            done.outcome.status,
+            &done.sense,
+            data_bytes,
+        );
+        if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
+            self.record_latency(slot, op, done.started.elapsed());
+        }
     }
 }
 

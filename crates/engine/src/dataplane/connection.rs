@@ -10,16 +10,15 @@ use std::time::{Duration, Instant};
 use iscsi::login::{Established, Login, LoginStatus, LoginStep};
 use iscsi::outbox::{Outbox, Part};
 use iscsi::pdu::{self, FrameError, Framing, Opcode};
-use iscsi::session::{Flow, Loan, Session};
+use iscsi::session::{Flow, Session};
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use crate::dataplane::alarm::Alarm;
-use crate::dataplane::busy_poll;
 
 use super::backend::{
-    deliver, deliver_answered, first_drained, ring_ready, Answers, Backend, Completed,
+    deliver, deliver_answered, first_drained, ring_ready, Backend, Completed, Party,
 };
 use super::closed::Closed;
 use super::login::{
@@ -265,41 +264,16 @@ impl Driver {
         established: &Established,
         completions: tokio::sync::mpsc::UnboundedSender<Completed>,
     ) -> Backend<'s> {
-        Backend {
-            shared,
-            disk_luns: Arc::new(Vec::new()),
-            answers: Answers {
-                completions,
-                flag: busy_poll::completion_flag(),
-            },
-            deferred_bytes: 0,
-            deferred_bytes_max: shared.limits.memory_per_connection_bytes as usize,
-            peer: self.peer,
-            topology: Arc::clone(topology),
+        let party = Party {
+            door: crate::admission::Door::Iscsi,
             admitted,
             target_name: established.target_name.clone(),
-            door: crate::admission::Door::Iscsi,
             initiator: established.initiator_name.clone(),
-            luns: None,
-            nexus: None,
+            peer: self.peer,
             local: self.local,
             portal_group_tag: self.portal_group_tag,
-            io: Vec::new(),
-            turn_started: Instant::now(),
-            turn_inline: Vec::new(),
-            turn_ended: None,
-            tmf_waits: Vec::new(),
-            ring: None,
-            ring_failed: false,
-            ring_reported: 0,
-            answered: Vec::new(),
-            ring_finished: Vec::new(),
-            group_commits: Vec::new(),
-            loan: Loan::default(),
-            info: None,
-            close_reason: None,
-            routed: None,
-        }
+        };
+        Backend::new(shared, topology, party, completions)
     }
 
     fn session_info(

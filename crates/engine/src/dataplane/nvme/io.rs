@@ -15,7 +15,7 @@ use nvme::translate::{self, ScsiCommand};
 use super::view::{self, Namespaces};
 use super::{Driver, Role};
 use crate::admission::controllers::ControllerEntry;
-use crate::dataplane::backend::{op_index, Backend, Completed};
+use crate::dataplane::backend::{Backend, Completed};
 
 /// SIMPLE task attribute (the iSCSI ATTR field's value): NVMe has no ordering attributes.
 const TASK_SIMPLE: u8 = 1;
@@ -31,8 +31,7 @@ pub(super) struct Life {
 }
 
 impl Life {
-    pub(super) fn new(backend: &Backend<'_>, admin: bool) -> Life {
-        let _ = backend;
+    pub(super) fn new(admin: bool) -> Life {
         let now = Instant::now();
         Life {
             next_tick: now + Duration::from_secs(1),
@@ -401,23 +400,7 @@ impl Driver {
 
     /// A command that ran elsewhere is back: its budget and counts settled, then answered.
     pub(super) fn complete(&mut self, backend: &mut Backend<'_>, done: Completed) {
-        debug_assert!(backend.deferred_bytes >= done.held_bytes);
-        backend.deferred_bytes = backend.deferred_bytes.saturating_sub(done.held_bytes);
-        let lent_bytes = done.lent.as_ref().map_or(0, |(_, range)| range.len());
-        let data_bytes = match done.kind {
-            scsi::IoKind::Read => (done.data_in.len() + lent_bytes).min(done.expected_len as usize),
-            _ => done.data_out_bytes,
-        };
-        let slot = backend.record_io(
-            done.lun,
-            done.kind,
-            done.outcome.status,
-            &done.sense,
-            data_bytes,
-        );
-        if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
-            backend.record_latency(slot, op, done.started.elapsed());
-        }
+        backend.settle(&done);
         let status = translate::status_of(done.outcome.status, &done.sense);
         let cid = done.itt as u16;
         match &done.lent {

@@ -372,7 +372,7 @@ impl Driver {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(|t| t.kill.clone());
-        let mut life = io::Life::new(backend, matches!(role, Role::Admin(_)));
+        let mut life = io::Life::new(matches!(role, Role::Admin(_)));
         let mut ready = Vec::new();
         let mut refused = Vec::new();
         let mut armed: Option<Instant> = None;

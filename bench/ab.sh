@@ -9,6 +9,7 @@
 #              randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64)
 #   LUN_DIR=DIR  each daemon serves a 1 GiB file LUN in DIR instead of a RAM LUN (on a disk's
 #              filesystem: direct I/O through the io_uring ring); the files are removed after
+#   DOOR=nvme    measure through NVMe/TCP (namespace 1 of the target's NQN) instead of iSCSI
 # Results: bench/results/ab-DATE.txt (and the raw results.json of each round under target/).
 # A change is judged against the commit before it in the same run, never against old files.
 set -euo pipefail
@@ -34,9 +35,12 @@ trap cleanup EXIT
 lun_spec() { # NAME
     if [[ -n ${LUN_DIR:-} ]]; then echo "file:$LUN_DIR/ab-$1.img,size=1G"; else echo ram:1G; fi
 }
-start() { # NAME BIN PORT
-    "$2" serve --listen "127.0.0.1:$3" --target "iqn.2026-11.org.ferrosan:$1" --lun "$(lun_spec "$1")" \
-        --control-socket "$WORK/$1.sock" >"$WORK/$1.log" 2>&1 &
+DOOR=${DOOR:-iscsi}
+start() { # NAME BIN PORT (NVMe/TCP on PORT + 1)
+    local nvme=()
+    [[ $DOOR == nvme ]] && nvme=(--nvme-listen "127.0.0.1:$(($3 + 1))")
+    "$2" serve --listen "127.0.0.1:$3" "${nvme[@]}" --target "iqn.2026-11.org.ferrosan:$1" \
+        --lun "$(lun_spec "$1")" --control-socket "$WORK/$1.sock" >"$WORK/$1.log" 2>&1 &
     PIDS+=($!)
     wait_port "$3" "${PIDS[-1]}" 10 || die "$1 did not start: $(cat "$WORK/$1.log")"
 }
@@ -52,7 +56,7 @@ PID_NEW=${PIDS[-1]}
 HZ=$(getconf CLK_TCK)
 OUT=bench/results/ab-$(date +%Y-%m-%d-%H%M).txt
 {
-    echo "# bench/ab.sh $(date -u +%FT%TZ): old=$OLD new=$NEW rounds=$ROUNDS lun=$(lun_spec new)"
+    echo "# bench/ab.sh $(date -u +%FT%TZ): old=$OLD new=$NEW rounds=$ROUNDS lun=$(lun_spec new) door=$DOOR"
     echo "# round side workload iops cpu_us_per_io"
 } >"$OUT"
 for round in $(seq "$ROUNDS"); do
@@ -67,8 +71,9 @@ for round in $(seq "$ROUNDS"); do
             before=$(ticks "$pid")
             # No ramp: the daemon's CPU between the two reads is the measured I/O's (and one
             # login's, the same on both sides).
-            "$NEW" bench --destructive --only "$w" --ramp 0 --runtime 5 --out "$res" \
-                "iscsi://127.0.0.1:$port/iqn.2026-11.org.ferrosan:$side/0" >/dev/null 2>&1 \
+            url="iscsi://127.0.0.1:$port/iqn.2026-11.org.ferrosan:$side/0"
+            [[ $DOOR == nvme ]] && url="nvme+tcp://127.0.0.1:$((port + 1))/nqn.2026-11.org.ferrosan:$side/1"
+            "$NEW" bench --destructive --only "$w" --ramp 0 --runtime 5 --out "$res" "$url" >/dev/null 2>&1 \
                 || die "ferrosan bench failed on $side ($w)"
             after=$(ticks "$pid")
             python3 - "$res/results.json" "$round" "$side" "$w" "$((after - before))" "$HZ" >>"$OUT" <<'PY'

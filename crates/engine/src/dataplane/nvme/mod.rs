@@ -100,6 +100,18 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
     }
 }
 
+/// What a connected queue waits on besides its socket, its completions and its ring.
+struct Waits {
+    kill: tokio::sync::watch::Receiver<Option<&'static str>>,
+    closed_by_ctl: Option<tokio::sync::watch::Receiver<Option<&'static str>>>,
+    life: io::Life,
+    /// The deadline the alarm is set for (None: not set, or rung).
+    armed: Option<Instant>,
+    wakeups: Wakeups,
+    /// The last wait ended with a receive batch's deadline.
+    timed_out: bool,
+}
+
 /// What a queue is once its Connect was accepted.
 enum Role {
     Admin(Arc<ControllerEntry>),
@@ -364,90 +376,157 @@ impl Driver {
         alarm: &mut Alarm,
     ) -> Result<(), Closed> {
         let entry = Arc::clone(role.entry());
-        let mut kill = entry.kill.subscribe();
-        // `ctl sessions close` reaches a controller through its registry entry.
-        let mut closed_by_ctl = entry
-            .ticket
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|t| t.kill.clone());
-        let mut life = io::Life::new(matches!(role, Role::Admin(_)));
-        let mut ready = Vec::new();
-        let mut refused = Vec::new();
-        let mut armed: Option<Instant> = None;
-        // Busy polling only: receive coalescing is iSCSI's for now (a zero wait turns it off).
-        let mut wakeups = Wakeups::new(Duration::ZERO, Arc::clone(&backend.shared.metrics));
+        let mut w = Waits {
+            kill: entry.kill.subscribe(),
+            // `ctl session close` reaches a controller through its registry entry.
+            closed_by_ctl: entry
+                .ticket
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|t| t.kill.clone()),
+            life: io::Life::new(matches!(role, Role::Admin(_))),
+            armed: None,
+            wakeups: Wakeups::new(
+                Duration::from_micros(backend.shared.limits.coalesce_wait_us.into()),
+                Arc::clone(&backend.shared.metrics),
+            ),
+            timed_out: false,
+        };
+        let mut scratch = (Vec::new(), Vec::new());
         loop {
-            // Everything buffered first (pipelined behind the Connect, or read last turn).
-            backend.turn_started = Instant::now();
-            if backend.shared.generation() != backend.topology.generation
-                && !backend.follow_or_close()
-            {
+            let Some(activity) = self.turn(role, backend, &mut w.life, &mut scratch)? else {
                 return Ok(());
-            }
-            self.take_pdus(&mut ready, &mut refused)?;
-            self.answer_refused(&refused);
-            refused.clear();
-            let activity = activity(&ready, self.queue.open());
-            for r in ready.drain(..) {
-                self.command(role, backend, &mut life, r);
-            }
-            let answered = std::mem::take(&mut backend.answered);
-            for done in answered {
-                self.complete(backend, done);
-            }
-            backend.finish_turn();
-            backend.submit_ring();
+            };
             self.flush().await?;
             if self.closing {
                 return Ok(());
             }
-            if activity.commands > 0 {
-                // A host that waits for each answer has the worker busy-poll for its next
-                // command, as an iSCSI initiator does (dataplane/busy_poll.rs).
-                wakeups.after_turn(&self.stream, &activity, false, Instant::now());
+            if activity.commands > 0 || w.timed_out {
+                // The worker's busy poll for a host that waits for each answer, and receive
+                // coalescing for one that keeps a deep queue: the iSCSI door's own rules
+                // (dataplane/wakeups.rs, coalesce.rs).
+                w.wakeups
+                    .after_turn(&self.stream, &activity, w.timed_out, Instant::now());
+                w.timed_out = false;
             }
-            // The timer is armed only when its deadline moved: one system call a second, not
-            // one a turn.
-            if armed != Some(life.next_tick()) {
-                alarm.set(life.next_tick()).map_err(Closed::timer)?;
-                armed = Some(life.next_tick());
+            if !self.wait(role, backend, completed, alarm, &mut w).await? {
+                w.wakeups.report();
+                return Ok(());
             }
-            tokio::select! {
-                read = self.stream.read(&mut self.rbuf[self.end..]), if !backend.congested() => {
-                    match read {
-                        Ok(0) => return Ok(()),
-                        Ok(n) => self.end += n,
-                        Err(e) => return Err(Closed::Io(e)),
-                    }
+        }
+    }
+
+    /// Runs what is buffered: every whole PDU's command, then the completions reaped meanwhile.
+    /// `None` when the queue must close (its admission changed).
+    fn turn(
+        &mut self,
+        role: &Role,
+        backend: &mut Backend<'_>,
+        life: &mut io::Life,
+        (ready, refused): &mut (Vec<Received>, Vec<Refused>),
+    ) -> Result<Option<iscsi::session::Activity>, Closed> {
+        backend.turn_started = Instant::now();
+        if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
+        {
+            return Ok(None);
+        }
+        self.take_pdus(ready, refused)?;
+        self.answer_refused(refused);
+        refused.clear();
+        let activity = activity(ready, self.queue.open());
+        for r in ready.drain(..) {
+            self.command(role, backend, life, r);
+        }
+        let answered = std::mem::take(&mut backend.answered);
+        for done in answered {
+            self.complete(backend, done);
+        }
+        backend.finish_turn();
+        backend.submit_ring();
+        Ok(Some(activity))
+    }
+
+    /// Waits for the next thing to do: bytes from the host (unless congested), a completion,
+    /// the ring, the alarm (a receive batch's wait over, the second's tick), the controller or
+    /// `ctl` ending the queue. False when the queue ends.
+    async fn wait(
+        &mut self,
+        role: &Role,
+        backend: &mut Backend<'_>,
+        completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
+        alarm: &mut Alarm,
+        w: &mut Waits,
+    ) -> Result<bool, Closed> {
+        let congested = backend.congested();
+        let batch = w.wakeups.batch_deadline().filter(|_| !congested);
+        let wake_at = batch.map_or(w.life.next_tick(), |d| d.min(w.life.next_tick()));
+        // The timer is set only when its deadline moved: not one system call a turn.
+        if w.armed != Some(wake_at) {
+            alarm.set(wake_at).map_err(Closed::timer)?;
+            w.armed = Some(wake_at);
+        }
+        tokio::select! {
+            read = self.stream.read(&mut self.rbuf[self.end..]), if !congested => {
+                match read {
+                    Ok(0) => return Ok(false),
+                    Ok(n) => self.end += n,
+                    Err(e) => return Err(Closed::Io(e)),
                 }
-                Some(done) = completed.recv() => {
+            }
+            Some(done) = completed.recv() => {
+                self.complete(backend, done);
+                while let Ok(done) = completed.try_recv() {
                     self.complete(backend, done);
-                    while let Ok(done) = completed.try_recv() {
-                        self.complete(backend, done);
-                    }
-                }
-                ready = super::backend::ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
-                    ready.map_err(|e| Closed::Failed(format!("io_uring: {e}")))?;
-                    backend.reap_ring();
-                }
-                rung = alarm.rung() => {
-                    rung.map_err(Closed::timer)?;
-                    if !self.tick(role, backend, &mut life) {
-                        return Ok(());
-                    }
-                }
-                _ = kill.changed() => {
-                    let reason = kill.borrow().unwrap_or("controller gone");
-                    backend.close_reason = Some(reason);
-                    return Ok(());
-                }
-                changed = registry_kill(&mut closed_by_ctl) => {
-                    backend.close_reason = Some(changed);
-                    return Ok(());
                 }
             }
+            ready = super::backend::ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
+                ready.map_err(|e| Closed::Failed(format!("io_uring: {e}")))?;
+                backend.reap_ring();
+            }
+            rung = alarm.rung() => {
+                rung.map_err(Closed::timer)?;
+                w.armed = None;
+                let now = Instant::now();
+                if batch.is_some_and(|d| now >= d) {
+                    // What the low-water mark held back is read now.
+                    w.timed_out = true;
+                    if !self.read_held_back()? {
+                        return Ok(false);
+                    }
+                }
+                if now >= w.life.next_tick() {
+                    w.wakeups.report();
+                    return Ok(self.tick(role, backend, &mut w.life));
+                }
+            }
+            _ = w.kill.changed() => {
+                backend.close_reason = Some(w.kill.borrow().unwrap_or("controller gone"));
+                return Ok(false);
+            }
+            changed = registry_kill(&mut w.closed_by_ctl) => {
+                backend.close_reason = Some(changed);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads what the receive low-water mark held back once a batch's wait is over; false at
+    /// the end of the stream.
+    fn read_held_back(&mut self) -> Result<bool, Closed> {
+        match rustix::net::recv(
+            &self.stream,
+            &mut self.rbuf[self.end..],
+            rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            Ok((0, _)) => Ok(false),
+            Ok((n, _)) => {
+                self.end += n;
+                Ok(true)
+            }
+            Err(rustix::io::Errno::AGAIN) => Ok(true),
+            Err(e) => Err(Closed::Io(e.into())),
         }
     }
 
@@ -606,12 +685,15 @@ impl Driver {
     }
 }
 
-/// What a turn's commands say of the host's pipeline, in the terms the worker's busy poll
-/// judges an iSCSI turn by: the commands and their bytes, and how many were still in the
-/// target when they came (0 for a host that waits for each answer; NVMe/TCP has no
-/// acknowledgement of answers, so that count stands for the host's backlog too).
+/// What a turn's commands say of the host's pipeline, in the terms the worker's busy poll and
+/// the receive coalescer judge an iSCSI turn by: the commands and their bytes, how many were
+/// still in the target when they came, and the host's backlog. NVMe/TCP has no acknowledgement
+/// of answers (iSCSI's ExpStatSN), so the backlog is what the host had sent without waiting:
+/// the commands still in the target, or those that came together less the one it may have
+/// waited for (0 for a host that waits for each answer).
 fn activity(ready: &[Received], open_now: usize) -> iscsi::session::Activity {
     let earlier = open_now.saturating_sub(ready.len()) as u32;
+    let together = ready.len().saturating_sub(1) as u32;
     iscsi::session::Activity {
         commands: ready.len() as u32,
         command_bytes: ready
@@ -619,7 +701,7 @@ fn activity(ready: &[Received], open_now: usize) -> iscsi::session::Activity {
             .map(|r| (nvme::pdu::PduType::CapsuleCmd.hlen() + r.data.len()) as u64)
             .sum(),
         other_pdus: 0,
-        initiator_backlog: earlier,
+        initiator_backlog: earlier.max(together),
         in_flight: earlier,
     }
 }

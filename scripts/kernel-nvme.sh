@@ -26,6 +26,8 @@ LOG_TAG=kernel-nvme
 source scripts/lib/common.sh
 # shellcheck source=lib/guest.sh
 source scripts/lib/guest.sh
+# shellcheck source=lib/guest-run.sh
+source scripts/lib/guest-run.sh
 export PATH="$PATH:/usr/sbin:/sbin"
 
 OUT=$ROOT/target/kernel-nvme
@@ -39,7 +41,6 @@ NAA=5001405f3e7a2b1c
 BLOCKS=$((512 << 20 >> 9))
 RESTART_GAP=3
 
-DAEMON_PID=""
 WORK=""
 cleanup() {
     local rc=$?
@@ -112,64 +113,7 @@ nqn = "$NQN"
 CONFIG
 "$FERROSAN_BIN" check-config "$OUT/ferrosan.toml" >/dev/null
 
-# start_daemon: start ferrosan on the config (its log appended to ferrosan.log) and wait for
-# both portals.
-start_daemon() {
-    printf '\n==== %s: ferrosan serve --config %s\n' "$(date +%T)" "$OUT/ferrosan.toml" >>"$OUT/ferrosan.log"
-    "$FERROSAN_BIN" serve --config "$OUT/ferrosan.toml" </dev/null >>"$OUT/ferrosan.log" 2>&1 &
-    DAEMON_PID=$!
-    wait_port "$PORT_OPT" "$DAEMON_PID" 15 && wait_port "$PORT_NONOPT" "$DAEMON_PID" 5 && return 0
-    log "ferrosan did not start; the end of its log:"
-    tail_indented "$OUT/ferrosan.log" 20
-    return 1
-}
-
-# restart_daemon MODE N: stop ferrosan (SIGKILL, or SIGTERM and its graceful shutdown), leave it
-# down RESTART_GAP seconds, start it again, and answer the guest in acks/restart-N.
-restart_daemon() {
-    local mode=$1 n=$2 t0 down result=ok
-    t0=$(date +%s)
-    log "guest asks for restart $n ($mode) of ferrosan (PID $DAEMON_PID)"
-    if [[ $mode == KILL ]]; then
-        kill -KILL "$DAEMON_PID" 2>/dev/null || true
-        wait "$DAEMON_PID" 2>/dev/null || true
-    else
-        # shutdown_grace_s (10 s) for the sessions to log out, then the LU flush: 20 s at most.
-        kill -TERM "$DAEMON_PID" 2>/dev/null || true
-        local i
-        for ((i = 0; i < 200; i++)); do
-            kill -0 "$DAEMON_PID" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$DAEMON_PID" 2>/dev/null; then
-            result="FAILED ferrosan did not exit within 20 s of SIGTERM"
-            kill -KILL "$DAEMON_PID" 2>/dev/null || true
-        fi
-        wait "$DAEMON_PID" 2>/dev/null || true
-    fi
-    down=$(($(date +%s) - t0))
-    DAEMON_PID=""
-    sleep "$RESTART_GAP"
-    start_daemon || result="FAILED ferrosan did not start again"
-    log "ferrosan restarted (PID ${DAEMON_PID:-none}): $down s to stop, down $(($(date +%s) - t0)) s"
-    echo "$result $mode: stopped in $down s, down $(($(date +%s) - t0)) s" >"$WORK/share/acks/restart-$n.tmp"
-    mv "$WORK/share/acks/restart-$n.tmp" "$WORK/share/acks/restart-$n"
-}
-
-# alua_change GROUP STATE N: give portal group GROUP the ALUA state STATE live (ferrosan ctl)
-# and answer the guest in acks/alua-N.
-alua_change() {
-    local result
-    log "guest asks for portal group $1 to become $2"
-    if result=$("$FERROSAN_BIN" ctl --socket "$WORK/run/control.sock" portal-group alua "$1" "$2" 2>&1); then
-        result="ok $1 $2: $result"
-    else
-        result="FAILED $1 $2: $result"
-    fi
-    echo "$result" | tr '\n' ' ' >"$WORK/share/acks/alua-$3.tmp"
-    mv "$WORK/share/acks/alua-$3.tmp" "$WORK/share/acks/alua-$3"
-}
-
+DAEMON_PORTS=("$PORT_OPT" "$PORT_NONOPT" "$ISCSI_PORT")
 start_daemon || die "ferrosan did not start"
 log "ferrosan (PID $DAEMON_PID): NVMe/TCP on 127.0.0.1:$PORT_OPT (optimized) and 127.0.0.1:$PORT_NONOPT (non-optimized), iSCSI on 127.0.0.1:$ISCSI_PORT"
 
@@ -194,76 +138,5 @@ T0=$(date +%s)
 guest_start "$WORK/share" "$CONSOLE" "$REPORT" 1024
 log "guest booting (QEMU PID $GUEST_PID, ${FERROSAN_GUEST_ACCEL:-tcg}); console: $CONSOLE"
 
-# Follow the guest until it powers off: carry out its restart and ALUA requests, note when it
-# is up.
-T_BOOT="" handled=0 alua_handled=0 timed_out=0
-while kill -0 "$GUEST_PID" 2>/dev/null; do
-    if [[ -z $T_BOOT ]] && grep -q '^init: ready' "$CONSOLE" 2>/dev/null; then
-        T_BOOT=$(($(date +%s) - T0))
-        log "guest up after $T_BOOT s"
-    fi
-    mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: restart-ferrosan ' || true)
-    while ((handled < ${#requests[@]})); do
-        handled=$((handled + 1))
-        restart_daemon "${requests[handled - 1]##* }" "$handled"
-    done
-    mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: alua ' || true)
-    while ((alua_handled < ${#requests[@]})); do
-        alua_handled=$((alua_handled + 1))
-        read -r _ _ group state <<<"${requests[alua_handled - 1]}"
-        alua_change "$group" "$state" "$alua_handled"
-    done
-    if (($(date +%s) - T0 > GUEST_TIMEOUT)); then
-        log "the guest is still running after $GUEST_TIMEOUT s: stopping it"
-        timed_out=1
-        break
-    fi
-    sleep 0.5
-done
-stop_pid "$GUEST_PID" 20
-GUEST_PID=""
-T_GUEST=$(($(date +%s) - T0))
-stop_pid "$DAEMON_PID" 150
-DAEMON_PID=""
-
-# Verdicts: every check the guest planned must report ok.
-tr -d '\r' <"$REPORT" >"$REPORT.tmp" && mv "$REPORT.tmp" "$REPORT"
-planned=()
-read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
-passed=0 failed=0
-{
-    printf 'kernel-nvme: ferrosan %s, guest %s (%s)\n' "$FERROSAN_BIN" "$(basename "$GUEST_DIR")" \
-        "${FERROSAN_GUEST_ACCEL:-tcg}"
-    printf 'kernel-nvme: guest: %s\n' "$(guest_versions)"
-    if ((${#planned[@]} == 0)); then
-        echo "  the guest reported no plan: it never ran its checks (see $CONSOLE)"
-        failed=1
-    fi
-    for c in "${planned[@]}"; do
-        line=$(grep -m1 "^CHECK $c: " "$REPORT" || true)
-        secs=$(sed -n "s/^TIME $c //p" "$REPORT" | head -n1)
-        if [[ $line == "CHECK $c: ok" ]]; then
-            passed=$((passed + 1))
-            printf '  %-26s ok      %6ss\n' "$c" "${secs:--}"
-        else
-            failed=$((failed + 1))
-            verdict=${line#"CHECK $c: FAILED "}
-            ((timed_out)) && [[ -z $line ]] && verdict="no result (guest stopped after $GUEST_TIMEOUT s)"
-            printf '  %-26s FAILED  %6ss  %s\n' "$c" "${secs:--}" "${verdict:-no result (the guest stopped early)}"
-        fi
-    done
-    printf 'kernel-nvme: image %s s (%s), boot %s s, guest %s s, total %s s\n' "$T_IMAGE" \
-        "$( ((GUEST_BUILT)) && echo built || echo cached)" "${T_BOOT:-?}" "$T_GUEST" "$(($(date +%s) - T_START))"
-    printf 'kernel-nvme: %d passed, %d failed\n' "$passed" "$failed"
-} >"$OUT/summary.txt"
-cat "$OUT/summary.txt"
-if ((${#planned[@]} == 0)); then
-    log "the guest never started its checks; QEMU said:"
-    tail_indented "$CONSOLE.qemu" 10
-    log "the end of its console:"
-    tail_indented "$CONSOLE" 30
-fi
-if ((failed)); then
-    log "logs: $CONSOLE, $OUT/ferrosan.log"
-    exit 1
-fi
+follow_guest
+guest_verdicts kernel-nvme

@@ -477,3 +477,20 @@ fn a_host_registered_through_one_path_is_registered_through_its_others() {
         .unwrap();
     assert_eq!(w.cqe.status, Status::RESERVATION_CONFLICT);
 }
+
+#[test]
+fn the_largest_queue_size_a_host_may_ask_for_is_answered_not_overflowed() {
+    let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
+    let mut admin = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    // SQSIZE FFFFh: the completions' submission queue head wraps within it.
+    let (c, data) = host::connect_command(0, u16::MAX, 0xFFFF, NQN, HOSTNQN, [4; 16]);
+    admin.run_ok(c, data, 0).expect("connect");
+    for _ in 0..3 {
+        admin
+            .run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
+            .expect("property set");
+    }
+    // The daemon serves on.
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    assert!(h.read(1, 0, 1, 512).is_ok());
+}

@@ -108,15 +108,10 @@ impl Driver {
 
     /// A completion whose dword 0 and 1 carry a 64-bit property.
     fn answer_wide(&mut self, cid: u16, status: Status, value: u64) {
-        self.sqhd = if self.sqsize == 0 {
-            0
-        } else {
-            (self.sqhd + 1) % (self.sqsize + 1)
-        };
         let cqe = nvme::sqe::Cqe {
             dw0: value as u32,
             dw1: (value >> 32) as u32,
-            sqhd: self.sqhd,
+            sqhd: self.next_sqhd(),
             sqid: self.qid,
             cid,
             status,

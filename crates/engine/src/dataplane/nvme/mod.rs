@@ -17,8 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::alarm::Alarm;
-use super::backend::{Answers, Backend, Completed};
-use super::busy_poll;
+use super::backend::{Backend, Completed, Party};
 use super::closed::Closed;
 use super::connection::NewConnection;
 use super::wakeups::Wakeups;
@@ -322,41 +321,17 @@ impl Driver {
         completions: tokio::sync::mpsc::UnboundedSender<Completed>,
     ) -> Backend<'s> {
         let topology = shared.topology();
-        let mut backend = Backend {
-            shared,
-            disk_luns: Arc::new(Vec::new()),
-            answers: Answers {
-                completions,
-                flag: busy_poll::completion_flag(),
-            },
-            deferred_bytes: 0,
-            deferred_bytes_max: shared.limits.memory_per_connection_bytes as usize,
-            peer: self.at.peer,
-            topology: Arc::clone(&topology),
+        let party = Party {
+            door: Door::Nvme,
             admitted: entry.admitted.clone(),
             target_name: entry.subsystem.clone(),
-            door: Door::Nvme,
             initiator: entry.host.clone(),
-            luns: None,
-            nexus: entry.nexus.clone(),
+            peer: self.at.peer,
             local: self.at.local,
             portal_group_tag: self.at.portal_group_tag,
-            io: Vec::new(),
-            turn_started: Instant::now(),
-            turn_inline: Vec::new(),
-            turn_ended: None,
-            tmf_waits: Vec::new(),
-            ring: None,
-            ring_failed: false,
-            ring_reported: 0,
-            answered: Vec::new(),
-            ring_finished: Vec::new(),
-            group_commits: Vec::new(),
-            loan: Default::default(),
-            info: None,
-            close_reason: None,
-            routed: None,
         };
+        let mut backend = Backend::new(shared, &topology, party, completions);
+        backend.nexus = entry.nexus.clone();
         if let Some((_, group)) = entry
             .admitted
             .membership()
@@ -625,21 +600,26 @@ impl Driver {
 
     /// Queues command `cid`'s answer: `data` for the host, then its completion.
     fn answer(&mut self, cid: u16, status: Status, dw0: u32, data: &[u8]) {
-        self.sqhd = if self.sqsize == 0 {
-            0
-        } else {
-            (self.sqhd + 1) % (self.sqsize + 1)
-        };
         let cqe = Cqe {
             dw0,
             dw1: 0,
-            sqhd: self.sqhd,
+            sqhd: self.next_sqhd(),
             sqid: self.qid,
             cid,
             status,
         };
         let data = if status.is_success() { data } else { &[] };
         self.queue.answer(&cqe, data, &mut self.out);
+    }
+
+    /// The submission queue head a completion reports: one entry further per answer, within
+    /// the host's SQSIZE.
+    fn next_sqhd(&mut self) -> u16 {
+        self.sqhd = match self.sqsize {
+            0 => 0,
+            size => self.sqhd.wrapping_add(1) % size.saturating_add(1).max(1),
+        };
+        self.sqhd
     }
 
     async fn flush(&mut self) -> Result<(), Closed> {

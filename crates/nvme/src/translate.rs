@@ -103,7 +103,14 @@ pub fn scsi_command(
             let f = 0x01 | if deallocate { 0x08 } else { 0 };
             plain(cdb16(WRITE_SAME_16, f, blocks), Vec::new(), 0, false, true)
         }
-        IoCommand::DatasetManagement { .. } => unmap(&nvm::dsm_ranges(&data)),
+        IoCommand::DatasetManagement { ranges, .. } => {
+            // Exactly the ranges NR says (at most 256): the UNMAP parameter list's lengths are
+            // 16-bit, and data beyond them is the host's error, not more ranges.
+            if data.len() != usize::from(ranges) * 16 {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            unmap(&nvm::dsm_ranges(&data))
+        }
         IoCommand::ReservationRegister {
             action,
             ignore_key,

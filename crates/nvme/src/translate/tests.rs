@@ -104,6 +104,19 @@ fn write_zeroes_and_deallocate_become_write_same_and_unmap() {
     assert_eq!(&u.data_out[..4], &[0, 38, 0, 32]);
     assert_eq!(&u.data_out[8..20], &[0, 0, 0, 0, 0, 0, 0, 100, 0, 0, 0, 8]);
     assert_eq!(&u.data_out[24..36], &[0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1]);
+    // Data that is not NR ranges (here 4097 ranges' worth for NR 3): refused, not truncated
+    // into a 16-bit parameter list length.
+    assert_eq!(
+        scsi_command(
+            &IoCommand::DatasetManagement {
+                ranges: 3,
+                deallocate: true
+            },
+            vec![0; 4097 * 16],
+            512
+        ),
+        Err(Status::DATA_SGL_LENGTH_INVALID)
+    );
 }
 
 #[test]

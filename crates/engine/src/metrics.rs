@@ -432,6 +432,8 @@ series! {
     nvme_queues: Gauge = "nvme_queues";
     /// NVMe/TCP Connect commands by result: success, or why refused (invalid_host, invalid_parameters, controller_busy, sequence)
     nvme_connects: Family<LoginLabel, Counter> = "nvme_connects";
+    /// NVMe/TCP queue authentications (DH-HMAC-CHAP) by result: success, or why they failed (failed: a wrong secret; hash_unusable, dh_group_unusable, incorrect_payload, incorrect_message, ...)
+    nvme_authentications: Family<LoginLabel, Counter> = "nvme_authentications";
     /// Open TCP connections per network worker (the acceptor gives each new one to the least loaded)
     worker_connections: Family<WorkerLabel, Gauge> = "worker_connections";
     /// Share of the last second each network worker's thread was on the CPU (the acceptor prefers the least busy)
@@ -819,6 +821,15 @@ impl Metrics {
     /// Counts an NVMe/TCP Connect by its result.
     pub fn nvme_connect(&self, result: &str) {
         self.nvme_connects
+            .get_or_create(&LoginLabel {
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a queue's DH-HMAC-CHAP outcome.
+    pub fn nvme_auth(&self, result: &str) {
+        self.nvme_authentications
             .get_or_create(&LoginLabel {
                 result: result.to_string(),
             })

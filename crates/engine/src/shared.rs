@@ -38,6 +38,8 @@ pub struct Shared {
     pub doors: Arc<Doors>,
     /// CHAP algorithms accepted, in order of preference.
     pub chap_algorithms: Vec<ChapAlgorithm>,
+    /// What NVMe hosts may authenticate with (`[server] dhchap_hashes`, `dhchap_groups`).
+    pub dhchap: nvme::auth::controller::Policy,
     pub metrics: Arc<Metrics>,
     /// Set when the daemon shuts down: listeners close, logins in progress end, and every
     /// session is asked to log out within `limits.shutdown_grace_s`.
@@ -86,6 +88,7 @@ impl Shared {
             nvme_portals: crate::topology::portals::served_nvme(config),
             doors,
             chap_algorithms: config.server.chap_algorithms.clone(),
+            dhchap: config.server.dhchap.clone(),
             shutdown: watch::Sender::new(false),
             started: std::time::SystemTime::now(),
             source: ConfigSource::default(),

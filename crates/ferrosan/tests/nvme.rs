@@ -494,3 +494,117 @@ fn the_largest_queue_size_a_host_may_ask_for_is_answered_not_overflowed() {
     let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
     assert!(h.read(1, 0, 1, 512).is_ok());
 }
+
+/// DH-HMAC-CHAP keys as `nvme gen-dhchap-key` writes them: the host's (SHA-256 transform) and
+/// the controller's (none), and one the controller does not hold.
+fn dhchap_key(byte: u8, transform: Option<nvme::auth::HashId>) -> nvme::auth::Key {
+    nvme::auth::Key::new(transform, &[byte; 32]).unwrap()
+}
+
+fn credentials(
+    host: u8,
+    controller: Option<u8>,
+    groups: &[nvme::auth::DhGroup],
+) -> host::Credentials {
+    host::Credentials {
+        host: dhchap_key(host, Some(nvme::auth::HashId::Sha256)),
+        controller: controller.map(|c| dhchap_key(c, None)),
+        groups: groups.to_vec(),
+    }
+}
+
+/// A group that lists HOSTNQN and `other`, requires authentication, and holds a DH-HMAC-CHAP
+/// secret for HOSTNQN only (made from `host_byte`), with the controller's mutual key.
+fn authenticated_group(host_byte: u8) -> String {
+    let key = dhchap_key(host_byte, Some(nvme::auth::HashId::Sha256)).encode();
+    let ctrl = dhchap_key(7, None).encode();
+    format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\", \"nqn.2014-08.org.nvmexpress:uuid:other\"]\n  auth = \"chap\"\n  users = [ {{ user = \"{HOSTNQN}\", secret = \"{key}\" }} ]\n  mutual = {{ user = \"ferrosan\", secret = \"{ctrl}\" }}\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    )
+}
+
+#[test]
+fn a_host_authenticates_each_queue_before_it_runs_anything_else() {
+    use nvme::auth::DhGroup;
+    let (nvme_port, port) = (free_port(), free_port());
+    let text = config_text(port, nvme_port, "", &authenticated_group(1));
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    // The right key, the controller proven too, through a DH group and without.
+    for groups in [&[DhGroup::Ffdhe2048][..], &[DhGroup::Null][..]] {
+        let keys = credentials(1, Some(7), groups);
+        let mut h = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&keys))
+            .expect("an authenticated host connects");
+        h.write(1, 0, pattern(3, 4096), 512).unwrap();
+        assert_eq!(h.read(1, 0, 8, 512).unwrap(), pattern(3, 4096));
+        h.disconnect();
+    }
+    // Without authenticating: Connect says ATR, and nothing else runs.
+    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(0, 31, 0xFFFF, NQN, HOSTNQN, [1; 16]);
+    let done = q.run_ok(c, data, 0).unwrap();
+    assert_ne!(done.cqe.dw0 & 1 << 17, 0, "ATR set");
+    for (s, len) in [
+        (host::property_set_cc(1 | 6 << 16 | 4 << 20), 0),
+        (host::sqe(0x06, 0, [1, 0, 0, 0, 0, 0]), 4096),
+    ] {
+        assert_eq!(
+            q.run(s, Vec::new(), len).unwrap().cqe.status,
+            Status::AUTH_REQUIRED
+        );
+    }
+    // A wrong host key: refused, and the queue closed.
+    let wrong = credentials(2, None, &[DhGroup::Ffdhe2048]);
+    let err = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&wrong)).err();
+    assert!(
+        matches!(err, Some(host::NvmeError::Auth(nvme::auth::Reason::Failed))),
+        "{err:?}"
+    );
+    // A controller that cannot prove the key the host holds for it: the host refuses it.
+    let doubt = credentials(1, Some(8), &[DhGroup::Null]);
+    let err = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&doubt)).err();
+    assert!(
+        matches!(err, Some(host::NvmeError::Auth(nvme::auth::Reason::Failed))),
+        "{err:?}"
+    );
+    // A listed host the group holds no key for can never authenticate: refused at Connect.
+    assert_eq!(
+        connect_status(nvme_port, NQN, "nqn.2014-08.org.nvmexpress:uuid:other"),
+        Status::CONNECT_INVALID_HOST
+    );
+}
+
+#[test]
+fn a_new_secret_ends_the_controllers_that_proved_the_old_one() {
+    use nvme::auth::DhGroup;
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let (nvme_port, port) = (free_port(), free_port());
+    let daemon = Daemon::start_config_text(
+        IQN,
+        port,
+        &config_text(port, nvme_port, "", &authenticated_group(1)),
+        &["--control-socket", &socket],
+    );
+    let old = credentials(1, None, &[DhGroup::Null]);
+    let mut h = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&old)).unwrap();
+    h.write(1, 0, vec![1; 512], 512).unwrap();
+    std::fs::write(
+        daemon.file("ferrosan.toml"),
+        config_text(port, nvme_port, "", &authenticated_group(5)),
+    )
+    .unwrap();
+    let reloaded = ctl.json(&["reload"]);
+    assert_eq!(reloaded["ok"], true, "{reloaded}");
+    let started = Instant::now();
+    while h.read(1, 0, 1, 512).is_ok() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a controller authenticated with the old secret still reads"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&old)).is_err());
+    let new = credentials(5, None, &[DhGroup::Ffdhe3072]);
+    let mut h = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&new)).unwrap();
+    assert_eq!(h.read(1, 0, 1, 512).unwrap(), vec![1; 512]);
+}

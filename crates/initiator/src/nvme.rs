@@ -18,6 +18,9 @@ pub enum NvmeError {
     Transport(nvme::pdu::Fatal),
     /// The controller answered with this status.
     Status(Status),
+    /// DH-HMAC-CHAP failed: the controller refused the host, or the host the controller
+    /// (or the controller required authentication and the host has no key).
+    Auth(nvme::auth::Reason),
 }
 
 impl std::fmt::Display for NvmeError {
@@ -26,6 +29,7 @@ impl std::fmt::Display for NvmeError {
             NvmeError::Io(e) => write!(f, "I/O: {e}"),
             NvmeError::Transport(t) => write!(f, "transport: {t:?}"),
             NvmeError::Status(s) => write!(f, "status: SCT {} SC {:#04x}", s.sct, s.sc),
+            NvmeError::Auth(r) => write!(f, "authentication: {}", r.name()),
         }
     }
 }
@@ -171,9 +175,81 @@ impl QueueConn {
         Ok(done)
     }
 
+    /// Runs this queue's DH-HMAC-CHAP transaction (after a Connect that set ATR). A refusal by
+    /// either side is [`NvmeError::Auth`]; a controller that failed the host closes the queue.
+    pub fn authenticate(
+        &mut self,
+        keys: &Credentials,
+        parties: nvme::auth::Parties,
+    ) -> Result<(), NvmeError> {
+        use nvme::auth::{host::Transaction, HashId};
+        use nvme::fabrics::auth_sqe;
+        let mut t = Transaction::new(keys.host.clone(), keys.controller.clone(), parties, 1);
+        let mut random = |b: &mut [u8]| urandom(b);
+        let negotiate = t.negotiate(&HashId::ALL, &keys.groups);
+        self.run_ok(auth_sqe(0, true, negotiate.len() as u32), negotiate, 0)?;
+        let challenge = self.run_ok(auth_sqe(0, false, AUTH_BUF), Vec::new(), AUTH_BUF)?;
+        let reply = t
+            .reply(&challenge.data, &mut random)
+            .map_err(NvmeError::Auth)?;
+        self.run_ok(auth_sqe(0, true, reply.len() as u32), reply, 0)?;
+        let success1 = self.run_ok(auth_sqe(0, false, AUTH_BUF), Vec::new(), AUTH_BUF)?;
+        match t.success1(&success1.data) {
+            Ok(Some(success2)) => {
+                self.run_ok(auth_sqe(0, true, success2.len() as u32), success2, 0)?;
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(reason) => {
+                let failure2 = t.failure2(reason);
+                let _ = self.run(auth_sqe(0, true, failure2.len() as u32), failure2, 0);
+                Err(NvmeError::Auth(reason))
+            }
+        }
+    }
+
+    /// Authenticates when a Connect's dword 0 asks (ATR, bit 17).
+    pub fn authenticate_if_asked(
+        &mut self,
+        connect_dw0: u32,
+        keys: Option<&Credentials>,
+        subnqn: &str,
+        hostnqn: &str,
+    ) -> Result<(), NvmeError> {
+        if connect_dw0 & 1 << 17 == 0 {
+            return Ok(());
+        }
+        let keys = keys.ok_or(NvmeError::Auth(nvme::auth::Reason::NotUsable))?;
+        let parties = nvme::auth::Parties {
+            host_nqn: hostnqn.to_string(),
+            subsystem_nqn: subnqn.to_string(),
+        };
+        self.authenticate(keys, parties)
+    }
+
     /// The in-capsule data the controller takes (from its Identify data).
     pub fn set_in_capsule(&mut self, bytes: u32) {
         self.queue.in_capsule_max = bytes;
+    }
+}
+
+/// The bytes an Authentication Receive asks for (Linux's buffer too).
+const AUTH_BUF: u32 = 4096;
+
+/// A host's DH-HMAC-CHAP keys, and the groups it offers.
+#[derive(Clone, Debug)]
+pub struct Credentials {
+    pub host: nvme::auth::Key,
+    /// Set: the controller must prove it holds this key too.
+    pub controller: Option<nvme::auth::Key>,
+    pub groups: Vec<nvme::auth::DhGroup>,
+}
+
+fn urandom(buf: &mut [u8]) {
+    // A test and bench host: a failing random source fails the exchange, not the process.
+    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(buf));
+    if ok.is_err() {
+        buf.fill(0x5A);
     }
 }
 
@@ -238,11 +314,24 @@ impl NvmeHost {
         hostnqn: &str,
         depth: u16,
     ) -> Result<NvmeHost, NvmeError> {
+        NvmeHost::connect_with(addr, subnqn, hostnqn, depth, None)
+    }
+
+    /// As [`NvmeHost::connect`], authenticating each queue with `keys` when the controller
+    /// requires it.
+    pub fn connect_with(
+        addr: SocketAddr,
+        subnqn: &str,
+        hostnqn: &str,
+        depth: u16,
+        keys: Option<&Credentials>,
+    ) -> Result<NvmeHost, NvmeError> {
         let host_id = host_id_of(hostnqn);
         let mut admin = QueueConn::open(addr, (false, false))?;
         let (connect, data) = connect_command(0, 31, DYNAMIC_CONTROLLER, subnqn, hostnqn, host_id);
         let done = admin.run_ok(connect, data, 0)?;
         let cntlid = done.cqe.dw0 as u16;
+        admin.authenticate_if_asked(done.cqe.dw0, keys, subnqn, hostnqn)?;
         // EN, 64-byte submission and 16-byte completion entries.
         admin.run_ok(property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)?;
         let identify = admin
@@ -263,7 +352,8 @@ impl NvmeHost {
             hostnqn,
             host_id,
         );
-        io.run_ok(connect, data, 0)?;
+        let done = io.run_ok(connect, data, 0)?;
+        io.authenticate_if_asked(done.cqe.dw0, keys, subnqn, hostnqn)?;
         Ok(NvmeHost {
             admin,
             io,

@@ -260,5 +260,41 @@ pub fn property(sqe: &Sqe) -> Result<(u32, bool), Status> {
     }
 }
 
+/// An Authentication Send or Receive command's length (TL or AL, bytes 44..48), once its
+/// security protocol is DH-HMAC-CHAP's (SECP E9h, SPSP0 and SPSP1 01h) and the length is not 0.
+pub fn auth_length(sqe: &Sqe) -> Result<u32, Status> {
+    let (spsp0, spsp1, secp) = (sqe.0[41], sqe.0[42], sqe.0[43]);
+    if secp != crate::auth::SECP_DHCHAP || spsp0 != crate::auth::SPSP || spsp1 != crate::auth::SPSP
+    {
+        return Err(Status::INVALID_FIELD);
+    }
+    match sqe.u32_at(44) {
+        0 => Err(Status::INVALID_FIELD),
+        len => Ok(len),
+    }
+}
+
+/// Builds an Authentication Send (`data` in the capsule) or Receive (`len` bytes asked) SQE
+/// (a host's).
+pub fn auth_sqe(cid: u16, send: bool, len: u32) -> Sqe {
+    let mut s = [0u8; crate::sqe::SQE_LEN];
+    s[0] = crate::sqe::FABRICS;
+    s[1] = 0x40; // SGL
+    s[2..4].copy_from_slice(&cid.to_le_bytes());
+    s[4] = if send {
+        fctype::AUTH_SEND
+    } else {
+        fctype::AUTH_RECEIVE
+    };
+    s[32..36].copy_from_slice(&len.to_le_bytes());
+    // Send: the data in the capsule (data block, offset); Receive: the transport's.
+    s[39] = if send { 0x01 } else { 0x5A };
+    s[41] = crate::auth::SPSP;
+    s[42] = crate::auth::SPSP;
+    s[43] = crate::auth::SECP_DHCHAP;
+    s[44..48].copy_from_slice(&len.to_le_bytes());
+    Sqe(s)
+}
+
 #[cfg(test)]
 mod tests;

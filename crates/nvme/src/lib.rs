@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod auth;
 pub mod controller;
 pub mod fabrics;
 pub mod host;

@@ -150,6 +150,12 @@ impl Status {
         sc: 0x84,
         dnr: true,
     };
+    /// Command specific (type 1): the queue must authenticate first (DH-HMAC-CHAP).
+    pub const AUTH_REQUIRED: Status = Status {
+        sct: 1,
+        sc: 0x91,
+        dnr: true,
+    };
     /// Media and data integrity errors (type 2): Compare Failure, Access Denied.
     pub const COMPARE_FAILURE: Status = Status {
         sct: 2,

@@ -257,6 +257,10 @@ fn resolve_user(
         );
         ok = false;
     }
+    if let Err(m) = dhchap_secret_ok(&user, &secret, mutual) {
+        cx.err(secret_span.clone(), secret_field.clone(), m);
+        ok = false;
+    }
     let secret = Secret::new(secret);
     if mutual {
         book.mutual
@@ -268,6 +272,29 @@ fn resolve_user(
         user,
         secret,
         secret_file,
+    })
+}
+
+/// A user named by an NQN is an NVMe host: its secret must be a DH-HMAC-CHAP one (`DHHC-1:`,
+/// as `nvme gen-dhchap-key` writes it). A mutual secret written in that form is the NVMe
+/// controller's key, so it must be a valid one too. The reason never echoes the secret.
+fn dhchap_secret_ok(user: &str, secret: &[u8], mutual: bool) -> Result<(), String> {
+    let text = std::str::from_utf8(secret).unwrap_or("");
+    let nvme_host = !mutual
+        && user
+            .get(..4)
+            .is_some_and(|p| p.eq_ignore_ascii_case("nqn."));
+    if !nvme_host && !nvme::auth::Key::looks_like(text) {
+        return Ok(());
+    }
+    nvme::auth::Key::parse(text).map(drop).map_err(|e| {
+        if nvme_host {
+            format!(
+                "the user is an NVMe host NQN, so its secret must be a DH-HMAC-CHAP secret: {e}"
+            )
+        } else {
+            e.to_string()
+        }
     })
 }
 

@@ -52,6 +52,8 @@ struct RawServer {
     workers: Option<S<i64>>,
     identity_seed: Option<S<String>>,
     chap_algorithms: Option<S<Vec<S<String>>>>,
+    dhchap_hashes: Option<S<Vec<S<String>>>>,
+    dhchap_groups: Option<S<Vec<S<String>>>>,
     metrics_listen: Option<S<String>>,
     io_uring: Option<S<bool>>,
     state_dir: Option<S<String>>,
@@ -220,6 +222,7 @@ fn resolve_server(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) -> 
     if let Some(list) = &s.chap_algorithms {
         server.chap_algorithms = resolve_algorithms(cx, list);
     }
+    resolve_dhchap(cx, s, server);
     if let Some(addr) = &s.metrics_listen {
         match parse_listen(addr.get_ref()) {
             Ok(a) => server.metrics_listen = Some(a),
@@ -303,33 +306,70 @@ fn server_roots_and_group(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerCon
 }
 
 fn resolve_algorithms(cx: &mut Cx<'_>, list: &S<Vec<S<String>>>) -> Vec<ChapAlgorithm> {
+    let choices = "\"sha3-256\", \"sha256\", \"sha1\" or \"md5\"";
+    let out = resolve_preferences(
+        cx,
+        list,
+        "chap_algorithms",
+        choices,
+        ChapAlgorithm::from_name,
+    );
+    if out.is_empty() {
+        return ChapAlgorithm::ALL.to_vec();
+    }
+    out
+}
+
+/// A `[server]` list of names in order of preference: at least one, each known, none twice.
+fn resolve_preferences<T: PartialEq>(
+    cx: &mut Cx<'_>,
+    list: &S<Vec<S<String>>>,
+    key: &str,
+    choices: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Vec<T> {
     let mut out = Vec::new();
     if list.get_ref().is_empty() {
         cx.err(
             list.span(),
-            "server: chap_algorithms",
-            "must name at least one algorithm",
+            format!("server: {key}"),
+            "must name at least one",
         );
     }
     for (i, name) in list.get_ref().iter().enumerate() {
-        let field = format!("server: chap_algorithms[{i}]");
-        match ChapAlgorithm::from_name(name.get_ref()) {
+        let field = format!("server: {key}[{i}]");
+        match parse(name.get_ref()) {
             None => cx.err(
                 name.span(),
                 field,
-                format!(
-                    "must be \"sha3-256\", \"sha256\", \"sha1\" or \"md5\", got {:?}",
-                    name.get_ref()
-                ),
+                format!("must be {choices}, got {:?}", name.get_ref()),
             ),
             Some(a) if out.contains(&a) => cx.err(name.span(), field, "listed twice"),
             Some(a) => out.push(a),
         }
     }
-    if out.is_empty() {
-        out = ChapAlgorithm::ALL.to_vec();
-    }
     out
+}
+
+/// `dhchap_hashes` and `dhchap_groups`: what NVMe hosts may authenticate with, in order of
+/// preference (the controller picks the first the host offers).
+fn resolve_dhchap(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) {
+    use nvme::auth::{DhGroup, HashId};
+    if let Some(list) = &s.dhchap_hashes {
+        let choices = "\"sha256\", \"sha384\" or \"sha512\"";
+        let out = resolve_preferences(cx, list, "dhchap_hashes", choices, HashId::from_name);
+        if !out.is_empty() {
+            server.dhchap.hashes = out;
+        }
+    }
+    if let Some(list) = &s.dhchap_groups {
+        let choices =
+            "\"ffdhe2048\", \"ffdhe3072\", \"ffdhe4096\", \"ffdhe6144\", \"ffdhe8192\" or \"null\"";
+        let out = resolve_preferences(cx, list, "dhchap_groups", choices, DhGroup::from_name);
+        if !out.is_empty() {
+            server.dhchap.groups = out;
+        }
+    }
 }
 
 fn resolve_sources(cx: &mut Cx<'_>, raw: &Option<S<Vec<S<String>>>>, ctx: &str) -> Vec<SourceNet> {
@@ -1044,6 +1084,16 @@ fn server_toml(out: &mut String, server: &ServerConfig) {
         server.workers,
         algs.join(", ")
     );
+    if server.dhchap != nvme::auth::controller::Policy::default() {
+        let hashes: Vec<String> = server.dhchap.hashes.iter().map(|h| q(h.name())).collect();
+        let groups: Vec<String> = server.dhchap.groups.iter().map(|g| q(g.name())).collect();
+        let _ = writeln!(
+            out,
+            "dhchap_hashes = [{}]\ndhchap_groups = [{}]",
+            hashes.join(", "),
+            groups.join(", ")
+        );
+    }
     if let Some(m) = server.metrics_listen {
         let _ = writeln!(out, "metrics_listen = {}", q(&m.to_string()));
     }

@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub workers: usize,
     /// CHAP algorithms accepted, in order of preference (never empty).
     pub chap_algorithms: Vec<ChapAlgorithm>,
+    /// NVMe in-band authentication (DH-HMAC-CHAP): hashes and DH groups, in order of
+    /// preference.
+    pub dhchap: nvme::auth::controller::Policy,
     /// Where `/metrics` (Prometheus text format) is served; None = not served.
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Direct-I/O devices are submitted to io_uring rings on the workers; false (or a kernel
@@ -98,6 +101,7 @@ impl Default for ServerConfig {
         ServerConfig {
             workers: 0,
             chap_algorithms: ChapAlgorithm::ALL.to_vec(),
+            dhchap: Default::default(),
             metrics_listen: None,
             io_uring: true,
             state_dir: None,

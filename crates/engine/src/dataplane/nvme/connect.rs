@@ -5,14 +5,15 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use nvme::auth::controller::Keys;
 use nvme::controller::{Controller, ControllerLimits};
 use nvme::fabrics::{Connect, InvalidParameter, DISCOVERY_NQN};
 use nvme::identify::ControllerType;
 use nvme::sqe::Status;
 
 use crate::admission::controllers::{ControllerEntry, CNTLID_MAX};
-use crate::admission::{Admitted, Door, Proof, Refusal};
-use crate::config::IscsiName;
+use crate::admission::{Admitted, Door, Refusal};
+use crate::config::{IscsiName, ResolvedAuth};
 use crate::shared::Shared;
 
 /// Why a Connect was refused: its status, its dword 0 (the parameter in error), and the
@@ -62,20 +63,21 @@ pub(super) fn admin(
     shared: &Shared,
     connect: &Connect,
     at: &Arrival,
-) -> Result<Arc<ControllerEntry>, Refused> {
+) -> Result<(Arc<ControllerEntry>, Option<Keys>), Refused> {
     let host = IscsiName::from_wire(&connect.hostnqn).map_err(|_| invalid(true, 512))?;
     let discovery = connect.subnqn == DISCOVERY_NQN;
     let topology = shared.topology();
-    let (subsystem, admitted) = if discovery {
-        if !Proof::None.meets(&topology.config.discovery.resolved()) {
-            tracing::warn!(peer = %at.peer, host = %host, "NVMe discovery refused: discovery requires CHAP, and NVMe in-band authentication (DH-HMAC-CHAP) is not offered yet");
-            return Err(invalid_host());
-        }
-        (None, Admitted::Discovery { proof: Proof::None })
+    let (subsystem, admitted, keys) = if discovery {
+        let required = topology.config.discovery.resolved();
+        let keys = keys_for(&required, &host, DISCOVERY_NQN, at)?;
+        let chap_user = keys.as_ref().map(|(_, user)| user.as_str());
+        let admitted =
+            Admitted::of_login(&topology, None, &required, chap_user).ok_or_else(invalid_host)?;
+        (None, admitted, keys.map(|(k, _)| k))
     } else {
         let sub = IscsiName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
-        let admitted = admit(&topology, &host, &sub, at)?;
-        (Some(sub), admitted)
+        let (admitted, keys) = admit(&topology, &host, &sub, at)?;
+        (Some(sub), admitted, keys)
     };
     let isid = isid_of();
     let ticket = shared
@@ -122,7 +124,7 @@ pub(super) fn admin(
         ticket: Mutex::new(Some(ticket)),
     });
     shared.nvme.insert(Arc::clone(&entry));
-    Ok(entry)
+    Ok((entry, keys))
 }
 
 fn busy(what: &'static str) -> Refused {
@@ -135,14 +137,15 @@ fn busy(what: &'static str) -> Refused {
 }
 
 /// The one admission decision, through the NVMe door: the subsystem is the target whose
-/// `nqn` it names, the host must belong to one of its groups from this address, and what that
-/// group requires must be met — with no NVMe authentication offered yet, only "none" is.
+/// `nqn` it names, and the host must belong to one of its groups from this address. What that
+/// group requires decides whether the queue must authenticate (DH-HMAC-CHAP) before anything
+/// else, and with which keys.
 fn admit(
     topology: &crate::topology::Topology,
     host: &IscsiName,
     sub: &IscsiName,
     at: &Arrival,
-) -> Result<Admitted, Refused> {
+) -> Result<(Admitted, Option<Keys>), Refused> {
     let refused = |refusal: Refusal| {
         tracing::warn!(peer = %at.peer, host = %host, subsystem = %sub, reason = refusal.reason(), "NVMe Connect refused");
         match refusal {
@@ -154,11 +157,47 @@ fn admit(
     let (membership, required) = topology
         .admit(Door::Nvme, host, sub, at.portal_group_tag, at.peer.ip())
         .map_err(refused)?;
-    if !Proof::None.meets(&required) {
-        tracing::warn!(peer = %at.peer, host = %host, subsystem = %sub, "NVMe Connect refused: the host's group requires CHAP, and NVMe in-band authentication (DH-HMAC-CHAP) is not offered yet");
+    let keys = keys_for(&required, host, sub.as_str(), at)?;
+    let chap_user = keys.as_ref().map(|(_, user)| user.as_str());
+    let admitted = Admitted::of_login(topology, Some(membership), &required, chap_user)
+        .ok_or_else(invalid_host)?;
+    Ok((admitted, keys.map(|(k, _)| k)))
+}
+
+/// The DH-HMAC-CHAP keys a host authenticates with when `required` asks for authentication:
+/// the secret of the CHAP user named by the host's NQN (a `DHHC-1:` secret), and the mutual
+/// secret as the controller's key if it is one. A host the group requires to authenticate but
+/// holds no key for can never succeed: refused at Connect.
+fn keys_for(
+    required: &ResolvedAuth,
+    host: &IscsiName,
+    sub: &str,
+    at: &Arrival,
+) -> Result<Option<(Keys, String)>, Refused> {
+    let ResolvedAuth::Chap { users, mutual } = required else {
+        return Ok(None);
+    };
+    // NQNs compare as the names they are (the config's user may differ in case).
+    let key = users
+        .iter()
+        .find(|u| u.user.eq_ignore_ascii_case(host.as_str()))
+        .and_then(|u| Some((key_of(&u.secret)?, u.user.clone())));
+    let Some((key, user)) = key else {
+        tracing::warn!(peer = %at.peer, host = %host, subsystem = sub, "NVMe Connect refused: the host's group requires authentication and holds no DH-HMAC-CHAP secret for this host (a `users` entry named by the host NQN, with a DHHC-1 secret)");
         return Err(invalid_host());
-    }
-    Admitted::of_login(topology, Some(membership), &required, None).ok_or_else(invalid_host)
+    };
+    let controller = mutual.as_ref().and_then(|m| key_of(&m.secret));
+    let keys = Keys {
+        host: key,
+        controller,
+    };
+    Ok(Some((keys, user)))
+}
+
+/// A configured secret as a DH-HMAC-CHAP key (`None` unless it is a `DHHC-1:` secret; the
+/// config loader refuses a malformed one).
+fn key_of(secret: &crate::config::Secret) -> Option<nvme::auth::Key> {
+    nvme::auth::Key::parse(std::str::from_utf8(secret.expose()).ok()?).ok()
 }
 
 /// The group an admission names (None for discovery).
@@ -191,7 +230,7 @@ pub(super) fn io(
     shared: &Shared,
     connect: &Connect,
     at: &Arrival,
-) -> Result<Arc<ControllerEntry>, Refused> {
+) -> Result<(Arc<ControllerEntry>, Option<Keys>), Refused> {
     let entry = shared
         .nvme
         .get(connect.cntlid)
@@ -206,7 +245,7 @@ pub(super) fn io(
     }
     // Each queue is its own connection, possibly from another address: the same admission
     // decision for it (its source against `allowed_sources`), into the controller's group.
-    let admitted = admit(&shared.topology(), &host, &sub, at)?;
+    let (admitted, keys) = admit(&shared.topology(), &host, &sub, at)?;
     if group_of(&admitted) != group_of(&entry.admitted) {
         return Err(invalid_host());
     }
@@ -223,5 +262,5 @@ pub(super) fn io(
     if !entry.add_io_queue(connect.qid) {
         return Err(invalid(false, 42));
     }
-    Ok(entry)
+    Ok((entry, keys))
 }

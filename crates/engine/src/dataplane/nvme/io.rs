@@ -73,8 +73,12 @@ impl Driver {
         r: Received,
     ) {
         let sqe = r.sqe;
+        if !self.may_run(&sqe) {
+            self.answer(sqe.cid(), Status::AUTH_REQUIRED, 0, &[]);
+            return;
+        }
         if sqe.opcode() == FABRICS {
-            self.fabrics(role, life, &r);
+            self.fabrics(role, backend, life, &r);
             return;
         }
         match role {
@@ -83,7 +87,19 @@ impl Driver {
         }
     }
 
-    fn fabrics(&mut self, role: &Role, life: &mut Life, r: &Received) {
+    /// Whether the queue may run `sqe` now: anything once it authenticated (or need not),
+    /// before that only the authentication itself and a Disconnect. Every command of a
+    /// connected queue passes here.
+    fn may_run(&self, sqe: &nvme::sqe::Sqe) -> bool {
+        self.auth.as_ref().is_none_or(|a| a.authenticated())
+            || (sqe.opcode() == FABRICS
+                && matches!(
+                    sqe.fctype(),
+                    fctype::AUTH_SEND | fctype::AUTH_RECEIVE | fctype::DISCONNECT
+                ))
+    }
+
+    fn fabrics(&mut self, role: &Role, backend: &mut Backend<'_>, life: &mut Life, r: &Received) {
         let sqe = &r.sqe;
         match (sqe.fctype(), role) {
             (fctype::PROPERTY_GET | fctype::PROPERTY_SET, Role::Admin(entry)) => {
@@ -101,8 +117,84 @@ impl Driver {
             (fctype::CONNECT, _) => {
                 self.answer(sqe.cid(), nvme::controller::COMMAND_SEQUENCE_ERROR, 0, &[]);
             }
-            // Authentication Send / Receive (DH-HMAC-CHAP) are not offered yet.
+            (fctype::AUTH_SEND, _) => self.auth_send(role, backend, r),
+            (fctype::AUTH_RECEIVE, _) => self.auth_receive(role, backend, r),
             _ => self.answer(sqe.cid(), Status::INVALID_OPCODE, 0, &[]),
+        }
+    }
+
+    /// Authentication Send: the host's next DH-HMAC-CHAP message, for a queue that must
+    /// authenticate (any other refuses the command).
+    fn auth_send(&mut self, role: &Role, backend: &mut Backend<'_>, r: &Received) {
+        let cid = r.sqe.cid();
+        let Some(auth) = self.auth.as_mut() else {
+            return self.answer(cid, Status::INVALID_FIELD, 0, &[]);
+        };
+        match nvme::fabrics::auth_length(&r.sqe) {
+            Ok(tl) if tl as usize == r.data.len() => {}
+            _ => return self.answer(cid, Status::INVALID_FIELD, 0, &[]),
+        }
+        let was = auth.authenticated();
+        auth.send(&r.data);
+        self.answer(cid, Status::SUCCESS, 0, &[]);
+        self.after_auth_step(role, backend, was);
+    }
+
+    /// Authentication Receive: the controller's next message, in the `AL` bytes asked.
+    fn auth_receive(&mut self, role: &Role, backend: &mut Backend<'_>, r: &Received) {
+        let cid = r.sqe.cid();
+        let Some(auth) = self.auth.as_mut() else {
+            return self.answer(cid, Status::INVALID_FIELD, 0, &[]);
+        };
+        let al = match nvme::fabrics::auth_length(&r.sqe) {
+            Ok(al) if al == r.data_in_len => al as usize,
+            _ => return self.answer(cid, Status::INVALID_FIELD, 0, &[]),
+        };
+        let was = auth.authenticated();
+        let mut random_failed = false;
+        let mut message = auth.receive(&mut |buf: &mut [u8]| {
+            random_failed |= crate::dataplane::login::os_random(buf).is_err();
+        });
+        if random_failed {
+            tracing::error!(peer = %self.at.peer, "cannot read the OS random source: NVMe authentication failed");
+            self.closing = true;
+            return self.answer(cid, Status::INTERNAL_ERROR, 0, &[]);
+        }
+        if message.len() > al {
+            // The host's buffer cannot hold the message: nothing of it is sent.
+            self.closing = true;
+            return self.answer(cid, Status::INVALID_FIELD, 0, &[]);
+        }
+        message.resize(al, 0);
+        self.answer(cid, Status::SUCCESS, 0, &message);
+        self.after_auth_step(role, backend, was);
+    }
+
+    /// After a step of the transaction: a log line when the queue authenticated; when it
+    /// failed, the failure counted toward the source's failed logins and the queue closed
+    /// once its answer is sent.
+    fn after_auth_step(&mut self, role: &Role, backend: &mut Backend<'_>, was: bool) {
+        let Some(auth) = self.auth.as_ref() else {
+            return;
+        };
+        let entry = role.entry();
+        if let Some(reason) = auth.failed() {
+            tracing::warn!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, qid = self.qid, reason = reason.name(), "NVMe authentication failed");
+            backend.shared.metrics.nvme_auth(reason.name());
+            backend
+                .shared
+                .doors
+                .record_login_failure(self.at.peer.ip(), Instant::now());
+            backend.close_reason = Some("authentication failed");
+            self.closing = true;
+        } else if auth.authenticated() && !was {
+            let (hash, group) = self.auth_chosen.take().unzip();
+            tracing::info!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, qid = self.qid, hash = hash.map(|h| h.name()), dh_group = group.map(|g| g.name()), "NVMe queue authenticated (DH-HMAC-CHAP)");
+            backend.shared.metrics.nvme_auth("success");
+            self.auth_deadline = None;
+        }
+        if let Some(chosen) = self.auth.as_ref().and_then(|a| a.chosen()) {
+            self.auth_chosen = Some(chosen);
         }
     }
 

@@ -92,6 +92,9 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         fused_pairs: Vec::new(),
         reports: Vec::new(),
         closing: false,
+        auth: None,
+        auth_deadline: None,
+        auth_chosen: None,
     };
     match driver.serve(&shared, prelogin).await {
         Ok(()) => tracing::debug!(%peer, "NVMe/TCP queue closed"),
@@ -147,6 +150,13 @@ struct Driver {
     reports: Vec<(u16, bool, usize)>,
     /// A Disconnect was answered: close once it is sent.
     closing: bool,
+    /// The queue's DH-HMAC-CHAP transaction, when its host must authenticate: until it has,
+    /// only Authentication Send and Receive run (`Driver::command`).
+    auth: Option<nvme::auth::controller::Transaction>,
+    /// When a queue that has not authenticated yet is closed.
+    auth_deadline: Option<Instant>,
+    /// The hash and group the transaction in progress settled on (for its log line).
+    auth_chosen: Option<(nvme::auth::HashId, nvme::auth::DhGroup)>,
 }
 
 impl Driver {
@@ -231,32 +241,75 @@ impl Driver {
                 return None;
             }
         };
+        if shared
+            .doors
+            .login_blocked(self.at.peer.ip(), Instant::now())
+        {
+            tracing::warn!(peer = %self.at.peer, host = %parsed.hostnqn, "NVMe Connect refused: too many failed logins from this address");
+            shared.metrics.limit("login_failures_max");
+            self.answer(sqe.cid(), Status::CONNECT_CONTROLLER_BUSY, 0, &[]);
+            shared.metrics.nvme_connect("controller_busy");
+            return None;
+        }
         let result = if parsed.qid == 0 {
-            connect::admin(shared, &parsed, &self.at).map(Role::Admin)
+            connect::admin(shared, &parsed, &self.at).map(|(e, k)| (Role::Admin(e), k))
         } else {
-            connect::io(shared, &parsed, &self.at).map(Role::Io)
+            connect::io(shared, &parsed, &self.at).map(|(e, k)| (Role::Io(e), k))
         };
         match result {
-            Ok(role) => {
+            Ok((role, keys)) => {
                 let entry = role.entry();
                 self.qid = parsed.qid;
                 self.sqsize = parsed.sqsize;
                 self.queue.set_depth(parsed.sqsize.saturating_add(1));
-                self.answer(sqe.cid(), Status::SUCCESS, u32::from(entry.cntlid), &[]);
+                let must_authenticate = keys.is_some();
+                self.require_auth(shared, &parsed, keys);
+                // Connect's dword 0: the controller ID, and ATR (bit 17) when the queue must
+                // authenticate before anything else.
+                let dw0 = u32::from(entry.cntlid) | u32::from(must_authenticate) << 17;
+                self.answer(sqe.cid(), Status::SUCCESS, dw0, &[]);
                 shared.metrics.nvme_connect("success");
                 if let Role::Admin(entry) = &role {
                     shared.metrics.nvme_controllers.inc();
                     self.describe(entry);
-                    tracing::info!(peer = %self.at.peer, host = %entry.host, subsystem = entry.subsystem.as_ref().map_or(nvme::fabrics::DISCOVERY_NQN, |s| s.as_str()), cntlid = entry.cntlid, kato_ms = parsed.kato_ms, "NVMe controller connected");
+                    tracing::info!(peer = %self.at.peer, host = %entry.host, subsystem = entry.subsystem.as_ref().map_or(nvme::fabrics::DISCOVERY_NQN, |s| s.as_str()), cntlid = entry.cntlid, kato_ms = parsed.kato_ms, authenticate = must_authenticate, "NVMe controller connected");
                 }
                 Some(role)
             }
             Err(refused) => {
                 self.answer(sqe.cid(), refused.status, refused.dw0, &[]);
                 shared.metrics.nvme_connect(refused.why);
+                if refused.status == Status::CONNECT_INVALID_HOST {
+                    // Refused who it is: counted toward the source's failed logins.
+                    shared
+                        .doors
+                        .record_login_failure(self.at.peer.ip(), Instant::now());
+                }
                 None
             }
         }
+    }
+
+    /// Starts the queue's authentication when its host must authenticate: a transaction with
+    /// the host's keys and NQNs as the Connect gave them, and the deadline to finish by.
+    fn require_auth(
+        &mut self,
+        shared: &Shared,
+        parsed: &nvme::fabrics::Connect,
+        keys: Option<nvme::auth::controller::Keys>,
+    ) {
+        let Some(keys) = keys else { return };
+        let parties = nvme::auth::Parties {
+            host_nqn: parsed.hostnqn.clone(),
+            subsystem_nqn: parsed.subnqn.clone(),
+        };
+        self.auth = Some(nvme::auth::controller::Transaction::new(
+            keys,
+            parties,
+            shared.dhchap.clone(),
+        ));
+        self.auth_deadline =
+            Some(Instant::now() + Duration::from_secs(shared.limits.login_timeout_s.into()));
     }
 
     /// What `ctl sessions` shows of a controller.
@@ -511,6 +564,12 @@ impl Driver {
         backend.report_io();
         let now = Instant::now();
         life.ticked(now);
+        if self.auth_deadline.is_some_and(|d| now >= d) {
+            tracing::warn!(peer = %self.at.peer, host = %role.entry().host, "NVMe queue closed: not authenticated within login_timeout_s");
+            backend.shared.metrics.limit("login_timeout_s");
+            backend.close_reason = Some("not authenticated within login_timeout_s");
+            return false;
+        }
         if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
         {
             return false;

@@ -3,7 +3,8 @@
 # kernel, nvme-cli, open-iscsi, sg3-utils, fio; scripts/lib/guest.sh) discovers and connects to
 # ferrosan on this host with native NVMe multipath over two portal groups, and checks identity,
 # ANA states and their change notices, fio verify, one device through both doors, one
-# reservation table across them, and a daemon killed under I/O (scripts/guest/kernel-nvme.sh,
+# reservation table across them, a daemon killed under I/O, and in-band authentication
+# (DH-HMAC-CHAP, both ways) to a second subsystem (scripts/guest/kernel-nvme.sh,
 # the guest's half; docs/NVME.md, "Tested with").
 #
 #   scripts/kernel-nvme.sh
@@ -14,6 +15,9 @@
 #
 # Results in target/kernel-nvme/: guest-console.log, guest-report.log, ferrosan.log,
 # ferrosan.toml, summary.txt. Exit status: non-zero if any check failed or did not report.
+#
+# With FERROSAN_GUEST_KERNEL=backports (Linux 6.12) the guest also authenticates to a second
+# subsystem with DH-HMAC-CHAP (results then in target/kernel-nvme-bpo/).
 #
 # Environment: FERROSAN_BIN         prebuilt daemon (default: cargo build --release -p ferrosan)
 #              KERNEL_NVME_TIMEOUT  seconds the guest may run (default 600)
@@ -30,7 +34,13 @@ source scripts/lib/guest.sh
 source scripts/lib/guest-run.sh
 export PATH="$PATH:/usr/sbin:/sbin"
 
-OUT=$ROOT/target/kernel-nvme
+# The guest's kernel (scripts/lib/guest.sh): bookworm's 6.1 has no NVMe in-band
+# authentication (CONFIG_NVME_AUTH unset), so only the backports kernel runs those checks.
+if [[ ${FERROSAN_GUEST_KERNEL:-stable} == backports ]]; then
+    OUT=$ROOT/target/kernel-nvme-bpo AUTH_CHECKS=1
+else
+    OUT=$ROOT/target/kernel-nvme AUTH_CHECKS=0
+fi
 GUEST_TIMEOUT=${KERNEL_NVME_TIMEOUT:-600}
 IQN=iqn.2026-11.org.ferrosan:kernel-nvme
 NQN=nqn.2026-11.org.ferrosan:kernel-nvme
@@ -77,6 +87,17 @@ while ((${#PORTS[@]} < 4)); do
 done
 ISCSI_PORT=${PORTS[0]} ISCSI_PORT2=${PORTS[1]} PORT_OPT=${PORTS[2]} PORT_NONOPT=${PORTS[3]}
 
+# DH-HMAC-CHAP secrets in their standard form (as `nvme gen-dhchap-key` writes them): the
+# host's with the SHA-256 transform, the controller's without; and one nobody holds.
+SECURE_NQN=$NQN-secure
+dhchap_key() {
+    python3 -c 'import base64, os, sys, zlib
+k = os.urandom(32)
+print("DHHC-1:%s:%s:" % (sys.argv[1], base64.b64encode(k + zlib.crc32(k).to_bytes(4, "little")).decode()))' "$1"
+}
+HOST_KEY=$(dhchap_key 01) CTRL_KEY=$(dhchap_key 00) WRONG_KEY=$(dhchap_key 01)
+(umask 077 && echo "$HOST_KEY" >"$WORK/host.key" && echo "$CTRL_KEY" >"$WORK/ctrl.key")
+
 cat >"$OUT/ferrosan.toml" <<CONFIG
 # scripts/kernel-nvme.sh: one target on two portal groups, each with an NVMe/TCP listener.
 [server]
@@ -110,6 +131,24 @@ nqn = "$NQN"
   name = "guest"
   initiators = ["$HOSTNQN", "$INIT"]
   luns = [ { lun = 0, device = "lun0" } ]
+
+# A second subsystem whose hosts authenticate (DH-HMAC-CHAP, both ways).
+[[device]]
+name = "secure"
+store = "ram"
+size = "64M"
+
+[[target]]
+iqn = "$IQN-secure"
+nqn = "$SECURE_NQN"
+
+  [[target.group]]
+  name = "guest"
+  initiators = ["$HOSTNQN"]
+  auth = "chap"
+  users = [ { user = "$HOSTNQN", secret_file = "$WORK/host.key" } ]
+  mutual = { user = "ferrosan", secret_file = "$WORK/ctrl.key" }
+  luns = [ { lun = 0, device = "secure" } ]
 CONFIG
 "$FERROSAN_BIN" check-config "$OUT/ferrosan.toml" >/dev/null
 
@@ -130,6 +169,11 @@ HOSTID=$HOSTID
 INIT=$INIT
 EUI64=$NAA
 BLOCKS=$BLOCKS
+SECURE_NQN=$SECURE_NQN
+HOST_KEY=$HOST_KEY
+CTRL_KEY=$CTRL_KEY
+WRONG_KEY=$WRONG_KEY
+AUTH_CHECKS=$AUTH_CHECKS
 PARAMS
 
 CONSOLE=$OUT/guest-console.log

@@ -17,7 +17,8 @@
 #      killed, restarted and hung under each multipath grouping; stalls, takeovers, fio verify)
 #   9. scripts/kernel-nvme.sh   (that guest's NVMe/TCP host and nvme-cli against ferrosan's second
 #      door: discovery, native multipath with ANA, both doors on one device, reservations across
-#      them, a live ALUA change and a kill under fio verify)
+#      them, a live ALUA change and a kill under fio verify), once with bookworm's 6.1 kernel
+#      and once with bookworm-backports' 6.12, which adds DH-HMAC-CHAP authentication
 #
 # Every step runs even if an earlier one failed, so one run shows everything;
 # the exit status is non-zero if any step failed. Daemons are started only by
@@ -68,8 +69,11 @@ step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 
 step kernel-iscsi scripts/kernel-iscsi.sh
 # RBD gateways failing over under dm-multipath (docs/CONFORMANCE.md, "RBD gateways under dm-multipath").
 step kernel-gateways scripts/kernel-gateways.sh
-# NVMe/TCP with the Linux kernel's host (docs/NVME.md, "Tested with").
+# NVMe/TCP with the Linux kernel's host (docs/NVME.md, "Tested with"): bookworm's 6.1, then
+# bookworm-backports' 6.12, the first Debian kernel with NVMe in-band authentication, which
+# adds the DH-HMAC-CHAP checks.
 step kernel-nvme scripts/kernel-nvme.sh
+step kernel-nvme-6.12 env FERROSAN_GUEST_KERNEL=backports scripts/kernel-nvme.sh
 
 failed=0
 printf '\n==== summary\n'

@@ -16,13 +16,17 @@
 # /host/params sets NQN, TARGET_IQN, HOST_ADDR, PORT_OPT and PORT_NONOPT (the NVMe/TCP
 # listeners of portal groups 1, active/optimized, and 2, active/non-optimized), ISCSI_PORT
 # (portal group 1's iSCSI portal), HOSTNQN, HOSTID, INIT (the guest's iSCSI name), EUI64 (the
-# device's NAA as nvme-cli prints an EUI-64) and BLOCKS (its size in 512-byte blocks).
+# device's NAA as nvme-cli prints an EUI-64), BLOCKS (its size in 512-byte blocks), and for
+# the authenticated subsystem SECURE_NQN the host's and controller's DH-HMAC-CHAP secrets
+# HOST_KEY and CTRL_KEY, and WRONG_KEY, which ferrosan does not hold; AUTH_CHECKS=1 runs
+# the authentication checks.
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
 source /host/params
 : "${NQN:?}" "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${ISCSI_PORT:?}"
 : "${HOSTNQN:?}" "${HOSTID:?}" "${INIT:?}" "${EUI64:?}" "${BLOCKS:?}"
+: "${SECURE_NQN:?}" "${HOST_KEY:?}" "${CTRL_KEY:?}" "${WRONG_KEY:?}" "${AUTH_CHECKS:?}"
 REPORT=${REPORT:-/dev/ttyS1}
 ACKS=/host/acks
 WORK=/tmp/knvme
@@ -32,6 +36,8 @@ FIO_SIZE=$((32 << 20))
 
 CHECKS=(discover connect identify two-paths fio-verify one-device reservations
     ana-unavailable ana-optimized-again fio-verify-ana restart-kill fio-verify-restart disconnect)
+# DH-HMAC-CHAP where the host asked for it (a kernel with NVMe in-band authentication).
+((AUTH_CHECKS)) && CHECKS+=(auth-connect auth-refused)
 
 report() {
     printf '%s\n' "$*" >"$REPORT"
@@ -321,6 +327,44 @@ check_disconnect() {
     nvme disconnect -n "$NQN" | tee "$WORK/disc"
     grep -q "disconnected 2 controller" "$WORK/disc" || fail "not both controllers disconnected"
     wait_until 10 bash -c '! ls /sys/block/nvme*n1 >/dev/null 2>&1' || fail "the namespace is still there"
+}
+
+# In-band authentication with Linux's DH-HMAC-CHAP: every queue of the controller
+# authenticates (and authenticates ferrosan back) before the namespace appears.
+secure_connect() {
+    nvme connect -t tcp -a "$HOST_ADDR" -s "$PORT_OPT" -n "$SECURE_NQN" -q "$HOSTNQN" -I "$HOSTID" \
+        --ctrl-loss-tmo=0 "$@"
+}
+check_auth_connect() {
+    grep -qE '^CONFIG_NVME_(HOST_)?AUTH=y' "/boot/config-$(uname -r)" \
+        || fail "this guest kernel ($(uname -r)) has no NVMe in-band authentication"
+    secure_connect --dhchap-secret="$HOST_KEY" --dhchap-ctrl-secret="$CTRL_KEY" \
+        || fail "nvme connect with the DH-HMAC-CHAP secrets failed"
+    wait_until 20 head_dev >/dev/null || fail "no namespace after the authenticated connect"
+    local dev
+    dev=$(head_dev)
+    dmesg | grep -iE 'nvme.*(authenticat|dhchap)' | tail -n 8 | tee "$WORK/auth-dmesg"
+    grep -qi "qid 0: .*authenticated" "$WORK/auth-dmesg" || fail "the kernel does not report the admin queue authenticated"
+    head -c 1048576 /dev/urandom >"$WORK/s"
+    dd if="$WORK/s" of="/dev/$dev" bs=1M oflag=direct status=none || fail "write through the authenticated controller failed"
+    dd if="/dev/$dev" of="$WORK/s.back" bs=1M count=1 iflag=direct status=none
+    cmp "$WORK/s" "$WORK/s.back" || fail "read back other data"
+    nvme disconnect -n "$SECURE_NQN" | cat
+    wait_until 10 bash -c '! ls /sys/block/nvme*n1 >/dev/null 2>&1' || fail "the namespace is still there"
+}
+# A wrong secret, or none, never shows the namespace.
+check_auth_refused() {
+    if secure_connect --dhchap-secret="$WRONG_KEY"; then
+        fail "nvme connect with a wrong secret succeeded"
+    fi
+    if secure_connect; then
+        fail "nvme connect without a secret succeeded"
+    fi
+    sleep 2
+    if ls /sys/block/nvme*n1 >/dev/null 2>&1; then
+        fail "a namespace appeared without authentication"
+    fi
+    nvme disconnect -n "$SECURE_NQN" >/dev/null 2>&1 || true
 }
 
 diagnostics() {

@@ -28,9 +28,13 @@
 #                                     here /dev/kvm opens but a KVM guest never gets going)
 #              FERROSAN_GUEST_MIRROR  Debian mirror (default http://deb.debian.org/debian)
 #              FERROSAN_GUEST_CACHE   cache directory (default ${XDG_CACHE_HOME:-$HOME/.cache}/ferrosan)
+#              FERROSAN_GUEST_KERNEL  "stable" (default: bookworm's 6.1) or "backports" (the
+#                                     newest bookworm-backports kernel: 6.12, the first Debian
+#                                     kernel with NVMe in-band authentication, CONFIG_NVME_AUTH)
 
 GUEST_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 GUEST_SUITE=bookworm
+GUEST_KERNEL=${FERROSAN_GUEST_KERNEL:-stable}
 # The tests' tools; nvme-cli for the NVMe/TCP tests. mount, procps, kmod, udev: the init and the
 # daemons need them (the "essential" variant has none of them).
 GUEST_PACKAGES=(
@@ -49,14 +53,14 @@ GUEST_PID=""
 # The cache key: everything that decides the image's content.
 guest_hash() {
     {
-        printf '%s\n' "$GUEST_SUITE" "${GUEST_PACKAGES[@]}" "${GUEST_DROP_MODULES[@]}"
+        printf '%s\n' "$GUEST_SUITE" "$GUEST_KERNEL" "${GUEST_PACKAGES[@]}" "${GUEST_DROP_MODULES[@]}"
         cat "$GUEST_LIB_DIR/guest.sh" "$GUEST_LIB_DIR/../guest/init.sh"
     } | sha256sum | cut -c1-16
 }
 
 guest_image() {
     local cache=${FERROSAN_GUEST_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/ferrosan} dir t0
-    dir=$cache/guest-$(guest_hash)
+    dir=$cache/$(guest_prefix)$(guest_hash)
     if [[ -f $dir/ready ]]; then
         GUEST_DIR=$dir
         log "guest image: cached $dir"
@@ -74,12 +78,19 @@ guest_image() {
     # Older images (other hashes) are dead weight: ~550 MiB each.
     local old
     # A *.build.* left by an interrupted build too.
-    for old in "$cache"/guest-*; do
+    for old in "$cache/$(guest_prefix)"*; do
         [[ $old == "$dir" || ! -d $old ]] && continue
+        # The other kernel's images are not stale.
+        [[ $GUEST_KERNEL == stable && $old == "$cache"/guest-bpo-* ]] && continue
         log "guest image: removing the stale $old"
         guest_rm_tree "$old"
     done
     GUEST_DIR=$dir
+}
+
+# The image directory's prefix: each kernel variant keeps its own image.
+guest_prefix() {
+    if [[ $GUEST_KERNEL == backports ]]; then echo guest-bpo-; else echo guest-; fi
 }
 
 # guest_rm_tree DIR: rm -rf, unless something is mounted below DIR: a build killed mid-way can
@@ -109,12 +120,23 @@ guest_build() {
 # guest_build_into TMP: the image's files in TMP (TMP/rootfs is the scratch tree).
 guest_build_into() {
     local tmp=$1 kver m size_mib include rc=0
-    include=$(IFS=,; echo "${GUEST_PACKAGES[*]}")
+    local mirror=${FERROSAN_GUEST_MIRROR:-http://deb.debian.org/debian}
+    local sources=("deb $mirror $GUEST_SUITE main")
+    local packages=("${GUEST_PACKAGES[@]}")
+    case $GUEST_KERNEL in
+        stable) ;;
+        backports)
+            sources+=("deb $mirror $GUEST_SUITE-backports main")
+            packages=("linux-image-amd64/$GUEST_SUITE-backports" "${packages[@]:1}")
+            ;;
+        *) log "FERROSAN_GUEST_KERNEL must be stable or backports, not $GUEST_KERNEL"; return 1 ;;
+    esac
+    include=$(IFS=,; echo "${packages[*]}")
     # "essential" plus the packages: no apt, no docs, man pages or locales in the guest.
     mmdebstrap --variant=essential --mode=root --include="$include" \
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-        "$GUEST_SUITE" "$tmp/rootfs" "${FERROSAN_GUEST_MIRROR:-http://deb.debian.org/debian}" \
+        "$GUEST_SUITE" "$tmp/rootfs" "${sources[@]}" \
         >"$tmp/mmdebstrap.log" 2>&1 || rc=$?
     if ((rc != 0)); then
         log "mmdebstrap failed (exit $rc); its last lines:"

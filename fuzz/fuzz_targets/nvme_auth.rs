@@ -14,7 +14,9 @@ enum Step {
     /// Authentication Send of these bytes.
     Send(Vec<u8>),
     /// Authentication Send of a real host's negotiate (offering the null group or not).
-    Negotiate { null_group: bool },
+    Negotiate {
+        null_group: bool,
+    },
     /// Authentication Send of the wrong-key host's reply to the last challenge.
     Reply,
     Receive,
@@ -53,7 +55,11 @@ fuzz_target!(|steps: Vec<Step>| {
         match step {
             Step::Send(bytes) => c.send(&bytes),
             Step::Negotiate { null_group } => {
-                let groups = if null_group { vec![DhGroup::Null] } else { vec![] };
+                let groups = if null_group {
+                    vec![DhGroup::Null]
+                } else {
+                    vec![]
+                };
                 c.send(&intruder.negotiate(&HashId::ALL, &groups));
             }
             Step::Reply => {

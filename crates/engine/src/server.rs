@@ -14,7 +14,7 @@ use crate::admission::doors::Doors;
 use crate::config::{Config, ConfigSource};
 use crate::dataplane::alarm::Alarm;
 use crate::dataplane::busy_poll;
-use crate::dataplane::connection::{self, NewConnection};
+use crate::dataplane::connection::{self, ListenerKind, NewConnection};
 use crate::shared::Shared;
 use crate::topology::{DeviceContext, OpenError, Topology};
 
@@ -60,6 +60,8 @@ pub struct Server {
     pub bound: Vec<SocketAddr>,
     /// The NVMe/TCP listeners, as bound.
     pub bound_nvme: Vec<SocketAddr>,
+    /// The NVMe/TCP discovery listeners, as bound.
+    pub bound_discovery: Vec<SocketAddr>,
     /// Where `ferrosan ctl` reaches this daemon; None if no control socket could be had.
     pub control_socket: Option<std::path::PathBuf>,
     control_inode: u64,
@@ -75,6 +77,12 @@ impl Server {
         let (mut listeners, bound) = bind_portals(crate::topology::portals::served(config), false)?;
         let (nvme, bound_nvme) = bind_portals(crate::topology::portals::served_nvme(config), true)?;
         listeners.extend(nvme);
+        let discovery = bind_discovery(config)?;
+        let bound_discovery = discovery
+            .iter()
+            .filter_map(|(l, _, _)| l.local_addr().ok())
+            .collect();
+        listeners.extend(discovery);
         let metrics_listener = match config.server.metrics_listen {
             Some(addr) => Some(
                 crate::metrics::bind(addr)
@@ -121,6 +129,7 @@ impl Server {
             shared,
             bound,
             bound_nvme,
+            bound_discovery,
             control_socket,
             control_inode,
         })
@@ -157,8 +166,8 @@ impl Server {
     }
 }
 
-/// A bound listener: its socket, its portal group tag, and whether it is an NVMe/TCP one.
-type Listener = (std::net::TcpListener, u16, bool);
+/// A bound listener: its socket, its portal group tag, and what it serves.
+type Listener = (std::net::TcpListener, u16, ListenerKind);
 
 /// Binds `portals` (iSCSI ones, or NVMe/TCP ones when `nvme`): the listeners with their tags,
 /// and the addresses they are bound at.
@@ -166,6 +175,11 @@ fn bind_portals(
     portals: Vec<(SocketAddr, u16)>,
     nvme: bool,
 ) -> Result<(Vec<Listener>, Vec<SocketAddr>), StartError> {
+    let kind = if nvme {
+        ListenerKind::Nvme
+    } else {
+        ListenerKind::Iscsi
+    };
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
     for (addr, tag) in portals {
@@ -173,9 +187,31 @@ fn bind_portals(
         let socket = bind(addr).map_err(listen)?;
         let local = socket.local_addr().map_err(listen)?;
         bound.push(local);
-        listeners.push((socket, tag, nvme));
+        listeners.push((socket, tag, kind));
     }
     Ok((listeners, bound))
+}
+
+/// The NVMe/TCP discovery listeners: one a configuration names and cannot have stops the
+/// start; a default one (port 8009 beside an NVMe/TCP listener) that cannot be had is logged
+/// and left out (another daemon on this host may hold it).
+fn bind_discovery(config: &Config) -> Result<Vec<Listener>, StartError> {
+    let mut out = Vec::new();
+    for d in crate::topology::portals::served_nvme_discovery(config) {
+        match bind(d.addr) {
+            Ok(socket) => out.push((socket, d.tag, ListenerKind::NvmeDiscovery)),
+            Err(source) if d.explicit => {
+                return Err(StartError::Listen {
+                    addr: d.addr,
+                    source,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(addr = %d.addr, "NVMe/TCP discovery not served on the default discovery port: {e} (set nvme_discovery_listen to choose, or [] for none)")
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The control socket: the configured path (a failure stops the start), else the default one
@@ -364,7 +400,7 @@ fn worker(
         tokio::spawn(sample_busy(Arc::clone(&shared), index));
         while let Some(conn) = rx.recv().await {
             let shared = Arc::clone(&shared);
-            if conn.nvme {
+            if conn.kind != ListenerKind::Iscsi {
                 tokio::spawn(crate::dataplane::nvme::serve(shared, conn));
             } else {
                 tokio::spawn(connection::serve(shared, conn));
@@ -451,7 +487,7 @@ fn acceptor(
                 Arc::clone(&shared.metrics),
             )));
         }
-        for (listener, tag, nvme) in listeners {
+        for (listener, tag, kind) in listeners {
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(l) => l,
                 Err(e) => {
@@ -461,7 +497,7 @@ fn acceptor(
             };
             let accepting = accept(
                 listener,
-                (tag, nvme),
+                (tag, kind),
                 Arc::clone(&shared),
                 Arc::clone(&workers),
             );
@@ -519,7 +555,7 @@ impl Workers {
 /// (refusals logged at most once a second) and goes to a worker.
 async fn accept(
     listener: tokio::net::TcpListener,
-    (tag, nvme): (u16, bool),
+    (tag, kind): (u16, ListenerKind),
     shared: Arc<Shared>,
     workers: Arc<Workers>,
 ) {
@@ -560,7 +596,7 @@ async fn accept(
             peer,
             local,
             portal_group_tag: tag,
-            nvme,
+            kind,
             guard,
             prelogin,
         });

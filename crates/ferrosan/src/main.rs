@@ -370,6 +370,9 @@ fn print_banner(config: &Config, server: &engine::Server) {
     if !server.bound_nvme.is_empty() {
         println!("  NVMe/TCP on {}", join(&server.bound_nvme));
     }
+    if !server.bound_discovery.is_empty() {
+        println!("  NVMe/TCP discovery on {}", join(&server.bound_discovery));
+    }
     if let Some(metrics) = config.server.metrics_listen {
         println!("  metrics  http://{metrics}/metrics");
     }
@@ -403,7 +406,14 @@ fn print_banner(config: &Config, server: &engine::Server) {
                 println!("    nvme+tcp://{nvme}/{nqn}/{}", first + 1);
             }
             let (ip, port) = (nvme.ip(), nvme.port());
-            println!("    nvme discover -t tcp -a {ip} -s {port}");
+            // The discovery port where it is served at this address, else the I/O port's
+            // discovery controller.
+            let discovery = server
+                .bound_discovery
+                .iter()
+                .find(|d| d.ip() == ip)
+                .map_or(port, |d| d.port());
+            println!("    nvme discover -t tcp -a {ip} -s {discovery}");
             println!("    nvme connect -t tcp -a {ip} -s {port} -n {nqn}");
         }
     }

@@ -608,3 +608,43 @@ fn a_new_secret_ends_the_controllers_that_proved_the_old_one() {
     let mut h = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&new)).unwrap();
     assert_eq!(h.read(1, 0, 1, 512).unwrap(), vec![1; 512]);
 }
+
+#[test]
+fn a_discovery_listener_serves_discovery_only() {
+    let (nvme_port, port, discovery_port) = (free_port(), free_port(), free_port());
+    let more = format!("nvme_discovery_listen = [\"127.0.0.1:{discovery_port}\"]\n");
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    );
+    let text = config_text(port, nvme_port, &more, &group);
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    // The discovery controller answers there, and points at the I/O listener, not at itself.
+    let mut q = QueueConn::open(addr(discovery_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(
+        0,
+        31,
+        0xFFFF,
+        nvme::fabrics::DISCOVERY_NQN,
+        HOSTNQN,
+        [2; 16],
+    );
+    q.run_ok(c, data, 0).unwrap();
+    q.run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
+        .unwrap();
+    let page = q
+        .run_ok(
+            host::sqe(0x02, 0, [0x70 | 1023 << 16, 0, 0, 0, 0, 0]),
+            Vec::new(),
+            4096,
+        )
+        .unwrap()
+        .data;
+    assert_eq!(u64::from_le_bytes(page[8..16].try_into().unwrap()), 1);
+    assert!(page[1024 + 32..].starts_with(nvme_port.to_string().as_bytes()));
+    // A subsystem's Connect there is refused; at the I/O listener it is served.
+    assert_eq!(
+        connect_status(discovery_port, NQN, HOSTNQN),
+        Status::CONNECT_INVALID_PARAMETERS
+    );
+    NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+}

@@ -306,6 +306,7 @@ fn quick_export(
             tag: 1,
             listen,
             nvme_listen: nvme_listen.clone(),
+            nvme_discovery_listen: None,
             alua_state: scsi::AccessState::ActiveOptimized,
             gateway: None,
             peer_address: None,

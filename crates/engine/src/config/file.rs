@@ -71,6 +71,7 @@ struct RawPortalGroup {
     tag: Option<S<i64>>,
     listen: Option<S<Vec<S<String>>>>,
     nvme_listen: Option<S<Vec<S<String>>>>,
+    nvme_discovery_listen: Option<S<Vec<S<String>>>>,
     alua_state: Option<S<String>>,
     gateway: Option<S<String>>,
     peer_address: Option<S<String>>,
@@ -486,6 +487,7 @@ fn resolve_portal_groups(
         }
         let listen = portal_listen(cx, &ctx, rg, &table, &mut seen);
         let nvme_listen = nvme_listen(cx, &ctx, rg, &mut seen);
+        let nvme_discovery_listen = nvme_discovery_listen(cx, &ctx, rg, &mut seen);
         let alua_state = portal_alua_state(cx, &ctx, rg);
         let gateway = match &rg.gateway {
             None => None,
@@ -518,6 +520,7 @@ fn resolve_portal_groups(
                 tag,
                 listen,
                 nvme_listen,
+                nvme_discovery_listen,
                 alua_state,
                 gateway,
                 peer_address,
@@ -614,6 +617,40 @@ fn nvme_listen(
         listen.push(addr);
     }
     listen
+}
+
+/// A portal group's NVMe/TCP discovery listen addresses, if given (port 8009 by default),
+/// overlapping no other listener of any kind.
+fn nvme_discovery_listen(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rg: &RawPortalGroup,
+    seen: &mut Vec<(SocketAddr, String)>,
+) -> Option<Vec<SocketAddr>> {
+    let l = rg.nvme_discovery_listen.as_ref()?;
+    let mut listen = Vec::new();
+    for (j, a) in l.get_ref().iter().enumerate() {
+        let field = format!("{ctx}: nvme_discovery_listen[{j}]");
+        let addr = match super::names::parse_nvme_discovery_listen(a.get_ref()) {
+            Err(m) => {
+                cx.err(a.span(), field, m);
+                continue;
+            }
+            Ok(addr) => addr,
+        };
+        match seen.iter().find(|(o, _)| portals_overlap(*o, addr)) {
+            Some((other, where_)) => {
+                cx.err(
+                    a.span(),
+                    field,
+                    format!("{addr} overlaps {other} ({where_})"),
+                );
+            }
+            None => seen.push((addr, field)),
+        }
+        listen.push(addr);
+    }
+    Some(listen)
 }
 
 /// The ALUA state an operator can give a portal group (`alua_state`, `ctl portal-group alua`),
@@ -1140,6 +1177,10 @@ fn portal_group_toml(out: &mut String, pg: &PortalGroup) {
     if !pg.nvme_listen.is_empty() {
         let nvme: Vec<String> = pg.nvme_listen.iter().map(|a| q(&a.to_string())).collect();
         let _ = writeln!(out, "nvme_listen = [{}]", nvme.join(", "));
+    }
+    if let Some(list) = &pg.nvme_discovery_listen {
+        let d: Vec<String> = list.iter().map(|a| q(&a.to_string())).collect();
+        let _ = writeln!(out, "nvme_discovery_listen = [{}]", d.join(", "));
     }
     if let Some(gateway) = &pg.gateway {
         let _ = writeln!(out, "gateway = {}", q(gateway));

@@ -26,8 +26,9 @@ pub use file::configured_alua_state;
 pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
 pub use iscsi::name::IscsiName;
 pub use names::{
-    check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_nvme_listen, parse_size,
-    portals_overlap, ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT, NVME_PORT_DEFAULT,
+    check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_nvme_discovery_listen,
+    parse_nvme_listen, parse_size, portals_overlap, ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
+    NVME_DISCOVERY_PORT, NVME_PORT_DEFAULT,
 };
 pub use source::{ConfigSource, LoadError, Unsaved};
 pub use store_kind::StoreKind;
@@ -331,6 +332,9 @@ pub struct PortalGroup {
     /// that have an `nqn` are served there as NVMe subsystems, with the same ALUA state as
     /// their ANA state.
     pub nvme_listen: Vec<SocketAddr>,
+    /// NVMe/TCP discovery listeners (only the discovery controller is served there). `None`:
+    /// port 8009 at each `nvme_listen` address not otherwise taken; empty: none.
+    pub nvme_discovery_listen: Option<Vec<SocketAddr>>,
     /// ALUA state of the target port group this portal group forms (in every target it serves).
     pub alua_state: scsi::AccessState,
     /// The gateway that serves it (None: this daemon, whichever gateway it is).

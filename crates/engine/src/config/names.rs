@@ -11,6 +11,8 @@ use super::Invalid;
 pub const ISCSI_PORT_DEFAULT: u16 = 3260;
 /// The NVMe/TCP port (IANA `nvme-tcp`, 4420); discovery controllers answer on it too.
 pub const NVME_PORT_DEFAULT: u16 = 4420;
+/// The NVMe/TCP discovery port (NVMe/TCP transport specification: 8009).
+pub const NVME_DISCOVERY_PORT: u16 = 8009;
 
 /// Whether `s` is an iSCSI name as a config must write it (see [`check_iscsi_name`]).
 pub fn is_valid_iscsi_name(s: &str) -> bool {
@@ -79,6 +81,11 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, Invalid> {
 /// An NVMe/TCP listen address: as [`parse_listen`], the port 4420 when none is given.
 pub fn parse_nvme_listen(s: &str) -> Result<SocketAddr, Invalid> {
     parse_listen_on(s, NVME_PORT_DEFAULT)
+}
+
+/// An NVMe/TCP discovery listen address: the port 8009 when none is given.
+pub fn parse_nvme_discovery_listen(s: &str) -> Result<SocketAddr, Invalid> {
+    parse_listen_on(s, NVME_DISCOVERY_PORT)
 }
 
 fn parse_listen_on(s: &str, default_port: u16) -> Result<SocketAddr, Invalid> {

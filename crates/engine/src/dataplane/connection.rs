@@ -35,13 +35,22 @@ use crate::shared::Shared;
 use crate::topology::Topology;
 
 /// A connection the acceptor admitted and gave to this worker.
+/// What a listener serves: iSCSI, NVMe/TCP, or only NVMe/TCP discovery (the well-known
+/// discovery port, 8009).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListenerKind {
+    Iscsi,
+    Nvme,
+    NvmeDiscovery,
+}
+
 pub struct NewConnection {
     pub stream: std::net::TcpStream,
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub portal_group_tag: u16,
-    /// Came in on an NVMe/TCP listener.
-    pub nvme: bool,
+    /// What the listener it came in on serves.
+    pub kind: ListenerKind,
     pub guard: ConnectionGuard,
     /// Its place among the connections still logging in, given up once it logged in.
     pub prelogin: crate::admission::prelogin::Ticket,

@@ -30,6 +30,60 @@ pub fn served_nvme(config: &Config) -> Vec<(SocketAddr, u16)> {
         .collect()
 }
 
+/// An NVMe/TCP discovery listener: where, for which portal group, and whether the config
+/// named it (else it is the default beside an NVMe/TCP listener).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiscoveryListener {
+    pub addr: SocketAddr,
+    pub tag: u16,
+    pub explicit: bool,
+}
+
+/// The NVMe/TCP discovery listeners of this daemon's portal groups: each group's
+/// `nvme_discovery_listen`, or by default the discovery port (8009) at each address of its
+/// `nvme_listen`, unless another listener already holds or overlaps that address.
+pub fn served_nvme_discovery(config: &Config) -> Vec<DiscoveryListener> {
+    let me = config.server.gateway.as_deref();
+    let groups: Vec<_> = config
+        .portal_groups
+        .iter()
+        .filter(|p| p.served_by(me))
+        .collect();
+    let mut taken: Vec<SocketAddr> = groups
+        .iter()
+        .flat_map(|p| p.listen.iter().chain(&p.nvme_listen).copied())
+        .collect();
+    let mut out = Vec::new();
+    for p in &groups {
+        let (addrs, explicit) = match &p.nvme_discovery_listen {
+            Some(list) => (list.clone(), true),
+            None => (
+                p.nvme_listen
+                    .iter()
+                    .map(|a| SocketAddr::new(a.ip(), crate::config::NVME_DISCOVERY_PORT))
+                    .collect(),
+                false,
+            ),
+        };
+        for addr in addrs {
+            if !explicit
+                && taken
+                    .iter()
+                    .any(|t| crate::config::portals_overlap(*t, addr))
+            {
+                continue;
+            }
+            taken.push(addr);
+            out.push(DiscoveryListener {
+                addr,
+                tag: p.tag,
+                explicit,
+            });
+        }
+    }
+    out
+}
+
 /// The host's addresses an initiator may reach: interfaces that are up, neither loopback nor
 /// link-local (those need a scope an initiator elsewhere does not have). Empty if the host
 /// cannot say (then only the address the initiator came in on is reported).

@@ -45,6 +45,8 @@ pub(super) struct Arrival {
     pub(super) peer: SocketAddr,
     pub(super) local: SocketAddr,
     pub(super) portal_group_tag: u16,
+    /// Came in on a discovery listener: only the discovery subsystem is served there.
+    pub(super) discovery_only: bool,
 }
 
 /// A controller's limits, from the daemon's.
@@ -66,6 +68,10 @@ pub(super) fn admin(
 ) -> Result<(Arc<ControllerEntry>, Option<Keys>), Refused> {
     let host = IscsiName::from_wire(&connect.hostnqn).map_err(|_| invalid(true, 512))?;
     let discovery = connect.subnqn == DISCOVERY_NQN;
+    if at.discovery_only && !discovery {
+        tracing::warn!(peer = %at.peer, host = %host, subsystem = %connect.subnqn, "NVMe Connect refused: a discovery listener serves only the discovery subsystem");
+        return Err(invalid(true, 256));
+    }
     let topology = shared.topology();
     let (subsystem, admitted, keys) = if discovery {
         let required = topology.config.discovery.resolved();
@@ -231,6 +237,10 @@ pub(super) fn io(
     connect: &Connect,
     at: &Arrival,
 ) -> Result<(Arc<ControllerEntry>, Option<Keys>), Refused> {
+    if at.discovery_only {
+        // A discovery controller has no I/O queues, and no other subsystem is served here.
+        return Err(invalid(true, 256));
+    }
     let entry = shared
         .nvme
         .get(connect.cntlid)

@@ -62,6 +62,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         portal_group_tag,
         guard,
         prelogin,
+        kind,
         ..
     } = conn;
     let _guard = guard;
@@ -78,6 +79,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
             peer,
             local,
             portal_group_tag,
+            discovery_only: kind == super::connection::ListenerKind::NvmeDiscovery,
         },
         rbuf: vec![0; 64 * 1024],
         start: 0,

@@ -79,13 +79,15 @@ T_IMAGE=$(($(date +%s) - T0))
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferrosan-kernel-nvme.XXXXXX")
 mkdir -m 0700 "$WORK/run" "$WORK/state"
 mkdir -p "$WORK/share/acks"
-# Four distinct free ports: each group's iSCSI portal and NVMe/TCP listener.
+# Five distinct free ports: each group's iSCSI portal and NVMe/TCP listener, and group 1's
+# discovery listener (not 8009: another daemon on this host may hold it).
 PORTS=()
-while ((${#PORTS[@]} < 4)); do
+while ((${#PORTS[@]} < 5)); do
     p=$(free_port)
     [[ " ${PORTS[*]} " == *" $p "* ]] || PORTS+=("$p")
 done
 ISCSI_PORT=${PORTS[0]} ISCSI_PORT2=${PORTS[1]} PORT_OPT=${PORTS[2]} PORT_NONOPT=${PORTS[3]}
+PORT_DISC=${PORTS[4]}
 
 # DH-HMAC-CHAP secrets in their standard form (as `nvme gen-dhchap-key` writes them): the
 # host's with the SHA-256 transform, the controller's without; and one nobody holds.
@@ -108,6 +110,7 @@ control_socket = "$WORK/run/control.sock"
 tag = 1
 listen = ["127.0.0.1:$ISCSI_PORT"]
 nvme_listen = ["127.0.0.1:$PORT_OPT"]
+nvme_discovery_listen = ["127.0.0.1:$PORT_DISC"]
 
 [[portal_group]]
 tag = 2
@@ -163,6 +166,7 @@ TARGET_IQN=$IQN
 HOST_ADDR=10.0.2.2
 PORT_OPT=$PORT_OPT
 PORT_NONOPT=$PORT_NONOPT
+PORT_DISC=$PORT_DISC
 ISCSI_PORT=$ISCSI_PORT
 HOSTNQN=$HOSTNQN
 HOSTID=$HOSTID

@@ -15,16 +15,16 @@
 #
 # /host/params sets NQN, TARGET_IQN, HOST_ADDR, PORT_OPT and PORT_NONOPT (the NVMe/TCP
 # listeners of portal groups 1, active/optimized, and 2, active/non-optimized), ISCSI_PORT
-# (portal group 1's iSCSI portal), HOSTNQN, HOSTID, INIT (the guest's iSCSI name), EUI64 (the
-# device's NAA as nvme-cli prints an EUI-64), BLOCKS (its size in 512-byte blocks), and for
-# the authenticated subsystem SECURE_NQN the host's and controller's DH-HMAC-CHAP secrets
-# HOST_KEY and CTRL_KEY, and WRONG_KEY, which ferrosan does not hold; AUTH_CHECKS=1 runs
-# the authentication checks.
+# (portal group 1's iSCSI portal), PORT_DISC (its NVMe/TCP discovery listener), HOSTNQN,
+# HOSTID, INIT (the guest's iSCSI name), EUI64 (the device's NAA as nvme-cli prints an
+# EUI-64), BLOCKS (its size in 512-byte blocks), and for the authenticated subsystem
+# SECURE_NQN the host's and controller's DH-HMAC-CHAP secrets HOST_KEY and CTRL_KEY, and
+# WRONG_KEY, which ferrosan does not hold; AUTH_CHECKS=1 runs the authentication checks.
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
 source /host/params
-: "${NQN:?}" "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${ISCSI_PORT:?}"
+: "${NQN:?}" "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${ISCSI_PORT:?}" "${PORT_DISC:?}"
 : "${HOSTNQN:?}" "${HOSTID:?}" "${INIT:?}" "${EUI64:?}" "${BLOCKS:?}"
 : "${SECURE_NQN:?}" "${HOST_KEY:?}" "${CTRL_KEY:?}" "${WRONG_KEY:?}" "${AUTH_CHECKS:?}"
 REPORT=${REPORT:-/dev/ttyS1}
@@ -184,6 +184,11 @@ check_discover() {
     grep -q "subnqn: *$NQN" "$WORK/discover" || fail "discovery does not list $NQN"
     grep -q "trsvcid: *$PORT_OPT" "$WORK/discover" || fail "discovery does not list port $PORT_OPT"
     grep -q "trsvcid: *$PORT_NONOPT" "$WORK/discover" || fail "discovery does not list port $PORT_NONOPT"
+    # The discovery listener answers the same, and lists no entry for itself.
+    nvme discover -t tcp -a "$HOST_ADDR" -s "$PORT_DISC" -q "$HOSTNQN" | tee "$WORK/discover2"
+    diff <(grep -E "subnqn|trsvcid" "$WORK/discover") <(grep -E "subnqn|trsvcid" "$WORK/discover2") \
+        || fail "the discovery listener answers another log than the I/O listener's"
+    if grep -q "trsvcid: *$PORT_DISC" "$WORK/discover2"; then fail "discovery lists the discovery listener"; fi
 }
 
 check_connect() {

@@ -258,7 +258,19 @@ fn connect_status(port: u16, subnqn: &str, hostnqn: &str) -> Status {
 #[test]
 fn discovery_lists_the_subsystems_a_host_may_reach() {
     let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
-    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let page = discovery_log(nvme_port);
+    let records = u64::from_le_bytes(page[8..16].try_into().unwrap());
+    assert_eq!(records, 1);
+    let entry = &page[1024..2048];
+    assert_eq!(entry[0], 3, "TCP");
+    assert!(entry[256..].starts_with(NQN.as_bytes()));
+    assert!(entry[512..].starts_with(b"127.0.0.1"));
+    assert!(entry[32..].starts_with(nvme_port.to_string().as_bytes()));
+}
+
+/// The discovery log page (4 KiB) a discovery controller at `port` gives HOSTNQN.
+fn discovery_log(port: u16) -> Vec<u8> {
+    let mut q = QueueConn::open(addr(port), (false, false)).unwrap();
     let (c, data) = host::connect_command(
         0,
         31,
@@ -271,21 +283,13 @@ fn discovery_lists_the_subsystems_a_host_may_reach() {
     q.run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
         .unwrap();
     // Get Log Page 70h, 4 KiB.
-    let page = q
-        .run_ok(
-            host::sqe(0x02, 0, [0x70 | 1023 << 16, 0, 0, 0, 0, 0]),
-            Vec::new(),
-            4096,
-        )
-        .unwrap()
-        .data;
-    let records = u64::from_le_bytes(page[8..16].try_into().unwrap());
-    assert_eq!(records, 1);
-    let entry = &page[1024..2048];
-    assert_eq!(entry[0], 3, "TCP");
-    assert!(entry[256..].starts_with(NQN.as_bytes()));
-    assert!(entry[512..].starts_with(b"127.0.0.1"));
-    assert!(entry[32..].starts_with(nvme_port.to_string().as_bytes()));
+    q.run_ok(
+        host::sqe(0x02, 0, [0x70 | 1023 << 16, 0, 0, 0, 0, 0]),
+        Vec::new(),
+        4096,
+    )
+    .unwrap()
+    .data
 }
 
 #[test]
@@ -619,26 +623,7 @@ fn a_discovery_listener_serves_discovery_only() {
     let text = config_text(port, nvme_port, &more, &group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     // The discovery controller answers there, and points at the I/O listener, not at itself.
-    let mut q = QueueConn::open(addr(discovery_port), (false, false)).unwrap();
-    let (c, data) = host::connect_command(
-        0,
-        31,
-        0xFFFF,
-        nvme::fabrics::DISCOVERY_NQN,
-        HOSTNQN,
-        [2; 16],
-    );
-    q.run_ok(c, data, 0).unwrap();
-    q.run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
-        .unwrap();
-    let page = q
-        .run_ok(
-            host::sqe(0x02, 0, [0x70 | 1023 << 16, 0, 0, 0, 0, 0]),
-            Vec::new(),
-            4096,
-        )
-        .unwrap()
-        .data;
+    let page = discovery_log(discovery_port);
     assert_eq!(u64::from_le_bytes(page[8..16].try_into().unwrap()), 1);
     assert!(page[1024 + 32..].starts_with(nvme_port.to_string().as_bytes()));
     // A subsystem's Connect there is refused; at the I/O listener it is served.
@@ -647,4 +632,29 @@ fn a_discovery_listener_serves_discovery_only() {
         Status::CONNECT_INVALID_PARAMETERS
     );
     NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+}
+
+#[test]
+fn exchanges_a_host_never_finishes_count_as_failed_logins() {
+    let (nvme_port, port) = (free_port(), free_port());
+    let text = format!(
+        "{}\n[limits]\nlogin_failures_max = 2\n",
+        config_text(port, nvme_port, "", &authenticated_group(1))
+    );
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    for _ in 0..2 {
+        // Connected (ATR set), then gone without authenticating.
+        let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+        let (c, data) = host::connect_command(0, 31, 0xFFFF, NQN, HOSTNQN, [1; 16]);
+        assert_ne!(q.run_ok(c, data, 0).unwrap().cqe.dw0 & 1 << 17, 0);
+    }
+    // The closes are seen as the daemon notices them: the source is refused soon after.
+    let started = Instant::now();
+    while connect_status(nvme_port, NQN, HOSTNQN) != Status::CONNECT_CONTROLLER_BUSY {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "abandoned exchanges are not counted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

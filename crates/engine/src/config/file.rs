@@ -591,13 +591,44 @@ fn nvme_listen(
     rg: &RawPortalGroup,
     seen: &mut Vec<(SocketAddr, String)>,
 ) -> Vec<SocketAddr> {
-    let mut listen = Vec::new();
     let Some(l) = &rg.nvme_listen else {
-        return listen;
+        return Vec::new();
     };
-    for (j, a) in l.get_ref().iter().enumerate() {
-        let field = format!("{ctx}: nvme_listen[{j}]");
-        let addr = match super::names::parse_nvme_listen(a.get_ref()) {
+    let field = format!("{ctx}: nvme_listen");
+    listeners(cx, &field, l, seen, super::names::parse_nvme_listen)
+}
+
+/// A portal group's NVMe/TCP discovery listen addresses, if given (port 8009 by default),
+/// overlapping no other listener of any kind.
+fn nvme_discovery_listen(
+    cx: &mut Cx<'_>,
+    ctx: &str,
+    rg: &RawPortalGroup,
+    seen: &mut Vec<(SocketAddr, String)>,
+) -> Option<Vec<SocketAddr>> {
+    let l = rg.nvme_discovery_listen.as_ref()?;
+    let field = format!("{ctx}: nvme_discovery_listen");
+    Some(listeners(
+        cx,
+        &field,
+        l,
+        seen,
+        super::names::parse_nvme_discovery_listen,
+    ))
+}
+
+/// A list of listen addresses, each parsed by `parse` and none overlapping one already `seen`.
+fn listeners(
+    cx: &mut Cx<'_>,
+    field: &str,
+    list: &S<Vec<S<String>>>,
+    seen: &mut Vec<(SocketAddr, String)>,
+    parse: fn(&str) -> Result<SocketAddr, super::Invalid>,
+) -> Vec<SocketAddr> {
+    let mut listen = Vec::new();
+    for (j, a) in list.get_ref().iter().enumerate() {
+        let field = format!("{field}[{j}]");
+        let addr = match parse(a.get_ref()) {
             Err(m) => {
                 cx.err(a.span(), field, m);
                 continue;
@@ -617,40 +648,6 @@ fn nvme_listen(
         listen.push(addr);
     }
     listen
-}
-
-/// A portal group's NVMe/TCP discovery listen addresses, if given (port 8009 by default),
-/// overlapping no other listener of any kind.
-fn nvme_discovery_listen(
-    cx: &mut Cx<'_>,
-    ctx: &str,
-    rg: &RawPortalGroup,
-    seen: &mut Vec<(SocketAddr, String)>,
-) -> Option<Vec<SocketAddr>> {
-    let l = rg.nvme_discovery_listen.as_ref()?;
-    let mut listen = Vec::new();
-    for (j, a) in l.get_ref().iter().enumerate() {
-        let field = format!("{ctx}: nvme_discovery_listen[{j}]");
-        let addr = match super::names::parse_nvme_discovery_listen(a.get_ref()) {
-            Err(m) => {
-                cx.err(a.span(), field, m);
-                continue;
-            }
-            Ok(addr) => addr,
-        };
-        match seen.iter().find(|(o, _)| portals_overlap(*o, addr)) {
-            Some((other, where_)) => {
-                cx.err(
-                    a.span(),
-                    field,
-                    format!("{addr} overlaps {other} ({where_})"),
-                );
-            }
-            None => seen.push((addr, field)),
-        }
-        listen.push(addr);
-    }
-    Some(listen)
 }
 
 /// The ALUA state an operator can give a portal group (`alua_state`, `ctl portal-group alua`),

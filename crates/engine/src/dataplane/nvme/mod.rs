@@ -702,6 +702,19 @@ impl Driver {
         result: &Result<(), Closed>,
     ) {
         let entry = role.entry();
+        if self
+            .auth
+            .as_ref()
+            .is_some_and(|a| !a.authenticated() && a.failed().is_none())
+        {
+            // Closed before it authenticated (a failure was counted when it failed): counted
+            // toward the source's failed logins too, so no host can make the controller run
+            // exchanges it never finishes, over and over.
+            shared.metrics.nvme_auth("abandoned");
+            shared
+                .doors
+                .record_login_failure(self.at.peer.ip(), Instant::now());
+        }
         let reason = match (result, backend.close_reason) {
             (_, Some(r)) => r.to_string(),
             (Err(e), None) => e.to_string(),

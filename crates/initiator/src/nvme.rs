@@ -50,8 +50,10 @@ pub struct QueueConn {
     end: usize,
     out: Vec<u8>,
     next_cid: u16,
-    /// Completions received and not yet taken.
-    done: Vec<Done>,
+    /// Completions received and not yet taken, oldest first.
+    done: std::collections::VecDeque<Done>,
+    /// What one receive completed (moved to `done`).
+    fresh: Vec<Done>,
 }
 
 impl QueueConn {
@@ -73,7 +75,8 @@ impl QueueConn {
             end: 0,
             out: Vec::new(),
             next_cid: 0,
-            done: Vec::new(),
+            done: std::collections::VecDeque::new(),
+            fresh: Vec::new(),
         };
         q.queue.icreq(digests, &mut q.out);
         q.flush()?;
@@ -102,10 +105,11 @@ impl QueueConn {
         self.end += n;
         let used = self
             .queue
-            .receive(&self.rbuf[..self.end], &mut self.out, &mut self.done)
+            .receive(&self.rbuf[..self.end], &mut self.out, &mut self.fresh)
             .map_err(NvmeError::Transport)?;
         self.rbuf.copy_within(used..self.end, 0);
         self.end -= used;
+        self.done.extend(self.fresh.drain(..));
         self.flush()
     }
 
@@ -131,13 +135,17 @@ impl QueueConn {
         self.queue.submit(sqe, data_out, data_in_len, &mut self.out);
     }
 
-    /// The next completion (of any command), after sending what is queued.
+    /// The next completion (of any command). What is queued is sent before waiting for one
+    /// (not before taking one already received: a pipelined caller's commands then leave in
+    /// batches, one write for many, as a kernel host's do).
     pub fn next_done(&mut self) -> Result<Done, NvmeError> {
-        self.flush()?;
         while self.done.is_empty() {
+            self.flush()?;
             self.pump()?;
         }
-        Ok(self.done.remove(0))
+        self.done
+            .pop_front()
+            .ok_or(NvmeError::Io(std::io::ErrorKind::UnexpectedEof.into()))
     }
 
     /// Commands sent and not yet taken.
@@ -155,7 +163,9 @@ impl QueueConn {
         let cid = self.submit(sqe, data_out, data_in_len)?;
         loop {
             if let Some(i) = self.done.iter().position(|d| d.cqe.cid == cid) {
-                return Ok(self.done.remove(i));
+                if let Some(done) = self.done.remove(i) {
+                    return Ok(done);
+                }
             }
             self.pump()?;
         }

@@ -5,7 +5,7 @@
 
 use crate::pdu::{self, Accept, Fatal, PduType, Refusal, Transfer, CH_LEN};
 use crate::queue::capsule;
-use crate::sqe::{Cqe, Sqe, CQE_LEN};
+use crate::sqe::{Cqe, Sqe, Status, CQE_LEN};
 
 /// A command the controller answered: its completion and the data it returned.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,6 +20,9 @@ struct Outstanding {
     data_out: Vec<u8>,
     data_in: Vec<u8>,
     data_in_len: usize,
+    /// A C2HData PDU's data digest failed: the command completes with Data Transfer Error
+    /// (as Linux's host does).
+    digest_failed: bool,
 }
 
 /// The host side of a queue.
@@ -99,6 +102,7 @@ impl HostQueue {
             data_out: if in_capsule { Vec::new() } else { data_out },
             data_in: Vec::new(),
             data_in_len: data_in_len as usize,
+            digest_failed: false,
         });
     }
 
@@ -137,7 +141,26 @@ impl HostQueue {
             field,
         };
         let header = &whole[..frame.hlen];
+        if frame.header_digest {
+            let at = frame.hlen;
+            let d: [u8; pdu::DIGEST_LEN] = whole[at..at + pdu::DIGEST_LEN]
+                .try_into()
+                .unwrap_or([0; pdu::DIGEST_LEN]);
+            if !pdu::header_digest_ok(header, &d) {
+                return Err(Refusal {
+                    status: Fatal::HeaderDigestError,
+                    field: 0,
+                });
+            }
+        }
         let data = &whole[frame.data_offset..frame.data_offset + frame.data_len];
+        let data_ok = !frame.data_digest || {
+            let at = frame.data_offset + frame.data_len;
+            let d: [u8; pdu::DIGEST_LEN] = whole[at..at + pdu::DIGEST_LEN]
+                .try_into()
+                .unwrap_or([0; pdu::DIGEST_LEN]);
+            pdu::digest(data) == u32::from_le_bytes(d)
+        };
         match frame.pdu_type {
             PduType::ICResp => {
                 let resp = pdu::ICResp::parse(header)?;
@@ -162,6 +185,7 @@ impl HostQueue {
                     });
                 }
                 o.data_in.extend_from_slice(data);
+                o.digest_failed |= !data_ok;
             }
             PduType::R2T => {
                 let t = Transfer::parse(header).ok_or(bad(8))?;
@@ -178,6 +202,14 @@ impl HostQueue {
                     .position(|o| o.cid == cqe.cid)
                     .ok_or(bad(12))?;
                 let o = self.outstanding.swap_remove(i);
+                let cqe = if o.digest_failed {
+                    Cqe {
+                        status: Status::DATA_TRANSFER_ERROR,
+                        ..cqe
+                    }
+                } else {
+                    cqe
+                };
                 done.push(Done {
                     cqe,
                     data: o.data_in,

@@ -433,31 +433,60 @@ impl Queue {
     /// Answers command `cqe.cid`: `data` (at most what it may move to the host) in C2HData,
     /// then the response capsule. A command that is not open is answered too (a refused one).
     pub fn answer(&mut self, cqe: &Cqe, data: &[u8], out: &mut Vec<u8>) {
+        self.answer_parts(cqe, &[data], out);
+    }
+
+    /// As [`Queue::answer`], the data given in parts (a read's pieces of store memory, sent
+    /// without first being gathered into one buffer).
+    pub fn answer_parts(&mut self, cqe: &Cqe, parts: &[&[u8]], out: &mut Vec<u8>) {
         if let Some(i) = self.open.iter().position(|&c| c == cqe.cid) {
             self.open.swap_remove(i);
         }
         let (hdgst, ddgst) = self.digests();
-        if !data.is_empty() {
-            let mut offset = 0usize;
-            for chunk in data.chunks(C2H_DATA_MAX) {
-                let last = offset + chunk.len() == data.len();
-                Transfer {
-                    cccid: cqe.cid,
-                    ttag: 0,
-                    offset: offset as u32,
-                    len: chunk.len() as u32,
-                }
-                .encode_c2h_header(
-                    if last { flags::LAST_PDU } else { 0 },
-                    (hdgst, ddgst),
-                    out,
-                );
-                out.extend_from_slice(chunk);
-                if ddgst {
-                    out.extend_from_slice(&pdu::digest(chunk).to_le_bytes());
-                }
-                offset += chunk.len();
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut pieces = parts.iter().copied().filter(|p| !p.is_empty());
+        let mut current: &[u8] = &[];
+        let mut offset = 0usize;
+        while offset < total {
+            let len = (total - offset).min(C2H_DATA_MAX);
+            Transfer {
+                cccid: cqe.cid,
+                ttag: 0,
+                offset: offset as u32,
+                len: len as u32,
             }
+            .encode_c2h_header(
+                if offset + len == total {
+                    flags::LAST_PDU
+                } else {
+                    0
+                },
+                (hdgst, ddgst),
+                out,
+            );
+            // This PDU's `len` bytes, from as many parts as they span.
+            let mut crc = 0u32;
+            let mut left = len;
+            while left > 0 {
+                if current.is_empty() {
+                    current = pieces.next().unwrap_or_default();
+                    debug_assert!(!current.is_empty(), "parts shorter than their sum");
+                    if current.is_empty() {
+                        break;
+                    }
+                }
+                let take = left.min(current.len());
+                out.extend_from_slice(&current[..take]);
+                if ddgst {
+                    crc = crc32c::crc32c_append(crc, &current[..take]);
+                }
+                current = &current[take..];
+                left -= take;
+            }
+            if ddgst {
+                out.extend_from_slice(&crc.to_le_bytes());
+            }
+            offset += len;
         }
         cqe.encode_capsule(hdgst, out);
     }

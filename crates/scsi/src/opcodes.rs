@@ -410,10 +410,25 @@ impl Offered {
     }
 }
 
+/// The entries of `opcode` in [`OPS`], in table order: looked up per command, so indexed once
+/// instead of scanning the table (a whole-table scan was 4-5 % of a 4 KiB read's CPU).
+fn of_opcode(opcode: u8) -> &'static [&'static OpInfo] {
+    static INDEX: std::sync::OnceLock<Vec<Vec<&'static OpInfo>>> = std::sync::OnceLock::new();
+    let index = INDEX.get_or_init(|| {
+        let mut index = vec![Vec::new(); 256];
+        for o in OPS {
+            index[usize::from(o.opcode)].push(o);
+        }
+        index
+    });
+    &index[usize::from(opcode)]
+}
+
 /// Whether `opcode` uses service actions at all (SERVACTV).
 pub fn has_service_actions(opcode: u8, offered: Offered) -> bool {
-    OPS.iter()
-        .any(|o| o.opcode == opcode && o.service_action.is_some() && offered.shows(o))
+    of_opcode(opcode)
+        .iter()
+        .any(|o| o.service_action.is_some() && offered.shows(o))
 }
 
 /// Finds the implemented command for a CDB, or the sense to answer with.
@@ -424,14 +439,16 @@ pub fn lookup(cdb: Cdb<'_>, offered: Offered) -> Result<&'static OpInfo, Sense> 
     } else {
         None
     };
-    let found = OPS
+    let entries = of_opcode(opcode);
+    let found = entries
         .iter()
-        .find(|o| o.opcode == opcode && o.service_action == sa && offered.shows(o));
+        .copied()
+        .find(|o| o.service_action == sa && offered.shows(o));
     match found {
         Some(o) => Ok(o),
         // A known opcode with an unknown service action is an invalid field, not an invalid
         // opcode (an opcode none of whose service actions this LU offers is unknown).
-        None if sa.is_some() && OPS.iter().any(|o| o.opcode == opcode && offered.shows(o)) => {
+        None if sa.is_some() && entries.iter().any(|o| offered.shows(o)) => {
             Err(Sense::invalid_field_in_cdb(1, Some(4)))
         }
         None => Err(Sense::invalid_opcode()),

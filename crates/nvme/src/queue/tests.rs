@@ -456,3 +456,83 @@ fn a_corrupt_header_digest_ends_the_connection() {
     let t = feed(&mut q, &cap);
     assert_eq!(t.used, Err(Fatal::HeaderDigestError));
 }
+
+#[test]
+fn an_answer_in_parts_reaches_the_host_whole_across_pdus_and_digests() {
+    use crate::host::HostQueue;
+    for digests in [(false, false), (true, true)] {
+        let mut q = Queue::new(QueueLimits {
+            transfer_max: 2 << 20,
+            ..LIMITS
+        });
+        let mut host = HostQueue::new();
+        let (mut to_ctrl, mut to_host) = (Vec::new(), Vec::new());
+        host.icreq(digests, &mut to_ctrl);
+        feed_into(&mut q, &to_ctrl, &mut to_host);
+        let mut done = Vec::new();
+        host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+        assert!(host.initialized());
+        // Parts that straddle the 1 MiB C2HData bound, with an empty one among them.
+        let parts: Vec<Vec<u8>> = vec![vec![1; 600 << 10], vec![], vec![2; 700 << 10], vec![3; 10]];
+        let total: usize = parts.iter().map(Vec::len).sum();
+        to_ctrl.clear();
+        host.submit(
+            sqe(READ, 5, DataPointer::Transport { len: total as u32 }),
+            Vec::new(),
+            total as u32,
+            &mut to_ctrl,
+        );
+        to_host.clear();
+        let ready = feed_into(&mut q, &to_ctrl, &mut to_host);
+        assert_eq!(ready.len(), 1);
+        let cqe = Cqe {
+            dw0: 0,
+            dw1: 0,
+            sqhd: 0,
+            sqid: 1,
+            cid: 5,
+            status: Status::SUCCESS,
+        };
+        let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        q.answer_parts(&cqe, &slices, &mut to_host);
+        let used = host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+        assert_eq!(used, to_host.len());
+        assert_eq!(done.len(), 1, "{digests:?}");
+        // The host checks every digest: a wrong one would be Data Transfer Error.
+        assert_eq!(done[0].cqe.status, Status::SUCCESS, "{digests:?}");
+        assert_eq!(done[0].data, parts.concat(), "{digests:?}");
+        // Two C2HData PDUs (the 1 MiB bound) and the response.
+        let pdus = std::iter::successors(Some(0usize), |&at| {
+            let plen = u32::from_le_bytes(to_host[at + 4..at + 8].try_into().unwrap());
+            Some(at + plen as usize).filter(|&n| n < to_host.len())
+        })
+        .count();
+        assert_eq!(pdus, 3, "{digests:?}");
+        if digests.1 {
+            // And the check can fail: one byte of data changed on the way.
+            to_ctrl.clear();
+            host.submit(
+                sqe(READ, 6, DataPointer::Transport { len: total as u32 }),
+                Vec::new(),
+                total as u32,
+                &mut to_ctrl,
+            );
+            to_host.clear();
+            feed_into(&mut q, &to_ctrl, &mut to_host);
+            q.answer_parts(&Cqe { cid: 6, ..cqe }, &slices, &mut to_host);
+            to_host[100] ^= 1;
+            done.clear();
+            host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+            assert_eq!(done[0].cqe.status, Status::DATA_TRANSFER_ERROR);
+        }
+    }
+}
+
+/// Feeds the controller queue `bytes` (whole PDUs), appending what it sends to `out`.
+fn feed_into(q: &mut Queue, bytes: &[u8], out: &mut Vec<u8>) -> Vec<Received> {
+    let (mut ready, mut refused) = (Vec::new(), Vec::new());
+    let used = q.receive(bytes, out, &mut ready, &mut refused).unwrap();
+    assert_eq!(used, bytes.len());
+    assert!(refused.is_empty());
+    ready
+}

@@ -460,10 +460,9 @@ impl Driver {
             Execution::Done(outcome) => {
                 let status = translate::status_of(outcome.status, &sense);
                 if lent.slices.is_empty() {
-                    self.finish(cid, status, &data_in);
+                    self.finish(cid, status, &[&data_in]);
                 } else {
-                    let bytes = gather(&lent.slices, expected_len as usize);
-                    self.finish(cid, status, &bytes);
+                    self.finish(cid, status, &parts(&lent.slices, expected_len as usize));
                 }
                 lent.clear();
                 backend.loan = lent;
@@ -492,12 +491,12 @@ impl Driver {
         let cid = done.itt as u16;
         match &done.lent {
             Some(slice) => {
-                let bytes = gather(std::slice::from_ref(slice), done.expected_len as usize);
-                self.finish(cid, status, &bytes);
+                let limit = done.expected_len as usize;
+                self.finish(cid, status, &parts(std::slice::from_ref(slice), limit));
             }
             None => {
                 let len = done.data_in.len().min(done.expected_len as usize);
-                self.finish(cid, status, &done.data_in[..len]);
+                self.finish(cid, status, &[&done.data_in[..len]]);
             }
         }
         self.buffers.give_back(done.data_in);
@@ -505,10 +504,10 @@ impl Driver {
 
     /// Answers command `cid` and, for the write of a fused pair, its compare too; a
     /// Reservation Report's answer is reshaped from READ FULL STATUS's.
-    fn finish(&mut self, cid: u16, status: Status, data: &[u8]) {
+    fn finish(&mut self, cid: u16, status: Status, data: &[&[u8]]) {
         if let Some(i) = self.reports.iter().position(|&(c, _, _)| c == cid) {
             let (_, extended, len) = self.reports.swap_remove(i);
-            let report = translate::reservation_status(data, extended, len);
+            let report = translate::reservation_status(&data.concat(), extended, len);
             return self.answer(cid, status, 0, &report);
         }
         if let Some(i) = self.fused_pairs.iter().position(|&(w, _)| w == cid) {
@@ -522,7 +521,7 @@ impl Driver {
             }
             return;
         }
-        self.answer(cid, status, 0, data);
+        self.answer_parts(cid, status, 0, data);
     }
 }
 
@@ -533,16 +532,19 @@ fn namespace(backend: &Backend<'_>, nsid: u32) -> Option<(u64, u32)> {
     Some((lun, entry.lu.settings().block_size))
 }
 
-/// Lent store memory copied into one buffer (at most `limit` bytes).
-fn gather(slices: &[scsi::SharedSlice], limit: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(limit);
+/// Lent store memory as the parts of a read's answer (at most `limit` bytes): copied once,
+/// into the queue's output, never gathered first.
+fn parts(slices: &[scsi::SharedSlice], limit: usize) -> Vec<&[u8]> {
+    let mut out = Vec::with_capacity(slices.len());
+    let mut left = limit;
     for (memory, range) in slices {
-        let bytes = &(**memory).as_ref()[range.clone()];
-        let room = limit - out.len();
-        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        if out.len() == limit {
+        if left == 0 {
             break;
         }
+        let bytes = &(**memory).as_ref()[range.clone()];
+        let take = bytes.len().min(left);
+        out.push(&bytes[..take]);
+        left -= take;
     }
     out
 }

@@ -661,6 +661,11 @@ impl Driver {
 
     /// Queues command `cid`'s answer: `data` for the host, then its completion.
     fn answer(&mut self, cid: u16, status: Status, dw0: u32, data: &[u8]) {
+        self.answer_parts(cid, status, dw0, &[data]);
+    }
+
+    /// As [`Driver::answer`], the data in parts.
+    fn answer_parts(&mut self, cid: u16, status: Status, dw0: u32, parts: &[&[u8]]) {
         let cqe = Cqe {
             dw0,
             dw1: 0,
@@ -669,8 +674,8 @@ impl Driver {
             cid,
             status,
         };
-        let data = if status.is_success() { data } else { &[] };
-        self.queue.answer(&cqe, data, &mut self.out);
+        let parts = if status.is_success() { parts } else { &[] };
+        self.queue.answer_parts(&cqe, parts, &mut self.out);
     }
 
     /// The submission queue head a completion reports: one entry further per answer, within

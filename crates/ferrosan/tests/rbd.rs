@@ -1704,3 +1704,114 @@ fn rbd_gateways_keep_every_acknowledged_write_while_ownership_moves() {
     }
     drop((a, b));
 }
+
+/// The ANA state of namespace 1's group through an NVMe controller (ANA log page 0Ch: a
+/// 16-byte header, then the group descriptor, its state at byte 16). A Keep Alive first: the
+/// test polls for longer than the controller's keep-alive timeout.
+fn ana_state(h: &mut initiator::nvme::NvmeHost) -> u8 {
+    h.admin
+        .run_ok(initiator::nvme::sqe(0x18, 0, [0; 6]), Vec::new(), 0)
+        .expect("Keep Alive");
+    let page = h
+        .admin
+        .run_ok(
+            initiator::nvme::sqe(0x02, 0, [0x0C | 1023 << 16, 0, 0, 0, 0, 0]),
+            Vec::new(),
+            4096,
+        )
+        .expect("ANA log page")
+        .data;
+    page[32] & 0x0F
+}
+
+#[test]
+fn rbd_gateways_serve_nvme_tcp_with_ana_from_ownership() {
+    use initiator::nvme::NvmeHost;
+    const OPTIMIZED: u8 = 0x01;
+    const NON_OPTIMIZED: u8 = 0x02;
+    let cluster = TestCluster::start("nvmegw", 3, "");
+    cluster.rbd(&["create", "--size", "64M", "rbd/nvmegw"]);
+    let iqn = "iqn.2024-01.dev.ferrosan:nvmegw";
+    let nqn = "nqn.2024-01.dev.ferrosan:nvmegw";
+    let host = "nqn.2014-08.org.nvmexpress:uuid:3a1b2c4d-0e5f-4a6b-8c7d-9e0f1a2b3c4d";
+    let (port_a, port_b) = (free_port(), free_port());
+    let (nvme_a, nvme_b) = (free_port(), free_port());
+    // The iSCSI gateways' config, each portal group with an NVMe/TCP listener, the target with
+    // its NQN.
+    let config = gateways_config(
+        "[limits]\ngateway_takeover_s = 2\n",
+        iqn,
+        "rbd/nvmegw",
+        &cluster,
+        (port_a, port_b),
+    )
+    .replace(
+        &format!("listen = [\"127.0.0.1:{port_a}\"]"),
+        &format!("listen = [\"127.0.0.1:{port_a}\"]\nnvme_listen = [\"127.0.0.1:{nvme_a}\"]\nnvme_discovery_listen = []"),
+    )
+    .replace(
+        &format!("listen = [\"127.0.0.1:{port_b}\"]"),
+        &format!("listen = [\"127.0.0.1:{port_b}\"]\nnvme_listen = [\"127.0.0.1:{nvme_b}\"]\nnvme_discovery_listen = []"),
+    )
+    .replace(
+        &format!("iqn = \"{iqn}\""),
+        &format!("iqn = \"{iqn}\"\nnqn = \"{nqn}\""),
+    );
+    let scratch = Scratch::new("nvme-gateways");
+    let start =
+        |gateway: &str, port: u16| start_gateway(iqn, port, &config, &scratch, gateway, &[]);
+    let a = start("a", port_a);
+    let b = start("b", port_b);
+    let at = |port: u16| -> std::net::SocketAddr { format!("127.0.0.1:{port}").parse().unwrap() };
+    let mut ha = NvmeHost::connect(at(nvme_a), nqn, host, 8).expect("connect to A");
+    let mut hb = NvmeHost::connect(at(nvme_b), nqn, host, 8).expect("connect to B");
+    // The owner's path is optimized, the other's non-optimized: ALUA's states as ANA states.
+    wait_until(
+        "the paths settle: A optimized, B non-optimized",
+        Duration::from_secs(30),
+        || ana_state(&mut ha) == OPTIMIZED && ana_state(&mut hb) == NON_OPTIMIZED,
+    );
+    // What one gateway's namespace takes, the other's reads (B ships to the owner).
+    let first = pseudo_random_bytes(64 << 10, 1);
+    hb.write(1, 0, first.clone(), 512).expect("write through B");
+    assert!(ha.read(1, 0, 128, 512).expect("read through A") == first);
+    let second = pseudo_random_bytes(64 << 10, 2);
+    ha.write(1, 256, second.clone(), 512)
+        .expect("write through A");
+    assert!(hb.read(1, 256, 128, 512).expect("read through B") == second);
+    // The owner is killed: B takes the image over by itself and its path becomes optimized.
+    a.signal("KILL");
+    let killed = Instant::now();
+    wait_until(
+        "B's path becomes optimized after A is killed",
+        Duration::from_secs(45),
+        || ana_state(&mut hb) == OPTIMIZED,
+    );
+    let took = killed.elapsed();
+    eprintln!("B's path optimized {took:?} after A was killed");
+    // By A's heartbeat (grace 2 s), not the cluster's watch timeout (28-30 s): A's first beat
+    // is written when it takes the image, so even an owner killed at once has one.
+    assert!(
+        took < Duration::from_secs(25),
+        "B took over {took:?} after A was killed: by the watch timeout, not the heartbeat"
+    );
+    let third = pseudo_random_bytes(4096, 3);
+    let written = (0..40).any(|_| {
+        let ok = hb.write(1, 1024, third.clone(), 512).is_ok();
+        if !ok {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        ok
+    });
+    assert!(
+        written,
+        "B's namespace takes no write after the takeover\n{}",
+        b.output()
+    );
+    assert!(
+        hb.read(1, 0, 128, 512).unwrap() == first,
+        "B lost what A acknowledged"
+    );
+    assert!(hb.read(1, 1024, 8, 512).unwrap() == third);
+    assert!(b.output().contains("fenced"), "{}", b.output());
+}

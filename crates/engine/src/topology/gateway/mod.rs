@@ -240,6 +240,12 @@ impl ImageOwnership {
         };
         // Without librbd's header-update notice: it would wait for the fenced client's answer.
         image.put_metadata(OWNER_KEY, &value)?;
+        if let Some(holder) = &holder {
+            // The first heartbeat at once, not a beat interval later: an owner that dies
+            // before its first beat is judged by the cluster's watch alone (30 s by default;
+            // seen in tests/rbd.rs, an owner killed within a second of taking the image).
+            image.put_metadata(HEARTBEAT_KEY, &policy::beat_value(holder, 0))?;
+        }
         *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = holder;
         Ok(())
     }

@@ -412,21 +412,8 @@ fn a_live_change_that_drops_the_host_ends_its_controller() {
     let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
     h.write(1, 0, vec![1; 512], 512).unwrap();
     // Reloaded without the host: the next turn's readmission ends both queues.
-    std::fs::write(
-        daemon.file("ferrosan.toml"),
-        config("\"iqn.2024-01.dev.ferrosan:other\""),
-    )
-    .unwrap();
-    let reloaded = ctl.json(&["reload"]);
-    assert_eq!(reloaded["ok"], true, "{reloaded}");
-    let started = Instant::now();
-    while h.read(1, 0, 1, 512).is_ok() {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the dropped host still reads"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let text = config("\"iqn.2024-01.dev.ferrosan:other\"");
+    reload_ends(&daemon, &ctl, &text, &mut h, "the dropped host still reads");
     // And it cannot connect again.
     assert_eq!(
         connect_status(nvme_port, NQN, HOSTNQN),
@@ -592,21 +579,14 @@ fn a_new_secret_ends_the_controllers_that_proved_the_old_one() {
     let old = credentials(1, None, &[DhGroup::Null]);
     let mut h = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&old)).unwrap();
     h.write(1, 0, vec![1; 512], 512).unwrap();
-    std::fs::write(
-        daemon.file("ferrosan.toml"),
-        config_text(port, nvme_port, "", &authenticated_group(5)),
-    )
-    .unwrap();
-    let reloaded = ctl.json(&["reload"]);
-    assert_eq!(reloaded["ok"], true, "{reloaded}");
-    let started = Instant::now();
-    while h.read(1, 0, 1, 512).is_ok() {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "a controller authenticated with the old secret still reads"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let text = config_text(port, nvme_port, "", &authenticated_group(5));
+    reload_ends(
+        &daemon,
+        &ctl,
+        &text,
+        &mut h,
+        "a controller authenticated with the old secret still reads",
+    );
     assert!(NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&old)).is_err());
     let new = credentials(5, None, &[DhGroup::Ffdhe3072]);
     let mut h = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&new)).unwrap();
@@ -656,5 +636,18 @@ fn exchanges_a_host_never_finishes_count_as_failed_logins() {
             "abandoned exchanges are not counted"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reloads `daemon` with config `text` and waits (5 s at most) until host `h` can no longer
+/// read: the reload ended its controller.
+fn reload_ends(daemon: &Daemon, ctl: &common::Ctl, text: &str, h: &mut NvmeHost, what: &str) {
+    std::fs::write(daemon.file("ferrosan.toml"), text).unwrap();
+    let reloaded = ctl.json(&["reload"]);
+    assert_eq!(reloaded["ok"], true, "{reloaded}");
+    let started = Instant::now();
+    while h.read(1, 0, 1, 512).is_ok() {
+        assert!(started.elapsed() < Duration::from_secs(5), "{what}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

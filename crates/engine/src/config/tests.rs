@@ -1875,41 +1875,7 @@ fn a_portal_group_may_be_nvme_only() {
 }
 
 #[test]
-fn nvme_discovery_listeners_default_to_port_8009_beside_each_nvme_listener() {
-    use crate::topology::portals::served_nvme_discovery;
-    let c = load(
-        r#"
-[[portal_group]]
-tag = 1
-nvme_listen = ["127.0.0.1:4420", "127.0.0.2:4420"]
-[[portal_group]]
-tag = 2
-nvme_listen = ["127.0.0.1:4421"]
-[[portal_group]]
-tag = 3
-nvme_listen = ["127.0.0.3:4420"]
-nvme_discovery_listen = ["127.0.0.3:9009"]
-[[portal_group]]
-tag = 4
-nvme_listen = ["127.0.0.4:4420"]
-nvme_discovery_listen = []
-"#,
-    );
-    let d: Vec<_> = served_nvme_discovery(&c)
-        .into_iter()
-        .map(|d| (d.addr.to_string(), d.tag, d.explicit))
-        .collect();
-    // Group 2's default is group 1's (one address, one listener); group 3 named its own; group
-    // 4 asked for none.
-    assert_eq!(
-        d,
-        vec![
-            ("127.0.0.1:8009".to_string(), 1, false),
-            ("127.0.0.2:8009".to_string(), 1, false),
-            ("127.0.0.3:9009".to_string(), 3, true),
-        ]
-    );
-    // A named discovery listener may not overlap another listener.
+fn a_named_nvme_discovery_listener_overlaps_no_other_listener() {
     let e = errors(
         r#"
 [[portal_group]]

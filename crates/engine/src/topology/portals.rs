@@ -228,4 +228,42 @@ mod tests {
             sa("127.0.0.1:3260")
         );
     }
+
+    #[test]
+    fn nvme_discovery_listeners_default_to_port_8009_beside_each_nvme_listener() {
+        let c = crate::config::Config::from_toml_str(
+            r#"
+[[portal_group]]
+tag = 1
+nvme_listen = ["127.0.0.1:4420", "127.0.0.2:4420"]
+[[portal_group]]
+tag = 2
+nvme_listen = ["127.0.0.1:4421"]
+[[portal_group]]
+tag = 3
+nvme_listen = ["127.0.0.3:4420"]
+nvme_discovery_listen = ["127.0.0.3:9009"]
+[[portal_group]]
+tag = 4
+nvme_listen = ["127.0.0.4:4420"]
+nvme_discovery_listen = []
+"#,
+            "test.toml",
+        )
+        .expect("valid config");
+        let d: Vec<_> = served_nvme_discovery(&c)
+            .into_iter()
+            .map(|d| (d.addr, d.tag, d.explicit))
+            .collect();
+        // Group 2's default is group 1's (one address, one listener); group 3 named its own;
+        // group 4 asked for none.
+        assert_eq!(
+            d,
+            vec![
+                (sa("127.0.0.1:8009"), 1, false),
+                (sa("127.0.0.2:8009"), 1, false),
+                (sa("127.0.0.3:9009"), 3, true),
+            ]
+        );
+    }
 }

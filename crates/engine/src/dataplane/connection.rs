@@ -2,17 +2,16 @@
 //! thread for its whole life (no hand-off per command). Each turn parses every complete PDU the
 //! read returned, runs them, and sends all responses with one vectored write.
 
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iscsi::login::{Established, Login, LoginStatus, LoginStep};
-use iscsi::outbox::{Outbox, Part};
+use iscsi::outbox::Outbox;
 use iscsi::pdu::{self, FrameError, Framing, Opcode};
 use iscsi::session::{Flow, Session};
-use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use rustix::net::RecvFlags;
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use crate::dataplane::alarm::Alarm;
@@ -60,8 +59,6 @@ pub struct NewConnection {
 const AHS_BYTES_MAX: usize = 255 * 4;
 /// Responses queued in one turn before they are sent (bounds Data-In memory per connection).
 const TURN_BYTES_MAX: usize = 4 << 20;
-/// Slices per writev call (Linux IOV_MAX is 1024).
-const IOV_BATCH: usize = 512;
 /// Write payloads (Data-Out, or a command's immediate data) at least this long that are still
 /// arriving are received straight into the command's buffer instead of through the receive
 /// buffer (one copy fewer per byte written).
@@ -943,73 +940,9 @@ impl Driver {
         }
     }
 
-    /// Sends everything queued with as few system calls as possible: one vectored write for the
-    /// memory parts between file ranges, one `sendfile` per file range.
+    /// Sends everything queued (dataplane/send.rs, the one way both doors send).
     async fn flush(&mut self) -> Result<(), Closed> {
-        if self.out.is_broken() {
-            // A bug, not the initiator's doing: what is queued no longer matches its headers.
-            tracing::error!(peer = %self.peer, "outbox invariant broken (a payload range out of bounds); closing the connection");
-            return Err(Closed::Invariant("outbox invariant broken"));
-        }
-        while let Some(first) = self.out.parts().first() {
-            let written = if let &Part::File { offset, len, .. } = first {
-                let Some(file) = self.out.file(first) else {
-                    return Err(Closed::Invariant("outbox: file part without its file"));
-                };
-                let sent = self
-                    .stream
-                    .async_io(Interest::WRITABLE, || {
-                        let mut at = offset;
-                        rustix::fs::sendfile(&self.stream, file, Some(&mut at), len)
-                            .map_err(std::io::Error::from)
-                    })
-                    .await
-                    .map_err(|e| Closed::Failed(format!("sendfile: {e}")))?;
-                if sent == 0 {
-                    // Only past the end of the file: it shrank under the LU.
-                    return Err(Closed::Failed(
-                        "sendfile: LU file shorter than its size".into(),
-                    ));
-                }
-                sent
-            } else {
-                let mut file_follows = false;
-                let slices: Vec<IoSlice<'_>> = self
-                    .out
-                    .parts()
-                    .iter()
-                    .take(IOV_BATCH)
-                    .take_while(|p| {
-                        file_follows = matches!(p, Part::File { .. });
-                        !file_follows
-                    })
-                    .map(|p: &Part| IoSlice::new(self.out.slice(p)))
-                    .collect();
-                if file_follows {
-                    // MSG_MORE: the headers wait for the file data instead of leaving alone in
-                    // a small segment (the socket has TCP_NODELAY).
-                    self.stream
-                        .async_io(Interest::WRITABLE, || {
-                            rustix::net::sendmsg(
-                                &self.stream,
-                                &slices,
-                                &mut SendAncillaryBuffer::default(),
-                                SendFlags::MORE | SendFlags::NOSIGNAL,
-                            )
-                            .map_err(std::io::Error::from)
-                        })
-                        .await?
-                } else {
-                    self.stream.write_vectored(&slices).await?
-                }
-            };
-            if written == 0 {
-                return Err(Closed::Limit("peer stopped reading"));
-            }
-            self.out.consume(written);
-        }
-        self.out.clear();
-        Ok(())
+        super::send::send(&mut self.stream, &mut self.out, self.peer).await
     }
 }
 

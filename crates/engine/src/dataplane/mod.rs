@@ -11,5 +11,6 @@ pub(crate) mod lifecycle;
 mod login;
 pub mod nvme;
 pub mod route;
+mod send;
 pub(crate) mod sys;
 mod wakeups;

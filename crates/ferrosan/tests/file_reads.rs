@@ -9,17 +9,6 @@ use common::{free_port, metric, run, wait_for_metric, Daemon, Scratch, IQN};
 
 const IMAGE: usize = 8 << 20;
 
-/// Whether this kernel has cachestat(2) (Linux 6.5+), without which nothing is sent from the
-/// page cache.
-fn kernel_has_cachestat() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut numbers = release
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse::<u32>().ok());
-    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
-    (major, minor) >= (6, 5)
-}
-
 fn round_trip_on(dir: &std::path::Path) {
     let metrics_port = free_port();
     let listen = format!("127.0.0.1:{metrics_port}");
@@ -42,7 +31,7 @@ fn round_trip_on(dir: &std::path::Path) {
         read_bytes >= IMAGE as f64,
         "compare reads the image back:\n{text}"
     );
-    if kernel_has_cachestat() {
+    if common::kernel_has_cachestat() {
         assert!(
             sent_bytes >= IMAGE as f64 && sent_bytes <= read_bytes,
             "the written (cached) part goes out with sendfile: {sent_bytes} of {read_bytes}\n{text}"

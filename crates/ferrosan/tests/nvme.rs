@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::array::Path;
-use common::{free_port, Daemon};
+use common::{free_port, metric, wait_for_metric, Daemon};
 use initiator::nvme::{self as host, NvmeHost, QueueConn};
 use nvme::sqe::Status;
 
@@ -110,6 +110,66 @@ fn a_namespace_is_the_lun_an_iscsi_initiator_sees() {
     let done = h.io.run(host::rw(0x02, 2, 0, 1), Vec::new(), 512).unwrap();
     assert_eq!(done.cqe.status, Status::INVALID_NAMESPACE);
     h.disconnect();
+}
+
+/// Reads go out from where the data lies: a direct-I/O file's from the buffer its read landed
+/// in, a page-cached file's long reads with `sendfile` and short ones from a read buffer, a
+/// RAM device's from its memory; with data digests, the bytes are read to digest them. Every
+/// variant reads back what was written, through a queue without digests and one with both.
+#[test]
+fn reads_sent_from_where_they_lie_read_back_with_and_without_digests() {
+    let scratch = common::Scratch::new("nvme-send");
+    let direct = format!(
+        "file:{},size=8M,cache=direct",
+        scratch.file("d.img").display()
+    );
+    let page = format!(
+        "file:{},size=8M,cache=page",
+        scratch.file("p.img").display()
+    );
+    let metrics_port = free_port();
+    let (nvme_port, listen) = (free_port(), format!("127.0.0.1:{metrics_port}"));
+    let _daemon = Daemon::start_with_args(
+        IQN,
+        &[&direct, &page, "ram:8M"],
+        &[
+            "--nvme-listen",
+            &format!("127.0.0.1:{nvme_port}"),
+            "--metrics-listen",
+            &listen,
+        ],
+    );
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 32).expect("connect");
+    let long = pattern(7, 1 << 20);
+    let short = pattern(8, 4096);
+    for nsid in 1..=3 {
+        h.write(nsid, 0, long.clone(), 512).unwrap();
+        h.write(nsid, 4096, short.clone(), 512).unwrap();
+    }
+    let mut digested = QueueConn::open(addr(nvme_port), (true, true)).unwrap();
+    let (connect, data) =
+        host::connect_command(2, 15, h.cntlid, NQN, HOSTNQN, host::host_id_of(HOSTNQN));
+    digested.run_ok(connect, data, 0).unwrap();
+    let read = |q: &mut QueueConn, nsid, lba, blocks: u32| {
+        q.run_ok(host::rw(0x02, nsid, lba, blocks), Vec::new(), blocks * 512)
+            .unwrap()
+            .data
+    };
+    for nsid in 1..=3 {
+        for (q, digests) in [(&mut h.io, false), (&mut digested, true)] {
+            let what = format!("namespace {nsid}, digests {digests}");
+            assert!(read(q, nsid, 0, 2048) == long, "{what}");
+            assert_eq!(read(q, nsid, 4096, 8), short, "{what}");
+        }
+    }
+    h.disconnect();
+    // The page-cached file's long reads went out with sendfile (where the kernel can say
+    // what is cached): one 1 MiB read, from the queue without digests.
+    let sent = "ferrosan_device_sendfile_bytes_total{device=\"lun1\"}";
+    if common::kernel_has_cachestat() {
+        let text = wait_for_metric(metrics_port, sent, |v| v > 0.0);
+        assert_eq!(metric(&text, sent), f64::from(1 << 20), "{text}");
+    }
 }
 
 #[test]

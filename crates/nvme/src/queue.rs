@@ -9,6 +9,8 @@
 //! it it consumed; whatever it has to send it appends to the caller's buffer. A PDU the
 //! transport cannot take ends the connection with a C2HTermReq (the error says why).
 
+use std::ops::Range;
+
 use crate::pdu::{self, flags, Accept, Fatal, PduType, Refusal, Transfer, CH_LEN, DIGEST_LEN};
 use crate::sqe::{Cqe, DataPointer, Sqe, Status, SQE_LEN};
 
@@ -436,19 +438,24 @@ impl Queue {
         self.answer_parts(cqe, &[data], out);
     }
 
-    /// As [`Queue::answer`], the data given in parts (a read's pieces of store memory, sent
-    /// without first being gathered into one buffer).
+    /// As [`Queue::answer`], the data given in parts (a read's pieces of store memory, copied
+    /// once, into `out`).
     pub fn answer_parts(&mut self, cqe: &Cqe, parts: &[&[u8]], out: &mut Vec<u8>) {
+        self.answer_with(cqe, &mut Copied(parts), out);
+    }
+
+    /// As [`Queue::answer`], the data from a [`DataSink`]: the engine's sends it from where it
+    /// lies (store memory, a page-cached file) instead of copying it into `out`.
+    pub fn answer_with(&mut self, cqe: &Cqe, data: &mut impl DataSink, out: &mut Vec<u8>) {
         if let Some(i) = self.open.iter().position(|&c| c == cqe.cid) {
             self.open.swap_remove(i);
         }
         let (hdgst, ddgst) = self.digests();
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        let mut pieces = parts.iter().copied().filter(|p| !p.is_empty());
-        let mut current: &[u8] = &[];
+        let total = data.data_len();
         let mut offset = 0usize;
         while offset < total {
             let len = (total - offset).min(C2H_DATA_MAX);
+            let last = offset + len == total;
             Transfer {
                 cccid: cqe.cid,
                 ttag: 0,
@@ -456,39 +463,63 @@ impl Queue {
                 len: len as u32,
             }
             .encode_c2h_header(
-                if offset + len == total {
-                    flags::LAST_PDU
-                } else {
-                    0
-                },
+                if last { flags::LAST_PDU } else { 0 },
                 (hdgst, ddgst),
                 out,
             );
-            // This PDU's `len` bytes, from as many parts as they span.
-            let mut crc = 0u32;
-            let mut left = len;
-            while left > 0 {
-                if current.is_empty() {
-                    current = pieces.next().unwrap_or_default();
-                    debug_assert!(!current.is_empty(), "parts shorter than their sum");
-                    if current.is_empty() {
-                        break;
-                    }
-                }
-                let take = left.min(current.len());
-                out.extend_from_slice(&current[..take]);
-                if ddgst {
-                    crc = crc32c::crc32c_append(crc, &current[..take]);
-                }
-                current = &current[take..];
-                left -= take;
-            }
+            let crc = data.data(out, offset..offset + len, ddgst);
             if ddgst {
                 out.extend_from_slice(&crc.to_le_bytes());
             }
             offset += len;
         }
         cqe.encode_capsule(hdgst, out);
+    }
+}
+
+/// Where an answer's data goes. The queue encodes its headers, digests and completion into the
+/// caller's byte buffer; the data in between is the sink's, so it can be sent from where it
+/// lies rather than copied after the headers.
+pub trait DataSink {
+    /// The data's length in bytes.
+    fn data_len(&self) -> usize;
+    /// Queues bytes `range` of the data after everything now in `out` (the sink may take
+    /// `out`'s bytes first to keep the order). Returns their CRC32C when `digest`, else 0.
+    fn data(&mut self, out: &mut Vec<u8>, range: Range<usize>, digest: bool) -> u32;
+}
+
+/// Data in memory, in parts that follow one another: copied into the output.
+pub struct Copied<'a>(pub &'a [&'a [u8]]);
+
+impl DataSink for Copied<'_> {
+    fn data_len(&self) -> usize {
+        self.0.iter().map(|p| p.len()).sum()
+    }
+
+    fn data(&mut self, out: &mut Vec<u8>, range: Range<usize>, digest: bool) -> u32 {
+        let mut crc = 0;
+        for_each_piece(self.0, range, |piece| {
+            out.extend_from_slice(piece);
+            if digest {
+                crc = crc32c::crc32c_append(crc, piece);
+            }
+        });
+        crc
+    }
+}
+
+/// Calls `f` with the pieces of `range` of the concatenation of `parts`, in order.
+pub fn for_each_piece(parts: &[&[u8]], range: Range<usize>, mut f: impl FnMut(&[u8])) {
+    let mut at = 0;
+    for part in parts {
+        let (start, end) = (at.max(range.start), (at + part.len()).min(range.end));
+        if start < end {
+            f(&part[start - at..end - at]);
+        }
+        at += part.len();
+        if at >= range.end {
+            break;
+        }
     }
 }
 

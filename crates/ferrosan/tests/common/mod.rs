@@ -581,6 +581,17 @@ pub fn iscsi_ls_sizes(bytes: u64) -> Vec<String> {
     sizes
 }
 
+/// Whether this kernel has cachestat(2) (Linux 6.5+), without which nothing is sent from the
+/// page cache.
+pub fn kernel_has_cachestat() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (major, minor) >= (6, 5)
+}
+
 /// `GET /metrics` from the daemon's metrics endpoint on `port`; asserts a 200 answer.
 pub fn scrape(port: u16) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");

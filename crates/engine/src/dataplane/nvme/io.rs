@@ -450,24 +450,32 @@ impl Driver {
             read: scsi.read,
             write,
             task_attr: TASK_SIMPLE,
-            may_lend_file: false,
+            // A page-cached file range goes out with sendfile, unless a data digest needs
+            // its bytes.
+            may_lend_file: scsi.read && !self.queue.digests().1,
         };
-        let mut data_in = Vec::new();
+        let mut data_in = self.outbox.take_buffer();
         let mut sense = Vec::new();
         let mut lent = std::mem::take(&mut backend.loan);
         lent.clear();
         match backend.execute(&req, &mut data_in, &mut lent, &mut sense) {
             Execution::Done(outcome) => {
                 let status = translate::status_of(outcome.status, &sense);
-                if lent.slices.is_empty() {
-                    self.finish(cid, status, &[&data_in]);
+                let payload = if let Some(file) = lent.file.take() {
+                    self.outbox.give_back(data_in);
+                    self.outbox.lend_file(file)
+                } else if !lent.slices.is_empty() {
+                    self.outbox.give_back(data_in);
+                    self.outbox.lend(&mut lent.slices)
                 } else {
-                    self.finish(cid, status, &parts(&lent.slices, expected_len as usize));
-                }
+                    self.outbox.adopt(data_in)
+                };
+                self.finish(cid, status, payload, expected_len as usize);
                 lent.clear();
                 backend.loan = lent;
             }
             Execution::Deferred => {
+                self.outbox.give_back(data_in);
                 backend.loan = lent;
                 let command = DeferredCommand {
                     itt: u32::from(cid),
@@ -479,7 +487,7 @@ impl Driver {
                     write,
                     task_attr: TASK_SIMPLE,
                 };
-                backend.defer(command, self.buffers.read_buffers());
+                backend.defer(command, self.outbox.read_buffers());
             }
         }
     }
@@ -489,25 +497,27 @@ impl Driver {
         backend.settle(&done);
         let status = translate::status_of(done.outcome.status, &done.sense);
         let cid = done.itt as u16;
-        match &done.lent {
+        let payload = match done.lent {
             Some(slice) => {
-                let limit = done.expected_len as usize;
-                self.finish(cid, status, &parts(std::slice::from_ref(slice), limit));
+                self.outbox.give_back(done.data_in);
+                self.outbox.lend(&mut vec![slice])
             }
-            None => {
-                let len = done.data_in.len().min(done.expected_len as usize);
-                self.finish(cid, status, &[&done.data_in[..len]]);
-            }
-        }
-        self.buffers.give_back(done.data_in);
+            None => self.outbox.adopt(done.data_in),
+        };
+        self.finish(cid, status, payload, done.expected_len as usize);
     }
 
-    /// Answers command `cid` and, for the write of a fused pair, its compare too; a
-    /// Reservation Report's answer is reshaped from READ FULL STATUS's.
-    fn finish(&mut self, cid: u16, status: Status, data: &[&[u8]]) {
+    /// Answers command `cid` with the first `limit` bytes of the outbox's `payload` and, for
+    /// the write of a fused pair, its compare too; a Reservation Report's answer is reshaped
+    /// from READ FULL STATUS's.
+    fn finish(&mut self, cid: u16, status: Status, payload: usize, limit: usize) {
+        let len = self.outbox.payload_len(payload).min(limit);
         if let Some(i) = self.reports.iter().position(|&(c, _, _)| c == cid) {
-            let (_, extended, len) = self.reports.swap_remove(i);
-            let report = translate::reservation_status(&data.concat(), extended, len);
+            let (_, extended, asked) = self.reports.swap_remove(i);
+            let mut full_status = Vec::with_capacity(len);
+            self.outbox
+                .for_each_payload_piece(payload, 0..len, |p| full_status.extend_from_slice(p));
+            let report = translate::reservation_status(&full_status, extended, asked);
             return self.answer(cid, status, 0, &report);
         }
         if let Some(i) = self.fused_pairs.iter().position(|&(w, _)| w == cid) {
@@ -521,7 +531,7 @@ impl Driver {
             }
             return;
         }
-        self.answer_parts(cid, status, 0, data);
+        self.answer_queued(cid, status, payload, len);
     }
 }
 
@@ -530,21 +540,4 @@ fn namespace(backend: &Backend<'_>, nsid: u32) -> Option<(u64, u32)> {
     let lun = view::lun_of(nsid)?;
     let entry = backend.luns.as_ref()?.get(lun)?;
     Some((lun, entry.lu.settings().block_size))
-}
-
-/// Lent store memory as the parts of a read's answer (at most `limit` bytes): copied once,
-/// into the queue's output, never gathered first.
-fn parts(slices: &[scsi::SharedSlice], limit: usize) -> Vec<&[u8]> {
-    let mut out = Vec::with_capacity(slices.len());
-    let mut left = limit;
-    for (memory, range) in slices {
-        if left == 0 {
-            break;
-        }
-        let bytes = &(**memory).as_ref()[range.clone()];
-        let take = bytes.len().min(left);
-        out.push(&bytes[..take]);
-        left -= take;
-    }
-    out
 }

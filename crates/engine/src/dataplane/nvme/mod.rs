@@ -11,9 +11,10 @@ pub(crate) mod view;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use iscsi::outbox::Outbox;
 use nvme::queue::{Queue, QueueLimits, Received, Refused};
 use nvme::sqe::{Cqe, Status};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::alarm::Alarm;
@@ -86,7 +87,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         end: 0,
         out: Vec::new(),
         queue: Queue::new(queue_limits(&shared.limits)),
-        buffers: iscsi::outbox::Outbox::new(16),
+        outbox: Outbox::new(16),
         qid: 0,
         sqsize: 0,
         sqhd: 0,
@@ -136,10 +137,14 @@ struct Driver {
     rbuf: Vec<u8>,
     start: usize,
     end: usize,
+    /// The bytes the queue encodes (headers, digests, completions, small answers), moved to
+    /// `outbox` before the next data it references and at the flush.
     out: Vec<u8>,
     queue: Queue,
-    /// Buffers deferred reads fill (the backend takes them from an outbox's pool).
-    buffers: iscsi::outbox::Outbox,
+    /// What the turn sends: `out`'s bytes, and read data where it lies (lent store memory, a
+    /// page-cached file range, a read buffer from the outbox's pool), sent by
+    /// `dataplane/send.rs` as the iSCSI door's are.
+    outbox: Outbox,
     qid: u16,
     sqsize: u16,
     /// Submission queue head as the completions report it.
@@ -647,7 +652,8 @@ impl Driver {
             }
             Err(fatal) => {
                 // Best effort: the termination request, then the close.
-                let _ = futures_lite_write(&mut self.stream, &self.out);
+                take_bytes(&mut self.outbox, &mut self.out);
+                let _ = futures_lite_write(&mut self.stream, &self.outbox.to_vec());
                 Err(Closed::Protocol(format!("NVMe/TCP: {fatal:?}")))
             }
         }
@@ -666,16 +672,35 @@ impl Driver {
 
     /// As [`Driver::answer`], the data in parts.
     fn answer_parts(&mut self, cid: u16, status: Status, dw0: u32, parts: &[&[u8]]) {
-        let cqe = Cqe {
+        let cqe = self.cqe(cid, status, dw0);
+        let parts = if status.is_success() { parts } else { &[] };
+        self.queue.answer_parts(&cqe, parts, &mut self.out);
+    }
+
+    /// As [`Driver::answer`], the data the outbox holds as `payload` (its first `len`
+    /// bytes), sent from where it lies.
+    fn answer_queued(&mut self, cid: u16, status: Status, payload: usize, len: usize) {
+        let cqe = self.cqe(cid, status, 0);
+        if !status.is_success() {
+            return self.queue.answer(&cqe, &[], &mut self.out);
+        }
+        let mut data = Queued {
+            outbox: &mut self.outbox,
+            payload,
+            len,
+        };
+        self.queue.answer_with(&cqe, &mut data, &mut self.out);
+    }
+
+    fn cqe(&mut self, cid: u16, status: Status, dw0: u32) -> Cqe {
+        Cqe {
             dw0,
             dw1: 0,
             sqhd: self.next_sqhd(),
             sqid: self.qid,
             cid,
             status,
-        };
-        let parts = if status.is_success() { parts } else { &[] };
-        self.queue.answer_parts(&cqe, parts, &mut self.out);
+        }
     }
 
     /// The submission queue head a completion reports: one entry further per answer, within
@@ -689,12 +714,11 @@ impl Driver {
     }
 
     async fn flush(&mut self) -> Result<(), Closed> {
-        if self.out.is_empty() {
+        take_bytes(&mut self.outbox, &mut self.out);
+        if self.outbox.is_empty() {
             return Ok(());
         }
-        let result = self.stream.write_all(&self.out).await;
-        self.out.clear();
-        result.map_err(Closed::Io)
+        super::send::send(&mut self.stream, &mut self.outbox, self.at.peer).await
     }
 
     /// A queue's end: a controller's admin queue takes the controller with it (its I/O queues
@@ -762,6 +786,42 @@ fn activity(ready: &[Received], open_now: usize) -> iscsi::session::Activity {
         other_pdus: 0,
         initiator_backlog: earlier.max(together),
         in_flight: earlier,
+    }
+}
+
+/// Moves the bytes the queue encoded into the outbox, behind what it holds.
+fn take_bytes(outbox: &mut Outbox, out: &mut Vec<u8>) {
+    if !out.is_empty() {
+        outbox.push_bytes(out);
+        out.clear();
+    }
+}
+
+/// An answer's data that the outbox holds (lent store memory, a file range, a read buffer):
+/// each C2HData PDU's range is queued after its header, from where the data lies.
+struct Queued<'a> {
+    outbox: &'a mut Outbox,
+    payload: usize,
+    len: usize,
+}
+
+impl nvme::queue::DataSink for Queued<'_> {
+    fn data_len(&self) -> usize {
+        self.len
+    }
+
+    fn data(&mut self, out: &mut Vec<u8>, range: std::ops::Range<usize>, digest: bool) -> u32 {
+        take_bytes(self.outbox, out);
+        let mut crc = 0;
+        if digest {
+            // Never a file payload: a queue with data digests does not take file ranges.
+            self.outbox
+                .for_each_payload_piece(self.payload, range.clone(), |piece| {
+                    crc = crc32c::crc32c_append(crc, piece);
+                });
+        }
+        self.outbox.push_payload(self.payload, range);
+        crc
     }
 }
 

@@ -10,6 +10,9 @@
 #   LUN_DIR=DIR  each daemon serves a 1 GiB file LUN in DIR instead of a RAM LUN (on a disk's
 #              filesystem: direct I/O through the io_uring ring); the files are removed after
 #   DOOR=nvme    measure through NVMe/TCP (namespace 1 of the target's NQN) instead of iSCSI
+#   CLIENT=fio   measure with fio's libiscsi engine (bench/fio-libiscsi.sh) instead of `ferrosan
+#              bench`: fio sends each command as its own write, where `ferrosan bench` sends
+#              its queue in bursts (receive coalescing sees the two differently); iSCSI only
 # Results: bench/results/ab-DATE.txt (and the raw results.json of each round under target/).
 # A change is judged against the commit before it in the same run, never against old files.
 set -euo pipefail
@@ -46,6 +49,35 @@ start() { # NAME BIN PORT (NVMe/TCP on PORT + 1)
 }
 # utime + stime of a process, in clock ticks.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+RUNTIME=5
+CLIENT=${CLIENT:-bench}
+[[ $CLIENT == fio && $DOOR != iscsi ]] && die "CLIENT=fio measures iSCSI only"
+[[ $CLIENT == fio ]] && FIO=$(bench/fio-libiscsi.sh)
+# IOPS of workload W through URL by the chosen client (RES: a directory for its output).
+measure() { # W URL RES
+    if [[ $CLIENT == bench ]]; then
+        "$NEW" bench --destructive --only "$1" --ramp 0 --runtime "$RUNTIME" --out "$3" "$2" >/dev/null 2>&1 || return 1
+        python3 - "$3/results.json" "$1" <<'PY'
+import json, sys
+path, w = sys.argv[1:]
+rows = [r for r in json.load(open(path))["rows"] if r["workload"]["id"] == w]
+if not rows or not rows[0].get("iops") or rows[0].get("errors"):
+    sys.exit(f"no result rows for {w} in {path}")
+print(rows[0]["iops"])
+PY
+    else
+        # ferrosan bench's workload ids: (rand|seq)(read|write)-SIZE-qdDEPTH.
+        [[ $1 =~ ^(rand|seq)(read|write)-([0-9]+[km])-qd([0-9]+)$ ]] || return 1
+        local rw=${BASH_REMATCH[2]}
+        [[ ${BASH_REMATCH[1]} == rand ]] && rw=rand$rw
+        local target=${2#iscsi://}
+        mkdir -p "$3"
+        "$FIO" --name=ab --ioengine=libiscsi --filename="iscsi\\://${target//:/\\:}" --rw="$rw" \
+            --bs="${BASH_REMATCH[3]}" --iodepth="${BASH_REMATCH[4]}" --runtime="$RUNTIME" --time_based \
+            --output-format=json --output="$3/fio.json" >/dev/null 2>&1 || return 1
+        python3 -c 'import json, sys; j = json.load(open(sys.argv[1]))["jobs"][0]; print(j["read"]["iops"] + j["write"]["iops"])' "$3/fio.json"
+    fi
+}
 
 PORT_OLD=$(free_port)
 start old "$OLD" "$PORT_OLD"
@@ -56,7 +88,7 @@ PID_NEW=${PIDS[-1]}
 HZ=$(getconf CLK_TCK)
 OUT=bench/results/ab-$(date +%Y-%m-%d-%H%M).txt
 {
-    echo "# bench/ab.sh $(date -u +%FT%TZ): old=$OLD new=$NEW rounds=$ROUNDS lun=$(lun_spec new) door=$DOOR"
+    echo "# bench/ab.sh $(date -u +%FT%TZ): old=$OLD new=$NEW rounds=$ROUNDS lun=$(lun_spec new) door=$DOOR client=$CLIENT"
     echo "# round side workload iops cpu_us_per_io"
 } >"$OUT"
 for round in $(seq "$ROUNDS"); do
@@ -73,20 +105,15 @@ for round in $(seq "$ROUNDS"); do
             # login's, the same on both sides).
             url="iscsi://127.0.0.1:$port/iqn.2026-11.org.ferrosan:$side/0"
             [[ $DOOR == nvme ]] && url="nvme+tcp://127.0.0.1:$((port + 1))/nqn.2026-11.org.ferrosan:$side/1"
-            "$NEW" bench --destructive --only "$w" --ramp 0 --runtime 5 --out "$res" "$url" >/dev/null 2>&1 \
-                || die "ferrosan bench failed on $side ($w)"
+            iops=$(measure "$w" "$url" "$res") || die "the client failed on $side ($w)"
             after=$(ticks "$pid")
-            python3 - "$res/results.json" "$round" "$side" "$w" "$((after - before))" "$HZ" >>"$OUT" <<'PY'
-import json, sys
-path, rnd, side, w, ticks, hz = sys.argv[1:]
-results = json.load(open(path))
-rows = [r for r in results["rows"] if r["workload"]["id"] == w]
-if not rows or not rows[0].get("iops"):
-    sys.exit(f"no result rows for {w} in {path}")
-r = rows[0]
-ios = r["iops"] * results["runtime_s"]
+            python3 - "$iops" "$round" "$side" "$w" "$((after - before))" "$HZ" "$RUNTIME" >>"$OUT" <<'PY'
+import sys
+iops, rnd, side, w, ticks, hz, runtime = sys.argv[1:]
+if float(iops) <= 0:
+    sys.exit(f"no I/O measured for {w} on {side}")
 cpu_us = int(ticks) / int(hz) * 1e6
-print(f"{rnd} {side} {w} {r['iops']:.0f} {cpu_us / ios:.2f}")
+print(f"{rnd} {side} {w} {float(iops):.0f} {cpu_us / (float(iops) * int(runtime)):.2f}")
 PY
         done
     done

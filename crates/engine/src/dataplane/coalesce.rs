@@ -8,7 +8,8 @@
 //! when the initiator's own queue says more commands are on their way: a command's ExpStatSN
 //! tells how many of our answers the initiator had not yet seen when it sent it
 //! ([`iscsi::session::Activity`]). An initiator waiting for each answer (queue depth 1) shows
-//! none and is never delayed. A batch the timer ends with commands waiting but not half of it
+//! none and is never delayed, nor is one whose commands already arrive in bursts (each wake-up
+//! brings a batch by itself). A batch the timer ends with commands waiting but not half of it
 //! read switches coalescing off for a while (doubling each time it happens again), so a
 //! pipeline that stops costs at most one timer wait. A timer that finds nothing new delayed no
 //! command: the batch only halves and the next command wakes the worker at once.
@@ -23,6 +24,9 @@ use iscsi::session::Activity;
 pub const BACKLOG_MIN: u32 = 8;
 /// Never wait for more than this many commands.
 const BATCH_MAX: u32 = 24;
+/// A wake-up that brings this many commands (or twice the batch waited for) needs no
+/// coalescing: the commands arrive in bursts.
+const BURST_MIN: u32 = BATCH_MAX / 2;
 /// Commands larger than this (header plus immediate data, on average) already amortize a turn.
 const SMALL_COMMAND_MAX: u64 = 8 * 1024 + 512;
 /// Ceiling of the low-water mark, in bytes (24 commands of 4 KiB); the connection's receive
@@ -109,6 +113,13 @@ impl Coalescer {
         }
         if self.backoff > 0 {
             self.backoff -= 1;
+            self.stop();
+            return Outcome::Steady;
+        }
+        if a.commands >= (2 * self.batch).max(BURST_MIN) {
+            // The wake-up brought a batch by itself (a host that sends its queue in bursts,
+            // as the Linux NVMe/TCP host and our bench client do): waiting for more would
+            // only add a socket option and a timer per turn.
             self.stop();
             return Outcome::Steady;
         }
@@ -473,6 +484,40 @@ mod tests {
         let mut a = busy(1, CMD_4K_WRITE, 64);
         a.other_pdus = 1; // a Data-Out, NOP-Out or task management request
         c.after_turn(&a, false, now + Duration::from_micros(15));
+        assert_eq!(c.plan(), Plan::Immediate);
+    }
+
+    #[test]
+    fn commands_that_arrive_in_bursts_are_not_held_back() {
+        let mut c = Coalescer::new(Duration::from_millis(1));
+        let gap = Duration::from_micros(100);
+        // A host that sends its queue of 64 in bursts: each wake-up brings a batch.
+        let now = run(
+            &mut c,
+            busy(BURST_MIN, CMD_4K_WRITE, 64),
+            50,
+            gap,
+            Instant::now(),
+        );
+        assert_eq!(c.plan(), Plan::Immediate);
+        // One command at a time from the same deep queue is coalesced...
+        let now = run(&mut c, busy(1, CMD_4K_WRITE, 64), 10, gap / 20, now);
+        let (low, _) = batch_of(&c).expect("coalescing one at a time");
+        let batch = (low / CMD_4K_WRITE as usize) as u32;
+        assert!(batch > 2, "{batch}");
+        // ... until a wake-up brings twice the batch waited for: a burst again.
+        run(&mut c, busy(2 * batch - 1, CMD_4K_WRITE, 64), 1, gap, now);
+        assert!(
+            batch_of(&c).is_some(),
+            "under twice the batch keeps coalescing"
+        );
+        run(
+            &mut c,
+            busy(2 * batch + 2, CMD_4K_WRITE, 64),
+            1,
+            gap,
+            now + gap,
+        );
         assert_eq!(c.plan(), Plan::Immediate);
     }
 

@@ -9,6 +9,8 @@
 #                (write-through), fio's libiscsi engine against iscsi://127.0.0.1:PORT/IQN/0
 #   tgt-rdwr     tgtd (Debian tgt), rdwr backing store (buffered pread/pwrite) on DEV
 #   tgt-aio      tgtd, aio backing store (libaio, O_DIRECT) on DEV
+#   ferrosan-nvme  the same ferrosan daemon through its NVMe/TCP door (namespace 1 of the
+#                target's NQN); CLIENT=bench only (fio has no NVMe/TCP engine of its own)
 #
 #   DEV=/path/to/file-or-device bench/device.sh
 #
@@ -27,7 +29,7 @@
 #   TAG              name part of the result file (default: DEV's base name)
 #   WORKLOADS        comma-separated subset of: randread-qd1 randread-qd64 randwrite-qd64
 #                    randrw70-qd64 seqread-qd16 seqwrite-qd16 (default: all)
-#   TARGETS          comma-separated subset of: local ferrosan tgt-rdwr tgt-aio (default: all;
+#   TARGETS          comma-separated subset of: local ferrosan ferrosan-nvme tgt-rdwr tgt-aio (default: all;
 #                    local includes local-dsync for the workloads that write)
 #   TGT_WCE          0 (default): tgt's LUs get caching mode page 8 with WCE=0, so rdwr does
 #                    fdatasync after every write -- write-through like ferrosan's default LUN.
@@ -75,8 +77,9 @@ LOG_TAG=device
 source "$ROOT/scripts/lib/common.sh"
 
 ALL_WORKLOADS=(randread-qd1 randread-qd64 randwrite-qd64 randrw70-qd64 seqread-qd16 seqwrite-qd16)
-ALL_TARGETS=(local ferrosan tgt-rdwr tgt-aio)
+ALL_TARGETS=(local ferrosan ferrosan-nvme tgt-rdwr tgt-aio)
 IQN=iqn.2026-11.org.ferrosan:device
+NQN=nqn.2026-11.org.ferrosan:device # the quick export's NQN for IQN
 CLIENT_IQN=iqn.2026-11.org.ferrosan:device-client
 # tgt's default caching mode page (usr/sbc.c) with WCE (byte 0, bit 2) cleared: 0x14 -> 0x10
 TGT_PAGE8_WT=8:0:18:0x10:0:0xff:0xff:0:0:0xff:0xff:0xff:0xff:0x80:0x14:0:0:0:0:0:0
@@ -120,6 +123,9 @@ done
 ((${#SEL_W[@]})) || die "WORKLOADS is empty"
 ((${#SEL_T[@]})) || die "TARGETS is empty"
 want_target() { [[ " ${SEL_T[*]} " == *" $1 "* ]]; }
+if want_target ferrosan-nvme && [[ $CLIENT != bench ]]; then
+    die "target ferrosan-nvme needs CLIENT=bench (fio has no NVMe/TCP engine of its own)"
+fi
 
 # name -> "rw bs iodepth extra-fio-option"
 workload_spec() {
@@ -243,18 +249,33 @@ wait_listening() { # port pid name: common.sh's wait_port, with the daemon's log
 
 declare -A PID_OF PORT_OF LUN_OF DESC_OF
 start_ferrosan() {
-    local port
+    local port nvme=() nport=0
     port=$(free_port)
-    "$FERROSAN" serve --listen "127.0.0.1:$port" --target "$IQN" --lun "$LUNSPEC" \
+    if want_target ferrosan-nvme; then
+        nport=$(free_port)
+        while [[ $nport == "$port" ]]; do nport=$(free_port); done
+        nvme=(--nvme-listen "127.0.0.1:$nport")
+    fi
+    "$FERROSAN" serve --listen "127.0.0.1:$port" "${nvme[@]}" --target "$IQN" --lun "$LUNSPEC" \
         </dev/null >"$WORK/ferrosan.log" 2>&1 &
     local pid=$!
     STARTED+=("$pid")
     GRACE_OF[$pid]=50
-    PID_OF[ferrosan]=$pid
     wait_listening "$port" "$pid" ferrosan
-    PORT_OF[ferrosan]=$port
-    LUN_OF[ferrosan]=0
-    DESC_OF[ferrosan]="ferrosan serve --lun $LUNSPEC (defaults: write-through; cache=auto, i.e. O_DIRECT on io_uring on a disk filesystem)"
+    local desc="ferrosan serve --lun $LUNSPEC (defaults: write-through; cache=auto, i.e. O_DIRECT on io_uring on a disk filesystem)"
+    if want_target ferrosan; then
+        PID_OF[ferrosan]=$pid
+        PORT_OF[ferrosan]=$port
+        LUN_OF[ferrosan]=0
+        DESC_OF[ferrosan]=$desc
+    fi
+    if want_target ferrosan-nvme; then
+        wait_listening "$nport" "$pid" ferrosan
+        PID_OF[ferrosan-nvme]=$pid
+        PORT_OF[ferrosan-nvme]=$nport
+        LUN_OF[ferrosan-nvme]=1
+        DESC_OF[ferrosan-nvme]="$desc, through NVMe/TCP ($NQN, namespace 1)"
+    fi
 }
 
 start_tgt() { # name bstype
@@ -390,7 +411,7 @@ def report(a):
     meta = json.load(open(meta_path))
     keys = ("iops", "mbps", "lat_mean_us", "lat_p99_us", "cpu_us_per_io", "dev_read_pct")
     order_w = meta["workloads"]
-    order_t = ["local", "local-dsync", "ferrosan", "tgt-rdwr", "tgt-aio"]
+    order_t = ["local", "local-dsync", "ferrosan", "ferrosan-nvme", "tgt-rdwr", "tgt-aio"]
     summary = []
     for w in order_w:
         med = {}
@@ -503,6 +524,7 @@ run_one() { # round workload target
         case $t in
             local) bargs+=("$DEV") ;;
             local-dsync) bargs+=(--dsync "$DEV") ;;
+            ferrosan-nvme) bargs+=("nvme+tcp://127.0.0.1:${PORT_OF[$t]}/$NQN/${LUN_OF[$t]}") ;;
             *) bargs+=(--initiator-name "$CLIENT_IQN"
                 "iscsi://127.0.0.1:${PORT_OF[$t]}/$IQN/${LUN_OF[$t]}") ;;
         esac
@@ -551,10 +573,10 @@ PY
     if ! grep -q '"ok": true' <<<"$line"; then FAILED=$((FAILED + 1)); fi
 }
 
-want_target ferrosan && start_ferrosan
+if want_target ferrosan || want_target ferrosan-nvme; then start_ferrosan; fi
 want_target tgt-rdwr && start_tgt tgt-rdwr rdwr
 want_target tgt-aio && start_tgt tgt-aio aio
-for t in ferrosan tgt-rdwr tgt-aio; do
+for t in ferrosan ferrosan-nvme tgt-rdwr tgt-aio; do
     if [[ -n ${PID_OF[$t]:-} ]]; then log "$t: pid ${PID_OF[$t]}, 127.0.0.1:${PORT_OF[$t]}, ${DESC_OF[$t]}"; fi
 done
 
@@ -582,7 +604,7 @@ mkdir -p "$OUT"
 RESULT=$OUT/device-$(date +%F)-$TAG.json
 n=2
 while [[ -e $RESULT ]]; do RESULT=$OUT/device-$(date +%F)-$TAG-$n.json; n=$((n + 1)); done
-TARGET_DESC=$(for t in ferrosan tgt-rdwr tgt-aio; do
+TARGET_DESC=$(for t in ferrosan ferrosan-nvme tgt-rdwr tgt-aio; do
     if [[ -n ${DESC_OF[$t]:-} ]]; then printf '%s\t%s\n' "$t" "${DESC_OF[$t]}"; fi
 done)
 DEV_PATH=$DEV KIND=$KIND BYTES=$BYTES FSTYPE=$FSTYPE CREATED=$CREATED TAG=$TAG ROUNDS=$ROUNDS \

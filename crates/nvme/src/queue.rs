@@ -43,9 +43,47 @@ pub const TRANSIENT_TRANSPORT_ERROR: Status = Status {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Received {
     pub sqe: Sqe,
-    pub data: Vec<u8>,
+    pub data: Data,
     /// The bytes the command may move to the host (its transport data block's length).
     pub data_in_len: u32,
+}
+
+/// Where a command's data from the host is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Data {
+    /// In its capsule: this range of the bytes given to the [`Queue::receive`] call that
+    /// returned it, so a write's data goes from the receive buffer to the device in one copy.
+    InCapsule(Range<usize>),
+    /// Solicited with an R2T and gathered from H2CData PDUs (or none).
+    Gathered(Vec<u8>),
+}
+
+impl Received {
+    /// Its data; `input` is what was given to the [`Queue::receive`] call that returned it.
+    pub fn data<'a>(&'a self, input: &'a [u8]) -> &'a [u8] {
+        match &self.data {
+            Data::InCapsule(range) => input.get(range.clone()).unwrap_or_default(),
+            Data::Gathered(v) => v,
+        }
+    }
+
+    pub fn data_len(&self) -> usize {
+        match &self.data {
+            Data::InCapsule(range) => range.len(),
+            Data::Gathered(v) => v.len(),
+        }
+    }
+
+    /// The same command holding its data itself, to be kept once `input` is reused.
+    pub fn into_owned(self, input: &[u8]) -> Received {
+        match self.data {
+            Data::InCapsule(_) => Received {
+                data: Data::Gathered(self.data(input).to_vec()),
+                ..self
+            },
+            Data::Gathered(_) => self,
+        }
+    }
 }
 
 /// A command the transport answers by itself (a malformed data pointer, a digest error, a
@@ -169,7 +207,7 @@ impl Queue {
             let Some(whole) = rest.get(..frame.len) else {
                 break;
             };
-            if let Err(r) = self.take(&frame, whole, out, ready, refused) {
+            if let Err(r) = self.take(&frame, whole, used, out, ready, refused) {
                 let header = &whole[..frame.hlen.min(whole.len())];
                 return Err(self.terminate(r, header, out));
             }
@@ -184,11 +222,12 @@ impl Queue {
         r.status
     }
 
-    /// One whole PDU whose common header `frame` accepted.
+    /// One whole PDU whose common header `frame` accepted, at `at` of the input.
     fn take(
         &mut self,
         frame: &pdu::Frame,
         whole: &[u8],
+        at: usize,
         out: &mut Vec<u8>,
         ready: &mut Vec<Received>,
         refused: &mut Vec<Refused>,
@@ -228,7 +267,8 @@ impl Queue {
                     status: Fatal::InvalidHeaderField,
                     field: 2,
                 })?;
-                self.command(sqe, data, data_ok, out, ready, refused);
+                let placed = at + frame.data_offset..at + frame.data_offset + frame.data_len;
+                self.command(sqe, data, placed, data_ok, out, ready, refused);
                 Ok(())
             }
             PduType::H2CData => {
@@ -262,10 +302,12 @@ impl Queue {
 
     /// A command capsule: ready now (data in the capsule, or none to receive), solicited with
     /// an R2T, or refused.
+    #[allow(clippy::too_many_arguments)]
     fn command(
         &mut self,
         sqe: Sqe,
         data: &[u8],
+        placed: Range<usize>,
         data_ok: bool,
         out: &mut Vec<u8>,
         ready: &mut Vec<Received>,
@@ -309,9 +351,10 @@ impl Queue {
                     return;
                 }
                 self.open.push(cid);
+                debug_assert_eq!(placed.len(), data.len());
                 ready.push(Received {
                     sqe,
-                    data: data.to_vec(),
+                    data: Data::InCapsule(placed),
                     data_in_len: 0,
                 });
             }
@@ -327,7 +370,7 @@ impl Queue {
                 } else {
                     ready.push(Received {
                         sqe,
-                        data: Vec::new(),
+                        data: Data::Gathered(Vec::new()),
                         data_in_len: if host_to_controller(&sqe) { 0 } else { len },
                     });
                 }
@@ -424,7 +467,7 @@ impl Queue {
             } else {
                 ready.push(Received {
                     sqe: a.sqe,
-                    data: a.data,
+                    data: Data::Gathered(a.data),
                     data_in_len: 0,
                 });
             }

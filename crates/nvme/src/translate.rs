@@ -4,16 +4,19 @@
 //! crate knows no SCSI semantics beyond the CDB layouts (SBC-4) and sense fields (SPC-4) it
 //! writes and reads.
 
+use std::borrow::Cow;
+
 use crate::nvm::{self, AcquireAction, Blocks, Cptpl, IoCommand, RegisterAction, ReservationType};
 use crate::queue::QUEUE_FULL;
 use crate::sqe::Status;
 
 /// A SCSI command standing for an NVM command.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScsiCommand {
+pub struct ScsiCommand<'a> {
     pub cdb: Vec<u8>,
-    /// Its Data-Out (the NVMe command's data, reshaped where SCSI's layout differs).
-    pub data_out: Vec<u8>,
+    /// Its Data-Out: the NVMe command's data where it lies (a write's, in the receive buffer),
+    /// or built where SCSI's layout differs.
+    pub data_out: Cow<'a, [u8]>,
     /// The Data-In it may return.
     pub data_in_len: u32,
     pub read: bool,
@@ -50,15 +53,15 @@ fn bytes(blocks: Blocks, block_size: u32) -> Result<u32, Refusal> {
 /// The SCSI command for I/O command `command` with its `data` (what the host sent), on a
 /// namespace of `block_size`-byte blocks. Reservation Report is [`reservation_report`] (its
 /// answer is reshaped by [`reservation_status`]).
-pub fn scsi_command(
+pub fn scsi_command<'a>(
     command: &IoCommand,
-    data: Vec<u8>,
+    data: &'a [u8],
     block_size: u32,
-) -> Result<ScsiCommand, Refusal> {
+) -> Result<ScsiCommand<'a>, Refusal> {
     const FUA: u8 = 0x08;
-    let plain = |cdb, data_out, data_in_len, read, write| ScsiCommand {
+    let plain = |cdb, data_out: &'a [u8], data_in_len, read, write| ScsiCommand {
         cdb,
-        data_out,
+        data_out: Cow::Borrowed(data_out),
         data_in_len,
         read,
         write,
@@ -101,7 +104,7 @@ pub fn scsi_command(
             }
             // NDOB: no Data-Out, the pattern is zeros; UNMAP where the host allows it.
             let f = 0x01 | if deallocate { 0x08 } else { 0 };
-            plain(cdb16(WRITE_SAME_16, f, blocks), Vec::new(), 0, false, true)
+            plain(cdb16(WRITE_SAME_16, f, blocks), &[], 0, false, true)
         }
         IoCommand::DatasetManagement { ranges, .. } => {
             // Exactly the ranges NR says (at most 256): the UNMAP parameter list's lengths are
@@ -109,14 +112,14 @@ pub fn scsi_command(
             if data.len() != usize::from(ranges) * 16 {
                 return Err(Status::DATA_SGL_LENGTH_INVALID);
             }
-            unmap(&nvm::dsm_ranges(&data))
+            unmap(&nvm::dsm_ranges(data))
         }
         IoCommand::ReservationRegister {
             action,
             ignore_key,
             cptpl,
         } => {
-            let (crkey, nrkey) = nvm::reservation_keys(&data).ok_or(Status::INVALID_FIELD)?;
+            let (crkey, nrkey) = nvm::reservation_keys(data).ok_or(Status::INVALID_FIELD)?;
             let sa = if ignore_key { 0x06 } else { 0x00 };
             let (key, sa_key) = match action {
                 RegisterAction::Register => (if ignore_key { 0 } else { crkey }, nrkey),
@@ -133,7 +136,7 @@ pub fn scsi_command(
             if ignore_key {
                 return Err(Status::INVALID_FIELD);
             }
-            let (crkey, prkey) = nvm::reservation_keys(&data).ok_or(Status::INVALID_FIELD)?;
+            let (crkey, prkey) = nvm::reservation_keys(data).ok_or(Status::INVALID_FIELD)?;
             let rtype = rtype.ok_or(Status::INVALID_FIELD)?.spc_type();
             match action {
                 AcquireAction::Acquire => pr_out(0x01, rtype, crkey, 0, false),
@@ -166,14 +169,14 @@ pub fn scsi_command(
 }
 
 /// PERSISTENT RESERVE IN, READ FULL STATUS: the whole table, for a Reservation Report.
-pub fn reservation_report() -> ScsiCommand {
+pub fn reservation_report() -> ScsiCommand<'static> {
     let mut cdb = vec![0u8; 10];
     cdb[0] = PERSISTENT_RESERVE_IN;
     cdb[1] = 0x03;
     cdb[7..9].copy_from_slice(&u16::MAX.to_be_bytes());
     ScsiCommand {
         cdb,
-        data_out: Vec::new(),
+        data_out: Cow::Borrowed(&[]),
         data_in_len: u32::from(u16::MAX),
         read: true,
         write: false,
@@ -252,7 +255,7 @@ fn host_id(tid: &[u8]) -> [u8; 16] {
 }
 
 /// UNMAP with a descriptor per range (SBC-4 5.32): a range of no blocks is dropped.
-fn unmap(ranges: &[Blocks]) -> ScsiCommand {
+fn unmap(ranges: &[Blocks]) -> ScsiCommand<'static> {
     let ranges: Vec<&Blocks> = ranges.iter().filter(|r| r.count > 0).collect();
     let mut p = vec![0u8; 8];
     for r in &ranges {
@@ -268,7 +271,7 @@ fn unmap(ranges: &[Blocks]) -> ScsiCommand {
     cdb[7..9].copy_from_slice(&(len as u16).to_be_bytes());
     ScsiCommand {
         cdb,
-        data_out: p,
+        data_out: Cow::Owned(p),
         data_in_len: 0,
         read: false,
         write: true,
@@ -278,7 +281,7 @@ fn unmap(ranges: &[Blocks]) -> ScsiCommand {
 /// PERSISTENT RESERVE OUT, scope LU, with a 24-byte parameter list. A registration is the
 /// host's through the port it came by (SPC-4's I_T nexus), as for an iSCSI initiator; NVMe
 /// makes it the host's through every controller (docs/NVME.md names the difference).
-fn pr_out(sa: u8, rtype: u8, key: u64, sa_key: u64, aptpl: bool) -> ScsiCommand {
+fn pr_out(sa: u8, rtype: u8, key: u64, sa_key: u64, aptpl: bool) -> ScsiCommand<'static> {
     let mut cdb = vec![0u8; 10];
     cdb[0] = PERSISTENT_RESERVE_OUT;
     cdb[1] = sa;
@@ -290,7 +293,7 @@ fn pr_out(sa: u8, rtype: u8, key: u64, sa_key: u64, aptpl: bool) -> ScsiCommand 
     p[20] = u8::from(aptpl);
     ScsiCommand {
         cdb,
-        data_out: p,
+        data_out: Cow::Owned(p),
         data_in_len: 0,
         read: false,
         write: false,
@@ -305,7 +308,7 @@ pub fn compare_and_write(
     write: &IoCommand,
     write_data: &[u8],
     block_size: u32,
-) -> Result<ScsiCommand, Refusal> {
+) -> Result<ScsiCommand<'static>, Refusal> {
     let (IoCommand::Compare { blocks: c }, IoCommand::Write { blocks: w, fua }) = (compare, write)
     else {
         return Err(Status::ABORTED_FUSE_FAILED);
@@ -327,7 +330,7 @@ pub fn compare_and_write(
     data_out.extend_from_slice(write_data);
     Ok(ScsiCommand {
         cdb,
-        data_out,
+        data_out: Cow::Owned(data_out),
         data_in_len: 0,
         read: false,
         write: true,

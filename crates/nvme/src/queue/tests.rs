@@ -182,14 +182,17 @@ fn in_capsule_data_comes_with_its_command() {
     capsule(&s, &[5; 512], (false, true), &mut cap);
     let t = feed(&mut q, &cap);
     assert_eq!(t.used, Ok(cap.len()));
+    // The data stays where it arrived: the capsule's data field, in the bytes received.
+    let at = cap.len() - 4 - 512;
     assert_eq!(
         t.ready,
         vec![Received {
             sqe: s,
-            data: vec![5; 512],
+            data: Data::InCapsule(at..at + 512),
             data_in_len: 0
         }]
     );
+    assert_eq!(t.ready[0].data(&cap), &[5; 512]);
     // A wrong length or offset in the descriptor is refused, not run.
     for (offset, len) in [(0, 511), (16, 512)] {
         let mut cap = Vec::new();
@@ -259,7 +262,7 @@ fn a_write_is_solicited_with_one_r2t_and_ready_when_its_data_arrived() {
         ready,
         vec![Received {
             sqe: s,
-            data,
+            data: Data::Gathered(data),
             data_in_len: 0
         }]
     );

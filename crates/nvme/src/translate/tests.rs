@@ -12,7 +12,7 @@ fn reads_and_writes_become_their_sixteen_byte_scsi_commands() {
             blocks: blocks(0x1_0000_0002, 8),
             fua: true,
         },
-        Vec::new(),
+        &[],
         512,
     )
     .unwrap();
@@ -26,13 +26,17 @@ fn reads_and_writes_become_their_sixteen_byte_scsi_commands() {
             blocks: blocks(3, 1),
             fua: false,
         },
-        vec![7; 4096],
+        &[7; 4096],
         4096,
     )
     .unwrap();
     assert_eq!(w.cdb[0], 0x8A);
     assert_eq!(w.cdb[1], 0);
-    assert_eq!(w.data_out, vec![7; 4096]);
+    assert_eq!(&w.data_out[..], &[7; 4096]);
+    assert!(
+        matches!(w.data_out, std::borrow::Cow::Borrowed(_)),
+        "a write's data is the host's, not a copy"
+    );
     // Data that does not match the blocks asked for never reaches the medium.
     assert_eq!(
         scsi_command(
@@ -40,7 +44,7 @@ fn reads_and_writes_become_their_sixteen_byte_scsi_commands() {
                 blocks: blocks(3, 2),
                 fua: false
             },
-            vec![7; 4096],
+            &[7; 4096],
             4096
         ),
         Err(Status::DATA_SGL_LENGTH_INVALID)
@@ -49,12 +53,12 @@ fn reads_and_writes_become_their_sixteen_byte_scsi_commands() {
         &IoCommand::Compare {
             blocks: blocks(0, 1),
         },
-        vec![1; 512],
+        &[1; 512],
         512,
     )
     .unwrap();
     assert_eq!((c.cdb[0], c.cdb[1]), (0x8F, 0x02));
-    let f = scsi_command(&IoCommand::Flush, Vec::new(), 512).unwrap();
+    let f = scsi_command(&IoCommand::Flush, &[], 512).unwrap();
     assert_eq!(f.cdb, [0x91, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
 }
 
@@ -66,7 +70,7 @@ fn write_zeroes_and_deallocate_become_write_same_and_unmap() {
             deallocate: true,
             fua: false,
         },
-        Vec::new(),
+        &[],
         512,
     )
     .unwrap();
@@ -79,7 +83,7 @@ fn write_zeroes_and_deallocate_become_write_same_and_unmap() {
                 deallocate: false,
                 fua: true
             },
-            Vec::new(),
+            &[],
             512
         ),
         Err(Status::INVALID_FIELD)
@@ -95,7 +99,7 @@ fn write_zeroes_and_deallocate_become_write_same_and_unmap() {
             ranges: 3,
             deallocate: true,
         },
-        ranges,
+        &ranges,
         512,
     )
     .unwrap();
@@ -112,7 +116,7 @@ fn write_zeroes_and_deallocate_become_write_same_and_unmap() {
                 ranges: 3,
                 deallocate: true
             },
-            vec![0; 4097 * 16],
+            &vec![0; 4097 * 16],
             512
         ),
         Err(Status::DATA_SGL_LENGTH_INVALID)
@@ -130,7 +134,7 @@ fn reservation_commands_become_persistent_reserve_out_with_the_same_type() {
             ignore_key: false,
             cptpl: Cptpl::NoChange,
         },
-        keys.clone(),
+        &keys,
         512,
     )
     .unwrap();
@@ -146,7 +150,7 @@ fn reservation_commands_become_persistent_reserve_out_with_the_same_type() {
             ignore_key: false,
             rtype: Some(ReservationType::WriteExclusiveRegistrantsOnly),
         },
-        keys.clone(),
+        &keys,
         512,
     )
     .unwrap();
@@ -157,7 +161,7 @@ fn reservation_commands_become_persistent_reserve_out_with_the_same_type() {
             ignore_key: false,
             cptpl: Cptpl::Set,
         },
-        keys.clone(),
+        &keys,
         512,
     )
     .unwrap();
@@ -169,7 +173,7 @@ fn reservation_commands_become_persistent_reserve_out_with_the_same_type() {
             ignore_key: false,
             rtype: None,
         },
-        keys,
+        &keys,
         512,
     )
     .unwrap();

@@ -71,6 +71,7 @@ impl Driver {
         backend: &mut Backend<'_>,
         life: &mut Life,
         r: Received,
+        input: &[u8],
     ) {
         let sqe = r.sqe;
         if !self.may_run(&sqe) {
@@ -78,12 +79,12 @@ impl Driver {
             return;
         }
         if sqe.opcode() == FABRICS {
-            self.fabrics(role, backend, life, &r);
+            self.fabrics(role, backend, life, &r, r.data(input));
             return;
         }
         match role {
             Role::Admin(entry) => self.admin(entry, backend, life, &r),
-            Role::Io(_) => self.nvm(backend, r),
+            Role::Io(_) => self.nvm(backend, r, input),
         }
     }
 
@@ -99,7 +100,14 @@ impl Driver {
                 ))
     }
 
-    fn fabrics(&mut self, role: &Role, backend: &mut Backend<'_>, life: &mut Life, r: &Received) {
+    fn fabrics(
+        &mut self,
+        role: &Role,
+        backend: &mut Backend<'_>,
+        life: &mut Life,
+        r: &Received,
+        data: &[u8],
+    ) {
         let sqe = &r.sqe;
         match (sqe.fctype(), role) {
             (fctype::PROPERTY_GET | fctype::PROPERTY_SET, Role::Admin(entry)) => {
@@ -117,7 +125,7 @@ impl Driver {
             (fctype::CONNECT, _) => {
                 self.answer(sqe.cid(), nvme::controller::COMMAND_SEQUENCE_ERROR, 0, &[]);
             }
-            (fctype::AUTH_SEND, _) => self.auth_send(role, backend, r),
+            (fctype::AUTH_SEND, _) => self.auth_send(role, backend, r, data),
             (fctype::AUTH_RECEIVE, _) => self.auth_receive(role, backend, r),
             _ => self.answer(sqe.cid(), Status::INVALID_OPCODE, 0, &[]),
         }
@@ -125,17 +133,17 @@ impl Driver {
 
     /// Authentication Send: the host's next DH-HMAC-CHAP message, for a queue that must
     /// authenticate (any other refuses the command).
-    fn auth_send(&mut self, role: &Role, backend: &mut Backend<'_>, r: &Received) {
+    fn auth_send(&mut self, role: &Role, backend: &mut Backend<'_>, r: &Received, data: &[u8]) {
         let cid = r.sqe.cid();
         let Some(auth) = self.auth.as_mut() else {
             return self.answer(cid, Status::INVALID_FIELD, 0, &[]);
         };
         match nvme::fabrics::auth_length(&r.sqe) {
-            Ok(tl) if tl as usize == r.data.len() => {}
+            Ok(tl) if tl as usize == data.len() => {}
             _ => return self.answer(cid, Status::INVALID_FIELD, 0, &[]),
         }
         let was = auth.authenticated();
-        auth.send(&r.data);
+        auth.send(data);
         self.answer(cid, Status::SUCCESS, 0, &[]);
         self.after_auth_step(role, backend, was);
     }
@@ -342,7 +350,8 @@ impl Driver {
     }
 
     /// An NVM command: decoded, its namespace found, translated and run.
-    fn nvm(&mut self, backend: &mut Backend<'_>, r: Received) {
+    /// `input`: what the receive call that returned `r` was given (its in-capsule data).
+    fn nvm(&mut self, backend: &mut Backend<'_>, r: Received, input: &[u8]) {
         let cid = r.sqe.cid();
         let command = match IoCommand::decode(&r.sqe) {
             Ok(c) => c,
@@ -352,11 +361,12 @@ impl Driver {
         // second; anything else in between fails the first.
         match (r.sqe.fuse(), self.fused.take()) {
             (1, None) => {
-                self.fused = Some((r, command));
+                self.fused = Some((r.into_owned(input), command));
                 return;
             }
             (2, Some((first, first_command))) => {
-                return self.fused_pair(backend, first, first_command, r, command);
+                let second = r.into_owned(input);
+                return self.fused_pair(backend, first, first_command, second, command);
             }
             (_, Some((first, _))) => {
                 self.answer(first.sqe.cid(), Status::ABORTED_FUSE_MISSING, 0, &[]);
@@ -387,7 +397,7 @@ impl Driver {
             }
             _ => {}
         }
-        let scsi = match translate::scsi_command(&command, r.data, block_size) {
+        let scsi = match translate::scsi_command(&command, r.data(input), block_size) {
             Ok(s) => s,
             Err(status) => return self.answer(cid, status, 0, &[]),
         };
@@ -418,9 +428,9 @@ impl Driver {
         };
         match translate::compare_and_write(
             &first_command,
-            &first.data,
+            first.data(&[]),
             &second_command,
-            &second.data,
+            second.data(&[]),
             block_size,
         ) {
             Ok(scsi) => {
@@ -445,7 +455,7 @@ impl Driver {
             itt: u32::from(cid),
             lun: wire_lun,
             cdb: &scsi.cdb,
-            data_out: &scsi.data_out,
+            data_out: &scsi.data_out[..],
             expected_len,
             read: scsi.read,
             write,
@@ -481,7 +491,7 @@ impl Driver {
                     itt: u32::from(cid),
                     lun: wire_lun,
                     cdb: scsi.cdb,
-                    data_out: DataOutBuf::Pooled(scsi.data_out),
+                    data_out: DataOutBuf::Pooled(scsi.data_out.into_owned()),
                     expected_len,
                     read: scsi.read,
                     write,

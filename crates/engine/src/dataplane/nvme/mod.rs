@@ -211,10 +211,12 @@ impl Driver {
         loop {
             let mut ready = Vec::new();
             let mut refused = Vec::new();
-            self.take_pdus(&mut ready, &mut refused)?;
+            let base = self.take_pdus(&mut ready, &mut refused)?;
             self.answer_refused(&refused);
             let mut ready = ready.into_iter();
             if let Some(first) = ready.next() {
+                let first = first.into_owned(&self.rbuf[base..]);
+                self.make_room();
                 let role = self.connect(shared, &first);
                 // Commands pipelined behind a refused Connect, or behind an accepted one
                 // before its answer could be seen: answered as out of sequence.
@@ -242,7 +244,7 @@ impl Driver {
             shared.metrics.nvme_connect("sequence");
             return None;
         }
-        let parsed = match nvme::fabrics::Connect::parse(sqe, &first.data) {
+        let parsed = match nvme::fabrics::Connect::parse(sqe, first.data(&[])) {
             Ok(c) => c,
             Err(e) => {
                 self.answer(sqe.cid(), e.status(), e.dw0(), &[]);
@@ -468,13 +470,18 @@ impl Driver {
         {
             return Ok(None);
         }
-        self.take_pdus(ready, refused)?;
+        let base = self.take_pdus(ready, refused)?;
         self.answer_refused(refused);
         refused.clear();
         let activity = activity(ready, self.queue.open());
+        // The receive buffer is lent to the commands (a write's in-capsule data goes from it
+        // to the device); nothing reads the socket meanwhile.
+        let rbuf = std::mem::take(&mut self.rbuf);
         for r in ready.drain(..) {
-            self.command(role, backend, life, r);
+            self.command(role, backend, life, r, &rbuf[base..]);
         }
+        self.rbuf = rbuf;
+        self.make_room();
         let answered = std::mem::take(&mut backend.answered);
         for done in answered {
             self.complete(backend, done);
@@ -643,11 +650,15 @@ impl Driver {
 
     /// Takes every whole PDU buffered; a PDU the transport refuses ends the connection (its
     /// termination request sent first).
+    /// Takes every whole PDU buffered; a PDU the transport refuses ends the connection (its
+    /// termination request sent first). Returns where the input began in `rbuf`: the commands'
+    /// in-capsule data stays there until [`Driver::make_room`].
     fn take_pdus(
         &mut self,
         ready: &mut Vec<Received>,
         refused: &mut Vec<Refused>,
-    ) -> Result<(), Closed> {
+    ) -> Result<usize, Closed> {
+        let base = self.start;
         match self.queue.receive(
             &self.rbuf[self.start..self.end],
             &mut self.out,
@@ -656,8 +667,7 @@ impl Driver {
         ) {
             Ok(used) => {
                 self.start += used;
-                self.make_room();
-                Ok(())
+                Ok(base)
             }
             Err(fatal) => {
                 // Best effort: the termination request, then the close.
@@ -790,7 +800,7 @@ fn activity(ready: &[Received], open_now: usize) -> iscsi::session::Activity {
         commands: ready.len() as u32,
         command_bytes: ready
             .iter()
-            .map(|r| (nvme::pdu::PduType::CapsuleCmd.hlen() + r.data.len()) as u64)
+            .map(|r| (nvme::pdu::PduType::CapsuleCmd.hlen() + r.data_len()) as u64)
             .sum(),
         other_pdus: 0,
         initiator_backlog: earlier.max(together),

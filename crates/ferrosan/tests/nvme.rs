@@ -401,6 +401,10 @@ fn controllers_are_sessions_to_ctl_and_a_hostile_queue_touches_no_other() {
         .unwrap_or_else(|| panic!("the controller in ctl sessions: {listed:?}"));
     assert_eq!(mine["target"], NQN);
     assert_eq!(mine["tsih"], u64::from(h.cntlid));
+    assert!(
+        mine["chap_user"].is_null(),
+        "no authentication, no user: {mine:?}"
+    );
     // Garbage on a new queue: a termination request and a close, nothing more.
     let mut raw = std::net::TcpStream::connect(addr(nvme_port)).unwrap();
     raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -639,6 +643,14 @@ fn a_new_secret_ends_the_controllers_that_proved_the_old_one() {
     let old = credentials(1, None, &[DhGroup::Null]);
     let mut h = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&old)).unwrap();
     h.write(1, 0, vec![1; 512], 512).unwrap();
+    // `ctl sessions` names the user the controller authenticated as (its host NQN).
+    let listed = ctl.sessions();
+    let mine = listed.iter().find(|s| s["initiator"] == HOSTNQN);
+    assert_eq!(
+        mine.map(|s| &s["chap_user"]),
+        Some(&HOSTNQN.into()),
+        "{listed:?}"
+    );
     let text = config_text(port, nvme_port, "", &authenticated_group(5));
     reload_ends(
         &daemon,

@@ -134,6 +134,16 @@ impl Admitted {
             Admitted::Normal { membership, .. } => Some(*membership),
         }
     }
+
+    /// The CHAP user the login proved to be (`None`: it did not authenticate).
+    pub fn chap_user(&self) -> Option<&str> {
+        match self {
+            Admitted::Discovery { proof } | Admitted::Normal { proof, .. } => match proof {
+                Proof::Chap { user, .. } => Some(user),
+                Proof::None => None,
+            },
+        }
+    }
 }
 
 /// Where a running session stands: what [`Topology::readmit`] decides again.

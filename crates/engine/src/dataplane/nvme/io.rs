@@ -200,6 +200,9 @@ impl Driver {
             tracing::info!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, qid = self.qid, hash = hash.map(|h| h.name()), dh_group = group.map(|g| g.name()), "NVMe queue authenticated (DH-HMAC-CHAP)");
             backend.shared.metrics.nvme_auth("success");
             self.auth_deadline = None;
+            if matches!(role, Role::Admin(_)) {
+                self.describe(entry, entry.admitted.chap_user());
+            }
         }
         if let Some(chosen) = self.auth.as_ref().and_then(|a| a.chosen()) {
             self.auth_chosen = Some(chosen);

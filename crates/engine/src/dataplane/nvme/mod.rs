@@ -282,7 +282,8 @@ impl Driver {
                 shared.metrics.nvme_connect("success");
                 if let Role::Admin(entry) = &role {
                     shared.metrics.nvme_controllers.inc();
-                    self.describe(entry);
+                    // Its authentication user once the admin queue has proved it.
+                    self.describe(entry, None);
                     tracing::info!(peer = %self.at.peer, host = %entry.host, subsystem = entry.subsystem.as_ref().map_or(nvme::fabrics::DISCOVERY_NQN, |s| s.as_str()), cntlid = entry.cntlid, kato_ms = parsed.kato_ms, authenticate = must_authenticate, "NVMe controller connected");
                 }
                 Some(role)
@@ -323,8 +324,9 @@ impl Driver {
             Some(Instant::now() + Duration::from_secs(shared.limits.login_timeout_s.into()));
     }
 
-    /// What `ctl sessions` shows of a controller.
-    fn describe(&self, entry: &ControllerEntry) {
+    /// What `ctl sessions` shows of a controller; `chap_user`: the DH-HMAC-CHAP user (the
+    /// host NQN) its admin queue authenticated as.
+    fn describe(&self, entry: &ControllerEntry, chap_user: Option<&str>) {
         let info = Arc::new(crate::admission::registry::SessionInfo {
             initiator: entry.host.to_string(),
             initiator_alias: Some("nvme".into()),
@@ -335,7 +337,7 @@ impl Driver {
             portal_group_tag: self.at.portal_group_tag,
             portal: self.at.local,
             source: self.at.peer,
-            chap_user: None,
+            chap_user: chap_user.map(str::to_string),
             params: self.params(),
             started: std::time::SystemTime::now(),
             reads: Default::default(),

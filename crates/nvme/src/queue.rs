@@ -60,9 +60,16 @@ pub enum Data {
 
 impl Received {
     /// Its data; `input` is what was given to the [`Queue::receive`] call that returned it.
+    /// (A command made [`Received::into_owned`] holds its data: any `input` will do.)
     pub fn data<'a>(&'a self, input: &'a [u8]) -> &'a [u8] {
         match &self.data {
-            Data::InCapsule(range) => input.get(range.clone()).unwrap_or_default(),
+            Data::InCapsule(range) => {
+                debug_assert!(
+                    range.end <= input.len(),
+                    "in-capsule data without its input"
+                );
+                input.get(range.clone()).unwrap_or_default()
+            }
             Data::Gathered(v) => v,
         }
     }

@@ -836,6 +836,7 @@ impl nvme::queue::DataSink for Queued<'_> {
         let mut crc = 0;
         if digest {
             // Never a file payload: a queue with data digests does not take file ranges.
+            debug_assert!(!self.outbox.is_file_payload(self.payload));
             self.outbox
                 .for_each_payload_piece(self.payload, range.clone(), |piece| {
                     crc = crc32c::crc32c_append(crc, piece);

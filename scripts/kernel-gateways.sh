@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# RBD gateway failover with the Linux kernel's iSCSI initiator: a QEMU guest (scripts/lib/guest.sh:
-# Debian 12's kernel, open-iscsi, dm-multipath, fio) writes through two ferrosan gateways of one
+# RBD gateway failover with the Linux kernel's iSCSI initiator and its NVMe/TCP host: a QEMU guest
+# (scripts/lib/guest.sh: Debian 12's kernel, open-iscsi, dm-multipath, nvme-cli, fio) writes through two ferrosan gateways of one
 # RBD image while the owner gateway is killed, restarted and hung, and the host measures what a
 # Linux host gets out of the box: how long its I/O stalls, how many takeovers each fault causes,
 # and whether every acknowledged write reads back (scripts/guest/kernel-gateways.sh is the guest's
@@ -15,7 +15,10 @@
 # timeouts an administrator sets for multipath (iscsid.conf: replacement_timeout 5 s, NOP-Out
 # every 5 s, 5 s to answer), dm-multipath with ALUA priorities, the ALUA hardware handler, TUR
 # checker, no_path_retry queue, failback manual, and one run per path_grouping_policy
-# (KERNEL_GATEWAYS_POLICIES). In each run fio writes 4 KiB random blocks (crc32c, per-I/O
+# (KERNEL_GATEWAYS_POLICIES). The run named "nvme" serves the image through the gateways'
+# NVMe/TCP listeners too (subsystem NQN, namespace 1; ANA states from the ownership) and the
+# guest connects nvme-cli to both with its defaults (keep-alive 5 s, reconnect every 10 s): the
+# kernel's native NVMe multipath joins the paths, with no tuning. In each run fio writes 4 KiB random blocks (crc32c, per-I/O
 # completion log) while the guest asks the host (over its second serial port, "HOST: N VERB",
 # answered through the share) to
 #   1. SIGKILL the image's owner; once I/O flows again, restart it (same config and name) and
@@ -35,8 +38,8 @@
 # last gap over a second in its window ("disrupted until": a path that fails once more after a
 # takeover makes a second stall); after the SIGSTOP, the end of the last gap over a second comes
 # at most STALL_MAX_S after the guest's session to the stopped gateway failed (its first "ping
-# timeout" or "detected conn error" in the kernel log; the stall from the SIGSTOP itself is
-# reported too). Fault times are the guest's, when it asked (the host acts within ~0.2 s).
+# timeout" or "detected conn error" in the kernel log; for NVMe/TCP, its controller's first
+# keep-alive or I/O timeout or error recovery; the stall from the SIGSTOP itself is reported too). Fault times are the guest's, when it asked (the host acts within ~0.2 s).
 #
 # Results in target/kernel-gateways/: summary.txt (every number), guest-console.log (the guest's
 # kernel log, fio output, multipath -ll at each step), guest-report.log (its RESULT lines and
@@ -45,8 +48,8 @@
 # owner changes as the host saw them), ceph.log. Exit status: non-zero if a judged run failed.
 #
 # Environment: FERROSAN_BIN             prebuilt daemon (default: cargo build --release -p ferrosan)
-#              KERNEL_GATEWAYS_POLICIES runs, in order (default "group_by_prio failover multibus")
-#              KERNEL_GATEWAYS_GATED    the runs the pass bar applies to (default: all three)
+#              KERNEL_GATEWAYS_POLICIES runs, in order (default "group_by_prio failover multibus nvme")
+#              KERNEL_GATEWAYS_GATED    the runs the pass bar applies to (default: all four)
 #              KERNEL_GATEWAYS_TIMEOUT  seconds the guest may run (default: from the runs)
 #              KGW_FIO_RATE (100 write IOPS), KGW_FIO_SECONDS (165: fio's write phase; it must
 #              outlast the faults), KGW_STOP_S (30), KGW_RETURN_S (30), KGW_RESUME_S (30),
@@ -64,8 +67,10 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 OUT=$ROOT/target/kernel-gateways
 IQN=iqn.2026-11.org.ferrosan:kernel-gateways
-POLICIES=${KERNEL_GATEWAYS_POLICIES:-group_by_prio failover multibus}
-GATED=${KERNEL_GATEWAYS_GATED:-group_by_prio failover multibus}
+NQN=nqn.2026-11.org.ferrosan:kernel-gateways
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:0c3d5e7f-2a4b-4c6d-8e0f-1a2b3c4d5e6f
+POLICIES=${KERNEL_GATEWAYS_POLICIES:-group_by_prio failover multibus nvme}
+GATED=${KERNEL_GATEWAYS_GATED:-group_by_prio failover multibus nvme}
 FIO_RATE=${KGW_FIO_RATE:-100}
 FIO_SECONDS=${KGW_FIO_SECONDS:-165}
 WARMUP_S=10
@@ -77,13 +82,13 @@ STALL_MAX_S=${KGW_STALL_MAX_S:-10}
 read -r -a RUNS <<<"$POLICIES"
 ((${#RUNS[@]} > 0)) || die "KERNEL_GATEWAYS_POLICIES is empty"
 for p in "${RUNS[@]}"; do
-    case $p in group_by_prio | failover | multibus | group_by_serial | group_by_node_name | group_by_tpg) ;;
+    case $p in group_by_prio | failover | multibus | group_by_serial | group_by_node_name | group_by_tpg | nvme) ;;
     *) die "unknown path_grouping_policy $p" ;;
     esac
 done
 GUEST_TIMEOUT=${KERNEL_GATEWAYS_TIMEOUT:-$((180 + ${#RUNS[@]} * (FIO_SECONDS * 2 + 120)))}
 
-declare -A HOST_T=() GW_PID=() GW_PORT=() GW_MPORT=() GW_STOPPED=() OWN_LAST=() CUR=() BASE=() MARK_T=() MARK_TK=() MARK_OWN=()
+declare -A HOST_T=() GW_PID=() GW_PORT=() GW_NPORT=() GW_MPORT=() GW_STOPPED=() OWN_LAST=() CUR=() BASE=() MARK_T=() MARK_TK=() MARK_OWN=()
 WORK="" CEPH_DIR="" RUN_OUT="" RUN_N=""
 CONT_AT="" CONT_GW="" CONT_REQ=""
 
@@ -127,6 +132,8 @@ mkdir -p "$WORK/share/acks"
 cp scripts/guest/kernel-gateways.sh "$WORK/share/main.sh"
 cat >"$WORK/share/params" <<PARAMS
 TARGET_IQN=$IQN
+TARGET_NQN=$NQN
+HOSTNQN=$HOSTNQN
 HOST_ADDR=10.0.2.2
 POLICIES="${RUNS[*]}"
 FIO_RATE=$FIO_RATE
@@ -166,7 +173,8 @@ start_gateway() {
     GW_PID[$g]=$!
     GW_STOPPED[$g]=""
     event "start gateway $g (PID ${GW_PID[$g]})"
-    if ! wait_port "${GW_PORT[$g]}" "${GW_PID[$g]}" 30 || ! wait_port "${GW_MPORT[$g]}" "${GW_PID[$g]}" 5; then
+    if ! wait_port "${GW_PORT[$g]}" "${GW_PID[$g]}" 30 || ! wait_port "${GW_MPORT[$g]}" "${GW_PID[$g]}" 5 ||
+        { [[ -n ${GW_NPORT[$g]:-} ]] && ! wait_port "${GW_NPORT[$g]}" "${GW_PID[$g]}" 5; }; then
         log "gateway $g did not start; the end of its log:"
         tail_indented "$RUN_OUT/gateway-$g.log" 20
         return 1
@@ -251,7 +259,14 @@ run_start() {
     GW_PORT[b]=$(free_port)
     GW_MPORT[a]=$(free_port)
     GW_MPORT[b]=$(free_port)
-    if [[ $(printf '%s\n' "${GW_PORT[@]}" "${GW_MPORT[@]}" | sort -u | wc -l) != 4 ]]; then
+    GW_NPORT=()
+    local nvme=()
+    if [[ $p == nvme ]]; then
+        GW_NPORT[a]=$(free_port)
+        GW_NPORT[b]=$(free_port)
+        nvme=("${GW_NPORT[a]}" "${GW_NPORT[b]}" "$NQN")
+    fi
+    if [[ $(printf '%s\n' "${GW_PORT[@]}" "${GW_MPORT[@]}" "${GW_NPORT[@]}" | sort -u | wc -l) != $((4 + ${#GW_NPORT[@]})) ]]; then
         answer "$req" "FAILED free_port gave one port twice"
         return 0
     fi
@@ -259,7 +274,7 @@ run_start() {
         answer "$req" "FAILED rbd create rbd/kgw-$n (see ceph.log)"
         return 0
     fi
-    gateways_config "$IQN" "rbd/kgw-$n" "$CEPH_CONF" "${GW_PORT[a]}" "${GW_PORT[b]}" >"$RUN_OUT/ferrosan.toml"
+    gateways_config "$IQN" "rbd/kgw-$n" "$CEPH_CONF" "${GW_PORT[a]}" "${GW_PORT[b]}" "${nvme[@]}" >"$RUN_OUT/ferrosan.toml"
     "$FERROSAN_BIN" check-config "$RUN_OUT/ferrosan.toml" >/dev/null
     # a first (it takes the image: nobody holds it), then b, which follows a.
     if ! start_gateway a; then
@@ -277,7 +292,7 @@ run_start() {
     fi
     snapshot start
     log "run $n ($p): gateways a (PID ${GW_PID[a]}, 127.0.0.1:${GW_PORT[a]}) and b (PID ${GW_PID[b]}, 127.0.0.1:${GW_PORT[b]}), image rbd/kgw-$n; owner metrics ${MARK_OWN[start]}"
-    answer "$req" "ok ${GW_PORT[a]} ${GW_PORT[b]} rbd/kgw-$n"
+    answer "$req" "ok ${GW_PORT[a]} ${GW_PORT[b]} rbd/kgw-$n ${GW_NPORT[a]:-} ${GW_NPORT[b]:-}"
 }
 
 kill_owner() {
@@ -523,6 +538,7 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
     printf 'kernel-gateways: fio 4 KiB random writes, iodepth 4, %s IOPS for %s s; SIGSTOP %s s; pass bar: stall <= %s s, one takeover per fault\n' \
         "$FIO_RATE" "$FIO_SECONDS" "$STOP_S" "$STALL_MAX_S"
     echo "kernel-gateways: initiator: iscsid.conf replacement_timeout 5, noop_out_interval 5, noop_out_timeout 5; multipath.conf device FERROSAN: prio alua, hardware_handler \"1 alua\", path_checker tur, no_path_retry queue, failback manual, path_grouping_policy per run (guest-console.log has the files)"
+    echo "kernel-gateways: run nvme: nvme connect with nvme-cli's defaults (keep-alive 5 s, reconnect delay 10 s, ctrl-loss 600 s), native NVMe multipath"
     echo "kernel-gateways: times in seconds after the fault as the guest asked for it (the host acts within ~0.2 s); stall = longest gap between two write completions"
     if ((${#planned[@]} == 0)); then
         echo "  the guest reported no plan: it never ran (see $CONSOLE)"
@@ -578,6 +594,24 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
             for (i = 5; i <= NF; i++) if (index($i, k "=") == 1) { print substr($i, length(k) + 2); exit } }' "$REPORT"; }
         ev() { awk -v p="$p" -v w="$1" -v k="$2" '$1 == "RESULT" && $2 == p && $3 == "events" && $4 == w {
             for (i = 5; i <= NF; i++) if (index($i, k "=") == 1) { print substr($i, length(k) + 2); exit } }' "$REPORT"; }
+        # guest_events WINDOW: the guest kernel's view of the fault, per transport.
+        guest_events() {
+            if [[ $p == nvme ]]; then
+                printf '      guest: controller error %s s (keep-alive timeout %s s), error recovery %s s, reconnect attempt %s s, reconnected %s s (after the %s)\n' \
+                    "$(ev "$1" conn_error)" "$(ev "$1" ping_timeout)" "$(ev "$1" recovery)" "$(ev "$1" reconnect)" "$(ev "$1" live)" "$1"
+            else
+                printf '      guest: conn error %s s, session recovery timeout %s s, path failed %s s, ALUA on the other path %s s (after the %s)\n' \
+                    "$(ev "$1" conn_error)" "$(ev "$1" recovery_timeout)" "$(ev "$1" path_failed)" "$(ev "$1" alua_other)" "$1"
+            fi
+        }
+        # detection TIME: what the guest's first sign of the hang was.
+        detection() {
+            if [[ $(ev stop ping_timeout) != "$1" ]]; then
+                [[ $p == nvme ]] && echo "I/O timeout or error recovery" || echo "connection error"
+            else
+                [[ $p == nvme ]] && echo "keep-alive timeout" || echo "NOP-Out ping timeout"
+            fi
+        }
         # The stall as the longest gap between two write completions, and the disruption: up to
         # the end of the last gap over a second in the fault's window (after a takeover a path
         # can fail once more and wait for multipathd's checker: a second stall).
@@ -613,8 +647,7 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
             "$(hres "$p" pre.takeovers)" "$(hres "$p" pre.owners_after)" "$(wv pre gap)" "$(wv pre stalls)" "$(wv pre max_lat)"
         printf '  1 SIGKILL owner %s: stall %s s (longest gap between write completions, from %s to %s s after the kill); I/O disrupted until %s s (%s gaps over 1 s, %s s in all); max write latency %s s\n' \
             "$(res "$p" mark victim)" "${kgap:-?}" "$(wv kill gap_start)" "$(wv kill gap_end)" "${kuntil:-?}" "$(wv kill stalls)" "$(wv kill stalled)" "${klat:-?}"
-        printf '      guest: conn error %s s, session recovery timeout %s s, path failed %s s, ALUA on the other path %s s (after the kill)\n' \
-            "$(ev kill conn_error)" "$(ev kill recovery_timeout)" "$(ev kill path_failed)" "$(ev kill alua_other)"
+        guest_events kill
         printf '      host: takeovers %s; first "took over" %s s, first "fenced" %s s after the SIGKILL; owners after: %s; NOT READY answers %s, ship failures %s\n' \
             "$(hres "$p" kill.takeovers)" "$(hres "$p" kill.first_took)" "$(hres "$p" kill.first_fenced)" "$(hres "$p" kill.owners_after)" \
             "$(hres "$p" kill.notready)" "$(hres "$p" kill.shipfail)"
@@ -624,9 +657,8 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
         printf '  2 SIGSTOP owner %s for %s s: stall from the stop %s s (%s gaps over 1 s, %s s in all; longest %s s, from %s to %s s); from detection %s s (session failed %s s after the stop: %s); max write latency %s s\n' \
             "$(awk -v p="$p" '$1 == "RESULT" && $2 == p && $3 == "mark" && $4 == "stop" { for (i = 5; i <= NF; i++) if ($i ~ /^victim=/) print substr($i, 8) }' "$REPORT")" \
             "$STOP_S" "${suntil:-?}" "$(wv stop stalls)" "$(wv stop stalled)" "${sgap:-?}" "$(wv stop gap_start)" "$(wv stop gap_end)" "$from_det" "${sdet:-?}" \
-            "$(if [[ $(ev stop ping_timeout) == "$sdet" ]]; then echo "NOP-Out ping timeout"; else echo "connection error"; fi)" "${slat:-?}"
-        printf '      guest: session recovery timeout %s s, path failed %s s, ALUA on the other path %s s (after the stop)\n' \
-            "$(ev stop recovery_timeout)" "$(ev stop path_failed)" "$(ev stop alua_other)"
+            "$(detection "$sdet")" "${slat:-?}"
+        guest_events stop
         printf '      host: takeovers %s; first "took over" %s s, first "fenced" %s s after the SIGSTOP; owners at SIGCONT: %s; NOT READY %s, ship failures %s\n' \
             "$(hres "$p" stop.takeovers)" "$(hres "$p" stop.first_took)" "$(hres "$p" stop.first_fenced)" "$(hres "$p" stop.owners_after)" \
             "$(hres "$p" stop.notready)" "$(hres "$p" stop.shipfail)"

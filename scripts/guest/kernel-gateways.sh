@@ -2,7 +2,8 @@
 # The guest's half of scripts/kernel-gateways.sh: runs inside the test guest (scripts/lib/guest.sh)
 # as /host/main.sh. For each multipath path grouping policy in $POLICIES it logs in to the two
 # ferrosan RBD gateways the host started (open-iscsi, one session per gateway's portal), lets
-# dm-multipath join the two paths, writes with fio (4 KiB random writes, crc32c, a per-I/O
+# dm-multipath join the two paths (the run named "nvme": connects nvme-cli to both gateways'
+# NVMe/TCP listeners and lets the kernel's native NVMe multipath join them), writes with fio (4 KiB random writes, crc32c, a per-I/O
 # completion log) and asks the host to SIGKILL the image's owner, to restart it, to SIGSTOP the
 # new owner for STOP_S seconds; after fio's write phase its verify phase reads back every block
 # written. Then it measures the stalls from fio's completion log and the kernel's log.
@@ -13,7 +14,8 @@
 #                                   clock when sent); the host answers in /host/acks/N ("ok ..."
 #                                   or "FAILED ...") and, for stop-owner, /host/acks/N.cont once
 #                                   it has continued the stopped gateway. Verbs:
-#                                     run-start N POLICY  fresh image and gateways a, b: "ok PORT_A PORT_B IMAGE"
+#                                     run-start N POLICY  fresh image and gateways a, b: "ok PORT_A PORT_B IMAGE
+#                                                         [NVME_A NVME_B]" (NVMe/TCP ports for the run "nvme")
 #                                     kill-owner          SIGKILL the owner: "ok NAME HOST_EPOCH"
 #                                     restart NAME        start gateway NAME again: "ok NAME HOST_EPOCH"
 #                                     stop-owner SECS     SIGSTOP the owner, SIGCONT after SECS: "ok NAME HOST_EPOCH"
@@ -25,7 +27,7 @@
 #   DONE POLICY                     the run's results are all out
 # Everything else (commands, their output, kernel lines) goes to the console (stdout).
 #
-# /host/params (written by the host) sets TARGET_IQN, HOST_ADDR, POLICIES, FIO_RATE (write
+# /host/params (written by the host) sets TARGET_IQN, TARGET_NQN, HOSTNQN, HOST_ADDR, POLICIES, FIO_RATE (write
 # IOPS), FIO_SECONDS (length of fio's write phase at that rate), WARMUP_S, KILL_MAX_S (longest
 # wait for I/O after the kill before the killed gateway is restarted anyway), RETURN_S (I/O
 # time after the restart), STOP_S, RESUME_S (I/O time after SIGCONT).
@@ -33,7 +35,7 @@ set -uo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
 source /host/params
-: "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${POLICIES:?}" "${FIO_RATE:?}" "${FIO_SECONDS:?}"
+: "${TARGET_IQN:?}" "${TARGET_NQN:?}" "${HOSTNQN:?}" "${HOST_ADDR:?}" "${POLICIES:?}" "${FIO_RATE:?}" "${FIO_SECONDS:?}"
 : "${WARMUP_S:?}" "${KILL_MAX_S:?}" "${RETURN_S:?}" "${STOP_S:?}" "${RESUME_S:?}"
 REPORT=${REPORT:-/dev/ttyS1}
 ACKS=/host/acks
@@ -207,6 +209,75 @@ CONF
     cat /etc/multipath.conf
 }
 
+# ---------------------------------------------------------------------------------------------
+# nvme-cli and native NVMe multipath, with nvme-cli's defaults (keep-alive 5 s, reconnect every
+# 10 s for 600 s): no tuning, as the kernel's host comes
+
+nvme_connect() {
+    nvme connect -t tcp -a "$HOST_ADDR" -s "$1" -n "$TARGET_NQN" -q "$HOSTNQN"
+}
+# nvme_ctrl PORT: the controller (nvmeN) connected to HOST_ADDR:PORT.
+nvme_ctrl() {
+    local c addr
+    for c in /sys/class/nvme/nvme*; do
+        addr=$(cat "$c/address" 2>/dev/null) || continue
+        [[ $addr == *"traddr=$HOST_ADDR,"*"trsvcid=$1"* ]] || continue
+        echo "${c##*/}"
+        return 0
+    done
+    return 1
+}
+# nvme_head: the namespace's head device (nvmeXn1; its paths nvmeXcYn1 are hidden).
+nvme_head() {
+    local b n
+    for b in /sys/block/nvme*n1; do
+        [[ -e $b ]] || continue
+        n=${b##*/}
+        [[ $n == *c* ]] && continue
+        echo "$n"
+        return 0
+    done
+    return 1
+}
+# nvme_path CTRL: the namespace's path device through controller CTRL (nvmeXcYn1).
+nvme_path() {
+    local p
+    for p in /sys/block/nvme*c"${1#nvme}"n1; do
+        [[ -e $p ]] && echo "${p##*/}" && return 0
+    done
+    return 1
+}
+# nvme_paths: "a=ana:STATE,CTRL_STATE b=..." for the RESULT map line.
+nvme_paths() {
+    local g c p
+    for g in a b; do
+        c=$CTRL_A
+        [[ $g == b ]] && c=$CTRL_B
+        p=$(nvme_path "$c" 2>/dev/null)
+        printf '%s=ana:%s,%s ' "$g" "$(cat "/sys/block/$p/ana_state" 2>/dev/null || echo -)" "$(cat "/sys/class/nvme/$c/state" 2>/dev/null || echo -)"
+    done
+}
+nvme_settled() { [[ $(nvme_paths) == "a=ana:optimized,live b=ana:non-optimized,live " ]]; }
+nvme_ready() {
+    [[ $(cat "/sys/class/nvme/$CTRL_A/state" 2>/dev/null) == live && $(cat "/sys/class/nvme/$CTRL_B/state" 2>/dev/null) == live ]]
+}
+
+# The run's transport: show the paths, tell whether both are ready.
+show_paths() {
+    if [[ $POLICY == nvme ]]; then
+        nvme list-subsys 2>&1 | cat
+        echo "paths: $(nvme_paths)"
+    else
+        show_paths
+    fi
+}
+both_ready() {
+    if [[ $POLICY == nvme ]]; then nvme_ready; else paths_ready; fi
+}
+both_ready_text() {
+    if [[ $POLICY == nvme ]]; then nvme_paths; else multipathd show paths raw format '%d %t %T' | tr '\n' ';'; fi
+}
+
 MPD_PID=""
 stop_multipathd() {
     [[ -n $MPD_PID ]] || return 0
@@ -218,7 +289,15 @@ stop_multipathd() {
 # ---------------------------------------------------------------------------------------------
 # I/O
 
-dm_writes() { awk '{ print $5 }' "/sys/block/$DM/stat"; }
+# dm_writes: the writes the map (or the NVMe paths: Linux 6.1 keeps no statistics for the
+# namespace's head device) has completed.
+dm_writes() {
+    if [[ $POLICY == nvme ]]; then
+        cat /sys/block/nvme*c*n1/stat | awk '{ n += $5 } END { print n + 0 }'
+    else
+        awk '{ print $5 }' "/sys/block/$DM/stat"
+    fi
+}
 # wait_io_flowing AFTER SECONDS: wait (at most SECONDS) until the map completes writes at half
 # fio's rate or more over 2 s that all lie after the epoch AFTER; prints the time.
 wait_io_flowing() {
@@ -337,6 +416,44 @@ fault_events() {
         "alua_other=$(kev "$marker" "sd $hctl: alua: port group")"
 }
 
+# nvme_fault_events NAME MARKER GATEWAY: the same for the NVMe/TCP controller to the gateway:
+# conn_error is its first sign of trouble (a keep-alive or I/O timeout, or error recovery on a
+# closed connection), ping_timeout its keep-alive timing out (a timeout on the admin queue,
+# queue 0, where Keep Alive is the only command while I/O runs), recovery the start of error
+# recovery, reconnect its first attempt to connect again, live the controller live again.
+nvme_fault_events() {
+    local name=$1 marker=$2 g=$3 c
+    c=$CTRL_A
+    [[ $g == b ]] && c=$CTRL_B
+    report "RESULT $POLICY events $name gateway=$g" \
+        "conn_error=$(kev "$marker" "$c: .*(timeout|starting error recovery|keep_alive|Keep Alive)")" \
+        "ping_timeout=$(kev "$marker" "$c: (queue 0: timeout|.*keep_alive|.*Keep Alive)")" \
+        "recovery=$(kev "$marker" "$c: starting error recovery")" \
+        "reconnect=$(kev "$marker" "$c: (Reconnecting in|Failed reconnect attempt|failed to connect)")" \
+        "live=$(kev "$marker" "$c: Successfully reconnected")"
+}
+
+# nvme_setup PORT_A PORT_B: connect to both gateways' NVMe/TCP listeners; sets CTRL_A, CTRL_B
+# and DM (the head device fio writes to).
+nvme_setup() {
+    nvme_connect "$1" || { gfail "nvme connect to gateway a ($1) failed"; return 1; }
+    nvme_connect "$2" || { gfail "nvme connect to gateway b ($2) failed"; return 1; }
+    wait_until 20 nvme_head >/dev/null || { gfail "no namespace head device after connecting"; return 1; }
+    CTRL_A=$(nvme_ctrl "$1") || { gfail "no controller to gateway a"; return 1; }
+    CTRL_B=$(nvme_ctrl "$2") || { gfail "no controller to gateway b"; return 1; }
+    DM=$(nvme_head)
+    wait_until 20 nvme_path "$CTRL_B" >/dev/null || { gfail "no path through gateway b's controller"; return 1; }
+    local paths=(/sys/block/nvme*c*n1)
+    ((${#paths[@]} == 2)) || { gfail "not one namespace with two paths: ${paths[*]##*/}"; return 1; }
+    echo "native multipath: $(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null), iopolicy $(cat /sys/class/nvme-subsystem/*/iopolicy 2>/dev/null | head -n1)"
+    say "gateway a: controller $CTRL_A, gateway b: controller $CTRL_B; head /dev/$DM"
+    # The owner's path optimized, the other's non-optimized (ANA from the ownership).
+    wait_until 30 nvme_settled ||
+        say "the paths are not a optimized, b non-optimized: $(nvme_paths)"
+    show_paths
+    report "RESULT $POLICY map $(nvme_paths)"
+}
+
 run_policy() {
     local n=$1 p=$2 i
     POLICY=$p
@@ -346,9 +463,22 @@ run_policy() {
         gfail "the host did not start the gateways: $LAST_ACK"
         return 1
     fi
-    local port_a port_b image
-    read -r _ port_a port_b image <<<"$LAST_ACK"
-    say "gateways: a on $HOST_ADDR:$port_a, b on $HOST_ADDR:$port_b, image $image"
+    local port_a port_b image nvme_a nvme_b
+    read -r _ port_a port_b image nvme_a nvme_b <<<"$LAST_ACK"
+    if [[ $p == nvme ]]; then
+        say "gateways: a on $HOST_ADDR:$nvme_a, b on $HOST_ADDR:$nvme_b (NVMe/TCP), image $image"
+        nvme_setup "$nvme_a" "$nvme_b" || return 1
+    else
+        say "gateways: a on $HOST_ADDR:$port_a, b on $HOST_ADDR:$port_b, image $image"
+        iscsi_paths "$port_a" "$port_b" || return 1
+    fi
+    run_faults "$p"
+}
+
+# iscsi_paths PORT_A PORT_B: log in to both gateways' portals and let dm-multipath join them
+# with the run's path grouping policy; sets SID_A, DISK_A, SID_B, DISK_B, MAP and DM.
+iscsi_paths() {
+    local p=$POLICY port_a=$1 port_b=$2
     login "$port_a" 1 || gfail "login to gateway a ($port_a) failed"
     login "$port_b" 2 || gfail "login to gateway b ($port_b) failed"
     local sa sb
@@ -382,8 +512,13 @@ run_policy() {
     wait_until 10 test -b "/dev/$DM" || { gfail "no block device /dev/$DM for the map $MAP"; return 1; }
     wait_until 30 two_paths || { gfail "the map does not have two paths: $(map_paths | tr '\n' ';')"; return 1; }
     wait_until 30 paths_ready || say "not both paths active ready: $(multipathd show paths raw format '%d %t %T' | tr '\n' ';')"
-    multipath -ll "$MAP" | cat
+    show_paths
     report "RESULT $p map $(map_paths | awk -v a="$DISK_A" '{ printf "%s=prio:%s,%s,%s ", ($1 == a ? "a" : "b"), $2, $3, $4 }')"
+}
+
+# run_faults POLICY: fio, and the faults while it writes; then the measurements.
+run_faults() {
+    local p=$1
 
     # fio, and the faults while it writes.
     rm -f "$WORK"/lat* "$WORK"/fio.*
@@ -412,19 +547,19 @@ run_policy() {
     else
         say "no I/O flows $KILL_MAX_S s after the kill: restarting the killed gateway anyway"
     fi
-    multipath -ll "$MAP" | cat
+    show_paths
     t_restart=$(epoch)
     kmark restart "$t_restart"
     if [[ -n $victim1 ]]; then
         host_request 90 restart "$victim1" || gfail "the host could not restart gateway $victim1: $LAST_ACK"
     fi
     report "RESULT $p mark restart guest_epoch=$t_restart"
-    if wait_until 60 paths_ready; then
-        say "both paths active ready $(sub_ "$(epoch)" "$t_restart") s after the restart request"
+    if wait_until 60 both_ready; then
+        say "both paths ready $(sub_ "$(epoch)" "$t_restart") s after the restart request"
     else
-        say "not both paths ready 60 s after the restart: $(multipathd show paths raw format '%d %t %T' | tr '\n' ';')"
+        say "not both paths ready 60 s after the restart: $(both_ready_text)"
     fi
-    multipath -ll "$MAP" | cat
+    show_paths
     sleep_until "$(add "$t_restart" "$RETURN_S")"
     host_request 10 mark return-end || true
 
@@ -442,7 +577,7 @@ run_policy() {
     report "RESULT $p mark stop guest_epoch=$t_stop victim=${victim2:--}"
     if [[ -n $stop_req ]]; then
         sleep "$((STOP_S / 2))"
-        multipath -ll "$MAP" | cat
+        show_paths
         wait_file "$ACKS/$stop_req.cont" "$((STOP_S + 30))" || gfail "the host did not continue gateway $victim2"
         say "host: $(cat "$ACKS/$stop_req.cont" 2>/dev/null)"
     fi
@@ -455,7 +590,7 @@ run_policy() {
         say "no I/O 60 s after the SIGCONT"
     fi
     sleep_until "$(add "$t_cont" "$RESUME_S")"
-    multipath -ll "$MAP" | cat
+    show_paths
     t_end=$(epoch)
     kmark end "$t_end"
     report "RESULT $p mark end guest_epoch=$t_end"
@@ -494,14 +629,18 @@ run_policy() {
 
     # The kernel's view of the faults.
     dmesg >"$WORK/dmesg.txt"
-    [[ -n $victim1 ]] && fault_events kill fault-kill "$victim1"
-    [[ -n $victim1 ]] && fault_events return restart "$victim1"
-    [[ -n $victim2 ]] && fault_events stop fault-stop "$victim2"
-    [[ -n $victim2 ]] && fault_events resume cont "$victim2"
-    printf '\n---- kernel log (iSCSI, SCSI, ALUA, device-mapper)\n'
-    grep -E 'kgw:|iscsi|connection|session|sd |alua|device-mapper|multipath|I/O error|Sense|sense' "$WORK/dmesg.txt" | tail -n 200 || true
-    printf '\n---- multipathd (last 80 lines)\n'
-    tail -n 80 "$WORK/multipathd.log" || true
+    local events=fault_events
+    [[ $p == nvme ]] && events=nvme_fault_events
+    [[ -n $victim1 ]] && $events kill fault-kill "$victim1"
+    [[ -n $victim1 ]] && $events return restart "$victim1"
+    [[ -n $victim2 ]] && $events stop fault-stop "$victim2"
+    [[ -n $victim2 ]] && $events resume cont "$victim2"
+    printf '\n---- kernel log (iSCSI, SCSI, ALUA, device-mapper, NVMe)\n'
+    grep -E 'kgw:|iscsi|connection|session|sd |alua|device-mapper|multipath|I/O error|Sense|sense|nvme' "$WORK/dmesg.txt" | tail -n 200 || true
+    if [[ $p != nvme ]]; then
+        printf '\n---- multipathd (last 80 lines)\n'
+        tail -n 80 "$WORK/multipathd.log" || true
+    fi
     return 0
 }
 
@@ -521,7 +660,8 @@ run_teardown() {
     multipath -F >/dev/null 2>&1 || true
     iscsiadm -m node -u >/dev/null 2>&1 || true
     iscsiadm -m node -o delete >/dev/null 2>&1 || true
-    MAP="" DM=""
+    nvme disconnect -n "$TARGET_NQN" >/dev/null 2>&1 || true
+    MAP="" DM="" CTRL_A="" CTRL_B=""
 }
 
 trap 'stop_multipathd' EXIT

@@ -141,20 +141,28 @@ wait_for_line() {
 GATEWAY_A_OWNS="gateway a owns"
 GATEWAY_B_SEES_A="is owned by gateway a|owner of .* is now gateway a"
 
-# gateways_config IQN IMAGE CEPH_CONF PORT_A PORT_B: prints a config for two RBD gateways, a and
-# b (portal groups 1 and 2 on 127.0.0.1:PORT_A and PORT_B), exporting rbd IMAGE (POOL/NAME) of
-# the cluster CEPH_CONF names as LUN 0 of IQN to any initiator (docs/RBD.md); each gateway runs
-# it with `serve --config FILE --gateway a|b`.
+# gateways_config IQN IMAGE CEPH_CONF PORT_A PORT_B [NVME_A NVME_B NQN]: prints a config for two
+# RBD gateways, a and b (portal groups 1 and 2 on 127.0.0.1:PORT_A and PORT_B), exporting rbd
+# IMAGE (POOL/NAME) of the cluster CEPH_CONF names as LUN 0 of IQN to any initiator
+# (docs/RBD.md); each gateway runs it with `serve --config FILE --gateway a|b`. With NVME_A,
+# NVME_B and NQN, each portal group also has an NVMe/TCP listener (127.0.0.1:NVME_A, NVME_B)
+# and the target serves the image as namespace 1 of subsystem NQN (docs/NVME.md).
 gateways_config() {
+    local nvme_a="" nvme_b="" nqn=""
+    if (($# >= 8)); then
+        nvme_a=$'\n'"nvme_listen = [\"127.0.0.1:$6\"]"$'\n'"nvme_discovery_listen = []"
+        nvme_b=$'\n'"nvme_listen = [\"127.0.0.1:$7\"]"$'\n'"nvme_discovery_listen = []"
+        nqn=$'\n'"nqn = \"$8\""
+    fi
     cat <<CONFIG
 [[portal_group]]
 tag = 1
-listen = ["127.0.0.1:$4"]
+listen = ["127.0.0.1:$4"]$nvme_a
 gateway = "a"
 
 [[portal_group]]
 tag = 2
-listen = ["127.0.0.1:$5"]
+listen = ["127.0.0.1:$5"]$nvme_b
 gateway = "b"
 
 [[device]]
@@ -164,7 +172,7 @@ image = "$2"
 ceph_conf = "$3"
 
 [[target]]
-iqn = "$1"
+iqn = "$1"$nqn
 
   [[target.group]]
   name = "all"

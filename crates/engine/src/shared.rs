@@ -74,6 +74,9 @@ impl Shared {
         workers: usize,
     ) -> Shared {
         assert_eq!(topology.generation, 1, "a daemon starts at generation 1");
+        let session_ids = device_context
+            .session_ids()
+            .unwrap_or(crate::admission::registry::ALL_IDS);
         Shared {
             left_out: Mutex::new(left_out),
             topology: RwLock::new(Arc::new(topology)),
@@ -83,7 +86,10 @@ impl Shared {
             reloading: Mutex::new(()),
             portals: crate::topology::portals::served(config),
             limits: config.limits.clone(),
-            registry: Arc::new(Registry::new(config.limits.max_sessions as usize)),
+            registry: Arc::new(Registry::new(
+                config.limits.max_sessions as usize,
+                session_ids,
+            )),
             nvme: Default::default(),
             nvme_portals: crate::topology::portals::served_nvme(config),
             doors,

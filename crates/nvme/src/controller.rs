@@ -65,6 +65,10 @@ const IO_CHANGES: &[u8] = &[0x01, 0x08, 0x09];
 
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 pub const AER_MAX: usize = 4;
+
+/// The highest controller ID a host may be given: 0 and FFF0h and above are reserved (NVMe
+/// base specification, Identify Controller CNTLID; FFFFh and FFFEh mean "any" in Connect).
+pub const CNTLID_MAX: u16 = 0xFFEF;
 /// Keep-alive granularity: 100 ms units (KAS).
 const KAS_100MS: u16 = 1;
 /// The ANA transition time the controller reports, seconds.

@@ -16,8 +16,7 @@ use super::registry::SessionTicket;
 use super::Admitted;
 use crate::config::IscsiName;
 
-/// The highest controller ID a host may be given (0 and FFF0h and above are reserved).
-pub const CNTLID_MAX: u16 = 0xFFEF;
+pub use nvme::controller::CNTLID_MAX;
 
 /// One controller, as its queues share it.
 pub struct ControllerEntry {

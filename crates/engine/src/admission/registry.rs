@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -59,9 +60,17 @@ impl SessionInfo {
     }
 }
 
+/// Every TSIH a daemon that is no RBD gateway gives: 0 is reserved, and above FFEFh an NVMe
+/// controller ID would be (one range serves both doors).
+pub const ALL_IDS: RangeInclusive<u16> = 1..=nvme::controller::CNTLID_MAX;
+
 pub struct Registry {
     inner: Mutex<Inner>,
     max_sessions: usize,
+    /// The TSIHs (and NVMe controller IDs) this daemon gives: all of them, or an RBD
+    /// gateway's share (`Gateways::session_ids`), so that no two gateways of a subsystem give
+    /// a host the same controller ID.
+    ids: RangeInclusive<u16>,
 }
 
 struct Inner {
@@ -93,13 +102,19 @@ impl Drop for SessionTicket {
 }
 
 impl Registry {
-    pub fn new(max_sessions: usize) -> Registry {
+    /// A registry of at most `max_sessions` sessions, given TSIHs from `ids` (never 0).
+    pub fn new(max_sessions: usize, ids: RangeInclusive<u16>) -> Registry {
+        assert!(
+            *ids.start() >= 1 && ids.start() <= ids.end(),
+            "TSIH 0 is reserved; the range is not empty"
+        );
         Registry {
             inner: Mutex::new(Inner {
                 sessions: HashMap::new(),
-                next_tsih: 1,
+                next_tsih: *ids.start(),
             }),
             max_sessions,
+            ids,
         }
     }
 
@@ -152,12 +167,8 @@ impl Registry {
                 return Err(LoginStatus::OUT_OF_RESOURCES);
             }
         }
-        let mut tsih = inner.next_tsih;
-        // TSIH 0 is reserved; skip values still in use after wrap-around.
-        while tsih == 0 || inner.sessions.values().any(|e| e.tsih == tsih) {
-            tsih = tsih.wrapping_add(1);
-        }
-        inner.next_tsih = tsih.wrapping_add(1);
+        let tsih = self.free_tsih(&inner).ok_or(LoginStatus::OUT_OF_RESOURCES)?;
+        inner.next_tsih = self.after(tsih);
         let (kill, kill_rx) = watch::channel(None);
         inner.sessions.insert(
             id.clone(),
@@ -173,6 +184,31 @@ impl Registry {
             tsih,
             kill: kill_rx,
         })
+    }
+}
+
+impl Registry {
+    /// The TSIH after `tsih` in the range, wrapping around.
+    fn after(&self, tsih: u16) -> u16 {
+        if tsih >= *self.ids.end() {
+            *self.ids.start()
+        } else {
+            tsih + 1
+        }
+    }
+
+    /// The first TSIH from `next_tsih` on that no session holds; None when every one of the
+    /// range is held.
+    fn free_tsih(&self, inner: &Inner) -> Option<u16> {
+        let mut tsih = inner.next_tsih;
+        for _ in self.ids.clone() {
+            if !inner.sessions.values().any(|e| e.tsih == tsih) {
+                debug_assert!(self.ids.contains(&tsih) && tsih != 0);
+                return Some(tsih);
+            }
+            tsih = self.after(tsih);
+        }
+        None
     }
 }
 
@@ -235,7 +271,7 @@ mod tests {
 
     #[test]
     fn reinstatement_kills_the_old_session() {
-        let r = Arc::new(Registry::new(4));
+        let r = Arc::new(Registry::new(4, ALL_IDS));
         let t = name("iqn.t");
         let a = r.open(&name("iqn.x:é"), [1; 6], Some(&t), 0).unwrap();
         assert!(a.kill.borrow().is_none());
@@ -257,8 +293,24 @@ mod tests {
     }
 
     #[test]
+    fn tsihs_come_from_the_range_and_run_out_with_it() {
+        let r = Arc::new(Registry::new(10, 5..=7));
+        let open = |isid: u8| r.open(&name("iqn.a"), [isid; 6], None, 0);
+        let (a, b, c) = (open(1).unwrap(), open(2).unwrap(), open(3).unwrap());
+        assert_eq!([a.tsih(), b.tsih(), c.tsih()], [5, 6, 7]);
+        assert_eq!(
+            open(4).err(),
+            Some(LoginStatus::OUT_OF_RESOURCES),
+            "all three TSIHs held: refused, not looped on"
+        );
+        drop(b);
+        // The next one wraps to the range's start, passes 5 (held) and takes 6.
+        assert_eq!(open(5).unwrap().tsih(), 6);
+    }
+
+    #[test]
     fn limits_and_tsih_rules() {
-        let r = Arc::new(Registry::new(2));
+        let r = Arc::new(Registry::new(2, ALL_IDS));
         let a = r.open(&name("iqn.a"), [1; 6], None, 0).unwrap();
         let _b = r.open(&name("iqn.a"), [2; 6], None, 0).unwrap();
         assert_eq!(
@@ -279,7 +331,7 @@ mod tests {
 
     #[test]
     fn gateway_peers_and_initiators_have_bounds_of_their_own() {
-        let r = Arc::new(Registry::new(2));
+        let r = Arc::new(Registry::new(2, ALL_IDS));
         let t = name("iqn.t");
         let peer = name(&format!("{}x", crate::io::peer::PEER_PREFIX));
         // Initiators fill max_sessions: peers still log in, up to their own bound.

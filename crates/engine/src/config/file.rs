@@ -527,6 +527,19 @@ fn resolve_portal_groups(
             });
         }
     }
+    let gateways: std::collections::BTreeSet<&str> =
+        groups.iter().filter_map(|g| g.gateway.as_deref()).collect();
+    if gateways.len() > super::GATEWAYS_MAX {
+        cx.err(
+            raw.first().map_or(0..0, |g| g.span()),
+            "portal_group: gateway",
+            format!(
+                "{} gateways named; at most {} (each gives its own share of the NVMe controller IDs)",
+                gateways.len(),
+                super::GATEWAYS_MAX
+            ),
+        );
+    }
     groups
 }
 

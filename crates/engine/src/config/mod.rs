@@ -42,6 +42,10 @@ pub const CONFIG_FILE_BYTES_MAX: u64 = 4 * 1024 * 1024;
 /// up front: 16 TiB costs a 384 MiB index; beyond, a typo like `16P` would exhaust memory.
 pub const RAM_SIZE_BYTES_MAX: u64 = 16 << 40;
 
+/// The most RBD gateways a config may name: each gives its own share of the NVMe controller
+/// IDs (and TSIHs), 2047 of them (`topology::gateway::Gateways::session_ids`).
+pub const GATEWAYS_MAX: usize = 32;
+
 /// The file name used in errors about command-line arguments.
 pub const COMMAND_LINE: &str = "<command line>";
 

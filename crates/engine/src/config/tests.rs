@@ -1715,6 +1715,28 @@ fn portal_groups_name_their_gateways() {
 }
 
 #[test]
+fn at_most_gateways_max_gateways_share_the_controller_ids() {
+    let groups = |n: usize| -> String {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "[[portal_group]]\ntag = {}\nlisten = [\"127.0.0.{}:3260\"]\ngateway = \"g{i}\"\n",
+                    i + 2,
+                    i + 2
+                )
+            })
+            .collect()
+    };
+    let fits = format!("{BASE}\n{}", groups(GATEWAYS_MAX));
+    assert!(Config::from_toml_str(&fits, FILE).is_ok());
+    let over = format!("{BASE}\n{}", groups(GATEWAYS_MAX + 1));
+    let errs = errors(&over);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].message.contains("at most 32"), "{}", errs[0]);
+    assert_eq!(errs[0].field, "portal_group: gateway");
+}
+
+#[test]
 fn a_device_knows_where_it_was_defined_but_moving_it_changes_nothing() {
     let text = "[[device]]\nname = \"a\"\nstore = \"ram\"\nsize = \"1M\"\n\n\
                 [[device]]\nname = \"b\"\nstore = \"ram\"\nsize = \"1M\"\n\n\

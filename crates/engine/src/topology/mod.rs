@@ -167,6 +167,11 @@ impl DeviceContext {
         }
     }
 
+    /// An RBD gateway's share of the TSIHs and NVMe controller IDs; None for any other daemon.
+    pub fn session_ids(&self) -> Option<std::ops::RangeInclusive<u16>> {
+        self.gateways.as_ref().map(|g| g.session_ids())
+    }
+
     /// Opens a device's store, builds its LU and restores its saved reservations.
     /// `config` is the config the device comes from (its targets decide where peer sessions
     /// of gateways log in).

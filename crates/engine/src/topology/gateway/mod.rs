@@ -18,7 +18,11 @@ pub use reservations::{ImageReservations, RESERVATIONS_KEY};
 
 use policy::{Asker, Doubt, OwnerVigil, Sight, Vigil};
 use scsi::{LogicalUnit, Ownership};
+use crate::config::GATEWAYS_MAX;
+use nvme::controller::CNTLID_MAX;
+use std::collections::BTreeSet;
 use std::io;
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -55,6 +59,28 @@ pub struct Gateways {
     pub explicit: bool,
     /// Every gateway's portal addresses (concrete ones: a wildcard cannot be connected to).
     pub portals: Vec<(String, Vec<String>)>,
+}
+
+impl Gateways {
+    /// This gateway's share of the TSIHs and NVMe controller IDs. A host connected to several
+    /// gateways of one subsystem must see a different controller ID through each (Linux
+    /// rejects a duplicate), and each gateway gives them alone: the IDs are cut into
+    /// [`GATEWAYS_MAX`] shares, the gateways' names in order taking one each.
+    pub fn session_ids(&self) -> RangeInclusive<u16> {
+        session_ids(&self.me, self.groups.iter().map(|(_, g)| g.as_str()))
+    }
+}
+
+/// `me`'s share of the IDs among the gateways `named` (itself included whether named or not).
+fn session_ids<'a>(me: &'a str, named: impl Iterator<Item = &'a str>) -> RangeInclusive<u16> {
+    let names: BTreeSet<&str> = named.chain([me]).collect();
+    let rank = names.iter().position(|&n| n == me).unwrap_or(0);
+    // The config allows at most GATEWAYS_MAX; a daemon whose own name serves no portal group
+    // (one more) gives no controller, so sharing the last share does no harm.
+    let rank = rank.min(GATEWAYS_MAX - 1) as u16;
+    let width = CNTLID_MAX / GATEWAYS_MAX as u16;
+    let start = 1 + rank * width;
+    start..=start + width - 1
 }
 
 pub struct ImageOwnership {
@@ -747,5 +773,34 @@ impl ImageOwnership {
         tracing::warn!(device = %self.device, "gateway {me} took {} over (active/optimized; {by}) in {} ms", image.name(), started.elapsed().as_millis());
         self.metrics.gateway_takeover(&self.device, reason);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_gateway_gives_its_own_share_of_the_controller_ids() {
+        let named = || ["b", "a", "b", "c"].into_iter();
+        let (a, b, c) = (
+            session_ids("a", named()),
+            session_ids("b", named()),
+            session_ids("c", named()),
+        );
+        // In the names' order, whatever the portal groups' order.
+        assert_eq!((*a.start(), *a.end()), (1, 2047));
+        assert_eq!((*b.start(), *c.start()), (2048, 4095));
+        // A name no portal group gives is among the names too.
+        assert_eq!(session_ids("aa", named()), 2048..=4094);
+        // The most a config may name: disjoint, nonzero, within the controller IDs.
+        let names: Vec<String> = (0..GATEWAYS_MAX).map(|i| format!("g{i:02}")).collect();
+        let shares: Vec<_> = names
+            .iter()
+            .map(|me| session_ids(me, names.iter().map(String::as_str)))
+            .collect();
+        assert!(shares.windows(2).all(|w| w[0].end() < w[1].start()));
+        assert_eq!(*shares[0].start(), 1);
+        assert!(*shares[GATEWAYS_MAX - 1].end() <= CNTLID_MAX);
     }
 }

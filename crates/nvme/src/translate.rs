@@ -10,10 +10,41 @@ use crate::nvm::{self, AcquireAction, Blocks, Cptpl, IoCommand, RegisterAction, 
 use crate::queue::QUEUE_FULL;
 use crate::sqe::Status;
 
+/// A CDB of at most 16 bytes, held in place: a command translated per I/O allocates nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cdb {
+    bytes: [u8; 16],
+    len: u8,
+}
+
+impl Cdb {
+    /// A zeroed CDB of `len` bytes (6, 10, 12 or 16).
+    fn zeroed(len: usize) -> Cdb {
+        assert!(len <= 16, "a CDB of {len} bytes");
+        Cdb {
+            bytes: [0; 16],
+            len: len as u8,
+        }
+    }
+}
+
+impl std::ops::Deref for Cdb {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl std::ops::DerefMut for Cdb {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[..usize::from(self.len)]
+    }
+}
+
 /// A SCSI command standing for an NVM command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScsiCommand<'a> {
-    pub cdb: Vec<u8>,
+    pub cdb: Cdb,
     /// Its Data-Out: the NVMe command's data where it lies (a write's, in the receive buffer),
     /// or built where SCSI's layout differs.
     pub data_out: Cow<'a, [u8]>,
@@ -36,8 +67,8 @@ const PERSISTENT_RESERVE_IN: u8 = 0x5E;
 /// What stops a command from becoming a SCSI one: answered with this status.
 pub type Refusal = Status;
 
-fn cdb16(op: u8, byte1: u8, blocks: Blocks) -> Vec<u8> {
-    let mut c = vec![0u8; 16];
+fn cdb16(op: u8, byte1: u8, blocks: Blocks) -> Cdb {
+    let mut c = Cdb::zeroed(16);
     c[0] = op;
     c[1] = byte1;
     c[2..10].copy_from_slice(&blocks.slba.to_be_bytes());
@@ -170,7 +201,7 @@ pub fn scsi_command<'a>(
 
 /// PERSISTENT RESERVE IN, READ FULL STATUS: the whole table, for a Reservation Report.
 pub fn reservation_report() -> ScsiCommand<'static> {
-    let mut cdb = vec![0u8; 10];
+    let mut cdb = Cdb::zeroed(10);
     cdb[0] = PERSISTENT_RESERVE_IN;
     cdb[1] = 0x03;
     cdb[7..9].copy_from_slice(&u16::MAX.to_be_bytes());
@@ -266,7 +297,7 @@ fn unmap(ranges: &[Blocks]) -> ScsiCommand<'static> {
     let len = p.len();
     p[0..2].copy_from_slice(&((len - 2) as u16).to_be_bytes());
     p[2..4].copy_from_slice(&((len - 8) as u16).to_be_bytes());
-    let mut cdb = vec![0u8; 10];
+    let mut cdb = Cdb::zeroed(10);
     cdb[0] = UNMAP;
     cdb[7..9].copy_from_slice(&(len as u16).to_be_bytes());
     ScsiCommand {
@@ -282,7 +313,7 @@ fn unmap(ranges: &[Blocks]) -> ScsiCommand<'static> {
 /// host's through the port it came by (SPC-4's I_T nexus), as for an iSCSI initiator; NVMe
 /// makes it the host's through every controller (docs/NVME.md names the difference).
 fn pr_out(sa: u8, rtype: u8, key: u64, sa_key: u64, aptpl: bool) -> ScsiCommand<'static> {
-    let mut cdb = vec![0u8; 10];
+    let mut cdb = Cdb::zeroed(10);
     cdb[0] = PERSISTENT_RESERVE_OUT;
     cdb[1] = sa;
     cdb[2] = rtype & 0x0F;
@@ -320,7 +351,7 @@ pub fn compare_and_write(
     if compare_data.len() != len || write_data.len() != len {
         return Err(Status::DATA_SGL_LENGTH_INVALID);
     }
-    let mut cdb = vec![0u8; 16];
+    let mut cdb = Cdb::zeroed(16);
     cdb[0] = COMPARE_AND_WRITE;
     cdb[1] = if *fua { 0x08 } else { 0 };
     cdb[2..10].copy_from_slice(&c.slba.to_be_bytes());

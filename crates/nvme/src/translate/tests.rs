@@ -17,7 +17,7 @@ fn reads_and_writes_become_their_sixteen_byte_scsi_commands() {
     )
     .unwrap();
     assert_eq!(
-        r.cdb,
+        r.cdb[..],
         [0x88, 0x08, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 8, 0, 0]
     );
     assert_eq!((r.data_in_len, r.read, r.write), (4096, true, false));
@@ -59,7 +59,7 @@ fn reads_and_writes_become_their_sixteen_byte_scsi_commands() {
     .unwrap();
     assert_eq!((c.cdb[0], c.cdb[1]), (0x8F, 0x02));
     let f = scsi_command(&IoCommand::Flush, &[], 512).unwrap();
-    assert_eq!(f.cdb, [0x91, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(f.cdb[..], [0x91, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
 }
 
 #[test]

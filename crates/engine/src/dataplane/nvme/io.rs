@@ -493,7 +493,7 @@ impl Driver {
                 let command = DeferredCommand {
                     itt: u32::from(cid),
                     lun: wire_lun,
-                    cdb: scsi.cdb,
+                    cdb: scsi.cdb.to_vec(),
                     data_out: DataOutBuf::Pooled(scsi.data_out.into_owned()),
                     expected_len,
                     read: scsi.read,

@@ -31,7 +31,10 @@ grep -q '^ Package: ferrosan$' <<<"$INFO" || die "no package name in $DEB"
 CONTENTS=$(dpkg-deb --contents "$DEB")
 for f in ./usr/bin/ferrosan ./lib/systemd/system/ferrosan.service ./etc/ferrosan/ferrosan.toml \
     ./usr/share/doc/ferrosan/OPERATIONS.md ./usr/share/doc/ferrosan/examples/ferrosan.toml \
-    ./usr/share/ferrosan/prometheus/ferrosan-rules.yml ./usr/share/ferrosan/grafana/ferrosan-dashboard.json; do
+    ./usr/share/ferrosan/prometheus/ferrosan-rules.yml ./usr/share/ferrosan/grafana/ferrosan-dashboard.json \
+    ./usr/share/man/man1/ferrosan.1.gz ./usr/share/man/man1/ferrosan-serve.1.gz \
+    ./usr/share/man/man1/ferrosan-ctl-chap-set.1.gz ./usr/share/bash-completion/completions/ferrosan \
+    ./usr/share/zsh/vendor-completions/_ferrosan ./usr/share/fish/vendor_completions.d/ferrosan.fish; do
     grep -q " $f\$" <<<"$CONTENTS" || die "$f is missing from the package"
 done
 UNIT=$(dpkg-deb --fsys-tarfile "$DEB" | tar -xO ./lib/systemd/system/ferrosan.service)
@@ -39,6 +42,15 @@ grep -q 'ExecStart=/usr/bin/ferrosan serve' <<<"$UNIT" || die "the packaged unit
 
 dpkg -i "$DEB" >/dev/null || die "dpkg -i failed"
 FILES=$(dpkg -L ferrosan)
+# The man page renders, and bash completes ferrosan's commands.
+zcat /usr/share/man/man1/ferrosan-ctl-chap-set.1.gz | grep -q 'secret' || die "ferrosan-ctl-chap-set(1) does not say what it does"
+if command -v man >/dev/null; then
+    MANWIDTH=80 man ferrosan-serve 2>/dev/null | grep -q 'nvme' || die "man ferrosan-serve does not render"
+fi
+COMPLETED=$(bash -c 'source /usr/share/bash-completion/completions/ferrosan
+    COMP_WORDS=(ferrosan ct); COMP_CWORD=1; COMP_LINE="ferrosan ct"; COMP_POINT=${#COMP_LINE}
+    _ferrosan ferrosan ct ferrosan; echo "${COMPREPLY[*]}"')
+[[ $COMPLETED == *ctl* ]] || die "bash does not complete 'ferrosan ct' to ctl (got: $COMPLETED)"
 /usr/bin/ferrosan check-config /etc/ferrosan/ferrosan.toml >/dev/null || die "the packaged config does not check"
 # The unit's user, and the config's directory it may write (--save).
 getent passwd ferrosan >/dev/null || die "the package made no user ferrosan"

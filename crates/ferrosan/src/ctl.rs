@@ -52,8 +52,12 @@ enum Verb {
     /// Grow a file device to SIZE; without SIZE, a file or block device grown underneath
     /// (truncate, lvextend) is taken at its size now. RAM devices cannot change while running.
     Resize {
+        /// The device's name.
         device: String,
+        /// The new size (bytes, or with K, M, G, T: 1024-based), not smaller than now.
         size: Option<String>,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
@@ -85,8 +89,12 @@ enum PortalGroupVerb {
     /// standby, unavailable), live: every initiator of the targets it serves gets ASYMMETRIC
     /// ACCESS STATE CHANGED and multipath moves its I/O (not for RBD gateways' groups).
     Alua {
+        /// The portal group's tag.
         tag: u16,
+        /// active-optimized, active-non-optimized, standby or unavailable.
         state: String,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
@@ -101,7 +109,10 @@ enum ConfigVerb {
 #[derive(Subcommand)]
 enum SessionVerb {
     /// Close a session (by TSIH, from `ctl sessions`).
-    Close { tsih: u16 },
+    Close {
+        /// The session's TSIH (an NVMe controller's ID), as `ctl sessions` lists it.
+        tsih: u16,
+    },
 }
 
 #[derive(Subcommand)]
@@ -109,53 +120,82 @@ enum DeviceVerb {
     /// Add a device: SPEC as `serve --lun` takes it (ram:SIZE, file:PATH[,size=SIZE], block:PATH,
     /// rbd:POOL/IMAGE).
     Add {
+        /// The device's name.
         name: String,
+        /// What backs it: ram:SIZE, file:PATH[,size=SIZE], block:PATH or rbd:POOL/IMAGE, with
+        /// the options `serve --lun` takes.
         spec: String,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
     /// Remove an unmapped device.
     Remove {
+        /// The device's name.
         name: String,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
     /// Take a device offline: its LUNs answer NOT READY (04h/12h) until it is back online;
     /// the reply comes once the commands it was running have finished and it is flushed.
     Offline {
+        /// The device's name.
         name: String,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
     /// Bring an offline device back (initiators see NOT READY TO READY CHANGE, 28h/00h).
     Online {
+        /// The device's name.
         name: String,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
     /// Make this gateway the owner of an RBD image (docs/RBD.md): its ports become
     /// active/optimized, the old owner is fenced (blocklisted) first.
-    Take { name: String },
+    Take {
+        /// The device's name.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
 enum LunVerb {
     /// Map DEVICE as LUN in a group of a target.
     Map {
+        /// The target's IQN.
         target: String,
+        /// The initiator group's name.
         group: String,
+        /// The LUN number.
         lun: u64,
+        /// The device to map.
         device: String,
+        /// Write-protected through this map (reads only).
         #[arg(long)]
         read_only: bool,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
     /// Unmap a LUN from a group.
     Unmap {
+        /// The target's IQN.
         target: String,
+        /// The initiator group's name.
         group: String,
+        /// The LUN number.
         lun: u64,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
@@ -163,17 +203,30 @@ enum LunVerb {
 
 #[derive(Subcommand)]
 enum InitiatorVerb {
+    /// Admit an initiator (IQN or EUI name; an NVMe host NQN) to a group: it sees the group's
+    /// LUNs from its next login.
     Add {
+        /// The target's IQN.
         target: String,
+        /// The initiator group's name.
         group: String,
+        /// The initiator's name (an NVMe host's NQN).
         initiator: String,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
+    /// Remove an initiator from a group: its sessions through the group end.
     Remove {
+        /// The target's IQN.
         target: String,
+        /// The initiator group's name.
         group: String,
+        /// The initiator's name (an NVMe host's NQN).
         initiator: String,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
@@ -185,19 +238,25 @@ enum ChapVerb {
     /// the name and secret the target answers mutual CHAP with); the secret is read from stdin,
     /// or by the daemon from --secret-file.
     Set {
+        /// The target's IQN.
         target: String,
+        /// Only for this initiator group.
         #[arg(long, conflicts_with = "initiator")]
         group: Option<String>,
+        /// Only for this initiator (in the target's [[target.credentials]]).
         #[arg(long)]
         initiator: Option<String>,
         /// The target's own credentials for mutual CHAP, in that scope.
         #[arg(long)]
         mutual: bool,
+        /// The CHAP user name (an NVMe host's NQN for DH-HMAC-CHAP).
         user: String,
         /// A file the daemon reads the secret from (mode 0600, or `$CREDENTIALS_DIRECTORY/NAME`
         /// under systemd's LoadCredential=); a saved config names the file, not the secret.
         #[arg(long, value_name = "PATH")]
         secret_file: Option<String>,
+        /// Also write the running config over the config file (as `ctl save`): the change
+        /// outlives a restart.
         #[arg(long)]
         save: bool,
     },
@@ -307,14 +366,7 @@ fn chap_request(what: &ChapVerb) -> Result<Value, String> {
     match secret_file {
         Some(path) => r["secret_file"] = json!(path),
         // Never on the command line, where `ps` shows it to every user.
-        None => {
-            let mut secret = String::new();
-            std::io::stdin()
-                .take(4096)
-                .read_to_string(&mut secret)
-                .map_err(|e| format!("reading the secret from stdin: {e}"))?;
-            r["secret"] = json!(secret.trim_end_matches(['\r', '\n']));
-        }
+        None => r["secret"] = json!(read_secret(user)?),
     }
     if let Some(g) = group {
         r["group"] = json!(g);
@@ -323,6 +375,27 @@ fn chap_request(what: &ChapVerb) -> Result<Value, String> {
         r["initiator"] = json!(i);
     }
     Ok(r)
+}
+
+/// The secret for `user`: asked twice without echo on a terminal, else stdin's first line.
+fn read_secret(user: &str) -> Result<String, String> {
+    use std::io::IsTerminal as _;
+    if std::io::stdin().is_terminal() {
+        let ask = |prompt: &str| {
+            rpassword::prompt_password(prompt).map_err(|e| format!("reading the secret: {e}"))
+        };
+        let secret = ask(&format!("CHAP secret for {user}: "))?;
+        if ask("Again: ")? != secret {
+            return Err("the two secrets differ; nothing changed".into());
+        }
+        return Ok(secret);
+    }
+    let mut secret = String::new();
+    std::io::stdin()
+        .take(4096)
+        .read_to_string(&mut secret)
+        .map_err(|e| format!("reading the secret from stdin: {e}"))?;
+    Ok(secret.trim_end_matches(['\r', '\n']).to_string())
 }
 
 pub(crate) fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, String> {

@@ -10,16 +10,17 @@ use engine::config::ConfigSource;
 
 mod bench_cmd;
 mod ctl;
+mod generate;
 mod top;
 
 #[derive(Parser)]
 #[command(
     name = "ferrosan",
     version,
-    about = "A userspace iSCSI target: RAM, file and block-device LUNs over iSCSI",
+    about = "A userspace SAN target: RAM, file, block-device and Ceph RBD devices over iSCSI and NVMe/TCP",
     arg_required_else_help = true
 )]
-struct Cli {
+pub(crate) struct Cli {
     /// Log format: text (colour only on a terminal) or json (one object per line).
     #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -77,10 +78,17 @@ enum Command {
     /// A live view of sessions and devices (IOPS, MB/s, latency, queue) from the control socket.
     Top(top::TopArgs),
     /// Validate a configuration file without serving; errors name file, line and field.
-    CheckConfig { file: PathBuf },
+    CheckConfig {
+        /// The configuration file to check.
+        file: PathBuf,
+    },
     /// Benchmark iSCSI LUNs and local devices side by side (the seeds' fio methodology):
     /// writes results.json and a self-contained report.html (see docs/BENCH.md).
     Bench(bench_cmd::BenchArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions(generate::CompletionsArgs),
+    /// Write the man pages (ferrosan(1) and one per command) into a directory.
+    Man(generate::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +98,8 @@ fn main() -> ExitCode {
         Command::Ctl(args) => ctl::run(args),
         Command::Top(args) => top::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Completions(args) => generate::completions(args),
+        Command::Man(args) => generate::man(args),
         Command::CheckConfig { file } => check_config(&file),
         Command::Serve {
             config,

@@ -379,6 +379,30 @@ fn every_ctl_verb_works_and_unsaved_changes_are_reported() {
         "bob logged in with the group's credentials"
     );
     as_bob("bob", "bob-s3cret-2026-x").expect_ok(&daemon);
+    // On a terminal the secret is asked for twice, never echoed; two that differ change nothing.
+    let carol = "iqn.2026-11.test:carol";
+    let typo = ctl.chap_set_on_terminal(
+        &[IQN, "--initiator", carol, "carol"],
+        &["carol-s3cret-2026", "carol-s3cret-2025"],
+    );
+    let shown = String::from_utf8_lossy(&typo.stdout);
+    assert!(
+        !typo.status.success() && shown.contains("differ"),
+        "{shown}"
+    );
+    let typed = ctl.chap_set_on_terminal(
+        &[IQN, "--initiator", carol, "carol"],
+        &["carol-s3cret-2026", "carol-s3cret-2026"],
+    );
+    let shown = String::from_utf8_lossy(&typed.stdout);
+    assert!(typed.status.success(), "{shown}");
+    assert!(shown.contains("CHAP secret for carol: "), "{shown}");
+    assert!(!shown.contains("s3cret"), "the secret was echoed: {shown}");
+    let url = format!(
+        "iscsi://carol%carol-s3cret-2026@127.0.0.1:{}/{IQN}/0",
+        daemon.port
+    );
+    run("iscsi-readcapacity16", &["-i", carol, &url]).expect_ok(&daemon);
     run("iscsi-readcapacity16", &[&with_chap]).expect_ok(&daemon);
     let shown = ok(ctl.json(&["config", "show"]));
     assert!(

@@ -1767,7 +1767,10 @@ fn rbd_gateways_serve_nvme_tcp_with_ana_from_ownership() {
     let mut hb = NvmeHost::connect(at(nvme_b), nqn, host, 8).expect("connect to B");
     // One subsystem: a host must see a different controller ID through each gateway (Linux
     // refuses the second controller of a duplicate ID), and CNTLID says the same.
-    assert_ne!(ha.cntlid, hb.cntlid, "both gateways gave the same controller ID");
+    assert_ne!(
+        ha.cntlid, hb.cntlid,
+        "both gateways gave the same controller ID"
+    );
     let identified = |h: &NvmeHost| u16::from_le_bytes([h.identify[78], h.identify[79]]);
     assert_eq!((identified(&ha), identified(&hb)), (ha.cntlid, hb.cntlid));
     // The owner's path is optimized, the other's non-optimized: ALUA's states as ANA states.

@@ -167,7 +167,9 @@ impl Registry {
                 return Err(LoginStatus::OUT_OF_RESOURCES);
             }
         }
-        let tsih = self.free_tsih(&inner).ok_or(LoginStatus::OUT_OF_RESOURCES)?;
+        let tsih = self
+            .free_tsih(&inner)
+            .ok_or(LoginStatus::OUT_OF_RESOURCES)?;
         inner.next_tsih = self.after(tsih);
         let (kill, kill_rx) = watch::channel(None);
         inner.sessions.insert(

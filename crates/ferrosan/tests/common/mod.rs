@@ -742,6 +742,29 @@ impl Ctl {
         child.wait_with_output().unwrap()
     }
 
+    /// `ctl chap set ARGS...` on a terminal (util-linux `script` gives it one), `lines` typed
+    /// a second apart once it has had time to prompt; what the terminal showed.
+    pub fn chap_set_on_terminal(&self, args: &[&str], lines: &[&str]) -> std::process::Output {
+        let command = format!(
+            "{} ctl --socket {} chap set {}",
+            env!("CARGO_BIN_EXE_ferrosan"),
+            self.socket.display(),
+            args.join(" ")
+        );
+        let typed: String = lines
+            .iter()
+            .map(|l| format!("sleep 1; printf '%s\\r' '{l}'; "))
+            .collect();
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "({typed}sleep 1) | script -qec '{command}' /dev/null"
+            ))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
     pub fn sessions(&self) -> Vec<Value> {
         let v = self.json(&["sessions"]);
         assert_eq!(v["ok"], true, "{v}");

@@ -59,7 +59,10 @@ fn reads_and_writes_become_their_sixteen_byte_scsi_commands() {
     .unwrap();
     assert_eq!((c.cdb[0], c.cdb[1]), (0x8F, 0x02));
     let f = scsi_command(&IoCommand::Flush, &[], 512).unwrap();
-    assert_eq!(f.cdb[..], [0x91, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        f.cdb[..],
+        [0x91, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    );
 }
 
 #[test]

@@ -16,10 +16,10 @@ mod reservations;
 use policy::BEAT_INTERVAL;
 pub use reservations::{ImageReservations, RESERVATIONS_KEY};
 
-use policy::{Asker, Doubt, OwnerVigil, Sight, Vigil};
-use scsi::{LogicalUnit, Ownership};
 use crate::config::GATEWAYS_MAX;
 use nvme::controller::CNTLID_MAX;
+use policy::{Asker, Doubt, OwnerVigil, Sight, Vigil};
+use scsi::{LogicalUnit, Ownership};
 use std::collections::BTreeSet;
 use std::io;
 use std::ops::RangeInclusive;

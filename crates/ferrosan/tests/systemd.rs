@@ -165,3 +165,51 @@ fn the_shipped_unit_verifies_and_is_hardened() {
     eprintln!("systemd-analyze security: exposure {level}");
     assert!(level <= 2.0, "exposure {level}:\n{}", security.stdout);
 }
+
+/// The unit's ExecReload (what `systemctl reload ferrosan` runs) applies the file and fails,
+/// saying why, when the daemon refuses it; SIGHUP could not answer.
+#[test]
+fn the_units_reload_fails_when_the_daemon_refuses_the_file() {
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/ferrosan.service"),
+    )
+    .unwrap();
+    let reload = shipped
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecReload="))
+        .expect("the unit has an ExecReload");
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let iqn = "iqn.2026-11.org.ferrosan:reload";
+    let body = "[[device]]\nname = \"m\"\nstore = \"ram\"\nsize = \"4M\"\n\n[[target]]\n\
+                iqn = \"iqn.2026-11.org.ferrosan:reload\"\n  [[target.group]]\n  name = \"all\"\n  \
+                any_initiator = true\n  luns = [ { lun = 0, device = \"m\" } ]\n";
+    let daemon = common::Daemon::start_config_args(iqn, body, &["--control-socket", &socket]);
+    let command = reload
+        .replace("/usr/local/bin/ferrosan", env!("CARGO_BIN_EXE_ferrosan"))
+        .replace("/run/ferrosan/control.sock", &socket);
+    let run = || {
+        std::process::Command::new("sh")
+            .args(["-c", &command])
+            .output()
+            .unwrap()
+    };
+    let good = run();
+    assert!(good.status.success(), "{good:?}");
+    let path = daemon.file("ferrosan.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("size = \"4M\"", "size = \"lots\"")).unwrap();
+    let refused = run();
+    let said = String::from_utf8_lossy(&refused.stdout).to_string()
+        + &String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a refused reload succeeded: {said}"
+    );
+    assert!(
+        said.contains("lots"),
+        "the failure does not say why: {said}"
+    );
+    // Nothing changed: the daemon still serves its LUN.
+    assert!(ctl.json(&["luns"])["ok"] == true);
+}

@@ -29,7 +29,7 @@ log "built $(basename "$DEB") ($(du -k "$DEB" | cut -f1) KiB)"
 INFO=$(dpkg-deb --info "$DEB")
 grep -q '^ Package: ferrosan$' <<<"$INFO" || die "no package name in $DEB"
 CONTENTS=$(dpkg-deb --contents "$DEB")
-for f in ./usr/bin/ferrosan ./lib/systemd/system/ferrosan.service ./etc/ferrosan/ferrosan.toml \
+for f in ./usr/bin/ferrosan ./usr/lib/systemd/system/ferrosan.service ./etc/ferrosan/ferrosan.toml \
     ./usr/share/doc/ferrosan/OPERATIONS.md ./usr/share/doc/ferrosan/examples/ferrosan.toml \
     ./usr/share/ferrosan/prometheus/ferrosan-rules.yml ./usr/share/ferrosan/grafana/ferrosan-dashboard.json \
     ./usr/share/man/man1/ferrosan.1.gz ./usr/share/man/man1/ferrosan-serve.1.gz \
@@ -37,16 +37,19 @@ for f in ./usr/bin/ferrosan ./lib/systemd/system/ferrosan.service ./etc/ferrosan
     ./usr/share/zsh/vendor-completions/_ferrosan ./usr/share/fish/vendor_completions.d/ferrosan.fish; do
     grep -q " $f\$" <<<"$CONTENTS" || die "$f is missing from the package"
 done
-UNIT=$(dpkg-deb --fsys-tarfile "$DEB" | tar -xO ./lib/systemd/system/ferrosan.service)
+UNIT=$(dpkg-deb --fsys-tarfile "$DEB" | tar -xO ./usr/lib/systemd/system/ferrosan.service)
 grep -q 'ExecStart=/usr/bin/ferrosan serve' <<<"$UNIT" || die "the packaged unit does not run /usr/bin/ferrosan"
+# lintian (Debian's package checker) finds nothing: no error, no warning.
+LINT=$(lintian --fail-on error,warning "$DEB" 2>&1) || die "lintian: $LINT"
+LINT=$(grep -v 'running with root privileges' <<<"$LINT" || true)
+[[ -z $LINT ]] || die "lintian: $LINT"
+log "lintian: no error, no warning"
 
 dpkg -i "$DEB" >/dev/null || die "dpkg -i failed"
 FILES=$(dpkg -L ferrosan)
 # The man page renders, and bash completes ferrosan's commands.
 zcat /usr/share/man/man1/ferrosan-ctl-chap-set.1.gz | grep -q 'secret' || die "ferrosan-ctl-chap-set(1) does not say what it does"
-if command -v man >/dev/null; then
-    MANWIDTH=80 man ferrosan-serve 2>/dev/null | grep -q 'nvme' || die "man ferrosan-serve does not render"
-fi
+MANWIDTH=80 man ferrosan-serve 2>/dev/null | grep -q 'nvme' || die "man ferrosan-serve does not render"
 COMPLETED=$(bash -c 'source /usr/share/bash-completion/completions/ferrosan
     COMP_WORDS=(ferrosan ct); COMP_CWORD=1; COMP_LINE="ferrosan ct"; COMP_POINT=${#COMP_LINE}
     _ferrosan ferrosan ct ferrosan; echo "${COMPREPLY[*]}"')

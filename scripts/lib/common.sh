@@ -17,6 +17,8 @@ FERROSAN_DEPS=(
     "prometheus:promtool"  # tests/metrics.rs checks the scrape and dist/prometheus rules
     "systemd:systemd-analyze"  # tests/systemd.rs verifies dist/ferrosan.service
     "tmux:tmux"            # tests/top.rs runs `ferrosan top` in a tmux pane
+    "lintian:lintian"      # scripts/package-test.sh: the .deb has no lintian error or warning
+    "man-db:man"           # scripts/package-test.sh renders a packaged man page
     # the rbd tests (crates/rbd/tests, crates/ferrosan/tests/rbd.rs) and the ferrosan-rbd
     # conformance run start single-node Ceph clusters (scripts/ceph-single-node.sh)
     "ceph-mon:ceph-mon"

@@ -10,6 +10,7 @@ use engine::config::ConfigSource;
 
 mod bench_cmd;
 mod ctl;
+mod dropin;
 mod generate;
 mod top;
 
@@ -85,6 +86,9 @@ enum Command {
     /// Benchmark iSCSI LUNs and local devices side by side (the seeds' fio methodology):
     /// writes results.json and a self-contained report.html (see docs/BENCH.md).
     Bench(bench_cmd::BenchArgs),
+    /// Print the systemd drop-in the packaged unit needs for a config's block devices and
+    /// files outside /var/lib/ferrosan (docs/SECURITY.md, "Running unprivileged").
+    SystemdDropin(dropin::DropinArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions(generate::CompletionsArgs),
     /// Write the man pages (ferrosan(1) and one per command) into a directory.
@@ -99,6 +103,7 @@ fn main() -> ExitCode {
         Command::Top(args) => top::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Completions(args) => generate::completions(args),
+        Command::SystemdDropin(args) => dropin::run(args),
         Command::Man(args) => generate::man(args),
         Command::CheckConfig { file } => check_config(&file),
         Command::Serve {

@@ -213,3 +213,86 @@ fn the_units_reload_fails_when_the_daemon_refuses_the_file() {
     // Nothing changed: the daemon still serves its LUN.
     assert!(ctl.json(&["luns"])["ok"] == true);
 }
+
+/// `ferrosan systemd-dropin` opens the packaged unit to exactly what a config names beyond
+/// RAM and /var/lib/ferrosan, and the unit with it still verifies.
+#[test]
+fn the_dropin_opens_the_unit_to_the_configs_devices_and_verifies() {
+    let analyze = common::require_tool("systemd-analyze");
+    let scratch = Scratch::new("dropin");
+    let luns = scratch.file("luns dir");
+    std::fs::create_dir_all(&luns).unwrap();
+    let config = scratch.file("ferrosan.toml");
+    let text = format!(
+        "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n\
+         [[device]]\nname = \"md\"\nstore = \"block\"\npath = \"/dev/md0\"\n\n\
+         [[device]]\nname = \"old\"\nstore = \"block\"\npath = \"/dev/sdb\"\nread_only = true\n\n\
+         [[device]]\nname = \"f\"\nstore = \"file\"\npath = \"{}/a.img\"\nsize = \"1G\"\n\n\
+         [[device]]\nname = \"kept\"\nstore = \"file\"\npath = \"/var/lib/ferrosan/b.img\"\nsize = \"1G\"\n\n\
+         [[target]]\niqn = \"iqn.2026-11.org.ferrosan:dropin\"\n  [[target.group]]\n  name = \"all\"\n  \
+         any_initiator = true\n  luns = [ {{ lun = 0, device = \"md\" }}, {{ lun = 1, device = \"f\" }} ]\n",
+        luns.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let out = common::run_path(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
+        &["systemd-dropin", "--config", &config.display().to_string()],
+    );
+    assert!(out.success(), "{}", out.describe());
+    let dropin = out.stdout;
+    for line in [
+        "PrivateDevices=no",
+        "DeviceAllow=/dev/md0 rw",
+        "DeviceAllow=/dev/sdb r",
+        "SupplementaryGroups=disk",
+        &format!("ReadWritePaths=\"{}\"", luns.display()),
+    ] {
+        assert!(
+            dropin.lines().any(|l| l == line),
+            "no {line:?} in:\n{dropin}"
+        );
+    }
+    assert!(
+        !dropin.contains("/var/lib/ferrosan\n") && !dropin.contains("ProtectHome"),
+        "{dropin}"
+    );
+    // The shipped unit with the drop-in beside it, as systemd would read them.
+    let unit = scratch.file("ferrosan.service");
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/ferrosan.service"),
+    )
+    .unwrap();
+    std::fs::write(
+        &unit,
+        shipped.replace("/usr/local/bin/ferrosan", env!("CARGO_BIN_EXE_ferrosan")),
+    )
+    .unwrap();
+    let dir = scratch.file("ferrosan.service.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("devices.conf"), &dropin).unwrap();
+    let verify = common::run_path(&analyze, &["verify", &unit.display().to_string()]);
+    assert!(
+        verify.success() && verify.stderr.trim().is_empty(),
+        "systemd-analyze verify:\n{}",
+        verify.describe()
+    );
+    // A config of RAM devices needs nothing.
+    let ram = scratch.file("ram.toml");
+    std::fs::write(
+        &ram,
+        "[[device]]\nname = \"m\"\nstore = \"ram\"\nsize = \"4M\"\n\n[[target]]\n\
+         iqn = \"iqn.2026-11.org.ferrosan:dropin\"\n  [[target.group]]\n  name = \"all\"\n  \
+         any_initiator = true\n  luns = [ { lun = 0, device = \"m\" } ]\n\
+         [[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n",
+    )
+    .unwrap();
+    let none = common::run_path(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
+        &["systemd-dropin", "--config", &ram.display().to_string()],
+    );
+    assert!(
+        none.stdout.contains("Nothing to add"),
+        "{}",
+        none.describe()
+    );
+}

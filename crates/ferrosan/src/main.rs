@@ -73,6 +73,10 @@ enum Command {
         /// /run/ferrosan/control.sock for root, else $XDG_RUNTIME_DIR/ferrosan/control.sock).
         #[arg(long)]
         control_socket: Option<PathBuf>,
+        /// Start even when the config file names no target (to be filled live with `ctl`);
+        /// without it such a config is refused: it would serve nothing.
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Control a running daemon through its control socket (see docs/OPERATIONS.md).
     Ctl(ctl::CtlArgs),
@@ -82,6 +86,14 @@ enum Command {
     CheckConfig {
         /// The configuration file to check.
         file: PathBuf,
+        /// Also check what starting it here would meet, changing nothing: files and block
+        /// devices exist (or can be created) with the configured size and type and may be
+        /// written, every listener's address can be bound, the state directory is writable.
+        #[arg(long)]
+        deep: bool,
+        /// Accept a config that names no target (serve --allow-empty).
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Benchmark iSCSI LUNs and local devices side by side (the seeds' fio methodology):
     /// writes results.json and a self-contained report.html (see docs/BENCH.md).
@@ -105,7 +117,11 @@ fn main() -> ExitCode {
         Command::Completions(args) => generate::completions(args),
         Command::SystemdDropin(args) => dropin::run(args),
         Command::Man(args) => generate::man(args),
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig {
+            file,
+            deep,
+            allow_empty,
+        } => check_config(&file, deep, allow_empty),
         Command::Serve {
             config,
             listen,
@@ -117,6 +133,7 @@ fn main() -> ExitCode {
             metrics_listen,
             state_dir,
             control_socket,
+            allow_empty,
         } => {
             let source = ConfigSource {
                 path: config,
@@ -139,6 +156,9 @@ fn main() -> ExitCode {
                     .map_err(|e| e.to_string())?,
                 };
                 source.apply_overrides(&mut c);
+                if source.path.is_some() {
+                    refuse_empty(&c, allow_empty)?;
+                }
                 Ok((c, source))
             });
             serve(loaded)
@@ -162,11 +182,42 @@ fn init_logs(format: &str) {
     }
 }
 
-fn check_config(file: &Path) -> ExitCode {
+/// A config file that names no target serves nothing: refused unless asked for (the
+/// operator means to fill it live). One rule for `serve` and `check-config`.
+fn refuse_empty(config: &Config, allow_empty: bool) -> Result<(), String> {
+    if config.targets.is_empty() && !allow_empty {
+        return Err(
+            "the config names no [[target]]: it would serve nothing (--allow-empty to start it \
+             anyway and add targets live)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+fn check_config(file: &Path, deep: bool, allow_empty: bool) -> ExitCode {
     match Config::load(file) {
         Ok(config) => {
             if let Some(warning) = config.exposed_secrets(file) {
                 eprintln!("warning: {warning}");
+            }
+            if let Err(e) = refuse_empty(&config, allow_empty) {
+                eprintln!("{}: {e}", file.display());
+                return ExitCode::from(1);
+            }
+            if deep {
+                let problems = engine::topology::preflight::preflight(&config);
+                for p in &problems {
+                    eprintln!("{}: {p}", file.display());
+                }
+                if !problems.is_empty() {
+                    eprintln!(
+                        "{}: {} problem(s) starting it here would meet",
+                        file.display(),
+                        problems.len()
+                    );
+                    return ExitCode::from(1);
+                }
             }
             println!(
                 "{}: ok ({} targets, {} devices, {} portal groups)",

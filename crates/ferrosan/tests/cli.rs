@@ -150,3 +150,118 @@ fn a_start_that_cannot_listen_creates_no_file() {
         path.display()
     );
 }
+
+/// `check-config --deep` finds what `serve` would fail on, changing nothing; a config that
+/// passes it starts. A config naming no target is refused by both unless asked for.
+#[test]
+fn check_config_deep_finds_what_the_start_would_meet() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan"));
+    let scratch = common::Scratch::new("deep");
+    let config = scratch.file("ferrosan.toml");
+    let config_s = config.display().to_string();
+    let state = scratch.file("state");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_port = busy.local_addr().unwrap().port();
+    let sized = scratch.file("sized.img");
+    std::fs::write(&sized, vec![0u8; 1 << 20]).unwrap();
+    let write = |port: u16, devices: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nstate_dir = \"{}\"\n\n[[portal_group]]\ntag = 1\n\
+                 listen = [\"127.0.0.1:{port}\"]\n\n{devices}\n[[target]]\n\
+                 iqn = \"iqn.2026-11.org.ferrosan:deep\"\n  [[target.group]]\n  name = \"all\"\n  \
+                 any_initiator = true\n  luns = [ {{ lun = 0, device = \"a\" }} ]\n",
+                state.display()
+            ),
+        )
+        .unwrap();
+    };
+    let device = |name: &str, store: &str, rest: &str| {
+        format!("[[device]]\nname = \"{name}\"\nstore = \"{store}\"\n{rest}\n")
+    };
+    // Four faults the plain check accepts: a missing file without a size, a file of
+    // another size, a block device that is not there, a port in use.
+    let missing = scratch.file("missing.img");
+    write(
+        busy_port,
+        &[
+            device("a", "file", &format!("path = \"{}\"", missing.display())),
+            device(
+                "b",
+                "file",
+                &format!("path = \"{}\"\nsize = \"2M\"", sized.display()),
+            ),
+            device("c", "block", "path = \"/dev/ferrosan-no-such-disk\""),
+        ]
+        .concat(),
+    );
+    let plain = run_path(bin, &["check-config", &config_s]);
+    assert!(plain.success(), "{}", plain.describe());
+    let deep = run_path(bin, &["check-config", "--deep", &config_s]);
+    assert!(!deep.success(), "{}", deep.describe());
+    for said in [
+        "device a",
+        "missing and no size given to create it",
+        "device b",
+        "1048576 bytes but 2097152 are configured",
+        "device c",
+        "/dev/ferrosan-no-such-disk",
+        &format!("iSCSI portal 127.0.0.1:{busy_port}: cannot listen"),
+        "4 problem(s)",
+    ] {
+        assert!(
+            deep.stderr.contains(said),
+            "no {said:?} in:\n{}",
+            deep.describe()
+        );
+    }
+    // Nothing was created or changed.
+    assert!(!missing.exists() && !state.exists());
+    assert_eq!(std::fs::metadata(&sized).unwrap().len(), 1 << 20);
+    // The same config the way the start meets it: refused for the first fault found.
+    let served = run_path(bin, &["serve", "--config", &config_s]);
+    assert!(!served.success(), "{}", served.describe());
+
+    // Fixed: a file to be created, the sized one as it is; it passes, and it starts.
+    let port = free_port();
+    write(
+        port,
+        &[
+            device(
+                "a",
+                "file",
+                &format!("path = \"{}\"\nsize = \"4M\"", missing.display()),
+            ),
+            device("b", "file", &format!("path = \"{}\"", sized.display())),
+        ]
+        .concat(),
+    );
+    let deep = run_path(bin, &["check-config", "--deep", &config_s]);
+    assert!(deep.success(), "{}", deep.describe());
+    assert!(!missing.exists(), "--deep created the file");
+    let daemon = common::Daemon::start_config_text(
+        "iqn.2026-11.org.ferrosan:deep",
+        port,
+        &std::fs::read_to_string(&config).unwrap(),
+        &[],
+    );
+    assert_eq!(std::fs::metadata(&missing).unwrap().len(), 4 << 20);
+    drop(daemon);
+
+    // No target: refused by check-config and serve, unless asked for.
+    std::fs::write(&config, "[limits]\nmax_sessions = 8\n").unwrap();
+    let empty = run_path(bin, &["check-config", &config_s]);
+    assert!(
+        !empty.success() && empty.stderr.contains("no [[target]]"),
+        "{}",
+        empty.describe()
+    );
+    assert!(run_path(bin, &["check-config", "--allow-empty", &config_s]).success());
+    let empty = run_path(bin, &["serve", "--config", &config_s]);
+    assert!(
+        !empty.success() && empty.stderr.contains("--allow-empty"),
+        "{}",
+        empty.describe()
+    );
+}

@@ -124,7 +124,90 @@ fn size_mismatch(what: &str, has: u64, want: u64) -> io::Error {
     )
 }
 
+/// What opening a file or block device would do, found without changing anything
+/// ([`FileStore::inspect`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inspection {
+    /// A missing regular file, created sparse with this size (its directory is writable).
+    Create(u64),
+    /// An existing file or block device of this size, readable and writable.
+    Open { size_bytes: u64, block_device: bool },
+}
+
 impl FileStore {
+    /// The checks [`FileStore::open_with`] makes before it opens `path` for writing: the
+    /// file exists or may be created with `create_size`, it is a regular file or a block
+    /// device of that size, and this process may read and write it (or create it). Nothing
+    /// is created or changed: `check-config --deep` asks the same questions the start does.
+    pub fn inspect(path: impl AsRef<Path>, create_size: Option<u64>) -> io::Result<Inspection> {
+        let path = path.as_ref();
+        let meta = match std::fs::metadata(path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let Some(size) = create_size else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("{}: missing and no size given to create it", path.display()),
+                    ));
+                };
+                let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+                let dir = dir.unwrap_or(Path::new("."));
+                rustix::fs::access(
+                    dir,
+                    rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+                )
+                .map_err(|e| {
+                    io::Error::new(
+                        io::Error::from(e).kind(),
+                        format!(
+                            "{}: cannot create it in {}: {e}",
+                            path.display(),
+                            dir.display()
+                        ),
+                    )
+                })?;
+                return Ok(Inspection::Create(size));
+            }
+            Err(e) => return Err(e),
+        };
+        let block_device = meta.file_type().is_block_device();
+        if !block_device && !meta.file_type().is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: neither a regular file nor a block device",
+                    path.display()
+                ),
+            ));
+        }
+        // Read-only: the size of a device needs an open descriptor, and nothing is written.
+        let file = File::open(path)?;
+        rustix::fs::access(
+            path,
+            rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
+        )?;
+        let size_bytes = if block_device {
+            rustix::fs::seek(&file, SeekFrom::End(0))?
+        } else {
+            meta.len()
+        };
+        match create_size {
+            Some(want) if want != size_bytes => Err(size_mismatch(
+                if block_device {
+                    "the device"
+                } else {
+                    "the file"
+                },
+                size_bytes,
+                want,
+            )),
+            _ => Ok(Inspection::Open {
+                size_bytes,
+                block_device,
+            }),
+        }
+    }
+
     /// Opens `path` (a regular file or a block device). A missing regular file is created sparse
     /// with `create_size`; an existing file or device must have exactly that size. Without
     /// `create_size` the store is as large as the file or device.
@@ -141,13 +224,9 @@ impl FileStore {
         caching: Caching,
     ) -> io::Result<Self> {
         let path = path.as_ref();
-        let exists = path.exists();
-        if !exists && create_size.is_none() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{}: missing and no size given to create it", path.display()),
-            ));
-        }
+        // Every refusal is inspect's (check-config --deep asks the same).
+        let plan = Self::inspect(path, create_size)?;
+        let exists = !matches!(plan, Inspection::Create(_));
         // A LUN file this call creates is the initiators' data: no one else's to read,
         // whatever the umask (0644 outside the service unit).
         let file = {
@@ -159,38 +238,19 @@ impl FileStore {
                 .mode(0o600)
                 .open(path)?
         };
-        let meta = file.metadata()?;
-        let block_device = meta.file_type().is_block_device();
-        let size_bytes = if block_device {
-            let device_bytes = rustix::fs::seek(&file, SeekFrom::End(0))?;
-            match create_size {
-                Some(want) if want != device_bytes => {
-                    return Err(size_mismatch("the device", device_bytes, want))
-                }
-                _ => device_bytes,
+        let (size_bytes, block_device) = match plan {
+            // Only a file this call created is sized here; an existing one must already have
+            // the size asked for (never grown or cut short without being told).
+            Inspection::Create(size) => {
+                file.set_len(size)?; // sparse
+                (size, false)
             }
-        } else if meta.file_type().is_file() {
-            match create_size {
-                // Only a file this call created is sized here; an existing one must already
-                // have the size asked for (never grown or cut short without being told).
-                Some(want) if !exists => {
-                    file.set_len(want)?; // sparse
-                    want
-                }
-                Some(want) if want != meta.len() => {
-                    return Err(size_mismatch("the file", meta.len(), want))
-                }
-                _ => meta.len(),
-            }
-        } else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: neither a regular file nor a block device",
-                    path.display()
-                ),
-            ));
+            Inspection::Open {
+                size_bytes,
+                block_device,
+            } => (size_bytes, block_device),
         };
+        debug_assert_eq!(block_device, file.metadata()?.file_type().is_block_device());
         let in_memory = !block_device && in_memory_filesystem(&file);
         let direct = match caching {
             Caching::Page => None,

@@ -14,7 +14,7 @@ pub mod rbd;
 mod sys;
 
 pub use aligned::{AlignedBuf, BufPool, PooledBuf, DIRECT_ALIGN_BYTES, POOL_BUFFER_BYTES_MAX};
-pub use file::{Caching, FileStore};
+pub use file::{Caching, FileStore, Inspection};
 pub use ram::{RamStore, RAM_PAGE_BYTES};
 pub use rbd::{errno_of, RbdSpec, RbdStore};
 

@@ -9,6 +9,7 @@ pub mod gateway;
 pub mod left_out;
 pub mod nexus;
 pub mod portals;
+pub mod preflight;
 pub mod state;
 
 use std::collections::HashMap;

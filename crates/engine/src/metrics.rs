@@ -990,24 +990,29 @@ async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> Resul
     let wants_openmetrics = head
         .lines()
         .any(|l| l.starts_with("accept:") && l.contains("application/openmetrics-text"));
-    let (status, content_type, body) =
-        if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
-            if wants_openmetrics {
-                ("200 OK", OPENMETRICS, metrics.render())
-            } else {
-                ("200 OK", TEXT_004, to_text_004(&metrics.render()))
-            }
-        } else {
-            (
-                "404 Not Found",
-                "text/plain; charset=utf-8",
-                "try /metrics\n".to_string(),
-            )
-        };
+    let plain = "text/plain; charset=utf-8";
+    let route = route(line);
+    let (status, content_type, body) = match route {
+        Route::Metrics { .. } if wants_openmetrics => ("200 OK", OPENMETRICS, metrics.render()),
+        Route::Metrics { .. } => ("200 OK", TEXT_004, to_text_004(&metrics.render())),
+        Route::NotFound => ("404 Not Found", plain, "try /metrics\n".to_string()),
+        Route::MethodNotAllowed => ("405 Method Not Allowed", plain, "GET or HEAD\n".to_string()),
+    };
+    let allow = if route == Route::MethodNotAllowed {
+        "Allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
     let head = format!(
-        "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
         body.len()
     );
+    // HEAD: the GET's head (its length included), no body.
+    let body = if route == (Route::Metrics { head: true }) {
+        ""
+    } else {
+        body.as_str()
+    };
     let answer = async {
         stream.write_all(head.as_bytes()).await?;
         stream.write_all(body.as_bytes()).await
@@ -1015,6 +1020,33 @@ async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> Resul
     match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
         Ok(result) => result.map_err(ScrapeError::Io),
         Err(_) => Err(ScrapeError::SlowReader),
+    }
+}
+
+/// What a request line asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// `GET` or `HEAD` of `/metrics`, whatever its query string (`?name[]=...` from
+    /// federation, a cache buster): the whole exposition.
+    Metrics {
+        head: bool,
+    },
+    NotFound,
+    MethodNotAllowed,
+}
+
+fn route(line: &[u8]) -> Route {
+    let mut words = line.split(|&b| b == b' ');
+    let (method, target) = (
+        words.next().unwrap_or_default(),
+        words.next().unwrap_or_default(),
+    );
+    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
+    match (method, path) {
+        (b"GET", b"/metrics") => Route::Metrics { head: false },
+        (b"HEAD", b"/metrics") => Route::Metrics { head: true },
+        (b"GET" | b"HEAD", _) => Route::NotFound,
+        _ => Route::MethodNotAllowed,
     }
 }
 
@@ -1191,6 +1223,28 @@ mod tests {
     }
 
     #[test]
+    fn requests_are_routed_by_method_and_path_not_query() {
+        for (line, want) in [
+            (
+                &b"GET /metrics HTTP/1.1"[..],
+                Route::Metrics { head: false },
+            ),
+            (b"GET /metrics", Route::Metrics { head: false }),
+            (
+                b"GET /metrics?name[]=up&x=1 HTTP/1.1",
+                Route::Metrics { head: false },
+            ),
+            (b"HEAD /metrics HTTP/1.1", Route::Metrics { head: true }),
+            (b"GET /metricsx HTTP/1.1", Route::NotFound),
+            (b"GET / HTTP/1.1", Route::NotFound),
+            (b"POST /metrics HTTP/1.1", Route::MethodNotAllowed),
+            (b"", Route::MethodNotAllowed),
+        ] {
+            assert_eq!(route(line), want, "{}", String::from_utf8_lossy(line));
+        }
+    }
+
+    #[test]
     fn renders_counters_with_labels() {
         let m = Metrics::new();
         m.limit("max_connections_per_source");
@@ -1218,17 +1272,39 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         metrics.limit("max_sessions");
         tokio::spawn(serve(listener, Arc::clone(&metrics)));
-        for (path, want) in [("/metrics", "200 OK"), ("/other", "404")] {
+        let ask = |request: &'static str| async move {
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            s.write_all(format!("{request} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
                 .await
                 .unwrap();
             let mut answer = String::new();
             s.read_to_string(&mut answer).await.unwrap();
-            assert!(answer.starts_with(&format!("HTTP/1.0 {want}")), "{answer}");
-            if path == "/metrics" {
-                assert!(answer.contains("ferrosan_limit_exceeded_total{limit=\"max_sessions\"} 1"));
-            }
+            answer
+        };
+        let sample = "ferrosan_limit_exceeded_total{limit=\"max_sessions\"} 1";
+        for request in ["GET /metrics", "GET /metrics?name[]=up"] {
+            let answer = ask(request).await;
+            assert!(
+                answer.starts_with("HTTP/1.0 200 OK") && answer.contains(sample),
+                "{answer}"
+            );
         }
+        let get = ask("GET /metrics").await;
+        let head = ask("HEAD /metrics").await;
+        let (get_head, body) = get.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with("HTTP/1.0 200 OK") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}\n{get_head}"
+        );
+        assert!(ask("GET /other").await.starts_with("HTTP/1.0 404"));
+        let post = ask("POST /metrics").await;
+        assert!(
+            post.starts_with("HTTP/1.0 405") && post.contains("Allow: GET, HEAD"),
+            "{post}"
+        );
     }
 }

@@ -144,10 +144,28 @@ impl EncodeMetric for BulkHistogram {
 /// How a device's reads and writes reach it: `io_uring` (direct, on the workers' rings),
 /// `threads` (direct, on the I/O thread pool: io_uring off or unavailable), `page_cache`
 /// (buffered), `memory` (RAM, tmpfs).
+/// The values of [`IoPathLabel`]'s `path`.
+pub const IO_PATHS: [&str; 5] = [
+    "asynchronous",
+    "io_uring",
+    "threads",
+    "page_cache",
+    "memory",
+];
+
+/// The values of [`TakeoverLabel`]'s `reason`.
+pub const TAKEOVER_REASONS: [&str; 4] = ["initiator", "operator", "owner_gone", "restart"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct IoPathLabel {
     pub device: String,
     pub path: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabel {
+    /// The target's IQN (a subsystem's NQN), or `discovery` for a discovery session.
+    pub target: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -319,61 +337,101 @@ impl prometheus_client::collector::Collector for ProcessCollector {
     }
 }
 
-/// The write-back queues of devices whose store answers writes before its medium has them
-/// (RBD images with the write cache on), read at each scrape: they change with every write, so
-/// a gauge kept up to date would cost the I/O path a shared counter.
+/// The devices served, read at each scrape: their capacity and offline state (a gauge kept
+/// by every resize and offline path would be one more thing each must remember), and the
+/// write-back queues of those whose store answers writes before its medium has them (RBD
+/// images with the write cache on; they change with every write, so a gauge kept up to date
+/// would cost the I/O path a shared counter). A device whose LU is gone (removed, its last
+/// command done) is forgotten, with its other series ([`Metrics::render`]).
 #[derive(Clone, Default)]
-struct WriteBackCollector {
+struct DeviceCollector {
     devices: Arc<Mutex<std::collections::BTreeMap<String, std::sync::Weak<scsi::LogicalUnit>>>>,
 }
 
-impl std::fmt::Debug for WriteBackCollector {
+impl std::fmt::Debug for DeviceCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WriteBackCollector")
+        f.write_str("DeviceCollector")
     }
 }
 
-impl WriteBackCollector {
-    /// The devices still served and their queues now (devices removed since are forgotten).
-    fn sample(&self) -> Vec<(String, store::WriteBack)> {
-        let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
-        devices.retain(|_, lu| lu.strong_count() > 0);
-        devices
+impl DeviceCollector {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::BTreeMap<String, std::sync::Weak<scsi::LogicalUnit>>,
+    > {
+        self.devices.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The devices whose LU is gone since the last look, forgotten here.
+    fn gone(&self) -> Vec<String> {
+        let mut devices = self.lock();
+        let gone: Vec<String> = devices
             .iter()
-            .filter_map(|(name, lu)| Some((name.clone(), lu.upgrade()?.write_back()?)))
+            .filter(|(_, lu)| lu.strong_count() == 0)
+            .map(|(name, _)| name.clone())
+            .collect();
+        devices.retain(|_, lu| lu.strong_count() > 0);
+        gone
+    }
+
+    /// The devices still served.
+    fn sample(&self) -> Vec<(String, Arc<scsi::LogicalUnit>)> {
+        self.lock()
+            .iter()
+            .filter_map(|(name, lu)| Some((name.clone(), lu.upgrade()?)))
             .collect()
     }
 }
 
-impl prometheus_client::collector::Collector for WriteBackCollector {
+impl prometheus_client::collector::Collector for DeviceCollector {
     fn encode(
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         use prometheus_client::metrics::gauge::ConstGauge;
+        type Read = fn(&scsi::LogicalUnit) -> Option<u64>;
         let sample = self.sample();
         if sample.is_empty() {
             return Ok(());
         }
         for (name, help, value) in [
             (
+                "device_capacity_bytes",
+                "The device's size as its initiators see it (READ CAPACITY), changed by a resize",
+                (|lu: &scsi::LogicalUnit| Some(lu.capacity_bytes())) as Read,
+            ),
+            (
+                "device_offline",
+                "1 while the device is offline (ferrosan ctl device offline: its LUNs answer NOT READY), else 0",
+                |lu| Some(u64::from(lu.is_offline())),
+            ),
+            (
                 "device_write_back_bytes",
                 "Bytes of writes answered from the device's write cache that its medium does not have yet (RBD write-back)",
-                (|w: &store::WriteBack| w.bytes) as fn(&store::WriteBack) -> u64,
+                |lu| lu.write_back().map(|w| w.bytes),
             ),
             (
                 "device_write_back_writes",
                 "Writes answered from the device's write cache that its medium does not have yet (RBD write-back)",
-                |w: &store::WriteBack| w.writes,
+                |lu| lu.write_back().map(|w| w.writes),
             ),
         ] {
+            let values: Vec<(&String, u64)> = sample
+                .iter()
+                .filter_map(|(device, lu)| Some((device, value(lu)?)))
+                .collect();
+            if values.is_empty() {
+                continue;
+            }
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (device, queue) in &sample {
+            for (device, v) in values {
                 let label = DeviceLabel {
                     device: device.clone(),
                 };
                 let m = family.encode_family(&label)?;
-                ConstGauge::new(i64::try_from(value(queue)).unwrap_or(i64::MAX)).encode(m)?;
+                ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(m)?;
             }
         }
         Ok(())
@@ -424,8 +482,8 @@ series! {
     logins: Family<LoginLabel, Counter> = "logins";
     /// Open TCP connections
     connections: Gauge = "connections";
-    /// Sessions in full feature phase
-    sessions: Gauge = "sessions";
+    /// iSCSI sessions in full feature phase, by target (`discovery` for discovery sessions); a target's series stays (at 0) once it has had a session
+    sessions: Family<TargetLabel, Gauge> = "sessions";
     /// NVMe/TCP controllers (each an admin queue with its I/O queues), discovery controllers included
     nvme_controllers: Gauge = "nvme_controllers";
     /// NVMe/TCP queues connected (admin and I/O), each one TCP connection
@@ -509,7 +567,7 @@ pub struct Metrics {
     series: Series,
     /// The pairs that have their own series (at most [`INITIATOR_SERIES_MAX`]).
     initiator_pairs: Mutex<std::collections::HashSet<InitiatorLabel>>,
-    write_back: WriteBackCollector,
+    devices: DeviceCollector,
 }
 
 impl std::ops::Deref for Metrics {
@@ -561,8 +619,8 @@ impl Metrics {
             started: std::time::SystemTime::now(),
         }));
         let registry = root.sub_registry_with_prefix("ferrosan");
-        let write_back = WriteBackCollector::default();
-        registry.register_collector(Box::new(write_back.clone()));
+        let devices = DeviceCollector::default();
+        registry.register_collector(Box::new(devices.clone()));
         let build_info = Family::<BuildLabel, Gauge>::default();
         build_info
             .get_or_create(&BuildLabel {
@@ -579,7 +637,7 @@ impl Metrics {
             registry: root,
             series,
             initiator_pairs: Mutex::new(std::collections::HashSet::new()),
-            write_back,
+            devices,
         }
     }
 
@@ -726,18 +784,67 @@ impl Metrics {
         )
     }
 
-    /// Reports `lu`'s write-back queue as `device`'s from now on, if its store has one (it
-    /// replaces a device of that name served before).
-    pub fn watch_write_back(&self, device: &str, lu: &Arc<scsi::LogicalUnit>) {
-        let mut devices = self
-            .write_back
-            .devices
+    /// Reports `lu` as `device` from now on (its capacity, offline state and write-back
+    /// queue, read at each scrape); it replaces a device of that name served before.
+    pub fn watch_device(&self, device: &str, lu: &Arc<scsi::LogicalUnit>) {
+        self.devices
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if lu.write_back().is_some() {
-            devices.insert(device.to_owned(), Arc::downgrade(lu));
-        } else {
-            devices.remove(device);
+            .insert(device.to_owned(), Arc::downgrade(lu));
+    }
+
+    /// Drops every series of `device` (removed, its LU gone): a scrape shows only devices
+    /// served, and a device added again under the name starts from zero.
+    fn forget_device(&self, device: &str) {
+        let label = DeviceLabel {
+            device: device.to_owned(),
+        };
+        for family in [
+            &self.write_stalls,
+            &self.writes_offloaded,
+            &self.device_reads,
+            &self.device_writes,
+            &self.device_read_bytes,
+            &self.device_write_bytes,
+            &self.device_unit_attentions,
+            &self.gateway_takeovers_refused,
+            &self.gateway_fenced,
+            &self.gateway_shipped,
+            &self.gateway_ship_failures,
+            &self.device_sendfile_bytes,
+        ] {
+            family.remove(&label);
+        }
+        for family in [
+            &self.gateway_owner,
+            &self.gateway_owner_silence_milliseconds,
+            &self.device_fenced,
+            &self.gateway_peer_sessions,
+        ] {
+            family.remove(&label);
+        }
+        for cause in ERROR_CAUSES {
+            self.device_errors.remove(&DeviceErrorLabel {
+                device: device.to_owned(),
+                cause,
+            });
+        }
+        for op in ["read", "write"] {
+            self.device_latency.remove(&LatencyLabel {
+                device: device.to_owned(),
+                op,
+            });
+        }
+        for path in IO_PATHS {
+            self.device_io_path.remove(&IoPathLabel {
+                device: device.to_owned(),
+                path: path.to_owned(),
+            });
+        }
+        for reason in TAKEOVER_REASONS {
+            self.gateway_takeovers.remove(&TakeoverLabel {
+                device: device.to_owned(),
+                reason: reason.to_owned(),
+            });
         }
     }
 
@@ -814,6 +921,12 @@ impl Metrics {
         }
     }
 
+    /// The session gauge of `target` (None: a discovery session), taken once per session.
+    pub fn sessions_of(&self, target: Option<&str>) -> Gauge {
+        let target = target.unwrap_or("discovery").to_owned();
+        self.sessions.get_or_create(&TargetLabel { target }).clone()
+    }
+
     pub fn login(&self, result: String) {
         self.logins.get_or_create(&LoginLabel { result }).inc();
     }
@@ -836,8 +949,12 @@ impl Metrics {
             .inc();
     }
 
-    /// The exposition text.
+    /// The exposition text (of the devices served: a removed one's series go once its LU
+    /// has gone).
     pub fn render(&self) -> String {
+        for device in self.devices.gone() {
+            self.forget_device(&device);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -1261,7 +1378,23 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("ferrosan_connections 1"), "{text}");
-        assert!(text.contains("ferrosan_sessions 0"), "{text}");
+        assert!(
+            !text.contains("ferrosan_sessions{"),
+            "no series before a session: {text}"
+        );
+        let t = m.sessions_of(Some("iqn.2026-11.org.ferrosan:t"));
+        t.inc();
+        m.sessions_of(None).inc();
+        m.sessions_of(None).dec();
+        let text = m.render();
+        assert!(
+            text.contains("ferrosan_sessions{target=\"iqn.2026-11.org.ferrosan:t\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferrosan_sessions{target=\"discovery\"} 0"),
+            "{text}"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]

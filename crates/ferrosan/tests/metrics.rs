@@ -34,7 +34,24 @@ fn logins_and_failures_are_counted() {
         1.0,
         "{after}"
     );
-    assert_eq!(value(&after, "ferrosan_sessions"), 0.0, "{after}");
+    // Per target: a series once the target has had a session, back at 0 when it ends.
+    let of_target = format!("ferrosan_sessions{{target=\"{IQN}\"}} ");
+    assert!(after.contains(&format!("{of_target}0")), "{after}");
+    let session = initiator::driver::Client::connect(initiator::ClientConfig::new(
+        format!("127.0.0.1:{}", daemon.port),
+        initiator::SessionConfig::new(
+            "iqn.2026-11.test:metrics",
+            initiator::SessionKind::Normal {
+                target_name: IQN.into(),
+            },
+        ),
+    ))
+    .expect("login");
+    let during = wait_for(metrics_port, of_target.trim_end(), |v| v == 1.0);
+    assert_eq!(value(&during, of_target.trim_end()), 1.0, "{during}");
+    session.logout().ok();
+    let later = wait_for(metrics_port, of_target.trim_end(), |v| v == 0.0);
+    assert!(later.contains(&format!("{of_target}0")), "{later}");
 }
 
 #[test]
@@ -421,4 +438,60 @@ fn promtool_accepts_the_scrape_and_the_rules_and_dashboards_name_real_series() {
             "{name} is used by dist/ but the daemon does not export it:\n{body}"
         );
     }
+}
+
+/// Each device served has a capacity and an offline gauge that follow `ctl resize` and
+/// `ctl device offline`; a removed device's series all go.
+#[test]
+fn device_gauges_follow_live_changes_and_removed_devices_go() {
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let _daemon = Daemon::start_with_args(
+        IQN,
+        &["ram:16M"],
+        &["--metrics-listen", &listen, "--control-socket", &socket],
+    );
+    let scratch = common::Scratch::new("metrics-devices");
+    let file = scratch.file("extra.img");
+    let ok = |v: serde_json::Value| assert_eq!(v["ok"], true, "{v}");
+    ok(ctl.json(&[
+        "device",
+        "add",
+        "extra",
+        &format!("file:{},size=8M", file.display()),
+    ]));
+    let capacity = "ferrosan_device_capacity_bytes{device=\"extra\"}";
+    let offline = "ferrosan_device_offline{device=\"extra\"}";
+    let text = wait_for(metrics_port, capacity, |v| v == (8 << 20) as f64);
+    assert_eq!(value(&text, capacity), (8 << 20) as f64, "{text}");
+    assert!(text.contains(&format!("{offline} 0")), "{text}");
+    assert!(
+        text.contains("ferrosan_device_capacity_bytes{device=\"lun0\"} 16777216"),
+        "{text}"
+    );
+    ok(ctl.json(&["resize", "extra", "12M"]));
+    let text = wait_for(metrics_port, capacity, |v| v == (12 << 20) as f64);
+    assert_eq!(value(&text, capacity), (12 << 20) as f64, "{text}");
+    ok(ctl.json(&["device", "offline", "extra"]));
+    assert_eq!(value(&scrape(metrics_port), offline), 1.0);
+    ok(ctl.json(&["device", "online", "extra"]));
+    assert!(scrape(metrics_port).contains(&format!("{offline} 0")));
+    assert!(scrape(metrics_port).contains("ferrosan_device_io_path{device=\"extra\""));
+    ok(ctl.json(&["device", "remove", "extra"]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut text = scrape(metrics_port);
+    while text.contains("device=\"extra\"") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        text = scrape(metrics_port);
+    }
+    assert!(
+        !text.contains("device=\"extra\""),
+        "a removed device's series stay:\n{text}"
+    );
+    assert!(
+        text.contains("ferrosan_device_capacity_bytes{device=\"lun0\"}"),
+        "{text}"
+    );
 }

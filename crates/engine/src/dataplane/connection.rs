@@ -180,7 +180,10 @@ impl Driver {
         backend.info = Some(info);
         let established_at = Instant::now();
         let mut session = new_session(&established, &shared.limits);
-        shared.metrics.sessions.inc();
+        let sessions = shared
+            .metrics
+            .sessions_of(established.target_name.as_ref().map(|t| t.as_str()));
+        sessions.inc();
         let mut wakeups = Wakeups::new(
             Duration::from_micros(shared.limits.coalesce_wait_us.into()),
             Arc::clone(&shared.metrics),
@@ -326,7 +329,11 @@ impl Driver {
         result: &Result<(), Closed>,
     ) {
         backend.report_io();
-        backend.shared.metrics.sessions.dec();
+        backend
+            .shared
+            .metrics
+            .sessions_of(established.target_name.as_ref().map(|t| t.as_str()))
+            .dec();
         if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
             for entry in luns.entries() {
                 entry.lu.nexus_lost(nexus.id);

@@ -303,7 +303,7 @@ impl DeviceContext {
             (false, _) => "memory",
         };
         self.metrics.device_io_path(&device.name, path);
-        self.metrics.watch_write_back(&device.name, unit);
+        self.metrics.watch_device(&device.name, unit);
         tracing::info!("device {}: I/O path {path}", device.name);
         let ring = if self.io_uring {
             unit.direct_io()

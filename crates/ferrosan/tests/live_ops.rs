@@ -330,6 +330,15 @@ fn every_ctl_verb_works_and_unsaved_changes_are_reported() {
     ok(ctl.json(&["device", "remove", "more"]));
     assert_eq!(listed_luns(&daemon), vec![0, 1]);
 
+    // A change the whole config refuses is named by its verb and field, not by a place in
+    // text the operator never saw.
+    let refused = ctl.json(&["lun", "map", IQN, "all", "9", "mem"]);
+    let said = refused["error"].as_str().unwrap();
+    assert!(
+        said.starts_with("lun-map: target ") && said.contains("already mapped as LUN 0"),
+        "{refused}"
+    );
+    assert!(!said.contains("ctl edit"), "{refused}");
     // Initiators: a group is for listed initiators or for any, never both (refused whole);
     // a listed one moves to its group at once (its LUN map: LUN 0 only).
     let refused = ctl.json(&["initiator", "add", IQN, "all", "iqn.2026-11.test:host1"]);

@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::config::Config;
+use crate::config::{Config, ConfigErrors};
 use crate::shared::Shared;
 use edit::{edit, text, EDIT_VERBS};
 use error::SaveError;
@@ -692,7 +692,8 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
     let what = edit(&mut edited, verb, args)?;
     // Validated whole, as a file would be: written out and read back.
     let text = edited.to_toml_with_secrets();
-    let validated = Config::from_toml_str(&text, "(ctl edit)").map_err(ControlError::Invalid)?;
+    let validated = Config::from_toml_str(&text, "(ctl edit)")
+        .map_err(|errors| ControlError::Invalid(of_the_verb(errors, verb)))?;
     let applied = crate::control::reload::apply(shared, validated)?;
     let save = args.get("save").and_then(Value::as_bool).unwrap_or(false);
     let saved = if save {
@@ -713,6 +714,18 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
         "changes": applied.changes.lines(),
         "saved": saved,
     }))
+}
+
+/// A `ctl` edit's validation errors as the verb's, not as places in the text the edited
+/// config was written to for validation (which the operator never saw): `VERB: FIELD:
+/// MESSAGE`.
+fn of_the_verb(mut errors: ConfigErrors, verb: &str) -> ConfigErrors {
+    for e in &mut errors.errors {
+        e.file = verb.to_string();
+        e.line = 0;
+        e.column = 0;
+    }
+    errors
 }
 
 /// A block device grown underneath (lvextend, a bigger RBD image): the LU takes the device's

@@ -89,7 +89,18 @@ impl LatencyCounts {
         self.count += 1;
     }
 
-    fn add(&mut self, other: &LatencyCounts) {
+    /// The same, as `stats` shows it (`ferrosan top` takes percentiles of the difference
+    /// of two): commands, summed nanoseconds, and per bucket of [`LATENCY_BOUNDS_NS`] (then
+    /// +Inf) the commands that fell in it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "count": self.count,
+            "sum_ns": self.sum_ns,
+            "buckets": self.buckets.to_vec(),
+        })
+    }
+
+    pub fn add(&mut self, other: &LatencyCounts) {
         for (mine, theirs) in self.buckets.iter_mut().zip(other.buckets) {
             *mine += theirs;
         }
@@ -109,10 +120,9 @@ impl BulkHistogram {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).add(counts);
     }
 
-    /// Commands observed and their summed latency in nanoseconds.
-    pub fn totals(&self) -> (u64, u64) {
-        let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        (counts.count, counts.sum_ns)
+    /// Everything observed since start: per bucket, summed, counted.
+    pub fn totals(&self) -> LatencyCounts {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -586,9 +596,8 @@ pub struct DeviceTotals {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub errors: u64,
-    /// (commands, summed nanoseconds).
-    pub read_latency: (u64, u64),
-    pub write_latency: (u64, u64),
+    pub read_latency: LatencyCounts,
+    pub write_latency: LatencyCounts,
 }
 
 /// One connection's I/O on one device since its last report.

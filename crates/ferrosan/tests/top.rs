@@ -1,6 +1,6 @@
 //! `ferrosan top` against a running qemu-img writer: the plain `--batch` frames and the
-//! terminal UI (in a tmux pane, read back with capture-pane) both show its session's writes
-//! per second, and `q` quits.
+//! terminal UI (an 80-column tmux pane, read back with capture-pane) both show its session's
+//! writes per second and p99 latency; the sort and filter keys act, and `q` quits.
 
 mod common;
 
@@ -19,9 +19,8 @@ fn writes_per_second(screen: &str) -> Option<u64> {
         .split(['│', ' '])
         .filter(|c| !c.is_empty())
         .position(|c| c == "WRITE/s")?;
-    let row = screen
-        .lines()
-        .find(|l| l.contains("iqn.2008-11.org.linux-kvm"))?;
+    // At 80 columns the initiator's name keeps its end (…org.linux-kvm).
+    let row = screen.lines().find(|l| l.contains("linux-kvm"))?;
     row.split(['│', ' '])
         .filter(|c| !c.is_empty())
         .nth(column)?
@@ -67,6 +66,37 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
         "no writes per second in the last frame:\n{}",
         batch.stdout
     );
+    // The p99 of the session's commands in the window: a number, not "-".
+    let p99 = last_frame
+        .lines()
+        .find(|l| l.contains("linux-kvm"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        p99.is_some_and(|v| v > 0.0),
+        "no p99 latency:\n{last_frame}"
+    );
+    // A filter that matches nothing leaves the tables empty.
+    let filtered = run_path(
+        top,
+        &[
+            "top",
+            "--socket",
+            &s,
+            "--batch",
+            "1",
+            "--filter",
+            "no-such-host",
+            "--sort",
+            "latency",
+        ],
+    );
+    assert!(filtered.success(), "{}", filtered.describe());
+    assert!(
+        !filtered.stdout.contains("linux-kvm"),
+        "{}",
+        filtered.stdout
+    );
 
     // The terminal UI, in a detached tmux pane of a private tmux server.
     let tmux = require_tool("tmux");
@@ -92,7 +122,7 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
         "-s",
         "top",
         "-x",
-        "150",
+        "80",
         "-y",
         "30",
         &command,
@@ -104,8 +134,8 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
     // yet): wait for one that shows the whole screen.
     let complete = |screen: &str| {
         writes_per_second(screen).is_some_and(|w| w > 0)
-            && screen.contains("WLAT_ms")
-            && screen.contains("q: quit")
+            && screen.contains("P99_ms")
+            && screen.contains("q quit")
     };
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
@@ -120,8 +150,31 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
         "the terminal UI shows no writes per second:\n{screen}"
     );
     assert!(
-        screen.contains("WLAT_ms") && screen.contains("q: quit"),
+        screen.contains("P99_ms") && screen.contains("q quit"),
         "{screen}"
+    );
+    assert!(
+        screen.lines().all(|l| l.chars().count() <= 80),
+        "wider than the pane:\n{screen}"
+    );
+    // l sorts by p99; / then text and Enter filters (the kvm session stays).
+    tmux_cmd(&["send-keys", "-t", "top", "l", "/", "k", "v", "m", "Enter"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+        screen = String::from_utf8_lossy(&tmux_cmd(&["capture-pane", "-p", "-t", "top"]).stdout)
+            .to_string();
+        if screen.contains("[p99]") && screen.contains("[kvm]") {
+            break;
+        }
+    }
+    assert!(
+        screen.contains("[p99]") && screen.contains("[kvm]"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("linux-kvm"),
+        "the filter hid the matching session:\n{screen}"
     );
     tmux_cmd(&["send-keys", "-t", "top", "q"]);
     let quit = Instant::now() + Duration::from_secs(5);

@@ -49,9 +49,25 @@ pub struct SessionInfo {
     pub writes: AtomicU64,
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
+    /// Its reads' and writes' latency since it began (`stats`; `ferrosan top`'s percentiles).
+    pub latency: Mutex<[crate::metrics::LatencyCounts; 2]>,
 }
 
 impl SessionInfo {
+    /// Adds the latency of commands of `op` (0 read, 1 write) counted since the last report.
+    pub fn add_latency(&self, op: usize, counts: &crate::metrics::LatencyCounts) {
+        let mut latency = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mine) = latency.get_mut(op) {
+            mine.add(counts);
+        }
+    }
+
+    /// The latency of `op` (0 read, 1 write) since the session began.
+    pub fn latency(&self, op: usize) -> crate::metrics::LatencyCounts {
+        let latency = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        latency.get(op).copied().unwrap_or_default()
+    }
+
     pub fn add_io(&self, reads: u64, writes: u64, read_bytes: u64, write_bytes: u64) {
         self.reads.fetch_add(reads, Ordering::Relaxed);
         self.writes.fetch_add(writes, Ordering::Relaxed);

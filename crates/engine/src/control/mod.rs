@@ -480,6 +480,8 @@ fn sessions(shared: &Shared) -> Value {
                 "writes": s.writes.load(Ordering::Relaxed),
                 "read_bytes": s.read_bytes.load(Ordering::Relaxed),
                 "write_bytes": s.write_bytes.load(Ordering::Relaxed),
+                "read_latency": s.latency(0).to_json(),
+                "write_latency": s.latency(1).to_json(),
             })
         })
         .collect();
@@ -504,10 +506,8 @@ fn stats(shared: &Shared) -> Value {
                 "read_bytes": t.read_bytes,
                 "write_bytes": t.write_bytes,
                 "errors": t.errors,
-                "read_latency_count": t.read_latency.0,
-                "read_latency_ns": t.read_latency.1,
-                "write_latency_count": t.write_latency.0,
-                "write_latency_ns": t.write_latency.1,
+                "read_latency": t.read_latency.to_json(),
+                "write_latency": t.write_latency.to_json(),
                 "in_flight": device.unit.in_flight().count(),
                 "offline": device.unit.is_offline(),
                 "size_bytes": device.unit.capacity_bytes(),
@@ -523,6 +523,7 @@ fn stats(shared: &Shared) -> Value {
     let mut all = sessions(shared);
     all["devices"] = Value::Array(devices);
     all["uptime_ms"] = json!(shared.started.elapsed().map_or(0, |d| d.as_millis() as u64));
+    all["latency_bounds_ns"] = json!(crate::metrics::LATENCY_BOUNDS_NS.to_vec());
     all
 }
 

@@ -734,6 +734,9 @@ impl Backend<'_> {
                 if counts.count > 0 {
                     let name = OP_NAMES.get(op).copied().unwrap_or("other");
                     self.shared.metrics.add_latency(&slot.device, name, counts);
+                    if let Some(info) = &self.info {
+                        info.add_latency(op, counts);
+                    }
                     *counts = LatencyCounts::default();
                 }
             }

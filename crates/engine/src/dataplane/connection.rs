@@ -306,6 +306,7 @@ impl Driver {
             writes: Default::default(),
             read_bytes: Default::default(),
             write_bytes: Default::default(),
+            latency: Default::default(),
         })
     }
 

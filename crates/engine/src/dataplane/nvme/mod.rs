@@ -344,6 +344,7 @@ impl Driver {
             writes: Default::default(),
             read_bytes: Default::default(),
             write_bytes: Default::default(),
+            latency: Default::default(),
         });
         if let Some(ticket) = entry
             .ticket

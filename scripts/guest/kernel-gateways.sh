@@ -268,7 +268,7 @@ show_paths() {
         nvme list-subsys 2>&1 | cat
         echo "paths: $(nvme_paths)"
     else
-        show_paths
+        multipath -ll "$MAP" | cat
     fi
 }
 both_ready() {

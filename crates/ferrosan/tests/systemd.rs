@@ -129,21 +129,28 @@ users = [ {{ user = "alice", secret_file = "$CREDENTIALS_DIRECTORY/chap-alice" }
     assert!(daemon.0.try_wait().unwrap().unwrap().success());
 }
 
+/// dist/ferrosan.service as shipped.
+fn shipped_unit() -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/ferrosan.service"),
+    )
+    .unwrap()
+}
+
+/// The shipped unit in `scratch`, its binary this build (verify checks that ExecStart=
+/// exists).
+fn unit_in(scratch: &Scratch) -> std::path::PathBuf {
+    let unit = scratch.file("ferrosan.service");
+    let text = shipped_unit().replace("/usr/local/bin/ferrosan", env!("CARGO_BIN_EXE_ferrosan"));
+    std::fs::write(&unit, text).unwrap();
+    unit
+}
+
 #[test]
 fn the_shipped_unit_verifies_and_is_hardened() {
     let analyze = common::require_tool("systemd-analyze");
     let scratch = Scratch::new("unit");
-    let unit = scratch.file("ferrosan.service");
-    let shipped = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/ferrosan.service"),
-    )
-    .unwrap();
-    // verify checks that ExecStart= exists: point it at this build.
-    std::fs::write(
-        &unit,
-        shipped.replace("/usr/local/bin/ferrosan", env!("CARGO_BIN_EXE_ferrosan")),
-    )
-    .unwrap();
+    let unit = unit_in(&scratch);
     let unit_arg = unit.display().to_string();
     let verify = common::run_path(&analyze, &["verify", &unit_arg]);
     assert!(
@@ -170,10 +177,7 @@ fn the_shipped_unit_verifies_and_is_hardened() {
 /// saying why, when the daemon refuses it; SIGHUP could not answer.
 #[test]
 fn the_units_reload_fails_when_the_daemon_refuses_the_file() {
-    let shipped = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/ferrosan.service"),
-    )
-    .unwrap();
+    let shipped = shipped_unit();
     let reload = shipped
         .lines()
         .find_map(|l| l.strip_prefix("ExecReload="))
@@ -257,16 +261,7 @@ fn the_dropin_opens_the_unit_to_the_configs_devices_and_verifies() {
         "{dropin}"
     );
     // The shipped unit with the drop-in beside it, as systemd would read them.
-    let unit = scratch.file("ferrosan.service");
-    let shipped = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/ferrosan.service"),
-    )
-    .unwrap();
-    std::fs::write(
-        &unit,
-        shipped.replace("/usr/local/bin/ferrosan", env!("CARGO_BIN_EXE_ferrosan")),
-    )
-    .unwrap();
+    let unit = unit_in(&scratch);
     let dir = scratch.file("ferrosan.service.d");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("devices.conf"), &dropin).unwrap();

@@ -45,14 +45,10 @@ fn devices(config: &Config, problems: &mut Vec<Problem>) {
             StoreKind::File { path, size_bytes } => FileStore::inspect(path, *size_bytes)
                 .err()
                 .map(|e| e.to_string()),
-            StoreKind::Block { path } => match FileStore::inspect(path, None) {
-                Ok(store::Inspection::Open {
-                    block_device: false,
-                    ..
-                }) => Some(format!("{}: not a block device", path.display())),
-                Ok(_) => None,
-                Err(e) => Some(e.to_string()),
-            },
+            // The start opens a block device as a file of its own size: the same inspection.
+            StoreKind::Block { path } => {
+                FileStore::inspect(path, None).err().map(|e| e.to_string())
+            }
             StoreKind::Rbd(spec) => spec.conf.as_ref().and_then(|conf| {
                 std::fs::File::open(conf)
                     .err()

@@ -319,62 +319,87 @@ fn both_percentiles(old: Option<&Value>, now: &Value, bounds: &[f64]) -> Option<
     percentiles(old.map(merged).as_ref(), &merged(now), bounds)
 }
 
+/// An item's I/O over the window (a session or a device, found in the older sample by
+/// `key_of`): what both tables show of it and sort it by.
+struct Activity<'a> {
+    was: Option<&'a Value>,
+    reads: f64,
+    writes: f64,
+    bytes: f64,
+    latency: Option<(f64, f64)>,
+}
+
+impl<'a> Activity<'a> {
+    fn of(
+        old: &'a [Value],
+        now: &Value,
+        key_of: impl Fn(&Value) -> String,
+        secs: f64,
+        bounds: &[f64],
+    ) -> Activity<'a> {
+        let was = earlier(old, &key_of(now), key_of);
+        let r = |f: &str| rate(was, now, f, secs);
+        Activity {
+            was,
+            reads: r("reads"),
+            writes: r("writes"),
+            bytes: r("read_bytes") + r("write_bytes"),
+            latency: both_percentiles(was, now, bounds),
+        }
+    }
+
+    /// READ/s, WRITE/s, MB/s, P50_ms, P99_ms.
+    fn cells(&self) -> [String; 5] {
+        [
+            format!("{:.0}", self.reads),
+            format!("{:.0}", self.writes),
+            mb(self.bytes),
+            ms(self.latency.map(|l| l.0)),
+            ms(self.latency.map(|l| l.1)),
+        ]
+    }
+
+    fn row(&self, cells: Vec<String>, name: String) -> Row {
+        Row {
+            cells,
+            iops: self.reads + self.writes,
+            mb: self.bytes,
+            p99: self.latency.map_or(0.0, |l| l.1),
+            name,
+        }
+    }
+}
+
 fn session_row(old: &[Value], s: &Value, secs: f64, bounds: &[f64]) -> Row {
     let key_of = |v: &Value| format!("{}/{}", v["target"], v["tsih"]);
-    let was = earlier(old, &key_of(s), key_of);
-    let r = |f: &str| rate(was, s, f, secs);
-    let (reads, writes) = (r("reads"), r("writes"));
-    let bytes = r("read_bytes") + r("write_bytes");
-    let latency = both_percentiles(was, s, bounds);
+    let a = Activity::of(old, s, key_of, secs, bounds);
     let initiator = crate::ctl::text(&s["initiator"]);
-    Row {
-        cells: vec![
-            crate::ctl::text(&s["tsih"]),
-            initiator.clone(),
-            crate::ctl::text(&s["target"]),
-            crate::ctl::text(&s["source"]),
-            format!("{reads:.0}"),
-            format!("{writes:.0}"),
-            mb(bytes),
-            ms(latency.map(|l| l.0)),
-            ms(latency.map(|l| l.1)),
-        ],
-        iops: reads + writes,
-        mb: bytes,
-        p99: latency.map_or(0.0, |l| l.1),
-        name: initiator,
-    }
+    let mut cells = vec![
+        crate::ctl::text(&s["tsih"]),
+        initiator.clone(),
+        crate::ctl::text(&s["target"]),
+        crate::ctl::text(&s["source"]),
+    ];
+    cells.extend(a.cells());
+    a.row(cells, initiator)
 }
 
 fn device_row(old: &[Value], d: &Value, secs: f64, bounds: &[f64]) -> Row {
     let key_of = |v: &Value| crate::ctl::text(&v["device"]);
-    let was = earlier(old, &key_of(d), key_of);
-    let r = |f: &str| rate(was, d, f, secs);
-    let (reads, writes) = (r("reads"), r("writes"));
-    let bytes = r("read_bytes") + r("write_bytes");
-    let latency = both_percentiles(was, d, bounds);
+    let a = Activity::of(old, d, key_of, secs, bounds);
     let name = crate::ctl::text(&d["device"]);
-    Row {
-        cells: vec![
-            name.clone(),
-            format!("{reads:.0}"),
-            format!("{writes:.0}"),
-            mb(bytes),
-            ms(latency.map(|l| l.0)),
-            ms(latency.map(|l| l.1)),
-            crate::ctl::text(&d["in_flight"]),
-            format!("{:.0}", r("errors")),
-            if d["offline"].as_bool() == Some(true) {
-                "OFFLINE".into()
-            } else {
-                "online".into()
-            },
-        ],
-        iops: reads + writes,
-        mb: bytes,
-        p99: latency.map_or(0.0, |l| l.1),
-        name,
-    }
+    let mut cells = vec![name.clone()];
+    cells.extend(a.cells());
+    cells.extend([
+        crate::ctl::text(&d["in_flight"]),
+        format!("{:.0}", rate(a.was, d, "errors", secs)),
+        if d["offline"].as_bool() == Some(true) {
+            "OFFLINE".into()
+        } else {
+            "online".into()
+        },
+    ]);
+    a.row(cells, name)
 }
 
 /// A table as the view shows it: filtered, sorted, and fitted to the width (name columns

@@ -47,9 +47,11 @@ log "lintian: no error, no warning"
 
 dpkg -i "$DEB" >/dev/null || die "dpkg -i failed"
 FILES=$(dpkg -L ferrosan)
-# The man page renders, and bash completes ferrosan's commands.
-zcat /usr/share/man/man1/ferrosan-ctl-chap-set.1.gz | grep -q 'secret' || die "ferrosan-ctl-chap-set(1) does not say what it does"
-MANWIDTH=80 man ferrosan-serve 2>/dev/null | grep -q 'nvme' || die "man ferrosan-serve does not render"
+# The packaged man pages render (read from the .deb: a minimal image's dpkg may be told to
+# leave /usr/share/man out), and bash completes ferrosan's commands.
+page() { dpkg-deb --fsys-tarfile "$DEB" | tar -xO "./usr/share/man/man1/$1.1.gz" | zcat; }
+page ferrosan-ctl-chap-set | grep -q 'secret' || die "ferrosan-ctl-chap-set(1) does not say what it does"
+page ferrosan-serve | MANWIDTH=80 man -l - 2>/dev/null | grep -q 'nvme' || die "ferrosan-serve(1) does not render"
 COMPLETED=$(bash -c 'source /usr/share/bash-completion/completions/ferrosan
     COMP_WORDS=(ferrosan ct); COMP_CWORD=1; COMP_LINE="ferrosan ct"; COMP_POINT=${#COMP_LINE}
     _ferrosan ferrosan ct ferrosan; echo "${COMPREPLY[*]}"')

@@ -3,18 +3,19 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::admission::doors::Doors;
 use crate::config::{Config, ConfigSource};
 use crate::dataplane::alarm::Alarm;
 use crate::dataplane::busy_poll;
 use crate::dataplane::connection::{self, ListenerKind, NewConnection};
+use crate::shared::listening::Accepting;
 use crate::shared::Shared;
 use crate::topology::{DeviceContext, OpenError, Topology};
 
@@ -74,15 +75,16 @@ impl Server {
         check_gateway(config)?;
         // Every port first: a start that cannot listen must not have created or grown any
         // device file.
-        let (mut listeners, bound) = bind_portals(crate::topology::portals::served(config), false)?;
-        let (nvme, bound_nvme) = bind_portals(crate::topology::portals::served_nvme(config), true)?;
-        listeners.extend(nvme);
-        let discovery = bind_discovery(config)?;
-        let bound_discovery = discovery
-            .iter()
-            .filter_map(|(l, _, _)| l.local_addr().ok())
-            .collect();
-        listeners.extend(discovery);
+        let listening = crate::shared::listening::Listening::default();
+        let listeners = listening
+            .prepare(&crate::topology::portals::listeners(config))
+            .map_err(|e| StartError::Listen {
+                addr: e.addr,
+                source: e.source,
+            })?;
+        let bound = listeners.bound(ListenerKind::Iscsi);
+        let bound_nvme = listeners.bound(ListenerKind::Nvme);
+        let bound_discovery = listeners.bound(ListenerKind::NvmeDiscovery);
         let metrics_listener = match config.server.metrics_listen {
             Some(addr) => Some(
                 crate::metrics::bind(addr)
@@ -98,6 +100,7 @@ impl Server {
                 .unwrap_or_else(|e| e.into_inner()) = Some(config.clone());
         }
         shared.source = source;
+        shared.listening = listening;
         let shared = Arc::new(shared);
         let workers = worker_count(config);
         let control = bind_control(config)?;
@@ -166,54 +169,6 @@ impl Server {
     }
 }
 
-/// A bound listener: its socket, its portal group tag, and what it serves.
-type Listener = (std::net::TcpListener, u16, ListenerKind);
-
-/// Binds `portals` (iSCSI ones, or NVMe/TCP ones when `nvme`): the listeners with their tags,
-/// and the addresses they are bound at.
-fn bind_portals(
-    portals: Vec<(SocketAddr, u16)>,
-    nvme: bool,
-) -> Result<(Vec<Listener>, Vec<SocketAddr>), StartError> {
-    let kind = if nvme {
-        ListenerKind::Nvme
-    } else {
-        ListenerKind::Iscsi
-    };
-    let mut listeners = Vec::new();
-    let mut bound = Vec::new();
-    for (addr, tag) in portals {
-        let listen = |source| StartError::Listen { addr, source };
-        let socket = bind(addr).map_err(listen)?;
-        let local = socket.local_addr().map_err(listen)?;
-        bound.push(local);
-        listeners.push((socket, tag, kind));
-    }
-    Ok((listeners, bound))
-}
-
-/// The NVMe/TCP discovery listeners: one a configuration names and cannot have stops the
-/// start; a default one (port 8009 beside an NVMe/TCP listener) that cannot be had is logged
-/// and left out (another daemon on this host may hold it).
-fn bind_discovery(config: &Config) -> Result<Vec<Listener>, StartError> {
-    let mut out = Vec::new();
-    for d in crate::topology::portals::served_nvme_discovery(config) {
-        match bind(d.addr) {
-            Ok(socket) => out.push((socket, d.tag, ListenerKind::NvmeDiscovery)),
-            Err(source) if d.explicit => {
-                return Err(StartError::Listen {
-                    addr: d.addr,
-                    source,
-                })
-            }
-            Err(e) => {
-                tracing::warn!(addr = %d.addr, "NVMe/TCP discovery not served on the default discovery port: {e} (set nvme_discovery_listen to choose, or [] for none)")
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// The control socket: the configured path (a failure stops the start), else the default one
 /// (a failure costs only the socket).
 fn bind_control(config: &Config) -> Result<Option<crate::control::ControlSocket>, StartError> {
@@ -278,19 +233,6 @@ impl LogLimiter {
         self.last = Some(now);
         Some(std::mem::take(&mut self.suppressed))
     }
-}
-
-/// Pending connections the kernel queues per listener before accept (capped by
-/// net.core.somaxconn, 4096 by default since Linux 5.4). std's 128 drops a burst of logins
-/// (all of a host's sessions after a path failover) into SYN retries that cost a second each.
-const LISTEN_BACKLOG: i32 = 4096;
-
-fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let listener = std::net::TcpListener::bind(addr)?;
-    // Listening again on a listening socket sets its backlog (Linux).
-    rustix::net::listen(&listener, LISTEN_BACKLOG)?;
-    listener.set_nonblocking(true)?;
-    Ok(listener)
 }
 
 /// Workers whose busy shares differ by no more than this count as equally busy.
@@ -457,7 +399,7 @@ async fn sample_busy(watched: Arc<Shared>, index: usize) {
 
 fn acceptor(
     shared: Arc<Shared>,
-    listeners: Vec<Listener>,
+    listeners: crate::shared::listening::Plan,
     metrics_listener: Option<std::net::TcpListener>,
     control: Option<crate::control::ControlSocket>,
     senders: Vec<mpsc::UnboundedSender<NewConnection>>,
@@ -487,22 +429,26 @@ fn acceptor(
                 Arc::clone(&shared.metrics),
             )));
         }
-        for (listener, tag, kind) in listeners {
-            let listener = match tokio::net::TcpListener::from_std(listener) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!("listener: {e}");
-                    continue;
-                }
-            };
-            let accepting = accept(
-                listener,
-                (tag, kind),
-                Arc::clone(&shared),
-                Arc::clone(&workers),
-            );
-            tasks.push(tokio::spawn(accepting));
-        }
+        // Every listener, those of the start and those a reload adds, is accepted on this
+        // runtime.
+        let runtime = tokio::runtime::Handle::current();
+        let weak = Arc::downgrade(&shared);
+        shared
+            .listening
+            .set_spawner(Box::new(move |accepting: Accepting| {
+                let Some(shared) = weak.upgrade() else { return };
+                let workers = Arc::clone(&workers);
+                runtime.spawn(async move {
+                    match tokio::net::TcpListener::from_std(accepting.listener) {
+                        Ok(listener) => {
+                            let on = (accepting.tag, accepting.kind, accepting.stop);
+                            accept(listener, on, shared, workers).await
+                        }
+                        Err(e) => tracing::error!("listener: {e}"),
+                    }
+                });
+            }));
+        shared.listening.start(listeners);
         for t in tasks {
             let _ = t.await;
         }
@@ -555,7 +501,7 @@ impl Workers {
 /// (refusals logged at most once a second) and goes to a worker.
 async fn accept(
     listener: tokio::net::TcpListener,
-    (tag, kind): (u16, ListenerKind),
+    (tag, kind, mut stop): (Arc<AtomicU16>, ListenerKind, watch::Receiver<bool>),
     shared: Arc<Shared>,
     workers: Arc<Workers>,
 ) {
@@ -566,6 +512,11 @@ async fn accept(
             accepted = listener.accept() => accepted,
             // Dropping the listener refuses new connections at the TCP level.
             () = Shared::wait_for_shutdown(&mut shutdown) => return,
+            // A reload dropped it (or the registry went with the daemon).
+            _ = stop.wait_for(|stopped| *stopped) => {
+                tracing::info!(addr = ?listener.local_addr().ok(), "listener closed");
+                return;
+            }
         };
         let (stream, peer) = match accepted {
             Ok(x) => x,
@@ -595,7 +546,7 @@ async fn accept(
             stream,
             peer,
             local,
-            portal_group_tag: tag,
+            portal_group_tag: tag.load(Ordering::Relaxed),
             kind,
             guard,
             prelogin,

@@ -76,15 +76,178 @@ enum Verb {
         #[command(subcommand)]
         what: ChapVerb,
     },
-    /// Portal groups.
+    /// Portal groups: add, remove, listen, unlisten, ALUA state.
     PortalGroup {
         #[command(subcommand)]
         what: PortalGroupVerb,
+    },
+    /// Targets: add, remove.
+    Target {
+        #[command(subcommand)]
+        what: TargetVerb,
+    },
+    /// Initiator groups of a target: add, remove.
+    Group {
+        #[command(subcommand)]
+        what: GroupVerb,
+    },
+    /// Authentication of a target or a group: on (CHAP), off, or as the target's.
+    Auth {
+        #[command(subcommand)]
+        what: AuthVerb,
+    },
+}
+
+/// Who a new initiator group admits.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct Admits {
+    /// An initiator it admits (IQN or EUI name; an NVMe host NQN); repeat for more.
+    #[arg(long = "initiator", value_name = "NAME")]
+    initiators: Vec<String>,
+    /// Every initiator not listed in another group of the target.
+    #[arg(long)]
+    any_initiator: bool,
+}
+
+/// Also write the running config over the config file (as `ctl save`).
+#[derive(Args)]
+struct SaveFlag {
+    /// Also write the running config over the config file (as `ctl save`): the change
+    /// outlives a restart.
+    #[arg(long)]
+    save: bool,
+}
+
+#[derive(Subcommand)]
+enum TargetVerb {
+    /// Add a target with one initiator group and no LUNs yet (map them with `lun map`),
+    /// served on every portal group or on those given.
+    Add {
+        /// The target's IQN.
+        target: String,
+        /// The name of its initiator group.
+        #[arg(long, default_value = "hosts")]
+        group: String,
+        #[command(flatten)]
+        admits: Admits,
+        /// Also serve it over NVMe/TCP under this NQN.
+        #[arg(long)]
+        nqn: Option<String>,
+        /// Its alias (TargetAlias).
+        #[arg(long)]
+        alias: Option<String>,
+        /// A portal group it is served on (repeat for more; default: every one).
+        #[arg(long = "portal-group", value_name = "TAG")]
+        portal_groups: Vec<u16>,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Remove a target: its sessions end; its devices stay.
+    Remove {
+        /// The target's IQN.
+        target: String,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+}
+
+#[derive(Subcommand)]
+enum GroupVerb {
+    /// Add an initiator group (no LUNs yet) to a target.
+    Add {
+        /// The target's IQN.
+        target: String,
+        /// The group's name.
+        group: String,
+        #[command(flatten)]
+        admits: Admits,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Remove an initiator group: its sessions end, its LUN maps go.
+    Remove {
+        /// The target's IQN.
+        target: String,
+        /// The group's name.
+        group: String,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuthVerb {
+    /// Set authentication of a target (or of one group with --group) to MODE: none (its CHAP
+    /// users go), chap (with the users it has or inherits) or, for a group, inherit. Logins
+    /// from now follow it; a session that did not authenticate as CHAP now requires ends.
+    Set {
+        /// The target's IQN.
+        target: String,
+        /// none, chap or inherit.
+        #[arg(value_parser = ["none", "chap", "inherit"])]
+        mode: String,
+        /// Only this initiator group.
+        #[arg(long)]
+        group: Option<String>,
+        #[command(flatten)]
+        save: SaveFlag,
     },
 }
 
 #[derive(Subcommand)]
 enum PortalGroupVerb {
+    /// Add portal group TAG listening on ADDRESS (iSCSI, or NVMe/TCP with --nvme), served by
+    /// every target (or those given): the listener is bound now.
+    Add {
+        /// The new group's tag (1..65535).
+        tag: u16,
+        /// IP:PORT to listen on.
+        address: String,
+        /// ADDRESS is an NVMe/TCP listener.
+        #[arg(long)]
+        nvme: bool,
+        /// Its ALUA state (default active-optimized).
+        #[arg(long)]
+        state: Option<String>,
+        /// A target that serves it (repeat for more; default: every target).
+        #[arg(long = "target", value_name = "IQN")]
+        targets: Vec<String>,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Remove portal group TAG: its listeners close and its sessions are asked to log out.
+    Remove {
+        /// The group's tag.
+        tag: u16,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Make portal group TAG listen on ADDRESS too (bound now).
+    Listen {
+        /// The group's tag.
+        tag: u16,
+        /// IP:PORT to listen on.
+        address: String,
+        /// ADDRESS is an NVMe/TCP listener.
+        #[arg(long)]
+        nvme: bool,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Stop portal group TAG listening on ADDRESS: the listener closes and the sessions that
+    /// came in through it are asked to log out (NVMe/TCP ones are closed).
+    Unlisten {
+        /// The group's tag.
+        tag: u16,
+        /// IP:PORT it listens on.
+        address: String,
+        /// ADDRESS is an NVMe/TCP listener.
+        #[arg(long)]
+        nvme: bool,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
     /// Give portal group TAG the ALUA state STATE (active-optimized, active-non-optimized,
     /// standby, unavailable), live: every initiator of the targets it serves gets ASYMMETRIC
     /// ACCESS STATE CHANGED and multipath moves its I/O (not for RBD gateways' groups).
@@ -157,6 +320,29 @@ enum DeviceVerb {
         /// outlives a restart.
         #[arg(long)]
         save: bool,
+    },
+    /// Change a running device's attributes: its LUNs keep serving and every initiator gets
+    /// the unit attention that says what changed (MODE PARAMETERS or INQUIRY DATA CHANGED).
+    Set {
+        /// The device's name.
+        name: String,
+        /// Write-protect it (on) or not (off).
+        #[arg(long, value_name = "on|off", value_parser = on_off)]
+        read_only: Option<bool>,
+        /// Its write cache (WCE): off flushes what it holds first.
+        #[arg(long, value_name = "on|off", value_parser = on_off)]
+        write_cache: Option<bool>,
+        /// INQUIRY vendor (at most 8 characters; "" for ferrosan's).
+        #[arg(long)]
+        vendor: Option<String>,
+        /// INQUIRY product (at most 16 characters; "" for ferrosan's).
+        #[arg(long)]
+        product: Option<String>,
+        /// Unit serial number (1 to 20 characters, no spaces).
+        #[arg(long)]
+        serial: Option<String>,
+        #[command(flatten)]
+        save: SaveFlag,
     },
     /// Make this gateway the owner of an RBD image (docs/RBD.md): its ports become
     /// active/optimized, the old owner is fenced (blocklisted) first.
@@ -305,9 +491,7 @@ fn request(verb: &Verb) -> Result<Value, String> {
             json!({"verb": verb, "target": target, "group": group, "initiator": initiator, "save": save})
         }
         Verb::Chap { what } => chap_request(what)?,
-        Verb::PortalGroup {
-            what: PortalGroupVerb::Alua { tag, state, save },
-        } => json!({"verb": "portal-group-alua", "tag": tag, "state": state, "save": save}),
+        structural => structure_request(structural).ok_or("no request for this verb")?,
     })
 }
 
@@ -326,7 +510,121 @@ fn device_request(what: &DeviceVerb) -> Value {
             json!({"verb": "device-online", "name": name, "save": save})
         }
         DeviceVerb::Take { name } => json!({"verb": "device-take", "name": name}),
+        DeviceVerb::Set {
+            name,
+            read_only,
+            write_cache,
+            vendor,
+            product,
+            serial,
+            save,
+        } => json!({"verb": "device-set", "name": name, "read_only": read_only,
+                    "write_cache": write_cache, "vendor": vendor, "product": product,
+                    "serial": serial, "save": save.save}),
     }
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        other => Err(format!("on or off, not {other:?}")),
+    }
+}
+
+fn structure_request(verb: &Verb) -> Option<Value> {
+    Some(match verb {
+        Verb::Target {
+            what:
+                TargetVerb::Add {
+                    target,
+                    group,
+                    admits,
+                    nqn,
+                    alias,
+                    portal_groups,
+                    save,
+                },
+        } => {
+            let mut r = json!({"verb": "target-add", "target": target, "group": group,
+                               "initiators": admits.initiators, "any_initiator": admits.any_initiator,
+                               "nqn": nqn, "alias": alias, "save": save.save});
+            if !portal_groups.is_empty() {
+                r["portal_groups"] = json!(portal_groups);
+            }
+            r
+        }
+        Verb::Target {
+            what: TargetVerb::Remove { target, save },
+        } => json!({"verb": "target-remove", "target": target, "save": save.save}),
+        Verb::Group {
+            what:
+                GroupVerb::Add {
+                    target,
+                    group,
+                    admits,
+                    save,
+                },
+        } => json!({"verb": "group-add", "target": target, "group": group,
+                    "initiators": admits.initiators, "any_initiator": admits.any_initiator,
+                    "save": save.save}),
+        Verb::Group {
+            what:
+                GroupVerb::Remove {
+                    target,
+                    group,
+                    save,
+                },
+        } => json!({"verb": "group-remove", "target": target, "group": group, "save": save.save}),
+        Verb::Auth {
+            what:
+                AuthVerb::Set {
+                    target,
+                    mode,
+                    group,
+                    save,
+                },
+        } => json!({"verb": "auth-set", "target": target, "mode": mode, "group": group,
+                    "save": save.save}),
+        Verb::PortalGroup { what } => match what {
+            PortalGroupVerb::Alua { tag, state, save } => {
+                json!({"verb": "portal-group-alua", "tag": tag, "state": state, "save": save})
+            }
+            PortalGroupVerb::Add {
+                tag,
+                address,
+                nvme,
+                state,
+                targets,
+                save,
+            } => {
+                let mut r = json!({"verb": "portal-group-add", "tag": tag, "address": address,
+                                   "nvme": nvme, "state": state, "save": save.save});
+                if !targets.is_empty() {
+                    r["targets"] = json!(targets);
+                }
+                r
+            }
+            PortalGroupVerb::Remove { tag, save } => {
+                json!({"verb": "portal-group-remove", "tag": tag, "save": save.save})
+            }
+            PortalGroupVerb::Listen {
+                tag,
+                address,
+                nvme,
+                save,
+            } => json!({"verb": "portal-group-listen", "tag": tag, "address": address,
+                        "nvme": nvme, "save": save.save}),
+            PortalGroupVerb::Unlisten {
+                tag,
+                address,
+                nvme,
+                save,
+            } => json!({"verb": "portal-group-unlisten", "tag": tag, "address": address,
+                        "nvme": nvme, "save": save.save}),
+        },
+        _ => return None,
+    })
 }
 
 fn lun_request(what: &LunVerb) -> Value {

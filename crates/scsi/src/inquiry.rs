@@ -74,9 +74,10 @@ impl LogicalUnit {
         let ports: usize = nexus.target_port.groups.iter().map(|g| g.ports.len()).sum();
         out.push(if ports > 1 { 0x10 } else { 0x00 });
         out.push(0x02); // CMDQUE
-        put_ascii(out, &self.identity.vendor, 8);
-        put_ascii(out, &self.identity.product, 16);
-        put_ascii(out, &self.identity.revision, 4);
+        let identity = self.identity();
+        put_ascii(out, &identity.vendor, 8);
+        put_ascii(out, &identity.product, 16);
+        put_ascii(out, &identity.revision, 4);
         out.resize(58, 0);
         for d in VERSION_DESCRIPTORS {
             out.extend_from_slice(&d.to_be_bytes());
@@ -88,7 +89,7 @@ impl LogicalUnit {
         out.extend_from_slice(&[0x00, page, 0, 0]);
         match page {
             VPD_SUPPORTED_PAGES => out.extend_from_slice(&VPD_PAGES),
-            VPD_UNIT_SERIAL => out.extend_from_slice(self.identity.serial.as_bytes()),
+            VPD_UNIT_SERIAL => out.extend_from_slice(self.identity().serial.as_bytes()),
             VPD_DEVICE_IDENTIFICATION => self.device_identification(nexus, out),
             VPD_BLOCK_LIMITS => self.block_limits(out),
             VPD_BLOCK_DEVICE_CHARACTERISTICS => {
@@ -116,13 +117,14 @@ impl LogicalUnit {
 
     fn device_identification(&self, nexus: &Nexus, out: &mut Vec<u8>) {
         // NAA, logical unit association, binary.
-        let naa = &self.identity.naa[..self.identity.naa_len.min(16)];
+        let identity = self.identity();
+        let naa = &identity.naa[..identity.naa_len.min(16)];
         out.extend_from_slice(&[0x01, 0x03, 0, naa.len() as u8]);
         out.extend_from_slice(naa);
         // T10 vendor ID based, logical unit association, ASCII: vendor + serial.
-        let mut t10 = Vec::with_capacity(8 + self.identity.serial.len());
-        put_ascii(&mut t10, &self.identity.vendor, 8);
-        t10.extend_from_slice(self.identity.serial.as_bytes());
+        let mut t10 = Vec::with_capacity(8 + identity.serial.len());
+        put_ascii(&mut t10, &identity.vendor, 8);
+        t10.extend_from_slice(identity.serial.as_bytes());
         out.extend_from_slice(&[0x02, 0x01, 0, t10.len() as u8]);
         out.extend_from_slice(&t10);
         // Relative target port identifier, target port association.

@@ -73,8 +73,13 @@ pub(crate) const REPORT_PHYSICAL_BLOCK: bool = false;
 
 pub struct LogicalUnit {
     pub(crate) store: Arc<dyn BlockStore>,
-    pub(crate) identity: LuIdentity,
+    /// Replaced whole by [`LogicalUnit::set_identity`] (the NAA designator never changes).
+    identity: parking_lot::RwLock<Arc<LuIdentity>>,
+    /// Fixed for the LU's life, except `read_only` and `write_cache`, which live in
+    /// `read_only` and `mode.default_wce` (the operator changes them on a running LU).
     pub(crate) settings: LuSettings,
+    /// The device is write-protected (the operator's `read_only`, changeable live).
+    read_only: AtomicBool,
     pub(crate) block_shift: u32,
     pub(crate) mode: ModeState,
     pub(crate) ua: UnitAttentions,
@@ -103,6 +108,20 @@ pub struct LogicalUnit {
     /// Explicit ALUA across gateways (see [`crate::Ownership`]); unset: the target port
     /// groups' configured states apply and nothing is refused.
     ownership: std::sync::OnceLock<Arc<dyn crate::Ownership>>,
+}
+
+fn check_identity(identity: &LuIdentity) -> Result<(), String> {
+    check_ascii("vendor", &identity.vendor, 8)?;
+    check_ascii("product", &identity.product, 16)?;
+    check_ascii("revision", &identity.revision, 4)?;
+    check_ascii("serial", &identity.serial, 64)?;
+    if identity.serial.is_empty() {
+        return Err("serial must not be empty".into());
+    }
+    if identity.naa_len != 8 && identity.naa_len != 16 {
+        return Err(format!("NAA length {}: must be 8 or 16", identity.naa_len));
+    }
+    Ok(())
 }
 
 fn check_ascii(what: &str, s: &str, max: usize) -> Result<(), String> {
@@ -151,19 +170,11 @@ impl LogicalUnit {
                 store.size_bytes()
             ));
         }
-        check_ascii("vendor", &identity.vendor, 8)?;
-        check_ascii("product", &identity.product, 16)?;
-        check_ascii("revision", &identity.revision, 4)?;
-        check_ascii("serial", &identity.serial, 64)?;
-        if identity.serial.is_empty() {
-            return Err("serial must not be empty".into());
-        }
-        if identity.naa_len != 8 && identity.naa_len != 16 {
-            return Err(format!("NAA length {}: must be 8 or 16", identity.naa_len));
-        }
+        check_identity(&identity)?;
         Ok(LogicalUnit {
             store,
-            identity,
+            identity: parking_lot::RwLock::new(Arc::new(identity)),
+            read_only: AtomicBool::new(settings.read_only),
             mode: ModeState::new(settings.write_cache),
             settings,
             block_shift,
@@ -210,11 +221,67 @@ impl LogicalUnit {
             .raise_all(crate::alua::UA_ACCESS_STATE_CHANGED, except);
     }
 
-    pub fn settings(&self) -> &LuSettings {
-        &self.settings
+    /// The settings now (`read_only` and `write_cache` as the operator last set them).
+    pub fn settings(&self) -> LuSettings {
+        LuSettings {
+            read_only: self.read_only.load(Ordering::Relaxed),
+            write_cache: self.mode.default_wce.load(Ordering::Relaxed),
+            ..self.settings
+        }
     }
-    pub fn identity(&self) -> &LuIdentity {
-        &self.identity
+    /// What INQUIRY reports now.
+    pub fn identity(&self) -> Arc<LuIdentity> {
+        Arc::clone(&self.identity.read())
+    }
+
+    /// The operator changed the device's write cache: the default and current WCE both
+    /// become `on` (an initiator's MODE SELECT is overridden) and every nexus gets MODE
+    /// PARAMETERS CHANGED (2Ah/01h). Turning it off first makes what was written durable:
+    /// a write acknowledged from the cache before stays acknowledged. Returns whether the
+    /// setting changed.
+    pub fn set_write_cache(&self, on: bool) -> std::io::Result<bool> {
+        let was_default = self.mode.default_wce.swap(on, Ordering::SeqCst);
+        let was_current = self.mode.wce.swap(on, Ordering::SeqCst);
+        if !on && was_current {
+            self.store.flush()?;
+        }
+        let changed = was_default != on || was_current != on;
+        if changed {
+            self.ua
+                .raise_all(unit_attention::MODE_PARAMETERS_CHANGED, None);
+        }
+        Ok(changed)
+    }
+
+    /// The operator write-protects the device (`true`) or lifts it: medium writes admitted
+    /// from now get DATA PROTECT; every nexus gets MODE PARAMETERS CHANGED (2Ah/01h), the
+    /// WP bit being in the mode parameter header. Returns whether it changed.
+    pub fn set_read_only(&self, on: bool) -> bool {
+        let changed = self.read_only.swap(on, Ordering::SeqCst) != on;
+        if changed {
+            self.ua
+                .raise_all(unit_attention::MODE_PARAMETERS_CHANGED, None);
+        }
+        changed
+    }
+
+    /// The operator renamed the device's vendor, product or serial: INQUIRY reports `new`
+    /// from now and every nexus gets INQUIRY DATA HAS CHANGED (3Fh/03h). The NAA designator
+    /// names the LU to multipath and to EXTENDED COPY: it cannot change. Returns whether
+    /// anything changed.
+    pub fn set_identity(&self, new: LuIdentity) -> Result<bool, String> {
+        check_identity(&new)?;
+        let mut identity = self.identity.write();
+        if identity.naa[..identity.naa_len] != new.naa[..new.naa_len] {
+            return Err("the NAA designator of a running LU cannot change".into());
+        }
+        if **identity == new {
+            return Ok(false);
+        }
+        *identity = Arc::new(new);
+        drop(identity);
+        self.inquiry_data_changed();
+        Ok(true)
     }
     /// Its commands in flight: a command holds a guard from here while it runs (see
     /// [`crate::inflight`]).
@@ -354,7 +421,7 @@ impl LogicalUnit {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-        self.mode.reset(self.settings.write_cache);
+        self.mode.reset();
         self.ua.raise_all(ua, None);
     }
 
@@ -703,7 +770,9 @@ impl LogicalUnit {
 
     /// Whether the LU is write protected for a command that came through a mapping.
     pub(crate) fn write_protected(&self, read_only_mapping: bool) -> bool {
-        read_only_mapping || self.settings.read_only || self.mode.swp.load(Ordering::Relaxed)
+        read_only_mapping
+            || self.read_only.load(Ordering::Relaxed)
+            || self.mode.swp.load(Ordering::Relaxed)
     }
 
     /// The completion of a command that ran to `result` (not [`Stop::WouldWait`] or

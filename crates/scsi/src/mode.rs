@@ -22,6 +22,8 @@ const PC_SAVED: u8 = 3;
 /// The changeable mode bits, read on the fast path without a lock.
 pub struct ModeState {
     pub wce: AtomicBool,
+    /// The WCE a reset returns to (the device's `write_cache`, changeable by the operator).
+    pub default_wce: AtomicBool,
     pub d_sense: AtomicBool,
     /// Software write protect (control page SWP): medium writes get DATA PROTECT.
     pub swp: AtomicBool,
@@ -31,11 +33,13 @@ impl ModeState {
     pub fn new(wce: bool) -> Self {
         ModeState {
             wce: AtomicBool::new(wce),
+            default_wce: AtomicBool::new(wce),
             d_sense: AtomicBool::new(false),
             swp: AtomicBool::new(false),
         }
     }
-    pub fn reset(&self, wce: bool) {
+    pub fn reset(&self) {
+        let wce = self.default_wce.load(Ordering::Relaxed);
         self.wce.store(wce, Ordering::Relaxed);
         self.d_sense.store(false, Ordering::Relaxed);
         self.swp.store(false, Ordering::Relaxed);
@@ -59,7 +63,7 @@ impl LogicalUnit {
             // PC_DEFAULT (saved values were refused earlier).
             _ => {
                 debug_assert_eq!(pc, PC_DEFAULT);
-                (self.settings.write_cache, false, false)
+                (self.mode.default_wce.load(Ordering::Relaxed), false, false)
             }
         };
         let len = match code {

@@ -244,10 +244,10 @@ struct Job<'a> {
 
 impl LogicalUnit {
     fn matches_designator(&self, t: &TargetDescriptor) -> bool {
-        t.designator_type == 0x03
-            && t.association == 0
-            && t.code_set == 0x01
-            && t.designator == self.identity.naa[..self.identity.naa_len]
+        t.designator_type == 0x03 && t.association == 0 && t.code_set == 0x01 && {
+            let identity = self.identity();
+            t.designator == identity.naa[..identity.naa_len]
+        }
     }
 
     fn resolve<'a>(

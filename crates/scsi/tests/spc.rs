@@ -716,3 +716,83 @@ fn offline_lu_answers_not_ready_until_back_online_then_reports_the_change() {
     assert!(!t.lu.set_offline(false));
     t.ok(&[0, 0, 0, 0, 0, 0], &[]);
 }
+
+#[test]
+fn operator_turns_the_write_cache_off_and_on_live() {
+    let mut t = T::new();
+    t.lu.nexus_added(1);
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x29, 0);
+    t.ok(&write10(0, 1), &pattern(512, 3));
+    let flushes = t.store.flushes.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(t.lu.set_write_cache(false).unwrap());
+    assert_eq!(
+        t.store.flushes.load(std::sync::atomic::Ordering::SeqCst),
+        flushes + 1,
+        "turning the cache off makes what it held durable"
+    );
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x2A, 0x01);
+    let current = t.ok(&mode_sense6(true, 0, 0x08, 0, 255), &[]);
+    let default = t.ok(&mode_sense6(true, 2, 0x08, 0, 255), &[]);
+    assert_eq!(
+        (current[6], default[6]),
+        (0, 0),
+        "current and default WCE off"
+    );
+    assert!(!t.lu.settings().write_cache);
+    // A reset goes back to the operator's setting, not the one at start.
+    t.lu.logical_unit_reset(1);
+    t.err(&[0; 6], &[]);
+    assert!(!t.lu.write_cache_enabled());
+    assert!(!t.lu.set_write_cache(false).unwrap(), "no change, no UA");
+    t.ok(&[0; 6], &[]);
+    assert!(t.lu.set_write_cache(true).unwrap());
+    assert!(t.lu.write_cache_enabled());
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x2A, 0x01);
+}
+
+#[test]
+fn operator_write_protects_the_device_live() {
+    let mut t = T::new();
+    t.lu.nexus_added(1);
+    t.err(&[0; 6], &[]);
+    assert!(t.lu.set_read_only(true));
+    assert!(!t.lu.set_read_only(true));
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x2A, 0x01);
+    let d = t.ok(&mode_sense6(true, 0, 0x08, 0, 255), &[]);
+    assert_eq!(d[2] & 0x80, 0x80, "WP in the mode parameter header");
+    assert_sense(&t.err(&write10(0, 1), &[0; 512]), 0x07, 0x27, 0x00);
+    t.ok(&read10(0, 1), &[]);
+    assert!(t.lu.settings().read_only);
+    assert!(t.lu.set_read_only(false));
+    t.err(&[0; 6], &[]);
+    t.ok(&write10(0, 1), &[0; 512]);
+}
+
+#[test]
+fn operator_renames_product_and_serial_live_but_never_the_naa() {
+    let mut t = T::new();
+    t.lu.nexus_added(1);
+    t.err(&[0; 6], &[]);
+    let mut renamed = identity();
+    renamed.product = "VM STORE".into();
+    renamed.serial = "array7-0001".into();
+    assert_eq!(t.lu.set_identity(renamed.clone()), Ok(true));
+    assert_eq!(t.lu.set_identity(renamed.clone()), Ok(false));
+    assert_sense(&t.err(&[0; 6], &[]), 6, 0x3F, 0x03);
+    let d = t.ok(&inquiry(false, 0, 96), &[]);
+    assert_eq!(&d[16..32], b"VM STORE        ");
+    let d = t.ok(&inquiry(true, 0x80, 255), &[]);
+    assert_eq!(&d[4..], b"array7-0001");
+    let mut other_naa = renamed.clone();
+    other_naa.naa[7] ^= 1;
+    assert!(t.lu.set_identity(other_naa).is_err());
+    let mut too_long = renamed;
+    too_long.product = "a product name of more than sixteen".into();
+    assert!(t.lu.set_identity(too_long).is_err());
+    t.ok(&[0; 6], &[]);
+    assert_eq!(
+        t.lu.identity().product,
+        "VM STORE",
+        "a refused change changes nothing"
+    );
+}

@@ -361,6 +361,8 @@ fn device_of(name: String, spec: LunSpec, ram_key: &str) -> DeviceConfig {
         store: spec.store,
         block_size: spec.block_size,
         serial,
+        vendor: None,
+        product: None,
         naa,
         read_only: spec.read_only,
         write_cache: spec.write_cache,

@@ -10,7 +10,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::cx::{bool_or, required, Cx};
-use super::names::{check_object_name, check_serial, derive_identity, parse_naa, parse_size};
+use super::names::{
+    check_inquiry_text, check_object_name, check_serial, derive_identity, parse_naa, parse_size,
+};
 use super::{CacheMode, DeviceConfig, Invalid, Origin, StoreKind};
 
 type S<T> = Spanned<T>;
@@ -28,6 +30,8 @@ pub(super) struct RawDevice {
     size: Option<S<toml::Value>>,
     block_size: Option<S<i64>>,
     serial: Option<S<String>>,
+    vendor: Option<S<String>>,
+    product: Option<S<String>>,
     naa: Option<S<String>>,
     read_only: Option<S<bool>>,
     write_cache: Option<S<bool>>,
@@ -100,6 +104,8 @@ fn resolve_device(
     let size = size(cx, dev, block_size);
     let store = store(cx, dev, size, roots, &mut taken.media);
     let (serial, naa) = identity(cx, dev, seed, &name, store.as_ref(), &mut taken.naas);
+    let vendor = inquiry_text(cx, dev, "vendor", 8);
+    let product = inquiry_text(cx, dev, "product", 16);
     let rd = dev.raw;
     match store {
         Some(store) if dev.ok => Some(DeviceConfig {
@@ -107,6 +113,8 @@ fn resolve_device(
             store,
             block_size,
             serial,
+            vendor,
+            product,
             naa,
             read_only: bool_or(&rd.read_only, false),
             write_cache: bool_or(&rd.write_cache, false),
@@ -125,6 +133,8 @@ fn resolve_device(
             store: StoreKind::Ram { size_bytes: 0 },
             block_size,
             serial: String::new(),
+            vendor: None,
+            product: None,
             naa: Vec::new(),
             read_only: false,
             write_cache: false,
@@ -400,6 +410,18 @@ fn rbd_image(
 /// The device's SCSI identity: its serial and NAA, given or derived. An RBD image has one
 /// identity on every gateway that exports it (whatever the device is called there):
 /// multipath sees one LU behind all of them.
+/// `vendor` or `product`: what INQUIRY reports instead of ferrosan's default.
+fn inquiry_text(cx: &mut Cx<'_>, dev: &mut Dev<'_>, field: &str, max: usize) -> Option<String> {
+    let raw = match field {
+        "vendor" => dev.raw.vendor.as_ref(),
+        _ => dev.raw.product.as_ref(),
+    }?;
+    if let Err(m) = check_inquiry_text(raw.get_ref(), max) {
+        dev.err(cx, raw.span(), field, m);
+    }
+    Some(raw.get_ref().clone())
+}
+
 fn identity(
     cx: &mut Cx<'_>,
     dev: &mut Dev<'_>,

@@ -1046,7 +1046,7 @@ fn lun_mapping(
     Some(LunMapping {
         lun,
         device: dev.name.clone(),
-        read_only: dev.read_only || bool_or(&rl.read_only, false),
+        read_only: bool_or(&rl.read_only, false),
     })
 }
 
@@ -1249,6 +1249,12 @@ fn device_toml(out: &mut String, d: &DeviceConfig) {
     );
     if matches!(d.store, StoreKind::File { .. } | StoreKind::Block { .. }) {
         let _ = writeln!(out, "cache = \"{}\"", d.cache.name());
+    }
+    if let Some(vendor) = &d.vendor {
+        let _ = writeln!(out, "vendor = {}", q(vendor));
+    }
+    if let Some(product) = &d.product {
+        let _ = writeln!(out, "product = {}", q(product));
     }
     if d.offline {
         out.push_str("offline = true\n");

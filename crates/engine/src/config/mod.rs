@@ -382,6 +382,11 @@ pub struct DeviceConfig {
     pub block_size: u32,
     /// Unit serial number (VPD page 0x80): 1..=20 printable ASCII.
     pub serial: String,
+    /// INQUIRY's vendor identification (at most 8 printable ASCII); None: "FERROSAN".
+    pub vendor: Option<String>,
+    /// INQUIRY's product identification (at most 16 printable ASCII); None: by the store
+    /// ("RAM DISK", "FILE DISK", …).
+    pub product: Option<String>,
     /// NAA designator (VPD page 0x83): 8 bytes (type 2, 3, 5) or 16 bytes (type 6).
     pub naa: Vec<u8>,
     pub read_only: bool,

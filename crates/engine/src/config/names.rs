@@ -201,6 +201,23 @@ pub(crate) fn check_serial(s: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Checks an INQUIRY text (vendor, product): 1..=`max` printable ASCII, spaces allowed (the
+/// field is space-padded on the wire).
+pub(crate) fn check_inquiry_text(s: &str, max: usize) -> Result<(), Invalid> {
+    if s.trim().is_empty() || s.len() > max {
+        return Err(Invalid(format!(
+            "must be 1 to {max} characters, got {}",
+            s.len()
+        )));
+    }
+    if let Some(c) = s.chars().find(|c| !(c.is_ascii_graphic() || *c == ' ')) {
+        return Err(Invalid(format!(
+            "may contain only printable ASCII, found {c:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a device or group name: 1..=64 of `A-Z a-z 0-9 . _ -`.
 pub(crate) fn check_object_name(s: &str) -> Result<(), Invalid> {
     if s.is_empty() || s.len() > 64 {

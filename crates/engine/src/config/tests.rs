@@ -732,7 +732,7 @@ fn line_containing<'a>(text: &'a str, needle: &str) -> &'a str {
 }
 
 #[test]
-fn mapping_read_only_is_effective() {
+fn a_mapping_says_only_its_own_read_only() {
     let text = BASE.replace(
         "device = \"disk1\" }",
         "device = \"disk1\", read_only = true }",
@@ -741,9 +741,11 @@ fn mapping_read_only_is_effective() {
     assert!(c.targets[0].groups[0].luns[0].read_only);
     let text = BASE.replace("size = \"1G\"", "size = \"1G\"\nread_only = true");
     let c = load(&text);
+    assert!(c.devices[0].read_only);
     assert!(
-        c.targets[0].groups[0].luns[0].read_only,
-        "a read-only device is read-only in every mapping"
+        !c.targets[0].groups[0].luns[0].read_only,
+        "a read-only device is write-protected by its LU, not by each mapping: turning it \
+         writable live (or in the saved file) leaves no mapping read-only behind"
     );
 }
 

@@ -26,6 +26,16 @@ pub const EDIT_VERBS: &[&str] = &[
     "device-offline",
     "device-online",
     "portal-group-alua",
+    "device-set",
+    "target-add",
+    "target-remove",
+    "group-add",
+    "group-remove",
+    "auth-set",
+    "portal-group-add",
+    "portal-group-remove",
+    "portal-group-listen",
+    "portal-group-unlisten",
 ];
 
 /// Applies one changing verb to `config` (pure: no effects) and says what it did.
@@ -54,6 +64,19 @@ pub fn edit(
         "device-online" => set_offline(config, args, false),
         "chap-set" => chap_set(config, args),
         "portal-group-alua" => portal_group_alua(config, args),
+        "device-set" => device_set(config, args),
+        "target-add" => target_add(config, args),
+        "target-remove" => target_remove(config, args),
+        "group-add" => {
+            let iqn = target_name(args)?;
+            group_add(target_mut(config, &iqn)?, &iqn, args)
+        }
+        "group-remove" => group_remove(config, args),
+        "auth-set" => auth_set(config, args),
+        "portal-group-add" => portal_group_add(config, args),
+        "portal-group-remove" => portal_group_remove(config, args),
+        "portal-group-listen" => portal_group_listen(config, args, true),
+        "portal-group-unlisten" => portal_group_listen(config, args, false),
         other => Err(ControlError::BadRequest(format!("unknown verb {other}"))),
     }
 }
@@ -400,4 +423,402 @@ fn initiator_credentials<'t>(
         }
     };
     Ok(&mut target.credentials[at])
+}
+
+fn flag(args: &Map<String, Value>, key: &str) -> Result<Option<bool>, ControlError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ControlError::BadRequest(format!(
+            "\"{key}\": true or false"
+        ))),
+    }
+}
+
+/// An INQUIRY text to set: `Some(None)` puts ferrosan's default back (an empty string).
+fn inquiry_text(
+    args: &Map<String, Value>,
+    key: &str,
+) -> Result<Option<Option<String>>, ControlError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(Some(None)),
+        Some(Value::String(s)) => Ok(Some(Some(s.clone()))),
+        Some(_) => Err(ControlError::BadRequest(format!("\"{key}\": a string"))),
+    }
+}
+
+/// Changes the attributes of a running device: `read_only`, `write_cache`, `vendor`,
+/// `product`, `serial` (each optional; at least one). Applied to its LU live
+/// (`reload::Attribute`).
+fn device_set(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {
+    let name = text(args, "name")?;
+    let device = config
+        .devices
+        .iter_mut()
+        .find(|d| d.name == name)
+        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
+    let before = device.clone();
+    let mut said = Vec::new();
+    if let Some(on) = flag(args, "read_only")? {
+        device.read_only = on;
+        said.push(format!("read_only {on}"));
+    }
+    if let Some(on) = flag(args, "write_cache")? {
+        device.write_cache = on;
+        said.push(format!("write_cache {on}"));
+    }
+    if let Some(vendor) = inquiry_text(args, "vendor")? {
+        said.push(format!(
+            "vendor {}",
+            vendor.as_deref().unwrap_or("(default)")
+        ));
+        device.vendor = vendor;
+    }
+    if let Some(product) = inquiry_text(args, "product")? {
+        said.push(format!(
+            "product {}",
+            product.as_deref().unwrap_or("(default)")
+        ));
+        device.product = product;
+    }
+    if let Some(serial) = args.get("serial").filter(|v| !v.is_null()) {
+        let serial = serial
+            .as_str()
+            .ok_or_else(|| ControlError::BadRequest("\"serial\": a string".into()))?;
+        device.serial = serial.to_string();
+        said.push(format!("serial {serial}"));
+    }
+    if said.is_empty() {
+        return Err(ControlError::BadRequest(
+            "nothing to set: give read_only, write_cache, vendor, product or serial".into(),
+        ));
+    }
+    if *device == before {
+        return Err(ControlError::Conflict(format!(
+            "device {name} has {} already",
+            said.join(", ")
+        )));
+    }
+    Ok(format!("device {name}: {}", said.join(", ")))
+}
+
+/// The initiators a new group admits: `initiators` (a list of names), or any initiator not in
+/// another group of the target (`any_initiator`).
+fn new_group(args: &Map<String, Value>) -> Result<InitiatorGroup, ControlError> {
+    let name = text(args, "group")?.to_string();
+    let any_initiator = flag(args, "any_initiator")?.unwrap_or(false);
+    let initiators = match args.get("initiators") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|v| {
+                let name = v.as_str().ok_or_else(|| {
+                    ControlError::BadRequest("\"initiators\": a list of names".into())
+                })?;
+                IscsiName::from_wire(name).map_err(ControlError::bad_request)
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ControlError::BadRequest(
+                "\"initiators\": a list of names".into(),
+            ))
+        }
+    };
+    Ok(InitiatorGroup {
+        name,
+        initiators,
+        any_initiator,
+        luns: Vec::new(),
+        auth: crate::config::AuthConfig::default(),
+        allowed_sources: Vec::new(),
+    })
+}
+
+/// Adds a target with one initiator group (and no LUNs yet), served on the portal groups
+/// `portal_groups` names (default: every one).
+fn target_add(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {
+    let iqn = target_name(args)?;
+    if config.target(&iqn).is_some() {
+        return Err(ControlError::Conflict(format!(
+            "target {iqn} exists already"
+        )));
+    }
+    let nqn = match args.get("nqn").and_then(Value::as_str) {
+        Some(n) => Some(IscsiName::from_wire(n).map_err(ControlError::bad_request)?),
+        None => None,
+    };
+    let portal_groups = match args.get("portal_groups") {
+        None | Some(Value::Null) => config.portal_groups.iter().map(|p| p.tag).collect(),
+        Some(Value::Array(tags)) => tags
+            .iter()
+            .map(|t| {
+                t.as_u64()
+                    .and_then(|t| u16::try_from(t).ok())
+                    .ok_or_else(|| {
+                        ControlError::BadRequest("\"portal_groups\": a list of tags".into())
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ControlError::BadRequest(
+                "\"portal_groups\": a list of tags".into(),
+            ))
+        }
+    };
+    let group = new_group(args)?;
+    let group_name = group.name.clone();
+    config.targets.push(TargetConfig {
+        iqn: iqn.clone(),
+        nqn,
+        alias: args
+            .get("alias")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        portal_groups,
+        groups: vec![group],
+        auth: crate::config::AuthConfig::default(),
+        allowed_sources: Vec::new(),
+        credentials: Vec::new(),
+    });
+    Ok(format!("target {iqn} added with group {group_name}"))
+}
+
+/// Removes a target: its sessions end, its devices stay (unmapped from it).
+fn target_remove(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {
+    let iqn = target_name(args)?;
+    let before = config.targets.len();
+    config.targets.retain(|t| t.iqn != iqn);
+    if config.targets.len() == before {
+        return Err(ControlError::NotFound(format!("no target {iqn}")));
+    }
+    Ok(format!("target {iqn} removed (its sessions end)"))
+}
+
+fn group_add(
+    target: &mut TargetConfig,
+    iqn: &IscsiName,
+    args: &Map<String, Value>,
+) -> Result<String, ControlError> {
+    let group = new_group(args)?;
+    if target.groups.iter().any(|g| g.name == group.name) {
+        return Err(ControlError::Conflict(format!(
+            "target {iqn} has a group {} already",
+            group.name
+        )));
+    }
+    let what = format!("{iqn}: group {} added", group.name);
+    target.groups.push(group);
+    Ok(what)
+}
+
+/// Removes an initiator group: its sessions end, its LUN maps go with it.
+fn group_remove(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {
+    let iqn = target_name(args)?;
+    let name = text(args, "group")?;
+    let target = target_mut(config, &iqn)?;
+    let at = target
+        .groups
+        .iter()
+        .position(|g| g.name == name)
+        .ok_or_else(|| ControlError::NotFound(format!("target {iqn} has no group {name}")))?;
+    if target.groups.len() == 1 {
+        return Err(ControlError::Conflict(format!(
+            "group {name} is target {iqn}'s only group: remove the target instead"
+        )));
+    }
+    target.groups.remove(at);
+    Ok(format!("{iqn}: group {name} removed (its sessions end)"))
+}
+
+/// Turns authentication of a target or one of its groups to `mode`: "none" (its CHAP users
+/// and mutual credentials go), "chap" (with the users it has or inherits) or, for a group,
+/// "inherit" (the target's rule). Sessions logged in before keep running; logins from now
+/// follow the new rule.
+fn auth_set(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {
+    let iqn = target_name(args)?;
+    let mode = text(args, "mode")?;
+    let target = target_mut(config, &iqn)?;
+    let (auth, scope) = match args.get("group").and_then(Value::as_str) {
+        Some(group_name) => (
+            &mut group_mut(target, &iqn, group_name)?.auth,
+            format!("group {group_name}"),
+        ),
+        None => (&mut target.auth, "the target".to_string()),
+    };
+    let before = auth.clone();
+    match mode {
+        "none" => {
+            *auth = crate::config::AuthConfig {
+                mode: Some(AuthMode::None),
+                ..Default::default()
+            }
+        }
+        "chap" => auth.mode = Some(AuthMode::Chap),
+        "inherit" if scope != "the target" => *auth = crate::config::AuthConfig::default(),
+        other => {
+            return Err(ControlError::BadRequest(format!(
+                "\"mode\": none, chap or (for a group) inherit, not {other:?}"
+            )))
+        }
+    }
+    if *auth == before {
+        return Err(ControlError::Conflict(format!(
+            "{iqn}: {scope} has authentication {mode} already"
+        )));
+    }
+    Ok(format!(
+        "{iqn}: authentication of {scope} is now {mode} (from the next login)"
+    ))
+}
+
+fn tag(args: &Map<String, Value>) -> Result<u16, ControlError> {
+    u16::try_from(number(args, "tag")?)
+        .ok()
+        .filter(|t| *t > 0)
+        .ok_or_else(|| ControlError::BadRequest("\"tag\": 1..65535".into()))
+}
+
+fn address(args: &Map<String, Value>) -> Result<std::net::SocketAddr, ControlError> {
+    let text = text(args, "address")?;
+    text.parse()
+        .map_err(|e| ControlError::BadRequest(format!("\"address\": {text:?} is no IP:PORT ({e})")))
+}
+
+/// Which of a portal group's lists an address goes to: iSCSI (`listen`) or NVMe/TCP
+/// (`nvme_listen`, with `"nvme": true`).
+fn listen_list<'p>(
+    group: &'p mut crate::config::PortalGroup,
+    args: &Map<String, Value>,
+) -> Result<(&'p mut Vec<std::net::SocketAddr>, &'static str), ControlError> {
+    Ok(if flag(args, "nvme")?.unwrap_or(false) {
+        (&mut group.nvme_listen, "NVMe/TCP")
+    } else {
+        (&mut group.listen, "iSCSI")
+    })
+}
+
+/// Adds a portal group listening on `address` (iSCSI, or NVMe/TCP with `nvme`), in ALUA
+/// state `state` (default active-optimized), served by every target, or by `targets`.
+fn portal_group_add(
+    config: &mut Config,
+    args: &Map<String, Value>,
+) -> Result<String, ControlError> {
+    let tag = tag(args)?;
+    if config.portal_groups.iter().any(|p| p.tag == tag) {
+        return Err(ControlError::Conflict(format!(
+            "portal group {tag} exists already"
+        )));
+    }
+    let alua_state = match args.get("state").and_then(Value::as_str) {
+        Some(name) => {
+            crate::config::configured_alua_state(name).map_err(ControlError::BadRequest)?
+        }
+        None => scsi::AccessState::ActiveOptimized,
+    };
+    let mut group = crate::config::PortalGroup {
+        tag,
+        listen: Vec::new(),
+        nvme_listen: Vec::new(),
+        nvme_discovery_listen: None,
+        alua_state,
+        gateway: None,
+        peer_address: None,
+    };
+    let (list, kind) = listen_list(&mut group, args)?;
+    let at = address(args)?;
+    list.push(at);
+    let only: Option<Vec<IscsiName>> = match args.get("targets") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(names)) => Some(
+            names
+                .iter()
+                .map(|n| {
+                    IscsiName::from_wire(n.as_str().unwrap_or_default())
+                        .map_err(ControlError::bad_request)
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Some(_) => {
+            return Err(ControlError::BadRequest(
+                "\"targets\": a list of IQNs".into(),
+            ))
+        }
+    };
+    if let Some(names) = &only {
+        if let Some(missing) = names.iter().find(|n| config.target(n).is_none()) {
+            return Err(ControlError::NotFound(format!("no target {missing}")));
+        }
+    }
+    config.portal_groups.push(group);
+    for t in &mut config.targets {
+        if only.as_ref().is_none_or(|names| names.contains(&t.iqn)) {
+            t.portal_groups.push(tag);
+        }
+    }
+    Ok(format!(
+        "portal group {tag} added, listening on {at} ({kind})"
+    ))
+}
+
+/// Removes a portal group: its listeners close, its sessions are asked to log out, the
+/// targets stop naming it (a target it was the only group of is refused: remove that first).
+fn portal_group_remove(
+    config: &mut Config,
+    args: &Map<String, Value>,
+) -> Result<String, ControlError> {
+    let tag = tag(args)?;
+    let at = config
+        .portal_groups
+        .iter()
+        .position(|p| p.tag == tag)
+        .ok_or_else(|| ControlError::NotFound(format!("no portal group {tag}")))?;
+    if let Some(t) = config.targets.iter().find(|t| t.portal_groups == [tag]) {
+        return Err(ControlError::Conflict(format!(
+            "portal group {tag} is the only one of target {}: give it another first",
+            t.iqn
+        )));
+    }
+    config.portal_groups.remove(at);
+    for t in &mut config.targets {
+        t.portal_groups.retain(|x| *x != tag);
+    }
+    Ok(format!(
+        "portal group {tag} removed (its sessions are asked to log out)"
+    ))
+}
+
+/// Adds an address to a portal group's listeners, or (`add` false) takes one away: the
+/// listener is bound, or closed and its sessions asked to log out.
+fn portal_group_listen(
+    config: &mut Config,
+    args: &Map<String, Value>,
+    add: bool,
+) -> Result<String, ControlError> {
+    let tag = tag(args)?;
+    let at = address(args)?;
+    let group = config
+        .portal_groups
+        .iter_mut()
+        .find(|p| p.tag == tag)
+        .ok_or_else(|| ControlError::NotFound(format!("no portal group {tag}")))?;
+    let (list, kind) = listen_list(group, args)?;
+    match (add, list.contains(&at)) {
+        (true, true) => Err(ControlError::Conflict(format!(
+            "portal group {tag} listens on {at} ({kind}) already"
+        ))),
+        (false, false) => Err(ControlError::NotFound(format!(
+            "portal group {tag} does not listen on {at} ({kind})"
+        ))),
+        (true, false) => {
+            list.push(at);
+            Ok(format!("portal group {tag} listens on {at} ({kind})"))
+        }
+        (false, true) => {
+            list.retain(|a| *a != at);
+            Ok(format!(
+                "portal group {tag} no longer listens on {at} ({kind}); its sessions there are asked to log out"
+            ))
+        }
+    }
 }

@@ -21,6 +21,12 @@ pub enum ReloadError {
     /// A device could not be resized (the message names what grew before it).
     #[error("{0}")]
     Resize(String),
+    /// A new listener could not be bound.
+    #[error(transparent)]
+    Listen(#[from] crate::shared::listening::ListenError),
+    /// A device could not take a new attribute (its write cache could not be flushed).
+    #[error("{0}")]
+    Attribute(String),
 }
 
 impl ReloadError {
@@ -31,6 +37,8 @@ impl ReloadError {
             ReloadError::NeedsRestart(_) => "needs_restart",
             ReloadError::Open(e) => e.kind(),
             ReloadError::Resize(_) => "resize",
+            ReloadError::Attribute(_) => "device",
+            ReloadError::Listen(_) => "listen",
         }
     }
 }

@@ -427,8 +427,10 @@ fn unix_seconds(t: SystemTime) -> u64 {
 }
 
 fn status(shared: &Shared) -> Value {
+    use crate::topology::portals::ListenerKind;
     let topology = shared.topology();
     let unsaved = shared.unsaved.list();
+    let listeners = shared.listening.list();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
@@ -443,7 +445,8 @@ fn status(shared: &Shared) -> Value {
         "prelogin_connections": shared.doors.prelogin_connections(),
         "targets": topology.targets.len(),
         "devices": topology.devices.len(),
-        "portals": shared.portals.iter().map(|(a, tag)| json!({"address": a.to_string(), "tag": tag})).collect::<Vec<_>>(),
+        "portals": listeners.iter().filter(|(k, _, _)| *k == ListenerKind::Iscsi).map(|(_, a, tag)| json!({"address": a.to_string(), "tag": tag})).collect::<Vec<_>>(),
+        "listeners": listeners.iter().map(|(k, a, tag)| json!({"kind": k.name(), "address": a.to_string(), "tag": tag})).collect::<Vec<_>>(),
         "shutting_down": shared.is_shutting_down(),
     })
 }
@@ -558,12 +561,13 @@ fn luns(shared: &Shared) -> Value {
                     "path": path,
                     "size_bytes": lu.capacity_bytes(),
                     "block_size": lu.settings().block_size,
-                    "read_only": m.read_only,
+                    "read_only": m.read_only || lu.settings().read_only,
                     "write_cache": lu.write_cache_enabled(),
                     "ships_to_owner": ships,
                     "direct": caps.direct,
                     "offline": lu.is_offline(),
                     "serial": lu.identity().serial,
+                    "product": lu.identity().product,
                     "gateway_owner": gateway_owner,
                     "owner_here": owner_here,
                 }));

@@ -14,6 +14,26 @@ use crate::config::{Config, ConfigSource, DeviceConfig, Invalid, IscsiName};
 use crate::shared::Shared;
 use crate::topology::{OpenDevice, Topology};
 
+/// A device attribute the operator changes on a running LU (`LogicalUnit::set_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attribute {
+    ReadOnly(bool),
+    WriteCache(bool),
+    /// The vendor, product or serial INQUIRY reports (never the NAA designator).
+    Identity,
+}
+
+impl std::fmt::Display for Attribute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let on_off = |on: bool| if on { "on" } else { "off" };
+        match self {
+            Attribute::ReadOnly(on) => write!(f, "read_only {}", on_off(*on)),
+            Attribute::WriteCache(on) => write!(f, "write_cache {}", on_off(*on)),
+            Attribute::Identity => f.write_str("vendor, product or serial changed"),
+        }
+    }
+}
+
 /// What a reload changes, by kind. Empty: the new config is the running one.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Changes {
@@ -23,6 +43,8 @@ pub struct Changes {
     pub devices_resized: Vec<(String, u64)>,
     /// Device name and whether it goes offline (`true`) or back online.
     pub devices_offline: Vec<(String, bool)>,
+    /// Device name and an attribute its running LU takes.
+    pub devices_attributes: Vec<(String, Attribute)>,
     pub targets_added: Vec<IscsiName>,
     pub targets_removed: Vec<IscsiName>,
     /// Targets whose groups, LUN maps, initiators, authentication or sources changed.
@@ -30,6 +52,12 @@ pub struct Changes {
     pub discovery_changed: bool,
     /// Portal groups whose ALUA state changed, with the new state.
     pub alua_changed: Vec<(u16, scsi::AccessState)>,
+    pub portal_groups_added: Vec<u16>,
+    pub portal_groups_removed: Vec<u16>,
+    /// Portal groups whose listen addresses changed.
+    pub portal_groups_moved: Vec<u16>,
+    /// What the listeners did (filled in when applied: `shared::listening::Plan::lines`).
+    pub listeners: Vec<String>,
 }
 
 impl Changes {
@@ -63,6 +91,11 @@ impl Changes {
             }
         }));
         out.extend(
+            self.devices_attributes
+                .iter()
+                .map(|(d, a)| format!("device {d}: {a}")),
+        );
+        out.extend(
             self.targets_added
                 .iter()
                 .map(|t| format!("target {t} added")),
@@ -85,6 +118,15 @@ impl Changes {
                 .iter()
                 .map(|(tag, state)| format!("portal group {tag} ALUA state {state:?}")),
         );
+        let tags = |list: &[u16], what: &str| {
+            list.iter()
+                .map(|t| format!("portal group {t} {what}"))
+                .collect::<Vec<_>>()
+        };
+        out.extend(tags(&self.portal_groups_added, "added"));
+        out.extend(tags(&self.portal_groups_removed, "removed"));
+        out.extend(tags(&self.portal_groups_moved, "listens elsewhere"));
+        out.extend(self.listeners.iter().cloned());
         out
     }
 }
@@ -104,24 +146,26 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
         discovery_changed: old.discovery != new.discovery,
         ..Changes::default()
     };
-    match alua_changes(old, new) {
-        Some(alua) => changes.alua_changed = alua,
-        None => refused.push(restart("[[portal_group]] (tags, listeners, gateways)")),
+    if let Err(why) = portal_group_changes(old, new, &mut changes) {
+        refused.push(why);
     }
     for d in &new.devices {
         match old.device(&d.name) {
             None => changes.devices_added.push(d.name.clone()),
             Some(was) if was == d => {}
-            Some(was) => {
-                match resized(was, d) {
-                    Ok(Some(size)) => changes.devices_resized.push((d.name.clone(), size)),
-                    Ok(None) => {}
-                    Err(why) => refused.push(format!("device {}: {why}", d.name)),
+            Some(was) => match device_changes(was, d) {
+                Ok((size, attributes)) => {
+                    if let Some(size) = size {
+                        changes.devices_resized.push((d.name.clone(), size));
+                    }
+                    if was.offline != d.offline {
+                        changes.devices_offline.push((d.name.clone(), d.offline));
+                    }
+                    let named = attributes.into_iter().map(|a| (d.name.clone(), a));
+                    changes.devices_attributes.extend(named);
                 }
-                if was.offline != d.offline {
-                    changes.devices_offline.push((d.name.clone(), d.offline));
-                }
-            }
+                Err(why) => refused.push(format!("device {}: {why}", d.name)),
+            },
         }
     }
     for d in &old.devices {
@@ -148,24 +192,43 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
     }
 }
 
-/// How a device's size changed, when only its size and state may have: `Ok(Some(bytes))` to
-/// grow it to, `Ok(None)` for nothing to do on the store. Anything else changing under a
-/// running LU (its medium, block size, identity, caching) is refused: remove the device in one
-/// reload and add it back in the next.
-fn resized(was: &DeviceConfig, now: &DeviceConfig) -> Result<Option<u64>, Invalid> {
-    let same_but_size_and_state = DeviceConfig {
+/// How a running device changes: the size to grow it to (None: nothing to do on the store)
+/// and the attributes its LU takes. Its medium, block size, NAA designator, provisioning and
+/// caching mode are fixed while it runs: changing them is refused (remove the device in one
+/// reload and add it back in the next).
+fn device_changes(
+    was: &DeviceConfig,
+    now: &DeviceConfig,
+) -> Result<(Option<u64>, Vec<Attribute>), Invalid> {
+    let live = DeviceConfig {
         store: now.store.clone(),
         offline: now.offline,
+        read_only: now.read_only,
+        write_cache: now.write_cache,
+        vendor: now.vendor.clone(),
+        product: now.product.clone(),
+        serial: now.serial.clone(),
         ..was.clone()
     };
-    if same_but_size_and_state != *now {
+    if live != *now {
         return Err(
-            "only `size` and `offline` can change while it runs (its medium, block size, \
-             identity or caching cannot): remove it in one reload and add it back in the next"
+            "its medium, block size, naa, thin or cache cannot change while it runs (size, \
+             offline, read_only, write_cache, vendor, product and serial can): remove it in \
+             one reload and add it back in the next"
                 .into(),
         );
     }
-    was.store.resized_to(&now.store)
+    let mut attributes = Vec::new();
+    if was.read_only != now.read_only {
+        attributes.push(Attribute::ReadOnly(now.read_only));
+    }
+    if was.write_cache != now.write_cache {
+        attributes.push(Attribute::WriteCache(now.write_cache));
+    }
+    if (&was.vendor, &was.product, &was.serial) != (&now.vendor, &now.product, &now.serial) {
+        attributes.push(Attribute::Identity);
+    }
+    Ok((was.store.resized_to(&now.store)?, attributes))
 }
 
 /// What an applied reload did.
@@ -195,26 +258,51 @@ pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, Re
     )
 }
 
-/// The portal groups whose ALUA state changed, when nothing else of them did (None: something
-/// else did, which needs a restart: listeners are bound at start).
-fn alua_changes(old: &Config, new: &Config) -> Option<Vec<(u16, scsi::AccessState)>> {
-    if old.portal_groups.len() != new.portal_groups.len() {
-        return None;
+/// How the portal groups change: added, removed, listening elsewhere, in another ALUA state.
+/// All of it applies live, except among RBD gateways, whose portal groups name the cluster's
+/// members (ship commands and own images through them): there only the ALUA state of a
+/// group not a gateway's may change, the rest needs a restart of the gateways.
+fn portal_group_changes(old: &Config, new: &Config, changes: &mut Changes) -> Result<(), String> {
+    let gateways = |c: &Config| {
+        c.server.gateway.is_some() || c.portal_groups.iter().any(|p| p.gateway.is_some())
+    };
+    let tags = |c: &Config| c.portal_groups.iter().map(|p| p.tag).collect::<Vec<_>>();
+    if (gateways(old) || gateways(new)) && tags(old) != tags(new) {
+        return Err(
+            "[[portal_group]] tags or gateways changed among RBD gateways: that needs a restart"
+                .into(),
+        );
     }
-    let mut changed = Vec::new();
-    for (was, is) in old.portal_groups.iter().zip(&new.portal_groups) {
-        let same_but_state = crate::config::PortalGroup {
-            alua_state: was.alua_state,
-            ..is.clone()
+    for is in &new.portal_groups {
+        let Some(was) = old.portal_groups.iter().find(|p| p.tag == is.tag) else {
+            changes.portal_groups_added.push(is.tag);
+            continue;
         };
-        if same_but_state != *was {
-            return None;
+        let listening = |p: &crate::config::PortalGroup| {
+            (
+                p.listen.clone(),
+                p.nvme_listen.clone(),
+                p.nvme_discovery_listen.clone(),
+            )
+        };
+        if (&was.gateway, &was.peer_address) != (&is.gateway, &is.peer_address)
+            || (gateways(old) && listening(was) != listening(is))
+        {
+            return Err(format!(
+                "[[portal_group]] {}: its gateway, peer_address or listeners changed among RBD gateways: that needs a restart",
+                is.tag
+            ));
+        }
+        if listening(was) != listening(is) {
+            changes.portal_groups_moved.push(is.tag);
         }
         if was.alua_state != is.alua_state {
-            changed.push((is.tag, is.alua_state));
+            changes.alua_changed.push((is.tag, is.alua_state));
         }
     }
-    Some(changed)
+    let removed = (old.portal_groups.iter()).filter(|p| !tags(new).contains(&p.tag));
+    changes.portal_groups_removed.extend(removed.map(|p| p.tag));
+    Ok(())
 }
 
 /// Applies `new` to the running daemon by difference. Everything that can fail (opening added
@@ -262,10 +350,19 @@ pub fn apply_with(
         devices.insert(name.clone(), shared.device_context.open(config, &new)?);
     }
     let topology = Topology::assemble(new, devices, current.generation + 1)?;
+    let mut listeners = shared
+        .listening
+        .prepare(&crate::topology::portals::listeners(&topology.config))?;
+    let mut changes = changes;
+    changes.listeners = listeners.lines();
+    prepare_attributes(&topology, &changes.devices_attributes)?;
     resize(&topology, &changes.devices_resized)?;
+    set_attributes(&topology, &changes.devices_attributes);
     let generation = topology.generation;
     drop(current);
+    shared.listening.retire(&mut listeners);
     shared.publish(topology);
+    shared.listening.start(listeners);
     for line in changes.lines() {
         tracing::info!(generation, "reload: {line}");
     }
@@ -303,6 +400,51 @@ fn announce_alua_changes(topology: &Topology, changed: &[(u16, scsi::AccessState
                 told.push(Arc::as_ptr(unit));
                 unit.access_state_changed(None);
             }
+        }
+    }
+}
+
+/// What can fail in changing attributes, before anything changes: a device whose write cache
+/// goes off is flushed first, so what it acknowledged from the cache is on the medium. (A new
+/// identity cannot fail: the config validated its texts, `diff` refused a new NAA.)
+fn prepare_attributes(
+    topology: &Topology,
+    attributes: &[(String, Attribute)],
+) -> Result<(), ReloadError> {
+    for (name, attribute) in attributes {
+        let Some(device) = topology.devices.get(name) else {
+            continue;
+        };
+        if *attribute == Attribute::WriteCache(false) {
+            device.unit.flush().map_err(|e| {
+                ReloadError::Attribute(format!(
+                    "device {name}: cannot turn its write cache off: flushing it failed: {e}"
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Gives the running LUs their new attributes (each raises its unit attention, see
+/// `LogicalUnit::set_*`), just before the topology saying so is published.
+fn set_attributes(topology: &Topology, attributes: &[(String, Attribute)]) {
+    for (name, attribute) in attributes {
+        let (Some(device), Some(config)) =
+            (topology.devices.get(name), topology.config.device(name))
+        else {
+            continue;
+        };
+        let unit = &device.unit;
+        let outcome = match attribute {
+            Attribute::ReadOnly(on) => Ok(unit.set_read_only(*on)),
+            Attribute::WriteCache(on) => unit.set_write_cache(*on).map_err(|e| e.to_string()),
+            Attribute::Identity => unit.set_identity(crate::topology::lu_identity(config)),
+        };
+        if let Err(e) = outcome {
+            // The flush succeeded in `prepare_attributes` a moment ago; the identity was
+            // validated with the config.
+            tracing::error!(device = %name, "{attribute}: {e}");
         }
     }
 }
@@ -572,7 +714,7 @@ iqn = "iqn.2026-11.test:t"
     }
 
     #[test]
-    fn an_alua_state_changes_live_a_listener_does_not() {
+    fn alua_states_listeners_and_portal_groups_change_live() {
         let old = config(BASE);
         let standby = config(&BASE.replace(
             "listen = [\"127.0.0.1:3260\"]",
@@ -586,13 +728,63 @@ iqn = "iqn.2026-11.test:t"
                 == vec![(1, scsi::AccessState::ActiveOptimized)]
         );
         let moved = config(&BASE.replace("3260", "3262"));
-        assert!(diff(&old, &moved).unwrap_err()[0].contains("listeners"));
-        // A new state and a new listener at once: refused whole.
+        assert_eq!(diff(&old, &moved).unwrap().portal_groups_moved, vec![1]);
+        // A new state and a new listener at once: both.
         let both = config(&BASE.replace(
             "listen = [\"127.0.0.1:3260\"]",
             "listen = [\"127.0.0.1:3262\"]\nalua_state = \"standby\"",
         ));
-        assert!(diff(&old, &both).is_err());
+        let c = diff(&old, &both).unwrap();
+        assert_eq!((c.alua_changed.len(), c.portal_groups_moved.len()), (1, 1));
+        let second = config(&BASE.replace(
+            "[[device]]\nname = \"a\"",
+            "[[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:3263\"]\n[[device]]\nname = \"a\"",
+        ));
+        assert_eq!(diff(&old, &second).unwrap().portal_groups_added, vec![2]);
+        assert_eq!(diff(&second, &old).unwrap().portal_groups_removed, vec![2]);
+    }
+
+    #[test]
+    fn the_portal_groups_of_rbd_gateways_change_only_their_alua_state() {
+        let gateways = |listen: &str| {
+            config(&BASE.replace(
+                "listen = [\"127.0.0.1:3260\"]",
+                &format!("listen = [\"{listen}\"]\ngateway = \"a\"\n[[portal_group]]\ntag = 2\nlisten = [\"127.0.0.2:3260\"]\ngateway = \"b\""),
+            ))
+        };
+        let old = gateways("127.0.0.1:3260");
+        let refused = diff(&old, &gateways("127.0.0.1:3261")).unwrap_err();
+        assert!(refused[0].contains("RBD gateways"), "{refused:?}");
+    }
+
+    #[test]
+    fn device_attributes_change_live_its_medium_does_not() {
+        let old = config(BASE);
+        let set =
+            |key: &str| config(&BASE.replace("size = \"16M\"", &format!("size = \"16M\"\n{key}")));
+        let cases = [
+            ("read_only = true", Attribute::ReadOnly(true)),
+            ("write_cache = true", Attribute::WriteCache(true)),
+            ("product = \"VM STORE\"", Attribute::Identity),
+            ("vendor = \"ACME\"", Attribute::Identity),
+            ("serial = \"array-1\"", Attribute::Identity),
+        ];
+        for (key, attribute) in cases {
+            let c = diff(&old, &set(key)).unwrap();
+            assert_eq!(
+                c.devices_attributes,
+                vec![("a".to_string(), attribute)],
+                "{key}"
+            );
+            assert!(c.targets_changed.is_empty(), "{key}: no mapping changes");
+        }
+        for fixed in [
+            "thin = false",
+            "naa = \"0x6001405123456789abcdef0123456789\"",
+        ] {
+            let refused = diff(&old, &set(fixed)).unwrap_err();
+            assert!(refused[0].contains("naa, thin"), "{fixed}: {refused:?}");
+        }
     }
 
     #[test]
@@ -648,9 +840,6 @@ iqn = "iqn.2026-11.test:t"
     #[test]
     fn what_needs_a_restart_is_refused_whole() {
         let old = config(BASE);
-        let moved = config(&BASE.replace("127.0.0.1:3260", "127.0.0.1:3261"));
-        let refused = diff(&old, &moved).unwrap_err();
-        assert!(refused[0].contains("portal_group"), "{refused:?}");
         let limits = config(&format!("[limits]\nmax_sessions = 7\n{BASE}"));
         assert!(diff(&old, &limits).unwrap_err()[0].contains("[limits]"));
         let block = config(&BASE.replace(
@@ -660,10 +849,10 @@ iqn = "iqn.2026-11.test:t"
         let refused = diff(&old, &block).unwrap_err();
         assert!(refused[0].contains("device a"), "{refused:?}");
         // Every reason is reported, not just the first.
-        let both = config(
-            &format!("[limits]\nmax_sessions = 7\n{BASE}")
-                .replace("127.0.0.1:3260", "127.0.0.1:3261"),
-        );
+        let both = config(&format!("[limits]\nmax_sessions = 7\n{BASE}").replace(
+            "name = \"a\"\nstore = \"ram\"",
+            "name = \"a\"\nstore = \"ram\"\nthin = false",
+        ));
         assert_eq!(diff(&old, &both).unwrap_err().len(), 2);
     }
 }

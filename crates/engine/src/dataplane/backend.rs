@@ -143,6 +143,9 @@ pub(super) struct Backend<'a> {
     pub(super) info: Option<Arc<crate::admission::registry::SessionInfo>>,
     /// Why the session closed, when the target decided it (for the log).
     pub(super) close_reason: Option<&'static str>,
+    /// A reload closed the listener the session came in through (or moved it to another
+    /// portal group): an iSCSI session is asked to log out, as at shutdown.
+    pub(super) portal_gone: bool,
     /// The route `execute` decided for the command it just deferred, for the `defer` that
     /// follows it at once (ITT, route).
     pub(super) routed: Option<(u32, route::Route)>,
@@ -474,6 +477,7 @@ impl<'s> Backend<'s> {
             loan: Loan::default(),
             info: None,
             close_reason: None,
+            portal_gone: false,
             routed: None,
         }
     }
@@ -687,7 +691,16 @@ impl Backend<'_> {
 
     /// [`Backend::follow_topology`]; on `Err`, the log line, the metric and the close reason.
     pub(super) fn follow_or_close(&mut self) -> bool {
+        if self.portal_gone {
+            // Asked to log out: it ends within the grace on the map it had.
+            return true;
+        }
         match self.follow_topology() {
+            // Its portal group went (the target stays, elsewhere): told like its listener.
+            Err(Refusal::NoSuchTarget) if self.listener_gone() && self.target_stays() => {
+                self.portal_is_gone()
+            }
+            Ok(()) if self.listener_gone() => self.portal_is_gone(),
             Ok(()) => true,
             Err(refusal) => {
                 tracing::warn!(
@@ -701,6 +714,41 @@ impl Backend<'_> {
                 false
             }
         }
+    }
+
+    /// The session's listener is gone: an iSCSI session is asked to log out (at its next
+    /// tick, as at shutdown); an NVMe/TCP queue closes (there is no logout to ask for: the
+    /// host reconnects through its other paths). False when the session closes now.
+    fn portal_is_gone(&mut self) -> bool {
+        tracing::warn!(
+            peer = %self.peer,
+            initiator = %self.initiator,
+            portal = %self.local,
+            "the portal this session came in through was removed (or moved to another portal group)"
+        );
+        self.portal_gone = true;
+        if self.door == crate::admission::Door::Nvme {
+            // NVMe/TCP has no logout to ask for: the host reconnects through its
+            // other paths (or gives up on this one).
+            self.close_reason = Some("its listener was removed");
+            return false;
+        }
+        true
+    }
+
+    /// Whether the session's target is still served (elsewhere, if not at its portal).
+    fn target_stays(&self) -> bool {
+        let next = self.shared.topology();
+        self.target_name
+            .as_ref()
+            .is_some_and(|n| next.target(n).is_some())
+    }
+
+    /// Whether the listener this connection came in through is gone, or serves another
+    /// portal group now (a reload changed the portal groups).
+    fn listener_gone(&self) -> bool {
+        !self.portal_gone
+            && !(self.shared.listening).reaches(self.door, self.portal_group_tag, self.local)
     }
 
     /// Whether this gateway lost the ownership of an RBD image the session maps since the
@@ -1765,7 +1813,7 @@ impl ScsiBackend for Backend<'_> {
             }
             // Every portal of every portal group of the target: each one a path.
             let mut addresses = Vec::new();
-            for &(addr, tag) in &self.shared.portals {
+            for (addr, tag) in crate::topology::portals::served(&topology.config) {
                 if !t.portal_groups.contains(&tag) {
                     continue;
                 }

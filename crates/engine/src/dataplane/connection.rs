@@ -34,14 +34,7 @@ use crate::shared::Shared;
 use crate::topology::Topology;
 
 /// A connection the acceptor admitted and gave to this worker.
-/// What a listener serves: iSCSI, NVMe/TCP, or only NVMe/TCP discovery (the well-known
-/// discovery port, 8009).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ListenerKind {
-    Iscsi,
-    Nvme,
-    NvmeDiscovery,
-}
+pub use crate::topology::portals::ListenerKind;
 
 pub struct NewConnection {
     pub stream: std::net::TcpStream,
@@ -624,20 +617,27 @@ impl Driver {
         // where a wake-up channel shared by every connection would be polled (and locked) on
         // every turn.
         let grace_s = backend.shared.limits.shutdown_grace_s;
-        match life.shutdown(Instant::now(), backend.shared.is_shutting_down()) {
+        // A portal a reload removed ends its sessions as a shutdown ends them all.
+        let why = if backend.portal_gone {
+            "its portal was removed"
+        } else {
+            "shutting down"
+        };
+        let ending = backend.shared.is_shutting_down() || backend.portal_gone;
+        match life.shutdown(Instant::now(), ending) {
             Shutdown::Nothing => Ok(true),
             Shutdown::AskLogout(within) => {
                 session.request_logout(within, &mut self.out);
                 self.flush().await?;
-                tracing::info!(peer = %self.peer, "shutting down: asked the initiator to log out within {grace_s} s");
+                tracing::info!(peer = %self.peer, "{why}: asked the initiator to log out within {grace_s} s");
                 Ok(true)
             }
             Shutdown::Close(close) => {
                 match close {
                     lifecycle::Close::NoLogout => {
-                        tracing::warn!(peer = %self.peer, "shutting down: no logout within {grace_s} s; closing the session")
+                        tracing::warn!(peer = %self.peer, "{why}: no logout within {grace_s} s; closing the session")
                     }
-                    _ => tracing::info!(peer = %self.peer, "shutting down: closing the session"),
+                    _ => tracing::info!(peer = %self.peer, "{why}: closing the session"),
                 }
                 backend.close_reason = Some(close.reason());
                 Ok(false)

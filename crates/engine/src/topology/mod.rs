@@ -245,7 +245,7 @@ impl DeviceContext {
                 &device.name,
                 gateways,
                 Arc::clone(&self.metrics),
-                (unit.identity(), &peer_target),
+                (&unit.identity(), &peer_target),
             )?;
             ownership.start().map_err(|e| {
                 OpenError::device(
@@ -519,7 +519,7 @@ fn add_peer_groups(
         let Some(ownership) = &device.ownership else {
             continue;
         };
-        let peer = crate::io::peer::peer_name(device.unit.identity());
+        let peer = crate::io::peer::peer_name(&device.unit.identity());
         let initiator = IscsiName::from_wire(&peer)
             .map_err(|e| OpenError::Config(format!("device {name}: peer name {peer}: {e:?}")))?;
         let luns = LunMap::new(vec![(0, Arc::clone(&device.unit), false)])
@@ -604,17 +604,7 @@ fn open_unit(
             store
         }
     };
-    let mut naa = [0u8; 16];
-    let naa_len = device.naa.len().min(16);
-    naa[..naa_len].copy_from_slice(&device.naa[..naa_len]);
-    let identity = LuIdentity {
-        vendor: "FERROSAN".into(),
-        product: device.store.product().into(),
-        revision: revision(),
-        serial: device.serial.clone(),
-        naa,
-        naa_len,
-    };
+    let identity = lu_identity(device);
     let settings = LuSettings {
         block_size: device.block_size,
         read_only: device.read_only,
@@ -693,6 +683,26 @@ fn open_file_store(
                 }
             }
         }
+    }
+}
+
+/// What INQUIRY reports of `device`: its vendor and product (ferrosan's by default), serial
+/// and NAA designator. A reload that renames a device gives its LU the new one.
+pub fn lu_identity(device: &DeviceConfig) -> LuIdentity {
+    let mut naa = [0u8; 16];
+    let naa_len = device.naa.len().min(16);
+    naa[..naa_len].copy_from_slice(&device.naa[..naa_len]);
+    LuIdentity {
+        vendor: device.vendor.as_deref().unwrap_or("FERROSAN").into(),
+        product: device
+            .product
+            .as_deref()
+            .unwrap_or(device.store.product())
+            .into(),
+        revision: revision(),
+        serial: device.serial.clone(),
+        naa,
+        naa_len,
     }
 }
 

@@ -30,6 +30,83 @@ pub fn served_nvme(config: &Config) -> Vec<(SocketAddr, u16)> {
         .collect()
 }
 
+/// What a listener serves: iSCSI, NVMe/TCP, or only NVMe/TCP discovery (the well-known
+/// discovery port, 8009).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ListenerKind {
+    Iscsi,
+    Nvme,
+    NvmeDiscovery,
+}
+
+impl ListenerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ListenerKind::Iscsi => "iSCSI",
+            ListenerKind::Nvme => "NVMe/TCP",
+            ListenerKind::NvmeDiscovery => "NVMe/TCP discovery",
+        }
+    }
+}
+
+/// One listener a config asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortalListener {
+    pub addr: SocketAddr,
+    pub tag: u16,
+    pub kind: ListenerKind,
+    /// The config names it: not having it stops a start or a reload. (A default discovery
+    /// listener that cannot be had is left out with a warning: another daemon on this host
+    /// may hold the port.)
+    pub required: bool,
+}
+
+/// Every listener of `config` served by this daemon: the one list the start binds, a reload
+/// compares and `check-config --deep` tries.
+pub fn listeners(config: &Config) -> Vec<PortalListener> {
+    let listener = |kind| {
+        move |(addr, tag)| PortalListener {
+            addr,
+            tag,
+            kind,
+            required: true,
+        }
+    };
+    let mut out: Vec<PortalListener> = served(config)
+        .into_iter()
+        .map(listener(ListenerKind::Iscsi))
+        .collect();
+    out.extend(
+        served_nvme(config)
+            .into_iter()
+            .map(listener(ListenerKind::Nvme)),
+    );
+    out.extend(
+        served_nvme_discovery(config)
+            .into_iter()
+            .map(|d| PortalListener {
+                addr: d.addr,
+                tag: d.tag,
+                kind: ListenerKind::NvmeDiscovery,
+                required: d.explicit,
+            }),
+    );
+    out
+}
+
+/// Whether a listener bound at `bound` takes connections to `local` (a wildcard takes its
+/// family's, `[::]` both: dual-stack).
+pub fn reaches(bound: SocketAddr, local: SocketAddr) -> bool {
+    if bound.port() != local.port() {
+        return false;
+    }
+    let local_ip = canonical(local.ip());
+    match bound.ip() {
+        ip if ip.is_unspecified() => bound.is_ipv6() || local_ip.is_ipv4(),
+        ip => canonical(ip) == local_ip,
+    }
+}
+
 /// An NVMe/TCP discovery listener: where, for which portal group, and whether the config
 /// named it (else it is the default beside an NVMe/TCP listener).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

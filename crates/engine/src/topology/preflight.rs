@@ -3,6 +3,7 @@
 //! the listeners' addresses, the state directory. `ferrosan check-config --deep` reports
 //! it, so that a config that passes starts.
 
+use super::portals::ListenerKind;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 
@@ -68,23 +69,18 @@ fn devices(config: &Config, problems: &mut Vec<Problem>) {
 /// Each address this daemon would listen on (iSCSI, NVMe/TCP, configured discovery, metrics)
 /// is bound and let go at once.
 fn listeners(config: &Config, problems: &mut Vec<Problem>) {
-    let mut addresses: Vec<(SocketAddr, &str)> = Vec::new();
-    addresses.extend(
-        super::portals::served(config)
-            .into_iter()
-            .map(|(a, _)| (a, "iSCSI portal")),
-    );
-    addresses.extend(
-        super::portals::served_nvme(config)
-            .into_iter()
-            .map(|(a, _)| (a, "NVMe/TCP listener")),
-    );
-    addresses.extend(
-        super::portals::served_nvme_discovery(config)
-            .into_iter()
-            .filter(|d| d.explicit)
-            .map(|d| (d.addr, "NVMe/TCP discovery listener")),
-    );
+    let mut addresses: Vec<(SocketAddr, &str)> = super::portals::listeners(config)
+        .into_iter()
+        .filter(|l| l.required)
+        .map(|l| {
+            let what = match l.kind {
+                ListenerKind::Iscsi => "iSCSI portal",
+                ListenerKind::Nvme => "NVMe/TCP listener",
+                ListenerKind::NvmeDiscovery => "NVMe/TCP discovery listener",
+            };
+            (l.addr, what)
+        })
+        .collect();
     addresses.extend(
         config
             .server

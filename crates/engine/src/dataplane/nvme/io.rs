@@ -303,7 +303,7 @@ impl Driver {
             {
                 continue;
             }
-            for &(addr, tag) in &backend.shared.nvme_portals {
+            for (addr, tag) in crate::topology::portals::served_nvme(&topology.config) {
                 if !t.portal_groups.contains(&tag) {
                     continue;
                 }

@@ -64,7 +64,7 @@ pub(crate) fn namespaces(luns: &LunMap, port: &TargetPort) -> Namespaces {
         let lu = &entry.lu;
         let settings = lu.settings();
         let block_size = settings.block_size.max(512);
-        let (eui64, nguid, uuid) = identifiers(lu.identity());
+        let (eui64, nguid, uuid) = identifiers(&lu.identity());
         out.views.push(NamespaceView {
             nsid,
             identify: identify::Namespace {

@@ -3,7 +3,8 @@
 //! signal and the config's provenance. Read-mostly: the registry and the doors are the only
 //! locked parts, touched at accept, login and close only.
 
-use std::net::SocketAddr;
+pub mod listening;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -27,13 +28,12 @@ pub struct Shared {
     pub device_context: DeviceContext,
     /// Held while a reload computes and applies its difference: one at a time.
     pub reloading: Mutex<()>,
-    pub portals: Vec<(SocketAddr, u16)>,
     pub limits: Limits,
     pub registry: Arc<Registry>,
     /// The NVMe/TCP controllers, found by ID when a host connects their I/O queues.
     pub nvme: crate::admission::controllers::Controllers,
-    /// Every NVMe/TCP listener with its portal group tag (the discovery log's entries).
-    pub nvme_portals: Vec<(SocketAddr, u16)>,
+    /// The listeners (`listening.rs`): bound at start, changed by reloads.
+    pub listening: listening::Listening,
     /// The connection limits and counts; every accepted connection passes them.
     pub doors: Arc<Doors>,
     /// CHAP algorithms accepted, in order of preference.
@@ -84,14 +84,13 @@ impl Shared {
             metrics,
             device_context,
             reloading: Mutex::new(()),
-            portals: crate::topology::portals::served(config),
             limits: config.limits.clone(),
             registry: Arc::new(Registry::new(
                 config.limits.max_sessions as usize,
                 session_ids,
             )),
             nvme: Default::default(),
-            nvme_portals: crate::topology::portals::served_nvme(config),
+            listening: Default::default(),
             doors,
             chap_algorithms: config.server.chap_algorithms.clone(),
             dhchap: config.server.dhchap.clone(),

@@ -449,6 +449,9 @@ fn acceptor(
                 });
             }));
         shared.listening.start(listeners);
+        // The listeners' tasks live on this runtime: it runs until the daemon shuts down.
+        let mut shutdown = shared.shutdown_signal();
+        Shared::wait_for_shutdown(&mut shutdown).await;
         for t in tasks {
             let _ = t.await;
         }

@@ -723,3 +723,40 @@ fn reload_ends(daemon: &Daemon, ctl: &common::Ctl, text: &str, h: &mut NvmeHost,
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn an_nvme_listener_added_live_serves_and_closing_it_ends_only_its_controllers() {
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let (port, nvme_port, second) = (free_port(), free_port(), free_port());
+    let group =
+        "  name = \"all\"\n  any_initiator = true\n  luns = [ { lun = 0, device = \"mem\" } ]";
+    let text = config_text(port, nvme_port, "", group);
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
+    let mut stays = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let at = addr(second).to_string();
+    let r = ctl.json(&["portal-group", "listen", "1", &at, "--nvme"]);
+    assert_eq!(r["ok"], true, "{r}");
+    let mut goes = NvmeHost::connect(addr(second), NQN, "nqn.2014-08.org.example:second", 8)
+        .expect("connect through the listener added live");
+    goes.write(1, 0, vec![5; 512], 512).unwrap();
+    let r = ctl.json(&["portal-group", "unlisten", "1", &at, "--nvme"]);
+    assert_eq!(r["ok"], true, "{r}");
+    let started = Instant::now();
+    while goes.read(1, 0, 1, 512).is_ok() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the closed listener's controller still reads"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        std::net::TcpStream::connect(addr(second)).is_err(),
+        "the listener is closed"
+    );
+    assert_eq!(
+        stays.read(1, 0, 1, 512).unwrap(),
+        vec![5; 512],
+        "the other path keeps its controller"
+    );
+}

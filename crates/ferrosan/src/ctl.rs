@@ -96,6 +96,110 @@ enum Verb {
         #[command(subcommand)]
         what: AuthVerb,
     },
+    /// Pools: directories volumes live in (docs/VOLUMES.md).
+    Pool {
+        #[command(subcommand)]
+        what: PoolVerb,
+    },
+    /// Volumes of pools: create, snapshot, clone, roll back, delete, list (each idempotent).
+    Volume {
+        #[command(subcommand)]
+        what: VolumeVerb,
+    },
+    /// Snapshots of volumes: list, delete.
+    Snapshot {
+        #[command(subcommand)]
+        what: SnapshotVerb,
+    },
+}
+
+#[derive(Subcommand)]
+enum PoolVerb {
+    /// Add pool NAME: the directory PATH (created if missing) holds its volumes.
+    Add {
+        /// The pool's name.
+        name: String,
+        /// Its directory (absolute; XFS or btrfs for reflink snapshots and clones).
+        path: String,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+}
+
+#[derive(Subcommand)]
+enum VolumeVerb {
+    /// Create volume NAME of SIZE in POOL (a device, not mapped yet: `lun map`).
+    Create {
+        /// The pool.
+        pool: String,
+        /// The volume's name (its device's name).
+        name: String,
+        /// Its size (bytes, or with K, M, G, T: 1024-based).
+        size: String,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Grow a volume to SIZE (as `ctl resize`).
+    Resize {
+        /// The volume.
+        volume: String,
+        /// The new size, not smaller than now.
+        size: String,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Snapshot a volume, crash-consistent: every write acknowledged before is in it, none
+    /// after (its writes wait for the moment of the snapshot).
+    Snapshot {
+        /// The volume.
+        volume: String,
+        /// The snapshot's name.
+        snapshot: String,
+    },
+    /// Make volume NAME a clone of VOLUME (now), or of one of its snapshots.
+    Clone {
+        /// The source volume.
+        volume: String,
+        /// The new volume's name.
+        name: String,
+        /// Clone this snapshot of the source instead of its present state.
+        #[arg(long)]
+        snapshot: Option<String>,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Put a snapshot's data back into its volume (the volume must be offline or unmapped).
+    Rollback {
+        /// The volume.
+        volume: String,
+        /// The snapshot.
+        snapshot: String,
+    },
+    /// Delete an unmapped volume without snapshots (its file too).
+    Delete {
+        /// The volume.
+        volume: String,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// The pools, their volumes, sizes, mappings and snapshots.
+    List,
+}
+
+#[derive(Subcommand)]
+enum SnapshotVerb {
+    /// The snapshots (of one volume).
+    List {
+        /// Only this volume's.
+        volume: Option<String>,
+    },
+    /// Delete a snapshot.
+    Delete {
+        /// The volume.
+        volume: String,
+        /// The snapshot.
+        snapshot: String,
+    },
 }
 
 /// Who a new initiator group admits.
@@ -623,8 +727,50 @@ fn structure_request(verb: &Verb) -> Option<Value> {
             } => json!({"verb": "portal-group-unlisten", "tag": tag, "address": address,
                         "nvme": nvme, "save": save.save}),
         },
+        Verb::Pool {
+            what: PoolVerb::Add { name, path, save },
+        } => json!({"verb": "pool-add", "name": name, "path": path, "save": save.save}),
+        Verb::Volume { what } => volume_request(what),
+        Verb::Snapshot {
+            what: SnapshotVerb::List { volume },
+        } => json!({"verb": "snapshot-list", "volume": volume}),
+        Verb::Snapshot {
+            what: SnapshotVerb::Delete { volume, snapshot },
+        } => json!({"verb": "snapshot-delete", "volume": volume, "snapshot": snapshot}),
         _ => return None,
     })
+}
+
+fn volume_request(what: &VolumeVerb) -> Value {
+    match what {
+        VolumeVerb::Create {
+            pool,
+            name,
+            size,
+            save,
+        } => json!({"verb": "volume-create", "pool": pool, "name": name, "size": size,
+                    "save": save.save}),
+        VolumeVerb::Resize { volume, size, save } => {
+            json!({"verb": "resize", "device": volume, "size": size, "save": save.save})
+        }
+        VolumeVerb::Snapshot { volume, snapshot } => {
+            json!({"verb": "volume-snapshot", "volume": volume, "snapshot": snapshot})
+        }
+        VolumeVerb::Clone {
+            volume,
+            name,
+            snapshot,
+            save,
+        } => json!({"verb": "volume-clone", "volume": volume, "name": name,
+                    "snapshot": snapshot, "save": save.save}),
+        VolumeVerb::Rollback { volume, snapshot } => {
+            json!({"verb": "volume-rollback", "volume": volume, "snapshot": snapshot})
+        }
+        VolumeVerb::Delete { volume, save } => {
+            json!({"verb": "volume-delete", "volume": volume, "save": save.save})
+        }
+        VolumeVerb::List => json!({"verb": "volume-list"}),
+    }
 }
 
 fn lun_request(what: &LunVerb) -> Value {
@@ -827,6 +973,12 @@ fn human(verb: &Verb, r: &Value) -> String {
         Verb::Sessions => human_sessions(r),
         Verb::Luns => human_luns(r),
         Verb::Config { .. } => text(&r["toml"]),
+        Verb::Volume {
+            what: VolumeVerb::List,
+        } => human_volumes(r),
+        Verb::Snapshot {
+            what: SnapshotVerb::List { .. },
+        } => human_snapshots(r),
         _ => human_change(r),
     }
 }
@@ -942,8 +1094,69 @@ fn human_luns(r: &Value) -> String {
 }
 
 /// What a changing verb did (applied, closed, saved, the changes, the generation).
+fn human_volumes(r: &Value) -> String {
+    let mut out = format!(
+        "{:<12} {:<20} {:>14}  {:<10} MAPPED\n",
+        "POOL", "VOLUME", "BYTES", "SNAPSHOTS"
+    );
+    for v in r["volumes"].as_array().into_iter().flatten() {
+        let snaps: Vec<String> = v["snapshots"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect();
+        let mapped: Vec<String> = v["mapped"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect();
+        out.push_str(&format!(
+            "{:<12} {:<20} {:>14}  {:<10} {}\n",
+            text(&v["pool"]),
+            text(&v["volume"]),
+            text(&v["size_bytes"]),
+            if snaps.is_empty() {
+                "-".to_string()
+            } else {
+                snaps.join(",")
+            },
+            if mapped.is_empty() {
+                "-".to_string()
+            } else {
+                mapped.join("; ")
+            },
+        ));
+    }
+    out
+}
+
+fn human_snapshots(r: &Value) -> String {
+    let mut out = format!(
+        "{:<12} {:<20} {:<20} {:>14}\n",
+        "POOL", "VOLUME", "SNAPSHOT", "BYTES"
+    );
+    for s in r["snapshots"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{:<12} {:<20} {:<20} {:>14}\n",
+            text(&s["pool"]),
+            text(&s["volume"]),
+            text(&s["snapshot"]),
+            text(&s["size_bytes"]),
+        ));
+    }
+    out
+}
+
 fn human_change(r: &Value) -> String {
     let mut out = String::new();
+    if r.get("existed") == Some(&Value::Bool(true)) {
+        out.push_str("already there: nothing to do\n");
+    }
+    if let Some(method) = r.get("method") {
+        out.push_str(&format!("method: {}\n", text(method)));
+    }
     if let (Some(device), Some(owner)) = (r.get("device"), r.get("owner")) {
         out.push_str(&format!(
             "device {} is owned by gateway {} (active/optimized here)\n",

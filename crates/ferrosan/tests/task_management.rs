@@ -6,65 +6,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::loopfs::{sh, LoopFs};
 use common::raw::{self, status_of, Raw};
-use common::{Daemon, Scratch, IQN};
+use common::{Daemon, IQN};
 use iscsi::pdu::{off, Opcode};
-
-/// An ext4 filesystem on a loop device, mounted in a scratch directory; unmounted and detached
-/// on drop.
-struct LoopFs {
-    device: String,
-    mountpoint: PathBuf,
-    _scratch: Scratch,
-}
-
-fn sh(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-impl LoopFs {
-    fn new() -> LoopFs {
-        let scratch = Scratch::new("tmf");
-        let image = scratch.file("fs.img");
-        let file = std::fs::File::create(&image).unwrap();
-        file.set_len(96 << 20).unwrap();
-        sh("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]);
-        let device = sh("losetup", &["-f", "--show", image.to_str().unwrap()]);
-        let mountpoint = scratch.file("mnt");
-        std::fs::create_dir_all(&mountpoint).unwrap();
-        let fs = LoopFs {
-            device,
-            mountpoint,
-            _scratch: scratch,
-        };
-        sh("mount", &[&fs.device, fs.mountpoint.to_str().unwrap()]);
-        fs
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.mountpoint.join(name)
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mountpoint).status();
-        let _ = Command::new("losetup").args(["-d", &self.device]).status();
-    }
-}
 
 /// The filesystem frozen: writes to it block until the thaw (drop, or `thaw`).
 struct Frozen<'a> {
@@ -148,7 +97,7 @@ fn logical_unit_reset_waits_for_a_write_still_reaching_the_medium() {
         eprintln!("SKIPPED: needs root for losetup, mount and fsfreeze");
         return;
     }
-    let fs = LoopFs::new();
+    let fs = LoopFs::new("ext4", 96 << 20);
     let daemon = setup(&fs);
     let mut writer = Raw::login(daemon.port, IQN, 1);
     let mut resetter = Raw::login(daemon.port, IQN, 2);
@@ -198,7 +147,7 @@ fn abort_task_and_lu_reset_of_the_same_session_wait_for_the_aborted_write() {
         eprintln!("SKIPPED: needs root for losetup, mount and fsfreeze");
         return;
     }
-    let fs = LoopFs::new();
+    let fs = LoopFs::new("ext4", 96 << 20);
     let daemon = setup(&fs);
     let mut client = Raw::login(daemon.port, IQN, 1);
     let mut itt = 1;

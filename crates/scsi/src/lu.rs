@@ -323,6 +323,15 @@ impl LogicalUnit {
     pub fn flush(&self) -> std::io::Result<()> {
         self.store.flush()
     }
+    /// Runs `f` while no write of this LU runs: the writes in flight finish first (each holds
+    /// its share of the write order until its device answered, as COMPARE AND WRITE waits for
+    /// them), new ones wait until `f` returns, and what was written is flushed before `f`
+    /// runs. A snapshot taken in `f` holds every write acknowledged before and none after.
+    pub fn quiesced<R>(&self, f: impl FnOnce() -> R) -> std::io::Result<R> {
+        let _all = self.write_order.write();
+        self.store.flush()?;
+        Ok(f())
+    }
     /// Releases the store at shutdown, after the last flush ([`store::BlockStore::close`]).
     pub fn close(&self) {
         self.store.close()

@@ -414,12 +414,38 @@ impl LogicalUnit {
     }
 }
 
+/// Copies a segment between two file stores inside the kernel (`store::clone::copy_range`:
+/// shared extents on XFS and btrfs, an in-kernel copy elsewhere) and says whether it did;
+/// false when the stores cannot (block devices, RAM, RBD, or a kernel that refuses), and the
+/// copy goes through memory.
+fn copied_in_kernel(job: &Job<'_>, durable: bool) -> Result<bool, Sense> {
+    let (Some(from), Some(to)) = (job.src.store.copy_file(), job.dst.store.copy_file()) else {
+        return Ok(false);
+    };
+    let _order = job.dst.write_order.read();
+    match store::clone::copy_range(from, job.src_off, to, job.dst_off, job.bytes) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => return Ok(false),
+        Err(_) => return Err(Sense::medium_error_write()),
+    }
+    if durable {
+        job.dst
+            .store
+            .flush()
+            .map_err(|_| Sense::medium_error_write())?;
+    }
+    Ok(true)
+}
+
 fn copy_job(job: &Job<'_>, buf: &mut [u8]) -> Result<(), Sense> {
     let same = std::ptr::eq(job.src, job.dst);
     // Overlapping ranges of one LU with the destination above the source are copied from the
     // end, so no block is read after it was overwritten.
     let backwards = same && job.dst_off > job.src_off && job.dst_off < job.src_off + job.bytes;
     let durable = !job.dst.mode.wce.load(Ordering::Relaxed);
+    if !backwards && copied_in_kernel(job, durable)? {
+        return Ok(());
+    }
     let mut done = 0u64;
     while done < job.bytes {
         let n = (job.bytes - done).min(buf.len() as u64);

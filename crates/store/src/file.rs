@@ -509,6 +509,10 @@ impl BlockStore for FileStore {
         self.file.sync_data()
     }
 
+    fn copy_file(&self) -> Option<&File> {
+        (!self.block_device).then_some(&*self.file)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size_bytes(), offset, len)?;
         if len == 0 {

@@ -7,6 +7,7 @@
 //! ([`BlockStore::direct_io`]).
 
 mod aligned;
+pub mod clone;
 pub mod early_ack;
 mod file;
 mod ram;
@@ -167,6 +168,11 @@ pub trait BlockStore: Send + Sync + 'static {
     fn is_thin(&self) -> bool;
     /// How large the medium behind the store is now (a file or device may have grown under
     /// it); None for stores whose medium is their own (RAM).
+    /// The file behind this store, for copies the kernel makes between two stores
+    /// ([`clone::copy_range`]); None for stores that are not a regular file.
+    fn copy_file(&self) -> Option<&std::fs::File> {
+        None
+    }
     fn medium_bytes(&self) -> io::Result<Option<u64>> {
         Ok(None)
     }

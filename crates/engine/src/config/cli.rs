@@ -311,6 +311,7 @@ fn quick_export(
             gateway: None,
             peer_address: None,
         }],
+        pools: Vec::new(),
         devices,
         targets: vec![TargetConfig {
             nqn: (!nvme_listen.is_empty()).then(|| nqn_of(&iqn)),

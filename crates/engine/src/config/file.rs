@@ -40,6 +40,8 @@ struct RawFile {
     #[serde(default)]
     portal_group: Vec<S<RawPortalGroup>>,
     #[serde(default)]
+    pool: Vec<S<RawPool>>,
+    #[serde(default)]
     device: Vec<S<RawDevice>>,
     #[serde(default)]
     target: Vec<S<RawTarget>>,
@@ -63,6 +65,14 @@ struct RawServer {
     gateway_standby: Option<S<bool>>,
     gateway_alua: Option<S<String>>,
     device_roots: Option<S<Vec<S<String>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    name: Option<S<String>>,
+    kind: Option<S<String>>,
+    path: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -196,6 +206,7 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         None => super::Limits::default(),
     };
     let portal_groups = resolve_portal_groups(cx, &raw.portal_group, !server.gateway_standby);
+    let pools = resolve_pools(cx, &raw.pool, &server.device_roots);
     let devices = resolve_devices(cx, &raw.device, &identity_seed, &server.device_roots);
     let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices, &mut book);
     book.check(cx);
@@ -203,10 +214,65 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         server,
         limits,
         portal_groups,
+        pools,
         devices,
         targets,
         discovery,
     }
+}
+
+/// `[[pool]]` tables: a unique name, `kind = "dir"` (the default; RBD and LVM pools are not
+/// built yet and are refused as such), an absolute `path` inside `device_roots`.
+fn resolve_pools(
+    cx: &mut Cx<'_>,
+    raw: &[S<RawPool>],
+    roots: &[std::path::PathBuf],
+) -> Vec<super::PoolConfig> {
+    let mut pools: Vec<super::PoolConfig> = Vec::new();
+    for (i, rp) in raw.iter().enumerate() {
+        let table = rp.span();
+        let rp = rp.get_ref();
+        let mut ctx = format!("pool #{}", i + 1);
+        let name = required(cx, &rp.name, &table, format!("{ctx}: name")).and_then(|n| {
+            ctx = format!("pool {:?}", n.get_ref());
+            match super::names::check_object_name(n.get_ref()) {
+                Err(m) => cx.err(n.span(), format!("{ctx}: name"), m),
+                Ok(()) if pools.iter().any(|p| p.name == *n.get_ref()) => {
+                    cx.err(n.span(), format!("{ctx}: name"), "duplicate pool name")
+                }
+                Ok(()) => return Some(n.get_ref().clone()),
+            }
+            None
+        });
+        if let Some(kind) = &rp.kind {
+            if kind.get_ref() != "dir" {
+                cx.err(
+                    kind.span(),
+                    format!("{ctx}: kind"),
+                    format!("{:?}: only \"dir\" pools exist (RBD and LVM pools are not built yet: docs/VOLUMES.md)", kind.get_ref()),
+                );
+            }
+        }
+        let path = required(cx, &rp.path, &table, format!("{ctx}: path")).and_then(|p| {
+            let path = std::path::PathBuf::from(p.get_ref());
+            let why = if !path.is_absolute() {
+                Some("must be an absolute path".to_string())
+            } else {
+                super::within_roots(&path, roots).err().map(|e| e.0)
+            };
+            match why {
+                Some(m) => {
+                    cx.err(p.span(), format!("{ctx}: path"), m);
+                    None
+                }
+                None => Some(path),
+            }
+        });
+        if let (Some(name), Some(path)) = (name, path) {
+            pools.push(super::PoolConfig { name, path });
+        }
+    }
+    pools
 }
 
 /// `[server]`, into `server`; returns the identity seed.
@@ -1113,6 +1179,14 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
     }
     for pg in &c.portal_groups {
         portal_group_toml(&mut out, pg);
+    }
+    for p in &c.pools {
+        let _ = write!(
+            out,
+            "\n[[pool]]\nname = {}\npath = {}\n",
+            q(&p.name),
+            q(&p.path.to_string_lossy())
+        );
     }
     for d in &c.devices {
         device_toml(&mut out, d);

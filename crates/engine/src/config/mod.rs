@@ -26,9 +26,9 @@ pub use file::configured_alua_state;
 pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
 pub use iscsi::name::IscsiName;
 pub use names::{
-    check_iscsi_name, is_valid_iscsi_name, parse_listen, parse_nvme_discovery_listen,
-    parse_nvme_listen, parse_size, portals_overlap, ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
-    NVME_DISCOVERY_PORT, NVME_PORT_DEFAULT,
+    check_iscsi_name, check_object_name, is_valid_iscsi_name, parse_listen,
+    parse_nvme_discovery_listen, parse_nvme_listen, parse_size, portals_overlap,
+    ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT, NVME_DISCOVERY_PORT, NVME_PORT_DEFAULT,
 };
 pub use source::{ConfigSource, LoadError, Unsaved};
 pub use store_kind::StoreKind;
@@ -55,10 +55,47 @@ pub struct Config {
     pub server: ServerConfig,
     pub limits: Limits,
     pub portal_groups: Vec<PortalGroup>,
+    /// Where volumes live (`ferrosan ctl volume`): each volume is a device of its pool.
+    pub pools: Vec<PoolConfig>,
     pub devices: Vec<DeviceConfig>,
     pub targets: Vec<TargetConfig>,
     /// Authentication of discovery sessions.
     pub discovery: DiscoveryConfig,
+}
+
+/// A `[[pool]]`: a directory whose files are volumes (`NAME.img`) and whose `.snapshots/`
+/// holds their snapshots (`VOLUME@SNAPSHOT.img`), cloned by reflink where the filesystem can
+/// (XFS, btrfs), copied where it cannot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    pub name: String,
+    /// Absolute.
+    pub path: PathBuf,
+}
+
+impl PoolConfig {
+    /// Where volume `name` of this pool lives.
+    pub fn volume_path(&self, name: &str) -> PathBuf {
+        self.path.join(format!("{name}.img"))
+    }
+    /// Where snapshot `snapshot` of volume `volume` lives.
+    pub fn snapshot_path(&self, volume: &str, snapshot: &str) -> PathBuf {
+        self.path
+            .join(".snapshots")
+            .join(format!("{volume}@{snapshot}.img"))
+    }
+}
+
+impl Config {
+    /// The pool a device is a volume of (its file lies in the pool's directory as NAME.img).
+    pub fn pool_of(&self, device: &DeviceConfig) -> Option<&PoolConfig> {
+        let StoreKind::File { path, .. } = &device.store else {
+            return None;
+        };
+        self.pools
+            .iter()
+            .find(|p| *path == p.volume_path(&device.name))
+    }
 }
 
 /// Process-wide settings.

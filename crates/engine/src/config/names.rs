@@ -219,7 +219,7 @@ pub(crate) fn check_inquiry_text(s: &str, max: usize) -> Result<(), Invalid> {
 }
 
 /// Checks a device or group name: 1..=64 of `A-Z a-z 0-9 . _ -`.
-pub(crate) fn check_object_name(s: &str) -> Result<(), Invalid> {
+pub fn check_object_name(s: &str) -> Result<(), Invalid> {
     if s.is_empty() || s.len() > 64 {
         return Err(Invalid(format!(
             "must be 1 to 64 characters, got {}",

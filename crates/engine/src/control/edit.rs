@@ -140,7 +140,20 @@ fn device_remove(config: &mut Config, args: &Map<String, Value>) -> Result<Strin
         .iter()
         .position(|d| d.name == name)
         .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
-    let mapped: Vec<String> = config
+    let mapped = mappings_of(config, name);
+    if !mapped.is_empty() {
+        return Err(ControlError::Conflict(format!(
+            "device {name} is mapped ({}): unmap it first",
+            mapped.join("; ")
+        )));
+    }
+    config.devices.remove(index);
+    Ok(format!("device {name} removed"))
+}
+
+/// Where device `name` is mapped, as "TARGET group G LUN n".
+pub(super) fn mappings_of(config: &Config, name: &str) -> Vec<String> {
+    config
         .targets
         .iter()
         .flat_map(|t| t.groups.iter().map(move |g| (t, g)))
@@ -150,15 +163,7 @@ fn device_remove(config: &mut Config, args: &Map<String, Value>) -> Result<Strin
                 .filter(|m| m.device == name)
                 .map(move |m| format!("{} group {} LUN {}", t.iqn, g.name, m.lun))
         })
-        .collect();
-    if !mapped.is_empty() {
-        return Err(ControlError::Conflict(format!(
-            "device {name} is mapped ({}): unmap it first",
-            mapped.join("; ")
-        )));
-    }
-    config.devices.remove(index);
-    Ok(format!("device {name} removed"))
+        .collect()
 }
 
 fn resize(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {

@@ -11,6 +11,7 @@
 pub mod edit;
 pub mod error;
 pub mod reload;
+mod volumes;
 
 pub use error::{ControlError, SocketError};
 
@@ -401,6 +402,7 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
         "save" => save(shared),
         "session-close" => close_session(shared, args),
         "device-take" => take_device(shared, args),
+        _ if volumes::VERBS.contains(&verb) => volumes::handle(shared, verb, args),
         _ if EDIT_VERBS.contains(&verb) => change(shared, verb, args),
         _ => Err(ControlError::BadRequest(format!(
             "unknown verb {verb:?} (status, sessions, luns, stats, config, reload, save, \
@@ -695,7 +697,19 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
     let args = &args;
     let mut edited = running.clone();
     let what = edit(&mut edited, verb, args)?;
-    // Validated whole, as a file would be: written out and read back.
+    apply_edited(shared, verb, args, what, edited)
+}
+
+/// Applies a config a `ctl` verb edited: validated whole, as a file would be (written out and
+/// read back), applied by difference as a reload, saved with `"save": true` (else listed as
+/// unsaved). The one way every changing verb takes.
+pub(crate) fn apply_edited(
+    shared: &Shared,
+    verb: &str,
+    args: &Map<String, Value>,
+    what: String,
+    edited: Config,
+) -> Result<Value, ControlError> {
     let text = edited.to_toml_with_secrets();
     let validated = Config::from_toml_str(&text, "(ctl edit)")
         .map_err(|errors| ControlError::Invalid(of_the_verb(errors, verb)))?;

@@ -50,6 +50,8 @@ pub struct Changes {
     /// Targets whose groups, LUN maps, initiators, authentication or sources changed.
     pub targets_changed: Vec<IscsiName>,
     pub discovery_changed: bool,
+    /// `[[pool]]` tables changed (where `ctl volume` verbs work; nothing running changes).
+    pub pools_changed: bool,
     /// Portal groups whose ALUA state changed, with the new state.
     pub alua_changed: Vec<(u16, scsi::AccessState)>,
     pub portal_groups_added: Vec<u16>,
@@ -113,6 +115,9 @@ impl Changes {
         if self.discovery_changed {
             out.push("discovery authentication changed".into());
         }
+        if self.pools_changed {
+            out.push("pools changed".into());
+        }
         out.extend(
             self.alua_changed
                 .iter()
@@ -144,6 +149,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
     }
     let mut changes = Changes {
         discovery_changed: old.discovery != new.discovery,
+        pools_changed: old.pools != new.pools,
         ..Changes::default()
     };
     if let Err(why) = portal_group_changes(old, new, &mut changes) {

@@ -9,6 +9,7 @@
 
 pub mod array;
 pub mod ceph;
+pub mod loopfs;
 pub mod raw;
 pub mod tgt;
 

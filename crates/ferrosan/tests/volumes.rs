@@ -1,0 +1,180 @@
+//! Volumes of a pool on XFS (a loop device the test formats): create, map, write from an
+//! initiator, snapshot, write more, clone the snapshot, map the clone: it reads exactly the
+//! data of the snapshot moment; rollback restores it; delete is refused while mapped or while
+//! snapshots remain; every verb repeated answers success with `existed`. Needs root (losetup,
+//! mount), as the test command runs.
+
+mod common;
+
+use common::loopfs::LoopFs;
+use common::raw::{self, Raw};
+use common::{Ctl, Daemon};
+use serde_json::Value;
+
+const IQN: &str = "iqn.2026-11.org.ferrosan:volumes";
+
+fn ok(ctl: &Ctl, args: &[&str]) -> Value {
+    let r = ctl.json(args);
+    assert_eq!(r["ok"], true, "ctl {args:?}: {r}");
+    r
+}
+
+fn refused(ctl: &Ctl, args: &[&str], why: &str) {
+    let r = ctl.json(args);
+    assert_eq!(r["ok"], false, "ctl {args:?} should be refused: {r}");
+    assert!(
+        r["error"].as_str().unwrap_or("").contains(why),
+        "ctl {args:?}: {r}"
+    );
+}
+
+/// Runs a command on `lun` until it is not a unit attention; its status and data.
+fn command(
+    raw: &mut Raw,
+    itt: &mut u32,
+    lun: u8,
+    cdb: &[u8],
+    data_out: &[u8],
+    read: u32,
+) -> (u8, Vec<u8>) {
+    for _ in 0..6 {
+        let flags = if data_out.is_empty() { 0xC0 } else { 0xA0 };
+        let edtl = if data_out.is_empty() {
+            read
+        } else {
+            data_out.len() as u32
+        };
+        let mut bhs = raw.command(*itt, cdb, flags, edtl);
+        bhs.0[9] = lun;
+        *itt += 1;
+        raw.send(&bhs, data_out);
+        let mut data = Vec::new();
+        loop {
+            let pdu = raw.recv();
+            if pdu.opcode() == iscsi::pdu::Opcode::DataIn as u8 {
+                data.extend_from_slice(&pdu.data);
+                if pdu.bhs.flags() & 0x01 == 0 {
+                    continue;
+                }
+                return (0, data);
+            }
+            let status = raw::status_of(&pdu);
+            let unit_attention = status == 2 && pdu.data.get(4).is_some_and(|k| k & 0x0f == 0x06);
+            if unit_attention {
+                break;
+            }
+            return (status, data);
+        }
+    }
+    panic!("LUN {lun}: unit attentions without end");
+}
+
+fn write(raw: &mut Raw, itt: &mut u32, lun: u8, byte: u8) {
+    let (status, _) = command(raw, itt, lun, &raw::rw10(0x2A, 0, 8), &[byte; 4096], 0);
+    assert_eq!(status, 0, "WRITE to LUN {lun}");
+}
+
+fn read(raw: &mut Raw, itt: &mut u32, lun: u8) -> Vec<u8> {
+    let (status, data) = command(raw, itt, lun, &raw::rw10(0x28, 0, 8), &[], 4096);
+    assert_eq!(status, 0, "READ of LUN {lun}");
+    data
+}
+
+#[test]
+fn a_clone_of_a_snapshot_reads_the_snapshot_moment_and_rollback_restores_it() {
+    let fs = LoopFs::new("xfs", 512 << 20);
+    let pool = fs.path("pool");
+    let ctl = Ctl::new();
+    let s = ctl.socket.display().to_string();
+    let body = format!(
+        "[[pool]]\nname = \"fast\"\npath = \"{}\"\n\n[[device]]\nname = \"boot\"\nstore = \"ram\"\nsize = \"8M\"\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"boot\" }} ]\n",
+        pool.display()
+    );
+    let mut daemon = Daemon::start_config_args(IQN, &body, &["--control-socket", &s]);
+
+    let made = ok(&ctl, &["volume", "create", "fast", "vm1", "64M"]);
+    assert_eq!(made["existed"], false, "{made}");
+    assert!(pool.join("vm1.img").exists());
+    assert_eq!(
+        ok(&ctl, &["volume", "create", "fast", "vm1", "64M"])["existed"],
+        true
+    );
+    refused(&ctl, &["volume", "create", "fast", "vm1", "32M"], "exists");
+    ok(&ctl, &["lun", "map", IQN, "all", "1", "vm1"]);
+
+    let mut raw = Raw::login(daemon.port, IQN, 1);
+    let mut itt = 1;
+    write(&mut raw, &mut itt, 1, b'A');
+    let snap = ok(&ctl, &["volume", "snapshot", "vm1", "s1"]);
+    assert_eq!(snap["method"], "reflink", "XFS shares the extents: {snap}");
+    assert_eq!(
+        ok(&ctl, &["volume", "snapshot", "vm1", "s1"])["existed"],
+        true
+    );
+    write(&mut raw, &mut itt, 1, b'B');
+
+    let clone = ok(&ctl, &["volume", "clone", "vm1", "vm2", "--snapshot", "s1"]);
+    assert_eq!(clone["method"], "reflink", "{clone}");
+    assert_eq!(
+        ok(&ctl, &["volume", "clone", "vm1", "vm2", "--snapshot", "s1"])["existed"],
+        true
+    );
+    ok(&ctl, &["lun", "map", IQN, "all", "2", "vm2"]);
+    assert_eq!(
+        read(&mut raw, &mut itt, 2),
+        vec![b'A'; 4096],
+        "the clone holds the snapshot moment"
+    );
+    assert_eq!(
+        read(&mut raw, &mut itt, 1),
+        vec![b'B'; 4096],
+        "the volume kept its later write"
+    );
+    // The clone is a volume of its own: written, the source does not change.
+    write(&mut raw, &mut itt, 2, b'C');
+    assert_eq!(read(&mut raw, &mut itt, 1), vec![b'B'; 4096]);
+
+    // Delete refused while mapped; rollback refused while mapped and online.
+    refused(&ctl, &["volume", "delete", "vm2"], "mapped");
+    refused(&ctl, &["volume", "rollback", "vm1", "s1"], "offline");
+    ok(&ctl, &["device", "offline", "vm1"]);
+    ok(&ctl, &["volume", "rollback", "vm1", "s1"]);
+    ok(&ctl, &["device", "online", "vm1"]);
+    assert_eq!(
+        read(&mut raw, &mut itt, 1),
+        vec![b'A'; 4096],
+        "rolled back to the snapshot"
+    );
+
+    let listed = ok(&ctl, &["volume", "list"]);
+    let names: Vec<&str> = listed["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["volume"].as_str())
+        .collect();
+    assert_eq!(names, ["vm1", "vm2"], "{listed}");
+    let snaps = ok(&ctl, &["snapshot", "list", "vm1"]);
+    assert_eq!(snaps["snapshots"][0]["snapshot"], "s1", "{snaps}");
+
+    // Unmapped, a volume with snapshots is kept until they go; then it goes, once.
+    ok(&ctl, &["lun", "unmap", IQN, "all", "2"]);
+    ok(&ctl, &["lun", "unmap", IQN, "all", "1"]);
+    assert_eq!(ok(&ctl, &["volume", "delete", "vm2"])["existed"], true);
+    assert!(!pool.join("vm2.img").exists());
+    assert_eq!(ok(&ctl, &["volume", "delete", "vm2"])["existed"], false);
+    refused(&ctl, &["volume", "delete", "vm1"], "snapshots");
+    assert_eq!(
+        ok(&ctl, &["snapshot", "delete", "vm1", "s1"])["existed"],
+        true
+    );
+    assert_eq!(
+        ok(&ctl, &["snapshot", "delete", "vm1", "s1"])["existed"],
+        false
+    );
+    ok(&ctl, &["volume", "delete", "vm1", "--save"]);
+    let text = std::fs::read_to_string(daemon.file("ferrosan.toml")).unwrap();
+    assert!(!text.contains("vm1") && text.contains("[[pool]]"), "{text}");
+    raw.ping(999);
+    daemon.stop();
+}

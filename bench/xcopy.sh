@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# An ESXi-style full clone through EXTENDED COPY, two ferrosan builds side by side in one run:
+# a SIZE volume of random data and an empty one, files of an XFS filesystem on a loop device
+# (a reflink pool), copied by the same client (crates/bench/examples/xcopy.rs: 4 MiB
+# segments, one per command, 8 in flight, as ESXi's data mover sends them), read back and
+# compared. Interleaved rounds; the destination is made fresh for each. Needs root.
+#
+#   bench/xcopy.sh BEFORE_BIN AFTER_BIN [SIZE] [ROUNDS]
+#
+# Results: bench/results/xcopy-DATE.txt.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOG_TAG=xcopy
+# shellcheck source=../scripts/lib/common.sh
+source scripts/lib/common.sh
+
+BEFORE=${1:?usage: bench/xcopy.sh BEFORE_BIN AFTER_BIN [SIZE] [ROUNDS]}
+AFTER=${2:?usage: bench/xcopy.sh BEFORE_BIN AFTER_BIN [SIZE] [ROUNDS]}
+SIZE=${3:-4G}
+ROUNDS=${4:-2}
+WORK=$(mktemp -d)
+LOOP=""
+PID=""
+cleanup() {
+    [[ -n $PID ]] && stop_pid "$PID"
+    umount "$WORK/mnt" 2>/dev/null || true
+    [[ -n $LOOP ]] && losetup -d "$LOOP" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+cargo build --release -q -p bench --example xcopy
+CLIENT=target/release/examples/xcopy
+bytes=$(numfmt --from=iec "$SIZE")
+truncate -s $((bytes * 2 + (1 << 30))) "$WORK/fs.img"
+mkfs.xfs -q -f "$WORK/fs.img"
+LOOP=$(losetup -f --show "$WORK/fs.img")
+mkdir -p "$WORK/mnt"
+mount "$LOOP" "$WORK/mnt"
+log "writing $SIZE of random data into the source volume"
+head -c "$bytes" /dev/urandom > "$WORK/mnt/src.img"
+sync
+
+run_one() { # LABEL BIN
+    rm -f "$WORK/mnt/dst.img"
+    truncate -s "$bytes" "$WORK/mnt/dst.img"
+    local port; port=$(free_port)
+    cat > "$WORK/config.toml" <<TOML
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:$port"]
+
+[[device]]
+name = "src"
+store = "file"
+path = "$WORK/mnt/src.img"
+
+[[device]]
+name = "dst"
+store = "file"
+path = "$WORK/mnt/dst.img"
+
+[[target]]
+iqn = "iqn.2026-11.org.ferrosan:xcopy"
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ { lun = 0, device = "src" }, { lun = 1, device = "dst" } ]
+TOML
+    "$2" serve --config "$WORK/config.toml" --control-socket "$WORK/$1.sock" > "$WORK/$1.log" 2>&1 &
+    PID=$!
+    wait_port "$port" "$PID" 30 || die "$1 did not listen: $(cat "$WORK/$1.log")"
+    local out
+    out=$("$CLIENT" "127.0.0.1:$port" iqn.2026-11.org.ferrosan:xcopy 0 1 4194304 8) \
+        || die "$1: the copy failed"
+    stop_pid "$PID"
+    PID=""
+    echo "$1 $out" | tee -a "$RESULT"
+}
+
+RESULT=bench/results/xcopy-$(date -u +%Y-%m-%d-%H%M).txt
+{
+    echo "# bench/xcopy.sh $(date -u +%FT%TZ) on $(nproc) cores, $(uname -r); SIZE=$SIZE"
+    echo "# before: $BEFORE ($("$BEFORE" --version))"
+    echo "# after:  $AFTER ($("$AFTER" --version))"
+} | tee "$RESULT"
+for round in $(seq "$ROUNDS"); do
+    run_one "before-$round" "$BEFORE"
+    run_one "after-$round" "$AFTER"
+done
+before=$(grep '^before' "$RESULT" | sed 's/.*"seconds": \([0-9.]*\).*/\1/' | sort -n | head -1)
+after=$(grep '^after' "$RESULT" | sed 's/.*"seconds": \([0-9.]*\).*/\1/' | sort -n | head -1)
+[[ -n $before && -n $after ]] || die "no timings"
+ratio=$(awk -v b="$before" -v a="$after" 'BEGIN { printf "%.1f", b / a }')
+echo "# best of $ROUNDS: before ${before} s, after ${after} s: ${ratio}x faster" | tee -a "$RESULT"

@@ -89,7 +89,9 @@ fn xcopy_cdb(len: usize) -> Cdb {
 }
 
 fn arg(n: usize) -> String {
-    std::env::args().nth(n).unwrap_or_else(|| die("usage: xcopy HOST:PORT IQN SRC_LUN DST_LUN SEGMENT_BYTES QD"))
+    std::env::args()
+        .nth(n)
+        .unwrap_or_else(|| die("usage: xcopy HOST:PORT IQN SRC_LUN DST_LUN SEGMENT_BYTES QD"))
 }
 
 fn number(n: usize) -> u64 {
@@ -97,13 +99,21 @@ fn number(n: usize) -> u64 {
 }
 
 fn main() {
-    let kind = SessionKind::Normal { target_name: arg(2) };
-    let config = ClientConfig::new(arg(1), SessionConfig::new("iqn.2026-11.org.ferrosan:xcopy-bench", kind));
+    let kind = SessionKind::Normal {
+        target_name: arg(2),
+    };
+    let config = ClientConfig::new(
+        arg(1),
+        SessionConfig::new("iqn.2026-11.org.ferrosan:xcopy-bench", kind),
+    );
     let mut c = Connection::connect(&config).unwrap_or_else(|e| die(&format!("login: {e}")));
     let (src_lun, dst_lun, segment, depth) = (number(3), number(4), number(5), number(6) as usize);
     for lun in [src_lun, dst_lun] {
         // Takes the power-on unit attention, so the copy is not the command that reports it.
-        run(&mut c, Command::none(5, lun, initiator::scsi::test_unit_ready()));
+        run(
+            &mut c,
+            Command::none(5, lun, initiator::scsi::test_unit_ready()),
+        );
     }
     let (src, dst) = (naa(&mut c, src_lun), naa(&mut c, dst_lun));
     let (count, block) = blocks(&mut c, src_lun);
@@ -121,7 +131,10 @@ fn main() {
         let done = c.next_completion().unwrap_or_else(|e| die(&format!("{e}")));
         let r = done.result.unwrap_or_else(|e| die(&format!("{e:?}")));
         if !r.is_good() {
-            die(&format!("EXTENDED COPY: status {:#x}, sense {:?}", r.status, r.sense));
+            die(&format!(
+                "EXTENDED COPY: status {:#x}, sense {:?}",
+                r.status, r.sense
+            ));
         }
     }
     let seconds = started.elapsed().as_secs_f64();

@@ -115,12 +115,23 @@ enum Verb {
 
 #[derive(Subcommand)]
 enum PoolVerb {
-    /// Add pool NAME: the directory PATH (created if missing) holds its volumes.
+    /// Add pool NAME: the directory PATH (created if missing), or with --rbd-pool a Ceph
+    /// pool, holds its volumes.
     Add {
         /// The pool's name.
         name: String,
         /// Its directory (absolute; XFS or btrfs for reflink snapshots and clones).
-        path: String,
+        #[arg(required_unless_present = "rbd_pool", conflicts_with = "rbd_pool")]
+        path: Option<String>,
+        /// A Ceph pool whose images are the volumes.
+        #[arg(long)]
+        rbd_pool: Option<String>,
+        /// ceph.conf of the RBD pool's cluster.
+        #[arg(long, requires = "rbd_pool")]
+        ceph_conf: Option<String>,
+        /// The cephx client of the RBD pool (client.NAME).
+        #[arg(long, requires = "rbd_pool")]
+        ceph_client: Option<String>,
         #[command(flatten)]
         save: SaveFlag,
     },
@@ -728,8 +739,17 @@ fn structure_request(verb: &Verb) -> Option<Value> {
                         "nvme": nvme, "save": save.save}),
         },
         Verb::Pool {
-            what: PoolVerb::Add { name, path, save },
-        } => json!({"verb": "pool-add", "name": name, "path": path, "save": save.save}),
+            what:
+                PoolVerb::Add {
+                    name,
+                    path,
+                    rbd_pool,
+                    ceph_conf,
+                    ceph_client,
+                    save,
+                },
+        } => json!({"verb": "pool-add", "name": name, "path": path, "rbd_pool": rbd_pool,
+                    "ceph_conf": ceph_conf, "ceph_client": ceph_client, "save": save.save}),
         Verb::Volume { what } => volume_request(what),
         Verb::Snapshot {
             what: SnapshotVerb::List { volume },
@@ -1153,6 +1173,11 @@ fn human_change(r: &Value) -> String {
     let mut out = String::new();
     if r.get("existed") == Some(&Value::Bool(true)) {
         out.push_str("already there: nothing to do\n");
+    }
+    match r.get("deleted") {
+        Some(Value::Bool(true)) => out.push_str("deleted\n"),
+        Some(Value::Bool(false)) => out.push_str("already gone: nothing to do\n"),
+        _ => {}
     }
     if let Some(method) = r.get("method") {
         out.push_str(&format!("method: {}\n", text(method)));

@@ -1,11 +1,13 @@
-//! Volumes of a pool on XFS (a loop device the test formats): create, map, write from an
-//! initiator, snapshot, write more, clone the snapshot, map the clone: it reads exactly the
-//! data of the snapshot moment; rollback restores it; delete is refused while mapped or while
-//! snapshots remain; every verb repeated answers success with `existed`. Needs root (losetup,
-//! mount), as the test command runs.
+//! Volumes of a pool on XFS (a loop device the test formats) and of an RBD pool (the test
+//! cluster): create, map, write from an initiator, snapshot, write more, clone the snapshot,
+//! map the clone: it reads exactly the data of the snapshot moment; rollback restores it;
+//! delete is refused while mapped or while snapshots remain (and, on RBD, a snapshot while
+//! clones depend on it); every verb repeated answers success with `existed`. Needs root
+//! (losetup, mount) and the Ceph packages, as the test command installs.
 
 mod common;
 
+use common::ceph::TestCluster;
 use common::loopfs::LoopFs;
 use common::raw::{self, Raw};
 use common::{Ctl, Daemon};
@@ -80,21 +82,55 @@ fn read(raw: &mut Raw, itt: &mut u32, lun: u8) -> Vec<u8> {
     data
 }
 
+/// What differs between pool kinds in the scenario.
+struct Kind {
+    /// The `[[pool]]` table's lines after `name`.
+    pool: String,
+    /// The `method` a snapshot and a clone answer.
+    methods: (&'static str, &'static str),
+    /// Whether a snapshot with a clone is kept (RBD clones depend on their parent snapshot;
+    /// reflink clones share extents but depend on nothing).
+    clones_depend: bool,
+}
+
 #[test]
-fn a_clone_of_a_snapshot_reads_the_snapshot_moment_and_rollback_restores_it() {
+fn an_xfs_pool_snapshots_and_clones_by_reflink() {
     let fs = LoopFs::new("xfs", 512 << 20);
     let pool = fs.path("pool");
+    scenario(&Kind {
+        pool: format!("path = \"{}\"", pool.display()),
+        methods: ("reflink", "reflink"),
+        clones_depend: false,
+    });
+    assert!(!pool.join("vm1.img").exists() && !pool.join("vm2.img").exists());
+}
+
+#[test]
+fn an_rbd_pool_snapshots_and_clones_by_librbd() {
+    let cluster = TestCluster::start("volumes", 3, "");
+    scenario(&Kind {
+        pool: format!(
+            "kind = \"rbd\"\npool = \"rbd\"\nceph_conf = \"{}\"",
+            cluster.conf_str()
+        ),
+        methods: ("rbd", "rbd clone"),
+        clones_depend: true,
+    });
+    let left = String::from_utf8_lossy(&cluster.rbd(&["ls", "rbd"])).to_string();
+    assert!(left.trim().is_empty(), "images left behind: {left}");
+}
+
+fn scenario(kind: &Kind) {
     let ctl = Ctl::new();
     let s = ctl.socket.display().to_string();
     let body = format!(
-        "[[pool]]\nname = \"fast\"\npath = \"{}\"\n\n[[device]]\nname = \"boot\"\nstore = \"ram\"\nsize = \"8M\"\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"boot\" }} ]\n",
-        pool.display()
+        "[[pool]]\nname = \"fast\"\n{}\n\n[[device]]\nname = \"boot\"\nstore = \"ram\"\nsize = \"8M\"\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"boot\" }} ]\n",
+        kind.pool
     );
     let mut daemon = Daemon::start_config_args(IQN, &body, &["--control-socket", &s]);
 
     let made = ok(&ctl, &["volume", "create", "fast", "vm1", "64M"]);
     assert_eq!(made["existed"], false, "{made}");
-    assert!(pool.join("vm1.img").exists());
     assert_eq!(
         ok(&ctl, &["volume", "create", "fast", "vm1", "64M"])["existed"],
         true
@@ -106,7 +142,7 @@ fn a_clone_of_a_snapshot_reads_the_snapshot_moment_and_rollback_restores_it() {
     let mut itt = 1;
     write(&mut raw, &mut itt, 1, b'A');
     let snap = ok(&ctl, &["volume", "snapshot", "vm1", "s1"]);
-    assert_eq!(snap["method"], "reflink", "XFS shares the extents: {snap}");
+    assert_eq!(snap["method"], kind.methods.0, "{snap}");
     assert_eq!(
         ok(&ctl, &["volume", "snapshot", "vm1", "s1"])["existed"],
         true
@@ -114,7 +150,7 @@ fn a_clone_of_a_snapshot_reads_the_snapshot_moment_and_rollback_restores_it() {
     write(&mut raw, &mut itt, 1, b'B');
 
     let clone = ok(&ctl, &["volume", "clone", "vm1", "vm2", "--snapshot", "s1"]);
-    assert_eq!(clone["method"], "reflink", "{clone}");
+    assert_eq!(clone["method"], kind.methods.1, "{clone}");
     assert_eq!(
         ok(&ctl, &["volume", "clone", "vm1", "vm2", "--snapshot", "s1"])["existed"],
         true
@@ -154,22 +190,29 @@ fn a_clone_of_a_snapshot_reads_the_snapshot_moment_and_rollback_restores_it() {
         .filter_map(|v| v["volume"].as_str())
         .collect();
     assert_eq!(names, ["vm1", "vm2"], "{listed}");
+    assert_eq!(listed["volumes"][0]["size_bytes"], 64 << 20, "{listed}");
     let snaps = ok(&ctl, &["snapshot", "list", "vm1"]);
     assert_eq!(snaps["snapshots"][0]["snapshot"], "s1", "{snaps}");
 
     // Unmapped, a volume with snapshots is kept until they go; then it goes, once.
     ok(&ctl, &["lun", "unmap", IQN, "all", "2"]);
     ok(&ctl, &["lun", "unmap", IQN, "all", "1"]);
-    assert_eq!(ok(&ctl, &["volume", "delete", "vm2"])["existed"], true);
-    assert!(!pool.join("vm2.img").exists());
-    assert_eq!(ok(&ctl, &["volume", "delete", "vm2"])["existed"], false);
+    if kind.clones_depend {
+        refused(
+            &ctl,
+            &["snapshot", "delete", "vm1", "s1"],
+            "dependent clones",
+        );
+    }
+    assert_eq!(ok(&ctl, &["volume", "delete", "vm2"])["deleted"], true);
+    assert_eq!(ok(&ctl, &["volume", "delete", "vm2"])["deleted"], false);
     refused(&ctl, &["volume", "delete", "vm1"], "snapshots");
     assert_eq!(
-        ok(&ctl, &["snapshot", "delete", "vm1", "s1"])["existed"],
+        ok(&ctl, &["snapshot", "delete", "vm1", "s1"])["deleted"],
         true
     );
     assert_eq!(
-        ok(&ctl, &["snapshot", "delete", "vm1", "s1"])["existed"],
+        ok(&ctl, &["snapshot", "delete", "vm1", "s1"])["deleted"],
         false
     );
     ok(&ctl, &["volume", "delete", "vm1", "--save"]);

@@ -36,8 +36,34 @@ struct Watcher {
     cookie: u64,
 }
 
+/// `rbd_snap_info_t`: one snapshot of an image.
+#[repr(C)]
+struct SnapInfo {
+    id: u64,
+    size: u64,
+    name: *const c_char,
+}
+
 /// The C entry points, resolved once.
 struct Api {
+    rbd_create: unsafe extern "C" fn(IoctxT, *const c_char, u64, *mut c_int) -> c_int,
+    rbd_remove: unsafe extern "C" fn(IoctxT, *const c_char) -> c_int,
+    rbd_clone: unsafe extern "C" fn(
+        IoctxT,
+        *const c_char,
+        *const c_char,
+        IoctxT,
+        *const c_char,
+        u64,
+        *mut c_int,
+    ) -> c_int,
+    rbd_snap_create: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_remove: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_rollback: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_protect: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_unprotect: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    rbd_snap_list: unsafe extern "C" fn(ImageT, *mut SnapInfo, *mut c_int) -> c_int,
+    rbd_snap_list_end: unsafe extern "C" fn(*mut SnapInfo),
     rados_create2: unsafe extern "C" fn(*mut RadosT, *const c_char, *const c_char, u64) -> c_int,
     rados_conf_read_file: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
     rados_conf_parse_env: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
@@ -188,6 +214,16 @@ fn load() -> Result<Api, String> {
         };
     }
     Ok(Api {
+        rbd_create: sym!(rbd, "rbd_create"),
+        rbd_remove: sym!(rbd, "rbd_remove"),
+        rbd_clone: sym!(rbd, "rbd_clone"),
+        rbd_snap_create: sym!(rbd, "rbd_snap_create"),
+        rbd_snap_remove: sym!(rbd, "rbd_snap_remove"),
+        rbd_snap_rollback: sym!(rbd, "rbd_snap_rollback"),
+        rbd_snap_protect: sym!(rbd, "rbd_snap_protect"),
+        rbd_snap_unprotect: sym!(rbd, "rbd_snap_unprotect"),
+        rbd_snap_list: sym!(rbd, "rbd_snap_list"),
+        rbd_snap_list_end: sym!(rbd, "rbd_snap_list_end"),
         rados_create2: sym!(rados, "rados_create2"),
         rados_conf_read_file: sym!(rados, "rados_conf_read_file"),
         rados_conf_parse_env: sym!(rados, "rados_conf_parse_env"),
@@ -511,6 +547,182 @@ fn prepare(op: &Op, buf: &mut Vec<u8>) -> Result<(&'static str, u64), Error> {
             ("compare-and-write", *offset)
         }
     })
+}
+
+/// The features of a clone: layering (it has a parent), exclusive-lock, object-map,
+/// fast-diff and deep-flatten, librbd's default set for a new image.
+const CLONE_FEATURES: u64 = 1 | 4 | 8 | 16 | 32;
+
+/// A pool of a cluster, for making and removing its images.
+pub struct Pool {
+    ioctx: IoctxT,
+    name: String,
+    api: &'static Api,
+    _cluster: Arc<Cluster>,
+}
+
+// SAFETY: an ioctx may be used from any thread (librados serialises internally); ferrosan
+// uses a pool from one control request at a time.
+unsafe impl Send for Pool {}
+unsafe impl Sync for Pool {}
+
+impl Pool {
+    pub fn open(cluster: &Arc<Cluster>, pool: &str) -> Result<Pool, Error> {
+        let api = cluster.api;
+        let pool_c = cstring("pool", pool)?;
+        let mut ioctx: IoctxT = std::ptr::null_mut();
+        // SAFETY: a connected cluster handle; out-pointer to a local.
+        let rc = unsafe { (api.rados_ioctx_create)(cluster.handle, pool_c.as_ptr(), &mut ioctx) };
+        check(|| format!("pool {pool:?}"), rc)?;
+        Ok(Pool {
+            ioctx,
+            name: pool.to_string(),
+            api,
+            _cluster: Arc::clone(cluster),
+        })
+    }
+
+    /// Creates image `name` of `bytes` (librbd's default format, features and object size).
+    pub fn create(&self, name: &str, bytes: u64) -> Result<(), Error> {
+        let name_c = cstring("image", name)?;
+        let mut order: c_int = 0;
+        // SAFETY: a valid ioctx; out-pointer to a local (0: the default object size).
+        let rc = unsafe { (self.api.rbd_create)(self.ioctx, name_c.as_ptr(), bytes, &mut order) };
+        check(|| format!("creating {}/{name}", self.name), rc)
+    }
+
+    /// Removes image `name` (EBUSY while a client has it open, ENOTEMPTY with snapshots).
+    pub fn remove(&self, name: &str) -> Result<(), Error> {
+        let name_c = cstring("image", name)?;
+        // SAFETY: a valid ioctx.
+        let rc = unsafe { (self.api.rbd_remove)(self.ioctx, name_c.as_ptr()) };
+        check(|| format!("removing {}/{name}", self.name), rc)
+    }
+
+    /// Makes image `child` of this pool a clone of snapshot `snap` of `parent` (of `from`),
+    /// which must be protected (clone format 1) or not (format 2: librbd decides).
+    pub fn clone_image(
+        &self,
+        from: &Pool,
+        parent: &str,
+        snap: &str,
+        child: &str,
+    ) -> Result<(), Error> {
+        let (parent_c, snap_c) = (cstring("image", parent)?, cstring("snapshot", snap)?);
+        let child_c = cstring("image", child)?;
+        let mut order: c_int = 0;
+        // SAFETY: valid ioctxs and strings; out-pointer to a local.
+        let rc = unsafe {
+            (self.api.rbd_clone)(
+                from.ioctx,
+                parent_c.as_ptr(),
+                snap_c.as_ptr(),
+                self.ioctx,
+                child_c.as_ptr(),
+                CLONE_FEATURES,
+                &mut order,
+            )
+        };
+        check(
+            || {
+                format!(
+                    "cloning {}/{parent}@{snap} to {}/{child}",
+                    from.name, self.name
+                )
+            },
+            rc,
+        )
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: ours, used by nothing else now.
+        unsafe { (self.api.rados_ioctx_destroy)(self.ioctx) };
+    }
+}
+
+impl Image {
+    /// Creates snapshot `snap` of the image as it is now (what was written and answered).
+    pub fn snap_create(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("creating snapshot", snap, self.api.rbd_snap_create)
+    }
+
+    /// Removes snapshot `snap` (EBUSY while protected).
+    pub fn snap_remove(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("removing snapshot", snap, self.api.rbd_snap_remove)
+    }
+
+    /// Puts snapshot `snap`'s data back into the image.
+    pub fn snap_rollback(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("rolling back to snapshot", snap, self.api.rbd_snap_rollback)
+    }
+
+    /// Protects snapshot `snap` from removal (clones of format 1 need it); EBUSY if it is.
+    pub fn snap_protect(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("protecting snapshot", snap, self.api.rbd_snap_protect)
+    }
+
+    /// Lifts the protection; EBUSY while clones depend on it, EINVAL if it was not protected.
+    pub fn snap_unprotect(&self, snap: &str) -> Result<(), Error> {
+        self.snap_call("unprotecting snapshot", snap, self.api.rbd_snap_unprotect)
+    }
+
+    fn snap_call(
+        &self,
+        what: &str,
+        snap: &str,
+        call: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
+    ) -> Result<(), Error> {
+        let snap_c = cstring("snapshot", snap)?;
+        // SAFETY: an open image and a NUL-terminated name; `call` is one of librbd's
+        // snapshot entry points of this signature.
+        let rc = unsafe { call(self.image, snap_c.as_ptr()) };
+        check(|| format!("{what} {}@{snap}", self.name), rc)
+    }
+
+    /// The image's snapshots: name and size in bytes.
+    pub fn snapshots(&self) -> Result<Vec<(String, u64)>, Error> {
+        let mut max: c_int = 16;
+        // Snapshots made meanwhile can make the room short again; a few rounds settle it.
+        for _ in 0..8 {
+            let mut list: Vec<SnapInfo> = (0..max)
+                .map(|_| SnapInfo {
+                    id: 0,
+                    size: 0,
+                    name: std::ptr::null(),
+                })
+                .collect();
+            // SAFETY: an open image; `list` has room for `max` entries.
+            let rc = unsafe { (self.api.rbd_snap_list)(self.image, list.as_mut_ptr(), &mut max) };
+            if rc == -libc_erange() {
+                continue; // `max` now says how many there are
+            }
+            check(|| format!("snapshots of {}", self.name), rc)?;
+            let n = usize::try_from(rc).unwrap_or(0).min(list.len());
+            let out = list[..n]
+                .iter()
+                .map(|s| {
+                    // SAFETY: librbd filled `name` with a NUL-terminated string, valid until
+                    // rbd_snap_list_end.
+                    let name = unsafe { std::ffi::CStr::from_ptr(s.name) };
+                    (name.to_string_lossy().into_owned(), s.size)
+                })
+                .collect();
+            // SAFETY: the list librbd filled, released once.
+            unsafe { (self.api.rbd_snap_list_end)(list.as_mut_ptr()) };
+            return Ok(out);
+        }
+        Err(Error::Ceph {
+            what: format!("snapshots of {}: the list kept growing", self.name),
+            errno: libc_erange(),
+        })
+    }
+}
+
+/// ERANGE (Linux): a snapshot list larger than the room given.
+fn libc_erange() -> c_int {
+    34
 }
 
 impl Image {

@@ -59,6 +59,32 @@ fn cluster(spec: &RbdSpec, observer: bool) -> Result<Arc<rbd::Cluster>, rbd::Err
     Ok(cluster)
 }
 
+/// A connection for managing images (`ctl volume` on an RBD pool: create, clone, remove,
+/// unprotect), made per request with librados's own thread count. The data connections run
+/// one librados thread on a small machine (`librados_threads`), and under that librbd was
+/// measured (Ceph 16) to wait forever unprotecting a snapshot that has clones, where a client
+/// with Ceph's default answered EBUSY at once: management never shares their threads.
+fn maintenance(spec: &RbdSpec) -> io::Result<Arc<rbd::Cluster>> {
+    let options = rbd::ClusterOptions {
+        conf: spec.conf.clone(),
+        client: spec.client.clone(),
+        settings: vec![("rbd_cache".into(), "false".into())],
+        defaults: Vec::new(),
+    };
+    rbd::Cluster::connect(&options).map_err(io_error)
+}
+
+/// The pool `spec` names, on a management connection (see `maintenance`).
+pub fn pool(spec: &RbdSpec) -> io::Result<rbd::Pool> {
+    rbd::Pool::open(&maintenance(spec)?, &spec.pool).map_err(io_error)
+}
+
+/// Image `spec` opened on a management connection (see `maintenance`), for snapshot
+/// maintenance the handle serving I/O should not run.
+pub fn maintenance_image(spec: &RbdSpec) -> io::Result<rbd::Image> {
+    rbd::Image::open(&maintenance(spec)?, &spec.pool, &spec.image).map_err(io_error)
+}
+
 /// A cluster connection of its own (see [`RbdStore::open_dedicated`]).
 fn connect(spec: &RbdSpec) -> Result<Arc<rbd::Cluster>, rbd::Error> {
     let options = rbd::ClusterOptions {

@@ -73,6 +73,10 @@ struct RawPool {
     name: Option<S<String>>,
     kind: Option<S<String>>,
     path: Option<S<String>>,
+    /// `rbd`: the Ceph pool, and how to reach its cluster (as a `store = "rbd"` device).
+    pool: Option<S<String>>,
+    ceph_conf: Option<S<String>>,
+    ceph_client: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -221,8 +225,9 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
     }
 }
 
-/// `[[pool]]` tables: a unique name, `kind = "dir"` (the default; RBD and LVM pools are not
-/// built yet and are refused as such), an absolute `path` inside `device_roots`.
+/// `[[pool]]` tables: a unique name; `kind = "dir"` (the default) with an absolute `path`
+/// inside `device_roots`, or `kind = "rbd"` with a Ceph `pool` (and `ceph_conf`,
+/// `ceph_client`). LVM pools are not built yet and are refused as such.
 fn resolve_pools(
     cx: &mut Cx<'_>,
     raw: &[S<RawPool>],
@@ -244,35 +249,85 @@ fn resolve_pools(
             }
             None
         });
-        if let Some(kind) = &rp.kind {
-            if kind.get_ref() != "dir" {
-                cx.err(
-                    kind.span(),
-                    format!("{ctx}: kind"),
-                    format!("{:?}: only \"dir\" pools exist (RBD and LVM pools are not built yet: docs/VOLUMES.md)", kind.get_ref()),
-                );
+        let kind = match rp.kind.as_ref().map(|k| k.get_ref().as_str()) {
+            None | Some("dir") => dir_pool(cx, rp, &table, &ctx, roots),
+            Some("rbd") => rbd_pool(cx, rp, &table, &ctx),
+            Some(other) => {
+                let span = rp.kind.as_ref().map_or(table.clone(), |k| k.span());
+                let why = format!("{other:?}: \"dir\" or \"rbd\" (LVM thin pools are not built yet: docs/VOLUMES.md)");
+                cx.err(span, format!("{ctx}: kind"), why);
+                None
             }
-        }
-        let path = required(cx, &rp.path, &table, format!("{ctx}: path")).and_then(|p| {
-            let path = std::path::PathBuf::from(p.get_ref());
-            let why = if !path.is_absolute() {
-                Some("must be an absolute path".to_string())
-            } else {
-                super::within_roots(&path, roots).err().map(|e| e.0)
-            };
-            match why {
-                Some(m) => {
-                    cx.err(p.span(), format!("{ctx}: path"), m);
-                    None
-                }
-                None => Some(path),
-            }
-        });
-        if let (Some(name), Some(path)) = (name, path) {
-            pools.push(super::PoolConfig { name, path });
+        };
+        if let (Some(name), Some(kind)) = (name, kind) {
+            pools.push(super::PoolConfig { name, kind });
         }
     }
     pools
+}
+
+fn dir_pool(
+    cx: &mut Cx<'_>,
+    rp: &RawPool,
+    table: &std::ops::Range<usize>,
+    ctx: &str,
+    roots: &[std::path::PathBuf],
+) -> Option<super::PoolKind> {
+    for (key, given) in [
+        ("pool", rp.pool.is_some()),
+        ("ceph_conf", rp.ceph_conf.is_some()),
+        ("ceph_client", rp.ceph_client.is_some()),
+    ] {
+        if given {
+            cx.err(
+                table.clone(),
+                format!("{ctx}: {key}"),
+                "only for kind = \"rbd\"",
+            );
+        }
+    }
+    let p = required(cx, &rp.path, table, format!("{ctx}: path"))?;
+    let path = std::path::PathBuf::from(p.get_ref());
+    let why = if !path.is_absolute() {
+        Some("must be an absolute path".to_string())
+    } else {
+        super::within_roots(&path, roots).err().map(|e| e.0)
+    };
+    match why {
+        Some(m) => {
+            cx.err(p.span(), format!("{ctx}: path"), m);
+            None
+        }
+        None => Some(super::PoolKind::Dir { path }),
+    }
+}
+
+fn rbd_pool(
+    cx: &mut Cx<'_>,
+    rp: &RawPool,
+    table: &std::ops::Range<usize>,
+    ctx: &str,
+) -> Option<super::PoolKind> {
+    if let Some(p) = &rp.path {
+        cx.err(p.span(), format!("{ctx}: path"), "only for kind = \"dir\"");
+    }
+    let pool = required(cx, &rp.pool, table, format!("{ctx}: pool"))?;
+    if pool.get_ref().is_empty() || pool.get_ref().contains('/') {
+        cx.err(
+            pool.span(),
+            format!("{ctx}: pool"),
+            "a Ceph pool name (no `/`)",
+        );
+        return None;
+    }
+    Some(super::PoolKind::Rbd {
+        pool: pool.get_ref().clone(),
+        conf: rp
+            .ceph_conf
+            .as_ref()
+            .map(|c| std::path::PathBuf::from(c.get_ref())),
+        client: rp.ceph_client.as_ref().map(|c| c.get_ref().clone()),
+    })
 }
 
 /// `[server]`, into `server`; returns the identity seed.
@@ -1181,12 +1236,21 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
         portal_group_toml(&mut out, pg);
     }
     for p in &c.pools {
-        let _ = write!(
-            out,
-            "\n[[pool]]\nname = {}\npath = {}\n",
-            q(&p.name),
-            q(&p.path.to_string_lossy())
-        );
+        let _ = write!(out, "\n[[pool]]\nname = {}\n", q(&p.name));
+        match &p.kind {
+            super::PoolKind::Dir { path } => {
+                let _ = writeln!(out, "path = {}", q(&path.to_string_lossy()));
+            }
+            super::PoolKind::Rbd { pool, conf, client } => {
+                let _ = writeln!(out, "kind = \"rbd\"\npool = {}", q(pool));
+                if let Some(conf) = conf {
+                    let _ = writeln!(out, "ceph_conf = {}", q(&conf.to_string_lossy()));
+                }
+                if let Some(client) = client {
+                    let _ = writeln!(out, "ceph_client = {}", q(client));
+                }
+            }
+        }
     }
     for d in &c.devices {
         device_toml(&mut out, d);

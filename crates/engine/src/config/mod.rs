@@ -63,38 +63,69 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
 }
 
-/// A `[[pool]]`: a directory whose files are volumes (`NAME.img`) and whose `.snapshots/`
-/// holds their snapshots (`VOLUME@SNAPSHOT.img`), cloned by reflink where the filesystem can
-/// (XFS, btrfs), copied where it cannot.
+/// A `[[pool]]`: where volumes live (`ctl volume`, docs/VOLUMES.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
     pub name: String,
-    /// Absolute.
-    pub path: PathBuf,
+    pub kind: PoolKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolKind {
+    /// A directory whose files are volumes (`NAME.img`) and whose `.snapshots/` holds their
+    /// snapshots (`VOLUME@SNAPSHOT.img`), cloned by reflink where the filesystem can (XFS,
+    /// btrfs), copied where it cannot. `path` is absolute.
+    Dir { path: PathBuf },
+    /// A Ceph pool whose images are volumes, snapshotted and cloned by librbd.
+    Rbd {
+        pool: String,
+        conf: Option<PathBuf>,
+        client: Option<String>,
+    },
 }
 
 impl PoolConfig {
-    /// Where volume `name` of this pool lives.
-    pub fn volume_path(&self, name: &str) -> PathBuf {
-        self.path.join(format!("{name}.img"))
+    /// A directory pool's directory.
+    pub fn dir(&self) -> Option<&Path> {
+        match &self.kind {
+            PoolKind::Dir { path } => Some(path),
+            PoolKind::Rbd { .. } => None,
+        }
     }
-    /// Where snapshot `snapshot` of volume `volume` lives.
-    pub fn snapshot_path(&self, volume: &str, snapshot: &str) -> PathBuf {
-        self.path
-            .join(".snapshots")
-            .join(format!("{volume}@{snapshot}.img"))
+    /// Where volume `name` of a directory pool lives.
+    pub fn volume_path(&self, name: &str) -> Option<PathBuf> {
+        Some(self.dir()?.join(format!("{name}.img")))
+    }
+    /// Where snapshot `snapshot` of volume `volume` of a directory pool lives.
+    pub fn snapshot_path(&self, volume: &str, snapshot: &str) -> Option<PathBuf> {
+        Some(
+            self.dir()?
+                .join(".snapshots")
+                .join(format!("{volume}@{snapshot}.img")),
+        )
+    }
+    /// The RBD image volume `name` of an RBD pool is.
+    pub fn image(&self, name: &str) -> Option<store::RbdSpec> {
+        match &self.kind {
+            PoolKind::Rbd { pool, conf, client } => Some(store::RbdSpec {
+                pool: pool.clone(),
+                image: name.to_string(),
+                conf: conf.clone(),
+                client: client.clone(),
+            }),
+            PoolKind::Dir { .. } => None,
+        }
     }
 }
 
 impl Config {
     /// The pool a device is a volume of (its file lies in the pool's directory as NAME.img).
     pub fn pool_of(&self, device: &DeviceConfig) -> Option<&PoolConfig> {
-        let StoreKind::File { path, .. } = &device.store else {
-            return None;
-        };
-        self.pools
-            .iter()
-            .find(|p| *path == p.volume_path(&device.name))
+        self.pools.iter().find(|p| match &device.store {
+            StoreKind::File { path, .. } => Some(path) == p.volume_path(&device.name).as_ref(),
+            StoreKind::Rbd(spec) => p.image(&device.name).as_ref() == Some(spec),
+            _ => false,
+        })
     }
 }
 

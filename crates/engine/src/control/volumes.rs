@@ -1,19 +1,24 @@
-//! Volumes and snapshots of `[[pool]]` directories (docs/VOLUMES.md). A volume is a device
-//! whose file is `POOL/NAME.img`: created, cloned and deleted here by editing the running
-//! config through the one path every changing verb takes (`apply_edited`). A snapshot is a
-//! file `POOL/.snapshots/VOLUME@NAME.img`, made by the filesystem (`store::clone`: a reflink
-//! where it can) while the volume's writes are held (`LogicalUnit::quiesced`), so it holds
-//! every write acknowledged before it and none after. Every verb is idempotent: asked for
-//! what is already there, it answers success with `"existed": true`.
+//! Volumes and snapshots of `[[pool]]`s (docs/VOLUMES.md). A volume is a device: a file
+//! `DIR/NAME.img` of a directory pool, or image `NAME` of an RBD pool; created, cloned and
+//! deleted here by editing the running config through the one path every changing verb takes
+//! (`apply_edited`). A snapshot is made while the volume's writes are held
+//! (`LogicalUnit::quiesced`), so it holds every write acknowledged before it and none after:
+//! a file `DIR/.snapshots/VOLUME@NAME.img` cloned by the filesystem (`store::clone`: a
+//! reflink where it can), or an RBD snapshot. Every verb is idempotent: asked for what is
+//! already there, it answers success with `"existed": true`; asked to delete what is gone,
+//! with `"deleted": false`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
 use super::edit::text;
 use super::error::ControlError;
-use crate::config::{Config, DeviceConfig, PoolConfig};
+use crate::config::{Config, DeviceConfig, PoolConfig, PoolKind, StoreKind};
 use crate::shared::Shared;
+use crate::topology::OpenDevice;
 
 pub const VERBS: &[&str] = &[
     "pool-add",
@@ -26,6 +31,10 @@ pub const VERBS: &[&str] = &[
     "snapshot-list",
     "snapshot-delete",
 ];
+
+/// How long a deleted RBD volume's image is retried while its store closes (librbd refuses
+/// to remove an image a client still has open).
+const REMOVE_WAIT: Duration = Duration::from_secs(30);
 
 pub fn handle(
     shared: &Shared,
@@ -40,14 +49,23 @@ pub fn handle(
         "volume-clone" => clone(shared, running, args),
         "volume-rollback" => rollback(shared, &running, args),
         "volume-delete" => delete(shared, running, args),
-        "volume-list" => Ok(list(&running)),
-        "snapshot-list" => Ok(json!({ "snapshots": snapshots_json(&running, args)? })),
-        _ => snapshot_delete(&running, args),
+        "volume-list" => Ok(list(shared, &running)),
+        "snapshot-list" => Ok(json!({ "snapshots": snapshots_json(shared, &running, args)? })),
+        _ => snapshot_delete(shared, &running, args),
     }
 }
 
 fn io_error(what: String) -> impl FnOnce(std::io::Error) -> ControlError {
     move |e| ControlError::Device(format!("{what}: {e}"))
+}
+
+fn rbd_error(what: String) -> impl FnOnce(rbd::Error) -> ControlError {
+    move |e| match e.errno() {
+        // EBUSY, EEXIST, ENOTEMPTY
+        Some(16) | Some(17) | Some(39) => ControlError::Conflict(format!("{what}: {e}")),
+        Some(2) => ControlError::NotFound(format!("{what}: {e}")),
+        _ => ControlError::Device(format!("{what}: {e}")),
+    }
 }
 
 fn pool<'c>(config: &'c Config, name: &str) -> Result<&'c PoolConfig, ControlError> {
@@ -72,6 +90,26 @@ fn volume<'c>(
     Ok((pool, device))
 }
 
+/// The running device of volume `name`.
+fn open_device(shared: &Shared, name: &str) -> Result<Arc<OpenDevice>, ControlError> {
+    shared
+        .topology()
+        .devices
+        .get(name)
+        .cloned()
+        .ok_or_else(|| ControlError::Conflict(format!("volume {name} is not open")))
+}
+
+/// The librbd image of an open RBD volume.
+fn rbd_image(shared: &Shared, name: &str) -> Result<Arc<rbd::Image>, ControlError> {
+    let device = open_device(shared, name)?;
+    let store = device
+        .rbd
+        .as_ref()
+        .ok_or_else(|| ControlError::Conflict(format!("volume {name} is no RBD image")))?;
+    store.image().map_err(rbd_error(format!("volume {name}")))
+}
+
 fn object_name(args: &Map<String, Value>, key: &str) -> Result<String, ControlError> {
     let name = text(args, key)?;
     crate::config::check_object_name(name).map_err(ControlError::bad_request)?;
@@ -84,30 +122,69 @@ fn pool_add(
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
     let name = object_name(args, "name")?;
-    let path = PathBuf::from(text(args, "path")?);
+    let kind = match (
+        args.get("path").and_then(Value::as_str),
+        args.get("rbd_pool").and_then(Value::as_str),
+    ) {
+        (Some(path), None) => PoolKind::Dir {
+            path: PathBuf::from(path),
+        },
+        (None, Some(pool)) => PoolKind::Rbd {
+            pool: pool.to_string(),
+            conf: args
+                .get("ceph_conf")
+                .and_then(Value::as_str)
+                .map(PathBuf::from),
+            client: args
+                .get("ceph_client")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        },
+        _ => {
+            return Err(ControlError::BadRequest(
+                "give a \"path\" (a directory pool) or an \"rbd_pool\"".into(),
+            ))
+        }
+    };
     if let Some(p) = running.pools.iter().find(|p| p.name == name) {
-        if p.path == path {
+        if p.kind == kind {
             return Ok(json!({ "pool": name, "existed": true }));
         }
         return Err(ControlError::Conflict(format!(
-            "pool {name} exists with path {}",
-            p.path.display()
+            "pool {name} exists, otherwise"
         )));
     }
-    std::fs::create_dir_all(&path).map_err(io_error(format!("pool {name}: {}", path.display())))?;
+    if let PoolKind::Dir { path } = &kind {
+        std::fs::create_dir_all(path)
+            .map_err(io_error(format!("pool {name}: {}", path.display())))?;
+    }
     running.pools.push(PoolConfig {
         name: name.clone(),
-        path,
+        kind,
     });
-    let mut answer = super::apply_edited(
-        shared,
-        "pool-add",
-        args,
-        format!("pool {name} added"),
-        running,
-    )?;
+    let what = format!("pool {name} added");
+    let mut answer = super::apply_edited(shared, "pool-add", args, what, running)?;
     answer["existed"] = json!(false);
     Ok(answer)
+}
+
+/// The device of a new volume `name` of `pool` (`size`: a new directory pool file's).
+fn volume_device(
+    pool: &PoolConfig,
+    name: &str,
+    size: Option<u64>,
+) -> Result<DeviceConfig, ControlError> {
+    if let Some(spec) = pool.image(name) {
+        let mut device = Config::device_from_spec(name, &format!("rbd:{}/{name}", spec.pool))?;
+        device.store = StoreKind::Rbd(spec);
+        return Ok(device);
+    }
+    let path = pool.volume_path(name).unwrap_or_default();
+    let spec = match size {
+        Some(size) => format!("file:{},size={size}", path.display()),
+        None => format!("file:{}", path.display()),
+    };
+    Ok(Config::device_from_spec(name, &spec)?)
 }
 
 fn create(
@@ -119,10 +196,15 @@ fn create(
     let name = object_name(args, "name")?;
     let size = crate::config::parse_size(text(args, "size")?)?;
     if let Some(existing) = running.device(&name) {
+        let now = shared
+            .topology()
+            .devices
+            .get(&name)
+            .map(|d| d.unit.capacity_bytes());
         let same = running
             .pool_of(existing)
             .is_some_and(|p| p.name == pool.name)
-            && file_bytes(&pool.volume_path(&name)) == size;
+            && now == Some(size);
         if same {
             return Ok(
                 json!({ "volume": name, "pool": pool.name, "size_bytes": size, "existed": true }),
@@ -133,33 +215,68 @@ fn create(
             pool.name
         )));
     }
-    std::fs::create_dir_all(&pool.path).map_err(io_error(format!("pool {}", pool.name)))?;
-    let path = pool.volume_path(&name);
-    let spec = format!("file:{},size={size}", path.display());
+    match (&pool.kind, pool.image(&name)) {
+        (PoolKind::Dir { path }, _) => {
+            std::fs::create_dir_all(path).map_err(io_error(format!("pool {}", pool.name)))?
+        }
+        (_, Some(spec)) => store::rbd::pool(&spec)
+            .map_err(io_error(format!("pool {}", pool.name)))?
+            .create(&name, size)
+            .map_err(rbd_error(format!("volume {name}")))?,
+        _ => {}
+    }
     running
         .devices
-        .push(Config::device_from_spec(&name, &spec)?);
+        .push(volume_device(&pool, &name, Some(size))?);
     let what = format!("volume {name} created in pool {} ({size} bytes)", pool.name);
-    let mut answer = super::apply_edited(shared, "volume-create", args, what, running)?;
+    let mut answer = super::apply_edited(shared, "volume-create", args, what, running)
+        .inspect_err(|_| forget_new(&pool, &name))?;
     answer["existed"] = json!(false);
-    answer["path"] = json!(path);
     Ok(answer)
 }
 
-/// Runs `f` with the volume's writes held, if it is open (a volume the running topology does
-/// not hold cannot be written).
+/// A volume made for a verb that then failed: its file or image goes, so a retry starts
+/// clean.
+fn forget_new(pool: &PoolConfig, name: &str) {
+    if let Some(path) = pool.volume_path(name) {
+        let _ = std::fs::remove_file(path);
+    } else if let Some(spec) = pool.image(name) {
+        if let Ok(p) = store::rbd::pool(&spec) {
+            let _ = p.remove(name);
+        }
+    }
+}
+
+/// Runs `f` with the volume's writes held (see `LogicalUnit::quiesced`).
 fn with_writes_held<R>(
     shared: &Shared,
     name: &str,
     f: impl FnOnce() -> R,
 ) -> Result<R, ControlError> {
-    let topology = shared.topology();
-    match topology.devices.get(name) {
-        Some(device) => device
-            .unit
-            .quiesced(f)
-            .map_err(io_error(format!("volume {name}: flushing it"))),
-        None => Ok(f()),
+    open_device(shared, name)?
+        .unit
+        .quiesced(f)
+        .map_err(io_error(format!("volume {name}: flushing it")))
+}
+
+/// The snapshots of volume `volume` of `pool`.
+fn snapshot_names(
+    shared: &Shared,
+    pool: &PoolConfig,
+    volume: &str,
+) -> Result<Vec<String>, ControlError> {
+    match &pool.kind {
+        PoolKind::Dir { .. } => Ok(dir_snapshots(pool, Some(volume))
+            .map_err(io_error(format!("pool {}", pool.name)))?
+            .into_iter()
+            .map(|(_, s, _)| s)
+            .collect()),
+        PoolKind::Rbd { .. } => Ok(rbd_image(shared, volume)?
+            .snapshots()
+            .map_err(rbd_error(format!("volume {volume}")))?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()),
     }
 }
 
@@ -169,23 +286,33 @@ fn snapshot(
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
     let (pool, device) = volume(running, text(args, "volume")?)?;
+    let name = device.name.clone();
     let snap = object_name(args, "snapshot")?;
-    let path = pool.snapshot_path(&device.name, &snap);
-    if path.exists() {
-        return Ok(json!({ "volume": device.name, "snapshot": snap, "existed": true }));
+    if snapshot_names(shared, pool, &name)?.contains(&snap) {
+        return Ok(json!({ "volume": name, "snapshot": snap, "existed": true }));
     }
-    let dir = path.parent().unwrap_or(&pool.path);
-    std::fs::create_dir_all(dir).map_err(io_error(format!("pool {}", pool.name)))?;
-    let source = pool.volume_path(&device.name);
-    let started = std::time::Instant::now();
-    let method = with_writes_held(shared, &device.name, || {
-        store::clone::clone_file(&source, &path)
-    })?
-    .map_err(io_error(format!("snapshot {}@{snap}", device.name)))?;
-    tracing::info!(volume = %device.name, snapshot = %snap, method = method.name(), "ctl: snapshot taken");
+    let started = Instant::now();
+    let method = match &pool.kind {
+        PoolKind::Dir { path } => {
+            let to = pool.snapshot_path(&name, &snap).unwrap_or_default();
+            std::fs::create_dir_all(to.parent().unwrap_or(path))
+                .map_err(io_error(format!("pool {}", pool.name)))?;
+            let from = pool.volume_path(&name).unwrap_or_default();
+            with_writes_held(shared, &name, || store::clone::clone_file(&from, &to))?
+                .map_err(io_error(format!("snapshot {name}@{snap}")))?
+                .name()
+        }
+        PoolKind::Rbd { .. } => {
+            let image = rbd_image(shared, &name)?;
+            with_writes_held(shared, &name, || image.snap_create(&snap))?
+                .map_err(rbd_error(format!("snapshot {name}@{snap}")))?;
+            "rbd"
+        }
+    };
+    tracing::info!(volume = %name, snapshot = %snap, method, "ctl: snapshot taken");
     Ok(json!({
-        "volume": device.name, "snapshot": snap, "existed": false,
-        "method": method.name(), "seconds": started.elapsed().as_secs_f64(),
+        "volume": name, "snapshot": snap, "existed": false,
+        "method": method, "seconds": started.elapsed().as_secs_f64(),
     }))
 }
 
@@ -209,37 +336,73 @@ fn clone(
             pool.name
         )));
     }
-    let dst = pool.volume_path(&name);
-    let started = std::time::Instant::now();
-    let method = match args.get("snapshot").and_then(Value::as_str) {
-        Some(snap) => {
-            let from = pool.snapshot_path(&source, snap);
-            if !from.exists() {
-                return Err(ControlError::NotFound(format!(
-                    "volume {source} has no snapshot {snap}"
-                )));
-            }
-            store::clone::clone_file(&from, &dst)
+    let snap = args.get("snapshot").and_then(Value::as_str);
+    if let Some(snap) = snap {
+        if !snapshot_names(shared, &pool, &source)?
+            .iter()
+            .any(|s| s == snap)
+        {
+            return Err(ControlError::NotFound(format!(
+                "volume {source} has no snapshot {snap}"
+            )));
         }
-        None => with_writes_held(shared, &source, || {
-            store::clone::clone_file(&pool.volume_path(&source), &dst)
-        })?,
     }
-    .map_err(io_error(format!("clone {name} of {source}")))?;
-    running.devices.push(Config::device_from_spec(
-        &name,
-        &format!("file:{}", dst.display()),
-    )?);
-    let what = format!("volume {name} cloned from {source} ({})", method.name());
-    let mut answer =
-        super::apply_edited(shared, "volume-clone", args, what, running).inspect_err(|_| {
-            // Not added: the file goes too, so a retry starts clean.
-            let _ = std::fs::remove_file(&dst);
-        })?;
+    let started = Instant::now();
+    let method = clone_data(shared, &pool, &source, snap, &name)?;
+    running.devices.push(volume_device(&pool, &name, None)?);
+    let what = format!("volume {name} cloned from {source} ({method})");
+    let mut answer = super::apply_edited(shared, "volume-clone", args, what, running)
+        .inspect_err(|_| forget_new(&pool, &name))?;
     answer["existed"] = json!(false);
-    answer["method"] = json!(method.name());
+    answer["method"] = json!(method);
     answer["seconds"] = json!(started.elapsed().as_secs_f64());
     Ok(answer)
+}
+
+/// Makes volume `name` of `pool` a copy of `source` (of its snapshot `snap`, or of it now).
+fn clone_data(
+    shared: &Shared,
+    pool: &PoolConfig,
+    source: &str,
+    snap: Option<&str>,
+    name: &str,
+) -> Result<&'static str, ControlError> {
+    if let Some(dst) = pool.volume_path(name) {
+        let made = match snap {
+            Some(snap) => store::clone::clone_file(
+                &pool.snapshot_path(source, snap).unwrap_or_default(),
+                &dst,
+            ),
+            None => {
+                let from = pool.volume_path(source).unwrap_or_default();
+                with_writes_held(shared, source, || store::clone::clone_file(&from, &dst))?
+            }
+        };
+        return Ok(made
+            .map_err(io_error(format!("clone {name} of {source}")))?
+            .name());
+    }
+    let Some(snap) = snap else {
+        return Err(ControlError::BadRequest(format!(
+            "an RBD volume is cloned from a snapshot: take one (volume snapshot {source} NAME) and clone it"
+        )));
+    };
+    let image = rbd_image(shared, source)?;
+    // A format-1 clone needs its parent snapshot protected; already protected is fine.
+    match image.snap_protect(snap) {
+        Err(e) if e.errno() != Some(16) => {
+            return Err(rbd_error(format!("protecting {source}@{snap}"))(e))
+        }
+        _ => {}
+    }
+    let spec = pool
+        .image(name)
+        .unwrap_or_else(|| unreachable!("an RBD pool's image"));
+    let rados = store::rbd::pool(&spec).map_err(io_error(format!("pool {}", pool.name)))?;
+    rados
+        .clone_image(&rados, source, snap, name)
+        .map_err(rbd_error(format!("clone {name} of {source}@{snap}")))?;
+    Ok("rbd clone")
 }
 
 /// Where a volume is mapped ("TARGET group G LUN n"), as `device-remove` says it.
@@ -253,42 +416,52 @@ fn rollback(
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
     let (pool, device) = volume(running, text(args, "volume")?)?;
+    let name = device.name.clone();
     let snap = object_name(args, "snapshot")?;
-    let from = pool.snapshot_path(&device.name, &snap);
-    if !from.exists() {
+    if !snapshot_names(shared, pool, &name)?.contains(&snap) {
         return Err(ControlError::NotFound(format!(
-            "volume {} has no snapshot {snap}",
-            device.name
+            "volume {name} has no snapshot {snap}"
         )));
     }
-    let mapped = mappings(running, &device.name);
+    let mapped = mappings(running, &name);
     if !mapped.is_empty() && !device.offline {
         return Err(ControlError::Conflict(format!(
-            "volume {} is mapped ({}): take it offline (ctl device offline) or unmap it first; \
+            "volume {name} is mapped ({}): take it offline (ctl device offline) or unmap it first; \
              its initiators would see its blocks change under them",
-            device.name,
             mapped.join("; ")
         )));
     }
-    let path = pool.volume_path(&device.name);
-    let restore = || -> std::io::Result<store::clone::CloneMethod> {
-        let to = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)?;
-        let size = to.metadata()?.len();
-        let method = store::clone::clone_into(&std::fs::File::open(&from)?, &to)?;
-        // A volume grown since keeps its size: the blocks past the snapshot read as zeros.
-        if to.metadata()?.len() < size {
-            to.set_len(size)?;
+    let method = match pool.volume_path(&name) {
+        Some(path) => {
+            let from = pool.snapshot_path(&name, &snap).unwrap_or_default();
+            let restore = || -> std::io::Result<store::clone::CloneMethod> {
+                let to = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)?;
+                let size = to.metadata()?.len();
+                let method = store::clone::clone_into(&std::fs::File::open(&from)?, &to)?;
+                // A volume grown since keeps its size: the blocks past the snapshot read
+                // as zeros.
+                if to.metadata()?.len() < size {
+                    to.set_len(size)?;
+                }
+                to.sync_all()?;
+                Ok(method)
+            };
+            with_writes_held(shared, &name, restore)?
+                .map_err(io_error(format!("rollback of {name} to {snap}")))?
+                .name()
         }
-        to.sync_all()?;
-        Ok(method)
+        None => {
+            let image = rbd_image(shared, &name)?;
+            with_writes_held(shared, &name, || image.snap_rollback(&snap))?
+                .map_err(rbd_error(format!("rollback of {name} to {snap}")))?;
+            "rbd"
+        }
     };
-    let method = with_writes_held(shared, &device.name, restore)?
-        .map_err(io_error(format!("rollback of {} to {snap}", device.name)))?;
-    tracing::info!(volume = %device.name, snapshot = %snap, "ctl: volume rolled back");
-    Ok(json!({ "volume": device.name, "snapshot": snap, "method": method.name() }))
+    tracing::info!(volume = %name, snapshot = %snap, "ctl: volume rolled back");
+    Ok(json!({ "volume": name, "snapshot": snap, "method": method }))
 }
 
 fn delete(
@@ -298,7 +471,7 @@ fn delete(
 ) -> Result<Value, ControlError> {
     let name = object_name(args, "volume")?;
     if running.device(&name).is_none() {
-        return Ok(json!({ "volume": name, "existed": false }));
+        return Ok(json!({ "volume": name, "deleted": false }));
     }
     let (pool, _) = volume(&running, &name)?;
     let pool = pool.clone();
@@ -309,30 +482,53 @@ fn delete(
             mapped.join("; ")
         )));
     }
-    let snaps =
-        snapshots_of(&pool, Some(&name)).map_err(io_error(format!("pool {}", pool.name)))?;
+    let snaps = snapshot_names(shared, &pool, &name)?;
     if !snaps.is_empty() {
-        let names: Vec<&str> = snaps.iter().map(|(_, s, _)| s.as_str()).collect();
         return Err(ControlError::Conflict(format!(
             "volume {name} has snapshots ({}): delete them first",
-            names.join(", ")
+            snaps.join(", ")
         )));
     }
     running.devices.retain(|d| d.name != name);
     let what = format!("volume {name} deleted from pool {}", pool.name);
     let mut answer = super::apply_edited(shared, "volume-delete", args, what, running)?;
-    // The store closes with its last command; the space is freed when it does.
-    std::fs::remove_file(pool.volume_path(&name)).map_err(io_error(format!("volume {name}")))?;
-    answer["existed"] = json!(true);
+    match (pool.volume_path(&name), pool.image(&name)) {
+        // The store closes with its last command; the space is freed when it does.
+        (Some(path), _) => {
+            std::fs::remove_file(path).map_err(io_error(format!("volume {name}")))?
+        }
+        (_, Some(spec)) => remove_image(&spec)?,
+        _ => {}
+    }
+    answer["deleted"] = json!(true);
     Ok(answer)
 }
 
-/// The snapshots in a pool (of one volume): (volume, snapshot, path).
-fn snapshots_of(
+/// Removes an RBD image once the store of the device that was it has closed (librbd refuses
+/// while a client has it open: the store closes when its last command is done).
+fn remove_image(spec: &store::RbdSpec) -> Result<(), ControlError> {
+    let what = format!("image {}/{}", spec.pool, spec.image);
+    let pool = store::rbd::pool(spec).map_err(io_error(what.clone()))?;
+    let started = Instant::now();
+    loop {
+        match pool.remove(&spec.image) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.errno() == Some(16) && started.elapsed() < REMOVE_WAIT => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(rbd_error(what)(e)),
+        }
+    }
+}
+
+/// The snapshots in a directory pool (of one volume): (volume, snapshot, path).
+fn dir_snapshots(
     pool: &PoolConfig,
     volume: Option<&str>,
 ) -> std::io::Result<Vec<(String, String, PathBuf)>> {
-    let dir = pool.path.join(".snapshots");
+    let Some(dir) = pool.dir().map(|d| d.join(".snapshots")) else {
+        return Ok(Vec::new());
+    };
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -359,39 +555,40 @@ fn snapshots_of(
     Ok(out)
 }
 
-fn file_bytes(path: &Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |m| m.len())
+/// Every volume of `config`: its pool and device.
+fn volumes(config: &Config) -> impl Iterator<Item = (&PoolConfig, &DeviceConfig)> {
+    config
+        .devices
+        .iter()
+        .filter_map(|d| Some((config.pool_of(d)?, d)))
 }
 
-fn snapshots_json(config: &Config, args: &Map<String, Value>) -> Result<Vec<Value>, ControlError> {
+fn snapshots_json(
+    shared: &Shared,
+    config: &Config,
+    args: &Map<String, Value>,
+) -> Result<Vec<Value>, ControlError> {
     let only = args.get("volume").and_then(Value::as_str);
     let mut out = Vec::new();
-    for pool in &config.pools {
-        let found = snapshots_of(pool, only).map_err(io_error(format!("pool {}", pool.name)))?;
-        for (volume, snapshot, path) in found {
-            out.push(json!({
-                "pool": pool.name, "volume": volume, "snapshot": snapshot,
-                "size_bytes": file_bytes(&path), "path": path,
-            }));
+    for (pool, device) in volumes(config).filter(|(_, d)| only.is_none_or(|o| o == d.name)) {
+        for snapshot in snapshot_names(shared, pool, &device.name)? {
+            out.push(json!({ "pool": pool.name, "volume": device.name, "snapshot": snapshot }));
         }
     }
     Ok(out)
 }
 
-fn list(config: &Config) -> Value {
-    let volumes: Vec<Value> = config
-        .devices
-        .iter()
-        .filter_map(|d| Some((config.pool_of(d)?, d)))
+fn list(shared: &Shared, config: &Config) -> Value {
+    let topology = shared.topology();
+    let volumes: Vec<Value> = volumes(config)
         .map(|(pool, d)| {
-            let snapshots: Vec<String> = snapshots_of(pool, Some(&d.name))
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(_, s, _)| s)
-                .collect();
+            let snapshots = snapshot_names(shared, pool, &d.name).unwrap_or_default();
+            let size = topology
+                .devices
+                .get(&d.name)
+                .map(|o| o.unit.capacity_bytes());
             json!({
-                "pool": pool.name, "volume": d.name,
-                "size_bytes": file_bytes(&pool.volume_path(&d.name)),
+                "pool": pool.name, "volume": d.name, "size_bytes": size,
                 "mapped": mappings(config, &d.name), "snapshots": snapshots,
                 "serial": d.serial,
             })
@@ -400,31 +597,64 @@ fn list(config: &Config) -> Value {
     let pools: Vec<Value> = config
         .pools
         .iter()
-        .map(|p| json!({ "pool": p.name, "path": p.path }))
+        .map(|p| match &p.kind {
+            PoolKind::Dir { path } => json!({ "pool": p.name, "kind": "dir", "path": path }),
+            PoolKind::Rbd { pool, .. } => {
+                json!({ "pool": p.name, "kind": "rbd", "rbd_pool": pool })
+            }
+        })
         .collect();
     json!({ "pools": pools, "volumes": volumes })
 }
 
-fn snapshot_delete(running: &Config, args: &Map<String, Value>) -> Result<Value, ControlError> {
-    let volume_name = object_name(args, "volume")?;
+fn snapshot_delete(
+    shared: &Shared,
+    running: &Config,
+    args: &Map<String, Value>,
+) -> Result<Value, ControlError> {
+    let name = object_name(args, "volume")?;
     let snap = object_name(args, "snapshot")?;
-    let pool = match running.device(&volume_name) {
+    let gone = json!({ "volume": name, "snapshot": snap, "deleted": false });
+    let pool = match running.device(&name) {
         Some(d) => running.pool_of(d),
-        // A volume deleted already: its pool is whichever holds the snapshot.
-        None => running
-            .pools
-            .iter()
-            .find(|p| p.snapshot_path(&volume_name, &snap).exists()),
+        // A volume deleted already: its pool is the directory pool that holds the snapshot.
+        None => running.pools.iter().find(|p| {
+            p.snapshot_path(&name, &snap)
+                .is_some_and(|path| path.exists())
+        }),
     };
     let Some(pool) = pool else {
-        return Ok(json!({ "volume": volume_name, "snapshot": snap, "existed": false }));
+        return Ok(gone);
     };
-    let path = pool.snapshot_path(&volume_name, &snap);
-    match std::fs::remove_file(&path) {
-        Ok(()) => Ok(json!({ "volume": volume_name, "snapshot": snap, "existed": true })),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Ok(json!({ "volume": volume_name, "snapshot": snap, "existed": false }))
-        }
-        Err(e) => Err(io_error(format!("snapshot {volume_name}@{snap}"))(e)),
+    if let Some(path) = pool.snapshot_path(&name, &snap) {
+        return match std::fs::remove_file(&path) {
+            Ok(()) => Ok(json!({ "volume": name, "snapshot": snap, "deleted": true })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(gone),
+            Err(e) => Err(io_error(format!("snapshot {name}@{snap}"))(e)),
+        };
     }
+    if !snapshot_names(shared, pool, &name)?.contains(&snap) {
+        return Ok(gone);
+    }
+    let spec = pool
+        .image(&name)
+        .unwrap_or_else(|| unreachable!("an RBD pool's image"));
+    let image = store::rbd::maintenance_image(&spec).map_err(io_error(format!("volume {name}")))?;
+    // Protected for a clone: EBUSY while clones depend on it (refused: they would lose their
+    // parent), EINVAL when it never was.
+    match image.snap_unprotect(&snap) {
+        Err(e) if e.errno() == Some(16) => {
+            return Err(ControlError::Conflict(format!(
+                "snapshot {name}@{snap} has dependent clones: delete (or flatten) them first"
+            )))
+        }
+        Err(e) if e.errno() != Some(22) => {
+            return Err(rbd_error(format!("snapshot {name}@{snap}"))(e))
+        }
+        _ => {}
+    }
+    image
+        .snap_remove(&snap)
+        .map_err(rbd_error(format!("snapshot {name}@{snap}")))?;
+    Ok(json!({ "volume": name, "snapshot": snap, "deleted": true }))
 }

@@ -167,6 +167,10 @@ impl Driver {
                 backend.use_group(group);
             }
         }
+        // The backend follows the topologies from here; holding the login's would keep every
+        // device it had open (a removed device's store, an RBD image's lock) for the
+        // session's life.
+        drop(topology);
         let info = self.session_info(&established);
         self.log_established(&established);
         ticket.describe(Arc::clone(&info));

@@ -93,6 +93,8 @@ pub struct OpenDevice {
     pub disk: Option<DiskState>,
     /// An RBD image under gateways: who owns it (`ferrosan ctl device take`).
     pub ownership: Option<Arc<crate::topology::gateway::ImageOwnership>>,
+    /// An RBD image's store: its librbd image for snapshots (`ctl volume snapshot`).
+    pub rbd: Option<Arc<store::RbdStore>>,
 }
 
 /// The device-side state of a store on a real disk.
@@ -182,8 +184,8 @@ impl DeviceContext {
         config: &Config,
     ) -> Result<Arc<OpenDevice>, OpenError> {
         let (unit, rbd) = open_unit(device, self.gateways.is_some())?;
-        let ownership = match rbd {
-            Some(store) => self.open_image(device, config, &unit, store)?,
+        let ownership = match &rbd {
+            Some(store) => self.open_image(device, config, &unit, Arc::clone(store))?,
             None => None,
         };
         if device.offline {
@@ -196,6 +198,7 @@ impl DeviceContext {
             unit,
             disk,
             ownership,
+            rbd,
         }))
     }
 

@@ -9,8 +9,8 @@ use serde_json::{Map, Value};
 
 use super::error::ControlError;
 use crate::config::{
-    AuthMode, ChapUser, Config, InitiatorCredentials, InitiatorGroup, IscsiName, LunMapping,
-    TargetConfig,
+    AuthMode, ChapUser, Config, DeviceConfig, InitiatorCredentials, InitiatorGroup, IscsiName,
+    LunMapping, TargetConfig,
 };
 
 /// The verbs that change the config (each also takes `"save": true`).
@@ -121,6 +121,17 @@ fn group_mut<'t>(
         .ok_or_else(|| ControlError::NotFound(format!("target {iqn} has no group {group_name}")))
 }
 
+fn device_mut<'c>(
+    config: &'c mut Config,
+    name: &str,
+) -> Result<&'c mut DeviceConfig, ControlError> {
+    config
+        .devices
+        .iter_mut()
+        .find(|d| d.name == name)
+        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))
+}
+
 fn device_add(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {
     let name = text(args, "name")?;
     if config.device(name).is_some() {
@@ -169,11 +180,7 @@ pub(super) fn mappings_of(config: &Config, name: &str) -> Vec<String> {
 fn resize(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {
     let name = text(args, "device")?;
     let size = crate::config::parse_size(text(args, "size")?)?;
-    let device = config
-        .devices
-        .iter_mut()
-        .find(|d| d.name == name)
-        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
+    let device = device_mut(config, name)?;
     device
         .store
         .set_size(size)
@@ -263,11 +270,7 @@ fn set_offline(
     offline: bool,
 ) -> Result<String, ControlError> {
     let name = text(args, "name")?;
-    let device = config
-        .devices
-        .iter_mut()
-        .find(|d| d.name == name)
-        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
+    let device = device_mut(config, name)?;
     if device.offline == offline {
         return Err(ControlError::Conflict(format!(
             "device {name} is {} already",
@@ -458,11 +461,7 @@ fn inquiry_text(
 /// (`reload::Attribute`).
 fn device_set(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {
     let name = text(args, "name")?;
-    let device = config
-        .devices
-        .iter_mut()
-        .find(|d| d.name == name)
-        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
+    let device = device_mut(config, name)?;
     let before = device.clone();
     let mut said = Vec::new();
     if let Some(on) = flag(args, "read_only")? {

@@ -134,6 +134,7 @@ fn new_results(opts: &Options, timing: &Timing, targets: &[Box<dyn Target>]) -> 
         started_unix_s,
         host: std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "?".into(), |h| h.trim().to_string()),
+        machine: report::Machine::here(),
         quick: opts.quick,
         writes: opts.destructive,
         ramp_s: timing.ramp.as_secs_f64(),

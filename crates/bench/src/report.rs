@@ -22,6 +22,8 @@ pub struct Results {
     /// Seconds since the Unix epoch when the run started.
     pub started_unix_s: u64,
     pub host: String,
+    /// What the client ran on: the numbers mean little without it.
+    pub machine: Machine,
     pub quick: bool,
     pub writes: bool,
     pub ramp_s: f64,
@@ -30,6 +32,41 @@ pub struct Results {
     pub rows: Vec<Row>,
     /// Workloads that could not run on a target, and why.
     pub skipped: Vec<Skipped>,
+}
+
+/// The client host: CPU, cores, memory and kernel, as /proc and uname say.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Machine {
+    pub cpu_model: String,
+    pub cores: usize,
+    pub memory_bytes: u64,
+    pub kernel: String,
+}
+
+impl Machine {
+    /// This host's (a field the host does not tell stays empty or 0).
+    pub fn here() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map_or_else(String::new, |(_, v)| v.trim().to_string());
+        let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024);
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| String::new(), |k| k.trim().to_string());
+        Machine {
+            cpu_model,
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            memory_bytes,
+            kernel,
+        }
+    }
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -363,6 +400,19 @@ impl Results {
             esc(&self.tool), esc(&self.version), esc(&self.host),
             if self.quick { "quick" } else { "full" }, self.ramp_s, self.runtime_s,
             if self.writes { "; writes included" } else { "; reads only" }, self.rows.len());
+        let m = &self.machine;
+        let _ = write!(
+            h,
+            "<p>Client: {} cores ({}), {:.1} GiB of memory, Linux {}.</p>",
+            m.cores,
+            esc(if m.cpu_model.is_empty() {
+                "CPU model unknown"
+            } else {
+                &m.cpu_model
+            }),
+            m.memory_bytes as f64 / (1u64 << 30) as f64,
+            esc(&m.kernel)
+        );
         h.push_str("<h2>Targets</h2><table><tr><th class=\"l\">target</th><th class=\"l\">kind</th><th>capacity</th><th>block</th><th class=\"l\">notes</th></tr>");
         for t in &self.targets {
             let _ = write!(h, "<tr><td class=\"l\" style=\"color:{}\">&#9632; {}</td><td class=\"l\">{}</td><td>{:.1} GiB</td><td>{}</td><td class=\"l note\">{}</td></tr>",
@@ -604,6 +654,12 @@ mod tests {
             version: "0.1.0".into(),
             started_unix_s: 0,
             host: "test<host>".into(),
+            machine: Machine {
+                cpu_model: "Test <CPU>".into(),
+                cores: 2,
+                memory_bytes: 24 << 30,
+                kernel: "6.1.0".into(),
+            },
             quick: false,
             writes: true,
             ramp_s: 2.0,
@@ -625,6 +681,14 @@ mod tests {
                 reason: "4096-byte blocks".into(),
             }],
         }
+    }
+
+    #[test]
+    fn this_machine_is_described() {
+        let m = Machine::here();
+        assert!(m.cores >= 1, "{m:?}");
+        assert!(m.memory_bytes > 0, "{m:?}");
+        assert!(!m.kernel.is_empty(), "{m:?}");
     }
 
     #[test]
@@ -651,6 +715,11 @@ mod tests {
                 && html.contains("test&lt;host&gt;")
         );
         assert!(!html.contains("<t>"));
+        // The client machine is named, escaped too.
+        assert!(
+            html.contains("2 cores (Test &lt;CPU&gt;), 24.0 GiB of memory, Linux 6.1.0"),
+            "the machine"
+        );
         assert!(html.contains("randread-512-qd16 on x"));
         assert!(html.contains("Queue depth × sessions"));
     }

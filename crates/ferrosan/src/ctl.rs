@@ -186,6 +186,12 @@ enum VolumeVerb {
         /// The snapshot.
         snapshot: String,
     },
+    /// Make an RBD clone independent of the snapshot it was cloned from (its shared blocks
+    /// are copied), so that snapshot can be deleted.
+    Flatten {
+        /// The volume.
+        volume: String,
+    },
     /// Delete an unmapped volume without snapshots (its file too).
     Delete {
         /// The volume.
@@ -790,6 +796,7 @@ fn volume_request(what: &VolumeVerb) -> Value {
             json!({"verb": "volume-delete", "volume": volume, "save": save.save})
         }
         VolumeVerb::List => json!({"verb": "volume-list"}),
+        VolumeVerb::Flatten { volume } => json!({"verb": "volume-flatten", "volume": volume}),
     }
 }
 

@@ -204,6 +204,17 @@ fn scenario(kind: &Kind) {
             "dependent clones",
         );
     }
+    // Flattened, the clone depends on nothing and keeps its data.
+    let flat = ok(&ctl, &["volume", "flatten", "vm2"]);
+    assert_eq!(flat["flattened"], kind.clones_depend, "{flat}");
+    assert_eq!(ok(&ctl, &["volume", "flatten", "vm2"])["flattened"], false);
+    ok(&ctl, &["lun", "map", IQN, "all", "2", "vm2"]);
+    assert_eq!(
+        read(&mut raw, &mut itt, 2),
+        vec![b'C'; 4096],
+        "the flattened clone's data"
+    );
+    ok(&ctl, &["lun", "unmap", IQN, "all", "2"]);
     assert_eq!(ok(&ctl, &["volume", "delete", "vm2"])["deleted"], true);
     assert_eq!(ok(&ctl, &["volume", "delete", "vm2"])["deleted"], false);
     refused(&ctl, &["volume", "delete", "vm1"], "snapshots");

@@ -64,6 +64,7 @@ struct Api {
     rbd_snap_unprotect: unsafe extern "C" fn(ImageT, *const c_char) -> c_int,
     rbd_snap_list: unsafe extern "C" fn(ImageT, *mut SnapInfo, *mut c_int) -> c_int,
     rbd_snap_list_end: unsafe extern "C" fn(*mut SnapInfo),
+    rbd_flatten: unsafe extern "C" fn(ImageT) -> c_int,
     rados_create2: unsafe extern "C" fn(*mut RadosT, *const c_char, *const c_char, u64) -> c_int,
     rados_conf_read_file: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
     rados_conf_parse_env: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
@@ -224,6 +225,7 @@ fn load() -> Result<Api, String> {
         rbd_snap_unprotect: sym!(rbd, "rbd_snap_unprotect"),
         rbd_snap_list: sym!(rbd, "rbd_snap_list"),
         rbd_snap_list_end: sym!(rbd, "rbd_snap_list_end"),
+        rbd_flatten: sym!(rbd, "rbd_flatten"),
         rados_create2: sym!(rados, "rados_create2"),
         rados_conf_read_file: sym!(rados, "rados_conf_read_file"),
         rados_conf_parse_env: sym!(rados, "rados_conf_parse_env"),
@@ -679,6 +681,14 @@ impl Image {
         // snapshot entry points of this signature.
         let rc = unsafe { call(self.image, snap_c.as_ptr()) };
         check(|| format!("{what} {}@{snap}", self.name), rc)
+    }
+
+    /// Copies what a clone still reads from its parent into the clone, so that it no longer
+    /// depends on the parent's snapshot (EINVAL for an image that is no clone).
+    pub fn flatten(&self) -> Result<(), Error> {
+        // SAFETY: an open image.
+        let rc = unsafe { (self.api.rbd_flatten)(self.image) };
+        check(|| format!("flattening {}", self.name), rc)
     }
 
     /// The image's snapshots: name and size in bytes.

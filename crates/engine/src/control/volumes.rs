@@ -27,6 +27,7 @@ pub const VERBS: &[&str] = &[
     "volume-clone",
     "volume-rollback",
     "volume-delete",
+    "volume-flatten",
     "volume-list",
     "snapshot-list",
     "snapshot-delete",
@@ -49,6 +50,7 @@ pub fn handle(
         "volume-clone" => clone(shared, running, args),
         "volume-rollback" => rollback(shared, &running, args),
         "volume-delete" => delete(shared, running, args),
+        "volume-flatten" => flatten(&running, args),
         "volume-list" => Ok(list(shared, &running)),
         "snapshot-list" => Ok(json!({ "snapshots": snapshots_json(shared, &running, args)? })),
         _ => snapshot_delete(shared, &running, args),
@@ -403,6 +405,26 @@ fn clone_data(
         .clone_image(&rados, source, snap, name)
         .map_err(rbd_error(format!("clone {name} of {source}@{snap}")))?;
     Ok("rbd clone")
+}
+
+/// Makes an RBD clone independent of its parent snapshot (librbd copies the blocks it still
+/// shares); a directory pool's clones depend on nothing (`"flattened": false`).
+fn flatten(running: &Config, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let (pool, device) = volume(running, text(args, "volume")?)?;
+    let name = device.name.clone();
+    let Some(spec) = pool.image(&name) else {
+        return Ok(json!({ "volume": name, "flattened": false }));
+    };
+    let started = Instant::now();
+    let image = store::rbd::maintenance_image(&spec).map_err(io_error(format!("volume {name}")))?;
+    match image.flatten() {
+        // Not a clone (any more): nothing depends on a parent.
+        Err(e) if e.errno() == Some(22) => Ok(json!({ "volume": name, "flattened": false })),
+        Err(e) => Err(rbd_error(format!("volume {name}"))(e)),
+        Ok(()) => Ok(json!({
+            "volume": name, "flattened": true, "seconds": started.elapsed().as_secs_f64(),
+        })),
+    }
 }
 
 /// Where a volume is mapped ("TARGET group G LUN n"), as `device-remove` says it.

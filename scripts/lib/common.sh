@@ -14,6 +14,7 @@ FERROSAN_DEPS=(
     "util-linux:fsfreeze"  # tests/task_management.rs holds a write in a frozen filesystem
     "mount:losetup"
     "e2fsprogs:mkfs.ext4"
+    "xfsprogs:mkfs.xfs"    # tests/volumes.rs and bench/xcopy.sh make a reflink pool on XFS
     "prometheus:promtool"  # tests/metrics.rs checks the scrape and dist/prometheus rules
     "systemd:systemd-analyze"  # tests/systemd.rs verifies dist/ferrosan.service
     "tmux:tmux"            # tests/top.rs runs `ferrosan top` in a tmux pane

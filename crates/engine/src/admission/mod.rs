@@ -28,8 +28,12 @@ pub enum Door {
 /// Why an initiator may not (or may no longer) be in a session with a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// No such target on this portal (Login Response 0x0203).
+    /// No such target (Login Response 0x0203).
     NoSuchTarget,
+    /// The target is not served through this portal group (to the initiator: no such target
+    /// here, 0x0203). A running session through a portal group a reload removed is asked to
+    /// log out rather than cut off: the target is still there, elsewhere.
+    NotOnThisPortal,
     /// The initiator is in no group and the target has no `any_initiator` group (0x0202).
     NotInAnyGroup,
     /// The source address is outside `allowed_sources` (0x0202).
@@ -47,6 +51,7 @@ impl Refusal {
     pub fn reason(self) -> &'static str {
         match self {
             Refusal::NoSuchTarget => "target_gone",
+            Refusal::NotOnThisPortal => "portal_gone",
             Refusal::NotInAnyGroup => "not_in_any_group",
             Refusal::SourceNotAllowed => "source_not_allowed",
             Refusal::GroupChanged => "group_changed",
@@ -204,8 +209,7 @@ impl Topology {
         }
         let (index, target) = self.target(target_name).ok_or(Refusal::NoSuchTarget)?;
         if !target.portal_groups.contains(&portal_group_tag) {
-            // Not served on this portal: to this initiator it does not exist here.
-            return Err(Refusal::NoSuchTarget);
+            return Err(Refusal::NotOnThisPortal);
         }
         self.member(index, initiator, source)
     }
@@ -389,7 +393,7 @@ iqn = "iqn.2026-11.test:t"
         };
         assert_eq!(
             same.readmit(&elsewhere, &db3_secure).err(),
-            Some(Refusal::NoSuchTarget)
+            Some(Refusal::NotOnThisPortal)
         );
         // Discovery: CHAP now required for SendTargets closes an unauthenticated session.
         let discovery = Admitted::Discovery { proof: Proof::None };

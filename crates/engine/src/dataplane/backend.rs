@@ -697,9 +697,7 @@ impl Backend<'_> {
         }
         match self.follow_topology() {
             // Its portal group went (the target stays, elsewhere): told like its listener.
-            Err(Refusal::NoSuchTarget) if self.listener_gone() && self.target_stays() => {
-                self.portal_is_gone()
-            }
+            Err(Refusal::NotOnThisPortal) => self.portal_is_gone(),
             Ok(()) if self.listener_gone() => self.portal_is_gone(),
             Ok(()) => true,
             Err(refusal) => {
@@ -734,14 +732,6 @@ impl Backend<'_> {
             return false;
         }
         true
-    }
-
-    /// Whether the session's target is still served (elsewhere, if not at its portal).
-    fn target_stays(&self) -> bool {
-        let next = self.shared.topology();
-        self.target_name
-            .as_ref()
-            .is_some_and(|n| next.target(n).is_some())
     }
 
     /// Whether the listener this connection came in through is gone, or serves another

@@ -101,7 +101,9 @@ impl LoginPolicy for Policy<'_> {
         );
         let (membership, auth) = match admitted {
             Ok(admitted) => admitted,
-            Err(Refusal::NoSuchTarget) => return Err(LoginStatus::NOT_FOUND),
+            Err(Refusal::NoSuchTarget | Refusal::NotOnThisPortal) => {
+                return Err(LoginStatus::NOT_FOUND)
+            }
             Err(refusal) => {
                 let why = match refusal {
                     Refusal::SourceNotAllowed => "source address not in allowed_sources",

@@ -156,7 +156,7 @@ fn admit(
         tracing::warn!(peer = %at.peer, host = %host, subsystem = %sub, reason = refusal.reason(), "NVMe Connect refused");
         match refusal {
             // Not served on this port, or no such subsystem: the subsystem NQN is wrong.
-            Refusal::NoSuchTarget => invalid(true, 256),
+            Refusal::NoSuchTarget | Refusal::NotOnThisPortal => invalid(true, 256),
             _ => invalid_host(),
         }
     };

@@ -232,3 +232,36 @@ fn scenario(kind: &Kind) {
     raw.ping(999);
     daemon.stop();
 }
+
+#[test]
+fn a_pool_that_cannot_reflink_copies_only_volumes_not_in_use() {
+    let fs = LoopFs::new("ext4", 256 << 20);
+    let ctl = Ctl::new();
+    let s = ctl.socket.display().to_string();
+    let body = format!(
+        "[[pool]]\nname = \"slow\"\npath = \"{}\"\n\n[[device]]\nname = \"boot\"\nstore = \"ram\"\nsize = \"8M\"\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"boot\" }} ]\n",
+        fs.path("pool").display()
+    );
+    let mut daemon = Daemon::start_config_args(IQN, &body, &["--control-socket", &s]);
+    ok(&ctl, &["volume", "create", "slow", "vm1", "16M"]);
+    ok(&ctl, &["lun", "map", IQN, "all", "1", "vm1"]);
+    let mut raw = Raw::login(daemon.port, IQN, 1);
+    let mut itt = 1;
+    write(&mut raw, &mut itt, 1, b'A');
+    // ext4 shares no extents: holding the writes of a volume in use for a whole copy is refused.
+    refused(&ctl, &["volume", "snapshot", "vm1", "s1"], "cannot reflink");
+    ok(&ctl, &["device", "offline", "vm1"]);
+    let snap = ok(&ctl, &["volume", "snapshot", "vm1", "s1"]);
+    assert_eq!(snap["method"], "copy", "{snap}");
+    ok(&ctl, &["device", "online", "vm1"]);
+    let clone = ok(&ctl, &["volume", "clone", "vm1", "vm2", "--snapshot", "s1"]);
+    assert_eq!(clone["method"], "copy", "{clone}");
+    ok(&ctl, &["lun", "map", IQN, "all", "2", "vm2"]);
+    assert_eq!(
+        read(&mut raw, &mut itt, 2),
+        vec![b'A'; 4096],
+        "the copied clone's data"
+    );
+    raw.ping(999);
+    daemon.stop();
+}

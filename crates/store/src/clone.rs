@@ -50,6 +50,29 @@ pub fn clone_file(src: &Path, dst: &Path) -> io::Result<CloneMethod> {
     made
 }
 
+/// Makes `dst` (which must not exist) a reflink of `src` if the filesystem can share extents:
+/// true when it did (fsynced, as [`clone_file`]); false, and no `dst`, when it cannot.
+pub fn reflink_file(src: &Path, dst: &Path) -> io::Result<bool> {
+    let from = File::open(src)?;
+    let to = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dst)?;
+    let made = match rustix::fs::ioctl_ficlone(&to, &from) {
+        Ok(()) => to.sync_all().map(|()| true),
+        Err(e) if cannot_share(e) => Ok(false),
+        Err(e) => Err(e.into()),
+    };
+    if !matches!(made, Ok(true)) {
+        let _ = std::fs::remove_file(dst);
+    }
+    if let (Ok(true), Some(dir)) = (&made, dst.parent()) {
+        File::open(dir)?.sync_all()?;
+    }
+    made
+}
+
 /// Replaces the whole content of `to` with `from`'s (a reflink, else a sparse copy), and
 /// makes it durable.
 pub fn clone_into(from: &File, to: &File) -> io::Result<CloneMethod> {

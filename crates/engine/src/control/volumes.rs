@@ -261,6 +261,35 @@ fn with_writes_held<R>(
         .map_err(io_error(format!("volume {name}: flushing it")))
 }
 
+/// Copies volume `name`'s file `from` to `to` as it is at one moment: a reflink while its
+/// writes are held (milliseconds). Where the filesystem cannot share extents the copy takes
+/// as long as the data does, too long to hold the writes of a volume in use: then the volume
+/// must be unmapped or offline (no writes can come), or the copy is refused.
+fn live_copy(
+    shared: &Shared,
+    running: &Config,
+    name: &str,
+    from: &std::path::Path,
+    to: &std::path::Path,
+) -> Result<store::clone::CloneMethod, ControlError> {
+    let what = || format!("copy of volume {name}");
+    let reflinked = with_writes_held(shared, name, || store::clone::reflink_file(from, to))?
+        .map_err(io_error(what()))?;
+    if reflinked {
+        return Ok(store::clone::CloneMethod::Reflink);
+    }
+    let in_use =
+        !mappings(running, name).is_empty() && !running.device(name).is_some_and(|d| d.offline);
+    if in_use {
+        return Err(ControlError::Conflict(format!(
+            "volume {name} is in use and its pool's filesystem cannot reflink: the copy would \
+             hold its writes for as long as copying its data takes; take it offline (ctl device \
+             offline) or unmap it first, or put the pool on XFS or btrfs"
+        )));
+    }
+    store::clone::clone_file(from, to).map_err(io_error(what()))
+}
+
 /// The snapshots of volume `volume` of `pool`.
 fn snapshot_names(
     shared: &Shared,
@@ -300,9 +329,7 @@ fn snapshot(
             std::fs::create_dir_all(to.parent().unwrap_or(path))
                 .map_err(io_error(format!("pool {}", pool.name)))?;
             let from = pool.volume_path(&name).unwrap_or_default();
-            with_writes_held(shared, &name, || store::clone::clone_file(&from, &to))?
-                .map_err(io_error(format!("snapshot {name}@{snap}")))?
-                .name()
+            live_copy(shared, running, &name, &from, &to)?.name()
         }
         PoolKind::Rbd { .. } => {
             let image = rbd_image(shared, &name)?;
@@ -376,8 +403,9 @@ fn clone_data(
                 &dst,
             ),
             None => {
+                let running = shared.topology().config.clone();
                 let from = pool.volume_path(source).unwrap_or_default();
-                with_writes_held(shared, source, || store::clone::clone_file(&from, &dst))?
+                return Ok(live_copy(shared, &running, source, &from, &dst)?.name());
             }
         };
         return Ok(made

@@ -50,6 +50,8 @@ impl IscsiTarget {
                 capacity_bytes: capacity.bytes(),
                 block_size: capacity.block_size,
                 notes: Vec::new(),
+                node: parsed.target.clone(),
+                metrics: None,
             },
             config,
         })

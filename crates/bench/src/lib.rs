@@ -4,6 +4,7 @@
 //! self-contained report.html.
 #![forbid(unsafe_code)]
 
+pub mod fio;
 pub mod iscsi;
 pub mod local;
 pub mod nvme;
@@ -11,13 +12,15 @@ pub mod plan;
 pub mod report;
 pub mod runner;
 pub mod stats;
+pub mod target_metrics;
 
 use plan::{eta, human_duration, plan, Timing, Workload};
 use report::{Results, Row, Skipped};
-use runner::Target;
+use runner::{Target, TargetInfo};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use target_metrics::TargetMetrics;
 
 /// What the user asked for.
 #[derive(Clone, Debug)]
@@ -44,6 +47,8 @@ pub struct Options {
     pub host_nqn: String,
     /// Only these workloads (ids as in results.json); empty: the whole plan.
     pub only: Vec<String>,
+    /// ferrosan metrics endpoints to read target CPU from (`http://HOST:PORT/metrics`).
+    pub target_metrics: Vec<String>,
     pub targets: Vec<String>,
 }
 
@@ -52,6 +57,8 @@ pub struct Options {
 pub struct Outcome {
     pub results_json: PathBuf,
     pub report_html: PathBuf,
+    /// fio-format JSON files, one per target and workload.
+    pub fio_dir: PathBuf,
     /// Rows with I/O errors, and workloads that could not run.
     pub rows_with_errors: usize,
     pub skipped: usize,
@@ -155,9 +162,56 @@ fn progress(tty: bool, line: &str) {
     let _ = std::io::stderr().flush();
 }
 
+/// The `--target-metrics` endpoints, and for each target the one that serves its IQN or NQN
+/// (recorded in its info; a network target none serves gets a note instead).
+struct Metrics {
+    endpoints: Vec<TargetMetrics>,
+    of_target: Vec<Option<usize>>,
+}
+
+impl Metrics {
+    fn open(opts: &Options, targets: &mut [TargetInfo]) -> Result<Metrics, String> {
+        let endpoints = opts
+            .target_metrics
+            .iter()
+            .map(|spec| TargetMetrics::open(spec))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut of_target = Vec::new();
+        for info in targets.iter_mut() {
+            let found = info
+                .node
+                .as_deref()
+                .and_then(|node| endpoints.iter().position(|m| m.serves(node)));
+            match found {
+                Some(i) => info.metrics = Some(endpoints[i].url.clone()),
+                None if info.node.is_some() && !endpoints.is_empty() => info
+                    .notes
+                    .push("no --target-metrics endpoint serves it: no target CPU".into()),
+                None => {}
+            }
+            of_target.push(found);
+        }
+        for (i, m) in endpoints.iter().enumerate() {
+            if !of_target.contains(&Some(i)) {
+                eprintln!("note: {} serves none of the targets named", m.url);
+            }
+        }
+        Ok(Metrics {
+            endpoints,
+            of_target,
+        })
+    }
+
+    fn of(&self, target: usize) -> Option<&TargetMetrics> {
+        self.endpoints
+            .get(self.of_target.get(target).copied().flatten()?)
+    }
+}
+
 /// Runs one workload on one target and records its row (or why it was not run).
 fn run_one(
     t: &dyn Target,
+    metrics: Option<&TargetMetrics>,
     w: &Workload,
     timing: &Timing,
     opts: &Options,
@@ -169,7 +223,14 @@ fn run_one(
         .size
         .unwrap_or(info.capacity_bytes)
         .min(info.capacity_bytes);
-    let outcome = runner::run(t, w, timing, range);
+    let cpu = metrics.map(|m| move || m.cpu());
+    let outcome = runner::run(
+        t,
+        w,
+        timing,
+        range,
+        cpu.as_ref().map(|f| f as runner::TargetCpu),
+    );
     if tty {
         eprint!("\r\x1b[2K");
     }
@@ -223,9 +284,10 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
     let timing = timing(opts);
     let workloads = workloads(opts)?;
     let mut results = new_results(opts, &timing, &targets);
-    for t in &targets {
-        for note in &t.info().notes {
-            eprintln!("note: {}: {note}", t.info().name);
+    let metrics = Metrics::open(opts, &mut results.targets)?;
+    for t in &results.targets {
+        for note in &t.notes {
+            eprintln!("note: {}: {note}", t.name);
         }
     }
     let total = workloads.len() * targets.len();
@@ -235,7 +297,7 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
     // Workload by workload, every target in turn: drift (a warming SSD, a neighbour's load)
     // then touches every target alike.
     for w in &workloads {
-        for t in &targets {
+        for (i, t) in targets.iter().enumerate() {
             let left = human_duration(eta(total - done, &timing));
             progress(
                 tty,
@@ -246,7 +308,15 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
                     t.info().name
                 ),
             );
-            run_one(t.as_ref(), w, &timing, opts, tty, &mut results);
+            run_one(
+                t.as_ref(),
+                metrics.of(i),
+                w,
+                &timing,
+                opts,
+                tty,
+                &mut results,
+            );
             done += 1;
         }
     }
@@ -256,15 +326,25 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
         .map_err(|e| format!("{}: {e}", results_json.display()))?;
     std::fs::write(&report_html, results.to_html())
         .map_err(|e| format!("{}: {e}", report_html.display()))?;
+    // A run replaces the previous run's files (as results.json), never mixes with them.
+    let fio_dir = opts.out.join("fio");
+    match std::fs::remove_dir_all(&fio_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", fio_dir.display())),
+    }
+    let fio_files = fio::write_all(&results, &fio_dir)?;
     eprintln!(
-        "{total} runs in {}; wrote {} and {}",
+        "{total} runs in {}; wrote {}, {} and {fio_files} fio-format files under {}",
         human_duration(began.elapsed()),
         results_json.display(),
-        report_html.display()
+        report_html.display(),
+        fio_dir.display()
     );
     Ok(Outcome {
         results_json,
         report_html,
+        fio_dir,
         rows_with_errors: results.rows.iter().filter(|r| r.result.errors > 0).count(),
         skipped: results.skipped.len(),
     })

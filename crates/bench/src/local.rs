@@ -75,6 +75,8 @@ impl LocalTarget {
                 capacity_bytes: capacity,
                 block_size,
                 notes,
+                node: None,
+                metrics: None,
             },
             file: Arc::new(file),
             dsync,
@@ -289,7 +291,7 @@ mod tests {
             runtime: Duration::from_millis(300),
         };
         for w in plan(true, true) {
-            let s = crate::runner::run(&target, &w, &timing, 8 << 20).unwrap();
+            let s = crate::runner::run(&target, &w, &timing, 8 << 20, None).unwrap();
             assert_eq!(s.errors, 0, "{}: {:?}", w.id, s.first_error);
             assert!(s.iops > 0.0, "{}: {s:?}", w.id);
         }

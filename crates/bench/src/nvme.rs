@@ -86,6 +86,8 @@ impl NvmeTarget {
                 capacity_bytes: blocks * u64::from(block_size),
                 block_size,
                 notes: Vec::new(),
+                node: Some(parsed.nqn.clone()),
+                metrics: None,
             },
             url: parsed,
             hostnqn: hostnqn.to_string(),

@@ -147,10 +147,8 @@ pub fn plan(quick: bool, writes: bool) -> Vec<Workload> {
     if writes {
         w.push(Workload::new(Headline, Sequential, 0, MIB, 16, 1));
     }
-    if quick {
-        return w;
-    }
-    // The headline already has QD1 and QD64 of 4 KiB random reads (and QD64 writes).
+    // The headline already has QD1 and QD64 of 4 KiB random reads (and QD64 writes). The quick
+    // run sweeps the queue depths too: a curve through two points says nothing.
     for qd in QUEUE_DEPTHS.into_iter().filter(|&q| q != 1 && q != 64) {
         w.push(Workload::new(QueueDepth, Random, 100, 4 * KIB, qd, 1));
     }
@@ -158,6 +156,11 @@ pub fn plan(quick: bool, writes: bool) -> Vec<Workload> {
         for qd in QUEUE_DEPTHS.into_iter().filter(|&q| q != 64) {
             w.push(Workload::new(QueueDepth, Random, 0, 4 * KIB, qd, 1));
         }
+    }
+    if quick {
+        return w;
+    }
+    if writes {
         for qd in [1, 16] {
             w.push(Workload::new(QueueDepth, Random, 70, 4 * KIB, qd, 1));
         }
@@ -203,11 +206,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quick_reads_only_has_the_headline_reads() {
+    fn quick_reads_only_has_the_headline_reads_and_the_queue_depth_sweep() {
         let ids: Vec<_> = plan(true, false).into_iter().map(|w| w.id).collect();
         assert_eq!(
             ids,
-            ["randread-4k-qd1", "randread-4k-qd64", "seqread-1m-qd16"]
+            [
+                "randread-4k-qd1",
+                "randread-4k-qd64",
+                "seqread-1m-qd16",
+                "randread-4k-qd2",
+                "randread-4k-qd4",
+                "randread-4k-qd8",
+                "randread-4k-qd16",
+                "randread-4k-qd32"
+            ]
         );
     }
 
@@ -217,7 +229,7 @@ mod tests {
         let quick = plan(true, true);
         let ids: Vec<_> = quick.iter().map(|w| w.id.as_str()).collect();
         assert_eq!(
-            ids,
+            ids[..6],
             [
                 "randread-4k-qd1",
                 "randread-4k-qd64",
@@ -227,6 +239,12 @@ mod tests {
                 "seqwrite-1m-qd16"
             ]
         );
+        // Every queue depth of 4 KiB random reads and writes, as in the full run.
+        for qd in QUEUE_DEPTHS {
+            assert!(ids.contains(&format!("randread-4k-qd{qd}").as_str()));
+            assert!(ids.contains(&format!("randwrite-4k-qd{qd}").as_str()));
+        }
+        assert_eq!(ids.len(), 17);
         assert!(plan(false, true).iter().filter(|w| w.writes()).count() > 10);
     }
 

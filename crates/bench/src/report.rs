@@ -3,7 +3,7 @@
 
 use crate::plan::{size_label, Group, Pattern, Workload, MATRIX_DEPTHS, SWEEP_DEPTH};
 use crate::runner::TargetInfo;
-use crate::stats::Summary;
+use crate::stats::{Bucket, Summary};
 use std::fmt::Write as _;
 
 /// One workload on one target.
@@ -102,8 +102,12 @@ fn short(v: f64) -> String {
         format!("{:.1}K", v / 1e3)
     } else if a >= 100.0 {
         format!("{v:.0}")
-    } else {
+    } else if a >= 1.0 || a == 0.0 {
         format!("{v:.1}")
+    } else {
+        // Two significant digits: 0.25, 0.01 (a log axis's lower decades).
+        let digits = (1 - a.log10().floor() as i32).clamp(1, 9) as usize;
+        format!("{v:.digits$}")
     }
 }
 
@@ -129,59 +133,161 @@ fn svg_open(w: f64, h: f64, title: &str) -> String {
     )
 }
 
-/// A line chart, x on a log2 axis (queue depths, sizes). `series`: (name, colour, points).
-fn line_chart(
-    title: &str,
-    xlabel: &str,
-    ylabel: &str,
-    series: &[Series],
+/// How an axis maps values: linear from 0, or logarithmic (latencies, queue depths, sizes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scale {
+    Linear,
+    Log,
+}
+
+/// A line chart's axes: labels, scales and how x values are written.
+struct Axes<'a> {
+    xlabel: &'a str,
+    ylabel: &'a str,
+    x: Scale,
+    y: Scale,
     xfmt: fn(f64) -> String,
-) -> String {
+}
+
+/// The x ticks drawn at most (more distinct points are thinned).
+const MAX_X_TICKS: usize = 14;
+
+/// A line chart. `series`: (name, colour, points).
+fn line_chart(title: &str, axes: &Axes, series: &[Series]) -> String {
     let (w, h) = (720.0, 360.0);
-    let xs: Vec<f64> = {
-        let mut xs: Vec<f64> = series
-            .iter()
-            .flat_map(|s| s.2.iter().map(|p| p.0))
-            .collect();
-        xs.sort_by(f64::total_cmp);
-        xs.dedup();
-        xs
-    };
     let mut svg = svg_open(w, h, title);
-    if xs.is_empty() {
+    let points = || series.iter().flat_map(|s| s.2.iter().copied());
+    let mut xs: Vec<f64> = points()
+        .map(|p| p.0)
+        .filter(|x| x.is_finite() && (axes.x == Scale::Linear || *x > 0.0))
+        .collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    let (Some(&xmin), Some(&xmax)) = (xs.first(), xs.last()) else {
         svg.push_str(
             r#"<text x="360" y="180" class="axis" text-anchor="middle">no data</text></svg>"#,
         );
         return svg;
-    }
-    let ymax = nice_max(
-        series
-            .iter()
-            .flat_map(|s| s.2.iter().map(|p| p.1))
-            .fold(0.0, f64::max),
-    );
+    };
+    let ys = points().map(|p| p.1).filter(|y| y.is_finite());
     let plot = Plot {
         w,
         h,
-        x0: xs[0].max(1e-9).log2(),
-        x1: xs[xs.len() - 1].max(1e-9).log2(),
-        ymax,
+        x: Range::of(axes.x, xmin, xmax),
+        y: match axes.y {
+            Scale::Linear => Range::linear(0.0, nice_max(ys.fold(0.0, f64::max))),
+            Scale::Log => Range::decades(ys),
+        },
     };
-    plot.axes(&mut svg, &xs, xfmt, xlabel, ylabel);
-    for (i, serie) in series.iter().enumerate() {
-        plot.series(&mut svg, i, serie);
+    let xticks = match axes.x {
+        Scale::Log => {
+            let stride = xs.len().div_ceil(MAX_X_TICKS).max(1);
+            xs.iter().step_by(stride).copied().collect()
+        }
+        Scale::Linear => linear_ticks(xmax),
+    };
+    plot.axes(&mut svg, &xticks, axes);
+    for (i, (name, colour, points)) in series.iter().enumerate() {
+        // A value that cannot be drawn (NaN, infinite, or not positive on a log x) is left out.
+        let drawable = points
+            .iter()
+            .filter(|(x, y)| {
+                x.is_finite() && y.is_finite() && (axes.x == Scale::Linear || *x > 0.0)
+            })
+            .copied()
+            .collect();
+        plot.series(&mut svg, i, &(name.clone(), *colour, drawable));
     }
     svg.push_str("</svg>");
     svg
 }
 
-/// A line chart's area: log2 x, linear y from 0 to `ymax`.
+/// Ticks from 0 to `max` at a 1, 2 or 5 step, about five of them.
+fn linear_ticks(max: f64) -> Vec<f64> {
+    let step = nice_max(max / 5.0);
+    (0..=10)
+        .map(|i| f64::from(i) * step)
+        .take_while(|&t| t <= max * 1.0001)
+        .collect()
+}
+
+/// One axis: the interval drawn, in the scale's units (log10 of the values for Log).
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    scale: Scale,
+    lo: f64,
+    hi: f64,
+}
+
+impl Range {
+    fn linear(lo: f64, hi: f64) -> Range {
+        Range {
+            scale: Scale::Linear,
+            lo,
+            hi,
+        }
+    }
+
+    fn of(scale: Scale, min: f64, max: f64) -> Range {
+        match scale {
+            Scale::Linear => Range::linear(min.min(0.0), max),
+            Scale::Log => Range {
+                scale,
+                lo: min.log10(),
+                hi: max.log10(),
+            },
+        }
+    }
+
+    /// Whole decades around the positive values (one decade when there is one value).
+    fn decades(values: impl Iterator<Item = f64>) -> Range {
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for v in values.filter(|v| *v > 0.0) {
+            lo = lo.min(v.log10().floor());
+            hi = hi.max(v.log10().ceil());
+        }
+        if !lo.is_finite() {
+            (lo, hi) = (0.0, 1.0);
+        }
+        Range {
+            scale: Scale::Log,
+            lo,
+            hi: hi.max(lo + 1.0),
+        }
+    }
+
+    /// Where `v` falls, 0 at `lo` and 1 at `hi` (values a log axis cannot show sit at 0).
+    fn frac(&self, v: f64) -> f64 {
+        let t = match self.scale {
+            Scale::Linear => v,
+            Scale::Log if v > 0.0 => v.log10(),
+            Scale::Log => self.lo,
+        };
+        ((t - self.lo) / (self.hi - self.lo).max(1e-9)).clamp(-0.05, 1.05)
+    }
+
+    /// The grid lines: five on a linear axis, each decade on a log one.
+    fn grid(&self) -> Vec<f64> {
+        match self.scale {
+            Scale::Linear => (0..=4)
+                .map(|i| self.lo + (self.hi - self.lo) * f64::from(i) / 4.0)
+                .collect(),
+            Scale::Log => {
+                let decades = (self.hi - self.lo).round().clamp(1.0, 12.0) as i32;
+                (0..=decades)
+                    .map(|d| 10f64.powf(self.lo + f64::from(d)))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A line chart's area and axes.
 struct Plot {
     w: f64,
     h: f64,
-    x0: f64,
-    x1: f64,
-    ymax: f64,
+    x: Range,
+    y: Range,
 }
 
 impl Plot {
@@ -192,26 +298,16 @@ impl Plot {
     const B: f64 = 48.0;
 
     fn px(&self, x: f64) -> f64 {
-        Self::L
-            + (x.max(1e-9).log2() - self.x0) / ((self.x1 - self.x0).max(1e-9))
-                * (self.w - Self::L - Self::R)
+        Self::L + self.x.frac(x) * (self.w - Self::L - Self::R)
     }
 
     fn py(&self, y: f64) -> f64 {
-        self.h - Self::B - y / self.ymax * (self.h - Self::T - Self::B)
+        self.h - Self::B - self.y.frac(y) * (self.h - Self::T - Self::B)
     }
 
-    fn axes(
-        &self,
-        svg: &mut String,
-        xs: &[f64],
-        xfmt: fn(f64) -> String,
-        xlabel: &str,
-        ylabel: &str,
-    ) {
+    fn axes(&self, svg: &mut String, xticks: &[f64], axes: &Axes) {
         let (w, h, l, r, b) = (self.w, self.h, Self::L, Self::R, Self::B);
-        for i in 0..=4 {
-            let y = self.ymax * f64::from(i) / 4.0;
+        for y in self.y.grid() {
             let _ = write!(
                 svg,
                 r#"<line x1="{l}" x2="{}" y1="{:.1}" y2="{:.1}" class="grid"/><text x="{}" y="{:.1}" class="axis" text-anchor="end">{}</text>"#,
@@ -223,13 +319,20 @@ impl Plot {
                 short(y)
             );
         }
-        for &x in xs {
+        // Labels closer than this (px) to the last one drawn would overlap: skipped.
+        const MIN_GAP: f64 = 40.0;
+        let mut last = f64::NEG_INFINITY;
+        for &x in xticks {
+            if self.px(x) - last < MIN_GAP {
+                continue;
+            }
+            last = self.px(x);
             let _ = write!(
                 svg,
                 r#"<text x="{:.1}" y="{}" class="axis" text-anchor="middle">{}</text>"#,
                 self.px(x),
                 h - b + 16.0,
-                esc(&xfmt(x))
+                esc(&(axes.xfmt)(x))
             );
         }
         let _ = write!(
@@ -237,14 +340,18 @@ impl Plot {
             r#"<text x="{}" y="{}" class="axis" text-anchor="middle">{}</text>"#,
             (l + w - r) / 2.0,
             h - 8.0,
-            esc(xlabel)
+            esc(axes.xlabel)
         );
+        let ylabel = match self.y.scale {
+            Scale::Log => format!("{} (log scale)", axes.ylabel),
+            Scale::Linear => axes.ylabel.to_string(),
+        };
         let _ = write!(
             svg,
             r#"<text x="14" y="{}" class="axis" text-anchor="middle" transform="rotate(-90 14 {})">{}</text>"#,
             h / 2.0,
             h / 2.0,
-            esc(ylabel)
+            esc(&ylabel)
         );
     }
 
@@ -279,6 +386,22 @@ impl Plot {
             ly,
             esc(&legend_name(name))
         );
+    }
+}
+
+/// Where the distribution chart draws the open bucket (latencies above 2 s).
+const OPEN_BUCKET_US: f64 = 4e6;
+
+/// A latency in µs as an axis label: `750ns`, `4µs`, `250ms`, `>2s` (the open bucket).
+fn latency_label(us: f64) -> String {
+    if us >= OPEN_BUCKET_US {
+        ">2s".into()
+    } else if us >= 1000.0 {
+        format!("{}ms", short(us / 1000.0).trim_end_matches(".0"))
+    } else if us >= 1.0 {
+        format!("{}µs", short(us).trim_end_matches(".0"))
+    } else {
+        format!("{:.0}ns", us * 1000.0)
     }
 }
 
@@ -388,6 +511,7 @@ impl Results {
         self.html_queue_depths(&mut h);
         self.html_sizes(&mut h);
         self.html_matrix(&mut h);
+        self.html_workloads(&mut h);
         self.html_all(&mut h);
         h.push_str("</body></html>\n");
         h
@@ -413,10 +537,13 @@ impl Results {
             m.memory_bytes as f64 / (1u64 << 30) as f64,
             esc(&m.kernel)
         );
-        h.push_str("<h2>Targets</h2><table><tr><th class=\"l\">target</th><th class=\"l\">kind</th><th>capacity</th><th>block</th><th class=\"l\">notes</th></tr>");
+        h.push_str("<h2>Targets</h2><table><tr><th class=\"l\">target</th><th class=\"l\">kind</th><th>capacity</th><th>block</th><th class=\"l\">target CPU from</th><th class=\"l\">notes</th></tr>");
         for t in &self.targets {
-            let _ = write!(h, "<tr><td class=\"l\" style=\"color:{}\">&#9632; {}</td><td class=\"l\">{}</td><td>{:.1} GiB</td><td>{}</td><td class=\"l note\">{}</td></tr>",
-                self.colour(&t.name), esc(&t.name), esc(&t.kind), t.capacity_bytes as f64 / (1u64 << 30) as f64, t.block_size, esc(&t.notes.join("; ")));
+            let _ = write!(h, "<tr><td class=\"l\" style=\"color:{}\">&#9632; {}</td><td class=\"l\">{}</td><td>{:.1} GiB</td><td>{}</td><td class=\"l\">{}</td><td class=\"l note\">{}</td></tr>",
+                self.colour(&t.name), esc(&t.name), esc(&t.kind), t.capacity_bytes as f64 / (1u64 << 30) as f64, t.block_size,
+                // Without its scheme: the page names no outside resource, not even as text.
+                esc(t.metrics.as_deref().map_or("–", |m| m.trim_start_matches("http://"))),
+                esc(&t.notes.join("; ")));
         }
         h.push_str("</table>");
     }
@@ -458,13 +585,32 @@ impl Results {
                     &lat,
                 ));
             }
+            let target_cpu: Vec<BarGroup> =
+                group_of(&|_| true, &|s| s.target_cpu_us_per_io.unwrap_or(f64::NAN))
+                    .into_iter()
+                    .map(|(id, bars)| (id, bars.into_iter().filter(|b| b.2.is_finite()).collect()))
+                    .filter(|g: &BarGroup| !g.1.is_empty())
+                    .collect();
+            if !target_cpu.is_empty() {
+                h.push_str(&bar_chart(
+                    "Target CPU per I/O, from its metrics (lower is better)",
+                    "µs",
+                    &target_cpu,
+                ));
+            }
         }
     }
 
     /// 4 KiB random reads and writes across queue depths.
     fn html_queue_depths(&self, h: &mut String) {
         let qd_x = |w: &Workload| f64::from(w.queue_depth);
-        let qd_fmt: fn(f64) -> String = |x| format!("{x:.0}");
+        let axes = |ylabel, y| Axes {
+            xlabel: "queue depth",
+            ylabel,
+            x: Scale::Log,
+            y,
+            xfmt: |x| format!("{x:.0}"),
+        };
         for (read_pct, name) in [(100u8, "read"), (0, "write")] {
             let rows = self.rows_where(|w| {
                 w.pattern == Pattern::Random
@@ -477,17 +623,13 @@ impl Results {
                 let _ = write!(h, "<h2>4 KiB random {name} across queue depths</h2>");
                 h.push_str(&line_chart(
                     &format!("4 KiB random {name}: IOPS"),
-                    "queue depth",
-                    "IOPS",
+                    &axes("IOPS", Scale::Linear),
                     &self.series(&rows, qd_x, |s| s.iops),
-                    qd_fmt,
                 ));
                 h.push_str(&line_chart(
                     &format!("4 KiB random {name}: p99 latency"),
-                    "queue depth",
-                    "µs",
+                    &axes("µs", Scale::Log),
                     &self.series(&rows, qd_x, |s| s.latency_us.p99),
-                    qd_fmt,
                 ));
             }
         }
@@ -496,7 +638,13 @@ impl Results {
     /// Random reads and writes across I/O sizes.
     fn html_sizes(&self, h: &mut String) {
         let size_x = |w: &Workload| f64::from(w.block_size);
-        let size_fmt: fn(f64) -> String = |x| size_label(x as u32);
+        let axes = |ylabel| Axes {
+            xlabel: "I/O size",
+            ylabel,
+            x: Scale::Log,
+            y: Scale::Linear,
+            xfmt: |x| size_label(x as u32),
+        };
         for (read_pct, name) in [(100u8, "read"), (0, "write")] {
             // The sweep's 4 KiB point is a queue-depth row.
             let swept = self
@@ -513,17 +661,13 @@ impl Results {
                 let _ = write!(h, "<h2>Random {name}s from 512 B to 1 MiB (QD16)</h2>");
                 h.push_str(&line_chart(
                     &format!("Random {name}: MB/s by I/O size"),
-                    "I/O size",
-                    "MB/s",
+                    &axes("MB/s"),
                     &self.series(&rows, size_x, |s| s.mb_per_s),
-                    size_fmt,
                 ));
                 h.push_str(&line_chart(
                     &format!("Random {name}: IOPS by I/O size"),
-                    "I/O size",
-                    "IOPS",
+                    &axes("IOPS"),
                     &self.series(&rows, size_x, |s| s.iops),
-                    size_fmt,
                 ));
             }
         }
@@ -587,14 +731,117 @@ impl Results {
         }
     }
 
+    /// Each headline workload's latency distribution and IOPS over the measured window
+    /// (every row's are in results.json and the fio-format files).
+    fn html_workloads(&self, h: &mut String) {
+        let mut ids: Vec<&str> = Vec::new();
+        for r in self
+            .rows
+            .iter()
+            .filter(|r| r.workload.group == Group::Headline)
+        {
+            if !ids.contains(&r.workload.id.as_str()) {
+                ids.push(&r.workload.id);
+            }
+        }
+        if ids.is_empty() {
+            return;
+        }
+        h.push_str("<h2>Latency distribution and IOPS over time</h2>");
+        for id in ids {
+            let rows = self.rows_where(|w| w.id == id);
+            let _ = write!(h, "<h3>{}</h3>", esc(id));
+            h.push_str(&line_chart(
+                &format!("{id}: latency distribution"),
+                &Axes {
+                    xlabel: "latency (bucket upper edge, as fio's)",
+                    ylabel: "% of I/Os",
+                    x: Scale::Log,
+                    y: Scale::Linear,
+                    xfmt: latency_label,
+                },
+                &self.distributions(&rows),
+            ));
+            h.push_str(&line_chart(
+                &format!("{id}: IOPS over time"),
+                &Axes {
+                    xlabel: "seconds into the measured window",
+                    ylabel: "IOPS",
+                    x: Scale::Linear,
+                    y: Scale::Linear,
+                    xfmt: |x| short(x).trim_end_matches(".0").to_string(),
+                },
+                &self.over_time(&rows),
+            ));
+        }
+    }
+
+    /// Per target: the share of I/Os in each latency bucket, from the first bucket any
+    /// target used to the last (x in µs; the open bucket above 2 s drawn at 4 s).
+    fn distributions(&self, rows: &[&Row]) -> Vec<Series> {
+        let edge_us = |b: &Bucket| b.upto_ns.map_or(OPEN_BUCKET_US, |n| n as f64 / 1000.0);
+        let nonzero: Vec<usize> = rows
+            .iter()
+            .flat_map(|r| r.result.latency_histogram.iter().enumerate())
+            .filter(|(_, b)| b.count > 0)
+            .map(|(i, _)| i)
+            .collect();
+        let (Some(&first), Some(&last)) = (nonzero.iter().min(), nonzero.iter().max()) else {
+            return Vec::new();
+        };
+        self.series_by_target(rows, |r| {
+            let total = r
+                .result
+                .latency_histogram
+                .iter()
+                .map(|b| b.count)
+                .sum::<u64>();
+            r.result
+                .latency_histogram
+                .get(first..=last)
+                .unwrap_or_default()
+                .iter()
+                .map(|b| (edge_us(b), 100.0 * b.count as f64 / total.max(1) as f64))
+                .collect()
+        })
+    }
+
+    /// Per target: IOPS in each step of the measured window, at the step's end.
+    fn over_time(&self, rows: &[&Row]) -> Vec<Series> {
+        self.series_by_target(rows, |r| {
+            let t = &r.result.iops_over_time;
+            t.iops
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| ((i + 1) as f64 * t.interval_s, v))
+                .collect()
+        })
+    }
+
+    fn series_by_target(
+        &self,
+        rows: &[&Row],
+        points: impl Fn(&Row) -> Vec<(f64, f64)>,
+    ) -> Vec<Series> {
+        self.targets
+            .iter()
+            .filter_map(|t| {
+                let row = rows.iter().find(|r| r.target == t.name)?;
+                Some((t.name.clone(), self.colour(&t.name), points(row)))
+            })
+            .filter(|s| !s.2.is_empty())
+            .collect()
+    }
+
     /// Every row, and what was not run.
     fn html_all(&self, h: &mut String) {
-        h.push_str("<h2>All results</h2><table><tr><th class=\"l\">target</th><th class=\"l\">workload</th><th>IOPS</th><th>MB/s</th><th>mean µs</th><th>p50</th><th>p99</th><th>p99.9</th><th>max</th><th>client CPU µs/IO</th><th>errors</th></tr>");
+        h.push_str("<h2>All results</h2><table><tr><th class=\"l\">target</th><th class=\"l\">workload</th><th>IOPS</th><th>MB/s</th><th>mean µs</th><th>p50</th><th>p99</th><th>p99.9</th><th>max</th><th>client CPU µs/IO</th><th>target CPU µs/IO</th><th>errors</th></tr>");
         for r in &self.rows {
             let s = &r.result;
-            let _ = write!(h, "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td><td>{}</td></tr>",
+            let _ = write!(h, "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&r.target), esc(&r.workload.id), short(s.iops), s.mb_per_s, s.latency_us.mean, s.latency_us.p50, s.latency_us.p99, s.latency_us.p99_9, s.latency_us.max,
                 s.client_cpu_us_per_io.map_or("–".into(), |c| format!("{c:.1}")),
+                s.target_cpu_us_per_io.map_or("–".into(), |c| format!("{c:.1}")),
                 if s.errors == 0 { "0".to_string() } else { format!("{} ({})", s.errors, esc(s.first_error.as_deref().unwrap_or(""))) });
         }
         h.push_str("</table>");
@@ -614,73 +861,83 @@ impl Results {
     }
 }
 
+/// Two targets with every workload of the full plan, measured from synthetic I/Os: target
+/// `i` (from 1) does `i` × depth I/Os per 100 ms step at `i` × depth × 10 µs (± 20 %), and
+/// the first target's daemon used 2 µs of CPU per I/O.
+#[cfg(test)]
+pub(crate) fn sample_results() -> Results {
+    use crate::stats::{CpuUsed, JobStats};
+    use std::time::Duration;
+    let targets = ["iscsi://127.0.0.1:3260/iqn.x:<t>/0", "/var/tmp/a&b.img"];
+    let window = Duration::from_secs(10);
+    let step = Duration::from_millis(100);
+    let mut rows = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        for w in crate::plan::plan(false, true) {
+            let k = (i as u64 + 1) * u64::from(w.total_depth());
+            let mut stats = JobStats::new(window, step);
+            for n in 0..100 * k {
+                let at = step * u32::try_from(n / k).unwrap();
+                let lat = Duration::from_micros(k * 10 * (80 + n % 41) / 100);
+                let read = n % 100 < u64::from(w.read_pct);
+                stats.record(lat, read, w.block_size, at);
+            }
+            let ios = 100 * k;
+            let cpu = CpuUsed {
+                client: Some(Duration::from_micros(3 * ios)),
+                target: (i == 0).then(|| Duration::from_micros(2 * ios)),
+            };
+            rows.push(Row {
+                target: t.to_string(),
+                workload: w.clone(),
+                result: Summary::of(&stats, window, cpu),
+            });
+        }
+    }
+    Results {
+        tool: "ferrosan bench".into(),
+        version: "0.1.0".into(),
+        started_unix_s: 0,
+        host: "test<host>".into(),
+        machine: Machine {
+            cpu_model: "Test <CPU>".into(),
+            cores: 2,
+            memory_bytes: 24 << 30,
+            kernel: "6.1.0".into(),
+        },
+        quick: false,
+        writes: true,
+        ramp_s: 2.0,
+        runtime_s: 10.0,
+        targets: targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TargetInfo {
+                name: t.to_string(),
+                kind: if i == 0 { "iscsi" } else { "file" }.into(),
+                capacity_bytes: 1 << 30,
+                block_size: 512,
+                notes: vec!["sparse".into()],
+                node: (i == 0).then(|| "iqn.x:<t>".into()),
+                metrics: (i == 0).then(|| "http://127.0.0.1:9100/metrics".into()),
+            })
+            .collect(),
+        rows,
+        skipped: vec![Skipped {
+            target: "x".into(),
+            workload: "randread-512-qd16".into(),
+            reason: "4096-byte blocks".into(),
+        }],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::plan::plan;
-    use crate::stats::Latency;
 
     fn results() -> Results {
-        let targets = ["iscsi://127.0.0.1:3260/iqn.x:<t>/0", "/var/tmp/a&b.img"];
-        let mut rows = Vec::new();
-        for (i, t) in targets.iter().enumerate() {
-            for w in plan(false, true) {
-                let k = (i + 1) as f64 * f64::from(w.total_depth());
-                rows.push(Row {
-                    target: t.to_string(),
-                    workload: w.clone(),
-                    result: Summary {
-                        iops: 1000.0 * k,
-                        read_iops: 1000.0 * k,
-                        write_iops: 0.0,
-                        mb_per_s: k * f64::from(w.block_size) / 1e3,
-                        latency_us: Latency {
-                            mean: 100.0 * k,
-                            p50: 90.0,
-                            p90: 150.0,
-                            p99: 300.0 * k,
-                            p99_9: 500.0,
-                            max: 900.0,
-                        },
-                        client_cpu_us_per_io: Some(3.5),
-                        errors: 0,
-                        first_error: None,
-                    },
-                });
-            }
-        }
-        Results {
-            tool: "ferrosan bench".into(),
-            version: "0.1.0".into(),
-            started_unix_s: 0,
-            host: "test<host>".into(),
-            machine: Machine {
-                cpu_model: "Test <CPU>".into(),
-                cores: 2,
-                memory_bytes: 24 << 30,
-                kernel: "6.1.0".into(),
-            },
-            quick: false,
-            writes: true,
-            ramp_s: 2.0,
-            runtime_s: 10.0,
-            targets: targets
-                .iter()
-                .map(|t| TargetInfo {
-                    name: t.to_string(),
-                    kind: "file".into(),
-                    capacity_bytes: 1 << 30,
-                    block_size: 512,
-                    notes: vec!["sparse".into()],
-                })
-                .collect(),
-            rows,
-            skipped: vec![Skipped {
-                target: "x".into(),
-                workload: "randread-512-qd16".into(),
-                reason: "4096-byte blocks".into(),
-            }],
-        }
+        sample_results()
     }
 
     #[test]
@@ -736,25 +993,95 @@ mod tests {
                 x["workload"]["id"] == "randread-4k-qd64" && x["target"] == "/var/tmp/a&b.img"
             })
             .unwrap();
-        assert_eq!(row["iops"], 128_000.0);
+        // 2 x 64 I/Os per 100 ms step.
+        assert_eq!(row["iops"], 1280.0);
         assert_eq!(row["workload"]["queue_depth"], 64);
-        assert_eq!(row["latency_us"]["p99"], 300.0 * 128.0);
+        // Latencies from 0.8 to 1.2 x 1280 µs.
+        let p99 = row["latency_us"]["p99"].as_f64().unwrap();
+        assert!((1500.0..1540.0).contains(&p99), "{p99}");
+        assert_eq!(row["read_latency_us"], row["latency_us"]);
+        assert!(row["write_latency_us"].is_null());
         assert_eq!(row["workload"]["pattern"], "random");
+        assert_eq!(row["target_cpu_us_per_io"], serde_json::Value::Null);
+        assert_eq!(row["client_cpu_us_per_io"], 3.0);
+        assert_eq!(row["iops_over_time"]["iops"].as_array().unwrap().len(), 100);
         assert_eq!(v["targets"][0]["block_size"], 512);
+        let theirs = rows
+            .iter()
+            .find(|x| x["workload"]["id"] == "randrw70-4k-qd64" && x["target"] != row["target"])
+            .unwrap();
+        assert_eq!(theirs["target_cpu_us_per_io"], 2.0);
+        assert!(theirs["write_latency_us"]["mean"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn latencies_are_drawn_on_log_axes_with_distributions_and_series_per_workload() {
+        let html = results().to_html();
+        // p99 across queue depths spans 10 µs .. 1.5 ms: decades, on a log axis.
+        assert!(html.contains("µs (log scale)"));
+        for id in ["randread-4k-qd1", "randwrite-4k-qd64", "seqread-1m-qd16"] {
+            assert!(
+                html.contains(&format!("{id}: latency distribution")),
+                "{id}"
+            );
+            assert!(html.contains(&format!("{id}: IOPS over time")), "{id}");
+        }
+        // Only the headline workloads get their own charts.
+        assert!(!html.contains("randread-4k-qd8: latency distribution"));
+        assert!(html.contains("Target CPU per I/O, from its metrics"));
+        assert!(html.contains("127.0.0.1:9100/metrics"));
+        assert!(!html.contains("NaN") && !html.contains("inf\""));
+    }
+
+    #[test]
+    fn axes_map_values_linearly_or_by_decades() {
+        let d = Range::decades([12.0, 950.0, 0.0, -1.0].into_iter());
+        assert_eq!((d.lo, d.hi), (1.0, 3.0));
+        assert_eq!(d.grid(), [10.0, 100.0, 1000.0]);
+        assert!((d.frac(100.0) - 0.5).abs() < 1e-9);
+        // What a log axis cannot show sits at its foot.
+        assert_eq!(d.frac(0.0), 0.0);
+        let one = Range::decades([5.0].into_iter());
+        assert_eq!((one.lo, one.hi), (0.0, 1.0));
+        let none = Range::decades(std::iter::empty());
+        assert_eq!((none.lo, none.hi), (0.0, 1.0));
+        let lin = Range::linear(0.0, 200.0);
+        assert_eq!(lin.grid(), [0.0, 50.0, 100.0, 150.0, 200.0]);
+        assert_eq!(linear_ticks(10.0), [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+        assert_eq!(linear_ticks(5.0), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(latency_label(0.75), "750ns");
+        assert_eq!(latency_label(250.0), "250µs");
+        assert_eq!(latency_label(2000.0), "2ms");
+        assert_eq!(latency_label(OPEN_BUCKET_US), ">2s");
+        assert_eq!(short(0.25), "0.25");
+        assert_eq!(short(0.01), "0.010");
     }
 
     #[test]
     fn charts_survive_empty_and_degenerate_data() {
-        let svg = line_chart("t", "x", "y", &[], |x| format!("{x}"));
-        assert!(svg.contains("no data"));
-        let one = line_chart(
-            "t",
-            "x",
-            "y",
-            &[("a".into(), "#000", vec![(1.0, 0.0)])],
-            |x| format!("{x}"),
-        );
-        assert!(!one.contains("NaN") && !one.contains("inf"), "{one}");
+        for (x, y) in [(Scale::Log, Scale::Log), (Scale::Linear, Scale::Linear)] {
+            let axes = Axes {
+                xlabel: "x",
+                ylabel: "y",
+                x,
+                y,
+                xfmt: |x| format!("{x}"),
+            };
+            let svg = line_chart("t", &axes, &[]);
+            assert!(svg.contains("no data"));
+            let one = line_chart("t", &axes, &[("a".into(), "#000", vec![(1.0, 0.0)])]);
+            assert!(!one.contains("NaN") && !one.contains("inf"), "{one}");
+            let odd = line_chart(
+                "t",
+                &axes,
+                &[(
+                    "a".into(),
+                    "#000",
+                    vec![(0.0, f64::NAN), (f64::INFINITY, 1.0)],
+                )],
+            );
+            assert!(!odd.contains("NaN") && !odd.contains("inf"), "{odd}");
+        }
         let bars = bar_chart(
             "t",
             "IOPS",

@@ -2,11 +2,9 @@
 //! session or an io_uring), keeping its queue depth full for the ramp and the measured window.
 
 use crate::plan::{Pattern, Timing, Workload};
-use crate::stats::{process_cpu, JobStats, Summary};
+use crate::stats::{process_cpu, CpuUsed, JobStats, Summary};
 use std::sync::{Arc, Barrier};
-#[cfg(test)]
-use std::time::Duration;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -38,6 +36,10 @@ pub struct TargetInfo {
     pub block_size: u32,
     /// Things the user should know about the numbers (a sparse file, say).
     pub notes: Vec<String>,
+    /// The target IQN or subsystem NQN of a network target.
+    pub node: Option<String>,
+    /// The metrics endpoint its target CPU was read from (`--target-metrics`), if any.
+    pub metrics: Option<String>,
 }
 
 /// Opens engines on one target, one per job.
@@ -116,13 +118,23 @@ impl Offsets {
     }
 }
 
+/// The target daemon's CPU time so far (from its metrics), where it can be had.
+pub type TargetCpu<'a> = &'a dyn Fn() -> Option<Duration>;
+
+/// The step of the IOPS-over-time series: about 100 points per window, none shorter than 100 ms.
+pub fn series_step(runtime: Duration) -> Duration {
+    (runtime / 100).max(Duration::from_millis(100))
+}
+
 /// Runs `workload` on `target` over the first `range` bytes; the measured window follows the
 /// ramp. Errors opening the target (no session, say) fail the run; I/O errors are counted.
+/// `target_cpu`, when given, is read at both ends of the window.
 pub fn run(
     target: &dyn Target,
     workload: &Workload,
     timing: &Timing,
     range: u64,
+    target_cpu: Option<TargetCpu>,
 ) -> Result<Summary, String> {
     let info = target.info();
     if u64::from(workload.block_size) > range {
@@ -155,12 +167,18 @@ pub fn run(
         }
         start_line.wait();
         let started = Instant::now();
-        // The process's CPU over the measured window only.
+        // CPU over the measured window only: this process's, and the target's where known.
+        let target_now = || target_cpu.and_then(|f| f());
         sleep_until(started + timing.ramp);
-        let cpu_before = process_cpu();
+        let before = (process_cpu(), target_now());
         sleep_until(started + timing.ramp + timing.runtime);
-        let cpu_after = process_cpu();
-        let cpu = cpu_before.zip(cpu_after).map(|(a, b)| b.saturating_sub(a));
+        let after = (process_cpu(), target_now());
+        let used =
+            |a: Option<Duration>, b: Option<Duration>| a.zip(b).map(|(a, b)| b.saturating_sub(a));
+        let cpu = CpuUsed {
+            client: used(before.0, after.0),
+            target: used(before.1, after.1),
+        };
         let stats: Vec<_> = handles
             .into_iter()
             .map(|h| {
@@ -171,7 +189,7 @@ pub fn run(
         (stats, cpu)
     });
     let (per_job, cpu) = results;
-    let mut all = JobStats::new();
+    let mut all = JobStats::new(timing.runtime, series_step(timing.runtime));
     for job in per_job {
         all.merge(&job?);
     }
@@ -190,7 +208,7 @@ fn run_job(
     let mut rng =
         Rng(0x9E37_79B9_7F4A_7C15 ^ (u64::from(job) + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
     let mut offsets = Offsets::new(w.pattern, range, w.block_size, job, w.jobs);
-    let mut stats = JobStats::new();
+    let mut stats = JobStats::new(timing.runtime, series_step(timing.runtime));
     let mut free: Vec<usize> = (0..qd).rev().collect();
     let mut issued: Vec<(Instant, Op)> = vec![(Instant::now(), Op::Read); qd];
     let mut done = Vec::with_capacity(qd);
@@ -232,7 +250,7 @@ fn run_job(
                 continue;
             }
             match result {
-                Ok(()) => stats.record(now - at, op == Op::Read, w.block_size),
+                Ok(()) => stats.record(now - at, op == Op::Read, w.block_size, now - measure_from),
                 Err(e) => stats.error(e),
             }
         }
@@ -349,6 +367,8 @@ mod tests {
                 capacity_bytes: 64 << 20,
                 block_size: 512,
                 notes: vec![],
+                node: None,
+                metrics: None,
             },
             fail_writes,
         }
@@ -364,7 +384,7 @@ mod tests {
             .into_iter()
             .find(|w| w.id == "randrw70-4k-qd64")
             .unwrap();
-        let s = run(&fake(false), &w, &timing, 64 << 20).unwrap();
+        let s = run(&fake(false), &w, &timing, 64 << 20, None).unwrap();
         // 64 I/Os every ~1 ms (plus scheduling) for 0.4 s.
         assert!(s.iops > 64.0 * 200.0 && s.iops < 64.0 * 1100.0, "{s:?}");
         let read_share = s.read_iops / s.iops;
@@ -376,7 +396,7 @@ mod tests {
             group: Group::Matrix,
             ..w
         };
-        let s3 = run(&fake(false), &jobs, &timing, 64 << 20).unwrap();
+        let s3 = run(&fake(false), &jobs, &timing, 64 << 20, None).unwrap();
         assert!(s3.iops > 2.0 * s.iops, "3 jobs {} vs 1 {}", s3.iops, s.iops);
     }
 
@@ -390,7 +410,7 @@ mod tests {
             .into_iter()
             .find(|w| w.id == "randwrite-4k-qd64")
             .unwrap();
-        let s = run(&fake(true), &w, &timing, 64 << 20).unwrap();
+        let s = run(&fake(true), &w, &timing, 64 << 20, None).unwrap();
         assert!(s.errors > 0 && s.iops == 0.0, "{s:?}");
         assert!(s.first_error.unwrap().contains("failed"));
     }
@@ -402,7 +422,7 @@ mod tests {
             .into_iter()
             .find(|w| w.id == "seqread-1m-qd16")
             .unwrap();
-        assert!(run(&fake(false), &w, &timing, 4096)
+        assert!(run(&fake(false), &w, &timing, 4096, None)
             .unwrap_err()
             .contains("do not fit"));
         let mut t = fake(false);
@@ -411,7 +431,7 @@ mod tests {
             block_size: 512,
             ..w
         };
-        assert!(run(&t, &small, &timing, 1 << 20)
+        assert!(run(&t, &small, &timing, 1 << 20, None)
             .unwrap_err()
             .contains("4096-byte-block"));
     }

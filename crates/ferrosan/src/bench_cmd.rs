@@ -6,11 +6,12 @@ use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// A short subset (4 KiB random read QD1 and QD64, 1 MiB sequential read; with
-    /// --destructive also 4 KiB random write, 70/30 mix and 1 MiB sequential write) of 6 s each.
+    /// A short subset of 6 s each: 4 KiB random reads at queue depths 1 to 64 and 1 MiB
+    /// sequential reads; with --destructive also 4 KiB random writes at queue depths 1 to 64,
+    /// the 70/30 mix and 1 MiB sequential writes.
     #[arg(long)]
     quick: bool,
-    /// Directory for results.json and report.html.
+    /// Directory for results.json, report.html and fio-format JSON (fio/).
     #[arg(long, default_value = "ferrosan-bench")]
     out: PathBuf,
     /// Also run the write workloads. They overwrite data on every target named; a local device
@@ -47,6 +48,10 @@ pub struct BenchArgs {
     /// password in the URL works too, but every user sees it in the process list.
     #[arg(long, value_name = "FILE")]
     chap_secret_file: Option<PathBuf>,
+    /// A ferrosan daemon's metrics (http://HOST:PORT/metrics, or HOST:PORT): each row of a
+    /// target it serves gets the daemon's CPU time per I/O. Repeat for several daemons.
+    #[arg(long, value_name = "URL")]
+    target_metrics: Vec<String>,
     /// Host NQN for nvme+tcp:// targets (default: /etc/nvme/hostnqn, else
     /// nqn.2026-11.org.ferrosan:bench.HOSTNAME).
     #[arg(long)]
@@ -87,6 +92,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         even_if_open: args.even_if_open,
         size,
         only: args.only,
+        target_metrics: args.target_metrics,
         host_nqn: args.host_nqn.unwrap_or_else(default_host_nqn),
         initiator_name: args.initiator_name.unwrap_or_else(default_initiator_name),
         chap_secret,

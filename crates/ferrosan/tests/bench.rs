@@ -4,7 +4,7 @@
 mod common;
 
 use common::tgt::{Tgt, TGT_IQN};
-use common::{disk_dir, run_path, Daemon};
+use common::{disk_dir, free_port, run_path, Daemon, IQN};
 use std::path::Path;
 
 fn ferrosan() -> &'static Path {
@@ -44,24 +44,60 @@ fn a_quick_run_on_a_file_writes_results_and_a_self_contained_report() {
         .iter()
         .map(|r| r["workload"]["id"].as_str().unwrap())
         .collect();
-    // Reads only without --destructive.
+    // Reads only without --destructive: the headline and the queue-depth sweep.
     assert_eq!(
         ids,
-        ["randread-4k-qd1", "randread-4k-qd64", "seqread-1m-qd16"]
+        [
+            "randread-4k-qd1",
+            "randread-4k-qd64",
+            "seqread-1m-qd16",
+            "randread-4k-qd2",
+            "randread-4k-qd4",
+            "randread-4k-qd8",
+            "randread-4k-qd16",
+            "randread-4k-qd32"
+        ]
     );
     for r in rows {
         assert_eq!(r["target"], file.as_str());
-        assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+        let iops = r["iops"].as_f64().unwrap();
+        assert!(iops > 0.0, "{r}");
         assert_eq!(r["errors"], 0, "{r}");
         assert!(
             r["latency_us"]["p99"].as_f64().unwrap() >= r["latency_us"]["p50"].as_f64().unwrap()
         );
+        // The distribution counts every I/O of the window; the series averages to the IOPS.
+        let counted: u64 = r["latency_histogram"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["count"].as_u64().unwrap())
+            .sum();
+        assert!((counted as f64 - iops).abs() <= 1.0, "{counted} vs {iops}");
+        let series: Vec<f64> = r["iops_over_time"]["iops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(series.len(), 10, "1 s in 100 ms steps");
+        let mean = series.iter().sum::<f64>() / series.len() as f64;
+        assert!((mean - iops).abs() < iops * 0.01 + 1.0, "{mean} vs {iops}");
+        assert!(r["read_latency_us"]["p50"].as_f64().unwrap() > 0.0);
+        assert!(r["write_latency_us"].is_null());
     }
+    assert_eq!(walk(&out.join("fio")).len(), rows.len());
     assert!(rows[2]["mb_per_s"].as_f64().unwrap() > 1.0);
     assert_eq!(results["targets"][0]["kind"], "file");
     assert_eq!(results["targets"][0]["capacity_bytes"], 64 << 20);
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("<svg "), "no chart");
+    assert!(html.contains("randread-4k-qd64: latency distribution"));
+    assert!(html.contains("randread-4k-qd64: IOPS over time"));
+    assert!(
+        html.contains("µs (log scale)"),
+        "p99 across queue depths on a log axis"
+    );
     for outside in ["http:", "https:", "src=", "<link", "<script"] {
         assert!(!html.contains(outside), "report refers outside: {outside}");
     }
@@ -215,16 +251,21 @@ fn tgt_ferrosan_and_a_file_side_by_side_in_one_run() {
     let out = dir.join("out");
     let out_s = out.display().to_string();
     let tgt = Tgt::start();
-    let daemon = Daemon::start(&["ram:64M"]);
+    let metrics_port = free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let daemon = Daemon::start_with_args(IQN, &["ram:64M"], &["--metrics-listen", &metrics]);
     let tgt_url = format!("iscsi://127.0.0.1:{}/{TGT_IQN}/1", tgt.port);
     let ours = daemon.url(0);
     let run = run_path(
         ferrosan(),
         &[
             "bench",
-            "--quick",
+            "--only",
+            "randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16",
             "--runtime",
             "1",
+            "--target-metrics",
+            &metrics,
             "--out",
             &out_s,
             &tgt_url,
@@ -257,7 +298,49 @@ fn tgt_ferrosan_and_a_file_side_by_side_in_one_run() {
             "{target}"
         );
         assert_eq!(row("randread-4k-qd1")["errors"], 0, "{target}");
+        // Target CPU only where the metrics endpoint serves the target: ferrosan's LUN.
+        let target_cpu = row("randread-4k-qd64")["target_cpu_us_per_io"].as_f64();
+        if *target == ours {
+            assert!(
+                target_cpu.is_some_and(|c| c > 0.0),
+                "{target}: {target_cpu:?}"
+            );
+        } else {
+            assert_eq!(target_cpu, None, "{target}");
+        }
     }
+    assert_eq!(
+        results["targets"][1]["metrics"],
+        format!("http://{metrics}/metrics").as_str()
+    );
+    assert!(results["targets"][0]["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("no --target-metrics endpoint serves it"));
+    // fio-format files, one per target and workload, in bench-fio's layout.
+    let fio_files = walk(&out.join("fio"));
+    assert_eq!(fio_files.len(), 9, "{fio_files:?}");
+    let qd64: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            fio_files
+                .iter()
+                .find(|p| {
+                    p.ends_with("4k/randread-64-1.json") && p.to_string_lossy().contains("itest")
+                })
+                .expect("ferrosan's randread QD64 file"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let job = &qd64["jobs"][0];
+    assert_eq!(job["job options"]["iodepth"], "64");
+    assert!(job["read"]["iops"].as_f64().unwrap() > 100.0, "{job}");
+    assert!(
+        job["read"]["clat_ns"]["percentile"]["99.000000"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     let kinds: Vec<_> = results["targets"]
         .as_array()
         .unwrap()
@@ -324,4 +407,18 @@ fn a_dead_target_or_bad_credentials_end_the_run_with_an_error_not_a_hang() {
     let r = run_path(ferrosan(), &["bench", "--quick", "--out", &out, &with_pw]);
     assert!(!r.stderr.contains("hunter2secret"), "{}", r.describe());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every file under `dir`, recursively.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            files.extend(walk(&p));
+        } else {
+            files.push(p);
+        }
+    }
+    files
 }

@@ -23,12 +23,12 @@ pub struct TopArgs {
     /// Print this many frames as plain text, one per interval, and exit (no terminal UI).
     #[arg(long)]
     batch: Option<u32>,
-    /// Row order: iops (busiest first), latency (slowest p99 first), mb (most bytes first) or
-    /// name. In the terminal: the keys i, l, m, n.
+    /// Row order: iops (busiest first), latency (slowest p99 first), mb (most bytes first),
+    /// qd (deepest average queue first) or name. In the terminal: the keys i, l, m, d, n.
     #[arg(long, value_enum, default_value_t = Sort::Iops)]
     sort: Sort,
-    /// Only the rows that contain this text (initiator, target, source or device;
-    /// case-insensitive). In the terminal: / then the text, Enter; Esc clears it.
+    /// Only the rows that contain this text (initiator, target, portal, source, device or
+    /// LUN; case-insensitive). In the terminal: / then the text, Enter; Esc clears it.
     #[arg(long)]
     filter: Option<String>,
 }
@@ -39,6 +39,7 @@ enum Sort {
     Iops,
     Latency,
     Mb,
+    Qd,
     Name,
 }
 
@@ -160,6 +161,8 @@ struct Row {
     mb: f64,
     /// The p99 latency in ms over the window (0 without commands).
     p99: f64,
+    /// Reads and writes in flight on average over the window.
+    qd: f64,
     name: String,
 }
 
@@ -259,6 +262,9 @@ fn frame(before: &Sample, now: &Sample) -> Frame {
             columns: vec![
                 col("TSIH"),
                 name_col("INITIATOR"),
+                // Dropped last first as the width shrinks: a path (its portal) says more
+                // than the target, which is often the same on every row.
+                droppable_name_col("PORTAL"),
                 droppable_name_col("TARGET"),
                 droppable_name_col("SOURCE"),
                 col("READ/s"),
@@ -266,6 +272,7 @@ fn frame(before: &Sample, now: &Sample) -> Frame {
                 col("MB/s"),
                 col("P50_ms"),
                 col("P99_ms"),
+                col("QD"),
             ],
             rows: sessions
                 .iter()
@@ -275,11 +282,13 @@ fn frame(before: &Sample, now: &Sample) -> Frame {
         devices: Table {
             columns: vec![
                 name_col("DEVICE"),
+                droppable_name_col("LUN"),
                 col("READ/s"),
                 col("WRITE/s"),
                 col("MB/s"),
                 col("P50_ms"),
                 col("P99_ms"),
+                col("QD"),
                 col("QUEUED"),
                 col("ERR/s"),
                 col("STATE"),
@@ -327,6 +336,9 @@ struct Activity<'a> {
     writes: f64,
     bytes: f64,
     latency: Option<(f64, f64)>,
+    /// Reads and writes in flight on average (Little's law: their time in the target per
+    /// second, as iostat's aqu-sz).
+    qd: f64,
 }
 
 impl<'a> Activity<'a> {
@@ -339,23 +351,29 @@ impl<'a> Activity<'a> {
     ) -> Activity<'a> {
         let was = earlier(old, &key_of(now), key_of);
         let r = |f: &str| rate(was, now, f, secs);
+        let busy_ns = |op: &str| {
+            let sum = |v: &Value| v[op]["sum_ns"].as_f64().unwrap_or(0.0);
+            (sum(now) - was.map_or(0.0, sum)).max(0.0)
+        };
         Activity {
             was,
             reads: r("reads"),
             writes: r("writes"),
             bytes: r("read_bytes") + r("write_bytes"),
             latency: both_percentiles(was, now, bounds),
+            qd: (busy_ns("read_latency") + busy_ns("write_latency")) / 1e9 / secs,
         }
     }
 
-    /// READ/s, WRITE/s, MB/s, P50_ms, P99_ms.
-    fn cells(&self) -> [String; 5] {
+    /// READ/s, WRITE/s, MB/s, P50_ms, P99_ms, QD.
+    fn cells(&self) -> [String; 6] {
         [
             format!("{:.0}", self.reads),
             format!("{:.0}", self.writes),
             mb(self.bytes),
             ms(self.latency.map(|l| l.0)),
             ms(self.latency.map(|l| l.1)),
+            format!("{:.1}", self.qd),
         ]
     }
 
@@ -365,6 +383,7 @@ impl<'a> Activity<'a> {
             iops: self.reads + self.writes,
             mb: self.bytes,
             p99: self.latency.map_or(0.0, |l| l.1),
+            qd: self.qd,
             name,
         }
     }
@@ -377,6 +396,7 @@ fn session_row(old: &[Value], s: &Value, secs: f64, bounds: &[f64]) -> Row {
     let mut cells = vec![
         crate::ctl::text(&s["tsih"]),
         initiator.clone(),
+        crate::ctl::text(&s["portal"]),
         crate::ctl::text(&s["target"]),
         crate::ctl::text(&s["source"]),
     ];
@@ -384,11 +404,28 @@ fn session_row(old: &[Value], s: &Value, secs: f64, bounds: &[f64]) -> Row {
     a.row(cells, initiator)
 }
 
+/// The LUN numbers a device is mapped as (`0`, `0,3`), `-` where it is mapped nowhere.
+fn lun_numbers(d: &Value) -> String {
+    let mut luns: Vec<u64> = d["luns"]
+        .as_array()
+        .map(|l| l.iter().filter_map(|m| m["lun"].as_u64()).collect())
+        .unwrap_or_default();
+    luns.sort_unstable();
+    luns.dedup();
+    if luns.is_empty() {
+        return "-".into();
+    }
+    luns.iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn device_row(old: &[Value], d: &Value, secs: f64, bounds: &[f64]) -> Row {
     let key_of = |v: &Value| crate::ctl::text(&v["device"]);
     let a = Activity::of(old, d, key_of, secs, bounds);
     let name = crate::ctl::text(&d["device"]);
-    let mut cells = vec![name.clone()];
+    let mut cells = vec![name.clone(), lun_numbers(d)];
     cells.extend(a.cells());
     cells.extend([
         crate::ctl::text(&d["in_flight"]),
@@ -415,6 +452,7 @@ fn shown(table: &Table, view: &View) -> (Vec<&'static str>, Vec<Vec<String>>) {
         Sort::Iops => rows.sort_by(|a, b| b.iops.total_cmp(&a.iops)),
         Sort::Latency => rows.sort_by(|a, b| b.p99.total_cmp(&a.p99)),
         Sort::Mb => rows.sort_by(|a, b| b.mb.total_cmp(&a.mb)),
+        Sort::Qd => rows.sort_by(|a, b| b.qd.total_cmp(&a.qd)),
         Sort::Name => rows.sort_by(|a, b| a.name.cmp(&b.name)),
     }
     let mut keep: Vec<bool> = vec![true; table.columns.len()];
@@ -479,6 +517,15 @@ fn shown(table: &Table, view: &View) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     }
                 }
             }
+        }
+    }
+    // Leaving columns out may have made room: names as long as now fits.
+    if let Some(width) = view.width {
+        if let Some(wider) = [40, 32, 24, 18, 14, 12]
+            .into_iter()
+            .find(|&c| c > cap && total(&widths(&keep, c), &keep) <= width)
+        {
+            cap = wider;
         }
     }
     let w = widths(&keep, cap);
@@ -643,6 +690,7 @@ fn act(key: Key, view: &mut View, typing: &mut Option<String>) -> bool {
         Key::Char('i') => view.sort = Sort::Iops,
         Key::Char('l') => view.sort = Sort::Latency,
         Key::Char('m') => view.sort = Sort::Mb,
+        Key::Char('d') => view.sort = Sort::Qd,
         Key::Char('n') => view.sort = Sort::Name,
         Key::Char('/') => *typing = Some(String::new()),
         _ => {}
@@ -683,11 +731,12 @@ fn draw(f: &mut ratatui::Frame<'_>, latest: Option<&Frame>, view: &View, typing:
     let line = match typing {
         Some(text) => format!("filter: {text}_  (Enter: apply, Esc: cancel)"),
         None => format!(
-            "q quit  sort: i iops  l p99  m MB/s  n name [{}]  / filter{}",
+            "q quit  sort: i iops  l p99  m MB/s  d queue  n name [{}]  / filter{}",
             match view.sort {
                 Sort::Iops => "iops",
                 Sort::Latency => "p99",
                 Sort::Mb => "MB/s",
+                Sort::Qd => "queue",
                 Sort::Name => "name",
             },
             if view.filter.is_empty() {
@@ -796,6 +845,7 @@ mod tests {
             iops,
             mb: iops / 10.0,
             p99,
+            qd: iops / 10.0,
             name: name.into(),
         }
     }
@@ -847,6 +897,8 @@ mod tests {
         assert!(by_iops[0].contains("microsoft") && by_iops[2].contains("debian"));
         let by_p99 = names(shown(&t, &view(Sort::Latency, "", None)));
         assert!(by_p99[0].contains("vmware"));
+        let by_qd = names(shown(&t, &view(Sort::Qd, "", None)));
+        assert!(by_qd[0].contains("microsoft"));
         let by_name = names(shown(&t, &view(Sort::Name, "", None)));
         assert!(by_name[0].contains("1991"));
         // The filter looks in every cell, whatever the case.
@@ -870,6 +922,102 @@ mod tests {
         assert_eq!(header, ["TSIH", "INITIATOR", "IOPS"]);
     }
 
+    /// `stats` as the daemon answers it: one session and two devices with `n` reads of 1 ms
+    /// each (so `n` ms of busy time) and `n` × 4 KiB.
+    fn stats(n: u64, secs: u64) -> Sample {
+        let latency = |count: u64| json!({"count": count, "sum_ns": count * 1_000_000, "buckets": [0, count, 0, 0]});
+        let io = |n: u64| {
+            json!({"reads": n, "writes": 0, "read_bytes": n * 4096, "write_bytes": 0,
+            "read_latency": latency(n), "write_latency": latency(0)})
+        };
+        let mut session = io(n);
+        for (k, v) in [
+            ("tsih", json!(7)),
+            ("initiator", json!("iqn.1993-08.org.debian:01:host-a")),
+            ("target", json!("iqn.2026-11.org.ferrosan:array")),
+            ("portal", json!("192.0.2.10:3260")),
+            ("source", json!("192.0.2.77:51234")),
+        ] {
+            session[k] = v;
+        }
+        let mut disk = io(n);
+        disk["device"] = json!("disk0");
+        disk["luns"] = json!([{"target": "t", "group": "g", "lun": 3}, {"target": "u", "group": "h", "lun": 0}, {"target": "v", "group": "h", "lun": 3}]);
+        disk["in_flight"] = json!(2);
+        let mut spare = io(0);
+        spare["device"] = json!("spare");
+        spare["luns"] = json!([]);
+        Sample {
+            at: START.with(|s| *s) + Duration::from_secs(secs),
+            stats: json!({"latency_bounds_ns": BOUNDS, "sessions": [session], "devices": [disk, spare]}),
+        }
+    }
+
+    thread_local! {
+        static START: Instant = Instant::now();
+    }
+
+    #[test]
+    fn a_frame_has_each_sessions_portal_and_queue_depth_and_each_devices_luns() {
+        // 8 000 reads of 1 ms each in 2 s: 8 s busy per 2 s, 4 in flight on average.
+        let f = frame(&stats(1000, 0), &stats(9000, 2));
+        let view = View {
+            sort: Sort::Iops,
+            filter: String::new(),
+            width: Some(80),
+        };
+        let (header, rows) = shown(&f.sessions, &view);
+        assert_eq!(
+            header,
+            [
+                "TSIH",
+                "INITIATOR",
+                "PORTAL",
+                "READ/s",
+                "WRITE/s",
+                "MB/s",
+                "P50_ms",
+                "P99_ms",
+                "QD"
+            ]
+        );
+        // At 80 columns names keep their distinctive ends: the host, the address and port.
+        assert_eq!(rows[0][1], "…n:01:host-a");
+        assert_eq!(rows[0][2], "…0.2.10:3260");
+        assert_eq!(rows[0][3], "4000");
+        assert_eq!(rows[0][8], "4.0");
+        let line: usize = rows[0].iter().map(|c| c.chars().count() + 2).sum();
+        assert!(line <= 80, "{rows:?}");
+        // Wide enough, the target and the source come back.
+        let wide = View {
+            width: Some(160),
+            ..view.clone()
+        };
+        assert_eq!(shown(&f.sessions, &wide).0.len(), 11);
+        let roomy = View {
+            width: Some(120),
+            ..view.clone()
+        };
+        let (header, rows) = shown(&f.sessions, &roomy);
+        assert_eq!(header[2], "PORTAL");
+        assert_eq!(rows[0][2], "192.0.2.10:3260");
+        let line: usize = rows[0].iter().map(|c| c.chars().count() + 2).sum();
+        assert!(line <= 120, "{rows:?}");
+        let (header, rows) = shown(&f.devices, &view);
+        assert_eq!(header[..2], ["DEVICE", "LUN"]);
+        assert_eq!(rows[0][..2], ["disk0", "0,3"]);
+        assert_eq!(rows[1][..2], ["spare", "-"]);
+        let qd = header.iter().position(|h| *h == "QD").unwrap();
+        assert_eq!(rows[0][qd], "4.0");
+        assert_eq!(rows[1][qd], "0.0");
+        // The filter finds a session by its portal.
+        let by_portal = View {
+            filter: "192.0.2.10".into(),
+            ..view
+        };
+        assert_eq!(shown(&f.sessions, &by_portal).1.len(), 1);
+    }
+
     #[test]
     fn keys_sort_filter_and_quit() {
         let mut view = View {
@@ -880,6 +1028,8 @@ mod tests {
         let mut typing = None;
         assert!(!act(Key::Char('l'), &mut view, &mut typing));
         assert_eq!(view.sort, Sort::Latency);
+        assert!(!act(Key::Char('d'), &mut view, &mut typing));
+        assert_eq!(view.sort, Sort::Qd);
         for k in [
             Key::Char('/'),
             Key::Char('e'),

@@ -1,6 +1,7 @@
 //! `ferrosan top` against a running qemu-img writer: the plain `--batch` frames and the
 //! terminal UI (an 80-column tmux pane, read back with capture-pane) both show its session's
-//! writes per second and p99 latency; the sort and filter keys act, and `q` quits.
+//! writes per second and p99 latency (the batch frames its queue depth and portal too); the
+//! sort and filter keys act, and `q` quits.
 
 mod common;
 
@@ -12,20 +13,24 @@ use common::{require_tool, run_path, Daemon, Scratch};
 
 const IQN: &str = "iqn.2026-11.org.ferrosan:top";
 
-/// The WRITE/s column of the row naming qemu's initiator in a `top` screen or frame.
-fn writes_per_second(screen: &str) -> Option<u64> {
-    let header = screen.lines().find(|l| l.contains("WRITE/s"))?;
-    let column = header
+/// The `header` column of the row naming qemu's initiator in a `top` screen or frame.
+fn session_cell(screen: &str, header: &str) -> Option<String> {
+    let head = screen.lines().find(|l| l.contains("INITIATOR"))?;
+    let column = head
         .split(['│', ' '])
         .filter(|c| !c.is_empty())
-        .position(|c| c == "WRITE/s")?;
+        .position(|c| c == header)?;
     // At 80 columns the initiator's name keeps its end (…org.linux-kvm).
     let row = screen.lines().find(|l| l.contains("linux-kvm"))?;
     row.split(['│', ' '])
         .filter(|c| !c.is_empty())
-        .nth(column)?
-        .parse()
-        .ok()
+        .nth(column)
+        .map(str::to_string)
+}
+
+/// The WRITE/s column of the row naming qemu's initiator.
+fn writes_per_second(screen: &str) -> Option<u64> {
+    session_cell(screen, "WRITE/s")?.parse().ok()
 }
 
 #[test]
@@ -67,14 +72,23 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
         batch.stdout
     );
     // The p99 of the session's commands in the window: a number, not "-".
-    let p99 = last_frame
-        .lines()
-        .find(|l| l.contains("linux-kvm"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse::<f64>().ok());
+    let p99 = session_cell(last_frame, "P99_ms").and_then(|v| v.parse::<f64>().ok());
     assert!(
         p99.is_some_and(|v| v > 0.0),
         "no p99 latency:\n{last_frame}"
+    );
+    // qemu-img keeps 4 writes in flight; those inside the target at a time (a RAM LUN
+    // answers in microseconds, the rest of the loop is the network and qemu) are fewer,
+    // never more. Its path is the daemon's portal.
+    let qd = session_cell(last_frame, "QD").and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        qd.is_some_and(|v| v > 0.0 && v <= 4.05),
+        "queue depth {qd:?}:\n{last_frame}"
+    );
+    assert_eq!(
+        session_cell(last_frame, "PORTAL"),
+        Some(format!("127.0.0.1:{}", daemon.port)),
+        "{last_frame}"
     );
     // A filter that matches nothing leaves the tables empty.
     let filtered = run_path(

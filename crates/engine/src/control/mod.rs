@@ -493,6 +493,18 @@ fn sessions(shared: &Shared) -> Value {
     json!({ "sessions": list })
 }
 
+/// Where `device` is mapped: each target, group and LUN number.
+fn mapped_as(config: &crate::config::Config, device: &str) -> Vec<Value> {
+    config
+        .targets
+        .iter()
+        .flat_map(|t| t.groups.iter().map(move |g| (t, g)))
+        .flat_map(|(t, g)| g.luns.iter().map(move |m| (t, g, m)))
+        .filter(|(_, _, m)| m.device == device)
+        .map(|(t, g, m)| json!({"target": t.iqn.as_str(), "group": g.name, "lun": m.lun}))
+        .collect()
+}
+
 /// Totals since start per device and per session, for `ferrosan top` (which shows rates from
 /// two samples) and scripts; `in_flight` is the device's commands running now.
 fn stats(shared: &Shared) -> Value {
@@ -516,6 +528,7 @@ fn stats(shared: &Shared) -> Value {
                 "in_flight": device.unit.in_flight().count(),
                 "offline": device.unit.is_offline(),
                 "size_bytes": device.unit.capacity_bytes(),
+                "luns": mapped_as(&topology.config, name),
             });
             // Only devices that can answer writes early have a write-back queue to show.
             if let Some(queue) = device.unit.write_back() {

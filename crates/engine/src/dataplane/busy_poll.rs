@@ -7,8 +7,9 @@
 //! more than the command itself (docs/PERFORMANCE.md, *The QD1 wake-up*). Polling through that gap
 //! answers sooner and saves the sender's wake-up. Like the kernel's `busy_poll` and haltpoll it
 //! trades CPU for latency, so it runs only when it pays: when the worker has nothing else to do
-//! (tokio calls [`before_park`] only then), one of its connections has an initiator that waits
-//! for each answer (its commands arrive with at most one of our answers unseen), none is collecting
+//! (tokio calls [`before_park`] only then), one of its connections has an initiator with a
+//! shallow queue (its commands arrive with fewer of our answers unseen than receive coalescing
+//! starts at: QD1 to QD8, `coalesce::LOCKSTEP_BACKLOG_MAX`), none is collecting
 //! a receive batch (an initiator with a deep queue is not waiting for us, and a poll would only
 //! take CPU from it), and the worker's idle stretches have been no longer than the window. One
 //! that waits on long gaps (an idle session) stops polling after two long waits in a row, so
@@ -80,7 +81,7 @@ struct WorkerPoll {
     parked_on_device: bool,
     /// Connections of this worker collecting a receive batch: no polling while any is.
     batching: usize,
-    /// Connections whose initiator waits for each answer (QD1, QD2): polling needs one.
+    /// Connections whose initiator keeps a shallow queue (QD1 to QD8): polling needs one.
     waiting: usize,
     parked_at: Instant,
     completed: Arc<AtomicBool>,

@@ -229,11 +229,14 @@ fn ewma(avg: u64, sample: u64) -> u64 {
     }
 }
 
-/// An initiator whose commands arrive with at most this many of our answers unseen waits for
-/// each answer (QD1, QD2), and its worker busy-polls for the next command (crate::dataplane::busy_poll).
-/// Deeper queues gained nothing from polling in an A/B (QD4, one session: -4% to +4% IOPS at
-/// twice the CPU).
-pub const LOCKSTEP_BACKLOG_MAX: u32 = 1;
+/// An initiator whose commands arrive with at most this many of our answers unseen keeps a
+/// shallow queue (QD1 to QD8), and its worker busy-polls for the next command
+/// (crate::dataplane::busy_poll); from `BACKLOG_MIN` on, receive coalescing serves it instead.
+/// A/B against polling at QD1–2 only (bench/results/lockstep-2026-11-28.txt): one session of
+/// 4 KiB reads at QD4 ×2.1 IOPS (`ferrosan bench`, the same target CPU per I/O) and ×1.9
+/// (qemu-img, +10–35 % CPU per I/O), QD8 ×1.9 and ×1.35 (+60 % CPU per I/O); two sessions at
+/// QD8 on loopback, where the poll competes with the client for the same two cores, -8 %.
+pub const LOCKSTEP_BACKLOG_MAX: u32 = BACKLOG_MIN - 1;
 /// Nor may more than this many of its other commands still be in the target when one arrives:
 /// with a deep queue of slow commands (QD16 of 1 MiB writes, QD64 on a disk) each new command
 /// follows an answer the initiator has just seen, so the backlog alone reads as lockstep, and
@@ -701,7 +704,7 @@ mod tests {
     #[test]
     fn a_deep_queue_never_counts_as_lockstep() {
         let mut l = Lockstep::default();
-        for backlog in [2, 8, 63, u32::MAX] {
+        for backlog in [BACKLOG_MIN, 63, u32::MAX] {
             for _ in 0..1_000 {
                 assert!(!l.after_turn(&busy(3, CMD_4K_WRITE, backlog)));
             }

@@ -192,6 +192,41 @@ enum VolumeVerb {
         /// The volume.
         volume: String,
     },
+    /// Export a volume to one host in one step: map it, at the lowest free LUN (or --lun), in
+    /// the group of the target that holds the host, or in a new group of the host's own
+    /// (host-…). Answers the target, group, LUN, serial and NAA; asked again, says it existed.
+    Export {
+        /// The volume (any device will do).
+        volume: String,
+        /// The host: its initiator IQN (iSCSI) or host NQN (NVMe/TCP).
+        #[arg(long)]
+        initiator: String,
+        /// The target (needed when there is more than one).
+        #[arg(long)]
+        target: Option<String>,
+        /// This LUN number instead of the lowest free one.
+        #[arg(long)]
+        lun: Option<u64>,
+        /// Read-only for that host.
+        #[arg(long)]
+        read_only: bool,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
+    /// Take an exported volume away from a host (the group export made for the host goes
+    /// with its last LUN); says so when it was not exported.
+    Unexport {
+        /// The volume.
+        volume: String,
+        /// The host: its initiator IQN or host NQN.
+        #[arg(long)]
+        initiator: String,
+        /// The target (needed when there is more than one).
+        #[arg(long)]
+        target: Option<String>,
+        #[command(flatten)]
+        save: SaveFlag,
+    },
     /// Delete an unmapped volume without snapshots (its file too).
     Delete {
         /// The volume.
@@ -796,6 +831,22 @@ fn volume_request(what: &VolumeVerb) -> Value {
             json!({"verb": "volume-delete", "volume": volume, "save": save.save})
         }
         VolumeVerb::List => json!({"verb": "volume-list"}),
+        VolumeVerb::Export {
+            volume,
+            initiator,
+            target,
+            lun,
+            read_only,
+            save,
+        } => json!({"verb": "volume-export", "volume": volume, "initiator": initiator,
+                    "target": target, "lun": lun, "read_only": read_only, "save": save.save}),
+        VolumeVerb::Unexport {
+            volume,
+            initiator,
+            target,
+            save,
+        } => json!({"verb": "volume-unexport", "volume": volume, "initiator": initiator,
+                    "target": target, "save": save.save}),
         VolumeVerb::Flatten { volume } => json!({"verb": "volume-flatten", "volume": volume}),
     }
 }

@@ -265,3 +265,88 @@ fn a_pool_that_cannot_reflink_copies_only_volumes_not_in_use() {
     raw.ping(999);
     daemon.stop();
 }
+
+/// The orchestrator's step (CSI ControllerPublish, a Proxmox plugin): `volume export` shows a
+/// volume to one host at a free LUN in a group of the host's own, idempotently; the host reads
+/// and writes it there; `volume unexport` takes it away, and the host's group goes with its
+/// last LUN.
+#[test]
+fn a_volume_is_exported_to_one_host_and_unexported_in_one_step() {
+    const HOST: &str = "iqn.2026-11.org.example:hostile";
+    let dir = common::disk_dir("volumes-export");
+    let ctl = Ctl::new();
+    let s = ctl.socket.display().to_string();
+    let body = format!(
+        "[[pool]]\nname = \"fast\"\npath = \"{}\"\n\n[[device]]\nname = \"boot\"\nstore = \"ram\"\nsize = \"8M\"\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"boot\" }} ]\n",
+        dir.join("pool").display()
+    );
+    let mut daemon = Daemon::start_config_args(IQN, &body, &["--control-socket", &s]);
+    ok(&ctl, &["volume", "create", "fast", "vm1", "16M"]);
+    ok(&ctl, &["volume", "create", "fast", "vm3", "16M"]);
+    let export = ["volume", "export", "vm1", "--initiator", HOST];
+    let first = ok(&ctl, &export);
+    assert_eq!(
+        (&first["lun"], &first["existed"], &first["target"]),
+        (&Value::from(0), &Value::from(false), &Value::from(IQN)),
+        "{first}"
+    );
+    assert_eq!(first["group"], "host-iqn.2026-11.org.example.hostile");
+    assert!(
+        !first["serial"].as_str().unwrap_or("").is_empty(),
+        "{first}"
+    );
+    assert_eq!(first["naa"].as_str().map(str::len), Some(16), "{first}");
+    // Asked again: the same answer, nothing changed.
+    let again = ok(&ctl, &export);
+    assert_eq!(again["existed"], true);
+    assert_eq!(
+        (&again["lun"], &again["naa"]),
+        (&first["lun"], &first["naa"])
+    );
+    refused(
+        &ctl,
+        &["volume", "export", "vm1", "--initiator", HOST, "--lun", "5"],
+        "exported to",
+    );
+    let second = ok(&ctl, &["volume", "export", "vm3", "--initiator", HOST]);
+    assert_eq!(second["lun"], 1, "{second}");
+
+    // The host sees the volume at its LUN 0 (not the RAM device the others see there).
+    let mut raw = Raw::login(daemon.port, IQN, 1);
+    let mut itt = 1;
+    write(&mut raw, &mut itt, 0, b'E');
+    assert_eq!(read(&mut raw, &mut itt, 0), vec![b'E'; 4096]);
+    raw.ping(999);
+    drop(raw);
+    let vm1 = std::fs::read(dir.join("pool/vm1.img")).unwrap();
+    assert_eq!(
+        &vm1[..4096],
+        &[b'E'; 4096][..],
+        "the write landed in the volume"
+    );
+
+    refused(&ctl, &["volume", "delete", "vm1"], "mapped");
+    let gone = ok(&ctl, &["volume", "unexport", "vm3", "--initiator", HOST]);
+    assert_eq!(
+        (&gone["unexported"], &gone["group_removed"]),
+        (&Value::from(true), &Value::from(false)),
+        "{gone}"
+    );
+    let last = ok(
+        &ctl,
+        &["volume", "unexport", "vm1", "--initiator", HOST, "--save"],
+    );
+    assert_eq!(
+        (&last["lun"], &last["group_removed"]),
+        (&Value::from(0), &Value::from(true)),
+        "{last}"
+    );
+    let twice = ok(&ctl, &["volume", "unexport", "vm1", "--initiator", HOST]);
+    assert_eq!(twice["unexported"], false, "{twice}");
+    let text = std::fs::read_to_string(daemon.file("ferrosan.toml")).unwrap();
+    assert!(!text.contains("host-iqn"), "{text}");
+    ok(&ctl, &["volume", "delete", "vm1"]);
+    ok(&ctl, &["volume", "delete", "vm3"]);
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,6 +10,7 @@
 
 pub mod edit;
 pub mod error;
+mod export;
 pub mod reload;
 mod volumes;
 

@@ -31,6 +31,8 @@ pub const VERBS: &[&str] = &[
     "volume-list",
     "snapshot-list",
     "snapshot-delete",
+    "volume-export",
+    "volume-unexport",
 ];
 
 /// How long a deleted RBD volume's image is retried while its store closes (librbd refuses
@@ -53,6 +55,8 @@ pub fn handle(
         "volume-flatten" => flatten(&running, args),
         "volume-list" => Ok(list(shared, &running)),
         "snapshot-list" => Ok(json!({ "snapshots": snapshots_json(shared, &running, args)? })),
+        "volume-export" => super::export::export(shared, running, args),
+        "volume-unexport" => super::export::unexport(shared, running, args),
         _ => snapshot_delete(shared, &running, args),
     }
 }

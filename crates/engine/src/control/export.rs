@@ -1,0 +1,251 @@
+//! `volume-export` and `volume-unexport`: what an orchestrator (a CSI controller's
+//! ControllerPublish, a Proxmox storage plugin) asks of an array in one step: show this
+//! volume to that host at a free LUN, and take it away again. Both edit the running config
+//! through the one path every changing verb takes (`apply_edited`), and both are idempotent.
+//!
+//! A host (an initiator IQN or host NQN) is in at most one group of a target: the volume is
+//! mapped in that group, or, when no group holds the host, in a new group of its own
+//! (`host-…`). Unexporting the last LUN of such a group removes the group too, so a host that
+//! comes and goes leaves nothing behind.
+
+use serde_json::{json, Map, Value};
+
+use super::edit::text;
+use super::error::ControlError;
+use crate::config::{AuthConfig, Config, InitiatorGroup, IscsiName, LunMapping, TargetConfig};
+use crate::shared::Shared;
+
+/// The LUNs a group may hold, per SAM's flat space addressing (`lun-map` allows them all).
+const LUN_MAX: u64 = 16_383;
+
+/// The name of the group `export` makes for `host` alone: `host-` and the host's name with
+/// `:` as `.`, cut to the 64 characters a name may have (from the front: the end tells hosts
+/// apart).
+pub fn own_group_name(host: &IscsiName) -> String {
+    let tail: String = host.as_str().replace(':', ".");
+    let keep = 64 - "host-".len();
+    let start = tail.len().saturating_sub(keep);
+    // IQNs and NQNs are ASCII (IscsiName checks): any byte offset is a char boundary.
+    format!("host-{}", &tail[start..])
+}
+
+/// The target named by `"target"`, or the only one there is.
+fn target_index(config: &Config, args: &Map<String, Value>) -> Result<usize, ControlError> {
+    match args.get("target").and_then(Value::as_str) {
+        Some(name) => {
+            let iqn = IscsiName::from_wire(name).map_err(ControlError::bad_request)?;
+            config
+                .targets
+                .iter()
+                .position(|t| t.iqn == iqn)
+                .ok_or_else(|| ControlError::NotFound(format!("no target {iqn}")))
+        }
+        None if config.targets.len() == 1 => Ok(0),
+        None => Err(ControlError::BadRequest(format!(
+            "{} targets: name one (\"target\")",
+            config.targets.len()
+        ))),
+    }
+}
+
+fn host(args: &Map<String, Value>) -> Result<IscsiName, ControlError> {
+    IscsiName::from_wire(text(args, "initiator")?).map_err(ControlError::bad_request)
+}
+
+fn device_name<'a>(config: &Config, args: &'a Map<String, Value>) -> Result<&'a str, ControlError> {
+    let name = text(args, "volume")?;
+    config
+        .device(name)
+        .map(|_| name)
+        .ok_or_else(|| ControlError::NotFound(format!("no volume or device {name}")))
+}
+
+/// The lowest LUN `group` does not use.
+fn free_lun(group: &InitiatorGroup) -> Result<u64, ControlError> {
+    (0..=LUN_MAX)
+        .find(|lun| !group.luns.iter().any(|m| m.lun == *lun))
+        .ok_or_else(|| ControlError::Conflict(format!("group {} has no free LUN", group.name)))
+}
+
+/// The group of `target` that holds `host`, made (a group of its own) when none does.
+fn group_for<'t>(target: &'t mut TargetConfig, host: &IscsiName) -> &'t mut InitiatorGroup {
+    if let Some(at) = target
+        .groups
+        .iter()
+        .position(|g| g.initiators.contains(host))
+    {
+        return &mut target.groups[at];
+    }
+    let name = own_group_name(host);
+    target.groups.push(InitiatorGroup {
+        name,
+        initiators: vec![host.clone()],
+        any_initiator: false,
+        luns: Vec::new(),
+        // The target's rule (CHAP or none), as for every group that names none.
+        auth: AuthConfig::default(),
+        allowed_sources: Vec::new(),
+    });
+    let last = target.groups.len() - 1;
+    &mut target.groups[last]
+}
+
+/// What a host is told of an exported volume: where it is and who it is.
+fn exported(shared: &Shared, target: &str, group: &str, mapping: &LunMapping) -> Value {
+    let identity = shared
+        .topology()
+        .devices
+        .get(&mapping.device)
+        .map(|d| d.unit.identity());
+    json!({
+        "volume": mapping.device,
+        "target": target,
+        "group": group,
+        "lun": mapping.lun,
+        "read_only": mapping.read_only,
+        "serial": identity.as_ref().map(|i| i.serial.clone()),
+        "naa": identity.as_ref().map(|i| i.naa[..i.naa_len].iter().map(|b| format!("{b:02x}")).collect::<String>()),
+    })
+}
+
+pub fn export(
+    shared: &Shared,
+    mut running: Config,
+    args: &Map<String, Value>,
+) -> Result<Value, ControlError> {
+    let device = device_name(&running, args)?.to_string();
+    let host = host(args)?;
+    let read_only = args
+        .get("read_only")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let wanted_lun = args.get("lun").and_then(Value::as_u64);
+    let t = target_index(&running, args)?;
+    let target = &mut running.targets[t];
+    let iqn = target.iqn.as_str().to_string();
+    let group = group_for(target, &host);
+    if let Some(m) = group.luns.iter().find(|m| m.device == device) {
+        if m.read_only != read_only || wanted_lun.is_some_and(|l| l != m.lun) {
+            return Err(ControlError::Conflict(format!(
+                "volume {device} is exported to {host} already, as LUN {}{}",
+                m.lun,
+                if m.read_only { ", read-only" } else { "" }
+            )));
+        }
+        let mut answer = exported(shared, &iqn, &group.name, &m.clone());
+        answer["existed"] = json!(true);
+        return Ok(answer);
+    }
+    let lun = match wanted_lun {
+        Some(lun) if group.luns.iter().any(|m| m.lun == lun) => {
+            return Err(ControlError::Conflict(format!(
+                "group {} has a LUN {lun} already",
+                group.name
+            )))
+        }
+        Some(lun) => lun,
+        None => free_lun(group)?,
+    };
+    let mapping = LunMapping {
+        lun,
+        device: device.clone(),
+        read_only,
+    };
+    group.luns.push(mapping.clone());
+    group.luns.sort_by_key(|m| m.lun);
+    let group_name = group.name.clone();
+    let what = format!("volume {device} exported to {host}: {iqn} group {group_name} LUN {lun}");
+    super::apply_edited(shared, "volume-export", args, what, running)?;
+    let mut answer = exported(shared, &iqn, &group_name, &mapping);
+    answer["existed"] = json!(false);
+    Ok(answer)
+}
+
+pub fn unexport(
+    shared: &Shared,
+    mut running: Config,
+    args: &Map<String, Value>,
+) -> Result<Value, ControlError> {
+    let device = device_name(&running, args)?.to_string();
+    let host = host(args)?;
+    let t = target_index(&running, args)?;
+    let target = &mut running.targets[t];
+    let iqn = target.iqn.as_str().to_string();
+    let Some(at) = target
+        .groups
+        .iter()
+        .position(|g| g.initiators.contains(&host) && g.luns.iter().any(|m| m.device == device))
+    else {
+        return Ok(json!({ "volume": device, "target": iqn, "unexported": false }));
+    };
+    let group = &mut target.groups[at];
+    let lun = group
+        .luns
+        .iter()
+        .find(|m| m.device == device)
+        .map(|m| m.lun);
+    group.luns.retain(|m| m.device != device);
+    let group_name = group.name.clone();
+    // A group export made for this host alone goes with its last LUN.
+    let own = group.luns.is_empty()
+        && group.initiators == [host.clone()]
+        && group_name == own_group_name(&host)
+        && target.groups.len() > 1;
+    if own {
+        target.groups.remove(at);
+    }
+    let what = format!(
+        "volume {device} unexported from {host} ({iqn} group {group_name}{})",
+        if own { ", removed" } else { "" }
+    );
+    let mut answer = super::apply_edited(shared, "volume-unexport", args, what, running)?;
+    answer["volume"] = json!(device);
+    answer["lun"] = json!(lun);
+    answer["group_removed"] = json!(own);
+    answer["unexported"] = json!(true);
+    Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hosts_own_group_is_named_after_its_end() {
+        let short = IscsiName::from_wire("iqn.1993-08.org.debian:01:abcd").unwrap();
+        assert_eq!(
+            own_group_name(&short),
+            "host-iqn.1993-08.org.debian.01.abcd"
+        );
+        let long = IscsiName::from_wire(
+            "nqn.2014-08.org.nvmexpress:uuid:5f1c2c7e-0d7a-4c55-9a57-1b2c3d4e5f60",
+        )
+        .unwrap();
+        let name = own_group_name(&long);
+        assert_eq!(name.len(), 64);
+        assert!(name.ends_with("1b2c3d4e5f60"), "{name}");
+        crate::config::check_object_name(&name).unwrap();
+        crate::config::check_object_name(&own_group_name(&short)).unwrap();
+    }
+
+    #[test]
+    fn the_lowest_free_lun_is_taken() {
+        let mut g = InitiatorGroup {
+            name: "g".into(),
+            initiators: Vec::new(),
+            any_initiator: false,
+            luns: Vec::new(),
+            auth: AuthConfig::default(),
+            allowed_sources: Vec::new(),
+        };
+        assert_eq!(free_lun(&g).unwrap(), 0);
+        for lun in [0, 1, 3] {
+            g.luns.push(LunMapping {
+                lun,
+                device: format!("d{lun}"),
+                read_only: false,
+            });
+        }
+        assert_eq!(free_lun(&g).unwrap(), 2);
+    }
+}

@@ -2,6 +2,8 @@
 //! devices and files outside its state directory. The unit is sandboxed for RAM and files in
 //! /var/lib/ferrosan (PrivateDevices, ProtectSystem=strict, ProtectHome); what a config names
 //! beyond that is opened up here, device by device and directory by directory, not wholesale.
+//! With `--udev` it prints the udev rule that gives exactly those block devices' nodes to the
+//! group ferrosan, instead of the unit joining the group disk (every disk's nodes).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -21,10 +23,18 @@ pub struct DropinArgs {
     /// The configuration the unit serves.
     #[arg(long, short, default_value = "/etc/ferrosan/ferrosan.toml")]
     config: PathBuf,
+    /// Print the udev rule for the config's block devices (for
+    /// /etc/udev/rules.d/60-ferrosan.rules) instead of the drop-in.
+    #[arg(long)]
+    udev: bool,
 }
 
 pub fn run(args: DropinArgs) -> ExitCode {
     match Config::load(&args.config) {
+        Ok(config) if args.udev => {
+            print!("{}", udev_rules(&config, &args.config));
+            ExitCode::SUCCESS
+        }
         Ok(config) => {
             print!("{}", dropin(&config, &args.config));
             ExitCode::SUCCESS
@@ -101,10 +111,76 @@ fn block_devices(out: &mut String, blocks: &[(PathBuf, bool)]) {
         let _ = writeln!(out, "DeviceAllow={} {mode}", quoted(path));
     }
     out.push_str(
-        "# Their nodes are root:disk 0660. Narrower than the group: a udev rule giving each\n\
-         # device to the user ferrosan (OWNER=\"ferrosan\"), then drop this line.\n\
-         SupplementaryGroups=disk\n",
+        "# Their nodes are root:disk 0660. The udev rule of\n\
+         #   ferrosan systemd-dropin --udev --config FILE > /etc/udev/rules.d/60-ferrosan.rules\n\
+         # (then: udevadm control --reload && udevadm trigger --subsystem-match=block) gives\n\
+         # exactly these to the group ferrosan. Without it, join the group disk instead (every\n\
+         # disk's nodes; the DeviceAllow lines above still refuse the others):\n\
+         #SupplementaryGroups=disk\n",
     );
+}
+
+/// The udev rule giving `config`'s block devices to the group ferrosan: read and write, or
+/// read only for a read-only device. A node is matched by its kernel name (`/dev/md0`) or by
+/// a symlink udev makes (`/dev/disk/by-id/…`, `/dev/mapper/…`, `/dev/VG/LV`).
+pub fn udev_rules(config: &Config, file: &Path) -> String {
+    let mut out = format!(
+        "# /etc/udev/rules.d/60-ferrosan.rules, made by\n\
+         #   ferrosan systemd-dropin --udev --config {}\n\
+         # gives that config's block devices to the group ferrosan; then:\n\
+         #   udevadm control --reload && udevadm trigger --subsystem-match=block\n",
+        file.display()
+    );
+    let mut any = false;
+    for d in &config.devices {
+        let StoreKind::Block { path } = &d.store else {
+            continue;
+        };
+        any = true;
+        let mode = if d.read_only { "0640" } else { "0660" };
+        match udev_match(path) {
+            Some(m) => {
+                let _ = writeln!(
+                    out,
+                    "SUBSYSTEM==\"block\", {m}, GROUP=\"ferrosan\", MODE=\"{mode}\""
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "# {}: not under /dev, or not a name udev matches: give it to the group \
+                     ferrosan by hand",
+                    path.display()
+                );
+            }
+        }
+    }
+    if !any {
+        out.push_str("# Nothing to add: the config has no block devices.\n");
+    }
+    out
+}
+
+/// The udev match for a device node path: `KERNEL=="md0"` for `/dev/md0`, `SYMLINK=="…"` for
+/// a link below /dev; None for anything udev could not name.
+fn udev_match(path: &Path) -> Option<String> {
+    let rel = path.strip_prefix("/dev").ok()?.to_str()?;
+    // A udev match value is a glob in double quotes: nothing that would change its meaning.
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.chars().all(|c| {
+                c.is_ascii_alphanumeric()
+                    || matches!(c, '.' | '_' | '-' | ':' | '/' | '+' | '@' | '=')
+            })
+    };
+    if !plain(rel) || rel.split('/').any(|part| part.is_empty() || part == "..") {
+        return None;
+    }
+    Some(if rel.contains('/') {
+        format!("SYMLINK==\"{rel}\"")
+    } else {
+        format!("KERNEL==\"{rel}\"")
+    })
 }
 
 fn directories(out: &mut String, dirs: &BTreeSet<PathBuf>) {
@@ -130,5 +206,34 @@ fn quoted(p: &Path) -> String {
         format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
     } else {
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udev_names_a_node_by_its_kernel_name_or_a_link() {
+        let m = |p: &str| udev_match(Path::new(p));
+        assert_eq!(m("/dev/md0").as_deref(), Some("KERNEL==\"md0\""));
+        assert_eq!(
+            m("/dev/disk/by-id/nvme-Samsung_SSD_980_S64DNX0R123456").as_deref(),
+            Some("SYMLINK==\"disk/by-id/nvme-Samsung_SSD_980_S64DNX0R123456\"")
+        );
+        assert_eq!(
+            m("/dev/mapper/vg0-lun1").as_deref(),
+            Some("SYMLINK==\"mapper/vg0-lun1\"")
+        );
+        // What udev cannot match as written: not under /dev, a glob, a quote, `..`.
+        for bad in [
+            "/srv/disk.img",
+            "/dev/sd*",
+            "/dev/x\"y",
+            "/dev/../etc/passwd",
+            "/dev/",
+        ] {
+            assert_eq!(m(bad), None, "{bad}");
+        }
     }
 }

@@ -248,7 +248,7 @@ fn the_dropin_opens_the_unit_to_the_configs_devices_and_verifies() {
         "PrivateDevices=no",
         "DeviceAllow=/dev/md0 rw",
         "DeviceAllow=/dev/sdb r",
-        "SupplementaryGroups=disk",
+        "#SupplementaryGroups=disk",
         &format!("ReadWritePaths=\"{}\"", luns.display()),
     ] {
         assert!(
@@ -259,6 +259,35 @@ fn the_dropin_opens_the_unit_to_the_configs_devices_and_verifies() {
     assert!(
         !dropin.contains("/var/lib/ferrosan\n") && !dropin.contains("ProtectHome"),
         "{dropin}"
+    );
+    // The nodes go to the group ferrosan by a udev rule, not the unit to the group disk.
+    assert!(
+        !dropin.lines().any(|l| l == "SupplementaryGroups=disk"),
+        "{dropin}"
+    );
+    let udev = common::run_path(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ferrosan")),
+        &[
+            "systemd-dropin",
+            "--udev",
+            "--config",
+            &config.display().to_string(),
+        ],
+    );
+    assert!(udev.success(), "{}", udev.describe());
+    let rules: Vec<&str> = udev
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            "SUBSYSTEM==\"block\", KERNEL==\"md0\", GROUP=\"ferrosan\", MODE=\"0660\"",
+            "SUBSYSTEM==\"block\", KERNEL==\"sdb\", GROUP=\"ferrosan\", MODE=\"0640\"",
+        ],
+        "{}",
+        udev.stdout
     );
     // The shipped unit with the drop-in beside it, as systemd would read them.
     let unit = unit_in(&scratch);

@@ -130,6 +130,7 @@ T_IMAGE=$(($(date +%s) - T0))
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferrosan-kernel-gateways.XXXXXX")
 mkdir -p "$WORK/share/acks"
 cp scripts/guest/kernel-gateways.sh "$WORK/share/main.sh"
+cp scripts/guest/lib.sh "$WORK/share/lib.sh"
 cat >"$WORK/share/params" <<PARAMS
 TARGET_IQN=$IQN
 TARGET_NQN=$NQN

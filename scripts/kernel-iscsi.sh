@@ -118,6 +118,7 @@ start_daemon || die "ferrosan did not start"
 log "ferrosan (PID $DAEMON_PID) on 127.0.0.1:$PORT_OPT (optimized) and 127.0.0.1:$PORT_NONOPT (non-optimized)"
 
 cp scripts/guest/kernel-iscsi.sh "$WORK/share/main.sh"
+cp scripts/guest/lib.sh "$WORK/share/lib.sh"
 cat >"$WORK/share/params" <<PARAMS
 TARGET_IQN=$IQN
 HOST_ADDR=10.0.2.2

@@ -160,6 +160,7 @@ start_daemon || die "ferrosan did not start"
 log "ferrosan (PID $DAEMON_PID): NVMe/TCP on 127.0.0.1:$PORT_OPT (optimized) and 127.0.0.1:$PORT_NONOPT (non-optimized), iSCSI on 127.0.0.1:$ISCSI_PORT"
 
 cp scripts/guest/kernel-nvme.sh "$WORK/share/main.sh"
+cp scripts/guest/lib.sh "$WORK/share/lib.sh"
 cat >"$WORK/share/params" <<PARAMS
 NQN=$NQN
 TARGET_IQN=$IQN

@@ -35,6 +35,8 @@ set -uo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
 source /host/params
+# shellcheck source=scripts/guest/lib.sh
+source /host/lib.sh
 : "${TARGET_IQN:?}" "${TARGET_NQN:?}" "${HOSTNQN:?}" "${HOST_ADDR:?}" "${POLICIES:?}" "${FIO_RATE:?}" "${FIO_SECONDS:?}"
 : "${WARMUP_S:?}" "${KILL_MAX_S:?}" "${RETURN_S:?}" "${STOP_S:?}" "${RESUME_S:?}"
 REPORT=${REPORT:-/dev/ttyS1}
@@ -43,10 +45,6 @@ WORK=/tmp/kgw
 mkdir -p "$WORK"
 FIO_SIZE=$((FIO_RATE * FIO_SECONDS * 4096))
 
-report() {
-    printf '%s\n' "$*" >"$REPORT"
-    printf '>>> %s\n' "$*"
-}
 say() { printf '[%s] %s\n' "$(date +%T.%3N)" "$*"; }
 # epoch: the guest's clock, seconds with milliseconds (fio's log has milliseconds).
 epoch() { date +%s.%3N; }
@@ -96,15 +94,6 @@ wait_file() {
     for ((i = 0; i < $2 * 5; i++)); do
         [[ -e $1 ]] && return 0
         sleep 0.2
-    done
-    return 1
-}
-wait_until() {
-    local secs=$1 i
-    shift
-    for ((i = 0; i < secs * 2; i++)); do
-        "$@" && return 0
-        sleep 0.5
     done
     return 1
 }
@@ -215,37 +204,6 @@ CONF
 
 nvme_connect() {
     nvme connect -t tcp -a "$HOST_ADDR" -s "$1" -n "$TARGET_NQN" -q "$HOSTNQN"
-}
-# nvme_ctrl PORT: the controller (nvmeN) connected to HOST_ADDR:PORT.
-nvme_ctrl() {
-    local c addr
-    for c in /sys/class/nvme/nvme*; do
-        addr=$(cat "$c/address" 2>/dev/null) || continue
-        [[ $addr == *"traddr=$HOST_ADDR,"*"trsvcid=$1"* ]] || continue
-        echo "${c##*/}"
-        return 0
-    done
-    return 1
-}
-# nvme_head: the namespace's head device (nvmeXn1; its paths nvmeXcYn1 are hidden).
-nvme_head() {
-    local b n
-    for b in /sys/block/nvme*n1; do
-        [[ -e $b ]] || continue
-        n=${b##*/}
-        [[ $n == *c* ]] && continue
-        echo "$n"
-        return 0
-    done
-    return 1
-}
-# nvme_path CTRL: the namespace's path device through controller CTRL (nvmeXcYn1).
-nvme_path() {
-    local p
-    for p in /sys/block/nvme*c"${1#nvme}"n1; do
-        [[ -e $p ]] && echo "${p##*/}" && return 0
-    done
-    return 1
 }
 # nvme_paths: "a=ana:STATE,CTRL_STATE b=..." for the RESULT map line.
 nvme_paths() {

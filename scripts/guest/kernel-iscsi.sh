@@ -25,6 +25,8 @@ set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
 source /host/params
+# shellcheck source=scripts/guest/lib.sh
+source /host/lib.sh
 : "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${INIT_A:?}" "${INIT_B:?}"
 : "${CHAP_USER:?}" "${CHAP_SECRET:?}" "${MUTUAL_USER:?}" "${MUTUAL_SECRET:?}"
 REPORT=${REPORT:-/dev/ttyS1}
@@ -47,10 +49,6 @@ MP_CHECKS=(multipath-optimized-io failover-cut failback fio-verify-cut
     alua-unavailable alua-optimized-again fio-verify-alua restart-kill fio-verify-restart-kill restart-term fio-verify-restart-term)
 CHECKS=(login "${SCSI_CHECKS[@]}" multipath-map "${MP_CHECKS[@]}")
 
-report() {
-    printf '%s\n' "$*" >"$REPORT"
-    printf '>>> %s\n' "$*"
-}
 now() { cut -d' ' -f1 /proc/uptime; }
 # fail DETAIL: the running check's verdict (the first reason given wins), then return 1.
 fail() {
@@ -557,16 +555,6 @@ path_state() { multipathd show paths raw format "%d %t %T" 2>/dev/null | awk -v 
 # The optimized path is in the active group (prio 50 for active/optimized with prio alua).
 opt_group_active() { map_paths | awk -v d="$DISK_OPT" '$1 == d && $3 == "active" { f = 1 } END { exit !f }'; }
 
-# wait_until SECONDS CMD...: poll CMD every half second.
-wait_until() {
-    local secs=$1 i
-    shift
-    for ((i = 0; i < secs * 2; i++)); do
-        "$@" && return 0
-        sleep 0.5
-    done
-    return 1
-}
 
 # multipath.conf for ferrosan's LUs as INQUIRY reports them, as a Linux host would set it: ALUA
 # groups by priority, the ALUA hardware handler, I/O queued while no path is left (no_path_retry

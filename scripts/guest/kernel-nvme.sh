@@ -24,6 +24,8 @@ set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
 source /host/params
+# shellcheck source=scripts/guest/lib.sh
+source /host/lib.sh
 : "${NQN:?}" "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${ISCSI_PORT:?}" "${PORT_DISC:?}"
 : "${HOSTNQN:?}" "${HOSTID:?}" "${INIT:?}" "${EUI64:?}" "${BLOCKS:?}"
 : "${SECURE_NQN:?}" "${HOST_KEY:?}" "${CTRL_KEY:?}" "${WRONG_KEY:?}" "${AUTH_CHECKS:?}"
@@ -39,10 +41,6 @@ CHECKS=(discover connect identify two-paths fio-verify one-device reservations
 # DH-HMAC-CHAP where the host asked for it (a kernel with NVMe in-band authentication).
 ((AUTH_CHECKS)) && CHECKS+=(auth-connect auth-refused)
 
-report() {
-    printf '%s\n' "$*" >"$REPORT"
-    printf '>>> %s\n' "$*"
-}
 now() { cut -d' ' -f1 /proc/uptime; }
 fail() {
     [[ -s $WORK/detail ]] || printf '%s' "$*" | tr '\n' ' ' >"$WORK/detail"
@@ -69,43 +67,18 @@ run() {
     fi
     report "TIME $name $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')"
 }
-wait_until() {
-    local secs=$1 i
-    shift
-    for ((i = 0; i < secs * 2; i++)); do
-        "$@" && return 0
-        sleep 0.5
-    done
-    return 1
-}
 
 connect_port() {
     nvme connect -t tcp -a "$HOST_ADDR" -s "$1" -n "$NQN" -q "$HOSTNQN" -I "$HOSTID" \
         --ctrl-loss-tmo=120 --reconnect-delay=1 --keep-alive-tmo=5
 }
 
-# The namespace's head device (native multipath: nvmeXnY, its paths nvmeXcZnY hidden).
-head_dev() {
-    local b n
-    for b in /sys/block/nvme*n1; do
-        n=${b##*/}
-        [[ $n == *c* ]] && continue
-        echo "$n"
-        return 0
-    done
-    return 1
-}
-# The path device through the controller connected to PORT, and its ANA state.
+# path_of PORT: the path device through the controller connected to PORT (found anew at each
+# call: a command for wait_until).
 path_of() {
-    local c p addr
-    for c in /sys/class/nvme/nvme*; do
-        addr=$(cat "$c/address" 2>/dev/null) || continue
-        [[ $addr == *"trsvcid=$1"* ]] || continue
-        for p in /sys/block/nvme*c"${c##*/nvme}"n1; do
-            [[ -e $p ]] && echo "${p##*/}" && return 0
-        done
-    done
-    return 1
+    local c
+    c=$(nvme_ctrl "$1") || return 1
+    nvme_path "$c"
 }
 ana_state() { cat "/sys/block/$1/ana_state" 2>/dev/null; }
 # ana_is PATH STATE (a command for wait_until: the state is read at each try).
@@ -193,8 +166,8 @@ check_discover() {
 
 check_connect() {
     connect_port "$PORT_OPT" || fail "nvme connect to $PORT_OPT failed"
-    wait_until 20 head_dev >/dev/null || fail "no namespace block device after connect"
-    DEV=$(head_dev)
+    wait_until 20 nvme_head >/dev/null || fail "no namespace block device after connect"
+    DEV=$(nvme_head)
     save "DEV=$DEV"
     nvme list-subsys | cat
     echo "namespace: /dev/$DEV"
@@ -345,9 +318,9 @@ check_auth_connect() {
         || fail "this guest kernel ($(uname -r)) has no NVMe in-band authentication"
     secure_connect --dhchap-secret="$HOST_KEY" --dhchap-ctrl-secret="$CTRL_KEY" \
         || fail "nvme connect with the DH-HMAC-CHAP secrets failed"
-    wait_until 20 head_dev >/dev/null || fail "no namespace after the authenticated connect"
+    wait_until 20 nvme_head >/dev/null || fail "no namespace after the authenticated connect"
     local dev
-    dev=$(head_dev)
+    dev=$(nvme_head)
     dmesg | grep -iE 'nvme.*(authenticat|dhchap)' | tail -n 8 | tee "$WORK/auth-dmesg"
     grep -qi "qid 0: .*authenticated" "$WORK/auth-dmesg" || fail "the kernel does not report the admin queue authenticated"
     head -c 1048576 /dev/urandom >"$WORK/s"

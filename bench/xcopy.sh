@@ -24,8 +24,7 @@ LOOP=""
 PID=""
 cleanup() {
     [[ -n $PID ]] && stop_pid "$PID"
-    umount "$WORK/mnt" 2>/dev/null || true
-    [[ -n $LOOP ]] && losetup -d "$LOOP" 2>/dev/null || true
+    xfs_unmount "$WORK/mnt" "$LOOP"
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -33,11 +32,7 @@ trap cleanup EXIT
 cargo build --release -q -p bench --example xcopy
 CLIENT=target/release/examples/xcopy
 bytes=$(numfmt --from=iec "$SIZE")
-truncate -s $((bytes * 2 + (1 << 30))) "$WORK/fs.img"
-mkfs.xfs -q -f "$WORK/fs.img"
-LOOP=$(losetup -f --show "$WORK/fs.img")
-mkdir -p "$WORK/mnt"
-mount "$LOOP" "$WORK/mnt"
+LOOP=$(xfs_mount "$WORK/fs.img" $((bytes * 2 + (1 << 30))) "$WORK/mnt")
 log "writing $SIZE of random data into the source volume"
 head -c "$bytes" /dev/urandom > "$WORK/mnt/src.img"
 sync

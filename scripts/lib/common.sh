@@ -198,3 +198,22 @@ stop_pid() {
     if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
     wait "$pid" 2>/dev/null || true
 }
+
+# xfs_mount FILE SIZE DIR: an XFS filesystem of SIZE in FILE, on a loop device, mounted at DIR
+# (reflinks: a volume pool's snapshots and clones share extents). Prints the loop device;
+# xfs_unmount undoes it. Needs root.
+xfs_mount() {
+    local loop
+    truncate -s "$2" "$1"
+    mkfs.xfs -q -f "$1"
+    loop=$(losetup -f --show "$1")
+    mkdir -p "$3"
+    mount "$loop" "$3" || { losetup -d "$loop"; return 1; }
+    echo "$loop"
+}
+
+# xfs_unmount DIR LOOP: xfs_mount undone (quietly: it runs from cleanup traps).
+xfs_unmount() {
+    umount "$1" 2>/dev/null || true
+    [[ -n $2 ]] && losetup -d "$2" 2>/dev/null || true
+}

@@ -978,11 +978,14 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
         metrics_b,
         "ferrosan_gateway_takeovers_total{device=\"vm\",reason=\"owner_gone\"} 1",
     );
+    // The takeover publishes the new owner, then tells every nexus (2Ah/06h): the RTPG that
+    // saw B own the image may have come between the two, and the notice then comes with the
+    // next command, as an initiator expects it.
+    assert_eq!(settle(&mut cb), (0, None));
     let (status, sense, data) = read10(&mut cb, 0, 128);
     assert_eq!(status, 0, "read through B: {sense:?}");
     assert!(data == first, "B does not read what A acknowledged");
     let fresh = pseudo_random_bytes(4096, 8);
-    assert_eq!(settle(&mut cb), (0, None));
     assert_eq!(write10(&mut cb, 2048, &fresh), (0, None));
     // A wakes and runs the write it was sent while hung: fenced, it cannot land.
     a.signal("CONT");

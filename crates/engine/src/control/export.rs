@@ -48,16 +48,33 @@ fn target_index(config: &Config, args: &Map<String, Value>) -> Result<usize, Con
     }
 }
 
-fn host(args: &Map<String, Value>) -> Result<IscsiName, ControlError> {
-    IscsiName::from_wire(text(args, "initiator")?).map_err(ControlError::bad_request)
+/// What both verbs are asked: which volume, for which host, on which target.
+struct Asked {
+    device: String,
+    host: IscsiName,
+    /// The target's index in the config, and its name.
+    target: usize,
+    iqn: String,
 }
 
-fn device_name<'a>(config: &Config, args: &'a Map<String, Value>) -> Result<&'a str, ControlError> {
-    let name = text(args, "volume")?;
-    config
-        .device(name)
-        .map(|_| name)
-        .ok_or_else(|| ControlError::NotFound(format!("no volume or device {name}")))
+impl Asked {
+    fn of(config: &Config, args: &Map<String, Value>) -> Result<Asked, ControlError> {
+        let device = text(args, "volume")?;
+        if config.device(device).is_none() {
+            return Err(ControlError::NotFound(format!(
+                "no volume or device {device}"
+            )));
+        }
+        let host =
+            IscsiName::from_wire(text(args, "initiator")?).map_err(ControlError::bad_request)?;
+        let target = target_index(config, args)?;
+        Ok(Asked {
+            device: device.to_string(),
+            host,
+            target,
+            iqn: config.targets[target].iqn.as_str().to_string(),
+        })
+    }
 }
 
 /// The lowest LUN `group` does not use.
@@ -113,17 +130,18 @@ pub fn export(
     mut running: Config,
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
-    let device = device_name(&running, args)?.to_string();
-    let host = host(args)?;
+    let Asked {
+        device,
+        host,
+        target,
+        iqn,
+    } = Asked::of(&running, args)?;
     let read_only = args
         .get("read_only")
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let wanted_lun = args.get("lun").and_then(Value::as_u64);
-    let t = target_index(&running, args)?;
-    let target = &mut running.targets[t];
-    let iqn = target.iqn.as_str().to_string();
-    let group = group_for(target, &host);
+    let group = group_for(&mut running.targets[target], &host);
     if let Some(m) = group.luns.iter().find(|m| m.device == device) {
         if m.read_only != read_only || wanted_lun.is_some_and(|l| l != m.lun) {
             return Err(ControlError::Conflict(format!(
@@ -166,11 +184,13 @@ pub fn unexport(
     mut running: Config,
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
-    let device = device_name(&running, args)?.to_string();
-    let host = host(args)?;
-    let t = target_index(&running, args)?;
-    let target = &mut running.targets[t];
-    let iqn = target.iqn.as_str().to_string();
+    let Asked {
+        device,
+        host,
+        target,
+        iqn,
+    } = Asked::of(&running, args)?;
+    let target = &mut running.targets[target];
     let Some(at) = target
         .groups
         .iter()

@@ -70,8 +70,12 @@ bench() { # OUT [ONLY] [RUNTIME]
 log "writing the volume whole (the snapshots then share real extents)"
 bench fill seqwrite-1m-qd16 5
 
+extents() { echo "$1: $(filefrag "$WORK/mnt/pool/vm1.img" | sed 's/.*: //')" >> "$WORK/extents"; }
+: > "$WORK/extents"
+extents "after the fill"
 log "quiet run: ${SECONDS_RUN} s of 4 KiB random writes, QD16"
 bench quiet
+extents "after the quiet run"
 log "the same with a snapshot every ${INTERVAL} s"
 bench snapshots &
 BENCH=$!
@@ -88,6 +92,7 @@ while (( $(date +%s) < deadline )); do
     sleep "$INTERVAL"
 done
 wait "$BENCH" || die "the bench under snapshots failed"
+extents "after the run with snapshots"
 
 summary() { # LABEL DIR
     python3 - "$1" "$2/results.json" <<'PY'
@@ -107,6 +112,8 @@ PY
     summary snapshots "$WORK/snapshots"
     echo "# each snapshot's ctl call, seconds (writes held for part of it):"
     tr '\n' ' ' < "$WORK/snaps"; echo
+    echo "# extents of the volume's file after each run (a reflink walks them all):"
+    cat "$WORK/extents"
 } | tee "$RESULT"
 cp "$WORK/quiet/results.json" "${RESULT%.txt}-quiet.json"
 cp "$WORK/snapshots/results.json" "${RESULT%.txt}-snapshots.json"

@@ -19,14 +19,24 @@ use crate::shared::Shared;
 const LUN_MAX: u64 = 16_383;
 
 /// The name of the group `export` makes for `host` alone: `host-` and the host's name with
-/// `:` as `.`, cut to the 64 characters a name may have (from the front: the end tells hosts
-/// apart).
+/// every character a group name may not hold (`:`, and anything a name from the wire may carry
+/// beyond ASCII) as `.`, cut to the 64 characters a name may have from the front (the end
+/// tells hosts apart).
 pub fn own_group_name(host: &IscsiName) -> String {
-    let tail: String = host.as_str().replace(':', ".");
+    let chars: Vec<char> = host
+        .as_str()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '.'
+            }
+        })
+        .collect();
     let keep = 64 - "host-".len();
-    let start = tail.len().saturating_sub(keep);
-    // IQNs and NQNs are ASCII (IscsiName checks): any byte offset is a char boundary.
-    format!("host-{}", &tail[start..])
+    let tail: String = chars[chars.len().saturating_sub(keep)..].iter().collect();
+    format!("host-{tail}")
 }
 
 /// The target named by `"target"`, or the only one there is.
@@ -246,6 +256,12 @@ mod tests {
         assert!(name.ends_with("1b2c3d4e5f60"), "{name}");
         crate::config::check_object_name(&name).unwrap();
         crate::config::check_object_name(&own_group_name(&short)).unwrap();
+        // A name from the wire may hold more than ASCII: still a valid group name, no panic.
+        let wide =
+            IscsiName::from_wire(&format!("iqn.2026-11.org.example:{}", "é".repeat(80))).unwrap();
+        let name = own_group_name(&wide);
+        crate::config::check_object_name(&name).unwrap();
+        assert_eq!(name.chars().count(), 64);
     }
 
     #[test]

@@ -31,17 +31,10 @@ impl CloneMethod {
 /// else a sparse copy. `dst` is fsynced, and its directory, before this returns: a clone
 /// reported is a clone kept. Mode 0600. On failure `dst` is removed.
 pub fn clone_file(src: &Path, dst: &Path) -> io::Result<CloneMethod> {
-    let from = File::open(src)?;
-    let to = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(dst)?;
+    let (from, to) = open_pair(src, dst)?;
     let made = clone_into(&from, &to).and_then(|method| {
         to.sync_all()?;
-        if let Some(dir) = dst.parent() {
-            File::open(dir)?.sync_all()?;
-        }
+        sync_parent(dst)?;
         Ok(method)
     });
     if made.is_err() {
@@ -50,15 +43,29 @@ pub fn clone_file(src: &Path, dst: &Path) -> io::Result<CloneMethod> {
     made
 }
 
-/// Makes `dst` (which must not exist) a reflink of `src` if the filesystem can share extents:
-/// true when it did (fsynced, as [`clone_file`]); false, and no `dst`, when it cannot.
-pub fn reflink_file(src: &Path, dst: &Path) -> io::Result<bool> {
+/// `src` for reading and a new `dst` (mode 0600; an error if it exists).
+fn open_pair(src: &Path, dst: &Path) -> io::Result<(File, File)> {
     let from = File::open(src)?;
     let to = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(dst)?;
+    Ok((from, to))
+}
+
+/// The directory entry of a new `path` made durable.
+fn sync_parent(path: &Path) -> io::Result<()> {
+    match path.parent() {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// Makes `dst` (which must not exist) a reflink of `src` if the filesystem can share extents:
+/// true when it did (fsynced, as [`clone_file`]); false, and no `dst`, when it cannot.
+pub fn reflink_file(src: &Path, dst: &Path) -> io::Result<bool> {
+    let (from, to) = open_pair(src, dst)?;
     let made = match rustix::fs::ioctl_ficlone(&to, &from) {
         Ok(()) => to.sync_all().map(|()| true),
         Err(e) if cannot_share(e) => Ok(false),
@@ -67,8 +74,8 @@ pub fn reflink_file(src: &Path, dst: &Path) -> io::Result<bool> {
     if !matches!(made, Ok(true)) {
         let _ = std::fs::remove_file(dst);
     }
-    if let (Ok(true), Some(dir)) = (&made, dst.parent()) {
-        File::open(dir)?.sync_all()?;
+    if matches!(made, Ok(true)) {
+        sync_parent(dst)?;
     }
     made
 }

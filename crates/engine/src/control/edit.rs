@@ -164,17 +164,22 @@ fn device_remove(config: &mut Config, args: &Map<String, Value>) -> Result<Strin
 
 /// Where device `name` is mapped, as "TARGET group G LUN n".
 pub(super) fn mappings_of(config: &Config, name: &str) -> Vec<String> {
+    maps_of(config, name)
+        .map(|(t, g, m)| format!("{} group {} LUN {}", t.iqn, g.name, m.lun))
+        .collect()
+}
+
+/// Every LUN map of device `name`: its target, its group and the map.
+pub(super) fn maps_of<'c>(
+    config: &'c Config,
+    name: &'c str,
+) -> impl Iterator<Item = (&'c TargetConfig, &'c InitiatorGroup, &'c LunMapping)> {
     config
         .targets
         .iter()
         .flat_map(|t| t.groups.iter().map(move |g| (t, g)))
-        .flat_map(|(t, g)| {
-            g.luns
-                .iter()
-                .filter(|m| m.device == name)
-                .map(move |m| format!("{} group {} LUN {}", t.iqn, g.name, m.lun))
-        })
-        .collect()
+        .flat_map(|(t, g)| g.luns.iter().map(move |m| (t, g, m)))
+        .filter(move |(_, _, m)| m.device == name)
 }
 
 fn resize(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {

@@ -496,12 +496,7 @@ fn sessions(shared: &Shared) -> Value {
 
 /// Where `device` is mapped: each target, group and LUN number.
 fn mapped_as(config: &crate::config::Config, device: &str) -> Vec<Value> {
-    config
-        .targets
-        .iter()
-        .flat_map(|t| t.groups.iter().map(move |g| (t, g)))
-        .flat_map(|(t, g)| g.luns.iter().map(move |m| (t, g, m)))
-        .filter(|(_, _, m)| m.device == device)
+    edit::maps_of(config, device)
         .map(|(t, g, m)| json!({"target": t.iqn.as_str(), "group": g.name, "lun": m.lun}))
         .collect()
 }

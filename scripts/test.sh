@@ -19,6 +19,9 @@
 #      door: discovery, native multipath with ANA, both doors on one device, reservations across
 #      them, a live ALUA change and a kill under fio verify), once with bookworm's 6.1 kernel
 #      and once with bookworm-backports' 6.12, which adds DH-HMAC-CHAP authentication
+#  10. scripts/lvm-pool.sh   (ferrosan inside that guest, whose kernel has device-mapper, on an
+#      LVM thin pool: volumes created, snapshotted, cloned, rolled back, grown and deleted
+#      while the guest's open-iscsi reads and writes them)
 #
 # Every step runs even if an earlier one failed, so one run shows everything;
 # the exit status is non-zero if any step failed. Daemons are started only by
@@ -74,6 +77,8 @@ step kernel-gateways scripts/kernel-gateways.sh
 # adds the DH-HMAC-CHAP checks.
 step kernel-nvme scripts/kernel-nvme.sh
 step kernel-nvme-6.12 env FERROSAN_GUEST_KERNEL=backports scripts/kernel-nvme.sh
+# LVM thin pools (docs/VOLUMES.md): ferrosan in the guest, where device-mapper is.
+step lvm-pool scripts/lvm-pool.sh
 
 failed=0
 printf '\n==== summary\n'

@@ -49,40 +49,6 @@ MP_CHECKS=(multipath-optimized-io failover-cut failback fio-verify-cut
     alua-unavailable alua-optimized-again fio-verify-alua restart-kill fio-verify-restart-kill restart-term fio-verify-restart-term)
 CHECKS=(login "${SCSI_CHECKS[@]}" multipath-map "${MP_CHECKS[@]}")
 
-now() { cut -d' ' -f1 /proc/uptime; }
-# fail DETAIL: the running check's verdict (the first reason given wins), then return 1.
-fail() {
-    [[ -s $WORK/detail ]] || printf '%s' "$*" | tr '\n' ' ' >"$WORK/detail"
-    echo "FAILED: $*"
-    return 1
-}
-# save NAME=VALUE...: state a check hands to later ones (checks run in subshells).
-save() { printf '%s\n' "$@" >>"$WORK/state"; }
-# run CHECK FUNCTION: run one check with errexit in a subshell (any failing command fails it),
-# report its verdict and time; LAST_RC is its exit status. Never call it as a condition: errexit
-# would be off inside.
-LAST_RC=0
-run() {
-    local name=$1 fn=$2 t0 rc
-    t0=$(now)
-    : >"$WORK/detail"
-    printf '\n==== check %s\n' "$name"
-    set +e
-    (set -e; "$fn")
-    rc=$?
-    set -e
-    LAST_RC=$rc
-    # shellcheck source=/dev/null
-    source "$WORK/state"
-    if ((rc == 0)); then
-        report "CHECK $name: ok"
-    else
-        [[ -s $WORK/detail ]] || echo "a command failed (exit $rc; see the console log)" >"$WORK/detail"
-        report "CHECK $name: FAILED $(cat "$WORK/detail")"
-    fi
-    report "TIME $name $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')"
-}
-
 # ---------------------------------------------------------------------------------------------
 # Sessions and disks
 
@@ -856,17 +822,6 @@ diagnostics() {
 trap diagnostics EXIT
 
 report "PLAN ${CHECKS[*]}"
-# run_all CHECK...: run each (check_NAME, dashes as underscores) in order.
-run_all() {
-    local c
-    for c in "$@"; do run "$c" "check_${c//-/_}"; done
-}
-# skip_all REASON CHECK...: checks that cannot run because one they need failed: failures.
-skip_all() {
-    local why=$1 c
-    shift
-    for c in "$@"; do report "CHECK $c: FAILED not run: $why"; done
-}
 run login check_login
 if ((LAST_RC != 0)); then
     skip_all "login failed" "${SCSI_CHECKS[@]}" multipath-map "${MP_CHECKS[@]}"

@@ -41,33 +41,6 @@ CHECKS=(discover connect identify two-paths fio-verify one-device reservations
 # DH-HMAC-CHAP where the host asked for it (a kernel with NVMe in-band authentication).
 ((AUTH_CHECKS)) && CHECKS+=(auth-connect auth-refused)
 
-now() { cut -d' ' -f1 /proc/uptime; }
-fail() {
-    [[ -s $WORK/detail ]] || printf '%s' "$*" | tr '\n' ' ' >"$WORK/detail"
-    echo "FAILED: $*"
-    return 1
-}
-save() { printf '%s\n' "$@" >>"$WORK/state"; }
-run() {
-    local name=$1 fn=$2 t0 rc
-    t0=$(now)
-    : >"$WORK/detail"
-    printf '\n==== check %s\n' "$name"
-    set +e
-    (set -e; "$fn")
-    rc=$?
-    set -e
-    # shellcheck source=/dev/null
-    source "$WORK/state"
-    if ((rc == 0)); then
-        report "CHECK $name: ok"
-    else
-        [[ -s $WORK/detail ]] || echo "a command failed (exit $rc; see the console log)" >"$WORK/detail"
-        report "CHECK $name: FAILED $(cat "$WORK/detail")"
-    fi
-    report "TIME $name $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')"
-}
-
 connect_port() {
     nvme connect -t tcp -a "$HOST_ADDR" -s "$1" -n "$NQN" -q "$HOSTNQN" -I "$HOSTID" \
         --ctrl-loss-tmo=120 --reconnect-delay=1 --keep-alive-tmo=5

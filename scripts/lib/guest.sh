@@ -35,11 +35,12 @@
 GUEST_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 GUEST_SUITE=bookworm
 GUEST_KERNEL=${FERROSAN_GUEST_KERNEL:-stable}
-# The tests' tools; nvme-cli for the NVMe/TCP tests. mount, procps, kmod, udev: the init and the
+# The tests' tools; nvme-cli for the NVMe/TCP tests; lvm2 and thin-provisioning-tools for
+# ferrosan's LVM pools (scripts/lvm-pool.sh). mount, procps, kmod, udev: the init and the
 # daemons need them (the "essential" variant has none of them).
 GUEST_PACKAGES=(
     linux-image-amd64 open-iscsi multipath-tools sg3-utils fio nvme-cli
-    iproute2 nftables kmod udev mount procps
+    iproute2 nftables kmod udev mount procps lvm2 thin-provisioning-tools
 )
 # Module directories no test needs (~160 MiB): dropped to keep the image and its cache small.
 GUEST_DROP_MODULES=(
@@ -168,7 +169,7 @@ guest_build_into() {
 guest_versions() {
     local p v out
     out="kernel $(cat "$GUEST_DIR/kernel-version")"
-    for p in open-iscsi multipath-tools sg3-utils fio nvme-cli; do
+    for p in open-iscsi multipath-tools sg3-utils fio nvme-cli lvm2; do
         v=$(awk -v p="$p" '$1 == p { print $2 }' "$GUEST_DIR/packages.txt" 2>/dev/null)
         out+=", $p ${v:-?}"
     done

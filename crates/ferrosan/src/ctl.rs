@@ -115,14 +115,20 @@ enum Verb {
 
 #[derive(Subcommand)]
 enum PoolVerb {
-    /// Add pool NAME: the directory PATH (created if missing), or with --rbd-pool a Ceph
-    /// pool, holds its volumes.
+    /// Add pool NAME: the directory PATH (created if missing), with --rbd-pool a Ceph pool,
+    /// or with --vg and --thin-pool an LVM thin pool, holds its volumes.
     Add {
         /// The pool's name.
         name: String,
         /// Its directory (absolute; XFS or btrfs for reflink snapshots and clones).
-        #[arg(required_unless_present = "rbd_pool", conflicts_with = "rbd_pool")]
+        #[arg(required_unless_present_any = ["rbd_pool", "vg"], conflicts_with_all = ["rbd_pool", "vg"])]
         path: Option<String>,
+        /// An LVM volume group: the volumes are thin LVs of its --thin-pool.
+        #[arg(long, requires = "thin_pool", conflicts_with = "rbd_pool")]
+        vg: Option<String>,
+        /// The thin pool (an LV of --vg) the volumes are made in.
+        #[arg(long, requires = "vg")]
+        thin_pool: Option<String>,
         /// A Ceph pool whose images are the volumes.
         #[arg(long)]
         rbd_pool: Option<String>,
@@ -784,13 +790,16 @@ fn structure_request(verb: &Verb) -> Option<Value> {
                 PoolVerb::Add {
                     name,
                     path,
+                    vg,
+                    thin_pool,
                     rbd_pool,
                     ceph_conf,
                     ceph_client,
                     save,
                 },
         } => json!({"verb": "pool-add", "name": name, "path": path, "rbd_pool": rbd_pool,
-                    "ceph_conf": ceph_conf, "ceph_client": ceph_client, "save": save.save}),
+                    "ceph_conf": ceph_conf, "ceph_client": ceph_client, "vg": vg,
+                    "thin_pool": thin_pool, "save": save.save}),
         Verb::Volume { what } => volume_request(what),
         Verb::Snapshot {
             what: SnapshotVerb::List { volume },

@@ -10,6 +10,7 @@ mod aligned;
 pub mod clone;
 pub mod early_ack;
 mod file;
+pub mod lvm;
 mod ram;
 pub mod rbd;
 mod sys;

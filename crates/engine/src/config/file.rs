@@ -77,6 +77,9 @@ struct RawPool {
     pool: Option<S<String>>,
     ceph_conf: Option<S<String>>,
     ceph_client: Option<S<String>>,
+    /// `lvm`: the volume group and its thin pool.
+    vg: Option<S<String>>,
+    thin_pool: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -226,8 +229,8 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
 }
 
 /// `[[pool]]` tables: a unique name; `kind = "dir"` (the default) with an absolute `path`
-/// inside `device_roots`, or `kind = "rbd"` with a Ceph `pool` (and `ceph_conf`,
-/// `ceph_client`). LVM pools are not built yet and are refused as such.
+/// inside `device_roots`, `kind = "rbd"` with a Ceph `pool` (and `ceph_conf`,
+/// `ceph_client`), or `kind = "lvm"` with a `vg` and its `thin_pool`.
 fn resolve_pools(
     cx: &mut Cx<'_>,
     raw: &[S<RawPool>],
@@ -252,9 +255,10 @@ fn resolve_pools(
         let kind = match rp.kind.as_ref().map(|k| k.get_ref().as_str()) {
             None | Some("dir") => dir_pool(cx, rp, &table, &ctx, roots),
             Some("rbd") => rbd_pool(cx, rp, &table, &ctx),
+            Some("lvm") => lvm_pool(cx, rp, &table, &ctx),
             Some(other) => {
                 let span = rp.kind.as_ref().map_or(table.clone(), |k| k.span());
-                let why = format!("{other:?}: \"dir\" or \"rbd\" (LVM thin pools are not built yet: docs/VOLUMES.md)");
+                let why = format!("{other:?}: \"dir\", \"rbd\" or \"lvm\"");
                 cx.err(span, format!("{ctx}: kind"), why);
                 None
             }
@@ -286,6 +290,7 @@ fn dir_pool(
             );
         }
     }
+    only_for_lvm(cx, rp, table, ctx);
     let p = required(cx, &rp.path, table, format!("{ctx}: path"))?;
     let path = std::path::PathBuf::from(p.get_ref());
     let why = if !path.is_absolute() {
@@ -311,6 +316,7 @@ fn rbd_pool(
     if let Some(p) = &rp.path {
         cx.err(p.span(), format!("{ctx}: path"), "only for kind = \"dir\"");
     }
+    only_for_lvm(cx, rp, table, ctx);
     let pool = required(cx, &rp.pool, table, format!("{ctx}: pool"))?;
     if pool.get_ref().is_empty() || pool.get_ref().contains('/') {
         cx.err(
@@ -328,6 +334,76 @@ fn rbd_pool(
             .map(|c| std::path::PathBuf::from(c.get_ref())),
         client: rp.ceph_client.as_ref().map(|c| c.get_ref().clone()),
     })
+}
+
+fn only_for_lvm(cx: &mut Cx<'_>, rp: &RawPool, table: &std::ops::Range<usize>, ctx: &str) {
+    for (key, given) in [
+        ("vg", rp.vg.is_some()),
+        ("thin_pool", rp.thin_pool.is_some()),
+    ] {
+        if given {
+            cx.err(
+                table.clone(),
+                format!("{ctx}: {key}"),
+                "only for kind = \"lvm\"",
+            );
+        }
+    }
+}
+
+/// An LVM pool: a volume group and a thin pool in it, named as LVM allows (the group's
+/// directory `/dev/VG` is where its volumes' devices appear).
+fn lvm_pool(
+    cx: &mut Cx<'_>,
+    rp: &RawPool,
+    table: &std::ops::Range<usize>,
+    ctx: &str,
+) -> Option<super::PoolKind> {
+    for (key, given) in [
+        ("path", rp.path.is_some()),
+        ("pool", rp.pool.is_some()),
+        ("ceph_conf", rp.ceph_conf.is_some()),
+        ("ceph_client", rp.ceph_client.is_some()),
+    ] {
+        if given {
+            let why = "not for kind = \"lvm\" (its volumes are thin LVs of `vg`/`thin_pool`)";
+            cx.err(table.clone(), format!("{ctx}: {key}"), why);
+        }
+    }
+    let mut names = [("vg", &rp.vg), ("thin_pool", &rp.thin_pool)].map(|(key, raw)| {
+        let n = required(cx, raw, table, format!("{ctx}: {key}"))?;
+        match lvm_name(n.get_ref()) {
+            Ok(()) => Some(n.get_ref().clone()),
+            Err(m) => {
+                cx.err(n.span(), format!("{ctx}: {key}"), m);
+                None
+            }
+        }
+    });
+    let thin_pool = names[1].take()?;
+    Some(super::PoolKind::Lvm {
+        vg: names[0].take()?,
+        thin_pool,
+    })
+}
+
+/// A VG or LV name as LVM accepts it: 1–127 of `A-Z a-z 0-9 + _ . -`, not starting with `-`,
+/// not `.` or `..`.
+fn lvm_name(s: &str) -> Result<(), String> {
+    let ok = (1..=127).contains(&s.len())
+        && !s.starts_with('-')
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '_' | '.' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{s:?} is no LVM name: 1 to 127 of A-Z, a-z, 0-9, `+`, `_`, `.`, `-`, not starting \
+             with `-`"
+        ))
+    }
 }
 
 /// `[server]`, into `server`; returns the identity seed.
@@ -1249,6 +1325,14 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
                 if let Some(client) = client {
                     let _ = writeln!(out, "ceph_client = {}", q(client));
                 }
+            }
+            super::PoolKind::Lvm { vg, thin_pool } => {
+                let _ = writeln!(
+                    out,
+                    "kind = \"lvm\"\nvg = {}\nthin_pool = {}",
+                    q(vg),
+                    q(thin_pool)
+                );
             }
         }
     }

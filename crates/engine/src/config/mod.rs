@@ -82,6 +82,9 @@ pub enum PoolKind {
         conf: Option<PathBuf>,
         client: Option<String>,
     },
+    /// An LVM thin pool `vg/thin_pool` whose thin LVs are volumes (`/dev/VG/NAME`), snapshotted
+    /// and cloned by LVM's thin snapshots (`store::lvm`).
+    Lvm { vg: String, thin_pool: String },
 }
 
 impl PoolConfig {
@@ -89,9 +92,20 @@ impl PoolConfig {
     pub fn dir(&self) -> Option<&Path> {
         match &self.kind {
             PoolKind::Dir { path } => Some(path),
-            PoolKind::Rbd { .. } => None,
+            PoolKind::Rbd { .. } | PoolKind::Lvm { .. } => None,
         }
     }
+    /// An LVM pool's thin pool.
+    pub fn thin(&self) -> Option<store::lvm::ThinPool> {
+        match &self.kind {
+            PoolKind::Lvm { vg, thin_pool } => Some(store::lvm::ThinPool {
+                vg: vg.clone(),
+                pool: thin_pool.clone(),
+            }),
+            PoolKind::Dir { .. } | PoolKind::Rbd { .. } => None,
+        }
+    }
+
     /// Where volume `name` of a directory pool lives.
     pub fn volume_path(&self, name: &str) -> Option<PathBuf> {
         Some(self.dir()?.join(format!("{name}.img")))
@@ -113,7 +127,7 @@ impl PoolConfig {
                 conf: conf.clone(),
                 client: client.clone(),
             }),
-            PoolKind::Dir { .. } => None,
+            PoolKind::Dir { .. } | PoolKind::Lvm { .. } => None,
         }
     }
 }
@@ -123,6 +137,9 @@ impl Config {
     pub fn pool_of(&self, device: &DeviceConfig) -> Option<&PoolConfig> {
         self.pools.iter().find(|p| match &device.store {
             StoreKind::File { path, .. } => Some(path) == p.volume_path(&device.name).as_ref(),
+            StoreKind::Block { path } => p
+                .thin()
+                .is_some_and(|t| t.device_path(&device.name) == *path),
             StoreKind::Rbd(spec) => p.image(&device.name).as_ref() == Some(spec),
             _ => false,
         })

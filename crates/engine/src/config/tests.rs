@@ -1914,3 +1914,50 @@ nvme_discovery_listen = ["127.0.0.1:4420"]
         "{e:?}"
     );
 }
+
+// ---- pools -------------------------------------------------------------------------------
+
+#[test]
+fn an_lvm_pool_names_a_thin_pool_and_owns_its_block_devices() {
+    let text = format!(
+        "{BASE}\n[[pool]]\nname = \"fast\"\nkind = \"lvm\"\nvg = \"vg0\"\nthin_pool = \"thin\"\n\
+         \n[[device]]\nname = \"v1\"\nstore = \"block\"\npath = \"/dev/vg0/v1\"\n\
+         \n[[device]]\nname = \"v2\"\nstore = \"block\"\npath = \"/dev/vg1/v2\"\n"
+    );
+    let c = load(&text);
+    let pool = &c.pools[0];
+    assert_eq!(
+        pool.kind,
+        PoolKind::Lvm {
+            vg: "vg0".into(),
+            thin_pool: "thin".into()
+        }
+    );
+    assert_eq!(pool.dir(), None);
+    assert_eq!(pool.image("v1"), None);
+    assert_eq!(c.pool_of(c.device("v1").unwrap()), Some(pool));
+    // Another volume group's LV is no volume of the pool.
+    assert_eq!(c.pool_of(c.device("v2").unwrap()), None);
+    let again = load(&c.to_toml());
+    assert_eq!(again.pools, c.pools);
+}
+
+#[test]
+fn an_lvm_pool_needs_lvm_names_and_nothing_of_other_kinds() {
+    let pool = |lines: &str| format!("{BASE}\n[[pool]]\nname = \"p\"\nkind = \"lvm\"\n{lines}\n");
+    one_error(&pool("vg = \"-vg\"\nthin_pool = \"t\""), "-vg", "vg");
+    one_error(
+        &pool("vg = \"vg\"\nthin_pool = \"t/x\""),
+        "t/x",
+        "thin_pool",
+    );
+    one_error(&pool("vg = \"vg\""), "[[pool]]", "thin_pool");
+    let e = errors(&pool("vg = \"vg\"\nthin_pool = \"t\"\npath = \"/srv\""));
+    assert!(e.iter().any(|e| e.field.contains("path")), "{e:#?}");
+    let e = errors(&format!(
+        "{BASE}\n[[pool]]\nname = \"p\"\npath = \"/srv/p\"\nvg = \"vg\"\n"
+    ));
+    assert!(e.iter().any(|e| e.field.contains("vg")), "{e:#?}");
+    let e = errors(&format!("{BASE}\n[[pool]]\nname = \"p\"\nkind = \"zfs\"\n"));
+    assert!(e[0].message.contains("\"lvm\""), "{e:#?}");
+}

@@ -678,6 +678,9 @@ fn close_session(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Co
 fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let running = shared.topology().config.clone();
     let mut args = args.clone();
+    if verb == "resize" && args.contains_key("size") {
+        volumes::grow_thin(&running, &mut args)?;
+    }
     if verb == "resize" && !args.contains_key("size") {
         // A medium grown underneath: the size the open store sees now, never a second open
         // of the path (which may name another file by now).

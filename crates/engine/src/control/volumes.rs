@@ -1,10 +1,11 @@
 //! Volumes and snapshots of `[[pool]]`s (docs/VOLUMES.md). A volume is a device: a file
-//! `DIR/NAME.img` of a directory pool, or image `NAME` of an RBD pool; created, cloned and
+//! `DIR/NAME.img` of a directory pool, image `NAME` of an RBD pool, or thin LV `VG/NAME` of an
+//! LVM pool (`store::lvm`); created, cloned and
 //! deleted here by editing the running config through the one path every changing verb takes
 //! (`apply_edited`). A snapshot is made while the volume's writes are held
 //! (`LogicalUnit::quiesced`), so it holds every write acknowledged before it and none after:
 //! a file `DIR/.snapshots/VOLUME@NAME.img` cloned by the filesystem (`store::clone`: a
-//! reflink where it can), or an RBD snapshot. Every verb is idempotent: asked for what is
+//! reflink where it can), an RBD snapshot, or an LVM thin snapshot. Every verb is idempotent: asked for what is
 //! already there, it answers success with `"existed": true`; asked to delete what is gone,
 //! with `"deleted": false`.
 
@@ -74,6 +75,15 @@ fn rbd_error(what: String) -> impl FnOnce(rbd::Error) -> ControlError {
     }
 }
 
+fn lvm_error(what: String) -> impl FnOnce(store::lvm::LvmError) -> ControlError {
+    use store::lvm::LvmErrorKind as K;
+    move |e| match e.kind {
+        K::Exists | K::Busy => ControlError::Conflict(format!("{what}: {e}")),
+        K::NotFound => ControlError::NotFound(format!("{what}: {e}")),
+        K::Failed => ControlError::Device(format!("{what}: {e}")),
+    }
+}
+
 fn pool<'c>(config: &'c Config, name: &str) -> Result<&'c PoolConfig, ControlError> {
     config
         .pools
@@ -128,14 +138,16 @@ fn pool_add(
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
     let name = object_name(args, "name")?;
-    let kind = match (
-        args.get("path").and_then(Value::as_str),
-        args.get("rbd_pool").and_then(Value::as_str),
-    ) {
-        (Some(path), None) => PoolKind::Dir {
+    let given = |key| args.get(key).and_then(Value::as_str);
+    let kind = match (given("path"), given("rbd_pool"), given("vg")) {
+        (Some(path), None, None) => PoolKind::Dir {
             path: PathBuf::from(path),
         },
-        (None, Some(pool)) => PoolKind::Rbd {
+        (None, None, Some(vg)) => PoolKind::Lvm {
+            vg: vg.to_string(),
+            thin_pool: text(args, "thin_pool")?.to_string(),
+        },
+        (None, Some(pool), None) => PoolKind::Rbd {
             pool: pool.to_string(),
             conf: args
                 .get("ceph_conf")
@@ -148,7 +160,7 @@ fn pool_add(
         },
         _ => {
             return Err(ControlError::BadRequest(
-                "give a \"path\" (a directory pool) or an \"rbd_pool\"".into(),
+                "give a \"path\" (a directory pool), an \"rbd_pool\", or a \"vg\" and its \"thin_pool\" (an LVM pool)".into(),
             ))
         }
     };
@@ -164,10 +176,14 @@ fn pool_add(
         std::fs::create_dir_all(path)
             .map_err(io_error(format!("pool {name}: {}", path.display())))?;
     }
-    running.pools.push(PoolConfig {
+    let new = PoolConfig {
         name: name.clone(),
         kind,
-    });
+    };
+    if let Some(thin) = new.thin() {
+        thin.check().map_err(lvm_error(format!("pool {name}")))?;
+    }
+    running.pools.push(new);
     let what = format!("pool {name} added");
     let mut answer = super::apply_edited(shared, "pool-add", args, what, running)?;
     answer["existed"] = json!(false);
@@ -185,6 +201,10 @@ fn volume_device(
         device.store = StoreKind::Rbd(spec);
         return Ok(device);
     }
+    if let Some(thin) = pool.thin() {
+        let spec = format!("block:{}", thin.device_path(name).display());
+        return Ok(Config::device_from_spec(name, &spec)?);
+    }
     let path = pool.volume_path(name).unwrap_or_default();
     let spec = match size {
         Some(size) => format!("file:{},size={size}", path.display()),
@@ -200,7 +220,13 @@ fn create(
 ) -> Result<Value, ControlError> {
     let pool = pool(&running, text(args, "pool")?)?.clone();
     let name = object_name(args, "name")?;
-    let size = crate::config::parse_size(text(args, "size")?)?;
+    let mut size = crate::config::parse_size(text(args, "size")?)?;
+    if let Some(thin) = pool.thin() {
+        // LVM makes whole extents: the volume's size is the rounded one.
+        size = thin
+            .rounded(size)
+            .map_err(lvm_error(format!("pool {}", pool.name)))?;
+    }
     if let Some(existing) = running.device(&name) {
         let now = shared
             .topology()
@@ -229,6 +255,11 @@ fn create(
             .map_err(io_error(format!("pool {}", pool.name)))?
             .create(&name, size)
             .map_err(rbd_error(format!("volume {name}")))?,
+        (PoolKind::Lvm { .. }, _) => pool
+            .thin()
+            .unwrap_or_else(|| unreachable!("an LVM pool's thin pool"))
+            .create(&name, size)
+            .map_err(lvm_error(format!("volume {name}")))?,
         _ => {}
     }
     running
@@ -250,6 +281,8 @@ fn forget_new(pool: &PoolConfig, name: &str) {
         if let Ok(p) = store::rbd::pool(&spec) {
             let _ = p.remove(name);
         }
+    } else if let Some(thin) = pool.thin() {
+        let _ = thin.remove(name, REMOVE_WAIT);
     }
 }
 
@@ -312,7 +345,30 @@ fn snapshot_names(
             .into_iter()
             .map(|(name, _)| name)
             .collect()),
+        PoolKind::Lvm { .. } => Ok(thin_snapshots(pool, Some(volume))?
+            .into_iter()
+            .map(|(_, snap)| snap)
+            .collect()),
     }
+}
+
+/// The snapshots in an LVM pool (of one volume): (volume, snapshot).
+fn thin_snapshots(
+    pool: &PoolConfig,
+    volume: Option<&str>,
+) -> Result<Vec<(String, String)>, ControlError> {
+    let Some(thin) = pool.thin() else {
+        return Ok(Vec::new());
+    };
+    let lvs = thin
+        .thin_lvs()
+        .map_err(lvm_error(format!("pool {}", pool.name)))?;
+    Ok(lvs
+        .iter()
+        .filter_map(|lv| lv.snapshot_of())
+        .filter(|(v, _)| volume.is_none_or(|o| o == *v))
+        .map(|(v, s)| (v.to_string(), s.to_string()))
+        .collect())
 }
 
 fn snapshot(
@@ -340,6 +396,15 @@ fn snapshot(
             with_writes_held(shared, &name, || image.snap_create(&snap))?
                 .map_err(rbd_error(format!("snapshot {name}@{snap}")))?;
             "rbd"
+        }
+        PoolKind::Lvm { .. } => {
+            let thin = pool.thin().unwrap_or_else(|| unreachable!("an LVM pool"));
+            let lv = store::lvm::snapshot_lv(&name, &snap);
+            // LVM suspends the origin for the moment of the snapshot, flushing what reached
+            // it; the held writes are those not acknowledged yet.
+            with_writes_held(shared, &name, || thin.snapshot(&name, &lv, false))?
+                .map_err(lvm_error(format!("snapshot {name}@{snap}")))?;
+            "lvm thin snapshot"
         }
     };
     tracing::info!(volume = %name, snapshot = %snap, method, "ctl: snapshot taken");
@@ -400,6 +465,16 @@ fn clone_data(
     snap: Option<&str>,
     name: &str,
 ) -> Result<&'static str, ControlError> {
+    if let Some(thin) = pool.thin() {
+        let what = format!("clone {name} of {source}");
+        match snap {
+            // A thin snapshot of the snapshot, active: a volume of its own.
+            Some(snap) => thin.snapshot(&store::lvm::snapshot_lv(source, snap), name, true),
+            None => with_writes_held(shared, source, || thin.snapshot(source, name, true))?,
+        }
+        .map_err(lvm_error(what))?;
+        return Ok("lvm thin snapshot");
+    }
     if let Some(dst) = pool.volume_path(name) {
         let made = match snap {
             Some(snap) => store::clone::clone_file(
@@ -459,6 +534,44 @@ fn flatten(running: &Config, args: &Map<String, Value>) -> Result<Value, Control
     }
 }
 
+/// `resize` of an LVM volume to `size`: LVM grows its LV (to whole extents) first; the
+/// verb then goes on as for any device grown underneath (`size` taken out of `args`).
+/// Other devices are left to `resize` as they are.
+pub(super) fn grow_thin(
+    running: &Config,
+    args: &mut Map<String, Value>,
+) -> Result<(), ControlError> {
+    let Some((pool, device)) = running
+        .device(text(args, "device")?)
+        .and_then(|d| Some((running.pool_of(d)?, d)))
+    else {
+        return Ok(());
+    };
+    let Some(thin) = pool.thin() else {
+        return Ok(());
+    };
+    let name = &device.name;
+    let size = crate::config::parse_size(text(args, "size")?)?;
+    let size = thin
+        .rounded(size)
+        .map_err(lvm_error(format!("volume {name}")))?;
+    let now = thin
+        .get(name)
+        .map_err(lvm_error(format!("volume {name}")))?
+        .map_or(0, |lv| lv.size_bytes);
+    if size < now {
+        return Err(ControlError::Conflict(format!(
+            "volume {name} has {now} bytes, more than {size}: shrinking a LUN would cut off \
+             data its initiators may hold"
+        )));
+    }
+    thin.extend(name, size).map_err(lvm_error(format!(
+        "volume {name}: growing it to {size} bytes"
+    )))?;
+    args.remove("size");
+    Ok(())
+}
+
 /// Where a volume is mapped ("TARGET group G LUN n"), as `device-remove` says it.
 fn mappings(config: &Config, name: &str) -> Vec<String> {
     super::edit::mappings_of(config, name)
@@ -476,6 +589,9 @@ fn rollback(
         return Err(ControlError::NotFound(format!(
             "volume {name} has no snapshot {snap}"
         )));
+    }
+    if let Some(thin) = pool.thin() {
+        return rollback_thin(shared, running, &thin, device, &snap);
     }
     let mapped = mappings(running, &name);
     if !mapped.is_empty() && !device.offline {
@@ -518,6 +634,65 @@ fn rollback(
     Ok(json!({ "volume": name, "snapshot": snap, "method": method }))
 }
 
+/// Rolls an LVM volume back. LVM has no in-place revert that keeps the snapshot, so the
+/// volume becomes a new thin snapshot of its snapshot: its device leaves the running config
+/// (the store closes), its LV is set aside as `NAME+`, the snapshot's active thin snapshot
+/// is made `NAME`, and the device opens again; the set-aside LV goes once the old store has
+/// closed. The volume must be unmapped: a mapped LUN cannot lose its device for a moment.
+fn rollback_thin(
+    shared: &Shared,
+    running: &Config,
+    thin: &store::lvm::ThinPool,
+    device: &DeviceConfig,
+    snap: &str,
+) -> Result<Value, ControlError> {
+    let name = device.name.clone();
+    let mapped = mappings(running, &name);
+    if !mapped.is_empty() {
+        return Err(ControlError::Conflict(format!(
+            "volume {name} is mapped ({}): an LVM volume rolls back by replacing its thin LV, \
+             which closes its device; unmap it first",
+            mapped.join("; ")
+        )));
+    }
+    let started = Instant::now();
+    let aside = format!("{name}{}", store::lvm::SNAPSHOT_SEPARATOR);
+    let size = thin
+        .get(&name)
+        .map_err(lvm_error(format!("volume {name}")))?
+        .map_or(0, |lv| lv.size_bytes);
+    let at = running.devices.iter().position(|d| d.name == name);
+    let mut without = running.clone();
+    without.devices.retain(|d| d.name != name);
+    let quiet = Map::new();
+    let what = format!("volume {name} closed for its rollback to {snap}");
+    super::apply_edited(shared, "volume-rollback", &quiet, what, without)?;
+    let swapped = thin.rename(&name, &aside).and_then(|()| {
+        let made = thin.snapshot(&store::lvm::snapshot_lv(&name, snap), &name, true);
+        if made.is_err() {
+            let _ = thin.rename(&aside, &name);
+            return made;
+        }
+        // A volume grown since the snapshot keeps its size (the blocks past it read zeros).
+        thin.extend(&name, size)
+    });
+    // The device comes back whether or not the swap was made.
+    let mut with = shared.topology().config.clone();
+    let at = at.unwrap_or(with.devices.len()).min(with.devices.len());
+    with.devices.insert(at, device.clone());
+    let what = format!("volume {name} rolled back to {snap}");
+    let reopened = super::apply_edited(shared, "volume-rollback", &quiet, what, with);
+    swapped.map_err(lvm_error(format!("rollback of {name} to {snap}")))?;
+    reopened?;
+    thin.remove(&aside, REMOVE_WAIT)
+        .map_err(lvm_error(format!("rollback of {name}: the old LV {aside}")))?;
+    tracing::info!(volume = %name, snapshot = %snap, "ctl: volume rolled back");
+    Ok(json!({
+        "volume": name, "snapshot": snap, "method": "lvm thin snapshot",
+        "seconds": started.elapsed().as_secs_f64(),
+    }))
+}
+
 fn delete(
     shared: &Shared,
     mut running: Config,
@@ -552,7 +727,12 @@ fn delete(
             std::fs::remove_file(path).map_err(io_error(format!("volume {name}")))?
         }
         (_, Some(spec)) => remove_image(&spec)?,
-        _ => {}
+        _ => {
+            if let Some(thin) = pool.thin() {
+                thin.remove(&name, REMOVE_WAIT)
+                    .map_err(lvm_error(format!("volume {name}")))?;
+            }
+        }
     }
     answer["deleted"] = json!(true);
     Ok(answer)
@@ -656,6 +836,9 @@ fn list(shared: &Shared, config: &Config) -> Value {
             PoolKind::Rbd { pool, .. } => {
                 json!({ "pool": p.name, "kind": "rbd", "rbd_pool": pool })
             }
+            PoolKind::Lvm { vg, thin_pool } => {
+                json!({ "pool": p.name, "kind": "lvm", "vg": vg, "thin_pool": thin_pool })
+            }
         })
         .collect();
     json!({ "pools": pools, "volumes": volumes })
@@ -671,10 +854,15 @@ fn snapshot_delete(
     let gone = json!({ "volume": name, "snapshot": snap, "deleted": false });
     let pool = match running.device(&name) {
         Some(d) => running.pool_of(d),
-        // A volume deleted already: its pool is the directory pool that holds the snapshot.
+        // A volume deleted already: its pool is the directory or LVM pool that holds the
+        // snapshot.
         None => running.pools.iter().find(|p| {
             p.snapshot_path(&name, &snap)
                 .is_some_and(|path| path.exists())
+                || p.thin().is_some_and(|t| {
+                    t.get(&store::lvm::snapshot_lv(&name, &snap))
+                        .is_ok_and(|lv| lv.is_some())
+                })
         }),
     };
     let Some(pool) = pool else {
@@ -685,6 +873,15 @@ fn snapshot_delete(
             Ok(()) => Ok(json!({ "volume": name, "snapshot": snap, "deleted": true })),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(gone),
             Err(e) => Err(io_error(format!("snapshot {name}@{snap}"))(e)),
+        };
+    }
+    if let Some(thin) = pool.thin() {
+        let lv = store::lvm::snapshot_lv(&name, &snap);
+        // A thin snapshot's clones share its blocks, not its life: nothing depends on it.
+        return match thin.remove(&lv, Duration::ZERO) {
+            Ok(()) => Ok(json!({ "volume": name, "snapshot": snap, "deleted": true })),
+            Err(e) if e.kind == store::lvm::LvmErrorKind::NotFound => Ok(gone),
+            Err(e) => Err(lvm_error(format!("snapshot {name}@{snap}"))(e)),
         };
     }
     if !snapshot_names(shared, pool, &name)?.contains(&snap) {

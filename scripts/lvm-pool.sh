@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# ferrosan's LVM thin pools, where device-mapper is: this host's kernel loads no modules, so
+# ferrosan runs inside the test guest (scripts/lib/guest.sh: Debian 12's kernel, lvm2,
+# thin-provisioning-tools, open-iscsi) on a thin pool the guest makes on a loop device, and the
+# guest's open-iscsi logs in to it over the guest's own loopback
+# (scripts/guest/lvm-pool.sh, the guest's half; docs/VOLUMES.md).
+#
+#   scripts/lvm-pool.sh
+#
+# Results in target/lvm-pool/: guest-console.log (with ferrosan's log at the end),
+# guest-report.log, summary.txt. Exit status: non-zero if any check failed or did not report.
+#
+# Environment: FERROSAN_BIN       prebuilt daemon (default: cargo build --release -p ferrosan);
+#                                 it runs in the guest, a Debian 12 like this host
+#              LVM_POOL_TIMEOUT   seconds the guest may run (default 600)
+#              FERROSAN_GUEST_*   see scripts/lib/guest.sh (accelerator, mirror, cache)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOG_TAG=lvm-pool
+# shellcheck source=lib/common.sh
+source scripts/lib/common.sh
+# shellcheck source=lib/guest.sh
+source scripts/lib/guest.sh
+# shellcheck source=lib/guest-run.sh
+source scripts/lib/guest-run.sh
+export PATH="$PATH:/usr/sbin:/sbin"
+
+OUT=$ROOT/target/lvm-pool
+GUEST_TIMEOUT=${LVM_POOL_TIMEOUT:-600}
+
+WORK=""
+cleanup() {
+    local rc=$?
+    stop_pid "$GUEST_PID" 20
+    GUEST_PID=""
+    [[ -n $WORK ]] && rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+T_START=$(date +%s)
+ensure_deps
+ferrosan_bin
+mkdir -p "$OUT"
+rm -f "$OUT"/{guest-console.log,guest-console.log.qemu,guest-report.log,summary.txt}
+
+T0=$(date +%s)
+guest_image
+T_IMAGE=$(($(date +%s) - T0))
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferrosan-lvm-pool.XXXXXX")
+mkdir -p "$WORK/share"
+cp scripts/guest/lvm-pool.sh "$WORK/share/main.sh"
+cp scripts/guest/lib.sh "$WORK/share/lib.sh"
+cp "$FERROSAN_BIN" "$WORK/share/ferrosan"
+
+CONSOLE=$OUT/guest-console.log
+REPORT=$OUT/guest-report.log
+T0=$(date +%s)
+guest_start "$WORK/share" "$CONSOLE" "$REPORT" 1536
+log "guest booting (QEMU PID $GUEST_PID, ${FERROSAN_GUEST_ACCEL:-tcg}); console: $CONSOLE"
+
+# No daemon on this host: follow_guest only waits for the guest (and stops it at the timeout).
+follow_guest
+guest_verdicts lvm-pool

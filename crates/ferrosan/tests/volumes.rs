@@ -194,6 +194,28 @@ fn scenario(kind: &Kind) {
     let snaps = ok(&ctl, &["snapshot", "list", "vm1"]);
     assert_eq!(snaps["snapshots"][0]["snapshot"], "s1", "{snaps}");
 
+    // A clone of the volume as it is now. An RBD pool clones a snapshot taken for it, named
+    // after the clone and kept while the clone depends on it.
+    let live = ok(&ctl, &["volume", "clone", "vm1", "vm3"]);
+    let taken = kind.clones_depend.then_some("vm3");
+    assert_eq!(live["snapshot"].as_str(), taken, "{live}");
+    assert_eq!(
+        ok(&ctl, &["volume", "clone", "vm1", "vm3"])["existed"],
+        true
+    );
+    ok(&ctl, &["lun", "map", IQN, "all", "3", "vm3"]);
+    assert_eq!(
+        read(&mut raw, &mut itt, 3),
+        vec![b'A'; 4096],
+        "the live clone holds the volume as it was"
+    );
+    ok(&ctl, &["lun", "unmap", IQN, "all", "3"]);
+    assert_eq!(ok(&ctl, &["volume", "delete", "vm3"])["deleted"], true);
+    assert_eq!(
+        ok(&ctl, &["snapshot", "delete", "vm1", "vm3"])["deleted"],
+        kind.clones_depend
+    );
+
     // Unmapped, a volume with snapshots is kept until they go; then it goes, once.
     ok(&ctl, &["lun", "unmap", IQN, "all", "2"]);
     ok(&ctl, &["lun", "unmap", IQN, "all", "1"]);

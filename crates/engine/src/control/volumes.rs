@@ -446,15 +446,58 @@ fn clone(
         }
     }
     let started = Instant::now();
-    let method = clone_data(shared, &pool, &source, snap, &name)?;
+    let (method, taken) = match (snap, pool.image(&source)) {
+        // librbd clones only snapshots: the volume as it is now is one taken for the clone.
+        (None, Some(_)) => {
+            let snap = snapshot_for_clone(shared, &pool, &source, &name)?;
+            let made = clone_data(shared, &pool, &source, Some(&snap), &name);
+            if made.is_err() {
+                if let Ok(image) = rbd_image(shared, &source) {
+                    let _ = image.snap_unprotect(&snap);
+                    let _ = image.snap_remove(&snap);
+                }
+            }
+            (made?, Some(snap))
+        }
+        _ => (clone_data(shared, &pool, &source, snap, &name)?, None),
+    };
     running.devices.push(volume_device(&pool, &name, None)?);
     let what = format!("volume {name} cloned from {source} ({method})");
     let mut answer = super::apply_edited(shared, "volume-clone", args, what, running)
         .inspect_err(|_| forget_new(&pool, &name))?;
     answer["existed"] = json!(false);
     answer["method"] = json!(method);
+    if let Some(snap) = taken {
+        answer["snapshot"] = json!(snap);
+    }
     answer["seconds"] = json!(started.elapsed().as_secs_f64());
     Ok(answer)
+}
+
+/// Takes the snapshot an RBD clone of `source` as it is now is made from: named after the
+/// clone `name`, crash-consistent like any snapshot, and kept while the clone depends on it
+/// (`volume flatten` frees it). A snapshot of that name made by someone else is refused, not
+/// reused: it holds another moment.
+fn snapshot_for_clone(
+    shared: &Shared,
+    pool: &PoolConfig,
+    source: &str,
+    name: &str,
+) -> Result<String, ControlError> {
+    if snapshot_names(shared, pool, source)?
+        .iter()
+        .any(|s| s == name)
+    {
+        return Err(ControlError::Conflict(format!(
+            "volume {source} has a snapshot {name} already, and a clone of it as it is now is \
+             made from a new snapshot of that name: clone that one with --snapshot {name}, or \
+             give the clone another name"
+        )));
+    }
+    let image = rbd_image(shared, source)?;
+    with_writes_held(shared, source, || image.snap_create(name))?
+        .map_err(rbd_error(format!("snapshot {source}@{name}")))?;
+    Ok(name.to_string())
 }
 
 /// Makes volume `name` of `pool` a copy of `source` (of its snapshot `snap`, or of it now).
@@ -491,9 +534,10 @@ fn clone_data(
             .map_err(io_error(format!("clone {name} of {source}")))?
             .name());
     }
+    // `clone` takes the snapshot of a volume cloned as it is now.
     let Some(snap) = snap else {
         return Err(ControlError::BadRequest(format!(
-            "an RBD volume is cloned from a snapshot: take one (volume snapshot {source} NAME) and clone it"
+            "an RBD volume is cloned from a snapshot: clone {source}@SNAPSHOT"
         )));
     };
     let image = rbd_image(shared, source)?;

@@ -325,12 +325,18 @@ fn the_proxmox_guide() {
 
 #[test]
 fn the_kubernetes_guide() {
-    // LUN 2 mapped live by the guide's ctl commands.
+    // LUN 2 mapped live by the guide's ctl commands, LUN 3 a pool's volume exported to one
+    // worker, in the group every worker shares.
     let hosts = [1, 2, 3].map(|n| {
         let name = format!("iqn.2005-03.org.open-iscsi:k8s-worker-{n}");
-        host(name, ("k8s", "k8s"), &[0, 1, 2])
+        host(name, ("k8s", "k8s"), &[0, 1, 2, 3])
     });
-    serve_guide("kubernetes", "iqn.2026-11.org.example:k8s", &hosts);
+    let served = serve_guide("kubernetes", "iqn.2026-11.org.example:k8s", &hosts);
+    let saved = std::fs::read_to_string(served.daemon.file("ferrosan.toml")).unwrap();
+    assert!(
+        saved.contains("[[pool]]") && saved.contains("pvc-0c8e1f"),
+        "--save did not write the pool and its volume:\n{saved}"
+    );
 }
 
 #[test]

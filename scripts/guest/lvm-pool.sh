@@ -24,7 +24,7 @@ VG=ferrosan-vg TP=thin PORTAL=127.0.0.1:3260
 MIB=$((1 << 20))
 
 CHECKS=(setup pool-add create export-write snapshot clone-reads-snapshot delete-refused rollback
-    resize restart-keeps delete)
+    resize restart-keeps unmap-frees delete)
 
 ctl() { "$BIN" ctl --socket "$WORK/control.sock" "$@"; }
 # says JSON KEY VALUE: the ctl answer JSON says "KEY": VALUE.
@@ -207,6 +207,21 @@ check_restart_keeps() {
     same "$(disk 1)" "$WORK/a.bin" || fail "c1 lost its data in the restart"
 }
 
+# The host's discard (UNMAP) frees the thin pool's blocks under the volume, and the volume reads
+# zeros there.
+check_unmap_frees() {
+    local d before after
+    d=$(disk 0)
+    mapped() { lvs --noheadings -o data_percent "$VG/vm1" | tr -d ' '; }
+    before=$(mapped)
+    blkdiscard "$d"
+    after=$(mapped)
+    echo "vm1: $before % of its blocks mapped before the discard, $after % after"
+    awk -v b="$before" -v a="$after" 'BEGIN { exit !(b > 0 && a < b / 2) }' ||
+        fail "the discard did not free vm1's blocks ($before % mapped before, $after % after)"
+    cmp -n $((4 * MIB)) "$d" /dev/zero || fail "vm1 does not read zeros after the discard"
+}
+
 check_delete() {
     local r
     forget 1
@@ -275,7 +290,7 @@ run_all pool-add create export-write snapshot clone-reads-snapshot delete-refuse
 iscsiadm -m node -u >/dev/null 2>&1 || true
 stop_ferrosan
 if ! start_ferrosan; then
-    skip_all "ferrosan did not start again" restart-keeps delete
+    skip_all "ferrosan did not start again" restart-keeps unmap-frees delete
     exit 0
 fi
-run_all restart-keeps delete
+run_all restart-keeps unmap-frees delete

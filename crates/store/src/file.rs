@@ -12,7 +12,7 @@ use rustix::fs::{FallocateFlags, SeekFrom};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -39,6 +39,11 @@ pub struct FileStore {
     in_memory: bool,
     /// The O_DIRECT descriptor in [`Caching::Direct`] mode.
     direct: Option<DirectIo>,
+    /// A block device whose discarded blocks read as zeros in whole units of this many bytes
+    /// (an LVM thin LV: dm-thin unmaps whole chunks, and unmapped chunks read as zeros). Its
+    /// deallocation discards those chunks instead of writing zeros over them, which would
+    /// allocate them in the thin pool.
+    discard_zeroes: Option<u64>,
 }
 
 /// How a file store's reads and writes reach the file.
@@ -256,8 +261,14 @@ impl FileStore {
             Caching::Page => None,
             Caching::Direct => Some(open_direct(path, block_device)?),
         };
+        let discard_zeroes = if block_device {
+            thin_lv_chunk(&file.metadata()?)
+        } else {
+            None
+        };
         Ok(FileStore {
             direct,
+            discard_zeroes,
             in_memory,
             file: Arc::new(file),
             size_bytes: AtomicU64::new(size_bytes),
@@ -267,6 +278,27 @@ impl FileStore {
             nowait_writes: AtomicBool::new(true),
             cachestat: AtomicBool::new(true),
         })
+    }
+
+    /// Deallocates `[offset, offset + len)` of a thin LV: its whole `chunk`s discarded (they
+    /// read as zeros after), the partial chunks at either end written with zeros. False when
+    /// the device refuses discards (a thin pool with `ignore_discard`): nothing was changed.
+    fn discard_chunks(&self, chunk: u64, offset: u64, len: u64) -> io::Result<bool> {
+        let end = offset + len;
+        let first = offset.div_ceil(chunk) * chunk;
+        let last = end / chunk * chunk;
+        if first >= last {
+            self.write_zero_bytes(offset, len)?;
+            return Ok(true);
+        }
+        match crate::sys::discard(&self.file, first, last - first) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        self.write_zero_bytes(offset, first - offset)?;
+        self.write_zero_bytes(last, end - last)?;
+        Ok(true)
     }
 
     pub fn is_block_device(&self) -> bool {
@@ -338,6 +370,11 @@ impl FileStore {
     }
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        if let Some(chunk) = self.discard_zeroes {
+            if self.discard_chunks(chunk, offset, len)? {
+                return Ok(());
+            }
+        }
         let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
         match rustix::fs::fallocate(&self.file, flags, offset, len) {
             Ok(()) => Ok(()),
@@ -593,6 +630,37 @@ impl BlockStore for FileStore {
             thin: self.thin,
         }
     }
+}
+
+/// The chunk size of an LVM thin LV (its discard granularity), None for any other block
+/// device. An LVM thin LV is a device-mapper device whose UUID LVM made (`LVM-…`) on top of a
+/// thin pool's device (UUID `LVM-…-tpool`): discarding its whole chunks unmaps them, and
+/// unmapped chunks read as zeros. Other devices promise nothing of discarded blocks.
+fn thin_lv_chunk(meta: &std::fs::Metadata) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    let rdev = meta.rdev();
+    let dev = PathBuf::from(format!(
+        "/sys/dev/block/{}:{}",
+        rustix::fs::major(rdev),
+        rustix::fs::minor(rdev)
+    ));
+    let read = |p: PathBuf| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    if !read(dev.join("dm/uuid"))?.starts_with("LVM-") {
+        return None;
+    }
+    let mut below = std::fs::read_dir(dev.join("slaves")).ok()?.peekable();
+    below.peek()?;
+    let on_thin_pool = below.all(|s| {
+        s.ok()
+            .and_then(|s| read(s.path().join("dm/uuid")))
+            .is_some_and(|u| u.starts_with("LVM-") && u.ends_with("-tpool"))
+    });
+    let chunk: u64 = read(dev.join("queue/discard_granularity"))?.parse().ok()?;
+    (on_thin_pool && chunk >= 512 && chunk.is_power_of_two()).then_some(chunk)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! The one system call the stores need that no maintained crate wraps: `cachestat(2)` (Linux
-//! 6.5+; `rustix` lists it as not yet implemented, `libc` has no wrapper). The only `unsafe` of
-//! the crate.
+//! The two system calls the stores need that no maintained crate wraps: `cachestat(2)` (Linux
+//! 6.5+; `rustix` lists it as not yet implemented, `libc` has no wrapper) and the `BLKDISCARD`
+//! ioctl (rustix wraps a few block ioctls, not this one). The only `unsafe` of the crate.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -48,6 +48,25 @@ pub fn cached_pages(file: &File, offset: u64, len: u64) -> io::Result<u64> {
     };
     if rc == 0 {
         Ok(stat.nr_cache)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `BLKDISCARD`, `_IO(0x12, 119)` (include/uapi/linux/fs.h).
+const BLKDISCARD: libc::c_ulong = 0x1277;
+
+/// Discards `[offset, offset + len)` of block device `file` (offset and len aligned to its
+/// logical block size): the device may unmap the blocks; what they read afterwards is the
+/// device's business (zeros for an LVM thin LV's whole chunks).
+pub fn discard(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let range: [u64; 2] = [offset, len];
+    // SAFETY: BLKDISCARD reads two u64 (start, length) through the pointer, which points to a
+    // live array of exactly that for the whole call; the descriptor is open (borrowed from
+    // `file`).
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKDISCARD, range.as_ptr()) };
+    if rc == 0 {
+        Ok(())
     } else {
         Err(io::Error::last_os_error())
     }

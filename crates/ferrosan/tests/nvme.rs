@@ -95,7 +95,18 @@ fn a_namespace_is_the_lun_an_iscsi_initiator_sees() {
     let mut iscsi = Path::connect(daemon.port, IQN, INITIATOR, [0x40, 0, 0, 0, 0, 1]).unwrap();
     iscsi.settle();
     let (status, _, data) = iscsi.read(8, 8);
-    assert_eq!((status, data), (0, small));
+    assert_eq!((status, data), (0, small.clone()));
+    // Write Zeroes with FUA (WRITE SAME, then SYNCHRONIZE CACHE of its blocks): zeros through
+    // both doors, the blocks around it untouched.
+    let fua = 1 << 30;
+    let zeroes = host::sqe(0x08, 1, [10, 0, 3 | fua, 0, 0, 0]);
+    h.io.run_ok(zeroes, Vec::new(), 0)
+        .expect("Write Zeroes with FUA");
+    let mut expect = small.clone();
+    expect[2 * 512..6 * 512].fill(0);
+    assert_eq!(h.read(1, 8, 8, 512).unwrap(), expect);
+    let (status, _, data) = iscsi.read(8, 8);
+    assert_eq!((status, data), (0, expect));
     // Written through iSCSI, read through NVMe.
     let other = pattern(3, 512);
     assert_eq!(iscsi.write(20, &other).0, 0);

@@ -129,7 +129,8 @@ pub fn scsi_command<'a>(
             fua,
         } => {
             // WRITE SAME has no FUA: a write-back device would answer before the zeroes are
-            // durable, which FUA forbids. Refused rather than answered early.
+            // durable, which FUA forbids. The driver runs such a command as two
+            // ([`split_fua_write_zeroes`]); one CDB cannot say it, so it is refused here.
             if fua {
                 return Err(Status::INVALID_FIELD);
             }
@@ -200,6 +201,33 @@ pub fn scsi_command<'a>(
 }
 
 /// PERSISTENT RESERVE IN, READ FULL STATUS: the whole table, for a Reservation Report.
+/// Write Zeroes with FUA as SCSI can run it: the same Write Zeroes without FUA, then
+/// SYNCHRONIZE CACHE (16) of its blocks, the command answered when both are done (the
+/// zeroes are then on the medium, as FUA asks). None for any other command.
+pub fn split_fua_write_zeroes(command: &IoCommand) -> Option<(IoCommand, ScsiCommand<'static>)> {
+    let IoCommand::WriteZeroes {
+        blocks,
+        deallocate,
+        fua: true,
+    } = *command
+    else {
+        return None;
+    };
+    let plain = IoCommand::WriteZeroes {
+        blocks,
+        deallocate,
+        fua: false,
+    };
+    let sync = ScsiCommand {
+        cdb: cdb16(SYNCHRONIZE_CACHE_16, 0, blocks),
+        data_out: Cow::Borrowed(&[]),
+        data_in_len: 0,
+        read: false,
+        write: false,
+    };
+    Some((plain, sync))
+}
+
 pub fn reservation_report() -> ScsiCommand<'static> {
     let mut cdb = Cdb::zeroed(10);
     cdb[0] = PERSISTENT_RESERVE_IN;

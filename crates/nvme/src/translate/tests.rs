@@ -91,6 +91,28 @@ fn write_zeroes_and_deallocate_become_write_same_and_unmap() {
         ),
         Err(Status::INVALID_FIELD)
     );
+    // With FUA: the same without it, then SYNCHRONIZE CACHE (16) of exactly its blocks.
+    let fua = IoCommand::WriteZeroes {
+        blocks: blocks(0x1_0000_0002, 8),
+        deallocate: true,
+        fua: true,
+    };
+    let (plain, sync) = split_fua_write_zeroes(&fua).unwrap();
+    assert_eq!(
+        plain,
+        IoCommand::WriteZeroes {
+            blocks: blocks(0x1_0000_0002, 8),
+            deallocate: true,
+            fua: false
+        }
+    );
+    assert_eq!(
+        sync.cdb[..],
+        [0x91, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 8, 0, 0]
+    );
+    assert!(sync.data_out.is_empty() && !sync.read && sync.data_in_len == 0);
+    assert!(split_fua_write_zeroes(&plain).is_none());
+    assert!(split_fua_write_zeroes(&IoCommand::Flush).is_none());
     let mut ranges = Vec::new();
     for (slba, count) in [(100u64, 8u32), (0, 0), (7, 1)] {
         ranges.extend_from_slice(&[0; 4]);

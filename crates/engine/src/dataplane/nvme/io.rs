@@ -400,12 +400,19 @@ impl Driver {
             }
             _ => {}
         }
+        let (command, sync) = match translate::split_fua_write_zeroes(&command) {
+            Some((plain, sync)) => (plain, Some(sync)),
+            None => (command, None),
+        };
         let scsi = match translate::scsi_command(&command, r.data(input), block_size) {
             Ok(s) => s,
             Err(status) => return self.answer(cid, status, 0, &[]),
         };
         if scsi.read && scsi.data_in_len != r.data_in_len {
             return self.answer(cid, Status::DATA_SGL_LENGTH_INVALID, 0, &[]);
+        }
+        if let Some(sync) = sync {
+            self.synced.push((cid, lun, sync));
         }
         self.run(backend, cid, lun, scsi);
     }
@@ -483,7 +490,7 @@ impl Driver {
                 } else {
                     self.outbox.adopt(data_in)
                 };
-                self.finish(cid, status, payload, expected_len as usize);
+                self.finish(backend, cid, status, payload, expected_len as usize);
                 lent.clear();
                 backend.loan = lent;
             }
@@ -517,13 +524,27 @@ impl Driver {
             }
             None => self.outbox.adopt(done.data_in),
         };
-        self.finish(cid, status, payload, done.expected_len as usize);
+        self.finish(backend, cid, status, payload, done.expected_len as usize);
     }
 
     /// Answers command `cid` with the first `limit` bytes of the outbox's `payload` and, for
     /// the write of a fused pair, its compare too; a Reservation Report's answer is reshaped
-    /// from READ FULL STATUS's.
-    fn finish(&mut self, cid: u16, status: Status, payload: usize, limit: usize) {
+    /// from READ FULL STATUS's; a Write Zeroes with FUA runs its SYNCHRONIZE CACHE first.
+    fn finish(
+        &mut self,
+        backend: &mut Backend<'_>,
+        cid: u16,
+        status: Status,
+        payload: usize,
+        limit: usize,
+    ) {
+        if let Some(i) = self.synced.iter().position(|(c, ..)| *c == cid) {
+            let (_, lun, sync) = self.synced.swap_remove(i);
+            if status.is_success() {
+                // Answered when the flush is back (this same path, the entry gone).
+                return self.run(backend, cid, lun, sync);
+            }
+        }
         let len = self.outbox.payload_len(payload).min(limit);
         if let Some(i) = self.reports.iter().position(|&(c, _, _)| c == cid) {
             let (_, extended, asked) = self.reports.swap_remove(i);

@@ -96,6 +96,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         fused: None,
         fused_pairs: Vec::new(),
         reports: Vec::new(),
+        synced: Vec::new(),
         closing: false,
         auth: None,
         auth_deadline: None,
@@ -157,6 +158,9 @@ struct Driver {
     fused_pairs: Vec<(u16, u16)>,
     /// Reservation Reports running as READ FULL STATUS: (identifier, extended, bytes asked).
     reports: Vec<(u16, bool, usize)>,
+    /// Write Zeroes with FUA running as WRITE SAME: (identifier, namespace's LUN, the
+    /// SYNCHRONIZE CACHE that follows it before the answer).
+    synced: Vec<(u16, u64, nvme::translate::ScsiCommand<'static>)>,
     /// A Disconnect was answered: close once it is sent.
     closing: bool,
     /// The queue's DH-HMAC-CHAP transaction, when its host must authenticate: until it has,

@@ -93,6 +93,15 @@ impl Received {
     }
 }
 
+/// A command capsule as it arrived: its SQE, its in-capsule data (and where that lies in the
+/// receive buffer), and whether the data digest matched.
+struct Capsule<'a> {
+    sqe: Sqe,
+    data: &'a [u8],
+    placed: Range<usize>,
+    data_ok: bool,
+}
+
 /// A command the transport answers by itself (a malformed data pointer, a digest error, a
 /// command identifier already in use): its completion is queued with the others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,7 +284,13 @@ impl Queue {
                     field: 2,
                 })?;
                 let placed = at + frame.data_offset..at + frame.data_offset + frame.data_len;
-                self.command(sqe, data, placed, data_ok, out, ready, refused);
+                let capsule = Capsule {
+                    sqe,
+                    data,
+                    placed,
+                    data_ok,
+                };
+                self.command(capsule, out, ready, refused);
                 Ok(())
             }
             PduType::H2CData => {
@@ -309,17 +324,19 @@ impl Queue {
 
     /// A command capsule: ready now (data in the capsule, or none to receive), solicited with
     /// an R2T, or refused.
-    #[allow(clippy::too_many_arguments)]
     fn command(
         &mut self,
-        sqe: Sqe,
-        data: &[u8],
-        placed: Range<usize>,
-        data_ok: bool,
+        capsule: Capsule<'_>,
         out: &mut Vec<u8>,
         ready: &mut Vec<Received>,
         refused: &mut Vec<Refused>,
     ) {
+        let Capsule {
+            sqe,
+            data,
+            placed,
+            data_ok,
+        } = capsule;
         let cid = sqe.cid();
         if self.open.contains(&cid) {
             // The one in use keeps running; this one is answered (with the same identifier:

@@ -121,7 +121,7 @@ impl Driver {
         // Room for the largest PDU we accept plus slack, so a full window of small PDUs is read at once.
         let frame_max =
             pdu::BHS_LEN + AHS_BYTES_MAX + 4 + limits.max_recv_data_segment_length as usize + 8;
-        let rbuf_full = (frame_max * 2).max(256 * 1024);
+        let rbuf_full = (frame_max * 2).max(super::RBUF_BUSY);
         Driver {
             stream,
             peer,

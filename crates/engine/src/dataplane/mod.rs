@@ -14,3 +14,7 @@ pub mod route;
 mod send;
 pub(crate) mod sys;
 mod wakeups;
+
+/// A connection's receive buffer once a read has filled it (a deep queue's commands are
+/// waiting): 64 4 KiB writes fit, and are read in fewer calls. Both doors grow to it.
+pub(crate) const RBUF_BUSY: usize = 256 * 1024;

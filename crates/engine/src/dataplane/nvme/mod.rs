@@ -34,8 +34,6 @@ pub(crate) const IN_CAPSULE_BYTES: u32 = 8192;
 pub(crate) const KATO_MS_MAX: u32 = 3_600_000;
 /// The most data one command moves: 1 MiB (MDTS 8, in 4 KiB pages).
 pub(crate) const TRANSFER_BYTES_MAX: u32 = 1 << 20;
-/// The receive buffer once a read has filled it: a queue of 64 4 KiB writes fits.
-const RBUF_BUSY: usize = 256 * 1024;
 /// A keep-alive is late after the timeout plus this (the host's timer and ours drift apart).
 const KEEP_ALIVE_SLACK: Duration = Duration::from_secs(1);
 
@@ -523,10 +521,10 @@ impl Driver {
                     Ok(0) => return Ok(false),
                     Ok(n) => {
                         self.end += n;
-                        if self.end == self.rbuf.len() && self.rbuf.len() < RBUF_BUSY {
+                        if self.end == self.rbuf.len() && self.rbuf.len() < super::RBUF_BUSY {
                             // A read that filled the buffer: a deep queue's commands are
                             // waiting; read them in fewer calls, as the iSCSI door does.
-                            self.rbuf.resize(RBUF_BUSY, 0);
+                            self.rbuf.resize(super::RBUF_BUSY, 0);
                         }
                     }
                     Err(e) => return Err(Closed::Io(e)),

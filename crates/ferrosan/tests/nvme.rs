@@ -215,7 +215,17 @@ fn many_commands_in_flight_complete_each_once() {
 
 #[test]
 fn an_iscsi_reservation_fences_an_nvme_host_and_the_reverse() {
-    let (daemon, nvme_port) = both_doors(&["ram:16M"]);
+    // A file LUN and a state directory: its reservations may persist through power loss.
+    let scratch = common::Scratch::new("nvme-pr");
+    let lun = format!("file:{},size=16M", scratch.file("lun.img").display());
+    let state_arg = scratch.file("state").display().to_string();
+    let nvme_port = free_port();
+    let listen = format!("127.0.0.1:{nvme_port}");
+    let daemon = Daemon::start_with_args(
+        IQN,
+        &[&lun],
+        &["--nvme-listen", &listen, "--state-dir", &state_arg],
+    );
     let mut iscsi = Path::connect(daemon.port, IQN, INITIATOR, [0x40, 0, 0, 0, 0, 2]).unwrap();
     iscsi.settle();
     // The iSCSI initiator registers and takes Write Exclusive.
@@ -264,6 +274,20 @@ fn an_iscsi_reservation_fences_an_nvme_host_and_the_reverse() {
         u64::from_le_bytes(report[24 + 16..24 + 24].try_into().unwrap()),
         0xBBBB
     );
+    assert_eq!(report[9], 0, "PTPLS: not persistent through power loss yet");
+    // Register again (Replace, its own key) with CPTPL = 11b: the reservations persist (the
+    // one table's APTPL), and the report says so.
+    h.io.run_ok(
+        host::sqe(0x0D, 1, [2 | 3 << 30, 0, 0, 0, 0, 0]),
+        keys(0xBBBB, 0xBBBB),
+        0,
+    )
+    .expect("register with CPTPL");
+    let report =
+        h.io.run_ok(host::sqe(0x0E, 1, [1023, 0, 0, 0, 0, 0]), Vec::new(), 4096)
+            .expect("report")
+            .data;
+    assert_eq!(report[9], 1, "PTPLS: persistent through power loss");
     // The preempted initiator hears of it (REGISTRATIONS PREEMPTED), then is fenced.
     assert_eq!(iscsi.settle().0, 0);
     let (status, _) = iscsi.write(0, &[3; 512]);

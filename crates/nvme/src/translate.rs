@@ -246,8 +246,10 @@ pub fn reservation_report() -> ScsiCommand<'static> {
 /// answers, from READ FULL STATUS's parameter data: the generation, the reservation's type,
 /// and a registrant entry per registration (an I_T nexus: a host through one port, with its
 /// host identifier when it is an NVMe host's; controller ID FFFFh, as SCSI does not know it).
-/// `extended`: 64-byte entries with 128-bit host identifiers. Cut to `len` bytes.
-pub fn reservation_status(full: &[u8], extended: bool, len: usize) -> Vec<u8> {
+/// `extended`: 64-byte entries with 128-bit host identifiers. `ptpl`: the reservations persist
+/// through power loss (APTPL is active), which READ FULL STATUS does not carry. Cut to `len`
+/// bytes.
+pub fn reservation_status(full: &[u8], extended: bool, ptpl: bool, len: usize) -> Vec<u8> {
     let be32 = |b: &[u8], at: usize| -> Option<u32> {
         Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
     };
@@ -275,6 +277,7 @@ pub fn reservation_status(full: &[u8], extended: bool, len: usize) -> Vec<u8> {
     d[0..4].copy_from_slice(&generation.to_le_bytes());
     d[4] = rtype;
     d[5..7].copy_from_slice(&(entries.len().min(usize::from(u16::MAX)) as u16).to_le_bytes());
+    d[9] = u8::from(ptpl);
     for (key, holder, id) in entries {
         let mut e = vec![0u8; entry];
         e[0..2].copy_from_slice(&u16::MAX.to_le_bytes());

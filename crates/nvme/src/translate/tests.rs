@@ -289,7 +289,7 @@ fn read_full_status_becomes_the_reservation_status_structure() {
     ));
     let n = (full.len() - 8) as u32;
     full[4..8].copy_from_slice(&n.to_be_bytes());
-    let s = reservation_status(&full, false, 4096);
+    let s = reservation_status(&full, false, false, 4096);
     assert_eq!(s.len(), 4096);
     assert_eq!(
         u32::from_le_bytes(s[0..4].try_into().unwrap()),
@@ -297,6 +297,7 @@ fn read_full_status_becomes_the_reservation_status_structure() {
         "generation"
     );
     assert_eq!(s[4], 1, "Write Exclusive");
+    assert_eq!(s[9], 0, "PTPLS: not persistent");
     assert_eq!(u16::from_le_bytes([s[5], s[6]]), 2, "registrants");
     assert_eq!(s[24 + 2], 1, "the first holds it");
     assert_eq!(
@@ -312,13 +313,17 @@ fn read_full_status_becomes_the_reservation_status_structure() {
         u64::from_le_bytes(s[48 + 16..48 + 24].try_into().unwrap()),
         0xBBBB
     );
-    let e = reservation_status(&full, true, 256);
+    let e = reservation_status(&full, true, true, 256);
+    assert_eq!(e[9], 1, "PTPLS: persistent through power loss");
     assert_eq!(
         u64::from_le_bytes(e[128 + 8..128 + 16].try_into().unwrap()),
         0xBBBB
     );
     assert_eq!(e[128 + 16..128 + 32], (0..16u8).collect::<Vec<_>>()[..]);
     // Garbage in: a well-formed empty answer, never a panic.
-    assert_eq!(reservation_status(&[1, 2, 3], false, 24), vec![0; 24]);
+    assert_eq!(
+        reservation_status(&[1, 2, 3], false, false, 24),
+        vec![0; 24]
+    );
     assert_eq!(reservation_report().cdb[..2], [0x5E, 0x03]);
 }

@@ -395,7 +395,13 @@ impl Driver {
                 let len = (dwords as usize)
                     .saturating_mul(4)
                     .min(r.data_in_len as usize);
-                self.reports.push((cid, extended, len));
+                // APTPL, which READ FULL STATUS does not carry, from the LU itself.
+                let ptpl = backend
+                    .luns
+                    .as_ref()
+                    .and_then(|l| l.get(lun))
+                    .is_some_and(|e| e.lu.persistent_reservations().aptpl);
+                self.reports.push((cid, extended, len, ptpl));
                 return self.run(backend, cid, lun, translate::reservation_report());
             }
             _ => {}
@@ -546,12 +552,12 @@ impl Driver {
             }
         }
         let len = self.outbox.payload_len(payload).min(limit);
-        if let Some(i) = self.reports.iter().position(|&(c, _, _)| c == cid) {
-            let (_, extended, asked) = self.reports.swap_remove(i);
+        if let Some(i) = self.reports.iter().position(|&(c, ..)| c == cid) {
+            let (_, extended, asked, ptpl) = self.reports.swap_remove(i);
             let mut full_status = Vec::with_capacity(len);
             self.outbox
                 .for_each_payload_piece(payload, 0..len, |p| full_status.extend_from_slice(p));
-            let report = translate::reservation_status(&full_status, extended, asked);
+            let report = translate::reservation_status(&full_status, extended, ptpl, asked);
             return self.answer(cid, status, 0, &report);
         }
         if let Some(i) = self.fused_pairs.iter().position(|&(w, _)| w == cid) {

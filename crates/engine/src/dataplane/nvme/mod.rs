@@ -154,8 +154,9 @@ struct Driver {
     fused: Option<(Received, nvme::nvm::IoCommand)>,
     /// Fused pairs running as one COMPARE AND WRITE: (the write's identifier, the compare's).
     fused_pairs: Vec<(u16, u16)>,
-    /// Reservation Reports running as READ FULL STATUS: (identifier, extended, bytes asked).
-    reports: Vec<(u16, bool, usize)>,
+    /// Reservation Reports running as READ FULL STATUS: (identifier, extended, bytes asked,
+    /// whether the reservations persist through power loss).
+    reports: Vec<(u16, bool, usize, bool)>,
     /// Write Zeroes with FUA running as WRITE SAME: (identifier, namespace's LUN, the
     /// SYNCHRONIZE CACHE that follows it before the answer).
     synced: Vec<(u16, u64, nvme::translate::ScsiCommand<'static>)>,

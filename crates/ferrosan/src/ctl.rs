@@ -613,6 +613,11 @@ enum ChapVerb {
 /// Longest wait for the daemon's answer (a reload opening devices can take a while).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The verbs that may copy a volume's data where its pool's filesystem cannot reflink: they
+/// take as long as the data does, and the answer is awaited without a limit (the daemon logs
+/// the copy's progress).
+const COPYING_VERBS: &[&str] = &["volume-snapshot", "volume-clone", "volume-rollback"];
+
 fn request(verb: &Verb) -> Result<Value, String> {
     Ok(match verb {
         Verb::Status => json!({"verb": "status"}),
@@ -948,8 +953,12 @@ pub(crate) fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, Strin
             peer.uid.as_raw()
         ));
     }
+    let copying = request
+        .get("verb")
+        .and_then(Value::as_str)
+        .is_some_and(|v| COPYING_VERBS.contains(&v));
     stream
-        .set_read_timeout(Some(REPLY_TIMEOUT))
+        .set_read_timeout((!copying).then_some(REPLY_TIMEOUT))
         .map_err(located)?;
     let mut line = request.to_string();
     line.push('\n');

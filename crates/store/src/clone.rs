@@ -27,12 +27,20 @@ impl CloneMethod {
     }
 }
 
+/// Told how far a copy has come: (bytes of the file passed, its length), after each piece of
+/// at most [`PROGRESS_STEP`] bytes. A reflink tells nothing: it is done at once.
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
+/// The most a copy moves between two reports of its progress.
+pub const PROGRESS_STEP: u64 = 256 << 20;
+
 /// Makes `dst` (which must not exist) a copy of `src`: a reflink where the filesystem can,
-/// else a sparse copy. `dst` is fsynced, and its directory, before this returns: a clone
-/// reported is a clone kept. Mode 0600. On failure `dst` is removed.
-pub fn clone_file(src: &Path, dst: &Path) -> io::Result<CloneMethod> {
+/// else a sparse copy, its progress told to `progress`. `dst` is fsynced, and its directory,
+/// before this returns: a clone reported is a clone kept. Mode 0600. On failure `dst` is
+/// removed.
+pub fn clone_file(src: &Path, dst: &Path, progress: Progress<'_>) -> io::Result<CloneMethod> {
     let (from, to) = open_pair(src, dst)?;
-    let made = clone_into(&from, &to).and_then(|method| {
+    let made = clone_into(&from, &to, progress).and_then(|method| {
         to.sync_all()?;
         sync_parent(dst)?;
         Ok(method)
@@ -80,9 +88,9 @@ pub fn reflink_file(src: &Path, dst: &Path) -> io::Result<bool> {
     made
 }
 
-/// Replaces the whole content of `to` with `from`'s (a reflink, else a sparse copy), and
-/// makes it durable.
-pub fn clone_into(from: &File, to: &File) -> io::Result<CloneMethod> {
+/// Replaces the whole content of `to` with `from`'s (a reflink, else a sparse copy whose
+/// progress `progress` is told), and makes it durable.
+pub fn clone_into(from: &File, to: &File, progress: Progress<'_>) -> io::Result<CloneMethod> {
     match rustix::fs::ioctl_ficlone(to, from) {
         Ok(()) => return Ok(CloneMethod::Reflink),
         Err(e) if cannot_share(e) => {}
@@ -91,7 +99,7 @@ pub fn clone_into(from: &File, to: &File) -> io::Result<CloneMethod> {
     let len = from.metadata()?.len();
     to.set_len(0)?;
     to.set_len(len)?;
-    copy_sparse(from, to, len)?;
+    copy_sparse(from, to, len, progress)?;
     to.sync_data()?;
     Ok(CloneMethod::Copy)
 }
@@ -109,8 +117,9 @@ fn cannot_share(e: rustix::io::Errno) -> bool {
     .contains(&e)
 }
 
-/// Copies the data extents of `from` (SEEK_DATA / SEEK_HOLE) into `to` at the same offsets.
-fn copy_sparse(from: &File, to: &File, len: u64) -> io::Result<()> {
+/// Copies the data extents of `from` (SEEK_DATA / SEEK_HOLE) into `to` at the same offsets, in
+/// pieces of at most [`PROGRESS_STEP`] bytes, `progress` told after each.
+fn copy_sparse(from: &File, to: &File, len: u64, progress: Progress<'_>) -> io::Result<()> {
     use rustix::fs::{seek, SeekFrom};
     let mut at = 0u64;
     while at < len {
@@ -122,9 +131,16 @@ fn copy_sparse(from: &File, to: &File, len: u64) -> io::Result<()> {
         let hole = seek(from, SeekFrom::Hole(data))
             .map_err(io::Error::from)?
             .min(len);
-        copy_range(from, data, to, data, hole - data)?;
+        let mut piece = data;
+        while piece < hole {
+            let n = (hole - piece).min(PROGRESS_STEP);
+            copy_range(from, piece, to, piece, n)?;
+            piece += n;
+            progress(piece, len);
+        }
         at = hole;
     }
+    progress(len, len);
     Ok(())
 }
 
@@ -161,11 +177,21 @@ mod tests {
         f.set_len(8 << 20).unwrap();
         f.write_all_at(&[7u8; 4096], 1 << 20).unwrap();
         f.write_all_at(&[9u8; 4096], (8 << 20) - 4096).unwrap();
-        let method = clone_file(&src, &dst).unwrap();
+        let mut told = Vec::new();
+        let method = clone_file(&src, &dst, &mut |done, len| told.push((done, len))).unwrap();
         let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
         assert!(a == b, "the clone ({method:?}) differs from its source");
+        // A copy tells its progress, forward only, ending at the whole file; a reflink is done
+        // at once and tells nothing.
+        match method {
+            CloneMethod::Copy => {
+                assert_eq!(told.last(), Some(&(8 << 20, 8 << 20)), "{told:?}");
+                assert!(told.windows(2).all(|w| w[0].0 <= w[1].0), "{told:?}");
+            }
+            CloneMethod::Reflink => assert!(told.is_empty(), "{told:?}"),
+        }
         assert!(
-            clone_file(&src, &dst).is_err(),
+            clone_file(&src, &dst, &mut |_, _| {}).is_err(),
             "an existing file is never overwritten"
         );
         let _ = std::fs::remove_dir_all(&dir);

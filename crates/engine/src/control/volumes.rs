@@ -286,6 +286,26 @@ fn forget_new(pool: &PoolConfig, name: &str) {
     }
 }
 
+/// How often a copy that the filesystem cannot reflink logs how far it has come.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Logs a copy's progress (`what`: "copy of volume …") every [`PROGRESS_EVERY`]: the bytes
+/// passed, of how many, and the rate, so an operator watching a long copy sees it move.
+fn copy_progress(what: String) -> impl FnMut(u64, u64) {
+    let started = Instant::now();
+    let mut last = started;
+    move |done, len| {
+        let now = Instant::now();
+        if now.duration_since(last) < PROGRESS_EVERY || done >= len {
+            return;
+        }
+        last = now;
+        let mib_s = done as f64 / (1 << 20) as f64 / now.duration_since(started).as_secs_f64();
+        let percent = done as f64 * 100.0 / len.max(1) as f64;
+        tracing::info!("{what}: {done} of {len} bytes ({percent:.0} %), {mib_s:.0} MiB/s");
+    }
+}
+
 /// Runs `f` with the volume's writes held (see `LogicalUnit::quiesced`).
 fn with_writes_held<R>(
     shared: &Shared,
@@ -324,7 +344,7 @@ fn live_copy(
              offline) or unmap it first, or put the pool on XFS or btrfs"
         )));
     }
-    store::clone::clone_file(from, to).map_err(io_error(what()))
+    store::clone::clone_file(from, to, &mut copy_progress(what())).map_err(io_error(what()))
 }
 
 /// The snapshots of volume `volume` of `pool`.
@@ -523,6 +543,7 @@ fn clone_data(
             Some(snap) => store::clone::clone_file(
                 &pool.snapshot_path(source, snap).unwrap_or_default(),
                 &dst,
+                &mut copy_progress(format!("clone {name} of {source}@{snap}")),
             ),
             None => {
                 let running = shared.topology().config.clone();
@@ -654,7 +675,9 @@ fn rollback(
                     .write(true)
                     .open(&path)?;
                 let size = to.metadata()?.len();
-                let method = store::clone::clone_into(&std::fs::File::open(&from)?, &to)?;
+                let mut progress = copy_progress(format!("rollback of {name} to {snap}"));
+                let method =
+                    store::clone::clone_into(&std::fs::File::open(&from)?, &to, &mut progress)?;
                 // A volume grown since keeps its size: the blocks past the snapshot read
                 // as zeros.
                 if to.metadata()?.len() < size {

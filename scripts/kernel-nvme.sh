@@ -52,28 +52,7 @@ BLOCKS=$((512 << 20 >> 9))
 RESTART_GAP=3
 
 WORK=""
-cleanup() {
-    local rc=$?
-    stop_pid "$GUEST_PID" 20
-    GUEST_PID=""
-    stop_pid "$DAEMON_PID" 50
-    DAEMON_PID=""
-    [[ -n $WORK ]] && rm -rf "$WORK"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-T_START=$(date +%s)
-ensure_deps
-ferrosan_bin
-mkdir -p "$OUT"
-rm -f "$OUT"/{guest-console.log,guest-console.log.qemu,guest-report.log,ferrosan.log,summary.txt}
-
-T0=$(date +%s)
-guest_image
-T_IMAGE=$(($(date +%s) - T0))
+guest_run_setup
 
 # On the disk (not tmpfs): the LUN takes ferrosan's direct-I/O path, as a real file LUN does.
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferrosan-kernel-nvme.XXXXXX")

@@ -30,26 +30,7 @@ OUT=$ROOT/target/lvm-pool
 GUEST_TIMEOUT=${LVM_POOL_TIMEOUT:-600}
 
 WORK=""
-cleanup() {
-    local rc=$?
-    stop_pid "$GUEST_PID" 20
-    GUEST_PID=""
-    [[ -n $WORK ]] && rm -rf "$WORK"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-T_START=$(date +%s)
-ensure_deps
-ferrosan_bin
-mkdir -p "$OUT"
-rm -f "$OUT"/{guest-console.log,guest-console.log.qemu,guest-report.log,summary.txt}
-
-T0=$(date +%s)
-guest_image
-T_IMAGE=$(($(date +%s) - T0))
+guest_run_setup
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferrosan-lvm-pool.XXXXXX")
 mkdir -p "$WORK/share"

@@ -9,6 +9,8 @@
 # listen), RESTART_GAP (seconds down in a restart), GUEST_TIMEOUT, and after booting the guest
 # CONSOLE, REPORT and T0.
 #
+#   guest_run_setup          traps (guest_run_cleanup on exit), dependencies, the binary,
+#                            OUT emptied, the guest image; T_START, T_IMAGE
 #   start_daemon             start ferrosan on OUT/ferrosan.toml, wait for DAEMON_PORTS
 #   follow_guest             until the guest powers off: restart and ALUA requests carried
 #                            out; sets T_BOOT, T_GUEST, timed_out; the guest and ferrosan stopped
@@ -16,6 +18,34 @@
 #                            exits 1 if one failed or did not report
 
 DAEMON_PID=""
+
+# guest_run_setup: how every guest test's host half begins: a cleanup on exit (the guest and
+# the daemon stopped, WORK removed), the dependencies, the ferrosan binary, OUT emptied of the
+# last run's logs, the guest image; sets T_START and T_IMAGE.
+guest_run_setup() {
+    trap guest_run_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    T_START=$(date +%s)
+    ensure_deps
+    ferrosan_bin
+    mkdir -p "$OUT"
+    rm -f "$OUT"/{guest-console.log,guest-console.log.qemu,guest-report.log,ferrosan.log,summary.txt}
+    local t0
+    t0=$(date +%s)
+    guest_image
+    T_IMAGE=$(($(date +%s) - t0))
+}
+
+guest_run_cleanup() {
+    local rc=$?
+    stop_pid "$GUEST_PID" 20
+    GUEST_PID=""
+    stop_pid "$DAEMON_PID" 50
+    DAEMON_PID=""
+    [[ -n ${WORK:-} ]] && rm -rf "$WORK"
+    exit "$rc"
+}
 
 # start_daemon: start ferrosan on the config (its log appended to ferrosan.log) and wait for
 # its ports.

@@ -380,11 +380,11 @@ fn lvm_pool(
             }
         }
     });
-    let thin_pool = names[1].take()?;
-    Some(super::PoolKind::Lvm {
+    let pool = names[1].take()?;
+    Some(super::PoolKind::Lvm(store::lvm::ThinPool {
         vg: names[0].take()?,
-        thin_pool,
-    })
+        pool,
+    }))
 }
 
 /// A VG or LV name as LVM accepts it: 1–127 of `A-Z a-z 0-9 + _ . -`, not starting with `-`,
@@ -1326,12 +1326,12 @@ pub(crate) fn to_toml(c: &Config, reveal: bool) -> String {
                     let _ = writeln!(out, "ceph_client = {}", q(client));
                 }
             }
-            super::PoolKind::Lvm { vg, thin_pool } => {
+            super::PoolKind::Lvm(thin) => {
                 let _ = writeln!(
                     out,
                     "kind = \"lvm\"\nvg = {}\nthin_pool = {}",
-                    q(vg),
-                    q(thin_pool)
+                    q(&thin.vg),
+                    q(&thin.pool)
                 );
             }
         }

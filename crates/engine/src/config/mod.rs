@@ -82,9 +82,9 @@ pub enum PoolKind {
         conf: Option<PathBuf>,
         client: Option<String>,
     },
-    /// An LVM thin pool `vg/thin_pool` whose thin LVs are volumes (`/dev/VG/NAME`), snapshotted
+    /// An LVM thin pool `VG/POOL` whose thin LVs are volumes (`/dev/VG/NAME`), snapshotted
     /// and cloned by LVM's thin snapshots (`store::lvm`).
-    Lvm { vg: String, thin_pool: String },
+    Lvm(store::lvm::ThinPool),
 }
 
 impl PoolConfig {
@@ -92,16 +92,13 @@ impl PoolConfig {
     pub fn dir(&self) -> Option<&Path> {
         match &self.kind {
             PoolKind::Dir { path } => Some(path),
-            PoolKind::Rbd { .. } | PoolKind::Lvm { .. } => None,
+            PoolKind::Rbd { .. } | PoolKind::Lvm(_) => None,
         }
     }
     /// An LVM pool's thin pool.
-    pub fn thin(&self) -> Option<store::lvm::ThinPool> {
+    pub fn thin(&self) -> Option<&store::lvm::ThinPool> {
         match &self.kind {
-            PoolKind::Lvm { vg, thin_pool } => Some(store::lvm::ThinPool {
-                vg: vg.clone(),
-                pool: thin_pool.clone(),
-            }),
+            PoolKind::Lvm(thin) => Some(thin),
             PoolKind::Dir { .. } | PoolKind::Rbd { .. } => None,
         }
     }
@@ -127,7 +124,7 @@ impl PoolConfig {
                 conf: conf.clone(),
                 client: client.clone(),
             }),
-            PoolKind::Dir { .. } | PoolKind::Lvm { .. } => None,
+            PoolKind::Dir { .. } | PoolKind::Lvm(_) => None,
         }
     }
 }

@@ -1928,10 +1928,10 @@ fn an_lvm_pool_names_a_thin_pool_and_owns_its_block_devices() {
     let pool = &c.pools[0];
     assert_eq!(
         pool.kind,
-        PoolKind::Lvm {
+        PoolKind::Lvm(store::lvm::ThinPool {
             vg: "vg0".into(),
-            thin_pool: "thin".into()
-        }
+            pool: "thin".into()
+        })
     );
     assert_eq!(pool.dir(), None);
     assert_eq!(pool.image("v1"), None);

@@ -1,13 +1,13 @@
 //! Volumes and snapshots of `[[pool]]`s (docs/VOLUMES.md). A volume is a device: a file
 //! `DIR/NAME.img` of a directory pool, image `NAME` of an RBD pool, or thin LV `VG/NAME` of an
-//! LVM pool (`store::lvm`); created, cloned and
-//! deleted here by editing the running config through the one path every changing verb takes
-//! (`apply_edited`). A snapshot is made while the volume's writes are held
-//! (`LogicalUnit::quiesced`), so it holds every write acknowledged before it and none after:
-//! a file `DIR/.snapshots/VOLUME@NAME.img` cloned by the filesystem (`store::clone`: a
-//! reflink where it can), an RBD snapshot, or an LVM thin snapshot. Every verb is idempotent: asked for what is
-//! already there, it answers success with `"existed": true`; asked to delete what is gone,
-//! with `"deleted": false`.
+//! LVM pool (`store::lvm`); created, cloned and deleted here by editing the running config
+//! through the one path every changing verb takes (`apply_edited`). A snapshot is made while
+//! the volume's writes are held (`LogicalUnit::quiesced`), so it holds every write
+//! acknowledged before it and none after: a file `DIR/.snapshots/VOLUME@NAME.img` cloned by
+//! the filesystem (`store::clone`: a reflink where it can), an RBD snapshot, or an LVM thin
+//! snapshot `VG/VOLUME+NAME`. Every verb is idempotent: asked for what is already there, it
+//! answers success with `"existed": true`; asked to delete what is gone, with
+//! `"deleted": false`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -143,10 +143,10 @@ fn pool_add(
         (Some(path), None, None) => PoolKind::Dir {
             path: PathBuf::from(path),
         },
-        (None, None, Some(vg)) => PoolKind::Lvm {
+        (None, None, Some(vg)) => PoolKind::Lvm(store::lvm::ThinPool {
             vg: vg.to_string(),
-            thin_pool: text(args, "thin_pool")?.to_string(),
-        },
+            pool: text(args, "thin_pool")?.to_string(),
+        }),
         (None, Some(pool), None) => PoolKind::Rbd {
             pool: pool.to_string(),
             conf: args
@@ -255,9 +255,7 @@ fn create(
             .map_err(io_error(format!("pool {}", pool.name)))?
             .create(&name, size)
             .map_err(rbd_error(format!("volume {name}")))?,
-        (PoolKind::Lvm { .. }, _) => pool
-            .thin()
-            .unwrap_or_else(|| unreachable!("an LVM pool's thin pool"))
+        (PoolKind::Lvm(thin), _) => thin
             .create(&name, size)
             .map_err(lvm_error(format!("volume {name}")))?,
         _ => {}
@@ -365,7 +363,7 @@ fn snapshot_names(
             .into_iter()
             .map(|(name, _)| name)
             .collect()),
-        PoolKind::Lvm { .. } => Ok(thin_snapshots(pool, Some(volume))?
+        PoolKind::Lvm(_) => Ok(thin_snapshots(pool, Some(volume))?
             .into_iter()
             .map(|(_, snap)| snap)
             .collect()),
@@ -417,8 +415,7 @@ fn snapshot(
                 .map_err(rbd_error(format!("snapshot {name}@{snap}")))?;
             "rbd"
         }
-        PoolKind::Lvm { .. } => {
-            let thin = pool.thin().unwrap_or_else(|| unreachable!("an LVM pool"));
+        PoolKind::Lvm(thin) => {
             let lv = store::lvm::snapshot_lv(&name, &snap);
             // LVM suspends the origin for the moment of the snapshot, flushing what reached
             // it; the held writes are those not acknowledged yet.
@@ -656,7 +653,7 @@ fn rollback(
         )));
     }
     if let Some(thin) = pool.thin() {
-        return rollback_thin(shared, running, &thin, device, &snap);
+        return rollback_thin(shared, running, thin, device, &snap);
     }
     let mapped = mappings(running, &name);
     if !mapped.is_empty() && !device.offline {
@@ -903,8 +900,8 @@ fn list(shared: &Shared, config: &Config) -> Value {
             PoolKind::Rbd { pool, .. } => {
                 json!({ "pool": p.name, "kind": "rbd", "rbd_pool": pool })
             }
-            PoolKind::Lvm { vg, thin_pool } => {
-                json!({ "pool": p.name, "kind": "lvm", "vg": vg, "thin_pool": thin_pool })
+            PoolKind::Lvm(thin) => {
+                json!({ "pool": p.name, "kind": "lvm", "vg": thin.vg, "thin_pool": thin.pool })
             }
         })
         .collect();

@@ -5,7 +5,8 @@
 # guest's loopback. Checks the volumes' bar for an LVM pool: create → export → write from the
 # initiator → snapshot → write more → clone the snapshot → export the clone: it reads exactly
 # the data of the snapshot moment; rollback restores it; delete is refused while mapped; every
-# verb repeated answers success with "existed"; a restart keeps what was saved.
+# verb repeated answers success with "existed"; a restart keeps what was saved; the host's
+# discard returns the volume's blocks to the thin pool.
 #
 # Reports on $REPORT (the second serial port): PLAN, CHECK and TIME lines (scripts/guest/lib.sh).
 # The ferrosan binary is /host/ferrosan; its log is printed to the console at the end.

@@ -671,6 +671,8 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
         done
         printf '  clocks: host minus guest %s s (request latency included)\n' "$(hres "$p" clock_offset)"
         for f in "${fails[@]}"; do printf '  FAILED: %s\n' "$f"; done
+        # What the guest noted when fio failed: its last output and the kernel's I/O errors.
+        awk -v p="$p" '$1 == "NOTE" && $2 == p { $1 = ""; $2 = ""; sub(/^ +/, ""); print "    " $0 }' "$REPORT"
     done
     echo
     printf 'kernel-gateways: image %s s (%s), Ceph %s s, boot %s s, guest %s s, total %s s\n' "$T_IMAGE" \

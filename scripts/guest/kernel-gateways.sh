@@ -288,6 +288,19 @@ fio_start() {
     FIO_PID=$!
 }
 fio_running() { [[ -n $FIO_PID ]] && kill -0 "$FIO_PID" 2>/dev/null; }
+# fio_check STEP: a note, the first time fio is found gone before its time, of when that was.
+FIO_GONE=""
+fio_check() {
+    [[ -z $FIO_GONE ]] && ! fio_running || return 0
+    FIO_GONE=$1
+    report "NOTE $POLICY fio had ended by the $1 (guest epoch $(epoch))"
+}
+# fio_notes POLICY: fio's last words and the kernel's I/O errors, for a run whose fio failed.
+fio_notes() {
+    local l
+    while IFS= read -r l; do report "NOTE $1 fio: $l"; done < <(tail -n 15 "$WORK/fio.out")
+    while IFS= read -r l; do report "NOTE $1 kernel: $l"; done < <(dmesg | grep -E 'I/O error|I/O Cmd|blk_update|fio|segfault|traps:|nvme.*(error|fail|status)' | tail -n 15)
+}
 # fio_wait SECONDS: wait for fio to end; FIO_RC its exit status.
 fio_wait() {
     local i
@@ -480,6 +493,7 @@ run_faults() {
 
     # fio, and the faults while it writes.
     rm -f "$WORK"/lat* "$WORK"/fio.*
+    FIO_GONE=""
     local t0 t_kill t_res t_restart t_stop t_cont t_end victim1="" victim2=""
     t0=$(epoch)
     fio_start
@@ -492,6 +506,7 @@ run_faults() {
 
     # 1: SIGKILL the owner; once I/O flows again (or after KILL_MAX_S), restart it.
     t_kill=$(epoch)
+    fio_check kill
     kmark fault-kill "$t_kill"
     if host_request 30 kill-owner; then
         victim1=$(awk '{ print $2 }' <<<"$LAST_ACK")
@@ -507,6 +522,7 @@ run_faults() {
     fi
     show_paths
     t_restart=$(epoch)
+    fio_check restart
     kmark restart "$t_restart"
     if [[ -n $victim1 ]]; then
         host_request 90 restart "$victim1" || gfail "the host could not restart gateway $victim1: $LAST_ACK"
@@ -523,6 +539,7 @@ run_faults() {
 
     # 2: SIGSTOP the owner for STOP_S seconds.
     t_stop=$(epoch)
+    fio_check stop
     kmark fault-stop "$t_stop"
     local stop_req
     if host_request 30 stop-owner "$STOP_S"; then
@@ -540,6 +557,7 @@ run_faults() {
         say "host: $(cat "$ACKS/$stop_req.cont" 2>/dev/null)"
     fi
     t_cont=$(epoch)
+    fio_check SIGCONT
     kmark cont "$t_cont"
     report "RESULT $p mark cont guest_epoch=$t_cont"
     if t_res=$(wait_io_flowing "$t_stop" 60); then
@@ -552,7 +570,8 @@ run_faults() {
     t_end=$(epoch)
     kmark end "$t_end"
     report "RESULT $p mark end guest_epoch=$t_end"
-    fio_running || gfail "fio's write phase ended before the faults did (raise FIO_SECONDS)"
+    fio_check end
+    [[ -z $FIO_GONE ]] || gfail "fio's write phase ended before the faults did (by the $FIO_GONE)"
     host_request 10 mark end || true
 
     # fio: the rest of its write phase, then its verify pass over everything written.
@@ -562,6 +581,7 @@ run_faults() {
     fi
     cat "$WORK/fio.out"
     local rc=$FIO_RC err terr w r wmax verr
+    [[ $rc == 0 && -z $FIO_GONE ]] || fio_notes "$p"
     read -r err terr w r wmax < <(fio_json "$WORK/fio.json")
     verr=$(grep -ciE 'verify failed|bad magic|bad header|verify:' "$WORK/fio.out" || true)
     report "RESULT $p fio rc=$rc error=$err total_err=$terr verify_messages=$verr written=$w verified=$r expected=$FIO_SIZE json_write_max_lat=$(awk -v v="$wmax" 'BEGIN { printf "%.3f", v / 1e9 }')"

@@ -12,7 +12,7 @@
 #   guest_run_setup          traps (guest_run_cleanup on exit), dependencies, the binary,
 #                            OUT emptied, the guest image; T_START, T_IMAGE
 #   start_daemon             start ferrosan on OUT/ferrosan.toml, wait for DAEMON_PORTS
-#   follow_guest             until the guest powers off: restart and ALUA requests carried
+#   follow_guest             until the guest powers off: restart, ALUA and log requests carried
 #                            out; sets T_BOOT, T_GUEST, timed_out; the guest and ferrosan stopped
 #   guest_verdicts TAG       every planned check must report ok: OUT/summary.txt, printed;
 #                            exits 1 if one failed or did not report
@@ -110,10 +110,21 @@ alua_change() {
     mv "$WORK/share/acks/alua-$3.tmp" "$WORK/share/acks/alua-$3"
 }
 
-# follow_guest: follow the guest until it powers off: carry out its restart and ALUA requests,
-# note when it is up; then stop it and ferrosan.
+# log_query N PATTERN: how many lines of ferrosan's log match PATTERN (grep -E), answered in
+# acks/log-N: "ok COUNT", or "none 0".
+log_query() {
+    local n=$1 count
+    shift
+    count=$(grep -cE -- "$*" "$OUT/ferrosan.log" || true)
+    log "guest asks for ferrosan's log lines matching '$*': ${count:-0}"
+    if ((${count:-0} > 0)); then echo "ok $count"; else echo "none 0"; fi >"$WORK/share/acks/log-$n.tmp"
+    mv "$WORK/share/acks/log-$n.tmp" "$WORK/share/acks/log-$n"
+}
+
+# follow_guest: follow the guest until it powers off: carry out its restart, ALUA and log
+# requests, note when it is up; then stop it and ferrosan.
 follow_guest() {
-    local handled=0 alua_handled=0 requests group state
+    local handled=0 alua_handled=0 log_handled=0 requests group state
     T_BOOT="" timed_out=0
     while kill -0 "$GUEST_PID" 2>/dev/null; do
         if [[ -z $T_BOOT ]] && grep -q '^init: ready' "$CONSOLE" 2>/dev/null; then
@@ -130,6 +141,11 @@ follow_guest() {
             alua_handled=$((alua_handled + 1))
             read -r _ _ group state <<<"${requests[alua_handled - 1]}"
             alua_change "$group" "$state" "$alua_handled"
+        done
+        mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: log ' || true)
+        while ((log_handled < ${#requests[@]})); do
+            log_handled=$((log_handled + 1))
+            log_query "$log_handled" "${requests[log_handled - 1]#HOST: log }"
         done
         if (($(date +%s) - T0 > GUEST_TIMEOUT)); then
             log "the guest is still running after $GUEST_TIMEOUT s: stopping it"

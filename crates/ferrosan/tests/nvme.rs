@@ -173,6 +173,15 @@ fn reads_sent_from_where_they_lie_read_back_with_and_without_digests() {
             assert_eq!(read(q, nsid, 4096, 8), short, "{what}");
         }
     }
+    // The host's queue disabled SQ flow control: each read ended on its data (C2HData with
+    // SUCCESS). The digested queue kept it: each read had its response capsule.
+    assert_eq!(h.io.successes_in_data(), 6);
+    assert_eq!(digested.successes_in_data(), 0);
+    // Completions in capsules report SQ head FFFFh where flow control is off, else the head.
+    let flush = || host::sqe(nvme::nvm::opcode::FLUSH, 1, [0; 6]);
+    let head = |q: &mut QueueConn| q.run_ok(flush(), Vec::new(), 0).unwrap().cqe.sqhd;
+    assert_eq!(head(&mut h.io), nvme::sqe::SQHD_DISABLED);
+    assert_ne!(head(&mut digested), nvme::sqe::SQHD_DISABLED);
     h.disconnect();
     // The page-cached file's long reads went out with sendfile (where the kernel can say
     // what is cached): one 1 MiB read, from the queue without digests.

@@ -113,6 +113,11 @@ impl QueueConn {
         self.flush()
     }
 
+    /// Commands answered with SUCCESS on their data, without a response capsule.
+    pub fn successes_in_data(&self) -> u64 {
+        self.queue.successes_in_data
+    }
+
     /// Sends a command (its identifier set here) and returns the identifier.
     pub fn submit(
         &mut self,
@@ -286,6 +291,14 @@ pub fn connect_command(
     (c.sqe(0), c.data())
 }
 
+/// A Connect asking that SQ flow control be disabled, as Linux's hosts do when a discovery
+/// entry allows it: reads then end on their data (C2HData with SUCCESS), with no response
+/// capsule.
+pub fn without_sq_flow_control(mut connect: Sqe) -> Sqe {
+    connect.0[46] |= nvme::fabrics::CATTR_DISABLE_SQ_FLOW;
+    connect
+}
+
 /// A Property Set of CC (the controller's configuration: EN, and the queue entry sizes).
 pub fn property_set_cc(value: u32) -> Sqe {
     let mut s = [0u8; 64];
@@ -331,6 +344,7 @@ impl NvmeHost {
         let host_id = host_id_of(hostnqn);
         let mut admin = QueueConn::open(addr, (false, false))?;
         let (connect, data) = connect_command(0, 31, DYNAMIC_CONTROLLER, subnqn, hostnqn, host_id);
+        let connect = without_sq_flow_control(connect);
         let done = admin.run_ok(connect, data, 0)?;
         let cntlid = done.cqe.dw0 as u16;
         admin.authenticate_if_asked(done.cqe.dw0, keys, subnqn, hostnqn)?;
@@ -354,7 +368,7 @@ impl NvmeHost {
             hostnqn,
             host_id,
         );
-        let done = io.run_ok(connect, data, 0)?;
+        let done = io.run_ok(without_sq_flow_control(connect), data, 0)?;
         io.authenticate_if_asked(done.cqe.dw0, keys, subnqn, hostnqn)?;
         Ok(NvmeHost {
             admin,

@@ -44,6 +44,18 @@ pub struct Connect {
     pub hostnqn: String,
 }
 
+/// Connect attributes bit 2: the host asks that SQ flow control be disabled. Its completions
+/// then report SQ head FFFFh, and a successful read's last C2HData PDU may carry the SUCCESS
+/// flag in place of a response capsule (transport specification 1.0, 3.6.2.8).
+pub const CATTR_DISABLE_SQ_FLOW: u8 = 0x04;
+
+impl Connect {
+    /// Whether the host asked that SQ flow control be disabled on the queue.
+    pub fn sq_flow_control_disabled(&self) -> bool {
+        self.cattr & CATTR_DISABLE_SQ_FLOW != 0
+    }
+}
+
 /// Where a Connect parameter was wrong, as the Invalid Parameters completion reports it (DW0:
 /// IATTR byte 0 — 0 the command, 1 the data — and the byte offset in bytes 2..4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,6 +32,9 @@ pub struct HostQueue {
     /// In-capsule data the controller takes (its IOCCSZ); 0 until the host learns it.
     pub in_capsule_max: u32,
     outstanding: Vec<Outstanding>,
+    /// Commands the controller completed with SUCCESS on their last C2HData PDU, without a
+    /// response capsule (when this host disabled SQ flow control).
+    pub successes_in_data: u64,
 }
 
 impl Default for HostQueue {
@@ -54,6 +57,7 @@ impl HostQueue {
             maxh2cdata: 4096,
             in_capsule_max: 8192,
             outstanding: Vec::new(),
+            successes_in_data: 0,
         }
     }
 
@@ -186,6 +190,15 @@ impl HostQueue {
                 }
                 o.data_in.extend_from_slice(data);
                 o.digest_failed |= !data_ok;
+                if frame.flags & pdu::flags::SUCCESS != 0 {
+                    // The command succeeded and no response capsule follows: only the last
+                    // PDU may say so (Linux's host resets the connection otherwise).
+                    if frame.flags & pdu::flags::LAST_PDU == 0 {
+                        return Err(bad(1));
+                    }
+                    self.successes_in_data += 1;
+                    self.complete(Cqe::success_in_data(t.cccid), done);
+                }
             }
             PduType::R2T => {
                 let t = Transfer::parse(header).ok_or(bad(8))?;
@@ -196,24 +209,10 @@ impl HostQueue {
                     .try_into()
                     .map_err(|_| bad(2))?;
                 let cqe = Cqe::parse(&raw);
-                let i = self
-                    .outstanding
-                    .iter()
-                    .position(|o| o.cid == cqe.cid)
-                    .ok_or(bad(12))?;
-                let o = self.outstanding.swap_remove(i);
-                let cqe = if o.digest_failed {
-                    Cqe {
-                        status: Status::DATA_TRANSFER_ERROR,
-                        ..cqe
-                    }
-                } else {
-                    cqe
-                };
-                done.push(Done {
-                    cqe,
-                    data: o.data_in,
-                });
+                if !self.outstanding.iter().any(|o| o.cid == cqe.cid) {
+                    return Err(bad(12));
+                }
+                self.complete(cqe, done);
             }
             PduType::C2HTermReq => {
                 return Err(Refusal {
@@ -224,6 +223,27 @@ impl HostQueue {
             _ => return Err(bad(0)),
         }
         Ok(())
+    }
+
+    /// Ends outstanding command `cqe.cid` (the caller found it) with `cqe`, or with Data
+    /// Transfer Error if a data digest of its answer failed.
+    fn complete(&mut self, cqe: Cqe, done: &mut Vec<Done>) {
+        let Some(i) = self.outstanding.iter().position(|o| o.cid == cqe.cid) else {
+            return;
+        };
+        let o = self.outstanding.swap_remove(i);
+        let cqe = if o.digest_failed {
+            Cqe {
+                status: Status::DATA_TRANSFER_ERROR,
+                ..cqe
+            }
+        } else {
+            cqe
+        };
+        done.push(Done {
+            cqe,
+            data: o.data_in,
+        });
     }
 
     /// The data an R2T asks for, in H2CData PDUs of at most MAXH2CDATA.

@@ -137,6 +137,9 @@ pub struct Queue {
     next_ttag: u16,
     /// A termination request was sent: nothing more is read.
     terminated: bool,
+    /// The host's Connect disabled SQ flow control: a successful data transfer's last
+    /// C2HData PDU carries SUCCESS and no response capsule follows.
+    sq_flow_disabled: bool,
 }
 
 /// Data transfer direction of an opcode (bits 1:0): 01b host to controller.
@@ -169,6 +172,7 @@ impl Queue {
             solicited: 0,
             next_ttag: 0,
             terminated: false,
+            sq_flow_disabled: false,
         }
     }
 
@@ -189,6 +193,17 @@ impl Queue {
     /// The most commands this queue holds at once (the host's SQSIZE once it connected).
     pub fn set_depth(&mut self, depth: u16) {
         self.limits.depth_max = depth.clamp(1, self.limits.depth_max);
+    }
+
+    /// The host's Connect asked that SQ flow control be disabled (see
+    /// [`crate::fabrics::CATTR_DISABLE_SQ_FLOW`]): answers may end in a C2HData PDU with
+    /// SUCCESS.
+    pub fn disable_sq_flow_control(&mut self) {
+        self.sq_flow_disabled = true;
+    }
+
+    pub fn sq_flow_control(&self) -> bool {
+        !self.sq_flow_disabled
     }
 
     /// Bytes of the next PDU that must be buffered before [`Queue::receive`] can take it (its
@@ -513,12 +528,26 @@ impl Queue {
 
     /// As [`Queue::answer`], the data from a [`DataSink`]: the engine's sends it from where it
     /// lies (store memory, a page-cached file) instead of copying it into `out`.
+    ///
+    /// With SQ flow control disabled, a successful answer with data and nothing in its
+    /// completion's dwords 0 and 1 ends with SUCCESS on its last C2HData PDU instead of a
+    /// response capsule: one PDU less per read, as the host has nothing to learn from it.
     pub fn answer_with(&mut self, cqe: &Cqe, data: &mut impl DataSink, out: &mut Vec<u8>) {
         if let Some(i) = self.open.iter().position(|&c| c == cqe.cid) {
             self.open.swap_remove(i);
         }
         let (hdgst, ddgst) = self.digests();
         let total = data.data_len();
+        let in_data = self.sq_flow_disabled
+            && total > 0
+            && cqe.status.is_success()
+            && cqe.dw0 == 0
+            && cqe.dw1 == 0;
+        let last_flags = if in_data {
+            flags::LAST_PDU | flags::SUCCESS
+        } else {
+            flags::LAST_PDU
+        };
         let mut offset = 0usize;
         while offset < total {
             let len = (total - offset).min(C2H_DATA_MAX);
@@ -529,18 +558,16 @@ impl Queue {
                 offset: offset as u32,
                 len: len as u32,
             }
-            .encode_c2h_header(
-                if last { flags::LAST_PDU } else { 0 },
-                (hdgst, ddgst),
-                out,
-            );
+            .encode_c2h_header(if last { last_flags } else { 0 }, (hdgst, ddgst), out);
             let crc = data.data(out, offset..offset + len, ddgst);
             if ddgst {
                 out.extend_from_slice(&crc.to_le_bytes());
             }
             offset += len;
         }
-        cqe.encode_capsule(hdgst, out);
+        if !in_data {
+            cqe.encode_capsule(hdgst, out);
+        }
     }
 }
 

@@ -212,7 +212,22 @@ pub struct Cqe {
     pub status: Status,
 }
 
+/// The SQ head a completion reports on a queue whose host disabled SQ flow control.
+pub const SQHD_DISABLED: u16 = 0xFFFF;
+
 impl Cqe {
+    /// The completion a C2HData PDU with SUCCESS stands for (no response capsule came).
+    pub fn success_in_data(cid: u16) -> Cqe {
+        Cqe {
+            dw0: 0,
+            dw1: 0,
+            sqhd: SQHD_DISABLED,
+            sqid: 0,
+            cid,
+            status: Status::SUCCESS,
+        }
+    }
+
     pub fn encode(&self, out: &mut [u8; CQE_LEN]) {
         out[0..4].copy_from_slice(&self.dw0.to_le_bytes());
         out[4..8].copy_from_slice(&self.dw1.to_le_bytes());

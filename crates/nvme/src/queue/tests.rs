@@ -610,3 +610,118 @@ fn feed_into(q: &mut Queue, bytes: &[u8], out: &mut Vec<u8>) -> Vec<Received> {
     assert!(refused.is_empty());
     ready
 }
+
+/// The PDU types in `bytes`, in order.
+fn pdu_types(bytes: &[u8]) -> Vec<(u8, u8)> {
+    let mut at = 0;
+    let mut types = Vec::new();
+    while at + 8 <= bytes.len() {
+        types.push((bytes[at], bytes[at + 1]));
+        at += u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+    }
+    types
+}
+
+#[test]
+fn with_sq_flow_control_disabled_a_successful_read_ends_on_its_data() {
+    use crate::host::HostQueue;
+    const C2H: u8 = 0x07;
+    const RESP: u8 = 0x05;
+    let last_success = flags::LAST_PDU | flags::SUCCESS;
+    for (disabled, digests) in [(false, false), (true, false), (true, true)] {
+        let mut q = Queue::new(LIMITS);
+        assert!(q.sq_flow_control());
+        if disabled {
+            q.disable_sq_flow_control();
+        }
+        assert_eq!(q.sq_flow_control(), !disabled);
+        let mut host = HostQueue::new();
+        let (mut to_ctrl, mut to_host) = (Vec::new(), Vec::new());
+        host.icreq((digests, digests), &mut to_ctrl);
+        feed_into(&mut q, &to_ctrl, &mut to_host);
+        let mut done = Vec::new();
+        host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+        let (hd, dd) = if digests {
+            (flags::HDGSTF, flags::DDGSTF)
+        } else {
+            (0, 0)
+        };
+        let ok = |cid, dw0| Cqe {
+            dw0,
+            dw1: 0,
+            sqhd: 0,
+            sqid: 1,
+            cid,
+            status: Status::SUCCESS,
+        };
+        // Three reads: one succeeds, one fails, one succeeds with something in dword 0.
+        to_ctrl.clear();
+        for cid in 1..=3 {
+            let len = DataPointer::Transport { len: 4096 };
+            host.submit(sqe(READ, cid, len), Vec::new(), 4096, &mut to_ctrl);
+        }
+        to_host.clear();
+        assert_eq!(feed_into(&mut q, &to_ctrl, &mut to_host).len(), 3);
+        let failed = Cqe {
+            status: Status::LBA_OUT_OF_RANGE,
+            ..ok(2, 0)
+        };
+        for (cqe, data) in [
+            (ok(1, 0), &[5u8; 4096][..]),
+            (failed, &[]),
+            (ok(3, 7), &[6; 4096]),
+        ] {
+            to_host.clear();
+            q.answer(&cqe, data, &mut to_host);
+            let types = pdu_types(&to_host);
+            let ends_on_data = disabled && cqe.cid == 1;
+            let expected = match (cqe.cid, ends_on_data) {
+                (2, _) => vec![(RESP, hd)],
+                (_, true) => vec![(C2H, last_success | hd | dd)],
+                _ => vec![(C2H, flags::LAST_PDU | hd | dd), (RESP, hd)],
+            };
+            let what = format!("disabled {disabled}, digests {digests}, cid {}", cqe.cid);
+            assert_eq!(types, expected, "{what}");
+            done.clear();
+            let used = host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+            assert_eq!(used, to_host.len());
+            assert_eq!(done.len(), 1);
+            assert_eq!(done[0].cqe.cid, cqe.cid);
+            assert_eq!(done[0].cqe.status, cqe.status);
+            assert_eq!(done[0].cqe.dw0, cqe.dw0);
+            assert_eq!(done[0].data, data);
+        }
+        assert_eq!(host.successes_in_data, u64::from(disabled));
+        assert_eq!(host.outstanding(), 0);
+        assert_eq!(q.open(), 0);
+    }
+}
+
+#[test]
+fn a_host_refuses_success_on_a_data_pdu_that_is_not_the_last() {
+    use crate::host::HostQueue;
+    let mut q = Queue::new(LIMITS);
+    let mut host = HostQueue::new();
+    let (mut to_ctrl, mut to_host) = (Vec::new(), Vec::new());
+    host.icreq((false, false), &mut to_ctrl);
+    feed_into(&mut q, &to_ctrl, &mut to_host);
+    let mut done = Vec::new();
+    host.receive(&to_host, &mut to_ctrl, &mut done).unwrap();
+    to_ctrl.clear();
+    let len = DataPointer::Transport { len: 8192 };
+    host.submit(sqe(READ, 1, len), Vec::new(), 8192, &mut to_ctrl);
+    to_host.clear();
+    Transfer {
+        cccid: 1,
+        ttag: 0,
+        offset: 0,
+        len: 4096,
+    }
+    .encode_c2h_header(flags::SUCCESS, (false, false), &mut to_host);
+    to_host.extend_from_slice(&[1; 4096]);
+    assert_eq!(
+        host.receive(&to_host, &mut to_ctrl, &mut done),
+        Err(Fatal::InvalidHeaderField)
+    );
+    assert!(done.is_empty());
+}

@@ -276,6 +276,9 @@ impl Driver {
                 self.qid = parsed.qid;
                 self.sqsize = parsed.sqsize;
                 self.queue.set_depth(parsed.sqsize.saturating_add(1));
+                if parsed.sq_flow_control_disabled() {
+                    self.queue.disable_sq_flow_control();
+                }
                 let must_authenticate = keys.is_some();
                 self.require_auth(shared, &parsed, keys);
                 // Connect's dword 0: the controller ID, and ATR (bit 17) when the queue must
@@ -287,7 +290,7 @@ impl Driver {
                     shared.metrics.nvme_controllers.inc();
                     // Its authentication user once the admin queue has proved it.
                     self.describe(entry, None);
-                    tracing::info!(peer = %self.at.peer, host = %entry.host, subsystem = entry.subsystem.as_ref().map_or(nvme::fabrics::DISCOVERY_NQN, |s| s.as_str()), cntlid = entry.cntlid, kato_ms = parsed.kato_ms, authenticate = must_authenticate, "NVMe controller connected");
+                    tracing::info!(peer = %self.at.peer, host = %entry.host, subsystem = entry.subsystem.as_ref().map_or(nvme::fabrics::DISCOVERY_NQN, |s| s.as_str()), cntlid = entry.cntlid, kato_ms = parsed.kato_ms, authenticate = must_authenticate, sq_flow_control = self.queue.sq_flow_control(), "NVMe controller connected");
                 }
                 Some(role)
             }
@@ -729,8 +732,11 @@ impl Driver {
     }
 
     /// The submission queue head a completion reports: one entry further per answer, within
-    /// the host's SQSIZE.
+    /// the host's SQSIZE; FFFFh once the host disabled SQ flow control.
     fn next_sqhd(&mut self) -> u16 {
+        if !self.queue.sq_flow_control() {
+            return nvme::sqe::SQHD_DISABLED;
+        }
         self.sqhd = match self.sqsize {
             0 => 0,
             size => self.sqhd.wrapping_add(1) % size.saturating_add(1).max(1),

@@ -41,7 +41,8 @@
 # timeout" or "detected conn error" in the kernel log; for NVMe/TCP, its controller's first
 # keep-alive or I/O timeout or error recovery; the stall from the SIGSTOP itself is reported too). Fault times are the guest's, when it asked (the host acts within ~0.2 s).
 #
-# Results in target/kernel-gateways/: summary.txt (every number), guest-console.log (the guest's
+# Results in target/kernel-gateways/: summary.txt (every number; for a run whose fio failed, when
+# the guest found it gone, its last output and the kernel's I/O errors), guest-console.log (the guest's
 # kernel log, fio output, multipath -ll at each step), guest-report.log (its RESULT lines and
 # requests), POLICY/gateway-a.log and gateway-b.log (every life of each daemon, appended),
 # POLICY/ferrosan.toml, POLICY/metrics.tsv (the scrapes), POLICY/events.log (requests, signals,

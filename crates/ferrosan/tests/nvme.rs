@@ -461,6 +461,24 @@ fn controllers_are_sessions_to_ctl_and_a_hostile_queue_touches_no_other() {
     // The controller serves on.
     h.write(1, 0, vec![5; 512], 512).unwrap();
     assert_eq!(h.read(1, 0, 1, 512).unwrap(), vec![5; 512]);
+    // Its I/O queue's commands count as the controller's (reported once a second), with
+    // their latency, as an iSCSI session's do.
+    let started = Instant::now();
+    let counted = loop {
+        let listed = ctl.sessions();
+        let mine = listed.iter().find(|s| s["initiator"] == HOSTNQN).cloned();
+        let mine = mine.unwrap_or_else(|| panic!("the controller in ctl sessions: {listed:?}"));
+        if mine["reads"] == 1 || started.elapsed() > Duration::from_secs(5) {
+            break mine;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(counted["reads"], 1, "{counted}");
+    assert_eq!(counted["writes"], 1, "{counted}");
+    assert_eq!(counted["read_bytes"], 512, "{counted}");
+    assert_eq!(counted["write_bytes"], 512, "{counted}");
+    assert_eq!(counted["read_latency"]["count"], 1, "{counted}");
+    assert_eq!(counted["write_latency"]["count"], 1, "{counted}");
     // `ctl sessions close` ends the controller: its I/O queue is closed too.
     let tsih = h.cntlid.to_string();
     let closed = ctl.json(&["session", "close", &tsih]);

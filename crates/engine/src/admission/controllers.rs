@@ -40,6 +40,9 @@ pub struct ControllerEntry {
     pub kill: watch::Sender<Option<&'static str>>,
     /// Its place in the session registry (held while the controller lives).
     pub ticket: Mutex<Option<SessionTicket>>,
+    /// What `ctl sessions` and `ferrosan top` show of it: its queues count their I/O and
+    /// latency here, as an iSCSI session's connections do in theirs.
+    pub info: Mutex<Option<Arc<crate::admission::registry::SessionInfo>>>,
 }
 
 impl ControllerEntry {

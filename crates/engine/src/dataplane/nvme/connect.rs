@@ -128,6 +128,7 @@ pub(super) fn admin(
         io_queues: Mutex::new(Vec::new()),
         kill,
         ticket: Mutex::new(Some(ticket)),
+        info: Mutex::new(None),
     });
     shared.nvme.insert(Arc::clone(&entry));
     Ok((entry, keys))

@@ -358,8 +358,9 @@ impl Driver {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            ticket.describe(info);
+            ticket.describe(Arc::clone(&info));
         }
+        *entry.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(info);
     }
 
     /// The queue's transport settings in the terms `ctl sessions` shows for iSCSI: digests as
@@ -405,6 +406,8 @@ impl Driver {
         };
         let mut backend = Backend::new(shared, &topology, party, completions);
         backend.nexus = entry.nexus.clone();
+        // The controller's I/O and latency, whichever queue carried it.
+        backend.info = entry.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some((_, group)) = entry
             .admitted
             .membership()

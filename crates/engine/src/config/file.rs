@@ -277,20 +277,7 @@ fn dir_pool(
     ctx: &str,
     roots: &[std::path::PathBuf],
 ) -> Option<super::PoolKind> {
-    for (key, given) in [
-        ("pool", rp.pool.is_some()),
-        ("ceph_conf", rp.ceph_conf.is_some()),
-        ("ceph_client", rp.ceph_client.is_some()),
-    ] {
-        if given {
-            cx.err(
-                table.clone(),
-                format!("{ctx}: {key}"),
-                "only for kind = \"rbd\"",
-            );
-        }
-    }
-    only_for_lvm(cx, rp, table, ctx);
+    other_kinds_keys(cx, rp, table, ctx, "dir");
     let p = required(cx, &rp.path, table, format!("{ctx}: path"))?;
     let path = std::path::PathBuf::from(p.get_ref());
     let why = if !path.is_absolute() {
@@ -313,10 +300,7 @@ fn rbd_pool(
     table: &std::ops::Range<usize>,
     ctx: &str,
 ) -> Option<super::PoolKind> {
-    if let Some(p) = &rp.path {
-        cx.err(p.span(), format!("{ctx}: path"), "only for kind = \"dir\"");
-    }
-    only_for_lvm(cx, rp, table, ctx);
+    other_kinds_keys(cx, rp, table, ctx, "rbd");
     let pool = required(cx, &rp.pool, table, format!("{ctx}: pool"))?;
     if pool.get_ref().is_empty() || pool.get_ref().contains('/') {
         cx.err(
@@ -336,17 +320,31 @@ fn rbd_pool(
     })
 }
 
-fn only_for_lvm(cx: &mut Cx<'_>, rp: &RawPool, table: &std::ops::Range<usize>, ctx: &str) {
-    for (key, given) in [
-        ("vg", rp.vg.is_some()),
-        ("thin_pool", rp.thin_pool.is_some()),
-    ] {
-        if given {
-            cx.err(
-                table.clone(),
-                format!("{ctx}: {key}"),
-                "only for kind = \"lvm\"",
-            );
+/// Each pool key and the kind it belongs to, with whether it was given.
+fn kind_keys(rp: &RawPool) -> [(&'static str, &'static str, bool); 6] {
+    [
+        ("dir", "path", rp.path.is_some()),
+        ("rbd", "pool", rp.pool.is_some()),
+        ("rbd", "ceph_conf", rp.ceph_conf.is_some()),
+        ("rbd", "ceph_client", rp.ceph_client.is_some()),
+        ("lvm", "vg", rp.vg.is_some()),
+        ("lvm", "thin_pool", rp.thin_pool.is_some()),
+    ]
+}
+
+/// Refuses every key given that belongs to another kind than `kind`: a pool of one kind
+/// with another's key is a mistake to point at, not to ignore.
+fn other_kinds_keys(
+    cx: &mut Cx<'_>,
+    rp: &RawPool,
+    table: &std::ops::Range<usize>,
+    ctx: &str,
+    kind: &str,
+) {
+    for (owner, key, given) in kind_keys(rp) {
+        if given && owner != kind {
+            let why = format!("only for kind = \"{owner}\", not for kind = \"{kind}\"");
+            cx.err(table.clone(), format!("{ctx}: {key}"), why);
         }
     }
 }
@@ -359,17 +357,7 @@ fn lvm_pool(
     table: &std::ops::Range<usize>,
     ctx: &str,
 ) -> Option<super::PoolKind> {
-    for (key, given) in [
-        ("path", rp.path.is_some()),
-        ("pool", rp.pool.is_some()),
-        ("ceph_conf", rp.ceph_conf.is_some()),
-        ("ceph_client", rp.ceph_client.is_some()),
-    ] {
-        if given {
-            let why = "not for kind = \"lvm\" (its volumes are thin LVs of `vg`/`thin_pool`)";
-            cx.err(table.clone(), format!("{ctx}: {key}"), why);
-        }
-    }
+    other_kinds_keys(cx, rp, table, ctx, "lvm");
     let mut names = [("vg", &rp.vg), ("thin_pool", &rp.thin_pool)].map(|(key, raw)| {
         let n = required(cx, raw, table, format!("{ctx}: {key}"))?;
         match lvm_name(n.get_ref()) {

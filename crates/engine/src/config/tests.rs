@@ -1953,7 +1953,34 @@ fn an_lvm_pool_needs_lvm_names_and_nothing_of_other_kinds() {
     );
     one_error(&pool("vg = \"vg\""), "[[pool]]", "thin_pool");
     let e = errors(&pool("vg = \"vg\"\nthin_pool = \"t\"\npath = \"/srv\""));
-    assert!(e.iter().any(|e| e.field.contains("path")), "{e:#?}");
+    let why = "only for kind = \"dir\", not for kind = \"lvm\"";
+    assert!(
+        e.iter()
+            .any(|e| e.field.contains("path") && e.message == why),
+        "{e:#?}"
+    );
+    // Each kind refuses the others' keys, with the kind each belongs to.
+    let e = errors(&format!(
+        "{BASE}\n[[pool]]\nname = \"p\"\nkind = \"rbd\"\npool = \"rbd\"\npath = \"/srv\"\nthin_pool = \"t\"\n"
+    ));
+    let fields: Vec<(&str, &str)> = e
+        .iter()
+        .map(|e| (e.field.as_str(), e.message.as_str()))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            (
+                "pool \"p\": path",
+                "only for kind = \"dir\", not for kind = \"rbd\""
+            ),
+            (
+                "pool \"p\": thin_pool",
+                "only for kind = \"lvm\", not for kind = \"rbd\""
+            )
+        ],
+        "{e:#?}"
+    );
     let e = errors(&format!(
         "{BASE}\n[[pool]]\nname = \"p\"\npath = \"/srv/p\"\nvg = \"vg\"\n"
     ));

@@ -14,7 +14,8 @@
 #              bench`: fio sends each command as its own write, where `ferrosan bench` sends
 #              its queue in bursts (receive coalescing sees the two differently); iSCSI only
 # Results: bench/results/ab-DATE.txt (and the raw results.json of each round under target/).
-# A change is judged against the commit before it in the same run, never against old files.
+# A change is judged against the commit before it in the same run, never against old files, and
+# both builds come from one target directory (docs/PERFORMANCE.md, "A/B of two builds").
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"

@@ -3,6 +3,8 @@
 //! than it was given, never hands out a command twice while it is open, and every command it
 //! hands out carries exactly the data its SGL promised; answering them (the controller
 //! translating each through `nvme::translate` and the admin decoder) never breaks the stream.
+//! With SQ flow control disabled, a successful answer with data ends on a C2HData PDU with
+//! SUCCESS and has no response capsule; with it on, SUCCESS never appears.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -14,6 +16,7 @@ use nvme::sqe::{Cqe, Status};
 #[derive(Arbitrary, Debug)]
 struct Input {
     initialize: bool,
+    no_sq_flow: bool,
     header_digest: bool,
     data_digest: bool,
     /// Where the byte stream is cut into reads.
@@ -29,6 +32,9 @@ fuzz_target!(|input: Input| {
         depth_max: 16,
         solicited_max: 32 * 1024,
     });
+    if input.no_sq_flow {
+        q.disable_sq_flow_control();
+    }
     let mut stream = Vec::new();
     if input.initialize {
         ICReq {
@@ -98,7 +104,9 @@ fuzz_target!(|input: Input| {
                 status: Status::SUCCESS,
             };
             let data = vec![0u8; (r.data_in_len as usize).min(64 * 1024)];
+            let start = out.len();
             q.answer(&cqe, &data, &mut out);
+            check_answer(&out[start..], r.sqe.cid(), !data.is_empty(), input.no_sq_flow);
         }
         for r in refused.drain(..) {
             let cqe = Cqe {
@@ -114,3 +122,31 @@ fuzz_target!(|input: Input| {
         out.clear();
     }
 });
+
+/// The PDUs of one successful answer to command `cid`: SUCCESS only on the last C2HData PDU
+/// and only without SQ flow control, and then no response capsule; else one capsule, for `cid`.
+fn check_answer(pdus: &[u8], cid: u16, with_data: bool, no_sq_flow: bool) {
+    use nvme::pdu::flags;
+    const C2H: u8 = 0x07;
+    const RESP: u8 = 0x05;
+    let (mut at, mut capsules, mut successes) = (0, 0, 0);
+    while at < pdus.len() {
+        let plen = u32::from_le_bytes(pdus[at + 4..at + 8].try_into().unwrap()) as usize;
+        assert!(plen >= 8 && at + plen <= pdus.len(), "a PDU past the answer");
+        let (kind, f) = (pdus[at], pdus[at + 1]);
+        if f & flags::SUCCESS != 0 {
+            assert_eq!(kind, C2H, "SUCCESS on another PDU than C2HData");
+            assert!(f & flags::LAST_PDU != 0, "SUCCESS on a PDU that is not the last");
+            successes += 1;
+        }
+        if kind == RESP {
+            let got = u16::from_le_bytes([pdus[at + 20], pdus[at + 21]]);
+            assert_eq!(got, cid, "a response capsule for another command");
+            capsules += 1;
+        }
+        at += plen;
+    }
+    let in_data = no_sq_flow && with_data;
+    assert_eq!(successes, usize::from(in_data), "SUCCESS where it does not belong");
+    assert_eq!(capsules, usize::from(!in_data), "a response capsule missing or doubled");
+}

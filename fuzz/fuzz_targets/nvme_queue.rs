@@ -106,7 +106,12 @@ fuzz_target!(|input: Input| {
             let data = vec![0u8; (r.data_in_len as usize).min(64 * 1024)];
             let start = out.len();
             q.answer(&cqe, &data, &mut out);
-            check_answer(&out[start..], r.sqe.cid(), !data.is_empty(), input.no_sq_flow);
+            check_answer(
+                &out[start..],
+                r.sqe.cid(),
+                !data.is_empty(),
+                input.no_sq_flow,
+            );
         }
         for r in refused.drain(..) {
             let cqe = Cqe {
@@ -132,11 +137,17 @@ fn check_answer(pdus: &[u8], cid: u16, with_data: bool, no_sq_flow: bool) {
     let (mut at, mut capsules, mut successes) = (0, 0, 0);
     while at < pdus.len() {
         let plen = u32::from_le_bytes(pdus[at + 4..at + 8].try_into().unwrap()) as usize;
-        assert!(plen >= 8 && at + plen <= pdus.len(), "a PDU past the answer");
+        assert!(
+            plen >= 8 && at + plen <= pdus.len(),
+            "a PDU past the answer"
+        );
         let (kind, f) = (pdus[at], pdus[at + 1]);
         if f & flags::SUCCESS != 0 {
             assert_eq!(kind, C2H, "SUCCESS on another PDU than C2HData");
-            assert!(f & flags::LAST_PDU != 0, "SUCCESS on a PDU that is not the last");
+            assert!(
+                f & flags::LAST_PDU != 0,
+                "SUCCESS on a PDU that is not the last"
+            );
             successes += 1;
         }
         if kind == RESP {
@@ -147,6 +158,14 @@ fn check_answer(pdus: &[u8], cid: u16, with_data: bool, no_sq_flow: bool) {
         at += plen;
     }
     let in_data = no_sq_flow && with_data;
-    assert_eq!(successes, usize::from(in_data), "SUCCESS where it does not belong");
-    assert_eq!(capsules, usize::from(!in_data), "a response capsule missing or doubled");
+    assert_eq!(
+        successes,
+        usize::from(in_data),
+        "SUCCESS where it does not belong"
+    );
+    assert_eq!(
+        capsules,
+        usize::from(!in_data),
+        "a response capsule missing or doubled"
+    );
 }

@@ -197,7 +197,8 @@ impl HostQueue {
                         return Err(bad(1));
                     }
                     self.successes_in_data += 1;
-                    self.complete(Cqe::success_in_data(t.cccid), done);
+                    let found = self.complete(Cqe::success_in_data(t.cccid), done);
+                    debug_assert!(found, "the command was found above");
                 }
             }
             PduType::R2T => {
@@ -209,10 +210,9 @@ impl HostQueue {
                     .try_into()
                     .map_err(|_| bad(2))?;
                 let cqe = Cqe::parse(&raw);
-                if !self.outstanding.iter().any(|o| o.cid == cqe.cid) {
+                if !self.complete(cqe, done) {
                     return Err(bad(12));
                 }
-                self.complete(cqe, done);
             }
             PduType::C2HTermReq => {
                 return Err(Refusal {
@@ -225,11 +225,11 @@ impl HostQueue {
         Ok(())
     }
 
-    /// Ends outstanding command `cqe.cid` (the caller found it) with `cqe`, or with Data
-    /// Transfer Error if a data digest of its answer failed.
-    fn complete(&mut self, cqe: Cqe, done: &mut Vec<Done>) {
+    /// Ends outstanding command `cqe.cid` with `cqe`, or with Data Transfer Error if a data
+    /// digest of its answer failed. False if no such command is outstanding.
+    fn complete(&mut self, cqe: Cqe, done: &mut Vec<Done>) -> bool {
         let Some(i) = self.outstanding.iter().position(|o| o.cid == cqe.cid) else {
-            return;
+            return false;
         };
         let o = self.outstanding.swap_remove(i);
         let cqe = if o.digest_failed {
@@ -244,6 +244,7 @@ impl HostQueue {
             cqe,
             data: o.data_in,
         });
+        true
     }
 
     /// The data an R2T asks for, in H2CData PDUs of at most MAXH2CDATA.

@@ -266,6 +266,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{tag}-{}", std::process::id()));
         std::fs::write(&path, vec![0x5a; len]).unwrap();
+        // Written back now, so the first direct I/O does not wait for 8 MiB of dirty pages.
+        std::fs::File::open(&path).unwrap().sync_all().unwrap();
         path
     }
 
@@ -286,9 +288,11 @@ mod tests {
         };
         assert_eq!(target.info().capacity_bytes, 8 << 20);
         assert!(target.info().notes.is_empty(), "{:?}", target.info().notes);
+        // A window long enough that one slow write on a busy CI disk (a journal commit of
+        // another test's fsync) does not leave a QD1 workload with no completion in it.
         let timing = Timing {
             ramp: Duration::from_millis(50),
-            runtime: Duration::from_millis(300),
+            runtime: Duration::from_millis(800),
         };
         for w in plan(true, true) {
             let s = crate::runner::run(&target, &w, &timing, 8 << 20, None).unwrap();

@@ -84,11 +84,18 @@ impl Received {
     /// The same command holding its data itself, to be kept once `input` is reused.
     pub fn into_owned(self, input: &[u8]) -> Received {
         match self.data {
-            Data::InCapsule(_) => Received {
-                data: Data::Gathered(self.data(input).to_vec()),
-                ..self
-            },
+            Data::InCapsule(_) => self.to_owned(input),
             Data::Gathered(_) => self,
+        }
+    }
+
+    /// A copy holding its data itself (a command kept from a borrowed batch: the first of a
+    /// fused pair).
+    pub fn to_owned(&self, input: &[u8]) -> Received {
+        Received {
+            sqe: self.sqe,
+            data: Data::Gathered(self.data(input).to_vec()),
+            data_in_len: self.data_in_len,
         }
     }
 }
@@ -140,6 +147,10 @@ pub struct Queue {
     /// The host's Connect disabled SQ flow control: a successful data transfer's last
     /// C2HData PDU carries SUCCESS and no response capsule follows.
     sq_flow_disabled: bool,
+    /// The host's SQSIZE (0's based) once it connected: the ring the SQ head walks.
+    sqsize: u16,
+    /// The SQ head the last completion reported.
+    sqhd: u16,
 }
 
 /// Data transfer direction of an opcode (bits 1:0): 01b host to controller.
@@ -173,6 +184,8 @@ impl Queue {
             next_ttag: 0,
             terminated: false,
             sq_flow_disabled: false,
+            sqsize: 0,
+            sqhd: 0,
         }
     }
 
@@ -204,6 +217,30 @@ impl Queue {
 
     pub fn sq_flow_control(&self) -> bool {
         !self.sq_flow_disabled
+    }
+
+    /// The host's Connect was accepted: its SQSIZE (0's based) bounds the queue and the ring
+    /// the SQ head walks; `disable_sq_flow` is its CATTR bit.
+    pub fn connected(&mut self, sqsize: u16, disable_sq_flow: bool) {
+        self.set_depth(sqsize.saturating_add(1));
+        self.sqsize = sqsize;
+        if disable_sq_flow {
+            self.disable_sq_flow_control();
+        }
+    }
+
+    /// The SQ head the next completion reports: each command consumed one entry, so one
+    /// further per answer, wrapping past SQSIZE; FFFFh once the host disabled SQ flow control.
+    pub fn next_sqhd(&mut self) -> u16 {
+        if self.sq_flow_disabled {
+            return crate::sqe::SQHD_DISABLED;
+        }
+        self.sqhd = if self.sqhd >= self.sqsize {
+            0
+        } else {
+            self.sqhd + 1
+        };
+        self.sqhd
     }
 
     /// Bytes of the next PDU that must be buffered before [`Queue::receive`] can take it (its

@@ -725,3 +725,18 @@ fn a_host_refuses_success_on_a_data_pdu_that_is_not_the_last() {
     );
     assert!(done.is_empty());
 }
+
+#[test]
+fn the_sq_head_walks_the_hosts_ring_and_is_ffffh_without_flow_control() {
+    let mut q = Queue::new(LIMITS);
+    // Before a Connect: a ring of one entry.
+    assert_eq!(q.next_sqhd(), 0);
+    q.connected(3, false);
+    let heads: Vec<u16> = (0..9).map(|_| q.next_sqhd()).collect();
+    assert_eq!(heads, [1, 2, 3, 0, 1, 2, 3, 0, 1]);
+    let mut q = Queue::new(LIMITS);
+    q.connected(31, true);
+    assert!(!q.sq_flow_control());
+    assert_eq!(q.next_sqhd(), crate::sqe::SQHD_DISABLED);
+    assert_eq!(q.next_sqhd(), crate::sqe::SQHD_DISABLED);
+}

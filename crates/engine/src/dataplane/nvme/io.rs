@@ -70,20 +70,20 @@ impl Driver {
         role: &Role,
         backend: &mut Backend<'_>,
         life: &mut Life,
-        r: Received,
+        r: &Received,
         input: &[u8],
     ) {
-        let sqe = r.sqe;
-        if !self.may_run(&sqe) {
+        let sqe = &r.sqe;
+        if !self.may_run(sqe) {
             self.answer(sqe.cid(), Status::AUTH_REQUIRED, 0, &[]);
             return;
         }
         if sqe.opcode() == FABRICS {
-            self.fabrics(role, backend, life, &r, r.data(input));
+            self.fabrics(role, backend, life, r, r.data(input));
             return;
         }
         match role {
-            Role::Admin(entry) => self.admin(entry, backend, life, &r),
+            Role::Admin(entry) => self.admin(entry, backend, life, r),
             Role::Io(_) => self.nvm(backend, r, input),
         }
     }
@@ -214,7 +214,7 @@ impl Driver {
         let cqe = nvme::sqe::Cqe {
             dw0: value as u32,
             dw1: (value >> 32) as u32,
-            sqhd: self.next_sqhd(),
+            sqhd: self.queue.next_sqhd(),
             sqid: self.qid,
             cid,
             status,
@@ -354,7 +354,7 @@ impl Driver {
 
     /// An NVM command: decoded, its namespace found, translated and run.
     /// `input`: what the receive call that returned `r` was given (its in-capsule data).
-    fn nvm(&mut self, backend: &mut Backend<'_>, r: Received, input: &[u8]) {
+    fn nvm(&mut self, backend: &mut Backend<'_>, r: &Received, input: &[u8]) {
         let cid = r.sqe.cid();
         let command = match IoCommand::decode(&r.sqe) {
             Ok(c) => c,
@@ -364,11 +364,11 @@ impl Driver {
         // second; anything else in between fails the first.
         match (r.sqe.fuse(), self.fused.take()) {
             (1, None) => {
-                self.fused = Some((r.into_owned(input), command));
+                self.fused = Some((r.to_owned(input), command));
                 return;
             }
             (2, Some((first, first_command))) => {
-                let second = r.into_owned(input);
+                let second = r.to_owned(input);
                 return self.fused_pair(backend, first, first_command, second, command);
             }
             (_, Some((first, _))) => {

@@ -89,8 +89,6 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         queue: Queue::new(queue_limits(&shared.limits)),
         outbox: Outbox::new(16),
         qid: 0,
-        sqsize: 0,
-        sqhd: 0,
         fused: None,
         fused_pairs: Vec::new(),
         reports: Vec::new(),
@@ -147,9 +145,6 @@ struct Driver {
     /// `dataplane/send.rs` as the iSCSI door's are.
     outbox: Outbox,
     qid: u16,
-    sqsize: u16,
-    /// Submission queue head as the completions report it.
-    sqhd: u16,
     /// The first command of a fused pair, waiting for its second.
     fused: Option<(Received, nvme::nvm::IoCommand)>,
     /// Fused pairs running as one COMPARE AND WRITE: (the write's identifier, the compare's).
@@ -274,11 +269,8 @@ impl Driver {
             Ok((role, keys)) => {
                 let entry = role.entry();
                 self.qid = parsed.qid;
-                self.sqsize = parsed.sqsize;
-                self.queue.set_depth(parsed.sqsize.saturating_add(1));
-                if parsed.sq_flow_control_disabled() {
-                    self.queue.disable_sq_flow_control();
-                }
+                self.queue
+                    .connected(parsed.sqsize, parsed.sq_flow_control_disabled());
                 let must_authenticate = keys.is_some();
                 self.require_auth(shared, &parsed, keys);
                 // Connect's dword 0: the controller ID, and ATR (bit 17) when the queue must
@@ -489,9 +481,11 @@ impl Driver {
         // The receive buffer is lent to the commands (a write's in-capsule data goes from it
         // to the device); nothing reads the socket meanwhile.
         let rbuf = std::mem::take(&mut self.rbuf);
-        for r in ready.drain(..) {
+        // Borrowed, not moved out: a command is read in place, copied only to be kept.
+        for r in ready.iter() {
             self.command(role, backend, life, r, &rbuf[base..]);
         }
+        ready.clear();
         self.rbuf = rbuf;
         self.make_room();
         let answered = std::mem::take(&mut backend.answered);
@@ -727,24 +721,11 @@ impl Driver {
         Cqe {
             dw0,
             dw1: 0,
-            sqhd: self.next_sqhd(),
+            sqhd: self.queue.next_sqhd(),
             sqid: self.qid,
             cid,
             status,
         }
-    }
-
-    /// The submission queue head a completion reports: one entry further per answer, within
-    /// the host's SQSIZE; FFFFh once the host disabled SQ flow control.
-    fn next_sqhd(&mut self) -> u16 {
-        if !self.queue.sq_flow_control() {
-            return nvme::sqe::SQHD_DISABLED;
-        }
-        self.sqhd = match self.sqsize {
-            0 => 0,
-            size => self.sqhd.wrapping_add(1) % size.saturating_add(1).max(1),
-        };
-        self.sqhd
     }
 
     async fn flush(&mut self) -> Result<(), Closed> {

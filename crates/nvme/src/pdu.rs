@@ -260,11 +260,13 @@ pub fn frame(ch: &[u8; CH_LEN], accept: &Accept) -> Result<Frame, Refusal> {
 
 /// Writes a common header.
 pub fn put_ch(out: &mut Vec<u8>, pdu_type: PduType, flags: u8, pdo: u8, plen: u32) {
-    out.push(pdu_type as u8);
-    out.push(flags);
-    out.push(pdu_type.hlen() as u8);
-    out.push(pdo);
-    out.extend_from_slice(&plen.to_le_bytes());
+    out.extend_from_slice(&ch(pdu_type, flags, pdo, plen));
+}
+
+/// A common header's bytes.
+pub fn ch(pdu_type: PduType, flags: u8, pdo: u8, plen: u32) -> [u8; CH_LEN] {
+    let p = plen.to_le_bytes();
+    [pdu_type as u8, flags, pdu_type.hlen() as u8, pdo, p[0], p[1], p[2], p[3]]
 }
 
 /// The CRC32C digest of a header or of data (the same polynomial as iSCSI's).

@@ -253,15 +253,18 @@ impl Cqe {
 
     /// A response capsule PDU carrying this completion (and the header digest when on).
     pub fn encode_capsule(&self, header_digest: bool, out: &mut Vec<u8>) {
-        use crate::pdu::{digest, flags, put_ch, PduType, DIGEST_LEN};
+        use crate::pdu::{ch, digest, flags, PduType, CH_LEN, DIGEST_LEN};
         let start = out.len();
         let hd = if header_digest { DIGEST_LEN } else { 0 };
         let plen = (PduType::CapsuleResp.hlen() + hd) as u32;
         let f = if header_digest { flags::HDGSTF } else { 0 };
-        put_ch(out, PduType::CapsuleResp, f, 0, plen);
+        // Built whole and appended once: one capacity check per answer.
         let mut cqe = [0u8; CQE_LEN];
         self.encode(&mut cqe);
-        out.extend_from_slice(&cqe);
+        let mut pdu = [0u8; CH_LEN + CQE_LEN];
+        pdu[..CH_LEN].copy_from_slice(&ch(PduType::CapsuleResp, f, 0, plen));
+        pdu[CH_LEN..].copy_from_slice(&cqe);
+        out.extend_from_slice(&pdu);
         if header_digest {
             let d = digest(&out[start..]);
             out.extend_from_slice(&d.to_le_bytes());

@@ -480,7 +480,12 @@ impl Driver {
             // its bytes.
             may_lend_file: scsi.read && !self.queue.digests().1,
         };
-        let mut data_in = self.outbox.take_buffer();
+        // Only a command with Data-In fills a buffer: a write's answer carries none.
+        let mut data_in = if scsi.read {
+            self.outbox.take_buffer()
+        } else {
+            Vec::new()
+        };
         let mut sense = Vec::new();
         let mut lent = std::mem::take(&mut backend.loan);
         lent.clear();
@@ -489,12 +494,12 @@ impl Driver {
                 let status = translate::status_of(outcome.status, &sense);
                 let payload = if let Some(file) = lent.file.take() {
                     self.outbox.give_back(data_in);
-                    self.outbox.lend_file(file)
+                    Some(self.outbox.lend_file(file))
                 } else if !lent.slices.is_empty() {
                     self.outbox.give_back(data_in);
-                    self.outbox.lend(&mut lent.slices)
+                    Some(self.outbox.lend(&mut lent.slices))
                 } else {
-                    self.outbox.adopt(data_in)
+                    self.adopt(data_in)
                 };
                 self.finish(backend, cid, status, payload, expected_len as usize);
                 lent.clear();
@@ -526,11 +531,21 @@ impl Driver {
         let payload = match done.lent {
             Some(slice) => {
                 self.outbox.give_back(done.data_in);
-                self.outbox.lend(&mut vec![slice])
+                Some(self.outbox.lend(&mut vec![slice]))
             }
-            None => self.outbox.adopt(done.data_in),
+            None => self.adopt(done.data_in),
         };
         self.finish(backend, cid, status, payload, done.expected_len as usize);
+    }
+
+    /// A command's Data-In buffer as an outbox payload; none when it is empty (a write's), so
+    /// the answer queues no payload to recycle.
+    fn adopt(&mut self, data_in: Vec<u8>) -> Option<usize> {
+        if data_in.is_empty() {
+            self.outbox.give_back(data_in);
+            return None;
+        }
+        Some(self.outbox.adopt(data_in))
     }
 
     /// Answers command `cid` with the first `limit` bytes of the outbox's `payload` and, for
@@ -541,7 +556,7 @@ impl Driver {
         backend: &mut Backend<'_>,
         cid: u16,
         status: Status,
-        payload: usize,
+        payload: Option<usize>,
         limit: usize,
     ) {
         if let Some(i) = self.synced.iter().position(|(c, ..)| *c == cid) {
@@ -551,12 +566,14 @@ impl Driver {
                 return self.run(backend, cid, lun, sync);
             }
         }
-        let len = self.outbox.payload_len(payload).min(limit);
+        let len = payload.map_or(0, |p| self.outbox.payload_len(p).min(limit));
         if let Some(i) = self.reports.iter().position(|&(c, ..)| c == cid) {
             let (_, extended, asked, ptpl) = self.reports.swap_remove(i);
             let mut full_status = Vec::with_capacity(len);
-            self.outbox
-                .for_each_payload_piece(payload, 0..len, |p| full_status.extend_from_slice(p));
+            if let Some(payload) = payload {
+                self.outbox
+                    .for_each_payload_piece(payload, 0..len, |p| full_status.extend_from_slice(p));
+            }
             let report = translate::reservation_status(&full_status, extended, ptpl, asked);
             return self.answer(cid, status, 0, &report);
         }

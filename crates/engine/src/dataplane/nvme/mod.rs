@@ -704,11 +704,11 @@ impl Driver {
 
     /// As [`Driver::answer`], the data the outbox holds as `payload` (its first `len`
     /// bytes), sent from where it lies.
-    fn answer_queued(&mut self, cid: u16, status: Status, payload: usize, len: usize) {
+    fn answer_queued(&mut self, cid: u16, status: Status, payload: Option<usize>, len: usize) {
         let cqe = self.cqe(cid, status, 0);
-        if !status.is_success() {
+        let Some(payload) = payload.filter(|_| status.is_success() && len > 0) else {
             return self.queue.answer(&cqe, &[], &mut self.out);
-        }
+        };
         let mut data = Queued {
             outbox: &mut self.outbox,
             payload,

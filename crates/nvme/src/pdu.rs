@@ -266,7 +266,16 @@ pub fn put_ch(out: &mut Vec<u8>, pdu_type: PduType, flags: u8, pdo: u8, plen: u3
 /// A common header's bytes.
 pub fn ch(pdu_type: PduType, flags: u8, pdo: u8, plen: u32) -> [u8; CH_LEN] {
     let p = plen.to_le_bytes();
-    [pdu_type as u8, flags, pdu_type.hlen() as u8, pdo, p[0], p[1], p[2], p[3]]
+    [
+        pdu_type as u8,
+        flags,
+        pdu_type.hlen() as u8,
+        pdo,
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+    ]
 }
 
 /// The CRC32C digest of a header or of data (the same polynomial as iSCSI's).

@@ -356,20 +356,21 @@ impl Driver {
     /// `input`: what the receive call that returned `r` was given (its in-capsule data).
     fn nvm(&mut self, backend: &mut Backend<'_>, r: &Received, input: &[u8]) {
         let cid = r.sqe.cid();
-        let command = match IoCommand::decode(&r.sqe) {
+        let decoded = IoCommand::decode(&r.sqe);
+        let command = match &decoded {
             Ok(c) => c,
-            Err(status) => return self.answer(cid, status, 0, &[]),
+            Err(status) => return self.answer(cid, *status, 0, &[]),
         };
         // A fused pair (ESXi's ATS, Linux's compare-and-write): the first waits for the
         // second; anything else in between fails the first.
         match (r.sqe.fuse(), self.fused.take()) {
             (1, None) => {
-                self.fused = Some((r.to_owned(input), command));
+                self.fused = Some((r.to_owned(input), *command));
                 return;
             }
             (2, Some((first, first_command))) => {
                 let second = r.to_owned(input);
-                return self.fused_pair(backend, first, first_command, second, command);
+                return self.fused_pair(backend, first, first_command, second, *command);
             }
             (_, Some((first, _))) => {
                 self.answer(first.sqe.cid(), Status::ABORTED_FUSE_MISSING, 0, &[]);
@@ -390,7 +391,7 @@ impl Driver {
                 // Hints only: nothing to do.
                 return self.answer(cid, Status::SUCCESS, 0, &[]);
             }
-            IoCommand::ReservationReport { dwords, extended } => {
+            &IoCommand::ReservationReport { dwords, extended } => {
                 // READ FULL STATUS, its answer reshaped when it is back (`finish`).
                 let len = (dwords as usize)
                     .saturating_mul(4)
@@ -402,22 +403,22 @@ impl Driver {
                     .and_then(|l| l.get(lun))
                     .is_some_and(|e| e.lu.persistent_reservations().aptpl);
                 self.reports.push((cid, extended, len, ptpl));
-                return self.run(backend, cid, lun, translate::reservation_report());
+                return self.run(backend, cid, lun, &translate::reservation_report());
             }
             _ => {}
         }
-        let (command, sync) = match translate::split_fua_write_zeroes(&command) {
-            Some((plain, sync)) => (plain, Some(sync)),
-            None => (command, None),
-        };
-        let scsi = match translate::scsi_command(&command, r.data(input), block_size) {
+        // Results matched by reference, not moved: a command's CDB is read where it was built.
+        let split = translate::split_fua_write_zeroes(command);
+        let command = split.as_ref().map_or(command, |(plain, _)| plain);
+        let scsi = translate::scsi_command(command, r.data(input), block_size);
+        let scsi = match &scsi {
             Ok(s) => s,
-            Err(status) => return self.answer(cid, status, 0, &[]),
+            Err(status) => return self.answer(cid, *status, 0, &[]),
         };
         if scsi.read && scsi.data_in_len != r.data_in_len {
             return self.answer(cid, Status::DATA_SGL_LENGTH_INVALID, 0, &[]);
         }
-        if let Some(sync) = sync {
+        if let Some((_, sync)) = split {
             self.synced.push((cid, lun, sync));
         }
         self.run(backend, cid, lun, scsi);
@@ -451,7 +452,7 @@ impl Driver {
         ) {
             Ok(scsi) => {
                 self.fused_pairs.push((c2, c1));
-                self.run(backend, c2, lun, scsi);
+                self.run(backend, c2, lun, &scsi);
             }
             Err(status) => fail(self, status),
         }
@@ -459,7 +460,7 @@ impl Driver {
 
     /// Runs a translated command on the session backend: inline, or handed to its route
     /// (`defer`), its answer then coming back through `complete`.
-    fn run(&mut self, backend: &mut Backend<'_>, cid: u16, lun: u64, scsi: ScsiCommand) {
+    fn run(&mut self, backend: &mut Backend<'_>, cid: u16, lun: u64, scsi: &ScsiCommand) {
         let write = !scsi.data_out.is_empty();
         let expected_len = if scsi.read {
             scsi.data_in_len
@@ -512,7 +513,7 @@ impl Driver {
                     itt: u32::from(cid),
                     lun: wire_lun,
                     cdb: scsi.cdb.to_vec(),
-                    data_out: DataOutBuf::Pooled(scsi.data_out.into_owned()),
+                    data_out: DataOutBuf::Pooled(scsi.data_out.to_vec()),
                     expected_len,
                     read: scsi.read,
                     write,
@@ -563,7 +564,7 @@ impl Driver {
             let (_, lun, sync) = self.synced.swap_remove(i);
             if status.is_success() {
                 // Answered when the flush is back (this same path, the entry gone).
-                return self.run(backend, cid, lun, sync);
+                return self.run(backend, cid, lun, &sync);
             }
         }
         let len = payload.map_or(0, |p| self.outbox.payload_len(p).min(limit));

@@ -678,8 +678,14 @@ fn close_session(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Co
 fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let running = shared.topology().config.clone();
     let mut args = args.clone();
-    if verb == "resize" && args.contains_key("size") {
-        volumes::grow_thin(&running, &mut args)?;
+    if verb == "resize" && args.contains_key("size") && volumes::grow_thin(&running, &mut args)? {
+        // The LV is grown for good (LVM does not shrink safely); the same verb again takes it.
+        let result = change(shared, verb, &args);
+        if let Err(e) = &result {
+            let device = text(&args, "device").unwrap_or_default();
+            tracing::warn!(%device, error = %e, "ctl: the volume's LV grew but its LU did not take the size; resize it again");
+        }
+        return result;
     }
     if verb == "resize" && !args.contains_key("size") {
         // A medium grown underneath: the size the open store sees now, never a second open

@@ -597,20 +597,20 @@ fn flatten(running: &Config, args: &Map<String, Value>) -> Result<Value, Control
 }
 
 /// `resize` of an LVM volume to `size`: LVM grows its LV (to whole extents) first; the
-/// verb then goes on as for any device grown underneath (`size` taken out of `args`).
-/// Other devices are left to `resize` as they are.
+/// verb then goes on as for any device grown underneath (`size` taken out of `args`), true.
+/// Other devices are left to `resize` as they are (false).
 pub(super) fn grow_thin(
     running: &Config,
     args: &mut Map<String, Value>,
-) -> Result<(), ControlError> {
+) -> Result<bool, ControlError> {
     let Some((pool, device)) = running
         .device(text(args, "device")?)
         .and_then(|d| Some((running.pool_of(d)?, d)))
     else {
-        return Ok(());
+        return Ok(false);
     };
     let Some(thin) = pool.thin() else {
-        return Ok(());
+        return Ok(false);
     };
     let name = &device.name;
     let size = crate::config::parse_size(text(args, "size")?)?;
@@ -631,7 +631,7 @@ pub(super) fn grow_thin(
         "volume {name}: growing it to {size} bytes"
     )))?;
     args.remove("size");
-    Ok(())
+    Ok(true)
 }
 
 /// Where a volume is mapped ("TARGET group G LUN n"), as `device-remove` says it.
@@ -720,7 +720,6 @@ fn rollback_thin(
         )));
     }
     let started = Instant::now();
-    let aside = format!("{name}{}", store::lvm::SNAPSHOT_SEPARATOR);
     let size = thin
         .get(&name)
         .map_err(lvm_error(format!("volume {name}")))?
@@ -731,30 +730,119 @@ fn rollback_thin(
     let quiet = Map::new();
     let what = format!("volume {name} closed for its rollback to {snap}");
     super::apply_edited(shared, "volume-rollback", &quiet, what, without)?;
-    let swapped = thin.rename(&name, &aside).and_then(|()| {
-        let made = thin.snapshot(&store::lvm::snapshot_lv(&name, snap), &name, true);
-        if made.is_err() {
-            let _ = thin.rename(&aside, &name);
-            return made;
-        }
-        // A volume grown since the snapshot keeps its size (the blocks past it read zeros).
-        thin.extend(&name, size)
-    });
-    // The device comes back whether or not the swap was made.
-    let mut with = shared.topology().config.clone();
-    let at = at.unwrap_or(with.devices.len()).min(with.devices.len());
-    with.devices.insert(at, device.clone());
-    let what = format!("volume {name} rolled back to {snap}");
-    let reopened = super::apply_edited(shared, "volume-rollback", &quiet, what, with);
-    swapped.map_err(lvm_error(format!("rollback of {name} to {snap}")))?;
-    reopened?;
-    thin.remove(&aside, REMOVE_WAIT)
-        .map_err(lvm_error(format!("rollback of {name}: the old LV {aside}")))?;
+    // The device comes back into the running config where it was, on whichever LV then
+    // bears its name.
+    let mut reopen = |what: &str| {
+        let mut with = shared.topology().config.clone();
+        let at = at.unwrap_or(with.devices.len()).min(with.devices.len());
+        with.devices.insert(at, device.clone());
+        let what = format!("volume {name} {what}");
+        super::apply_edited(shared, "volume-rollback", &quiet, what, with).map(drop)
+    };
+    swap_to_snapshot(thin, &name, snap, size, &mut reopen)?;
     tracing::info!(volume = %name, snapshot = %snap, "ctl: volume rolled back");
     Ok(json!({
         "volume": name, "snapshot": snap, "method": "lvm thin snapshot",
         "seconds": started.elapsed().as_secs_f64(),
     }))
+}
+
+/// The LV operations of a thin rollback: LVM's tools in the daemon, a fake in the tests.
+trait RollbackLvs {
+    fn rename(&self, from: &str, to: &str) -> Result<(), store::lvm::LvmError>;
+    /// An active, writable thin snapshot `name` of `origin`.
+    fn snapshot(&self, origin: &str, name: &str) -> Result<(), store::lvm::LvmError>;
+    fn extend(&self, name: &str, size: u64) -> Result<(), store::lvm::LvmError>;
+    fn remove(&self, name: &str) -> Result<(), store::lvm::LvmError>;
+}
+
+impl RollbackLvs for store::lvm::ThinPool {
+    fn rename(&self, from: &str, to: &str) -> Result<(), store::lvm::LvmError> {
+        store::lvm::ThinPool::rename(self, from, to)
+    }
+    fn snapshot(&self, origin: &str, name: &str) -> Result<(), store::lvm::LvmError> {
+        store::lvm::ThinPool::snapshot(self, origin, name, true)
+    }
+    fn extend(&self, name: &str, size: u64) -> Result<(), store::lvm::LvmError> {
+        store::lvm::ThinPool::extend(self, name, size)
+    }
+    fn remove(&self, name: &str) -> Result<(), store::lvm::LvmError> {
+        store::lvm::ThinPool::remove(self, name, REMOVE_WAIT)
+    }
+}
+
+/// With volume `name`'s device closed: sets its LV aside, makes an active thin snapshot of
+/// its snapshot `snap` (grown back to `size`) the volume, opens the device (`reopen`) and
+/// removes the set-aside LV. When any step fails, the old LV gets its name back and the
+/// device opens on it: the volume is as it was, and the error says so. Only when even that
+/// open fails is the device left out of the running config, and the error says that too.
+fn swap_to_snapshot(
+    lvs: &impl RollbackLvs,
+    name: &str,
+    snap: &str,
+    size: u64,
+    reopen: &mut dyn FnMut(&str) -> Result<(), ControlError>,
+) -> Result<(), ControlError> {
+    let aside = format!("{name}{}", store::lvm::SNAPSHOT_SEPARATOR);
+    let failed = match swap_lvs(
+        lvs,
+        name,
+        &aside,
+        &store::lvm::snapshot_lv(name, snap),
+        size,
+    ) {
+        Err(e) => format!("{e}"),
+        Ok(()) => match reopen(&format!("rolled back to {snap}")) {
+            Ok(()) => {
+                return lvs
+                    .remove(&aside)
+                    .map_err(lvm_error(format!("rollback of {name}: the old LV {aside}")));
+            }
+            Err(e) => {
+                // The rolled-back LV would not open: it goes, the old one comes back.
+                let undo = lvs.remove(name).and_then(|()| lvs.rename(&aside, name));
+                if let Err(undo) = undo {
+                    return Err(ControlError::Device(format!(
+                        "rollback of {name} to {snap}: its device would not open ({e}), and \
+                         the old LV could not be put back ({undo}); it is {aside}, and device \
+                         {name} is out of the running config"
+                    )));
+                }
+                format!("its device would not open: {e}")
+            }
+        },
+    };
+    match reopen("reopened as it was: its rollback failed") {
+        Ok(()) => Err(ControlError::Device(format!(
+            "rollback of {name} to {snap}: {failed}; the volume is as it was"
+        ))),
+        Err(again) => Err(ControlError::Device(format!(
+            "rollback of {name} to {snap}: {failed}; the volume's old LV is back, but its \
+             device would not open again ({again}): device {name} is out of the running config"
+        ))),
+    }
+}
+
+/// Renames `name` to `aside` and makes `name` an active snapshot of `origin` of `size`
+/// bytes; on failure, `name` is the old LV again.
+fn swap_lvs(
+    lvs: &impl RollbackLvs,
+    name: &str,
+    aside: &str,
+    origin: &str,
+    size: u64,
+) -> Result<(), store::lvm::LvmError> {
+    lvs.rename(name, aside)?;
+    let made = lvs.snapshot(origin, name).and_then(|()| {
+        // A volume grown since the snapshot keeps its size (the blocks past it read zeros).
+        lvs.extend(name, size).inspect_err(|_| {
+            let _ = lvs.remove(name);
+        })
+    });
+    if made.is_err() {
+        let _ = lvs.rename(aside, name);
+    }
+    made
 }
 
 fn delete(
@@ -972,4 +1060,154 @@ fn snapshot_delete(
         .snap_remove(&snap)
         .map_err(rbd_error(format!("snapshot {name}@{snap}")))?;
     Ok(json!({ "volume": name, "snapshot": snap, "deleted": true }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+    use store::lvm::{LvmError, LvmErrorKind};
+
+    /// LVs by name and what each holds.
+    type Lvs = Vec<(String, String)>;
+
+    /// LVs by name, each with what it holds; `fail` names the one operation that fails.
+    struct FakeLvs {
+        lvs: RefCell<BTreeMap<String, String>>,
+        fail: &'static str,
+    }
+
+    impl FakeLvs {
+        fn new(fail: &'static str) -> FakeLvs {
+            let lvs = [("vol", "new data"), ("vol+monday", "monday's data")];
+            FakeLvs {
+                lvs: RefCell::new(lvs.map(|(n, d)| (n.into(), d.into())).into()),
+                fail,
+            }
+        }
+
+        fn check(&self, op: &str) -> Result<(), LvmError> {
+            match self.fail == op {
+                true => Err(LvmError {
+                    kind: LvmErrorKind::Failed,
+                    command: op.into(),
+                    message: "refused by the test".into(),
+                }),
+                false => Ok(()),
+            }
+        }
+
+        fn holds(&self) -> Lvs {
+            self.lvs.borrow().clone().into_iter().collect()
+        }
+    }
+
+    impl RollbackLvs for FakeLvs {
+        fn rename(&self, from: &str, to: &str) -> Result<(), LvmError> {
+            self.check("rename")?;
+            let mut lvs = self.lvs.borrow_mut();
+            assert!(!lvs.contains_key(to), "renaming over {to}");
+            let data = lvs.remove(from).expect("renaming an LV that is there");
+            lvs.insert(to.into(), data);
+            Ok(())
+        }
+        fn snapshot(&self, origin: &str, name: &str) -> Result<(), LvmError> {
+            self.check("snapshot")?;
+            let mut lvs = self.lvs.borrow_mut();
+            assert!(!lvs.contains_key(name), "a snapshot over {name}");
+            let data = lvs[origin].clone();
+            lvs.insert(name.into(), data);
+            Ok(())
+        }
+        fn extend(&self, name: &str, _size: u64) -> Result<(), LvmError> {
+            self.check("extend")?;
+            assert!(self.lvs.borrow().contains_key(name));
+            Ok(())
+        }
+        fn remove(&self, name: &str) -> Result<(), LvmError> {
+            self.check("remove")?;
+            self.lvs
+                .borrow_mut()
+                .remove(name)
+                .expect("removing an LV that is there");
+            Ok(())
+        }
+    }
+
+    /// Runs a rollback of `vol` to `monday` whose opens answer `opens` in turn; returns the
+    /// result, the LVs after it, and what each open was for.
+    fn rollback(lvs: &FakeLvs, opens: &[bool]) -> (Result<(), ControlError>, Lvs, Vec<String>) {
+        let mut opened = Vec::new();
+        let mut answers = opens.iter();
+        let mut reopen = |what: &str| {
+            opened.push(what.to_string());
+            match answers.next() {
+                Some(true) => Ok(()),
+                _ => Err(ControlError::Device("the device would not open".into())),
+            }
+        };
+        let result = swap_to_snapshot(lvs, "vol", "monday", 1 << 30, &mut reopen);
+        (result, lvs.holds(), opened)
+    }
+
+    fn lvs(list: &[(&str, &str)]) -> Lvs {
+        list.iter()
+            .map(|(n, d)| (n.to_string(), d.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_thin_rollback_makes_the_snapshot_the_volume_and_drops_the_old_lv() {
+        let (result, after, opened) = rollback(&FakeLvs::new(""), &[true]);
+        result.unwrap();
+        let expected = [("vol", "monday's data"), ("vol+monday", "monday's data")];
+        assert_eq!(after, lvs(&expected));
+        assert_eq!(opened, ["rolled back to monday"]);
+    }
+
+    #[test]
+    fn a_thin_rollback_that_fails_leaves_the_volume_as_it_was_and_open() {
+        let before = lvs(&[("vol", "new data"), ("vol+monday", "monday's data")]);
+        for fail in ["rename", "snapshot", "extend"] {
+            let (result, after, opened) = rollback(&FakeLvs::new(fail), &[true]);
+            let e = result.unwrap_err().to_string();
+            assert!(
+                e.contains(fail) && e.contains("the volume is as it was"),
+                "{e}"
+            );
+            assert_eq!(after, before, "{fail}");
+            assert_eq!(
+                opened,
+                ["reopened as it was: its rollback failed"],
+                "{fail}"
+            );
+        }
+        // The rolled-back LV would not open: the old one is back and opens.
+        let (result, after, opened) = rollback(&FakeLvs::new(""), &[false, true]);
+        let e = result.unwrap_err().to_string();
+        assert!(
+            e.contains("would not open") && e.contains("as it was"),
+            "{e}"
+        );
+        assert_eq!(after, before);
+        assert_eq!(opened.len(), 2);
+    }
+
+    #[test]
+    fn a_thin_rollback_says_when_its_device_is_left_out_of_the_running_config() {
+        let (result, after, _) = rollback(&FakeLvs::new(""), &[false, false]);
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("out of the running config"), "{e}");
+        assert_eq!(after[0], ("vol".into(), "new data".into()));
+        // The old LV could not be put back: the error names where it is.
+        let (result, after, opened) = rollback(&FakeLvs::new("remove"), &[false]);
+        let e = result.unwrap_err().to_string();
+        assert!(
+            e.contains("vol+") && e.contains("out of the running config"),
+            "{e}"
+        );
+        assert!(after.iter().any(|(n, d)| n == "vol+" && d == "new data"));
+        assert_eq!(opened.len(), 1);
+    }
 }

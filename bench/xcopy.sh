@@ -7,6 +7,9 @@
 #
 #   bench/xcopy.sh BEFORE_BIN AFTER_BIN [SIZE] [ROUNDS]
 #
+#   STORE=ram  two RAM devices instead (the client fills the source with pseudo-random data
+#              before the timed copy; each daemon starts empty)
+#
 # Results: bench/results/xcopy-DATE.txt.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,30 +35,37 @@ trap cleanup EXIT
 cargo build --release -q -p bench --example xcopy
 CLIENT=target/release/examples/xcopy
 bytes=$(numfmt --from=iec "$SIZE")
-LOOP=$(xfs_mount "$WORK/fs.img" $((bytes * 2 + (1 << 30))) "$WORK/mnt")
-log "writing $SIZE of random data into the source volume"
-head -c "$bytes" /dev/urandom > "$WORK/mnt/src.img"
-sync
+STORE=${STORE:-file}
+if [[ $STORE == file ]]; then
+    LOOP=$(xfs_mount "$WORK/fs.img" $((bytes * 2 + (1 << 30))) "$WORK/mnt")
+    log "writing $SIZE of random data into the source volume"
+    head -c "$bytes" /dev/urandom > "$WORK/mnt/src.img"
+    sync
+fi
+
+devices() { # the two devices' config
+    local name
+    for name in src dst; do
+        if [[ $STORE == ram ]]; then
+            printf '[[device]]\nname = "%s"\nstore = "ram"\nsize = "%s"\n\n' "$name" "$bytes"
+        else
+            printf '[[device]]\nname = "%s"\nstore = "file"\npath = "%s"\n\n' "$name" "$WORK/mnt/$name.img"
+        fi
+    done
+}
 
 run_one() { # LABEL BIN
-    rm -f "$WORK/mnt/dst.img"
-    truncate -s "$bytes" "$WORK/mnt/dst.img"
+    if [[ $STORE == file ]]; then
+        rm -f "$WORK/mnt/dst.img"
+        truncate -s "$bytes" "$WORK/mnt/dst.img"
+    fi
     local port; port=$(free_port)
     cat > "$WORK/config.toml" <<TOML
 [[portal_group]]
 tag = 1
 listen = ["127.0.0.1:$port"]
 
-[[device]]
-name = "src"
-store = "file"
-path = "$WORK/mnt/src.img"
-
-[[device]]
-name = "dst"
-store = "file"
-path = "$WORK/mnt/dst.img"
-
+$(devices)
 [[target]]
 iqn = "iqn.2026-11.org.ferrosan:xcopy"
   [[target.group]]
@@ -67,7 +77,9 @@ TOML
     PID=$!
     wait_port "$port" "$PID" 30 || die "$1 did not listen: $(cat "$WORK/$1.log")"
     local out
-    out=$("$CLIENT" "127.0.0.1:$port" iqn.2026-11.org.ferrosan:xcopy 0 1 4194304 8) \
+    local fill=""
+    [[ $STORE == ram ]] && fill=fill
+    out=$("$CLIENT" "127.0.0.1:$port" iqn.2026-11.org.ferrosan:xcopy 0 1 4194304 8 $fill) \
         || die "$1: the copy failed"
     stop_pid "$PID"
     PID=""
@@ -76,7 +88,7 @@ TOML
 
 RESULT=bench/results/xcopy-$(date -u +%Y-%m-%d-%H%M).txt
 {
-    echo "# bench/xcopy.sh $(date -u +%FT%TZ) on $(nproc) cores, $(uname -r); SIZE=$SIZE"
+    echo "# bench/xcopy.sh $(date -u +%FT%TZ) on $(nproc) cores, $(uname -r); SIZE=$SIZE STORE=$STORE"
     echo "# before: $BEFORE ($("$BEFORE" --version))"
     echo "# after:  $AFTER ($("$AFTER" --version))"
 } | tee "$RESULT"

@@ -4,12 +4,14 @@
 //! them; then both LUNs read back and compared. Prints one JSON line. Used by
 //! bench/xcopy.sh.
 //!
-//!     xcopy HOST:PORT IQN SRC_LUN DST_LUN SEGMENT_BYTES QD
+//!     xcopy HOST:PORT IQN SRC_LUN DST_LUN SEGMENT_BYTES QD [fill]
+//!
+//! `fill` first writes pseudo-random data over the whole source (a RAM LUN starts empty).
 
 use std::time::Instant;
 
 use initiator::driver::Connection;
-use initiator::scsi::{inquiry, read16, read_capacity16, Cdb};
+use initiator::scsi::{inquiry, read16, read_capacity16, write16, Cdb};
 use initiator::{ClientConfig, Command, SessionConfig, SessionKind};
 
 fn die(what: &str) -> ! {
@@ -88,6 +90,28 @@ fn xcopy_cdb(len: usize) -> Cdb {
     Cdb::new(&c).unwrap_or_else(|| die("cdb"))
 }
 
+/// Writes pseudo-random data (xorshift) over all `count` blocks of `lun`, 1 MiB at a time.
+fn fill(c: &mut Connection, lun: u64, count: u64, block: u32) {
+    let chunk = (1u64 << 20) / u64::from(block);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut at = 0;
+    while at < count {
+        let n = chunk.min(count - at);
+        let mut data = Vec::with_capacity((n * u64::from(block)) as usize);
+        while data.len() < data.capacity() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            data.extend_from_slice(&x.to_le_bytes());
+        }
+        run(
+            c,
+            Command::write(6, lun, write16(at, n as u32, false), data),
+        );
+        at += n;
+    }
+}
+
 fn arg(n: usize) -> String {
     std::env::args()
         .nth(n)
@@ -117,6 +141,9 @@ fn main() {
     }
     let (src, dst) = (naa(&mut c, src_lun), naa(&mut c, dst_lun));
     let (count, block) = blocks(&mut c, src_lun);
+    if std::env::args().nth(7).as_deref() == Some("fill") {
+        fill(&mut c, src_lun, count, block);
+    }
     let per = (segment / u64::from(block)).min(u64::from(u16::MAX));
     let started = Instant::now();
     let (mut next, mut tag) = (0u64, 10u64);

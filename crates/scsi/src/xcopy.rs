@@ -356,7 +356,8 @@ impl LogicalUnit {
                 .ok_or(Sense::reset_in_progress())?;
             holds.push((lu, hold));
         }
-        let mut buf = vec![0u8; (total as usize).min(CHUNK_BYTES)];
+        // Made only when a job copies through memory: a copy the stores make needs none.
+        let mut buf = Vec::new();
         for job in &jobs {
             copy_job(job, &mut buf)?;
         }
@@ -414,11 +415,19 @@ impl LogicalUnit {
     }
 }
 
-/// Copies a segment between two file stores inside the kernel (`store::clone::copy_range`:
-/// shared extents on XFS and btrfs, an in-kernel copy elsewhere) and says whether it did;
-/// false when the stores cannot (block devices, RAM, RBD, or a kernel that refuses), and the
-/// copy goes through memory.
-fn copied_in_kernel(job: &Job<'_>, durable: bool) -> Result<bool, Sense> {
+/// Copies a segment without its bytes passing through here and says whether it did: between
+/// two file stores inside the kernel (`store::clone::copy_range`: shared extents on XFS and
+/// btrfs, an in-kernel copy elsewhere), between two RAM stores by sharing pages
+/// (`RamStore::share_from`). False when the stores cannot (block devices and RBD images have
+/// no range clone; a kernel that refuses; RAM offsets that lie differently within a page),
+/// and the copy goes through memory.
+fn copied_by_store(job: &Job<'_>, durable: bool) -> Result<bool, Sense> {
+    if let (Some(from), Some(to)) = (job.src.store.ram(), job.dst.store.ram()) {
+        let _order = job.dst.write_order.read();
+        return to
+            .share_from(from, job.src_off, job.dst_off, job.bytes)
+            .map_err(|_| Sense::medium_error_write());
+    }
     let (Some(from), Some(to)) = (job.src.store.copy_file(), job.dst.store.copy_file()) else {
         return Ok(false);
     };
@@ -437,14 +446,18 @@ fn copied_in_kernel(job: &Job<'_>, durable: bool) -> Result<bool, Sense> {
     Ok(true)
 }
 
-fn copy_job(job: &Job<'_>, buf: &mut [u8]) -> Result<(), Sense> {
+fn copy_job(job: &Job<'_>, buf: &mut Vec<u8>) -> Result<(), Sense> {
     let same = std::ptr::eq(job.src, job.dst);
     // Overlapping ranges of one LU with the destination above the source are copied from the
     // end, so no block is read after it was overwritten.
     let backwards = same && job.dst_off > job.src_off && job.dst_off < job.src_off + job.bytes;
     let durable = !job.dst.mode.wce.load(Ordering::Relaxed);
-    if !backwards && copied_in_kernel(job, durable)? {
+    if !backwards && copied_by_store(job, durable)? {
         return Ok(());
+    }
+    let want = (job.bytes as usize).min(CHUNK_BYTES);
+    if buf.len() < want {
+        buf.resize(want, 0);
     }
     let mut done = 0u64;
     while done < job.bytes {

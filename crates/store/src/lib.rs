@@ -174,6 +174,11 @@ pub trait BlockStore: Send + Sync + 'static {
     fn copy_file(&self) -> Option<&std::fs::File> {
         None
     }
+    /// This store as a RAM store, for copies that share its pages ([`RamStore::share_from`]);
+    /// None for every other store.
+    fn ram(&self) -> Option<&RamStore> {
+        None
+    }
     fn medium_bytes(&self) -> io::Result<Option<u64>> {
         Ok(None)
     }

@@ -100,6 +100,80 @@ impl RamStore {
     }
 }
 
+impl RamStore {
+    /// Copies `len` bytes at `src_off` of `from` to `dst_off` of this store, sharing whole
+    /// pages instead of copying them: a shared page is copied only when either side writes it
+    /// (as for a lent page), and an unwritten page stays unwritten. False, with nothing done,
+    /// when the two offsets do not lie alike within a page (the caller copies the bytes). A
+    /// destination that overlaps the source above it must be copied from the end instead.
+    pub fn share_from(
+        &self,
+        from: &RamStore,
+        src_off: u64,
+        dst_off: u64,
+        len: u64,
+    ) -> io::Result<bool> {
+        let page = RAM_PAGE_BYTES as u64;
+        check_range(from.size_bytes, src_off, len)?;
+        check_range(self.size_bytes, dst_off, len)?;
+        if src_off % page != dst_off % page {
+            return Ok(false);
+        }
+        // A partial first and last page are copied; the pages between are shared.
+        let head = ((page - dst_off % page) % page).min(len);
+        let body = (len - head) / page * page;
+        let tail = len - head - body;
+        let mut buf = vec![0; head.max(tail) as usize];
+        let mut copy = |at: u64, n: u64| -> io::Result<()> {
+            let buf = &mut buf[..n as usize];
+            from.read_at(buf, src_off + at)?;
+            self.write_at(buf, dst_off + at, false)
+        };
+        copy(0, head)?;
+        let mut done = 0;
+        while done < body {
+            // A chunk's worth at a time: the source pages are taken under its lock, which is
+            // let go before the destination's is taken (the two may be one store).
+            let (src, dst) = (src_off + head + done, dst_off + head + done);
+            let n = (body - done)
+                .min(RAM_CHUNK_BYTES - src % RAM_CHUNK_BYTES)
+                .min(RAM_CHUNK_BYTES - dst % RAM_CHUNK_BYTES);
+            let pages = from.pages(src, n)?;
+            self.put_pages(dst, &pages)?;
+            done += n;
+        }
+        copy(head + body, tail)?;
+        Ok(true)
+    }
+
+    /// The pages of a page-aligned range within one chunk (None: unwritten).
+    fn pages(&self, offset: u64, len: u64) -> io::Result<Vec<Option<Arc<Page>>>> {
+        let chunk = self.chunks[(offset / RAM_CHUNK_BYTES) as usize]
+            .read()
+            .map_err(|_| poisoned())?;
+        let first = (offset % RAM_CHUNK_BYTES) as usize / RAM_PAGE_BYTES;
+        let count = len as usize / RAM_PAGE_BYTES;
+        Ok(match chunk.as_deref() {
+            Some(pages) => pages[first..first + count].to_vec(),
+            None => vec![None; count],
+        })
+    }
+
+    /// Puts `pages` at a page-aligned offset, within one chunk.
+    fn put_pages(&self, offset: u64, pages: &[Option<Arc<Page>>]) -> io::Result<()> {
+        let mut chunk = self.chunks[(offset / RAM_CHUNK_BYTES) as usize]
+            .write()
+            .map_err(|_| poisoned())?;
+        if chunk.is_none() && pages.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let first = (offset % RAM_CHUNK_BYTES) as usize / RAM_PAGE_BYTES;
+        let slots = chunk.get_or_insert_with(|| vec![None; PAGES_PER_CHUNK].into());
+        slots[first..first + pages.len()].clone_from_slice(pages);
+        Ok(())
+    }
+}
+
 /// Calls `f(page_index, offset_in_page, position_in_piece, len)` for each page of a chunk piece.
 fn for_each_page(within: usize, len: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
     let mut done = 0;
@@ -119,6 +193,10 @@ fn poisoned() -> io::Error {
 impl BlockStore for RamStore {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+
+    fn ram(&self) -> Option<&RamStore> {
+        Some(self)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -249,6 +327,72 @@ mod tests {
             v.extend_from_slice(&(**owner).as_ref()[range.clone()]);
         }
         v
+    }
+
+    fn read(s: &RamStore, offset: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0; len];
+        s.read_at(&mut buf, offset).unwrap();
+        buf
+    }
+
+    #[test]
+    fn a_shared_copy_reads_as_a_byte_copy_and_each_side_changes_alone() {
+        let size = 4 * RAM_CHUNK_BYTES;
+        let src = RamStore::new(size);
+        // Written data with an unwritten hole, across a chunk boundary.
+        let data: Vec<u8> = (0..3 * RAM_CHUNK_BYTES as usize)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        src.write_at(&data, 0, false).unwrap();
+        src.discard(RAM_CHUNK_BYTES - 8192, 16384).unwrap();
+        let expected = read(&src, 512, 2 * RAM_CHUNK_BYTES as usize);
+        let dst = RamStore::new(size);
+        // The destination's old data, hole included, is replaced.
+        dst.write_at(&vec![0xEE; size as usize], 0, false).unwrap();
+        // Not page-aligned, the same way on both sides: partial first and last pages.
+        let at = RAM_CHUNK_BYTES + 512;
+        assert!(dst.share_from(&src, 512, at, 2 * RAM_CHUNK_BYTES).unwrap());
+        assert_eq!(read(&dst, at, expected.len()), expected);
+        assert_eq!(read(&dst, 0, 512), vec![0xEE; 512]);
+        assert_eq!(read(&dst, at + 2 * RAM_CHUNK_BYTES, 512), vec![0xEE; 512]);
+        // Whole pages are shared, not copied.
+        let shared = |d: u64, s_: u64| {
+            let (a, b) = (dst.pages(d, 4096).unwrap(), src.pages(s_, 4096).unwrap());
+            matches!((&a[0], &b[0]), (Some(x), Some(y)) if Arc::ptr_eq(x, y))
+        };
+        assert!(shared(at - 512 + 8192, 8192));
+        // A write to either side leaves the other as it was.
+        src.write_at(&[1; 4096], 8192, false).unwrap();
+        dst.write_at(&[2; 4096], at - 512 + 16384, false).unwrap();
+        assert_eq!(read(&dst, at, expected.len()), {
+            let mut e = expected.clone();
+            e[16384 - 512..16384 - 512 + 4096].fill(2);
+            e
+        });
+        assert_eq!(read(&src, 8192, 4096), vec![1; 4096]);
+        assert_eq!(read(&src, 16384, 4096), data[16384..16384 + 4096]);
+    }
+
+    #[test]
+    fn a_shared_copy_within_one_store_and_its_refusals() {
+        let s = RamStore::new(2 * RAM_CHUNK_BYTES);
+        let data: Vec<u8> = (0..RAM_CHUNK_BYTES as usize)
+            .map(|i| (i % 13) as u8)
+            .collect();
+        s.write_at(&data, 0, false).unwrap();
+        // Overlapping, the destination below the source.
+        assert!(s.share_from(&s, 8192, 4096, 65536).unwrap());
+        assert_eq!(read(&s, 4096, 65536), data[8192..8192 + 65536]);
+        // Offsets that lie differently within a page: nothing done, the caller copies.
+        assert!(!s.share_from(&s, 0, RAM_CHUNK_BYTES + 512, 4096).unwrap());
+        assert_eq!(read(&s, RAM_CHUNK_BYTES, 8192), vec![0; 8192]);
+        // Beyond either end: an error.
+        assert!(s
+            .share_from(&s, 2 * RAM_CHUNK_BYTES - 4096, 0, 8192)
+            .is_err());
+        assert!(s
+            .share_from(&s, 0, 2 * RAM_CHUNK_BYTES - 4096, 8192)
+            .is_err());
     }
 
     #[test]

@@ -15,7 +15,8 @@
 #              its queue in bursts (receive coalescing sees the two differently); iSCSI only
 # Results: bench/results/ab-DATE.txt (and the raw results.json of each round under target/).
 # A change is judged against the commit before it in the same run, never against old files, and
-# both builds come from one target directory (docs/PERFORMANCE.md, "A/B of two builds").
+# both builds come from one target directory and one worktree (docs/PERFORMANCE.md, "A/B of two
+# builds").
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -25,6 +26,8 @@ source scripts/lib/common.sh
 
 OLD=${1:?usage: bench/ab.sh OLD_BIN NEW_BIN [ROUNDS] [WORKLOADS]}
 NEW=${2:?usage: bench/ab.sh OLD_BIN NEW_BIN [ROUNDS] [WORKLOADS]}
+# A build that reused the other's artifacts is the same file: nothing would be compared.
+cmp -s "$OLD" "$NEW" && die "$OLD and $NEW are the same build (build both from one worktree: docs/PERFORMANCE.md)"
 ROUNDS=${3:-3}
 WORKLOADS=${4:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64}
 WORK=$(mktemp -d)

@@ -104,8 +104,9 @@ impl RamStore {
     /// Copies `len` bytes at `src_off` of `from` to `dst_off` of this store, sharing whole
     /// pages instead of copying them: a shared page is copied only when either side writes it
     /// (as for a lent page), and an unwritten page stays unwritten. False, with nothing done,
-    /// when the two offsets do not lie alike within a page (the caller copies the bytes). A
-    /// destination that overlaps the source above it must be copied from the end instead.
+    /// when the two offsets do not lie alike within a page, or when the destination overlaps
+    /// the source above it (a forward copy would read what it wrote): the caller copies the
+    /// bytes, from the end.
     pub fn share_from(
         &self,
         from: &RamStore,
@@ -116,7 +117,8 @@ impl RamStore {
         let page = RAM_PAGE_BYTES as u64;
         check_range(from.size_bytes, src_off, len)?;
         check_range(self.size_bytes, dst_off, len)?;
-        if src_off % page != dst_off % page {
+        let upwards = std::ptr::eq(self, from) && dst_off > src_off && dst_off < src_off + len;
+        if src_off % page != dst_off % page || upwards {
             return Ok(false);
         }
         // A partial first and last page are copied; the pages between are shared.
@@ -382,6 +384,10 @@ mod tests {
         s.write_at(&data, 0, false).unwrap();
         // Overlapping, the destination below the source.
         assert!(s.share_from(&s, 8192, 4096, 65536).unwrap());
+        assert_eq!(read(&s, 4096, 65536), data[8192..8192 + 65536]);
+        // Overlapping with the destination above the source: nothing done, the caller copies
+        // from the end.
+        assert!(!s.share_from(&s, 4096, 8192, 65536).unwrap());
         assert_eq!(read(&s, 4096, 65536), data[8192..8192 + 65536]);
         // Offsets that lie differently within a page: nothing done, the caller copies.
         assert!(!s.share_from(&s, 0, RAM_CHUNK_BYTES + 512, 4096).unwrap());

@@ -20,4 +20,5 @@ pub mod nvm;
 pub mod pdu;
 pub mod queue;
 pub mod sqe;
+pub mod tls;
 pub mod translate;

@@ -502,6 +502,8 @@ series! {
     nvme_connects: Family<LoginLabel, Counter> = "nvme_connects";
     /// NVMe/TCP queue authentications (DH-HMAC-CHAP) by result: success, or why they failed (failed: a wrong secret; hash_unusable, dh_group_unusable, incorrect_payload, incorrect_message, ...)
     nvme_authentications: Family<LoginLabel, Counter> = "nvme_authentications";
+    /// NVMe/TCP TLS handshakes by result: success, or why they failed (unknown_identity: no key for the identity the host offered; handshake: a wrong key, or a TLS error)
+    nvme_tls_handshakes: Family<LoginLabel, Counter> = "nvme_tls_handshakes";
     /// Open TCP connections per network worker (the acceptor gives each new one to the least loaded)
     worker_connections: Family<WorkerLabel, Gauge> = "worker_connections";
     /// Share of the last second each network worker's thread was on the CPU (the acceptor prefers the least busy)
@@ -943,6 +945,15 @@ impl Metrics {
     /// Counts an NVMe/TCP Connect by its result.
     pub fn nvme_connect(&self, result: &str) {
         self.nvme_connects
+            .get_or_create(&LoginLabel {
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a queue's TLS handshake outcome.
+    pub fn nvme_tls(&self, result: &str) {
+        self.nvme_tls_handshakes
             .get_or_create(&LoginLabel {
                 result: result.to_string(),
             })

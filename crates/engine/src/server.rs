@@ -948,7 +948,14 @@ iqn = "iqn.2026-11.test:target"
                     .position(|g| g.initiators.iter().any(|i| i.as_str() == name.as_str()))
                     .unwrap_or(2);
                 let (membership, auth) = topology
-                    .admit(crate::admission::Door::Iscsi, &name, &target, 1, source)
+                    .admit(
+                        crate::admission::Door::Iscsi,
+                        &name,
+                        &target,
+                        1,
+                        source,
+                        None,
+                    )
                     .unwrap();
                 assert_eq!(membership.group, oracle, "{spelling:?}");
                 let (_, group) = topology.group_of(membership).unwrap();
@@ -966,7 +973,14 @@ iqn = "iqn.2026-11.test:target"
         // The reproduction, concretely: É is é, which needs no CHAP and gets the 16 MiB LU.
         let upper = IscsiName::from_wire("iqn.2026-11.test:É").unwrap();
         let (membership, auth) = topology
-            .admit(crate::admission::Door::Iscsi, &upper, &target, 1, source)
+            .admit(
+                crate::admission::Door::Iscsi,
+                &upper,
+                &target,
+                1,
+                source,
+                None,
+            )
             .unwrap();
         assert_eq!(auth, crate::config::ResolvedAuth::None);
         let (_, group) = topology.group_of(membership).unwrap();

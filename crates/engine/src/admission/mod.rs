@@ -44,6 +44,9 @@ pub enum Refusal {
     /// A running session's login proof no longer meets its group's authentication (CHAP now
     /// required, its CHAP user removed, or that user's secret changed).
     AuthChanged,
+    /// The host has a TLS key for the subsystem and came without TLS or with another key, or
+    /// came over TLS under another host's or subsystem's identity (Connect: Invalid Host).
+    Tls,
 }
 
 impl Refusal {
@@ -56,6 +59,7 @@ impl Refusal {
             Refusal::SourceNotAllowed => "source_not_allowed",
             Refusal::GroupChanged => "group_changed",
             Refusal::AuthChanged => "authentication_changed",
+            Refusal::Tls => "tls",
         }
     }
 }
@@ -151,9 +155,42 @@ impl Admitted {
     }
 }
 
+/// What an NVMe/TCP queue's TLS handshake proved: the host and subsystem its PSK identity
+/// named, and the configured key (and derivation) the PSK came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsProof {
+    pub host: String,
+    pub subsystem: String,
+    pub key: std::sync::Arc<nvme::tls::ConfiguredKey>,
+    pub derivation: nvme::tls::Derivation,
+}
+
+/// Whether a queue that came with `tls` (None: in the clear) may be `host`'s queue to
+/// `target`: a host with a TLS key for the subsystem comes over TLS with that key, and a TLS
+/// queue is the queue of the host and subsystem its identity named.
+fn tls_meets(
+    target: &crate::config::TargetConfig,
+    host: &IscsiName,
+    sub: &IscsiName,
+    tls: Option<&TlsProof>,
+) -> bool {
+    match (target.tls_key(host), tls) {
+        (None, None) => true,
+        (Some(k), Some(p)) => {
+            *p.key == *k.key
+                && p.derivation == k.derivation
+                && host.as_str().eq_ignore_ascii_case(&p.host)
+                && sub.as_str().eq_ignore_ascii_case(&p.subsystem)
+        }
+        _ => false,
+    }
+}
+
 /// Where a running session stands: what [`Topology::readmit`] decides again.
 pub struct Standing<'a> {
     pub door: Door,
+    /// What the queue's TLS handshake proved (NVMe/TCP over TLS).
+    pub tls: Option<&'a TlsProof>,
     pub initiator: &'a IscsiName,
     /// `None` for a discovery session.
     pub target_name: Option<&'a IscsiName>,
@@ -192,9 +229,10 @@ impl Topology {
         Ok((membership, target.config.auth_in(initiator, Some(group))))
     }
 
-    /// Whether `initiator`, coming from `source` to the portal group `portal_group_tag`, may
-    /// log in to `target_name`; if so, as which member and with what authentication. The
-    /// session's LUN map comes from the same membership ([`Topology::group_of`]).
+    /// Whether `initiator`, coming from `source` to the portal group `portal_group_tag` (over
+    /// TLS with `tls`), may log in to `target_name`; if so, as which member and with what
+    /// authentication. The session's LUN map comes from the same membership
+    /// ([`Topology::group_of`]).
     pub fn admit(
         &self,
         door: Door,
@@ -202,6 +240,7 @@ impl Topology {
         target_name: &IscsiName,
         portal_group_tag: u16,
         source: IpAddr,
+        tls: Option<&TlsProof>,
     ) -> Result<(Membership, ResolvedAuth), Refusal> {
         if target_name.is_nqn() != (door == Door::Nvme) {
             // An iSCSI login naming an NQN, or a Connect naming an IQN: no such target here.
@@ -210,6 +249,9 @@ impl Topology {
         let (index, target) = self.target(target_name).ok_or(Refusal::NoSuchTarget)?;
         if !target.portal_groups.contains(&portal_group_tag) {
             return Err(Refusal::NotOnThisPortal);
+        }
+        if !tls_meets(&target.config, initiator, target_name, tls) {
+            return Err(Refusal::Tls);
         }
         self.member(index, initiator, source)
     }
@@ -239,6 +281,7 @@ impl Topology {
             target_name,
             session.portal_group_tag,
             session.source,
+            session.tls,
         )?;
         let group = self.group_name(membership).ok_or(Refusal::NotInAnyGroup)?;
         if group != group_before {
@@ -315,6 +358,130 @@ mod tests {
         assert!(proof.meets(&with_mutual));
     }
 
+    /// A target with an NQN whose host `HOST` must come over TLS with the key in `key_file`.
+    fn tls_topology(key_file: &std::path::Path, derivation: &str) -> Topology {
+        topology(&format!(
+            r#"{PORTAL}nvme_listen = ["127.0.0.1:4420"]
+[[target]]
+iqn = "iqn.2026-11.test:t"
+nqn = "nqn.2026-11.test:t"
+tls_keys = [ {{ host = "nqn.2026-11.test:host", key_file = "{}", derivation = "{derivation}" }} ]
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = []
+"#,
+            key_file.display()
+        ))
+    }
+
+    fn key_file(dir: &std::path::Path, name: &str, byte: u8) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt as _;
+        let key = [byte; 32];
+        let mut raw = key.to_vec();
+        raw.extend_from_slice(&crc32fast_hash(&key).to_le_bytes());
+        let text = format!("NVMeTLSkey-1:01:{}:\n", base64_encode(&raw));
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    }
+
+    /// CRC-32 (IEEE), bit by bit: a test's own, independent of the code under test.
+    fn crc32fast_hash(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    fn base64_encode(bytes: &[u8]) -> String {
+        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = String::new();
+        for c in bytes.chunks(3) {
+            let n = (u32::from(c[0]) << 16)
+                | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+                | u32::from(*c.get(2).unwrap_or(&0));
+            for i in 0..4 {
+                if i <= c.len() {
+                    out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_host_with_a_tls_key_is_admitted_over_tls_with_that_key_only() {
+        let dir = std::env::temp_dir().join(format!("ferrosan-tls-admit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (good, other) = (key_file(&dir, "good", 1), key_file(&dir, "other", 2));
+        let t = tls_topology(&good, "spec");
+        let name = |s: &str| IscsiName::from_wire(s).unwrap();
+        let (host, sub) = (name("nqn.2026-11.test:host"), name("nqn.2026-11.test:t"));
+        let source = "127.0.0.1".parse().unwrap();
+        let key = |t: &Topology| t.target(&sub).unwrap().1.config.tls_keys[0].key.clone();
+        let proof = |host: &str, sub: &str, t: &Topology| TlsProof {
+            host: host.into(),
+            subsystem: sub.into(),
+            key: key(t),
+            derivation: nvme::tls::Derivation::Spec,
+        };
+        let admit = |t: &Topology, who: &IscsiName, tls: Option<&TlsProof>| {
+            t.admit(Door::Nvme, who, &sub, 1, source, tls).map(drop)
+        };
+        let good_proof = proof("nqn.2026-11.test:host", "nqn.2026-11.test:t", &t);
+        assert_eq!(admit(&t, &host, Some(&good_proof)), Ok(()));
+        assert_eq!(admit(&t, &host, None), Err(Refusal::Tls), "in the clear");
+        // A TLS identity of another host or subsystem does not carry over.
+        let elsewhere = proof("nqn.2026-11.test:host", "nqn.2026-11.test:other", &t);
+        assert_eq!(admit(&t, &host, Some(&elsewhere)), Err(Refusal::Tls));
+        let someone = name("nqn.2026-11.test:someone");
+        assert_eq!(
+            admit(&t, &someone, None),
+            Ok(()),
+            "a host without a key: in the clear"
+        );
+        assert_eq!(admit(&t, &someone, Some(&good_proof)), Err(Refusal::Tls));
+        // The key changed, or its derivation: the old proof no longer meets it.
+        let rotated = tls_topology(&other, "spec");
+        assert_eq!(admit(&rotated, &host, Some(&good_proof)), Err(Refusal::Tls));
+        let rederived = tls_topology(&good, "libnvme-1.15");
+        assert_eq!(
+            admit(&rederived, &host, Some(&good_proof)),
+            Err(Refusal::Tls)
+        );
+        // A running controller that came over TLS is readmitted the same way.
+        let standing = Standing {
+            door: Door::Nvme,
+            tls: Some(&good_proof),
+            initiator: &host,
+            target_name: Some(&sub),
+            portal_group_tag: 1,
+            source,
+        };
+        let (m, required) = t
+            .admit(Door::Nvme, &host, &sub, 1, source, Some(&good_proof))
+            .unwrap();
+        let admitted = Admitted::of_login(&t, Some(m), &required, None).unwrap();
+        assert!(t.readmit(&standing, &admitted).is_ok());
+        assert_eq!(
+            rotated.readmit(&standing, &admitted).err(),
+            Some(Refusal::Tls)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A topology of `text` (groups without LUNs: no device needs opening).
     fn topology(text: &str) -> Topology {
         let config = crate::config::Config::from_toml_str(text, "test").unwrap();
@@ -355,13 +522,15 @@ iqn = "iqn.2026-11.test:t"
         let source = "127.0.0.1".parse().unwrap();
         let standing = |initiator| Standing {
             door: Door::Iscsi,
+            tls: None,
             initiator,
             target_name: Some(&target),
             portal_group_tag: 1,
             source,
         };
         let admitted = |t: &Topology, who: &IscsiName, chap_user: Option<&str>| {
-            let (membership, required) = t.admit(Door::Iscsi, who, &target, 1, source).unwrap();
+            let (membership, required) =
+                t.admit(Door::Iscsi, who, &target, 1, source, None).unwrap();
             Admitted::of_login(t, Some(membership), &required, chap_user).unwrap()
         };
         let db2_open = admitted(&before, &db2, None);

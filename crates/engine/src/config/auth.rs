@@ -531,3 +531,94 @@ mod tests {
         }
     }
 }
+
+/// One entry of a target's `tls_keys`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTlsKey {
+    host: Option<S<String>>,
+    key_file: Option<S<String>>,
+    derivation: Option<S<String>>,
+}
+
+/// A target's `tls_keys`: each an NVMe host NQN (once), its configured PSK read from a
+/// protected file (`NVMeTLSkey-1:` form), and how its host derives the TLS PSK.
+pub(super) fn resolve_tls_keys(
+    cx: &mut Cx<'_>,
+    raw: &Option<S<Vec<S<RawTlsKey>>>>,
+    ctx: &str,
+) -> Vec<super::TlsKey> {
+    let mut out: Vec<super::TlsKey> = Vec::new();
+    let Some(list) = raw else {
+        return out;
+    };
+    for (i, entry) in list.get_ref().iter().enumerate() {
+        let table = entry.span();
+        let entry = entry.get_ref();
+        let field = format!("{ctx}: tls_keys #{}", i + 1);
+        let host = super::cx::required(cx, &entry.host, &table, format!("{field}: host"))
+            .and_then(|h| tls_host(cx, h, &field, &out));
+        let key = super::cx::required(cx, &entry.key_file, &table, format!("{field}: key_file"))
+            .and_then(|f| tls_key_file(cx, f, &field));
+        let derivation = match &entry.derivation {
+            None => Some(nvme::tls::Derivation::default()),
+            Some(d) => nvme::tls::Derivation::from_name(d.get_ref()).or_else(|| {
+                cx.err(
+                    d.span(),
+                    format!("{field}: derivation"),
+                    "must be \"spec\" or \"libnvme-1.15\" (the form nvme-cli with libnvme 1.15 or older inserts)",
+                );
+                None
+            }),
+        };
+        if let (Some(host), Some((key, key_file)), Some(derivation)) = (host, key, derivation) {
+            out.push(super::TlsKey {
+                host,
+                key: std::sync::Arc::new(key),
+                derivation,
+                key_file,
+            });
+        }
+    }
+    out
+}
+
+fn tls_host(
+    cx: &mut Cx<'_>,
+    h: &S<String>,
+    field: &str,
+    seen: &[super::TlsKey],
+) -> Option<super::IscsiName> {
+    let err = |cx: &mut Cx<'_>, m: &str| cx.err(h.span(), format!("{field}: host"), m.to_string());
+    match super::names::check_iscsi_name(h.get_ref()) {
+        Ok(name) if !name.is_nqn() => err(cx, "must be an NVMe host NQN (nqn.…)"),
+        Ok(name) if seen.iter().any(|k| k.host == name) => {
+            err(cx, "this host already has a TLS key in this target")
+        }
+        Ok(name) => return Some(name),
+        Err(m) => err(cx, &m.to_string()),
+    }
+    None
+}
+
+fn tls_key_file(
+    cx: &mut Cx<'_>,
+    f: &S<String>,
+    field: &str,
+) -> Option<(nvme::tls::ConfiguredKey, String)> {
+    let read = credential_path(f.get_ref()).and_then(|p| read_secret_file(&p));
+    let parsed = read.and_then(|mut bytes| {
+        let text = String::from_utf8(std::mem::take(&mut bytes)).unwrap_or_default();
+        let key = nvme::tls::ConfiguredKey::parse(&text).map_err(|e| Invalid(e.to_string()));
+        let mut text = text.into_bytes();
+        text.fill(0);
+        key
+    });
+    match parsed {
+        Ok(key) => Some((key, f.get_ref().clone())),
+        Err(m) => {
+            cx.err(f.span(), format!("{field}: key_file"), m.to_string());
+            None
+        }
+    }
+}

@@ -329,6 +329,7 @@ fn quick_export(
             auth: Default::default(),
             allowed_sources: Vec::new(),
             credentials: Vec::new(),
+            tls_keys: Vec::new(),
         }],
         discovery: Default::default(),
     }

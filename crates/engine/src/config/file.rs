@@ -109,6 +109,7 @@ struct RawTarget {
     allowed_sources: Option<S<Vec<S<String>>>>,
     #[serde(default)]
     credentials: Vec<S<RawCredentials>>,
+    tls_keys: Option<S<Vec<S<super::auth::RawTlsKey>>>>,
 }
 
 #[derive(Deserialize)]
@@ -972,6 +973,14 @@ fn resolve_targets(
         let allowed_sources = resolve_sources(cx, &rt.allowed_sources, &ctx);
         let groups = resolve_groups(cx, &ctx, &rt.group, devices, !auth.users.is_empty(), book);
         let credentials = resolve_credentials(cx, &ctx, &rt.credentials, book);
+        let tls_keys = super::auth::resolve_tls_keys(cx, &rt.tls_keys, &ctx);
+        if !tls_keys.is_empty() && nqn.is_none() {
+            cx.err(
+                here.clone(),
+                format!("{ctx}: tls_keys"),
+                "TLS keys are for NVMe/TCP hosts: give the target an `nqn`",
+            );
+        }
         // A target without a valid name has had its error reported; nothing runs it.
         let Some(iqn) = iqn else {
             continue;
@@ -985,6 +994,7 @@ fn resolve_targets(
             auth,
             allowed_sources,
             credentials,
+            tls_keys,
         });
     }
     targets
@@ -1483,6 +1493,21 @@ fn target_toml(out: &mut String, t: &TargetConfig, reveal: bool) {
     let _ = writeln!(out, "portal_groups = [{}]", pgs.join(", "));
     out.push_str(&auth_toml(&t.auth, "", reveal));
     out.push_str(&sources_toml(&t.allowed_sources, ""));
+    if !t.tls_keys.is_empty() {
+        let keys: Vec<String> = t
+            .tls_keys
+            .iter()
+            .map(|k| {
+                format!(
+                    "    {{ host = {}, key_file = {}, derivation = {} }},\n",
+                    q(k.host.as_str()),
+                    q(&k.key_file),
+                    q(k.derivation.name())
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "tls_keys = [\n{}]", keys.concat());
+    }
     for g in &t.groups {
         let inis: Vec<String> = g.initiators.iter().map(|s| q(s.as_str())).collect();
         let _ = writeln!(out, "\n  [[target.group]]\n  name = {}", q(&g.name));

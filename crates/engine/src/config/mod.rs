@@ -557,6 +557,20 @@ pub struct TargetConfig {
     pub allowed_sources: Vec<SourceNet>,
     /// Per-initiator CHAP credentials.
     pub credentials: Vec<InitiatorCredentials>,
+    /// NVMe/TCP hosts that must connect over TLS, with their pre-shared keys.
+    pub tls_keys: Vec<TlsKey>,
+}
+
+/// `tls_keys` of a target: an NVMe host that connects to the subsystem over TLS 1.3 with this
+/// pre-shared key, and only so (docs/NVME.md, *TLS*).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsKey {
+    pub host: IscsiName,
+    pub key: std::sync::Arc<nvme::tls::ConfiguredKey>,
+    /// How the host's nvme-cli derived the TLS PSK it holds.
+    pub derivation: nvme::tls::Derivation,
+    /// Where the key was read from (for the config's text; the key itself is never written).
+    pub key_file: String,
 }
 
 /// Who sees what (an SCST GROUP): initiators and their own LUN numbering.
@@ -593,6 +607,11 @@ impl TargetConfig {
             .iter()
             .position(|g| g.initiators.contains(initiator))
             .or_else(|| self.groups.iter().position(|g| g.any_initiator))
+    }
+
+    /// The TLS key `host` must connect with, if it must.
+    pub fn tls_key(&self, host: &IscsiName) -> Option<&TlsKey> {
+        self.tls_keys.iter().find(|k| k.host == *host)
     }
 
     /// The group an initiator belongs to (see [`TargetConfig::group_index`]).

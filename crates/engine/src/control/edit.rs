@@ -589,6 +589,7 @@ fn target_add(config: &mut Config, args: &Map<String, Value>) -> Result<String, 
         auth: crate::config::AuthConfig::default(),
         allowed_sources: Vec::new(),
         credentials: Vec::new(),
+        tls_keys: Vec::new(),
     });
     Ok(format!("target {iqn} added with group {group_name}"))
 }

@@ -159,6 +159,8 @@ pub(super) struct Backend<'a> {
     /// The session's target (normal sessions): its IQN, or its NQN through the NVMe door.
     pub(super) target_name: Option<IscsiName>,
     pub(super) door: crate::admission::Door,
+    /// What the connection's TLS handshake proved (an NVMe/TCP queue over TLS).
+    pub(super) tls: Option<crate::admission::TlsProof>,
     pub(super) initiator: IscsiName,
     pub(super) luns: Option<Arc<LunMap>>,
     pub(super) nexus: Option<Nexus>,
@@ -426,6 +428,7 @@ pub(super) fn op_index(kind: scsi::IoKind) -> Option<usize> {
 /// Who a backend serves: the session's (or NVMe queue's) identity and where it came from.
 pub(super) struct Party {
     pub(super) door: crate::admission::Door,
+    pub(super) tls: Option<crate::admission::TlsProof>,
     pub(super) admitted: Admitted,
     /// Its target's name for this door (IQN or NQN; None for discovery).
     pub(super) target_name: Option<IscsiName>,
@@ -458,6 +461,7 @@ impl<'s> Backend<'s> {
             admitted: party.admitted,
             target_name: party.target_name,
             door: party.door,
+            tls: party.tls,
             initiator: party.initiator,
             luns: None,
             nexus: None,
@@ -617,6 +621,7 @@ impl Backend<'_> {
         }
         let standing = Standing {
             door: self.door,
+            tls: self.tls.as_ref(),
             initiator: &self.initiator,
             target_name: self.target_name.as_ref(),
             portal_group_tag: self.portal_group_tag,

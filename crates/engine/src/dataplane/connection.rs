@@ -272,6 +272,7 @@ impl Driver {
     ) -> Backend<'s> {
         let party = Party {
             door: crate::admission::Door::Iscsi,
+            tls: None,
             admitted,
             target_name: established.target_name.clone(),
             initiator: established.initiator_name.clone(),

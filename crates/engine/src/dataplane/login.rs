@@ -98,6 +98,7 @@ impl LoginPolicy for Policy<'_> {
             target_name,
             self.portal_group_tag,
             self.peer.ip(),
+            None,
         );
         let (membership, auth) = match admitted {
             Ok(admitted) => admitted,

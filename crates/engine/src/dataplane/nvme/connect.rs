@@ -47,6 +47,8 @@ pub(super) struct Arrival {
     pub(super) portal_group_tag: u16,
     /// Came in on a discovery listener: only the discovery subsystem is served there.
     pub(super) discovery_only: bool,
+    /// What the connection's TLS handshake proved (None: in the clear).
+    pub(super) tls: Option<crate::admission::TlsProof>,
 }
 
 /// A controller's limits, from the daemon's.
@@ -162,7 +164,14 @@ fn admit(
         }
     };
     let (membership, required) = topology
-        .admit(Door::Nvme, host, sub, at.portal_group_tag, at.peer.ip())
+        .admit(
+            Door::Nvme,
+            host,
+            sub,
+            at.portal_group_tag,
+            at.peer.ip(),
+            at.tls.as_ref(),
+        )
         .map_err(refused)?;
     let keys = keys_for(&required, host, sub.as_str(), at)?;
     let chap_user = keys.as_ref().map(|(_, user)| user.as_str());

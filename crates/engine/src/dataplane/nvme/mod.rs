@@ -7,6 +7,7 @@
 mod connect;
 mod io;
 pub(crate) mod view;
+mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +15,6 @@ use std::time::{Duration, Instant};
 use iscsi::outbox::Outbox;
 use nvme::queue::{Queue, QueueLimits, Received, Refused};
 use nvme::sqe::{Cqe, Status};
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::alarm::Alarm;
@@ -74,6 +74,9 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
             return;
         }
     };
+    let Some((stream, tls)) = open(stream, &shared, &prelogin, peer).await else {
+        return;
+    };
     let mut driver = Driver {
         stream,
         at: connect::Arrival {
@@ -81,6 +84,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
             local,
             portal_group_tag,
             discovery_only: kind == super::connection::ListenerKind::NvmeDiscovery,
+            tls,
         },
         rbuf: vec![0; 64 * 1024],
         start: 0,
@@ -102,6 +106,49 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         Ok(()) => tracing::debug!(%peer, "NVMe/TCP queue closed"),
         Err(reason) => tracing::debug!(%peer, "NVMe/TCP queue closed: {reason}"),
     }
+}
+
+/// The queue's stream (TLS or not, `wire::open`) within the login timeout; None when the
+/// queue ended first (logged and counted).
+async fn open(
+    stream: TcpStream,
+    shared: &Arc<Shared>,
+    prelogin: &crate::admission::prelogin::Ticket,
+    peer: std::net::SocketAddr,
+) -> Option<(wire::Wire, Option<crate::admission::TlsProof>)> {
+    // The workers' runtimes have no timer wheel: the alarm is a timerfd.
+    let mut alarm = Alarm::new().ok()?;
+    alarm.set(Instant::now() + prelogin.login_timeout).ok()?;
+    let opened = tokio::select! {
+        opened = wire::open(stream, shared) => Ok(opened),
+        _ = alarm.rung() => Err(()),
+        () = prelogin.evicted() => return None,
+    };
+    let failed = match opened {
+        Ok(Ok((wire, tls))) => {
+            if let Some(p) = &tls {
+                shared.metrics.nvme_tls("success");
+                tracing::info!(%peer, host = %p.host, subsystem = %p.subsystem, "NVMe/TCP queue over TLS 1.3 (PSK)");
+            }
+            return Some((wire, tls));
+        }
+        Err(_) => {
+            shared.metrics.limit("login_timeout_s");
+            tracing::debug!(%peer, "NVMe/TCP connection closed: nothing within login_timeout_s");
+            return None;
+        }
+        Ok(Err(wire::NotOpened::Closed)) => return None,
+        Ok(Err(wire::NotOpened::Io(e))) => {
+            tracing::debug!(%peer, "NVMe/TCP connection failed: {e}");
+            return None;
+        }
+        Ok(Err(wire::NotOpened::Tls(label, why))) => (label, why),
+    };
+    // A failed handshake is a failed login: it counts toward the source's login_failures_max.
+    shared.metrics.nvme_tls(failed.0);
+    shared.doors.record_login_failure(peer.ip(), Instant::now());
+    tracing::warn!(%peer, "NVMe/TCP TLS handshake failed: {}", failed.1);
+    None
 }
 
 /// What a connected queue waits on besides its socket, its completions and its ring.
@@ -131,7 +178,7 @@ impl Role {
 }
 
 struct Driver {
-    stream: TcpStream,
+    stream: wire::Wire,
     at: connect::Arrival,
     rbuf: Vec<u8>,
     start: usize,
@@ -389,6 +436,7 @@ impl Driver {
         let topology = shared.topology();
         let party = Party {
             door: Door::Nvme,
+            tls: self.at.tls.clone(),
             admitted: entry.admitted.clone(),
             target_name: entry.subsystem.clone(),
             initiator: entry.host.clone(),
@@ -449,8 +497,10 @@ impl Driver {
                 // The worker's busy poll for a host that waits for each answer, and receive
                 // coalescing for one that keeps a deep queue: the iSCSI door's own rules
                 // (dataplane/wakeups.rs, coalesce.rs).
-                w.wakeups
-                    .after_turn(&self.stream, &activity, w.timed_out, Instant::now());
+                if let Some(socket) = self.stream.plain() {
+                    w.wakeups
+                        .after_turn(socket, &activity, w.timed_out, Instant::now());
+                }
                 w.timed_out = false;
             }
             if !self.wait(role, backend, completed, alarm, &mut w).await? {
@@ -572,8 +622,12 @@ impl Driver {
     /// Reads what the receive low-water mark held back once a batch's wait is over; false at
     /// the end of the stream.
     fn read_held_back(&mut self) -> Result<bool, Closed> {
+        // Only a socket in the clear holds bytes back (TLS queues never raise the mark).
+        let Some(socket) = self.stream.plain() else {
+            return Ok(true);
+        };
         match rustix::net::recv(
-            &self.stream,
+            socket,
             &mut self.rbuf[self.end..],
             rustix::net::RecvFlags::DONTWAIT,
         ) {
@@ -678,7 +732,7 @@ impl Driver {
             Err(fatal) => {
                 // Best effort: the termination request, then the close.
                 take_bytes(&mut self.outbox, &mut self.out);
-                let _ = futures_lite_write(&mut self.stream, &self.outbox.to_vec());
+                let _ = self.stream.try_write(&self.outbox.to_vec());
                 Err(Closed::Protocol(format!("NVMe/TCP: {fatal:?}")))
             }
         }
@@ -733,7 +787,7 @@ impl Driver {
         if self.outbox.is_empty() {
             return Ok(());
         }
-        super::send::send(&mut self.stream, &mut self.outbox, self.at.peer).await
+        self.stream.send(&mut self.outbox, self.at.peer).await
     }
 
     /// A queue's end: a controller's admin queue takes the controller with it (its I/O queues
@@ -857,9 +911,4 @@ async fn registry_kill(
             return reason;
         }
     }
-}
-
-/// Writes what is queued without waiting for the socket (a termination request on the way out).
-fn futures_lite_write(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
-    stream.try_write(bytes)
 }

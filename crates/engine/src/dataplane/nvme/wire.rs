@@ -1,0 +1,231 @@
+//! An NVMe/TCP queue's byte stream: the TCP socket itself, or TLS 1.3 over it with a
+//! pre-shared key (NVMe TCP transport 1.0, 3.6; docs/NVME.md, *TLS*). A host that wants TLS
+//! starts with a TLS handshake record, one that does not with its ICReq, so one port serves
+//! both; whether a host *must* use TLS is the admission decision's (`Topology::admit`, with
+//! what the handshake proved).
+
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt as _;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use iscsi::outbox::{Outbox, Part};
+use openssl::ssl::{Ssl, SslContext, SslContextBuilder, SslMethod, SslVersion};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio_openssl::SslStream;
+
+use super::super::closed::Closed;
+use crate::admission::TlsProof;
+use crate::config::IscsiName;
+use crate::shared::Shared;
+
+/// The first byte of a TLS handshake record (a ClientHello); an ICReq starts with 0.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+/// Plain text gathered into one TLS write: a few records (16 KiB each).
+const TLS_WRITE_CHUNK: usize = 64 * 1024;
+
+pub(super) enum Wire {
+    Plain(TcpStream),
+    Tls(Box<SslStream<TcpStream>>),
+}
+
+impl Wire {
+    /// The socket, when the queue's bytes are its own (receive coalescing, busy polling and
+    /// the held-back read act on the socket, and so only in the clear).
+    pub(super) fn plain(&self) -> Option<&TcpStream> {
+        match self {
+            Wire::Plain(s) => Some(s),
+            Wire::Tls(_) => None,
+        }
+    }
+
+    /// Reads what has arrived (decrypted); 0 at the end of the stream. Cancel-safe.
+    pub(super) async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.read(buf).await,
+            Wire::Tls(s) => s.read(buf).await,
+        }
+    }
+
+    /// Sends everything queued in `out`, then clears it.
+    pub(super) async fn send(&mut self, out: &mut Outbox, peer: SocketAddr) -> Result<(), Closed> {
+        match self {
+            Wire::Plain(s) => super::super::send::send(s, out, peer).await,
+            Wire::Tls(s) => send_tls(s, out).await,
+        }
+    }
+
+    /// Writes without waiting (a termination request on the way out); a TLS queue writes
+    /// nothing here, as a record cannot be half sent.
+    pub(super) fn try_write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.try_write(bytes),
+            Wire::Tls(_) => Ok(0),
+        }
+    }
+}
+
+/// The outbox through TLS: its memory and file parts gathered into plain-text chunks, each
+/// written (encrypted) whole. No sendfile or vectored write: the bytes pass through OpenSSL.
+async fn send_tls(stream: &mut SslStream<TcpStream>, out: &mut Outbox) -> Result<(), Closed> {
+    if out.is_broken() {
+        return Err(Closed::Invariant("outbox invariant broken"));
+    }
+    let mut chunk: Vec<u8> = Vec::with_capacity(TLS_WRITE_CHUNK);
+    for part in out.parts() {
+        match *part {
+            Part::File { offset, len, .. } => {
+                let file = out
+                    .file(part)
+                    .ok_or(Closed::Invariant("outbox: file part without its file"))?;
+                let at = chunk.len();
+                chunk.resize(at + len, 0);
+                file.read_exact_at(&mut chunk[at..], offset)
+                    .map_err(|e| Closed::Failed(format!("reading the LU file to send: {e}")))?;
+            }
+            _ => chunk.extend_from_slice(out.slice(part)),
+        }
+        if chunk.len() >= TLS_WRITE_CHUNK {
+            stream.write_all(&chunk).await?;
+            chunk.clear();
+        }
+    }
+    if !chunk.is_empty() {
+        stream.write_all(&chunk).await?;
+    }
+    stream.flush().await?;
+    out.clear();
+    Ok(())
+}
+
+/// Why a queue closed before its first PDU.
+pub(super) enum NotOpened {
+    Closed,
+    Io(std::io::Error),
+    /// The TLS handshake failed: the metric's label, and the log's reason.
+    Tls(&'static str, String),
+}
+
+/// The queue's stream: TLS when the host opens with a handshake (then what it proved), else
+/// the socket as it is.
+pub(super) async fn open(
+    stream: TcpStream,
+    shared: &Arc<Shared>,
+) -> Result<(Wire, Option<TlsProof>), NotOpened> {
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(0) => return Err(NotOpened::Closed),
+        Ok(_) => {}
+        Err(e) => return Err(NotOpened::Io(e)),
+    }
+    if first[0] != TLS_HANDSHAKE_RECORD {
+        return Ok((Wire::Plain(stream), None));
+    }
+    let chosen = Arc::new(Mutex::new(Chosen::default()));
+    let ctx = context(shared, &chosen)
+        .map_err(|e| NotOpened::Tls("handshake", format!("TLS setup: {e}")))?;
+    let mut tls = Ssl::new(&ctx)
+        .and_then(|ssl| SslStream::new(ssl, stream))
+        .map_err(|e| NotOpened::Tls("handshake", format!("TLS setup: {e}")))?;
+    let accepted = Pin::new(&mut tls).accept().await;
+    let chosen = std::mem::take(&mut *chosen.lock().unwrap_or_else(|e| e.into_inner()));
+    match (accepted, chosen) {
+        (Ok(()), Chosen { proof: Some(p), .. }) => Ok((Wire::Tls(Box::new(tls)), Some(p))),
+        (Ok(()), _) => Err(NotOpened::Tls(
+            "handshake",
+            "TLS without a pre-shared key".into(),
+        )),
+        (
+            Err(_),
+            Chosen {
+                refused: Some(why), ..
+            },
+        ) => Err(NotOpened::Tls("unknown_identity", why)),
+        (Err(e), _) => Err(NotOpened::Tls("handshake", e.to_string())),
+    }
+}
+
+/// What the PSK callback decided, for the handshake's end.
+#[derive(Default)]
+struct Chosen {
+    proof: Option<TlsProof>,
+    /// Why no key was given for the offered identity.
+    refused: Option<String>,
+}
+
+/// A TLS 1.3 server context that knows no certificate, only the configured PSKs: one per
+/// connection, its callback reading the topology of the moment.
+fn context(
+    shared: &Arc<Shared>,
+    chosen: &Arc<Mutex<Chosen>>,
+) -> Result<SslContext, openssl::error::ErrorStack> {
+    let mut b = SslContextBuilder::new(SslMethod::tls_server())?;
+    b.set_min_proto_version(Some(SslVersion::TLS1_3))?;
+    b.set_max_proto_version(Some(SslVersion::TLS1_3))?;
+    // OpenSSL's PSK callback (the one its Rust binding offers) makes SHA-256 PSKs only.
+    b.set_ciphersuites(nvme::tls::CipherHash::Sha256.suite())?;
+    // No session tickets: NVMe/TCP has no resumption, every queue hands its key again.
+    b.set_num_tickets(0)?;
+    let shared = Arc::clone(shared);
+    let chosen = Arc::clone(chosen);
+    b.set_psk_server_callback(move |_ssl, identity, psk| {
+        let mut c = chosen.lock().unwrap_or_else(|e| e.into_inner());
+        match psk_for(&shared, identity.unwrap_or_default()) {
+            Ok((key, proof)) if key.len() <= psk.len() => {
+                psk[..key.len()].copy_from_slice(&key);
+                c.proof = Some(proof);
+                Ok(key.len())
+            }
+            Ok(_) => {
+                c.refused = Some("PSK longer than OpenSSL takes".into());
+                Ok(0)
+            }
+            Err(why) => {
+                c.refused = Some(why);
+                Ok(0)
+            }
+        }
+    });
+    Ok(b.build())
+}
+
+/// The TLS PSK for an offered identity: the subsystem it names, that subsystem's key for the
+/// host it names, derived as the configuration says.
+fn psk_for(shared: &Shared, identity: &[u8]) -> Result<(Vec<u8>, TlsProof), String> {
+    let id = nvme::tls::Identity::parse(identity).map_err(|e| match e {
+        nvme::tls::IdentityError::Malformed => "a malformed PSK identity".to_string(),
+        nvme::tls::IdentityError::Unsupported => {
+            "a generated PSK or a version 1 identity (not offered)".to_string()
+        }
+    })?;
+    if id.cipher != nvme::tls::CipherHash::Sha256 {
+        return Err(format!(
+            "identity for SHA-384 (NVMe0R02) from {}: only SHA-256 PSKs are offered",
+            id.host
+        ));
+    }
+    let (host, sub) = match (
+        IscsiName::from_wire(&id.host),
+        IscsiName::from_wire(&id.subsystem),
+    ) {
+        (Ok(h), Ok(s)) if s.is_nqn() => (h, s),
+        _ => return Err("a PSK identity naming no valid NQNs".into()),
+    };
+    let topology = shared.topology();
+    let key = topology
+        .target(&sub)
+        .and_then(|(_, t)| t.config.tls_key(&host).cloned())
+        .ok_or_else(|| format!("no TLS key for host {host} in subsystem {sub}"))?;
+    let psk = key
+        .key
+        .tls_psk(&id, key.derivation)
+        .ok_or_else(|| format!("the TLS key for host {host} is not a SHA-256 key"))?;
+    let proof = TlsProof {
+        host: id.host,
+        subsystem: id.subsystem,
+        key: key.key,
+        derivation: key.derivation,
+    };
+    Ok((psk, proof))
+}

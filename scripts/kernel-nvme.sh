@@ -17,7 +17,9 @@
 # ferrosan.toml, summary.txt. Exit status: non-zero if any check failed or did not report.
 #
 # With FERROSAN_GUEST_KERNEL=backports (Linux 6.12) the guest also authenticates to a second
-# subsystem with DH-HMAC-CHAP (results then in target/kernel-nvme-bpo/).
+# subsystem with DH-HMAC-CHAP (results then in target/kernel-nvme-bpo/); with
+# FERROSAN_GUEST_KERNEL=trixie (Debian 13: Linux 6.12, nvme-cli 2.13, tlshd) it does that and
+# connects to a third subsystem over TLS 1.3 with a pre-shared key (target/kernel-nvme-trixie/).
 #
 # Environment: FERROSAN_BIN         prebuilt daemon (default: cargo build --release -p ferrosan)
 #              KERNEL_NVME_TIMEOUT  seconds the guest may run (default 600)
@@ -36,11 +38,12 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 # The guest's kernel (scripts/lib/guest.sh): bookworm's 6.1 has no NVMe in-band
 # authentication (CONFIG_NVME_AUTH unset), so only the backports kernel runs those checks.
-if [[ ${FERROSAN_GUEST_KERNEL:-stable} == backports ]]; then
-    OUT=$ROOT/target/kernel-nvme-bpo AUTH_CHECKS=1
-else
-    OUT=$ROOT/target/kernel-nvme AUTH_CHECKS=0
-fi
+# TLS needs the host's tlshd and an nvme-cli with --tls: Debian 13's.
+case ${FERROSAN_GUEST_KERNEL:-stable} in
+    backports) OUT=$ROOT/target/kernel-nvme-bpo AUTH_CHECKS=1 TLS_CHECKS=0 ;;
+    trixie) OUT=$ROOT/target/kernel-nvme-trixie AUTH_CHECKS=1 TLS_CHECKS=1 ;;
+    *) OUT=$ROOT/target/kernel-nvme AUTH_CHECKS=0 TLS_CHECKS=0 ;;
+esac
 GUEST_TIMEOUT=${KERNEL_NVME_TIMEOUT:-600}
 IQN=iqn.2026-11.org.ferrosan:kernel-nvme
 NQN=nqn.2026-11.org.ferrosan:kernel-nvme
@@ -78,6 +81,16 @@ print("DHHC-1:%s:%s:" % (sys.argv[1], base64.b64encode(k + zlib.crc32(k).to_byte
 }
 HOST_KEY=$(dhchap_key 01) CTRL_KEY=$(dhchap_key 00) WRONG_KEY=$(dhchap_key 01)
 (umask 077 && echo "$HOST_KEY" >"$WORK/host.key" && echo "$CTRL_KEY" >"$WORK/ctrl.key")
+# A TLS pre-shared key in its interchange form (as `nvme gen-tls-key` writes one, SHA-256),
+# and one ferrosan does not hold.
+TLS_NQN=$NQN-tls
+tls_key() {
+    python3 -c 'import base64, os, zlib
+k = os.urandom(32)
+print("NVMeTLSkey-1:01:%s:" % base64.b64encode(k + zlib.crc32(k).to_bytes(4, "little")).decode())'
+}
+TLS_KEY=$(tls_key) WRONG_TLS_KEY=$(tls_key)
+(umask 077 && echo "$TLS_KEY" >"$WORK/tls.key")
 
 cat >"$OUT/ferrosan.toml" <<CONFIG
 # scripts/kernel-nvme.sh: one target on two portal groups, each with an NVMe/TCP listener.
@@ -131,6 +144,23 @@ nqn = "$SECURE_NQN"
   users = [ { user = "$HOSTNQN", secret_file = "$WORK/host.key" } ]
   mutual = { user = "ferrosan", secret_file = "$WORK/ctrl.key" }
   luns = [ { lun = 0, device = "secure" } ]
+
+# A third subsystem whose host must connect over TLS 1.3 with its pre-shared key. Debian 13's
+# nvme-cli (libnvme 1.13) derives the TLS PSK the way libnvme 1.15 and older do.
+[[device]]
+name = "tls"
+store = "ram"
+size = "64M"
+
+[[target]]
+iqn = "$IQN-tls"
+nqn = "$TLS_NQN"
+tls_keys = [ { host = "$HOSTNQN", key_file = "$WORK/tls.key", derivation = "libnvme-1.15" } ]
+
+  [[target.group]]
+  name = "guest"
+  initiators = ["$HOSTNQN"]
+  luns = [ { lun = 0, device = "tls" } ]
 CONFIG
 "$FERROSAN_BIN" check-config "$OUT/ferrosan.toml" >/dev/null
 
@@ -158,6 +188,10 @@ HOST_KEY=$HOST_KEY
 CTRL_KEY=$CTRL_KEY
 WRONG_KEY=$WRONG_KEY
 AUTH_CHECKS=$AUTH_CHECKS
+TLS_NQN=$TLS_NQN
+TLS_KEY=$TLS_KEY
+WRONG_TLS_KEY=$WRONG_TLS_KEY
+TLS_CHECKS=$TLS_CHECKS
 PARAMS
 
 CONSOLE=$OUT/guest-console.log

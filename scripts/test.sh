@@ -17,8 +17,9 @@
 #      killed, restarted and hung under each multipath grouping; stalls, takeovers, fio verify)
 #   9. scripts/kernel-nvme.sh   (that guest's NVMe/TCP host and nvme-cli against ferrosan's second
 #      door: discovery, native multipath with ANA, both doors on one device, reservations across
-#      them, a live ALUA change and a kill under fio verify), once with bookworm's 6.1 kernel
-#      and once with bookworm-backports' 6.12, which adds DH-HMAC-CHAP authentication
+#      them, a live ALUA change and a kill under fio verify), once with bookworm's 6.1 kernel,
+#      once with bookworm-backports' 6.12, which adds DH-HMAC-CHAP authentication, and once in
+#      a Debian 13 guest (6.12, nvme-cli 2.13, tlshd), which adds TLS with a pre-shared key
 #  10. scripts/lvm-pool.sh   (ferrosan inside that guest, whose kernel has device-mapper, on an
 #      LVM thin pool: volumes created, snapshotted, cloned, rolled back, grown and deleted
 #      while the guest's open-iscsi reads and writes them)
@@ -77,6 +78,8 @@ step kernel-gateways scripts/kernel-gateways.sh
 # adds the DH-HMAC-CHAP checks.
 step kernel-nvme scripts/kernel-nvme.sh
 step kernel-nvme-6.12 env FERROSAN_GUEST_KERNEL=backports scripts/kernel-nvme.sh
+# Debian 13's host: the same checks, and TLS 1.3 with a pre-shared key (tlshd, nvme-cli --tls).
+step kernel-nvme-trixie env FERROSAN_GUEST_KERNEL=trixie scripts/kernel-nvme.sh
 # LVM thin pools (docs/VOLUMES.md): ferrosan in the guest, where device-mapper is.
 step lvm-pool scripts/lvm-pool.sh
 

@@ -19,7 +19,9 @@
 # HOSTID, INIT (the guest's iSCSI name), EUI64 (the device's NAA as nvme-cli prints an
 # EUI-64), BLOCKS (its size in 512-byte blocks), and for the authenticated subsystem
 # SECURE_NQN the host's and controller's DH-HMAC-CHAP secrets HOST_KEY and CTRL_KEY, and
-# WRONG_KEY, which ferrosan does not hold; AUTH_CHECKS=1 runs the authentication checks.
+# WRONG_KEY, which ferrosan does not hold; AUTH_CHECKS=1 runs the authentication checks; for
+# the TLS subsystem TLS_NQN the host's pre-shared key TLS_KEY and one ferrosan does not hold,
+# WRONG_TLS_KEY; TLS_CHECKS=1 runs the TLS checks (tlshd and nvme-cli's --tls).
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
@@ -29,6 +31,7 @@ source /host/lib.sh
 : "${NQN:?}" "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${ISCSI_PORT:?}" "${PORT_DISC:?}"
 : "${HOSTNQN:?}" "${HOSTID:?}" "${INIT:?}" "${EUI64:?}" "${BLOCKS:?}"
 : "${SECURE_NQN:?}" "${HOST_KEY:?}" "${CTRL_KEY:?}" "${WRONG_KEY:?}" "${AUTH_CHECKS:?}"
+: "${TLS_NQN:?}" "${TLS_KEY:?}" "${WRONG_TLS_KEY:?}" "${TLS_CHECKS:?}"
 REPORT=${REPORT:-/dev/ttyS1}
 ACKS=/host/acks
 WORK=/tmp/knvme
@@ -41,6 +44,8 @@ CHECKS=(discover connect identify two-paths fio-verify one-device reservations
     no-sq-flow)
 # DH-HMAC-CHAP where the host asked for it (a kernel with NVMe in-band authentication).
 ((AUTH_CHECKS)) && CHECKS+=(auth-connect auth-refused)
+# TLS where the guest has tlshd and nvme-cli --tls (Debian 13).
+((TLS_CHECKS)) && CHECKS+=(tls-connect tls-refused)
 
 connect_port() {
     nvme connect -t tcp -a "$HOST_ADDR" -s "$1" -n "$NQN" -q "$HOSTNQN" -I "$HOSTID" \
@@ -354,11 +359,64 @@ check_auth_refused() {
     nvme disconnect -n "$SECURE_NQN" >/dev/null 2>&1 || true
 }
 
+# TLS 1.3 with a pre-shared key: nvme-cli derives the TLS PSK into the kernel's .nvme keyring,
+# the kernel asks tlshd (userspace) for the handshake, then runs kTLS; every queue is its own
+# TLS connection.
+tls_insert() {
+    nvme check-tls-key --keydata="$1" -n "$HOSTNQN" -c "$TLS_NQN" --identity=0 --insert
+}
+tls_connect() {
+    nvme connect -t tcp -a "$HOST_ADDR" -s "$PORT_OPT" -n "$TLS_NQN" -q "$HOSTNQN" -I "$HOSTID" \
+        --ctrl-loss-tmo=0 "$@"
+}
+start_tlshd() {
+    [[ -n ${TLSHD_PID:-} ]] && return 0
+    printf '[debug]\nloglevel=1\ntls=0\nnl=0\n[authenticate]\nkeyrings=.nvme\n' >/etc/tlshd.conf
+    tlshd >"$WORK/tlshd.log" 2>&1 &
+    TLSHD_PID=$!
+    sleep 1
+}
+check_tls_connect() {
+    start_tlshd
+    tls_insert "$TLS_KEY" || fail "nvme check-tls-key --insert failed"
+    tls_connect --tls || fail "nvme connect --tls failed"
+    wait_until 20 nvme_head >/dev/null || fail "no namespace after the TLS connect"
+    local dev
+    dev=$(nvme_head)
+    head -c 1048576 /dev/urandom >"$WORK/t"
+    dd if="$WORK/t" of="/dev/$dev" bs=1M oflag=direct status=none || fail "write over TLS failed"
+    dd if="/dev/$dev" of="$WORK/t.back" bs=1M count=1 iflag=direct status=none
+    cmp "$WORK/t" "$WORK/t.back" || fail "read back other data over TLS"
+    dmesg | grep -iE 'nvme.*tls|tls.*nvme' | tail -n 4 || true
+    nvme disconnect -n "$TLS_NQN" | cat
+    wait_until 10 bash -c '! ls /sys/block/nvme*n1 >/dev/null 2>&1' || fail "the namespace is still there"
+}
+# In the clear, or with a key ferrosan does not hold, the namespace never shows.
+check_tls_refused() {
+    start_tlshd
+    if tls_connect; then
+        fail "nvme connect without TLS to a subsystem that requires it succeeded"
+    fi
+    tls_insert "$WRONG_TLS_KEY" || fail "nvme check-tls-key --insert (wrong key) failed"
+    if tls_connect --tls; then
+        fail "nvme connect --tls with a wrong key succeeded"
+    fi
+    sleep 2
+    if ls /sys/block/nvme*n1 >/dev/null 2>&1; then
+        fail "a namespace appeared without the right TLS key"
+    fi
+    nvme disconnect -n "$TLS_NQN" >/dev/null 2>&1 || true
+}
+
 diagnostics() {
     printf '\n==== diagnostics\n'
     nvme list-subsys 2>/dev/null | cat || true
     printf '\n---- kernel log (NVMe)\n'
     dmesg | grep -iE 'nvme|I/O error|reservation' | tail -n 150 || true
+    if [[ -s $WORK/tlshd.log ]]; then
+        printf '\n---- tlshd\n'
+        tail -n 40 "$WORK/tlshd.log"
+    fi
 }
 trap diagnostics EXIT
 

@@ -32,6 +32,9 @@ FERROSAN_DEPS=(
     "qemu-system-x86:qemu-system-x86_64"
     "mmdebstrap:mmdebstrap"
     "curl:curl"            # scripts/kernel-gateways.sh scrapes the gateways' metrics
+    # building: the openssl crate links the system's libssl (NVMe/TCP TLS, docs/NVME.md)
+    "libssl-dev:-"
+    "pkg-config:pkg-config"
 )
 
 log() { printf '[%s] %s\n' "${LOG_TAG:-ferrosan}" "$*" >&2; }

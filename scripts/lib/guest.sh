@@ -28,13 +28,16 @@
 #                                     here /dev/kvm opens but a KVM guest never gets going)
 #              FERROSAN_GUEST_MIRROR  Debian mirror (default http://deb.debian.org/debian)
 #              FERROSAN_GUEST_CACHE   cache directory (default ${XDG_CACHE_HOME:-$HOME/.cache}/ferrosan)
-#              FERROSAN_GUEST_KERNEL  "stable" (default: bookworm's 6.1) or "backports" (the
+#              FERROSAN_GUEST_KERNEL  "stable" (default: bookworm's 6.1), "backports" (the
 #                                     newest bookworm-backports kernel: 6.12, the first Debian
 #                                     kernel with NVMe in-band authentication, CONFIG_NVME_AUTH)
+#                                     or "trixie" (a Debian 13 guest: Linux 6.12, nvme-cli 2.13
+#                                     and tlshd from ktls-utils, the host's half of NVMe/TCP TLS)
 
 GUEST_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-GUEST_SUITE=bookworm
 GUEST_KERNEL=${FERROSAN_GUEST_KERNEL:-stable}
+GUEST_SUITE=bookworm
+[[ $GUEST_KERNEL == trixie ]] && GUEST_SUITE=trixie
 # The tests' tools; nvme-cli for the NVMe/TCP tests; lvm2 and thin-provisioning-tools for
 # ferrosan's LVM pools (scripts/lvm-pool.sh). mount, procps, kmod, udev: the init and the
 # daemons need them (the "essential" variant has none of them).
@@ -42,6 +45,8 @@ GUEST_PACKAGES=(
     linux-image-amd64 open-iscsi multipath-tools sg3-utils fio nvme-cli
     iproute2 nftables kmod udev mount procps lvm2 thin-provisioning-tools
 )
+# NVMe/TCP TLS on the host's side: tlshd does the handshake, keyctl reads the .nvme keyring.
+[[ $GUEST_KERNEL == trixie ]] && GUEST_PACKAGES+=(ktls-utils keyutils)
 # Module directories no test needs (~160 MiB): dropped to keep the image and its cache small.
 GUEST_DROP_MODULES=(
     drivers/gpu drivers/media drivers/net/wireless drivers/infiniband drivers/iio
@@ -82,7 +87,7 @@ guest_image() {
     for old in "$cache/$(guest_prefix)"*; do
         [[ $old == "$dir" || ! -d $old ]] && continue
         # The other kernel's images are not stale.
-        [[ $GUEST_KERNEL == stable && $old == "$cache"/guest-bpo-* ]] && continue
+        [[ $GUEST_KERNEL == stable && ($old == "$cache"/guest-bpo-* || $old == "$cache"/guest-trixie-*) ]] && continue
         log "guest image: removing the stale $old"
         guest_rm_tree "$old"
     done
@@ -91,7 +96,11 @@ guest_image() {
 
 # The image directory's prefix: each kernel variant keeps its own image.
 guest_prefix() {
-    if [[ $GUEST_KERNEL == backports ]]; then echo guest-bpo-; else echo guest-; fi
+    case $GUEST_KERNEL in
+        backports) echo guest-bpo- ;;
+        trixie) echo guest-trixie- ;;
+        *) echo guest- ;;
+    esac
 }
 
 # guest_rm_tree DIR: rm -rf, unless something is mounted below DIR: a build killed mid-way can
@@ -125,12 +134,12 @@ guest_build_into() {
     local sources=("deb $mirror $GUEST_SUITE main")
     local packages=("${GUEST_PACKAGES[@]}")
     case $GUEST_KERNEL in
-        stable) ;;
+        stable | trixie) ;;
         backports)
             sources+=("deb $mirror $GUEST_SUITE-backports main")
             packages=("linux-image-amd64/$GUEST_SUITE-backports" "${packages[@]:1}")
             ;;
-        *) log "FERROSAN_GUEST_KERNEL must be stable or backports, not $GUEST_KERNEL"; return 1 ;;
+        *) log "FERROSAN_GUEST_KERNEL must be stable, backports or trixie, not $GUEST_KERNEL"; return 1 ;;
     esac
     include=$(IFS=,; echo "${packages[*]}")
     # "essential" plus the packages: no apt, no docs, man pages or locales in the guest.
@@ -169,7 +178,7 @@ guest_build_into() {
 guest_versions() {
     local p v out
     out="kernel $(cat "$GUEST_DIR/kernel-version")"
-    for p in open-iscsi multipath-tools sg3-utils fio nvme-cli lvm2; do
+    for p in open-iscsi multipath-tools sg3-utils fio nvme-cli lvm2 ktls-utils; do
         v=$(awk -v p="$p" '$1 == p { print $2 }' "$GUEST_DIR/packages.txt" 2>/dev/null)
         out+=", $p ${v:-?}"
     done

@@ -294,13 +294,16 @@ impl Identity {
         let (Some(host), Some(subsystem), None) = (host, subsystem, words.next()) else {
             return Err(IdentityError::Malformed);
         };
-        if head.len() != 8 || !head.starts_with("NVMe") {
+        // Compared as bytes: a multi-byte character must not be cut (found by fuzzing).
+        let head = head.as_bytes();
+        if head.len() != 8 || !head.starts_with(b"NVMe") || !head.is_ascii() {
             return Err(IdentityError::Malformed);
         }
-        if &head[4..6] != "0R" {
+        if &head[4..6] != b"0R" {
             return Err(IdentityError::Unsupported);
         }
-        let cipher = CipherHash::from_id(&head[6..8]).ok_or(IdentityError::Malformed)?;
+        let hh = std::str::from_utf8(&head[6..8]).map_err(|_| IdentityError::Malformed)?;
+        let cipher = CipherHash::from_id(hh).ok_or(IdentityError::Malformed)?;
         let nqn_ok =
             |n: &str| n.starts_with("nqn.") && n.len() <= 223 && !n.contains(char::is_control);
         if !nqn_ok(host) || !nqn_ok(subsystem) {

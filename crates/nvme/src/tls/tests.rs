@@ -129,4 +129,13 @@ fn identities_parse_and_odd_ones_are_refused() {
         Identity::parse(b"NVMe0R01 \xff \xfe"),
         Err(IdentityError::Malformed)
     );
+    // A multi-byte character across the prefix's fields (a fuzzer's find: it panicked).
+    assert_eq!(
+        Identity::parse(b"NVMeT\xd3\xa9k  \xfe:"),
+        Err(IdentityError::Malformed)
+    );
+    assert_eq!(
+        Identity::parse("NVMe0Ré nqn.a nqn.b".as_bytes()),
+        Err(IdentityError::Malformed)
+    );
 }

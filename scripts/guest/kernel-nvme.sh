@@ -378,6 +378,12 @@ start_tlshd() {
 }
 check_tls_connect() {
     start_tlshd
+    # Discovery tells the host TLS is required there (TREQ, TSAS), as connect-all reads it.
+    nvme discover -t tcp -a "$HOST_ADDR" -s "$PORT_OPT" -q "$HOSTNQN" >"$WORK/discover-tls"
+    awk -v nqn="$TLS_NQN" 'BEGIN { RS = "=====Discovery Log Entry" } index($0, nqn "\n")' \
+        "$WORK/discover-tls" | tee "$WORK/tls-entry"
+    grep -q "treq: *required" "$WORK/tls-entry" || fail "discovery does not say TLS is required for $TLS_NQN"
+    grep -q "sectype: *tls13" "$WORK/tls-entry" || fail "discovery does not say TLS 1.3 for $TLS_NQN"
     tls_insert "$TLS_KEY" || fail "nvme check-tls-key --insert failed"
     tls_connect --tls || fail "nvme connect --tls failed"
     wait_until 20 nvme_head >/dev/null || fail "no namespace after the TLS connect"

@@ -185,7 +185,17 @@ pub struct DiscoveryEntry {
     pub address: String,
     pub port: u16,
     pub subnqn: String,
+    /// The host must connect over TLS 1.3 (TREQ: secure channel required; TSAS: TLS 1.3), as
+    /// `nvme connect-all` then does by itself.
+    pub tls_required: bool,
 }
+
+/// TREQ's secure channel field: required (bits 1:0 = 01b); 00b is "not specified".
+const TREQ_SECURE_CHANNEL_REQUIRED: u8 = 0x01;
+/// TREQ: SQ flow control may be disabled.
+const TREQ_SQ_FLOW_DISABLE: u8 = 0x04;
+/// TSAS for TCP, byte 0 (SECTYPE): TLS 1.3.
+const TSAS_SECTYPE_TLS13: u8 = 2;
 
 fn put_str(d: &mut [u8], at: usize, len: usize, s: &str) {
     let b = &s.as_bytes()[..s.len().min(len - 1)];
@@ -198,8 +208,11 @@ impl DiscoveryEntry {
         e[0] = 3; // TRTYPE: TCP
         e[1] = if self.ipv6 { 2 } else { 1 };
         e[2] = self.kind as u8;
-        // TREQ: secure channel not required; SQ flow control may be disabled.
-        e[3] = 0x04;
+        e[3] = TREQ_SQ_FLOW_DISABLE;
+        if self.tls_required {
+            e[3] |= TREQ_SECURE_CHANNEL_REQUIRED;
+            e[768] = TSAS_SECTYPE_TLS13;
+        }
         e[4..6].copy_from_slice(&self.port_id.to_le_bytes());
         e[6..8].copy_from_slice(&crate::fabrics::DYNAMIC_CONTROLLER.to_le_bytes());
         e[8..10].copy_from_slice(&32u16.to_le_bytes()); // ASQSZ

@@ -107,8 +107,14 @@ fn a_discovery_log_has_a_header_and_an_entry_per_port() {
         address: "192.0.2.10".into(),
         port: 4420,
         subnqn: "nqn.2026-11.org.ferrosan:demo".into(),
+        tls_required: false,
     };
-    let d = discovery(3, &[e.clone(), DiscoveryEntry { port_id: 2, ..e }]);
+    let tls = DiscoveryEntry {
+        port_id: 2,
+        tls_required: true,
+        ..e.clone()
+    };
+    let d = discovery(3, &[e.clone(), tls]);
     assert_eq!(d.len(), 3 * 1024);
     assert_eq!(u64::from_le_bytes(d[0..8].try_into().unwrap()), 3);
     assert_eq!(u64::from_le_bytes(d[8..16].try_into().unwrap()), 2);
@@ -118,5 +124,12 @@ fn a_discovery_log_has_a_header_and_an_entry_per_port() {
     assert_eq!(&entry[32..37], b"4420\0");
     assert_eq!(&entry[256..285], b"nqn.2026-11.org.ferrosan:demo");
     assert_eq!(&entry[512..523], b"192.0.2.10\0");
-    assert_eq!(d[2048 + 4], 2);
+    assert_eq!(entry[768], 0, "no security type in the clear");
+    let tls = &d[2048..3072];
+    assert_eq!(tls[4], 2);
+    assert_eq!(
+        tls[3], 0x05,
+        "TREQ: secure channel required, SQ flow control may be off"
+    );
+    assert_eq!(tls[768], 2, "TSAS: TLS 1.3");
 }

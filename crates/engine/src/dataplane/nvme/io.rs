@@ -317,6 +317,7 @@ impl Driver {
                         address: shown.ip().to_string(),
                         port: shown.port(),
                         subnqn: nqn.to_string(),
+                        tls_required: t.config.tls_key(&entry.host).is_some(),
                     });
                 }
             }

@@ -172,8 +172,9 @@ fn context(
     b.set_psk_server_callback(move |_ssl, identity, psk| {
         let mut c = chosen.lock().unwrap_or_else(|e| e.into_inner());
         match psk_for(&shared, identity.unwrap_or_default()) {
-            Ok((key, proof)) if key.len() <= psk.len() => {
+            Ok((mut key, proof)) if key.len() <= psk.len() => {
                 psk[..key.len()].copy_from_slice(&key);
+                key.fill(0);
                 c.proof = Some(proof);
                 Ok(key.len())
             }

@@ -45,6 +45,8 @@ pub struct Options {
     pub chap_secret: Option<initiator::Secret>,
     /// The host NQN NVMe/TCP controllers connect with.
     pub host_nqn: String,
+    /// The TLS pre-shared key of `?tls` NVMe/TCP URLs.
+    pub tls_key: Option<initiator::nvme::TlsPsk>,
     /// Only these workloads (ids as in results.json); empty: the whole plan.
     pub only: Vec<String>,
     /// ferrosan metrics endpoints to read target CPU from (`http://HOST:PORT/metrics`).
@@ -75,7 +77,11 @@ fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
         )?));
     }
     if spec.starts_with("nvme+tcp://") {
-        return Ok(Box::new(nvme::NvmeTarget::open(spec, &opts.host_nqn)?));
+        return Ok(Box::new(nvme::NvmeTarget::open(
+            spec,
+            &opts.host_nqn,
+            opts.tls_key.as_ref(),
+        )?));
     }
     let path = Path::new(spec);
     if opts.destructive {

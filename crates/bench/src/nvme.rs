@@ -9,12 +9,14 @@ use initiator::nvme::{self as host, NvmeHost, QueueConn};
 /// Ready, an ANA transition) before it counts as failed.
 const RETRIES_MAX: u8 = 16;
 
-/// `nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID`, the port 4420 unless given.
+/// `nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID[?tls]`, the port 4420 unless given; `?tls`:
+/// every queue over TLS with the bench's pre-shared key (`--tls-key-file`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NvmeUrl {
     pub addr: std::net::SocketAddr,
     pub nqn: String,
     pub nsid: u32,
+    pub tls: bool,
 }
 
 impl NvmeUrl {
@@ -22,6 +24,11 @@ impl NvmeUrl {
         let rest = url
             .strip_prefix("nvme+tcp://")
             .ok_or("an NVMe/TCP URL starts with nvme+tcp://")?;
+        let (rest, tls) = match rest.split_once('?') {
+            None => (rest, false),
+            Some((rest, "tls")) => (rest, true),
+            Some((_, query)) => return Err(format!("?{query}: the one option is ?tls")),
+        };
         let (hostport, path) = rest
             .split_once('/')
             .ok_or("nvme+tcp://HOST[:PORT]/NQN/NSID: no subsystem")?;
@@ -49,6 +56,7 @@ impl NvmeUrl {
             addr,
             nqn: nqn.to_string(),
             nsid,
+            tls,
         })
     }
 }
@@ -57,14 +65,26 @@ pub struct NvmeTarget {
     info: TargetInfo,
     url: NvmeUrl,
     hostnqn: String,
+    /// The pre-shared key its queues use (a `?tls` URL).
+    tls: Option<host::TlsPsk>,
 }
 
 impl NvmeTarget {
     /// Connects once to learn the namespace's size and block size (and that it is reachable).
-    pub fn open(url: &str, hostnqn: &str) -> Result<NvmeTarget, String> {
+    pub fn open(
+        url: &str,
+        hostnqn: &str,
+        tls_key: Option<&host::TlsPsk>,
+    ) -> Result<NvmeTarget, String> {
         let parsed = NvmeUrl::parse(url).map_err(|e| format!("{url}: {e}"))?;
-        let mut h = NvmeHost::connect(parsed.addr, &parsed.nqn, hostnqn, 2)
-            .map_err(|e| format!("{url}: {e}"))?;
+        let tls = match (parsed.tls, tls_key) {
+            (false, _) => None,
+            (true, Some(k)) => Some(k.clone()),
+            (true, None) => return Err(format!("{url}: ?tls needs --tls-key-file")),
+        };
+        let mut h =
+            NvmeHost::connect_secure(parsed.addr, &parsed.nqn, hostnqn, 2, None, tls.as_ref())
+                .map_err(|e| format!("{url}: {e}"))?;
         let ns = h
             .admin
             .run_ok(host::sqe(0x06, parsed.nsid, [0; 6]), Vec::new(), 4096)
@@ -91,6 +111,7 @@ impl NvmeTarget {
             },
             url: parsed,
             hostnqn: hostnqn.to_string(),
+            tls,
         })
     }
 }
@@ -102,8 +123,15 @@ impl Target for NvmeTarget {
 
     fn open(&self, queue_depth: usize, max_len: u32) -> Result<Box<dyn Engine>, String> {
         let depth = u16::try_from(queue_depth.max(1)).map_err(|_| "queue depth too large")?;
-        let h = NvmeHost::connect(self.url.addr, &self.url.nqn, &self.hostnqn, depth)
-            .map_err(|e| format!("{}: {e}", self.info.name))?;
+        let h = NvmeHost::connect_secure(
+            self.url.addr,
+            &self.url.nqn,
+            &self.hostnqn,
+            depth,
+            None,
+            self.tls.as_ref(),
+        )
+        .map_err(|e| format!("{}: {e}", self.info.name))?;
         let mut pattern = vec![0u8; max_len as usize];
         initiator::driver::random_bytes(&mut pattern);
         Ok(Box::new(NvmeEngine {
@@ -237,7 +265,11 @@ mod tests {
         let u = NvmeUrl::parse("nvme+tcp://[::1]:4421/nqn.2026-11.x:y:z/7").unwrap();
         assert_eq!(u.addr, "[::1]:4421".parse().unwrap());
         assert_eq!(u.nqn, "nqn.2026-11.x:y:z");
+        assert!(!u.tls);
+        let u = NvmeUrl::parse("nvme+tcp://127.0.0.1/nqn.2026-11.x:y/1?tls").unwrap();
+        assert!(u.tls && u.nsid == 1);
         for bad in [
+            "nvme+tcp://127.0.0.1/nqn.x/1?tls=1",
             "iscsi://127.0.0.1/nqn.x/1",
             "nvme+tcp://127.0.0.1/nqn.x/0",
             "nvme+tcp://127.0.0.1/iqn.2026-11.x:t/1",

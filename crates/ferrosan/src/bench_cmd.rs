@@ -56,6 +56,13 @@ pub struct BenchArgs {
     /// nqn.2026-11.org.ferrosan:bench.HOSTNAME).
     #[arg(long)]
     host_nqn: Option<String>,
+    /// The TLS pre-shared key (NVMeTLSkey-1:01:...:, as `nvme gen-tls-key` writes it) for
+    /// nvme+tcp://...?tls targets; the file should be mode 0600.
+    #[arg(long, value_name = "FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// How the target derives the TLS PSK from it: spec (default) or libnvme-1.15.
+    #[arg(long, default_value = "spec", value_name = "HOW")]
+    tls_derivation: String,
     /// iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN,
     /// nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID, a file, or a block device.
     #[arg(required = true)]
@@ -82,7 +89,15 @@ pub fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let tls_key = match tls_key(&args) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("ferrosan bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = bench::Options {
+        tls_key,
         quick: args.quick,
         out: args.out,
         destructive: args.destructive,
@@ -114,6 +129,18 @@ pub fn run(args: BenchArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The `--tls-key-file` key, with its derivation.
+fn tls_key(args: &BenchArgs) -> Result<Option<initiator::nvme::TlsPsk>, String> {
+    let Some(path) = &args.tls_key_file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--tls-key-file {}: {e}", path.display()))?;
+    initiator::nvme::TlsPsk::parse(&text, &args.tls_derivation)
+        .map(Some)
+        .map_err(|e| format!("--tls-key-file {}: {e}", path.display()))
 }
 
 /// This host's NQN as nvme-cli keeps it (/etc/nvme/hostnqn), else ferrosan's bench name.

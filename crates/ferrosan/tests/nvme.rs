@@ -822,3 +822,141 @@ fn an_nvme_listener_added_live_serves_and_closing_it_ends_only_its_controllers()
         "the other path keeps its controller"
     );
 }
+
+/// A TLS pre-shared key (SHA-256) of `byte`s in its interchange form, written 0600 under a
+/// directory of this test's own; the key and its file's path.
+fn tls_key(dir: &std::path::Path, byte: u8) -> (host::TlsPsk, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bytes = [byte; 32];
+    let mut raw = bytes.to_vec();
+    raw.extend_from_slice(&crc32(&bytes).to_le_bytes());
+    let text = format!("NVMeTLSkey-1:01:{}:", base64(&raw));
+    let path = dir.join(format!("tls-{byte}.key"));
+    std::fs::write(&path, format!("{text}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = host::TlsPsk {
+        key: std::sync::Arc::new(nvme::tls::ConfiguredKey::parse(&text).unwrap()),
+        derivation: nvme::tls::Derivation::Spec,
+    };
+    (key, path)
+}
+
+/// CRC-32 (IEEE) and base64, the test's own: the key file is made without the code under test.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            out.push(if i <= c.len() {
+                A[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
+}
+
+/// The config of `config_text` whose target requires TLS of HOSTNQN with the key at `key`.
+fn tls_config(port: u16, nvme_port: u16, key: &std::path::Path) -> String {
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\", \"nqn.2014-08.org.nvmexpress:uuid:other\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    );
+    config_text(port, nvme_port, "", &group).replace(
+        &format!("nqn = \"{NQN}\"\n"),
+        &format!(
+            "nqn = \"{NQN}\"\ntls_keys = [ {{ host = \"{HOSTNQN}\", key_file = \"{}\" }} ]\n",
+            key.display()
+        ),
+    )
+}
+
+#[test]
+fn a_host_with_a_tls_key_connects_over_tls_only_and_with_that_key() {
+    let dir = std::env::temp_dir().join(format!("ferrosan-nvme-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (good, good_file) = tls_key(&dir, 1);
+    let (wrong, wrong_file) = tls_key(&dir, 2);
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let (nvme_port, port, metrics_port) = (free_port(), free_port(), free_port());
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let daemon = Daemon::start_config_text(
+        IQN,
+        port,
+        &tls_config(port, nvme_port, &good_file),
+        &["--control-socket", &socket, "--metrics-listen", &metrics],
+    );
+    let handshakes = |result: &str, n: f64| {
+        let series = format!("ferrosan_nvme_tls_handshakes_total{{result=\"{result}\"}}");
+        let text = wait_for_metric(metrics_port, &series, |v| v >= n);
+        metric(&text, &series)
+    };
+    let a = addr(nvme_port);
+    // Over TLS with its key: both queues, data both ways (a 64 KiB write takes R2T and
+    // H2CData, a 64 KiB read C2HData, all inside TLS records).
+    let mut h = NvmeHost::connect_secure(a, NQN, HOSTNQN, 8, None, Some(&good))
+        .expect("the host connects over TLS");
+    h.write(1, 0, pattern(9, 65536), 512).unwrap();
+    assert_eq!(h.read(1, 0, 128, 512).unwrap(), pattern(9, 65536));
+    assert_eq!(handshakes("success", 2.0), 2.0, "one handshake per queue");
+    // In the clear: Connect refused (Invalid Host).
+    let err = NvmeHost::connect(a, NQN, HOSTNQN, 8).err();
+    assert!(
+        matches!(err, Some(host::NvmeError::Status(s)) if s == Status::CONNECT_INVALID_HOST),
+        "{err:?}"
+    );
+    // A key the controller does not hold: the handshake fails.
+    let err = NvmeHost::connect_secure(a, NQN, HOSTNQN, 8, None, Some(&wrong)).err();
+    assert!(
+        matches!(err, Some(host::NvmeError::Tls(_) | host::NvmeError::Io(_))),
+        "{err:?}"
+    );
+    assert_eq!(
+        handshakes("handshake", 1.0),
+        1.0,
+        "the failed handshake is counted"
+    );
+    // Another host's TLS identity does not make it that host, nor a host without a key
+    // a TLS one: refused at Connect.
+    let other = "nqn.2014-08.org.nvmexpress:uuid:other";
+    let err = NvmeHost::connect_secure(a, NQN, other, 8, None, Some(&good)).err();
+    assert!(
+        err.is_some(),
+        "a host with no key of its own connected over TLS"
+    );
+    assert!(
+        NvmeHost::connect(a, NQN, other, 8).is_ok(),
+        "a host without a key, in the clear"
+    );
+    // The host's key changed live: its controller ends, the new key connects.
+    let text = tls_config(port, nvme_port, &wrong_file);
+    reload_ends(
+        &daemon,
+        &ctl,
+        &text,
+        &mut h,
+        "a controller over the old key still reads",
+    );
+    let mut h = NvmeHost::connect_secure(a, NQN, HOSTNQN, 8, None, Some(&wrong)).unwrap();
+    assert_eq!(h.read(1, 0, 128, 512).unwrap(), pattern(9, 65536));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -21,6 +21,8 @@ pub enum NvmeError {
     /// DH-HMAC-CHAP failed: the controller refused the host, or the host the controller
     /// (or the controller required authentication and the host has no key).
     Auth(nvme::auth::Reason),
+    /// The TLS handshake failed (a key the controller does not hold, say).
+    Tls(String),
 }
 
 impl std::fmt::Display for NvmeError {
@@ -30,6 +32,7 @@ impl std::fmt::Display for NvmeError {
             NvmeError::Transport(t) => write!(f, "transport: {t:?}"),
             NvmeError::Status(s) => write!(f, "status: SCT {} SC {:#04x}", s.sct, s.sc),
             NvmeError::Auth(r) => write!(f, "authentication: {}", r.name()),
+            NvmeError::Tls(why) => write!(f, "TLS: {why}"),
         }
     }
 }
@@ -42,9 +45,112 @@ impl From<std::io::Error> for NvmeError {
     }
 }
 
+/// A host's TLS pre-shared key (NVMe/TCP TLS 1.3): its configured PSK and how the TLS PSK is
+/// derived from it (as the controller's configuration says).
+#[derive(Clone, Debug)]
+pub struct TlsPsk {
+    pub key: std::sync::Arc<nvme::tls::ConfiguredKey>,
+    pub derivation: nvme::tls::Derivation,
+}
+
+impl TlsPsk {
+    /// A key in its interchange form (`NVMeTLSkey-1:01:...:`) with its derivation by name
+    /// (`spec` or `libnvme-1.15`).
+    pub fn parse(key: &str, derivation: &str) -> Result<TlsPsk, String> {
+        let derivation = nvme::tls::Derivation::from_name(derivation)
+            .ok_or_else(|| format!("derivation {derivation:?}: spec or libnvme-1.15"))?;
+        let key = nvme::tls::ConfiguredKey::parse(key).map_err(|e| e.to_string())?;
+        Ok(TlsPsk {
+            key: std::sync::Arc::new(key),
+            derivation,
+        })
+    }
+}
+
+/// A queue's byte stream: the socket, or TLS over it.
+enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<openssl::ssl::SslStream<TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Tcp(s) => s,
+            Stream::Tls(s) => s.get_ref(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// TLS 1.3 over `tcp` with the PSK `tls` derives for `hostnqn` and `subnqn` (identity
+/// `NVMe0R0H <hostnqn> <subnqn>`), no certificate.
+fn tls_over(
+    tcp: TcpStream,
+    tls: &TlsPsk,
+    hostnqn: &str,
+    subnqn: &str,
+) -> Result<Stream, NvmeError> {
+    use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode, SslVersion};
+    let failed = |e: &dyn std::fmt::Display| NvmeError::Tls(e.to_string());
+    let cipher = tls.key.cipher();
+    let identity = format!("NVMe0R{:02} {hostnqn} {subnqn}", cipher.id());
+    let parsed = nvme::tls::Identity::parse(identity.as_bytes())
+        .map_err(|e| NvmeError::Tls(format!("identity: {e:?}")))?;
+    let psk = tls
+        .key
+        .tls_psk(&parsed, tls.derivation)
+        .ok_or_else(|| NvmeError::Tls("no TLS PSK for this identity".into()))?;
+    let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| failed(&e))?;
+    b.set_min_proto_version(Some(SslVersion::TLS1_3))
+        .and_then(|()| b.set_max_proto_version(Some(SslVersion::TLS1_3)))
+        .and_then(|()| b.set_ciphersuites(cipher.suite()))
+        .map_err(|e| failed(&e))?;
+    b.set_verify(SslVerifyMode::NONE);
+    b.set_psk_client_callback(move |_ssl, _hint, id_out, psk_out| {
+        let id = identity.as_bytes();
+        if id.len() >= id_out.len() || psk.len() > psk_out.len() {
+            return Ok(0);
+        }
+        id_out[..id.len()].copy_from_slice(id);
+        id_out[id.len()] = 0;
+        psk_out[..psk.len()].copy_from_slice(&psk);
+        Ok(psk.len())
+    });
+    let mut config = b.build().configure().map_err(|e| failed(&e))?;
+    config.set_verify_hostname(false);
+    config.set_use_server_name_indication(false);
+    let stream = config.connect("", tcp).map_err(|e| failed(&e))?;
+    Ok(Stream::Tls(Box::new(stream)))
+}
+
 /// One queue's connection.
 pub struct QueueConn {
-    stream: TcpStream,
+    stream: Stream,
     queue: HostQueue,
     rbuf: Vec<u8>,
     end: usize,
@@ -68,6 +174,25 @@ impl QueueConn {
     pub fn over(stream: TcpStream, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        QueueConn::start(Stream::Tcp(stream), digests)
+    }
+
+    /// Opens a connection over TLS with `tls` for `hostnqn`'s queue to `subnqn`, and
+    /// initializes it.
+    pub fn open_tls(
+        addr: SocketAddr,
+        digests: (bool, bool),
+        tls: &TlsPsk,
+        hostnqn: &str,
+        subnqn: &str,
+    ) -> Result<QueueConn, NvmeError> {
+        let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+        QueueConn::start(tls_over(tcp, tls, hostnqn, subnqn)?, digests)
+    }
+
+    fn start(stream: Stream, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {
         let mut q = QueueConn {
             stream,
             queue: HostQueue::new(),
@@ -341,8 +466,24 @@ impl NvmeHost {
         depth: u16,
         keys: Option<&Credentials>,
     ) -> Result<NvmeHost, NvmeError> {
+        NvmeHost::connect_secure(addr, subnqn, hostnqn, depth, keys, None)
+    }
+
+    /// As [`NvmeHost::connect_with`], each queue over TLS with `tls` when given.
+    pub fn connect_secure(
+        addr: SocketAddr,
+        subnqn: &str,
+        hostnqn: &str,
+        depth: u16,
+        keys: Option<&Credentials>,
+        tls: Option<&TlsPsk>,
+    ) -> Result<NvmeHost, NvmeError> {
         let host_id = host_id_of(hostnqn);
-        let mut admin = QueueConn::open(addr, (false, false))?;
+        let open = || match tls {
+            None => QueueConn::open(addr, (false, false)),
+            Some(t) => QueueConn::open_tls(addr, (false, false), t, hostnqn, subnqn),
+        };
+        let mut admin = open()?;
         let (connect, data) = connect_command(0, 31, DYNAMIC_CONTROLLER, subnqn, hostnqn, host_id);
         let connect = without_sq_flow_control(connect);
         let done = admin.run_ok(connect, data, 0)?;
@@ -358,7 +499,7 @@ impl NvmeHost {
             )?
             .data;
         let ioccsz = u32::from_le_bytes(identify[1792..1796].try_into().unwrap_or([0; 4]));
-        let mut io = QueueConn::open(addr, (false, false))?;
+        let mut io = open()?;
         io.set_in_capsule((ioccsz * 16).saturating_sub(64));
         let (connect, data) = connect_command(
             1,
@@ -405,8 +546,8 @@ impl NvmeHost {
 
     /// Ends the controller (closing the admin queue ends its I/O queues too).
     pub fn disconnect(self) {
-        let _ = self.admin.stream.shutdown(std::net::Shutdown::Both);
-        let _ = self.io.stream.shutdown(std::net::Shutdown::Both);
+        let _ = self.admin.stream.tcp().shutdown(std::net::Shutdown::Both);
+        let _ = self.io.stream.tcp().shutdown(std::net::Shutdown::Both);
     }
 }
 

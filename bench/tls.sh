@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# What NVMe/TCP's TLS costs: one ferrosan daemon serving one RAM device as two subsystems, one
+# in the clear and one whose host must use TLS 1.3 with a pre-shared key; the same client
+# (`ferrosan bench`, the plain URL and the same with `?tls`), the same workloads, interleaved
+# rounds; reports IOPS and the daemon's CPU per I/O (from /proc/PID/stat around each run).
+#
+#   bench/tls.sh BIN [ROUNDS] [WORKLOADS]
+#
+#   WORKLOADS  comma-separated `ferrosan bench` ids (default: randread-4k-qd1,
+#              randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64)
+# Results: bench/results/tls-DATE.txt.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOG_TAG=tls
+# shellcheck source=../scripts/lib/common.sh
+source scripts/lib/common.sh
+
+BIN=${1:?usage: bench/tls.sh BIN [ROUNDS] [WORKLOADS]}
+ROUNDS=${2:-3}
+WORKLOADS=${3:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64}
+NQN=nqn.2026-11.org.ferrosan:tls-bench
+HOSTNQN=nqn.2026-11.org.ferrosan:bench.tls
+WORK=$(mktemp -d)
+PID=""
+cleanup() {
+    stop_pid "$PID"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+(umask 077 && python3 -c 'import base64, os, zlib
+k = os.urandom(32)
+print("NVMeTLSkey-1:01:%s:" % base64.b64encode(k + zlib.crc32(k).to_bytes(4, "little")).decode())' >"$WORK/tls.key")
+PORT=$(free_port)
+cat >"$WORK/ferrosan.toml" <<CONFIG
+[server]
+control_socket = "$WORK/ctl.sock"
+
+[[portal_group]]
+tag = 1
+nvme_listen = ["127.0.0.1:$PORT"]
+
+[[device]]
+name = "mem"
+store = "ram"
+size = "1G"
+
+[[target]]
+iqn = "iqn.2026-11.org.ferrosan:tls-bench-plain"
+nqn = "$NQN-plain"
+  [[target.group]]
+  name = "bench"
+  initiators = ["$HOSTNQN"]
+  luns = [ { lun = 0, device = "mem" } ]
+
+[[target]]
+iqn = "iqn.2026-11.org.ferrosan:tls-bench"
+nqn = "$NQN"
+tls_keys = [ { host = "$HOSTNQN", key_file = "$WORK/tls.key" } ]
+  [[target.group]]
+  name = "bench"
+  initiators = ["$HOSTNQN"]
+  luns = [ { lun = 0, device = "mem" } ]
+CONFIG
+"$BIN" serve --config "$WORK/ferrosan.toml" >"$WORK/daemon.log" 2>&1 &
+PID=$!
+wait_port "$PORT" "$PID" 10 || die "the daemon did not start: $(cat "$WORK/daemon.log")"
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+OUT=bench/results/tls-$(date +%Y-%m-%d-%H%M).txt
+{
+    echo "# bench/tls.sh $(date -u +%FT%TZ): bin=$BIN rounds=$ROUNDS lun=ram:1G"
+    echo "# round wire workload iops cpu_us_per_io"
+} >"$OUT"
+url() { # WIRE
+    if [[ $1 == plain ]]; then echo "nvme+tcp://127.0.0.1:$PORT/$NQN-plain/1"; else echo "nvme+tcp://127.0.0.1:$PORT/$NQN/1?tls"; fi
+}
+for round in $(seq "$ROUNDS"); do
+    for w in ${WORKLOADS//,/ }; do
+        wires=(plain tls)
+        ((round % 2 == 0)) && wires=(tls plain)
+        for wire in "${wires[@]}"; do
+            res=$WORK/$wire-$round-$w
+            before=$(ticks "$PID")
+            "$BIN" bench --destructive --only "$w" --ramp 0 --runtime 5 --out "$res" \
+                --host-nqn "$HOSTNQN" --tls-key-file "$WORK/tls.key" "$(url "$wire")" \
+                >"$WORK/bench.log" 2>&1 || die "ferrosan bench failed over $wire ($w): $(tail -3 "$WORK/bench.log")"
+            after=$(ticks "$PID")
+            python3 - "$res/results.json" "$round" "$wire" "$w" "$((after - before))" "$HZ" >>"$OUT" <<'PY'
+import json, sys
+path, rnd, wire, w, ticks, hz = sys.argv[1:]
+results = json.load(open(path))
+rows = [r for r in results["rows"] if r["workload"]["id"] == w]
+if not rows or not rows[0].get("iops"):
+    sys.exit(f"no result rows for {w} in {path}")
+r = rows[0]
+if r.get("errors"):
+    sys.exit(f"{wire} {w}: {r['errors']} I/O errors")
+ios = r["iops"] * results["runtime_s"]
+cpu_us = int(ticks) / int(hz) * 1e6
+print(f"{rnd} {wire} {w} {r['iops']:.0f} {cpu_us / ios:.2f}")
+PY
+        done
+    done
+done
+# The handshakes the daemon counted: the TLS runs must really have been TLS.
+handshakes=$(grep -c "NVMe/TCP queue over TLS" "$WORK/daemon.log" || true)
+((handshakes > 0)) || die "no TLS handshake in the daemon's log: the ?tls runs did not use TLS"
+echo "# TLS queues opened: $handshakes" >>"$OUT"
+python3 - "$OUT" <<'PY' | tee -a "$OUT"
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if not l.startswith("#")]
+for w in dict.fromkeys(r[2] for r in rows):
+    def med(wire, col):
+        return statistics.median(float(r[col]) for r in rows if r[1] == wire and r[2] == w)
+    ratio = med("tls", 3) / med("plain", 3)
+    print(f"# {w}: iops plain {med('plain', 3):.0f} tls {med('tls', 3):.0f} (tls/plain {ratio:.3f}); "
+          f"daemon cpu us/io plain {med('plain', 4):.2f} tls {med('tls', 4):.2f}")
+PY
+log "results: $OUT"

@@ -827,52 +827,12 @@ fn an_nvme_listener_added_live_serves_and_closing_it_ends_only_its_controllers()
 /// directory of this test's own; the key and its file's path.
 fn tls_key(dir: &std::path::Path, byte: u8) -> (host::TlsPsk, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt as _;
-    let bytes = [byte; 32];
-    let mut raw = bytes.to_vec();
-    raw.extend_from_slice(&crc32(&bytes).to_le_bytes());
-    let text = format!("NVMeTLSkey-1:01:{}:", base64(&raw));
+    let key = nvme::tls::ConfiguredKey::new(Some(nvme::tls::CipherHash::Sha256), &[byte; 32]);
+    let text = key.unwrap().encode();
     let path = dir.join(format!("tls-{byte}.key"));
     std::fs::write(&path, format!("{text}\n")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let key = host::TlsPsk {
-        key: std::sync::Arc::new(nvme::tls::ConfiguredKey::parse(&text).unwrap()),
-        derivation: nvme::tls::Derivation::Spec,
-    };
-    (key, path)
-}
-
-/// CRC-32 (IEEE) and base64, the test's own: the key file is made without the code under test.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in bytes.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            out.push(if i <= c.len() {
-                A[(n >> (18 - 6 * i) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
+    (host::TlsPsk::parse(&text, "spec").unwrap(), path)
 }
 
 /// The config of `config_text` whose target requires TLS of HOSTNQN with the key at `key`.

@@ -15,6 +15,7 @@ pub mod controller;
 pub mod fabrics;
 pub mod host;
 pub mod identify;
+mod keytext;
 pub mod log;
 pub mod nvm;
 pub mod pdu;

@@ -377,48 +377,11 @@ tls_keys = [ {{ host = "nqn.2026-11.test:host", key_file = "{}", derivation = "{
 
     fn key_file(dir: &std::path::Path, name: &str, byte: u8) -> std::path::PathBuf {
         use std::os::unix::fs::PermissionsExt as _;
-        let key = [byte; 32];
-        let mut raw = key.to_vec();
-        raw.extend_from_slice(&crc32fast_hash(&key).to_le_bytes());
-        let text = format!("NVMeTLSkey-1:01:{}:\n", base64_encode(&raw));
+        let key = nvme::tls::ConfiguredKey::new(Some(nvme::tls::CipherHash::Sha256), &[byte; 32]);
         let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
+        std::fs::write(&path, format!("{}\n", key.unwrap().encode())).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         path
-    }
-
-    /// CRC-32 (IEEE), bit by bit: a test's own, independent of the code under test.
-    fn crc32fast_hash(bytes: &[u8]) -> u32 {
-        let mut crc = !0u32;
-        for &b in bytes {
-            crc ^= u32::from(b);
-            for _ in 0..8 {
-                crc = if crc & 1 != 0 {
-                    (crc >> 1) ^ 0xEDB8_8320
-                } else {
-                    crc >> 1
-                };
-            }
-        }
-        !crc
-    }
-
-    fn base64_encode(bytes: &[u8]) -> String {
-        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut out = String::new();
-        for c in bytes.chunks(3) {
-            let n = (u32::from(c[0]) << 16)
-                | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-                | u32::from(*c.get(2).unwrap_or(&0));
-            for i in 0..4 {
-                if i <= c.len() {
-                    out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
     }
 
     #[test]

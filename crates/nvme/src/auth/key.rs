@@ -5,8 +5,6 @@
 
 use std::fmt;
 
-use base64::Engine as _;
-
 use super::HashId;
 
 /// A DH-HMAC-CHAP secret. Never printed; overwritten when dropped.
@@ -67,26 +65,12 @@ impl Key {
             ),
             _ => return Err(KeyError::Transform),
         };
-        // The trailing ':' is part of the form, but nvme-cli also reads it without.
-        let b64 = rest.strip_suffix(':').unwrap_or(rest);
-        let mut raw = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|_| KeyError::Base64)?;
-        if ![36, 52, 68].contains(&raw.len()) {
-            raw.fill(0);
-            return Err(KeyError::Length);
-        }
-        let split = raw.len() - 4;
-        let crc = u32::from_le_bytes([raw[split], raw[split + 1], raw[split + 2], raw[split + 3]]);
-        if crc32fast::hash(&raw[..split]) != crc {
-            raw.fill(0);
-            return Err(KeyError::Crc);
-        }
-        raw.truncate(split);
-        Ok(Key {
-            transform,
-            bytes: raw,
-        })
+        let bytes = crate::keytext::decode(rest, &[32, 48, 64]).map_err(|e| match e {
+            crate::keytext::Bad::Base64 => KeyError::Base64,
+            crate::keytext::Bad::Length => KeyError::Length,
+            crate::keytext::Bad::Crc => KeyError::Crc,
+        })?;
+        Ok(Key { transform, bytes })
     }
 
     /// A key from its bytes (32, 48 or 64), as `nvme gen-dhchap-key` makes one.
@@ -102,15 +86,11 @@ impl Key {
 
     /// The standard text form (a secret: for files, never for logs).
     pub fn encode(&self) -> String {
-        let mut raw = self.bytes.clone();
-        raw.extend_from_slice(&crc32fast::hash(&self.bytes).to_le_bytes());
-        let text = format!(
+        format!(
             "{PREFIX}{:02}:{}:",
             self.transform.map_or(0, HashId::id),
-            base64::engine::general_purpose::STANDARD.encode(&raw)
-        );
-        raw.fill(0);
-        text
+            crate::keytext::encode(&self.bytes)
+        )
     }
 
     /// The key as used with `nqn` (the host's NQN for a host key, the subsystem's for a

@@ -18,7 +18,6 @@
 
 use std::fmt;
 
-use base64::Engine as _;
 use hkdf::Hkdf;
 use sha2::{Sha256, Sha384};
 
@@ -136,29 +135,41 @@ impl ConfiguredKey {
             "00" => None,
             _ => Some(CipherHash::from_id(hh).ok_or(KeyError::Hash)?),
         };
-        let b64 = rest.strip_suffix(':').unwrap_or(rest);
-        let mut raw = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|_| KeyError::Base64)?;
-        let len_ok = match transform {
-            Some(h) => raw.len() == h.key_len() + 4,
-            None => raw.len() == 36 || raw.len() == 52,
+        let lens: &[usize] = match transform {
+            Some(h) => &[h.key_len()],
+            None => &[32, 48],
         };
-        if !len_ok {
-            raw.fill(0);
+        let bytes = crate::keytext::decode(rest, lens).map_err(|e| match e {
+            crate::keytext::Bad::Base64 => KeyError::Base64,
+            crate::keytext::Bad::Length => KeyError::Length,
+            crate::keytext::Bad::Crc => KeyError::Crc,
+        })?;
+        Ok(ConfiguredKey { transform, bytes })
+    }
+
+    /// A key from its bytes, as `nvme gen-tls-key` makes one: 32 or 48, the transform's
+    /// length if it has one.
+    pub fn new(transform: Option<CipherHash>, bytes: &[u8]) -> Result<ConfiguredKey, KeyError> {
+        let ok = match transform {
+            Some(h) => bytes.len() == h.key_len(),
+            None => bytes.len() == 32 || bytes.len() == 48,
+        };
+        if !ok {
             return Err(KeyError::Length);
         }
-        let split = raw.len() - 4;
-        let crc = u32::from_le_bytes([raw[split], raw[split + 1], raw[split + 2], raw[split + 3]]);
-        if crc32fast::hash(&raw[..split]) != crc {
-            raw.fill(0);
-            return Err(KeyError::Crc);
-        }
-        raw.truncate(split);
         Ok(ConfiguredKey {
             transform,
-            bytes: raw,
+            bytes: bytes.to_vec(),
         })
+    }
+
+    /// The interchange form (a secret: for files, never for logs).
+    pub fn encode(&self) -> String {
+        format!(
+            "{PREFIX}{:02}:{}:",
+            self.transform.map_or(0, CipherHash::id),
+            crate::keytext::encode(&self.bytes)
+        )
     }
 
     /// The cipher suite's hash this key goes with: its transform's, or by its length.

@@ -61,6 +61,20 @@ fn the_libnvme_1_15_derivation_matches_an_independent_hkdf() {
 }
 
 #[test]
+fn keys_made_from_bytes_read_as_nvme_cli_writes_them() {
+    let bytes: Vec<u8> = (0..32).collect();
+    let k = ConfiguredKey::new(Some(CipherHash::Sha256), &bytes).unwrap();
+    assert_eq!(k.encode(), KEY_01);
+    assert_eq!(ConfiguredKey::parse(KEY_01).unwrap(), k);
+    let k = ConfiguredKey::new(None, &bytes).unwrap();
+    assert_eq!(k.encode(), KEY_00);
+    assert_eq!(
+        ConfiguredKey::new(Some(CipherHash::Sha384), &bytes),
+        Err(KeyError::Length)
+    );
+}
+
+#[test]
 fn an_identity_asking_for_the_other_hash_gets_no_key() {
     let k = ConfiguredKey::parse(KEY_01).unwrap();
     assert_eq!(k.tls_psk(&identity(2), Derivation::Spec), None);

@@ -62,31 +62,10 @@ for round in $(seq "$ROUNDS"); do
             "$BIN" bench --destructive --only "$w" --ramp 0 --runtime 5 --out "$res" "$(url "$door")" \
                 >"$WORK/bench.log" 2>&1 || die "ferrosan bench failed on $door ($w): $(tail -3 "$WORK/bench.log")"
             after=$(ticks "$PID")
-            python3 - "$res/results.json" "$round" "$door" "$w" "$((after - before))" "$HZ" >>"$OUT" <<'PY'
-import json, sys
-path, rnd, door, w, ticks, hz = sys.argv[1:]
-results = json.load(open(path))
-rows = [r for r in results["rows"] if r["workload"]["id"] == w]
-if not rows or not rows[0].get("iops"):
-    sys.exit(f"no result rows for {w} in {path}")
-r = rows[0]
-if r.get("errors"):
-    sys.exit(f"{door} {w}: {r['errors']} I/O errors")
-ios = r["iops"] * results["runtime_s"]
-cpu_us = int(ticks) / int(hz) * 1e6
-print(f"{rnd} {door} {w} {r['iops']:.0f} {cpu_us / ios:.2f}")
-PY
+            python3 bench/side_by_side.py row "$res/results.json" "$round" "$door" "$w" \
+                "$((after - before))" "$HZ" >>"$OUT"
         done
     done
 done
-python3 - "$OUT" <<'PY' | tee -a "$OUT"
-import statistics, sys
-rows = [l.split() for l in open(sys.argv[1]) if not l.startswith("#")]
-for w in dict.fromkeys(r[2] for r in rows):
-    def med(door, col):
-        return statistics.median(float(r[col]) for r in rows if r[1] == door and r[2] == w)
-    ratio = med("nvme", 3) / med("iscsi", 3)
-    print(f"# {w}: iops iscsi {med('iscsi', 3):.0f} nvme {med('nvme', 3):.0f} (nvme/iscsi {ratio:.3f}); "
-          f"daemon cpu us/io iscsi {med('iscsi', 4):.2f} nvme {med('nvme', 4):.2f}")
-PY
+python3 bench/side_by_side.py summary "$OUT" iscsi nvme | tee -a "$OUT"
 log "results: $OUT"

@@ -87,20 +87,8 @@ for round in $(seq "$ROUNDS"); do
                 --host-nqn "$HOSTNQN" --tls-key-file "$WORK/tls.key" "$(url "$wire")" \
                 >"$WORK/bench.log" 2>&1 || die "ferrosan bench failed over $wire ($w): $(tail -3 "$WORK/bench.log")"
             after=$(ticks "$PID")
-            python3 - "$res/results.json" "$round" "$wire" "$w" "$((after - before))" "$HZ" >>"$OUT" <<'PY'
-import json, sys
-path, rnd, wire, w, ticks, hz = sys.argv[1:]
-results = json.load(open(path))
-rows = [r for r in results["rows"] if r["workload"]["id"] == w]
-if not rows or not rows[0].get("iops"):
-    sys.exit(f"no result rows for {w} in {path}")
-r = rows[0]
-if r.get("errors"):
-    sys.exit(f"{wire} {w}: {r['errors']} I/O errors")
-ios = r["iops"] * results["runtime_s"]
-cpu_us = int(ticks) / int(hz) * 1e6
-print(f"{rnd} {wire} {w} {r['iops']:.0f} {cpu_us / ios:.2f}")
-PY
+            python3 bench/side_by_side.py row "$res/results.json" "$round" "$wire" "$w" \
+                "$((after - before))" "$HZ" >>"$OUT"
         done
     done
 done
@@ -108,14 +96,5 @@ done
 handshakes=$(grep -c "NVMe/TCP queue over TLS" "$WORK/daemon.log" || true)
 ((handshakes > 0)) || die "no TLS handshake in the daemon's log: the ?tls runs did not use TLS"
 echo "# TLS queues opened: $handshakes" >>"$OUT"
-python3 - "$OUT" <<'PY' | tee -a "$OUT"
-import statistics, sys
-rows = [l.split() for l in open(sys.argv[1]) if not l.startswith("#")]
-for w in dict.fromkeys(r[2] for r in rows):
-    def med(wire, col):
-        return statistics.median(float(r[col]) for r in rows if r[1] == wire and r[2] == w)
-    ratio = med("tls", 3) / med("plain", 3)
-    print(f"# {w}: iops plain {med('plain', 3):.0f} tls {med('tls', 3):.0f} (tls/plain {ratio:.3f}); "
-          f"daemon cpu us/io plain {med('plain', 4):.2f} tls {med('tls', 4):.2f}")
-PY
+python3 bench/side_by_side.py summary "$OUT" plain tls | tee -a "$OUT"
 log "results: $OUT"

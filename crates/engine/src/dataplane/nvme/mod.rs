@@ -117,8 +117,17 @@ async fn open(
     peer: std::net::SocketAddr,
 ) -> Option<(wire::Wire, Option<crate::admission::TlsProof>)> {
     // The workers' runtimes have no timer wheel: the alarm is a timerfd.
-    let mut alarm = Alarm::new().ok()?;
-    alarm.set(Instant::now() + prelogin.login_timeout).ok()?;
+    let armed = Alarm::new().and_then(|mut a| {
+        a.set(Instant::now() + prelogin.login_timeout)?;
+        Ok(a)
+    });
+    let mut alarm = match armed {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(%peer, "NVMe/TCP connection closed: no timer for its login: {e}");
+            return None;
+        }
+    };
     let opened = tokio::select! {
         opened = wire::open(stream, shared) => Ok(opened),
         _ = alarm.rung() => Err(()),

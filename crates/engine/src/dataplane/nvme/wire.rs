@@ -122,6 +122,16 @@ pub(super) async fn open(
     if first[0] != TLS_HANDSHAKE_RECORD {
         return Ok((Wire::Plain(stream), None));
     }
+    // A source over its failed-login limit gets no handshake (its cost is the daemon's).
+    if let Ok(peer) = stream.peer_addr() {
+        if shared
+            .doors
+            .login_blocked(peer.ip(), std::time::Instant::now())
+        {
+            shared.metrics.limit("login_failures_max");
+            return Err(NotOpened::Closed);
+        }
+    }
     let chosen = Arc::new(Mutex::new(Chosen::default()));
     let ctx = context(shared, &chosen)
         .map_err(|e| NotOpened::Tls("handshake", format!("TLS setup: {e}")))?;

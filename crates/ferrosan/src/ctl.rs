@@ -35,8 +35,13 @@ enum Verb {
         #[command(subcommand)]
         what: ConfigVerb,
     },
-    /// Re-read the config file and apply the difference (as SIGHUP does).
-    Reload,
+    /// Re-read the config file and apply the difference (as SIGHUP does). Refused while the
+    /// running config has changes made here and not saved, which it would undo (listed).
+    Reload {
+        /// Drop the unsaved changes: the file's config runs.
+        #[arg(long)]
+        discard: bool,
+    },
     /// Write the running config (with changes made here) over the config file, atomically.
     Save,
     /// Sessions.
@@ -626,7 +631,7 @@ fn request(verb: &Verb) -> Result<Value, String> {
         Verb::Config {
             what: ConfigVerb::Show,
         } => json!({"verb": "config"}),
-        Verb::Reload => json!({"verb": "reload"}),
+        Verb::Reload { discard } => json!({"verb": "reload", "discard": discard}),
         Verb::Save => json!({"verb": "save"}),
         Verb::Session {
             what: SessionVerb::Close { tsih },

@@ -389,7 +389,7 @@ async fn reload(server: &engine::Server) {
     let shared = std::sync::Arc::clone(&server.shared);
     // Opening devices may block: not on this (signal) thread's runtime.
     let outcome = tokio::task::spawn_blocking(move || {
-        engine::control::reload::reload_file(&shared, &shared.source)
+        engine::control::reload::reload_file(&shared, &shared.source, false)
     })
     .await;
     match outcome {

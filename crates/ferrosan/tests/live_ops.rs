@@ -703,14 +703,32 @@ fn a_device_taken_offline_answers_not_ready_and_comes_back_with_a_unit_attention
         Some((0x06, 0x28, 0x00))
     );
     assert_eq!(test_unit_ready(&mut raw, &mut itt, 1), None);
-    // The file still says offline = true (saved above): SIGHUP returns to it.
+    // The file still says offline = true (saved above), but back online is unsaved: a
+    // reload, by SIGHUP or ctl, would undo it and is refused, naming it; LUN 1 stays ready.
     daemon.signal("HUP");
+    let r = ctl.json(&["reload"]);
+    assert_eq!(r["kind"], "conflict", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("device disk back online"),
+        "{r}"
+    );
+    assert_eq!(test_unit_ready(&mut raw, &mut itt, 1), None);
+    // Told to discard it, the reload returns to the file.
+    let r = ctl.json(&["reload", "--discard"]);
+    assert_eq!(r["changes"][0], "device disk taken offline", "{r}");
     let seen = within(Duration::from_secs(5), || {
         test_unit_ready(&mut raw, &mut itt, 1) == Some((0x02, 0x04, 0x12))
     });
     assert!(
         seen.is_some(),
-        "SIGHUP with offline = true took LUN 1 offline"
+        "a reload with offline = true took LUN 1 offline"
+    );
+    assert_eq!(
+        ctl.json(&["status"])["unsaved_changes"],
+        serde_json::json!([])
     );
     raw.ping(999);
     daemon.stop();

@@ -88,6 +88,16 @@ pub fn reflink_file(src: &Path, dst: &Path) -> io::Result<bool> {
     made
 }
 
+/// Makes `to` share `from`'s extents (a reflink) and durable: false, `to` untouched, where
+/// the filesystem cannot.
+pub fn reflink(from: &File, to: &File) -> io::Result<bool> {
+    match rustix::fs::ioctl_ficlone(to, from) {
+        Ok(()) => to.sync_all().map(|()| true),
+        Err(e) if cannot_share(e) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Replaces the whole content of `to` with `from`'s (a reflink, else a sparse copy whose
 /// progress `progress` is told), and makes it durable.
 pub fn clone_into(from: &File, to: &File, progress: Progress<'_>) -> io::Result<CloneMethod> {

@@ -8,6 +8,7 @@
 
 mod aligned;
 pub mod clone;
+pub mod dir_pool;
 pub mod early_ack;
 mod file;
 pub mod lvm;

@@ -27,6 +27,13 @@ pub enum ReloadError {
     /// A device could not take a new attribute (its write cache could not be flushed).
     #[error("{0}")]
     Attribute(String),
+    /// Re-reading the file would drop changes made with `ctl` and not saved (listed).
+    #[error(
+        "the running config has changes the file does not hold, which a reload would undo: {}; \
+         save them first (ferrosan ctl save), or reload with --discard to drop them",
+        .0.join("; ")
+    )]
+    Unsaved(Vec<String>),
 }
 
 impl ReloadError {
@@ -39,6 +46,7 @@ impl ReloadError {
             ReloadError::Resize(_) => "resize",
             ReloadError::Attribute(_) => "device",
             ReloadError::Listen(_) => "listen",
+            ReloadError::Unsaved(_) => "conflict",
         }
     }
 }

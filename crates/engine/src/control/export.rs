@@ -1,7 +1,7 @@
 //! `volume-export` and `volume-unexport`: what an orchestrator (a CSI controller's
 //! ControllerPublish, a Proxmox storage plugin) asks of an array in one step: show this
 //! volume to that host at a free LUN, and take it away again. Both edit the running config
-//! through the one path every changing verb takes (`apply_edited`), and both are idempotent.
+//! as one transaction each (`transact`), and both are idempotent.
 //!
 //! A host (an initiator IQN or host NQN) is in at most one group of a target: the volume is
 //! mapped in that group, or, when no group holds the host, in a new group of its own
@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 
 use super::edit::text;
 use super::error::ControlError;
+use super::Step;
 use crate::config::{AuthConfig, Config, InitiatorGroup, IscsiName, LunMapping, TargetConfig};
 use crate::shared::Shared;
 
@@ -135,17 +136,65 @@ fn exported(shared: &Shared, target: &str, group: &str, mapping: &LunMapping) ->
     })
 }
 
-pub fn export(
+/// `volume-export`, a transaction on the running config of its moment: two exports at once
+/// both land, each at its own LUN.
+pub fn export(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let mut new = None;
+    let answer = super::transact(shared, "volume-export", args, |running| {
+        let mut config = running.clone();
+        match map_for_host(shared, &mut config, args)? {
+            Mapped::There(answer) => Ok(Step::Answer(answer)),
+            Mapped::New {
+                what,
+                iqn,
+                group,
+                mapping,
+            } => {
+                new = Some((iqn, group, mapping));
+                Ok(Step::Apply {
+                    config: Box::new(config),
+                    what,
+                })
+            }
+        }
+    })?;
+    let Some((iqn, group, mapping)) = new else {
+        return Ok(answer);
+    };
+    let mut out = exported(shared, &iqn, &group, &mapping);
+    out["existed"] = json!(false);
+    for key in ["generation", "saved", "applied"] {
+        out[key] = answer[key].clone();
+    }
+    Ok(out)
+}
+
+/// What mapping a volume for a host found.
+enum Mapped {
+    /// It is mapped already: the answer.
+    There(Value),
+    /// Mapped now, in `group` of target `iqn`.
+    New {
+        what: String,
+        iqn: String,
+        group: String,
+        mapping: LunMapping,
+    },
+}
+
+/// Maps the asked volume for the asked host in `config` (its group, or one of its own),
+/// or answers that it is there already.
+fn map_for_host(
     shared: &Shared,
-    mut running: Config,
+    running: &mut Config,
     args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
+) -> Result<Mapped, ControlError> {
     let Asked {
         device,
         host,
         target,
         iqn,
-    } = Asked::of(&running, args)?;
+    } = Asked::of(running, args)?;
     let read_only = args
         .get("read_only")
         .and_then(Value::as_bool)
@@ -162,7 +211,7 @@ pub fn export(
         }
         let mut answer = exported(shared, &iqn, &group.name, &m.clone());
         answer["existed"] = json!(true);
-        return Ok(answer);
+        return Ok(Mapped::There(answer));
     }
     let lun = match wanted_lun {
         Some(lun) if group.luns.iter().any(|m| m.lun == lun) => {
@@ -183,30 +232,67 @@ pub fn export(
     group.luns.sort_by_key(|m| m.lun);
     let group_name = group.name.clone();
     let what = format!("volume {device} exported to {host}: {iqn} group {group_name} LUN {lun}");
-    super::apply_edited(shared, "volume-export", args, what, running)?;
-    let mut answer = exported(shared, &iqn, &group_name, &mapping);
-    answer["existed"] = json!(false);
+    Ok(Mapped::New {
+        what,
+        iqn,
+        group: group_name,
+        mapping,
+    })
+}
+
+/// `volume-unexport`, a transaction on the running config of its moment.
+pub fn unexport(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let mut taken = None;
+    let mut answer = super::transact(shared, "volume-unexport", args, |running| {
+        let mut config = running.clone();
+        match unmap_for_host(&mut config, args)? {
+            Unmapped::NotThere(answer) => Ok(Step::Answer(answer)),
+            Unmapped::Taken { what, extra } => {
+                taken = Some(extra);
+                Ok(Step::Apply {
+                    config: Box::new(config),
+                    what,
+                })
+            }
+        }
+    })?;
+    if let Some(extra) = taken {
+        for (key, value) in extra {
+            answer[key] = value;
+        }
+    }
     Ok(answer)
 }
 
-pub fn unexport(
-    shared: &Shared,
-    mut running: Config,
+/// What taking a volume from a host found.
+enum Unmapped {
+    NotThere(Value),
+    /// Taken away: what, and the answer's fields.
+    Taken {
+        what: String,
+        extra: Vec<(&'static str, Value)>,
+    },
+}
+
+fn unmap_for_host(
+    running: &mut Config,
     args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
+) -> Result<Unmapped, ControlError> {
     let Asked {
         device,
         host,
         target,
         iqn,
-    } = Asked::of(&running, args)?;
+    } = Asked::of(running, args)?;
     let target = &mut running.targets[target];
     let Some(at) = target
         .groups
         .iter()
         .position(|g| g.initiators.contains(&host) && g.luns.iter().any(|m| m.device == device))
     else {
-        return Ok(json!({ "volume": device, "target": iqn, "unexported": false }));
+        return Ok(Unmapped::NotThere(
+            json!({ "volume": device, "target": iqn, "unexported": false }),
+        ));
     };
     let group = &mut target.groups[at];
     let lun = group
@@ -228,12 +314,13 @@ pub fn unexport(
         "volume {device} unexported from {host} ({iqn} group {group_name}{})",
         if own { ", removed" } else { "" }
     );
-    let mut answer = super::apply_edited(shared, "volume-unexport", args, what, running)?;
-    answer["volume"] = json!(device);
-    answer["lun"] = json!(lun);
-    answer["group_removed"] = json!(own);
-    answer["unexported"] = json!(true);
-    Ok(answer)
+    let extra = vec![
+        ("volume", json!(device)),
+        ("lun", json!(lun)),
+        ("group_removed", json!(own)),
+        ("unexported", json!(true)),
+    ];
+    Ok(Unmapped::Taken { what, extra })
 }
 
 #[cfg(test)]

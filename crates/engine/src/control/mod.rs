@@ -31,6 +31,7 @@ use crate::config::{Config, ConfigErrors};
 use crate::shared::Shared;
 use edit::{edit, text, EDIT_VERBS};
 use error::SaveError;
+use reload::ApplyLock;
 
 /// Largest request line, in bytes.
 pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
@@ -399,7 +400,7 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
         "luns" => Ok(luns(shared)),
         "stats" => Ok(stats(shared)),
         "config" => Ok(json!({ "toml": shared.topology().config.to_toml() })),
-        "reload" => reload(shared),
+        "reload" => reload(shared, args),
         "save" => save(shared),
         "session-close" => close_session(shared, args),
         "device-take" => take_device(shared, args),
@@ -603,26 +604,30 @@ fn luns(shared: &Shared) -> Value {
     json!({ "luns": list, "unmapped_devices": unmapped })
 }
 
-fn reload(shared: &Shared) -> Result<Value, ControlError> {
-    let applied = crate::control::reload::reload_file(shared, &shared.source)?;
-    // The file is what runs now: edits made before it are gone (they were unsaved).
-    shared.unsaved.clear();
+fn reload(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let discard = args
+        .get("discard")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let applied = reload::reload_file(shared, &shared.source, discard)?;
     Ok(json!({ "generation": applied.generation, "changes": applied.changes.lines() }))
 }
 
 fn save(shared: &Shared) -> Result<Value, ControlError> {
-    let path = save_running(shared)?;
+    let lock = reload::lock(shared);
+    let path = save_running(shared, &lock)?;
     Ok(json!({ "saved": path.display().to_string() }))
 }
 
-/// Writes the running config over its file (atomically); the unsaved list is cleared once the
-/// file holds it.
-fn save_running(shared: &Shared) -> Result<PathBuf, SaveError> {
+/// Writes the running config over its file (atomically), under the apply lock: what is saved
+/// is one state the daemon ran, and no change slips between it and the unsaved list being
+/// cleared once the file holds it.
+fn save_running(shared: &Shared, _lock: &reload::ApplyLock) -> Result<PathBuf, SaveError> {
     let path = shared.source.path.as_deref().ok_or(SaveError::NoFile)?;
     // Devices left out at start (their cluster down) stay in the file.
     let config = file_view(shared, &shared.config_to_keep());
     let mut base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
-    let saved = crate::control::reload::save_config(path, base.as_ref(), &config)?;
+    let saved = reload::save_config(path, base.as_ref(), &config)?;
     *base = Some(saved);
     shared.unsaved.clear();
     Ok(path.to_path_buf())
@@ -713,44 +718,93 @@ fn change(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Valu
         args.insert("size".into(), Value::String(medium.to_string()));
     }
     let args = &args;
-    let mut edited = running.clone();
-    let what = edit(&mut edited, verb, args)?;
-    apply_edited(shared, verb, args, what, edited)
+    transact(shared, verb, args, |running| {
+        let mut config = running.clone();
+        let what = edit(&mut config, verb, args)?;
+        Ok(Step::Apply {
+            config: Box::new(config),
+            what,
+        })
+    })
 }
 
-/// Applies a config a `ctl` verb edited: validated whole, as a file would be (written out and
-/// read back), applied by difference as a reload, saved with `"save": true` (else listed as
-/// unsaved). The one way every changing verb takes.
-pub(crate) fn apply_edited(
+/// What a change computed from the running config of its moment decided.
+pub(crate) enum Step {
+    /// Run `config` (the running one, edited), the change described by `what`.
+    Apply { config: Box<Config>, what: String },
+    /// Nothing to change (what was asked for is there already): this is the answer.
+    Answer(Value),
+}
+
+/// Runs one change as a transaction, the one way every changing verb takes. Under the apply
+/// lock, `change` computes the next config from the running config of this moment (never from
+/// a copy taken earlier: installing that would undo whatever was acknowledged meanwhile), and
+/// re-checks there what it assumed; the result is validated whole, as a file would be (written
+/// out and read back), applied by difference as a reload, and saved with `"save": true` (else
+/// listed as unsaved). With `"if_generation": N` it is refused (`conflict`) unless the running
+/// config is still generation N: a client that read, decided and writes knows nothing changed
+/// in between. Slow work (copying data, LVM, librbd) is done by the caller before, never under
+/// the lock.
+pub(crate) fn transact(
     shared: &Shared,
     verb: &str,
     args: &Map<String, Value>,
-    what: String,
-    edited: Config,
+    change: impl FnOnce(&Config) -> Result<Step, ControlError>,
 ) -> Result<Value, ControlError> {
+    let lock = reload::lock(shared);
+    let current = shared.topology();
+    expect_generation(args, current.generation)?;
+    let (edited, what) = match change(&current.config)? {
+        Step::Answer(answer) => return Ok(answer),
+        Step::Apply { config, what } => (*config, what),
+    };
+    drop(current);
     let text = edited.to_toml_with_secrets();
     let validated = Config::from_toml_str(&text, "(ctl edit)")
         .map_err(|errors| ControlError::Invalid(of_the_verb(errors, verb)))?;
-    let applied = crate::control::reload::apply(shared, validated)?;
-    let save = args.get("save").and_then(Value::as_bool).unwrap_or(false);
-    let saved = if save {
-        if let Err(e) = save_running(shared) {
-            // Live, but not in the file: `status` must list it.
-            shared.unsaved.add(what.clone());
-            return Err(ControlError::NotSaved(e));
-        }
-        true
-    } else {
-        shared.unsaved.add(what.clone());
-        false
-    };
-    tracing::info!(saved, "ctl: {what}");
+    let applied = reload::apply_locked(shared, &lock, validated)?;
+    let saved = commit_to_file(shared, &lock, args, &what)?;
+    tracing::info!(saved, generation = applied.generation, "ctl: {what}");
     Ok(json!({
         "applied": what,
         "generation": applied.generation,
         "changes": applied.changes.lines(),
         "saved": saved,
     }))
+}
+
+/// `"if_generation"`: the generation the client read; the change goes ahead only if it is
+/// still the running one.
+fn expect_generation(args: &Map<String, Value>, running: u64) -> Result<(), ControlError> {
+    let Some(expected) = args.get("if_generation") else {
+        return Ok(());
+    };
+    let expected = expected.as_u64().ok_or_else(|| {
+        ControlError::BadRequest("\"if_generation\": a generation number is required".into())
+    })?;
+    if expected != running {
+        return Err(ControlError::Conflict(format!(
+            "the running config is generation {running}, not {expected}: it changed since it \
+             was read; read it again and decide anew"
+        )));
+    }
+    Ok(())
+}
+
+/// After a change applied: saved into the file with `"save": true` (true), else listed as
+/// unsaved (false). A failed save leaves the change running and listed.
+fn commit_to_file(
+    shared: &Shared,
+    lock: &ApplyLock,
+    args: &Map<String, Value>,
+    what: &str,
+) -> Result<bool, ControlError> {
+    shared.unsaved.add(what.to_string());
+    if !args.get("save").and_then(Value::as_bool).unwrap_or(false) {
+        return Ok(false);
+    }
+    save_running(shared, lock).map_err(ControlError::NotSaved)?;
+    Ok(true)
 }
 
 /// A `ctl` edit's validation errors as the verb's, not as places in the text the edited

@@ -244,24 +244,72 @@ pub struct Applied {
     pub changes: Changes,
 }
 
-/// Re-reads the config file and applies the difference (SIGHUP, `ctl reload`).
-pub fn reload_file(shared: &Shared, source: &ConfigSource) -> Result<Applied, ReloadError> {
+/// Proof that the one apply lock is held: every change to the running config (a verb, a
+/// reload, a save, a volume's commit, a device back from its cluster) is computed and applied
+/// under it, from the config of that moment, so none undoes another (docs/OPERATIONS.md,
+/// *What a client may rely on*).
+pub struct ApplyLock<'a> {
+    _held: std::sync::MutexGuard<'a, ()>,
+}
+
+/// Takes the apply lock (waits for the change in progress to finish).
+pub fn lock(shared: &Shared) -> ApplyLock<'_> {
+    ApplyLock {
+        _held: shared.reloading.lock().unwrap_or_else(|e| e.into_inner()),
+    }
+}
+
+/// Re-reads the config file and applies the difference (SIGHUP, `ctl reload`). Changes made
+/// with `ctl` and not saved would be lost by it: unless `discard`, it is refused while there
+/// are any, listing them ([`ReloadError::Unsaved`]).
+pub fn reload_file(
+    shared: &Shared,
+    source: &ConfigSource,
+    discard: bool,
+) -> Result<Applied, ReloadError> {
     let config = source.load()?;
     let base = config.clone();
-    apply_with(
-        shared,
-        |_| config,
-        |shared| {
-            // Every device of the file opened (or the file dropped it): none is left out.
-            let names: Vec<String> = shared
-                .left_out()
-                .into_iter()
-                .map(|out| out.device.name)
-                .collect();
-            shared.forget_left_out(&names);
-            *shared.file_base.lock().unwrap_or_else(|e| e.into_inner()) = Some(base);
-        },
-    )
+    let lock = lock(shared);
+    if !discard {
+        let unsaved = unsaved_changes(shared, &lock);
+        if !unsaved.is_empty() {
+            return Err(ReloadError::Unsaved(unsaved));
+        }
+    }
+    let applied = apply_locked(shared, &lock, config)?;
+    // Every device of the file opened (or the file dropped it): none is left out.
+    let names: Vec<String> = shared
+        .left_out()
+        .into_iter()
+        .map(|out| out.device.name)
+        .collect();
+    shared.forget_left_out(&names);
+    *shared.file_base.lock().unwrap_or_else(|e| e.into_inner()) = Some(base);
+    // The file is what runs now: what was unsaved is gone (discarded, or there was none).
+    shared.unsaved.clear();
+    Ok(applied)
+}
+
+/// The `ctl` changes the config file does not hold: those listed as unsaved, unless the
+/// running config is the file's again (a change undone by its opposite), when the list is
+/// cleared.
+pub fn unsaved_changes(shared: &Shared, _lock: &ApplyLock) -> Vec<String> {
+    let listed = shared.unsaved.list();
+    if listed.is_empty() {
+        return listed;
+    }
+    let base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(base) = base.as_ref() else {
+        return listed;
+    };
+    let mut running = shared.config_to_keep();
+    // `[server]` holds the command line's overrides and never changes live.
+    running.server = base.server.clone();
+    if running == *base {
+        shared.unsaved.clear();
+        return Vec::new();
+    }
+    listed
 }
 
 /// How the portal groups change: added, removed, listening elsewhere, in another ALUA state.
@@ -311,28 +359,33 @@ fn portal_group_changes(old: &Config, new: &Config, changes: &mut Changes) -> Re
     Ok(())
 }
 
-/// Applies `new` to the running daemon by difference. Everything that can fail (opening added
-/// devices, building the topology) happens before anything is visible: on error nothing
-/// changed, except that a device grown before a later failure stays grown (growing loses
-/// nothing; the error says so).
-pub fn apply(shared: &Shared, new: Config) -> Result<Applied, ReloadError> {
-    apply_with(shared, |_| new, |_| {})
-}
-
-/// [`apply`] of the config `make` derives from the running one, both under the reload lock (a
-/// change applied meanwhile is not undone); `on_success` runs under it too, after a successful
-/// apply (or one with nothing to change).
+/// [`apply_locked`] of the config `make` derives from the running one, both under the apply
+/// lock (a change applied meanwhile is not undone); `on_success` runs under it too, after a
+/// successful apply (or one with nothing to change).
 pub fn apply_with(
     shared: &Shared,
     make: impl FnOnce(&Config) -> Config,
     on_success: impl FnOnce(&Shared),
 ) -> Result<Applied, ReloadError> {
-    let _one_at_a_time = shared.reloading.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = lock(shared);
+    let new = make(&shared.topology().config);
+    let applied = apply_locked(shared, &lock, new)?;
+    on_success(shared);
+    Ok(applied)
+}
+
+/// Applies `new`, derived from the running config under the same `lock`, to the running
+/// daemon by difference. Everything that can fail (opening added devices, building the
+/// topology) happens before anything is visible: on error nothing changed, except that a
+/// device grown before a later failure stays grown (growing loses nothing; the error says so).
+pub fn apply_locked(
+    shared: &Shared,
+    _lock: &ApplyLock,
+    new: Config,
+) -> Result<Applied, ReloadError> {
     let current = shared.topology();
-    let new = make(&current.config);
     let changes = diff(&current.config, &new).map_err(ReloadError::NeedsRestart)?;
     if changes.is_empty() {
-        on_success(shared);
         return Ok(Applied {
             generation: current.generation,
             changes,
@@ -381,7 +434,6 @@ pub fn apply_with(
         close_when_idle(name, device);
     }
     announce_alua_changes(&shared.topology(), &changes.alua_changed);
-    on_success(shared);
     Ok(Applied {
         generation,
         changes,

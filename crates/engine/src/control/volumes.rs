@@ -1,7 +1,7 @@
 //! Volumes and snapshots of `[[pool]]`s (docs/VOLUMES.md). A volume is a device: a file
 //! `DIR/NAME.img` of a directory pool, image `NAME` of an RBD pool, or thin LV `VG/NAME` of an
 //! LVM pool (`store::lvm`); created, cloned and deleted here by editing the running config
-//! through the one path every changing verb takes (`apply_edited`). A snapshot is made while
+//! as one transaction each on the running config of its moment (`transact`). A snapshot is made while
 //! the volume's writes are held (`LogicalUnit::quiesced`), so it holds every write
 //! acknowledged before it and none after: a file `DIR/.snapshots/VOLUME@NAME.img` cloned by
 //! the filesystem (`store::clone`: a reflink where it can), an RBD snapshot, or an LVM thin
@@ -17,9 +17,11 @@ use serde_json::{json, Map, Value};
 
 use super::edit::text;
 use super::error::ControlError;
+use super::Step;
 use crate::config::{Config, DeviceConfig, PoolConfig, PoolKind, StoreKind};
 use crate::shared::Shared;
 use crate::topology::OpenDevice;
+use store::dir_pool::{DirPool, Made};
 
 pub const VERBS: &[&str] = &[
     "pool-add",
@@ -45,25 +47,31 @@ pub fn handle(
     verb: &str,
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
-    let running = shared.topology().config.clone();
+    // What the verb's checks and slow work start from; each commit re-checks what it assumed
+    // against the running config of its moment (`transact`).
+    let seen = shared.topology().config.clone();
     match verb {
-        "pool-add" => pool_add(shared, running, args),
-        "volume-create" => create(shared, running, args),
-        "volume-snapshot" => snapshot(shared, &running, args),
-        "volume-clone" => clone(shared, running, args),
-        "volume-rollback" => rollback(shared, &running, args),
-        "volume-delete" => delete(shared, running, args),
-        "volume-flatten" => flatten(&running, args),
-        "volume-list" => Ok(list(shared, &running)),
-        "snapshot-list" => Ok(json!({ "snapshots": snapshots_json(shared, &running, args)? })),
-        "volume-export" => super::export::export(shared, running, args),
-        "volume-unexport" => super::export::unexport(shared, running, args),
-        _ => snapshot_delete(shared, &running, args),
+        "pool-add" => pool_add(shared, &seen, args),
+        "volume-create" => create(shared, &seen, args),
+        "volume-snapshot" => snapshot(shared, &seen, args),
+        "volume-clone" => clone(shared, &seen, args),
+        "volume-rollback" => rollback(shared, args),
+        "volume-delete" => delete(shared, &seen, args),
+        "volume-flatten" => flatten(&seen, args),
+        "volume-list" => Ok(list(shared, &seen)),
+        "snapshot-list" => Ok(json!({ "snapshots": snapshots_json(shared, &seen, args)? })),
+        "volume-export" => super::export::export(shared, args),
+        "volume-unexport" => super::export::unexport(shared, args),
+        _ => snapshot_delete(shared, &seen, args),
     }
 }
 
 fn io_error(what: String) -> impl FnOnce(std::io::Error) -> ControlError {
-    move |e| ControlError::Device(format!("{what}: {e}"))
+    move |e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => ControlError::Conflict(format!("{what}: {e}")),
+        std::io::ErrorKind::NotFound => ControlError::NotFound(format!("{what}: {e}")),
+        _ => ControlError::Device(format!("{what}: {e}")),
+    }
 }
 
 fn rbd_error(what: String) -> impl FnOnce(rbd::Error) -> ControlError {
@@ -132,11 +140,33 @@ fn object_name(args: &Map<String, Value>, key: &str) -> Result<String, ControlEr
     Ok(name.to_string())
 }
 
-fn pool_add(
-    shared: &Shared,
-    mut running: Config,
-    args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
+/// A directory pool's files (`store::dir_pool`), None for the other kinds.
+fn dir_pool(pool: &PoolConfig) -> Option<DirPool> {
+    pool.dir().map(DirPool::new)
+}
+
+/// `config` with `change` made, validated whole as a file would be: what a verb checks before
+/// any side effect (a directory made, a tool run), so that nothing is made for a change the
+/// config would refuse.
+fn valid_with(
+    config: &Config,
+    verb: &str,
+    change: impl FnOnce(&mut Config),
+) -> Result<(), ControlError> {
+    let mut candidate = config.clone();
+    change(&mut candidate);
+    Config::from_toml_str(&candidate.to_toml_with_secrets(), verb)
+        .map(drop)
+        .map_err(|mut errors| {
+            for e in &mut errors.errors {
+                (e.file, e.line, e.column) = (verb.to_string(), 0, 0);
+            }
+            ControlError::Invalid(errors)
+        })
+}
+
+/// The pool a `pool-add` asks for.
+fn asked_pool(args: &Map<String, Value>) -> Result<PoolConfig, ControlError> {
     let name = object_name(args, "name")?;
     let given = |key| args.get(key).and_then(Value::as_str);
     let kind = match (given("path"), given("rbd_pool"), given("vg")) {
@@ -149,14 +179,8 @@ fn pool_add(
         }),
         (None, Some(pool), None) => PoolKind::Rbd {
             pool: pool.to_string(),
-            conf: args
-                .get("ceph_conf")
-                .and_then(Value::as_str)
-                .map(PathBuf::from),
-            client: args
-                .get("ceph_client")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            conf: given("ceph_conf").map(PathBuf::from),
+            client: given("ceph_client").map(str::to_string),
         },
         _ => {
             return Err(ControlError::BadRequest(
@@ -164,29 +188,54 @@ fn pool_add(
             ))
         }
     };
-    if let Some(p) = running.pools.iter().find(|p| p.name == name) {
-        if p.kind == kind {
-            return Ok(json!({ "pool": name, "existed": true }));
+    Ok(PoolConfig { name, kind })
+}
+
+fn pool_add(
+    shared: &Shared,
+    seen: &Config,
+    args: &Map<String, Value>,
+) -> Result<Value, ControlError> {
+    let new = asked_pool(args)?;
+    let name = new.name.clone();
+    let existed = |running: &Config| -> Result<bool, ControlError> {
+        match running.pools.iter().find(|p| p.name == name) {
+            Some(p) if p.kind == new.kind => Ok(true),
+            Some(_) => Err(ControlError::Conflict(format!(
+                "pool {name} exists, otherwise"
+            ))),
+            None => Ok(false),
         }
-        return Err(ControlError::Conflict(format!(
-            "pool {name} exists, otherwise"
-        )));
-    }
-    if let PoolKind::Dir { path } = &kind {
-        std::fs::create_dir_all(path)
-            .map_err(io_error(format!("pool {name}: {}", path.display())))?;
-    }
-    let new = PoolConfig {
-        name: name.clone(),
-        kind,
     };
+    if existed(seen)? {
+        return Ok(json!({ "pool": name, "existed": true }));
+    }
+    // Its name, path (inside device_roots), VG and thin pool are the config's to judge, before
+    // a directory is made or LVM is asked anything.
+    // A directory not there yet is judged by its parent, which must exist and be allowed.
+    valid_with(seen, "pool-add", |c| c.pools.push(new.clone()))?;
+    if let Some(dir) = dir_pool(&new) {
+        dir.make_dir()
+            .map_err(io_error(format!("pool {name}: {}", dir.dir().display())))?;
+    }
     if let Some(thin) = new.thin() {
         thin.check().map_err(lvm_error(format!("pool {name}")))?;
     }
-    running.pools.push(new);
-    let what = format!("pool {name} added");
-    let mut answer = super::apply_edited(shared, "pool-add", args, what, running)?;
-    answer["existed"] = json!(false);
+    let mut answer = super::transact(shared, "pool-add", args, |running| {
+        if existed(running)? {
+            return Ok(Step::Answer(json!({ "pool": name, "existed": true })));
+        }
+        let mut config = running.clone();
+        config.pools.push(new.clone());
+        let what = format!("pool {name} added");
+        Ok(Step::Apply {
+            config: Box::new(config),
+            what,
+        })
+    })?;
+    answer
+        .as_object_mut()
+        .map(|a| a.entry("existed").or_insert(json!(false)));
     Ok(answer)
 }
 
@@ -213,12 +262,62 @@ fn volume_device(
     Ok(Config::device_from_spec(name, &spec)?)
 }
 
+/// What a verb made in a pool for a volume not yet committed: removed again when the commit
+/// does not happen, and only that (a directory pool's file by its inode; an image or LV this
+/// verb's own create or clone call made, which fails on one that is there).
+enum NewVolume {
+    File(Made),
+    Image(store::RbdSpec),
+    Lv(store::lvm::ThinPool, String),
+    /// Nothing made: an adopted file.
+    Adopted,
+}
+
+impl NewVolume {
+    fn forget(self) {
+        let outcome = match self {
+            NewVolume::File(made) => made.forget().map(drop).map_err(|e| e.to_string()),
+            NewVolume::Image(spec) => store::rbd::pool(&spec)
+                .map_err(|e| e.to_string())
+                .and_then(|p| p.remove(&spec.image).map_err(|e| e.to_string())),
+            NewVolume::Lv(thin, name) => thin.remove(&name, REMOVE_WAIT).map_err(|e| e.to_string()),
+            NewVolume::Adopted => Ok(()),
+        };
+        if let Err(e) = outcome {
+            tracing::warn!("a volume made for a verb that failed could not be removed: {e}");
+        }
+    }
+}
+
+/// The answer to a create or clone of `name` that is there already: the same thing asked
+/// again (`same`) is success with `"existed": true`, anything else a conflict.
+fn already(
+    running: &Config,
+    name: &str,
+    same: impl FnOnce(&PoolConfig, &DeviceConfig) -> bool,
+    answer: Value,
+) -> Result<Option<Value>, ControlError> {
+    let Some(existing) = running.device(name) else {
+        return Ok(None);
+    };
+    match running.pool_of(existing) {
+        Some(pool) if same(pool, existing) => Ok(Some(answer)),
+        Some(pool) => Err(ControlError::Conflict(format!(
+            "volume {name} of pool {} exists, and is not what was asked for",
+            pool.name
+        ))),
+        None => Err(ControlError::Conflict(format!(
+            "device {name} exists and is not a volume"
+        ))),
+    }
+}
+
 fn create(
     shared: &Shared,
-    mut running: Config,
+    seen: &Config,
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
-    let pool = pool(&running, text(args, "pool")?)?.clone();
+    let pool = pool(seen, text(args, "pool")?)?.clone();
     let name = object_name(args, "name")?;
     let mut size = crate::config::parse_size(text(args, "size")?)?;
     if let Some(thin) = pool.thin() {
@@ -227,60 +326,132 @@ fn create(
             .rounded(size)
             .map_err(lvm_error(format!("pool {}", pool.name)))?;
     }
-    if let Some(existing) = running.device(&name) {
+    let adopt = args.get("adopt").and_then(Value::as_bool).unwrap_or(false);
+    let existed = json!({ "volume": name, "pool": pool.name, "size_bytes": size, "existed": true });
+    let same = |p: &PoolConfig, _: &DeviceConfig| {
         let now = shared
             .topology()
             .devices
             .get(&name)
             .map(|d| d.unit.capacity_bytes());
-        let same = running
-            .pool_of(existing)
-            .is_some_and(|p| p.name == pool.name)
-            && now == Some(size);
-        if same {
-            return Ok(
-                json!({ "volume": name, "pool": pool.name, "size_bytes": size, "existed": true }),
-            );
+        p.name == pool.name && now == Some(size)
+    };
+    if let Some(answer) = already(seen, &name, same, existed.clone())? {
+        return Ok(answer);
+    }
+    let device = volume_device(&pool, &name, (!adopt).then_some(size))?;
+    valid_with(seen, "volume-create", |c| c.devices.push(device.clone()))?;
+    let made = match make_volume(&pool, &name, size, adopt) {
+        Ok(made) => made,
+        // Made meanwhile by the same request repeated: the commit below tells.
+        Err(e) if e.kind() == "conflict" && seen.device(&name).is_none() => {
+            let running = shared.topology().config.clone();
+            return already(&running, &name, same, existed)?.ok_or(e);
         }
+        Err(e) => return Err(e),
+    };
+    let what = format!("volume {name} created in pool {} ({size} bytes)", pool.name);
+    let committed = super::transact(shared, "volume-create", args, |running| {
+        commit_new(running, &pool, &name, device.clone(), what.clone())
+    });
+    finish_new(committed, made, &[("existed", json!(false))])
+}
+
+/// Makes the volume's medium: a new file (exclusively; an existing one only when `adopt`),
+/// an RBD image or a thin LV (whose tools refuse one that is there).
+fn make_volume(
+    pool: &PoolConfig,
+    name: &str,
+    size: u64,
+    adopt: bool,
+) -> Result<NewVolume, ControlError> {
+    let what = || format!("volume {name}");
+    if let Some(dir) = dir_pool(pool) {
+        dir.make_dir()
+            .map_err(io_error(format!("pool {}", pool.name)))?;
+        if adopt {
+            dir.open_volume(name, true).map_err(io_error(what()))?;
+            return Ok(NewVolume::Adopted);
+        }
+        return match dir.create_volume(name, size) {
+            Ok(made) => Ok(NewVolume::File(made)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                Err(ControlError::Conflict(format!(
+                    "volume {name}: {e}; a file left by someone else (or by a verb a crash \
+                     interrupted) is never taken over silently: remove it, or take it as the \
+                     volume with \"adopt\": true"
+                )))
+            }
+            Err(e) => Err(io_error(what())(e)),
+        };
+    }
+    if adopt {
+        return Err(ControlError::BadRequest(
+            "\"adopt\" takes over a file of a directory pool; RBD images and LVs are not adopted"
+                .into(),
+        ));
+    }
+    if let Some(spec) = pool.image(name) {
+        store::rbd::pool(&spec)
+            .map_err(io_error(format!("pool {}", pool.name)))?
+            .create(name, size)
+            .map_err(rbd_error(what()))?;
+        return Ok(NewVolume::Image(spec));
+    }
+    let Some(thin) = pool.thin() else {
+        unreachable!("a pool is a directory, RBD or LVM pool")
+    };
+    thin.create(name, size).map_err(lvm_error(what()))?;
+    Ok(NewVolume::Lv(thin.clone(), name.to_string()))
+}
+
+/// The commit of a new volume: its pool unchanged and its name still free in the running
+/// config of this moment, else `conflict`.
+fn commit_new(
+    running: &Config,
+    pool: &PoolConfig,
+    name: &str,
+    device: DeviceConfig,
+    what: String,
+) -> Result<Step, ControlError> {
+    if running.pools.iter().all(|p| p != pool) {
         return Err(ControlError::Conflict(format!(
-            "device {name} exists and is not a {size}-byte volume of pool {}",
+            "pool {} changed while volume {name} was made",
             pool.name
         )));
     }
-    match (&pool.kind, pool.image(&name)) {
-        (PoolKind::Dir { path }, _) => {
-            std::fs::create_dir_all(path).map_err(io_error(format!("pool {}", pool.name)))?
-        }
-        (_, Some(spec)) => store::rbd::pool(&spec)
-            .map_err(io_error(format!("pool {}", pool.name)))?
-            .create(&name, size)
-            .map_err(rbd_error(format!("volume {name}")))?,
-        (PoolKind::Lvm(thin), _) => thin
-            .create(&name, size)
-            .map_err(lvm_error(format!("volume {name}")))?,
-        _ => {}
+    if running.device(name).is_some() {
+        return Err(ControlError::Conflict(format!(
+            "device {name} was made by another request meanwhile"
+        )));
     }
-    running
-        .devices
-        .push(volume_device(&pool, &name, Some(size))?);
-    let what = format!("volume {name} created in pool {} ({size} bytes)", pool.name);
-    let mut answer = super::apply_edited(shared, "volume-create", args, what, running)
-        .inspect_err(|_| forget_new(&pool, &name))?;
-    answer["existed"] = json!(false);
-    Ok(answer)
+    let mut config = running.clone();
+    config.devices.push(device);
+    Ok(Step::Apply {
+        config: Box::new(config),
+        what,
+    })
 }
 
-/// A volume made for a verb that then failed: its file or image goes, so a retry starts
-/// clean.
-fn forget_new(pool: &PoolConfig, name: &str) {
-    if let Some(path) = pool.volume_path(name) {
-        let _ = std::fs::remove_file(path);
-    } else if let Some(spec) = pool.image(name) {
-        if let Ok(p) = store::rbd::pool(&spec) {
-            let _ = p.remove(name);
+/// A new volume's answer once its commit ran: what it made stays if it committed, else goes.
+fn finish_new(
+    committed: Result<Value, ControlError>,
+    made: NewVolume,
+    extra: &[(&str, Value)],
+) -> Result<Value, ControlError> {
+    match committed {
+        // Applied and kept, even when only the save failed (`not_saved`: it runs).
+        Ok(mut answer) => {
+            for (key, value) in extra {
+                answer[*key] = value.clone();
+            }
+            Ok(answer)
         }
-    } else if let Some(thin) = pool.thin() {
-        let _ = thin.remove(name, REMOVE_WAIT);
+        Err(e @ ControlError::NotSaved(_)) => Err(e),
+        Err(e) => {
+            made.forget();
+            Err(e)
+        }
     }
 }
 
@@ -316,25 +487,25 @@ fn with_writes_held<R>(
         .map_err(io_error(format!("volume {name}: flushing it")))
 }
 
-/// Copies volume `name`'s file `from` to `to` as it is at one moment: a reflink while its
-/// writes are held (milliseconds). Where the filesystem cannot share extents the copy takes
-/// as long as the data does, too long to hold the writes of a volume in use: then the volume
-/// must be unmapped or offline (no writes can come), or the copy is refused.
+/// Copies volume `name`'s file `from` into the new file `to` as it is at one moment: a
+/// reflink while its writes are held (milliseconds). Where the filesystem cannot share
+/// extents the copy takes as long as the data does, too long to hold the writes of a volume
+/// in use: then the volume must be unmapped or offline (no writes can come), or the copy is
+/// refused.
 fn live_copy(
     shared: &Shared,
-    running: &Config,
+    seen: &Config,
     name: &str,
-    from: &std::path::Path,
-    to: &std::path::Path,
+    from: &std::fs::File,
+    to: &std::fs::File,
 ) -> Result<store::clone::CloneMethod, ControlError> {
     let what = || format!("copy of volume {name}");
-    let reflinked = with_writes_held(shared, name, || store::clone::reflink_file(from, to))?
+    let reflinked = with_writes_held(shared, name, || store::clone::reflink(from, to))?
         .map_err(io_error(what()))?;
     if reflinked {
         return Ok(store::clone::CloneMethod::Reflink);
     }
-    let in_use =
-        !mappings(running, name).is_empty() && !running.device(name).is_some_and(|d| d.offline);
+    let in_use = !mappings(seen, name).is_empty() && !seen.device(name).is_some_and(|d| d.offline);
     if in_use {
         return Err(ControlError::Conflict(format!(
             "volume {name} is in use and its pool's filesystem cannot reflink: the copy would \
@@ -342,7 +513,10 @@ fn live_copy(
              offline) or unmap it first, or put the pool on XFS or btrfs"
         )));
     }
-    store::clone::clone_file(from, to, &mut copy_progress(what())).map_err(io_error(what()))
+    let method =
+        store::clone::clone_into(from, to, &mut copy_progress(what())).map_err(io_error(what()))?;
+    to.sync_all().map_err(io_error(what()))?;
+    Ok(method)
 }
 
 /// The snapshots of volume `volume` of `pool`.
@@ -352,10 +526,11 @@ fn snapshot_names(
     volume: &str,
 ) -> Result<Vec<String>, ControlError> {
     match &pool.kind {
-        PoolKind::Dir { .. } => Ok(dir_snapshots(pool, Some(volume))
+        PoolKind::Dir { path } => Ok(DirPool::new(path)
+            .snapshots(Some(volume))
             .map_err(io_error(format!("pool {}", pool.name)))?
             .into_iter()
-            .map(|(_, s, _)| s)
+            .map(|(_, s)| s)
             .collect()),
         PoolKind::Rbd { .. } => Ok(rbd_image(shared, volume)?
             .snapshots()
@@ -402,13 +577,15 @@ fn snapshot(
     }
     let started = Instant::now();
     let method = match &pool.kind {
-        PoolKind::Dir { path } => {
-            let to = pool.snapshot_path(&name, &snap).unwrap_or_default();
-            std::fs::create_dir_all(to.parent().unwrap_or(path))
-                .map_err(io_error(format!("pool {}", pool.name)))?;
-            let from = pool.volume_path(&name).unwrap_or_default();
-            live_copy(shared, running, &name, &from, &to)?.name()
-        }
+        PoolKind::Dir { path } => match dir_snapshot(shared, running, path, &name, &snap) {
+            Err(ControlError::Conflict(_))
+                if snapshot_names(shared, pool, &name)?.contains(&snap) =>
+            {
+                // Taken meanwhile by the same request repeated.
+                return Ok(json!({ "volume": name, "snapshot": snap, "existed": true }));
+            }
+            made => made?.name(),
+        },
         PoolKind::Rbd { .. } => {
             let image = rbd_image(shared, &name)?;
             with_writes_held(shared, &name, || image.snap_create(&snap))?
@@ -431,64 +608,111 @@ fn snapshot(
     }))
 }
 
-fn clone(
+/// Snapshot `snap` of volume `name` of the directory pool at `path`: copied into a partial
+/// file (a reflink while its writes are held), published under its name once durable.
+fn dir_snapshot(
     shared: &Shared,
-    mut running: Config,
-    args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
-    let (pool, source) = volume(&running, text(args, "volume")?)?;
+    seen: &Config,
+    path: &std::path::Path,
+    name: &str,
+    snap: &str,
+) -> Result<store::clone::CloneMethod, ControlError> {
+    let dir = DirPool::new(path);
+    let what = || format!("snapshot {name}@{snap}");
+    let from = dir.open_volume(name, false).map_err(io_error(what()))?;
+    let (to, partial) = dir.begin_snapshot(name, snap).map_err(io_error(what()))?;
+    let method = match live_copy(shared, seen, name, &from, &to) {
+        Ok(method) => method,
+        Err(e) => {
+            let _ = partial.forget();
+            return Err(e);
+        }
+    };
+    let kept = dir
+        .publish(partial, &DirPool::snapshot_file(name, snap))
+        .map_err(io_error(what()))?;
+    drop(kept);
+    Ok(method)
+}
+
+fn clone(shared: &Shared, seen: &Config, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let (pool, source) = volume(seen, text(args, "volume")?)?;
     let (pool, source) = (pool.clone(), source.name.clone());
     let name = object_name(args, "name")?;
-    if let Some(existing) = running.device(&name) {
-        if running
-            .pool_of(existing)
-            .is_some_and(|p| p.name == pool.name)
-        {
-            return Ok(json!({ "volume": name, "existed": true }));
-        }
-        return Err(ControlError::Conflict(format!(
-            "device {name} exists and is not a volume of pool {}",
-            pool.name
-        )));
+    let snap = match args.get("snapshot").and_then(Value::as_str) {
+        Some(_) => Some(object_name(args, "snapshot")?),
+        None => None,
+    };
+    let existed = json!({ "volume": name, "existed": true });
+    let same = |p: &PoolConfig, _: &DeviceConfig| p.name == pool.name;
+    if let Some(answer) = already(seen, &name, same, existed.clone())? {
+        return Ok(answer);
     }
-    let snap = args.get("snapshot").and_then(Value::as_str);
-    if let Some(snap) = snap {
-        if !snapshot_names(shared, &pool, &source)?
-            .iter()
-            .any(|s| s == snap)
-        {
+    let device = volume_device(&pool, &name, None)?;
+    valid_with(seen, "volume-clone", |c| c.devices.push(device.clone()))?;
+    if let Some(snap) = &snap {
+        if !snapshot_names(shared, &pool, &source)?.contains(snap) {
             return Err(ControlError::NotFound(format!(
                 "volume {source} has no snapshot {snap}"
             )));
         }
     }
     let started = Instant::now();
-    let (method, taken) = match (snap, pool.image(&source)) {
+    let (method, made, taken) = match (&snap, pool.image(&source)) {
         // librbd clones only snapshots: the volume as it is now is one taken for the clone.
         (None, Some(_)) => {
             let snap = snapshot_for_clone(shared, &pool, &source, &name)?;
-            let made = clone_data(shared, &pool, &source, Some(&snap), &name);
-            if made.is_err() {
-                if let Ok(image) = rbd_image(shared, &source) {
-                    let _ = image.snap_unprotect(&snap);
-                    let _ = image.snap_remove(&snap);
+            match clone_data(shared, seen, &pool, &source, Some(&snap), &name) {
+                Ok((method, made)) => (method, made, Some(snap)),
+                Err(e) => {
+                    drop_clone_snapshot(shared, &source, &snap);
+                    return Err(e);
                 }
             }
-            (made?, Some(snap))
         }
-        _ => (clone_data(shared, &pool, &source, snap, &name)?, None),
+        _ => {
+            let (method, made) = clone_data(shared, seen, &pool, &source, snap.as_deref(), &name)?;
+            (method, made, None)
+        }
     };
-    running.devices.push(volume_device(&pool, &name, None)?);
     let what = format!("volume {name} cloned from {source} ({method})");
-    let mut answer = super::apply_edited(shared, "volume-clone", args, what, running)
-        .inspect_err(|_| forget_new(&pool, &name))?;
-    answer["existed"] = json!(false);
-    answer["method"] = json!(method);
-    if let Some(snap) = taken {
-        answer["snapshot"] = json!(snap);
+    let committed = super::transact(shared, "volume-clone", args, |running| {
+        let same_source = running
+            .device(&source)
+            .is_some_and(|d| running.pool_of(d) == Some(&pool));
+        if !same_source {
+            return Err(ControlError::Conflict(format!(
+                "volume {source} was deleted or changed while it was cloned"
+            )));
+        }
+        commit_new(running, &pool, &name, device.clone(), what.clone())
+    });
+    if committed.as_ref().is_err_and(|e| e.kind() != "not_saved") {
+        if let Some(snap) = &taken {
+            // After the clone image is gone (`finish_new`): librbd keeps a parent snapshot.
+            let answer = finish_new(committed, made, &[]);
+            drop_clone_snapshot(shared, &source, snap);
+            return answer;
+        }
     }
-    answer["seconds"] = json!(started.elapsed().as_secs_f64());
-    Ok(answer)
+    let mut extra = vec![
+        ("existed", json!(false)),
+        ("method", json!(method)),
+        ("seconds", json!(started.elapsed().as_secs_f64())),
+    ];
+    if let Some(snap) = taken {
+        extra.push(("snapshot", json!(snap)));
+    }
+    finish_new(committed, made, &extra)
+}
+
+/// Removes the snapshot a clone of `source` as it is now was made from, after the clone
+/// failed.
+fn drop_clone_snapshot(shared: &Shared, source: &str, snap: &str) {
+    if let Ok(image) = rbd_image(shared, source) {
+        let _ = image.snap_unprotect(snap);
+        let _ = image.snap_remove(snap);
+    }
 }
 
 /// Takes the snapshot an RBD clone of `source` as it is now is made from: named after the
@@ -517,14 +741,16 @@ fn snapshot_for_clone(
     Ok(name.to_string())
 }
 
-/// Makes volume `name` of `pool` a copy of `source` (of its snapshot `snap`, or of it now).
+/// Makes volume `name` of `pool` a copy of `source` (of its snapshot `snap`, or of it now):
+/// how, and what it made.
 fn clone_data(
     shared: &Shared,
+    seen: &Config,
     pool: &PoolConfig,
     source: &str,
     snap: Option<&str>,
     name: &str,
-) -> Result<&'static str, ControlError> {
+) -> Result<(&'static str, NewVolume), ControlError> {
     if let Some(thin) = pool.thin() {
         let what = format!("clone {name} of {source}");
         match snap {
@@ -533,24 +759,14 @@ fn clone_data(
             None => with_writes_held(shared, source, || thin.snapshot(source, name, true))?,
         }
         .map_err(lvm_error(what))?;
-        return Ok("lvm thin snapshot");
+        return Ok((
+            "lvm thin snapshot",
+            NewVolume::Lv(thin.clone(), name.to_string()),
+        ));
     }
-    if let Some(dst) = pool.volume_path(name) {
-        let made = match snap {
-            Some(snap) => store::clone::clone_file(
-                &pool.snapshot_path(source, snap).unwrap_or_default(),
-                &dst,
-                &mut copy_progress(format!("clone {name} of {source}@{snap}")),
-            ),
-            None => {
-                let running = shared.topology().config.clone();
-                let from = pool.volume_path(source).unwrap_or_default();
-                return Ok(live_copy(shared, &running, source, &from, &dst)?.name());
-            }
-        };
-        return Ok(made
-            .map_err(io_error(format!("clone {name} of {source}")))?
-            .name());
+    if let Some(dir) = dir_pool(pool) {
+        let (method, made) = clone_file(shared, seen, &dir, source, snap, name)?;
+        return Ok((method.name(), NewVolume::File(made)));
     }
     // `clone` takes the snapshot of a volume cloned as it is now.
     let Some(snap) = snap else {
@@ -573,7 +789,46 @@ fn clone_data(
     rados
         .clone_image(&rados, source, snap, name)
         .map_err(rbd_error(format!("clone {name} of {source}@{snap}")))?;
-    Ok("rbd clone")
+    Ok(("rbd clone", NewVolume::Image(spec)))
+}
+
+/// A directory pool's clone: copied into a partial file, published as volume `name` once
+/// complete and durable (never over a file that is there).
+fn clone_file(
+    shared: &Shared,
+    seen: &Config,
+    dir: &DirPool,
+    source: &str,
+    snap: Option<&str>,
+    name: &str,
+) -> Result<(store::clone::CloneMethod, Made), ControlError> {
+    let what = || format!("clone {name} of {source}");
+    let (to, partial) = dir.begin_volume(name).map_err(io_error(what()))?;
+    let copied = match snap {
+        Some(snap) => dir
+            .open_snapshot(source, snap)
+            .and_then(|from| {
+                let progress = &mut copy_progress(format!("clone {name} of {source}@{snap}"));
+                let method = store::clone::clone_into(&from, &to, progress)?;
+                to.sync_all().map(|()| method)
+            })
+            .map_err(io_error(what())),
+        None => dir
+            .open_volume(source, false)
+            .map_err(io_error(what()))
+            .and_then(|from| live_copy(shared, seen, source, &from, &to)),
+    };
+    let method = match copied {
+        Ok(method) => method,
+        Err(e) => {
+            let _ = partial.forget();
+            return Err(e);
+        }
+    };
+    let made = dir
+        .publish(partial, &DirPool::volume_file(name))
+        .map_err(io_error(what()))?;
+    Ok((method, made))
 }
 
 /// Makes an RBD clone independent of its parent snapshot (librbd copies the blocks it still
@@ -639,23 +894,24 @@ fn mappings(config: &Config, name: &str) -> Vec<String> {
     super::edit::mappings_of(config, name)
 }
 
-fn rollback(
-    shared: &Shared,
-    running: &Config,
-    args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
-    let (pool, device) = volume(running, text(args, "volume")?)?;
-    let name = device.name.clone();
+fn rollback(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let name = object_name(args, "volume")?;
     let snap = object_name(args, "snapshot")?;
+    let seen = shared.topology().config.clone();
+    let (pool, device) = volume(&seen, &name)?;
     if !snapshot_names(shared, pool, &name)?.contains(&snap) {
         return Err(ControlError::NotFound(format!(
             "volume {name} has no snapshot {snap}"
         )));
     }
     if let Some(thin) = pool.thin() {
-        return rollback_thin(shared, running, thin, device, &snap);
+        return rollback_thin(shared, args, thin, device, &snap);
     }
-    let mapped = mappings(running, &name);
+    // Under the apply lock: no map or online can come between the check and the restore.
+    let lock = super::reload::lock(shared);
+    let running = shared.topology().config.clone();
+    let (pool, device) = volume(&running, &name)?;
+    let mapped = mappings(&running, &name);
     if !mapped.is_empty() && !device.offline {
         return Err(ControlError::Conflict(format!(
             "volume {name} is mapped ({}): take it offline (ctl device offline) or unmap it first; \
@@ -663,26 +919,9 @@ fn rollback(
             mapped.join("; ")
         )));
     }
-    let method = match pool.volume_path(&name) {
-        Some(path) => {
-            let from = pool.snapshot_path(&name, &snap).unwrap_or_default();
-            let restore = || -> std::io::Result<store::clone::CloneMethod> {
-                let to = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&path)?;
-                let size = to.metadata()?.len();
-                let mut progress = copy_progress(format!("rollback of {name} to {snap}"));
-                let method =
-                    store::clone::clone_into(&std::fs::File::open(&from)?, &to, &mut progress)?;
-                // A volume grown since keeps its size: the blocks past the snapshot read
-                // as zeros.
-                if to.metadata()?.len() < size {
-                    to.set_len(size)?;
-                }
-                to.sync_all()?;
-                Ok(method)
-            };
+    let method = match dir_pool(pool) {
+        Some(dir) => {
+            let restore = || restore_file(&dir, &name, &snap);
             with_writes_held(shared, &name, restore)?
                 .map_err(io_error(format!("rollback of {name} to {snap}")))?
                 .name()
@@ -694,8 +933,29 @@ fn rollback(
             "rbd"
         }
     };
+    drop(lock);
     tracing::info!(volume = %name, snapshot = %snap, "ctl: volume rolled back");
     Ok(json!({ "volume": name, "snapshot": snap, "method": method }))
+}
+
+/// Copies snapshot `snap` of volume `name` over the volume's file (both opened in the pool,
+/// never through a link), durably. A volume grown since keeps its size: the blocks past the
+/// snapshot read as zeros.
+fn restore_file(
+    dir: &DirPool,
+    name: &str,
+    snap: &str,
+) -> std::io::Result<store::clone::CloneMethod> {
+    let from = dir.open_snapshot(name, snap)?;
+    let to = dir.open_volume(name, true)?;
+    let size = to.metadata()?.len();
+    let mut progress = copy_progress(format!("rollback of {name} to {snap}"));
+    let method = store::clone::clone_into(&from, &to, &mut progress)?;
+    if to.metadata()?.len() < size {
+        to.set_len(size)?;
+    }
+    to.sync_all()?;
+    Ok(method)
 }
 
 /// Rolls an LVM volume back. LVM has no in-place revert that keeps the snapshot, so the
@@ -705,39 +965,65 @@ fn rollback(
 /// closed. The volume must be unmapped: a mapped LUN cannot lose its device for a moment.
 fn rollback_thin(
     shared: &Shared,
-    running: &Config,
+    args: &Map<String, Value>,
     thin: &store::lvm::ThinPool,
     device: &DeviceConfig,
     snap: &str,
 ) -> Result<Value, ControlError> {
     let name = device.name.clone();
-    let mapped = mappings(running, &name);
-    if !mapped.is_empty() {
-        return Err(ControlError::Conflict(format!(
-            "volume {name} is mapped ({}): an LVM volume rolls back by replacing its thin LV, \
-             which closes its device; unmap it first",
-            mapped.join("; ")
-        )));
-    }
     let started = Instant::now();
     let size = thin
         .get(&name)
         .map_err(lvm_error(format!("volume {name}")))?
         .map_or(0, |lv| lv.size_bytes);
-    let at = running.devices.iter().position(|d| d.name == name);
-    let mut without = running.clone();
-    without.devices.retain(|d| d.name != name);
-    let quiet = Map::new();
+    // Only the client's precondition: the closing and reopening are not saved (the config
+    // comes back as it was).
+    let mut first = Map::new();
+    if let Some(generation) = args.get("if_generation") {
+        first.insert("if_generation".into(), generation.clone());
+    }
+    let mut at = 0;
     let what = format!("volume {name} closed for its rollback to {snap}");
-    super::apply_edited(shared, "volume-rollback", &quiet, what, without)?;
+    super::transact(shared, "volume-rollback", &first, |running| {
+        if running.device(&name) != Some(device) {
+            return Err(ControlError::Conflict(format!(
+                "volume {name} changed while its rollback was prepared"
+            )));
+        }
+        let mapped = mappings(running, &name);
+        if !mapped.is_empty() {
+            return Err(ControlError::Conflict(format!(
+                "volume {name} is mapped ({}): an LVM volume rolls back by replacing its thin \
+                 LV, which closes its device; unmap it first",
+                mapped.join("; ")
+            )));
+        }
+        let mut config = running.clone();
+        at = config
+            .devices
+            .iter()
+            .position(|d| d.name == name)
+            .unwrap_or(0);
+        config.devices.retain(|d| d.name != name);
+        Ok(Step::Apply {
+            config: Box::new(config),
+            what,
+        })
+    })?;
     // The device comes back into the running config where it was, on whichever LV then
     // bears its name.
     let mut reopen = |what: &str| {
-        let mut with = shared.topology().config.clone();
-        let at = at.unwrap_or(with.devices.len()).min(with.devices.len());
-        with.devices.insert(at, device.clone());
         let what = format!("volume {name} {what}");
-        super::apply_edited(shared, "volume-rollback", &quiet, what, with).map(drop)
+        super::transact(shared, "volume-rollback", &Map::new(), |running| {
+            let mut config = running.clone();
+            let at = at.min(config.devices.len());
+            config.devices.insert(at, device.clone());
+            Ok(Step::Apply {
+                config: Box::new(config),
+                what,
+            })
+        })
+        .map(drop)
     };
     swap_to_snapshot(thin, &name, snap, size, &mut reopen)?;
     tracing::info!(volume = %name, snapshot = %snap, "ctl: volume rolled back");
@@ -847,22 +1133,27 @@ fn swap_lvs(
 
 fn delete(
     shared: &Shared,
-    mut running: Config,
+    seen: &Config,
     args: &Map<String, Value>,
 ) -> Result<Value, ControlError> {
     let name = object_name(args, "volume")?;
-    if running.device(&name).is_none() {
-        return Ok(json!({ "volume": name, "deleted": false }));
+    let gone = json!({ "volume": name, "deleted": false });
+    if seen.device(&name).is_none() {
+        return Ok(gone);
     }
-    let (pool, _) = volume(&running, &name)?;
+    let (pool, _) = volume(seen, &name)?;
     let pool = pool.clone();
-    let mapped = mappings(&running, &name);
-    if !mapped.is_empty() {
-        return Err(ControlError::Conflict(format!(
+    let unmapped = |running: &Config| {
+        let mapped = mappings(running, &name);
+        if mapped.is_empty() {
+            return Ok(());
+        }
+        Err(ControlError::Conflict(format!(
             "volume {name} is mapped ({}): unmap it first",
             mapped.join("; ")
-        )));
-    }
+        )))
+    };
+    unmapped(seen)?;
     let snaps = snapshot_names(shared, &pool, &name)?;
     if !snaps.is_empty() {
         return Err(ControlError::Conflict(format!(
@@ -870,24 +1161,44 @@ fn delete(
             snaps.join(", ")
         )));
     }
-    running.devices.retain(|d| d.name != name);
     let what = format!("volume {name} deleted from pool {}", pool.name);
-    let mut answer = super::apply_edited(shared, "volume-delete", args, what, running)?;
-    match (pool.volume_path(&name), pool.image(&name)) {
-        // The store closes with its last command; the space is freed when it does.
-        (Some(path), _) => {
-            std::fs::remove_file(path).map_err(io_error(format!("volume {name}")))?
+    let mut answer = super::transact(shared, "volume-delete", args, |running| {
+        let Some(device) = running.device(&name) else {
+            return Ok(Step::Answer(gone.clone()));
+        };
+        if running.pool_of(device) != Some(&pool) {
+            return Err(ControlError::Conflict(format!(
+                "volume {name} changed while it was deleted"
+            )));
         }
-        (_, Some(spec)) => remove_image(&spec)?,
-        _ => {
-            if let Some(thin) = pool.thin() {
-                thin.remove(&name, REMOVE_WAIT)
-                    .map_err(lvm_error(format!("volume {name}")))?;
-            }
-        }
+        unmapped(running)?;
+        let mut config = running.clone();
+        config.devices.retain(|d| d.name != name);
+        Ok(Step::Apply {
+            config: Box::new(config),
+            what,
+        })
+    })?;
+    if answer.get("deleted").is_some() {
+        return Ok(answer);
     }
+    remove_medium(&pool, &name)?;
     answer["deleted"] = json!(true);
     Ok(answer)
+}
+
+/// Removes a deleted volume's file, image or LV. The store closes with its last command; the
+/// space is freed when it does.
+fn remove_medium(pool: &PoolConfig, name: &str) -> Result<(), ControlError> {
+    let what = || format!("volume {name}");
+    if let Some(dir) = dir_pool(pool) {
+        dir.remove_volume(name).map_err(io_error(what()))?;
+    } else if let Some(spec) = pool.image(name) {
+        remove_image(&spec)?;
+    } else if let Some(thin) = pool.thin() {
+        thin.remove(name, REMOVE_WAIT).map_err(lvm_error(what()))?;
+    }
+    Ok(())
 }
 
 /// Removes an RBD image once the store of the device that was it has closed (librbd refuses
@@ -905,40 +1216,6 @@ fn remove_image(spec: &store::RbdSpec) -> Result<(), ControlError> {
             Err(e) => return Err(rbd_error(what)(e)),
         }
     }
-}
-
-/// The snapshots in a directory pool (of one volume): (volume, snapshot, path).
-fn dir_snapshots(
-    pool: &PoolConfig,
-    volume: Option<&str>,
-) -> std::io::Result<Vec<(String, String, PathBuf)>> {
-    let Some(dir) = pool.dir().map(|d| d.join(".snapshots")) else {
-        return Ok(Vec::new());
-    };
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut out = Vec::new();
-    for entry in entries {
-        let path = entry?.path();
-        let Some(stem) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".img"))
-        else {
-            continue;
-        };
-        let Some((vol, snap)) = stem.split_once('@') else {
-            continue;
-        };
-        if volume.is_none_or(|v| v == vol) {
-            out.push((vol.to_string(), snap.to_string(), path.clone()));
-        }
-    }
-    out.sort();
-    Ok(out)
 }
 
 /// Every volume of `config`: its pool and device.
@@ -1009,21 +1286,22 @@ fn snapshot_delete(
         // A volume deleted already: its pool is the directory or LVM pool that holds the
         // snapshot.
         None => running.pools.iter().find(|p| {
-            p.snapshot_path(&name, &snap)
-                .is_some_and(|path| path.exists())
-                || p.thin().is_some_and(|t| {
-                    t.get(&store::lvm::snapshot_lv(&name, &snap))
-                        .is_ok_and(|lv| lv.is_some())
-                })
+            dir_pool(p).is_some_and(|d| {
+                d.snapshots(Some(&name))
+                    .is_ok_and(|s| s.iter().any(|(_, s)| *s == snap))
+            }) || p.thin().is_some_and(|t| {
+                t.get(&store::lvm::snapshot_lv(&name, &snap))
+                    .is_ok_and(|lv| lv.is_some())
+            })
         }),
     };
     let Some(pool) = pool else {
         return Ok(gone);
     };
-    if let Some(path) = pool.snapshot_path(&name, &snap) {
-        return match std::fs::remove_file(&path) {
-            Ok(()) => Ok(json!({ "volume": name, "snapshot": snap, "deleted": true })),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(gone),
+    if let Some(dir) = dir_pool(pool) {
+        return match dir.remove_snapshot(&name, &snap) {
+            Ok(true) => Ok(json!({ "volume": name, "snapshot": snap, "deleted": true })),
+            Ok(false) => Ok(gone),
             Err(e) => Err(io_error(format!("snapshot {name}@{snap}"))(e)),
         };
     }

@@ -18,6 +18,10 @@ pub struct CtlArgs {
     /// Print the daemon's JSON reply instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// Change only if the running config is still this generation (`ctl status` shows it):
+    /// refused with `conflict` if anything changed since it was read.
+    #[arg(long, global = true, value_name = "N")]
+    if_generation: Option<u64>,
     #[command(subcommand)]
     verb: Verb,
 }
@@ -158,6 +162,10 @@ enum VolumeVerb {
         name: String,
         /// Its size (bytes, or with K, M, G, T: 1024-based).
         size: String,
+        /// Take over the file `NAME.img` that is in the pool already (a directory pool), with
+        /// its data, instead of refusing it.
+        #[arg(long)]
+        adopt: bool,
         #[command(flatten)]
         save: SaveFlag,
     },
@@ -827,9 +835,10 @@ fn volume_request(what: &VolumeVerb) -> Value {
             pool,
             name,
             size,
+            adopt,
             save,
         } => json!({"verb": "volume-create", "pool": pool, "name": name, "size": size,
-                    "save": save.save}),
+                    "adopt": adopt, "save": save.save}),
         VolumeVerb::Resize { volume, size, save } => {
             json!({"verb": "resize", "device": volume, "size": size, "save": save.save})
         }
@@ -984,7 +993,14 @@ pub fn run(args: CtlArgs) -> ExitCode {
         eprintln!("ferrosan ctl: no default control socket (neither XDG_RUNTIME_DIR nor HOME is set): give --socket PATH");
         return ExitCode::from(2);
     };
-    let reply = request(&args.verb).and_then(|r| exchange(&socket, &r));
+    let reply = request(&args.verb)
+        .map(|mut r| {
+            if let Some(generation) = args.if_generation {
+                r["if_generation"] = json!(generation);
+            }
+            r
+        })
+        .and_then(|r| exchange(&socket, &r));
     let reply = match reply {
         Ok(r) => r,
         Err(e) => {

@@ -68,7 +68,10 @@ pub fn handle(
 
 fn io_error(what: String) -> impl FnOnce(std::io::Error) -> ControlError {
     move |e| match e.kind() {
-        std::io::ErrorKind::AlreadyExists => ControlError::Conflict(format!("{what}: {e}")),
+        // There already, or not what a pool's entry must be (a link, another's directory).
+        std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::InvalidInput => {
+            ControlError::Conflict(format!("{what}: {e}"))
+        }
         std::io::ErrorKind::NotFound => ControlError::NotFound(format!("{what}: {e}")),
         _ => ControlError::Device(format!("{what}: {e}")),
     }

@@ -1,0 +1,323 @@
+//! The array owns its state (docs/OPERATIONS.md, *What a client may rely on*): every change
+//! is one transaction on the running config of its moment, a reload never drops unsaved
+//! changes silently, and a directory pool's files are the array's own (created exclusively,
+//! never followed through a link, removed only by whoever made them). Each test reproduces
+//! one way this failed, against the daemon binary, as an orchestrator or operator meets it.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Ctl, Daemon};
+use serde_json::Value;
+
+const IQN: &str = "iqn.2026-11.org.ferrosan:state";
+const HOST: &str = "iqn.2026-11.org.example:host-a";
+
+fn ok(ctl: &Ctl, args: &[&str]) -> Value {
+    let r = ctl.json(args);
+    assert_eq!(r["ok"], true, "ctl {args:?}: {r}");
+    r
+}
+
+fn refused(ctl: &Ctl, args: &[&str], kind: &str, why: &str) -> Value {
+    let r = ctl.json(args);
+    assert_eq!(r["ok"], false, "ctl {args:?} should be refused: {r}");
+    assert_eq!(r["kind"], kind, "ctl {args:?}: {r}");
+    assert!(
+        r["error"].as_str().unwrap_or("").contains(why),
+        "ctl {args:?}: {r}"
+    );
+    r
+}
+
+/// A daemon with a directory pool `fast` at `pool` and a RAM LUN 0 for everyone.
+fn daemon_with_pool(pool: &Path, ctl: &Ctl) -> Daemon {
+    let s = ctl.socket.display().to_string();
+    let body = format!(
+        "[[pool]]\nname = \"fast\"\npath = \"{}\"\n\n[[device]]\nname = \"boot\"\nstore = \"ram\"\nsize = \"8M\"\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"boot\" }} ]\n",
+        pool.display()
+    );
+    Daemon::start_config_args(IQN, &body, &["--control-socket", &s])
+}
+
+/// The LUNs `host` is shown, by volume, from the running config.
+fn exported_to(ctl: &Ctl, host: &str) -> Vec<String> {
+    let luns = ok(ctl, &["luns"]);
+    let group = format!("host-{}", host.replace(':', "."));
+    let mut out: Vec<String> = luns["luns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["group"] == group.as_str())
+        .map(|l| l["device"].as_str().unwrap().to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+/// A clone that copies for a while (the disk here cannot reflink, and the source is unmapped)
+/// commits against the config of its end: an unexport acknowledged meanwhile stays done. The
+/// config copied at the clone's start put the volume back before.
+#[test]
+fn a_slow_clone_does_not_undo_an_unexport_acknowledged_meanwhile() {
+    let dir = common::disk_dir("state-clone");
+    let pool = dir.join("pool");
+    let ctl = Ctl::new();
+    let mut daemon = daemon_with_pool(&pool, &ctl);
+    ok(&ctl, &["volume", "create", "fast", "big", "512M"]);
+    ok(&ctl, &["volume", "create", "fast", "vm1", "16M"]);
+    ok(&ctl, &["volume", "export", "vm1", "--initiator", HOST]);
+    fill(&pool.join("big.img"), 384 << 20);
+    let clone = {
+        let ctl = Ctl {
+            socket: ctl.socket.clone(),
+        };
+        std::thread::spawn(move || ctl.json(&["volume", "clone", "big", "copy"]))
+    };
+    let partial = pool.join(".copy.img.partial");
+    let started = Instant::now();
+    while !partial.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the clone never started copying"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let gone = ok(&ctl, &["volume", "unexport", "vm1", "--initiator", HOST]);
+    assert_eq!(gone["unexported"], true, "{gone}");
+    assert!(
+        partial.exists(),
+        "the clone ended before the unexport: the race was not exercised"
+    );
+    let cloned = clone.join().unwrap();
+    assert_eq!(cloned["ok"], true, "{cloned}");
+    assert_eq!(cloned["method"], "copy", "{cloned}");
+    assert!(
+        exported_to(&ctl, HOST).is_empty(),
+        "the clone undid the unexport: {:?}",
+        exported_to(&ctl, HOST)
+    );
+    let listed = ok(&ctl, &["volume", "list"]);
+    assert_eq!(listed["volumes"].as_array().unwrap().len(), 3, "{listed}");
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes `bytes` of non-zero data at the start of `path` (a sparse copy skips nothing).
+fn fill(path: &Path, bytes: usize) {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let chunk = vec![0x5a_u8; 1 << 20];
+    for _ in 0..bytes / chunk.len() {
+        file.write_all(&chunk).unwrap();
+    }
+    file.sync_all().unwrap();
+}
+
+/// Many exports at once, as a CSI controller sends them: every one lands, each at a LUN of
+/// its own, and the saved file holds them all.
+#[test]
+fn parallel_exports_all_land() {
+    const N: usize = 8;
+    let dir = common::disk_dir("state-exports");
+    let pool = dir.join("pool");
+    let ctl = Ctl::new();
+    let mut daemon = daemon_with_pool(&pool, &ctl);
+    for i in 0..N {
+        ok(&ctl, &["volume", "create", "fast", &format!("v{i}"), "4M"]);
+    }
+    let threads: Vec<_> = (0..N)
+        .map(|i| {
+            let ctl = Ctl {
+                socket: ctl.socket.clone(),
+            };
+            std::thread::spawn(move || {
+                let v = format!("v{i}");
+                ctl.json(&["volume", "export", &v, "--initiator", HOST, "--save"])
+            })
+        })
+        .collect();
+    let mut luns: Vec<u64> = threads
+        .into_iter()
+        .map(|t| {
+            let r = t.join().unwrap();
+            assert_eq!(r["ok"], true, "{r}");
+            r["lun"].as_u64().unwrap()
+        })
+        .collect();
+    luns.sort();
+    assert_eq!(luns, (0..N as u64).collect::<Vec<_>>());
+    assert_eq!(exported_to(&ctl, HOST).len(), N);
+    let text = std::fs::read_to_string(daemon.file("ferrosan.toml")).unwrap();
+    for i in 0..N {
+        assert!(text.contains(&format!("device = \"v{i}\"")), "{text}");
+    }
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `if_generation`: a client that read the config, decided and writes is refused when
+/// anything changed in between.
+#[test]
+fn a_change_with_a_stale_generation_is_refused() {
+    let dir = common::disk_dir("state-generation");
+    let ctl = Ctl::new();
+    let mut daemon = daemon_with_pool(&dir.join("pool"), &ctl);
+    let read = ok(&ctl, &["status"])["generation"].as_u64().unwrap();
+    let g = read.to_string();
+    ok(&ctl, &["volume", "create", "fast", "a", "4M"]);
+    refused(
+        &ctl,
+        &["--if-generation", &g, "volume", "create", "fast", "b", "4M"],
+        "conflict",
+        "not",
+    );
+    let now = ok(&ctl, &["status"])["generation"].as_u64().unwrap();
+    assert!(now > read);
+    let made = ok(
+        &ctl,
+        &[
+            "--if-generation",
+            &now.to_string(),
+            "volume",
+            "create",
+            "fast",
+            "b",
+            "4M",
+        ],
+    );
+    assert_eq!(made["existed"], false, "{made}");
+    assert!(!dir.join("pool/c.img").exists());
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ctl reload` (and `systemctl reload`, which runs it) refuses to drop changes made with
+/// `ctl` and not saved, saying which, and fails; told to discard them, it returns to the
+/// file. Before, it unmapped the live LUN and answered success.
+#[test]
+fn a_reload_never_drops_unsaved_changes_silently() {
+    let dir = common::disk_dir("state-reload");
+    let ctl = Ctl::new();
+    let mut daemon = daemon_with_pool(&dir.join("pool"), &ctl);
+    ok(&ctl, &["volume", "create", "fast", "vm1", "4M"]);
+    ok(&ctl, &["lun", "map", IQN, "all", "1", "vm1"]);
+    let r = refused(&ctl, &["reload"], "conflict", "LUN 1 maps device vm1");
+    assert!(r["error"].as_str().unwrap().contains("--discard"), "{r}");
+    let plain = ctl.run(&["reload"]);
+    assert!(!plain.status.success(), "{}", plain.describe());
+    assert_eq!(ok(&ctl, &["luns"])["luns"].as_array().unwrap().len(), 2);
+    // Saved, a reload has nothing to drop.
+    ok(&ctl, &["save"]);
+    ok(&ctl, &["reload"]);
+    ok(&ctl, &["lun", "unmap", IQN, "all", "1"]);
+    ok(&ctl, &["reload", "--discard"]);
+    assert_eq!(ok(&ctl, &["luns"])["luns"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        ok(&ctl, &["status"])["unsaved_changes"],
+        serde_json::json!([])
+    );
+    // A change undone by its opposite leaves nothing unsaved to refuse for.
+    ok(&ctl, &["lun", "unmap", IQN, "all", "1"]);
+    ok(&ctl, &["lun", "map", IQN, "all", "1", "vm1"]);
+    ok(&ctl, &["reload"]);
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file in the pool that the array did not make is never taken as a new volume (a new host
+/// read another tenant's data), and a create refused over it leaves it as it was (a failed
+/// create deleted it: there, the live backing file of another device). Only `--adopt` takes
+/// it, with its data.
+#[test]
+fn a_create_neither_adopts_nor_deletes_a_file_it_did_not_make() {
+    let dir = common::disk_dir("state-adopt");
+    let pool = dir.join("pool");
+    std::fs::create_dir_all(&pool).unwrap();
+    let secret = pool.join("vm9.img");
+    let mut data = b"SECRET-TENANT-A-DATA".to_vec();
+    data.resize(4 << 20, 0);
+    std::fs::write(&secret, &data).unwrap();
+    let ctl = Ctl::new();
+    let mut daemon = daemon_with_pool(&pool, &ctl);
+    for size in ["4M", "8M"] {
+        refused(
+            &ctl,
+            &["volume", "create", "fast", "vm9", size],
+            "conflict",
+            "adopt",
+        );
+        assert_eq!(std::fs::read(&secret).unwrap(), data, "{size}");
+    }
+    assert!(ok(&ctl, &["volume", "list"])["volumes"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let adopted = ok(&ctl, &["volume", "create", "fast", "vm9", "4M", "--adopt"]);
+    assert_eq!(adopted["existed"], false, "{adopted}");
+    assert_eq!(std::fs::read(&secret).unwrap(), data);
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A link planted in a pool is never followed: a snapshot that is a link to a file outside
+/// the pool is neither listed, cloned nor rolled back to (an initiator read a root-only
+/// file through it), and a `.snapshots` that is a link makes snapshots fail, writing nothing
+/// where it points.
+#[test]
+fn links_in_a_pool_are_never_followed() {
+    let dir = common::disk_dir("state-links");
+    let pool = dir.join("pool");
+    let outside = dir.join("outside");
+    std::fs::create_dir_all(pool.join(".snapshots")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let root_only = outside.join("shadow");
+    std::fs::write(&root_only, vec![b'R'; 4 << 20]).unwrap();
+    let ctl = Ctl::new();
+    let mut daemon = daemon_with_pool(&pool, &ctl);
+    ok(&ctl, &["volume", "create", "fast", "vm1", "4M"]);
+    std::os::unix::fs::symlink(&root_only, pool.join(".snapshots/vm1@evil.img")).unwrap();
+    let snaps = ok(&ctl, &["snapshot", "list", "vm1"]);
+    assert_eq!(snaps["snapshots"], serde_json::json!([]), "{snaps}");
+    refused(
+        &ctl,
+        &["volume", "clone", "vm1", "x", "--snapshot", "evil"],
+        "not_found",
+        "no snapshot",
+    );
+    refused(
+        &ctl,
+        &["volume", "rollback", "vm1", "evil"],
+        "not_found",
+        "no snapshot",
+    );
+    assert!(!pool.join("x.img").exists());
+    assert!(std::fs::read(pool.join("vm1.img"))
+        .unwrap()
+        .iter()
+        .all(|b| *b == 0));
+    // A volume file that is a link is not opened either.
+    std::os::unix::fs::symlink(&root_only, pool.join("vm2.img")).unwrap();
+    refused(
+        &ctl,
+        &["volume", "create", "fast", "vm2", "4M", "--adopt"],
+        "conflict",
+        "symbolic link",
+    );
+    // `.snapshots` a link: refused, nothing lands where it points.
+    std::fs::remove_dir_all(pool.join(".snapshots")).unwrap();
+    std::os::unix::fs::symlink(&outside, pool.join(".snapshots")).unwrap();
+    ok(&ctl, &["device", "offline", "vm1"]);
+    refused(
+        &ctl,
+        &["volume", "snapshot", "vm1", "s1"],
+        "conflict",
+        "not a directory",
+    );
+    let there: Vec<_> = std::fs::read_dir(&outside).unwrap().collect();
+    assert_eq!(there.len(), 1, "only the shadow file: {there:?}");
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,8 +7,9 @@
 //! there (a comment, a size in `G`, a default left out, a `secret_file`). Only keys that
 //! changed are written, in the file's own tables; tables of devices, targets, groups,
 //! credentials and portal groups are matched by their name, IQN or tag; a new one is added at
-//! the end of its list and a removed one taken out. `[server]` is never touched: its keys do
-//! not change while the daemon runs, and command-line overrides must not reach the file.
+//! the end of its list (in the text, right after the list's last element, under its parent)
+//! and a removed one taken out. `[server]` is never touched: its keys do not change while the
+//! daemon runs, and command-line overrides must not reach the file.
 
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
@@ -29,14 +30,61 @@ pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, Merg
     let render = |c: &Config| -> Result<DocumentMut, MergeError> {
         c.to_toml_with_secrets().parse().map_err(MergeError::Render)
     };
-    let (before, after) = (render(base)?, render(running)?);
+    let (before, mut after) = (render(base)?, render(running)?);
+    each_table(after.as_table_mut(), &mut |t| t.set_position(NEW));
     merge_table(
         doc.as_table_mut(),
         before.as_table(),
         after.as_table(),
         true,
     );
+    place_new_tables(doc.as_table_mut());
     Ok(doc.to_string())
+}
+
+/// The position of a table the merge copies from the running config's rendering.
+const NEW: usize = usize::MAX;
+
+/// Calls `f` on `table` and every table under it, in the order toml_edit's `Display` visits
+/// them (a table, then its children in key order), skipping dotted tables as it does.
+fn each_table(table: &mut Table, f: &mut dyn FnMut(&mut Table)) {
+    if !table.is_dotted() {
+        f(table);
+    }
+    for (_, item) in table.iter_mut() {
+        match item {
+            Item::Table(t) => each_table(t, f),
+            Item::ArrayOfTables(a) => a.iter_mut().for_each(|t| each_table(t, f)),
+            _ => {}
+        }
+    }
+}
+
+/// toml_edit writes a document's tables sorted by `Table::position()` (the rank of their
+/// header in the text they were parsed from), not under their parent. A table copied from
+/// the rendered config would keep that text's rank and land anywhere among the file's: a
+/// `[[target.group]]` of the first target written after the second `[[target]]` header
+/// belongs to the second. So each table is ranked by the last of the file's tables visited
+/// up to it (itself, if it is one), then by visiting order: the file's tables keep their
+/// order, and a new one comes right after what logically precedes it (its previous
+/// sibling's subtree, or its parent), inside its parent's part of the text.
+fn place_new_tables(doc: &mut Table) {
+    let mut anchors = Vec::new();
+    let mut anchor = 0;
+    each_table(doc, &mut |t| {
+        if let Some(p) = t.position().filter(|&p| p != NEW) {
+            anchor = p;
+        }
+        anchors.push(anchor);
+    });
+    let mut order: Vec<usize> = (0..anchors.len()).collect();
+    order.sort_by_key(|&i| anchors[i]); // stable: ties keep visiting order
+    let mut rank = vec![0; order.len()];
+    for (r, i) in order.into_iter().enumerate() {
+        rank[i] = r;
+    }
+    let mut ranks = rank.into_iter();
+    each_table(doc, &mut |t| t.set_position(ranks.next().unwrap_or(0)));
 }
 
 /// The key naming each element of an array of tables.
@@ -245,5 +293,80 @@ iqn = "iqn.2026-11.org.example:store1"
         let base = parse(FILE);
         let e = merge("[[device]\nname =", &base, &base).unwrap_err();
         assert!(e.to_string().contains("not saving over it"), "{e}");
+    }
+
+    /// Two targets, each with a group: what the issue's file looked like.
+    const TWO_TARGETS: &str = r#"# Two targets.
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+
+[[device]]
+name = "a"
+store = "ram"
+size = "1G"
+
+[[target]]
+iqn = "iqn.2026-11.test:t1"
+
+  [[target.group]]
+  name = "web"
+  initiators = ["iqn.2026-11.test:web"]
+  luns = [ { lun = 0, device = "a" } ]
+
+# The second target.
+[[target]]
+iqn = "iqn.2026-11.test:t2"
+
+  [[target.group]]
+  name = "db"
+  any_initiator = true
+  luns = [ { lun = 0, device = "a" } ]
+"#;
+
+    #[test]
+    fn new_tables_land_under_their_parent() {
+        let base = parse(TWO_TARGETS);
+        // What `ctl volume export --target t1`, `ctl credentials-add` and `ctl portal-add`
+        // leave running: a device, a group of t1 mapping it, t1's credentials, a portal group.
+        let running = parse(
+            &TWO_TARGETS
+                .replace(
+                    "\n[[device]]",
+                    "\n[[portal_group]]\ntag = 2\nlisten = [\"127.0.0.1:3261\"]\n\n[[device]]",
+                )
+                .replace(
+                    "\n[[target]]\niqn = \"iqn.2026-11.test:t1\"",
+                    "\n[[device]]\nname = \"b\"\nstore = \"ram\"\nsize = \"2G\"\n\
+                     \n[[target]]\niqn = \"iqn.2026-11.test:t1\"",
+                )
+                .replace(
+                    "\n# The second target.",
+                    "\n  [[target.group]]\n  name = \"host-x\"\n  \
+                     initiators = [\"iqn.2026-11.test:x\"]\n  \
+                     luns = [ { lun = 0, device = \"b\" } ]\n\
+                     \n  [[target.credentials]]\n  initiator = \"iqn.2026-11.test:web\"\n  \
+                     users = [ { user = \"web\", secret = \"web-secret-0001\" } ]\n\
+                     \n# The second target.",
+                ),
+        );
+        assert_eq!(running.targets[0].groups.len(), 2);
+        assert_eq!(running.targets[0].credentials.len(), 1);
+        let text = merge(TWO_TARGETS, &base, &running).unwrap();
+        assert_eq!(parse(&text), running, "the file says what runs:\n{text}");
+        let at = |needle: &str| {
+            text.find(needle)
+                .unwrap_or_else(|| panic!("{needle:?} not in:\n{text}"))
+        };
+        let (t1, t2) = (at("iqn.2026-11.test:t1"), at("# The second target."));
+        for new in ["\"host-x\"", "[[target.credentials]]"] {
+            assert!(t1 < at(new) && at(new) < t2, "{new} not under t1:\n{text}");
+        }
+        assert!(at("tag = 2") < at("[[device]]"), "{text}");
+        assert!(at("name = \"b\"") < t1, "{text}");
+        assert!(
+            text.contains("# The second target.\n[[target]]\niqn = \"iqn.2026-11.test:t2\""),
+            "{text}"
+        );
     }
 }

@@ -369,4 +369,306 @@ iqn = "iqn.2026-11.test:t2"
             "{text}"
         );
     }
+
+    /// SplitMix64: a small deterministic generator for the edits below.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        /// A number below `n` (0 when `n` is 0).
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct Group {
+        name: String,
+        /// Empty: `any_initiator = true`.
+        initiators: Vec<String>,
+        luns: Vec<(u64, String)>,
+    }
+
+    #[derive(Clone, Default)]
+    struct Target {
+        iqn: String,
+        groups: Vec<Group>,
+        /// Initiators with credentials, each with the number its user and secret are made of.
+        credentials: Vec<(String, u32)>,
+    }
+
+    /// A config that the generator edits and writes as text, its `[server]` always the same.
+    #[derive(Clone, Default)]
+    struct Model {
+        names: u32,
+        max_sessions: u32,
+        portal_groups: Vec<u16>,
+        /// Name and size in MiB.
+        devices: Vec<(String, u32)>,
+        /// Never empty.
+        targets: Vec<Target>,
+    }
+
+    impl Model {
+        fn new(rng: &mut Rng) -> Model {
+            let mut m = Model {
+                max_sessions: 64,
+                portal_groups: vec![1],
+                ..Model::default()
+            };
+            m.add_target(rng);
+            m.add_target(rng);
+            for _ in 0..10 {
+                m.edit(rng);
+            }
+            m
+        }
+
+        /// A target with one group (a target needs one).
+        fn add_target(&mut self, rng: &mut Rng) {
+            let iqn = self.fresh("iqn.2026-11.test:t");
+            self.targets.push(Target {
+                iqn,
+                ..Target::default()
+            });
+            self.add_group(self.targets.len() - 1, rng);
+        }
+
+        /// A group of target `t`, for any initiator if the target has no such group yet.
+        fn add_group(&mut self, t: usize, rng: &mut Rng) {
+            let has_any = self.targets[t]
+                .groups
+                .iter()
+                .any(|g| g.initiators.is_empty());
+            let name = self.fresh("g");
+            let initiators = match has_any || rng.below(2) == 0 {
+                true => vec![self.fresh("iqn.2026-11.test:i")],
+                false => Vec::new(),
+            };
+            let luns = match self.devices.is_empty() {
+                true => Vec::new(),
+                false => vec![(0, self.devices[rng.below(self.devices.len())].0.clone())],
+            };
+            self.targets[t].groups.push(Group {
+                name,
+                initiators,
+                luns,
+            });
+        }
+
+        fn group(&mut self, at: Option<(usize, usize)>) -> Option<&mut Group> {
+            at.map(|(t, g)| &mut self.targets[t].groups[g])
+        }
+
+        fn fresh(&mut self, prefix: &str) -> String {
+            self.names += 1;
+            format!("{prefix}{}", self.names)
+        }
+
+        /// One random edit, as `ctl` commands make them.
+        fn edit(&mut self, rng: &mut Rng) {
+            let t = rng.below(self.targets.len());
+            let all: Vec<(usize, usize)> = (self.targets.iter().enumerate())
+                .flat_map(|(t, x)| (0..x.groups.len()).map(move |g| (t, g)))
+                .collect();
+            let at = all.get(rng.below(all.len())).copied();
+            match rng.below(19) {
+                0 | 1 => {
+                    let name = self.fresh("d");
+                    self.devices.push((name, 1 + rng.below(64) as u32));
+                }
+                2 if !self.devices.is_empty() => {
+                    let gone = self.devices.remove(rng.below(self.devices.len())).0;
+                    for g in self.targets.iter_mut().flat_map(|t| &mut t.groups) {
+                        g.luns.retain(|(_, d)| *d != gone);
+                    }
+                }
+                3 => self.add_target(rng),
+                4 if self.targets.len() > 1 => {
+                    self.targets.remove(t);
+                }
+                5..=7 => self.add_group(t, rng),
+                8 if self.targets[t].groups.len() > 1 => {
+                    let len = self.targets[t].groups.len();
+                    self.targets[t].groups.remove(rng.below(len));
+                }
+                9 | 10 => {
+                    let devices = self.devices.clone();
+                    if let Some(group) = self.group(at) {
+                        let free: Vec<&(String, u32)> = devices
+                            .iter()
+                            .filter(|(d, _)| group.luns.iter().all(|(_, m)| m != d))
+                            .collect();
+                        if !free.is_empty() {
+                            let lun = group.luns.iter().map(|(l, _)| l + 1).max().unwrap_or(0);
+                            group
+                                .luns
+                                .push((lun, free[rng.below(free.len())].0.clone()));
+                        }
+                    }
+                }
+                11 => {
+                    if let Some(group) = self.group(at).filter(|g| !g.luns.is_empty()) {
+                        group.luns.remove(rng.below(group.luns.len()));
+                    }
+                }
+                12 => {
+                    let initiator = self.fresh("iqn.2026-11.test:i");
+                    if let Some(group) = self.group(at).filter(|g| !g.initiators.is_empty()) {
+                        group.initiators.push(initiator);
+                    }
+                }
+                13 => {
+                    if let Some(group) = self.group(at).filter(|g| g.initiators.len() > 1) {
+                        group.initiators.remove(rng.below(group.initiators.len()));
+                    }
+                }
+                14 | 15 => {
+                    let initiator = self.fresh("iqn.2026-11.test:c");
+                    self.targets[t].credentials.push((initiator, self.names));
+                }
+                16 if !self.targets[t].credentials.is_empty() => {
+                    let len = self.targets[t].credentials.len();
+                    self.targets[t].credentials.remove(rng.below(len));
+                }
+                17 => {
+                    let tag = self.portal_groups.iter().max().map_or(1, |t| t + 1);
+                    self.portal_groups.push(tag);
+                }
+                18 if self.portal_groups.len() > 1 => {
+                    self.portal_groups
+                        .remove(rng.below(self.portal_groups.len()));
+                }
+                // A limit and a size (also when an edit above had nothing to work on).
+                _ => {
+                    self.max_sessions = 16 + rng.below(200) as u32;
+                    if let Some((_, mib)) = self.devices.first_mut() {
+                        *mib += 1;
+                    }
+                }
+            }
+        }
+
+        /// The config as text: as a program writes it, or (`hand`) as an operator might, with
+        /// comments, other indentation, sizes in `M`, LUNs as tables, targets first and
+        /// `[limits]` between the first target's header and its groups.
+        fn text(&self, hand: bool) -> String {
+            let note = |s: String| if hand { s } else { String::new() };
+            let limits = format!(
+                "\n[limits]\nmax_sessions = {}{}\n",
+                self.max_sessions,
+                note("   # a small lab".into())
+            );
+            let mut pgs = String::new();
+            for tag in &self.portal_groups {
+                pgs += &note(format!("\n# portal group {tag}"));
+                let port = 3260 + tag;
+                pgs +=
+                    &format!("\n[[portal_group]]\ntag = {tag}\nlisten = [\"127.0.0.1:{port}\"]\n");
+            }
+            let mut devices = String::new();
+            for (name, mib) in &self.devices {
+                devices += &note(format!("\n# device {name}"));
+                let size = match hand {
+                    true => format!("\"{mib}M\"   # {mib} MiB"),
+                    false => (u64::from(*mib) << 20).to_string(),
+                };
+                devices +=
+                    &format!("\n[[device]]\nname = \"{name}\"\nstore = \"ram\"\nsize = {size}\n");
+            }
+            let pad = if hand { "    " } else { "  " };
+            let mut targets = String::new();
+            for (i, t) in self.targets.iter().enumerate() {
+                targets += &note(format!("\n# target {}", t.iqn));
+                targets += &format!("\n[[target]]\niqn = \"{}\"\n", t.iqn);
+                if hand && i == 0 {
+                    targets += &limits;
+                }
+                for (j, g) in t.groups.iter().enumerate() {
+                    targets += &format!("\n{pad}[[target.group]]\n{pad}name = \"{}\"\n", g.name);
+                    targets += &match g.initiators.is_empty() {
+                        true => format!("{pad}any_initiator = true\n"),
+                        false => format!("{pad}initiators = {:?}\n", g.initiators),
+                    };
+                    let luns = g
+                        .luns
+                        .iter()
+                        .map(|(l, d)| format!("{{ lun = {l}, device = \"{d}\" }}"));
+                    if hand && j % 2 == 1 {
+                        for lun in luns {
+                            let lun = lun.trim_matches(['{', '}', ' ']).replace(", ", "\n");
+                            let lun = lun.replace('\n', &format!("\n{pad}"));
+                            targets += &format!("\n{pad}[[target.group.luns]]\n{pad}{lun}\n");
+                        }
+                    } else {
+                        let luns: Vec<String> = luns.collect();
+                        targets += &format!("{pad}luns = [ {} ]\n", luns.join(", "));
+                    }
+                }
+                for (initiator, n) in &t.credentials {
+                    targets += &format!(
+                        "\n{pad}[[target.credentials]]\n{pad}initiator = \"{initiator}\"\n\
+                         {pad}users = [ {{ user = \"u{n}\", secret = \"secret-{n:08}\" }} ]\n"
+                    );
+                }
+            }
+            match hand {
+                true => format!("# Hand-edited.\n[server]\nworkers = 2\n{targets}{devices}{pgs}"),
+                false => format!("[server]\nworkers = 2\n{limits}{pgs}{devices}{targets}"),
+            }
+        }
+    }
+
+    /// Generated edits, saved one after the other into a file written by a program or by
+    /// hand: the file always says what runs, and the comments of what was kept stay with it.
+    #[test]
+    fn saved_edits_round_trip() {
+        let mut rng = Rng(0x5eed);
+        for case in 0..300 {
+            let mut model = Model::new(&mut rng);
+            let hand = case % 3 != 0;
+            let mut file = model.text(hand);
+            let first = model.clone();
+            let mut base = parse(&file);
+            assert!(base == parse(&model.text(false)), "case {case}: {file}");
+            for save in 0..3 {
+                for _ in 0..1 + rng.below(4) {
+                    model.edit(&mut rng);
+                }
+                let running = parse(&model.text(false));
+                let text = merge(&file, &base, &running).unwrap();
+                let saved = Config::from_toml_str(&text, "test")
+                    .unwrap_or_else(|e| panic!("case {case}, save {save}: {e}\n{text}"));
+                assert!(
+                    saved == running,
+                    "case {case}, save {save}:\n{file}\n---\n{text}"
+                );
+                (file, base) = (text, running);
+            }
+            if !hand {
+                continue;
+            }
+            for t in &first.targets {
+                let kept = model.targets.iter().any(|m| m.iqn == t.iqn);
+                let header = format!("# target {}\n[[target]]\niqn = \"{}\"\n", t.iqn, t.iqn);
+                assert_eq!(
+                    file.contains(&header),
+                    kept,
+                    "case {case}: {}\n{file}",
+                    t.iqn
+                );
+            }
+            for (d, _) in &first.devices {
+                let kept = model.devices.iter().any(|(m, _)| m == d);
+                let header = format!("# device {d}\n[[device]]\nname = \"{d}\"\n");
+                assert_eq!(file.contains(&header), kept, "case {case}: {d}\n{file}");
+            }
+        }
+    }
 }

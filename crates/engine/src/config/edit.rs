@@ -5,7 +5,7 @@
 //! Both configs are rendered by the one serializer ([`Config::to_toml_with_secrets`]), so a key
 //! whose rendering is the same in both did not change, and the file keeps whatever it says
 //! there (a comment, a size in `G`, a default left out, a `secret_file`). Only keys that
-//! changed are written, in the file's own tables; tables of devices, targets, groups,
+//! changed are written, in the file's own tables; tables of pools, devices, targets, groups,
 //! credentials and portal groups are matched by their name, IQN or tag; a new one is added at
 //! the end of its list (in the text, right after the list's last element, under its parent)
 //! and a removed one taken out. `[server]` is never touched: its keys do not change while the
@@ -90,7 +90,7 @@ fn place_new_tables(doc: &mut Table) {
 /// The key naming each element of an array of tables.
 fn identity_key(array: &str) -> Option<&'static str> {
     match array {
-        "device" | "group" => Some("name"),
+        "device" | "group" | "pool" => Some("name"),
         "target" => Some("iqn"),
         "credentials" => Some("initiator"),
         "portal_group" => Some("tag"),
@@ -368,6 +368,27 @@ iqn = "iqn.2026-11.test:t2"
             text.contains("# The second target.\n[[target]]\niqn = \"iqn.2026-11.test:t2\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn pools_are_matched_by_name() {
+        let file = format!(
+            "{FILE}\n# Thin LVs of the fast disks.\n[[pool]]\nname = \"fast\"\nkind = \"lvm\"\n\
+             vg = \"vg0\"      # the NVMe pair\nthin_pool = \"thin\"\n"
+        );
+        let base = parse(&file);
+        let mut running = base.clone();
+        let mut slow = base.pools[0].clone();
+        slow.name = "slow".into();
+        running.pools.push(slow);
+        let text = merge(&file, &base, &running).unwrap();
+        assert_eq!(parse(&text), running, "{text}");
+        for kept in [
+            "# Thin LVs of the fast disks.",
+            "vg = \"vg0\"      # the NVMe pair",
+        ] {
+            assert!(text.contains(kept), "{kept:?} lost:\n{text}");
+        }
     }
 
     /// SplitMix64: a small deterministic generator for the edits below.

@@ -285,6 +285,29 @@ impl DirPool {
         )
     }
 
+    /// Removes the partial files a verb interrupted by a crash left (in the pool and its
+    /// snapshots directory): run at start, before any verb, when none can be in progress.
+    /// Returns their paths.
+    pub fn sweep_partials(&self) -> io::Result<Vec<PathBuf>> {
+        let mut swept = Vec::new();
+        let mut dirs = vec![self.dir.clone()];
+        if let Some((path, _)) = self.snapshots_dir(false)? {
+            dirs.push(path);
+        }
+        for dir in dirs {
+            for entry in std::fs::read_dir(&dir)? {
+                let entry = entry?;
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                let partial = name.starts_with('.') && name.ends_with(".partial");
+                if partial && remove_regular(&dir, name)? {
+                    swept.push(dir.join(name));
+                }
+            }
+        }
+        Ok(swept)
+    }
+
     /// The snapshots of the pool (of `volume` only, when given), sorted: (volume, snapshot).
     /// Only regular files count: links, directories and partial files are not snapshots.
     pub fn snapshots(&self, volume: Option<&str>) -> io::Result<Vec<(String, String)>> {
@@ -432,6 +455,12 @@ mod tests {
         let (_, again) = p.begin_snapshot("v", "s").unwrap();
         let e = p.publish(again, &DirPool::snapshot_file("v", "s"));
         assert_eq!(e.unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        // A crash leaves partial files; the start sweeps them, and only them.
+        let (_, left) = p.begin_volume("w").unwrap();
+        let (_, left_snapshot) = p.begin_snapshot("v", "t").unwrap();
+        let swept = p.sweep_partials().unwrap();
+        assert_eq!(swept, [left.path(), left_snapshot.path()]);
+        assert_eq!(p.snapshots(None).unwrap(), [("v".into(), "s".into())]);
         let mut data = String::new();
         std::io::Read::read_to_string(&mut p.open_snapshot("v", "s").unwrap(), &mut data).unwrap();
         assert_eq!(data, "data");

@@ -15,6 +15,7 @@ pub mod reload;
 mod volumes;
 
 pub use error::{ControlError, SocketError};
+pub use volumes::sweep_partials;
 
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};

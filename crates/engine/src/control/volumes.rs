@@ -66,6 +66,23 @@ pub fn handle(
     }
 }
 
+/// Removes what verbs a crash interrupted left in the directory pools (partial copies),
+/// logging each: at start, before the control socket serves a verb.
+pub fn sweep_partials(config: &Config) {
+    for pool in &config.pools {
+        let Some(dir) = dir_pool(pool) else { continue };
+        match dir.sweep_partials() {
+            Ok(swept) => {
+                for path in swept {
+                    tracing::warn!(pool = %pool.name, "removed {}, left by a verb a crash interrupted", path.display());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(pool = %pool.name, "cannot sweep its partial files: {e}"),
+        }
+    }
+}
+
 fn io_error(what: String) -> impl FnOnce(std::io::Error) -> ControlError {
     move |e| match e.kind() {
         // There already, or not what a pool's entry must be (a link, another's directory).

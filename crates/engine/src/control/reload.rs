@@ -267,9 +267,11 @@ pub fn reload_file(
     source: &ConfigSource,
     discard: bool,
 ) -> Result<Applied, ReloadError> {
+    // The file is read under the lock: a save that lands between reading it and applying it
+    // would otherwise be undone by the older text.
+    let lock = lock(shared);
     let config = source.load()?;
     let base = config.clone();
-    let lock = lock(shared);
     if !discard {
         let unsaved = unsaved_changes(shared, &lock);
         if !unsaved.is_empty() {

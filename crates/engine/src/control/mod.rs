@@ -1,8 +1,10 @@
 //! The control plane: a Unix socket beside the data plane, speaking one JSON object per line
 //! each way (docs/OPERATIONS.md, "Control socket"). `ferrosan ctl` is its client. Reading verbs
-//! look at the running state; changing verbs edit a copy of the running config ([`edit`], pure),
-//! and apply it through the same difference as a reload (reload.rs), so a change made here and
-//! the same change made in the file and reloaded have exactly the same effect.
+//! look at the running state; each changing verb is one transaction ([`transact`]): under the
+//! apply lock it edits the running config of that moment ([`edit`], pure) and applies it
+//! through the same difference as a reload (reload.rs), so a change made here and the same
+//! change made in the file and reloaded have exactly the same effect, and no verb undoes
+//! another.
 //!
 //! Bounds: at most [`CLIENTS_MAX`] clients at once, requests of at most [`REQUEST_BYTES_MAX`],
 //! and a client silent for [`CLIENT_IDLE`] is closed; none of them can delay the data plane,

@@ -6,6 +6,11 @@
 //! never collide), kept inactive and skipped at activation, as LVM makes thin snapshots; a
 //! clone is an active thin snapshot of either, independent of its origin (LVM's thin
 //! snapshots share blocks, not lifetimes).
+//!
+//! Every command gives its options first, each value glued to its option (`--name=NAME`),
+//! then `--`, then the VG and LV names: LVM parses its command line with getopt_long, so a
+//! name that slipped past the config's checks (`--config=log{file=…}`) is still a name to it,
+//! never an option. The names themselves are checked in the config (`config::names`).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -107,7 +112,7 @@ impl ThinPool {
     /// Whether `VG/POOL` exists and is a thin pool.
     pub fn check(&self) -> Result<(), LvmError> {
         let lv = self.lv(&self.pool);
-        let out = run(&["lvs", "--noheadings", "-o", "segtype", &lv])?;
+        let out = run(&["lvs", "--noheadings", "--options=segtype", "--", &lv])?;
         match out.trim() {
             "thin-pool" => Ok(()),
             other => Err(LvmError {
@@ -124,10 +129,9 @@ impl ThinPool {
             "vgs",
             "--noheadings",
             "--nosuffix",
-            "--units",
-            "b",
-            "-o",
-            "vg_extent_size",
+            "--units=b",
+            "--options=vg_extent_size",
+            "--",
             &self.vg,
         ])?;
         out.trim().parse().map_err(|_| LvmError {
@@ -145,20 +149,17 @@ impl ThinPool {
 
     /// A new thin volume of `size` bytes (rounded up to whole extents), active.
     pub fn create(&self, name: &str, size: u64) -> Result<(), LvmError> {
-        let size = format!("{size}b");
-        let pool = self.lv(&self.pool);
+        let size = format!("--virtualsize={size}b");
+        let pool = format!("--thinpool={}", self.lv(&self.pool));
+        let name = format!("--name={name}");
         run(&[
             "lvcreate",
             "--yes",
             "--quiet",
-            "--type",
-            "thin",
-            "--virtualsize",
+            "--type=thin",
             &size,
-            "--thinpool",
             &pool,
-            "--name",
-            name,
+            &name,
         ])
         .map(drop)
     }
@@ -167,11 +168,12 @@ impl ThinPool {
     /// snapshots, skipped at activation and left inactive.
     pub fn snapshot(&self, origin: &str, name: &str, active: bool) -> Result<(), LvmError> {
         let origin = self.lv(origin);
-        let mut args = vec!["lvcreate", "--yes", "--quiet", "--snapshot", "--name", name];
+        let name = format!("--name={name}");
+        let mut args = vec!["lvcreate", "--yes", "--quiet", "--snapshot", &name];
         if active {
-            args.extend(["--setactivationskip", "n", "--activate", "y"]);
+            args.extend(["--setactivationskip=n", "--activate=y"]);
         }
-        args.push(&origin);
+        args.extend(["--", &origin]);
         run(&args).map(drop)
     }
 
@@ -182,12 +184,12 @@ impl ThinPool {
         if self.get(name)?.is_some_and(|lv| lv.size_bytes >= size) {
             return Ok(());
         }
-        let size = format!("{size}b");
-        run(&["lvextend", "--quiet", "--size", &size, &lv]).map(drop)
+        let size = format!("--size={size}b");
+        run(&["lvextend", "--quiet", &size, "--", &lv]).map(drop)
     }
 
     pub fn rename(&self, from: &str, to: &str) -> Result<(), LvmError> {
-        run(&["lvrename", "--quiet", &self.vg, from, to]).map(drop)
+        run(&["lvrename", "--quiet", "--", &self.vg, from, to]).map(drop)
     }
 
     /// Removes LV `name`, waiting up to `wait` while a closing store still holds it open.
@@ -195,7 +197,7 @@ impl ThinPool {
         let lv = self.lv(name);
         let started = Instant::now();
         loop {
-            match run(&["lvremove", "--yes", "--quiet", &lv]) {
+            match run(&["lvremove", "--yes", "--quiet", "--", &lv]) {
                 Err(e) if e.kind == LvmErrorKind::Busy && started.elapsed() < wait => {
                     std::thread::sleep(Duration::from_millis(200))
                 }
@@ -215,12 +217,10 @@ impl ThinPool {
             "lvs",
             "--noheadings",
             "--nosuffix",
-            "--units",
-            "b",
-            "--separator",
-            "|",
-            "-o",
-            "lv_name,pool_lv,lv_size,origin,lv_device_open",
+            "--units=b",
+            "--separator=|",
+            "--options=lv_name,pool_lv,lv_size,origin,lv_device_open",
+            "--",
             &self.vg,
         ])?;
         let mut lvs = parse_lvs(&out, &self.pool);
@@ -267,6 +267,10 @@ fn lvm_binary() -> PathBuf {
 
 /// Runs `lvm ARGS…` and returns its standard output; a failure carries its standard error.
 fn run(args: &[&str]) -> Result<String, LvmError> {
+    #[cfg(test)]
+    if let Some(answer) = tests::intercepted(args) {
+        return answer;
+    }
     let command = args.join(" ");
     let failed = |kind, message: String| LvmError {
         kind,
@@ -325,6 +329,68 @@ fn run(args: &[&str]) -> Result<String, LvmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The commands `run` was asked for on this thread, while a test records them.
+        static RECORDED: RefCell<Option<Vec<Vec<String>>>> = const { RefCell::new(None) };
+    }
+
+    /// While recording: the command is kept and answered with empty output, LVM not run.
+    pub(super) fn intercepted(args: &[&str]) -> Option<Result<String, LvmError>> {
+        RECORDED.with(|r| {
+            let mut r = r.borrow_mut();
+            let seen = r.as_mut()?;
+            seen.push(args.iter().map(|a| a.to_string()).collect());
+            Some(Ok(String::new()))
+        })
+    }
+
+    /// The LVM commands `f` would run.
+    fn commands_of(f: impl FnOnce()) -> Vec<Vec<String>> {
+        RECORDED.with(|r| *r.borrow_mut() = Some(Vec::new()));
+        f();
+        RECORDED.with(|r| r.borrow_mut().take()).unwrap_or_default()
+    }
+
+    /// A name that LVM would take for its `--config` option, were it read as one: it would
+    /// make LVM write its log where the name says (the review's finding A).
+    fn hostile(what: &str) -> String {
+        format!("--config=log{{file=/tmp/ferrosan-{what}}}")
+    }
+
+    #[test]
+    fn names_reach_lvm_only_after_the_end_of_its_options() {
+        let pool = ThinPool {
+            vg: hostile("vg"),
+            pool: hostile("pool"),
+        };
+        let (a, b) = (hostile("a"), hostile("b"));
+        let commands = commands_of(|| {
+            let _ = pool.check();
+            let _ = pool.extent_bytes();
+            let _ = pool.create(&a, 1 << 20);
+            let _ = pool.snapshot(&a, &b, true);
+            let _ = pool.snapshot(&a, &b, false);
+            let _ = pool.extend(&a, 1 << 20); // lvs, then lvextend
+            let _ = pool.rename(&a, &b);
+            let _ = pool.remove(&a, Duration::ZERO);
+            let _ = pool.thin_lvs();
+        });
+        assert_eq!(commands.len(), 10, "{commands:?}");
+        for argv in &commands {
+            // Before `--`, options only, each value glued to its option with `=`; after it,
+            // the names, which getopt then never reads as options.
+            let end = argv.iter().position(|a| a == "--").unwrap_or(argv.len());
+            let options = &argv[1..end];
+            assert!(
+                options
+                    .iter()
+                    .all(|a| a.starts_with("--") && !a.starts_with("--config")),
+                "{argv:?}"
+            );
+        }
+    }
 
     #[test]
     fn lvs_lines_of_other_pools_and_plain_lvs_are_left_out() {

@@ -231,7 +231,9 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
 
 /// `[[pool]]` tables: a unique name; `kind = "dir"` (the default) with an absolute `path`
 /// inside `device_roots`, `kind = "rbd"` with a Ceph `pool` (and `ceph_conf`,
-/// `ceph_client`), or `kind = "lvm"` with a `vg` and its `thin_pool`.
+/// `ceph_client`), or `kind = "lvm"` with a `vg` and its `thin_pool`. What a pool's values
+/// must be is [`super::PoolConfig::check`]'s, as for `ctl pool add`; here each problem is
+/// reported at its key.
 fn resolve_pools(
     cx: &mut Cx<'_>,
     raw: &[S<RawPool>],
@@ -241,20 +243,12 @@ fn resolve_pools(
     for (i, rp) in raw.iter().enumerate() {
         let table = rp.span();
         let rp = rp.get_ref();
-        let mut ctx = format!("pool #{}", i + 1);
-        let name = required(cx, &rp.name, &table, format!("{ctx}: name")).and_then(|n| {
-            ctx = format!("pool {:?}", n.get_ref());
-            match super::names::check_object_name(n.get_ref()) {
-                Err(m) => cx.err(n.span(), format!("{ctx}: name"), m),
-                Ok(()) if pools.iter().any(|p| p.name == *n.get_ref()) => {
-                    cx.err(n.span(), format!("{ctx}: name"), "duplicate pool name")
-                }
-                Ok(()) => return Some(n.get_ref().clone()),
-            }
-            None
+        let name = required(cx, &rp.name, &table, format!("pool #{}: name", i + 1));
+        let ctx = name.map_or(format!("pool #{}", i + 1), |n| {
+            format!("pool {:?}", n.get_ref())
         });
         let kind = match rp.kind.as_ref().map(|k| k.get_ref().as_str()) {
-            None | Some("dir") => dir_pool(cx, rp, &table, &ctx, roots),
+            None | Some("dir") => dir_pool(cx, rp, &table, &ctx),
             Some("rbd") => rbd_pool(cx, rp, &table, &ctx),
             Some("lvm") => lvm_pool(cx, rp, &table, &ctx),
             Some(other) => {
@@ -264,11 +258,50 @@ fn resolve_pools(
                 None
             }
         };
-        if let (Some(name), Some(kind)) = (name, kind) {
-            pools.push(super::PoolConfig { name, kind });
+        let Some(name) = name else { continue };
+        let pool = super::PoolConfig {
+            name: name.get_ref().clone(),
+            kind: match kind {
+                Some(kind) => kind,
+                None => {
+                    // The kind is in error already; the name may be too.
+                    if let Err(m) = check_object_name(name.get_ref()) {
+                        cx.err(name.span(), format!("{ctx}: name"), m);
+                    }
+                    continue;
+                }
+            },
+        };
+        let problems = pool.problems(roots);
+        for (key, why) in &problems {
+            let span = pool_key_span(rp, key).unwrap_or_else(|| table.clone());
+            cx.err(span, format!("{ctx}: {key}"), why.0.clone());
+        }
+        if problems.iter().any(|(key, _)| *key == "name") {
+            continue;
+        }
+        if pools.iter().any(|p| p.name == pool.name) {
+            cx.err(name.span(), format!("{ctx}: name"), "duplicate pool name");
+        } else if problems.is_empty() {
+            pools.push(pool);
         }
     }
     pools
+}
+
+/// Where a `[[pool]]` key's value is written, if it is.
+fn pool_key_span(rp: &RawPool, key: &str) -> Option<Range<usize>> {
+    let value = match key {
+        "name" => &rp.name,
+        "path" => &rp.path,
+        "pool" => &rp.pool,
+        "ceph_conf" => &rp.ceph_conf,
+        "ceph_client" => &rp.ceph_client,
+        "vg" => &rp.vg,
+        "thin_pool" => &rp.thin_pool,
+        _ => return None,
+    };
+    value.as_ref().map(|v| v.span())
 }
 
 fn dir_pool(
@@ -276,23 +309,11 @@ fn dir_pool(
     rp: &RawPool,
     table: &std::ops::Range<usize>,
     ctx: &str,
-    roots: &[std::path::PathBuf],
 ) -> Option<super::PoolKind> {
     other_kinds_keys(cx, rp, table, ctx, "dir");
     let p = required(cx, &rp.path, table, format!("{ctx}: path"))?;
     let path = std::path::PathBuf::from(p.get_ref());
-    let why = if !path.is_absolute() {
-        Some("must be an absolute path".to_string())
-    } else {
-        super::within_roots(&path, roots).err().map(|e| e.0)
-    };
-    match why {
-        Some(m) => {
-            cx.err(p.span(), format!("{ctx}: path"), m);
-            None
-        }
-        None => Some(super::PoolKind::Dir { path }),
-    }
+    Some(super::PoolKind::Dir { path })
 }
 
 fn rbd_pool(
@@ -303,14 +324,6 @@ fn rbd_pool(
 ) -> Option<super::PoolKind> {
     other_kinds_keys(cx, rp, table, ctx, "rbd");
     let pool = required(cx, &rp.pool, table, format!("{ctx}: pool"))?;
-    if pool.get_ref().is_empty() || pool.get_ref().contains('/') {
-        cx.err(
-            pool.span(),
-            format!("{ctx}: pool"),
-            "a Ceph pool name (no `/`)",
-        );
-        return None;
-    }
     Some(super::PoolKind::Rbd {
         pool: pool.get_ref().clone(),
         conf: rp
@@ -350,8 +363,8 @@ fn other_kinds_keys(
     }
 }
 
-/// An LVM pool: a volume group and a thin pool in it, named as LVM allows (the group's
-/// directory `/dev/VG` is where its volumes' devices appear).
+/// An LVM pool: a volume group and a thin pool in it (the group's directory `/dev/VG` is
+/// where its volumes' devices appear).
 fn lvm_pool(
     cx: &mut Cx<'_>,
     rp: &RawPool,
@@ -359,40 +372,12 @@ fn lvm_pool(
     ctx: &str,
 ) -> Option<super::PoolKind> {
     other_kinds_keys(cx, rp, table, ctx, "lvm");
-    let mut names = [("vg", &rp.vg), ("thin_pool", &rp.thin_pool)].map(|(key, raw)| {
-        let n = required(cx, raw, table, format!("{ctx}: {key}"))?;
-        match lvm_name(n.get_ref()) {
-            Ok(()) => Some(n.get_ref().clone()),
-            Err(m) => {
-                cx.err(n.span(), format!("{ctx}: {key}"), m);
-                None
-            }
-        }
-    });
-    let pool = names[1].take()?;
+    let vg = required(cx, &rp.vg, table, format!("{ctx}: vg"));
+    let pool = required(cx, &rp.thin_pool, table, format!("{ctx}: thin_pool"));
     Some(super::PoolKind::Lvm(store::lvm::ThinPool {
-        vg: names[0].take()?,
-        pool,
+        vg: vg?.get_ref().clone(),
+        pool: pool?.get_ref().clone(),
     }))
-}
-
-/// A VG or LV name as LVM accepts it: 1–127 of `A-Z a-z 0-9 + _ . -`, not starting with `-`,
-/// not `.` or `..`.
-fn lvm_name(s: &str) -> Result<(), String> {
-    let ok = (1..=127).contains(&s.len())
-        && !s.starts_with('-')
-        && s != "."
-        && s != ".."
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '_' | '.' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{s:?} is no LVM name: 1 to 127 of A-Z, a-z, 0-9, `+`, `_`, `.`, `-`, not starting \
-             with `-`"
-        ))
-    }
 }
 
 /// `[server]`, into `server`; returns the identity seed.

@@ -12,6 +12,7 @@ mod devices;
 pub mod edit;
 mod file;
 mod names;
+mod pools;
 mod source;
 mod store_kind;
 #[cfg(test)]
@@ -26,9 +27,10 @@ pub use file::configured_alua_state;
 pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
 pub use iscsi::name::IscsiName;
 pub use names::{
-    check_iscsi_name, check_object_name, is_valid_iscsi_name, parse_listen,
-    parse_nvme_discovery_listen, parse_nvme_listen, parse_size, portals_overlap,
-    ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT, NVME_DISCOVERY_PORT, NVME_PORT_DEFAULT,
+    check_iscsi_name, check_lvm_lv_name, check_lvm_vg_name, check_object_name, check_rbd_pool_name,
+    is_valid_iscsi_name, parse_listen, parse_nvme_discovery_listen, parse_nvme_listen, parse_size,
+    portals_overlap, ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT, NVME_DISCOVERY_PORT,
+    NVME_PORT_DEFAULT,
 };
 pub use source::{ConfigSource, LoadError, Unsaved};
 pub use store_kind::StoreKind;
@@ -532,6 +534,7 @@ impl CacheMode {
 pub(crate) fn parse_rbd_image(s: &str) -> Result<(String, String), Invalid> {
     match s.split('/').collect::<Vec<_>>().as_slice() {
         [pool, image] if !pool.is_empty() && !image.is_empty() => {
+            check_rbd_pool_name(pool)?;
             Ok((pool.to_string(), image.to_string()))
         }
         [_, _, _] => Err(Invalid(format!(

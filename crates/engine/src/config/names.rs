@@ -218,7 +218,10 @@ pub(crate) fn check_inquiry_text(s: &str, max: usize) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// Checks a device or group name: 1..=64 of `A-Z a-z 0-9 . _ -`.
+/// Checks a device, group, pool, volume or snapshot name: 1..=64 of `A-Z a-z 0-9 . _ -`, not
+/// starting with `-` and not `.` or `..`. Such a name becomes a file name (a directory pool's
+/// `NAME.img`) or an argument of LVM's tools (a volume's LV): a leading `-` would read as an
+/// option there, `.` and `..` as directories.
 pub fn check_object_name(s: &str) -> Result<(), Invalid> {
     if s.is_empty() || s.len() > 64 {
         return Err(Invalid(format!(
@@ -234,5 +237,87 @@ pub fn check_object_name(s: &str) -> Result<(), Invalid> {
             "may contain only A-Z, a-z, 0-9, `.`, `_` and `-`, found {c:?}"
         )));
     }
+    not_an_option_nor_a_directory(s)
+}
+
+/// A name that no tool reads as an option (a leading `-`) and no path as a directory.
+fn not_an_option_nor_a_directory(s: &str) -> Result<(), Invalid> {
+    if s.starts_with('-') {
+        return Err(Invalid(format!("{s:?} must not start with `-`")));
+    }
+    if s == "." || s == ".." {
+        return Err(Invalid(format!("{s:?} is not a name")));
+    }
     Ok(())
+}
+
+/// The longest VG or LV name LVM takes (lvm(8), VALID NAMES: NAME_LEN 128 with its NUL).
+const LVM_NAME_MAX: usize = 127;
+
+/// Checks an LVM volume group name as lvm(8) allows it: 1 to 127 of `A-Z a-z 0-9 + _ . -`, not
+/// starting with `-`, not `.` or `..`.
+pub fn check_lvm_vg_name(s: &str) -> Result<(), Invalid> {
+    if s.is_empty() || s.len() > LVM_NAME_MAX {
+        return Err(Invalid(format!(
+            "{s:?}: an LVM name has 1 to {LVM_NAME_MAX} characters, got {}",
+            s.len()
+        )));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '_' | '.' | '-')))
+    {
+        return Err(Invalid(format!(
+            "{s:?}: an LVM name may contain only A-Z, a-z, 0-9, `+`, `_`, `.` and `-`, found {c:?}"
+        )));
+    }
+    not_an_option_nor_a_directory(s)
+}
+
+/// What LVM names its own hidden LVs with (lvm(8), VALID NAMES): no LV of ours may contain
+/// one.
+const LVM_RESERVED_PARTS: [&str; 17] = [
+    "_cdata", "_cmeta", "_corig", "_cpool", "_cvol", "_imeta", "_iorig", "_mimage", "_mlog",
+    "_pmspare", "_rimage", "_rmeta", "_tdata", "_tmeta", "_vdata", "_vorigin", "_wcorig",
+];
+
+/// Checks an LVM logical volume name (a thin pool, a volume, a snapshot's `VOLUME+SNAPSHOT`):
+/// a VG name's rules, not starting with `snapshot` or `pvmove` and without the parts LVM
+/// reserves for its hidden LVs (`_tdata`, `_tmeta`, ...). Stricter than LVM where it is
+/// simpler: LVM refuses some of these only in some places.
+pub fn check_lvm_lv_name(s: &str) -> Result<(), Invalid> {
+    check_lvm_vg_name(s)?;
+    if let Some(prefix) = ["snapshot", "pvmove"].iter().find(|p| s.starts_with(*p)) {
+        return Err(Invalid(format!(
+            "{s:?}: LVM reserves LV names starting with `{prefix}`"
+        )));
+    }
+    if let Some(part) = LVM_RESERVED_PARTS.iter().find(|p| s.contains(*p)) {
+        return Err(Invalid(format!(
+            "{s:?}: LVM reserves `{part}` for its own LVs' names"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a Ceph pool name: 1 to 127 of `A-Z a-z 0-9 . _ -`, not starting with `-`, not `.` or
+/// `..`. Ceph itself takes more; a gateway's pools need no more, and every such name stays a
+/// plain word wherever it is shown or passed on.
+pub fn check_rbd_pool_name(s: &str) -> Result<(), Invalid> {
+    if s.is_empty() || s.len() > 127 {
+        return Err(Invalid(format!(
+            "{s:?}: a Ceph pool name has 1 to 127 characters here, got {}",
+            s.len()
+        )));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(Invalid(format!(
+            "{s:?}: a Ceph pool name may contain only A-Z, a-z, 0-9, `.`, `_` and `-` here, \
+             found {c:?}"
+        )));
+    }
+    not_an_option_nor_a_directory(s)
 }

@@ -1988,3 +1988,138 @@ fn an_lvm_pool_needs_lvm_names_and_nothing_of_other_kinds() {
     let e = errors(&format!("{BASE}\n[[pool]]\nname = \"p\"\nkind = \"zfs\"\n"));
     assert!(e[0].message.contains("\"lvm\""), "{e:#?}");
 }
+
+// ---- names that reach tools (review finding A) ----------------------------------------------
+
+#[test]
+fn no_object_name_starts_with_a_dash() {
+    // A volume or snapshot name becomes an LVM LV name or a file name: never an option.
+    for bad in ["-x", "--config=log", "-", ".", ".."] {
+        assert!(check_object_name(bad).is_err(), "{bad:?}");
+    }
+    for good in ["a", "vm-1", "x.y_z", "a-", ".hidden"] {
+        assert_eq!(check_object_name(good), Ok(()), "{good:?}");
+    }
+    let e = errors(&format!(
+        "{BASE}\n[[device]]\nname = \"-d\"\nstore = \"ram\"\nsize = \"1M\"\n"
+    ));
+    assert!(e.iter().any(|e| e.field.contains("name")), "{e:#?}");
+}
+
+#[test]
+fn pool_names_of_lvm_and_ceph_follow_their_rules_at_load() {
+    let lvm = |vg: &str, thin: &str| {
+        format!(
+            "{BASE}\n[[pool]]\nname = \"p\"\nkind = \"lvm\"\nvg = {vg:?}\nthin_pool = {thin:?}\n"
+        )
+    };
+    for (vg, thin, field) in [
+        ("--config=log{file=/x}", "t", "vg"),
+        ("vg", "-t", "thin_pool"),
+        ("vg", "snapshot1", "thin_pool"),
+        ("vg", "pvmove0", "thin_pool"),
+        ("vg", "t_tdata", "thin_pool"),
+        ("..", "t", "vg"),
+        ("v g", "t", "vg"),
+    ] {
+        let text = lvm(vg, thin);
+        let needle = if field == "vg" { vg } else { thin };
+        one_error(&text, needle, field);
+    }
+    load(&lvm("vg-0.a+b_c", "thin"));
+    let rbd =
+        |pool: &str| format!("{BASE}\n[[pool]]\nname = \"p\"\nkind = \"rbd\"\npool = {pool:?}\n");
+    for bad in ["-rbd", "--id=admin", "r b", "", "a/b"] {
+        one_error(&rbd(bad), &format!("pool = {bad:?}"), "pool");
+    }
+    load(&rbd("rbd.ssd_1-x"));
+}
+
+#[test]
+fn a_pool_made_in_memory_is_checked_as_loading_checks_it() {
+    // What `ctl pool add` builds before any side effect (create_dir_all, lvs).
+    let pool = |kind| PoolConfig {
+        name: "p".into(),
+        kind,
+    };
+    let lvm = |vg: &str, thin: &str| {
+        pool(PoolKind::Lvm(store::lvm::ThinPool {
+            vg: vg.into(),
+            pool: thin.into(),
+        }))
+    };
+    let e = lvm("--config=log{file=/tmp/x}", "t")
+        .check(&[])
+        .unwrap_err();
+    assert!(e.0.starts_with("vg: "), "{e}");
+    assert!(lvm("vg", "snapshot")
+        .check(&[])
+        .unwrap_err()
+        .0
+        .starts_with("thin_pool: "));
+    assert_eq!(lvm("vg", "thin").check(&[]), Ok(()));
+    let rbd = |p: &str, conf: Option<&str>| {
+        pool(PoolKind::Rbd {
+            pool: p.into(),
+            conf: conf.map(PathBuf::from),
+            client: None,
+        })
+    };
+    assert!(rbd("-p", None)
+        .check(&[])
+        .unwrap_err()
+        .0
+        .starts_with("pool: "));
+    assert!(rbd("rbd", Some(""))
+        .check(&[])
+        .unwrap_err()
+        .0
+        .starts_with("ceph_conf: "));
+    assert_eq!(rbd("rbd", Some("/etc/ceph/ceph.conf")).check(&[]), Ok(()));
+    let dir = |p: &str| pool(PoolKind::Dir { path: p.into() });
+    assert!(dir("relative")
+        .check(&[])
+        .unwrap_err()
+        .0
+        .starts_with("path: "));
+    let roots = [PathBuf::from("/nonexistent-root")];
+    assert!(dir("/srv/p")
+        .check(&roots)
+        .unwrap_err()
+        .0
+        .contains("device_roots"));
+    let mut named = dir("/srv/p");
+    named.name = "-p".into();
+    assert!(named.check(&[]).unwrap_err().0.starts_with("name: "));
+}
+
+#[test]
+fn volume_and_snapshot_names_of_an_lvm_pool_are_lv_names() {
+    let lvm = PoolConfig {
+        name: "p".into(),
+        kind: PoolKind::Lvm(store::lvm::ThinPool {
+            vg: "vg".into(),
+            pool: "thin".into(),
+        }),
+    };
+    let dir = PoolConfig {
+        name: "d".into(),
+        kind: PoolKind::Dir {
+            path: "/srv/d".into(),
+        },
+    };
+    for pool in [&lvm, &dir] {
+        assert!(pool.check_volume_name("-v").is_err());
+        assert!(pool.check_snapshot_name("v", "-s").is_err());
+        assert_eq!(pool.check_volume_name("v1"), Ok(()));
+        assert_eq!(pool.check_snapshot_name("v1", "s1"), Ok(()));
+    }
+    // LVM reserves these; a directory pool does not care.
+    assert!(lvm.check_volume_name("snapshot-db").is_err());
+    assert!(lvm.check_volume_name("v_tmeta").is_err());
+    assert_eq!(dir.check_volume_name("snapshot-db"), Ok(()));
+    // VOLUME+SNAPSHOT is one LV name: 127 characters at most.
+    let long = "v".repeat(64);
+    assert!(lvm.check_snapshot_name(&long, &long).is_err());
+    assert_eq!(dir.check_snapshot_name(&long, &long), Ok(()));
+}

@@ -5,7 +5,7 @@
 //! With `--udev` it prints the udev rule that gives exactly those block devices' nodes to the
 //! group ferrosan, instead of the unit joining the group disk (every disk's nodes).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -30,60 +30,85 @@ pub struct DropinArgs {
 }
 
 pub fn run(args: DropinArgs) -> ExitCode {
-    match Config::load(&args.config) {
-        Ok(config) if args.udev => {
-            print!("{}", udev_rules(&config, &args.config));
-            ExitCode::SUCCESS
-        }
-        Ok(config) => {
-            print!("{}", dropin(&config, &args.config));
-            ExitCode::SUCCESS
-        }
+    let config = match Config::load(&args.config) {
+        Ok(config) => config,
         Err(errors) => {
             eprintln!("{errors}");
+            return ExitCode::from(1);
+        }
+    };
+    let text = if args.udev {
+        udev_rules(&config, &args.config)
+    } else {
+        dropin(&config, &args.config)
+    };
+    match text {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ferrosan systemd-dropin: {e}");
             ExitCode::from(1)
         }
     }
 }
 
-/// The drop-in's text for `config` (read from `file`).
-pub fn dropin(config: &Config, file: &Path) -> String {
+/// A path the drop-in or the udev rules cannot hold as the path it is: written, it would
+/// name another path or, with a newline, add a line of its own (a unit's `ExecStartPre=+…`
+/// runs as root). Nothing is printed then.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Unwritable {
+    pub path: PathBuf,
+    pub why: &'static str,
+}
+
+impl std::fmt::Display for Unwritable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?}: {}; nothing written (name it by a path without them, e.g. a symlink)",
+            self.path, self.why
+        )
+    }
+}
+
+/// The drop-in's text for `config` (read from `file`), or the first path it cannot hold.
+pub fn dropin(config: &Config, file: &Path) -> Result<String, Unwritable> {
     let mut blocks = Vec::new();
-    let mut dirs = BTreeSet::new();
+    let mut dirs = BTreeMap::new();
     let mut rbd = false;
     for d in &config.devices {
         match &d.store {
-            StoreKind::Block { path } => blocks.push((path.clone(), d.read_only)),
+            StoreKind::Block { path } => blocks.push((quoted(path)?, d.read_only)),
             // The directory, not the file: ferrosan creates a missing file of a given size.
             StoreKind::File { path, .. } => {
-                if let Some(dir) = path.parent().filter(|p| !under_unit_writable(p)) {
-                    dirs.insert(dir.to_path_buf());
+                let dir = path.parent().unwrap_or(path);
+                if !under_unit_writable(dir) {
+                    dirs.insert(dir.to_path_buf(), quoted(dir)?);
                 }
             }
             StoreKind::Rbd(_) => rbd = true,
             StoreKind::Ram { .. } => {}
         }
     }
-    if let Some(state) = config
-        .server
-        .state_dir
-        .as_ref()
-        .filter(|p| !under_unit_writable(p))
-    {
-        dirs.insert(state.clone());
+    if let Some(state) = &config.server.state_dir {
+        if !under_unit_writable(state) {
+            dirs.insert(state.clone(), quoted(state)?);
+        }
     }
     let mut out = format!(
         "# /etc/systemd/system/ferrosan.service.d/devices.conf, made by\n\
          #   ferrosan systemd-dropin --config {}\n\
          # for that config's devices; then: systemctl daemon-reload && systemctl restart ferrosan\n\
          [Service]\n",
-        file.display()
+        commented(file)?
     );
     if blocks.is_empty() && dirs.is_empty() && !rbd {
         out.push_str(
             "# Nothing to add: RAM devices and files in /var/lib/ferrosan need no change.\n",
         );
-        return out;
+        return Ok(out);
     }
     if !blocks.is_empty() {
         block_devices(&mut out, &blocks);
@@ -97,10 +122,11 @@ pub fn dropin(config: &Config, file: &Path) -> String {
              # that client's keyring to the group ferrosan (mode 0640), not client.admin's.\n",
         );
     }
-    out
+    Ok(out)
 }
 
-fn block_devices(out: &mut String, blocks: &[(PathBuf, bool)]) {
+/// `blocks`: each device's path as [`quoted`] wrote it, and whether it is read-only.
+fn block_devices(out: &mut String, blocks: &[(String, bool)]) {
     out.push_str(
         "# Block devices: the unit's own /dev again, with only these devices allowed (the\n\
          # device cgroup refuses the others even to the group disk).\n\
@@ -108,7 +134,7 @@ fn block_devices(out: &mut String, blocks: &[(PathBuf, bool)]) {
     );
     for (path, read_only) in blocks {
         let mode = if *read_only { "r" } else { "rw" };
-        let _ = writeln!(out, "DeviceAllow={} {mode}", quoted(path));
+        let _ = writeln!(out, "DeviceAllow={path} {mode}");
     }
     out.push_str(
         "# Their nodes are root:disk 0660. The udev rule of\n\
@@ -122,14 +148,15 @@ fn block_devices(out: &mut String, blocks: &[(PathBuf, bool)]) {
 
 /// The udev rule giving `config`'s block devices to the group ferrosan: read and write, or
 /// read only for a read-only device. A node is matched by its kernel name (`/dev/md0`) or by
-/// a symlink udev makes (`/dev/disk/by-id/…`, `/dev/mapper/…`, `/dev/VG/LV`).
-pub fn udev_rules(config: &Config, file: &Path) -> String {
+/// a symlink udev makes (`/dev/disk/by-id/…`, `/dev/mapper/…`, `/dev/VG/LV`); another path
+/// gets a comment, and one that not even a comment can hold refuses the whole.
+pub fn udev_rules(config: &Config, file: &Path) -> Result<String, Unwritable> {
     let mut out = format!(
         "# /etc/udev/rules.d/60-ferrosan.rules, made by\n\
          #   ferrosan systemd-dropin --udev --config {}\n\
          # gives that config's block devices to the group ferrosan; then:\n\
          #   udevadm control --reload && udevadm trigger --subsystem-match=block\n",
-        file.display()
+        commented(file)?
     );
     let mut any = false;
     for d in &config.devices {
@@ -150,7 +177,7 @@ pub fn udev_rules(config: &Config, file: &Path) -> String {
                     out,
                     "# {}: not under /dev, or not a name udev matches: give it to the group \
                      ferrosan by hand",
-                    path.display()
+                    commented(path)?
                 );
             }
         }
@@ -158,7 +185,7 @@ pub fn udev_rules(config: &Config, file: &Path) -> String {
     if !any {
         out.push_str("# Nothing to add: the config has no block devices.\n");
     }
-    out
+    Ok(out)
 }
 
 /// The udev match for a device node path: `KERNEL=="md0"` for `/dev/md0`, `SYMLINK=="…"` for
@@ -183,12 +210,13 @@ fn udev_match(path: &Path) -> Option<String> {
     })
 }
 
-fn directories(out: &mut String, dirs: &BTreeSet<PathBuf>) {
+/// `dirs`: each directory, and its path as [`quoted`] wrote it.
+fn directories(out: &mut String, dirs: &BTreeMap<PathBuf, String>) {
     out.push_str("# Files and state outside /var/lib/ferrosan: these directories writable (make them\n# the user ferrosan's: chown ferrosan: DIR).\n");
-    if dirs.iter().any(|d| HOMES.iter().any(|h| d.starts_with(h))) {
+    if dirs.keys().any(|d| HOMES.iter().any(|h| d.starts_with(h))) {
         out.push_str("# A home directory: ProtectHome=yes would hide it.\nProtectHome=no\n");
     }
-    let list: Vec<String> = dirs.iter().map(|d| quoted(d)).collect();
+    let list: Vec<&str> = dirs.values().map(String::as_str).collect();
     let _ = writeln!(out, "ReadWritePaths={}", list.join(" "));
 }
 
@@ -196,17 +224,47 @@ fn under_unit_writable(p: &Path) -> bool {
     UNIT_WRITABLE.iter().any(|w| p.starts_with(w))
 }
 
-/// A path as systemd reads one word: quoted (with `\` and `"` escaped) when it has a space,
-/// a quote or a backslash.
-fn quoted(p: &Path) -> String {
-    let s = p.display().to_string();
-    if s.chars()
-        .any(|c| c.is_whitespace() || c == '"' || c == '\\' || c == '\'')
-    {
-        format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
-    } else {
-        s
+/// A path as a comment can hold it: UTF-8 (what is printed is the path itself) without a
+/// control character (a newline would end the comment and begin a line of the path's own).
+fn commented(p: &Path) -> Result<&str, Unwritable> {
+    let refuse = |why| Unwritable {
+        path: p.to_path_buf(),
+        why,
+    };
+    let s = p.to_str().ok_or_else(|| refuse("not UTF-8"))?;
+    if s.chars().any(char::is_control) {
+        return Err(refuse(
+            "it holds a control character (a newline would begin a line of its own)",
+        ));
     }
+    Ok(s)
+}
+
+/// A path as one word of `DeviceAllow=` or `ReadWritePaths=`: absolute, in double quotes when
+/// it holds whitespace. Refused rather than escaped: a control character, `"`, `'`, `\` or
+/// `%`. How systemd unescapes inside a word (C escapes or not) and which settings expand
+/// specifiers (`%h`) has varied with the setting and the version; a path without these
+/// characters means the same to every systemd, quoted or not, and a device or a directory can
+/// always be named without them (a symlink).
+fn quoted(p: &Path) -> Result<String, Unwritable> {
+    let s = commented(p)?;
+    let refuse = |why| Unwritable {
+        path: p.to_path_buf(),
+        why,
+    };
+    if !p.is_absolute() {
+        return Err(refuse("not an absolute path, which systemd needs here"));
+    }
+    if s.chars().any(|c| matches!(c, '"' | '\'' | '\\' | '%')) {
+        return Err(refuse(
+            "it holds a quote, a backslash or `%`, which systemd reads as quoting or a specifier",
+        ));
+    }
+    Ok(if s.chars().any(char::is_whitespace) {
+        format!("\"{s}\"")
+    } else {
+        s.to_string()
+    })
 }
 
 #[cfg(test)]
@@ -235,5 +293,65 @@ mod tests {
         ] {
             assert_eq!(m(bad), None, "{bad}");
         }
+    }
+
+    /// A config made in memory (as `ctl` edits make them), past the load's checks.
+    fn with(store: StoreKind, state_dir: Option<&str>) -> Config {
+        let mut config = Config::demo();
+        let mut device = Config::device_from_spec("b", "block:/dev/md0").unwrap();
+        device.store = store;
+        config.devices.push(device);
+        config.server.state_dir = state_dir.map(PathBuf::from);
+        config
+    }
+
+    fn block(path: &str) -> Config {
+        with(StoreKind::Block { path: path.into() }, None)
+    }
+
+    const FILE: &str = "/etc/ferrosan/ferrosan.toml";
+
+    /// Review finding B: a path with a newline became an `ExecStartPre=+` line of the
+    /// drop-in (run as root by systemd), or a line of the udev rules.
+    #[test]
+    fn a_path_that_would_break_its_line_is_refused_not_written() {
+        let file = Path::new(FILE);
+        let directive = "/srv/x\nExecStartPre=+/bin/sh -c id";
+        let file_in = |dir: &str| StoreKind::File {
+            path: Path::new(dir).join("a.img"),
+            size_bytes: None,
+        };
+        for config in [
+            block(directive),
+            with(file_in(directive), None),
+            with(file_in("/srv"), Some(directive)),
+        ] {
+            let e = dropin(&config, file).unwrap_err();
+            assert_eq!(e.path, Path::new(directive), "{e}");
+            assert!(e.to_string().contains("control character"), "{e}");
+        }
+        let e = udev_rules(&block("/srv/x\nRUN+=\"/bin/sh -c id\""), file).unwrap_err();
+        assert!(e.to_string().contains("control character"), "{e}");
+        // The config file's own path is printed in a comment: no newline there either.
+        let e = udev_rules(&block("/dev/md1"), Path::new("/etc/f\nRUN+=\"x\"")).unwrap_err();
+        assert!(e.to_string().contains("control character"), "{e}");
+    }
+
+    #[test]
+    fn systemd_words_are_quoted_for_whitespace_and_refused_for_quotes_and_specifiers() {
+        let file = Path::new(FILE);
+        let out = dropin(&block("/dev/disk/by-id/a b"), file).unwrap();
+        assert!(
+            out.lines()
+                .any(|l| l == "DeviceAllow=\"/dev/disk/by-id/a b\" rw"),
+            "{out}"
+        );
+        for bad in ["/dev/a\"b", "/dev/a\\b", "/dev/%h", "/dev/a'b", "dev/md0"] {
+            let e = dropin(&block(bad), file).unwrap_err();
+            assert_eq!(e.path, Path::new(bad));
+        }
+        // A comment holds what a udev match cannot, as long as it stays one line.
+        let rules = udev_rules(&block("/srv/a\"b"), file).unwrap();
+        assert!(rules.contains("# /srv/a\"b: not under /dev"), "{rules}");
     }
 }

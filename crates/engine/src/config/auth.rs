@@ -304,6 +304,7 @@ fn dhchap_secret_ok(user: &str, secret: &[u8], mutual: bool) -> Result<(), Strin
 /// starts with `$CREDENTIALS_DIRECTORY/` (the unit's `LoadCredential=NAME:/path` puts the secret
 /// there, readable by the service alone, for `secret_file = "$CREDENTIALS_DIRECTORY/NAME"`).
 pub fn credential_path(written: &str) -> Result<PathBuf, Invalid> {
+    super::names::check_path_text(written)?;
     credential_path_in(
         written,
         std::env::var_os("CREDENTIALS_DIRECTORY").as_deref(),

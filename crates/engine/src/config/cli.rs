@@ -210,6 +210,7 @@ fn lun_options<'s>(kind: &str, mut rest: &'s str) -> Result<(&'s str, LunOptions
             o.cache = CacheMode::parse(v)
                 .ok_or_else(|| format!("cache must be auto, direct or page, got {v}"))?;
         } else if let Some(v) = opt.strip_prefix("conf=").filter(|_| kind == "rbd") {
+            super::names::check_path_text(v)?;
             o.ceph_conf = Some(PathBuf::from(v));
         } else if let Some(v) = opt.strip_prefix("client=").filter(|_| kind == "rbd") {
             o.ceph_client = Some(v.to_string());
@@ -235,6 +236,9 @@ fn lun_store(kind: &str, rest: &str, o: &LunOptions) -> Result<(StoreKind, Optio
         Some(_) => Err(Invalid(why.into())),
         None => Ok(()),
     };
+    if matches!(kind, "file" | "block") {
+        super::names::check_path_text(rest)?;
+    }
     match kind {
         "ram" => {
             if o.size.is_some() {

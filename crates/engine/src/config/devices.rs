@@ -309,6 +309,10 @@ fn medium_path(
         cx.err(p.span(), field, "must not be empty");
         return None;
     }
+    if let Err(m) = super::names::check_path_text(p.get_ref()) {
+        cx.err(p.span(), field, m);
+        return None;
+    }
     let path = PathBuf::from(p.get_ref());
     if let Err(m) = super::within_roots(&path, roots) {
         dev.err(cx, p.span(), "path", m);
@@ -354,13 +358,17 @@ fn rbd_store(
         dev.err(cx, s.span(), "size", why);
     }
     let image = rbd_image(cx, dev, at, media);
-    let conf = match &rd.ceph_conf {
-        Some(c) if c.get_ref().is_empty() => {
-            dev.err(cx, c.span(), "ceph_conf", "must not be empty");
-            None
-        }
-        c => c.as_ref().map(|c| PathBuf::from(c.get_ref())),
-    };
+    let conf = rd.ceph_conf.as_ref().and_then(|c| {
+        let why = match c.get_ref() {
+            empty if empty.is_empty() => Invalid::from("must not be empty"),
+            path => match super::names::check_path_text(path) {
+                Ok(()) => return Some(PathBuf::from(path)),
+                Err(why) => why,
+            },
+        };
+        dev.err(cx, c.span(), "ceph_conf", why);
+        None
+    });
     let client = match &rd.ceph_client {
         Some(c) if c.get_ref().is_empty() || c.get_ref().contains('\0') => {
             let why = "must be a Ceph client name like \"client.iscsi\"";

@@ -432,6 +432,8 @@ fn server_paths(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) {
     if let Some(dir) = &s.state_dir {
         if dir.get_ref().is_empty() || !dir.get_ref().starts_with('/') {
             cx.err(dir.span(), "server: state_dir", "an absolute path");
+        } else if let Err(m) = super::names::check_path_text(dir.get_ref()) {
+            cx.err(dir.span(), "server: state_dir", m);
         } else {
             server.state_dir = Some(dir.get_ref().into());
         }
@@ -440,6 +442,8 @@ fn server_paths(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) {
         let p = path.get_ref();
         if p.is_empty() || !p.starts_with('/') {
             cx.err(path.span(), "server: control_socket", "an absolute path");
+        } else if let Err(m) = super::names::check_path_text(p) {
+            cx.err(path.span(), "server: control_socket", m);
         } else {
             server.control_socket = Some(p.into());
         }
@@ -451,9 +455,11 @@ fn server_roots_and_group(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerCon
     if let Some(roots) = &s.device_roots {
         for (i, root) in roots.get_ref().iter().enumerate() {
             let r = root.get_ref();
+            let field = format!("server: device_roots[{i}]");
             if r.is_empty() || !r.starts_with('/') {
-                let field = format!("server: device_roots[{i}]");
                 cx.err(root.span(), field, "an absolute path");
+            } else if let Err(m) = super::names::check_path_text(r) {
+                cx.err(root.span(), field, m);
             } else {
                 server.device_roots.push(r.into());
             }

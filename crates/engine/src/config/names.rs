@@ -321,3 +321,16 @@ pub fn check_rbd_pool_name(s: &str) -> Result<(), Invalid> {
     }
     not_an_option_nor_a_directory(s)
 }
+
+/// Checks a path as the config writes it: no control character (U+0000–U+001F, U+007F, and the
+/// C1 controls U+0080–U+009F). Paths are copied into files other programs read line by line
+/// (`ferrosan systemd-dropin`'s drop-in, run by systemd as root, and its udev rules; the saved
+/// config; the log): a newline there would start a line of the path's choosing.
+pub fn check_path_text(s: &str) -> Result<(), Invalid> {
+    match s.char_indices().find(|(_, c)| c.is_control()) {
+        Some((at, c)) => Err(Invalid(format!(
+            "{s:?} contains a control character ({c:?} at byte {at}): a path may not"
+        ))),
+        None => Ok(()),
+    }
+}

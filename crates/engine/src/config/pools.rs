@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::names::{check_lvm_lv_name, check_lvm_vg_name, check_object_name, check_rbd_pool_name};
+use super::names::{
+    check_lvm_lv_name, check_lvm_vg_name, check_object_name, check_path_text, check_rbd_pool_name,
+};
 use super::{Invalid, PoolConfig, PoolKind};
 
 impl PoolConfig {
@@ -68,8 +70,9 @@ impl PoolConfig {
     }
 }
 
-/// A directory pool's directory: absolute, within the device roots.
+/// A directory pool's directory: absolute, no control character, within the device roots.
 fn dir_path(path: &Path, roots: &[PathBuf]) -> Result<(), Invalid> {
+    path_text(path)?;
     if !path.is_absolute() {
         return Err(Invalid("must be an absolute path".into()));
     }
@@ -80,7 +83,16 @@ fn ceph_conf(conf: &Path) -> Result<(), Invalid> {
     if conf.as_os_str().is_empty() {
         return Err(Invalid("must not be empty".into()));
     }
-    Ok(())
+    path_text(conf)
+}
+
+/// [`check_path_text`] of a path made in memory; one that is no UTF-8 is refused too, as no
+/// config file could hold it.
+fn path_text(path: &Path) -> Result<(), Invalid> {
+    match path.to_str() {
+        Some(s) => check_path_text(s),
+        None => Err(Invalid(format!("{path:?} is not UTF-8"))),
+    }
 }
 
 fn ceph_client(client: &str) -> Result<(), Invalid> {

@@ -2123,3 +2123,97 @@ fn volume_and_snapshot_names_of_an_lvm_pool_are_lv_names() {
     assert!(lvm.check_snapshot_name(&long, &long).is_err());
     assert_eq!(dir.check_snapshot_name(&long, &long), Ok(()));
 }
+
+// ---- control characters in paths (review finding B) ------------------------------------------
+
+/// A path that would become a systemd directive if printed on a line of its own.
+const DIRECTIVE: &str = "/srv/x\\nExecStartPre=+/bin/sh -c id";
+
+#[test]
+fn no_path_of_a_config_file_holds_a_control_character() {
+    let server = |line: &str| format!("[server]\n{line}\n{BASE}");
+    let cases = [
+        (server(&format!("state_dir = \"{DIRECTIVE}\"")), "state_dir"),
+        (server(&format!("control_socket = \"{DIRECTIVE}\"")), "control_socket"),
+        (server(&format!("device_roots = [\"{DIRECTIVE}\"]")), "device_roots[0]"),
+        (
+            with_device(&format!("name = \"f\"\nstore = \"file\"\npath = \"{DIRECTIVE}\"\nsize = \"1M\"")),
+            "path",
+        ),
+        (
+            with_device("name = \"b\"\nstore = \"block\"\npath = \"/dev/x\\u007f\""),
+            "path",
+        ),
+        (
+            with_device(&format!("name = \"r\"\nstore = \"rbd\"\nimage = \"p/i\"\nceph_conf = \"{DIRECTIVE}\"")),
+            "ceph_conf",
+        ),
+        (
+            format!("{BASE}\n[[pool]]\nname = \"p\"\npath = \"{DIRECTIVE}\"\n"),
+            "path",
+        ),
+        (
+            format!("{BASE}\n[[pool]]\nname = \"p\"\nkind = \"rbd\"\npool = \"rbd\"\nceph_conf = \"/etc/ceph/\\t.conf\"\n"),
+            "ceph_conf",
+        ),
+        (
+            format!("{BASE}\n[discovery]\nusers = [ {{ user = \"u\", secret_file = \"{DIRECTIVE}\" }} ]\n"),
+            "secret_file",
+        ),
+        (
+            BASE.replace(
+                "iqn = \"iqn.2026-11.org.ferrosan:t1\"",
+                &format!(
+                    "iqn = \"iqn.2026-11.org.ferrosan:t1\"\nnqn = \"nqn.2026-11.org.ferrosan:t1\"\n\
+                     tls_keys = [ {{ host = \"nqn.2026-11.test:h\", key_file = \"{DIRECTIVE}\" }} ]"
+                ),
+            ),
+            "key_file",
+        ),
+    ];
+    for (text, field) in cases {
+        let e = errors(&text);
+        assert!(
+            e.iter()
+                .any(|e| e.field.ends_with(field) && e.message.contains("control character")),
+            "{field}: {e:#?}"
+        );
+    }
+}
+
+#[test]
+fn no_path_of_a_quick_export_or_a_ctl_device_holds_a_control_character() {
+    for spec in [
+        format!("file:{DIRECTIVE},size=1M"),
+        "block:/dev/sd\na".to_string(),
+        "rbd:p/i,conf=/etc/ceph/\r.conf".to_string(),
+    ] {
+        let spec = spec.replace("\\n", "\n");
+        let e = Config::device_from_spec("d", &spec).unwrap_err();
+        assert!(e.0.contains("control character"), "{spec:?}: {e}");
+    }
+}
+
+#[test]
+fn a_pool_made_in_memory_holds_no_control_character_either() {
+    let dir = PoolConfig {
+        name: "p".into(),
+        kind: PoolKind::Dir {
+            path: DIRECTIVE.replace("\\n", "\n").into(),
+        },
+    };
+    let e = dir.check(&[]).unwrap_err();
+    assert!(
+        e.0.starts_with("path: ") && e.0.contains("control character"),
+        "{e}"
+    );
+    let rbd = PoolConfig {
+        name: "p".into(),
+        kind: PoolKind::Rbd {
+            pool: "rbd".into(),
+            conf: Some("/etc/ceph/x\nExecStartPre=+/bin/sh".into()),
+            client: None,
+        },
+    };
+    assert!(rbd.check(&[]).unwrap_err().0.starts_with("ceph_conf: "));
+}

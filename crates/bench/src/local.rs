@@ -35,12 +35,19 @@ impl LocalTarget {
             .custom_flags(libc_o_direct());
         if block && writes {
             // The kernel refuses O_EXCL on a block device that is mounted or claimed (LVM, md,
-            // another O_EXCL opener): the last word on "in use".
+            // a target serving it: ferrosan, LIO and SCST claim theirs): the last word on "in
+            // use". Reads disturb nobody and open it as it is.
             options.custom_flags(libc_o_direct() | rustix::fs::OFlags::EXCL.bits() as i32);
         }
         let mut file = options.open(path).map_err(|e| match e.raw_os_error() {
-            Some(16) => format!("{shown}: in use (mounted, or held by LVM, md or another program); not writing to it"),
-            Some(22) => format!("{shown}: the filesystem does not support direct I/O (O_DIRECT), e.g. tmpfs"),
+            // EBUSY
+            Some(16) => format!(
+                "{shown} is served or mounted by another program (EBUSY: a target such as \
+                 ferrosan, a mount, LVM or md holds it); not writing to it"
+            ),
+            Some(22) => format!(
+                "{shown}: the filesystem does not support direct I/O (O_DIRECT), e.g. tmpfs"
+            ),
             _ => format!("{shown}: {e}"),
         })?;
         let capacity = if block {
@@ -389,5 +396,24 @@ mod tests {
                 "{dev}: {why:?}"
             );
         }
+    }
+
+    /// Review finding C: `ferrosan bench --destructive` wrote a disk a running daemon served.
+    /// The daemon's store claims it (O_EXCL), and a destructive run's own O_EXCL open is
+    /// refused; a read-only run opens it without a claim.
+    #[test]
+    fn a_device_a_store_serves_is_refused_for_writes_and_read_for_reads() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-tests");
+        let Some(dev) = store::loopdev::LoopDevice::attach(&dir, "served", 8 << 20) else {
+            return;
+        };
+        let served = store::FileStore::open(&dev.device, None, false).unwrap();
+        let e = LocalTarget::open(&dev.device, true, false).err().unwrap();
+        assert!(e.contains("is served or mounted by another program"), "{e}");
+        LocalTarget::open(&dev.device, false, false).unwrap();
+        drop(served);
+        // Free once no process another test forked holds a copy of the store's descriptor.
+        drop(store::loopdev::claim(&dev.device, Duration::from_secs(5)).unwrap());
+        LocalTarget::open(&dev.device, true, false).unwrap();
     }
 }

@@ -15,7 +15,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "ferrosan-bench")]
     out: PathBuf,
     /// Also run the write workloads. They overwrite data on every target named; a local device
-    /// that is mounted or in use, or a file another process has open, is refused even then.
+    /// that is mounted, served (a running ferrosan claims its devices) or otherwise in use, or
+    /// a file another process has open, is refused even then.
     #[arg(long)]
     destructive: bool,
     /// Local writes with RWF_DSYNC (each durable when it completes: compare with a

@@ -4,7 +4,7 @@
 mod common;
 
 use common::tgt::{Tgt, TGT_IQN};
-use common::{disk_dir, free_port, run_path, Daemon, IQN};
+use common::{disk_dir, free_port, run_path, Daemon, LoopDevice, IQN};
 use std::path::Path;
 
 fn ferrosan() -> &'static Path {
@@ -204,6 +204,47 @@ fn writes_need_destructive_and_never_touch_a_file_in_use() {
     let share = mix["read_iops"].as_f64().unwrap() / mix["iops"].as_f64().unwrap();
     assert!((0.6..0.8).contains(&share), "70/30 mix read share {share}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Review finding C: a block device a running daemon serves is claimed (O_EXCL), so a
+/// destructive run is refused before any I/O, and the disk keeps its data; reading it is fine.
+#[test]
+fn a_device_a_running_daemon_serves_is_never_written_by_a_destructive_run() {
+    let Some(dev) = LoopDevice::attach("bench-served", 16 << 20, &[]) else {
+        println!("skipped: needs root and loop devices (losetup)");
+        return;
+    };
+    {
+        use std::os::unix::fs::FileExt as _;
+        let backing = std::fs::File::options().write(true).open(&dev.backing);
+        backing.unwrap().write_all_at(&image_prefix(), 0).unwrap();
+    }
+    let daemon = Daemon::start(&[&format!("block:{}", dev.device)]);
+    let out_dir = disk_dir("bench-served-out");
+    let out = out_dir.join("out").display().to_string();
+    let bench = |extra: &[&str]| {
+        let mut args = vec!["bench", "--quick", "--runtime", "1", "--out", &out];
+        args.extend(extra);
+        args.push(&dev.device);
+        run_path(ferrosan(), &args)
+    };
+    let refused = bench(&["--destructive", "--ramp", "0"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", refused.describe());
+    assert!(
+        refused
+            .stderr
+            .contains("is served or mounted by another program"),
+        "{}",
+        refused.describe()
+    );
+    assert_eq!(
+        &std::fs::read(&dev.backing).unwrap()[..16],
+        &image_prefix()[..]
+    );
+    let read = bench(&["--only", "seqread-1m-qd16", "--ramp", "0"]);
+    assert!(read.success(), "{}", read.describe());
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&out_dir);
 }
 
 #[test]

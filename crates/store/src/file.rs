@@ -76,7 +76,8 @@ fn direct_alignment(file: &File, block_device: bool) -> u32 {
 }
 
 /// Opens `path` again with O_DIRECT. A filesystem without direct I/O (tmpfs) refuses with
-/// EINVAL: reported as `Unsupported`, so a caller can choose the page cache instead.
+/// EINVAL: reported as `Unsupported`, so a caller can choose the page cache instead. Not
+/// O_EXCL: the store's other descriptor, opened first, holds a block device's claim.
 fn open_direct(path: &Path, block_device: bool) -> io::Result<DirectIo> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = OpenOptions::new()
@@ -232,16 +233,23 @@ impl FileStore {
         // Every refusal is inspect's (check-config --deep asks the same).
         let plan = Self::inspect(path, create_size)?;
         let exists = !matches!(plan, Inspection::Create(_));
-        // A LUN file this call creates is the initiators' data: no one else's to read,
-        // whatever the umask (0644 outside the service unit).
-        let file = {
-            use std::os::unix::fs::OpenOptionsExt as _;
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(!exists)
-                .mode(0o600)
-                .open(path)?
+        let file = match plan {
+            // Claimed: nothing else writes a served disk (crate::claim).
+            Inspection::Open {
+                block_device: true, ..
+            } => crate::claim::open_claimed(path)?,
+            // A LUN file this call creates is the initiators' data: no one else's to read,
+            // whatever the umask (0644 outside the service unit).
+            _ => {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(!exists)
+                    .mode(0o600)
+                    .open(path)?;
+                Arc::new(file)
+            }
         };
         let (size_bytes, block_device) = match plan {
             // Only a file this call created is sized here; an existing one must already have
@@ -270,7 +278,7 @@ impl FileStore {
             direct,
             discard_zeroes,
             in_memory,
-            file: Arc::new(file),
+            file,
             size_bytes: AtomicU64::new(size_bytes),
             thin,
             block_device,
@@ -1050,5 +1058,61 @@ mod tests {
                 assert_eq!(b, [3u8; 4096]);
             }
         }
+    }
+
+    /// A loop device for the claim tests (None: skipped, the reason printed).
+    fn loop_device(tag: &str) -> Option<crate::loopdev::LoopDevice> {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/store-tests");
+        crate::loopdev::LoopDevice::attach(&dir, tag, 8 * MIB)
+    }
+
+    /// Opens `path` as another program claiming it would (mkfs, mount, `ferrosan bench
+    /// --destructive`, another target): O_EXCL, at once.
+    fn claim(path: &Path) -> io::Result<File> {
+        crate::loopdev::claim(path, std::time::Duration::ZERO)
+    }
+
+    /// [`claim`], once a released claim is free (see `loopdev::claim`).
+    fn claim_released(path: &Path) -> io::Result<File> {
+        crate::loopdev::claim(path, std::time::Duration::from_secs(5))
+    }
+
+    /// Review finding C: a served disk was not claimed, so anyone could write it.
+    #[test]
+    fn a_block_device_is_claimed_while_a_store_of_this_process_has_it() {
+        let Some(dev) = loop_device("claimed") else {
+            return;
+        };
+        drop(claim(&dev.device).expect("a free loop device opens exclusively"));
+        let store = FileStore::open(&dev.device, None, false).unwrap();
+        let busy = claim(&dev.device).err().map(|e| e.raw_os_error());
+        assert_eq!(busy, Some(Some(libc::EBUSY)), "another program's claim");
+        // The daemon's own second store of the device (a device renamed by a reload, one
+        // re-added while its old store still closes, auto caching trying direct I/O)
+        // shares the claim instead of locking itself out.
+        let again = FileStore::open_with(&dev.device, None, false, Caching::Direct).unwrap();
+        drop(store);
+        let busy = claim(&dev.device).err().map(|e| e.raw_os_error());
+        assert_eq!(busy, Some(Some(libc::EBUSY)), "held while any store has it");
+        drop(again);
+        drop(claim_released(&dev.device).expect("released with the last store"));
+    }
+
+    #[test]
+    fn a_block_device_another_program_claimed_is_refused_by_name() {
+        let Some(dev) = loop_device("refused") else {
+            return;
+        };
+        let other = claim(&dev.device).unwrap();
+        let e = FileStore::open(&dev.device, None, false).err().unwrap();
+        let said = e.to_string();
+        assert!(
+            said.contains(&dev.device.display().to_string())
+                && said.contains("in use by another program (EBUSY)"),
+            "{said}"
+        );
+        drop(other);
+        drop(claim_released(&dev.device).unwrap());
+        FileStore::open(&dev.device, None, false).unwrap();
     }
 }

@@ -7,10 +7,13 @@
 //! ([`BlockStore::direct_io`]).
 
 mod aligned;
+mod claim;
 pub mod clone;
 pub mod dir_pool;
 pub mod early_ack;
 mod file;
+#[cfg(any(test, feature = "test-support"))]
+pub mod loopdev;
 pub mod lvm;
 mod ram;
 pub mod rbd;

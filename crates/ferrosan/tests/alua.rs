@@ -535,7 +535,11 @@ fn a_live_state_change_tells_every_nexus_and_applies_at_once() {
         text.replace("\"active-non-optimized\"", "\"active-optimized\""),
     )
     .expect("config");
+    // The ctl changes above are unsaved: a plain reload would undo them and is refused; the
+    // edited file says what to run, so its changes are discarded.
     let out = ctl.run(&["reload"]);
+    assert!(!out.success(), "{}", out.describe());
+    let out = ctl.run(&["reload", "--discard"]);
     assert!(out.success(), "{}", out.describe());
     assert_eq!(one.answer(&[0; 6], Transfer::None), STATE_CHANGED);
     assert_eq!(

@@ -322,3 +322,53 @@ fn links_in_a_pool_are_never_followed() {
     daemon.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A pool's arguments are the config's to judge before a directory is made or a tool runs: a
+/// directory outside `device_roots` was made before the refusal, a VG named like an option
+/// reached `lvm` as one (overwriting a file outside the roots), and a path with a newline came
+/// out of `systemd-dropin` as a directive of its own.
+#[test]
+fn pool_arguments_are_judged_before_anything_is_made() {
+    let dir = common::disk_dir("state-pool-add");
+    let allowed = dir.join("allowed");
+    std::fs::create_dir_all(&allowed).unwrap();
+    let ctl = Ctl::new();
+    let s = ctl.socket.display().to_string();
+    let port = common::free_port();
+    let text = format!(
+        "[server]\ndevice_roots = [\"{}\"]\n\n[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{port}\"]\n\n[[device]]\nname = \"boot\"\nstore = \"ram\"\nsize = \"8M\"\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"boot\" }} ]\n",
+        allowed.display()
+    );
+    let mut daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &s]);
+    let outside = dir.join("outside/deeper");
+    let r = ctl.json(&["pool", "add", "x", outside.to_str().unwrap()]);
+    assert_eq!(r["ok"], false, "{r}");
+    assert!(!dir.join("outside").exists(), "made before it was refused");
+    let evil = dir.join("evil-target");
+    let vg = format!("--config=log{{file={}}}", evil.display());
+    let vg = format!("--vg={vg}");
+    let r = ctl.json(&["pool", "add", "y", &vg, "--thin-pool", "thin"]);
+    assert_eq!(
+        (&r["ok"], &r["kind"]),
+        (&false.into(), &"bad_request".into()),
+        "{r}"
+    );
+    assert!(!evil.exists());
+    let newline = format!("{}/x\nExecStartPre=+/bin/true", allowed.display());
+    let r = ctl.json(&["pool", "add", "z", &newline]);
+    assert_eq!(r["ok"], false, "{r}");
+    assert!(std::fs::read_dir(&allowed).unwrap().next().is_none());
+    let made = ok(
+        &ctl,
+        &[
+            "pool",
+            "add",
+            "fine",
+            allowed.join("pool").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(made["existed"], false, "{made}");
+    assert!(allowed.join("pool").is_dir());
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -233,6 +233,8 @@ fn pool_add(
     // Its name, path (inside device_roots), VG and thin pool are the config's to judge, before
     // a directory is made or LVM is asked anything.
     // A directory not there yet is judged by its parent, which must exist and be allowed.
+    new.check(&seen.server.device_roots)
+        .map_err(|e| ControlError::BadRequest(format!("pool {name}: {e}")))?;
     valid_with(seen, "pool-add", |c| c.pools.push(new.clone()))?;
     if let Some(dir) = dir_pool(&new) {
         dir.make_dir()
@@ -339,6 +341,7 @@ fn create(
 ) -> Result<Value, ControlError> {
     let pool = pool(seen, text(args, "pool")?)?.clone();
     let name = object_name(args, "name")?;
+    pool.check_volume_name(&name)?;
     let mut size = crate::config::parse_size(text(args, "size")?)?;
     if let Some(thin) = pool.thin() {
         // LVM makes whole extents: the volume's size is the rounded one.
@@ -592,6 +595,7 @@ fn snapshot(
     let (pool, device) = volume(running, text(args, "volume")?)?;
     let name = device.name.clone();
     let snap = object_name(args, "snapshot")?;
+    pool.check_snapshot_name(&name, &snap)?;
     if snapshot_names(shared, pool, &name)?.contains(&snap) {
         return Ok(json!({ "volume": name, "snapshot": snap, "existed": true }));
     }
@@ -659,6 +663,7 @@ fn clone(shared: &Shared, seen: &Config, args: &Map<String, Value>) -> Result<Va
     let (pool, source) = volume(seen, text(args, "volume")?)?;
     let (pool, source) = (pool.clone(), source.name.clone());
     let name = object_name(args, "name")?;
+    pool.check_volume_name(&name)?;
     let snap = match args.get("snapshot").and_then(Value::as_str) {
         Some(_) => Some(object_name(args, "snapshot")?),
         None => None,

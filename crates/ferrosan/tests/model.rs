@@ -52,6 +52,8 @@ impl Rng {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct Vol {
     size_mib: u64,
+    /// What it is a clone of (`VOLUME` or `VOLUME@SNAPSHOT`), None when created.
+    clone_of: Option<String>,
     exported: bool,
     snapshots: BTreeSet<String>,
 }
@@ -105,7 +107,9 @@ impl Model {
             0 | 1 => {
                 let r = json!({"verb": "volume-create", "pool": "p", "name": name, "size": "4M", "save": save});
                 match vol {
-                    Some(v) if v.size_mib == 4 => (r, ok(&[("existed", json!(true))])),
+                    Some(v) if v.size_mib == 4 && v.clone_of.is_none() => {
+                        (r, ok(&[("existed", json!(true))]))
+                    }
                     Some(_) => (r, Expect::Refused("conflict")),
                     None => {
                         after.volumes.insert(name, Vol::of_mib(4));
@@ -246,21 +250,44 @@ impl Model {
         } else {
             self.volumes.get(&source).cloned()
         };
-        let expect = match src {
+        let clone_of = match &snap {
+            Some(s) => format!("{source}@{s}"),
+            None => source.clone(),
+        };
+        let existing = self.volumes.get(&target).map(|v| v.clone_of.as_deref());
+        let expect = match (src, existing) {
+            (None, _) => Expect::Refused("not_found"),
+            // Idempotent by source: the same clone again is there; another is a conflict.
+            (Some(_), Some(of)) if of == Some(clone_of.as_str()) => ok(&[("existed", json!(true))]),
+            (Some(_), Some(_)) => Expect::Refused("conflict"),
+            (src, None) => self.new_clone(src, snap.as_deref(), clone_of, target, after),
+        };
+        (r, expect)
+    }
+
+    /// A clone into a free name: refused for a missing snapshot or a source in use (no
+    /// reflink on ext4), else made.
+    fn new_clone(
+        &self,
+        src: Option<Vol>,
+        snap: Option<&str>,
+        clone_of: String,
+        target: String,
+        after: &mut Model,
+    ) -> Expect {
+        match src {
             None => Expect::Refused("not_found"),
-            Some(_) if self.volumes.contains_key(&target) || target == source => {
-                ok(&[("existed", json!(true))])
-            }
-            Some(v) if snap.as_ref().is_some_and(|s| !v.snapshots.contains(s)) => {
+            Some(v) if snap.is_some_and(|s| !v.snapshots.contains(s)) => {
                 Expect::Refused("not_found")
             }
             Some(v) if snap.is_none() && v.exported => Expect::Refused("conflict"),
             Some(v) => {
-                after.volumes.insert(target, Vol::of_mib(v.size_mib));
-                ok(&[("existed", json!(false))])
+                let mut new = Vol::of_mib(v.size_mib);
+                new.clone_of = Some(clone_of.clone());
+                after.volumes.insert(target, new);
+                ok(&[("existed", json!(false)), ("clone_of", json!(clone_of))])
             }
-        };
-        (r, expect)
+        }
     }
 }
 
@@ -380,6 +407,7 @@ fn observed(ctl: &Ctl) -> Vec<Model> {
         }
         let vol = Vol {
             size_mib: v["size_bytes"].as_u64().unwrap() >> 20,
+            clone_of: v["clone_of"].as_str().map(str::to_string),
             exported: v["mapped"]
                 .as_array()
                 .unwrap()

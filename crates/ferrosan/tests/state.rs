@@ -372,3 +372,77 @@ fn pool_arguments_are_judged_before_anything_is_made() {
     daemon.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A clone is idempotent by what it is a clone of, not only by name: the same clone asked
+/// again answers `existed`, a clone of another source into that name is a conflict (it was
+/// answered `existed` before, though it held other data), and `volume list` says where each
+/// volume came from and when it was made, across a restart.
+#[test]
+fn a_clone_is_idempotent_by_its_source_and_records_its_lineage() {
+    let dir = common::disk_dir("state-lineage");
+    let ctl = Ctl::new();
+    let mut daemon = daemon_with_pool(&dir.join("pool"), &ctl);
+    ok(&ctl, &["volume", "create", "fast", "a", "4M"]);
+    ok(&ctl, &["volume", "create", "fast", "b", "4M"]);
+    ok(&ctl, &["volume", "snapshot", "a", "monday"]);
+    let made = ok(
+        &ctl,
+        &[
+            "volume",
+            "clone",
+            "a",
+            "c",
+            "--snapshot",
+            "monday",
+            "--save",
+        ],
+    );
+    assert_eq!(
+        (&made["existed"], &made["clone_of"]),
+        (&false.into(), &"a@monday".into()),
+        "{made}"
+    );
+    let again = ok(&ctl, &["volume", "clone", "a", "c", "--snapshot", "monday"]);
+    assert_eq!(again["existed"], true, "{again}");
+    refused(
+        &ctl,
+        &["volume", "clone", "b", "c"],
+        "conflict",
+        "not what was asked for",
+    );
+    refused(
+        &ctl,
+        &["volume", "clone", "a", "c"],
+        "conflict",
+        "not what was asked for",
+    );
+    refused(
+        &ctl,
+        &["volume", "create", "fast", "c", "4M"],
+        "conflict",
+        "not what was asked for",
+    );
+    ok(&ctl, &["save"]);
+    daemon.restart();
+    let listed = ok(&ctl, &["volume", "list"]);
+    let by_name = |n: &str| {
+        listed["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["volume"] == n)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(by_name("c")["clone_of"], "a@monday", "{listed}");
+    assert_eq!(by_name("a")["clone_of"], Value::Null, "{listed}");
+    for v in ["a", "b", "c"] {
+        let created = by_name(v)["created"].as_str().unwrap_or("").to_string();
+        assert!(
+            created.starts_with("20") && created.ends_with('Z'),
+            "{v}: {listed}"
+        );
+    }
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

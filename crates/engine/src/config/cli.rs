@@ -375,6 +375,7 @@ fn device_of(name: String, spec: LunSpec, ram_key: &str) -> DeviceConfig {
         thin: true,
         cache: spec.cache,
         offline: false,
+        lineage: super::Lineage::default(),
         // The error names the device and its --lun value already.
         origin: super::Origin::default(),
     }

@@ -13,7 +13,7 @@ use super::cx::{bool_or, required, Cx};
 use super::names::{
     check_inquiry_text, check_object_name, check_serial, derive_identity, parse_naa, parse_size,
 };
-use super::{CacheMode, DeviceConfig, Invalid, Origin, StoreKind};
+use super::{CacheMode, DeviceConfig, Invalid, Lineage, Origin, StoreKind};
 
 type S<T> = Spanned<T>;
 
@@ -38,6 +38,8 @@ pub(super) struct RawDevice {
     thin: Option<S<bool>>,
     cache: Option<S<String>>,
     offline: Option<S<bool>>,
+    clone_of: Option<S<String>>,
+    created: Option<S<String>>,
 }
 
 /// What must be unique across devices, and which device has it.
@@ -121,6 +123,7 @@ fn resolve_device(
             thin: bool_or(&rd.thin, true),
             cache,
             offline: bool_or(&rd.offline, false),
+            lineage: lineage(cx, dev),
             origin: Origin(Some(format!(
                 "{}:{}",
                 cx.file,
@@ -141,10 +144,41 @@ fn resolve_device(
             thin: false,
             cache: CacheMode::Auto,
             offline: false,
+            lineage: Lineage::default(),
             origin: Origin::default(),
         }),
         _ => None,
     }
+}
+
+/// `clone_of` (`VOLUME` or `VOLUME@SNAPSHOT`, each a name) and `created` (RFC 3339).
+fn lineage(cx: &mut Cx<'_>, dev: &mut Dev<'_>) -> Lineage {
+    let mut lineage = Lineage::default();
+    if let Some(c) = &dev.raw.clone_of {
+        let text = c.get_ref();
+        let names = text
+            .split_once('@')
+            .map_or((text.as_str(), None), |(v, s)| (v, Some(s)));
+        let bad = super::check_object_name(names.0)
+            .and_then(|()| names.1.map_or(Ok(()), super::check_object_name));
+        match bad {
+            Ok(()) => lineage.clone_of = Some(text.clone()),
+            Err(e) => dev.err(
+                cx,
+                c.span(),
+                "clone_of",
+                format!("VOLUME or VOLUME@SNAPSHOT: {}", e.0),
+            ),
+        }
+    }
+    if let Some(t) = &dev.raw.created {
+        let rfc3339 = &time::format_description::well_known::Rfc3339;
+        match time::OffsetDateTime::parse(t.get_ref(), rfc3339) {
+            Ok(_) => lineage.created = Some(t.get_ref().clone()),
+            Err(e) => dev.err(cx, t.span(), "created", format!("an RFC 3339 time: {e}")),
+        }
+    }
+    lineage
 }
 
 /// The device's name (empty when missing); errors name the device by it from here on.

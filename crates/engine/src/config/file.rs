@@ -1470,6 +1470,12 @@ fn device_toml(out: &mut String, d: &DeviceConfig) {
     if d.offline {
         out.push_str("offline = true\n");
     }
+    if let Some(clone_of) = &d.lineage.clone_of {
+        let _ = writeln!(out, "clone_of = {}", q(clone_of));
+    }
+    if let Some(created) = &d.lineage.created {
+        let _ = writeln!(out, "created = {}", q(created));
+    }
 }
 
 fn target_toml(out: &mut String, t: &TargetConfig, reveal: bool) {

@@ -483,7 +483,33 @@ pub struct DeviceConfig {
     /// Taken offline by the operator: its LUNs stay listed but answer NOT READY (LOGICAL UNIT
     /// NOT READY, OFFLINE) to every command that needs the medium. Changes live.
     pub offline: bool,
+    /// Where a volume came from and when it was made (`ctl volume create` and `clone`).
+    pub lineage: Lineage,
     pub origin: Origin,
+}
+
+/// A volume's provenance, recorded when `ctl volume create` or `clone` makes it: what it is a
+/// clone of (`VOLUME` as it was, or `VOLUME@SNAPSHOT`) and when it was made (RFC 3339, UTC).
+/// It changes nothing served; a repeated clone is answered by it (the same source: `existed`,
+/// another: `conflict`), and `volume list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Lineage {
+    pub clone_of: Option<String>,
+    pub created: Option<String>,
+}
+
+impl Lineage {
+    /// Made now, as a clone of `clone_of` (or new, without).
+    pub fn now(clone_of: Option<String>) -> Lineage {
+        let created = time::OffsetDateTime::now_utc()
+            .replace_nanosecond(0)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            });
+        Lineage { clone_of, created }
+    }
 }
 
 impl DeviceConfig {

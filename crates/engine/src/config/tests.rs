@@ -2217,3 +2217,30 @@ fn a_pool_made_in_memory_holds_no_control_character_either() {
     };
     assert!(rbd.check(&[]).unwrap_err().0.starts_with("ceph_conf: "));
 }
+
+#[test]
+fn a_devices_lineage_is_checked_and_round_trips() {
+    let with = |lines: &str| {
+        format!(
+            "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n\n[[device]]\nname = \"c\"\nstore = \"ram\"\nsize = \"1M\"\n{lines}\n"
+        )
+    };
+    let text = with("clone_of = \"a@monday\"\ncreated = \"2026-12-01T23:50:35Z\"");
+    let config = Config::from_toml_str(&text, FILE).unwrap();
+    let lineage = &config.devices[0].lineage;
+    assert_eq!(lineage.clone_of.as_deref(), Some("a@monday"));
+    assert_eq!(lineage.created.as_deref(), Some("2026-12-01T23:50:35Z"));
+    let again = Config::from_toml_str(&config.to_toml(), FILE).unwrap();
+    assert_eq!(again.devices[0].lineage, *lineage);
+    for (bad, field) in [
+        ("clone_of = \"a@\"", "clone_of"),
+        ("clone_of = \"-x\"", "clone_of"),
+        ("created = \"yesterday\"", "created"),
+    ] {
+        let e = errors(&with(bad));
+        assert!(e[0].field.ends_with(field), "{bad}: {e:?}");
+    }
+    // Made now: an RFC 3339 UTC time to the second.
+    let now = super::Lineage::now(None).created.unwrap();
+    assert!(now.ends_with('Z') && now.len() == 20, "{now}");
+}

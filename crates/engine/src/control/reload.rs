@@ -209,6 +209,7 @@ fn device_changes(
     let live = DeviceConfig {
         store: now.store.clone(),
         offline: now.offline,
+        lineage: now.lineage.clone(),
         read_only: now.read_only,
         write_cache: now.write_cache,
         vendor: now.vendor.clone(),

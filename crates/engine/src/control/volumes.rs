@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 use super::edit::text;
 use super::error::ControlError;
 use super::Step;
-use crate::config::{Config, DeviceConfig, PoolConfig, PoolKind, StoreKind};
+use crate::config::{Config, DeviceConfig, Lineage, PoolConfig, PoolKind, StoreKind};
 use crate::shared::Shared;
 use crate::topology::OpenDevice;
 use store::dir_pool::{DirPool, Made};
@@ -351,18 +351,19 @@ fn create(
     }
     let adopt = args.get("adopt").and_then(Value::as_bool).unwrap_or(false);
     let existed = json!({ "volume": name, "pool": pool.name, "size_bytes": size, "existed": true });
-    let same = |p: &PoolConfig, _: &DeviceConfig| {
+    let same = |p: &PoolConfig, d: &DeviceConfig| {
         let now = shared
             .topology()
             .devices
             .get(&name)
             .map(|d| d.unit.capacity_bytes());
-        p.name == pool.name && now == Some(size)
+        p.name == pool.name && now == Some(size) && d.lineage.clone_of.is_none()
     };
     if let Some(answer) = already(seen, &name, same, existed.clone())? {
         return Ok(answer);
     }
-    let device = volume_device(&pool, &name, (!adopt).then_some(size))?;
+    let mut device = volume_device(&pool, &name, (!adopt).then_some(size))?;
+    device.lineage = Lineage::now(None);
     valid_with(seen, "volume-create", |c| c.devices.push(device.clone()))?;
     let made = match make_volume(&pool, &name, size, adopt) {
         Ok(made) => made,
@@ -668,12 +669,21 @@ fn clone(shared: &Shared, seen: &Config, args: &Map<String, Value>) -> Result<Va
         Some(_) => Some(object_name(args, "snapshot")?),
         None => None,
     };
-    let existed = json!({ "volume": name, "existed": true });
-    let same = |p: &PoolConfig, _: &DeviceConfig| p.name == pool.name;
+    // Idempotent by what it is a clone of, not only by name: a clone of another source (or a
+    // volume that is no clone) of that name is a conflict.
+    let clone_of = match &snap {
+        Some(snap) => format!("{source}@{snap}"),
+        None => source.clone(),
+    };
+    let existed = json!({ "volume": name, "existed": true, "clone_of": clone_of });
+    let same = |p: &PoolConfig, d: &DeviceConfig| {
+        p.name == pool.name && d.lineage.clone_of.as_deref() == Some(clone_of.as_str())
+    };
     if let Some(answer) = already(seen, &name, same, existed.clone())? {
         return Ok(answer);
     }
-    let device = volume_device(&pool, &name, None)?;
+    let mut device = volume_device(&pool, &name, None)?;
+    device.lineage = Lineage::now(Some(clone_of.clone()));
     valid_with(seen, "volume-clone", |c| c.devices.push(device.clone()))?;
     if let Some(snap) = &snap {
         if !snapshot_names(shared, &pool, &source)?.contains(snap) {
@@ -722,6 +732,7 @@ fn clone(shared: &Shared, seen: &Config, args: &Map<String, Value>) -> Result<Va
     }
     let mut extra = vec![
         ("existed", json!(false)),
+        ("clone_of", json!(clone_of)),
         ("method", json!(method)),
         ("seconds", json!(started.elapsed().as_secs_f64())),
     ];
@@ -1278,7 +1289,8 @@ fn list(shared: &Shared, config: &Config) -> Value {
             json!({
                 "pool": pool.name, "volume": d.name, "size_bytes": size,
                 "mapped": mappings(config, &d.name), "snapshots": snapshots,
-                "serial": d.serial,
+                "serial": d.serial, "clone_of": d.lineage.clone_of,
+                "created": d.lineage.created,
             })
         })
         .collect();

@@ -15,6 +15,7 @@ mod file;
 #[cfg(any(test, feature = "test-support"))]
 pub mod loopdev;
 pub mod lvm;
+pub mod pool;
 mod ram;
 pub mod rbd;
 mod sys;

@@ -10,6 +10,21 @@ use super::names::{
 use super::{Invalid, PoolConfig, PoolKind};
 
 impl PoolConfig {
+    /// The pool as the store makes, snapshots, clones and removes its volumes
+    /// (`store::pool`): what the control plane asks instead of the kind.
+    pub fn medium(&self) -> store::pool::Pool {
+        match &self.kind {
+            PoolKind::Dir { path } => store::pool::Pool::Dir(store::dir_pool::DirPool::new(path)),
+            PoolKind::Rbd { pool, conf, client } => store::pool::Pool::Rbd(store::RbdSpec {
+                pool: pool.clone(),
+                image: String::new(),
+                conf: conf.clone(),
+                client: client.clone(),
+            }),
+            PoolKind::Lvm(thin) => store::pool::Pool::Lvm(thin.clone()),
+        }
+    }
+
     /// Checks the pool as loading a config checks a `[[pool]]` (`roots`: the server's
     /// `device_roots`): its name, and its kind's names and paths. The error names the key it
     /// is about (`vg: …`). Whether another pool has the name, and whether the VG or directory

@@ -1,13 +1,14 @@
 //! Volumes and snapshots of `[[pool]]`s (docs/VOLUMES.md). A volume is a device: a file
 //! `DIR/NAME.img` of a directory pool, image `NAME` of an RBD pool, or thin LV `VG/NAME` of an
-//! LVM pool (`store::lvm`); created, cloned and deleted here by editing the running config
-//! as one transaction each on the running config of its moment (`transact`). A snapshot is made while
-//! the volume's writes are held (`LogicalUnit::quiesced`), so it holds every write
-//! acknowledged before it and none after: a file `DIR/.snapshots/VOLUME@NAME.img` cloned by
-//! the filesystem (`store::clone`: a reflink where it can), an RBD snapshot, or an LVM thin
-//! snapshot `VG/VOLUME+NAME`. Every verb is idempotent: asked for what is already there, it
-//! answers success with `"existed": true`; asked to delete what is gone, with
-//! `"deleted": false`.
+//! LVM pool. What a pool does by its own means (a file, librbd, LVM's tools) is
+//! `store::pool::Pool`'s: this file never asks which kind a pool is, except for the LVM
+//! rollback, which swaps LVs through transactions of its own. Every verb that changes the
+//! config commits as one transaction on the running config of its moment (`transact`), after
+//! its slow work, checking again what it assumed. A snapshot is made while the volume's writes
+//! are held (`LogicalUnit::quiesced`, lent to the pool as [`Live::hold`]), so it holds every
+//! write acknowledged before it and none after. Every verb is idempotent: asked for what is
+//! already there, it answers success with `"existed": true`; asked to delete what is gone,
+//! with `"deleted": false`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,8 +21,7 @@ use super::error::ControlError;
 use super::Step;
 use crate::config::{Config, DeviceConfig, Lineage, PoolConfig, PoolKind, StoreKind};
 use crate::shared::Shared;
-use crate::topology::OpenDevice;
-use store::dir_pool::{DirPool, Made};
+use store::pool::{Made, Pool, PoolError, PoolErrorKind, Running, REMOVE_WAIT};
 
 pub const VERBS: &[&str] = &[
     "pool-add",
@@ -38,10 +38,6 @@ pub const VERBS: &[&str] = &[
     "volume-unexport",
 ];
 
-/// How long a deleted RBD volume's image is retried while its store closes (librbd refuses
-/// to remove an image a client still has open).
-const REMOVE_WAIT: Duration = Duration::from_secs(30);
-
 pub fn handle(
     shared: &Shared,
     verb: &str,
@@ -50,19 +46,23 @@ pub fn handle(
     // What the verb's checks and slow work start from; each commit re-checks what it assumed
     // against the running config of its moment (`transact`).
     let seen = shared.topology().config.clone();
+    let live = Live {
+        shared,
+        seen: &seen,
+    };
     match verb {
         "pool-add" => pool_add(shared, &seen, args),
-        "volume-create" => create(shared, &seen, args),
-        "volume-snapshot" => snapshot(shared, &seen, args),
-        "volume-clone" => clone(shared, &seen, args),
+        "volume-create" => create(&live, args),
+        "volume-snapshot" => snapshot(&live, args),
+        "volume-clone" => clone(&live, args),
         "volume-rollback" => rollback(shared, args),
-        "volume-delete" => delete(shared, &seen, args),
+        "volume-delete" => delete(&live, args),
         "volume-flatten" => flatten(&seen, args),
-        "volume-list" => Ok(list(shared, &seen)),
-        "snapshot-list" => Ok(json!({ "snapshots": snapshots_json(shared, &seen, args)? })),
+        "volume-list" => Ok(list(&live)),
+        "snapshot-list" => Ok(json!({ "snapshots": snapshots_json(&live, args)? })),
         "volume-export" => super::export::export(shared, args),
         "volume-unexport" => super::export::unexport(shared, args),
-        _ => snapshot_delete(shared, &seen, args),
+        _ => snapshot_delete(&live, args),
     }
 }
 
@@ -70,7 +70,9 @@ pub fn handle(
 /// logging each: at start, before the control socket serves a verb.
 pub fn sweep_partials(config: &Config) {
     for pool in &config.pools {
-        let Some(dir) = dir_pool(pool) else { continue };
+        let Pool::Dir(dir) = pool.medium() else {
+            continue;
+        };
         match dir.sweep_partials() {
             Ok(swept) => {
                 for path in swept {
@@ -83,23 +85,15 @@ pub fn sweep_partials(config: &Config) {
     }
 }
 
-fn io_error(what: String) -> impl FnOnce(std::io::Error) -> ControlError {
-    move |e| match e.kind() {
-        // There already, or not what a pool's entry must be (a link, another's directory).
-        std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::InvalidInput => {
-            ControlError::Conflict(format!("{what}: {e}"))
+/// A pool's failure as the verb's answer (one table).
+impl From<PoolError> for ControlError {
+    fn from(e: PoolError) -> ControlError {
+        match e.kind {
+            PoolErrorKind::Conflict => ControlError::Conflict(e.message),
+            PoolErrorKind::NotFound => ControlError::NotFound(e.message),
+            PoolErrorKind::Unsupported => ControlError::BadRequest(e.message),
+            PoolErrorKind::Failed => ControlError::Device(e.message),
         }
-        std::io::ErrorKind::NotFound => ControlError::NotFound(format!("{what}: {e}")),
-        _ => ControlError::Device(format!("{what}: {e}")),
-    }
-}
-
-fn rbd_error(what: String) -> impl FnOnce(rbd::Error) -> ControlError {
-    move |e| match e.errno() {
-        // EBUSY, EEXIST, ENOTEMPTY
-        Some(16) | Some(17) | Some(39) => ControlError::Conflict(format!("{what}: {e}")),
-        Some(2) => ControlError::NotFound(format!("{what}: {e}")),
-        _ => ControlError::Device(format!("{what}: {e}")),
     }
 }
 
@@ -109,6 +103,55 @@ fn lvm_error(what: String) -> impl FnOnce(store::lvm::LvmError) -> ControlError 
         K::Exists | K::Busy => ControlError::Conflict(format!("{what}: {e}")),
         K::NotFound => ControlError::NotFound(format!("{what}: {e}")),
         K::Failed => ControlError::Device(format!("{what}: {e}")),
+    }
+}
+
+/// What the engine lends a pool of its running volumes, as the verb saw the config.
+struct Live<'a> {
+    shared: &'a Shared,
+    seen: &'a Config,
+}
+
+impl Running for Live<'_> {
+    fn hold(
+        &self,
+        volume: &str,
+        f: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> Result<std::io::Result<()>, PoolError> {
+        let device = self.shared.topology().devices.get(volume).cloned();
+        let device = device.ok_or_else(|| PoolError {
+            kind: PoolErrorKind::Conflict,
+            message: format!("volume {volume} is not open"),
+        })?;
+        device.unit.quiesced(f).map_err(|e| PoolError {
+            kind: PoolErrorKind::Failed,
+            message: format!("volume {volume}: flushing it: {e}"),
+        })
+    }
+
+    fn in_use(&self, volume: &str) -> bool {
+        !mappings(self.seen, volume).is_empty()
+            && !self.seen.device(volume).is_some_and(|d| d.offline)
+    }
+
+    fn rbd_image(&self, volume: &str) -> Result<Arc<rbd::Image>, PoolError> {
+        let not = |message| PoolError {
+            kind: PoolErrorKind::Conflict,
+            message,
+        };
+        let topology = self.shared.topology();
+        let device = topology.devices.get(volume);
+        let device = device.ok_or_else(|| not(format!("volume {volume} is not open")))?;
+        let store = device.rbd.as_ref();
+        let store = store.ok_or_else(|| not(format!("volume {volume} is no RBD image")))?;
+        store.image().map_err(|e| PoolError {
+            kind: PoolErrorKind::Failed,
+            message: format!("volume {volume}: {e}"),
+        })
+    }
+
+    fn progress(&self, what: &str) -> Box<dyn FnMut(u64, u64)> {
+        Box::new(copy_progress(what.to_string()))
     }
 }
 
@@ -134,35 +177,10 @@ fn volume<'c>(
     Ok((pool, device))
 }
 
-/// The running device of volume `name`.
-fn open_device(shared: &Shared, name: &str) -> Result<Arc<OpenDevice>, ControlError> {
-    shared
-        .topology()
-        .devices
-        .get(name)
-        .cloned()
-        .ok_or_else(|| ControlError::Conflict(format!("volume {name} is not open")))
-}
-
-/// The librbd image of an open RBD volume.
-fn rbd_image(shared: &Shared, name: &str) -> Result<Arc<rbd::Image>, ControlError> {
-    let device = open_device(shared, name)?;
-    let store = device
-        .rbd
-        .as_ref()
-        .ok_or_else(|| ControlError::Conflict(format!("volume {name} is no RBD image")))?;
-    store.image().map_err(rbd_error(format!("volume {name}")))
-}
-
 fn object_name(args: &Map<String, Value>, key: &str) -> Result<String, ControlError> {
     let name = text(args, key)?;
     crate::config::check_object_name(name).map_err(ControlError::bad_request)?;
     Ok(name.to_string())
-}
-
-/// A directory pool's files (`store::dir_pool`), None for the other kinds.
-fn dir_pool(pool: &PoolConfig) -> Option<DirPool> {
-    pool.dir().map(DirPool::new)
 }
 
 /// `config` with `change` made, validated whole as a file would be: what a verb checks before
@@ -231,17 +249,17 @@ fn pool_add(
         return Ok(json!({ "pool": name, "existed": true }));
     }
     // Its name, path (inside device_roots), VG and thin pool are the config's to judge, before
-    // a directory is made or LVM is asked anything.
-    // A directory not there yet is judged by its parent, which must exist and be allowed.
+    // a directory is made or LVM is asked anything. A directory not there yet is judged by
+    // its parent, which must exist and be allowed.
     new.check(&seen.server.device_roots)
         .map_err(|e| ControlError::BadRequest(format!("pool {name}: {e}")))?;
     valid_with(seen, "pool-add", |c| c.pools.push(new.clone()))?;
-    if let Some(dir) = dir_pool(&new) {
-        dir.make_dir()
-            .map_err(io_error(format!("pool {name}: {}", dir.dir().display())))?;
-    }
-    if let Some(thin) = new.thin() {
-        thin.check().map_err(lvm_error(format!("pool {name}")))?;
+    match new.medium() {
+        Pool::Dir(dir) => dir.make_dir().map_err(|e| {
+            ControlError::Device(format!("pool {name}: {}: {e}", dir.dir().display()))
+        })?,
+        Pool::Lvm(thin) => thin.check().map_err(lvm_error(format!("pool {name}")))?,
+        Pool::Rbd(_) => {}
     }
     let mut answer = super::transact(shared, "pool-add", args, |running| {
         if existed(running)? {
@@ -255,9 +273,9 @@ fn pool_add(
             what,
         })
     })?;
-    answer
-        .as_object_mut()
-        .map(|a| a.entry("existed").or_insert(json!(false)));
+    if let Some(fields) = answer.as_object_mut() {
+        fields.entry("existed").or_insert(json!(false));
+    }
     Ok(answer)
 }
 
@@ -284,33 +302,6 @@ fn volume_device(
     Ok(Config::device_from_spec(name, &spec)?)
 }
 
-/// What a verb made in a pool for a volume not yet committed: removed again when the commit
-/// does not happen, and only that (a directory pool's file by its inode; an image or LV this
-/// verb's own create or clone call made, which fails on one that is there).
-enum NewVolume {
-    File(Made),
-    Image(store::RbdSpec),
-    Lv(store::lvm::ThinPool, String),
-    /// Nothing made: an adopted file.
-    Adopted,
-}
-
-impl NewVolume {
-    fn forget(self) {
-        let outcome = match self {
-            NewVolume::File(made) => made.forget().map(drop).map_err(|e| e.to_string()),
-            NewVolume::Image(spec) => store::rbd::pool(&spec)
-                .map_err(|e| e.to_string())
-                .and_then(|p| p.remove(&spec.image).map_err(|e| e.to_string())),
-            NewVolume::Lv(thin, name) => thin.remove(&name, REMOVE_WAIT).map_err(|e| e.to_string()),
-            NewVolume::Adopted => Ok(()),
-        };
-        if let Err(e) = outcome {
-            tracing::warn!("a volume made for a verb that failed could not be removed: {e}");
-        }
-    }
-}
-
 /// The answer to a create or clone of `name` that is there already: the same thing asked
 /// again (`same`) is success with `"existed": true`, anything else a conflict.
 fn already(
@@ -334,21 +325,14 @@ fn already(
     }
 }
 
-fn create(
-    shared: &Shared,
-    seen: &Config,
-    args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
+fn create(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let (shared, seen) = (live.shared, live.seen);
     let pool = pool(seen, text(args, "pool")?)?.clone();
     let name = object_name(args, "name")?;
     pool.check_volume_name(&name)?;
-    let mut size = crate::config::parse_size(text(args, "size")?)?;
-    if let Some(thin) = pool.thin() {
-        // LVM makes whole extents: the volume's size is the rounded one.
-        size = thin
-            .rounded(size)
-            .map_err(lvm_error(format!("pool {}", pool.name)))?;
-    }
+    let medium = pool.medium();
+    // LVM makes whole extents: the volume's size is the rounded one.
+    let size = medium.rounded(crate::config::parse_size(text(args, "size")?)?)?;
     let adopt = args.get("adopt").and_then(Value::as_bool).unwrap_or(false);
     let existed = json!({ "volume": name, "pool": pool.name, "size_bytes": size, "existed": true });
     let same = |p: &PoolConfig, d: &DeviceConfig| {
@@ -365,68 +349,27 @@ fn create(
     let mut device = volume_device(&pool, &name, (!adopt).then_some(size))?;
     device.lineage = Lineage::now(None);
     valid_with(seen, "volume-create", |c| c.devices.push(device.clone()))?;
-    let made = match make_volume(&pool, &name, size, adopt) {
+    let made = match medium.create(&name, size, adopt) {
         Ok(made) => made,
-        // Made meanwhile by the same request repeated: the commit below tells.
-        Err(e) if e.kind() == "conflict" && seen.device(&name).is_none() => {
+        Err(e) if e.kind == PoolErrorKind::Conflict => {
+            // Made meanwhile by the same request repeated: the running config tells.
             let running = shared.topology().config.clone();
-            return already(&running, &name, same, existed)?.ok_or(e);
+            if let Some(answer) = already(&running, &name, same, existed)? {
+                return Ok(answer);
+            }
+            return Err(ControlError::Conflict(format!(
+                "{e}; a volume left by someone else (or by a verb a crash interrupted) is \
+                 never taken over silently: remove it, or take a directory pool's file as \
+                 the volume with \"adopt\": true"
+            )));
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     let what = format!("volume {name} created in pool {} ({size} bytes)", pool.name);
     let committed = super::transact(shared, "volume-create", args, |running| {
         commit_new(running, &pool, &name, device.clone(), what.clone())
     });
     finish_new(committed, made, &[("existed", json!(false))])
-}
-
-/// Makes the volume's medium: a new file (exclusively; an existing one only when `adopt`),
-/// an RBD image or a thin LV (whose tools refuse one that is there).
-fn make_volume(
-    pool: &PoolConfig,
-    name: &str,
-    size: u64,
-    adopt: bool,
-) -> Result<NewVolume, ControlError> {
-    let what = || format!("volume {name}");
-    if let Some(dir) = dir_pool(pool) {
-        dir.make_dir()
-            .map_err(io_error(format!("pool {}", pool.name)))?;
-        if adopt {
-            dir.open_volume(name, true).map_err(io_error(what()))?;
-            return Ok(NewVolume::Adopted);
-        }
-        return match dir.create_volume(name, size) {
-            Ok(made) => Ok(NewVolume::File(made)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Err(ControlError::Conflict(format!(
-                    "volume {name}: {e}; a file left by someone else (or by a verb a crash \
-                     interrupted) is never taken over silently: remove it, or take it as the \
-                     volume with \"adopt\": true"
-                )))
-            }
-            Err(e) => Err(io_error(what())(e)),
-        };
-    }
-    if adopt {
-        return Err(ControlError::BadRequest(
-            "\"adopt\" takes over a file of a directory pool; RBD images and LVs are not adopted"
-                .into(),
-        ));
-    }
-    if let Some(spec) = pool.image(name) {
-        store::rbd::pool(&spec)
-            .map_err(io_error(format!("pool {}", pool.name)))?
-            .create(name, size)
-            .map_err(rbd_error(what()))?;
-        return Ok(NewVolume::Image(spec));
-    }
-    let Some(thin) = pool.thin() else {
-        unreachable!("a pool is a directory, RBD or LVM pool")
-    };
-    thin.create(name, size).map_err(lvm_error(what()))?;
-    Ok(NewVolume::Lv(thin.clone(), name.to_string()))
 }
 
 /// The commit of a new volume: its pool unchanged and its name still free in the running
@@ -460,7 +403,7 @@ fn commit_new(
 /// A new volume's answer once its commit ran: what it made stays if it committed, else goes.
 fn finish_new(
     committed: Result<Value, ControlError>,
-    made: NewVolume,
+    made: Made,
     extra: &[(&str, Value)],
 ) -> Result<Value, ControlError> {
     match committed {
@@ -499,132 +442,36 @@ fn copy_progress(what: String) -> impl FnMut(u64, u64) {
     }
 }
 
-/// Runs `f` with the volume's writes held (see `LogicalUnit::quiesced`).
-fn with_writes_held<R>(
-    shared: &Shared,
-    name: &str,
-    f: impl FnOnce() -> R,
-) -> Result<R, ControlError> {
-    open_device(shared, name)?
-        .unit
-        .quiesced(f)
-        .map_err(io_error(format!("volume {name}: flushing it")))
-}
-
-/// Copies volume `name`'s file `from` into the new file `to` as it is at one moment: a
-/// reflink while its writes are held (milliseconds). Where the filesystem cannot share
-/// extents the copy takes as long as the data does, too long to hold the writes of a volume
-/// in use: then the volume must be unmapped or offline (no writes can come), or the copy is
-/// refused.
-fn live_copy(
-    shared: &Shared,
-    seen: &Config,
-    name: &str,
-    from: &std::fs::File,
-    to: &std::fs::File,
-) -> Result<store::clone::CloneMethod, ControlError> {
-    let what = || format!("copy of volume {name}");
-    let reflinked = with_writes_held(shared, name, || store::clone::reflink(from, to))?
-        .map_err(io_error(what()))?;
-    if reflinked {
-        return Ok(store::clone::CloneMethod::Reflink);
-    }
-    let in_use = !mappings(seen, name).is_empty() && !seen.device(name).is_some_and(|d| d.offline);
-    if in_use {
-        return Err(ControlError::Conflict(format!(
-            "volume {name} is in use and its pool's filesystem cannot reflink: the copy would \
-             hold its writes for as long as copying its data takes; take it offline (ctl device \
-             offline) or unmap it first, or put the pool on XFS or btrfs"
-        )));
-    }
-    let method =
-        store::clone::clone_into(from, to, &mut copy_progress(what())).map_err(io_error(what()))?;
-    to.sync_all().map_err(io_error(what()))?;
-    Ok(method)
-}
-
 /// The snapshots of volume `volume` of `pool`.
 fn snapshot_names(
-    shared: &Shared,
+    live: &Live,
     pool: &PoolConfig,
     volume: &str,
 ) -> Result<Vec<String>, ControlError> {
-    match &pool.kind {
-        PoolKind::Dir { path } => Ok(DirPool::new(path)
-            .snapshots(Some(volume))
-            .map_err(io_error(format!("pool {}", pool.name)))?
-            .into_iter()
-            .map(|(_, s)| s)
-            .collect()),
-        PoolKind::Rbd { .. } => Ok(rbd_image(shared, volume)?
-            .snapshots()
-            .map_err(rbd_error(format!("volume {volume}")))?
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect()),
-        PoolKind::Lvm(_) => Ok(thin_snapshots(pool, Some(volume))?
-            .into_iter()
-            .map(|(_, snap)| snap)
-            .collect()),
-    }
+    let list = pool.medium().snapshots(live, Some(volume))?;
+    Ok(list.into_iter().map(|(_, s)| s).collect())
 }
 
-/// The snapshots in an LVM pool (of one volume): (volume, snapshot).
-fn thin_snapshots(
-    pool: &PoolConfig,
-    volume: Option<&str>,
-) -> Result<Vec<(String, String)>, ControlError> {
-    let Some(thin) = pool.thin() else {
-        return Ok(Vec::new());
-    };
-    let lvs = thin
-        .thin_lvs()
-        .map_err(lvm_error(format!("pool {}", pool.name)))?;
-    Ok(lvs
-        .iter()
-        .filter_map(|lv| lv.snapshot_of())
-        .filter(|(v, _)| volume.is_none_or(|o| o == *v))
-        .map(|(v, s)| (v.to_string(), s.to_string()))
-        .collect())
-}
-
-fn snapshot(
-    shared: &Shared,
-    running: &Config,
-    args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
-    let (pool, device) = volume(running, text(args, "volume")?)?;
+fn snapshot(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let (pool, device) = volume(live.seen, text(args, "volume")?)?;
     let name = device.name.clone();
     let snap = object_name(args, "snapshot")?;
     pool.check_snapshot_name(&name, &snap)?;
-    if snapshot_names(shared, pool, &name)?.contains(&snap) {
-        return Ok(json!({ "volume": name, "snapshot": snap, "existed": true }));
+    let there = json!({ "volume": name, "snapshot": snap, "existed": true });
+    let medium = pool.medium();
+    if medium.has_snapshot(live, &name, &snap)? {
+        return Ok(there);
     }
     let started = Instant::now();
-    let method = match &pool.kind {
-        PoolKind::Dir { path } => match dir_snapshot(shared, running, path, &name, &snap) {
-            Err(ControlError::Conflict(_))
-                if snapshot_names(shared, pool, &name)?.contains(&snap) =>
-            {
-                // Taken meanwhile by the same request repeated.
-                return Ok(json!({ "volume": name, "snapshot": snap, "existed": true }));
-            }
-            made => made?.name(),
-        },
-        PoolKind::Rbd { .. } => {
-            let image = rbd_image(shared, &name)?;
-            with_writes_held(shared, &name, || image.snap_create(&snap))?
-                .map_err(rbd_error(format!("snapshot {name}@{snap}")))?;
-            "rbd"
+    let method = match medium.snapshot(live, &name, &snap) {
+        Ok(method) => method,
+        // Taken meanwhile by the same request repeated.
+        Err(e)
+            if e.kind == PoolErrorKind::Conflict && medium.has_snapshot(live, &name, &snap)? =>
+        {
+            return Ok(there)
         }
-        PoolKind::Lvm(thin) => {
-            let lv = store::lvm::snapshot_lv(&name, &snap);
-            // LVM suspends the origin for the moment of the snapshot, flushing what reached
-            // it; the held writes are those not acknowledged yet.
-            with_writes_held(shared, &name, || thin.snapshot(&name, &lv, false))?
-                .map_err(lvm_error(format!("snapshot {name}@{snap}")))?;
-            "lvm thin snapshot"
-        }
+        Err(e) => return Err(e.into()),
     };
     tracing::info!(volume = %name, snapshot = %snap, method, "ctl: snapshot taken");
     Ok(json!({
@@ -633,34 +480,8 @@ fn snapshot(
     }))
 }
 
-/// Snapshot `snap` of volume `name` of the directory pool at `path`: copied into a partial
-/// file (a reflink while its writes are held), published under its name once durable.
-fn dir_snapshot(
-    shared: &Shared,
-    seen: &Config,
-    path: &std::path::Path,
-    name: &str,
-    snap: &str,
-) -> Result<store::clone::CloneMethod, ControlError> {
-    let dir = DirPool::new(path);
-    let what = || format!("snapshot {name}@{snap}");
-    let from = dir.open_volume(name, false).map_err(io_error(what()))?;
-    let (to, partial) = dir.begin_snapshot(name, snap).map_err(io_error(what()))?;
-    let method = match live_copy(shared, seen, name, &from, &to) {
-        Ok(method) => method,
-        Err(e) => {
-            let _ = partial.forget();
-            return Err(e);
-        }
-    };
-    let kept = dir
-        .publish(partial, &DirPool::snapshot_file(name, snap))
-        .map_err(io_error(what()))?;
-    drop(kept);
-    Ok(method)
-}
-
-fn clone(shared: &Shared, seen: &Config, args: &Map<String, Value>) -> Result<Value, ControlError> {
+fn clone(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let (shared, seen) = (live.shared, live.seen);
     let (pool, source) = volume(seen, text(args, "volume")?)?;
     let (pool, source) = (pool.clone(), source.name.clone());
     let name = object_name(args, "name")?;
@@ -685,31 +506,16 @@ fn clone(shared: &Shared, seen: &Config, args: &Map<String, Value>) -> Result<Va
     let mut device = volume_device(&pool, &name, None)?;
     device.lineage = Lineage::now(Some(clone_of.clone()));
     valid_with(seen, "volume-clone", |c| c.devices.push(device.clone()))?;
+    let medium = pool.medium();
     if let Some(snap) = &snap {
-        if !snapshot_names(shared, &pool, &source)?.contains(snap) {
+        if !medium.has_snapshot(live, &source, snap)? {
             return Err(ControlError::NotFound(format!(
                 "volume {source} has no snapshot {snap}"
             )));
         }
     }
     let started = Instant::now();
-    let (method, made, taken) = match (&snap, pool.image(&source)) {
-        // librbd clones only snapshots: the volume as it is now is one taken for the clone.
-        (None, Some(_)) => {
-            let snap = snapshot_for_clone(shared, &pool, &source, &name)?;
-            match clone_data(shared, seen, &pool, &source, Some(&snap), &name) {
-                Ok((method, made)) => (method, made, Some(snap)),
-                Err(e) => {
-                    drop_clone_snapshot(shared, &source, &snap);
-                    return Err(e);
-                }
-            }
-        }
-        _ => {
-            let (method, made) = clone_data(shared, seen, &pool, &source, snap.as_deref(), &name)?;
-            (method, made, None)
-        }
-    };
+    let (method, made, taken) = clone_medium(live, &medium, &source, snap.as_deref(), &name)?;
     let what = format!("volume {name} cloned from {source} ({method})");
     let committed = super::transact(shared, "volume-clone", args, |running| {
         let same_source = running
@@ -722,169 +528,69 @@ fn clone(shared: &Shared, seen: &Config, args: &Map<String, Value>) -> Result<Va
         }
         commit_new(running, &pool, &name, device.clone(), what.clone())
     });
-    if committed.as_ref().is_err_and(|e| e.kind() != "not_saved") {
-        if let Some(snap) = &taken {
-            // After the clone image is gone (`finish_new`): librbd keeps a parent snapshot.
-            let answer = finish_new(committed, made, &[]);
-            drop_clone_snapshot(shared, &source, snap);
-            return answer;
-        }
-    }
+    let failed = committed.as_ref().is_err_and(|e| e.kind() != "not_saved");
     let mut extra = vec![
         ("existed", json!(false)),
         ("clone_of", json!(clone_of)),
         ("method", json!(method)),
         ("seconds", json!(started.elapsed().as_secs_f64())),
     ];
-    if let Some(snap) = taken {
+    if let Some(snap) = &taken {
         extra.push(("snapshot", json!(snap)));
     }
-    finish_new(committed, made, &extra)
-}
-
-/// Removes the snapshot a clone of `source` as it is now was made from, after the clone
-/// failed.
-fn drop_clone_snapshot(shared: &Shared, source: &str, snap: &str) {
-    if let Ok(image) = rbd_image(shared, source) {
-        let _ = image.snap_unprotect(snap);
-        let _ = image.snap_remove(snap);
+    let answer = finish_new(committed, made, &extra);
+    if let (true, Some(snap)) = (failed, &taken) {
+        // After the clone image is gone: librbd keeps a parent snapshot while clones need it.
+        medium.drop_clone_snapshot(live, &source, snap);
     }
+    answer
 }
 
-/// Takes the snapshot an RBD clone of `source` as it is now is made from: named after the
-/// clone `name`, crash-consistent like any snapshot, and kept while the clone depends on it
-/// (`volume flatten` frees it). A snapshot of that name made by someone else is refused, not
-/// reused: it holds another moment.
-fn snapshot_for_clone(
-    shared: &Shared,
-    pool: &PoolConfig,
+/// The pool's copy of `source` (its snapshot `snap`, or it now) as volume `name`: how, what it
+/// made, and the snapshot taken for it. An RBD pool clones only snapshots: the volume as it is
+/// now is first a snapshot named after the clone, crash-consistent like any, kept while the
+/// clone depends on it (`volume flatten` frees it); one of that name made by someone else is
+/// refused, not reused: it holds another moment.
+fn clone_medium(
+    live: &Live,
+    medium: &Pool,
     source: &str,
+    snap: Option<&str>,
     name: &str,
-) -> Result<String, ControlError> {
-    if snapshot_names(shared, pool, source)?
-        .iter()
-        .any(|s| s == name)
-    {
+) -> Result<(&'static str, Made, Option<String>), ControlError> {
+    if snap.is_some() || !matches!(medium, Pool::Rbd(_)) {
+        let (method, made) = medium.clone_volume(live, source, snap, name)?;
+        return Ok((method, made, None));
+    }
+    if medium.has_snapshot(live, source, name)? {
         return Err(ControlError::Conflict(format!(
             "volume {source} has a snapshot {name} already, and a clone of it as it is now is \
              made from a new snapshot of that name: clone that one with --snapshot {name}, or \
              give the clone another name"
         )));
     }
-    let image = rbd_image(shared, source)?;
-    with_writes_held(shared, source, || image.snap_create(name))?
-        .map_err(rbd_error(format!("snapshot {source}@{name}")))?;
-    Ok(name.to_string())
-}
-
-/// Makes volume `name` of `pool` a copy of `source` (of its snapshot `snap`, or of it now):
-/// how, and what it made.
-fn clone_data(
-    shared: &Shared,
-    seen: &Config,
-    pool: &PoolConfig,
-    source: &str,
-    snap: Option<&str>,
-    name: &str,
-) -> Result<(&'static str, NewVolume), ControlError> {
-    if let Some(thin) = pool.thin() {
-        let what = format!("clone {name} of {source}");
-        match snap {
-            // A thin snapshot of the snapshot, active: a volume of its own.
-            Some(snap) => thin.snapshot(&store::lvm::snapshot_lv(source, snap), name, true),
-            None => with_writes_held(shared, source, || thin.snapshot(source, name, true))?,
-        }
-        .map_err(lvm_error(what))?;
-        return Ok((
-            "lvm thin snapshot",
-            NewVolume::Lv(thin.clone(), name.to_string()),
-        ));
-    }
-    if let Some(dir) = dir_pool(pool) {
-        let (method, made) = clone_file(shared, seen, &dir, source, snap, name)?;
-        return Ok((method.name(), NewVolume::File(made)));
-    }
-    // `clone` takes the snapshot of a volume cloned as it is now.
-    let Some(snap) = snap else {
-        return Err(ControlError::BadRequest(format!(
-            "an RBD volume is cloned from a snapshot: clone {source}@SNAPSHOT"
-        )));
-    };
-    let image = rbd_image(shared, source)?;
-    // A format-1 clone needs its parent snapshot protected; already protected is fine.
-    match image.snap_protect(snap) {
-        Err(e) if e.errno() != Some(16) => {
-            return Err(rbd_error(format!("protecting {source}@{snap}"))(e))
-        }
-        _ => {}
-    }
-    let spec = pool
-        .image(name)
-        .unwrap_or_else(|| unreachable!("an RBD pool's image"));
-    let rados = store::rbd::pool(&spec).map_err(io_error(format!("pool {}", pool.name)))?;
-    rados
-        .clone_image(&rados, source, snap, name)
-        .map_err(rbd_error(format!("clone {name} of {source}@{snap}")))?;
-    Ok(("rbd clone", NewVolume::Image(spec)))
-}
-
-/// A directory pool's clone: copied into a partial file, published as volume `name` once
-/// complete and durable (never over a file that is there).
-fn clone_file(
-    shared: &Shared,
-    seen: &Config,
-    dir: &DirPool,
-    source: &str,
-    snap: Option<&str>,
-    name: &str,
-) -> Result<(store::clone::CloneMethod, Made), ControlError> {
-    let what = || format!("clone {name} of {source}");
-    let (to, partial) = dir.begin_volume(name).map_err(io_error(what()))?;
-    let copied = match snap {
-        Some(snap) => dir
-            .open_snapshot(source, snap)
-            .and_then(|from| {
-                let progress = &mut copy_progress(format!("clone {name} of {source}@{snap}"));
-                let method = store::clone::clone_into(&from, &to, progress)?;
-                to.sync_all().map(|()| method)
-            })
-            .map_err(io_error(what())),
-        None => dir
-            .open_volume(source, false)
-            .map_err(io_error(what()))
-            .and_then(|from| live_copy(shared, seen, source, &from, &to)),
-    };
-    let method = match copied {
-        Ok(method) => method,
+    medium.snapshot(live, source, name)?;
+    match medium.clone_volume(live, source, Some(name), name) {
+        Ok((method, made)) => Ok((method, made, Some(name.to_string()))),
         Err(e) => {
-            let _ = partial.forget();
-            return Err(e);
+            medium.drop_clone_snapshot(live, source, name);
+            Err(e.into())
         }
-    };
-    let made = dir
-        .publish(partial, &DirPool::volume_file(name))
-        .map_err(io_error(what()))?;
-    Ok((method, made))
+    }
 }
 
 /// Makes an RBD clone independent of its parent snapshot (librbd copies the blocks it still
-/// shares); a directory pool's clones depend on nothing (`"flattened": false`).
+/// shares); other pools' clones depend on nothing (`"flattened": false`).
 fn flatten(running: &Config, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let (pool, device) = volume(running, text(args, "volume")?)?;
     let name = device.name.clone();
-    let Some(spec) = pool.image(&name) else {
-        return Ok(json!({ "volume": name, "flattened": false }));
-    };
     let started = Instant::now();
-    let image = store::rbd::maintenance_image(&spec).map_err(io_error(format!("volume {name}")))?;
-    match image.flatten() {
-        // Not a clone (any more): nothing depends on a parent.
-        Err(e) if e.errno() == Some(22) => Ok(json!({ "volume": name, "flattened": false })),
-        Err(e) => Err(rbd_error(format!("volume {name}"))(e)),
-        Ok(()) => Ok(json!({
-            "volume": name, "flattened": true, "seconds": started.elapsed().as_secs_f64(),
-        })),
+    let flattened = pool.medium().flatten(&name)?;
+    let mut answer = json!({ "volume": name, "flattened": flattened });
+    if flattened {
+        answer["seconds"] = json!(started.elapsed().as_secs_f64());
     }
+    Ok(answer)
 }
 
 /// `resize` of an LVM volume to `size`: LVM grows its LV (to whole extents) first; the
@@ -934,8 +640,12 @@ fn rollback(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Control
     let name = object_name(args, "volume")?;
     let snap = object_name(args, "snapshot")?;
     let seen = shared.topology().config.clone();
+    let live = Live {
+        shared,
+        seen: &seen,
+    };
     let (pool, device) = volume(&seen, &name)?;
-    if !snapshot_names(shared, pool, &name)?.contains(&snap) {
+    if !pool.medium().has_snapshot(&live, &name, &snap)? {
         return Err(ControlError::NotFound(format!(
             "volume {name} has no snapshot {snap}"
         )));
@@ -955,43 +665,14 @@ fn rollback(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Control
             mapped.join("; ")
         )));
     }
-    let method = match dir_pool(pool) {
-        Some(dir) => {
-            let restore = || restore_file(&dir, &name, &snap);
-            with_writes_held(shared, &name, restore)?
-                .map_err(io_error(format!("rollback of {name} to {snap}")))?
-                .name()
-        }
-        None => {
-            let image = rbd_image(shared, &name)?;
-            with_writes_held(shared, &name, || image.snap_rollback(&snap))?
-                .map_err(rbd_error(format!("rollback of {name} to {snap}")))?;
-            "rbd"
-        }
+    let live = Live {
+        shared,
+        seen: &running,
     };
+    let method = pool.medium().rollback(&live, &name, &snap)?;
     drop(lock);
     tracing::info!(volume = %name, snapshot = %snap, "ctl: volume rolled back");
     Ok(json!({ "volume": name, "snapshot": snap, "method": method }))
-}
-
-/// Copies snapshot `snap` of volume `name` over the volume's file (both opened in the pool,
-/// never through a link), durably. A volume grown since keeps its size: the blocks past the
-/// snapshot read as zeros.
-fn restore_file(
-    dir: &DirPool,
-    name: &str,
-    snap: &str,
-) -> std::io::Result<store::clone::CloneMethod> {
-    let from = dir.open_snapshot(name, snap)?;
-    let to = dir.open_volume(name, true)?;
-    let size = to.metadata()?.len();
-    let mut progress = copy_progress(format!("rollback of {name} to {snap}"));
-    let method = store::clone::clone_into(&from, &to, &mut progress)?;
-    if to.metadata()?.len() < size {
-        to.set_len(size)?;
-    }
-    to.sync_all()?;
-    Ok(method)
 }
 
 /// Rolls an LVM volume back. LVM has no in-place revert that keeps the snapshot, so the
@@ -1167,11 +848,8 @@ fn swap_lvs(
     made
 }
 
-fn delete(
-    shared: &Shared,
-    seen: &Config,
-    args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
+fn delete(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let (shared, seen) = (live.shared, live.seen);
     let name = object_name(args, "volume")?;
     let gone = json!({ "volume": name, "deleted": false });
     if seen.device(&name).is_none() {
@@ -1190,7 +868,7 @@ fn delete(
         )))
     };
     unmapped(seen)?;
-    let snaps = snapshot_names(shared, &pool, &name)?;
+    let snaps = snapshot_names(live, &pool, &name)?;
     if !snaps.is_empty() {
         return Err(ControlError::Conflict(format!(
             "volume {name} has snapshots ({}): delete them first",
@@ -1218,40 +896,11 @@ fn delete(
     if answer.get("deleted").is_some() {
         return Ok(answer);
     }
-    remove_medium(&pool, &name)?;
+    // The device is out of the config first, the medium goes after: a crash between leaves
+    // an unused medium, never a device without one.
+    pool.medium().remove(&name)?;
     answer["deleted"] = json!(true);
     Ok(answer)
-}
-
-/// Removes a deleted volume's file, image or LV. The store closes with its last command; the
-/// space is freed when it does.
-fn remove_medium(pool: &PoolConfig, name: &str) -> Result<(), ControlError> {
-    let what = || format!("volume {name}");
-    if let Some(dir) = dir_pool(pool) {
-        dir.remove_volume(name).map_err(io_error(what()))?;
-    } else if let Some(spec) = pool.image(name) {
-        remove_image(&spec)?;
-    } else if let Some(thin) = pool.thin() {
-        thin.remove(name, REMOVE_WAIT).map_err(lvm_error(what()))?;
-    }
-    Ok(())
-}
-
-/// Removes an RBD image once the store of the device that was it has closed (librbd refuses
-/// while a client has it open: the store closes when its last command is done).
-fn remove_image(spec: &store::RbdSpec) -> Result<(), ControlError> {
-    let what = format!("image {}/{}", spec.pool, spec.image);
-    let pool = store::rbd::pool(spec).map_err(io_error(what.clone()))?;
-    let started = Instant::now();
-    loop {
-        match pool.remove(&spec.image) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.errno() == Some(16) && started.elapsed() < REMOVE_WAIT => {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => return Err(rbd_error(what)(e)),
-        }
-    }
 }
 
 /// Every volume of `config`: its pool and device.
@@ -1262,26 +911,23 @@ fn volumes(config: &Config) -> impl Iterator<Item = (&PoolConfig, &DeviceConfig)
         .filter_map(|d| Some((config.pool_of(d)?, d)))
 }
 
-fn snapshots_json(
-    shared: &Shared,
-    config: &Config,
-    args: &Map<String, Value>,
-) -> Result<Vec<Value>, ControlError> {
+fn snapshots_json(live: &Live, args: &Map<String, Value>) -> Result<Vec<Value>, ControlError> {
     let only = args.get("volume").and_then(Value::as_str);
     let mut out = Vec::new();
-    for (pool, device) in volumes(config).filter(|(_, d)| only.is_none_or(|o| o == d.name)) {
-        for snapshot in snapshot_names(shared, pool, &device.name)? {
+    for (pool, device) in volumes(live.seen).filter(|(_, d)| only.is_none_or(|o| o == d.name)) {
+        for snapshot in snapshot_names(live, pool, &device.name)? {
             out.push(json!({ "pool": pool.name, "volume": device.name, "snapshot": snapshot }));
         }
     }
     Ok(out)
 }
 
-fn list(shared: &Shared, config: &Config) -> Value {
-    let topology = shared.topology();
+fn list(live: &Live) -> Value {
+    let topology = live.shared.topology();
+    let config = live.seen;
     let volumes: Vec<Value> = volumes(config)
         .map(|(pool, d)| {
-            let snapshots = snapshot_names(shared, pool, &d.name).unwrap_or_default();
+            let snapshots = snapshot_names(live, pool, &d.name).unwrap_or_default();
             let size = topology
                 .devices
                 .get(&d.name)
@@ -1310,71 +956,26 @@ fn list(shared: &Shared, config: &Config) -> Value {
     json!({ "pools": pools, "volumes": volumes })
 }
 
-fn snapshot_delete(
-    shared: &Shared,
-    running: &Config,
-    args: &Map<String, Value>,
-) -> Result<Value, ControlError> {
+fn snapshot_delete(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let running = live.seen;
     let name = object_name(args, "volume")?;
     let snap = object_name(args, "snapshot")?;
     let gone = json!({ "volume": name, "snapshot": snap, "deleted": false });
-    let pool = match running.device(&name) {
-        Some(d) => running.pool_of(d),
-        // A volume deleted already: its pool is the directory or LVM pool that holds the
-        // snapshot.
-        None => running.pools.iter().find(|p| {
-            dir_pool(p).is_some_and(|d| {
-                d.snapshots(Some(&name))
-                    .is_ok_and(|s| s.iter().any(|(_, s)| *s == snap))
-            }) || p.thin().is_some_and(|t| {
-                t.get(&store::lvm::snapshot_lv(&name, &snap))
-                    .is_ok_and(|lv| lv.is_some())
-            })
-        }),
-    };
-    let Some(pool) = pool else {
-        return Ok(gone);
-    };
-    if let Some(dir) = dir_pool(pool) {
-        return match dir.remove_snapshot(&name, &snap) {
-            Ok(true) => Ok(json!({ "volume": name, "snapshot": snap, "deleted": true })),
-            Ok(false) => Ok(gone),
-            Err(e) => Err(io_error(format!("snapshot {name}@{snap}"))(e)),
+    let deleted = json!({ "volume": name, "snapshot": snap, "deleted": true });
+    if let Some(device) = running.device(&name) {
+        let Some(pool) = running.pool_of(device) else {
+            return Ok(gone);
         };
+        let removed = pool.medium().remove_snapshot(&name, &snap)?;
+        return Ok(if removed { deleted } else { gone });
     }
-    if let Some(thin) = pool.thin() {
-        let lv = store::lvm::snapshot_lv(&name, &snap);
-        // A thin snapshot's clones share its blocks, not its life: nothing depends on it.
-        return match thin.remove(&lv, Duration::ZERO) {
-            Ok(()) => Ok(json!({ "volume": name, "snapshot": snap, "deleted": true })),
-            Err(e) if e.kind == store::lvm::LvmErrorKind::NotFound => Ok(gone),
-            Err(e) => Err(lvm_error(format!("snapshot {name}@{snap}"))(e)),
-        };
-    }
-    if !snapshot_names(shared, pool, &name)?.contains(&snap) {
-        return Ok(gone);
-    }
-    let spec = pool
-        .image(&name)
-        .unwrap_or_else(|| unreachable!("an RBD pool's image"));
-    let image = store::rbd::maintenance_image(&spec).map_err(io_error(format!("volume {name}")))?;
-    // Protected for a clone: EBUSY while clones depend on it (refused: they would lose their
-    // parent), EINVAL when it never was.
-    match image.snap_unprotect(&snap) {
-        Err(e) if e.errno() == Some(16) => {
-            return Err(ControlError::Conflict(format!(
-                "snapshot {name}@{snap} has dependent clones: delete (or flatten) them first"
-            )))
+    // A volume deleted already: the pool that holds the snapshot (its snapshots outlive it).
+    for pool in &running.pools {
+        if pool.medium().remove_snapshot(&name, &snap)? {
+            return Ok(deleted);
         }
-        Err(e) if e.errno() != Some(22) => {
-            return Err(rbd_error(format!("snapshot {name}@{snap}"))(e))
-        }
-        _ => {}
     }
-    image
-        .snap_remove(&snap)
-        .map_err(rbd_error(format!("snapshot {name}@{snap}")))?;
-    Ok(json!({ "volume": name, "snapshot": snap, "deleted": true }))
+    Ok(gone)
 }
 
 #[cfg(test)]

@@ -92,7 +92,7 @@ impl Server {
             ),
             None => None,
         };
-        crate::control::sweep_partials(config);
+        crate::control::recover_pools(config);
         let mut shared = build(config)?;
         if source.path.is_some() {
             *shared

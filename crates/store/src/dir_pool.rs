@@ -285,6 +285,93 @@ impl DirPool {
         )
     }
 
+    /// Puts snapshot `snap`'s data back into volume `name`'s file, in place (the volume's
+    /// store keeps its file open). A crash in the middle would leave part of each, so an
+    /// intent (`.NAME.img.rollback`: the snapshot and the volume's size) is made durable
+    /// first and removed once the volume is: [`DirPool::recover`] finishes an interrupted one
+    /// at the next start. A volume grown since the snapshot keeps its size (the blocks past
+    /// the snapshot read as zeros).
+    pub fn restore(
+        &self,
+        name: &str,
+        snap: &str,
+        progress: crate::clone::Progress<'_>,
+    ) -> io::Result<crate::clone::CloneMethod> {
+        let size = self.open_volume(name, false)?.metadata()?.len();
+        let intent = format!(".{}.rollback", Self::volume_file(name));
+        let dir = open_dir(&self.dir)?;
+        {
+            let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW;
+            let fd = rustix::fs::openat(&dir, intent.as_str(), flags, Mode::from_raw_mode(0o600))?;
+            let file = File::from(fd);
+            std::io::Write::write_all(&mut &file, format!("{snap}\n{size}\n").as_bytes())?;
+            file.sync_all()?;
+            rustix::fs::fsync(&dir)?;
+        }
+        let method = self.copy_back(name, snap, size, progress)?;
+        remove_regular(&self.dir, &intent)?;
+        Ok(method)
+    }
+
+    /// The copy of [`DirPool::restore`]: the snapshot's data over the volume's, `size` kept.
+    fn copy_back(
+        &self,
+        name: &str,
+        snap: &str,
+        size: u64,
+        progress: crate::clone::Progress<'_>,
+    ) -> io::Result<crate::clone::CloneMethod> {
+        let from = self.open_snapshot(name, snap)?;
+        let to = self.open_volume(name, true)?;
+        let method = crate::clone::clone_into(&from, &to, progress)?;
+        if to.metadata()?.len() < size {
+            to.set_len(size)?;
+        }
+        to.sync_all()?;
+        Ok(method)
+    }
+
+    /// What a crash interrupted, put right at start, before any verb or device uses the pool:
+    /// a rollback is finished from its intent, partial copies are removed. One line each, for
+    /// the log.
+    pub fn recover(&self) -> io::Result<Vec<String>> {
+        let mut done = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let file_name = entry?.file_name();
+            let Some(marker) = file_name.to_str() else {
+                continue;
+            };
+            let Some(volume) = marker
+                .strip_prefix('.')
+                .and_then(|m| m.strip_suffix(".img.rollback"))
+            else {
+                continue;
+            };
+            let text = std::fs::read_to_string(self.dir.join(marker))?;
+            let mut lines = text.lines();
+            let (Some(snap), Some(size)) =
+                (lines.next(), lines.next().and_then(|s| s.parse().ok()))
+            else {
+                done.push(format!(
+                    "{marker}: not an intent this daemon wrote; left alone"
+                ));
+                continue;
+            };
+            self.copy_back(volume, snap, size, &mut |_, _| {})?;
+            remove_regular(&self.dir, marker)?;
+            done.push(format!(
+                "rollback of {volume} to {snap}, interrupted by a crash, finished"
+            ));
+        }
+        for path in self.sweep_partials()? {
+            done.push(format!(
+                "removed {}, left by a verb a crash interrupted",
+                path.display()
+            ));
+        }
+        Ok(done)
+    }
+
     /// Removes the partial files a verb interrupted by a crash left (in the pool and its
     /// snapshots directory): run at start, before any verb, when none can be in progress.
     /// Returns their paths.
@@ -455,6 +542,26 @@ mod tests {
         let (_, again) = p.begin_snapshot("v", "s").unwrap();
         let e = p.publish(again, &DirPool::snapshot_file("v", "s"));
         assert_eq!(e.unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        // A rollback interrupted by a crash (its intent there, the volume half copied) is
+        // finished by the next start's recovery.
+        let made = p.create_volume("v", 8).unwrap();
+        std::fs::write(made.path(), b"new data").unwrap();
+        let (snapshot, partial) = p.begin_snapshot("v", "old").unwrap();
+        std::io::Write::write_all(&mut &snapshot, b"old").unwrap();
+        drop(
+            p.publish(partial, &DirPool::snapshot_file("v", "old"))
+                .unwrap(),
+        );
+        p.restore("v", "old", &mut |_, _| {}).unwrap();
+        assert_eq!(std::fs::read(made.path()).unwrap(), b"old\0\0\0\0\0");
+        std::fs::write(made.path(), b"torn").unwrap();
+        std::fs::write(p.dir().join(".v.img.rollback"), "old\n8\n").unwrap();
+        let recovered = p.recover().unwrap();
+        assert_eq!(recovered.len(), 1, "{recovered:?}");
+        assert_eq!(std::fs::read(made.path()).unwrap(), b"old\0\0\0\0\0");
+        assert!(!p.dir().join(".v.img.rollback").exists());
+        assert!(p.recover().unwrap().is_empty());
+        p.remove_snapshot("v", "old").unwrap();
         // A crash leaves partial files; the start sweeps them, and only them.
         let (_, left) = p.begin_volume("w").unwrap();
         let (_, left_snapshot) = p.begin_snapshot("v", "t").unwrap();

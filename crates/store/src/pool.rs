@@ -376,7 +376,8 @@ impl Pool {
             Pool::Dir(dir) => {
                 let mut method = None;
                 held(running, volume, &mut || {
-                    method = Some(restore_file(running, dir, volume, snap)?);
+                    let progress = &mut running.progress(&what);
+                    method = Some(dir.restore(volume, snap, progress)?);
                     Ok(())
                 })
                 .map_err(PoolError::io(&what))?;
@@ -535,27 +536,6 @@ fn clone_file(
         .publish(partial, &DirPool::volume_file(name))
         .map_err(PoolError::io(&what))?;
     Ok((method, made))
-}
-
-/// Copies snapshot `snap` of volume `name` over the volume's file (both opened in the pool,
-/// never through a link), durably. A volume grown since keeps its size: the blocks past the
-/// snapshot read as zeros.
-fn restore_file(
-    running: &dyn Running,
-    dir: &DirPool,
-    name: &str,
-    snap: &str,
-) -> io::Result<CloneMethod> {
-    let from = dir.open_snapshot(name, snap)?;
-    let to = dir.open_volume(name, true)?;
-    let size = to.metadata()?.len();
-    let progress = &mut running.progress(&format!("rollback of {name} to {snap}"));
-    let method = crate::clone::clone_into(&from, &to, progress)?;
-    if to.metadata()?.len() < size {
-        to.set_len(size)?;
-    }
-    to.sync_all()?;
-    Ok(method)
 }
 
 /// Removes an RBD image once the store of the device that was it has closed (librbd refuses

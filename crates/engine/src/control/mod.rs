@@ -17,7 +17,7 @@ pub mod reload;
 mod volumes;
 
 pub use error::{ControlError, SocketError};
-pub use volumes::sweep_partials;
+pub use volumes::recover_pools;
 
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};

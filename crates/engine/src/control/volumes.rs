@@ -66,21 +66,24 @@ pub fn handle(
     }
 }
 
-/// Removes what verbs a crash interrupted left in the directory pools (partial copies),
-/// logging each: at start, before the control socket serves a verb.
-pub fn sweep_partials(config: &Config) {
+/// Puts right what verbs a crash interrupted in the directory pools (a rollback finished from
+/// its intent, partial copies removed), logging each: at start, before any device opens or
+/// the control socket serves a verb.
+pub fn recover_pools(config: &Config) {
     for pool in &config.pools {
         let Pool::Dir(dir) = pool.medium() else {
             continue;
         };
-        match dir.sweep_partials() {
-            Ok(swept) => {
-                for path in swept {
-                    tracing::warn!(pool = %pool.name, "removed {}, left by a verb a crash interrupted", path.display());
+        match dir.recover() {
+            Ok(done) => {
+                for line in done {
+                    tracing::warn!(pool = %pool.name, "{line}");
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(pool = %pool.name, "cannot sweep its partial files: {e}"),
+            Err(e) => {
+                tracing::error!(pool = %pool.name, "cannot recover what a crash interrupted: {e}")
+            }
         }
     }
 }

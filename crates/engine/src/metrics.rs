@@ -25,6 +25,14 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControlLabel {
+    /// The control socket's verb.
+    pub verb: &'static str,
+    /// `ok`, or the error's kind (`conflict`, `not_found`, ...).
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
     /// The config key of the limit (docs/CONFIG.md), e.g. `max_connections_per_source`.
     pub limit: &'static str,
@@ -490,6 +498,8 @@ series! {
     sessions_closed: Family<ReasonLabel, Counter> = "sessions_closed";
     /// Completed login attempts by result
     logins: Family<LoginLabel, Counter> = "logins";
+    /// Control socket requests (ctl verbs) by verb and result: `ok` or the error's kind (`conflict` counts changes refused because the state moved under them)
+    control_requests: Family<ControlLabel, Counter> = "control_requests";
     /// Open TCP connections
     connections: Gauge = "connections";
     /// iSCSI sessions in full feature phase, by target (`discovery` for discovery sessions); a target's series stays (at 0) once it has had a session
@@ -757,6 +767,12 @@ impl Metrics {
     pub fn session_closed(&self, reason: &'static str) {
         self.sessions_closed
             .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn control_request(&self, verb: &'static str, result: &'static str) {
+        self.control_requests
+            .get_or_create(&ControlLabel { verb, result })
             .inc();
     }
 
@@ -1424,6 +1440,7 @@ mod tests {
         let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
         let metrics = Arc::new(Metrics::new());
         metrics.limit("max_sessions");
+        metrics.control_request("volume-create", "conflict");
         tokio::spawn(serve(listener, Arc::clone(&metrics)));
         let ask = |request: &'static str| async move {
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -1435,8 +1452,11 @@ mod tests {
             answer
         };
         let sample = "ferrosan_limit_exceeded_total{limit=\"max_sessions\"} 1";
+        let control =
+            "ferrosan_control_requests_total{verb=\"volume-create\",result=\"conflict\"} 1";
         for request in ["GET /metrics", "GET /metrics?name[]=up"] {
             let answer = ask(request).await;
+            assert!(answer.contains(control), "{answer}");
             assert!(
                 answer.starts_with("HTTP/1.0 200 OK") && answer.contains(sample),
                 "{answer}"

@@ -415,6 +415,10 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
             EDIT_VERBS.join(", ")
         ))),
     };
+    if let Some(verb) = known_verb(verb) {
+        let kind = result.as_ref().map_or_else(ControlError::kind, |_| "ok");
+        shared.metrics.control_request(verb, kind);
+    }
     match result {
         Ok(Value::Object(mut fields)) => {
             fields.insert("ok".into(), Value::Bool(true));
@@ -426,6 +430,29 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
             failed(&e)
         }
     }
+}
+
+/// The verbs the socket serves, besides the edits and the volume verbs.
+const READ_AND_FILE_VERBS: &[&str] = &[
+    "status",
+    "sessions",
+    "luns",
+    "stats",
+    "config",
+    "reload",
+    "save",
+    "session-close",
+    "device-take",
+];
+
+/// `verb` as a known verb's name (a metric label must not take a client's arbitrary text).
+fn known_verb(verb: &str) -> Option<&'static str> {
+    READ_AND_FILE_VERBS
+        .iter()
+        .chain(EDIT_VERBS)
+        .chain(volumes::VERBS)
+        .find(|v| **v == verb)
+        .copied()
 }
 
 fn unix_seconds(t: SystemTime) -> u64 {

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# How the control plane's time grows with the size of the config: one ferrosan daemon per N,
+# started with a config of N file devices (the volumes of one directory pool, sparse 1 MiB
+# files made beforehand), all mapped as LUNs 0..N-1 of one group of one target (as many as
+# fit: LUN 16383 is the last); then it times, each ROUNDS times (one `ferrosan ctl` process a
+# call, so a call's time includes starting ctl: the `status` row is that floor):
+#
+#   startup      spawn of `ferrosan serve` until `ctl status` answers (devices opened)
+#   status       `ctl status`
+#   create       `ctl volume create pool NAME 1M` (a new device, not mapped, not saved)
+#   map          `ctl lun map TARGET g LUN NAME` of a volume made by `create` (not saved)
+#   save         `ctl save` (the running config over the file)
+#   create-save  `ctl volume create pool NAME 1M --save`
+#   reload       one [[device]] appended to the file, then `ctl reload`
+#
+#   bench/config-scale.sh BIN [SIZES] [ROUNDS]
+#
+#   SIZES   space- or comma-separated device counts (default "10 1000 4000")
+#   ROUNDS  calls per verb (default 3); the row gives the median, min and max
+#   OPS=startup,reload   only these (comma-separated; default all of the above)
+#   TAG=text             appended to the results file's name (e.g. a commit)
+#   CACHE=page           the devices' `cache` (default: none given, "auto"); with "page" a
+#                        device holds one descriptor, not two (16,000 devices in 20,000)
+# Results: bench/results/config-scale-DATE[-TAG].txt, one row per N and verb, in seconds.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOG_TAG=config-scale
+# shellcheck source=../scripts/lib/common.sh
+source scripts/lib/common.sh
+
+BIN=${1:?usage: bench/config-scale.sh BIN [SIZES] [ROUNDS]}
+SIZES=${2:-10 1000 4000}
+SIZES=${SIZES//,/ }
+ROUNDS=${3:-3}
+OPS=${OPS:-startup,status,create,map,save,create-save,reload}
+IQN=iqn.2026-12.org.ferrosan:scale
+WORK=$(mktemp -d /var/tmp/ferrosan-config-scale.XXXXXX)
+PID=""
+cleanup() {
+    stop_pid "$PID" 300
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+wants() { [[ ,$OPS, == *,$1,* ]]; }
+now() { echo "${EPOCHREALTIME/./}"; } # microseconds
+ctl() { "$BIN" ctl --socket "$WORK/ctl.sock" "$@"; }
+# timed LABEL CMD...: runs CMD, appends its seconds to $WORK/t.LABEL; dies if it fails.
+timed() {
+    local label=$1 t0 t1
+    shift
+    t0=$(now)
+    "$@" >"$WORK/out" 2>&1 || die "$label: $* failed: $(tail -5 "$WORK/out")"
+    t1=$(now)
+    awk -v d=$((t1 - t0)) 'BEGIN { printf "%.4f\n", d / 1e6 }' >>"$WORK/t.$label"
+}
+# row N LABEL: median, min and max of the times taken, into the results.
+row() {
+    [[ -s $WORK/t.$2 ]] || return 0
+    sort -g "$WORK/t.$2" | awk -v n="$1" -v l="$2" '
+        { t[NR] = $1 }
+        END { printf "%-6s %-12s %9.4f %9.4f %9.4f %d\n", n, l, t[int((NR + 1) / 2)], t[1], t[NR], NR }' \
+        | tee -a "$OUT"
+    rm -f "$WORK/t.$2"
+}
+
+# config N: the config file of N devices in the pool (all mapped that fit), on stdout.
+config() {
+    local n=$1 port=$2 i last=$(($1 < 16384 ? $1 : 16384)) cache=""
+    [[ -n ${CACHE:-} ]] && cache="cache = \"$CACHE\""$'\n'
+    cat <<CONFIG
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:$port"]
+
+[[pool]]
+name = "pool"
+path = "$WORK/pool"
+
+CONFIG
+    for ((i = 0; i < n; i++)); do
+        printf '[[device]]\nname = "v%05d"\nstore = "file"\npath = "%s/pool/v%05d.img"\nsize = "1M"\n%s\n' \
+            "$i" "$WORK" "$i" "$cache"
+    done
+    printf '[[target]]\niqn = "%s"\n\n  [[target.group]]\n  name = "g"\n  any_initiator = true\n  luns = [\n' "$IQN"
+    for ((i = 0; i < last; i++)); do
+        printf '    { lun = %d, device = "v%05d" },\n' "$i" "$i"
+    done
+    printf '  ]\n'
+}
+
+OUT=bench/results/config-scale-$(date +%Y-%m-%d-%H%M)${TAG:+-$TAG}.txt
+{
+    echo "# bench/config-scale.sh $(date -u +%FT%TZ): bin=$BIN sizes=$SIZES rounds=$ROUNDS ops=$OPS cache=${CACHE:-auto}"
+    echo "# commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg); work dir on $(df --output=fstype "$WORK" | tail -1)"
+    echo "# N      verb         median_s     min_s     max_s calls"
+} >"$OUT"
+for n in $SIZES; do
+    rm -rf "$WORK/pool" "$WORK/state" "$WORK/ctl.sock"
+    mkdir -p "$WORK/pool" "$WORK/state"
+    # Sparse files, many per truncate.
+    (cd "$WORK/pool" && seq -f 'v%05g.img' 0 $((n - 1)) | xargs truncate -s 1M)
+    # A file device holds two descriptors with direct I/O (cache "auto" on a disk), one with
+    # the page cache.
+    per=2
+    [[ ${CACHE:-} == page ]] && per=1
+    if (($(ulimit -n) < per * n + 512)); then
+        log "N=$n: $((per * n)) descriptors for the devices and a limit of $(ulimit -n): the start may fail (CACHE=page halves the need)"
+    fi
+    port=$(free_port)
+    config "$n" "$port" >"$WORK/ferrosan.toml"
+    log "N=$n: $(wc -c <"$WORK/ferrosan.toml") bytes of config"
+    t0=$(now)
+    "$BIN" serve --config "$WORK/ferrosan.toml" --control-socket "$WORK/ctl.sock" \
+        --state-dir "$WORK/state" >"$WORK/daemon.log" 2>&1 &
+    PID=$!
+    until ctl status >/dev/null 2>&1; do
+        kill -0 "$PID" 2>/dev/null || die "the daemon did not start: $(tail -5 "$WORK/daemon.log")"
+        sleep 0.01
+    done
+    t1=$(now)
+    if wants startup; then
+        awk -v d=$((t1 - t0)) 'BEGIN { printf "%.4f\n", d / 1e6 }' >"$WORK/t.startup"
+        row "$n" startup
+    fi
+    for ((r = 0; r < ROUNDS; r++)); do
+        wants status && timed status ctl status
+        if wants create || wants map; then
+            timed create ctl volume create pool "new$r" 1M
+        fi
+        wants map && timed map ctl lun map "$IQN" g $((16384 - ROUNDS + r)) "new$r"
+    done
+    row "$n" status
+    wants create && row "$n" create
+    wants map && row "$n" map
+    if wants save; then
+        timed save ctl save
+        row "$n" save
+    fi
+    if wants create-save; then
+        for ((r = 0; r < ROUNDS; r++)); do
+            timed create-save ctl volume create pool "saved$r" 1M --save
+        done
+        row "$n" create-save
+    fi
+    if wants reload; then
+        # Whatever is unsaved goes: the file is the base of the reloads.
+        ctl save >/dev/null
+        for ((r = 0; r < ROUNDS; r++)); do
+            truncate -s 1M "$WORK/pool/added$r.img"
+            printf '\n[[device]]\nname = "added%d"\nstore = "file"\npath = "%s/pool/added%d.img"\nsize = "1M"\n' \
+                "$r" "$WORK" "$r" >>"$WORK/ferrosan.toml"
+            timed reload ctl reload
+        done
+        row "$n" reload
+    fi
+    stop_pid "$PID" 300
+    PID=""
+done
+log "results: $OUT"

@@ -1,6 +1,7 @@
 //! The validation context of a config file: its text (to turn byte offsets into lines) and
 //! the errors found so far. Every validating function of `file.rs` and `auth.rs` takes one.
 
+use std::cell::OnceCell;
 use std::ops::Range;
 
 use toml::Spanned;
@@ -14,6 +15,8 @@ pub(crate) struct Cx<'a> {
     pub(super) src: &'a str,
     pub(super) file: &'a str,
     pub(super) errors: Vec<ConfigError>,
+    /// Where each line of `src` starts, made at the first offset asked about.
+    lines: OnceCell<LineIndex>,
 }
 
 impl<'a> Cx<'a> {
@@ -22,19 +25,15 @@ impl<'a> Cx<'a> {
             src,
             file,
             errors: Vec::new(),
+            lines: OnceCell::new(),
         }
     }
 
     /// 1-based (line, column in characters) of a byte offset.
     pub(super) fn line_col(&self, offset: usize) -> (usize, usize) {
-        let mut offset = offset.min(self.src.len());
-        while !self.src.is_char_boundary(offset) {
-            offset -= 1;
-        }
-        let before = &self.src[..offset];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        (line, before[line_start..].chars().count() + 1)
+        self.lines
+            .get_or_init(|| LineIndex::new(self.src))
+            .line_col(self.src, offset)
     }
 
     pub(crate) fn err(
@@ -69,6 +68,37 @@ impl<'a> Cx<'a> {
     }
 }
 
+/// The byte offset at which each line of a text starts, to turn an offset into its line and
+/// column in O(log lines + the column) rather than by counting from the start of the text
+/// (every device's origin asks for its line: that made loading a file quadratic).
+pub(super) struct LineIndex {
+    /// The first is 0; then one past each `\n`, in increasing order.
+    starts: Vec<usize>,
+}
+
+impl LineIndex {
+    pub(super) fn new(src: &str) -> LineIndex {
+        let newlines = src.bytes().enumerate().filter(|&(_, b)| b == b'\n');
+        let starts = std::iter::once(0).chain(newlines.map(|(i, _)| i + 1));
+        LineIndex {
+            starts: starts.collect(),
+        }
+    }
+
+    /// 1-based (line, column in characters) of a byte offset of `src`, the text the index was
+    /// made of. An offset past the end is the end; one inside a character is that character.
+    pub(super) fn line_col(&self, src: &str, offset: usize) -> (usize, usize) {
+        let mut offset = offset.min(src.len());
+        while !src.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        // The lines starting at or before `offset`: the first always does.
+        let line = self.starts.partition_point(|&start| start <= offset);
+        let line_start = self.starts[line - 1];
+        (line, src[line_start..offset].chars().count() + 1)
+    }
+}
+
 /// `Some(&value)` of a required field, or an error at the enclosing table.
 pub(super) fn required<'v, T>(
     cx: &mut Cx<'_>,
@@ -84,4 +114,59 @@ pub(super) fn required<'v, T>(
 
 pub(super) fn bool_or(v: &Option<S<bool>>, default: bool) -> bool {
     v.as_ref().map_or(default, |b| *b.get_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LineIndex;
+
+    /// What the index replaces: counting from the start of the text.
+    fn counted(src: &str, offset: usize) -> (usize, usize) {
+        let mut offset = offset.min(src.len());
+        while !src.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &src[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        (line, before[line_start..].chars().count() + 1)
+    }
+
+    #[test]
+    fn every_offset_has_the_line_and_column_counting_gives() {
+        for src in [
+            "",
+            "\n",
+            "\n\n",
+            "a",
+            "a = 1\nb = 2\n",
+            "a = 1\r\nb = \"é日本\"\n\nc = [\n  1,\n]",
+            "no newline at the end",
+            "\u{1F600}\n\u{1F600}x",
+        ] {
+            let index = LineIndex::new(src);
+            for offset in 0..=src.len() + 2 {
+                assert_eq!(
+                    index.line_col(src, offset),
+                    counted(src, offset),
+                    "{src:?} at {offset}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lines_and_columns_are_one_based() {
+        let src = "ab\ncd\n";
+        let index = LineIndex::new(src);
+        assert_eq!(index.line_col(src, 0), (1, 1));
+        assert_eq!(index.line_col(src, 2), (1, 3), "the newline ends line 1");
+        assert_eq!(index.line_col(src, 3), (2, 1));
+        assert_eq!(
+            index.line_col(src, 6),
+            (3, 1),
+            "the end, after the last newline"
+        );
+        assert_eq!(index.line_col(src, 99), (3, 1), "past the end is the end");
+    }
 }

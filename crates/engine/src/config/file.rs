@@ -914,6 +914,7 @@ fn resolve_targets(
 ) -> Vec<TargetConfig> {
     let mut targets = Vec::new();
     let mut iqns: HashSet<IscsiName> = HashSet::new();
+    let devices = DeviceIndex::new(devices);
     for (i, rt) in raw.iter().enumerate() {
         let table = rt.span();
         let rt = rt.get_ref();
@@ -962,7 +963,7 @@ fn resolve_targets(
         };
         let auth = resolve_auth(cx, &view, &ctx, &here, false, book);
         let allowed_sources = resolve_sources(cx, &rt.allowed_sources, &ctx);
-        let groups = resolve_groups(cx, &ctx, &rt.group, devices, !auth.users.is_empty(), book);
+        let groups = resolve_groups(cx, &ctx, &rt.group, &devices, !auth.users.is_empty(), book);
         let credentials = resolve_credentials(cx, &ctx, &rt.credentials, book);
         let tls_keys = super::auth::resolve_tls_keys(cx, &rt.tls_keys, &ctx);
         if !tls_keys.is_empty() && nqn.is_none() {
@@ -1061,11 +1062,50 @@ fn target_portal_groups(
     }
 }
 
+/// The devices by name, for the LUN maps that name them (the first of a name, as a search
+/// from the start would find it).
+struct DeviceIndex<'d> {
+    by_name: HashMap<&'d str, &'d DeviceConfig>,
+}
+
+impl<'d> DeviceIndex<'d> {
+    fn new(devices: &'d [DeviceConfig]) -> Self {
+        let mut by_name = HashMap::with_capacity(devices.len());
+        for d in devices {
+            by_name.entry(d.name.as_str()).or_insert(d);
+        }
+        DeviceIndex { by_name }
+    }
+
+    fn get(&self, name: &str) -> Option<&'d DeviceConfig> {
+        self.by_name.get(name).copied()
+    }
+}
+
+/// The LUN map of one group as it is resolved, with what must be unique in it.
+#[derive(Default)]
+struct GroupLuns {
+    luns: Vec<LunMapping>,
+    numbers: HashSet<u64>,
+    /// Each device mapped and its first LUN.
+    devices: HashMap<String, u64>,
+}
+
+impl GroupLuns {
+    fn push(&mut self, mapping: LunMapping) {
+        self.numbers.insert(mapping.lun);
+        self.devices
+            .entry(mapping.device.clone())
+            .or_insert(mapping.lun);
+        self.luns.push(mapping);
+    }
+}
+
 fn resolve_groups(
     cx: &mut Cx<'_>,
     target_ctx: &str,
     raw: &[S<RawGroup>],
-    devices: &[DeviceConfig],
+    devices: &DeviceIndex<'_>,
     target_has_users: bool,
     book: &mut SecretBook,
 ) -> Vec<InitiatorGroup> {
@@ -1095,7 +1135,7 @@ fn resolve_groups(
         let any_initiator = bool_or(&rg.any_initiator, false);
         let initiators = group_initiators(cx, &ctx, rg, &name, &mut initiators_seen);
         check_any_initiator(cx, &ctx, rg, &here, &name, &mut any_group);
-        let mut luns: Vec<LunMapping> = Vec::new();
+        let mut luns = GroupLuns::default();
         if let Some(list) = &rg.luns {
             for (j, rl) in list.get_ref().iter().enumerate() {
                 let lctx = format!("{ctx}: luns[{j}]");
@@ -1104,6 +1144,7 @@ fn resolve_groups(
                 }
             }
         }
+        let luns = luns.luns;
         let view = RawAuth {
             auth: &rg.auth,
             users: &rg.users,
@@ -1198,8 +1239,8 @@ fn lun_mapping(
     cx: &mut Cx<'_>,
     lctx: &str,
     raw: &S<RawLun>,
-    devices: &[DeviceConfig],
-    luns: &[LunMapping],
+    devices: &DeviceIndex<'_>,
+    luns: &GroupLuns,
 ) -> Option<LunMapping> {
     let (lspan, rl) = (raw.span(), raw.get_ref());
     let lun = required(cx, &rl.lun, &lspan, format!("{lctx}.lun")).and_then(|l| {
@@ -1207,22 +1248,22 @@ fn lun_mapping(
             .map(|x| (x as u64, l.span()))
     });
     if let Some((n, span)) = &lun {
-        if luns.iter().any(|m| m.lun == *n) {
+        if luns.numbers.contains(n) {
             let why = format!("LUN {n} is mapped twice in this group");
             cx.err(span.clone(), format!("{lctx}.lun"), why);
         }
     }
     let d = required(cx, &rl.device, &lspan, format!("{lctx}.device"));
     let device = d.and_then(|d| {
-        let Some(dev) = devices.iter().find(|x| x.name == *d.get_ref()) else {
+        let Some(dev) = devices.get(d.get_ref()) else {
             let why = format!("no [[device]] is named {:?}", d.get_ref());
             cx.err(d.span(), format!("{lctx}.device"), why);
             return None;
         };
-        if let Some(m) = luns.iter().find(|m| m.device == dev.name) {
+        if let Some(lun) = luns.devices.get(&dev.name) {
             let why = format!(
-                "{:?} is already mapped as LUN {} in this group",
-                dev.name, m.lun
+                "{:?} is already mapped as LUN {lun} in this group",
+                dev.name
             );
             cx.err(d.span(), format!("{lctx}.device"), why);
         }

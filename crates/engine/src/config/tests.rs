@@ -727,6 +727,32 @@ fn lun_mapping_rules() {
     one_error(&missing, "{ device", "luns[0].lun");
 }
 
+#[test]
+fn a_device_mapped_again_is_named_by_its_first_lun() {
+    let thrice = BASE.replace(
+        "{ lun = 0, device = \"disk1\" }",
+        "{ lun = 3, device = \"disk1\" },\n    { lun = 1, device = \"disk1\" },\n    { lun = 2, device = \"disk1\" }",
+    );
+    let errs = errors(&thrice);
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    for (e, at) in errs.iter().zip(["luns[1].device", "luns[2].device"]) {
+        assert!(e.field.ends_with(at), "{e}");
+        assert!(e.message.contains("already mapped as LUN 3"), "{e}");
+    }
+    // A LUN number taken by a mapping with an error is taken all the same.
+    let taken = BASE.replace(
+        "{ lun = 0, device = \"disk1\" }",
+        "{ lun = 0, device = \"disk1\" },\n    { lun = 1, device = \"disk1\" },\n    { lun = 1, device = \"disk2\" }",
+    ) + "\n[[device]]\nname = \"disk2\"\nstore = \"ram\"\nsize = 4096\n";
+    let errs = errors(&taken);
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    assert!(
+        errs[1].message.contains("LUN 1 is mapped twice"),
+        "{}",
+        errs[1]
+    );
+}
+
 fn line_containing<'a>(text: &'a str, needle: &str) -> &'a str {
     text.lines().find(|l| l.contains(needle)).unwrap()
 }

@@ -155,8 +155,9 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
     if let Err(why) = portal_group_changes(old, new, &mut changes) {
         refused.push(why);
     }
+    let (old_devices, new_devices) = (devices_by_name(old), devices_by_name(new));
     for d in &new.devices {
-        match old.device(&d.name) {
+        match old_devices.get(d.name.as_str()).copied() {
             None => changes.devices_added.push(d.name.clone()),
             Some(was) if was == d => {}
             Some(was) => match device_changes(was, d) {
@@ -175,19 +176,23 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
         }
     }
     for d in &old.devices {
-        if new.device(&d.name).is_none() {
+        if !new_devices.contains_key(d.name.as_str()) {
             changes.devices_removed.push(d.name.clone());
         }
     }
+    let (old_targets, new_targets) = (
+        first_by(&old.targets, |t| &t.iqn),
+        first_by(&new.targets, |t| &t.iqn),
+    );
     for t in &new.targets {
-        match old.target(&t.iqn) {
+        match old_targets.get(&t.iqn).copied() {
             None => changes.targets_added.push(t.iqn.clone()),
             Some(was) if was == t => {}
             Some(_) => changes.targets_changed.push(t.iqn.clone()),
         }
     }
     for t in &old.targets {
-        if new.target(&t.iqn).is_none() {
+        if !new_targets.contains_key(&t.iqn) {
             changes.targets_removed.push(t.iqn.clone());
         }
     }
@@ -196,6 +201,25 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
     } else {
         Err(refused)
     }
+}
+
+/// Each item of `items` by its key; of items with the same key, the first (as a search from
+/// the start finds it: [`Config::device`], [`Config::target`]). Lookups by name in a config
+/// of thousands of devices, each O(1) rather than a walk of the list.
+pub(crate) fn first_by<'a, T, K: std::hash::Hash + Eq + ?Sized>(
+    items: &'a [T],
+    key: impl Fn(&'a T) -> &'a K,
+) -> HashMap<&'a K, &'a T> {
+    let mut map = HashMap::with_capacity(items.len());
+    for item in items {
+        map.entry(key(item)).or_insert(item);
+    }
+    map
+}
+
+/// The devices of `config` by name ([`first_by`]).
+pub(crate) fn devices_by_name(config: &Config) -> HashMap<&str, &DeviceConfig> {
+    first_by(&config.devices, |d| d.name.as_str())
 }
 
 /// How a running device changes: the size to grow it to (None: nothing to do on the store)
@@ -401,8 +425,9 @@ pub fn apply_locked(
             removed.push((name.clone(), device));
         }
     }
+    let by_name = devices_by_name(&new);
     for name in &changes.devices_added {
-        let config = new.device(name);
+        let config = by_name.get(name.as_str()).copied();
         // `diff` lists as added only devices of `new`.
         assert!(
             config.is_some(),
@@ -411,6 +436,7 @@ pub fn apply_locked(
         let Some(config) = config else { continue };
         devices.insert(name.clone(), shared.device_context.open(config, &new)?);
     }
+    drop(by_name);
     let topology = Topology::assemble(new, devices, current.generation + 1)?;
     let mut listeners = shared
         .listening
@@ -490,10 +516,15 @@ fn prepare_attributes(
 /// Gives the running LUs their new attributes (each raises its unit attention, see
 /// `LogicalUnit::set_*`), just before the topology saying so is published.
 fn set_attributes(topology: &Topology, attributes: &[(String, Attribute)]) {
+    if attributes.is_empty() {
+        return;
+    }
+    let configs = devices_by_name(&topology.config);
     for (name, attribute) in attributes {
-        let (Some(device), Some(config)) =
-            (topology.devices.get(name), topology.config.device(name))
-        else {
+        let (Some(device), Some(config)) = (
+            topology.devices.get(name),
+            configs.get(name.as_str()).copied(),
+        ) else {
             continue;
         };
         let unit = &device.unit;
@@ -749,6 +780,47 @@ iqn = "iqn.2026-11.test:t"
             0o640
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn first_by_finds_what_a_search_from_the_start_finds() {
+        let items = [("a", 1), ("b", 2), ("a", 3), ("c", 4)];
+        let map = first_by(&items, |(k, _)| *k);
+        assert_eq!(map.len(), 3);
+        for (key, _) in &items {
+            let searched = items.iter().find(|(k, _)| k == key);
+            assert_eq!(map.get(key).copied(), searched, "{key}");
+        }
+        assert!(!map.contains_key("d"));
+        let c = config(BASE);
+        let by_name = devices_by_name(&c);
+        assert_eq!(by_name.len(), 2);
+        assert!(std::ptr::eq(by_name["f"], c.device("f").unwrap()));
+    }
+
+    #[test]
+    fn many_devices_added_and_removed_at_once() {
+        let old = config(BASE);
+        let mut text = BASE
+            .replace(
+                "[[device]]\nname = \"a\"\nstore = \"ram\"\nsize = \"16M\"\n",
+                "",
+            )
+            .replace("{ lun = 0, device = \"a\" }, ", "");
+        for i in 0..50 {
+            text.push_str(&format!(
+                "\n[[device]]\nname = \"n{i}\"\nstore = \"ram\"\nsize = \"1M\"\n"
+            ));
+        }
+        let new = config(&text);
+        let c = diff(&old, &new).unwrap();
+        let added: Vec<String> = (0..50).map(|i| format!("n{i}")).collect();
+        assert_eq!(c.devices_added, added, "in the new config's order");
+        assert_eq!(c.devices_removed, vec!["a"]);
+        assert_eq!(c.targets_changed.len(), 1);
+        let back = diff(&new, &old).unwrap();
+        assert_eq!(back.devices_added, vec!["a"]);
+        assert_eq!(back.devices_removed, added);
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod portals;
 pub mod preflight;
 pub mod state;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -396,7 +396,7 @@ fn assemble_targets(
             t.portal_groups.clone()
         };
         let mut groups = Vec::new();
-        let mut target_units: Vec<Arc<LogicalUnit>> = Vec::new();
+        let mut target_units = TargetUnits::default();
         for g in &t.groups {
             groups.push(assemble_group(t, g, devices, &mut target_units)?);
         }
@@ -417,11 +417,27 @@ fn assemble_targets(
             portal_groups,
             groups,
             ports,
-            units: target_units,
+            units: target_units.units,
             config: target_config,
         });
     }
     Ok(targets)
+}
+
+/// Every LU a target's groups map, once each, in the order first mapped.
+#[derive(Default)]
+struct TargetUnits {
+    units: Vec<Arc<LogicalUnit>>,
+    /// The LUs in `units`, by address.
+    seen: HashSet<*const LogicalUnit>,
+}
+
+impl TargetUnits {
+    fn add(&mut self, unit: &Arc<LogicalUnit>) {
+        if self.seen.insert(Arc::as_ptr(unit)) {
+            self.units.push(Arc::clone(unit));
+        }
+    }
 }
 
 /// The runtime group (LUN map) of `g`; the LUs it maps join `units`, the target's.
@@ -429,7 +445,7 @@ fn assemble_group(
     t: &TargetConfig,
     g: &crate::config::InitiatorGroup,
     devices: &HashMap<String, Arc<OpenDevice>>,
-    units: &mut Vec<Arc<LogicalUnit>>,
+    units: &mut TargetUnits,
 ) -> Result<GroupRuntime, OpenError> {
     let mut entries = Vec::new();
     let mut disk_luns = Vec::new();
@@ -448,9 +464,7 @@ fn assemble_group(
             });
         }
         let unit = &device.unit;
-        if !units.iter().any(|u| Arc::ptr_eq(u, unit)) {
-            units.push(Arc::clone(unit));
-        }
+        units.add(unit);
         entries.push((m.lun, Arc::clone(unit), m.read_only));
     }
     let luns = LunMap::new(entries)
@@ -731,4 +745,27 @@ fn restored(device: &str, unit: &LogicalUnit, saved: &scsi::PersistentReservatio
             ""
         }
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_targets_units_are_listed_once_each_in_the_order_first_mapped() {
+        let unit = |name: &str| {
+            let device = Config::device_from_spec(name, "ram:1M").unwrap();
+            open_unit(&device, false).unwrap().0
+        };
+        let (a, b, c) = (unit("a"), unit("b"), unit("c"));
+        let mut units = TargetUnits::default();
+        for u in [&b, &a, &b, &c, &a, &b] {
+            units.add(u);
+        }
+        let order: Vec<*const LogicalUnit> = units.units.iter().map(Arc::as_ptr).collect();
+        assert_eq!(
+            order,
+            vec![Arc::as_ptr(&b), Arc::as_ptr(&a), Arc::as_ptr(&c)]
+        );
+    }
 }

@@ -11,6 +11,8 @@
 //! and a removed one taken out. `[server]` is never touched: its keys do not change while the
 //! daemon runs, and command-line overrides must not reach the file.
 
+use std::collections::HashMap;
+
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
 use super::Config;
@@ -168,33 +170,59 @@ fn merge_array(
         *doc = after.clone();
         return;
     };
-    let find = |list: &ArrayOfTables, id: &str| {
-        list.iter()
-            .position(|t| identity(t, Some(key)).as_deref() == Some(id))
-    };
+    // Elements are matched by identity through maps, not by walking the lists for each one:
+    // a file of thousands of devices is merged in time linear in them.
+    let was_at = positions(before, key);
+    let mut have_at = positions(doc, key);
+    let wanted = positions(after, key);
     for want in after.iter() {
         let Some(id) = identity(want, Some(key)) else {
             continue;
         };
-        let was = find(before, &id).and_then(|i| before.get(i));
-        match find(doc, &id).and_then(|i| doc.get_mut(i)) {
+        let was = was_at.get(&id).and_then(|&i| before.get(i));
+        let at = have_at.get(&id).copied();
+        match at.and_then(|i| doc.get_mut(i)) {
             Some(have) => {
                 let empty = Table::new();
                 merge_table(have, was.unwrap_or(&empty), want, false);
             }
-            None => doc.push(want.clone()),
+            None => {
+                have_at.entry(id).or_insert(doc.len());
+                doc.push(want.clone());
+            }
         }
     }
-    let gone: Vec<String> = before
-        .iter()
-        .filter_map(|t| identity(t, Some(key)))
-        .filter(|id| find(after, id).is_none())
-        .collect();
-    for id in gone {
-        if let Some(i) = find(doc, &id) {
-            doc.remove(i);
+    // How many elements of each identity go: the first ones of it in the file.
+    let mut gone: HashMap<String, usize> = HashMap::new();
+    for id in before.iter().filter_map(|t| identity(t, Some(key))) {
+        if !wanted.contains_key(&id) {
+            *gone.entry(id).or_default() += 1;
         }
     }
+    if gone.is_empty() {
+        return;
+    }
+    doc.retain(|t| {
+        let Some(left) = identity(t, Some(key)).and_then(|id| gone.get_mut(&id)) else {
+            return true;
+        };
+        if *left == 0 {
+            return true;
+        }
+        *left -= 1;
+        false
+    });
+}
+
+/// The position of the first element of each identity in `list`.
+fn positions(list: &ArrayOfTables, key: &str) -> HashMap<String, usize> {
+    let mut at = HashMap::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        if let Some(id) = identity(t, Some(key)) {
+            at.entry(id).or_insert(i);
+        }
+    }
+    at
 }
 
 #[cfg(test)]
@@ -286,6 +314,51 @@ iqn = "iqn.2026-11.org.example:store1"
         assert_eq!(saved.limits.max_sessions, 32, "{text}");
         assert!(!text.contains("\"vm2\""), "{text}");
         assert!(text.contains("# one gibibyte"), "{text}");
+    }
+
+    #[test]
+    fn many_devices_matched_by_name_each_keeps_its_place_and_comment() {
+        let mut file = FILE.to_string();
+        let at = file.find("\n[[target]]").unwrap();
+        let mut more = String::new();
+        for i in 0..40 {
+            more.push_str(&format!(
+                "\n# disk {i}\n[[device]]\nname = \"d{i}\"\nstore = \"ram\"\nsize = \"{}M\"\n",
+                i + 1
+            ));
+        }
+        file.insert_str(at, &more);
+        let base = parse(&file);
+        let mut running = base.clone();
+        // Every third one goes, one in the middle grows, one is added.
+        let third = |name: &str| name.strip_prefix('d').and_then(|n| n.parse::<u32>().ok());
+        running
+            .devices
+            .retain(|d| third(&d.name).is_none_or(|n| n % 3 != 0));
+        let grown = running
+            .devices
+            .iter_mut()
+            .find(|d| d.name == "d20")
+            .unwrap();
+        grown.store = super::super::StoreKind::Ram {
+            size_bytes: 64 << 20,
+        };
+        let mut new = base.devices[0].clone();
+        new.name = "late".into();
+        new.serial = "late-serial".into();
+        new.naa[7] ^= 0x55;
+        running.devices.push(new);
+        let text = merge(&file, &base, &running).unwrap();
+        assert_eq!(parse(&text).devices, running.devices, "{text}");
+        for i in 0..40 {
+            let comment = format!("# disk {i}\n[[device]]\nname = \"d{i}\"");
+            assert_eq!(text.contains(&comment), i % 3 != 0, "d{i}:\n{text}");
+        }
+        assert!(
+            text.contains("name = \"d20\"\nstore = \"ram\"\nsize = 67108864"),
+            "{text}"
+        );
+        assert!(text.find("\"d38\"") < text.find("\"late\""), "{text}");
     }
 
     #[test]

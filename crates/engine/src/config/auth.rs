@@ -10,7 +10,7 @@ use iscsi::chap::{Secret, SECRET_BYTES_MAX, SECRET_BYTES_MIN, USER_BYTES_MAX};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::cx::Cx;
+use super::cx::{Cx, Pos};
 use super::{AuthConfig, AuthMode, ChapUser, Invalid};
 
 type S<T> = Spanned<T>;
@@ -473,6 +473,91 @@ pub(crate) fn user_toml(u: &ChapUser, reveal: bool) -> String {
             q(&String::from_utf8_lossy(u.secret.expose()))
         ),
         None => format!("{{ user = {}, secret = {} }}", q(&u.user), q(REDACTED)),
+    }
+}
+
+/// The raw tables of a config made in memory from a [`super::Config`], as reading back
+/// `to_toml_with_secrets` would give them (`super::file::RawFile::of`).
+impl RawChapUser {
+    /// `{ user, secret_file }`, or `{ user, secret }` (the secret as the text would hold it).
+    fn of(u: &ChapUser, pos: &mut Pos) -> RawChapUser {
+        let user = Some(pos.s(u.user.clone()));
+        match &u.secret_file {
+            Some(p) => RawChapUser {
+                user,
+                secret: None,
+                secret_file: Some(pos.s(p.to_string_lossy().into_owned())),
+            },
+            None => RawChapUser {
+                user,
+                secret: Some(pos.s(String::from_utf8_lossy(u.secret.expose()).into_owned())),
+                secret_file: None,
+            },
+        }
+    }
+}
+
+/// The `auth`, `users` and `mutual` of one scope, as [`auth_toml`] writes them.
+#[allow(clippy::type_complexity)]
+pub(crate) fn raw_auth_of(
+    a: &AuthConfig,
+    pos: &mut Pos,
+) -> (
+    Option<S<String>>,
+    Option<S<Vec<S<RawChapUser>>>>,
+    Option<S<RawChapUser>>,
+) {
+    let auth = a.mode.map(|mode| {
+        let m = match mode {
+            AuthMode::None => "none",
+            AuthMode::Chap => "chap",
+        };
+        pos.s(m.to_string())
+    });
+    let users = (!a.users.is_empty())
+        .then(|| pos.list(&a.users, |pos, u| Some(RawChapUser::of(u, pos))))
+        .flatten();
+    let mutual = a.mutual.as_ref().map(|m| {
+        let at = pos.next();
+        Spanned::new(at, RawChapUser::of(m, pos))
+    });
+    (auth, users, mutual)
+}
+
+impl RawDiscovery {
+    pub(crate) fn of(a: &AuthConfig, pos: &mut Pos) -> RawDiscovery {
+        let (auth, users, mutual) = raw_auth_of(a, pos);
+        RawDiscovery {
+            auth,
+            users,
+            mutual,
+        }
+    }
+}
+
+impl RawCredentials {
+    pub(crate) fn of(c: &super::InitiatorCredentials, pos: &mut Pos) -> RawCredentials {
+        let initiator = Some(pos.s(c.initiator.as_str().to_string()));
+        let users = pos.list(&c.users, |pos, u| Some(RawChapUser::of(u, pos)));
+        let mutual = c.mutual.as_ref().map(|m| {
+            let at = pos.next();
+            Spanned::new(at, RawChapUser::of(m, pos))
+        });
+        RawCredentials {
+            initiator,
+            users,
+            mutual,
+        }
+    }
+}
+
+impl RawTlsKey {
+    pub(crate) fn of(k: &super::TlsKey, pos: &mut Pos) -> RawTlsKey {
+        RawTlsKey {
+            host: Some(pos.s(k.host.as_str().to_string())),
+            key_file: Some(pos.s(k.key_file.clone())),
+            derivation: Some(pos.s(k.derivation.name().to_string())),
+        }
     }
 }
 

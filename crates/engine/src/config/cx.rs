@@ -17,6 +17,8 @@ pub(crate) struct Cx<'a> {
     pub(super) errors: Vec<ConfigError>,
     /// Where each line of `src` starts, made at the first offset asked about.
     lines: OnceCell<LineIndex>,
+    /// No text: the spans are [`Pos`]itions of a raw config made in memory.
+    positions: bool,
 }
 
 impl<'a> Cx<'a> {
@@ -26,11 +28,24 @@ impl<'a> Cx<'a> {
             file,
             errors: Vec::new(),
             lines: OnceCell::new(),
+            positions: false,
+        }
+    }
+
+    /// A context for a raw config made in memory ([`Pos`]): an error's line is 1 and its
+    /// column the position of its value, so that errors sort as they would in the text.
+    pub(super) fn without_text(file: &'a str) -> Self {
+        Cx {
+            positions: true,
+            ..Cx::new("", file)
         }
     }
 
     /// 1-based (line, column in characters) of a byte offset.
     pub(super) fn line_col(&self, offset: usize) -> (usize, usize) {
+        if self.positions {
+            return (1, offset + 1);
+        }
         self.lines
             .get_or_init(|| LineIndex::new(self.src))
             .line_col(self.src, offset)
@@ -97,6 +112,47 @@ impl LineIndex {
         let line_start = self.starts[line - 1];
         (line, src[line_start..offset].chars().count() + 1)
     }
+}
+
+/// Spans for a raw config made in memory from a [`super::Config`], without its text: each
+/// value (and each table, before its values) takes the next position, in the order
+/// `Config::to_toml` writes them, so that errors come in the order they would in the text.
+#[derive(Default)]
+pub(super) struct Pos(usize);
+
+impl Pos {
+    pub(super) fn next(&mut self) -> Range<usize> {
+        self.0 += 1;
+        self.0..self.0 + 1
+    }
+
+    /// `value` at the next position.
+    pub(super) fn s<T>(&mut self, value: T) -> S<T> {
+        Spanned::new(self.next(), value)
+    }
+
+    /// A list at the next position, each item after it at its own; None if an item is.
+    pub(super) fn list<I, T>(
+        &mut self,
+        items: I,
+        mut each: impl FnMut(&mut Pos, I::Item) -> Option<T>,
+    ) -> Option<S<Vec<S<T>>>>
+    where
+        I: IntoIterator,
+    {
+        let at = self.next();
+        let mut list = Vec::new();
+        for item in items {
+            let here = self.next();
+            list.push(Spanned::new(here, each(self, item)?));
+        }
+        Some(Spanned::new(at, list))
+    }
+}
+
+/// A TOML integer: None for a number beyond it (the text would not parse).
+pub(super) fn int(n: impl TryInto<i64>) -> Option<i64> {
+    n.try_into().ok()
 }
 
 /// `Some(&value)` of a required field, or an error at the enclosing table.

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::cx::{bool_or, required, Cx};
+use super::cx::{bool_or, int, required, Cx, Pos};
 use super::names::{
     check_inquiry_text, check_object_name, check_serial, derive_identity, parse_naa, parse_size,
 };
@@ -40,6 +40,73 @@ pub(super) struct RawDevice {
     offline: Option<S<bool>>,
     clone_of: Option<S<String>>,
     created: Option<S<String>>,
+}
+
+impl RawDevice {
+    /// `d`'s table as reading back `Config::to_toml` would give it, its values at the next
+    /// positions in the order that writes them; None for a size beyond TOML's integers.
+    pub(super) fn of(d: &DeviceConfig, pos: &mut Pos) -> Option<S<RawDevice>> {
+        let table = pos.next();
+        let lossy = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let name = Some(pos.s(d.name.clone()));
+        let mut raw = RawDevice {
+            name,
+            store: None,
+            path: None,
+            image: None,
+            ceph_conf: None,
+            ceph_client: None,
+            size: None,
+            block_size: None,
+            serial: None,
+            vendor: None,
+            product: None,
+            naa: None,
+            read_only: None,
+            write_cache: None,
+            thin: None,
+            cache: None,
+            offline: None,
+        };
+        let size = |pos: &mut Pos, n: u64| Some(pos.s(toml::Value::Integer(int(n)?)));
+        match &d.store {
+            StoreKind::Ram { size_bytes } => {
+                raw.store = Some(pos.s("ram".to_string()));
+                raw.size = Some(size(pos, *size_bytes)?);
+            }
+            StoreKind::File { path, size_bytes } => {
+                raw.store = Some(pos.s("file".to_string()));
+                raw.path = Some(pos.s(lossy(path)));
+                if let Some(n) = size_bytes {
+                    raw.size = Some(size(pos, *n)?);
+                }
+            }
+            StoreKind::Block { path } => {
+                raw.store = Some(pos.s("block".to_string()));
+                raw.path = Some(pos.s(lossy(path)));
+            }
+            StoreKind::Rbd(spec) => {
+                raw.store = Some(pos.s("rbd".to_string()));
+                raw.image = Some(pos.s(format!("{}/{}", spec.pool, spec.image)));
+                raw.ceph_conf = spec.conf.as_deref().map(|c| pos.s(lossy(c)));
+                raw.ceph_client = spec.client.as_ref().map(|c| pos.s(c.clone()));
+            }
+        }
+        raw.block_size = Some(pos.s(i64::from(d.block_size)));
+        raw.serial = Some(pos.s(d.serial.clone()));
+        let naa: String = d.naa.iter().map(|b| format!("{b:02x}")).collect();
+        raw.naa = Some(pos.s(format!("0x{naa}")));
+        raw.read_only = Some(pos.s(d.read_only));
+        raw.write_cache = Some(pos.s(d.write_cache));
+        raw.thin = Some(pos.s(d.thin));
+        if matches!(d.store, StoreKind::File { .. } | StoreKind::Block { .. }) {
+            raw.cache = Some(pos.s(d.cache.name().to_string()));
+        }
+        raw.vendor = d.vendor.as_ref().map(|v| pos.s(v.clone()));
+        raw.product = d.product.as_ref().map(|p| pos.s(p.clone()));
+        raw.offline = d.offline.then(|| pos.s(true));
+        Some(Spanned::new(table, raw))
+    }
 }
 
 /// What must be unique across devices, and which device has it.

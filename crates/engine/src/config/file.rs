@@ -10,8 +10,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::auth::{
-    auth_toml, resolve_auth, resolve_mutual, resolve_users, user_toml, RawAuth, RawChapUser,
-    RawCredentials, RawDiscovery, SecretBook, SourceNet,
+    auth_toml, raw_auth_of, resolve_auth, resolve_mutual, resolve_users, user_toml, RawAuth,
+    RawChapUser, RawCredentials, RawDiscovery, SecretBook, SourceNet,
 };
 use super::names::{check_iscsi_name, check_object_name, parse_listen, portals_overlap};
 use super::{
@@ -26,7 +26,7 @@ pub(crate) const LUN_MAX: u64 = 16_383;
 const ALIAS_BYTES_MAX: usize = 255;
 const WORKERS_MAX: i64 = 1024;
 
-use super::cx::{bool_or, required, Cx};
+use super::cx::{bool_or, int, required, Cx, Pos};
 use super::devices::{resolve_devices, RawDevice};
 use super::Invalid;
 
@@ -180,6 +180,306 @@ pub(crate) fn from_toml_str(text: &str, file_name: &str) -> Result<Config, Confi
         let mut errors = cx.errors;
         errors.sort_by_key(|e| (e.line, e.column));
         Err(ConfigErrors { errors })
+    }
+}
+
+/// `c` validated whole as loading `c.to_toml_with_secrets()` would validate it, without
+/// writing and parsing that text: the raw tables are made from `c` in memory
+/// ([`RawFile::of`]) and go through the same [`resolve`] as a file's. The config is the one
+/// that text would load as, each device keeping its origin from `c` (there is no text to
+/// point into); errors come in the order the text would give them, without a line. A value
+/// the text could not hold (a number beyond TOML's integers) takes the text's way.
+pub(crate) fn revalidate(c: &Config, file_name: &str) -> Result<Config, ConfigErrors> {
+    let result = match RawFile::of(c) {
+        Some(raw) => {
+            let mut cx = Cx::without_text(file_name);
+            let config = resolve(&mut cx, &raw);
+            if cx.errors.is_empty() {
+                Ok(config)
+            } else {
+                let mut errors = cx.errors;
+                errors.sort_by_key(|e| (e.line, e.column));
+                Err(ConfigErrors { errors })
+            }
+        }
+        None => from_toml_str(&to_toml(c, true), file_name),
+    };
+    #[cfg(debug_assertions)]
+    same_as_the_text(c, file_name, &result);
+    match result {
+        Ok(mut config) => {
+            // Without errors every device of `c` resolved to one, in order.
+            for (device, was) in config.devices.iter_mut().zip(&c.devices) {
+                device.origin = was.origin.clone();
+            }
+            Ok(config)
+        }
+        Err(mut errors) => {
+            for e in &mut errors.errors {
+                (e.line, e.column) = (0, 0);
+            }
+            Err(errors)
+        }
+    }
+}
+
+/// Debug builds (every test) check [`revalidate`] against the text's way: the same config,
+/// or the same errors in the same order.
+#[cfg(debug_assertions)]
+fn same_as_the_text(c: &Config, file_name: &str, result: &Result<Config, ConfigErrors>) {
+    let text = to_toml(c, true);
+    let said = |r: &Result<Config, ConfigErrors>| match r {
+        Ok(_) => Vec::new(),
+        Err(e) => e
+            .errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect(),
+    };
+    let by_text = from_toml_str(&text, file_name);
+    assert_eq!(
+        said(result),
+        said(&by_text),
+        "revalidate differs from loading the text:\n{text}"
+    );
+    if let (Ok(a), Ok(b)) = (result, &by_text) {
+        assert!(a == b, "revalidate differs from loading the text:\n{text}");
+    }
+}
+
+impl RawFile {
+    /// The raw tables reading back `to_toml_with_secrets(c)` would give, made in memory, each
+    /// value at its [`Pos`] in that text's order; None if a value would not fit the text.
+    fn of(c: &Config) -> Option<RawFile> {
+        let mut pos = Pos::default();
+        let server = Some(RawServer::of(&c.server, &mut pos)?);
+        let limits = Some(RawLimits::of(&c.limits, &mut pos)?);
+        let discovery = (c.discovery != DiscoveryConfig::default()).then(|| {
+            let at = pos.next();
+            Spanned::new(at, RawDiscovery::of(&c.discovery.auth, &mut pos))
+        });
+        let portal_group = c
+            .portal_groups
+            .iter()
+            .map(|pg| RawPortalGroup::of(pg, &mut pos))
+            .collect();
+        let pool = c.pools.iter().map(|p| RawPool::of(p, &mut pos)).collect();
+        let device = c
+            .devices
+            .iter()
+            .map(|d| RawDevice::of(d, &mut pos))
+            .collect::<Option<_>>()?;
+        let target = c
+            .targets
+            .iter()
+            .map(|t| RawTarget::of(t, &mut pos))
+            .collect::<Option<_>>()?;
+        Some(RawFile {
+            server,
+            limits,
+            portal_group,
+            pool,
+            device,
+            target,
+            discovery,
+        })
+    }
+}
+
+/// A list of strings at the next positions.
+fn strings<I: IntoIterator<Item = String>>(pos: &mut Pos, items: I) -> S<Vec<S<String>>> {
+    let at = pos.next();
+    let list = items.into_iter().map(|item| pos.s(item)).collect();
+    Spanned::new(at, list)
+}
+
+impl RawServer {
+    fn of(server: &ServerConfig, pos: &mut Pos) -> Option<RawServer> {
+        let workers = Some(pos.s(int(server.workers)?));
+        let names = server.chap_algorithms.iter().map(|a| a.name().to_string());
+        let chap_algorithms = Some(strings(pos, names));
+        let (mut dhchap_hashes, mut dhchap_groups) = (None, None);
+        if server.dhchap != nvme::auth::controller::Policy::default() {
+            let hashes = server.dhchap.hashes.iter().map(|h| h.name().to_string());
+            dhchap_hashes = Some(strings(pos, hashes));
+            let groups = server.dhchap.groups.iter().map(|g| g.name().to_string());
+            dhchap_groups = Some(strings(pos, groups));
+        }
+        let metrics_listen = server.metrics_listen.map(|m| pos.s(m.to_string()));
+        let io_uring = (!server.io_uring).then(|| pos.s(false));
+        let state_dir = (server.state_dir.as_ref()).map(|d| pos.s(d.display().to_string()));
+        let control_socket =
+            (server.control_socket.as_ref()).map(|p| pos.s(p.display().to_string()));
+        let gateway = server.gateway.as_ref().map(|g| pos.s(g.clone()));
+        let gateway_standby = server.gateway_standby.then(|| pos.s(true));
+        let gateway_alua = (server.gateway_alua_explicit).then(|| pos.s("explicit".to_string()));
+        let control_socket_group = (server.control_socket_group.as_ref()).map(|g| pos.s(g.clone()));
+        let device_roots = (!server.device_roots.is_empty()).then(|| {
+            let roots = server.device_roots.iter();
+            strings(pos, roots.map(|r| r.to_string_lossy().into_owned()))
+        });
+        Some(RawServer {
+            workers,
+            identity_seed: None,
+            chap_algorithms,
+            dhchap_hashes,
+            dhchap_groups,
+            metrics_listen,
+            io_uring,
+            state_dir,
+            control_socket,
+            control_socket_group,
+            gateway,
+            gateway_standby,
+            gateway_alua,
+            device_roots,
+        })
+    }
+}
+
+impl RawPortalGroup {
+    fn of(pg: &PortalGroup, pos: &mut Pos) -> S<RawPortalGroup> {
+        let at = pos.next();
+        let addresses = |pos: &mut Pos, list: &[SocketAddr]| {
+            strings(pos, list.iter().map(SocketAddr::to_string))
+        };
+        let tag = Some(pos.s(i64::from(pg.tag)));
+        let listen = Some(addresses(pos, &pg.listen));
+        let alua_state = Some(pos.s(alua_state_name(pg.alua_state).to_string()));
+        let nvme_listen = (!pg.nvme_listen.is_empty()).then(|| addresses(pos, &pg.nvme_listen));
+        let nvme_discovery_listen =
+            (pg.nvme_discovery_listen.as_deref()).map(|l| addresses(pos, l));
+        let gateway = pg.gateway.as_ref().map(|g| pos.s(g.clone()));
+        let peer_address = pg.peer_address.map(|a| pos.s(a.to_string()));
+        Spanned::new(
+            at,
+            RawPortalGroup {
+                tag,
+                listen,
+                nvme_listen,
+                nvme_discovery_listen,
+                alua_state,
+                gateway,
+                peer_address,
+            },
+        )
+    }
+}
+
+impl RawPool {
+    fn of(p: &super::PoolConfig, pos: &mut Pos) -> S<RawPool> {
+        let at = pos.next();
+        let lossy = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let mut raw = RawPool {
+            name: Some(pos.s(p.name.clone())),
+            kind: None,
+            path: None,
+            pool: None,
+            ceph_conf: None,
+            ceph_client: None,
+            vg: None,
+            thin_pool: None,
+        };
+        match &p.kind {
+            super::PoolKind::Dir { path } => raw.path = Some(pos.s(lossy(path))),
+            super::PoolKind::Rbd { pool, conf, client } => {
+                raw.kind = Some(pos.s("rbd".to_string()));
+                raw.pool = Some(pos.s(pool.clone()));
+                raw.ceph_conf = conf.as_deref().map(|c| pos.s(lossy(c)));
+                raw.ceph_client = client.as_ref().map(|c| pos.s(c.clone()));
+            }
+            super::PoolKind::Lvm(thin) => {
+                raw.kind = Some(pos.s("lvm".to_string()));
+                raw.vg = Some(pos.s(thin.vg.clone()));
+                raw.thin_pool = Some(pos.s(thin.pool.clone()));
+            }
+        }
+        Spanned::new(at, raw)
+    }
+}
+
+impl RawTarget {
+    fn of(t: &TargetConfig, pos: &mut Pos) -> Option<S<RawTarget>> {
+        let at = pos.next();
+        let iqn = Some(pos.s(t.iqn.as_str().to_string()));
+        let nqn = t.nqn.as_ref().map(|n| pos.s(n.as_str().to_string()));
+        let alias = t.alias.as_ref().map(|a| pos.s(a.clone()));
+        let portal_groups = pos.list(&t.portal_groups, |_, tag| Some(i64::from(*tag)));
+        let (auth, users, mutual) = raw_auth_of(&t.auth, pos);
+        let allowed_sources = sources_of(&t.allowed_sources, pos);
+        let tls_keys = (!t.tls_keys.is_empty())
+            .then(|| {
+                pos.list(&t.tls_keys, |pos, k| {
+                    Some(super::auth::RawTlsKey::of(k, pos))
+                })
+            })
+            .flatten();
+        let group = t
+            .groups
+            .iter()
+            .map(|g| RawGroup::of(g, pos))
+            .collect::<Option<_>>()?;
+        let credentials = t
+            .credentials
+            .iter()
+            .map(|c| {
+                let at = pos.next();
+                Spanned::new(at, RawCredentials::of(c, pos))
+            })
+            .collect();
+        Some(Spanned::new(
+            at,
+            RawTarget {
+                iqn,
+                nqn,
+                alias,
+                portal_groups,
+                group,
+                auth,
+                users,
+                mutual,
+                allowed_sources,
+                credentials,
+                tls_keys,
+            },
+        ))
+    }
+}
+
+/// `allowed_sources`, when there are any.
+fn sources_of(nets: &[SourceNet], pos: &mut Pos) -> Option<S<Vec<S<String>>>> {
+    (!nets.is_empty()).then(|| strings(pos, nets.iter().map(SourceNet::to_string)))
+}
+
+impl RawGroup {
+    fn of(g: &InitiatorGroup, pos: &mut Pos) -> Option<S<RawGroup>> {
+        let at = pos.next();
+        let name = Some(pos.s(g.name.clone()));
+        let initiators = (!g.initiators.is_empty())
+            .then(|| strings(pos, g.initiators.iter().map(|i| i.as_str().to_string())));
+        let any_initiator = Some(pos.s(g.any_initiator));
+        let luns = Some(pos.list(&g.luns, |pos, l| {
+            Some(RawLun {
+                lun: Some(pos.s(int(l.lun)?)),
+                device: Some(pos.s(l.device.clone())),
+                read_only: Some(pos.s(l.read_only)),
+            })
+        })?);
+        let (auth, users, mutual) = raw_auth_of(&g.auth, pos);
+        let allowed_sources = sources_of(&g.allowed_sources, pos);
+        Some(Spanned::new(
+            at,
+            RawGroup {
+                name,
+                initiators,
+                any_initiator,
+                luns,
+                auth,
+                users,
+                mutual,
+                allowed_sources,
+            },
+        ))
     }
 }
 

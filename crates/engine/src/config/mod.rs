@@ -324,6 +324,12 @@ macro_rules! limits {
                 limits
             }
 
+            /// The limits as reading back their `[limits]` text would give them (every one
+            /// written, in order); None for a value beyond TOML's integers.
+            fn of(l: &Limits, pos: &mut cx::Pos) -> Option<RawLimits> {
+                Some(RawLimits { $( $name: Some(pos.s(cx::int(l.$name)?)), )* })
+            }
+
             /// The span of a limit's value, for cross-field errors.
             pub(crate) fn span_of(&self, key: &str) -> Option<std::ops::Range<usize>> {
                 $( if key == stringify!($name) { return self.$name.as_ref().map(|v| v.span()); } )*
@@ -712,6 +718,16 @@ impl Config {
     /// Returns every semantic error found (a TOML syntax or type error stops at the first).
     pub fn from_toml_str(text: &str, file_name: &str) -> Result<Config, ConfigErrors> {
         file::from_toml_str(text, file_name)
+    }
+
+    /// This config validated whole, exactly as loading `self.to_toml_with_secrets()` would
+    /// validate it (the rule: the running config is always one that loads), without writing
+    /// and parsing that text, so in time linear in the config and a fraction of the text's.
+    /// Returns the config that text loads as, each device keeping its origin from `self`; the
+    /// errors, in the text's order, have no line (there is no text to point into), and
+    /// `file_name` is their file. Debug builds check every call against the text's way.
+    pub fn revalidated(&self, file_name: &str) -> Result<Config, ConfigErrors> {
+        file::revalidate(self, file_name)
     }
 
     /// Reads (at most [`CONFIG_FILE_BYTES_MAX`] bytes) and validates a config file.

@@ -2269,4 +2269,255 @@ fn a_devices_lineage_is_checked_and_round_trips() {
     // Made now: an RFC 3339 UTC time to the second.
     let now = super::Lineage::now(None).created.unwrap();
     assert!(now.ends_with('Z') && now.len() == 20, "{now}");
+
+/// A config with every kind of table and most keys set, in `dir` (a secret file and a TLS
+/// key file are written there).
+fn every_key(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::create_dir_all(dir.join("pool")).unwrap();
+    for (name, secret) in [
+        ("secret", "from-a-file-2026"),
+        ("mutual", "mutual-from-a-file"),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{secret}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let key = nvme::tls::ConfiguredKey::new(Some(nvme::tls::CipherHash::Sha256), &[7; 32]);
+    let key_file = dir.join("host.key");
+    std::fs::write(&key_file, format!("{}\n", key.unwrap().encode())).unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let d = dir.display();
+    format!(
+        r#"[server]
+workers = 3
+chap_algorithms = ["sha256", "md5"]
+dhchap_hashes = ["sha512", "sha256"]
+dhchap_groups = ["ffdhe3072", "null"]
+metrics_listen = "127.0.0.1:9100"
+io_uring = false
+state_dir = "{d}/state"
+control_socket = "{d}/ctl.sock"
+control_socket_group = "disk"
+device_roots = ["{d}", "/dev"]
+
+[limits]
+max_sessions = 77
+memory_per_connection_bytes = 4194304
+
+[discovery]
+auth = "chap"
+users = [ {{ user = "disc", secret = "d1sc0very-s3cret-2026" }} ]
+mutual = {{ user = "tgt", secret_file = "{d}/mutual" }}
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260", "[::1]:3260"]
+nvme_listen = ["127.0.0.1:4420"]
+nvme_discovery_listen = ["127.0.0.1:8009"]
+
+[[portal_group]]
+tag = 2
+listen = ["127.0.0.2:3260"]
+alua_state = "standby"
+nvme_discovery_listen = []
+
+[[pool]]
+name = "files"
+path = "{d}/pool"
+
+[[pool]]
+name = "ceph"
+kind = "rbd"
+pool = "rbd"
+ceph_conf = "/etc/ceph/ceph.conf"
+ceph_client = "client.iscsi"
+
+[[pool]]
+name = "thin"
+kind = "lvm"
+vg = "vg0"
+thin_pool = "tp"
+
+[[device]]
+name = "mem"
+store = "ram"
+size = "16M"
+block_size = 4096
+vendor = "ACME"
+product = "FAST DISK"
+write_cache = true
+
+[[device]]
+name = "vol"
+store = "file"
+path = "{d}/pool/vol.img"
+size = "1G"
+cache = "page"
+thin = false
+read_only = true
+
+[[device]]
+name = "grown"
+store = "file"
+path = "{d}/grown.img"
+serial = "own-serial-1"
+naa = "0x6001405123456789abcdef0123456789"
+offline = true
+
+[[device]]
+name = "null"
+store = "block"
+path = "/dev/null"
+cache = "direct"
+
+[[device]]
+name = "img"
+store = "rbd"
+image = "rbd/img"
+ceph_conf = "/etc/ceph/ceph.conf"
+ceph_client = "client.iscsi"
+
+[[target]]
+iqn = "iqn.2026-11.org.ferrosan:every"
+nqn = "nqn.2026-11.org.ferrosan:every"
+alias = "every key"
+portal_groups = [2, 1]
+users = [ {{ user = "t", secret = "target-users-2026" }}, {{ user = "t2", secret_file = "{d}/secret" }} ]
+mutual = {{ user = "me", secret = "target-proves-2026" }}
+allowed_sources = ["10.0.0.0/8", "::1"]
+tls_keys = [ {{ host = "nqn.2026-11.org.ferrosan:host", key_file = "{d}/host.key", derivation = "libnvme-1.15" }} ]
+
+  [[target.group]]
+  name = "hosts"
+  initiators = ["iqn.2026-11.org.ferrosan:h1", "iqn.2026-11.org.ferrosan:h2"]
+  luns = [ {{ lun = 0, device = "mem" }}, {{ lun = 7, device = "vol", read_only = true }} ]
+  auth = "none"
+  allowed_sources = ["192.0.2.0/24"]
+
+  [[target.group]]
+  name = "rest"
+  any_initiator = true
+  luns = [ {{ lun = 1, device = "img" }}, {{ lun = 2, device = "null" }} ]
+  users = [ {{ user = "g", secret = "group-secret-2026" }} ]
+
+  [[target.credentials]]
+  initiator = "iqn.2026-11.org.ferrosan:h1"
+  users = [ {{ user = "h1", secret = "h1-own-secret-2026" }} ]
+  mutual = {{ user = "me1", secret = "target-to-h1-2026" }}
+
+[[target]]
+iqn = "iqn.2026-11.org.ferrosan:plain"
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "grown" }} ]
+"#
+    )
+}
+
+/// `revalidated` gives what loading the rendered text gives (debug builds check each call
+/// against the text: this feeds it every kind of table, and edits the text refuses).
+#[test]
+fn revalidated_is_loading_the_rendered_text() {
+    let dir = std::env::temp_dir().join(format!("ferrosan-revalidate-{}", std::process::id()));
+    let text = every_key(&dir);
+    let c = load(&text);
+    assert_eq!(c.revalidated("x").unwrap(), c);
+    let gateways = BASE
+        .replace(
+            "listen = [\"127.0.0.1:3260\"]",
+            "listen = [\"127.0.0.1:3260\"]\ngateway = \"a\"\npeer_address = \"127.0.0.1:3270\"\n\
+             [[portal_group]]\ntag = 2\nlisten = [\"127.0.0.2:3260\"]\ngateway = \"b\"",
+        )
+        .replace(
+            "store = \"ram\"\nsize = \"1G\"",
+            "store = \"rbd\"\nimage = \"rbd/disk1\"",
+        );
+    let gateways = format!(
+        "[server]\ngateway = \"a\"\ngateway_standby = true\ngateway_alua = \"explicit\"\n{gateways}"
+    );
+    let g = load(&gateways);
+    assert_eq!(g.revalidated("x").unwrap(), g);
+    let demo = Config::demo();
+    assert_eq!(demo.revalidated("x").unwrap(), demo);
+
+    // Edits the config refuses, alone and together: the same errors, in the text's order,
+    // without lines.
+    type Edit = fn(&mut Config);
+    let edits: [(&str, Edit); 12] = [
+        ("device \"mem\": name", |c| c.devices[1].name = "mem".into()),
+        ("device \"grown\": path", |c| {
+            c.devices[2].store = c.devices[1].store.clone()
+        }),
+        ("luns[1].device", |c| {
+            c.targets[0].groups[0].luns[1].device = "nope".into()
+        }),
+        ("luns[1].lun", |c| c.targets[0].groups[0].luns[1].lun = 0),
+        ("device \"bad name\": name", |c| {
+            c.devices[0].name = "bad name".into()
+        }),
+        ("device \"mem\": size", |c| {
+            c.devices[0].store = StoreKind::Ram { size_bytes: 0 }
+        }),
+        ("device \"grown\": naa", |c| {
+            c.devices[2].naa = vec![1, 2, 3]
+        }),
+        ("device \"grown\": serial", |c| {
+            c.devices[2].serial = String::new()
+        }),
+        // Found before its path is, written after it: the text's order wins.
+        ("device \"grown\": block_size", |c| {
+            c.devices[2].block_size = 1000
+        }),
+        ("group \"hosts\": any_initiator", |c| {
+            c.targets[0].groups[0].any_initiator = true
+        }),
+        ("iqn", |c| c.targets[1].iqn = c.targets[0].iqn.clone()),
+        ("mutual", |c| {
+            c.targets[0].auth.mutual.as_mut().unwrap().secret =
+                iscsi::chap::Secret::new(b"target-users-2026")
+        }),
+    ];
+    let mut all = c.clone();
+    for (field, edit) in edits {
+        let mut edited = c.clone();
+        edit(&mut edited);
+        edit(&mut all);
+        let errs = edited.revalidated("verb").unwrap_err().errors;
+        assert!(
+            errs.iter().any(|e| e.field.contains(field)),
+            "{field}: {errs:#?}"
+        );
+        assert!(errs
+            .iter()
+            .all(|e| (e.file.as_str(), e.line, e.column) == ("verb", 0, 0)));
+    }
+    let errs = all.revalidated("verb").unwrap_err().errors;
+    assert!(errs.len() >= 8, "{errs:#?}");
+
+    // A number TOML cannot hold takes the text's way, and its error.
+    let mut huge = c.clone();
+    huge.devices[0].store = StoreKind::Ram {
+        size_bytes: u64::MAX,
+    };
+    let errs = huge.revalidated("verb").unwrap_err().errors;
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].line, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn revalidated_devices_keep_their_origin() {
+    let mut c = load(BASE);
+    assert_eq!(c.devices[0].located(), format!("{FILE}:6: device disk1"));
+    c.devices
+        .push(Config::device_from_spec("more", "ram:1M").unwrap());
+    let again = c.revalidated("(ctl edit)").unwrap();
+    assert_eq!(
+        again.devices[0].located(),
+        format!("{FILE}:6: device disk1")
+    );
+    assert_eq!(again.devices[1].located(), "device more");
 }

@@ -789,8 +789,8 @@ pub(crate) fn transact(
         Step::Apply { config, what } => (*config, what),
     };
     drop(current);
-    let text = edited.to_toml_with_secrets();
-    let validated = Config::from_toml_str(&text, "(ctl edit)")
+    let validated = edited
+        .revalidated("(ctl edit)")
         .map_err(|errors| ControlError::Invalid(of_the_verb(errors, verb)))?;
     let applied = reload::apply_locked(shared, &lock, validated)?;
     let saved = commit_to_file(shared, &lock, args, &what)?;

@@ -38,7 +38,7 @@ pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, Merg
         doc.as_table_mut(),
         before.as_table(),
         after.as_table(),
-        true,
+        Some((base, running)),
     );
     place_new_tables(doc.as_table_mut());
     Ok(doc.to_string())
@@ -112,13 +112,48 @@ fn bare(item: &Item) -> String {
     }
 }
 
-fn merge_table(doc: &mut Table, before: &Table, after: &Table, top: bool) {
+/// Whether the part of the config under a top-level key is the same in both configs: then
+/// its renderings are the same too (one renderer), and need not be made to be compared.
+/// (Not the converse: a difference the renderer does not write, the cache of a RAM device,
+/// leaves the renderings to say.)
+fn same_part(key: &str, (base, running): (&Config, &Config)) -> bool {
+    match key {
+        "device" => base.devices == running.devices,
+        "target" => base.targets == running.targets,
+        "pool" => base.pools == running.pools,
+        "portal_group" => base.portal_groups == running.portal_groups,
+        "limits" => base.limits == running.limits,
+        "discovery" => base.discovery == running.discovery,
+        _ => false,
+    }
+}
+
+/// Whether an item renders the same in both (what a key that did not change does), without
+/// rendering where that is known: lists of tables of different lengths differ.
+fn renders_same(was: &Item, wanted: &Item) -> bool {
+    if let (Item::ArrayOfTables(a), Item::ArrayOfTables(b)) = (was, wanted) {
+        if a.len() != b.len() {
+            return false;
+        }
+    }
+    bare(was) == bare(wanted)
+}
+
+/// `configs`: the base and running configs at the top level (None below it).
+fn merge_table(
+    doc: &mut Table,
+    before: &Table,
+    after: &Table,
+    configs: Option<(&Config, &Config)>,
+) {
+    let top = configs.is_some();
     for (key, wanted) in after.iter() {
         if top && key == "server" {
             continue;
         }
         let was = before.get(key);
-        if was.is_some_and(|w| bare(w) == bare(wanted)) {
+        let same = |w: &Item| configs.is_some_and(|c| same_part(key, c)) || renders_same(w, wanted);
+        if was.is_some_and(same) {
             continue;
         }
         match (doc.get_mut(key), wanted) {
@@ -130,7 +165,7 @@ fn merge_table(doc: &mut Table, before: &Table, after: &Table, top: bool) {
             (Some(Item::Table(have)), Item::Table(want)) => {
                 let empty = Table::new();
                 let was = was.and_then(Item::as_table).unwrap_or(&empty);
-                merge_table(have, was, want, false);
+                merge_table(have, was, want, None);
             }
             (Some(Item::Value(have)), Item::Value(want)) => {
                 // The new value where the old one stood, with its comments and spacing.
@@ -184,7 +219,7 @@ fn merge_array(
         match at.and_then(|i| doc.get_mut(i)) {
             Some(have) => {
                 let empty = Table::new();
-                merge_table(have, was.unwrap_or(&empty), want, false);
+                merge_table(have, was.unwrap_or(&empty), want, None);
             }
             None => {
                 have_at.entry(id).or_insert(doc.len());
@@ -359,6 +394,32 @@ iqn = "iqn.2026-11.org.example:store1"
             "{text}"
         );
         assert!(text.find("\"d38\"") < text.find("\"late\""), "{text}");
+    }
+
+    #[test]
+    fn a_list_the_running_config_left_alone_keeps_the_files_edits() {
+        let base = parse(FILE);
+        let mut running = base.clone();
+        running.limits.max_sessions = 100;
+        // The operator took vm2 out of the file meanwhile; the running config still has it,
+        // unchanged since the file was loaded: the file's edit stands.
+        let edited = FILE.replace(
+            "[[device]]\nname = \"vm2\"\nstore = \"ram\"\nsize = \"2G\"\n",
+            "",
+        );
+        let text = merge(&edited, &base, &running).unwrap();
+        assert!(!text.contains("vm2"), "{text}");
+        assert!(text.contains("max_sessions = 100"), "{text}");
+        // A device added to the running config brings the list into the merge, element by
+        // element: vm3 is added, and vm2, running and not in the file, is written back.
+        let mut vm3 = base.devices[0].clone();
+        vm3.name = "vm3".into();
+        vm3.serial = "vm3-serial".into();
+        vm3.naa[7] ^= 0x55;
+        running.devices.push(vm3);
+        let text = merge(&edited, &base, &running).unwrap();
+        assert!(text.contains("\"vm3\""), "{text}");
+        assert!(text.contains("\"vm2\""), "{text}");
     }
 
     #[test]

@@ -120,8 +120,16 @@ impl Shared {
     /// the reload, holding `reloading`, calls this.
     pub(crate) fn publish(&self, topology: Topology) {
         let generation = topology.generation;
-        *self.topology.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(topology);
+        let new = Arc::new(topology);
+        let old = std::mem::replace(
+            &mut *self.topology.write().unwrap_or_else(|e| e.into_inner()),
+            new,
+        );
         self.generation.store(generation, Ordering::Release);
+        // The previous topology (every target's LUN maps, the config) is freed here if
+        // nothing else holds it, after the write lock is released: at thousands of devices
+        // that takes milliseconds, which sessions reading the topology need not wait out.
+        drop(old);
     }
 
     /// Starts the shutdown: listeners close, logins in progress end, sessions are asked to

@@ -162,8 +162,19 @@ pub(super) fn required<'v, T>(
     table: &Range<usize>,
     field: String,
 ) -> Option<&'v S<T>> {
+    required_with(cx, v, table, || field)
+}
+
+/// [`required`], the field named only for the error (for the fields of every device and
+/// LUN, which are thousands).
+pub(super) fn required_with<'v, T>(
+    cx: &mut Cx<'_>,
+    v: &'v Option<S<T>>,
+    table: &Range<usize>,
+    field: impl FnOnce() -> String,
+) -> Option<&'v S<T>> {
     if v.is_none() {
-        cx.err(table.clone(), field, "missing (required)");
+        cx.err(table.clone(), field(), "missing (required)");
     }
     v.as_ref()
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::cx::{bool_or, int, required, Cx, Pos};
+use super::cx::{bool_or, int, required_with, Cx, Pos};
 use super::names::{
     check_inquiry_text, check_object_name, check_serial, derive_identity, parse_naa, parse_size,
 };
@@ -250,8 +250,8 @@ fn lineage(cx: &mut Cx<'_>, dev: &mut Dev<'_>) -> Lineage {
 
 /// The device's name (empty when missing); errors name the device by it from here on.
 fn device_name(cx: &mut Cx<'_>, dev: &mut Dev<'_>, names: &mut HashSet<String>) -> String {
-    let field = format!("{}: name", dev.ctx);
-    let Some(n) = required(cx, &dev.raw.name, &dev.table, field) else {
+    let field = || format!("{}: name", dev.ctx);
+    let Some(n) = required_with(cx, &dev.raw.name, &dev.table, field) else {
         dev.ok = false;
         return String::new();
     };
@@ -321,8 +321,8 @@ fn store(
     roots: &[PathBuf],
     media: &mut HashMap<PathBuf, String>,
 ) -> Option<StoreKind> {
-    let field = format!("{}: store", dev.ctx);
-    let st = required(cx, &dev.raw.store, &dev.table, field)?;
+    let field = || format!("{}: store", dev.ctx);
+    let st = required_with(cx, &dev.raw.store, &dev.table, field)?;
     match st.get_ref().as_str() {
         "ram" => ram_store(cx, dev, st.span(), size),
         "file" => file_store(cx, dev, st, size, roots, media),
@@ -400,14 +400,14 @@ fn medium_path(
     roots: &[PathBuf],
     media: &mut HashMap<PathBuf, String>,
 ) -> Option<PathBuf> {
-    let field = format!("{}: path", dev.ctx);
+    let field = || format!("{}: path", dev.ctx);
     let Some(p) = &dev.raw.path else {
         let why = format!("missing: a {} device needs a path", st.get_ref());
-        cx.err(st.span(), field, why);
+        cx.err(st.span(), field(), why);
         return None;
     };
     if p.get_ref().is_empty() {
-        cx.err(p.span(), field, "must not be empty");
+        cx.err(p.span(), field(), "must not be empty");
         return None;
     }
     if let Err(m) = super::names::check_path_text(p.get_ref()) {

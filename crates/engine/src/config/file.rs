@@ -26,7 +26,7 @@ pub(crate) const LUN_MAX: u64 = 16_383;
 const ALIAS_BYTES_MAX: usize = 255;
 const WORKERS_MAX: i64 = 1024;
 
-use super::cx::{bool_or, int, required, Cx, Pos};
+use super::cx::{bool_or, int, required, required_with, Cx, Pos};
 use super::devices::{resolve_devices, RawDevice};
 use super::Invalid;
 
@@ -1438,7 +1438,8 @@ fn resolve_groups(
         let mut luns = GroupLuns::default();
         if let Some(list) = &rg.luns {
             for (j, rl) in list.get_ref().iter().enumerate() {
-                let lctx = format!("{ctx}: luns[{j}]");
+                // Named only in an error: most maps have none, and thousands of entries.
+                let lctx = || format!("{ctx}: luns[{j}]");
                 if let Some(mapping) = lun_mapping(cx, &lctx, rl, devices, &luns) {
                     luns.push(mapping);
                 }
@@ -1537,27 +1538,31 @@ fn check_any_initiator(
 /// exists and is not mapped before in the group. None after an error.
 fn lun_mapping(
     cx: &mut Cx<'_>,
-    lctx: &str,
+    lctx: &dyn Fn() -> String,
     raw: &S<RawLun>,
     devices: &DeviceIndex<'_>,
     luns: &GroupLuns,
 ) -> Option<LunMapping> {
     let (lspan, rl) = (raw.span(), raw.get_ref());
-    let lun = required(cx, &rl.lun, &lspan, format!("{lctx}.lun")).and_then(|l| {
-        cx.int_in(l, 0, LUN_MAX as i64, &format!("{lctx}.lun"))
-            .map(|x| (x as u64, l.span()))
+    let lun = required_with(cx, &rl.lun, &lspan, || format!("{}.lun", lctx())).and_then(|l| {
+        let in_range = (0..=LUN_MAX as i64).contains(l.get_ref());
+        let lun = match in_range {
+            true => Some(*l.get_ref()),
+            false => cx.int_in(l, 0, LUN_MAX as i64, &format!("{}.lun", lctx())),
+        };
+        lun.map(|x| (x as u64, l.span()))
     });
     if let Some((n, span)) = &lun {
         if luns.numbers.contains(n) {
             let why = format!("LUN {n} is mapped twice in this group");
-            cx.err(span.clone(), format!("{lctx}.lun"), why);
+            cx.err(span.clone(), format!("{}.lun", lctx()), why);
         }
     }
-    let d = required(cx, &rl.device, &lspan, format!("{lctx}.device"));
+    let d = required_with(cx, &rl.device, &lspan, || format!("{}.device", lctx()));
     let device = d.and_then(|d| {
         let Some(dev) = devices.get(d.get_ref()) else {
             let why = format!("no [[device]] is named {:?}", d.get_ref());
-            cx.err(d.span(), format!("{lctx}.device"), why);
+            cx.err(d.span(), format!("{}.device", lctx()), why);
             return None;
         };
         if let Some(lun) = luns.devices.get(&dev.name) {
@@ -1565,7 +1570,7 @@ fn lun_mapping(
                 "{:?} is already mapped as LUN {lun} in this group",
                 dev.name
             );
-            cx.err(d.span(), format!("{lctx}.device"), why);
+            cx.err(d.span(), format!("{}.device", lctx()), why);
         }
         Some(dev)
     });

@@ -145,8 +145,11 @@ for n in $SIZES; do
         row "$n" create-save
     fi
     if wants reload; then
-        # Whatever is unsaved goes: the file is the base of the reloads.
-        ctl save >/dev/null
+        # Whatever is unsaved goes into the file, the base of the reloads (a reload is refused
+        # while there are unsaved changes).
+        if wants create || wants map; then
+            ctl save >/dev/null
+        fi
         for ((r = 0; r < ROUNDS; r++)); do
             truncate -s 1M "$WORK/pool/added$r.img"
             printf '\n[[device]]\nname = "added%d"\nstore = "file"\npath = "%s/pool/added%d.img"\nsize = "1M"\n' \

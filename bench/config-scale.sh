@@ -93,7 +93,7 @@ CONFIG
 OUT=bench/results/config-scale-$(date +%Y-%m-%d-%H%M)${TAG:+-$TAG}.txt
 {
     echo "# bench/config-scale.sh $(date -u +%FT%TZ): bin=$BIN sizes=$SIZES rounds=$ROUNDS ops=$OPS cache=${CACHE:-auto}"
-    echo "# commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg); work dir on $(df --output=fstype "$WORK" | tail -1)"
+    echo "# checkout at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') (BIN may be another build); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg); work dir on $(df --output=fstype "$WORK" | tail -1)"
     echo "# N      verb         median_s     min_s     max_s calls"
 } >"$OUT"
 for n in $SIZES; do

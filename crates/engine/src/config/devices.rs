@@ -67,6 +67,8 @@ impl RawDevice {
             thin: None,
             cache: None,
             offline: None,
+            clone_of: None,
+            created: None,
         };
         let size = |pos: &mut Pos, n: u64| Some(pos.s(toml::Value::Integer(int(n)?)));
         match &d.store {
@@ -105,6 +107,8 @@ impl RawDevice {
         raw.vendor = d.vendor.as_ref().map(|v| pos.s(v.clone()));
         raw.product = d.product.as_ref().map(|p| pos.s(p.clone()));
         raw.offline = d.offline.then(|| pos.s(true));
+        raw.clone_of = d.lineage.clone_of.as_ref().map(|c| pos.s(c.clone()));
+        raw.created = d.lineage.created.as_ref().map(|c| pos.s(c.clone()));
         Some(Spanned::new(table, raw))
     }
 }
@@ -411,7 +415,7 @@ fn medium_path(
         return None;
     }
     if let Err(m) = super::names::check_path_text(p.get_ref()) {
-        cx.err(p.span(), field, m);
+        cx.err(p.span(), field(), m);
         return None;
     }
     let path = PathBuf::from(p.get_ref());

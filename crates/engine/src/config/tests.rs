@@ -2269,6 +2269,7 @@ fn a_devices_lineage_is_checked_and_round_trips() {
     // Made now: an RFC 3339 UTC time to the second.
     let now = super::Lineage::now(None).created.unwrap();
     assert!(now.ends_with('Z') && now.len() == 20, "{now}");
+}
 
 /// A config with every kind of table and most keys set, in `dir` (a secret file and a TLS
 /// key file are written there).
@@ -2365,6 +2366,8 @@ path = "{d}/grown.img"
 serial = "own-serial-1"
 naa = "0x6001405123456789abcdef0123456789"
 offline = true
+clone_of = "disk1@monday"
+created = "2026-12-01T23:50:35Z"
 
 [[device]]
 name = "null"

@@ -196,14 +196,12 @@ fn valid_with(
 ) -> Result<(), ControlError> {
     let mut candidate = config.clone();
     change(&mut candidate);
-    Config::from_toml_str(&candidate.to_toml_with_secrets(), verb)
-        .map(drop)
-        .map_err(|mut errors| {
-            for e in &mut errors.errors {
-                (e.file, e.line, e.column) = (verb.to_string(), 0, 0);
-            }
-            ControlError::Invalid(errors)
-        })
+    candidate.revalidated(verb).map(drop).map_err(|mut errors| {
+        for e in &mut errors.errors {
+            (e.file, e.line, e.column) = (verb.to_string(), 0, 0);
+        }
+        ControlError::Invalid(errors)
+    })
 }
 
 /// The pool a `pool-add` asks for.

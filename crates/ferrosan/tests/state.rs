@@ -62,8 +62,11 @@ fn exported_to(ctl: &Ctl, host: &str) -> Vec<String> {
 /// config copied at the clone's start put the volume back before.
 #[test]
 fn a_slow_clone_does_not_undo_an_unexport_acknowledged_meanwhile() {
-    let dir = common::disk_dir("state-clone");
+    // ext4 on a loop device: copies are copies, whatever filesystem the tests run on.
+    let fs = common::loopfs::LoopFs::new("ext4", 1 << 30);
+    let dir = fs.path("state-clone");
     let pool = dir.join("pool");
+    std::fs::create_dir_all(&pool).unwrap();
     let ctl = Ctl::new();
     let mut daemon = daemon_with_pool(&pool, &ctl);
     ok(&ctl, &["volume", "create", "fast", "big", "512M"]);

@@ -170,7 +170,8 @@ impl Pool {
         let what = format!("volume {name}");
         match (self, adopt) {
             (Pool::Dir(dir), _) => {
-                dir.make_dir().map_err(PoolError::io("the pool"))?;
+                let at = format!("the pool's directory {}", dir.dir().display());
+                dir.make_dir().map_err(PoolError::io(&at))?;
                 if adopt {
                     dir.open_volume(name, true).map_err(PoolError::io(&what))?;
                     return Ok(Made::Adopted);

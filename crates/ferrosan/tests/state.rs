@@ -446,6 +446,9 @@ fn a_clone_is_idempotent_by_its_source_and_records_its_lineage() {
             "{v}: {listed}"
         );
     }
+    let snaps = ok(&ctl, &["snapshot", "list", "a"]);
+    let taken = snaps["snapshots"][0]["created"].as_str().unwrap_or("");
+    assert!(taken.starts_with("20") && taken.ends_with('Z'), "{snaps}");
     daemon.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -274,6 +274,12 @@ impl DirPool {
         open_regular(&dir, &Self::snapshot_file(volume, snap), false)
     }
 
+    /// When snapshot `snap` of `volume` was taken: its file's modification time, which the
+    /// copy that made it set last (a snapshot is never written after).
+    pub fn snapshot_time(&self, volume: &str, snap: &str) -> io::Result<std::time::SystemTime> {
+        self.open_snapshot(volume, snap)?.metadata()?.modified()
+    }
+
     /// Removes snapshot `snap` of `volume`: false when it is gone already.
     pub fn remove_snapshot(&self, volume: &str, snap: &str) -> io::Result<bool> {
         if self.snapshots_dir(false)?.is_none() {

@@ -244,6 +244,15 @@ impl Pool {
         Ok(list.iter().any(|(_, s)| s == snap))
     }
 
+    /// When snapshot `snap` of `volume` was taken, where the pool keeps it (a directory
+    /// pool's file time; librbd and LVM's are not read yet).
+    pub fn snapshot_time(&self, volume: &str, snap: &str) -> Option<std::time::SystemTime> {
+        match self {
+            Pool::Dir(dir) => dir.snapshot_time(volume, snap).ok(),
+            Pool::Rbd(_) | Pool::Lvm(_) => None,
+        }
+    }
+
     /// Takes snapshot `snap` of `volume`, crash-consistent: its writes held for the moment.
     pub fn snapshot(
         &self,

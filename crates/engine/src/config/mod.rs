@@ -507,15 +507,18 @@ pub struct Lineage {
 impl Lineage {
     /// Made now, as a clone of `clone_of` (or new, without).
     pub fn now(clone_of: Option<String>) -> Lineage {
-        let created = time::OffsetDateTime::now_utc()
-            .replace_nanosecond(0)
-            .ok()
-            .and_then(|t| {
-                t.format(&time::format_description::well_known::Rfc3339)
-                    .ok()
-            });
+        let created = rfc3339(std::time::SystemTime::now());
         Lineage { clone_of, created }
     }
+}
+
+/// `t` as RFC 3339 in UTC, to the second (`2026-12-01T23:50:35Z`).
+pub fn rfc3339(t: std::time::SystemTime) -> Option<String> {
+    time::OffsetDateTime::from(t)
+        .replace_nanosecond(0)
+        .ok()?
+        .format(&time::format_description::well_known::Rfc3339)
+        .ok()
 }
 
 impl DeviceConfig {

@@ -916,8 +916,15 @@ fn snapshots_json(live: &Live, args: &Map<String, Value>) -> Result<Vec<Value>, 
     let only = args.get("volume").and_then(Value::as_str);
     let mut out = Vec::new();
     for (pool, device) in volumes(live.seen).filter(|(_, d)| only.is_none_or(|o| o == d.name)) {
+        let medium = pool.medium();
         for snapshot in snapshot_names(live, pool, &device.name)? {
-            out.push(json!({ "pool": pool.name, "volume": device.name, "snapshot": snapshot }));
+            let created = medium
+                .snapshot_time(&device.name, &snapshot)
+                .and_then(crate::config::rfc3339);
+            out.push(
+                json!({ "pool": pool.name, "volume": device.name, "snapshot": snapshot,
+                             "created": created }),
+            );
         }
     }
     Ok(out)

@@ -637,6 +637,10 @@ fn concurrent_verbs_are_linearizable_and_survive_a_kill() {
         "answers against the model:\n{}",
         wrong.join("\n")
     );
+    assert!(
+        in_flight.iter().any(Option::is_some),
+        "every client finished before the kill: the crash was not exercised"
+    );
     daemon.restart();
     let after = observed(&ctl);
     for c in 0..CLIENTS {

@@ -158,6 +158,8 @@ fn parallel_exports_all_land() {
     for i in 0..N {
         assert!(text.contains(&format!("device = \"v{i}\"")), "{text}");
     }
+    // The daemon's command line (`--control-socket`) stays out of the file.
+    assert!(!text.contains("control_socket"), "{text}");
     daemon.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -654,24 +654,14 @@ fn save(shared: &Shared) -> Result<Value, ControlError> {
 /// cleared once the file holds it.
 fn save_running(shared: &Shared, _lock: &reload::ApplyLock) -> Result<PathBuf, SaveError> {
     let path = shared.source.path.as_deref().ok_or(SaveError::NoFile)?;
-    // Devices left out at start (their cluster down) stay in the file.
-    let config = file_view(shared, &shared.config_to_keep());
+    // Devices left out at start (their cluster down) stay in the file. Command-line
+    // overrides do not reach it: the merge never writes `[server]` (`config::edit`).
+    let config = shared.config_to_keep();
     let mut base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
     let saved = reload::save_config(path, base.as_ref(), &config)?;
     *base = Some(saved);
     shared.unsaved.clear();
     Ok(path.to_path_buf())
-}
-
-/// The config as the file should hold it: command-line overrides are not written into it.
-fn file_view(shared: &Shared, running: &Config) -> Config {
-    let mut config = running.clone();
-    if let Some(path) = &shared.source.path {
-        if let Ok(on_disk) = Config::load(path) {
-            config.server = on_disk.server;
-        }
-    }
-    config
 }
 
 /// Makes this gateway the owner of an RBD image (explicit ALUA), fencing the previous owner.

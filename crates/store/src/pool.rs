@@ -79,7 +79,8 @@ impl PoolError {
         }
     }
 
-    fn lvm(what: &str) -> impl FnOnce(LvmError) -> PoolError + '_ {
+    /// An LVM tool's failure, sorted into the pool's kinds (the one table for LVM's errors).
+    pub fn lvm(what: &str) -> impl FnOnce(LvmError) -> PoolError + '_ {
         move |e| {
             let kind = match e.kind {
                 LvmErrorKind::Exists | LvmErrorKind::Busy => PoolErrorKind::Conflict,
@@ -477,7 +478,9 @@ fn held(
 /// Copies volume `name`'s file `from` into the new file `to` as it is at one moment: a
 /// reflink while its writes are held (milliseconds). Where the filesystem cannot share
 /// extents the copy takes as long as the data does, too long to hold the writes of a volume
-/// in use: then it must be unmapped or offline, or the copy is refused.
+/// in use: then it must be unmapped or offline, or the copy is refused — asked before the
+/// copy and again after it, so a volume mapped (or brought online) meanwhile, whose writes
+/// may have torn the copy, gives no copy.
 fn live_copy(
     running: &dyn Running,
     name: &str,
@@ -506,6 +509,12 @@ fn live_copy(
     }
     let progress: Progress<'_> = &mut running.progress(&what);
     let method = crate::clone::clone_into(from, to, progress).map_err(PoolError::io(&what))?;
+    if running.in_use(name) {
+        return Err(PoolError::new(
+            PoolErrorKind::Conflict,
+            format!("volume {name} was mapped or brought online while it was copied: no copy"),
+        ));
+    }
     to.sync_all().map_err(PoolError::io(&what))?;
     Ok(method)
 }

@@ -174,13 +174,17 @@ pub(crate) fn from_toml_str(text: &str, file_name: &str) -> Result<Config, Confi
         }
     };
     let config = resolve(&mut cx, &raw);
+    finished(cx, config)
+}
+
+/// A resolved config, or every error found, in the text's order.
+fn finished(cx: Cx<'_>, config: Config) -> Result<Config, ConfigErrors> {
     if cx.errors.is_empty() {
-        Ok(config)
-    } else {
-        let mut errors = cx.errors;
-        errors.sort_by_key(|e| (e.line, e.column));
-        Err(ConfigErrors { errors })
+        return Ok(config);
     }
+    let mut errors = cx.errors;
+    errors.sort_by_key(|e| (e.line, e.column));
+    Err(ConfigErrors { errors })
 }
 
 /// `c` validated whole as loading `c.to_toml_with_secrets()` would validate it, without
@@ -194,13 +198,7 @@ pub(crate) fn revalidate(c: &Config, file_name: &str) -> Result<Config, ConfigEr
         Some(raw) => {
             let mut cx = Cx::without_text(file_name);
             let config = resolve(&mut cx, &raw);
-            if cx.errors.is_empty() {
-                Ok(config)
-            } else {
-                let mut errors = cx.errors;
-                errors.sort_by_key(|e| (e.line, e.column));
-                Err(ConfigErrors { errors })
-            }
+            finished(cx, config)
         }
         None => from_toml_str(&to_toml(c, true), file_name),
     };

@@ -830,7 +830,7 @@ fn commit_to_file(
 /// A `ctl` edit's validation errors as the verb's, not as places in the text the edited
 /// config was written to for validation (which the operator never saw): `VERB: FIELD:
 /// MESSAGE`.
-fn of_the_verb(mut errors: ConfigErrors, verb: &str) -> ConfigErrors {
+pub(super) fn of_the_verb(mut errors: ConfigErrors, verb: &str) -> ConfigErrors {
     for e in &mut errors.errors {
         e.file = verb.to_string();
         e.line = 0;

@@ -101,12 +101,7 @@ impl From<PoolError> for ControlError {
 }
 
 fn lvm_error(what: String) -> impl FnOnce(store::lvm::LvmError) -> ControlError {
-    use store::lvm::LvmErrorKind as K;
-    move |e| match e.kind {
-        K::Exists | K::Busy => ControlError::Conflict(format!("{what}: {e}")),
-        K::NotFound => ControlError::NotFound(format!("{what}: {e}")),
-        K::Failed => ControlError::Device(format!("{what}: {e}")),
-    }
+    move |e| PoolError::lvm(&what)(e).into()
 }
 
 /// What the engine lends a pool of its running volumes, as the verb saw the config.
@@ -132,9 +127,11 @@ impl Running for Live<'_> {
         })
     }
 
+    /// Asked of the running config of the moment, not of the verb's first look: a volume
+    /// mapped since must not be copied without its writes held.
     fn in_use(&self, volume: &str) -> bool {
-        !mappings(self.seen, volume).is_empty()
-            && !self.seen.device(volume).is_some_and(|d| d.offline)
+        let running = &self.shared.topology().config;
+        !mappings(running, volume).is_empty() && !running.device(volume).is_some_and(|d| d.offline)
     }
 
     fn rbd_image(&self, volume: &str) -> Result<Arc<rbd::Image>, PoolError> {
@@ -196,12 +193,10 @@ fn valid_with(
 ) -> Result<(), ControlError> {
     let mut candidate = config.clone();
     change(&mut candidate);
-    candidate.revalidated(verb).map(drop).map_err(|mut errors| {
-        for e in &mut errors.errors {
-            (e.file, e.line, e.column) = (verb.to_string(), 0, 0);
-        }
-        ControlError::Invalid(errors)
-    })
+    candidate
+        .revalidated(verb)
+        .map(drop)
+        .map_err(|errors| ControlError::Invalid(super::of_the_verb(errors, verb)))
 }
 
 /// The pool a `pool-add` asks for.

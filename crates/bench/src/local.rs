@@ -398,8 +398,7 @@ mod tests {
         }
     }
 
-    /// Review finding C: `ferrosan bench --destructive` wrote a disk a running daemon served.
-    /// The daemon's store claims it (O_EXCL), and a destructive run's own O_EXCL open is
+    /// `ferrosan bench --destructive` never writes a disk a running daemon serves: the daemon's store claims it (O_EXCL), and a destructive run's own O_EXCL open is
     /// refused; a read-only run opens it without a claim.
     #[test]
     fn a_device_a_store_serves_is_refused_for_writes_and_read_for_reads() {

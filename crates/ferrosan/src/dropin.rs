@@ -311,8 +311,8 @@ mod tests {
 
     const FILE: &str = "/etc/ferrosan/ferrosan.toml";
 
-    /// Review finding B: a path with a newline became an `ExecStartPre=+` line of the
-    /// drop-in (run as root by systemd), or a line of the udev rules.
+    /// A path with a newline would become a line of its own: an `ExecStartPre=+` of the
+    /// drop-in (run as root by systemd), or a rule of the udev file. It is refused.
     #[test]
     fn a_path_that_would_break_its_line_is_refused_not_written() {
         let file = Path::new(FILE);

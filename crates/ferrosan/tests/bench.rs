@@ -206,7 +206,7 @@ fn writes_need_destructive_and_never_touch_a_file_in_use() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Review finding C: a block device a running daemon serves is claimed (O_EXCL), so a
+/// A block device a running daemon serves is claimed (O_EXCL), so a
 /// destructive run is refused before any I/O, and the disk keeps its data; reading it is fine.
 #[test]
 fn a_device_a_running_daemon_serves_is_never_written_by_a_destructive_run() {

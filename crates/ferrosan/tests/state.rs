@@ -217,7 +217,7 @@ fn a_change_with_a_stale_generation_is_refused() {
 
 /// `ctl reload` (and `systemctl reload`, which runs it) refuses to drop changes made with
 /// `ctl` and not saved, saying which, and fails; told to discard them, it returns to the
-/// file. Before, it unmapped the live LUN and answered success.
+/// file.
 #[test]
 fn a_reload_never_drops_unsaved_changes_silently() {
     let dir = common::disk_dir("state-reload");
@@ -394,8 +394,8 @@ fn pool_arguments_are_judged_before_anything_is_made() {
 }
 
 /// A clone is idempotent by what it is a clone of, not only by name: the same clone asked
-/// again answers `existed`, a clone of another source into that name is a conflict (it was
-/// answered `existed` before, though it held other data), and `volume list` says where each
+/// again answers `existed`, a clone of another source into that name is a conflict (it holds
+/// other data), and `volume list` says where each
 /// volume came from and when it was made, across a restart.
 #[test]
 fn a_clone_is_idempotent_by_its_source_and_records_its_lineage() {

@@ -1077,7 +1077,7 @@ mod tests {
         crate::loopdev::claim(path, std::time::Duration::from_secs(5))
     }
 
-    /// Review finding C: a served disk was not claimed, so anyone could write it.
+    /// A served disk is claimed, so no other program writes it.
     #[test]
     fn a_block_device_is_claimed_while_a_store_of_this_process_has_it() {
         let Some(dev) = loop_device("claimed") else {

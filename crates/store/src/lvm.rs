@@ -354,7 +354,7 @@ mod tests {
     }
 
     /// A name that LVM would take for its `--config` option, were it read as one: it would
-    /// make LVM write its log where the name says (the review's finding A).
+    /// make LVM write its log where the name says, were it read as an option.
     fn hostile(what: &str) -> String {
         format!("--config=log{{file=/tmp/ferrosan-{what}}}")
     }

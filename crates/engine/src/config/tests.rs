@@ -2015,7 +2015,7 @@ fn an_lvm_pool_needs_lvm_names_and_nothing_of_other_kinds() {
     assert!(e[0].message.contains("\"lvm\""), "{e:#?}");
 }
 
-// ---- names that reach tools (review finding A) ----------------------------------------------
+// ---- names that reach tools: never read as their options -----------------------------------
 
 #[test]
 fn no_object_name_starts_with_a_dash() {
@@ -2150,7 +2150,7 @@ fn volume_and_snapshot_names_of_an_lvm_pool_are_lv_names() {
     assert_eq!(dir.check_snapshot_name(&long, &long), Ok(()));
 }
 
-// ---- control characters in paths (review finding B) ------------------------------------------
+// ---- control characters in paths: refused, never written into a unit or rule ---------------
 
 /// A path that would become a systemd directive if printed on a line of its own.
 const DIRECTIVE: &str = "/srv/x\\nExecStartPre=+/bin/sh -c id";

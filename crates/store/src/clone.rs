@@ -4,10 +4,8 @@
 //! without the data crossing into this process). Where neither works the caller is told, and
 //! copies itself.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 
 /// How a file was cloned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,60 +31,6 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
 /// The most a copy moves between two reports of its progress.
 pub const PROGRESS_STEP: u64 = 256 << 20;
-
-/// Makes `dst` (which must not exist) a copy of `src`: a reflink where the filesystem can,
-/// else a sparse copy, its progress told to `progress`. `dst` is fsynced, and its directory,
-/// before this returns: a clone reported is a clone kept. Mode 0600. On failure `dst` is
-/// removed.
-pub fn clone_file(src: &Path, dst: &Path, progress: Progress<'_>) -> io::Result<CloneMethod> {
-    let (from, to) = open_pair(src, dst)?;
-    let made = clone_into(&from, &to, progress).and_then(|method| {
-        to.sync_all()?;
-        sync_parent(dst)?;
-        Ok(method)
-    });
-    if made.is_err() {
-        let _ = std::fs::remove_file(dst);
-    }
-    made
-}
-
-/// `src` for reading and a new `dst` (mode 0600; an error if it exists).
-fn open_pair(src: &Path, dst: &Path) -> io::Result<(File, File)> {
-    let from = File::open(src)?;
-    let to = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(dst)?;
-    Ok((from, to))
-}
-
-/// The directory entry of a new `path` made durable.
-fn sync_parent(path: &Path) -> io::Result<()> {
-    match path.parent() {
-        Some(dir) => File::open(dir)?.sync_all(),
-        None => Ok(()),
-    }
-}
-
-/// Makes `dst` (which must not exist) a reflink of `src` if the filesystem can share extents:
-/// true when it did (fsynced, as [`clone_file`]); false, and no `dst`, when it cannot.
-pub fn reflink_file(src: &Path, dst: &Path) -> io::Result<bool> {
-    let (from, to) = open_pair(src, dst)?;
-    let made = match rustix::fs::ioctl_ficlone(&to, &from) {
-        Ok(()) => to.sync_all().map(|()| true),
-        Err(e) if cannot_share(e) => Ok(false),
-        Err(e) => Err(e.into()),
-    };
-    if !matches!(made, Ok(true)) {
-        let _ = std::fs::remove_file(dst);
-    }
-    if matches!(made, Ok(true)) {
-        sync_parent(dst)?;
-    }
-    made
-}
 
 /// Makes `to` share `from`'s extents (a reflink) and durable: false, `to` untouched, where
 /// the filesystem cannot.
@@ -187,8 +131,12 @@ mod tests {
         f.set_len(8 << 20).unwrap();
         f.write_all_at(&[7u8; 4096], 1 << 20).unwrap();
         f.write_all_at(&[9u8; 4096], (8 << 20) - 4096).unwrap();
+        let to = File::create(&dst).unwrap();
         let mut told = Vec::new();
-        let method = clone_file(&src, &dst, &mut |done, len| told.push((done, len))).unwrap();
+        let method = clone_into(&File::open(&src).unwrap(), &to, &mut |done, len| {
+            told.push((done, len))
+        })
+        .unwrap();
         let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
         assert!(a == b, "the clone ({method:?}) differs from its source");
         // A copy tells its progress, forward only, ending at the whole file; a reflink is done
@@ -200,10 +148,6 @@ mod tests {
             }
             CloneMethod::Reflink => assert!(told.is_empty(), "{told:?}"),
         }
-        assert!(
-            clone_file(&src, &dst, &mut |_, _| {}).is_err(),
-            "an existing file is never overwritten"
-        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -212,7 +156,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ferrosan-range-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let open = |name: &str| {
-            let mut o = OpenOptions::new();
+            let mut o = std::fs::OpenOptions::new();
             o.create(true).read(true).write(true).truncate(false);
             o.open(dir.join(name)).unwrap()
         };

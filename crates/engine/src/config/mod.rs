@@ -105,17 +105,9 @@ impl PoolConfig {
         }
     }
 
-    /// Where volume `name` of a directory pool lives.
+    /// Where volume `name` of a directory pool lives (`store::dir_pool` names it).
     pub fn volume_path(&self, name: &str) -> Option<PathBuf> {
-        Some(self.dir()?.join(format!("{name}.img")))
-    }
-    /// Where snapshot `snapshot` of volume `volume` of a directory pool lives.
-    pub fn snapshot_path(&self, volume: &str, snapshot: &str) -> Option<PathBuf> {
-        Some(
-            self.dir()?
-                .join(".snapshots")
-                .join(format!("{volume}@{snapshot}.img")),
-        )
+        Some(store::dir_pool::DirPool::new(self.dir()?).volume_path(name))
     }
     /// The RBD image volume `name` of an RBD pool is.
     pub fn image(&self, name: &str) -> Option<store::RbdSpec> {

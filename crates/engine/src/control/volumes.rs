@@ -130,8 +130,7 @@ impl Running for Live<'_> {
     /// Asked of the running config of the moment, not of the verb's first look: a volume
     /// mapped since must not be copied without its writes held.
     fn in_use(&self, volume: &str) -> bool {
-        let running = &self.shared.topology().config;
-        !mappings(running, volume).is_empty() && !running.device(volume).is_some_and(|d| d.offline)
+        in_use(&self.shared.topology().config, volume)
     }
 
     fn rbd_image(&self, volume: &str) -> Result<Arc<rbd::Image>, PoolError> {
@@ -627,6 +626,11 @@ pub(super) fn grow_thin(
     Ok(true)
 }
 
+/// Whether hosts may write volume `name` in `config`: mapped and online.
+fn in_use(config: &Config, name: &str) -> bool {
+    !mappings(config, name).is_empty() && !config.device(name).is_some_and(|d| d.offline)
+}
+
 /// Where a volume is mapped ("TARGET group G LUN n"), as `device-remove` says it.
 fn mappings(config: &Config, name: &str) -> Vec<String> {
     super::edit::mappings_of(config, name)
@@ -652,13 +656,12 @@ fn rollback(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Control
     // Under the apply lock: no map or online can come between the check and the restore.
     let lock = super::reload::lock(shared);
     let running = shared.topology().config.clone();
-    let (pool, device) = volume(&running, &name)?;
-    let mapped = mappings(&running, &name);
-    if !mapped.is_empty() && !device.offline {
+    let (pool, _) = volume(&running, &name)?;
+    if in_use(&running, &name) {
         return Err(ControlError::Conflict(format!(
             "volume {name} is mapped ({}): take it offline (ctl device offline) or unmap it first; \
              its initiators would see its blocks change under them",
-            mapped.join("; ")
+            mappings(&running, &name).join("; ")
         )));
     }
     let live = Live {

@@ -662,7 +662,7 @@ fn retry_left_out(shared: &std::sync::Weak<Shared>) {
                 let running = shared.topology();
                 back = retried
                     .iter()
-                    .filter(|name| running.devices.contains_key(*name))
+                    .filter(|name| running.devices.contains_key(name.as_str()))
                     .cloned()
                     .collect();
                 shared.forget_left_out(&back);
@@ -690,7 +690,7 @@ fn build(config: &Config) -> Result<Shared, OpenError> {
     for device in &config.devices {
         match device_context.open(device, config) {
             Ok(open) => {
-                devices.insert(device.name.clone(), open);
+                devices.insert(device.name.as_str().into(), open);
             }
             // A cluster that is down must not keep the other LUNs from being served: the RBD
             // device is left out of the running config (its LUNs unmapped), and a reload
@@ -770,6 +770,78 @@ listen = ["10.0.0.9:3260"]
             [ip("10.0.0.2"), ip("10.0.1.2")].into_iter().collect(),
             "b's listen and peer addresses; not this gateway's, not a group without a gateway"
         );
+    }
+
+    /// A change rebuilds the targets it touches and keeps the others as they ran: a volume
+    /// made beside thousands of LUNs costs no LUN map.
+    #[test]
+    fn a_change_rebuilds_only_the_targets_it_touches() {
+        let text = r#"
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+[[device]]
+name = "d1"
+store = "ram"
+size = "1M"
+[[device]]
+name = "d2"
+store = "ram"
+size = "1M"
+[[target]]
+iqn = "iqn.2026-12.org.ferrosan:one"
+  [[target.group]]
+  name = "g"
+  any_initiator = true
+  luns = [ { lun = 0, device = "d1" } ]
+[[target]]
+iqn = "iqn.2026-12.org.ferrosan:two"
+  [[target.group]]
+  name = "g"
+  any_initiator = true
+  luns = [ { lun = 0, device = "d2" } ]
+"#;
+        let shared = build(&Config::from_toml_str(text, "t").unwrap()).unwrap();
+        let targets = |s: &Shared| s.topology().targets.clone();
+        let apply = |edit: &dyn Fn(&mut Config)| {
+            let lock = crate::control::reload::lock(&shared);
+            let mut next = shared.topology().config.clone();
+            edit(&mut next);
+            let next = next
+                .revalidated_from(&shared.topology().config, "t")
+                .unwrap();
+            crate::control::reload::apply_locked(&shared, &lock, next).unwrap();
+        };
+        let before = targets(&shared);
+        apply(&|c| {
+            c.devices
+                .push(Config::device_from_spec("d3", "ram:1M").unwrap().into())
+        });
+        let after = targets(&shared);
+        assert!(Arc::ptr_eq(&before[0], &after[0]) && Arc::ptr_eq(&before[1], &after[1]));
+        // d3 mapped by target one: it is rebuilt and serves it; target two is kept.
+        apply(&|c| {
+            c.targets[0].groups[0].luns.push(crate::config::LunMapping {
+                lun: 1,
+                device: "d3".into(),
+                read_only: false,
+            })
+        });
+        let mapped = targets(&shared);
+        assert!(!Arc::ptr_eq(&after[0], &mapped[0]) && Arc::ptr_eq(&after[1], &mapped[1]));
+        assert_eq!(mapped[0].groups[0].luns.entries().len(), 2);
+        // d2 and its LUN removed: target two rebuilt, target one kept.
+        apply(&|c| {
+            c.targets[1].groups[0].luns.clear();
+            c.devices.retain(|d| d.name != "d2");
+        });
+        let removed = targets(&shared);
+        assert!(Arc::ptr_eq(&mapped[0], &removed[0]) && !Arc::ptr_eq(&mapped[1], &removed[1]));
+        assert_eq!(removed[1].groups[0].luns.entries().len(), 0);
+        // A portal group's ALUA state is every target's ports: all rebuilt.
+        apply(&|c| c.portal_groups[0].alua_state = scsi::AccessState::Standby);
+        let alua = targets(&shared);
+        assert!(!Arc::ptr_eq(&removed[0], &alua[0]) && !Arc::ptr_eq(&removed[1], &alua[1]));
     }
 
     #[test]

@@ -300,7 +300,7 @@ mod tests {
         let mut config = Config::demo();
         let mut device = Config::device_from_spec("b", "block:/dev/md0").unwrap();
         device.store = store;
-        config.devices.push(device);
+        config.devices.push(device.into());
         config.server.state_dir = state_dir.map(PathBuf::from);
         config
     }

@@ -316,7 +316,7 @@ fn quick_export(
             peer_address: None,
         }],
         pools: Vec::new(),
-        devices,
+        devices: devices.into_iter().map(std::sync::Arc::new).collect(),
         targets: vec![TargetConfig {
             nqn: (!nvme_listen.is_empty()).then(|| nqn_of(&iqn)),
             iqn,

@@ -336,11 +336,11 @@ iqn = "iqn.2026-11.org.example:store1"
         let base = parse(FILE);
         let mut running = base.clone();
         running.devices.retain(|d| d.name != "vm2");
-        let mut vm3 = base.devices[0].clone();
+        let mut vm3 = crate::config::DeviceConfig::clone(&base.devices[0]);
         vm3.name = "vm3".into();
         vm3.serial = "vm3-serial".into();
         vm3.naa[7] ^= 0x55;
-        running.devices.push(vm3);
+        running.devices.push(vm3.into());
         // The operator edited the file meanwhile (not reloaded): that edit stays.
         let edited = FILE.replace("max_sessions = 64", "max_sessions = 32");
         let text = merge(&edited, &base, &running).unwrap();
@@ -374,15 +374,16 @@ iqn = "iqn.2026-11.org.example:store1"
             .devices
             .iter_mut()
             .find(|d| d.name == "d20")
+            .map(std::sync::Arc::make_mut)
             .unwrap();
         grown.store = super::super::StoreKind::Ram {
             size_bytes: 64 << 20,
         };
-        let mut new = base.devices[0].clone();
+        let mut new = crate::config::DeviceConfig::clone(&base.devices[0]);
         new.name = "late".into();
         new.serial = "late-serial".into();
         new.naa[7] ^= 0x55;
-        running.devices.push(new);
+        running.devices.push(new.into());
         let text = merge(&file, &base, &running).unwrap();
         assert_eq!(parse(&text).devices, running.devices, "{text}");
         for i in 0..40 {
@@ -412,11 +413,11 @@ iqn = "iqn.2026-11.org.example:store1"
         assert!(text.contains("max_sessions = 100"), "{text}");
         // A device added to the running config brings the list into the merge, element by
         // element: vm3 is added, and vm2, running and not in the file, is written back.
-        let mut vm3 = base.devices[0].clone();
+        let mut vm3 = crate::config::DeviceConfig::clone(&base.devices[0]);
         vm3.name = "vm3".into();
         vm3.serial = "vm3-serial".into();
         vm3.naa[7] ^= 0x55;
-        running.devices.push(vm3);
+        running.devices.push(vm3.into());
         let text = merge(&edited, &base, &running).unwrap();
         assert!(text.contains("\"vm3\""), "{text}");
         assert!(text.contains("\"vm2\""), "{text}");

@@ -208,7 +208,7 @@ pub(crate) fn revalidate(c: &Config, file_name: &str) -> Result<Config, ConfigEr
         Ok(mut config) => {
             // Without errors every device of `c` resolved to one, in order.
             for (device, was) in config.devices.iter_mut().zip(&c.devices) {
-                device.origin = was.origin.clone();
+                std::sync::Arc::make_mut(device).origin = was.origin.clone();
             }
             Ok(config)
         }
@@ -521,7 +521,7 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         limits,
         portal_groups,
         pools,
-        devices,
+        devices: devices.into_iter().map(std::sync::Arc::new).collect(),
         targets,
         discovery,
     }

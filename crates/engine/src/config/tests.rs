@@ -2,6 +2,7 @@
 
 use super::*;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 const FILE: &str = "ferrosan.toml";
 
@@ -2450,29 +2451,31 @@ fn revalidated_is_loading_the_rendered_text() {
     // without lines.
     type Edit = fn(&mut Config);
     let edits: [(&str, Edit); 12] = [
-        ("device \"mem\": name", |c| c.devices[1].name = "mem".into()),
+        ("device \"mem\": name", |c| {
+            Arc::make_mut(&mut c.devices[1]).name = "mem".into()
+        }),
         ("device \"grown\": path", |c| {
-            c.devices[2].store = c.devices[1].store.clone()
+            Arc::make_mut(&mut c.devices[2]).store = c.devices[1].store.clone()
         }),
         ("luns[1].device", |c| {
             c.targets[0].groups[0].luns[1].device = "nope".into()
         }),
         ("luns[1].lun", |c| c.targets[0].groups[0].luns[1].lun = 0),
         ("device \"bad name\": name", |c| {
-            c.devices[0].name = "bad name".into()
+            Arc::make_mut(&mut c.devices[0]).name = "bad name".into()
         }),
         ("device \"mem\": size", |c| {
-            c.devices[0].store = StoreKind::Ram { size_bytes: 0 }
+            Arc::make_mut(&mut c.devices[0]).store = StoreKind::Ram { size_bytes: 0 }
         }),
         ("device \"grown\": naa", |c| {
-            c.devices[2].naa = vec![1, 2, 3]
+            Arc::make_mut(&mut c.devices[2]).naa = vec![1, 2, 3]
         }),
         ("device \"grown\": serial", |c| {
-            c.devices[2].serial = String::new()
+            Arc::make_mut(&mut c.devices[2]).serial = String::new()
         }),
         // Found before its path is, written after it: the text's order wins.
         ("device \"grown\": block_size", |c| {
-            c.devices[2].block_size = 1000
+            Arc::make_mut(&mut c.devices[2]).block_size = 1000
         }),
         ("group \"hosts\": any_initiator", |c| {
             c.targets[0].groups[0].any_initiator = true
@@ -2502,7 +2505,7 @@ fn revalidated_is_loading_the_rendered_text() {
 
     // A number TOML cannot hold takes the text's way, and its error.
     let mut huge = c.clone();
-    huge.devices[0].store = StoreKind::Ram {
+    Arc::make_mut(&mut huge.devices[0]).store = StoreKind::Ram {
         size_bytes: u64::MAX,
     };
     let errs = huge.revalidated("verb").unwrap_err().errors;
@@ -2516,11 +2519,114 @@ fn revalidated_devices_keep_their_origin() {
     let mut c = load(BASE);
     assert_eq!(c.devices[0].located(), format!("{FILE}:6: device disk1"));
     c.devices
-        .push(Config::device_from_spec("more", "ram:1M").unwrap());
+        .push(Config::device_from_spec("more", "ram:1M").unwrap().into());
     let again = c.revalidated("(ctl edit)").unwrap();
     assert_eq!(
         again.devices[0].located(),
         format!("{FILE}:6: device disk1")
     );
     assert_eq!(again.devices[1].located(), "device more");
+}
+
+/// Validation by difference (`revalidated_from`) answers what the whole way answers, the
+/// same config or the same errors, and takes its quick way for device edits alone.
+#[test]
+fn revalidated_from_is_the_whole_way() {
+    let dir = std::env::temp_dir().join(format!("ferrosan-delta-{}", std::process::id()));
+    let mut base = load(&every_key(&dir));
+    let spare = |name: &str| Config::device_from_spec(name, "ram:1M").unwrap();
+    base.devices.push(spare("spare").into());
+    let base = base.revalidated("x").unwrap();
+    type Edit = fn(&mut Config);
+    // (what, taken by difference, edit)
+    let edits: [(&str, bool, Edit); 14] = [
+        ("nothing", true, |_| {}),
+        ("a device added", true, |c| {
+            c.devices
+                .push(Config::device_from_spec("more", "ram:1M").unwrap().into())
+        }),
+        ("an unmapped device removed", true, |c| {
+            c.devices.retain(|d| d.name != "spare")
+        }),
+        ("a device's serial changed", true, |c| {
+            Arc::make_mut(&mut c.devices[1]).serial = "another-1".into()
+        }),
+        ("two devices added", true, |c| {
+            for name in ["a1", "a2"] {
+                c.devices
+                    .push(Config::device_from_spec(name, "ram:1M").unwrap().into());
+            }
+        }),
+        ("a mapped device removed", false, |c| {
+            c.devices.retain(|d| d.name != "vol")
+        }),
+        ("a name held twice", false, |c| {
+            let again = c.devices[0].clone();
+            c.devices.push(again)
+        }),
+        ("two new devices of one name", false, |c| {
+            for _ in 0..2 {
+                c.devices
+                    .push(Config::device_from_spec("twin", "ram:1M").unwrap().into());
+            }
+        }),
+        ("another's path", false, |c| {
+            let mut d = Config::device_from_spec("more", "ram:1M").unwrap();
+            d.store = c.devices[1].store.clone();
+            c.devices.push(d.into())
+        }),
+        ("another's image", false, |c| {
+            let mut d = Config::device_from_spec("more", "ram:1M").unwrap();
+            d.store = c.device("img").unwrap().store.clone();
+            c.devices.push(d.into())
+        }),
+        ("another's NAA", false, |c| {
+            let mut d = Config::device_from_spec("more", "ram:1M").unwrap();
+            d.naa = c.devices[2].naa.clone();
+            c.devices.push(d.into())
+        }),
+        ("a bad name", false, |c| {
+            c.devices
+                .push(Config::device_from_spec("ok", "ram:1M").unwrap().into());
+            Arc::make_mut(c.devices.last_mut().unwrap()).name = "bad name".into();
+        }),
+        ("a path outside the roots", false, |c| {
+            let mut d = Config::device_from_spec("more", "ram:1M").unwrap();
+            d.store = StoreKind::Block {
+                path: "/elsewhere/disk".into(),
+            };
+            c.devices.push(d.into())
+        }),
+        ("a LUN map changed", false, |c| {
+            c.targets[0].groups[0].luns[1].lun = 9
+        }),
+    ];
+    let said = |r: &Result<Config, ConfigErrors>| match r {
+        Ok(c) => Ok(c.clone()),
+        Err(e) => Err(e.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>()),
+    };
+    for (what, quick, edit) in edits {
+        let mut edited = base.clone();
+        edit(&mut edited);
+        let whole = edited.revalidated("verb");
+        let mut probe = edited.clone();
+        assert_eq!(
+            super::delta::by_difference(&mut probe, &base, "verb"),
+            quick,
+            "{what}"
+        );
+        let added = (edited.devices.len() == base.devices.len() + 1
+            && edited.devices[..base.devices.len()] == base.devices[..])
+            .then(|| edited.devices.last().cloned())
+            .flatten();
+        let from = edited.revalidated_from(&base, "verb");
+        assert_eq!(said(&from), said(&whole), "{what}");
+        // A device added alone: `check_added` says what the whole way says.
+        if let Some(device) = added {
+            let errors = |r: Result<(), ConfigErrors>| r.map_err(|e| e.to_string());
+            let whole = whole.map(drop).map_err(|e| e.to_string());
+            assert_eq!(errors(base.check_added(&device, "verb")), whole, "{what}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

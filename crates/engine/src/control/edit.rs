@@ -129,6 +129,7 @@ fn device_mut<'c>(
         .devices
         .iter_mut()
         .find(|d| d.name == name)
+        .map(std::sync::Arc::make_mut)
         .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))
 }
 
@@ -140,7 +141,7 @@ fn device_add(config: &mut Config, args: &Map<String, Value>) -> Result<String, 
         )));
     }
     let device = Config::device_from_spec(name, text(args, "spec")?)?;
-    config.devices.push(device);
+    config.devices.push(device.into());
     Ok(format!("device {name} added"))
 }
 

@@ -123,7 +123,7 @@ fn exported(shared: &Shared, target: &str, group: &str, mapping: &LunMapping) ->
     let identity = shared
         .topology()
         .devices
-        .get(&mapping.device)
+        .get(mapping.device.as_str())
         .map(|d| d.unit.identity());
     json!({
         "volume": mapping.device,

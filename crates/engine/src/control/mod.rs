@@ -536,7 +536,7 @@ fn mapped_as(config: &crate::config::Config, device: &str) -> Vec<Value> {
 /// two samples) and scripts; `in_flight` is the device's commands running now.
 fn stats(shared: &Shared) -> Value {
     let topology = shared.topology();
-    let mut names: Vec<&String> = topology.devices.keys().collect();
+    let mut names: Vec<&Arc<str>> = topology.devices.keys().collect();
     names.sort();
     let devices: Vec<Value> = names
         .into_iter()
@@ -544,7 +544,7 @@ fn stats(shared: &Shared) -> Value {
             let device = topology.devices.get(name)?;
             let t = shared.metrics.device_totals(name);
             let mut entry = json!({
-                "device": name,
+                "device": &**name,
                 "reads": t.reads,
                 "writes": t.writes,
                 "read_bytes": t.read_bytes,
@@ -578,7 +578,7 @@ fn luns(shared: &Shared) -> Value {
     for t in &topology.targets {
         for (g, group) in t.config.groups.iter().zip(&t.groups) {
             for m in &g.luns {
-                let Some(device) = topology.devices.get(&m.device) else {
+                let Some(device) = topology.devices.get(m.device.as_str()) else {
                     continue;
                 };
                 let lu = &device.unit;
@@ -778,10 +778,10 @@ pub(crate) fn transact(
         Step::Answer(answer) => return Ok(answer),
         Step::Apply { config, what } => (*config, what),
     };
-    drop(current);
     let validated = edited
-        .revalidated("(ctl edit)")
+        .revalidated_from(&current.config, "(ctl edit)")
         .map_err(|errors| ControlError::Invalid(of_the_verb(errors, verb)))?;
+    drop(current);
     let applied = reload::apply_locked(shared, &lock, validated)?;
     let saved = commit_to_file(shared, &lock, args, &what)?;
     tracing::info!(saved, generation = applied.generation, "ctl: {what}");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::error::{ReloadError, SaveError};
 use crate::config::{Config, ConfigSource, DeviceConfig, Invalid, IscsiName};
 use crate::shared::Shared;
-use crate::topology::{OpenDevice, Topology};
+use crate::topology::{Before, OpenDevice, OpenDevices, Topology};
 
 /// A device attribute the operator changes on a running LU (`LogicalUnit::set_*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,8 +155,13 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
     if let Err(why) = portal_group_changes(old, new, &mut changes) {
         refused.push(why);
     }
-    let (old_devices, new_devices) = (devices_by_name(old), devices_by_name(new));
-    for d in &new.devices {
+    // Both configs loaded (names unique): only what follows the devices both begin with can
+    // differ, and only that is hashed.
+    let same = crate::config::common_prefix(&old.devices, &new.devices);
+    let (old_tail, new_tail) = (&old.devices[same..], &new.devices[same..]);
+    let old_devices = first_by(old_tail, |d| d.name.as_str());
+    let new_devices = first_by(new_tail, |d| d.name.as_str());
+    for d in new_tail {
         match old_devices.get(d.name.as_str()).copied() {
             None => changes.devices_added.push(d.name.clone()),
             Some(was) if was == d => {}
@@ -175,7 +180,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
             },
         }
     }
-    for d in &old.devices {
+    for d in old_tail {
         if !new_devices.contains_key(d.name.as_str()) {
             changes.devices_removed.push(d.name.clone());
         }
@@ -218,7 +223,7 @@ pub(crate) fn first_by<'a, T, K: std::hash::Hash + Eq + ?Sized>(
 }
 
 /// The devices of `config` by name ([`first_by`]).
-pub(crate) fn devices_by_name(config: &Config) -> HashMap<&str, &DeviceConfig> {
+pub(crate) fn devices_by_name(config: &Config) -> HashMap<&str, &Arc<DeviceConfig>> {
     first_by(&config.devices, |d| d.name.as_str())
 }
 
@@ -418,14 +423,16 @@ pub fn apply_locked(
             changes,
         });
     }
-    let mut devices: HashMap<String, Arc<OpenDevice>> = current.devices.clone();
+    let mut devices: OpenDevices = current.devices.clone();
     let mut removed = Vec::new();
     for name in &changes.devices_removed {
-        if let Some(device) = devices.remove(name) {
+        if let Some(device) = devices.remove(name.as_str()) {
             removed.push((name.clone(), device));
         }
     }
-    let by_name = devices_by_name(&new);
+    // An added device is none of those both configs begin with.
+    let same = crate::config::common_prefix(&current.config.devices, &new.devices);
+    let by_name = first_by(&new.devices[same..], |d| d.name.as_str());
     for name in &changes.devices_added {
         let config = by_name.get(name.as_str()).copied();
         // `diff` lists as added only devices of `new`.
@@ -434,10 +441,17 @@ pub fn apply_locked(
             "device {name}: added but not in the new config"
         );
         let Some(config) = config else { continue };
-        devices.insert(name.clone(), shared.device_context.open(config, &new)?);
+        devices.insert(
+            name.as_str().into(),
+            shared.device_context.open(config, &new)?,
+        );
     }
     drop(by_name);
-    let topology = Topology::assemble(new, devices, current.generation + 1)?;
+    let before = Before {
+        topology: &current,
+        removed: &changes.devices_removed,
+    };
+    let topology = Topology::assemble_after(Some(before), new, devices, current.generation + 1)?;
     let mut listeners = shared
         .listening
         .prepare(&crate::topology::portals::listeners(&topology.config))?;
@@ -455,7 +469,7 @@ pub fn apply_locked(
         tracing::info!(generation, "reload: {line}");
     }
     for (name, offline) in &changes.devices_offline {
-        if let Some(device) = shared.topology().devices.get(name) {
+        if let Some(device) = shared.topology().devices.get(name.as_str()) {
             set_offline(name, device, *offline);
         }
     }
@@ -499,7 +513,7 @@ fn prepare_attributes(
     attributes: &[(String, Attribute)],
 ) -> Result<(), ReloadError> {
     for (name, attribute) in attributes {
-        let Some(device) = topology.devices.get(name) else {
+        let Some(device) = topology.devices.get(name.as_str()) else {
             continue;
         };
         if *attribute == Attribute::WriteCache(false) {
@@ -522,7 +536,7 @@ fn set_attributes(topology: &Topology, attributes: &[(String, Attribute)]) {
     let configs = devices_by_name(&topology.config);
     for (name, attribute) in attributes {
         let (Some(device), Some(config)) = (
-            topology.devices.get(name),
+            topology.devices.get(name.as_str()),
             configs.get(name.as_str()).copied(),
         ) else {
             continue;
@@ -546,7 +560,7 @@ fn set_attributes(topology: &Topology, attributes: &[(String, Attribute)]) {
 fn resize(topology: &Topology, resized: &[(String, u64)]) -> Result<(), ReloadError> {
     let mut grown = Vec::new();
     for (name, size) in resized {
-        let Some(device) = topology.devices.get(name) else {
+        let Some(device) = topology.devices.get(name.as_str()) else {
             continue;
         };
         let was = device.unit.capacity_bytes();
@@ -795,7 +809,7 @@ iqn = "iqn.2026-11.test:t"
         let c = config(BASE);
         let by_name = devices_by_name(&c);
         assert_eq!(by_name.len(), 2);
-        assert!(std::ptr::eq(by_name["f"], c.device("f").unwrap()));
+        assert!(std::ptr::eq(&**by_name["f"], c.device("f").unwrap()));
     }
 
     #[test]

@@ -182,7 +182,7 @@ fn object_name(args: &Map<String, Value>, key: &str) -> Result<String, ControlEr
     Ok(name.to_string())
 }
 
-/// `config` with `change` made, validated whole as a file would be: what a verb checks before
+/// `config` with `change` made, validated as a file would be (by difference): what a verb checks before
 /// any side effect (a directory made, a tool run), so that nothing is made for a change the
 /// config would refuse.
 fn valid_with(
@@ -193,8 +193,15 @@ fn valid_with(
     let mut candidate = config.clone();
     change(&mut candidate);
     candidate
-        .revalidated(verb)
+        .revalidated_from(config, verb)
         .map(drop)
+        .map_err(|errors| ControlError::Invalid(super::of_the_verb(errors, verb)))
+}
+
+/// Whether `config` with `device` added is valid (as [`valid_with`], by difference).
+fn valid_device(config: &Config, verb: &str, device: &DeviceConfig) -> Result<(), ControlError> {
+    config
+        .check_added(device, verb)
         .map_err(|errors| ControlError::Invalid(super::of_the_verb(errors, verb)))
 }
 
@@ -334,7 +341,7 @@ fn create(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError>
         let now = shared
             .topology()
             .devices
-            .get(&name)
+            .get(name.as_str())
             .map(|d| d.unit.capacity_bytes());
         p.name == pool.name && now == Some(size) && d.lineage.clone_of.is_none()
     };
@@ -343,7 +350,7 @@ fn create(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError>
     }
     let mut device = volume_device(&pool, &name, (!adopt).then_some(size))?;
     device.lineage = Lineage::now(None);
-    valid_with(seen, "volume-create", |c| c.devices.push(device.clone()))?;
+    valid_device(seen, "volume-create", &device)?;
     let made = match medium.create(&name, size, adopt) {
         Ok(made) => made,
         Err(e) if e.kind == PoolErrorKind::Conflict => {
@@ -388,7 +395,7 @@ fn commit_new(
         )));
     }
     let mut config = running.clone();
-    config.devices.push(device);
+    config.devices.push(device.into());
     Ok(Step::Apply {
         config: Box::new(config),
         what,
@@ -500,7 +507,7 @@ fn clone(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError> 
     }
     let mut device = volume_device(&pool, &name, None)?;
     device.lineage = Lineage::now(Some(clone_of.clone()));
-    valid_with(seen, "volume-clone", |c| c.devices.push(device.clone()))?;
+    valid_device(seen, "volume-clone", &device)?;
     let medium = pool.medium();
     if let Some(snap) = &snap {
         if !medium.has_snapshot(live, &source, snap)? {
@@ -733,7 +740,7 @@ fn rollback_thin(
         super::transact(shared, "volume-rollback", &Map::new(), |running| {
             let mut config = running.clone();
             let at = at.min(config.devices.len());
-            config.devices.insert(at, device.clone());
+            config.devices.insert(at, device.clone().into());
             Ok(Step::Apply {
                 config: Box::new(config),
                 what,
@@ -907,7 +914,7 @@ fn volumes(config: &Config) -> impl Iterator<Item = (&PoolConfig, &DeviceConfig)
     config
         .devices
         .iter()
-        .filter_map(|d| Some((config.pool_of(d)?, d)))
+        .filter_map(|d| Some((config.pool_of(d)?, &**d)))
 }
 
 fn snapshots_json(live: &Live, args: &Map<String, Value>) -> Result<Vec<Value>, ControlError> {
@@ -936,7 +943,7 @@ fn list(live: &Live) -> Value {
             let snapshots = snapshot_names(live, pool, &d.name).unwrap_or_default();
             let size = topology
                 .devices
-                .get(&d.name)
+                .get(d.name.as_str())
                 .map(|o| o.unit.capacity_bytes());
             json!({
                 "pool": pool.name, "volume": d.name, "size_bytes": size,

@@ -19,7 +19,7 @@ impl LeftOut {
     /// Device `name` as `config` defines and maps it; None if it defines no such device.
     pub fn of(config: &Config, name: &str) -> Option<LeftOut> {
         let position = config.devices.iter().position(|d| d.name == name)?;
-        let device = config.devices[position].clone();
+        let device = DeviceConfig::clone(&config.devices[position]);
         let mut mappings = Vec::new();
         for target in &config.targets {
             for group in &target.groups {
@@ -47,7 +47,7 @@ pub fn merged(running: &Config, left_out: &[LeftOut]) -> Config {
             continue;
         }
         let at = out.position.min(config.devices.len());
-        config.devices.insert(at, out.device.clone());
+        config.devices.insert(at, out.device.clone().into());
         for (iqn, group, mapping) in &out.mappings {
             let Some(group) = config
                 .targets

@@ -333,24 +333,88 @@ impl DeviceContext {
 }
 
 /// The running targets and the devices they map, as one snapshot.
+/// Every open device by name. Names are shared (`Arc<str>`): a change copies the map, not
+/// thousands of names.
+pub type OpenDevices = HashMap<Arc<str>, Arc<OpenDevice>>;
+
 pub struct Topology {
     /// Increases by one with every applied reload; connections compare it at each turn.
     pub generation: u64,
     /// The config this topology was built from.
     pub config: Config,
-    pub targets: Vec<TargetRuntime>,
+    /// Shared with the next topology where nothing of a target changed (`assemble_after`).
+    pub targets: Vec<Arc<TargetRuntime>>,
     /// Every open device by name (also those no LUN maps).
-    pub devices: HashMap<String, Arc<OpenDevice>>,
+    pub devices: OpenDevices,
+}
+
+/// The topology a new one is assembled after, and the devices closed since (the only open
+/// devices a kept target could have lost: one the old config did not hold, it did not map).
+pub struct Before<'a> {
+    pub topology: &'a Topology,
+    pub removed: &'a [String],
+}
+
+impl Before<'_> {
+    /// The runtime of target `k` of `config` if building it anew would give the same: the
+    /// same target config, portal groups and `[server]` (its ports), and no device it maps
+    /// closed. Looked for at the same place first (targets rarely move), so that thousands of
+    /// targets are not searched for each.
+    fn unchanged_target(&self, config: &Config, k: usize) -> Option<Arc<TargetRuntime>> {
+        let was = &self.topology.config;
+        if was.portal_groups != config.portal_groups || was.server != config.server {
+            return None;
+        }
+        let t = &config.targets[k];
+        let i = match was.targets.get(k) {
+            Some(o) if o == t => k,
+            _ => was.targets.iter().position(|o| o == t)?,
+        };
+        let mut mapped = t
+            .groups
+            .iter()
+            .flat_map(|g| &g.luns)
+            .map(|m| m.device.as_str());
+        let closed = match self.removed.len() {
+            0 => false,
+            // A verb's few, compared in turn; a reload's many, through a set.
+            1..=8 => mapped.any(|m| self.removed.iter().any(|r| r == m)),
+            _ => {
+                let removed: HashSet<&str> = self.removed.iter().map(String::as_str).collect();
+                mapped.any(|m| removed.contains(m))
+            }
+        };
+        (!closed).then(|| Arc::clone(&self.topology.targets[i]))
+    }
 }
 
 impl Topology {
     /// Builds the targets of `config` over `devices` (which must hold every device it names).
     pub fn assemble(
         config: Config,
-        devices: HashMap<String, Arc<OpenDevice>>,
+        devices: OpenDevices,
         generation: u64,
     ) -> Result<Topology, OpenError> {
-        let targets = assemble_targets(&config, &devices)?;
+        Topology::assemble_after(None, config, devices, generation)
+    }
+
+    /// As [`Topology::assemble`], keeping each target of `before` that building anew would
+    /// give again: a change costs what it changes, not what the array holds (a volume made
+    /// at 4,000 LUNs rebuilds no LUN map).
+    pub fn assemble_after(
+        before: Option<Before<'_>>,
+        config: Config,
+        devices: OpenDevices,
+        generation: u64,
+    ) -> Result<Topology, OpenError> {
+        let mut targets = Vec::with_capacity(config.targets.len());
+        for (k, t) in config.targets.iter().enumerate() {
+            let kept = before.as_ref().and_then(|b| b.unchanged_target(&config, k));
+            targets.push(match kept {
+                Some(runtime) => runtime,
+                None => Arc::new(assemble_target(&config, t, &devices)?),
+            });
+        }
         Ok(Topology {
             generation,
             config,
@@ -369,6 +433,7 @@ impl Topology {
                 true => t.config.nqn.as_ref() == Some(name),
                 false => t.iqn == *name,
             })
+            .map(|(i, t)| (i, &**t))
     }
 
     /// The group `initiator` belongs to in target `target` (an index in `targets`), if any.
@@ -384,44 +449,41 @@ impl Topology {
     }
 }
 
-fn assemble_targets(
+fn assemble_target(
     config: &Config,
-    devices: &HashMap<String, Arc<OpenDevice>>,
-) -> Result<Vec<TargetRuntime>, OpenError> {
-    let mut targets = Vec::new();
-    for t in &config.targets {
-        let portal_groups = if t.portal_groups.is_empty() {
-            config.portal_groups.iter().map(|p| p.tag).collect()
-        } else {
-            t.portal_groups.clone()
-        };
-        let mut groups = Vec::new();
-        let mut target_units = TargetUnits::default();
-        for g in &t.groups {
-            groups.push(assemble_group(t, g, devices, &mut target_units)?);
-        }
-        let ports = target_ports(config, t, &portal_groups);
-        if t.groups.iter().any(|g| g.any_initiator) {
-            tracing::warn!(target = %t.iqn, "target is open to any initiator (any_initiator = true)");
-        }
-        assert_eq!(
-            groups.len(),
-            t.groups.len(),
-            "one runtime group per configured group"
-        );
-        let mut target_config = t.clone();
-        add_peer_groups(&mut target_config, &mut groups, devices)?;
-        targets.push(TargetRuntime {
-            iqn: t.iqn.clone(),
-            alias: t.alias.clone(),
-            portal_groups,
-            groups,
-            ports,
-            units: target_units.units,
-            config: target_config,
-        });
+    t: &TargetConfig,
+    devices: &OpenDevices,
+) -> Result<TargetRuntime, OpenError> {
+    let portal_groups = if t.portal_groups.is_empty() {
+        config.portal_groups.iter().map(|p| p.tag).collect()
+    } else {
+        t.portal_groups.clone()
+    };
+    let mut groups = Vec::new();
+    let mut target_units = TargetUnits::default();
+    for g in &t.groups {
+        groups.push(assemble_group(t, g, devices, &mut target_units)?);
     }
-    Ok(targets)
+    let ports = target_ports(config, t, &portal_groups);
+    if t.groups.iter().any(|g| g.any_initiator) {
+        tracing::warn!(target = %t.iqn, "target is open to any initiator (any_initiator = true)");
+    }
+    assert_eq!(
+        groups.len(),
+        t.groups.len(),
+        "one runtime group per configured group"
+    );
+    let mut target_config = t.clone();
+    add_peer_groups(&mut target_config, &mut groups, devices)?;
+    Ok(TargetRuntime {
+        iqn: t.iqn.clone(),
+        alias: t.alias.clone(),
+        portal_groups,
+        groups,
+        ports,
+        units: target_units.units,
+        config: target_config,
+    })
 }
 
 /// Every LU a target's groups map, once each, in the order first mapped.
@@ -444,7 +506,7 @@ impl TargetUnits {
 fn assemble_group(
     t: &TargetConfig,
     g: &crate::config::InitiatorGroup,
-    devices: &HashMap<String, Arc<OpenDevice>>,
+    devices: &OpenDevices,
     units: &mut TargetUnits,
 ) -> Result<GroupRuntime, OpenError> {
     let mut entries = Vec::new();
@@ -519,7 +581,7 @@ fn target_ports(
 fn add_peer_groups(
     target: &mut TargetConfig,
     groups: &mut Vec<GroupRuntime>,
-    devices: &HashMap<String, Arc<OpenDevice>>,
+    devices: &OpenDevices,
 ) -> Result<(), OpenError> {
     let mut mapped: Vec<&str> = target
         .groups

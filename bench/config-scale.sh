@@ -21,7 +21,9 @@
 #   TAG=text             appended to the results file's name (e.g. a commit)
 #   CACHE=page           the devices' `cache` (default: none given, "auto"); with "page" a
 #                        device holds one descriptor, not two (16,000 devices in 20,000)
-# Results: bench/results/config-scale-DATE[-TAG].txt, one row per N and verb, in seconds.
+# Results: bench/results/config-scale-DATE[-TAG].txt, one row per N and verb: the wall
+# seconds of a call (median, min, max) and the daemon's CPU milliseconds a call took (its
+# mean; /proc's clock ticks, so take many ROUNDS), which a busy machine leaves honest.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -47,22 +49,36 @@ wants() { [[ ,$OPS, == *,$1,* ]]; }
 now() { echo "${EPOCHREALTIME/./}"; } # microseconds
 ctl() { "$BIN" ctl --socket "$WORK/ctl.sock" "$@"; }
 # timed LABEL CMD...: runs CMD, appends its seconds to $WORK/t.LABEL; dies if it fails.
+# Also appends the daemon's CPU ticks (user and system) the call took to $WORK/c.LABEL: on a
+# busy machine the wall time is noise's, the daemon's CPU time is the verb's.
 timed() {
-    local label=$1 t0 t1
+    local label=$1 t0 t1 c0 c1
     shift
+    c0=$(cpu_ticks)
     t0=$(now)
     "$@" >"$WORK/out" 2>&1 || die "$label: $* failed: $(tail -5 "$WORK/out")"
     t1=$(now)
+    c1=$(cpu_ticks)
     awk -v d=$((t1 - t0)) 'BEGIN { printf "%.4f\n", d / 1e6 }' >>"$WORK/t.$label"
+    echo $((c1 - c0)) >>"$WORK/c.$label"
+}
+TICK=$(getconf CLK_TCK)
+# cpu_ticks: the daemon's user and system CPU so far, in clock ticks (0 before it runs).
+cpu_ticks() {
+    [[ -n $PID && -r /proc/$PID/stat ]] || { echo 0; return; }
+    # Fields after the command name's closing parenthesis: utime and stime are 12th and 13th.
+    sed 's/.*) //' "/proc/$PID/stat" | awk '{ print $12 + $13 }'
 }
 # row N LABEL: median, min and max of the times taken, into the results.
 row() {
     [[ -s $WORK/t.$2 ]] || return 0
-    sort -g "$WORK/t.$2" | awk -v n="$1" -v l="$2" '
+    local cpu_ms
+    cpu_ms=$(awk -v tick="$TICK" '{ s += $1 } END { printf "%.2f", NR ? s * 1000 / tick / NR : 0 }' "$WORK/c.$2" 2>/dev/null || echo 0)
+    sort -g "$WORK/t.$2" | awk -v n="$1" -v l="$2" -v cpu="$cpu_ms" '
         { t[NR] = $1 }
-        END { printf "%-6s %-12s %9.4f %9.4f %9.4f %d\n", n, l, t[int((NR + 1) / 2)], t[1], t[NR], NR }' \
+        END { printf "%-6s %-12s %9.4f %9.4f %9.4f %5d %9s\n", n, l, t[int((NR + 1) / 2)], t[1], t[NR], NR, cpu }' \
         | tee -a "$OUT"
-    rm -f "$WORK/t.$2"
+    rm -f "$WORK/t.$2" "$WORK/c.$2"
 }
 
 # config N: the config file of N devices in the pool (all mapped that fit), on stdout.
@@ -94,7 +110,7 @@ OUT=bench/results/config-scale-$(date +%Y-%m-%d-%H%M)${TAG:+-$TAG}.txt
 {
     echo "# bench/config-scale.sh $(date -u +%FT%TZ): bin=$BIN sizes=$SIZES rounds=$ROUNDS ops=$OPS cache=${CACHE:-auto}"
     echo "# checkout at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') (BIN may be another build); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg); work dir on $(df --output=fstype "$WORK" | tail -1)"
-    echo "# N      verb         median_s     min_s     max_s calls"
+    echo "# N      verb         median_s     min_s     max_s calls  cpu_ms (the daemon's, a call's mean)"
 } >"$OUT"
 for n in $SIZES; do
     rm -rf "$WORK/pool" "$WORK/state" "$WORK/ctl.sock"
@@ -122,6 +138,7 @@ for n in $SIZES; do
     t1=$(now)
     if wants startup; then
         awk -v d=$((t1 - t0)) 'BEGIN { printf "%.4f\n", d / 1e6 }' >"$WORK/t.startup"
+        cpu_ticks >"$WORK/c.startup"
         row "$n" startup
     fi
     for ((r = 0; r < ROUNDS; r++)); do

@@ -36,18 +36,13 @@ pub(super) fn revalidate_from(
     Ok(edited)
 }
 
-/// Whether the difference from `base` shows `edited` valid; if so, its new and edited devices
-/// are replaced by what the whole way resolves them to (keeping their origins). False, with
-/// `edited` untouched, when it must go the whole way (more than devices changed, or
-/// something is refused).
+/// Whether the difference from `base` shows `edited` valid; if so, `edited` is what the
+/// whole way resolves it to (its new and edited devices resolved, keeping their origins; the
+/// rest resolved around the devices when more than devices changed). False, with `edited`
+/// untouched, when it must go the whole way (the `[server]` changed, or something is refused).
 pub(super) fn by_difference(edited: &mut Config, base: &Config, file_name: &str) -> bool {
-    let same_rest = edited.server == base.server
-        && edited.limits == base.limits
-        && edited.portal_groups == base.portal_groups
-        && edited.pools == base.pools
-        && edited.discovery == base.discovery
-        && edited.targets == base.targets;
-    if !same_rest {
+    // The `[server]` (identity seed, device roots) is what every device is resolved beside.
+    if edited.server != base.server {
         return false;
     }
     let Some(changed) = changed_devices(edited, base) else {
@@ -59,18 +54,41 @@ pub(super) fn by_difference(edited: &mut Config, base: &Config, file_name: &str)
     if !held_once(edited, &changed, &resolved) {
         return false;
     }
+    let devices_only = edited.limits == base.limits
+        && edited.portal_groups == base.portal_groups
+        && edited.pools == base.pools
+        && edited.discovery == base.discovery
+        && edited.targets == base.targets;
+    let mut devices = edited.devices.clone();
     for (i, device) in changed.into_iter().zip(resolved) {
-        let origin = edited.devices[i].origin.clone();
-        edited.devices[i] = Arc::new(DeviceConfig {
+        let origin = devices[i].origin.clone();
+        devices[i] = Arc::new(DeviceConfig {
             origin,
             ..Arc::unwrap_or_clone(device)
         });
     }
-    true
+    if devices_only {
+        edited.devices = devices;
+        return true;
+    }
+    // Targets, pools, portal groups, limits or discovery changed: those resolved whole, around
+    // the devices (each valid now), which is what a LUN map's, a CHAP user's or an ALUA
+    // state's change costs, not thousands of devices.
+    let around = Config {
+        devices,
+        ..edited.clone()
+    };
+    match super::file::revalidate_around_devices(&around, file_name) {
+        Some(config) => {
+            *edited = config;
+            true
+        }
+        None => false,
+    }
 }
 
 /// The positions of `edited`'s devices that are new or differ from `base`'s of their name;
-/// None if a name is held twice or a device a LUN map names is gone. Only what follows the
+/// None if a name is held twice or a device a LUN map of `edited` names is gone. Only what follows the
 /// devices both begin with is hashed (names are unique in `base`).
 fn changed_devices(edited: &Config, base: &Config) -> Option<Vec<usize>> {
     let same = common_prefix(&edited.devices, &base.devices);
@@ -104,7 +122,7 @@ fn changed_devices(edited: &Config, base: &Config) -> Option<Vec<usize>> {
         .map(|(name, _)| *name)
         .collect();
     let maps_gone = !gone.is_empty()
-        && base
+        && edited
             .targets
             .iter()
             .flat_map(|t| &t.groups)
@@ -217,17 +235,33 @@ pub(super) fn check_added(
     }
 }
 
-/// Whether two devices use one medium, as the whole way tells it: a file's or block
-/// device's path (as text), an RBD image by `POOL/IMAGE`.
+/// Whether two devices use one medium, as the whole way tells it (paths as `PathBuf`s, equal
+/// by their components): a file's or block device's path, an RBD image by `POOL/IMAGE`.
+/// Paths whose last components differ are told apart without walking the rest.
 fn shared_medium(a: &DeviceConfig, b: &DeviceConfig) -> bool {
     use StoreKind::{Block, File, Rbd};
     match (&a.store, &b.store) {
         (File { path: p, .. } | Block { path: p }, File { path: q, .. } | Block { path: q }) => {
-            p.to_string_lossy() == q.to_string_lossy()
+            !named_apart(p, q) && p == q
         }
         (Rbd(x), Rbd(y)) => x.pool == y.pool && x.image == y.image,
         _ => false,
     }
+}
+
+/// Whether the bytes after the last `/` of each path are a plain name (not empty, `.` or
+/// `..`) and differ: then the paths' last components differ, and so do the paths, without
+/// walking their components (thousands of paths of one pool share all but the last).
+fn named_apart(p: &std::path::Path, q: &std::path::Path) -> bool {
+    matches!((last_name(p), last_name(q)), (Some(a), Some(b)) if a != b)
+}
+
+/// The bytes after a path's last `/` if they are a plain name (not empty, `.` or `..`).
+fn last_name(p: &std::path::Path) -> Option<&[u8]> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let bytes = p.as_os_str().as_bytes();
+    let name = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+    (!matches!(name, b"" | b"." | b"..")).then_some(name)
 }
 
 fn shared_naa(a: &DeviceConfig, b: &DeviceConfig) -> bool {

@@ -221,6 +221,21 @@ pub(crate) fn revalidate(c: &Config, file_name: &str) -> Result<Config, ConfigEr
     }
 }
 
+/// [`revalidate`] of `c` whose devices resolve to themselves (each is one a loaded config
+/// holds, or was validated so): everything else is resolved as the whole way does, around
+/// those devices, which are kept as they are (shared). None if anything is refused (the whole
+/// way then says what) or a value would not fit the text.
+pub(crate) fn revalidate_around_devices(c: &Config, file_name: &str) -> Option<Config> {
+    let without = Config {
+        devices: Vec::new(),
+        ..c.clone()
+    };
+    let raw = RawFile::of(&without)?;
+    let mut cx = Cx::without_text(file_name);
+    let config = resolve_with(&mut cx, &raw, Some(&c.devices));
+    finished(cx, config).ok()
+}
+
 /// Debug builds (every test) check [`revalidate`] against the text's way: the same config,
 /// or the same errors in the same order.
 #[cfg(debug_assertions)]
@@ -482,6 +497,15 @@ impl RawGroup {
 }
 
 fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
+    resolve_with(cx, raw, None)
+}
+
+/// [`resolve`], with `devices` instead of `raw`'s when given (resolved already).
+fn resolve_with(
+    cx: &mut Cx<'_>,
+    raw: &RawFile,
+    devices: Option<&[std::sync::Arc<DeviceConfig>]>,
+) -> Config {
     let mut server = ServerConfig::default();
     let mut identity_seed = String::new();
     if let Some(s) = &raw.server {
@@ -513,7 +537,13 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
     };
     let portal_groups = resolve_portal_groups(cx, &raw.portal_group, !server.gateway_standby);
     let pools = resolve_pools(cx, &raw.pool, &server.device_roots);
-    let devices = resolve_devices(cx, &raw.device, &identity_seed, &server.device_roots);
+    let devices: Vec<std::sync::Arc<DeviceConfig>> = match devices {
+        Some(given) => given.to_vec(),
+        None => resolve_devices(cx, &raw.device, &identity_seed, &server.device_roots)
+            .into_iter()
+            .map(std::sync::Arc::new)
+            .collect(),
+    };
     let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices, &mut book);
     book.check(cx);
     Config {
@@ -521,7 +551,7 @@ fn resolve(cx: &mut Cx<'_>, raw: &RawFile) -> Config {
         limits,
         portal_groups,
         pools,
-        devices: devices.into_iter().map(std::sync::Arc::new).collect(),
+        devices,
         targets,
         discovery,
     }
@@ -1207,7 +1237,7 @@ fn resolve_targets(
     cx: &mut Cx<'_>,
     raw: &[S<RawTarget>],
     portal_groups: &[PortalGroup],
-    devices: &[DeviceConfig],
+    devices: &[std::sync::Arc<DeviceConfig>],
     book: &mut SecretBook,
 ) -> Vec<TargetConfig> {
     let mut targets = Vec::new();
@@ -1367,10 +1397,10 @@ struct DeviceIndex<'d> {
 }
 
 impl<'d> DeviceIndex<'d> {
-    fn new(devices: &'d [DeviceConfig]) -> Self {
+    fn new(devices: &'d [std::sync::Arc<DeviceConfig>]) -> Self {
         let mut by_name = HashMap::with_capacity(devices.len());
         for d in devices {
-            by_name.entry(d.name.as_str()).or_insert(d);
+            by_name.entry(d.name.as_str()).or_insert(&**d);
         }
         DeviceIndex { by_name }
     }

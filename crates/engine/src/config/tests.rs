@@ -2539,7 +2539,7 @@ fn revalidated_from_is_the_whole_way() {
     let base = base.revalidated("x").unwrap();
     type Edit = fn(&mut Config);
     // (what, taken by difference, edit)
-    let edits: [(&str, bool, Edit); 14] = [
+    let edits: [(&str, bool, Edit); 20] = [
         ("nothing", true, |_| {}),
         ("a device added", true, |c| {
             c.devices
@@ -2575,6 +2575,17 @@ fn revalidated_from_is_the_whole_way() {
             d.store = c.devices[1].store.clone();
             c.devices.push(d.into())
         }),
+        ("another's path, written another way", false, |c| {
+            let mut d = Config::device_from_spec("more", "ram:1M").unwrap();
+            let StoreKind::File { path, .. } = &c.devices[1].store else {
+                panic!("vol is a file")
+            };
+            let (dir, file) = (path.parent().unwrap(), path.file_name().unwrap());
+            d.store = StoreKind::Block {
+                path: dir.join(".").join(file),
+            };
+            c.devices.push(d.into())
+        }),
         ("another's image", false, |c| {
             let mut d = Config::device_from_spec("more", "ram:1M").unwrap();
             d.store = c.device("img").unwrap().store.clone();
@@ -2597,9 +2608,30 @@ fn revalidated_from_is_the_whole_way() {
             };
             c.devices.push(d.into())
         }),
-        ("a LUN map changed", false, |c| {
+        ("a LUN renumbered", true, |c| {
             c.targets[0].groups[0].luns[1].lun = 9
         }),
+        ("a LUN mapped twice", false, |c| {
+            c.targets[0].groups[0].luns[1].lun = 0
+        }),
+        ("a LUN of no device", false, |c| {
+            c.targets[0].groups[0].luns[1].device = "nope".into()
+        }),
+        ("a device removed with its LUN", true, |c| {
+            c.targets[0].groups[0].luns.retain(|l| l.device != "vol");
+            c.devices.retain(|d| d.name != "vol");
+        }),
+        ("a device added and mapped", true, |c| {
+            c.devices
+                .push(Config::device_from_spec("more", "ram:1M").unwrap().into());
+            let lun = |device: &str| LunMapping {
+                lun: 3,
+                device: device.into(),
+                read_only: false,
+            };
+            c.targets[0].groups[1].luns.push(lun("more"));
+        }),
+        ("the [server] changed", false, |c| c.server.workers += 1),
     ];
     let said = |r: &Result<Config, ConfigErrors>| match r {
         Ok(c) => Ok(c.clone()),

@@ -7,7 +7,7 @@
 #      apt-get update at most once; a second pass if an install removed one)
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
-#   4. cargo test --workspace   (includes crates/ferrosan/tests: real initiators)
+#   4. cargo test --workspace --no-fail-fast   (includes crates/ferrosan/tests: real initiators)
 #   4b. scripts/package-test.sh      (the .deb: install, serve, remove, purge)
 #   5. scripts/fuzz-smoke.sh            (every cargo-fuzz target, 15 s each)
 #   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
@@ -61,7 +61,8 @@ step() {
 step deps ensure_deps
 step fmt cargo fmt --all --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
-step test cargo test --workspace
+# --no-fail-fast: a failing test binary must not hide the ones after it.
+step test cargo test --workspace --no-fail-fast
 # The .deb: built, installed, its config served, removed and purged (scripts/package-test.sh).
 step package scripts/package-test.sh
 # Every cargo-fuzz target for a short smoke (docs/SECURITY.md has the long runs).

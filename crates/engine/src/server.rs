@@ -709,7 +709,7 @@ fn build(config: &Config) -> Result<Shared, OpenError> {
     let mut running = config.clone();
     if !unavailable.is_empty() {
         running.devices.retain(|d| !unavailable.contains(&d.name));
-        for target in &mut running.targets {
+        for target in running.targets.iter_mut().map(Arc::make_mut) {
             for group in &mut target.groups {
                 group.luns.retain(|m| !unavailable.contains(&m.device));
             }
@@ -821,18 +821,22 @@ iqn = "iqn.2026-12.org.ferrosan:two"
         assert!(Arc::ptr_eq(&before[0], &after[0]) && Arc::ptr_eq(&before[1], &after[1]));
         // d3 mapped by target one: it is rebuilt and serves it; target two is kept.
         apply(&|c| {
-            c.targets[0].groups[0].luns.push(crate::config::LunMapping {
-                lun: 1,
-                device: "d3".into(),
-                read_only: false,
-            })
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[0]
+                .luns
+                .push(crate::config::LunMapping {
+                    lun: 1,
+                    device: "d3".into(),
+                    read_only: false,
+                })
         });
         let mapped = targets(&shared);
         assert!(!Arc::ptr_eq(&after[0], &mapped[0]) && Arc::ptr_eq(&after[1], &mapped[1]));
         assert_eq!(mapped[0].groups[0].luns.entries().len(), 2);
         // d2 and its LUN removed: target two rebuilt, target one kept.
         apply(&|c| {
-            c.targets[1].groups[0].luns.clear();
+            std::sync::Arc::make_mut(&mut c.targets[1]).groups[0]
+                .luns
+                .clear();
             c.devices.retain(|d| d.name != "d2");
         });
         let removed = targets(&shared);

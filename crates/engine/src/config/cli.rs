@@ -317,7 +317,7 @@ fn quick_export(
         }],
         pools: Vec::new(),
         devices: devices.into_iter().map(std::sync::Arc::new).collect(),
-        targets: vec![TargetConfig {
+        targets: vec![std::sync::Arc::new(TargetConfig {
             nqn: (!nvme_listen.is_empty()).then(|| nqn_of(&iqn)),
             iqn,
             alias: None,
@@ -334,7 +334,7 @@ fn quick_export(
             allowed_sources: Vec::new(),
             credentials: Vec::new(),
             tls_keys: Vec::new(),
-        }],
+        })],
         discovery: Default::default(),
     }
 }

@@ -304,7 +304,7 @@ iqn = "iqn.2026-11.org.example:store1"
         let base = parse(FILE);
         let mut running = base.clone();
         // Map vm2 as LUN 1, remove nothing, change one limit.
-        let group = &mut running.targets[0].groups[0];
+        let group = &mut std::sync::Arc::make_mut(&mut running.targets[0]).groups[0];
         group.luns.push(super::super::LunMapping {
             lun: 1,
             device: "vm2".into(),

@@ -544,7 +544,10 @@ fn resolve_with(
             .map(std::sync::Arc::new)
             .collect(),
     };
-    let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices, &mut book);
+    let targets = resolve_targets(cx, &raw.target, &portal_groups, &devices, &mut book)
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect();
     book.check(cx);
     Config {
         server,

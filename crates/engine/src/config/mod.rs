@@ -64,7 +64,9 @@ pub struct Config {
     /// Shared between the configs a change makes: copying a config of thousands of
     /// devices copies pointers, and comparing two finds the same ones at once.
     pub devices: Vec<std::sync::Arc<DeviceConfig>>,
-    pub targets: Vec<TargetConfig>,
+    /// Shared as `devices` are: a change copies and compares the targets it did not touch
+    /// (a LUN map of thousands) by pointer.
+    pub targets: Vec<std::sync::Arc<TargetConfig>>,
     /// Authentication of discovery sessions.
     pub discovery: DiscoveryConfig,
 }
@@ -818,7 +820,7 @@ impl Config {
 
     /// The target named `iqn`.
     pub fn target(&self, iqn: &IscsiName) -> Option<&TargetConfig> {
-        self.targets.iter().find(|t| t.iqn == *iqn)
+        self.targets.iter().find(|t| t.iqn == *iqn).map(|t| &**t)
     }
 
     /// The config as a file with every value explicit (derived identities included), such

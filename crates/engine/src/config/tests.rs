@@ -2458,9 +2458,11 @@ fn revalidated_is_loading_the_rendered_text() {
             Arc::make_mut(&mut c.devices[2]).store = c.devices[1].store.clone()
         }),
         ("luns[1].device", |c| {
-            c.targets[0].groups[0].luns[1].device = "nope".into()
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[0].luns[1].device = "nope".into()
         }),
-        ("luns[1].lun", |c| c.targets[0].groups[0].luns[1].lun = 0),
+        ("luns[1].lun", |c| {
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[0].luns[1].lun = 0
+        }),
         ("device \"bad name\": name", |c| {
             Arc::make_mut(&mut c.devices[0]).name = "bad name".into()
         }),
@@ -2478,12 +2480,18 @@ fn revalidated_is_loading_the_rendered_text() {
             Arc::make_mut(&mut c.devices[2]).block_size = 1000
         }),
         ("group \"hosts\": any_initiator", |c| {
-            c.targets[0].groups[0].any_initiator = true
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[0].any_initiator = true
         }),
-        ("iqn", |c| c.targets[1].iqn = c.targets[0].iqn.clone()),
+        ("iqn", |c| {
+            std::sync::Arc::make_mut(&mut c.targets[1]).iqn = c.targets[0].iqn.clone()
+        }),
         ("mutual", |c| {
-            c.targets[0].auth.mutual.as_mut().unwrap().secret =
-                iscsi::chap::Secret::new(b"target-users-2026")
+            std::sync::Arc::make_mut(&mut c.targets[0])
+                .auth
+                .mutual
+                .as_mut()
+                .unwrap()
+                .secret = iscsi::chap::Secret::new(b"target-users-2026")
         }),
     ];
     let mut all = c.clone();
@@ -2609,16 +2617,18 @@ fn revalidated_from_is_the_whole_way() {
             c.devices.push(d.into())
         }),
         ("a LUN renumbered", true, |c| {
-            c.targets[0].groups[0].luns[1].lun = 9
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[0].luns[1].lun = 9
         }),
         ("a LUN mapped twice", false, |c| {
-            c.targets[0].groups[0].luns[1].lun = 0
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[0].luns[1].lun = 0
         }),
         ("a LUN of no device", false, |c| {
-            c.targets[0].groups[0].luns[1].device = "nope".into()
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[0].luns[1].device = "nope".into()
         }),
         ("a device removed with its LUN", true, |c| {
-            c.targets[0].groups[0].luns.retain(|l| l.device != "vol");
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[0]
+                .luns
+                .retain(|l| l.device != "vol");
             c.devices.retain(|d| d.name != "vol");
         }),
         ("a device added and mapped", true, |c| {
@@ -2629,7 +2639,9 @@ fn revalidated_from_is_the_whole_way() {
                 device: device.into(),
                 read_only: false,
             };
-            c.targets[0].groups[1].luns.push(lun("more"));
+            std::sync::Arc::make_mut(&mut c.targets[0]).groups[1]
+                .luns
+                .push(lun("more"));
         }),
         ("the [server] changed", false, |c| c.server.workers += 1),
     ];

@@ -106,6 +106,7 @@ fn target_mut<'c>(
         .targets
         .iter_mut()
         .find(|t| t.iqn == *iqn)
+        .map(std::sync::Arc::make_mut)
         .ok_or_else(|| ControlError::NotFound(format!("no target {iqn}")))
 }
 
@@ -178,7 +179,7 @@ pub(super) fn maps_of<'c>(
     config
         .targets
         .iter()
-        .flat_map(|t| t.groups.iter().map(move |g| (t, g)))
+        .flat_map(|t| t.groups.iter().map(move |g| (&**t, g)))
         .flat_map(|(t, g)| g.luns.iter().map(move |m| (t, g, m)))
         .filter(move |(_, _, m)| m.device == name)
 }
@@ -578,7 +579,7 @@ fn target_add(config: &mut Config, args: &Map<String, Value>) -> Result<String, 
     };
     let group = new_group(args)?;
     let group_name = group.name.clone();
-    config.targets.push(TargetConfig {
+    config.targets.push(std::sync::Arc::new(TargetConfig {
         iqn: iqn.clone(),
         nqn,
         alias: args
@@ -591,7 +592,7 @@ fn target_add(config: &mut Config, args: &Map<String, Value>) -> Result<String, 
         allowed_sources: Vec::new(),
         credentials: Vec::new(),
         tls_keys: Vec::new(),
-    });
+    }));
     Ok(format!("target {iqn} added with group {group_name}"))
 }
 
@@ -764,7 +765,7 @@ fn portal_group_add(
     config.portal_groups.push(group);
     for t in &mut config.targets {
         if only.as_ref().is_none_or(|names| names.contains(&t.iqn)) {
-            t.portal_groups.push(tag);
+            std::sync::Arc::make_mut(t).portal_groups.push(tag);
         }
     }
     Ok(format!(
@@ -791,8 +792,14 @@ fn portal_group_remove(
         )));
     }
     config.portal_groups.remove(at);
-    for t in &mut config.targets {
-        t.portal_groups.retain(|x| *x != tag);
+    for t in config
+        .targets
+        .iter_mut()
+        .filter(|t| t.portal_groups.contains(&tag))
+    {
+        std::sync::Arc::make_mut(t)
+            .portal_groups
+            .retain(|x| *x != tag);
     }
     Ok(format!(
         "portal group {tag} removed (its sessions are asked to log out)"

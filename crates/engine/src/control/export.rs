@@ -200,7 +200,10 @@ fn map_for_host(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let wanted_lun = args.get("lun").and_then(Value::as_u64);
-    let group = group_for(&mut running.targets[target], &host);
+    let group = group_for(
+        std::sync::Arc::make_mut(&mut running.targets[target]),
+        &host,
+    );
     if let Some(m) = group.luns.iter().find(|m| m.device == device) {
         if m.read_only != read_only || wanted_lun.is_some_and(|l| l != m.lun) {
             return Err(ControlError::Conflict(format!(
@@ -284,7 +287,7 @@ fn unmap_for_host(
         target,
         iqn,
     } = Asked::of(running, args)?;
-    let target = &mut running.targets[target];
+    let target = std::sync::Arc::make_mut(&mut running.targets[target]);
     let Some(at) = target
         .groups
         .iter()

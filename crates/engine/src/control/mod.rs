@@ -1003,7 +1003,8 @@ iqn = "iqn.2026-11.test:t"
             &args(json!({"target": "iqn.2026-11.test:t", "group": "g", "initiator": "IQN.2026-11.TEST:J"})),
         )
         .unwrap();
-        c.targets[0].groups[0].auth = base().targets[0].groups[0].auth.clone();
+        std::sync::Arc::make_mut(&mut c.targets[0]).groups[0].auth =
+            base().targets[0].groups[0].auth.clone();
         assert_eq!(valid(&c), base());
     }
 

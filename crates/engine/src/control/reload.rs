@@ -775,7 +775,9 @@ iqn = "iqn.2026-11.test:t"
         std::os::unix::fs::symlink(&real, &link).unwrap();
         let base = config(BASE);
         let mut running = base.clone();
-        running.targets[0].groups[0].luns.retain(|m| m.lun == 0);
+        std::sync::Arc::make_mut(&mut running.targets[0]).groups[0]
+            .luns
+            .retain(|m| m.lun == 0);
         let saved = save_config(&link, Some(&base), &running).unwrap();
         assert_eq!(saved, running);
         assert!(std::fs::symlink_metadata(&link)

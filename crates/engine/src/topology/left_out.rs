@@ -53,7 +53,7 @@ pub fn merged(running: &Config, left_out: &[LeftOut]) -> Config {
                 .targets
                 .iter_mut()
                 .filter(|t| t.iqn.as_str() == iqn)
-                .flat_map(|t| t.groups.iter_mut())
+                .flat_map(|t| std::sync::Arc::make_mut(t).groups.iter_mut())
                 .find(|g| &g.name == group)
             else {
                 continue;
@@ -115,7 +115,11 @@ iqn = "iqn.2024-01.dev.ferrosan:t"
     fn without_vm(full: &Config) -> Config {
         let mut running = full.clone();
         running.devices.retain(|d| d.name != "vm");
-        for g in running.targets.iter_mut().flat_map(|t| t.groups.iter_mut()) {
+        for g in running
+            .targets
+            .iter_mut()
+            .flat_map(|t| std::sync::Arc::make_mut(t).groups.iter_mut())
+        {
             g.luns.retain(|m| m.device != "vm");
         }
         running
@@ -139,12 +143,16 @@ iqn = "iqn.2024-01.dev.ferrosan:t"
         let out = LeftOut::of(&full, "vm").expect("defined");
         let mut running = without_vm(&full);
         // LUN 1 of "hosts" went to another device, the group "backup" was removed.
-        running.targets[0].groups[0].luns.push(LunMapping {
-            lun: 1,
-            device: "spare".into(),
-            read_only: false,
-        });
-        running.targets[0].groups.retain(|g| g.name != "backup");
+        std::sync::Arc::make_mut(&mut running.targets[0]).groups[0]
+            .luns
+            .push(LunMapping {
+                lun: 1,
+                device: "spare".into(),
+                read_only: false,
+            });
+        std::sync::Arc::make_mut(&mut running.targets[0])
+            .groups
+            .retain(|g| g.name != "backup");
         let back = merged(&running, &[out]);
         assert!(back.device("vm").is_some(), "the device is back");
         let hosts = &back.targets[0].groups[0];

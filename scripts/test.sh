@@ -7,7 +7,9 @@
 #      apt-get update at most once; a second pass if an install removed one)
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
-#   4. cargo test --workspace --no-fail-fast   (includes crates/ferrosan/tests: real initiators)
+#   4. cargo test --workspace --no-fail-fast   (includes crates/ferrosan/tests: real initiators);
+#      meanwhile, from step 2 on, scripts/guest-images.sh builds the guest images of steps 7-10
+#      in the background (the tests run once it is done)
 #   4b. scripts/package-test.sh      (the .deb: install, serve, remove, purge)
 #   5. scripts/fuzz-smoke.sh            (every cargo-fuzz target, 15 s each)
 #   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
@@ -24,6 +26,9 @@
 #      LVM thin pool: volumes created, snapshotted, cloned, rolled back, grown and deleted
 #      while the guest's open-iscsi reads and writes them)
 #
+#   scripts/test.sh --quick   for daily work: steps 2-4 and one conformance run (a RAM LUN,
+#   the debug build), no guest, package or fuzzing
+#
 # Every step runs even if an earlier one failed, so one run shows everything;
 # the exit status is non-zero if any step failed. Daemons are started only by
 # the steps themselves, which stop them (by PID) on success and on failure.
@@ -31,13 +36,22 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 LOG_TAG=test
+QUICK=0
+case ${1:-} in
+    --quick) QUICK=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
+esac
 # shellcheck source=lib/common.sh
 source scripts/lib/common.sh
 
-STEP_PID=""
+STEP_PID="" BG_PID=""
 on_signal() {
-    # Forward to the running step (its own traps stop its daemons), then leave.
-    [[ -n $STEP_PID ]] && kill -TERM "$STEP_PID" 2>/dev/null && wait "$STEP_PID" 2>/dev/null
+    # Forward to the running steps (their own traps stop their daemons), then leave.
+    local pid
+    for pid in $STEP_PID $BG_PID; do
+        kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    done
     exit 130
 }
 trap on_signal INT TERM
@@ -58,17 +72,65 @@ step() {
     return 0
 }
 
+# background NAME CMD...: run one step beside the next ones, its output kept for its
+# `joined` (one at a time).
+background() {
+    BG_NAME=$1 BG_T0=$(date +%s) BG_LOG=$ROOT/target/$1.log
+    shift
+    mkdir -p "$ROOT/target"
+    printf '\n==== %s (in the background): %s\n' "$BG_NAME" "$*"
+    "$@" </dev/null >"$BG_LOG" 2>&1 &
+    BG_PID=$!
+}
+# joined: wait for the background step, show its output, record it as a step.
+joined() {
+    local rc=0
+    wait "$BG_PID" || rc=$?
+    BG_PID=""
+    printf '\n==== %s (joined)\n' "$BG_NAME"
+    cat "$BG_LOG"
+    NAMES+=("$BG_NAME") TIMES+=("$(($(date +%s) - BG_T0))s")
+    if ((rc == 0)); then RESULTS+=(ok); else RESULTS+=("FAILED (exit $rc)"); fi
+}
+
+# summary: every step's result and time, the conformance totals; exits.
+summary() {
+    local failed=0 i total=$(($(date +%s) - T_START))
+    printf '\n==== summary\n'
+    for i in "${!NAMES[@]}"; do
+        printf '  %-16s %-20s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}" "${TIMES[$i]}"
+        [[ ${RESULTS[$i]} == ok ]] || failed=1
+    done
+    printf '  %-16s %-20s %s\n' total "" "${total}s"
+    grep '^conformance ' "$CONF_LOG" 2>/dev/null | sed 's/^/  /'
+    if ((failed)); then echo "scripts/test.sh: FAILED"; else echo "scripts/test.sh: all steps passed"; fi
+    # Last line: the conformance totals in the plain "N passed, N failed, N skipped" form.
+    grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$CONF_LOG" 2>/dev/null | tail -n 1
+    exit "$failed"
+}
+
+T_START=$(date +%s)
 step deps ensure_deps
+# The guest images are built while cargo compiles (mmdebstrap mostly downloads and unpacks);
+# the tests wait for them, so that their timing checks have the machine to themselves.
+((QUICK)) || background guest-images scripts/guest-images.sh
 step fmt cargo fmt --all --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
 # --no-fail-fast: a failing test binary must not hide the ones after it.
+step test-build cargo test --workspace --no-fail-fast --no-run
+((QUICK)) || joined
 step test cargo test --workspace --no-fail-fast
+CONF_LOG=$ROOT/target/conformance.log
+mkdir -p "$ROOT/target"
+if ((QUICK)); then
+    step conformance-ram env CONFORMANCE_RUNS=ram FERROSAN_BIN="$ROOT/target/debug/ferrosan" \
+        bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 | tee "$0"' "$CONF_LOG"
+    summary
+fi
 # The .deb: built, installed, its config served, removed and purged (scripts/package-test.sh).
 step package scripts/package-test.sh
 # Every cargo-fuzz target for a short smoke (docs/SECURITY.md has the long runs).
 step fuzz-smoke env FUZZ_SECONDS="${FUZZ_SECONDS:-15}" scripts/fuzz-smoke.sh
-CONF_LOG=$ROOT/target/conformance.log
-mkdir -p "$ROOT/target"
 step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 | tee "$0"' "$CONF_LOG"
 # The Linux kernel's initiator in a QEMU guest (docs/CONFORMANCE.md, "Linux kernel initiator").
 step kernel-iscsi scripts/kernel-iscsi.sh
@@ -84,14 +146,4 @@ step kernel-nvme-trixie env FERROSAN_GUEST_KERNEL=trixie scripts/kernel-nvme.sh
 # LVM thin pools (docs/VOLUMES.md): ferrosan in the guest, where device-mapper is.
 step lvm-pool scripts/lvm-pool.sh
 
-failed=0
-printf '\n==== summary\n'
-for i in "${!NAMES[@]}"; do
-    printf '  %-16s %-20s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}" "${TIMES[$i]}"
-    [[ ${RESULTS[$i]} == ok ]] || failed=1
-done
-grep '^conformance ' "$CONF_LOG" 2>/dev/null | sed 's/^/  /'
-if ((failed)); then echo "scripts/test.sh: FAILED"; else echo "scripts/test.sh: all steps passed"; fi
-# Last line: the conformance totals in the plain "N passed, N failed, N skipped" form.
-grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$CONF_LOG" 2>/dev/null | tail -n 1
-exit "$failed"
+summary

@@ -772,6 +772,21 @@ listen = ["10.0.0.9:3260"]
         );
     }
 
+    /// One medium verb a volume at a time: a second is refused naming the first, a volume
+    /// free once the first is done, other volumes unaffected.
+    #[test]
+    fn a_volume_is_worked_on_by_one_verb_at_a_time() {
+        let shared = build(&Config::demo()).unwrap();
+        let delete = shared.busy("vm1", "a delete").unwrap();
+        assert_eq!(shared.busy("vm1", "a snapshot").err(), Some("a delete"));
+        let other = shared.busy("vm2", "a snapshot").unwrap();
+        drop(delete);
+        let snapshot = shared.busy("vm1", "a snapshot").unwrap();
+        assert_eq!(shared.busy("vm2", "a rollback").err(), Some("a snapshot"));
+        drop((snapshot, other));
+        assert!(shared.busy("vm1", "a rollback").is_ok());
+    }
+
     /// A change rebuilds the targets it touches and keeps the others as they ran: a volume
     /// made beside thousands of LUNs costs no LUN map.
     #[test]

@@ -469,3 +469,66 @@ fn a_clone_is_idempotent_by_its_source_and_records_its_lineage() {
     daemon.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A delete asked while a snapshot of the volume is being taken (a copy, on ext4) is refused
+/// as busy, never run between the snapshot's start and its end: it would remove the volume
+/// and leave a snapshot of nothing (or the snapshot's copy would fail midway).
+#[test]
+fn a_delete_never_leaves_a_snapshot_of_nothing() {
+    let fs = common::loopfs::LoopFs::new("ext4", 1 << 30);
+    let dir = fs.path("state-snapshot");
+    let pool = dir.join("pool");
+    std::fs::create_dir_all(&pool).unwrap();
+    let ctl = Ctl::new();
+    let mut daemon = daemon_with_pool(&pool, &ctl);
+    ok(&ctl, &["volume", "create", "fast", "big", "512M"]);
+    fill(&pool.join("big.img"), 384 << 20);
+    let exercised = (0..4).any(|attempt| delete_during_a_snapshot(&ctl, &pool, attempt));
+    assert!(
+        exercised,
+        "every snapshot answered before the delete: the race was never run"
+    );
+    // The volume and its snapshots are all there; each goes in its turn.
+    for attempt in 0..4 {
+        let _ = ctl.json(&["snapshot", "delete", "big", &format!("s{attempt}")]);
+    }
+    ok(&ctl, &["volume", "delete", "big"]);
+    daemon.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Snapshots `big` (copying) and asks for its delete while the copy runs. Whether the delete
+/// was asked before the snapshot answered (the race run); either way the volume is there
+/// with its snapshot after.
+fn delete_during_a_snapshot(ctl: &Ctl, pool: &Path, attempt: u32) -> bool {
+    let snap = format!("s{attempt}");
+    let snapshot = {
+        let ctl = Ctl {
+            socket: ctl.socket.clone(),
+        };
+        let snap = snap.clone();
+        std::thread::spawn(move || ctl.json(&["volume", "snapshot", "big", &snap]))
+    };
+    let partial = pool.join(format!(".snapshots/.big@{snap}.img.partial"));
+    let started = Instant::now();
+    while !partial.exists() && !snapshot.is_finished() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the snapshot never started copying"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let delete = ctl.json(&["volume", "delete", "big"]);
+    let raced = !snapshot.is_finished();
+    let taken = snapshot.join().unwrap();
+    assert_eq!(taken["ok"], true, "{taken}");
+    assert_eq!(
+        delete["ok"], false,
+        "a delete with a snapshot ran: {delete}"
+    );
+    assert_eq!(delete["kind"], "conflict", "{delete}");
+    let listed = ok(ctl, &["snapshot", "list", "big"]);
+    assert!(listed.to_string().contains(&snap), "{listed}");
+    assert!(pool.join("big.img").exists(), "the volume's file is gone");
+    raced
+}

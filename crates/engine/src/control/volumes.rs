@@ -205,6 +205,20 @@ fn valid_device(config: &Config, verb: &str, device: &DeviceConfig) -> Result<()
         .map_err(|errors| ControlError::Invalid(super::of_the_verb(errors, verb)))
 }
 
+/// `volume` taken for this verb's work on its medium (`Shared::busy`), or `conflict` naming
+/// the verb busy with it (a client retries).
+fn busy<'s>(
+    shared: &'s Shared,
+    volume: &str,
+    doing: &'static str,
+) -> Result<crate::shared::Busy<'s>, ControlError> {
+    shared.busy(volume, doing).map_err(|other| {
+        ControlError::Conflict(format!(
+            "volume {volume} is busy: {other} is running on it; try again when it is done"
+        ))
+    })
+}
+
 /// The pool a `pool-add` asks for.
 fn asked_pool(args: &Map<String, Value>) -> Result<PoolConfig, ControlError> {
     let name = object_name(args, "name")?;
@@ -460,6 +474,7 @@ fn snapshot(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlErro
     let snap = object_name(args, "snapshot")?;
     pool.check_snapshot_name(&name, &snap)?;
     let there = json!({ "volume": name, "snapshot": snap, "existed": true });
+    let _busy = busy(live.shared, &name, "a snapshot")?;
     let medium = pool.medium();
     if medium.has_snapshot(live, &name, &snap)? {
         return Ok(there);
@@ -652,6 +667,7 @@ fn rollback(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Control
         seen: &seen,
     };
     let (pool, device) = volume(&seen, &name)?;
+    let _busy = busy(shared, &name, "a rollback")?;
     if !pool.medium().has_snapshot(&live, &name, &snap)? {
         return Err(ControlError::NotFound(format!(
             "volume {name} has no snapshot {snap}"
@@ -863,6 +879,8 @@ fn delete(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError>
     }
     let (pool, _) = volume(seen, &name)?;
     let pool = pool.clone();
+    // No snapshot may land between the check for snapshots below and the removal.
+    let _busy = busy(shared, &name, "a delete")?;
     let unmapped = |running: &Config| {
         let mapped = mappings(running, &name);
         if mapped.is_empty() {
@@ -979,6 +997,8 @@ fn snapshot_delete(live: &Live, args: &Map<String, Value>) -> Result<Value, Cont
         let Some(pool) = running.pool_of(device) else {
             return Ok(gone);
         };
+        // Not under a rollback to it.
+        let _busy = busy(live.shared, &name, "a snapshot's delete")?;
         let removed = pool.medium().remove_snapshot(&name, &snap)?;
         return Ok(if removed { deleted } else { gone });
     }

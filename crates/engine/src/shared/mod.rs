@@ -56,6 +56,9 @@ pub struct Shared {
     left_out: Mutex<Vec<LeftOut>>,
     /// Changes made with `ctl` and not saved to the config file.
     pub unsaved: Unsaved,
+    /// The volumes a verb works on its medium now (a snapshot taken, a volume deleted): one
+    /// such verb a volume at a time (`Shared::busy`).
+    volumes_busy: Mutex<std::collections::HashMap<String, &'static str>>,
     /// Per network worker: milliseconds since `started_at` when its runtime last ran its
     /// once-a-second task (`u64::MAX`: not watched, its timer could not be had).
     worker_heartbeats: Vec<AtomicU64>,
@@ -99,9 +102,46 @@ impl Shared {
             source: ConfigSource::default(),
             file_base: Mutex::new(None),
             unsaved: Unsaved::default(),
+            volumes_busy: Mutex::default(),
             worker_heartbeats: (0..workers).map(|_| AtomicU64::new(0)).collect(),
             started_at: std::time::Instant::now(),
         }
+    }
+}
+
+/// A volume a verb works on (`Shared::busy`): free again when dropped.
+pub struct Busy<'a> {
+    shared: &'a Shared,
+    volume: String,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut busy = self
+            .shared
+            .volumes_busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let was = busy.remove(&self.volume);
+        debug_assert!(was.is_some(), "volume {} was not busy", self.volume);
+    }
+}
+
+impl Shared {
+    /// Whether a verb may work on `volume`'s medium now, and if so that it does (`doing`, as a
+    /// conflict names it to the next) until the guard drops: the one place that keeps a
+    /// snapshot from landing between a delete's check for snapshots and its removal, or a
+    /// rollback from running under a snapshot. Err: the verb busy with it.
+    pub fn busy(&self, volume: &str, doing: &'static str) -> Result<Busy<'_>, &'static str> {
+        let mut busy = self.volumes_busy.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(other) = busy.get(volume) {
+            return Err(other);
+        }
+        busy.insert(volume.to_string(), doing);
+        Ok(Busy {
+            shared: self,
+            volume: volume.to_string(),
+        })
     }
 }
 

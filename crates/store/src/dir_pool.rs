@@ -39,6 +39,8 @@ pub struct Made {
     dev: u64,
     ino: u64,
     _held: File,
+    /// A new volume's intent (`.NAME.img.new` in `dir`): there until the verb committed it.
+    intent: Option<String>,
 }
 
 impl Made {
@@ -47,8 +49,23 @@ impl Made {
         self.dir.join(&self.name)
     }
 
-    /// Removes the file if it is still the one made (true), else leaves the path alone.
+    /// The verb committed the volume to the config: the file is kept, its intent goes (a
+    /// failure to remove it is logged: the start after the next crash keeps a file the config
+    /// holds).
+    pub fn committed(self) {
+        if let Some(intent) = &self.intent {
+            if let Err(e) = remove_regular(&self.dir, intent) {
+                tracing::warn!("{}: {e}", self.dir.join(intent).display());
+            }
+        }
+    }
+
+    /// Removes the file if it is still the one made (true), else leaves the path alone; and
+    /// its intent.
     pub fn forget(self) -> io::Result<bool> {
+        if let Some(intent) = &self.intent {
+            remove_regular(&self.dir, intent)?;
+        }
         let dir = open_dir(&self.dir)?;
         match rustix::fs::statat(&dir, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if st.st_dev == self.dev && st.st_ino == self.ino => {
@@ -120,12 +137,33 @@ fn create_new(dir: &Path, fd: impl AsFd, name: &str) -> io::Result<(File, Made)>
         dev: st.st_dev,
         ino: st.st_ino,
         _held: file.try_clone()?,
+        intent: None,
     };
     Ok((file, made))
 }
 
 fn partial_name(name: &str) -> String {
     format!(".{name}.partial")
+}
+
+/// The intent of volume file `file` made and not yet committed (`.NAME.img.new`).
+fn intent_name(file: &str) -> String {
+    format!(".{file}.new")
+}
+
+/// Writes intent `name` of `dir`: the new file's device and inode numbers, fsynced.
+fn write_intent(dir: &OwnedFd, name: &str, dev: u64, ino: u64) -> io::Result<()> {
+    use std::io::Write as _;
+    let flags =
+        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut file = File::from(rustix::fs::openat(
+        dir,
+        name,
+        flags,
+        Mode::from_raw_mode(0o600),
+    )?);
+    writeln!(file, "{dev} {ino}")?;
+    file.sync_all()
 }
 
 impl DirPool {
@@ -169,16 +207,40 @@ impl DirPool {
     /// Creates volume `name`: a new sparse file of `size` bytes, durable (file and directory
     /// entry) when this returns.
     pub fn create_volume(&self, name: &str, size: u64) -> io::Result<Made> {
-        let dir = open_dir(&self.dir)?;
-        let (file, made) = create_new(&self.dir, &dir, &Self::volume_file(name))?;
-        let sized = file
-            .set_len(size)
-            .and_then(|()| file.sync_all())
-            .and_then(|()| Ok(rustix::fs::fsync(&dir)?));
-        match sized {
-            Ok(()) => Ok(made),
+        let (file, partial) = self.begin_volume(name)?;
+        match file.set_len(size).and_then(|()| file.sync_all()) {
+            Ok(()) => self.publish_volume(partial, name),
             Err(e) => {
-                let _ = made.forget();
+                let _ = partial.forget();
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes a complete partial file (fsynced by its writer) volume `name`'s file, never over
+    /// one that is there, with an intent naming its inode (`.NAME.img.new`, written first):
+    /// until [`Made::committed`] removes it, a crash leaves a file that [`DirPool::recover`]
+    /// removes at the next start unless the config holds the volume. On failure the partial
+    /// file and the intent are removed.
+    pub fn publish_volume(&self, partial: Made, name: &str) -> io::Result<Made> {
+        let file = Self::volume_file(name);
+        let intent = intent_name(&file);
+        let written = open_dir(&self.dir).and_then(|dir| {
+            write_intent(&dir, &intent, partial.dev, partial.ino)?;
+            Ok(rustix::fs::fsync(&dir)?)
+        });
+        if let Err(e) = written {
+            let _ = remove_regular(&self.dir, &intent);
+            let _ = partial.forget();
+            return Err(e);
+        }
+        match self.publish(partial, &file) {
+            Ok(made) => Ok(Made {
+                intent: Some(intent),
+                ..made
+            }),
+            Err(e) => {
+                let _ = remove_regular(&self.dir, &intent);
                 Err(e)
             }
         }
@@ -340,8 +402,8 @@ impl DirPool {
     /// What a crash interrupted, put right at start, before any verb or device uses the pool:
     /// a rollback is finished from its intent, partial copies are removed. One line each, for
     /// the log.
-    pub fn recover(&self) -> io::Result<Vec<String>> {
-        let mut done = Vec::new();
+    pub fn recover(&self, committed: &dyn Fn(&str) -> bool) -> io::Result<Vec<String>> {
+        let mut done = self.recover_new(committed)?;
         for entry in std::fs::read_dir(&self.dir)? {
             let file_name = entry?.file_name();
             let Some(marker) = file_name.to_str() else {
@@ -374,6 +436,47 @@ impl DirPool {
                 "removed {}, left by a verb a crash interrupted",
                 path.display()
             ));
+        }
+        Ok(done)
+    }
+
+    /// The volumes made by verbs a crash interrupted before their commit (an intent left):
+    /// each file removed if it is the one the intent names and `committed(volume)` (the config
+    /// holds it) is false; the intent removed. One line each.
+    fn recover_new(&self, committed: &dyn Fn(&str) -> bool) -> io::Result<Vec<String>> {
+        let mut done = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let file_name = entry?.file_name();
+            let Some(intent) = file_name.to_str() else {
+                continue;
+            };
+            let Some(volume) = intent
+                .strip_prefix('.')
+                .and_then(|m| m.strip_suffix(".img.new"))
+            else {
+                continue;
+            };
+            let text = std::fs::read_to_string(self.dir.join(intent))?;
+            let mut numbers = text.split_whitespace().map(str::parse::<u64>);
+            let named = match (numbers.next(), numbers.next()) {
+                (Some(Ok(dev)), Some(Ok(ino))) => Some((dev, ino)),
+                _ => None,
+            };
+            let file = Self::volume_file(volume);
+            let dir = open_dir(&self.dir)?;
+            let same = match rustix::fs::statat(&dir, file.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => named == Some((st.st_dev, st.st_ino)),
+                Err(rustix::io::Errno::NOENT) => false,
+                Err(e) => return Err(e.into()),
+            };
+            if same && !committed(volume) {
+                remove_regular(&self.dir, &file)?;
+                done.push(format!(
+                    "removed volume {volume}'s file, made by a verb a crash interrupted before \
+                     its commit"
+                ));
+            }
+            remove_regular(&self.dir, intent)?;
         }
         Ok(done)
     }
@@ -562,11 +665,11 @@ mod tests {
         assert_eq!(std::fs::read(made.path()).unwrap(), b"old\0\0\0\0\0");
         std::fs::write(made.path(), b"torn").unwrap();
         std::fs::write(p.dir().join(".v.img.rollback"), "old\n8\n").unwrap();
-        let recovered = p.recover().unwrap();
+        let recovered = p.recover(&|_| true).unwrap();
         assert_eq!(recovered.len(), 1, "{recovered:?}");
         assert_eq!(std::fs::read(made.path()).unwrap(), b"old\0\0\0\0\0");
         assert!(!p.dir().join(".v.img.rollback").exists());
-        assert!(p.recover().unwrap().is_empty());
+        assert!(p.recover(&|_| true).unwrap().is_empty());
         p.remove_snapshot("v", "old").unwrap();
         // A crash leaves partial files; the start sweeps them, and only them.
         let (_, left) = p.begin_volume("w").unwrap();
@@ -579,6 +682,41 @@ mod tests {
         assert_eq!(data, "data");
         assert!(p.remove_snapshot("v", "s").unwrap());
         assert!(!p.remove_snapshot("v", "s").unwrap());
+        let _ = std::fs::remove_dir_all(p.dir());
+    }
+
+    /// A volume made and never committed (a crash between the two) is removed at the next
+    /// start unless the config holds it; a file the intent does not name is left alone.
+    #[test]
+    fn a_volume_a_crash_left_uncommitted_goes_at_the_start() {
+        let p = pool("uncommitted");
+        p.make_dir().unwrap();
+        let crashed = |p: &DirPool, name: &str| {
+            let made = p.create_volume(name, 4096).unwrap();
+            assert!(p.dir().join(format!(".{name}.img.new")).exists());
+            // The verb is gone: neither committed nor forgotten.
+            std::mem::forget(made);
+        };
+        crashed(&p, "lost");
+        crashed(&p, "saved");
+        let recovered = p.recover(&|v| v == "saved").unwrap();
+        assert_eq!(recovered.len(), 1, "{recovered:?}");
+        assert!(
+            !p.volume_path("lost").exists(),
+            "the uncommitted volume stayed"
+        );
+        assert!(p.volume_path("saved").exists(), "the config's volume went");
+        // Someone's file where an intent names another inode: left alone.
+        crashed(&p, "theirs");
+        std::fs::remove_file(p.volume_path("theirs")).unwrap();
+        std::fs::write(p.volume_path("theirs"), b"not ours").unwrap();
+        assert!(p.recover(&|_| false).unwrap().is_empty());
+        assert_eq!(std::fs::read(p.volume_path("theirs")).unwrap(), b"not ours");
+        // Committed: the intent goes at once, and the start keeps the file.
+        p.create_volume("kept", 4096).unwrap().committed();
+        assert!(!p.dir().join(".kept.img.new").exists());
+        assert!(p.recover(&|_| false).unwrap().is_empty());
+        assert!(p.volume_path("kept").exists());
         let _ = std::fs::remove_dir_all(p.dir());
     }
 }

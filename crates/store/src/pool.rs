@@ -132,6 +132,14 @@ pub enum Made {
 }
 
 impl Made {
+    /// The verb committed it to the config: kept for good (a directory pool's file loses its
+    /// intent, `dir_pool::Made::committed`).
+    pub fn committed(self) {
+        if let Made::File(made) = self {
+            made.committed();
+        }
+    }
+
     /// Removes what was made; a failure is logged (the verb reports its own error).
     pub fn forget(self) {
         let outcome = match self {
@@ -552,7 +560,7 @@ fn clone_file(
         }
     };
     let made = dir
-        .publish(partial, &DirPool::volume_file(name))
+        .publish_volume(partial, name)
         .map_err(PoolError::io(&what))?;
     Ok((method, made))
 }

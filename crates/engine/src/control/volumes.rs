@@ -67,14 +67,21 @@ pub fn handle(
 }
 
 /// Puts right what verbs a crash interrupted in the directory pools (a rollback finished from
-/// its intent, partial copies removed), logging each: at start, before any device opens or
-/// the control socket serves a verb.
+/// its intent, partial copies removed, a volume made and never committed removed unless the
+/// config holds it), logging each: at start, before any device opens or the control socket
+/// serves a verb.
 pub fn recover_pools(config: &Config) {
     for pool in &config.pools {
         let Pool::Dir(dir) = pool.medium() else {
             continue;
         };
-        match dir.recover() {
+        // Whether the config holds the volume: a device of this pool's file of that name.
+        let committed = |volume: &str| {
+            config
+                .device(volume)
+                .is_some_and(|d| config.pool_of(d) == Some(pool))
+        };
+        match dir.recover(&committed) {
             Ok(done) => {
                 for line in done {
                     tracing::warn!(pool = %pool.name, "{line}");
@@ -425,12 +432,16 @@ fn finish_new(
     match committed {
         // Applied and kept, even when only the save failed (`not_saved`: it runs).
         Ok(mut answer) => {
+            made.committed();
             for (key, value) in extra {
                 answer[*key] = value.clone();
             }
             Ok(answer)
         }
-        Err(e @ ControlError::NotSaved(_)) => Err(e),
+        Err(e @ ControlError::NotSaved(_)) => {
+            made.committed();
+            Err(e)
+        }
         Err(e) => {
             made.forget();
             Err(e)

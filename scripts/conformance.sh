@@ -23,6 +23,8 @@
 #                       (docs/RBD.md): the suite through gateway a's portal, gateway b's as the
 #                       second path of the MultipathIO tests (b ships to the owner a)
 #        tgt-file       tgt (tgtd), 1 GiB sparse file LUN on tmpfs (baseline)
+#        The three RBD runs run side by side, each with its own image and daemons: each
+#        waits on the cluster far more than it computes.
 # Results: target/conformance/<run>.tsv (test <TAB> pass|skip|fail <TAB> reason),
 #          <run>.out / <run>.err (raw tool output), <run>.daemon.log.
 # CUnit reports self-skipped tests as "passed"; scripts/lib/parse-cu.awk
@@ -57,11 +59,15 @@ GATEWAY_B_PID=""
 WORK=""
 CEPH_DIR=""
 cleanup() {
-    local rc=$?
+    local rc=$? pid
     stop_pid "$DAEMON_PID" "${DAEMON_GRACE:-50}"
     DAEMON_PID=""
     stop_pid "$GATEWAY_B_PID" 50
     GATEWAY_B_PID=""
+    # The daemons of the runs made side by side (`side_by_side`), should one be left.
+    if [[ -n $WORK && -f $WORK/side-pids ]]; then
+        for pid in $(cat "$WORK/side-pids"); do stop_pid "$pid" 50; done
+    fi
     [[ -n $CEPH_DIR ]] && scripts/ceph-single-node.sh stop "$CEPH_DIR"
     [[ -n $WORK ]] && rm -rf "$WORK"
     exit "$rc"
@@ -214,6 +220,12 @@ RUNS=()
 # run_suite RUN [URL2]: run the tool against $PORT/$LUN (and URL2, a second path to the same
 # LU for the MultipathIO tests), parse, summarise.
 run_suite() {
+    suite "$@"
+    finish_run "$1" "$(cut -d' ' -f1 "$OUT/$1.meta")" "$(cut -d' ' -f2 "$OUT/$1.meta")"
+}
+
+# suite RUN [URL2]: run_suite's run and parse, its seconds and exit status in $OUT/RUN.meta.
+suite() {
     local run=$1 url="iscsi://127.0.0.1:$PORT/$IQN/$LUN" t0 t1 rc=0
     local urls=("$url" ${2:+"$2"})
     log "$run: iscsi-test-cu --dataloss ${urls[*]} (timeout ${RUN_TIMEOUT}s)"
@@ -223,7 +235,7 @@ run_suite() {
     t1=$(date +%s)
     ((rc == 124 || rc == 137)) && log "$run: TIMED OUT after ${RUN_TIMEOUT}s; unfinished tests count as failed"
     awk -v LIST="$OUT/tests.list" -f scripts/lib/parse-cu.awk "$OUT/$run.out" >"$OUT/$run.tsv"
-    finish_run "$run" "$((t1 - t0))" "$rc"
+    echo "$((t1 - t0)) $rc" >"$OUT/$run.meta"
 }
 
 # finish_run RUN SECONDS RC: count the .tsv, print the summary line.
@@ -255,6 +267,56 @@ not_run() {
 # need, so it gets no grace period.
 stop_daemon() { stop_pid "$DAEMON_PID" "${1:-50}"; DAEMON_PID=""; }
 
+# rbd_run RUN: one RBD run, its daemons its own (their PIDs in $WORK/side-pids for the
+# cleanup): the suite's results in $OUT/RUN.tsv and .meta, or a not-run line in .notrun.
+rbd_run() {
+    local run=$1
+    DAEMON_PID="" GATEWAY_B_PID=""
+    case $run in
+        ferrosan-rbd)
+            rbd create --size 1G rbd/conformance 2>>"$OUT/$run.ceph.log" &&
+                start_ferrosan "$run" rbd:rbd/conformance ;;
+        ferrosan-rbd-wc)
+            rbd create --size 1G rbd/conformance-wc 2>>"$OUT/$run.ceph.log" &&
+                start_ferrosan "$run" rbd:rbd/conformance-wc,write_cache ;;
+        ferrosan-rbd-gateways)
+            rbd create --size 1G rbd/gateways 2>>"$OUT/$run.ceph.log" &&
+                start_gateways "$run" rbd/gateways ;;
+    esac
+    local started=$?
+    echo "$DAEMON_PID $GATEWAY_B_PID" >>"$WORK/side-pids"
+    if ((started != 0)); then
+        echo "a daemon or the image did not start (see $run*.daemon.log, $run.ceph.log)" >"$OUT/$run.notrun"
+    elif [[ $run == ferrosan-rbd-gateways ]]; then
+        suite "$run" "iscsi://127.0.0.1:$PORT2/$IQN/$LUN"
+    else
+        suite "$run"
+    fi
+    stop_pid "$GATEWAY_B_PID" 50
+    stop_daemon
+}
+
+# side_by_side RUN...: the RBD runs asked for, at once (each waits on the cluster's disk far
+# more than it computes: three take the time of one), then their results in order.
+side_by_side() {
+    local run pids=()
+    for run in "$@"; do
+        wanted "$run" || continue
+        rm -f "$OUT/$run.meta" "$OUT/$run.notrun"
+        rbd_run "$run" &
+        pids+=("$!")
+    done
+    for run in "${pids[@]}"; do wait "$run" || true; done
+    for run in "$@"; do
+        wanted "$run" || continue
+        if [[ -f $OUT/$run.meta ]]; then
+            finish_run "$run" "$(cut -d' ' -f1 "$OUT/$run.meta")" "$(cut -d' ' -f2 "$OUT/$run.meta")"
+        else
+            not_run "$run" "$(cat "$OUT/$run.notrun" 2>/dev/null || echo "it did not finish")"
+        fi
+    done
+}
+
 if [[ $MODE == ferrosan || $MODE == both ]]; then
     ferrosan_bin
     DISK_DIR=$(mktemp -d "$OUT/disk.XXXXXX")
@@ -281,37 +343,7 @@ if [[ $MODE == ferrosan || $MODE == both ]]; then
         CEPH_DIR=$WORK/ceph
         if conf=$(scripts/ceph-single-node.sh start "$CEPH_DIR" 4 2>"$OUT/$run.ceph.log"); then
             export CEPH_CONF=${conf#CEPH_CONF=}
-            if ! wanted "$run"; then
-                :
-            elif rbd create --size 1G rbd/conformance 2>>"$OUT/$run.ceph.log" &&
-                start_ferrosan "$run" rbd:rbd/conformance; then
-                run_suite "$run"
-                stop_daemon
-            else
-                not_run "$run" "daemon or image did not start (see $run.daemon.log, $run.ceph.log)"
-            fi
-            run=ferrosan-rbd-wc
-            if ! wanted "$run"; then
-                :
-            elif rbd create --size 1G rbd/conformance-wc 2>>"$OUT/$run.ceph.log" &&
-                start_ferrosan "$run" rbd:rbd/conformance-wc,write_cache; then
-                run_suite "$run"
-                stop_daemon
-            else
-                not_run "$run" "daemon or image did not start (see $run.daemon.log, $run.ceph.log)"
-            fi
-            run=ferrosan-rbd-gateways
-            if ! wanted "$run"; then
-                :
-            elif rbd create --size 1G rbd/gateways 2>>"$OUT/$run.ceph.log" &&
-                start_gateways "$run" rbd/gateways; then
-                run_suite "$run" "iscsi://127.0.0.1:$PORT2/$IQN/$LUN"
-            else
-                not_run "$run" "a gateway or the image did not start (see $run.[ab].daemon.log, $run.ceph.log)"
-            fi
-            stop_pid "$GATEWAY_B_PID" 50
-            GATEWAY_B_PID=""
-            stop_daemon
+            side_by_side ferrosan-rbd ferrosan-rbd-wc ferrosan-rbd-gateways
             unset CEPH_CONF
         else
             log "$run: the Ceph test cluster did not start; its log ($OUT/$run.ceph.log):"

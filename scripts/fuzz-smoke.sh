@@ -3,7 +3,8 @@
 # For CI: installs cargo-fuzz only when missing; uses RUSTC_BOOTSTRAP=1 so the stable toolchain
 # accepts the nightly flags cargo-fuzz passes (sanitizer, coverage instrumentation).
 #
-#   scripts/fuzz-smoke.sh                 # all targets, 20 s each
+#   scripts/fuzz-smoke.sh                 # all targets, 20 s each, two at a time
+#                                         # (FUZZ_PARALLEL=N: N at a time)
 #   FUZZ_SECONDS=600 scripts/fuzz-smoke.sh session login
 #
 # Corpora persist in fuzz/corpus/<target> (git-ignored), crashes land in fuzz/artifacts/<target>.
@@ -27,15 +28,37 @@ fi
 # what the fuzzers check.
 cargo fuzz build -O -a
 
-failed=()
-for t in "${targets[@]}"; do
+# fuzz TARGET: one target for $seconds; its verdict in its own file (runs go two at a time).
+fuzz() {
+    local t=$1
     mkdir -p "corpus/$t"
     echo "fuzz-smoke: $t for ${seconds}s" >&2
-    if ! cargo fuzz run -O -a "$t" "corpus/$t" -- \
+    if cargo fuzz run -O -a "$t" "corpus/$t" -- \
         -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
         2> >(grep -E 'panicked|ERROR|SUMMARY|stat::number_of_executed_units|Test unit written' >&2); then
-        failed+=("$t")
+        echo ok >"$verdicts/$t"
+    else
+        echo failed >"$verdicts/$t"
     fi
+}
+
+# A libFuzzer run uses one core: two at a time on the test machine's two.
+parallel=${FUZZ_PARALLEL:-$(($(nproc) < 2 ? 1 : 2))}
+verdicts=$(mktemp -d)
+trap 'rm -rf "$verdicts"' EXIT
+running=0
+for t in "${targets[@]}"; do
+    fuzz "$t" &
+    running=$((running + 1))
+    if ((running >= parallel)); then
+        wait -n || true
+        running=$((running - 1))
+    fi
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
+    [[ $(cat "$verdicts/$t" 2>/dev/null) == ok ]] || failed+=("$t")
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

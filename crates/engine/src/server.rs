@@ -531,7 +531,7 @@ async fn accept(
                 continue;
             }
         };
-        let (guard, prelogin) = match shared.doors.admit(peer.ip()) {
+        let (guard, prelogin) = match shared.doors.admit(peer.ip(), kind) {
             Ok(admitted) => admitted,
             Err(limit) => {
                 shared.metrics.limit(limit);

@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use super::prelogin::{PreLogin, Ticket};
 use crate::config::Limits;
 use crate::metrics::Metrics;
+use crate::topology::portals::ListenerKind;
 
 /// The connection limits of docs/CONFIG.md and their counts.
 pub struct Doors {
@@ -66,9 +67,12 @@ impl Doors {
     /// connection still logging in is evicted to make room (sessions are never refused because
     /// of clients that do not log in); the evicted ones close within a turn, so the count may
     /// pass `max_connections` by at most the pre-login budget meanwhile.
+    /// Past its source's limit only a connection that may carry a gateway peer's login (an
+    /// iSCSI listener's, from another gateway's address) is admitted, as `peer_only`.
     pub fn admit(
         self: &Arc<Self>,
         source: IpAddr,
+        kind: ListenerKind,
     ) -> Result<(ConnectionGuard, Ticket), &'static str> {
         let max = self.limits.max_connections as usize;
         let total = self.connections.fetch_add(1, Ordering::AcqRel);
@@ -94,7 +98,7 @@ impl Doors {
             let n = per.entry(source).or_insert(0);
             if *n >= self.limits.max_connections_per_source {
                 drop(per);
-                if !self.gateway_sources.contains(&source) {
+                if !kind.carries_gateway_peers() || !self.gateway_sources.contains(&source) {
                     return refuse("max_connections_per_source");
                 }
                 let peers = self.peer_only_connections.fetch_add(1, Ordering::AcqRel);
@@ -267,6 +271,35 @@ mod tests {
         // The oldest failure leaves the window: one more attempt is allowed.
         assert!(!s.login_blocked(a, t0 + Duration::from_secs(60)));
         assert!(!s.login_blocked(a, t0 + Duration::from_secs(200)));
+    }
+
+    #[test]
+    fn only_an_iscsi_connection_from_a_gateway_passes_its_source_limit() {
+        let mut limits = crate::config::Config::demo().limits;
+        limits.max_connections_per_source = 1;
+        let gateway: IpAddr = "192.0.2.7".parse().unwrap();
+        let other: IpAddr = "192.0.2.8".parse().unwrap();
+        let d = Arc::new(Doors::new(
+            &limits,
+            HashSet::from([gateway]),
+            Arc::new(Metrics::new()),
+        ));
+        let _first = d.admit(gateway, ListenerKind::Nvme).unwrap();
+        // NVMe carries no peer logins: a second NVMe connection from the gateway is refused.
+        for kind in [ListenerKind::Nvme, ListenerKind::NvmeDiscovery] {
+            assert_eq!(
+                d.admit(gateway, kind).err(),
+                Some("max_connections_per_source")
+            );
+        }
+        let (peer, _) = d.admit(gateway, ListenerKind::Iscsi).unwrap();
+        assert!(peer.peer_only, "must log in as a peer");
+        let _other = d.admit(other, ListenerKind::Iscsi).unwrap();
+        assert!(
+            d.admit(other, ListenerKind::Iscsi).is_err(),
+            "not a gateway"
+        );
+        assert_eq!(d.open_connections(), 3);
     }
 
     #[test]

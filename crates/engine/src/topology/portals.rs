@@ -47,6 +47,12 @@ impl ListenerKind {
             ListenerKind::NvmeDiscovery => "NVMe/TCP discovery",
         }
     }
+
+    /// Whether another gateway's peer may log in through it: peers ship over iSCSI only
+    /// (io/peer.rs), so only there may a connection pass its source's limit as a peer's.
+    pub fn carries_gateway_peers(self) -> bool {
+        matches!(self, ListenerKind::Iscsi)
+    }
 }
 
 /// One listener a config asks for.

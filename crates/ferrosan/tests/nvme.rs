@@ -397,6 +397,42 @@ fn discovery_log(port: u16) -> Vec<u8> {
 }
 
 #[test]
+fn discovery_controllers_have_their_own_budget_and_take_no_session_place() {
+    let (nvme_port, port) = (free_port(), free_port());
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    );
+    let text = format!(
+        "{}\n[limits]\nmax_sessions = 1\nmax_discovery_sessions_per_source = 2\n",
+        config_text(port, nvme_port, "", &group)
+    );
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    let discovery = |id: u8| {
+        let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+        let (c, data) = host::connect_command(
+            0,
+            31,
+            0xFFFF,
+            nvme::fabrics::DISCOVERY_NQN,
+            HOSTNQN,
+            [id; 16],
+        );
+        let status = q.run(c, data, 0).unwrap().cqe.status;
+        (q, status)
+    };
+    let held: Vec<_> = (0..2).map(discovery).collect();
+    assert!(held.iter().all(|(_, s)| *s == Status::SUCCESS));
+    assert_eq!(
+        discovery(3).1,
+        Status::CONNECT_CONTROLLER_BUSY,
+        "per source"
+    );
+    // The one session place is still free for a host that reads and writes.
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    assert!(h.read(1, 0, 1, 512).is_ok());
+}
+
+#[test]
 fn a_host_that_stops_sending_keep_alives_loses_its_controller() {
     let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
     let mut admin = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
@@ -771,6 +807,80 @@ fn exchanges_a_host_never_finishes_count_as_failed_logins() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn a_host_that_restarts_its_exchange_is_counted_each_time_and_stopped() {
+    use nvme::auth::{host::Transaction, DhGroup, HashId};
+    use nvme::fabrics::auth_sqe;
+    let (nvme_port, port) = (free_port(), free_port());
+    let text = format!(
+        "{}\n[limits]\nlogin_failures_max = 2\n",
+        config_text(port, nvme_port, "", &authenticated_group(1))
+    );
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(0, 31, 0xFFFF, NQN, HOSTNQN, [1; 16]);
+    assert_ne!(q.run_ok(c, data, 0).unwrap().cqe.dw0 & 1 << 17, 0);
+    // A host without the secret asks for challenge after challenge and never answers one.
+    let parties = nvme::auth::Parties {
+        host_nqn: HOSTNQN.into(),
+        subsystem_nqn: NQN.into(),
+    };
+    let t = Transaction::new(dhchap_key(9, None), None, parties, 1);
+    let mut challenges = 0;
+    for _ in 0..3 {
+        let negotiate = t.negotiate(&HashId::ALL, &[DhGroup::Ffdhe2048]);
+        let sent = q.run(auth_sqe(0, true, negotiate.len() as u32), negotiate, 0);
+        let Ok(received) = sent.and_then(|_| q.run_ok(auth_sqe(0, false, 4096), Vec::new(), 4096))
+        else {
+            break;
+        };
+        match nvme::auth::msg::Message::decode(&received.data) {
+            Ok(nvme::auth::msg::Message::Challenge(_)) => challenges += 1,
+            _ => break,
+        }
+    }
+    assert_eq!(challenges, 2, "one restart, then the queue fails");
+    // The restart and the failure were counted: the source is refused, though this queue's
+    // own close may not have been seen yet.
+    assert_eq!(
+        connect_status(nvme_port, NQN, HOSTNQN),
+        Status::CONNECT_CONTROLLER_BUSY
+    );
+}
+
+#[test]
+fn a_queue_takes_its_id_only_once_it_has_authenticated() {
+    use nvme::auth::DhGroup;
+    let (nvme_port, port) = (free_port(), free_port());
+    let text = config_text(port, nvme_port, "", &authenticated_group(1));
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    let keys = credentials(1, None, &[DhGroup::Null]);
+    let mut h = NvmeHost::connect_with(addr(nvme_port), NQN, HOSTNQN, 8, Some(&keys)).unwrap();
+    let host_id = host::host_id_of(HOSTNQN);
+    let queue = |qid: u16| {
+        let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+        let (c, data) = host::connect_command(qid, 31, h.cntlid, NQN, HOSTNQN, host_id);
+        let done = q.run(c, data, 0).unwrap();
+        (q, done.cqe)
+    };
+    // Someone without the secret connects queue 2 of the host's controller and stays.
+    let (_squatter, cqe) = queue(2);
+    assert_eq!(cqe.status, Status::SUCCESS);
+    assert_ne!(cqe.dw0 & 1 << 17, 0, "must authenticate");
+    // The host's own queue 2 still connects and authenticates, and then holds the ID.
+    let (mut own, cqe) = queue(2);
+    assert_eq!(
+        cqe.status,
+        Status::SUCCESS,
+        "the ID was taken before any proof"
+    );
+    own.authenticate_if_asked(cqe.dw0, Some(&keys), NQN, HOSTNQN)
+        .unwrap();
+    assert_eq!(queue(2).1.status, Status::CONNECT_INVALID_PARAMETERS);
+    h.write(1, 0, pattern(5, 512), 512).unwrap();
+    assert_eq!(h.read(1, 0, 1, 512).unwrap(), pattern(5, 512));
 }
 
 /// Reloads `daemon` with config `text` and waits (5 s at most) until host `h` can no longer

@@ -55,11 +55,22 @@ impl ControllerEntry {
     pub fn add_io_queue(&self, qid: u16) -> bool {
         let granted = self.state().io_queues();
         let mut queues = self.io_queues.lock().unwrap_or_else(|e| e.into_inner());
-        if qid == 0 || qid > granted || queues.contains(&qid) {
+        if !free(&queues, granted, qid) {
             return false;
         }
         queues.push(qid);
         true
+    }
+
+    /// Whether I/O queue `qid` could be registered now (a queue that must authenticate first
+    /// holds none until it has).
+    pub fn io_queue_free(&self, qid: u16) -> bool {
+        let granted = self.state().io_queues();
+        free(
+            &self.io_queues.lock().unwrap_or_else(|e| e.into_inner()),
+            granted,
+            qid,
+        )
     }
 
     pub fn remove_io_queue(&self, qid: u16) {
@@ -113,4 +124,9 @@ impl Controllers {
     pub fn count(&self) -> usize {
         self.lock().len()
     }
+}
+
+/// Queue `qid` is within the `granted` count and not among the `held` ones.
+fn free(held: &[u16], granted: u16, qid: u16) -> bool {
+    qid != 0 && qid <= granted && !held.contains(&qid)
 }

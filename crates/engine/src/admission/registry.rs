@@ -2,7 +2,7 @@
 //! the session limit. Control plane only: touched at login and at close, never per command.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,8 @@ struct SessionId {
 
 struct Entry {
     tsih: u16,
+    /// The address it came from (discovery sessions are bounded per source).
+    source: IpAddr,
     /// Closing the session, and why: the connection driver watches this.
     kill: watch::Sender<Option<&'static str>>,
     /// Filled in when the session reaches full feature phase.
@@ -80,9 +82,58 @@ impl SessionInfo {
 /// controller ID would be (one range serves both doors).
 pub const ALL_IDS: RangeInclusive<u16> = 1..=nvme::controller::CNTLID_MAX;
 
+/// The bounds of the registry: each kind of session has its own, so that none can take the
+/// places of another.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Sessions with a target (`max_sessions`).
+    pub sessions: usize,
+    /// Discovery sessions (iSCSI SendTargets sessions, NVMe discovery controllers), which
+    /// need no credentials by default: `max_discovery_sessions` in all...
+    pub discovery: usize,
+    /// ...and `max_discovery_sessions_per_source` from one address.
+    pub discovery_per_source: usize,
+}
+
+impl Bounds {
+    pub fn of(limits: &crate::config::Limits) -> Bounds {
+        Bounds {
+            sessions: limits.max_sessions as usize,
+            discovery: limits.max_discovery_sessions as usize,
+            discovery_per_source: limits.max_discovery_sessions_per_source as usize,
+        }
+    }
+}
+
+/// The three kinds of session, each under a bound of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A gateway peer's (`peer.rs`), bounded by `peer::ADMITTED_MAX`.
+    Peer,
+    Discovery,
+    Normal,
+}
+
+/// Why a session could not be registered: the login's status, and the limit (its config
+/// key, for the metric and the log) when one was reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub status: LoginStatus,
+    pub limit: Option<&'static str>,
+}
+
+impl Refused {
+    fn full(limit: &'static str) -> Refused {
+        Refused {
+            status: LoginStatus::OUT_OF_RESOURCES,
+            limit: Some(limit),
+        }
+    }
+}
+
 pub struct Registry {
     inner: Mutex<Inner>,
-    max_sessions: usize,
+    bounds: Bounds,
     /// The TSIHs (and NVMe controller IDs) this daemon gives: all of them, or an RBD
     /// gateway's share (`Gateways::session_ids`), so that no two gateways of a subsystem give
     /// a host the same controller ID.
@@ -118,8 +169,8 @@ impl Drop for SessionTicket {
 }
 
 impl Registry {
-    /// A registry of at most `max_sessions` sessions, given TSIHs from `ids` (never 0).
-    pub fn new(max_sessions: usize, ids: RangeInclusive<u16>) -> Registry {
+    /// A registry of sessions within `bounds`, given TSIHs from `ids` (never 0).
+    pub fn new(bounds: Bounds, ids: RangeInclusive<u16>) -> Registry {
         assert!(
             *ids.start() >= 1 && ids.start() <= ids.end(),
             "TSIH 0 is reserved; the range is not empty"
@@ -129,7 +180,7 @@ impl Registry {
                 sessions: HashMap::new(),
                 next_tsih: *ids.start(),
             }),
-            max_sessions,
+            bounds,
             ids,
         }
     }
@@ -143,15 +194,17 @@ impl Registry {
         self.lock().sessions.len()
     }
 
-    /// Registers a new session (TSIH 0 in the request). An existing session with the same
-    /// initiator, ISID and target is told to close: session reinstatement (RFC 7143 §6.3.5).
+    /// Registers a new session (TSIH 0 in the request) from `source`. An existing session with
+    /// the same initiator, ISID and target is told to close: session reinstatement (RFC 7143
+    /// §6.3.5).
     pub fn open(
         self: &Arc<Self>,
         initiator: &IscsiName,
         isid: [u8; 6],
         target: Option<&IscsiName>,
         requested_tsih: u16,
-    ) -> Result<SessionTicket, LoginStatus> {
+        source: IpAddr,
+    ) -> Result<SessionTicket, Refused> {
         let id = SessionId {
             initiator: initiator.clone(),
             isid,
@@ -160,38 +213,32 @@ impl Registry {
         let mut inner = self.lock();
         if requested_tsih != 0 {
             // Adding a connection to a session: we run one connection per session.
-            return Err(
-                if inner.sessions.values().any(|e| e.tsih == requested_tsih) {
-                    LoginStatus::TOO_MANY_CONNECTIONS
-                } else {
-                    LoginStatus::SESSION_DOES_NOT_EXIST
-                },
-            );
+            let status = if inner.sessions.values().any(|e| e.tsih == requested_tsih) {
+                LoginStatus::TOO_MANY_CONNECTIONS
+            } else {
+                LoginStatus::SESSION_DOES_NOT_EXIST
+            };
+            return Err(Refused {
+                status,
+                limit: None,
+            });
         }
         if let Some(old) = inner.sessions.remove(&id) {
             let _ = old.kill.send(Some("reinstated by a new login"));
         } else {
-            // Called once the login authenticated: a peer name here passed its image's CHAP.
-            // Gateway peers and initiators each have their own bound (`peer::ADMITTED_MAX`).
-            let peer = is_peer(&id);
-            let max = if peer {
-                crate::io::peer::ADMITTED_MAX
-            } else {
-                self.max_sessions
-            };
-            if inner.sessions.keys().filter(|k| is_peer(k) == peer).count() >= max {
-                return Err(LoginStatus::OUT_OF_RESOURCES);
-            }
+            self.check_bounds(&inner, &id, source)?;
         }
-        let tsih = self
-            .free_tsih(&inner)
-            .ok_or(LoginStatus::OUT_OF_RESOURCES)?;
+        let tsih = self.free_tsih(&inner).ok_or(Refused {
+            status: LoginStatus::OUT_OF_RESOURCES,
+            limit: None,
+        })?;
         inner.next_tsih = self.after(tsih);
         let (kill, kill_rx) = watch::channel(None);
         inner.sessions.insert(
             id.clone(),
             Entry {
                 tsih,
+                source,
                 kill,
                 info: None,
             },
@@ -274,9 +321,35 @@ impl Registry {
     }
 }
 
-/// A gateway peer's session (`peer.rs`).
-fn is_peer(id: &SessionId) -> bool {
-    crate::io::peer::is_peer_name(id.initiator.as_str())
+impl Registry {
+    /// Whether a new session `id` from `source` fits its kind's bounds. Called once the login
+    /// authenticated: a peer name here passed its image's CHAP.
+    fn check_bounds(&self, inner: &Inner, id: &SessionId, source: IpAddr) -> Result<(), Refused> {
+        let kind = kind_of(id);
+        let (mut all, mut mine) = (0, 0);
+        for (_, e) in inner.sessions.iter().filter(|(k, _)| kind_of(k) == kind) {
+            all += 1;
+            mine += usize::from(e.source == source);
+        }
+        let refused = match kind {
+            Kind::Peer => (all >= crate::io::peer::ADMITTED_MAX).then_some("gateway_peer_sessions"),
+            Kind::Normal => (all >= self.bounds.sessions).then_some("max_sessions"),
+            Kind::Discovery if all >= self.bounds.discovery => Some("max_discovery_sessions"),
+            Kind::Discovery => (mine >= self.bounds.discovery_per_source)
+                .then_some("max_discovery_sessions_per_source"),
+        };
+        refused.map_or(Ok(()), |limit| Err(Refused::full(limit)))
+    }
+}
+
+fn kind_of(id: &SessionId) -> Kind {
+    if crate::io::peer::is_peer_name(id.initiator.as_str()) {
+        Kind::Peer
+    } else if id.target.is_none() {
+        Kind::Discovery
+    } else {
+        Kind::Normal
+    }
 }
 
 #[cfg(test)]
@@ -287,14 +360,28 @@ mod tests {
         IscsiName::from_wire(s).unwrap()
     }
 
+    const SRC: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+
+    fn bounds(sessions: usize) -> Bounds {
+        Bounds {
+            sessions,
+            discovery: 64,
+            discovery_per_source: 8,
+        }
+    }
+
+    fn refused(status: LoginStatus, limit: Option<&'static str>) -> Option<Refused> {
+        Some(Refused { status, limit })
+    }
+
     #[test]
     fn reinstatement_kills_the_old_session() {
-        let r = Arc::new(Registry::new(4, ALL_IDS));
+        let r = Arc::new(Registry::new(bounds(4), ALL_IDS));
         let t = name("iqn.t");
-        let a = r.open(&name("iqn.x:é"), [1; 6], Some(&t), 0).unwrap();
+        let a = r.open(&name("iqn.x:é"), [1; 6], Some(&t), 0, SRC).unwrap();
         assert!(a.kill.borrow().is_none());
         // The same name in another spelling is the same initiator.
-        let b = r.open(&name("IQN.X:É"), [1; 6], Some(&t), 0).unwrap();
+        let b = r.open(&name("IQN.X:É"), [1; 6], Some(&t), 0, SRC).unwrap();
         assert!(
             a.kill.borrow().is_some(),
             "same initiator+ISID+target reinstates"
@@ -312,13 +399,14 @@ mod tests {
 
     #[test]
     fn tsihs_come_from_the_range_and_run_out_with_it() {
-        let r = Arc::new(Registry::new(10, 5..=7));
-        let open = |isid: u8| r.open(&name("iqn.a"), [isid; 6], None, 0);
+        let r = Arc::new(Registry::new(bounds(10), 5..=7));
+        let t = name("iqn.t");
+        let open = |isid: u8| r.open(&name("iqn.a"), [isid; 6], Some(&t), 0, SRC);
         let (a, b, c) = (open(1).unwrap(), open(2).unwrap(), open(3).unwrap());
         assert_eq!([a.tsih(), b.tsih(), c.tsih()], [5, 6, 7]);
         assert_eq!(
             open(4).err(),
-            Some(LoginStatus::OUT_OF_RESOURCES),
+            refused(LoginStatus::OUT_OF_RESOURCES, None),
             "all three TSIHs held: refused, not looped on"
         );
         drop(b);
@@ -328,48 +416,93 @@ mod tests {
 
     #[test]
     fn limits_and_tsih_rules() {
-        let r = Arc::new(Registry::new(2, ALL_IDS));
-        let a = r.open(&name("iqn.a"), [1; 6], None, 0).unwrap();
-        let _b = r.open(&name("iqn.a"), [2; 6], None, 0).unwrap();
+        let r = Arc::new(Registry::new(bounds(2), ALL_IDS));
+        let t = name("iqn.t");
+        let open = |isid: u8, tsih: u16| r.open(&name("iqn.a"), [isid; 6], Some(&t), tsih, SRC);
+        let a = open(1, 0).unwrap();
+        let _b = open(2, 0).unwrap();
         assert_eq!(
-            r.open(&name("iqn.a"), [3; 6], None, 0).err(),
-            Some(LoginStatus::OUT_OF_RESOURCES)
+            open(3, 0).err(),
+            refused(LoginStatus::OUT_OF_RESOURCES, Some("max_sessions"))
         );
         assert_eq!(
-            r.open(&name("iqn.a"), [3; 6], None, a.tsih()).err(),
-            Some(LoginStatus::TOO_MANY_CONNECTIONS)
+            open(3, a.tsih()).err(),
+            refused(LoginStatus::TOO_MANY_CONNECTIONS, None)
         );
         assert_eq!(
-            r.open(&name("iqn.a"), [3; 6], None, 999).err(),
-            Some(LoginStatus::SESSION_DOES_NOT_EXIST)
+            open(3, 999).err(),
+            refused(LoginStatus::SESSION_DOES_NOT_EXIST, None)
         );
         // Reinstating does not count against the limit.
-        assert!(r.open(&name("iqn.a"), [1; 6], None, 0).is_ok());
+        assert!(open(1, 0).is_ok());
+    }
+
+    #[test]
+    fn discovery_sessions_take_no_place_of_a_target_and_are_bounded_per_source() {
+        let r = Arc::new(Registry::new(bounds(2), ALL_IDS));
+        let t = name("iqn.t");
+        let other: IpAddr = "192.0.2.2".parse().unwrap();
+        let mut held = Vec::new();
+        for isid in 0..8 {
+            held.push(r.open(&name("iqn.d"), [isid; 6], None, 0, SRC).unwrap());
+        }
+        assert_eq!(
+            r.open(&name("iqn.d"), [9; 6], None, 0, SRC).err(),
+            refused(
+                LoginStatus::OUT_OF_RESOURCES,
+                Some("max_discovery_sessions_per_source")
+            )
+        );
+        // Another source still discovers, and sessions with a target are all still there.
+        for isid in 0..8 {
+            held.push(r.open(&name("iqn.e"), [isid; 6], None, 0, other).unwrap());
+        }
+        let _a = r.open(&name("iqn.a"), [1; 6], Some(&t), 0, SRC).unwrap();
+        let _b = r.open(&name("iqn.a"), [2; 6], Some(&t), 0, other).unwrap();
+        // The total bound, from every source.
+        let r = Arc::new(Registry::new(bounds(2), ALL_IDS));
+        let mut held = Vec::new();
+        for i in 0..64u8 {
+            let source = IpAddr::from([192, 0, 2, 10 + i / 8]);
+            held.push(r.open(&name("iqn.d"), [i; 6], None, 0, source).unwrap());
+        }
+        let source = IpAddr::from([192, 0, 2, 200]);
+        assert_eq!(
+            r.open(&name("iqn.d"), [99; 6], None, 0, source).err(),
+            refused(
+                LoginStatus::OUT_OF_RESOURCES,
+                Some("max_discovery_sessions")
+            )
+        );
+        assert!(r.open(&name("iqn.a"), [1; 6], Some(&t), 0, source).is_ok());
     }
 
     #[test]
     fn gateway_peers_and_initiators_have_bounds_of_their_own() {
-        let r = Arc::new(Registry::new(2, ALL_IDS));
+        let r = Arc::new(Registry::new(bounds(2), ALL_IDS));
         let t = name("iqn.t");
         let peer = name(&format!("{}x", crate::io::peer::PEER_PREFIX));
         // Initiators fill max_sessions: peers still log in, up to their own bound.
-        let _a = r.open(&name("iqn.a"), [1; 6], Some(&t), 0).unwrap();
-        let _b = r.open(&name("iqn.a"), [2; 6], Some(&t), 0).unwrap();
+        let _a = r.open(&name("iqn.a"), [1; 6], Some(&t), 0, SRC).unwrap();
+        let _b = r.open(&name("iqn.a"), [2; 6], Some(&t), 0, SRC).unwrap();
         let mut peers = Vec::new();
         for i in 0..crate::io::peer::ADMITTED_MAX {
             let isid = [0, 0, 0, 0, (i >> 8) as u8, i as u8];
-            peers.push(r.open(&peer, isid, Some(&t), 0).expect("a peer session"));
+            peers.push(
+                r.open(&peer, isid, Some(&t), 0, SRC)
+                    .expect("a peer session"),
+            );
         }
         assert_eq!(
-            r.open(&peer, [9; 6], Some(&t), 0).err(),
-            Some(LoginStatus::OUT_OF_RESOURCES)
+            r.open(&peer, [9; 6], Some(&t), 0, SRC).err(),
+            refused(LoginStatus::OUT_OF_RESOURCES, Some("gateway_peer_sessions"))
         );
         assert_eq!(
-            r.open(&name("iqn.a"), [3; 6], Some(&t), 0).err(),
-            Some(LoginStatus::OUT_OF_RESOURCES)
+            r.open(&name("iqn.a"), [3; 6], Some(&t), 0, SRC).err(),
+            refused(LoginStatus::OUT_OF_RESOURCES, Some("max_sessions"))
         );
         // Peers take nothing from initiators either: one leaves, one logs in.
         drop(_b);
-        assert!(r.open(&name("iqn.a"), [3; 6], Some(&t), 0).is_ok());
+        assert!(r.open(&name("iqn.a"), [3; 6], Some(&t), 0, SRC).is_ok());
     }
 }

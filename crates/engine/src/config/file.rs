@@ -931,6 +931,19 @@ fn check_limit_relations(cx: &mut Cx<'_>, raw: &RawLimits, l: &mut super::Limits
             ),
         }
     }
+    if l.max_discovery_sessions_per_source > l.max_discovery_sessions {
+        match raw.span_of("max_discovery_sessions_per_source") {
+            None => l.max_discovery_sessions_per_source = l.max_discovery_sessions,
+            Some(span) => cx.err(
+                span,
+                "limits: max_discovery_sessions_per_source",
+                format!(
+                    "must not exceed max_discovery_sessions ({}), got {}",
+                    l.max_discovery_sessions, l.max_discovery_sessions_per_source
+                ),
+            ),
+        }
+    }
     let need = u64::from(l.max_recv_data_segment_length) + u64::from(l.max_burst_length);
     if l.memory_per_connection_bytes < need {
         match raw.span_of("memory_per_connection_bytes") {

@@ -359,6 +359,12 @@ limits! {
     max_connections_per_session: u32 = 1, 1, 1;
     /// Sessions, all targets together. Over: login rejected (Out of resources).
     max_sessions: u32 = 256, 1, 1_000_000;
+    /// Discovery sessions (iSCSI SendTargets sessions, NVMe discovery controllers), all
+    /// sources together; not counted in max_sessions. Over: login rejected (Out of resources),
+    /// NVMe Connect answered Controller Busy.
+    max_discovery_sessions: u32 = 64, 1, 65_535;
+    /// Discovery sessions from one source IP address (at most max_discovery_sessions).
+    max_discovery_sessions_per_source: u32 = 8, 1, 65_535;
     /// Commands in flight per session: the CmdSN window (MaxCmdSN - ExpCmdSN + 1).
     max_queue_depth: u32 = 128, 1, 65_535;
     /// Microseconds a connection may wait for more small commands before reading those that

@@ -166,11 +166,14 @@ impl LoginPolicy for Policy<'_> {
                 key.isid,
                 key.target_name.as_ref(),
                 key.tsih,
+                self.peer.ip(),
             )
-            .inspect_err(|status| {
-                if *status == LoginStatus::OUT_OF_RESOURCES {
-                    self.shared.metrics.limit("max_sessions");
+            .map_err(|refused| {
+                if let Some(limit) = refused.limit {
+                    tracing::warn!(peer = %self.peer, initiator = %key.initiator_name, limit, "login refused: limit reached");
+                    self.shared.metrics.limit(limit);
                 }
+                refused.status
             })?;
         let tsih = ticket.tsih();
         self.ticket = Some(ticket);

@@ -89,7 +89,7 @@ impl Shared {
             reloading: Mutex::new(()),
             limits: config.limits.clone(),
             registry: Arc::new(Registry::new(
-                config.limits.max_sessions as usize,
+                crate::admission::registry::Bounds::of(&config.limits),
                 session_ids,
             )),
             nvme: Default::default(),

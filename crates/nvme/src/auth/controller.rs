@@ -1,7 +1,10 @@
 //! The controller's side of one queue's DH-HMAC-CHAP transaction: Authentication Send hands it
 //! the host's messages, Authentication Receive takes its answers. The queue is authenticated
 //! once the host's response verified (and, if the host asked, it accepted the controller's);
-//! any failure is final for the queue.
+//! any failure is final for the queue. A new AUTH_Negotiate restarts the transaction (a host
+//! re-authenticates that way), but each one abandoned midway is counted for the caller to
+//! report as a failed login, and past [`ABANDONED_MAX`] the queue fails: a host that never
+//! answers a challenge gets no more than that many DH exponentiations from one queue.
 
 use subtle::ConstantTimeEq;
 
@@ -9,6 +12,10 @@ use super::dh::{DhGroup, Exchange};
 use super::msg::{Challenge, Message, Negotiate, Reply, Success1};
 use super::{augmented, controller_response, host_response, seqnum, HashId, Key, Parties};
 use super::{Random, Reason};
+
+/// Transactions a queue may abandon midway (a Negotiate before the last one ended) before it
+/// fails: one, for a host that restarts after its own error.
+pub const ABANDONED_MAX: u32 = 1;
 
 /// What the controller offers, in its order of preference.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,6 +95,10 @@ pub struct Transaction {
     step: Step,
     authenticated: bool,
     failed: Option<Reason>,
+    /// Transactions abandoned midway over the queue's life.
+    abandoned: u32,
+    /// Of those, the ones the caller has not yet taken ([`Transaction::take_abandoned`]).
+    abandoned_untaken: u32,
 }
 
 impl Transaction {
@@ -99,6 +110,8 @@ impl Transaction {
             step: Step::Negotiate,
             authenticated: false,
             failed: None,
+            abandoned: 0,
+            abandoned_untaken: 0,
         }
     }
 
@@ -110,6 +123,12 @@ impl Transaction {
     /// Why the transaction failed, once it did (final: the queue is to be closed).
     pub fn failed(&self) -> Option<Reason> {
         self.failed
+    }
+
+    /// Transactions abandoned midway since the last call: each is a failed login of its own,
+    /// counted when it happens rather than when the queue closes.
+    pub fn take_abandoned(&mut self) -> u32 {
+        std::mem::take(&mut self.abandoned_untaken)
     }
 
     /// The hash and group a transaction settled on (for the log line).
@@ -130,8 +149,17 @@ impl Transaction {
             Err(reason) => return self.fail_next(current, reason),
         };
         match (message, std::mem::replace(&mut self.step, Step::Done)) {
-            // A negotiate (re)starts the transaction whatever came before.
-            (Message::Negotiate(n), _) => self.negotiate(&n),
+            (Message::Negotiate(n), Step::Negotiate | Step::Done) => self.negotiate(&n),
+            // A negotiate midway restarts the transaction, within the queue's allowance.
+            (Message::Negotiate(n), _) => {
+                self.abandoned += 1;
+                self.abandoned_untaken += 1;
+                if self.abandoned > ABANDONED_MAX {
+                    self.fail_next(n.t_id, Reason::IncorrectMessage);
+                } else {
+                    self.negotiate(&n);
+                }
+            }
             (
                 Message::Reply(r),
                 Step::Reply {

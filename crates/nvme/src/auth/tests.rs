@@ -391,3 +391,57 @@ fn a_new_negotiate_restarts_and_a_failed_reauthentication_revokes() {
     assert_eq!(failure_of(&c.receive(&mut random)), Reason::Failed);
     assert!(!c.authenticated());
 }
+
+#[test]
+fn a_host_that_never_answers_gets_one_restart_and_each_is_counted() {
+    let mut random = counter();
+    let h = host(key(2, None), None);
+    let mut c = controller();
+    c.send(&h.negotiate(&HashId::ALL, &[DhGroup::Null]));
+    assert!(matches!(
+        Message::decode(&c.receive(&mut random)),
+        Ok(Message::Challenge(_))
+    ));
+    assert_eq!(c.take_abandoned(), 0);
+    // The first restart is allowed, and counted when it happens.
+    c.send(&h.negotiate(&HashId::ALL, &[DhGroup::Null]));
+    assert_eq!(c.take_abandoned(), 1);
+    assert_eq!(c.take_abandoned(), 0, "taken once");
+    assert!(matches!(
+        Message::decode(&c.receive(&mut random)),
+        Ok(Message::Challenge(_))
+    ));
+    // The second is refused: no third challenge, and the queue fails.
+    c.send(&h.negotiate(&HashId::ALL, &[DhGroup::Null]));
+    assert_eq!(c.take_abandoned(), 1);
+    assert_eq!(
+        failure_of(&c.receive(&mut random)),
+        Reason::IncorrectMessage
+    );
+    assert!(c.failed().is_some() && !c.authenticated());
+}
+
+#[test]
+fn re_authentication_after_a_finished_transaction_is_not_a_restart() {
+    let keys = Keys {
+        host: key(1, None),
+        controller: None,
+    };
+    let r = run(
+        host(key(1, None), None),
+        keys,
+        Policy::default(),
+        &[DhGroup::Null],
+    );
+    let mut c = r.controller;
+    let mut random = counter();
+    for _ in 0..3 {
+        let mut h = host(key(1, None), None);
+        c.send(&h.negotiate(&HashId::ALL, &[DhGroup::Null]));
+        let challenge = c.receive(&mut random);
+        c.send(&h.reply(&challenge, &mut random).unwrap());
+        let _ = c.receive(&mut random);
+        assert!(c.authenticated() && c.failed().is_none());
+    }
+    assert_eq!(c.take_abandoned(), 0);
+}

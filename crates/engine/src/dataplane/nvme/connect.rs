@@ -90,8 +90,13 @@ pub(super) fn admin(
     let isid = isid_of();
     let ticket = shared
         .registry
-        .open(&host, isid, subsystem.as_ref(), 0)
-        .map_err(|_| busy("max_sessions"))?;
+        .open(&host, isid, subsystem.as_ref(), 0, at.peer.ip())
+        .map_err(|refused| {
+            if let Some(limit) = refused.limit {
+                shared.metrics.limit(limit);
+            }
+            busy(refused.limit.unwrap_or("controller IDs"))
+        })?;
     let cntlid = ticket.tsih();
     if cntlid > CNTLID_MAX {
         return Err(busy("controller IDs"));
@@ -279,7 +284,12 @@ pub(super) fn io(
     if connect.sqsize > entry.state().regs.mqes {
         return Err(invalid(false, 44));
     }
-    if !entry.add_io_queue(connect.qid) {
+    // A queue that must authenticate takes its ID once it has (`Driver::after_auth_step`).
+    let placed = match keys {
+        None => entry.add_io_queue(connect.qid),
+        Some(_) => entry.io_queue_free(connect.qid),
+    };
+    if !placed {
         return Err(invalid(false, 42));
     }
     Ok((entry, keys))

@@ -25,6 +25,9 @@ pub(super) struct Life {
     next_tick: Instant,
     admin: bool,
     last_keep_alive: Instant,
+    /// When the admin queue last received a command (a discovery controller without
+    /// keep-alive is closed after `DISCOVERY_IDLE` of none).
+    last_command: Instant,
     kato: Duration,
     /// The namespaces as last compared (for notices).
     shown: Option<Namespaces>,
@@ -37,6 +40,7 @@ impl Life {
             next_tick: now + Duration::from_secs(1),
             admin,
             last_keep_alive: now,
+            last_command: now,
             kato: Duration::ZERO,
             shown: None,
         }
@@ -61,6 +65,11 @@ impl Life {
             && !self.kato.is_zero()
             && now.saturating_duration_since(self.last_keep_alive) > self.kato + slack
     }
+
+    /// An admin queue without keep-alive (KATO 0) that has received nothing for `idle`.
+    pub(super) fn idle_without_keep_alive(&self, now: Instant, idle: Duration) -> bool {
+        self.admin && self.kato.is_zero() && now.saturating_duration_since(self.last_command) > idle
+    }
 }
 
 impl Driver {
@@ -74,6 +83,9 @@ impl Driver {
         input: &[u8],
     ) {
         let sqe = &r.sqe;
+        if life.admin {
+            life.last_command = Instant::now();
+        }
         if !self.may_run(sqe) {
             self.answer(sqe.cid(), Status::AUTH_REQUIRED, 0, &[]);
             return;
@@ -178,14 +190,22 @@ impl Driver {
         self.after_auth_step(role, backend, was);
     }
 
-    /// After a step of the transaction: a log line when the queue authenticated; when it
-    /// failed, the failure counted toward the source's failed logins and the queue closed
-    /// once its answer is sent.
+    /// After a step of the transaction: a log line when the queue authenticated; a transaction
+    /// abandoned midway, and one that failed, counted toward the source's failed logins when
+    /// it happens; a failed one closes the queue once its answer is sent.
     fn after_auth_step(&mut self, role: &Role, backend: &mut Backend<'_>, was: bool) {
-        let Some(auth) = self.auth.as_ref() else {
+        let Some(auth) = self.auth.as_mut() else {
             return;
         };
         let entry = role.entry();
+        for _ in 0..auth.take_abandoned() {
+            tracing::warn!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, qid = self.qid, "NVMe authentication restarted before it ended: counted as a failed login");
+            backend.shared.metrics.nvme_auth("restarted");
+            backend
+                .shared
+                .doors
+                .record_login_failure(self.at.peer.ip(), Instant::now());
+        }
         if let Some(reason) = auth.failed() {
             tracing::warn!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, qid = self.qid, reason = reason.name(), "NVMe authentication failed");
             backend.shared.metrics.nvme_auth(reason.name());
@@ -200,6 +220,16 @@ impl Driver {
             tracing::info!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, qid = self.qid, hash = hash.map(|h| h.name()), dh_group = group.map(|g| g.name()), "NVMe queue authenticated (DH-HMAC-CHAP)");
             backend.shared.metrics.nvme_auth("success");
             self.auth_deadline = None;
+            if let Role::Io(entry) = role {
+                if !self.qid_held && !entry.add_io_queue(self.qid) {
+                    // Another queue took the ID meanwhile: this one cannot run.
+                    tracing::warn!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, qid = self.qid, "NVMe I/O queue closed: its queue ID was taken while it authenticated");
+                    backend.close_reason = Some("queue ID taken");
+                    self.closing = true;
+                    return;
+                }
+                self.qid_held = true;
+            }
             if matches!(role, Role::Admin(_)) {
                 self.describe(entry, entry.admitted.chap_user());
             }
@@ -599,4 +629,28 @@ fn namespace(backend: &Backend<'_>, nsid: u32) -> Option<(u64, u32)> {
     let lun = view::lun_of(nsid)?;
     let entry = backend.luns.as_ref()?.get(lun)?;
     Some((lun, entry.lu.settings().block_size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_silent_admin_queue_without_keep_alive_is_idle() {
+        let idle = Duration::from_secs(60);
+        let mut life = Life::new(true);
+        let t0 = life.last_command;
+        assert!(!life.idle_without_keep_alive(t0 + Duration::from_secs(59), idle));
+        assert!(life.idle_without_keep_alive(t0 + Duration::from_secs(61), idle));
+        // A command resets the clock.
+        life.last_command = t0 + Duration::from_secs(30);
+        assert!(!life.idle_without_keep_alive(t0 + Duration::from_secs(61), idle));
+        // With keep-alive on, its own timeout rules instead.
+        life.kept_alive(t0, 5_000);
+        assert!(!life.idle_without_keep_alive(t0 + Duration::from_secs(600), idle));
+        assert!(life.keep_alive_late(t0 + Duration::from_secs(7), Duration::from_secs(1)));
+        // An I/O queue never is.
+        let io = Life::new(false);
+        assert!(!io.idle_without_keep_alive(t0 + Duration::from_secs(600), idle));
+    }
 }

@@ -36,6 +36,10 @@ pub(crate) const KATO_MS_MAX: u32 = 3_600_000;
 pub(crate) const TRANSFER_BYTES_MAX: u32 = 1 << 20;
 /// A keep-alive is late after the timeout plus this (the host's timer and ours drift apart).
 const KEEP_ALIVE_SLACK: Duration = Duration::from_secs(1);
+/// How long a discovery controller that disabled keep-alive (KATO 0, as a one-shot
+/// `nvme discover` does) may stay without a command before it is closed: it holds a place
+/// among `max_discovery_sessions` and proves nothing by staying.
+const DISCOVERY_IDLE: Duration = Duration::from_secs(60);
 
 pub(crate) fn mdts(_limits: &crate::config::Limits) -> u8 {
     (TRANSFER_BYTES_MAX / 4096).trailing_zeros() as u8
@@ -93,6 +97,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         queue: Queue::new(queue_limits(&shared.limits)),
         outbox: Outbox::new(16),
         qid: 0,
+        qid_held: false,
         fused: None,
         fused_pairs: Vec::new(),
         reports: Vec::new(),
@@ -201,6 +206,9 @@ struct Driver {
     /// `dataplane/send.rs` as the iSCSI door's are.
     outbox: Outbox,
     qid: u16,
+    /// An I/O queue holds its queue ID in its controller: from its Connect, or, when its host
+    /// must authenticate, from when it has (no ID is taken from a host before its proof).
+    qid_held: bool,
     /// The first command of a fused pair, waiting for its second.
     fused: Option<(Received, nvme::nvm::IoCommand)>,
     /// Fused pairs running as one COMPARE AND WRITE: (the write's identifier, the compare's).
@@ -328,6 +336,7 @@ impl Driver {
                 self.queue
                     .connected(parsed.sqsize, parsed.sq_flow_control_disabled());
                 let must_authenticate = keys.is_some();
+                self.qid_held = matches!(role, Role::Io(_)) && !must_authenticate;
                 self.require_auth(shared, &parsed, keys);
                 // Connect's dword 0: the controller ID, and ATR (bit 17) when the queue must
                 // authenticate before anything else.
@@ -682,6 +691,12 @@ impl Driver {
                 backend.close_reason = Some("keep-alive timeout");
                 return false;
             }
+            if entry.subsystem.is_none() && life.idle_without_keep_alive(now, DISCOVERY_IDLE) {
+                tracing::info!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, "NVMe discovery controller closed: idle for {} s without keep-alive", DISCOVERY_IDLE.as_secs());
+                backend.shared.metrics.limit("nvme_discovery_idle");
+                backend.close_reason = Some("discovery controller idle without keep-alive");
+                return false;
+            }
             self.notices(entry, backend, life);
         }
         true
@@ -828,7 +843,8 @@ impl Driver {
             (Ok(()), None) => "disconnected".to_string(),
         };
         match role {
-            Role::Io(entry) => entry.remove_io_queue(self.qid),
+            Role::Io(entry) if self.qid_held => entry.remove_io_queue(self.qid),
+            Role::Io(_) => {}
             Role::Admin(entry) => {
                 shared
                     .nvme

@@ -525,6 +525,13 @@ enum DeviceVerb {
         /// The device's name.
         name: String,
     },
+    /// Clear a device's persistent reservation and every registration (as PERSISTENT RESERVE
+    /// OUT CLEAR, without a key): each registrant gets RESERVATIONS PREEMPTED. For hosts that
+    /// left registrations behind or filled the device's places.
+    ClearReservations {
+        /// The device's name.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -690,6 +697,9 @@ fn device_request(what: &DeviceVerb) -> Value {
             json!({"verb": "device-online", "name": name, "save": save})
         }
         DeviceVerb::Take { name } => json!({"verb": "device-take", "name": name}),
+        DeviceVerb::ClearReservations { name } => {
+            json!({"verb": "device-clear-reservations", "name": name})
+        }
         DeviceVerb::Set {
             name,
             read_only,
@@ -1275,6 +1285,13 @@ fn human_change(r: &Value) -> String {
         Some(Value::Bool(true)) => out.push_str("deleted\n"),
         Some(Value::Bool(false)) => out.push_str("already gone: nothing to do\n"),
         _ => {}
+    }
+    if let (Some(device), Some(n)) = (r.get("device"), r.get("registrations_cleared")) {
+        out.push_str(&format!(
+            "device {}: reservation and {} registrations cleared\n",
+            text(device),
+            text(n)
+        ));
     }
     if let Some(method) = r.get("method") {
         out.push_str(&format!("method: {}\n", text(method)));

@@ -207,21 +207,29 @@ fn client(port: u16, lun: u64, isid_tail: u8) -> initiator::driver::Client {
     client
 }
 
-/// One initiator logging in with ever new ISIDs and registering each with APTPL=1 cannot grow
-/// the saved state past what loads: registration 257 gets INSUFFICIENT REGISTRATION
-/// RESOURCES, the file stays small, and a restart loads it with the 256 registrations.
+/// Initiators logging in with ever new ISIDs and registering each with APTPL=1 cannot grow
+/// the saved state past what loads: one node gets 32 places, registration 257 of all gets
+/// INSUFFICIENT REGISTRATION RESOURCES, the file stays small, and a restart loads it with the
+/// 256 registrations; `ctl device clear-reservations` then frees every place.
 #[test]
 fn registrations_are_bounded_and_their_state_always_loads() {
     let scratch = Scratch::new("pr-bound");
     let lun = format!("file:{},size=4M", scratch.file("lun.img").display());
     let state = scratch.file("state");
     let state_arg = state.display().to_string();
-    let mut daemon = Daemon::start_with_args(IQN, &[&lun], &["--state-dir", &state_arg]);
-    // The documented bound (CONFIG.md, *State directory*; scsi::REGISTRATIONS_MAX).
-    let max = 256u16;
-    let register = |daemon: &Daemon, n: u16| {
-        // A long initiator name, as in the report (223 bytes is the most a name may have).
-        let name = format!("iqn.2026-11.test:{}", "x".repeat(200));
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let mut daemon = Daemon::start_with_args(
+        IQN,
+        &[&lun],
+        &["--state-dir", &state_arg, "--control-socket", &socket],
+    );
+    // The documented bounds (CONFIG.md, *State directory*; scsi::REGISTRATIONS_MAX and
+    // REGISTRATIONS_PER_NODE_MAX).
+    let (max, per_node) = (256u16, 32u16);
+    let register = |daemon: &Daemon, node: u16, n: u16| {
+        // Long initiator names, as in the report (223 bytes is the most a name may have).
+        let name = format!("iqn.2026-11.test:{}{node:03}", "x".repeat(197));
         let mut s = initiator::SessionConfig::new(
             name,
             initiator::SessionKind::Normal {
@@ -247,14 +255,16 @@ fn registrations_are_bounded_and_their_state_always_loads() {
         let r = result.unwrap();
         (r.status, r.sense.map(|s| (s.key, s.asc, s.ascq)))
     };
+    let refused = (0x02, Some((0x05, 0x55, 0x04)));
     for n in 0..max {
-        assert_eq!(register(&daemon, n), (0, None), "registration {n}");
+        assert_eq!(
+            register(&daemon, n / per_node, n),
+            (0, None),
+            "registration {n}"
+        );
     }
-    assert_eq!(
-        register(&daemon, max),
-        (0x02, Some((0x05, 0x55, 0x04))),
-        "INSUFFICIENT REGISTRATION RESOURCES"
-    );
+    assert_eq!(register(&daemon, 0, max), refused, "a node's 33rd");
+    assert_eq!(register(&daemon, 99, max), refused, "the LU's 257th");
     let file = the_state_file(&state);
     let bytes = std::fs::metadata(&file).unwrap().len();
     assert!(bytes < 1 << 20, "{bytes} bytes");
@@ -267,6 +277,23 @@ fn registrations_are_bounded_and_their_state_always_loads() {
             "restored persistent reservations ({max} registrations"
         )),
         "{log}"
+    );
+    let cleared = ctl.json(&["device", "clear-reservations", "lun0"]);
+    assert_eq!(
+        cleared["registrations_cleared"],
+        u64::from(max),
+        "{cleared}"
+    );
+    assert_eq!(
+        register(&daemon, 99, max),
+        (0, None),
+        "a place is free again"
+    );
+    let r = ctl.run(&["device", "clear-reservations", "nope"]);
+    assert!(
+        !r.success() && r.stderr.contains("no device nope"),
+        "{}",
+        r.describe()
     );
 }
 

@@ -29,7 +29,7 @@ pub use lun_map::{lun_from_wire, lun_to_wire, LunEntry, LunMap, LUN_MAX};
 pub use plan::{plans, BlockIo, BlockOp, Plan, WriteShare};
 pub use pr::{
     PersistentReservations, PrNexus, PrNotice, PrPersistence, PrRegistration, SaveRefused,
-    NOTICES_KEPT, REGISTRATIONS_MAX,
+    NOTICES_KEPT, REGISTRATIONS_MAX, REGISTRATIONS_PER_NODE_MAX,
 };
 pub use sense::Sense;
 pub use store::{FileRange, SharedSlice};

@@ -57,6 +57,15 @@ impl ItNexus {
             relative_port: nexus.target_port.relative_id,
         }
     }
+
+    /// The initiator node: its port name without the ISID (`,i,0x…`) or NVMe host
+    /// identifier (`,h,0x…`).
+    fn node(&self) -> &str {
+        let port = self.initiator.as_str();
+        port.rsplit_once(",i,0x")
+            .or_else(|| port.rsplit_once(",h,0x"))
+            .map_or(port, |(node, _)| node)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -118,6 +127,12 @@ struct Seen {
 /// again with fresh ISIDs grows the saved state until it no longer loads. 256 is a 64-node
 /// cluster with four paths per node.
 pub const REGISTRATIONS_MAX: usize = 256;
+
+/// Registrations one initiator node (one iSCSI name, one NVMe host NQN) may hold on one LU,
+/// whatever its ISIDs or host identifiers: without it one node logging in with fresh ISIDs
+/// takes every place of [`REGISTRATIONS_MAX`] and no other node can register. 32 is eight
+/// paths to four target ports.
+pub const REGISTRATIONS_PER_NODE_MAX: usize = 32;
 
 /// ILLEGAL REQUEST, INSUFFICIENT REGISTRATION RESOURCES (55h/04h, SPC-4 5.14.7).
 /// Saves a change made under the lock, while APTPL is on and once more when it goes off (the
@@ -765,46 +780,68 @@ impl LogicalUnit {
         sa_key: u64,
         aptpl: bool,
     ) -> Result<u32, Attempt> {
-        let persistence = self.reservations.persistence.get();
         let it = it.clone();
+        self.change_once(Some(nexus), |s| {
+            let registered = s.key_of(&it);
+            match sa {
+                SA_PR_REGISTER | SA_PR_REGISTER_AND_IGNORE => {
+                    if sa == SA_PR_REGISTER && registered.unwrap_or(0) != key {
+                        return Err(Stop::Conflict);
+                    }
+                    // The last valid REGISTER's APTPL governs (SPC-4 5.14.5).
+                    s.aptpl = aptpl;
+                    self.register(s, &it, registered, sa_key)
+                }
+                _ if registered != Some(key) => Err(Stop::Conflict),
+                SA_PR_RESERVE => s.reserve(&it, pr_type),
+                SA_PR_RELEASE => self.release(s, &it, pr_type),
+                SA_PR_CLEAR => {
+                    let others = s.registrants_but(&it);
+                    self.clear(s, &others);
+                    Ok(())
+                }
+                SA_PR_PREEMPT | SA_PR_PREEMPT_AND_ABORT => {
+                    // Commands run to completion, so PREEMPT AND ABORT has nothing left to abort.
+                    self.preempt(s, &it, sa_key, pr_type)
+                }
+                _ => Err(Sense::invalid_field_in_cdb(1, Some(4)).into()),
+            }
+        })
+        .map(|()| PROUT_PARAMETER_BYTES as u32)
+    }
+
+    /// Every registration and the reservation gone; `told` are given RESERVATIONS PREEMPTED.
+    fn clear(&self, s: &mut State, told: &[ItNexus]) {
+        s.registrations.clear();
+        s.reservation = None;
+        s.generation = s.generation.wrapping_add(1);
+        self.notify(s, told, RESERVATIONS_PREEMPTED);
+    }
+
+    /// Runs `change` on the reservation state as loaded (by `nexus`, if a nexus asked), saves
+    /// it where it persists and raises its unit attentions; `Overtaken` when another gateway
+    /// saved a change in between (nothing of this one stands: it is run again). A change that
+    /// fails, or whose save fails, leaves the state as it was.
+    fn change_once(
+        &self,
+        nexus: Option<&Nexus>,
+        change: impl FnOnce(&mut State) -> Result<(), Stop>,
+    ) -> Result<(), Attempt> {
+        let persistence = self.reservations.persistence.get();
         let r = &self.reservations;
         let mut s = r.lock();
         let noticed = r.refresh_shared(&mut s)?;
         self.raise_now(noticed);
         s.pending_ua.clear();
-        s.see(nexus);
-        if s.spc2.is_some_and(|h| h != nexus.id) {
-            return Err(Stop::Conflict.into());
+        if let Some(nexus) = nexus {
+            s.see(nexus);
+            if s.spc2.is_some_and(|h| h != nexus.id) {
+                return Err(Stop::Conflict.into());
+            }
         }
-        let registered = s.key_of(&it);
         // What a failed save restores: nothing changes unless it is durable.
         let before = persistence.map(|_| s.persistent());
-        let result = match sa {
-            SA_PR_REGISTER | SA_PR_REGISTER_AND_IGNORE => {
-                if sa == SA_PR_REGISTER && registered.unwrap_or(0) != key {
-                    return Err(Stop::Conflict.into());
-                }
-                // The last valid REGISTER's APTPL governs (SPC-4 5.14.5).
-                s.aptpl = aptpl;
-                self.register(&mut s, &it, registered, sa_key)
-            }
-            _ if registered != Some(key) => Err(Stop::Conflict),
-            SA_PR_RESERVE => s.reserve(&it, pr_type),
-            SA_PR_RELEASE => self.release(&mut s, &it, pr_type),
-            SA_PR_CLEAR => {
-                let others = s.registrants_but(&it);
-                s.registrations.clear();
-                s.reservation = None;
-                s.generation = s.generation.wrapping_add(1);
-                self.notify(&mut s, &others, RESERVATIONS_PREEMPTED);
-                Ok(())
-            }
-            SA_PR_PREEMPT | SA_PR_PREEMPT_AND_ABORT => {
-                // Commands run to completion, so PREEMPT AND ABORT has nothing left to abort.
-                self.preempt(&mut s, &it, sa_key, pr_type)
-            }
-            _ => Err(Sense::invalid_field_in_cdb(1, Some(4)).into()),
-        };
+        let result = change(&mut s);
         if let (Ok(()), Some(persistence), Some(before)) = (&result, persistence, before) {
             if let Err(refused) = save_change(&mut s, persistence.as_ref(), &before) {
                 r.update_held(&s);
@@ -819,14 +856,37 @@ impl LogicalUnit {
             s.pending_ua.clear();
         }
         r.update_held(&s);
-        result
-            .map(|()| PROUT_PARAMETER_BYTES as u32)
-            .map_err(Attempt::Failed)
+        result.map_err(Attempt::Failed)
+    }
+
+    /// Clears every registration and the reservation as PERSISTENT RESERVE OUT CLEAR does,
+    /// for an operator (`ferrosan ctl device clear-reservations`): no key is needed, and every
+    /// registrant is told RESERVATIONS PREEMPTED. Returns how many registrations went.
+    pub fn clear_reservations(&self) -> Result<usize, Sense> {
+        let mut overtaken = 0;
+        loop {
+            let mut cleared = 0;
+            let attempt = self.change_once(None, |s| {
+                cleared = s.registrations.len();
+                let everyone: Vec<ItNexus> =
+                    s.registrations.iter().map(|(n, _)| n.clone()).collect();
+                self.clear(s, &everyone);
+                Ok(())
+            });
+            match attempt {
+                Ok(()) => return Ok(cleared),
+                Err(Attempt::Overtaken) if overtaken < SAVE_ATTEMPTS_MAX => overtaken += 1,
+                Err(Attempt::Overtaken) => return Err(Sense::not_ready_transition()),
+                Err(Attempt::Failed(Stop::Check(sense))) => return Err(sense),
+                Err(Attempt::Failed(_)) => return Err(Sense::not_ready_transition()),
+            }
+        }
     }
 
     /// REGISTER (AND IGNORE EXISTING KEY) of a nexus whose registration is `registered`:
     /// `sa_key` 0 unregisters it, another key registers it or changes its key. At
-    /// [`REGISTRATIONS_MAX`] a new registration is refused (INSUFFICIENT REGISTRATION RESOURCES).
+    /// [`REGISTRATIONS_MAX`], or at [`REGISTRATIONS_PER_NODE_MAX`] of its node, a new
+    /// registration is refused (INSUFFICIENT REGISTRATION RESOURCES).
     fn register(
         &self,
         s: &mut State,
@@ -837,6 +897,15 @@ impl LogicalUnit {
         match (registered, sa_key) {
             (None, 0) => return Ok(()), // nothing to do, and no new generation
             (None, _) if s.registrations.len() >= REGISTRATIONS_MAX => {
+                return Err(insufficient_registration_resources().into());
+            }
+            (None, _)
+                if s.registrations
+                    .iter()
+                    .filter(|(r, _)| r.node().eq_ignore_ascii_case(it.node()))
+                    .count()
+                    >= REGISTRATIONS_PER_NODE_MAX =>
+            {
                 return Err(insufficient_registration_resources().into());
             }
             (None, k) => s.registrations.push((it.clone(), k)),

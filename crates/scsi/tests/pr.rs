@@ -603,3 +603,39 @@ fn registrations_beyond_the_bound_get_insufficient_registration_resources() {
     register(&mut t, max + 1, 0xFFFF);
     assert_eq!(keys(&mut t).1.len(), max as usize);
 }
+
+#[test]
+fn one_node_with_fresh_isids_takes_only_its_share_of_the_registrations() {
+    let mut t = T::new();
+    let per_node = scsi::REGISTRATIONS_PER_NODE_MAX as u64;
+    // One node, a fresh ISID per nexus (its name spelled in another case once: one node).
+    let greedy = |id: u64| {
+        let mut n = nexus(id);
+        let name = if id == 1 {
+            "IQN.2026-12.test:greedy"
+        } else {
+            "iqn.2026-12.test:greedy"
+        };
+        n.initiator_port = format!("{name},i,0x40{id:010x}");
+        n
+    };
+    for id in 1..=per_node + 1 {
+        t.lu.nexus_added(id);
+        t.nexus = greedy(id);
+        t.run(&[0; 6], &[]); // the nexus's power-on unit attention
+    }
+    for id in 1..=per_node {
+        t.nexus = greedy(id);
+        t.ok(&prout(6, 0), &params(0, 0x100 + id));
+    }
+    t.nexus = greedy(per_node + 1);
+    let s = t.err(&prout(6, 0), &params(0, 0xFFFF));
+    assert_eq!((s.key, s.asc, s.ascq), (0x05, 0x55, 0x04));
+    // Another node still registers.
+    let other = 1000;
+    t.lu.nexus_added(other);
+    as_nexus(&mut t, other);
+    t.run(&[0; 6], &[]);
+    register(&mut t, other, 0xABC);
+    assert_eq!(keys(&mut t).1.len(), per_node as usize + 1);
+}

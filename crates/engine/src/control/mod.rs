@@ -407,11 +407,12 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
         "save" => save(shared),
         "session-close" => close_session(shared, args),
         "device-take" => take_device(shared, args),
+        "device-clear-reservations" => clear_reservations(shared, args),
         _ if volumes::VERBS.contains(&verb) => volumes::handle(shared, verb, args),
         _ if EDIT_VERBS.contains(&verb) => change(shared, verb, args),
         _ => Err(ControlError::BadRequest(format!(
             "unknown verb {verb:?} (status, sessions, luns, stats, config, reload, save, \
-             session-close, device-take, {})",
+             session-close, device-take, device-clear-reservations, {})",
             EDIT_VERBS.join(", ")
         ))),
     };
@@ -443,6 +444,7 @@ const READ_AND_FILE_VERBS: &[&str] = &[
     "save",
     "session-close",
     "device-take",
+    "device-clear-reservations",
 ];
 
 /// `verb` as a known verb's name (a metric label must not take a client's arbitrary text).
@@ -681,6 +683,31 @@ fn take_device(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Cont
         .take_here(&device.unit)
         .map_err(|e| ControlError::Device(format!("device {name}: taking it over: {e}")))?;
     Ok(json!({ "device": name, "owner": me }))
+}
+
+/// Clears a device's persistent reservation and every registration, as PERSISTENT RESERVE OUT
+/// CLEAR does but without a key: for an operator whose hosts left registrations behind (or
+/// filled the LU's places). Every registrant gets RESERVATIONS PREEMPTED.
+fn clear_reservations(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let name = text(args, "name")?;
+    let topology = shared.topology();
+    let device = topology
+        .devices
+        .get(name)
+        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
+    let cleared = device.unit.clear_reservations().map_err(|sense| {
+        ControlError::Device(format!(
+            "device {name}: clearing its reservations failed (sense {:02x}/{:02x}/{:02x}): \
+             its state could not be saved; nothing changed",
+            sense.key, sense.asc, sense.ascq
+        ))
+    })?;
+    tracing::warn!(
+        device = name,
+        registrations = cleared,
+        "persistent reservations cleared by ctl"
+    );
+    Ok(json!({ "device": name, "registrations_cleared": cleared }))
 }
 
 fn close_session(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {

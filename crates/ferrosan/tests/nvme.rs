@@ -433,6 +433,39 @@ fn discovery_controllers_have_their_own_budget_and_take_no_session_place() {
 }
 
 #[test]
+fn a_namespace_mapped_live_answers_an_nvme_host_at_once_as_one_mapped_at_connect() {
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let (nvme_port, port) = (free_port(), free_port());
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    );
+    let text = config_text(port, nvme_port, "", &group);
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    assert!(h.read(1, 0, 1, 512).is_ok(), "mapped at connect");
+    assert_eq!(ctl.json(&["device", "add", "more", "ram:4M"])["ok"], true);
+    assert_eq!(
+        ctl.json(&["lun", "map", IQN, "db", "1", "more"])["ok"],
+        true
+    );
+    // NVMe has no unit attentions: the new namespace's first command is served, not
+    // interrupted by a POWER ON condition meant for an iSCSI nexus; the old one's too.
+    let started = Instant::now();
+    let first = loop {
+        match h.read(2, 0, 1, 512) {
+            Err(host::NvmeError::Status(s)) if s == Status::INVALID_NAMESPACE => {
+                assert!(started.elapsed() < Duration::from_secs(5), "never mapped");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break other,
+        }
+    };
+    assert!(first.is_ok(), "{first:?}");
+    assert!(h.read(1, 0, 1, 512).is_ok());
+}
+
+#[test]
 fn a_host_that_stops_sending_keep_alives_loses_its_controller() {
     let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
     let mut admin = QueueConn::open(addr(nvme_port), (false, false)).unwrap();

@@ -25,6 +25,14 @@ pub enum Door {
     Nvme,
 }
 
+impl Door {
+    /// Whether its nexuses get SCSI unit attentions: NVMe has none (a host learns the same
+    /// from Asynchronous Events and command status, docs/NVME.md).
+    pub fn gives_unit_attentions(self) -> bool {
+        matches!(self, Door::Iscsi)
+    }
+}
+
 /// Why an initiator may not (or may no longer) be in a session with a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {

@@ -659,6 +659,15 @@ impl Backend<'_> {
     }
 
     /// Takes `group`'s LUN map of a newer topology (the session's own group).
+    /// The session's nexus becomes known to `lu`, which then gives it unit attentions: the
+    /// one rule for the login and for a map change that brings the LU. Only through the iSCSI
+    /// door: NVMe has no unit attentions (docs/NVME.md), so an NVMe nexus is never given one.
+    pub(super) fn nexus_joins(&self, lu: &scsi::LogicalUnit) {
+        if let (Some(nexus), true) = (&self.nexus, self.door.gives_unit_attentions()) {
+            lu.nexus_added(nexus.id);
+        }
+    }
+
     pub(super) fn follow_lun_map(&mut self, group: &GroupRuntime) {
         let unchanged = self
             .luns
@@ -671,7 +680,7 @@ impl Backend<'_> {
             };
             for entry in group.luns.entries() {
                 if !reaches(old, &entry.lu) {
-                    entry.lu.nexus_added(nexus.id);
+                    self.nexus_joins(&entry.lu);
                 }
             }
             for entry in old {

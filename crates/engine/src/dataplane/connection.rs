@@ -159,11 +159,10 @@ impl Driver {
         let mut backend = self.backend(shared, &topology, admitted, &established, completions);
         if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
             if let Some(port) = t.ports.get(&self.portal_group_tag).cloned() {
-                let nexus = nexus_of(&established, t, group, port);
+                backend.nexus = Some(nexus_of(&established, t, group, port));
                 for entry in group.luns.entries() {
-                    entry.lu.nexus_added(nexus.id);
+                    backend.nexus_joins(&entry.lu);
                 }
-                backend.nexus = Some(nexus);
                 backend.use_group(group);
             }
         }

@@ -447,6 +447,9 @@ fn check_condition(key: u8, asc: u8, ascq: u8) -> Status {
         (0x05, 0x21, _) => Status::LBA_OUT_OF_RANGE,
         (0x05, 0x25, _) => Status::INVALID_NAMESPACE,
         (0x05, _, _) => Status::INVALID_FIELD,
+        // SPACE ALLOCATION FAILED WRITE PROTECT: the thin store is out of room (Linux turns
+        // both into ENOSPC).
+        (0x07, 0x27, 0x07) => Status::CAPACITY_EXCEEDED,
         (0x07, 0x27, _) => WRITE_PROTECTED,
         (0x07, _, _) => Status::ACCESS_DENIED,
         (0x0E, _, _) => Status::COMPARE_FAILURE,

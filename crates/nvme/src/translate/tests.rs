@@ -248,6 +248,7 @@ fn scsi_answers_map_to_one_nvme_status_each() {
     assert_eq!(status_of(2, &fixed(5, 0x21, 0)), Status::LBA_OUT_OF_RANGE);
     assert_eq!(status_of(2, &fixed(5, 0x20, 0)), Status::INVALID_OPCODE);
     assert_eq!(status_of(2, &fixed(7, 0x27, 0)), WRITE_PROTECTED);
+    assert_eq!(status_of(2, &fixed(7, 0x27, 7)), Status::CAPACITY_EXCEEDED);
     assert_eq!(status_of(2, &fixed(0xE, 0x1D, 0)), Status::COMPARE_FAILURE);
     assert_eq!(status_of(2, &fixed(2, 4, 0x0A)), Status::ANA_TRANSITION);
     assert_eq!(status_of(2, &fixed(2, 4, 0x0B)), Status::ANA_INACCESSIBLE);

@@ -548,6 +548,10 @@ series! {
     device_errors: Family<DeviceErrorLabel, Counter> = "device_errors";
     /// Commands answered with a UNIT ATTENTION (power on after a login, reset, capacity or LUN map change, ...), per device
     device_unit_attentions: Family<DeviceLabel, Counter> = "device_unit_attentions";
+    /// The share of the space a file device allocates from (its filesystem) in use, checked every 5 s
+    device_space_used: Family<DeviceLabel, Gauge<f64, AtomicU64>> = "device_space_used_ratio";
+    /// Times the space a device allocates from went past space_warning_percent (each time, its initiators got THIN PROVISIONING SOFT THRESHOLD REACHED)
+    device_space_warnings: Family<DeviceLabel, Counter> = "device_space_warnings";
     /// 1 for the path a device's reads and writes take (io_uring, threads, page_cache, memory)
     device_io_path: Family<IoPathLabel, Gauge> = "device_io_path";
     /// RBD gateways: 1 while this gateway owns the device's image (its target port groups active/optimized), 0 while standby
@@ -838,9 +842,11 @@ impl Metrics {
             &self.gateway_shipped,
             &self.gateway_ship_failures,
             &self.device_sendfile_bytes,
+            &self.device_space_warnings,
         ] {
             family.remove(&label);
         }
+        self.device_space_used.remove(&label);
         for family in [
             &self.gateway_owner,
             &self.gateway_owner_silence_milliseconds,
@@ -873,6 +879,24 @@ impl Metrics {
                 reason: reason.to_owned(),
             });
         }
+    }
+
+    /// The share of `device`'s space in use (0.0 to 1.0).
+    pub fn device_space_used(&self, device: &str, ratio: f64) {
+        self.device_space_used
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .set(ratio);
+    }
+
+    /// `device`'s space went past the warning threshold.
+    pub fn device_space_warning(&self, device: &str) {
+        self.device_space_warnings
+            .get_or_create(&DeviceLabel {
+                device: device.to_owned(),
+            })
+            .inc();
     }
 
     /// Records the I/O path of a device (see [`IoPathLabel`]).

@@ -116,6 +116,11 @@ impl Server {
                 .spawn(move || retry_left_out(&retrying))
                 .map_err(|e| StartError::Thread("device retry", e))?;
         }
+        let watched = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("ferrosan-space".into())
+            .spawn(move || watch_space(&watched))
+            .map_err(|e| StartError::Thread("space watch", e))?;
         let acceptor_shared = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("ferrosan-accept".into())
@@ -604,6 +609,22 @@ fn check_gateway(config: &Config) -> Result<(), StartError> {
             }
         ))),
         _ => Ok(()),
+    }
+}
+
+/// Looks at the space the devices allocate from every few seconds until the daemon stops
+/// (`topology::space`): off the workers, as a filesystem may be slow to answer.
+fn watch_space(shared: &std::sync::Weak<Shared>) {
+    let mut watch = crate::topology::space::SpaceWatch::default();
+    loop {
+        std::thread::sleep(crate::topology::space::CHECK_INTERVAL);
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.is_shutting_down() {
+            return;
+        }
+        watch.check(&shared.topology(), &shared.metrics);
     }
 }
 

@@ -425,3 +425,142 @@ fn a_full_device_fails_writes_as_out_of_space_and_keeps_what_it_acknowledged() {
     drop(daemon);
     drop(full);
 }
+
+/// A tmpfs of `bytes` mounted at a fresh directory, unmounted and removed on drop; None
+/// (with the reason on stderr) without root or tmpfs mounts.
+struct SmallFs {
+    dir: PathBuf,
+}
+
+impl SmallFs {
+    fn new(tag: &str, bytes: u64) -> Option<SmallFs> {
+        let dir = disk_dir(tag);
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .status();
+        let fs = SmallFs { dir };
+        if !mounted.as_ref().is_ok_and(|s| s.success()) {
+            eprintln!("mount -t tmpfs: {mounted:?}");
+            return None;
+        }
+        Some(fs)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.dir).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The sense (key, ASC, ASCQ) of a failed command, from the initiator crate's client.
+fn sense_of(r: &initiator::session::ScsiResult) -> Option<(u8, u8, u8)> {
+    r.sense.as_ref().map(|s| (s.key, s.asc, s.ascq))
+}
+
+/// A thin file LUN whose filesystem fills as a host writes it: past `space_warning_percent`
+/// the host is told THIN PROVISIONING SOFT THRESHOLD REACHED (06h/38h/07h) once, with a log
+/// line and a metric; at full, writes answer SPACE ALLOCATION FAILED WRITE PROTECT
+/// (07h/27h/07h) while reads go on and what was acknowledged stays; once space is freed the
+/// same write succeeds, without a restart.
+#[test]
+fn a_filling_filesystem_warns_first_then_fails_writes_and_recovers_when_freed() {
+    use initiator::scsi::Cdb;
+    use initiator::session::Transfer;
+    let Some(fs) = SmallFs::new("space", 8 << 20) else {
+        eprintln!("SKIPPED: needs root and tmpfs mounts");
+        return;
+    };
+    // Someone else's 3 MiB on the same filesystem.
+    let filler = fs.dir.join("filler");
+    std::fs::write(&filler, vec![7u8; 3 << 20]).unwrap();
+    let metrics_port = free_port();
+    let body = format!(
+        "[[device]]\nname = \"lun0\"\nstore = \"file\"\npath = \"{}\"\nsize = \"16M\"\n\n\
+         [limits]\nspace_warning_percent = 60\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  \
+         name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"lun0\" }} ]\n",
+        fs.dir.join("lun.img").display()
+    );
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let daemon = Daemon::start_config_args(IQN, &body, &["--metrics-listen", &listen]);
+    let mut s = initiator::SessionConfig::new(
+        "iqn.2026-12.test:space",
+        initiator::SessionKind::Normal {
+            target_name: IQN.into(),
+        },
+    );
+    s.isid[5] = 1;
+    let c = initiator::ClientConfig::new(format!("127.0.0.1:{}", daemon.port), s);
+    let mut client = initiator::driver::Client::connect(c).expect("login");
+    let mut run = |cdb: Cdb, transfer: Transfer| client.command(cdb, transfer).expect("answered");
+    let tur = initiator::scsi::test_unit_ready;
+    while run(tur(), Transfer::None).is_unit_attention() {}
+    // 2 MiB written: 5 of 8 MiB in use, past 60 %.
+    let chunk = |n: u8| pseudo_random_bytes(1 << 20, u64::from(n));
+    let write = |lba: u64| initiator::scsi::write16(lba, 2048, false);
+    for n in 0..2u8 {
+        let r = run(write(u64::from(n) * 2048), Transfer::Write(chunk(n)));
+        assert!(r.is_good(), "write {n}: {:?}", sense_of(&r));
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let r = run(tur(), Transfer::None);
+        if r.is_good() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(12),
+                "no warning within two checks\n{}",
+                daemon.output()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            continue;
+        }
+        assert_eq!(sense_of(&r), Some((0x06, 0x38, 0x07)), "the warning");
+        break;
+    }
+    assert!(run(tur(), Transfer::None).is_good(), "told once");
+    let text = scrape(metrics_port);
+    assert_eq!(
+        metric(
+            &text,
+            "ferrosan_device_space_warnings_total{device=\"lun0\"}"
+        ),
+        1.0
+    );
+    assert!(metric(&text, "ferrosan_device_space_used_ratio{device=\"lun0\"}") >= 0.6);
+    assert!(daemon
+        .output()
+        .contains("device space past its warning threshold"));
+    // Fill it: the writes that find no room answer SPACE ALLOCATION FAILED WRITE PROTECT.
+    let mut refused = None;
+    for n in 2..8u8 {
+        let r = run(write(u64::from(n) * 2048), Transfer::Write(chunk(n)));
+        if !r.is_good() {
+            assert_eq!(sense_of(&r), Some((0x07, 0x27, 0x07)), "write {n}");
+            refused = Some(n);
+            break;
+        }
+    }
+    let refused = refused.expect("the filesystem never filled");
+    // Reads go on, and what was acknowledged is there.
+    for n in 0..refused {
+        let r = run(
+            initiator::scsi::read16(u64::from(n) * 2048, 2048),
+            Transfer::Read {
+                len: 1 << 20,
+                buf: Vec::new(),
+            },
+        );
+        assert!(r.is_good() && r.data == chunk(n), "read {n}");
+    }
+    // Space freed: the same write goes through, no restart.
+    std::fs::remove_file(&filler).unwrap();
+    let r = run(
+        write(u64::from(refused) * 2048),
+        Transfer::Write(chunk(refused)),
+    );
+    assert!(r.is_good(), "after freeing: {:?}", sense_of(&r));
+    drop(daemon);
+    drop(fs);
+}

@@ -498,6 +498,20 @@ impl LogicalUnit {
         self.ua.raise_all(unit_attention::CAPACITY_CHANGED, None);
     }
 
+    /// How full the space the store allocates from is (None: it allocates nothing).
+    pub fn space(&self) -> std::io::Result<Option<store::Space>> {
+        self.store.space()
+    }
+
+    /// The space the store allocates from went past the operator's threshold: THIN
+    /// PROVISIONING SOFT THRESHOLD REACHED (38h/07h) for every nexus, once.
+    pub fn space_threshold_reached(&self) {
+        self.ua.raise_all(
+            unit_attention::THIN_PROVISIONING_SOFT_THRESHOLD_REACHED,
+            None,
+        );
+    }
+
     /// The LUN inventory seen through a map holding this LU changed: REPORTED LUNS DATA HAS
     /// CHANGED (3Fh/0Eh) for every nexus.
     pub fn reported_luns_changed(&self) {

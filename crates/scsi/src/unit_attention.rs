@@ -17,6 +17,7 @@ pub const RESERVATIONS_RELEASED: (u8, u8) = (0x2A, 0x04);
 pub const REGISTRATIONS_PREEMPTED: (u8, u8) = (0x2A, 0x05);
 pub const MODE_PARAMETERS_CHANGED: (u8, u8) = (0x2A, 0x01);
 pub const CAPACITY_CHANGED: (u8, u8) = (0x2A, 0x09);
+pub const THIN_PROVISIONING_SOFT_THRESHOLD_REACHED: (u8, u8) = (0x38, 0x07);
 pub const INQUIRY_DATA_CHANGED: (u8, u8) = (0x3F, 0x03);
 pub const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
 

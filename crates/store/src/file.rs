@@ -412,6 +412,23 @@ impl BlockStore for FileStore {
         }
     }
 
+    /// A file's filesystem (what an unprivileged writer may still use counts as free: the
+    /// conservative side); a block device allocates nothing.
+    fn space(&self) -> io::Result<Option<crate::Space>> {
+        if self.block_device {
+            return Ok(None);
+        }
+        let st = rustix::fs::fstatfs(&*self.file)?;
+        #[allow(clippy::unnecessary_cast)] // the fields' widths differ between platforms
+        let (blocks, available, unit) =
+            (st.f_blocks as u64, st.f_bavail as u64, st.f_frsize as u64);
+        let total_bytes = blocks.saturating_mul(unit);
+        Ok(Some(crate::Space {
+            total_bytes,
+            used_bytes: total_bytes.saturating_sub(available.saturating_mul(unit)),
+        }))
+    }
+
     fn resize(&self, new_bytes: u64) -> io::Result<()> {
         let now = self.size_bytes();
         if new_bytes < now {

@@ -103,6 +103,22 @@ pub struct WriteBack {
 /// on, with the buffer back (a read's data) and the outcome.
 pub type AsyncDone = Box<dyn FnOnce(Vec<u8>, io::Result<()>) + Send>;
 
+/// The space a store allocates from: its size and what of it is in use (by anyone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Space {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+}
+
+impl Space {
+    /// The share in use, in whole percent (0 for an empty space).
+    pub fn used_percent(&self) -> u64 {
+        (self.used_bytes.min(self.total_bytes) * 100)
+            .checked_div(self.total_bytes)
+            .unwrap_or(0)
+    }
+}
+
 pub trait BlockStore: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     /// What this store can do (see [`Capabilities`]); fixed for the store's life.
@@ -185,6 +201,11 @@ pub trait BlockStore: Send + Sync + 'static {
         None
     }
     fn medium_bytes(&self) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
+    /// How full the space the store allocates its blocks from is (a file's filesystem); None
+    /// for stores that allocate nothing as they are written (RAM, a block device).
+    fn space(&self) -> io::Result<Option<Space>> {
         Ok(None)
     }
     /// Grows the store to `new_bytes` (a live resize); stores that cannot say `Unsupported`.

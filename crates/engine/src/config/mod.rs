@@ -365,6 +365,10 @@ limits! {
     max_discovery_sessions: u32 = 64, 1, 65_535;
     /// Discovery sessions from one source IP address (at most max_discovery_sessions).
     max_discovery_sessions_per_source: u32 = 8, 1, 65_535;
+    /// Percent of the space a file device allocates from (its filesystem) in use past which
+    /// its initiators are told THIN PROVISIONING SOFT THRESHOLD REACHED (38h/07h), once per
+    /// nexus each time it is crossed, with a log line and a metric; 0 = never.
+    space_warning_percent: u32 = 90, 0, 99;
     /// Commands in flight per session: the CmdSN window (MaxCmdSN - ExpCmdSN + 1).
     max_queue_depth: u32 = 128, 1, 65_535;
     /// Microseconds a connection may wait for more small commands before reading those that

@@ -10,6 +10,7 @@ pub mod left_out;
 pub mod nexus;
 pub mod portals;
 pub mod preflight;
+pub mod space;
 pub mod state;
 
 use std::collections::{HashMap, HashSet};

@@ -703,6 +703,13 @@ impl Backend<'_> {
         }
     }
 
+    /// Whether the session may go on: at once while the topology it runs on is the current
+    /// one, else as [`Backend::follow_or_close`] decides. Every door asks this, at every turn
+    /// and tick.
+    pub(super) fn still_admitted(&mut self) -> bool {
+        self.shared.generation() == self.topology.generation || self.follow_or_close()
+    }
+
     /// [`Backend::follow_topology`]; on `Err`, the log line, the metric and the close reason.
     pub(super) fn follow_or_close(&mut self) -> bool {
         if self.portal_gone {

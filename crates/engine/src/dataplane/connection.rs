@@ -606,8 +606,7 @@ impl Driver {
             backend.close_reason = Some(close.reason());
             return Ok(false);
         }
-        if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
-        {
+        if !backend.still_admitted() {
             return Ok(false);
         }
         if backend.lost_an_image() {
@@ -710,8 +709,7 @@ impl Driver {
         session: &mut Session,
         backend: &mut Backend<'_>,
     ) -> Result<(Flow, bool), Closed> {
-        if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
-        {
+        if !backend.still_admitted() {
             return Ok((Flow::Close, true));
         }
         let now = Instant::now();

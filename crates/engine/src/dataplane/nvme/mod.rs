@@ -538,8 +538,7 @@ impl Driver {
         (ready, refused): &mut (Vec<Received>, Vec<Refused>),
     ) -> Result<Option<iscsi::session::Activity>, Closed> {
         backend.turn_started = Instant::now();
-        if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
-        {
+        if !backend.still_admitted() {
             return Ok(None);
         }
         let base = self.take_pdus(ready, refused)?;
@@ -671,8 +670,7 @@ impl Driver {
             backend.close_reason = Some("not authenticated within login_timeout_s");
             return false;
         }
-        if backend.shared.generation() != backend.topology.generation && !backend.follow_or_close()
-        {
+        if !backend.still_admitted() {
             return false;
         }
         if backend.lost_an_image() {

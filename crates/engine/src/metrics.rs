@@ -1107,7 +1107,8 @@ impl ScrapeCount {
     }
 }
 
-/// Serves `GET /metrics` until the process ends. Anything else gets 404; slow, oversized or
+/// Serves `GET /metrics` (and `GET /healthz`: 200 while the daemon's runtime answers, for a
+/// liveness probe) until the process ends. Anything else gets 404; slow, oversized or
 /// too many requests are cut off (per source and in all), each refusal logged and counted.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
     let open = Arc::new(ScrapeCount::default());
@@ -1172,7 +1173,12 @@ async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> Resul
     let (status, content_type, body) = match route {
         Route::Metrics { .. } if wants_openmetrics => ("200 OK", OPENMETRICS, metrics.render()),
         Route::Metrics { .. } => ("200 OK", TEXT_004, to_text_004(&metrics.render())),
-        Route::NotFound => ("404 Not Found", plain, "try /metrics\n".to_string()),
+        Route::Health { .. } => ("200 OK", plain, "ok\n".to_string()),
+        Route::NotFound => (
+            "404 Not Found",
+            plain,
+            "try /metrics or /healthz\n".to_string(),
+        ),
         Route::MethodNotAllowed => ("405 Method Not Allowed", plain, "GET or HEAD\n".to_string()),
     };
     let allow = if route == Route::MethodNotAllowed {
@@ -1185,7 +1191,10 @@ async fn respond(stream: &mut tokio::net::TcpStream, metrics: &Metrics) -> Resul
         body.len()
     );
     // HEAD: the GET's head (its length included), no body.
-    let body = if route == (Route::Metrics { head: true }) {
+    let body = if matches!(
+        route,
+        Route::Metrics { head: true } | Route::Health { head: true }
+    ) {
         ""
     } else {
         body.as_str()
@@ -1208,6 +1217,10 @@ enum Route {
     Metrics {
         head: bool,
     },
+    /// `GET` or `HEAD` of `/healthz`: a liveness probe's.
+    Health {
+        head: bool,
+    },
     NotFound,
     MethodNotAllowed,
 }
@@ -1222,6 +1235,8 @@ fn route(line: &[u8]) -> Route {
     match (method, path) {
         (b"GET", b"/metrics") => Route::Metrics { head: false },
         (b"HEAD", b"/metrics") => Route::Metrics { head: true },
+        (b"GET", b"/healthz") => Route::Health { head: false },
+        (b"HEAD", b"/healthz") => Route::Health { head: true },
         (b"GET" | b"HEAD", _) => Route::NotFound,
         _ => Route::MethodNotAllowed,
     }
@@ -1413,6 +1428,8 @@ mod tests {
             ),
             (b"HEAD /metrics HTTP/1.1", Route::Metrics { head: true }),
             (b"GET /metricsx HTTP/1.1", Route::NotFound),
+            (b"GET /healthz HTTP/1.1", Route::Health { head: false }),
+            (b"HEAD /healthz HTTP/1.1", Route::Health { head: true }),
             (b"GET / HTTP/1.1", Route::NotFound),
             (b"POST /metrics HTTP/1.1", Route::MethodNotAllowed),
             (b"", Route::MethodNotAllowed),

@@ -410,6 +410,16 @@ fn promtool_accepts_the_scrape_and_the_rules_and_dashboards_name_real_series() {
         "{om}"
     );
     assert!(om.trim_end().ends_with("# EOF"), "{om}");
+    // A liveness probe's path answers on the same listener.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut health = String::new();
+    s.read_to_string(&mut health).unwrap();
+    assert!(
+        health.starts_with("HTTP/1.0 200 OK") && health.ends_with("\r\n\r\nok\n"),
+        "{health}"
+    );
 
     let rules_text = std::fs::read_to_string(&rules).unwrap();
     let dashboard_text =

@@ -1276,9 +1276,52 @@ fn human_snapshots(r: &Value) -> String {
     out
 }
 
+/// `volume export` and `unexport`: where the volume is for its host (or was), in words.
+fn human_export(r: &Value) -> String {
+    let (Some(volume), Some(target)) = (r.get("volume"), r.get("target")) else {
+        return String::new();
+    };
+    let (volume, target) = (text(volume), text(target));
+    match (r.get("unexported"), r.get("lun"), r.get("group")) {
+        (Some(Value::Bool(false)), ..) => {
+            format!(
+                "volume {volume} was not exported through {target} to that host: nothing to do\n"
+            )
+        }
+        (Some(Value::Bool(true)), Some(lun), _) => {
+            format!(
+                "volume {volume} unexported (it was LUN {} of {target})\n",
+                text(lun)
+            )
+        }
+        (None, Some(lun), Some(group)) => {
+            let how = if r.get("existed") == Some(&Value::Bool(true)) {
+                "already exported"
+            } else {
+                "exported"
+            };
+            let ro = if r.get("read_only") == Some(&Value::Bool(true)) {
+                ", read-only"
+            } else {
+                ""
+            };
+            let naa = r
+                .get("naa")
+                .filter(|n| n.is_string())
+                .map_or(String::new(), |n| format!(", NAA {}", text(n)));
+            format!(
+                "volume {volume} {how}: LUN {} of {target}, group {}{ro}{naa}\n",
+                text(lun),
+                text(group)
+            )
+        }
+        _ => String::new(),
+    }
+}
+
 fn human_change(r: &Value) -> String {
-    let mut out = String::new();
-    if r.get("existed") == Some(&Value::Bool(true)) {
+    let mut out = human_export(r);
+    if r.get("existed") == Some(&Value::Bool(true)) && out.is_empty() {
         out.push_str("already there: nothing to do\n");
     }
     match r.get("deleted") {

@@ -332,6 +332,16 @@ fn a_volume_is_exported_to_one_host_and_unexported_in_one_step() {
     );
     let second = ok(&ctl, &["volume", "export", "vm3", "--initiator", HOST]);
     assert_eq!(second["lun"], 1, "{second}");
+    // In words, for a person: where it is, asked again too.
+    let said = ctl.run(&["volume", "export", "vm3", "--initiator", HOST]);
+    assert!(
+        said.success()
+            && said.stdout.contains(&format!(
+                "volume vm3 already exported: LUN 1 of {IQN}, group host-iqn.2026-11.org.example.hostile, NAA "
+            )),
+        "{}",
+        said.describe()
+    );
 
     // The host sees the volume at its LUN 0 (not the RAM device the others see there).
     let mut raw = Raw::login(daemon.port, IQN, 1);
@@ -365,6 +375,12 @@ fn a_volume_is_exported_to_one_host_and_unexported_in_one_step() {
     );
     let twice = ok(&ctl, &["volume", "unexport", "vm1", "--initiator", HOST]);
     assert_eq!(twice["unexported"], false, "{twice}");
+    let said = ctl.run(&["volume", "unexport", "vm1", "--initiator", HOST]);
+    assert!(
+        said.success() && said.stdout.contains("volume vm1 was not exported through"),
+        "{}",
+        said.describe()
+    );
     let text = std::fs::read_to_string(daemon.file("ferrosan.toml")).unwrap();
     assert!(!text.contains("host-iqn"), "{text}");
     ok(&ctl, &["volume", "delete", "vm1"]);

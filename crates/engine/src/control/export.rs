@@ -319,6 +319,7 @@ fn unmap_for_host(
     );
     let extra = vec![
         ("volume", json!(device)),
+        ("target", json!(iqn)),
         ("lun", json!(lun)),
         ("group_removed", json!(own)),
         ("unexported", json!(true)),

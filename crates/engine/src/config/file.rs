@@ -966,7 +966,7 @@ const ALUA_ACTIVE_NON_OPTIMIZED: &str = "active-non-optimized";
 const ALUA_STANDBY: &str = "standby";
 const ALUA_UNAVAILABLE: &str = "unavailable";
 
-fn alua_state_name(state: AccessState) -> &'static str {
+pub fn alua_state_name(state: AccessState) -> &'static str {
     match state {
         AccessState::ActiveOptimized => ALUA_ACTIVE_OPTIMIZED,
         AccessState::ActiveNonOptimized => ALUA_ACTIVE_NON_OPTIMIZED,

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 pub use auth::SourceNet;
 pub(crate) use delta::common_prefix;
-pub use file::configured_alua_state;
+pub use file::{alua_state_name, configured_alua_state};
 pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
 pub use iscsi::name::IscsiName;
 pub use names::{

@@ -118,11 +118,12 @@ impl Changes {
         if self.pools_changed {
             out.push("pools changed".into());
         }
-        out.extend(
-            self.alua_changed
-                .iter()
-                .map(|(tag, state)| format!("portal group {tag} ALUA state {state:?}")),
-        );
+        out.extend(self.alua_changed.iter().map(|(tag, state)| {
+            format!(
+                "portal group {tag} ALUA state {}",
+                crate::config::alua_state_name(*state)
+            )
+        }));
         let tags = |list: &[u16], what: &str| {
             list.iter()
                 .map(|t| format!("portal group {t} {what}"))
@@ -871,7 +872,7 @@ iqn = "iqn.2026-11.test:t"
         ));
         let c = diff(&old, &standby).unwrap();
         assert_eq!(c.alua_changed, vec![(1, scsi::AccessState::Standby)]);
-        assert_eq!(c.lines(), vec!["portal group 1 ALUA state Standby"]);
+        assert_eq!(c.lines(), vec!["portal group 1 ALUA state standby"]);
         assert!(
             diff(&standby, &old).unwrap().alua_changed
                 == vec![(1, scsi::AccessState::ActiveOptimized)]

@@ -220,11 +220,11 @@ fn check_config(file: &Path, deep: bool, allow_empty: bool) -> ExitCode {
                 }
             }
             println!(
-                "{}: ok ({} targets, {} devices, {} portal groups)",
+                "{}: ok ({}, {}, {})",
                 file.display(),
-                config.targets.len(),
-                config.devices.len(),
-                config.portal_groups.len()
+                counted(config.targets.len(), "target"),
+                counted(config.devices.len(), "device"),
+                counted(config.portal_groups.len(), "portal group")
             );
             ExitCode::SUCCESS
         }
@@ -491,4 +491,13 @@ fn join(addrs: &[std::net::SocketAddr]) -> String {
         .map(|a| a.to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `n` things in words: "1 target", "3 targets".
+pub(crate) fn counted(n: usize, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
 }

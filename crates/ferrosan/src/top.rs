@@ -254,9 +254,9 @@ fn frame(before: &Sample, now: &Sample) -> Frame {
     let (old_devices, devices) = (listed(before, "devices"), listed(now, "devices"));
     Frame {
         title: format!(
-            "ferrosan top: {} sessions, {} devices; rates over the last {secs:.1} s",
-            sessions.len(),
-            devices.len()
+            "ferrosan top: {}, {}; rates over the last {secs:.1} s",
+            crate::counted(sessions.len(), "session"),
+            crate::counted(devices.len(), "device")
         ),
         sessions: Table {
             columns: vec![

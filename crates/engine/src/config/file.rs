@@ -136,11 +136,30 @@ struct RawLun {
 /// Turns a TOML syntax/type error into a located error naming the key it is about.
 fn syntax_error(cx: &mut Cx<'_>, e: &toml::de::Error) {
     let span = e.span().unwrap_or(0..0);
-    let message = e.message().trim().to_string();
+    let mut message = e.message().trim().to_string();
+    if let Some(near) = closest_expected(&message) {
+        message.push_str(&format!(" (did you mean `{near}`?)"));
+    }
     let field = key_from_message(&message)
         .or_else(|| key_before(cx.src, span.start))
         .unwrap_or_else(|| "toml".to_string());
     cx.err(span, field, message);
+}
+
+/// For serde's "unknown field `sise`, expected one of `name`, `size`, …": the expected key
+/// closest to the one written, if one is close enough to be what was meant.
+fn closest_expected(message: &str) -> Option<&str> {
+    let unknown = message.strip_prefix("unknown field `")?;
+    let (written, rest) = unknown.split_once('`')?;
+    let (_, expected) = rest.split_once("expected")?;
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|k| (strsim::normalized_damerau_levenshtein(written, k), k))
+        .filter(|(score, _)| *score >= 0.6)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, k)| k)
 }
 
 /// `unknown field `x`` / `missing field `x`` → `x`.

@@ -880,11 +880,18 @@ fn unknown_keys_are_errors() {
     let text = with_device("name = \"d\"\nstore = \"ram\"\nsize = 4096\nblok_size = 512");
     let e = one_error(&text, "blok_size", "blok_size");
     assert!(e.message.contains("unknown field"), "{e}");
+    assert!(e.message.ends_with("(did you mean `block_size`?)"), "{e}");
     assert_eq!(e.column, 1);
     let text = format!("[limits]\nmax_sesions = 3\n{BASE}");
-    one_error(&text, "max_sesions", "max_sesions");
+    let e = one_error(&text, "max_sesions", "max_sesions");
+    assert!(e.message.ends_with("(did you mean `max_sessions`?)"), "{e}");
     let text = format!("[srever]\nworkers = 1\n{BASE}");
-    one_error(&text, "srever", "srever");
+    let e = one_error(&text, "srever", "srever");
+    assert!(e.message.ends_with("(did you mean `server`?)"), "{e}");
+    // Nothing close: no guess.
+    let text = with_device("name = \"d\"\nstore = \"ram\"\nsize = 4096\nzzzzzz = 1");
+    let e = one_error(&text, "zzzzzz", "zzzzzz");
+    assert!(!e.message.contains("did you mean"), "{e}");
     let text = BASE.replace("device = \"disk1\" }", "device = \"disk1\", ro = true }");
     one_error(&text, "ro = true", "ro");
 }

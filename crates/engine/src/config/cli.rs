@@ -223,11 +223,52 @@ fn lun_options<'s>(kind: &str, mut rest: &'s str) -> Result<(&'s str, LunOptions
                 _ => return Err(Invalid(format!("block_size must be 512 or 4096, got {v}"))),
             };
         } else {
+            unknown_option(kind, opt)?;
             break;
         }
         rest = head;
     }
     Ok((rest, o))
+}
+
+/// The options a `--lun` spec of `kind` takes (what `lun_options` peels off).
+fn known_options(kind: &str) -> &'static [&'static str] {
+    if kind == "rbd" {
+        &[
+            "size=",
+            "block_size=",
+            "cache=",
+            "ro",
+            "write_cache",
+            "conf=",
+            "client=",
+        ]
+    } else {
+        &["size=", "block_size=", "cache=", "ro", "write_cache"]
+    }
+}
+
+/// A `,OPTION` no spec takes: an error where it cannot be part of what the spec names (a RAM
+/// size, an RBD image: neither has commas), or where it is close to a known option; else
+/// (a file or block path may contain commas) it is left to the path.
+fn unknown_option(kind: &str, opt: &str) -> Result<(), Invalid> {
+    let key = opt.split_once('=').map_or(opt, |(k, _)| k);
+    let known = known_options(kind);
+    let near = known
+        .iter()
+        .map(|k| k.trim_end_matches('='))
+        .map(|k| (strsim::normalized_damerau_levenshtein(key, k), k))
+        .filter(|(score, _)| *score >= 0.6)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, k)| k);
+    if near.is_none() && matches!(kind, "file" | "block") {
+        return Ok(());
+    }
+    let hint = near.map_or(String::new(), |k| format!(" (did you mean `{k}`?)"));
+    Err(Invalid(format!(
+        "unknown option `{opt}`{hint}; {kind}: takes {}",
+        known.join(", ")
+    )))
 }
 
 /// The store a spec names, and its size when it has one.

@@ -504,6 +504,33 @@ fn rbd_lun_specs_parse() {
 }
 
 #[test]
+fn an_unknown_lun_option_is_named_not_read_as_a_size() {
+    let e = Config::from_cli(&[], &[], "", &["ram:64M,blocksize=4096".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("unknown option `blocksize=4096` (did you mean `block_size`?)"),
+        "{e}"
+    );
+    let e = Config::from_cli(&[], &[], "", &["rbd:rbd/img,zzz".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("unknown option `zzz`;") && e.contains("client="),
+        "{e}"
+    );
+    // A file path may hold commas; one close to an option is still caught.
+    let c = Config::from_cli(&[], &[], "", &["file:/tmp/a,b.img,size=1M".into()]).unwrap();
+    assert!(
+        matches!(&c.devices[0].store, StoreKind::File { path, .. } if path.ends_with("a,b.img"))
+    );
+    let e = Config::from_cli(&[], &[], "", &["file:/tmp/x.img,sise=1M".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("did you mean `size`?"), "{e}");
+}
+
+#[test]
 fn duplicate_device_names_paths_and_naas_are_errors() {
     let text = with_device("name = \"disk1\"\nstore = \"ram\"\nsize = \"1G\"");
     let e = one_error(&text, "name = \"disk1\"", "device \"disk1\": name");

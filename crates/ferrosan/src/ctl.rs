@@ -1198,7 +1198,7 @@ fn human_luns(r: &Value) -> String {
                         text(&x["lun"]),
                         text(&x["device"]),
                         text(&x["store"]),
-                        text(&x["size_bytes"]),
+                        size(&x["size_bytes"]),
                         text(&x["block_size"]),
                         lun_mode(x),
                         text(&x["path"]),
@@ -1209,7 +1209,7 @@ fn human_luns(r: &Value) -> String {
         .unwrap_or_default();
     let mut out = table(
         &[
-            "TARGET", "GROUP", "LUN", "DEVICE", "STORE", "BYTES", "BLOCK", "MODE", "PATH",
+            "TARGET", "GROUP", "LUN", "DEVICE", "STORE", "SIZE", "BLOCK", "MODE", "PATH",
         ],
         rows,
     );
@@ -1224,7 +1224,7 @@ fn human_luns(r: &Value) -> String {
 fn human_volumes(r: &Value) -> String {
     let mut out = format!(
         "{:<12} {:<20} {:>14}  {:<10} MAPPED\n",
-        "POOL", "VOLUME", "BYTES", "SNAPSHOTS"
+        "POOL", "VOLUME", "SIZE", "SNAPSHOTS"
     );
     for v in r["volumes"].as_array().into_iter().flatten() {
         let snaps: Vec<String> = v["snapshots"]
@@ -1243,7 +1243,7 @@ fn human_volumes(r: &Value) -> String {
             "{:<12} {:<20} {:>14}  {:<10} {}\n",
             text(&v["pool"]),
             text(&v["volume"]),
-            text(&v["size_bytes"]),
+            size(&v["size_bytes"]),
             if snaps.is_empty() {
                 "-".to_string()
             } else {
@@ -1262,7 +1262,7 @@ fn human_volumes(r: &Value) -> String {
 fn human_snapshots(r: &Value) -> String {
     let mut out = format!(
         "{:<12} {:<20} {:<20} {:>14}\n",
-        "POOL", "VOLUME", "SNAPSHOT", "BYTES"
+        "POOL", "VOLUME", "SNAPSHOT", "SIZE"
     );
     for s in r["snapshots"].as_array().into_iter().flatten() {
         out.push_str(&format!(
@@ -1270,10 +1270,17 @@ fn human_snapshots(r: &Value) -> String {
             text(&s["pool"]),
             text(&s["volume"]),
             text(&s["snapshot"]),
-            text(&s["size_bytes"]),
+            size(&s["size_bytes"]),
         ));
     }
     out
+}
+
+/// A size in bytes as a person reads it (`2G`, `1536M`; the bytes where no unit holds it
+/// whole); `--json` keeps the bytes.
+fn size(v: &Value) -> String {
+    v.as_u64()
+        .map_or_else(|| text(v), engine::config::size_text)
 }
 
 /// `volume export` and `unexport`: where the volume is for its host (or was), in words.

@@ -391,7 +391,7 @@ iqn = "iqn.2026-11.org.example:store1"
             assert_eq!(text.contains(&comment), i % 3 != 0, "d{i}:\n{text}");
         }
         assert!(
-            text.contains("name = \"d20\"\nstore = \"ram\"\nsize = 67108864"),
+            text.contains("name = \"d20\"\nstore = \"ram\"\nsize = \"64M\""),
             "{text}"
         );
         assert!(text.find("\"d38\"") < text.find("\"late\""), "{text}");

@@ -1820,11 +1820,21 @@ fn portal_group_toml(out: &mut String, pg: &PortalGroup) {
     }
 }
 
+/// A size as the config writes it: `"1G"` where a unit holds it whole, else the bytes.
+fn size_toml(bytes: u64) -> String {
+    let text = super::names::size_text(bytes);
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        text
+    } else {
+        format!("\"{text}\"")
+    }
+}
+
 fn device_toml(out: &mut String, d: &DeviceConfig) {
     let _ = writeln!(out, "\n[[device]]\nname = {}", q(&d.name));
     match &d.store {
         StoreKind::Ram { size_bytes } => {
-            let _ = writeln!(out, "store = \"ram\"\nsize = {size_bytes}");
+            let _ = writeln!(out, "store = \"ram\"\nsize = {}", size_toml(*size_bytes));
         }
         StoreKind::File { path, size_bytes } => {
             let _ = writeln!(
@@ -1833,7 +1843,7 @@ fn device_toml(out: &mut String, d: &DeviceConfig) {
                 q(&path.to_string_lossy())
             );
             if let Some(n) = size_bytes {
-                let _ = writeln!(out, "size = {n}");
+                let _ = writeln!(out, "size = {}", size_toml(*n));
             }
         }
         StoreKind::Block { path } => {

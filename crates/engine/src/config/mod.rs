@@ -31,8 +31,8 @@ pub use iscsi::name::IscsiName;
 pub use names::{
     check_iscsi_name, check_lvm_lv_name, check_lvm_vg_name, check_object_name, check_path_text,
     check_rbd_pool_name, is_valid_iscsi_name, parse_listen, parse_nvme_discovery_listen,
-    parse_nvme_listen, parse_size, portals_overlap, ISCSI_NAME_BYTES_MAX, ISCSI_PORT_DEFAULT,
-    NVME_DISCOVERY_PORT, NVME_PORT_DEFAULT,
+    parse_nvme_listen, parse_size, portals_overlap, size_text, ISCSI_NAME_BYTES_MAX,
+    ISCSI_PORT_DEFAULT, NVME_DISCOVERY_PORT, NVME_PORT_DEFAULT,
 };
 pub use source::{ConfigSource, LoadError, Unsaved};
 pub use store_kind::StoreKind;

@@ -72,6 +72,17 @@ pub fn parse_size(s: &str) -> Result<u64, Invalid> {
         .ok_or_else(|| Invalid(format!("size `{s}` is too large")))
 }
 
+/// A size as [`parse_size`] reads it back, in the largest binary unit that holds it whole
+/// (`1G`, `1536M`, `4K`); a size no unit divides stays a number of bytes.
+pub fn size_text(bytes: u64) -> String {
+    for (shift, unit) in [(50, "P"), (40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes != 0 && bytes.trailing_zeros() >= shift {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// Parses a listen address: `IPv4[:PORT]` or `[IPv6][:PORT]`; the port defaults to 3260.
 /// Host names are not accepted (the config is resolved without DNS).
 pub fn parse_listen(s: &str) -> Result<SocketAddr, Invalid> {

@@ -71,6 +71,23 @@ fn with_device(extra: &str) -> String {
 // ---- sizes -------------------------------------------------------------------------------
 
 #[test]
+fn sizes_are_written_in_the_largest_whole_unit_and_read_back() {
+    use super::names::size_text;
+    for (bytes, text) in [
+        (1u64 << 30, "1G"),
+        (1536 << 20, "1536M"),
+        (4096, "4K"),
+        (512, "512"),
+        (0, "0"),
+        (3 << 50, "3P"),
+        ((1 << 30) + 512, "1073742336"),
+    ] {
+        assert_eq!(size_text(bytes), text);
+        assert_eq!(parse_size(text), Ok(bytes), "{text}");
+    }
+}
+
+#[test]
 fn size_accepts_integers_and_binary_units() {
     assert_eq!(parse_size("4096"), Ok(4096));
     assert_eq!(parse_size("4096B"), Ok(4096));

@@ -388,7 +388,11 @@ fn create(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError>
         }
         Err(e) => return Err(e.into()),
     };
-    let what = format!("volume {name} created in pool {} ({size} bytes)", pool.name);
+    let what = format!(
+        "volume {name} created in pool {} ({})",
+        pool.name,
+        crate::config::size_text(size)
+    );
     let committed = super::transact(shared, "volume-create", args, |running| {
         commit_new(running, &pool, &name, device.clone(), what.clone())
     });

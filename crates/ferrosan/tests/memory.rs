@@ -104,3 +104,53 @@ fn a_session_whose_buffer_shrank_still_moves_large_pdus() {
         itt += 1;
     }
 }
+
+/// NVMe/TCP, by the same receive-buffer policy: an idle controller's queues hold the small
+/// buffer, and a queue whose buffer shrank while idle still moves large writes intact.
+#[test]
+fn idle_nvme_controllers_hold_small_receive_buffers_and_still_move_large_writes() {
+    use initiator::nvme::NvmeHost;
+    const NQN: &str = "nqn.2024-01.dev.ferrosan:memory";
+    const CONTROLLERS: usize = 24;
+    let nvme_port = common::free_port();
+    let listen = format!("127.0.0.1:{nvme_port}");
+    let daemon = Daemon::start_with_args(
+        IQN,
+        &["ram:16M"],
+        &["--workers", "2", "--nvme-listen", &listen],
+    );
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    let host =
+        |i: usize| format!("nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-{i:012}");
+    drop(NvmeHost::connect(addr, NQN, &host(999), 8).expect("connect"));
+    std::thread::sleep(Duration::from_millis(300));
+    let before = rss_kib(daemon.pid());
+    let mut hosts: Vec<NvmeHost> = (0..CONTROLLERS)
+        .map(|i| NvmeHost::connect(addr, NQN, &host(i), 8).expect("connect"))
+        .collect();
+    for h in &mut hosts {
+        h.read(1, 0, 1, 512).expect("read");
+    }
+    // Two ticks without input: every queue is back to the small buffer.
+    std::thread::sleep(Duration::from_millis(2300));
+    let after = rss_kib(daemon.pid());
+    let per_controller = after.saturating_sub(before) / CONTROLLERS as u64;
+    eprintln!(
+        "{per_controller} KiB per idle NVMe controller, two queues ({before} -> {after} KiB)"
+    );
+    assert!(
+        per_controller < 96,
+        "{per_controller} KiB of RSS per idle controller ({before} KiB before, {after} after)"
+    );
+    let h = &mut hosts[0];
+    for round in 0..3u64 {
+        let data = pseudo_random_bytes(128 * 1024, round);
+        let lba = round * 256;
+        h.write(1, lba, data.clone(), 512).expect("write");
+        assert!(
+            h.read(1, lba, 256, 512).expect("read") == data,
+            "round {round}"
+        );
+        std::thread::sleep(Duration::from_millis(2200));
+    }
+}

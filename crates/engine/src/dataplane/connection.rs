@@ -24,6 +24,7 @@ use super::login::{
     initial_stat_sn, logged_in, login_limits, new_session, nexus_of, target_shown, LoggedIn, Policy,
 };
 use super::wakeups::Wakeups;
+use super::RBUF_IDLE;
 
 use super::lifecycle::{self, Lifecycle, Shutdown};
 use crate::admission::doors::ConnectionGuard;
@@ -99,15 +100,6 @@ struct Driver {
     last_pdu_long: bool,
     out: Outbox,
 }
-
-/// The receive buffer of a connection that has not needed more: room for any login PDU
-/// (8 KiB of data at most) and a few small commands. It grows to the full size (twice the
-/// largest PDU, 514 KiB by default) when a read fills it or a PDU does not fit, and shrinks back
-/// after a second with nothing received. Allocating the full size up front made every idle
-/// session pin it: once glibc serves blocks that large from its arenas (after the first one is
-/// freed) a zeroed one is written whole, so resident — 192–233 KiB of RSS per idle session
-/// measured, 22 KiB with this.
-const RBUF_IDLE: usize = 16 * 1024;
 
 impl Driver {
     fn new(

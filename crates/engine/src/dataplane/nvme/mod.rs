@@ -90,7 +90,8 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
             discovery_only: kind == super::connection::ListenerKind::NvmeDiscovery,
             tls,
         },
-        rbuf: vec![0; 64 * 1024],
+        rbuf: vec![0; super::RBUF_IDLE],
+        received: false,
         start: 0,
         end: 0,
         out: Vec::new(),
@@ -194,7 +195,11 @@ impl Role {
 struct Driver {
     stream: wire::Wire,
     at: connect::Arrival,
+    /// Receive buffer: `RBUF_IDLE` bytes until the queue needs more, and back after an idle
+    /// second (the policy of both doors, `dataplane::RBUF_IDLE`).
     rbuf: Vec<u8>,
+    /// Bytes arrived since the last tick.
+    received: bool,
     start: usize,
     end: usize,
     /// The bytes the queue encodes (headers, digests, completions, small answers), moved to
@@ -589,6 +594,7 @@ impl Driver {
                     Ok(0) => return Ok(false),
                     Ok(n) => {
                         self.end += n;
+                        self.received = true;
                         if self.end == self.rbuf.len() && self.rbuf.len() < super::RBUF_BUSY {
                             // A read that filled the buffer: a deep queue's commands are
                             // waiting; read them in fewer calls, as the iSCSI door does.
@@ -664,6 +670,7 @@ impl Driver {
         backend.report_io();
         let now = Instant::now();
         life.ticked(now);
+        self.shrink_if_idle();
         if self.auth_deadline.is_some_and(|d| now >= d) {
             tracing::warn!(peer = %self.at.peer, host = %role.entry().host, "NVMe queue closed: not authenticated within login_timeout_s");
             backend.shared.metrics.limit("login_timeout_s");
@@ -707,6 +714,7 @@ impl Driver {
             Ok(0) => Err(Closed::Limit("closed by the host")),
             Ok(n) => {
                 self.end += n;
+                self.received = true;
                 Ok(())
             }
             Err(e) => Err(Closed::Io(e)),
@@ -720,14 +728,29 @@ impl Driver {
             self.end -= self.start;
             self.start = 0;
         }
-        let need = self.queue.next_len(&self.rbuf[..self.end]).max(64 * 1024);
+        let need = self
+            .queue
+            .next_len(&self.rbuf[..self.end])
+            .max(super::RBUF_IDLE);
         if self.rbuf.len() < need {
             self.rbuf.resize(need, 0);
         }
         if self.end == self.rbuf.len() {
             // Never a read into no room (it would look like the end of the stream).
-            self.rbuf.resize(self.end + 64 * 1024, 0);
+            self.rbuf.resize(self.end + super::RBUF_IDLE, 0);
         }
+    }
+
+    /// Once a second: a queue that received nothing since the last tick and holds no partial
+    /// PDU goes back to the small buffer (an idle controller's three queues pinned 64 KiB
+    /// each before).
+    fn shrink_if_idle(&mut self) {
+        if !self.received && self.start == self.end && self.rbuf.len() > super::RBUF_IDLE {
+            self.rbuf = vec![0; super::RBUF_IDLE];
+            self.start = 0;
+            self.end = 0;
+        }
+        self.received = false;
     }
 
     /// Takes every whole PDU buffered; a PDU the transport refuses ends the connection (its

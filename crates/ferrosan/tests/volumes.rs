@@ -330,6 +330,15 @@ fn a_volume_is_exported_to_one_host_and_unexported_in_one_step() {
         &["volume", "export", "vm1", "--initiator", HOST, "--lun", "5"],
         "exported to",
     );
+    // A malformed host name is named as written, and no group is made for it.
+    let said = ctl.run(&["volume", "export", "vm3", "--initiator", "not a name"]);
+    assert!(
+        !said.success()
+            && said.stderr.contains("initiator \"not a name\"")
+            && !said.stderr.contains("host-"),
+        "{}",
+        said.describe()
+    );
     let second = ok(&ctl, &["volume", "export", "vm3", "--initiator", HOST]);
     assert_eq!(second["lun"], 1, "{second}");
     // In words, for a person: where it is, asked again too.

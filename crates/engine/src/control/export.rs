@@ -76,8 +76,11 @@ impl Asked {
                 "no volume or device {device}"
             )));
         }
-        let host =
-            IscsiName::from_wire(text(args, "initiator")?).map_err(ControlError::bad_request)?;
+        // As the config would take it: a name refused here is named as the user wrote it,
+        // before any group is made for it.
+        let raw = text(args, "initiator")?;
+        let host = IscsiName::from_config(raw)
+            .map_err(|e| ControlError::BadRequest(format!("initiator {raw:?}: {e}")))?;
         let target = target_index(config, args)?;
         Ok(Asked {
             device: device.to_string(),

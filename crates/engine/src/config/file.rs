@@ -136,7 +136,7 @@ struct RawLun {
 /// Turns a TOML syntax/type error into a located error naming the key it is about.
 fn syntax_error(cx: &mut Cx<'_>, e: &toml::de::Error) {
     let span = e.span().unwrap_or(0..0);
-    let mut message = e.message().trim().to_string();
+    let mut message = for_people(e.message().trim());
     if let Some(near) = closest_expected(&message) {
         message.push_str(&format!(" (did you mean `{near}`?)"));
     }
@@ -144,6 +144,15 @@ fn syntax_error(cx: &mut Cx<'_>, e: &toml::de::Error) {
         .or_else(|| key_before(cx.src, span.start))
         .unwrap_or_else(|| "toml".to_string());
     cx.err(span, field, message);
+}
+
+/// serde's type names as a person reads them: "expected i64" is "expected a whole number".
+fn for_people(message: &str) -> String {
+    let mut out = message.to_string();
+    for ty in ["i64", "u64", "i32", "u32", "u16", "u8", "usize"] {
+        out = out.replace(&format!("expected {ty}"), "expected a whole number");
+    }
+    out
 }
 
 /// For serde's "unknown field `sise`, expected one of `name`, `size`, …": the expected key

@@ -932,6 +932,10 @@ fn unknown_keys_are_errors() {
     let text = format!("[srever]\nworkers = 1\n{BASE}");
     let e = one_error(&text, "srever", "srever");
     assert!(e.message.ends_with("(did you mean `server`?)"), "{e}");
+    // A type is named in words.
+    let text = BASE.replace("lun = 0", "lun = \"zero\"");
+    let e = one_error(&text, "\"zero\"", "lun");
+    assert!(e.message.contains("expected a whole number"), "{e}");
     // Nothing close: no guess.
     let text = with_device("name = \"d\"\nstore = \"ram\"\nsize = 4096\nzzzzzz = 1");
     let e = one_error(&text, "zzzzzz", "zzzzzz");

@@ -666,14 +666,23 @@ fn save_running(shared: &Shared, _lock: &reload::ApplyLock) -> Result<PathBuf, S
     Ok(path.to_path_buf())
 }
 
+/// The running device `name`, or `not_found`.
+fn open_device<'t>(
+    topology: &'t crate::topology::Topology,
+    name: &str,
+) -> Result<&'t crate::topology::OpenDevice, ControlError> {
+    topology
+        .devices
+        .get(name)
+        .map(|d| &**d)
+        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))
+}
+
 /// Makes this gateway the owner of an RBD image (explicit ALUA), fencing the previous owner.
 fn take_device(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let name = text(args, "name")?;
     let topology = shared.topology();
-    let device = topology
-        .devices
-        .get(name)
-        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
+    let device = open_device(&topology, name)?;
     let ownership = device.ownership.as_ref().ok_or_else(|| {
         ControlError::Conflict(format!(
             "device {name} has no owner to move: only RBD images under gateways do"
@@ -691,10 +700,7 @@ fn take_device(shared: &Shared, args: &Map<String, Value>) -> Result<Value, Cont
 fn clear_reservations(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let name = text(args, "name")?;
     let topology = shared.topology();
-    let device = topology
-        .devices
-        .get(name)
-        .ok_or_else(|| ControlError::NotFound(format!("no device {name}")))?;
+    let device = open_device(&topology, name)?;
     let cleared = device.unit.clear_reservations().map_err(|sense| {
         ControlError::Device(format!(
             "device {name}: clearing its reservations failed (sense {:02x}/{:02x}/{:02x}): \

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use engine::dataplane::coalesce::{Coalescer, Outcome, Plan, BACKLOG_MIN, LOW_WATER_MAX, WAIT_MIN};
-use iscsi::session::Activity;
 use libfuzzer_sys::fuzz_target;
+use seam::Activity;
 
 #[derive(Arbitrary, Debug)]
 struct Turn {

@@ -9,11 +9,11 @@ use iscsi::login::{
     Admission, AuthRequirement, ChapRequirement, Login, LoginLimits, LoginPolicy, LoginStatus,
     LoginStep, SessionKey,
 };
-use iscsi::name::IscsiName;
 use iscsi::negotiation::{SessionType, TargetLimits};
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN};
 use iscsi::text;
 use libfuzzer_sys::fuzz_target;
+use seam::name::NodeName;
 
 const TARGET: &str = "iqn.2026-11.org.ferrosan:t";
 
@@ -64,8 +64,8 @@ fn status((class, detail): (u8, u8)) -> LoginStatus {
 impl LoginPolicy for Policy {
     fn admit(
         &mut self,
-        _initiator: &IscsiName,
-        target: &IscsiName,
+        _initiator: &NodeName,
+        target: &NodeName,
     ) -> Result<Admission, LoginStatus> {
         if let Some(s) = self.deny_normal {
             return Err(status(s));
@@ -82,7 +82,7 @@ impl LoginPolicy for Policy {
             auth: requirement(self),
         })
     }
-    fn admit_discovery(&mut self, _initiator: &IscsiName) -> Result<Admission, LoginStatus> {
+    fn admit_discovery(&mut self, _initiator: &NodeName) -> Result<Admission, LoginStatus> {
         if let Some(s) = self.deny_discovery {
             return Err(status(s));
         }
@@ -364,7 +364,7 @@ fuzz_target!(|input: Input| {
                 assert!(!est.initiator_name.as_str().is_empty());
                 // A normal form is its own normal form.
                 assert_eq!(
-                    IscsiName::from_wire(est.initiator_name.as_str()).as_ref(),
+                    NodeName::from_wire(est.initiator_name.as_str()).as_ref(),
                     Ok(&est.initiator_name)
                 );
                 // The security invariant: with CHAP required, no login completes unless the
@@ -376,10 +376,7 @@ fuzz_target!(|input: Input| {
                     );
                 }
                 if est.session_type == SessionType::Normal {
-                    assert_eq!(
-                        est.target_name.as_ref().map(IscsiName::as_str),
-                        Some(TARGET)
-                    );
+                    assert_eq!(est.target_name.as_ref().map(NodeName::as_str), Some(TARGET));
                 }
                 return;
             }

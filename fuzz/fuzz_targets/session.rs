@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use iscsi::negotiation::{SessionParams, SessionType, TargetLimits};
-use iscsi::outbox::{Outbox, ReadBuffers};
 use iscsi::pdu::{self, off, Bhs, Framing, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
-use iscsi::session::{
-    DeferredCommand, DiscoveredTarget, Execution, Flow, ScsiBackend, ScsiOutcome, ScsiRequest,
-    Session, SessionLimits, Tick, TmfAnswer, TmfFunction,
-};
+use iscsi::session::{DiscoveredTarget, Flow, IscsiBackend, Session, SessionLimits};
 use libfuzzer_sys::fuzz_target;
+use seam::outbox::{Outbox, ReadBuffers};
+use seam::{
+    DeferredCommand, Execution, Liveness, ScsiBackend, ScsiOutcome, ScsiRequest, TmfAnswer,
+    TmfFunction,
+};
 
 /// A file holding the same bytes the backend copies (`i as u8` at offset `i`, 1 MiB), created
 /// once per fuzzing process and unlinked at once (the open handle keeps it).
@@ -72,7 +73,7 @@ impl ScsiBackend for Backend {
         &mut self,
         req: &ScsiRequest<'_>,
         data_in: &mut Vec<u8>,
-        lent: &mut iscsi::session::Loan,
+        lent: &mut seam::Loan,
         sense: &mut Vec<u8>,
     ) -> Execution {
         assert!(
@@ -138,7 +139,7 @@ impl ScsiBackend for Backend {
         } else {
             assert!(command.data_out.is_empty());
         }
-        self.deferred.push((command.itt, command.read));
+        self.deferred.push((command.tag, command.read));
     }
 
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
@@ -152,6 +153,9 @@ impl ScsiBackend for Backend {
             TmfAnswer::Now(self.tmf_response)
         }
     }
+}
+
+impl IscsiBackend for Backend {
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
         let all: Vec<DiscoveredTarget> = (0..40)
             .map(|i| DiscoveredTarget {
@@ -430,7 +434,7 @@ fuzz_target!(|input: Input| {
     let mut now = start;
     let mut session = Session::new(
         kind,
-        iscsi::name::IscsiName::from_wire("iqn.2026-11.org.example:init").unwrap(),
+        seam::name::NodeName::from_wire("iqn.2026-11.org.example:init").unwrap(),
         params,
         limits,
         s.stat_sn,
@@ -599,7 +603,7 @@ fuzz_target!(|input: Input| {
                 let verdict = session.tick(now, *reading, &mut out);
                 checker.check(&session, &out);
                 out.clear();
-                if verdict != Tick::Continue {
+                if verdict != Liveness::Continue {
                     return;
                 }
                 continue;

@@ -760,7 +760,7 @@ fn build(config: &Config) -> Result<Shared, OpenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::IscsiName;
+    use crate::config::NodeName;
 
     #[test]
     fn only_the_other_gateways_addresses_may_bring_peers_past_a_sources_limit() {
@@ -1036,7 +1036,7 @@ iqn = "iqn.2026-11.test:target"
         let config = Config::from_toml_str(IDENTITY_CONFIG, "identity.toml").unwrap();
         let shared = build(&config).unwrap();
         let topology = shared.topology();
-        let target = IscsiName::from_wire("iqn.2026-11.test:target").unwrap();
+        let target = NodeName::from_wire("iqn.2026-11.test:target").unwrap();
         let source: IpAddr = "127.0.0.1".parse().unwrap();
         let bases = [
             "iqn.2026-11.test:é",
@@ -1051,7 +1051,7 @@ iqn = "iqn.2026-11.test:target"
         for (b, base) in bases.iter().enumerate() {
             for round in 0..400u64 {
                 let spelling = respell(base, round * 7919 + b as u64);
-                let Ok(name) = IscsiName::from_wire(&spelling) else {
+                let Ok(name) = NodeName::from_wire(&spelling) else {
                     continue;
                 };
                 // The oracle: the group listing the normal form, else the any-initiator group.
@@ -1077,14 +1077,14 @@ iqn = "iqn.2026-11.test:target"
                     config.targets[0].auth_in(&name, Some(&config.targets[0].groups[oracle]));
                 assert_eq!(auth, oracle_auth, "{spelling:?}");
                 // Every spelling of a base is the base.
-                let normal = IscsiName::from_wire(base).unwrap();
+                let normal = NodeName::from_wire(base).unwrap();
                 assert_eq!(name, normal, "{spelling:?} is {base:?}");
                 checked += 1;
             }
         }
         assert!(checked > 2000, "only {checked} spellings were names");
         // The reproduction, concretely: É is é, which needs no CHAP and gets the 16 MiB LU.
-        let upper = IscsiName::from_wire("iqn.2026-11.test:É").unwrap();
+        let upper = NodeName::from_wire("iqn.2026-11.test:É").unwrap();
         let (membership, auth) = topology
             .admit(
                 crate::admission::Door::Iscsi,

@@ -514,6 +514,15 @@ fn controllers_are_sessions_to_ctl_and_a_hostile_queue_touches_no_other() {
         .unwrap_or_else(|| panic!("the controller in ctl sessions: {listed:?}"));
     assert_eq!(mine["target"], NQN);
     assert_eq!(mine["tsih"], u64::from(h.cntlid));
+    // The controller in its own door's terms: no iSCSI key or ISID made up for it.
+    assert_eq!(mine["door"], "nvme", "{mine}");
+    assert_eq!(mine["header_digest"], "None", "{mine}");
+    assert_eq!(mine["tls"], false, "{mine}");
+    assert!(mine["kato_ms"].as_u64().is_some(), "{mine}");
+    assert!(mine["max_transfer"].as_u64().unwrap() >= 4096, "{mine}");
+    for iscsi_only in ["isid", "cid", "initial_r2t", "max_burst_length"] {
+        assert!(mine.get(iscsi_only).is_none(), "{iscsi_only} in {mine}");
+    }
     assert!(
         mine["chap_user"].is_null(),
         "no authentication, no user: {mine:?}"

@@ -5,9 +5,7 @@
 pub mod chap;
 pub mod digest;
 pub mod login;
-pub mod name;
 pub mod negotiation;
-pub mod outbox;
 pub mod pdu;
 pub mod serial;
 pub mod session;

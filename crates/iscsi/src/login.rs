@@ -6,10 +6,10 @@
 //! initiator log in, which TSIH) go through [`LoginPolicy`], implemented by the engine.
 
 use crate::chap::{self, Algorithm, Credential};
-use crate::name::IscsiName;
 use crate::negotiation::{Negotiator, SessionParams, SessionType, TargetLimits};
 use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu};
 use crate::text;
+use seam::name::NodeName;
 
 /// A Login Response status (class, detail), RFC 7143 §11.13.5.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,9 +197,9 @@ pub struct Admission {
 /// Identity of the connection being logged in, passed to [`LoginPolicy::open_session`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionKey {
-    pub initiator_name: IscsiName,
+    pub initiator_name: NodeName,
     pub isid: [u8; 6],
-    pub target_name: Option<IscsiName>,
+    pub target_name: Option<NodeName>,
     pub tsih: u16,
 }
 
@@ -207,11 +207,11 @@ pub trait LoginPolicy {
     /// A normal session to `target_name`: may `initiator_name` log in?
     fn admit(
         &mut self,
-        initiator_name: &IscsiName,
-        target_name: &IscsiName,
+        initiator_name: &NodeName,
+        target_name: &NodeName,
     ) -> Result<Admission, LoginStatus>;
     /// A discovery session.
-    fn admit_discovery(&mut self, initiator_name: &IscsiName) -> Result<Admission, LoginStatus>;
+    fn admit_discovery(&mut self, initiator_name: &NodeName) -> Result<Admission, LoginStatus>;
     /// The login is about to succeed: register the session (reinstating an older one with the same
     /// initiator name and ISID) and return its TSIH.
     fn open_session(
@@ -229,9 +229,9 @@ pub trait LoginPolicy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Established {
     pub session_type: SessionType,
-    pub initiator_name: IscsiName,
+    pub initiator_name: NodeName,
     pub initiator_alias: Option<String>,
-    pub target_name: Option<IscsiName>,
+    pub target_name: Option<NodeName>,
     pub portal_group_tag: u16,
     pub isid: [u8; 6],
     pub tsih: u16,
@@ -293,9 +293,9 @@ pub struct Login {
     stat_sn: u32,
     requests: usize,
     continued_text: Vec<u8>,
-    initiator_name: Option<IscsiName>,
+    initiator_name: Option<NodeName>,
     initiator_alias: Option<String>,
-    target_name: Option<IscsiName>,
+    target_name: Option<NodeName>,
     admission: Option<Admission>,
     negotiator: Option<Negotiator>,
     authenticated: bool,
@@ -340,12 +340,12 @@ impl Login {
     }
 
     /// The InitiatorName of this login, once the first request named it.
-    pub fn initiator_name(&self) -> Option<&IscsiName> {
+    pub fn initiator_name(&self) -> Option<&NodeName> {
         self.initiator_name.as_ref()
     }
 
     /// The TargetName of this login (normal sessions), once the first request named it.
-    pub fn target_name(&self) -> Option<&IscsiName> {
+    pub fn target_name(&self) -> Option<&NodeName> {
         self.target_name.as_ref()
     }
 
@@ -532,7 +532,7 @@ impl Login {
             return Err(LoginStatus::MISSING_PARAMETER);
         }
         // Normalised once, here: every decision about who this initiator is compares this form.
-        let initiator = IscsiName::from_wire(initiator).map_err(|_| {
+        let initiator = NodeName::from_wire(initiator).map_err(|_| {
             self.failure = Some(AuthFailure::MalformedName);
             LoginStatus::INITIATOR_ERROR
         })?;
@@ -547,7 +547,7 @@ impl Login {
             SessionType::Normal => {
                 let target = get("TargetName").ok_or(LoginStatus::MISSING_PARAMETER)?;
                 // No target has a name that is not one.
-                let target = IscsiName::from_wire(target).map_err(|_| {
+                let target = NodeName::from_wire(target).map_err(|_| {
                     self.failure = Some(AuthFailure::MalformedName);
                     LoginStatus::NOT_FOUND
                 })?;
@@ -579,7 +579,7 @@ impl Login {
                 _ => continue,
             };
             // The same name in another spelling is the same name.
-            if fixed.is_none() || IscsiName::from_wire(value).ok().as_ref() != fixed {
+            if fixed.is_none() || NodeName::from_wire(value).ok().as_ref() != fixed {
                 return Err(LoginStatus::INITIATOR_ERROR);
             }
         }

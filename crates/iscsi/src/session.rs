@@ -12,137 +12,38 @@
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-use crate::name::IscsiName;
+use seam::name::NodeName;
+use seam::outbox::Outbox;
+use seam::{
+    status, tmf_response, Activity, DataOutBuf, DeferredCommand, Execution, Liveness, Loan,
+    ScsiBackend, ScsiOutcome, ScsiRequest, TmfAnswer, TmfFunction,
+};
+
 use crate::negotiation::{SessionParams, SessionType};
-use crate::outbox::{FileRange, Outbox, ReadBuffers, SharedSlice};
 use crate::pdu::{self, off, Bhs, Framing, Opcode, Pdu, RejectReason, RESERVED_TAG};
 use crate::serial;
 use crate::text;
 
-/// SCSI status codes the core itself produces or inspects.
-pub mod status {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const TASK_SET_FULL: u8 = 0x28;
+/// The backend as an iSCSI session needs it: the seam's, and SendTargets.
+pub trait IscsiBackend: ScsiBackend {
+    /// Targets this initiator may see; `filter` is None for SendTargets=All.
+    fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget>;
 }
 
-/// One SCSI command handed to the backend.
-#[derive(Clone, Copy, Debug)]
-pub struct ScsiRequest<'a> {
-    /// The initiator task tag: names the task when a deferred execution completes.
-    pub itt: u32,
-    pub lun: [u8; 8],
-    pub cdb: &'a [u8],
-    pub data_out: &'a [u8],
-    /// Expected Data Transfer Length from the initiator.
-    pub expected_len: u32,
-    pub read: bool,
-    pub write: bool,
-    pub task_attr: u8,
-    /// The Data-In may be lent as a file range ([`Loan::file`]): a read of a SIMPLE (or
-    /// untagged) task on a connection without data digests, whose CRC would need the bytes.
-    pub may_lend_file: bool,
-}
-
-/// What a zero-copy read lends instead of filling `data_in`.
-#[derive(Default)]
-pub struct Loan {
-    /// Slices of store memory.
-    pub slices: Vec<SharedSlice>,
-    /// A page-cached file range, sent with `sendfile` (only when the request allows it).
-    pub file: Option<FileRange>,
-}
-
-impl Loan {
-    pub fn is_empty(&self) -> bool {
-        self.slices.is_empty() && self.file.is_none()
-    }
-
-    pub fn clear(&mut self) {
-        self.slices.clear();
-        self.file = None;
-    }
-}
-
-/// The verdict of [`Session::tick`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tick {
-    Continue,
-    /// Our NOP-In went unanswered for `nop_timeout`: the connection is dead.
-    DeadPeer,
-    /// Nothing from the initiator for `idle_timeout`: the session ends.
-    Idle,
-}
-
-/// What the backend reports back; Data-In bytes and sense bytes go into the buffers it was given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ScsiOutcome {
-    pub status: u8,
-    /// Bytes the CDB itself transfers out (writes); reads use the Data-In length.
-    pub transfer_len: u32,
-}
-
-/// How the backend ran a command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Execution {
-    /// Finished: `data_in` and `sense` hold its results.
-    Done(ScsiOutcome),
-    /// To run elsewhere (e.g. a durable write on a disk-backed LU, off the network worker),
-    /// nothing done yet: the session hands the command over, owning its Data-Out, with
-    /// [`ScsiBackend::defer`]; the engine calls [`Session::complete`] with the task's ITT when
-    /// it finishes.
-    Deferred,
-}
-
-/// Memory the engine supplies for a write's Data-Out (see [`ScsiBackend::data_out_memory`]),
-/// e.g. aligned for direct I/O so that the data goes from the socket to the device without
-/// another copy. Exactly as long as the write's expected data transfer length.
-/// `Any`, so the engine can take its own type back (trait upcasting, then a downcast).
-pub trait DataOutMemory: std::any::Any + Send + Sync + std::fmt::Debug {
-    fn bytes(&self) -> &[u8];
-    fn bytes_mut(&mut self) -> &mut [u8];
-}
-
-/// A write's Data-Out: in a buffer of the connection's pool, or in memory the engine supplied.
-#[derive(Debug)]
-pub enum DataOutBuf {
-    Pooled(Vec<u8>),
-    Engine(Box<dyn DataOutMemory>),
-}
-
-impl Default for DataOutBuf {
-    fn default() -> Self {
-        DataOutBuf::Pooled(Vec::new())
-    }
-}
-
-impl DataOutBuf {
-    /// Returns a pooled buffer to the outbox's pool; engine memory goes back to the engine as it
-    /// drops.
-    pub fn recycle(self, out: &mut Outbox) {
-        if let DataOutBuf::Pooled(buf) = self {
-            out.give_back(buf);
-        }
-    }
-}
-
-impl std::ops::Deref for DataOutBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            DataOutBuf::Pooled(buf) => buf,
-            DataOutBuf::Engine(memory) => memory.bytes(),
-        }
-    }
-}
-
-impl std::ops::DerefMut for DataOutBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        match self {
-            DataOutBuf::Pooled(buf) => buf,
-            DataOutBuf::Engine(memory) => memory.bytes_mut(),
-        }
-    }
+/// The task management function an iSCSI TMF Request's function code names (RFC 7143
+/// §11.5.1).
+pub fn tmf_function(code: u8) -> Option<TmfFunction> {
+    Some(match code {
+        1 => TmfFunction::AbortTask,
+        2 => TmfFunction::AbortTaskSet,
+        3 => TmfFunction::ClearAca,
+        4 => TmfFunction::ClearTaskSet,
+        5 => TmfFunction::LogicalUnitReset,
+        6 => TmfFunction::TargetWarmReset,
+        7 => TmfFunction::TargetColdReset,
+        8 => TmfFunction::TaskReassign,
+        _ => return None,
+    })
 }
 
 /// A SCSI Command's immediate data: where it is.
@@ -179,69 +80,6 @@ enum Refusal {
     InvalidField,
 }
 
-/// A command handed to the backend to run elsewhere, owning what it needs.
-#[derive(Debug)]
-pub struct DeferredCommand {
-    pub itt: u32,
-    pub lun: [u8; 8],
-    pub cdb: Vec<u8>,
-    /// The Data-Out (empty for reads): the write's own assembly buffer when it came in Data-Out
-    /// PDUs, so it is not copied again. Give it back with [`DataOutBuf::recycle`] when done.
-    pub data_out: DataOutBuf,
-    pub expected_len: u32,
-    pub read: bool,
-    pub write: bool,
-    pub task_attr: u8,
-}
-
-/// Task management functions (RFC 7143 §11.5.1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TmfFunction {
-    AbortTask,
-    AbortTaskSet,
-    ClearAca,
-    ClearTaskSet,
-    LogicalUnitReset,
-    TargetWarmReset,
-    TargetColdReset,
-    TaskReassign,
-}
-
-impl TmfFunction {
-    pub fn from_wire(v: u8) -> Option<TmfFunction> {
-        Some(match v {
-            1 => TmfFunction::AbortTask,
-            2 => TmfFunction::AbortTaskSet,
-            3 => TmfFunction::ClearAca,
-            4 => TmfFunction::ClearTaskSet,
-            5 => TmfFunction::LogicalUnitReset,
-            6 => TmfFunction::TargetWarmReset,
-            7 => TmfFunction::TargetColdReset,
-            8 => TmfFunction::TaskReassign,
-            _ => return None,
-        })
-    }
-}
-
-/// TMF response codes (RFC 7143 §11.6.1).
-pub mod tmf_response {
-    pub const COMPLETE: u8 = 0;
-    pub const TASK_DOES_NOT_EXIST: u8 = 1;
-    pub const LUN_DOES_NOT_EXIST: u8 = 2;
-    pub const REASSIGN_NOT_SUPPORTED: u8 = 4;
-    pub const NOT_SUPPORTED: u8 = 5;
-    pub const REJECTED: u8 = 255;
-}
-
-/// The backend's part of a task management function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TmfAnswer {
-    /// Done; this is the response (a [`tmf_response`] code).
-    Now(u8),
-    /// Commands of other nexuses are still running: the engine answers later.
-    Later,
-}
-
 /// A TMF whose response waits until the commands it aborted can no longer reach the medium.
 #[derive(Debug)]
 struct PendingTmf {
@@ -264,41 +102,6 @@ const PENDING_TMFS_MAX: usize = 16;
 pub struct DiscoveredTarget {
     pub name: String,
     pub addresses: Vec<String>,
-}
-
-pub trait ScsiBackend {
-    /// Runs one command, or answers [`Execution::Deferred`] (without side effects) to run it
-    /// elsewhere. `lent` and `sense` arrive empty; `data_in` arrives empty except for reads, where
-    /// it may hold bytes of an earlier read on this connection so the read can overwrite instead
-    /// of zero-fill. When the command is done, `data_in` holds exactly its Data-In (cleared if
-    /// there is none), or, for a zero-copy read, `data_in` is empty and `lent` holds slices of
-    /// the store's memory or (if `req.may_lend_file`) a page-cached file range.
-    fn execute(
-        &mut self,
-        req: &ScsiRequest<'_>,
-        data_in: &mut Vec<u8>,
-        lent: &mut Loan,
-        sense: &mut Vec<u8>,
-    ) -> Execution;
-    /// Takes over a command `execute` answered [`Execution::Deferred`] for. A read that will
-    /// fill a buffer of its own may take one from `buffers` (its Data-In returns through the
-    /// same outbox).
-    fn defer(&mut self, command: DeferredCommand, buffers: ReadBuffers<'_>);
-    /// Does this LUN exist for this session? (TMF answers "LUN does not exist" otherwise.)
-    fn lun_exists(&mut self, lun: [u8; 8]) -> bool;
-    /// LU-level effects of TMF `itt` (the core has already dropped its own pending tasks and
-    /// will itself wait for its own aborted running tasks). [`TmfAnswer::Later`] when the
-    /// answer must wait for commands of other sessions: the engine then calls
-    /// [`Session::task_management_done`] once they can no longer reach the medium.
-    fn task_management(&mut self, itt: u32, function: TmfFunction, lun: [u8; 8]) -> TmfAnswer;
-    /// Targets this initiator may see; `filter` is None for SendTargets=All.
-    fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget>;
-    /// Memory of exactly `len` bytes for the Data-Out of a write to `lun` the engine will run
-    /// itself (e.g. aligned for direct I/O), or None for a buffer of the connection's pool. Its
-    /// contents need not be zeroed: every byte is written before the command runs.
-    fn data_out_memory(&mut self, _lun: [u8; 8], _len: usize) -> Option<Box<dyn DataOutMemory>> {
-        None
-    }
 }
 
 /// Whether a Data-Out PDU is accepted, and where its data goes.
@@ -414,27 +217,6 @@ struct RunningTask {
     aborted: bool,
 }
 
-/// What the PDUs handled since the last [`Session::take_activity`] say about the initiator's
-/// pipeline; the connection uses it to decide whether to coalesce wake-ups.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Activity {
-    /// SCSI Command PDUs received.
-    pub commands: u32,
-    /// Their bytes: header, AHS and data segment (immediate data).
-    pub command_bytes: u64,
-    /// Every other PDU (Data-Out, NOP-Out, task management, text, logout, ...).
-    pub other_pdus: u32,
-    /// The most responses the initiator had not yet seen when it sent one of those commands:
-    /// our StatSN minus its ExpStatSN, bounded by the command window. A pipelining initiator
-    /// shows its queue depth here; one that waits for each answer shows 0.
-    pub initiator_backlog: u32,
-    /// The most commands of this session still in the target (waiting for Data-Out or
-    /// running) when one of those commands arrived. An initiator with a deep queue of slow
-    /// commands (large writes, a disk) has seen every answer when it sends the next one, so
-    /// only this tells it from one that waits for each answer.
-    pub in_flight: u32,
-}
-
 #[derive(Debug)]
 struct TextContinuation {
     ttt: u32,
@@ -443,7 +225,7 @@ struct TextContinuation {
 
 pub struct Session {
     kind: SessionType,
-    initiator_name: IscsiName,
+    initiator_name: NodeName,
     params: SessionParams,
     limits: SessionLimits,
     framing: Framing,
@@ -481,7 +263,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         kind: SessionType,
-        initiator_name: IscsiName,
+        initiator_name: NodeName,
         params: SessionParams,
         limits: SessionLimits,
         next_stat_sn: u32,
@@ -646,7 +428,7 @@ impl Session {
     /// `reading`: false while the connection itself stops reading (its memory budget is full,
     /// so TCP holds the initiator back). Silence then proves nothing: no ping is sent, no
     /// verdict given, and the clocks start afresh once it reads again.
-    pub fn tick(&mut self, now: Instant, reading: bool, out: &mut Outbox) -> Tick {
+    pub fn tick(&mut self, now: Instant, reading: bool, out: &mut Outbox) -> Liveness {
         // Work outstanding (commands running, or unread ones held back) is not idleness.
         if !reading || self.running_tasks() > 0 || !self.pending.is_empty() {
             self.last_activity = now;
@@ -656,17 +438,17 @@ impl Session {
             if let Some((ttt, _)) = self.ping {
                 self.ping = Some((ttt, now));
             }
-            return Tick::Continue;
+            return Liveness::Continue;
         }
         if let Some((_, sent)) = self.ping {
             if self.last_rx <= sent
                 && now.saturating_duration_since(sent) >= self.limits.nop_timeout
             {
-                return Tick::DeadPeer;
+                return Liveness::DeadPeer;
             }
         }
         if !self.limits.idle_timeout.is_zero() && self.idle_for(now) >= self.limits.idle_timeout {
-            return Tick::Idle;
+            return Liveness::Idle;
         }
         if self.ping.is_none()
             && !self.limits.nop_interval.is_zero()
@@ -681,7 +463,7 @@ impl Session {
             self.push_pdu(out, &bhs, &[]);
             self.ping = Some((ttt, now));
         }
-        Tick::Continue
+        Liveness::Continue
     }
 
     /// Asks the initiator to log out within `within_s` seconds (Async Message, AsyncEvent 1,
@@ -704,7 +486,7 @@ impl Session {
         &mut self,
         pdu: &Pdu<'_>,
         now: Instant,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         let flow = self.handle_pdu(pdu, now, backend, out);
@@ -716,7 +498,7 @@ impl Session {
         &mut self,
         pdu: &Pdu<'_>,
         now: Instant,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         if let Some(flow) = self.arrived(pdu, pdu.data.len(), now) {
@@ -778,9 +560,9 @@ impl Session {
     fn in_order(
         &mut self,
         now: Instant,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
-        run: impl FnOnce(&mut Self, &mut dyn ScsiBackend, &mut Outbox) -> Flow,
+        run: impl FnOnce(&mut Self, &mut dyn IscsiBackend, &mut Outbox) -> Flow,
     ) -> Flow {
         self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
         if run(self, backend, out) == Flow::Close {
@@ -810,7 +592,7 @@ impl Session {
     fn run_out_of_order(
         &mut self,
         now: Instant,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         while let Some(pos) = self
@@ -841,7 +623,7 @@ impl Session {
         &mut self,
         opcode: Opcode,
         pdu: &Pdu<'_>,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         match opcode {
@@ -933,7 +715,7 @@ impl Session {
         &mut self,
         pdu: &Pdu<'_>,
         immediate: Immediate<'_>,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         let bhs = &pdu.bhs;
@@ -979,7 +761,7 @@ impl Session {
         h: &CommandHeader,
         cdb: &[u8],
         immediate: Immediate<'_>,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) {
         let deferred = {
@@ -989,7 +771,7 @@ impl Session {
                 Immediate::Placed { buf, len } => buf.get(..*len).unwrap_or_default(),
             };
             let req = ScsiRequest {
-                itt: h.itt,
+                tag: h.itt,
                 lun: h.lun,
                 cdb,
                 data_out,
@@ -1016,7 +798,7 @@ impl Session {
         };
         backend.defer(
             DeferredCommand {
-                itt: h.itt,
+                tag: h.itt,
                 lun: h.lun,
                 cdb: cdb.to_vec(),
                 data_out: buf,
@@ -1036,7 +818,7 @@ impl Session {
         h: &CommandHeader,
         cdb: &[u8],
         immediate: Immediate<'_>,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) {
         let immediate_len = immediate.len() as u32;
@@ -1092,7 +874,7 @@ impl Session {
         &mut self,
         lun: [u8; 8],
         edtl: u32,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> DataOutBuf {
         match backend.data_out_memory(lun, edtl as usize) {
@@ -1118,7 +900,7 @@ impl Session {
     pub fn command_data_destination(
         &mut self,
         bhs: &Bhs,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Option<&mut [u8]> {
         let len = bhs.data_segment_len();
@@ -1149,7 +931,7 @@ impl Session {
     pub fn handle_placed_command(
         &mut self,
         now: Instant,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         let Some((bhs, buf)) = self.staged.take() else {
@@ -1268,7 +1050,7 @@ impl Session {
         &mut self,
         bhs: &Bhs,
         now: Instant,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         let pdu = Pdu {
@@ -1284,7 +1066,12 @@ impl Session {
         flow
     }
 
-    fn data_out(&mut self, pdu: &Pdu<'_>, backend: &mut dyn ScsiBackend, out: &mut Outbox) -> Flow {
+    fn data_out(
+        &mut self,
+        pdu: &Pdu<'_>,
+        backend: &mut dyn IscsiBackend,
+        out: &mut Outbox,
+    ) -> Flow {
         self.data_out_inner(pdu, pdu.data.len(), false, backend, out)
     }
 
@@ -1294,7 +1081,7 @@ impl Session {
         pdu: &Pdu<'_>,
         len: usize,
         placed: bool,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         let bhs = &pdu.bhs;
@@ -1345,7 +1132,7 @@ impl Session {
         }
         let task = self.take_pending(index);
         let req = ScsiRequest {
-            itt: task.itt,
+            tag: task.itt,
             lun: task.lun,
             cdb: &task.cdb,
             data_out: &task.buf,
@@ -1358,7 +1145,7 @@ impl Session {
         if self.execute(&req, backend, out) {
             backend.defer(
                 DeferredCommand {
-                    itt: task.itt,
+                    tag: task.itt,
                     lun: task.lun,
                     cdb: task.cdb,
                     data_out: task.buf,
@@ -1380,7 +1167,7 @@ impl Session {
     fn execute(
         &mut self,
         req: &ScsiRequest<'_>,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> bool {
         let data_in = if req.read {
@@ -1417,7 +1204,7 @@ impl Session {
                     DataIn::Lent(&mut lent)
                 };
                 self.finish(
-                    req.itt,
+                    req.tag,
                     req.lun,
                     req.expected_len,
                     req.read,
@@ -1430,7 +1217,7 @@ impl Session {
             Execution::Deferred => {
                 self.recycle_data_in(req.read, data_in, out);
                 self.running.push(RunningTask {
-                    itt: req.itt,
+                    itt: req.tag,
                     lun: req.lun,
                     expected_len: req.expected_len,
                     read: req.read,
@@ -1714,13 +1501,13 @@ impl Session {
     fn task_management(
         &mut self,
         pdu: &Pdu<'_>,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         let bhs = &pdu.bhs;
         let itt = bhs.itt();
         let lun = bhs.lun();
-        let function = TmfFunction::from_wire(bhs.flags() & 0x7f);
+        let function = tmf_function(bhs.flags() & 0x7f);
         if function.is_some() && self.tmfs.len() >= PENDING_TMFS_MAX {
             self.respond_tmf(itt, tmf_response::REJECTED, out);
             return Flow::Continue;
@@ -1880,7 +1667,7 @@ impl Session {
     fn text_request(
         &mut self,
         pdu: &Pdu<'_>,
-        backend: &mut dyn ScsiBackend,
+        backend: &mut dyn IscsiBackend,
         out: &mut Outbox,
     ) -> Flow {
         let bhs = &pdu.bhs;
@@ -2071,7 +1858,7 @@ impl Session {
     }
 
     /// The initiator this session belongs to.
-    pub fn initiator_name(&self) -> &IscsiName {
+    pub fn initiator_name(&self) -> &NodeName {
         &self.initiator_name
     }
 }
@@ -2123,7 +1910,7 @@ struct CommandHeader {
 fn deferred_data_out(
     lun: [u8; 8],
     data_out: &[u8],
-    backend: &mut dyn ScsiBackend,
+    backend: &mut dyn IscsiBackend,
     out: &mut Outbox,
 ) -> DataOutBuf {
     match backend

@@ -14,17 +14,17 @@ use tokio::sync::watch;
 
 use super::registry::SessionTicket;
 use super::Admitted;
-use crate::config::IscsiName;
+use crate::config::NodeName;
 
 pub use nvme::controller::CNTLID_MAX;
 
 /// One controller, as its queues share it.
 pub struct ControllerEntry {
     pub cntlid: u16,
-    pub host: IscsiName,
+    pub host: NodeName,
     pub host_id: [u8; 16],
     /// The subsystem (its target's NQN); None for a discovery controller.
-    pub subsystem: Option<IscsiName>,
+    pub subsystem: Option<NodeName>,
     pub portal_group_tag: u16,
     /// The admin queue's peer: I/O queues must come from the same address.
     pub source: SocketAddr,

@@ -14,7 +14,7 @@ pub mod registry;
 
 use std::net::IpAddr;
 
-use crate::config::{IscsiName, ResolvedAuth, Secret};
+use crate::config::{NodeName, ResolvedAuth, Secret};
 use crate::topology::{Membership, Topology};
 
 /// The transport a session came through: an iSCSI login names a target by its iSCSI name, an
@@ -178,8 +178,8 @@ pub struct TlsProof {
 /// queue is the queue of the host and subsystem its identity named.
 fn tls_meets(
     target: &crate::config::TargetConfig,
-    host: &IscsiName,
-    sub: &IscsiName,
+    host: &NodeName,
+    sub: &NodeName,
     tls: Option<&TlsProof>,
 ) -> bool {
     match (target.tls_key(host), tls) {
@@ -199,9 +199,9 @@ pub struct Standing<'a> {
     pub door: Door,
     /// What the queue's TLS handshake proved (NVMe/TCP over TLS).
     pub tls: Option<&'a TlsProof>,
-    pub initiator: &'a IscsiName,
+    pub initiator: &'a NodeName,
     /// `None` for a discovery session.
-    pub target_name: Option<&'a IscsiName>,
+    pub target_name: Option<&'a NodeName>,
     pub portal_group_tag: u16,
     pub source: IpAddr,
 }
@@ -213,7 +213,7 @@ impl Topology {
     pub fn member(
         &self,
         index: usize,
-        initiator: &IscsiName,
+        initiator: &NodeName,
         source: IpAddr,
     ) -> Result<(Membership, ResolvedAuth), Refusal> {
         let target = self.targets.get(index).ok_or(Refusal::NoSuchTarget)?;
@@ -244,8 +244,8 @@ impl Topology {
     pub fn admit(
         &self,
         door: Door,
-        initiator: &IscsiName,
-        target_name: &IscsiName,
+        initiator: &NodeName,
+        target_name: &NodeName,
         portal_group_tag: u16,
         source: IpAddr,
         tls: Option<&TlsProof>,
@@ -398,7 +398,7 @@ tls_keys = [ {{ host = "nqn.2026-11.test:host", key_file = "{}", derivation = "{
         std::fs::create_dir_all(&dir).unwrap();
         let (good, other) = (key_file(&dir, "good", 1), key_file(&dir, "other", 2));
         let t = tls_topology(&good, "spec");
-        let name = |s: &str| IscsiName::from_wire(s).unwrap();
+        let name = |s: &str| NodeName::from_wire(s).unwrap();
         let (host, sub) = (name("nqn.2026-11.test:host"), name("nqn.2026-11.test:t"));
         let source = "127.0.0.1".parse().unwrap();
         let key = |t: &Topology| t.target(&sub).unwrap().1.config.tls_keys[0].key.clone();
@@ -408,7 +408,7 @@ tls_keys = [ {{ host = "nqn.2026-11.test:host", key_file = "{}", derivation = "{
             key: key(t),
             derivation: nvme::tls::Derivation::Spec,
         };
-        let admit = |t: &Topology, who: &IscsiName, tls: Option<&TlsProof>| {
+        let admit = |t: &Topology, who: &NodeName, tls: Option<&TlsProof>| {
             t.admit(Door::Nvme, who, &sub, 1, source, tls).map(drop)
         };
         let good_proof = proof("nqn.2026-11.test:host", "nqn.2026-11.test:t", &t);
@@ -481,7 +481,7 @@ iqn = "iqn.2026-11.test:t"
 
     #[test]
     fn readmission_is_the_login_decision_then_the_same_group_and_proof() {
-        let name = |s: &str| IscsiName::from_wire(s).unwrap();
+        let name = |s: &str| NodeName::from_wire(s).unwrap();
         let (db2, db3, target) = (
             name("iqn.2026-11.test:db2"),
             name("iqn.2026-11.test:db3"),
@@ -499,7 +499,7 @@ iqn = "iqn.2026-11.test:t"
             portal_group_tag: 1,
             source,
         };
-        let admitted = |t: &Topology, who: &IscsiName, chap_user: Option<&str>| {
+        let admitted = |t: &Topology, who: &NodeName, chap_user: Option<&str>| {
             let (membership, required) =
                 t.admit(Door::Iscsi, who, &target, 1, source, None).unwrap();
             Admitted::of_login(t, Some(membership), &required, chap_user).unwrap()

@@ -8,15 +8,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use iscsi::login::LoginStatus;
-use iscsi::name::IscsiName;
+use seam::name::NodeName;
 use tokio::sync::watch;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SessionId {
-    initiator: IscsiName,
-    isid: [u8; 6],
-    target: Option<IscsiName>,
+    initiator: NodeName,
+    instance: Instance,
+    target: Option<NodeName>,
+}
+
+/// What tells two sessions of one initiator with one target apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Instance {
+    /// An iSCSI login's ISID: a new login with the same one reinstates the session.
+    Isid([u8; 6]),
+    /// An NVMe controller, numbered by the door: never reinstated (a host may run several
+    /// through one port), each Connect its own.
+    Controller(u64),
+}
+
+impl From<[u8; 6]> for Instance {
+    fn from(isid: [u8; 6]) -> Instance {
+        Instance::Isid(isid)
+    }
 }
 
 struct Entry {
@@ -37,15 +52,16 @@ pub struct SessionInfo {
     pub initiator_alias: Option<String>,
     /// None for discovery sessions.
     pub target: Option<String>,
+    /// The session's number in the one range both doors draw from (`ctl session-close`): an
+    /// iSCSI session's TSIH, an NVMe controller's ID.
     pub tsih: u16,
-    pub isid: [u8; 6],
-    pub cid: u16,
     pub portal_group_tag: u16,
     /// Our address the initiator connected to.
     pub portal: SocketAddr,
     pub source: SocketAddr,
     pub chap_user: Option<String>,
-    pub params: iscsi::negotiation::SessionParams,
+    /// What only its door knows of it.
+    pub door: DoorFacts,
     pub started: SystemTime,
     pub reads: AtomicU64,
     pub writes: AtomicU64,
@@ -53,6 +69,51 @@ pub struct SessionInfo {
     pub write_bytes: AtomicU64,
     /// Its reads' and writes' latency since it began (`stats`; `ferrosan top`'s percentiles).
     pub latency: Mutex<[crate::metrics::LatencyCounts; 2]>,
+}
+
+/// A session's facts in its own door's terms, as `ctl sessions` and `top` show them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DoorFacts {
+    Iscsi(IscsiFacts),
+    Nvme(NvmeFacts),
+}
+
+/// An iSCSI session's identity and negotiated keys (RFC 7143 §13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IscsiFacts {
+    pub isid: [u8; 6],
+    pub cid: u16,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub max_recv_data_segment_length: u32,
+    pub max_xmit_data_segment_length: u32,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+}
+
+/// An NVMe/TCP controller's transport settings: the admin queue's digests, the keep-alive
+/// timeout it asked for, what a command may carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmeFacts {
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub kato_ms: u32,
+    /// The most data one command transfers (MDTS), and what a command capsule may carry.
+    pub max_transfer: u32,
+    pub in_capsule: u32,
+    /// The queue runs over TLS (a configured PSK).
+    pub tls: bool,
+}
+
+impl DoorFacts {
+    pub fn name(&self) -> &'static str {
+        match self {
+            DoorFacts::Iscsi(_) => "iscsi",
+            DoorFacts::Nvme(_) => "nvme",
+        }
+    }
 }
 
 impl SessionInfo {
@@ -114,18 +175,30 @@ enum Kind {
     Normal,
 }
 
-/// Why a session could not be registered: the login's status, and the limit (its config
-/// key, for the metric and the log) when one was reached.
+/// Why a session could not be registered, and the limit (its config key, for the metric and
+/// the log) when one was reached. Each door answers it in its own terms (an iSCSI login status,
+/// an NVMe Connect status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Refused {
-    pub status: LoginStatus,
+    pub why: Full,
     pub limit: Option<&'static str>,
+}
+
+/// What the registry had no room for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Full {
+    /// A bound or the session numbers ran out.
+    OutOfResources,
+    /// A second connection for an existing session (one connection per session).
+    TooManyConnections,
+    /// A connection for a session number that does not exist.
+    SessionDoesNotExist,
 }
 
 impl Refused {
     fn full(limit: &'static str) -> Refused {
         Refused {
-            status: LoginStatus::OUT_OF_RESOURCES,
+            why: Full::OutOfResources,
             limit: Some(limit),
         }
     }
@@ -195,33 +268,30 @@ impl Registry {
     }
 
     /// Registers a new session (TSIH 0 in the request) from `source`. An existing session with
-    /// the same initiator, ISID and target is told to close: session reinstatement (RFC 7143
+    /// the same initiator, instance (ISID) and target is told to close: session reinstatement (RFC 7143
     /// §6.3.5).
     pub fn open(
         self: &Arc<Self>,
-        initiator: &IscsiName,
-        isid: [u8; 6],
-        target: Option<&IscsiName>,
+        initiator: &NodeName,
+        instance: impl Into<Instance>,
+        target: Option<&NodeName>,
         requested_tsih: u16,
         source: IpAddr,
     ) -> Result<SessionTicket, Refused> {
         let id = SessionId {
             initiator: initiator.clone(),
-            isid,
+            instance: instance.into(),
             target: target.cloned(),
         };
         let mut inner = self.lock();
         if requested_tsih != 0 {
             // Adding a connection to a session: we run one connection per session.
-            let status = if inner.sessions.values().any(|e| e.tsih == requested_tsih) {
-                LoginStatus::TOO_MANY_CONNECTIONS
+            let why = if inner.sessions.values().any(|e| e.tsih == requested_tsih) {
+                Full::TooManyConnections
             } else {
-                LoginStatus::SESSION_DOES_NOT_EXIST
+                Full::SessionDoesNotExist
             };
-            return Err(Refused {
-                status,
-                limit: None,
-            });
+            return Err(Refused { why, limit: None });
         }
         if let Some(old) = inner.sessions.remove(&id) {
             let _ = old.kill.send(Some("reinstated by a new login"));
@@ -229,7 +299,7 @@ impl Registry {
             self.check_bounds(&inner, &id, source)?;
         }
         let tsih = self.free_tsih(&inner).ok_or(Refused {
-            status: LoginStatus::OUT_OF_RESOURCES,
+            why: Full::OutOfResources,
             limit: None,
         })?;
         inner.next_tsih = self.after(tsih);
@@ -356,8 +426,8 @@ fn kind_of(id: &SessionId) -> Kind {
 mod tests {
     use super::*;
 
-    fn name(s: &str) -> IscsiName {
-        IscsiName::from_wire(s).unwrap()
+    fn name(s: &str) -> NodeName {
+        NodeName::from_wire(s).unwrap()
     }
 
     const SRC: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
@@ -370,8 +440,8 @@ mod tests {
         }
     }
 
-    fn refused(status: LoginStatus, limit: Option<&'static str>) -> Option<Refused> {
-        Some(Refused { status, limit })
+    fn refused(why: Full, limit: Option<&'static str>) -> Option<Refused> {
+        Some(Refused { why, limit })
     }
 
     #[test]
@@ -398,6 +468,21 @@ mod tests {
     }
 
     #[test]
+    fn nvme_controllers_of_one_host_are_never_reinstated() {
+        let r = Arc::new(Registry::new(bounds(4), ALL_IDS));
+        let (host, sub) = (name("nqn.2014-08.org.h:a"), name("nqn.2026-11.org.s:b"));
+        let a = r.open(&host, Instance::Controller(1), Some(&sub), 0, SRC);
+        let b = r.open(&host, Instance::Controller(2), Some(&sub), 0, SRC);
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(a.kill.borrow().is_none() && b.kill.borrow().is_none());
+        assert_ne!(a.tsih(), b.tsih());
+        // Nor does an iSCSI login of the same name with any ISID touch them.
+        let _c = r.open(&host, [0; 6], Some(&sub), 0, SRC).unwrap();
+        assert!(a.kill.borrow().is_none() && b.kill.borrow().is_none());
+        assert_eq!(r.session_count(), 3);
+    }
+
+    #[test]
     fn tsihs_come_from_the_range_and_run_out_with_it() {
         let r = Arc::new(Registry::new(bounds(10), 5..=7));
         let t = name("iqn.t");
@@ -406,7 +491,7 @@ mod tests {
         assert_eq!([a.tsih(), b.tsih(), c.tsih()], [5, 6, 7]);
         assert_eq!(
             open(4).err(),
-            refused(LoginStatus::OUT_OF_RESOURCES, None),
+            refused(Full::OutOfResources, None),
             "all three TSIHs held: refused, not looped on"
         );
         drop(b);
@@ -423,16 +508,13 @@ mod tests {
         let _b = open(2, 0).unwrap();
         assert_eq!(
             open(3, 0).err(),
-            refused(LoginStatus::OUT_OF_RESOURCES, Some("max_sessions"))
+            refused(Full::OutOfResources, Some("max_sessions"))
         );
         assert_eq!(
             open(3, a.tsih()).err(),
-            refused(LoginStatus::TOO_MANY_CONNECTIONS, None)
+            refused(Full::TooManyConnections, None)
         );
-        assert_eq!(
-            open(3, 999).err(),
-            refused(LoginStatus::SESSION_DOES_NOT_EXIST, None)
-        );
+        assert_eq!(open(3, 999).err(), refused(Full::SessionDoesNotExist, None));
         // Reinstating does not count against the limit.
         assert!(open(1, 0).is_ok());
     }
@@ -449,7 +531,7 @@ mod tests {
         assert_eq!(
             r.open(&name("iqn.d"), [9; 6], None, 0, SRC).err(),
             refused(
-                LoginStatus::OUT_OF_RESOURCES,
+                Full::OutOfResources,
                 Some("max_discovery_sessions_per_source")
             )
         );
@@ -469,10 +551,7 @@ mod tests {
         let source = IpAddr::from([192, 0, 2, 200]);
         assert_eq!(
             r.open(&name("iqn.d"), [99; 6], None, 0, source).err(),
-            refused(
-                LoginStatus::OUT_OF_RESOURCES,
-                Some("max_discovery_sessions")
-            )
+            refused(Full::OutOfResources, Some("max_discovery_sessions"))
         );
         assert!(r.open(&name("iqn.a"), [1; 6], Some(&t), 0, source).is_ok());
     }
@@ -495,11 +574,11 @@ mod tests {
         }
         assert_eq!(
             r.open(&peer, [9; 6], Some(&t), 0, SRC).err(),
-            refused(LoginStatus::OUT_OF_RESOURCES, Some("gateway_peer_sessions"))
+            refused(Full::OutOfResources, Some("gateway_peer_sessions"))
         );
         assert_eq!(
             r.open(&name("iqn.a"), [3; 6], Some(&t), 0, SRC).err(),
-            refused(LoginStatus::OUT_OF_RESOURCES, Some("max_sessions"))
+            refused(Full::OutOfResources, Some("max_sessions"))
         );
         // Peers take nothing from initiators either: one leaves, one logs in.
         drop(_b);

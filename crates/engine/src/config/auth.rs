@@ -674,7 +674,7 @@ fn tls_host(
     h: &S<String>,
     field: &str,
     seen: &[super::TlsKey],
-) -> Option<super::IscsiName> {
+) -> Option<super::NodeName> {
     let err = |cx: &mut Cx<'_>, m: &str| cx.err(h.span(), format!("{field}: host"), m.to_string());
     match super::names::check_iscsi_name(h.get_ref()) {
         Ok(name) if !name.is_nqn() => err(cx, "must be an NVMe host NQN (nqn.…)"),

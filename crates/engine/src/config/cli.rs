@@ -9,7 +9,7 @@ use super::names::{
 };
 use super::Invalid;
 use super::{
-    CacheMode, Config, ConfigError, DeviceConfig, InitiatorGroup, IscsiName, Limits, LunMapping,
+    CacheMode, Config, ConfigError, DeviceConfig, InitiatorGroup, Limits, LunMapping, NodeName,
     PortalGroup, ServerConfig, StoreKind, TargetConfig, COMMAND_LINE, DEMO_TARGET_IQN,
 };
 
@@ -48,7 +48,7 @@ pub(crate) fn demo() -> Config {
     };
     let listen = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ISCSI_PORT_DEFAULT);
     // The demo's name is a constant in normal form (a unit test checks it).
-    let iqn = IscsiName::from_config(DEMO_TARGET_IQN).unwrap_or_else(|e| unreachable!("{e}"));
+    let iqn = NodeName::from_config(DEMO_TARGET_IQN).unwrap_or_else(|e| unreachable!("{e}"));
     // Both doors: the same RAM disk is an NVMe/TCP namespace on 4420.
     let nvme = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), NVME_PORT_DEFAULT);
     quick_export(vec![listen], vec![nvme], iqn, vec![lun])
@@ -56,12 +56,12 @@ pub(crate) fn demo() -> Config {
 
 /// The NVMe subsystem name of a quick export's target: its IQN as an NQN (`iqn.` becomes
 /// `nqn.`), or under ferrosan's own naming authority for an `eui.`/`naa.` target.
-pub(crate) fn nqn_of(iqn: &IscsiName) -> IscsiName {
+pub(crate) fn nqn_of(iqn: &NodeName) -> NodeName {
     let text = match iqn.as_str().strip_prefix("iqn.") {
         Some(rest) => format!("nqn.{rest}"),
         None => format!("nqn.2026-11.org.ferrosan:{}", iqn.as_str()),
     };
-    IscsiName::from_wire(&text).unwrap_or_else(|_| iqn.clone())
+    NodeName::from_wire(&text).unwrap_or_else(|_| iqn.clone())
 }
 
 pub(crate) fn from_cli(
@@ -330,7 +330,7 @@ fn lun_store(kind: &str, rest: &str, o: &LunOptions) -> Result<(StoreKind, Optio
 fn quick_export(
     listen: Vec<SocketAddr>,
     nvme_listen: Vec<SocketAddr>,
-    iqn: IscsiName,
+    iqn: NodeName,
     specs: Vec<LunSpec>,
 ) -> Config {
     let mut devices = Vec::new();

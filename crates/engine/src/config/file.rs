@@ -16,7 +16,7 @@ use super::auth::{
 use super::names::{check_iscsi_name, check_object_name, parse_listen, portals_overlap};
 use super::{
     ChapAlgorithm, Config, ConfigErrors, DeviceConfig, DiscoveryConfig, InitiatorCredentials,
-    InitiatorGroup, IscsiName, LunMapping, PortalGroup, RawLimits, ServerConfig, StoreKind,
+    InitiatorGroup, LunMapping, NodeName, PortalGroup, RawLimits, ServerConfig, StoreKind,
     TargetConfig, LIMIT_TABLE,
 };
 
@@ -1285,7 +1285,7 @@ fn resolve_targets(
     book: &mut SecretBook,
 ) -> Vec<TargetConfig> {
     let mut targets = Vec::new();
-    let mut iqns: HashSet<IscsiName> = HashSet::new();
+    let mut iqns: HashSet<NodeName> = HashSet::new();
     let devices = DeviceIndex::new(devices);
     for (i, rt) in raw.iter().enumerate() {
         let table = rt.span();
@@ -1370,8 +1370,8 @@ fn target_nqn(
     cx: &mut Cx<'_>,
     ctx: &str,
     rt: &RawTarget,
-    names: &mut HashSet<IscsiName>,
-) -> Option<IscsiName> {
+    names: &mut HashSet<NodeName>,
+) -> Option<NodeName> {
     let n = rt.nqn.as_ref()?;
     let field = format!("{ctx}: nqn");
     match check_iscsi_name(n.get_ref()) {
@@ -1483,7 +1483,7 @@ fn resolve_groups(
 ) -> Vec<InitiatorGroup> {
     let mut groups = Vec::new();
     let mut group_names: HashSet<String> = HashSet::new();
-    let mut initiators_seen: HashMap<IscsiName, String> = HashMap::new();
+    let mut initiators_seen: HashMap<NodeName, String> = HashMap::new();
     let mut any_group: Option<String> = None;
     for (i, rg) in raw.iter().enumerate() {
         let table = rg.span();
@@ -1543,8 +1543,8 @@ fn group_initiators(
     ctx: &str,
     rg: &RawGroup,
     name: &str,
-    seen: &mut HashMap<IscsiName, String>,
-) -> Vec<IscsiName> {
+    seen: &mut HashMap<NodeName, String>,
+) -> Vec<NodeName> {
     let mut initiators = Vec::new();
     let Some(list) = &rg.initiators else {
         return initiators;

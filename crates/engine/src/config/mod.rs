@@ -27,13 +27,13 @@ pub use auth::SourceNet;
 pub(crate) use delta::common_prefix;
 pub use file::{alua_state_name, configured_alua_state};
 pub use iscsi::chap::{Algorithm as ChapAlgorithm, Secret};
-pub use iscsi::name::IscsiName;
 pub use names::{
     check_iscsi_name, check_lvm_lv_name, check_lvm_vg_name, check_object_name, check_path_text,
     check_rbd_pool_name, is_valid_iscsi_name, parse_listen, parse_nvme_discovery_listen,
     parse_nvme_listen, parse_size, portals_overlap, size_text, ISCSI_NAME_BYTES_MAX,
     ISCSI_PORT_DEFAULT, NVME_DISCOVERY_PORT, NVME_PORT_DEFAULT,
 };
+pub use seam::name::NodeName;
 pub use source::{ConfigSource, LoadError, Unsaved};
 pub use store_kind::StoreKind;
 
@@ -277,7 +277,7 @@ impl DiscoveryConfig {
 /// `[[target.credentials]]`: CHAP credentials of one initiator of a target (the most specific).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitiatorCredentials {
-    pub initiator: IscsiName,
+    pub initiator: NodeName,
     pub users: Vec<ChapUser>,
     pub mutual: Option<ChapUser>,
 }
@@ -590,10 +590,10 @@ pub(crate) fn parse_rbd_image(s: &str) -> Result<(String, String), Invalid> {
 /// An iSCSI target: a name, the portal groups it is reachable on, and its initiator groups.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetConfig {
-    pub iqn: IscsiName,
+    pub iqn: NodeName,
     /// The NVMe subsystem name the same target is served under on its portal groups'
     /// `nvme_listen` addresses (None: iSCSI only).
-    pub nqn: Option<IscsiName>,
+    pub nqn: Option<NodeName>,
     pub alias: Option<String>,
     /// Tags of the portal groups; resolved (never empty).
     pub portal_groups: Vec<u16>,
@@ -611,7 +611,7 @@ pub struct TargetConfig {
 /// pre-shared key, and only so (docs/NVME.md, *TLS*).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsKey {
-    pub host: IscsiName,
+    pub host: NodeName,
     pub key: std::sync::Arc<nvme::tls::ConfiguredKey>,
     /// How the host's nvme-cli derived the TLS PSK it holds.
     pub derivation: nvme::tls::Derivation,
@@ -623,7 +623,7 @@ pub struct TlsKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitiatorGroup {
     pub name: String,
-    pub initiators: Vec<IscsiName>,
+    pub initiators: Vec<NodeName>,
     /// This group applies to every initiator not listed in another group of the target.
     pub any_initiator: bool,
     pub luns: Vec<LunMapping>,
@@ -648,7 +648,7 @@ impl TargetConfig {
     /// else the `any_initiator` group, else `None` (login refused). The one place group
     /// membership is decided: the engine calls it once per login and takes authentication,
     /// allowed sources and the LUN map from the group it returns.
-    pub fn group_index(&self, initiator: &IscsiName) -> Option<usize> {
+    pub fn group_index(&self, initiator: &NodeName) -> Option<usize> {
         self.groups
             .iter()
             .position(|g| g.initiators.contains(initiator))
@@ -656,19 +656,19 @@ impl TargetConfig {
     }
 
     /// The TLS key `host` must connect with, if it must.
-    pub fn tls_key(&self, host: &IscsiName) -> Option<&TlsKey> {
+    pub fn tls_key(&self, host: &NodeName) -> Option<&TlsKey> {
         self.tls_keys.iter().find(|k| k.host == *host)
     }
 
     /// The group an initiator belongs to (see [`TargetConfig::group_index`]).
-    pub fn group_for(&self, initiator: &IscsiName) -> Option<&InitiatorGroup> {
+    pub fn group_for(&self, initiator: &NodeName) -> Option<&InitiatorGroup> {
         self.group_index(initiator).and_then(|i| self.groups.get(i))
     }
 
     /// What `initiator`, a member of `group`, must do to log in: its own
     /// `[[target.credentials]]` entry, else its group's auth keys, else the target's (most
     /// specific wins, key by key for `mutual`).
-    pub fn auth_in(&self, initiator: &IscsiName, group: Option<&InitiatorGroup>) -> ResolvedAuth {
+    pub fn auth_in(&self, initiator: &NodeName, group: Option<&InitiatorGroup>) -> ResolvedAuth {
         let group_auth = group.map(|g| &g.auth);
         let mutual = || {
             group_auth
@@ -829,7 +829,7 @@ impl Config {
     }
 
     /// The target named `iqn`.
-    pub fn target(&self, iqn: &IscsiName) -> Option<&TargetConfig> {
+    pub fn target(&self, iqn: &NodeName) -> Option<&TargetConfig> {
         self.targets.iter().find(|t| t.iqn == *iqn).map(|t| &**t)
     }
 

@@ -2,8 +2,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use iscsi::name::IscsiName;
-pub use iscsi::name::ISCSI_NAME_BYTES_MAX;
+use seam::name::NodeName;
+pub use seam::name::ISCSI_NAME_BYTES_MAX;
 
 use super::Invalid;
 
@@ -22,9 +22,9 @@ pub fn is_valid_iscsi_name(s: &str) -> bool {
 /// Parses a configured iSCSI name: well-formed (`iqn.YYYY-MM.reversed.domain[:anything]`,
 /// `eui.` + 16 hex digits or `naa.` + 16 or 32 hex digits, at most 223 bytes) and written in
 /// the normal form of RFC 3722 (lowercase, NFKC), which is the form every comparison uses
-/// ([`IscsiName`]); the error says why not, and how to write it.
-pub fn check_iscsi_name(s: &str) -> Result<IscsiName, Invalid> {
-    IscsiName::from_config(s).map_err(|e| Invalid(e.to_string()))
+/// ([`NodeName`]); the error says why not, and how to write it.
+pub fn check_iscsi_name(s: &str) -> Result<NodeName, Invalid> {
+    NodeName::from_config(s).map_err(|e| Invalid(e.to_string()))
 }
 
 /// Parses a size in bytes: an integer with an optional binary unit suffix, case-insensitive:

@@ -1212,7 +1212,7 @@ fn demo_config() {
     let t = &c.targets[0];
     assert_eq!(t.iqn.as_str(), DEMO_TARGET_IQN);
     assert_eq!(
-        t.nqn.as_ref().map(IscsiName::as_str),
+        t.nqn.as_ref().map(NodeName::as_str),
         Some("nqn.2026-11.org.ferrosan:demo")
     );
     assert_eq!(t.portal_groups, vec![1]);
@@ -1765,13 +1765,13 @@ fn ram_luns_are_bounded() {
 }
 
 /// A name as an initiator would send it (normalised).
-fn n(s: &str) -> IscsiName {
-    IscsiName::from_wire(s).unwrap()
+fn n(s: &str) -> NodeName {
+    NodeName::from_wire(s).unwrap()
 }
 
 /// What a login by `initiator` must do: the authentication of the group it belongs to (the
 /// engine takes both from one lookup, `Topology::admit`).
-fn auth_for(t: &TargetConfig, initiator: &IscsiName) -> ResolvedAuth {
+fn auth_for(t: &TargetConfig, initiator: &NodeName) -> ResolvedAuth {
     t.auth_in(initiator, t.group_for(initiator))
 }
 

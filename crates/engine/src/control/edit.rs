@@ -9,8 +9,8 @@ use serde_json::{Map, Value};
 
 use super::error::ControlError;
 use crate::config::{
-    AuthMode, ChapUser, Config, DeviceConfig, InitiatorCredentials, InitiatorGroup, IscsiName,
-    LunMapping, TargetConfig,
+    AuthMode, ChapUser, Config, DeviceConfig, InitiatorCredentials, InitiatorGroup, LunMapping,
+    NodeName, TargetConfig,
 };
 
 /// The verbs that change the config (each also takes `"save": true`).
@@ -94,13 +94,13 @@ fn number(args: &Map<String, Value>, key: &str) -> Result<u64, ControlError> {
         .ok_or_else(|| ControlError::BadRequest(format!("\"{key}\": a number is required")))
 }
 
-fn target_name(args: &Map<String, Value>) -> Result<IscsiName, ControlError> {
-    IscsiName::from_wire(text(args, "target")?).map_err(ControlError::bad_request)
+fn target_name(args: &Map<String, Value>) -> Result<NodeName, ControlError> {
+    NodeName::from_wire(text(args, "target")?).map_err(ControlError::bad_request)
 }
 
 fn target_mut<'c>(
     config: &'c mut Config,
-    iqn: &IscsiName,
+    iqn: &NodeName,
 ) -> Result<&'c mut TargetConfig, ControlError> {
     config
         .targets
@@ -112,7 +112,7 @@ fn target_mut<'c>(
 
 fn group_mut<'t>(
     target: &'t mut TargetConfig,
-    iqn: &IscsiName,
+    iqn: &NodeName,
     group_name: &str,
 ) -> Result<&'t mut InitiatorGroup, ControlError> {
     target
@@ -245,7 +245,7 @@ fn initiator_add(
     args: &Map<String, Value>,
 ) -> Result<String, ControlError> {
     let group_name = &group.name;
-    let name = IscsiName::from_wire(text(args, "initiator")?).map_err(ControlError::bad_request)?;
+    let name = NodeName::from_wire(text(args, "initiator")?).map_err(ControlError::bad_request)?;
     if group.initiators.contains(&name) {
         return Err(ControlError::Conflict(format!(
             "{name} is in group {group_name} already"
@@ -260,7 +260,7 @@ fn initiator_remove(
     args: &Map<String, Value>,
 ) -> Result<String, ControlError> {
     let group_name = &group.name;
-    let name = IscsiName::from_wire(text(args, "initiator")?).map_err(ControlError::bad_request)?;
+    let name = NodeName::from_wire(text(args, "initiator")?).map_err(ControlError::bad_request)?;
     let before = group.initiators.len();
     group.initiators.retain(|i| *i != name);
     if group.initiators.len() == before {
@@ -372,7 +372,7 @@ type ChapScope<'t> = (&'t mut Vec<ChapUser>, &'t mut Option<ChapUser>, String);
 fn chap_scope<'t>(
     target: &'t mut TargetConfig,
     args: &Map<String, Value>,
-    iqn: &IscsiName,
+    iqn: &NodeName,
     mutual: bool,
 ) -> Result<ChapScope<'t>, ControlError> {
     let group = args.get("group").and_then(Value::as_str);
@@ -394,7 +394,7 @@ fn chap_scope<'t>(
             ))
         }
         (None, Some(name)) => {
-            let name = IscsiName::from_wire(name).map_err(ControlError::bad_request)?;
+            let name = NodeName::from_wire(name).map_err(ControlError::bad_request)?;
             let entry = initiator_credentials(target, iqn, name.clone(), mutual)?;
             Ok((
                 &mut entry.users,
@@ -416,8 +416,8 @@ fn chap_scope<'t>(
 /// credential is being set (that needs the initiator's own user first).
 fn initiator_credentials<'t>(
     target: &'t mut TargetConfig,
-    iqn: &IscsiName,
-    name: IscsiName,
+    iqn: &NodeName,
+    name: NodeName,
     mutual: bool,
 ) -> Result<&'t mut InitiatorCredentials, ControlError> {
     let at = match target.credentials.iter().position(|c| c.initiator == name) {
@@ -527,7 +527,7 @@ fn new_group(args: &Map<String, Value>) -> Result<InitiatorGroup, ControlError> 
                 let name = v.as_str().ok_or_else(|| {
                     ControlError::BadRequest("\"initiators\": a list of names".into())
                 })?;
-                IscsiName::from_wire(name).map_err(ControlError::bad_request)
+                NodeName::from_wire(name).map_err(ControlError::bad_request)
             })
             .collect::<Result<_, _>>()?,
         Some(_) => {
@@ -556,7 +556,7 @@ fn target_add(config: &mut Config, args: &Map<String, Value>) -> Result<String, 
         )));
     }
     let nqn = match args.get("nqn").and_then(Value::as_str) {
-        Some(n) => Some(IscsiName::from_wire(n).map_err(ControlError::bad_request)?),
+        Some(n) => Some(NodeName::from_wire(n).map_err(ControlError::bad_request)?),
         None => None,
     };
     let portal_groups = match args.get("portal_groups") {
@@ -609,7 +609,7 @@ fn target_remove(config: &mut Config, args: &Map<String, Value>) -> Result<Strin
 
 fn group_add(
     target: &mut TargetConfig,
-    iqn: &IscsiName,
+    iqn: &NodeName,
     args: &Map<String, Value>,
 ) -> Result<String, ControlError> {
     let group = new_group(args)?;
@@ -740,13 +740,13 @@ fn portal_group_add(
     let (list, kind) = listen_list(&mut group, args)?;
     let at = address(args)?;
     list.push(at);
-    let only: Option<Vec<IscsiName>> = match args.get("targets") {
+    let only: Option<Vec<NodeName>> = match args.get("targets") {
         None | Some(Value::Null) => None,
         Some(Value::Array(names)) => Some(
             names
                 .iter()
                 .map(|n| {
-                    IscsiName::from_wire(n.as_str().unwrap_or_default())
+                    NodeName::from_wire(n.as_str().unwrap_or_default())
                         .map_err(ControlError::bad_request)
                 })
                 .collect::<Result<_, _>>()?,

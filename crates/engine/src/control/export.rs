@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use super::edit::text;
 use super::error::ControlError;
 use super::Step;
-use crate::config::{AuthConfig, Config, InitiatorGroup, IscsiName, LunMapping, TargetConfig};
+use crate::config::{AuthConfig, Config, InitiatorGroup, LunMapping, NodeName, TargetConfig};
 use crate::shared::Shared;
 
 /// The LUNs a group may hold, per SAM's flat space addressing (`lun-map` allows them all).
@@ -23,7 +23,7 @@ const LUN_MAX: u64 = 16_383;
 /// every character a group name may not hold (`:`, and anything a name from the wire may carry
 /// beyond ASCII) as `.`, cut to the 64 characters a name may have from the front (the end
 /// tells hosts apart).
-pub fn own_group_name(host: &IscsiName) -> String {
+pub fn own_group_name(host: &NodeName) -> String {
     let chars: Vec<char> = host
         .as_str()
         .chars()
@@ -44,7 +44,7 @@ pub fn own_group_name(host: &IscsiName) -> String {
 fn target_index(config: &Config, args: &Map<String, Value>) -> Result<usize, ControlError> {
     match args.get("target").and_then(Value::as_str) {
         Some(name) => {
-            let iqn = IscsiName::from_wire(name).map_err(ControlError::bad_request)?;
+            let iqn = NodeName::from_wire(name).map_err(ControlError::bad_request)?;
             config
                 .targets
                 .iter()
@@ -62,7 +62,7 @@ fn target_index(config: &Config, args: &Map<String, Value>) -> Result<usize, Con
 /// What both verbs are asked: which volume, for which host, on which target.
 struct Asked {
     device: String,
-    host: IscsiName,
+    host: NodeName,
     /// The target's index in the config, and its name.
     target: usize,
     iqn: String,
@@ -79,7 +79,7 @@ impl Asked {
         // As the config would take it: a name refused here is named as the user wrote it,
         // before any group is made for it.
         let raw = text(args, "initiator")?;
-        let host = IscsiName::from_config(raw)
+        let host = NodeName::from_config(raw)
             .map_err(|e| ControlError::BadRequest(format!("initiator {raw:?}: {e}")))?;
         let target = target_index(config, args)?;
         Ok(Asked {
@@ -99,7 +99,7 @@ fn free_lun(group: &InitiatorGroup) -> Result<u64, ControlError> {
 }
 
 /// The group of `target` that holds `host`, made (a group of its own) when none does.
-fn group_for<'t>(target: &'t mut TargetConfig, host: &IscsiName) -> &'t mut InitiatorGroup {
+fn group_for<'t>(target: &'t mut TargetConfig, host: &NodeName) -> &'t mut InitiatorGroup {
     if let Some(at) = target
         .groups
         .iter()
@@ -336,12 +336,12 @@ mod tests {
 
     #[test]
     fn a_hosts_own_group_is_named_after_its_end() {
-        let short = IscsiName::from_wire("iqn.1993-08.org.debian:01:abcd").unwrap();
+        let short = NodeName::from_wire("iqn.1993-08.org.debian:01:abcd").unwrap();
         assert_eq!(
             own_group_name(&short),
             "host-iqn.1993-08.org.debian.01.abcd"
         );
-        let long = IscsiName::from_wire(
+        let long = NodeName::from_wire(
             "nqn.2014-08.org.nvmexpress:uuid:5f1c2c7e-0d7a-4c55-9a57-1b2c3d4e5f60",
         )
         .unwrap();
@@ -352,7 +352,7 @@ mod tests {
         crate::config::check_object_name(&own_group_name(&short)).unwrap();
         // A name from the wire may hold more than ASCII: still a valid group name, no panic.
         let wide =
-            IscsiName::from_wire(&format!("iqn.2026-11.org.example:{}", "é".repeat(80))).unwrap();
+            NodeName::from_wire(&format!("iqn.2026-11.org.example:{}", "é".repeat(80))).unwrap();
         let name = own_group_name(&wide);
         crate::config::check_object_name(&name).unwrap();
         assert_eq!(name.chars().count(), 64);

@@ -30,6 +30,7 @@ use serde_json::{json, Map, Value};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::admission::registry::DoorFacts;
 use crate::config::{Config, ConfigErrors};
 use crate::shared::Shared;
 use edit::{edit, text, EDIT_VERBS};
@@ -494,26 +495,16 @@ fn sessions(shared: &Shared) -> Value {
         .sessions()
         .iter()
         .map(|s| {
-            let p = &s.params;
-            json!({
+            let mut row = json!({
+                "door": s.door.name(),
                 "initiator": s.initiator,
                 "initiator_alias": s.initiator_alias,
                 "target": s.target,
                 "tsih": s.tsih,
-                "isid": s.isid.iter().map(|b| format!("{b:02x}")).collect::<String>(),
-                "cid": s.cid,
                 "portal": s.portal.to_string(),
                 "portal_group_tag": s.portal_group_tag,
                 "source": s.source.to_string(),
                 "chap_user": s.chap_user,
-                "header_digest": if p.header_digest { "CRC32C" } else { "None" },
-                "data_digest": if p.data_digest { "CRC32C" } else { "None" },
-                "max_recv_data_segment_length": p.max_recv_data_segment_length,
-                "max_xmit_data_segment_length": p.max_xmit_data_segment_length,
-                "max_burst_length": p.max_burst_length,
-                "first_burst_length": p.first_burst_length,
-                "immediate_data": p.immediate_data,
-                "initial_r2t": p.initial_r2t,
                 "age_s": now.duration_since(s.started).map_or(0, |d| d.as_secs()),
                 "reads": s.reads.load(Ordering::Relaxed),
                 "writes": s.writes.load(Ordering::Relaxed),
@@ -521,10 +512,43 @@ fn sessions(shared: &Shared) -> Value {
                 "write_bytes": s.write_bytes.load(Ordering::Relaxed),
                 "read_latency": s.latency(0).to_json(),
                 "write_latency": s.latency(1).to_json(),
-            })
+            });
+            add_door_facts(&mut row, &s.door);
+            row
         })
         .collect();
     json!({ "sessions": list })
+}
+
+/// A session's own door's facts beside the common ones: an iSCSI session's ISID, CID and
+/// negotiated keys; an NVMe controller's ID, keep-alive and transfer limits.
+fn add_door_facts(row: &mut Value, facts: &DoorFacts) {
+    let digest = |on: bool| if on { "CRC32C" } else { "None" };
+    let more = match facts {
+        DoorFacts::Iscsi(f) => json!({
+            "isid": f.isid.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            "cid": f.cid,
+            "header_digest": digest(f.header_digest),
+            "data_digest": digest(f.data_digest),
+            "max_recv_data_segment_length": f.max_recv_data_segment_length,
+            "max_xmit_data_segment_length": f.max_xmit_data_segment_length,
+            "max_burst_length": f.max_burst_length,
+            "first_burst_length": f.first_burst_length,
+            "immediate_data": f.immediate_data,
+            "initial_r2t": f.initial_r2t,
+        }),
+        DoorFacts::Nvme(f) => json!({
+            "header_digest": digest(f.header_digest),
+            "data_digest": digest(f.data_digest),
+            "kato_ms": f.kato_ms,
+            "max_transfer": f.max_transfer,
+            "in_capsule": f.in_capsule,
+            "tls": f.tls,
+        }),
+    };
+    if let (Some(row), Value::Object(more)) = (row.as_object_mut(), more) {
+        row.extend(more);
+    }
 }
 
 /// Where `device` is mapped: each target, group and LUN number.

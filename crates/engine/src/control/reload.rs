@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{ReloadError, SaveError};
-use crate::config::{Config, ConfigSource, DeviceConfig, Invalid, IscsiName};
+use crate::config::{Config, ConfigSource, DeviceConfig, Invalid, NodeName};
 use crate::shared::Shared;
 use crate::topology::{Before, OpenDevice, OpenDevices, Topology};
 
@@ -45,10 +45,10 @@ pub struct Changes {
     pub devices_offline: Vec<(String, bool)>,
     /// Device name and an attribute its running LU takes.
     pub devices_attributes: Vec<(String, Attribute)>,
-    pub targets_added: Vec<IscsiName>,
-    pub targets_removed: Vec<IscsiName>,
+    pub targets_added: Vec<NodeName>,
+    pub targets_removed: Vec<NodeName>,
     /// Targets whose groups, LUN maps, initiators, authentication or sources changed.
-    pub targets_changed: Vec<IscsiName>,
+    pub targets_changed: Vec<NodeName>,
     pub discovery_changed: bool,
     /// `[[pool]]` tables changed (where `ctl volume` verbs work; nothing running changes).
     pub pools_changed: bool,

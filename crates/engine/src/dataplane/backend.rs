@@ -7,19 +7,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iscsi::outbox::{Outbox, ReadBuffers};
-use iscsi::session::{
-    DataOutBuf, DataOutMemory, DeferredCommand, DiscoveredTarget, Execution, Loan, ScsiBackend,
-    ScsiOutcome, ScsiRequest, Session, TmfAnswer, TmfFunction,
-};
 use scsi::{LunEntry, LunMap, Nexus};
+use seam::outbox::ReadBuffers;
+use seam::{
+    DataOutBuf, DataOutMemory, DeferredCommand, Execution, Loan, ScsiBackend, ScsiOutcome,
+    ScsiRequest, TmfAnswer, TmfFunction,
+};
 
 use crate::dataplane::busy_poll;
 use crate::dataplane::sys;
 
 use crate::admission::Refusal;
 use crate::admission::{Admitted, Standing};
-use crate::config::IscsiName;
+use crate::config::NodeName;
 use crate::dataplane::route;
 use crate::io::group_commit::{Durability, GroupCommit};
 use crate::io::ring::{self, DeviceRing, RingOp};
@@ -51,7 +51,7 @@ thread_local! {
 /// The SCSI side of one session: its LUN map and I_T nexus.
 /// A command that ran on the blocking pool, on its way back to its connection.
 pub(super) struct Completed {
-    pub(super) itt: u32,
+    pub(super) tag: u32,
     /// For the I/O metrics: the LUN, what kind of command, and the Data-In it was allowed.
     pub(super) lun: u64,
     pub(super) kind: scsi::IoKind,
@@ -89,7 +89,7 @@ impl Completed {
         let mut sense = Vec::new();
         let outcome = outcome_of(completion, &mut sense);
         Completed {
-            itt: command.itt,
+            tag: command.tag,
             lun,
             kind: scsi::io_kind(&command.cdb),
             expected_len: command.expected_len,
@@ -147,7 +147,7 @@ pub(super) struct Backend<'a> {
     /// portal group): an iSCSI session is asked to log out, as at shutdown.
     pub(super) portal_gone: bool,
     /// The route `execute` decided for the command it just deferred, for the `defer` that
-    /// follows it at once (ITT, route).
+    /// follows it at once (tag, route).
     pub(super) routed: Option<(u32, route::Route)>,
     /// The topology the session's LUN map and membership come from; replaced by a newer one at
     /// the start of a turn after a reload ([`Backend::follow_topology`]).
@@ -157,11 +157,11 @@ pub(super) struct Backend<'a> {
     /// `topology`'s.
     pub(super) admitted: Admitted,
     /// The session's target (normal sessions): its IQN, or its NQN through the NVMe door.
-    pub(super) target_name: Option<IscsiName>,
+    pub(super) target_name: Option<NodeName>,
     pub(super) door: crate::admission::Door,
     /// What the connection's TLS handshake proved (an NVMe/TCP queue over TLS).
     pub(super) tls: Option<crate::admission::TlsProof>,
-    pub(super) initiator: IscsiName,
+    pub(super) initiator: NodeName,
     pub(super) luns: Option<Arc<LunMap>>,
     pub(super) nexus: Option<Nexus>,
     pub(super) local: SocketAddr,
@@ -265,7 +265,7 @@ pub(super) struct RingIo {
 /// then its effects apply and it is answered. Its LUs hold new commands meanwhile (see
 /// `scsi::inflight`); dropping it (the connection closed first) lets them go on.
 pub(super) struct TmfWait {
-    pub(super) itt: u32,
+    pub(super) tag: u32,
     pub(super) function: TmfFunction,
     /// The nexus that asked: its own unit attentions are not raised.
     pub(super) by: u64,
@@ -277,7 +277,7 @@ pub(super) struct TmfWait {
 
 impl TmfWait {
     pub(super) fn new(
-        itt: u32,
+        tag: u32,
         function: TmfFunction,
         by: u64,
         units: Vec<Arc<scsi::LogicalUnit>>,
@@ -286,7 +286,7 @@ impl TmfWait {
             unit.in_flight().start_reset();
         }
         TmfWait {
-            itt,
+            tag,
             function,
             by,
             units,
@@ -357,45 +357,6 @@ pub(super) async fn first_drained(waits: &[TmfWait]) -> usize {
     .await
 }
 
-/// Hands a finished command to the session: its answer is queued in `out`, its memory and
-/// counts settled. True when the session is closing (a cold reset's last task finished).
-pub(super) fn deliver(
-    session: &mut Session,
-    backend: &mut Backend<'_>,
-    out: &mut Outbox,
-    done: Completed,
-) -> bool {
-    backend.settle(&done);
-    match done.lent {
-        Some(slice) => {
-            // One Vec for every lent read of the connection (the outbox empties it).
-            backend.loan.slices.push(slice);
-            session.complete_lent(done.itt, done.outcome, &mut backend.loan, &done.sense, out);
-        }
-        None => {
-            session.complete(done.itt, done.outcome, done.data_in, &done.sense, out);
-        }
-    }
-    done.data_out.recycle(out);
-    session.closing()
-}
-
-/// Delivers the commands answered this turn (planned ones that failed a check, ring
-/// completions); their Vec keeps its capacity for the next turn. True when the session closes.
-pub(super) fn deliver_answered(
-    session: &mut Session,
-    backend: &mut Backend<'_>,
-    out: &mut Outbox,
-) -> bool {
-    let mut answered = std::mem::take(&mut backend.answered);
-    let mut closing = false;
-    for done in answered.drain(..) {
-        closing |= deliver(session, backend, out, done);
-    }
-    backend.answered = answered;
-    closing
-}
-
 /// Resolves when the connection's ring has completions (never without a ring).
 pub(super) async fn ring_ready<T>(ring: &Option<DeviceRing<T>>) -> std::io::Result<()> {
     match ring {
@@ -431,8 +392,8 @@ pub(super) struct Party {
     pub(super) tls: Option<crate::admission::TlsProof>,
     pub(super) admitted: Admitted,
     /// Its target's name for this door (IQN or NQN; None for discovery).
-    pub(super) target_name: Option<IscsiName>,
-    pub(super) initiator: IscsiName,
+    pub(super) target_name: Option<NodeName>,
+    pub(super) initiator: NodeName,
     pub(super) peer: SocketAddr,
     pub(super) local: SocketAddr,
     pub(super) portal_group_tag: u16,
@@ -1367,7 +1328,7 @@ impl Backend<'_> {
             _ => None,
         };
         self.answered.push(Completed {
-            itt: tag.command.itt,
+            tag: tag.command.tag,
             lun: tag.lun,
             kind: scsi::io_kind(&tag.command.cdb),
             expected_len: tag.command.expected_len,
@@ -1482,14 +1443,14 @@ impl Backend<'_> {
         (route, started)
     }
 
-    /// [`Execution::Deferred`] for command `itt`, its route kept for the `defer` that follows.
-    pub(super) fn deferred(&mut self, itt: u32, route: route::Route) -> Execution {
+    /// [`Execution::Deferred`] for command `tag`, its route kept for the `defer` that follows.
+    pub(super) fn deferred(&mut self, tag: u32, route: route::Route) -> Execution {
         debug_assert!(!route.inline(), "deferred on the worker's own route");
         debug_assert!(
             self.routed.is_none(),
             "a route left over from an earlier command"
         );
-        self.routed = Some((itt, route));
+        self.routed = Some((tag, route));
         Execution::Deferred
     }
 
@@ -1600,7 +1561,7 @@ pub(super) fn same_result(result: &std::io::Result<()>) -> std::io::Result<()> {
 #[derive(Debug)]
 pub(super) struct DirectDataOut(pub(super) store::PooledBuf);
 
-impl iscsi::session::DataOutMemory for DirectDataOut {
+impl seam::DataOutMemory for DirectDataOut {
     fn bytes(&self) -> &[u8] {
         &self.0
     }
@@ -1679,7 +1640,7 @@ impl ScsiBackend for Backend<'_> {
         let lun = scsi::lun_from_wire(req.lun);
         let (route, started) = self.route(lun, req.cdb);
         if !route.inline() {
-            return self.deferred(req.itt, route);
+            return self.deferred(req.tag, route);
         }
         // On a disk, buffered writes are watched (two clock reads, two getrusage calls) for
         // the kernel making them wait.
@@ -1715,7 +1676,7 @@ impl ScsiBackend for Backend<'_> {
                 if let Some((stalls, _)) = buffered_write {
                     stalls.offloaded();
                 }
-                return self.deferred(req.itt, route::Route::Blocking);
+                return self.deferred(req.tag, route::Route::Blocking);
             }
         };
         if let Some((stalls, probe)) = buffered_write {
@@ -1736,8 +1697,8 @@ impl ScsiBackend for Backend<'_> {
         // The route `execute` decided for this very command, just before.
         let routed = self.routed.take();
         debug_assert_eq!(
-            routed.map(|(itt, _)| itt),
-            Some(command.itt),
+            routed.map(|(tag, _)| tag),
+            Some(command.tag),
             "defer pairs with execute"
         );
         let route = routed.map_or(route::Route::Blocking, |(_, route)| route);
@@ -1759,7 +1720,7 @@ impl ScsiBackend for Backend<'_> {
             .is_some_and(|m| m.get(scsi::lun_from_wire(lun)).is_some())
     }
 
-    fn task_management(&mut self, itt: u32, function: TmfFunction, lun: [u8; 8]) -> TmfAnswer {
+    fn task_management(&mut self, tag: u32, function: TmfFunction, lun: [u8; 8]) -> TmfAnswer {
         let by = self.nexus.as_ref().map_or(0, |n| n.id);
         // The LUs whose every command (of any session) must finish first.
         let units: Vec<Arc<scsi::LogicalUnit>> = match function {
@@ -1779,9 +1740,9 @@ impl ScsiBackend for Backend<'_> {
             _ => Vec::new(),
         };
         if units.is_empty() {
-            return TmfAnswer::Now(iscsi::session::tmf_response::COMPLETE);
+            return TmfAnswer::Now(seam::tmf_response::COMPLETE);
         }
-        let mut wait = TmfWait::new(itt, function, by, units);
+        let mut wait = TmfWait::new(tag, function, by, units);
         wait.at_owner = self.nexus.clone().filter(|nexus| {
             function == TmfFunction::LogicalUnitReset
                 && wait
@@ -1791,57 +1752,6 @@ impl ScsiBackend for Backend<'_> {
         });
         self.tmf_waits.push(wait);
         TmfAnswer::Later
-    }
-
-    fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
-        let mut found = Vec::new();
-        // A name that is not one names no target.
-        let named = filter
-            .filter(|f| !f.is_empty())
-            .map(|f| IscsiName::from_wire(f).ok());
-        let topology = Arc::clone(&self.topology);
-        // The host's addresses, asked once per request and only if needed.
-        let mut host: Option<Vec<std::net::IpAddr>> = None;
-        for (index, t) in topology.targets.iter().enumerate() {
-            let wanted = match (&named, filter) {
-                (None, None) => true,
-                // Empty value: the session's own target.
-                (None, Some(_)) => self
-                    .admitted
-                    .membership()
-                    .is_some_and(|m| m.target == index),
-                (Some(name), _) => name.as_ref() == Some(&t.iqn),
-            };
-            if !wanted {
-                continue;
-            }
-            // The same decision as a login's: visible exactly to those who could log in.
-            if topology
-                .member(index, &self.initiator, self.peer.ip())
-                .is_err()
-            {
-                continue;
-            }
-            // Every portal of every portal group of the target: each one a path.
-            let mut addresses = Vec::new();
-            for (addr, tag) in crate::topology::portals::served(&topology.config) {
-                if !t.portal_groups.contains(&tag) {
-                    continue;
-                }
-                let host = host.get_or_insert_with(crate::topology::portals::host_addresses);
-                for shown in crate::topology::portals::advertised(addr, self.local.ip(), host) {
-                    let entry = format!("{shown},{tag}");
-                    if !addresses.contains(&entry) {
-                        addresses.push(entry);
-                    }
-                }
-            }
-            found.push(DiscoveredTarget {
-                name: t.iqn.to_string(),
-                addresses,
-            });
-        }
-        found
     }
 
     fn data_out_memory(&mut self, lun: [u8; 8], len: usize) -> Option<Box<dyn DataOutMemory>> {

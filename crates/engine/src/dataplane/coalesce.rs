@@ -7,7 +7,7 @@
 //! low-water mark (`SO_RCVLOWAT`, set by the connection) plus a short timer as backstop, and only
 //! when the initiator's own queue says more commands are on their way: a command's ExpStatSN
 //! tells how many of our answers the initiator had not yet seen when it sent it
-//! ([`iscsi::session::Activity`]). An initiator waiting for each answer (queue depth 1) shows
+//! ([`seam::Activity`]). An initiator waiting for each answer (queue depth 1) shows
 //! none and is never delayed, nor is one whose commands already arrive in bursts (each wake-up
 //! brings a batch by itself). A batch the timer ends with commands waiting but not half of it
 //! read switches coalescing off for a while (doubling each time it happens again), so a
@@ -18,7 +18,7 @@
 
 use std::time::{Duration, Instant};
 
-use iscsi::session::Activity;
+use seam::Activity;
 
 /// Coalesce only when the initiator had at least this many answers unseen.
 pub const BACKLOG_MIN: u32 = 8;

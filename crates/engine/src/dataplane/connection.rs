@@ -7,19 +7,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iscsi::login::{Established, Login, LoginStatus, LoginStep};
-use iscsi::outbox::Outbox;
 use iscsi::pdu::{self, FrameError, Framing, Opcode};
 use iscsi::session::{Flow, Session};
 use rustix::net::RecvFlags;
+use seam::outbox::Outbox;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use crate::dataplane::alarm::Alarm;
 
-use super::backend::{
-    deliver, deliver_answered, first_drained, ring_ready, Backend, Completed, Party,
-};
+use super::backend::{first_drained, ring_ready, Backend, Completed, Party};
 use super::closed::Closed;
+use super::iscsi_backend::{deliver, deliver_answered, facts};
 use super::login::{
     initial_stat_sn, logged_in, login_limits, new_session, nexus_of, target_shown, LoggedIn, Policy,
 };
@@ -30,7 +29,7 @@ use super::lifecycle::{self, Lifecycle, Shutdown};
 use crate::admission::doors::ConnectionGuard;
 use crate::admission::registry::SessionTicket;
 use crate::admission::Admitted;
-use crate::config::IscsiName;
+use crate::config::NodeName;
 use crate::shared::Shared;
 use crate::topology::Topology;
 
@@ -283,13 +282,11 @@ impl Driver {
             initiator_alias: established.initiator_alias.clone(),
             target: established.target_name.as_ref().map(|t| t.to_string()),
             tsih: established.tsih,
-            isid: established.isid,
-            cid: established.cid,
             portal_group_tag: self.portal_group_tag,
             portal: self.local,
             source: self.peer,
             chap_user: established.chap_user.clone(),
-            params: established.params,
+            door: facts(established),
             started: std::time::SystemTime::now(),
             reads: Default::default(),
             writes: Default::default(),
@@ -348,10 +345,8 @@ impl Driver {
     /// Logs a failed login (initiator, source, reason; never a secret or a response) and counts
     /// authentication and authorization failures for the per-source rate limit.
     fn login_failed(&self, shared: &Shared, login: &Login, status: LoginStatus) {
-        let initiator = login
-            .initiator_name()
-            .map_or("(unnamed)", IscsiName::as_str);
-        let target = login.target_name().map_or("(discovery)", IscsiName::as_str);
+        let initiator = login.initiator_name().map_or("(unnamed)", NodeName::as_str);
+        let target = login.target_name().map_or("(discovery)", NodeName::as_str);
         let counted = status == LoginStatus::AUTH_FAILED || status == LoginStatus::FORBIDDEN;
         match login.auth_failure() {
             Some(reason) => tracing::warn!(
@@ -381,10 +376,8 @@ impl Driver {
         if !login.proved_itself() {
             return;
         }
-        let initiator = login
-            .initiator_name()
-            .map_or("(unnamed)", IscsiName::as_str);
-        let target = login.target_name().map_or("(discovery)", IscsiName::as_str);
+        let initiator = login.initiator_name().map_or("(unnamed)", NodeName::as_str);
+        let target = login.target_name().map_or("(discovery)", NodeName::as_str);
         tracing::warn!(
             peer = %self.peer,
             initiator,
@@ -681,14 +674,10 @@ impl Driver {
             wait
         };
         wait.apply();
-        let itt = wait.itt;
+        let itt = wait.tag;
         // The LUs take commands again (before the answer goes out).
         drop(wait);
-        let flow = session.task_management_done(
-            itt,
-            iscsi::session::tmf_response::COMPLETE,
-            &mut self.out,
-        );
+        let flow = session.task_management_done(itt, seam::tmf_response::COMPLETE, &mut self.out);
         self.flush().await?;
         Ok(flow)
     }

@@ -1,12 +1,12 @@
 //! A session's life beside its protocol, without I/O: when it next needs the clock, and what a
-//! tick decides of the connection (the iSCSI session's own verdict on a silent peer, and the
+//! tick decides of the connection (the door's own verdict on a silent peer, and the
 //! daemon's shutdown: ask for a logout, then close when its grace is over). The driver asks
 //! [`Lifecycle::poll_timeout`] when to wake, and calls [`Lifecycle::handle_timeout`] when the
 //! tick is due; every decision here is unit-tested with a clock the test moves.
 
 use std::time::{Duration, Instant};
 
-use iscsi::session::Tick;
+use seam::Liveness;
 
 /// How often a session ticks: NOP-In pings, idle and dead-peer verdicts, topology changes,
 /// ownership loss and shutdown are decided this often; an idle receive buffer shrinks and the
@@ -79,12 +79,12 @@ impl Lifecycle {
         true
     }
 
-    /// The iSCSI session's verdict on a silent connection.
-    pub fn verdict(tick: Tick) -> Option<Close> {
+    /// The door's verdict on a silent connection.
+    pub fn verdict(tick: Liveness) -> Option<Close> {
         match tick {
-            Tick::Continue => None,
-            Tick::DeadPeer => Some(Close::DeadPeer),
-            Tick::Idle => Some(Close::Idle),
+            Liveness::Continue => None,
+            Liveness::DeadPeer => Some(Close::DeadPeer),
+            Liveness::Idle => Some(Close::Idle),
         }
     }
 
@@ -128,9 +128,12 @@ mod tests {
 
     #[test]
     fn a_silent_peer_is_closed_on_the_sessions_verdict() {
-        assert_eq!(Lifecycle::verdict(Tick::Continue), None);
-        assert_eq!(Lifecycle::verdict(Tick::DeadPeer), Some(Close::DeadPeer));
-        assert_eq!(Lifecycle::verdict(Tick::Idle), Some(Close::Idle));
+        assert_eq!(Lifecycle::verdict(Liveness::Continue), None);
+        assert_eq!(
+            Lifecycle::verdict(Liveness::DeadPeer),
+            Some(Close::DeadPeer)
+        );
+        assert_eq!(Lifecycle::verdict(Liveness::Idle), Some(Close::Idle));
         assert_eq!(Close::Idle.reason(), "idle_timeout_s");
     }
 

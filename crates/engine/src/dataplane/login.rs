@@ -15,10 +15,10 @@ use iscsi::session::{Session, SessionLimits};
 use scsi::Nexus;
 
 use super::closed::Closed;
-use crate::admission::registry::SessionTicket;
+use crate::admission::registry::{Full, SessionTicket};
 use crate::admission::Admitted;
 use crate::admission::Refusal;
-use crate::config::IscsiName;
+use crate::config::NodeName;
 use crate::config::ResolvedAuth;
 use crate::shared::Shared;
 use crate::topology::{GroupRuntime, Membership, Topology};
@@ -45,7 +45,7 @@ impl Policy<'_> {
     /// Refuses a login on a connection admitted for gateway peers only, unless it is a peer's,
     /// and every login from a source that failed too often lately (docs/CONFIG.md,
     /// `login_failures_max`).
-    pub(super) fn check_source(&self, initiator_name: &IscsiName) -> Result<(), LoginStatus> {
+    pub(super) fn check_source(&self, initiator_name: &NodeName) -> Result<(), LoginStatus> {
         // A connection past its source's limit is for a gateway peer only (admission/doors.rs).
         if self.peer_only && !crate::io::peer::is_peer_name(initiator_name.as_str()) {
             tracing::warn!(
@@ -87,8 +87,8 @@ impl Policy<'_> {
 impl LoginPolicy for Policy<'_> {
     fn admit(
         &mut self,
-        initiator_name: &IscsiName,
-        target_name: &IscsiName,
+        initiator_name: &NodeName,
+        target_name: &NodeName,
     ) -> Result<Admission, LoginStatus> {
         self.check_source(initiator_name)?;
         let topology = self.shared.topology();
@@ -133,7 +133,7 @@ impl LoginPolicy for Policy<'_> {
         })
     }
 
-    fn admit_discovery(&mut self, initiator_name: &IscsiName) -> Result<Admission, LoginStatus> {
+    fn admit_discovery(&mut self, initiator_name: &NodeName) -> Result<Admission, LoginStatus> {
         self.check_source(initiator_name)?;
         let topology = self.shared.topology();
         let auth = topology.config.discovery.resolved();
@@ -173,7 +173,11 @@ impl LoginPolicy for Policy<'_> {
                     tracing::warn!(peer = %self.peer, initiator = %key.initiator_name, limit, "login refused: limit reached");
                     self.shared.metrics.limit(limit);
                 }
-                refused.status
+                match refused.why {
+                    Full::OutOfResources => LoginStatus::OUT_OF_RESOURCES,
+                    Full::TooManyConnections => LoginStatus::TOO_MANY_CONNECTIONS,
+                    Full::SessionDoesNotExist => LoginStatus::SESSION_DOES_NOT_EXIST,
+                }
             })?;
         let tsih = ticket.tsih();
         self.ticket = Some(ticket);
@@ -333,7 +337,7 @@ pub(super) fn target_shown(established: &Established) -> &str {
     established
         .target_name
         .as_ref()
-        .map_or("(discovery)", IscsiName::as_str)
+        .map_or("(discovery)", NodeName::as_str)
 }
 
 /// Unpredictable bytes from the kernel's CSPRNG (CHAP identifiers and challenges).

@@ -7,6 +7,7 @@ pub(crate) mod busy_poll;
 pub mod closed;
 pub mod coalesce;
 pub mod connection;
+mod iscsi_backend;
 pub(crate) mod lifecycle;
 mod login;
 pub mod nvme;

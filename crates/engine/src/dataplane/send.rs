@@ -6,8 +6,8 @@
 use std::io::IoSlice;
 use std::net::SocketAddr;
 
-use iscsi::outbox::{Outbox, Part};
 use rustix::net::{SendAncillaryBuffer, SendFlags};
+use seam::outbox::{Outbox, Part};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 

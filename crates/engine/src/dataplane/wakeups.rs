@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iscsi::session::Activity;
+use seam::Activity;
 use tokio::net::TcpStream;
 
 use crate::dataplane::busy_poll;

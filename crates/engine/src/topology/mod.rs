@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use scsi::{AccessState, LogicalUnit, LuIdentity, LuSettings, LunMap, PortGroup, TargetPort};
 use store::{BlockStore, Caching, FileStore, RamStore};
 
-use crate::config::{CacheMode, Config, DeviceConfig, IscsiName, StoreKind, TargetConfig};
+use crate::config::{CacheMode, Config, DeviceConfig, NodeName, StoreKind, TargetConfig};
 use crate::io::stall::WriteStalls;
 pub use error::OpenError;
 
@@ -54,7 +54,7 @@ pub struct DiskLun {
 }
 
 pub struct TargetRuntime {
-    pub iqn: IscsiName,
+    pub iqn: NodeName,
     pub alias: Option<String>,
     pub portal_groups: Vec<u16>,
     pub groups: Vec<GroupRuntime>,
@@ -426,7 +426,7 @@ impl Topology {
 
     /// The target named `name`: its iSCSI name, or the NQN it is served under as an NVMe
     /// subsystem (one target, two doors, one admission).
-    pub fn target(&self, name: &IscsiName) -> Option<(usize, &TargetRuntime)> {
+    pub fn target(&self, name: &NodeName) -> Option<(usize, &TargetRuntime)> {
         self.targets
             .iter()
             .enumerate()
@@ -438,7 +438,7 @@ impl Topology {
     }
 
     /// The group `initiator` belongs to in target `target` (an index in `targets`), if any.
-    pub fn membership(&self, target: usize, initiator: &IscsiName) -> Option<Membership> {
+    pub fn membership(&self, target: usize, initiator: &NodeName) -> Option<Membership> {
         let group = self.targets.get(target)?.config.group_index(initiator)?;
         Some(Membership { target, group })
     }
@@ -600,7 +600,7 @@ fn add_peer_groups(
             continue;
         };
         let peer = crate::io::peer::peer_name(&device.unit.identity());
-        let initiator = IscsiName::from_wire(&peer)
+        let initiator = NodeName::from_wire(&peer)
             .map_err(|e| OpenError::Config(format!("device {name}: peer name {peer}: {e:?}")))?;
         let luns = LunMap::new(vec![(0, Arc::clone(&device.unit), false)])
             .map_err(|e| OpenError::Config(format!("device {name}: peer group: {e}")))?;

@@ -1,7 +1,7 @@
 use super::*;
 use crate::chap::{self, Algorithm, Credential};
-use crate::name::IscsiName;
 use crate::pdu::{frame_len, parse_frame};
+use seam::name::NodeName;
 
 #[derive(Default)]
 struct Policy {
@@ -32,8 +32,8 @@ impl Policy {
 impl LoginPolicy for Policy {
     fn admit(
         &mut self,
-        _initiator: &IscsiName,
-        target: &IscsiName,
+        _initiator: &NodeName,
+        target: &NodeName,
     ) -> Result<Admission, LoginStatus> {
         if let Some(deny) = self.deny {
             return Err(deny);
@@ -47,7 +47,7 @@ impl LoginPolicy for Policy {
             auth: self.auth(),
         })
     }
-    fn admit_discovery(&mut self, _initiator: &IscsiName) -> Result<Admission, LoginStatus> {
+    fn admit_discovery(&mut self, _initiator: &NodeName) -> Result<Admission, LoginStatus> {
         Ok(Admission {
             target_alias: None,
             portal_group_tag: 1,
@@ -188,7 +188,7 @@ fn two_stage_login_to_full_feature() {
     assert_eq!(est.params.max_recv_data_segment_length, 262_144);
     assert!(!est.params.initial_r2t);
     assert_eq!(
-        est.target_name.as_ref().map(IscsiName::as_str),
+        est.target_name.as_ref().map(NodeName::as_str),
         Some("iqn.2026-11.org.ferrosan:t")
     );
     assert_eq!(p.opened.len(), 1);
@@ -995,7 +995,7 @@ fn names_are_normalised_where_they_enter() {
     };
     assert_eq!(est.initiator_name.as_str(), "iqn.2026-11.org.test:é");
     assert_eq!(
-        est.target_name.as_ref().map(IscsiName::as_str),
+        est.target_name.as_ref().map(NodeName::as_str),
         Some("iqn.2026-11.org.ferrosan:t")
     );
     assert_eq!(p.opened[0].initiator_name, est.initiator_name);
@@ -1046,11 +1046,11 @@ fn malformed_names_are_refused_and_remembered_for_the_log() {
     p.deny = Some(LoginStatus::FORBIDDEN);
     send(&mut l, &mut p, &req(0, Some(1), NORMAL));
     assert_eq!(
-        l.initiator_name().map(IscsiName::as_str),
+        l.initiator_name().map(NodeName::as_str),
         Some("iqn.2026-11.org.test:i")
     );
     assert_eq!(
-        l.target_name().map(IscsiName::as_str),
+        l.target_name().map(NodeName::as_str),
         Some("iqn.2026-11.org.ferrosan:t")
     );
 }

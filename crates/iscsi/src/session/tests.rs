@@ -1,6 +1,8 @@
 use super::*;
 use crate::negotiation::TargetLimits;
 use crate::pdu::{frame_len, parse_frame};
+use seam::outbox::ReadBuffers;
+use seam::DataOutMemory;
 
 #[derive(Default)]
 struct Backend {
@@ -107,7 +109,7 @@ impl ScsiBackend for Backend {
         if command.read {
             self.read_buffers.push(buffers.take());
         }
-        self.deferred.push(command.itt);
+        self.deferred.push(command.tag);
         self.deferred_in_engine_memory
             .push(matches!(command.data_out, DataOutBuf::Engine(_)));
         self.deferred_data.push(command.data_out.to_vec());
@@ -132,6 +134,9 @@ impl ScsiBackend for Backend {
             TmfAnswer::Now(tmf_response::COMPLETE)
         }
     }
+}
+
+impl IscsiBackend for Backend {
     fn send_targets(&mut self, filter: Option<&str>) -> Vec<DiscoveredTarget> {
         let all = vec![
             DiscoveredTarget {
@@ -173,7 +178,7 @@ fn harness_with(kind: SessionType, p: SessionParams, limits: SessionLimits) -> H
     Harness {
         s: Session::new(
             kind,
-            IscsiName::from_wire("iqn.2026-11.org.test:i").unwrap(),
+            NodeName::from_wire("iqn.2026-11.org.test:i").unwrap(),
             p,
             limits,
             1000,
@@ -939,12 +944,12 @@ fn idle_pings_and_dead_peer_detection() {
     let mut out = Outbox::new(4);
     assert_eq!(
         h.s.tick(h.now + Duration::from_secs(1), true, &mut out),
-        Tick::Continue
+        Liveness::Continue
     );
     assert!(out.is_empty());
     assert_eq!(
         h.s.tick(h.now + Duration::from_secs(6), true, &mut out),
-        Tick::Continue
+        Liveness::Continue
     );
     let r = decode_all(&out.to_vec(), &h.s.framing());
     assert_eq!(r[0].0.opcode_raw(), Opcode::NopIn as u8);
@@ -957,21 +962,24 @@ fn idle_pings_and_dead_peer_detection() {
     let mut out = Outbox::new(4);
     assert_eq!(
         h.s.tick(h.now + Duration::from_secs(60), true, &mut out),
-        Tick::Continue
+        Liveness::Continue
     );
     // No answer this time: dead after the timeout.
     let later = h.now + Duration::from_secs(60 + 31);
-    assert_eq!(h.s.tick(later, true, &mut Outbox::new(4)), Tick::DeadPeer);
+    assert_eq!(
+        h.s.tick(later, true, &mut Outbox::new(4)),
+        Liveness::DeadPeer
+    );
 }
 
 /// Ticks once a second from `from` to `to` (inclusive), answering every ping at once; returns the
 /// first verdict other than Continue, with its second.
-fn tick_answering_pings(h: &mut Harness, from: u64, to: u64) -> Option<(u64, Tick)> {
+fn tick_answering_pings(h: &mut Harness, from: u64, to: u64) -> Option<(u64, Liveness)> {
     let start = h.now;
     for s in from..=to {
         let mut out = Outbox::new(4);
         let verdict = h.s.tick(start + Duration::from_secs(s), true, &mut out);
-        if verdict != Tick::Continue {
+        if verdict != Liveness::Continue {
             h.now = start;
             return Some((s, verdict));
         }
@@ -992,7 +1000,10 @@ fn an_idle_session_ends_after_the_idle_timeout_unless_work_is_outstanding() {
     };
     // Answered pings keep the connection alive but are not activity: idle at 60 s.
     let mut h = harness_with(SessionType::Normal, params(), limits);
-    assert_eq!(tick_answering_pings(&mut h, 1, 120), Some((60, Tick::Idle)));
+    assert_eq!(
+        tick_answering_pings(&mut h, 1, 120),
+        Some((60, Liveness::Idle))
+    );
 
     // A command still running is work outstanding: never idle meanwhile.
     let mut h = harness_with(SessionType::Normal, params(), limits);
@@ -1017,7 +1028,7 @@ fn a_zero_ping_interval_never_pings() {
         let mut out = Outbox::new(4);
         assert_eq!(
             h.s.tick(h.now + Duration::from_secs(s), true, &mut out),
-            Tick::Continue
+            Liveness::Continue
         );
         assert!(out.is_empty(), "pinged after {s} s");
     }
@@ -1066,7 +1077,7 @@ fn no_ping_verdict_while_the_connection_is_not_reading() {
         let mut out = Outbox::new(4);
         assert_eq!(
             h.s.tick(h.now + Duration::from_secs(s), false, &mut out),
-            Tick::Continue
+            Liveness::Continue
         );
         assert!(out.is_empty());
     }
@@ -1075,11 +1086,11 @@ fn no_ping_verdict_while_the_connection_is_not_reading() {
     let mut out = Outbox::new(4);
     assert_eq!(
         h.s.tick(resumed + Duration::from_secs(29), true, &mut out),
-        Tick::Continue
+        Liveness::Continue
     );
     assert_eq!(
         h.s.tick(resumed + Duration::from_secs(31), true, &mut out),
-        Tick::DeadPeer
+        Liveness::DeadPeer
     );
 }
 
@@ -1231,7 +1242,7 @@ fn a_file_lent_against_the_request_fails_the_command_instead_of_sending_it() {
         assert!(
             out.parts()
                 .iter()
-                .all(|p| !matches!(p, crate::outbox::Part::File { .. })),
+                .all(|p| !matches!(p, seam::outbox::Part::File { .. })),
             "digests {digests}, attr {attr}: no file part queued"
         );
         let pdus = decode_all(&out.to_vec(), &framing);
@@ -1264,7 +1275,7 @@ fn file_payloads_are_queued_as_file_parts_and_consumed_in_place() {
         .parts()
         .iter()
         .filter_map(|p| match p {
-            crate::outbox::Part::File { offset, len, .. } => Some((*offset, *len)),
+            seam::outbox::Part::File { offset, len, .. } => Some((*offset, *len)),
             _ => None,
         })
         .collect();
@@ -1279,14 +1290,14 @@ fn file_payloads_are_queued_as_file_parts_and_consumed_in_place() {
     assert!(out
         .parts()
         .iter()
-        .all(|p| out.file(p).is_some() == matches!(p, crate::outbox::Part::File { .. })));
+        .all(|p| out.file(p).is_some() == matches!(p, seam::outbox::Part::File { .. })));
     let whole = out.to_vec();
     // A partial send that stops inside the first file part resumes at the right file offset.
     out.consume(48 + 1000);
     assert_eq!(out.to_vec(), &whole[48 + 1000..]);
     assert!(matches!(
         out.parts().first(),
-        Some(crate::outbox::Part::File { offset, len: 7192, .. }) if *offset == FILE_AT + 1000
+        Some(seam::outbox::Part::File { offset, len: 7192, .. }) if *offset == FILE_AT + 1000
     ));
     out.consume(7192 + 48 + 8191);
     assert_eq!(out.to_vec(), &whole[48 + 8192 + 48 + 8191..]);

@@ -12,8 +12,9 @@ use nvme::identify::ControllerType;
 use nvme::sqe::Status;
 
 use crate::admission::controllers::{ControllerEntry, CNTLID_MAX};
+use crate::admission::registry::Instance;
 use crate::admission::{Admitted, Door, Refusal};
-use crate::config::{IscsiName, ResolvedAuth};
+use crate::config::{NodeName, ResolvedAuth};
 use crate::shared::Shared;
 
 /// Why a Connect was refused: its status, its dword 0 (the parameter in error), and the
@@ -68,7 +69,7 @@ pub(super) fn admin(
     connect: &Connect,
     at: &Arrival,
 ) -> Result<(Arc<ControllerEntry>, Option<Keys>), Refused> {
-    let host = IscsiName::from_wire(&connect.hostnqn).map_err(|_| invalid(true, 512))?;
+    let host = NodeName::from_wire(&connect.hostnqn).map_err(|_| invalid(true, 512))?;
     let discovery = connect.subnqn == DISCOVERY_NQN;
     if at.discovery_only && !discovery {
         tracing::warn!(peer = %at.peer, host = %host, subsystem = %connect.subnqn, "NVMe Connect refused: a discovery listener serves only the discovery subsystem");
@@ -83,14 +84,13 @@ pub(super) fn admin(
             Admitted::of_login(&topology, None, &required, chap_user).ok_or_else(invalid_host)?;
         (None, admitted, keys.map(|(k, _)| k))
     } else {
-        let sub = IscsiName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
+        let sub = NodeName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
         let (admitted, keys) = admit(&topology, &host, &sub, at)?;
         (Some(sub), admitted, keys)
     };
-    let isid = isid_of();
     let ticket = shared
         .registry
-        .open(&host, isid, subsystem.as_ref(), 0, at.peer.ip())
+        .open(&host, instance(), subsystem.as_ref(), 0, at.peer.ip())
         .map_err(|refused| {
             if let Some(limit) = refused.limit {
                 shared.metrics.limit(limit);
@@ -156,8 +156,8 @@ fn busy(what: &'static str) -> Refused {
 /// else, and with which keys.
 fn admit(
     topology: &crate::topology::Topology,
-    host: &IscsiName,
-    sub: &IscsiName,
+    host: &NodeName,
+    sub: &NodeName,
     at: &Arrival,
 ) -> Result<(Admitted, Option<Keys>), Refused> {
     let refused = |refusal: Refusal| {
@@ -191,7 +191,7 @@ fn admit(
 /// holds no key for can never succeed: refused at Connect.
 fn keys_for(
     required: &ResolvedAuth,
-    host: &IscsiName,
+    host: &NodeName,
     sub: &str,
     at: &Arrival,
 ) -> Result<Option<(Keys, String)>, Refused> {
@@ -231,19 +231,16 @@ fn group_of(admitted: &Admitted) -> Option<&str> {
 
 /// The SCSI initiator port name of an NVMe host: its NQN and host identifier. Reservations
 /// and per-nexus state key on it, as on an iSCSI initiator's name and ISID.
-fn initiator_port(host: &IscsiName, host_id: &[u8; 16]) -> String {
+fn initiator_port(host: &NodeName, host_id: &[u8; 16]) -> String {
     let id: String = host_id.iter().map(|b| format!("{b:02x}")).collect();
     format!("{host},h,0x{id}")
 }
 
-/// The registry's session key for a controller: never the same for two controllers (a host
+/// The registry's instance for a new controller: never the same for two controllers (a host
 /// may run several through one port; NVMe has no reinstatement to ask for).
-fn isid_of() -> [u8; 6] {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let b = n.to_be_bytes();
-    // Qualifier type 3 (reserved by RFC 7143 for no iSCSI initiator): no ISID of a login.
-    [0xC0, 0xFE, b[0], b[1], b[2], b[3]]
+fn instance() -> Instance {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    Instance::Controller(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 /// An I/O queue's Connect: the controller it names, if this host on this port owns it.
@@ -260,8 +257,8 @@ pub(super) fn io(
         .nvme
         .get(connect.cntlid)
         .ok_or_else(|| invalid(true, 16))?;
-    let host = IscsiName::from_wire(&connect.hostnqn).map_err(|_| invalid(true, 512))?;
-    let sub = IscsiName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
+    let host = NodeName::from_wire(&connect.hostnqn).map_err(|_| invalid(true, 512))?;
+    let sub = NodeName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
     if entry.host != host || entry.host_id != connect.host_id {
         return Err(invalid_host());
     }

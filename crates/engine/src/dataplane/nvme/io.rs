@@ -4,13 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use iscsi::session::{DataOutBuf, DeferredCommand, Execution, ScsiBackend, ScsiRequest};
 use nvme::controller::{Answer, Notice, View};
 use nvme::fabrics::fctype;
 use nvme::nvm::IoCommand;
 use nvme::queue::Received;
 use nvme::sqe::{Status, FABRICS};
 use nvme::translate::{self, ScsiCommand};
+use seam::{DataOutBuf, DeferredCommand, Execution, ScsiBackend, ScsiRequest};
 
 use super::view::{self, Namespaces};
 use super::{Driver, Role};
@@ -500,7 +500,7 @@ impl Driver {
         };
         let wire_lun = scsi::lun_to_wire(lun);
         let req = ScsiRequest {
-            itt: u32::from(cid),
+            tag: u32::from(cid),
             lun: wire_lun,
             cdb: &scsi.cdb,
             data_out: &scsi.data_out[..],
@@ -541,7 +541,7 @@ impl Driver {
                 self.outbox.give_back(data_in);
                 backend.loan = lent;
                 let command = DeferredCommand {
-                    itt: u32::from(cid),
+                    tag: u32::from(cid),
                     lun: wire_lun,
                     cdb: scsi.cdb.to_vec(),
                     data_out: DataOutBuf::Pooled(scsi.data_out.to_vec()),
@@ -559,7 +559,7 @@ impl Driver {
     pub(super) fn complete(&mut self, backend: &mut Backend<'_>, done: Completed) {
         backend.settle(&done);
         let status = translate::status_of(done.outcome.status, &done.sense);
-        let cid = done.itt as u16;
+        let cid = done.tag as u16;
         let payload = match done.lent {
             Some(slice) => {
                 self.outbox.give_back(done.data_in);

@@ -12,7 +12,9 @@ mod wire;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iscsi::outbox::Outbox;
+use seam::outbox::Outbox;
+
+use crate::admission::registry::{DoorFacts, NvmeFacts};
 use nvme::queue::{Queue, QueueLimits, Received, Refused};
 use nvme::sqe::{Cqe, Status};
 use tokio::net::TcpStream;
@@ -397,16 +399,14 @@ impl Driver {
     fn describe(&self, entry: &ControllerEntry, chap_user: Option<&str>) {
         let info = Arc::new(crate::admission::registry::SessionInfo {
             initiator: entry.host.to_string(),
-            initiator_alias: Some("nvme".into()),
+            initiator_alias: None,
             target: entry.subsystem.as_ref().map(|s| s.to_string()),
             tsih: entry.cntlid,
-            isid: [0; 6],
-            cid: 0,
             portal_group_tag: self.at.portal_group_tag,
             portal: self.at.local,
             source: self.at.peer,
             chap_user: chap_user.map(str::to_string),
-            params: self.params(),
+            door: DoorFacts::Nvme(self.facts(entry)),
             started: std::time::SystemTime::now(),
             reads: Default::default(),
             writes: Default::default(),
@@ -425,26 +425,16 @@ impl Driver {
         *entry.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(info);
     }
 
-    /// The queue's transport settings in the terms `ctl sessions` shows for iSCSI: digests as
-    /// negotiated, one connection per queue, the transfer limits.
-    fn params(&self) -> iscsi::negotiation::SessionParams {
+    /// The controller's transport settings as `ctl sessions` shows them: its admin queue's.
+    fn facts(&self, entry: &ControllerEntry) -> NvmeFacts {
         let (header_digest, data_digest) = self.queue.digests();
-        iscsi::negotiation::SessionParams {
+        NvmeFacts {
             header_digest,
             data_digest,
-            max_connections: 1,
-            initial_r2t: true,
-            immediate_data: true,
-            max_burst_length: TRANSFER_BYTES_MAX,
-            first_burst_length: IN_CAPSULE_BYTES,
-            default_time2wait: 0,
-            default_time2retain: 0,
-            max_outstanding_r2t: 1,
-            data_pdu_in_order: true,
-            data_sequence_in_order: true,
-            error_recovery_level: 0,
-            max_xmit_data_segment_length: TRANSFER_BYTES_MAX,
-            max_recv_data_segment_length: TRANSFER_BYTES_MAX,
+            kato_ms: entry.state().kato_ms(),
+            max_transfer: TRANSFER_BYTES_MAX,
+            in_capsule: IN_CAPSULE_BYTES,
+            tls: self.at.tls.is_some(),
         }
     }
 
@@ -541,7 +531,7 @@ impl Driver {
         backend: &mut Backend<'_>,
         life: &mut io::Life,
         (ready, refused): &mut (Vec<Received>, Vec<Refused>),
-    ) -> Result<Option<iscsi::session::Activity>, Closed> {
+    ) -> Result<Option<seam::Activity>, Closed> {
         backend.turn_started = Instant::now();
         if !backend.still_admitted() {
             return Ok(None);
@@ -889,10 +879,10 @@ impl Driver {
 /// of answers (iSCSI's ExpStatSN), so the backlog is what the host had sent without waiting:
 /// the commands still in the target, or those that came together less the one it may have
 /// waited for (0 for a host that waits for each answer).
-fn activity(ready: &[Received], open_now: usize) -> iscsi::session::Activity {
+fn activity(ready: &[Received], open_now: usize) -> seam::Activity {
     let earlier = open_now.saturating_sub(ready.len()) as u32;
     let together = ready.len().saturating_sub(1) as u32;
-    iscsi::session::Activity {
+    seam::Activity {
         commands: ready.len() as u32,
         command_bytes: ready
             .iter()

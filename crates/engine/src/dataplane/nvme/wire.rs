@@ -9,15 +9,15 @@ use std::os::unix::fs::FileExt as _;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use iscsi::outbox::{Outbox, Part};
 use openssl::ssl::{Ssl, SslContext, SslContextBuilder, SslMethod, SslVersion};
+use seam::outbox::{Outbox, Part};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
 use super::super::closed::Closed;
 use crate::admission::TlsProof;
-use crate::config::IscsiName;
+use crate::config::NodeName;
 use crate::shared::Shared;
 
 /// The first byte of a TLS handshake record (a ClientHello); an ICReq starts with 0.
@@ -217,8 +217,8 @@ fn psk_for(shared: &Shared, identity: &[u8]) -> Result<(Vec<u8>, TlsProof), Stri
         ));
     }
     let (host, sub) = match (
-        IscsiName::from_wire(&id.host),
-        IscsiName::from_wire(&id.subsystem),
+        NodeName::from_wire(&id.host),
+        NodeName::from_wire(&id.subsystem),
     ) {
         (Ok(h), Ok(s)) if s.is_nqn() => (h, s),
         _ => return Err("a PSK identity naming no valid NQNs".into()),

@@ -3,7 +3,7 @@
 //! An initiator's or target's name decides who it is: its group, its credentials, its LUNs, its
 //! reservations. Two spellings of one name must therefore be one identity everywhere, so a name
 //! is normalised once, where it enters (config, Login Request, SendTargets), by the stringprep
-//! profile of RFC 3722, and from then on compared only as an [`IscsiName`] — byte equality of
+//! profile of RFC 3722, and from then on compared only as an [`NodeName`] — byte equality of
 //! normal forms. There is no way to compare one with a raw `&str`.
 //!
 //! The profile (RFC 3722 §3–§7): map RFC 3454 table B.1 to nothing and B.2 (case folding),
@@ -21,7 +21,7 @@ pub const ISCSI_NAME_BYTES_MAX: usize = 223;
 
 /// A normalised iSCSI name: what stringprep (RFC 3722) made of the name it was given.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct IscsiName(Box<str>);
+pub struct NodeName(Box<str>);
 
 /// Why a string is not an iSCSI name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,15 +73,15 @@ impl fmt::Display for NameError {
 
 impl std::error::Error for NameError {}
 
-impl IscsiName {
+impl NodeName {
     /// A name as an initiator sent it (Login Request, SendTargets): normalised, never refused
     /// for its grammar (real initiators send names outside RFC 7143's, e.g. with `_`; such a
     /// name can still be matched by an `any_initiator` group), only for what the profile
     /// prohibits and for its length.
-    pub fn from_wire(s: &str) -> Result<IscsiName, NameError> {
+    pub fn from_wire(s: &str) -> Result<NodeName, NameError> {
         let normal = prepare(s)?;
         check_length(&normal)?;
-        Ok(IscsiName(normal.into_boxed_str()))
+        Ok(NodeName(normal.into_boxed_str()))
     }
 
     /// A name as a configuration states it: well-formed (`iqn.`/`eui.`/`naa.`, or an NVMe
@@ -89,7 +89,7 @@ impl IscsiName {
     /// normal form, so that what the admin wrote is exactly what is compared. The one mapping
     /// accepted is upper-case hex digits of `eui.`/`naa.` names (RFC 7143's own examples use
     /// them); they are stored lowercase.
-    pub fn from_config(s: &str) -> Result<IscsiName, NameError> {
+    pub fn from_config(s: &str) -> Result<NodeName, NameError> {
         let normal = prepare(s)?;
         check_length(&normal)?;
         check_format(&normal).map_err(NameError::Format)?;
@@ -108,7 +108,7 @@ impl IscsiName {
             }
             return Err(NameError::NotNormal { normal });
         }
-        Ok(IscsiName(normal.into_boxed_str()))
+        Ok(NodeName(normal.into_boxed_str()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -127,19 +127,19 @@ impl IscsiName {
     }
 }
 
-impl fmt::Display for IscsiName {
+impl fmt::Display for NodeName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl fmt::Debug for IscsiName {
+impl fmt::Debug for NodeName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
     }
 }
 
-impl AsRef<str> for IscsiName {
+impl AsRef<str> for NodeName {
     fn as_ref(&self) -> &str {
         &self.0
     }
@@ -322,14 +322,14 @@ mod tests {
             ("EUI.02004567A425678D", "eui.02004567a425678d"),
         ];
         for (given, normal) in pairs {
-            let a = IscsiName::from_wire(given).unwrap();
-            let b = IscsiName::from_wire(normal).unwrap();
+            let a = NodeName::from_wire(given).unwrap();
+            let b = NodeName::from_wire(normal).unwrap();
             assert_eq!(a, b, "{given:?} and {normal:?} are one name");
             assert_eq!(a.as_str(), normal);
         }
         assert_ne!(
-            IscsiName::from_wire("iqn.2026-11.test:a").unwrap(),
-            IscsiName::from_wire("iqn.2026-11.test:b").unwrap()
+            NodeName::from_wire("iqn.2026-11.test:a").unwrap(),
+            NodeName::from_wire("iqn.2026-11.test:b").unwrap()
         );
     }
 
@@ -347,38 +347,38 @@ mod tests {
             "iqn.2026-11.test:\u{1cce3}", // unassigned in Unicode 3.2 (found by fuzzing)
         ] {
             assert!(
-                matches!(IscsiName::from_wire(bad), Err(NameError::Prohibited { .. })),
+                matches!(NodeName::from_wire(bad), Err(NameError::Prohibited { .. })),
                 "{bad:?}: {:?}",
-                IscsiName::from_wire(bad)
+                NodeName::from_wire(bad)
             );
         }
-        assert_eq!(IscsiName::from_wire(""), Err(NameError::Empty));
+        assert_eq!(NodeName::from_wire(""), Err(NameError::Empty));
         // Only B.1 characters: nothing is left.
-        assert_eq!(IscsiName::from_wire("\u{ad}"), Err(NameError::Empty));
+        assert_eq!(NodeName::from_wire("\u{ad}"), Err(NameError::Empty));
         let long = format!("iqn.2026-11.test:{}", "a".repeat(ISCSI_NAME_BYTES_MAX));
         assert!(matches!(
-            IscsiName::from_wire(&long),
+            NodeName::from_wire(&long),
             Err(NameError::TooLong { .. })
         ));
         let huge = "\u{ad}".repeat(10_000);
         assert!(matches!(
-            IscsiName::from_wire(&huge),
+            NodeName::from_wire(&huge),
             Err(NameError::TooLong { .. })
         ));
         // Mixed directions.
         assert_eq!(
-            IscsiName::from_wire("iqn.2026-11.test:\u{5d0}a"),
+            NodeName::from_wire("iqn.2026-11.test:\u{5d0}a"),
             Err(NameError::Bidirectional)
         );
     }
 
     #[test]
     fn wire_names_outside_the_grammar_are_still_names() {
-        let n = IscsiName::from_wire("iqn.1998-01.com.vmware:ESX_01").unwrap();
+        let n = NodeName::from_wire("iqn.1998-01.com.vmware:ESX_01").unwrap();
         assert_eq!(n.as_str(), "iqn.1998-01.com.vmware:esx_01");
         assert!(!n.is_well_formed());
         assert!(
-            IscsiName::from_wire("iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test")
+            NodeName::from_wire("iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test")
                 .unwrap()
                 .is_well_formed()
         );
@@ -386,29 +386,29 @@ mod tests {
 
     #[test]
     fn configured_names_must_be_written_in_normal_form() {
-        assert!(IscsiName::from_config("iqn.2026-11.test:é").is_ok());
-        assert!(IscsiName::from_config("iqn.2001-04.com.example:stockage.données").is_ok());
+        assert!(NodeName::from_config("iqn.2026-11.test:é").is_ok());
+        assert!(NodeName::from_config("iqn.2001-04.com.example:stockage.données").is_ok());
         assert_eq!(
-            IscsiName::from_config("iqn.2026-11.test:É"),
+            NodeName::from_config("iqn.2026-11.test:É"),
             Err(NameError::NotNormal {
                 normal: "iqn.2026-11.test:é".into()
             })
         );
-        let decomposed = IscsiName::from_config("iqn.2026-11.test:e\u{301}").unwrap_err();
+        let decomposed = NodeName::from_config("iqn.2026-11.test:e\u{301}").unwrap_err();
         assert!(decomposed
             .to_string()
             .contains("write `iqn.2026-11.test:é`"));
-        assert!(IscsiName::from_config("iqn.2026-11.org.x:Disk")
+        assert!(NodeName::from_config("iqn.2026-11.org.x:Disk")
             .unwrap_err()
             .to_string()
             .contains("lowercase"));
-        assert!(IscsiName::from_config("IQN.2026-11.org.x:disk")
+        assert!(NodeName::from_config("IQN.2026-11.org.x:disk")
             .unwrap_err()
             .to_string()
             .contains("prefix"));
         // Hex digits of either case; stored lowercase, equal to the wire's normal form.
-        let eui = IscsiName::from_config("eui.02004567A425678D").unwrap();
-        assert_eq!(eui, IscsiName::from_wire("eui.02004567a425678d").unwrap());
+        let eui = NodeName::from_config("eui.02004567A425678D").unwrap();
+        assert_eq!(eui, NodeName::from_wire("eui.02004567a425678d").unwrap());
         for bad in [
             "iqn.2026-13.x",
             "iqn.2026-11.",
@@ -420,7 +420,7 @@ mod tests {
             "foo.bar",
         ] {
             assert!(
-                matches!(IscsiName::from_config(bad), Err(NameError::Format(_))),
+                matches!(NodeName::from_config(bad), Err(NameError::Format(_))),
                 "{bad}"
             );
         }
@@ -444,8 +444,8 @@ mod tests {
                 s.push(alphabet[i]);
             }
             for spelling in [s.clone(), s.to_uppercase(), s.to_lowercase()] {
-                if let Ok(n) = IscsiName::from_wire(&spelling) {
-                    let again = IscsiName::from_wire(n.as_str()).unwrap();
+                if let Ok(n) = NodeName::from_wire(&spelling) {
+                    let again = NodeName::from_wire(n.as_str()).unwrap();
                     assert_eq!(n, again, "{spelling:?}");
                 }
             }

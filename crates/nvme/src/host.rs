@@ -337,7 +337,10 @@ mod tests {
                 .unwrap();
             to_ctrl.clear();
             assert_eq!(ready.len(), 2);
-            assert_eq!(ready[1].data, crate::queue::Data::Gathered(big));
+            assert_eq!(
+                ready[1].data,
+                crate::queue::Data::Gathered(seam::DataOutBuf::Pooled(big))
+            );
             assert!(refused.is_empty());
             // Answers: one with data (a read's), one without.
             let cqe = |cid| Cqe {

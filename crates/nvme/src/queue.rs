@@ -11,6 +11,8 @@
 
 use std::ops::Range;
 
+use seam::{DataOutBuf, DataOutMemory};
+
 use crate::pdu::{self, flags, Accept, Fatal, PduType, Refusal, Transfer, CH_LEN, DIGEST_LEN};
 use crate::sqe::{Cqe, DataPointer, Sqe, Status, SQE_LEN};
 
@@ -48,15 +50,33 @@ pub struct Received {
     pub data_in_len: u32,
 }
 
+/// What [`Queue::place`] asks for a solicited write: exactly `len` bytes of memory for its
+/// data, or None.
+pub type Placement<'a> = dyn FnMut(&Sqe, usize) -> Option<Box<dyn DataOutMemory>> + 'a;
+
 /// Where a command's data from the host is.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Data {
     /// In its capsule: this range of the bytes given to the [`Queue::receive`] call that
     /// returned it, so a write's data goes from the receive buffer to the device in one copy.
     InCapsule(Range<usize>),
-    /// Solicited with an R2T and gathered from H2CData PDUs (or none).
-    Gathered(Vec<u8>),
+    /// Solicited with an R2T and gathered from H2CData PDUs (or none): in memory the engine
+    /// placed for it ([`Queue::place`]), e.g. the aligned buffer its direct I/O will write
+    /// from, or in a buffer of the queue's own.
+    Gathered(DataOutBuf),
 }
+
+impl PartialEq for Data {
+    fn eq(&self, other: &Data) -> bool {
+        match (self, other) {
+            (Data::InCapsule(a), Data::InCapsule(b)) => a == b,
+            (Data::Gathered(a), Data::Gathered(b)) => a[..] == b[..],
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Data {}
 
 impl Received {
     /// Its data; `input` is what was given to the [`Queue::receive`] call that returned it.
@@ -94,7 +114,7 @@ impl Received {
     pub fn to_owned(&self, input: &[u8]) -> Received {
         Received {
             sqe: self.sqe,
-            data: Data::Gathered(self.data(input).to_vec()),
+            data: Data::Gathered(DataOutBuf::Pooled(self.data(input).to_vec())),
             data_in_len: self.data_in_len,
         }
     }
@@ -124,10 +144,36 @@ struct Awaiting {
     total: u32,
     /// Bytes arrived (kept in `data` unless a digest failed).
     arrived: u32,
-    data: Vec<u8>,
+    /// Where they go: memory the engine placed ([`Queue::place`]) before the first arrived, or
+    /// a buffer of the queue's own, grown as they come.
+    data: DataOutBuf,
+    /// The engine was asked for memory for it.
+    placed: bool,
     /// A data digest failed: the rest is received and dropped, the command answered
     /// Transient Transport Error.
     failed: bool,
+}
+
+impl Awaiting {
+    /// Keeps `data`, which arrived at `offset` (every byte before it has).
+    fn put(&mut self, offset: usize, data: &[u8]) {
+        match &mut self.data {
+            DataOutBuf::Pooled(v) => {
+                debug_assert_eq!(v.len(), offset, "H2CData in order");
+                if v.is_empty() {
+                    v.reserve_exact(self.total as usize);
+                }
+                v.extend_from_slice(data);
+            }
+            DataOutBuf::Engine(memory) => {
+                // Placed memory is exactly `total` long and the offset was checked against it.
+                let end = offset + data.len();
+                if let Some(at) = memory.bytes_mut().get_mut(offset..end) {
+                    at.copy_from_slice(data);
+                }
+            }
+        }
+    }
 }
 
 /// A set of command identifiers: one bit each, so a deep queue's answer finds its command
@@ -326,6 +372,24 @@ impl Queue {
         Ok(used)
     }
 
+    /// Offers memory for the writes solicited since the last call, before any of their data
+    /// arrives (an R2T goes out with the bytes [`Queue::receive`] returned, so no H2CData can
+    /// come before the next call): `memory(sqe, len)` gives exactly `len` bytes, e.g. aligned
+    /// for the direct I/O that will write them, or None for a buffer of the queue's own. Each
+    /// write is asked once.
+    pub fn place(&mut self, memory: &mut Placement<'_>) {
+        for a in self.awaiting.iter_mut().filter(|a| !a.placed) {
+            a.placed = true;
+            if a.arrived != 0 {
+                continue;
+            }
+            let m = memory(&a.sqe, a.total as usize);
+            if let Some(m) = m.filter(|m| m.bytes().len() == a.total as usize) {
+                a.data = DataOutBuf::Engine(m);
+            }
+        }
+    }
+
     fn terminate(&mut self, r: Refusal, header: &[u8], out: &mut Vec<u8>) -> Fatal {
         self.terminated = true;
         pdu::encode_term(&r, true, header, out);
@@ -488,7 +552,7 @@ impl Queue {
                 } else {
                     ready.push(Received {
                         sqe,
-                        data: Data::Gathered(Vec::new()),
+                        data: Data::Gathered(DataOutBuf::default()),
                         data_in_len: if host_to_controller(&sqe) { 0 } else { len },
                     });
                 }
@@ -527,7 +591,8 @@ impl Queue {
             ttag,
             total: len,
             arrived: 0,
-            data: Vec::new(),
+            data: DataOutBuf::default(),
+            placed: false,
             failed: false,
         });
     }
@@ -566,13 +631,11 @@ impl Queue {
         if done != (frame.flags & flags::LAST_PDU != 0) {
             return Err(field(1));
         }
+        let offset = a.arrived as usize;
         a.arrived = arrived;
         a.failed |= !data_ok;
         if !a.failed {
-            if a.data.is_empty() {
-                a.data.reserve_exact(a.total as usize);
-            }
-            a.data.extend_from_slice(data);
+            a.put(offset, data);
         }
         if done {
             let a = self.awaiting.swap_remove(index);

@@ -262,9 +262,82 @@ fn a_write_is_solicited_with_one_r2t_and_ready_when_its_data_arrived() {
         ready,
         vec![Received {
             sqe: s,
-            data: Data::Gathered(data),
+            data: Data::Gathered(seam::DataOutBuf::Pooled(data)),
             data_in_len: 0
         }]
+    );
+}
+
+/// Memory a test places, marked so its use can be seen.
+#[derive(Debug)]
+struct Placed(Vec<u8>);
+
+impl seam::DataOutMemory for Placed {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+#[test]
+fn a_solicited_writes_data_lands_in_the_memory_placed_for_it() {
+    let mut q = queue((false, false));
+    let mut cap = Vec::new();
+    // Two writes: memory is placed for the first only (the engine has none for the other).
+    capsule(
+        &sqe(WRITE, 1, DataPointer::Transport { len: 12_288 }),
+        &[],
+        (false, false),
+        &mut cap,
+    );
+    capsule(
+        &sqe(WRITE, 2, DataPointer::Transport { len: 4096 }),
+        &[],
+        (false, false),
+        &mut cap,
+    );
+    let r2t = r2ts(&feed(&mut q, &cap).out);
+    assert_eq!(r2t.len(), 2);
+    let mut asked = Vec::new();
+    q.place(&mut |sqe, len| {
+        asked.push((sqe.cid(), len));
+        (sqe.cid() == 1).then(|| Box::new(Placed(vec![0xEE; len])) as Box<dyn seam::DataOutMemory>)
+    });
+    assert_eq!(asked, [(1, 12_288), (2, 4096)]);
+    // Asked once: a second call finds nothing new.
+    q.place(&mut |_, _| panic!("asked twice"));
+    let data: Vec<u8> = (0..12_288u32).map(|i| (i % 251) as u8).collect();
+    let mut ready = Vec::new();
+    for (i, t) in r2t.iter().enumerate() {
+        let len = t.len as usize;
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(8192);
+            let part = Transfer {
+                offset: at as u32,
+                len: n as u32,
+                ..*t
+            };
+            let bytes = if i == 0 {
+                &data[at..at + n]
+            } else {
+                &data[..n]
+            };
+            ready.extend(feed(&mut q, &h2c(part, at + n == len, bytes, (false, false))).ready);
+            at += n;
+        }
+    }
+    assert_eq!(ready.len(), 2);
+    match &ready[0].data {
+        Data::Gathered(seam::DataOutBuf::Engine(m)) => {
+            assert_eq!(m.bytes(), &data[..], "every byte where it was placed");
+        }
+        other => panic!("the first write's data is not in its placed memory: {other:?}"),
+    }
+    assert!(
+        matches!(&ready[1].data, Data::Gathered(seam::DataOutBuf::Pooled(v)) if v[..] == data[..4096])
     );
 }
 

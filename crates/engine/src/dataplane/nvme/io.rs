@@ -2,12 +2,13 @@
 //! controller, answering from the namespaces the LUN map gives), and NVM commands run as the
 //! SCSI commands they translate to, through the session backend every iSCSI command takes.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use nvme::controller::{Answer, Notice, View};
 use nvme::fabrics::fctype;
 use nvme::nvm::IoCommand;
-use nvme::queue::Received;
+use nvme::queue::{Data, Received};
 use nvme::sqe::{Status, FABRICS};
 use nvme::translate::{self, ScsiCommand};
 use seam::{DataOutBuf, DeferredCommand, Execution, ScsiBackend, ScsiRequest};
@@ -79,7 +80,7 @@ impl Driver {
         role: &Role,
         backend: &mut Backend<'_>,
         life: &mut Life,
-        r: &Received,
+        r: &mut Received,
         input: &[u8],
     ) {
         let sqe = &r.sqe;
@@ -385,7 +386,7 @@ impl Driver {
 
     /// An NVM command: decoded, its namespace found, translated and run.
     /// `input`: what the receive call that returned `r` was given (its in-capsule data).
-    fn nvm(&mut self, backend: &mut Backend<'_>, r: &Received, input: &[u8]) {
+    fn nvm(&mut self, backend: &mut Backend<'_>, r: &mut Received, input: &[u8]) {
         let cid = r.sqe.cid();
         let decoded = IoCommand::decode(&r.sqe);
         let command = match &decoded {
@@ -437,6 +438,27 @@ impl Driver {
                 return self.run(backend, cid, lun, &translate::reservation_report());
             }
             _ => {}
+        }
+        // A write's data gathered from H2CData is the command's own buffer (memory its direct
+        // I/O writes from, when the queue placed it so): handed over, not copied.
+        if let (IoCommand::Write { .. }, Data::Gathered(buf)) = (command, &mut r.data) {
+            let buf = std::mem::take(buf);
+            let head: ScsiCommand<'static> =
+                match translate::scsi_command(command, &buf, block_size) {
+                    Ok(s) => ScsiCommand {
+                        // The data is `buf`'s, given to `run_with` beside the command.
+                        data_out: Cow::Borrowed(&[]),
+                        cdb: s.cdb,
+                        data_in_len: s.data_in_len,
+                        read: s.read,
+                        write: s.write,
+                    },
+                    Err(status) => {
+                        buf.recycle(&mut self.outbox);
+                        return self.answer(cid, status, 0, &[]);
+                    }
+                };
+            return self.run_with(backend, cid, lun, &head, Some(buf));
         }
         // Results matched by reference, not moved: a command's CDB is read where it was built.
         let split = translate::split_fua_write_zeroes(command);
@@ -492,18 +514,32 @@ impl Driver {
     /// Runs a translated command on the session backend: inline, or handed to its route
     /// (`defer`), its answer then coming back through `complete`.
     fn run(&mut self, backend: &mut Backend<'_>, cid: u16, lun: u64, scsi: &ScsiCommand) {
-        let write = !scsi.data_out.is_empty();
+        self.run_with(backend, cid, lun, scsi, None);
+    }
+
+    /// As [`Driver::run`]; a write's Data-Out is `owned` when given (the command's own buffer,
+    /// handed over as it is if the command runs elsewhere), else `scsi.data_out`.
+    fn run_with(
+        &mut self,
+        backend: &mut Backend<'_>,
+        cid: u16,
+        lun: u64,
+        scsi: &ScsiCommand,
+        mut owned: Option<DataOutBuf>,
+    ) {
+        let data_out: &[u8] = owned.as_deref().unwrap_or(&scsi.data_out);
+        let write = !data_out.is_empty();
         let expected_len = if scsi.read {
             scsi.data_in_len
         } else {
-            scsi.data_out.len() as u32
+            data_out.len() as u32
         };
         let wire_lun = scsi::lun_to_wire(lun);
         let req = ScsiRequest {
             tag: u32::from(cid),
             lun: wire_lun,
             cdb: &scsi.cdb,
-            data_out: &scsi.data_out[..],
+            data_out,
             expected_len,
             read: scsi.read,
             write,
@@ -523,6 +559,9 @@ impl Driver {
         lent.clear();
         match backend.execute(&req, &mut data_in, &mut lent, &mut sense) {
             Execution::Done(outcome) => {
+                if let Some(buf) = owned {
+                    buf.recycle(&mut self.outbox);
+                }
                 let status = translate::status_of(outcome.status, &sense);
                 let payload = if let Some(file) = lent.file.take() {
                     self.outbox.give_back(data_in);
@@ -540,11 +579,15 @@ impl Driver {
             Execution::Deferred => {
                 self.outbox.give_back(data_in);
                 backend.loan = lent;
+                let data_out = match owned.take() {
+                    Some(buf) => buf,
+                    None => self.data_out_of(backend, wire_lun, &scsi.data_out),
+                };
                 let command = DeferredCommand {
                     tag: u32::from(cid),
                     lun: wire_lun,
                     cdb: scsi.cdb.to_vec(),
-                    data_out: DataOutBuf::Pooled(scsi.data_out.to_vec()),
+                    data_out,
                     expected_len,
                     read: scsi.read,
                     write,
@@ -555,9 +598,28 @@ impl Driver {
         }
     }
 
+    /// A deferred command's own copy of its Data-Out (in-capsule data lies in the receive
+    /// buffer, which the next read reuses): in the memory its I/O path will write from when
+    /// the backend has such (aligned, for direct I/O: one copy, as an iSCSI write's immediate
+    /// data takes), else in a recycled buffer of the queue.
+    fn data_out_of(&mut self, backend: &mut Backend<'_>, lun: [u8; 8], data: &[u8]) -> DataOutBuf {
+        if data.is_empty() {
+            return DataOutBuf::default();
+        }
+        if let Some(mut memory) = backend.data_out_memory(lun, data.len()) {
+            memory.bytes_mut().copy_from_slice(data);
+            return DataOutBuf::Engine(memory);
+        }
+        let mut buf = self.outbox.take_buffer();
+        buf.clear();
+        buf.extend_from_slice(data);
+        DataOutBuf::Pooled(buf)
+    }
+
     /// A command that ran elsewhere is back: its budget and counts settled, then answered.
-    pub(super) fn complete(&mut self, backend: &mut Backend<'_>, done: Completed) {
+    pub(super) fn complete(&mut self, backend: &mut Backend<'_>, mut done: Completed) {
         backend.settle(&done);
+        std::mem::take(&mut done.data_out).recycle(&mut self.outbox);
         let status = translate::status_of(done.outcome.status, &done.sense);
         let cid = done.tag as u16;
         let payload = match done.lent {

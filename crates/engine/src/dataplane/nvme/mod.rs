@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use seam::outbox::Outbox;
+use seam::ScsiBackend as _;
 
 use crate::admission::registry::{DoorFacts, NvmeFacts};
 use nvme::queue::{Queue, QueueLimits, Received, Refused};
@@ -537,6 +538,10 @@ impl Driver {
             return Ok(None);
         }
         let base = self.take_pdus(ready, refused)?;
+        // Writes solicited this turn get the memory their I/O will write from, before their
+        // data can arrive (their R2Ts go out with this turn's answers).
+        self.queue
+            .place(&mut |sqe, len| write_memory(backend, sqe, len));
         self.answer_refused(refused);
         refused.clear();
         let activity = activity(ready, self.queue.open());
@@ -544,7 +549,7 @@ impl Driver {
         // to the device); nothing reads the socket meanwhile.
         let rbuf = std::mem::take(&mut self.rbuf);
         // Borrowed, not moved out: a command is read in place, copied only to be kept.
-        for r in ready.iter() {
+        for r in ready.iter_mut() {
             self.command(role, backend, life, r, &rbuf[base..]);
         }
         ready.clear();
@@ -744,8 +749,6 @@ impl Driver {
     }
 
     /// Takes every whole PDU buffered; a PDU the transport refuses ends the connection (its
-    /// termination request sent first).
-    /// Takes every whole PDU buffered; a PDU the transport refuses ends the connection (its
     /// termination request sent first). Returns where the input began in `rbuf`: the commands'
     /// in-capsule data stays there until [`Driver::make_room`].
     fn take_pdus(
@@ -871,6 +874,22 @@ impl Driver {
         }
         let _ = entry;
     }
+}
+
+/// Memory for the data of a write solicited with an R2T: the aligned buffer of a direct-I/O
+/// namespace's ring write (`Backend::data_out_memory`), so the H2CData lands where the device
+/// writes from. Only a Write: other commands' data is rebuilt in SCSI's layout.
+fn write_memory(
+    backend: &mut Backend<'_>,
+    sqe: &nvme::sqe::Sqe,
+    len: usize,
+) -> Option<Box<dyn seam::DataOutMemory>> {
+    if sqe.opcode() != nvme::nvm::opcode::WRITE {
+        return None;
+    }
+    let lun = view::lun_of(sqe.nsid())?;
+    backend.luns.as_ref()?.get(lun)?;
+    backend.data_out_memory(scsi::lun_to_wire(lun), len)
 }
 
 /// What a turn's commands say of the host's pipeline, in the terms the worker's busy poll and

@@ -257,8 +257,8 @@ fn resolve_user(
         );
         ok = false;
     }
-    if let Err(m) = dhchap_secret_ok(&user, &secret, mutual) {
-        cx.err(secret_span.clone(), secret_field.clone(), m);
+    if let Err(bad) = dhchap_secret_ok(&user, &secret, mutual) {
+        cx.err(secret_span.clone(), secret_field.clone(), bad.to_string());
         ok = false;
     }
     let secret = Secret::new(secret);
@@ -278,7 +278,7 @@ fn resolve_user(
 /// A user named by an NQN is an NVMe host: its secret must be a DH-HMAC-CHAP one (`DHHC-1:`,
 /// as `nvme gen-dhchap-key` writes it). A mutual secret written in that form is the NVMe
 /// controller's key, so it must be a valid one too. The reason never echoes the secret.
-fn dhchap_secret_ok(user: &str, secret: &[u8], mutual: bool) -> Result<(), String> {
+fn dhchap_secret_ok(user: &str, secret: &[u8], mutual: bool) -> Result<(), BadDhchapSecret> {
     let text = std::str::from_utf8(secret).unwrap_or("");
     let nvme_host = !mutual
         && user
@@ -287,15 +287,28 @@ fn dhchap_secret_ok(user: &str, secret: &[u8], mutual: bool) -> Result<(), Strin
     if !nvme_host && !nvme::auth::Key::looks_like(text) {
         return Ok(());
     }
-    nvme::auth::Key::parse(text).map(drop).map_err(|e| {
-        if nvme_host {
-            format!(
-                "the user is an NVMe host NQN, so its secret must be a DH-HMAC-CHAP secret: {e}"
-            )
-        } else {
-            e.to_string()
+    nvme::auth::Key::parse(text)
+        .map(drop)
+        .map_err(|why| BadDhchapSecret { nvme_host, why })
+}
+
+/// A secret that should be, and is not, a valid DH-HMAC-CHAP secret.
+#[derive(Debug)]
+struct BadDhchapSecret {
+    /// Its user is an NVMe host's NQN (rather than the secret looking like one).
+    nvme_host: bool,
+    why: nvme::auth::KeyError,
+}
+
+impl std::fmt::Display for BadDhchapSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.nvme_host {
+            f.write_str(
+                "the user is an NVMe host NQN, so its secret must be a DH-HMAC-CHAP secret: ",
+            )?;
         }
-    })
+        write!(f, "{}", self.why)
+    }
 }
 
 /// Reads a secret file: a regular file not readable or writable by group or others, at most

@@ -1212,15 +1212,30 @@ fn listeners(
     listen
 }
 
-/// The ALUA state an operator can give a portal group (`alua_state`, `ctl portal-group alua`),
-/// or the error naming the choices.
-pub fn configured_alua_state(name: &str) -> Result<AccessState, String> {
+/// An `alua_state` that is none of the four an operator can give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownAluaState(pub String);
+
+impl std::fmt::Display for UnknownAluaState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unknown state {:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\", \"{ALUA_ACTIVE_NON_OPTIMIZED}\", \"{ALUA_STANDBY}\" or \"{ALUA_UNAVAILABLE}\"",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownAluaState {}
+
+/// The ALUA state an operator can give a portal group (`alua_state`, `ctl portal-group alua`).
+pub fn configured_alua_state(name: &str) -> Result<AccessState, UnknownAluaState> {
     match name {
         ALUA_ACTIVE_OPTIMIZED => Ok(AccessState::ActiveOptimized),
         ALUA_ACTIVE_NON_OPTIMIZED => Ok(AccessState::ActiveNonOptimized),
         ALUA_STANDBY => Ok(AccessState::Standby),
         ALUA_UNAVAILABLE => Ok(AccessState::Unavailable),
-        other => Err(format!("unknown state {other:?}: expected \"{ALUA_ACTIVE_OPTIMIZED}\", \"{ALUA_ACTIVE_NON_OPTIMIZED}\", \"{ALUA_STANDBY}\" or \"{ALUA_UNAVAILABLE}\"")),
+        other => Err(UnknownAluaState(other.to_string())),
     }
 }
 
@@ -1228,8 +1243,8 @@ fn portal_alua_state(cx: &mut Cx<'_>, ctx: &str, rg: &RawPortalGroup) -> AccessS
     let Some(v) = &rg.alua_state else {
         return AccessState::ActiveOptimized;
     };
-    configured_alua_state(v.get_ref()).unwrap_or_else(|message| {
-        cx.err(v.span(), format!("{ctx}: alua_state"), message);
+    configured_alua_state(v.get_ref()).unwrap_or_else(|unknown| {
+        cx.err(v.span(), format!("{ctx}: alua_state"), unknown.to_string());
         AccessState::ActiveOptimized
     })
 }

@@ -300,7 +300,8 @@ fn portal_group_alua(
 ) -> Result<String, ControlError> {
     let tag = number(args, "tag")?;
     let name = text(args, "state")?;
-    let state = crate::config::configured_alua_state(name).map_err(ControlError::BadRequest)?;
+    let state = crate::config::configured_alua_state(name)
+        .map_err(|e| ControlError::BadRequest(e.to_string()))?;
     let group = config
         .portal_groups
         .iter_mut()
@@ -723,9 +724,8 @@ fn portal_group_add(
         )));
     }
     let alua_state = match args.get("state").and_then(Value::as_str) {
-        Some(name) => {
-            crate::config::configured_alua_state(name).map_err(ControlError::BadRequest)?
-        }
+        Some(name) => crate::config::configured_alua_state(name)
+            .map_err(|e| ControlError::BadRequest(e.to_string()))?,
         None => scsi::AccessState::ActiveOptimized,
     };
     let mut group = crate::config::PortalGroup {

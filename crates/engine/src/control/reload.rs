@@ -154,7 +154,7 @@ pub fn diff(old: &Config, new: &Config) -> Result<Changes, Vec<String>> {
         ..Changes::default()
     };
     if let Err(why) = portal_group_changes(old, new, &mut changes) {
-        refused.push(why);
+        refused.push(why.to_string());
     }
     // Both configs loaded (names unique): only what follows the devices both begin with can
     // differ, and only that is hashed.
@@ -345,20 +345,44 @@ pub fn unsaved_changes(shared: &Shared, _lock: &ApplyLock) -> Vec<String> {
     listed
 }
 
+/// A portal group change among RBD gateways that a reload cannot apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NeedsRestart {
+    /// The set of tags, or whether there are gateways at all.
+    PortalGroups,
+    /// This group's gateway, peer address or listeners.
+    PortalGroup(u16),
+}
+
+impl std::fmt::Display for NeedsRestart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NeedsRestart::PortalGroups => f.write_str(
+                "[[portal_group]] tags or gateways changed among RBD gateways: that needs a restart",
+            ),
+            NeedsRestart::PortalGroup(tag) => write!(
+                f,
+                "[[portal_group]] {tag}: its gateway, peer_address or listeners changed among RBD gateways: that needs a restart"
+            ),
+        }
+    }
+}
+
 /// How the portal groups change: added, removed, listening elsewhere, in another ALUA state.
 /// All of it applies live, except among RBD gateways, whose portal groups name the cluster's
 /// members (ship commands and own images through them): there only the ALUA state of a
 /// group not a gateway's may change, the rest needs a restart of the gateways.
-fn portal_group_changes(old: &Config, new: &Config, changes: &mut Changes) -> Result<(), String> {
+fn portal_group_changes(
+    old: &Config,
+    new: &Config,
+    changes: &mut Changes,
+) -> Result<(), NeedsRestart> {
     let gateways = |c: &Config| {
         c.server.gateway.is_some() || c.portal_groups.iter().any(|p| p.gateway.is_some())
     };
     let tags = |c: &Config| c.portal_groups.iter().map(|p| p.tag).collect::<Vec<_>>();
     if (gateways(old) || gateways(new)) && tags(old) != tags(new) {
-        return Err(
-            "[[portal_group]] tags or gateways changed among RBD gateways: that needs a restart"
-                .into(),
-        );
+        return Err(NeedsRestart::PortalGroups);
     }
     for is in &new.portal_groups {
         let Some(was) = old.portal_groups.iter().find(|p| p.tag == is.tag) else {
@@ -375,10 +399,7 @@ fn portal_group_changes(old: &Config, new: &Config, changes: &mut Changes) -> Re
         if (&was.gateway, &was.peer_address) != (&is.gateway, &is.peer_address)
             || (gateways(old) && listening(was) != listening(is))
         {
-            return Err(format!(
-                "[[portal_group]] {}: its gateway, peer_address or listeners changed among RBD gateways: that needs a restart",
-                is.tag
-            ));
+            return Err(NeedsRestart::PortalGroup(is.tag));
         }
         if listening(was) != listening(is) {
             changes.portal_groups_moved.push(is.tag);

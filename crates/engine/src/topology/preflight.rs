@@ -33,7 +33,7 @@ pub fn preflight(config: &Config) -> Vec<Problem> {
         if let Err(why) = writable_or_creatable(&dir) {
             problems.push(Problem {
                 what: format!("state directory {}", dir.display()),
-                why,
+                why: why.to_string(),
             });
         }
     }
@@ -99,14 +99,32 @@ fn listeners(config: &Config, problems: &mut Vec<Problem>) {
 
 /// `dir` is a writable directory, or the nearest directory above it that exists is (the
 /// daemon creates the rest).
-fn writable_or_creatable(dir: &Path) -> Result<(), String> {
+fn writable_or_creatable(dir: &Path) -> Result<(), NotWritable> {
     let mut at = dir;
     while !at.exists() {
-        at = at.parent().ok_or("no existing directory above it")?;
+        at = at.parent().ok_or(NotWritable::NothingAbove)?;
     }
     if !at.is_dir() {
-        return Err(format!("{} is not a directory", at.display()));
+        return Err(NotWritable::NotADirectory(at.to_path_buf()));
     }
     let access = rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK;
-    rustix::fs::access(at, access).map_err(|e| format!("{} is not writable: {e}", at.display()))
+    rustix::fs::access(at, access).map_err(|e| NotWritable::Denied(at.to_path_buf(), e))
+}
+
+/// Why a directory the daemon writes to could not be.
+#[derive(Debug)]
+enum NotWritable {
+    NothingAbove,
+    NotADirectory(std::path::PathBuf),
+    Denied(std::path::PathBuf, rustix::io::Errno),
+}
+
+impl std::fmt::Display for NotWritable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotWritable::NothingAbove => f.write_str("no existing directory above it"),
+            NotWritable::NotADirectory(at) => write!(f, "{} is not a directory", at.display()),
+            NotWritable::Denied(at, e) => write!(f, "{} is not writable: {e}", at.display()),
+        }
+    }
 }

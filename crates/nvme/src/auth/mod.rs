@@ -22,7 +22,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256, Sha384, Sha512};
 
 pub use dh::DhGroup;
-pub use key::Key;
+pub use key::{Key, KeyError};
 
 /// The security protocol of Authentication Send/Receive that carries DH-HMAC-CHAP (SECP), and
 /// its two protocol-specific bytes (SPSP0, SPSP1).

@@ -446,6 +446,11 @@ fn check_condition(key: u8, asc: u8, ascq: u8) -> Status {
         (0x05, 0x20, _) => Status::INVALID_OPCODE,
         (0x05, 0x21, _) => Status::LBA_OUT_OF_RANGE,
         (0x05, 0x25, _) => Status::INVALID_NAMESPACE,
+        // INSUFFICIENT REGISTRATION RESOURCES: NVMe has no status of its own for a full
+        // registrant table. Not Invalid Field (the command was well formed): an internal
+        // error without DNR, as SPDK answers it, which the host may retry once an operator
+        // cleared the table (`ctl device clear-reservations`).
+        (0x05, 0x55, 0x04) => Status::INTERNAL_ERROR,
         (0x05, _, _) => Status::INVALID_FIELD,
         // SPACE ALLOCATION FAILED WRITE PROTECT: the thin store is out of room (Linux turns
         // both into ENOSPC).

@@ -249,6 +249,9 @@ fn scsi_answers_map_to_one_nvme_status_each() {
     assert_eq!(status_of(2, &fixed(5, 0x20, 0)), Status::INVALID_OPCODE);
     assert_eq!(status_of(2, &fixed(7, 0x27, 0)), WRITE_PROTECTED);
     assert_eq!(status_of(2, &fixed(7, 0x27, 7)), Status::CAPACITY_EXCEEDED);
+    let full = status_of(2, &fixed(5, 0x55, 4));
+    assert_eq!(full, Status::INTERNAL_ERROR, "a full registrant table");
+    assert!(!full.dnr, "retried once the table has room");
     assert_eq!(status_of(2, &fixed(0xE, 0x1D, 0)), Status::COMPARE_FAILURE);
     assert_eq!(status_of(2, &fixed(2, 4, 0x0A)), Status::ANA_TRANSITION);
     assert_eq!(status_of(2, &fixed(2, 4, 0x0B)), Status::ANA_INACCESSIBLE);

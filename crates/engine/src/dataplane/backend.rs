@@ -15,6 +15,7 @@ use seam::{
 };
 
 use crate::dataplane::busy_poll;
+use crate::dataplane::closed::Ended;
 use crate::dataplane::sys;
 
 use crate::admission::Refusal;
@@ -142,7 +143,7 @@ pub(super) struct Backend<'a> {
     /// What `ctl sessions` shows of this session (its counters get `io`'s once a second).
     pub(super) info: Option<Arc<crate::admission::registry::SessionInfo>>,
     /// Why the session closed, when the target decided it (for the log).
-    pub(super) close_reason: Option<&'static str>,
+    pub(super) close_reason: Option<Ended>,
     /// A reload closed the listener the session came in through (or moved it to another
     /// portal group): an iSCSI session is asked to log out, as at shutdown.
     pub(super) portal_gone: bool,
@@ -690,7 +691,7 @@ impl Backend<'_> {
                     "closing the session after a change: a login now would not be admitted to the same group with the same proof"
                 );
                 self.shared.metrics.session_closed(refusal.reason());
-                self.close_reason = Some(refusal.reason());
+                self.close_reason = Some(Ended::NoLongerAdmitted(refusal.reason()));
                 false
             }
         }
@@ -710,7 +711,7 @@ impl Backend<'_> {
         if self.door == crate::admission::Door::Nvme {
             // NVMe/TCP has no logout to ask for: the host reconnects through its
             // other paths (or gives up on this one).
-            self.close_reason = Some("its listener was removed");
+            self.close_reason = Some(Ended::ListenerRemoved);
             return false;
         }
         true

@@ -1,5 +1,59 @@
 //! Why a connection ended other than by logout or the initiator closing it: the `reason` of
-//! the connection's last log line.
+//! the connection's last log line. [`Closed`] when something went wrong on the wire or below
+//! it; [`Ended`] when the target ended a connection whose peer broke nothing: one list for
+//! both doors, each reason typed where it is decided.
+
+/// Why the target ended a connection whose peer did nothing wrong on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The door's ping went unanswered (an iSCSI NOP-In within `nop_in_timeout_s`).
+    DeadPeer,
+    /// Nothing was received for `idle_timeout_s`.
+    Idle,
+    /// An NVMe controller saw no command within its keep-alive timeout.
+    KeepAliveTimeout,
+    /// An NVMe discovery controller without keep-alive stayed idle (`DISCOVERY_IDLE`).
+    DiscoveryIdle,
+    /// The daemon shuts down (no grace, or nothing left to wait for).
+    Shutdown,
+    /// The daemon shut down, or the portal went, and the initiator did not log out within
+    /// `shutdown_grace_s`.
+    NoLogout,
+    /// NVMe in-band authentication was not done within `login_timeout_s`.
+    NotAuthenticated,
+    /// NVMe in-band authentication failed.
+    AuthenticationFailed,
+    /// An NVMe I/O queue's ID was taken by the time it authenticated.
+    QueueIdTaken,
+    /// This gateway lost an RBD image the session maps (docs/RBD.md).
+    LostImage,
+    /// A reload removed the listener an NVMe/TCP queue came through.
+    ListenerRemoved,
+    /// A topology change would no longer admit the session; the admission's reason.
+    NoLongerAdmitted(&'static str),
+    /// The session registry or `ctl` ended it (reinstated by a new login, `ctl session
+    /// close`, its controller gone): their reason.
+    Told(&'static str),
+}
+
+impl Ended {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Ended::DeadPeer => "dead peer (no answer to NOP-In)",
+            Ended::Idle => "idle_timeout_s",
+            Ended::KeepAliveTimeout => "keep-alive timeout",
+            Ended::DiscoveryIdle => "discovery controller idle without keep-alive",
+            Ended::Shutdown => "shutdown",
+            Ended::NoLogout => "no logout within shutdown_grace_s",
+            Ended::NotAuthenticated => "not authenticated within login_timeout_s",
+            Ended::AuthenticationFailed => "authentication failed",
+            Ended::QueueIdTaken => "queue ID taken",
+            Ended::LostImage => "the gateway lost an image the session maps",
+            Ended::ListenerRemoved => "its listener was removed",
+            Ended::NoLongerAdmitted(why) | Ended::Told(why) => why,
+        }
+    }
+}
 
 /// Why a connection was closed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +78,16 @@ pub enum Closed {
 }
 
 impl Closed {
+    /// The reason a connection's last log line gives: what the target decided (`ended`), else
+    /// what went wrong, else `clean` (a logout, the host closing).
+    pub(crate) fn reason(result: &Result<(), Closed>, ended: Option<Ended>, clean: &str) -> String {
+        match (result, ended) {
+            (_, Some(ended)) => ended.reason().to_string(),
+            (Err(e), None) => e.to_string(),
+            (Ok(()), None) => clean.to_string(),
+        }
+    }
+
     pub(crate) fn timer(e: std::io::Error) -> Closed {
         Closed::Failed(format!("timer: {e}"))
     }

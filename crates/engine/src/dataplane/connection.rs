@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use crate::dataplane::alarm::Alarm;
 
 use super::backend::{first_drained, ring_ready, Backend, Completed, Party};
-use super::closed::Closed;
+use super::closed::{Closed, Ended};
 use super::iscsi_backend::{deliver, deliver_answered, facts};
 use super::login::{
     initial_stat_sn, logged_in, login_limits, new_session, nexus_of, target_shown, LoggedIn, Policy,
@@ -25,7 +25,7 @@ use super::login::{
 use super::wakeups::Wakeups;
 use super::RBUF_IDLE;
 
-use super::lifecycle::{self, Lifecycle, Shutdown};
+use super::lifecycle::{Lifecycle, Shutdown};
 use crate::admission::doors::ConnectionGuard;
 use crate::admission::registry::SessionTicket;
 use crate::admission::Admitted;
@@ -326,11 +326,7 @@ impl Driver {
                 entry.lu.nexus_lost(nexus.id);
             }
         }
-        let reason = match (result, backend.close_reason) {
-            (_, Some(reason)) => reason.to_string(),
-            (Err(e), None) => e.to_string(),
-            (Ok(()), None) => "logout or connection closed".to_string(),
-        };
+        let reason = Closed::reason(result, backend.close_reason, "logout or connection closed");
         tracing::info!(
             peer = %self.peer,
             initiator = %established.initiator_name,
@@ -535,7 +531,7 @@ impl Driver {
                 if changed.is_err() || reason.is_some() {
                     let reason = reason.unwrap_or("registry gone");
                     tracing::info!(peer = %self.peer, "closing the session: {reason}");
-                    backend.close_reason = Some(reason);
+                    backend.close_reason = Some(Ended::Told(reason));
                     return Ok(Woken::End);
                 }
                 Ok(Woken::Work)
@@ -580,7 +576,7 @@ impl Driver {
         self.flush().await?;
         if let Some(close) = Lifecycle::verdict(verdict) {
             match close {
-                lifecycle::Close::Idle => {
+                Ended::Idle => {
                     tracing::info!(peer = %self.peer, "closing idle session (idle_timeout_s)");
                     backend.shared.metrics.limit("idle_timeout_s");
                 }
@@ -588,7 +584,7 @@ impl Driver {
                     tracing::warn!(peer = %self.peer, "closing dead connection (no answer to NOP-In)")
                 }
             }
-            backend.close_reason = Some(close.reason());
+            backend.close_reason = Some(close);
             return Ok(false);
         }
         if !backend.still_admitted() {
@@ -598,7 +594,7 @@ impl Driver {
             // A command this session holds could be stale (docs/RBD.md); the initiator logs in
             // again and its new session ships to the new owner.
             tracing::warn!(peer = %self.peer, "closing the session: this gateway lost an RBD image it maps (log in again to reach the new owner)");
-            backend.close_reason = Some("the gateway lost an image the session maps");
+            backend.close_reason = Some(Ended::LostImage);
             return Ok(false);
         }
         // Shutdown is noticed here, within a second: a flag read once a second costs nothing,
@@ -622,12 +618,12 @@ impl Driver {
             }
             Shutdown::Close(close) => {
                 match close {
-                    lifecycle::Close::NoLogout => {
+                    Ended::NoLogout => {
                         tracing::warn!(peer = %self.peer, "{why}: no logout within {grace_s} s; closing the session")
                     }
                     _ => tracing::info!(peer = %self.peer, "{why}: closing the session"),
                 }
-                backend.close_reason = Some(close.reason());
+                backend.close_reason = Some(close);
                 Ok(false)
             }
         }

@@ -8,34 +8,12 @@ use std::time::{Duration, Instant};
 
 use seam::Liveness;
 
+use super::closed::Ended;
+
 /// How often a session ticks: NOP-In pings, idle and dead-peer verdicts, topology changes,
 /// ownership loss and shutdown are decided this often; an idle receive buffer shrinks and the
 /// connection's counts reach the metrics.
 pub const TICK: Duration = Duration::from_secs(1);
-
-/// Why the lifecycle ends a connection: the `reason` of its last log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Close {
-    /// Our NOP-In went unanswered (`nop_in_timeout_s`).
-    DeadPeer,
-    /// Nothing was received for `idle_timeout_s`.
-    Idle,
-    /// The daemon shuts down with no grace (`shutdown_grace_s = 0`).
-    Shutdown,
-    /// The daemon shuts down and the initiator did not log out within the grace.
-    NoLogout,
-}
-
-impl Close {
-    pub fn reason(self) -> &'static str {
-        match self {
-            Close::DeadPeer => "dead peer (no answer to NOP-In)",
-            Close::Idle => "idle_timeout_s",
-            Close::Shutdown => "shutdown",
-            Close::NoLogout => "no logout within shutdown_grace_s",
-        }
-    }
-}
 
 /// What the daemon's shutdown asks of a session at a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +22,7 @@ pub enum Shutdown {
     Nothing,
     /// Ask the initiator to log out within this many seconds.
     AskLogout(u16),
-    Close(Close),
+    Close(Ended),
 }
 
 #[derive(Debug)]
@@ -80,11 +58,11 @@ impl Lifecycle {
     }
 
     /// The door's verdict on a silent connection.
-    pub fn verdict(tick: Liveness) -> Option<Close> {
+    pub fn verdict(tick: Liveness) -> Option<Ended> {
         match tick {
             Liveness::Continue => None,
-            Liveness::DeadPeer => Some(Close::DeadPeer),
-            Liveness::Idle => Some(Close::Idle),
+            Liveness::DeadPeer => Some(Ended::DeadPeer),
+            Liveness::Idle => Some(Ended::Idle),
         }
     }
 
@@ -93,12 +71,12 @@ impl Lifecycle {
     pub fn shutdown(&mut self, now: Instant, shutting_down: bool) -> Shutdown {
         match self.logout_deadline {
             None if !shutting_down => Shutdown::Nothing,
-            None if self.grace.is_zero() => Shutdown::Close(Close::Shutdown),
+            None if self.grace.is_zero() => Shutdown::Close(Ended::Shutdown),
             None => {
                 self.logout_deadline = Some(now + self.grace);
                 Shutdown::AskLogout(u16::try_from(self.grace.as_secs()).unwrap_or(u16::MAX))
             }
-            Some(deadline) if now >= deadline => Shutdown::Close(Close::NoLogout),
+            Some(deadline) if now >= deadline => Shutdown::Close(Ended::NoLogout),
             Some(_) => Shutdown::Nothing,
         }
     }
@@ -131,10 +109,10 @@ mod tests {
         assert_eq!(Lifecycle::verdict(Liveness::Continue), None);
         assert_eq!(
             Lifecycle::verdict(Liveness::DeadPeer),
-            Some(Close::DeadPeer)
+            Some(Ended::DeadPeer)
         );
-        assert_eq!(Lifecycle::verdict(Liveness::Idle), Some(Close::Idle));
-        assert_eq!(Close::Idle.reason(), "idle_timeout_s");
+        assert_eq!(Lifecycle::verdict(Liveness::Idle), Some(Ended::Idle));
+        assert_eq!(Ended::Idle.reason(), "idle_timeout_s");
     }
 
     #[test]
@@ -146,14 +124,14 @@ mod tests {
         let later = t0 + Duration::from_secs(4);
         assert_eq!(life.shutdown(later, true), Shutdown::Nothing, "asked once");
         let over = t0 + Duration::from_secs(5);
-        assert_eq!(life.shutdown(over, true), Shutdown::Close(Close::NoLogout));
+        assert_eq!(life.shutdown(over, true), Shutdown::Close(Ended::NoLogout));
     }
 
     #[test]
     fn a_shutdown_without_grace_closes_at_once() {
         let t0 = Instant::now();
         let mut life = Lifecycle::new(t0, Duration::ZERO);
-        assert_eq!(life.shutdown(t0, true), Shutdown::Close(Close::Shutdown));
+        assert_eq!(life.shutdown(t0, true), Shutdown::Close(Ended::Shutdown));
     }
 
     #[test]

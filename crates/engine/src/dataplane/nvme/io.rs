@@ -17,6 +17,7 @@ use super::view::{self, Namespaces};
 use super::{Driver, Role};
 use crate::admission::controllers::ControllerEntry;
 use crate::dataplane::backend::{Backend, Completed};
+use crate::dataplane::closed::Ended;
 
 /// SIMPLE task attribute (the iSCSI ATTR field's value): NVMe has no ordering attributes.
 const TASK_SIMPLE: u8 = 1;
@@ -214,7 +215,7 @@ impl Driver {
                 .shared
                 .doors
                 .record_login_failure(self.at.peer.ip(), Instant::now());
-            backend.close_reason = Some("authentication failed");
+            backend.close_reason = Some(Ended::AuthenticationFailed);
             self.closing = true;
         } else if auth.authenticated() && !was {
             let (hash, group) = self.auth_chosen.take().unzip();
@@ -225,7 +226,7 @@ impl Driver {
                 if !self.qid_held && !entry.add_io_queue(self.qid) {
                     // Another queue took the ID meanwhile: this one cannot run.
                     tracing::warn!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, qid = self.qid, "NVMe I/O queue closed: its queue ID was taken while it authenticated");
-                    backend.close_reason = Some("queue ID taken");
+                    backend.close_reason = Some(Ended::QueueIdTaken);
                     self.closing = true;
                     return;
                 }

@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 
 use super::alarm::Alarm;
 use super::backend::{Backend, Completed, Party};
-use super::closed::Closed;
+use super::closed::{Closed, Ended};
 use super::connection::NewConnection;
 use super::wakeups::Wakeups;
 use crate::admission::controllers::ControllerEntry;
@@ -626,11 +626,11 @@ impl Driver {
                 }
             }
             _ = w.kill.changed() => {
-                backend.close_reason = Some(w.kill.borrow().unwrap_or("controller gone"));
+                backend.close_reason = Some(Ended::Told(w.kill.borrow().unwrap_or("controller gone")));
                 return Ok(false);
             }
             changed = registry_kill(&mut w.closed_by_ctl) => {
-                backend.close_reason = Some(changed);
+                backend.close_reason = Some(Ended::Told(changed));
                 return Ok(false);
             }
         }
@@ -669,7 +669,7 @@ impl Driver {
         if self.auth_deadline.is_some_and(|d| now >= d) {
             tracing::warn!(peer = %self.at.peer, host = %role.entry().host, "NVMe queue closed: not authenticated within login_timeout_s");
             backend.shared.metrics.limit("login_timeout_s");
-            backend.close_reason = Some("not authenticated within login_timeout_s");
+            backend.close_reason = Some(Ended::NotAuthenticated);
             return false;
         }
         if !backend.still_admitted() {
@@ -677,24 +677,24 @@ impl Driver {
         }
         if backend.lost_an_image() {
             tracing::warn!(peer = %self.at.peer, "closing the NVMe queue: this gateway lost an RBD image it maps (the host reconnects to reach the new owner)");
-            backend.close_reason = Some("the gateway lost an image the controller maps");
+            backend.close_reason = Some(Ended::LostImage);
             return false;
         }
         if backend.shared.is_shutting_down() && self.queue.open() == 0 {
-            backend.close_reason = Some("shutting down");
+            backend.close_reason = Some(Ended::Shutdown);
             return false;
         }
         if let Role::Admin(entry) = role {
             if life.keep_alive_late(now, KEEP_ALIVE_SLACK) {
                 tracing::warn!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, kato_ms = entry.state().kato_ms(), "NVMe controller ended: no Keep Alive within its timeout");
                 backend.shared.metrics.limit("nvme_keep_alive");
-                backend.close_reason = Some("keep-alive timeout");
+                backend.close_reason = Some(Ended::KeepAliveTimeout);
                 return false;
             }
             if entry.subsystem.is_none() && life.idle_without_keep_alive(now, DISCOVERY_IDLE) {
                 tracing::info!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, "NVMe discovery controller closed: idle for {} s without keep-alive", DISCOVERY_IDLE.as_secs());
                 backend.shared.metrics.limit("nvme_discovery_idle");
-                backend.close_reason = Some("discovery controller idle without keep-alive");
+                backend.close_reason = Some(Ended::DiscoveryIdle);
                 return false;
             }
             self.notices(entry, backend, life);
@@ -851,11 +851,7 @@ impl Driver {
                 .doors
                 .record_login_failure(self.at.peer.ip(), Instant::now());
         }
-        let reason = match (result, backend.close_reason) {
-            (_, Some(r)) => r.to_string(),
-            (Err(e), None) => e.to_string(),
-            (Ok(()), None) => "disconnected".to_string(),
-        };
+        let reason = Closed::reason(result, backend.close_reason, "disconnected");
         match role {
             Role::Io(entry) if self.qid_held => entry.remove_io_queue(self.qid),
             Role::Io(_) => {}

@@ -30,7 +30,8 @@ pub struct CtlArgs {
 enum Verb {
     /// Version, uptime, config generation, unsaved changes, counts.
     Status,
-    /// Sessions: initiator, target, portal, source, TSIH, digests, lengths, age, I/O.
+    /// Sessions of both doors: ID (iSCSI TSIH, NVMe controller ID), door, initiator, target,
+    /// portal, source, digests, the door's own keys, age, I/O.
     Sessions,
     /// LUNs by target and group, with their devices.
     Luns,
@@ -1155,6 +1156,7 @@ fn human_sessions(r: &Value) -> String {
                 .map(|x| {
                     vec![
                         text(&x["tsih"]),
+                        door_name(&x["door"]),
                         text(&x["initiator"]),
                         text(&x["target"]),
                         text(&x["source"]),
@@ -1171,7 +1173,8 @@ fn human_sessions(r: &Value) -> String {
         .unwrap_or_default();
     table(
         &[
-            "TSIH",
+            "ID",
+            "DOOR",
             "INITIATOR",
             "TARGET",
             "SOURCE",
@@ -1184,6 +1187,15 @@ fn human_sessions(r: &Value) -> String {
         ],
         rows,
     )
+}
+
+/// A session's door as a person reads it (`ctl sessions` answers `iscsi` or `nvme`).
+fn door_name(door: &Value) -> String {
+    match door.as_str() {
+        Some("iscsi") => "iSCSI".into(),
+        Some("nvme") => "NVMe/TCP".into(),
+        _ => text(door),
+    }
 }
 
 fn human_luns(r: &Value) -> String {
@@ -1374,4 +1386,28 @@ fn human_change(r: &Value) -> String {
         out.push_str(&format!("generation {}\n", text(g)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_of_both_doors_read_alike_with_their_door_named() {
+        let r = json!({"sessions": [
+            {"door": "iscsi", "tsih": 3, "initiator": "iqn.1993-08.org.debian:01:a",
+             "target": "iqn.2026-11.org.ferrosan:t", "source": "10.0.0.2:5000",
+             "portal": "10.0.0.1:3260", "header_digest": "CRC32C", "data_digest": "None",
+             "chap_user": null, "age_s": 7, "reads": 1, "writes": 2},
+            {"door": "nvme", "tsih": 9, "initiator": "nqn.2014-08.org.nvmexpress:uuid:x",
+             "target": "nqn.2026-11.org.ferrosan:t", "source": "10.0.0.2:5001",
+             "portal": "10.0.0.1:4420", "header_digest": "None", "data_digest": "None",
+             "chap_user": null, "age_s": 1, "reads": 0, "writes": 0},
+        ]});
+        let text = human_sessions(&r);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("ID") && lines[0].contains("DOOR"), "{text}");
+        assert!(lines[1].contains("iSCSI") && lines[1].contains("CRC32C/None"), "{text}");
+        assert!(lines[2].contains("NVMe/TCP") && lines[2].contains("None/None"), "{text}");
+    }
 }

@@ -189,42 +189,11 @@ impl Engine for LocalEngine {
 /// block device (or one of its partitions), a file backing a loop device, or (unless
 /// `even_if_open`) a file another process has open.
 pub fn in_use(path: &Path, even_if_open: bool) -> Option<String> {
-    let shown = path.display();
     let meta = std::fs::metadata(path).ok()?;
     if meta.file_type().is_block_device() {
-        let (major, minor) = (
-            rustix::fs::major(meta.rdev()),
-            rustix::fs::minor(meta.rdev()),
-        );
-        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
-        let mut devices = vec![format!("{major}:{minor}")];
-        // Its partitions: subdirectories with a `partition` file.
-        if let Ok(entries) = std::fs::read_dir(&sys) {
-            for e in entries.flatten() {
-                if e.path().join("partition").exists() {
-                    if let Ok(dev) = std::fs::read_to_string(e.path().join("dev")) {
-                        devices.push(dev.trim().to_string());
-                    }
-                }
-            }
-        }
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        for line in mounts.lines() {
-            let mut f = line.split(' ');
-            let (Some(dev), Some(point)) = (f.nth(2), f.nth(1)) else {
-                continue;
-            };
-            if devices.iter().any(|d| d == dev) {
-                return Some(format!(
-                    "{shown} (or a partition of it) is mounted on {point}"
-                ));
-            }
-        }
-        if std::fs::read_dir(sys.join("holders")).is_ok_and(|mut h| h.next().is_some()) {
-            return Some(format!("{shown} is held by another device (LVM, md, dm)"));
-        }
-        return None;
+        return block_device_in_use(path, meta.rdev());
     }
+    let shown = path.display();
     let canonical = std::fs::canonicalize(path).ok()?;
     if let Ok(loops) = std::fs::read_dir("/sys/block") {
         for l in loops.flatten() {
@@ -240,6 +209,46 @@ pub fn in_use(path: &Path, even_if_open: bool) -> Option<String> {
     if even_if_open {
         return None;
     }
+    open_elsewhere(path, &canonical)
+}
+
+/// Whether block device `path` (device number `rdev`), or a partition of it, is mounted or
+/// held by another device (LVM, md, dm).
+fn block_device_in_use(path: &Path, rdev: u64) -> Option<String> {
+    let shown = path.display();
+    let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let mut devices = vec![format!("{major}:{minor}")];
+    // Its partitions: subdirectories with a `partition` file.
+    if let Ok(entries) = std::fs::read_dir(&sys) {
+        for e in entries.flatten() {
+            if e.path().join("partition").exists() {
+                if let Ok(dev) = std::fs::read_to_string(e.path().join("dev")) {
+                    devices.push(dev.trim().to_string());
+                }
+            }
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mounts.lines() {
+        let mut f = line.split(' ');
+        let (Some(dev), Some(point)) = (f.nth(2), f.nth(1)) else {
+            continue;
+        };
+        if devices.iter().any(|d| d == dev) {
+            return Some(format!(
+                "{shown} (or a partition of it) is mounted on {point}"
+            ));
+        }
+    }
+    if std::fs::read_dir(sys.join("holders")).is_ok_and(|mut h| h.next().is_some()) {
+        return Some(format!("{shown} is held by another device (LVM, md, dm)"));
+    }
+    None
+}
+
+/// The first other process that has `canonical` open, as the reason `path` is in use.
+fn open_elsewhere(path: &Path, canonical: &Path) -> Option<String> {
     let me = std::process::id().to_string();
     for p in std::fs::read_dir("/proc").ok()?.flatten() {
         let pid = p.file_name().to_string_lossy().to_string();
@@ -253,7 +262,8 @@ pub fn in_use(path: &Path, even_if_open: bool) -> Option<String> {
             if std::fs::read_link(fd.path()).is_ok_and(|t| t == canonical) {
                 let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
                 return Some(format!(
-                    "{shown} is open in process {pid} ({})",
+                    "{} is open in process {pid} ({})",
+                    path.display(),
                     comm.trim()
                 ));
             }

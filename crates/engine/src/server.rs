@@ -109,18 +109,7 @@ impl Server {
         let control_inode = control.as_ref().map_or(0, |c| c.inode);
         let io_threads = io_threads_per_worker(config.limits.io_threads, workers);
         let senders = start_workers(&shared, workers, io_threads)?;
-        if !shared.left_out().is_empty() {
-            let retrying = Arc::downgrade(&shared);
-            std::thread::Builder::new()
-                .name("ferrosan-retry".into())
-                .spawn(move || retry_left_out(&retrying))
-                .map_err(|e| StartError::Thread("device retry", e))?;
-        }
-        let watched = Arc::downgrade(&shared);
-        std::thread::Builder::new()
-            .name("ferrosan-space".into())
-            .spawn(move || watch_space(&watched))
-            .map_err(|e| StartError::Thread("space watch", e))?;
+        start_watchers(&shared)?;
         let acceptor_shared = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("ferrosan-accept".into())
@@ -564,6 +553,24 @@ async fn accept(
 }
 
 /// Network worker threads: `workers`, or one per core.
+/// The threads that watch the array beside the planes: one retrying devices left out at
+/// start (only if some were), one watching the space file devices allocate from.
+fn start_watchers(shared: &Arc<Shared>) -> Result<(), StartError> {
+    if !shared.left_out().is_empty() {
+        let retrying = Arc::downgrade(shared);
+        std::thread::Builder::new()
+            .name("ferrosan-retry".into())
+            .spawn(move || retry_left_out(&retrying))
+            .map_err(|e| StartError::Thread("device retry", e))?;
+    }
+    let watched = Arc::downgrade(shared);
+    std::thread::Builder::new()
+        .name("ferrosan-space".into())
+        .spawn(move || watch_space(&watched))
+        .map_err(|e| StartError::Thread("space watch", e))?;
+    Ok(())
+}
+
 fn worker_count(config: &Config) -> usize {
     if config.server.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -1406,8 +1406,17 @@ mod tests {
         ]});
         let text = human_sessions(&r);
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].starts_with("ID") && lines[0].contains("DOOR"), "{text}");
-        assert!(lines[1].contains("iSCSI") && lines[1].contains("CRC32C/None"), "{text}");
-        assert!(lines[2].contains("NVMe/TCP") && lines[2].contains("None/None"), "{text}");
+        assert!(
+            lines[0].starts_with("ID") && lines[0].contains("DOOR"),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("iSCSI") && lines[1].contains("CRC32C/None"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("NVMe/TCP") && lines[2].contains("None/None"),
+            "{text}"
+        );
     }
 }

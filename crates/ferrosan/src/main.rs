@@ -450,38 +450,47 @@ fn print_banner(config: &Config, server: &engine::Server) {
         );
     }
     for t in &config.targets {
-        // Each group numbers its own LUNs: list each number once.
-        let luns: Vec<u64> = t
-            .groups
+        print_target(t, portal, nvme, &server.bound_discovery);
+    }
+}
+
+/// A target's lines of the banner: its LUNs, and how an initiator or host reaches them.
+fn print_target(
+    t: &engine::config::TargetConfig,
+    portal: Option<std::net::SocketAddr>,
+    nvme: Option<std::net::SocketAddr>,
+    bound_discovery: &[std::net::SocketAddr],
+) {
+    // Each group numbers its own LUNs: list each number once.
+    let luns: Vec<u64> = t
+        .groups
+        .iter()
+        .flat_map(|g| g.luns.iter().map(|l| l.lun))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    println!("  target {}  LUNs {:?}", t.iqn, luns);
+    if let Some(portal) = portal {
+        if let Some(first) = luns.first() {
+            println!("    iscsi://{portal}/{}/{first}", t.iqn);
+        }
+        println!("    iscsiadm -m discovery -t sendtargets -p {portal}");
+        println!("    iscsiadm -m node -T {} -p {portal} --login", t.iqn);
+    }
+    if let (Some(nqn), Some(nvme)) = (&t.nqn, nvme) {
+        // NSID = LUN + 1.
+        if let Some(first) = luns.first() {
+            println!("    nvme+tcp://{nvme}/{nqn}/{}", first + 1);
+        }
+        let (ip, port) = (nvme.ip(), nvme.port());
+        // The discovery port where it is served at this address, else the I/O port's
+        // discovery controller.
+        let discovery = bound_discovery
             .iter()
-            .flat_map(|g| g.luns.iter().map(|l| l.lun))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        println!("  target {}  LUNs {:?}", t.iqn, luns);
-        if let Some(portal) = portal {
-            if let Some(first) = luns.first() {
-                println!("    iscsi://{portal}/{}/{first}", t.iqn);
-            }
-            println!("    iscsiadm -m discovery -t sendtargets -p {portal}");
-            println!("    iscsiadm -m node -T {} -p {portal} --login", t.iqn);
-        }
-        if let (Some(nqn), Some(nvme)) = (&t.nqn, nvme) {
-            // NSID = LUN + 1.
-            if let Some(first) = luns.first() {
-                println!("    nvme+tcp://{nvme}/{nqn}/{}", first + 1);
-            }
-            let (ip, port) = (nvme.ip(), nvme.port());
-            // The discovery port where it is served at this address, else the I/O port's
-            // discovery controller.
-            let discovery = server
-                .bound_discovery
-                .iter()
-                .find(|d| d.ip() == ip)
-                .map_or(port, |d| d.port());
-            println!("    nvme discover -t tcp -a {ip} -s {discovery}");
-            println!("    nvme connect -t tcp -a {ip} -s {port} -n {nqn}");
-        }
+            .find(|d| d.ip() == ip)
+            .map_or(port, |d| d.port());
+        println!("    nvme discover -t tcp -a {ip} -s {discovery}");
+        println!("    nvme connect -t tcp -a {ip} -s {port} -n {nqn}");
     }
 }
 

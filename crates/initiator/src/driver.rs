@@ -65,6 +65,25 @@ pub fn random_isid() -> [u8; 6] {
 }
 
 /// Resolves `host:port`, `[v6]:port`, `host` or `v6` (port 3260).
+/// A TCP connection to the first of the configured address's addresses that answers.
+fn dial(config: &ClientConfig) -> Result<TcpStream, Error> {
+    let mut last_err = None;
+    for addr in resolve(&config.address)? {
+        match TcpStream::connect_timeout(&addr, config.timeouts.connect) {
+            Ok(s) => return Ok(s),
+            Err(e) => last_err = Some(e),
+        }
+    }
+    match last_err {
+        Some(e) if e.kind() == ErrorKind::TimedOut => Err(Error::Timeout {
+            what: "TCP connect",
+            after: config.timeouts.connect,
+        }),
+        Some(e) => Err(Error::Io(e)),
+        None => Err(Error::Url("no address".into())),
+    }
+}
+
 pub fn resolve(address: &str) -> Result<Vec<SocketAddr>, Error> {
     let with_port = if let Ok(addr) = address.parse::<SocketAddr>() {
         return Ok(vec![addr]);
@@ -108,28 +127,7 @@ impl Connection {
     pub fn connect(config: &ClientConfig) -> Result<Connection, Error> {
         let started = Instant::now();
         let deadline = started + config.timeouts.login;
-        let mut last_err = None;
-        let mut stream = None;
-        for addr in resolve(&config.address)? {
-            match TcpStream::connect_timeout(&addr, config.timeouts.connect) {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last_err = Some(e),
-            }
-        }
-        let stream = match (stream, last_err) {
-            (Some(s), _) => s,
-            (None, Some(e)) if e.kind() == ErrorKind::TimedOut => {
-                return Err(Error::Timeout {
-                    what: "TCP connect",
-                    after: config.timeouts.connect,
-                })
-            }
-            (None, Some(e)) => return Err(Error::Io(e)),
-            (None, None) => return Err(Error::Url("no address".into())),
-        };
+        let stream = dial(config)?;
         stream.set_nodelay(true)?;
         stream.set_nonblocking(true)?;
         let s = &config.session;

@@ -482,6 +482,23 @@ impl Queue {
 
     /// A command capsule: ready now (data in the capsule, or none to receive), solicited with
     /// an R2T, or refused.
+    /// Whether a command capsule may open: its identifier free, room in the queue, its data
+    /// intact and its data pointer one this transport takes. Else the status it is answered
+    /// with (a command identifier in use: the one in use keeps running, this one is answered
+    /// with the same identifier; the host broke the rule, it sorts out which answer is which).
+    fn admissible(&self, sqe: &Sqe, data_ok: bool) -> Result<DataPointer, Status> {
+        if self.open.contains(sqe.cid()) {
+            return Err(Status::COMMAND_ID_CONFLICT);
+        }
+        if self.open.len() >= usize::from(self.limits.depth_max) {
+            return Err(QUEUE_FULL);
+        }
+        if !data_ok {
+            return Err(TRANSIENT_TRANSPORT_ERROR);
+        }
+        sqe.data_pointer()
+    }
+
     fn command(
         &mut self,
         capsule: Capsule<'_>,
@@ -496,28 +513,8 @@ impl Queue {
             data_ok,
         } = capsule;
         let cid = sqe.cid();
-        if self.open.contains(cid) {
-            // The one in use keeps running; this one is answered (with the same identifier:
-            // the host broke the rule, it sorts out which answer is which).
-            refused.push(Refused {
-                cid,
-                status: Status::COMMAND_ID_CONFLICT,
-            });
-            return;
-        }
-        if self.open.len() >= usize::from(self.limits.depth_max) {
-            refused.push(Refused {
-                cid,
-                status: QUEUE_FULL,
-            });
-            return;
-        }
         let refuse = |status| Refused { cid, status };
-        if !data_ok {
-            refused.push(refuse(TRANSIENT_TRANSPORT_ERROR));
-            return;
-        }
-        let pointer = match sqe.data_pointer() {
+        let pointer = match self.admissible(&sqe, data_ok) {
             Ok(p) => p,
             Err(status) => {
                 refused.push(refuse(status));

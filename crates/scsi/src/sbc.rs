@@ -419,28 +419,42 @@ impl LogicalUnit {
                     .write_zeroes(offset, len, false)
                     .map_err(write_error)?;
             } else {
-                let per_write = (SCRATCH_BYTES_MAX / bs).max(1) * bs;
-                scratch.clear();
-                while scratch.len() < per_write.min(len as usize) {
-                    scratch.extend_from_slice(pattern);
-                }
-                let mut done = 0u64;
-                while done < len {
-                    let n = (len - done).min(scratch.len() as u64) as usize;
-                    let r = self.store.write_at(&scratch[..n], offset + done, false);
-                    if let Err(e) = r {
-                        scratch.clear();
-                        return Err(write_error(e));
-                    }
-                    done += n as u64;
-                }
-                scratch.clear();
+                self.write_pattern(pattern, offset, len, scratch)?;
             }
         }
         if !self.wce() {
             self.store.flush().map_err(write_error)?;
         }
         Ok(pattern.len() as u32)
+    }
+
+    /// Writes `pattern` (one block) over `len` bytes at `offset`, a scratch buffer of
+    /// repeated patterns at a time (at most `SCRATCH_BYTES_MAX`); the scratch is left empty.
+    fn write_pattern(
+        &self,
+        pattern: &[u8],
+        offset: u64,
+        len: u64,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), Sense> {
+        let bs = pattern.len();
+        let per_write = (SCRATCH_BYTES_MAX / bs).max(1) * bs;
+        scratch.clear();
+        while scratch.len() < per_write.min(len as usize) {
+            scratch.extend_from_slice(pattern);
+        }
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(scratch.len() as u64) as usize;
+            let r = self.store.write_at(&scratch[..n], offset + done, false);
+            if let Err(e) = r {
+                scratch.clear();
+                return Err(write_error(e));
+            }
+            done += n as u64;
+        }
+        scratch.clear();
+        Ok(())
     }
 
     pub(crate) fn unmap(&self, cmd: &Command<'_>) -> Result<u32, Sense> {

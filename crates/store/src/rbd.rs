@@ -341,18 +341,7 @@ impl BlockStore for RbdStore {
             return;
         };
         match io {
-            AsyncIo::Flush => {
-                // After the writes answered before it; then it reports one of them lost.
-                let account = Arc::clone(early);
-                let done: AsyncDone = Box::new(move |buf, result| {
-                    let result = match account.take_lost() {
-                        Some(lost) => Err(lost_write_error(&lost)),
-                        None => result,
-                    };
-                    done(buf, result)
-                });
-                early.after_earlier(early.barrier(), Box::new(move || to.start(op, buf, done)));
-            }
+            AsyncIo::Flush => flush_after_early(early, to, op, buf, done),
             _ => {
                 if let Some(barrier) = early.overlapping(offset, len) {
                     // Over a write the initiator already has an answer for: after it. Not
@@ -531,6 +520,26 @@ fn lost_write_error(lost: &str) -> io::Error {
 /// Where one operation goes, taken from the store when it is submitted and carried by value
 /// (to librbd's thread when it waits for early writes): the image then (None: closed), the
 /// completion sink and the image's name. Clones of `Arc`s only: nothing allocated per command.
+/// A flush of an image that answers writes early: it runs after the writes answered before
+/// it, then reports one of them lost if one was.
+fn flush_after_early(
+    early: &Arc<EarlyAcks>,
+    to: Submission,
+    op: rbd::Op,
+    buf: Vec<u8>,
+    done: AsyncDone,
+) {
+    let account = Arc::clone(early);
+    let done: AsyncDone = Box::new(move |buf, result| {
+        let result = match account.take_lost() {
+            Some(lost) => Err(lost_write_error(&lost)),
+            None => result,
+        };
+        done(buf, result)
+    });
+    early.after_earlier(early.barrier(), Box::new(move || to.start(op, buf, done)));
+}
+
 struct Submission {
     image: Option<Arc<rbd::Image>>,
     sink: rbd::Sink<AsyncDone>,

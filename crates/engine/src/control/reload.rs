@@ -432,19 +432,17 @@ pub fn apply_with(
 /// daemon by difference. Everything that can fail (opening added devices, building the
 /// topology) happens before anything is visible: on error nothing changed, except that a
 /// device grown before a later failure stays grown (growing loses nothing; the error says so).
-pub fn apply_locked(
+/// Devices a reload removes, by name, closed once idle.
+type Removed = Vec<(String, Arc<OpenDevice>)>;
+
+/// The open devices of the next topology: the running ones less those `changes` removes
+/// (returned beside, to close once idle), plus those it adds, opened now.
+fn open_devices_after(
     shared: &Shared,
-    _lock: &ApplyLock,
-    new: Config,
-) -> Result<Applied, ReloadError> {
-    let current = shared.topology();
-    let changes = diff(&current.config, &new).map_err(ReloadError::NeedsRestart)?;
-    if changes.is_empty() {
-        return Ok(Applied {
-            generation: current.generation,
-            changes,
-        });
-    }
+    current: &Topology,
+    new: &Config,
+    changes: &Changes,
+) -> Result<(OpenDevices, Removed), ReloadError> {
     let mut devices: OpenDevices = current.devices.clone();
     let mut removed = Vec::new();
     for name in &changes.devices_removed {
@@ -465,10 +463,26 @@ pub fn apply_locked(
         let Some(config) = config else { continue };
         devices.insert(
             name.as_str().into(),
-            shared.device_context.open(config, &new)?,
+            shared.device_context.open(config, new)?,
         );
     }
-    drop(by_name);
+    Ok((devices, removed))
+}
+
+pub fn apply_locked(
+    shared: &Shared,
+    _lock: &ApplyLock,
+    new: Config,
+) -> Result<Applied, ReloadError> {
+    let current = shared.topology();
+    let changes = diff(&current.config, &new).map_err(ReloadError::NeedsRestart)?;
+    if changes.is_empty() {
+        return Ok(Applied {
+            generation: current.generation,
+            changes,
+        });
+    }
+    let (devices, removed) = open_devices_after(shared, &current, &new, &changes)?;
     let before = Before {
         topology: &current,
         removed: &changes.devices_removed,

@@ -744,6 +744,51 @@ impl Driver {
         }
     }
 
+    /// Reads the rest of a placed PDU's payload into `dst` (its first `have` bytes are there),
+    /// then its padding. A sender that stops mid-PDU is dropped within `stall`, the dead-peer
+    /// bound of the usual path (a ping, then its timeout), which cannot run while this waits.
+    /// The alarm stays set for the connection's next deadline (no system call when the payload
+    /// arrives in time); should it ring meanwhile, it is set for the stall bound instead.
+    async fn read_placed(
+        &mut self,
+        dst: &mut [u8],
+        have: usize,
+        len: usize,
+        alarm: &mut Alarm,
+        stall: Duration,
+    ) -> Result<(), Closed> {
+        let stalled_at = Instant::now() + stall;
+        let mut filled = have;
+        let mut pad = [0u8; 3];
+        let pad_len = pdu::padded(len) - len;
+        while filled < len + pad_len {
+            // The payload, then its padding (discarded).
+            let into = if filled < len {
+                dst.get_mut(filled..len)
+            } else {
+                pad.get_mut(filled - len..pad_len)
+            };
+            let Some(into) = into else {
+                return Err(Closed::Protocol("Data-Out placement out of range".into()));
+            };
+            tokio::select! {
+                read = self.stream.read(into) => match read {
+                    Ok(0) => return Err(Closed::Limit("peer closed")),
+                    Ok(n) => filled += n,
+                    Err(e) => return Err(Closed::Io(e)),
+                },
+                rung = alarm.rung() => {
+                    rung.map_err(Closed::timer)?;
+                    if Instant::now() >= stalled_at {
+                        return Err(Closed::Limit("peer stalled in the middle of a Data-Out PDU"));
+                    }
+                    alarm.set(stalled_at).map_err(Closed::timer)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// When the receive buffer ends in the first part of a PDU with a long payload that the
     /// session takes in place — a Data-Out, or a write's SCSI Command with immediate data (no
     /// digests on the connection) — receives the rest of the payload straight into the
@@ -789,43 +834,10 @@ impl Driver {
         dst[..have].copy_from_slice(&self.rbuf[self.start + pdu::BHS_LEN..self.end]);
         self.start = 0;
         self.end = 0;
-        // A sender that stops mid-PDU is dropped within the dead-peer bound of the usual path
-        // (a ping, then its timeout), which cannot run while this waits. The alarm stays set for
-        // the connection's next deadline (no system call when the payload arrives in time);
-        // should it ring meanwhile, it is set for the stall bound instead.
         let limits = &backend.shared.limits;
-        let stalled_at = Instant::now()
-            + Duration::from_secs(
-                u64::from(limits.nop_in_interval_s) + u64::from(limits.nop_in_timeout_s.max(5)),
-            );
-        let mut filled = have;
-        let mut pad = [0u8; 3];
-        let pad_len = pdu::padded(len) - len;
-        while filled < len + pad_len {
-            // The payload, then its padding (discarded).
-            let into = if filled < len {
-                dst.get_mut(filled..len)
-            } else {
-                pad.get_mut(filled - len..pad_len)
-            };
-            let Some(into) = into else {
-                return Err(Closed::Protocol("Data-Out placement out of range".into()));
-            };
-            tokio::select! {
-                read = self.stream.read(into) => match read {
-                    Ok(0) => return Err(Closed::Limit("peer closed")),
-                    Ok(n) => filled += n,
-                    Err(e) => return Err(Closed::Io(e)),
-                },
-                rung = alarm.rung() => {
-                    rung.map_err(Closed::timer)?;
-                    if Instant::now() >= stalled_at {
-                        return Err(Closed::Limit("peer stalled in the middle of a Data-Out PDU"));
-                    }
-                    alarm.set(stalled_at).map_err(Closed::timer)?;
-                }
-            }
-        }
+        let stall = u64::from(limits.nop_in_interval_s) + u64::from(limits.nop_in_timeout_s.max(5));
+        self.read_placed(dst, have, len, alarm, Duration::from_secs(stall))
+            .await?;
         let now = Instant::now();
         backend.turn_started = now;
         let flow = if opcode == Some(Opcode::DataOut) {

@@ -16,6 +16,7 @@ use crate::admission::registry::Instance;
 use crate::admission::{Admitted, Door, Refusal};
 use crate::config::{NodeName, ResolvedAuth};
 use crate::shared::Shared;
+use crate::topology::Topology;
 
 /// Why a Connect was refused: its status, its dword 0 (the parameter in error), and the
 /// metric's label.
@@ -76,18 +77,7 @@ pub(super) fn admin(
         return Err(invalid(true, 256));
     }
     let topology = shared.topology();
-    let (subsystem, admitted, keys) = if discovery {
-        let required = topology.config.discovery.resolved();
-        let keys = keys_for(&required, &host, DISCOVERY_NQN, at)?;
-        let chap_user = keys.as_ref().map(|(_, user)| user.as_str());
-        let admitted =
-            Admitted::of_login(&topology, None, &required, chap_user).ok_or_else(invalid_host)?;
-        (None, admitted, keys.map(|(k, _)| k))
-    } else {
-        let sub = NodeName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
-        let (admitted, keys) = admit(&topology, &host, &sub, at)?;
-        (Some(sub), admitted, keys)
-    };
+    let (subsystem, admitted, keys) = admit_controller(&topology, &host, connect, at)?;
     let ticket = shared
         .registry
         .open(&host, instance(), subsystem.as_ref(), 0, at.peer.ip())
@@ -141,6 +131,28 @@ pub(super) fn admin(
     Ok((entry, keys))
 }
 
+/// Who an admin queue's Connect makes a controller for: the discovery subsystem under the
+/// discovery section's requirement, or a subsystem through the one admission; the keys its
+/// in-band authentication will use.
+fn admit_controller(
+    topology: &Topology,
+    host: &NodeName,
+    connect: &Connect,
+    at: &Arrival,
+) -> Result<(Option<NodeName>, Admitted, Option<Keys>), Refused> {
+    if connect.subnqn == DISCOVERY_NQN {
+        let required = topology.config.discovery.resolved();
+        let keys = keys_for(&required, host, DISCOVERY_NQN, at)?;
+        let chap_user = keys.as_ref().map(|(_, user)| user.as_str());
+        let admitted =
+            Admitted::of_login(topology, None, &required, chap_user).ok_or_else(invalid_host)?;
+        return Ok((None, admitted, keys.map(|(k, _)| k)));
+    }
+    let sub = NodeName::from_wire(&connect.subnqn).map_err(|_| invalid(true, 256))?;
+    let (admitted, keys) = admit(topology, host, &sub, at)?;
+    Ok((Some(sub), admitted, keys))
+}
+
 fn busy(what: &'static str) -> Refused {
     tracing::warn!("NVMe Connect refused: {what} exhausted");
     Refused {
@@ -155,7 +167,7 @@ fn busy(what: &'static str) -> Refused {
 /// group requires decides whether the queue must authenticate (DH-HMAC-CHAP) before anything
 /// else, and with which keys.
 fn admit(
-    topology: &crate::topology::Topology,
+    topology: &Topology,
     host: &NodeName,
     sub: &NodeName,
     at: &Arrival,

@@ -394,25 +394,8 @@ impl Driver {
             Ok(c) => c,
             Err(status) => return self.answer(cid, *status, 0, &[]),
         };
-        // A fused pair (ESXi's ATS, Linux's compare-and-write): the first waits for the
-        // second; anything else in between fails the first.
-        match (r.sqe.fuse(), self.fused.take()) {
-            (1, None) => {
-                self.fused = Some((r.to_owned(input), *command));
-                return;
-            }
-            (2, Some((first, first_command))) => {
-                let second = r.to_owned(input);
-                return self.fused_pair(backend, first, first_command, second, *command);
-            }
-            (_, Some((first, _))) => {
-                self.answer(first.sqe.cid(), Status::ABORTED_FUSE_MISSING, 0, &[]);
-                if r.sqe.fuse() != 0 {
-                    return self.answer(cid, Status::ABORTED_FUSE_MISSING, 0, &[]);
-                }
-            }
-            (0, None) => {}
-            (_, None) => return self.answer(cid, Status::ABORTED_FUSE_MISSING, 0, &[]),
+        if self.fusing(backend, r, command, input) {
+            return;
         }
         let Some((lun, block_size)) = namespace(backend, r.sqe.nsid()) else {
             return self.answer(cid, Status::INVALID_NAMESPACE, 0, &[]);
@@ -444,22 +427,7 @@ impl Driver {
         // I/O writes from, when the queue placed it so): handed over, not copied.
         if let (IoCommand::Write { .. }, Data::Gathered(buf)) = (command, &mut r.data) {
             let buf = std::mem::take(buf);
-            let head: ScsiCommand<'static> =
-                match translate::scsi_command(command, &buf, block_size) {
-                    Ok(s) => ScsiCommand {
-                        // The data is `buf`'s, given to `run_with` beside the command.
-                        data_out: Cow::Borrowed(&[]),
-                        cdb: s.cdb,
-                        data_in_len: s.data_in_len,
-                        read: s.read,
-                        write: s.write,
-                    },
-                    Err(status) => {
-                        buf.recycle(&mut self.outbox);
-                        return self.answer(cid, status, 0, &[]);
-                    }
-                };
-            return self.run_with(backend, cid, lun, &head, Some(buf));
+            return self.gathered_write(backend, (cid, lun, block_size), command, buf);
         }
         // Results matched by reference, not moved: a command's CDB is read where it was built.
         let split = translate::split_fua_write_zeroes(command);
@@ -476,6 +444,67 @@ impl Driver {
             self.synced.push((cid, lun, sync));
         }
         self.run(backend, cid, lun, scsi);
+    }
+
+    /// Whether `r` belongs to a fused pair (ESXi's ATS, Linux's compare-and-write) and was
+    /// taken care of: the first waits for the second; anything else in between fails the first.
+    fn fusing(
+        &mut self,
+        backend: &mut Backend<'_>,
+        r: &Received,
+        command: &IoCommand,
+        input: &[u8],
+    ) -> bool {
+        let cid = r.sqe.cid();
+        match (r.sqe.fuse(), self.fused.take()) {
+            (1, None) => {
+                self.fused = Some((r.to_owned(input), *command));
+                true
+            }
+            (2, Some((first, first_command))) => {
+                let second = r.to_owned(input);
+                self.fused_pair(backend, first, first_command, second, *command);
+                true
+            }
+            (fuse, Some((first, _))) => {
+                self.answer(first.sqe.cid(), Status::ABORTED_FUSE_MISSING, 0, &[]);
+                if fuse != 0 {
+                    self.answer(cid, Status::ABORTED_FUSE_MISSING, 0, &[]);
+                }
+                fuse != 0
+            }
+            (0, None) => false,
+            (_, None) => {
+                self.answer(cid, Status::ABORTED_FUSE_MISSING, 0, &[]);
+                true
+            }
+        }
+    }
+
+    /// A Write whose data was gathered from H2CData into `buf`: translated, then run with the
+    /// buffer handed over whole.
+    fn gathered_write(
+        &mut self,
+        backend: &mut Backend<'_>,
+        (cid, lun, block_size): (u16, u64, u32),
+        command: &IoCommand,
+        buf: DataOutBuf,
+    ) {
+        let head: ScsiCommand<'static> = match translate::scsi_command(command, &buf, block_size) {
+            Ok(s) => ScsiCommand {
+                // The data is `buf`'s, given to `run_with` beside the command.
+                data_out: Cow::Borrowed(&[]),
+                cdb: s.cdb,
+                data_in_len: s.data_in_len,
+                read: s.read,
+                write: s.write,
+            },
+            Err(status) => {
+                buf.recycle(&mut self.outbox);
+                return self.answer(cid, status, 0, &[]);
+            }
+        };
+        self.run_with(backend, cid, lun, &head, Some(buf));
     }
 
     fn fused_pair(
@@ -564,15 +593,7 @@ impl Driver {
                     buf.recycle(&mut self.outbox);
                 }
                 let status = translate::status_of(outcome.status, &sense);
-                let payload = if let Some(file) = lent.file.take() {
-                    self.outbox.give_back(data_in);
-                    Some(self.outbox.lend_file(file))
-                } else if !lent.slices.is_empty() {
-                    self.outbox.give_back(data_in);
-                    Some(self.outbox.lend(&mut lent.slices))
-                } else {
-                    self.adopt(data_in)
-                };
+                let payload = self.payload_of(data_in, &mut lent);
                 self.finish(backend, cid, status, payload, expected_len as usize);
                 lent.clear();
                 backend.loan = lent;
@@ -596,6 +617,20 @@ impl Driver {
                 };
                 backend.defer(command, self.outbox.read_buffers());
             }
+        }
+    }
+
+    /// An inline command's Data-In as an outbox payload: the file range or store memory it
+    /// lent, else the bytes it filled.
+    fn payload_of(&mut self, data_in: Vec<u8>, lent: &mut seam::Loan) -> Option<usize> {
+        if let Some(file) = lent.file.take() {
+            self.outbox.give_back(data_in);
+            Some(self.outbox.lend_file(file))
+        } else if !lent.slices.is_empty() {
+            self.outbox.give_back(data_in);
+            Some(self.outbox.lend(&mut lent.slices))
+        } else {
+            self.adopt(data_in)
         }
     }
 

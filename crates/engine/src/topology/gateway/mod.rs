@@ -127,6 +127,21 @@ pub struct ImageOwnership {
     ship_floor: AtomicU64,
 }
 
+/// Each gateway's portals, in the order of `gateways`: where a command ships to reach it.
+fn portals_of(gateways: &[String], settings: &Gateways) -> Vec<Vec<String>> {
+    gateways
+        .iter()
+        .map(|g| {
+            settings
+                .portals
+                .iter()
+                .filter(|(name, _)| name == g)
+                .flat_map(|(_, addresses)| addresses.iter().cloned())
+                .collect()
+        })
+        .collect()
+}
+
 impl ImageOwnership {
     /// `groups`: every portal group tag with its gateway's name; `me`: this gateway's name
     /// (one of them).
@@ -161,23 +176,12 @@ impl ImageOwnership {
             )
         })?;
         let link = (!settings.standby).then(|| {
-            let portals = gateways
-                .iter()
-                .map(|g| {
-                    settings
-                        .portals
-                        .iter()
-                        .filter(|(name, _)| name == g)
-                        .flat_map(|(_, addresses)| addresses.iter().cloned())
-                        .collect()
-                })
-                .collect();
             crate::io::peer::PeerLink::new(
                 crate::io::peer::PeerRoute {
                     name: crate::io::peer::peer_name(peer_identity),
                     target: peer_target.to_string(),
                     secret: peer_secret.clone(),
-                    portals,
+                    portals: portals_of(&gateways, settings),
                 },
                 device,
                 metrics.gateway_shipping(device),

@@ -356,3 +356,34 @@ pub(super) fn initial_stat_sn() -> u32 {
         .map_or(1, |d| d.subsec_nanos());
     nanos.max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_login_negotiates_within_the_daemons_limits() {
+        let limits = crate::config::Limits {
+            max_outstanding_r2t: u32::MAX,
+            ..Default::default()
+        };
+        let (login, target) = login_limits(&limits);
+        assert_eq!(
+            target.max_recv_data_segment_length,
+            limits.max_recv_data_segment_length
+        );
+        assert_eq!(target.max_burst_length, limits.max_burst_length);
+        assert_eq!(
+            target.max_outstanding_r2t,
+            u16::MAX,
+            "clamped to the key's range"
+        );
+        assert_eq!(login.queue_depth, limits.max_queue_depth);
+        assert_eq!(login.max_keys, limits.max_text_key_count as usize);
+    }
+
+    #[test]
+    fn the_first_stat_sn_is_never_zero() {
+        assert_ne!(initial_stat_sn(), 0);
+    }
+}

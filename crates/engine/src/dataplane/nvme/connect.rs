@@ -303,3 +303,55 @@ pub(super) fn io(
     }
     Ok((entry, keys))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_controller_is_its_own_registry_instance() {
+        let (a, b) = (instance(), instance());
+        assert_ne!(a, b, "never reinstated: no two Connects share one");
+        assert!(matches!(a, Instance::Controller(_)));
+    }
+
+    #[test]
+    fn a_hosts_initiator_port_names_its_nqn_and_host_id() {
+        let host = NodeName::from_wire("nqn.2014-08.org.nvmexpress:uuid:h").unwrap();
+        let mut id = [0u8; 16];
+        id[0] = 0xAB;
+        id[15] = 0x01;
+        assert_eq!(
+            initiator_port(&host, &id),
+            "nqn.2014-08.org.nvmexpress:uuid:h,h,0xab000000000000000000000000000001"
+        );
+    }
+
+    #[test]
+    fn refusals_answer_the_connect_statuses_the_spec_names() {
+        let bad = invalid(true, 256);
+        assert_eq!(bad.status, Status::CONNECT_INVALID_PARAMETERS);
+        assert_eq!(
+            bad.dw0,
+            InvalidParameter {
+                in_data: true,
+                offset: 256
+            }
+            .dw0()
+        );
+        assert_eq!(invalid_host().status, Status::CONNECT_INVALID_HOST);
+        assert_eq!(
+            busy("controller IDs").status,
+            Status::CONNECT_CONTROLLER_BUSY
+        );
+    }
+
+    #[test]
+    fn a_controllers_limits_follow_the_daemons() {
+        let limits = crate::config::Limits::default();
+        let c = controller_limits(&limits);
+        assert_eq!(u32::from(c.mqes), limits.max_queue_depth - 1, "0's based");
+        assert_eq!(4096u32 << c.mdts, super::super::TRANSFER_BYTES_MAX);
+        assert_eq!(c.in_capsule, super::super::IN_CAPSULE_BYTES);
+    }
+}

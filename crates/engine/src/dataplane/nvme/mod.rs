@@ -963,3 +963,28 @@ async fn registry_kill(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queues_limits_follow_the_daemons_within_the_transports_rules() {
+        let mut limits = crate::config::Limits::default();
+        let q = queue_limits(&limits);
+        assert_eq!(q.maxh2cdata % 4, 0, "MAXH2CDATA is a multiple of 4");
+        assert_eq!(q.maxh2cdata, limits.max_recv_data_segment_length & !3);
+        assert!(
+            q.solicited_max >= TRANSFER_BYTES_MAX,
+            "one largest write fits"
+        );
+        // A tiny PDU limit still leaves the transport's minimum; a tiny memory budget still
+        // lets one largest write be solicited.
+        limits.max_recv_data_segment_length = 1001;
+        limits.memory_per_connection_bytes = 1024;
+        let q = queue_limits(&limits);
+        assert_eq!(q.maxh2cdata, 4096);
+        assert_eq!(q.solicited_max, TRANSFER_BYTES_MAX);
+        assert_eq!(q.transfer_max, TRANSFER_BYTES_MAX);
+    }
+}

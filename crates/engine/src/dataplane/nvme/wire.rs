@@ -193,7 +193,7 @@ fn context(
                 Ok(0)
             }
             Err(why) => {
-                c.refused = Some(why);
+                c.refused = Some(why.to_string());
                 Ok(0)
             }
         }
@@ -201,37 +201,75 @@ fn context(
     Ok(b.build())
 }
 
+/// Why an offered PSK identity gets no key: the handshake fails and the log says this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PskRefused {
+    Malformed,
+    /// A generated PSK or a version 1 identity, which are not offered.
+    Unsupported,
+    /// A SHA-384 identity (NVMe0R02) from this host: only SHA-256 PSKs are offered.
+    Sha384(String),
+    NoValidNqns,
+    NoKey {
+        host: NodeName,
+        subsystem: NodeName,
+    },
+    NotSha256 {
+        host: NodeName,
+    },
+}
+
+impl std::fmt::Display for PskRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PskRefused::Malformed => f.write_str("a malformed PSK identity"),
+            PskRefused::Unsupported => {
+                f.write_str("a generated PSK or a version 1 identity (not offered)")
+            }
+            PskRefused::Sha384(host) => write!(
+                f,
+                "identity for SHA-384 (NVMe0R02) from {host}: only SHA-256 PSKs are offered"
+            ),
+            PskRefused::NoValidNqns => f.write_str("a PSK identity naming no valid NQNs"),
+            PskRefused::NoKey { host, subsystem } => {
+                write!(f, "no TLS key for host {host} in subsystem {subsystem}")
+            }
+            PskRefused::NotSha256 { host } => {
+                write!(f, "the TLS key for host {host} is not a SHA-256 key")
+            }
+        }
+    }
+}
+
 /// The TLS PSK for an offered identity: the subsystem it names, that subsystem's key for the
 /// host it names, derived as the configuration says.
-fn psk_for(shared: &Shared, identity: &[u8]) -> Result<(Vec<u8>, TlsProof), String> {
+fn psk_for(shared: &Shared, identity: &[u8]) -> Result<(Vec<u8>, TlsProof), PskRefused> {
     let id = nvme::tls::Identity::parse(identity).map_err(|e| match e {
-        nvme::tls::IdentityError::Malformed => "a malformed PSK identity".to_string(),
-        nvme::tls::IdentityError::Unsupported => {
-            "a generated PSK or a version 1 identity (not offered)".to_string()
-        }
+        nvme::tls::IdentityError::Malformed => PskRefused::Malformed,
+        nvme::tls::IdentityError::Unsupported => PskRefused::Unsupported,
     })?;
     if id.cipher != nvme::tls::CipherHash::Sha256 {
-        return Err(format!(
-            "identity for SHA-384 (NVMe0R02) from {}: only SHA-256 PSKs are offered",
-            id.host
-        ));
+        return Err(PskRefused::Sha384(id.host));
     }
     let (host, sub) = match (
         NodeName::from_wire(&id.host),
         NodeName::from_wire(&id.subsystem),
     ) {
         (Ok(h), Ok(s)) if s.is_nqn() => (h, s),
-        _ => return Err("a PSK identity naming no valid NQNs".into()),
+        _ => return Err(PskRefused::NoValidNqns),
     };
     let topology = shared.topology();
     let key = topology
         .target(&sub)
         .and_then(|(_, t)| t.config.tls_key(&host).cloned())
-        .ok_or_else(|| format!("no TLS key for host {host} in subsystem {sub}"))?;
+        .ok_or_else(|| PskRefused::NoKey {
+            host: host.clone(),
+            subsystem: sub.clone(),
+        })?;
     let psk = key
         .key
         .tls_psk(&id, key.derivation)
-        .ok_or_else(|| format!("the TLS key for host {host} is not a SHA-256 key"))?;
+        .ok_or(PskRefused::NotSha256 { host })?;
     let proof = TlsProof {
         host: id.host,
         subsystem: id.subsystem,
@@ -239,4 +277,29 @@ fn psk_for(shared: &Shared, identity: &[u8]) -> Result<(Vec<u8>, TlsProof), Stri
         derivation: key.derivation,
     };
     Ok((psk, proof))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_psk_identity_says_why_without_the_key() {
+        let host = NodeName::from_wire("nqn.2014-08.org.nvmexpress:uuid:h").unwrap();
+        let subsystem = NodeName::from_wire("nqn.2026-11.org.ferrosan:s").unwrap();
+        let no_key = PskRefused::NoKey {
+            host: host.clone(),
+            subsystem,
+        };
+        assert_eq!(
+            no_key.to_string(),
+            "no TLS key for host nqn.2014-08.org.nvmexpress:uuid:h in subsystem nqn.2026-11.org.ferrosan:s"
+        );
+        assert!(PskRefused::Sha384("h".into())
+            .to_string()
+            .contains("only SHA-256"));
+        assert!(PskRefused::NotSha256 { host }
+            .to_string()
+            .contains("not a SHA-256 key"));
+    }
 }

@@ -1,9 +1,10 @@
-//! iSCSI names (RFC 7143 §4.2.7) and the one way they are compared.
+//! Node names — iSCSI names (RFC 7143 §4.2.7) and NVMe Qualified Names, which share the
+//! `iqn.` grammar — and the one way they are compared.
 //!
 //! An initiator's or target's name decides who it is: its group, its credentials, its LUNs, its
 //! reservations. Two spellings of one name must therefore be one identity everywhere, so a name
-//! is normalised once, where it enters (config, Login Request, SendTargets), by the stringprep
-//! profile of RFC 3722, and from then on compared only as an [`NodeName`] — byte equality of
+//! is normalised once, where it enters (config, Login Request, SendTargets, NVMe Connect), by the stringprep
+//! profile of RFC 3722, and from then on compared only as a [`NodeName`] — byte equality of
 //! normal forms. There is no way to compare one with a raw `&str`.
 //!
 //! The profile (RFC 3722 §3–§7): map RFC 3454 table B.1 to nothing and B.2 (case folding),
@@ -19,7 +20,8 @@ use unicode_normalization::UnicodeNormalization;
 /// The longest iSCSI name, in bytes of its normal form (RFC 7143 §4.2.7.1).
 pub const ISCSI_NAME_BYTES_MAX: usize = 223;
 
-/// A normalised iSCSI name: what stringprep (RFC 3722) made of the name it was given.
+/// A normalised node name (an iSCSI name or an NQN): what stringprep (RFC 3722) made of the
+/// name it was given.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeName(Box<str>);
 

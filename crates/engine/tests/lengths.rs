@@ -2,24 +2,12 @@
 //! at most `LONG_MAX` functions run over `LINES_MAX` lines. This reads every source file and
 //! fails when a change adds one past the bound, naming the longest.
 
-use std::path::{Path, PathBuf};
+mod tree;
+
+use std::path::Path;
 
 const LINES_MAX: usize = 70;
 const LONG_MAX: usize = 20;
-
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().to_string();
-        if path.is_dir() {
-            if name != "tests" && name != "target" {
-                sources(&path, out);
-            }
-        } else if name.ends_with(".rs") && name != "tests.rs" {
-            out.push(path);
-        }
-    }
-}
 
 /// The non-test lines of a file: up to its `#[cfg(test)] mod`.
 fn non_test(text: &str) -> Vec<&str> {
@@ -77,8 +65,7 @@ fn functions(lines: &[&str]) -> Vec<(usize, usize)> {
 #[test]
 fn functions_fit_a_screen() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut files = Vec::new();
-    sources(&crates, &mut files);
+    let files = tree::sources(&crates, &["tests", "target", "tests.rs"]);
     assert!(files.len() > 100, "only {} source files found", files.len());
     let mut seen = 0;
     let mut long = Vec::new();

@@ -447,9 +447,11 @@ enum ConfigVerb {
 
 #[derive(Subcommand)]
 enum SessionVerb {
-    /// Close a session (by TSIH, from `ctl sessions`).
+    /// Close a session (by its ID, from `ctl sessions`).
     Close {
-        /// The session's TSIH (an NVMe controller's ID), as `ctl sessions` lists it.
+        /// The session's ID as `ctl sessions` lists it: an iSCSI session's TSIH, an NVMe
+        /// controller's ID.
+        #[arg(value_name = "ID")]
         tsih: u16,
     },
 }

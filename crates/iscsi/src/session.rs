@@ -354,6 +354,12 @@ impl Session {
         self.running.len()
     }
 
+    /// Commands the initiator sent that are not answered yet: waiting for their data, or
+    /// running elsewhere.
+    pub fn outstanding(&self) -> usize {
+        self.pending.len() + self.running.len()
+    }
+
     /// The window to advertise now: the queue depth minus tasks still outstanding (pending data or
     /// running elsewhere), so a slow backend throttles the initiator instead of queueing without
     /// bound. Never below what was granted before.

@@ -137,6 +137,36 @@ pub struct Refused {
     pub status: Status,
 }
 
+/// An H2CData PDU whose data is received in place ([`Queue::placed_h2c`]).
+#[derive(Debug)]
+pub struct PlacedH2C {
+    /// The PDU up to its data.
+    header: Vec<u8>,
+    transfer: Transfer,
+    frame: pdu::Frame,
+}
+
+impl PlacedH2C {
+    /// The bytes of the PDU before its data.
+    pub fn header_len(&self) -> usize {
+        self.header.len()
+    }
+
+    /// Its data's length.
+    pub fn data_len(&self) -> usize {
+        self.frame.data_len
+    }
+}
+
+/// Where an H2CData PDU's data is.
+#[derive(Clone, Copy)]
+enum Arrived<'a> {
+    /// In the PDU received whole, and whether its digest (if any) matched.
+    Here { data: &'a [u8], data_ok: bool },
+    /// Already where it goes (`Queue::placed_data`).
+    InPlace,
+}
+
 /// A write command whose data is being solicited (one R2T for all of it).
 struct Awaiting {
     sqe: Sqe,
@@ -155,6 +185,24 @@ struct Awaiting {
 }
 
 impl Awaiting {
+    /// The memory `len` bytes arriving at `offset` fill (every byte before it has arrived):
+    /// placed memory as it is, the queue's own buffer grown to hold them.
+    fn destination(&mut self, offset: usize, len: usize) -> Option<&mut [u8]> {
+        match &mut self.data {
+            DataOutBuf::Pooled(v) => {
+                if v.len() != offset {
+                    return None;
+                }
+                if v.is_empty() {
+                    v.reserve_exact(self.total as usize);
+                }
+                v.resize(offset + len, 0);
+                v.get_mut(offset..)
+            }
+            DataOutBuf::Engine(memory) => memory.bytes_mut().get_mut(offset..offset + len),
+        }
+    }
+
     /// Keeps `data`, which arrived at `offset` (every byte before it has).
     fn put(&mut self, offset: usize, data: &[u8]) {
         match &mut self.data {
@@ -390,6 +438,76 @@ impl Queue {
         }
     }
 
+    /// When `buf` begins with the header of an H2CData PDU carrying at least `min` bytes, no
+    /// digests, and a part of its write's data that is next: the PDU, so the caller can
+    /// receive its data straight into [`Queue::placed_data`] rather than buffer it (one copy
+    /// fewer per byte written), then hand it over with [`Queue::receive_placed`]. None: the
+    /// PDU takes the usual way, [`Queue::receive`] (which also refuses a malformed one).
+    pub fn placed_h2c(&self, buf: &[u8], min: usize) -> Option<PlacedH2C> {
+        let ch: &[u8; CH_LEN] = buf.get(..CH_LEN)?.try_into().ok()?;
+        let frame = pdu::frame(ch, &self.accept).ok()?;
+        let plain = !frame.header_digest && !frame.data_digest;
+        if frame.pdu_type != PduType::H2CData || !plain || frame.data_len < min {
+            return None;
+        }
+        let header = buf.get(..frame.data_offset)?;
+        let t = Transfer::parse(&header[..frame.hlen])?;
+        let a = self
+            .awaiting
+            .iter()
+            .find(|a| a.sqe.cid() == t.cccid && a.ttag == t.ttag)?;
+        let fits = u64::from(t.offset) + u64::from(t.len) <= u64::from(a.total);
+        if a.failed || t.offset != a.arrived || t.len as usize != frame.data_len || !fits {
+            return None;
+        }
+        Some(PlacedH2C {
+            header: header.to_vec(),
+            transfer: t,
+            frame,
+        })
+    }
+
+    /// Whether a write still waits for at least `min` bytes of data, in PDUs without
+    /// digests: a reader then stops at each PDU's header, so that the data behind it can be
+    /// received in place ([`Queue::placed_h2c`]).
+    pub fn awaits_data(&self, min: usize) -> bool {
+        !self.accept.header_digest
+            && !self.accept.data_digest
+            && self
+                .awaiting
+                .iter()
+                .any(|a| !a.failed && (a.total - a.arrived) as usize >= min)
+    }
+
+    /// The memory the data of `h2c` fills (exactly its length).
+    pub fn placed_data(&mut self, h2c: &PlacedH2C) -> Option<&mut [u8]> {
+        let t = &h2c.transfer;
+        let a = self
+            .awaiting
+            .iter_mut()
+            .find(|a| a.sqe.cid() == t.cccid && a.ttag == t.ttag)?;
+        a.destination(t.offset as usize, t.len as usize)
+    }
+
+    /// Takes `h2c` whose data [`Queue::placed_data`] now holds, as [`Queue::receive`] takes
+    /// a PDU: its write ready once all of its data is in; `Err` as there.
+    pub fn receive_placed(
+        &mut self,
+        h2c: &PlacedH2C,
+        out: &mut Vec<u8>,
+        ready: &mut Vec<Received>,
+        refused: &mut Vec<Refused>,
+    ) -> Result<(), Fatal> {
+        let header = &h2c.header[..h2c.frame.hlen];
+        match self.h2c_data(&h2c.frame, header, Arrived::InPlace, ready, refused) {
+            Ok(()) => {
+                self.solicit_waiting(out);
+                Ok(())
+            }
+            Err(r) => Err(self.terminate(r, header, out)),
+        }
+    }
+
     fn terminate(&mut self, r: Refusal, header: &[u8], out: &mut Vec<u8>) -> Fatal {
         self.terminated = true;
         pdu::encode_term(&r, true, header, out);
@@ -452,7 +570,8 @@ impl Queue {
                 Ok(())
             }
             PduType::H2CData => {
-                self.h2c_data(frame, header, data, data_ok, ready, refused)?;
+                let arrived = Arrived::Here { data, data_ok };
+                self.h2c_data(frame, header, arrived, ready, refused)?;
                 self.solicit_waiting(out);
                 Ok(())
             }
@@ -598,11 +717,14 @@ impl Queue {
         &mut self,
         frame: &pdu::Frame,
         header: &[u8],
-        data: &[u8],
-        data_ok: bool,
+        input: Arrived<'_>,
         ready: &mut Vec<Received>,
         refused: &mut Vec<Refused>,
     ) -> Result<(), Refusal> {
+        let (data_len, data_ok) = match input {
+            Arrived::Here { data, data_ok } => (data.len(), data_ok),
+            Arrived::InPlace => (frame.data_len, true),
+        };
         let field = |offset| Refusal {
             status: Fatal::InvalidHeaderField,
             field: offset,
@@ -614,7 +736,7 @@ impl Queue {
             .position(|a| a.sqe.cid() == t.cccid && a.ttag == t.ttag)
             .ok_or(field(8))?;
         let a = &mut self.awaiting[index];
-        if t.offset != a.arrived || t.len as usize != data.len() {
+        if t.offset != a.arrived || t.len as usize != data_len {
             return Err(field(12));
         }
         let arrived = a.arrived + t.len;
@@ -631,7 +753,7 @@ impl Queue {
         let offset = a.arrived as usize;
         a.arrived = arrived;
         a.failed |= !data_ok;
-        if !a.failed {
+        if let (false, Arrived::Here { data, .. }) = (a.failed, input) {
             a.put(offset, data);
         }
         if done {

@@ -697,9 +697,9 @@ impl Backend<'_> {
         }
     }
 
-    /// The session's listener is gone: an iSCSI session is asked to log out (at its next
-    /// tick, as at shutdown); an NVMe/TCP queue closes (there is no logout to ask for: the
-    /// host reconnects through its other paths). False when the session closes now.
+    /// The session's listener is gone: the session leaves at its next tick as at shutdown
+    /// (`driver.rs`: an iSCSI host is asked to log out; an NVMe/TCP queue closes once its
+    /// commands are answered, its host reconnecting through its other paths).
     fn portal_is_gone(&mut self) -> bool {
         tracing::warn!(
             peer = %self.peer,
@@ -708,12 +708,6 @@ impl Backend<'_> {
             "the portal this session came in through was removed (or moved to another portal group)"
         );
         self.portal_gone = true;
-        if self.door == crate::admission::Door::Nvme {
-            // NVMe/TCP has no logout to ask for: the host reconnects through its
-            // other paths (or gives up on this one).
-            self.close_reason = Some(Ended::ListenerRemoved);
-            return false;
-        }
         true
     }
 

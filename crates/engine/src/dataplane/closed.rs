@@ -16,8 +16,8 @@ pub enum Ended {
     DiscoveryIdle,
     /// The daemon shuts down (no grace, or nothing left to wait for).
     Shutdown,
-    /// The daemon shut down, or the portal went, and the initiator did not log out within
-    /// `shutdown_grace_s`.
+    /// The daemon shut down, or the portal went, and the host did not log out (iSCSI) or
+    /// its last command did not end (NVMe/TCP) within `shutdown_grace_s`.
     NoLogout,
     /// NVMe in-band authentication was not done within `login_timeout_s`.
     NotAuthenticated,
@@ -27,7 +27,8 @@ pub enum Ended {
     QueueIdTaken,
     /// This gateway lost an RBD image the session maps (docs/RBD.md).
     LostImage,
-    /// A reload removed the listener an NVMe/TCP queue came through.
+    /// A reload removed the listener the connection came through (its host was asked to
+    /// leave, or had nothing outstanding).
     ListenerRemoved,
     /// A topology change would no longer admit the session; the admission's reason.
     NoLongerAdmitted(&'static str),

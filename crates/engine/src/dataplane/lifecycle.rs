@@ -1,6 +1,6 @@
 //! A session's life beside its protocol, without I/O: when it next needs the clock, and what a
-//! tick decides of the connection (the door's own verdict on a silent peer, and the
-//! daemon's shutdown: ask for a logout, then close when its grace is over). The driver asks
+//! tick decides of the connection (the door's own verdict on a silent peer, and
+//! leaving — the daemon's shutdown or a removed portal: ask the host to leave, then close). The driver asks
 //! [`Lifecycle::poll_timeout`] when to wake, and calls [`Lifecycle::handle_timeout`] when the
 //! tick is due; every decision here is unit-tested with a clock the test moves.
 
@@ -15,13 +15,14 @@ use super::closed::Ended;
 /// connection's counts reach the metrics.
 pub const TICK: Duration = Duration::from_secs(1);
 
-/// What the daemon's shutdown asks of a session at a tick.
+/// What leaving (the daemon shutting down, the session's portal removed) asks of a session
+/// at a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shutdown {
-    /// Nothing (not shutting down, or a logout was asked for and its grace runs).
-    Nothing,
-    /// Ask the initiator to log out within this many seconds.
-    AskLogout(u16),
+pub enum Leave {
+    /// Nothing (not leaving, or the host was asked and its grace runs).
+    Stay,
+    /// Ask the host to leave (an iSCSI logout) within this many seconds.
+    Ask(u16),
     Close(Ended),
 }
 
@@ -29,8 +30,8 @@ pub enum Shutdown {
 pub struct Lifecycle {
     next_tick: Instant,
     grace: Duration,
-    /// Set once the initiator was asked to log out: the session ends then at the latest.
-    logout_deadline: Option<Instant>,
+    /// Set once the session began to leave: it ends then at the latest.
+    leave_deadline: Option<Instant>,
 }
 
 impl Lifecycle {
@@ -38,7 +39,7 @@ impl Lifecycle {
         Lifecycle {
             next_tick: now + TICK,
             grace,
-            logout_deadline: None,
+            leave_deadline: None,
         }
     }
 
@@ -66,18 +67,35 @@ impl Lifecycle {
         }
     }
 
-    /// What the shutdown asks at `now`: once the daemon shuts down, a logout within the grace
-    /// (or the close at once, without one); the close once the grace is over.
-    pub fn shutdown(&mut self, now: Instant, shutting_down: bool) -> Shutdown {
-        match self.logout_deadline {
-            None if !shutting_down => Shutdown::Nothing,
-            None if self.grace.is_zero() => Shutdown::Close(Ended::Shutdown),
+    /// What leaving asks at `now` (`leaving`: why the session leaves, None while it stays):
+    /// a host whose door can ask is asked once to leave within the grace; a door that cannot
+    /// ask is closed once `quiescent` (nothing of its host's outstanding); any is closed at
+    /// once without a grace, and when the grace is over.
+    pub fn leave(
+        &mut self,
+        now: Instant,
+        leaving: Option<Ended>,
+        can_ask: bool,
+        quiescent: bool,
+    ) -> Leave {
+        let Some(why) = leaving else {
+            return Leave::Stay;
+        };
+        match self.leave_deadline {
+            None if self.grace.is_zero() => Leave::Close(why),
             None => {
-                self.logout_deadline = Some(now + self.grace);
-                Shutdown::AskLogout(u16::try_from(self.grace.as_secs()).unwrap_or(u16::MAX))
+                self.leave_deadline = Some(now + self.grace);
+                match (can_ask, quiescent) {
+                    (true, _) => {
+                        Leave::Ask(u16::try_from(self.grace.as_secs()).unwrap_or(u16::MAX))
+                    }
+                    (false, true) => Leave::Close(why),
+                    (false, false) => Leave::Stay,
+                }
             }
-            Some(deadline) if now >= deadline => Shutdown::Close(Ended::NoLogout),
-            Some(_) => Shutdown::Nothing,
+            Some(deadline) if now >= deadline => Leave::Close(Ended::NoLogout),
+            Some(_) if !can_ask && quiescent => Leave::Close(why),
+            Some(_) => Leave::Stay,
         }
     }
 }
@@ -115,29 +133,67 @@ mod tests {
         assert_eq!(Ended::Idle.reason(), "idle_timeout_s");
     }
 
+    const SHUTDOWN: Option<Ended> = Some(Ended::Shutdown);
+
     #[test]
-    fn a_shutdown_asks_for_a_logout_once_then_closes_after_the_grace() {
+    fn a_host_that_can_be_asked_is_asked_once_then_closed_after_the_grace() {
         let t0 = Instant::now();
         let mut life = Lifecycle::new(t0, Duration::from_secs(5));
-        assert_eq!(life.shutdown(t0, false), Shutdown::Nothing);
-        assert_eq!(life.shutdown(t0, true), Shutdown::AskLogout(5));
+        assert_eq!(life.leave(t0, None, true, false), Leave::Stay);
+        assert_eq!(life.leave(t0, SHUTDOWN, true, false), Leave::Ask(5));
         let later = t0 + Duration::from_secs(4);
-        assert_eq!(life.shutdown(later, true), Shutdown::Nothing, "asked once");
+        assert_eq!(
+            life.leave(later, SHUTDOWN, true, true),
+            Leave::Stay,
+            "asked once; quiet or not, it may still log out"
+        );
         let over = t0 + Duration::from_secs(5);
-        assert_eq!(life.shutdown(over, true), Shutdown::Close(Ended::NoLogout));
+        assert_eq!(
+            life.leave(over, SHUTDOWN, true, false),
+            Leave::Close(Ended::NoLogout)
+        );
     }
 
     #[test]
-    fn a_shutdown_without_grace_closes_at_once() {
+    fn a_host_that_cannot_be_asked_is_closed_once_quiet_or_after_the_grace() {
+        let t0 = Instant::now();
+        let gone = Some(Ended::ListenerRemoved);
+        let mut quiet = Lifecycle::new(t0, Duration::from_secs(5));
+        assert_eq!(
+            quiet.leave(t0, gone, false, true),
+            Leave::Close(Ended::ListenerRemoved)
+        );
+        let mut busy = Lifecycle::new(t0, Duration::from_secs(5));
+        assert_eq!(busy.leave(t0, gone, false, false), Leave::Stay);
+        let later = t0 + Duration::from_secs(2);
+        assert_eq!(busy.leave(later, gone, false, false), Leave::Stay);
+        assert_eq!(
+            busy.leave(later, gone, false, true),
+            Leave::Close(Ended::ListenerRemoved),
+            "its last command answered"
+        );
+        let mut stuck = Lifecycle::new(t0, Duration::from_secs(5));
+        assert_eq!(stuck.leave(t0, SHUTDOWN, false, false), Leave::Stay);
+        assert_eq!(
+            stuck.leave(t0 + Duration::from_secs(5), SHUTDOWN, false, false),
+            Leave::Close(Ended::NoLogout)
+        );
+    }
+
+    #[test]
+    fn leaving_without_grace_closes_at_once() {
         let t0 = Instant::now();
         let mut life = Lifecycle::new(t0, Duration::ZERO);
-        assert_eq!(life.shutdown(t0, true), Shutdown::Close(Ended::Shutdown));
+        assert_eq!(
+            life.leave(t0, SHUTDOWN, true, false),
+            Leave::Close(Ended::Shutdown)
+        );
     }
 
     #[test]
     fn a_grace_longer_than_a_logout_can_say_is_capped() {
         let t0 = Instant::now();
         let mut life = Lifecycle::new(t0, Duration::from_secs(100_000));
-        assert_eq!(life.shutdown(t0, true), Shutdown::AskLogout(u16::MAX));
+        assert_eq!(life.leave(t0, SHUTDOWN, true, false), Leave::Ask(u16::MAX));
     }
 }

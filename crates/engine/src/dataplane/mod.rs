@@ -7,25 +7,22 @@ pub(crate) mod busy_poll;
 pub mod closed;
 pub mod coalesce;
 pub mod connection;
+mod driver;
 mod iscsi_backend;
 pub(crate) mod lifecycle;
 mod login;
 pub mod nvme;
+mod recv;
 pub mod route;
 mod send;
 pub(crate) mod sys;
 mod wakeups;
+mod wire;
 
-/// The receive buffer of a connection that has not needed more, through either door: room
-/// for any login PDU or Connect capsule and a few small commands. It grows when a read fills
-/// it or a PDU does not fit (iSCSI: to twice the largest PDU, 514 KiB by default; NVMe/TCP: to
-/// [`RBUF_BUSY`], or what the PDU needs) and shrinks back after a second with nothing
-/// received. Allocating the full size up front made every idle session pin it: once glibc
-/// serves blocks that large from its arenas (after the first one is freed) a zeroed one is
-/// written whole, so resident — 192–233 KiB of RSS per idle iSCSI session measured, 22 KiB
-/// with this.
+/// The receive buffer of a connection that has not needed more, through either door
+/// (`recv.rs` has the policy).
 pub(crate) const RBUF_IDLE: usize = 16 * 1024;
 
-/// A connection's receive buffer once a read has filled it (a deep queue's commands are
-/// waiting): 64 4 KiB writes fit, and are read in fewer calls. Both doors grow to it.
+/// The least a connection's receive buffer grows to once a read has filled it (a deep
+/// queue's commands are waiting): 64 4 KiB writes fit, and are read in fewer calls.
 pub(crate) const RBUF_BUSY: usize = 256 * 1024;

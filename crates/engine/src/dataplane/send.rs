@@ -101,3 +101,96 @@ async fn send_memory(stream: &mut TcpStream, out: &Outbox) -> Result<usize, Clos
         .await?;
     Ok(sent)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A connected pair on loopback: the sending end for tokio, the receiving end blocking.
+    fn pair(rt: &tokio::runtime::Runtime) -> (TcpStream, std::net::TcpStream, SocketAddr) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let _entered = rt.enter();
+        (TcpStream::from_std(server).unwrap(), client, peer)
+    }
+
+    /// A file of the test's own, gone with it (sendfile reads a memfd as any file).
+    fn scratch_file() -> std::fs::File {
+        let fd = rustix::fs::memfd_create("send-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        std::fs::File::from(fd)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn headers_payloads_and_file_ranges_go_out_in_their_order_and_the_outbox_empties() {
+        let rt = runtime();
+        let (mut stream, mut client, peer) = pair(&rt);
+        let mut file = scratch_file();
+        let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        file.write_all(&content).unwrap();
+        let mut out = Outbox::new(4);
+        out.push_bytes(b"header-1");
+        let owned = out.adopt(vec![7u8; 70_000]);
+        out.push_payload(owned, 0..70_000);
+        out.push_bytes(b"header-2");
+        let lent = out.lend_file((Arc::new(file), 1000, 150_000));
+        // Two ranges of the file, as two PDUs' data would be.
+        out.push_payload(lent, 0..100_000);
+        out.push_bytes(b"header-3");
+        out.push_payload(lent, 100_000..150_000);
+        let mut expected = b"header-1".to_vec();
+        expected.extend(vec![7u8; 70_000]);
+        expected.extend(b"header-2");
+        expected.extend(&content[1000..101_000]);
+        expected.extend(b"header-3");
+        expected.extend(&content[101_000..151_000]);
+        let receiver = std::thread::spawn(move || {
+            let mut got = vec![0u8; expected.len()];
+            client.read_exact(&mut got).unwrap();
+            assert!(got == expected, "the bytes differ from what was queued");
+        });
+        rt.block_on(send(&mut stream, &mut out, peer)).unwrap();
+        assert!(out.is_empty(), "sent and cleared");
+        assert_eq!(out.len(), 0, "nothing counted as queued");
+        receiver.join().unwrap();
+    }
+
+    #[test]
+    fn a_file_shorter_than_its_range_closes_the_connection_instead_of_sending_less() {
+        let rt = runtime();
+        let (mut stream, _client, peer) = pair(&rt);
+        let mut file = scratch_file();
+        file.write_all(&[1u8; 4096]).unwrap();
+        let mut out = Outbox::new(4);
+        let lent = out.lend_file((Arc::new(file), 4096, 4096));
+        out.push_payload(lent, 0..4096);
+        let sent = rt.block_on(send(&mut stream, &mut out, peer));
+        assert!(
+            matches!(&sent, Err(Closed::Failed(why)) if why.contains("shorter")),
+            "{sent:?}"
+        );
+    }
+
+    #[test]
+    fn a_peer_that_closed_ends_the_send_with_an_error() {
+        let rt = runtime();
+        let (mut stream, client, peer) = pair(&rt);
+        drop(client);
+        let mut out = Outbox::new(4);
+        let big = out.adopt(vec![0u8; 8 << 20]);
+        out.push_payload(big, 0..8 << 20);
+        assert!(rt.block_on(send(&mut stream, &mut out, peer)).is_err());
+    }
+}

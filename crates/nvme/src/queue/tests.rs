@@ -813,3 +813,123 @@ fn the_sq_head_walks_the_hosts_ring_and_is_ffffh_without_flow_control() {
     assert_eq!(q.next_sqhd(), crate::sqe::SQHD_DISABLED);
     assert_eq!(q.next_sqhd(), crate::sqe::SQHD_DISABLED);
 }
+
+/// Solicits a write of `len` bytes as command `cid`; returns its R2T.
+fn solicited(q: &mut Queue, cid: u16, len: u32) -> Transfer {
+    let mut cap = Vec::new();
+    capsule(
+        &sqe(WRITE, cid, DataPointer::Transport { len }),
+        &[],
+        (false, false),
+        &mut cap,
+    );
+    let r2t = r2ts(&feed(q, &cap).out);
+    assert_eq!(r2t.len(), 1);
+    r2t[0]
+}
+
+#[test]
+fn h2c_data_received_in_place_lands_in_placed_memory_and_readies_its_write() {
+    let mut q = queue((false, false));
+    let r2t = solicited(&mut q, 3, 16_384);
+    q.place(&mut |_, len| Some(Box::new(Placed(vec![0; len])) as Box<dyn seam::DataOutMemory>));
+    assert!(q.awaits_data(16_384) && !q.awaits_data(16_385));
+    let data: Vec<u8> = (0..16_384u32).map(|i| (i % 253) as u8).collect();
+    let mut ready = Vec::new();
+    for (at, last) in [(0usize, false), (8192, true)] {
+        let part = Transfer {
+            offset: at as u32,
+            len: 8192,
+            ..r2t
+        };
+        let pdu = h2c(part, last, &data[at..at + 8192], (false, false));
+        // Only the header and the first bytes have arrived.
+        let h2c = q.placed_h2c(&pdu[..100], 8192).expect("taken in place");
+        assert_eq!((h2c.header_len(), h2c.data_len()), (24, 8192));
+        assert!(
+            q.placed_h2c(&pdu[..100], 8193).is_none(),
+            "shorter than asked"
+        );
+        let dst = q.placed_data(&h2c).unwrap();
+        assert_eq!(dst.len(), 8192);
+        dst.copy_from_slice(&pdu[24..]);
+        let mut out = Vec::new();
+        let mut refused = Vec::new();
+        q.receive_placed(&h2c, &mut out, &mut ready, &mut refused)
+            .unwrap();
+        assert!(refused.is_empty() && out.is_empty());
+        assert_eq!(ready.is_empty(), !last, "ready with its last byte only");
+    }
+    assert!(!q.awaits_data(1));
+    let [r] = &ready[..] else { panic!("{ready:?}") };
+    let Data::Gathered(seam::DataOutBuf::Engine(m)) = &r.data else {
+        panic!("not in placed memory: {r:?}")
+    };
+    assert_eq!(m.bytes(), &data[..]);
+}
+
+#[test]
+fn h2c_data_out_of_order_with_digests_or_for_no_write_takes_the_usual_way() {
+    let mut q = queue((false, false));
+    let r2t = solicited(&mut q, 4, 16_384);
+    let part = |offset| Transfer {
+        offset,
+        len: 8192,
+        ..r2t
+    };
+    let data = vec![1u8; 8192];
+    // Not the next part: the usual way, which refuses it.
+    assert!(q
+        .placed_h2c(&h2c(part(8192), true, &data, (false, false)), 1)
+        .is_none());
+    // Another command's tag.
+    let stray = Transfer {
+        cccid: 99,
+        ..part(0)
+    };
+    assert!(q
+        .placed_h2c(&h2c(stray, false, &data, (false, false)), 1)
+        .is_none());
+    // A command capsule, or not yet a whole header.
+    let pdu = h2c(part(0), false, &data, (false, false));
+    assert!(q.placed_h2c(&pdu[..23], 1).is_none());
+    // The queue's own buffer when nothing was placed: grown to hold the part.
+    let h = q.placed_h2c(&pdu, 1).unwrap();
+    assert_eq!(q.placed_data(&h).unwrap().len(), 8192);
+    // With digests nothing is taken in place.
+    let mut dq = queue((true, true));
+    let r2t = solicited_with_digests(&mut dq, 5, 8192);
+    assert!(!dq.awaits_data(1));
+    assert!(dq
+        .placed_h2c(&h2c(r2t, true, &data, (true, true)), 1)
+        .is_none());
+}
+
+fn solicited_with_digests(q: &mut Queue, cid: u16, len: u32) -> Transfer {
+    let mut cap = Vec::new();
+    capsule(
+        &sqe(WRITE, cid, DataPointer::Transport { len }),
+        &[],
+        (true, true),
+        &mut cap,
+    );
+    r2ts(&feed(q, &cap).out)[0]
+}
+
+#[test]
+fn a_placed_h2c_whose_last_flag_lies_ends_the_connection_as_the_usual_way_does() {
+    let mut q = queue((false, false));
+    let r2t = solicited(&mut q, 6, 8192);
+    // All of the write's data, not marked last.
+    let pdu = h2c(r2t, false, &[2u8; 8192], (false, false));
+    let h = q.placed_h2c(&pdu, 1).unwrap();
+    let (mut out, mut ready, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    let fatal = q.receive_placed(&h, &mut out, &mut ready, &mut refused);
+    assert_eq!(fatal, Err(Fatal::InvalidHeaderField));
+    assert_eq!(
+        out[0],
+        PduType::C2HTermReq as u8,
+        "a termination request to send"
+    );
+    assert!(ready.is_empty());
+}

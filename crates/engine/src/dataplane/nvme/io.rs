@@ -24,7 +24,6 @@ const TASK_SIMPLE: u8 = 1;
 
 /// A queue's clock and what its admin queue last showed the host.
 pub(super) struct Life {
-    next_tick: Instant,
     admin: bool,
     last_keep_alive: Instant,
     /// When the admin queue last received a command (a discovery controller without
@@ -39,21 +38,12 @@ impl Life {
     pub(super) fn new(admin: bool) -> Life {
         let now = Instant::now();
         Life {
-            next_tick: now + Duration::from_secs(1),
             admin,
             last_keep_alive: now,
             last_command: now,
             kato: Duration::ZERO,
             shown: None,
         }
-    }
-
-    pub(super) fn next_tick(&self) -> Instant {
-        self.next_tick
-    }
-
-    pub(super) fn ticked(&mut self, now: Instant) {
-        self.next_tick = now + Duration::from_secs(1);
     }
 
     fn kept_alive(&mut self, now: Instant, kato_ms: u32) {
@@ -500,7 +490,7 @@ impl Driver {
                 write: s.write,
             },
             Err(status) => {
-                buf.recycle(&mut self.outbox);
+                buf.recycle(&mut self.conn.out);
                 return self.answer(cid, status, 0, &[]);
             }
         };
@@ -580,7 +570,7 @@ impl Driver {
         };
         // Only a command with Data-In fills a buffer: a write's answer carries none.
         let mut data_in = if scsi.read {
-            self.outbox.take_buffer()
+            self.conn.out.take_buffer()
         } else {
             Vec::new()
         };
@@ -590,7 +580,7 @@ impl Driver {
         match backend.execute(&req, &mut data_in, &mut lent, &mut sense) {
             Execution::Done(outcome) => {
                 if let Some(buf) = owned {
-                    buf.recycle(&mut self.outbox);
+                    buf.recycle(&mut self.conn.out);
                 }
                 let status = translate::status_of(outcome.status, &sense);
                 let payload = self.payload_of(data_in, &mut lent);
@@ -599,7 +589,7 @@ impl Driver {
                 backend.loan = lent;
             }
             Execution::Deferred => {
-                self.outbox.give_back(data_in);
+                self.conn.out.give_back(data_in);
                 backend.loan = lent;
                 let data_out = match owned.take() {
                     Some(buf) => buf,
@@ -615,7 +605,7 @@ impl Driver {
                     write,
                     task_attr: TASK_SIMPLE,
                 };
-                backend.defer(command, self.outbox.read_buffers());
+                backend.defer(command, self.conn.out.read_buffers());
             }
         }
     }
@@ -624,11 +614,11 @@ impl Driver {
     /// lent, else the bytes it filled.
     fn payload_of(&mut self, data_in: Vec<u8>, lent: &mut seam::Loan) -> Option<usize> {
         if let Some(file) = lent.file.take() {
-            self.outbox.give_back(data_in);
-            Some(self.outbox.lend_file(file))
+            self.conn.out.give_back(data_in);
+            Some(self.conn.out.lend_file(file))
         } else if !lent.slices.is_empty() {
-            self.outbox.give_back(data_in);
-            Some(self.outbox.lend(&mut lent.slices))
+            self.conn.out.give_back(data_in);
+            Some(self.conn.out.lend(&mut lent.slices))
         } else {
             self.adopt(data_in)
         }
@@ -646,7 +636,7 @@ impl Driver {
             memory.bytes_mut().copy_from_slice(data);
             return DataOutBuf::Engine(memory);
         }
-        let mut buf = self.outbox.take_buffer();
+        let mut buf = self.conn.out.take_buffer();
         buf.clear();
         buf.extend_from_slice(data);
         DataOutBuf::Pooled(buf)
@@ -655,13 +645,13 @@ impl Driver {
     /// A command that ran elsewhere is back: its budget and counts settled, then answered.
     pub(super) fn complete(&mut self, backend: &mut Backend<'_>, mut done: Completed) {
         backend.settle(&done);
-        std::mem::take(&mut done.data_out).recycle(&mut self.outbox);
+        std::mem::take(&mut done.data_out).recycle(&mut self.conn.out);
         let status = translate::status_of(done.outcome.status, &done.sense);
         let cid = done.tag as u16;
         let payload = match done.lent {
             Some(slice) => {
-                self.outbox.give_back(done.data_in);
-                Some(self.outbox.lend(&mut vec![slice]))
+                self.conn.out.give_back(done.data_in);
+                Some(self.conn.out.lend(&mut vec![slice]))
             }
             None => self.adopt(done.data_in),
         };
@@ -672,10 +662,10 @@ impl Driver {
     /// the answer queues no payload to recycle.
     fn adopt(&mut self, data_in: Vec<u8>) -> Option<usize> {
         if data_in.is_empty() {
-            self.outbox.give_back(data_in);
+            self.conn.out.give_back(data_in);
             return None;
         }
-        Some(self.outbox.adopt(data_in))
+        Some(self.conn.out.adopt(data_in))
     }
 
     /// Answers command `cid` with the first `limit` bytes of the outbox's `payload` and, for
@@ -696,12 +686,13 @@ impl Driver {
                 return self.run(backend, cid, lun, &sync);
             }
         }
-        let len = payload.map_or(0, |p| self.outbox.payload_len(p).min(limit));
+        let len = payload.map_or(0, |p| self.conn.out.payload_len(p).min(limit));
         if let Some(i) = self.reports.iter().position(|&(c, ..)| c == cid) {
             let (_, extended, asked, ptpl) = self.reports.swap_remove(i);
             let mut full_status = Vec::with_capacity(len);
             if let Some(payload) = payload {
-                self.outbox
+                self.conn
+                    .out
                     .for_each_payload_piece(payload, 0..len, |p| full_status.extend_from_slice(p));
             }
             let report = translate::reservation_status(&full_status, extended, ptpl, asked);

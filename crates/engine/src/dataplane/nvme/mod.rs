@@ -24,9 +24,9 @@ use super::alarm::Alarm;
 use super::backend::{Backend, Completed, Party};
 use super::closed::{Closed, Ended};
 use super::connection::NewConnection;
-use super::wakeups::Wakeups;
+use super::driver::{self, Conn, Door, Told, Turn};
 use crate::admission::controllers::ControllerEntry;
-use crate::admission::Door;
+
 use crate::shared::Shared;
 
 /// I/O queues one controller may have (a host asks for one per CPU; more share the workers).
@@ -62,6 +62,16 @@ fn queue_limits(limits: &crate::config::Limits) -> QueueLimits {
     }
 }
 
+/// The largest PDU a host may send: an H2CData PDU of MAXH2CDATA or a command capsule with
+/// the most in-capsule data, with both digests.
+fn largest_pdu(limits: &crate::config::Limits) -> usize {
+    use nvme::pdu::PduType;
+    let digests = 2 * 4;
+    let h2c = PduType::H2CData.hlen() + queue_limits(limits).maxh2cdata as usize;
+    let capsule = PduType::CapsuleCmd.hlen() + IN_CAPSULE_BYTES as usize;
+    h2c.max(capsule) + digests
+}
+
 pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
     let NewConnection {
         stream,
@@ -85,7 +95,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         return;
     };
     let mut driver = Driver {
-        stream,
+        conn: Conn::new(stream, largest_pdu(&shared.limits), peer),
         at: connect::Arrival {
             peer,
             local,
@@ -93,13 +103,8 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
             discovery_only: kind == super::connection::ListenerKind::NvmeDiscovery,
             tls,
         },
-        rbuf: vec![0; super::RBUF_IDLE],
-        received: false,
-        start: 0,
-        end: 0,
         out: Vec::new(),
         queue: Queue::new(queue_limits(&shared.limits)),
-        outbox: Outbox::new(16),
         qid: 0,
         qid_held: false,
         fused: None,
@@ -169,18 +174,6 @@ async fn open(
     None
 }
 
-/// What a connected queue waits on besides its socket, its completions and its ring.
-struct Waits {
-    kill: tokio::sync::watch::Receiver<Option<&'static str>>,
-    closed_by_ctl: Option<tokio::sync::watch::Receiver<Option<&'static str>>>,
-    life: io::Life,
-    /// The deadline the alarm is set for (None: not set, or rung).
-    armed: Option<Instant>,
-    wakeups: Wakeups,
-    /// The last wait ended with a receive batch's deadline.
-    timed_out: bool,
-}
-
 /// What a queue is once its Connect was accepted.
 enum Role {
     Admin(Arc<ControllerEntry>),
@@ -196,23 +189,15 @@ impl Role {
 }
 
 struct Driver {
-    stream: wire::Wire,
+    /// The stream, the receive buffer and the outbox (`conn.out`: what the turn sends, `out`'s
+    /// bytes and read data where it lies — lent store memory, a page-cached file range, a
+    /// read buffer from the outbox's pool — sent as the iSCSI door's are).
+    conn: Conn,
     at: connect::Arrival,
-    /// Receive buffer: `RBUF_IDLE` bytes until the queue needs more, and back after an idle
-    /// second (the policy of both doors, `dataplane::RBUF_IDLE`).
-    rbuf: Vec<u8>,
-    /// Bytes arrived since the last tick.
-    received: bool,
-    start: usize,
-    end: usize,
     /// The bytes the queue encodes (headers, digests, completions, small answers), moved to
-    /// `outbox` before the next data it references and at the flush.
+    /// the outbox before the next data it references and at the flush.
     out: Vec<u8>,
     queue: Queue,
-    /// What the turn sends: `out`'s bytes, and read data where it lies (lent store memory, a
-    /// page-cached file range, a read buffer from the outbox's pool), sent by
-    /// `dataplane/send.rs` as the iSCSI door's are.
-    outbox: Outbox,
     qid: u16,
     /// An I/O queue holds its queue ID in its controller: from its Connect, or, when its host
     /// must authenticate, from when it has (no ID is taken from a host before its proof).
@@ -248,18 +233,9 @@ impl Driver {
         alarm
             .set(Instant::now() + prelogin.login_timeout)
             .map_err(Closed::timer)?;
-        let role = tokio::select! {
-            role = self.until_connected(shared) => role?,
-            rung = alarm.rung() => {
-                rung.map_err(Closed::timer)?;
-                shared.metrics.limit("login_timeout_s");
-                return Err(Closed::Limit("no Connect within login_timeout_s"));
-            }
-            () = prelogin.evicted() => {
-                return Err(Closed::Limit("evicted before Connect: max_prelogin_connections reached"));
-            }
-        };
-        let Some(role) = role else {
+        let connected = self.until_connected(shared);
+        let Some(role) = driver::before_login(shared, &prelogin, &mut alarm, connected).await?
+        else {
             // The Connect was refused (its answer sent).
             return Ok(());
         };
@@ -267,9 +243,24 @@ impl Driver {
         shared.metrics.nvme_queues.inc();
         let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
         let mut backend = self.backend(shared, role.entry(), completions);
-        let result = self
-            .connected(&role, &mut backend, &mut completed, &mut alarm)
-            .await;
+        let mut told = told(role.entry());
+        let admin = matches!(role, Role::Admin(_));
+        let mut door = Connected {
+            queue: self,
+            role,
+            life: io::Life::new(admin),
+            activity: seam::Activity::default(),
+            scratch: (Vec::new(), Vec::new()),
+        };
+        let result = driver::drive(
+            &mut door,
+            &mut backend,
+            &mut completed,
+            &mut told,
+            &mut alarm,
+        )
+        .await;
+        let role = door.role;
         backend.report_io();
         shared.metrics.nvme_queues.dec();
         self.end(shared, &role, &backend, &result);
@@ -285,8 +276,8 @@ impl Driver {
             self.answer_refused(&refused);
             let mut ready = ready.into_iter();
             if let Some(first) = ready.next() {
-                let first = first.into_owned(&self.rbuf[base..]);
-                self.make_room();
+                let first = first.into_owned(self.conn.buf.since(base));
+                self.conn.buf.make_room();
                 let role = self.connect(shared, &first);
                 // Commands pipelined behind a refused Connect, or behind an accepted one
                 // before its answer could be seen: answered as out of sequence.
@@ -302,7 +293,7 @@ impl Driver {
                 return Ok(role);
             }
             self.flush().await?;
-            self.fill().await?;
+            self.conn.buf.fill(&mut self.conn.stream).await?;
         }
     }
 
@@ -449,7 +440,7 @@ impl Driver {
     ) -> Backend<'s> {
         let topology = shared.topology();
         let party = Party {
-            door: Door::Nvme,
+            door: crate::admission::Door::Nvme,
             tls: self.at.tls.clone(),
             admitted: entry.admitted.clone(),
             target_name: entry.subsystem.clone(),
@@ -472,71 +463,15 @@ impl Driver {
         backend
     }
 
-    /// The connected queue's life: its commands, completions, and once a second its clock.
-    async fn connected(
-        &mut self,
-        role: &Role,
-        backend: &mut Backend<'_>,
-        completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
-        alarm: &mut Alarm,
-    ) -> Result<(), Closed> {
-        let entry = Arc::clone(role.entry());
-        let mut w = Waits {
-            kill: entry.kill.subscribe(),
-            // `ctl session close` reaches a controller through its registry entry.
-            closed_by_ctl: entry
-                .ticket
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .map(|t| t.kill.clone()),
-            life: io::Life::new(matches!(role, Role::Admin(_))),
-            armed: None,
-            wakeups: Wakeups::new(
-                Duration::from_micros(backend.shared.limits.coalesce_wait_us.into()),
-                Arc::clone(&backend.shared.metrics),
-            ),
-            timed_out: false,
-        };
-        let mut scratch = (Vec::new(), Vec::new());
-        loop {
-            let Some(activity) = self.turn(role, backend, &mut w.life, &mut scratch)? else {
-                return Ok(());
-            };
-            self.flush().await?;
-            if self.closing {
-                return Ok(());
-            }
-            if activity.commands > 0 || w.timed_out {
-                // The worker's busy poll for a host that waits for each answer, and receive
-                // coalescing for one that keeps a deep queue: the iSCSI door's own rules
-                // (dataplane/wakeups.rs, coalesce.rs).
-                if let Some(socket) = self.stream.plain() {
-                    w.wakeups
-                        .after_turn(socket, &activity, w.timed_out, Instant::now());
-                }
-                w.timed_out = false;
-            }
-            if !self.wait(role, backend, completed, alarm, &mut w).await? {
-                w.wakeups.report();
-                return Ok(());
-            }
-        }
-    }
-
-    /// Runs what is buffered: every whole PDU's command, then the completions reaped meanwhile.
-    /// `None` when the queue must close (its admission changed).
-    fn turn(
+    /// Runs what is buffered: every whole PDU's command. Returns what the commands say of
+    /// the host's pipeline.
+    fn input(
         &mut self,
         role: &Role,
         backend: &mut Backend<'_>,
         life: &mut io::Life,
         (ready, refused): &mut (Vec<Received>, Vec<Refused>),
-    ) -> Result<Option<seam::Activity>, Closed> {
-        backend.turn_started = Instant::now();
-        if !backend.still_admitted() {
-            return Ok(None);
-        }
+    ) -> Result<seam::Activity, Closed> {
         let base = self.take_pdus(ready, refused)?;
         // Writes solicited this turn get the memory their I/O will write from, before their
         // data can arrive (their R2Ts go out with this turn's answers).
@@ -547,205 +482,127 @@ impl Driver {
         let activity = activity(ready, self.queue.open());
         // The receive buffer is lent to the commands (a write's in-capsule data goes from it
         // to the device); nothing reads the socket meanwhile.
-        let rbuf = std::mem::take(&mut self.rbuf);
+        let rbuf = self.conn.buf.lend();
+        let input = &rbuf[base..self.conn.buf.end()];
         // Borrowed, not moved out: a command is read in place, copied only to be kept.
         for r in ready.iter_mut() {
-            self.command(role, backend, life, r, &rbuf[base..]);
+            self.command(role, backend, life, r, input);
         }
         ready.clear();
-        self.rbuf = rbuf;
-        self.make_room();
-        let answered = std::mem::take(&mut backend.answered);
-        for done in answered {
-            self.complete(backend, done);
-        }
-        backend.finish_turn();
-        backend.submit_ring();
-        Ok(Some(activity))
+        self.conn.buf.restore(rbuf);
+        self.conn.buf.make_room();
+        Ok(activity)
     }
 
-    /// Waits for the next thing to do: bytes from the host (unless congested), a completion,
-    /// the ring, the alarm (a receive batch's wait over, the second's tick), the controller or
-    /// `ctl` ending the queue. False when the queue ends.
-    async fn wait(
+    /// When the receive buffer ends in the first part of an H2CData PDU with a long payload
+    /// for a write that is waiting for it (no digests on the queue): the PDU, whose data is
+    /// then received straight into the write's memory ([`Driver::receive_h2c`]).
+    fn h2c_in_place(&self) -> Option<nvme::queue::PlacedH2C> {
+        let pending = self.conn.buf.pending();
+        let h2c = self.queue.placed_h2c(pending, driver::IN_PLACE_MIN)?;
+        // Whole already: the usual way costs nothing more.
+        (pending.len() < h2c.header_len() + h2c.data_len()).then_some(h2c)
+    }
+
+    /// Receives the data of `h2c` in place (what is buffered of it copied there first), then
+    /// takes the PDU and runs the write it completes, answering as a turn does. Returns
+    /// whether the queue closes.
+    async fn receive_h2c(
+        &mut self,
+        h2c: nvme::queue::PlacedH2C,
+        role: &Role,
+        backend: &mut Backend<'_>,
+        life: &mut io::Life,
+        (ready, refused): &mut (Vec<Received>, Vec<Refused>),
+        alarm: &mut Alarm,
+    ) -> Result<bool, Closed> {
+        let Some(dst) = self.queue.placed_data(&h2c) else {
+            return Err(Closed::Invariant("H2CData placement out of range"));
+        };
+        let have = self.conn.buf.pending().len() - h2c.header_len();
+        dst[..have].copy_from_slice(&self.conn.buf.pending()[h2c.header_len()..]);
+        self.conn.buf.clear();
+        let stall = driver::stall_bound(&backend.shared.limits);
+        driver::read_placed(&mut self.conn.stream, dst, have, 0, alarm, stall).await?;
+        if let Err(fatal) = self
+            .queue
+            .receive_placed(&h2c, &mut self.out, ready, refused)
+        {
+            self.terminate();
+            return Err(Closed::Protocol(format!("NVMe/TCP: {fatal:?}")));
+        }
+        backend.turn_started = Instant::now();
+        self.answer_refused(refused);
+        refused.clear();
+        for r in ready.iter_mut() {
+            self.command(role, backend, life, r, &[]);
+        }
+        ready.clear();
+        backend.finish_turn();
+        self.flush().await?;
+        Ok(self.closing)
+    }
+
+    /// Where the next read into the receive buffer stops. While a write waits for a long
+    /// payload, a read ends with the next PDU's header (with nothing buffered, the header
+    /// alone; in the middle of a long PDU, its rest and the header after it), so the payload
+    /// behind it can go straight into place ([`Driver::receive_h2c`]): one more `recv` per
+    /// long PDU instead of a copy of it. Otherwise reads fill the buffer.
+    fn read_end(&self) -> usize {
+        let buf = &self.conn.buf;
+        let full = buf.capacity();
+        if !self.queue.awaits_data(driver::IN_PLACE_MIN) {
+            return full;
+        }
+        let header = nvme::pdu::PduType::H2CData.hlen();
+        let pending = buf.pending();
+        let stop = if pending.len() < nvme::pdu::CH_LEN {
+            buf.start() + header
+        } else {
+            match self.queue.next_len(pending) {
+                len if len >= driver::IN_PLACE_MIN => buf.start() + len + header,
+                _ => return full,
+            }
+        };
+        // Never an empty range: a read into one returns 0, which means the peer closed.
+        let stop = stop.min(full);
+        if stop > buf.end() {
+            stop
+        } else {
+            full
+        }
+    }
+
+    /// At a tick: the authentication deadline, and for an admin queue the keep-alive and the
+    /// notices owed. `Some` when the queue ends.
+    fn tick(
         &mut self,
         role: &Role,
         backend: &mut Backend<'_>,
-        completed: &mut tokio::sync::mpsc::UnboundedReceiver<Completed>,
-        alarm: &mut Alarm,
-        w: &mut Waits,
-    ) -> Result<bool, Closed> {
-        let congested = backend.congested();
-        let batch = w.wakeups.batch_deadline().filter(|_| !congested);
-        let wake_at = batch.map_or(w.life.next_tick(), |d| d.min(w.life.next_tick()));
-        // The timer is set only when its deadline moved: not one system call a turn.
-        if w.armed != Some(wake_at) {
-            alarm.set(wake_at).map_err(Closed::timer)?;
-            w.armed = Some(wake_at);
-        }
-        tokio::select! {
-            read = self.stream.read(&mut self.rbuf[self.end..]), if !congested => {
-                match read {
-                    Ok(0) => return Ok(false),
-                    Ok(n) => {
-                        self.end += n;
-                        self.received = true;
-                        if self.end == self.rbuf.len() && self.rbuf.len() < super::RBUF_BUSY {
-                            // A read that filled the buffer: a deep queue's commands are
-                            // waiting; read them in fewer calls, as the iSCSI door does.
-                            self.rbuf.resize(super::RBUF_BUSY, 0);
-                        }
-                    }
-                    Err(e) => return Err(Closed::Io(e)),
-                }
-            }
-            Some(done) = completed.recv() => {
-                self.complete(backend, done);
-                while let Ok(done) = completed.try_recv() {
-                    self.complete(backend, done);
-                }
-            }
-            ready = super::backend::ring_ready(&backend.ring), if backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0) => {
-                ready.map_err(|e| Closed::Failed(format!("io_uring: {e}")))?;
-                backend.reap_ring();
-            }
-            rung = alarm.rung() => {
-                rung.map_err(Closed::timer)?;
-                w.armed = None;
-                let now = Instant::now();
-                if batch.is_some_and(|d| now >= d) {
-                    // What the low-water mark held back is read now.
-                    w.timed_out = true;
-                    if !self.read_held_back()? {
-                        return Ok(false);
-                    }
-                }
-                if now >= w.life.next_tick() {
-                    w.wakeups.report();
-                    return Ok(self.tick(role, backend, &mut w.life));
-                }
-            }
-            _ = w.kill.changed() => {
-                backend.close_reason = Some(Ended::Told(w.kill.borrow().unwrap_or("controller gone")));
-                return Ok(false);
-            }
-            changed = registry_kill(&mut w.closed_by_ctl) => {
-                backend.close_reason = Some(Ended::Told(changed));
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// Reads what the receive low-water mark held back once a batch's wait is over; false at
-    /// the end of the stream.
-    fn read_held_back(&mut self) -> Result<bool, Closed> {
-        // Only a socket in the clear holds bytes back (TLS queues never raise the mark).
-        let Some(socket) = self.stream.plain() else {
-            return Ok(true);
-        };
-        match rustix::net::recv(
-            socket,
-            &mut self.rbuf[self.end..],
-            rustix::net::RecvFlags::DONTWAIT,
-        ) {
-            Ok((0, _)) => Ok(false),
-            Ok((n, _)) => {
-                self.end += n;
-                Ok(true)
-            }
-            Err(rustix::io::Errno::AGAIN) => Ok(true),
-            Err(e) => Err(Closed::Io(e.into())),
-        }
-    }
-
-    /// Once a second: I/O counts, the topology, a lost RBD image, the shutdown, and for an
-    /// admin queue the keep-alive and the notices owed. False when the queue ends.
-    fn tick(&mut self, role: &Role, backend: &mut Backend<'_>, life: &mut io::Life) -> bool {
-        backend.report_io();
-        let now = Instant::now();
-        life.ticked(now);
-        self.shrink_if_idle();
+        life: &mut io::Life,
+        now: Instant,
+    ) -> Option<Ended> {
+        let peer = self.at.peer;
         if self.auth_deadline.is_some_and(|d| now >= d) {
-            tracing::warn!(peer = %self.at.peer, host = %role.entry().host, "NVMe queue closed: not authenticated within login_timeout_s");
+            tracing::warn!(%peer, host = %role.entry().host, "NVMe queue closed: not authenticated within login_timeout_s");
             backend.shared.metrics.limit("login_timeout_s");
-            backend.close_reason = Some(Ended::NotAuthenticated);
-            return false;
+            return Some(Ended::NotAuthenticated);
         }
-        if !backend.still_admitted() {
-            return false;
+        let Role::Admin(entry) = role else {
+            return None;
+        };
+        if life.keep_alive_late(now, KEEP_ALIVE_SLACK) {
+            tracing::warn!(%peer, host = %entry.host, cntlid = entry.cntlid, kato_ms = entry.state().kato_ms(), "NVMe controller ended: no Keep Alive within its timeout");
+            backend.shared.metrics.limit("nvme_keep_alive");
+            return Some(Ended::KeepAliveTimeout);
         }
-        if backend.lost_an_image() {
-            tracing::warn!(peer = %self.at.peer, "closing the NVMe queue: this gateway lost an RBD image it maps (the host reconnects to reach the new owner)");
-            backend.close_reason = Some(Ended::LostImage);
-            return false;
+        if entry.subsystem.is_none() && life.idle_without_keep_alive(now, DISCOVERY_IDLE) {
+            tracing::info!(%peer, host = %entry.host, cntlid = entry.cntlid, "NVMe discovery controller closed: idle for {} s without keep-alive", DISCOVERY_IDLE.as_secs());
+            backend.shared.metrics.limit("nvme_discovery_idle");
+            return Some(Ended::DiscoveryIdle);
         }
-        if backend.shared.is_shutting_down() && self.queue.open() == 0 {
-            backend.close_reason = Some(Ended::Shutdown);
-            return false;
-        }
-        if let Role::Admin(entry) = role {
-            if life.keep_alive_late(now, KEEP_ALIVE_SLACK) {
-                tracing::warn!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, kato_ms = entry.state().kato_ms(), "NVMe controller ended: no Keep Alive within its timeout");
-                backend.shared.metrics.limit("nvme_keep_alive");
-                backend.close_reason = Some(Ended::KeepAliveTimeout);
-                return false;
-            }
-            if entry.subsystem.is_none() && life.idle_without_keep_alive(now, DISCOVERY_IDLE) {
-                tracing::info!(peer = %self.at.peer, host = %entry.host, cntlid = entry.cntlid, "NVMe discovery controller closed: idle for {} s without keep-alive", DISCOVERY_IDLE.as_secs());
-                backend.shared.metrics.limit("nvme_discovery_idle");
-                backend.close_reason = Some(Ended::DiscoveryIdle);
-                return false;
-            }
-            self.notices(entry, backend, life);
-        }
-        true
-    }
-
-    /// Reads more into the receive buffer (at least one byte; end of stream is a close).
-    async fn fill(&mut self) -> Result<(), Closed> {
-        self.make_room();
-        match self.stream.read(&mut self.rbuf[self.end..]).await {
-            Ok(0) => Err(Closed::Limit("closed by the host")),
-            Ok(n) => {
-                self.end += n;
-                self.received = true;
-                Ok(())
-            }
-            Err(e) => Err(Closed::Io(e)),
-        }
-    }
-
-    /// Moves what is left to the front, and grows the buffer to hold the next whole PDU.
-    fn make_room(&mut self) {
-        if self.start > 0 {
-            self.rbuf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
-        let need = self
-            .queue
-            .next_len(&self.rbuf[..self.end])
-            .max(super::RBUF_IDLE);
-        if self.rbuf.len() < need {
-            self.rbuf.resize(need, 0);
-        }
-        if self.end == self.rbuf.len() {
-            // Never a read into no room (it would look like the end of the stream).
-            self.rbuf.resize(self.end + super::RBUF_IDLE, 0);
-        }
-    }
-
-    /// Once a second: a queue that received nothing since the last tick and holds no partial
-    /// PDU goes back to the small buffer (an idle controller's three queues pinned 64 KiB
-    /// each before).
-    fn shrink_if_idle(&mut self) {
-        if !self.received && self.start == self.end && self.rbuf.len() > super::RBUF_IDLE {
-            self.rbuf = vec![0; super::RBUF_IDLE];
-            self.start = 0;
-            self.end = 0;
-        }
-        self.received = false;
+        self.notices(entry, backend, life);
+        None
     }
 
     /// Takes every whole PDU buffered; a PDU the transport refuses ends the connection (its
@@ -756,24 +613,28 @@ impl Driver {
         ready: &mut Vec<Received>,
         refused: &mut Vec<Refused>,
     ) -> Result<usize, Closed> {
-        let base = self.start;
-        match self.queue.receive(
-            &self.rbuf[self.start..self.end],
-            &mut self.out,
-            ready,
-            refused,
-        ) {
+        let base = self.conn.buf.start();
+        match self
+            .queue
+            .receive(self.conn.buf.pending(), &mut self.out, ready, refused)
+        {
             Ok(used) => {
-                self.start += used;
+                self.conn.buf.consume(used);
                 Ok(base)
             }
             Err(fatal) => {
-                // Best effort: the termination request, then the close.
-                take_bytes(&mut self.outbox, &mut self.out);
-                let _ = self.stream.try_write(&self.outbox.to_vec());
+                self.terminate();
                 Err(Closed::Protocol(format!("NVMe/TCP: {fatal:?}")))
             }
         }
+    }
+
+    /// Sends what is queued, the termination request last, as far as the socket takes it
+    /// without waiting: the connection closes next.
+    fn terminate(&mut self) {
+        let conn = &mut self.conn;
+        take_bytes(&mut conn.out, &mut self.out);
+        let _ = conn.stream.try_write(&conn.out.to_vec());
     }
 
     fn answer_refused(&mut self, refused: &[Refused]) {
@@ -802,7 +663,7 @@ impl Driver {
             return self.queue.answer(&cqe, &[], &mut self.out);
         };
         let mut data = Queued {
-            outbox: &mut self.outbox,
+            outbox: &mut self.conn.out,
             payload,
             len,
         };
@@ -821,11 +682,8 @@ impl Driver {
     }
 
     async fn flush(&mut self) -> Result<(), Closed> {
-        take_bytes(&mut self.outbox, &mut self.out);
-        if self.outbox.is_empty() {
-            return Ok(());
-        }
-        self.stream.send(&mut self.outbox, self.at.peer).await
+        take_bytes(&mut self.conn.out, &mut self.out);
+        self.conn.flush().await
     }
 
     /// A queue's end: a controller's admin queue takes the controller with it (its I/O queues
@@ -946,21 +804,98 @@ impl nvme::queue::DataSink for Queued<'_> {
     }
 }
 
-/// Resolves with the reason when the session registry closes the controller (never without
-/// an entry there).
-async fn registry_kill(
-    rx: &mut Option<tokio::sync::watch::Receiver<Option<&'static str>>>,
-) -> &'static str {
-    let Some(rx) = rx else {
-        return std::future::pending().await;
-    };
-    loop {
-        if rx.changed().await.is_err() {
-            return std::future::pending().await;
+/// What closes a connected queue from outside: its controller's end (for an I/O queue, the
+/// admin queue's), and `ctl session close` through the controller's registry entry.
+fn told(entry: &ControllerEntry) -> Told {
+    let told = Told::by(entry.kill.subscribe(), Some("controller gone"));
+    let ticket = entry.ticket.lock().unwrap_or_else(|e| e.into_inner());
+    match ticket.as_ref() {
+        Some(t) => told.and(t.kill.clone(), None),
+        None => told,
+    }
+}
+
+/// A connected queue: the driver's door.
+struct Connected<'q> {
+    queue: &'q mut Driver,
+    role: Role,
+    life: io::Life,
+    /// What the last turn's commands said of the host's pipeline.
+    activity: seam::Activity,
+    /// A turn's commands and refusals (their Vecs kept for the next turn).
+    scratch: (Vec<Received>, Vec<Refused>),
+}
+
+impl Door for Connected<'_> {
+    /// NVMe/TCP has no logout to ask for: the host reconnects through its other paths.
+    const CAN_ASK_TO_LEAVE: bool = false;
+
+    fn conn(&mut self) -> &mut Conn {
+        &mut self.queue.conn
+    }
+
+    fn input(&mut self, backend: &mut Backend<'_>) -> Result<Turn, Closed> {
+        let (role, life, scratch) = (&self.role, &mut self.life, &mut self.scratch);
+        self.activity = self.queue.input(role, backend, life, scratch)?;
+        Ok(Turn {
+            close: self.queue.closing,
+            drained: true,
+        })
+    }
+
+    fn answered(&mut self, backend: &mut Backend<'_>) -> bool {
+        let mut answered = std::mem::take(&mut backend.answered);
+        for done in answered.drain(..) {
+            self.queue.complete(backend, done);
         }
-        if let Some(reason) = *rx.borrow() {
-            return reason;
-        }
+        backend.answered = answered;
+        self.queue.closing
+    }
+
+    fn completed(&mut self, backend: &mut Backend<'_>, done: Completed) -> bool {
+        self.queue.complete(backend, done);
+        self.queue.closing
+    }
+
+    /// Never called: no NVMe command waits on a task management function's drain (an Abort
+    /// is answered at once).
+    fn task_done(&mut self, _tag: u32) -> bool {
+        false
+    }
+
+    fn take_activity(&mut self) -> seam::Activity {
+        std::mem::take(&mut self.activity)
+    }
+
+    fn stage(&mut self) {
+        take_bytes(&mut self.queue.conn.out, &mut self.queue.out);
+    }
+
+    async fn between_turns(
+        &mut self,
+        backend: &mut Backend<'_>,
+        alarm: &mut Alarm,
+    ) -> Result<Option<bool>, Closed> {
+        let Some(h2c) = self.queue.h2c_in_place() else {
+            return Ok(None);
+        };
+        let (role, life, scratch) = (&self.role, &mut self.life, &mut self.scratch);
+        self.queue
+            .receive_h2c(h2c, role, backend, life, scratch, alarm)
+            .await
+            .map(Some)
+    }
+
+    fn read_stop(&mut self) -> usize {
+        self.queue.read_end()
+    }
+
+    fn tick(&mut self, backend: &mut Backend<'_>, now: Instant, _congested: bool) -> Option<Ended> {
+        self.queue.tick(&self.role, backend, &mut self.life, now)
+    }
+
+    fn quiescent(&self) -> bool {
+        self.queue.queue.open() == 0
     }
 }
 

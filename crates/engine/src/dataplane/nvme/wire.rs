@@ -4,100 +4,20 @@
 //! both; whether a host *must* use TLS is the admission decision's (`Topology::admit`, with
 //! what the handshake proved).
 
-use std::net::SocketAddr;
-use std::os::unix::fs::FileExt as _;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use openssl::ssl::{Ssl, SslContext, SslContextBuilder, SslMethod, SslVersion};
-use seam::outbox::{Outbox, Part};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
-use super::super::closed::Closed;
+pub(in crate::dataplane) use super::super::wire::Wire;
 use crate::admission::TlsProof;
 use crate::config::NodeName;
 use crate::shared::Shared;
 
 /// The first byte of a TLS handshake record (a ClientHello); an ICReq starts with 0.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
-/// Plain text gathered into one TLS write: a few records (16 KiB each).
-const TLS_WRITE_CHUNK: usize = 64 * 1024;
-
-pub(super) enum Wire {
-    Plain(TcpStream),
-    Tls(Box<SslStream<TcpStream>>),
-}
-
-impl Wire {
-    /// The socket, when the queue's bytes are its own (receive coalescing, busy polling and
-    /// the held-back read act on the socket, and so only in the clear).
-    pub(super) fn plain(&self) -> Option<&TcpStream> {
-        match self {
-            Wire::Plain(s) => Some(s),
-            Wire::Tls(_) => None,
-        }
-    }
-
-    /// Reads what has arrived (decrypted); 0 at the end of the stream. Cancel-safe.
-    pub(super) async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Wire::Plain(s) => s.read(buf).await,
-            Wire::Tls(s) => s.read(buf).await,
-        }
-    }
-
-    /// Sends everything queued in `out`, then clears it.
-    pub(super) async fn send(&mut self, out: &mut Outbox, peer: SocketAddr) -> Result<(), Closed> {
-        match self {
-            Wire::Plain(s) => super::super::send::send(s, out, peer).await,
-            Wire::Tls(s) => send_tls(s, out).await,
-        }
-    }
-
-    /// Writes without waiting (a termination request on the way out); a TLS queue writes
-    /// nothing here, as a record cannot be half sent.
-    pub(super) fn try_write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Wire::Plain(s) => s.try_write(bytes),
-            Wire::Tls(_) => Ok(0),
-        }
-    }
-}
-
-/// The outbox through TLS: its memory and file parts gathered into plain-text chunks, each
-/// written (encrypted) whole. No sendfile or vectored write: the bytes pass through OpenSSL.
-async fn send_tls(stream: &mut SslStream<TcpStream>, out: &mut Outbox) -> Result<(), Closed> {
-    if out.is_broken() {
-        return Err(Closed::Invariant("outbox invariant broken"));
-    }
-    let mut chunk: Vec<u8> = Vec::with_capacity(TLS_WRITE_CHUNK);
-    for part in out.parts() {
-        match *part {
-            Part::File { offset, len, .. } => {
-                let file = out
-                    .file(part)
-                    .ok_or(Closed::Invariant("outbox: file part without its file"))?;
-                let at = chunk.len();
-                chunk.resize(at + len, 0);
-                file.read_exact_at(&mut chunk[at..], offset)
-                    .map_err(|e| Closed::Failed(format!("reading the LU file to send: {e}")))?;
-            }
-            _ => chunk.extend_from_slice(out.slice(part)),
-        }
-        if chunk.len() >= TLS_WRITE_CHUNK {
-            stream.write_all(&chunk).await?;
-            chunk.clear();
-        }
-    }
-    if !chunk.is_empty() {
-        stream.write_all(&chunk).await?;
-    }
-    stream.flush().await?;
-    out.clear();
-    Ok(())
-}
 
 /// Why a queue closed before its first PDU.
 pub(super) enum NotOpened {

@@ -1,0 +1,777 @@
+//! The one connection driver: a connection's life after its login or Connect, whichever door
+//! it came through. The door ([`Door`]: the iSCSI session in `connection.rs`, an NVMe/TCP
+//! queue in `nvme/`) turns received bytes into commands and answers; this module decides
+//! everything else once for both: when a turn runs and what follows it (the ring submitted and
+//! reaped, answers sent in one write), the receive buffer's policy (`recv.rs`), receive
+//! coalescing and busy polling (`wakeups.rs`), the memory budget, the once-a-second tick
+//! (following a topology change, a lost RBD image, a shutdown or a removed portal: ask the
+//! host to leave where the door can, close when nothing is left or the grace is over), and
+//! every way a connection ends, each with its typed reason (`closed.rs`).
+//!
+//! ```text
+//!   socket ─▶ RecvBuf ─▶ Door::input ─▶ Backend (route, LU gate, ring, pool)
+//!                ▲                         │ answered / completed
+//!   wait: read · alarm · completions · ring · TMF drained · told to close
+//!                                          ▼
+//!   socket ◀─ send.rs / wire.rs ◀─ Outbox ◀─ Door::answered / completed
+//! ```
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use seam::outbox::Outbox;
+use seam::Activity;
+use tokio::sync::{mpsc, watch};
+
+use super::alarm::Alarm;
+use super::backend::{first_drained, ring_ready, Backend, Completed};
+use super::closed::{Closed, Ended};
+use super::lifecycle::{Leave, Lifecycle};
+use super::recv::RecvBuf;
+use super::wakeups::Wakeups;
+use super::wire::Wire;
+use crate::admission::prelogin;
+use crate::shared::Shared;
+
+/// Answers queued by one burst of completions before they are sent (bounds a connection's
+/// Data-In memory while a device completes faster than the peer reads).
+pub(super) const TURN_BYTES_MAX: usize = 4 << 20;
+
+/// Write data at least this long that is still arriving (an iSCSI Data-Out or a command's
+/// immediate data, an NVMe/TCP H2CData PDU) is received straight into the memory its write
+/// goes from instead of through the receive buffer: one copy fewer per byte written.
+pub(super) const IN_PLACE_MIN: usize = 64 * 1024;
+
+/// What the driver owns of a connection: its stream, its receive buffer and its outbox.
+pub(super) struct Conn {
+    pub(super) stream: Wire,
+    pub(super) buf: RecvBuf,
+    pub(super) out: Outbox,
+    pub(super) peer: SocketAddr,
+}
+
+impl Conn {
+    pub(super) fn new(stream: Wire, largest_pdu: usize, peer: SocketAddr) -> Conn {
+        Conn {
+            stream,
+            buf: RecvBuf::new(largest_pdu),
+            out: Outbox::new(64),
+            peer,
+        }
+    }
+
+    /// Sends everything queued (`send.rs`, or through TLS).
+    pub(super) async fn flush(&mut self) -> Result<(), Closed> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.stream.send(&mut self.out, self.peer).await
+    }
+}
+
+/// What a turn of input did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Turn {
+    /// The session ends once the turn's answers are sent (a logout, a Disconnect).
+    pub(super) close: bool,
+    /// Every whole PDU buffered was handled (false: it stopped at a bound; run another).
+    pub(super) drained: bool,
+}
+
+/// A door's part of a connection: its protocol. Every method runs on the connection's worker.
+pub(super) trait Door {
+    /// Whether the door can ask its host to leave (iSCSI: an Async Message asking for a
+    /// logout); one that cannot is closed once nothing of its host's is outstanding.
+    const CAN_ASK_TO_LEAVE: bool;
+
+    fn conn(&mut self) -> &mut Conn;
+
+    /// Handles the whole PDUs buffered, stopping early at a turn's bound or the memory
+    /// budget.
+    fn input(&mut self, backend: &mut Backend<'_>) -> Result<Turn, Closed>;
+
+    /// Answers the commands in `backend.answered`; true when the session ends.
+    fn answered(&mut self, backend: &mut Backend<'_>) -> bool;
+
+    /// Answers a command completed off this thread; true when the session ends.
+    fn completed(&mut self, backend: &mut Backend<'_>, done: Completed) -> bool;
+
+    /// Answers the task management function `tag` whose LUs drained; true when the session
+    /// ends.
+    fn task_done(&mut self, tag: u32) -> bool;
+
+    /// What the turns since the last call saw of the host's pipeline.
+    fn take_activity(&mut self) -> Activity;
+
+    /// Moves what the door encoded into the outbox, before a send.
+    fn stage(&mut self) {}
+
+    /// Between a drained turn and the wait: `Some(close)` when it handled input itself
+    /// (iSCSI: a long write payload received straight into its command's buffer).
+    fn between_turns(
+        &mut self,
+        _backend: &mut Backend<'_>,
+        _alarm: &mut Alarm,
+    ) -> impl Future<Output = Result<Option<bool>, Closed>> {
+        async { Ok(None) }
+    }
+
+    /// Where the next read into the receive buffer stops.
+    fn read_stop(&mut self) -> usize {
+        self.conn().buf.capacity()
+    }
+
+    /// The door's own verdicts at a tick (pings, keep-alive, an authentication deadline,
+    /// notices owed); `Some` ends the session, logged and counted by the door.
+    fn tick(&mut self, backend: &mut Backend<'_>, now: Instant, congested: bool) -> Option<Ended>;
+
+    /// Asks the host to leave within `within` seconds (only if [`Door::CAN_ASK_TO_LEAVE`]).
+    fn ask_to_leave(&mut self, _within: u16) {}
+
+    /// Nothing of the host's is outstanding in the target.
+    fn quiescent(&self) -> bool;
+}
+
+/// What closes a session from outside: the session registry or `ctl` (a reinstatement, `ctl
+/// session close`), a controller's end for its queues.
+pub(super) struct Told {
+    first: Watch,
+    second: Option<Watch>,
+}
+
+struct Watch {
+    rx: watch::Receiver<Option<&'static str>>,
+    /// The reason when the sender goes; None: its going closes nothing.
+    gone: Option<&'static str>,
+}
+
+impl Told {
+    pub(super) fn by(
+        rx: watch::Receiver<Option<&'static str>>,
+        gone: Option<&'static str>,
+    ) -> Told {
+        Told {
+            first: Watch { rx, gone },
+            second: None,
+        }
+    }
+
+    pub(super) fn and(
+        mut self,
+        rx: watch::Receiver<Option<&'static str>>,
+        gone: Option<&'static str>,
+    ) -> Told {
+        self.second = Some(Watch { rx, gone });
+        self
+    }
+
+    async fn reason(&mut self) -> &'static str {
+        let second = async {
+            match &mut self.second {
+                Some(w) => w.reason().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = self.first.reason() => r,
+            r = second => r,
+        }
+    }
+}
+
+impl Watch {
+    async fn reason(&mut self) -> &'static str {
+        loop {
+            if self.rx.changed().await.is_err() {
+                return match self.gone {
+                    Some(r) => r,
+                    None => std::future::pending().await,
+                };
+            }
+            if let Some(r) = *self.rx.borrow() {
+                return r;
+            }
+        }
+    }
+}
+
+/// Runs `step` (a login's, a Connect's) within the connection's login deadline: the alarm is
+/// set for it. A connection not logged in yet also ends when the daemon shuts down or a newer
+/// connection evicts it from the pre-login budget.
+pub(super) async fn before_login<T>(
+    shared: &Shared,
+    prelogin: &prelogin::Ticket,
+    alarm: &mut Alarm,
+    step: impl Future<Output = Result<T, Closed>>,
+) -> Result<T, Closed> {
+    let mut shutdown = shared.shutdown_signal();
+    tokio::select! {
+        done = step => done,
+        rung = alarm.rung() => {
+            rung.map_err(Closed::timer)?;
+            shared.metrics.limit("login_timeout_s");
+            Err(Closed::Limit("login timed out (login_timeout_s)"))
+        }
+        () = Shared::wait_for_shutdown(&mut shutdown) => {
+            Err(Closed::Limit("shutting down during login"))
+        }
+        () = prelogin.evicted() => {
+            Err(Closed::Limit("evicted before login: max_prelogin_connections reached"))
+        }
+    }
+}
+
+/// How long a sender may stop in the middle of a payload received in place before the
+/// connection is dropped: the dead-peer bound of the usual path (a ping, then its timeout),
+/// which cannot run while the payload is read.
+pub(super) fn stall_bound(limits: &crate::config::Limits) -> Duration {
+    let s = u64::from(limits.nop_in_interval_s) + u64::from(limits.nop_in_timeout_s.max(5));
+    Duration::from_secs(s)
+}
+
+/// Reads the rest of a payload into `dst` (its first `have` bytes are there), then `pad`
+/// bytes of padding (discarded). A sender that stops mid-payload is dropped within `stall`
+/// ([`stall_bound`]). The alarm stays set for the connection's next deadline (no system
+/// call when the payload arrives in time); should it ring meanwhile, it is set for the stall
+/// bound instead.
+pub(super) async fn read_placed(
+    stream: &mut Wire,
+    dst: &mut [u8],
+    have: usize,
+    pad: usize,
+    alarm: &mut Alarm,
+    stall: Duration,
+) -> Result<(), Closed> {
+    let stalled_at = Instant::now() + stall;
+    let len = dst.len();
+    let mut filled = have;
+    let mut padding = [0u8; 3];
+    while filled < len + pad {
+        let into = if filled < len {
+            dst.get_mut(filled..)
+        } else {
+            padding.get_mut(filled - len..pad)
+        };
+        let Some(into) = into else {
+            return Err(Closed::Invariant("payload placement out of range"));
+        };
+        tokio::select! {
+            read = stream.read(into) => match read {
+                Ok(0) => return Err(Closed::Limit("peer closed")),
+                Ok(n) => filled += n,
+                Err(e) => return Err(Closed::Io(e)),
+            },
+            rung = alarm.rung() => {
+                rung.map_err(Closed::timer)?;
+                if Instant::now() >= stalled_at {
+                    return Err(Closed::Limit("peer stalled in the middle of a write's data"));
+                }
+                alarm.set(stalled_at).map_err(Closed::timer)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a session waits with besides its door and backend.
+struct Waits<'w> {
+    life: Lifecycle,
+    wakeups: Wakeups,
+    completed: &'w mut mpsc::UnboundedReceiver<Completed>,
+    told: &'w mut Told,
+    /// The last wait ended with a receive batch's deadline.
+    timed_out: bool,
+    congested: bool,
+}
+
+/// What woke a waiting session.
+enum Woken {
+    /// Bytes, completions or a tick: run a turn.
+    Work,
+    /// The batch's wait is over: run a turn with what arrived (and say so to the coalescer).
+    BatchOver,
+    /// The session ends.
+    End,
+}
+
+/// What the wait's select saw, handled once the select has let go of its borrows.
+enum Event {
+    Read(std::io::Result<usize>),
+    Rung(std::io::Result<()>),
+    Completed(Completed),
+    Ring(std::io::Result<()>),
+    Drained(usize),
+    Told(&'static str),
+}
+
+/// A logged-in session's life to its end: turns, waits, ticks.
+pub(super) async fn drive<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    completed: &mut mpsc::UnboundedReceiver<Completed>,
+    told: &mut Told,
+    alarm: &mut Alarm,
+) -> Result<(), Closed> {
+    let limits = &backend.shared.limits;
+    let grace = Duration::from_secs(limits.shutdown_grace_s.into());
+    let mut w = Waits {
+        life: Lifecycle::new(Instant::now(), grace),
+        wakeups: Wakeups::new(
+            Duration::from_micros(limits.coalesce_wait_us.into()),
+            Arc::clone(&backend.shared.metrics),
+        ),
+        completed,
+        told,
+        timed_out: false,
+        congested: false,
+    };
+    let result = turns(door, backend, &mut w, alarm).await;
+    w.wakeups.report();
+    result
+}
+
+async fn turns<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    w: &mut Waits<'_>,
+    alarm: &mut Alarm,
+) -> Result<(), Closed> {
+    loop {
+        // First whatever is buffered (pipelined behind the login).
+        let turn = turn(door, backend)?;
+        flush(door).await?;
+        if turn.close {
+            return Ok(());
+        }
+        watch_budget(backend, door.conn().peer, w);
+        if !turn.drained && !w.congested {
+            continue;
+        }
+        if !w.congested {
+            match door.between_turns(backend, alarm).await? {
+                Some(true) => return Ok(()),
+                Some(false) => continue,
+                None => {}
+            }
+            let now = backend.turn_ended.take().unwrap_or_else(Instant::now);
+            plan_wakeup(door, w, now);
+            door.conn().buf.make_room();
+        }
+        match wait(door, backend, w, alarm).await? {
+            Woken::Work => {}
+            Woken::BatchOver => w.timed_out = true,
+            Woken::End => return Ok(()),
+        }
+    }
+}
+
+/// One turn: the door's input, then the ring submitted, what completed meanwhile answered (the
+/// kernel runs the ring's work at each system call of this thread; a busy connection may not
+/// return to epoll for a while, which alone would say the ring is readable).
+fn turn<D: Door>(door: &mut D, backend: &mut Backend<'_>) -> Result<Turn, Closed> {
+    // Whether the session may go on, asked before any of its input runs.
+    if !backend.still_admitted() {
+        return Ok(Turn {
+            close: true,
+            drained: true,
+        });
+    }
+    backend.turn_started = Instant::now();
+    let input = door.input(backend);
+    backend.submit_ring();
+    backend.reap_ring();
+    let closing = door.answered(backend);
+    backend.finish_turn();
+    let turn = input?;
+    Ok(Turn {
+        close: turn.close || closing,
+        drained: turn.drained || closing,
+    })
+}
+
+async fn flush<D: Door>(door: &mut D) -> Result<(), Closed> {
+    door.stage();
+    door.conn().flush().await
+}
+
+/// At its memory budget a connection reads and handles nothing more until commands on the
+/// blocking pool complete (TCP holds the host back).
+fn watch_budget(backend: &Backend<'_>, peer: SocketAddr, w: &mut Waits<'_>) {
+    let congested = backend.congested();
+    if congested && !w.congested {
+        backend.shared.metrics.limit("memory_per_connection_bytes");
+        tracing::debug!(%peer, "memory budget reached; waiting for completions");
+    }
+    w.congested = congested;
+}
+
+/// The receive coalescer's and busy poll's plan from the turns since the last wait, when they
+/// brought anything or a batch's wait ended (a turn of completions only leaves the plan).
+fn plan_wakeup<D: Door>(door: &mut D, w: &mut Waits<'_>, now: Instant) {
+    let activity = door.take_activity();
+    let brought = activity.commands > 0 || activity.other_pdus > 0;
+    if brought || w.timed_out {
+        if let Some(socket) = door.conn().stream.plain() {
+            w.wakeups.after_turn(socket, &activity, w.timed_out, now);
+        }
+    }
+    w.timed_out = false;
+}
+
+/// Waits for the next thing to do: bytes from the host (unless congested), the alarm (a
+/// batch's wait over, the tick), a completion from another thread or the ring, a task
+/// management function's LUs drained, the session told to close.
+async fn wait<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    w: &mut Waits<'_>,
+    alarm: &mut Alarm,
+) -> Result<Woken, Closed> {
+    // While congested only the tick (and completions) may wake the connection.
+    let batch = w.wakeups.batch_deadline().filter(|_| !w.congested);
+    let next_tick = w.life.poll_timeout();
+    alarm
+        .set(batch.map_or(next_tick, |d| d.min(next_tick)))
+        .map_err(Closed::timer)?;
+    let stop = door.read_stop();
+    let event = {
+        let conn = door.conn();
+        let tail = match w.congested {
+            true => None,
+            false => Some(conn.buf.tail(stop)?),
+        };
+        let stream = &mut conn.stream;
+        let read = async {
+            match tail {
+                Some(tail) => stream.read(tail).await,
+                None => std::future::pending().await,
+            }
+        };
+        let ring_busy = backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0);
+        tokio::select! {
+            read = read => Event::Read(read),
+            rung = alarm.rung() => Event::Rung(rung),
+            Some(done) = w.completed.recv() => Event::Completed(done),
+            ready = ring_ready(&backend.ring), if ring_busy => Event::Ring(ready),
+            drained = first_drained(&backend.tmf_waits), if !backend.tmf_waits.is_empty() => {
+                Event::Drained(drained)
+            }
+            reason = w.told.reason() => Event::Told(reason),
+        }
+    };
+    handle(door, backend, w, event, batch).await
+}
+
+async fn handle<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    w: &mut Waits<'_>,
+    event: Event,
+    batch: Option<Instant>,
+) -> Result<Woken, Closed> {
+    let closing = match event {
+        Event::Read(Ok(0)) => return Ok(Woken::End),
+        Event::Read(Ok(n)) => {
+            door.conn().buf.received(n);
+            false
+        }
+        Event::Read(Err(e)) => return Err(Closed::Io(e)),
+        Event::Rung(rung) => {
+            rung.map_err(Closed::timer)?;
+            return rung_at(door, backend, w, batch).await;
+        }
+        Event::Completed(done) => burst(door, backend, w, done),
+        Event::Ring(ready) => {
+            ready.map_err(|e| Closed::Failed(format!("io_uring: {e}")))?;
+            backend.reap_ring();
+            door.answered(backend)
+        }
+        Event::Drained(i) => finish_tmf(door, backend, i).await?,
+        Event::Told(reason) => {
+            tracing::info!(peer = %door.conn().peer, "closing the session: {reason}");
+            backend.close_reason = Some(Ended::Told(reason));
+            return Ok(Woken::End);
+        }
+    };
+    if closing {
+        // A TARGET COLD RESET answered once its last aborted task finished, say.
+        flush(door).await?;
+        return Ok(Woken::End);
+    }
+    Ok(Woken::Work)
+}
+
+/// The alarm rang: a batch's wait is over (what the low-water mark held back is read now),
+/// or the tick is due.
+async fn rung_at<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    w: &mut Waits<'_>,
+    batch: Option<Instant>,
+) -> Result<Woken, Closed> {
+    let now = Instant::now();
+    let batch_over = batch.is_some_and(|d| now >= d);
+    if batch_over {
+        let conn = door.conn();
+        if !conn.buf.read_held_back(&conn.stream)? {
+            return Ok(Woken::End);
+        }
+    }
+    if w.life.handle_timeout(now) && !tick(door, backend, w).await? {
+        return Ok(Woken::End);
+    }
+    Ok(if batch_over {
+        Woken::BatchOver
+    } else {
+        Woken::Work
+    })
+}
+
+/// Answers a completion and those that arrived meanwhile, in a single write: a device that
+/// completes in bursts (librbd's thread hands several over per wake-up) then costs one send,
+/// not one per command. True when the session ends.
+fn burst<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    w: &mut Waits<'_>,
+    done: Completed,
+) -> bool {
+    let mut closing = door.completed(backend, done);
+    while !closing {
+        door.stage();
+        if door.conn().out.len() >= TURN_BYTES_MAX {
+            break;
+        }
+        let Ok(done) = w.completed.try_recv() else {
+            break;
+        };
+        closing = door.completed(backend, done);
+    }
+    closing
+}
+
+/// A task management function whose LUs drained. Through a gateway that does not own the LU,
+/// the owner resets it too before the answer (its nexuses get the unit attention); this
+/// connection waits meanwhile, its LU holding new commands anyway. True when the session ends.
+async fn finish_tmf<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    drained: usize,
+) -> Result<bool, Closed> {
+    let wait = backend.tmf_waits.swap_remove(drained);
+    let wait = if wait.at_owner.is_some() {
+        tokio::task::spawn_blocking(move || {
+            wait.reset_at_owner();
+            wait
+        })
+        .await
+        .map_err(|e| Closed::Failed(format!("LUN reset at the owner: {e}")))?
+    } else {
+        wait
+    };
+    wait.apply();
+    let tag = wait.tag;
+    // The LUs take commands again (before the answer goes out).
+    drop(wait);
+    let closing = door.task_done(tag);
+    flush(door).await?;
+    Ok(closing)
+}
+
+/// The tick: the door's verdicts, then what is decided for an idle session too (a topology
+/// change, an RBD image's ownership lost, the shutdown or a removed portal). Shutdown is
+/// noticed here, within a second: a flag read once a second costs nothing, where a wake-up
+/// channel shared by every connection would be polled (and locked) on every turn. False when
+/// the session ends.
+async fn tick<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    w: &mut Waits<'_>,
+) -> Result<bool, Closed> {
+    door.conn().buf.shrink_if_idle();
+    w.wakeups.report();
+    backend.report_io();
+    let now = Instant::now();
+    let verdict = door.tick(backend, now, w.congested);
+    flush(door).await?;
+    if let Some(end) = verdict {
+        backend.close_reason = Some(end);
+        return Ok(false);
+    }
+    if !backend.still_admitted() {
+        return Ok(false);
+    }
+    if backend.lost_an_image() {
+        // A command this session holds could be stale (docs/RBD.md); the host logs in or
+        // connects again, and its new session ships to the new owner.
+        tracing::warn!(peer = %door.conn().peer, "closing the session: this gateway lost an RBD image it maps (the host reconnects to reach the new owner)");
+        backend.close_reason = Some(Ended::LostImage);
+        return Ok(false);
+    }
+    leave(door, backend, &mut w.life, now).await
+}
+
+/// The one rule for a session whose daemon shuts down or whose portal a reload removed: the
+/// host is asked to leave within the grace where its door can ask; a door that cannot is
+/// closed once nothing of its host's is outstanding; either is closed when the grace is over.
+async fn leave<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    life: &mut Lifecycle,
+    now: Instant,
+) -> Result<bool, Closed> {
+    let leaving = if backend.portal_gone {
+        Some(Ended::ListenerRemoved)
+    } else if backend.shared.is_shutting_down() {
+        Some(Ended::Shutdown)
+    } else {
+        None
+    };
+    let why = match leaving {
+        Some(Ended::ListenerRemoved) => "its portal was removed",
+        _ => "shutting down",
+    };
+    let grace_s = backend.shared.limits.shutdown_grace_s;
+    let peer = door.conn().peer;
+    match life.leave(now, leaving, D::CAN_ASK_TO_LEAVE, door.quiescent()) {
+        Leave::Stay => Ok(true),
+        Leave::Ask(within) => {
+            door.ask_to_leave(within);
+            flush(door).await?;
+            tracing::info!(%peer, "{why}: asked the initiator to log out within {grace_s} s");
+            Ok(true)
+        }
+        Leave::Close(close) => {
+            match close {
+                Ended::NoLogout => {
+                    tracing::warn!(%peer, "{why}: no logout within {grace_s} s; closing the session")
+                }
+                _ => tracing::info!(%peer, "{why}: closing the session"),
+            }
+            backend.close_reason = Some(close);
+            Ok(false)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap()
+    }
+
+    /// Whether `told` has a reason without waiting.
+    fn now_or_never(rt: &tokio::runtime::Runtime, told: &mut Told) -> Option<&'static str> {
+        rt.block_on(async {
+            tokio::select! {
+                biased;
+                r = told.reason() => Some(r),
+                () = std::future::ready(()) => None,
+            }
+        })
+    }
+
+    #[test]
+    fn a_session_is_told_to_close_by_either_watch_and_a_cleared_reason_closes_nothing() {
+        let rt = runtime();
+        let (registry, rx) = watch::channel(None);
+        let (controller, rx2) = watch::channel(None);
+        let mut told = Told::by(rx, Some("registry gone")).and(rx2, None);
+        assert_eq!(now_or_never(&rt, &mut told), None);
+        registry.send_replace(None);
+        assert_eq!(now_or_never(&rt, &mut told), None, "no reason: nothing");
+        controller.send_replace(Some("reinstated"));
+        assert_eq!(now_or_never(&rt, &mut told), Some("reinstated"));
+        // A sender that goes: its own reason, or nothing when it has none.
+        drop(controller);
+        assert_eq!(now_or_never(&rt, &mut told), None);
+        drop(registry);
+        assert_eq!(now_or_never(&rt, &mut told), Some("registry gone"));
+    }
+
+    /// The target's end of a loopback connection, and the initiator's.
+    fn pair(rt: &tokio::runtime::Runtime) -> (Wire, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let _entered = rt.enter();
+        (
+            Wire::Plain(tokio::net::TcpStream::from_std(server).unwrap()),
+            client,
+        )
+    }
+
+    #[test]
+    fn a_placed_payload_lands_in_place_and_its_padding_is_read_past() {
+        let rt = runtime();
+        let (mut wire, mut client) = pair(&rt);
+        let payload: Vec<u8> = (1..=10).collect();
+        // Three bytes were in the receive buffer; the rest, 2 bytes of padding, the next PDU.
+        client.write_all(&payload[3..]).unwrap();
+        client.write_all(&[0, 0]).unwrap();
+        client.write_all(b"NEXT").unwrap();
+        let mut dst = vec![0u8; 10];
+        dst[..3].copy_from_slice(&payload[..3]);
+        rt.block_on(async {
+            let mut alarm = Alarm::new().unwrap();
+            alarm.set(Instant::now() + Duration::from_secs(1)).unwrap();
+            read_placed(
+                &mut wire,
+                &mut dst,
+                3,
+                2,
+                &mut alarm,
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+            let mut next = [0u8; 4];
+            let mut got = 0;
+            while got < 4 {
+                got += wire.read(&mut next[got..]).await.unwrap();
+            }
+            assert_eq!(
+                &next, b"NEXT",
+                "the padding, and nothing more, was consumed"
+            );
+        });
+        assert_eq!(dst, payload);
+    }
+
+    #[test]
+    fn a_sender_that_stops_in_the_middle_of_a_payload_is_dropped_after_the_stall_bound() {
+        let rt = runtime();
+        let (mut wire, mut client) = pair(&rt);
+        client.write_all(&[9; 100]).unwrap();
+        let mut dst = vec![0u8; 1000];
+        let started = Instant::now();
+        let stall = Duration::from_millis(300);
+        let read = rt.block_on(async {
+            let mut alarm = Alarm::new().unwrap();
+            // The connection's next deadline (its tick) rings first; the bound holds anyway.
+            alarm
+                .set(Instant::now() + Duration::from_millis(50))
+                .unwrap();
+            read_placed(&mut wire, &mut dst, 0, 0, &mut alarm, stall).await
+        });
+        assert!(
+            matches!(&read, Err(Closed::Limit(why)) if why.contains("stalled")),
+            "{read:?}"
+        );
+        let waited = started.elapsed();
+        assert!(waited >= stall, "dropped before its bound: {waited:?}");
+        assert!(waited < Duration::from_secs(10), "not dropped: {waited:?}");
+        assert_eq!(&dst[..100], &[9; 100][..], "what came is in place");
+        drop(client);
+    }
+}

@@ -1,0 +1,91 @@
+//! A connection's byte stream, whichever door: the TCP socket itself, or TLS 1.3 over it (an
+//! NVMe/TCP queue whose host opened with a handshake, `nvme/wire.rs`). The driver reads and
+//! sends through it; what only a socket in the clear can do (receive coalescing, busy
+//! polling, sendfile) asks [`Wire::plain`].
+
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt as _;
+
+use seam::outbox::{Outbox, Part};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio_openssl::SslStream;
+
+use super::closed::Closed;
+
+/// Plain text gathered into one TLS write: a few records (16 KiB each).
+const TLS_WRITE_CHUNK: usize = 64 * 1024;
+
+pub(super) enum Wire {
+    Plain(TcpStream),
+    Tls(Box<SslStream<TcpStream>>),
+}
+
+impl Wire {
+    /// The socket, when the queue's bytes are its own (receive coalescing, busy polling and
+    /// the held-back read act on the socket, and so only in the clear).
+    pub(super) fn plain(&self) -> Option<&TcpStream> {
+        match self {
+            Wire::Plain(s) => Some(s),
+            Wire::Tls(_) => None,
+        }
+    }
+
+    /// Reads what has arrived (decrypted); 0 at the end of the stream. Cancel-safe.
+    pub(super) async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.read(buf).await,
+            Wire::Tls(s) => s.read(buf).await,
+        }
+    }
+
+    /// Sends everything queued in `out`, then clears it.
+    pub(super) async fn send(&mut self, out: &mut Outbox, peer: SocketAddr) -> Result<(), Closed> {
+        match self {
+            Wire::Plain(s) => super::send::send(s, out, peer).await,
+            Wire::Tls(s) => send_tls(s, out).await,
+        }
+    }
+
+    /// Writes without waiting (a termination request on the way out); a TLS queue writes
+    /// nothing here, as a record cannot be half sent.
+    pub(super) fn try_write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.try_write(bytes),
+            Wire::Tls(_) => Ok(0),
+        }
+    }
+}
+
+/// The outbox through TLS: its memory and file parts gathered into plain-text chunks, each
+/// written (encrypted) whole. No sendfile or vectored write: the bytes pass through OpenSSL.
+async fn send_tls(stream: &mut SslStream<TcpStream>, out: &mut Outbox) -> Result<(), Closed> {
+    if out.is_broken() {
+        return Err(Closed::Invariant("outbox invariant broken"));
+    }
+    let mut chunk: Vec<u8> = Vec::with_capacity(TLS_WRITE_CHUNK);
+    for part in out.parts() {
+        match *part {
+            Part::File { offset, len, .. } => {
+                let file = out
+                    .file(part)
+                    .ok_or(Closed::Invariant("outbox: file part without its file"))?;
+                let at = chunk.len();
+                chunk.resize(at + len, 0);
+                file.read_exact_at(&mut chunk[at..], offset)
+                    .map_err(|e| Closed::Failed(format!("reading the LU file to send: {e}")))?;
+            }
+            _ => chunk.extend_from_slice(out.slice(part)),
+        }
+        if chunk.len() >= TLS_WRITE_CHUNK {
+            stream.write_all(&chunk).await?;
+            chunk.clear();
+        }
+    }
+    if !chunk.is_empty() {
+        stream.write_all(&chunk).await?;
+    }
+    stream.flush().await?;
+    out.clear();
+    Ok(())
+}

@@ -287,6 +287,20 @@ pub struct Queue {
     sqsize: u16,
     /// The SQ head the last completion reported.
     sqhd: u16,
+    /// What was taken since [`Queue::take_counts`] last asked.
+    taken: Taken,
+}
+
+/// What a queue took from its host since it was last asked: the host's pipeline as the
+/// connection driver judges it (command capsules and what came with them; data PDUs apart, as
+/// iSCSI's Data-Out is).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub capsules: u32,
+    /// The capsules' bytes: headers and in-capsule data.
+    pub capsule_bytes: u64,
+    /// H2CData PDUs.
+    pub data_pdus: u32,
 }
 
 /// Data transfer direction of an opcode (bits 1:0): 01b host to controller.
@@ -322,6 +336,7 @@ impl Queue {
             sq_flow_disabled: false,
             sqsize: 0,
             sqhd: 0,
+            taken: Taken::default(),
         }
     }
 
@@ -467,6 +482,11 @@ impl Queue {
         })
     }
 
+    /// What was taken since the last call, resetting it.
+    pub fn take_counts(&mut self) -> Taken {
+        std::mem::take(&mut self.taken)
+    }
+
     /// Whether a write still waits for at least `min` bytes of data, in PDUs without
     /// digests: a reader then stops at each PDU's header, so that the data behind it can be
     /// received in place ([`Queue::placed_h2c`]).
@@ -555,6 +575,8 @@ impl Queue {
                 field: 0,
             }),
             PduType::CapsuleCmd => {
+                self.taken.capsules += 1;
+                self.taken.capsule_bytes += frame.len as u64;
                 let sqe = Sqe::from_slice(&header[CH_LEN..]).ok_or(Refusal {
                     status: Fatal::InvalidHeaderField,
                     field: 2,
@@ -721,6 +743,7 @@ impl Queue {
         ready: &mut Vec<Received>,
         refused: &mut Vec<Refused>,
     ) -> Result<(), Refusal> {
+        self.taken.data_pdus += 1;
         let (data_len, data_ok) = match input {
             Arrived::Here { data, data_ok } => (data.len(), data_ok),
             Arrived::InPlace => (frame.data_len, true),

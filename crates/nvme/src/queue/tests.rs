@@ -933,3 +933,34 @@ fn a_placed_h2c_whose_last_flag_lies_ends_the_connection_as_the_usual_way_does()
     );
     assert!(ready.is_empty());
 }
+
+#[test]
+fn the_queue_counts_capsules_and_data_pdus_apart() {
+    let mut q = queue((false, false));
+    assert_eq!(q.take_counts(), Taken::default());
+    let r2t = solicited(&mut q, 7, 8192);
+    let mut cap = Vec::new();
+    capsule(
+        &sqe(
+            WRITE,
+            8,
+            DataPointer::InCapsule {
+                offset: 0,
+                len: 4096,
+            },
+        ),
+        &[7; 4096],
+        (false, false),
+        &mut cap,
+    );
+    feed(&mut q, &cap);
+    feed(&mut q, &h2c(r2t, true, &[1; 8192], (false, false)));
+    let taken = q.take_counts();
+    assert_eq!((taken.capsules, taken.data_pdus), (2, 1));
+    assert_eq!(
+        taken.capsule_bytes,
+        (72 + 72 + 4096) as u64,
+        "headers and in-capsule data"
+    );
+    assert_eq!(q.take_counts(), Taken::default(), "taken once");
+}

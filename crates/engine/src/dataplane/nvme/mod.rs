@@ -479,7 +479,7 @@ impl Driver {
             .place(&mut |sqe, len| write_memory(backend, sqe, len));
         self.answer_refused(refused);
         refused.clear();
-        let activity = activity(ready, self.queue.open());
+        let activity = activity(self.queue.take_counts(), self.queue.open());
         // The receive buffer is lent to the commands (a write's in-capsule data goes from it
         // to the device); nothing reads the socket meanwhile.
         let rbuf = self.conn.buf.lend();
@@ -746,22 +746,20 @@ fn write_memory(
     backend.data_out_memory(scsi::lun_to_wire(lun), len)
 }
 
-/// What a turn's commands say of the host's pipeline, in the terms the worker's busy poll and
-/// the receive coalescer judge an iSCSI turn by: the commands and their bytes, how many were
-/// still in the target when they came, and the host's backlog. NVMe/TCP has no acknowledgement
-/// of answers (iSCSI's ExpStatSN), so the backlog is what the host had sent without waiting:
-/// the commands still in the target, or those that came together less the one it may have
-/// waited for (0 for a host that waits for each answer).
-fn activity(ready: &[Received], open_now: usize) -> seam::Activity {
-    let earlier = open_now.saturating_sub(ready.len()) as u32;
-    let together = ready.len().saturating_sub(1) as u32;
+/// What a turn's input says of the host's pipeline, in the terms the worker's busy poll and
+/// the receive coalescer judge an iSCSI turn by: the command capsules and their bytes, the
+/// data PDUs (as iSCSI's Data-Out), how many commands were still in the target when they came,
+/// and the host's backlog. NVMe/TCP has no acknowledgement of answers (iSCSI's ExpStatSN), so
+/// the backlog is what the host had sent without waiting: the commands still in the target,
+/// or those that came together less the one it may have waited for (0 for a host that waits
+/// for each answer).
+fn activity(taken: nvme::queue::Taken, open_now: usize) -> seam::Activity {
+    let earlier = (open_now as u32).saturating_sub(taken.capsules);
+    let together = taken.capsules.saturating_sub(1);
     seam::Activity {
-        commands: ready.len() as u32,
-        command_bytes: ready
-            .iter()
-            .map(|r| (nvme::pdu::PduType::CapsuleCmd.hlen() + r.data_len()) as u64)
-            .sum(),
-        other_pdus: 0,
+        commands: taken.capsules,
+        command_bytes: taken.capsule_bytes,
+        other_pdus: taken.data_pdus,
         initiator_backlog: earlier.max(together),
         in_flight: earlier,
     }
@@ -921,5 +919,24 @@ mod tests {
         assert_eq!(q.maxh2cdata, 4096);
         assert_eq!(q.solicited_max, TRANSFER_BYTES_MAX);
         assert_eq!(q.transfer_max, TRANSFER_BYTES_MAX);
+    }
+
+    #[test]
+    fn a_turns_activity_tells_a_waiting_host_from_a_pipelining_one_and_counts_data_apart() {
+        let taken = |capsules, data_pdus| nvme::queue::Taken {
+            capsules,
+            capsule_bytes: u64::from(capsules) * 72,
+            data_pdus,
+        };
+        // One command, nothing else in the target: a host that waits for each answer.
+        let a = activity(taken(1, 0), 1);
+        assert_eq!((a.commands, a.initiator_backlog, a.in_flight), (1, 0, 0));
+        // Eight that came together, or one while seven are running: a pipeline.
+        assert_eq!(activity(taken(8, 0), 8).initiator_backlog, 7);
+        let a = activity(taken(1, 0), 8);
+        assert_eq!((a.initiator_backlog, a.in_flight), (7, 7));
+        // A write's data is not a command: iSCSI's Data-Out counts the same way.
+        let a = activity(taken(0, 4), 3);
+        assert_eq!((a.commands, a.other_pdus, a.command_bytes), (0, 4, 0));
     }
 }

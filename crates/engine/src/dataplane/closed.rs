@@ -93,3 +93,41 @@ impl Closed {
         Closed::Failed(format!("timer: {e}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_closed_cleanly_says_so_and_any_other_end_says_why() {
+        let clean: Result<(), Closed> = Ok(());
+        assert_eq!(Closed::reason(&clean, None, "logout"), "logout");
+        // The target's reason wins over a clean close it caused.
+        let told = Some(Ended::Told("closed by ctl"));
+        assert_eq!(Closed::reason(&clean, told, "logout"), "closed by ctl");
+        let broken: Result<(), Closed> = Err(Closed::Limit("peer stalled"));
+        assert!(Closed::reason(&broken, None, "logout").contains("peer stalled"));
+    }
+
+    #[test]
+    fn every_reason_the_target_gives_is_words_not_a_code() {
+        let all = [
+            Ended::DeadPeer,
+            Ended::Idle,
+            Ended::KeepAliveTimeout,
+            Ended::DiscoveryIdle,
+            Ended::Shutdown,
+            Ended::NoLogout,
+            Ended::NotAuthenticated,
+            Ended::AuthenticationFailed,
+            Ended::QueueIdTaken,
+            Ended::LostImage,
+            Ended::ListenerRemoved,
+            Ended::NoLongerAdmitted("its group is gone"),
+            Ended::Told("reinstated"),
+        ];
+        let reasons: std::collections::HashSet<_> = all.iter().map(|e| e.reason()).collect();
+        assert_eq!(reasons.len(), all.len(), "each reason tells its end apart");
+        assert!(reasons.iter().all(|r| r.len() > 5));
+    }
+}

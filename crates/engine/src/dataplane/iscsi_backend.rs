@@ -121,3 +121,40 @@ pub(super) fn facts(established: &Established) -> DoorFacts {
         initial_r2t: p.initial_r2t,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use iscsi::negotiation::{SessionParams, SessionType};
+
+    use super::*;
+
+    #[test]
+    fn an_iscsi_session_shows_its_own_doors_facts() {
+        let limits = crate::config::Limits::default();
+        let mut params = SessionParams::rfc_defaults(&super::super::login::login_limits(&limits).1);
+        params.header_digest = true;
+        params.first_burst_length = 65_536;
+        let established = Established {
+            session_type: SessionType::Normal,
+            initiator_name: NodeName::from_wire("iqn.2026-12.test:i").unwrap(),
+            initiator_alias: None,
+            target_name: None,
+            portal_group_tag: 1,
+            isid: [0x40, 0, 0, 0, 0, 7],
+            tsih: 9,
+            cid: 3,
+            params,
+            chap_user: None,
+            next_stat_sn: 1,
+            exp_cmd_sn: 1,
+        };
+        let DoorFacts::Iscsi(f) = facts(&established) else {
+            panic!("an iSCSI session shows iSCSI facts");
+        };
+        assert_eq!((f.isid, f.cid), ([0x40, 0, 0, 0, 0, 7], 3));
+        assert!(f.header_digest && !f.data_digest);
+        assert_eq!(f.first_burst_length, 65_536);
+        assert_eq!(f.initial_r2t, params.initial_r2t);
+        assert_eq!(f.max_burst_length, params.max_burst_length);
+    }
+}

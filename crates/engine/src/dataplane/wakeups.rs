@@ -156,3 +156,79 @@ impl Wakeups {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The target's end of a loopback connection (the other end kept open by the caller).
+    fn socket(rt: &tokio::runtime::Runtime) -> (TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let _entered = rt.enter();
+        (TcpStream::from_std(server).unwrap(), client)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap()
+    }
+
+    /// A deep queue of small commands, sent without waiting for answers.
+    fn pipelined() -> Activity {
+        Activity {
+            commands: 8,
+            command_bytes: 8 * 48,
+            other_pdus: 0,
+            initiator_backlog: 32,
+            in_flight: 32,
+        }
+    }
+
+    #[test]
+    fn without_a_coalescing_wait_the_socket_is_never_held_back() {
+        let rt = runtime();
+        let (sock, _peer) = socket(&rt);
+        let mut w = Wakeups::new(Duration::ZERO, Arc::new(Metrics::new()));
+        let mut now = Instant::now();
+        for _ in 0..50 {
+            now += Duration::from_micros(20);
+            w.after_turn(&sock, &pipelined(), false, now);
+        }
+        assert_eq!(w.applied_low_water, 1);
+        assert_eq!(w.batch_deadline(), None);
+    }
+
+    #[test]
+    fn a_raised_low_water_mark_always_has_its_deadline_and_goes_back_to_one() {
+        let rt = runtime();
+        let (sock, _peer) = socket(&rt);
+        let mut w = Wakeups::new(Duration::from_micros(200), Arc::new(Metrics::new()));
+        assert!(w.set_low_water(&sock, 4096), "the kernel takes SO_RCVLOWAT");
+        assert_eq!(w.applied_low_water, 4096);
+        // A deadline only counts while the socket holds bytes back.
+        w.deadline = Some(Instant::now());
+        assert!(w.batch_deadline().is_some());
+        assert!(w.set_low_water(&sock, 1));
+        assert_eq!(w.applied_low_water, 1);
+        assert_eq!(w.batch_deadline(), None);
+    }
+
+    #[test]
+    fn batch_counts_reach_the_metrics_only_when_reported() {
+        let metrics = Arc::new(Metrics::new());
+        let mut w = Wakeups::new(Duration::from_micros(200), Arc::clone(&metrics));
+        w.batches = 3;
+        w.misses = 1;
+        assert!(!metrics.render().contains("receive_batches_total 3"));
+        w.report();
+        let text = metrics.render();
+        assert!(text.contains("receive_batches_total 3"), "{text}");
+        assert!(text.contains("receive_batch_misses_total 1"), "{text}");
+        assert_eq!((w.batches, w.misses), (0, 0), "reported once");
+    }
+}

@@ -89,3 +89,42 @@ async fn send_tls(stream: &mut SslStream<TcpStream>, out: &mut Outbox) -> Result
     out.clear();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+
+    use super::*;
+
+    #[test]
+    fn a_plain_wire_is_the_socket_both_ways() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let mut wire = {
+            let _entered = rt.enter();
+            Wire::Plain(TcpStream::from_std(server).unwrap())
+        };
+        assert!(
+            wire.plain().is_some(),
+            "coalescing and busy polling act on it"
+        );
+        client.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        let n = rt.block_on(wire.read(&mut got)).unwrap();
+        assert_eq!(&got[..n], &b"ping"[..n]);
+        let mut out = Outbox::new(2);
+        out.push_bytes(b"pong");
+        rt.block_on(wire.send(&mut out, peer)).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(wire.try_write(b"!").unwrap(), 1, "a write without waiting");
+        let mut back = [0u8; 5];
+        client.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"pong!");
+    }
+}

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use scsi::{LunEntry, LunMap, Nexus};
 use seam::outbox::ReadBuffers;
@@ -25,7 +25,6 @@ use crate::dataplane::route;
 use crate::io::group_commit::{Durability, GroupCommit};
 use crate::io::ring::{self, DeviceRing, RingOp};
 use crate::io::stall::WriteStalls;
-use crate::metrics::{IoCounts, LatencyCounts};
 use crate::shared::Shared;
 use crate::topology::{DiskLun, GroupRuntime, Topology};
 
@@ -133,15 +132,10 @@ pub(super) struct Backend<'a> {
     /// Where commands finished on another thread (the blocking pool, a store's own thread)
     /// send their answers.
     pub(super) answers: Answers,
-    /// Memory held by commands on the blocking pool (their Data-Out and expected Data-In). At
-    /// the budget the connection handles no further PDU until some complete: the initiator is
-    /// held back by TCP, and the worker never waits for the device itself.
-    pub(super) deferred_bytes: usize,
-    pub(super) deferred_bytes_max: usize,
+    /// Memory held by commands running elsewhere (`budget.rs`).
+    pub(super) budget: super::budget::Budget,
     /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
     pub(super) peer: SocketAddr,
-    /// What `ctl sessions` shows of this session (its counters get `io`'s once a second).
-    pub(super) info: Option<Arc<crate::admission::registry::SessionInfo>>,
     /// Why the session closed, when the target decided it (for the log).
     pub(super) close_reason: Option<Ended>,
     /// A reload closed the listener the session came in through (or moved it to another
@@ -167,16 +161,8 @@ pub(super) struct Backend<'a> {
     pub(super) nexus: Option<Nexus>,
     pub(super) local: SocketAddr,
     pub(super) portal_group_tag: u16,
-    /// I/O per mapped LUN since the last report to the shared metrics (once a second).
-    pub(super) io: Vec<DeviceIo>,
-    /// When the current turn started handling PDUs: a command is complete in the target then.
-    pub(super) turn_started: Instant,
-    /// Reads and writes (slot in `io`, op index) run inline this turn; their latency is taken once, when
-    /// the turn has queued all its responses.
-    pub(super) turn_inline: Vec<(usize, usize)>,
-    /// When the last turn that ran reads or writes inline had queued its responses: the
-    /// coalescer plans from it instead of reading the clock again (one read per turn saved).
-    pub(super) turn_ended: Option<Instant>,
+    /// What the session's commands counted, and when its turn started (`meter.rs`).
+    pub(super) meter: super::meter::Meter,
     /// Resets (LU, target) and CLEAR TASK SETs waiting for their LUs' commands to finish.
     pub(super) tmf_waits: Vec<TmfWait>,
     /// This connection's io_uring for direct-I/O LUNs, made at the first such command.
@@ -366,27 +352,6 @@ pub(super) async fn ring_ready<T>(ring: &Option<DeviceRing<T>>) -> std::io::Resu
     }
 }
 
-/// One LUN's I/O on this connection, counted without atomics.
-pub(super) struct DeviceIo {
-    pub(super) lun: u64,
-    pub(super) device: Arc<str>,
-    pub(super) counts: IoCounts,
-    /// Latencies of reads ([`OP_READ`]) and writes ([`OP_WRITE`]).
-    pub(super) latency: [LatencyCounts; 2],
-}
-
-pub(super) const OP_READ: usize = 0;
-pub(super) const OP_WRITE: usize = 1;
-pub(super) const OP_NAMES: [&str; 2] = ["read", "write"];
-
-pub(super) fn op_index(kind: scsi::IoKind) -> Option<usize> {
-    match kind {
-        scsi::IoKind::Read => Some(OP_READ),
-        scsi::IoKind::Write => Some(OP_WRITE),
-        scsi::IoKind::Other => None,
-    }
-}
-
 /// Who a backend serves: the session's (or NVMe queue's) identity and where it came from.
 pub(super) struct Party {
     pub(super) door: crate::admission::Door,
@@ -416,8 +381,12 @@ impl<'s> Backend<'s> {
                 completions,
                 flag: busy_poll::completion_flag(),
             },
-            deferred_bytes: 0,
-            deferred_bytes_max: shared.limits.memory_per_connection_bytes as usize,
+            budget: super::budget::Budget::new(shared.limits.memory_per_connection_bytes as usize),
+            meter: super::meter::Meter::new(
+                Arc::clone(&shared.metrics),
+                party.peer,
+                party.initiator.clone(),
+            ),
             peer: party.peer,
             topology: Arc::clone(topology),
             admitted: party.admitted,
@@ -429,10 +398,6 @@ impl<'s> Backend<'s> {
             nexus: None,
             local: party.local,
             portal_group_tag: party.portal_group_tag,
-            io: Vec::new(),
-            turn_started: Instant::now(),
-            turn_inline: Vec::new(),
-            turn_ended: None,
             tmf_waits: Vec::new(),
             ring: None,
             ring_failed: false,
@@ -441,7 +406,6 @@ impl<'s> Backend<'s> {
             ring_finished: Vec::new(),
             group_commits: Vec::new(),
             loan: Loan::default(),
-            info: None,
             close_reason: None,
             portal_gone: false,
             routed: None,
@@ -451,121 +415,31 @@ impl<'s> Backend<'s> {
     /// A command finished elsewhere is back: the budget it held given back, its I/O and
     /// latency counted (`data_bytes`: its Data-In or Data-Out, as the transport moved it).
     pub(super) fn settle(&mut self, done: &Completed) {
-        debug_assert!(
-            self.deferred_bytes >= done.held_bytes,
-            "a completion gives back no more of the budget than its command took"
-        );
-        self.deferred_bytes = self.deferred_bytes.saturating_sub(done.held_bytes);
+        self.budget.release(done.held_bytes);
         let lent_bytes = done.lent.as_ref().map_or(0, |(_, range)| range.len());
         let data_bytes = match done.kind {
             scsi::IoKind::Read => (done.data_in.len() + lent_bytes).min(done.expected_len as usize),
             _ => done.data_out_bytes,
         };
-        let slot = self.record_io(
+        let slot = self.meter.record_io(
             done.lun,
             done.kind,
             done.outcome.status,
             &done.sense,
             data_bytes,
         );
-        if let (Some(slot), Some(op)) = (slot, op_index(done.kind)) {
-            self.record_latency(slot, op, done.started.elapsed());
+        if let (Some(slot), Some(op)) = (slot, super::meter::op_index(done.kind)) {
+            self.meter.record_latency(slot, op, done.started.elapsed());
         }
     }
 }
 
 impl Backend<'_> {
-    /// Counts one finished command: `data_bytes` is its Data-In (reads) or Data-Out (writes).
-    /// Returns the LUN's slot in `io` (None for a LUN not mapped to this session) for the
-    /// command's other statistics, so the slot is looked up once per command.
-    pub(super) fn record_io(
-        &mut self,
-        lun: u64,
-        kind: scsi::IoKind,
-        status: u8,
-        sense: &[u8],
-        data_bytes: usize,
-    ) -> Option<usize> {
-        let index = self.io.iter().position(|d| d.lun == lun)?;
-        let slot = self.io.get_mut(index)?;
-        let good = status == 0;
-        let counts = &mut slot.counts;
-        if !good {
-            match crate::metrics::error_cause(status, sense) {
-                Some(cause) => {
-                    if let Some(n) = counts.errors.get_mut(cause) {
-                        // A limit of the target's refused the command: said once per
-                        // connection, LUN and second (counts are reset once a second).
-                        if *n == 0
-                            && crate::metrics::ERROR_CAUSES.get(cause)
-                                == Some(&"insufficient_resources")
-                        {
-                            tracing::warn!(peer = %self.peer, initiator = %self.initiator, lun, device = %slot.device, "a command was refused for lack of resources (INSUFFICIENT RESOURCES, 55h): e.g. the device's persistent reservation registrations are at their limit ({})", scsi::REGISTRATIONS_MAX);
-                        }
-                        *n += 1;
-                    }
-                }
-                None => counts.unit_attentions += 1,
-            }
-        }
-        let bytes = if good { data_bytes as u64 } else { 0 };
-        match kind {
-            scsi::IoKind::Read => {
-                counts.reads += 1;
-                counts.read_bytes += bytes;
-            }
-            scsi::IoKind::Write => {
-                counts.writes += 1;
-                counts.write_bytes += bytes;
-            }
-            scsi::IoKind::Other => {}
-        }
-        Some(index)
-    }
-
-    /// Counts the latency of one read or write of the LUN in slot `slot` of `io`.
-    pub(super) fn record_latency(&mut self, slot: usize, op: usize, latency: Duration) {
-        if let Some(counts) = self
-            .io
-            .get_mut(slot)
-            .and_then(|device| device.latency.get_mut(op))
-        {
-            counts.observe(latency);
-        }
-    }
-
-    /// The turn has queued its responses: the reads and writes it ran inline took until now.
-    pub(super) fn finish_turn(&mut self) {
-        if self.turn_inline.is_empty() {
-            self.turn_ended = None;
-            return;
-        }
-        let ended = Instant::now();
-        self.turn_ended = Some(ended);
-        let latency = ended.saturating_duration_since(self.turn_started);
-        let mut inline = std::mem::take(&mut self.turn_inline);
-        for &(slot, op) in &inline {
-            self.record_latency(slot, op, latency);
-        }
-        inline.clear();
-        self.turn_inline = inline;
-    }
-
-    /// Adds what this connection counted to the shared per-device metrics.
     /// Takes the LUN map (and what goes with it) of `group` for this session.
     pub(super) fn use_group(&mut self, group: &GroupRuntime) {
         self.luns = Some(Arc::clone(&group.luns));
         self.disk_luns = Arc::clone(&group.disk_luns);
-        self.io = group
-            .lun_devices
-            .iter()
-            .map(|(lun, device)| DeviceIo {
-                lun: *lun,
-                device: Arc::clone(device),
-                counts: IoCounts::default(),
-                latency: [LatencyCounts::default(); 2],
-            })
-            .collect();
+        self.meter.count_for(&group.lun_devices);
     }
 
     /// Moves the session to the newest topology, if a reload published one: admitted again by
@@ -660,7 +534,7 @@ impl Backend<'_> {
             self.disk_luns = Arc::clone(&group.disk_luns);
         } else {
             // Counts so far go to the devices they were made on.
-            self.report_io();
+            self.meter.report_io();
             self.use_group(group);
         }
     }
@@ -730,69 +604,6 @@ impl Backend<'_> {
         }
     }
 
-    pub(super) fn report_io(&mut self) {
-        for slot in &mut self.io {
-            if slot.counts != IoCounts::default() {
-                self.shared.metrics.add_io(&slot.device, &slot.counts);
-                if let Some(info) = &self.info {
-                    let c = &slot.counts;
-                    info.add_io(c.reads, c.writes, c.read_bytes, c.write_bytes);
-                    if let Some(target) = &info.target {
-                        self.shared
-                            .metrics
-                            .add_initiator_io(target, &info.initiator, c);
-                    }
-                }
-                slot.counts = IoCounts::default();
-            }
-            for (op, counts) in slot.latency.iter_mut().enumerate() {
-                if counts.count > 0 {
-                    let name = OP_NAMES.get(op).copied().unwrap_or("other");
-                    self.shared.metrics.add_latency(&slot.device, name, counts);
-                    if let Some(info) = &self.info {
-                        info.add_latency(op, counts);
-                    }
-                    *counts = LatencyCounts::default();
-                }
-            }
-        }
-    }
-
-    /// Counts a command run inline in the device's I/O metrics (its latency at the turn's end).
-    pub(super) fn record_inline(
-        &mut self,
-        lun: u64,
-        req: &ScsiRequest<'_>,
-        data_in: &[u8],
-        lent: &Loan,
-        sense: &[u8],
-        status: u8,
-    ) {
-        let kind = scsi::io_kind(req.cdb);
-        let data_bytes = match kind {
-            scsi::IoKind::Read => {
-                // Per the ScsiBackend contract `lent` arrived empty and `data_in` now holds exactly
-                // the Data-In (a reused read buffer's old length says nothing).
-                let lent_bytes: usize = lent
-                    .slices
-                    .iter()
-                    .map(|(_, range)| range.len())
-                    .sum::<usize>()
-                    + lent.file.as_ref().map_or(0, |(_, _, len)| *len);
-                (data_in.len() + lent_bytes).min(req.expected_len as usize)
-            }
-            _ => req.data_out.len(),
-        };
-        if let Some(slot) = self.record_io(lun, kind, status, sense, data_bytes) {
-            if let Some(op) = op_index(kind) {
-                self.turn_inline.push((slot, op));
-            }
-            if let (Some((_, _, len)), Some(device)) = (&lent.file, self.io.get_mut(slot)) {
-                device.counts.sendfile_bytes += (*len).min(req.expected_len as usize) as u64;
-            }
-        }
-    }
-
     /// Runs a deferred command whole on tokio's blocking pool (where waiting is fine); its
     /// answer comes back to this connection.
     pub(super) fn run_blocking(
@@ -823,9 +634,9 @@ impl Backend<'_> {
         };
         let held_bytes =
             Self::held_bytes(command.data_out.len(), command.read, command.expected_len) + long;
-        self.deferred_bytes += held_bytes;
+        self.budget.hold(held_bytes);
         let answers = self.answers.clone();
-        let started = self.turn_started;
+        let started = self.meter.turn_started;
         // The LU overwrites a read's recycled buffer whole (and clears it for other commands).
         let mut data_in = if command.read {
             buffers.take()
@@ -986,7 +797,7 @@ impl Backend<'_> {
             lun,
             io,
             lu,
-            started: self.turn_started,
+            started: self.meter.turn_started,
             held_bytes,
             data_out_bytes,
             _hold: hold,
@@ -1034,7 +845,7 @@ impl Backend<'_> {
         };
         match ring.push(op, file, offset, buf, RingTag::Command(tag)) {
             Ok(()) => {
-                self.deferred_bytes += held_bytes;
+                self.budget.hold(held_bytes);
                 // A long turn hands its I/Os to the kernel in groups instead of all at its end:
                 // the device starts on the first ones while the rest are decoded (4 KiB random
                 // reads at QD64 +13 %, ~0.3 µs more CPU per I/O; after every push: +10 % at
@@ -1077,8 +888,8 @@ impl Backend<'_> {
     ) {
         let data_out_bytes = command.data_out.len();
         let held_bytes = Self::held_bytes(data_out_bytes, command.read, command.expected_len);
-        self.deferred_bytes += held_bytes;
-        let held = (self.turn_started, held_bytes, data_out_bytes);
+        self.budget.hold(held_bytes);
+        let held = (self.meter.turn_started, held_bytes, data_out_bytes);
         let answer = Completed::answering(command, lun, completion, Vec::new(), held);
         self.answered.push(answer);
     }
@@ -1114,9 +925,9 @@ impl Backend<'_> {
         let Some((op, buf)) = async_io(&io, &mut command, buffers) else {
             return Err(command);
         };
-        self.deferred_bytes += held_bytes;
+        self.budget.hold(held_bytes);
         let answers = self.answers.clone();
-        let started = self.turn_started;
+        let started = self.meter.turn_started;
         let finishing = Arc::clone(&lu);
         let done: store::AsyncDone = Box::new(move |buf, result| {
             if let Err(e) = &result {
@@ -1204,9 +1015,9 @@ impl Backend<'_> {
             data_out: shipped_data,
             data_in_limit: command.expected_len,
         };
-        self.deferred_bytes += held_bytes;
+        self.budget.hold(held_bytes);
         let answers = self.answers.clone();
-        let started = self.turn_started;
+        let started = self.meter.turn_started;
         let done: scsi::ShipDone = Box::new(move |completion, data_in| {
             let held = (started, held_bytes, data_out_bytes);
             answers.send(Completed::answering(
@@ -1385,7 +1196,7 @@ impl Backend<'_> {
 
     /// Whether commands already on the blocking pool hold the connection's whole budget.
     pub(super) fn congested(&self) -> bool {
-        self.deferred_bytes >= self.deferred_bytes_max
+        self.budget.congested()
     }
 
     /// Memory a command holds while it runs on the blocking pool: its Data-Out, and the Data-In
@@ -1680,7 +1491,8 @@ impl ScsiBackend for Backend<'_> {
             }
         }
         let outcome = outcome_of(&completion, sense);
-        self.record_inline(lun, req, data_in, lent, sense, outcome.status);
+        self.meter
+            .record_inline(lun, req, data_in, lent, sense, outcome.status);
         Execution::Done(outcome)
     }
 

@@ -130,7 +130,7 @@ async fn run(
     let info = session_info(at, &established);
     log_established(at, &established);
     ticket.describe(Arc::clone(&info));
-    backend.info = Some(info);
+    backend.meter.info = Some(info);
     let established_at = Instant::now();
     let sessions = shared
         .metrics
@@ -273,7 +273,7 @@ fn end_session(
     established_at: Instant,
     result: &Result<(), Closed>,
 ) {
-    backend.report_io();
+    backend.meter.report_io();
     backend
         .shared
         .metrics
@@ -385,7 +385,7 @@ impl Door for IscsiDoor {
     /// Handles the complete PDUs in the buffer, stopping early once a turn's responses reach
     /// `TURN_BYTES_MAX` or the backend is congested, so memory stays bounded.
     fn input(&mut self, backend: &mut Backend<'_>) -> Result<Turn, Closed> {
-        let now = backend.turn_started;
+        let now = backend.meter.turn_started;
         let framing: Framing = self.session.framing();
         let more = |close| Turn {
             close,
@@ -536,14 +536,14 @@ impl IscsiDoor {
         let pad = pdu::padded(len) - len;
         driver::read_placed(&mut self.conn.stream, dst, have, pad, alarm, stall).await?;
         let now = Instant::now();
-        backend.turn_started = now;
+        backend.meter.turn_started = now;
         let flow = if opcode == Some(Opcode::DataOut) {
             session.handle_placed_data_out(&bhs, now, backend, &mut self.conn.out)
         } else {
             session.handle_placed_command(now, backend, &mut self.conn.out)
         };
         self.last_pdu_long = true;
-        backend.finish_turn();
+        backend.meter.finish_turn();
         self.conn.flush().await?;
         Ok(Some(flow))
     }

@@ -355,7 +355,7 @@ async fn turns<D: Door>(
                 Some(false) => continue,
                 None => {}
             }
-            let now = backend.turn_ended.take().unwrap_or_else(Instant::now);
+            let now = backend.meter.turn_ended.take().unwrap_or_else(Instant::now);
             plan_wakeup(door, w, now);
             door.conn().buf.make_room();
         }
@@ -378,12 +378,12 @@ fn turn<D: Door>(door: &mut D, backend: &mut Backend<'_>) -> Result<Turn, Closed
             drained: true,
         });
     }
-    backend.turn_started = Instant::now();
+    backend.meter.turn_started = Instant::now();
     let input = door.input(backend);
     backend.submit_ring();
     backend.reap_ring();
     let closing = door.answered(backend);
-    backend.finish_turn();
+    backend.meter.finish_turn();
     let turn = input?;
     Ok(Turn {
         close: turn.close || closing,
@@ -592,7 +592,7 @@ async fn tick<D: Door>(
 ) -> Result<bool, Closed> {
     door.conn().buf.shrink_if_idle();
     w.wakeups.report();
-    backend.report_io();
+    backend.meter.report_io();
     let now = Instant::now();
     let verdict = door.tick(backend, now, w.congested);
     flush(door).await?;

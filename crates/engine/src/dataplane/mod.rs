@@ -3,6 +3,7 @@
 
 pub(crate) mod alarm;
 mod backend;
+mod budget;
 pub(crate) mod busy_poll;
 pub mod closed;
 pub mod coalesce;
@@ -11,6 +12,7 @@ mod driver;
 mod iscsi_backend;
 pub(crate) mod lifecycle;
 mod login;
+mod meter;
 pub mod nvme;
 mod recv;
 pub mod route;

@@ -261,7 +261,7 @@ impl Driver {
         )
         .await;
         let role = door.role;
-        backend.report_io();
+        backend.meter.report_io();
         shared.metrics.nvme_queues.dec();
         self.end(shared, &role, &backend, &result);
         result
@@ -452,7 +452,7 @@ impl Driver {
         let mut backend = Backend::new(shared, &topology, party, completions);
         backend.nexus = entry.nexus.clone();
         // The controller's I/O and latency, whichever queue carried it.
-        backend.info = entry.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        backend.meter.info = entry.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some((_, group)) = entry
             .admitted
             .membership()
@@ -531,14 +531,14 @@ impl Driver {
             self.terminate();
             return Err(Closed::Protocol(format!("NVMe/TCP: {fatal:?}")));
         }
-        backend.turn_started = Instant::now();
+        backend.meter.turn_started = Instant::now();
         self.answer_refused(refused);
         refused.clear();
         for r in ready.iter_mut() {
             self.command(role, backend, life, r, &[]);
         }
         ready.clear();
-        backend.finish_turn();
+        backend.meter.finish_turn();
         self.flush().await?;
         Ok(self.closing)
     }

@@ -939,4 +939,82 @@ mod tests {
         let a = activity(taken(0, 4), 3);
         assert_eq!((a.commands, a.other_pdus, a.command_bytes), (0, 4, 0));
     }
+
+    /// A queue's driver on one end of a loopback connection (the host's end returned).
+    fn queue(rt: &tokio::runtime::Runtime) -> (Driver, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let _entered = rt.enter();
+        let limits = crate::config::Limits::default();
+        let driver = Driver {
+            conn: Conn::new(
+                wire::Wire::Plain(TcpStream::from_std(server).unwrap()),
+                largest_pdu(&limits),
+                peer,
+            ),
+            at: connect::Arrival {
+                peer,
+                local: peer,
+                portal_group_tag: 1,
+                discovery_only: false,
+                tls: None,
+            },
+            out: Vec::new(),
+            queue: Queue::new(queue_limits(&limits)),
+            qid: 1,
+            qid_held: false,
+            fused: None,
+            fused_pairs: Vec::new(),
+            reports: Vec::new(),
+            synced: Vec::new(),
+            closing: false,
+            auth: None,
+            auth_deadline: None,
+            auth_chosen: None,
+        };
+        (driver, client)
+    }
+
+    #[test]
+    fn while_a_write_waits_for_long_data_reads_stop_at_each_header_so_it_lands_in_place() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        let (mut d, _host) = queue(&rt);
+        let mut host = nvme::host::HostQueue::new();
+        let mut bytes = Vec::new();
+        host.icreq((false, false), &mut bytes);
+        let (mut ready, mut refused) = (Vec::new(), Vec::new());
+        d.queue
+            .receive(&bytes, &mut d.out, &mut ready, &mut refused)
+            .unwrap();
+        assert!(d.queue.initialized());
+        assert_eq!(
+            d.read_end(),
+            d.conn.buf.capacity(),
+            "nothing awaited: full reads"
+        );
+        // A 128 KiB write: solicited with an R2T, its data still to come.
+        let mut sqe = nvme::sqe::Sqe([0; nvme::sqe::SQE_LEN]);
+        sqe.0[0] = nvme::nvm::opcode::WRITE;
+        let mut capsule = Vec::new();
+        host.submit(sqe, vec![5; 128 * 1024], 0, &mut capsule);
+        d.queue
+            .receive(&capsule, &mut d.out, &mut ready, &mut refused)
+            .unwrap();
+        assert!(
+            ready.is_empty() && refused.is_empty(),
+            "waiting for its data"
+        );
+        let header = nvme::pdu::PduType::H2CData.hlen();
+        assert_eq!(
+            d.read_end(),
+            header,
+            "nothing buffered: the next header alone"
+        );
+        assert!(d.h2c_in_place().is_none(), "no header yet");
+    }
 }

@@ -462,11 +462,12 @@ impl Queue {
         let ch: &[u8; CH_LEN] = buf.get(..CH_LEN)?.try_into().ok()?;
         let frame = pdu::frame(ch, &self.accept).ok()?;
         let plain = !frame.header_digest && !frame.data_digest;
-        if frame.pdu_type != PduType::H2CData || !plain || frame.data_len < min {
+        let long = frame.data_len >= min.max(1);
+        if frame.pdu_type != PduType::H2CData || !plain || !long {
             return None;
         }
         let header = buf.get(..frame.data_offset)?;
-        let t = Transfer::parse(&header[..frame.hlen])?;
+        let t = Transfer::parse(header.get(..frame.hlen)?)?;
         let a = self
             .awaiting
             .iter()
@@ -518,7 +519,8 @@ impl Queue {
         ready: &mut Vec<Received>,
         refused: &mut Vec<Refused>,
     ) -> Result<(), Fatal> {
-        let header = &h2c.header[..h2c.frame.hlen];
+        // `placed_h2c` kept the header up to the data, which follows the PDU header.
+        let header = h2c.header.get(..h2c.frame.hlen).unwrap_or(&h2c.header);
         match self.h2c_data(&h2c.frame, header, Arrived::InPlace, ready, refused) {
             Ok(()) => {
                 self.solicit_waiting(out);

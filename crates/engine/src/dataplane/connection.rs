@@ -553,7 +553,7 @@ impl IscsiDoor {
     /// immediate data, then their Data-Out) — a read ends with the next PDU's header: with
     /// nothing buffered, the header alone; in the middle of a long PDU, that PDU's rest and the
     /// header after it. A long write payload then goes straight into place
-    /// ([`Driver::receive_in_place`]) instead of arriving in this buffer whole and being copied
+    /// ([`IscsiDoor::receive_in_place`]) instead of arriving in this buffer whole and being copied
     /// out of it: one more `recv` per long PDU instead of a copy of up to 256 KiB. Otherwise
     /// (short PDUs) reads fill the buffer.
     fn read_end(&self) -> usize {
@@ -572,54 +572,23 @@ impl IscsiDoor {
                 _ => return full,
             }
         };
-        // Never an empty range: a read into one returns 0, which means the peer closed.
-        let stop = stop.min(full);
-        if stop > buf.end() {
-            stop
-        } else {
-            full
-        }
+        buf.stop_at(stop)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use iscsi::negotiation::SessionParams;
-    use iscsi::negotiation::SessionType;
 
     use super::*;
     use crate::dataplane::recv::RecvBuf;
-
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap()
-    }
+    use crate::dataplane::testing::{loopback, runtime};
 
     /// A logged-in session's door on one end of a loopback connection (the other end kept).
     fn door(rt: &tokio::runtime::Runtime) -> (IscsiDoor, std::net::TcpStream) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let _entered = rt.enter();
-        let wire = Wire::Plain(TcpStream::from_std(server).unwrap());
+        let (target, client, peer) = loopback(rt);
+        let wire = Wire::Plain(target);
         let limits = crate::config::Limits::default();
-        let established = Established {
-            session_type: SessionType::Normal,
-            initiator_name: NodeName::from_wire("iqn.2026-12.test:i").unwrap(),
-            initiator_alias: None,
-            target_name: None,
-            portal_group_tag: 1,
-            isid: [0; 6],
-            tsih: 1,
-            cid: 0,
-            params: SessionParams::rfc_defaults(&login_limits(&limits).1),
-            chap_user: None,
-            next_stat_sn: 1,
-            exp_cmd_sn: 1,
-        };
+        let established = super::super::login::established_for_test(&limits);
         let door = IscsiDoor {
             conn: Conn::new(wire, largest_pdu(&limits), peer),
             session: new_session(&established, &limits),

@@ -661,13 +661,7 @@ mod tests {
     use std::io::Write as _;
 
     use super::*;
-
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap()
-    }
+    use crate::dataplane::testing::{loopback, runtime};
 
     /// Whether `told` has a reason without waiting.
     fn now_or_never(rt: &tokio::runtime::Runtime, told: &mut Told) -> Option<&'static str> {
@@ -698,23 +692,11 @@ mod tests {
         assert_eq!(now_or_never(&rt, &mut told), Some("registry gone"));
     }
 
-    /// The target's end of a loopback connection, and the initiator's.
-    fn pair(rt: &tokio::runtime::Runtime) -> (Wire, std::net::TcpStream) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let _entered = rt.enter();
-        (
-            Wire::Plain(tokio::net::TcpStream::from_std(server).unwrap()),
-            client,
-        )
-    }
-
     #[test]
     fn a_placed_payload_lands_in_place_and_its_padding_is_read_past() {
         let rt = runtime();
-        let (mut wire, mut client) = pair(&rt);
+        let (target, mut client, _) = loopback(&rt);
+        let mut wire = Wire::Plain(target);
         let payload: Vec<u8> = (1..=10).collect();
         // Three bytes were in the receive buffer; the rest, 2 bytes of padding, the next PDU.
         client.write_all(&payload[3..]).unwrap();
@@ -751,7 +733,8 @@ mod tests {
     #[test]
     fn a_sender_that_stops_in_the_middle_of_a_payload_is_dropped_after_the_stall_bound() {
         let rt = runtime();
-        let (mut wire, mut client) = pair(&rt);
+        let (target, mut client, _) = loopback(&rt);
+        let mut wire = Wire::Plain(target);
         client.write_all(&[9; 100]).unwrap();
         let mut dst = vec![0u8; 1000];
         let started = Instant::now();

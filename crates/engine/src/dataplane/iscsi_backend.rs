@@ -124,30 +124,17 @@ pub(super) fn facts(established: &Established) -> DoorFacts {
 
 #[cfg(test)]
 mod tests {
-    use iscsi::negotiation::{SessionParams, SessionType};
-
     use super::*;
 
     #[test]
     fn an_iscsi_session_shows_its_own_doors_facts() {
         let limits = crate::config::Limits::default();
-        let mut params = SessionParams::rfc_defaults(&super::super::login::login_limits(&limits).1);
-        params.header_digest = true;
-        params.first_burst_length = 65_536;
-        let established = Established {
-            session_type: SessionType::Normal,
-            initiator_name: NodeName::from_wire("iqn.2026-12.test:i").unwrap(),
-            initiator_alias: None,
-            target_name: None,
-            portal_group_tag: 1,
-            isid: [0x40, 0, 0, 0, 0, 7],
-            tsih: 9,
-            cid: 3,
-            params,
-            chap_user: None,
-            next_stat_sn: 1,
-            exp_cmd_sn: 1,
-        };
+        let mut established = super::super::login::established_for_test(&limits);
+        established.isid = [0x40, 0, 0, 0, 0, 7];
+        established.cid = 3;
+        established.params.header_digest = true;
+        established.params.first_burst_length = 65_536;
+        let params = established.params;
         let DoorFacts::Iscsi(f) = facts(&established) else {
             panic!("an iSCSI session shows iSCSI facts");
         };

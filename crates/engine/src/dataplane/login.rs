@@ -357,6 +357,27 @@ pub(super) fn initial_stat_sn() -> u32 {
     nanos.max(1)
 }
 
+/// A normal session's login as a test makes one: the RFC defaults under `limits`, the
+/// initiator `iqn.2026-12.test:i`, TSIH 1, CID 0, ISID 0.
+#[cfg(test)]
+pub(super) fn established_for_test(limits: &crate::config::Limits) -> Established {
+    Established {
+        session_type: SessionType::Normal,
+        initiator_name: crate::config::NodeName::from_wire("iqn.2026-12.test:i")
+            .expect("a valid IQN"),
+        initiator_alias: None,
+        target_name: None,
+        portal_group_tag: 1,
+        isid: [0; 6],
+        tsih: 1,
+        cid: 0,
+        params: iscsi::negotiation::SessionParams::rfc_defaults(&login_limits(limits).1),
+        chap_user: None,
+        next_stat_sn: 1,
+        exp_cmd_sn: 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,8 @@ mod recv;
 pub mod route;
 mod send;
 pub(crate) mod sys;
+#[cfg(test)]
+mod testing;
 mod wakeups;
 mod wire;
 

@@ -63,6 +63,18 @@ impl RecvBuf {
         self.buf.len()
     }
 
+    /// Where a read stops for a door that wants it to end at `stop` (the next header, say):
+    /// there, within the buffer, unless that leaves nothing to read into — a read into an
+    /// empty range returns 0, which means the peer closed — then at the buffer's end.
+    pub(super) fn stop_at(&self, stop: usize) -> usize {
+        let stop = stop.min(self.buf.len());
+        if stop > self.end {
+            stop
+        } else {
+            self.buf.len()
+        }
+    }
+
     /// `n` bytes of the pending input were handled.
     pub(super) fn consume(&mut self, n: usize) {
         debug_assert!(

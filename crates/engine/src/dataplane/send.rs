@@ -108,17 +108,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-
-    /// A connected pair on loopback: the sending end for tokio, the receiving end blocking.
-    fn pair(rt: &tokio::runtime::Runtime) -> (TcpStream, std::net::TcpStream, SocketAddr) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = std::net::TcpStream::connect(addr).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let _entered = rt.enter();
-        (TcpStream::from_std(server).unwrap(), client, peer)
-    }
+    use crate::dataplane::testing::{loopback, runtime};
 
     /// A file of the test's own, gone with it (sendfile reads a memfd as any file).
     fn scratch_file() -> std::fs::File {
@@ -126,17 +116,10 @@ mod tests {
         std::fs::File::from(fd)
     }
 
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap()
-    }
-
     #[test]
     fn headers_payloads_and_file_ranges_go_out_in_their_order_and_the_outbox_empties() {
         let rt = runtime();
-        let (mut stream, mut client, peer) = pair(&rt);
+        let (mut stream, mut client, peer) = loopback(&rt);
         let mut file = scratch_file();
         let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         file.write_all(&content).unwrap();
@@ -170,7 +153,7 @@ mod tests {
     #[test]
     fn a_file_shorter_than_its_range_closes_the_connection_instead_of_sending_less() {
         let rt = runtime();
-        let (mut stream, _client, peer) = pair(&rt);
+        let (mut stream, _client, peer) = loopback(&rt);
         let mut file = scratch_file();
         file.write_all(&[1u8; 4096]).unwrap();
         let mut out = Outbox::new(4);
@@ -186,7 +169,7 @@ mod tests {
     #[test]
     fn a_peer_that_closed_ends_the_send_with_an_error() {
         let rt = runtime();
-        let (mut stream, client, peer) = pair(&rt);
+        let (mut stream, client, peer) = loopback(&rt);
         drop(client);
         let mut out = Outbox::new(4);
         let big = out.adopt(vec![0u8; 8 << 20]);

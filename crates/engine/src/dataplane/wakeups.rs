@@ -160,23 +160,7 @@ impl Wakeups {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The target's end of a loopback connection (the other end kept open by the caller).
-    fn socket(rt: &tokio::runtime::Runtime) -> (TcpStream, std::net::TcpStream) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let _entered = rt.enter();
-        (TcpStream::from_std(server).unwrap(), client)
-    }
-
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap()
-    }
+    use crate::dataplane::testing::{loopback, runtime};
 
     /// A deep queue of small commands, sent without waiting for answers.
     fn pipelined() -> Activity {
@@ -192,7 +176,7 @@ mod tests {
     #[test]
     fn without_a_coalescing_wait_the_socket_is_never_held_back() {
         let rt = runtime();
-        let (sock, _peer) = socket(&rt);
+        let (sock, _host, _) = loopback(&rt);
         let mut w = Wakeups::new(Duration::ZERO, Arc::new(Metrics::new()));
         let mut now = Instant::now();
         for _ in 0..50 {
@@ -206,7 +190,7 @@ mod tests {
     #[test]
     fn a_raised_low_water_mark_always_has_its_deadline_and_goes_back_to_one() {
         let rt = runtime();
-        let (sock, _peer) = socket(&rt);
+        let (sock, _host, _) = loopback(&rt);
         let mut w = Wakeups::new(Duration::from_micros(200), Arc::new(Metrics::new()));
         assert!(w.set_low_water(&sock, 4096), "the kernel takes SO_RCVLOWAT");
         assert_eq!(w.applied_low_water, 4096);

@@ -95,21 +95,13 @@ mod tests {
     use std::io::{Read as _, Write as _};
 
     use super::*;
+    use crate::dataplane::testing::{loopback, runtime};
 
     #[test]
     fn a_plain_wire_is_the_socket_both_ways() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let mut wire = {
-            let _entered = rt.enter();
-            Wire::Plain(TcpStream::from_std(server).unwrap())
-        };
+        let rt = runtime();
+        let (target, mut client, peer) = loopback(&rt);
+        let mut wire = Wire::Plain(target);
         assert!(
             wire.plain().is_some(),
             "coalescing and busy polling act on it"

@@ -477,6 +477,7 @@ impl Driver {
         // data can arrive (their R2Ts go out with this turn's answers).
         self.queue
             .place(&mut |sqe, len| write_memory(backend, sqe, len));
+        // Refusals answered first: the activity counts what stays open.
         self.answer_refused(refused);
         refused.clear();
         let activity = activity(self.queue.take_counts(), self.queue.open());
@@ -484,14 +485,28 @@ impl Driver {
         // to the device); nothing reads the socket meanwhile.
         let rbuf = self.conn.buf.lend();
         let input = &rbuf[base..self.conn.buf.end()];
-        // Borrowed, not moved out: a command is read in place, copied only to be kept.
+        self.run_ready(role, backend, life, (ready, refused), input);
+        self.conn.buf.restore(rbuf);
+        self.conn.buf.make_room();
+        Ok(activity)
+    }
+
+    /// Answers the commands the transport refused and runs those taken (`input`: where their
+    /// in-capsule data lies, read in place, copied only to be kept); both lists end empty.
+    fn run_ready(
+        &mut self,
+        role: &Role,
+        backend: &mut Backend<'_>,
+        life: &mut io::Life,
+        (ready, refused): (&mut Vec<Received>, &mut Vec<Refused>),
+        input: &[u8],
+    ) {
+        self.answer_refused(refused);
+        refused.clear();
         for r in ready.iter_mut() {
             self.command(role, backend, life, r, input);
         }
         ready.clear();
-        self.conn.buf.restore(rbuf);
-        self.conn.buf.make_room();
-        Ok(activity)
     }
 
     /// When the receive buffer ends in the first part of an H2CData PDU with a long payload
@@ -532,12 +547,7 @@ impl Driver {
             return Err(Closed::Protocol(format!("NVMe/TCP: {fatal:?}")));
         }
         backend.meter.turn_started = Instant::now();
-        self.answer_refused(refused);
-        refused.clear();
-        for r in ready.iter_mut() {
-            self.command(role, backend, life, r, &[]);
-        }
-        ready.clear();
+        self.run_ready(role, backend, life, (ready, refused), &[]);
         backend.meter.finish_turn();
         self.flush().await?;
         Ok(self.closing)
@@ -564,13 +574,7 @@ impl Driver {
                 _ => return full,
             }
         };
-        // Never an empty range: a read into one returns 0, which means the peer closed.
-        let stop = stop.min(full);
-        if stop > buf.end() {
-            stop
-        } else {
-            full
-        }
+        buf.stop_at(stop)
     }
 
     /// At a tick: the authentication deadline, and for an admin queue the keep-alive and the
@@ -942,18 +946,10 @@ mod tests {
 
     /// A queue's driver on one end of a loopback connection (the host's end returned).
     fn queue(rt: &tokio::runtime::Runtime) -> (Driver, std::net::TcpStream) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let _entered = rt.enter();
+        let (target, client, peer) = crate::dataplane::testing::loopback(rt);
         let limits = crate::config::Limits::default();
         let driver = Driver {
-            conn: Conn::new(
-                wire::Wire::Plain(TcpStream::from_std(server).unwrap()),
-                largest_pdu(&limits),
-                peer,
-            ),
+            conn: Conn::new(wire::Wire::Plain(target), largest_pdu(&limits), peer),
             at: connect::Arrival {
                 peer,
                 local: peer,
@@ -979,10 +975,7 @@ mod tests {
 
     #[test]
     fn while_a_write_waits_for_long_data_reads_stop_at_each_header_so_it_lands_in_place() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap();
+        let rt = crate::dataplane::testing::runtime();
         let (mut d, _host) = queue(&rt);
         let mut host = nvme::host::HostQueue::new();
         let mut bytes = Vec::new();

@@ -814,13 +814,18 @@ fn the_sq_head_walks_the_hosts_ring_and_is_ffffh_without_flow_control() {
     assert_eq!(q.next_sqhd(), crate::sqe::SQHD_DISABLED);
 }
 
-/// Solicits a write of `len` bytes as command `cid`; returns its R2T.
+/// Solicits a write of `len` bytes as command `cid` on a queue without digests; returns its
+/// R2T.
 fn solicited(q: &mut Queue, cid: u16, len: u32) -> Transfer {
+    solicited_with(q, cid, len, (false, false))
+}
+
+fn solicited_with(q: &mut Queue, cid: u16, len: u32, digests: (bool, bool)) -> Transfer {
     let mut cap = Vec::new();
     capsule(
         &sqe(WRITE, cid, DataPointer::Transport { len }),
         &[],
-        (false, false),
+        digests,
         &mut cap,
     );
     let r2t = r2ts(&feed(q, &cap).out);
@@ -898,22 +903,11 @@ fn h2c_data_out_of_order_with_digests_or_for_no_write_takes_the_usual_way() {
     assert_eq!(q.placed_data(&h).unwrap().len(), 8192);
     // With digests nothing is taken in place.
     let mut dq = queue((true, true));
-    let r2t = solicited_with_digests(&mut dq, 5, 8192);
+    let r2t = solicited_with(&mut dq, 5, 8192, (true, true));
     assert!(!dq.awaits_data(1));
     assert!(dq
         .placed_h2c(&h2c(r2t, true, &data, (true, true)), 1)
         .is_none());
-}
-
-fn solicited_with_digests(q: &mut Queue, cid: u16, len: u32) -> Transfer {
-    let mut cap = Vec::new();
-    capsule(
-        &sqe(WRITE, cid, DataPointer::Transport { len }),
-        &[],
-        (true, true),
-        &mut cap,
-    );
-    r2ts(&feed(q, &cap).out)[0]
 }
 
 #[test]

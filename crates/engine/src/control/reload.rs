@@ -2,7 +2,7 @@
 //! changes, or why the new one cannot be applied live (a pure function, unit-tested);
 //! [`apply`] is the only place with effects: it opens added devices, grows resized ones,
 //! publishes the next topology and closes removed devices once their last command is done.
-//! Sessions move to the new topology at their next turn (`dataplane/backend.rs`, `follow_topology`).
+//! Sessions move to the new topology at their next turn (`dataplane/view.rs`, `View::follow`).
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -3,11 +3,10 @@
 //! to the blocking pool — one entry (`ScsiBackend::defer`), one prelude (`Backend::hold`,
 //! `Backend::plan`), one completion type (`Completed`) delivered back to the connection.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use scsi::{LunEntry, LunMap, Nexus};
+use scsi::{LunEntry, Nexus};
 use seam::outbox::ReadBuffers;
 use seam::{
     DataOutBuf, DataOutMemory, DeferredCommand, Execution, Loan, ScsiBackend, ScsiOutcome,
@@ -18,15 +17,13 @@ use crate::dataplane::busy_poll;
 use crate::dataplane::closed::Ended;
 use crate::dataplane::sys;
 
-use crate::admission::Refusal;
-use crate::admission::{Admitted, Standing};
-use crate::config::NodeName;
 use crate::dataplane::route;
+use crate::dataplane::view::{Verdict, View};
 use crate::io::group_commit::{Durability, GroupCommit};
 use crate::io::ring::{self, DeviceRing, RingOp};
 use crate::io::stall::WriteStalls;
 use crate::shared::Shared;
-use crate::topology::{DiskLun, GroupRuntime, Topology};
+use crate::topology::{GroupRuntime, Topology};
 
 /// What a command of unbounded cost (`scsi::runs_long`: EXTENDED COPY, WRITE SAME, UNMAP)
 /// counts against its connection's `memory_per_connection_bytes` while it runs on the I/O
@@ -126,41 +123,18 @@ impl Answers {
 
 pub(super) struct Backend<'a> {
     pub(super) shared: &'a Shared,
-    /// LUNs of this session backed by a real disk: durable operations, and buffered writes while
-    /// the device stalls, run on the blocking pool.
-    pub(super) disk_luns: Arc<Vec<DiskLun>>,
     /// Where commands finished on another thread (the blocking pool, a store's own thread)
     /// send their answers.
     pub(super) answers: Answers,
     /// Memory held by commands running elsewhere (`budget.rs`).
     pub(super) budget: super::budget::Budget,
-    /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
-    pub(super) peer: SocketAddr,
     /// Why the session closed, when the target decided it (for the log).
     pub(super) close_reason: Option<Ended>,
-    /// A reload closed the listener the session came in through (or moved it to another
-    /// portal group): an iSCSI session is asked to log out, as at shutdown.
-    pub(super) portal_gone: bool,
     /// The route `execute` decided for the command it just deferred, for the `defer` that
     /// follows it at once (tag, route).
     pub(super) routed: Option<(u32, route::Route)>,
-    /// The topology the session's LUN map and membership come from; replaced by a newer one at
-    /// the start of a turn after a reload ([`Backend::follow_topology`]).
-    pub(super) topology: Arc<Topology>,
-    /// The session's target, group and login proof (normal sessions), decided at login and
-    /// confirmed by every topology since ([`Backend::follow_topology`]); its membership is
-    /// `topology`'s.
-    pub(super) admitted: Admitted,
-    /// The session's target (normal sessions): its IQN, or its NQN through the NVMe door.
-    pub(super) target_name: Option<NodeName>,
-    pub(super) door: crate::admission::Door,
-    /// What the connection's TLS handshake proved (an NVMe/TCP queue over TLS).
-    pub(super) tls: Option<crate::admission::TlsProof>,
-    pub(super) initiator: NodeName,
-    pub(super) luns: Option<Arc<LunMap>>,
-    pub(super) nexus: Option<Nexus>,
-    pub(super) local: SocketAddr,
-    pub(super) portal_group_tag: u16,
+    /// Who the session is, the topology it runs on, its LUN map and nexus (`view.rs`).
+    pub(super) view: View,
     /// What the session's commands counted, and when its turn started (`meter.rs`).
     pub(super) meter: super::meter::Meter,
     /// Resets (LU, target) and CLEAR TASK SETs waiting for their LUs' commands to finish.
@@ -352,31 +326,17 @@ pub(super) async fn ring_ready<T>(ring: &Option<DeviceRing<T>>) -> std::io::Resu
     }
 }
 
-/// Who a backend serves: the session's (or NVMe queue's) identity and where it came from.
-pub(super) struct Party {
-    pub(super) door: crate::admission::Door,
-    pub(super) tls: Option<crate::admission::TlsProof>,
-    pub(super) admitted: Admitted,
-    /// Its target's name for this door (IQN or NQN; None for discovery).
-    pub(super) target_name: Option<NodeName>,
-    pub(super) initiator: NodeName,
-    pub(super) peer: SocketAddr,
-    pub(super) local: SocketAddr,
-    pub(super) portal_group_tag: u16,
-}
-
 impl<'s> Backend<'s> {
     /// A backend for `party` under `topology`, its answers to `completions`; its nexus and
     /// LUN map are set next.
     pub(super) fn new(
         shared: &'s Shared,
         topology: &Arc<Topology>,
-        party: Party,
+        party: super::view::Party,
         completions: tokio::sync::mpsc::UnboundedSender<Completed>,
     ) -> Backend<'s> {
         Backend {
             shared,
-            disk_luns: Arc::new(Vec::new()),
             answers: Answers {
                 completions,
                 flag: busy_poll::completion_flag(),
@@ -387,17 +347,7 @@ impl<'s> Backend<'s> {
                 party.peer,
                 party.initiator.clone(),
             ),
-            peer: party.peer,
-            topology: Arc::clone(topology),
-            admitted: party.admitted,
-            target_name: party.target_name,
-            door: party.door,
-            tls: party.tls,
-            initiator: party.initiator,
-            luns: None,
-            nexus: None,
-            local: party.local,
-            portal_group_tag: party.portal_group_tag,
+            view: View::new(party, topology),
             tmf_waits: Vec::new(),
             ring: None,
             ring_failed: false,
@@ -407,7 +357,6 @@ impl<'s> Backend<'s> {
             group_commits: Vec::new(),
             loan: Loan::default(),
             close_reason: None,
-            portal_gone: false,
             routed: None,
         }
     }
@@ -437,130 +386,46 @@ impl<'s> Backend<'s> {
 impl Backend<'_> {
     /// Takes the LUN map (and what goes with it) of `group` for this session.
     pub(super) fn use_group(&mut self, group: &GroupRuntime) {
-        self.luns = Some(Arc::clone(&group.luns));
-        self.disk_luns = Arc::clone(&group.disk_luns);
+        self.view.use_group(group);
         self.meter.count_for(&group.lun_devices);
     }
 
-    /// Moves the session to the newest topology, if a reload published one: admitted again by
-    /// the login's own decision ([`Topology::readmit`]), then its group's LUN map as the
-    /// reload left it, with REPORTED LUNS DATA HAS CHANGED on its nexus when that map changed.
-    /// `Err` when the answer changed (its target, portal or group is gone, its initiator or
-    /// source no longer belongs, it belongs to another group now, or its login's proof no
-    /// longer meets the group's authentication): the session must close.
-    /// Called at the start of a turn, when no command of the turn is half-handled, and by the
-    /// once-a-second tick, so an idle session is closed too.
-    pub(super) fn follow_topology(&mut self) -> Result<(), Refusal> {
-        let next = self.shared.topology();
-        if next.generation == self.topology.generation {
-            return Ok(());
-        }
-        let standing = Standing {
-            door: self.door,
-            tls: self.tls.as_ref(),
-            initiator: &self.initiator,
-            target_name: self.target_name.as_ref(),
-            portal_group_tag: self.portal_group_tag,
-            source: self.peer.ip(),
-        };
-        let admitted = next.readmit(&standing, &self.admitted)?;
-        let group = admitted.membership().and_then(|m| next.group_of(m));
-        if let Some((target, group)) = group {
-            self.follow_lun_map(group);
-            self.follow_port(target);
-        }
-        self.admitted = admitted;
-        self.topology = next;
-        Ok(())
-    }
-
-    /// Takes the session's target port of a newer topology when its ALUA states changed (a
-    /// live `alua_state` change). A shipped nexus keeps its own: its states are the owner's.
-    fn follow_port(&mut self, target: &crate::topology::TargetRuntime) {
-        let Some(nexus) = &mut self.nexus else {
-            return;
-        };
-        match target.ports.get(&self.portal_group_tag) {
-            Some(port) if !nexus.target_port.shipped && port.groups != nexus.target_port.groups => {
-                nexus.target_port = if nexus.target_port.relative_id == scsi::ANY_PORT {
-                    // An NVMe host's nexus keeps its port ID (its registrations are the host's).
-                    Arc::new(port.any_port())
-                } else {
-                    debug_assert_eq!(port.relative_id, nexus.target_port.relative_id);
-                    Arc::clone(port)
-                };
-            }
-            _ => {}
-        }
-    }
-
-    /// Takes `group`'s LUN map of a newer topology (the session's own group).
-    /// The session's nexus becomes known to `lu`, which then gives it unit attentions: the
-    /// one rule for the login and for a map change that brings the LU. Only through the iSCSI
-    /// door: NVMe has no unit attentions (docs/NVME.md), so an NVMe nexus is never given one.
-    pub(super) fn nexus_joins(&self, lu: &scsi::LogicalUnit) {
-        if let (Some(nexus), true) = (&self.nexus, self.door.gives_unit_attentions()) {
-            lu.nexus_added(nexus.id);
-        }
-    }
-
-    pub(super) fn follow_lun_map(&mut self, group: &GroupRuntime) {
-        let unchanged = self
-            .luns
-            .as_deref()
-            .is_some_and(|old| same_lun_map(old, &group.luns));
-        if let (Some(nexus), false) = (&self.nexus, unchanged) {
-            let old: &[LunEntry] = self.luns.as_deref().map_or(&[], LunMap::entries);
-            let reaches = |entries: &[LunEntry], lu: &Arc<scsi::LogicalUnit>| {
-                entries.iter().any(|e| Arc::ptr_eq(&e.lu, lu))
-            };
-            for entry in group.luns.entries() {
-                if !reaches(old, &entry.lu) {
-                    self.nexus_joins(&entry.lu);
-                }
-            }
-            for entry in old {
-                if !reaches(group.luns.entries(), &entry.lu) {
-                    entry.lu.nexus_lost(nexus.id);
-                }
-            }
-            for entry in group.luns.entries() {
-                entry.lu.reported_luns_changed_for(nexus.id);
-            }
-        }
-        if unchanged {
-            // The same LUNs: only the new topology's handles, nothing for the initiator to see.
-            self.luns = Some(Arc::clone(&group.luns));
-            self.disk_luns = Arc::clone(&group.disk_luns);
-        } else {
-            // Counts so far go to the devices they were made on.
-            self.meter.report_io();
-            self.use_group(group);
-        }
-    }
-
     /// Whether the session may go on: at once while the topology it runs on is the current
-    /// one, else as [`Backend::follow_or_close`] decides. Every door asks this, at every turn
-    /// and tick.
+    /// one, else as [`View::follow`] decides, with the log line, the metric and the close
+    /// reason of its verdict. Every door asks this, at every turn and tick.
     pub(super) fn still_admitted(&mut self) -> bool {
-        self.shared.generation() == self.topology.generation || self.follow_or_close()
-    }
-
-    /// [`Backend::follow_topology`]; on `Err`, the log line, the metric and the close reason.
-    pub(super) fn follow_or_close(&mut self) -> bool {
-        if self.portal_gone {
-            // Asked to log out: it ends within the grace on the map it had.
+        if self.shared.generation() == self.view.topology.generation {
             return true;
         }
-        match self.follow_topology() {
-            // Its portal group went (the target stays, elsewhere): told like its listener.
-            Err(Refusal::NotOnThisPortal) => self.portal_is_gone(),
-            Ok(()) if self.listener_gone() => self.portal_is_gone(),
-            Ok(()) => true,
-            Err(refusal) => {
+        match self
+            .view
+            .follow(self.shared.topology(), &self.shared.listening)
+        {
+            Verdict::Stay { map_changed: false } => true,
+            Verdict::Stay { map_changed: true } => {
+                // Counts so far go to the devices they were made on.
+                self.meter.report_io();
+                if let Some((_, group)) = self.view.group() {
+                    self.meter.count_for(&group.lun_devices);
+                }
+                true
+            }
+            Verdict::PortalGone => {
+                // It leaves at its next tick as at shutdown (`driver.rs`: an iSCSI host is
+                // asked to log out; an NVMe/TCP queue closes once its commands are answered,
+                // its host reconnecting through its other paths).
                 tracing::warn!(
-                    peer = %self.peer,
-                    initiator = %self.initiator,
+                    peer = %self.view.peer,
+                    initiator = %self.view.initiator,
+                    portal = %self.view.local,
+                    "the portal this session came in through was removed (or moved to another portal group)"
+                );
+                true
+            }
+            Verdict::Close(refusal) => {
+                tracing::warn!(
+                    peer = %self.view.peer,
+                    initiator = %self.view.initiator,
                     reason = refusal.reason(),
                     "closing the session after a change: a login now would not be admitted to the same group with the same proof"
                 );
@@ -568,39 +433,6 @@ impl Backend<'_> {
                 self.close_reason = Some(Ended::NoLongerAdmitted(refusal.reason()));
                 false
             }
-        }
-    }
-
-    /// The session's listener is gone: the session leaves at its next tick as at shutdown
-    /// (`driver.rs`: an iSCSI host is asked to log out; an NVMe/TCP queue closes once its
-    /// commands are answered, its host reconnecting through its other paths).
-    fn portal_is_gone(&mut self) -> bool {
-        tracing::warn!(
-            peer = %self.peer,
-            initiator = %self.initiator,
-            portal = %self.local,
-            "the portal this session came in through was removed (or moved to another portal group)"
-        );
-        self.portal_gone = true;
-        true
-    }
-
-    /// Whether the listener this connection came in through is gone, or serves another
-    /// portal group now (a reload changed the portal groups).
-    fn listener_gone(&self) -> bool {
-        !self.portal_gone
-            && !(self.shared.listening).reaches(self.door, self.portal_group_tag, self.local)
-    }
-
-    /// Whether this gateway lost the ownership of an RBD image the session maps since the
-    /// session's nexus was made.
-    pub(super) fn lost_an_image(&self) -> bool {
-        match (&self.luns, &self.nexus) {
-            (Some(luns), Some(nexus)) => luns
-                .entries()
-                .iter()
-                .any(|e| e.lu.nexus_outlived_ownership(nexus)),
-            _ => false,
         }
     }
 
@@ -612,7 +444,7 @@ impl Backend<'_> {
         lun: u64,
         buffers: &mut ReadBuffers<'_>,
     ) {
-        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+        let (Some(luns), Some(nexus)) = (&self.view.luns, &self.view.nexus) else {
             debug_assert!(false, "only commands of a session with LUNs are deferred");
             return;
         };
@@ -621,6 +453,7 @@ impl Backend<'_> {
         let (luns, nexus) = (Arc::clone(luns), nexus.clone());
         // Buffered writes are watched there too: they keep the device's hold while they stall.
         let stalls = self
+            .view
             .disk_lu(lun)
             .filter(|(_, entry)| entry.lu.is_buffered_write(&command.cdb))
             .map(|(disk, _)| Arc::clone(&disk.stalls));
@@ -683,7 +516,7 @@ impl Backend<'_> {
         lun: u64,
         takes: impl FnOnce(&LunEntry, &Nexus) -> bool,
     ) -> Option<Held> {
-        let (luns, nexus) = (self.luns.as_ref()?, self.nexus.as_ref()?);
+        let (luns, nexus) = (self.view.luns.as_ref()?, self.view.nexus.as_ref()?);
         let entry = luns.get(lun).filter(|entry| takes(entry, nexus))?;
         let hold = entry.lu.in_flight().try_begin_owned(nexus.id)?;
         let data_out_bytes = command.data_out.len();
@@ -699,7 +532,7 @@ impl Backend<'_> {
     /// Plans a held command: its I/O, or its answer (a check failed, nothing to move; sent
     /// at the end of the turn), or back to run whole where waiting is fine.
     pub(super) fn plan(&mut self, held: &Held, command: DeferredCommand, lun: u64) -> Planned {
-        let Some(nexus) = self.nexus.as_ref() else {
+        let Some(nexus) = self.view.nexus.as_ref() else {
             return Planned::Execute(command);
         };
         let cmd = scsi::Command {
@@ -751,6 +584,7 @@ impl Backend<'_> {
         lun: u64,
     ) -> Result<(), DeferredCommand> {
         let Some(direct) = self
+            .view
             .disk_luns
             .iter()
             .find(|d| d.lun == lun)
@@ -823,7 +657,7 @@ impl Backend<'_> {
                 true
             }
             Err(e) => {
-                tracing::warn!(peer = %self.peer, "io_uring ring: {e}: direct I/O of this connection runs on the I/O threads");
+                tracing::warn!(peer = %self.view.peer, "io_uring ring: {e}: direct I/O of this connection runs on the I/O threads");
                 self.ring_failed = true;
                 false
             }
@@ -987,7 +821,7 @@ impl Backend<'_> {
             data_out: &command.data_out,
             data_in_limit: command.expected_len,
         };
-        let Some(nexus) = self.nexus.as_ref() else {
+        let Some(nexus) = self.view.nexus.as_ref() else {
             return Err(command);
         };
         if let Err(completion) = held.lu.admit_for_owner(nexus, &cmd, held.read_only) {
@@ -1039,7 +873,7 @@ impl Backend<'_> {
         if let Some(ring) = self.ring.as_mut() {
             if let Err(e) = ring.submit() {
                 // They stay queued and go with the next submit.
-                tracing::debug!(peer = %self.peer, "io_uring submit: {e}");
+                tracing::debug!(peer = %self.view.peer, "io_uring submit: {e}");
             }
             // The worker's busy poll learns device waits apart from initiator waits.
             let in_flight = ring.in_flight();
@@ -1208,7 +1042,7 @@ impl Backend<'_> {
     /// The facts of `cdb` on LUN `lun` and the one route decision from them
     /// ([`route::route`]); with the time read for a buffered write's stall watch.
     pub(super) fn route(&self, lun: u64, cdb: &[u8]) -> (route::Route, Option<Instant>) {
-        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+        let (Some(luns), Some(nexus)) = (&self.view.luns, &self.view.nexus) else {
             return (route::Route::Inline, None);
         };
         let entry = luns.get(lun);
@@ -1218,7 +1052,7 @@ impl Backend<'_> {
             disk: None,
         };
         let mut started = None;
-        if let Some((disk, entry)) = self.disk_lu(lun) {
+        if let Some((disk, entry)) = self.view.disk_lu(lun) {
             // Each fact only where the decision reads it: this runs for every command.
             let lu = &entry.lu;
             let plans = scsi::plans(cdb);
@@ -1242,7 +1076,7 @@ impl Backend<'_> {
         }
         let route = route::route(&facts);
         if route == route::Route::Offload {
-            if let Some((disk, _)) = self.disk_lu(lun) {
+            if let Some((disk, _)) = self.view.disk_lu(lun) {
                 disk.stalls.offloaded();
             }
         }
@@ -1258,12 +1092,6 @@ impl Backend<'_> {
         );
         self.routed = Some((tag, route));
         Execution::Deferred
-    }
-
-    /// The LU behind `lun` and its device's stall state, when it is backed by a real disk.
-    pub(super) fn disk_lu(&self, lun: u64) -> Option<(&DiskLun, &LunEntry)> {
-        let disk = self.disk_luns.iter().find(|d| d.lun == lun)?;
-        Some((disk, self.luns.as_deref()?.get(lun)?))
     }
 }
 
@@ -1436,7 +1264,7 @@ impl ScsiBackend for Backend<'_> {
         lent: &mut Loan,
         sense: &mut Vec<u8>,
     ) -> Execution {
-        let (Some(luns), Some(nexus)) = (&self.luns, &self.nexus) else {
+        let (Some(luns), Some(nexus)) = (&self.view.luns, &self.view.nexus) else {
             data_in.clear();
             return Execution::Done(ScsiOutcome {
                 status: 0x02,
@@ -1452,6 +1280,7 @@ impl ScsiBackend for Backend<'_> {
         // the kernel making them wait.
         let buffered_write = match (route, started) {
             (route::Route::InlineWatched, Some(started)) => self
+                .view
                 .disk_lu(lun)
                 .map(|(disk, _)| (&disk.stalls, StallProbe::start(started))),
             _ => None,
@@ -1522,25 +1351,28 @@ impl ScsiBackend for Backend<'_> {
     }
 
     fn lun_exists(&mut self, lun: [u8; 8]) -> bool {
-        self.luns
+        self.view
+            .luns
             .as_ref()
             .is_some_and(|m| m.get(scsi::lun_from_wire(lun)).is_some())
     }
 
     fn task_management(&mut self, tag: u32, function: TmfFunction, lun: [u8; 8]) -> TmfAnswer {
-        let by = self.nexus.as_ref().map_or(0, |n| n.id);
+        let by = self.view.nexus.as_ref().map_or(0, |n| n.id);
         // The LUs whose every command (of any session) must finish first.
         let units: Vec<Arc<scsi::LogicalUnit>> = match function {
             TmfFunction::LogicalUnitReset | TmfFunction::ClearTaskSet => self
+                .view
                 .luns
                 .as_ref()
                 .and_then(|m| m.get(scsi::lun_from_wire(lun)))
                 .map(|entry| vec![Arc::clone(&entry.lu)])
                 .unwrap_or_default(),
             TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => self
+                .view
                 .admitted
                 .membership()
-                .and_then(|m| self.topology.targets.get(m.target))
+                .and_then(|m| self.view.topology.targets.get(m.target))
                 .map(|t| t.units.clone())
                 .unwrap_or_default(),
             // ABORT TASK SET concerns this nexus's tasks only, which the session waits for.
@@ -1550,7 +1382,7 @@ impl ScsiBackend for Backend<'_> {
             return TmfAnswer::Now(seam::tmf_response::COMPLETE);
         }
         let mut wait = TmfWait::new(tag, function, by, units);
-        wait.at_owner = self.nexus.clone().filter(|nexus| {
+        wait.at_owner = self.view.nexus.clone().filter(|nexus| {
             function == TmfFunction::LogicalUnitReset
                 && wait
                     .units
@@ -1567,7 +1399,8 @@ impl ScsiBackend for Backend<'_> {
         if len == 0 || self.ring_failed {
             return None;
         }
-        self.disk_luns
+        self.view
+            .disk_luns
             .iter()
             .find(|d| d.lun == lun)?
             .ring
@@ -1575,14 +1408,4 @@ impl ScsiBackend for Backend<'_> {
         let buf = DIRECT_BUFFERS.with(|pool| pool.take(len))?;
         Some(Box::new(DirectDataOut(buf)))
     }
-}
-
-/// Whether two LUN maps show an initiator the same LUNs: same numbers, same LUs, same
-/// read-only flags.
-pub(super) fn same_lun_map(a: &LunMap, b: &LunMap) -> bool {
-    a.entries().len() == b.entries().len()
-        && a.entries()
-            .iter()
-            .zip(b.entries())
-            .all(|(x, y)| x.lun == y.lun && Arc::ptr_eq(&x.lu, &y.lu) && x.read_only == y.read_only)
 }

@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 
 use crate::dataplane::alarm::Alarm;
 
-use super::backend::{Backend, Completed, Party};
+use super::backend::{Backend, Completed};
 use super::closed::{Closed, Ended};
 use super::driver::{self, Conn, Door, Told, Turn, TURN_BYTES_MAX};
 use super::iscsi_backend::{deliver, deliver_answered, facts};
@@ -22,6 +22,7 @@ use super::lifecycle::Lifecycle;
 use super::login::{
     initial_stat_sn, logged_in, login_limits, new_session, nexus_of, target_shown, LoggedIn, Policy,
 };
+use super::view::Party;
 use super::wire::Wire;
 
 use crate::admission::doors::ConnectionGuard;
@@ -116,9 +117,9 @@ async fn run(
     let mut backend = backend(shared, at, &topology, admitted, &established, completions);
     if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
         if let Some(port) = t.ports.get(&at.portal_group_tag).cloned() {
-            backend.nexus = Some(nexus_of(&established, t, group, port));
+            backend.view.nexus = Some(nexus_of(&established, t, group, port));
             for entry in group.luns.entries() {
-                backend.nexus_joins(&entry.lu);
+                backend.view.nexus_joins(&entry.lu);
             }
             backend.use_group(group);
         }
@@ -279,7 +280,7 @@ fn end_session(
         .metrics
         .sessions_of(established.target_name.as_ref().map(|t| t.as_str()))
         .dec();
-    if let (Some(luns), Some(nexus)) = (&backend.luns, &backend.nexus) {
+    if let (Some(luns), Some(nexus)) = (&backend.view.luns, &backend.view.nexus) {
         for entry in luns.entries() {
             entry.lu.nexus_lost(nexus.id);
         }

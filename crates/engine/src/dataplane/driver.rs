@@ -603,7 +603,7 @@ async fn tick<D: Door>(
     if !backend.still_admitted() {
         return Ok(false);
     }
-    if backend.lost_an_image() {
+    if backend.view.lost_an_image() {
         // A command this session holds could be stale (docs/RBD.md); the host logs in or
         // connects again, and its new session ships to the new owner.
         tracing::warn!(peer = %door.conn().peer, "closing the session: this gateway lost an RBD image it maps (the host reconnects to reach the new owner)");
@@ -622,7 +622,7 @@ async fn leave<D: Door>(
     life: &mut Lifecycle,
     now: Instant,
 ) -> Result<bool, Closed> {
-    let leaving = if backend.portal_gone {
+    let leaving = if backend.view.portal_gone {
         Some(Ended::ListenerRemoved)
     } else if backend.shared.is_shutting_down() {
         Some(Ended::Shutdown)

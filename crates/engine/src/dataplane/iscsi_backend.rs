@@ -58,7 +58,7 @@ impl IscsiBackend for Backend<'_> {
         let named = filter
             .filter(|f| !f.is_empty())
             .map(|f| NodeName::from_wire(f).ok());
-        let topology = Arc::clone(&self.topology);
+        let topology = Arc::clone(&self.view.topology);
         // The host's addresses, asked once per request and only if needed.
         let mut host: Option<Vec<std::net::IpAddr>> = None;
         for (index, t) in topology.targets.iter().enumerate() {
@@ -66,6 +66,7 @@ impl IscsiBackend for Backend<'_> {
                 (None, None) => true,
                 // Empty value: the session's own target.
                 (None, Some(_)) => self
+                    .view
                     .admitted
                     .membership()
                     .is_some_and(|m| m.target == index),
@@ -76,7 +77,7 @@ impl IscsiBackend for Backend<'_> {
             }
             // The same decision as a login's: visible exactly to those who could log in.
             if topology
-                .member(index, &self.initiator, self.peer.ip())
+                .member(index, &self.view.initiator, self.view.peer.ip())
                 .is_err()
             {
                 continue;
@@ -88,7 +89,8 @@ impl IscsiBackend for Backend<'_> {
                     continue;
                 }
                 let host = host.get_or_insert_with(crate::topology::portals::host_addresses);
-                for shown in crate::topology::portals::advertised(addr, self.local.ip(), host) {
+                for shown in crate::topology::portals::advertised(addr, self.view.local.ip(), host)
+                {
                     let entry = format!("{shown},{tag}");
                     if !addresses.contains(&entry) {
                         addresses.push(entry);

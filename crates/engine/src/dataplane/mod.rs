@@ -20,6 +20,7 @@ mod send;
 pub(crate) mod sys;
 #[cfg(test)]
 mod testing;
+mod view;
 mod wakeups;
 mod wire;
 

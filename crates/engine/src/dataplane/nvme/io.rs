@@ -265,10 +265,10 @@ impl Driver {
             firmware: env!("CARGO_PKG_VERSION"),
             namespaces: &namespaces.views,
             ana_groups: &namespaces.ana,
-            ana_change_count: backend.topology.generation,
+            ana_change_count: backend.view.topology.generation,
             volatile_write_cache: namespaces.write_cache,
             discovery: &discovery,
-            discovery_generation: backend.topology.generation,
+            discovery_generation: backend.view.topology.generation,
             health: Default::default(),
             nsid_max: view::NSID_MAX,
         };
@@ -298,7 +298,7 @@ impl Driver {
     }
 
     fn namespaces_of(&self, backend: &Backend<'_>) -> Namespaces {
-        match (&backend.luns, &backend.nexus) {
+        match (&backend.view.luns, &backend.view.nexus) {
             (Some(luns), Some(nexus)) => view::namespaces(luns, &nexus.target_port),
             _ => Namespaces::default(),
         }
@@ -314,7 +314,7 @@ impl Driver {
         if entry.subsystem.is_some() {
             return Vec::new();
         }
-        let topology = &backend.topology;
+        let topology = &backend.view.topology;
         let host_ips = crate::topology::portals::host_addresses();
         let mut out = Vec::new();
         for (index, t) in topology.targets.iter().enumerate() {
@@ -404,6 +404,7 @@ impl Driver {
                     .min(r.data_in_len as usize);
                 // APTPL, which READ FULL STATUS does not carry, from the LU itself.
                 let ptpl = backend
+                    .view
                     .luns
                     .as_ref()
                     .and_then(|l| l.get(lun))
@@ -716,7 +717,7 @@ impl Driver {
 /// The LUN and block size of namespace `nsid` in the session's map.
 fn namespace(backend: &Backend<'_>, nsid: u32) -> Option<(u64, u32)> {
     let lun = view::lun_of(nsid)?;
-    let entry = backend.luns.as_ref()?.get(lun)?;
+    let entry = backend.view.luns.as_ref()?.get(lun)?;
     Some((lun, entry.lu.settings().block_size))
 }
 

@@ -21,10 +21,11 @@ use nvme::sqe::{Cqe, Status};
 use tokio::net::TcpStream;
 
 use super::alarm::Alarm;
-use super::backend::{Backend, Completed, Party};
+use super::backend::{Backend, Completed};
 use super::closed::{Closed, Ended};
 use super::connection::NewConnection;
 use super::driver::{self, Conn, Door, Told, Turn};
+use super::view::Party;
 use crate::admission::controllers::ControllerEntry;
 
 use crate::shared::Shared;
@@ -450,7 +451,7 @@ impl Driver {
             portal_group_tag: self.at.portal_group_tag,
         };
         let mut backend = Backend::new(shared, &topology, party, completions);
-        backend.nexus = entry.nexus.clone();
+        backend.view.nexus = entry.nexus.clone();
         // The controller's I/O and latency, whichever queue carried it.
         backend.meter.info = entry.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some((_, group)) = entry
@@ -722,7 +723,7 @@ impl Driver {
                     .nvme
                     .remove(entry.cntlid, "the controller's admin queue closed");
                 shared.metrics.nvme_controllers.dec();
-                if let (Some(luns), Some(nexus)) = (&backend.luns, &entry.nexus) {
+                if let (Some(luns), Some(nexus)) = (&backend.view.luns, &entry.nexus) {
                     for e in luns.entries() {
                         e.lu.nexus_lost(nexus.id);
                     }
@@ -746,7 +747,7 @@ fn write_memory(
         return None;
     }
     let lun = view::lun_of(sqe.nsid())?;
-    backend.luns.as_ref()?.get(lun)?;
+    backend.view.luns.as_ref()?.get(lun)?;
     backend.data_out_memory(scsi::lun_to_wire(lun), len)
 }
 

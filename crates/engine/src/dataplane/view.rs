@@ -1,0 +1,476 @@
+//! A session's view of the array: who it is (the login's standing and admission), the topology
+//! it runs on, its LUN map and its nexus; and the one rule for following a reload. Both doors'
+//! backends hold one, and every turn and tick asks it whether the session may go on
+//! (`Backend::still_admitted`). What it decides is computed from the topology of the moment and
+//! the listeners; the backend acts on the verdict (log line, metric, close reason, meter).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use scsi::{LunEntry, LunMap, Nexus};
+
+use crate::admission::{Admitted, Door, Refusal, Standing, TlsProof};
+use crate::config::NodeName;
+use crate::shared::listening::Listening;
+use crate::topology::{DiskLun, GroupRuntime, TargetRuntime, Topology};
+
+/// Who a backend serves: the session's (or NVMe queue's) identity and where it came from.
+pub(super) struct Party {
+    pub(super) door: Door,
+    pub(super) tls: Option<TlsProof>,
+    pub(super) admitted: Admitted,
+    /// Its target's name for this door (IQN or NQN; None for discovery).
+    pub(super) target_name: Option<NodeName>,
+    pub(super) initiator: NodeName,
+    pub(super) peer: SocketAddr,
+    pub(super) local: SocketAddr,
+    pub(super) portal_group_tag: u16,
+}
+
+pub(super) struct View {
+    pub(super) door: Door,
+    /// What the connection's TLS handshake proved (an NVMe/TCP queue over TLS).
+    pub(super) tls: Option<TlsProof>,
+    /// The session's target, group and login proof (normal sessions), decided at login and
+    /// confirmed by every topology since ([`View::follow`]); its membership is `topology`'s.
+    pub(super) admitted: Admitted,
+    /// The session's target (normal sessions): its IQN, or its NQN through the NVMe door.
+    pub(super) target_name: Option<NodeName>,
+    pub(super) initiator: NodeName,
+    /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
+    pub(super) peer: SocketAddr,
+    pub(super) local: SocketAddr,
+    pub(super) portal_group_tag: u16,
+    /// The topology the session's LUN map and membership come from; replaced by a newer one at
+    /// the start of a turn after a reload ([`View::follow`]).
+    pub(super) topology: Arc<Topology>,
+    pub(super) luns: Option<Arc<LunMap>>,
+    /// LUNs of this session backed by a real disk: durable operations, and buffered writes while
+    /// the device stalls, run on the blocking pool.
+    pub(super) disk_luns: Arc<Vec<DiskLun>>,
+    pub(super) nexus: Option<Nexus>,
+    /// A reload closed the listener the session came in through (or moved it to another
+    /// portal group): an iSCSI session is asked to log out, as at shutdown.
+    pub(super) portal_gone: bool,
+}
+
+/// What a newer topology means for a session ([`View::follow`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// It goes on; `map_changed`: its LUN map is another now (its counts go to new devices).
+    Stay { map_changed: bool },
+    /// Its portal (listener or portal group) is gone: it leaves as at shutdown, on the map it
+    /// had.
+    PortalGone,
+    /// A login now would not be admitted to the same group with the same proof: it closes.
+    Close(Refusal),
+}
+
+impl View {
+    /// The view of `party` under `topology`; its nexus and LUN map are set next.
+    pub(super) fn new(party: Party, topology: &Arc<Topology>) -> View {
+        View {
+            door: party.door,
+            tls: party.tls,
+            admitted: party.admitted,
+            target_name: party.target_name,
+            initiator: party.initiator,
+            peer: party.peer,
+            local: party.local,
+            portal_group_tag: party.portal_group_tag,
+            topology: Arc::clone(topology),
+            luns: None,
+            disk_luns: Arc::new(Vec::new()),
+            nexus: None,
+            portal_gone: false,
+        }
+    }
+
+    /// Takes the LUN map (and what goes with it) of `group` for this session.
+    pub(super) fn use_group(&mut self, group: &GroupRuntime) {
+        self.luns = Some(Arc::clone(&group.luns));
+        self.disk_luns = Arc::clone(&group.disk_luns);
+    }
+
+    /// The session's target and group in the topology it runs on (normal sessions).
+    pub(super) fn group(&self) -> Option<(&TargetRuntime, &GroupRuntime)> {
+        let membership = self.admitted.membership()?;
+        self.topology.group_of(membership)
+    }
+
+    /// The session's standing, as a login now would present it.
+    fn standing(&self) -> Standing<'_> {
+        Standing {
+            door: self.door,
+            tls: self.tls.as_ref(),
+            initiator: &self.initiator,
+            target_name: self.target_name.as_ref(),
+            portal_group_tag: self.portal_group_tag,
+            source: self.peer.ip(),
+        }
+    }
+
+    /// Whether `next` lets the session go on, and it moved there when it does: admitted again
+    /// by the login's own decision ([`Topology::readmit`]), then its group's LUN map as the
+    /// reload left it (REPORTED LUNS DATA HAS CHANGED on its nexus when that map changed) and
+    /// its port's ALUA states. A session already asked to leave stays on what it had. Called
+    /// at the start of a turn, when no command of the turn is half-handled, and by the tick,
+    /// so an idle session is judged too.
+    pub(super) fn follow(&mut self, next: Arc<Topology>, listening: &Listening) -> Verdict {
+        if self.portal_gone || next.generation == self.topology.generation {
+            return Verdict::Stay { map_changed: false };
+        }
+        let admitted = match next.readmit(&self.standing(), &self.admitted) {
+            Ok(admitted) => admitted,
+            // Its portal group went (the target stays, elsewhere): told like its listener.
+            Err(Refusal::NotOnThisPortal) => return self.portal_is_gone(),
+            Err(refusal) => return Verdict::Close(refusal),
+        };
+        let mut map_changed = false;
+        if let Some((target, group)) = admitted.membership().and_then(|m| next.group_of(m)) {
+            map_changed = self.follow_lun_map(group);
+            self.follow_port(target);
+        }
+        self.admitted = admitted;
+        self.topology = next;
+        if !listening.reaches(self.door, self.portal_group_tag, self.local) {
+            return self.portal_is_gone();
+        }
+        Verdict::Stay { map_changed }
+    }
+
+    fn portal_is_gone(&mut self) -> Verdict {
+        self.portal_gone = true;
+        Verdict::PortalGone
+    }
+
+    /// Takes the session's target port of a newer topology when its ALUA states changed (a
+    /// live `alua_state` change). A shipped nexus keeps its own: its states are the owner's.
+    fn follow_port(&mut self, target: &TargetRuntime) {
+        let Some(nexus) = &mut self.nexus else {
+            return;
+        };
+        match target.ports.get(&self.portal_group_tag) {
+            Some(port) if !nexus.target_port.shipped && port.groups != nexus.target_port.groups => {
+                nexus.target_port = if nexus.target_port.relative_id == scsi::ANY_PORT {
+                    // An NVMe host's nexus keeps its port ID (its registrations are the host's).
+                    Arc::new(port.any_port())
+                } else {
+                    debug_assert_eq!(port.relative_id, nexus.target_port.relative_id);
+                    Arc::clone(port)
+                };
+            }
+            _ => {}
+        }
+    }
+
+    /// The session's nexus becomes known to `lu`, which then gives it unit attentions: the
+    /// one rule for the login and for a map change that brings the LU. Only through the iSCSI
+    /// door: NVMe has no unit attentions (docs/NVME.md), so an NVMe nexus is never given one.
+    pub(super) fn nexus_joins(&self, lu: &scsi::LogicalUnit) {
+        if let (Some(nexus), true) = (&self.nexus, self.door.gives_unit_attentions()) {
+            lu.nexus_added(nexus.id);
+        }
+    }
+
+    /// Takes `group`'s LUN map of a newer topology (the session's own group): LUs it brings
+    /// learn the nexus, LUs it drops forget it, and every LU of the map tells the nexus its
+    /// LUNs changed. Returns whether the map is another (not only new handles).
+    pub(super) fn follow_lun_map(&mut self, group: &GroupRuntime) -> bool {
+        let unchanged = self
+            .luns
+            .as_deref()
+            .is_some_and(|old| same_lun_map(old, &group.luns));
+        if let (Some(nexus), false) = (&self.nexus, unchanged) {
+            let old: &[LunEntry] = self.luns.as_deref().map_or(&[], LunMap::entries);
+            let reaches = |entries: &[LunEntry], lu: &Arc<scsi::LogicalUnit>| {
+                entries.iter().any(|e| Arc::ptr_eq(&e.lu, lu))
+            };
+            for entry in group.luns.entries() {
+                if !reaches(old, &entry.lu) {
+                    self.nexus_joins(&entry.lu);
+                }
+            }
+            for entry in old {
+                if !reaches(group.luns.entries(), &entry.lu) {
+                    entry.lu.nexus_lost(nexus.id);
+                }
+            }
+            for entry in group.luns.entries() {
+                entry.lu.reported_luns_changed_for(nexus.id);
+            }
+        }
+        self.use_group(group);
+        !unchanged
+    }
+
+    /// Whether this gateway lost the ownership of an RBD image the session maps since the
+    /// session's nexus was made.
+    pub(super) fn lost_an_image(&self) -> bool {
+        match (&self.luns, &self.nexus) {
+            (Some(luns), Some(nexus)) => luns
+                .entries()
+                .iter()
+                .any(|e| e.lu.nexus_outlived_ownership(nexus)),
+            _ => false,
+        }
+    }
+
+    /// The LU behind `lun` and its device's stall state, when it is backed by a real disk.
+    pub(super) fn disk_lu(&self, lun: u64) -> Option<(&DiskLun, &LunEntry)> {
+        let disk = self.disk_luns.iter().find(|d| d.lun == lun)?;
+        Some((disk, self.luns.as_deref()?.get(lun)?))
+    }
+}
+
+/// Whether two LUN maps show an initiator the same LUNs: same numbers, same LUs, same
+/// read-only flags.
+pub(super) fn same_lun_map(a: &LunMap, b: &LunMap) -> bool {
+    a.entries().len() == b.entries().len()
+        && a.entries()
+            .iter()
+            .zip(b.entries())
+            .all(|(x, y)| x.lun == y.lun && Arc::ptr_eq(&x.lu, &y.lu) && x.read_only == y.read_only)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::listening::Listening;
+    use crate::topology::portals::{ListenerKind, PortalListener};
+    use crate::topology::{DeviceContext, OpenDevices};
+
+    const TARGET: &str = "iqn.2026-12.test:t";
+    const SUBSYSTEM: &str = "nqn.2026-12.test:t";
+    const HOST: &str = "iqn.2026-12.test:host";
+    const HOST_NQN: &str = "nqn.2026-12.test:host";
+
+    /// A config of one target (also an NVMe subsystem) whose group `a` maps `luns` (TOML) to
+    /// `a_members`, group `b` has `b_members`; devices d0 and d1 (RAM).
+    fn config(luns: &str, a_members: &str, b_members: &str) -> crate::config::Config {
+        let text = format!(
+            r#"[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+nvme_listen = ["127.0.0.1:4420"]
+nvme_discovery_listen = []
+[[device]]
+name = "d0"
+store = "ram"
+size = "1M"
+[[device]]
+name = "d1"
+store = "ram"
+size = "1M"
+[[target]]
+iqn = "{TARGET}"
+nqn = "{SUBSYSTEM}"
+  [[target.group]]
+  name = "a"
+  initiators = [{a_members}]
+  luns = [{luns}]
+  [[target.group]]
+  name = "b"
+  initiators = [{b_members}]
+  luns = []
+"#
+        );
+        crate::config::Config::from_toml_str(&text, "test").expect("a valid config")
+    }
+
+    const BOTH: &str = r#""iqn.2026-12.test:host", "nqn.2026-12.test:host""#;
+    const NOBODY: &str = r#""iqn.2026-12.test:nobody""#;
+    const D0: &str = r#"{ lun = 0, device = "d0" }"#;
+    const D0_D1: &str = r#"{ lun = 0, device = "d0" }, { lun = 1, device = "d1" }"#;
+
+    /// The topology of `config` at `generation`, its devices opened once across generations
+    /// (in `open`), so that a reload keeps an LU as a real one does.
+    fn topology(
+        config: crate::config::Config,
+        generation: u64,
+        open: &mut OpenDevices,
+    ) -> Arc<Topology> {
+        let context = DeviceContext::new(&config, Default::default());
+        for device in &config.devices {
+            if !open.contains_key(device.name.as_str()) {
+                let opened = context.open(device, &config).expect("a RAM device opens");
+                open.insert(device.name.as_str().into(), opened);
+            }
+        }
+        Arc::new(Topology::assemble(config, open.clone(), generation).expect("assembled"))
+    }
+
+    /// An open listener of `kind` for portal group 1 on a loopback port: its address.
+    fn listening(kind: ListenerKind) -> (Listening, SocketAddr) {
+        let listening = Listening::default();
+        let wanted = PortalListener {
+            addr: "127.0.0.1:0".parse().expect("an address"),
+            tag: 1,
+            kind,
+            required: true,
+        };
+        let plan = listening.prepare(&[wanted]).expect("a loopback port");
+        let at = plan.bound(kind)[0];
+        listening.start(plan);
+        (listening, at)
+    }
+
+    /// A session of `door` logged in under `topology` through `local`: admitted, its nexus
+    /// made and its LUN map taken as a login does.
+    fn logged_in(door: Door, topology: &Arc<Topology>, local: SocketAddr) -> View {
+        let (initiator, target) = match door {
+            Door::Iscsi => (HOST, TARGET),
+            Door::Nvme => (HOST_NQN, SUBSYSTEM),
+        };
+        let name = |s: &str| NodeName::from_wire(s).expect("a valid name");
+        let (initiator, target) = (name(initiator), name(target));
+        let peer: SocketAddr = "127.0.0.1:50000".parse().expect("an address");
+        let (membership, required) = topology
+            .admit(door, &initiator, &target, 1, peer.ip(), None)
+            .expect("admitted");
+        let admitted = Admitted::of_login(topology, Some(membership), &required, None)
+            .expect("its proof meets the group");
+        let party = Party {
+            door,
+            tls: None,
+            admitted,
+            target_name: Some(target),
+            initiator,
+            peer,
+            local,
+            portal_group_tag: 1,
+        };
+        let mut view = View::new(party, topology);
+        let (t, group) = topology.group_of(membership).expect("a member");
+        view.nexus = Some(Nexus {
+            id: crate::topology::nexus::new_id(),
+            initiator_port: format!("{},i,0x000000000001", view.initiator),
+            target_port: Arc::clone(t.ports.get(&1).expect("its port")),
+        });
+        for entry in group.luns.entries() {
+            view.nexus_joins(&entry.lu);
+        }
+        view.use_group(group);
+        view
+    }
+
+    /// The unit attentions `view`'s nexus is given by `lu`, in order (TEST UNIT READY until
+    /// it answers GOOD).
+    fn attentions(view: &View, lu: &scsi::LogicalUnit) -> Vec<(u8, u8)> {
+        let nexus = view.nexus.as_ref().expect("a nexus");
+        let tur = scsi::Command {
+            cdb: &[0u8; 6],
+            data_out: &[],
+            data_in_limit: 0,
+        };
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            let done = lu.execute(nexus, &tur, &mut Vec::new());
+            match done.sense {
+                Some(sense) if sense.key == scsi::sense::UNIT_ATTENTION => {
+                    seen.push((sense.asc, sense.ascq))
+                }
+                _ => return seen,
+            }
+        }
+        panic!("unit attentions without end: {seen:?}");
+    }
+
+    fn lu(topology: &Topology, device: &str) -> Arc<scsi::LogicalUnit> {
+        Arc::clone(&topology.devices[device].unit)
+    }
+
+    const POWER_ON: (u8, u8) = (0x29, 0x00);
+    const LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
+
+    #[test]
+    fn a_mapped_lu_tells_an_iscsi_nexus_and_never_an_nvme_one() {
+        for (door, kind) in [
+            (Door::Iscsi, ListenerKind::Iscsi),
+            (Door::Nvme, ListenerKind::Nvme),
+        ] {
+            let mut open = OpenDevices::default();
+            let first = topology(config(D0, BOTH, NOBODY), 1, &mut open);
+            let (listening, local) = listening(kind);
+            let mut view = logged_in(door, &first, local);
+            let next = topology(config(D0_D1, BOTH, NOBODY), 2, &mut open);
+            let verdict = view.follow(Arc::clone(&next), &listening);
+            assert_eq!(verdict, Verdict::Stay { map_changed: true }, "{door:?}");
+            assert_eq!(view.topology.generation, 2);
+            assert_eq!(view.luns.as_ref().map(|l| l.entries().len()), Some(2));
+            let (d0, d1) = (
+                attentions(&view, &lu(&next, "d0")),
+                attentions(&view, &lu(&next, "d1")),
+            );
+            match door {
+                Door::Iscsi => {
+                    assert_eq!(d0, [POWER_ON, LUNS_CHANGED]);
+                    assert_eq!(d1, [POWER_ON, LUNS_CHANGED]);
+                }
+                Door::Nvme => assert!(d0.is_empty() && d1.is_empty(), "{d0:?} {d1:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_unmapped_lu_forgets_the_nexus_and_an_unchanged_map_tells_nothing() {
+        let mut open = OpenDevices::default();
+        let first = topology(config(D0_D1, BOTH, NOBODY), 1, &mut open);
+        let (listening, local) = listening(ListenerKind::Iscsi);
+        let mut view = logged_in(Door::Iscsi, &first, local);
+        assert_eq!(attentions(&view, &lu(&first, "d1")), [POWER_ON]);
+        // The same map again: new handles, nothing for the initiator to see.
+        let same = topology(config(D0_D1, BOTH, NOBODY), 2, &mut open);
+        let verdict = view.follow(Arc::clone(&same), &listening);
+        assert_eq!(verdict, Verdict::Stay { map_changed: false });
+        assert!(Arc::ptr_eq(
+            view.luns.as_ref().unwrap(),
+            &same.targets[0].groups[0].luns
+        ));
+        assert_eq!(attentions(&view, &lu(&same, "d0")), [POWER_ON]);
+        // d1 unmapped: it forgets the nexus (no attention queued for it any more).
+        lu(&same, "d1").reported_luns_changed_for(view.nexus.as_ref().unwrap().id);
+        let fewer = topology(config(D0, BOTH, NOBODY), 3, &mut open);
+        assert_eq!(
+            view.follow(fewer, &listening),
+            Verdict::Stay { map_changed: true }
+        );
+        assert_eq!(attentions(&view, &lu(&same, "d0")), [LUNS_CHANGED]);
+        assert!(attentions(&view, &lu(&same, "d1")).is_empty());
+    }
+
+    #[test]
+    fn a_session_moved_to_another_group_closes_and_keeps_what_it_had() {
+        let mut open = OpenDevices::default();
+        let first = topology(config(D0, BOTH, NOBODY), 1, &mut open);
+        let (listening, local) = listening(ListenerKind::Iscsi);
+        let mut view = logged_in(Door::Iscsi, &first, local);
+        let moved = topology(config(D0, NOBODY, BOTH), 2, &mut open);
+        assert_eq!(
+            view.follow(moved, &listening),
+            Verdict::Close(Refusal::GroupChanged)
+        );
+        assert_eq!(view.topology.generation, 1);
+        assert!(!view.portal_gone);
+    }
+
+    #[test]
+    fn a_removed_listener_sends_the_session_away_once() {
+        let mut open = OpenDevices::default();
+        let first = topology(config(D0, BOTH, NOBODY), 1, &mut open);
+        let (listening, local) = listening(ListenerKind::Iscsi);
+        let mut view = logged_in(Door::Iscsi, &first, local);
+        // Another door's listener does not stand in for the session's own.
+        let (nvme_only, _) = self::listening(ListenerKind::Nvme);
+        let again = topology(config(D0, BOTH, NOBODY), 2, &mut open);
+        assert_eq!(view.follow(again, &nvme_only), Verdict::PortalGone);
+        assert!(view.portal_gone);
+        // Asked to leave: it ends on what it had, whatever comes next.
+        let moved = topology(config(D0, NOBODY, BOTH), 3, &mut open);
+        assert_eq!(
+            view.follow(moved, &listening),
+            Verdict::Stay { map_changed: false }
+        );
+        assert_eq!(view.topology.generation, 2);
+    }
+}

@@ -1409,3 +1409,178 @@ impl ScsiBackend for Backend<'_> {
         Some(Box::new(DirectDataOut(buf)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use seam::outbox::Outbox;
+
+    const CONFIG: &str = r#"[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:3260"]
+[[device]]
+name = "d0"
+store = "ram"
+size = "1M"
+[[target]]
+iqn = "iqn.2026-12.test:t"
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ { lun = 0, device = "d0" } ]
+"#;
+
+    fn backend(shared: &Shared) -> (Backend<'_>, tokio::sync::mpsc::UnboundedReceiver<Completed>) {
+        super::super::testing::logged_in(shared, "iqn.2026-12.test:i", "iqn.2026-12.test:t")
+    }
+
+    /// WRITE SAME (16) of one 512-byte block over `blocks` blocks at LBA 0.
+    fn write_same(tag: u32, blocks: u32) -> DeferredCommand {
+        let mut cdb = vec![0x93, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        DeferredCommand {
+            tag,
+            lun: [0; 8],
+            cdb,
+            data_out: DataOutBuf::Pooled(vec![0xA5; 512]),
+            expected_len: 512,
+            read: false,
+            write: true,
+            task_attr: 0,
+        }
+    }
+
+    /// `command` through the session's entry, as a door hands it over: executed, and deferred
+    /// when the backend says so. Whether it was deferred.
+    fn submit(backend: &mut Backend<'_>, outbox: &mut Outbox, command: DeferredCommand) -> bool {
+        let req = ScsiRequest {
+            tag: command.tag,
+            lun: command.lun,
+            cdb: &command.cdb,
+            data_out: &command.data_out,
+            expected_len: command.expected_len,
+            read: command.read,
+            write: command.write,
+            task_attr: command.task_attr,
+            may_lend_file: true,
+        };
+        let (mut data_in, mut lent, mut sense) = (Vec::new(), Loan::default(), Vec::new());
+        match backend.execute(&req, &mut data_in, &mut lent, &mut sense) {
+            Execution::Done(_) => false,
+            Execution::Deferred => {
+                backend.defer(command, outbox.read_buffers());
+                true
+            }
+        }
+    }
+
+    #[test]
+    fn a_ram_read_runs_on_the_worker_and_lends_the_lus_pages() {
+        let shared = super::super::testing::shared(CONFIG);
+        let (mut backend, _answers) = backend(&shared);
+        // The nexus's first command gets its POWER ON unit attention; then the read.
+        let cdb = [0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+        let req = ScsiRequest {
+            tag: 1,
+            lun: [0; 8],
+            cdb: &cdb,
+            data_out: &[],
+            expected_len: 4096,
+            read: true,
+            write: false,
+            task_attr: 0,
+            may_lend_file: true,
+        };
+        let (mut data_in, mut lent, mut sense) = (Vec::new(), Loan::default(), Vec::new());
+        let first = backend.execute(&req, &mut data_in, &mut lent, &mut sense);
+        assert!(
+            matches!(first, Execution::Done(o) if o.status == 0x02),
+            "a unit attention"
+        );
+        assert_eq!(
+            (sense[2] & 0x0F, sense[12]),
+            (scsi::sense::UNIT_ATTENTION, 0x29)
+        );
+        sense.clear();
+        let Execution::Done(outcome) = backend.execute(&req, &mut data_in, &mut lent, &mut sense)
+        else {
+            panic!("a RAM read is deferred");
+        };
+        assert_eq!((outcome.status, outcome.transfer_len), (0, 4096));
+        let lent_bytes: usize = lent.slices.iter().map(|(_, range)| range.len()).sum();
+        assert_eq!((data_in.len(), lent_bytes), (0, 4096), "lent, not copied");
+        assert!(backend.routed.is_none(), "nothing left for a defer");
+    }
+
+    #[test]
+    fn long_commands_run_on_the_io_threads_each_holding_its_share_of_the_budget() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let _entered = rt.enter();
+        let shared = super::super::testing::shared(CONFIG);
+        assert_eq!(shared.limits.memory_per_connection_bytes, 64 << 20);
+        let (mut backend, mut answers) = backend(&shared);
+        let mut outbox = Outbox::new(4);
+        let held = LONG_COMMAND_HELD_BYTES + 512;
+        // Routed before any check: even the nexus's unit attention is answered from there.
+        assert!(submit(&mut backend, &mut outbox, write_same(0, 8)));
+        let first = answers.blocking_recv().expect("an answer");
+        assert_eq!((first.outcome.status, first.held_bytes), (0x02, held));
+        backend.settle(&first);
+        for tag in 1..=8 {
+            assert!(!backend.congested(), "congested after {} commands", tag - 1);
+            assert!(submit(&mut backend, &mut outbox, write_same(tag, 8)));
+            assert_eq!(backend.budget.held(), tag as usize * held);
+        }
+        // Eight hold the default budget: the next waits in TCP.
+        assert!(backend.congested());
+        for _ in 1..=8 {
+            let done = answers.blocking_recv().expect("an answer");
+            assert_eq!((done.outcome.status, done.held_bytes), (0, held));
+            backend.settle(&done);
+        }
+        assert_eq!(backend.budget.held(), 0);
+        assert!(!backend.congested());
+    }
+
+    #[test]
+    fn a_command_is_held_only_for_a_mapped_lun_taken_by_its_path_and_not_during_a_reset() {
+        let shared = super::super::testing::shared(CONFIG);
+        let (backend, _answers) = backend(&shared);
+        let command = write_same(1, 8);
+        assert!(backend.hold(&command, 7, |_, _| true).is_none(), "unmapped");
+        assert!(
+            backend.hold(&command, 0, |_, _| false).is_none(),
+            "not taken"
+        );
+        let held = backend.hold(&command, 0, |_, _| true).expect("held");
+        assert_eq!((held.held_bytes, held.data_out_bytes), (512, 512));
+        let in_flight = Arc::clone(held.lu.in_flight());
+        assert_eq!(in_flight.count(), 1);
+        drop(held);
+        in_flight.start_reset();
+        assert!(
+            backend.hold(&command, 0, |_, _| true).is_none(),
+            "a reset drains it"
+        );
+        in_flight.end_reset();
+        assert!(backend.hold(&command, 0, |_, _| true).is_some());
+    }
+
+    #[test]
+    fn only_a_direct_buffer_is_taken_from_a_writes_data_out() {
+        let buf = DIRECT_BUFFERS
+            .with(|pool| pool.take(4096))
+            .expect("an aligned buffer");
+        let mut direct = DataOutBuf::Engine(Box::new(DirectDataOut(buf)));
+        assert_eq!(
+            take_direct_data_out(&mut direct).map(|b| b.len()),
+            Some(4096)
+        );
+        assert!(matches!(&direct, DataOutBuf::Pooled(v) if v.is_empty()));
+        let mut pooled = DataOutBuf::Pooled(vec![1; 512]);
+        assert!(take_direct_data_out(&mut pooled).is_none());
+        assert!(matches!(&pooled, DataOutBuf::Pooled(v) if v.len() == 512));
+    }
+}

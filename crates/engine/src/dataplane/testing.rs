@@ -25,3 +25,82 @@ pub(super) fn loopback(
     let target = tokio::net::TcpStream::from_std(target).expect("registered with the runtime");
     (target, host, peer)
 }
+
+/// The daemon's state for `config` (TOML), its devices opened, as a start builds it.
+pub(super) fn shared(config: &str) -> crate::shared::Shared {
+    let config = crate::config::Config::from_toml_str(config, "test").expect("a valid config");
+    crate::server::build(&config).expect("its devices open")
+}
+
+/// The party of a session of `initiator` through `door`, admitted to `target` through portal
+/// group 1 at `local` as a login admits it.
+pub(super) fn party(
+    door: crate::admission::Door,
+    topology: &crate::topology::Topology,
+    initiator: &str,
+    target: &str,
+    local: SocketAddr,
+) -> super::view::Party {
+    use crate::config::NodeName;
+    let name = |s: &str| NodeName::from_wire(s).expect("a valid name");
+    let (initiator, target) = (name(initiator), name(target));
+    let peer: SocketAddr = "127.0.0.1:50000".parse().expect("an address");
+    let (membership, required) = topology
+        .admit(door, &initiator, &target, 1, peer.ip(), None)
+        .expect("admitted");
+    let admitted =
+        crate::admission::Admitted::of_login(topology, Some(membership), &required, None)
+            .expect("its proof meets the group");
+    super::view::Party {
+        door,
+        tls: None,
+        admitted,
+        target_name: Some(target),
+        initiator,
+        peer,
+        local,
+        portal_group_tag: 1,
+    }
+}
+
+/// `view`'s nexus made, every LU of its group told of it, and its group's LUN map taken: what
+/// a login does once admitted.
+pub(super) fn join(view: &mut super::view::View) {
+    let topology = std::sync::Arc::clone(&view.topology);
+    let membership = view.admitted.membership().expect("a member");
+    let (t, group) = topology.group_of(membership).expect("a member");
+    view.nexus = Some(scsi::Nexus {
+        id: crate::topology::nexus::new_id(),
+        initiator_port: format!("{},i,0x000000000001", view.initiator),
+        target_port: std::sync::Arc::clone(t.ports.get(&1).expect("its port")),
+    });
+    for entry in group.luns.entries() {
+        view.nexus_joins(&entry.lu);
+    }
+    view.use_group(group);
+}
+
+/// A backend of an iSCSI session of `initiator` logged in to `target` ([`party`], [`join`]),
+/// with the receiving end of its completions.
+pub(super) fn logged_in<'s>(
+    shared: &'s crate::shared::Shared,
+    initiator: &str,
+    target: &str,
+) -> (
+    super::backend::Backend<'s>,
+    tokio::sync::mpsc::UnboundedReceiver<super::backend::Completed>,
+) {
+    let topology = shared.topology();
+    let local = "127.0.0.1:3260".parse().expect("an address");
+    let party = party(
+        crate::admission::Door::Iscsi,
+        &topology,
+        initiator,
+        target,
+        local,
+    );
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    let mut backend = super::backend::Backend::new(shared, &topology, party, sender);
+    join(&mut backend.view);
+    (backend, receiver)
+}

@@ -315,42 +315,15 @@ nqn = "{SUBSYSTEM}"
         (listening, at)
     }
 
-    /// A session of `door` logged in under `topology` through `local`: admitted, its nexus
-    /// made and its LUN map taken as a login does.
+    /// A session of `door` logged in under `topology` through `local`.
     fn logged_in(door: Door, topology: &Arc<Topology>, local: SocketAddr) -> View {
         let (initiator, target) = match door {
             Door::Iscsi => (HOST, TARGET),
             Door::Nvme => (HOST_NQN, SUBSYSTEM),
         };
-        let name = |s: &str| NodeName::from_wire(s).expect("a valid name");
-        let (initiator, target) = (name(initiator), name(target));
-        let peer: SocketAddr = "127.0.0.1:50000".parse().expect("an address");
-        let (membership, required) = topology
-            .admit(door, &initiator, &target, 1, peer.ip(), None)
-            .expect("admitted");
-        let admitted = Admitted::of_login(topology, Some(membership), &required, None)
-            .expect("its proof meets the group");
-        let party = Party {
-            door,
-            tls: None,
-            admitted,
-            target_name: Some(target),
-            initiator,
-            peer,
-            local,
-            portal_group_tag: 1,
-        };
+        let party = super::super::testing::party(door, topology, initiator, target, local);
         let mut view = View::new(party, topology);
-        let (t, group) = topology.group_of(membership).expect("a member");
-        view.nexus = Some(Nexus {
-            id: crate::topology::nexus::new_id(),
-            initiator_port: format!("{},i,0x000000000001", view.initiator),
-            target_port: Arc::clone(t.ports.get(&1).expect("its port")),
-        });
-        for entry in group.luns.entries() {
-            view.nexus_joins(&entry.lu);
-        }
-        view.use_group(group);
+        super::super::testing::join(&mut view);
         view
     }
 

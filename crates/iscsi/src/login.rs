@@ -288,22 +288,87 @@ impl Default for LoginLimits {
 pub struct Login {
     limits: LoginLimits,
     target_limits: TargetLimits,
-    stage: Stage,
-    identity: Option<Identity>,
+    state: State,
     stat_sn: u32,
     requests: usize,
     continued_text: Vec<u8>,
-    initiator_name: Option<NodeName>,
-    initiator_alias: Option<String>,
-    target_name: Option<NodeName>,
-    admission: Option<Admission>,
-    negotiator: Option<Negotiator>,
-    authenticated: bool,
-    auth: Auth,
+    /// Why the last step failed, when authentication (or a malformed name) was the reason.
     failure: Option<AuthFailure>,
     /// The request (by count) whose response carried the target's answer to the initiator's
     /// mutual CHAP challenge: the initiator judges it before it sends another.
     proved_at: Option<usize>,
+}
+
+/// Where a login stands: one type per stage, holding exactly what is known there, replaced on
+/// each transition (as rustls' handshake states are). Nothing is half-known: a login that
+/// negotiates has its identity, names, admission and negotiator; one refused keeps only the
+/// names it gave, for the log.
+enum State {
+    /// No Login Request yet.
+    Fresh,
+    /// The first request's header fixed the connection's identity and current stage; its
+    /// text continues (C bit) before it names who logs in.
+    Identified(Identity, Stage),
+    /// The first text named the initiator and was admitted: the stages and authentication.
+    Negotiating(Box<Negotiating>),
+    /// Admission refused: every later request fails too.
+    Refused(Identity, Names),
+    /// The final response was written: full feature phase belongs to the session.
+    Complete,
+}
+
+/// The names a login gave, as far as it gave them (a refusal is logged with them).
+#[derive(Default)]
+struct Names {
+    initiator: Option<NodeName>,
+    target: Option<NodeName>,
+}
+
+/// An admitted login: everything fixed by its first text, and where it stands now.
+struct Negotiating {
+    identity: Identity,
+    stage: Stage,
+    initiator: NodeName,
+    initiator_alias: Option<String>,
+    /// None for a discovery session.
+    target: Option<NodeName>,
+    admission: Admission,
+    negotiator: Negotiator,
+    auth: Auth,
+}
+
+/// A step that failed: the status to answer with and, for the log, why authentication failed.
+struct Failed {
+    status: LoginStatus,
+    why: Option<AuthFailure>,
+}
+
+impl From<LoginStatus> for Failed {
+    fn from(status: LoginStatus) -> Failed {
+        Failed { status, why: None }
+    }
+}
+
+/// An authentication failure answered with `status`.
+fn auth_failed(why: AuthFailure, status: LoginStatus) -> Failed {
+    Failed {
+        status,
+        why: Some(why),
+    }
+}
+
+fn get<'a>(offers: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    offers
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+impl Auth {
+    /// Whether the login may leave the security stage.
+    fn authenticated(&self) -> bool {
+        matches!(self, Auth::NoneAgreed | Auth::ChapDone { .. })
+    }
 }
 
 impl Login {
@@ -311,18 +376,10 @@ impl Login {
         Login {
             limits,
             target_limits,
-            stage: Stage::Security,
-            identity: None,
+            state: State::Fresh,
             stat_sn: initial_stat_sn,
             requests: 0,
             continued_text: Vec::new(),
-            initiator_name: None,
-            initiator_alias: None,
-            target_name: None,
-            admission: None,
-            negotiator: None,
-            authenticated: false,
-            auth: Auth::Start,
             failure: None,
             proved_at: None,
         }
@@ -341,12 +398,20 @@ impl Login {
 
     /// The InitiatorName of this login, once the first request named it.
     pub fn initiator_name(&self) -> Option<&NodeName> {
-        self.initiator_name.as_ref()
+        match &self.state {
+            State::Negotiating(n) => Some(&n.initiator),
+            State::Refused(_, names) => names.initiator.as_ref(),
+            _ => None,
+        }
     }
 
     /// The TargetName of this login (normal sessions), once the first request named it.
     pub fn target_name(&self) -> Option<&NodeName> {
-        self.target_name.as_ref()
+        match &self.state {
+            State::Negotiating(n) => n.target.as_ref(),
+            State::Refused(_, names) => names.target.as_ref(),
+            _ => None,
+        }
     }
 
     /// The framing used while logging in (no digests, 8 KiB segments).
@@ -362,6 +427,7 @@ impl Login {
         out: &mut Vec<u8>,
     ) -> LoginStep {
         self.requests += 1;
+        self.failure = None;
         if pdu.bhs.opcode_raw() != Opcode::LoginRequest as u8 {
             return self.fail(pdu, LoginStatus::INVALID_DURING_LOGIN, out);
         }
@@ -370,7 +436,10 @@ impl Login {
         }
         match self.step(pdu, policy, out) {
             Ok(step) => step,
-            Err(status) => self.fail(pdu, status, out),
+            Err(failed) => {
+                self.failure = failed.why;
+                self.fail(pdu, failed.status, out)
+            }
         }
     }
 
@@ -379,58 +448,63 @@ impl Login {
         pdu: &Pdu<'_>,
         policy: &mut dyn LoginPolicy,
         out: &mut Vec<u8>,
-    ) -> Result<LoginStep, LoginStatus> {
-        let flags = pdu.bhs.flags();
-        let cont = flags & 0x40 != 0;
+    ) -> Result<LoginStep, Failed> {
         let (csg, next_stage) = self.check_header(&pdu.bhs)?;
         if self.continued_text.len() + pdu.data.len() > self.limits.max_text_bytes {
-            return Err(LoginStatus::OUT_OF_RESOURCES);
+            return Err(LoginStatus::OUT_OF_RESOURCES.into());
         }
-        if cont {
+        if pdu.bhs.flags() & 0x40 != 0 {
             // Part of a longer text: acknowledge with an empty response and wait for the rest.
             self.continued_text.extend_from_slice(pdu.data);
             self.respond(pdu, csg, None, &[], LoginStatus::SUCCESS, out);
             return Ok(LoginStep::Continue);
         }
-        let text_bytes = if self.continued_text.is_empty() {
-            pdu.data.to_vec()
-        } else {
-            let mut all = std::mem::take(&mut self.continued_text);
-            all.extend_from_slice(pdu.data);
-            all
-        };
+        let mut text_bytes = std::mem::take(&mut self.continued_text);
+        text_bytes.extend_from_slice(pdu.data);
         let offers = text::parse(&text_bytes, self.limits.max_keys)
             .map_err(|_| LoginStatus::INITIATOR_ERROR)?;
 
         let mut answers: Vec<(String, String)> = Vec::new();
-        if self.admission.is_none() {
-            self.admit(&offers, policy, &mut answers)?;
-        } else {
-            self.check_names_unchanged(&offers)?;
+        match self.state {
+            State::Identified(identity, stage) => {
+                let admitted = admit(identity, stage, &offers, policy, &self.target_limits);
+                self.state = match admitted {
+                    Ok((negotiating, told)) => {
+                        answers = told;
+                        State::Negotiating(Box::new(negotiating))
+                    }
+                    Err((names, failed)) => {
+                        self.state = State::Refused(identity, names);
+                        return Err(failed);
+                    }
+                };
+            }
+            State::Negotiating(ref n) => n.check_names_unchanged(&offers)?,
+            _ => return Err(LoginStatus::TARGET_ERROR.into()),
         }
-
-        self.stage_keys(csg, &offers, policy, &mut answers)?;
-        let negotiator = self.negotiator.as_mut().ok_or(LoginStatus::TARGET_ERROR)?;
-        negotiator
+        let State::Negotiating(n) = &mut self.state else {
+            return Err(LoginStatus::TARGET_ERROR.into());
+        };
+        if n.stage_keys(csg, &offers, policy, &mut answers)? {
+            self.proved_at = Some(self.requests);
+        }
+        n.negotiator
             .respond(&offers, &mut answers)
             .map_err(|_| LoginStatus::INITIATOR_ERROR)?;
         // Only in the operational stage: Linux's open-iscsi fails a login whose security-stage
         // response carries an operational key ("can't accept MaxRecvDataSegmentLength in
         // security stage"), also the one that moves on to the operational stage.
         if csg == Stage::Operational {
-            negotiator.declarations(&mut answers);
+            n.negotiator.declarations(&mut answers);
         }
 
         // The target agrees to move on whenever the initiator asks and authentication is done.
-        let agreed_next = match next_stage {
-            Some(next) if self.authenticated => Some(next),
-            _ => None,
-        };
+        let agreed_next = next_stage.filter(|_| n.auth.authenticated());
         if agreed_next == Some(Stage::FullFeature) {
             return self.complete(pdu, csg, answers, policy, out);
         }
         if let Some(next) = agreed_next {
-            self.stage = next;
+            n.stage = next;
         }
         self.respond(pdu, csg, agreed_next, &answers, LoginStatus::SUCCESS, out);
         Ok(LoginStep::Continue)
@@ -445,7 +519,6 @@ impl Login {
         let transit = flags & 0x80 != 0;
         let cont = flags & 0x40 != 0;
         let csg = Stage::from_bits(flags >> 2).ok_or(LoginStatus::INITIATOR_ERROR)?;
-        let (version_max, version_min) = (bhs.0[2], bhs.0[3]);
         let mut isid = [0u8; 6];
         isid.copy_from_slice(&bhs.0[8..14]);
         let identity = Identity {
@@ -453,28 +526,24 @@ impl Login {
             tsih: bhs.u16_at(14),
             cid: bhs.u16_at(20),
         };
-        match self.identity {
-            None => {
+        let (first, stage) = match &self.state {
+            State::Fresh => {
                 // We speak version 0 only (RFC 7143 §11.12.4).
+                let (version_max, version_min) = (bhs.0[2], bhs.0[3]);
                 if version_min > 0 || version_max < version_min {
                     return Err(LoginStatus::UNSUPPORTED_VERSION);
                 }
                 if csg == Stage::FullFeature {
                     return Err(LoginStatus::INITIATOR_ERROR);
                 }
-                self.stage = csg;
-                self.identity = Some(identity);
+                self.state = State::Identified(identity, csg);
+                (identity, csg)
             }
-            Some(first) => {
-                let same = first.isid == identity.isid
-                    && first.tsih == identity.tsih
-                    && first.cid == identity.cid;
-                if !same || csg != self.stage {
-                    return Err(LoginStatus::INITIATOR_ERROR);
-                }
-            }
-        }
-        if transit && cont {
+            State::Identified(first, stage) => (*first, *stage),
+            State::Negotiating(n) => (n.identity, n.stage),
+            State::Refused(..) | State::Complete => return Err(LoginStatus::INITIATOR_ERROR),
+        };
+        if !first.same(&identity) || csg != stage || (transit && cont) {
             return Err(LoginStatus::INITIATOR_ERROR);
         }
         if !transit {
@@ -487,385 +556,7 @@ impl Login {
         Ok((csg, Some(nsg)))
     }
 
-    /// What the current stage requires of the keys: the security stage negotiates
-    /// authentication; the operational stage takes no CHAP key (RFC 7143 §6.3) and, without
-    /// authentication, needs a group that requires none.
-    fn stage_keys(
-        &mut self,
-        csg: Stage,
-        offers: &[(String, String)],
-        policy: &mut dyn LoginPolicy,
-        answers: &mut Vec<(String, String)>,
-    ) -> Result<(), LoginStatus> {
-        match csg {
-            Stage::Security => self.security(offers, policy, answers),
-            Stage::Operational => {
-                if offers.iter().any(|(k, _)| k.starts_with("CHAP_")) {
-                    return Err(self.auth_fail(
-                        AuthFailure::Protocol("security key in the operational stage"),
-                        LoginStatus::INITIATOR_ERROR,
-                    ));
-                }
-                if !self.authenticated {
-                    self.require_no_auth()?;
-                }
-                Ok(())
-            }
-            Stage::FullFeature => Err(LoginStatus::INITIATOR_ERROR),
-        }
-    }
-
-    fn admit(
-        &mut self,
-        offers: &[(String, String)],
-        policy: &mut dyn LoginPolicy,
-        answers: &mut Vec<(String, String)>,
-    ) -> Result<(), LoginStatus> {
-        let get = |k: &str| {
-            offers
-                .iter()
-                .find(|(key, _)| key == k)
-                .map(|(_, v)| v.as_str())
-        };
-        let initiator = get("InitiatorName").ok_or(LoginStatus::MISSING_PARAMETER)?;
-        if initiator.is_empty() {
-            return Err(LoginStatus::MISSING_PARAMETER);
-        }
-        // Normalised once, here: every decision about who this initiator is compares this form.
-        let initiator = NodeName::from_wire(initiator).map_err(|_| {
-            self.failure = Some(AuthFailure::MalformedName);
-            LoginStatus::INITIATOR_ERROR
-        })?;
-        // Known from here on, so that a refusal below is logged with the names it refused.
-        self.initiator_name = Some(initiator.clone());
-        let session_type = match get("SessionType").unwrap_or("Normal") {
-            "Normal" => SessionType::Normal,
-            "Discovery" => SessionType::Discovery,
-            _ => return Err(LoginStatus::SESSION_TYPE_UNSUPPORTED),
-        };
-        let admission = match session_type {
-            SessionType::Normal => {
-                let target = get("TargetName").ok_or(LoginStatus::MISSING_PARAMETER)?;
-                // No target has a name that is not one.
-                let target = NodeName::from_wire(target).map_err(|_| {
-                    self.failure = Some(AuthFailure::MalformedName);
-                    LoginStatus::NOT_FOUND
-                })?;
-                self.target_name = Some(target.clone());
-                let admission = policy.admit(&initiator, &target)?;
-                answers.push((
-                    "TargetPortalGroupTag".into(),
-                    admission.portal_group_tag.to_string(),
-                ));
-                if let Some(alias) = &admission.target_alias {
-                    answers.push(("TargetAlias".into(), alias.clone()));
-                }
-                admission
-            }
-            SessionType::Discovery => policy.admit_discovery(&initiator)?,
-        };
-        self.initiator_alias = get("InitiatorAlias").map(str::to_string);
-        self.negotiator = Some(Negotiator::new(self.target_limits.clone(), session_type));
-        self.admission = Some(admission);
-        Ok(())
-    }
-
-    /// Names are fixed by the first request; a later request may repeat but not change them.
-    fn check_names_unchanged(&self, offers: &[(String, String)]) -> Result<(), LoginStatus> {
-        for (key, value) in offers {
-            let fixed = match key.as_str() {
-                "InitiatorName" => self.initiator_name.as_ref(),
-                "TargetName" => self.target_name.as_ref(),
-                _ => continue,
-            };
-            // The same name in another spelling is the same name.
-            if fixed.is_none() || NodeName::from_wire(value).ok().as_ref() != fixed {
-                return Err(LoginStatus::INITIATOR_ERROR);
-            }
-        }
-        Ok(())
-    }
-
-    fn auth_fail(&mut self, why: AuthFailure, status: LoginStatus) -> LoginStatus {
-        self.failure = Some(why);
-        status
-    }
-
-    /// The security stage: AuthMethod, then (for CHAP) CHAP_A, then CHAP_N/CHAP_R (and the
-    /// initiator's CHAP_I/CHAP_C for mutual CHAP), one step per request, RFC 7143 §12.1.3.
-    fn security(
-        &mut self,
-        offers: &[(String, String)],
-        policy: &mut dyn LoginPolicy,
-        answers: &mut Vec<(String, String)>,
-    ) -> Result<(), LoginStatus> {
-        let requirement = self
-            .admission
-            .as_ref()
-            .map(|a| a.auth.clone())
-            .ok_or(LoginStatus::TARGET_ERROR)?;
-        let get = |k: &str| {
-            offers
-                .iter()
-                .find(|(key, _)| key == k)
-                .map(|(_, v)| v.as_str())
-        };
-        let chap_keys = offers.iter().any(|(k, _)| k.starts_with("CHAP_"));
-        if let Some(methods) = get("AuthMethod") {
-            if self.auth != Auth::Start {
-                // Already negotiated: a key may not be negotiated twice.
-                return Err(self.auth_fail(
-                    AuthFailure::Protocol("AuthMethod sent twice"),
-                    LoginStatus::INITIATOR_ERROR,
-                ));
-            }
-            if chap_keys {
-                return Err(self.auth_fail(
-                    AuthFailure::Protocol("CHAP keys before AuthMethod was agreed"),
-                    LoginStatus::INITIATOR_ERROR,
-                ));
-            }
-            let offered = |m: &str| methods.split(',').any(|x| x == m);
-            match requirement {
-                AuthRequirement::None => {
-                    if offered("None") {
-                        answers.push(("AuthMethod".into(), "None".into()));
-                        self.auth = Auth::NoneAgreed;
-                        self.authenticated = true;
-                    } else {
-                        // The initiator insists on a method we were not configured for.
-                        return Err(
-                            self.auth_fail(AuthFailure::MethodRefused, LoginStatus::AUTH_FAILED)
-                        );
-                    }
-                }
-                AuthRequirement::Chap(_) => {
-                    if offered("CHAP") {
-                        answers.push(("AuthMethod".into(), "CHAP".into()));
-                        self.auth = Auth::ChapAgreed;
-                    } else {
-                        return Err(
-                            self.auth_fail(AuthFailure::MethodRefused, LoginStatus::AUTH_FAILED)
-                        );
-                    }
-                }
-            }
-            return Ok(());
-        }
-        match std::mem::replace(&mut self.auth, Auth::Start) {
-            Auth::Start => {
-                if chap_keys {
-                    return Err(self.auth_fail(
-                        AuthFailure::Protocol("CHAP keys before AuthMethod"),
-                        LoginStatus::INITIATOR_ERROR,
-                    ));
-                }
-                // No AuthMethod offered: the default is None.
-                self.require_no_auth()?;
-                self.auth = Auth::NoneAgreed;
-            }
-            state @ (Auth::NoneAgreed | Auth::ChapDone { .. }) => {
-                self.auth = state;
-                if chap_keys {
-                    return Err(self.auth_fail(
-                        AuthFailure::Protocol("CHAP keys after authentication"),
-                        LoginStatus::INITIATOR_ERROR,
-                    ));
-                }
-            }
-            Auth::ChapAgreed => {
-                let AuthRequirement::Chap(req) = &requirement else {
-                    return Err(LoginStatus::TARGET_ERROR);
-                };
-                self.chap_algorithm(offers, req, policy, answers)?;
-            }
-            Auth::Challenged {
-                algorithm,
-                id,
-                challenge,
-            } => {
-                let AuthRequirement::Chap(req) = &requirement else {
-                    return Err(LoginStatus::TARGET_ERROR);
-                };
-                let user = self.chap_response(offers, req, algorithm, id, &challenge, answers)?;
-                self.auth = Auth::ChapDone { user };
-                self.authenticated = true;
-            }
-        }
-        Ok(())
-    }
-
-    /// CHAP_A=<list> → CHAP_A, CHAP_I, CHAP_C.
-    fn chap_algorithm(
-        &mut self,
-        offers: &[(String, String)],
-        req: &ChapRequirement,
-        policy: &mut dyn LoginPolicy,
-        answers: &mut Vec<(String, String)>,
-    ) -> Result<(), LoginStatus> {
-        if offers
-            .iter()
-            .any(|(k, _)| k.starts_with("CHAP_") && k != "CHAP_A")
-        {
-            return Err(self.auth_fail(
-                AuthFailure::Protocol("CHAP key other than CHAP_A before the challenge"),
-                LoginStatus::INITIATOR_ERROR,
-            ));
-        }
-        let Some(list) = offers.iter().find(|(k, _)| k == "CHAP_A").map(|(_, v)| v) else {
-            return Err(self.auth_fail(
-                AuthFailure::Protocol("CHAP_A missing"),
-                LoginStatus::MISSING_PARAMETER,
-            ));
-        };
-        // Unknown or malformed entries are ignored (RFC 7143 §6.2: the responder picks from
-        // what it understands); an empty intersection fails.
-        let offered: Vec<Algorithm> = list
-            .split(',')
-            .filter_map(|v| v.trim().parse::<u32>().ok())
-            .filter_map(Algorithm::from_code)
-            .collect();
-        let Some(&algorithm) = req.algorithms.iter().find(|a| offered.contains(a)) else {
-            return Err(self.auth_fail(AuthFailure::NoCommonAlgorithm, LoginStatus::AUTH_FAILED));
-        };
-        let mut random = [0u8; 1 + chap::CHALLENGE_BYTES];
-        policy.fill_random(&mut random)?;
-        let id = random[0];
-        let challenge = random[1..].to_vec();
-        answers.push(("CHAP_A".into(), algorithm.code().to_string()));
-        answers.push(("CHAP_I".into(), id.to_string()));
-        answers.push(("CHAP_C".into(), chap::encode_hex(&challenge)));
-        self.auth = Auth::Challenged {
-            algorithm,
-            id,
-            challenge,
-        };
-        Ok(())
-    }
-
-    /// CHAP_N, CHAP_R [, CHAP_I, CHAP_C] → verified [; CHAP_N, CHAP_R for mutual CHAP].
-    /// Returns the authenticated user name.
-    fn chap_response(
-        &mut self,
-        offers: &[(String, String)],
-        req: &ChapRequirement,
-        algorithm: Algorithm,
-        id: u8,
-        challenge: &[u8],
-        answers: &mut Vec<(String, String)>,
-    ) -> Result<String, LoginStatus> {
-        let get = |k: &str| {
-            offers
-                .iter()
-                .find(|(key, _)| key == k)
-                .map(|(_, v)| v.as_str())
-        };
-        if get("CHAP_A").is_some() {
-            return Err(self.auth_fail(
-                AuthFailure::Protocol("CHAP_A sent twice"),
-                LoginStatus::INITIATOR_ERROR,
-            ));
-        }
-        let (Some(name), Some(response)) = (get("CHAP_N"), get("CHAP_R")) else {
-            return Err(self.auth_fail(
-                AuthFailure::Protocol("CHAP_N or CHAP_R missing"),
-                LoginStatus::MISSING_PARAMETER,
-            ));
-        };
-        let mutual = match (get("CHAP_I"), get("CHAP_C")) {
-            (None, None) => None,
-            (Some(i), Some(c)) => Some((i, c)),
-            _ => {
-                return Err(self.auth_fail(
-                    AuthFailure::Protocol("CHAP_I without CHAP_C or the reverse"),
-                    LoginStatus::MISSING_PARAMETER,
-                ))
-            }
-        };
-        if name.is_empty() || name.len() > chap::USER_BYTES_MAX {
-            return Err(self.auth_fail(
-                AuthFailure::Protocol("CHAP_N empty or too long"),
-                LoginStatus::INITIATOR_ERROR,
-            ));
-        }
-        let Ok(received) = chap::decode_binary(response) else {
-            return Err(self.auth_fail(
-                AuthFailure::Protocol("CHAP_R is not a binary value"),
-                LoginStatus::INITIATOR_ERROR,
-            ));
-        };
-        // Compare against every configured user in constant time per user, so an unknown name
-        // costs what a known one does.
-        let mut matched = false;
-        let mut known = false;
-        for user in &req.users {
-            // Hash and compare for every user, named or not, so the work done does not reveal
-            // whether the name exists.
-            let expected = algorithm.response(id, &user.secret, challenge);
-            let response_ok = chap::responses_match(&expected, &received);
-            let is_name = user.user == name;
-            known |= is_name;
-            matched |= is_name & response_ok;
-        }
-        if !known {
-            return Err(self.auth_fail(AuthFailure::UnknownUser, LoginStatus::AUTH_FAILED));
-        }
-        if !matched {
-            return Err(self.auth_fail(AuthFailure::WrongResponse, LoginStatus::AUTH_FAILED));
-        }
-        if let Some((peer_id, peer_challenge)) = mutual {
-            let Some(target) = &req.mutual else {
-                return Err(
-                    self.auth_fail(AuthFailure::MutualNotConfigured, LoginStatus::AUTH_FAILED)
-                );
-            };
-            let Some(peer_id) = chap::parse_identifier(peer_id) else {
-                return Err(self.auth_fail(
-                    AuthFailure::Protocol("CHAP_I is not a number in 0..=255"),
-                    LoginStatus::INITIATOR_ERROR,
-                ));
-            };
-            let Ok(peer_challenge) = chap::decode_binary(peer_challenge) else {
-                return Err(self.auth_fail(
-                    AuthFailure::Protocol("CHAP_C is not a binary value"),
-                    LoginStatus::INITIATOR_ERROR,
-                ));
-            };
-            if !(chap::PEER_CHALLENGE_BYTES_MIN..=chap::PEER_CHALLENGE_BYTES_MAX)
-                .contains(&peer_challenge.len())
-            {
-                return Err(self.auth_fail(
-                    AuthFailure::Protocol("CHAP_C length out of range"),
-                    LoginStatus::INITIATOR_ERROR,
-                ));
-            }
-            if peer_challenge == challenge {
-                // RFC 7143 §12.1.3: a reflected challenge would make us answer our own question.
-                return Err(
-                    self.auth_fail(AuthFailure::ReflectedChallenge, LoginStatus::AUTH_FAILED)
-                );
-            }
-            let answer = algorithm.response(peer_id, &target.secret, &peer_challenge);
-            answers.push(("CHAP_N".into(), target.user.clone()));
-            answers.push(("CHAP_R".into(), chap::encode_hex(&answer)));
-            self.proved_at = Some(self.requests);
-        }
-        Ok(name.to_string())
-    }
-
-    fn require_no_auth(&mut self) -> Result<(), LoginStatus> {
-        match self.admission.as_ref().map(|a| &a.auth) {
-            Some(AuthRequirement::None) => {
-                self.authenticated = true;
-                Ok(())
-            }
-            Some(AuthRequirement::Chap(_)) => {
-                Err(self.auth_fail(AuthFailure::NotAuthenticated, LoginStatus::AUTH_FAILED))
-            }
-            None => Err(LoginStatus::TARGET_ERROR),
-        }
-    }
-
+    /// The final step: the session opened with the policy, then the login complete.
     fn complete(
         &mut self,
         pdu: &Pdu<'_>,
@@ -873,38 +564,38 @@ impl Login {
         answers: Vec<(String, String)>,
         policy: &mut dyn LoginPolicy,
         out: &mut Vec<u8>,
-    ) -> Result<LoginStep, LoginStatus> {
-        let identity = self.identity.ok_or(LoginStatus::TARGET_ERROR)?;
-        let negotiator = self.negotiator.as_ref().ok_or(LoginStatus::TARGET_ERROR)?;
-        let admission = self.admission.as_ref().ok_or(LoginStatus::TARGET_ERROR)?;
-        let initiator_name = self
-            .initiator_name
-            .clone()
-            .ok_or(LoginStatus::TARGET_ERROR)?;
-        let mut params = negotiator.params;
-        if !negotiator_declared(&answers, negotiator) {
+    ) -> Result<LoginStep, Failed> {
+        let State::Negotiating(n) = &self.state else {
+            return Err(LoginStatus::TARGET_ERROR.into());
+        };
+        let key = SessionKey {
+            initiator_name: n.initiator.clone(),
+            isid: n.identity.isid,
+            target_name: n.target.clone(),
+            tsih: n.identity.tsih,
+        };
+        // Opened before the state is given up: a refusal here is logged with the login's names.
+        let tsih = policy.open_session(&key, n.negotiator.session_type)?;
+        let State::Negotiating(n) = std::mem::replace(&mut self.state, State::Complete) else {
+            unreachable!("matched above");
+        };
+        let mut params = n.negotiator.params;
+        if !negotiator_declared(&answers, &n.negotiator) {
             // We never told the initiator our limit, so it assumes the RFC default.
             params.max_recv_data_segment_length = 8192;
         }
-        let key = SessionKey {
-            initiator_name: initiator_name.clone(),
-            isid: identity.isid,
-            target_name: self.target_name.clone(),
-            tsih: identity.tsih,
-        };
-        let tsih = policy.open_session(&key, negotiator.session_type)?;
         let established = Established {
-            session_type: negotiator.session_type,
-            initiator_name,
-            initiator_alias: self.initiator_alias.clone(),
-            target_name: self.target_name.clone(),
-            portal_group_tag: admission.portal_group_tag,
-            isid: identity.isid,
+            session_type: n.negotiator.session_type,
+            initiator_name: n.initiator,
+            initiator_alias: n.initiator_alias,
+            target_name: n.target,
+            portal_group_tag: n.admission.portal_group_tag,
+            isid: n.identity.isid,
             tsih,
-            cid: identity.cid,
+            cid: n.identity.cid,
             params,
-            chap_user: match &self.auth {
-                Auth::ChapDone { user } => Some(user.clone()),
+            chap_user: match n.auth {
+                Auth::ChapDone { user } => Some(user),
                 _ => None,
             },
             next_stat_sn: self.stat_sn.wrapping_add(1),
@@ -912,16 +603,8 @@ impl Login {
             // an initiator changed CmdSN between its Login Requests (found by fuzz(login)).
             exp_cmd_sn: pdu.bhs.u32_at(off::CMD_SN),
         };
-        self.stage = Stage::FullFeature;
-        self.respond_full(
-            pdu,
-            csg,
-            Some(Stage::FullFeature),
-            &answers,
-            LoginStatus::SUCCESS,
-            tsih,
-            out,
-        );
+        let next = Some(Stage::FullFeature);
+        self.respond_full(pdu, csg, next, &answers, LoginStatus::SUCCESS, tsih, out);
         Ok(LoginStep::Complete(Box::new(established)))
     }
 
@@ -940,7 +623,11 @@ impl Login {
         status: LoginStatus,
         out: &mut Vec<u8>,
     ) {
-        let tsih = self.identity.map_or(0, |i| i.tsih);
+        let tsih = match &self.state {
+            State::Identified(identity, _) | State::Refused(identity, _) => identity.tsih,
+            State::Negotiating(n) => n.identity.tsih,
+            State::Fresh | State::Complete => 0,
+        };
         self.respond_full(pdu, csg, next, answers, status, tsih, out);
     }
 
@@ -985,6 +672,409 @@ impl Login {
         self.stat_sn = self.stat_sn.wrapping_add(1);
         pdu::encode_into(out, &bhs, &data, &Framing::LOGIN);
     }
+}
+
+/// Keys, in the order sent.
+type Keys = Vec<(String, String)>;
+
+/// The first text of a login: who logs in (InitiatorName; TargetName for a normal session),
+/// asked of the policy. The session's negotiation state and the keys to answer, or the names
+/// given (for the log) and why it was refused.
+fn admit(
+    identity: Identity,
+    stage: Stage,
+    offers: &[(String, String)],
+    policy: &mut dyn LoginPolicy,
+    target_limits: &TargetLimits,
+) -> Result<(Negotiating, Keys), (Names, Failed)> {
+    let mut names = Names::default();
+    let mut answers = Vec::new();
+    let refused = |names, failed: Failed| Err((names, failed));
+    let initiator = match get(offers, "InitiatorName") {
+        None | Some("") => return refused(names, LoginStatus::MISSING_PARAMETER.into()),
+        Some(name) => name,
+    };
+    // Normalised once, here: every decision about who this initiator is compares this form.
+    let Ok(initiator) = NodeName::from_wire(initiator) else {
+        let failed = auth_failed(AuthFailure::MalformedName, LoginStatus::INITIATOR_ERROR);
+        return refused(names, failed);
+    };
+    // Known from here on, so that a refusal below is logged with the names it refused.
+    names.initiator = Some(initiator.clone());
+    let session_type = match get(offers, "SessionType").unwrap_or("Normal") {
+        "Normal" => SessionType::Normal,
+        "Discovery" => SessionType::Discovery,
+        _ => return refused(names, LoginStatus::SESSION_TYPE_UNSUPPORTED.into()),
+    };
+    let admission = match session_type {
+        SessionType::Normal => {
+            let Some(target) = get(offers, "TargetName") else {
+                return refused(names, LoginStatus::MISSING_PARAMETER.into());
+            };
+            // No target has a name that is not one.
+            let Ok(target) = NodeName::from_wire(target) else {
+                let failed = auth_failed(AuthFailure::MalformedName, LoginStatus::NOT_FOUND);
+                return refused(names, failed);
+            };
+            names.target = Some(target.clone());
+            let admission = match policy.admit(&initiator, &target) {
+                Ok(admission) => admission,
+                Err(status) => return refused(names, status.into()),
+            };
+            let tag = admission.portal_group_tag.to_string();
+            answers.push(("TargetPortalGroupTag".into(), tag));
+            if let Some(alias) = &admission.target_alias {
+                answers.push(("TargetAlias".into(), alias.clone()));
+            }
+            admission
+        }
+        SessionType::Discovery => match policy.admit_discovery(&initiator) {
+            Ok(admission) => admission,
+            Err(status) => return refused(names, status.into()),
+        },
+    };
+    let negotiating = Negotiating {
+        identity,
+        stage,
+        initiator,
+        initiator_alias: get(offers, "InitiatorAlias").map(str::to_string),
+        target: names.target,
+        admission,
+        negotiator: Negotiator::new(target_limits.clone(), session_type),
+        auth: Auth::Start,
+    };
+    Ok((negotiating, answers))
+}
+
+impl Identity {
+    fn same(&self, other: &Identity) -> bool {
+        self.isid == other.isid && self.tsih == other.tsih && self.cid == other.cid
+    }
+}
+
+impl Negotiating {
+    /// Names are fixed by the first request; a later request may repeat but not change them.
+    fn check_names_unchanged(&self, offers: &[(String, String)]) -> Result<(), LoginStatus> {
+        for (key, value) in offers {
+            let fixed = match key.as_str() {
+                "InitiatorName" => Some(&self.initiator),
+                "TargetName" => self.target.as_ref(),
+                _ => continue,
+            };
+            // The same name in another spelling is the same name.
+            if fixed.is_none() || NodeName::from_wire(value).ok().as_ref() != fixed {
+                return Err(LoginStatus::INITIATOR_ERROR);
+            }
+        }
+        Ok(())
+    }
+
+    /// What the current stage requires of the keys: the security stage negotiates
+    /// authentication; the operational stage takes no CHAP key (RFC 7143 §6.3) and, without
+    /// authentication, needs a group that requires none. True when the answers carry the
+    /// target's proof to the initiator's mutual CHAP challenge.
+    fn stage_keys(
+        &mut self,
+        csg: Stage,
+        offers: &[(String, String)],
+        policy: &mut dyn LoginPolicy,
+        answers: &mut Vec<(String, String)>,
+    ) -> Result<bool, Failed> {
+        match csg {
+            Stage::Security => self.security(offers, policy, answers),
+            Stage::Operational => {
+                if offers.iter().any(|(k, _)| k.starts_with("CHAP_")) {
+                    return Err(auth_failed(
+                        AuthFailure::Protocol("security key in the operational stage"),
+                        LoginStatus::INITIATOR_ERROR,
+                    ));
+                }
+                if !self.auth.authenticated() {
+                    self.require_no_auth()?;
+                }
+                Ok(false)
+            }
+            Stage::FullFeature => Err(LoginStatus::INITIATOR_ERROR.into()),
+        }
+    }
+
+    /// Without authentication: allowed when the admission requires none (AuthMethod=None,
+    /// agreed or implied).
+    fn require_no_auth(&mut self) -> Result<(), Failed> {
+        match self.admission.auth {
+            AuthRequirement::None => {
+                self.auth = Auth::NoneAgreed;
+                Ok(())
+            }
+            AuthRequirement::Chap(_) => Err(auth_failed(
+                AuthFailure::NotAuthenticated,
+                LoginStatus::AUTH_FAILED,
+            )),
+        }
+    }
+
+    /// The security stage: AuthMethod, then (for CHAP) CHAP_A, then CHAP_N/CHAP_R (and the
+    /// initiator's CHAP_I/CHAP_C for mutual CHAP), one step per request, RFC 7143 §12.1.3.
+    /// True when the answers carry the target's proof (mutual CHAP).
+    fn security(
+        &mut self,
+        offers: &[(String, String)],
+        policy: &mut dyn LoginPolicy,
+        answers: &mut Vec<(String, String)>,
+    ) -> Result<bool, Failed> {
+        let chap_keys = offers.iter().any(|(k, _)| k.starts_with("CHAP_"));
+        if let Some(methods) = get(offers, "AuthMethod") {
+            self.auth_method(methods, chap_keys, answers)?;
+            return Ok(false);
+        }
+        let protocol =
+            |what| auth_failed(AuthFailure::Protocol(what), LoginStatus::INITIATOR_ERROR);
+        match std::mem::replace(&mut self.auth, Auth::Start) {
+            Auth::Start if chap_keys => Err(protocol("CHAP keys before AuthMethod")),
+            // No AuthMethod offered: the default is None.
+            Auth::Start => self.require_no_auth().map(|()| false),
+            state @ (Auth::NoneAgreed | Auth::ChapDone { .. }) => {
+                self.auth = state;
+                match chap_keys {
+                    true => Err(protocol("CHAP keys after authentication")),
+                    false => Ok(false),
+                }
+            }
+            Auth::ChapAgreed => {
+                let AuthRequirement::Chap(req) = &self.admission.auth else {
+                    return Err(LoginStatus::TARGET_ERROR.into());
+                };
+                self.auth = chap_algorithm(offers, req, policy, answers)?;
+                Ok(false)
+            }
+            Auth::Challenged {
+                algorithm,
+                id,
+                challenge,
+            } => {
+                let AuthRequirement::Chap(req) = &self.admission.auth else {
+                    return Err(LoginStatus::TARGET_ERROR.into());
+                };
+                let asked = Asked {
+                    algorithm,
+                    id,
+                    challenge: &challenge,
+                };
+                let (user, proved) = chap_response(offers, req, asked, answers)?;
+                self.auth = Auth::ChapDone { user };
+                Ok(proved)
+            }
+        }
+    }
+
+    /// AuthMethod=<list>: the method the admission requires, if offered.
+    fn auth_method(
+        &mut self,
+        methods: &str,
+        chap_keys: bool,
+        answers: &mut Vec<(String, String)>,
+    ) -> Result<(), Failed> {
+        let protocol =
+            |what| auth_failed(AuthFailure::Protocol(what), LoginStatus::INITIATOR_ERROR);
+        if self.auth != Auth::Start {
+            // Already negotiated: a key may not be negotiated twice.
+            return Err(protocol("AuthMethod sent twice"));
+        }
+        if chap_keys {
+            return Err(protocol("CHAP keys before AuthMethod was agreed"));
+        }
+        let (method, agreed) = match self.admission.auth {
+            AuthRequirement::None => ("None", Auth::NoneAgreed),
+            AuthRequirement::Chap(_) => ("CHAP", Auth::ChapAgreed),
+        };
+        if !methods.split(',').any(|m| m == method) {
+            // The initiator insists on a method we were not configured for.
+            return Err(auth_failed(
+                AuthFailure::MethodRefused,
+                LoginStatus::AUTH_FAILED,
+            ));
+        }
+        answers.push(("AuthMethod".into(), method.into()));
+        self.auth = agreed;
+        Ok(())
+    }
+}
+
+/// The target's challenge, as the CHAP_A step sent it.
+struct Asked<'a> {
+    algorithm: Algorithm,
+    id: u8,
+    challenge: &'a [u8],
+}
+
+/// CHAP_A=<list> → CHAP_A, CHAP_I, CHAP_C: the next state, challenged.
+fn chap_algorithm(
+    offers: &[(String, String)],
+    req: &ChapRequirement,
+    policy: &mut dyn LoginPolicy,
+    answers: &mut Vec<(String, String)>,
+) -> Result<Auth, Failed> {
+    let protocol = |what, status| auth_failed(AuthFailure::Protocol(what), status);
+    if offers
+        .iter()
+        .any(|(k, _)| k.starts_with("CHAP_") && k != "CHAP_A")
+    {
+        return Err(protocol(
+            "CHAP key other than CHAP_A before the challenge",
+            LoginStatus::INITIATOR_ERROR,
+        ));
+    }
+    let Some(list) = get(offers, "CHAP_A") else {
+        return Err(protocol("CHAP_A missing", LoginStatus::MISSING_PARAMETER));
+    };
+    // Unknown or malformed entries are ignored (RFC 7143 §6.2: the responder picks from
+    // what it understands); an empty intersection fails.
+    let offered: Vec<Algorithm> = list
+        .split(',')
+        .filter_map(|v| v.trim().parse::<u32>().ok())
+        .filter_map(Algorithm::from_code)
+        .collect();
+    let Some(&algorithm) = req.algorithms.iter().find(|a| offered.contains(a)) else {
+        return Err(auth_failed(
+            AuthFailure::NoCommonAlgorithm,
+            LoginStatus::AUTH_FAILED,
+        ));
+    };
+    let mut random = [0u8; 1 + chap::CHALLENGE_BYTES];
+    policy.fill_random(&mut random)?;
+    let id = random[0];
+    let challenge = random[1..].to_vec();
+    answers.push(("CHAP_A".into(), algorithm.code().to_string()));
+    answers.push(("CHAP_I".into(), id.to_string()));
+    answers.push(("CHAP_C".into(), chap::encode_hex(&challenge)));
+    Ok(Auth::Challenged {
+        algorithm,
+        id,
+        challenge,
+    })
+}
+
+/// CHAP_N, CHAP_R [, CHAP_I, CHAP_C] → verified [; CHAP_N, CHAP_R for mutual CHAP].
+/// Returns the authenticated user name, and whether the answers carry the target's proof.
+fn chap_response(
+    offers: &[(String, String)],
+    req: &ChapRequirement,
+    asked: Asked<'_>,
+    answers: &mut Vec<(String, String)>,
+) -> Result<(String, bool), Failed> {
+    let protocol = |what, status| auth_failed(AuthFailure::Protocol(what), status);
+    if get(offers, "CHAP_A").is_some() {
+        return Err(protocol("CHAP_A sent twice", LoginStatus::INITIATOR_ERROR));
+    }
+    let (Some(name), Some(response)) = (get(offers, "CHAP_N"), get(offers, "CHAP_R")) else {
+        return Err(protocol(
+            "CHAP_N or CHAP_R missing",
+            LoginStatus::MISSING_PARAMETER,
+        ));
+    };
+    let mutual = match (get(offers, "CHAP_I"), get(offers, "CHAP_C")) {
+        (None, None) => None,
+        (Some(i), Some(c)) => Some((i, c)),
+        _ => {
+            return Err(protocol(
+                "CHAP_I without CHAP_C or the reverse",
+                LoginStatus::MISSING_PARAMETER,
+            ))
+        }
+    };
+    if name.is_empty() || name.len() > chap::USER_BYTES_MAX {
+        return Err(protocol(
+            "CHAP_N empty or too long",
+            LoginStatus::INITIATOR_ERROR,
+        ));
+    }
+    let Ok(received) = chap::decode_binary(response) else {
+        return Err(protocol(
+            "CHAP_R is not a binary value",
+            LoginStatus::INITIATOR_ERROR,
+        ));
+    };
+    verify_user(req, &asked, name, &received)?;
+    let Some((peer_id, peer_challenge)) = mutual else {
+        return Ok((name.to_string(), false));
+    };
+    let answer = mutual_answer(req, &asked, peer_id, peer_challenge)?;
+    answers.extend(answer);
+    Ok((name.to_string(), true))
+}
+
+/// Whether `name` is a configured user whose secret gives `received` for the challenge asked.
+/// Every user's response is computed and compared in constant time, named or not, so the work
+/// done does not reveal whether the name exists.
+fn verify_user(
+    req: &ChapRequirement,
+    asked: &Asked<'_>,
+    name: &str,
+    received: &[u8],
+) -> Result<(), Failed> {
+    let mut matched = false;
+    let mut known = false;
+    for user in &req.users {
+        let expected = asked
+            .algorithm
+            .response(asked.id, &user.secret, asked.challenge);
+        let response_ok = chap::responses_match(&expected, received);
+        let is_name = user.user == name;
+        known |= is_name;
+        matched |= is_name & response_ok;
+    }
+    match (known, matched) {
+        (false, _) => Err(auth_failed(
+            AuthFailure::UnknownUser,
+            LoginStatus::AUTH_FAILED,
+        )),
+        (true, false) => Err(auth_failed(
+            AuthFailure::WrongResponse,
+            LoginStatus::AUTH_FAILED,
+        )),
+        (true, true) => Ok(()),
+    }
+}
+
+/// The target's CHAP_N and CHAP_R answering the initiator's own challenge (mutual CHAP).
+fn mutual_answer(
+    req: &ChapRequirement,
+    asked: &Asked<'_>,
+    peer_id: &str,
+    peer_challenge: &str,
+) -> Result<[(String, String); 2], Failed> {
+    let protocol = |what| auth_failed(AuthFailure::Protocol(what), LoginStatus::INITIATOR_ERROR);
+    let Some(target) = &req.mutual else {
+        return Err(auth_failed(
+            AuthFailure::MutualNotConfigured,
+            LoginStatus::AUTH_FAILED,
+        ));
+    };
+    let Some(peer_id) = chap::parse_identifier(peer_id) else {
+        return Err(protocol("CHAP_I is not a number in 0..=255"));
+    };
+    let Ok(peer_challenge) = chap::decode_binary(peer_challenge) else {
+        return Err(protocol("CHAP_C is not a binary value"));
+    };
+    if !(chap::PEER_CHALLENGE_BYTES_MIN..=chap::PEER_CHALLENGE_BYTES_MAX)
+        .contains(&peer_challenge.len())
+    {
+        return Err(protocol("CHAP_C length out of range"));
+    }
+    if peer_challenge == asked.challenge {
+        // RFC 7143 §12.1.3: a reflected challenge would make us answer our own question.
+        return Err(auth_failed(
+            AuthFailure::ReflectedChallenge,
+            LoginStatus::AUTH_FAILED,
+        ));
+    }
+    let answer = asked
+        .algorithm
+        .response(peer_id, &target.secret, &peer_challenge);
+    Ok([
+        ("CHAP_N".into(), target.user.clone()),
+        ("CHAP_R".into(), chap::encode_hex(&answer)),
+    ])
 }
 
 fn negotiator_declared(answers: &[(String, String)], negotiator: &Negotiator) -> bool {

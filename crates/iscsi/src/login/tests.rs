@@ -1054,3 +1054,49 @@ fn malformed_names_are_refused_and_remembered_for_the_log() {
         Some("iqn.2026-11.org.ferrosan:t")
     );
 }
+
+#[test]
+fn a_refused_login_keeps_its_names_and_takes_no_second_request() {
+    let mut l = login();
+    let mut denied = Policy {
+        deny: Some(LoginStatus::FORBIDDEN),
+        ..Policy::default()
+    };
+    let (step, r) = send(&mut l, &mut denied, &req(0, Some(1), NORMAL));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::FORBIDDEN));
+    assert_eq!(r.status(), LoginStatus::FORBIDDEN);
+    let names = (l.initiator_name().cloned(), l.target_name().cloned());
+    let name = |s: &str| Some(NodeName::from_wire(s).unwrap());
+    assert_eq!(
+        names,
+        (
+            name("iqn.2026-11.org.test:i"),
+            name("iqn.2026-11.org.ferrosan:t")
+        )
+    );
+    // The policy would admit it now: the login stays refused, never admitted a second time.
+    let mut open = Policy::default();
+    let (step, _) = send(&mut l, &mut open, &req(0, Some(1), NORMAL));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
+    assert!(open.opened.is_empty());
+}
+
+#[test]
+fn a_discovery_login_may_repeat_its_names_and_a_complete_login_takes_no_more() {
+    let mut l = login();
+    let mut p = Policy::default();
+    let discovery = "InitiatorName=iqn.2026-11.org.test:i;SessionType=Discovery;AuthMethod=None;";
+    let (step, _) = send(&mut l, &mut p, &req(0, Some(1), discovery));
+    assert_eq!(step, LoginStep::Continue);
+    // The operational stage without a new name, then full feature.
+    let (step, _) = send(
+        &mut l,
+        &mut p,
+        &req(1, Some(3), "InitiatorName=iqn.2026-11.org.test:i;"),
+    );
+    assert!(matches!(step, LoginStep::Complete(_)), "{step:?}");
+    let (step, r) = send(&mut l, &mut p, &req(1, Some(3), ""));
+    assert_eq!(step, LoginStep::Failed(LoginStatus::INITIATOR_ERROR));
+    assert_eq!(r.status(), LoginStatus::INITIATOR_ERROR);
+    assert_eq!(l.initiator_name(), None, "the session holds the names now");
+}

@@ -148,19 +148,25 @@ impl Initiator {
              SessionType=Normal\0HeaderDigest=None\0DataDigest=None\0ImmediateData=Yes\0\
              MaxRecvDataSegmentLength=262144\0"
         );
-        let mut bhs = Bhs::new(Opcode::LoginRequest);
-        bhs.set_immediate(true);
-        bhs.set_flags(0x80 | (1 << 2) | 3);
-        bhs.0[8..14].copy_from_slice(&[0x80, 0xc4, 0x54, 0, 0, 1]);
-        bhs.set_itt(1);
-        bhs.set_u32(off::CMD_SN, 1);
+        let bhs = iscsi::pdu::LoginRequest {
+            csg: 1,
+            transit_to: Some(3),
+            continues: false,
+            isid: [0x80, 0xc4, 0x54, 0, 0, 1],
+            tsih: 0,
+            itt: 1,
+            cid: 0,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+        }
+        .bhs();
         let mut out = Vec::new();
         encode_into(&mut out, &bhs, text.as_bytes(), &Framing::LOGIN);
         stream.write_all(&out).unwrap();
         let (resp, data) = read_pdu(&mut stream).expect("login response");
         assert_eq!(resp.opcode_raw(), Opcode::LoginResponse as u8);
         assert_eq!(
-            (resp.0[36], resp.0[37]),
+            (resp.byte(off::STATUS_CLASS), resp.byte(off::STATUS_DETAIL)),
             (0, 0),
             "login: {}",
             String::from_utf8_lossy(&data)
@@ -196,7 +202,7 @@ impl Initiator {
         );
         bhs.set_u32(off::CMD_SN, self.cmd_sn);
         bhs.set_u32(off::EXP_STAT_SN, self.exp_stat_sn);
-        bhs.0[32..32 + cdb.len()].copy_from_slice(cdb);
+        bhs.0[off::CDB..off::CDB + cdb.len()].copy_from_slice(cdb);
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
         let mut out = Vec::new();
         let framing = Framing {
@@ -217,7 +223,7 @@ impl Initiator {
                     data[offset..offset + payload.len()].copy_from_slice(&payload);
                     if resp.flags() & 0x01 != 0 {
                         self.exp_stat_sn = resp.u32_at(off::STAT_SN).wrapping_add(1);
-                        return match resp.0[3] {
+                        return match resp.byte(off::STATUS) {
                             0 => Ok(data),
                             s => Err(Failure::Status(s)),
                         };
@@ -226,7 +232,7 @@ impl Initiator {
                 Some(Opcode::ScsiResponse) => {
                     assert_eq!(resp.itt(), self.itt);
                     self.exp_stat_sn = resp.u32_at(off::STAT_SN).wrapping_add(1);
-                    return match (resp.0[2], resp.0[3]) {
+                    return match (resp.byte(off::RESPONSE), resp.byte(off::STATUS)) {
                         (0, 0) => Ok(data),
                         (_, s) => Err(Failure::Status(s)),
                     };

@@ -35,7 +35,7 @@ fn garbage(port: u16) {
     stream.write_all(&bytes).expect("send garbage");
     for pdu in until_closed(&mut stream) {
         assert_eq!(pdu.opcode(), Opcode::LoginResponse as u8, "{:?}", pdu.bhs);
-        assert_ne!(pdu.bhs.0[36], 0, "garbage logged in");
+        assert_ne!(pdu.bhs.byte(off::STATUS_CLASS), 0, "garbage logged in");
     }
 }
 
@@ -49,7 +49,8 @@ fn huge_segment(port: u16) {
     for pdu in until_closed(&mut stream) {
         let op = pdu.opcode();
         assert!(
-            op == Opcode::LoginResponse as u8 && pdu.bhs.0[36] != 0 || op == Opcode::Reject as u8,
+            op == Opcode::LoginResponse as u8 && pdu.bhs.byte(off::STATUS_CLASS) != 0
+                || op == Opcode::Reject as u8,
             "16 MiB segment answered by {:?}",
             pdu.bhs
         );
@@ -103,7 +104,7 @@ fn misbehave_after_login(port: u16, iqn: &str) {
     cdb[0] = 0x2a; // WRITE(10) of 8 blocks at LBA 100000 (beyond the good client's image)
     cdb[2..6].copy_from_slice(&100_000u32.to_be_bytes());
     cdb[8] = 8;
-    bhs.0[32..48].copy_from_slice(&cdb);
+    bhs.0[off::CDB..off::CDB + 16].copy_from_slice(&cdb);
     c.send(&bhs, &[]);
     c.cmd_sn = c.cmd_sn.wrapping_add(1);
     let r2t = c.recv();
@@ -115,7 +116,7 @@ fn misbehave_after_login(port: u16, iqn: &str) {
     );
     assert_eq!(r2t.bhs.itt(), 0x16);
     let mut dup = c.header(Opcode::ScsiCommand, 0x16);
-    dup.0[32] = 0x00; // TEST UNIT READY with the busy ITT
+    dup.set_byte(off::CDB, 0x00); // TEST UNIT READY with the busy ITT
     c.send(&dup, &[]);
     c.cmd_sn = c.cmd_sn.wrapping_add(1);
     c.expect_reject(0x07, &dup, 0, "duplicate ITT");

@@ -624,7 +624,7 @@ fn a_change_that_cannot_be_saved_is_live_and_listed_as_unsaved() {
 /// TEST UNIT READY on `lun` of a raw session: None when GOOD, else the sense key, ASC, ASCQ.
 fn test_unit_ready(raw: &mut common::raw::Raw, itt: &mut u32, lun: u8) -> Option<(u8, u8, u8)> {
     let mut bhs = raw.command(*itt, &[0; 6], 0x80, 0);
-    bhs.0[9] = lun;
+    bhs.set_lun([0, lun, 0, 0, 0, 0, 0, 0]); // peripheral addressing
     *itt += 1;
     raw.send(&bhs, &[]);
     let pdu = raw.recv();

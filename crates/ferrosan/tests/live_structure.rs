@@ -267,7 +267,7 @@ fn portal_groups_and_listeners_change_live_and_their_sessions_are_asked_to_log_o
     let asked = loop {
         let pdu = through.recv();
         if pdu.opcode() == iscsi::pdu::Opcode::AsyncMessage as u8 {
-            break pdu.bhs.0[36];
+            break pdu.bhs.byte(iscsi::pdu::off::ASYNC_EVENT);
         }
         assert!(Instant::now() < deadline, "no Async Message");
     };

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::raw::{self, Raw};
 use common::Daemon;
-use iscsi::pdu::Opcode;
+use iscsi::pdu::{off, Opcode};
 
 const IQN: &str = "iqn.2024-01.dev.ferrosan:shutdown";
 
@@ -32,8 +32,12 @@ fn expect_logout_request(client: &mut Raw, grace_s: u16) {
         "expected an Async Message, got {:?}",
         pdu.bhs
     );
-    assert_eq!(pdu.bhs.0[36], 1, "AsyncEvent 1: target requests logout");
-    assert_eq!(pdu.bhs.0[42..44], grace_s.to_be_bytes(), "Parameter3");
+    assert_eq!(
+        pdu.bhs.byte(off::ASYNC_EVENT),
+        1,
+        "AsyncEvent 1: target requests logout"
+    );
+    assert_eq!(pdu.bhs.u16_at(off::PARAMETER3), grace_s, "Parameter3");
 }
 
 fn logout(client: &mut Raw, itt: u32) {
@@ -42,7 +46,11 @@ fn logout(client: &mut Raw, itt: u32) {
     client.send(&bhs, &[]);
     let pdu = client.recv();
     assert_eq!(pdu.opcode(), Opcode::LogoutResponse as u8);
-    assert_eq!(pdu.bhs.0[2], 0, "logout response: closed successfully");
+    assert_eq!(
+        pdu.bhs.byte(off::RESPONSE),
+        0,
+        "logout response: closed successfully"
+    );
 }
 
 #[test]

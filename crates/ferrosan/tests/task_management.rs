@@ -59,8 +59,8 @@ fn tmf(client: &mut Raw, itt: u32, function: u8, referenced: u32) {
     let mut bhs = client.header(Opcode::TaskMgmtRequest, itt);
     bhs.set_immediate(true);
     bhs.set_flags(0x80 | function);
-    bhs.set_u32(20, referenced);
-    bhs.set_u32(32, client.cmd_sn.wrapping_sub(1));
+    bhs.set_u32(off::REFERENCED_TASK_TAG, referenced);
+    bhs.set_u32(off::REF_CMD_SN, client.cmd_sn.wrapping_sub(1));
     client.send(&bhs, &[]);
 }
 
@@ -121,7 +121,7 @@ fn logical_unit_reset_waits_for_a_write_still_reaching_the_medium() {
     let answer = resetter.recv();
     assert_eq!(answer.opcode(), Opcode::TaskMgmtResponse as u8);
     assert_eq!(answer.bhs.itt(), 200);
-    assert_eq!(answer.bhs.0[2], 0, "function complete");
+    assert_eq!(answer.bhs.byte(off::RESPONSE), 0, "function complete");
     // The write finished before the reset was answered: its status is there now.
     let done = writer.recv();
     assert_eq!(done.bhs.itt(), 100);
@@ -177,7 +177,7 @@ fn abort_task_and_lu_reset_of_the_same_session_wait_for_the_aborted_write() {
             answer.bhs
         );
         assert_eq!(answer.bhs.itt(), 400 + u32::from(function));
-        assert_eq!(answer.bhs.0[2], 0);
+        assert_eq!(answer.bhs.byte(off::RESPONSE), 0);
         let exp = answer.bhs.u32_at(off::EXP_CMD_SN);
         assert_eq!(exp, client.cmd_sn, "the aborted command consumed its CmdSN");
         client.until_ready(&mut itt);

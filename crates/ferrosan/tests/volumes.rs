@@ -47,7 +47,7 @@ fn command(
             data_out.len() as u32
         };
         let mut bhs = raw.command(*itt, cdb, flags, edtl);
-        bhs.0[9] = lun;
+        bhs.set_lun([0, lun, 0, 0, 0, 0, 0, 0]); // peripheral addressing
         *itt += 1;
         raw.send(&bhs, data_out);
         let mut data = Vec::new();

@@ -973,7 +973,7 @@ mod tests {
                     cmd_sn.wrapping_add(32),
                 );
                 r.set_flags(0x80);
-                r.0[3] = status;
+                r.set_byte(iscsi::pdu::off::STATUS, status);
                 s.write_all(&fake::encode(&r, &[], &Framing::LOGIN))
                     .unwrap();
                 answered += 1;

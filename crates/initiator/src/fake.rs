@@ -90,25 +90,17 @@ pub fn login_response(
     status: (u8, u8),
     stat_sn: u32,
 ) -> Vec<u8> {
-    let mut bhs = Bhs::new(Opcode::LoginResponse);
-    let csg = (req.flags() >> 2) & 3;
     let nsg = req.flags() & 3;
-    let mut flags = csg << 2;
-    if transit {
-        flags |= 0x80 | nsg;
+    let bhs = pdu::LoginResponse {
+        request: req,
+        csg: (req.flags() >> 2) & 3,
+        transit_to: transit.then_some(nsg),
+        tsih: if transit && nsg == 3 { 7 } else { 0 },
+        stat_sn,
+        window: 32,
+        status,
     }
-    bhs.set_flags(flags);
-    bhs.0[8..14].copy_from_slice(&req.0[8..14]);
-    if transit && nsg == 3 {
-        bhs.set_u16(14, 7);
-    }
-    bhs.set_itt(req.itt());
-    bhs.set_u32(off::STAT_SN, stat_sn);
-    let cmd_sn = req.u32_at(off::CMD_SN);
-    bhs.set_u32(off::EXP_CMD_SN, cmd_sn);
-    bhs.set_u32(off::MAX_CMD_SN, cmd_sn.wrapping_add(31));
-    bhs.0[36] = status.0;
-    bhs.0[37] = status.1;
+    .bhs();
     encode(&bhs, &text(keys), &Framing::LOGIN)
 }
 

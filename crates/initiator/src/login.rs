@@ -278,19 +278,18 @@ impl Login {
         self.csg = csg;
         self.transit = transit;
         self.nsg = nsg;
-        let mut bhs = Bhs::new(Opcode::LoginRequest);
-        bhs.set_immediate(true);
-        let mut flags = csg << 2;
-        if transit {
-            flags |= TRANSIT | nsg;
+        let bhs = pdu::LoginRequest {
+            csg,
+            transit_to: transit.then_some(nsg),
+            continues: false,
+            isid: self.config.isid,
+            tsih: self.config.tsih,
+            itt: LOGIN_ITT,
+            cid: self.config.cid,
+            cmd_sn: INITIAL_CMD_SN,
+            exp_stat_sn: self.exp_stat_sn,
         }
-        bhs.set_flags(flags);
-        bhs.0[8..14].copy_from_slice(&self.config.isid);
-        bhs.set_u16(14, self.config.tsih);
-        bhs.set_itt(LOGIN_ITT);
-        bhs.set_u16(20, self.config.cid);
-        bhs.set_u32(off::CMD_SN, INITIAL_CMD_SN);
-        bhs.set_u32(off::EXP_STAT_SN, self.exp_stat_sn);
+        .bhs();
         let data = text::encode(keys);
         pdu::encode_into(self.out.vec(), &bhs, &data, &Framing::LOGIN);
     }
@@ -303,17 +302,17 @@ impl Login {
             None => return Err(ProtocolError::UnknownOpcode(op).into()),
         }
         let flags = bhs.flags();
-        let (class, detail) = (bhs.0[36], bhs.0[37]);
+        let (class, detail) = (bhs.byte(off::STATUS_CLASS), bhs.byte(off::STATUS_DETAIL));
         if class != 0 {
             return Err(refused(class, detail, data).into());
         }
         if bhs.itt() != LOGIN_ITT {
             return Err(ProtocolError::Login("ITT is not the request's").into());
         }
-        if bhs.0[8..14] != self.config.isid {
+        if bhs.isid() != self.config.isid {
             return Err(ProtocolError::Login("ISID is not ours").into());
         }
-        if bhs.0[3] != 0 {
+        if bhs.byte(off::VERSION_MIN) != 0 {
             return Err(ProtocolError::Login("unsupported version").into());
         }
         let stat_sn = bhs.u32_at(off::STAT_SN);
@@ -350,7 +349,7 @@ impl Login {
             if target_nsg != self.nsg {
                 return Err(ProtocolError::Login("NSG is not one we asked for").into());
             }
-            let tsih = bhs.u16_at(14);
+            let tsih = bhs.u16_at(off::TSIH);
             if target_nsg == FULL_FEATURE {
                 if tsih == 0 {
                     return Err(ProtocolError::Login("final response without a TSIH").into());
@@ -785,7 +784,7 @@ mod tests {
         assert_eq!(first.op(), Opcode::LoginRequest as u8);
         assert!(first.bhs.immediate());
         assert_eq!(first.bhs.flags(), 0x80 | 1, "CSG=0 NSG=1 T");
-        assert_eq!(&first.bhs.0[8..14], &fake::config().isid);
+        assert_eq!(first.bhs.isid(), fake::config().isid);
         assert_eq!(first.key("InitiatorName").as_deref(), Some(fake::INITIATOR));
         assert_eq!(first.key("TargetName").as_deref(), Some(fake::TARGET));
         assert_eq!(first.key("SessionType").as_deref(), Some("Normal"));
@@ -1148,7 +1147,9 @@ mod tests {
         let mut login = Login::new(fake::config(), RANDOM);
         let req = first(&mut login);
         let mut other = Bhs::from_slice(&login_response(&req.bhs, &[], true, (0, 0), 0)).unwrap();
-        other.0[9] ^= 1;
+        let mut isid = other.isid();
+        isid[1] ^= 1;
+        other.set_isid(isid);
         assert!(answer(&mut login, &fake::encode(&other, &[], &Framing::LOGIN)).is_err());
         let mut login = Login::new(fake::config(), RANDOM);
         let req = first(&mut login);

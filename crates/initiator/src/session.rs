@@ -537,7 +537,7 @@ impl Session {
         bhs.set_u32(off::TTT, referenced.unwrap_or(RESERVED_TAG));
         bhs.set_u32(off::CMD_SN, cmd_sn);
         bhs.set_u32(off::EXP_STAT_SN, self.exp_stat_sn);
-        bhs.set_u32(32, ref_cmd_sn);
+        bhs.set_u32(off::REF_CMD_SN, ref_cmd_sn);
         self.push(&bhs, &[]);
         Ok(())
     }
@@ -613,7 +613,7 @@ impl Session {
         bhs.set_immediate(true);
         bhs.set_flags(0x80);
         bhs.set_itt(itt);
-        bhs.set_u16(20, self.config.cid);
+        bhs.set_u16(off::CID, self.config.cid);
         bhs.set_u32(off::CMD_SN, self.cmd_sn);
         bhs.set_u32(off::EXP_STAT_SN, self.exp_stat_sn);
         self.push(&bhs, &[]);
@@ -992,8 +992,8 @@ impl Session {
         let Some(Task::Scsi(_)) = self.task(itt) else {
             return Err(unknown(bhs));
         };
-        let response = bhs.0[2];
-        let status = bhs.0[3];
+        let response = bhs.byte(off::RESPONSE);
+        let status = bhs.byte(off::STATUS);
         let residual = residual(bhs.flags(), bhs.u32_at(off::RESIDUAL));
         let sense = match data.get(..2) {
             Some(len) => {
@@ -1091,7 +1091,7 @@ impl Session {
             }
             self.stat_sn(bhs.u32_at(off::STAT_SN), Opcode::DataIn, bhs);
             let residual = residual(flags, bhs.u32_at(off::RESIDUAL));
-            self.finish_scsi(itt, Ok((bhs.0[3], None, residual)));
+            self.finish_scsi(itt, Ok((bhs.byte(off::STATUS), None, residual)));
         }
         Ok(())
     }
@@ -1100,7 +1100,7 @@ impl Session {
         let itt = bhs.itt();
         let ttt = bhs.u32_at(off::TTT);
         let offset = bhs.u32_at(off::BUFFER_OFFSET);
-        let len = bhs.u32_at(44);
+        let len = bhs.u32_at(off::DESIRED_LENGTH);
         let max_burst = self.params.max_burst_length;
         let max_seg = self.params.max_xmit_data_segment_length.max(512) as usize;
         let exp_stat_sn = self.exp_stat_sn;
@@ -1150,7 +1150,7 @@ impl Session {
         else {
             return Ok(());
         };
-        let response = bhs.0[2];
+        let response = bhs.byte(off::RESPONSE);
         // What the function ended: the target sends no status for those commands.
         let ended: Vec<u32> = match (tmf, response) {
             (Tmf::AbortTask { .. }, 0 | 1) => referenced.into_iter().collect(),
@@ -1232,7 +1232,7 @@ impl Session {
         if let Some(Task::Logout { tag, .. }) = self.release(itt) {
             self.events.push_back(Event::LoggedOut {
                 tag,
-                result: Ok(bhs.0[2]),
+                result: Ok(bhs.byte(off::RESPONSE)),
             });
         }
         self.connection_lost("logged out");
@@ -1241,8 +1241,9 @@ impl Session {
     }
 
     fn async_message(&mut self, bhs: &Bhs, data: &[u8]) -> Result<(), ProtocolError> {
-        let event = bhs.0[36];
-        let parameters = [bhs.u16_at(38), bhs.u16_at(40), bhs.u16_at(42)];
+        let event = bhs.byte(off::ASYNC_EVENT);
+        let parameters =
+            [off::PARAMETER1, off::PARAMETER2, off::PARAMETER3].map(|at| bhs.u16_at(at));
         let sense = match data.get(..2) {
             Some(len) => {
                 let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
@@ -1265,7 +1266,7 @@ impl Session {
     }
 
     fn reject(&mut self, bhs: &Bhs, data: &[u8]) -> Result<(), ProtocolError> {
-        let reason = bhs.0[2];
+        let reason = bhs.byte(off::REASON);
         let rejected = Bhs::from_slice(data).ok_or(ProtocolError::Malformed(
             "Reject without the rejected header",
         ))?;
@@ -1523,7 +1524,7 @@ mod tests {
         b.set_u32(off::BUFFER_OFFSET, offset);
         if let Some(st) = status {
             b.set_flags(0x81);
-            b.0[3] = st;
+            b.set_byte(off::STATUS, st);
         }
         b
     }
@@ -1531,7 +1532,7 @@ mod tests {
     fn response(itt: u32, stat_sn: u32, status: u8) -> Bhs {
         let mut b = target_pdu(Opcode::ScsiResponse, itt, stat_sn, 11, 40);
         b.set_flags(0x80);
-        b.0[3] = status;
+        b.set_byte(off::STATUS, status);
         b
     }
 
@@ -1559,7 +1560,10 @@ mod tests {
         assert_eq!(cmd.bhs.u32_at(off::EDTL), 8192);
         assert_eq!(cmd.bhs.u32_at(off::CMD_SN), 10);
         assert_eq!(cmd.bhs.u32_at(off::EXP_STAT_SN), 100);
-        assert_eq!(&cmd.bhs.0[32..42], scsi::read10(0, 16).as_bytes());
+        assert_eq!(
+            &cmd.bhs.0[off::CDB..off::CDB + 10],
+            scsi::read10(0, 16).as_bytes()
+        );
         assert_eq!(s.in_flight(), 1);
         // Second half first: reassembly is by offset.
         let a: Vec<u8> = (0..4096).map(|i| i as u8).collect();
@@ -1746,7 +1750,7 @@ mod tests {
         r2t.set_flags(0x80);
         r2t.set_u32(off::TTT, 0xabc);
         r2t.set_u32(off::BUFFER_OFFSET, 8192);
-        r2t.set_u32(44, 20_000 - 8192);
+        r2t.set_u32(off::DESIRED_LENGTH, 20_000 - 8192);
         feed(&mut s, &r2t, &[], now).unwrap();
         let outs = take(&mut s);
         assert_eq!(outs.len(), 3);
@@ -1813,7 +1817,7 @@ mod tests {
             );
             r2t.set_u32(off::TTT, 5);
             r2t.set_u32(off::BUFFER_OFFSET, offset);
-            r2t.set_u32(44, len);
+            r2t.set_u32(off::DESIRED_LENGTH, len);
             let e = feed(&mut s, &r2t, &[], now).unwrap_err();
             let ok = if which == 0 {
                 matches!(
@@ -1830,7 +1834,7 @@ mod tests {
         let (itt, _) = submit_read(&mut s, 1, 512, now);
         let mut r2t = target_pdu(Opcode::R2t, itt, 0, 11, 40);
         r2t.set_u32(off::TTT, 5);
-        r2t.set_u32(44, 512);
+        r2t.set_u32(off::DESIRED_LENGTH, 512);
         let e = feed(&mut s, &r2t, &[], now).unwrap_err();
         assert!(
             matches!(e, Error::Protocol(ProtocolError::WrongDirection { .. })),
@@ -1980,7 +1984,7 @@ mod tests {
             .expect("ABORT TASK");
         assert_eq!(abort.bhs.flags(), 0x81);
         assert_eq!(abort.bhs.u32_at(off::TTT), itt);
-        assert_eq!(abort.bhs.u32_at(32), 10, "RefCmdSN");
+        assert_eq!(abort.bhs.u32_at(off::REF_CMD_SN), 10, "RefCmdSN");
         // Late data for the abandoned command is dropped; the abort's answer settles it.
         feed(&mut s, &data_in(itt, 0, 0, None), &[1; 100], now).unwrap();
         let mut tmf = target_pdu(Opcode::TaskMgmtResponse, abort.bhs.itt(), 100, 11, 40);
@@ -2051,7 +2055,7 @@ mod tests {
         let (_, cmd) = submit_read(&mut s, 8, 512, now);
         let rej = target_pdu(Opcode::Reject, RESERVED_TAG, 100, 11, 40);
         let mut r = rej;
-        r.0[2] = 0x09;
+        r.set_byte(off::REASON, 0x09);
         feed(&mut s, &r, &cmd.bhs.0, now).unwrap();
         assert_eq!(
             completions(&mut s)[0].result,
@@ -2075,8 +2079,8 @@ mod tests {
     fn async_messages_become_events() {
         let (mut s, now) = new_session(40);
         let mut a = target_pdu(Opcode::AsyncMessage, RESERVED_TAG, 100, 10, 40);
-        a.0[36] = 1;
-        a.set_u16(42, 7);
+        a.set_byte(off::ASYNC_EVENT, 1);
+        a.set_u16(off::PARAMETER3, 7);
         feed(&mut s, &a, &[], now).unwrap();
         let ev = events(&mut s);
         assert_eq!(
@@ -2108,7 +2112,7 @@ mod tests {
         let f = fake::framing(s.negotiated());
         for sn in 0..(UNSOLICITED_EVENTS_MAX as u32 + 500) {
             let mut a = target_pdu(Opcode::AsyncMessage, RESERVED_TAG, 100 + sn, 10, 40);
-            a.0[36] = 4;
+            a.set_byte(off::ASYNC_EVENT, 4);
             bytes.extend(fake::encode(&a, &[], &f));
         }
         assert_eq!(s.receive(&bytes, now).unwrap(), bytes.len());
@@ -2118,7 +2122,7 @@ mod tests {
         let (itt, _) = submit_read(&mut s, 1, 512, now);
         for sn in 0..(UNSOLICITED_EVENTS_MAX as u32) {
             let mut a = target_pdu(Opcode::AsyncMessage, RESERVED_TAG, 2000 + sn, 10, 40);
-            a.0[36] = 4;
+            a.set_byte(off::ASYNC_EVENT, 4);
             feed(&mut s, &a, &[], now).unwrap();
         }
         feed(&mut s, &data_in(itt, 0, 0, Some(0)), &[0; 512], now).unwrap();

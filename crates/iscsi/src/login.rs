@@ -519,17 +519,16 @@ impl Login {
         let transit = flags & 0x80 != 0;
         let cont = flags & 0x40 != 0;
         let csg = Stage::from_bits(flags >> 2).ok_or(LoginStatus::INITIATOR_ERROR)?;
-        let mut isid = [0u8; 6];
-        isid.copy_from_slice(&bhs.0[8..14]);
         let identity = Identity {
-            isid,
-            tsih: bhs.u16_at(14),
-            cid: bhs.u16_at(20),
+            isid: bhs.isid(),
+            tsih: bhs.u16_at(off::TSIH),
+            cid: bhs.u16_at(off::CID),
         };
         let (first, stage) = match &self.state {
             State::Fresh => {
                 // We speak version 0 only (RFC 7143 §11.12.4).
-                let (version_max, version_min) = (bhs.0[2], bhs.0[3]);
+                let version_max = bhs.byte(off::VERSION_MAX);
+                let version_min = bhs.byte(off::VERSION_MIN);
                 if version_min > 0 || version_max < version_min {
                     return Err(LoginStatus::UNSUPPORTED_VERSION);
                 }
@@ -642,31 +641,21 @@ impl Login {
         tsih: u16,
         out: &mut Vec<u8>,
     ) {
-        let mut bhs = Bhs::new(Opcode::LoginResponse);
-        let mut flags = 0u8;
-        if status.is_success() {
-            flags |= (csg as u8) << 2;
-            if let Some(next) = next {
-                flags |= 0x80 | next as u8;
-            }
-        }
-        bhs.set_flags(flags);
-        bhs.0[2] = 0; // VersionMax
-        bhs.0[3] = 0; // VersionActive
-        bhs.0[8..14].copy_from_slice(&pdu.bhs.0[8..14]);
-        bhs.set_u16(14, tsih);
-        bhs.set_itt(pdu.bhs.itt());
-        bhs.set_u32(off::STAT_SN, self.stat_sn);
-        let cmd_sn = pdu.bhs.u32_at(off::CMD_SN);
-        bhs.set_u32(off::EXP_CMD_SN, cmd_sn);
         let window = if next == Some(Stage::FullFeature) {
-            self.limits.queue_depth.max(1)
+            self.limits.queue_depth
         } else {
             1
         };
-        bhs.set_u32(off::MAX_CMD_SN, cmd_sn.wrapping_add(window - 1));
-        bhs.0[36] = status.class;
-        bhs.0[37] = status.detail;
+        let bhs = pdu::LoginResponse {
+            request: &pdu.bhs,
+            csg: csg as u8,
+            transit_to: next.map(|n| n as u8),
+            tsih,
+            stat_sn: self.stat_sn,
+            window,
+            status: (status.class, status.detail),
+        }
+        .bhs();
         let data = text::encode(answers);
         // Every Login Response consumes a StatSN (RFC 7143 §11.13.4).
         self.stat_sn = self.stat_sn.wrapping_add(1);

@@ -163,6 +163,22 @@ impl Bhs {
     pub fn set_itt(&mut self, itt: u32) {
         self.set_u32(16, itt);
     }
+    /// The one-byte field at `offset` (an `off` constant).
+    pub fn byte(&self, offset: usize) -> u8 {
+        self.0[offset]
+    }
+    pub fn set_byte(&mut self, offset: usize, v: u8) {
+        self.0[offset] = v;
+    }
+    /// A login's ISID.
+    pub fn isid(&self) -> [u8; 6] {
+        let mut isid = [0u8; 6];
+        isid.copy_from_slice(&self.0[off::ISID..off::ISID + 6]);
+        isid
+    }
+    pub fn set_isid(&mut self, isid: [u8; 6]) {
+        self.0[off::ISID..off::ISID + 6].copy_from_slice(&isid);
+    }
     pub fn u16_at(&self, offset: usize) -> u16 {
         debug_assert!(offset + 2 <= BHS_LEN);
         u16::from_be_bytes([self.0[offset], self.0[offset + 1]])
@@ -184,8 +200,37 @@ impl Bhs {
     }
 }
 
-/// Field offsets shared by several opcodes (RFC 7143 §11).
+/// Field offsets of the BHS, by name (RFC 7143 §11); each opcode uses those its section names.
 pub mod off {
+    /// SCSI Response, Task Management Response, Logout Response: Response.
+    pub const RESPONSE: usize = 2;
+    /// Reject, Logout Request: Reason (Code).
+    pub const REASON: usize = 2;
+    /// SCSI Response: Status.
+    pub const STATUS: usize = 3;
+    /// Login Request: Version-max / Version-min; Login Response: Version-max / Version-active.
+    pub const VERSION_MAX: usize = 2;
+    pub const VERSION_MIN: usize = 3;
+    /// Login: ISID (6 bytes), TSIH, CID.
+    pub const ISID: usize = 8;
+    pub const TSIH: usize = 14;
+    pub const CID: usize = 20;
+    /// Task Management Request: Referenced Task Tag, RefCmdSN.
+    pub const REFERENCED_TASK_TAG: usize = 20;
+    pub const REF_CMD_SN: usize = 32;
+    /// Login Response: Status-Class, Status-Detail.
+    pub const STATUS_CLASS: usize = 36;
+    pub const STATUS_DETAIL: usize = 37;
+    /// Asynchronous Message: AsyncEvent, Parameter1-3.
+    pub const ASYNC_EVENT: usize = 36;
+    pub const PARAMETER1: usize = 38;
+    pub const PARAMETER2: usize = 40;
+    pub const PARAMETER3: usize = 42;
+    /// Logout Response: Time2Wait, Time2Retain.
+    pub const TIME2WAIT: usize = 40;
+    pub const TIME2RETAIN: usize = 42;
+    /// R2T: Desired Data Transfer Length.
+    pub const DESIRED_LENGTH: usize = 44;
     pub const TTT: usize = 20;
     pub const EDTL: usize = 20;
     pub const CMD_SN: usize = 24;
@@ -197,6 +242,79 @@ pub mod off {
     pub const BUFFER_OFFSET: usize = 40;
     pub const RESIDUAL: usize = 44;
     pub const CDB: usize = 32;
+}
+
+/// A Login Request's header (RFC 7143 §11.12), as an initiator sends it: the one builder
+/// of the initiator crate, the target's tests and the hostile-client tests.
+#[derive(Clone, Copy, Debug)]
+pub struct LoginRequest {
+    /// The current stage (CSG) and, with the T bit, the next one asked for (NSG).
+    pub csg: u8,
+    pub transit_to: Option<u8>,
+    /// The C bit: the text continues in the next request.
+    pub continues: bool,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    pub itt: u32,
+    pub cid: u16,
+    pub cmd_sn: u32,
+    pub exp_stat_sn: u32,
+}
+
+impl LoginRequest {
+    pub fn bhs(&self) -> Bhs {
+        let mut bhs = Bhs::new(Opcode::LoginRequest);
+        bhs.set_immediate(true);
+        bhs.set_flags(stage_flags(self.csg, self.transit_to) | u8::from(self.continues) << 6);
+        bhs.set_isid(self.isid);
+        bhs.set_u16(off::TSIH, self.tsih);
+        bhs.set_itt(self.itt);
+        bhs.set_u16(off::CID, self.cid);
+        bhs.set_u32(off::CMD_SN, self.cmd_sn);
+        bhs.set_u32(off::EXP_STAT_SN, self.exp_stat_sn);
+        bhs
+    }
+}
+
+/// A Login Response's header (RFC 7143 §11.13), as a target answers `request`: the one
+/// builder of the target's login and the initiator crate's test target. The stage bits are
+/// sent on success only.
+#[derive(Clone, Copy, Debug)]
+pub struct LoginResponse<'a> {
+    pub request: &'a Bhs,
+    pub csg: u8,
+    pub transit_to: Option<u8>,
+    pub tsih: u16,
+    pub stat_sn: u32,
+    /// MaxCmdSN is ExpCmdSN (the request's CmdSN) plus this, less one.
+    pub window: u32,
+    pub status: (u8, u8),
+}
+
+impl LoginResponse<'_> {
+    pub fn bhs(&self) -> Bhs {
+        let mut bhs = Bhs::new(Opcode::LoginResponse);
+        if self.status.0 == 0 {
+            bhs.set_flags(stage_flags(self.csg, self.transit_to));
+        }
+        // Version-max and Version-active: 0, the only version (RFC 7143 §11.13.2).
+        bhs.set_isid(self.request.isid());
+        bhs.set_u16(off::TSIH, self.tsih);
+        bhs.set_itt(self.request.itt());
+        bhs.set_u32(off::STAT_SN, self.stat_sn);
+        let cmd_sn = self.request.u32_at(off::CMD_SN);
+        bhs.set_u32(off::EXP_CMD_SN, cmd_sn);
+        bhs.set_u32(off::MAX_CMD_SN, cmd_sn.wrapping_add(self.window.max(1) - 1));
+        bhs.set_byte(off::STATUS_CLASS, self.status.0);
+        bhs.set_byte(off::STATUS_DETAIL, self.status.1);
+        bhs
+    }
+}
+
+/// A login PDU's stage bits: CSG, and the T bit with NSG when it moves on.
+fn stage_flags(csg: u8, transit_to: Option<u8>) -> u8 {
+    let next = transit_to.map_or(0, |nsg| 0x80 | (nsg & 3));
+    (csg & 3) << 2 | next
 }
 
 /// Per-connection framing parameters.
@@ -353,6 +471,58 @@ pub fn encode_into(out: &mut Vec<u8>, bhs: &Bhs, data: &[u8], framing: &Framing)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_login_response_answers_its_request_field_by_field() {
+        let request = LoginRequest {
+            csg: 1,
+            transit_to: Some(3),
+            continues: false,
+            isid: [0x80, 1, 2, 3, 4, 5],
+            tsih: 0,
+            itt: 0x1234,
+            cid: 9,
+            cmd_sn: 40,
+            exp_stat_sn: 7,
+        }
+        .bhs();
+        assert_eq!(request.opcode_raw(), Opcode::LoginRequest as u8);
+        assert!(request.immediate());
+        assert_eq!(request.flags(), 0x80 | 1 << 2 | 3);
+        assert_eq!(
+            (request.u16_at(off::CID), request.u32_at(off::EXP_STAT_SN)),
+            (9, 7)
+        );
+        let answer = |status, window| {
+            LoginResponse {
+                request: &request,
+                csg: 1,
+                transit_to: Some(3),
+                tsih: 0x42,
+                stat_sn: 100,
+                window,
+                status,
+            }
+            .bhs()
+        };
+        let ok = answer((0, 0), 32);
+        assert_eq!(ok.flags(), 0x80 | 1 << 2 | 3);
+        assert_eq!((ok.isid(), ok.itt()), ([0x80, 1, 2, 3, 4, 5], 0x1234));
+        assert_eq!((ok.u16_at(off::TSIH), ok.u32_at(off::STAT_SN)), (0x42, 100));
+        assert_eq!(
+            (ok.u32_at(off::EXP_CMD_SN), ok.u32_at(off::MAX_CMD_SN)),
+            (40, 71)
+        );
+        // A failure carries its status and no stage bits; a window of 0 is one command.
+        let refused = answer((2, 1), 0);
+        assert_eq!(refused.flags(), 0);
+        let status = (
+            refused.byte(off::STATUS_CLASS),
+            refused.byte(off::STATUS_DETAIL),
+        );
+        assert_eq!(status, (2, 1));
+        assert_eq!(refused.u32_at(off::MAX_CMD_SN), 40);
+    }
 
     fn framing(hd: bool, dd: bool) -> Framing {
         Framing {

@@ -482,8 +482,8 @@ impl Session {
         bhs.set_itt(RESERVED_TAG);
         // Status-bearing: consumes a StatSN like any other response.
         self.stamp(&mut bhs, true);
-        bhs.0[36] = ASYNC_EVENT_REQUEST_LOGOUT;
-        bhs.set_u16(42, within_s); // Parameter3: the time the initiator has to log out
+        bhs.set_byte(off::ASYNC_EVENT, ASYNC_EVENT_REQUEST_LOGOUT);
+        bhs.set_u16(off::PARAMETER3, within_s); // the time the initiator has to log out
         self.push_pdu(out, &bhs, &[]);
     }
 
@@ -976,7 +976,7 @@ impl Session {
             self.stamp(&mut bhs, false);
             bhs.set_u32(off::DATA_SN, task.next_r2t_sn);
             bhs.set_u32(off::BUFFER_OFFSET, task.solicit_next);
-            bhs.set_u32(44, len);
+            bhs.set_u32(off::DESIRED_LENGTH, len);
             self.push_pdu(out, &bhs, &[]);
             task.r2ts.push(R2tState {
                 ttt,
@@ -1390,8 +1390,8 @@ impl Session {
         }
         let mut bhs = Bhs::new(Opcode::ScsiResponse);
         bhs.set_flags(0x80 | residual_flag);
-        bhs.0[2] = 0; // command completed at target
-        bhs.0[3] = outcome.status;
+        bhs.set_byte(off::RESPONSE, 0); // command completed at target
+        bhs.set_byte(off::STATUS, outcome.status);
         bhs.set_itt(itt);
         self.stamp(&mut bhs, true);
         bhs.set_u32(off::RESIDUAL, residual);
@@ -1438,7 +1438,7 @@ impl Session {
             bhs.set_u32(off::BUFFER_OFFSET, offset as u32);
             if last && with_status {
                 flags |= 0x01 | residual_flag;
-                bhs.0[3] = status;
+                bhs.set_byte(off::STATUS, status);
                 bhs.set_u32(off::RESIDUAL, residual);
                 self.stamp(&mut bhs, true);
             } else {
@@ -1477,7 +1477,7 @@ impl Session {
     fn respond_status(&mut self, itt: u32, status: u8, out: &mut Outbox) {
         let mut bhs = Bhs::new(Opcode::ScsiResponse);
         bhs.set_flags(0x80);
-        bhs.0[3] = status;
+        bhs.set_byte(off::STATUS, status);
         bhs.set_itt(itt);
         self.stamp(&mut bhs, true);
         self.push_pdu(out, &bhs, &[]);
@@ -1494,7 +1494,7 @@ impl Session {
         let mut bhs = Bhs::new(Opcode::ScsiResponse);
         let underflow = if edtl > 0 { 0x02 } else { 0 };
         bhs.set_flags(0x80 | underflow);
-        bhs.0[3] = status::CHECK_CONDITION;
+        bhs.set_byte(off::STATUS, status::CHECK_CONDITION);
         bhs.set_itt(itt);
         self.stamp(&mut bhs, true);
         bhs.set_u32(off::RESIDUAL, edtl);
@@ -1529,8 +1529,8 @@ impl Session {
                 TmfAnswer::Now(tmf_response::NOT_SUPPORTED)
             }
             Some(TmfFunction::AbortTask) => {
-                let referenced = bhs.u32_at(20);
-                let ref_cmd_sn = bhs.u32_at(32);
+                let referenced = bhs.u32_at(off::REFERENCED_TASK_TAG);
+                let ref_cmd_sn = bhs.u32_at(off::REF_CMD_SN);
                 if let Some(i) = self.pending.iter().position(|p| p.itt == referenced) {
                     let task = self.take_pending(i);
                     task.buf.recycle(out);
@@ -1635,7 +1635,7 @@ impl Session {
     fn respond_tmf(&mut self, itt: u32, response: u8, out: &mut Outbox) {
         let mut resp = Bhs::new(Opcode::TaskMgmtResponse);
         resp.set_flags(0x80);
-        resp.0[2] = response;
+        resp.set_byte(off::RESPONSE, response);
         resp.set_itt(itt);
         self.stamp(&mut resp, true);
         self.push_pdu(out, &resp, &[]);
@@ -1792,11 +1792,11 @@ impl Session {
         };
         let mut resp = Bhs::new(Opcode::LogoutResponse);
         resp.set_flags(0x80);
-        resp.0[2] = response;
+        resp.set_byte(off::RESPONSE, response);
         resp.set_itt(bhs.itt());
         self.stamp(&mut resp, true);
-        resp.set_u16(40, 0); // Time2Wait
-        resp.set_u16(42, 0); // Time2Retain
+        resp.set_u16(off::TIME2WAIT, 0);
+        resp.set_u16(off::TIME2RETAIN, 0);
         self.push_pdu(out, &resp, &[]);
         if response == 0 {
             self.drop_pending(|_| true, out);
@@ -1811,7 +1811,7 @@ impl Session {
     fn reject(&mut self, rejected: &Bhs, reason: RejectReason, out: &mut Outbox) {
         let mut bhs = Bhs::new(Opcode::Reject);
         bhs.set_flags(0x80);
-        bhs.0[2] = reason as u8;
+        bhs.set_byte(off::REASON, reason as u8);
         bhs.set_itt(RESERVED_TAG);
         // The StatSN is advanced after a Reject (RFC 7143 §11.17).
         self.stamp(&mut bhs, true);

@@ -5,7 +5,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use iscsi::pdu::{encode_into, off, Bhs, Framing, Opcode, BHS_LEN};
+use iscsi::pdu::{self, encode_into, off, Bhs, Framing, Opcode, BHS_LEN};
 
 /// How long a raw client waits for an answer before calling it a hang.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -83,12 +83,19 @@ pub fn login_text(iqn: &str, extra: &str) -> Vec<u8> {
 }
 
 pub fn login_request(isid_tail: u8, text: &[u8]) -> Bhs {
-    let mut bhs = Bhs::new(Opcode::LoginRequest);
-    bhs.set_immediate(true);
-    bhs.set_flags(0x80 | (1 << 2) | 3); // T=1, CSG=operational, NSG=full feature
-    bhs.0[8..14].copy_from_slice(&[0x80, 0x12, 0x34, 0x56, 0x78, isid_tail]);
-    bhs.set_itt(0x1000);
-    bhs.set_u32(off::CMD_SN, 1);
+    // The operational stage straight to full feature phase.
+    let mut bhs = pdu::LoginRequest {
+        csg: 1,
+        transit_to: Some(3),
+        continues: false,
+        isid: [0x80, 0x12, 0x34, 0x56, 0x78, isid_tail],
+        tsih: 0,
+        itt: 0x1000,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    }
+    .bhs();
     bhs.set_data_segment_len(text.len());
     bhs
 }
@@ -102,7 +109,7 @@ pub fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
 
 /// The status of a SCSI Response (or of a Data-In with the S bit).
 pub fn status_of(pdu: &Received) -> u8 {
-    pdu.bhs.0[3]
+    pdu.bhs.byte(off::STATUS)
 }
 
 impl Raw {
@@ -114,7 +121,10 @@ impl Raw {
         let resp = recv(&mut stream).expect("login response");
         assert_eq!(resp.opcode(), Opcode::LoginResponse as u8);
         assert_eq!(
-            (resp.bhs.0[36], resp.bhs.0[37]),
+            (
+                resp.bhs.byte(off::STATUS_CLASS),
+                resp.bhs.byte(off::STATUS_DETAIL)
+            ),
             (0, 0),
             "login failed: {}",
             String::from_utf8_lossy(&resp.data)
@@ -162,7 +172,7 @@ impl Raw {
         bhs.set_u32(off::EDTL, edtl);
         bhs.set_u32(off::CMD_SN, self.cmd_sn);
         bhs.set_u32(off::EXP_STAT_SN, self.exp_stat_sn);
-        bhs.0[32..32 + cdb.len()].copy_from_slice(cdb);
+        bhs.0[off::CDB..off::CDB + cdb.len()].copy_from_slice(cdb);
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
         bhs
     }
@@ -226,7 +236,7 @@ impl Raw {
             "{what}: expected a Reject, got {:?}",
             pdu.bhs
         );
-        assert_eq!(pdu.bhs.0[2], reason, "{what}: Reject reason");
+        assert_eq!(pdu.bhs.byte(off::REASON), reason, "{what}: Reject reason");
         assert_eq!(pdu.data.len(), BHS_LEN, "{what}: Reject carries the header");
         assert_eq!(pdu.data[..], rejected.0[..], "{what}: the rejected header");
     }

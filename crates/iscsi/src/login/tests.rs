@@ -100,8 +100,8 @@ struct Resp {
 impl Resp {
     fn status(&self) -> LoginStatus {
         LoginStatus {
-            class: self.bhs.0[36],
-            detail: self.bhs.0[37],
+            class: self.bhs.byte(off::STATUS_CLASS),
+            detail: self.bhs.byte(off::STATUS_DETAIL),
         }
     }
     fn key(&self, k: &str) -> Option<&str> {
@@ -116,9 +116,9 @@ fn send(login: &mut Login, policy: &mut Policy, r: &Req) -> (LoginStep, Resp) {
     let mut bhs = Bhs::new(r.opcode);
     bhs.set_immediate(true);
     bhs.set_flags(r.flags);
-    bhs.0[3] = r.version_min;
-    bhs.0[8..14].copy_from_slice(&r.isid);
-    bhs.set_u16(14, r.tsih);
+    bhs.set_byte(off::VERSION_MIN, r.version_min);
+    bhs.set_isid(r.isid);
+    bhs.set_u16(off::TSIH, r.tsih);
     bhs.set_itt(5);
     bhs.set_u32(off::CMD_SN, r.cmd_sn);
     let mut wire = Vec::new();
@@ -169,7 +169,7 @@ fn two_stage_login_to_full_feature() {
         &req(1, Some(3), "HeaderDigest=None;DataDigest=None;ImmediateData=Yes;InitialR2T=No;MaxRecvDataSegmentLength=65536;MaxBurstLength=262144;FirstBurstLength=65536;"),
     );
     assert_eq!(r.bhs.flags(), 0x80 | (1 << 2) | 3);
-    assert_eq!(r.bhs.u16_at(14), 0x42);
+    assert_eq!(r.bhs.u16_at(off::TSIH), 0x42);
     assert_eq!(r.bhs.u32_at(off::STAT_SN), 101);
     assert_eq!(
         r.key("MaxRecvDataSegmentLength"),

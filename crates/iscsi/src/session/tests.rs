@@ -248,7 +248,7 @@ impl Harness {
         b.set_u32(off::EDTL, edtl);
         b.set_u32(off::CMD_SN, self.cmd_sn);
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
-        b.0[32..32 + cdb.len()].copy_from_slice(cdb);
+        b.0[off::CDB..off::CDB + cdb.len()].copy_from_slice(cdb);
         b
     }
 }
@@ -337,7 +337,7 @@ fn read_is_split_into_data_in_with_status_in_the_last() {
     assert_eq!(r[0].0.flags(), 0x00);
     assert_eq!(r[1].0.flags(), 0x80, "end of a MaxBurstLength sequence");
     assert_eq!(r[2].0.flags(), 0x81, "final with status");
-    assert_eq!(r[2].0 .0[3], status::GOOD);
+    assert_eq!(r[2].0.byte(off::STATUS), status::GOOD);
     assert_eq!(r[2].0.u32_at(off::STAT_SN), 1000);
     assert_eq!(h.b.executed[0].2, 20000);
 }
@@ -368,7 +368,7 @@ fn sense_goes_in_a_scsi_response() {
     assert_eq!(r.len(), 1);
     let (bhs, data) = &r[0];
     assert_eq!(bhs.opcode_raw(), Opcode::ScsiResponse as u8);
-    assert_eq!(bhs.0[3], status::CHECK_CONDITION);
+    assert_eq!(bhs.byte(off::STATUS), status::CHECK_CONDITION);
     assert_eq!(&data[..2], &[0, 18]);
     assert_eq!(data[2 + 12], 0x21);
     assert_eq!(bhs.flags() & 0x02, 0x02);
@@ -382,7 +382,7 @@ fn write_with_all_immediate_data_runs_at_once() {
     let (_, r) = h.send(cmd, &[9u8; 4096]);
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].0.opcode_raw(), Opcode::ScsiResponse as u8);
-    assert_eq!(r[0].0 .0[3], status::GOOD);
+    assert_eq!(r[0].0.byte(off::STATUS), status::GOOD);
     assert_eq!(h.b.executed[0].1, vec![9u8; 4096]);
     assert_eq!(h.s.pending_writes(), 0);
 }
@@ -403,8 +403,8 @@ fn write_with_unsolicited_and_solicited_data() {
             (
                 b.u32_at(off::TTT),
                 b.u32_at(off::DATA_SN),
-                b.u32_at(40),
-                b.u32_at(44),
+                b.u32_at(off::BUFFER_OFFSET),
+                b.u32_at(off::DESIRED_LENGTH),
             )
         })
         .collect();
@@ -607,13 +607,19 @@ fn r2ts_are_issued_as_earlier_ones_complete() {
     let (_, r) = h.send(cmd, &[]);
     assert_eq!(r.len(), 1);
     let ttt = r[0].0.u32_at(off::TTT);
-    assert_eq!((r[0].0.u32_at(40), r[0].0.u32_at(44)), (0, 16384));
+    assert_eq!(
+        (
+            r[0].0.u32_at(off::BUFFER_OFFSET),
+            r[0].0.u32_at(off::DESIRED_LENGTH)
+        ),
+        (0, 16384)
+    );
     h.send(data_out(6, ttt, 0, 0, false), &[1; 8192]);
     let (_, r) = h.send(data_out(6, ttt, 1, 8192, true), &[1; 8192]);
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].0.opcode_raw(), Opcode::R2t as u8);
     assert_eq!(r[0].0.u32_at(off::DATA_SN), 1, "R2TSN");
-    assert_eq!(r[0].0.u32_at(40), 16384);
+    assert_eq!(r[0].0.u32_at(off::BUFFER_OFFSET), 16384);
 }
 
 #[test]
@@ -627,7 +633,7 @@ fn bad_data_sn_or_offset_fails_the_task_not_the_session() {
         assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
         assert_eq!(r[0].1.len(), 48, "Reject carries the rejected header");
         assert_eq!(r[1].0.opcode_raw(), Opcode::ScsiResponse as u8);
-        assert_eq!(r[1].0 .0[3], status::CHECK_CONDITION);
+        assert_eq!(r[1].0.byte(off::STATUS), status::CHECK_CONDITION);
         assert_eq!(r[1].1[2 + 2], 0x0b, "ABORTED COMMAND");
         assert!(h.b.executed.is_empty());
         assert_eq!(h.s.pending_writes(), 0);
@@ -643,7 +649,7 @@ fn data_out_beyond_the_unsolicited_burst_is_refused() {
     let cmd = h.command(&WRITE10, 0x20, 65536, 8);
     h.send(cmd, &[]);
     let (_, r) = h.send(data_out(8, RESERVED_TAG, 0, 0, true), &[0; 8192 + 512]);
-    assert_eq!(r[1].0 .0[3], status::CHECK_CONDITION);
+    assert_eq!(r[1].0.byte(off::STATUS), status::CHECK_CONDITION);
     assert_eq!(h.s.pending_writes(), 0);
 }
 
@@ -656,7 +662,10 @@ fn data_out_for_unknown_task() {
     let (flow, r) = h.send(data_out(99, 1234, 0, 0, true), &[0; 512]);
     assert_eq!(flow, Flow::Continue);
     assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
-    assert_eq!(r[0].0 .0[2], RejectReason::InvalidPduField as u8);
+    assert_eq!(
+        r[0].0.byte(off::REASON),
+        RejectReason::InvalidPduField as u8
+    );
 }
 
 #[test]
@@ -704,30 +713,36 @@ fn abort_task_drops_a_pending_write() {
     tmf.set_immediate(true);
     tmf.set_flags(0x80 | 1);
     tmf.set_itt(10);
-    tmf.set_u32(20, 9);
+    tmf.set_u32(off::REFERENCED_TASK_TAG, 9);
     tmf.set_u32(off::CMD_SN, h.cmd_sn);
     let (_, r) = h.send(tmf, &[]);
     assert_eq!(r[0].0.opcode_raw(), Opcode::TaskMgmtResponse as u8);
-    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(r[0].0.byte(off::RESPONSE), tmf_response::COMPLETE);
     assert_eq!(h.s.pending_writes(), 0);
     // A task that never existed, referenced beyond the window.
-    tmf.set_u32(20, 12345);
-    tmf.set_u32(32, h.cmd_sn + 500);
+    tmf.set_u32(off::REFERENCED_TASK_TAG, 12345);
+    tmf.set_u32(off::REF_CMD_SN, h.cmd_sn + 500);
     let (_, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::TASK_DOES_NOT_EXIST);
+    assert_eq!(
+        r[0].0.byte(off::RESPONSE),
+        tmf_response::TASK_DOES_NOT_EXIST
+    );
     // Received and already completed: nothing to abort.
     let cmd = h.command(&[0u8; 6], 0x80, 0, 11);
     let done_sn = cmd.u32_at(off::CMD_SN);
     h.send(cmd, &[]);
-    tmf.set_u32(20, 11);
-    tmf.set_u32(32, done_sn);
+    tmf.set_u32(off::REFERENCED_TASK_TAG, 11);
+    tmf.set_u32(off::REF_CMD_SN, done_sn);
     let (_, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::TASK_DOES_NOT_EXIST);
+    assert_eq!(
+        r[0].0.byte(off::RESPONSE),
+        tmf_response::TASK_DOES_NOT_EXIST
+    );
     // Not received yet but inside the window: considered received, function complete.
-    tmf.set_u32(20, 12);
-    tmf.set_u32(32, h.cmd_sn + 3);
+    tmf.set_u32(off::REFERENCED_TASK_TAG, 12);
+    tmf.set_u32(off::REF_CMD_SN, h.cmd_sn + 3);
     let (_, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(r[0].0.byte(off::RESPONSE), tmf_response::COMPLETE);
 }
 
 #[test]
@@ -738,17 +753,17 @@ fn lun_reset_and_unknown_functions() {
     tmf.set_flags(0x80 | 5);
     tmf.set_itt(1);
     let (_, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(r[0].0.byte(off::RESPONSE), tmf_response::COMPLETE);
     assert_eq!(h.b.tmf, vec![TmfFunction::LogicalUnitReset]);
     tmf.set_lun([0, 9, 0, 0, 0, 0, 0, 0]);
     let (_, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::LUN_DOES_NOT_EXIST);
+    assert_eq!(r[0].0.byte(off::RESPONSE), tmf_response::LUN_DOES_NOT_EXIST);
     tmf.set_flags(0x80 | 0x33);
     let (_, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::NOT_SUPPORTED);
+    assert_eq!(r[0].0.byte(off::RESPONSE), tmf_response::NOT_SUPPORTED);
     tmf.set_flags(0x80 | 7);
     let (flow, r) = h.send(tmf, &[]);
-    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(r[0].0.byte(off::RESPONSE), tmf_response::COMPLETE);
     assert_eq!(flow, Flow::Close, "cold reset drops the connection");
 }
 
@@ -837,13 +852,17 @@ fn logout_closes() {
     let (flow, r) = h.send(lo, &[]);
     assert_eq!(flow, Flow::Close);
     assert_eq!(r[0].0.opcode_raw(), Opcode::LogoutResponse as u8);
-    assert_eq!(r[0].0 .0[2], 0);
+    assert_eq!(r[0].0.byte(off::RESPONSE), 0);
     assert_eq!(r[0].0.itt(), 77);
     let mut h = harness();
     lo.set_flags(0x80 | 2);
     let (flow, r) = h.send(lo, &[]);
     assert_eq!(flow, Flow::Continue);
-    assert_eq!(r[0].0 .0[2], 2, "recovery not supported at ERL 0");
+    assert_eq!(
+        r[0].0.byte(off::RESPONSE),
+        2,
+        "recovery not supported at ERL 0"
+    );
 }
 
 #[test]
@@ -860,10 +879,14 @@ fn a_requested_logout_is_an_async_message_then_the_logout_closes() {
     assert_eq!(msg.opcode_raw(), Opcode::AsyncMessage as u8);
     assert_eq!(msg.flags(), 0x80);
     assert_eq!(msg.itt(), RESERVED_TAG);
-    assert_eq!(msg.0[36], 1, "AsyncEvent: target requests logout");
     assert_eq!(
-        msg.0[42..44],
-        10u16.to_be_bytes(),
+        msg.byte(off::ASYNC_EVENT),
+        1,
+        "AsyncEvent: target requests logout"
+    );
+    assert_eq!(
+        msg.u16_at(off::PARAMETER3),
+        10,
         "Parameter3: seconds to log out"
     );
     assert_eq!(msg.u32_at(off::STAT_SN), stat_sn + 1);
@@ -888,10 +911,13 @@ fn unknown_opcodes_and_login_are_rejected() {
     b.0[0] = 0x1c; // vendor-specific
     let (flow, r) = h.send(b, &[]);
     assert_eq!(flow, Flow::Continue);
-    assert_eq!(r[0].0 .0[2], RejectReason::CommandNotSupported as u8);
+    assert_eq!(
+        r[0].0.byte(off::REASON),
+        RejectReason::CommandNotSupported as u8
+    );
     let b = Bhs::new(Opcode::LoginRequest);
     let (_, r) = h.send(b, &[]);
-    assert_eq!(r[0].0 .0[2], RejectReason::ProtocolError as u8);
+    assert_eq!(r[0].0.byte(off::REASON), RejectReason::ProtocolError as u8);
     let b = Bhs::new(Opcode::SnackRequest);
     let (_, r) = h.send(b, &[]);
     assert_eq!(r[0].0.opcode_raw(), Opcode::Reject as u8);
@@ -913,11 +939,11 @@ fn malformed_commands_are_rejected() {
     h.send(cmd, &[]);
     let cmd = h.command(&WRITE10, 0x20, 65536, 3);
     let (_, r) = h.send(cmd, &[]);
-    assert_eq!(r[0].0 .0[2], RejectReason::TaskInProgress as u8);
+    assert_eq!(r[0].0.byte(off::REASON), RejectReason::TaskInProgress as u8);
     // Bidirectional.
     let cmd = h.command(&WRITE10, 0xe0, 512, 4);
     let (_, r) = h.send(cmd, &[]);
-    assert_eq!(r[0].0 .0[3], status::CHECK_CONDITION);
+    assert_eq!(r[0].0.byte(off::STATUS), status::CHECK_CONDITION);
 }
 
 #[test]
@@ -930,12 +956,12 @@ fn write_limits() {
     let mut h = harness_with(SessionType::Normal, params(), limits);
     let cmd = h.command(&WRITE10, 0x20, 65537, 1);
     let (_, r) = h.send(cmd, &[]);
-    assert_eq!(r[0].0 .0[3], status::CHECK_CONDITION);
+    assert_eq!(r[0].0.byte(off::STATUS), status::CHECK_CONDITION);
     let cmd = h.command(&WRITE10, 0x20, 65536, 2);
     h.send(cmd, &[]);
     let cmd = h.command(&WRITE10, 0x20, 65536, 3);
     let (_, r) = h.send(cmd, &[]);
-    assert_eq!(r[0].0 .0[3], status::TASK_SET_FULL);
+    assert_eq!(r[0].0.byte(off::STATUS), status::TASK_SET_FULL);
 }
 
 #[test]
@@ -1249,7 +1275,7 @@ fn a_file_lent_against_the_request_fails_the_command_instead_of_sending_it() {
         assert_eq!(pdus.len(), 1, "only a SCSI Response, no Data-In");
         let (bhs, data) = &pdus[0];
         assert_eq!(bhs.opcode_raw(), Opcode::ScsiResponse as u8);
-        assert_eq!(bhs.0[3], status::CHECK_CONDITION);
+        assert_eq!(bhs.byte(off::STATUS), status::CHECK_CONDITION);
         // Sense length, then fixed-format sense: HARDWARE ERROR, INTERNAL TARGET FAILURE.
         assert_eq!(&data[..2], &[0, 18]);
         assert_eq!(
@@ -1349,7 +1375,7 @@ fn deferred_commands_complete_later_and_shrink_the_window() {
     let r = decode_all(&out.to_vec(), &h.s.framing());
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].0.itt(), 2);
-    assert_eq!(r[0].0 .0[3], status::GOOD);
+    assert_eq!(r[0].0.byte(off::STATUS), status::GOOD);
     assert_eq!(r[0].0.u32_at(off::EXP_CMD_SN), 4);
     // ExpCmdSN 4, 2 running: 2 slots, MaxCmdSN 5 (it never goes below the first grant of 4).
     assert_eq!(r[0].0.u32_at(off::MAX_CMD_SN), 5);
@@ -1466,7 +1492,7 @@ fn deferred_read_returns_data_and_sense_on_completion() {
     assert!(h.s.complete(10, bad, Vec::new(), &sense, &mut out));
     let r = decode_all(&out.to_vec(), &h.s.framing());
     assert_eq!(r[0].0.opcode_raw(), Opcode::ScsiResponse as u8);
-    assert_eq!(r[0].0 .0[3], status::CHECK_CONDITION);
+    assert_eq!(r[0].0.byte(off::STATUS), status::CHECK_CONDITION);
     assert_eq!(&r[0].1[2..], &sense);
 }
 
@@ -1539,7 +1565,7 @@ fn tmf_responses_wait_for_the_tasks_they_abort() {
     tmf.set_immediate(true);
     tmf.set_flags(0x80 | 1);
     tmf.set_itt(100);
-    tmf.set_u32(20, 21);
+    tmf.set_u32(off::REFERENCED_TASK_TAG, 21);
     tmf.set_u32(off::CMD_SN, h.cmd_sn);
     let (_, r) = h.send(tmf, &[]);
     assert!(
@@ -1561,7 +1587,7 @@ fn tmf_responses_wait_for_the_tasks_they_abort() {
     );
     assert_eq!(r[0].0.opcode_raw(), Opcode::TaskMgmtResponse as u8);
     assert_eq!(r[0].0.itt(), 100);
-    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(r[0].0.byte(off::RESPONSE), tmf_response::COMPLETE);
     // LU reset: waits for this session's task and for the engine (other sessions' commands).
     h.b.tmf_later = true;
     tmf.set_flags(0x80 | 5);
@@ -1621,7 +1647,7 @@ fn tmfs_without_running_tasks_answer_at_once() {
     tmf.set_itt(7);
     let (_, r) = h.send(tmf, &[]);
     assert_eq!(r.len(), 1);
-    assert_eq!(r[0].0 .0[2], tmf_response::COMPLETE);
+    assert_eq!(r[0].0.byte(off::RESPONSE), tmf_response::COMPLETE);
     assert_eq!(h.b.tmf, vec![TmfFunction::AbortTaskSet]);
 }
 
@@ -1743,7 +1769,7 @@ fn immediate_commands_beyond_the_queue_depth_get_task_set_full() {
     let (_, r) = h.send(cmd, &[0; 512]);
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].0.itt(), 3);
-    assert_eq!(r[0].0 .0[3], status::TASK_SET_FULL);
+    assert_eq!(r[0].0.byte(off::STATUS), status::TASK_SET_FULL);
     assert_eq!(h.s.running_tasks(), 2);
 }
 

@@ -137,11 +137,15 @@ pub struct Refused {
     pub status: Status,
 }
 
+/// An H2CData PDU's header length (common header and its specific header: no digests here).
+const H2C_HLEN: usize = 24;
+
 /// An H2CData PDU whose data is received in place ([`Queue::placed_h2c`]).
 #[derive(Debug)]
 pub struct PlacedH2C {
-    /// The PDU up to its data.
-    header: Vec<u8>,
+    /// The PDU's header (its data follows at `header_len`, after any padding).
+    header: [u8; H2C_HLEN],
+    header_len: usize,
     transfer: Transfer,
     frame: pdu::Frame,
 }
@@ -149,7 +153,7 @@ pub struct PlacedH2C {
 impl PlacedH2C {
     /// The bytes of the PDU before its data.
     pub fn header_len(&self) -> usize {
-        self.header.len()
+        self.header_len
     }
 
     /// Its data's length.
@@ -476,8 +480,10 @@ impl Queue {
         if a.failed || t.offset != a.arrived || t.len as usize != frame.data_len || !fits {
             return None;
         }
+        debug_assert_eq!(frame.hlen, H2C_HLEN, "the frame checks an H2CData's length");
         Some(PlacedH2C {
-            header: header.to_vec(),
+            header: header.get(..H2C_HLEN)?.try_into().ok()?,
+            header_len: header.len(),
             transfer: t,
             frame,
         })
@@ -519,8 +525,7 @@ impl Queue {
         ready: &mut Vec<Received>,
         refused: &mut Vec<Refused>,
     ) -> Result<(), Fatal> {
-        // `placed_h2c` kept the header up to the data, which follows the PDU header.
-        let header = h2c.header.get(..h2c.frame.hlen).unwrap_or(&h2c.header);
+        let header = &h2c.header[..];
         match self.h2c_data(&h2c.frame, header, Arrived::InPlace, ready, refused) {
             Ok(()) => {
                 self.solicit_waiting(out);

@@ -2,6 +2,7 @@
 //! and an I/O queue) per job, its queue depth kept full with Read / Write.
 
 use crate::runner::{Done, Engine, Op, Target, TargetInfo};
+use ::nvme::host::WriteData;
 use ::nvme::sqe::Status;
 use initiator::nvme::{self as host, NvmeHost, QueueConn};
 
@@ -139,7 +140,7 @@ impl Target for NvmeTarget {
             io: h.io,
             nsid: self.url.nsid,
             block_size: u64::from(self.info.block_size),
-            pattern,
+            pattern: pattern.into(),
             pending: vec![None; queue_depth],
         }))
     }
@@ -159,8 +160,8 @@ struct NvmeEngine {
     io: QueueConn,
     nsid: u32,
     block_size: u64,
-    /// What writes send (random, as for iSCSI).
-    pattern: Vec<u8>,
+    /// What writes send (random, as for iSCSI): shared by every write, never copied per write.
+    pattern: std::sync::Arc<[u8]>,
     pending: Vec<Option<Pending>>,
 }
 
@@ -171,12 +172,19 @@ impl NvmeEngine {
         let blocks = u32::try_from(u64::from(p.len) / self.block_size)
             .map_err(|_| "I/O too long".to_string())?;
         let (opcode, data_out, data_in) = match p.op {
-            Op::Read => (::nvme::nvm::opcode::READ, Vec::new(), p.len),
-            Op::Write => (
-                ::nvme::nvm::opcode::WRITE,
-                self.pattern[..p.len as usize].to_vec(),
-                0,
+            Op::Read => (
+                ::nvme::nvm::opcode::READ,
+                WriteData::Owned(Vec::new()),
+                p.len,
             ),
+            Op::Write => {
+                let len = p.len as usize;
+                if len > self.pattern.len() {
+                    return Err(format!("a write of {len} bytes is longer than the pattern"));
+                }
+                let shared = WriteData::Shared(std::sync::Arc::clone(&self.pattern), len);
+                (::nvme::nvm::opcode::WRITE, shared, 0)
+            }
         };
         *self
             .pending

@@ -260,7 +260,13 @@ impl QueueConn {
 
     /// Queues a command with identifier `cid` without sending it (the next
     /// [`QueueConn::next_done`] sends what is queued): many commands, one write.
-    pub fn enqueue(&mut self, cid: u16, mut sqe: Sqe, data_out: Vec<u8>, data_in_len: u32) {
+    pub fn enqueue(
+        &mut self,
+        cid: u16,
+        mut sqe: Sqe,
+        data_out: impl Into<::nvme::host::WriteData>,
+        data_in_len: u32,
+    ) {
         sqe.0[2..4].copy_from_slice(&cid.to_le_bytes());
         self.queue.submit(sqe, data_out, data_in_len, &mut self.out);
     }

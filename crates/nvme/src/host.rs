@@ -14,10 +14,34 @@ pub struct Done {
     pub data: Vec<u8>,
 }
 
+/// A write's data as a host hands it over: its own bytes, or a shared buffer's first `len`
+/// bytes, so a caller writing the same bytes many times (a benchmark's pattern) hands them
+/// over without a copy per write.
+#[derive(Clone, Debug)]
+pub enum WriteData {
+    Owned(Vec<u8>),
+    Shared(std::sync::Arc<[u8]>, usize),
+}
+
+impl WriteData {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            WriteData::Owned(v) => v,
+            WriteData::Shared(bytes, len) => &bytes[..(*len).min(bytes.len())],
+        }
+    }
+}
+
+impl From<Vec<u8>> for WriteData {
+    fn from(v: Vec<u8>) -> WriteData {
+        WriteData::Owned(v)
+    }
+}
+
 struct Outstanding {
     cid: u16,
     /// Data still to send on the controller's R2T.
-    data_out: Vec<u8>,
+    data_out: WriteData,
     data_in: Vec<u8>,
     data_in_len: usize,
     /// A C2HData PDU's data digest failed: the command completes with Data Transfer Error
@@ -83,27 +107,39 @@ impl HostQueue {
 
     /// Sends command `sqe` (its data pointer set here) with `data_out` to write and room for
     /// `data_in_len` bytes back.
-    pub fn submit(&mut self, mut sqe: Sqe, data_out: Vec<u8>, data_in_len: u32, out: &mut Vec<u8>) {
+    pub fn submit(
+        &mut self,
+        mut sqe: Sqe,
+        data_out: impl Into<WriteData>,
+        data_in_len: u32,
+        out: &mut Vec<u8>,
+    ) {
+        let data_out = data_out.into();
         let cid = sqe.cid();
-        let in_capsule = !data_out.is_empty() && data_out.len() <= self.in_capsule_max as usize;
+        let bytes = data_out.as_slice();
+        let in_capsule = !bytes.is_empty() && bytes.len() <= self.in_capsule_max as usize;
         sqe.0[1] = (sqe.0[1] & 0x3F) | 0x40;
         sqe.0[24..40].fill(0);
-        let len = if data_out.is_empty() {
+        let len = if bytes.is_empty() {
             data_in_len
         } else {
-            data_out.len() as u32
+            bytes.len() as u32
         };
         sqe.0[32..36].copy_from_slice(&len.to_le_bytes());
         sqe.0[39] = if in_capsule { 0x01 } else { 0x5A };
         let digests = (self.accept.header_digest, self.accept.data_digest);
         if in_capsule {
-            capsule(&sqe, &data_out, digests, out);
+            capsule(&sqe, bytes, digests, out);
         } else {
             capsule(&sqe, &[], digests, out);
         }
         self.outstanding.push(Outstanding {
             cid,
-            data_out: if in_capsule { Vec::new() } else { data_out },
+            data_out: if in_capsule {
+                WriteData::Owned(Vec::new())
+            } else {
+                data_out
+            },
             data_in: Vec::new(),
             data_in_len: data_in_len as usize,
             digest_failed: false,
@@ -258,10 +294,14 @@ impl HostQueue {
                 field: 8,
             })?;
         let end = (t.offset as usize).saturating_add(t.len as usize);
-        let data = o.data_out.get(t.offset as usize..end).ok_or(Refusal {
-            status: Fatal::DataOutOfRange,
-            field: 12,
-        })?;
+        let data = o
+            .data_out
+            .as_slice()
+            .get(t.offset as usize..end)
+            .ok_or(Refusal {
+                status: Fatal::DataOutOfRange,
+                field: 12,
+            })?;
         let digests = (self.accept.header_digest, self.accept.data_digest);
         let mut at = 0;
         while at < data.len() {

@@ -36,6 +36,8 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("the remote API: {0}")]
+    Api(String),
     #[error(transparent)]
     Open(#[from] OpenError),
     #[error(transparent)]
@@ -92,6 +94,7 @@ impl Server {
             ),
             None => None,
         };
+        let api = bind_api(config)?;
         crate::control::recover_pools(config);
         let mut shared = build(config)?;
         if source.path.is_some() {
@@ -118,6 +121,7 @@ impl Server {
                     acceptor_shared,
                     listeners,
                     metrics_listener,
+                    api,
                     control,
                     senders,
                 )
@@ -166,6 +170,23 @@ impl Server {
 
 /// The control socket: the configured path (a failure stops the start), else the default one
 /// (a failure costs only the socket).
+/// The remote API's listener and TLS identity, when `[server] api_listen` asks for it.
+fn bind_api(
+    config: &Config,
+) -> Result<Option<(std::net::TcpListener, openssl::ssl::SslAcceptor)>, StartError> {
+    let Some(addr) = config.server.api_listen else {
+        return Ok(None);
+    };
+    let state_dir = crate::topology::state::state_dir(config.server.state_dir.as_deref());
+    let (cert, key) = crate::control::api::identity(&config.server, state_dir.as_deref())
+        .map_err(StartError::Api)?;
+    let tls = crate::control::api::acceptor(&cert, &key).map_err(StartError::Api)?;
+    let listener = crate::metrics::bind(addr)
+        .map_err(|e| StartError::Api(format!("cannot listen on {addr}: {e}")))?;
+    tracing::info!(%addr, cert = %cert.display(), "remote API over HTTPS");
+    Ok(Some((listener, tls)))
+}
+
 fn bind_control(config: &Config) -> Result<Option<crate::control::ControlSocket>, StartError> {
     let configured = config.server.control_socket.clone();
     let Some(path) = configured.or_else(crate::control::default_socket_path) else {
@@ -396,6 +417,7 @@ fn acceptor(
     shared: Arc<Shared>,
     listeners: crate::shared::listening::Plan,
     metrics_listener: Option<std::net::TcpListener>,
+    api: Option<(std::net::TcpListener, openssl::ssl::SslAcceptor)>,
     control: Option<crate::control::ControlSocket>,
     senders: Vec<mpsc::UnboundedSender<NewConnection>>,
 ) {
@@ -417,6 +439,16 @@ fn acceptor(
                 Arc::clone(&shared),
                 control,
             )));
+        }
+        if let Some((listener, tls)) = api {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => tasks.push(tokio::spawn(crate::control::api::serve(
+                    Arc::clone(&shared),
+                    l,
+                    tls,
+                ))),
+                Err(e) => tracing::error!("the remote API's listener: {e}"),
+            }
         }
         if let Some(l) = metrics_listener.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
             tasks.push(tokio::spawn(crate::metrics::serve(

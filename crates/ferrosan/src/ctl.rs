@@ -13,8 +13,19 @@ use serde_json::{json, Value};
 #[derive(Args)]
 pub struct CtlArgs {
     /// The daemon's control socket (default: the daemon's default for this user).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "url")]
     socket: Option<PathBuf>,
+    /// A daemon's remote API instead of the local socket: https://HOST:PORT (docs/OPERATIONS.md,
+    /// *Remote API*).
+    #[arg(long, global = true, requires = "token_file", value_name = "URL")]
+    url: Option<String>,
+    /// The file holding the API token (`ctl token create` prints it).
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// The certificate (PEM) the API's certificate must be or be signed by; default: the
+    /// system's trusted roots. A daemon's self-signed one is STATE_DIR/api-cert.pem.
+    #[arg(long, global = true, value_name = "FILE")]
+    ca_file: Option<PathBuf>,
     /// Print the daemon's JSON reply instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -120,6 +131,31 @@ enum Verb {
     Snapshot {
         #[command(subcommand)]
         what: SnapshotVerb,
+    },
+    /// Tokens of the remote management API: create (shown once), list, revoke.
+    Token {
+        #[command(subcommand)]
+        what: TokenVerb,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenVerb {
+    /// Make token NAME: printed this once, kept by the daemon only as its hash.
+    Create {
+        /// The token's name (the audit log and `token list` show it).
+        name: String,
+        /// admin (every verb) or reader (status, sessions, luns, stats, config, volume and
+        /// snapshot lists).
+        #[arg(long, value_parser = ["admin", "reader"])]
+        role: String,
+    },
+    /// Names, roles and creation times of the tokens.
+    List,
+    /// Revoke token NAME: refused from its next request on.
+    Revoke {
+        /// The token's name.
+        name: String,
     },
 }
 
@@ -639,7 +675,7 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The verbs that may copy a volume's data where its pool's filesystem cannot reflink: they
 /// take as long as the data does, and the answer is awaited without a limit (the daemon logs
 /// the copy's progress).
-const COPYING_VERBS: &[&str] = &["volume-snapshot", "volume-clone", "volume-rollback"];
+pub(crate) const COPYING_VERBS: &[&str] = &["volume-snapshot", "volume-clone", "volume-rollback"];
 
 fn request(verb: &Verb) -> Result<Value, String> {
     Ok(match verb {
@@ -651,6 +687,13 @@ fn request(verb: &Verb) -> Result<Value, String> {
         } => json!({"verb": "config"}),
         Verb::Reload { discard } => json!({"verb": "reload", "discard": discard}),
         Verb::Save => json!({"verb": "save"}),
+        Verb::Token { what } => match what {
+            TokenVerb::Create { name, role } => {
+                json!({"verb": "token-create", "name": name, "role": role})
+            }
+            TokenVerb::List => json!({"verb": "token-list"}),
+            TokenVerb::Revoke { name } => json!({"verb": "token-revoke", "name": name}),
+        },
         Verb::Session {
             what: SessionVerb::Close { tsih },
         } => json!({"verb": "session-close", "tsih": tsih}),
@@ -997,14 +1040,44 @@ pub(crate) fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, Strin
     serde_json::from_str(&reply).map_err(|e| format!("bad reply from the daemon: {e}"))
 }
 
+/// Where `ctl` sends its request: the local socket, or a daemon's remote API.
+enum Endpoint {
+    Socket(PathBuf),
+    Remote(crate::remote::Remote),
+}
+
+impl Endpoint {
+    fn of(args: &CtlArgs) -> Result<Endpoint, String> {
+        if let Some(url) = &args.url {
+            let token = args
+                .token_file
+                .as_deref()
+                .ok_or("--url needs --token-file")?;
+            return crate::remote::Remote::new(url, token, args.ca_file.as_deref())
+                .map(Endpoint::Remote);
+        }
+        args.socket
+            .clone()
+            .or_else(engine::control::default_socket_path)
+            .map(Endpoint::Socket)
+            .ok_or_else(|| "no default control socket (neither XDG_RUNTIME_DIR nor HOME is set): give --socket PATH".into())
+    }
+
+    fn exchange(&self, request: &Value) -> Result<Value, String> {
+        match self {
+            Endpoint::Socket(socket) => exchange(socket, request),
+            Endpoint::Remote(remote) => remote.exchange(request),
+        }
+    }
+}
+
 pub fn run(args: CtlArgs) -> ExitCode {
-    let Some(socket) = args
-        .socket
-        .clone()
-        .or_else(engine::control::default_socket_path)
-    else {
-        eprintln!("ferrosan ctl: no default control socket (neither XDG_RUNTIME_DIR nor HOME is set): give --socket PATH");
-        return ExitCode::from(2);
+    let endpoint = match Endpoint::of(&args) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("ferrosan ctl: {e}");
+            return ExitCode::from(2);
+        }
     };
     let reply = request(&args.verb)
         .map(|mut r| {
@@ -1013,7 +1086,7 @@ pub fn run(args: CtlArgs) -> ExitCode {
             }
             r
         })
-        .and_then(|r| exchange(&socket, &r));
+        .and_then(|r| endpoint.exchange(&r));
     let reply = match reply {
         Ok(r) => r,
         Err(e) => {
@@ -1109,7 +1182,35 @@ fn human(verb: &Verb, r: &Value) -> String {
         Verb::Snapshot {
             what: SnapshotVerb::List { .. },
         } => human_snapshots(r),
+        Verb::Token { what } => human_token(what, r),
         _ => human_change(r),
+    }
+}
+
+fn human_token(what: &TokenVerb, r: &Value) -> String {
+    match what {
+        TokenVerb::Create { .. } => format!(
+            "{}\n(token {:?}, role {}: shown this once, the daemon keeps only its hash)\n",
+            text(&r["token"]),
+            text(&r["name"]),
+            text(&r["role"])
+        ),
+        TokenVerb::List => {
+            let mut out = String::new();
+            for t in r["tokens"].as_array().into_iter().flatten() {
+                out.push_str(&format!(
+                    "{:<24} {:<7} created {}\n",
+                    text(&t["name"]),
+                    text(&t["role"]),
+                    text(&t["created"])
+                ));
+            }
+            if out.is_empty() {
+                out.push_str("no tokens\n");
+            }
+            out
+        }
+        TokenVerb::Revoke { .. } => format!("revoked {}\n", text(&r["revoked"])),
     }
 }
 

@@ -65,6 +65,9 @@ struct RawServer {
     gateway_standby: Option<S<bool>>,
     gateway_alua: Option<S<String>>,
     device_roots: Option<S<Vec<S<String>>>>,
+    api_listen: Option<S<String>>,
+    api_cert: Option<S<String>>,
+    api_key: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -374,6 +377,9 @@ impl RawServer {
             gateway_standby,
             gateway_alua,
             device_roots,
+            api_listen: server.api_listen.map(|a| pos.s(a.to_string())),
+            api_cert: (server.api_cert.as_ref()).map(|p| pos.s(p.display().to_string())),
+            api_key: (server.api_key.as_ref()).map(|p| pos.s(p.display().to_string())),
         })
     }
 }
@@ -783,6 +789,7 @@ fn resolve_server(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) -> 
         }
     }
     server_roots_and_group(cx, s, server);
+    server_api(cx, s, server);
     identity_seed
 }
 
@@ -806,6 +813,37 @@ fn server_paths(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) {
         } else {
             server.control_socket = Some(p.into());
         }
+    }
+}
+
+/// `[server]`'s remote API: its address, and its certificate and key (both or neither).
+fn server_api(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) {
+    if let Some(addr) = &s.api_listen {
+        match parse_listen(addr.get_ref()) {
+            Ok(a) => server.api_listen = Some(a),
+            Err(m) => cx.err(addr.span(), "server: api_listen", m),
+        }
+    }
+    for (raw, field, out) in [
+        (&s.api_cert, "server: api_cert", &mut server.api_cert),
+        (&s.api_key, "server: api_key", &mut server.api_key),
+    ] {
+        let Some(path) = raw else { continue };
+        let p = path.get_ref();
+        if p.is_empty() || !p.starts_with('/') {
+            cx.err(path.span(), field, "an absolute path");
+        } else if let Err(m) = super::names::check_path_text(p) {
+            cx.err(path.span(), field, m);
+        } else {
+            *out = Some(p.into());
+        }
+    }
+    if let (Some(one), None) | (None, Some(one)) = (&s.api_cert, &s.api_key) {
+        cx.err(
+            one.span(),
+            "server: api_cert, api_key",
+            "both or neither (neither: a self-signed pair in the state directory)",
+        );
     }
 }
 
@@ -1808,6 +1846,14 @@ fn server_toml(out: &mut String, server: &ServerConfig) {
     }
     if let Some(group) = &server.control_socket_group {
         let _ = writeln!(out, "control_socket_group = {}", q(group));
+    }
+    if let Some(addr) = server.api_listen {
+        let _ = writeln!(out, "api_listen = {}", q(&addr.to_string()));
+    }
+    for (key, path) in [("api_cert", &server.api_cert), ("api_key", &server.api_key)] {
+        if let Some(path) = path {
+            let _ = writeln!(out, "{key} = {}", q(&path.display().to_string()));
+        }
     }
     if !server.device_roots.is_empty() {
         let roots: Vec<String> = server

@@ -181,6 +181,13 @@ pub struct ServerConfig {
     /// Directories (and device paths) that `file` and `block` devices must lie in, symlinks
     /// resolved; empty: any path the daemon can open.
     pub device_roots: Vec<PathBuf>,
+    /// Where the remote management API is served over HTTPS (docs/OPERATIONS.md, *Remote
+    /// API*); None = not served.
+    pub api_listen: Option<std::net::SocketAddr>,
+    /// The API's certificate chain and private key (PEM); None: a self-signed pair the
+    /// daemon makes in its state directory at the first start with `api_listen`.
+    pub api_cert: Option<PathBuf>,
+    pub api_key: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -198,6 +205,9 @@ impl Default for ServerConfig {
             gateway_standby: false,
             gateway_alua_explicit: false,
             device_roots: Vec::new(),
+            api_listen: None,
+            api_cert: None,
+            api_key: None,
         }
     }
 }

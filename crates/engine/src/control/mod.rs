@@ -10,10 +10,12 @@
 //! and a client silent for [`CLIENT_IDLE`] is closed; none of them can delay the data plane,
 //! which never takes a lock the control plane holds for long.
 
+pub mod api;
 pub mod edit;
 pub mod error;
 mod export;
 pub mod reload;
+pub mod tokens;
 mod volumes;
 
 pub use error::{ControlError, SocketError};
@@ -409,11 +411,15 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
         "session-close" => close_session(shared, args),
         "device-take" => take_device(shared, args),
         "device-clear-reservations" => clear_reservations(shared, args),
+        "token-create" => token_create(shared, args),
+        "token-list" => Ok(shared.tokens.list()),
+        "token-revoke" => token_revoke(shared, args),
         _ if volumes::VERBS.contains(&verb) => volumes::handle(shared, verb, args),
         _ if EDIT_VERBS.contains(&verb) => change(shared, verb, args),
         _ => Err(ControlError::BadRequest(format!(
             "unknown verb {verb:?} (status, sessions, luns, stats, config, reload, save, \
-             session-close, device-take, device-clear-reservations, {})",
+             session-close, device-take, device-clear-reservations, token-create, token-list, \
+             token-revoke, {})",
             EDIT_VERBS.join(", ")
         ))),
     };
@@ -446,16 +452,64 @@ const READ_AND_FILE_VERBS: &[&str] = &[
     "session-close",
     "device-take",
     "device-clear-reservations",
+    "token-create",
+    "token-list",
+    "token-revoke",
 ];
 
-/// `verb` as a known verb's name (a metric label must not take a client's arbitrary text).
-fn known_verb(verb: &str) -> Option<&'static str> {
+/// The verbs that change nothing and show nothing secret: a reader token may call these.
+const READ_VERBS: &[&str] = &[
+    "status",
+    "sessions",
+    "luns",
+    "stats",
+    "config",
+    "volume-list",
+    "snapshot-list",
+];
+
+/// Whether `verb` changes the array or shows what only its administrators may see (the
+/// tokens): the one classification the remote API's roles ask ([`tokens::Role::may`]). An
+/// unknown verb counts as changing.
+pub fn changes(verb: &str) -> bool {
+    !READ_VERBS.contains(&verb)
+}
+
+fn name_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, ControlError> {
+    args.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ControlError::BadRequest(format!("missing \"{key}\"")))
+}
+
+/// `token-create name=N role=admin|reader`: the token, shown this once.
+fn token_create(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let name = name_arg(args, "name")?;
+    let role = tokens::Role::parse(name_arg(args, "role")?)?;
+    let token = shared.tokens.create(name, role)?;
+    tracing::info!(name, role = role.name(), "API token created");
+    Ok(json!({ "name": name, "role": role.name(), "token": token }))
+}
+
+/// `token-revoke name=N`: refused from the next request on.
+fn token_revoke(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let name = name_arg(args, "name")?;
+    shared.tokens.revoke(name)?;
+    tracing::info!(name, "API token revoked");
+    Ok(json!({ "revoked": name }))
+}
+
+/// Every verb the socket (and the remote API) serves.
+pub fn all_verbs() -> impl Iterator<Item = &'static str> {
     READ_AND_FILE_VERBS
         .iter()
         .chain(EDIT_VERBS)
         .chain(volumes::VERBS)
-        .find(|v| **v == verb)
         .copied()
+}
+
+/// `verb` as a known verb's name (a metric label must not take a client's arbitrary text).
+fn known_verb(verb: &str) -> Option<&'static str> {
+    all_verbs().find(|v| *v == verb)
 }
 
 fn unix_seconds(t: SystemTime) -> u64 {

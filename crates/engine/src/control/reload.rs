@@ -726,7 +726,7 @@ fn keep_backup(path: &Path, old: &str) -> Result<(), SaveError> {
 
 /// Writes `text` to `path` through a temporary file and a rename. The file's mode is kept,
 /// but never more open than 0640 when `secret` (it holds CHAP secrets).
-fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), SaveError> {
+pub(super) fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), SaveError> {
     use std::io::Write as _;
     let dir = path
         .parent()

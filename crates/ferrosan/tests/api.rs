@@ -1,0 +1,285 @@
+//! The remote management API (docs/OPERATIONS.md, *Remote API*): the socket's verbs over
+//! HTTPS with tokens, through `ferrosan ctl --url` and through curl for the statuses.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{free_port, run_path, Ctl, Daemon, Scratch};
+use serde_json::Value;
+
+const IQN: &str = "iqn.2026-12.test:api";
+
+struct Api {
+    daemon: Daemon,
+    ctl: Ctl,
+    url: String,
+    ca: PathBuf,
+    dir: Scratch,
+}
+
+/// A daemon serving the API on a loopback port, its self-signed certificate in its state
+/// directory.
+fn start() -> Api {
+    let dir = Scratch::new("api");
+    let ctl = Ctl::new();
+    let (port, api_port) = (free_port(), free_port());
+    let state = dir.file("state");
+    let pool = dir.file("pool");
+    let text = format!(
+        r#"[[pool]]
+name = "fast"
+path = "{}"
+
+[server]
+api_listen = "127.0.0.1:{api_port}"
+state_dir = "{}"
+control_socket = "{}"
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+
+[[device]]
+name = "d0"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "{IQN}"
+  [[target.group]]
+  name = "all"
+  any_initiator = true
+  luns = [ {{ lun = 0, device = "d0" }} ]
+"#,
+        pool.display(),
+        state.display(),
+        ctl.socket.display()
+    );
+    let daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    Api {
+        daemon,
+        ctl,
+        url: format!("https://127.0.0.1:{api_port}"),
+        ca: state.join("api-cert.pem"),
+        dir,
+    }
+}
+
+impl Api {
+    /// A token of `role` made over the socket, in a file.
+    fn token(&self, name: &str, role: &str) -> (String, PathBuf) {
+        let made = self.ctl.json(&["token", "create", name, "--role", role]);
+        assert_eq!(made["ok"], true, "{made}");
+        let token = made["token"].as_str().unwrap().to_string();
+        let file = self.dir.file(name);
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        (token, file)
+    }
+
+    /// `ferrosan ctl --url ... --json ARGS` with the token in `token_file`.
+    fn ctl_remote(&self, token_file: &Path, args: &[&str]) -> Value {
+        let (token, ca) = (
+            token_file.display().to_string(),
+            self.ca.display().to_string(),
+        );
+        let mut all = vec![
+            "ctl",
+            "--url",
+            &self.url,
+            "--token-file",
+            &token,
+            "--ca-file",
+            &ca,
+            "--json",
+        ];
+        all.extend_from_slice(args);
+        let r = run_path(Path::new(env!("CARGO_BIN_EXE_ferrosan")), &all);
+        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.describe()))
+    }
+
+    /// curl's status codes for `method` on each of `paths`, one connection, with `token`.
+    fn statuses(
+        &self,
+        method: &str,
+        paths: &[&str],
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> Vec<u16> {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-w", "%{http_code}\\n", "--cacert"])
+            .arg(&self.ca)
+            .args(["-X", method]);
+        if let Some(token) = token {
+            c.args(["-H", &format!("Authorization: Bearer {token}")]);
+        }
+        if let Some(body) = body {
+            c.args([
+                "-H",
+                "Content-Type: application/json",
+                "--data-binary",
+                body,
+            ]);
+        }
+        for path in paths {
+            // Each URL's body is dropped: -o applies to one URL.
+            c.args(["-o", "/dev/null"])
+                .arg(format!("{}{path}", self.url));
+        }
+        let out = c.output().expect("curl");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim().parse().unwrap_or(0))
+            .collect()
+    }
+}
+
+#[test]
+fn tokens_decide_who_may_call_what_and_a_revoked_one_stops_at_once() {
+    let api = start();
+    let (admin, admin_file) = api.token("ci", "admin");
+    let (reader, reader_file) = api.token("grafana", "reader");
+    // The same verbs and answers as the socket, through `ctl --url`.
+    let status = api.ctl_remote(&reader_file, &["status"]);
+    assert_eq!(status["ok"], true, "{status}");
+    assert_eq!(status["targets"], api.ctl.json(&["status"])["targets"]);
+    assert!(status["request_id"]
+        .as_str()
+        .is_some_and(|id| id.len() == 16));
+    // No token, a wrong one: 401; a reader changing something: 403; GET only for reading.
+    assert_eq!(api.statuses("GET", &["/v1/status"], None, None), [401]);
+    assert_eq!(
+        api.statuses("GET", &["/v1/status"], Some("fsn_00"), None),
+        [401]
+    );
+    assert_eq!(
+        api.statuses("GET", &["/v1/status", "/v1/luns"], Some(&reader), None),
+        [200, 200]
+    );
+    let add = r#"{"name":"d1","spec":"ram:8M"}"#;
+    assert_eq!(
+        api.statuses("POST", &["/v1/device-add"], Some(&reader), Some(add)),
+        [403]
+    );
+    assert_eq!(
+        api.statuses("GET", &["/v1/device-add"], Some(&admin), None),
+        [405]
+    );
+    assert_eq!(
+        api.statuses("POST", &["/v1/no-such-verb"], Some(&admin), None),
+        [404]
+    );
+    assert_eq!(
+        api.statuses("POST", &["/v1/token-list"], Some(&reader), None),
+        [403]
+    );
+    // An admin changes the array: the socket sees it, the log says who.
+    let added = api.ctl_remote(&admin_file, &["device", "add", "d1", "ram:8M"]);
+    assert_eq!(added["ok"], true, "{added}");
+    let config = api.ctl.json(&["config", "show"]);
+    assert!(
+        config["toml"].as_str().unwrap().contains("name = \"d1\""),
+        "{config}"
+    );
+    assert!(
+        api.daemon.output().contains("API change"),
+        "{}",
+        api.daemon.output()
+    );
+    assert!(
+        api.daemon.output().contains("token=ci"),
+        "{}",
+        api.daemon.output()
+    );
+    // The same request again: the socket's answer (it exists), with its status.
+    let again = api.ctl_remote(&admin_file, &["device", "add", "d1", "ram:8M"]);
+    assert_eq!(again["kind"], "conflict", "{again}");
+    // Revoked: the next request is refused.
+    assert_eq!(api.ctl.json(&["token", "revoke", "grafana"])["ok"], true);
+    assert_eq!(
+        api.statuses("GET", &["/v1/status"], Some(&reader), None),
+        [401]
+    );
+    let listed = api.ctl.json(&["token", "list"]).to_string();
+    assert!(listed.contains("\"ci\"") && !listed.contains("grafana") && !listed.contains(&admin));
+}
+
+#[test]
+fn bodies_and_rates_are_bounded_and_the_document_lists_every_verb() {
+    let api = start();
+    let (admin, _) = api.token("ci", "admin");
+    let big = format!(r#"{{"name":"{}"}}"#, "x".repeat(70 * 1024));
+    assert_eq!(
+        api.statuses("POST", &["/v1/device-add"], Some(&admin), Some(&big)),
+        [413]
+    );
+    assert_eq!(
+        api.statuses("POST", &["/v1/status"], Some(&admin), Some("[1]")),
+        [400]
+    );
+    let doc = Command::new("curl")
+        .args(["-s", "--cacert"])
+        .arg(&api.ca)
+        .arg(format!("{}/v1/openapi.json", api.url))
+        .output()
+        .expect("curl");
+    let doc: Value = serde_json::from_slice(&doc.stdout).expect("a JSON document");
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    for verb in ["status", "volume-create", "lun-map", "token-create"] {
+        assert!(paths.contains_key(&format!("/v1/{verb}")), "{verb}");
+    }
+    // 100 requests at once from one address: the burst passes, the rest are told to wait.
+    let paths: Vec<&str> = (0..100).map(|_| "/v1/status").collect();
+    let got = api.statuses("GET", &paths, Some(&admin), None);
+    let ok = got.iter().filter(|s| **s == 200).count();
+    let limited = got.iter().filter(|s| **s == 429).count();
+    assert_eq!(ok + limited, 100, "{got:?}");
+    assert!((40..70).contains(&ok), "{ok} passed: {got:?}");
+    let metrics = api.ctl.json(&["status"]);
+    assert_eq!(metrics["ok"], true);
+}
+
+/// Parallel changes from several clients over HTTPS are linearizable, as over the socket
+/// (state.rs, `parallel_exports_all_land`): eight exports at once each get their own LUN and
+/// all land.
+#[test]
+fn parallel_exports_over_https_all_land() {
+    const N: usize = 8;
+    const HOST: &str = "iqn.2026-12.org.example:host-a";
+    let api = std::sync::Arc::new(start());
+    let (_, admin_file) = api.token("csi", "admin");
+    for i in 0..N {
+        let made = api.ctl_remote(
+            &admin_file,
+            &["volume", "create", "fast", &format!("v{i}"), "4M"],
+        );
+        assert_eq!(made["ok"], true, "{made}");
+    }
+    let threads: Vec<_> = (0..N)
+        .map(|i| {
+            let (api, file) = (std::sync::Arc::clone(&api), admin_file.clone());
+            std::thread::spawn(move || {
+                api.ctl_remote(
+                    &file,
+                    &["volume", "export", &format!("v{i}"), "--initiator", HOST],
+                )
+            })
+        })
+        .collect();
+    let mut luns: Vec<u64> = threads
+        .into_iter()
+        .map(|t| {
+            let r = t.join().unwrap();
+            assert_eq!(r["ok"], true, "{r}");
+            r["lun"].as_u64().unwrap()
+        })
+        .collect();
+    luns.sort();
+    assert_eq!(luns, (0..N as u64).collect::<Vec<_>>());
+    let shown = api.ctl.json(&["luns"]).to_string();
+    for i in 0..N {
+        assert!(shown.contains(&format!("\"v{i}\"")), "v{i}: {shown}");
+    }
+}

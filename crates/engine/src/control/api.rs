@@ -39,7 +39,9 @@ pub const CONNECTIONS_MAX: usize = 64;
 pub const RATE_PER_S: f64 = 20.0;
 /// ...and at once after a quiet spell.
 pub const RATE_BURST: f64 = 40.0;
-/// For the TLS handshake, and for a request's headers once connected.
+/// For the TLS handshake, and for a request's headers once connected: hyper starts this
+/// clock whenever it waits for a request, so a connection idle this long (never used, or
+/// kept alive after its last answer) is closed and cannot hold a place of [`CONNECTIONS_MAX`].
 pub const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
 /// Source addresses the rate limiter remembers; past this, those idle longest are forgotten.
 const SOURCES_MAX: usize = 4096;

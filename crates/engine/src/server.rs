@@ -742,7 +742,7 @@ fn retry_left_out(shared: &std::sync::Weak<Shared>) {
     }
 }
 
-pub(crate) fn build(config: &Config) -> Result<Shared, OpenError> {
+fn build(config: &Config) -> Result<Shared, OpenError> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let device_context = DeviceContext::new(config, Arc::clone(&metrics));
     let mut devices = HashMap::new();

@@ -11,6 +11,7 @@ pub mod controllers;
 pub mod doors;
 pub mod prelogin;
 pub mod registry;
+pub mod tokens;
 
 use std::net::IpAddr;
 

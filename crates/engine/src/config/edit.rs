@@ -260,6 +260,48 @@ fn positions(list: &ArrayOfTables, key: &str) -> HashMap<String, usize> {
     at
 }
 
+/// Writes `text` to `path` through a temporary file beside it, an fsync and a rename, so a
+/// reader finds the old text or the new, never part of one. The file's mode is kept (0600 for
+/// a new file), never more open than 0640 when `secret`. Err: the path that failed, and why.
+pub fn write_atomically(
+    path: &std::path::Path,
+    text: &str,
+    secret: bool,
+) -> Result<(), (std::path::PathBuf, std::io::Error)> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path.file_name().ok_or_else(|| {
+        let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name");
+        (path.to_path_buf(), e)
+    })?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let at_tmp = |e| (tmp.clone(), e);
+    let mode = std::fs::metadata(path).map_or(0o600, |m| m.permissions().mode() & 0o777);
+    let mode = if secret { mode & 0o640 } else { mode };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(at_tmp)?;
+    // The mode of a file left by an earlier attempt is not changed by open: set it.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(at_tmp)?;
+    file.write_all(text.as_bytes()).map_err(at_tmp)?;
+    file.sync_all().map_err(at_tmp)?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| (path.to_path_buf(), e))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 //! arguments. The answer is the socket's answer, from the same handler ([`super::handle`]),
 //! with an HTTP status from its `kind` ([`status_of`]) and the request's ID. A caller proves
 //! itself with a token (`Authorization: Bearer fsn_...`, `ctl token create`); its role decides
-//! which verbs it may call ([`super::tokens::Role::may`]). `GET /v1/openapi.json` describes
+//! which verbs it may call ([`crate::admission::tokens::Role::may`]). `GET /v1/openapi.json` describes
 //! every verb and needs no token.
 //!
 //! Bounds: [`CONNECTIONS_MAX`] connections, a request body of at most
@@ -30,7 +30,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use openssl::ssl::{Ssl, SslAcceptor, SslFiletype, SslMethod};
 use serde_json::{json, Map, Value};
 
-use super::tokens::Caller;
+use crate::admission::tokens::Caller;
 use crate::shared::Shared;
 
 /// Connections served at once; more are closed at accept.

@@ -139,3 +139,14 @@ impl ControlError {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct SocketError(pub String);
+
+impl From<crate::admission::tokens::TokenError> for ControlError {
+    fn from(e: crate::admission::tokens::TokenError) -> ControlError {
+        use crate::admission::tokens::TokenError;
+        match e {
+            TokenError::BadRequest(m) => ControlError::BadRequest(m),
+            TokenError::NotFound(m) => ControlError::NotFound(m),
+            TokenError::Conflict(m) => ControlError::Conflict(m),
+        }
+    }
+}

@@ -15,7 +15,6 @@ pub mod edit;
 pub mod error;
 mod export;
 pub mod reload;
-pub mod tokens;
 mod volumes;
 
 pub use error::{ControlError, SocketError};
@@ -457,23 +456,7 @@ const READ_AND_FILE_VERBS: &[&str] = &[
     "token-revoke",
 ];
 
-/// The verbs that change nothing and show nothing secret: a reader token may call these.
-const READ_VERBS: &[&str] = &[
-    "status",
-    "sessions",
-    "luns",
-    "stats",
-    "config",
-    "volume-list",
-    "snapshot-list",
-];
-
-/// Whether `verb` changes the array or shows what only its administrators may see (the
-/// tokens): the one classification the remote API's roles ask ([`tokens::Role::may`]). An
-/// unknown verb counts as changing.
-pub fn changes(verb: &str) -> bool {
-    !READ_VERBS.contains(&verb)
-}
+pub use crate::admission::tokens::changes;
 
 fn name_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, ControlError> {
     args.get(key)
@@ -484,7 +467,7 @@ fn name_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, Cont
 /// `token-create name=N role=admin|reader`: the token, shown this once.
 fn token_create(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let name = name_arg(args, "name")?;
-    let role = tokens::Role::parse(name_arg(args, "role")?)?;
+    let role = crate::admission::tokens::Role::parse(name_arg(args, "role")?)?;
     let token = shared.tokens.create(name, role)?;
     tracing::info!(name, role = role.name(), "API token created");
     Ok(json!({ "name": name, "role": role.name(), "token": token }))

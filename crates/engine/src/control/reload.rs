@@ -724,48 +724,13 @@ fn keep_backup(path: &Path, old: &str) -> Result<(), SaveError> {
     write_atomically(&backup, old, true)
 }
 
-/// Writes `text` to `path` through a temporary file and a rename. The file's mode is kept,
-/// but never more open than 0640 when `secret` (it holds CHAP secrets).
-pub(super) fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), SaveError> {
-    use std::io::Write as _;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| SaveError::NotAFile(path.to_path_buf()))?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let located = SaveError::io(&tmp);
-    let mode = std::fs::metadata(path).map_or(0o600, |m| {
-        use std::os::unix::fs::PermissionsExt as _;
-        m.permissions().mode() & 0o777
-    });
-    let mode = if secret { mode & 0o640 } else { mode };
-    let mut file = {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(&located)?
-    };
-    // The mode of a file left by an earlier attempt is not changed by open: set it.
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        file.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(&located)?;
+/// [`crate::config::edit::write_atomically`], its failure located.
+fn write_atomically(path: &Path, text: &str, secret: bool) -> Result<(), SaveError> {
+    if path.file_name().is_none() {
+        return Err(SaveError::NotAFile(path.to_path_buf()));
     }
-    file.write_all(text.as_bytes()).map_err(&located)?;
-    file.sync_all().map_err(&located)?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(SaveError::io(path))?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    crate::config::edit::write_atomically(path, text, secret)
+        .map_err(|(at, e)| SaveError::io(&at)(e))
 }
 
 #[cfg(test)]

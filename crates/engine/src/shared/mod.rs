@@ -56,8 +56,8 @@ pub struct Shared {
     left_out: Mutex<Vec<LeftOut>>,
     /// Changes made with `ctl` and not saved to the config file.
     pub unsaved: Unsaved,
-    /// Who may use the remote management API (`control/tokens.rs`).
-    pub tokens: crate::control::tokens::Tokens,
+    /// Who may use the remote management API (`admission/tokens.rs`).
+    pub tokens: crate::admission::tokens::Tokens,
     /// The volumes a verb works on its medium now (a snapshot taken, a volume deleted): one
     /// such verb a volume at a time (`Shared::busy`).
     volumes_busy: Mutex<std::collections::HashMap<String, &'static str>>,
@@ -104,7 +104,7 @@ impl Shared {
             source: ConfigSource::default(),
             file_base: Mutex::new(None),
             unsaved: Unsaved::default(),
-            tokens: crate::control::tokens::Tokens::of_state_dir(
+            tokens: crate::admission::tokens::Tokens::of_state_dir(
                 crate::topology::state::state_dir(config.server.state_dir.as_deref()).as_deref(),
             ),
             volumes_busy: Mutex::default(),

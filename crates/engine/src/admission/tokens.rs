@@ -5,8 +5,8 @@
 //! mode 0600), so they survive a restart; the file is rewritten whole through a rename.
 //!
 //! A role decides which verbs a token may call ([`Role::may`]): a reader only those that
-//! change nothing ([`super::changes`]), an admin every verb. This is the one place the remote
-//! API asks; the control socket is the owner's and needs no token.
+//! change nothing and show nothing secret ([`changes`]), an admin every verb. This is the one
+//! place the remote API asks; the control socket is the owner's and needs no token.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -14,7 +14,34 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::ControlError;
+/// Why a token verb failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// The verbs that change nothing and show nothing secret: a reader token may call these.
+const READ_VERBS: &[&str] = &[
+    "status",
+    "sessions",
+    "luns",
+    "stats",
+    "config",
+    "volume-list",
+    "snapshot-list",
+];
+
+/// Whether `verb` changes the array or shows what only its administrators may see (the
+/// tokens): the one classification the remote API's roles ask ([`Role::may`]). An unknown
+/// verb counts as changing.
+pub fn changes(verb: &str) -> bool {
+    !READ_VERBS.contains(&verb)
+}
 
 /// Tokens kept at most: a bound on the file and on each request's lookup.
 pub const TOKENS_MAX: usize = 256;
@@ -33,11 +60,11 @@ pub enum Role {
 }
 
 impl Role {
-    pub fn parse(text: &str) -> Result<Role, ControlError> {
+    pub fn parse(text: &str) -> Result<Role, TokenError> {
         match text {
             "admin" => Ok(Role::Admin),
             "reader" => Ok(Role::Reader),
-            other => Err(ControlError::BadRequest(format!(
+            other => Err(TokenError::BadRequest(format!(
                 "role {other:?}: admin or reader"
             ))),
         }
@@ -54,7 +81,7 @@ impl Role {
     pub fn may(self, verb: &str) -> bool {
         match self {
             Role::Admin => true,
-            Role::Reader => !super::changes(verb),
+            Role::Reader => !changes(verb),
         }
     }
 }
@@ -126,22 +153,22 @@ impl Tokens {
     }
 
     /// Makes a token named `name` with `role`: the token itself, shown once.
-    pub fn create(&self, name: &str, role: Role) -> Result<String, ControlError> {
+    pub fn create(&self, name: &str, role: Role) -> Result<String, TokenError> {
         check_name(name)?;
         let mut records = self.lock();
         if records.iter().any(|r| r.name == name) {
-            return Err(ControlError::Conflict(format!(
+            return Err(TokenError::Conflict(format!(
                 "a token named {name:?} exists (revoke it first)"
             )));
         }
         if records.len() >= TOKENS_MAX {
-            return Err(ControlError::Conflict(format!(
+            return Err(TokenError::Conflict(format!(
                 "{TOKENS_MAX} tokens exist: revoke one first"
             )));
         }
         let mut secret = [0u8; TOKEN_BYTES];
         openssl::rand::rand_bytes(&mut secret)
-            .map_err(|e| ControlError::BadRequest(format!("no randomness to make a token: {e}")))?;
+            .map_err(|e| TokenError::BadRequest(format!("no randomness to make a token: {e}")))?;
         let token = format!("{PREFIX}{}", hex(&secret));
         let mut next = records.clone();
         next.push(Record {
@@ -156,10 +183,10 @@ impl Tokens {
     }
 
     /// Revokes the token named `name`: refused from the next request on.
-    pub fn revoke(&self, name: &str) -> Result<(), ControlError> {
+    pub fn revoke(&self, name: &str) -> Result<(), TokenError> {
         let mut records = self.lock();
         let Some(at) = records.iter().position(|r| r.name == name) else {
-            return Err(ControlError::NotFound(format!("no token named {name:?}")));
+            return Err(TokenError::NotFound(format!("no token named {name:?}")));
         };
         let mut next = records.clone();
         next.remove(at);
@@ -201,33 +228,36 @@ impl Tokens {
     }
 
     /// Writes `records` whole (temporary file, rename), readable by the daemon's user only.
-    fn store(&self, records: &[Record]) -> Result<(), ControlError> {
+    fn store(&self, records: &[Record]) -> Result<(), TokenError> {
         if let Some(broken) = &self.broken {
-            return Err(ControlError::Conflict(format!(
+            return Err(TokenError::Conflict(format!(
                 "the token file is broken: {broken}"
             )));
         }
         let Some(path) = &self.path else {
-            return Err(ControlError::Conflict(
+            return Err(TokenError::Conflict(
                 "no state directory to keep tokens in ([server] state_dir)".into(),
             ));
         };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
-                .map_err(|e| ControlError::Conflict(format!("{}: {e}", dir.display())))?;
+                .map_err(|e| TokenError::Conflict(format!("{}: {e}", dir.display())))?;
         }
         let text = serde_json::to_string_pretty(records).unwrap_or_default();
-        super::reload::write_atomically(path, &text, true)
-            .map(|()| {
+        crate::config::edit::write_atomically(path, &text, true)
+            .and_then(|()| {
                 use std::os::unix::fs::PermissionsExt as _;
-                let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+                let owner_only = std::fs::Permissions::from_mode(0o600);
+                std::fs::set_permissions(path, owner_only).map_err(|e| (path.clone(), e))
             })
-            .map_err(|e| ControlError::Conflict(format!("tokens not saved: {e}")))
+            .map_err(|(at, e)| {
+                TokenError::Conflict(format!("tokens not saved: {}: {e}", at.display()))
+            })
     }
 }
 
 /// A token's name: what the audit log and `token list` show.
-fn check_name(name: &str) -> Result<(), ControlError> {
+fn check_name(name: &str) -> Result<(), TokenError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name
@@ -235,7 +265,7 @@ fn check_name(name: &str) -> Result<(), ControlError> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     match ok {
         true => Ok(()),
-        false => Err(ControlError::BadRequest(format!(
+        false => Err(TokenError::BadRequest(format!(
             "token name {name:?}: 1 to 64 letters, digits, '-', '_' or '.'"
         ))),
     }
@@ -300,7 +330,7 @@ mod tests {
         assert_eq!(who(&reader), None);
         assert!(matches!(
             tokens.revoke("grafana"),
-            Err(ControlError::NotFound(_))
+            Err(TokenError::NotFound(_))
         ));
         let listed = tokens.list().to_string();
         assert!(
@@ -317,12 +347,12 @@ mod tests {
         tokens.create("a", Role::Reader).unwrap();
         assert!(matches!(
             tokens.create("a", Role::Admin),
-            Err(ControlError::Conflict(_))
+            Err(TokenError::Conflict(_))
         ));
         for bad in ["", "a b", "x/y", &"n".repeat(65)] {
             assert!(matches!(
                 tokens.create(bad, Role::Admin),
-                Err(ControlError::BadRequest(_))
+                Err(TokenError::BadRequest(_))
             ));
         }
         for i in 1..TOKENS_MAX {
@@ -330,12 +360,12 @@ mod tests {
         }
         assert!(matches!(
             tokens.create("one-more", Role::Reader),
-            Err(ControlError::Conflict(_))
+            Err(TokenError::Conflict(_))
         ));
         let none = Tokens::load(None).unwrap();
         assert!(matches!(
             none.create("a", Role::Admin),
-            Err(ControlError::Conflict(_))
+            Err(TokenError::Conflict(_))
         ));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -37,7 +37,12 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("the remote API: {0}")]
-    Api(String),
+    Api(#[from] crate::control::api::ApiError),
+    #[error("the remote API cannot listen on {addr}: {source}")]
+    ApiListen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Open(#[from] OpenError),
     #[error(transparent)]
@@ -178,11 +183,10 @@ fn bind_api(
         return Ok(None);
     };
     let state_dir = crate::topology::state::state_dir(config.server.state_dir.as_deref());
-    let (cert, key) = crate::control::api::identity(&config.server, state_dir.as_deref())
-        .map_err(StartError::Api)?;
-    let tls = crate::control::api::acceptor(&cert, &key).map_err(StartError::Api)?;
-    let listener = crate::metrics::bind(addr)
-        .map_err(|e| StartError::Api(format!("cannot listen on {addr}: {e}")))?;
+    let (cert, key) = crate::control::api::identity(&config.server, state_dir.as_deref())?;
+    let tls = crate::control::api::acceptor(&cert, &key)?;
+    let listener =
+        crate::metrics::bind(addr).map_err(|source| StartError::ApiListen { addr, source })?;
     tracing::info!(%addr, cert = %cert.display(), "remote API over HTTPS");
     Ok(Some((listener, tls)))
 }

@@ -23,6 +23,9 @@ pub enum TokenError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// The token file cannot be read, or is not one.
+    #[error("{}: {reason}", path.display())]
+    Unreadable { path: PathBuf, reason: String },
 }
 
 /// The verbs that change nothing and show nothing secret: a reader token may call these.
@@ -124,20 +127,24 @@ impl Tokens {
             Tokens {
                 path: None,
                 records: Mutex::new(Vec::new()),
-                broken: Some(e),
+                broken: Some(e.to_string()),
             }
         })
     }
 
     /// The tokens kept in `state_dir` (none yet when it holds no file).
-    pub fn load(state_dir: Option<&Path>) -> Result<Tokens, String> {
+    pub fn load(state_dir: Option<&Path>) -> Result<Tokens, TokenError> {
         let path = state_dir.map(|d| d.join("api-tokens.json"));
+        let unreadable = |path: &Path, reason: String| TokenError::Unreadable {
+            path: path.to_path_buf(),
+            reason,
+        };
         let records = match &path {
             Some(path) => match std::fs::read_to_string(path) {
                 Ok(text) => serde_json::from_str(&text)
-                    .map_err(|e| format!("{}: not a token file: {e}", path.display()))?,
+                    .map_err(|e| unreadable(path, format!("not a token file: {e}")))?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(format!("{}: {e}", path.display())),
+                Err(e) => return Err(unreadable(path, e.to_string())),
             },
             None => Vec::new(),
         };

@@ -2358,6 +2358,9 @@ state_dir = "{d}/state"
 control_socket = "{d}/ctl.sock"
 control_socket_group = "disk"
 device_roots = ["{d}", "/dev"]
+api_listen = "127.0.0.1:8443"
+api_cert = "{d}/api.crt"
+api_key = "{d}/api.key"
 
 [limits]
 max_sessions = 77
@@ -2728,4 +2731,38 @@ fn revalidated_from_is_the_whole_way() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_api_takes_its_certificate_and_key_together() {
+    let server = |keys: &str| format!("[server]\napi_listen = \"127.0.0.1:8443\"\n{keys}\n{BASE}");
+    let c = load(&server(""));
+    assert_eq!(c.server.api_listen, Some("127.0.0.1:8443".parse().unwrap()));
+    assert_eq!(
+        (c.server.api_cert, c.server.api_key),
+        (None, None),
+        "a self-signed pair"
+    );
+    let both = load(&server(
+        "api_cert = \"/etc/f/api.crt\"\napi_key = \"/etc/f/api.key\"",
+    ));
+    assert_eq!(
+        both.server.api_key.as_deref(),
+        Some(Path::new("/etc/f/api.key"))
+    );
+    one_error(
+        &server("api_cert = \"/etc/f/api.crt\""),
+        "api_cert",
+        "api_cert, api_key",
+    );
+    one_error(
+        &server("api_key = \"relative.key\"\napi_cert = \"/a.crt\""),
+        "relative.key",
+        "api_key",
+    );
+    one_error(
+        &"[server]\napi_listen = \"nowhere\"\n".to_string(),
+        "nowhere",
+        "api_listen",
+    );
 }

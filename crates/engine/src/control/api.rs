@@ -48,6 +48,26 @@ const SOURCES_MAX: usize = 4096;
 /// The longest request ID taken from a client (`X-Request-Id`); longer ones are replaced.
 const REQUEST_ID_MAX: usize = 64;
 
+/// Why the API cannot serve: its TLS identity.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("no state directory for a self-signed certificate: set [server] state_dir, or api_cert and api_key")]
+    NoStateDir,
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("a self-signed certificate: {0}")]
+    SelfSigned(openssl::error::ErrorStack),
+    #[error("{}: {what}: {source}", path.display())]
+    Tls {
+        path: PathBuf,
+        what: &'static str,
+        source: openssl::error::ErrorStack,
+    },
+}
+
 /// The API's certificate and key files: the configured pair, else `api-cert.pem` and
 /// `api-key.pem` in the state directory, made self-signed (P-256, ten years, for the host's
 /// name, `localhost`, the loopback addresses and `api_listen`'s address) when missing. A
@@ -55,20 +75,24 @@ const REQUEST_ID_MAX: usize = 64;
 pub fn identity(
     server: &crate::config::ServerConfig,
     state_dir: Option<&Path>,
-) -> Result<(PathBuf, PathBuf), String> {
+) -> Result<(PathBuf, PathBuf), ApiError> {
     if let (Some(cert), Some(key)) = (&server.api_cert, &server.api_key) {
         return Ok((cert.clone(), key.clone()));
     }
-    let dir = state_dir.ok_or("no state directory for a self-signed certificate: set [server] state_dir, or api_cert and api_key")?;
+    let dir = state_dir.ok_or(ApiError::NoStateDir)?;
     let (cert, key) = (dir.join("api-cert.pem"), dir.join("api-key.pem"));
     if cert.exists() && key.exists() {
         return Ok((cert, key));
     }
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let (cert_pem, key_pem, fingerprint) = self_signed(server.api_listen.map(|a| a.ip()))
-        .map_err(|e| format!("a self-signed certificate: {e}"))?;
-    write_private(&key, &key_pem)?;
-    std::fs::write(&cert, cert_pem).map_err(|e| format!("{}: {e}", cert.display()))?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ApiError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let (cert_pem, key_pem, fingerprint) =
+        self_signed(server.api_listen.map(|a| a.ip())).map_err(ApiError::SelfSigned)?;
+    write_private(&key, &key_pem).map_err(io(&key))?;
+    std::fs::write(&cert, cert_pem).map_err(io(&cert))?;
     tracing::warn!(cert = %cert.display(), sha256 = %fingerprint, "remote API: made a self-signed certificate (clients: ctl --ca-file with it, or set api_cert and api_key)");
     Ok((cert, key))
 }
@@ -121,33 +145,35 @@ fn self_signed(
 }
 
 /// Writes a private key readable by the daemon's user only.
-fn write_private(path: &Path, pem: &[u8]) -> Result<(), String> {
+fn write_private(path: &Path, pem: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let located = |e: std::io::Error| format!("{}: {e}", path.display());
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(path)
-        .map_err(located)?;
-    file.write_all(pem).map_err(located)
+        .open(path)?;
+    file.write_all(pem)
 }
 
 /// The API's TLS identity: the configured certificate chain and key (PEM files).
-pub fn acceptor(cert: &Path, key: &Path) -> Result<SslAcceptor, String> {
-    let mut builder = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
-        .map_err(|e| format!("TLS: {e}"))?;
+pub fn acceptor(cert: &Path, key: &Path) -> Result<SslAcceptor, ApiError> {
+    let tls = |path: &Path, what| {
+        let path = path.to_path_buf();
+        move |source| ApiError::Tls { path, what, source }
+    };
+    let mut builder =
+        SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).map_err(tls(cert, "TLS"))?;
     builder
         .set_certificate_chain_file(cert)
-        .map_err(|e| format!("{}: not a PEM certificate chain: {e}", cert.display()))?;
+        .map_err(tls(cert, "not a PEM certificate chain"))?;
     builder
         .set_private_key_file(key, SslFiletype::PEM)
-        .map_err(|e| format!("{}: not a PEM private key: {e}", key.display()))?;
+        .map_err(tls(key, "not a PEM private key"))?;
     builder
         .check_private_key()
-        .map_err(|e| format!("{}: not the key of {}: {e}", key.display(), cert.display()))?;
+        .map_err(tls(key, "not the certificate's key"))?;
     Ok(builder.build())
 }
 

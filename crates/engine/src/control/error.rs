@@ -147,6 +147,7 @@ impl From<crate::admission::tokens::TokenError> for ControlError {
             TokenError::BadRequest(m) => ControlError::BadRequest(m),
             TokenError::NotFound(m) => ControlError::NotFound(m),
             TokenError::Conflict(m) => ControlError::Conflict(m),
+            e @ TokenError::Unreadable { .. } => ControlError::Conflict(e.to_string()),
         }
     }
 }

@@ -2761,7 +2761,7 @@ fn the_api_takes_its_certificate_and_key_together() {
         "api_key",
     );
     one_error(
-        &"[server]\napi_listen = \"nowhere\"\n".to_string(),
+        "[server]\napi_listen = \"nowhere\"\n",
         "nowhere",
         "api_listen",
     );

@@ -31,7 +31,7 @@ FERROSAN_DEPS=(
     # Debian's packages (scripts/lib/guest.sh)
     "qemu-system-x86:qemu-system-x86_64"
     "mmdebstrap:mmdebstrap"
-    "curl:curl"            # scripts/kernel-gateways.sh scrapes the gateways' metrics
+    "curl:curl"            # scripts/kernel-gateways.sh scrapes the gateways' metrics; tests/api.rs
     # building: the openssl crate links the system's libssl (NVMe/TCP TLS, docs/NVME.md)
     "libssl-dev:-"
     "pkg-config:pkg-config"

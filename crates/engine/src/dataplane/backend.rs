@@ -415,17 +415,17 @@ impl Backend<'_> {
                 // asked to log out; an NVMe/TCP queue closes once its commands are answered,
                 // its host reconnecting through its other paths).
                 tracing::warn!(
-                    peer = %self.view.peer,
-                    initiator = %self.view.initiator,
-                    portal = %self.view.local,
+                    peer = %self.view.party.peer,
+                    initiator = %self.view.party.initiator,
+                    portal = %self.view.party.local,
                     "the portal this session came in through was removed (or moved to another portal group)"
                 );
                 true
             }
             Verdict::Close(refusal) => {
                 tracing::warn!(
-                    peer = %self.view.peer,
-                    initiator = %self.view.initiator,
+                    peer = %self.view.party.peer,
+                    initiator = %self.view.party.initiator,
                     reason = refusal.reason(),
                     "closing the session after a change: a login now would not be admitted to the same group with the same proof"
                 );
@@ -657,7 +657,7 @@ impl Backend<'_> {
                 true
             }
             Err(e) => {
-                tracing::warn!(peer = %self.view.peer, "io_uring ring: {e}: direct I/O of this connection runs on the I/O threads");
+                tracing::warn!(peer = %self.view.party.peer, "io_uring ring: {e}: direct I/O of this connection runs on the I/O threads");
                 self.ring_failed = true;
                 false
             }
@@ -873,7 +873,7 @@ impl Backend<'_> {
         if let Some(ring) = self.ring.as_mut() {
             if let Err(e) = ring.submit() {
                 // They stay queued and go with the next submit.
-                tracing::debug!(peer = %self.view.peer, "io_uring submit: {e}");
+                tracing::debug!(peer = %self.view.party.peer, "io_uring submit: {e}");
             }
             // The worker's busy poll learns device waits apart from initiator waits.
             let in_flight = ring.in_flight();
@@ -1370,6 +1370,7 @@ impl ScsiBackend for Backend<'_> {
                 .unwrap_or_default(),
             TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => self
                 .view
+                .party
                 .admitted
                 .membership()
                 .and_then(|m| self.view.topology.targets.get(m.target))

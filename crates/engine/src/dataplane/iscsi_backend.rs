@@ -67,6 +67,7 @@ impl IscsiBackend for Backend<'_> {
                 // Empty value: the session's own target.
                 (None, Some(_)) => self
                     .view
+                    .party
                     .admitted
                     .membership()
                     .is_some_and(|m| m.target == index),
@@ -77,7 +78,7 @@ impl IscsiBackend for Backend<'_> {
             }
             // The same decision as a login's: visible exactly to those who could log in.
             if topology
-                .member(index, &self.view.initiator, self.view.peer.ip())
+                .member(index, &self.view.party.initiator, self.view.party.peer.ip())
                 .is_err()
             {
                 continue;
@@ -89,7 +90,8 @@ impl IscsiBackend for Backend<'_> {
                     continue;
                 }
                 let host = host.get_or_insert_with(crate::topology::portals::host_addresses);
-                for shown in crate::topology::portals::advertised(addr, self.view.local.ip(), host)
+                for shown in
+                    crate::topology::portals::advertised(addr, self.view.party.local.ip(), host)
                 {
                     let entry = format!("{shown},{tag}");
                     if !addresses.contains(&entry) {

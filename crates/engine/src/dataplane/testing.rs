@@ -93,11 +93,11 @@ pub(super) fn party(
 /// a login does once admitted.
 pub(super) fn join(view: &mut super::view::View) {
     let topology = std::sync::Arc::clone(&view.topology);
-    let membership = view.admitted.membership().expect("a member");
+    let membership = view.party.admitted.membership().expect("a member");
     let (t, group) = topology.group_of(membership).expect("a member");
     view.nexus = Some(scsi::Nexus {
         id: crate::topology::nexus::new_id(),
-        initiator_port: format!("{},i,0x000000000001", view.initiator),
+        initiator_port: format!("{},i,0x000000000001", view.party.initiator),
         target_port: std::sync::Arc::clone(t.ports.get(&1).expect("its port")),
     });
     for entry in group.luns.entries() {

@@ -28,19 +28,9 @@ pub(super) struct Party {
 }
 
 pub(super) struct View {
-    pub(super) door: Door,
-    /// What the connection's TLS handshake proved (an NVMe/TCP queue over TLS).
-    pub(super) tls: Option<TlsProof>,
-    /// The session's target, group and login proof (normal sessions), decided at login and
-    /// confirmed by every topology since ([`View::follow`]); its membership is `topology`'s.
-    pub(super) admitted: Admitted,
-    /// The session's target (normal sessions): its IQN, or its NQN through the NVMe door.
-    pub(super) target_name: Option<NodeName>,
-    pub(super) initiator: NodeName,
-    /// The initiator's address: discovery lists only targets whose `allowed_sources` admit it.
-    pub(super) peer: SocketAddr,
-    pub(super) local: SocketAddr,
-    pub(super) portal_group_tag: u16,
+    /// Who the session is and where it came from, as its login admitted it; `admitted` is
+    /// confirmed by every topology since ([`View::follow`]), its membership `topology`'s.
+    pub(super) party: Party,
     /// The topology the session's LUN map and membership come from; replaced by a newer one at
     /// the start of a turn after a reload ([`View::follow`]).
     pub(super) topology: Arc<Topology>,
@@ -70,14 +60,7 @@ impl View {
     /// The view of `party` under `topology`; its nexus and LUN map are set next.
     pub(super) fn new(party: Party, topology: &Arc<Topology>) -> View {
         View {
-            door: party.door,
-            tls: party.tls,
-            admitted: party.admitted,
-            target_name: party.target_name,
-            initiator: party.initiator,
-            peer: party.peer,
-            local: party.local,
-            portal_group_tag: party.portal_group_tag,
+            party,
             topology: Arc::clone(topology),
             luns: None,
             disk_luns: Arc::new(Vec::new()),
@@ -94,19 +77,19 @@ impl View {
 
     /// The session's target and group in the topology it runs on (normal sessions).
     pub(super) fn group(&self) -> Option<(&TargetRuntime, &GroupRuntime)> {
-        let membership = self.admitted.membership()?;
+        let membership = self.party.admitted.membership()?;
         self.topology.group_of(membership)
     }
 
     /// The session's standing, as a login now would present it.
     fn standing(&self) -> Standing<'_> {
         Standing {
-            door: self.door,
-            tls: self.tls.as_ref(),
-            initiator: &self.initiator,
-            target_name: self.target_name.as_ref(),
-            portal_group_tag: self.portal_group_tag,
-            source: self.peer.ip(),
+            door: self.party.door,
+            tls: self.party.tls.as_ref(),
+            initiator: &self.party.initiator,
+            target_name: self.party.target_name.as_ref(),
+            portal_group_tag: self.party.portal_group_tag,
+            source: self.party.peer.ip(),
         }
     }
 
@@ -120,7 +103,7 @@ impl View {
         if self.portal_gone || next.generation == self.topology.generation {
             return Verdict::Stay { map_changed: false };
         }
-        let admitted = match next.readmit(&self.standing(), &self.admitted) {
+        let admitted = match next.readmit(&self.standing(), &self.party.admitted) {
             Ok(admitted) => admitted,
             // Its portal group went (the target stays, elsewhere): told like its listener.
             Err(Refusal::NotOnThisPortal) => return self.portal_is_gone(),
@@ -131,9 +114,13 @@ impl View {
             map_changed = self.follow_lun_map(group);
             self.follow_port(target);
         }
-        self.admitted = admitted;
+        self.party.admitted = admitted;
         self.topology = next;
-        if !listening.reaches(self.door, self.portal_group_tag, self.local) {
+        if !listening.reaches(
+            self.party.door,
+            self.party.portal_group_tag,
+            self.party.local,
+        ) {
             return self.portal_is_gone();
         }
         Verdict::Stay { map_changed }
@@ -150,7 +137,7 @@ impl View {
         let Some(nexus) = &mut self.nexus else {
             return;
         };
-        match target.ports.get(&self.portal_group_tag) {
+        match target.ports.get(&self.party.portal_group_tag) {
             Some(port) if !nexus.target_port.shipped && port.groups != nexus.target_port.groups => {
                 nexus.target_port = if nexus.target_port.relative_id == scsi::ANY_PORT {
                     // An NVMe host's nexus keeps its port ID (its registrations are the host's).
@@ -168,7 +155,7 @@ impl View {
     /// one rule for the login and for a map change that brings the LU. Only through the iSCSI
     /// door: NVMe has no unit attentions (docs/NVME.md), so an NVMe nexus is never given one.
     pub(super) fn nexus_joins(&self, lu: &scsi::LogicalUnit) {
-        if let (Some(nexus), true) = (&self.nexus, self.door.gives_unit_attentions()) {
+        if let (Some(nexus), true) = (&self.nexus, self.party.door.gives_unit_attentions()) {
             lu.nexus_added(nexus.id);
         }
     }

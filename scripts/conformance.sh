@@ -23,8 +23,9 @@
 #                       (docs/RBD.md): the suite through gateway a's portal, gateway b's as the
 #                       second path of the MultipathIO tests (b ships to the owner a)
 #        tgt-file       tgt (tgtd), 1 GiB sparse file LUN on tmpfs (baseline)
-#        The three RBD runs run side by side, each with its own image and daemons: each
-#        waits on the cluster far more than it computes.
+#        The runs run side by side, each with its own LUN or image and daemons (the RBD runs
+#        once the cluster, started meanwhile, is up): each waits on its initiator, its disk or
+#        the cluster far more than it computes.
 # Results: target/conformance/<run>.tsv (test <TAB> pass|skip|fail <TAB> reason),
 #          <run>.out / <run>.err (raw tool output), <run>.daemon.log.
 # CUnit reports self-skipped tests as "passed"; scripts/lib/parse-cu.awk
@@ -64,7 +65,7 @@ cleanup() {
     DAEMON_PID=""
     stop_pid "$GATEWAY_B_PID" 50
     GATEWAY_B_PID=""
-    # The daemons of the runs made side by side (`side_by_side`), should one be left.
+    # The daemons of the runs made side by side (`start_side`), should one be left.
     if [[ -n $WORK && -f $WORK/side-pids ]]; then
         for pid in $(cat "$WORK/side-pids"); do stop_pid "$pid" 50; done
     fi
@@ -296,17 +297,43 @@ rbd_run() {
     stop_daemon
 }
 
-# side_by_side RUN...: the RBD runs asked for, at once (each waits on the cluster's disk far
-# more than it computes: three take the time of one), then their results in order.
-side_by_side() {
-    local run pids=()
+# local_run RUN LUNSPEC: one run on this host's memory or disk, its daemon its own (its PID in
+# $WORK/side-pids for the cleanup): results in $OUT/RUN.tsv and .meta, or a not-run line in
+# .notrun.
+local_run() {
+    local run=$1 spec=$2
+    DAEMON_PID=""
+    if start_ferrosan "$run" "$spec"; then
+        echo "$DAEMON_PID" >>"$WORK/side-pids"
+        suite "$run"
+    else
+        echo "daemon did not start (see $run.daemon.log)" >"$OUT/$run.notrun"
+    fi
+    stop_daemon
+}
+
+# start_side RUN...: the runs asked for, each in the background (their PIDs added to SIDE):
+# each waits on its initiator's round trips, its disk or the cluster far more than it
+# computes, so seven take little more than the longest.
+SIDE=()
+start_side() {
+    local run
     for run in "$@"; do
         wanted "$run" || continue
         rm -f "$OUT/$run.meta" "$OUT/$run.notrun"
-        rbd_run "$run" &
-        pids+=("$!")
+        case $run in
+            ferrosan-rbd*) rbd_run "$run" & ;;
+            *) local_run "$run" "${LOCAL_SPEC[$run]}" & ;;
+        esac
+        SIDE+=("$!")
     done
-    for run in "${pids[@]}"; do wait "$run" || true; done
+}
+
+# finish_side RUN...: wait for the runs started, then their results in order.
+finish_side() {
+    local run pid
+    for pid in "${SIDE[@]}"; do wait "$pid" || true; done
+    SIDE=()
     for run in "$@"; do
         wanted "$run" || continue
         if [[ -f $OUT/$run.meta ]]; then
@@ -317,41 +344,55 @@ side_by_side() {
     done
 }
 
+# start_ceph: the single-node cluster of the RBD runs, in the background while the local runs
+# run (CEPH_PID; its CEPH_CONF line in $WORK/ceph.out).
+start_ceph() {
+    CEPH_DIR=$WORK/ceph
+    scripts/ceph-single-node.sh start "$CEPH_DIR" 4 >"$WORK/ceph.out" 2>"$OUT/ferrosan-rbd.ceph.log" &
+    CEPH_PID=$!
+}
+
+# rbd_runs: once the cluster is up, the three RBD runs beside the local ones; or each marked
+# not run with the cluster's log.
+rbd_runs() {
+    local run=ferrosan-rbd conf r
+    if wait "$CEPH_PID" && conf=$(cat "$WORK/ceph.out") && [[ $conf == CEPH_CONF=* ]]; then
+        export CEPH_CONF=${conf#CEPH_CONF=}
+        start_side ferrosan-rbd ferrosan-rbd-wc ferrosan-rbd-gateways
+        return 0
+    fi
+    log "$run: the Ceph test cluster did not start; its log ($OUT/$run.ceph.log):"
+    tail_indented "$OUT/$run.ceph.log" 20
+    for r in "$run" "$run-wc" "$run-gateways"; do
+        wanted "$r" && echo "the Ceph test cluster did not start (see $run.ceph.log)" >"$OUT/$r.notrun"
+    done
+}
+
 if [[ $MODE == ferrosan || $MODE == both ]]; then
     ferrosan_bin
     DISK_DIR=$(mktemp -d "$OUT/disk.XXXXXX")
-    for spec in "ram ram:1G" "file file:$WORK/ferrosan-disk.img,size=1G" \
-        "disk config-page:$DISK_DIR/ferrosan-disk.img" \
-        "direct config-direct:$DISK_DIR/ferrosan-disk.img"; do
-        run=ferrosan-${spec%% *}
-        wanted "$run" || continue
-        rm -f "$WORK/ferrosan-disk.img" "$DISK_DIR/ferrosan-disk.img"
-        if start_ferrosan "$run" "${spec#* }"; then
-            run_suite "$run"
-            stop_daemon
-        else
-            not_run "$run" "daemon did not start (see $run.daemon.log)"
-        fi
-    done
-    rm -rf "$DISK_DIR"
-    run=ferrosan-rbd
+    declare -A LOCAL_SPEC=(
+        [ferrosan-ram]=ram:1G
+        [ferrosan-file]=file:$WORK/ferrosan-file.img,size=1G
+        [ferrosan-disk]=config-page:$DISK_DIR/ferrosan-disk.img
+        [ferrosan-direct]=config-direct:$DISK_DIR/ferrosan-direct.img
+    )
+    RBD=0
     if ! wanted rbd && ! wanted rbd-wc && ! wanted rbd-gateways; then
         log "the RBD runs are not asked for (CONFORMANCE_RUNS=$WANTED)"
     elif ! command -v ceph-mon >/dev/null || ! command -v rbd >/dev/null; then
-        log "$run, $run-gateways: SKIPPED, not run: the Ceph packages (ceph-mon, ceph-mgr, ceph-osd, ceph-common) are not installed"
+        log "ferrosan-rbd, ferrosan-rbd-gateways: SKIPPED, not run: the Ceph packages (ceph-mon, ceph-mgr, ceph-osd, ceph-common) are not installed"
     else
-        CEPH_DIR=$WORK/ceph
-        if conf=$(scripts/ceph-single-node.sh start "$CEPH_DIR" 4 2>"$OUT/$run.ceph.log"); then
-            export CEPH_CONF=${conf#CEPH_CONF=}
-            side_by_side ferrosan-rbd ferrosan-rbd-wc ferrosan-rbd-gateways
-            unset CEPH_CONF
-        else
-            log "$run: the Ceph test cluster did not start; its log ($OUT/$run.ceph.log):"
-            tail_indented "$OUT/$run.ceph.log" 20
-            for r in "$run" "$run-wc" "$run-gateways"; do
-                wanted "$r" && not_run "$r" "the Ceph test cluster did not start (see $run.ceph.log)"
-            done
-        fi
+        RBD=1
+        start_ceph
+    fi
+    start_side ferrosan-ram ferrosan-file ferrosan-disk ferrosan-direct
+    ((RBD)) && rbd_runs
+    finish_side ferrosan-ram ferrosan-file ferrosan-disk ferrosan-direct \
+        ferrosan-rbd ferrosan-rbd-wc ferrosan-rbd-gateways
+    rm -rf "$DISK_DIR"
+    if ((RBD)); then
+        unset CEPH_CONF
         scripts/ceph-single-node.sh stop "$CEPH_DIR"
         CEPH_DIR=""
     fi

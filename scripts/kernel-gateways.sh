@@ -52,9 +52,9 @@
 #              KERNEL_GATEWAYS_POLICIES runs, in order (default "group_by_prio failover multibus nvme")
 #              KERNEL_GATEWAYS_GATED    the runs the pass bar applies to (default: all four)
 #              KERNEL_GATEWAYS_TIMEOUT  seconds the guest may run (default: from the runs)
-#              KGW_FIO_RATE (100 write IOPS), KGW_FIO_SECONDS (165: fio's write phase; it must
-#              outlast the faults), KGW_STOP_S (30), KGW_RETURN_S (30), KGW_RESUME_S (30),
-#              KGW_STALL_MAX_S (10)
+#              KGW_FIO_RATE (100 write IOPS), KGW_FIO_SECONDS (120: fio's write phase; it must
+#              outlast the faults, ~95 s when each passes the bar), KGW_STOP_S (30),
+#              KGW_RETURN_S (20), KGW_RESUME_S (20), KGW_STALL_MAX_S (10)
 #              FERROSAN_GUEST_*         see scripts/lib/guest.sh (accelerator, mirror, cache)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -73,12 +73,12 @@ HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:0c3d5e7f-2a4b-4c6d-8e0f-1a2b3c4d5e6f
 POLICIES=${KERNEL_GATEWAYS_POLICIES:-group_by_prio failover multibus nvme}
 GATED=${KERNEL_GATEWAYS_GATED:-group_by_prio failover multibus nvme}
 FIO_RATE=${KGW_FIO_RATE:-100}
-FIO_SECONDS=${KGW_FIO_SECONDS:-165}
+FIO_SECONDS=${KGW_FIO_SECONDS:-120}
 WARMUP_S=10
 KILL_MAX_S=60
 STOP_S=${KGW_STOP_S:-30}
-RETURN_S=${KGW_RETURN_S:-30}
-RESUME_S=${KGW_RESUME_S:-30}
+RETURN_S=${KGW_RETURN_S:-20}
+RESUME_S=${KGW_RESUME_S:-20}
 STALL_MAX_S=${KGW_STALL_MAX_S:-10}
 read -r -a RUNS <<<"$POLICIES"
 ((${#RUNS[@]} > 0)) || die "KERNEL_GATEWAYS_POLICIES is empty"

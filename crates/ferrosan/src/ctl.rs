@@ -5,9 +5,11 @@ use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
+// The longest wait for the daemon's answer (a reload opening devices can take a while), and the
+// verbs awaited without one: the same over the socket as over the API.
+use client::{COPYING_VERBS, REPLY_TIMEOUT};
 use serde_json::{json, Value};
 
 #[derive(Args)]
@@ -669,14 +671,6 @@ enum ChapVerb {
     },
 }
 
-/// Longest wait for the daemon's answer (a reload opening devices can take a while).
-const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The verbs that may copy a volume's data where its pool's filesystem cannot reflink: they
-/// take as long as the data does, and the answer is awaited without a limit (the daemon logs
-/// the copy's progress).
-pub(crate) const COPYING_VERBS: &[&str] = &["volume-snapshot", "volume-clone", "volume-rollback"];
-
 fn request(verb: &Verb) -> Result<Value, String> {
     Ok(match verb {
         Verb::Status => json!({"verb": "status"}),
@@ -1043,7 +1037,7 @@ pub(crate) fn exchange(socket: &PathBuf, request: &Value) -> Result<Value, Strin
 /// Where `ctl` sends its request: the local socket, or a daemon's remote API.
 enum Endpoint {
     Socket(PathBuf),
-    Remote(crate::remote::Remote),
+    Remote(client::Remote),
 }
 
 impl Endpoint {
@@ -1053,8 +1047,9 @@ impl Endpoint {
                 .token_file
                 .as_deref()
                 .ok_or("--url needs --token-file")?;
-            return crate::remote::Remote::new(url, token, args.ca_file.as_deref())
-                .map(Endpoint::Remote);
+            return client::Remote::new(url, token, args.ca_file.as_deref())
+                .map(Endpoint::Remote)
+                .map_err(|e| e.to_string());
         }
         args.socket
             .clone()
@@ -1066,7 +1061,7 @@ impl Endpoint {
     fn exchange(&self, request: &Value) -> Result<Value, String> {
         match self {
             Endpoint::Socket(socket) => exchange(socket, request),
-            Endpoint::Remote(remote) => remote.exchange(request),
+            Endpoint::Remote(remote) => remote.exchange(request).map_err(|e| e.to_string()),
         }
     }
 }

@@ -12,7 +12,6 @@ mod bench_cmd;
 mod ctl;
 mod dropin;
 mod generate;
-mod remote;
 mod top;
 
 #[derive(Parser)]

@@ -121,16 +121,24 @@ fn group_for<'t>(target: &'t mut TargetConfig, host: &NodeName) -> &'t mut Initi
     &mut target.groups[last]
 }
 
-/// What a host is told of an exported volume: where it is and who it is.
+/// What a host is told of an exported volume: where it is (the target's iSCSI name and, when
+/// it has one, its NVMe subsystem NQN: the namespace's ID is the LUN + 1) and who it is.
 fn exported(shared: &Shared, target: &str, group: &str, mapping: &LunMapping) -> Value {
-    let identity = shared
-        .topology()
+    let topology = shared.topology();
+    let identity = topology
         .devices
         .get(mapping.device.as_str())
         .map(|d| d.unit.identity());
+    let nqn = topology
+        .config
+        .targets
+        .iter()
+        .find(|t| t.iqn.as_str() == target)
+        .and_then(|t| t.nqn.as_ref().map(|n| n.as_str().to_string()));
     json!({
         "volume": mapping.device,
         "target": target,
+        "nqn": nqn,
         "group": group,
         "lun": mapping.lun,
         "read_only": mapping.read_only,

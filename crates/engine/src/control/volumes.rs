@@ -673,6 +673,21 @@ fn mappings(config: &Config, name: &str) -> Vec<String> {
     super::edit::mappings_of(config, name)
 }
 
+/// Who sees volume `name`, per map: what an orchestrator checks before it gives a volume to
+/// one host only.
+fn exports(config: &Config, name: &str) -> Vec<Value> {
+    super::edit::maps_of(config, name)
+        .map(|(t, g, m)| {
+            let initiators: Vec<&str> = g.initiators.iter().map(|i| i.as_str()).collect();
+            json!({
+                "target": t.iqn.as_str(), "nqn": t.nqn.as_ref().map(|n| n.as_str()),
+                "group": g.name, "lun": m.lun, "read_only": m.read_only,
+                "initiators": initiators, "any_initiator": g.any_initiator,
+            })
+        })
+        .collect()
+}
+
 fn rollback(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {
     let name = object_name(args, "volume")?;
     let snap = object_name(args, "snapshot")?;
@@ -980,7 +995,8 @@ fn list(live: &Live) -> Value {
                 .map(|o| o.unit.capacity_bytes());
             json!({
                 "pool": pool.name, "volume": d.name, "size_bytes": size,
-                "mapped": mappings(config, &d.name), "snapshots": snapshots,
+                "mapped": mappings(config, &d.name), "exports": exports(config, &d.name),
+                "snapshots": snapshots,
                 "serial": d.serial, "clone_of": d.lineage.clone_of,
                 "created": d.lineage.created,
             })

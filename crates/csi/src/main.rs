@@ -1,0 +1,114 @@
+//! `ferrosan-csi`: the CSI driver's one binary. `--mode controller` (one replica, with the
+//! provisioner, attacher, resizer and snapshotter sidecars) drives the array through its
+//! remote API; `--mode node` (a DaemonSet, privileged) connects, formats and mounts volumes
+//! on its node. Both serve gRPC on a Unix socket (`--endpoint`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use bpfman_csi::v1::controller_server::ControllerServer;
+use bpfman_csi::v1::identity_server::IdentityServer;
+use clap::{Parser, ValueEnum};
+use ferrosan_csi::array::Array;
+use ferrosan_csi::controller::ControllerService;
+use ferrosan_csi::identity::IdentityService;
+use ferrosan_csi::inflight::InFlight;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Controller,
+}
+
+#[derive(Parser)]
+#[command(version, about = "ferrosan's CSI driver (docs/guides/kubernetes.md)")]
+struct Args {
+    /// Which services to run.
+    #[arg(long, value_enum)]
+    mode: Mode,
+    /// The gRPC socket: a path, or unix:///path as the sidecars write it.
+    #[arg(long, default_value = "unix:///csi/csi.sock")]
+    endpoint: String,
+    /// Controller: the array's remote API (https://HOST:PORT).
+    #[arg(long, required_if_eq("mode", "controller"))]
+    api_url: Option<String>,
+    /// Controller: a file holding an admin token of the array (`ferrosan ctl token create`).
+    #[arg(long, required_if_eq("mode", "controller"))]
+    api_token_file: Option<PathBuf>,
+    /// Controller: the API's certificate to trust (its self-signed api-cert.pem); the
+    /// system's roots otherwise.
+    #[arg(long)]
+    api_ca_file: Option<PathBuf>,
+}
+
+fn socket_path(endpoint: &str) -> &Path {
+    Path::new(endpoint.strip_prefix("unix://").unwrap_or(endpoint))
+}
+
+async fn serve(args: Args) -> Result<(), String> {
+    let path = socket_path(&args.endpoint);
+    // A socket left by the previous run of this driver (its pod restarted).
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    let listener = UnixListener::bind(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let incoming = UnixListenerStream::new(listener);
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let router = match args.mode {
+        Mode::Controller => {
+            let (url, token) = (args.api_url.as_deref(), args.api_token_file.as_deref());
+            let (Some(url), Some(token)) = (url, token) else {
+                return Err("--mode controller needs --api-url and --api-token-file".into());
+            };
+            let remote = client::Remote::new(url, token, args.api_ca_file.as_deref())
+                .map_err(|e| e.to_string())?;
+            let array = Array::new(Arc::new(remote));
+            tonic::transport::Server::builder()
+                .add_service(IdentityServer::new(IdentityService {
+                    array: Some(array.clone()),
+                }))
+                .add_service(ControllerServer::new(ControllerService {
+                    array,
+                    inflight: InFlight::default(),
+                }))
+        }
+    };
+    tracing::info!(endpoint = %path.display(), "serving CSI");
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ferrosan-csi: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferrosan-csi: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

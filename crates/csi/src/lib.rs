@@ -9,6 +9,8 @@
 pub mod array;
 pub mod caps;
 pub mod controller;
+pub mod host;
 pub mod identity;
 pub mod inflight;
 pub mod names;
+pub mod node;

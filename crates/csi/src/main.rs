@@ -9,17 +9,21 @@ use std::sync::Arc;
 
 use bpfman_csi::v1::controller_server::ControllerServer;
 use bpfman_csi::v1::identity_server::IdentityServer;
+use bpfman_csi::v1::node_server::NodeServer;
 use clap::{Parser, ValueEnum};
 use ferrosan_csi::array::Array;
 use ferrosan_csi::controller::ControllerService;
+use ferrosan_csi::host::System;
 use ferrosan_csi::identity::IdentityService;
 use ferrosan_csi::inflight::InFlight;
+use ferrosan_csi::node::NodeService;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
     Controller,
+    Node,
 }
 
 #[derive(Parser)]
@@ -41,6 +45,13 @@ struct Args {
     /// system's roots otherwise.
     #[arg(long)]
     api_ca_file: Option<PathBuf>,
+    /// Node: its iSCSI initiator name and NVMe host NQN, as the node ID
+    /// (default: from /etc/iscsi/initiatorname.iscsi and /etc/nvme/hostnqn).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Node: where it records what it staged (a host path that outlives the driver's pod).
+    #[arg(long, default_value = "/var/lib/ferrosan-csi")]
+    state_dir: PathBuf,
 }
 
 fn socket_path(endpoint: &str) -> &Path {
@@ -77,6 +88,13 @@ async fn serve(args: Args) -> Result<(), String> {
                     array,
                     inflight: InFlight::default(),
                 }))
+        }
+        Mode::Node => {
+            let node = NodeService::new(Arc::new(System), args.node_id.as_deref(), args.state_dir)?;
+            tracing::info!(node_id = %node.node_id(), "node service");
+            tonic::transport::Server::builder()
+                .add_service(IdentityServer::new(IdentityService { array: None }))
+                .add_service(NodeServer::new(node))
         }
     };
     tracing::info!(endpoint = %path.display(), "serving CSI");

@@ -33,6 +33,8 @@ pub fn status(error: &ArrayError, conflict: Code) -> Status {
     let code = match error.kind() {
         "not_found" => Code::NotFound,
         "conflict" | "busy" => conflict,
+        // An exclusive export refused: another node has the volume.
+        "in_use" => Code::FailedPrecondition,
         "bad_request" | "invalid_config" | "too_large" => Code::InvalidArgument,
         "unauthorized" => Code::Unauthenticated,
         "forbidden" => Code::PermissionDenied,

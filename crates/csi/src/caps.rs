@@ -3,6 +3,7 @@
 use bpfman_csi::v1::volume_capability::access_mode::Mode;
 use bpfman_csi::v1::volume_capability::AccessType;
 use bpfman_csi::v1::VolumeCapability;
+use tonic::Status;
 
 /// The filesystems the node makes and mounts.
 pub const FILESYSTEMS: &[&str] = &["ext4", "xfs"];
@@ -11,11 +12,7 @@ pub const FILESYSTEMS: &[&str] = &["ext4", "xfs"];
 /// node's at a time (mounted on two it is corrupted) unless every node reads only; a block
 /// volume may be shared, as clustered filesystems and databases share LUNs.
 pub fn check(capability: &VolumeCapability) -> Result<(), String> {
-    let mode = capability
-        .access_mode
-        .as_ref()
-        .and_then(|m| Mode::try_from(m.mode).ok())
-        .unwrap_or(Mode::Unknown);
+    let mode = mode(capability);
     if mode == Mode::Unknown {
         return Err("an access mode is required".into());
     }
@@ -41,32 +38,38 @@ pub fn check(capability: &VolumeCapability) -> Result<(), String> {
     }
 }
 
-/// Whether `capability` lets one node only have the volume.
-pub fn single_node(capability: &VolumeCapability) -> bool {
-    let mode = capability
+/// The request's capability, required and served (INVALID_ARGUMENT otherwise).
+pub fn given(capability: Option<&VolumeCapability>) -> Result<&VolumeCapability, Status> {
+    let capability =
+        capability.ok_or_else(|| Status::invalid_argument("a volume capability is required"))?;
+    check(capability).map_err(Status::invalid_argument)?;
+    Ok(capability)
+}
+
+fn mode(capability: &VolumeCapability) -> Mode {
+    capability
         .access_mode
         .as_ref()
-        .and_then(|m| Mode::try_from(m.mode).ok());
+        .and_then(|m| Mode::try_from(m.mode).ok())
+        .unwrap_or(Mode::Unknown)
+}
+
+/// Whether `capability` lets one node only have the volume.
+pub fn single_node(capability: &VolumeCapability) -> bool {
     matches!(
-        mode,
-        Some(
-            Mode::SingleNodeWriter
-                | Mode::SingleNodeReaderOnly
-                | Mode::SingleNodeSingleWriter
-                | Mode::SingleNodeMultiWriter
-        )
+        mode(capability),
+        Mode::SingleNodeWriter
+            | Mode::SingleNodeReaderOnly
+            | Mode::SingleNodeSingleWriter
+            | Mode::SingleNodeMultiWriter
     )
 }
 
 /// Whether `capability` only reads.
 pub fn read_only(capability: &VolumeCapability) -> bool {
-    let mode = capability
-        .access_mode
-        .as_ref()
-        .and_then(|m| Mode::try_from(m.mode).ok());
     matches!(
-        mode,
-        Some(Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
+        mode(capability),
+        Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly
     )
 }
 

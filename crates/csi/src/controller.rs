@@ -15,6 +15,7 @@ use crate::array::{status, Array};
 use crate::caps;
 use crate::inflight::InFlight;
 use crate::names::{volume_name, NodeId, SnapshotId, Transport};
+use crate::required;
 
 /// A volume's size when the CO asks for none.
 const DEFAULT_SIZE: u64 = 1 << 30;
@@ -90,13 +91,6 @@ fn rpc(kind: rpc::Type) -> ControllerServiceCapability {
             r#type: kind as i32,
         })),
     }
-}
-
-fn required<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
-    if value.is_empty() {
-        return Err(Status::invalid_argument(format!("{what} is required")));
-    }
-    Ok(value)
 }
 
 fn check_all(capabilities: &[VolumeCapability]) -> Result<(), Status> {
@@ -294,31 +288,15 @@ impl Controller for ControllerService {
         let request = request.into_inner();
         let id = required(&request.volume_id, "a volume ID")?;
         required(&request.node_id, "a node ID")?;
-        let capability = request
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| Status::invalid_argument("a volume capability is required"))?;
-        caps::check(capability).map_err(Status::invalid_argument)?;
+        let capability = caps::given(request.volume_capability.as_ref())?;
         let transport = transport_of(&request.volume_context)?;
-        let volume = self
-            .volume(id)
-            .await?
-            .ok_or_else(|| Status::not_found(format!("no volume {id}")))?;
         let host = Self::initiator(&request.node_id, transport)?;
         let _hold = self.inflight.begin(id)?;
-        if caps::single_node(capability) {
-            let elsewhere = volume
-                .exports
-                .iter()
-                .any(|hosts| hosts.as_ref().is_none_or(|h| h.iter().any(|n| *n != host)));
-            if elsewhere {
-                return Err(Status::failed_precondition(format!(
-                    "volume {id} is published to another node, and its access mode is one node's"
-                )));
-            }
-        }
+        // The array decides, in the transaction of the export, whether another node has the
+        // volume (`in_use`: FAILED_PRECONDITION); a read-only mismatch is ALREADY_EXISTS.
         let mut args = json!({"volume": id, "initiator": host, "save": true,
-                              "read_only": request.readonly || caps::read_only(capability)});
+                              "read_only": request.readonly || caps::read_only(capability),
+                              "exclusive": caps::single_node(capability)});
         if let Some(target) = request.volume_context.get("target") {
             args["target"] = json!(target);
         }

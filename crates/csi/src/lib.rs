@@ -14,3 +14,13 @@ pub mod identity;
 pub mod inflight;
 pub mod names;
 pub mod node;
+
+/// `value`, or INVALID_ARGUMENT naming `what` when the CO left it empty.
+pub(crate) fn required<'a>(value: &'a str, what: &str) -> Result<&'a str, tonic::Status> {
+    if value.is_empty() {
+        return Err(tonic::Status::invalid_argument(format!(
+            "{what} is required"
+        )));
+    }
+    Ok(value)
+}

@@ -21,6 +21,7 @@ use crate::caps;
 use crate::host::{record_path, Host, HostError};
 use crate::inflight::InFlight;
 use crate::names::{NodeId, Transport};
+use crate::required;
 
 /// How long a LUN or namespace may take to appear after the login or connect.
 const DEVICE_WAIT: Duration = Duration::from_secs(20);
@@ -74,13 +75,6 @@ impl Staged {
 
 fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
-}
-
-fn required<'a>(value: &'a str, what: &str) -> Result<&'a str, Status> {
-    match value.is_empty() {
-        true => Err(Status::invalid_argument(format!("{what} is required"))),
-        false => Ok(value),
-    }
 }
 
 /// `HOST:PORT` (or `[V6]:PORT`) as nvme-cli's address and service.
@@ -191,6 +185,14 @@ impl NodeService {
             .ok()?;
         let source = out.lines().next()?.trim().to_string();
         (!source.is_empty()).then_some(source)
+    }
+
+    /// Unmounts `path` if anything is mounted there.
+    fn unmount(&self, path: &str) -> Result<(), Status> {
+        if self.mounted(path).is_some() {
+            self.host.run("umount", &[path]).map_err(internal)?;
+        }
+        Ok(())
     }
 
     fn connect_iscsi(
@@ -470,11 +472,7 @@ impl Node for NodeService {
         let request = request.into_inner();
         let volume = required(&request.volume_id, "a volume ID")?;
         let staging = required(&request.staging_target_path, "a staging path")?;
-        let capability = request
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| Status::invalid_argument("a volume capability is required"))?;
-        caps::check(capability).map_err(Status::invalid_argument)?;
+        let capability = caps::given(request.volume_capability.as_ref())?;
         let mut want = wanted(&request.volume_context, &request.publish_context)?;
         let _hold = self.inflight.begin(volume)?;
         match want.transport {
@@ -515,9 +513,7 @@ impl Node for NodeService {
         let volume = required(&request.volume_id, "a volume ID")?;
         let staging = required(&request.staging_target_path, "a staging path")?;
         let _hold = self.inflight.begin(volume)?;
-        if self.mounted(staging).is_some() {
-            self.host.run("umount", &[staging]).map_err(internal)?;
-        }
+        self.unmount(staging)?;
         if let Some(staged) = self.record(volume) {
             self.disconnect(volume, &staged)?;
         }
@@ -536,11 +532,7 @@ impl Node for NodeService {
         let volume = required(&request.volume_id, "a volume ID")?;
         let target = required(&request.target_path, "a target path")?;
         let staging = required(&request.staging_target_path, "a staging path")?;
-        let capability = request
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| Status::invalid_argument("a volume capability is required"))?;
-        caps::check(capability).map_err(Status::invalid_argument)?;
+        let capability = caps::given(request.volume_capability.as_ref())?;
         let _hold = self.inflight.begin(volume)?;
         if self.mounted(target).is_some() {
             return Ok(Response::new(NodePublishVolumeResponse {}));
@@ -577,9 +569,7 @@ impl Node for NodeService {
         let volume = required(&request.volume_id, "a volume ID")?;
         let target = required(&request.target_path, "a target path")?;
         let _hold = self.inflight.begin(volume)?;
-        if self.mounted(target).is_some() {
-            self.host.run("umount", &[target]).map_err(internal)?;
-        }
+        self.unmount(target)?;
         self.host.remove(Path::new(target)).map_err(internal)?;
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }

@@ -268,6 +268,10 @@ enum VolumeVerb {
         /// Read-only for that host.
         #[arg(long)]
         read_only: bool,
+        /// That host's alone: refused while another host sees the volume, or when the host
+        /// is in a group with others (a filesystem mounted on two hosts is corrupted).
+        #[arg(long)]
+        exclusive: bool,
         #[command(flatten)]
         save: SaveFlag,
     },
@@ -915,9 +919,11 @@ fn volume_request(what: &VolumeVerb) -> Value {
             target,
             lun,
             read_only,
+            exclusive,
             save,
         } => json!({"verb": "volume-export", "volume": volume, "initiator": initiator,
-                    "target": target, "lun": lun, "read_only": read_only, "save": save.save}),
+                    "target": target, "lun": lun, "read_only": read_only,
+                    "exclusive": exclusive, "save": save.save}),
         VolumeVerb::Unexport {
             volume,
             initiator,

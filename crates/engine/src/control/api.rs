@@ -451,7 +451,7 @@ pub fn status_of(kind: &str) -> StatusCode {
         "ok" => StatusCode::OK,
         "bad_request" => StatusCode::BAD_REQUEST,
         "not_found" => StatusCode::NOT_FOUND,
-        "conflict" | "needs_restart" | "busy" => StatusCode::CONFLICT,
+        "conflict" | "needs_restart" | "busy" | "in_use" => StatusCode::CONFLICT,
         "invalid_config" | "no_config_file" => StatusCode::UNPROCESSABLE_ENTITY,
         "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -629,6 +629,7 @@ mod tests {
         assert_eq!(status_of("bad_request"), StatusCode::BAD_REQUEST);
         assert_eq!(status_of("not_found"), StatusCode::NOT_FOUND);
         assert_eq!(status_of("conflict"), StatusCode::CONFLICT);
+        assert_eq!(status_of("in_use"), StatusCode::CONFLICT);
         assert_eq!(
             status_of("invalid_config"),
             StatusCode::UNPROCESSABLE_ENTITY

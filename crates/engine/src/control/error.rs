@@ -95,6 +95,9 @@ pub enum ControlError {
     /// It contradicts what runs: a name taken, a device still mapped, a shrink.
     #[error("{0}")]
     Conflict(String),
+    /// An exclusive export of a volume another host sees (or that would be seen by others).
+    #[error("{0}")]
+    InUse(String),
     /// The edited config does not validate.
     #[error(transparent)]
     Invalid(ConfigErrors),
@@ -126,6 +129,7 @@ impl ControlError {
             ControlError::BadRequest(_) => "bad_request",
             ControlError::NotFound(_) => "not_found",
             ControlError::Conflict(_) => "conflict",
+            ControlError::InUse(_) => "in_use",
             ControlError::Invalid(_) => "invalid_config",
             ControlError::Device(_) => "device",
             ControlError::Reload(e) => e.kind(),

@@ -211,10 +211,23 @@ fn map_for_host(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let wanted_lun = args.get("lun").and_then(Value::as_u64);
+    let exclusive = args
+        .get("exclusive")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    if exclusive {
+        seen_by_others(running, &device, &host)?;
+    }
     let group = group_for(
         std::sync::Arc::make_mut(&mut running.targets[target]),
         &host,
     );
+    if exclusive && (group.any_initiator || group.initiators.iter().any(|i| *i != host)) {
+        return Err(ControlError::InUse(format!(
+            "{host} is in group {}, which lets in other hosts: not an exclusive export",
+            group.name
+        )));
+    }
     if let Some(m) = group.luns.iter().find(|m| m.device == device) {
         if m.read_only != read_only || wanted_lun.is_some_and(|l| l != m.lun) {
             return Err(ControlError::Conflict(format!(
@@ -252,6 +265,21 @@ fn map_for_host(
         group: group_name,
         mapping,
     })
+}
+
+/// For an exclusive export (one host's alone, as a CSI single-node volume): refused when a
+/// group that maps `device` lets in anyone but `host`, decided on the config of the moment.
+fn seen_by_others(config: &Config, device: &str, host: &NodeName) -> Result<(), ControlError> {
+    let others = super::edit::maps_of(config, device)
+        .find(|(_, g, _)| g.any_initiator || g.initiators.iter().any(|i| i != host));
+    match others {
+        Some((t, g, m)) => Err(ControlError::InUse(format!(
+            "volume {device} is exported to other hosts ({} group {} LUN {}): not exclusively \
+             to {host}",
+            t.iqn, g.name, m.lun
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// `volume-unexport`, a transaction on the running config of its moment.

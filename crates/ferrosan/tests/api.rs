@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{free_port, run_path, Ctl, Daemon, Scratch};
+use common::{api_array_config, free_port, run_path, Ctl, Daemon, Scratch};
 use serde_json::Value;
 
 const IQN: &str = "iqn.2026-12.test:api";
@@ -27,20 +27,9 @@ fn start() -> Api {
     let (port, api_port) = (free_port(), free_port());
     let state = dir.file("state");
     let pool = dir.file("pool");
-    let text = format!(
-        r#"[[pool]]
-name = "fast"
-path = "{}"
-
-[server]
-api_listen = "127.0.0.1:{api_port}"
-state_dir = "{}"
-control_socket = "{}"
-
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:{port}"]
-
+    let mut text = api_array_config("fast", &pool, api_port, &state, &ctl, port);
+    text.push_str(&format!(
+        r#"
 [[device]]
 name = "d0"
 store = "ram"
@@ -52,11 +41,8 @@ iqn = "{IQN}"
   name = "all"
   any_initiator = true
   luns = [ {{ lun = 0, device = "d0" }} ]
-"#,
-        pool.display(),
-        state.display(),
-        ctl.socket.display()
-    );
+"#
+    ));
     let daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     Api {
         daemon,

@@ -19,7 +19,7 @@ use bpfman_csi::v1::volume_capability::access_mode::Mode;
 use bpfman_csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use bpfman_csi::v1::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use bpfman_csi::v1::*;
-use common::{free_port, Ctl, Daemon, Scratch};
+use common::{api_array_config, free_port, Ctl, Daemon, Scratch};
 use ferrosan_csi::array::Array;
 use ferrosan_csi::controller::ControllerService;
 use ferrosan_csi::identity::{IdentityService, DRIVER_NAME};
@@ -46,20 +46,9 @@ fn array(dir: &Scratch) -> (Daemon, String, PathBuf, PathBuf) {
     let ctl = Ctl::new();
     let (port, api_port) = (free_port(), free_port());
     let state = dir.file("state");
-    let text = format!(
-        r#"[[pool]]
-name = "k8s"
-path = "{}"
-
-[server]
-api_listen = "127.0.0.1:{api_port}"
-state_dir = "{}"
-control_socket = "{}"
-
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:{port}"]
-
+    let mut text = api_array_config("k8s", &dir.file("pool"), api_port, &state, &ctl, port);
+    text.push_str(&format!(
+        r#"
 [[device]]
 name = "admin"
 store = "ram"
@@ -72,11 +61,8 @@ nqn = "{NQN}"
   name = "admin"
   initiators = ["iqn.2026-12.test:admin"]
   luns = [ {{ lun = 0, device = "admin" }} ]
-"#,
-        dir.file("pool").display(),
-        state.display(),
-        ctl.socket.display()
-    );
+"#
+    ));
     let daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     let made = ctl.json(&["token", "create", "csi", "--role", "admin"]);
     assert_eq!(made["ok"], true, "{made}");

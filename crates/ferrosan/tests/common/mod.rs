@@ -772,3 +772,34 @@ impl Ctl {
         v["sessions"].as_array().cloned().unwrap_or_default()
     }
 }
+
+/// The head of a config for an array with a remote API: a directory pool `pool` at
+/// `pool_path`, the API on `api_port`, its state (and self-signed certificate) in `state`, the
+/// control socket `ctl`'s, one portal on `port`. The caller adds devices and targets.
+pub fn api_array_config(
+    pool: &str,
+    pool_path: &Path,
+    api_port: u16,
+    state: &Path,
+    ctl: &Ctl,
+    port: u16,
+) -> String {
+    format!(
+        r#"[[pool]]
+name = "{pool}"
+path = "{}"
+
+[server]
+api_listen = "127.0.0.1:{api_port}"
+state_dir = "{}"
+control_socket = "{}"
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+"#,
+        pool_path.display(),
+        state.display(),
+        ctl.socket.display()
+    )
+}

@@ -32,18 +32,4 @@ GUEST_TIMEOUT=${LVM_POOL_TIMEOUT:-600}
 WORK=""
 guest_run_setup
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferrosan-lvm-pool.XXXXXX")
-mkdir -p "$WORK/share"
-cp scripts/guest/lvm-pool.sh "$WORK/share/main.sh"
-cp scripts/guest/lib.sh "$WORK/share/lib.sh"
-cp "$FERROSAN_BIN" "$WORK/share/ferrosan"
-
-CONSOLE=$OUT/guest-console.log
-REPORT=$OUT/guest-report.log
-T0=$(date +%s)
-guest_start "$WORK/share" "$CONSOLE" "$REPORT" 1536
-log "guest booting (QEMU PID $GUEST_PID, ${FERROSAN_GUEST_ACCEL:-tcg}); console: $CONSOLE"
-
-# No daemon on this host: follow_guest only waits for the guest (and stops it at the timeout).
-follow_guest
-guest_verdicts lvm-pool
+guest_suite lvm-pool scripts/guest/lvm-pool.sh 1536 "ferrosan=$FERROSAN_BIN"

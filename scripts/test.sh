@@ -8,7 +8,7 @@
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace --no-fail-fast   (includes crates/ferrosan/tests: real initiators);
-#      meanwhile, from step 2 on, scripts/guest-images.sh builds the guest images of steps 5-9
+#      meanwhile, from step 2 on, scripts/guest-images.sh builds the guest images of steps 5-10
 #      in the background (the tests run once it is done), and during the tests the release
 #      binary of the later steps builds (at the lowest priority)
 #   5. scripts/kernel-gateways.sh   (a QEMU guest, open-iscsi, dm-multipath and the NVMe/TCP
@@ -27,6 +27,9 @@
 #   9. scripts/lvm-pool.sh   (ferrosan inside that guest, whose kernel has device-mapper, on an
 #      LVM thin pool: volumes created, snapshotted, cloned, rolled back, grown and deleted
 #      while the guest's open-iscsi reads and writes them)
+#  10. scripts/csi-node.sh   (ferrosan and ferrosan-csi's controller and node services in that
+#      guest: volumes staged, written, unstaged and staged again, refused to a second node,
+#      grown, snapshotted and restored, over iSCSI and NVMe/TCP)
 #
 #   scripts/test.sh --quick   for daily work: steps 2-4 and one conformance run (a RAM LUN,
 #   the debug build), no guest, package or fuzzing
@@ -155,5 +158,8 @@ step kernel-nvme-6.12 env FERROSAN_GUEST_KERNEL=backports scripts/kernel-nvme.sh
 step kernel-nvme-trixie env FERROSAN_GUEST_KERNEL=trixie scripts/kernel-nvme.sh
 # LVM thin pools (docs/VOLUMES.md): ferrosan in the guest, where device-mapper is.
 step lvm-pool scripts/lvm-pool.sh
+# ferrosan-csi's node (docs/guides/kubernetes.md): volumes staged, written, unstaged, grown,
+# snapshotted and restored through the guest's iSCSI initiator and NVMe/TCP host.
+step csi-node scripts/csi-node.sh
 
 summary

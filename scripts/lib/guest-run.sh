@@ -16,6 +16,10 @@
 #                            out; sets T_BOOT, T_GUEST, timed_out; the guest and ferrosan stopped
 #   guest_verdicts TAG       every planned check must report ok: OUT/summary.txt, printed;
 #                            exits 1 if one failed or did not report
+#   guest_suite TAG SCRIPT MEM_MIB FILE...
+#                            a guest test with no daemon on this host (ferrosan runs in the
+#                            guest): SCRIPT as the share's main.sh, lib.sh and each FILE
+#                            (NAME=PATH) beside it as NAME, the guest booted, followed, judged
 
 DAEMON_PID=""
 
@@ -202,4 +206,23 @@ guest_verdicts() {
         log "logs: $CONSOLE, $OUT/ferrosan.log"
         exit 1
     fi
+}
+
+# guest_suite TAG SCRIPT MEM_MIB FILE...: see the header.
+guest_suite() {
+    local tag=$1 script=$2 mem=$3 f
+    shift 3
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferrosan-$tag.XXXXXX")
+    mkdir -p "$WORK/share"
+    cp "$script" "$WORK/share/main.sh"
+    cp scripts/guest/lib.sh "$WORK/share/lib.sh"
+    for f in "$@"; do cp "${f#*=}" "$WORK/share/${f%%=*}"; done
+    CONSOLE=$OUT/guest-console.log
+    REPORT=$OUT/guest-report.log
+    T0=$(date +%s)
+    guest_start "$WORK/share" "$CONSOLE" "$REPORT" "$mem"
+    log "guest booting (QEMU PID $GUEST_PID, ${FERROSAN_GUEST_ACCEL:-tcg}); console: $CONSOLE"
+    # No daemon on this host: follow_guest only waits for the guest (and stops it at the timeout).
+    follow_guest
+    guest_verdicts "$tag"
 }

@@ -39,10 +39,11 @@ GUEST_KERNEL=${FERROSAN_GUEST_KERNEL:-stable}
 GUEST_SUITE=bookworm
 [[ $GUEST_KERNEL == trixie ]] && GUEST_SUITE=trixie
 # The tests' tools; nvme-cli for the NVMe/TCP tests; lvm2 and thin-provisioning-tools for
-# ferrosan's LVM pools (scripts/lvm-pool.sh). mount, procps, kmod, udev: the init and the
+# ferrosan's LVM pools (scripts/lvm-pool.sh); e2fsprogs for ferrosan-csi's node, which makes
+# ext4 (scripts/csi-node.sh). mount, procps, kmod, udev: the init and the
 # daemons need them (the "essential" variant has none of them).
 GUEST_PACKAGES=(
-    linux-image-amd64 open-iscsi multipath-tools sg3-utils fio nvme-cli
+    linux-image-amd64 open-iscsi multipath-tools sg3-utils fio nvme-cli e2fsprogs
     iproute2 nftables kmod udev mount procps lvm2 thin-provisioning-tools
 )
 # NVMe/TCP TLS on the host's side: tlshd does the handshake, keyctl reads the .nvme keyring.

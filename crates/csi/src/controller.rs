@@ -467,7 +467,8 @@ impl Controller for ControllerService {
                 json!({"volume": source, "snapshot": snap}),
             )
             .await
-            .map_err(|e| status(&e, Code::AlreadyExists))?;
+            // The name is this volume's (checked above): a conflict is the volume's state.
+            .map_err(|e| status(&e, Code::FailedPrecondition))?;
         let id = SnapshotId {
             volume: source.to_string(),
             snapshot: snap,

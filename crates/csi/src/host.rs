@@ -22,6 +22,8 @@ pub trait Host: Send + Sync + 'static {
     fn run(&self, program: &str, args: &[&str]) -> Result<String, HostError>;
     /// A file's text (sysfs attributes, the node's names, records), if it is there.
     fn read(&self, path: &Path) -> Option<String>;
+    /// Where a symbolic link (udev's) leads, if it leads anywhere.
+    fn resolve(&self, link: &Path) -> Option<PathBuf>;
     /// The names in a directory (none if it is not there).
     fn list(&self, dir: &Path) -> Vec<String>;
     fn write(&self, path: &Path, text: &str) -> io::Result<()>;
@@ -55,6 +57,10 @@ impl Host for System {
 
     fn read(&self, path: &Path) -> Option<String> {
         std::fs::read_to_string(path).ok()
+    }
+
+    fn resolve(&self, link: &Path) -> Option<PathBuf> {
+        std::fs::canonicalize(link).ok()
     }
 
     fn list(&self, dir: &Path) -> Vec<String> {

@@ -304,28 +304,30 @@ impl NodeService {
     /// paths, or its one path.
     fn find_device(&self, want: &Staged) -> Option<String> {
         match want.transport {
-            Transport::Iscsi => self.find_scsi(&want.naa),
+            Transport::Iscsi => self.find_scsi(want),
             Transport::Nvme => self.find_namespace(&want.target, want.lun + 1),
         }
     }
 
-    fn scsi_paths(&self, naa: &str) -> Vec<String> {
-        let block = Path::new("/sys/block");
-        let wwid = format!("naa.{naa}");
-        self.host
-            .list(block)
-            .into_iter()
-            .filter(|d| d.starts_with("sd"))
-            .filter(|d| {
-                self.host
-                    .read(&block.join(d).join("device/wwid"))
-                    .is_some_and(|w| w.trim().eq_ignore_ascii_case(&wwid))
+    /// The LU's SCSI disks (`sdX`), one per portal's session: udev's by-path links name the
+    /// portal, the target and the LUN, whatever designator the kernel takes for its WWID.
+    fn scsi_paths(&self, staged: &Staged) -> Vec<String> {
+        staged
+            .portals
+            .iter()
+            .filter_map(|portal| {
+                let link = format!(
+                    "/dev/disk/by-path/ip-{portal}-iscsi-{}-lun-{}",
+                    staged.target, staged.lun
+                );
+                let disk = self.host.resolve(Path::new(&link))?;
+                Some(disk.file_name()?.to_str()?.to_string())
             })
             .collect()
     }
 
-    fn find_scsi(&self, naa: &str) -> Option<String> {
-        let paths = self.scsi_paths(naa);
+    fn find_scsi(&self, staged: &Staged) -> Option<String> {
+        let paths = self.scsi_paths(staged);
         let block = Path::new("/sys/block");
         for path in &paths {
             for holder in self.host.list(&block.join(path).join("holders")) {
@@ -337,14 +339,34 @@ impl NodeService {
         paths.first().map(|p| format!("/dev/{p}"))
     }
 
-    fn find_namespace(&self, nqn: &str, nsid: u64) -> Option<String> {
+    /// The sysfs directory of this node's subsystem `nqn`, if connected.
+    fn nvme_subsystem(&self, nqn: &str) -> Option<PathBuf> {
         let class = Path::new("/sys/class/nvme-subsystem");
         let subsystem = self.host.list(class).into_iter().find(|s| {
             self.host
                 .read(&class.join(s).join("subsysnqn"))
                 .is_some_and(|n| n.trim() == nqn)
         })?;
-        let dir = class.join(subsystem);
+        Some(class.join(subsystem))
+    }
+
+    /// The controllers (`nvmeN`) of subsystem `nqn` on this node.
+    fn nvme_controllers(&self, nqn: &str) -> Vec<String> {
+        let Some(dir) = self.nvme_subsystem(nqn) else {
+            return Vec::new();
+        };
+        self.host
+            .list(&dir)
+            .into_iter()
+            .filter(|n| {
+                n.strip_prefix("nvme")
+                    .is_some_and(|i| i.chars().all(|c| c.is_ascii_digit()))
+            })
+            .collect()
+    }
+
+    fn find_namespace(&self, nqn: &str, nsid: u64) -> Option<String> {
+        let dir = self.nvme_subsystem(nqn)?;
         self.host
             .list(&dir)
             .into_iter()
@@ -430,7 +452,7 @@ impl NodeService {
                 if let Some(map) = staged.device.strip_prefix("/dev/mapper/") {
                     self.host.run("multipath", &["-f", map]).map_err(internal)?;
                 }
-                for path in self.scsi_paths(&staged.naa) {
+                for path in self.scsi_paths(staged) {
                     let delete = Path::new("/sys/block").join(path).join("device/delete");
                     self.host.write(&delete, "1").map_err(internal)?;
                 }
@@ -680,7 +702,7 @@ impl NodeService {
     fn rescan(&self, staged: &Staged) -> Result<(), Status> {
         match staged.transport {
             Transport::Iscsi => {
-                for path in self.scsi_paths(&staged.naa) {
+                for path in self.scsi_paths(staged) {
                     let rescan = Path::new("/sys/block").join(path).join("device/rescan");
                     self.host.write(&rescan, "1").map_err(internal)?;
                 }
@@ -690,10 +712,13 @@ impl NodeService {
                         .map_err(internal)?;
                 }
             }
+            // A rescan is a controller's: each of the subsystem's controllers on this node.
             Transport::Nvme => {
-                self.host
-                    .run("nvme", &["ns-rescan", &staged.device])
-                    .map_err(internal)?;
+                for controller in self.nvme_controllers(&staged.target) {
+                    self.host
+                        .run("nvme", &["ns-rescan", &format!("/dev/{controller}")])
+                        .map_err(internal)?;
+                }
             }
         }
         Ok(())
@@ -750,12 +775,11 @@ mod tests {
             std::mem::take(&mut *self.ran.lock().unwrap())
         }
         /// The kernel after a login: two paths of the LU under one multipath map.
-        fn login(&self, lun_naa: &str, paths: &[&str], map: &str) {
-            for p in paths {
-                self.put(
-                    &format!("/sys/block/{p}/device/wwid"),
-                    &format!("naa.{lun_naa}\n"),
-                );
+        fn login(&self, lun_naa: &str, lun: u64, paths: &[&str], map: &str) {
+            let portals = ["127.0.0.1:3260", "127.0.0.2:3260"];
+            for (p, portal) in paths.iter().zip(portals) {
+                let link = format!("/dev/disk/by-path/ip-{portal}-iscsi-{IQN}-lun-{lun}");
+                self.put(&link, &format!("/dev/{p}"));
                 self.put(&format!("/sys/block/{p}/holders/{map}"), "");
             }
             self.put(
@@ -771,7 +795,10 @@ mod tests {
             self.ran.lock().unwrap().push(line.clone());
             let mut mounts = self.mounts.lock().unwrap();
             match program {
-                "iscsiadm" if args.contains(&"--login") => self.login(NAA, &["sdb", "sdc"], "dm-0"),
+                "iscsiadm" if args.contains(&"--login") => {
+                    self.login(NAA, 0, &["sdb", "sdc"], "dm-0");
+                    self.login("36aa", 1, &["sdd", "sde"], "dm-1");
+                }
                 "nvme" if args[0] == "connect" => {
                     self.put("/sys/class/nvme-subsystem/nvme-subsys0/subsysnqn", NQN);
                     self.put("/sys/class/nvme-subsystem/nvme-subsys0/nvme0n1/nsid", "1\n");
@@ -809,6 +836,9 @@ mod tests {
         }
         fn read(&self, path: &Path) -> Option<String> {
             self.files.lock().unwrap().get(path).cloned()
+        }
+        fn resolve(&self, link: &Path) -> Option<PathBuf> {
+            self.read(link).map(PathBuf::from)
         }
         fn list(&self, dir: &Path) -> Vec<String> {
             let files = self.files.lock().unwrap();

@@ -65,7 +65,7 @@ cleanup() {
     DAEMON_PID=""
     stop_pid "$GATEWAY_B_PID" 50
     GATEWAY_B_PID=""
-    # The daemons of the runs made side by side (`start_side`), should one be left.
+    # The daemons and tools of the runs made side by side (`start_side`), should one be left.
     if [[ -n $WORK && -f $WORK/side-pids ]]; then
         for pid in $(cat "$WORK/side-pids"); do stop_pid "$pid" 50; done
     fi
@@ -231,8 +231,13 @@ suite() {
     local urls=("$url" ${2:+"$2"})
     log "$run: iscsi-test-cu --dataloss ${urls[*]} (timeout ${RUN_TIMEOUT}s)"
     t0=$(date +%s)
+    # In the background, its PID where the cleanup finds it: a run stopped midway (the test
+    # command interrupted) must not leave the tool retrying a daemon that is gone.
     timeout -k 10 "$RUN_TIMEOUT" iscsi-test-cu --dataloss -i "$INIT1" -I "$INIT2" "${urls[@]}" \
-        </dev/null >"$OUT/$run.out" 2>"$OUT/$run.err" || rc=$?
+        </dev/null >"$OUT/$run.out" 2>"$OUT/$run.err" &
+    local tool=$!
+    echo "$tool" >>"$WORK/side-pids"
+    wait "$tool" || rc=$?
     t1=$(date +%s)
     ((rc == 124 || rc == 137)) && log "$run: TIMED OUT after ${RUN_TIMEOUT}s; unfinished tests count as failed"
     awk -v LIST="$OUT/tests.list" -f scripts/lib/parse-cu.awk "$OUT/$run.out" >"$OUT/$run.tsv"
@@ -334,6 +339,8 @@ finish_side() {
     local run pid
     for pid in "${SIDE[@]}"; do wait "$pid" || true; done
     SIDE=()
+    # All ended: their PIDs are no longer ours to signal.
+    : >"$WORK/side-pids"
     for run in "$@"; do
         wanted "$run" || continue
         if [[ -f $OUT/$run.meta ]]; then

@@ -24,12 +24,14 @@ INIT=iqn.2026-11.org.ferrosan.guest:lvm-node
 VG=ferrosan-vg TP=thin PORTAL=127.0.0.1:3260
 MIB=$((1 << 20))
 
-CHECKS=(setup pool-add create export-write snapshot clone-reads-snapshot delete-refused rollback
+CHECKS=(setup pool-add create export-write pool-list snapshot clone-reads-snapshot delete-refused rollback
     resize restart-keeps unmap-frees delete)
 
 ctl() { "$BIN" ctl --socket "$WORK/control.sock" "$@"; }
 # says JSON KEY VALUE: the ctl answer JSON says "KEY": VALUE.
 says() { grep -Eq "\"$2\": ?$3([,}]|\$)" <<<"$1"; }
+# number JSON KEY: the number the answer gives KEY first.
+number() { grep -Eo "\"$2\": ?[0-9]+" <<<"$1" | head -1 | grep -Eo '[0-9]+$'; }
 # ok_json WHAT ARGS...: ctl --json ARGS must succeed; prints its answer.
 ok_json() {
     local what=$1 out
@@ -136,6 +138,23 @@ check_export_write() {
     head -c $((4 * MIB)) /dev/urandom >"$WORK/b.bin"
     put "$(disk 0)" "$WORK/a.bin"
     same "$(disk 0)" "$WORK/a.bin" || fail "vm1 does not read back what was written"
+}
+
+# The thin pool's size and what it has left as `pool list` says: LVM's own figures (its data
+# percentage, to a hundredth of a percent), less than all of it once vm1 has data.
+check_pool_list() {
+    local r total avail size pct expect
+    r=$(ok_json "pool list" pool list lv)
+    total=$(number "$r" total_bytes)
+    avail=$(number "$r" available_bytes)
+    read -r size pct < <(lvs --noheadings --nosuffix --units b -o lv_size,data_percent "$VG/$TP")
+    echo "pool list: $total bytes, $avail available; lvs: $size bytes, $pct % data"
+    ((total == size)) || fail "pool list says $total bytes, lvs $size"
+    expect=$(awk -v s="$size" -v p="$pct" 'BEGIN { printf "%d", s - s * p / 100 }')
+    ((avail < size && (avail - expect) ** 2 <= (size / 10000) ** 2)) ||
+        fail "pool list says $avail bytes available, lvs' percentage $expect"
+    says "$r" volumes 1 || fail "pool list does not count vm1: $r"
+    ctl pool list | grep -q "^lv " || fail "pool list's table has no row for lv"
 }
 
 check_snapshot() {
@@ -287,7 +306,7 @@ if ((LAST_RC != 0)) || ! start_ferrosan; then
     skip_all "setting up the thin pool or starting ferrosan failed" "${CHECKS[@]:1}"
     exit 0
 fi
-run_all pool-add create export-write snapshot clone-reads-snapshot delete-refused rollback resize
+run_all pool-add create export-write pool-list snapshot clone-reads-snapshot delete-refused rollback resize
 iscsiadm -m node -u >/dev/null 2>&1 || true
 stop_ferrosan
 if ! start_ferrosan; then

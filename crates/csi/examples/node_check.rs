@@ -325,7 +325,14 @@ async fn main() -> std::process::ExitCode {
         eprintln!("usage: node_check API_URL TOKEN_FILE CA_FILE ISCSI_PORTAL NVME_PORTAL WORK_DIR");
         return std::process::ExitCode::from(2);
     };
-    let remote = match client::Remote::new(url, Path::new(token), Some(Path::new(ca))) {
+    let remote = match client::Remote::new(
+        url,
+        &client::Credentials {
+            token_file: Some(Path::new(token)),
+            certificate: None,
+        },
+        Some(Path::new(ca)),
+    ) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("node_check: {e}");

@@ -402,13 +402,42 @@ impl Controller for ControllerService {
         }))
     }
 
+    /// The bytes new writes can still take in the StorageClass's pool (`pool-list`), or in
+    /// all the array's pools when no pool is named; none for capabilities the driver cannot
+    /// give. No largest volume is told: every pool is thin, so a volume may be larger than
+    /// what is free.
     async fn get_capacity(
         &self,
-        _request: Request<GetCapacityRequest>,
+        request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
-        Err(Status::unimplemented(
-            "GetCapacity: the array does not report its pools' free space yet",
-        ))
+        let request = request.into_inner();
+        let answer = |bytes: u64| {
+            Ok(Response::new(GetCapacityResponse {
+                available_capacity: i64::try_from(bytes).unwrap_or(i64::MAX),
+                maximum_volume_size: None,
+                minimum_volume_size: Some(ALIGN as i64),
+            }))
+        };
+        if request
+            .volume_capabilities
+            .iter()
+            .any(|c| caps::check(c).is_err())
+        {
+            return answer(0);
+        }
+        let pool = request.parameters.get("pool");
+        let listed = self
+            .array
+            .call("pool-list", json!({ "pool": pool }))
+            .await
+            .map_err(|e| status(&e, Code::Internal))?;
+        let available = listed["pools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["available_bytes"].as_u64())
+            .fold(0u64, u64::saturating_add);
+        answer(available)
     }
 
     async fn controller_get_capabilities(
@@ -425,6 +454,7 @@ impl Controller for ControllerService {
             CloneVolume,
             PublishReadonly,
             ExpandVolume,
+            GetCapacity,
         ]
         .into_iter()
         .map(rpc)

@@ -39,8 +39,15 @@ struct Args {
     #[arg(long, required_if_eq("mode", "controller"))]
     api_url: Option<String>,
     /// Controller: a file holding an admin token of the array (`ferrosan ctl token create`).
-    #[arg(long, required_if_eq("mode", "controller"))]
+    #[arg(long)]
     api_token_file: Option<PathBuf>,
+    /// Controller: a client certificate (PEM) instead of a token, from a CA of the array's
+    /// `api_client_ca`, its common name an admin token's name.
+    #[arg(long, requires = "api_key_file")]
+    api_cert_file: Option<PathBuf>,
+    /// Controller: the client certificate's private key (PEM, PKCS#8).
+    #[arg(long, requires = "api_cert_file")]
+    api_key_file: Option<PathBuf>,
     /// Controller: the API's certificate to trust (its self-signed api-cert.pem); the
     /// system's roots otherwise.
     #[arg(long)]
@@ -73,11 +80,14 @@ async fn serve(args: Args) -> Result<(), String> {
     };
     let router = match args.mode {
         Mode::Controller => {
-            let (url, token) = (args.api_url.as_deref(), args.api_token_file.as_deref());
-            let (Some(url), Some(token)) = (url, token) else {
-                return Err("--mode controller needs --api-url and --api-token-file".into());
+            let credentials = client::Credentials {
+                token_file: args.api_token_file.as_deref(),
+                certificate: (args.api_cert_file.as_deref()).zip(args.api_key_file.as_deref()),
             };
-            let remote = client::Remote::new(url, token, args.api_ca_file.as_deref())
+            let Some(url) = args.api_url.as_deref() else {
+                return Err("--mode controller needs --api-url".into());
+            };
+            let remote = client::Remote::new(url, &credentials, args.api_ca_file.as_deref())
                 .map_err(|e| e.to_string())?;
             let array = Array::new(Arc::new(remote));
             tonic::transport::Server::builder()

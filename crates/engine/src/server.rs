@@ -173,8 +173,6 @@ impl Server {
     }
 }
 
-/// The control socket: the configured path (a failure stops the start), else the default one
-/// (a failure costs only the socket).
 /// The remote API's listener and TLS identity, when `[server] api_listen` asks for it.
 fn bind_api(
     config: &Config,
@@ -184,13 +182,16 @@ fn bind_api(
     };
     let state_dir = crate::topology::state::state_dir(config.server.state_dir.as_deref());
     let (cert, key) = crate::control::api::identity(&config.server, state_dir.as_deref())?;
-    let tls = crate::control::api::acceptor(&cert, &key)?;
+    let client_ca = config.server.api_client_ca.as_deref();
+    let tls = crate::control::api::acceptor(&cert, &key, client_ca)?;
     let listener =
         crate::metrics::bind(addr).map_err(|source| StartError::ApiListen { addr, source })?;
     tracing::info!(%addr, cert = %cert.display(), "remote API over HTTPS");
     Ok(Some((listener, tls)))
 }
 
+/// The control socket: the configured path (a failure stops the start), else the default one
+/// (a failure costs only the socket).
 fn bind_control(config: &Config) -> Result<Option<crate::control::ControlSocket>, StartError> {
     let configured = config.server.control_socket.clone();
     let Some(path) = configured.or_else(crate::control::default_socket_path) else {

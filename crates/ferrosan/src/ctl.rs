@@ -19,11 +19,18 @@ pub struct CtlArgs {
     socket: Option<PathBuf>,
     /// A daemon's remote API instead of the local socket: https://HOST:PORT (docs/OPERATIONS.md,
     /// *Remote API*).
-    #[arg(long, global = true, requires = "token_file", value_name = "URL")]
+    #[arg(long, global = true, value_name = "URL")]
     url: Option<String>,
     /// The file holding the API token (`ctl token create` prints it).
     #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// A client certificate (PEM) instead of a token, from a CA of the daemon's
+    /// `api_client_ca`; its common name is the name of the token whose role it has.
+    #[arg(long, global = true, value_name = "FILE", requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM, PKCS#8).
+    #[arg(long, global = true, value_name = "FILE", requires = "cert_file")]
+    key_file: Option<PathBuf>,
     /// The certificate (PEM) the API's certificate must be or be signed by; default: the
     /// system's trusted roots. A daemon's self-signed one is STATE_DIR/api-cert.pem.
     #[arg(long, global = true, value_name = "FILE")]
@@ -188,6 +195,11 @@ enum PoolVerb {
         ceph_client: Option<String>,
         #[command(flatten)]
         save: SaveFlag,
+    },
+    /// The pools (or pool NAME): what each holds and has left, and what its volumes promise.
+    List {
+        /// Only this pool (its failure to answer is then an error).
+        name: Option<String>,
     },
 }
 
@@ -872,6 +884,9 @@ fn structure_request(verb: &Verb) -> Option<Value> {
         } => json!({"verb": "pool-add", "name": name, "path": path, "rbd_pool": rbd_pool,
                     "ceph_conf": ceph_conf, "ceph_client": ceph_client, "vg": vg,
                     "thin_pool": thin_pool, "save": save.save}),
+        Verb::Pool {
+            what: PoolVerb::List { name },
+        } => json!({"verb": "pool-list", "pool": name}),
         Verb::Volume { what } => volume_request(what),
         Verb::Snapshot {
             what: SnapshotVerb::List { volume },
@@ -1049,11 +1064,14 @@ enum Endpoint {
 impl Endpoint {
     fn of(args: &CtlArgs) -> Result<Endpoint, String> {
         if let Some(url) = &args.url {
-            let token = args
-                .token_file
-                .as_deref()
-                .ok_or("--url needs --token-file")?;
-            return client::Remote::new(url, token, args.ca_file.as_deref())
+            let credentials = client::Credentials {
+                token_file: args.token_file.as_deref(),
+                certificate: args.cert_file.as_deref().zip(args.key_file.as_deref()),
+            };
+            if credentials.token_file.is_none() && credentials.certificate.is_none() {
+                return Err("--url needs --token-file, or --cert-file and --key-file".into());
+            }
+            return client::Remote::new(url, &credentials, args.ca_file.as_deref())
                 .map(Endpoint::Remote)
                 .map_err(|e| e.to_string());
         }
@@ -1180,6 +1198,9 @@ fn human(verb: &Verb, r: &Value) -> String {
         Verb::Volume {
             what: VolumeVerb::List,
         } => human_volumes(r),
+        Verb::Pool {
+            what: PoolVerb::List { .. },
+        } => human_pools(r),
         Verb::Snapshot {
             what: SnapshotVerb::List { .. },
         } => human_snapshots(r),
@@ -1336,7 +1357,49 @@ fn human_luns(r: &Value) -> String {
     out
 }
 
-/// What a changing verb did (applied, closed, saved, the changes, the generation).
+/// `pool list`: a row per pool, its medium's size and free space beside what its volumes
+/// promise (a thin pool may promise more than it has).
+fn human_pools(r: &Value) -> String {
+    let rows = r["pools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let place = match text(&p["kind"]).as_str() {
+                "dir" => text(&p["path"]),
+                "rbd" => format!("ceph pool {}", text(&p["rbd_pool"])),
+                _ => format!("{}/{}", text(&p["vg"]), text(&p["thin_pool"])),
+            };
+            let (total, available) = match p.get("error") {
+                Some(e) => ("?".into(), format!("cannot tell: {}", text(e))),
+                None => (size(&p["total_bytes"]), size(&p["available_bytes"])),
+            };
+            vec![
+                text(&p["pool"]),
+                text(&p["kind"]),
+                place,
+                text(&p["volumes"]),
+                size(&p["provisioned_bytes"]),
+                total,
+                available,
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "POOL",
+            "KIND",
+            "WHERE",
+            "VOLUMES",
+            "PROMISED",
+            "SIZE",
+            "AVAILABLE",
+        ],
+        rows,
+    )
+}
+
+/// `volume list`: a row per volume, its size, snapshots and maps.
 fn human_volumes(r: &Value) -> String {
     let mut out = format!(
         "{:<12} {:<20} {:>14}  {:<10} MAPPED\n",

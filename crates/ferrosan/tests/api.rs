@@ -22,12 +22,21 @@ struct Api {
 /// A daemon serving the API on a loopback port, its self-signed certificate in its state
 /// directory.
 fn start() -> Api {
+    start_with(None)
+}
+
+/// As [`start`], taking client certificates of the CA in `client_ca` when given.
+fn start_with(client_ca: Option<&Path>) -> Api {
     let dir = Scratch::new("api");
     let ctl = Ctl::new();
     let (port, api_port) = (free_port(), free_port());
     let state = dir.file("state");
     let pool = dir.file("pool");
     let mut text = api_array_config("fast", &pool, api_port, &state, &ctl, port);
+    if let Some(ca) = client_ca {
+        let line = format!("[server]\napi_client_ca = \"{}\"\n", ca.display());
+        text = text.replacen("[server]\n", &line, 1);
+    }
     text.push_str(&format!(
         r#"
 [[device]]
@@ -66,23 +75,20 @@ impl Api {
 
     /// `ferrosan ctl --url ... --json ARGS` with the token in `token_file`.
     fn ctl_remote(&self, token_file: &Path, args: &[&str]) -> Value {
-        let (token, ca) = (
-            token_file.display().to_string(),
-            self.ca.display().to_string(),
-        );
-        let mut all = vec![
-            "ctl",
-            "--url",
-            &self.url,
-            "--token-file",
-            &token,
-            "--ca-file",
-            &ca,
-            "--json",
-        ];
+        let token = token_file.display().to_string();
+        self.ctl_as(&["--token-file", &token], args)
+            .unwrap_or_else(|r| panic!("{}", r.describe()))
+    }
+
+    /// `ferrosan ctl --url ... --json ARGS`, proving itself with `proof` (its options); the
+    /// answer, or the run that gave none.
+    fn ctl_as(&self, proof: &[&str], args: &[&str]) -> Result<Value, common::Run> {
+        let ca = self.ca.display().to_string();
+        let mut all = vec!["ctl", "--url", &self.url, "--ca-file", &ca, "--json"];
+        all.extend_from_slice(proof);
         all.extend_from_slice(args);
         let r = run_path(Path::new(env!("CARGO_BIN_EXE_ferrosan")), &all);
-        serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.describe()))
+        serde_json::from_str(&r.stdout).map_err(|_| r)
     }
 
     /// curl's status codes for `method` on each of `paths`, one connection, with `token`.
@@ -278,4 +284,105 @@ fn parallel_exports_over_https_all_land() {
     for i in 0..N {
         assert!(shown.contains(&format!("\"v{i}\"")), "v{i}: {shown}");
     }
+}
+
+/// A test CA (`DIR/NAME-ca.pem`) and, for each common name, a certificate it signed and its
+/// key (`DIR/CN.pem`, `DIR/CN.key`), made with the openssl command.
+fn pki(dir: &Scratch, name: &str, common_names: &[&str]) -> PathBuf {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir.file(""))
+            .output()
+            .expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let (ca, ca_key) = (format!("{name}-ca.pem"), format!("{name}-ca.key"));
+    let subject = format!("/CN={name} test CA");
+    let mut args = vec!["req", "-x509", "-days", "2", "-subj", &subject];
+    args.extend_from_slice(&ec);
+    args.extend_from_slice(&["-keyout", &ca_key, "-out", &ca]);
+    openssl(&args);
+    for cn in common_names {
+        let (cert, key, csr) = (
+            format!("{cn}.pem"),
+            format!("{cn}.key"),
+            format!("{cn}.csr"),
+        );
+        let subject = format!("/CN={cn}");
+        let mut args = vec!["req", "-subj", &subject, "-keyout", &key, "-out", &csr];
+        args.extend_from_slice(&ec);
+        openssl(&args);
+        openssl(&[
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+        ]);
+    }
+    dir.file(&ca)
+}
+
+/// With `api_client_ca`, a client certificate of that CA is the token of its common name: its
+/// role, stopped by the token's revocation; one of another CA fails the handshake, one naming
+/// no token is 401, and tokens still work beside.
+#[test]
+fn client_certificates_of_the_configured_ca_are_the_tokens_they_name() {
+    let keys = Scratch::new("api-pki");
+    let ca = pki(&keys, "ours", &["ops", "viewer", "stranger"]);
+    pki(&keys, "theirs", &["intruder"]);
+    let api = start_with(Some(&ca));
+    let (admin, _) = api.token("ops", "admin");
+    api.token("viewer", "reader");
+    let as_cn = |cn: &str, args: &[&str]| {
+        let (cert, key) = (
+            keys.file(&format!("{cn}.pem")),
+            keys.file(&format!("{cn}.key")),
+        );
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        api.ctl_as(&["--cert-file", &cert, "--key-file", &key], args)
+    };
+    let added = as_cn("ops", &["device", "add", "d1", "ram:8M"]).unwrap();
+    assert_eq!(added["ok"], true, "{added}");
+    let log = api.daemon.output();
+    assert!(
+        log.contains("token=ops") && log.contains("proof=\"certificate\""),
+        "{log}"
+    );
+    let status = as_cn("viewer", &["status"]).unwrap();
+    assert_eq!(status["ok"], true, "{status}");
+    let refused = as_cn("viewer", &["device", "add", "d2", "ram:8M"]).unwrap();
+    assert_eq!(refused["kind"], "forbidden", "{refused}");
+    let unknown = as_cn("stranger", &["status"]).unwrap();
+    assert_eq!(unknown["kind"], "unauthorized", "{unknown}");
+    let outsider = as_cn("intruder", &["status"]);
+    assert!(
+        outsider.is_err(),
+        "another CA's certificate was answered: {outsider:?}"
+    );
+    // Neither a token nor a certificate: 401, as without a client CA; a token still works.
+    assert_eq!(api.statuses("GET", &["/v1/status"], None, None), [401]);
+    assert_eq!(
+        api.statuses("GET", &["/v1/status"], Some(&admin), None),
+        [200]
+    );
+    assert_eq!(api.ctl.json(&["token", "revoke", "ops"])["ok"], true);
+    let revoked = as_cn("ops", &["status"]).unwrap();
+    assert_eq!(revoked["kind"], "unauthorized", "{revoked}");
 }

@@ -38,7 +38,7 @@ const MIB: i64 = 1 << 20;
 /// The array (a directory pool, the API on loopback) and the driver's controller on a socket.
 struct Csi {
     _daemon: Daemon,
-    _dir: Scratch,
+    dir: Scratch,
     channel: Channel,
 }
 
@@ -76,7 +76,15 @@ async fn start() -> Csi {
     let dir = Scratch::new("csi");
     std::fs::create_dir_all(dir.file("pool")).unwrap();
     let (daemon, url, token, ca) = array(&dir);
-    let remote = client::Remote::new(&url, &token, Some(&ca)).unwrap();
+    let remote = client::Remote::new(
+        &url,
+        &client::Credentials {
+            token_file: Some(&token),
+            certificate: None,
+        },
+        Some(&ca),
+    )
+    .unwrap();
     let array = Array::new(Arc::new(remote));
     let socket = dir.file("csi.sock");
     let incoming = UnixListenerStream::new(UnixListener::bind(&socket).unwrap());
@@ -98,7 +106,7 @@ async fn start() -> Csi {
         .unwrap();
     Csi {
         _daemon: daemon,
-        _dir: dir,
+        dir,
         channel,
     }
 }
@@ -190,10 +198,74 @@ async fn identity_says_who_it_is_what_it_offers_and_that_it_is_ready() {
         rpc::Type::ListSnapshots,
         rpc::Type::CloneVolume,
         rpc::Type::ExpandVolume,
+        rpc::Type::GetCapacity,
     ] {
         assert!(offered.contains(&(wanted as i32)), "{wanted:?} not offered");
     }
-    assert!(!offered.contains(&(rpc::Type::GetCapacity as i32)));
+}
+
+/// df's (size, available) bytes of the filesystem holding `path`.
+fn df(path: &std::path::Path) -> (i64, i64) {
+    let out = std::process::Command::new("df")
+        .args(["-B1", "--output=size,avail"])
+        .arg(path)
+        .output()
+        .expect("df");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().nth(1).expect("df's numbers");
+    let n: Vec<i64> = line
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    (n[0], n[1])
+}
+
+/// GetCapacity answers the pool's free space as its filesystem counts it (other tests write
+/// to the same filesystem meanwhile, hence the margin, far below a unit's mistake), the sum
+/// of every pool's without a StorageClass, NOT_FOUND for a pool the array lacks and nothing
+/// for capabilities no volume can have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_is_the_pools_free_space() {
+    let csi = start().await;
+    let mut c = csi.controller();
+    let asked =
+        |parameters: HashMap<String, String>, caps: Vec<VolumeCapability>| GetCapacityRequest {
+            volume_capabilities: caps,
+            parameters,
+            accessible_topology: None,
+        };
+    let pool = csi.dir.file("pool");
+    let told = c
+        .get_capacity(asked(params(), vec![mount(Mode::SingleNodeWriter)]))
+        .await
+        .unwrap()
+        .into_inner();
+    let (size, avail) = df(&pool);
+    let margin = 512 * MIB;
+    assert!(
+        (told.available_capacity - avail).abs() < margin && told.available_capacity <= size,
+        "told {told:?}, df: {avail} of {size}"
+    );
+    assert_eq!(told.maximum_volume_size, None, "every pool is thin");
+    assert_eq!(told.minimum_volume_size, Some(MIB));
+    let all = c
+        .get_capacity(asked(HashMap::new(), Vec::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        (all.available_capacity - told.available_capacity).abs() < margin,
+        "one pool: {all:?} {told:?}"
+    );
+    let mut elsewhere = params();
+    elsewhere.insert("pool".into(), "nowhere".into());
+    assert_eq!(
+        code(c.get_capacity(asked(elsewhere, Vec::new())).await),
+        Code::NotFound
+    );
+    let shared_fs = mount(Mode::MultiNodeMultiWriter);
+    let none = c.get_capacity(asked(params(), vec![shared_fs])).await;
+    assert_eq!(none.unwrap().into_inner().available_capacity, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

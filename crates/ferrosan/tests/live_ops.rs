@@ -75,6 +75,23 @@ fn start(file: &Path) -> (Daemon, Ctl) {
     (daemon, ctl)
 }
 
+/// As [`start`], with the remote API on a loopback port: the `Ctl` is the API's, with an
+/// admin token made over the socket.
+fn start_with_api(file: &Path) -> (Daemon, Ctl) {
+    let ctl = Ctl::new();
+    let s = ctl.socket.display().to_string();
+    let api_port = common::free_port();
+    let state = ctl.socket.with_file_name("state");
+    let server = format!(
+        "\n[server]\napi_listen = \"127.0.0.1:{api_port}\"\nstate_dir = \"{}\"\n",
+        state.display()
+    );
+    let text = body(file, "16M", false) + &server;
+    let daemon = Daemon::start_config_args(IQN, &text, &["--control-socket", &s]);
+    let remote = ctl.over_api(&format!("https://127.0.0.1:{api_port}"), &state);
+    (daemon, remote)
+}
+
 fn url(daemon: &Daemon, lun: u32) -> String {
     format!("iscsi://127.0.0.1:{}/{IQN}/{lun}", daemon.port)
 }
@@ -290,7 +307,17 @@ fn a_lun_removed_under_io_closes_cleanly_and_others_keep_working() {
 
 #[test]
 fn every_ctl_verb_works_and_unsaved_changes_are_reported() {
-    let dir = disk_dir("live-verbs");
+    every_verb("live-verbs", start);
+}
+
+/// The remote API runs the socket's verbs from the same table: the same test, over HTTPS.
+#[test]
+fn every_ctl_verb_works_over_the_remote_api_as_over_the_socket() {
+    every_verb("live-verbs-api", start_with_api);
+}
+
+fn every_verb(tag: &str, start: fn(&Path) -> (Daemon, Ctl)) {
+    let dir = disk_dir(tag);
     let file = dir.join("lun1.img");
     let (mut daemon, ctl) = start(&file);
     let ok = |v: Value| {
@@ -602,7 +629,7 @@ fn a_change_that_cannot_be_saved_is_live_and_listed_as_unsaved() {
     let socket = scratch.file("control.sock");
     let s = socket.display().to_string();
     let mut daemon = Daemon::start_with_args(IQN, &["ram:16M"], &["--control-socket", &s]);
-    let ctl = Ctl { socket };
+    let ctl = Ctl::at(socket);
     let r = ctl.run(&["device", "add", "more", "ram:4M", "--save"]);
     assert_eq!(r.status.code(), Some(1), "{}", r.describe());
     assert!(
@@ -749,7 +776,7 @@ fn devices_grown_underneath_are_picked_up_by_resize_without_a_size() {
     let mut luns = vec![file_lun.as_str()];
     luns.extend(block_lun.as_deref());
     let mut daemon = Daemon::start_with_args(IQN, &luns, &["--control-socket", &s]);
-    let ctl = Ctl { socket };
+    let ctl = Ctl::at(socket);
     let blocks = |lun| last_lba(&daemon, lun) + 1;
     assert_eq!(blocks(0), (8 << 20) / 512);
     // The file grows underneath (truncate -s); resize without a size follows it.

@@ -90,9 +90,7 @@ fn unexport_during_a_clone(ctl: &Ctl, pool: &Path, attempt: u32) -> bool {
     let name = format!("copy{attempt}");
     ok(ctl, &["volume", "export", "vm1", "--initiator", HOST]);
     let clone = {
-        let ctl = Ctl {
-            socket: ctl.socket.clone(),
-        };
+        let ctl = ctl.clone();
         let name = name.clone();
         std::thread::spawn(move || ctl.json(&["volume", "clone", "big", &name]))
     };
@@ -149,9 +147,7 @@ fn parallel_exports_all_land() {
     }
     let threads: Vec<_> = (0..N)
         .map(|i| {
-            let ctl = Ctl {
-                socket: ctl.socket.clone(),
-            };
+            let ctl = ctl.clone();
             std::thread::spawn(move || {
                 let v = format!("v{i}");
                 ctl.json(&["volume", "export", &v, "--initiator", HOST, "--save"])
@@ -503,9 +499,7 @@ fn a_delete_never_leaves_a_snapshot_of_nothing() {
 fn delete_during_a_snapshot(ctl: &Ctl, pool: &Path, attempt: u32) -> bool {
     let snap = format!("s{attempt}");
     let snapshot = {
-        let ctl = Ctl {
-            socket: ctl.socket.clone(),
-        };
+        let ctl = ctl.clone();
         let snap = snap.clone();
         std::thread::spawn(move || ctl.json(&["volume", "snapshot", "big", &snap]))
     };

@@ -136,6 +136,23 @@ fn scenario(kind: &Kind) {
         true
     );
     refused(&ctl, &["volume", "create", "fast", "vm1", "32M"], "exists");
+    // The pool's medium answers its size and free space (statvfs, or the monitors' df).
+    let pools = ok(&ctl, &["pool", "list", "fast"]);
+    let pool = &pools["pools"][0];
+    let (total, free) = (
+        pool["total_bytes"].as_u64(),
+        pool["available_bytes"].as_u64(),
+    );
+    assert!(
+        matches!((total, free), (Some(t), Some(f)) if f > 0 && f <= t),
+        "{pools}"
+    );
+    assert_eq!(
+        (&pool["volumes"], &pool["provisioned_bytes"]),
+        (&Value::from(1), &Value::from(64u64 << 20)),
+        "{pools}"
+    );
+    refused(&ctl, &["pool", "list", "slow"], "no pool");
     ok(&ctl, &["lun", "map", IQN, "all", "1", "vm1"]);
 
     let mut raw = Raw::login(daemon.port, IQN, 1);

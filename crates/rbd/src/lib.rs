@@ -74,6 +74,18 @@ struct Api {
     rados_shutdown: unsafe extern "C" fn(RadosT),
     rados_ioctx_create: unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int,
     rados_ioctx_destroy: unsafe extern "C" fn(IoctxT),
+    rados_mon_command: unsafe extern "C" fn(
+        RadosT,
+        *mut *const c_char,
+        usize,
+        *const c_char,
+        usize,
+        *mut *mut c_char,
+        *mut usize,
+        *mut *mut c_char,
+        *mut usize,
+    ) -> c_int,
+    rados_buffer_free: unsafe extern "C" fn(*mut c_char),
     rbd_open: unsafe extern "C" fn(IoctxT, *const c_char, *mut ImageT, *const c_char) -> c_int,
     rbd_close: unsafe extern "C" fn(ImageT) -> c_int,
     rbd_get_size: unsafe extern "C" fn(ImageT, *mut u64) -> c_int,
@@ -235,6 +247,8 @@ fn load() -> Result<Api, String> {
         rados_shutdown: sym!(rados, "rados_shutdown"),
         rados_ioctx_create: sym!(rados, "rados_ioctx_create"),
         rados_ioctx_destroy: sym!(rados, "rados_ioctx_destroy"),
+        rados_mon_command: sym!(rados, "rados_mon_command"),
+        rados_buffer_free: sym!(rados, "rados_buffer_free"),
         rbd_open: sym!(rbd, "rbd_open"),
         rbd_close: sym!(rbd, "rbd_close"),
         rbd_get_size: sym!(rbd, "rbd_get_size"),
@@ -390,6 +404,45 @@ impl Cluster {
         check(|| format!("reading {key}"), rc)?;
         let text = buf.split(|&b| b == 0).next().unwrap_or(&[]);
         Ok(String::from_utf8_lossy(text).into_owned())
+    }
+
+    /// A monitor command (JSON, as `ceph` sends it) and its JSON answer, e.g.
+    /// `{"prefix": "df", "format": "json"}`: bounded by `rados_mon_op_timeout`.
+    pub fn mon_command(&self, command: &str) -> Result<String, Error> {
+        let cmd = cstring("command", command)?;
+        let mut cmds = [cmd.as_ptr()];
+        let (mut out, mut out_len) = (std::ptr::null_mut(), 0usize);
+        let (mut status, mut status_len) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: a connected handle; one NUL-terminated command alive for the call; no input
+        // buffer; out-pointers to locals, whose buffers librados allocates and we free below.
+        let rc = unsafe {
+            (self.api.rados_mon_command)(
+                self.handle,
+                cmds.as_mut_ptr(),
+                1,
+                std::ptr::null(),
+                0,
+                &mut out,
+                &mut out_len,
+                &mut status,
+                &mut status_len,
+            )
+        };
+        let answer = if out.is_null() {
+            String::new()
+        } else {
+            // SAFETY: librados wrote `out_len` bytes at `out`.
+            let bytes = unsafe { std::slice::from_raw_parts(out.cast::<u8>(), out_len) };
+            String::from_utf8_lossy(bytes).into_owned()
+        };
+        for buffer in [out, status] {
+            if !buffer.is_null() {
+                // SAFETY: a buffer librados allocated for this call, freed once.
+                unsafe { (self.api.rados_buffer_free)(buffer) }
+            }
+        }
+        check(|| format!("monitor command {command}"), rc)?;
+        Ok(answer)
     }
 
     fn set(&self, key: &str, value: &str) -> Result<(), Error> {
@@ -560,7 +613,7 @@ pub struct Pool {
     ioctx: IoctxT,
     name: String,
     api: &'static Api,
-    _cluster: Arc<Cluster>,
+    cluster: Arc<Cluster>,
 }
 
 // SAFETY: an ioctx may be used from any thread (librados serialises internally); ferrosan
@@ -580,8 +633,18 @@ impl Pool {
             ioctx,
             name: pool.to_string(),
             api,
-            _cluster: Arc::clone(cluster),
+            cluster: Arc::clone(cluster),
         })
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The cluster the pool is of.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
     }
 
     /// Creates image `name` of `bytes` (librbd's default format, features and object size).

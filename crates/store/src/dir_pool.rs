@@ -175,6 +175,14 @@ impl DirPool {
         &self.dir
     }
 
+    /// The filesystem of the pool's directory: (its size, the bytes still free to an
+    /// unprivileged writer), as `df` counts them.
+    pub fn usage(&self) -> io::Result<(u64, u64)> {
+        let st = rustix::fs::statvfs(&self.dir)?;
+        let block = st.f_frsize;
+        Ok((st.f_blocks * block, st.f_bavail * block))
+    }
+
     /// The file name of volume `name`.
     pub fn volume_file(name: &str) -> String {
         format!("{name}.img")
@@ -580,6 +588,15 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         DirPool::new(dir)
+    }
+
+    #[test]
+    fn a_directorys_usage_is_its_filesystems() {
+        let dir = std::env::temp_dir();
+        let (total, free) = DirPool::new(dir.clone()).usage().unwrap();
+        assert!(total > 0 && free <= total, "{total} {free}");
+        let missing = DirPool::new(dir.join("ferrosan-no-such-pool-dir"));
+        assert_eq!(missing.usage().unwrap_err().kind(), io::ErrorKind::NotFound);
     }
 
     #[test]

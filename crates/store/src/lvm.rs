@@ -206,6 +206,27 @@ impl ThinPool {
         }
     }
 
+    /// The thin pool's data LV: (its size, the bytes its volumes have written), as `lvs`
+    /// reports them (`data_percent`, to a hundredth of a percent).
+    pub fn data_usage(&self) -> Result<(u64, u64), LvmError> {
+        let lv = format!("{}/{}", self.vg, self.pool);
+        let out = run(&[
+            "lvs",
+            "--noheadings",
+            "--nosuffix",
+            "--units=b",
+            "--separator=|",
+            "--options=lv_size,data_percent",
+            "--",
+            &lv,
+        ])?;
+        parse_usage(&out).ok_or_else(|| LvmError {
+            kind: LvmErrorKind::Failed,
+            command: format!("lvs {lv}"),
+            message: format!("unexpected answer {:?}", out.trim()),
+        })
+    }
+
     /// LV `name` of the pool, if it exists.
     pub fn get(&self, name: &str) -> Result<Option<ThinLv>, LvmError> {
         Ok(self.thin_lvs()?.into_iter().find(|lv| lv.name == name))
@@ -227,6 +248,19 @@ impl ThinPool {
         lvs.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(lvs)
     }
+}
+
+/// `lvs`' `SIZE|DATA_PERCENT` line of a thin pool: (size, bytes used).
+fn parse_usage(out: &str) -> Option<(u64, u64)> {
+    let (size, percent) = out.trim().split_once('|')?;
+    let size: u64 = size.trim().parse().ok()?;
+    let percent: f64 = percent.trim().parse().ok()?;
+    if !(0.0..=100.0).contains(&percent) {
+        return None;
+    }
+    // `as` rounds toward zero; the product stays below `size`, which fits.
+    let used = (size as f64 * percent / 100.0) as u64;
+    Some((size, used.min(size)))
 }
 
 /// `lvs`' lines (`NAME|POOL|SIZE|ORIGIN|OPEN`) of the LVs in thin pool `pool`.
@@ -357,6 +391,20 @@ mod tests {
     /// make LVM write its log where the name says, were it read as an option.
     fn hostile(what: &str) -> String {
         format!("--config=log{{file=/tmp/ferrosan-{what}}}")
+    }
+
+    #[test]
+    fn a_thin_pools_usage_is_its_size_and_data_percent() {
+        assert_eq!(
+            parse_usage("  1073741824|25.00\n"),
+            Some((1 << 30, 1 << 28))
+        );
+        assert_eq!(parse_usage("  4194304|0.00"), Some((4 << 20, 0)));
+        assert_eq!(parse_usage("  4194304|100.00"), Some((4 << 20, 4 << 20)));
+        // A pool LVM cannot read reports an empty percentage; out of range is not believed.
+        assert_eq!(parse_usage("  4194304|"), None);
+        assert_eq!(parse_usage("  4194304|100.01"), None);
+        assert_eq!(parse_usage(""), None);
     }
 
     #[test]

@@ -119,6 +119,16 @@ pub enum Pool {
     Lvm(ThinPool),
 }
 
+/// What a pool can hold and has left, as its medium counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// A directory's filesystem; a thin pool's data LV; for Ceph, what the pool stores plus
+    /// what it can still take.
+    pub total_bytes: u64,
+    /// What new writes can still take: a thin pool's volumes together may promise more.
+    pub available_bytes: u64,
+}
+
 /// What a verb made for a volume not yet committed: removed again when the commit does not
 /// happen, and only that (a directory pool's file by its inode; an image or LV this verb's own
 /// create or clone call made, which fails on one that is there).
@@ -163,6 +173,28 @@ impl Pool {
             image: name.to_string(),
             ..spec.clone()
         }
+    }
+
+    /// What the pool holds and has left (a directory's `statvfs`, `lvs`' data percentage of
+    /// the thin pool, the monitors' `df`).
+    pub fn capacity(&self) -> Result<Capacity, PoolError> {
+        let (total_bytes, available_bytes) = match self {
+            Pool::Dir(dir) => dir.usage().map_err(PoolError::io("the pool's directory"))?,
+            Pool::Lvm(thin) => {
+                let (size, used) = thin.data_usage().map_err(PoolError::lvm("the pool"))?;
+                (size, size - used)
+            }
+            Pool::Rbd(spec) => {
+                let (stored, free) =
+                    crate::rbd::pool_usage(spec).map_err(PoolError::io("the pool"))?;
+                (stored.saturating_add(free), free)
+            }
+        };
+        debug_assert!(available_bytes <= total_bytes);
+        Ok(Capacity {
+            total_bytes,
+            available_bytes,
+        })
     }
 
     /// The size a volume of `size` bytes gets (LVM: whole extents).

@@ -79,6 +79,28 @@ pub fn pool(spec: &RbdSpec) -> io::Result<rbd::Pool> {
     rbd::Pool::open(&maintenance(spec)?, &spec.pool).map_err(io_error)
 }
 
+/// What Ceph says of pool `spec.pool`: (bytes stored, bytes it can still take), from the
+/// monitors' `df`, whose `max_avail` counts the pool's replication and the full ratio.
+pub fn pool_usage(spec: &RbdSpec) -> io::Result<(u64, u64)> {
+    let pool = pool(spec)?;
+    let answer = pool
+        .cluster()
+        .mon_command(r#"{"prefix": "df", "format": "json"}"#)
+        .map_err(io_error)?;
+    df_usage(&answer, &spec.pool).ok_or_else(|| {
+        let why = format!("the monitors' df gives no usage of pool {:?}", spec.pool);
+        io::Error::new(io::ErrorKind::InvalidData, why)
+    })
+}
+
+/// Pool `name`'s (stored, max_avail) in the monitors' `df` answer.
+fn df_usage(answer: &str, name: &str) -> Option<(u64, u64)> {
+    let df: serde_json::Value = serde_json::from_str(answer).ok()?;
+    let pool = df["pools"].as_array()?.iter().find(|p| p["name"] == name)?;
+    let stats = &pool["stats"];
+    Some((stats["stored"].as_u64()?, stats["max_avail"].as_u64()?))
+}
+
 /// Image `spec` opened on a management connection (see `maintenance`), for snapshot
 /// maintenance the handle serving I/O should not run.
 pub fn maintenance_image(spec: &RbdSpec) -> io::Result<rbd::Image> {
@@ -575,7 +597,19 @@ impl Submission {
 
 #[cfg(test)]
 mod tests {
-    use super::librados_threads;
+    use super::{df_usage, librados_threads};
+
+    #[test]
+    fn a_pools_usage_is_read_from_the_monitors_df() {
+        // As Ceph 16's `ceph df --format json` answers (trimmed).
+        let df = r#"{"stats":{"total_bytes":32212254720},"pools":[
+            {"name":"device_health_metrics","id":1,"stats":{"stored":0,"max_avail":10200547328}},
+            {"name":"rbd","id":2,"stats":{"stored":4194304,"objects":3,"bytes_used":12582912,
+             "percent_used":0.0004,"max_avail":10196353024}}]}"#;
+        assert_eq!(df_usage(df, "rbd"), Some((4194304, 10196353024)));
+        assert_eq!(df_usage(df, "other"), None);
+        assert_eq!(df_usage("not json", "rbd"), None);
+    }
 
     #[test]
     fn small_gateways_run_librados_on_one_thread_larger_ones_keep_cephs_default() {

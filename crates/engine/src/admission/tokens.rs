@@ -37,6 +37,7 @@ const READ_VERBS: &[&str] = &[
     "config",
     "volume-list",
     "snapshot-list",
+    "pool-list",
 ];
 
 /// Whether `verb` changes the array or shows what only its administrators may see (the
@@ -234,6 +235,17 @@ impl Tokens {
         found
     }
 
+    /// The caller named `name`, if a token of that name exists: who a verified client
+    /// certificate with that common name is (revoking the token stops it too).
+    pub fn named(&self, name: &str) -> Option<Caller> {
+        let records = self.lock();
+        let record = records.iter().find(|r| r.name == name)?;
+        Some(Caller {
+            name: record.name.clone(),
+            role: record.role,
+        })
+    }
+
     /// Writes `records` whole (temporary file, rename), readable by the daemon's user only.
     fn store(&self, records: &[Record]) -> Result<(), TokenError> {
         if let Some(broken) = &self.broken {
@@ -387,6 +399,7 @@ mod tests {
             "config",
             "volume-list",
             "snapshot-list",
+            "pool-list",
         ] {
             assert!(Role::Reader.may(verb), "{verb}");
         }

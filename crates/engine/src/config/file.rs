@@ -68,6 +68,7 @@ struct RawServer {
     api_listen: Option<S<String>>,
     api_cert: Option<S<String>>,
     api_key: Option<S<String>>,
+    api_client_ca: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -380,6 +381,7 @@ impl RawServer {
             api_listen: server.api_listen.map(|a| pos.s(a.to_string())),
             api_cert: (server.api_cert.as_ref()).map(|p| pos.s(p.display().to_string())),
             api_key: (server.api_key.as_ref()).map(|p| pos.s(p.display().to_string())),
+            api_client_ca: (server.api_client_ca.as_ref()).map(|p| pos.s(p.display().to_string())),
         })
     }
 }
@@ -827,6 +829,11 @@ fn server_api(cx: &mut Cx<'_>, s: &RawServer, server: &mut ServerConfig) {
     for (raw, field, out) in [
         (&s.api_cert, "server: api_cert", &mut server.api_cert),
         (&s.api_key, "server: api_key", &mut server.api_key),
+        (
+            &s.api_client_ca,
+            "server: api_client_ca",
+            &mut server.api_client_ca,
+        ),
     ] {
         let Some(path) = raw else { continue };
         let p = path.get_ref();
@@ -1850,7 +1857,11 @@ fn server_toml(out: &mut String, server: &ServerConfig) {
     if let Some(addr) = server.api_listen {
         let _ = writeln!(out, "api_listen = {}", q(&addr.to_string()));
     }
-    for (key, path) in [("api_cert", &server.api_cert), ("api_key", &server.api_key)] {
+    for (key, path) in [
+        ("api_cert", &server.api_cert),
+        ("api_key", &server.api_key),
+        ("api_client_ca", &server.api_client_ca),
+    ] {
         if let Some(path) = path {
             let _ = writeln!(out, "{key} = {}", q(&path.display().to_string()));
         }

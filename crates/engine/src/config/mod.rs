@@ -188,6 +188,9 @@ pub struct ServerConfig {
     /// daemon makes in its state directory at the first start with `api_listen`.
     pub api_cert: Option<PathBuf>,
     pub api_key: Option<PathBuf>,
+    /// CA certificates (PEM) whose client certificates the API takes as proof: one whose
+    /// subject's common name is a token's name is that token's caller. None: tokens only.
+    pub api_client_ca: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -208,6 +211,7 @@ impl Default for ServerConfig {
             api_listen: None,
             api_cert: None,
             api_key: None,
+            api_client_ca: None,
         }
     }
 }

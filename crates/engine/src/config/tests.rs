@@ -2750,6 +2750,16 @@ fn the_api_takes_its_certificate_and_key_together() {
         both.server.api_key.as_deref(),
         Some(Path::new("/etc/f/api.key"))
     );
+    let clients = load(&server("api_client_ca = \"/etc/f/clients.pem\""));
+    assert_eq!(
+        clients.server.api_client_ca.as_deref(),
+        Some(Path::new("/etc/f/clients.pem"))
+    );
+    one_error(
+        &server("api_client_ca = \"clients.pem\""),
+        "clients.pem",
+        "api_client_ca",
+    );
     one_error(
         &server("api_cert = \"/etc/f/api.crt\""),
         "api_cert",

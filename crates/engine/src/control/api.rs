@@ -60,6 +60,8 @@ pub enum ApiError {
     },
     #[error("a self-signed certificate: {0}")]
     SelfSigned(openssl::error::ErrorStack),
+    #[error("{}: no certificate in it (api_client_ca)", .0.display())]
+    NoClientCa(PathBuf),
     #[error("{}: {what}: {source}", path.display())]
     Tls {
         path: PathBuf,
@@ -157,8 +159,14 @@ fn write_private(path: &Path, pem: &[u8]) -> std::io::Result<()> {
     file.write_all(pem)
 }
 
-/// The API's TLS identity: the configured certificate chain and key (PEM files).
-pub fn acceptor(cert: &Path, key: &Path) -> Result<SslAcceptor, ApiError> {
+/// The API's TLS identity: the configured certificate chain and key (PEM files); with
+/// `client_ca`, client certificates are asked for and must chain to one of its certificates
+/// (a client without one may still present a token).
+pub fn acceptor(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<SslAcceptor, ApiError> {
     let tls = |path: &Path, what| {
         let path = path.to_path_buf();
         move |source| ApiError::Tls { path, what, source }
@@ -174,7 +182,58 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<SslAcceptor, ApiError> {
     builder
         .check_private_key()
         .map_err(tls(key, "not the certificate's key"))?;
+    if let Some(ca) = client_ca {
+        ask_client_certificates(&mut builder, ca)?;
+    }
     Ok(builder.build())
+}
+
+/// Asks clients for a certificate chaining to one in `ca` (PEM), naming those CAs in the
+/// request; one that fails verification fails the handshake, none at all is let through.
+fn ask_client_certificates(
+    builder: &mut openssl::ssl::SslAcceptorBuilder,
+    ca: &Path,
+) -> Result<(), ApiError> {
+    use openssl::ssl::SslVerifyMode;
+    use openssl::x509::X509;
+    let pem = std::fs::read(ca).map_err(|source| ApiError::Io {
+        path: ca.to_path_buf(),
+        source,
+    })?;
+    let tls = |what| {
+        let path = ca.to_path_buf();
+        move |source| ApiError::Tls { path, what, source }
+    };
+    let certs = X509::stack_from_pem(&pem).map_err(tls("not PEM certificates"))?;
+    let mut names = openssl::stack::Stack::new().map_err(tls("TLS"))?;
+    for cert in &certs {
+        let name = cert.subject_name().to_owned().map_err(tls("TLS"))?;
+        names.push(name).map_err(tls("TLS"))?;
+    }
+    if certs.is_empty() {
+        return Err(ApiError::NoClientCa(ca.to_path_buf()));
+    }
+    builder
+        .set_ca_file(ca)
+        .map_err(tls("not PEM certificates"))?;
+    builder.set_client_ca_list(names);
+    builder.set_verify(SslVerifyMode::PEER);
+    // OpenSSL refuses to resume a session with client verification without one.
+    builder
+        .set_session_id_context(b"ferrosan-api")
+        .map_err(tls("TLS"))?;
+    Ok(())
+}
+
+/// The common name of a verified client certificate's subject: who it says it is.
+fn certified_name(ssl: &openssl::ssl::SslRef) -> Option<String> {
+    let cert = ssl.peer_certificate()?;
+    let entry = cert
+        .subject_name()
+        .entries_by_nid(openssl::nid::Nid::COMMONNAME)
+        .next()?;
+    // The bytes as they are: a name with a NUL or in another encoding matches no token.
+    String::from_utf8(entry.data().as_slice().to_vec()).ok()
 }
 
 /// What every connection of the API shares.
@@ -249,9 +308,16 @@ async fn connection(
             return;
         }
     }
+    let certified: Option<Arc<str>> = certified_name(stream.ssl()).map(Arc::from);
     let service = hyper::service::service_fn(move |request| {
-        let api = Arc::clone(&api);
-        async move { Ok::<_, Infallible>(answer(&api, peer, request).await) }
+        let (api, certified) = (Arc::clone(&api), certified.clone());
+        async move {
+            let from = Origin {
+                peer,
+                certified: certified.as_deref(),
+            };
+            Ok::<_, Infallible>(answer(&api, from, request).await)
+        }
     });
     let served = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
@@ -266,12 +332,27 @@ async fn connection(
 /// A refusal before the verb runs: its status, the socket's `kind` and a message.
 struct Refused(StatusCode, &'static str, String);
 
+/// Where a request comes from: its address, and the common name of the client certificate
+/// its connection verified, if any.
+#[derive(Clone, Copy)]
+struct Origin<'a> {
+    peer: SocketAddr,
+    certified: Option<&'a str>,
+}
+
 /// Answers one request.
-async fn answer(api: &Api, peer: SocketAddr, request: Request<Incoming>) -> Response<Full<Bytes>> {
-    let id = request_id(&request);
-    let result = match admitted(api, peer, &request) {
+async fn answer(api: &Api, from: Origin<'_>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (id, peer) = (request_id(&request), from.peer);
+    let result = match admitted(api, from, &request) {
         Ok(Routed::OpenApi) => Ok((StatusCode::OK, openapi())),
-        Ok(Routed::Verb(verb, caller)) => run(api, peer, request, verb, caller, &id).await,
+        Ok(Routed::Verb(verb, caller, proof)) => {
+            let who = Who {
+                caller,
+                proof,
+                peer,
+            };
+            run(api, request, verb, who, &id).await
+        }
         Err(refused) => Err(refused),
     };
     let (status, mut body) = match result {
@@ -301,15 +382,24 @@ async fn answer(api: &Api, peer: SocketAddr, request: Request<Incoming>) -> Resp
     response
 }
 
-/// What a request asks for, once it may.
+/// What a request asks for, once it may: the verb, its caller and how the caller proved
+/// itself (`token` or `certificate`).
 enum Routed {
     OpenApi,
-    Verb(&'static str, Caller),
+    Verb(&'static str, Caller, &'static str),
+}
+
+/// Who runs a verb, for the audit log.
+struct Who {
+    caller: Caller,
+    proof: &'static str,
+    peer: SocketAddr,
 }
 
 /// The decisions before a verb runs, in order: the source's rate, the path (a known verb),
-/// the method, the token, its role.
-fn admitted(api: &Api, peer: SocketAddr, request: &Request<Incoming>) -> Result<Routed, Refused> {
+/// the method, the caller (a token, else a verified client certificate), its role.
+fn admitted(api: &Api, from: Origin<'_>, request: &Request<Incoming>) -> Result<Routed, Refused> {
+    let peer = from.peer;
     if !api.take_rate(peer.ip(), Instant::now()) {
         let message = format!(
             "more than {RATE_PER_S} requests a second from {}",
@@ -348,34 +438,56 @@ fn admitted(api: &Api, peer: SocketAddr, request: &Request<Incoming>) -> Result<
             message,
         ));
     }
-    let presented = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let Some(caller) = presented.and_then(|t| api.shared.tokens.authenticate(t.trim())) else {
-        let message = "a valid token is needed (Authorization: Bearer; ctl token create)".into();
-        return Err(Refused(StatusCode::UNAUTHORIZED, "unauthorized", message));
-    };
+    let (caller, proof) = caller(api, from, request)?;
     if !caller.role.may(verb) {
         let message = format!(
-            "token {:?} ({}) may not call {verb}",
+            "{proof} {:?} ({}) may not call {verb}",
             caller.name,
             caller.role.name()
         );
         return Err(Refused(StatusCode::FORBIDDEN, "forbidden", message));
     }
-    Ok(Routed::Verb(verb, caller))
+    Ok(Routed::Verb(verb, caller, proof))
+}
+
+/// Who sends `request`, and by which proof: the token it presents, right or wrong; without
+/// one, the verified client certificate of its connection.
+fn caller(
+    api: &Api,
+    from: Origin<'_>,
+    request: &Request<Incoming>,
+) -> Result<(Caller, &'static str), Refused> {
+    let presented = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let (caller, proof) = match (presented, from.certified) {
+        (Some(t), _) => (api.shared.tokens.authenticate(t.trim()), "token"),
+        (None, Some(name)) => (api.shared.tokens.named(name), "certificate"),
+        (None, None) => (None, "token"),
+    };
+    let Some(caller) = caller else {
+        let message = match proof {
+            "certificate" => "the client certificate names no token (ctl token create NAME)",
+            _ => "a valid token is needed (Authorization: Bearer; ctl token create)",
+        };
+        return Err(Refused(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            message.into(),
+        ));
+    };
+    Ok((caller, proof))
 }
 
 /// Runs `verb` for `caller` with the request's body as its arguments, through the socket's
 /// handler on the blocking pool (verbs open devices and write files); logs a change.
 async fn run(
     api: &Api,
-    peer: SocketAddr,
     request: Request<Incoming>,
     verb: &'static str,
-    caller: Caller,
+    who: Who,
     id: &str,
 ) -> Result<(StatusCode, Value), Refused> {
     let mut args = arguments(request).await?;
@@ -396,8 +508,9 @@ async fn run(
         tracing::info!(
             target: "ferrosan::audit",
             request_id = %id,
-            token = %caller.name,
-            %peer,
+            token = %who.caller.name,
+            proof = who.proof,
+            peer = %who.peer,
             verb,
             result = kind,
             "API change"

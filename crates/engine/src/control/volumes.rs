@@ -25,6 +25,7 @@ use store::pool::{Made, Pool, PoolError, PoolErrorKind, Running, REMOVE_WAIT};
 
 pub const VERBS: &[&str] = &[
     "pool-add",
+    "pool-list",
     "volume-create",
     "volume-snapshot",
     "volume-clone",
@@ -52,6 +53,7 @@ pub fn handle(
     };
     match verb {
         "pool-add" => pool_add(shared, &seen, args),
+        "pool-list" => pool_list(&live, args),
         "volume-create" => create(&live, args),
         "volume-snapshot" => snapshot(&live, args),
         "volume-clone" => clone(&live, args),
@@ -1002,20 +1004,63 @@ fn list(live: &Live) -> Value {
             })
         })
         .collect();
-    let pools: Vec<Value> = config
+    let pools: Vec<Value> = config.pools.iter().map(pool_json).collect();
+    json!({ "pools": pools, "volumes": volumes })
+}
+
+/// A pool as the lists show it: its name, kind and where its volumes are.
+fn pool_json(p: &PoolConfig) -> Value {
+    match &p.kind {
+        PoolKind::Dir { path } => json!({ "pool": p.name, "kind": "dir", "path": path }),
+        PoolKind::Rbd { pool, .. } => json!({ "pool": p.name, "kind": "rbd", "rbd_pool": pool }),
+        PoolKind::Lvm(thin) => {
+            json!({ "pool": p.name, "kind": "lvm", "vg": thin.vg, "thin_pool": thin.pool })
+        }
+    }
+}
+
+/// The pools (`pool`: that one), each with what its medium holds and has left
+/// (`store::pool::Capacity`) beside what its volumes promise. Listing all, a pool whose
+/// medium cannot answer says why and the others are still listed; asked for one, its failure
+/// is the verb's.
+fn pool_list(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    let only = match args.get("pool") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(object_name(args, "pool")?),
+    };
+    let chosen: Vec<&PoolConfig> = live
+        .seen
         .pools
         .iter()
-        .map(|p| match &p.kind {
-            PoolKind::Dir { path } => json!({ "pool": p.name, "kind": "dir", "path": path }),
-            PoolKind::Rbd { pool, .. } => {
-                json!({ "pool": p.name, "kind": "rbd", "rbd_pool": pool })
-            }
-            PoolKind::Lvm(thin) => {
-                json!({ "pool": p.name, "kind": "lvm", "vg": thin.vg, "thin_pool": thin.pool })
-            }
-        })
+        .filter(|p| only.as_ref().is_none_or(|o| *o == p.name))
         .collect();
-    json!({ "pools": pools, "volumes": volumes })
+    if let (Some(name), true) = (&only, chosen.is_empty()) {
+        return Err(ControlError::NotFound(format!("no pool {name}")));
+    }
+    let topology = live.shared.topology();
+    let mut pools = Vec::with_capacity(chosen.len());
+    for pool in chosen {
+        let mut entry = pool_json(pool);
+        let sizes: Vec<u64> = volumes(live.seen)
+            .filter(|(p, _)| p.name == pool.name)
+            .map(|(_, d)| {
+                let open = topology.devices.get(d.name.as_str());
+                open.map_or(0, |o| o.unit.capacity_bytes())
+            })
+            .collect();
+        entry["volumes"] = json!(sizes.len());
+        entry["provisioned_bytes"] = json!(sizes.iter().sum::<u64>());
+        match pool.medium().capacity() {
+            Ok(c) => {
+                entry["total_bytes"] = json!(c.total_bytes);
+                entry["available_bytes"] = json!(c.available_bytes);
+            }
+            Err(e) if only.is_some() => return Err(e.into()),
+            Err(e) => entry["error"] = json!(e.message),
+        }
+        pools.push(entry);
+    }
+    Ok(json!({ "pools": pools }))
 }
 
 fn snapshot_delete(live: &Live, args: &Map<String, Value>) -> Result<Value, ControlError> {

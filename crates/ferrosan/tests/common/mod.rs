@@ -446,6 +446,7 @@ impl Drop for Daemon {
 }
 
 /// What one tool run produced.
+#[derive(Debug)]
 pub struct Run {
     pub cmdline: String,
     pub status: ExitStatus,
@@ -698,9 +699,12 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// `ferrosan ctl` against one daemon's control socket.
+/// `ferrosan ctl` against one daemon's control socket, or its remote API.
+#[derive(Clone)]
 pub struct Ctl {
     pub socket: PathBuf,
+    /// The remote API instead: its URL, an admin token's file and the CA file.
+    pub remote: Option<(String, PathBuf, PathBuf)>,
 }
 
 impl Ctl {
@@ -710,13 +714,50 @@ impl Ctl {
         let socket = socket_dir.file("control.sock");
         // The scratch dir is removed on drop; keep the path's directory alive with the daemon's.
         std::mem::forget(socket_dir);
-        Ctl { socket }
+        Ctl::at(socket)
+    }
+
+    /// `ferrosan ctl` on the socket at `socket`.
+    pub fn at(socket: PathBuf) -> Ctl {
+        Ctl {
+            socket,
+            remote: None,
+        }
+    }
+
+    /// The same daemon through its remote API at `url` (its certificate in `state`), as an
+    /// admin token made over the socket.
+    pub fn over_api(&self, url: &str, state: &Path) -> Ctl {
+        let made = self.json(&["token", "create", "tests", "--role", "admin"]);
+        assert_eq!(made["ok"], true, "{made}");
+        let token = self.socket.with_file_name("admin.token");
+        fs::write(&token, format!("{}\n", made["token"].as_str().unwrap())).unwrap();
+        Ctl {
+            socket: self.socket.clone(),
+            remote: Some((url.to_string(), token, state.join("api-cert.pem"))),
+        }
+    }
+
+    /// `ctl` and where it reaches the daemon.
+    fn prefix(&self) -> Vec<String> {
+        let mut all = vec!["ctl".to_string()];
+        match &self.remote {
+            None => all.extend(["--socket".into(), self.socket.display().to_string()]),
+            Some((url, token, ca)) => all.extend([
+                "--url".into(),
+                url.clone(),
+                "--token-file".into(),
+                token.display().to_string(),
+                "--ca-file".into(),
+                ca.display().to_string(),
+            ]),
+        }
+        all
     }
 
     pub fn run(&self, args: &[&str]) -> Run {
-        let mut all = vec!["ctl", "--socket"];
-        let socket = self.socket.display().to_string();
-        all.push(&socket);
+        let prefix = self.prefix();
+        let mut all: Vec<&str> = prefix.iter().map(String::as_str).collect();
         all.extend_from_slice(args);
         run_path(Path::new(env!("CARGO_BIN_EXE_ferrosan")), &all)
     }
@@ -731,8 +772,7 @@ impl Ctl {
     /// `ctl chap set ARGS...` with the secret on stdin, as an operator types it.
     pub fn chap_set(&self, args: &[&str], secret: &[u8]) -> std::process::Output {
         let child = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-            .args(["ctl", "--socket"])
-            .arg(&self.socket)
+            .args(self.prefix())
             .args(["chap", "set"])
             .args(args)
             .stdin(Stdio::piped())
@@ -747,9 +787,9 @@ impl Ctl {
     /// a second apart once it has had time to prompt; what the terminal showed.
     pub fn chap_set_on_terminal(&self, args: &[&str], lines: &[&str]) -> std::process::Output {
         let command = format!(
-            "{} ctl --socket {} chap set {}",
+            "{} {} chap set {}",
             env!("CARGO_BIN_EXE_ferrosan"),
-            self.socket.display(),
+            self.prefix().join(" "),
             args.join(" ")
         );
         let typed: String = lines

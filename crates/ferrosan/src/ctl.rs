@@ -512,6 +512,9 @@ enum SessionVerb {
 
 #[derive(Subcommand)]
 enum DeviceVerb {
+    /// Every device: its size, whether it is online, its I/O and errors since the start,
+    /// commands in flight and the LUNs it is mapped as (a failing disk shows its errors here).
+    List,
     /// Add a device: SPEC as `serve --lun` takes it (ram:SIZE, file:PATH[,size=SIZE], block:PATH,
     /// rbd:POOL/IMAGE).
     Add {
@@ -534,7 +537,7 @@ enum DeviceVerb {
         #[arg(long)]
         save: bool,
     },
-    /// Take a device offline: its LUNs answer NOT READY (04h/12h) until it is back online;
+    /// Take a device offline: its LUNs answer NOT READY (04h/03h) until it is back online;
     /// the reply comes once the commands it was running have finished and it is flushed.
     Offline {
         /// The device's name.
@@ -753,6 +756,7 @@ fn device_request(what: &DeviceVerb) -> Value {
             json!({"verb": "device-online", "name": name, "save": save})
         }
         DeviceVerb::Take { name } => json!({"verb": "device-take", "name": name}),
+        DeviceVerb::List => json!({"verb": "stats"}),
         DeviceVerb::ClearReservations { name } => {
             json!({"verb": "device-clear-reservations", "name": name})
         }
@@ -1201,6 +1205,9 @@ fn human(verb: &Verb, r: &Value) -> String {
         Verb::Pool {
             what: PoolVerb::List { .. },
         } => human_pools(r),
+        Verb::Device {
+            what: DeviceVerb::List,
+        } => human_devices(r),
         Verb::Snapshot {
             what: SnapshotVerb::List { .. },
         } => human_snapshots(r),
@@ -1394,6 +1401,55 @@ fn human_pools(r: &Value) -> String {
             "PROMISED",
             "SIZE",
             "AVAILABLE",
+        ],
+        rows,
+    )
+}
+
+/// `device list`: a row per device from the `stats` answer.
+fn human_devices(r: &Value) -> String {
+    let rows = r["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            let luns: Vec<String> = d["luns"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|l| format!("{} LUN {}", text(&l["group"]), text(&l["lun"])))
+                .collect();
+            vec![
+                text(&d["device"]),
+                size(&d["size_bytes"]),
+                if d["offline"] == true {
+                    "offline"
+                } else {
+                    "online"
+                }
+                .into(),
+                text(&d["reads"]),
+                text(&d["writes"]),
+                text(&d["errors"]),
+                text(&d["in_flight"]),
+                if luns.is_empty() {
+                    "-".into()
+                } else {
+                    luns.join(", ")
+                },
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "DEVICE",
+            "SIZE",
+            "STATE",
+            "READS",
+            "WRITES",
+            "ERRORS",
+            "IN FLIGHT",
+            "LUNS",
         ],
         rows,
     )

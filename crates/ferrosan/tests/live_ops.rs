@@ -687,8 +687,8 @@ fn a_device_taken_offline_answers_not_ready_and_comes_back_with_a_unit_attention
     );
     assert_eq!(
         test_unit_ready(&mut raw, &mut itt, 1),
-        Some((0x02, 0x04, 0x12)),
-        "LOGICAL UNIT NOT READY, OFFLINE"
+        Some((0x02, 0x04, 0x03)),
+        "LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED"
     );
     // The other LUN is untouched, the offline one still listed (`iscsi-ls -s` gives up on
     // its NOT READY, so ctl says it) and marked.
@@ -744,7 +744,7 @@ fn a_device_taken_offline_answers_not_ready_and_comes_back_with_a_unit_attention
     let r = ctl.json(&["reload", "--discard"]);
     assert_eq!(r["changes"][0], "device disk taken offline", "{r}");
     let seen = within(Duration::from_secs(5), || {
-        test_unit_ready(&mut raw, &mut itt, 1) == Some((0x02, 0x04, 0x12))
+        test_unit_ready(&mut raw, &mut itt, 1) == Some((0x02, 0x04, 0x03))
     });
     assert!(
         seen.is_some(),

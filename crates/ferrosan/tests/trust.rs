@@ -299,8 +299,8 @@ fn extended_copy_never_writes_a_device_taken_offline() {
     let r = extended_copy(&mut lun0, copy_list(&SRC_NAA, &DST_NAA, &[(8, 0, 0)]));
     assert_eq!(
         (r.status, sense_of(&r)),
-        (0x02, Some((0x02, 0x04, 0x12))),
-        "EXTENDED COPY to an offline device: NOT READY, OFFLINE"
+        (0x02, Some((0x02, 0x04, 0x03))),
+        "EXTENDED COPY to an offline device: NOT READY, MANUAL INTERVENTION REQUIRED"
     );
     assert!(
         std::fs::read(&file).unwrap() == before,

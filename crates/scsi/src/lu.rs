@@ -99,7 +99,7 @@ pub struct LogicalUnit {
     /// Commands that may still reach the medium; task management waits for them.
     in_flight: Arc<crate::inflight::InFlight>,
     /// Taken offline by the operator: commands that need the medium answer NOT READY,
-    /// LOGICAL UNIT NOT READY, OFFLINE (04h/12h) until it is back.
+    /// LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED (04h/03h) until it is back.
     offline: AtomicBool,
     /// Its saved reservation state could not be loaded: serving it could let a host the
     /// lost registrations fenced write, so commands that need the medium answer NOT READY,
@@ -453,7 +453,7 @@ impl LogicalUnit {
 
     /// Takes the LU offline (`true`) or back online. Offline, every command but INQUIRY,
     /// REPORT LUNS, REQUEST SENSE and the MAINTENANCE IN reports answers NOT READY, LOGICAL
-    /// UNIT NOT READY, OFFLINE (04h/12h); commands admitted before keep running (the caller
+    /// UNIT NOT READY, MANUAL INTERVENTION REQUIRED (04h/03h, [`Sense::not_ready_offline`]); commands admitted before keep running (the caller
     /// waits for [`LogicalUnit::in_flight`] to drain before it touches the medium). Back
     /// online, every nexus gets NOT READY TO READY CHANGE (28h/00h): the medium may have
     /// changed meanwhile. Returns whether the state changed.

@@ -93,9 +93,13 @@ impl Sense {
     pub const fn internal_target_failure() -> Sense {
         Sense::new(HARDWARE_ERROR, 0x44, 0x00)
     }
-    /// LOGICAL UNIT NOT READY, OFFLINE: the operator took the LU offline.
+    /// The operator took the LU offline: LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED
+    /// (04h/03h), as an operator brings it back. OFFLINE (04h/12h) names the state better,
+    /// but Linux's sd, revalidating a disk that answers any 04h but a few (03h, 0Bh, 0Ch, 1Bh,
+    /// 24h, 25h), sends START STOP UNIT and waits 100 s for it to spin up, holding the
+    /// disk's rescan meanwhile (seen in scripts/faulty-disk.sh's guest).
     pub const fn not_ready_offline() -> Sense {
-        Sense::new(NOT_READY, 0x04, 0x12)
+        Sense::not_ready_manual_intervention()
     }
     /// LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED: the LU is fenced until the
     /// operator acts (its saved reservations could not be loaded).

@@ -341,7 +341,7 @@ fn an_offline_lu_plans_no_io() {
         let (c, data_in, io) = planned(&mut t, &cdb, &data_out, false);
         assert!(!io, "cdb {cdb:02x?} reached the store");
         assert!(data_in.is_empty());
-        assert_sense(&c.sense.unwrap(), 0x02, 0x04, 0x12);
+        assert_sense(&c.sense.unwrap(), 0x02, 0x04, 0x03);
     }
     t.lu.set_offline(false);
     let (c, _, _) = planned(&mut t, &read10(0, 1), &[], false);

@@ -688,20 +688,20 @@ fn offline_lu_answers_not_ready_until_back_online_then_reports_the_change() {
         } else {
             vec![]
         };
-        assert_sense(&t.err(cdb, &data_out), 0x02, 0x04, 0x12);
+        assert_sense(&t.err(cdb, &data_out), 0x02, 0x04, 0x03);
     }
     // What does not need the medium still answers.
     t.ok(&inquiry(false, 0, 96), &[]);
     t.ok(&[0xA0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0], &[]);
     // REQUEST SENSE describes the state.
     let d = t.ok(&[0x03, 0, 0, 0, 252, 0], &[]);
-    assert_eq!((d[2], d[12], d[13]), (0x02, 0x04, 0x12));
+    assert_eq!((d[2], d[12], d[13]), (0x02, 0x04, 0x03));
     // An invalid opcode is still an invalid opcode.
     assert_sense(&t.err(&[0xFF, 0, 0, 0, 0, 0], &[]), 5, 0x20, 0);
     // A pending unit attention comes first.
     t.lu.capacity_changed();
     assert_sense(&t.err(&read10(0, 1), &[]), 0x06, 0x2A, 0x09);
-    assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x12);
+    assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x03);
     // Back online: every nexus hears the medium may have changed, then reads what was there.
     t.lu.nexus_added(2);
     assert!(t.lu.set_offline(false));

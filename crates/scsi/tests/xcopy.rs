@@ -386,7 +386,11 @@ fn an_offline_lu_is_neither_source_nor_destination() {
     );
     let c = xcopy(&m, 0, &to_b);
     assert_eq!(c.status, Status::CheckCondition);
-    assert_eq!(key(&c), (0x02, 0x04, 0x12), "NOT READY, OFFLINE");
+    assert_eq!(
+        key(&c),
+        (0x02, 0x04, 0x03),
+        "NOT READY, MANUAL INTERVENTION REQUIRED"
+    );
     assert_eq!(
         read(&sb, 0, 8),
         vec![b'D'; 8 * 512],
@@ -399,7 +403,7 @@ fn an_offline_lu_is_neither_source_nor_destination() {
         &[target(&naa(&b)), target(&naa(&a))],
         &[segment(0, 1, 8, 0, 100)],
     );
-    assert_eq!(key(&xcopy(&m, 0, &from_b)), (0x02, 0x04, 0x12));
+    assert_eq!(key(&xcopy(&m, 0, &from_b)), (0x02, 0x04, 0x03));
     assert_eq!(read(&sa, 100, 8), vec![0; 8 * 512]);
     // Back online, the same copy runs (after the unit attention of coming back).
     assert!(b.set_offline(false));

@@ -8,7 +8,7 @@
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace --no-fail-fast   (includes crates/ferrosan/tests: real initiators);
-#      meanwhile, from step 2 on, scripts/guest-images.sh builds the guest images of steps 5-10
+#      meanwhile, from step 2 on, scripts/guest-images.sh builds the guest images of steps 5-9
 #      in the background (the tests run once it is done), and during the tests the release
 #      binary of the later steps builds (at the lowest priority)
 #   5. scripts/kernel-gateways.sh   (a QEMU guest, open-iscsi, dm-multipath and the NVMe/TCP
@@ -24,12 +24,12 @@
 #      them, a live ALUA change and a kill under fio verify), once with bookworm's 6.1 kernel,
 #      once with bookworm-backports' 6.12, which adds DH-HMAC-CHAP authentication, and once in
 #      a Debian 13 guest (6.12, nvme-cli 2.13, tlshd), which adds TLS with a pre-shared key
-#   9. scripts/lvm-pool.sh   (ferrosan inside that guest, whose kernel has device-mapper, on an
-#      LVM thin pool: volumes created, snapshotted, cloned, rolled back, grown and deleted
-#      while the guest's open-iscsi reads and writes them)
-#  10. scripts/csi-node.sh   (ferrosan and ferrosan-csi's controller and node services in that
-#      guest: volumes staged, written, unstaged and staged again, refused to a second node,
-#      grown, snapshotted and restored, over iSCSI and NVMe/TCP)
+#   9. scripts/guest-suites.sh   (ferrosan inside that guest, one boot for three suites:
+#      lvm-pool, an LVM thin pool whose volumes are created, snapshotted, cloned, rolled back,
+#      grown and deleted while the guest's open-iscsi reads and writes them; csi-node,
+#      ferrosan-csi's controller and node services staging, unstaging, growing, snapshotting
+#      and restoring volumes over iSCSI and NVMe/TCP; faulty-disk, a disk with a failing range
+#      (dm-error) and a slow one (dm-delay) as a host meets them)
 #
 #   scripts/test.sh --quick   for daily work: steps 2-4 and one conformance run (a RAM LUN,
 #   the debug build), no guest, package or fuzzing
@@ -156,10 +156,9 @@ step kernel-nvme scripts/kernel-nvme.sh
 step kernel-nvme-6.12 env FERROSAN_GUEST_KERNEL=backports scripts/kernel-nvme.sh
 # Debian 13's host: the same checks, and TLS 1.3 with a pre-shared key (tlshd, nvme-cli --tls).
 step kernel-nvme-trixie env FERROSAN_GUEST_KERNEL=trixie scripts/kernel-nvme.sh
-# LVM thin pools (docs/VOLUMES.md): ferrosan in the guest, where device-mapper is.
-step lvm-pool scripts/lvm-pool.sh
-# ferrosan-csi's node (docs/guides/kubernetes.md): volumes staged, written, unstaged, grown,
-# snapshotted and restored through the guest's iSCSI initiator and NVMe/TCP host.
-step csi-node scripts/csi-node.sh
+# ferrosan in the guest, where device-mapper is, in one boot: LVM thin pools (docs/VOLUMES.md),
+# ferrosan-csi's node through the guest's iSCSI initiator and NVMe/TCP host
+# (docs/guides/kubernetes.md), a failing and a slow disk (docs/OPERATIONS.md, *Faults*).
+step guest-suites scripts/guest-suites.sh
 
 summary

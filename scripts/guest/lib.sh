@@ -3,9 +3,21 @@
 # this file beside main.sh into the share (/host/lib.sh); main.sh sources it.
 
 # report LINE: a line to the host (the report channel, $REPORT) and to the console.
+# Run as one of several suites in one boot (SUITE set, scripts/guest/suites.sh), each check's
+# name is SUITE/CHECK.
 report() {
-    printf '%s\n' "$*" >"$REPORT"
-    printf '>>> %s\n' "$*"
+    local line="$*" c named=()
+    if [[ -n ${SUITE:-} ]]; then
+        case $line in
+            "PLAN "*)
+                for c in ${line#PLAN }; do named+=("$SUITE/$c"); done
+                line="PLAN ${named[*]}"
+                ;;
+            "CHECK "* | "TIME "*) line="${line%% *} $SUITE/${line#* }" ;;
+        esac
+    fi
+    printf '%s\n' "$line" >"$REPORT"
+    printf '>>> %s\n' "$line"
 }
 
 # The checks: each a function run by `run` in a subshell; WORK (the script's scratch

@@ -20,6 +20,10 @@
 #                            a guest test with no daemon on this host (ferrosan runs in the
 #                            guest): SCRIPT as the share's main.sh, lib.sh and each FILE
 #                            (NAME=PATH) beside it as NAME, the guest booted, followed, judged
+#   guest_suites TAG MEM_MIB SUITE... -- FILE...
+#                            several such tests in one boot, one after the other
+#                            (scripts/guest/SUITE.sh each, run by scripts/guest/suites.sh),
+#                            their checks named SUITE/CHECK
 
 DAEMON_PID=""
 
@@ -169,7 +173,8 @@ follow_guest() {
 guest_verdicts() {
     local tag=$1 planned=() passed=0 failed=0 c line secs verdict
     tr -d '\r' <"$REPORT" >"$REPORT.tmp" && mv "$REPORT.tmp" "$REPORT"
-    read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
+    # One PLAN line per suite the guest ran.
+    read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | tr '\n' ' ') || true
     {
         printf '%s: ferrosan %s, guest %s (%s)\n' "$tag" "$FERROSAN_BIN" "$(basename "$GUEST_DIR")" \
             "${FERROSAN_GUEST_ACCEL:-tcg}"
@@ -180,7 +185,7 @@ guest_verdicts() {
         fi
         for c in "${planned[@]}"; do
             line=$(grep -m1 "^CHECK $c: " "$REPORT" || true)
-            secs=$(sed -n "s/^TIME $c //p" "$REPORT" | head -n1)
+            secs=$(sed -n "s|^TIME $c ||p" "$REPORT" | head -n1)
             if [[ $line == "CHECK $c: ok" ]]; then
                 passed=$((passed + 1))
                 printf '  %-26s ok      %6ss\n' "$c" "${secs:--}"
@@ -217,6 +222,29 @@ guest_suite() {
     cp "$script" "$WORK/share/main.sh"
     cp scripts/guest/lib.sh "$WORK/share/lib.sh"
     for f in "$@"; do cp "${f#*=}" "$WORK/share/${f%%=*}"; done
+    guest_boot_and_judge "$tag" "$mem"
+}
+
+# guest_suites TAG MEM_MIB SUITE... -- FILE...: see the header.
+guest_suites() {
+    local tag=$1 mem=$2 s suites=()
+    shift 2
+    while (($#)) && [[ $1 != -- ]]; do suites+=("$1"); shift; done
+    (($#)) && shift
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferrosan-$tag.XXXXXX")
+    mkdir -p "$WORK/share"
+    cp scripts/guest/suites.sh "$WORK/share/main.sh"
+    cp scripts/guest/lib.sh "$WORK/share/lib.sh"
+    for s in "${suites[@]}"; do cp "scripts/guest/$s.sh" "$WORK/share/$s.sh"; done
+    printf '%s\n' "${suites[@]}" >"$WORK/share/suites"
+    for f in "$@"; do cp "${f#*=}" "$WORK/share/${f%%=*}"; done
+    guest_boot_and_judge "$tag" "$mem"
+}
+
+# guest_boot_and_judge TAG MEM_MIB: the share's main.sh run in a guest booted with MEM_MIB,
+# followed until it powers off, its checks judged.
+guest_boot_and_judge() {
+    local tag=$1 mem=$2
     CONSOLE=$OUT/guest-console.log
     REPORT=$OUT/guest-report.log
     T0=$(date +%s)

@@ -44,6 +44,7 @@ struct Here {
     secrets: PathBuf,
     srv: PathBuf,
     md0: Option<String>,
+    md1: Option<String>,
 }
 
 impl Here {
@@ -60,8 +61,10 @@ impl Here {
                 &format!("{}/", self.secrets.display()),
             )
             .replace("/srv/ferrosan/", &format!("{}/", self.srv.display()));
-        if let Some(md0) = &self.md0 {
-            s = s.replace("/dev/md0", md0);
+        for (name, dev) in [("/dev/md0", &self.md0), ("/dev/md1", &self.md1)] {
+            if let Some(dev) = dev {
+                s = s.replace(name, dev);
+            }
         }
         s
     }
@@ -152,7 +155,7 @@ fn luns_seen(
 struct Served {
     daemon: Daemon,
     here: Here,
-    _md0: Option<Loop>,
+    _md: [Option<Loop>; 2],
     _scratch: Scratch,
 }
 
@@ -165,15 +168,17 @@ fn serve_guide(name: &str, target: &str, hosts: &[Host]) -> Served {
     let scratch = Scratch::new(&format!("guide-{name}"));
     let srv = scratch.file("srv");
     std::fs::create_dir_all(&srv).unwrap();
-    let md0 = configs[0]
-        .contains("/dev/md0")
-        .then(|| Loop::new(&scratch.file("md0.img")));
+    let md = ["md0", "md1"].map(|md| {
+        text.contains(&format!("/dev/{md}"))
+            .then(|| Loop::new(&scratch.file(&format!("{md}.img"))))
+    });
     let here = Here {
         port: free_port(),
         nvme_port: free_port(),
         secrets: scratch.file("secrets"),
         srv,
-        md0: md0.as_ref().map(|l| l.0.clone()),
+        md0: md[0].as_ref().map(|l| l.0.clone()),
+        md1: md[1].as_ref().map(|l| l.0.clone()),
     };
     write_secrets(&configs[0], &here.secrets);
     let config = here.localize(&configs[0]);
@@ -225,7 +230,7 @@ fn serve_guide(name: &str, target: &str, hosts: &[Host]) -> Served {
     Served {
         daemon,
         here,
-        _md0: md0,
+        _md: md,
         _scratch: scratch,
     }
 }
@@ -236,6 +241,36 @@ fn host(initiator: String, chap: (&'static str, &'static str), luns: &'static [u
         chap: Some(chap),
         luns,
     }
+}
+
+/// The recipe's two forms: the config serves disk1 to host01 with CHAP, and the ctl commands
+/// add disk2 the same way on the running array; host01 sees LUN 0 of each, nobody else.
+#[test]
+fn the_recipes() {
+    let host01 = "iqn.2005-03.org.open-iscsi:host01";
+    let chap = ("host01", "host01");
+    let served = serve_guide(
+        "recipes",
+        "iqn.2026-12.org.example:disk1",
+        &[host(host01.into(), chap, &[0])],
+    );
+    let port = served.here.port;
+    let disk2 = "iqn.2026-12.org.example:disk2";
+    let seen = luns_seen(port, disk2, host01, Some(chap));
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen[0].1,
+        [0],
+        "host01 through the ctl-made target: {seen:?}"
+    );
+    assert!(
+        luns_seen(port, disk2, STRANGER, Some(chap))
+            .iter()
+            .all(|(_, luns)| luns.is_empty()),
+        "a host the recipe does not name sees the ctl-made target's LUNs"
+    );
+    let saved = std::fs::read_to_string(served.daemon.file("ferrosan.toml")).unwrap();
+    assert!(saved.contains("disk2"), "ctl save kept nothing: {saved}");
 }
 
 #[test]
@@ -350,6 +385,7 @@ fn every_guide_is_tested_and_listed() {
         "linux",
         "proxmox",
         "kubernetes",
+        "recipes",
     ];
     for entry in std::fs::read_dir(&dir).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().to_string();

@@ -32,6 +32,7 @@ FERROSAN_DEPS=(
     "qemu-system-x86:qemu-system-x86_64"
     "mmdebstrap:mmdebstrap"
     "curl:curl"            # scripts/kernel-gateways.sh scrapes the gateways' metrics; tests/api.rs
+    "openssl:openssl"      # tests/api.rs makes a CA and client certificates
     # building: the openssl crate links the system's libssl (NVMe/TCP TLS, docs/NVME.md)
     "libssl-dev:-"
     "pkg-config:pkg-config"

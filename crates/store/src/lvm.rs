@@ -210,16 +210,7 @@ impl ThinPool {
     /// reports them (`data_percent`, to a hundredth of a percent).
     pub fn data_usage(&self) -> Result<(u64, u64), LvmError> {
         let lv = format!("{}/{}", self.vg, self.pool);
-        let out = run(&[
-            "lvs",
-            "--noheadings",
-            "--nosuffix",
-            "--units=b",
-            "--separator=|",
-            "--options=lv_size,data_percent",
-            "--",
-            &lv,
-        ])?;
+        let out = lvs("--options=lv_size,data_percent", &lv)?;
         parse_usage(&out).ok_or_else(|| LvmError {
             kind: LvmErrorKind::Failed,
             command: format!("lvs {lv}"),
@@ -234,20 +225,28 @@ impl ThinPool {
 
     /// The thin LVs of this pool (volumes and snapshots), by name.
     pub fn thin_lvs(&self) -> Result<Vec<ThinLv>, LvmError> {
-        let out = run(&[
-            "lvs",
-            "--noheadings",
-            "--nosuffix",
-            "--units=b",
-            "--separator=|",
+        let out = lvs(
             "--options=lv_name,pool_lv,lv_size,origin,lv_device_open",
-            "--",
             &self.vg,
-        ])?;
+        )?;
         let mut lvs = parse_lvs(&out, &self.pool);
         lvs.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(lvs)
     }
+}
+
+/// `lvs OPTIONS -- WHAT`: its fields separated by `|`, sizes in bytes without a unit.
+fn lvs(options: &str, what: &str) -> Result<String, LvmError> {
+    run(&[
+        "lvs",
+        "--noheadings",
+        "--nosuffix",
+        "--units=b",
+        "--separator=|",
+        options,
+        "--",
+        what,
+    ])
 }
 
 /// `lvs`' `SIZE|DATA_PERCENT` line of a thin pool: (size, bytes used).

@@ -225,8 +225,12 @@ fn ask_client_certificates(
     Ok(())
 }
 
-/// The common name of a verified client certificate's subject: who it says it is.
+/// The common name of a verified client certificate's subject: who it says it is. Only a
+/// certificate the handshake verified counts (OpenSSL keeps one it could not verify too).
 fn certified_name(ssl: &openssl::ssl::SslRef) -> Option<String> {
+    if ssl.verify_result() != openssl::x509::X509VerifyResult::OK {
+        return None;
+    }
     let cert = ssl.peer_certificate()?;
     let entry = cert
         .subject_name()

@@ -6,7 +6,8 @@
 # initiator → snapshot → write more → clone the snapshot → export the clone: it reads exactly
 # the data of the snapshot moment; rollback restores it; delete is refused while mapped; every
 # verb repeated answers success with "existed"; a restart keeps what was saved; the host's
-# discard returns the volume's blocks to the thin pool.
+# discard returns the volume's blocks to the thin pool; a thin pool that fills warns the host,
+# fails its writes as out of space, keeps what was written and takes writes again once grown.
 #
 # Reports on $REPORT (the second serial port): PLAN, CHECK and TIME lines (scripts/guest/lib.sh).
 # The ferrosan binary is /host/ferrosan; its log is printed to the console at the end.
@@ -25,7 +26,7 @@ VG=ferrosan-vg TP=thin PORTAL=127.0.0.1:3260
 MIB=$((1 << 20))
 
 CHECKS=(setup pool-add create export-write pool-list snapshot clone-reads-snapshot delete-refused rollback
-    resize restart-keeps unmap-frees delete)
+    resize restart-keeps unmap-frees delete pool-full)
 
 ctl() { "$BIN" ctl --socket "$WORK/control.sock" "$@"; }
 # says JSON KEY VALUE: the ctl answer JSON says "KEY": VALUE.
@@ -106,13 +107,16 @@ check_setup() {
 
 check_pool_add() {
     local r
+    refused "not a thin pool" pool add bad --vg "$VG" --thin-pool plain
     r=$(ok_json "pool add" pool add lv --vg "$VG" --thin-pool "$TP" --save)
     says "$r" existed false || fail "the first pool add says it existed: $r"
     r=$(ok_json "pool add again" pool add lv --vg "$VG" --thin-pool "$TP")
     says "$r" existed true || fail "the repeated pool add does not say it existed: $r"
     refused "not found" pool add nope --vg no-such-vg --thin-pool "$TP"
-    refused "not a thin pool" pool add bad --vg "$VG" --thin-pool plain
     grep -q 'kind = "lvm"' "$WORK/ferrosan.toml" || fail "the saved config has no LVM pool"
+    # LVM's default thin pool queues writes when full, for longer than hosts wait: said.
+    grep -q "queues writes when it is full" "$WORK/ferrosan.log" ||
+        fail "no warning that thin pool $TP queues writes when full"
 }
 
 check_create() {
@@ -246,6 +250,9 @@ check_delete() {
     local r
     forget 1
     forget 0
+    # The last unexport takes the guest's group and closes its session: logged out first, so
+    # that iscsid does not retry into the failed-login limit.
+    iscsiadm -m node -u >/dev/null
     ok_json unexport volume unexport c1 --initiator "$INIT" --save >/dev/null
     ok_json unexport volume unexport vm1 --initiator "$INIT" --save >/dev/null
     r=$(ok_json delete volume delete c1 --save)
@@ -260,6 +267,55 @@ check_delete() {
     ok_json delete volume delete vm1 --save >/dev/null
     r=$(lvs --noheadings -o lv_name "$VG" | tr -d ' ' | sort | tr '\n' ' ')
     [[ $r == "plain $TP " ]] || fail "LVs left besides the thin pool and the plain LV: $r"
+}
+
+# A thin pool that fills (32 MiB, errorwhenfull, in a VG of its own, under a 64 MiB volume): past
+# space_warning_percent (90 %) the host is told THIN PROVISIONING SOFT THRESHOLD REACHED; a write
+# past full fails as SPACE ALLOCATION FAILED WRITE PROTECT (07h/27h/07h), not as a medium error;
+# every block written before reads back; once the pool is grown (lvextend), writing resumes in
+# the same session.
+check_pool_full() {
+    local d written mark
+    local vg=ferrosan-full loop
+    truncate -s 128M "$WORK/pv-full.img"
+    loop=$(losetup --find --show "$WORK/pv-full.img")
+    pvcreate -q "$loop"
+    vgcreate -q "$vg" "$loop"
+    lvcreate -q --type thin-pool -L 32M -n full "$vg"
+    lvchange -q --errorwhenfull y "$vg/full"
+    # A volume's device is /dev/VG/NAME: a second pool in the VG of one could not tell whose.
+    refused "pool lv's already" pool add twin --vg "$VG" --thin-pool "$TP"
+    ok_json "pool add" pool add tight --vg "$vg" --thin-pool full >/dev/null
+    ok_json create volume create tight big 64M >/dev/null
+    ok_json export volume export big --initiator "$INIT" --target "$IQN" --lun 2 >/dev/null
+    login
+    d=$(disk 2)
+    head -c $((64 * MIB)) /dev/urandom >"$WORK/fill.bin"
+    mark=$(dmesg | wc -l)
+    if dd if="$WORK/fill.bin" of="$d" bs=$MIB oflag=direct 2>"$WORK/dd.err"; then
+        fail "64 MiB went into a 32 MiB thin pool"
+    fi
+    written=$(grep -Eo '^[0-9]+\+0 records out' "$WORK/dd.err" | grep -Eo '^[0-9]+')
+    echo "the host wrote $written MiB before the pool was full: $(grep -v records "$WORK/dd.err")"
+    ((written >= 24 && written < 64)) || fail "$written MiB written into a 32 MiB pool"
+    dmesg | tail -n +"$mark" | grep -qi "space allocation failed write protect" ||
+        fail "the host was not told SPACE ALLOCATION FAILED: $(dmesg | tail -n +"$mark" | tail -5)"
+    # The watch looks every 5 s; the warning comes with the host's next command.
+    soft() {
+        dd if="$d" of=/dev/null bs=4096 count=1 iflag=direct status=none
+        dmesg | tail -n +"$mark" | grep -qi "thin provisioning soft threshold"
+    }
+    wait_until 15 soft ||
+        fail "the host was not told THIN PROVISIONING SOFT THRESHOLD REACHED: $(dmesg | tail -n 8)"
+    grep -q 'device space past its warning threshold.*device=big\|device=big.*device space past' \
+        "$WORK/ferrosan.log" || fail "ferrosan logged no space warning for big"
+    dd if="$d" bs=$MIB count="$written" iflag=direct status=none |
+        cmp - <(head -c $((written * MIB)) "$WORK/fill.bin") ||
+        fail "what was written before the pool filled does not read back"
+    lvextend -q -L +48M "$vg/full"
+    dd if="$WORK/fill.bin" of="$d" bs=$MIB skip="$written" seek="$written" oflag=direct \
+        conv=fsync status=none || fail "writing did not resume once the pool was grown"
+    same "$d" "$WORK/fill.bin" || fail "big does not read back all 64 MiB after the pool grew"
 }
 
 diagnostics() {
@@ -310,7 +366,7 @@ run_all pool-add create export-write pool-list snapshot clone-reads-snapshot del
 iscsiadm -m node -u >/dev/null 2>&1 || true
 stop_ferrosan
 if ! start_ferrosan; then
-    skip_all "ferrosan did not start again" restart-keeps unmap-frees delete
+    skip_all "ferrosan did not start again" restart-keeps unmap-frees delete pool-full
     exit 0
 fi
-run_all restart-keeps unmap-frees delete
+run_all restart-keeps unmap-frees delete pool-full

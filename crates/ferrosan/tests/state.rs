@@ -385,6 +385,16 @@ fn pool_arguments_are_judged_before_anything_is_made() {
     );
     assert_eq!(made["existed"], false, "{made}");
     assert!(allowed.join("pool").is_dir());
+    // A second pool of the same directory could not tell whose a volume is.
+    let r = ctl.json(&[
+        "pool",
+        "add",
+        "twin",
+        allowed.join("pool").to_str().unwrap(),
+    ]);
+    assert_eq!(r["ok"], false, "{r}");
+    let why = r["error"].as_str().unwrap_or("");
+    assert!(why.contains("is pool fine's already"), "{r}");
     daemon.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -109,12 +109,28 @@ impl ThinPool {
         format!("{}/{name}", self.vg)
     }
 
-    /// Whether `VG/POOL` exists and is a thin pool.
+    /// Whether `VG/POOL` exists and is a thin pool. One that queues writes when full (LVM's
+    /// default, `lvchange --errorwhenfull n`) is warned of: dm-thin holds a write to a full
+    /// pool up to 60 s before failing it, past the hosts' command timeouts, where one that
+    /// errors lets ferrosan answer SPACE ALLOCATION FAILED at once.
     pub fn check(&self) -> Result<(), LvmError> {
         let lv = self.lv(&self.pool);
-        let out = run(&["lvs", "--noheadings", "--options=segtype", "--", &lv])?;
-        match out.trim() {
-            "thin-pool" => Ok(()),
+        let out = run(&[
+            "lvs",
+            "--noheadings",
+            "--separator=|",
+            "--options=segtype,lv_when_full",
+            "--",
+            &lv,
+        ])?;
+        let (segtype, when_full) = out.trim().split_once('|').unwrap_or((out.trim(), ""));
+        match segtype {
+            "thin-pool" => {
+                if when_full != "error" {
+                    tracing::warn!(thin_pool = %lv, "the thin pool queues writes when it is full (up to 60 s, past the hosts' timeouts): `lvchange --errorwhenfull y {lv}` lets ferrosan answer SPACE ALLOCATION FAILED at once");
+                }
+                Ok(())
+            }
             other => Err(LvmError {
                 kind: LvmErrorKind::Failed,
                 command: format!("lvs {lv}"),

@@ -557,6 +557,10 @@ iqn = "iqn.2026-11.test:t2"
         let mut running = base.clone();
         let mut slow = base.pools[0].clone();
         slow.name = "slow".into();
+        slow.kind = crate::config::PoolKind::Lvm(store::lvm::ThinPool {
+            vg: "vg1".into(),
+            pool: "thin".into(),
+        });
         running.pools.push(slow);
         let text = merge(&file, &base, &running).unwrap();
         assert_eq!(parse(&text), running, "{text}");

@@ -647,8 +647,12 @@ fn resolve_pools(
         if problems.iter().any(|(key, _)| *key == "name") {
             continue;
         }
+        let shared = pools.iter().find_map(|p| pool.shares_volumes_with(p));
         if pools.iter().any(|p| p.name == pool.name) {
             cx.err(name.span(), format!("{ctx}: name"), "duplicate pool name");
+        } else if let Some((key, why)) = shared {
+            let span = pool_key_span(rp, key).unwrap_or_else(|| table.clone());
+            cx.err(span, format!("{ctx}: {key}"), why);
         } else if problems.is_empty() {
             pools.push(pool);
         }

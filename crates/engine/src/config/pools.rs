@@ -25,6 +25,28 @@ impl PoolConfig {
         }
     }
 
+    /// Why `self`'s volumes would be `other`'s too, if they would (the key it is about): a
+    /// volume's device names its directory, its VG (`/dev/VG/NAME`, not its thin pool) or its
+    /// Ceph pool, so two pools there could not tell whose a volume is.
+    pub(crate) fn shares_volumes_with(&self, other: &PoolConfig) -> Option<(&'static str, String)> {
+        let why =
+            |key, what: String| Some((key, format!("{what} is pool {}'s already", other.name)));
+        match (&self.kind, &other.kind) {
+            (PoolKind::Dir { path: a }, PoolKind::Dir { path: b }) if a == b => {
+                why("path", format!("directory {}", a.display()))
+            }
+            (PoolKind::Lvm(a), PoolKind::Lvm(b)) if a.vg == b.vg => why(
+                "vg",
+                format!("volume group {} (one pool per VG: an LV's device path does not name its thin pool)", a.vg),
+            ),
+            (
+                PoolKind::Rbd { pool: a, conf: ca, .. },
+                PoolKind::Rbd { pool: b, conf: cb, .. },
+            ) if a == b && ca == cb => why("pool", format!("Ceph pool {a}")),
+            _ => None,
+        }
+    }
+
     /// Checks the pool as loading a config checks a `[[pool]]` (`roots`: the server's
     /// `device_roots`): its name, and its kind's names and paths. The error names the key it
     /// is about (`vg: …`). Whether another pool has the name, and whether the VG or directory

@@ -2025,6 +2025,28 @@ fn an_lvm_pool_names_a_thin_pool_and_owns_its_block_devices() {
 }
 
 #[test]
+fn two_pools_never_hold_one_namespace_of_volumes() {
+    let two = |a: &str, b: &str| {
+        format!("{BASE}\n[[pool]]\nname = \"a\"\n{a}\n\n[[pool]]\nname = \"b\"\n{b}\n")
+    };
+    let lvm = |thin: &str| format!("kind = \"lvm\"\nvg = \"vg0\"\nthin_pool = \"{thin}\"");
+    let e = one_error(&two(&lvm("t1"), &lvm("t2")), "vg0", "pool \"b\": vg");
+    assert!(e.message.contains("pool a's already"), "{e}");
+    let dir = "kind = \"dir\"\npath = \"/srv/ferrosan/pool\"";
+    one_error(&two(dir, dir), "/srv/ferrosan/pool", "pool \"b\": path");
+    let rbd = "kind = \"rbd\"\npool = \"rbd\"";
+    one_error(&two(rbd, rbd), "pool = \"rbd\"", "pool \"b\": pool");
+    // Other VGs, directories or Ceph pools: both load.
+    let c = load(&two(
+        &lvm("t1"),
+        "kind = \"lvm\"\nvg = \"vg1\"\nthin_pool = \"t1\"",
+    ));
+    assert_eq!(c.pools.len(), 2);
+    let c = load(&two(rbd, "kind = \"rbd\"\npool = \"other\""));
+    assert_eq!(c.pools.len(), 2);
+}
+
+#[test]
 fn an_lvm_pool_needs_lvm_names_and_nothing_of_other_kinds() {
     let pool = |lines: &str| format!("{BASE}\n[[pool]]\nname = \"p\"\nkind = \"lvm\"\n{lines}\n");
     one_error(&pool("vg = \"-vg\"\nthin_pool = \"t\""), "-vg", "vg");

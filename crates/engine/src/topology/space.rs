@@ -2,11 +2,16 @@
 //! a metric, and each time it goes past `space_warning_percent` the device's initiators are
 //! told THIN PROVISIONING SOFT THRESHOLD REACHED (38h/07h, SBC-4 4.7.3.7.2; VMware shows it as
 //! an out-of-space warning), with a log line, before writes fail with SPACE ALLOCATION FAILED.
+//! A file device allocates from its file's filesystem; a volume of an LVM thin pool from the
+//! pool's data LV (its own LV is a block device, which the store sees as allocating nothing).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use store::Space;
+
 use super::Topology;
+use crate::config::{Config, PoolKind};
 use crate::metrics::Metrics;
 
 /// How often the space is looked at.
@@ -28,8 +33,13 @@ impl SpaceWatch {
         let threshold = u64::from(topology.config.limits.space_warning_percent);
         self.past
             .retain(|name, _| topology.devices.contains_key(name.as_str()));
+        let pooled = thin_pool_spaces(&topology.config);
         for (name, device) in &topology.devices {
-            let space = match device.unit.space() {
+            let seen = match pooled.get(&**name) {
+                Some(space) => Ok(*space),
+                None => device.unit.space(),
+            };
+            let space = match seen {
                 Ok(Some(space)) if space.total_bytes > 0 => space,
                 Ok(_) => continue,
                 Err(e) => {
@@ -54,6 +64,39 @@ impl SpaceWatch {
             }
         }
     }
+}
+
+/// The space of each device that is a volume of an LVM thin pool (by name): its pool's data
+/// LV, asked of `lvs` once per pool. A pool `lvs` cannot answer for gives its volumes `None`
+/// (skipped this round, as a filesystem that cannot answer).
+fn thin_pool_spaces(config: &Config) -> HashMap<&str, Option<Space>> {
+    let mut pools: HashMap<&str, Option<Space>> = HashMap::new();
+    let mut spaces = HashMap::new();
+    for device in &config.devices {
+        let Some(pool) = config.pool_of(device) else {
+            continue;
+        };
+        if !matches!(pool.kind, PoolKind::Lvm(_)) {
+            continue;
+        }
+        let space = *pools
+            .entry(pool.name.as_str())
+            .or_insert_with(|| match pool.medium().capacity() {
+                Ok(c) => {
+                    tracing::debug!(pool = %pool.name, total_bytes = c.total_bytes, available_bytes = c.available_bytes, "thin pool space");
+                    Some(Space {
+                        total_bytes: c.total_bytes,
+                        used_bytes: c.total_bytes - c.available_bytes,
+                    })
+                }
+                Err(e) => {
+                    tracing::debug!(pool = %pool.name, "cannot see the thin pool's space: {e}");
+                    None
+                }
+            });
+        spaces.insert(device.name.as_str(), space);
+    }
+    spaces
 }
 
 /// Whether a device that was `past` the threshold (percent, 0 = off) is now past it

@@ -18,7 +18,8 @@
 #      scripts/fuzz-smoke.sh (every cargo-fuzz target, 15 s each)
 #   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
 #   7. scripts/kernel-iscsi.sh   (that guest's Linux kernel initiator against ferrosan: SCSI,
-#      ALUA, reservations, failover, restarts)
+#      ALUA, reservations, failover, restarts); steps 7-9 run two guests at a time: 7 beside the
+#      first two runs of 8, 9 beside the third
 #   8. scripts/kernel-nvme.sh   (that guest's NVMe/TCP host and nvme-cli against ferrosan's second
 #      door: discovery, native multipath with ANA, both doors on one device, reservations across
 #      them, a live ALUA change and a kill under fio verify), once with bookworm's 6.1 kernel,
@@ -147,18 +148,23 @@ step package nice -n 19 scripts/package-test.sh
 step fuzz-smoke env FUZZ_SECONDS="${FUZZ_SECONDS:-15}" nice -n 19 scripts/fuzz-smoke.sh
 joined
 step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 | tee "$0"' "$CONF_LOG"
+# The guest steps, two guests at a time: each spends most of its time waiting on the timeouts
+# it checks (multipath failover, restarts, keep-alives), each has its own ferrosan, ports and
+# directory under target/, and a guest needs one core.
 # The Linux kernel's initiator in a QEMU guest (docs/CONFORMANCE.md, "Linux kernel initiator").
-step kernel-iscsi scripts/kernel-iscsi.sh
+background kernel-iscsi scripts/kernel-iscsi.sh
 # NVMe/TCP with the Linux kernel's host (docs/NVME.md, "Tested with"): bookworm's 6.1, then
 # bookworm-backports' 6.12, the first Debian kernel with NVMe in-band authentication, which
 # adds the DH-HMAC-CHAP checks.
 step kernel-nvme scripts/kernel-nvme.sh
 step kernel-nvme-6.12 env FERROSAN_GUEST_KERNEL=backports scripts/kernel-nvme.sh
-# Debian 13's host: the same checks, and TLS 1.3 with a pre-shared key (tlshd, nvme-cli --tls).
-step kernel-nvme-trixie env FERROSAN_GUEST_KERNEL=trixie scripts/kernel-nvme.sh
+joined
 # ferrosan in the guest, where device-mapper is, in one boot: LVM thin pools (docs/VOLUMES.md),
 # ferrosan-csi's node through the guest's iSCSI initiator and NVMe/TCP host
 # (docs/guides/kubernetes.md), a failing and a slow disk (docs/OPERATIONS.md, *Faults*).
-step guest-suites scripts/guest-suites.sh
+background guest-suites scripts/guest-suites.sh
+# Debian 13's host: the same checks, and TLS 1.3 with a pre-shared key (tlshd, nvme-cli --tls).
+step kernel-nvme-trixie env FERROSAN_GUEST_KERNEL=trixie scripts/kernel-nvme.sh
+joined
 
 summary

@@ -305,7 +305,7 @@ check_pool_full() {
         dd if="$d" of=/dev/null bs=4096 count=1 iflag=direct status=none
         dmesg | tail -n +"$mark" | grep -qi "thin provisioning soft threshold"
     }
-    wait_until 15 soft ||
+    wait_until 30 soft ||
         fail "the host was not told THIN PROVISIONING SOFT THRESHOLD REACHED: $(dmesg | tail -n 8)"
     grep -q 'device space past its warning threshold.*device=big\|device=big.*device space past' \
         "$WORK/ferrosan.log" || fail "ferrosan logged no space warning for big"

@@ -115,18 +115,11 @@ impl ThinPool {
     /// errors lets ferrosan answer SPACE ALLOCATION FAILED at once.
     pub fn check(&self) -> Result<(), LvmError> {
         let lv = self.lv(&self.pool);
-        let out = run(&[
-            "lvs",
-            "--noheadings",
-            "--separator=|",
-            "--options=segtype,lv_when_full",
-            "--",
-            &lv,
-        ])?;
+        let out = lvs("--options=segtype,lv_when_full", &lv)?;
         let (segtype, when_full) = out.trim().split_once('|').unwrap_or((out.trim(), ""));
-        match segtype {
+        match segtype.trim() {
             "thin-pool" => {
-                if when_full != "error" {
+                if when_full.trim() != "error" {
                     tracing::warn!(thin_pool = %lv, "the thin pool queues writes when it is full (up to 60 s, past the hosts' timeouts): `lvchange --errorwhenfull y {lv}` lets ferrosan answer SPACE ALLOCATION FAILED at once");
                 }
                 Ok(())

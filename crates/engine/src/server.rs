@@ -591,7 +591,8 @@ async fn accept(
 
 /// Network worker threads: `workers`, or one per core.
 /// The threads that watch the array beside the planes: one retrying devices left out at
-/// start (only if some were), one watching the space file devices allocate from.
+/// start (only if some were), one waking sessions when what they follow changed, one
+/// watching the space file devices allocate from.
 fn start_watchers(shared: &Arc<Shared>) -> Result<(), StartError> {
     if !shared.left_out().is_empty() {
         let retrying = Arc::downgrade(shared);
@@ -600,6 +601,12 @@ fn start_watchers(shared: &Arc<Shared>) -> Result<(), StartError> {
             .spawn(move || retry_left_out(&retrying))
             .map_err(|e| StartError::Thread("device retry", e))?;
     }
+    let nudged = Arc::downgrade(shared);
+    let nudger = Arc::clone(shared.device_context.nudger());
+    std::thread::Builder::new()
+        .name("ferrosan-nudge".into())
+        .spawn(move || crate::shared::nudge::run(&nudger, &nudged))
+        .map_err(|e| StartError::Thread("session nudges", e))?;
     let watched = Arc::downgrade(shared);
     std::thread::Builder::new()
         .name("ferrosan-space".into())

@@ -1072,3 +1072,44 @@ fn a_host_with_a_tls_key_connects_over_tls_only_and_with_that_key() {
     assert_eq!(h.read(1, 0, 128, 512).unwrap(), pattern(9, 65536));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn an_idle_controller_hears_of_a_change_to_its_namespace_at_once() {
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let (nvme_port, port) = (free_port(), free_port());
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    );
+    let text = config_text(port, nvme_port, "", &group);
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let aec = nvme::identify::OAES_NS_ATTRIBUTE | nvme::identify::OAES_ANA_CHANGE;
+    let features = host::sqe(
+        nvme::admin::opcode::SET_FEATURES,
+        0,
+        [0x0B, aec, 0, 0, 0, 0],
+    );
+    h.admin.run_ok(features, Vec::new(), 0).unwrap();
+    let aer = host::sqe(nvme::admin::opcode::ASYNC_EVENT_REQUEST, 0, [0; 6]);
+    let cid = h.admin.submit(aer, Vec::new(), 0).unwrap();
+    // The controller now sits idle (no keep-alive asked, nothing due): only the change,
+    // nudged to its queues (crates/engine/src/shared/nudge.rs), can wake it.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let changed = Instant::now();
+    assert_eq!(
+        ctl.json(&["device", "set", "mem", "--read-only", "on"])["ok"],
+        true
+    );
+    let done = h.admin.next_done().expect("the event request completes");
+    let waited = changed.elapsed();
+    assert_eq!(done.cqe.cid, cid);
+    assert!(done.cqe.status.is_success());
+    assert_eq!(
+        done.cqe.dw0,
+        nvme::controller::Notice::NamespaceAttribute.dw0(),
+        "Namespace Attribute Changed"
+    );
+    assert!(waited < Duration::from_secs(5), "heard after {waited:?}");
+    eprintln!("the notice came {waited:?} after the change was asked for");
+}

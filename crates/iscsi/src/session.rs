@@ -223,6 +223,10 @@ struct TextContinuation {
     remaining: Vec<u8>,
 }
 
+/// While commands run, how often the idle timeout looks again (a running command is not
+/// idleness; its end is not an event the clock sees).
+pub const BUSY_RECHECK: Duration = Duration::from_secs(1);
+
 pub struct Session {
     kind: SessionType,
     initiator_name: NodeName,
@@ -430,7 +434,32 @@ impl Session {
         Flow::Close
     }
 
-    /// Periodic timer: NOP-In pings on silent connections, and the verdicts on dead and idle ones.
+    /// When [`Session::tick`] next has something to decide: a ping due on a silent
+    /// connection, an unanswered ping's timeout, the idle timeout (looked at again every
+    /// [`BUSY_RECHECK`] while work is outstanding, which is not idleness). None: nothing until
+    /// the initiator sends. Moves later as PDUs arrive; calling `tick` early is harmless.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let ping = match self.ping {
+            Some((_, sent)) if self.last_rx <= sent => Some(sent + self.limits.nop_timeout),
+            Some(_) => None,
+            None if self.limits.nop_interval.is_zero() => None,
+            None => Some(self.last_rx + self.limits.nop_interval),
+        };
+        let idle = match self.limits.idle_timeout {
+            t if t.is_zero() => None,
+            _ if self.running_tasks() > 0 || !self.pending.is_empty() => {
+                Some(self.last_activity + BUSY_RECHECK)
+            }
+            t => Some(self.last_activity + t),
+        };
+        match (ping, idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// NOP-In pings on silent connections, and the verdicts on dead and idle ones, once
+    /// [`Session::next_deadline`] passed.
     /// `reading`: false while the connection itself stops reading (its memory budget is full,
     /// so TCP holds the initiator back). Silence then proves nothing: no ping is sent, no
     /// verdict given, and the clocks start afresh once it reads again.

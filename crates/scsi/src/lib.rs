@@ -33,6 +33,7 @@ pub use pr::{
 };
 pub use sense::Sense;
 pub use store::{FileRange, SharedSlice};
+pub use unit_attention::Changed;
 
 /// Where a read run by a network worker may lend data instead of copying it into `data_in`.
 pub struct Lending<'a> {

@@ -198,6 +198,12 @@ impl LogicalUnit {
         let _ = self.ownership.set(ownership);
     }
 
+    /// Sets what is told whenever this LU changes in a way every host must learn (see
+    /// [`crate::Changed`]); once, later calls are ignored.
+    pub fn on_change(&self, changed: crate::Changed) {
+        self.ua.on_change(changed);
+    }
+
     pub(crate) fn ownership(&self) -> Option<&Arc<dyn crate::Ownership>> {
         self.ownership.get()
     }

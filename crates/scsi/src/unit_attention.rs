@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Queued conditions per nexus; a further one is dropped (the oldest ones matter most, and
 /// duplicates are never queued).
@@ -21,12 +21,20 @@ pub const THIN_PROVISIONING_SOFT_THRESHOLD_REACHED: (u8, u8) = (0x38, 0x07);
 pub const INQUIRY_DATA_CHANGED: (u8, u8) = (0x3F, 0x03);
 pub const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
 
+/// Called when a condition is raised for every nexus of an LU: the LU changed in a way its
+/// hosts must learn (its capacity, mode, identity, access state, reservations). A transport
+/// whose hosts learn it otherwise than by a unit attention (NVMe's asynchronous events) wakes
+/// its idle connections from here instead of polling the LU.
+pub type Changed = Arc<dyn Fn() + Send + Sync>;
+
 #[derive(Default)]
 pub struct UnitAttentions {
     /// Total conditions queued over all nexuses.
     pending: AtomicUsize,
     /// Every known nexus (registered by `nexus_added`) and its queue.
     queues: Mutex<HashMap<u64, VecDeque<(u8, u8)>>>,
+    /// Told of every [`UnitAttentions::raise_all`], after the queues.
+    changed: OnceLock<Changed>,
 }
 
 impl UnitAttentions {
@@ -57,13 +65,24 @@ impl UnitAttentions {
         }
     }
 
-    /// Queues `ua` for every known nexus except `except`.
+    /// Sets what is told of every change raised for all nexuses (once; later calls are
+    /// ignored).
+    pub fn on_change(&self, changed: Changed) {
+        let _ = self.changed.set(changed);
+    }
+
+    /// Queues `ua` for every known nexus except `except`, then tells the observer.
     pub fn raise_all(&self, ua: (u8, u8), except: Option<u64>) {
-        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        for (id, q) in queues.iter_mut() {
-            if Some(*id) != except {
-                Self::push(&self.pending, q, ua);
+        {
+            let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+            for (id, q) in queues.iter_mut() {
+                if Some(*id) != except {
+                    Self::push(&self.pending, q, ua);
+                }
             }
+        }
+        if let Some(changed) = self.changed.get() {
+            changed();
         }
     }
 
@@ -122,5 +141,22 @@ mod tests {
             u.raise_all((0x3F, ascq), None);
         }
         assert_eq!(u.pending_total(), UA_QUEUE_MAX);
+    }
+
+    #[test]
+    fn every_change_for_all_nexuses_is_told_and_one_for_a_single_nexus_is_not() {
+        let u = UnitAttentions::default();
+        let told = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&told);
+        u.on_change(Arc::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        u.add_nexus(1);
+        u.raise_one(1, THIN_PROVISIONING_SOFT_THRESHOLD_REACHED);
+        assert_eq!(told.load(Ordering::SeqCst), 0);
+        // Told even with no nexus to queue for: an NVMe host has none.
+        u.remove_nexus(1);
+        u.raise_all(CAPACITY_CHANGED, None);
+        assert_eq!(told.load(Ordering::SeqCst), 1);
     }
 }

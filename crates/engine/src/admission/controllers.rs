@@ -124,6 +124,14 @@ impl Controllers {
     pub fn count(&self) -> usize {
         self.lock().len()
     }
+
+    /// Wakes every queue of every controller to look at the shared state again
+    /// (`shared/nudge.rs`): its `kill` watch changes, its reason staying none.
+    pub fn nudge_all(&self) {
+        for entry in self.lock().values() {
+            entry.kill.send_modify(|_| {});
+        }
+    }
 }
 
 /// Queue `qid` is within the `granted` count and not among the `held` ones.

@@ -267,6 +267,14 @@ impl Registry {
         self.lock().sessions.len()
     }
 
+    /// Wakes every session to look at the shared state again (`shared/nudge.rs`): its
+    /// `kill` watch changes, its reason staying none.
+    pub fn nudge_all(&self) {
+        for entry in self.lock().sessions.values() {
+            entry.kill.send_modify(|_| {});
+        }
+    }
+
     /// Registers a new session (TSIH 0 in the request) from `source`. An existing session with
     /// the same initiator, instance (ISID) and target is told to close: session reinstatement (RFC 7143
     /// §6.3.5).

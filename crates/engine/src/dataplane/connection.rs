@@ -461,6 +461,10 @@ impl Door for IscsiDoor {
         self.read_end()
     }
 
+    fn deadline(&self) -> Option<Instant> {
+        self.session.next_deadline()
+    }
+
     /// The session's pings and its verdict on a silent initiator.
     fn tick(&mut self, backend: &mut Backend<'_>, now: Instant, congested: bool) -> Option<Ended> {
         let verdict = self.session.tick(now, !congested, &mut self.conn.out);

@@ -3,15 +3,18 @@
 //! queue in `nvme/`) turns received bytes into commands and answers; this module decides
 //! everything else once for both: when a turn runs and what follows it (the ring submitted and
 //! reaped, answers sent in one write), the receive buffer's policy (`recv.rs`), receive
-//! coalescing and busy polling (`wakeups.rs`), the memory budget, the once-a-second tick
-//! (following a topology change, a lost RBD image, a shutdown or a removed portal: ask the
-//! host to leave where the door can, close when nothing is left or the grace is over), and
-//! every way a connection ends, each with its typed reason (`closed.rs`).
+//! coalescing and busy polling (`wakeups.rs`), the memory budget, time (one alarm for the
+//! nearest deadline: the door's own, a receive batch's, the housekeeping that follows work;
+//! nothing wakes an idle session but its door's next deadline), what it follows (nudged by
+//! `shared/nudge.rs` when a topology is published, an LU changes or the daemon shuts down: a
+//! topology change, a lost RBD image, a removed portal or the shutdown — ask the host to leave
+//! where the door can, close when nothing is left or the grace is over), and every way a
+//! connection ends, each with its typed reason (`closed.rs`).
 //!
 //! ```text
 //!   socket ─▶ RecvBuf ─▶ Door::input ─▶ Backend (route, LU gate, ring, pool)
 //!                ▲                         │ answered / completed
-//!   wait: read · alarm · completions · ring · TMF drained · told to close
+//!   wait: read · alarm · completions · ring · TMF drained · told to close or look
 //!                                          ▼
 //!   socket ◀─ send.rs / wire.rs ◀─ Outbox ◀─ Door::answered / completed
 //! ```
@@ -123,9 +126,20 @@ pub(super) trait Door {
         self.conn().buf.capacity()
     }
 
-    /// The door's own verdicts at a tick (pings, keep-alive, an authentication deadline,
-    /// notices owed); `Some` ends the session, logged and counted by the door.
+    /// When the door next has something of its own to decide ([`Door::tick`]): a ping due,
+    /// a silent peer's, a keep-alive's or an authentication's deadline. None: nothing until
+    /// the host sends. May move at every turn; the driver arms the earliest it has seen.
+    fn deadline(&self) -> Option<Instant>;
+
+    /// The door's own verdicts once its deadline passed (pings, keep-alive, an authentication
+    /// deadline); `Some` ends the session, logged and counted by the door. `congested`: the
+    /// connection stopped reading (silence then proves nothing). Harmless when nothing is due.
     fn tick(&mut self, backend: &mut Backend<'_>, now: Instant, congested: bool) -> Option<Ended>;
+
+    /// Something the session follows changed (the LUs it maps, their state): what the door
+    /// tells its host unasked (NVMe: asynchronous events). Also called once before the first
+    /// turn, to see what is shown then.
+    fn look(&mut self, _backend: &mut Backend<'_>) {}
 
     /// Asks the host to leave within `within` seconds (only if [`Door::CAN_ASK_TO_LEAVE`]).
     fn ask_to_leave(&mut self, _within: u16) {}
@@ -167,32 +181,40 @@ impl Told {
         self
     }
 
-    async fn reason(&mut self) -> &'static str {
+    async fn heard(&mut self) -> Heard {
         let second = async {
             match &mut self.second {
-                Some(w) => w.reason().await,
+                Some(w) => w.heard().await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
-            r = self.first.reason() => r,
-            r = second => r,
+            h = self.first.heard() => h,
+            h = second => h,
         }
     }
 }
 
+/// What a session heard from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Heard {
+    /// It closes, for this reason.
+    Close(&'static str),
+    /// Something it follows changed (`shared/nudge.rs`): it looks again.
+    Look,
+}
+
 impl Watch {
-    async fn reason(&mut self) -> &'static str {
-        loop {
-            if self.rx.changed().await.is_err() {
-                return match self.gone {
-                    Some(r) => r,
-                    None => std::future::pending().await,
-                };
-            }
-            if let Some(r) = *self.rx.borrow() {
-                return r;
-            }
+    async fn heard(&mut self) -> Heard {
+        if self.rx.changed().await.is_err() {
+            return match self.gone {
+                Some(r) => Heard::Close(r),
+                None => std::future::pending().await,
+            };
+        }
+        match *self.rx.borrow_and_update() {
+            Some(r) => Heard::Close(r),
+            None => Heard::Look,
         }
     }
 }
@@ -284,11 +306,15 @@ struct Waits<'w> {
     /// The last wait ended with a receive batch's deadline.
     timed_out: bool,
     congested: bool,
+    /// The door's deadline the alarm is armed for: the earliest seen since it last passed (a
+    /// later one, as a busy peer's ping moves on, would cost a timer system call a turn; an
+    /// early ring finds nothing due and arms the next).
+    door_due: Option<Instant>,
 }
 
 /// What woke a waiting session.
 enum Woken {
-    /// Bytes, completions or a tick: run a turn.
+    /// Bytes, completions, a deadline or a look: run a turn.
     Work,
     /// The batch's wait is over: run a turn with what arrived (and say so to the coalescer).
     BatchOver,
@@ -303,10 +329,10 @@ enum Event {
     Completed(Completed),
     Ring(std::io::Result<()>),
     Drained(usize),
-    Told(&'static str),
+    Heard(Heard),
 }
 
-/// A logged-in session's life to its end: turns, waits, ticks.
+/// A logged-in session's life to its end: turns, waits, deadlines, looks.
 pub(super) async fn drive<D: Door>(
     door: &mut D,
     backend: &mut Backend<'_>,
@@ -317,7 +343,7 @@ pub(super) async fn drive<D: Door>(
     let limits = &backend.shared.limits;
     let grace = Duration::from_secs(limits.shutdown_grace_s.into());
     let mut w = Waits {
-        life: Lifecycle::new(Instant::now(), grace),
+        life: Lifecycle::new(grace),
         wakeups: Wakeups::new(
             Duration::from_micros(limits.coalesce_wait_us.into()),
             Arc::clone(&backend.shared.metrics),
@@ -326,7 +352,9 @@ pub(super) async fn drive<D: Door>(
         told,
         timed_out: false,
         congested: false,
+        door_due: None,
     };
+    door.look(backend);
     let result = turns(door, backend, &mut w, alarm).await;
     w.wakeups.report();
     result
@@ -345,7 +373,12 @@ async fn turns<D: Door>(
         if turn.close {
             return Ok(());
         }
+        let was_congested = w.congested;
         watch_budget(backend, door.conn().peer, w);
+        if was_congested && !w.congested && !door_tick(door, backend, Instant::now(), true).await? {
+            // Its clocks start afresh: the silence while it did not read proves nothing.
+            return Ok(());
+        }
         if !turn.drained && !w.congested {
             continue;
         }
@@ -412,6 +445,9 @@ fn watch_budget(backend: &Backend<'_>, peer: SocketAddr, w: &mut Waits<'_>) {
 fn plan_wakeup<D: Door>(door: &mut D, w: &mut Waits<'_>, now: Instant) {
     let activity = door.take_activity();
     let brought = activity.commands > 0 || activity.other_pdus > 0;
+    if activity.commands > 0 {
+        w.life.worked(now);
+    }
     if brought || w.timed_out {
         if let Some(socket) = door.conn().stream.plain() {
             w.wakeups.after_turn(socket, &activity, w.timed_out, now);
@@ -421,20 +457,20 @@ fn plan_wakeup<D: Door>(door: &mut D, w: &mut Waits<'_>, now: Instant) {
 }
 
 /// Waits for the next thing to do: bytes from the host (unless congested), the alarm (a
-/// batch's wait over, the tick), a completion from another thread or the ring, a task
-/// management function's LUs drained, the session told to close.
+/// batch's wait over, the door's deadline, housekeeping), a completion from another thread or
+/// the ring, a task management function's LUs drained, the session told to close or to look.
 async fn wait<D: Door>(
     door: &mut D,
     backend: &mut Backend<'_>,
     w: &mut Waits<'_>,
     alarm: &mut Alarm,
 ) -> Result<Woken, Closed> {
-    // While congested only the tick (and completions) may wake the connection.
+    // While congested only deadlines (and completions) may wake the connection.
     let batch = w.wakeups.batch_deadline().filter(|_| !w.congested);
-    let next_tick = w.life.poll_timeout();
-    alarm
-        .set(batch.map_or(next_tick, |d| d.min(next_tick)))
-        .map_err(Closed::timer)?;
+    w.door_due = earliest(w.door_due, door.deadline());
+    if let Some(at) = earliest(earliest(batch, w.door_due), w.life.poll_timeout()) {
+        alarm.set(at).map_err(Closed::timer)?;
+    }
     let stop = door.read_stop();
     let event = {
         let conn = door.conn();
@@ -458,7 +494,7 @@ async fn wait<D: Door>(
             drained = first_drained(&backend.tmf_waits), if !backend.tmf_waits.is_empty() => {
                 Event::Drained(drained)
             }
-            reason = w.told.reason() => Event::Told(reason),
+            heard = w.told.heard() => Event::Heard(heard),
         }
     };
     handle(door, backend, w, event, batch).await
@@ -471,11 +507,25 @@ async fn handle<D: Door>(
     event: Event,
     batch: Option<Instant>,
 ) -> Result<Woken, Closed> {
+    let completes = matches!(
+        event,
+        Event::Completed(_) | Event::Ring(_) | Event::Drained(_)
+    );
+    if completes && !w.life.housekeeping_armed() {
+        // What completes is counted: reported within a housekeeping period.
+        w.life.worked(Instant::now());
+    }
     let closing = match event {
         Event::Read(Ok(0)) => return Ok(Woken::End),
         Event::Read(Ok(n)) => {
             door.conn().buf.received(n);
             false
+        }
+        Event::Heard(Heard::Look) => return look(door, backend, w).await,
+        Event::Heard(Heard::Close(reason)) => {
+            tracing::info!(peer = %door.conn().peer, "closing the session: {reason}");
+            backend.close_reason = Some(Ended::Told(reason));
+            return Ok(Woken::End);
         }
         Event::Read(Err(e)) => return Err(Closed::Io(e)),
         Event::Rung(rung) => {
@@ -489,11 +539,6 @@ async fn handle<D: Door>(
             door.answered(backend)
         }
         Event::Drained(i) => finish_tmf(door, backend, i).await?,
-        Event::Told(reason) => {
-            tracing::info!(peer = %door.conn().peer, "closing the session: {reason}");
-            backend.close_reason = Some(Ended::Told(reason));
-            return Ok(Woken::End);
-        }
     };
     if closing {
         // A TARGET COLD RESET answered once its last aborted task finished, say.
@@ -504,7 +549,7 @@ async fn handle<D: Door>(
 }
 
 /// The alarm rang: a batch's wait is over (what the low-water mark held back is read now),
-/// or the tick is due.
+/// the door's deadline passed, or housekeeping is due.
 async fn rung_at<D: Door>(
     door: &mut D,
     backend: &mut Backend<'_>,
@@ -519,7 +564,13 @@ async fn rung_at<D: Door>(
             return Ok(Woken::End);
         }
     }
-    if w.life.handle_timeout(now) && !tick(door, backend, w).await? {
+    if w.door_due.is_some_and(|d| now >= d) {
+        w.door_due = None;
+        if !door_tick(door, backend, now, w.congested).await? {
+            return Ok(Woken::End);
+        }
+    }
+    if w.life.housekeeping_due(now) && !housekeeping(door, backend, w, now).await? {
         return Ok(Woken::End);
     }
     Ok(if batch_over {
@@ -580,37 +631,80 @@ async fn finish_tmf<D: Door>(
     Ok(closing)
 }
 
-/// The tick: the door's verdicts, then what is decided for an idle session too (a topology
-/// change, an RBD image's ownership lost, the shutdown or a removed portal). Shutdown is
-/// noticed here, within a second: a flag read once a second costs nothing, where a wake-up
-/// channel shared by every connection would be polled (and locked) on every turn. False when
-/// the session ends.
-async fn tick<D: Door>(
+/// The door's deadline passed: its verdict (a ping sent, a silent peer or a missed
+/// keep-alive closed). False when the session ends.
+async fn door_tick<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    now: Instant,
+    congested: bool,
+) -> Result<bool, Closed> {
+    let verdict = door.tick(backend, now, congested);
+    flush(door).await?;
+    match verdict {
+        Some(end) => {
+            backend.close_reason = Some(end);
+            Ok(false)
+        }
+        None => Ok(true),
+    }
+}
+
+/// A housekeeping period after work: the counts reach the metrics, an idle receive buffer
+/// shrinks (looked at again each period while it is large), and a leaving session is checked
+/// (each period until it ends). False when the session ends.
+async fn housekeeping<D: Door>(
     door: &mut D,
     backend: &mut Backend<'_>,
     w: &mut Waits<'_>,
+    now: Instant,
 ) -> Result<bool, Closed> {
     door.conn().buf.shrink_if_idle();
     w.wakeups.report();
     backend.meter.report_io();
-    let now = Instant::now();
-    let verdict = door.tick(backend, now, w.congested);
-    flush(door).await?;
-    if let Some(end) = verdict {
-        backend.close_reason = Some(end);
+    if w.life.leaving() && !leave(door, backend, &mut w.life, now).await? {
         return Ok(false);
     }
+    if door.conn().buf.is_large() || w.life.leaving() {
+        w.life.worked(now);
+    }
+    Ok(true)
+}
+
+/// Something the session follows changed (`shared/nudge.rs`): the topology (it follows or
+/// is closed), an RBD image's owner, an LU's state its door tells unasked, the shutdown or a
+/// removed portal. False when the session ends.
+async fn look<D: Door>(
+    door: &mut D,
+    backend: &mut Backend<'_>,
+    w: &mut Waits<'_>,
+) -> Result<Woken, Closed> {
     if !backend.still_admitted() {
-        return Ok(false);
+        return Ok(Woken::End);
     }
     if backend.view.lost_an_image() {
         // A command this session holds could be stale (docs/RBD.md); the host logs in or
         // connects again, and its new session ships to the new owner.
         tracing::warn!(peer = %door.conn().peer, "closing the session: this gateway lost an RBD image it maps (the host reconnects to reach the new owner)");
         backend.close_reason = Some(Ended::LostImage);
-        return Ok(false);
+        return Ok(Woken::End);
     }
-    leave(door, backend, &mut w.life, now).await
+    door.look(backend);
+    flush(door).await?;
+    Ok(
+        match leave(door, backend, &mut w.life, Instant::now()).await? {
+            true => Woken::Work,
+            false => Woken::End,
+        },
+    )
+}
+
+/// The earlier of two optional instants.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// The one rule for a session whose daemon shuts down or whose portal a reload removed: the
@@ -663,33 +757,41 @@ mod tests {
     use super::*;
     use crate::dataplane::testing::{loopback, runtime};
 
-    /// Whether `told` has a reason without waiting.
-    fn now_or_never(rt: &tokio::runtime::Runtime, told: &mut Told) -> Option<&'static str> {
+    /// What `told` has heard, without waiting.
+    fn now_or_never(rt: &tokio::runtime::Runtime, told: &mut Told) -> Option<Heard> {
         rt.block_on(async {
             tokio::select! {
                 biased;
-                r = told.reason() => Some(r),
+                h = told.heard() => Some(h),
                 () = std::future::ready(()) => None,
             }
         })
     }
 
     #[test]
-    fn a_session_is_told_to_close_by_either_watch_and_a_cleared_reason_closes_nothing() {
+    fn a_session_is_told_to_close_or_to_look_by_either_watch() {
         let rt = runtime();
         let (registry, rx) = watch::channel(None);
         let (controller, rx2) = watch::channel(None);
         let mut told = Told::by(rx, Some("registry gone")).and(rx2, None);
         assert_eq!(now_or_never(&rt, &mut told), None);
-        registry.send_replace(None);
-        assert_eq!(now_or_never(&rt, &mut told), None, "no reason: nothing");
+        // A nudge (`shared/nudge.rs`): no reason, look once.
+        registry.send_modify(|_| {});
+        assert_eq!(now_or_never(&rt, &mut told), Some(Heard::Look));
+        assert_eq!(now_or_never(&rt, &mut told), None, "heard once");
         controller.send_replace(Some("reinstated"));
-        assert_eq!(now_or_never(&rt, &mut told), Some("reinstated"));
+        assert_eq!(
+            now_or_never(&rt, &mut told),
+            Some(Heard::Close("reinstated"))
+        );
         // A sender that goes: its own reason, or nothing when it has none.
         drop(controller);
         assert_eq!(now_or_never(&rt, &mut told), None);
         drop(registry);
-        assert_eq!(now_or_never(&rt, &mut told), Some("registry gone"));
+        assert_eq!(
+            now_or_never(&rt, &mut told),
+            Some(Heard::Close("registry gone"))
+        );
     }
 
     #[test]

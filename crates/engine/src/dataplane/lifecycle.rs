@@ -1,8 +1,9 @@
-//! A session's life beside its protocol, without I/O: when it next needs the clock, and what a
-//! tick decides of the connection (the door's own verdict on a silent peer, and
-//! leaving — the daemon's shutdown or a removed portal: ask the host to leave, then close). The driver asks
-//! [`Lifecycle::poll_timeout`] when to wake, and calls [`Lifecycle::handle_timeout`] when the
-//! tick is due; every decision here is unit-tested with a clock the test moves.
+//! A session's life beside its protocol, without I/O: when it next needs the clock for
+//! itself, and what leaving decides (the daemon's shutdown or a removed portal: ask the host
+//! to leave, then close). A session that does nothing needs no clock here: housekeeping
+//! follows work, and leaving follows a nudge (`shared/nudge.rs`). The driver asks
+//! [`Lifecycle::poll_timeout`] when to wake; every decision here is unit-tested with a clock
+//! the test moves.
 
 use std::time::{Duration, Instant};
 
@@ -10,13 +11,12 @@ use seam::Liveness;
 
 use super::closed::Ended;
 
-/// How often a session ticks: NOP-In pings, idle and dead-peer verdicts, topology changes,
-/// ownership loss and shutdown are decided this often; an idle receive buffer shrinks and the
-/// connection's counts reach the metrics.
-pub const TICK: Duration = Duration::from_secs(1);
+/// How long after work a session reports its counts to the metrics and looks whether its
+/// receive buffer can shrink; how often a leaving session is checked until it ends.
+pub const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
 /// What leaving (the daemon shutting down, the session's portal removed) asks of a session
-/// at a tick.
+/// when it looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Leave {
     /// Nothing (not leaving, or the host was asked and its grace runs).
@@ -28,34 +28,53 @@ pub enum Leave {
 
 #[derive(Debug)]
 pub struct Lifecycle {
-    next_tick: Instant,
+    /// When housekeeping is due; None while nothing was done since the last.
+    housekeeping: Option<Instant>,
     grace: Duration,
     /// Set once the session began to leave: it ends then at the latest.
     leave_deadline: Option<Instant>,
 }
 
 impl Lifecycle {
-    pub fn new(now: Instant, grace: Duration) -> Lifecycle {
+    pub fn new(grace: Duration) -> Lifecycle {
         Lifecycle {
-            next_tick: now + TICK,
+            housekeeping: None,
             grace,
             leave_deadline: None,
         }
     }
 
-    /// When the session next needs the clock.
-    pub fn poll_timeout(&self) -> Instant {
-        self.next_tick
+    /// When the session next needs the clock for itself (None: not until it works or is
+    /// told something).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.housekeeping, self.leave_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Whether the tick is due at `now`; if so the next one is a whole tick away (a tick held
-    /// up, by a long Data-Out say, is not made up for).
-    pub fn handle_timeout(&mut self, now: Instant) -> bool {
-        if now < self.next_tick {
-            return false;
+    /// The session did work at `now` (commands, completions): housekeeping follows within a
+    /// period, unless it is due already.
+    pub fn worked(&mut self, now: Instant) {
+        self.housekeeping.get_or_insert(now + HOUSEKEEPING);
+    }
+
+    pub fn housekeeping_armed(&self) -> bool {
+        self.housekeeping.is_some()
+    }
+
+    /// Whether housekeeping is due at `now`; if so it is taken (the next comes with work).
+    pub fn housekeeping_due(&mut self, now: Instant) -> bool {
+        if self.housekeeping.is_some_and(|due| now >= due) {
+            self.housekeeping = None;
+            return true;
         }
-        self.next_tick = now + TICK;
-        true
+        false
+    }
+
+    /// Whether the session began to leave.
+    pub fn leaving(&self) -> bool {
+        self.leave_deadline.is_some()
     }
 
     /// The door's verdict on a silent connection.
@@ -85,6 +104,8 @@ impl Lifecycle {
             None if self.grace.is_zero() => Leave::Close(why),
             None => {
                 self.leave_deadline = Some(now + self.grace);
+                // Checked each period from now until it ends.
+                self.worked(now);
                 match (can_ask, quiescent) {
                     (true, _) => {
                         Leave::Ask(u16::try_from(self.grace.as_secs()).unwrap_or(u16::MAX))
@@ -105,21 +126,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_tick_comes_once_a_second_and_a_late_one_is_not_made_up() {
+    fn housekeeping_follows_work_once_and_an_idle_session_needs_no_clock() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(t0, Duration::from_secs(5));
-        assert_eq!(life.poll_timeout(), t0 + TICK);
-        assert!(!life.handle_timeout(t0 + Duration::from_millis(999)));
+        let mut life = Lifecycle::new(Duration::from_secs(5));
+        assert_eq!(life.poll_timeout(), None, "nothing done, nothing due");
+        life.worked(t0);
+        life.worked(t0 + Duration::from_millis(500));
         assert_eq!(
             life.poll_timeout(),
-            t0 + TICK,
-            "an early wake-up moves nothing"
+            Some(t0 + HOUSEKEEPING),
+            "more work does not put it off"
         );
-        // Three seconds late: one tick, and the next a whole tick after it.
-        let late = t0 + Duration::from_secs(4);
-        assert!(life.handle_timeout(late));
-        assert!(!life.handle_timeout(late));
-        assert_eq!(life.poll_timeout(), late + TICK);
+        assert!(!life.housekeeping_due(t0 + Duration::from_millis(999)));
+        assert!(life.housekeeping_due(t0 + Duration::from_secs(4)));
+        assert!(!life.housekeeping_due(t0 + Duration::from_secs(4)));
+        assert_eq!(life.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_leaving_session_is_checked_each_period_and_at_its_deadline() {
+        let t0 = Instant::now();
+        let mut life = Lifecycle::new(Duration::from_secs(5));
+        assert!(!life.leaving());
+        assert_eq!(life.leave(t0, SHUTDOWN, false, false), Leave::Stay);
+        assert!(life.leaving());
+        assert_eq!(life.poll_timeout(), Some(t0 + HOUSEKEEPING));
+        assert!(life.housekeeping_due(t0 + HOUSEKEEPING));
+        assert_eq!(life.poll_timeout(), Some(t0 + Duration::from_secs(5)));
     }
 
     #[test]
@@ -138,7 +171,7 @@ mod tests {
     #[test]
     fn a_host_that_can_be_asked_is_asked_once_then_closed_after_the_grace() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(t0, Duration::from_secs(5));
+        let mut life = Lifecycle::new(Duration::from_secs(5));
         assert_eq!(life.leave(t0, None, true, false), Leave::Stay);
         assert_eq!(life.leave(t0, SHUTDOWN, true, false), Leave::Ask(5));
         let later = t0 + Duration::from_secs(4);
@@ -158,12 +191,12 @@ mod tests {
     fn a_host_that_cannot_be_asked_is_closed_once_quiet_or_after_the_grace() {
         let t0 = Instant::now();
         let gone = Some(Ended::ListenerRemoved);
-        let mut quiet = Lifecycle::new(t0, Duration::from_secs(5));
+        let mut quiet = Lifecycle::new(Duration::from_secs(5));
         assert_eq!(
             quiet.leave(t0, gone, false, true),
             Leave::Close(Ended::ListenerRemoved)
         );
-        let mut busy = Lifecycle::new(t0, Duration::from_secs(5));
+        let mut busy = Lifecycle::new(Duration::from_secs(5));
         assert_eq!(busy.leave(t0, gone, false, false), Leave::Stay);
         let later = t0 + Duration::from_secs(2);
         assert_eq!(busy.leave(later, gone, false, false), Leave::Stay);
@@ -172,7 +205,7 @@ mod tests {
             Leave::Close(Ended::ListenerRemoved),
             "its last command answered"
         );
-        let mut stuck = Lifecycle::new(t0, Duration::from_secs(5));
+        let mut stuck = Lifecycle::new(Duration::from_secs(5));
         assert_eq!(stuck.leave(t0, SHUTDOWN, false, false), Leave::Stay);
         assert_eq!(
             stuck.leave(t0 + Duration::from_secs(5), SHUTDOWN, false, false),
@@ -183,7 +216,7 @@ mod tests {
     #[test]
     fn leaving_without_grace_closes_at_once() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(t0, Duration::ZERO);
+        let mut life = Lifecycle::new(Duration::ZERO);
         assert_eq!(
             life.leave(t0, SHUTDOWN, true, false),
             Leave::Close(Ended::Shutdown)
@@ -193,7 +226,7 @@ mod tests {
     #[test]
     fn a_grace_longer_than_a_logout_can_say_is_capped() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(t0, Duration::from_secs(100_000));
+        let mut life = Lifecycle::new(Duration::from_secs(100_000));
         assert_eq!(life.leave(t0, SHUTDOWN, true, false), Leave::Ask(u16::MAX));
     }
 }

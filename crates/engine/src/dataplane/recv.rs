@@ -139,8 +139,13 @@ impl RecvBuf {
         }
     }
 
-    /// At a tick: a connection that received nothing since the last one and holds no partial
-    /// PDU goes back to the small buffer.
+    /// Whether it grew past the small buffer (housekeeping looks again until it shrinks).
+    pub(super) fn is_large(&self) -> bool {
+        self.buf.len() > RBUF_IDLE
+    }
+
+    /// At housekeeping: a connection that received nothing since the last and holds no
+    /// partial PDU goes back to the small buffer.
     pub(super) fn shrink_if_idle(&mut self) {
         if !self.received && self.start == self.end && self.buf.len() > RBUF_IDLE {
             self.buf = vec![0; RBUF_IDLE];

@@ -4,6 +4,7 @@
 //! locked parts, touched at accept, login and close only.
 
 pub mod listening;
+pub mod nudge;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -171,6 +172,8 @@ impl Shared {
             new,
         );
         self.generation.store(generation, Ordering::Release);
+        // Idle sessions follow it now, not at their next command.
+        self.device_context.nudger().nudge();
         // The previous topology (every target's LUN maps, the config) is freed here if
         // nothing else holds it, after the write lock is released: at thousands of devices
         // that takes milliseconds, which sessions reading the topology need not wait out.
@@ -181,6 +184,7 @@ impl Shared {
     /// log out.
     pub(crate) fn shut_down(&self) {
         self.shutdown.send_replace(true);
+        self.device_context.nudger().nudge();
     }
 
     /// Resolves once the daemon is shutting down.
@@ -197,8 +201,8 @@ impl Shared {
         }
     }
 
-    /// Whether the daemon is shutting down. Takes the watch's read lock: for checks once a
-    /// second, not per command (connections read it on their tick).
+    /// Whether the daemon is shutting down. Takes the watch's read lock: not for every
+    /// command (a session reads it when nudged, `nudge.rs`).
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }

@@ -8,6 +8,7 @@ pub mod error;
 pub mod gateway;
 pub mod left_out;
 pub mod nexus;
+pub mod nudger;
 pub mod portals;
 pub mod preflight;
 pub mod space;
@@ -118,6 +119,8 @@ pub struct DeviceContext {
     /// gateways: RBD images are then owned by one gateway at a time (explicit ALUA,
     /// `gateway.rs`).
     gateways: Option<crate::topology::gateway::Gateways>,
+    /// Told of every LU's change its hosts must learn: idle sessions look again.
+    nudger: Arc<crate::topology::nudger::Nudger>,
 }
 
 impl DeviceContext {
@@ -136,6 +139,7 @@ impl DeviceContext {
         };
         DeviceContext {
             metrics,
+            nudger: Arc::default(),
             epoch: Instant::now(),
             stall_base: Duration::from_micros(config.limits.write_stall_us.into()),
             io_uring,
@@ -171,6 +175,11 @@ impl DeviceContext {
         }
     }
 
+    /// What wakes sessions to look at the shared state again (`shared/nudge.rs`).
+    pub fn nudger(&self) -> &Arc<crate::topology::nudger::Nudger> {
+        &self.nudger
+    }
+
     /// An RBD gateway's share of the TSIHs and NVMe controller IDs; None for any other daemon.
     pub fn session_ids(&self) -> Option<std::ops::RangeInclusive<u16>> {
         self.gateways.as_ref().map(|g| g.session_ids())
@@ -185,6 +194,7 @@ impl DeviceContext {
         config: &Config,
     ) -> Result<Arc<OpenDevice>, OpenError> {
         let (unit, rbd) = open_unit(device, self.gateways.is_some())?;
+        unit.on_change(self.nudger.for_units());
         let ownership = match &rbd {
             Some(store) => self.open_image(device, config, &unit, Arc::clone(store))?,
             None => None,

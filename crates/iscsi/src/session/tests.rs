@@ -2011,3 +2011,53 @@ fn activity_counts_the_commands_in_flight_when_one_arrives() {
     assert_eq!(h.s.take_activity().in_flight, 4);
     assert_eq!(h.s.take_activity(), Activity::default(), "taken: reset");
 }
+
+#[test]
+fn the_next_deadline_is_the_first_instant_a_tick_acts_on() {
+    let mut h = harness();
+    let start = h.now;
+    let due =
+        h.s.next_deadline()
+            .expect("a ping is due on a silent connection");
+    assert_eq!(due, start + Duration::from_secs(5));
+    let mut out = Outbox::new(4);
+    let just_before = due - Duration::from_millis(1);
+    assert_eq!(h.s.tick(just_before, true, &mut out), Liveness::Continue);
+    assert!(out.is_empty(), "nothing before the deadline");
+    h.s.tick(due, true, &mut out);
+    let ping = decode_all(&out.to_vec(), &h.s.framing());
+    assert_eq!(ping[0].0.opcode_raw(), Opcode::NopIn as u8);
+    // Unanswered: its timeout is next, and the peer is dead exactly then.
+    let timeout = h.s.next_deadline().unwrap();
+    assert_eq!(timeout, due + Duration::from_secs(30));
+    let mut out = Outbox::new(4);
+    let before = timeout - Duration::from_millis(1);
+    assert_eq!(h.s.tick(before, true, &mut out), Liveness::Continue);
+    assert_eq!(h.s.tick(timeout, true, &mut out), Liveness::DeadPeer);
+    // Answered: the next ping is an interval after the answer.
+    let ttt = ping[0].0.u32_at(off::TTT);
+    h.now = due + Duration::from_secs(2);
+    h.send(immediate_nop_out(RESERVED_TAG, ttt), &[]);
+    assert_eq!(h.s.next_deadline(), Some(h.now + Duration::from_secs(5)));
+}
+
+#[test]
+fn without_pings_the_idle_timeout_is_the_only_deadline_and_none_without_it() {
+    let quiet = SessionLimits {
+        nop_interval: Duration::ZERO,
+        ..SessionLimits::default()
+    };
+    let h = harness_with(SessionType::Normal, params(), quiet);
+    assert_eq!(h.s.next_deadline(), None, "nothing wakes such a session");
+    let limits = SessionLimits {
+        idle_timeout: Duration::from_secs(60),
+        ..quiet
+    };
+    let mut h = harness_with(SessionType::Normal, params(), limits);
+    let due = h.s.next_deadline().unwrap();
+    assert_eq!(due, h.now + Duration::from_secs(60));
+    let mut out = Outbox::new(4);
+    let before = due - Duration::from_millis(1);
+    assert_eq!(h.s.tick(before, true, &mut out), Liveness::Continue);
+    assert_eq!(h.s.tick(due, true, &mut out), Liveness::Idle);
+}

@@ -53,14 +53,22 @@ impl Life {
 
     /// No Keep Alive within the timeout (plus `slack`): the host is gone.
     pub(super) fn keep_alive_late(&self, now: Instant, slack: Duration) -> bool {
-        self.admin
-            && !self.kato.is_zero()
-            && now.saturating_duration_since(self.last_keep_alive) > self.kato + slack
+        self.keep_alive_deadline(slack).is_some_and(|d| now >= d)
     }
 
     /// An admin queue without keep-alive (KATO 0) that has received nothing for `idle`.
     pub(super) fn idle_without_keep_alive(&self, now: Instant, idle: Duration) -> bool {
-        self.admin && self.kato.is_zero() && now.saturating_duration_since(self.last_command) > idle
+        self.idle_deadline(idle).is_some_and(|d| now >= d)
+    }
+
+    /// When [`Life::keep_alive_late`] turns true, if no Keep Alive comes before.
+    pub(super) fn keep_alive_deadline(&self, slack: Duration) -> Option<Instant> {
+        (self.admin && !self.kato.is_zero()).then(|| self.last_keep_alive + self.kato + slack)
+    }
+
+    /// When [`Life::idle_without_keep_alive`] turns true, if no command comes before.
+    pub(super) fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
+        (self.admin && self.kato.is_zero()).then(|| self.last_command + idle)
     }
 }
 

@@ -578,8 +578,25 @@ impl Driver {
         buf.stop_at(stop)
     }
 
-    /// At a tick: the authentication deadline, and for an admin queue the keep-alive and the
-    /// notices owed. `Some` when the queue ends.
+    /// When [`Driver::tick`] next has something to decide: the authentication deadline, and
+    /// for an admin queue the keep-alive's (a discovery controller without keep-alive: its
+    /// idle limit).
+    fn deadline(&self, role: &Role, life: &io::Life) -> Option<Instant> {
+        let admin = match role {
+            Role::Admin(entry) if entry.subsystem.is_none() => life
+                .keep_alive_deadline(KEEP_ALIVE_SLACK)
+                .or_else(|| life.idle_deadline(DISCOVERY_IDLE)),
+            Role::Admin(_) => life.keep_alive_deadline(KEEP_ALIVE_SLACK),
+            Role::Io(_) => None,
+        };
+        match (self.auth_deadline, admin) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Once its deadline passed: the authentication deadline, and for an admin queue the
+    /// keep-alive. `Some` when the queue ends.
     fn tick(
         &mut self,
         role: &Role,
@@ -606,7 +623,6 @@ impl Driver {
             backend.shared.metrics.limit("nvme_discovery_idle");
             return Some(Ended::DiscoveryIdle);
         }
-        self.notices(entry, backend, life);
         None
     }
 
@@ -893,8 +909,20 @@ impl Door for Connected<'_> {
         self.queue.read_end()
     }
 
+    fn deadline(&self) -> Option<Instant> {
+        self.queue.deadline(&self.role, &self.life)
+    }
+
     fn tick(&mut self, backend: &mut Backend<'_>, now: Instant, _congested: bool) -> Option<Ended> {
         self.queue.tick(&self.role, backend, &mut self.life, now)
+    }
+
+    /// An admin queue tells its host of the changes it asked to hear of (ANA, namespace
+    /// attributes) as asynchronous events.
+    fn look(&mut self, backend: &mut Backend<'_>) {
+        if let Role::Admin(entry) = &self.role {
+            self.queue.notices(entry, backend, &mut self.life);
+        }
     }
 
     fn quiescent(&self) -> bool {

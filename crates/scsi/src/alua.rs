@@ -103,6 +103,9 @@ pub(crate) fn set_target_port_groups(
     }
     if take && !ownership.is_active(own) {
         ownership.take(own).map_err(|_| STPG_FAILED)?;
+        // The owner checks writes against its copy of the reservations: the latest, before
+        // the first one it runs.
+        lu.follow_shared_reservations();
         // Every other nexus of this gateway sees the change; the old owner's see it when
         // their gateway notices.
         lu.access_state_changed(Some(nexus.id));

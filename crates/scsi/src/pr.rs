@@ -960,8 +960,9 @@ impl LogicalUnit {
         r.update_held(&s);
     }
 
-    /// Replaces the reservation state with `stored`, APTPL or not: a gateway taking an image
-    /// over, or following the registrations another gateway changed.
+    /// Replaces the reservation state with `stored`, APTPL or not: an image's state as it is
+    /// opened. (Following it later is [`LogicalUnit::follow_shared_reservations`]: a copy
+    /// read outside the lock may predate a change made meanwhile.)
     /// The unit attentions of changes made through another target are raised here.
     pub fn replace_reservations(&self, stored: &PersistentReservations) {
         let r = &self.reservations;
@@ -972,6 +973,20 @@ impl LogicalUnit {
             drop(s);
             self.raise_now(raise);
         }
+    }
+
+    /// Follows the shared state another gateway changed (a PERSISTENT RESERVE OUT through
+    /// it): loaded under the reservations' lock, as every PERSISTENT RESERVE command loads it,
+    /// so a copy read before a change made here is never applied after it — which undid a
+    /// RESERVE until the next follow (an unregistered host wrote through a Write Exclusive –
+    /// Registrants Only reservation) or brought back a preempted key. A store that cannot be
+    /// read leaves the state as it is (the next command fails until it can).
+    pub fn follow_shared_reservations(&self) {
+        let r = &self.reservations;
+        let mut s = r.lock();
+        let raise = r.refresh_shared(&mut s).unwrap_or_default();
+        drop(s);
+        self.raise_now(raise);
     }
 
     /// The reservation state as it would be saved.

@@ -639,3 +639,81 @@ fn one_node_with_fresh_isids_takes_only_its_share_of_the_registrations() {
     register(&mut t, other, 0xABC);
     assert_eq!(keys(&mut t).1.len(), per_node as usize + 1);
 }
+
+/// A shared store whose next load can be held midway (as a slow cluster holds it), to order a
+/// follower's load against a command.
+#[derive(Default)]
+struct Holding {
+    shared: Shared,
+    hold: std::sync::Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+}
+
+impl scsi::PrPersistence for Holding {
+    fn save(&self, state: &scsi::PersistentReservations) -> std::io::Result<()> {
+        self.shared.save(state)
+    }
+    fn shared(&self) -> bool {
+        true
+    }
+    fn load(&self) -> std::io::Result<Option<scsi::PersistentReservations>> {
+        let state = self.shared.load();
+        if let Some((entered, release)) = self.hold.lock().unwrap().take() {
+            entered.send(()).unwrap();
+            release.recv().unwrap();
+        }
+        state
+    }
+}
+
+#[test]
+fn following_the_shared_state_never_undoes_a_change_made_meanwhile() {
+    use std::sync::mpsc::channel;
+    let store = std::sync::Arc::new(Holding::default());
+    let mut a = setup();
+    a.lu.set_pr_persistence(store.clone());
+    register(&mut a, 1, 0xA1);
+    let before = scsi::PrPersistence::load(&store.shared).unwrap().unwrap();
+    // The follower reads the state and is held there (its cluster slow) ...
+    let (entered_tx, entered) = channel();
+    let (release, release_rx) = channel();
+    *store.hold.lock().unwrap() = Some((entered_tx, release_rx));
+    let lu = std::sync::Arc::clone(&a.lu);
+    let follower = std::thread::spawn(move || lu.follow_shared_reservations());
+    entered.recv().unwrap();
+    // ... while a node reserves Write Exclusive – Registrants Only through this gateway.
+    let mut b = T {
+        lu: std::sync::Arc::clone(&a.lu),
+        store: std::sync::Arc::clone(&a.store),
+        nexus: nexus(1),
+        data_in: Vec::new(),
+        limit: a.limit,
+    };
+    let reserving = std::thread::spawn(move || {
+        b.ok(&prout(1, 5), &params(0xA1, 0));
+    });
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(
+        !reserving.is_finished(),
+        "the RESERVE waits for the follower's load"
+    );
+    release.send(()).unwrap();
+    follower.join().unwrap();
+    reserving.join().unwrap();
+    // The reservation stands, and an unregistered host is refused its write.
+    assert_eq!(reservation(&mut a), Some((0xA1, 5)));
+    as_nexus(&mut a, 2);
+    conflict(&mut a, &[0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0; 512]);
+    // What the follower did before, applying a copy read outside the lock: the RESERVE undone
+    // and the write let through until the next follow.
+    a.lu.replace_reservations(&before);
+    as_nexus(&mut a, 1);
+    assert_eq!(
+        reservation(&mut a),
+        Some((0xA1, 5)),
+        "read back from the store"
+    );
+    as_nexus(&mut a, 2);
+    a.lu.replace_reservations(&before);
+    let c = a.run(&[0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0; 512]);
+    assert_eq!(c.status, Status::Good, "a stale copy applied lets it write");
+}

@@ -255,7 +255,6 @@ impl DeviceContext {
             let ownership = crate::topology::gateway::ImageOwnership::new(
                 store,
                 observer,
-                reservations,
                 &device.name,
                 gateways,
                 Arc::clone(&self.metrics),

@@ -88,8 +88,6 @@ pub struct ImageOwnership {
     /// The image through the observer connection: who owns it stays readable after this
     /// gateway's data connection was blocklisted.
     observer: Arc<rbd::Image>,
-    /// The image's reservations, followed with the owner.
-    reservations: Arc<ImageReservations>,
     device: String,
     /// Every gateway of the config by name, sorted; `owner` indexes it.
     gateways: Vec<String>,
@@ -148,7 +146,6 @@ impl ImageOwnership {
     pub fn new(
         store: Arc<RbdStore>,
         observer: Arc<rbd::Image>,
-        reservations: Arc<ImageReservations>,
         device: &str,
         settings: &Gateways,
         metrics: Arc<crate::metrics::Metrics>,
@@ -192,7 +189,6 @@ impl ImageOwnership {
             peer_secret,
             ship_floor: AtomicU64::new(0),
             observer,
-            reservations,
             store,
             device: device.to_string(),
             gateways,
@@ -425,10 +421,8 @@ impl ImageOwnership {
                     return;
                 };
                 // Registrations another gateway changed (through its PERSISTENT RESERVE OUT)
-                // are enforced here within a tick.
-                if let Ok(Some(state)) = me.reservations.current() {
-                    lu.replace_reservations(&state);
-                }
+                // are enforced here within a period.
+                lu.follow_shared_reservations();
                 let takes = me.takes.load(Ordering::Acquire);
                 let looked = Instant::now();
                 let observed = me.observe();
@@ -598,6 +592,7 @@ impl ImageOwnership {
             .ok_or_else(|| io::Error::other("this gateway serves no portal group"))?;
         if !self.is_active(group) {
             self.take_for(group, Asker::Operator)?;
+            lu.follow_shared_reservations();
             lu.access_state_changed(None);
         }
         Ok(&self.gateways[self.me])
@@ -660,7 +655,11 @@ impl ImageOwnership {
                 let taken = self.take_from(fence.as_deref());
                 self.takes.fetch_add(1, Ordering::AcqRel);
                 match taken {
-                    Ok(()) => lu.access_state_changed(None),
+                    Ok(()) => {
+                        // The new owner checks writes against the latest reservations.
+                        lu.follow_shared_reservations();
+                        lu.access_state_changed(None);
+                    }
                     Err(e) => {
                         tracing::error!(device = %self.device, "taking {} over from its gone owner: {e}", observer.name());
                         vigil.reset();

@@ -43,15 +43,6 @@ impl ImageReservations {
             io::Error::new(io::ErrorKind::InvalidData, e)
         })
     }
-
-    /// The reservations as stored now, for following them (leaves the PERSISTENT RESERVE
-    /// commands' compare-and-set alone).
-    pub fn current(&self) -> io::Result<Option<scsi::PersistentReservations>> {
-        match self.stored_text()? {
-            Some(text) => self.parse(&text).map(Some),
-            None => Ok(None),
-        }
-    }
 }
 
 impl PrPersistence for ImageReservations {

@@ -673,7 +673,7 @@ async fn housekeeping<D: Door>(
 
 /// Something the session follows changed (`shared/nudge.rs`): the topology (it follows or
 /// is closed), an RBD image's owner, an LU's state its door tells unasked, the shutdown or a
-/// removed portal. False when the session ends.
+/// removed portal.
 async fn look<D: Door>(
     door: &mut D,
     backend: &mut Backend<'_>,

@@ -30,13 +30,26 @@ INFO=$(dpkg-deb --info "$DEB")
 grep -q '^ Package: ferrosan$' <<<"$INFO" || die "no package name in $DEB"
 CONTENTS=$(dpkg-deb --contents "$DEB")
 for f in ./usr/bin/ferrosan ./usr/lib/systemd/system/ferrosan.service ./etc/ferrosan/ferrosan.toml \
-    ./usr/share/doc/ferrosan/OPERATIONS.md ./usr/share/doc/ferrosan/examples/ferrosan.toml \
+    ./usr/share/doc/ferrosan/docs/OPERATIONS.md ./usr/share/doc/ferrosan/examples/ferrosan.toml \
     ./usr/share/ferrosan/prometheus/ferrosan-rules.yml ./usr/share/ferrosan/grafana/ferrosan-dashboard.json \
     ./usr/share/man/man1/ferrosan.1.gz ./usr/share/man/man1/ferrosan-serve.1.gz \
     ./usr/share/man/man1/ferrosan-ctl-chap-set.1.gz ./usr/share/bash-completion/completions/ferrosan \
     ./usr/share/zsh/vendor-completions/_ferrosan ./usr/share/fish/vendor_completions.d/ferrosan.fish; do
     grep -q " $f\$" <<<"$CONTENTS" || die "$f is missing from the package"
 done
+# Every doc README links to is in the package where its relative link finds it (the unit it
+# links to is installed as the unit).
+for link in $(grep -o '](\(docs\|examples\)/[^)#]*' README.md | cut -c3- | sort -u); do
+    grep -q " ./usr/share/doc/ferrosan/$link\$" <<<"$CONTENTS" || die "README links to $link: not in the package"
+done
+# An upgrade leaves a serving daemon alone: no maintainer script restarts it, and the one run
+# before an upgrade stops it only for a removal.
+SCRIPTS=$WORK/control
+dpkg-deb -e "$DEB" "$SCRIPTS"
+! grep -q 'restart' "$SCRIPTS/postinst" || die "postinst restarts the daemon: $(cat "$SCRIPTS/postinst")"
+if [[ -f $SCRIPTS/prerm ]] && grep -q 'deb-systemd-invoke stop' "$SCRIPTS/prerm"; then
+    grep -q '"$1" = remove\|"$1" = "remove"' "$SCRIPTS/prerm" || die "prerm stops the daemon on upgrade: $(cat "$SCRIPTS/prerm")"
+fi
 UNIT=$(dpkg-deb --fsys-tarfile "$DEB" | tar -xO ./usr/lib/systemd/system/ferrosan.service)
 grep -q 'ExecStart=/usr/bin/ferrosan serve' <<<"$UNIT" || die "the packaged unit does not run /usr/bin/ferrosan"
 # lintian (Debian's package checker) finds nothing: no error, no warning.
@@ -52,6 +65,7 @@ FILES=$(dpkg -L ferrosan)
 page() { dpkg-deb --fsys-tarfile "$DEB" | tar -xO "./usr/share/man/man1/$1.1.gz" | zcat; }
 page ferrosan-ctl-chap-set | grep -q 'secret' || die "ferrosan-ctl-chap-set(1) does not say what it does"
 page ferrosan-serve | MANWIDTH=80 man -l - 2>/dev/null | grep -q 'nvme' || die "ferrosan-serve(1) does not render"
+page ferrosan-serve | MANWIDTH=80 man -l - 2>/dev/null | grep -q "^EXIT STATUS" || die "ferrosan-serve(1) has no EXIT STATUS"
 COMPLETED=$(bash -c 'source /usr/share/bash-completion/completions/ferrosan
     COMP_WORDS=(ferrosan ct); COMP_CWORD=1; COMP_LINE="ferrosan ct"; COMP_POINT=${#COMP_LINE}
     _ferrosan ferrosan ct ferrosan; echo "${COMPREPLY[*]}"')

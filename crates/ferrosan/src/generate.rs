@@ -43,11 +43,26 @@ pub fn man(args: ManArgs) -> ExitCode {
     }
 }
 
-/// Every page, named as man(1) finds them (`man ferrosan-ctl-device-add`); how many.
+/// Every page, named as man(1) finds them (`man ferrosan-ctl-device-add`), with the
+/// sections the CLI's definition cannot give (`man_extra.rs`); how many.
 pub fn write_man_pages(dir: &Path) -> std::io::Result<usize> {
     std::fs::create_dir_all(dir)?;
     let before = pages_in(dir)?;
     clap_mangen::generate_to(crate::Cli::command(), dir)?;
+    for entry in std::fs::read_dir(dir)?.filter_map(Result::ok) {
+        let path = entry.path();
+        let Some(name) = path
+            .extension()
+            .filter(|x| *x == "1")
+            .and(path.file_stem())
+            .and_then(|s| s.to_str())
+        else {
+            continue;
+        };
+        let page = std::fs::read_to_string(&path)?;
+        let sections = crate::man_extra::sections(name);
+        std::fs::write(&path, crate::man_extra::append(&page, &sections))?;
+    }
     Ok(pages_in(dir)? - before)
 }
 
@@ -102,6 +117,17 @@ mod tests {
         let page = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
         assert!(page("ferrosan.1").contains("ferrosan\\-serve(1)"));
         assert!(page("ferrosan-ctl-device-add.1").contains(".SH NAME"));
+        // What the CLI's definition cannot say, on the pages people read first.
+        for name in ["ferrosan.1", "ferrosan-serve.1", "ferrosan-ctl.1"] {
+            for section in ["EXAMPLES", "FILES", "EXIT STATUS", "SEE ALSO"] {
+                let heading = format!(".SH \"{section}\"");
+                assert!(page(name).contains(&heading), "{name}: no {section}");
+            }
+        }
+        let add = page("ferrosan-ctl-device-add.1");
+        assert!(add.contains(".SH \"EXIT STATUS\""));
+        assert!(add.contains("\\fBferrosan\\-ctl\\-device\\fR(1)"), "{add}");
+        assert!(page("ferrosan-check-config.1").contains("\\-\\-deep"));
         let mut commands = 0;
         fn count(cmd: &clap::Command, n: &mut usize) {
             *n += 1;

@@ -12,6 +12,7 @@ mod bench_cmd;
 mod ctl;
 mod dropin;
 mod generate;
+mod man_extra;
 mod top;
 
 #[derive(Parser)]

@@ -1113,3 +1113,73 @@ fn an_idle_controller_hears_of_a_change_to_its_namespace_at_once() {
     assert!(waited < Duration::from_secs(5), "heard after {waited:?}");
     eprintln!("the notice came {waited:?} after the change was asked for");
 }
+
+#[test]
+fn a_persistent_discovery_controller_hears_of_a_subsystem_added_live() {
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let (nvme_port, port) = (free_port(), free_port());
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    );
+    let text = config_text(port, nvme_port, "", &group);
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
+    // A discovery controller kept open, as `nvme discover --persistent` keeps it, with its
+    // Asynchronous Event Request held.
+    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(
+        0,
+        31,
+        0xFFFF,
+        nvme::fabrics::DISCOVERY_NQN,
+        HOSTNQN,
+        [2; 16],
+    );
+    q.run_ok(c, data, 0).unwrap();
+    q.run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
+        .unwrap();
+    let log = |q: &mut QueueConn| {
+        let page = q
+            .run_ok(
+                host::sqe(0x02, 0, [0x70 | 1023 << 16, 0, 0, 0, 0, 0]),
+                Vec::new(),
+                4096,
+            )
+            .unwrap()
+            .data;
+        u64::from_le_bytes(page[8..16].try_into().unwrap())
+    };
+    assert_eq!(log(&mut q), 1);
+    let aer = host::sqe(nvme::admin::opcode::ASYNC_EVENT_REQUEST, 0, [0; 6]);
+    let cid = q.submit(aer, Vec::new(), 0).unwrap();
+    // A mapping that reaches no new subsystem changes nothing the host may discover.
+    assert_eq!(ctl.json(&["device", "add", "more", "ram:4M"])["ok"], true);
+    assert_eq!(
+        ctl.json(&["lun", "map", IQN, "db", "1", "more"])["ok"],
+        true
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(q.in_flight(), 1, "no notice for a log that did not change");
+    // A second subsystem for this host, live: the notice, and the log lists it.
+    let added = Instant::now();
+    let second = "iqn.2024-01.dev.ferrosan:nvme-second";
+    let reply = ctl.json(&[
+        "target",
+        "add",
+        second,
+        "--initiator",
+        HOSTNQN,
+        "--nqn",
+        "nqn.2024-01.dev.ferrosan:nvme-second",
+    ]);
+    assert_eq!(reply["ok"], true, "{reply}");
+    let done = q.next_done().expect("the event request completes");
+    assert_eq!(done.cqe.cid, cid);
+    assert_eq!(
+        done.cqe.dw0,
+        nvme::controller::Notice::DiscoveryChange.dw0(),
+        "Discovery Log Page Change"
+    );
+    assert!(added.elapsed() < Duration::from_secs(5));
+    assert_eq!(log(&mut q), 2);
+}

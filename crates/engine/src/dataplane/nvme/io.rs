@@ -32,6 +32,8 @@ pub(super) struct Life {
     kato: Duration,
     /// The namespaces as last compared (for notices).
     shown: Option<Namespaces>,
+    /// A discovery controller's log as last compared (for its change notice).
+    listed: Option<Vec<nvme::log::DiscoveryEntry>>,
 }
 
 impl Life {
@@ -43,6 +45,7 @@ impl Life {
             last_command: now,
             kato: Duration::ZERO,
             shown: None,
+            listed: None,
         }
     }
 
@@ -355,14 +358,30 @@ impl Driver {
         out
     }
 
-    /// Once a second on an admin queue: an ANA state or a namespace that changed since the
-    /// host last looked is owed a notice (it completes a held Asynchronous Event Request).
+    /// When nudged, on an admin queue: an ANA state or a namespace that changed since the
+    /// last look is owed a notice (it completes a held Asynchronous Event Request); on a
+    /// discovery controller, a discovery log that changed (a subsystem, a portal or a mapping
+    /// the host may reach added or removed, live) is owed *discovery log page change*.
     pub(super) fn notices(
         &mut self,
         entry: &ControllerEntry,
         backend: &Backend<'_>,
         life: &mut Life,
     ) {
+        if entry.subsystem.is_none() {
+            let now = self.discovery_entries(entry, backend);
+            if life
+                .listed
+                .replace(now.clone())
+                .is_some_and(|before| before != now)
+            {
+                let owed = entry.state().notify(Notice::DiscoveryChange, &[]);
+                if let Some((cid, dw0)) = owed {
+                    self.answer(cid, Status::SUCCESS, dw0, &[]);
+                }
+            }
+            return;
+        }
         let now = self.namespaces_of(backend);
         let Some(before) = life.shown.replace(now.clone()) else {
             return;

@@ -589,7 +589,8 @@ fn rbd_write_cache(cluster: &TestCluster, scratch: &Scratch) {
 }
 
 /// One config for two gateways `a` and `b` (portal groups 1 and 2) exporting `image` as LUN 0
-/// of `iqn`; `top` goes first (e.g. a `[limits]` table).
+/// of `iqn`; `top` goes first (e.g. a `[limits]` table). The gateways run as the cephx user
+/// with the caps docs/RBD.md gives (takeover, fencing, shipping and reservations included).
 fn gateways_config(
     top: &str,
     iqn: &str,
@@ -614,6 +615,7 @@ name = "vm"
 store = "rbd"
 image = "{image}"
 ceph_conf = "{conf}"
+ceph_client = "{user}"
 
 [[target]]
 iqn = "{iqn}"
@@ -623,7 +625,8 @@ iqn = "{iqn}"
   any_initiator = true
   luns = [ {{ lun = 0, device = "vm" }} ]
 "#,
-        conf = cluster.conf_str()
+        conf = cluster.conf_str(),
+        user = cluster.gateway_user()
     )
 }
 

@@ -67,6 +67,30 @@ impl TestCluster {
         text.trim().parse().expect("pid")
     }
 
+    /// The cephx user gateways run as, with the caps docs/RBD.md gives them (made once; its
+    /// keyring where the test conf's `keyring = $cluster.$name.keyring` finds it).
+    pub fn gateway_user(&self) -> &'static str {
+        const USER: &str = "client.ferrosan-gw";
+        let keyring = self.dir.join(format!("ceph.{USER}.keyring"));
+        if !keyring.exists() {
+            let out = Command::new("ceph")
+                .arg("-c")
+                .arg(&self.conf)
+                .args(["auth", "get-or-create", USER])
+                .args(["mon", "profile rbd", "osd", "profile rbd pool=rbd"])
+                .args(["mgr", "profile rbd pool=rbd", "-o"])
+                .arg(&keyring)
+                .output()
+                .expect("ceph auth get-or-create");
+            assert!(
+                out.status.success(),
+                "ceph auth get-or-create {USER}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        USER
+    }
+
     pub fn conf_str(&self) -> String {
         self.conf.display().to_string()
     }

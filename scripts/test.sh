@@ -16,7 +16,10 @@
 #      each multipath grouping; stalls, takeovers, fio verify), and beside it, at the lowest
 #      priority, scripts/package-test.sh (the .deb: install, serve, remove, purge) and
 #      scripts/fuzz-smoke.sh (every cargo-fuzz target, 15 s each)
-#   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass)
+#   6. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass), and
+#      beside it scripts/soak.sh 5   (verified fio I/O for five minutes while logins, reloads,
+#      volume verbs, offline/online and device changes churn; fails if a block reads back
+#      wrong, a verb fails or the daemon's memory, threads or descriptors grow)
 #   7. scripts/kernel-iscsi.sh   (that guest's Linux kernel initiator against ferrosan: SCSI,
 #      ALUA, reservations, failover, restarts); steps 7-9 run two guests at a time: 7 beside the
 #      first two runs of 8, 9 beside the third
@@ -147,7 +150,12 @@ step package nice -n 19 scripts/package-test.sh
 # Every cargo-fuzz target for a short smoke (docs/SECURITY.md has the long runs).
 step fuzz-smoke env FUZZ_SECONDS="${FUZZ_SECONDS:-15}" nice -n 19 scripts/fuzz-smoke.sh
 joined
+# Weeks of uptime in five minutes (scripts/soak.sh): verified I/O while logins, reloads, volume
+# verbs, offline/online and device changes churn, the daemon's memory, threads and descriptors
+# sampled; beside conformance, neither of which counts on timers.
+background soak scripts/soak.sh "${SOAK_MINUTES:-5}"
 step conformance bash -c 'set -o pipefail; scripts/conformance.sh ferrosan 2>&1 | tee "$0"' "$CONF_LOG"
+joined
 # The guest steps, two guests at a time: each spends most of its time waiting on the timeouts
 # it checks (multipath failover, restarts, keep-alives), each has its own ferrosan, ports and
 # directory under target/, and a guest needs one core.

@@ -44,20 +44,32 @@ impl TestCluster {
         cluster
     }
 
-    /// Runs `rbd -c CONF ARGS`, which must succeed; its stdout.
+    /// Runs `rbd -c CONF ARGS`, which must succeed; its stdout. A call that times out (the
+    /// single-node cluster still peering after a test stopped its OSD) is tried again for up to
+    /// a minute: what a test measures is ferrosan, not how fast this cluster recovers. A
+    /// `create` whose first try timed out after writing may then find its image made.
     pub fn rbd(&self, args: &[&str]) -> Vec<u8> {
-        let out = Command::new("rbd")
-            .arg("-c")
-            .arg(&self.conf)
-            .args(args)
-            .output()
-            .expect("rbd");
-        assert!(
-            out.status.success(),
-            "rbd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
+        let started = std::time::Instant::now();
+        let mut timed_out = false;
+        loop {
+            let out = Command::new("rbd")
+                .arg("-c")
+                .arg(&self.conf)
+                .args(args)
+                .output()
+                .expect("rbd");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() || (timed_out && args[0] == "create" && stderr.contains("(17)"))
+            {
+                return out.stdout;
+            }
+            timed_out = stderr.contains("(110)");
+            assert!(
+                timed_out && started.elapsed() < std::time::Duration::from_secs(60),
+                "rbd {args:?}: {stderr}"
+            );
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        }
     }
 
     /// The PID of a daemon of the cluster (`osd.0`, `mon.a`).

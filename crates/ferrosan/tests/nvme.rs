@@ -372,8 +372,8 @@ fn discovery_lists_the_subsystems_a_host_may_reach() {
     assert!(entry[32..].starts_with(nvme_port.to_string().as_bytes()));
 }
 
-/// The discovery log page (4 KiB) a discovery controller at `port` gives HOSTNQN.
-fn discovery_log(port: u16) -> Vec<u8> {
+/// A discovery controller at `port` for HOSTNQN, connected and enabled.
+fn discovery_controller(port: u16) -> QueueConn {
     let mut q = QueueConn::open(addr(port), (false, false)).unwrap();
     let (c, data) = host::connect_command(
         0,
@@ -386,6 +386,12 @@ fn discovery_log(port: u16) -> Vec<u8> {
     q.run_ok(c, data, 0).unwrap();
     q.run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
         .unwrap();
+    q
+}
+
+/// The discovery log page (4 KiB) a discovery controller at `port` gives HOSTNQN.
+fn discovery_log(port: u16) -> Vec<u8> {
+    let mut q = discovery_controller(port);
     // Get Log Page 70h, 4 KiB.
     q.run_ok(
         host::sqe(0x02, 0, [0x70 | 1023 << 16, 0, 0, 0, 0, 0]),
@@ -1126,18 +1132,7 @@ fn a_persistent_discovery_controller_hears_of_a_subsystem_added_live() {
     let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
     // A discovery controller kept open, as `nvme discover --persistent` keeps it, with its
     // Asynchronous Event Request held.
-    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
-    let (c, data) = host::connect_command(
-        0,
-        31,
-        0xFFFF,
-        nvme::fabrics::DISCOVERY_NQN,
-        HOSTNQN,
-        [2; 16],
-    );
-    q.run_ok(c, data, 0).unwrap();
-    q.run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
-        .unwrap();
+    let mut q = discovery_controller(nvme_port);
     let log = |q: &mut QueueConn| {
         let page = q
             .run_ok(

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the .deb (debug binary: the test needs no release build), installs it with dpkg,
+# Builds the .deb (the release binary that ships; PACKAGE_PROFILE=debug for a quicker check
+# where no release build is at hand), installs it with dpkg,
 # checks its files, serves the packaged config as the unit's ExecStart would and reaches the
 # demo LUN with iscsi-ls, then removes and purges it and checks nothing it installed is left
 # (LUN data in /var/lib/ferrosan is never removed). Under systemd as PID 1 it also starts the
@@ -24,7 +25,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-DEB=$(scripts/package-deb.sh --profile debug --out "$WORK")
+DEB=$(scripts/package-deb.sh --profile "${PACKAGE_PROFILE:-release}" --out "$WORK")
 log "built $(basename "$DEB") ($(du -k "$DEB" | cut -f1) KiB)"
 INFO=$(dpkg-deb --info "$DEB")
 grep -q '^ Package: ferrosan$' <<<"$INFO" || die "no package name in $DEB"

@@ -30,7 +30,7 @@ BAD=8192 BAD_LEN=8
 # What the slow disk adds to every I/O, in milliseconds.
 DELAY_MS=8000
 CHECKS=(setup read-around-the-fault read-the-fault write-the-fault other-lun-unaffected
-    errors-counted offline-then-mended slow-lun-holds-no-other)
+    errors-counted offline-then-mended slow-lun-holds-no-other reset-of-a-slow-lun)
 
 ctl() { "$BIN" ctl --socket "$WORK/control.sock" "$@"; }
 
@@ -148,8 +148,9 @@ check_read_around_the_fault() {
         fail "the block after the failing range does not read back"
 }
 
-# A read of the failing range: CHECK CONDITION, MEDIUM ERROR, unrecovered read error; the
-# kernel's own read of it fails too (EIO), not hangs.
+# A read of the failing range: CHECK CONDITION, MEDIUM ERROR, unrecovered read error, with the
+# first failing LBA in the sense data's INFORMATION field, also for a read that starts before
+# the range; the kernel's own read of it fails too (EIO), not hangs.
 check_read_the_fault() {
     local d out
     d=$(disk 0)
@@ -157,6 +158,12 @@ check_read_the_fault() {
     echo "$out"
     grep -qi "medium error" <<<"$out" || fail "no MEDIUM ERROR for the failing range: $out"
     grep -qi "unrecovered read error" <<<"$out" || fail "not an unrecovered read error: $out"
+    grep -qi "info fld=0x$(printf '%x' "$BAD")" <<<"$out" && ! grep -qi "valid=0" <<<"$out" ||
+        fail "the sense does not name LBA $BAD: $out"
+    out=$(scsi_io "$d" 88 $((BAD - 24)) 32 -r 16384 -o /dev/null) && fail "READ(16) into the failing range succeeded"
+    echo "$out"
+    grep -qi "info fld=0x$(printf '%x' "$BAD")" <<<"$out" ||
+        fail "a read from LBA $((BAD - 24)) does not name LBA $BAD as the first bad one: $out"
     if timeout 60 dd if="$d" of=/dev/null bs=4096 skip=$((BAD / 8)) count=1 iflag=direct status=none; then
         fail "the kernel read the failing block"
     fi
@@ -273,6 +280,35 @@ check_slow_lun_holds_no_other() {
     echo "slow LUN: one read in $took ms; the other LUN's slowest of 5 reads meanwhile: $worst ms"
     ((took >= DELAY_MS)) || fail "the slow LUN's read took $took ms: the delay was not there"
     ((worst < DELAY_MS / 4)) || fail "a read of LUN 1 took $worst ms while LUN 2 was slow"
+}
+
+# A LOGICAL UNIT RESET (the host's error handling, here sg_reset) of the slow LUN while a read
+# waits on its disk: ferrosan answers it once the read the disk holds is over (a submitted I/O
+# cannot be called back, so no later command can meet its effect) — within the disk's delay
+# and a margin, not at the host's 30 s reset timeout — and the other LUN answers meanwhile.
+check_reset_of_a_slow_lun() {
+    local slow good t0 took read_pid reset_pid worst=0 t1 i
+    slow=$(disk 2)
+    good=$(disk 1)
+    dd if="$slow" of=/dev/null bs=4096 skip=3072 count=1 iflag=direct status=none &
+    read_pid=$!
+    sleep 0.5
+    t0=$(now)
+    (sg_reset --device "$slow" && now >"$WORK/reset.done") &
+    reset_pid=$!
+    sleep 0.2
+    for i in $(seq 1 3); do
+        t1=$(now)
+        dd if="$good" of=/dev/null bs=4096 skip=$((10 + i)) count=1 iflag=direct status=none
+        worst=$(awk -v a="$t1" -v b="$(now)" -v w="$worst" 'BEGIN { t = (b - a) * 1000; printf "%d", t > w ? t : w }')
+    done
+    wait "$reset_pid" || fail "sg_reset --device of the slow LUN failed"
+    took=$(awk -v a="$t0" -v b="$(cat "$WORK/reset.done")" 'BEGIN { printf "%d", (b - a) * 1000 }')
+    wait "$read_pid" || echo "the read the reset met failed (the host may fail it or retry it)"
+    echo "LOGICAL UNIT RESET of the slow LUN answered in $took ms (the disk delays each I/O by $DELAY_MS ms); LUN 1's slowest read meanwhile: $worst ms"
+    ((took <= DELAY_MS + 5000)) || fail "the reset took $took ms: more than the disk's delay and 5 s"
+    ((worst < DELAY_MS / 4)) || fail "a read of LUN 1 took $worst ms during the reset"
+    grep -qi 'reset' "$WORK/ferrosan.log" || echo "(ferrosan's log has no line about the reset)"
 }
 
 diagnostics() {

@@ -261,6 +261,24 @@ fn a_failing_device_read_is_a_medium_error_and_the_lu_keeps_working() {
         (0x03, 0x11),
         "MEDIUM ERROR / UNRECOVERED READ ERROR: {sense:02x?}"
     );
+    assert_eq!(
+        information(sense),
+        Some(12288),
+        "the bad block: {sense:02x?}"
+    );
+    // A read from the last blocks that exist into the missing ones names the first missing
+    // one (located on the blocking pool: the ring failed the read as a whole).
+    let bhs = client.command(itt, &rw10(0x28, 8184, 16), 0xC0, 16 * 512);
+    itt += 1;
+    client.send(&bhs, &[]);
+    let answer = client.recv();
+    assert_eq!(status_of(&answer), 0x02, "{:?}", answer.bhs);
+    let sense = answer.data.get(2..).unwrap_or_default();
+    assert_eq!(
+        information(sense),
+        Some(8192),
+        "the first bad block: {sense:02x?}"
+    );
     // The blocks that exist still read, on the same session.
     let bhs = client.command(itt, &rw10(0x28, 0, 8), 0xC0, 4096);
     client.send(&bhs, &[]);
@@ -289,6 +307,27 @@ fn a_failing_device_read_is_a_medium_error_and_the_lu_keeps_working() {
     );
     drop(client);
     drop(daemon);
+}
+
+/// The INFORMATION field of sense data when its VALID bit is set (fixed format) or its
+/// information descriptor is there (descriptor format).
+fn information(sense: &[u8]) -> Option<u64> {
+    match sense.first()? {
+        0x72 => {
+            let mut at = 8;
+            while at + 12 <= sense.len() {
+                if sense[at] == 0x00 {
+                    return Some(u64::from_be_bytes(sense[at + 4..at + 12].try_into().ok()?));
+                }
+                at += 2 + usize::from(sense[at + 1]);
+            }
+            None
+        }
+        code if code & 0x80 != 0 => {
+            Some(u32::from_be_bytes(sense.get(3..7)?.try_into().ok()?).into())
+        }
+        _ => None,
+    }
 }
 
 /// A loop device over a sparse file on a tmpfs far smaller than the file: writes to blocks

@@ -34,6 +34,14 @@ pub struct BlockIo {
     pub transfer_len: u32,
 }
 
+impl BlockIo {
+    /// Whether this I/O, failed with `e`, is answered by [`LogicalUnit::finish_located`]: a
+    /// read the medium failed, whose failing block a host is told.
+    pub fn failure_is_located(&self, e: &std::io::Error) -> bool {
+        self.op == BlockOp::Read && crate::sbc::read_failed_on_medium(e)
+    }
+}
+
 /// A write's share of its LU's write order, held until the device has answered, so that
 /// COMPARE AND WRITE (which takes the order exclusively) never runs between a write's
 /// submission and its completion.
@@ -144,8 +152,22 @@ impl LogicalUnit {
         }
     }
 
+    /// The completion of a planned read the medium failed ([`BlockIo::failure_is_located`]):
+    /// MEDIUM ERROR, UNRECOVERED READ ERROR with the first failing block in its INFORMATION
+    /// field. Reads the range again to find it: call it where waiting is fine.
+    pub fn finish_located(&self, io: &BlockIo, e: std::io::Error) -> Completion {
+        debug_assert!(
+            io.failure_is_located(&e),
+            "only a read's medium error is located"
+        );
+        self.completion(Err(self
+            .read_failure(io.offset, u64::from(io.len), e)
+            .into()))
+    }
+
     /// The completion of a planned I/O from what the device answered: GOOD with the CDB's
-    /// transfer length, or MEDIUM ERROR (unrecovered read error / write error) on failure.
+    /// transfer length, or MEDIUM ERROR (unrecovered read error / write error) on failure
+    /// (without the failing block: see [`LogicalUnit::finish_located`]).
     pub fn finish(&self, io: &BlockIo, result: std::io::Result<()>) -> Completion {
         self.completion(match result {
             Ok(()) => Ok(io.transfer_len),

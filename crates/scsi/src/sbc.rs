@@ -80,6 +80,16 @@ pub(crate) fn read_error(e: std::io::Error) -> Sense {
     }
     Sense::medium_error_unrecovered_read()
 }
+
+/// Whether a read that failed with `e` failed on the medium, whose first bad block
+/// [`LogicalUnit::read_failure`] then locates (by reading: only where waiting is fine).
+pub(crate) fn read_failed_on_medium(e: &std::io::Error) -> bool {
+    !backend_unreachable(e)
+}
+
+/// How long locating a failed read's first bad block may take: a disk that fails slowly
+/// answers without the INFORMATION field rather than holding the command (hosts abort at 30 s).
+const LOCATE_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 pub(crate) fn write_error(e: std::io::Error) -> Sense {
     const ENOSPC: i32 = 28;
     const EDQUOT: i32 = 122;
@@ -185,12 +195,20 @@ impl LogicalUnit {
     ) -> Result<u32, Stop> {
         let ReadExtent { offset, len, bytes } = self.read_extent(cmd)?;
         let nonblocking = io.is_some();
+        // A medium error met where waiting is not allowed goes where it is, to be located.
+        let failed = |e: std::io::Error| -> Stop {
+            if nonblocking && read_failed_on_medium(&e) {
+                Stop::WouldWait
+            } else {
+                self.read_failure(offset, len.into(), e).into()
+            }
+        };
         if let Some(lending) = io {
             if lending.file_min_bytes > 0 && len >= lending.file_min_bytes {
                 if let Some(range) = self
                     .store
                     .cached_file_range(offset, len.into())
-                    .map_err(read_error)?
+                    .map_err(failed)?
                 {
                     *lending.file = Some(range);
                     data_in.clear();
@@ -200,7 +218,7 @@ impl LogicalUnit {
             if self
                 .store
                 .read_shared(offset, len.into(), lending.slices)
-                .map_err(read_error)?
+                .map_err(failed)?
             {
                 data_in.clear();
                 return Ok(bytes);
@@ -214,17 +232,57 @@ impl LogicalUnit {
             data_in.resize(len, 0);
         }
         if nonblocking {
-            if !self
-                .store
-                .try_read_at(data_in, offset)
-                .map_err(read_error)?
-            {
+            if !self.store.try_read_at(data_in, offset).map_err(failed)? {
                 return Err(Stop::WouldWait);
             }
         } else {
-            self.store.read_at(data_in, offset).map_err(read_error)?;
+            self.store.read_at(data_in, offset).map_err(failed)?;
         }
         Ok(bytes)
+    }
+
+    /// The sense for a read of `len` bytes at byte `offset` that failed with `e`: NOT READY
+    /// for a backend out of reach; else MEDIUM ERROR, UNRECOVERED READ ERROR with the LBA of
+    /// the first block that fails to read in its INFORMATION field, as a disk reports it
+    /// (SBC-3 4.18): Linux then completes the blocks before it and fails only the rest. Reads
+    /// the range again, halving it (a log2 of its blocks, within [`LOCATE_BUDGET`]): call it
+    /// where waiting is fine.
+    pub(crate) fn read_failure(&self, offset: u64, len: u64, e: std::io::Error) -> Sense {
+        if !read_failed_on_medium(&e) {
+            return read_error(e);
+        }
+        Sense {
+            info: self.first_unreadable_block(offset, len),
+            ..Sense::medium_error_unrecovered_read()
+        }
+    }
+
+    /// The first block of `[offset, offset + len)`, whose read as a whole failed, that fails
+    /// to read by itself; None when the failure did not repeat (a flaky device) or locating it
+    /// ran out of time.
+    fn first_unreadable_block(&self, offset: u64, len: u64) -> Option<u64> {
+        let shift = self.block_shift;
+        let (mut lo, mut hi) = (offset >> shift, (offset + len.max(1)).div_ceil(1 << shift));
+        // Whether [lo, hi) was read as a range and failed: the whole command's read did.
+        let mut failed = true;
+        let deadline = std::time::Instant::now() + LOCATE_BUDGET;
+        let mut scratch = Vec::new();
+        while hi - lo > 1 || !failed {
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            let mid = if hi - lo > 1 { lo + (hi - lo) / 2 } else { hi };
+            scratch.resize(usize::try_from((mid - lo) << shift).ok()?, 0);
+            if self.store.read_at(&mut scratch, lo << shift).is_err() {
+                (hi, failed) = (mid, true);
+            } else if mid == hi {
+                return None;
+            } else {
+                (lo, failed) = (mid, false);
+            }
+        }
+        debug_assert_eq!(hi - lo, 1, "located to one block");
+        Some(lo)
     }
 
     /// `nonblocking`: a write-back write the kernel would make wait is declined ([`Stop::WouldWait`]) to
@@ -302,7 +360,7 @@ impl LogicalUnit {
             1 => total,
             _ => bs,
         };
-        if bytchk == 0 || r.blocks == 0 {
+        if r.blocks == 0 {
             return Ok(expected as u32);
         }
         if cmd.data_out.len() < expected {
@@ -314,7 +372,14 @@ impl LogicalUnit {
             let n = (total - done).min(chunk_max);
             scratch.resize(n, 0);
             let offset = (r.lba << self.block_shift) + done as u64;
-            self.store.read_at(scratch, offset).map_err(read_error)?;
+            // BYTCHK 0 verifies the medium only: every block must read (SBC-3 5.31).
+            self.store
+                .read_at(scratch, offset)
+                .map_err(|e| self.read_failure(offset, n as u64, e))?;
+            if bytchk == 0 {
+                done += n;
+                continue;
+            }
             // Compare block by block with slice equality (memcmp); only a differing block is
             // searched byte by byte for the INFORMATION field.
             for (k, got) in scratch.chunks(bs).enumerate() {

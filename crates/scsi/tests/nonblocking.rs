@@ -298,3 +298,27 @@ fn write_back_writes_the_kernel_would_block_are_declined_and_run_again_whole() {
     );
     assert_eq!(data_in, second);
 }
+
+/// A read the medium fails on a network worker is declined, not answered: finding which block
+/// failed takes more reads, which only the blocking pool may wait for (it then answers with
+/// the block named).
+#[test]
+fn a_medium_error_on_the_worker_is_declined_for_the_blocking_pool() {
+    let store = Arc::new(Recording::new(4 * MIB));
+    store.fail_reads(8 * 512..9 * 512, usize::MAX);
+    let m = map_of(store);
+    let (mut data_in, mut lent) = (Vec::new(), Vec::new());
+    let c = try_run(&m, &read10(0, 16), &[], 16 * 512, &mut data_in, &mut lent);
+    assert!(c.is_none(), "declined: {c:?}");
+    let cmd = Command {
+        cdb: &read10(0, 16),
+        data_out: &[],
+        data_in_limit: 16 * 512,
+    };
+    let c = m.execute(&nexus(1), 0, &cmd, &mut data_in);
+    assert_eq!(c.status, Status::CheckCondition);
+    assert_eq!(
+        c.sense.map(|s| (s.key, s.asc, s.info)),
+        Some((3, 0x11, Some(8)))
+    );
+}

@@ -350,3 +350,65 @@ fn an_offline_lu_plans_no_io() {
     assert_eq!(c.status, Status::Good);
     assert!(io);
 }
+
+/// The sense of a command that failed on the medium: key, ASC and the INFORMATION field.
+fn medium_failure(c: &Completion) -> (u8, u8, Option<u64>) {
+    assert_eq!(c.status, Status::CheckCondition, "{c:?}");
+    let sense = c.sense.expect("sense data");
+    (sense.key, sense.asc, sense.info)
+}
+
+/// A read that meets a bad block says which one, as a disk does: MEDIUM ERROR, UNRECOVERED
+/// READ ERROR with the first failing LBA in INFORMATION, whether it ran whole (the blocking
+/// path) or was planned and failed on the device (located by `finish_located`), and VERIFY
+/// with BYTCHK 0 reads the medium to find it too.
+#[test]
+fn a_read_that_fails_on_the_medium_names_its_first_bad_block() {
+    let mut t = T::new();
+    t.lu.nexus_added(1);
+    t.run(&[0; 6], &[]);
+    // Blocks 100-101 of 512 bytes are bad; a 64-block read from 70 meets them at 100.
+    t.store.fail_reads(100 * 512..102 * 512, usize::MAX);
+    let c = t.run(&read10(70, 64), &[]);
+    assert_eq!(medium_failure(&c), (0x03, 0x11, Some(100)));
+    // Planned: the device failed the whole read; locating reads again.
+    let cdb = read10(99, 8);
+    let cmd = Command {
+        cdb: &cdb,
+        data_out: &[],
+        data_in_limit: 8 * 512,
+    };
+    let Plan::Io(io, _) = t.lu.plan(&t.nexus, &cmd, false) else {
+        panic!("plans");
+    };
+    let eio = std::io::Error::from_raw_os_error(5);
+    assert!(io.failure_is_located(&eio));
+    let c = t.lu.finish_located(&io, eio);
+    assert_eq!(medium_failure(&c), (0x03, 0x11, Some(100)));
+    // A backend out of reach is no medium error and is not located.
+    assert!(!io.failure_is_located(&std::io::Error::from_raw_os_error(110)));
+    // One block: it is the bad one.
+    let c = t.run(&read10(101, 1), &[]);
+    assert_eq!(medium_failure(&c), (0x03, 0x11, Some(101)));
+    // VERIFY(10), BYTCHK 0, blocks 0-199: the medium is read, block 100 fails.
+    let verify = [0x2F, 0, 0, 0, 0, 0, 0, 0, 200, 0];
+    let c = t.run(&verify, &[]);
+    assert_eq!(medium_failure(&c), (0x03, 0x11, Some(100)));
+    // Blocks the failure does not touch read and verify as before.
+    assert_eq!(t.run(&read10(0, 100), &[]).status, Status::Good);
+    let verify = [0x2F, 0, 0, 0, 0, 0, 0, 0, 100, 0];
+    assert_eq!(t.run(&verify, &[]), Completion::good(0));
+}
+
+/// A failure that does not repeat (a flaky device) is still a MEDIUM ERROR, but names no block:
+/// the sense claims nothing it could not show.
+#[test]
+fn a_read_failure_that_does_not_repeat_names_no_block() {
+    let mut t = T::new();
+    t.lu.nexus_added(1);
+    t.run(&[0; 6], &[]);
+    t.store.fail_reads(100 * 512..101 * 512, 1);
+    let c = t.run(&read10(64, 64), &[]);
+    assert_eq!(medium_failure(&c), (0x03, 0x11, None));
+    assert_eq!(t.run(&read10(64, 64), &[]).status, Status::Good);
+}

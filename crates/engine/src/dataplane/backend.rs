@@ -950,6 +950,10 @@ impl Backend<'_> {
             tag.lun,
             "a ring completion answers the LUN its command addressed"
         );
+        let result = match result {
+            Err(e) if tag.io.failure_is_located(&e) => return self.answer_located(tag, e),
+            result => result,
+        };
         let completion = tag.lu.finish(&tag.io, result);
         let mut sense = Vec::new();
         let outcome = outcome_of(&completion, &mut sense);
@@ -980,6 +984,25 @@ impl Backend<'_> {
             held_bytes: tag.held_bytes,
             data_out_bytes: tag.data_out_bytes,
             data_out: tag.command.data_out,
+        });
+    }
+
+    /// Answers a ring read the medium failed once its failing block is located, which takes
+    /// reads: on the blocking pool, never the worker. The LU counts the command in flight (a
+    /// reset waits) until the answer is on its way.
+    fn answer_located(&mut self, tag: RingIo, e: std::io::Error) {
+        let answers = self.answers.clone();
+        tokio::task::spawn_blocking(move || {
+            let completion = tag.lu.finish_located(&tag.io, e);
+            let held = (tag.started, tag.held_bytes, tag.data_out_bytes);
+            answers.send(Completed::answering(
+                tag.command,
+                tag.lun,
+                &completion,
+                Vec::new(),
+                held,
+            ));
+            drop(tag._hold);
         });
     }
 

@@ -18,6 +18,10 @@ pub struct Recording {
     /// While set, non-blocking writes are declined after writing their first half, as the
     /// kernel can leave an RWF_NOWAIT write.
     pub busy: AtomicBool,
+    /// Bytes whose reads fail with EIO (a bad range of a disk), and how many such reads may
+    /// still fail (a flaky device; `usize::MAX`: every one).
+    pub unreadable: Mutex<std::ops::Range<u64>>,
+    pub failures_left: AtomicUsize,
 }
 
 impl Recording {
@@ -29,7 +33,25 @@ impl Recording {
             flushes: AtomicUsize::new(0),
             log: Mutex::new(Vec::new()),
             busy: AtomicBool::new(false),
+            unreadable: Mutex::new(0..0),
+            failures_left: AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// Reads touching `range` fail with EIO, `times` times in all.
+    pub fn fail_reads(&self, range: std::ops::Range<u64>, times: usize) {
+        *self.unreadable.lock().unwrap() = range;
+        self.failures_left.store(times, Ordering::SeqCst);
+    }
+
+    fn read_fails(&self, len: usize, offset: u64) -> bool {
+        let bad = self.unreadable.lock().unwrap().clone();
+        let touches = offset < bad.end && bad.start < offset + len as u64;
+        touches
+            && self
+                .failures_left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
     }
 }
 
@@ -41,6 +63,9 @@ impl BlockStore for Recording {
         self.inner.capabilities()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if self.read_fails(buf.len(), offset) {
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, durable: bool) -> std::io::Result<()> {

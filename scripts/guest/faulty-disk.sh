@@ -285,30 +285,29 @@ check_slow_lun_holds_no_other() {
 # A LOGICAL UNIT RESET (the host's error handling, here sg_reset) of the slow LUN while a read
 # waits on its disk: ferrosan answers it once the read the disk holds is over (a submitted I/O
 # cannot be called back, so no later command can meet its effect) — within the disk's delay
-# and a margin, not at the host's 30 s reset timeout — and the other LUN answers meanwhile.
+# and a margin, not at the host's 30 s reset timeout — and the other LUN answers at once after
+# it. (Linux holds every command of the session's host while its reset is out, so the other
+# LUN's reads wait for the reset in the host, not in ferrosan: the check before this one shows
+# the other LUN unaffected by the slow disk itself.)
 check_reset_of_a_slow_lun() {
-    local slow good t0 took read_pid reset_pid worst=0 t1 i
+    local slow good t0 took read_pid worst=0 t1 i
     slow=$(disk 2)
     good=$(disk 1)
     dd if="$slow" of=/dev/null bs=4096 skip=3072 count=1 iflag=direct status=none &
     read_pid=$!
     sleep 0.5
     t0=$(now)
-    (sg_reset --device "$slow" && now >"$WORK/reset.done") &
-    reset_pid=$!
-    sleep 0.2
+    sg_reset --device "$slow" || fail "sg_reset --device of the slow LUN failed"
+    took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%d", (b - a) * 1000 }')
     for i in $(seq 1 3); do
         t1=$(now)
         dd if="$good" of=/dev/null bs=4096 skip=$((10 + i)) count=1 iflag=direct status=none
-        worst=$(awk -v a="$t1" -v b="$(now)" -v w="$worst" 'BEGIN { t = (b - a) * 1000; printf "%d", t > w ? t : w }')
+        worst=$(awk -v a="$t1" -v b="$(now)" -v w="$worst" 'BEGIN { t = (b - a) * 1000; printf "%d", (t > w ? t : w) }')
     done
-    wait "$reset_pid" || fail "sg_reset --device of the slow LUN failed"
-    took=$(awk -v a="$t0" -v b="$(cat "$WORK/reset.done")" 'BEGIN { printf "%d", (b - a) * 1000 }')
     wait "$read_pid" || echo "the read the reset met failed (the host may fail it or retry it)"
-    echo "LOGICAL UNIT RESET of the slow LUN answered in $took ms (the disk delays each I/O by $DELAY_MS ms); LUN 1's slowest read meanwhile: $worst ms"
+    echo "LOGICAL UNIT RESET of the slow LUN answered in $took ms (the disk delays each I/O by $DELAY_MS ms); LUN 1's slowest read after it: $worst ms"
     ((took <= DELAY_MS + 5000)) || fail "the reset took $took ms: more than the disk's delay and 5 s"
-    ((worst < DELAY_MS / 4)) || fail "a read of LUN 1 took $worst ms during the reset"
-    grep -qi 'reset' "$WORK/ferrosan.log" || echo "(ferrosan's log has no line about the reset)"
+    ((worst < DELAY_MS / 4)) || fail "a read of LUN 1 took $worst ms after the reset"
 }
 
 diagnostics() {

@@ -7,6 +7,9 @@
 #
 #   startup      spawn of `ferrosan serve` until `ctl status` answers (devices opened)
 #   status       `ctl status`
+#   luns         `ctl luns` (every LUN listed)
+#   report-luns  REPORT LUNS on a fresh session (bench/idle_sessions.py --probe; the median of
+#                ROUNDS, each after its own login; its cpu_ms is not measured: 0)
 #   create       `ctl volume create pool NAME 1M` (a new device, not mapped, not saved)
 #   map          `ctl lun map TARGET g LUN NAME` of a volume made by `create` (not saved)
 #   save         `ctl save` (the running config over the file)
@@ -35,7 +38,7 @@ BIN=${1:?usage: bench/config-scale.sh BIN [SIZES] [ROUNDS]}
 SIZES=${2:-10 1000 4000}
 SIZES=${SIZES//,/ }
 ROUNDS=${3:-3}
-OPS=${OPS:-startup,status,create,map,save,create-save,reload}
+OPS=${OPS:-startup,status,luns,report-luns,create,map,save,create-save,reload}
 IQN=iqn.2026-12.org.ferrosan:scale
 WORK=$(mktemp -d /var/tmp/ferrosan-config-scale.XXXXXX)
 PID=""
@@ -59,7 +62,7 @@ timed() {
     "$@" >"$WORK/out" 2>&1 || die "$label: $* failed: $(tail -5 "$WORK/out")"
     t1=$(now)
     c1=$(cpu_ticks)
-    awk -v d=$((t1 - t0)) 'BEGIN { printf "%.4f\n", d / 1e6 }' >>"$WORK/t.$label"
+    awk -v d=$((t1 - t0)) 'BEGIN { printf "%.6f\n", d / 1e6 }' >>"$WORK/t.$label"
     echo $((c1 - c0)) >>"$WORK/c.$label"
 }
 TICK=$(getconf CLK_TCK)
@@ -76,7 +79,7 @@ row() {
     cpu_ms=$(awk -v tick="$TICK" '{ s += $1 } END { printf "%.2f", NR ? s * 1000 / tick / NR : 0 }' "$WORK/c.$2" 2>/dev/null || echo 0)
     sort -g "$WORK/t.$2" | awk -v n="$1" -v l="$2" -v cpu="$cpu_ms" '
         { t[NR] = $1 }
-        END { printf "%-6s %-12s %9.4f %9.4f %9.4f %5d %9s\n", n, l, t[int((NR + 1) / 2)], t[1], t[NR], NR, cpu }' \
+        END { printf "%-6s %-12s %10.6f %10.6f %10.6f %5d %9s\n", n, l, t[int((NR + 1) / 2)], t[1], t[NR], NR, cpu }' \
         | tee -a "$OUT"
     rm -f "$WORK/t.$2" "$WORK/c.$2"
 }
@@ -110,7 +113,7 @@ OUT=bench/results/config-scale-$(date +%Y-%m-%d-%H%M)${TAG:+-$TAG}.txt
 {
     echo "# bench/config-scale.sh $(date -u +%FT%TZ): bin=$BIN sizes=$SIZES rounds=$ROUNDS ops=$OPS cache=${CACHE:-auto}"
     echo "# checkout at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') (BIN may be another build); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg); work dir on $(df --output=fstype "$WORK" | tail -1)"
-    echo "# N      verb         median_s     min_s     max_s calls  cpu_ms (the daemon's, a call's mean)"
+    echo "# N      verb           median_s      min_s      max_s calls  cpu_ms (the daemon's, a call's mean)"
 } >"$OUT"
 for n in $SIZES; do
     rm -rf "$WORK/pool" "$WORK/state" "$WORK/ctl.sock"
@@ -137,9 +140,24 @@ for n in $SIZES; do
     done
     t1=$(now)
     if wants startup; then
-        awk -v d=$((t1 - t0)) 'BEGIN { printf "%.4f\n", d / 1e6 }' >"$WORK/t.startup"
+        awk -v d=$((t1 - t0)) 'BEGIN { printf "%.6f\n", d / 1e6 }' >"$WORK/t.startup"
         cpu_ticks >"$WORK/c.startup"
         row "$n" startup
+    fi
+    # Before the verbs below add LUNs: the config's own N.
+    if wants luns; then
+        for ((r = 0; r < ROUNDS; r++)); do timed luns ctl luns; done
+        row "$n" luns
+    fi
+    if wants report-luns; then
+        # A fresh login each round, then REPORT LUNS: the median of the REPORT LUNS alone.
+        python3 bench/idle_sessions.py "127.0.0.1:$port" "$IQN" --probe "$ROUNDS" >"$WORK/probe" ||
+            die "N=$n: the REPORT LUNS probe failed"
+        luns=$(awk '$1 == "report_luns" { print $7 }' "$WORK/probe")
+        ((luns == (n < 16384 ? n : 16384))) || die "N=$n: REPORT LUNS listed $luns LUNs"
+        awk '$1 == "report_luns" { printf "%.6f\n", $3 / 1000 }' "$WORK/probe" >"$WORK/t.report-luns"
+        echo 0 >"$WORK/c.report-luns"
+        row "$n" report-luns
     fi
     for ((r = 0; r < ROUNDS; r++)); do
         wants status && timed status ctl status

@@ -2,6 +2,11 @@
 """Open N idle iSCSI sessions to a target and keep them alive.
 
     idle_sessions.py HOST:PORT TARGET_IQN N [--hold SECONDS] [--ready FILE]
+    idle_sessions.py HOST:PORT TARGET_IQN --probe ROUNDS
+
+The second form times ROUNDS logins of one more session (each closed after its REPORT LUNS)
+and ROUNDS REPORT LUNS of a session, and prints their median and worst in milliseconds with the
+number of LUNs reported, for bench/session-scale.sh and bench/config-scale.sh.
 
 Each session is its own TCP connection with its own ISID: a minimal login
 (security stage with AuthMethod=None, then operational stage, straight to
@@ -54,11 +59,12 @@ def login_pdu(isid, itt, csg, nsg, transit, cmdsn, expstatsn, keys):
     return bhs + data + b"\0" * (pad4(len(data)) - len(data))
 
 
-def login(addr, iqn, index):
+def login(addr, iqn, index, src_index=None):
     host, port = addr.rsplit(":", 1)
     # ferrosan limits connections per source address (max_connections_per_source,
     # 64 by default): spread the sessions over 127.0.0.2, .3, ... (all loopback).
-    src = f"127.0.0.{2 + index // 32}" if host.startswith("127.") else ""
+    src_index = index if src_index is None else src_index
+    src = f"127.0.0.{2 + src_index // 32}" if host.startswith("127.") else ""
     sock = socket.create_connection((host, int(port)), timeout=10, source_address=(src, 0))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     # ISID: type 0x80 (random), unique per session.
@@ -89,7 +95,56 @@ def login(addr, iqn, index):
     return sock, statsn
 
 
+def report_luns(sock, statsn, itt, cmdsn):
+    """REPORT LUNS with room for every LUN there can be; returns (LUN count, ExpStatSN)."""
+    alloc = 16 + 8 * 16384
+    cdb = struct.pack(">BBB3xIBB", 0xA0, 0, 0, alloc, 0, 0).ljust(16, b"\0")
+    bhs = (bytes([0x01, 0xC1, 0, 0, 0, 0, 0, 0]) + b"\0" * 8
+           + struct.pack(">IIII", itt, alloc, cmdsn, statsn) + cdb)
+    sock.sendall(bhs)
+    data = b""
+    while True:
+        rbhs, rdata = read_pdu(sock)
+        op = rbhs[0] & 0x3F
+        if op == 0x25:  # Data-In
+            data += rdata
+            if rbhs[1] & 0x01:  # S bit: the status is in it
+                return len_of(data), struct.unpack(">I", rbhs[24:28])[0] + 1
+        elif op == 0x21:  # SCSI Response
+            if rbhs[3] != 0:
+                raise RuntimeError(f"REPORT LUNS: status {rbhs[3]:#x}")
+            return len_of(data), struct.unpack(">I", rbhs[24:28])[0] + 1
+        elif op != 0x20:  # a NOP-In may come between
+            raise RuntimeError(f"REPORT LUNS: unexpected opcode {op:#x}")
+
+
+def len_of(data):
+    return struct.unpack(">I", data[:4])[0] // 8 if len(data) >= 4 else 0
+
+
+def probe(addr, iqn, rounds):
+    """Times logins and REPORT LUNS; prints one line for each."""
+    logins, reports, luns = [], [], 0
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        # Its own ISID (no holder's session reinstated) from a source address of its own.
+        sock, statsn = login(addr, iqn, 60000 + r, src_index=32 * 200)
+        logins.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        luns, statsn = report_luns(sock, statsn, 1, 1)
+        reports.append((time.perf_counter() - t0) * 1000)
+        sock.close()
+    if luns == 0:
+        sys.exit("REPORT LUNS reported no LUN")
+    for name, t in (("login", logins), ("report_luns", reports)):
+        t.sort()
+        print(f"{name} median_ms {t[len(t) // 2]:.3f} worst_ms {t[-1]:.3f} luns {luns}")
+    return 0
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[3] == "--probe":
+        return probe(sys.argv[1], sys.argv[2], int(sys.argv[4]))
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     addr, iqn, n = sys.argv[1], sys.argv[2], int(sys.argv[3])

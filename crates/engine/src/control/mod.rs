@@ -20,6 +20,7 @@ mod volumes;
 pub use error::{ControlError, SocketError};
 pub use volumes::recover_pools;
 
+use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -637,6 +638,14 @@ fn stats(shared: &Shared) -> Value {
 
 fn luns(shared: &Shared) -> Value {
     let topology = shared.topology();
+    // By name once: a lookup per LUN stays O(1) at 16,000 LUNs (a search per LUN made the
+    // listing quadratic: 2.6 s of CPU there).
+    let configs: HashMap<&str, &crate::config::DeviceConfig> = topology
+        .config
+        .devices
+        .iter()
+        .map(|d| (d.name.as_str(), &**d))
+        .collect();
     let mut list = Vec::new();
     for t in &topology.targets {
         for (g, group) in t.config.groups.iter().zip(&t.groups) {
@@ -645,7 +654,7 @@ fn luns(shared: &Shared) -> Value {
                     continue;
                 };
                 let lu = &device.unit;
-                let dc = topology.config.device(&m.device);
+                let dc = configs.get(m.device.as_str());
                 let (store, path) = dc.map_or(("?", None), |d| (d.store.name(), d.store.medium()));
                 let caps = lu.capabilities();
                 // Under RBD gateways: who owns the image, as this gateway knows it.
@@ -679,20 +688,20 @@ fn luns(shared: &Shared) -> Value {
             }
         }
     }
+    let mapped: HashSet<&str> = topology
+        .config
+        .targets
+        .iter()
+        .flat_map(|t| &t.groups)
+        .flat_map(|g| &g.luns)
+        .map(|m| m.device.as_str())
+        .collect();
     let unmapped: Vec<&String> = topology
         .config
         .devices
         .iter()
         .map(|d| &d.name)
-        .filter(|name| {
-            !topology
-                .config
-                .targets
-                .iter()
-                .flat_map(|t| &t.groups)
-                .flat_map(|g| &g.luns)
-                .any(|m| &&m.device == name)
-        })
+        .filter(|name| !mapped.contains(name.as_str()))
         .collect();
     json!({ "luns": list, "unmapped_devices": unmapped })
 }

@@ -585,9 +585,7 @@ impl Backend<'_> {
     ) -> Result<(), DeferredCommand> {
         let Some(direct) = self
             .view
-            .disk_luns
-            .iter()
-            .find(|d| d.lun == lun)
+            .disk(lun)
             .and_then(|d| d.ring.clone())
             .filter(|_| !self.ring_failed)
         else {
@@ -1423,12 +1421,7 @@ impl ScsiBackend for Backend<'_> {
         if len == 0 || self.ring_failed {
             return None;
         }
-        self.view
-            .disk_luns
-            .iter()
-            .find(|d| d.lun == lun)?
-            .ring
-            .as_ref()?;
+        self.view.disk(lun)?.ring.as_ref()?;
         let buf = DIRECT_BUFFERS.with(|pool| pool.take(len))?;
         Some(Box::new(DirectDataOut(buf)))
     }

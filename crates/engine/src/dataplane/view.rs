@@ -4,6 +4,7 @@
 //! (`Backend::still_admitted`). What it decides is computed from the topology of the moment and
 //! the listeners; the backend acts on the verdict (log line, metric, close reason, meter).
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -73,6 +74,10 @@ impl View {
     pub(super) fn use_group(&mut self, group: &GroupRuntime) {
         self.luns = Some(Arc::clone(&group.luns));
         self.disk_luns = Arc::clone(&group.disk_luns);
+        debug_assert!(
+            self.disk_luns.windows(2).all(|w| w[0].lun < w[1].lun),
+            "a group's disks are sorted by LUN (`disk` searches them)"
+        );
     }
 
     /// The session's target and group in the topology it runs on (normal sessions).
@@ -170,16 +175,19 @@ impl View {
             .is_some_and(|old| same_lun_map(old, &group.luns));
         if let (Some(nexus), false) = (&self.nexus, unchanged) {
             let old: &[LunEntry] = self.luns.as_deref().map_or(&[], LunMap::entries);
-            let reaches = |entries: &[LunEntry], lu: &Arc<scsi::LogicalUnit>| {
-                entries.iter().any(|e| Arc::ptr_eq(&e.lu, lu))
+            // The LUs of each map by address, once: a search per LU made a map change at
+            // 16,000 LUNs quadratic, in every session of the group.
+            let lus = |entries: &[LunEntry]| -> HashSet<*const scsi::LogicalUnit> {
+                entries.iter().map(|e| Arc::as_ptr(&e.lu)).collect()
             };
+            let (before, after) = (lus(old), lus(group.luns.entries()));
             for entry in group.luns.entries() {
-                if !reaches(old, &entry.lu) {
+                if !before.contains(&Arc::as_ptr(&entry.lu)) {
                     self.nexus_joins(&entry.lu);
                 }
             }
             for entry in old {
-                if !reaches(group.luns.entries(), &entry.lu) {
+                if !after.contains(&Arc::as_ptr(&entry.lu)) {
                     entry.lu.nexus_lost(nexus.id);
                 }
             }
@@ -205,8 +213,15 @@ impl View {
 
     /// The LU behind `lun` and its device's stall state, when it is backed by a real disk.
     pub(super) fn disk_lu(&self, lun: u64) -> Option<(&DiskLun, &LunEntry)> {
-        let disk = self.disk_luns.iter().find(|d| d.lun == lun)?;
-        Some((disk, self.luns.as_deref()?.get(lun)?))
+        Some((self.disk(lun)?, self.luns.as_deref()?.get(lun)?))
+    }
+
+    /// The disk behind `lun`, when it is backed by a real disk: a binary search of the
+    /// group's disks, which the topology sorts by LUN (a command's cost must not grow with
+    /// the LUNs of its group).
+    pub(super) fn disk(&self, lun: u64) -> Option<&DiskLun> {
+        let at = self.disk_luns.binary_search_by_key(&lun, |d| d.lun).ok()?;
+        self.disk_luns.get(at)
     }
 }
 
@@ -338,6 +353,40 @@ nqn = "{SUBSYSTEM}"
 
     fn lu(topology: &Topology, device: &str) -> Arc<scsi::LogicalUnit> {
         Arc::clone(&topology.devices[device].unit)
+    }
+
+    /// A group whose config lists its LUNs out of order finds each LUN's disk (a binary
+    /// search: the topology sorts them).
+    #[test]
+    fn each_lun_finds_its_disk_whatever_the_order_of_the_config() {
+        let dir =
+            std::path::PathBuf::from(format!("/var/tmp/ferrosan-view-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory on a disk");
+        let mut text = String::from("[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:3260\"]\n");
+        let order = [5u64, 1, 9, 3, 7];
+        for n in order {
+            text += &format!(
+                "[[device]]\nname = \"f{n}\"\nstore = \"file\"\npath = \"{}/f{n}.img\"\nsize = \"1M\"\n",
+                dir.display()
+            );
+        }
+        text += &format!("[[target]]\niqn = \"{TARGET}\"\n  [[target.group]]\n  name = \"a\"\n  initiators = [{BOTH}]\n  luns = [");
+        for n in order {
+            text += &format!("{{ lun = {n}, device = \"f{n}\" }}, ");
+        }
+        text += "]\n";
+        let config = crate::config::Config::from_toml_str(&text, "test").expect("a valid config");
+        let topology = topology(config, 1, &mut OpenDevices::default());
+        let (_listening, at) = listening(ListenerKind::Iscsi);
+        let view = logged_in(Door::Iscsi, &topology, at);
+        let disks = view.disk_luns.len();
+        assert_eq!(disks, order.len(), "every file on a disk is a disk LUN");
+        for n in order {
+            assert_eq!(view.disk(n).map(|d| d.lun), Some(n), "{disks} disks");
+            assert!(view.disk_lu(n).is_some());
+        }
+        assert!(view.disk(2).is_none() && view.disk(10).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     const POWER_ON: (u8, u8) = (0x29, 0x00);

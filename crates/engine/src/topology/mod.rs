@@ -541,6 +541,8 @@ fn assemble_group(
     }
     let luns = LunMap::new(entries)
         .map_err(|e| OpenError::Config(format!("target {} group {}: {e}", t.iqn, g.name)))?;
+    // By LUN: every command finds its LUN's disk by binary search (`View::disk`).
+    disk_luns.sort_by_key(|d| d.lun);
     Ok(GroupRuntime {
         name: g.name.clone(),
         luns: Arc::new(luns),

@@ -41,6 +41,9 @@ INIT_B=iqn.2026-11.org.ferrosan.guest:node-b
 # (mutual, MUTUAL_USER), with the strongest algorithm both sides offer.
 CHAP_USER=guest CHAP_SECRET=kernel-initiator-s3cret
 MUTUAL_USER=ferrosan-kernel-iscsi MUTUAL_SECRET=target-proves-itself-2026
+# Discovery (SendTargets) needs CHAP of its own, as the ESXi guide sets it up: an initiator that
+# offers only CHAP, as ESXi's "required" makes it, finds the target.
+DISC_USER=discover DISC_SECRET=discovery-s3cret-2026
 # Seconds ferrosan stays down in a restart: longer than the guest's replacement_timeout (5 s),
 # so the sessions give up their commands and dm-multipath queues them with no path left.
 RESTART_GAP=8
@@ -61,6 +64,9 @@ cat >"$OUT/ferrosan.toml" <<CONFIG
 [server]
 state_dir = "$WORK/state"
 control_socket = "$WORK/run/control.sock"
+
+[discovery]
+users = [ { user = "$DISC_USER", secret = "$DISC_SECRET" } ]
 
 [[portal_group]]
 tag = 1
@@ -109,6 +115,8 @@ CHAP_USER=$CHAP_USER
 CHAP_SECRET=$CHAP_SECRET
 MUTUAL_USER=$MUTUAL_USER
 MUTUAL_SECRET=$MUTUAL_SECRET
+DISC_USER=$DISC_USER
+DISC_SECRET=$DISC_SECRET
 PARAMS
 
 CONSOLE=$OUT/guest-console.log

@@ -28,7 +28,7 @@ source /host/params
 # shellcheck source=scripts/guest/lib.sh
 source /host/lib.sh
 : "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${INIT_A:?}" "${INIT_B:?}"
-: "${CHAP_USER:?}" "${CHAP_SECRET:?}" "${MUTUAL_USER:?}" "${MUTUAL_SECRET:?}"
+: "${CHAP_USER:?}" "${CHAP_SECRET:?}" "${MUTUAL_USER:?}" "${MUTUAL_SECRET:?}" "${DISC_USER:?}" "${DISC_SECRET:?}"
 REPORT=${REPORT:-/dev/ttyS1}
 # The portals with their target portal group tags (ferrosan's portal groups 1 and 2).
 PORTAL_OPT=$HOST_ADDR:$PORT_OPT,1 PORTAL_NONOPT=$HOST_ADDR:$PORT_NONOPT,2
@@ -43,7 +43,7 @@ FIO_CUT_SIZE=$((40 << 20)) FIO_RESTART_SIZE=$((32 << 20))
 
 # The checks, in order (check_NAME, dashes as underscores, runs each): login, then the SCSI
 # checks on the sd devices, then multipath-map, then those on the multipath device.
-SCSI_CHECKS=(chap-refused inquiry vpd-di vpd-bl vpd-lbpv rtpg pr-register pr-reserve pr-conflict pr-read-both
+SCSI_CHECKS=(chap-refused discovery-chap inquiry vpd-di vpd-bl vpd-lbpv rtpg pr-register pr-reserve pr-conflict pr-read-both
     pr-preempt pr-release-clear caw-match caw-miscompare write-same write-same-unmap unmap xcopy)
 MP_CHECKS=(multipath-optimized-io failover-cut failback fio-verify-cut
     alua-unavailable alua-optimized-again fio-verify-alua restart-kill fio-verify-restart-kill restart-term fio-verify-restart-term)
@@ -164,6 +164,40 @@ check_chap_refused() {
     done
     after=$(iscsiadm -m session 2>/dev/null | wc -l)
     ((after == before)) || fail "sessions went from $before to $after"
+}
+
+# SendTargets discovery as ESXi's software adapter does it with CHAP "required": the initiator
+# offers CHAP only (open-iscsi's discovery.sendtargets.auth.authmethod = CHAP). With the
+# discovery credentials ([discovery] users) the target is listed; with a wrong secret, or with
+# no CHAP at all, discovery is refused. The records it makes (of the host's 127.0.0.1
+# listeners, unreachable from here) are removed.
+check_discovery_chap() {
+    local portal=$HOST_ADDR:$PORT_OPT out secret
+    for secret in "wrong-$DISC_SECRET" "$DISC_SECRET"; do
+        iscsiadm -m discoverydb -t st -p "$portal" -o new >/dev/null
+        iscsiadm -m discoverydb -t st -p "$portal" -o update \
+            -n discovery.sendtargets.auth.authmethod -v CHAP >/dev/null
+        iscsiadm -m discoverydb -t st -p "$portal" -o update \
+            -n discovery.sendtargets.auth.username -v "$DISC_USER" >/dev/null
+        iscsiadm -m discoverydb -t st -p "$portal" -o update \
+            -n discovery.sendtargets.auth.password -v "$secret" >/dev/null
+        if out=$(iscsiadm -m discoverydb -t st -p "$portal" --discover 2>&1); then
+            [[ $secret == "$DISC_SECRET" ]] || fail "discovery with a wrong CHAP secret listed: $out"
+            grep -q "$TARGET_IQN" <<<"$out" || fail "CHAP discovery did not list $TARGET_IQN: $out"
+            echo "CHAP-only discovery lists: $out"
+        else
+            [[ $secret != "$DISC_SECRET" ]] || fail "CHAP-only discovery with the right secret failed: $out"
+            echo "a wrong discovery secret: refused ($out)"
+        fi
+        iscsiadm -m discoverydb -t st -p "$portal" -o delete >/dev/null 2>&1 || true
+    done
+    if out=$(iscsiadm -m discovery -t st -p "$portal" 2>&1); then
+        fail "discovery without CHAP listed targets though [discovery] requires it: $out"
+    fi
+    echo "discovery without CHAP: refused ($out)"
+    iscsiadm -m discoverydb -t st -p "$portal" -o delete >/dev/null 2>&1 || true
+    iscsiadm -m node 2>/dev/null | awk '$1 ~ /^127\.0\.0\.1:/ { print $1, $2 }' |
+        while read -r p t; do iscsiadm -m node -T "$t" -p "${p%,*}" -o delete >/dev/null 2>&1 || true; done
 }
 
 # Standard INQUIRY on both of A's paths: the same vendor and product, and byte 5's TPGS field

@@ -87,8 +87,9 @@ pub(crate) fn read_failed_on_medium(e: &std::io::Error) -> bool {
     !backend_unreachable(e)
 }
 
-/// How long locating a failed read's first bad block may take: a disk that fails slowly
-/// answers without the INFORMATION field rather than holding the command (hosts abort at 30 s).
+/// How long locating a failed read's first bad block may go on starting reads: past it, a disk
+/// that fails slowly is answered without the INFORMATION field rather than holding the command
+/// (hosts abort at 30 s). The answer comes at most one read after it.
 const LOCATE_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 pub(crate) fn write_error(e: std::io::Error) -> Sense {
     const ENOSPC: i32 = 28;

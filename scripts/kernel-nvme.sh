@@ -3,7 +3,8 @@
 # kernel, nvme-cli, open-iscsi, sg3-utils, fio; scripts/lib/guest.sh) discovers and connects to
 # ferrosan on this host with native NVMe multipath over two portal groups, and checks identity,
 # ANA states and their change notices, fio verify, one device through both doors, one
-# reservation table across them, a daemon killed under I/O, and in-band authentication
+# reservation table across them, a daemon killed under I/O, a persistent discovery connection
+# that hears of a subsystem added live (connect-all then connects it), and in-band authentication
 # (DH-HMAC-CHAP, both ways) to a second subsystem (scripts/guest/kernel-nvme.sh,
 # the guest's half; docs/NVME.md, "Tested with").
 #

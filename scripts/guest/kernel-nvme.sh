@@ -35,13 +35,18 @@ source /host/lib.sh
 REPORT=${REPORT:-/dev/ttyS1}
 ACKS=/host/acks
 WORK=/tmp/knvme
+DISCOVERY_NQN=nqn.2014-08.org.nvmexpress.discovery
+# A second host of the guest's, in no group until persistent-discovery adds a subsystem for it.
+LIVE_HOSTID=0c1d2e3f-4a5b-4c6d-8e7f-8091a2b3c4d5
+LIVE_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$LIVE_HOSTID
+LIVE_NQN=$NQN-live
 mkdir -p "$WORK"
 : >"$WORK/state"
 FIO_SIZE=$((32 << 20))
 
 CHECKS=(discover connect identify two-paths fio-verify one-device reservations
     ana-unavailable ana-optimized-again fio-verify-ana restart-kill fio-verify-restart disconnect
-    no-sq-flow)
+    no-sq-flow persistent-discovery)
 # DH-HMAC-CHAP where the host asked for it (a kernel with NVMe in-band authentication).
 ((AUTH_CHECKS)) && CHECKS+=(auth-connect auth-refused)
 # TLS where the guest has tlshd and nvme-cli --tls (Debian 13).
@@ -107,10 +112,11 @@ fio_verdict() {
     ((r == bytes)) || fail "the verify pass read $r bytes, expected $bytes"
 }
 
-# ask_host KIND ARGS...: a request to the host, waited for: restart MODE, alua GROUP STATE, or
-# log PATTERN (ferrosan's log has a line matching it). The host numbers each kind's requests
+# ask_host KIND ARGS...: a request to the host, waited for: restart MODE, alua GROUP STATE,
+# ctl ARGS (`ferrosan ctl ARGS` on the daemon), or log PATTERN (ferrosan's log has a line
+# matching it). The host numbers each kind's requests
 # from 1; the counts outlive the checks' subshells through save.
-RESTARTS=0 ALUA_CHANGES=0 LOG_QUERIES=0
+RESTARTS=0 ALUA_CHANGES=0 LOG_QUERIES=0 CTL_REQUESTS=0
 ask_host() {
     local kind=$1 n ack
     shift
@@ -130,6 +136,11 @@ ask_host() {
             save "LOG_QUERIES=$LOG_QUERIES"
             report "HOST: log $*"
             ;;
+        ctl)
+            CTL_REQUESTS=$((CTL_REQUESTS + 1)) n=$((CTL_REQUESTS + 0))
+            save "CTL_REQUESTS=$CTL_REQUESTS"
+            report "HOST: ctl $*"
+            ;;
     esac
     ack=$ACKS/$kind-$n
     wait_until 120 test -e "$ack" || fail "the host did not answer $kind $* within 120 s"
@@ -144,17 +155,36 @@ ask_host() {
 # ---------------------------------------------------------------------------------------------
 # Checks
 
-# Discovery through the well-known discovery NQN: the subsystem at both of its ports.
+# entries KIND FILE: the "subnqn trsvcid traddr" of each entry of `nvme discover`'s output in
+# FILE whose subtype is KIND ("nvme subsystem", "current discovery subsystem", ...).
+entries() {
+    awk -v kind="$1" '
+        /^=====Discovery Log Entry/ { if (what == kind) print nqn, svc, addr; what = nqn = svc = addr = "" }
+        $1 == "subtype:" { $1 = ""; what = substr($0, 2) }
+        $1 == "subnqn:" { nqn = $2 }
+        $1 == "trsvcid:" { svc = $2 }
+        $1 == "traddr:" { addr = $2 }
+        END { if (what == kind) print nqn, svc, addr }' "$2"
+}
+
+# Discovery through the well-known discovery NQN: the subsystem at both of its ports, and
+# first the discovery service itself where the host reached it, as one a host may keep
+# (explicit persistent connections).
 check_discover() {
     nvme discover -t tcp -a "$HOST_ADDR" -s "$PORT_OPT" -q "$HOSTNQN" | tee "$WORK/discover"
-    grep -q "subnqn: *$NQN" "$WORK/discover" || fail "discovery does not list $NQN"
-    grep -q "trsvcid: *$PORT_OPT" "$WORK/discover" || fail "discovery does not list port $PORT_OPT"
-    grep -q "trsvcid: *$PORT_NONOPT" "$WORK/discover" || fail "discovery does not list port $PORT_NONOPT"
-    # The discovery listener answers the same, and lists no entry for itself.
+    entries "nvme subsystem" "$WORK/discover" >"$WORK/subsystems"
+    grep -q "^$NQN $PORT_OPT " "$WORK/subsystems" || fail "discovery does not list $NQN at port $PORT_OPT"
+    grep -q "^$NQN $PORT_NONOPT " "$WORK/subsystems" || fail "discovery does not list $NQN at port $PORT_NONOPT"
+    [[ $(entries "current discovery subsystem" "$WORK/discover") == "$DISCOVERY_NQN $PORT_OPT "* ]] \
+        || fail "the log does not describe the discovery service at port $PORT_OPT"
+    grep -q "eflags: *explicit discovery connections" "$WORK/discover" \
+        || fail "the discovery service is not described as one a host may stay connected to"
+    # The discovery listener lists the same subsystems, and itself as the discovery service.
     nvme discover -t tcp -a "$HOST_ADDR" -s "$PORT_DISC" -q "$HOSTNQN" | tee "$WORK/discover2"
-    diff <(grep -E "subnqn|trsvcid" "$WORK/discover") <(grep -E "subnqn|trsvcid" "$WORK/discover2") \
+    diff "$WORK/subsystems" <(entries "nvme subsystem" "$WORK/discover2") \
         || fail "the discovery listener answers another log than the I/O listener's"
-    if grep -q "trsvcid: *$PORT_DISC" "$WORK/discover2"; then fail "discovery lists the discovery listener"; fi
+    [[ $(entries "current discovery subsystem" "$WORK/discover2") == "$DISCOVERY_NQN $PORT_DISC "* ]] \
+        || fail "the discovery listener does not describe itself"
 }
 
 check_connect() {
@@ -319,6 +349,79 @@ check_no_sq_flow() {
     echo "$rc" >"$WORK/fio-sqflow.rc"
     fio_verdict sqflow $FIO_SIZE
     nvme disconnect -n "$NQN" >/dev/null || fail "nvme disconnect failed"
+}
+
+# The addresses the discovery log names (the host's loopback, where ferrosan listens) reached
+# from the guest: its connections to 127.0.0.1 at ferrosan's ports go to the host (QEMU's
+# 10.0.2.2), as they would on a network where the log's addresses are the host's own.
+loopback_to_host() {
+    sysctl -qw net.ipv4.conf.all.route_localnet=1
+    nft -f - <<NFT
+table ip hostloop {
+    chain out { type nat hook output priority -100; ip daddr 127.0.0.1 tcp dport { $PORT_OPT, $PORT_DISC } dnat to $HOST_ADDR; }
+    chain post { type nat hook postrouting priority 100; ip saddr 127.0.0.0/8 oifname != "lo" masquerade; }
+}
+NFT
+}
+
+# discovery_ctrl PORT: the discovery controller connected to 127.0.0.1:PORT.
+discovery_ctrl() {
+    local c
+    for c in /sys/class/nvme/nvme*; do
+        [[ $(cat "$c/subsysnqn" 2>/dev/null) == "$DISCOVERY_NQN" ]] || continue
+        [[ $(cat "$c/address" 2>/dev/null) == *"traddr=127.0.0.1,trsvcid=$1"* ]] || continue
+        echo "${c##*/}"
+        return 0
+    done
+    return 1
+}
+
+# A persistent discovery connection, as `nvme discover --persistent` and the boot-time
+# autoconnect keep one: it stays (keep-alive), and when the operator adds a subsystem for the
+# host live, the kernel hears of it (an Asynchronous Event, Discovery Log Page Change: the
+# uevent NVME_AEN=0x70f002 that nvme-cli's udev rule turns into `connect-all --device`), and
+# connect-all through that controller connects the new subsystem, whose namespace reads what
+# was written.
+check_persistent_discovery() {
+    loopback_to_host || fail "cannot route the guest's loopback to the host"
+    udevadm monitor --kernel --property --subsystem-match=nvme >"$WORK/uevents" 2>&1 &
+    local monitor=$! dc ns
+    nvme discover -t tcp -a 127.0.0.1 -s "$PORT_DISC" -q "$LIVE_HOSTNQN" -I "$LIVE_HOSTID" \
+        --persistent | tee "$WORK/discover-live"
+    [[ -z $(entries "nvme subsystem" "$WORK/discover-live") ]] || fail "a host in no group discovers subsystems"
+    dc=$(discovery_ctrl "$PORT_DISC") || fail "the discovery controller did not stay connected"
+    echo "persistent discovery controller: $dc (kato $(cat /sys/class/nvme/"$dc"/kato 2>/dev/null || echo ?))"
+    ask_host ctl device add live ram:16M
+    ask_host ctl target add "$TARGET_IQN-live" --nqn "$LIVE_NQN" --initiator "$LIVE_HOSTNQN" --portal-group 1
+    ask_host ctl lun map "$TARGET_IQN-live" hosts 0 live
+    wait_until 20 grep -q "NVME_AEN=0x70f002" "$WORK/uevents" \
+        || fail "no discovery log change event on $dc"
+    kill "$monitor" 2>/dev/null || true
+    grep -B8 "NVME_AEN=0x70f002" "$WORK/uevents" | head -n 20
+    # What nvme-cli's udev rule runs for the event.
+    nvme connect-all --device="$dc" -t tcp -a 127.0.0.1 -s "$PORT_DISC" -q "$LIVE_HOSTNQN" -I "$LIVE_HOSTID" \
+        || fail "connect-all through $dc failed"
+    wait_until 20 live_namespace >/dev/null || fail "no namespace of $LIVE_NQN after connect-all"
+    ns=$(live_namespace)
+    head -c 4096 /dev/urandom >"$WORK/live-block"
+    dd if="$WORK/live-block" of="/dev/$ns" bs=4096 count=1 oflag=direct status=none || fail "cannot write $ns"
+    cmp <(dd if="/dev/$ns" bs=4096 count=1 iflag=direct status=none) "$WORK/live-block" \
+        || fail "$ns reads back other data"
+    discovery_ctrl "$PORT_DISC" >/dev/null || fail "the discovery controller is gone"
+    nvme disconnect -n "$LIVE_NQN" >/dev/null || fail "nvme disconnect of $LIVE_NQN failed"
+    nvme disconnect -d "$dc" >/dev/null || fail "nvme disconnect of $dc failed"
+}
+
+# live_namespace: the namespace of the subsystem added live.
+live_namespace() {
+    local s n
+    for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+        [[ $(cat "$s/subsysnqn" 2>/dev/null) == "$LIVE_NQN" ]] || continue
+        for n in "$s"/nvme*n1; do
+            [[ -e $n ]] && echo "${n##*/}" && return 0
+        done
+    done
+    return 1
 }
 
 # In-band authentication with Linux's DH-HMAC-CHAP: every queue of the controller

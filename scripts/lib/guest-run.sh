@@ -129,10 +129,27 @@ log_query() {
     mv "$WORK/share/acks/log-$n.tmp" "$WORK/share/acks/log-$n"
 }
 
-# follow_guest: follow the guest until it powers off: carry out its restart, ALUA and log
+# ctl_request N ARGS...: run `ferrosan ctl ARGS` on the daemon (a live change the guest needs),
+# answered in acks/ctl-N: "ok OUTPUT" or "FAILED OUTPUT".
+ctl_request() {
+    local n=$1 result words
+    shift
+    log "guest asks for ferrosan ctl $*"
+    # Split at blanks as the guest wrote them, never globbed.
+    read -r -a words <<<"$*"
+    if result=$("$FERROSAN_BIN" ctl --socket "$WORK/run/control.sock" "${words[@]}" 2>&1); then
+        result="ok $result"
+    else
+        result="FAILED $result"
+    fi
+    echo "$result" | tr '\n' ' ' >"$WORK/share/acks/ctl-$n.tmp"
+    mv "$WORK/share/acks/ctl-$n.tmp" "$WORK/share/acks/ctl-$n"
+}
+
+# follow_guest: follow the guest until it powers off: carry out its restart, ALUA, ctl and log
 # requests, note when it is up; then stop it and ferrosan.
 follow_guest() {
-    local handled=0 alua_handled=0 log_handled=0 requests group state
+    local handled=0 alua_handled=0 log_handled=0 ctl_handled=0 requests group state
     T_BOOT="" timed_out=0
     while kill -0 "$GUEST_PID" 2>/dev/null; do
         if [[ -z $T_BOOT ]] && grep -q '^init: ready' "$CONSOLE" 2>/dev/null; then
@@ -154,6 +171,11 @@ follow_guest() {
         while ((log_handled < ${#requests[@]})); do
             log_handled=$((log_handled + 1))
             log_query "$log_handled" "${requests[log_handled - 1]#HOST: log }"
+        done
+        mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: ctl ' || true)
+        while ((ctl_handled < ${#requests[@]})); do
+            ctl_handled=$((ctl_handled + 1))
+            ctl_request "$ctl_handled" "${requests[ctl_handled - 1]#HOST: ctl }"
         done
         if (($(date +%s) - T0 > GUEST_TIMEOUT)); then
             log "the guest is still running after $GUEST_TIMEOUT s: stopping it"

@@ -7,9 +7,10 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::array::Path;
+use common::array::{read_len, Path};
 use common::{free_port, metric, wait_for_metric, Daemon};
 use initiator::nvme::{self as host, NvmeHost, QueueConn};
+use initiator::session::Transfer;
 use nvme::sqe::Status;
 
 const IQN: &str = "iqn.2024-01.dev.ferrosan:nvme";
@@ -363,13 +364,131 @@ fn connect_status(port: u16, subnqn: &str, hostnqn: &str) -> Status {
 fn discovery_lists_the_subsystems_a_host_may_reach() {
     let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
     let page = discovery_log(nvme_port);
-    let records = u64::from_le_bytes(page[8..16].try_into().unwrap());
-    assert_eq!(records, 1);
-    let entry = &page[1024..2048];
-    assert_eq!(entry[0], 3, "TCP");
-    assert!(entry[256..].starts_with(NQN.as_bytes()));
-    assert!(entry[512..].starts_with(b"127.0.0.1"));
-    assert!(entry[32..].starts_with(nvme_port.to_string().as_bytes()));
+    let listed = entries(&page);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    // First this discovery service where the host reached it, as one it may stay connected to.
+    let here = &listed[0];
+    assert_eq!((here.subtype, here.eflags), (3, EFLAGS_EPCSD));
+    assert_eq!(here.subnqn, nvme::fabrics::DISCOVERY_NQN);
+    assert_eq!((here.address.as_str(), here.port), ("127.0.0.1", nvme_port));
+    let subsystem = &listed[1];
+    assert_eq!(
+        (subsystem.trtype, subsystem.subtype, subsystem.eflags),
+        (3, 2, 0)
+    );
+    assert_eq!(subsystem.subnqn, NQN);
+    assert_eq!(
+        (subsystem.address.as_str(), subsystem.port),
+        ("127.0.0.1", nvme_port)
+    );
+}
+
+/// Explicit persistent connections supported (discovery log entry flags).
+const EFLAGS_EPCSD: u16 = 1 << 1;
+
+/// One discovery log entry, as a host reads it.
+#[derive(Debug)]
+struct Listed {
+    trtype: u8,
+    subtype: u8,
+    port_id: u16,
+    eflags: u16,
+    port: u16,
+    subnqn: String,
+    address: String,
+}
+
+/// The entries of a discovery log page.
+fn entries(page: &[u8]) -> Vec<Listed> {
+    let records = u64::from_le_bytes(page[8..16].try_into().unwrap()) as usize;
+    let text = |b: &[u8]| {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        String::from_utf8(b[..end].to_vec()).unwrap()
+    };
+    (1..=records)
+        .map(|i| &page[i * 1024..(i + 1) * 1024])
+        .map(|e| Listed {
+            trtype: e[0],
+            subtype: e[2],
+            port_id: u16::from_le_bytes([e[4], e[5]]),
+            eflags: u16::from_le_bytes([e[10], e[11]]),
+            port: text(&e[32..64]).parse().unwrap(),
+            subnqn: text(&e[256..512]),
+            address: text(&e[512..768]),
+        })
+        .collect()
+}
+
+#[test]
+fn discovery_refers_hosts_to_the_other_gateways_discovery_services() {
+    let (nvme_port, port) = (free_port(), free_port());
+    let (other_nvme, other_discovery) = (free_port(), free_port());
+    let hidden_nvme = free_port();
+    let text = format!(
+        r#"[server]
+gateway = "a"
+
+[[portal_group]]
+tag = 1
+listen = ["127.0.0.1:{port}"]
+nvme_listen = ["127.0.0.1:{nvme_port}"]
+gateway = "a"
+
+[[portal_group]]
+tag = 2
+listen = ["127.0.0.1:{}"]
+nvme_listen = ["127.0.0.1:{other_nvme}"]
+nvme_discovery_listen = ["127.0.0.1:{other_discovery}"]
+gateway = "b"
+
+[[portal_group]]
+tag = 3
+listen = ["127.0.0.1:{}"]
+nvme_listen = ["127.0.0.1:{hidden_nvme}", "0.0.0.0:{}"]
+gateway = "b"
+
+[[device]]
+name = "mem"
+store = "ram"
+size = "16M"
+
+[[target]]
+iqn = "{IQN}"
+nqn = "{NQN}"
+portal_groups = [1, 2]
+
+  [[target.group]]
+  name = "db"
+  initiators = ["{HOSTNQN}"]
+  luns = [ {{ lun = 0, device = "mem" }} ]
+
+[[target]]
+iqn = "{IQN}-other"
+nqn = "{NQN}-other"
+portal_groups = [3]
+
+  [[target.group]]
+  name = "db"
+  initiators = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
+  luns = [ {{ lun = 0, device = "mem" }} ]
+"#,
+        free_port(),
+        free_port(),
+        free_port()
+    );
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    let listed = entries(&discovery_log(nvme_port));
+    let kinds: Vec<_> = listed.iter().map(|e| e.subtype).collect();
+    assert_eq!(kinds, [3, 2, 1], "{listed:?}");
+    // The subsystem at this gateway's listener only; the other gateway's group through its
+    // discovery service, the host's way to that gateway's paths.
+    assert_eq!((listed[1].port_id, listed[1].port), (1, nvme_port));
+    let referral = &listed[2];
+    assert_eq!(referral.subnqn, nvme::fabrics::DISCOVERY_NQN);
+    assert_eq!((referral.port_id, referral.port), (2, other_discovery));
+    assert_eq!(referral.eflags, EFLAGS_EPCSD);
+    // Group 3 serves only a subsystem this host may not reach: no referral to it.
+    assert!(listed.iter().all(|e| e.port != hidden_nvme));
 }
 
 /// A discovery controller at `port` for HOSTNQN, connected and enabled.
@@ -821,9 +940,9 @@ fn a_discovery_listener_serves_discovery_only() {
     let text = config_text(port, nvme_port, &more, &group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     // The discovery controller answers there, and points at the I/O listener, not at itself.
-    let page = discovery_log(discovery_port);
-    assert_eq!(u64::from_le_bytes(page[8..16].try_into().unwrap()), 1);
-    assert!(page[1024 + 32..].starts_with(nvme_port.to_string().as_bytes()));
+    let listed = entries(&discovery_log(discovery_port));
+    let ports: Vec<_> = listed.iter().map(|e| (e.subtype, e.port)).collect();
+    assert_eq!(ports, [(3, discovery_port), (2, nvme_port)]);
     // A subsystem's Connect there is refused; at the I/O listener it is served.
     assert_eq!(
         connect_status(discovery_port, NQN, HOSTNQN),
@@ -1142,7 +1261,8 @@ fn a_persistent_discovery_controller_hears_of_a_subsystem_added_live() {
             )
             .unwrap()
             .data;
-        u64::from_le_bytes(page[8..16].try_into().unwrap())
+        // Subsystems only (the first entry is the discovery service itself).
+        u64::from_le_bytes(page[8..16].try_into().unwrap()) - 1
     };
     assert_eq!(log(&mut q), 1);
     let aer = host::sqe(nvme::admin::opcode::ASYNC_EVENT_REQUEST, 0, [0; 6]);
@@ -1177,4 +1297,58 @@ fn a_persistent_discovery_controller_hears_of_a_subsystem_added_live() {
     );
     assert!(added.elapsed() < Duration::from_secs(5));
     assert_eq!(log(&mut q), 2);
+}
+
+#[test]
+fn the_write_cache_is_one_setting_whichever_door_changes_it() {
+    let (daemon, nvme_port) = both_doors(&["ram:16M", "ram:16M"]);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let mut iscsi = Path::connect(daemon.port, IQN, INITIATOR, [0x40, 0, 0, 0, 0, 9]).unwrap();
+    iscsi.settle();
+    let features = |h: &mut NvmeHost, cdw10: u32| {
+        h.admin
+            .run_ok(host::sqe(0x0A, 0, [cdw10, 0, 0, 0, 0, 0]), Vec::new(), 0)
+            .unwrap()
+            .cqe
+            .dw0
+    };
+    // LUN 0's WCE, as MODE SENSE (10) of the caching page shows it.
+    let wce = |iscsi: &mut Path| {
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x5A;
+        cdb[1] = 0x08; // DBD
+        cdb[2] = 0x08;
+        cdb[8] = 64;
+        let (status, _, data) = iscsi.run(&cdb, read_len(64));
+        assert_eq!(status, 0);
+        data[8 + 2] & 0x04 != 0
+    };
+    assert_eq!(features(&mut h, 0x06 | 3 << 8), 1 << 2, "changeable");
+    let set = |h: &mut NvmeHost, on: u32| {
+        h.admin
+            .run_ok(host::sqe(0x09, 0, [0x06, on, 0, 0, 0, 0]), Vec::new(), 0)
+            .expect("Set Features (Volatile Write Cache)")
+    };
+    // On from NVMe: LUN 0's device, seen through iSCSI, which hears of the change (MODE
+    // PARAMETERS CHANGED).
+    set(&mut h, 1);
+    assert_eq!(features(&mut h, 0x06), 1);
+    let (status, sense, _) = iscsi.run(&[0; 6], Transfer::None);
+    assert_eq!((status, sense.map(|s| (s.1, s.2))), (2, Some((0x2A, 0x01))));
+    iscsi.settle();
+    assert!(wce(&mut iscsi));
+    // Off from NVMe: every namespace's device (the feature reads on while any is on).
+    set(&mut h, 0);
+    assert_eq!(features(&mut h, 0x06), 0);
+    iscsi.settle();
+    assert!(!wce(&mut iscsi));
+    // On again from iSCSI (LUN 0): NVMe reports the cache on.
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x55;
+    cdb[1] = 0x10;
+    cdb[8] = 28;
+    let mut page = vec![0u8; 28];
+    page[8..11].copy_from_slice(&[0x08, 0x12, 0x04]);
+    assert_eq!(iscsi.run(&cdb, Transfer::Write(page)).0, 0);
+    assert_eq!(features(&mut h, 0x06), 1);
 }

@@ -74,12 +74,6 @@ const KAS_100MS: u16 = 1;
 /// The ANA transition time the controller reports, seconds.
 const ANATT_S: u8 = 10;
 
-/// Feature Not Changeable (command specific 0Eh).
-pub const FEATURE_NOT_CHANGEABLE: Status = Status {
-    sct: 1,
-    sc: 0x0E,
-    dnr: true,
-};
 /// Command Sequence Error (generic 0Ch): an admin command before the host enabled the
 /// controller, or Number of Queues changed after I/O queues connected.
 pub const COMMAND_SEQUENCE_ERROR: Status = Status {
@@ -142,6 +136,11 @@ pub enum Answer {
     /// An Asynchronous Event Request kept until a notice completes it
     /// ([`Controller::notify`]).
     Held,
+    /// Set Features (Volatile Write Cache): the write cache of every namespace of the
+    /// controller on or off. A namespace's device may be shared with other hosts and with
+    /// iSCSI initiators, so the transport applies it to the device as MODE SELECT does (one
+    /// setting, whichever door) and answers when it is done.
+    WriteCache { on: bool },
 }
 
 impl Answer {
@@ -389,9 +388,8 @@ impl Controller {
 
     fn get_feature(&self, feature: Feature, select: Select, view: &View<'_>) -> Answer {
         if select == Select::Capabilities {
-            // Not saveable, not per namespace; changeable except the write cache.
-            let changeable = feature != Feature::VolatileWriteCache;
-            return Answer::value(u32::from(changeable) << 2);
+            // Not saveable, not per namespace, changeable.
+            return Answer::value(1 << 2);
         }
         let current = select == Select::Current;
         Answer::value(match feature {
@@ -424,9 +422,7 @@ impl Controller {
 
     fn set_feature(&mut self, feature: Feature, value: u32) -> Answer {
         match feature {
-            // One device may be shared with iSCSI initiators: its cache mode is the device's
-            // (MODE SELECT or the config), not one host's.
-            Feature::VolatileWriteCache => Answer::status(FEATURE_NOT_CHANGEABLE),
+            Feature::VolatileWriteCache => Answer::WriteCache { on: value & 1 != 0 },
             Feature::NumberOfQueues => {
                 match admin::number_of_queues(value, self.limits.io_queues_max) {
                     Ok(granted) => {

@@ -169,11 +169,19 @@ pub fn ana(change_count: u64, groups: &[AnaGroup], groups_only: bool) -> Vec<u8>
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum SubsystemType {
-    /// Another discovery controller (a referral).
+    /// Another discovery service (a referral: another gateway's portal group).
     Referral = 1,
     Nvm = 2,
-    /// The discovery subsystem answering.
+    /// The discovery subsystem answering, at the port the host reached it on.
     CurrentDiscovery = 3,
+}
+
+impl SubsystemType {
+    /// Whether the entry describes a discovery service (its subsystem NQN is then the
+    /// well-known discovery NQN).
+    pub fn is_discovery(self) -> bool {
+        !matches!(self, SubsystemType::Nvm)
+    }
 }
 
 /// One discovery log entry: a subsystem reachable at an address over TCP.
@@ -196,6 +204,10 @@ const TREQ_SECURE_CHANNEL_REQUIRED: u8 = 0x01;
 const TREQ_SQ_FLOW_DISABLE: u8 = 0x04;
 /// TSAS for TCP, byte 0 (SECTYPE): TLS 1.3.
 const TSAS_SECTYPE_TLS13: u8 = 2;
+/// EFLAGS: the discovery controller described supports explicit persistent connections (it
+/// keeps a host's keep-alive and raises Discovery Log Page Change to a held Asynchronous
+/// Event Request). Without it, libnvme's `connect-all --persistent` drops the connection.
+pub const EFLAGS_EPCSD: u16 = 1 << 1;
 
 fn put_str(d: &mut [u8], at: usize, len: usize, s: &str) {
     let b = &s.as_bytes()[..s.len().min(len - 1)];
@@ -216,6 +228,9 @@ impl DiscoveryEntry {
         e[4..6].copy_from_slice(&self.port_id.to_le_bytes());
         e[6..8].copy_from_slice(&crate::fabrics::DYNAMIC_CONTROLLER.to_le_bytes());
         e[8..10].copy_from_slice(&32u16.to_le_bytes()); // ASQSZ
+        if self.kind.is_discovery() {
+            e[10..12].copy_from_slice(&EFLAGS_EPCSD.to_le_bytes());
+        }
         put_str(&mut e, 32, 32, &self.port.to_string());
         put_str(&mut e, 256, 256, &self.subnqn);
         put_str(&mut e, 512, 256, &self.address);

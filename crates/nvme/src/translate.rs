@@ -60,6 +60,7 @@ const VERIFY_16: u8 = 0x8F;
 const SYNCHRONIZE_CACHE_16: u8 = 0x91;
 const WRITE_SAME_16: u8 = 0x93;
 const UNMAP: u8 = 0x42;
+const MODE_SELECT_10: u8 = 0x55;
 const COMPARE_AND_WRITE: u8 = 0x89;
 const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
 const PERSISTENT_RESERVE_IN: u8 = 0x5E;
@@ -226,6 +227,27 @@ pub fn split_fua_write_zeroes(command: &IoCommand) -> Option<(IoCommand, ScsiCom
         write: false,
     };
     Some((plain, sync))
+}
+
+/// MODE SELECT (10) of the caching mode page with WCE `on`: Set Features (Volatile Write
+/// Cache) is the device's write cache, one setting with the WCE an iSCSI initiator selects.
+pub fn write_cache(on: bool) -> ScsiCommand<'static> {
+    const LEN: usize = 8 + 20;
+    let mut data = vec![0u8; LEN];
+    data[8] = 0x08; // the caching mode page, 18 bytes after its header
+    data[9] = 0x12;
+    data[10] = if on { 0x04 } else { 0 };
+    let mut cdb = Cdb::zeroed(10);
+    cdb[0] = MODE_SELECT_10;
+    cdb[1] = 0x10; // PF: the pages are in the standard format
+    cdb[7..9].copy_from_slice(&(LEN as u16).to_be_bytes());
+    ScsiCommand {
+        cdb,
+        data_out: Cow::Owned(data),
+        data_in_len: 0,
+        read: false,
+        write: true,
+    }
 }
 
 pub fn reservation_report() -> ScsiCommand<'static> {

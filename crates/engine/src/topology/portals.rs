@@ -212,7 +212,7 @@ pub fn advertised(listen: SocketAddr, local: IpAddr, host: &[IpAddr]) -> Vec<Soc
 }
 
 /// An IPv4 peer of a dual-stack socket shows as ::ffff:a.b.c.d: the IPv4 address it is.
-fn canonical(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,

@@ -59,14 +59,14 @@ fn data(answer: Answer) -> Vec<u8> {
             assert_eq!(status, Status::SUCCESS);
             data
         }
-        Answer::Held => panic!("held"),
+        other => panic!("{other:?}"),
     }
 }
 
 fn status(answer: Answer) -> Status {
     match answer {
         Answer::Now { status, .. } => status,
-        Answer::Held => panic!("held"),
+        other => panic!("{other:?}"),
     }
 }
 
@@ -148,7 +148,7 @@ fn features_keep_what_the_host_set_within_the_limits() {
             assert_eq!(status, Status::SUCCESS);
             dw0
         }
-        Answer::Held => panic!(),
+        other => panic!("{other:?}"),
     };
     assert_eq!(set(&mut c, 0x07, 7 | 7 << 16), Answer::value(3 | 3 << 16));
     assert_eq!(c.io_queues(), 4);
@@ -159,12 +159,10 @@ fn features_keep_what_the_host_set_within_the_limits() {
     assert_eq!(c.kato_ms(), 5_000);
     assert_eq!(get(&mut c, 0x0F), 5_000);
     assert_eq!(status(set(&mut c, 0x0F, 60_001)), Status::INVALID_FIELD);
-    assert_eq!(status(set(&mut c, 0x06, 1)), FEATURE_NOT_CHANGEABLE);
-    assert_eq!(
-        get(&mut c, 0x06 | 3 << 8),
-        0,
-        "the write cache is not changeable"
-    );
+    // The write cache is the devices': the transport applies it.
+    assert_eq!(set(&mut c, 0x06, 1), Answer::WriteCache { on: true });
+    assert_eq!(set(&mut c, 0x06, 0), Answer::WriteCache { on: false });
+    assert_eq!(get(&mut c, 0x06 | 3 << 8), 1 << 2, "changeable");
     assert_eq!(get(&mut c, 0x0B | 3 << 8), 1 << 2);
 }
 

@@ -132,4 +132,36 @@ fn a_discovery_log_has_a_header_and_an_entry_per_port() {
         "TREQ: secure channel required, SQ flow control may be off"
     );
     assert_eq!(tls[768], 2, "TSAS: TLS 1.3");
+    assert_eq!(&entry[10..12], &[0, 0], "no entry flags on a subsystem");
+}
+
+#[test]
+fn discovery_services_are_described_as_persistent() {
+    let here = DiscoveryEntry {
+        kind: SubsystemType::CurrentDiscovery,
+        port_id: 1,
+        ipv6: true,
+        address: "2001:db8::1".into(),
+        port: 8009,
+        subnqn: crate::fabrics::DISCOVERY_NQN.into(),
+        tls_required: false,
+    };
+    let referral = DiscoveryEntry {
+        kind: SubsystemType::Referral,
+        address: "2001:db8::2".into(),
+        port_id: 2,
+        ..here.clone()
+    };
+    let d = discovery(1, &[here, referral]);
+    for (at, subtype) in [(1024, 3), (2048, 1)] {
+        let e = &d[at..at + 1024];
+        assert_eq!(e[1], 2, "IPv6");
+        assert_eq!(e[2], subtype);
+        assert_eq!(
+            u16::from_le_bytes([e[10], e[11]]),
+            EFLAGS_EPCSD,
+            "explicit persistent connections supported, not a duplicate"
+        );
+        assert_eq!(&e[256..292], crate::fabrics::DISCOVERY_NQN.as_bytes());
+    }
 }

@@ -13,6 +13,7 @@ use nvme::sqe::{Status, FABRICS};
 use nvme::translate::{self, ScsiCommand};
 use seam::{DataOutBuf, DeferredCommand, Execution, ScsiBackend, ScsiRequest};
 
+use super::discovery;
 use super::view::{self, Namespaces};
 use super::{Driver, Role};
 use crate::admission::controllers::ControllerEntry;
@@ -258,7 +259,7 @@ impl Driver {
     fn admin(
         &mut self,
         entry: &ControllerEntry,
-        backend: &Backend<'_>,
+        backend: &mut Backend<'_>,
         life: &mut Life,
         r: &Received,
     ) {
@@ -302,10 +303,34 @@ impl Driver {
                     self.answer(cid, Status::SUCCESS, dw0, &[]);
                 }
             }
+            Answer::WriteCache { on } => {
+                self.set_write_cache(backend, r.sqe.cid(), &namespaces, on);
+            }
         }
         if life.shown.is_none() {
             life.shown = Some(namespaces);
         }
+    }
+
+    /// Set Features (Volatile Write Cache): MODE SELECT of the caching page on each
+    /// namespace's device, one after another (`synced`), through the route and gate every
+    /// command takes, so an iSCSI initiator's WCE and this are one setting; answered when the
+    /// last is back, or at the first that fails.
+    fn set_write_cache(
+        &mut self,
+        backend: &mut Backend<'_>,
+        cid: u16,
+        namespaces: &Namespaces,
+        on: bool,
+    ) {
+        let mut luns = namespaces.views.iter().filter_map(|v| view::lun_of(v.nsid));
+        let Some(first) = luns.next() else {
+            return self.answer(cid, Status::SUCCESS, 0, &[]);
+        };
+        for lun in luns {
+            self.synced.push((cid, lun, translate::write_cache(on)));
+        }
+        self.run(backend, cid, first, &translate::write_cache(on));
     }
 
     fn namespaces_of(&self, backend: &Backend<'_>) -> Namespaces {
@@ -315,8 +340,7 @@ impl Driver {
         }
     }
 
-    /// The discovery log: every subsystem this host would be admitted to, at every NVMe
-    /// listener of its portal groups (the same decision as a Connect's: `Topology::member`).
+    /// The discovery log this controller's host may read (none for an I/O controller).
     fn discovery_entries(
         &self,
         entry: &ControllerEntry,
@@ -325,37 +349,13 @@ impl Driver {
         if entry.subsystem.is_some() {
             return Vec::new();
         }
-        let topology = &backend.view.topology;
-        let host_ips = crate::topology::portals::host_addresses();
-        let mut out = Vec::new();
-        for (index, t) in topology.targets.iter().enumerate() {
-            let Some(nqn) = &t.config.nqn else { continue };
-            if topology
-                .member(index, &entry.host, self.at.peer.ip())
-                .is_err()
-            {
-                continue;
-            }
-            for (addr, tag) in crate::topology::portals::served_nvme(&topology.config) {
-                if !t.portal_groups.contains(&tag) {
-                    continue;
-                }
-                for shown in
-                    crate::topology::portals::advertised(addr, self.at.local.ip(), &host_ips)
-                {
-                    out.push(nvme::log::DiscoveryEntry {
-                        kind: nvme::log::SubsystemType::Nvm,
-                        port_id: tag,
-                        ipv6: shown.is_ipv6(),
-                        address: shown.ip().to_string(),
-                        port: shown.port(),
-                        subnqn: nqn.to_string(),
-                        tls_required: t.config.tls_key(&entry.host).is_some(),
-                    });
-                }
-            }
-        }
-        out
+        let asker = discovery::Asker {
+            host: &entry.host,
+            peer: self.at.peer.ip(),
+            local: self.at.local,
+            portal_group_tag: self.at.portal_group_tag,
+        };
+        discovery::entries(&backend.view.topology, &asker)
     }
 
     /// When nudged, on an admin queue: an ANA state or a namespace that changed since the
@@ -708,11 +708,13 @@ impl Driver {
         limit: usize,
     ) {
         if let Some(i) = self.synced.iter().position(|(c, ..)| *c == cid) {
-            let (_, lun, sync) = self.synced.swap_remove(i);
+            let (_, lun, next) = self.synced.swap_remove(i);
             if status.is_success() {
-                // Answered when the flush is back (this same path, the entry gone).
-                return self.run(backend, cid, lun, &sync);
+                // Answered when the last is back (this same path, the entries gone).
+                return self.run(backend, cid, lun, &next);
             }
+            // The first failure answers: nothing more runs for this command.
+            self.synced.retain(|(c, ..)| *c != cid);
         }
         let len = payload.map_or(0, |p| self.conn.out.payload_len(p).min(limit));
         if let Some(i) = self.reports.iter().position(|&(c, ..)| c == cid) {

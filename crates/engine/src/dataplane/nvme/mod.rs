@@ -5,6 +5,7 @@
 //! device is one device whichever door a command came through.
 
 mod connect;
+mod discovery;
 mod io;
 pub(crate) mod view;
 mod wire;
@@ -210,8 +211,10 @@ struct Driver {
     /// Reservation Reports running as READ FULL STATUS: (identifier, extended, bytes asked,
     /// whether the reservations persist through power loss).
     reports: Vec<(u16, bool, usize, bool)>,
-    /// Write Zeroes with FUA running as WRITE SAME: (identifier, namespace's LUN, the
-    /// SYNCHRONIZE CACHE that follows it before the answer).
+    /// Commands that run as several SCSI commands, one after another: (identifier, the LUN
+    /// of one still to run, that command). A Write Zeroes with FUA (WRITE SAME, then the
+    /// SYNCHRONIZE CACHE of its blocks); a Set Features (Volatile Write Cache) (a MODE SELECT
+    /// per namespace).
     synced: Vec<(u16, u64, nvme::translate::ScsiCommand<'static>)>,
     /// A Disconnect was answered: close once it is sent.
     closing: bool,

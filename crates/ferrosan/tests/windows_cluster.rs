@@ -13,6 +13,11 @@
 //! its key survived (the owner is gone), preempts the owner. Here the intervals are scaled down
 //! (0.3 s and 1.2 s); the rule is the same. VPD validation requires one unique NAA identifier
 //! for the LU, the same through every path and node.
+//!
+//! The same cluster over NVMe/TCP (vSphere 8.0 U3's clustered VMDKs, a Windows node's NVMe/TCP
+//! initiator): NVMe reservations of the Write Exclusive – All Registrants kind on a 512-byte
+//! namespace, through both portal groups (both gateways for RBD), and mixed with an iSCSI node
+//! on the same device — one reservation table whichever door.
 
 mod common;
 
@@ -21,8 +26,10 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::array::{pr, read_len, Array, Backing, Path, GOOD, RESERVATION_CONFLICT};
+use common::nvme_host;
 use common::pseudo_random_bytes;
 use initiator::session::Transfer;
+use nvme::sqe::Status;
 
 const NODE1: &str = "iqn.1991-05.com.microsoft:node1.cluster.example";
 const NODE2: &str = "iqn.1991-05.com.microsoft:node2.cluster.example";
@@ -283,6 +290,135 @@ fn reservation_survives_a_path_change(array: &Array) {
 
 /// The whole validation through one portal group (one gateway), then with the nodes and their
 /// paths spread over both.
+/// NVMe host NQNs of the cluster's nodes (Windows names its host after the machine).
+const NVME_NODE1: &str = "nqn.1991-05.com.microsoft:node1.cluster.example";
+const NVME_NODE2: &str = "nqn.1991-05.com.microsoft:node2.cluster.example";
+const NVME_OUTSIDER: &str = "nqn.1991-05.com.microsoft:outsider.example";
+const WEAR: u8 = nvme_host::rtype::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
+
+/// The cluster over NVMe/TCP, as a clustered VMDK or a Windows node with an NVMe/TCP initiator
+/// uses it: a 512-byte namespace offering Write Exclusive – All Registrants; each node
+/// registers (through both of its paths, one host), the owner acquires, every registrant
+/// writes and an outsider is fenced; a node preempts another's key (that node is fenced on
+/// every path, the reservation stays with the registrants), a preempt with key 0 leaves the
+/// preempting node alone; release and clear end it.
+fn nvme_reservation_sequence(array: &Array) {
+    let mut n1 = array.nvme(0, NVME_NODE1, 8);
+    let mut n1b = array.nvme(1, NVME_NODE1, 8);
+    let mut n2 = array.nvme(1, NVME_NODE2, 8);
+    let mut outsider = array.nvme(0, NVME_OUTSIDER, 8);
+    let ns = nvme_host::identify_namespace(&mut n1, 1);
+    assert_eq!(nvme_host::block_bytes(&ns), 512, "a 512-byte namespace");
+    assert_ne!(
+        ns[31] & 1 << 5,
+        0,
+        "RESCAP: Write Exclusive - All Registrants"
+    );
+    assert_ne!(ns[30] & 1, 0, "NMIC: shared by several controllers");
+    assert_eq!(nvme_host::register(&mut n1, KEY1), Status::SUCCESS);
+    assert_eq!(nvme_host::register(&mut n2, KEY2), Status::SUCCESS);
+    assert_eq!(
+        nvme_host::acquire(&mut n1, 0, WEAR, KEY1, 0),
+        Status::SUCCESS
+    );
+    let seen = nvme_host::report(&mut n2);
+    assert_eq!(seen.kind, WEAR);
+    let mut held: Vec<_> = seen.registrants.iter().map(|r| (r.0, r.2)).collect();
+    held.sort();
+    assert_eq!(
+        held,
+        [(true, KEY1), (true, KEY2)],
+        "every registrant holds it"
+    );
+    // Every registrant writes, through any of its paths; an outsider reads and is fenced.
+    for (h, seed) in [(&mut n1, 1), (&mut n1b, 2), (&mut n2, 3)] {
+        assert_eq!(nvme_host::write(h, 8, block(seed)), Status::SUCCESS);
+    }
+    assert_eq!(
+        nvme_host::write(&mut outsider, 8, block(4)),
+        Status::RESERVATION_CONFLICT
+    );
+    assert_eq!(
+        outsider.read(1, 8, 8, 512).expect("an outsider reads"),
+        block(3)
+    );
+    // Node 2 preempts node 1's key: node 1 is fenced on both paths; the registrants keep it.
+    assert_eq!(
+        nvme_host::acquire(&mut n2, 1, WEAR, KEY2, KEY1),
+        Status::SUCCESS
+    );
+    for h in [&mut n1, &mut n1b] {
+        assert_eq!(
+            nvme_host::write(h, 8, block(5)),
+            Status::RESERVATION_CONFLICT
+        );
+    }
+    let seen = nvme_host::report(&mut n1);
+    assert_eq!((seen.kind, seen.registrants.len()), (WEAR, 1));
+    assert_eq!(seen.registrants[0].2, KEY2);
+    // Node 1 joins again and writes; a preempt with key 0 removes every other registrant.
+    assert_eq!(nvme_host::register(&mut n1b, KEY1), Status::SUCCESS);
+    assert_eq!(nvme_host::write(&mut n1, 8, block(6)), Status::SUCCESS);
+    assert_eq!(
+        nvme_host::acquire(&mut n2, 1, WEAR, KEY2, 0),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        nvme_host::write(&mut n1, 8, block(7)),
+        Status::RESERVATION_CONFLICT
+    );
+    // Release: anyone writes again; clear: no registration left.
+    assert_eq!(nvme_host::release(&mut n2, 0, WEAR, KEY2), Status::SUCCESS);
+    assert_eq!(
+        nvme_host::write(&mut outsider, 8, block(8)),
+        Status::SUCCESS
+    );
+    assert_eq!(nvme_host::release(&mut n2, 1, 0, KEY2), Status::SUCCESS);
+    assert_eq!(
+        nvme_host::report(&mut n1),
+        nvme_host::Report {
+            kind: 0,
+            registrants: Vec::new()
+        }
+    );
+}
+
+/// A cluster with a node on each door: the NVMe node's All Registrants reservation admits the
+/// iSCSI node's writes once it registers (SCSI sees type 7h, key 0) and fences an unregistered
+/// initiator; the iSCSI node preempts the NVMe node's key and fences it.
+fn nvme_beside_iscsi(array: &Array) {
+    let mut nvme_node = array.nvme(0, NVME_NODE1, 8);
+    let mut iscsi_node = node(array, NODE2, 1);
+    let mut stranger = node(array, "iqn.1991-05.com.microsoft:stranger", 0);
+    assert_eq!(nvme_host::register(&mut nvme_node, KEY1), Status::SUCCESS);
+    assert_eq!(
+        nvme_host::acquire(&mut nvme_node, 0, WEAR, KEY1, 0),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        iscsi_node.write(16, &block(9)),
+        CONFLICT,
+        "not yet registered"
+    );
+    assert_eq!(iscsi_node.prout(pr::REGISTER_AND_IGNORE, 0, 0, KEY2), GOOD);
+    assert_eq!(iscsi_node.write(16, &block(10)), GOOD);
+    assert_eq!(
+        iscsi_node.read_reservation(),
+        Some((0, 7)),
+        "All Registrants, key 0"
+    );
+    assert_eq!(stranger.write(16, &block(11)), CONFLICT);
+    assert_eq!(iscsi_node.prout(pr::PREEMPT, 7, KEY2, KEY1), GOOD);
+    assert_eq!(
+        nvme_host::write(&mut nvme_node, 16, block(12)),
+        Status::RESERVATION_CONFLICT
+    );
+    assert_eq!(nvme_node.read(1, 16, 8, 512).expect("read"), block(10));
+    assert_eq!(iscsi_node.prout(pr::CLEAR, 0, KEY2, 0), GOOD);
+    assert_eq!(stranger.settle(), GOOD);
+    assert_eq!(stranger.write(16, &block(13)), GOOD);
+}
+
 fn validate(backing: Backing, tag: &str) {
     let array = Array::start(backing, tag);
     for spread in [false, true] {
@@ -292,6 +428,8 @@ fn validate(backing: Backing, tag: &str) {
         disk_arbitration(&array);
         multiple_arbitration(&array);
         reservation_survives_a_path_change(&array);
+        nvme_reservation_sequence(&array);
+        nvme_beside_iscsi(&array);
     }
 }
 

@@ -4,6 +4,9 @@
 //!   active/optimized, group 2 active/non-optimized (implicit ALUA);
 //! - `Rbd`: two gateways `a` and `b` on a throwaway single-node Ceph cluster, each serving one
 //!   portal group of the same target; `a` owns the image (explicit ALUA), `b` ships to it.
+//!
+//! Each portal group serves the target over NVMe/TCP too (its `nqn`, NSID 1 the same LU), so a
+//! suite may reach the LU through either door, or both at once.
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -38,6 +41,9 @@ pub struct Array {
     pub iqn: String,
     /// The portal of path 0 (target port group 1) and of path 1 (group 2).
     pub ports: [u16; 2],
+    /// The subsystem NQN and each group's NVMe/TCP listener.
+    pub nqn: String,
+    pub nvme_ports: [u16; 2],
     /// One daemon (RAM, disk) or the gateways `a` and `b` (RBD).
     pub daemons: Vec<Daemon>,
     /// False: every path goes through portal group 1 (one gateway, for RBD).
@@ -52,12 +58,16 @@ impl Array {
     /// Starts the array for test `tag` (a short, unique word).
     pub fn start(backing: Backing, tag: &str) -> Array {
         let iqn = format!("iqn.2026-11.org.ferrosan:{tag}");
+        let nqn = format!("nqn.2026-11.org.ferrosan:{tag}");
         let ports = [free_port(), free_port()];
+        let nvme_ports = [free_port(), free_port()];
         let scratch = Scratch::new(tag);
         let mut array = Array {
             backing,
             iqn,
             ports,
+            nqn,
+            nvme_ports,
             daemons: Vec::new(),
             spread: std::cell::Cell::new(true),
             scratch,
@@ -82,15 +92,20 @@ impl Array {
 
     fn start_local(&mut self, device: String) {
         let [a, b] = self.ports;
+        let [na, nb] = self.nvme_ports;
         let size = format!("size = \"{}M\"", LU_BYTES >> 20);
         let text = format!(
             r#"[[portal_group]]
 tag = 1
 listen = ["127.0.0.1:{a}"]
+nvme_listen = ["127.0.0.1:{na}"]
+nvme_discovery_listen = []
 
 [[portal_group]]
 tag = 2
 listen = ["127.0.0.1:{b}"]
+nvme_listen = ["127.0.0.1:{nb}"]
+nvme_discovery_listen = []
 alua_state = "active-non-optimized"
 
 [[device]]
@@ -98,7 +113,7 @@ name = "lu"
 {device}
 {size}
 {target}"#,
-            target = target_text(&self.iqn)
+            target = target_text(&self.iqn, &self.nqn)
         );
         let socket = self.scratch.file("ctl.sock").display().to_string();
         self.daemons.push(Daemon::start_config_text(
@@ -114,15 +129,20 @@ name = "lu"
         let image = format!("rbd/{tag}");
         cluster.rbd(&["create", "--size", &format!("{}M", LU_BYTES >> 20), &image]);
         let [a, b] = self.ports;
+        let [na, nb] = self.nvme_ports;
         let text = format!(
             r#"[[portal_group]]
 tag = 1
 listen = ["127.0.0.1:{a}"]
+nvme_listen = ["127.0.0.1:{na}"]
+nvme_discovery_listen = []
 gateway = "a"
 
 [[portal_group]]
 tag = 2
 listen = ["127.0.0.1:{b}"]
+nvme_listen = ["127.0.0.1:{nb}"]
+nvme_discovery_listen = []
 gateway = "b"
 
 [[device]]
@@ -132,7 +152,7 @@ image = "{image}"
 ceph_conf = "{conf}"
 {target}"#,
             conf = cluster.conf_str(),
-            target = target_text(&self.iqn)
+            target = target_text(&self.iqn, &self.nqn)
         );
         for (gateway, port) in [("a", a), ("b", b)] {
             let socket = self.scratch.file(&format!("{gateway}.sock"));
@@ -173,6 +193,38 @@ ceph_conf = "{conf}"
         )
     }
 
+    /// A controller of NVMe host `hostnqn` through path `path`'s portal group, with one I/O
+    /// queue of `depth` entries (its host identifier follows from the NQN: a host's paths are
+    /// one host).
+    pub fn nvme(&self, path: usize, hostnqn: &str, depth: u16) -> initiator::nvme::NvmeHost {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.nvme_port(path)));
+        initiator::nvme::NvmeHost::connect(addr, &self.nqn, hostnqn, depth).unwrap_or_else(|e| {
+            panic!(
+                "{hostnqn} connects through path {path}: {e:?}\n{}",
+                self.output()
+            )
+        })
+    }
+
+    /// `ferrosan ctl` on daemon `i` (the only one, or gateway `a` and `b`).
+    pub fn ctl(&self, i: usize) -> super::Ctl {
+        let name = match self.backing {
+            Backing::Rbd => ["a.sock", "b.sock"][i],
+            _ => "ctl.sock",
+        };
+        super::Ctl::at(self.scratch.file(name))
+    }
+
+    /// The RBD image's cluster (RBD only).
+    pub fn cluster(&self) -> Option<&TestCluster> {
+        self.cluster.as_ref()
+    }
+
+    /// The NVMe/TCP listener path `path` goes through.
+    pub fn nvme_port(&self, path: usize) -> u16 {
+        self.nvme_ports[self.portal_of(path)]
+    }
+
     /// Whether paths 0 and 1 go through portal groups 1 and 2 (true, the default), or both
     /// through group 1: one gateway for RBD, two sessions through one portal otherwise.
     pub fn spread_paths(&self, spread: bool) {
@@ -207,11 +259,12 @@ impl Drop for Array {
     }
 }
 
-fn target_text(iqn: &str) -> String {
+fn target_text(iqn: &str, nqn: &str) -> String {
     format!(
         r#"
 [[target]]
 iqn = "{iqn}"
+nqn = "{nqn}"
 
   [[target.group]]
   name = "all"

@@ -10,6 +10,7 @@
 pub mod array;
 pub mod ceph;
 pub mod loopfs;
+pub mod nvme_host;
 pub mod raw;
 pub mod tgt;
 

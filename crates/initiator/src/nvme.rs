@@ -70,15 +70,78 @@ impl TlsPsk {
 /// A queue's byte stream: the socket, or TLS over it.
 enum Stream {
     Tcp(TcpStream),
-    Tls(Box<openssl::ssl::SslStream<TcpStream>>),
+    Tls(Box<openssl::ssl::SslStream<Batched>>),
 }
 
 impl Stream {
     fn tcp(&self) -> &TcpStream {
         match self {
             Stream::Tcp(s) => s,
-            Stream::Tls(s) => s.get_ref(),
+            Stream::Tls(s) => &s.get_ref().tcp,
         }
+    }
+}
+
+/// The socket under a TLS stream, read and written in large pieces: OpenSSL reads a record's
+/// header and body and writes each record on its own, a system call each; here one read takes
+/// what has arrived and the records of one send go out together at the flush (as the target's
+/// NVMe door does, `dataplane/batched.rs`).
+struct Batched {
+    tcp: TcpStream,
+    read: Vec<u8>,
+    start: usize,
+    end: usize,
+    held: Vec<u8>,
+}
+
+impl Batched {
+    fn new(tcp: TcpStream) -> Batched {
+        Batched {
+            tcp,
+            read: vec![0; 128 * 1024],
+            start: 0,
+            end: 0,
+            held: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Batched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batched").field("tcp", &self.tcp).finish()
+    }
+}
+
+impl Read for Batched {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.start == self.end {
+            self.end = self.tcp.read(&mut self.read)?;
+            self.start = 0;
+        }
+        let n = buf.len().min(self.end - self.start);
+        buf[..n].copy_from_slice(&self.read[self.start..self.start + n]);
+        self.start += n;
+        Ok(n)
+    }
+}
+
+/// Records held before they are sent without waiting for the flush: a deep queue's writes
+/// reach the target while the rest are still being encrypted.
+const TLS_HELD_MAX: usize = 32 * 1024;
+
+impl Write for Batched {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.held.len() >= TLS_HELD_MAX {
+            self.flush()?;
+        }
+        self.held.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.write_all(&self.held)?;
+        self.held.clear();
+        Ok(())
     }
 }
 
@@ -144,7 +207,9 @@ fn tls_over(
     let mut config = b.build().configure().map_err(|e| failed(&e))?;
     config.set_verify_hostname(false);
     config.set_use_server_name_indication(false);
-    let stream = config.connect("", tcp).map_err(|e| failed(&e))?;
+    let stream = config
+        .connect("", Batched::new(tcp))
+        .map_err(|e| failed(&e))?;
     Ok(Stream::Tls(Box::new(stream)))
 }
 
@@ -213,6 +278,7 @@ impl QueueConn {
 
     fn flush(&mut self) -> Result<(), NvmeError> {
         self.stream.write_all(&self.out)?;
+        self.stream.flush()?;
         self.out.clear();
         Ok(())
     }

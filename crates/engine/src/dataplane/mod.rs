@@ -3,6 +3,7 @@
 
 pub(crate) mod alarm;
 mod backend;
+mod batched;
 mod budget;
 pub(crate) mod busy_poll;
 pub mod closed;

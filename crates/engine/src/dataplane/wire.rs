@@ -7,10 +7,14 @@ use std::net::SocketAddr;
 use std::os::unix::fs::FileExt as _;
 
 use seam::outbox::{Outbox, Part};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use std::pin::Pin;
+use std::task::Poll;
+
+use tokio::io::{AsyncRead as _, AsyncReadExt as _, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
+use super::batched::Batched;
 use super::closed::Closed;
 
 /// Plain text gathered into one TLS write: a few records (16 KiB each).
@@ -18,7 +22,7 @@ const TLS_WRITE_CHUNK: usize = 64 * 1024;
 
 pub(super) enum Wire {
     Plain(TcpStream),
-    Tls(Box<SslStream<TcpStream>>),
+    Tls(Box<SslStream<Batched<TcpStream>>>),
 }
 
 impl Wire {
@@ -35,7 +39,7 @@ impl Wire {
     pub(super) async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Wire::Plain(s) => s.read(buf).await,
-            Wire::Tls(s) => s.read(buf).await,
+            Wire::Tls(s) => read_tls(s, buf).await,
         }
     }
 
@@ -57,9 +61,37 @@ impl Wire {
     }
 }
 
+/// What has arrived through TLS: OpenSSL returns one record per read, and a host sends a
+/// record per command or per few, so the records already in memory (OpenSSL's plaintext, the
+/// bytes [`Batched`] read) are taken too: one turn for what one socket read brought, as in
+/// the clear. Cancel-safe: each record's bytes are in `buf` once taken, and the call that
+/// took them returns them.
+async fn read_tls(s: &mut SslStream<Batched<TcpStream>>, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = s.read(buf).await?;
+    while n > 0 && n < buf.len() && (s.ssl().pending() > 0 || s.get_ref().buffered() > 0) {
+        let more = std::future::poll_fn(|cx| {
+            let mut into = ReadBuf::new(&mut buf[n..]);
+            match Pin::new(&mut *s).poll_read(cx, &mut into) {
+                Poll::Ready(Ok(())) => Poll::Ready(into.filled().len()),
+                // Not whole yet, or an error the next read meets: what was taken is returned.
+                Poll::Ready(Err(_)) | Poll::Pending => Poll::Ready(0),
+            }
+        })
+        .await;
+        if more == 0 {
+            break;
+        }
+        n += more;
+    }
+    Ok(n)
+}
+
 /// The outbox through TLS: its memory and file parts gathered into plain-text chunks, each
 /// written (encrypted) whole. No sendfile or vectored write: the bytes pass through OpenSSL.
-async fn send_tls(stream: &mut SslStream<TcpStream>, out: &mut Outbox) -> Result<(), Closed> {
+async fn send_tls(
+    stream: &mut SslStream<Batched<TcpStream>>,
+    out: &mut Outbox,
+) -> Result<(), Closed> {
     if out.is_broken() {
         return Err(Closed::Invariant("outbox invariant broken"));
     }

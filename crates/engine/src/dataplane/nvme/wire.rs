@@ -14,6 +14,7 @@ use tokio_openssl::SslStream;
 pub(in crate::dataplane) use super::super::wire::Wire;
 use crate::admission::TlsProof;
 use crate::config::NodeName;
+use crate::dataplane::batched::Batched;
 use crate::shared::Shared;
 
 /// The first byte of a TLS handshake record (a ClientHello); an ICReq starts with 0.
@@ -56,7 +57,7 @@ pub(super) async fn open(
     let ctx = context(shared, &chosen)
         .map_err(|e| NotOpened::Tls("handshake", format!("TLS setup: {e}")))?;
     let mut tls = Ssl::new(&ctx)
-        .and_then(|ssl| SslStream::new(ssl, stream))
+        .and_then(|ssl| SslStream::new(ssl, Batched::new(stream)))
         .map_err(|e| NotOpened::Tls("handshake", format!("TLS setup: {e}")))?;
     let accepted = Pin::new(&mut tls).accept().await;
     let chosen = std::mem::take(&mut *chosen.lock().unwrap_or_else(|e| e.into_inner()));

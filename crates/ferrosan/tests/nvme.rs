@@ -1352,3 +1352,87 @@ fn the_write_cache_is_one_setting_whichever_door_changes_it() {
     assert_eq!(iscsi.run(&cdb, Transfer::Write(page)).0, 0);
     assert_eq!(features(&mut h, 0x06), 1);
 }
+
+#[test]
+fn an_abort_stops_a_write_still_waiting_for_its_data_and_only_that() {
+    let (nvme_port, port) = (free_port(), free_port());
+    let group = format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    );
+    // 1 MiB of solicited data per queue: a second large write waits for its R2T.
+    let text = format!(
+        "{}\n[limits]\nmemory_per_connection_bytes = 4194304\n",
+        config_text(port, nvme_port, "", &group)
+    );
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let before = h.read(1, 0, 8, 512).unwrap();
+    // A second I/O queue whose host is slow to send its data.
+    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(2, 31, h.cntlid, NQN, HOSTNQN, host::host_id_of(HOSTNQN));
+    q.run_ok(c, data, 0).expect("I/O queue 2");
+    q.withhold_data(true).unwrap();
+    let mib = 1 << 20;
+    let first = q
+        .submit(host::rw(0x01, 1, 0, 2048), pattern(1, mib), 0)
+        .unwrap();
+    q.receive().unwrap(); // its R2T: the data is asked for, and kept back
+    let second = q
+        .submit(host::rw(0x01, 1, 4096, 128), pattern(2, 64 << 10), 0)
+        .unwrap();
+    let abort = |h: &mut NvmeHost, sqid: u32, cid: u16| {
+        h.admin
+            .run_ok(
+                host::sqe(0x08, 0, [sqid | u32::from(cid) << 16, 0, 0, 0, 0, 0]),
+                Vec::new(),
+                0,
+            )
+            .expect("Abort")
+            .cqe
+            .dw0
+    };
+    // The second was never asked for its data: aborted, answered at once, never run.
+    assert_eq!(abort(&mut h, 2, second) & 1, 0, "aborted");
+    let done = q.next_done().unwrap();
+    assert_eq!(
+        (done.cqe.cid, done.cqe.status),
+        (second, Status::ABORTED_BY_REQUEST)
+    );
+    // The first's data is on the way: aborted, answered when the data has arrived, not run.
+    assert_eq!(abort(&mut h, 2, first) & 1, 0, "aborted");
+    q.withhold_data(false).unwrap();
+    let done = q.next_done().unwrap();
+    assert_eq!(
+        (done.cqe.cid, done.cqe.status),
+        (first, Status::ABORTED_BY_REQUEST)
+    );
+    assert_eq!(h.read(1, 0, 8, 512).unwrap(), before, "nothing was written");
+    assert_eq!(h.read(1, 4096, 8, 512).unwrap(), vec![0; 4096]);
+    // A command that ran, an unknown one, a queue that does not exist: not aborted.
+    let read = q.submit(host::rw(0x02, 1, 0, 8), Vec::new(), 4096).unwrap();
+    assert_eq!(q.next_done().unwrap().cqe.cid, read);
+    assert_eq!(abort(&mut h, 2, read) & 1, 1);
+    assert_eq!(abort(&mut h, 5, 1) & 1, 1);
+    // The queue serves on: a write with its data now.
+    q.run_ok(host::rw(0x01, 1, 0, 8), pattern(3, 4096), 0)
+        .expect("a write after the aborts");
+    assert_eq!(h.read(1, 0, 8, 512).unwrap(), pattern(3, 4096));
+    // A held Asynchronous Event Request, aborted on the admin queue.
+    let aer = host::sqe(nvme::admin::opcode::ASYNC_EVENT_REQUEST, 0, [0; 6]);
+    let held = h.admin.submit(aer, Vec::new(), 0).unwrap();
+    let cid = h
+        .admin
+        .submit(
+            host::sqe(0x08, 0, [u32::from(held) << 16, 0, 0, 0, 0, 0]),
+            Vec::new(),
+            0,
+        )
+        .unwrap();
+    let mut answers: Vec<_> = (0..2).map(|_| h.admin.next_done().unwrap().cqe).collect();
+    answers.sort_by_key(|c| c.cid != held);
+    assert_eq!(
+        (answers[0].cid, answers[0].status),
+        (held, Status::ABORTED_BY_REQUEST)
+    );
+    assert_eq!((answers[1].cid, answers[1].dw0 & 1), (cid, 0));
+}

@@ -225,6 +225,9 @@ pub struct QueueConn {
     done: std::collections::VecDeque<Done>,
     /// What one receive completed (moved to `done`).
     fresh: Vec<Done>,
+    /// While `Some`: the data R2Ts ask for, kept back (a host whose data is late, for tests
+    /// of what a target does meanwhile).
+    withheld: Option<Vec<u8>>,
 }
 
 impl QueueConn {
@@ -267,6 +270,7 @@ impl QueueConn {
             next_cid: 0,
             done: std::collections::VecDeque::new(),
             fresh: Vec::new(),
+            withheld: None,
         };
         q.queue.icreq(digests, &mut q.out);
         q.flush()?;
@@ -301,7 +305,29 @@ impl QueueConn {
         self.rbuf.copy_within(used..self.end, 0);
         self.end -= used;
         self.done.extend(self.fresh.drain(..));
+        if let Some(held) = self.withheld.as_mut() {
+            held.append(&mut self.out);
+        }
         self.flush()
+    }
+
+    /// From now on, keep back the data the target's R2Ts ask for (`true`), or send what was
+    /// kept back and stop keeping it (`false`).
+    pub fn withhold_data(&mut self, on: bool) -> Result<(), NvmeError> {
+        match (on, self.withheld.take()) {
+            (true, held) => self.withheld = Some(held.unwrap_or_default()),
+            (false, Some(mut held)) => {
+                self.out.append(&mut held);
+                self.flush()?;
+            }
+            (false, None) => {}
+        }
+        Ok(())
+    }
+
+    /// Reads once and takes what arrived (an R2T, say), without waiting for a completion.
+    pub fn receive(&mut self) -> Result<(), NvmeError> {
+        self.pump()
     }
 
     /// Commands answered with SUCCESS on their data, without a response capsule.

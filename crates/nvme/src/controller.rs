@@ -74,6 +74,14 @@ const KAS_100MS: u16 = 1;
 /// The ANA transition time the controller reports, seconds.
 const ANATT_S: u8 = 10;
 
+/// Abort commands a host may have outstanding (Identify Controller ACL, 0's based there).
+pub const ABORTS_MAX: u8 = 4;
+/// Abort Command Limit Exceeded (command specific 03h).
+pub const ABORT_LIMIT_EXCEEDED: Status = Status {
+    sct: 1,
+    sc: 0x03,
+    dnr: true,
+};
 /// Command Sequence Error (generic 0Ch): an admin command before the host enabled the
 /// controller, or Number of Queues changed after I/O queues connected.
 pub const COMMAND_SEQUENCE_ERROR: Status = Status {
@@ -136,6 +144,13 @@ pub enum Answer {
     /// An Asynchronous Event Request kept until a notice completes it
     /// ([`Controller::notify`]).
     Held,
+    /// Abort of command `cid` of I/O queue `sqid`: only that queue knows whether the command
+    /// still waits for its data (`queue::Aborting`); the transport answers (dword 0 bit 0:
+    /// 0 aborted, 1 not).
+    Abort { sqid: u16, cid: u16 },
+    /// Abort of the held Asynchronous Event Request `cid`: withdrawn here; the transport
+    /// answers it Command Abort Requested, then the Abort with dword 0 bit 0 clear.
+    EventRequestAborted { cid: u16 },
     /// Set Features (Volatile Write Cache): the write cache of every namespace of the
     /// controller on or off. A namespace's device may be shared with other hosts and with
     /// iSCSI initiators, so the transport applies it to the device as MODE SELECT does (one
@@ -269,9 +284,8 @@ impl Controller {
                 self.get_feature(feature, select, view)
             }
             AdminCommand::SetFeatures { feature, value, .. } => self.set_feature(feature, value),
-            // The command is not found among those it could stop (it has its answer already
-            // or is in flight on the medium): DW0 bit 0, "not aborted".
-            AdminCommand::Abort { .. } => Answer::value(1),
+            AdminCommand::Abort { sqid: 0, cid } => self.abort_admin(cid),
+            AdminCommand::Abort { sqid, cid } => Answer::Abort { sqid, cid },
             AdminCommand::AsyncEventRequest => self.hold(sqe.cid()),
             AdminCommand::KeepAlive => Answer::value(0),
         }
@@ -443,6 +457,18 @@ impl Controller {
                 self.kato_ms = value;
                 Answer::value(0)
             }
+        }
+    }
+
+    /// An admin command other than a held event request has its answer already: "not
+    /// aborted" (dword 0 bit 0).
+    fn abort_admin(&mut self, cid: u16) -> Answer {
+        match self.held.iter().position(|&c| c == cid) {
+            Some(i) => {
+                self.held.remove(i);
+                Answer::EventRequestAborted { cid }
+            }
+            None => Answer::value(1),
         }
     }
 

@@ -104,6 +104,8 @@ impl Controller {
         put_ascii(&mut d[64..72], &self.firmware);
         d[76] = self.cmic;
         d[77] = self.mdts;
+        // ACL (0's based): the Abort commands a host may have outstanding.
+        d[258] = crate::controller::ABORTS_MAX - 1;
         put16(&mut d, 78, self.cntlid);
         put32(&mut d, 80, crate::fabrics::Registers::VS);
         put32(&mut d, 92, self.oaes);

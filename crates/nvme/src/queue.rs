@@ -171,6 +171,19 @@ enum Arrived<'a> {
     InPlace,
 }
 
+/// What an Abort found of a command on a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Aborting {
+    /// Not waiting for its data here: running, answered, or never received. Not aborted.
+    NotWaiting,
+    /// Its data was not asked for yet (its R2T waited for room): taken out, never to run; the
+    /// caller answers it Command Abort Requested.
+    Withdrawn,
+    /// Its data is on the way (its R2T went out): what arrives is dropped, and the command is
+    /// answered Command Abort Requested when the last of it has, without running.
+    OnArrival,
+}
+
 /// A write command whose data is being solicited (one R2T for all of it).
 struct Awaiting {
     sqe: Sqe,
@@ -186,6 +199,9 @@ struct Awaiting {
     /// A data digest failed: the rest is received and dropped, the command answered
     /// Transient Transport Error.
     failed: bool,
+    /// The host aborted it: the rest is received and dropped, the command answered Command
+    /// Abort Requested without running.
+    aborted: bool,
 }
 
 impl Awaiting {
@@ -705,6 +721,22 @@ impl Queue {
         }
     }
 
+    /// An Abort of command `cid` (NVMe base 2.0, 5.1): what the transport can stop is a write
+    /// still waiting for its data; a command the engine runs is past it.
+    pub fn abort(&mut self, cid: u16) -> Aborting {
+        if let Some(i) = self.unsolicited.iter().position(|(s, _)| s.cid() == cid) {
+            self.unsolicited.remove(i);
+            return Aborting::Withdrawn;
+        }
+        match self.awaiting.iter_mut().find(|a| a.sqe.cid() == cid) {
+            Some(a) => {
+                a.aborted = true;
+                Aborting::OnArrival
+            }
+            None => Aborting::NotWaiting,
+        }
+    }
+
     /// Sends the R2Ts of waiting writes while the data solicited stays within its bound (one
     /// at a time past it).
     fn solicit_waiting(&mut self, out: &mut Vec<u8>) {
@@ -739,6 +771,7 @@ impl Queue {
             data: DataOutBuf::default(),
             placed: false,
             failed: false,
+            aborted: false,
         });
     }
 
@@ -783,16 +816,21 @@ impl Queue {
         let offset = a.arrived as usize;
         a.arrived = arrived;
         a.failed |= !data_ok;
-        if let (false, Arrived::Here { data, .. }) = (a.failed, input) {
+        if let (false, Arrived::Here { data, .. }) = (a.failed || a.aborted, input) {
             a.put(offset, data);
         }
         if done {
             let a = self.awaiting.swap_remove(index);
             self.solicited -= u64::from(a.total);
-            if a.failed {
+            if a.failed || a.aborted {
+                let status = if a.failed {
+                    TRANSIENT_TRANSPORT_ERROR
+                } else {
+                    Status::ABORTED_BY_REQUEST
+                };
                 refused.push(Refused {
                     cid: a.sqe.cid(),
-                    status: TRANSIENT_TRANSPORT_ERROR,
+                    status,
                 });
             } else {
                 ready.push(Received {

@@ -43,6 +43,18 @@ pub struct ControllerEntry {
     /// What `ctl sessions` and `ferrosan top` show of it: its queues count their I/O and
     /// latency here, as an iSCSI session's connections do in theirs.
     pub info: Mutex<Option<Arc<crate::admission::registry::SessionInfo>>>,
+    /// Aborts on their way between the admin queue that took them and the I/O queue holding
+    /// the command (`dataplane/nvme/abort.rs`).
+    pub aborts: Mutex<Aborts>,
+}
+
+/// Aborts of I/O queues' commands, between the queues of one controller.
+#[derive(Debug, Default)]
+pub struct Aborts {
+    /// Asked, not yet looked at: (I/O queue, the command, the Abort's own identifier).
+    pub asked: Vec<(u16, u16, u16)>,
+    /// Looked at: (the Abort's identifier, whether its command was aborted).
+    pub found: Vec<(u16, bool)>,
 }
 
 impl ControllerEntry {

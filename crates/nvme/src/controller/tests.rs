@@ -322,3 +322,24 @@ fn pages_of_the_other_controller_kind_are_refused() {
     ));
     assert_eq!(page.len(), 1024);
 }
+
+#[test]
+fn an_abort_withdraws_a_held_event_request_and_hands_io_queues_to_the_transport() {
+    let mut c = enabled();
+    let view = View::default();
+    let mut aer = sqe(admin::opcode::ASYNC_EVENT_REQUEST, 0, 0, 0);
+    aer.0[2] = 40;
+    assert_eq!(c.admin(&aer, &view), Answer::Held);
+    let abort = |sqid: u32, cid: u32| sqe(admin::opcode::ABORT, 0, sqid | cid << 16, 0);
+    assert_eq!(
+        c.admin(&abort(0, 40), &view),
+        Answer::EventRequestAborted { cid: 40 }
+    );
+    // Withdrawn: a notice now has no request to complete.
+    assert_eq!(c.notify(Notice::AnaChange, &[]), None);
+    assert_eq!(c.admin(&abort(0, 40), &view), Answer::value(1), "not found");
+    assert_eq!(
+        c.admin(&abort(2, 9), &view),
+        Answer::Abort { sqid: 2, cid: 9 }
+    );
+}

@@ -958,3 +958,58 @@ fn the_queue_counts_capsules_and_data_pdus_apart() {
     );
     assert_eq!(q.take_counts(), Taken::default(), "taken once");
 }
+
+#[test]
+fn an_abort_stops_a_write_still_waiting_for_its_data_and_nothing_else() {
+    let mut q = queue((false, false));
+    let mut cap = Vec::new();
+    // Two 48 KiB writes: the first solicited, the second waiting for room (its R2T unsent).
+    for cid in [1, 2] {
+        capsule(
+            &sqe(WRITE, cid, DataPointer::Transport { len: 48 * 1024 }),
+            &[],
+            (false, false),
+            &mut cap,
+        );
+    }
+    capsule(
+        &sqe(READ, 3, DataPointer::Transport { len: 512 }),
+        &[],
+        (false, false),
+        &mut cap,
+    );
+    let t = feed(&mut q, &cap);
+    let r2t = r2ts(&t.out)[0];
+    assert_eq!(t.ready.len(), 1, "the read runs");
+    // The read is past the transport; the waiting write is taken out; the solicited one
+    // waits for the rest of its data.
+    assert_eq!(q.abort(3), Aborting::NotWaiting);
+    assert_eq!(q.abort(2), Aborting::Withdrawn);
+    assert_eq!(q.abort(1), Aborting::OnArrival);
+    assert_eq!(q.abort(9), Aborting::NotWaiting);
+    let mut solicited = Vec::new();
+    let mut answered = Vec::new();
+    for at in (0..48 * 1024).step_by(8192) {
+        let t = Transfer {
+            offset: at,
+            len: 8192,
+            ..r2t
+        };
+        let turn = feed(
+            &mut q,
+            &h2c(t, at + 8192 == 48 * 1024, &[7; 8192], (false, false)),
+        );
+        assert!(turn.ready.is_empty(), "an aborted write never runs");
+        solicited.extend(r2ts(&turn.out));
+        answered.extend(turn.refused);
+    }
+    assert!(
+        solicited.is_empty(),
+        "the withdrawn write is never asked for its data"
+    );
+    assert_eq!(answered.len(), 1);
+    assert_eq!(
+        (answered[0].cid, answered[0].status),
+        (1, Status::ABORTED_BY_REQUEST)
+    );
+}

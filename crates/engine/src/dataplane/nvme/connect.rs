@@ -126,6 +126,7 @@ pub(super) fn admin(
         kill,
         ticket: Mutex::new(Some(ticket)),
         info: Mutex::new(None),
+        aborts: Mutex::default(),
     });
     shared.nvme.insert(Arc::clone(&entry));
     Ok((entry, keys))

@@ -306,6 +306,11 @@ impl Driver {
             Answer::WriteCache { on } => {
                 self.set_write_cache(backend, r.sqe.cid(), &namespaces, on);
             }
+            Answer::Abort { sqid, cid } => self.abort_asked(entry, r.sqe.cid(), sqid, cid),
+            Answer::EventRequestAborted { cid } => {
+                self.answer(cid, Status::ABORTED_BY_REQUEST, 0, &[]);
+                self.answer(r.sqe.cid(), Status::SUCCESS, 0, &[]);
+            }
         }
         if life.shown.is_none() {
             life.shown = Some(namespaces);

@@ -4,6 +4,7 @@
 //! (`nvme::translate`) run by the same backend, route and gates as an iSCSI session's, so a
 //! device is one device whichever door a command came through.
 
+mod abort;
 mod connect;
 mod discovery;
 mod io;
@@ -113,6 +114,7 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         fused_pairs: Vec::new(),
         reports: Vec::new(),
         synced: Vec::new(),
+        aborts_held: Vec::new(),
         closing: false,
         auth: None,
         auth_deadline: None,
@@ -225,6 +227,9 @@ struct Driver {
     auth_deadline: Option<Instant>,
     /// The hash and group the transaction in progress settled on (for its log line).
     auth_chosen: Option<(nvme::auth::HashId, nvme::auth::DhGroup)>,
+    /// On an admin queue, Aborts waiting for their I/O queue's verdict: (the Abort's
+    /// identifier, when it is answered "not aborted" without one).
+    aborts_held: Vec<(u16, Instant)>,
 }
 
 impl Driver {
@@ -592,6 +597,10 @@ impl Driver {
             Role::Admin(_) => life.keep_alive_deadline(KEEP_ALIVE_SLACK),
             Role::Io(_) => None,
         };
+        let admin = match (admin, self.abort_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         match (self.auth_deadline, admin) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -616,6 +625,7 @@ impl Driver {
         let Role::Admin(entry) = role else {
             return None;
         };
+        self.aborts_late(entry, now);
         if life.keep_alive_late(now, KEEP_ALIVE_SLACK) {
             tracing::warn!(%peer, host = %entry.host, cntlid = entry.cntlid, kato_ms = entry.state().kato_ms(), "NVMe controller ended: no Keep Alive within its timeout");
             backend.shared.metrics.limit("nvme_keep_alive");
@@ -921,10 +931,15 @@ impl Door for Connected<'_> {
     }
 
     /// An admin queue tells its host of the changes it asked to hear of (ANA, namespace
-    /// attributes) as asynchronous events.
+    /// attributes) as asynchronous events, and answers the Aborts its I/O queues decided; an
+    /// I/O queue decides the Aborts of its commands.
     fn look(&mut self, backend: &mut Backend<'_>) {
-        if let Role::Admin(entry) = &self.role {
-            self.queue.notices(entry, backend, &mut self.life);
+        match &self.role {
+            Role::Admin(entry) => {
+                self.queue.notices(entry, backend, &mut self.life);
+                self.queue.aborts_found(entry);
+            }
+            Role::Io(entry) => self.queue.aborts_of_this_queue(entry),
         }
     }
 
@@ -997,6 +1012,7 @@ mod tests {
             fused_pairs: Vec::new(),
             reports: Vec::new(),
             synced: Vec::new(),
+            aborts_held: Vec::new(),
             closing: false,
             auth: None,
             auth_deadline: None,

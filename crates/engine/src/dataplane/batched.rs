@@ -42,6 +42,11 @@ impl<S> Batched<S> {
 }
 
 impl<S> Batched<S> {
+    /// The socket.
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
     /// Bytes read from the socket and not taken yet.
     pub(crate) fn buffered(&self) -> usize {
         self.end - self.start

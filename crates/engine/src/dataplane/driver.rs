@@ -449,8 +449,10 @@ fn plan_wakeup<D: Door>(door: &mut D, w: &mut Waits<'_>, now: Instant) {
         w.life.worked(now);
     }
     if brought || w.timed_out {
-        if let Some(socket) = door.conn().stream.plain() {
-            w.wakeups.after_turn(socket, &activity, w.timed_out, now);
+        let stream = &door.conn().stream;
+        match stream.plain() {
+            Some(socket) => w.wakeups.after_turn(socket, &activity, w.timed_out, now),
+            None => w.wakeups.follow_lockstep(stream.socket(), &activity),
         }
     }
     w.timed_out = false;

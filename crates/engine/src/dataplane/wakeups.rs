@@ -74,15 +74,7 @@ impl Wakeups {
         timed_out: bool,
         now: Instant,
     ) {
-        let waiting = self.lockstep.after_turn(activity);
-        if waiting != self.lockstep_waiting {
-            self.lockstep_waiting = waiting;
-            if waiting {
-                self.counted_waiting = busy_poll::set_waiting(socket, true);
-            } else if self.counted_waiting {
-                self.counted_waiting = busy_poll::set_waiting(socket, false);
-            }
-        }
+        self.follow_lockstep(socket, activity);
         if self.unavailable {
             return;
         }
@@ -113,6 +105,21 @@ impl Wakeups {
         if batching != self.counted_batching {
             busy_poll::set_batching(batching);
             self.counted_batching = batching;
+        }
+    }
+
+    /// Whether the initiator waits for each answer (a shallow queue): then its socket is one
+    /// the worker busy-polls before it sleeps. The only part of the plan a TLS queue takes
+    /// (a receive low-water mark would count ciphertext, not commands).
+    pub(super) fn follow_lockstep(&mut self, socket: &TcpStream, activity: &Activity) {
+        let waiting = self.lockstep.after_turn(activity);
+        if waiting != self.lockstep_waiting {
+            self.lockstep_waiting = waiting;
+            if waiting {
+                self.counted_waiting = busy_poll::set_waiting(socket, true);
+            } else if self.counted_waiting {
+                self.counted_waiting = busy_poll::set_waiting(socket, false);
+            }
         }
     }
 

@@ -35,6 +35,14 @@ impl Wire {
         }
     }
 
+    /// The socket under either: what busy polling watches for input.
+    pub(super) fn socket(&self) -> &TcpStream {
+        match self {
+            Wire::Plain(s) => s,
+            Wire::Tls(s) => s.get_ref().get_ref(),
+        }
+    }
+
     /// Reads what has arrived (decrypted); 0 at the end of the stream. Cancel-safe.
     pub(super) async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {

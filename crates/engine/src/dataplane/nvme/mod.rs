@@ -155,7 +155,11 @@ async fn open(
         Ok(Ok((wire, tls))) => {
             if let Some(p) = &tls {
                 shared.metrics.nvme_tls("success");
-                tracing::info!(%peer, host = %p.host, subsystem = %p.subsystem, "NVMe/TCP queue over TLS 1.3 (PSK)");
+                let suite = match &wire {
+                    wire::Wire::Tls(s) => s.ssl().current_cipher().map(|c| c.name()),
+                    wire::Wire::Plain(_) => None,
+                };
+                tracing::info!(%peer, host = %p.host, subsystem = %p.subsystem, suite, "NVMe/TCP queue over TLS 1.3 (PSK)");
             }
             return Some((wire, tls));
         }

@@ -54,6 +54,13 @@ nqn = "{NQN}"
     )
 }
 
+/// Group `db`: HOSTNQN with the RAM device as LUN 0 (NSID 1).
+fn db_group() -> String {
+    format!(
+        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
+    )
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
@@ -401,6 +408,10 @@ struct Listed {
 /// The entries of a discovery log page.
 fn entries(page: &[u8]) -> Vec<Listed> {
     let records = u64::from_le_bytes(page[8..16].try_into().unwrap()) as usize;
+    assert!(
+        (records + 1) * 1024 <= page.len(),
+        "{records} entries: read more of the log"
+    );
     let text = |b: &[u8]| {
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
         String::from_utf8(b[..end].to_vec()).unwrap()
@@ -423,7 +434,7 @@ fn entries(page: &[u8]) -> Vec<Listed> {
 fn discovery_refers_hosts_to_the_other_gateways_discovery_services() {
     let (nvme_port, port) = (free_port(), free_port());
     let (other_nvme, other_discovery) = (free_port(), free_port());
-    let hidden_nvme = free_port();
+    let (hidden_nvme, quiet_nvme) = (free_port(), free_port());
     let text = format!(
         r#"[server]
 gateway = "a"
@@ -447,6 +458,13 @@ listen = ["127.0.0.1:{}"]
 nvme_listen = ["127.0.0.1:{hidden_nvme}", "0.0.0.0:{}"]
 gateway = "b"
 
+[[portal_group]]
+tag = 4
+listen = ["127.0.0.1:{}"]
+nvme_listen = ["127.0.0.1:{quiet_nvme}"]
+nvme_discovery_listen = []
+gateway = "b"
+
 [[device]]
 name = "mem"
 store = "ram"
@@ -455,7 +473,7 @@ size = "16M"
 [[target]]
 iqn = "{IQN}"
 nqn = "{NQN}"
-portal_groups = [1, 2]
+portal_groups = [1, 2, 4]
 
   [[target.group]]
   name = "db"
@@ -474,12 +492,13 @@ portal_groups = [3]
 "#,
         free_port(),
         free_port(),
+        free_port(),
         free_port()
     );
     let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     let listed = entries(&discovery_log(nvme_port));
     let kinds: Vec<_> = listed.iter().map(|e| e.subtype).collect();
-    assert_eq!(kinds, [3, 2, 1], "{listed:?}");
+    assert_eq!(kinds, [3, 2, 1, 1], "{listed:?}");
     // The subsystem at this gateway's listener only; the other gateway's group through its
     // discovery service, the host's way to that gateway's paths.
     assert_eq!((listed[1].port_id, listed[1].port), (1, nvme_port));
@@ -487,6 +506,8 @@ portal_groups = [3]
     assert_eq!(referral.subnqn, nvme::fabrics::DISCOVERY_NQN);
     assert_eq!((referral.port_id, referral.port), (2, other_discovery));
     assert_eq!(referral.eflags, EFLAGS_EPCSD);
+    // Group 4 turned its discovery port off: its NVMe listener answers discovery, and is named.
+    assert_eq!((listed[3].port_id, listed[3].port), (4, quiet_nvme));
     // Group 3 serves only a subsystem this host may not reach: no referral to it.
     assert!(listed.iter().all(|e| e.port != hidden_nvme));
 }
@@ -508,14 +529,15 @@ fn discovery_controller(port: u16) -> QueueConn {
     q
 }
 
-/// The discovery log page (4 KiB) a discovery controller at `port` gives HOSTNQN.
+/// The discovery log page (8 KiB: its header and up to seven entries) a discovery controller
+/// at `port` gives HOSTNQN.
 fn discovery_log(port: u16) -> Vec<u8> {
     let mut q = discovery_controller(port);
-    // Get Log Page 70h, 4 KiB.
+    // Get Log Page 70h, 8 KiB.
     q.run_ok(
-        host::sqe(0x02, 0, [0x70 | 1023 << 16, 0, 0, 0, 0, 0]),
+        host::sqe(0x02, 0, [0x70 | 2047 << 16, 0, 0, 0, 0, 0]),
         Vec::new(),
-        4096,
+        8192,
     )
     .unwrap()
     .data
@@ -524,9 +546,7 @@ fn discovery_log(port: u16) -> Vec<u8> {
 #[test]
 fn discovery_controllers_have_their_own_budget_and_take_no_session_place() {
     let (nvme_port, port) = (free_port(), free_port());
-    let group = format!(
-        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
-    );
+    let group = db_group();
     let text = format!(
         "{}\n[limits]\nmax_sessions = 1\nmax_discovery_sessions_per_source = 2\n",
         config_text(port, nvme_port, "", &group)
@@ -562,9 +582,7 @@ fn a_namespace_mapped_live_answers_an_nvme_host_at_once_as_one_mapped_at_connect
     let ctl = common::Ctl::new();
     let socket = ctl.socket.display().to_string();
     let (nvme_port, port) = (free_port(), free_port());
-    let group = format!(
-        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
-    );
+    let group = db_group();
     let text = config_text(port, nvme_port, "", &group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
     let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
@@ -934,9 +952,7 @@ fn a_new_secret_ends_the_controllers_that_proved_the_old_one() {
 fn a_discovery_listener_serves_discovery_only() {
     let (nvme_port, port, discovery_port) = (free_port(), free_port(), free_port());
     let more = format!("nvme_discovery_listen = [\"127.0.0.1:{discovery_port}\"]\n");
-    let group = format!(
-        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
-    );
+    let group = db_group();
     let text = config_text(port, nvme_port, &more, &group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &[]);
     // The discovery controller answers there, and points at the I/O listener, not at itself.
@@ -1203,9 +1219,7 @@ fn an_idle_controller_hears_of_a_change_to_its_namespace_at_once() {
     let ctl = common::Ctl::new();
     let socket = ctl.socket.display().to_string();
     let (nvme_port, port) = (free_port(), free_port());
-    let group = format!(
-        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
-    );
+    let group = db_group();
     let text = config_text(port, nvme_port, "", &group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
     let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
@@ -1244,9 +1258,7 @@ fn a_persistent_discovery_controller_hears_of_a_subsystem_added_live() {
     let ctl = common::Ctl::new();
     let socket = ctl.socket.display().to_string();
     let (nvme_port, port) = (free_port(), free_port());
-    let group = format!(
-        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
-    );
+    let group = db_group();
     let text = config_text(port, nvme_port, "", &group);
     let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
     // A discovery controller kept open, as `nvme discover --persistent` keeps it, with its
@@ -1356,9 +1368,7 @@ fn the_write_cache_is_one_setting_whichever_door_changes_it() {
 #[test]
 fn an_abort_stops_a_write_still_waiting_for_its_data_and_only_that() {
     let (nvme_port, port) = (free_port(), free_port());
-    let group = format!(
-        "  name = \"db\"\n  initiators = [\"{HOSTNQN}\"]\n  luns = [ {{ lun = 0, device = \"mem\" }} ]"
-    );
+    let group = db_group();
     // 1 MiB of solicited data per queue: a second large write waits for its R2T.
     let text = format!(
         "{}\n[limits]\nmemory_per_connection_bytes = 4194304\n",

@@ -14,8 +14,9 @@ use nvme::sqe::Status;
 use super::Driver;
 use crate::admission::controllers::{Aborts, ControllerEntry};
 
-/// How long an Abort waits for its I/O queue to look.
-const ABORT_WAIT: Duration = Duration::from_millis(500);
+/// How long an Abort waits for its I/O queue to look: a queue alive looks within a turn; the
+/// margin is for a busy machine (a host waits tens of seconds for an admin command).
+const ABORT_WAIT: Duration = Duration::from_secs(2);
 
 /// Dword 0 of an Abort's completion: bit 0 set when the command was not aborted.
 fn dw0(aborted: bool) -> u32 {

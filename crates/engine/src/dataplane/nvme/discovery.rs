@@ -73,7 +73,7 @@ fn subsystems(topology: &Topology, asker: &Asker<'_>, reachable: &[usize]) -> Ve
 }
 
 /// The discovery services of the reachable subsystems' portal groups that another gateway
-/// serves: its discovery listeners, or its NVMe listeners where it names none (a discovery
+/// serves: its discovery listeners, or its NVMe listeners where it has none (a discovery
 /// controller answers on those too). A wildcard address names nothing a host can dial.
 fn referrals(topology: &Topology, reachable: &[usize]) -> Vec<DiscoveryEntry> {
     let me = topology.config.server.gateway.as_deref();
@@ -82,7 +82,13 @@ fn referrals(topology: &Topology, reachable: &[usize]) -> Vec<DiscoveryEntry> {
         if pg.served_by(me) || !reachable.iter().any(|&i| serves(topology, i, pg)) {
             continue;
         }
-        let addrs = pg.nvme_discovery_listen.as_ref().unwrap_or(&pg.nvme_listen);
+        // `nvme_discovery_listen = []` turns the discovery port off, not the discovery
+        // service its NVMe listeners answer too.
+        let addrs = pg
+            .nvme_discovery_listen
+            .as_ref()
+            .filter(|l| !l.is_empty())
+            .unwrap_or(&pg.nvme_listen);
         for addr in addrs.iter().filter(|a| !a.ip().is_unspecified()) {
             let entry = service(SubsystemType::Referral, pg.tag, *addr);
             if !out.contains(&entry) {

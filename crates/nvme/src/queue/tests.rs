@@ -428,19 +428,21 @@ fn a_bad_data_digest_in_h2c_data_fails_only_its_command() {
     );
 }
 
+/// Capsules of writes `cids`, each of `len` bytes the transport solicits.
+fn transport_writes(cids: &[u16], len: u32) -> Vec<u8> {
+    let mut cap = Vec::new();
+    for &cid in cids {
+        let s = sqe(WRITE, cid, DataPointer::Transport { len });
+        capsule(&s, &[], (false, false), &mut cap);
+    }
+    cap
+}
+
 #[test]
 fn writes_beyond_the_solicited_bound_wait_for_their_r2t() {
     let mut q = queue((false, false));
-    let mut cap = Vec::new();
     // Two 48 KiB writes: the bound (64 KiB) lets one be solicited at a time.
-    for cid in [1, 2] {
-        capsule(
-            &sqe(WRITE, cid, DataPointer::Transport { len: 48 * 1024 }),
-            &[],
-            (false, false),
-            &mut cap,
-        );
-    }
+    let cap = transport_writes(&[1, 2], 48 * 1024);
     let t = feed(&mut q, &cap);
     let first = r2ts(&t.out);
     assert_eq!(first.len(), 1);
@@ -962,16 +964,8 @@ fn the_queue_counts_capsules_and_data_pdus_apart() {
 #[test]
 fn an_abort_stops_a_write_still_waiting_for_its_data_and_nothing_else() {
     let mut q = queue((false, false));
-    let mut cap = Vec::new();
     // Two 48 KiB writes: the first solicited, the second waiting for room (its R2T unsent).
-    for cid in [1, 2] {
-        capsule(
-            &sqe(WRITE, cid, DataPointer::Transport { len: 48 * 1024 }),
-            &[],
-            (false, false),
-            &mut cap,
-        );
-    }
+    let mut cap = transport_writes(&[1, 2], 48 * 1024);
     capsule(
         &sqe(READ, 3, DataPointer::Transport { len: 512 }),
         &[],

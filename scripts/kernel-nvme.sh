@@ -82,16 +82,16 @@ print("DHHC-1:%s:%s:" % (sys.argv[1], base64.b64encode(k + zlib.crc32(k).to_byte
 }
 HOST_KEY=$(dhchap_key 01) CTRL_KEY=$(dhchap_key 00) WRONG_KEY=$(dhchap_key 01)
 (umask 077 && echo "$HOST_KEY" >"$WORK/host.key" && echo "$CTRL_KEY" >"$WORK/ctrl.key")
-# A TLS pre-shared key in its interchange form (as `nvme gen-tls-key` writes one, SHA-256),
-# and one ferrosan does not hold.
-TLS_NQN=$NQN-tls
+# A TLS pre-shared key in its interchange form (as `nvme gen-tls-key` writes one: HASH 01 for
+# SHA-256, 32 bytes; 02 for SHA-384, 48 bytes), and one ferrosan does not hold.
+TLS_NQN=$NQN-tls TLS384_NQN=$NQN-tls384
 tls_key() {
-    python3 -c 'import base64, os, zlib
-k = os.urandom(32)
-print("NVMeTLSkey-1:01:%s:" % base64.b64encode(k + zlib.crc32(k).to_bytes(4, "little")).decode())'
+    python3 -c 'import base64, os, sys, zlib
+k = os.urandom(16 + 16 * int(sys.argv[1]))
+print("NVMeTLSkey-1:%s:%s:" % (sys.argv[1], base64.b64encode(k + zlib.crc32(k).to_bytes(4, "little")).decode()))' "${1:-01}"
 }
-TLS_KEY=$(tls_key) WRONG_TLS_KEY=$(tls_key)
-(umask 077 && echo "$TLS_KEY" >"$WORK/tls.key")
+TLS_KEY=$(tls_key) WRONG_TLS_KEY=$(tls_key) TLS384_KEY=$(tls_key 02)
+(umask 077 && echo "$TLS_KEY" >"$WORK/tls.key" && echo "$TLS384_KEY" >"$WORK/tls384.key")
 
 cat >"$OUT/ferrosan.toml" <<CONFIG
 # scripts/kernel-nvme.sh: one target on two portal groups, each with an NVMe/TCP listener.
@@ -162,6 +162,22 @@ tls_keys = [ { host = "$HOSTNQN", key_file = "$WORK/tls.key", derivation = "libn
   name = "guest"
   initiators = ["$HOSTNQN"]
   luns = [ { lun = 0, device = "tls" } ]
+
+# The same with a SHA-384 key (identity NVMe0R02).
+[[device]]
+name = "tls384"
+store = "ram"
+size = "64M"
+
+[[target]]
+iqn = "$IQN-tls384"
+nqn = "$TLS384_NQN"
+tls_keys = [ { host = "$HOSTNQN", key_file = "$WORK/tls384.key", derivation = "libnvme-1.15" } ]
+
+  [[target.group]]
+  name = "guest"
+  initiators = ["$HOSTNQN"]
+  luns = [ { lun = 0, device = "tls384" } ]
 CONFIG
 "$FERROSAN_BIN" check-config "$OUT/ferrosan.toml" >/dev/null
 
@@ -193,6 +209,8 @@ TLS_NQN=$TLS_NQN
 TLS_KEY=$TLS_KEY
 WRONG_TLS_KEY=$WRONG_TLS_KEY
 TLS_CHECKS=$TLS_CHECKS
+TLS384_NQN=$TLS384_NQN
+TLS384_KEY=$TLS384_KEY
 PARAMS
 
 CONSOLE=$OUT/guest-console.log
@@ -202,4 +220,9 @@ guest_start "$WORK/share" "$CONSOLE" "$REPORT" 1024
 log "guest booting (QEMU PID $GUEST_PID, ${FERROSAN_GUEST_ACCEL:-tcg}); console: $CONSOLE"
 
 follow_guest
+# Which suite each subsystem's TLS queues used (the tls-* checks), from ferrosan's log.
+if ((TLS_CHECKS)); then
+    grep -F 'over TLS 1.3' "$OUT/ferrosan.log" | grep -oE 'subsystem=[^ ]+ suite="?[A-Z0-9_]+' |
+        tr -d '"' | sort | uniq -c | while read -r line; do log "TLS queues: $line"; done || true
+fi
 guest_verdicts kernel-nvme

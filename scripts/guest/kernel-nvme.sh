@@ -21,7 +21,8 @@
 # SECURE_NQN the host's and controller's DH-HMAC-CHAP secrets HOST_KEY and CTRL_KEY, and
 # WRONG_KEY, which ferrosan does not hold; AUTH_CHECKS=1 runs the authentication checks; for
 # the TLS subsystem TLS_NQN the host's pre-shared key TLS_KEY and one ferrosan does not hold,
-# WRONG_TLS_KEY; TLS_CHECKS=1 runs the TLS checks (tlshd and nvme-cli's --tls).
+# WRONG_TLS_KEY; for the subsystem TLS384_NQN the host's SHA-384 key TLS384_KEY; TLS_CHECKS=1
+# runs the TLS checks (tlshd and nvme-cli's --tls).
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck source=/dev/null
@@ -31,7 +32,7 @@ source /host/lib.sh
 : "${NQN:?}" "${TARGET_IQN:?}" "${HOST_ADDR:?}" "${PORT_OPT:?}" "${PORT_NONOPT:?}" "${ISCSI_PORT:?}" "${PORT_DISC:?}"
 : "${HOSTNQN:?}" "${HOSTID:?}" "${INIT:?}" "${EUI64:?}" "${BLOCKS:?}"
 : "${SECURE_NQN:?}" "${HOST_KEY:?}" "${CTRL_KEY:?}" "${WRONG_KEY:?}" "${AUTH_CHECKS:?}"
-: "${TLS_NQN:?}" "${TLS_KEY:?}" "${WRONG_TLS_KEY:?}" "${TLS_CHECKS:?}"
+: "${TLS_NQN:?}" "${TLS_KEY:?}" "${WRONG_TLS_KEY:?}" "${TLS_CHECKS:?}" "${TLS384_NQN:?}" "${TLS384_KEY:?}"
 REPORT=${REPORT:-/dev/ttyS1}
 ACKS=/host/acks
 WORK=/tmp/knvme
@@ -50,7 +51,7 @@ CHECKS=(discover connect identify two-paths fio-verify one-device reservations
 # DH-HMAC-CHAP where the host asked for it (a kernel with NVMe in-band authentication).
 ((AUTH_CHECKS)) && CHECKS+=(auth-connect auth-refused)
 # TLS where the guest has tlshd and nvme-cli --tls (Debian 13).
-((TLS_CHECKS)) && CHECKS+=(tls-connect tls-refused)
+((TLS_CHECKS)) && CHECKS+=(tls-connect tls-refused tls-sha384)
 
 connect_port() {
     nvme connect -t tcp -a "$HOST_ADDR" -s "$1" -n "$NQN" -q "$HOSTNQN" -I "$HOSTID" \
@@ -465,12 +466,13 @@ check_auth_refused() {
 # TLS 1.3 with a pre-shared key: nvme-cli derives the TLS PSK into the kernel's .nvme keyring,
 # the kernel asks tlshd (userspace) for the handshake, then runs kTLS; every queue is its own
 # TLS connection.
+# tls_insert KEY [SUBNQN], tls_connect [--tls] (to TLS_NQN, or SUBNQN when set).
 tls_insert() {
-    nvme check-tls-key --keydata="$1" -n "$HOSTNQN" -c "$TLS_NQN" --identity=0 --insert
+    nvme check-tls-key --keydata="$1" -n "$HOSTNQN" -c "${2:-$TLS_NQN}" --identity=0 --insert
 }
 tls_connect() {
-    nvme connect -t tcp -a "$HOST_ADDR" -s "$PORT_OPT" -n "$TLS_NQN" -q "$HOSTNQN" -I "$HOSTID" \
-        --ctrl-loss-tmo=0 "$@"
+    nvme connect -t tcp -a "$HOST_ADDR" -s "$PORT_OPT" -n "${SUBNQN:-$TLS_NQN}" -q "$HOSTNQN" \
+        -I "$HOSTID" --ctrl-loss-tmo=0 "$@"
 }
 start_tlshd() {
     [[ -n ${TLSHD_PID:-} ]] && return 0
@@ -489,6 +491,11 @@ check_tls_connect() {
     grep -q "sectype: *tls13" "$WORK/tls-entry" || fail "discovery does not say TLS 1.3 for $TLS_NQN"
     tls_insert "$TLS_KEY" || fail "nvme check-tls-key --insert failed"
     tls_connect --tls || fail "nvme connect --tls failed"
+    tls_io_disconnect "$TLS_NQN"
+}
+# tls_io_disconnect SUBNQN: 1 MiB written and read back through the namespace over TLS, then
+# the subsystem disconnected.
+tls_io_disconnect() {
     wait_until 20 nvme_head >/dev/null || fail "no namespace after the TLS connect"
     local dev
     dev=$(nvme_head)
@@ -497,8 +504,17 @@ check_tls_connect() {
     dd if="/dev/$dev" of="$WORK/t.back" bs=1M count=1 iflag=direct status=none
     cmp "$WORK/t" "$WORK/t.back" || fail "read back other data over TLS"
     dmesg | grep -iE 'nvme.*tls|tls.*nvme' | tail -n 4 || true
-    nvme disconnect -n "$TLS_NQN" | cat
+    nvme disconnect -n "$1" | cat
     wait_until 10 bash -c '! ls /sys/block/nvme*n1 >/dev/null 2>&1' || fail "the namespace is still there"
+}
+# A SHA-384 key (NVMeTLSkey-1:02, identity NVMe0R02): this tlshd binds it with the hash its
+# GnuTLS picks, and ferrosan serves the suite the binder names.
+check_tls_sha384() {
+    start_tlshd
+    tls_insert "$TLS384_KEY" "$TLS384_NQN" || fail "nvme check-tls-key --insert (SHA-384) failed"
+    keyctl show %:.nvme 2>/dev/null | grep -o 'NVMe0R0[12] [^ ]*' | sort -u || true
+    SUBNQN=$TLS384_NQN tls_connect --tls || fail "nvme connect --tls (SHA-384 key) failed"
+    tls_io_disconnect "$TLS384_NQN"
 }
 # In the clear, or with a key ferrosan does not hold, the namespace never shows.
 check_tls_refused() {

@@ -1119,8 +1119,18 @@ fn an_nvme_listener_added_live_serves_and_closing_it_ends_only_its_controllers()
 /// A TLS pre-shared key (SHA-256) of `byte`s in its interchange form, written 0600 under a
 /// directory of this test's own; the key and its file's path.
 fn tls_key(dir: &std::path::Path, byte: u8) -> (host::TlsPsk, std::path::PathBuf) {
+    tls_key_of(dir, byte, nvme::tls::CipherHash::Sha256)
+}
+
+/// A TLS pre-shared key of `byte`s for `hash` (32 or 48 bytes), as [`tls_key`].
+fn tls_key_of(
+    dir: &std::path::Path,
+    byte: u8,
+    hash: nvme::tls::CipherHash,
+) -> (host::TlsPsk, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt as _;
-    let key = nvme::tls::ConfiguredKey::new(Some(nvme::tls::CipherHash::Sha256), &[byte; 32]);
+    let bytes = vec![byte; hash.key_len()];
+    let key = nvme::tls::ConfiguredKey::new(Some(hash), &bytes);
     let text = key.unwrap().encode();
     let path = dir.join(format!("tls-{byte}.key"));
     std::fs::write(&path, format!("{text}\n")).unwrap();
@@ -1211,6 +1221,38 @@ fn a_host_with_a_tls_key_connects_over_tls_only_and_with_that_key() {
     );
     let mut h = NvmeHost::connect_secure(a, NQN, HOSTNQN, 8, None, Some(&wrong)).unwrap();
     assert_eq!(h.read(1, 0, 128, 512).unwrap(), pattern(9, 65536));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_sha384_key_connects_with_its_suite_and_as_debian_13_binds_it() {
+    use nvme::tls::CipherHash;
+    let dir = std::env::temp_dir().join(format!("ferrosan-nvme-tls384-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (key, file) = tls_key_of(&dir, 3, CipherHash::Sha384);
+    let (nvme_port, port) = (free_port(), free_port());
+    let _daemon = Daemon::start_config_text(IQN, port, &tls_config(port, nvme_port, &file), &[]);
+    let a = addr(nvme_port);
+    // Identity NVMe0R02, TLS_AES_256_GCM_SHA384 (as ktls-utils 1.1 and later connect).
+    let mut h = NvmeHost::connect_secure(a, NQN, HOSTNQN, 8, None, Some(&key))
+        .expect("a SHA-384 key connects with its suite");
+    h.write(1, 0, pattern(4, 65536), 512).unwrap();
+    assert_eq!(h.read(1, 0, 128, 512).unwrap(), pattern(4, 65536));
+    // The same identity with the PSK bound with SHA-256 (ktls-utils 1.0, Debian 13's host).
+    let bound256 = host::TlsPsk {
+        bound_with: Some(CipherHash::Sha256),
+        ..key.clone()
+    };
+    let mut h2 = NvmeHost::connect_secure(a, NQN, HOSTNQN, 8, None, Some(&bound256))
+        .expect("a SHA-384 key bound with SHA-256 connects");
+    assert_eq!(h2.read(1, 0, 128, 512).unwrap(), pattern(4, 65536));
+    // A SHA-256 key of the same host is not this one: the handshake fails.
+    let (other, _) = tls_key(&dir, 3);
+    let err = NvmeHost::connect_secure(a, NQN, HOSTNQN, 8, None, Some(&other)).err();
+    assert!(
+        matches!(err, Some(host::NvmeError::Tls(_) | host::NvmeError::Io(_))),
+        "{err:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

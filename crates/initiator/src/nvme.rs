@@ -51,6 +51,10 @@ impl From<std::io::Error> for NvmeError {
 pub struct TlsPsk {
     pub key: std::sync::Arc<nvme::tls::ConfiguredKey>,
     pub derivation: nvme::tls::Derivation,
+    /// The hash the PSK is bound with in the handshake when not the key's own: Debian 13's
+    /// host (ktls-utils 1.0) binds SHA-384 keys with SHA-256 (offering the key's AES-GCM
+    /// suite and ChaCha20-Poly1305), and a target has to serve it.
+    pub bound_with: Option<nvme::tls::CipherHash>,
 }
 
 impl TlsPsk {
@@ -63,6 +67,7 @@ impl TlsPsk {
         Ok(TlsPsk {
             key: std::sync::Arc::new(key),
             derivation,
+            bound_with: None,
         })
     }
 }
@@ -188,22 +193,24 @@ fn tls_over(
         .key
         .tls_psk(&parsed, tls.derivation)
         .ok_or_else(|| NvmeError::Tls("no TLS PSK for this identity".into()))?;
+    let hash = match tls.bound_with.unwrap_or(cipher) {
+        nvme::tls::CipherHash::Sha256 => tls13_psk::PskHash::Sha256,
+        nvme::tls::CipherHash::Sha384 => tls13_psk::PskHash::Sha384,
+    };
+    // Bound with another hash than the key's, the suites are what Debian 13's host offers
+    // then: the key's AES-GCM suite and ChaCha20-Poly1305.
+    let suites = match tls.bound_with {
+        Some(h) if h != cipher => format!("{}:TLS_CHACHA20_POLY1305_SHA256", cipher.suite()),
+        _ => hash.suites().to_string(),
+    };
     let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| failed(&e))?;
     b.set_min_proto_version(Some(SslVersion::TLS1_3))
         .and_then(|()| b.set_max_proto_version(Some(SslVersion::TLS1_3)))
-        .and_then(|()| b.set_ciphersuites(cipher.suite()))
+        .and_then(|()| b.set_ciphersuites(&suites))
         .map_err(|e| failed(&e))?;
     b.set_verify(SslVerifyMode::NONE);
-    b.set_psk_client_callback(move |_ssl, _hint, id_out, psk_out| {
-        let id = identity.as_bytes();
-        if id.len() >= id_out.len() || psk.len() > psk_out.len() {
-            return Ok(0);
-        }
-        id_out[..id.len()].copy_from_slice(id);
-        id_out[id.len()] = 0;
-        psk_out[..psk.len()].copy_from_slice(&psk);
-        Ok(psk.len())
-    });
+    let psk = tls13_psk::Psk { key: psk, hash };
+    tls13_psk::set_client_psk(&mut b, identity.into_bytes(), psk).map_err(|e| failed(&e))?;
     let mut config = b.build().configure().map_err(|e| failed(&e))?;
     config.set_verify_hostname(false);
     config.set_use_server_name_indication(false);

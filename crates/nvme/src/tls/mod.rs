@@ -56,6 +56,14 @@ impl CipherHash {
         }
     }
 
+    /// The hash's name, for people.
+    pub fn name(self) -> &'static str {
+        match self {
+            CipherHash::Sha256 => "SHA-256",
+            CipherHash::Sha384 => "SHA-384",
+        }
+    }
+
     /// The TLS 1.3 cipher suite, by OpenSSL's name.
     pub fn suite(self) -> &'static str {
         match self {

@@ -7,7 +7,9 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use openssl::ssl::{Ssl, SslContext, SslContextBuilder, SslMethod, SslVersion};
+use openssl::ssl::{
+    ClientHelloResponse, Ssl, SslContext, SslContextBuilder, SslMethod, SslVersion,
+};
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
@@ -73,20 +75,53 @@ pub(super) async fn open(
                 refused: Some(why), ..
             },
         ) => Err(NotOpened::Tls("unknown_identity", why)),
-        (Err(e), _) => Err(NotOpened::Tls("handshake", e.to_string())),
+        (Err(e), c) => Err(NotOpened::Tls("handshake", format!("{e} ({})", c.hello))),
     }
 }
 
-/// What the PSK callback decided, for the handshake's end.
+/// What the TLS callbacks decided, for the handshake's end.
 #[derive(Default)]
 struct Chosen {
+    /// The hash the host's PSK binder was computed with (its ClientHello's).
+    hash: Option<tls13_psk::PskHash>,
     proof: Option<TlsProof>,
     /// Why no key was given for the offered identity.
     refused: Option<String>,
+    /// What the host's ClientHello offered, for the log of a failed handshake.
+    hello: String,
 }
 
+/// The PSK binder's hash and the TLS 1.3 suites a ClientHello offers, for people.
+fn hello(ssl: &openssl::ssl::SslRef, hash: Option<tls13_psk::PskHash>) -> String {
+    let suites: Vec<String> = ssl
+        .client_hello_ciphers()
+        .unwrap_or_default()
+        .chunks_exact(2)
+        .filter(|c| c[0] == 0x13)
+        .map(|c| match c[1] {
+            1 => "TLS_AES_128_GCM_SHA256".to_string(),
+            2 => "TLS_AES_256_GCM_SHA384".to_string(),
+            3 => "TLS_CHACHA20_POLY1305_SHA256".to_string(),
+            n => format!("0x13{n:02x}"),
+        })
+        .collect();
+    let binder = match hash {
+        Some(h) => format!("a PSK binder of {} ({} bytes)", h.name(), h.hash_len()),
+        None => "no PSK binder of a TLS 1.3 hash's length".to_string(),
+    };
+    format!(
+        "the host offered {binder} and suites [{}]",
+        suites.join(", ")
+    )
+}
+
+/// The suites NVMe/TCP names (TCP transport 3.6.1.3: TLS_AES_128_GCM_SHA256 for SHA-256
+/// PSKs, TLS_AES_256_GCM_SHA384 for SHA-384 ones), and TLS_CHACHA20_POLY1305_SHA256, the only
+/// SHA-256 suite Debian 13's host offers with a SHA-384 key (which it binds with SHA-256).
+const SUITES: &str = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+
 /// A TLS 1.3 server context that knows no certificate, only the configured PSKs: one per
-/// connection, its callback reading the topology of the moment.
+/// connection, its callbacks reading the topology of the moment.
 fn context(
     shared: &Arc<Shared>,
     chosen: &Arc<Mutex<Chosen>>,
@@ -94,31 +129,40 @@ fn context(
     let mut b = SslContextBuilder::new(SslMethod::tls_server())?;
     b.set_min_proto_version(Some(SslVersion::TLS1_3))?;
     b.set_max_proto_version(Some(SslVersion::TLS1_3))?;
-    // OpenSSL's PSK callback (the one its Rust binding offers) makes SHA-256 PSKs only.
-    b.set_ciphersuites(nvme::tls::CipherHash::Sha256.suite())?;
+    b.set_ciphersuites(SUITES)?;
     // No session tickets: NVMe/TCP has no resumption, every queue hands its key again.
     b.set_num_tickets(0)?;
+    // The suite is one of the hash the host bound its PSK with (its binder's), which is not
+    // always its identity's: Debian 13's host (ktls-utils 1.0) binds an NVMe0R02 key with
+    // SHA-256. OpenSSL takes only a PSK whose hash is the negotiated suite's.
+    let c = Arc::clone(chosen);
+    b.set_client_hello_callback(move |ssl, _alert| {
+        let hash = tls13_psk::offered_hash(ssl);
+        let said = hello(ssl, hash);
+        if let Some(hash) = hash {
+            ssl.set_ciphersuites(hash.suites())?;
+        }
+        let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
+        c.hash = hash;
+        c.hello = said;
+        Ok(ClientHelloResponse::SUCCESS)
+    });
     let shared = Arc::clone(shared);
     let chosen = Arc::clone(chosen);
-    b.set_psk_server_callback(move |_ssl, identity, psk| {
+    tls13_psk::set_server_find(&mut b, move |identity| {
         let mut c = chosen.lock().unwrap_or_else(|e| e.into_inner());
-        match psk_for(&shared, identity.unwrap_or_default()) {
-            Ok((mut key, proof)) if key.len() <= psk.len() => {
-                psk[..key.len()].copy_from_slice(&key);
-                key.fill(0);
+        let hash = c.hash?;
+        match psk_for(&shared, identity) {
+            Ok((key, proof)) => {
                 c.proof = Some(proof);
-                Ok(key.len())
-            }
-            Ok(_) => {
-                c.refused = Some("PSK longer than OpenSSL takes".into());
-                Ok(0)
+                Some(tls13_psk::Psk { key, hash })
             }
             Err(why) => {
                 c.refused = Some(why.to_string());
-                Ok(0)
+                None
             }
         }
-    });
+    })?;
     Ok(b.build())
 }
 
@@ -128,15 +172,15 @@ enum PskRefused {
     Malformed,
     /// A generated PSK or a version 1 identity, which are not offered.
     Unsupported,
-    /// A SHA-384 identity (NVMe0R02) from this host: only SHA-256 PSKs are offered.
-    Sha384(String),
     NoValidNqns,
     NoKey {
         host: NodeName,
         subsystem: NodeName,
     },
-    NotSha256 {
+    /// The host's key is for the other hash than its identity names.
+    OtherHash {
         host: NodeName,
+        key: nvme::tls::CipherHash,
     },
 }
 
@@ -147,17 +191,15 @@ impl std::fmt::Display for PskRefused {
             PskRefused::Unsupported => {
                 f.write_str("a generated PSK or a version 1 identity (not offered)")
             }
-            PskRefused::Sha384(host) => write!(
-                f,
-                "identity for SHA-384 (NVMe0R02) from {host}: only SHA-256 PSKs are offered"
-            ),
             PskRefused::NoValidNqns => f.write_str("a PSK identity naming no valid NQNs"),
             PskRefused::NoKey { host, subsystem } => {
                 write!(f, "no TLS key for host {host} in subsystem {subsystem}")
             }
-            PskRefused::NotSha256 { host } => {
-                write!(f, "the TLS key for host {host} is not a SHA-256 key")
-            }
+            PskRefused::OtherHash { host, key } => write!(
+                f,
+                "the TLS key for host {host} is a {} key, and its identity names the other hash",
+                key.name()
+            ),
         }
     }
 }
@@ -169,9 +211,6 @@ fn psk_for(shared: &Shared, identity: &[u8]) -> Result<(Vec<u8>, TlsProof), PskR
         nvme::tls::IdentityError::Malformed => PskRefused::Malformed,
         nvme::tls::IdentityError::Unsupported => PskRefused::Unsupported,
     })?;
-    if id.cipher != nvme::tls::CipherHash::Sha256 {
-        return Err(PskRefused::Sha384(id.host));
-    }
     let (host, sub) = match (
         NodeName::from_wire(&id.host),
         NodeName::from_wire(&id.subsystem),
@@ -190,7 +229,10 @@ fn psk_for(shared: &Shared, identity: &[u8]) -> Result<(Vec<u8>, TlsProof), PskR
     let psk = key
         .key
         .tls_psk(&id, key.derivation)
-        .ok_or(PskRefused::NotSha256 { host })?;
+        .ok_or(PskRefused::OtherHash {
+            host,
+            key: key.key.cipher(),
+        })?;
     let proof = TlsProof {
         host: id.host,
         subsystem: id.subsystem,
@@ -216,11 +258,10 @@ mod tests {
             no_key.to_string(),
             "no TLS key for host nqn.2014-08.org.nvmexpress:uuid:h in subsystem nqn.2026-11.org.ferrosan:s"
         );
-        assert!(PskRefused::Sha384("h".into())
-            .to_string()
-            .contains("only SHA-256"));
-        assert!(PskRefused::NotSha256 { host }
-            .to_string()
-            .contains("not a SHA-256 key"));
+        let other = PskRefused::OtherHash {
+            host,
+            key: nvme::tls::CipherHash::Sha384,
+        };
+        assert!(other.to_string().contains("is a SHA-384 key"), "{other}");
     }
 }

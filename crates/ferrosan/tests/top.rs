@@ -71,6 +71,11 @@ fn top_shows_a_running_sessions_iops_in_batch_and_in_a_terminal() {
         "no writes per second in the last frame:\n{}",
         batch.stdout
     );
+    // The daemon's network workers, each with its busy share and connections.
+    assert!(
+        last_frame.contains("workers: #0 ") && last_frame.contains("% busy"),
+        "no workers' line:\n{last_frame}"
+    );
     // The p99 of the session's commands in the window: a number, not "-".
     let p99 = session_cell(last_frame, "P99_ms").and_then(|v| v.parse::<f64>().ok());
     assert!(

@@ -629,8 +629,20 @@ fn stats(shared: &Shared) -> Value {
             Some(entry)
         })
         .collect();
+    // Each network worker's connections and busy share (its CPU time over the last second,
+    // busy polling left out), as placement sees them.
+    let workers: Vec<Value> = (0..shared.workers())
+        .map(|i| {
+            json!({
+                "worker": i,
+                "connections": shared.metrics.worker_connections(i).get(),
+                "busy": shared.metrics.worker_busy(i).get(),
+            })
+        })
+        .collect();
     let mut all = sessions(shared);
     all["devices"] = Value::Array(devices);
+    all["workers"] = Value::Array(workers);
     all["uptime_ms"] = json!(shared.started.elapsed().map_or(0, |d| d.as_millis() as u64));
     all["latency_bounds_ns"] = json!(crate::metrics::LATENCY_BOUNDS_NS.to_vec());
     all

@@ -240,6 +240,11 @@ impl Shared {
         })
     }
 
+    /// The network workers' count.
+    pub fn workers(&self) -> usize {
+        self.worker_heartbeats.len()
+    }
+
     pub(crate) fn worker_heartbeat(&self, index: usize) {
         if let Some(beat) = self.worker_heartbeats.get(index) {
             beat.store(

@@ -190,6 +190,10 @@ impl Engine for IscsiEngine {
         }
         Ok(())
     }
+
+    fn data(&self, tag: usize) -> Option<&[u8]> {
+        self.buffers.get(tag).map(Vec::as_slice)
+    }
 }
 
 #[cfg(test)]

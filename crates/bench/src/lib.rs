@@ -347,6 +347,21 @@ pub fn run(opts: &Options) -> Result<Outcome, String> {
         report_html.display(),
         fio_dir.display()
     );
+    for t in &results.targets {
+        let zeros = results
+            .rows
+            .iter()
+            .filter(|r| r.target == t.name && r.result.reads_only_zeros)
+            .count();
+        if zeros > 0 {
+            eprintln!(
+                "warning: {}: every read sampled in {zeros} workload(s) returned only zeros: \
+                 probably never written there, so those reads may not touch a medium (fill it \
+                 first for the figures of real reads)",
+                t.name
+            );
+        }
+    }
     Ok(Outcome {
         results_json,
         report_html,

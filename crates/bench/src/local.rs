@@ -183,6 +183,10 @@ impl Engine for LocalEngine {
         }
         Ok(())
     }
+
+    fn data(&self, tag: usize) -> Option<&[u8]> {
+        self.buffers.get(tag)?.as_ref().map(|b| &b[..])
+    }
 }
 
 /// Why writing to `path` would destroy something in use, if it would: a mounted or claimed

@@ -142,6 +142,7 @@ impl Target for NvmeTarget {
             block_size: u64::from(self.info.block_size),
             pattern: pattern.into(),
             pending: vec![None; queue_depth],
+            read: vec![Vec::new(); queue_depth],
         }))
     }
 }
@@ -163,6 +164,8 @@ struct NvmeEngine {
     /// What writes send (random, as for iSCSI): shared by every write, never copied per write.
     pattern: std::sync::Arc<[u8]>,
     pending: Vec<Option<Pending>>,
+    /// Per tag, what its last read brought.
+    read: Vec<Vec<u8>>,
 }
 
 impl NvmeEngine {
@@ -250,11 +253,20 @@ impl Engine for NvmeEngine {
                     p.len
                 ))
             } else {
+                if p.op == Op::Read {
+                    if let Some(slot) = self.read.get_mut(tag) {
+                        *slot = done.data;
+                    }
+                }
                 Ok(())
             };
             out.push((tag, result));
         }
         Ok(())
+    }
+
+    fn data(&self, tag: usize) -> Option<&[u8]> {
+        self.read.get(tag).map(Vec::as_slice)
     }
 }
 

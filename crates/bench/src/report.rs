@@ -3,7 +3,7 @@
 
 use crate::plan::{size_label, Group, Pattern, Workload, MATRIX_DEPTHS, SWEEP_DEPTH};
 use crate::runner::TargetInfo;
-use crate::stats::{Bucket, Summary};
+use crate::stats::Summary;
 use std::fmt::Write as _;
 
 /// One workload on one target.
@@ -154,7 +154,7 @@ const MAX_X_TICKS: usize = 14;
 
 /// A line chart. `series`: (name, colour, points).
 fn line_chart(title: &str, axes: &Axes, series: &[Series]) -> String {
-    let (w, h) = (720.0, 360.0);
+    let (w, h) = (1200.0, 420.0);
     let mut svg = svg_open(w, h, title);
     let points = || series.iter().flat_map(|s| s.2.iter().copied());
     let mut xs: Vec<f64> = points()
@@ -164,8 +164,11 @@ fn line_chart(title: &str, axes: &Axes, series: &[Series]) -> String {
     xs.sort_by(f64::total_cmp);
     xs.dedup();
     let (Some(&xmin), Some(&xmax)) = (xs.first(), xs.last()) else {
-        svg.push_str(
-            r#"<text x="360" y="180" class="axis" text-anchor="middle">no data</text></svg>"#,
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{}" class="axis" text-anchor="middle">no data</text></svg>"#,
+            w / 2.0,
+            h / 2.0
         );
         return svg;
     };
@@ -293,7 +296,7 @@ struct Plot {
 impl Plot {
     /// Margins: left, right (the legend), top, bottom.
     const L: f64 = 70.0;
-    const R: f64 = 230.0;
+    const R: f64 = 200.0;
     const T: f64 = 36.0;
     const B: f64 = 48.0;
 
@@ -389,20 +392,48 @@ impl Plot {
     }
 }
 
-/// Where the distribution chart draws the open bucket (latencies above 2 s).
-const OPEN_BUCKET_US: f64 = 4e6;
+/// A percentile as its nines: p90 is 1, p99 2, p99.9 3 (p50 0.3, p1 0.004).
+fn nines(p: f64) -> f64 {
+    -(1.0 - p / 100.0).max(1e-9).log10()
+}
 
-/// A latency in µs as an axis label: `750ns`, `4µs`, `250ms`, `>2s` (the open bucket).
-fn latency_label(us: f64) -> String {
-    if us >= OPEN_BUCKET_US {
-        ">2s".into()
-    } else if us >= 1000.0 {
-        format!("{}ms", short(us / 1000.0).trim_end_matches(".0"))
-    } else if us >= 1.0 {
-        format!("{}µs", short(us).trim_end_matches(".0"))
+/// An axis label for `n` nines: `p90`, `p99`, `p99.9`.
+fn nines_label(n: f64) -> String {
+    let p = 100.0 * (1.0 - 10f64.powf(-n));
+    let text = format!("{p:.4}");
+    format!("p{}", text.trim_end_matches('0').trim_end_matches('.'))
+}
+
+/// A target's name shortened: `iSCSI demo/0` for `iscsi://h/iqn.2026-11.org.x:demo/0`,
+/// `NVMe demo/1 TLS` for `nvme+tcp://h/nqn.2026-11.org.x:demo/1?tls`, `local sdb` for
+/// `/dev/sdb`; `with_host` adds the address (`iSCSI demo/0 @h:3260`).
+fn short_label(name: &str, with_host: bool) -> String {
+    let (door, rest) = if let Some(rest) = name.strip_prefix("iscsi://") {
+        ("iSCSI", rest)
+    } else if let Some(rest) = name.strip_prefix("nvme+tcp://") {
+        ("NVMe", rest)
     } else {
-        format!("{:.0}ns", us * 1000.0)
+        let base = name.rsplit('/').find(|p| !p.is_empty()).unwrap_or(name);
+        return format!("local {base}");
+    };
+    let (rest, tls) = match rest.split_once('?') {
+        Some((r, q)) => (r, q.split('&').any(|k| k == "tls")),
+        None => (rest, false),
+    };
+    let mut parts = rest.splitn(3, '/');
+    let host = parts.next().unwrap_or_default();
+    let host = host.rsplit('@').next().unwrap_or(host);
+    let node = parts.next().unwrap_or_default();
+    let unit = parts.next().unwrap_or_default();
+    let node = node.rsplit(':').next().unwrap_or(node);
+    let mut label = format!("{door} {node}/{unit}");
+    if tls {
+        label.push_str(" TLS");
     }
+    if with_host {
+        let _ = write!(label, " @{host}");
+    }
+    label
 }
 
 /// A legend entry: a long name keeps its tail (the targets table has it whole).
@@ -418,7 +449,7 @@ fn legend_name(name: &str) -> String {
 /// Grouped horizontal bars: one group per label, a bar per target.
 fn bar_chart(title: &str, unit: &str, groups: &[BarGroup]) -> String {
     let bars: usize = groups.iter().map(|g| g.1.len()).sum();
-    let (w, l, r, t, bar_h, gap) = (720.0, 170.0, 90.0, 36.0, 16.0, 14.0);
+    let (w, l, r, t, bar_h, gap) = (1200.0, 220.0, 110.0, 36.0, 16.0, 14.0);
     let h = t + bars as f64 * bar_h + groups.len() as f64 * gap + 10.0;
     let vmax = nice_max(
         groups
@@ -458,9 +489,9 @@ fn bar_chart(title: &str, unit: &str, groups: &[BarGroup]) -> String {
     svg
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:960px;color:#212529}\
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1400px;padding:0 1em;color:#212529}\
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #dee2e6;padding:3px 7px;text-align:right}\
-th{background:#f1f3f5}td.l,th.l{text-align:left}.chart{width:100%;max-width:720px;display:block;margin:1em 0}\
+th{background:#f1f3f5}td.l,th.l{text-align:left}.chart{width:100%;display:block;margin:1em 0}\
 .title{font-size:15px;font-weight:600;text-anchor:middle}.axis{font-size:11px;fill:#495057}\
 .legend{font-size:12px}.value{font-size:11px;fill:#212529}.grid{stroke:#e9ecef}.note{color:#c92a2a}";
 
@@ -476,6 +507,34 @@ impl Results {
             .position(|t| t.name == target)
             .unwrap_or(0);
         COLORS[i % COLORS.len()]
+    }
+
+    /// A target's short name for legends and tables: its door and what tells it from the
+    /// others (`iSCSI demo/0`, `NVMe demo/1`, `local sdb`), with its address where two would
+    /// read alike; the targets table has the whole name.
+    fn label(&self, target: &str) -> String {
+        let short = |name: &str, with_host: bool| short_label(name, with_host);
+        let mine = short(target, false);
+        let clash = self
+            .targets
+            .iter()
+            .filter(|t| short(&t.name, false) == mine)
+            .count()
+            > 1;
+        if !clash {
+            return mine;
+        }
+        let mine = short(target, true);
+        let still = self
+            .targets
+            .iter()
+            .filter(|t| short(&t.name, true) == mine)
+            .count()
+            > 1;
+        match self.targets.iter().position(|t| t.name == target) {
+            Some(i) if still => format!("{mine} #{}", i + 1),
+            _ => mine,
+        }
     }
 
     fn rows_where(&self, f: impl Fn(&Workload) -> bool) -> Vec<&Row> {
@@ -498,7 +557,7 @@ impl Results {
                     .map(|r| (x(&r.workload), value(&r.result)))
                     .collect();
                 pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                (t.name.clone(), self.colour(&t.name), pts)
+                (self.label(&t.name), self.colour(&t.name), pts)
             })
             .filter(|s| !s.2.is_empty())
             .collect()
@@ -537,15 +596,43 @@ impl Results {
             m.memory_bytes as f64 / (1u64 << 30) as f64,
             esc(&m.kernel)
         );
-        h.push_str("<h2>Targets</h2><table><tr><th class=\"l\">target</th><th class=\"l\">kind</th><th>capacity</th><th>block</th><th class=\"l\">target CPU from</th><th class=\"l\">notes</th></tr>");
+        h.push_str("<h2>Targets</h2><table><tr><th class=\"l\">label</th><th class=\"l\">target</th><th class=\"l\">kind</th><th>capacity</th><th>block</th><th class=\"l\">target CPU from</th><th class=\"l\">notes</th></tr>");
         for t in &self.targets {
-            let _ = write!(h, "<tr><td class=\"l\" style=\"color:{}\">&#9632; {}</td><td class=\"l\">{}</td><td>{:.1} GiB</td><td>{}</td><td class=\"l\">{}</td><td class=\"l note\">{}</td></tr>",
-                self.colour(&t.name), esc(&t.name), esc(&t.kind), t.capacity_bytes as f64 / (1u64 << 30) as f64, t.block_size,
+            let _ = write!(h, "<tr><td class=\"l\" style=\"color:{}\">&#9632; {}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{:.1} GiB</td><td>{}</td><td class=\"l\">{}</td><td class=\"l note\">{}</td></tr>",
+                self.colour(&t.name), esc(&self.label(&t.name)), esc(&t.name), esc(&t.kind), t.capacity_bytes as f64 / (1u64 << 30) as f64, t.block_size,
                 // Without its scheme: the page names no outside resource, not even as text.
                 esc(t.metrics.as_deref().map_or("–", |m| m.trim_start_matches("http://"))),
                 esc(&t.notes.join("; ")));
         }
         h.push_str("</table>");
+        self.html_zeros(h);
+    }
+
+    /// A warning for each target whose reads returned only zeros: a LUN never written is
+    /// read from no medium (a RAM device lends pages never touched, a thin file or image
+    /// reads holes), so its figures are not those of reads.
+    fn html_zeros(&self, h: &mut String) {
+        for t in &self.targets {
+            let zeros: Vec<&str> = self
+                .rows
+                .iter()
+                .filter(|r| r.target == t.name && r.result.reads_only_zeros)
+                .map(|r| r.workload.id.as_str())
+                .collect();
+            if zeros.is_empty() {
+                continue;
+            }
+            let _ = write!(
+                h,
+                "<p class=\"note\">&#9888; {}: every read sampled returned only zeros ({}). \
+                 The target was probably never written where these reads went: a RAM device \
+                 answers such reads without touching memory, a thin file or image from its \
+                 holes, so these are not the figures of real reads. Fill it first (for example \
+                 <code>dd if=/dev/urandom bs=1M oflag=direct</code> onto it).</p>",
+                esc(&self.label(&t.name)),
+                esc(&zeros.join(", "))
+            );
+        }
     }
 
     /// Headline: IOPS for 4 KiB, MB/s for 1 MiB, mean latency for QD1.
@@ -561,7 +648,13 @@ impl Results {
                     let bars = headline
                         .iter()
                         .filter(|r| r.workload.id == w.id)
-                        .map(|r| (r.target.clone(), self.colour(&r.target), value(&r.result)))
+                        .map(|r| {
+                            (
+                                self.label(&r.target),
+                                self.colour(&r.target),
+                                value(&r.result),
+                            )
+                        })
                         .collect();
                     groups.push((w.id.clone(), bars));
                 }
@@ -705,7 +798,11 @@ impl Results {
                 .max(1.0);
             for t in &self.targets {
                 for q in &qds {
-                    let _ = write!(h, "<tr><td class=\"l\">{}</td><td>{q}</td>", esc(&t.name));
+                    let _ = write!(
+                        h,
+                        "<tr><td class=\"l\">{}</td><td>{q}</td>",
+                        esc(&self.label(&t.name))
+                    );
                     for j in &jobs {
                         match matrix.iter().find(|r| {
                             r.target == t.name
@@ -752,15 +849,15 @@ impl Results {
             let rows = self.rows_where(|w| w.id == id);
             let _ = write!(h, "<h3>{}</h3>", esc(id));
             h.push_str(&line_chart(
-                &format!("{id}: latency distribution"),
+                &format!("{id}: latency by percentile"),
                 &Axes {
-                    xlabel: "latency (bucket upper edge, as fio's)",
-                    ylabel: "% of I/Os",
-                    x: Scale::Log,
-                    y: Scale::Linear,
-                    xfmt: latency_label,
+                    xlabel: "percentile of I/Os (p90, p99, p99.9: one more nine each step)",
+                    ylabel: "µs",
+                    x: Scale::Linear,
+                    y: Scale::Log,
+                    xfmt: nines_label,
                 },
-                &self.distributions(&rows),
+                &self.percentile_curves(&rows),
             ));
             h.push_str(&line_chart(
                 &format!("{id}: IOPS over time"),
@@ -776,32 +873,13 @@ impl Results {
         }
     }
 
-    /// Per target: the share of I/Os in each latency bucket, from the first bucket any
-    /// target used to the last (x in µs; the open bucket above 2 s drawn at 4 s).
-    fn distributions(&self, rows: &[&Row]) -> Vec<Series> {
-        let edge_us = |b: &Bucket| b.upto_ns.map_or(OPEN_BUCKET_US, |n| n as f64 / 1000.0);
-        let nonzero: Vec<usize> = rows
-            .iter()
-            .flat_map(|r| r.result.latency_histogram.iter().enumerate())
-            .filter(|(_, b)| b.count > 0)
-            .map(|(i, _)| i)
-            .collect();
-        let (Some(&first), Some(&last)) = (nonzero.iter().min(), nonzero.iter().max()) else {
-            return Vec::new();
-        };
+    /// Per target: the latency at each percentile (x in nines: p90 at 1, p99 at 2, ...).
+    fn percentile_curves(&self, rows: &[&Row]) -> Vec<Series> {
         self.series_by_target(rows, |r| {
-            let total = r
-                .result
-                .latency_histogram
-                .iter()
-                .map(|b| b.count)
-                .sum::<u64>();
             r.result
-                .latency_histogram
-                .get(first..=last)
-                .unwrap_or_default()
+                .percentiles_us
                 .iter()
-                .map(|b| (edge_us(b), 100.0 * b.count as f64 / total.max(1) as f64))
+                .map(|p| (nines(p.p), p.us))
                 .collect()
         })
     }
@@ -827,19 +905,44 @@ impl Results {
             .iter()
             .filter_map(|t| {
                 let row = rows.iter().find(|r| r.target == t.name)?;
-                Some((t.name.clone(), self.colour(&t.name), points(row)))
+                Some((self.label(&t.name), self.colour(&t.name), points(row)))
             })
             .filter(|s| !s.2.is_empty())
             .collect()
     }
 
+    /// The rows grouped by workload (in the order the workloads first ran), each group's
+    /// targets in the order they were given.
+    fn by_workload(&self) -> Vec<&Row> {
+        let mut ids: Vec<&str> = Vec::new();
+        for r in &self.rows {
+            if !ids.contains(&r.workload.id.as_str()) {
+                ids.push(&r.workload.id);
+            }
+        }
+        let target_index = |r: &Row| self.targets.iter().position(|t| t.name == r.target);
+        let mut rows: Vec<&Row> = self.rows.iter().collect();
+        rows.sort_by_key(|r| {
+            (
+                ids.iter().position(|i| *i == r.workload.id),
+                target_index(r),
+            )
+        });
+        rows
+    }
+
     /// Every row, and what was not run.
     fn html_all(&self, h: &mut String) {
-        h.push_str("<h2>All results</h2><table><tr><th class=\"l\">target</th><th class=\"l\">workload</th><th>IOPS</th><th>MB/s</th><th>mean µs</th><th>p50</th><th>p99</th><th>p99.9</th><th>max</th><th>client CPU µs/IO</th><th>target CPU µs/IO</th><th>errors</th></tr>");
-        for r in &self.rows {
+        h.push_str("<h2>All results</h2><p>By workload, in the order run; the targets in the order given.</p><table><tr><th class=\"l\">workload</th><th class=\"l\">target</th><th>IOPS</th><th>MB/s</th><th>mean µs</th><th>p50</th><th>p99</th><th>p99.9</th><th>max</th><th>client CPU µs/IO</th><th>target CPU µs/IO</th><th>errors</th></tr>");
+        for r in self.by_workload() {
             let s = &r.result;
-            let _ = write!(h, "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&r.target), esc(&r.workload.id), short(s.iops), s.mb_per_s, s.latency_us.mean, s.latency_us.p50, s.latency_us.p99, s.latency_us.p99_9, s.latency_us.max,
+            let zeros = if s.reads_only_zeros {
+                " &#9888; zeros"
+            } else {
+                ""
+            };
+            let _ = write!(h, "<tr><td class=\"l\">{}{zeros}</td><td class=\"l\">{}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r.workload.id), esc(&self.label(&r.target)), short(s.iops), s.mb_per_s, s.latency_us.mean, s.latency_us.p50, s.latency_us.p99, s.latency_us.p99_9, s.latency_us.max,
                 s.client_cpu_us_per_io.map_or("–".into(), |c| format!("{c:.1}")),
                 s.target_cpu_us_per_io.map_or("–".into(), |c| format!("{c:.1}")),
                 if s.errors == 0 { "0".to_string() } else { format!("{} ({})", s.errors, esc(s.first_error.as_deref().unwrap_or(""))) });
@@ -1015,22 +1118,89 @@ mod tests {
     }
 
     #[test]
-    fn latencies_are_drawn_on_log_axes_with_distributions_and_series_per_workload() {
+    fn latencies_are_drawn_on_log_axes_with_percentile_curves_and_series_per_workload() {
         let html = results().to_html();
         // p99 across queue depths spans 10 µs .. 1.5 ms: decades, on a log axis.
         assert!(html.contains("µs (log scale)"));
         for id in ["randread-4k-qd1", "randwrite-4k-qd64", "seqread-1m-qd16"] {
             assert!(
-                html.contains(&format!("{id}: latency distribution")),
+                html.contains(&format!("{id}: latency by percentile")),
                 "{id}"
             );
             assert!(html.contains(&format!("{id}: IOPS over time")), "{id}");
         }
         // Only the headline workloads get their own charts.
-        assert!(!html.contains("randread-4k-qd8: latency distribution"));
+        assert!(!html.contains("randread-4k-qd8: latency by percentile"));
         assert!(html.contains("Target CPU per I/O, from its metrics"));
         assert!(html.contains("127.0.0.1:9100/metrics"));
         assert!(!html.contains("NaN") && !html.contains("inf\""));
+    }
+
+    #[test]
+    fn targets_are_labelled_by_door_and_name_with_the_address_where_two_read_alike() {
+        let iscsi = "iscsi://u%p@127.0.0.1:3260/iqn.2026-11.org.ferrosan:demo/0";
+        let nvme = "nvme+tcp://127.0.0.1:4420/nqn.2026-11.org.ferrosan:demo/1?tls";
+        assert_eq!(short_label(iscsi, false), "iSCSI demo/0");
+        assert_eq!(short_label(iscsi, true), "iSCSI demo/0 @127.0.0.1:3260");
+        assert_eq!(short_label(nvme, false), "NVMe demo/1 TLS");
+        assert_eq!(short_label("/dev/sdb", false), "local sdb");
+        let mut r = results();
+        let other = "iscsi://127.0.0.2:3260/iqn.2026-11.org.ferrosan:demo/0";
+        for name in [iscsi, other] {
+            let mut t = r.targets[0].clone();
+            t.name = name.into();
+            r.targets.push(t);
+        }
+        assert_eq!(r.label(iscsi), "iSCSI demo/0 @127.0.0.1:3260");
+        assert_eq!(r.label(other), "iSCSI demo/0 @127.0.0.2:3260");
+        assert_eq!(r.label("/var/tmp/a&b.img"), "local a&b.img");
+        let html = results().to_html();
+        assert!(html.contains(">iSCSI &lt;t&gt;/0</text>"), "the legend");
+    }
+
+    #[test]
+    fn reads_of_only_zeros_are_warned_of() {
+        let mut r = results();
+        assert!(!r.to_html().contains("only zeros"));
+        r.rows[0].result.reads_only_zeros = true;
+        let html = r.to_html();
+        let id = &r.rows[0].workload.id;
+        assert!(
+            html.contains(&format!("every read sampled returned only zeros ({id})")),
+            "{id}"
+        );
+        assert!(html.contains(&format!("{id} &#9888; zeros")));
+    }
+
+    #[test]
+    fn the_table_of_all_results_is_grouped_by_workload() {
+        let r = results();
+        let rows = r.by_workload();
+        assert_eq!(rows.len(), r.rows.len());
+        // Each workload's two targets side by side, in the order given.
+        for pair in rows.chunks(2) {
+            assert_eq!(pair[0].workload.id, pair[1].workload.id);
+            assert_eq!(pair[0].target, r.targets[0].name);
+            assert_eq!(pair[1].target, r.targets[1].name);
+        }
+        assert_eq!(rows[0].workload.id, r.rows[0].workload.id);
+    }
+
+    #[test]
+    fn percentiles_reach_as_far_as_the_ios_allow() {
+        let r = results();
+        // randread-4k-qd1 on the first target: 100 I/Os, so up to p99 (one I/O above it).
+        let qd1 = r
+            .rows
+            .iter()
+            .find(|row| row.workload.id == "randread-4k-qd1")
+            .unwrap();
+        let ps: Vec<f64> = qd1.result.percentiles_us.iter().map(|p| p.p).collect();
+        assert_eq!(ps.first(), Some(&1.0));
+        assert_eq!(ps.last(), Some(&99.0), "{ps:?}");
+        let us: Vec<f64> = qd1.result.percentiles_us.iter().map(|p| p.us).collect();
+        assert!(us.windows(2).all(|w| w[0] <= w[1]), "{us:?}");
+        assert!(us[0] >= 8.0 && us[us.len() - 1] <= 12.1, "{us:?}");
     }
 
     #[test]
@@ -1049,10 +1219,12 @@ mod tests {
         assert_eq!(lin.grid(), [0.0, 50.0, 100.0, 150.0, 200.0]);
         assert_eq!(linear_ticks(10.0), [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
         assert_eq!(linear_ticks(5.0), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-        assert_eq!(latency_label(0.75), "750ns");
-        assert_eq!(latency_label(250.0), "250µs");
-        assert_eq!(latency_label(2000.0), "2ms");
-        assert_eq!(latency_label(OPEN_BUCKET_US), ">2s");
+        assert_eq!(nines_label(1.0), "p90");
+        assert_eq!(nines_label(2.0), "p99");
+        assert_eq!(nines_label(4.0), "p99.99");
+        assert_eq!(nines_label(0.0), "p0");
+        assert!((nines(99.9) - 3.0).abs() < 1e-9);
+        assert!((nines(50.0) - std::f64::consts::LOG10_2).abs() < 1e-9);
         assert_eq!(short(0.25), "0.25");
         assert_eq!(short(0.01), "0.010");
     }

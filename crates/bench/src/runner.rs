@@ -23,7 +23,13 @@ pub trait Engine: Send {
     /// Sends what is queued and waits until at least `min` I/Os are done, appending them to
     /// `out`. An error here ends the job (the session or ring is unusable).
     fn complete(&mut self, min: usize, out: &mut Vec<Done>) -> Result<(), String>;
+    /// What the last read of `tag` brought, from its first byte (at least the read's
+    /// length), while the tag is free: the runner samples it for a target never written.
+    fn data(&self, tag: usize) -> Option<&[u8]>;
 }
+
+/// Reads per job whose data is looked at for a target that was never written.
+const ZERO_SAMPLES: u64 = 256;
 
 /// What a target is, for the report.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -253,6 +259,11 @@ fn run_job(
                 Ok(()) => stats.record(now - at, op == Op::Read, w.block_size, now - measure_from),
                 Err(e) => stats.error(e),
             }
+            if op == Op::Read && stats.reads_sampled < ZERO_SAMPLES {
+                let data = engine.data(tag).unwrap_or_default();
+                let len = (w.block_size as usize).min(data.len());
+                stats.sampled_read(data[..len].iter().any(|&b| b != 0));
+            }
         }
     }
     // Every I/O reaped: the engine (and its buffers) may go.
@@ -308,6 +319,8 @@ mod tests {
         delay: Duration,
         fail_writes: bool,
         in_flight: std::collections::HashSet<usize>,
+        /// What every read brings.
+        data: Vec<u8>,
     }
 
     impl Engine for FakeEngine {
@@ -337,11 +350,16 @@ mod tests {
             }
             Ok(())
         }
+        fn data(&self, _tag: usize) -> Option<&[u8]> {
+            Some(&self.data)
+        }
     }
 
     struct FakeTarget {
         info: TargetInfo,
         fail_writes: bool,
+        /// Whether reads bring data (a byte other than 0) or zeros.
+        written: bool,
     }
 
     impl Target for FakeTarget {
@@ -355,6 +373,7 @@ mod tests {
                 delay: Duration::from_millis(1),
                 fail_writes: self.fail_writes,
                 in_flight: Default::default(),
+                data: vec![u8::from(self.written); 1 << 20],
             }))
         }
     }
@@ -371,6 +390,7 @@ mod tests {
                 metrics: None,
             },
             fail_writes,
+            written: true,
         }
     }
 
@@ -398,6 +418,36 @@ mod tests {
         };
         let s3 = run(&fake(false), &jobs, &timing, 64 << 20, None).unwrap();
         assert!(s3.iops > 2.0 * s.iops, "3 jobs {} vs 1 {}", s3.iops, s.iops);
+    }
+
+    #[test]
+    fn reads_of_a_target_never_written_are_flagged() {
+        let timing = Timing {
+            ramp: Duration::ZERO,
+            runtime: Duration::from_millis(100),
+        };
+        let w = plan(true, false)
+            .into_iter()
+            .find(|w| w.id == "randread-4k-qd64")
+            .unwrap();
+        let s = run(&fake(false), &w, &timing, 64 << 20, None).unwrap();
+        assert!(!s.reads_only_zeros, "data came back");
+        let blank = FakeTarget {
+            written: false,
+            ..fake(false)
+        };
+        let s = run(&blank, &w, &timing, 64 << 20, None).unwrap();
+        assert!(s.iops > 0.0 && s.reads_only_zeros, "{s:?}");
+        // Writes alone: nothing sampled, nothing flagged.
+        let writes = plan(true, true)
+            .into_iter()
+            .find(|w| w.id == "randwrite-4k-qd64")
+            .unwrap();
+        assert!(
+            !run(&blank, &writes, &timing, 64 << 20, None)
+                .unwrap()
+                .reads_only_zeros
+        );
     }
 
     #[test]

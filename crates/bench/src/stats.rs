@@ -41,6 +41,9 @@ pub struct JobStats {
     pub interval: Duration,
     /// `interval` in ns (at least 1 ms, so never 0).
     interval_ns: u64,
+    /// Reads in the window whose data was looked at, and whether any held a byte not 0.
+    pub reads_sampled: u64,
+    pub read_data_seen: bool,
 }
 
 impl JobStats {
@@ -54,6 +57,8 @@ impl JobStats {
             bytes: 0,
             errors: 0,
             first_error: None,
+            reads_sampled: 0,
+            read_data_seen: false,
             per_interval: vec![0; usize::try_from(steps).unwrap_or(1).min(100_000)],
             interval,
             interval_ns: u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX),
@@ -87,6 +92,12 @@ impl JobStats {
         self.write_ns.len()
     }
 
+    /// A sampled read: whether its data held a byte other than 0.
+    pub fn sampled_read(&mut self, data: bool) {
+        self.reads_sampled += 1;
+        self.read_data_seen |= data;
+    }
+
     pub fn error(&mut self, what: String) {
         self.errors += 1;
         if self.first_error.is_none() {
@@ -104,6 +115,8 @@ impl JobStats {
         let _ = self.write_ns.add(&other.write_ns);
         self.bytes += other.bytes;
         self.errors += other.errors;
+        self.reads_sampled += other.reads_sampled;
+        self.read_data_seen |= other.read_data_seen;
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
         }
@@ -175,6 +188,12 @@ pub struct Summary {
     pub write_latency_us: Option<Latency>,
     /// The latency distribution in fio's buckets (every I/O).
     pub latency_histogram: Vec<Bucket>,
+    /// Every read sampled (up to 256 per job) returned only zeros: the target was probably
+    /// never written there, and reads of it may not touch a medium at all.
+    pub reads_only_zeros: bool,
+    /// Latency at percentiles from p1 to p99.99 (every I/O), from the full-resolution
+    /// histogram; a percentile is left out where fewer than one I/O lies above it.
+    pub percentiles_us: Vec<Percentile>,
     pub iops_over_time: TimeSeries,
     /// CPU time of the benchmark process (user + system) per I/O: the client's cost.
     pub client_cpu_us_per_io: Option<f64>,
@@ -213,6 +232,8 @@ impl Summary {
             read_latency_us: (reads > 0).then(|| Latency::of(&stats.read_ns)),
             write_latency_us: (writes > 0).then(|| Latency::of(&stats.write_ns)),
             latency_histogram: buckets(&all),
+            percentiles_us: percentiles(&all),
+            reads_only_zeros: stats.reads_sampled > 0 && !stats.read_data_seen,
             iops_over_time: TimeSeries {
                 interval_s: step,
                 iops: stats
@@ -227,6 +248,31 @@ impl Summary {
             first_error: stats.first_error.clone(),
         }
     }
+}
+
+/// A latency percentile: `p` in percent, the latency in µs.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Percentile {
+    pub p: f64,
+    pub us: f64,
+}
+
+/// The percentiles the report's curve draws.
+pub const PERCENTILES: [f64; 13] = [
+    1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99,
+];
+
+/// `h` at each of [`PERCENTILES`] it holds at least one I/O above.
+fn percentiles(h: &Histogram<u64>) -> Vec<Percentile> {
+    let n = h.len() as f64;
+    PERCENTILES
+        .iter()
+        .filter(|&&p| n * (1.0 - p / 100.0) >= 1.0)
+        .map(|&p| Percentile {
+            p,
+            us: h.value_at_quantile(p / 100.0) as f64 / 1000.0,
+        })
+        .collect()
 }
 
 /// `h` counted into fio's buckets.

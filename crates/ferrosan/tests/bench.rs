@@ -85,6 +85,15 @@ fn a_quick_run_on_a_file_writes_results_and_a_self_contained_report() {
         assert!((mean - iops).abs() < iops * 0.01 + 1.0, "{mean} vs {iops}");
         assert!(r["read_latency_us"]["p50"].as_f64().unwrap() > 0.0);
         assert!(r["write_latency_us"].is_null());
+        // The image holds data: its reads are not flagged as zeros.
+        assert_eq!(r["reads_only_zeros"], false, "{r}");
+        let p50 = r["percentiles_us"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["p"] == 50.0)
+            .map(|p| p["us"].as_f64().unwrap());
+        assert!(p50.is_some_and(|v| v > 0.0), "{r}");
     }
     assert_eq!(walk(&out.join("fio")).len(), rows.len());
     assert!(rows[2]["mb_per_s"].as_f64().unwrap() > 1.0);
@@ -92,7 +101,7 @@ fn a_quick_run_on_a_file_writes_results_and_a_self_contained_report() {
     assert_eq!(results["targets"][0]["capacity_bytes"], 64 << 20);
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("<svg "), "no chart");
-    assert!(html.contains("randread-4k-qd64: latency distribution"));
+    assert!(html.contains("randread-4k-qd64: latency by percentile"));
     assert!(html.contains("randread-4k-qd64: IOPS over time"));
     assert!(
         html.contains("µs (log scale)"),

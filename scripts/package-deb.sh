@@ -37,7 +37,7 @@ rm -rf "$ASSETS"
 mkdir -p "$ASSETS/man"
 sed 's#/usr/local/bin/ferrosan#/usr/bin/ferrosan#g' dist/ferrosan.service >"$ASSETS/ferrosan.service"
 "$BIN" man --dir "$ASSETS/man" 2>/dev/null
-gzip -9n "$ASSETS"/man/*.1
+gzip -9n "$ASSETS"/man/*.1 "$ASSETS"/man/*.5
 "$BIN" completions bash >"$ASSETS/ferrosan.bash"
 "$BIN" completions zsh >"$ASSETS/_ferrosan"
 "$BIN" completions fish >"$ASSETS/ferrosan.fish"

@@ -34,7 +34,8 @@ for f in ./usr/bin/ferrosan ./usr/lib/systemd/system/ferrosan.service ./etc/ferr
     ./usr/share/doc/ferrosan/docs/OPERATIONS.md ./usr/share/doc/ferrosan/examples/ferrosan.toml \
     ./usr/share/ferrosan/prometheus/ferrosan-rules.yml ./usr/share/ferrosan/grafana/ferrosan-dashboard.json \
     ./usr/share/man/man1/ferrosan.1.gz ./usr/share/man/man1/ferrosan-serve.1.gz \
-    ./usr/share/man/man1/ferrosan-ctl-chap-set.1.gz ./usr/share/bash-completion/completions/ferrosan \
+    ./usr/share/man/man1/ferrosan-ctl-chap-set.1.gz ./usr/share/man/man5/ferrosan.toml.5.gz \
+    ./usr/share/bash-completion/completions/ferrosan \
     ./usr/share/zsh/vendor-completions/_ferrosan ./usr/share/fish/vendor_completions.d/ferrosan.fish; do
     grep -q " $f\$" <<<"$CONTENTS" || die "$f is missing from the package"
 done
@@ -67,6 +68,8 @@ page() { dpkg-deb --fsys-tarfile "$DEB" | tar -xO "./usr/share/man/man1/$1.1.gz"
 page ferrosan-ctl-chap-set | grep -q 'secret' || die "ferrosan-ctl-chap-set(1) does not say what it does"
 page ferrosan-serve | MANWIDTH=80 man -l - 2>/dev/null | grep -q 'nvme' || die "ferrosan-serve(1) does not render"
 page ferrosan-serve | MANWIDTH=80 man -l - 2>/dev/null | grep -q "^EXIT STATUS" || die "ferrosan-serve(1) has no EXIT STATUS"
+dpkg-deb --fsys-tarfile "$DEB" | tar -xO ./usr/share/man/man5/ferrosan.toml.5.gz | zcat |
+    MANWIDTH=80 man -l - 2>/dev/null | grep -q 'identity_seed' || die "ferrosan.toml(5) does not render"
 COMPLETED=$(bash -c 'source /usr/share/bash-completion/completions/ferrosan
     COMP_WORDS=(ferrosan ct); COMP_CWORD=1; COMP_LINE="ferrosan ct"; COMP_POINT=${#COMP_LINE}
     _ferrosan ferrosan ct ferrosan; echo "${COMPREPLY[*]}"')

@@ -16,8 +16,8 @@ pub struct CompletionsArgs {
 
 #[derive(Args)]
 pub struct ManArgs {
-    /// Directory the pages are written to: ferrosan.1 and one ferrosan-COMMAND.1 per
-    /// (sub)command, e.g. ferrosan-ctl-device-add.1.
+    /// Directory the pages are written to: ferrosan.1, one ferrosan-COMMAND.1 per
+    /// (sub)command (e.g. ferrosan-ctl-device-add.1), and ferrosan.toml.5 for the config file.
     #[arg(long, default_value = ".")]
     dir: PathBuf,
 }
@@ -63,13 +63,15 @@ pub fn write_man_pages(dir: &Path) -> std::io::Result<usize> {
         let sections = crate::man_extra::sections(name);
         std::fs::write(&path, crate::man_extra::append(&page, &sections))?;
     }
+    // The config file's page (section 5: file formats), from docs/CONFIG.md.
+    std::fs::write(dir.join("ferrosan.toml.5"), crate::config_man::page())?;
     Ok(pages_in(dir)? - before)
 }
 
 fn pages_in(dir: &Path) -> std::io::Result<usize> {
     Ok(std::fs::read_dir(dir)?
         .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "1"))
+        .filter(|e| e.path().extension().is_some_and(|x| x == "1" || x == "5"))
         .count())
 }
 
@@ -136,7 +138,12 @@ mod tests {
         let mut cmd = crate::Cli::command().disable_help_subcommand(true);
         cmd.build();
         count(&cmd, &mut commands);
-        assert_eq!(n, commands, "one page per command");
+        assert_eq!(
+            n,
+            commands + 1,
+            "one page per command, and ferrosan.toml(5)"
+        );
+        assert!(page("ferrosan.toml.5").contains(".SH \"FILE FORMAT\""));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -9,6 +9,7 @@ use engine::config::Config;
 use engine::config::ConfigSource;
 
 mod bench_cmd;
+mod config_man;
 mod ctl;
 mod dropin;
 mod generate;

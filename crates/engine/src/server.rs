@@ -270,6 +270,13 @@ const BUSY_SAMPLE: Duration = Duration::from_secs(1);
 /// the busier workers.
 fn least_loaded(loads: &[(f64, i64)], turn: usize) -> usize {
     let n = loads.len().max(1);
+    // A worker without connections is idle, whatever its last sample says: that share was
+    // spent on connections gone since (a benchmark's previous run), and would otherwise send
+    // every connection of the next second to the other workers.
+    let loads: Vec<(f64, i64)> = loads
+        .iter()
+        .map(|&(busy, conns)| (if conns > 0 { busy } else { 0.0 }, conns))
+        .collect();
     let least_busy = loads.iter().map(|l| l.0).fold(f64::INFINITY, f64::min);
     (0..n)
         .map(|i| (turn + i) % n)
@@ -983,16 +990,28 @@ iqn = "iqn.2026-12.org.ferrosan:two"
         // One saturating initiator against two idle sessions: the idle worker, whatever the turn.
         for turn in 0..4 {
             assert_eq!(least_loaded(&[(0.9, 1), (0.02, 2)], turn), 1);
-            assert_eq!(least_loaded(&[(0.02, 5), (0.9, 1), (0.5, 0)], turn), 0);
+            assert_eq!(least_loaded(&[(0.02, 5), (0.9, 1), (0.5, 1)], turn), 0);
         }
         // Within the band, busy shares are noise: connections decide, then round-robin.
         assert_eq!(least_loaded(&[(0.15, 1), (0.06, 2)], 0), 0);
         assert_eq!(least_loaded(&[(0.15, 1), (0.06, 1)], 0), 0);
         assert_eq!(least_loaded(&[(0.15, 1), (0.06, 1)], 1), 1);
         // Just outside the band: the less busy one.
-        assert_eq!(least_loaded(&[(0.17, 0), (0.06, 3)], 0), 1);
+        assert_eq!(least_loaded(&[(0.17, 1), (0.06, 3)], 0), 1);
         // A nonsense share (NaN) never wins over a measured one, nor breaks the choice.
-        assert_eq!(least_loaded(&[(f64::NAN, 0), (0.3, 4)], 0), 1);
+        assert_eq!(least_loaded(&[(f64::NAN, 1), (0.3, 4)], 0), 1);
+    }
+
+    #[test]
+    fn a_worker_whose_connections_have_gone_counts_as_idle() {
+        // Worker 0 was saturated by a run that just ended: its share is a second old. The
+        // next run's connections spread over both, not all onto worker 1.
+        let just_ended = [(0.98, 0), (0.0, 0)];
+        assert_eq!(least_loaded(&just_ended, 0), 0);
+        assert_eq!(least_loaded(&just_ended, 1), 1);
+        assert_eq!(least_loaded(&[(0.98, 0), (0.0, 1)], 1), 0);
+        // With connections, its share stands.
+        assert_eq!(least_loaded(&[(0.98, 1), (0.0, 3)], 0), 1);
     }
 
     #[test]

@@ -136,7 +136,8 @@ impl Target for NvmeTarget {
         let mut pattern = vec![0u8; max_len as usize];
         initiator::driver::random_bytes(&mut pattern);
         Ok(Box::new(NvmeEngine {
-            _admin: h.admin,
+            admin: h.admin,
+            kept_alive: std::time::Instant::now(),
             io: h.io,
             nsid: self.url.nsid,
             block_size: u64::from(self.info.block_size),
@@ -155,9 +156,15 @@ struct Pending {
     retries: u8,
 }
 
+/// How often a job's controller is sent a Keep Alive: a third of the KATO its Connect asked
+/// for (15 s), so a workload of any length keeps its controller (I/O alone does not count as
+/// keep-alive traffic unless the controller offers TBKAS, which ferrosan's does not).
+const KEEP_ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 struct NvmeEngine {
-    /// Kept open: closing the admin queue ends the controller.
-    _admin: QueueConn,
+    /// Kept open (closing the admin queue ends the controller), and sent Keep Alives.
+    admin: QueueConn,
+    kept_alive: std::time::Instant,
     io: QueueConn,
     nsid: u32,
     block_size: u64,
@@ -222,6 +229,13 @@ impl Engine for NvmeEngine {
     }
 
     fn complete(&mut self, min: usize, out: &mut Vec<Done>) -> Result<(), String> {
+        if self.kept_alive.elapsed() >= KEEP_ALIVE_EVERY {
+            let keep_alive = host::sqe(::nvme::admin::opcode::KEEP_ALIVE, 0, [0; 6]);
+            self.admin
+                .run_ok(keep_alive, Vec::new(), 0)
+                .map_err(|e| format!("Keep Alive: {e}"))?;
+            self.kept_alive = std::time::Instant::now();
+        }
         let before = out.len();
         while out.len() - before < min {
             let done = self.io.next_done().map_err(|e| e.to_string())?;

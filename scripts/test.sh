@@ -8,7 +8,7 @@
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace --no-fail-fast   (includes crates/ferrosan/tests: real initiators);
-#      meanwhile, from step 2 on, scripts/guest-images.sh builds the guest images of step 7
+#      meanwhile, from step 2 on, scripts/guest-images.sh builds the guest images of step 6
 #      (the tests run once it is done), and during the tests, at the lowest priority, the
 #      release binary of the later steps builds, then scripts/fuzz-smoke.sh (every cargo-fuzz
 #      target, 15 s each; it may go on beside steps 6 and 7), and beside them
@@ -34,6 +34,8 @@
 #         kill under fio verify), once with bookworm's 6.1 kernel, once with
 #         bookworm-backports' 6.12, which adds DH-HMAC-CHAP authentication, and once in a
 #         Debian 13 guest (6.12, nvme-cli 2.13, tlshd), which adds TLS with a pre-shared key
+#   7. scripts/screenshots.sh   (headless Chromium renders `ferrosan top` at 80 and 150
+#      columns under three benches and a bench report; each picture checked)
 #
 #   scripts/test.sh --quick   for daily work: steps 2-4 and one conformance run (a RAM LUN,
 #   the debug build), no guest, package or fuzzing
@@ -183,6 +185,9 @@ run_kernel-nvme-trixie() { FERROSAN_GUEST_KERNEL=trixie scripts/kernel-nvme.sh; 
 # ferrosan-csi's node through the guest's iSCSI initiator and NVMe/TCP host
 # (docs/guides/kubernetes.md), a failing and a slow disk (docs/OPERATIONS.md, *Faults*).
 run_guest-suites() { scripts/guest-suites.sh; }
+# What people read, rendered by headless Chromium: top at 80 and 150 columns and a bench
+# report (scripts/screenshots.sh; --docs refreshes docs/images/ from it).
+run_screenshots() { scripts/screenshots.sh; }
 
 T_START=$(date +%s) C_START=$(cpu_ticks)
 step deps ensure_deps
@@ -219,5 +224,7 @@ lane kernel-gateways guest-suites
 lane kernel-iscsi kernel-nvme kernel-nvme-6.12 kernel-nvme-trixie
 joined fuzz-smoke kernel-gateways kernel-iscsi kernel-nvme kernel-nvme-6.12 guest-suites \
     kernel-nvme-trixie
+# Alone at the end: its benches would take the cores the timing checks above count on.
+step screenshots run_screenshots
 
 summary

@@ -844,7 +844,7 @@ impl Results {
         if ids.is_empty() {
             return;
         }
-        h.push_str("<h2>Latency distribution and IOPS over time</h2>");
+        h.push_str("<h2>Latency by percentile and IOPS over time</h2>");
         for id in ids {
             let rows = self.rows_where(|w| w.id == id);
             let _ = write!(h, "<h3>{}</h3>", esc(id));

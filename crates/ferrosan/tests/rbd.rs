@@ -350,6 +350,72 @@ iqn = "{left_out_iqn}"
     cluster_away(&cluster, &daemon);
     drop(daemon);
     rbd_write_cache(&cluster, &scratch);
+    pool_quota(&cluster);
+}
+
+/// An image whose pool reaches its quota: once Ceph flags the pool full, a write answers
+/// SPACE ALLOCATION FAILED WRITE PROTECT (07h/27h/07h) at once — not after the client's 8 s op
+/// timeout, as a write paused in librados would — reads go on, and once the quota is lifted
+/// writes resume without a restart, with everything acknowledged before still there.
+fn pool_quota(cluster: &TestCluster) {
+    cluster.ceph(&["osd", "pool", "create", "quota", "8", "8"]);
+    cluster.rbd(&["pool", "init", "quota"]);
+    cluster.rbd(&["create", "--size", "64M", "quota/img"]);
+    let conf = cluster.conf_str();
+    let daemon = Daemon::start(&[&format!("rbd:quota/img,conf={conf}")]);
+    let mut c = client(daemon.port, &daemon.iqn);
+    assert_eq!(settle(&mut c), (0, None));
+    cluster.ceph(&["osd", "pool", "set-quota", "quota", "max_bytes", "4194304"]);
+    // 256 KiB at a time, each block new, until Ceph's accounting catches up and flags the
+    // pool full (its statistics move every few seconds).
+    const CHUNK: u32 = 512;
+    let mut written = Vec::new();
+    let (failed, took) = loop {
+        let lba = written.len() as u32 * CHUNK;
+        assert!(
+            lba < 120_000,
+            "64 MiB written and the 4 MiB quota never stopped a write"
+        );
+        let data = pseudo_random_bytes(CHUNK as usize * 512, u64::from(lba));
+        let started = Instant::now();
+        let (status, sense) = write10(&mut c, lba, &data);
+        if status != 0 {
+            break (sense, started.elapsed());
+        }
+        written.push(data);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "pool at its quota after {} KiB: {failed:?} in {took:?}",
+        written.len() * 256
+    );
+    assert_eq!(failed, Some((0x07, 0x27, 0x07)), "SPACE ALLOCATION FAILED");
+    assert!(
+        took < Duration::from_secs(4),
+        "answered in {took:?}: paused, not refused"
+    );
+    // Reads go on, and what was acknowledged is there.
+    let (status, _, data) = read10(&mut c, 0, CHUNK as u16);
+    assert_eq!(status, 0);
+    assert!(data == written[0], "the first write reads back");
+    // The quota lifted: writes resume (Ceph clears the flag at its next statistics update).
+    cluster.ceph(&["osd", "pool", "set-quota", "quota", "max_bytes", "0"]);
+    let lba = written.len() as u32 * CHUNK;
+    let data = pseudo_random_bytes(CHUNK as usize * 512, 7);
+    wait_until("writes resume", Duration::from_secs(60), || {
+        write10(&mut c, lba, &data).0 == 0
+    });
+    let (status, _, back) = read10(&mut c, lba, CHUNK as u16);
+    assert!(
+        status == 0 && back == data,
+        "the write after the quota reads back"
+    );
+    let last = written.len() as u32 - 1;
+    let (_, _, back) = read10(&mut c, last * CHUNK, CHUNK as u16);
+    assert!(
+        back == written[last as usize],
+        "the last write before the quota reads back"
+    );
 }
 
 /// How long the cluster's OSD stays away: past the client's 8 s op timeouts, so every command

@@ -74,6 +74,7 @@ struct Api {
     rados_shutdown: unsafe extern "C" fn(RadosT),
     rados_ioctx_create: unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int,
     rados_ioctx_destroy: unsafe extern "C" fn(IoctxT),
+    rados_set_pool_full_try: unsafe extern "C" fn(IoctxT),
     rados_mon_command: unsafe extern "C" fn(
         RadosT,
         *mut *const c_char,
@@ -247,6 +248,7 @@ fn load() -> Result<Api, String> {
         rados_shutdown: sym!(rados, "rados_shutdown"),
         rados_ioctx_create: sym!(rados, "rados_ioctx_create"),
         rados_ioctx_destroy: sym!(rados, "rados_ioctx_destroy"),
+        rados_set_pool_full_try: sym!(rados, "rados_set_pool_full_try"),
         rados_mon_command: sym!(rados, "rados_mon_command"),
         rados_buffer_free: sym!(rados, "rados_buffer_free"),
         rbd_open: sym!(rbd, "rbd_open"),
@@ -808,6 +810,11 @@ impl Image {
         // SAFETY: a connected cluster handle; out-pointer to a local.
         let rc = unsafe { (api.rados_ioctx_create)(cluster.handle, pool_c.as_ptr(), &mut ioctx) };
         check(|| format!("pool {pool:?}"), rc)?;
+        // A pool at its quota or the cluster at its full ratio: writes fail at once (EDQUOT,
+        // ENOSPC: SPACE ALLOCATION FAILED to the host) instead of waiting, paused in the
+        // client, until the op timeout. librbd copies the flag into the image's own contexts.
+        // SAFETY: a valid ioctx, not yet shared.
+        unsafe { (api.rados_set_pool_full_try)(ioctx) };
         let mut image: ImageT = std::ptr::null_mut();
         // SAFETY: a valid ioctx; out-pointer to a local; NULL snapshot = the head.
         let rc = unsafe { (api.rbd_open)(ioctx, name_c.as_ptr(), &mut image, std::ptr::null()) };

@@ -72,6 +72,22 @@ impl TestCluster {
         }
     }
 
+    /// Runs `ceph -c CONF ARGS`, which must succeed; its stdout.
+    pub fn ceph(&self, args: &[&str]) -> String {
+        let out = Command::new("ceph")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(args)
+            .output()
+            .expect("ceph");
+        assert!(
+            out.status.success(),
+            "ceph {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// The PID of a daemon of the cluster (`osd.0`, `mon.a`).
     pub fn pid(&self, name: &str) -> u32 {
         let text = std::fs::read_to_string(self.dir.join("run").join(format!("{name}.pid")))

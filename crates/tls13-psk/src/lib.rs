@@ -144,13 +144,15 @@ extern "C" fn raw_find(
     identity_len: usize,
     sess: *mut *mut SSL_SESSION,
 ) -> c_int {
-    // SAFETY: OpenSSL calls this with its live SSL, the identity's bytes and a place for the
-    // session, during the handshake.
-    let (ctx, identity) = unsafe {
-        (
-            SslRef::from_ptr(ssl).ssl_context(),
-            std::slice::from_raw_parts(identity, identity_len),
-        )
+    // SAFETY: OpenSSL calls this with its live SSL and a place for the session, during the
+    // handshake.
+    let ctx = unsafe { SslRef::from_ptr(ssl).ssl_context() };
+    // An empty identity may come as a null pointer, which a slice must never be made from.
+    let identity: &[u8] = if identity.is_null() || identity_len == 0 {
+        &[]
+    } else {
+        // SAFETY: OpenSSL gives the identity's `identity_len` bytes, live for the call.
+        unsafe { std::slice::from_raw_parts(identity, identity_len) }
     };
     let found = catch_unwind(AssertUnwindSafe(|| {
         let find = ctx.ex_data(find_index().ok()?)?;

@@ -146,39 +146,32 @@ nqn = "$SECURE_NQN"
   mutual = { user = "ferrosan", secret_file = "$WORK/ctrl.key" }
   luns = [ { lun = 0, device = "secure" } ]
 
-# A third subsystem whose host must connect over TLS 1.3 with its pre-shared key. Debian 13's
-# nvme-cli (libnvme 1.13) derives the TLS PSK the way libnvme 1.15 and older do.
-[[device]]
-name = "tls"
-store = "ram"
-size = "64M"
-
-[[target]]
-iqn = "$IQN-tls"
-nqn = "$TLS_NQN"
-tls_keys = [ { host = "$HOSTNQN", key_file = "$WORK/tls.key", derivation = "libnvme-1.15" } ]
-
-  [[target.group]]
-  name = "guest"
-  initiators = ["$HOSTNQN"]
-  luns = [ { lun = 0, device = "tls" } ]
-
-# The same with a SHA-384 key (identity NVMe0R02).
-[[device]]
-name = "tls384"
-store = "ram"
-size = "64M"
-
-[[target]]
-iqn = "$IQN-tls384"
-nqn = "$TLS384_NQN"
-tls_keys = [ { host = "$HOSTNQN", key_file = "$WORK/tls384.key", derivation = "libnvme-1.15" } ]
-
-  [[target.group]]
-  name = "guest"
-  initiators = ["$HOSTNQN"]
-  luns = [ { lun = 0, device = "tls384" } ]
 CONFIG
+# tls_subsystem NAME NQN KEY_FILE: a device and a subsystem whose host must connect over TLS 1.3
+# with the pre-shared key in KEY_FILE. Debian 13's nvme-cli (libnvme 1.13) derives the TLS PSK
+# the way libnvme 1.15 and older do.
+tls_subsystem() {
+    cat <<SUBSYSTEM
+
+[[device]]
+name = "$1"
+store = "ram"
+size = "64M"
+
+[[target]]
+iqn = "$IQN-$1"
+nqn = "$2"
+tls_keys = [ { host = "$HOSTNQN", key_file = "$3", derivation = "libnvme-1.15" } ]
+
+  [[target.group]]
+  name = "guest"
+  initiators = ["$HOSTNQN"]
+  luns = [ { lun = 0, device = "$1" } ]
+SUBSYSTEM
+}
+# A SHA-256 key (identity NVMe0R01) and a SHA-384 one (NVMe0R02).
+tls_subsystem tls "$TLS_NQN" "$WORK/tls.key" >>"$OUT/ferrosan.toml"
+tls_subsystem tls384 "$TLS384_NQN" "$WORK/tls384.key" >>"$OUT/ferrosan.toml"
 "$FERROSAN_BIN" check-config "$OUT/ferrosan.toml" >/dev/null
 
 DAEMON_PORTS=("$PORT_OPT" "$PORT_NONOPT" "$ISCSI_PORT")

@@ -72,16 +72,20 @@ bench fill --destructive --only seqwrite-1m-qd16 --ramp 0 --runtime 2 "$ISCSI_UR
     || die "filling the LUN failed: $(tail -3 "$WORK/fill.log")"
 
 # top: three sessions busy (a 70/30 mix and 1 MiB reads over iSCSI, 4 KiB reads over NVMe/TCP).
-bench mix --destructive --only randrw70-4k-qd16 --ramp 0 --runtime 25 "$ISCSI_URL" & PIDS+=($!)
-bench large --only seqread-1m-qd16 --ramp 0 --runtime 25 "$ISCSI_URL" & PIDS+=($!)
-bench small --only randread-4k-qd16 --ramp 0 --runtime 25 "$NVME_URL" & PIDS+=($!)
-sleep 4
-# capture WIDTH: the top screen at that width, with its colours and bold as ANSI escapes.
+bench mix --destructive --only randrw70-4k-qd16 --ramp 0 --runtime 40 "$ISCSI_URL" & PIDS+=($!)
+bench large --only seqread-1m-qd16 --ramp 0 --runtime 40 "$ISCSI_URL" & PIDS+=($!)
+bench small --only randread-4k-qd16 --ramp 0 --runtime 40 "$NVME_URL" & PIDS+=($!)
+# capture WIDTH: the top screen at that width, with its colours and bold as ANSI escapes, once
+# it shows the three sessions with a whole window of rates (up to 15 s on a busy machine).
 capture() {
+    local i
     tmux -L "$TMUX_SERVER" new-session -d -s "top$1" -x "$1" -y 22 \
         "$FERROSAN_BIN top --socket $WORK/control.sock"
-    sleep 6
-    tmux -L "$TMUX_SERVER" capture-pane -e -p -t "top$1" >"$WORK/top-$1.ansi"
+    for i in $(seq 1 15); do
+        sleep 1
+        tmux -L "$TMUX_SERVER" capture-pane -e -p -t "top$1" >"$WORK/top-$1.ansi"
+        ((i >= 5)) && grep -q 'all 3 sessions' "$WORK/top-$1.ansi" && break
+    done
     tmux -L "$TMUX_SERVER" kill-session -t "top$1"
     grep -q 'all 3 sessions' "$WORK/top-$1.ansi" || die "top at $1 columns does not show the 3 sessions"
 }

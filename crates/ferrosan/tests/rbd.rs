@@ -370,6 +370,9 @@ fn pool_quota(cluster: &TestCluster) {
     // pool full (its statistics move every few seconds).
     const CHUNK: u32 = 512;
     let mut written = Vec::new();
+    // THIN PROVISIONING SOFT THRESHOLD REACHED: the pool past `space_warning_percent` (90) of
+    // what it may hold; the write it came on is sent again, as an initiator does.
+    let mut warned = None;
     let (failed, took) = loop {
         let lba = written.len() as u32 * CHUNK;
         assert!(
@@ -379,12 +382,29 @@ fn pool_quota(cluster: &TestCluster) {
         let data = pseudo_random_bytes(CHUNK as usize * 512, u64::from(lba));
         let started = Instant::now();
         let (status, sense) = write10(&mut c, lba, &data);
+        if sense == Some(SOFT_THRESHOLD) {
+            warned.get_or_insert(written.len() * 256);
+            continue;
+        }
         if status != 0 {
             break (sense, started.elapsed());
         }
         written.push(data);
         std::thread::sleep(Duration::from_millis(100));
     };
+    // The watch looks every 5 s at the monitors' statistics, which move every few seconds
+    // too: the quota may stop writes before it warns. It warns once either way.
+    if warned.is_none() {
+        wait_until(
+            "the soft threshold's unit attention",
+            Duration::from_secs(30),
+            || {
+                let (_, sense) = settle_once(&mut c);
+                sense == Some(SOFT_THRESHOLD)
+            },
+        );
+    }
+    eprintln!("soft threshold reported after {warned:?} KiB (None: after the quota)");
     eprintln!(
         "pool at its quota after {} KiB: {failed:?} in {took:?}",
         written.len() * 256
@@ -416,6 +436,88 @@ fn pool_quota(cluster: &TestCluster) {
         back == written[last as usize],
         "the last write before the quota reads back"
     );
+    cluster_full(cluster, &mut c, &written[0]);
+}
+
+/// THIN PROVISIONING SOFT THRESHOLD REACHED (06h/38h/07h).
+const SOFT_THRESHOLD: (u8, u8, u8) = (0x06, 0x38, 0x07);
+
+/// One TEST UNIT READY: its status and sense.
+fn settle_once(c: &mut Client) -> (u8, Option<(u8, u8, u8)>) {
+    let (status, sense, _) = command(c, &[0; 6], Transfer::None);
+    (status, sense)
+}
+
+/// The cluster at its full ratio (set below what its OSD holds): a write to blocks never
+/// written answers SPACE ALLOCATION FAILED WRITE PROTECT at once, as for a pool's quota (a
+/// write over written blocks takes no new space and succeeds: the OSD refuses only what
+/// grows), reads go on, and once the ratio is back writes resume. `first` is LBA 0's data.
+fn cluster_full(cluster: &TestCluster, c: &mut Client, first: &[u8]) {
+    let ratios = |near: &str, backfill: &str, full: &str| {
+        cluster.ceph(&["osd", "set-nearfull-ratio", near]);
+        cluster.ceph(&["osd", "set-backfillfull-ratio", backfill]);
+        cluster.ceph(&["osd", "set-full-ratio", full]);
+    };
+    ratios("0.005", "0.008", "0.01");
+    wait_until(
+        "the monitors flag the pool full",
+        Duration::from_secs(60),
+        || {
+            let dump = cluster.ceph(&["osd", "dump", "--format", "json"]);
+            let dump: serde_json::Value = serde_json::from_str(&dump).expect("osd dump");
+            dump["pools"].as_array().expect("pools").iter().any(|p| {
+                p["pool_name"] == "quota"
+                    && p["flags_names"]
+                        .as_str()
+                        .is_some_and(|f| f.contains("full"))
+            })
+        },
+    );
+    // Each try on an object never written (4 MiB each, from the image's end down), as the
+    // OSD may see the flag a moment after the monitors: a write over blocks written by an
+    // earlier try would take no new space and succeed.
+    let data = pseudo_random_bytes(4096, 11);
+    let mut answer = (0, None, Duration::ZERO);
+    let mut object = 16u32;
+    wait_until(
+        "the full cluster refuses a write",
+        Duration::from_secs(30),
+        || {
+            object -= 1;
+            assert!(object >= 8, "every untouched object written, none refused");
+            std::thread::sleep(Duration::from_millis(500));
+            let started = Instant::now();
+            let (status, sense) = write10(c, object << 13, &data);
+            answer = (status, sense, started.elapsed());
+            status != 0 && sense != Some(SOFT_THRESHOLD)
+        },
+    );
+    let (_, sense, took) = answer;
+    let (status, _, back) = read10(c, 0, (first.len() / 512) as u16);
+    ratios("0.85", "0.90", "0.95");
+    assert_eq!(sense, Some((0x07, 0x27, 0x07)), "SPACE ALLOCATION FAILED");
+    assert!(
+        took < Duration::from_secs(4),
+        "answered in {took:?}: paused, not refused"
+    );
+    assert!(
+        status == 0 && back == first,
+        "a read while the cluster is full"
+    );
+    wait_until(
+        "writes resume below the full ratio",
+        Duration::from_secs(60),
+        || {
+            let (status, sense) = write10(c, object << 13, &data);
+            status == 0 || sense == Some(SOFT_THRESHOLD) && write10(c, object << 13, &data).0 == 0
+        },
+    );
+    let (status, _, back) = read10(c, object << 13, 8);
+    assert!(
+        status == 0 && back == data,
+        "the write after the full ratio reads back"
+    );
+    eprintln!("cluster at its full ratio: SPACE ALLOCATION FAILED in {took:?}; writes resumed");
 }
 
 /// How long the cluster's OSD stays away: past the client's 8 s op timeouts, so every command

@@ -471,7 +471,7 @@ pub struct Image {
     name: String,
     api: &'static Api,
     // Dropped after the image and context (fields drop in order).
-    _cluster: Arc<Cluster>,
+    cluster: Arc<Cluster>,
 }
 
 // SAFETY: librbd images may be used from several threads (librbd serialises internally);
@@ -710,6 +710,11 @@ impl Drop for Pool {
 }
 
 impl Image {
+    /// The connection the image was opened on.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
     /// Creates snapshot `snap` of the image as it is now (what was written and answered).
     pub fn snap_create(&self, snap: &str) -> Result<(), Error> {
         self.snap_call("creating snapshot", snap, self.api.rbd_snap_create)
@@ -828,7 +833,7 @@ impl Image {
             ioctx,
             name: format!("{pool}/{name}"),
             api,
-            _cluster: Arc::clone(cluster),
+            cluster: Arc::clone(cluster),
         })
     }
 

@@ -83,22 +83,65 @@ pub fn pool(spec: &RbdSpec) -> io::Result<rbd::Pool> {
 /// monitors' `df`, whose `max_avail` counts the pool's replication and the full ratio.
 pub fn pool_usage(spec: &RbdSpec) -> io::Result<(u64, u64)> {
     let pool = pool(spec)?;
-    let answer = pool
-        .cluster()
-        .mon_command(r#"{"prefix": "df", "format": "json"}"#)
-        .map_err(io_error)?;
+    let answer = pool.cluster().mon_command(DF_DETAIL).map_err(io_error)?;
     df_usage(&answer, &spec.pool).ok_or_else(|| {
         let why = format!("the monitors' df gives no usage of pool {:?}", spec.pool);
         io::Error::new(io::ErrorKind::InvalidData, why)
     })
 }
 
-/// Pool `name`'s (stored, max_avail) in the monitors' `df` answer.
+/// How long a pool's `df` answers every device of that pool: the space watch asks every few
+/// seconds per device, and a gateway with hundreds of images in one pool asks the monitors
+/// once per interval instead of once per image.
+const POOL_USAGE_FRESH: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// Pool `spec.pool`'s (stored, max_avail) through `cluster`, or a recent answer for the same
+/// pool of the same cluster and user.
+fn pool_usage_on(cluster: &rbd::Cluster, spec: &RbdSpec) -> io::Result<(u64, u64)> {
+    type Key = (Option<PathBuf>, Option<String>, String);
+    type Seen = HashMap<Key, (std::time::Instant, (u64, u64))>;
+    static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
+    let key = (spec.conf.clone(), spec.client.clone(), spec.pool.clone());
+    let fresh = |seen: &Seen| {
+        seen.get(&key)
+            .filter(|(at, _)| at.elapsed() < POOL_USAGE_FRESH)
+            .map(|(_, usage)| *usage)
+    };
+    if let Some(usage) = SEEN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(fresh)
+    {
+        return Ok(usage);
+    }
+    let answer = cluster.mon_command(DF_DETAIL).map_err(io_error)?;
+    let usage = df_usage(&answer, &spec.pool).ok_or_else(|| {
+        let why = format!("the monitors' df gives no usage of pool {:?}", spec.pool);
+        io::Error::new(io::ErrorKind::InvalidData, why)
+    })?;
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.get_or_insert_with(HashMap::new);
+    seen.retain(|_, (at, _)| at.elapsed() < POOL_USAGE_FRESH);
+    seen.insert(key, (std::time::Instant::now(), usage));
+    Ok(usage)
+}
+
+/// `ceph df detail`: with each pool's quota, which `max_avail` does not count (Ceph 16).
+const DF_DETAIL: &str = r#"{"prefix": "df", "detail": "detail", "format": "json"}"#;
+
+/// Pool `name`'s (stored, bytes it can still take) in the monitors' `df detail` answer: its
+/// `max_avail`, or what is left of its `quota_bytes` when that is less.
 fn df_usage(answer: &str, name: &str) -> Option<(u64, u64)> {
     let df: serde_json::Value = serde_json::from_str(answer).ok()?;
     let pool = df["pools"].as_array()?.iter().find(|p| p["name"] == name)?;
     let stats = &pool["stats"];
-    Some((stats["stored"].as_u64()?, stats["max_avail"].as_u64()?))
+    let (stored, max_avail) = (stats["stored"].as_u64()?, stats["max_avail"].as_u64()?);
+    let available = match stats["quota_bytes"].as_u64() {
+        Some(quota) if quota > 0 => max_avail.min(quota.saturating_sub(stored)),
+        _ => max_avail,
+    };
+    Some((stored, available))
 }
 
 /// Image `spec` opened on a management connection (see `maintenance`), for snapshot
@@ -329,6 +372,21 @@ impl RbdStore {
 impl BlockStore for RbdStore {
     fn size_bytes(&self) -> u64 {
         self.size_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The image's pool: what it stores against what it can still take (the monitors'
+    /// `max_avail`, which counts replication, the cluster's full ratio and the pool's quota).
+    /// An image allocates its objects from there as it is written.
+    fn space(&self) -> io::Result<Option<crate::Space>> {
+        let image = self.image.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(image) = image else {
+            return Ok(None);
+        };
+        let (stored, available) = pool_usage_on(image.cluster(), &self.spec)?;
+        Ok(Some(crate::Space {
+            total_bytes: stored.saturating_add(available),
+            used_bytes: stored,
+        }))
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -608,6 +666,14 @@ mod tests {
              "percent_used":0.0004,"max_avail":10196353024}}]}"#;
         assert_eq!(df_usage(df, "rbd"), Some((4194304, 10196353024)));
         assert_eq!(df_usage(df, "other"), None);
+        // `df detail` adds the quota; past it nothing is left, whatever the cluster has.
+        let detail = r#"{"pools":[
+            {"name":"q","stats":{"stored":3145728,"max_avail":2747409920,"quota_bytes":4194304}},
+            {"name":"full","stats":{"stored":8388681,"max_avail":2747409920,"quota_bytes":4194304}},
+            {"name":"none","stats":{"stored":5,"max_avail":100,"quota_bytes":0}}]}"#;
+        assert_eq!(df_usage(detail, "q"), Some((3145728, 1048576)));
+        assert_eq!(df_usage(detail, "full"), Some((8388681, 0)));
+        assert_eq!(df_usage(detail, "none"), Some((5, 100)));
         assert_eq!(df_usage("not json", "rbd"), None);
     }
 

@@ -13,6 +13,7 @@ pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod io;
+mod log_limit;
 pub mod metrics;
 pub mod server;
 pub mod shared;

@@ -225,37 +225,6 @@ fn start_workers(
     Ok(senders)
 }
 
-/// At most one log line per interval; the lines it held back are counted into the next one, so a
-/// connection flood cannot flood the log.
-struct LogLimiter {
-    interval: Duration,
-    last: Option<std::time::Instant>,
-    suppressed: u64,
-}
-
-impl LogLimiter {
-    fn new(interval: Duration) -> LogLimiter {
-        LogLimiter {
-            interval,
-            last: None,
-            suppressed: 0,
-        }
-    }
-
-    /// `Some(lines suppressed since the last one)` when a line may be logged now.
-    fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
-        if self
-            .last
-            .is_some_and(|t| now.saturating_duration_since(t) < self.interval)
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.suppressed))
-    }
-}
-
 /// Workers whose busy shares differ by no more than this count as equally busy.
 const BUSY_BAND: f64 = 0.10;
 /// How often each worker samples its own CPU time for `worker_busy_ratio`.
@@ -547,7 +516,7 @@ async fn accept(
     shared: Arc<Shared>,
     workers: Arc<Workers>,
 ) {
-    let mut refusal_log = LogLimiter::new(Duration::from_secs(1));
+    let mut refusal_log = crate::log_limit::LogLimiter::new(Duration::from_secs(1));
     let mut shutdown = shared.shutdown_signal();
     loop {
         let accepted = tokio::select! {
@@ -1020,17 +989,6 @@ iqn = "iqn.2026-12.org.ferrosan:two"
         assert_eq!(io_threads_per_worker(128, 3), 42);
         assert_eq!(io_threads_per_worker(1, 16), 1, "every worker can defer");
         assert_eq!(io_threads_per_worker(4096, 0), 4096);
-    }
-
-    #[test]
-    fn log_limiter_counts_what_it_holds_back() {
-        let mut l = LogLimiter::new(Duration::from_secs(1));
-        let t0 = std::time::Instant::now();
-        assert_eq!(l.admit(t0), Some(0));
-        assert_eq!(l.admit(t0 + Duration::from_millis(10)), None);
-        assert_eq!(l.admit(t0 + Duration::from_millis(500)), None);
-        assert_eq!(l.admit(t0 + Duration::from_millis(1000)), Some(2));
-        assert_eq!(l.admit(t0 + Duration::from_millis(1001)), None);
     }
 
     /// The reproduction of the authorization bypass (docs/SECURITY.md): group `plain` lists an

@@ -763,13 +763,7 @@ impl Backend<'_> {
         let finishing = Arc::clone(&lu);
         let done: store::AsyncDone = Box::new(move |buf, result| {
             if let Err(e) = &result {
-                tracing::warn!(
-                    lun,
-                    "device I/O failed: {:?} at {}+{}: {e}",
-                    io.op,
-                    io.offset,
-                    io.len
-                );
+                crate::log_limit::device_io_failed(lun, &io.op, io.offset, io.len, e);
             }
             let completion = finishing.finish(&io, result);
             let mut command = command;
@@ -935,13 +929,7 @@ impl Backend<'_> {
         result: std::io::Result<()>,
     ) {
         if let Err(e) = &result {
-            tracing::warn!(
-                lun = tag.lun,
-                "device I/O failed: {:?} at {}+{}: {e}",
-                tag.io.op,
-                tag.io.offset,
-                tag.io.len
-            );
+            crate::log_limit::device_io_failed(tag.lun, &tag.io.op, tag.io.offset, tag.io.len, e);
         }
         assert_eq!(
             scsi::lun_from_wire(tag.command.lun),

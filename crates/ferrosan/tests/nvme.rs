@@ -1488,3 +1488,62 @@ fn an_abort_stops_a_write_still_waiting_for_its_data_and_only_that() {
     );
     assert_eq!((answers[1].cid, answers[1].dw0 & 1), (cid, 0));
 }
+
+/// A disk that holds a write (its filesystem frozen, as a slow or stuck disk holds it): an
+/// Abort of that write is answered at once, "not aborted" — the write is in the kernel and
+/// cannot be called back, as nvmet answers — and the RAM namespace beside it serves on the
+/// same controller meanwhile; once the disk lets go, the write completes and reads back.
+#[test]
+fn an_abort_of_a_write_the_disk_holds_is_answered_at_once_and_nothing_else_waits() {
+    use common::loopfs::{sh, LoopFs};
+    let fs = LoopFs::new("ext4", 96 << 20);
+    let file = format!("file:{},size=16M", fs.path("ns1.img").display());
+    let (_daemon, nvme_port) = both_doors(&[&file, "ram:16M"]);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let mut q = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (c, data) = host::connect_command(2, 31, h.cntlid, NQN, HOSTNQN, host::host_id_of(HOSTNQN));
+    q.run_ok(c, data, 0).expect("I/O queue 2");
+    let mountpoint = fs.mountpoint.display().to_string();
+    /// Thaws on drop too, so a failed assertion leaves no frozen filesystem to unmount.
+    struct Frozen(String);
+    impl Drop for Frozen {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("fsfreeze")
+                .args(["-u", &self.0])
+                .status();
+        }
+    }
+    sh("fsfreeze", &["-f", &mountpoint]);
+    let frozen = Frozen(mountpoint);
+    let thaw = || drop(frozen);
+    let held = q
+        .submit(host::rw(0x01, 1, 0, 8), pattern(7, 4096), 0)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let abort = host::sqe(0x08, 0, [2 | u32::from(held) << 16, 0, 0, 0, 0, 0]);
+    let answer = h.admin.run_ok(abort, Vec::new(), 0);
+    let abort_took = asked.elapsed();
+    // The namespace beside it, on the same controller's first queue.
+    let read_started = Instant::now();
+    let beside = h.read(2, 0, 8, 512);
+    let read_took = read_started.elapsed();
+    thaw();
+    let answer = answer.expect("Abort").cqe;
+    assert_eq!(answer.dw0 & 1, 1, "a write in the kernel is not aborted");
+    assert!(
+        abort_took < Duration::from_secs(1),
+        "Abort answered after {abort_took:?}"
+    );
+    assert_eq!(beside.expect("RAM namespace"), vec![0; 4096]);
+    assert!(
+        read_took < Duration::from_secs(1),
+        "the RAM namespace answered in {read_took:?}"
+    );
+    let done = q.next_done().unwrap();
+    assert_eq!((done.cqe.cid, done.cqe.status), (held, Status::SUCCESS));
+    assert_eq!(h.read(1, 0, 8, 512).unwrap(), pattern(7, 4096));
+    eprintln!(
+        "Abort of a held write answered in {abort_took:?}; RAM namespace read in {read_took:?}"
+    );
+}

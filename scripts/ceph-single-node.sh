@@ -16,11 +16,16 @@
 # full (PeeringState::calc_trim_to_aggressive, measured at 67-73 % of the OSD's CPU after a few
 # minutes of random 4 KiB writes). A production OSD holds ~100-200 PGs (~1500-3000 entries
 # each): benchmarks pass PG_NUM=128 to get that.
+# CEPH_ADDR (127.0.0.1) is the address the daemons bind and clients dial, and CEPH_NETWORK
+# (127.0.0.0/8) its network: a test that runs the cluster in a network namespace of its own
+# gives it an address there, so that cutting a link cuts the cluster off (tests/netcut.rs).
 set -euo pipefail
 CMD=${1:?usage: $0 start|stop DIR [OSD_GIB]}
 DIR=${2:?usage: $0 start|stop DIR [OSD_GIB]}
 OSD_GIB=${3:-4}
 PG_NUM=${PG_NUM:-8}
+ADDR=${CEPH_ADDR:-127.0.0.1}
+NETWORK=${CEPH_NETWORK:-127.0.0.0/8}
 log() { echo "[ceph] $*" >&2; }
 
 stop() {
@@ -51,13 +56,13 @@ mkdir -p "$DIR"/{run,log,mon,mgr,osd}
 trap 'rc=$?; ((rc == 0)) || { log "start failed; stopping what started"; stop; }' EXIT
 FSID=$(cat /proc/sys/kernel/random/uuid)
 # A free port for the monitor (msgr v2 only), from the ephemeral range's upper part.
-MON_PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+MON_PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("'"$ADDR"'",0));print(s.getsockname()[1])')
 CONF=$DIR/ceph.conf
 cat >"$CONF" <<EOF
 [global]
 fsid = $FSID
-mon host = [v2:127.0.0.1:$MON_PORT]
-public network = 127.0.0.0/8
+mon host = [v2:$ADDR:$MON_PORT]
+public network = $NETWORK
 auth cluster required = cephx
 auth service required = cephx
 auth client required = cephx
@@ -106,10 +111,10 @@ ceph-authtool --create-keyring "$DIR/ceph.mon.keyring" --gen-key -n mon. --cap m
 ceph-authtool --create-keyring "$DIR/ceph.client.admin.keyring" --gen-key -n client.admin \
     --cap mon 'allow *' --cap osd 'allow *' --cap mds 'allow *' --cap mgr 'allow *' >/dev/null
 ceph-authtool "$DIR/ceph.mon.keyring" --import-keyring "$DIR/ceph.client.admin.keyring" >/dev/null
-monmaptool --create --addv a "[v2:127.0.0.1:$MON_PORT]" --fsid "$FSID" "$DIR/monmap" >/dev/null
+monmaptool --create --addv a "[v2:$ADDR:$MON_PORT]" --fsid "$FSID" "$DIR/monmap" >/dev/null
 ceph-mon --cluster ceph --mkfs -i a --monmap "$DIR/monmap" --keyring "$DIR/ceph.mon.keyring" -c "$CONF"
 ceph-mon -i a -c "$CONF"
-log "monitor on 127.0.0.1:$MON_PORT"
+log "monitor on $ADDR:$MON_PORT"
 ceph -c "$CONF" --connect-timeout 30 mon enable-msgr2 >/dev/null 2>&1 || true
 
 mkdir -p "$DIR/mgr/ceph-x"

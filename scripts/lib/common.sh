@@ -12,6 +12,7 @@ FERROSAN_DEPS=(
     "iperf3:iperf3"
     "util-linux:prlimit"   # essential in Debian; listed because tests/descriptors.rs runs it
     "util-linux:fsfreeze"  # tests/task_management.rs holds a write in a frozen filesystem
+    "iproute2:ip"          # tests/netcut.rs: gateways and a cluster in network namespaces
     "mount:losetup"
     "e2fsprogs:mkfs.ext4"
     "xfsprogs:mkfs.xfs"    # tests/volumes.rs and bench/xcopy.sh make a reflink pool on XFS

@@ -19,10 +19,33 @@ impl TestCluster {
     /// Starts a cluster whose OSD holds `osd_gib` GiB; `client_conf` is appended to its
     /// ceph.conf (e.g. shorter client timeouts).
     pub fn start(tag: &str, osd_gib: u32, client_conf: &str) -> TestCluster {
+        TestCluster::start_where(tag, osd_gib, client_conf, Command::new(script()))
+    }
+
+    /// Like [`TestCluster::start`], its daemons in network namespace `netns` on `addr` of
+    /// `network` (tests/netcut.rs), which the caller's namespace must reach.
+    pub fn start_in_netns(
+        tag: &str,
+        osd_gib: u32,
+        netns: &str,
+        (addr, network): (&str, &str),
+    ) -> TestCluster {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", netns]).arg(script());
+        command.env("CEPH_ADDR", addr).env("CEPH_NETWORK", network);
+        TestCluster::start_where(tag, osd_gib, "", command)
+    }
+
+    fn start_where(
+        tag: &str,
+        osd_gib: u32,
+        client_conf: &str,
+        mut command: Command,
+    ) -> TestCluster {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("ceph-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let out = Command::new(script())
+        let out = command
             .args(["start", &dir.display().to_string(), &osd_gib.to_string()])
             .output()
             .expect("run scripts/ceph-single-node.sh");

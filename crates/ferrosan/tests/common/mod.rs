@@ -206,6 +206,8 @@ pub fn require_tool(name: &str) -> PathBuf {
 /// A running ferrosan daemon. Stopped (and reaped) on Drop.
 pub struct Daemon {
     child: Option<Child>,
+    /// The address its portal is reached on (loopback unless started in a namespace).
+    pub host: String,
     pub port: u16,
     pub iqn: String,
     args: Vec<String>,
@@ -284,11 +286,34 @@ impl Daemon {
         daemon
     }
 
+    /// Like `start_config_text`, run through `launcher` (e.g. `ip netns exec NS`) and reached
+    /// on `host:port`.
+    pub fn start_config_launched(
+        launcher: &[&str],
+        (host, port): (&str, u16),
+        iqn: &str,
+        text: &str,
+        extra: &[&str],
+    ) -> Daemon {
+        let scratch = Scratch::new("daemon");
+        let config = scratch.file("ferrosan.toml");
+        fs::write(&config, text).expect("write config");
+        let mut args = vec!["serve".to_string(), "--config".to_string()];
+        args.push(config.display().to_string());
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let mut daemon = Daemon::new(iqn, port, args, scratch);
+        daemon.launcher = launcher.iter().map(|a| a.to_string()).collect();
+        daemon.host = host.to_string();
+        daemon.spawn();
+        daemon
+    }
+
     /// Not started yet.
     fn new(iqn: &str, port: u16, args: Vec<String>, scratch: Scratch) -> Daemon {
         let log = scratch.file("daemon.log");
         Daemon {
             child: None,
+            host: "127.0.0.1".to_string(),
             port,
             iqn: iqn.to_string(),
             args,
@@ -318,7 +343,7 @@ impl Daemon {
             .spawn()
             .expect("spawn ferrosan");
         self.child = Some(child);
-        let addr: SocketAddr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+        let addr: SocketAddr = format!("{}:{}", self.host, self.port).parse().unwrap();
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().expect("try_wait") {
@@ -429,11 +454,11 @@ impl Daemon {
     }
 
     pub fn portal(&self) -> String {
-        format!("iscsi://127.0.0.1:{}", self.port)
+        format!("iscsi://{}:{}", self.host, self.port)
     }
 
     pub fn url(&self, lun: u32) -> String {
-        format!("iscsi://127.0.0.1:{}/{}/{lun}", self.port, self.iqn)
+        format!("iscsi://{}:{}/{}/{lun}", self.host, self.port, self.iqn)
     }
 }
 

@@ -414,3 +414,76 @@ fn a_volume_is_exported_to_one_host_and_unexported_in_one_step() {
     daemon.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A directory pool whose filesystem fills under a thin volume an NVMe/TCP host writes: the
+/// write that finds no room answers Capacity Exceeded (the NVMe form of SPACE ALLOCATION
+/// FAILED), reads go on, and once room is made (a file deleted) writes resume on the same
+/// controller, with every acknowledged write intact. Needs root (a loop device's filesystem).
+#[test]
+fn a_directory_pool_that_fills_refuses_writes_over_nvme_and_resumes() {
+    use initiator::nvme::{NvmeError, NvmeHost};
+    const NQN: &str = "nqn.2026-11.org.ferrosan:volumes";
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:5d0c1b2a-3e4f-4a5b-8c6d-7e8f90a1b2c3";
+    let fs = LoopFs::new("ext4", 48 << 20);
+    let pool = fs.path("pool");
+    std::fs::create_dir_all(&pool).unwrap();
+    // Room to give back later: 8 MiB of the filesystem's ~40.
+    let ballast = fs.path("ballast");
+    std::fs::write(&ballast, vec![0x42u8; 8 << 20]).unwrap();
+    let (port, nvme_port) = (common::free_port(), common::free_port());
+    let text = format!(
+        "[[portal_group]]\ntag = 1\nlisten = [\"127.0.0.1:{port}\"]\n\
+         nvme_listen = [\"127.0.0.1:{nvme_port}\"]\n\n[[pool]]\nname = \"p\"\npath = \"{}\"\n\n\
+         [[target]]\niqn = \"{IQN}\"\nnqn = \"{NQN}\"\n  [[target.group]]\n  name = \"h\"\n  \
+         initiators = [\"{HOST}\"]\n  luns = []\n",
+        pool.display()
+    );
+    let ctl = Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let _daemon = Daemon::start_config_text(IQN, port, &text, &["--control-socket", &socket]);
+    ok(&ctl, &["volume", "create", "p", "v1", "64M"]);
+    ok(&ctl, &["volume", "export", "v1", "--initiator", HOST]);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{nvme_port}").parse().unwrap();
+    let mut h = NvmeHost::connect(addr, NQN, HOST, 8).expect("connect");
+    const CHUNK: usize = 1 << 20;
+    let mut written = Vec::new();
+    let refused = loop {
+        assert!(
+            written.len() < 64,
+            "64 MiB written into a 40 MiB filesystem"
+        );
+        let data = common::pseudo_random_bytes(CHUNK, written.len() as u64);
+        let lba = (written.len() * CHUNK / 512) as u64;
+        match h.write(1, lba, data.clone(), 512) {
+            Ok(()) => written.push(data),
+            Err(NvmeError::Status(status)) => break status,
+            Err(e) => panic!("write {}: {e}", written.len()),
+        }
+    };
+    assert_eq!(refused, nvme::sqe::Status::CAPACITY_EXCEEDED, "{refused:?}");
+    assert!(
+        written.len() >= 20,
+        "only {} MiB before the pool was full",
+        written.len()
+    );
+    let first = h
+        .read(1, 0, (CHUNK / 512) as u32, 512)
+        .expect("a read of a full pool");
+    assert!(first == written[0], "the first write reads back");
+    std::fs::remove_file(&ballast).unwrap();
+    let lba = (written.len() * CHUNK / 512) as u64;
+    let data = common::pseudo_random_bytes(CHUNK, 999);
+    h.write(1, lba, data.clone(), 512)
+        .expect("a write once room was made");
+    assert!(h.read(1, lba, (CHUNK / 512) as u32, 512).unwrap() == data);
+    for (i, want) in written.iter().enumerate() {
+        let got = h
+            .read(1, (i * CHUNK / 512) as u64, (CHUNK / 512) as u32, 512)
+            .unwrap();
+        assert!(got == *want, "MiB {i} acknowledged before the pool filled");
+    }
+    eprintln!(
+        "pool full after {} MiB: {refused:?}; writes resumed once room was made",
+        written.len()
+    );
+}

@@ -1,7 +1,7 @@
 //! Per-nexus unit attention queues (SAM-5 5.14, SPC-4 5.14). The fast path pays one atomic load
 //! while nothing is pending anywhere on the LU; the lock is taken only when some nexus has one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -27,27 +27,60 @@ pub const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
 /// its idle connections from here instead of polling the LU.
 pub type Changed = Arc<dyn Fn() + Send + Sync>;
 
+/// One nexus's conditions, oldest first, held inline: every session joins every LU of its
+/// group, so a heap queue per (nexus, LU) cost an allocation each (4,096 LUNs: one per LU per
+/// login).
+#[derive(Default, Clone, Copy)]
+struct Queue {
+    len: u8,
+    items: [(u8, u8); UA_QUEUE_MAX],
+}
+
+impl Queue {
+    fn iter(&self) -> impl Iterator<Item = &(u8, u8)> {
+        self.items[..usize::from(self.len)].iter()
+    }
+
+    /// Queues `ua` unless full or queued already; whether it was.
+    fn push(&mut self, ua: (u8, u8)) -> bool {
+        let len = usize::from(self.len);
+        if len == UA_QUEUE_MAX || self.iter().any(|q| *q == ua) {
+            return false;
+        }
+        self.items[len] = ua;
+        self.len += 1;
+        true
+    }
+
+    fn pop_front(&mut self) -> Option<(u8, u8)> {
+        let len = usize::from(self.len);
+        let first = *self.items[..len].first()?;
+        self.items.copy_within(1..len, 0);
+        self.len -= 1;
+        Some(first)
+    }
+}
+
 #[derive(Default)]
 pub struct UnitAttentions {
     /// Total conditions queued over all nexuses.
     pending: AtomicUsize,
     /// Every known nexus (registered by `nexus_added`) and its queue.
-    queues: Mutex<HashMap<u64, VecDeque<(u8, u8)>>>,
+    queues: Mutex<HashMap<u64, Queue>>,
     /// Told of every [`UnitAttentions::raise_all`], after the queues.
     changed: OnceLock<Changed>,
 }
 
 impl UnitAttentions {
-    fn push(pending: &AtomicUsize, q: &mut VecDeque<(u8, u8)>, ua: (u8, u8)) {
-        if q.len() < UA_QUEUE_MAX && !q.contains(&ua) {
-            q.push_back(ua);
+    fn push(pending: &AtomicUsize, q: &mut Queue, ua: (u8, u8)) {
+        if q.push(ua) {
             pending.fetch_add(1, Ordering::Release);
         }
     }
 
-    fn drain(pending: &AtomicUsize, q: &mut VecDeque<(u8, u8)>) {
-        pending.fetch_sub(q.len(), Ordering::Release);
-        q.clear();
+    fn drain(pending: &AtomicUsize, q: &mut Queue) {
+        pending.fetch_sub(usize::from(q.len), Ordering::Release);
+        q.len = 0;
     }
 
     /// A new nexus: it starts with POWER ON, RESET (29h/00h).
@@ -58,10 +91,15 @@ impl UnitAttentions {
         Self::push(&self.pending, q, POWER_ON_RESET);
     }
 
+    /// Forgets `nexus`. The table gives its room back once mostly empty: a thousand sessions
+    /// that came and went must not leave every LU holding a thousand sessions' room.
     pub fn remove_nexus(&self, nexus: u64) {
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(mut q) = queues.remove(&nexus) {
             Self::drain(&self.pending, &mut q);
+        }
+        if queues.capacity() > 16 && queues.len() < queues.capacity() / 4 {
+            queues.shrink_to_fit();
         }
     }
 
@@ -131,6 +169,35 @@ mod tests {
         u.remove_nexus(2);
         assert_eq!(u.pending_total(), 0);
         assert_eq!(u.take(2), None);
+    }
+
+    #[test]
+    fn a_queue_keeps_its_order_as_it_is_taken_and_refilled() {
+        let mut q = Queue::default();
+        for ascq in 0..3 {
+            assert!(q.push((0x3F, ascq)));
+        }
+        assert!(!q.push((0x3F, 1)), "a duplicate");
+        assert_eq!(q.pop_front(), Some((0x3F, 0)));
+        assert!(q.push((0x2A, 1)));
+        let rest: Vec<_> = std::iter::from_fn(|| q.pop_front()).collect();
+        assert_eq!(rest, [(0x3F, 1), (0x3F, 2), (0x2A, 1)]);
+        assert_eq!(q.pop_front(), None);
+    }
+
+    #[test]
+    fn the_table_shrinks_once_its_nexuses_are_gone() {
+        let u = UnitAttentions::default();
+        for n in 0..1000 {
+            u.add_nexus(n);
+        }
+        let full = u.queues.lock().unwrap().capacity();
+        for n in 0..1000 {
+            u.remove_nexus(n);
+        }
+        assert_eq!(u.pending_total(), 0);
+        let left = u.queues.lock().unwrap().capacity();
+        assert!(left < full / 8, "{left} of {full} entries' room kept");
     }
 
     #[test]

@@ -15,7 +15,6 @@ use crate::metrics::{IoCounts, LatencyCounts, Metrics};
 
 /// One LUN's I/O on this connection, counted without atomics.
 pub(super) struct DeviceIo {
-    pub(super) lun: u64,
     pub(super) device: Arc<str>,
     pub(super) counts: IoCounts,
     /// Latencies of reads ([`OP_READ`]) and writes ([`OP_WRITE`]).
@@ -41,8 +40,14 @@ pub(super) struct Meter {
     initiator: NodeName,
     /// What `ctl sessions` shows of this session (its counters get `io`'s once a second).
     pub(super) info: Option<Arc<SessionInfo>>,
-    /// I/O per mapped LUN since the last report.
+    /// The session's LUN map: (LUN, device), the group's, shared.
+    devices: Arc<Vec<(u64, Arc<str>)>>,
+    /// I/O since the last report of each LUN this session has used, in the order of first
+    /// use: made at a LUN's first command, so a session's counters cost what it uses, not
+    /// what its group maps (~0.5 KiB a LUN: 2 MiB a session at 4,096 LUNs).
     pub(super) io: Vec<DeviceIo>,
+    /// Each used LUN's slot in `io`.
+    slots: std::collections::HashMap<u64, usize>,
     /// When the current turn started handling PDUs: a command is complete in the target then.
     pub(super) turn_started: Instant,
     /// Reads and writes (slot in `io`, op index) run inline this turn; their latency is taken
@@ -60,24 +65,40 @@ impl Meter {
             peer,
             initiator,
             info: None,
+            devices: Arc::default(),
             io: Vec::new(),
+            slots: std::collections::HashMap::new(),
             turn_started: Instant::now(),
             turn_inline: Vec::new(),
             turn_ended: None,
         }
     }
 
-    /// Counts from now on for `devices` (LUN, device name), the session's LUN map.
-    pub(super) fn count_for(&mut self, devices: &[(u64, Arc<str>)]) {
-        self.io = devices
-            .iter()
-            .map(|(lun, device)| DeviceIo {
-                lun: *lun,
-                device: Arc::clone(device),
-                counts: IoCounts::default(),
-                latency: [LatencyCounts::default(); 2],
-            })
-            .collect();
+    /// Counts from now on for `devices` (LUN, device name), the session's LUN map; what was
+    /// counted under the map before is reported first.
+    pub(super) fn count_for(&mut self, devices: &Arc<Vec<(u64, Arc<str>)>>) {
+        self.report_io();
+        self.devices = Arc::clone(devices);
+        self.io.clear();
+        self.slots.clear();
+        self.turn_inline.clear();
+    }
+
+    /// The slot in `io` of `lun`, made at its first use; None for a LUN not in the map.
+    fn slot_of(&mut self, lun: u64) -> Option<usize> {
+        if let Some(&slot) = self.slots.get(&lun) {
+            return Some(slot);
+        }
+        let (_, device) = self.devices.iter().find(|(l, _)| *l == lun)?;
+        self.io.push(DeviceIo {
+            device: Arc::clone(device),
+            counts: IoCounts::default(),
+            latency: [LatencyCounts::default(); 2],
+        });
+        let slot = self.io.len() - 1;
+        self.slots.insert(lun, slot);
+        debug_assert_eq!(self.io.len(), self.slots.len(), "one slot per used LUN");
+        Some(slot)
     }
 
     /// Counts one finished command: `data_bytes` is its Data-In (reads) or Data-Out (writes).
@@ -91,7 +112,7 @@ impl Meter {
         sense: &[u8],
         data_bytes: usize,
     ) -> Option<usize> {
-        let index = self.io.iter().position(|d| d.lun == lun)?;
+        let index = self.slot_of(lun)?;
         let slot = self.io.get_mut(index)?;
         let good = status == 0;
         let counts = &mut slot.counts;
@@ -232,8 +253,34 @@ mod tests {
             "127.0.0.1:1".parse().unwrap(),
             initiator,
         );
-        m.count_for(&[(0, Arc::from("ram0")), (3, Arc::from("disk3"))]);
+        m.count_for(&Arc::new(vec![
+            (0, Arc::from("ram0")),
+            (3, Arc::from("disk3")),
+        ]));
         (m, metrics)
+    }
+
+    #[test]
+    fn a_session_counts_only_the_luns_it_uses_and_keeps_counts_across_a_map_change() {
+        let (mut m, metrics) = meter();
+        let big: Vec<(u64, Arc<str>)> = (0..4096)
+            .map(|lun| (lun, Arc::from(format!("d{lun}").as_str())))
+            .collect();
+        m.record_io(0, scsi::IoKind::Read, 0, &[], 512);
+        m.count_for(&Arc::new(big));
+        assert_eq!(
+            metrics.device_totals("ram0").reads,
+            1,
+            "reported at the change"
+        );
+        assert!(m.io.is_empty(), "nothing made before a LUN is used");
+        assert_eq!(m.record_io(4000, scsi::IoKind::Write, 0, &[], 512), Some(0));
+        assert_eq!(m.record_io(7, scsi::IoKind::Read, 0, &[], 512), Some(1));
+        assert_eq!(m.record_io(4000, scsi::IoKind::Write, 0, &[], 512), Some(0));
+        assert_eq!(m.record_io(5000, scsi::IoKind::Read, 0, &[], 512), None);
+        assert_eq!(m.io.len(), 2);
+        m.report_io();
+        assert_eq!(metrics.device_totals("d4000").writes, 2);
     }
 
     #[test]

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# What idle RBD images cost a gateway pair: for each count N, two gateways (`serve --gateway
+# a|b`) of one config with N images as LUNs of one group, no host I/O; 15 s after both start,
+# the OSD's write, read and total operations per second over 10 s (its perf counters), and
+# each gateway's threads and RSS. One line per count.
+#
+#   bench/rbd-images.sh BIN [COUNT...]     # default counts: 1 8 32
+#
+# Starts a single-node cluster of its own (scripts/ceph-single-node.sh), stopped at the end.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${1:?usage: $0 BIN [COUNT...]}
+shift
+COUNTS=("${@:-1 8 32}")
+read -r -a COUNTS <<<"${COUNTS[*]}"
+WORK=$(mktemp -d /var/tmp/ferrosan-rbd-images.XXXXXX)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    "$ROOT/scripts/ceph-single-node.sh" stop "$WORK/ceph" || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+"$ROOT/scripts/ceph-single-node.sh" start "$WORK/ceph" 4 >/dev/null
+export CEPH_CONF=$WORK/ceph/ceph.conf
+max=0
+for n in "${COUNTS[@]}"; do ((n > max)) && max=$n; done
+for ((i = 1; i <= max; i++)); do rbd create --size 16M "rbd/img$i"; done
+port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+ops() {
+    ceph --admin-daemon "$WORK/ceph/run/ceph-osd.0.asok" perf dump |
+        python3 -c 'import json,sys; d=json.load(sys.stdin)["osd"]; print(d["op_w"], d["op_r"], d["op"])'
+}
+for n in "${COUNTS[@]}"; do
+    {
+        printf '[[portal_group]]\ntag = 1\nlisten = ["127.0.0.1:%s"]\ngateway = "a"\n\n' "$(port)"
+        printf '[[portal_group]]\ntag = 2\nlisten = ["127.0.0.1:%s"]\ngateway = "b"\n\n' "$(port)"
+        for ((i = 1; i <= n; i++)); do
+            printf '[[device]]\nname = "v%d"\nstore = "rbd"\nimage = "rbd/img%d"\nceph_conf = "%s"\n\n' \
+                "$i" "$i" "$CEPH_CONF"
+        done
+        printf '[[target]]\niqn = "iqn.2026-12.org.ferrosan:images"\n  [[target.group]]\n'
+        printf '  name = "g"\n  any_initiator = true\n  luns = [\n'
+        for ((i = 1; i <= n; i++)); do printf '    { lun = %d, device = "v%d" },\n' $((i - 1)) "$i"; done
+        printf '  ]\n'
+    } >"$WORK/gw.toml"
+    PIDS=()
+    for g in a b; do
+        "$BIN" serve --config "$WORK/gw.toml" --gateway "$g" --control-socket "$WORK/$g.sock" \
+            >"$WORK/$g.log" 2>&1 &
+        PIDS+=($!)
+        sleep 6
+    done
+    sleep 9
+    before=$(ops)
+    sleep 10
+    after=$(ops)
+    line=$(python3 -c "
+a, b = '$before'.split(), '$after'.split()
+print('%s images: OSD writes %.1f/s, reads %.1f/s, ops %.1f/s' % (('$n',) + tuple((int(y) - int(x)) / 10 for x, y in zip(a, b))))")
+    for k in 0 1; do
+        pid=${PIDS[$k]}
+        kill -0 "$pid" || { tail -5 "$WORK/$([[ $k == 0 ]] && echo a || echo b).log" >&2; exit 1; }
+        line+="; gateway $([[ $k == 0 ]] && echo a || echo b): $(awk '/^Threads/{print $2}' "/proc/$pid/status") threads,"
+        line+=" $(awk '/^VmRSS/{print $2}' "/proc/$pid/status") KiB RSS"
+    done
+    echo "$line"
+    for pid in "${PIDS[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null || true; done
+    PIDS=()
+done

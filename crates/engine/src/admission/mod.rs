@@ -5,7 +5,7 @@
 //! [`Topology::readmit`] each time the topology changes (a reload, any `ctl` verb). All three
 //! are the same lookup, so a change can never give a session what a fresh login under the
 //! same name and proof would be refused: a session whose answer changed is closed, never moved
-//! silently (docs/SECURITY.md, finding 2026-11-26-1).
+//! silently (docs/SECURITY.md, finding 8).
 
 pub mod controllers;
 pub mod doors;

@@ -1,5 +1,6 @@
 //! The engine's rooms import one way (docs/ARCHITECTURE.md, "Rooms of the engine"):
-//! server → {control, dataplane} → shared → admission → topology → {io, config, metrics}.
+//! server → {control, dataplane} → shared → admission → topology → {io, config, metrics};
+//! `log_limit` (a leaf) is used by the server and the dataplane.
 //! This reads every source file and fails on an import that runs back up or sideways.
 
 mod tree;
@@ -19,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "io",
             "config",
             "metrics",
+            "log_limit",
         ],
     ),
     (
@@ -27,7 +29,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "dataplane",
-        &["shared", "admission", "topology", "io", "config", "metrics"],
+        &[
+            "shared",
+            "admission",
+            "topology",
+            "io",
+            "config",
+            "metrics",
+            "log_limit",
+        ],
     ),
     (
         "shared",
@@ -38,6 +48,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("io", &["config", "metrics"]),
     ("config", &[]),
     ("metrics", &[]),
+    ("log_limit", &[]),
 ];
 
 /// The room a source file belongs to: its folder, or its own name at the top.

@@ -552,7 +552,7 @@ series! {
     device_space_used: Family<DeviceLabel, Gauge<f64, AtomicU64>> = "device_space_used_ratio";
     /// Times the space a device allocates from went past space_warning_percent (each time, its initiators got THIN PROVISIONING SOFT THRESHOLD REACHED)
     device_space_warnings: Family<DeviceLabel, Counter> = "device_space_warnings";
-    /// 1 for the path a device's reads and writes take (io_uring, threads, page_cache, memory)
+    /// 1 for the path a device's reads and writes take (asynchronous, io_uring, threads, page_cache, memory)
     device_io_path: Family<IoPathLabel, Gauge> = "device_io_path";
     /// RBD gateways: 1 while this gateway owns the device's image (its target port groups active/optimized), 0 while standby
     gateway_owner: Family<DeviceLabel, Gauge> = "gateway_owner";

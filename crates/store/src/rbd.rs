@@ -80,12 +80,17 @@ pub fn pool(spec: &RbdSpec) -> io::Result<rbd::Pool> {
 }
 
 /// What Ceph says of pool `spec.pool`: (bytes stored, bytes it can still take), from the
-/// monitors' `df`, whose `max_avail` counts the pool's replication and the full ratio.
+/// monitors' `df detail` (see [`df_usage`]).
 pub fn pool_usage(spec: &RbdSpec) -> io::Result<(u64, u64)> {
     let pool = pool(spec)?;
-    let answer = pool.cluster().mon_command(DF_DETAIL).map_err(io_error)?;
-    df_usage(&answer, &spec.pool).ok_or_else(|| {
-        let why = format!("the monitors' df gives no usage of pool {:?}", spec.pool);
+    usage_through(pool.cluster(), &spec.pool)
+}
+
+/// Pool `name`'s (stored, bytes it can still take), asked of the monitors through `cluster`.
+fn usage_through(cluster: &rbd::Cluster, name: &str) -> io::Result<(u64, u64)> {
+    let answer = cluster.mon_command(DF_DETAIL).map_err(io_error)?;
+    df_usage(&answer, name).ok_or_else(|| {
+        let why = format!("the monitors' df gives no usage of pool {name:?}");
         io::Error::new(io::ErrorKind::InvalidData, why)
     })
 }
@@ -95,8 +100,8 @@ pub fn pool_usage(spec: &RbdSpec) -> io::Result<(u64, u64)> {
 /// once per interval instead of once per image.
 const POOL_USAGE_FRESH: std::time::Duration = std::time::Duration::from_secs(4);
 
-/// Pool `spec.pool`'s (stored, max_avail) through `cluster`, or a recent answer for the same
-/// pool of the same cluster and user.
+/// Pool `spec.pool`'s (stored, bytes it can still take) through `cluster`, or a recent answer
+/// for the same pool of the same cluster and user.
 fn pool_usage_on(cluster: &rbd::Cluster, spec: &RbdSpec) -> io::Result<(u64, u64)> {
     type Key = (Option<PathBuf>, Option<String>, String);
     type Seen = HashMap<Key, (std::time::Instant, (u64, u64))>;
@@ -115,11 +120,7 @@ fn pool_usage_on(cluster: &rbd::Cluster, spec: &RbdSpec) -> io::Result<(u64, u64
     {
         return Ok(usage);
     }
-    let answer = cluster.mon_command(DF_DETAIL).map_err(io_error)?;
-    let usage = df_usage(&answer, &spec.pool).ok_or_else(|| {
-        let why = format!("the monitors' df gives no usage of pool {:?}", spec.pool);
-        io::Error::new(io::ErrorKind::InvalidData, why)
-    })?;
+    let usage = usage_through(cluster, &spec.pool)?;
     let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
     let seen = seen.get_or_insert_with(HashMap::new);
     seen.retain(|_, (at, _)| at.elapsed() < POOL_USAGE_FRESH);

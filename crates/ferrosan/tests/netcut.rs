@@ -17,11 +17,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::ceph::TestCluster;
-use common::{pseudo_random_bytes, Daemon, Scratch};
+use common::{pseudo_random_bytes, Ctl, Daemon, Scratch};
 use initiator::driver::Client;
 use initiator::scsi::Cdb;
 use initiator::session::Transfer;
-use initiator::{ClientConfig, SessionConfig, SessionKind};
 
 const IQN: &str = "iqn.2024-01.dev.ferrosan:netcut";
 const PORT: u16 = 3260;
@@ -220,20 +219,17 @@ impl Gateways {
     /// `ferrosan ctl luns --json` on `gateway`: the image's owner as this gateway sees it
     /// (`None`: standby, no owner known).
     fn owner_seen_by(&self, gateway: &str) -> Option<String> {
-        let socket = self.scratch.file(&format!("{gateway}.sock"));
-        let out = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-            .args(["ctl", "--socket"])
-            .arg(&socket)
-            .args(["luns", "--json"])
-            .output()
-            .expect("ferrosan ctl");
-        assert!(out.status.success(), "ctl luns on {gateway}: {out:?}");
-        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-        let lun = find_lun(&reply, "vm").expect("LUN of device vm in ctl luns");
+        let reply = self.ctl(gateway).json(&["luns"]);
+        let lun = find_lun(&reply, "vm").unwrap_or_else(|| panic!("no LUN of vm in {reply}"));
         match (lun["owner_here"].as_bool(), lun["gateway_owner"].as_str()) {
             (Some(true), _) => Some(gateway.to_string()),
             (_, owner) => owner.map(str::to_string),
         }
+    }
+
+    /// `ferrosan ctl` on `gateway`'s control socket.
+    fn ctl(&self, gateway: &str) -> Ctl {
+        Ctl::at(self.scratch.file(&format!("{gateway}.sock")))
     }
 
     fn daemon(&self, gateway: &str) -> &Daemon {
@@ -283,17 +279,7 @@ fn session(front: &str, lun: u64, initiator: &str) -> Option<Client> {
 
 /// Like [`session`], its commands timing out after `timeout`.
 fn session_timing_out(front: &str, lun: u64, initiator: &str, timeout: Duration) -> Option<Client> {
-    let mut s = SessionConfig::new(
-        initiator,
-        SessionKind::Normal {
-            target_name: IQN.into(),
-        },
-    );
-    s.command_timeout = timeout;
-    let mut c = ClientConfig::new(format!("{front}:{PORT}"), s);
-    c.timeouts.login = Duration::from_secs(5);
-    c.lun = lun;
-    Client::connect(c).ok()
+    common::iscsi_session(&format!("{front}:{PORT}"), IQN, initiator, lun, timeout).ok()
 }
 
 fn command(c: &mut Client, cdb: &[u8], transfer: Transfer) -> Answer {
@@ -470,13 +456,8 @@ fn rbd_gateways_ride_through_cut_networks() {
     let cluster = TestCluster::start_in_netns("netcut", 3, &lab.ns("c"), (CEPH, "10.89.0.0/24"));
     cluster.rbd(&["create", "--size", "64M", "rbd/netcut"]);
     let g = Gateways::start(&lab, &cluster);
-    let take = Command::new(env!("CARGO_BIN_EXE_ferrosan"))
-        .args(["ctl", "--socket"])
-        .arg(g.scratch.file("a.sock"))
-        .args(["device", "take", "vm"])
-        .output()
-        .expect("ctl device take");
-    assert!(take.status.success(), "{take:?}");
+    let take = g.ctl("a").json(&["device", "take", "vm"]);
+    assert_eq!(take["ok"], true, "{take}");
     wait_for_owner(&g, "a", Duration::from_secs(30));
     let mut acked = Acked::new();
     let first = pseudo_random_bytes(4096, 1);
@@ -564,6 +545,7 @@ fn interconnect_cut(lab: &Lab, g: &Gateways, acked: &mut Acked) {
         let data = data.clone();
         std::thread::spawn(move || write_until_good(FRONT_A, 24, &data, Duration::from_secs(90)))
     };
+    // Held up means the cut's timeouts (20-30 s); 5 s leaves a busy machine its slow writes.
     let worst_b = ram_or_image_meanwhile(FRONT_B, 32, Instant::now() + Duration::from_secs(10));
     let (seen_a, took_a) = through_a.join().expect("writer through A");
     lab.set("a", "inter", true);
@@ -572,7 +554,7 @@ fn interconnect_cut(lab: &Lab, g: &Gateways, acked: &mut Acked) {
         acked.insert(24, data);
     }
     assert!(
-        worst_b < Duration::from_secs(2),
+        worst_b < Duration::from_secs(5),
         "B's own path held up {worst_b:?}"
     );
     eprintln!(
@@ -624,7 +606,7 @@ fn owner_cut_from_its_initiators(lab: &Lab, g: &Gateways, acked: &mut Acked) {
         "the owner while cut from its hosts"
     );
     assert!(
-        worst < Duration::from_secs(2),
+        worst < Duration::from_secs(5),
         "writes through A held up {worst:?}"
     );
     eprintln!(

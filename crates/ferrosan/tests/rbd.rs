@@ -35,16 +35,8 @@ fn connect(
     initiator: &str,
     command_timeout: Duration,
 ) -> Result<Client, initiator::Error> {
-    let mut s = SessionConfig::new(
-        initiator,
-        SessionKind::Normal {
-            target_name: target.into(),
-        },
-    );
-    s.command_timeout = command_timeout;
-    let mut c = ClientConfig::new(format!("127.0.0.1:{port}"), s);
-    c.timeouts.login = Duration::from_secs(10);
-    Client::connect(c)
+    let addr = format!("127.0.0.1:{port}");
+    common::iscsi_session(&addr, target, initiator, 0, command_timeout)
 }
 
 /// Sends `cdb` with `transfer`; the status and sense (key, asc, ascq) and the data.
@@ -606,17 +598,10 @@ fn cluster_away(cluster: &TestCluster, daemon: &Daemon) {
 /// Until `until`: a new session to the RAM LUN (LUN 1) writes and reads a block over and over;
 /// the slowest answer (each must be GOOD and read what was written).
 fn ram_lun_meanwhile(port: u16, iqn: &str, until: Instant) -> Duration {
-    let mut config = ClientConfig::new(
-        format!("127.0.0.1:{port}"),
-        SessionConfig::new(
-            "iqn.2024-01.dev.ferrosan:rbd-test-beside",
-            SessionKind::Normal {
-                target_name: iqn.into(),
-            },
-        ),
-    );
-    config.lun = 1;
-    let mut c = Client::connect(config).expect("a login while the cluster is away");
+    let addr = format!("127.0.0.1:{port}");
+    let initiator = "iqn.2024-01.dev.ferrosan:rbd-test-beside";
+    let mut c = common::iscsi_session(&addr, iqn, initiator, 1, Duration::from_secs(90))
+        .expect("a login while the cluster is away");
     assert_eq!(settle(&mut c), (0, None));
     let (mut worst, mut rounds) = (Duration::ZERO, 0u32);
     while Instant::now() < until {

@@ -203,6 +203,29 @@ pub fn require_tool(name: &str) -> PathBuf {
     );
 }
 
+/// An iSCSI session of `initiator` to `target` at `addr` (`HOST:PORT`), on LUN `lun`: its
+/// login bounded to 10 s, its commands to `command_timeout`.
+pub fn iscsi_session(
+    addr: &str,
+    target: &str,
+    initiator: &str,
+    lun: u64,
+    command_timeout: Duration,
+) -> Result<initiator::driver::Client, initiator::Error> {
+    use initiator::{ClientConfig, SessionConfig, SessionKind};
+    let mut session = SessionConfig::new(
+        initiator,
+        SessionKind::Normal {
+            target_name: target.into(),
+        },
+    );
+    session.command_timeout = command_timeout;
+    let mut config = ClientConfig::new(addr.to_string(), session);
+    config.timeouts.login = Duration::from_secs(10);
+    config.lun = lun;
+    initiator::driver::Client::connect(config)
+}
+
 /// A running ferrosan daemon. Stopped (and reaped) on Drop.
 pub struct Daemon {
     child: Option<Child>,

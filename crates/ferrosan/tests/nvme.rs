@@ -1520,6 +1520,7 @@ fn an_abort_of_a_write_the_disk_holds_is_answered_at_once_and_nothing_else_waits
         .submit(host::rw(0x01, 1, 0, 8), pattern(7, 4096), 0)
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
+    // The disk holds the write until the thaw below: an answer within 5 s did not wait for it.
     let asked = Instant::now();
     let abort = host::sqe(0x08, 0, [2 | u32::from(held) << 16, 0, 0, 0, 0, 0]);
     let answer = h.admin.run_ok(abort, Vec::new(), 0);
@@ -1532,12 +1533,12 @@ fn an_abort_of_a_write_the_disk_holds_is_answered_at_once_and_nothing_else_waits
     let answer = answer.expect("Abort").cqe;
     assert_eq!(answer.dw0 & 1, 1, "a write in the kernel is not aborted");
     assert!(
-        abort_took < Duration::from_secs(1),
+        abort_took < Duration::from_secs(5),
         "Abort answered after {abort_took:?}"
     );
     assert_eq!(beside.expect("RAM namespace"), vec![0; 4096]);
     assert!(
-        read_took < Duration::from_secs(1),
+        read_took < Duration::from_secs(5),
         "the RAM namespace answered in {read_took:?}"
     );
     let done = q.next_done().unwrap();

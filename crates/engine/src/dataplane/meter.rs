@@ -81,6 +81,8 @@ impl Meter {
         self.devices = Arc::clone(devices);
         self.io.clear();
         self.slots.clear();
+        // Their slots name the old map: this turn's inline commands lose their latency sample
+        // (a map change is rare), never count it on another LUN.
         self.turn_inline.clear();
     }
 

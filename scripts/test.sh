@@ -7,7 +7,8 @@
 #      apt-get update at most once; a second pass if an install removed one)
 #   2. cargo fmt --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
-#   4. cargo test --workspace --no-fail-fast   (includes crates/ferrosan/tests: real initiators);
+#   4. cargo test --workspace --no-fail-fast   (includes crates/ferrosan/tests: real initiators;
+#      scripts/cargo-tests.sh runs the binaries that wait on a Ceph cluster beside the others);
 #      meanwhile, from step 2 on, scripts/guest-images.sh builds the guest images of step 6
 #      (the tests run once it is done), and during the tests, at the lowest priority, the
 #      release binary of the later steps builds, then scripts/fuzz-smoke.sh (every cargo-fuzz
@@ -204,7 +205,7 @@ step test-build cargo test --workspace --no-fail-fast --no-run
 # release binary first, which the later steps need; fuzzing may go on beside them.
 ((QUICK)) || lane release-build fuzz-smoke
 ((QUICK)) || lane package
-step test cargo test --workspace --no-fail-fast
+step test scripts/cargo-tests.sh
 CONF_LOG=$ROOT/target/conformance.log
 mkdir -p "$ROOT/target"
 if ((QUICK)); then

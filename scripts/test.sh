@@ -15,9 +15,10 @@
 #      target, 15 s each; it may go on beside steps 6 and 7), and beside them
 #      scripts/package-test.sh (the .deb: install, serve, remove, purge)
 #   5. scripts/conformance.sh ferrosan   (libiscsi iscsi-test-cu; 0 failures to pass), and
-#      beside it scripts/soak.sh 5   (verified fio I/O for five minutes while logins, reloads,
-#      volume verbs, offline/online and device changes churn; fails if a block reads back
-#      wrong, a verb fails or the daemon's memory, threads or descriptors grow)
+#      beside it scripts/soak.sh --gateways 5   (verified fio I/O for five minutes while logins,
+#      reloads, volume verbs, offline/online, device changes and RBD gateway takeovers churn,
+#      a host verifying through both gateways; fails if a block reads back wrong, a verb
+#      fails or the daemons' memory, threads or descriptors grow)
 #   6. the QEMU guests, two at a time, in two lanes:
 #      a. scripts/kernel-gateways.sh   (a guest's open-iscsi, dm-multipath and NVMe/TCP host
 #         against two RBD gateways of one image: the owner killed, restarted and hung under
@@ -161,15 +162,19 @@ summary() {
 
 # The steps that run in lanes (`lane`), each a function.
 run_guest-images() { scripts/guest-images.sh; }
-run_release-build() { nice -n 19 cargo build --release -p ferrosan; }
+# and the soak's verifying host (crates/initiator/examples/verify_io.rs)
+run_release-build() {
+    nice -n 19 cargo build --release -p ferrosan &&
+        nice -n 19 cargo build --release -p initiator --example verify_io
+}
 # The .deb: built, installed, its config served, removed and purged (scripts/package-test.sh).
 run_package() { nice -n 19 scripts/package-test.sh; }
 # Every cargo-fuzz target for a short smoke (docs/SECURITY.md has the long runs).
 run_fuzz-smoke() { FUZZ_SECONDS="${FUZZ_SECONDS:-15}" nice -n 19 scripts/fuzz-smoke.sh; }
 # Weeks of uptime in five minutes (scripts/soak.sh): verified I/O while logins, reloads, volume
-# verbs, offline/online and device changes churn, the daemon's memory, threads and descriptors
-# sampled.
-run_soak() { scripts/soak.sh "${SOAK_MINUTES:-5}"; }
+# verbs, offline/online, device changes and RBD gateway takeovers churn, the daemons' memory,
+# threads and descriptors sampled.
+run_soak() { scripts/soak.sh --gateways "${SOAK_MINUTES:-5}"; }
 # RBD gateways failing over under dm-multipath (docs/CONFORMANCE.md, "RBD gateways under
 # dm-multipath"): a Ceph cluster, two gateways and a guest whose fio writes around the faults.
 run_kernel-gateways() { scripts/kernel-gateways.sh; }

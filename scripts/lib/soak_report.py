@@ -2,15 +2,20 @@
 """The soak's report (scripts/soak.sh): PREFIX.csv (samples) and PREFIX.rounds.csv (fio rounds)
 in, PREFIX.txt (a summary, the verdict last) and PREFIX.svg (a chart) out.
 
-    soak_report.py PREFIX CHURN_ROUNDS MINUTES
+    soak_report.py PREFIX CHURN_ROUNDS MINUTES [--gateways]
 
 Exit 1 when what the daemon holds grew: descriptors above the baseline's plus 16, threads above
 plus 8, RSS above twice the baseline plus 32 MiB. The baseline is the first sample at least
-30 s in (past the first rounds' allocations), the end the last sample."""
+30 s in (past the first rounds' allocations), the end the last sample. With --gateways, also
+PREFIX.gateways.csv (each gateway's samples) and PREFIX.gateways.json (the verifying host's
+counts) in: the same check for each gateway, with room for the cluster connections a takeover
+opens and closes (librados starts ~16 threads and a few sockets for each)."""
 import csv
+import json
 import sys
 
 FDS_SLACK, THREADS_SLACK, RSS_SLACK_KIB = 16, 8, 32 * 1024
+GATEWAY_FDS_SLACK, GATEWAY_THREADS_SLACK = 64, 48
 
 
 def rows(path):
@@ -45,8 +50,50 @@ def panel(title, series, top, xmax, unit):
     return out
 
 
+def growth(base, end, fds_slack, threads_slack):
+    """What grew from `base` to `end` beyond the slack, as phrases."""
+    grew = []
+    if end["fds"] > base["fds"] + fds_slack:
+        grew.append(f"descriptors {base['fds']:.0f} -> {end['fds']:.0f}")
+    if end["threads"] > base["threads"] + threads_slack:
+        grew.append(f"threads {base['threads']:.0f} -> {end['threads']:.0f}")
+    if end["rss_kib"] > 2 * base["rss_kib"] + RSS_SLACK_KIB:
+        grew.append(f"RSS {base['rss_kib']:.0f} -> {end['rss_kib']:.0f} KiB")
+    return grew
+
+
+def gateway_lines(prefix, churn):
+    """The gateways' footprint and the verifying host's counts, what grew, and each gateway's
+    RSS as a chart series."""
+    with open(prefix + ".gateways.csv", newline="") as f:
+        samples = list(csv.DictReader(f))
+    host = json.load(open(prefix + ".gateways.json"))
+    lines, grew, series = [], [], []
+    for g, colour in (("a", "#8c564b"), ("b", "#17becf")):
+        mine = [{k: float(v) for k, v in r.items() if k != "gateway"} for r in samples if r["gateway"] == g]
+        if len(mine) < 2:
+            return [f"gateway {g}: too few samples"], [f"gateway {g} unsampled"], []
+        base = next((s for s in mine if s["seconds"] >= 30), mine[0])
+        end = mine[-1]
+        lines.append(
+            f"gateway {g}: RSS {base['rss_kib']:.0f} -> {end['rss_kib']:.0f} KiB, threads "
+            f"{base['threads']:.0f} -> {end['threads']:.0f}, descriptors {base['fds']:.0f} -> "
+            f"{end['fds']:.0f}, {end['cpu_s']:.1f} s of CPU"
+        )
+        grew += [f"gateway {g} {p}" for p in growth(base, end, GATEWAY_FDS_SLACK, GATEWAY_THREADS_SLACK)]
+        series.append((f"gateway {g} RSS MiB", colour, [(s["seconds"], s["rss_kib"] / 1024) for s in mine]))
+    lines.insert(0, (
+        f"gateways: {(churn + 1) // 6} takeovers; the host through both portals: {host['writes']} "
+        f"writes, {host['verified_mib']:.0f} MiB read back verified, {host['not_ready']} NOT READY "
+        f"retried, {host['path_switches']} path switches, worst command {host['worst_ms']} ms "
+        f"({host['over_1s']} over 1 s)"
+    ))
+    return lines, grew, series
+
+
 def main():
     prefix, churn, minutes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    gateways = sys.argv[4:] == ["--gateways"]
     samples = rows(prefix + ".csv")
     rounds = rows(prefix + ".rounds.csv")
     if len(samples) < 2 or not rounds:
@@ -55,18 +102,12 @@ def main():
     base = next((s for s in samples if s["seconds"] >= 30), samples[0])
     end = samples[-1]
     verified = sum(r["verified_mib"] for r in rounds)
-    grew = []
-    if end["fds"] > base["fds"] + FDS_SLACK:
-        grew.append(f"descriptors {base['fds']:.0f} -> {end['fds']:.0f}")
-    if end["threads"] > base["threads"] + THREADS_SLACK:
-        grew.append(f"threads {base['threads']:.0f} -> {end['threads']:.0f}")
-    if end["rss_kib"] > 2 * base["rss_kib"] + RSS_SLACK_KIB:
-        grew.append(f"RSS {base['rss_kib']:.0f} -> {end['rss_kib']:.0f} KiB")
+    grew = growth(base, end, FDS_SLACK, THREADS_SLACK)
     p99 = sorted(r["p99_write_us"] for r in rounds)
     lines = [
         f"soak of {minutes} min: {len(rounds)} fio rounds, {verified:.0f} MiB written and read "
         f"back verified (crc32c), {churn} churn rounds (logins, reloads, volume verbs, "
-        f"offline/online, device add/remove)",
+        f"offline/online, device add/remove{', takeovers' if gateways else ''})",
         f"baseline at {base['seconds']:.0f} s: RSS {base['rss_kib']:.0f} KiB, "
         f"{base['threads']:.0f} threads, {base['fds']:.0f} descriptors",
         f"end at {end['seconds']:.0f} s: RSS {end['rss_kib']:.0f} KiB, "
@@ -74,6 +115,13 @@ def main():
         f"{end['cpu_s']:.1f} s of CPU",
         f"peak RSS {max(s['rss_kib'] for s in samples):.0f} KiB; write p99 per round: "
         f"median {p99[len(p99) // 2]:.0f} us, worst {p99[-1]:.0f} us",
+    ]
+    gateway_rss = []
+    if gateways:
+        more, grew_more, gateway_rss = gateway_lines(prefix, churn)
+        lines += more
+        grew += grew_more
+    lines += [
         "verdict: " + ("grew: " + ", ".join(grew) if grew else "nothing grew"),
     ]
     with open(prefix + ".txt", "w") as f:
@@ -84,8 +132,8 @@ def main():
         '<rect width="100%" height="100%" fill="white"/>',
     ]
     svg += panel(
-        "daemon RSS",
-        [("RSS MiB", "#1f77b4", [(s["seconds"], s["rss_kib"] / 1024) for s in samples])],
+        "daemon RSS" + (" and the gateways'" if gateways else ""),
+        [("RSS MiB", "#1f77b4", [(s["seconds"], s["rss_kib"] / 1024) for s in samples])] + gateway_rss,
         40, xmax, "MiB",
     )
     svg += panel(

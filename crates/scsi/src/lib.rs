@@ -21,7 +21,7 @@ mod plan;
 mod pr;
 mod sbc;
 pub mod sense;
-mod unit_attention;
+pub mod unit_attention;
 mod xcopy;
 
 pub use lu::{LogicalUnit, LuIdentity, LuSettings};

@@ -399,6 +399,14 @@ impl LogicalUnit {
         self.ua.add_nexus(nexus_id);
     }
 
+    /// A nexus that joined at `joined` ([`crate::unit_attention::stamp`]) and whose LUN map
+    /// last changed at `map_changed` addresses this LU for the first time: it gets POWER ON,
+    /// RESET, then what was raised for every nexus since it joined (see
+    /// [`crate::unit_attention::UnitAttentions::join_since`]).
+    pub fn nexus_first_use(&self, nexus_id: u64, joined: u64, map_changed: Option<u64>) {
+        self.ua.join_since(nexus_id, joined, map_changed);
+    }
+
     /// The nexus is gone: drop its unit attentions, release its PREVENT MEDIUM REMOVAL and its
     /// SPC-2 reservation (persistent reservations and registrations stay).
     pub fn nexus_lost(&self, nexus_id: u64) {

@@ -1273,6 +1273,8 @@ impl ScsiBackend for Backend<'_> {
         lent: &mut Loan,
         sense: &mut Vec<u8>,
     ) -> Execution {
+        let lun = scsi::lun_from_wire(req.lun);
+        self.view.first_use(lun);
         let (Some(luns), Some(nexus)) = (&self.view.luns, &self.view.nexus) else {
             data_in.clear();
             return Execution::Done(ScsiOutcome {
@@ -1280,7 +1282,6 @@ impl ScsiBackend for Backend<'_> {
                 transfer_len: 0,
             });
         };
-        let lun = scsi::lun_from_wire(req.lun);
         let (route, started) = self.route(lun, req.cdb);
         if !route.inline() {
             return self.deferred(req.tag, route);

@@ -117,10 +117,8 @@ async fn run(
     let mut backend = backend(shared, at, &topology, admitted, &established, completions);
     if let Some((t, group)) = membership.and_then(|m| topology.group_of(m)) {
         if let Some(port) = t.ports.get(&at.portal_group_tag).cloned() {
-            backend.view.nexus = Some(nexus_of(&established, t, group, port));
-            for entry in group.luns.entries() {
-                backend.view.nexus_joins(&entry.lu);
-            }
+            let nexus = nexus_of(&established, t, group, port);
+            backend.view.join(nexus, group);
             backend.use_group(group);
         }
     }

@@ -89,21 +89,17 @@ pub(super) fn party(
     }
 }
 
-/// `view`'s nexus made, every LU of its group told of it, and its group's LUN map taken: what
-/// a login does once admitted.
+/// `view`'s nexus made and its group's LUN map taken: what a login does once admitted.
 pub(super) fn join(view: &mut super::view::View) {
     let topology = std::sync::Arc::clone(&view.topology);
     let membership = view.party.admitted.membership().expect("a member");
     let (t, group) = topology.group_of(membership).expect("a member");
-    view.nexus = Some(scsi::Nexus {
+    let nexus = scsi::Nexus {
         id: crate::topology::nexus::new_id(),
         initiator_port: format!("{},i,0x000000000001", view.party.initiator),
         target_port: std::sync::Arc::clone(t.ports.get(&1).expect("its port")),
-    });
-    for entry in group.luns.entries() {
-        view.nexus_joins(&entry.lu);
-    }
-    view.use_group(group);
+    };
+    view.join(nexus, group);
 }
 
 /// A backend of an iSCSI session of `initiator` logged in to `target` ([`party`], [`join`]),

@@ -40,9 +40,22 @@ pub(super) struct View {
     /// the device stalls, run on the blocking pool.
     pub(super) disk_luns: Arc<Vec<DiskLun>>,
     pub(super) nexus: Option<Nexus>,
+    /// Unit attentions: when the nexus joined its group and when its LUN map last changed
+    /// (`scsi::unit_attention::stamp`s), and the LUs it has addressed since (by address; each
+    /// was given its unit-attention queue then, [`View::first_use`]).
+    attention: Attention,
     /// A reload closed the listener the session came in through (or moved it to another
     /// portal group): an iSCSI session is asked to log out, as at shutdown.
     pub(super) portal_gone: bool,
+}
+
+#[derive(Default)]
+struct Attention {
+    joined: u64,
+    map_changed: Option<u64>,
+    used: HashSet<usize>,
+    /// The LU the last command addressed, the common case of the per-command check.
+    last: usize,
 }
 
 /// What a newer topology means for a session ([`View::follow`]).
@@ -66,8 +79,43 @@ impl View {
             luns: None,
             disk_luns: Arc::new(Vec::new()),
             nexus: None,
+            attention: Attention::default(),
             portal_gone: false,
         }
+    }
+
+    /// The session's nexus, made at its login into `group`'s LUN map. Its LUs learn of it as
+    /// it addresses them ([`View::first_use`]): a queue in each LU of a group of thousands cost
+    /// every session ~40 bytes per LU, and its first command the time to make them.
+    pub(super) fn join(&mut self, nexus: Nexus, group: &GroupRuntime) {
+        self.nexus = Some(nexus);
+        self.attention = Attention {
+            joined: scsi::unit_attention::stamp(),
+            ..Attention::default()
+        };
+        self.use_group(group);
+    }
+
+    /// Every command passes here before its LU sees it: the LU behind `lun`, at the nexus's
+    /// first command to it, makes the nexus's unit-attention queue (POWER ON, RESET first). Only
+    /// through the iSCSI door: NVMe has no unit attentions (docs/NVME.md).
+    pub(super) fn first_use(&mut self, lun: u64) {
+        let (Some(nexus), Some(luns), true) = (
+            &self.nexus,
+            &self.luns,
+            self.party.door.gives_unit_attentions(),
+        ) else {
+            return;
+        };
+        let Some(entry) = luns.get(lun) else {
+            return;
+        };
+        let key = Arc::as_ptr(&entry.lu) as usize;
+        let a = &mut self.attention;
+        if key != a.last && a.used.insert(key) {
+            entry.lu.nexus_first_use(nexus.id, a.joined, a.map_changed);
+        }
+        a.last = key;
     }
 
     /// Takes the LUN map (and what goes with it) of `group` for this session.
@@ -156,18 +204,10 @@ impl View {
         }
     }
 
-    /// The session's nexus becomes known to `lu`, which then gives it unit attentions: the
-    /// one rule for the login and for a map change that brings the LU. Only through the iSCSI
-    /// door: NVMe has no unit attentions (docs/NVME.md), so an NVMe nexus is never given one.
-    pub(super) fn nexus_joins(&self, lu: &scsi::LogicalUnit) {
-        if let (Some(nexus), true) = (&self.nexus, self.party.door.gives_unit_attentions()) {
-            lu.nexus_added(nexus.id);
-        }
-    }
-
-    /// Takes `group`'s LUN map of a newer topology (the session's own group): LUs it brings
-    /// learn the nexus, LUs it drops forget it, and every LU of the map tells the nexus its
-    /// LUNs changed. Returns whether the map is another (not only new handles).
+    /// Takes `group`'s LUN map of a newer topology (the session's own group): LUs it drops
+    /// forget the nexus, and every LU of the map tells the nexus its LUNs changed (those it
+    /// has not addressed yet, at its first command to them). Returns whether the map is
+    /// another (not only new handles).
     pub(super) fn follow_lun_map(&mut self, group: &GroupRuntime) -> bool {
         let unchanged = self
             .luns
@@ -180,19 +220,21 @@ impl View {
             let lus = |entries: &[LunEntry]| -> HashSet<*const scsi::LogicalUnit> {
                 entries.iter().map(|e| Arc::as_ptr(&e.lu)).collect()
             };
-            let (before, after) = (lus(old), lus(group.luns.entries()));
-            for entry in group.luns.entries() {
-                if !before.contains(&Arc::as_ptr(&entry.lu)) {
-                    self.nexus_joins(&entry.lu);
-                }
-            }
+            let after = lus(group.luns.entries());
+            let a = &mut self.attention;
             for entry in old {
-                if !after.contains(&Arc::as_ptr(&entry.lu)) {
+                let lu = Arc::as_ptr(&entry.lu);
+                if !after.contains(&lu) {
                     entry.lu.nexus_lost(nexus.id);
+                    a.used.remove(&(lu as usize));
                 }
             }
+            a.last = 0;
+            a.map_changed = Some(scsi::unit_attention::stamp());
             for entry in group.luns.entries() {
-                entry.lu.reported_luns_changed_for(nexus.id);
+                if a.used.contains(&(Arc::as_ptr(&entry.lu) as usize)) {
+                    entry.lu.reported_luns_changed_for(nexus.id);
+                }
             }
         }
         self.use_group(group);
@@ -330,8 +372,17 @@ nqn = "{SUBSYSTEM}"
     }
 
     /// The unit attentions `view`'s nexus is given by `lu`, in order (TEST UNIT READY until
-    /// it answers GOOD).
-    fn attentions(view: &View, lu: &scsi::LogicalUnit) -> Vec<(u8, u8)> {
+    /// it answers GOOD), through the first-use check every command passes when `lu` is mapped.
+    fn attentions(view: &mut View, lu: &scsi::LogicalUnit) -> Vec<(u8, u8)> {
+        let mapped = view.luns.as_ref().and_then(|l| {
+            l.entries()
+                .iter()
+                .find(|e| std::ptr::eq(Arc::as_ptr(&e.lu), lu))
+                .map(|e| e.lun)
+        });
+        if let Some(lun) = mapped {
+            view.first_use(lun);
+        }
         let nexus = view.nexus.as_ref().expect("a nexus");
         let tur = scsi::Command {
             cdb: &[0u8; 6],
@@ -408,8 +459,8 @@ nqn = "{SUBSYSTEM}"
             assert_eq!(view.topology.generation, 2);
             assert_eq!(view.luns.as_ref().map(|l| l.entries().len()), Some(2));
             let (d0, d1) = (
-                attentions(&view, &lu(&next, "d0")),
-                attentions(&view, &lu(&next, "d1")),
+                attentions(&mut view, &lu(&next, "d0")),
+                attentions(&mut view, &lu(&next, "d1")),
             );
             match door {
                 Door::Iscsi => {
@@ -427,7 +478,7 @@ nqn = "{SUBSYSTEM}"
         let first = topology(config(D0_D1, BOTH, NOBODY), 1, &mut open);
         let (listening, local) = listening(ListenerKind::Iscsi);
         let mut view = logged_in(Door::Iscsi, &first, local);
-        assert_eq!(attentions(&view, &lu(&first, "d1")), [POWER_ON]);
+        assert_eq!(attentions(&mut view, &lu(&first, "d1")), [POWER_ON]);
         // The same map again: new handles, nothing for the initiator to see.
         let same = topology(config(D0_D1, BOTH, NOBODY), 2, &mut open);
         let verdict = view.follow(Arc::clone(&same), &listening);
@@ -436,7 +487,7 @@ nqn = "{SUBSYSTEM}"
             view.luns.as_ref().unwrap(),
             &same.targets[0].groups[0].luns
         ));
-        assert_eq!(attentions(&view, &lu(&same, "d0")), [POWER_ON]);
+        assert_eq!(attentions(&mut view, &lu(&same, "d0")), [POWER_ON]);
         // d1 unmapped: it forgets the nexus (no attention queued for it any more).
         lu(&same, "d1").reported_luns_changed_for(view.nexus.as_ref().unwrap().id);
         let fewer = topology(config(D0, BOTH, NOBODY), 3, &mut open);
@@ -444,8 +495,38 @@ nqn = "{SUBSYSTEM}"
             view.follow(fewer, &listening),
             Verdict::Stay { map_changed: true }
         );
-        assert_eq!(attentions(&view, &lu(&same, "d0")), [LUNS_CHANGED]);
-        assert!(attentions(&view, &lu(&same, "d1")).is_empty());
+        assert_eq!(attentions(&mut view, &lu(&same, "d0")), [LUNS_CHANGED]);
+        assert!(attentions(&mut view, &lu(&same, "d1")).is_empty());
+    }
+
+    /// An LU learns of a nexus at its first command, and tells it then what it would have
+    /// told it since the login: not what came before, and in order with a map change.
+    #[test]
+    fn an_lu_first_addressed_late_tells_what_was_raised_since_the_login() {
+        let mut open = OpenDevices::default();
+        let first = topology(config(D0, BOTH, NOBODY), 1, &mut open);
+        let (listening, local) = listening(ListenerKind::Iscsi);
+        lu(&first, "d0").capacity_changed();
+        let mut view = logged_in(Door::Iscsi, &first, local);
+        lu(&first, "d0").capacity_changed();
+        let next = topology(config(D0_D1, BOTH, NOBODY), 2, &mut open);
+        assert_eq!(
+            view.follow(Arc::clone(&next), &listening),
+            Verdict::Stay { map_changed: true }
+        );
+        lu(&next, "d1").capacity_changed();
+        const CAPACITY: (u8, u8) = (0x2A, 0x09);
+        assert_eq!(
+            attentions(&mut view, &lu(&next, "d0")),
+            [POWER_ON, CAPACITY, LUNS_CHANGED]
+        );
+        assert_eq!(
+            attentions(&mut view, &lu(&next, "d1")),
+            [POWER_ON, LUNS_CHANGED, CAPACITY]
+        );
+        // Addressed: later conditions queue as they come.
+        lu(&next, "d1").capacity_changed();
+        assert_eq!(attentions(&mut view, &lu(&next, "d1")), [CAPACITY]);
     }
 
     #[test]

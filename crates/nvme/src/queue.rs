@@ -244,17 +244,25 @@ impl Awaiting {
     }
 }
 
-/// A set of command identifiers: one bit each, so a deep queue's answer finds its command
-/// in one step, not by a walk over every open one.
+/// A set of command identifiers. The first few open commands are held inline; past them, one
+/// bit each for all 65,536 (a deep queue's answer finds its command in one step, not by a
+/// walk over every open one), allocated then and kept: an admin queue or an idle I/O queue
+/// never holds more than a few, and must not cost 8 KiB each.
 struct CidSet {
-    bits: Box<[u64; 1024]>,
+    inline: [u16; CidSet::INLINE],
+    inline_len: usize,
+    bits: Option<Box<[u64; 1024]>>,
     len: usize,
 }
 
 impl CidSet {
+    const INLINE: usize = 4;
+
     fn new() -> CidSet {
         CidSet {
-            bits: Box::new([0; 1024]),
+            inline: [0; CidSet::INLINE],
+            inline_len: 0,
+            bits: None,
             len: 0,
         }
     }
@@ -264,21 +272,59 @@ impl CidSet {
     }
 
     fn contains(&self, cid: u16) -> bool {
-        let (word, bit) = CidSet::at(cid);
-        self.bits[word] & bit != 0
+        match &self.bits {
+            Some(bits) => {
+                let (word, bit) = CidSet::at(cid);
+                bits[word] & bit != 0
+            }
+            None => self.inline[..self.inline_len].contains(&cid),
+        }
     }
 
     fn insert(&mut self, cid: u16) {
+        debug_assert!(!self.contains(cid), "command {cid} is open already");
+        if self.contains(cid) {
+            return;
+        }
+        if self.bits.is_none() && self.inline_len < CidSet::INLINE {
+            self.inline[self.inline_len] = cid;
+            self.inline_len += 1;
+            self.len += 1;
+            return;
+        }
+        let inline = &self.inline[..self.inline_len];
+        let bits = self.bits.get_or_insert_with(|| {
+            let mut bits = Box::new([0; 1024]);
+            for &c in inline {
+                let (word, bit) = CidSet::at(c);
+                bits[word] |= bit;
+            }
+            bits
+        });
+        self.inline_len = 0;
         let (word, bit) = CidSet::at(cid);
-        debug_assert_eq!(self.bits[word] & bit, 0, "command {cid} is open already");
-        self.len += usize::from(self.bits[word] & bit == 0);
-        self.bits[word] |= bit;
+        bits[word] |= bit;
+        self.len += 1;
     }
 
     fn remove(&mut self, cid: u16) {
-        let (word, bit) = CidSet::at(cid);
-        self.len -= usize::from(self.bits[word] & bit != 0);
-        self.bits[word] &= !bit;
+        if !self.contains(cid) {
+            return;
+        }
+        self.len -= 1;
+        match &mut self.bits {
+            Some(bits) => {
+                let (word, bit) = CidSet::at(cid);
+                bits[word] &= !bit;
+            }
+            None => {
+                let at = self.inline[..self.inline_len].iter().position(|&c| c == cid);
+                if let Some(at) = at {
+                    self.inline_len -= 1;
+                    self.inline.swap(at, self.inline_len);
+                }
+            }
+        }
     }
 
     fn len(&self) -> usize {

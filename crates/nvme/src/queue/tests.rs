@@ -1007,3 +1007,32 @@ fn an_abort_stops_a_write_still_waiting_for_its_data_and_nothing_else() {
         (1, Status::ABORTED_BY_REQUEST)
     );
 }
+
+/// The open commands' set holds a few inline, then moves them into its bitmap, and answers the
+/// same either way.
+#[test]
+fn the_open_set_holds_a_few_inline_and_the_rest_in_its_bitmap() {
+    let mut set = CidSet::new();
+    let cids = [7u16, 65535, 0, 300, 9, 4096, 12];
+    for (n, &cid) in cids.iter().enumerate() {
+        set.insert(cid);
+        assert_eq!(set.len(), n + 1);
+        assert_eq!(set.bits.is_some(), n >= CidSet::INLINE, "after {} inserts", n + 1);
+    }
+    assert!(cids.iter().all(|&c| set.contains(c)));
+    assert!(!set.contains(8) && !set.contains(65534));
+    for &cid in &cids {
+        set.remove(cid);
+        assert!(!set.contains(cid));
+    }
+    set.remove(7);
+    assert_eq!(set.len(), 0);
+    // Inline only: a removal in the middle keeps the others.
+    let mut small = CidSet::new();
+    for cid in [1, 2, 3] {
+        small.insert(cid);
+    }
+    small.remove(1);
+    assert!(!small.contains(1) && small.contains(2) && small.contains(3));
+    assert_eq!((small.len(), small.bits.is_none()), (2, true));
+}

@@ -138,7 +138,15 @@ finish_verifier() {
     local rc=0
     wait "$VERIFIER" || rc=$?
     VERIFIER=""
-    ((rc == 0)) || die "the host through the gateways failed: $(cat "$WORK/verify.err")"
+    if ((rc != 0)); then
+        local g
+        for g in a b; do
+            log "gateway $g's last warnings (its log: $OUT.gateway-$g.log):"
+            grep -E 'WARN|ERROR' "$WORK/$g.log" | tail -n 15 | sed 's/^/    /' >&2
+            cp "$WORK/$g.log" "$OUT.gateway-$g.log"
+        done
+        die "the host through the gateways failed: $(cat "$WORK/verify.err")"
+    fi
     cp "$WORK/verify.json" "$OUT.gateways.json"
     log "gateways: $(cat "$OUT.gateways.json")"
 }

@@ -217,9 +217,22 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
         .compare_and_set_metadata("t.cas", "one", "two")
         .unwrap());
     assert_eq!(image.metadata("t.cas").unwrap().as_deref(), Some("two"));
-    let other = Image::open(&cluster, "rbd", "img").unwrap();
+    let other = Arc::new(Image::open(&cluster, "rbd", "img").unwrap());
     let with_other = image.watchers().unwrap();
     assert_eq!(with_other.len(), watchers.len() + 1, "{with_other:?}");
+    // While the lock is held in exclusive mode, another client's write is refused with EROFS
+    // (librbd does not move the lock): what a gateway's reconnected image meets once another
+    // gateway took the image over, which the store answers as a fenced write.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = Arc::clone(&other);
+    std::thread::spawn(move || {
+        let f = writer.run(Op::Write { offset: 0 }, vec![7; 512]);
+        let _ = tx.send(f.result.err().and_then(|e| e.errno()));
+    });
+    let refused = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a write without the lock is answered, not held");
+    assert_eq!(refused, Some(30), "EROFS");
     drop(other);
     assert_eq!(image.watchers().unwrap(), watchers);
     drop(image);

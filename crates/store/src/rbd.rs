@@ -222,6 +222,28 @@ pub fn errno_of(e: &io::Error) -> Option<i32> {
     })
 }
 
+/// The error of an I/O on an image: [`io_error`], except that on a gateway's image (a
+/// `dedicated` connection) EROFS is reported as ESHUTDOWN. librbd answers a write with EROFS
+/// when another client holds the image's exclusive lock and this one may not take it back
+/// (`rbd_lock_acquire`'s manual mode): another gateway took the image over. Like a fenced
+/// client's, the write did not happen and may succeed through the owner, so the SCSI layer
+/// answers NOT READY, ASYMMETRIC ACCESS STATE TRANSITION (the host retries, as after a fence)
+/// rather than a medium error. On an image of one gateway EROFS stays what it is.
+fn image_io_error(e: rbd::Error, dedicated: bool) -> io::Error {
+    const EROFS: i32 = 30;
+    const ESHUTDOWN: i32 = 108;
+    match e {
+        rbd::Error::Ceph { what, errno: EROFS } if dedicated => io::Error::new(
+            io::ErrorKind::NotConnected,
+            RbdError {
+                errno: ESHUTDOWN,
+                message: format!("{what}: another gateway holds the image's lock (EROFS)"),
+            },
+        ),
+        e => io_error(e),
+    }
+}
+
 pub struct RbdStore {
     /// Replaced whole by [`RbdStore::reconnect`], taken by [`BlockStore::close`]; I/O holds
     /// the read lock only to submit.
@@ -271,7 +293,7 @@ impl RbdStore {
             dedicated,
             spec: spec.clone(),
             size_bytes: AtomicU64::new(size),
-            sink: Arc::new(|f: rbd::Finished<AsyncDone>| {
+            sink: Arc::new(move |f: rbd::Finished<AsyncDone>| {
                 // librbd reports what it moved: a read or write of fewer bytes than the
                 // buffer holds failed, whatever its return code says.
                 let result = match f.result {
@@ -280,7 +302,7 @@ impl RbdStore {
                         io::ErrorKind::UnexpectedEof,
                         format!("librbd moved {n} of {} bytes", f.buf.len()),
                     )),
-                    Err(e) => Err(io_error(e)),
+                    Err(e) => Err(image_io_error(e, dedicated)),
                 };
                 (f.tag)(f.buf, result)
             }),
@@ -365,7 +387,7 @@ impl RbdStore {
         let finished = image.run(op, buf);
         match finished.result {
             Ok(_) => Ok(finished),
-            Err(e) => Err(io_error(e)),
+            Err(e) => Err(image_io_error(e, self.dedicated)),
         }
     }
 }
@@ -656,7 +678,25 @@ impl Submission {
 
 #[cfg(test)]
 mod tests {
-    use super::{df_usage, librados_threads};
+    use super::{df_usage, errno_of, image_io_error, librados_threads};
+
+    /// A gateway's write refused for want of the lock is a fenced write; elsewhere EROFS stays.
+    #[test]
+    fn a_gateway_image_without_its_lock_answers_as_fenced() {
+        let refused = || rbd::Error::Ceph {
+            what: "write".into(),
+            errno: 30,
+        };
+        let gateway = image_io_error(refused(), true);
+        assert_eq!(errno_of(&gateway), Some(108));
+        assert!(gateway.to_string().contains("EROFS"), "{gateway}");
+        assert_eq!(errno_of(&image_io_error(refused(), false)), Some(30));
+        let timeout = rbd::Error::Ceph {
+            what: "write".into(),
+            errno: 110,
+        };
+        assert_eq!(errno_of(&image_io_error(timeout, true)), Some(110));
+    }
 
     #[test]
     fn a_pools_usage_is_read_from_the_monitors_df() {

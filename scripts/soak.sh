@@ -36,6 +36,7 @@ GATEWAYS=0
 MINUTES=${1:-5}
 [[ $MINUTES =~ ^[0-9]+$ ]] && ((MINUTES > 0)) || die "usage: $0 [--gateways] [MINUTES]"
 FERROSAN_DEPS=(libiscsi-bin:iscsi-ls python3:python3)
+((GATEWAYS)) && FERROSAN_DEPS+=(ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd ceph-common:rbd librbd1:-)
 ensure_deps
 ferrosan_bin
 FIO=$(bench/fio-libiscsi.sh)

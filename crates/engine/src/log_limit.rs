@@ -51,12 +51,14 @@ pub(crate) fn device_io_failed(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .admit(std::time::Instant::now());
-    if let Some(suppressed) = admitted {
-        tracing::warn!(
+    match admitted {
+        Some(suppressed) => tracing::warn!(
             lun,
             suppressed,
             "device I/O failed: {op:?} at {offset}+{len}: {e}"
-        );
+        ),
+        // Each one held back is still there for whoever asks (RUST_LOG=engine::log_limit=debug).
+        None => tracing::debug!(lun, "device I/O failed: {op:?} at {offset}+{len}: {e}"),
     }
 }
 

@@ -318,7 +318,9 @@ impl CidSet {
                 bits[word] &= !bit;
             }
             None => {
-                let at = self.inline[..self.inline_len].iter().position(|&c| c == cid);
+                let at = self.inline[..self.inline_len]
+                    .iter()
+                    .position(|&c| c == cid);
                 if let Some(at) = at {
                     self.inline_len -= 1;
                     self.inline.swap(at, self.inline_len);

@@ -1017,7 +1017,12 @@ fn the_open_set_holds_a_few_inline_and_the_rest_in_its_bitmap() {
     for (n, &cid) in cids.iter().enumerate() {
         set.insert(cid);
         assert_eq!(set.len(), n + 1);
-        assert_eq!(set.bits.is_some(), n >= CidSet::INLINE, "after {} inserts", n + 1);
+        assert_eq!(
+            set.bits.is_some(),
+            n >= CidSet::INLINE,
+            "after {} inserts",
+            n + 1
+        );
     }
     assert!(cids.iter().all(|&c| set.contains(c)));
     assert!(!set.contains(8) && !set.contains(65534));

@@ -225,7 +225,7 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
     // gateway took the image over, which the store answers as a fenced write.
     let (tx, rx) = std::sync::mpsc::channel();
     let writer = Arc::clone(&other);
-    std::thread::spawn(move || {
+    let handle = std::thread::spawn(move || {
         let f = writer.run(Op::Write { offset: 0 }, vec![7; 512]);
         let _ = tx.send(f.result.err().and_then(|e| e.errno()));
     });
@@ -233,6 +233,8 @@ fn an_image_reads_writes_flushes_discards_compares_and_grows_through_librbd() {
         .recv_timeout(Duration::from_secs(30))
         .expect("a write without the lock is answered, not held");
     assert_eq!(refused, Some(30), "EROFS");
+    // The thread's clone must be gone before the image closes with the last one.
+    handle.join().unwrap();
     drop(other);
     assert_eq!(image.watchers().unwrap(), watchers);
     drop(image);

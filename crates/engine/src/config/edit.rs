@@ -8,8 +8,11 @@
 //! changed are written, in the file's own tables; tables of pools, devices, targets, groups,
 //! credentials and portal groups are matched by their name, IQN or tag; a new one is added at
 //! the end of its list (in the text, right after the list's last element, under its parent)
-//! and a removed one taken out. `[server]` is never touched: its keys do not change while the
-//! daemon runs, and command-line overrides must not reach the file.
+//! and a removed one taken out. A device or target both configs hold alike is not rendered
+//! at all and stays as the file has it (even if the file dropped it meanwhile: a change made on
+//! one side only stands), so a save renders what changed, not the whole array. `[server]` is
+//! never touched: its keys do not change while the daemon runs, and command-line overrides
+//! must not reach the file.
 
 use std::collections::HashMap;
 
@@ -32,7 +35,18 @@ pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, Merg
     let render = |c: &Config| -> Result<DocumentMut, MergeError> {
         c.to_toml_with_secrets().parse().map_err(MergeError::Render)
     };
-    let (before, mut after) = (render(base)?, render(running)?);
+    let (base, running) = changed_only(&doc, base, running);
+    let (mut before, mut after) = (render(&base)?, render(&running)?);
+    for key in LISTS {
+        // A list trimmed to nothing on one side still has its changes to make.
+        for rendered in [&mut before, &mut after] {
+            let table = rendered.as_table_mut();
+            if !table.contains_key(key) {
+                table.insert(key, Item::ArrayOfTables(ArrayOfTables::new()));
+            }
+        }
+    }
+    let (base, running) = (&base, &running);
     each_table(after.as_table_mut(), &mut |t| t.set_position(NEW));
     merge_table(
         doc.as_table_mut(),
@@ -42,6 +56,65 @@ pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, Merg
     );
     place_new_tables(doc.as_table_mut());
     Ok(doc.to_string())
+}
+
+/// The lists of the config that [`changed_only`] trims: those that grow with the array.
+const LISTS: [&str; 2] = ["device", "target"];
+
+/// `base` and `running` without the devices and targets they hold alike: the merge leaves an
+/// element the file holds and neither config names as the file has it, so it need not be
+/// rendered and compared. Saving one change to a file of thousands of devices then renders
+/// that change, not the file. A list the file writes in another form than `[[device]]` tables
+/// is not trimmed (the merge replaces it whole).
+fn changed_only(file: &DocumentMut, base: &Config, running: &Config) -> (Config, Config) {
+    let (mut trimmed_base, mut trimmed_running) = (base.clone(), running.clone());
+    let tables = |key: &str| file.get(key).is_none_or(Item::is_array_of_tables);
+    if tables("device") {
+        let changed = changed_names(&base.devices, &running.devices, |d| d.name.as_str());
+        trimmed_base
+            .devices
+            .retain(|d| changed.contains(d.name.as_str()));
+        trimmed_running
+            .devices
+            .retain(|d| changed.contains(d.name.as_str()));
+    }
+    if tables("target") {
+        let changed = changed_names(&base.targets, &running.targets, |t| t.iqn.as_str());
+        trimmed_base
+            .targets
+            .retain(|t| changed.contains(t.iqn.as_str()));
+        trimmed_running
+            .targets
+            .retain(|t| changed.contains(t.iqn.as_str()));
+    }
+    (trimmed_base, trimmed_running)
+}
+
+/// The names of the elements added, removed or changed from `was` to `now`.
+fn changed_names<'a, T: PartialEq>(
+    was: &'a [std::sync::Arc<T>],
+    now: &'a [std::sync::Arc<T>],
+    name: impl Fn(&'a T) -> &'a str,
+) -> std::collections::HashSet<&'a str> {
+    let index = |list: &'a [std::sync::Arc<T>]| -> HashMap<&'a str, &'a std::sync::Arc<T>> {
+        list.iter().map(|e| (name(e), e)).collect()
+    };
+    let (was_by, now_by) = (index(was), index(now));
+    let differs = |a: &std::sync::Arc<T>, b: Option<&&std::sync::Arc<T>>| {
+        b.is_none_or(|b| !(std::sync::Arc::ptr_eq(a, b) || **a == ***b))
+    };
+    let mut changed: std::collections::HashSet<&str> = was_by
+        .iter()
+        .filter(|(n, e)| differs(e, now_by.get(*n)))
+        .map(|(n, _)| *n)
+        .collect();
+    changed.extend(
+        now_by
+            .iter()
+            .filter(|(n, e)| differs(e, was_by.get(*n)))
+            .map(|(n, _)| *n),
+    );
+    changed
 }
 
 /// The position of a table the merge copies from the running config's rendering.
@@ -453,8 +526,9 @@ iqn = "iqn.2026-11.org.example:store1"
         let text = merge(&edited, &base, &running).unwrap();
         assert!(!text.contains("vm2"), "{text}");
         assert!(text.contains("max_sessions = 100"), "{text}");
-        // A device added to the running config brings the list into the merge, element by
-        // element: vm3 is added, and vm2, running and not in the file, is written back.
+        // A device added to the running config is added; vm2, which the running config did
+        // not change either, stays out as the file has it (a three-way merge: a change made
+        // on one side only stands), however much else of its list changed.
         let mut vm3 = crate::config::DeviceConfig::clone(&base.devices[0]);
         vm3.name = "vm3".into();
         vm3.serial = "vm3-serial".into();
@@ -462,7 +536,39 @@ iqn = "iqn.2026-11.org.example:store1"
         running.devices.push(vm3.into());
         let text = merge(&edited, &base, &running).unwrap();
         assert!(text.contains("\"vm3\""), "{text}");
-        assert!(text.contains("\"vm2\""), "{text}");
+        assert!(!text.contains("\"vm2\""), "{text}");
+    }
+
+    #[test]
+    fn every_device_and_target_removed_leaves_none_in_the_file() {
+        let base = parse(FILE);
+        let mut running = base.clone();
+        running.devices.clear();
+        running.targets.clear();
+        let text = merge(FILE, &base, &running).unwrap();
+        assert_eq!(parse(&text), running, "{text}");
+        assert!(
+            !text.contains("[[device]]") && !text.contains("iqn"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn devices_written_as_an_inline_list_are_saved_whole() {
+        let file = "device = [ { name = \"a\", store = \"ram\", size = \"16M\" },\n  \
+                    { name = \"b\", store = \"ram\", size = \"16M\" } ]\n";
+        let base = parse(file);
+        let mut running = base.clone();
+        let mut c = crate::config::DeviceConfig::clone(&base.devices[0]);
+        c.name = "c".into();
+        c.serial = "c-serial".into();
+        c.naa[7] ^= 0x55;
+        running.devices.push(c.into());
+        let text = merge(file, &base, &running).unwrap();
+        assert_eq!(parse(&text), running, "{text}");
+        running.devices.remove(0);
+        let again = merge(&text, &parse(&text), &running).unwrap();
+        assert_eq!(parse(&again), running, "{again}");
     }
 
     #[test]

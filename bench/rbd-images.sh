@@ -2,7 +2,9 @@
 # What idle RBD images cost a gateway pair: for each count N, two gateways (`serve --gateway
 # a|b`) of one config with N images as LUNs of one group, no host I/O; 15 s after both start,
 # the OSD's write, read and total operations per second over 10 s (its perf counters), and
-# each gateway's threads and RSS. One line per count.
+# each gateway's threads and RSS. Then gateway a, the owner of every image (it starts first),
+# is SIGKILLed, and the time until b owns the first image and every image is taken from b's
+# metrics (`ferrosan_gateway_owner`), polled every 100 ms. One line per count.
 #
 #   bench/rbd-images.sh BIN [COUNT...]     # default counts: 1 8 32
 #
@@ -26,6 +28,31 @@ export CEPH_CONF=$WORK/ceph/ceph.conf
 max=0
 for n in "${COUNTS[@]}"; do ((n > max)) && max=$n; done
 for ((i = 1; i <= max; i++)); do rbd create --size 16M "rbd/img$i"; done
+declare -A metrics
+# owned G: how many images gateway G's metrics say it owns.
+owned() {
+    python3 -c "
+import urllib.request
+text = urllib.request.urlopen('http://127.0.0.1:${metrics[$1]}/metrics', timeout=5).read().decode()
+print(sum(1 for l in text.splitlines() if l.startswith('ferrosan_gateway_owner{') and l.endswith(' 1')))"
+}
+# takeover N: SIGKILLs gateway a (owning all N images), then the seconds until b owns the
+# first image and all of them.
+takeover() {
+    local n=$1 first="" start now got
+    [[ $(owned a) == "$n" ]] || { echo "gateway a owns $(owned a) of $n images" >&2; exit 1; }
+    start=$(date +%s.%N)
+    kill -KILL "${PIDS[0]}"
+    while :; do
+        got=$(owned b)
+        now=$(date +%s.%N)
+        [[ -z $first && $got -gt 0 ]] && first=$(echo "$now - $start" | bc)
+        ((got == n)) && break
+        (($(echo "$now - $start > 300" | bc))) && { echo "b owns $got of $n after 300 s" >&2; exit 1; }
+        sleep 0.1
+    done
+    printf '; takeover after SIGKILL: first image %.1f s, all %.1f s' "$first" "$(echo "$now - $start" | bc)"
+}
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 ops() {
     ceph --admin-daemon "$WORK/ceph/run/ceph-osd.0.asok" perf dump |
@@ -46,8 +73,9 @@ for n in "${COUNTS[@]}"; do
     } >"$WORK/gw.toml"
     PIDS=()
     for g in a b; do
+        metrics[$g]=$(port)
         "$BIN" serve --config "$WORK/gw.toml" --gateway "$g" --control-socket "$WORK/$g.sock" \
-            >"$WORK/$g.log" 2>&1 &
+            --metrics-listen "127.0.0.1:${metrics[$g]}" >"$WORK/$g.log" 2>&1 &
         PIDS+=($!)
         sleep 6
     done
@@ -64,7 +92,8 @@ print('%s images: OSD writes %.1f/s, reads %.1f/s, ops %.1f/s' % (('$n',) + tupl
         line+="; gateway $([[ $k == 0 ]] && echo a || echo b): $(awk '/^Threads/{print $2}' "/proc/$pid/status") threads,"
         line+=" $(awk '/^VmRSS/{print $2}' "/proc/$pid/status") KiB RSS"
     done
+    line+=$(takeover "$n")
     echo "$line"
-    for pid in "${PIDS[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
     PIDS=()
 done

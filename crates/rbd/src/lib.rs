@@ -461,6 +461,21 @@ impl Drop for Cluster {
         // SAFETY: the handle is ours and every Pool/Image holds an Arc<Cluster>, so none is
         // still using it.
         unsafe { (self.api.rados_shutdown)(self.handle) }
+        give_back_freed_memory();
+    }
+}
+
+/// Hands the pages glibc's allocator holds free back to the kernel. A connection's dozen
+/// threads each allocate from an arena of their own, and what they free stays resident when
+/// they end: a gateway whose connection is replaced after every takeover grew ~160 KiB of RSS
+/// a takeover while its live heap stayed flat (heaptrack, 62 takeovers in 12 minutes, live
+/// heap 8.2-8.6 MiB throughout, anonymous RSS 30 -> 40 MiB; one `malloc_trim` gave back 6 MiB).
+/// Runs where a connection ends (a takeover, a removed device, a volume verb), not per I/O.
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own arenas under their locks.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

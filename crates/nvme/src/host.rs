@@ -39,7 +39,6 @@ impl From<Vec<u8>> for WriteData {
 }
 
 struct Outstanding {
-    cid: u16,
     /// Data still to send on the controller's R2T.
     data_out: WriteData,
     data_in: Vec<u8>,
@@ -55,7 +54,9 @@ pub struct HostQueue {
     maxh2cdata: u32,
     /// In-capsule data the controller takes (its IOCCSZ); 0 until the host learns it.
     pub in_capsule_max: u32,
-    outstanding: Vec<Outstanding>,
+    /// By command identifier: a deep queue's answers find theirs without a walk of the
+    /// others.
+    outstanding: std::collections::HashMap<u16, Outstanding>,
     /// Commands the controller completed with SUCCESS on their last C2HData PDU, without a
     /// response capsule (when this host disabled SQ flow control).
     pub successes_in_data: u64,
@@ -80,7 +81,7 @@ impl HostQueue {
             },
             maxh2cdata: 4096,
             in_capsule_max: 8192,
-            outstanding: Vec::new(),
+            outstanding: std::collections::HashMap::new(),
             successes_in_data: 0,
         }
     }
@@ -133,17 +134,20 @@ impl HostQueue {
         } else {
             capsule(&sqe, &[], digests, out);
         }
-        self.outstanding.push(Outstanding {
+        let earlier = self.outstanding.insert(
             cid,
-            data_out: if in_capsule {
-                WriteData::Owned(Vec::new())
-            } else {
-                data_out
+            Outstanding {
+                data_out: if in_capsule {
+                    WriteData::Owned(Vec::new())
+                } else {
+                    data_out
+                },
+                data_in: Vec::new(),
+                data_in_len: data_in_len as usize,
+                digest_failed: false,
             },
-            data_in: Vec::new(),
-            data_in_len: data_in_len as usize,
-            digest_failed: false,
-        });
+        );
+        debug_assert!(earlier.is_none(), "command {cid} sent while outstanding");
     }
 
     /// Takes every whole PDU at the start of `buf`: completions go to `done`, H2CData
@@ -211,11 +215,7 @@ impl HostQueue {
             }
             PduType::C2HData => {
                 let t = Transfer::parse(header).ok_or(bad(8))?;
-                let o = self
-                    .outstanding
-                    .iter_mut()
-                    .find(|o| o.cid == t.cccid)
-                    .ok_or(bad(8))?;
+                let o = self.outstanding.get_mut(&t.cccid).ok_or(bad(8))?;
                 if t.offset as usize != o.data_in.len()
                     || o.data_in.len() + data.len() > o.data_in_len
                 {
@@ -264,10 +264,9 @@ impl HostQueue {
     /// Ends outstanding command `cqe.cid` with `cqe`, or with Data Transfer Error if a data
     /// digest of its answer failed. False if no such command is outstanding.
     fn complete(&mut self, cqe: Cqe, done: &mut Vec<Done>) -> bool {
-        let Some(i) = self.outstanding.iter().position(|o| o.cid == cqe.cid) else {
+        let Some(o) = self.outstanding.remove(&cqe.cid) else {
             return false;
         };
-        let o = self.outstanding.swap_remove(i);
         let cqe = if o.digest_failed {
             Cqe {
                 status: Status::DATA_TRANSFER_ERROR,
@@ -285,14 +284,10 @@ impl HostQueue {
 
     /// The data an R2T asks for, in H2CData PDUs of at most MAXH2CDATA.
     fn send_data(&mut self, t: Transfer, out: &mut Vec<u8>) -> Result<(), Refusal> {
-        let o = self
-            .outstanding
-            .iter()
-            .find(|o| o.cid == t.cccid)
-            .ok_or(Refusal {
-                status: Fatal::InvalidHeaderField,
-                field: 8,
-            })?;
+        let o = self.outstanding.get(&t.cccid).ok_or(Refusal {
+            status: Fatal::InvalidHeaderField,
+            field: 8,
+        })?;
         let end = (t.offset as usize).saturating_add(t.len as usize);
         let data = o
             .data_out

@@ -575,11 +575,21 @@ fn cluster_away(cluster: &TestCluster, daemon: &Daemon) {
     // Not held behind the RBD LUN's commands, which wait for the 8 s op timeout.
     let held = Duration::from_secs(4);
     assert!(worst < held, "the RAM LUN answered in {worst:?} at worst");
-    let mut resumed = false;
-    wait_until("I/O resumes", Duration::from_secs(60), || {
-        resumed = write10(&mut c, 0, &[8u8; 4096]).0 == 0;
-        resumed
-    });
+    // A failure says whether the cluster itself served again (its placement groups can stay
+    // laggy for minutes after a freeze on a busy machine: see AWAY) and what the daemon saw.
+    let deadline = back + Duration::from_secs(60);
+    while write10(&mut c, 0, &[8u8; 4096]).0 != 0 {
+        if Instant::now() > deadline {
+            let said = daemon.output();
+            let tail: Vec<&str> = said.lines().rev().take(20).collect();
+            panic!(
+                "I/O did not resume within 60 s of the cluster's return\ncluster: {}\ndaemon, last lines:\n{}",
+                cluster.ceph(&["-s", "--connect-timeout", "10"]),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     eprintln!(
         "cluster away {AWAY:?}: write NOT READY after {took:?}, read after {read_took:?}, \
          RAM LUN at worst {worst:?}, I/O resumed {:?} after the cluster returned",

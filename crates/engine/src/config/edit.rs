@@ -70,24 +70,28 @@ fn changed_only(file: &DocumentMut, base: &Config, running: &Config) -> (Config,
     let (mut trimmed_base, mut trimmed_running) = (base.clone(), running.clone());
     let tables = |key: &str| file.get(key).is_none_or(Item::is_array_of_tables);
     if tables("device") {
-        let changed = changed_names(&base.devices, &running.devices, |d| d.name.as_str());
-        trimmed_base
-            .devices
-            .retain(|d| changed.contains(d.name.as_str()));
-        trimmed_running
-            .devices
-            .retain(|d| changed.contains(d.name.as_str()));
+        (trimmed_base.devices, trimmed_running.devices) =
+            keep_changed(&base.devices, &running.devices, |d| d.name.as_str());
     }
     if tables("target") {
-        let changed = changed_names(&base.targets, &running.targets, |t| t.iqn.as_str());
-        trimmed_base
-            .targets
-            .retain(|t| changed.contains(t.iqn.as_str()));
-        trimmed_running
-            .targets
-            .retain(|t| changed.contains(t.iqn.as_str()));
+        (trimmed_base.targets, trimmed_running.targets) =
+            keep_changed(&base.targets, &running.targets, |t| t.iqn.as_str());
     }
     (trimmed_base, trimmed_running)
+}
+
+/// The elements of `was` and of `now` whose name was added, removed or changed between them.
+fn keep_changed<T: PartialEq>(
+    was: &[std::sync::Arc<T>],
+    now: &[std::sync::Arc<T>],
+    name: impl Fn(&T) -> &str,
+) -> (Vec<std::sync::Arc<T>>, Vec<std::sync::Arc<T>>) {
+    let changed = changed_names(was, now, &name);
+    let keep = |list: &[std::sync::Arc<T>]| {
+        let kept = list.iter().filter(|e| changed.contains(name(e)));
+        kept.cloned().collect()
+    };
+    (keep(was), keep(now))
 }
 
 /// The names of the elements added, removed or changed from `was` to `now`.

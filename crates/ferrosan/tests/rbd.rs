@@ -1197,6 +1197,26 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
         "B took a live owner's image\n{}",
         b.output()
     );
+    // One heartbeat object per gateway and pool: A's names the image with its lock holder and
+    // moves; B, which owns nothing, vouches for nothing.
+    let beat = |gateway: &str| {
+        let object = format!("ferrosan.gateway_beat.{gateway}");
+        let text = cluster.rados(&["-p", "rbd", "get", &object, "/dev/stdout"]);
+        String::from_utf8_lossy(&text).into_owned()
+    };
+    let first_beat = beat("a");
+    assert!(
+        first_beat.starts_with("ferrosan gateway heartbeat 1\ncount ")
+            && first_beat.contains("\nauto\t"),
+        "{first_beat:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let second_beat = beat("a");
+    assert!(
+        second_beat != first_beat,
+        "A's heartbeat did not move: {second_beat:?}"
+    );
+    assert!(!beat("b").contains("auto\t"), "{:?}", beat("b"));
 
     // A hangs. The initiator's next write reaches A's socket, unread; B takes the image over
     // once the cluster stopped hearing from A, and writes the same block.

@@ -75,6 +75,8 @@ struct Api {
     rados_ioctx_create: unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int,
     rados_ioctx_destroy: unsafe extern "C" fn(IoctxT),
     rados_set_pool_full_try: unsafe extern "C" fn(IoctxT),
+    rados_write_full: unsafe extern "C" fn(IoctxT, *const c_char, *const c_char, usize) -> c_int,
+    rados_read: unsafe extern "C" fn(IoctxT, *const c_char, *mut c_char, usize, u64) -> c_int,
     rados_mon_command: unsafe extern "C" fn(
         RadosT,
         *mut *const c_char,
@@ -249,6 +251,8 @@ fn load() -> Result<Api, String> {
         rados_ioctx_create: sym!(rados, "rados_ioctx_create"),
         rados_ioctx_destroy: sym!(rados, "rados_ioctx_destroy"),
         rados_set_pool_full_try: sym!(rados, "rados_set_pool_full_try"),
+        rados_write_full: sym!(rados, "rados_write_full"),
+        rados_read: sym!(rados, "rados_read"),
         rados_mon_command: sym!(rados, "rados_mon_command"),
         rados_buffer_free: sym!(rados, "rados_buffer_free"),
         rbd_open: sym!(rbd, "rbd_open"),
@@ -633,8 +637,8 @@ pub struct Pool {
     cluster: Arc<Cluster>,
 }
 
-// SAFETY: an ioctx may be used from any thread (librados serialises internally); ferrosan
-// uses a pool from one control request at a time.
+// SAFETY: an ioctx may be used from any thread (librados serialises internally); its
+// settings (snapshot context, namespace) are never changed after it is made.
 unsafe impl Send for Pool {}
 unsafe impl Sync for Pool {}
 
@@ -662,6 +666,44 @@ impl Pool {
     /// The cluster the pool is of.
     pub fn cluster(&self) -> &Cluster {
         &self.cluster
+    }
+
+    /// Replaces object `object`'s data with `data` (one write; made if missing).
+    pub fn write_object(&self, object: &str, data: &[u8]) -> Result<(), Error> {
+        let object_c = cstring("object", object)?;
+        // SAFETY: a valid ioctx; `data` outlives the synchronous call.
+        let rc = unsafe {
+            (self.api.rados_write_full)(
+                self.ioctx,
+                object_c.as_ptr(),
+                data.as_ptr().cast(),
+                data.len(),
+            )
+        };
+        check(|| format!("writing {}/{object}", self.name), rc)
+    }
+
+    /// Object `object`'s first `max` bytes at most; None when it does not exist.
+    pub fn read_object(&self, object: &str, max: usize) -> Result<Option<Vec<u8>>, Error> {
+        let object_c = cstring("object", object)?;
+        let mut buf = vec![0u8; max];
+        // SAFETY: a valid ioctx; `buf` holds `max` bytes and outlives the synchronous call.
+        let rc = unsafe {
+            (self.api.rados_read)(
+                self.ioctx,
+                object_c.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+            )
+        };
+        if rc == -2 {
+            // ENOENT: no such object.
+            return Ok(None);
+        }
+        check(|| format!("reading {}/{object}", self.name), rc)?;
+        buf.truncate(rc as usize);
+        Ok(Some(buf))
     }
 
     /// Creates image `name` of `bytes` (librbd's default format, features and object size).

@@ -324,6 +324,13 @@ impl RbdStore {
         rbd::Image::open(&cluster, &self.spec.pool, &self.spec.image).map_err(io_error)
     }
 
+    /// The image's pool through the observer connection (see `cluster`): for the gateways'
+    /// own objects beside the images (their heartbeats), never for an image's data.
+    pub fn observer_pool(&self) -> io::Result<rbd::Pool> {
+        let cluster = cluster(&self.spec, true).map_err(io_error)?;
+        rbd::Pool::open(&cluster, &self.spec.pool).map_err(io_error)
+    }
+
     pub fn spec(&self) -> &RbdSpec {
         &self.spec
     }

@@ -95,6 +95,22 @@ impl TestCluster {
         }
     }
 
+    /// Runs `rados -c CONF ARGS`, which must succeed; its stdout.
+    pub fn rados(&self, args: &[&str]) -> Vec<u8> {
+        let out = Command::new("rados")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(args)
+            .output()
+            .expect("rados");
+        assert!(
+            out.status.success(),
+            "rados {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
     /// Runs `ceph -c CONF ARGS`, which must succeed; its stdout.
     pub fn ceph(&self, args: &[&str]) -> String {
         let out = Command::new("ceph")

@@ -1,7 +1,8 @@
 //! RBD gateways: several ferrosan daemons export one image, each as a target port group of the
 //! same target. The gateway that owns the image holds RBD's exclusive lock and is
 //! active/optimized; the others are active/non-optimized (they ship commands to the owner) or
-//! standby. The owner writes a heartbeat into the image's metadata every second; a non-owner
+//! standby. The owner's heartbeat (one object per gateway and pool, `beat`) names the images it
+//! owns and moves every second; a non-owner
 //! takes the image over by itself when the owner falls silent or the cluster stops hearing
 //! from its client (`policy`), breaking the owner's lock, which blocklists the owner's client
 //! in the cluster first: nothing the old owner still has in flight or sends later can land
@@ -10,10 +11,10 @@
 //! initiators follow); with `gateway_alua = "explicit"` an initiator's SET TARGET PORT GROUPS
 //! takes the image only from an owner that is not known to be alive.
 
+mod beat;
 mod policy;
 mod reservations;
 
-use policy::BEAT_INTERVAL;
 pub use reservations::{ImageReservations, RESERVATIONS_KEY};
 
 use crate::config::GATEWAYS_MAX;
@@ -34,9 +35,15 @@ use store::RbdStore;
 /// lock by that holder.
 pub const OWNER_KEY: &str = "ferrosan.alua_owner";
 
-/// The image metadata key the owner's heartbeat is written under (`HOLDER COUNT`, every
-/// [`BEAT_INTERVAL`], without librbd's header-update notice).
+/// The image metadata key a gateway of an earlier release writes its heartbeat for the image
+/// under (`HOLDER COUNT`): read when the owner writes no heartbeat object (`beat`).
 pub const HEARTBEAT_KEY: &str = "ferrosan.alua_heartbeat";
+
+pub use beat::BEAT_OBJECT_PREFIX;
+
+/// A data connection that never held the image's lock cannot have been fenced by a takeover;
+/// it is still probed every this many looks (an operator may blocklist any client).
+const FENCE_PROBE_EVERY: u64 = 10;
 
 /// errno of a blocklisted (fenced) client's calls.
 const ESHUTDOWN: i32 = 108;
@@ -107,6 +114,11 @@ pub struct ImageOwnership {
     /// The lock holder this gateway recorded with its name (its data connection, as librbd
     /// names it): what its heartbeat names.
     holder: Mutex<Option<String>>,
+    /// This gateway's heartbeat in the image's pool.
+    beat: Arc<beat::PoolBeat>,
+    /// The data connection may have held the image's lock since it was made: only then can a
+    /// takeover have fenced it, and it is probed for that at every look.
+    may_hold_lock: AtomicBool,
     /// `gateway_alua = "explicit"`.
     explicit: bool,
     /// How long the owner must be gone before this gateway, standby, takes the image over by
@@ -172,6 +184,12 @@ impl ImageOwnership {
                 format!("the gateway peer secret of {}: {e}", observer.name()),
             )
         })?;
+        let beat = beat::PoolBeat::of(&store, &gateways[me]).map_err(|e| {
+            super::OpenError::device(
+                format!("device {device}"),
+                format!("the gateway heartbeat in pool {}: {e}", store.spec().pool),
+            )
+        })?;
         let link = (!settings.standby).then(|| {
             crate::io::peer::PeerLink::new(
                 crate::io::peer::PeerRoute {
@@ -184,7 +202,9 @@ impl ImageOwnership {
                 metrics.gateway_shipping(device),
             )
         });
-        Ok(Arc::new(ImageOwnership {
+        let ownership = Arc::new(ImageOwnership {
+            beat,
+            may_hold_lock: AtomicBool::new(false),
             link,
             peer_secret,
             ship_floor: AtomicU64::new(0),
@@ -201,7 +221,9 @@ impl ImageOwnership {
             explicit: settings.explicit,
             takeover_after,
             metrics,
-        }))
+        });
+        ownership.beat.join(&ownership);
+        Ok(ownership)
     }
 
     fn owner_index(&self) -> Option<usize> {
@@ -266,59 +288,46 @@ impl ImageOwnership {
         };
         // Without librbd's header-update notice: it would wait for the fenced client's answer.
         image.put_metadata(OWNER_KEY, &value)?;
-        if let Some(holder) = &holder {
-            // The first heartbeat at once, not a beat interval later: an owner that dies
-            // before its first beat is judged by the cluster's watch alone (30 s by default;
-            // seen in tests/rbd.rs, an owner killed within a second of taking the image).
-            image.put_metadata(HEARTBEAT_KEY, &policy::beat_value(holder, 0))?;
-        }
         *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = holder;
         Ok(())
     }
 
-    /// The owner's heartbeat, every [`BEAT_INTERVAL`] on a thread of its own while this
-    /// gateway owns the image (through its data connection: a fenced owner's beat stops with
-    /// its writes); ends when the LU is gone. A non-owner that sees it stop takes the image.
-    fn beat(self: &Arc<Self>, lu: &Arc<LogicalUnit>) {
-        let me = Arc::clone(self);
-        let lu: Weak<LogicalUnit> = Arc::downgrade(lu);
-        let spawned = std::thread::Builder::new()
-            .name("ferrosan-beat".into())
-            .spawn(move || {
-                let mut count = 0u64;
-                let mut failing = false;
-                while lu.strong_count() > 0 {
-                    std::thread::sleep(BEAT_INTERVAL);
-                    if !me.owns_here() {
-                        continue;
-                    }
-                    let Some(holder) = me.beat_holder() else {
-                        continue;
-                    };
-                    count = count.wrapping_add(1);
-                    let value = policy::beat_value(&holder, count);
-                    let written = me
-                        .store
-                        .image()
-                        .and_then(|image| image.put_metadata(HEARTBEAT_KEY, &value));
-                    match written {
-                        Ok(()) => failing = false,
-                        Err(e) if !failing => {
-                            failing = true;
-                            tracing::warn!(device = %me.device, "cannot write this owner's heartbeat for {}: {e} (other gateways take the image over if it stays silent)", me.observer.name());
-                        }
-                        Err(_) => {}
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::error!(device = %self.device, "cannot start the owner's heartbeat: {e}");
-        }
+    /// Records this gateway as the owner here, and vouches for it in the heartbeat at once, not
+    /// a beat interval later: an owner that dies before its first beat would be judged by the
+    /// cluster's watch alone (30 s by default; seen in tests/rbd.rs, an owner killed within a
+    /// second of taking the image).
+    fn became_owner(&self) {
+        self.set_owner(Some(self.me));
+        // (A failure is logged by `publish`; the beat's thread writes again within a second.)
+        let _ = self.beat.publish();
     }
 
-    /// The lock holder this owner's heartbeat names: the one recorded, or, when the record had
-    /// none (the lock's owners were not one client at that moment), the one holding it now.
-    fn beat_holder(&self) -> Option<String> {
+    /// Takes the image's exclusive lock through the data connection.
+    fn lock(&self, image: &rbd::Image) -> Result<(), rbd::Error> {
+        self.may_hold_lock.store(true, Ordering::Release);
+        image.lock_exclusive()
+    }
+
+    /// The image's name in its pool.
+    fn image_name(&self) -> &str {
+        &self.store.spec().image
+    }
+
+    /// The lock holder the heartbeat vouches for: this gateway's, while it owns the image.
+    fn vouched_holder(&self) -> Option<String> {
+        if !self.owns_here() {
+            return None;
+        }
+        self.holder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// When the record named no holder (the lock's owners were not one client at that moment),
+    /// finds the one holding it now for the heartbeat to vouch for. On the image's own thread,
+    /// never the heartbeat's: a slow answer about one image must not hold up every beat.
+    fn find_holder(&self) {
         let mut holder = self.holder.lock().unwrap_or_else(|p| p.into_inner());
         if holder.is_none() {
             // Only a lock this connection holds: never a heartbeat in another client's name.
@@ -334,7 +343,6 @@ impl ImageOwnership {
                 *holder = Some(one.clone());
             }
         }
-        holder.clone()
     }
 
     /// Who owns the image now, as the cluster says: this gateway while it holds the lock,
@@ -369,6 +377,9 @@ impl ImageOwnership {
         let me = &self.gateways[self.me];
         // (Never this very connection: a lock it holds already is simply kept.)
         let mine = image.owns_exclusive_lock()?;
+        if mine {
+            self.may_hold_lock.store(true, Ordering::Release);
+        }
         let predecessor = match (
             recorded == Some(self.me),
             recorded_holder,
@@ -385,10 +396,10 @@ impl ImageOwnership {
         }
         if (holders.is_empty() || predecessor.is_some() || mine) && ours_or_nobodys {
             if !mine {
-                image.lock_exclusive()?;
+                self.lock(&image)?;
             }
             self.record_self(&image)?;
-            self.set_owner(Some(self.me));
+            self.became_owner();
             tracing::info!(device = %self.device, "gateway {me} owns {}", image.name());
         } else {
             let owner = self.observe()?;
@@ -407,7 +418,6 @@ impl ImageOwnership {
     /// Follows the owner every [`FOLLOW_INTERVAL`] on a thread of its own, raising ASYMMETRIC
     /// ACCESS STATE CHANGED when it moves; ends when the LU is gone.
     pub fn follow(self: &Arc<Self>, lu: &Arc<LogicalUnit>) {
-        self.beat(lu);
         let me = Arc::clone(self);
         let lu: Weak<LogicalUnit> = Arc::downgrade(lu);
         let spawned = std::thread::Builder::new()
@@ -415,8 +425,10 @@ impl ImageOwnership {
             .spawn(move || {
                 let mut vigil = OwnerVigil::new(me.takeover_after);
                 let mut sight = Sight::default();
+                let mut look = 0u64;
                 loop {
                 std::thread::sleep(FOLLOW_INTERVAL);
+                look = look.wrapping_add(1);
                 let Some(lu) = lu.upgrade() else {
                     return;
                 };
@@ -434,7 +446,7 @@ impl ImageOwnership {
                 // blocklisted; a new one makes it a standby that can take the image back.
                 let standby = observed.as_ref().is_ok_and(|owner| *owner != Some(me.me));
                 if standby {
-                    me.recover_if_fenced();
+                    me.recover_if_fenced(look);
                 }
                 match observed {
                     Ok(owner) => {
@@ -461,6 +473,9 @@ impl ImageOwnership {
                 if standby {
                     me.keep_vigil(&mut vigil, &lu);
                 } else {
+                    if me.owns_here() {
+                        me.find_holder();
+                    }
                     vigil.reset();
                     me.metrics.gateway_owner_silence(&me.device, Duration::ZERO);
                 }
@@ -599,7 +614,11 @@ impl ImageOwnership {
     }
 
     /// Replaces the data connection when the cluster refuses it (ESHUTDOWN: blocklisted).
-    fn recover_if_fenced(&self) {
+    /// `look` counts the follow loop's looks.
+    fn recover_if_fenced(&self, look: u64) {
+        if !self.may_hold_lock.load(Ordering::Acquire) && !look.is_multiple_of(FENCE_PROBE_EVERY) {
+            return;
+        }
         let probe = self
             .store
             .image()
@@ -609,6 +628,7 @@ impl ImageOwnership {
         }
         match self.store.reconnect() {
             Ok(()) => {
+                self.may_hold_lock.store(false, Ordering::Release);
                 self.metrics.gateway_fenced(&self.device);
                 tracing::warn!(device = %self.device, "this gateway was fenced (blocklisted) for {}: reconnected, standby", self.observer.name())
             }
@@ -630,7 +650,13 @@ impl ImageOwnership {
         let began = Instant::now();
         let looked = observer.lock_owners().and_then(|holders| {
             let seen = policy::judge(&holders, &observer.watchers()?);
-            Ok((seen, observer.metadata(HEARTBEAT_KEY)?))
+            let beat = match &seen {
+                policy::OwnerSeen::Present {
+                    holder: Some(holder),
+                } => self.heartbeat_of(holder)?,
+                _ => None,
+            };
+            Ok((seen, beat))
         });
         let (seen, beat) = match looked {
             Ok(looked) => looked,
@@ -669,6 +695,32 @@ impl ImageOwnership {
         }
     }
 
+    /// The heartbeat vouching for `holder` of this image (`HOLDER COUNT`), from the other
+    /// gateways' heartbeat objects. An owner whose heartbeat vouches for no holder of this
+    /// image (it cannot tell its own, or lost the image) gives a value that never moves: a
+    /// heartbeat that stopped. An owner that writes no heartbeat object (an earlier release)
+    /// is read from the image's own key.
+    fn heartbeat_of(&self, holder: &str) -> Result<Option<String>, rbd::Error> {
+        let owner = self.owner_index();
+        let mut owner_beats = false;
+        let peers = self
+            .gateways
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != self.me);
+        for (i, peer) in peers {
+            match self.beat.peer_says(peer, self.image_name(), holder)? {
+                beat::PeerSays::Beat(value) => return Ok(Some(value)),
+                beat::PeerSays::Silent if owner == Some(i) => owner_beats = true,
+                _ => {}
+            }
+        }
+        if owner_beats {
+            return Ok(Some(policy::beat_value(holder, "unvouched")));
+        }
+        self.observer.metadata(HEARTBEAT_KEY)
+    }
+
     fn log_doubt(&self, doubt: Doubt) {
         let after = self.takeover_after.as_secs();
         let image = self.observer.name();
@@ -701,9 +753,9 @@ impl ImageOwnership {
             image.break_lock(holder)?;
             tracing::warn!(device = %self.device, "fenced {holder}: blocklisted, its lock of {} broken", image.name());
         }
-        image.lock_exclusive()?;
+        self.lock(&image)?;
         self.record_self(&image)?;
-        self.set_owner(Some(self.me));
+        self.became_owner();
         tracing::warn!(device = %self.device, "gateway {} took {} over from its gone owner (active/optimized) in {} ms", self.gateways[self.me], image.name(), started.elapsed().as_millis());
         self.metrics.gateway_takeover(&self.device, "owner_gone");
         Ok(())
@@ -764,11 +816,11 @@ impl ImageOwnership {
                 image.break_lock(&holder).map_err(fail)?;
                 tracing::warn!(device = %self.device, "fenced {holder}: blocklisted, its lock of {} broken", image.name());
             }
-            image.lock_exclusive().map_err(fail)?;
+            self.lock(&image).map_err(fail)?;
         }
         let me = &self.gateways[self.me];
         self.record_self(&image).map_err(fail)?;
-        self.set_owner(Some(self.me));
+        self.became_owner();
         let (reason, by) = match asker {
             Asker::Initiator => ("initiator", "SET TARGET PORT GROUPS"),
             Asker::Operator => ("operator", "ctl device take"),

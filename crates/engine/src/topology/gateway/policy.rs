@@ -57,8 +57,8 @@ pub fn parse_owner(value: &str) -> Option<OwnerRecord<'_>> {
     })
 }
 
-/// The heartbeat the owner writes: its lock holder and a count, `HOLDER COUNT`.
-pub fn beat_value(holder: &str, count: u64) -> String {
+/// An owner's heartbeat for one image: its lock holder and a count, `HOLDER COUNT`.
+pub fn beat_value(holder: &str, count: impl std::fmt::Display) -> String {
     format!("{holder} {count}")
 }
 

@@ -102,10 +102,12 @@ impl Completed {
     }
 }
 
-/// The way back to the connection for a command finished on another thread.
+/// The way back to the connection for a command finished on another thread. Boxed: tokio
+/// allocates a channel's first block of 32 slots with the channel, and 32 of these inline
+/// were ~5.4 KiB of every idle connection (heaptrack, 2026-12-04).
 #[derive(Clone)]
 pub(super) struct Answers {
-    pub(super) completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+    pub(super) completions: tokio::sync::mpsc::UnboundedSender<Box<Completed>>,
     /// Raised with each answer, to end the worker's busy poll.
     pub(super) flag: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
@@ -113,7 +115,7 @@ pub(super) struct Answers {
 impl Answers {
     pub(super) fn send(&self, done: Completed) {
         // The connection may be gone by now; then nobody waits for the answer.
-        let _ = self.completions.send(done);
+        let _ = self.completions.send(Box::new(done));
         // End the worker's busy poll, if one runs: the answer is ready to go.
         if let Some(flag) = &self.flag {
             flag.store(true, std::sync::atomic::Ordering::Release);
@@ -333,7 +335,7 @@ impl<'s> Backend<'s> {
         shared: &'s Shared,
         topology: &Arc<Topology>,
         party: super::view::Party,
-        completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+        completions: tokio::sync::mpsc::UnboundedSender<Box<Completed>>,
     ) -> Backend<'s> {
         Backend {
             shared,
@@ -1436,7 +1438,12 @@ iqn = "iqn.2026-12.test:t"
   luns = [ { lun = 0, device = "d0" } ]
 "#;
 
-    fn backend(shared: &Shared) -> (Backend<'_>, tokio::sync::mpsc::UnboundedReceiver<Completed>) {
+    fn backend(
+        shared: &Shared,
+    ) -> (
+        Backend<'_>,
+        tokio::sync::mpsc::UnboundedReceiver<Box<Completed>>,
+    ) {
         super::super::testing::logged_in(shared, "iqn.2026-12.test:i", "iqn.2026-12.test:t")
     }
 

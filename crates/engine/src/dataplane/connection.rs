@@ -215,7 +215,7 @@ fn backend<'s>(
     topology: &Arc<Topology>,
     admitted: Admitted,
     established: &Established,
-    completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+    completions: tokio::sync::mpsc::UnboundedSender<Box<Completed>>,
 ) -> Backend<'s> {
     let party = Party {
         door: crate::admission::Door::Iscsi,

@@ -301,7 +301,7 @@ pub(super) async fn read_placed(
 struct Waits<'w> {
     life: Lifecycle,
     wakeups: Wakeups,
-    completed: &'w mut mpsc::UnboundedReceiver<Completed>,
+    completed: &'w mut mpsc::UnboundedReceiver<Box<Completed>>,
     told: &'w mut Told,
     /// The last wait ended with a receive batch's deadline.
     timed_out: bool,
@@ -336,7 +336,7 @@ enum Event {
 pub(super) async fn drive<D: Door>(
     door: &mut D,
     backend: &mut Backend<'_>,
-    completed: &mut mpsc::UnboundedReceiver<Completed>,
+    completed: &mut mpsc::UnboundedReceiver<Box<Completed>>,
     told: &mut Told,
     alarm: &mut Alarm,
 ) -> Result<(), Closed> {
@@ -491,7 +491,7 @@ async fn wait<D: Door>(
         tokio::select! {
             read = read => Event::Read(read),
             rung = alarm.rung() => Event::Rung(rung),
-            Some(done) = w.completed.recv() => Event::Completed(done),
+            Some(done) = w.completed.recv() => Event::Completed(*done),
             ready = ring_ready(&backend.ring), if ring_busy => Event::Ring(ready),
             drained = first_drained(&backend.tmf_waits), if !backend.tmf_waits.is_empty() => {
                 Event::Drained(drained)
@@ -600,7 +600,7 @@ fn burst<D: Door>(
         let Ok(done) = w.completed.try_recv() else {
             break;
         };
-        closing = door.completed(backend, done);
+        closing = door.completed(backend, *done);
     }
     closing
 }

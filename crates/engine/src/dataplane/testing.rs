@@ -110,7 +110,7 @@ pub(super) fn logged_in<'s>(
     target: &str,
 ) -> (
     super::backend::Backend<'s>,
-    tokio::sync::mpsc::UnboundedReceiver<super::backend::Completed>,
+    tokio::sync::mpsc::UnboundedReceiver<Box<super::backend::Completed>>,
 ) {
     let topology = shared.topology();
     let local = "127.0.0.1:3260".parse().expect("an address");

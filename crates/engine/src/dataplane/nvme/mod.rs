@@ -449,7 +449,7 @@ impl Driver {
         &self,
         shared: &'s Arc<Shared>,
         entry: &ControllerEntry,
-        completions: tokio::sync::mpsc::UnboundedSender<Completed>,
+        completions: tokio::sync::mpsc::UnboundedSender<Box<Completed>>,
     ) -> Backend<'s> {
         let topology = shared.topology();
         let party = Party {

@@ -422,70 +422,86 @@ impl ImageOwnership {
         let lu: Weak<LogicalUnit> = Arc::downgrade(lu);
         let spawned = std::thread::Builder::new()
             .name("ferrosan-alua".into())
-            .spawn(move || {
-                let mut vigil = OwnerVigil::new(me.takeover_after);
-                let mut sight = Sight::default();
-                let mut look = 0u64;
-                loop {
-                std::thread::sleep(FOLLOW_INTERVAL);
-                look = look.wrapping_add(1);
-                let Some(lu) = lu.upgrade() else {
-                    return;
-                };
-                // Registrations another gateway changed (through its PERSISTENT RESERVE OUT)
-                // are enforced here within a period.
-                lu.follow_shared_reservations();
-                let takes = me.takes.load(Ordering::Acquire);
-                let looked = Instant::now();
-                let observed = me.observe();
-                if takes % 2 == 1 || me.takes.load(Ordering::Acquire) != takes {
-                    // A takeover ran meanwhile: what was observed may predate it.
-                    continue;
-                }
-                // Fenced by another gateway's takeover: this gateway's data connection is
-                // blocklisted; a new one makes it a standby that can take the image back.
-                let standby = observed.as_ref().is_ok_and(|owner| *owner != Some(me.me));
-                if standby {
-                    me.recover_if_fenced(look);
-                }
-                match observed {
-                    Ok(owner) => {
-                        sight.seen();
-                        if me.set_owner(owner) {
-                            let name = owner.map_or("none", |i| me.gateways[i].as_str());
-                            tracing::warn!(device = %me.device, "owner of {} is now gateway {name}", me.observer.name());
-                            lu.access_state_changed(None);
-                        }
-                    }
-                    // Blocklisted (fenced), or the cluster unreachable for BLIND_GRACE: this
-                    // gateway cannot serve the image now; it is standby until the cluster says
-                    // otherwise. A shorter failure keeps the last view.
-                    Err(e) => {
-                        let fenced = e.errno() == Some(ESHUTDOWN);
-                        if !sight.failed(looked, Instant::now(), fenced) {
-                            tracing::debug!(device = %me.device, "cannot see who owns {} ({e}): keeping the last view for now", me.observer.name());
-                        } else if me.set_owner(None) {
-                            tracing::warn!(device = %me.device, "owner of {} unknown ({e}): standby", me.observer.name());
-                            lu.access_state_changed(None);
-                        }
-                    }
-                }
-                if standby {
-                    me.keep_vigil(&mut vigil, &lu);
-                } else {
-                    if me.owns_here() {
-                        me.find_holder();
-                    }
-                    vigil.reset();
-                    me.metrics.gateway_owner_silence(&me.device, Duration::ZERO);
-                }
-                if let Some(link) = &me.link {
-                    link.follow(me.owner_index().filter(|&o| o != me.me));
-                }
-                }
-            });
+            .spawn(move || me.follow_while(&lu));
         if let Err(e) = spawned {
             tracing::error!(device = %self.device, "cannot follow the image's owner: {e}");
+        }
+    }
+
+    /// The follow loop: a look every [`FOLLOW_INTERVAL`] while the LU lives.
+    fn follow_while(&self, lu: &Weak<LogicalUnit>) {
+        let mut vigil = OwnerVigil::new(self.takeover_after);
+        let mut sight = Sight::default();
+        let mut look = 0u64;
+        loop {
+            std::thread::sleep(FOLLOW_INTERVAL);
+            look = look.wrapping_add(1);
+            let Some(lu) = lu.upgrade() else {
+                return;
+            };
+            // Registrations another gateway changed (through its PERSISTENT RESERVE OUT)
+            // are enforced here within a period.
+            lu.follow_shared_reservations();
+            let takes = self.takes.load(Ordering::Acquire);
+            let looked = Instant::now();
+            let observed = self.observe();
+            if takes % 2 == 1 || self.takes.load(Ordering::Acquire) != takes {
+                // A takeover ran meanwhile: what was observed may predate it.
+                continue;
+            }
+            // Fenced by another gateway's takeover: this gateway's data connection is
+            // blocklisted; a new one makes it a standby that can take the image back.
+            let standby = observed.as_ref().is_ok_and(|owner| *owner != Some(self.me));
+            if standby {
+                self.recover_if_fenced(look);
+            }
+            self.note_observed(observed, &mut sight, looked, &lu);
+            if standby {
+                self.keep_vigil(&mut vigil, &lu);
+            } else {
+                if self.owns_here() {
+                    self.find_holder();
+                }
+                vigil.reset();
+                self.metrics
+                    .gateway_owner_silence(&self.device, Duration::ZERO);
+            }
+            if let Some(link) = &self.link {
+                link.follow(self.owner_index().filter(|&o| o != self.me));
+            }
+        }
+    }
+
+    /// Takes in a look at who owns the image (begun at `looked`), telling the LU's nexuses
+    /// when the owner changed.
+    fn note_observed(
+        &self,
+        observed: Result<Option<usize>, rbd::Error>,
+        sight: &mut Sight,
+        looked: Instant,
+        lu: &LogicalUnit,
+    ) {
+        match observed {
+            Ok(owner) => {
+                sight.seen();
+                if self.set_owner(owner) {
+                    let name = owner.map_or("none", |i| self.gateways[i].as_str());
+                    tracing::warn!(device = %self.device, "owner of {} is now gateway {name}", self.observer.name());
+                    lu.access_state_changed(None);
+                }
+            }
+            // Blocklisted (fenced), or the cluster unreachable for BLIND_GRACE: this gateway
+            // cannot serve the image now; it is standby until the cluster says otherwise. A
+            // shorter failure keeps the last view.
+            Err(e) => {
+                let fenced = e.errno() == Some(ESHUTDOWN);
+                if !sight.failed(looked, Instant::now(), fenced) {
+                    tracing::debug!(device = %self.device, "cannot see who owns {} ({e}): keeping the last view for now", self.observer.name());
+                } else if self.set_owner(None) {
+                    tracing::warn!(device = %self.device, "owner of {} unknown ({e}): standby", self.observer.name());
+                    lu.access_state_changed(None);
+                }
+            }
         }
     }
 }

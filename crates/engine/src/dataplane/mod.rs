@@ -26,9 +26,8 @@ mod wakeups;
 mod wire;
 
 /// The receive buffer of a connection that has not needed more, through either door
-/// (`recv.rs` has the policy): a login PDU, a Connect capsule or a few commands fit; an idle
-/// connection keeps no more resident.
-pub(crate) const RBUF_IDLE: usize = 4 * 1024;
+/// (`recv.rs` has the policy): a login PDU, a Connect capsule or a few commands fit.
+pub(crate) const RBUF_IDLE: usize = 16 * 1024;
 
 /// The least a connection's receive buffer grows to once a read has filled it (a deep
 /// queue's commands are waiting): 64 4 KiB writes fit, and are read in fewer calls.

@@ -97,34 +97,28 @@ impl TestCluster {
 
     /// Runs `rados -c CONF ARGS`, which must succeed; its stdout.
     pub fn rados(&self, args: &[&str]) -> Vec<u8> {
-        let out = Command::new("rados")
-            .arg("-c")
-            .arg(&self.conf)
-            .args(args)
-            .output()
-            .expect("rados");
-        assert!(
-            out.status.success(),
-            "rados {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
+        self.tool("rados", args)
     }
 
     /// Runs `ceph -c CONF ARGS`, which must succeed; its stdout.
     pub fn ceph(&self, args: &[&str]) -> String {
-        let out = Command::new("ceph")
+        String::from_utf8_lossy(&self.tool("ceph", args)).into_owned()
+    }
+
+    /// Runs one of Ceph's command-line tools on this cluster, which must succeed; its stdout.
+    fn tool(&self, tool: &str, args: &[&str]) -> Vec<u8> {
+        let out = Command::new(tool)
             .arg("-c")
             .arg(&self.conf)
             .args(args)
             .output()
-            .expect("ceph");
+            .unwrap_or_else(|e| panic!("{tool}: {e}"));
         assert!(
             out.status.success(),
-            "ceph {args:?}: {}",
+            "{tool} {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        out.stdout
     }
 
     /// The PID of a daemon of the cluster (`osd.0`, `mon.a`).

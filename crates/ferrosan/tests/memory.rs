@@ -1,6 +1,6 @@
 //! Memory per session, against the real daemon: a session that logged in and sends nothing
-//! holds a small receive buffer, not the full-size one (which every busy connection grows to),
-//! and a session whose buffer shrank while it idled still moves large PDUs intact.
+//! gives its receive buffer back (a busy connection grows it to the full size), and a session
+//! whose buffer was given back while it idled still moves large PDUs intact.
 
 mod common;
 
@@ -63,12 +63,14 @@ fn idle_sessions_hold_small_receive_buffers() {
     for (i, raw) in sessions.iter_mut().enumerate() {
         raw.ping(i as u32 + 1);
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // A housekeeping period (1 s) with nothing received gives the receive buffer back.
+    std::thread::sleep(Duration::from_millis(2300));
     let after = rss_kib(daemon.pid());
     let per_session = after.saturating_sub(before) / u64::from(SESSIONS);
-    // The full buffer is 256 KiB or more; the small one 16 KiB.
+    // The full buffer is 256 KiB or more, the small one 16 KiB; an idle session holds
+    // neither (21 KiB per session measured while it held the small one, 9 without).
     assert!(
-        per_session < 64,
+        per_session < 16,
         "{per_session} KiB of RSS per idle session ({before} KiB before {SESSIONS} sessions, {after} after)"
     );
     eprintln!("{per_session} KiB per idle session ({before} -> {after} KiB)");
@@ -94,7 +96,7 @@ fn a_session_whose_buffer_shrank_still_moves_large_pdus() {
             "round {round} read back"
         );
         itt += 1;
-        // Two idle ticks: the connection goes back to the small buffer.
+        // Two idle ticks: the connection gives its buffer back.
         std::thread::sleep(Duration::from_millis(2200));
     }
     // Everything written is still there.
@@ -105,13 +107,13 @@ fn a_session_whose_buffer_shrank_still_moves_large_pdus() {
     }
 }
 
-/// NVMe/TCP, by the same receive-buffer policy: an idle controller's queues hold the small
-/// buffer, and a queue whose buffer shrank while idle still moves large writes intact.
+/// NVMe/TCP, by the same receive-buffer policy: an idle controller's queues give their
+/// buffers back, and a queue whose buffer was given back still moves large writes intact.
 #[test]
 fn idle_nvme_controllers_hold_small_receive_buffers_and_still_move_large_writes() {
     use initiator::nvme::NvmeHost;
     const NQN: &str = "nqn.2024-01.dev.ferrosan:memory";
-    const CONTROLLERS: usize = 24;
+    const CONTROLLERS: usize = 32;
     let nvme_port = common::free_port();
     let listen = format!("127.0.0.1:{nvme_port}");
     let daemon = Daemon::start_with_args(
@@ -131,15 +133,17 @@ fn idle_nvme_controllers_hold_small_receive_buffers_and_still_move_large_writes(
     for h in &mut hosts {
         h.read(1, 0, 1, 512).expect("read");
     }
-    // Two ticks without input: every queue is back to the small buffer.
+    // Two ticks without input: every queue gave its buffer back.
     std::thread::sleep(Duration::from_millis(2300));
     let after = rss_kib(daemon.pid());
     let per_controller = after.saturating_sub(before) / CONTROLLERS as u64;
     eprintln!(
         "{per_controller} KiB per idle NVMe controller, two queues ({before} -> {after} KiB)"
     );
+    // Three queues: 54 KiB per controller measured while each held the small buffer, 36
+    // without (the rest is mostly each connection's task).
     assert!(
-        per_controller < 96,
+        per_controller < 46,
         "{per_controller} KiB of RSS per idle controller ({before} KiB before, {after} after)"
     );
     let h = &mut hosts[0];

@@ -310,6 +310,9 @@ struct Waits<'w> {
     /// later one, as a busy peer's ping moves on, would cost a timer system call a turn; an
     /// early ring finds nothing due and arms the next).
     door_due: Option<Instant>,
+    /// The last wait's input came to a connection holding no receive buffer: after its turn
+    /// the buffer goes back at once unless commands came (a ping's answer, say).
+    woke_empty: bool,
 }
 
 /// What woke a waiting session.
@@ -325,6 +328,8 @@ enum Woken {
 /// What the wait's select saw, handled once the select has let go of its borrows.
 enum Event {
     Read(std::io::Result<usize>),
+    /// The socket of a connection holding no receive buffer became readable.
+    Readable(std::io::Result<()>),
     Rung(std::io::Result<()>),
     Completed(Completed),
     Ring(std::io::Result<()>),
@@ -353,8 +358,13 @@ pub(super) async fn drive<D: Door>(
         timed_out: false,
         congested: false,
         door_due: None,
+        woke_empty: false,
     };
     door.look(backend);
+    // The buffer the login was read into goes back now unless something came behind it: an
+    // idle session wakes for nothing after its login.
+    let conn = door.conn();
+    conn.buf.give_back_if_empty(conn.stream.plain().is_some());
     let result = turns(door, backend, &mut w, alarm).await;
     w.wakeups.report();
     result
@@ -445,8 +455,12 @@ fn watch_budget(backend: &Backend<'_>, peer: SocketAddr, w: &mut Waits<'_>) {
 fn plan_wakeup<D: Door>(door: &mut D, w: &mut Waits<'_>, now: Instant) {
     let activity = door.take_activity();
     let brought = activity.commands > 0 || activity.other_pdus > 0;
+    let woke_empty = std::mem::take(&mut w.woke_empty);
     if activity.commands > 0 {
         w.life.worked(now);
+    } else if woke_empty {
+        let conn = door.conn();
+        conn.buf.give_back_if_empty(conn.stream.plain().is_some());
     }
     if brought || w.timed_out {
         let stream = &door.conn().stream;
@@ -478,18 +492,19 @@ async fn wait<D: Door>(
         let conn = door.conn();
         let tail = match w.congested {
             true => None,
-            false => Some(conn.buf.tail(stop)?),
+            false => Some(conn.buf.wait_tail(stop)?),
         };
         let stream = &mut conn.stream;
         let read = async {
             match tail {
-                Some(tail) => stream.read(tail).await,
+                Some(Some(tail)) => Event::Read(stream.read(tail).await),
+                Some(None) => Event::Readable(stream.socket().readable().await),
                 None => std::future::pending().await,
             }
         };
         let ring_busy = backend.ring.as_ref().is_some_and(|r| r.in_flight() > 0);
         tokio::select! {
-            read = read => Event::Read(read),
+            read = read => read,
             rung = alarm.rung() => Event::Rung(rung),
             Some(done) = w.completed.recv() => Event::Completed(*done),
             ready = ring_ready(&backend.ring), if ring_busy => Event::Ring(ready),
@@ -529,7 +544,17 @@ async fn handle<D: Door>(
             backend.close_reason = Some(Ended::Told(reason));
             return Ok(Woken::End);
         }
-        Event::Read(Err(e)) => return Err(Closed::Io(e)),
+        Event::Read(Err(e)) | Event::Readable(Err(e)) => return Err(Closed::Io(e)),
+        Event::Readable(Ok(())) => {
+            door.conn().buf.hold()?;
+            let stop = door.read_stop();
+            let conn = door.conn();
+            if !conn.buf.read_ready(&conn.stream, stop)? {
+                return Ok(Woken::End);
+            }
+            w.woke_empty = true;
+            false
+        }
         Event::Rung(rung) => {
             rung.map_err(Closed::timer)?;
             return rung_at(door, backend, w, batch).await;
@@ -653,7 +678,7 @@ async fn door_tick<D: Door>(
 }
 
 /// A housekeeping period after work: the counts reach the metrics, an idle receive buffer
-/// shrinks (looked at again each period while it is large), and a leaving session is checked
+/// is given back (looked at again each period while one is held), and a leaving session is checked
 /// (each period until it ends). False when the session ends.
 async fn housekeeping<D: Door>(
     door: &mut D,
@@ -661,13 +686,15 @@ async fn housekeeping<D: Door>(
     w: &mut Waits<'_>,
     now: Instant,
 ) -> Result<bool, Closed> {
-    door.conn().buf.shrink_if_idle();
+    let conn = door.conn();
+    let may_release = conn.stream.plain().is_some();
+    conn.buf.shrink_if_idle(may_release);
     w.wakeups.report();
     backend.meter.report_io();
     if w.life.leaving() && !leave(door, backend, &mut w.life, now).await? {
         return Ok(false);
     }
-    if door.conn().buf.is_large() || w.life.leaving() {
+    if door.conn().buf.shrinks_later(may_release) || w.life.leaving() {
         w.life.worked(now);
     }
     Ok(true)

@@ -1,21 +1,93 @@
 //! A connection's receive buffer: one policy for both doors. It starts at [`RBUF_IDLE`] (room
 //! for a login PDU or a Connect capsule and a few small commands), grows to its full size when
 //! a read fills it or a partial PDU does not fit (a deep queue's commands are waiting: they
-//! are read in fewer calls), and shrinks back after a tick with nothing received.
-//! Allocating the full size up front made every idle session pin it: once glibc serves blocks
-//! that large from its arenas a zeroed one is written whole, so resident — 192–233 KiB of RSS
-//! per idle iSCSI session measured, 24 KiB with this. A 4 KiB start saved 7 KiB more but made
-//! receive coalescing engage less for a pipelining initiator (docs/PERFORMANCE.md, *Cost as
-//! the array grows*).
+//! are read in fewer calls), and is given back after a housekeeping period with nothing
+//! received: an idle connection in the clear holds no buffer and waits for its socket to
+//! become readable, then takes the small one again. Allocating the full size up front made
+//! every idle session pin it: once glibc serves blocks that large from its arenas a zeroed one
+//! is written whole, so resident — 192–233 KiB of RSS per idle iSCSI session measured, 24 KiB
+//! with the small buffer kept. A 4 KiB start saved 7 KiB but made receive coalescing engage
+//! less for a pipelining initiator (docs/PERFORMANCE.md, *Cost as the array grows*); giving
+//! the buffer back only after a silent period leaves a busy connection's reads as they were.
+//! Through TLS the buffer is kept: OpenSSL may hold decrypted bytes the socket does not show.
 
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+
+use memmap2::MmapMut;
 use rustix::net::RecvFlags;
 
 use super::closed::Closed;
 use super::wire::Wire;
 use super::{RBUF_BUSY, RBUF_IDLE};
 
+/// Receive-buffer memory mapped from the kernel rather than taken from the heap: a page is
+/// resident only once something was received into it, and the pages leave the process when
+/// the buffer is given back, but for a thread's few spares (what is freed to glibc's heap
+/// stays resident: giving back heap buffers left the RSS of 48 idle sessions where it was).
+/// Empty: nothing mapped.
+#[derive(Default)]
+pub(super) struct Pages(Option<MmapMut>);
+
+/// Small buffers a thread keeps once given back, for the next connection that needs one: an
+/// idle session answering a ping takes one and gives it back without a system call (mapping
+/// and unmapping one per ping cost 1,000 idle sessions 4 ms of CPU a second more).
+const SPARE_PER_THREAD: usize = 8;
+
+thread_local! {
+    static SPARE: RefCell<Vec<Pages>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Pages {
+    /// A small buffer ([`RBUF_IDLE`]), a spare one of this thread's if it has one.
+    fn small() -> Option<Pages> {
+        SPARE
+            .with_borrow_mut(Vec::pop)
+            .or_else(|| Pages::zeroed(RBUF_IDLE))
+    }
+
+    /// Gives the memory back: a small buffer to this thread's spares while they are few, any
+    /// other to the kernel.
+    fn give_back(self) {
+        if self.len() == RBUF_IDLE {
+            SPARE.with_borrow_mut(|spare| {
+                if spare.len() < SPARE_PER_THREAD {
+                    spare.push(self);
+                }
+            });
+        }
+    }
+
+    /// `len` zeroed bytes; None when the kernel refuses the mapping (logged).
+    fn zeroed(len: usize) -> Option<Pages> {
+        match MmapMut::map_anon(len) {
+            Ok(map) => Some(Pages(Some(map))),
+            Err(e) => {
+                tracing::warn!("cannot map a receive buffer of {len} bytes: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Deref for Pages {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or_default()
+    }
+}
+
+impl DerefMut for Pages {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            Some(map) => map,
+            None => &mut [],
+        }
+    }
+}
+
 pub(super) struct RecvBuf {
-    buf: Vec<u8>,
+    buf: Pages,
     /// The first byte not handled yet.
     start: usize,
     /// The end of what was received.
@@ -32,7 +104,7 @@ impl RecvBuf {
     pub(super) fn new(largest_pdu: usize) -> RecvBuf {
         let full = largest_pdu.saturating_mul(2).max(RBUF_BUSY);
         RecvBuf {
-            buf: vec![0; RBUF_IDLE],
+            buf: Pages::small().unwrap_or_default(),
             start: 0,
             end: 0,
             full,
@@ -94,11 +166,11 @@ impl RecvBuf {
 
     /// The buffer itself, lent to commands that read their data where it lies; given back
     /// with [`RecvBuf::restore`] before anything is read into it.
-    pub(super) fn lend(&mut self) -> Vec<u8> {
+    pub(super) fn lend(&mut self) -> Pages {
         std::mem::take(&mut self.buf)
     }
 
-    pub(super) fn restore(&mut self, buf: Vec<u8>) {
+    pub(super) fn restore(&mut self, buf: Pages) {
         debug_assert!(self.buf.is_empty() && buf.len() >= self.end);
         self.buf = buf;
     }
@@ -136,28 +208,92 @@ impl RecvBuf {
     }
 
     fn grow_if_full(&mut self) {
-        if self.end == self.buf.len() && self.buf.len() < self.full {
-            self.buf.resize(self.full, 0);
+        if self.end == self.buf.len() && !self.buf.is_empty() && self.buf.len() < self.full {
+            // Left as it is when the kernel refuses: reads go on in smaller pieces.
+            if let Some(mut bigger) = Pages::zeroed(self.full) {
+                bigger[..self.end].copy_from_slice(&self.buf[..self.end]);
+                std::mem::replace(&mut self.buf, bigger).give_back();
+            }
         }
     }
 
-    /// Whether it grew past the small buffer (housekeeping looks again until it shrinks).
-    pub(super) fn is_large(&self) -> bool {
-        self.buf.len() > RBUF_IDLE
+    /// Whether it holds a buffer.
+    pub(super) fn holds(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
+    /// Whether housekeeping should look again: until a buffer that `may_release` is given
+    /// back, or a large one is small again.
+    pub(super) fn shrinks_later(&self, may_release: bool) -> bool {
+        self.buf.len() > RBUF_IDLE || (may_release && self.holds())
     }
 
     /// At housekeeping: a connection that received nothing since the last and holds no
-    /// partial PDU goes back to the small buffer.
-    pub(super) fn shrink_if_idle(&mut self) {
-        if !self.received && self.start == self.end && self.buf.len() > RBUF_IDLE {
-            self.buf = vec![0; RBUF_IDLE];
-            self.clear();
+    /// partial PDU gives its buffer back when it `may_release` it (a socket in the clear),
+    /// else goes back to the small one.
+    pub(super) fn shrink_if_idle(&mut self, may_release: bool) {
+        if !self.received && self.start == self.end {
+            if may_release {
+                self.give_back_if_empty(true);
+            } else if self.buf.len() > RBUF_IDLE {
+                self.buf = Pages::small().unwrap_or_default();
+                self.clear();
+            }
         }
         self.received = false;
     }
 
+    /// Gives the buffer back at once when nothing is pending and it `may_release` it.
+    pub(super) fn give_back_if_empty(&mut self, may_release: bool) {
+        if may_release && self.start == self.end {
+            std::mem::take(&mut self.buf).give_back();
+            self.clear();
+        }
+    }
+
+    /// Takes the small buffer again if it was given back.
+    pub(super) fn hold(&mut self) -> Result<(), Closed> {
+        if self.buf.is_empty() {
+            debug_assert_eq!(self.end, 0, "bytes pending in a buffer given back");
+            self.buf = Pages::small().ok_or(Closed::Limit("no memory to receive into"))?;
+            self.clear();
+        }
+        Ok(())
+    }
+
+    /// The free tail up to `stop` for a wait on the socket; None when the buffer was given
+    /// back (the wait is for readability, then [`RecvBuf::read_ready`]).
+    pub(super) fn wait_tail(&mut self, stop: usize) -> Result<Option<&mut [u8]>, Closed> {
+        if self.buf.is_empty() {
+            return Ok(None);
+        }
+        self.tail(stop).map(Some)
+    }
+
+    /// The socket of a connection whose buffer was given back became readable and the buffer
+    /// was taken again ([`RecvBuf::hold`]): reads what is there, up to the door's `stop`;
+    /// false at the end of the stream. A stale readiness reads nothing (tokio clears it, so
+    /// the next wait sleeps).
+    pub(super) fn read_ready(&mut self, stream: &Wire, stop: usize) -> Result<bool, Closed> {
+        let Some(socket) = stream.plain() else {
+            // Never given back through TLS; were it, the next wait reads through OpenSSL.
+            debug_assert!(false, "a receive buffer given back under TLS");
+            return Ok(true);
+        };
+        match socket.try_read(self.tail(stop)?) {
+            Ok(0) => Ok(false),
+            Ok(n) => {
+                self.received(n);
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(true),
+            Err(e) => Err(Closed::Io(e)),
+        }
+    }
+
     /// Reads at least one byte (room made first); the end of the stream is a close.
     pub(super) async fn fill(&mut self, stream: &mut Wire) -> Result<(), Closed> {
+        self.hold()?;
         self.make_room();
         let full = self.buf.len();
         match stream.read(self.tail(full)?).await {
@@ -176,6 +312,7 @@ impl RecvBuf {
         let Some(socket) = stream.plain() else {
             return Ok(true);
         };
+        self.hold()?;
         let full = self.buf.len();
         let Ok(tail) = self.tail(full) else {
             return Ok(true);
@@ -236,22 +373,56 @@ mod tests {
 
     #[test]
     fn a_second_without_input_shrinks_an_empty_buffer_but_never_one_holding_a_partial_pdu() {
+        for may_release in [false, true] {
+            let mut b = RecvBuf::new(1 << 20);
+            receive(&mut b, &[0; RBUF_IDLE]);
+            b.consume(RBUF_IDLE - 1);
+            b.shrink_if_idle(may_release);
+            b.shrink_if_idle(may_release);
+            assert!(b.capacity() > RBUF_IDLE, "a partial PDU keeps the buffer");
+            receive(&mut b, &[0; 9]);
+            b.consume(10);
+            b.shrink_if_idle(may_release);
+            assert!(
+                b.capacity() > RBUF_IDLE,
+                "input in the last second keeps it"
+            );
+            b.shrink_if_idle(may_release);
+            let idle = if may_release { 0 } else { RBUF_IDLE };
+            assert_eq!((b.capacity(), b.holds()), (idle, !may_release));
+            assert!(b.pending().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_buffer_given_back_stays_empty_until_input_comes() {
         let mut b = RecvBuf::new(1 << 20);
-        receive(&mut b, &[0; RBUF_IDLE]);
-        b.consume(RBUF_IDLE - 1);
-        b.shrink_if_idle();
-        b.shrink_if_idle();
-        assert!(b.capacity() > RBUF_IDLE, "a partial PDU keeps the buffer");
-        receive(&mut b, &[0; 9]);
-        b.consume(10);
-        b.shrink_if_idle();
+        b.shrink_if_idle(true);
+        assert!(!b.holds());
+        // The turn's bookkeeping does not grow it back.
+        b.make_room();
+        assert_eq!(b.capacity(), 0);
         assert!(
-            b.capacity() > RBUF_IDLE,
-            "input in the last second keeps it"
+            b.wait_tail(0).expect("no error").is_none(),
+            "wait on readiness"
         );
-        b.shrink_if_idle();
+        // Input takes the small buffer again, and a full read grows it as before.
+        b.hold().expect("mapped");
         assert_eq!(b.capacity(), RBUF_IDLE);
-        assert!(b.pending().is_empty());
+        assert_eq!(
+            b.wait_tail(RBUF_IDLE).expect("room").map(|t| t.len()),
+            Some(RBUF_IDLE)
+        );
+        receive(&mut b, &[3; RBUF_IDLE]);
+        assert_eq!(b.capacity(), 2 << 20);
+        // Never with input pending, nor through TLS.
+        b.give_back_if_empty(true);
+        assert!(b.holds(), "pending input keeps it");
+        b.consume(RBUF_IDLE);
+        b.give_back_if_empty(false);
+        assert!(b.holds(), "TLS keeps it");
+        b.give_back_if_empty(true);
+        assert!(!b.holds());
     }
 
     #[test]

@@ -14,7 +14,7 @@ DEV=${DEV:?set DEV to a file with real data (not sparse) on the disk under test}
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
 WORKLOADS=${WORKLOADS:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16}
-BIN=$ROOT/target/release/ferrosan
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan
 FIO=$("$ROOT/bench/fio-libiscsi.sh")
 [[ -x $BIN ]] || (cd "$ROOT" && cargo build --release -q -p ferrosan)
 WORK=$(mktemp -d /tmp/bench-vs-fio.XXXXXX)

@@ -36,7 +36,7 @@
 #                    1: tgt's own default, WCE=1 (rdwr writes stay in the page cache). The aio
 #                    store ignores WCE: it writes O_DIRECT and never flushes.
 #   WRITE_OK=1       required when DEV is a block device and a selected workload writes
-#   FERROSAN         ferrosan binary (default $FERROSAN_BIN, else target/release/ferrosan; this
+#   FERROSAN         ferrosan binary (default $FERROSAN_BIN, else release/ferrosan under the cargo target directory; this
 #                    script never builds it)
 #   CLIENT           fio (default) or bench: the client for every row. bench is ferrosan's own
 #                    (`ferrosan bench`: 1 µs of client CPU per I/O where fio's libiscsi engine
@@ -94,7 +94,7 @@ TGT_WCE=${TGT_WCE:-0}
 WRITE_OK=${WRITE_OK:-0}
 CLIENT=${CLIENT:-fio}
 OUT=${OUT:-$ROOT/bench/results}
-FERROSAN=${FERROSAN:-${FERROSAN_BIN:-$ROOT/target/release/ferrosan}}
+FERROSAN=${FERROSAN:-${FERROSAN_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan}}
 
 # ------------------------------------------------------------------ checks
 [[ -n $DEV ]] || die "set DEV=/path/to/file-or-device (see the header of $0)"

@@ -22,7 +22,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ROUNDS=${ROUNDS:-2}
 RUNTIME=${RUNTIME:-10}
 WORKLOADS=${WORKLOADS:-randread-4k-qd32}
-BIN=$ROOT/target/release/ferrosan
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan
 VARIANTS=${VARIANTS:-gateway:$BIN:}
 if [[ $VARIANTS == "gateway:$BIN:" && ! -x $BIN ]]; then
     (cd "$ROOT" && cargo build --release -q -p ferrosan)

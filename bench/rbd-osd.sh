@@ -22,7 +22,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PATHS=${PATHS:-librbd wc librbd wc}
 FIO=$("$ROOT/bench/fio-libiscsi.sh")
-BIN=$ROOT/target/release/ferrosan
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan
 [[ -x $BIN ]] || (cd "$ROOT" && cargo build --release -q -p ferrosan)
 (($(nproc) >= 2)) || { echo "needs 2 CPUs" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/bench-rbd-osd.XXXXXX)

@@ -18,7 +18,7 @@ ROUNDS=${ROUNDS:-2}
 WORKLOADS=${WORKLOADS:-randread-4k-qd1,randread-4k-qd64}
 RUNTIME=${RUNTIME:-5}
 SIZE=${SIZE:-256M}
-BIN=${FERROSAN_BIN:-$ROOT/target/release/ferrosan}
+BIN=${FERROSAN_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan}
 [[ -x $BIN ]] || (cd "$ROOT" && cargo build --release -q -p ferrosan)
 FIO=$("$ROOT/bench/fio-libiscsi.sh")
 WORK=$(mktemp -d /tmp/bench-rbd-shipping.XXXXXX)

@@ -40,7 +40,7 @@ IMAGE_GIB=${IMAGE_GIB:-2}
 WORKLOADS=${WORKLOADS:-randread-4k-qd32,randwrite-4k-qd32,read-1m-qd16,write-1m-qd16}
 POOL=${POOL:-rbd}
 IMAGE=ferrosan-bench-$$
-BIN=$ROOT/target/release/ferrosan
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan
 FIO=$("$ROOT/bench/fio-libiscsi.sh")
 [[ -x $BIN ]] || (cd "$ROOT" && cargo build --release -q -p ferrosan)
 WORK=$(mktemp -d /tmp/bench-rbd.XXXXXX)

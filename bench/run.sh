@@ -25,7 +25,7 @@ done
 if [[ -z ${FERROSAN_BIN:-} ]]; then
     echo "[bench] building: cargo build --release -p ferrosan" >&2
     cargo build --release -p ferrosan >&2
-    FERROSAN_BIN=$ROOT/target/release/ferrosan
+    FERROSAN_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan
 fi
 
 FIO_ARGS=()

@@ -19,7 +19,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [[ -n ${FERROSAN_BIN:-} ]]; then
   BIN=$FERROSAN_BIN
 else
-  BIN=$ROOT/target/release/ferrosan
+  BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan
   (cd "$ROOT" && cargo build --release -q)
 fi
 case $(stat -f -c %T "$DIR") in tmpfs|ramfs) echo "$DIR is $(stat -f -c %T "$DIR"): use a disk filesystem" >&2; exit 2;; esac

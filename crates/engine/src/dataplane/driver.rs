@@ -72,6 +72,18 @@ impl Conn {
         }
         self.stream.send(&mut self.out, self.peer).await
     }
+
+    /// Whether the receive buffer may be given back while idle: only in the clear (through
+    /// TLS, OpenSSL may hold decrypted bytes the socket does not show).
+    fn may_give_back(&self) -> bool {
+        self.stream.plain().is_some()
+    }
+
+    /// Gives the receive buffer back now if nothing is pending and the stream allows it.
+    fn give_back_if_empty(&mut self) {
+        let may = self.may_give_back();
+        self.buf.give_back_if_empty(may);
+    }
 }
 
 /// What a turn of input did.
@@ -363,8 +375,7 @@ pub(super) async fn drive<D: Door>(
     door.look(backend);
     // The buffer the login was read into goes back now unless something came behind it: an
     // idle session wakes for nothing after its login.
-    let conn = door.conn();
-    conn.buf.give_back_if_empty(conn.stream.plain().is_some());
+    door.conn().give_back_if_empty();
     let result = turns(door, backend, &mut w, alarm).await;
     w.wakeups.report();
     result
@@ -459,8 +470,7 @@ fn plan_wakeup<D: Door>(door: &mut D, w: &mut Waits<'_>, now: Instant) {
     if activity.commands > 0 {
         w.life.worked(now);
     } else if woke_empty {
-        let conn = door.conn();
-        conn.buf.give_back_if_empty(conn.stream.plain().is_some());
+        door.conn().give_back_if_empty();
     }
     if brought || w.timed_out {
         let stream = &door.conn().stream;
@@ -687,7 +697,7 @@ async fn housekeeping<D: Door>(
     now: Instant,
 ) -> Result<bool, Closed> {
     let conn = door.conn();
-    let may_release = conn.stream.plain().is_some();
+    let may_release = conn.may_give_back();
     conn.buf.shrink_if_idle(may_release);
     w.wakeups.report();
     backend.meter.report_io();

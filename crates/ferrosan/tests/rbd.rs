@@ -451,18 +451,31 @@ fn cluster_full(cluster: &TestCluster, c: &mut Client, first: &[u8]) {
         cluster.ceph(&["osd", "set-full-ratio", full]);
     };
     ratios("0.005", "0.008", "0.01");
+    let mut flagged = 0;
     wait_until(
         "the monitors flag the pool full",
         Duration::from_secs(60),
         || {
             let dump = cluster.ceph(&["osd", "dump", "--format", "json"]);
             let dump: serde_json::Value = serde_json::from_str(&dump).expect("osd dump");
+            flagged = dump["epoch"].as_u64().expect("epoch");
             dump["pools"].as_array().expect("pools").iter().any(|p| {
                 p["pool_name"] == "quota"
                     && p["flags_names"]
                         .as_str()
                         .is_some_and(|f| f.contains("full"))
             })
+        },
+    );
+    // The OSD refuses only once it has the map that flags the pool: on a loaded machine that
+    // map reaches it seconds after the monitors made it.
+    wait_until(
+        "the OSD has the map that flags the pool full",
+        Duration::from_secs(60),
+        || {
+            let status = cluster.ceph(&["tell", "osd.0", "status"]);
+            let status: serde_json::Value = serde_json::from_str(&status).expect("osd status");
+            status["newest_map"].as_u64().is_some_and(|e| e >= flagged)
         },
     );
     // Each try on an object never written (4 MiB each, from the image's end down), as the

@@ -481,7 +481,7 @@ impl Backend<'_> {
         tokio::task::spawn_blocking(move || {
             // A reset was draining the LU at hand-over: wait here (never on the worker) until
             // it is done, then run.
-            let _hold = match hold {
+            let hold = match hold {
                 Some(Ok(guard)) => Some(guard),
                 Some(Err(in_flight)) => Some(in_flight.begin_blocking(nexus.id)),
                 None => None,
@@ -496,6 +496,10 @@ impl Backend<'_> {
             if let (Some(stalls), Some(probe)) = (stalls, probe) {
                 probe.finish(&stalls, command.data_out.len());
             }
+            // The command's effect is settled: the LU lets go of it before the answer leaves,
+            // so the budget the answer gives back never admits a command while this one still
+            // counts (the session orders its own answers and task management replies).
+            drop(hold);
             let held = (started, held_bytes, command.data_out.len());
             answers.send(Completed::answering(
                 command,

@@ -106,7 +106,8 @@ impl Server {
             *shared
                 .file_base
                 .get_mut()
-                .unwrap_or_else(|e| e.into_inner()) = Some(config.clone());
+                .unwrap_or_else(|e| e.into_inner()) =
+                Some(crate::config::edit::FileBase::loaded(config.clone()));
         }
         shared.source = source;
         shared.listening = listening;

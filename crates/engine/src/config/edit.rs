@@ -29,13 +29,70 @@ pub enum MergeError {
     Render(toml_edit::TomlError),
 }
 
+/// The config file as this daemon last loaded or wrote it: the base of the next save's merge.
+#[derive(Debug)]
+pub struct FileBase {
+    /// The config the file holds.
+    pub config: Config,
+    /// The text this daemon last wrote into the file, and the document it rendered that text
+    /// from. A save that finds the file still holding that text edits this document instead of
+    /// parsing the file, and what it writes loads as the running config it merged (the one
+    /// renderer wrote every part that differs): at thousands of devices the parse and the
+    /// load were most of a save's time, and neither grows with the change.
+    written: Option<Written>,
+}
+
+#[derive(Debug)]
+struct Written {
+    text: String,
+    doc: DocumentMut,
+}
+
+impl FileBase {
+    /// The config a file held when the daemon read it (at start, on a reload).
+    pub fn loaded(config: Config) -> FileBase {
+        FileBase {
+            config,
+            written: None,
+        }
+    }
+
+    /// The file after a save: `config` in `text`, rendered from `doc`.
+    pub fn written(config: Config, text: String, doc: DocumentMut) -> FileBase {
+        FileBase {
+            config,
+            written: Some(Written { text, doc }),
+        }
+    }
+
+    /// The document of the file whose text is `now`, and whether it is the text this daemon
+    /// last wrote (its own document, not parsed again). The document is taken: a save that
+    /// fails after editing it leaves a base that parses the file next time.
+    pub fn document(&mut self, now: &str) -> Result<(DocumentMut, bool), MergeError> {
+        match self.written.take() {
+            Some(w) if w.text == now => Ok((w.doc, true)),
+            _ => Ok((now.parse().map_err(MergeError::FileNotToml)?, false)),
+        }
+    }
+}
+
 /// The text of `file` with the changes from `base` to `running` applied.
 pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, MergeError> {
     let mut doc: DocumentMut = file.parse().map_err(MergeError::FileNotToml)?;
+    merge_into(&mut doc, base, running)?;
+    Ok(doc.to_string())
+}
+
+/// `doc`, a config file's document, with the changes from `base` to `running` made in it.
+pub fn merge_into(
+    doc: &mut DocumentMut,
+    base: &Config,
+    running: &Config,
+) -> Result<(), MergeError> {
     let render = |c: &Config| -> Result<DocumentMut, MergeError> {
         c.to_toml_with_secrets().parse().map_err(MergeError::Render)
     };
-    let (base, running) = changed_only(&doc, base, running);
+    let (base, running) = changed_only(doc, base, running);
     let (mut before, mut after) = (render(&base)?, render(&running)?);
     for key in LISTS {
         // A list trimmed to nothing on one side still has its changes to make.
@@ -55,7 +112,7 @@ pub fn merge(file: &str, base: &Config, running: &Config) -> Result<String, Merg
         Some((base, running)),
     );
     place_new_tables(doc.as_table_mut());
-    Ok(doc.to_string())
+    Ok(())
 }
 
 /// The lists of the config that [`changed_only`] trims: those that grow with the array.

@@ -742,8 +742,7 @@ fn save_running(shared: &Shared, _lock: &reload::ApplyLock) -> Result<PathBuf, S
     // overrides do not reach it: the merge never writes `[server]` (`config::edit`).
     let config = shared.config_to_keep();
     let mut base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
-    let saved = reload::save_config(path, base.as_ref(), &config)?;
-    *base = Some(saved);
+    reload::save_config(path, &mut base, &config)?;
     shared.unsaved.clear();
     Ok(path.to_path_buf())
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{ReloadError, SaveError};
+use crate::config::edit::FileBase;
 use crate::config::{Config, ConfigSource, DeviceConfig, Invalid, NodeName};
 use crate::shared::Shared;
 use crate::topology::{Before, OpenDevice, OpenDevices, Topology};
@@ -317,7 +318,7 @@ pub fn reload_file(
         .map(|out| out.device.name)
         .collect();
     shared.forget_left_out(&names);
-    *shared.file_base.lock().unwrap_or_else(|e| e.into_inner()) = Some(base);
+    *shared.file_base.lock().unwrap_or_else(|e| e.into_inner()) = Some(FileBase::loaded(base));
     // The file is what runs now: what was unsaved is gone (discarded, or there was none).
     shared.unsaved.clear();
     Ok(applied)
@@ -332,7 +333,7 @@ pub fn unsaved_changes(shared: &Shared, _lock: &ApplyLock) -> Vec<String> {
         return listed;
     }
     let base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(base) = base.as_ref() else {
+    let Some(base) = base.as_ref().map(|b| &b.config) else {
         return listed;
     };
     let mut running = shared.config_to_keep();
@@ -681,39 +682,70 @@ fn close_when_idle(name: String, device: Arc<OpenDevice>) {
 }
 
 /// Saves `running` into the config file at `path` (a symlink is followed): the file is
-/// edited where `running` differs from `base`, the config it last held (`config::edit`), so
-/// comments, order, units, `secret_file` references and edits made to it meanwhile stay; a
-/// missing file is written whole. The previous file is kept as `NAME.bak`. Written atomically
-/// (a temporary file in the same directory, fsynced, renamed over it, the directory fsynced):
-/// a crash leaves the old file or the new one. Returns the config the file now holds.
+/// edited where `running` differs from `base`, the file as this daemon last loaded or wrote
+/// it (`config::edit`), so comments, order, units, `secret_file` references and edits made to
+/// it meanwhile stay; a missing file is written whole. What is written is checked to load
+/// first; the previous file is kept as `NAME.bak`. Written atomically (a temporary file in the
+/// same directory, fsynced, renamed over it, the directory fsynced): a crash leaves the old
+/// file or the new one. `base` becomes the file as saved; a failed save leaves it the file's.
 pub fn save_config(
     path: &Path,
-    base: Option<&Config>,
+    base: &mut Option<FileBase>,
     running: &Config,
-) -> Result<Config, SaveError> {
+) -> Result<(), SaveError> {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let text = match std::fs::read_to_string(&path) {
-        Ok(old) => {
-            let loaded;
-            let base = match base {
-                Some(b) => b,
-                None => {
-                    loaded = Config::from_toml_str(&old, &path.display().to_string())
-                        .map_err(SaveError::FileInvalid)?;
-                    &loaded
-                }
-            };
-            let text = crate::config::edit::merge(&old, base, running)?;
-            keep_backup(&path, &old)?;
-            text
+    let name = path.display().to_string();
+    let old = match std::fs::read_to_string(&path) {
+        Ok(old) => old,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let text = running.to_toml_with_secrets();
+            let saved = Config::from_toml_str(&text, &name).map_err(SaveError::WouldNotLoad)?;
+            write_atomically(&path, &text, saved.has_inline_secrets())?;
+            *base = Some(FileBase::loaded(saved));
+            return Ok(());
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => running.to_toml_with_secrets(),
         Err(e) => return Err(SaveError::io(&path)(e)),
     };
-    let saved = Config::from_toml_str(&text, &path.display().to_string())
-        .map_err(SaveError::WouldNotLoad)?;
+    let was = match base {
+        Some(was) => was,
+        None => base.insert(FileBase::loaded(
+            Config::from_toml_str(&old, &name).map_err(SaveError::FileInvalid)?,
+        )),
+    };
+    let (mut doc, ours) = was.document(&old)?;
+    crate::config::edit::merge_into(&mut doc, &was.config, running)?;
+    let text = doc.to_string();
+    let saved = if ours {
+        debug_check_own_save(&old, &text, &was.config, running);
+        running.clone()
+    } else {
+        Config::from_toml_str(&text, &name).map_err(SaveError::WouldNotLoad)?
+    };
+    keep_backup(&path, &old)?;
     write_atomically(&path, &text, saved.has_inline_secrets())?;
-    Ok(saved)
+    *base = Some(FileBase::written(saved, text, doc));
+    Ok(())
+}
+
+/// Debug builds: a save into this daemon's own document writes what merging into the file's
+/// text parsed again writes, and that text loads as the running config.
+fn debug_check_own_save(old: &str, text: &str, base: &Config, running: &Config) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let again = crate::config::edit::merge(old, base, running).expect("the file merges");
+    assert_eq!(
+        again, text,
+        "the kept document and the file's text merge alike"
+    );
+    let mut loaded = Config::from_toml_str(text, "saved").expect("a save of its own text loads");
+    // `[server]` is never written: the file keeps its own, the daemon runs with overrides.
+    loaded.server = running.server.clone();
+    assert_eq!(
+        loaded.to_toml_with_secrets(),
+        running.to_toml_with_secrets(),
+        "the saved text loads as the running config"
+    );
 }
 
 /// `NAME.bak` beside `path`, with the file's previous text (and no wider mode than it had).
@@ -779,8 +811,9 @@ iqn = "iqn.2026-11.test:t"
         std::sync::Arc::make_mut(&mut running.targets[0]).groups[0]
             .luns
             .retain(|m| m.lun == 0);
-        let saved = save_config(&link, Some(&base), &running).unwrap();
-        assert_eq!(saved, running);
+        let mut file = Some(FileBase::loaded(base));
+        save_config(&link, &mut file, &running).unwrap();
+        assert_eq!(file.map(|f| f.config), Some(running.clone()));
         assert!(std::fs::symlink_metadata(&link)
             .unwrap()
             .file_type()
@@ -796,6 +829,45 @@ iqn = "iqn.2026-11.test:t"
             std::fs::metadata(&real).unwrap().permissions().mode() & 0o777,
             0o640
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `config` with a copy of its RAM device `a` named `name` (its own NAA and serial).
+    fn with_device(config: &Config, name: &str, tag: u8) -> Config {
+        let mut next = config.clone();
+        let mut device = (*next.devices[0]).clone();
+        assert_eq!(device.name, "a");
+        device.name = name.into();
+        device.serial = name.into();
+        *device.naa.last_mut().unwrap() ^= tag;
+        next.devices.push(Arc::new(device));
+        next
+    }
+
+    /// Saves in a row edit the document the last one wrote (the file still holds its text),
+    /// and an edit made to the file in between is parsed, merged and kept.
+    #[test]
+    fn saves_in_a_row_edit_their_own_document_and_keep_edits_made_between() {
+        let dir = std::env::temp_dir().join(format!("ferrosan-saves-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ferrosan.toml");
+        std::fs::write(&path, format!("# hand-written\n{BASE}")).unwrap();
+        let one = with_device(&config(BASE), "one", 1);
+        let mut file = Some(FileBase::loaded(config(BASE)));
+        save_config(&path, &mut file, &one).unwrap();
+        let two = with_device(&one, "two", 2);
+        save_config(&path, &mut file, &two).unwrap();
+        let now = std::fs::read_to_string(&path).unwrap();
+        assert!(now.starts_with("# hand-written\n"), "{now}");
+        assert_eq!(config(&now), two);
+        std::fs::write(&path, format!("{now}# added by hand\n")).unwrap();
+        let three = with_device(&two, "three", 3);
+        save_config(&path, &mut file, &three).unwrap();
+        let now = std::fs::read_to_string(&path).unwrap();
+        assert!(now.contains("# added by hand"), "{now}");
+        assert_eq!(config(&now), three);
+        assert_eq!(file.map(|f| f.config), Some(config(&now)));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

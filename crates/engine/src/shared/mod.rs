@@ -51,7 +51,7 @@ pub struct Shared {
     pub source: ConfigSource,
     /// The config as its file last held it (loaded or saved by this daemon): the base of the
     /// merge that saves the running config into the file (`config::edit`).
-    pub file_base: Mutex<Option<Config>>,
+    pub file_base: Mutex<Option<crate::config::edit::FileBase>>,
     /// RBD devices started without (their cluster unreachable): retried until they open,
     /// kept in a saved config meanwhile (`crate::topology::left_out`).
     left_out: Mutex<Vec<LeftOut>>,

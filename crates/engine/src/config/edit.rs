@@ -157,6 +157,19 @@ fn changed_names<'a, T: PartialEq>(
     now: &'a [std::sync::Arc<T>],
     name: impl Fn(&'a T) -> &'a str,
 ) -> std::collections::HashSet<&'a str> {
+    // The lists' common ends (the same elements, which a verb that adds, removes or edits one
+    // leaves in place) are passed over by pointer; names are unique in each list, so none of
+    // them is also in the rest, which is matched by name.
+    let same = |(a, b): (&std::sync::Arc<T>, &std::sync::Arc<T>)| std::sync::Arc::ptr_eq(a, b);
+    let head = was.iter().zip(now).take_while(|&p| same(p)).count();
+    let (was, now) = (&was[head..], &now[head..]);
+    let tail = was
+        .iter()
+        .rev()
+        .zip(now.iter().rev())
+        .take_while(|&p| same(p))
+        .count();
+    let (was, now) = (&was[..was.len() - tail], &now[..now.len() - tail]);
     let index = |list: &'a [std::sync::Arc<T>]| -> HashMap<&'a str, &'a std::sync::Arc<T>> {
         list.iter().map(|e| (name(e), e)).collect()
     };
@@ -323,9 +336,15 @@ fn merge_table(
     }
 }
 
-/// The identity of an element (its name, IQN or tag) as rendered.
+/// The identity of an element (its name, IQN or tag): the value, however the text spells it
+/// (`'vm1'` and `"vm1"`, `0x1` and `1` are one element), and without rendering it.
 fn identity(table: &Table, key: Option<&str>) -> Option<String> {
-    key.and_then(|k| table.get(k)).map(bare)
+    let item = table.get(key?)?;
+    Some(match item.as_value() {
+        Some(toml_edit::Value::String(s)) => s.value().clone(),
+        Some(toml_edit::Value::Integer(i)) => i.value().to_string(),
+        _ => bare(item),
+    })
 }
 
 fn merge_array(
@@ -505,6 +524,40 @@ iqn = "iqn.2026-11.org.example:store1"
         // Nothing spelled out that was not written before.
         assert!(!text.contains("serial"), "{text}");
         assert!(!text.contains("block_size"), "{text}");
+    }
+
+    /// An element is found by its name's value, however the file spells the string (`'vm2'`,
+    /// `"vm2"`, `"""vm2"""`), and by its tag's value (`0x1`, `1`).
+    #[test]
+    fn elements_are_matched_by_value_not_by_spelling() {
+        let file = FILE
+            .replace("name = \"vm2\"", "name = 'vm2'")
+            .replace("name = \"all\"", "name = \"\"\"all\"\"\"")
+            .replace("tag = 1", "tag = 0x1");
+        let base = parse(&file);
+        let mut running = base.clone();
+        let vm2 = std::sync::Arc::make_mut(&mut running.devices[1]);
+        assert_eq!(vm2.name, "vm2");
+        vm2.read_only = true;
+        std::sync::Arc::make_mut(&mut running.targets[0]).groups[0]
+            .luns
+            .push(super::super::LunMapping {
+                lun: 1,
+                device: "vm2".into(),
+                read_only: false,
+            });
+        running.portal_groups[0]
+            .listen
+            .push("127.0.0.2:3260".parse().unwrap());
+        let text = merge(&file, &base, &running).unwrap();
+        assert_eq!(parse(&text), running, "{text}");
+        for once in [
+            "[[device]]\nname = 'vm2'",
+            "name = \"\"\"all\"\"\"",
+            "tag = 0x1",
+        ] {
+            assert_eq!(text.matches(once).count(), 1, "{once:?}:\n{text}");
+        }
     }
 
     #[test]

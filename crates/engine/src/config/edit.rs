@@ -111,8 +111,55 @@ pub fn merge_into(
         after.as_table(),
         Some((base, running)),
     );
+    drop_empty_lists(doc.as_table_mut());
     place_new_tables(doc.as_table_mut());
+    order_keys_as_parsed(doc.as_table_mut());
     Ok(())
+}
+
+/// Orders each table's keys as parsing its text would: its values first (written under its
+/// header), then its tables and lists of tables by where the first header of each stands.
+/// The text follows the positions, not the key order, but `place_new_tables` walks the keys in
+/// order: a document kept for the next save must walk as the parse of its text does (a list
+/// whose first element was removed may now come after a key it used to precede).
+fn order_keys_as_parsed(table: &mut Table) {
+    for (_, item) in table.iter_mut() {
+        match item {
+            Item::Table(t) => order_keys_as_parsed(t),
+            Item::ArrayOfTables(list) => list.iter_mut().for_each(order_keys_as_parsed),
+            _ => {}
+        }
+    }
+    table.sort_values_by(|_, a, _, b| first_header(a).cmp(&first_header(b)));
+}
+
+/// The position of the first header under `item` (its own or a descendant's); None for a value
+/// or a dotted table, which are written with the values.
+fn first_header(item: &Item) -> Option<usize> {
+    fn under(t: &Table) -> Option<usize> {
+        let own = t.position().filter(|_| !t.is_implicit());
+        let children = t.iter().filter_map(|(_, item)| first_header(item)).min();
+        own.into_iter().chain(children).min()
+    }
+    match item {
+        Item::Table(t) if !t.is_dotted() => under(t),
+        Item::ArrayOfTables(list) => list.iter().filter_map(under).min(),
+        _ => None,
+    }
+}
+
+/// Takes out the lists of tables the merge emptied. They write nothing, so the text parsed
+/// again has no such key; a document kept for the next save must hold what that parse would
+/// (a list filled again then goes where the parse puts a new key: at the end).
+fn drop_empty_lists(table: &mut Table) {
+    table.retain(|_, item| !matches!(item, Item::ArrayOfTables(list) if list.is_empty()));
+    for (_, item) in table.iter_mut() {
+        match item {
+            Item::Table(t) => drop_empty_lists(t),
+            Item::ArrayOfTables(list) => list.iter_mut().for_each(drop_empty_lists),
+            _ => {}
+        }
+    }
 }
 
 /// The lists of the config that [`changed_only`] trims: those that grow with the array.
@@ -1059,12 +1106,16 @@ iqn = "iqn.2026-11.test:t2"
             let first = model.clone();
             let mut base = parse(&file);
             assert!(base == parse(&model.text(false)), "case {case}: {file}");
+            // The document a daemon keeps between saves (`FileBase`), edited in place.
+            let mut kept: DocumentMut = file.parse().unwrap();
             for save in 0..3 {
                 for _ in 0..1 + rng.below(4) {
                     model.edit(&mut rng);
                 }
                 let running = parse(&model.text(false));
                 let text = merge(&file, &base, &running).unwrap();
+                merge_into(&mut kept, &base, &running).unwrap();
+                assert_eq!(kept.to_string(), text, "case {case}, save {save}: kept");
                 let saved = Config::from_toml_str(&text, "test")
                     .unwrap_or_else(|e| panic!("case {case}, save {save}: {e}\n{text}"));
                 assert!(

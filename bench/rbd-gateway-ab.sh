@@ -35,30 +35,7 @@ rbd create --size 1G rbd/ab
 rbd bench --io-type write --io-size 4M --io-threads 4 --io-total 1G --io-pattern seq rbd/ab >/dev/null
 PORT=$(free_port)
 METRICS=$(free_port)
-cat >"$WORK/gw.toml" <<CONFIG
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:$PORT"]
-gateway = "a"
-
-[[portal_group]]
-tag = 2
-listen = ["127.0.0.1:$(free_port)"]
-gateway = "b"
-
-[[device]]
-name = "ab"
-store = "rbd"
-image = "rbd/ab"
-ceph_conf = "$CEPH_CONF"
-
-[[target]]
-iqn = "iqn.2026-12.org.ferrosan:ab"
-  [[target.group]]
-  name = "g"
-  any_initiator = true
-  luns = [ { lun = 0, device = "ab" } ]
-CONFIG
+gateways_config iqn.2026-12.org.ferrosan:ab rbd/ab "$CEPH_CONF" "$PORT" "$(free_port)" >"$WORK/gw.toml"
 OUT=bench/results/rbd-gateway-ab-$(date +%Y-%m-%d-%H%M).txt
 {
     echo "# bench/rbd-gateway-ab.sh $(date -u +%FT%TZ): A=$A B=$B rounds=$ROUNDS workloads=$WORKLOADS"

@@ -463,11 +463,13 @@ fn cluster_full(cluster: &TestCluster, c: &mut Client, first: &[u8]) {
             let dump = cluster.ceph(&["osd", "dump", "--format", "json"]);
             let dump: serde_json::Value = serde_json::from_str(&dump).expect("osd dump");
             flagged = dump["epoch"].as_u64().expect("epoch");
+            // The flag itself: "nearfull" and "backfillfull", which the monitors may raise
+            // an epoch or more before it, contain the word.
             dump["pools"].as_array().expect("pools").iter().any(|p| {
                 p["pool_name"] == "quota"
                     && p["flags_names"]
                         .as_str()
-                        .is_some_and(|f| f.contains("full"))
+                        .is_some_and(|f| f.split(',').any(|flag| flag == "full"))
             })
         },
     );

@@ -712,18 +712,18 @@ pub fn save_config(
             Config::from_toml_str(&old, &name).map_err(SaveError::FileInvalid)?,
         )),
     };
-    let (mut doc, ours) = was.document(&old)?;
-    crate::config::edit::merge_into(&mut doc, &was.config, running)?;
-    let text = doc.to_string();
-    let saved = if ours {
-        debug_check_own_save(&old, &text, &was.config, running);
+    let (mut doc, layout) = was.document(&old)?;
+    let kept = layout.as_ref().map(|layout| (old.as_str(), layout));
+    let rendered = crate::config::edit::merge_into(&mut doc, kept, &was.config, running)?;
+    let saved = if layout.is_some() {
+        debug_check_own_save(&old, &rendered.text, &was.config, running);
         running.clone()
     } else {
-        Config::from_toml_str(&text, &name).map_err(SaveError::WouldNotLoad)?
+        Config::from_toml_str(&rendered.text, &name).map_err(SaveError::WouldNotLoad)?
     };
     keep_backup(&path, &old)?;
-    write_atomically(&path, &text, saved.has_inline_secrets())?;
-    *base = Some(FileBase::written(saved, text, doc));
+    write_atomically(&path, &rendered.text, saved.has_inline_secrets())?;
+    *base = Some(FileBase::written(saved, rendered, doc));
     Ok(())
 }
 

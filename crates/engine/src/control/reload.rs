@@ -823,8 +823,13 @@ iqn = "iqn.2026-11.test:t"
             .luns
             .retain(|m| m.lun == 0);
         let mut file = Some(FileBase::loaded(base));
+        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let was = inode(&real);
         save_config(&link, &mut file, &running).unwrap();
         assert_eq!(file.map(|f| f.config), Some(running.clone()));
+        // The file the save replaced is the backup, not a copy of its text.
+        assert_eq!(inode(&dir.join("real/ferrosan.toml.bak")), was);
+        assert_ne!(inode(&real), was);
         assert!(std::fs::symlink_metadata(&link)
             .unwrap()
             .file_type()

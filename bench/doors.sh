@@ -9,6 +9,7 @@
 #   WORKLOADS  comma-separated `ferrosan bench` ids (default: randread-4k-qd1,
 #              randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64)
 #   LUN_DIR=DIR  a 1 GiB file LUN in DIR instead of a RAM LUN (removed after)
+#   CLIENT=BIN2  run `ferrosan bench` from BIN2 (another build's client against BIN's daemon)
 # Results: bench/results/doors-DATE.txt.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,6 +20,7 @@ source scripts/lib/common.sh
 
 BIN=${1:?usage: bench/doors.sh BIN [ROUNDS] [WORKLOADS]}
 ROUNDS=${2:-3}
+CLIENT=${CLIENT:-$BIN}
 WORKLOADS=${3:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64}
 IQN=iqn.2026-11.org.ferrosan:doors
 NQN=nqn.2026-11.org.ferrosan:doors
@@ -45,8 +47,8 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 OUT=bench/results/doors-$(date +%Y-%m-%d-%H%M).txt
 {
-    echo "# bench/doors.sh $(date -u +%FT%TZ): bin=$BIN rounds=$ROUNDS lun=$lun"
-    echo "# round door workload iops cpu_us_per_io"
+    echo "# bench/doors.sh $(date -u +%FT%TZ): bin=$BIN client=$CLIENT rounds=$ROUNDS lun=$lun"
+    echo "# round door workload iops cpu_us_per_io client_cpu_us_per_io"
 } >"$OUT"
 url() { # DOOR
     if [[ $1 == iscsi ]]; then echo "iscsi://127.0.0.1:$PORT/$IQN/0"; else echo "nvme+tcp://127.0.0.1:$NVME_PORT/$NQN/1"; fi
@@ -59,7 +61,7 @@ for round in $(seq "$ROUNDS"); do
         for door in "${doors[@]}"; do
             res=$WORK/$door-$round-$w
             before=$(ticks "$PID")
-            "$BIN" bench --destructive --only "$w" --ramp 0 --runtime 5 --out "$res" "$(url "$door")" \
+            "$CLIENT" bench --destructive --only "$w" --ramp 0 --runtime 5 --out "$res" "$(url "$door")" \
                 >"$WORK/bench.log" 2>&1 || die "ferrosan bench failed on $door ($w): $(tail -3 "$WORK/bench.log")"
             after=$(ticks "$PID")
             python3 bench/side_by_side.py row "$res/results.json" "$round" "$door" "$w" \

@@ -2,10 +2,12 @@
 """Rows and medians of the side-by-side bench scripts (bench/doors.sh, bench/tls.sh).
 
   side_by_side.py row RESULTS.json ROUND LABEL WORKLOAD TICKS HZ
-      one line "ROUND LABEL WORKLOAD IOPS CPU_US_PER_IO" from a `ferrosan bench` run and the
-      daemon's CPU ticks over it; fails on a run with no rows or with I/O errors
+      one line "ROUND LABEL WORKLOAD IOPS CPU_US_PER_IO CLIENT_CPU_US_PER_IO" from a
+      `ferrosan bench` run and the daemon's CPU ticks over it (the client's as the bench
+      measured it, "-" when it did not); fails on a run with no rows or with I/O errors
   side_by_side.py summary FILE A B
-      per workload, the medians of A and B (IOPS, B/A, the daemon's CPU per I/O)
+      per workload, the medians of A and B (IOPS, B/A, the daemon's and the client's CPU
+      per I/O)
 """
 import json
 import statistics
@@ -22,7 +24,9 @@ def row(path, rnd, label, workload, ticks, hz):
         sys.exit(f"{label} {workload}: {r['errors']} I/O errors")
     ios = r["iops"] * results["runtime_s"]
     cpu_us = int(ticks) / int(hz) * 1e6
-    print(f"{rnd} {label} {workload} {r['iops']:.0f} {cpu_us / ios:.2f}")
+    client = r.get("client_cpu_us_per_io")
+    client = "-" if client is None else f"{client:.2f}"
+    print(f"{rnd} {label} {workload} {r['iops']:.0f} {cpu_us / ios:.2f} {client}")
 
 
 def summary(path, a, b):
@@ -31,8 +35,11 @@ def summary(path, a, b):
         def med(label, col):
             return statistics.median(float(r[col]) for r in rows if r[1] == label and r[2] == w)
         ratio = med(b, 3) / med(a, 3)
-        print(f"# {w}: iops {a} {med(a, 3):.0f} {b} {med(b, 3):.0f} ({b}/{a} {ratio:.3f}); "
-              f"daemon cpu us/io {a} {med(a, 4):.2f} {b} {med(b, 4):.2f}")
+        line = (f"# {w}: iops {a} {med(a, 3):.0f} {b} {med(b, 3):.0f} ({b}/{a} {ratio:.3f}); "
+                f"daemon cpu us/io {a} {med(a, 4):.2f} {b} {med(b, 4):.2f}")
+        if all(len(r) > 5 and r[5] != "-" for r in rows if r[2] == w):
+            line += f"; client cpu us/io {a} {med(a, 5):.2f} {b} {med(b, 5):.2f}"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ HZ=$(getconf CLK_TCK)
 OUT=bench/results/tls-$(date +%Y-%m-%d-%H%M).txt
 {
     echo "# bench/tls.sh $(date -u +%FT%TZ): bin=$BIN rounds=$ROUNDS lun=ram:1G"
-    echo "# round wire workload iops cpu_us_per_io"
+    echo "# round wire workload iops cpu_us_per_io client_cpu_us_per_io"
 } >"$OUT"
 url() { # WIRE
     if [[ $1 == plain ]]; then echo "nvme+tcp://127.0.0.1:$PORT/$NQN-plain/1"; else echo "nvme+tcp://127.0.0.1:$PORT/$NQN/1?tls"; fi

@@ -34,8 +34,10 @@ use crate::shared::Shared;
 
 /// I/O queues one controller may have (a host asks for one per CPU; more share the workers).
 pub(crate) const IO_QUEUES_MAX: u16 = 8;
-/// In-capsule data a command may carry: a 4 KiB or 8 KiB write then needs no R2T round trip.
-pub(crate) const IN_CAPSULE_BYTES: u32 = 8192;
+/// In-capsule data a command may carry (IOCCSZ): a write up to 64 KiB goes with its command,
+/// as an iSCSI write within the default FirstBurstLength goes as immediate data, with no R2T
+/// round trip and no H2CData PDUs.
+pub(crate) const IN_CAPSULE_BYTES: u32 = 64 * 1024;
 /// The longest keep-alive timeout a host may ask for: an hour.
 pub(crate) const KATO_MS_MAX: u32 = 3_600_000;
 /// The most data one command moves: 1 MiB (MDTS 8, in 4 KiB pages).

@@ -269,7 +269,10 @@ pub(super) fn stall_bound(limits: &crate::config::Limits) -> Duration {
 /// bytes of padding (discarded). A sender that stops mid-payload is dropped within `stall`
 /// ([`stall_bound`]). The alarm stays set for the connection's next deadline (no system
 /// call when the payload arrives in time); should it ring meanwhile, it is set for the stall
-/// bound instead.
+/// bound instead. The socket's receive low-water mark goes back to one byte first: a mark the
+/// receive coalescer raised would hold back a payload's last bytes (fewer than the mark)
+/// until the stall bound, while the host waits for the write's answer; the driver re-plans
+/// the mark after ([`Wakeups::low_water_dropped`]).
 pub(super) async fn read_placed(
     stream: &mut Wire,
     dst: &mut [u8],
@@ -278,6 +281,9 @@ pub(super) async fn read_placed(
     alarm: &mut Alarm,
     stall: Duration,
 ) -> Result<(), Closed> {
+    if let Some(socket) = stream.plain() {
+        super::sys::set_receive_low_water(socket, 1).map_err(Closed::Io)?;
+    }
     let stalled_at = Instant::now() + stall;
     let len = dst.len();
     let mut filled = have;
@@ -404,7 +410,12 @@ async fn turns<D: Door>(
             continue;
         }
         if !w.congested {
-            match door.between_turns(backend, alarm).await? {
+            let placed = door.between_turns(backend, alarm).await?;
+            if placed.is_some() {
+                // It received a payload in place: the low-water mark is one byte now.
+                w.wakeups.low_water_dropped();
+            }
+            match placed {
                 Some(true) => return Ok(()),
                 Some(false) => continue,
                 None => {}
@@ -869,6 +880,38 @@ mod tests {
             );
         });
         assert_eq!(dst, payload);
+    }
+
+    #[test]
+    fn a_payloads_last_bytes_arrive_though_the_low_water_mark_was_raised() {
+        // The receive coalescer may leave the mark above what is left of a payload: its
+        // last bytes (77 of a 64 KiB H2CData PDU, seen) must still wake the reader.
+        let rt = runtime();
+        let (target, mut client, _) = loopback(&rt);
+        super::super::sys::set_receive_low_water(&target, 4096).unwrap();
+        let mut wire = Wire::Plain(target);
+        let payload: Vec<u8> = (0..1000u32).map(|i| (i % 253) as u8).collect();
+        let mut dst = vec![0u8; 1000];
+        let started = Instant::now();
+        let read = rt.block_on(async {
+            let mut alarm = Alarm::new().unwrap();
+            alarm.set(Instant::now() + Duration::from_secs(4)).unwrap();
+            let stall = Duration::from_secs(3);
+            let placed = read_placed(&mut wire, &mut dst, 0, 0, &mut alarm, stall);
+            let sender = async {
+                client.write_all(&payload[..900]).unwrap();
+                tokio::task::yield_now().await;
+                client.write_all(&payload[900..]).unwrap();
+            };
+            tokio::join!(placed, sender).0
+        });
+        read.unwrap();
+        assert_eq!(dst, payload);
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_secs(2),
+            "held back until {waited:?}"
+        );
     }
 
     #[test]

@@ -142,6 +142,14 @@ impl Wakeups {
         }
     }
 
+    /// The socket's low-water mark was set back to one byte behind the plan's back (a
+    /// payload received in place, `driver::read_placed`): the batch it served is over, and the
+    /// next plan sets the mark again.
+    pub(super) fn low_water_dropped(&mut self) {
+        self.applied_low_water = 1;
+        self.deadline = None;
+    }
+
     /// When the connection must read whatever has arrived, though less than the low-water mark:
     /// the batch's deadline, while the socket holds readiness back (a raised mark).
     pub(super) fn batch_deadline(&self) -> Option<Instant> {

@@ -892,7 +892,6 @@ mod tests {
         let mut wire = Wire::Plain(target);
         let payload: Vec<u8> = (0..1000u32).map(|i| (i % 253) as u8).collect();
         let mut dst = vec![0u8; 1000];
-        let started = Instant::now();
         let read = rt.block_on(async {
             let mut alarm = Alarm::new().unwrap();
             alarm.set(Instant::now() + Duration::from_secs(4)).unwrap();
@@ -905,13 +904,10 @@ mod tests {
             };
             tokio::join!(placed, sender).0
         });
+        // Held back, the read ends in the stall error when the alarm rings: the cause, not a
+        // wall-clock bound, is what fails.
         read.unwrap();
         assert_eq!(dst, payload);
-        let waited = started.elapsed();
-        assert!(
-            waited < Duration::from_secs(2),
-            "held back until {waited:?}"
-        );
     }
 
     #[test]

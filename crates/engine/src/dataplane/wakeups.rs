@@ -148,6 +148,10 @@ impl Wakeups {
     pub(super) fn low_water_dropped(&mut self) {
         self.applied_low_water = 1;
         self.deadline = None;
+        if self.counted_batching {
+            busy_poll::set_batching(false);
+            self.counted_batching = false;
+        }
     }
 
     /// When the connection must read whatever has arrived, though less than the low-water mark:

@@ -270,15 +270,16 @@ fn io_threads_per_worker(io_threads: u32, workers: usize) -> usize {
     (io_threads as usize / workers.max(1)).max(1)
 }
 
-/// Descriptors a connection holds: its socket and its timer (crate::dataplane::alarm).
-const DESCRIPTORS_PER_CONNECTION: u64 = 2;
+/// Descriptors a connection holds: its socket and its timer (crate::dataplane::alarm), and
+/// with direct-I/O LUNs its io_uring ring and the ring's eventfd (crate::io::ring).
+const DESCRIPTORS_PER_CONNECTION: u64 = 4;
 /// Descriptors besides connections: listeners, LU files, the runtimes' epoll and event fds, each
 /// worker's busy-poll epoll and sampling timer, stdio, metrics scrapes.
 const DESCRIPTORS_SPARE: u64 = 256;
 
 /// Raises the soft limit on open descriptors to the hard one, as servers do: a shell's soft
 /// limit is often 1,024, which `max_connections` (1,024 by default) would exhaust at about half
-/// its value, each connection holding two. Warns if even the hard limit is too low.
+/// its value, each connection holding two to four. Warns if even the hard limit is too low.
 /// (`dist/ferrosan.service` sets `LimitNOFILE` for the systemd case.)
 fn raise_descriptor_limit(max_connections: u32) {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};

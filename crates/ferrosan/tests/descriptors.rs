@@ -51,8 +51,8 @@ fn the_soft_descriptor_limit_is_raised_to_the_hard_one() {
         (hard_text.as_str(), hard_text.as_str()),
         "{output}"
     );
-    // The default max_connections (1,024) needs 2,304; below that the warning is right.
-    if hard >= 2304 {
+    // The default max_connections (1,024) needs 4,352; below that the warning is right.
+    if hard >= 4352 {
         assert!(
             !output.contains("descriptor limit"),
             "needless warning:\n{output}"
@@ -62,7 +62,7 @@ fn the_soft_descriptor_limit_is_raised_to_the_hard_one() {
 
 #[test]
 fn a_hard_limit_too_low_for_max_connections_is_reported() {
-    // Default max_connections (1,024) at up to two descriptors each needs more than 600.
+    // Default max_connections (1,024) at up to four descriptors each needs more than 600.
     assert!(
         own_hard_limit() >= 600,
         "the test needs a hard limit of 600 or more"

@@ -178,7 +178,8 @@ pub fn set_waiting(socket: impl AsFd, waiting: bool) -> bool {
 
 /// A connection's io_uring joins the worker's poll for good (it leaves as its descriptor
 /// closes): a direct read or write completing ends a poll like input does, so an initiator
-/// waiting for a device I/O is answered without a wake-up. Level-triggered, like sockets.
+/// waiting for a device I/O is answered without a wake-up. Edge-triggered: a ring with
+/// deferred task work signals an eventfd nobody reads, which stays readable.
 pub fn watch_ring(ring: impl AsFd) {
     WORKER.with(|w| {
         let Ok(w) = w.try_borrow() else {
@@ -191,7 +192,7 @@ pub fn watch_ring(ring: impl AsFd) {
             &w.epoll,
             ring,
             epoll::EventData::new_u64(1),
-            epoll::EventFlags::IN,
+            epoll::EventFlags::IN | epoll::EventFlags::ET,
         ) {
             tracing::debug!("io_uring not busy-polled: epoll: {e}");
         }

@@ -432,9 +432,9 @@ async fn turns<D: Door>(
     }
 }
 
-/// One turn: the door's input, then the ring submitted, what completed meanwhile answered (the
-/// kernel runs the ring's work at each system call of this thread; a busy connection may not
-/// return to epoll for a while, which alone would say the ring is readable).
+/// One turn: the door's input, then the ring submitted, what completed meanwhile answered (a
+/// busy connection may not return to epoll for a while, which alone would say the ring has
+/// completions).
 fn turn<D: Door>(door: &mut D, backend: &mut Backend<'_>) -> Result<Turn, Closed> {
     // Whether the session may go on, asked before any of its input runs.
     if !backend.still_admitted() {

@@ -656,7 +656,8 @@ impl Backend<'_> {
         }
         match DeviceRing::new() {
             Ok(ring) => {
-                busy_poll::watch_ring(ring.fd());
+                // Not in the worker's busy poll: it never polls while device I/O is in flight,
+                // so no completion can end a poll (a stale signal from the last one would).
                 self.ring = Some(ring);
                 true
             }

@@ -176,29 +176,6 @@ pub fn set_waiting(socket: impl AsFd, waiting: bool) -> bool {
     })
 }
 
-/// A connection's io_uring joins the worker's poll for good (it leaves as its descriptor
-/// closes): a direct read or write completing ends a poll like input does, so an initiator
-/// waiting for a device I/O is answered without a wake-up. Edge-triggered: a ring with
-/// deferred task work signals an eventfd nobody reads, which stays readable.
-pub fn watch_ring(ring: impl AsFd) {
-    WORKER.with(|w| {
-        let Ok(w) = w.try_borrow() else {
-            return;
-        };
-        let Some(w) = w.as_ref() else {
-            return;
-        };
-        if let Err(e) = epoll::add(
-            &w.epoll,
-            ring,
-            epoll::EventData::new_u64(1),
-            epoll::EventFlags::IN | epoll::EventFlags::ET,
-        ) {
-            tracing::debug!("io_uring not busy-polled: epoll: {e}");
-        }
-    });
-}
-
 /// A connection's device I/Os in flight went from `before` to `after` (call on its worker).
 pub fn device_io_changed(before: usize, after: usize) {
     if before == after {

@@ -656,8 +656,7 @@ impl Backend<'_> {
         }
         match DeviceRing::new() {
             Ok(ring) => {
-                // Not in the worker's busy poll: it never polls while device I/O is in flight,
-                // so no completion can end a poll (a stale signal from the last one would).
+                busy_poll::watch_ring(ring.fd());
                 self.ring = Some(ring);
                 true
             }

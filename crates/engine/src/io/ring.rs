@@ -24,7 +24,7 @@
 use io_uring::{opcode, types, IoUring};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use store::PooledBuf;
 use tokio::io::unix::AsyncFd;
@@ -165,6 +165,16 @@ impl<T> DeviceRing<T> {
     /// Whether io_uring works here (kernel, seccomp): the error says why not.
     pub fn probe() -> io::Result<()> {
         IoUring::new(2).map(drop)
+    }
+
+    /// What signals that completions wait, for a poll to watch edge-triggered: the ring's
+    /// descriptor, or the eventfd of a ring with deferred task work (never read: each signal
+    /// is an edge).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        match &self.deferred {
+            Some(event) => event.as_fd(),
+            None => self.ring.as_fd(),
+        }
     }
 
     /// Pushed and not yet handed to the kernel.

@@ -873,14 +873,20 @@ iqn = "iqn.2026-11.test:t"
         next
     }
 
+    /// An empty scratch directory of this process and the config path in it.
+    fn scratch_config(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("ferrosan-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ferrosan.toml");
+        (dir, path)
+    }
+
     /// Saves in a row edit the document the last one wrote (the file still holds its text),
     /// and an edit made to the file in between is parsed, merged and kept.
     #[test]
     fn saves_in_a_row_edit_their_own_document_and_keep_edits_made_between() {
-        let dir = std::env::temp_dir().join(format!("ferrosan-saves-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("ferrosan.toml");
+        let (dir, path) = scratch_config("saves");
         std::fs::write(&path, format!("# hand-written\n{BASE}")).unwrap();
         let one = with_device(&config(BASE), "one", 1);
         let mut file = Some(FileBase::loaded(config(BASE)));
@@ -905,10 +911,7 @@ iqn = "iqn.2026-11.test:t"
     /// same (debug builds check it; a seed of the model test found it).
     #[test]
     fn a_device_made_again_between_saves_keeps_its_place_in_the_file() {
-        let dir = std::env::temp_dir().join(format!("ferrosan-again-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("ferrosan.toml");
+        let (dir, path) = scratch_config("again");
         std::fs::write(&path, BASE).unwrap();
         let two = with_device(&with_device(&config(BASE), "x", 1), "b", 2);
         let mut file = Some(FileBase::loaded(config(BASE)));

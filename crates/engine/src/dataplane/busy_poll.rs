@@ -432,10 +432,7 @@ mod tests {
             // below the "ended early" margin of half a window.
             let window = Duration::from_millis(200);
             install(window);
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-            let (server, _) = listener.accept().unwrap();
-            assert!(set_waiting(&server, true));
+            let (server, mut client) = waiting_initiator();
             // Open the window: the last idle stretch was short.
             before_park();
             after_unpark();
@@ -573,10 +570,7 @@ mod tests {
         std::thread::spawn(|| {
             let window = Duration::from_millis(200);
             install(window);
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-            let (server, _) = listener.accept().unwrap();
-            assert!(set_waiting(&server, true));
+            let _initiator = waiting_initiator();
             before_park();
             after_unpark();
             device_io_changed(0, 1);

@@ -221,7 +221,7 @@ pub fn set_waiting(socket: impl AsFd, waiting: bool) -> bool {
 /// A connection's io_uring joins the worker's poll for good (it leaves as its descriptor
 /// closes): a read or write completing ends a poll through the device's wait. Edge-triggered:
 /// a ring with deferred task work signals an eventfd nobody reads (reading it back at every
-/// reap stalled write-through writes at QD64, for a reason not found), so a completion reaped
+/// reap stalled write-through writes at QD64: docs/ARCHITECTURE.md), so a completion reaped
 /// by a turn leaves its edge behind; a poll takes such stale edges first (`RING`).
 pub fn watch_ring(ring: impl AsFd) {
     WORKER.with(|w| {

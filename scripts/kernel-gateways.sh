@@ -484,7 +484,7 @@ while kill -0 "$GUEST_PID" 2>/dev/null; do
         T_BOOT=$(($(date +%s) - T0))
         log "guest up after $T_BOOT s"
     fi
-    mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: ' || true)
+    mapfile -t requests < <(guest_requests "$REPORT" "HOST: ")
     while ((handled < ${#requests[@]})); do
         handled=$((handled + 1))
         handle "${requests[handled - 1]}"

@@ -143,6 +143,14 @@ wait_for_line() {
     return 1
 }
 
+# guest_requests FILE PREFIX: the lines of FILE (a guest's serial port) that start with PREFIX
+# and are whole, without carriage returns. The emulated port delivers a line a few bytes at a
+# time: a line without its newline yet is left for the next look, or a request would be read
+# cut short ("stop-" for "stop-owner 30") and never read whole.
+guest_requests() {
+    PREFIX=$2 perl -ne 'next unless /\n\z/; s/\r//g; print if index($_, $ENV{PREFIX}) == 0' "$1" 2>/dev/null
+}
+
 # What a gateway started by gateways_config logs once it owns the image (gateway a at start),
 # and what gateway b logs once it knows a owns it (at start, or when it next looks, a second
 # later, if a had not locked the image yet: a listens before it has).

@@ -156,23 +156,23 @@ follow_guest() {
             T_BOOT=$(($(date +%s) - T0))
             log "guest up after $T_BOOT s"
         fi
-        mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: restart-ferrosan ' || true)
+        mapfile -t requests < <(guest_requests "$REPORT" "HOST: restart-ferrosan ")
         while ((handled < ${#requests[@]})); do
             handled=$((handled + 1))
             restart_daemon "${requests[handled - 1]##* }" "$handled"
         done
-        mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: alua ' || true)
+        mapfile -t requests < <(guest_requests "$REPORT" "HOST: alua ")
         while ((alua_handled < ${#requests[@]})); do
             alua_handled=$((alua_handled + 1))
             read -r _ _ group state <<<"${requests[alua_handled - 1]}"
             alua_change "$group" "$state" "$alua_handled"
         done
-        mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: log ' || true)
+        mapfile -t requests < <(guest_requests "$REPORT" "HOST: log ")
         while ((log_handled < ${#requests[@]})); do
             log_handled=$((log_handled + 1))
             log_query "$log_handled" "${requests[log_handled - 1]#HOST: log }"
         done
-        mapfile -t requests < <(tr -d '\r' <"$REPORT" | grep '^HOST: ctl ' || true)
+        mapfile -t requests < <(guest_requests "$REPORT" "HOST: ctl ")
         while ((ctl_handled < ${#requests[@]})); do
             ctl_handled=$((ctl_handled + 1))
             ctl_request "$ctl_handled" "${requests[ctl_handled - 1]#HOST: ctl }"

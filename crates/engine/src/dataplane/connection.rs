@@ -449,14 +449,18 @@ impl Door for IscsiDoor {
     async fn between_turns(
         &mut self,
         backend: &mut Backend<'_>,
-        alarm: &mut Alarm,
+        wait: driver::PlacedWait<'_>,
     ) -> Result<Option<bool>, Closed> {
-        let placed = self.receive_in_place(backend, alarm).await?;
+        let placed = self.receive_in_place(backend, wait).await?;
         Ok(placed.map(|flow| flow == Flow::Close))
     }
 
     fn read_stop(&mut self) -> usize {
         self.read_end()
+    }
+
+    fn holds_answers(&self) -> bool {
+        self.conn.may_hold() && self.long_payload_next().is_some()
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -497,28 +501,12 @@ impl IscsiDoor {
     async fn receive_in_place(
         &mut self,
         backend: &mut Backend<'_>,
-        alarm: &mut Alarm,
+        wait: driver::PlacedWait<'_>,
     ) -> Result<Option<Flow>, Closed> {
+        let Some((bhs, len, have)) = self.long_payload_next() else {
+            return Ok(None);
+        };
         let session = &mut self.session;
-        let framing = session.framing();
-        let available = self.conn.buf.pending();
-        let Some(header) = available.get(..pdu::BHS_LEN) else {
-            return Ok(None);
-        };
-        let Ok(bytes) = <[u8; pdu::BHS_LEN]>::try_from(header) else {
-            return Ok(None);
-        };
-        let bhs = pdu::Bhs(bytes);
-        let len = bhs.data_segment_len();
-        let have = available.len() - pdu::BHS_LEN;
-        // Whether the session takes it in place is the session's question (below).
-        if bhs.total_ahs_len() != 0
-            || len < IN_PLACE_MIN
-            || len > framing.max_data_segment_len
-            || have >= len
-        {
-            return Ok(None);
-        }
         let opcode = Opcode::from_initiator(bhs.opcode_raw());
         let dst = match opcode {
             Some(Opcode::DataOut) => session.data_out_destination(&bhs),
@@ -535,9 +523,17 @@ impl IscsiDoor {
         };
         dst[..have].copy_from_slice(&self.conn.buf.pending()[pdu::BHS_LEN..]);
         self.conn.buf.clear();
-        let stall = driver::stall_bound(&backend.shared.limits);
         let pad = pdu::padded(len) - len;
-        driver::read_placed(&mut self.conn.stream, dst, have, pad, alarm, stall).await?;
+        let payload = driver::Placement { dst, have, pad };
+        let stop = self.conn.buf.stop_at(pdu::BHS_LEN);
+        let next = self.conn.buf.tail(stop).unwrap_or_default();
+        let unsent = driver::Unsent {
+            out: &mut self.conn.out,
+            peer: self.conn.peer,
+        };
+        let behind =
+            driver::read_placed(&mut self.conn.stream, unsent, payload, next, wait).await?;
+        self.conn.buf.received(behind);
         let now = Instant::now();
         backend.meter.turn_started = now;
         let flow = if opcode == Some(Opcode::DataOut) {
@@ -547,8 +543,25 @@ impl IscsiDoor {
         };
         self.last_pdu_long = true;
         backend.meter.finish_turn();
-        self.conn.flush().await?;
+        self.conn.placed(!self.session.awaits_data_out(1));
+        if flow == Flow::Close {
+            self.conn.flush().await?;
+        }
         Ok(Some(flow))
+    }
+
+    /// The header of the PDU the receive buffer begins with, its data segment's length and
+    /// how much of that is buffered, when the PDU may be one to receive in place: a long
+    /// payload, still arriving, without additional headers. Whether the session takes it in
+    /// place is the session's question ([`IscsiDoor::receive_in_place`]).
+    fn long_payload_next(&self) -> Option<(pdu::Bhs, usize, usize)> {
+        let available = self.conn.buf.pending();
+        let header = available.get(..pdu::BHS_LEN)?;
+        let bhs = pdu::Bhs(<[u8; pdu::BHS_LEN]>::try_from(header).ok()?);
+        let len = bhs.data_segment_len();
+        let have = available.len() - pdu::BHS_LEN;
+        let long = (IN_PLACE_MIN..=self.session.framing().max_data_segment_len).contains(&len);
+        (bhs.total_ahs_len() == 0 && long && have < len).then_some((bhs, len, have))
     }
 
     /// Where the next read into the buffer stops. When a long PDU is likely next — a write
@@ -656,6 +669,40 @@ mod tests {
             "a short one next: a full read"
         );
         assert!(door.quiescent(), "nothing outstanding");
+    }
+
+    #[test]
+    fn answers_wait_only_for_a_long_payload_already_arriving_and_never_past_the_bound() {
+        let rt = runtime();
+        let (mut door, _client) = door(&rt);
+        door.conn.placed(true);
+        assert!(
+            !door.holds_answers(),
+            "nothing buffered: the answers go now"
+        );
+        buffered(&mut door.conn.buf, &data_out_header(512));
+        assert!(
+            !door.holds_answers(),
+            "a short PDU next: no payload to wait for"
+        );
+        door.conn.buf.clear();
+        buffered(&mut door.conn.buf, &data_out_header(IN_PLACE_MIN));
+        assert!(
+            door.holds_answers(),
+            "a long payload arriving: they wait for its answer"
+        );
+        door.conn.placed(false);
+        assert!(
+            !door.holds_answers(),
+            "a write expects data: its R2T is never held"
+        );
+        rt.block_on(door.conn.flush()).unwrap();
+        for _ in 1..driver::HELD_ANSWERS_MAX {
+            door.conn.placed(true);
+        }
+        assert!(door.holds_answers());
+        door.conn.placed(true);
+        assert!(!door.holds_answers(), "a burst's worth held: they go");
     }
 
     #[test]

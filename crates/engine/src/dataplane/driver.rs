@@ -47,12 +47,20 @@ pub(super) const TURN_BYTES_MAX: usize = 4 << 20;
 /// goes from instead of through the receive buffer: one copy fewer per byte written.
 pub(super) const IN_PLACE_MIN: usize = 64 * 1024;
 
+/// Answers to long writes received in place that may wait for the writes behind them: a
+/// deep queue's answers then go out together, as they do through the receive buffer, but
+/// never more than a burst of them late.
+pub(super) const HELD_ANSWERS_MAX: usize = 16;
+
 /// What the driver owns of a connection: its stream, its receive buffer and its outbox.
 pub(super) struct Conn {
     pub(super) stream: Wire,
     pub(super) buf: RecvBuf,
     pub(super) out: Outbox,
     pub(super) peer: SocketAddr,
+    /// Answers to payloads received in place that wait in `out` for the next send
+    /// ([`Door::holds_answers`]).
+    pub(super) held: usize,
 }
 
 impl Conn {
@@ -62,15 +70,34 @@ impl Conn {
             buf: RecvBuf::new(largest_pdu),
             out: Outbox::new(64),
             peer,
+            held: 0,
         }
     }
 
     /// Sends everything queued (`send.rs`, or through TLS).
     pub(super) async fn flush(&mut self) -> Result<(), Closed> {
+        self.held = 0;
         if self.out.is_empty() {
             return Ok(());
         }
         self.stream.send(&mut self.out, self.peer).await
+    }
+
+    /// A payload was received in place and its command handled. Its answers may wait for the
+    /// next payload's ([`Door::holds_answers`]) only if no write still expects data: an R2T
+    /// the host waits for is never held back.
+    pub(super) fn placed(&mut self, no_write_expects_data: bool) {
+        self.held = if no_write_expects_data {
+            self.held + 1
+        } else {
+            HELD_ANSWERS_MAX
+        };
+    }
+
+    /// Whether the answers queued may wait while another long payload is received in place
+    /// ([`Door::holds_answers`]): within [`HELD_ANSWERS_MAX`] of them.
+    pub(super) fn may_hold(&self) -> bool {
+        self.held < HELD_ANSWERS_MAX
     }
 
     /// Whether the receive buffer may be given back while idle: only in the clear (through
@@ -128,9 +155,18 @@ pub(super) trait Door {
     fn between_turns(
         &mut self,
         _backend: &mut Backend<'_>,
-        _alarm: &mut Alarm,
+        _wait: PlacedWait<'_>,
     ) -> impl Future<Output = Result<Option<bool>, Closed>> {
         async { Ok(None) }
+    }
+
+    /// Whether the answers queued may wait for the next turn's: the receive buffer begins
+    /// with the header of a long payload [`Door::between_turns`] receives in place, which
+    /// sends them before it waits on the socket ([`read_placed`]). A deep queue of long
+    /// writes is then answered in bursts, one send and one wake-up of the host for several
+    /// writes, instead of one each.
+    fn holds_answers(&self) -> bool {
+        false
     }
 
     /// Where the next read into the receive buffer stops.
@@ -266,24 +302,125 @@ pub(super) fn stall_bound(limits: &crate::config::Limits) -> Duration {
 }
 
 /// Reads the rest of a payload into `dst` (its first `have` bytes are there), then `pad`
-/// bytes of padding (discarded). A sender that stops mid-payload is dropped within `stall`
-/// ([`stall_bound`]). The alarm stays set for the connection's next deadline (no system
-/// call when the payload arrives in time); should it ring meanwhile, it is set for the stall
-/// bound instead. The socket's receive low-water mark goes back to one byte first: a mark the
-/// receive coalescer raised would hold back a payload's last bytes (fewer than the mark)
-/// until the stall bound, while the host waits for the write's answer; the driver re-plans
-/// the mark after ([`Wakeups::low_water_dropped`]).
+/// bytes of padding (discarded), and in the same system call as much of `next` (the receive
+/// buffer up to the next PDU's header) as has arrived behind them: the next header does not
+/// cost a `recv` of its own. Returns how many bytes went into `next`. The answers in `unsent`
+/// (held back by [`Door::holds_answers`]) are sent before it would wait. A sender that stops
+/// mid-payload is dropped within `stall` ([`stall_bound`]). The alarm stays set for the
+/// connection's next deadline (no system call when the payload arrives in time); should it
+/// ring meanwhile, it is set for the stall bound instead. The socket's receive low-water
+/// mark goes back to one byte first: a mark the receive coalescer raised would hold back a
+/// payload's last bytes (fewer than the mark) until the stall bound, while the host waits for
+/// the write's answer; the driver re-plans the mark after ([`Wakeups::low_water_dropped`]).
 pub(super) async fn read_placed(
     stream: &mut Wire,
-    dst: &mut [u8],
-    have: usize,
-    pad: usize,
+    unsent: Unsent<'_>,
+    payload: Placement<'_>,
+    next: &mut [u8],
+    wait: PlacedWait<'_>,
+) -> Result<usize, Closed> {
+    let PlacedWait {
+        alarm,
+        stall,
+        low_water_raised,
+    } = wait;
+    if !unsent.out.is_empty() && stream.plain().is_none() {
+        stream.send(unsent.out, unsent.peer).await?;
+    }
+    let Some(socket) = stream.plain() else {
+        read_placed_tls(stream, payload, alarm, stall).await?;
+        return Ok(0);
+    };
+    if low_water_raised {
+        super::sys::set_receive_low_water(socket, 1).map_err(Closed::Io)?;
+    }
+    let stalled_at = Instant::now() + stall;
+    let Placement { dst, have, pad } = payload;
+    let len = dst.len();
+    let mut filled = have;
+    let mut padding = [0u8; 3];
+    loop {
+        let Some(socket) = stream.plain() else {
+            return Err(Closed::Invariant("a socket in the clear became TLS"));
+        };
+        let want = (len + pad).saturating_sub(filled);
+        let (data, pad_from) = match dst.get_mut(filled..) {
+            Some(rest) => (rest, 0),
+            None => (&mut [][..], filled - len),
+        };
+        let Some(padding) = padding.get_mut(pad_from..pad) else {
+            return Err(Closed::Invariant("payload placement out of range"));
+        };
+        let mut iov = [
+            std::io::IoSliceMut::new(data),
+            std::io::IoSliceMut::new(padding),
+            std::io::IoSliceMut::new(next),
+        ];
+        match socket.try_read_vectored(&mut iov) {
+            Ok(0) => return Err(Closed::Limit("peer closed")),
+            Ok(n) if n >= want => return Ok(n - want),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if unsent.out.is_empty() {
+                    wait_placed(socket, alarm, stalled_at).await?;
+                } else {
+                    // The answers held back go before the wait (the host may wait for them).
+                    stream.send(unsent.out, unsent.peer).await?;
+                }
+            }
+            Err(e) => return Err(Closed::Io(e)),
+        }
+    }
+}
+
+/// How a placed read waits: on the connection's alarm, dropping a sender silent for `stall`;
+/// with the socket's low-water mark back at one byte first if the receive coalescer raised it.
+pub(super) struct PlacedWait<'a> {
+    pub(super) alarm: &'a mut Alarm,
+    pub(super) stall: Duration,
+    pub(super) low_water_raised: bool,
+}
+
+/// Answers queued to send before a placed read waits on the socket.
+pub(super) struct Unsent<'a> {
+    pub(super) out: &'a mut Outbox,
+    pub(super) peer: SocketAddr,
+}
+
+/// Where a payload goes: `dst`, whose first `have` bytes are there, then `pad` bytes of
+/// padding to read past.
+pub(super) struct Placement<'a> {
+    pub(super) dst: &'a mut [u8],
+    pub(super) have: usize,
+    pub(super) pad: usize,
+}
+
+/// Waits until the socket is readable; should the alarm ring first, past the stall bound
+/// the sender is dropped, before it the alarm is set for the bound.
+async fn wait_placed(
+    socket: &tokio::net::TcpStream,
+    alarm: &mut Alarm,
+    stalled_at: Instant,
+) -> Result<(), Closed> {
+    tokio::select! {
+        ready = socket.readable() => ready.map_err(Closed::Io),
+        rung = alarm.rung() => {
+            rung.map_err(Closed::timer)?;
+            if Instant::now() >= stalled_at {
+                return Err(Closed::Limit("peer stalled in the middle of a write's data"));
+            }
+            alarm.set(stalled_at).map_err(Closed::timer)
+        }
+    }
+}
+
+/// [`read_placed`] through TLS: record by record, nothing behind the payload.
+async fn read_placed_tls(
+    stream: &mut Wire,
+    Placement { dst, have, pad }: Placement<'_>,
     alarm: &mut Alarm,
     stall: Duration,
 ) -> Result<(), Closed> {
-    if let Some(socket) = stream.plain() {
-        super::sys::set_receive_low_water(socket, 1).map_err(Closed::Io)?;
-    }
     let stalled_at = Instant::now() + stall;
     let len = dst.len();
     let mut filled = have;
@@ -396,7 +533,9 @@ async fn turns<D: Door>(
     loop {
         // First whatever is buffered (pipelined behind the login).
         let turn = turn(door, backend)?;
-        flush(door).await?;
+        if turn.close || !door.holds_answers() {
+            flush(door).await?;
+        }
         if turn.close {
             return Ok(());
         }
@@ -410,7 +549,12 @@ async fn turns<D: Door>(
             continue;
         }
         if !w.congested {
-            let placed = door.between_turns(backend, alarm).await?;
+            let wait = PlacedWait {
+                alarm: &mut *alarm,
+                stall: stall_bound(&backend.shared.limits),
+                low_water_raised: w.wakeups.applied_low_water > 1,
+            };
+            let placed = door.between_turns(backend, wait).await?;
             if placed.is_some() {
                 // It received a payload in place: the low-water mark is one byte now.
                 w.wakeups.low_water_dropped();
@@ -424,6 +568,8 @@ async fn turns<D: Door>(
             plan_wakeup(door, w, now);
             door.conn().buf.make_room();
         }
+        // Nothing held back goes into a wait.
+        flush(door).await?;
         match wait(door, backend, w, alarm).await? {
             Woken::Work => {}
             Woken::BatchOver => w.timed_out = true,
@@ -844,42 +990,81 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_placed_payload_lands_in_place_and_its_padding_is_read_past() {
+    /// A placed read's wait, with the low-water mark raised (as the coalescer may leave it).
+    fn waiting(alarm: &mut Alarm, stall: Duration) -> PlacedWait<'_> {
+        PlacedWait {
+            alarm,
+            stall,
+            low_water_raised: true,
+        }
+    }
+
+    /// Places a 10-byte payload whose first 3 bytes were buffered, with 2 bytes of padding,
+    /// "NEXT" behind it; `next` is the room given for what follows. Returns the payload as
+    /// placed, what went into `next`, and what the socket still had.
+    fn place_with_room(room: usize) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
         let rt = runtime();
-        let (target, mut client, _) = loopback(&rt);
+        let (target, mut client, peer) = loopback(&rt);
         let mut wire = Wire::Plain(target);
+        let mut out = Outbox::new(4);
         let payload: Vec<u8> = (1..=10).collect();
-        // Three bytes were in the receive buffer; the rest, 2 bytes of padding, the next PDU.
         client.write_all(&payload[3..]).unwrap();
         client.write_all(&[0, 0]).unwrap();
         client.write_all(b"NEXT").unwrap();
         let mut dst = vec![0u8; 10];
         dst[..3].copy_from_slice(&payload[..3]);
-        rt.block_on(async {
+        let mut next = vec![0u8; room];
+        let (behind, rest) = rt.block_on(async {
             let mut alarm = Alarm::new().unwrap();
             alarm.set(Instant::now() + Duration::from_secs(1)).unwrap();
-            read_placed(
+            let placement = Placement {
+                dst: &mut dst,
+                have: 3,
+                pad: 2,
+            };
+            let stall = Duration::from_secs(5);
+            let unsent = Unsent {
+                out: &mut out,
+                peer,
+            };
+            let behind = read_placed(
                 &mut wire,
-                &mut dst,
-                3,
-                2,
-                &mut alarm,
-                Duration::from_secs(5),
+                unsent,
+                placement,
+                &mut next,
+                waiting(&mut alarm, stall),
             )
             .await
             .unwrap();
-            let mut next = [0u8; 4];
+            let mut rest = vec![0u8; 4 - behind];
             let mut got = 0;
-            while got < 4 {
-                got += wire.read(&mut next[got..]).await.unwrap();
+            while got < rest.len() {
+                got += wire.read(&mut rest[got..]).await.unwrap();
             }
-            assert_eq!(
-                &next, b"NEXT",
-                "the padding, and nothing more, was consumed"
-            );
+            (behind, rest)
         });
-        assert_eq!(dst, payload);
+        assert_eq!(dst, payload, "the payload is in place");
+        next.truncate(behind);
+        (dst, next, rest)
+    }
+
+    #[test]
+    fn a_placed_payload_lands_in_place_and_its_padding_is_read_past() {
+        let (_, next, rest) = place_with_room(0);
+        assert!(next.is_empty());
+        assert_eq!(rest, b"NEXT", "the padding, and nothing more, was consumed");
+    }
+
+    #[test]
+    fn what_follows_a_placed_payload_comes_in_the_same_read_up_to_the_room_given() {
+        // Everything was sent before the read: one readv takes the payload, the padding and
+        // as much of the next PDU as there is room for.
+        let (_, next, rest) = place_with_room(3);
+        assert_eq!(next, b"NEX");
+        assert_eq!(rest, b"T", "nothing past the room was consumed");
+        let (_, next, rest) = place_with_room(16);
+        assert_eq!(next, b"NEXT");
+        assert!(rest.is_empty());
     }
 
     #[test]
@@ -887,16 +1072,32 @@ mod tests {
         // The receive coalescer may leave the mark above what is left of a payload: its
         // last bytes (77 of a 64 KiB H2CData PDU, seen) must still wake the reader.
         let rt = runtime();
-        let (target, mut client, _) = loopback(&rt);
+        let (target, mut client, peer) = loopback(&rt);
         super::super::sys::set_receive_low_water(&target, 4096).unwrap();
         let mut wire = Wire::Plain(target);
+        let mut out = Outbox::new(4);
         let payload: Vec<u8> = (0..1000u32).map(|i| (i % 253) as u8).collect();
         let mut dst = vec![0u8; 1000];
         let read = rt.block_on(async {
             let mut alarm = Alarm::new().unwrap();
             alarm.set(Instant::now() + Duration::from_secs(4)).unwrap();
             let stall = Duration::from_secs(3);
-            let placed = read_placed(&mut wire, &mut dst, 0, 0, &mut alarm, stall);
+            let placement = Placement {
+                dst: &mut dst,
+                have: 0,
+                pad: 0,
+            };
+            let unsent = Unsent {
+                out: &mut out,
+                peer,
+            };
+            let placed = read_placed(
+                &mut wire,
+                unsent,
+                placement,
+                &mut [],
+                waiting(&mut alarm, stall),
+            );
             let sender = async {
                 client.write_all(&payload[..900]).unwrap();
                 tokio::task::yield_now().await;
@@ -911,10 +1112,56 @@ mod tests {
     }
 
     #[test]
+    fn answers_held_back_go_out_before_a_placed_read_waits_and_not_while_data_flows() {
+        let rt = runtime();
+        let (target, mut client, peer) = loopback(&rt);
+        let mut wire = Wire::Plain(target);
+        let mut out = Outbox::new(4);
+        let mut dst = vec![0u8; 8];
+        // The whole payload is there: the answer held stays held.
+        out.push_bytes(b"ANSWER1");
+        client.write_all(&[1; 8]).unwrap();
+        // A busy connection's socket is known readable (a fresh one is not until the
+        // reactor has looked).
+        rt.block_on(wire.socket().readable()).unwrap();
+        let mut alarm = rt.block_on(async { Alarm::new().unwrap() });
+        let mut place = |dst: &mut [u8], out: &mut Outbox, wire: &mut Wire| {
+            rt.block_on(async {
+                alarm.set(Instant::now() + Duration::from_secs(5)).unwrap();
+                let placement = Placement {
+                    dst,
+                    have: 0,
+                    pad: 0,
+                };
+                let unsent = Unsent { out, peer };
+                let stall = Duration::from_secs(5);
+                read_placed(wire, unsent, placement, &mut [], waiting(&mut alarm, stall)).await
+            })
+        };
+        place(&mut dst, &mut out, &mut wire).unwrap();
+        assert_eq!(out.len(), 7, "sent while the payload was all there");
+        // Half of the next payload: the read would wait, so the answer goes first, and the
+        // host, which sends the rest only once it has its answer, is not kept waiting.
+        client.write_all(&[2; 4]).unwrap();
+        let host = std::thread::spawn(move || {
+            let mut answer = [0u8; 7];
+            std::io::Read::read_exact(&mut client, &mut answer).unwrap();
+            client.write_all(&[2; 4]).unwrap();
+            (answer, client)
+        });
+        place(&mut dst, &mut out, &mut wire).unwrap();
+        let (answer, _client) = host.join().unwrap();
+        assert_eq!(&answer, b"ANSWER1");
+        assert!(out.is_empty());
+        assert_eq!(dst, [2; 8]);
+    }
+
+    #[test]
     fn a_sender_that_stops_in_the_middle_of_a_payload_is_dropped_after_the_stall_bound() {
         let rt = runtime();
-        let (target, mut client, _) = loopback(&rt);
+        let (target, mut client, peer) = loopback(&rt);
         let mut wire = Wire::Plain(target);
+        let mut out = Outbox::new(4);
         client.write_all(&[9; 100]).unwrap();
         let mut dst = vec![0u8; 1000];
         let started = Instant::now();
@@ -925,7 +1172,23 @@ mod tests {
             alarm
                 .set(Instant::now() + Duration::from_millis(50))
                 .unwrap();
-            read_placed(&mut wire, &mut dst, 0, 0, &mut alarm, stall).await
+            let placement = Placement {
+                dst: &mut dst,
+                have: 0,
+                pad: 0,
+            };
+            let unsent = Unsent {
+                out: &mut out,
+                peer,
+            };
+            read_placed(
+                &mut wire,
+                unsent,
+                placement,
+                &mut [],
+                waiting(&mut alarm, stall),
+            )
+            .await
         });
         assert!(
             matches!(&read, Err(Closed::Limit(why)) if why.contains("stalled")),

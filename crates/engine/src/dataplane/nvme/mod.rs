@@ -544,7 +544,7 @@ impl Driver {
         backend: &mut Backend<'_>,
         life: &mut io::Life,
         (ready, refused): &mut (Vec<Received>, Vec<Refused>),
-        alarm: &mut Alarm,
+        wait: driver::PlacedWait<'_>,
     ) -> Result<bool, Closed> {
         let Some(dst) = self.queue.placed_data(&h2c) else {
             return Err(Closed::Invariant("H2CData placement out of range"));
@@ -552,8 +552,17 @@ impl Driver {
         let have = self.conn.buf.pending().len() - h2c.header_len();
         dst[..have].copy_from_slice(&self.conn.buf.pending()[h2c.header_len()..]);
         self.conn.buf.clear();
-        let stall = driver::stall_bound(&backend.shared.limits);
-        driver::read_placed(&mut self.conn.stream, dst, have, 0, alarm, stall).await?;
+        let payload = driver::Placement { dst, have, pad: 0 };
+        let stop = self.conn.buf.stop_at(nvme::pdu::PduType::H2CData.hlen());
+        let next = self.conn.buf.tail(stop).unwrap_or_default();
+        take_bytes(&mut self.conn.out, &mut self.out);
+        let unsent = driver::Unsent {
+            out: &mut self.conn.out,
+            peer: self.conn.peer,
+        };
+        let behind =
+            driver::read_placed(&mut self.conn.stream, unsent, payload, next, wait).await?;
+        self.conn.buf.received(behind);
         if let Err(fatal) = self
             .queue
             .receive_placed(&h2c, &mut self.out, ready, refused)
@@ -564,7 +573,10 @@ impl Driver {
         backend.meter.turn_started = Instant::now();
         self.run_ready(role, backend, life, (ready, refused), &[]);
         backend.meter.finish_turn();
-        self.flush().await?;
+        self.conn.placed(!self.queue.awaits_data(1));
+        if self.closing {
+            self.flush().await?;
+        }
         Ok(self.closing)
     }
 
@@ -912,20 +924,24 @@ impl Door for Connected<'_> {
     async fn between_turns(
         &mut self,
         backend: &mut Backend<'_>,
-        alarm: &mut Alarm,
+        wait: driver::PlacedWait<'_>,
     ) -> Result<Option<bool>, Closed> {
         let Some(h2c) = self.queue.h2c_in_place() else {
             return Ok(None);
         };
         let (role, life, scratch) = (&self.role, &mut self.life, &mut self.scratch);
         self.queue
-            .receive_h2c(h2c, role, backend, life, scratch, alarm)
+            .receive_h2c(h2c, role, backend, life, scratch, wait)
             .await
             .map(Some)
     }
 
     fn read_stop(&mut self) -> usize {
         self.queue.read_end()
+    }
+
+    fn holds_answers(&self) -> bool {
+        self.queue.conn.may_hold() && self.queue.h2c_in_place().is_some()
     }
 
     fn deadline(&self) -> Option<Instant> {

@@ -570,8 +570,8 @@ impl IscsiDoor {
     /// nothing buffered, the header alone; in the middle of a long PDU, that PDU's rest and the
     /// header after it. A long write payload then goes straight into place
     /// ([`IscsiDoor::receive_in_place`]) instead of arriving in this buffer whole and being copied
-    /// out of it: one more `recv` per long PDU instead of a copy of up to 256 KiB. Otherwise
-    /// (short PDUs) reads fill the buffer.
+    /// out of it, and the read that ends a payload in place brings the next header with it
+    /// ([`driver::read_placed`]). Otherwise (short PDUs) reads fill the buffer.
     fn read_end(&self) -> usize {
         let buf = &self.conn.buf;
         let full = buf.capacity();

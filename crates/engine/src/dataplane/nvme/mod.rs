@@ -583,8 +583,9 @@ impl Driver {
     /// Where the next read into the receive buffer stops. While a write waits for a long
     /// payload, a read ends with the next PDU's header (with nothing buffered, the header
     /// alone; in the middle of a long PDU, its rest and the header after it), so the payload
-    /// behind it can go straight into place ([`Driver::receive_h2c`]): one more `recv` per
-    /// long PDU instead of a copy of it. Otherwise reads fill the buffer.
+    /// behind it can go straight into place ([`Driver::receive_h2c`]) instead of being copied;
+    /// the read that ends a payload in place brings the next header with it
+    /// ([`driver::read_placed`]). Otherwise reads fill the buffer.
     fn read_end(&self) -> usize {
         let buf = &self.conn.buf;
         let full = buf.capacity();

@@ -32,7 +32,7 @@
 # separates real passes, skips and failures (see docs/CONFORMANCE.md).
 # Exit status: non-zero if any ferrosan test failed (or a tgt run broke).
 #
-# Environment: CONFORMANCE_TIMEOUT  seconds per run (default 600)
+# Environment: CONFORMANCE_TIMEOUT  seconds per run (default 900)
 #              CONFORMANCE_RUNS     the ferrosan runs to make, comma-separated without the
 #                                   "ferrosan-" (e.g. "ram"; default: every one above)
 #              FERROSAN_BIN         prebuilt daemon (default: cargo build --release)
@@ -46,7 +46,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 MODE=${1:-ferrosan}
 case $MODE in ferrosan | tgt | both) ;; *) die "usage: $0 [ferrosan|tgt|both]" ;; esac
-RUN_TIMEOUT=${CONFORMANCE_TIMEOUT:-600}
+RUN_TIMEOUT=${CONFORMANCE_TIMEOUT:-900}
 WANTED=${CONFORMANCE_RUNS:-ram,file,disk,direct,rbd,rbd-wc,rbd-gateways}
 # wanted RUN: whether ferrosan's run RUN (ferrosan-RUN) is asked for.
 wanted() { [[ ,$WANTED, == *,${1#ferrosan-},* ]]; }

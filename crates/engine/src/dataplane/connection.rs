@@ -503,7 +503,7 @@ impl IscsiDoor {
         backend: &mut Backend<'_>,
         wait: driver::PlacedWait<'_>,
     ) -> Result<Option<Flow>, Closed> {
-        let Some((bhs, len, have)) = self.long_payload_next() else {
+        let Some((bhs, len)) = self.long_payload_next() else {
             return Ok(None);
         };
         let session = &mut self.session;
@@ -521,19 +521,10 @@ impl IscsiDoor {
         let Some(dst) = dst.get_mut(..len) else {
             return Err(Closed::Protocol("Data-Out placement out of range".into()));
         };
-        dst[..have].copy_from_slice(&self.conn.buf.pending()[pdu::BHS_LEN..]);
-        self.conn.buf.clear();
         let pad = pdu::padded(len) - len;
-        let payload = driver::Placement { dst, have, pad };
-        let stop = self.conn.buf.stop_at(pdu::BHS_LEN);
-        let next = self.conn.buf.tail(stop).unwrap_or_default();
-        let unsent = driver::Unsent {
-            out: &mut self.conn.out,
-            peer: self.conn.peer,
-        };
-        let behind =
-            driver::read_placed(&mut self.conn.stream, unsent, payload, next, wait).await?;
-        self.conn.buf.received(behind);
+        self.conn
+            .receive_placed(dst, pdu::BHS_LEN, pad, pdu::BHS_LEN, wait)
+            .await?;
         let now = Instant::now();
         backend.meter.turn_started = now;
         let flow = if opcode == Some(Opcode::DataOut) {
@@ -550,18 +541,18 @@ impl IscsiDoor {
         Ok(Some(flow))
     }
 
-    /// The header of the PDU the receive buffer begins with, its data segment's length and
-    /// how much of that is buffered, when the PDU may be one to receive in place: a long
+    /// The header of the PDU the receive buffer begins with and its data segment's length,
+    /// when the PDU may be one to receive in place: a long
     /// payload, still arriving, without additional headers. Whether the session takes it in
     /// place is the session's question ([`IscsiDoor::receive_in_place`]).
-    fn long_payload_next(&self) -> Option<(pdu::Bhs, usize, usize)> {
+    fn long_payload_next(&self) -> Option<(pdu::Bhs, usize)> {
         let available = self.conn.buf.pending();
         let header = available.get(..pdu::BHS_LEN)?;
         let bhs = pdu::Bhs(<[u8; pdu::BHS_LEN]>::try_from(header).ok()?);
         let len = bhs.data_segment_len();
         let have = available.len() - pdu::BHS_LEN;
         let long = (IN_PLACE_MIN..=self.session.framing().max_data_segment_len).contains(&len);
-        (bhs.total_ahs_len() == 0 && long && have < len).then_some((bhs, len, have))
+        (bhs.total_ahs_len() == 0 && long && have < len).then_some((bhs, len))
     }
 
     /// Where the next read into the buffer stops. When a long PDU is likely next — a write

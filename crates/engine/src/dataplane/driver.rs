@@ -100,6 +100,39 @@ impl Conn {
         self.held < HELD_ANSWERS_MAX
     }
 
+    /// Receives the rest of a long payload straight into `dst`: the receive buffer begins
+    /// with its PDU's header (`header` bytes) and the payload's first bytes, which are copied
+    /// there; then `pad` bytes of padding are read past, and the next PDU's first
+    /// `next_header` bytes land in the emptied buffer in the same read ([`read_placed`]).
+    pub(super) async fn receive_placed(
+        &mut self,
+        dst: &mut [u8],
+        header: usize,
+        pad: usize,
+        next_header: usize,
+        wait: PlacedWait<'_>,
+    ) -> Result<(), Closed> {
+        let Some(buffered) = self.buf.pending().get(header..) else {
+            return Err(Closed::Invariant("placed payload without its header"));
+        };
+        let have = buffered.len();
+        let Some(into) = dst.get_mut(..have) else {
+            return Err(Closed::Invariant("more buffered than the payload holds"));
+        };
+        into.copy_from_slice(buffered);
+        self.buf.clear();
+        let stop = self.buf.stop_at(next_header);
+        let next = self.buf.tail(stop).unwrap_or_default();
+        let unsent = Unsent {
+            out: &mut self.out,
+            peer: self.peer,
+        };
+        let payload = Placement { dst, have, pad };
+        let behind = read_placed(&mut self.stream, unsent, payload, next, wait).await?;
+        self.buf.received(behind);
+        Ok(())
+    }
+
     /// Whether the receive buffer may be given back while idle: only in the clear (through
     /// TLS, OpenSSL may hold decrypted bytes the socket does not show).
     fn may_give_back(&self) -> bool {
@@ -999,6 +1032,23 @@ mod tests {
         }
     }
 
+    /// A placed read of all of `dst` (nothing buffered, no padding, no room behind).
+    async fn place_all(
+        wire: &mut Wire,
+        (out, peer): (&mut Outbox, SocketAddr),
+        dst: &mut [u8],
+        alarm: &mut Alarm,
+        stall: Duration,
+    ) -> Result<usize, Closed> {
+        let placement = Placement {
+            dst,
+            have: 0,
+            pad: 0,
+        };
+        let unsent = Unsent { out, peer };
+        read_placed(wire, unsent, placement, &mut [], waiting(alarm, stall)).await
+    }
+
     /// Places a 10-byte payload whose first 3 bytes were buffered, with 2 bytes of padding,
     /// "NEXT" behind it; `next` is the room given for what follows. Returns the payload as
     /// placed, what went into `next`, and what the socket still had.
@@ -1008,9 +1058,9 @@ mod tests {
         let mut wire = Wire::Plain(target);
         let mut out = Outbox::new(4);
         let payload: Vec<u8> = (1..=10).collect();
-        client.write_all(&payload[3..]).unwrap();
-        client.write_all(&[0, 0]).unwrap();
-        client.write_all(b"NEXT").unwrap();
+        // One write: the payload's rest, the padding and what follows arrive together.
+        let rest: &[&[u8]] = &[&payload[3..], &[0, 0], b"NEXT"];
+        client.write_all(&rest.concat()).unwrap();
         let mut dst = vec![0u8; 10];
         dst[..3].copy_from_slice(&payload[..3]);
         let mut next = vec![0u8; room];
@@ -1082,22 +1132,7 @@ mod tests {
             let mut alarm = Alarm::new().unwrap();
             alarm.set(Instant::now() + Duration::from_secs(4)).unwrap();
             let stall = Duration::from_secs(3);
-            let placement = Placement {
-                dst: &mut dst,
-                have: 0,
-                pad: 0,
-            };
-            let unsent = Unsent {
-                out: &mut out,
-                peer,
-            };
-            let placed = read_placed(
-                &mut wire,
-                unsent,
-                placement,
-                &mut [],
-                waiting(&mut alarm, stall),
-            );
+            let placed = place_all(&mut wire, (&mut out, peer), &mut dst, &mut alarm, stall);
             let sender = async {
                 client.write_all(&payload[..900]).unwrap();
                 tokio::task::yield_now().await;
@@ -1128,14 +1163,8 @@ mod tests {
         let mut place = |dst: &mut [u8], out: &mut Outbox, wire: &mut Wire| {
             rt.block_on(async {
                 alarm.set(Instant::now() + Duration::from_secs(5)).unwrap();
-                let placement = Placement {
-                    dst,
-                    have: 0,
-                    pad: 0,
-                };
-                let unsent = Unsent { out, peer };
                 let stall = Duration::from_secs(5);
-                read_placed(wire, unsent, placement, &mut [], waiting(&mut alarm, stall)).await
+                place_all(wire, (out, peer), dst, &mut alarm, stall).await
             })
         };
         place(&mut dst, &mut out, &mut wire).unwrap();
@@ -1172,23 +1201,7 @@ mod tests {
             alarm
                 .set(Instant::now() + Duration::from_millis(50))
                 .unwrap();
-            let placement = Placement {
-                dst: &mut dst,
-                have: 0,
-                pad: 0,
-            };
-            let unsent = Unsent {
-                out: &mut out,
-                peer,
-            };
-            read_placed(
-                &mut wire,
-                unsent,
-                placement,
-                &mut [],
-                waiting(&mut alarm, stall),
-            )
-            .await
+            place_all(&mut wire, (&mut out, peer), &mut dst, &mut alarm, stall).await
         });
         assert!(
             matches!(&read, Err(Closed::Limit(why)) if why.contains("stalled")),

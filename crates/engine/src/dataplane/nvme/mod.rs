@@ -549,20 +549,11 @@ impl Driver {
         let Some(dst) = self.queue.placed_data(&h2c) else {
             return Err(Closed::Invariant("H2CData placement out of range"));
         };
-        let have = self.conn.buf.pending().len() - h2c.header_len();
-        dst[..have].copy_from_slice(&self.conn.buf.pending()[h2c.header_len()..]);
-        self.conn.buf.clear();
-        let payload = driver::Placement { dst, have, pad: 0 };
-        let stop = self.conn.buf.stop_at(nvme::pdu::PduType::H2CData.hlen());
-        let next = self.conn.buf.tail(stop).unwrap_or_default();
         take_bytes(&mut self.conn.out, &mut self.out);
-        let unsent = driver::Unsent {
-            out: &mut self.conn.out,
-            peer: self.conn.peer,
-        };
-        let behind =
-            driver::read_placed(&mut self.conn.stream, unsent, payload, next, wait).await?;
-        self.conn.buf.received(behind);
+        let next_header = nvme::pdu::PduType::H2CData.hlen();
+        self.conn
+            .receive_placed(dst, h2c.header_len(), 0, next_header, wait)
+            .await?;
         if let Err(fatal) = self
             .queue
             .receive_placed(&h2c, &mut self.out, ready, refused)

@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use seam::{DataOutBuf, DataOutMemory};
+use seam::DataOutBuf;
 
 use crate::pdu::{self, flags, Accept, Fatal, PduType, Refusal, Transfer, CH_LEN, DIGEST_LEN};
 use crate::sqe::{Cqe, DataPointer, Sqe, Status, SQE_LEN};
@@ -50,9 +50,10 @@ pub struct Received {
     pub data_in_len: u32,
 }
 
-/// What [`Queue::place`] asks for a solicited write: exactly `len` bytes of memory for its
-/// data, or None.
-pub type Placement<'a> = dyn FnMut(&Sqe, usize) -> Option<Box<dyn DataOutMemory>> + 'a;
+/// What [`Queue::place`] asks for a solicited write: exactly `len` bytes for its data (memory
+/// of the engine's, or a recycled buffer of the connection's whose old bytes the data
+/// overwrites), or None for a buffer the queue grows as the data comes.
+pub type Placement<'a> = dyn FnMut(&Sqe, usize) -> Option<DataOutBuf> + 'a;
 
 /// Where a command's data from the host is.
 #[derive(Debug)]
@@ -191,9 +192,13 @@ struct Awaiting {
     total: u32,
     /// Bytes arrived (kept in `data` unless a digest failed).
     arrived: u32,
-    /// Where they go: memory the engine placed ([`Queue::place`]) before the first arrived, or
-    /// a buffer of the queue's own, grown as they come.
+    /// Where they go: `total` bytes placed ([`Queue::place`] or, at the first data received
+    /// in place, [`Queue::placed_data`]'s recycled buffer), which each arrival overwrites at
+    /// its offset, or a buffer of the queue's own, grown as they come (zero-filled first: a
+    /// pass over each byte more).
     data: DataOutBuf,
+    /// `data` was placed: `total` bytes long.
+    sized: bool,
     /// The engine was asked for memory for it.
     placed: bool,
     /// A data digest failed: the rest is received and dropped, the command answered
@@ -208,35 +213,36 @@ impl Awaiting {
     /// The memory `len` bytes arriving at `offset` fill (every byte before it has arrived):
     /// placed memory as it is, the queue's own buffer grown to hold them.
     fn destination(&mut self, offset: usize, len: usize) -> Option<&mut [u8]> {
-        match &mut self.data {
-            DataOutBuf::Pooled(v) => {
-                if v.len() != offset {
-                    return None;
-                }
+        if offset != self.arrived as usize {
+            return None;
+        }
+        let end = offset.checked_add(len)?;
+        match (&mut self.data, self.sized) {
+            (DataOutBuf::Pooled(v), false) => {
                 if v.is_empty() {
                     v.reserve_exact(self.total as usize);
                 }
-                v.resize(offset + len, 0);
+                v.resize(end, 0);
                 v.get_mut(offset..)
             }
-            DataOutBuf::Engine(memory) => memory.bytes_mut().get_mut(offset..offset + len),
+            (data, _) => data.get_mut(offset..end),
         }
     }
 
     /// Keeps `data`, which arrived at `offset` (every byte before it has).
     fn put(&mut self, offset: usize, data: &[u8]) {
-        match &mut self.data {
-            DataOutBuf::Pooled(v) => {
+        match (&mut self.data, self.sized) {
+            (DataOutBuf::Pooled(v), false) => {
                 debug_assert_eq!(v.len(), offset, "H2CData in order");
                 if v.is_empty() {
                     v.reserve_exact(self.total as usize);
                 }
                 v.extend_from_slice(data);
             }
-            DataOutBuf::Engine(memory) => {
+            (placed, _) => {
                 // Placed memory is exactly `total` long and the offset was checked against it.
                 let end = offset + data.len();
-                if let Some(at) = memory.bytes_mut().get_mut(offset..end) {
+                if let Some(at) = placed.get_mut(offset..end) {
                     at.copy_from_slice(data);
                 }
             }
@@ -507,7 +513,8 @@ impl Queue {
     /// arrives (an R2T goes out with the bytes [`Queue::receive`] returned, so no H2CData can
     /// come before the next call): `memory(sqe, len)` gives exactly `len` bytes, e.g. aligned
     /// for the direct I/O that will write them, or None for a buffer of the queue's own. Each
-    /// write is asked once.
+    /// write is asked once. Old bytes in what it gives never reach a command: a write runs only
+    /// once every byte of its range has arrived, each part at the offset the last one ended.
     pub fn place(&mut self, memory: &mut Placement<'_>) {
         for a in self.awaiting.iter_mut().filter(|a| !a.placed) {
             a.placed = true;
@@ -515,8 +522,9 @@ impl Queue {
                 continue;
             }
             let m = memory(&a.sqe, a.total as usize);
-            if let Some(m) = m.filter(|m| m.bytes().len() == a.total as usize) {
-                a.data = DataOutBuf::Engine(m);
+            if let Some(m) = m.filter(|m| m.len() == a.total as usize) {
+                a.data = m;
+                a.sized = true;
             }
         }
     }
@@ -571,12 +579,29 @@ impl Queue {
     }
 
     /// The memory the data of `h2c` fills (exactly its length).
-    pub fn placed_data(&mut self, h2c: &PlacedH2C) -> Option<&mut [u8]> {
+    ///
+    /// A write with nothing placed and nothing arrived yet takes `recycled(total)` now: a
+    /// buffer of exactly `total` bytes whose old bytes its data overwrites (as placed memory).
+    /// Taken when its first data comes rather than when its R2T goes, the buffer is one a write
+    /// just gave back and still in the cache: taking it at the R2T, 16 writes of 1 MiB earlier,
+    /// made 1 MiB writes from a RAM LUN 6 % slower than growing a zero-filled buffer.
+    pub fn placed_data(
+        &mut self,
+        h2c: &PlacedH2C,
+        recycled: impl FnOnce(usize) -> Vec<u8>,
+    ) -> Option<&mut [u8]> {
         let t = &h2c.transfer;
         let a = self
             .awaiting
             .iter_mut()
             .find(|a| a.sqe.cid() == t.cccid && a.ttag == t.ttag)?;
+        if !a.sized && a.arrived == 0 && !(a.failed || a.aborted) {
+            let buf = recycled(a.total as usize);
+            if buf.len() == a.total as usize {
+                a.data = DataOutBuf::Pooled(buf);
+                a.sized = true;
+            }
+        }
         a.destination(t.offset as usize, t.len as usize)
     }
 
@@ -817,6 +842,7 @@ impl Queue {
             total: len,
             arrived: 0,
             data: DataOutBuf::default(),
+            sized: false,
             placed: false,
             failed: false,
             aborted: false,

@@ -303,7 +303,7 @@ fn a_solicited_writes_data_lands_in_the_memory_placed_for_it() {
     let mut asked = Vec::new();
     q.place(&mut |sqe, len| {
         asked.push((sqe.cid(), len));
-        (sqe.cid() == 1).then(|| Box::new(Placed(vec![0xEE; len])) as Box<dyn seam::DataOutMemory>)
+        (sqe.cid() == 1).then(|| seam::DataOutBuf::Engine(Box::new(Placed(vec![0xEE; len]))))
     });
     assert_eq!(asked, [(1, 12_288), (2, 4096)]);
     // Asked once: a second call finds nothing new.
@@ -839,7 +839,7 @@ fn solicited_with(q: &mut Queue, cid: u16, len: u32, digests: (bool, bool)) -> T
 fn h2c_data_received_in_place_lands_in_placed_memory_and_readies_its_write() {
     let mut q = queue((false, false));
     let r2t = solicited(&mut q, 3, 16_384);
-    q.place(&mut |_, len| Some(Box::new(Placed(vec![0; len])) as Box<dyn seam::DataOutMemory>));
+    q.place(&mut |_, len| Some(seam::DataOutBuf::Engine(Box::new(Placed(vec![0; len])))));
     assert!(q.awaits_data(16_384) && !q.awaits_data(16_385));
     let data: Vec<u8> = (0..16_384u32).map(|i| (i % 253) as u8).collect();
     let mut ready = Vec::new();
@@ -857,7 +857,9 @@ fn h2c_data_received_in_place_lands_in_placed_memory_and_readies_its_write() {
             q.placed_h2c(&pdu[..100], 8193).is_none(),
             "shorter than asked"
         );
-        let dst = q.placed_data(&h2c).unwrap();
+        let dst = q
+            .placed_data(&h2c, |_| panic!("memory was placed"))
+            .unwrap();
         assert_eq!(dst.len(), 8192);
         dst.copy_from_slice(&pdu[24..]);
         let mut out = Vec::new();
@@ -873,6 +875,63 @@ fn h2c_data_received_in_place_lands_in_placed_memory_and_readies_its_write() {
         panic!("not in placed memory: {r:?}")
     };
     assert_eq!(m.bytes(), &data[..]);
+}
+
+/// A write whose data lands in a recycled buffer of the connection's (old bytes in it) runs
+/// with exactly the host's bytes, whether its parts come in place or the usual way; one
+/// aborted before all came never runs; placed memory is not replaced by a recycled buffer.
+#[test]
+fn a_recycled_buffer_taken_for_a_write_holds_only_the_hosts_bytes_when_it_runs() {
+    let mut q = queue((false, false));
+    let first = solicited(&mut q, 3, 16_384);
+    let second = solicited(&mut q, 4, 8192);
+    // Nothing placed at the R2Ts: the first data takes a recycled buffer.
+    q.place(&mut |_, _| None);
+    let data: Vec<u8> = (0..16_384u32).map(|i| (i % 241) as u8).collect();
+    let part = |offset| Transfer {
+        offset,
+        len: 8192,
+        ..first
+    };
+    // The first part in place, the second the usual way.
+    let pdu = h2c(part(0), false, &data[..8192], (false, false));
+    let h = q.placed_h2c(&pdu, 1).expect("taken in place");
+    q.placed_data(&h, |len| vec![0xEE; len])
+        .unwrap()
+        .copy_from_slice(&pdu[24..]);
+    let (mut out, mut ready, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    q.receive_placed(&h, &mut out, &mut ready, &mut refused)
+        .unwrap();
+    assert!(ready.is_empty(), "not ready before its last byte");
+    ready.extend(
+        feed(
+            &mut q,
+            &h2c(part(8192), true, &data[8192..], (false, false)),
+        )
+        .ready,
+    );
+    let [r] = &ready[..] else { panic!("{ready:?}") };
+    let Data::Gathered(seam::DataOutBuf::Pooled(v)) = &r.data else {
+        panic!("not in its recycled buffer: {r:?}")
+    };
+    assert_eq!(v[..], data[..], "every old byte overwritten");
+    // The second write aborted after half of its data: refused, never ready.
+    let half = Transfer {
+        len: 4096,
+        ..second
+    };
+    assert!(feed(&mut q, &h2c(half, false, &[1; 4096], (false, false)))
+        .ready
+        .is_empty());
+    assert_eq!(q.abort(4), Aborting::OnArrival);
+    let rest = Transfer {
+        offset: 4096,
+        len: 4096,
+        ..second
+    };
+    let t = feed(&mut q, &h2c(rest, true, &[1; 4096], (false, false)));
+    assert!(t.ready.is_empty(), "an aborted write does not run");
+    assert_eq!(t.refused.len(), 1);
 }
 
 #[test]
@@ -900,9 +959,10 @@ fn h2c_data_out_of_order_with_digests_or_for_no_write_takes_the_usual_way() {
     // A command capsule, or not yet a whole header.
     let pdu = h2c(part(0), false, &data, (false, false));
     assert!(q.placed_h2c(&pdu[..23], 1).is_none());
-    // The queue's own buffer when nothing was placed: grown to hold the part.
+    // The queue's own buffer when nothing was placed and no recycled one came: grown to
+    // hold the part.
     let h = q.placed_h2c(&pdu, 1).unwrap();
-    assert_eq!(q.placed_data(&h).unwrap().len(), 8192);
+    assert_eq!(q.placed_data(&h, |_| Vec::new()).unwrap().len(), 8192);
     // With digests nothing is taken in place.
     let mut dq = queue((true, true));
     let r2t = solicited_with(&mut dq, 5, 8192, (true, true));

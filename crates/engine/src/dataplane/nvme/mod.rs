@@ -491,7 +491,7 @@ impl Driver {
         // Writes solicited this turn get the memory their I/O will write from, before their
         // data can arrive (their R2Ts go out with this turn's answers).
         self.queue
-            .place(&mut |sqe, len| write_memory(backend, sqe, len));
+            .place(&mut |sqe, len| write_memory(backend, sqe, len).map(seam::DataOutBuf::Engine));
         // Refusals answered first: the activity counts what stays open.
         self.answer_refused(refused);
         refused.clear();
@@ -546,7 +546,8 @@ impl Driver {
         (ready, refused): &mut (Vec<Received>, Vec<Refused>),
         wait: driver::PlacedWait<'_>,
     ) -> Result<bool, Closed> {
-        let Some(dst) = self.queue.placed_data(&h2c) else {
+        let out = &mut self.conn.out;
+        let Some(dst) = self.queue.placed_data(&h2c, |len| recycled(out, len)) else {
             return Err(Closed::Invariant("H2CData placement out of range"));
         };
         take_bytes(&mut self.conn.out, &mut self.out);
@@ -777,6 +778,18 @@ impl Driver {
 /// Memory for the data of a write solicited with an R2T: the aligned buffer of a direct-I/O
 /// namespace's ring write (`Backend::data_out_memory`), so the H2CData lands where the device
 /// writes from. Only a Write: other commands' data is rebuilt in SCSI's layout.
+/// A buffer of `len` bytes from the connection's pool, its old bytes kept (the write's data
+/// overwrites every one before it runs): zero-filling it would be a pass over each byte more.
+fn recycled(out: &mut Outbox, len: usize) -> Vec<u8> {
+    let mut buf = out.take_scratch();
+    if buf.len() >= len {
+        buf.truncate(len);
+    } else {
+        buf.resize(len, 0);
+    }
+    buf
+}
+
 fn write_memory(
     backend: &mut Backend<'_>,
     sqe: &nvme::sqe::Sqe,

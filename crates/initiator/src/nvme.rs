@@ -6,9 +6,49 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+/// How long a queue waits for its socket (to take input, or room for output) before it
+/// gives up: the read timeout its socket is given.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
 use nvme::fabrics::{Connect, DYNAMIC_CONTROLLER};
-use nvme::host::{next_len, Done, HostQueue};
+use nvme::host::{next_len, Done, HostQueue, Spliced};
 use nvme::sqe::{Cqe, Sqe, Status};
+
+/// Slices one `sendmsg` takes (Linux's IOV_MAX is 1,024).
+const SLICES_MAX: usize = 1024;
+
+/// What is left to send from byte `from` of `out` with `spliced` in it, as slices in order
+/// (into `slices`, at most [`SLICES_MAX`]); returns how many bytes are left in all.
+fn gather<'a>(
+    out: &'a [u8],
+    spliced: &'a [Spliced],
+    from: usize,
+    slices: &mut Vec<std::io::IoSlice<'a>>,
+) -> usize {
+    let mut skip = from;
+    let mut total = 0;
+    let mut push = |piece: &'a [u8]| {
+        if skip >= piece.len() {
+            skip -= piece.len();
+            return;
+        }
+        let rest = &piece[skip..];
+        skip = 0;
+        total += rest.len();
+        // One sendmsg takes at most IOV_MAX slices; the rest go in the next.
+        if slices.len() < SLICES_MAX {
+            slices.push(std::io::IoSlice::new(rest));
+        }
+    };
+    let mut at = 0;
+    for s in spliced {
+        push(out.get(at..s.at).unwrap_or(&[]));
+        push(s.data.get(s.range.clone()).unwrap_or(&[]));
+        at = s.at;
+    }
+    push(out.get(at..).unwrap_or(&[]));
+    total
+}
 
 /// Why a host command failed.
 #[derive(Debug)]
@@ -248,7 +288,7 @@ impl QueueConn {
     /// say).
     pub fn over(stream: TcpStream, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
         QueueConn::start(Stream::Tcp(stream), digests)
     }
 
@@ -263,7 +303,7 @@ impl QueueConn {
     ) -> Result<QueueConn, NvmeError> {
         let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         tcp.set_nodelay(true)?;
-        tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+        tcp.set_read_timeout(Some(IO_TIMEOUT))?;
         QueueConn::start(tls_over(tcp, tls, hostnqn, subnqn)?, digests)
     }
 
@@ -279,6 +319,9 @@ impl QueueConn {
             fresh: Vec::new(),
             withheld: None,
         };
+        // Shared write data goes from where it is, without a copy, in the clear.
+        let clear = matches!(q.stream, Stream::Tcp(_));
+        q.queue.splice_shared_data(clear);
         q.queue.icreq(digests, &mut q.out);
         q.flush()?;
         while !q.queue.initialized() {
@@ -288,23 +331,87 @@ impl QueueConn {
     }
 
     fn flush(&mut self) -> Result<(), NvmeError> {
+        if matches!(self.stream, Stream::Tcp(_)) {
+            return self.send_taking_input();
+        }
         self.stream.write_all(&self.out)?;
         self.stream.flush()?;
         self.out.clear();
         Ok(())
     }
 
-    /// Reads once and takes every whole PDU (sending the data R2Ts ask for).
-    fn pump(&mut self) -> Result<(), NvmeError> {
+    /// Sends `out` in the clear, with the write data the queue spliced into it, taking what
+    /// arrives while the socket is full (completions, the next R2Ts), as a kernel host does: a
+    /// deep queue of long writes then has commands answered and new ones sent while its data
+    /// still goes out.
+    fn send_taking_input(&mut self) -> Result<(), NvmeError> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        use rustix::io::Errno;
+        let deadline = std::time::Instant::now() + IO_TIMEOUT;
+        let mut sent = 0;
+        loop {
+            let Stream::Tcp(tcp) = &self.stream else {
+                unreachable!("only a clear stream is sent here")
+            };
+            let spliced = self.queue.spliced();
+            let mut slices = Vec::with_capacity(2 * spliced.len() + 1);
+            let left = gather(&self.out, spliced, sent, &mut slices);
+            if left == 0 {
+                break;
+            }
+            let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+            let mut control = rustix::net::SendAncillaryBuffer::default();
+            match rustix::net::sendmsg(tcp, &slices, &mut control, flags) {
+                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
+                Ok(n) => {
+                    sent += n;
+                    continue;
+                }
+                Err(Errno::AGAIN | Errno::INTR) => {}
+                Err(e) => return Err(NvmeError::Io(e.into())),
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(NvmeError::Io(std::io::ErrorKind::TimedOut.into()));
+            }
+            let timeout = Timespec::try_from(left).ok();
+            let mut fds = [PollFd::new(tcp, PollFlags::IN | PollFlags::OUT)];
+            match poll(&mut fds, timeout.as_ref()) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(e) => return Err(NvmeError::Io(e.into())),
+            }
+            if fds[0].revents().contains(PollFlags::IN) {
+                self.read_once(rustix::net::RecvFlags::DONTWAIT)?;
+            }
+        }
+        self.out.clear();
+        self.queue.sent_spliced();
+        Ok(())
+    }
+
+    /// Reads once (waiting only without `DONTWAIT`, up to the socket's read timeout) and takes
+    /// every whole PDU: completions to `done`, the data R2Ts ask for appended to `out` (or
+    /// kept back while withholding). False if nothing was there to read.
+    fn read_once(&mut self, flags: rustix::net::RecvFlags) -> Result<bool, NvmeError> {
         let need = next_len(&self.rbuf[..self.end]).max(self.end + 1);
         if self.rbuf.len() < need {
             self.rbuf.resize(need, 0);
         }
-        let n = self.stream.read(&mut self.rbuf[self.end..])?;
+        let n = match &mut self.stream {
+            Stream::Tcp(tcp) if !flags.is_empty() => {
+                match rustix::net::recv(&*tcp, &mut self.rbuf[self.end..], flags) {
+                    Ok((n, _)) => n,
+                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return Ok(false),
+                    Err(e) => return Err(NvmeError::Io(e.into())),
+                }
+            }
+            stream => stream.read(&mut self.rbuf[self.end..])?,
+        };
         if n == 0 {
             return Err(NvmeError::Io(std::io::ErrorKind::UnexpectedEof.into()));
         }
         self.end += n;
+        let before = self.out.len();
         let used = self
             .queue
             .receive(&self.rbuf[..self.end], &mut self.out, &mut self.fresh)
@@ -313,14 +420,24 @@ impl QueueConn {
         self.end -= used;
         self.done.extend(self.fresh.drain(..));
         if let Some(held) = self.withheld.as_mut() {
-            held.append(&mut self.out);
+            held.extend_from_slice(&self.out[before..]);
+            self.out.truncate(before);
         }
+        Ok(true)
+    }
+
+    /// Reads once, waiting for input, takes every whole PDU and sends the data R2Ts asked for.
+    fn pump(&mut self) -> Result<(), NvmeError> {
+        self.read_once(rustix::net::RecvFlags::empty())?;
         self.flush()
     }
 
     /// From now on, keep back the data the target's R2Ts ask for (`true`), or send what was
     /// kept back and stop keeping it (`false`).
     pub fn withhold_data(&mut self, on: bool) -> Result<(), NvmeError> {
+        // Data kept back is copied: it is sent later, as bytes.
+        let clear = matches!(self.stream, Stream::Tcp(_));
+        self.queue.splice_shared_data(clear && !on);
         match (on, self.withheld.take()) {
             (true, held) => self.withheld = Some(held.unwrap_or_default()),
             (false, Some(mut held)) => {
@@ -690,5 +807,39 @@ pub fn status(cqe: &Cqe) -> Result<(), NvmeError> {
         Ok(())
     } else {
         Err(NvmeError::Status(cqe.status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What is left after any number of bytes sent is the rest of the output with the
+    /// spliced pieces in their places, whatever piece the cut falls in.
+    #[test]
+    fn gather_resumes_at_any_byte() {
+        let data: std::sync::Arc<[u8]> = (100..200u8).collect();
+        let out: Vec<u8> = (0..10u8).collect();
+        let spliced = [
+            Spliced {
+                at: 3,
+                data: data.clone(),
+                range: 0..5,
+            },
+            Spliced {
+                at: 7,
+                data: data.clone(),
+                range: 50..52,
+            },
+        ];
+        let whole: Vec<u8> =
+            [&out[..3], &data[0..5], &out[3..7], &data[50..52], &out[7..]].concat();
+        for from in 0..=whole.len() {
+            let mut slices = Vec::new();
+            let left = gather(&out, &spliced, from, &mut slices);
+            let got: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
+            assert_eq!(left, whole.len() - from);
+            assert_eq!(got, whole[from..], "from {from}");
+        }
     }
 }

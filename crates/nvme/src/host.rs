@@ -4,7 +4,7 @@
 //! crate's host and the tests; the controller side is [`crate::queue`].
 
 use crate::pdu::{self, Accept, Fatal, PduType, Refusal, Transfer, CH_LEN};
-use crate::queue::capsule;
+use crate::queue::capsule_head;
 use crate::sqe::{Cqe, Sqe, Status, CQE_LEN};
 
 /// A command the controller answered: its completion and the data it returned.
@@ -38,6 +38,39 @@ impl From<Vec<u8>> for WriteData {
     }
 }
 
+/// Write data sent by reference instead of copied into the output
+/// ([`HostQueue::splice_shared_data`]): `data[range]` goes out at byte `at` of the output,
+/// before what follows it there.
+#[derive(Clone, Debug)]
+pub struct Spliced {
+    pub at: usize,
+    pub data: std::sync::Arc<[u8]>,
+    pub range: std::ops::Range<usize>,
+}
+
+/// Appends `data[range]` to what a queue sends: by reference when `spliced` is on and the data
+/// is shared, else copied into `out`; its data digest after it when `digest`.
+fn put_data(
+    spliced: &mut Option<Vec<Spliced>>,
+    data: &WriteData,
+    range: std::ops::Range<usize>,
+    digest: bool,
+    out: &mut Vec<u8>,
+) {
+    let bytes = data.as_slice().get(range.clone()).unwrap_or(&[]);
+    match (spliced.as_mut(), data) {
+        (Some(list), WriteData::Shared(shared, _)) if !bytes.is_empty() => list.push(Spliced {
+            at: out.len(),
+            data: std::sync::Arc::clone(shared),
+            range,
+        }),
+        _ => out.extend_from_slice(bytes),
+    }
+    if digest {
+        out.extend_from_slice(&pdu::digest(bytes).to_le_bytes());
+    }
+}
+
 struct Outstanding {
     /// Data still to send on the controller's R2T.
     data_out: WriteData,
@@ -60,6 +93,8 @@ pub struct HostQueue {
     /// Commands the controller completed with SUCCESS on their last C2HData PDU, without a
     /// response capsule (when this host disabled SQ flow control).
     pub successes_in_data: u64,
+    /// While `Some`: shared write data sent by reference ([`HostQueue::splice_shared_data`]).
+    spliced: Option<Vec<Spliced>>,
 }
 
 impl Default for HostQueue {
@@ -83,6 +118,35 @@ impl HostQueue {
             in_capsule_max: 8192,
             outstanding: std::collections::HashMap::new(),
             successes_in_data: 0,
+            spliced: None,
+        }
+    }
+
+    /// From now on (`true`), shared write data ([`WriteData::Shared`]) is not copied into the
+    /// output: each piece is listed in [`HostQueue::spliced`] with where it belongs, for a
+    /// caller that sends the output and the pieces together (`writev`). A benchmark's host
+    /// writing 1 MiB per command copied each write's data once more than it sent it.
+    pub fn splice_shared_data(&mut self, on: bool) {
+        match (on, &self.spliced) {
+            (true, None) => self.spliced = Some(Vec::new()),
+            (false, Some(list)) => {
+                debug_assert!(list.is_empty(), "spliced data not sent before turning off");
+                self.spliced = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// The write data listed, not copied, since the output was last emptied: the caller
+    /// sends them in order with the output, then empties both ([`HostQueue::sent_spliced`]).
+    pub fn spliced(&self) -> &[Spliced] {
+        self.spliced.as_deref().unwrap_or(&[])
+    }
+
+    /// The output and what was spliced into it are sent.
+    pub fn sent_spliced(&mut self) {
+        if let Some(list) = self.spliced.as_mut() {
+            list.clear();
         }
     }
 
@@ -130,9 +194,11 @@ impl HostQueue {
         sqe.0[39] = if in_capsule { 0x01 } else { 0x5A };
         let digests = (self.accept.header_digest, self.accept.data_digest);
         if in_capsule {
-            capsule(&sqe, bytes, digests, out);
+            let len = bytes.len();
+            capsule_head(&sqe, len, digests, out);
+            put_data(&mut self.spliced, &data_out, 0..len, digests.1, out);
         } else {
-            capsule(&sqe, &[], digests, out);
+            capsule_head(&sqe, 0, digests, out);
         }
         let earlier = self.outstanding.insert(
             cid,
@@ -288,30 +354,26 @@ impl HostQueue {
             status: Fatal::InvalidHeaderField,
             field: 8,
         })?;
-        let end = (t.offset as usize).saturating_add(t.len as usize);
-        let data = o
-            .data_out
-            .as_slice()
-            .get(t.offset as usize..end)
-            .ok_or(Refusal {
+        let start = t.offset as usize;
+        let end = start.saturating_add(t.len as usize);
+        if end > o.data_out.as_slice().len() {
+            return Err(Refusal {
                 status: Fatal::DataOutOfRange,
                 field: 12,
-            })?;
+            });
+        }
         let digests = (self.accept.header_digest, self.accept.data_digest);
-        let mut at = 0;
-        while at < data.len() {
-            let n = (data.len() - at).min(self.maxh2cdata as usize);
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(self.maxh2cdata as usize);
             let part = Transfer {
                 cccid: t.cccid,
                 ttag: t.ttag,
-                offset: t.offset + at as u32,
+                offset: at as u32,
                 len: n as u32,
             };
-            part.encode_h2c_header(at + n == data.len(), digests, out);
-            out.extend_from_slice(&data[at..at + n]);
-            if digests.1 {
-                out.extend_from_slice(&pdu::digest(&data[at..at + n]).to_le_bytes());
-            }
+            part.encode_h2c_header(at + n == end, digests, out);
+            put_data(&mut self.spliced, &o.data_out, at..at + n, digests.1, out);
             at += n;
         }
         Ok(())
@@ -400,6 +462,66 @@ mod tests {
             assert_eq!(done.len(), 3);
             assert_eq!(done[0].data, vec![7; 4096]);
             assert_eq!(host.outstanding(), 0);
+        }
+    }
+
+    /// The output with the spliced pieces put where they belong.
+    fn joined(out: &[u8], spliced: &[Spliced]) -> Vec<u8> {
+        let mut v = Vec::new();
+        let mut at = 0;
+        for s in spliced {
+            v.extend_from_slice(&out[at..s.at]);
+            v.extend_from_slice(&s.data[s.range.clone()]);
+            at = s.at;
+        }
+        v.extend_from_slice(&out[at..]);
+        v
+    }
+
+    /// Shared write data spliced rather than copied: the output with the pieces in their
+    /// places is byte for byte what the copying host sends, in the capsule and on an R2T,
+    /// with and without digests; owned data is still copied.
+    #[test]
+    fn spliced_write_data_makes_the_same_bytes_as_copied() {
+        let shared: std::sync::Arc<[u8]> = (0..40_000u32).map(|i| (i % 239) as u8).collect();
+        for digests in [(false, false), (true, true)] {
+            let mut sent = Vec::new();
+            for splice in [false, true] {
+                let mut host = HostQueue::new();
+                host.in_capsule_max = 4096;
+                host.maxh2cdata = 8192;
+                host.accept.header_digest = digests.0;
+                host.accept.data_digest = digests.1;
+                host.splice_shared_data(splice);
+                let mut out = Vec::new();
+                let mut write = Sqe([0; 64]);
+                write.0[0] = 0x01;
+                for (cid, data) in [
+                    (1u8, WriteData::Shared(shared.clone(), 20_000)),
+                    (2, WriteData::Shared(shared.clone(), 4096)),
+                    (3, WriteData::Owned(vec![5; 512])),
+                ] {
+                    write.0[2] = cid;
+                    host.submit(write, data, 0, &mut out);
+                }
+                let r2t = Transfer {
+                    cccid: 1,
+                    ttag: 7,
+                    offset: 4096,
+                    len: 15_904,
+                };
+                host.send_data(r2t, &mut out).unwrap();
+                assert_eq!(host.spliced().is_empty(), !splice);
+                if splice {
+                    // The second write's in-capsule data and the two H2CData PDUs (8 KiB at
+                    // most) of the first's R2T.
+                    assert_eq!(host.spliced().len(), 3);
+                }
+                sent.push(joined(&out, host.spliced()));
+                host.sent_spliced();
+                assert!(host.spliced().is_empty());
+            }
+            assert_eq!(sent[0], sent[1], "digests {digests:?}");
         }
     }
 }

@@ -1032,23 +1032,28 @@ pub const QUEUE_FULL: Status = Status {
 
 /// Writes a command capsule of `sqe` with `data` in it (a host's PDU: for hosts and tests).
 pub fn capsule(sqe: &Sqe, data: &[u8], digests: (bool, bool), out: &mut Vec<u8>) {
+    capsule_head(sqe, data.len(), digests, out);
+    out.extend_from_slice(data);
+    if digests.1 && !data.is_empty() {
+        out.extend_from_slice(&pdu::digest(data).to_le_bytes());
+    }
+}
+
+/// A command capsule's header (and its digest) for `data_len` bytes of in-capsule data that
+/// the caller sends after it, followed by their data digest when `digests.1`.
+pub fn capsule_head(sqe: &Sqe, data_len: usize, digests: (bool, bool), out: &mut Vec<u8>) {
     let (hdgst, ddgst) = digests;
     let start = out.len();
     let hlen = PduType::CapsuleCmd.hlen();
     let header_end = hlen + if hdgst { DIGEST_LEN } else { 0 };
-    let pdo = if data.is_empty() { 0 } else { header_end };
-    let plen = header_end
-        + data.len()
-        + if ddgst && !data.is_empty() {
-            DIGEST_LEN
-        } else {
-            0
-        };
+    let pdo = if data_len == 0 { 0 } else { header_end };
+    let ddgst = ddgst && data_len != 0;
+    let plen = header_end + data_len + if ddgst { DIGEST_LEN } else { 0 };
     let mut f = 0;
     if hdgst {
         f |= flags::HDGSTF;
     }
-    if ddgst && !data.is_empty() {
+    if ddgst {
         f |= flags::DDGSTF;
     }
     pdu::put_ch(out, PduType::CapsuleCmd, f, pdo as u8, plen as u32);
@@ -1056,10 +1061,6 @@ pub fn capsule(sqe: &Sqe, data: &[u8], digests: (bool, bool), out: &mut Vec<u8>)
     if hdgst {
         let d = pdu::digest(&out[start..]);
         out.extend_from_slice(&d.to_le_bytes());
-    }
-    out.extend_from_slice(data);
-    if ddgst && !data.is_empty() {
-        out.extend_from_slice(&pdu::digest(data).to_le_bytes());
     }
 }
 

@@ -74,7 +74,8 @@ impl Target for IscsiTarget {
             conn,
             lun: config.lun,
             block_size: u64::from(self.info.block_size),
-            buffers: (0..queue_depth).map(|_| pattern.clone()).collect(),
+            pattern: pattern.into(),
+            buffers: vec![Vec::new(); queue_depth],
             pending: vec![None; queue_depth],
         }))
     }
@@ -92,8 +93,10 @@ struct IscsiEngine {
     conn: Connection,
     lun: u64,
     block_size: u64,
-    /// A buffer per tag: a write's data (random, given back by the completion), a read's
-    /// landing place.
+    /// What writes send (random, as for NVMe/TCP): shared by every write and sent from where
+    /// it lies, never copied per write.
+    pattern: std::sync::Arc<[u8]>,
+    /// A buffer per tag: its last read's landing place (given back by the completion).
     buffers: Vec<Vec<u8>>,
     pending: Vec<Option<Pending>>,
 }
@@ -104,16 +107,19 @@ impl IscsiEngine {
             .buffers
             .get_mut(tag)
             .ok_or_else(|| format!("tag {tag} out of range"))?;
-        let mut buf = std::mem::take(slot);
         let lba = p.offset / self.block_size;
         let blocks = u32::try_from(u64::from(p.len) / self.block_size)
             .map_err(|_| "I/O too long".to_string())?;
         let command = match p.op {
             Op::Read => Command::read(tag as u64, self.lun, scsi::read16(lba, blocks), p.len)
-                .with_buffer(buf),
+                .with_buffer(std::mem::take(slot)),
             Op::Write => {
-                buf.resize(p.len as usize, 0);
-                Command::write(tag as u64, self.lun, scsi::write16(lba, blocks, false), buf)
+                let len = p.len as usize;
+                if len > self.pattern.len() {
+                    return Err(format!("a write of {len} bytes is longer than the pattern"));
+                }
+                let cdb = scsi::write16(lba, blocks, false);
+                Command::write_shared(tag as u64, self.lun, cdb, self.pattern.clone(), len)
             }
         };
         if let Some(slot) = self.pending.get_mut(tag) {
@@ -155,8 +161,11 @@ impl Engine for IscsiEngine {
                     // A read that came back short did not do the work it is counted for.
                     let short = p.op == Op::Read && status == 0 && r.data.len() != p.len as usize;
                     let got = r.data.len();
-                    if let Some(slot) = self.buffers.get_mut(tag) {
-                        *slot = r.data;
+                    // A write gives back no buffer: the tag's read buffer stays.
+                    if p.op == Op::Read {
+                        if let Some(slot) = self.buffers.get_mut(tag) {
+                            *slot = r.data;
+                        }
                     }
                     // BUSY, TASK SET FULL, or a unit attention: the I/O goes again.
                     let retry = matches!(status, 0x08 | 0x28)

@@ -456,7 +456,7 @@ impl Connection {
                 self.write_some()?;
                 return Ok(());
             }
-            if !self.session.output().is_empty() && self.write_some()? {
+            if self.session.output_len() > 0 && self.write_some()? {
                 continue;
             }
             let mut until = self.session.next_timeout();
@@ -470,12 +470,7 @@ impl Connection {
                 until = Some(until.map_or(d, |w| w.min(d)));
             }
             let timeout = until.map(|w| w.saturating_duration_since(now));
-            if wait_fd(
-                &self.stream,
-                !self.session.output().is_empty(),
-                timeout,
-                wake,
-            )? {
+            if wait_fd(&self.stream, self.session.output_len() > 0, timeout, wake)? {
                 return Err(Error::Timeout {
                     what,
                     after: started.elapsed(),
@@ -503,8 +498,12 @@ impl Connection {
     /// Writes until done or the socket is full; whether anything was written.
     fn write_some(&mut self) -> Result<bool, Error> {
         let mut wrote = false;
-        while !self.session.output().is_empty() {
-            match self.stream.write(self.session.output()) {
+        while self.session.output_len() > 0 {
+            let mut slices = Vec::new();
+            self.session.output_slices(&mut slices);
+            let written = self.stream.write_vectored(&slices);
+            drop(slices);
+            match written {
                 Ok(0) => return Err(Error::Closed),
                 Ok(n) => {
                     self.session.advance_output(n);

@@ -147,7 +147,14 @@ pub fn framing(p: &Negotiated) -> Framing {
 
 /// Takes everything the session wants to send.
 pub fn take(s: &mut Session) -> Vec<Sent> {
-    let bytes = s.output().to_vec();
+    let mut slices = Vec::new();
+    s.output_slices(&mut slices);
+    let bytes: Vec<u8> = slices.iter().flat_map(|p| p.iter().copied()).collect();
+    assert_eq!(
+        bytes.len(),
+        s.output_len(),
+        "all of it in one writev's slices"
+    );
     s.advance_output(bytes.len());
     decode(&bytes, &framing(s.negotiated()))
 }

@@ -31,6 +31,7 @@ pub mod login;
 pub mod nvme;
 pub mod scsi;
 pub mod session;
+mod splice;
 pub mod url;
 
 #[cfg(test)]

@@ -34,29 +34,65 @@ pub const LOGIN_RANDOM_BYTES: usize = 17;
 const LOGIN_ITT: u32 = 0;
 const INITIAL_CMD_SN: u32 = 1;
 
-/// Bytes to send, kept until the driver says they went out.
+/// Bytes to send, kept until the driver says they went out, with pieces of shared write data
+/// spliced between them (sent from where they lie, not copied in).
 #[derive(Debug, Default)]
 pub(crate) struct Outbuf {
     buf: Vec<u8>,
+    /// Bytes already sent, of `buf` and the spliced pieces together.
     pos: usize,
+    spliced: Vec<Spliced>,
+    spliced_len: usize,
+}
+
+/// `data[range]` goes out before byte `at` of the buffer.
+#[derive(Debug)]
+struct Spliced {
+    at: usize,
+    data: std::sync::Arc<[u8]>,
+    range: std::ops::Range<usize>,
 }
 
 impl Outbuf {
+    /// What is left to send, when nothing is spliced in (login, and callers that never send
+    /// shared write data); else see [`Outbuf::slices`].
     pub(crate) fn pending(&self) -> &[u8] {
+        debug_assert!(self.spliced.is_empty(), "spliced output read as one slice");
         self.buf.get(self.pos..).unwrap_or(&[])
     }
+    /// What is left to send, in order, as slices for one `writev`.
+    pub(crate) fn slices<'a>(&'a self, into: &mut Vec<std::io::IoSlice<'a>>) {
+        let pieces = self
+            .spliced
+            .iter()
+            .map(|s| (s.at, s.data.get(s.range.clone()).unwrap_or(&[])));
+        crate::splice::gather(&self.buf, pieces, self.pos, into);
+    }
     pub(crate) fn advance(&mut self, n: usize) {
-        self.pos = self.pos.saturating_add(n).min(self.buf.len());
-        if self.pos == self.buf.len() {
+        let total = self.buf.len() + self.spliced_len;
+        self.pos = self.pos.saturating_add(n).min(total);
+        if self.pos == total {
             self.buf.clear();
+            self.spliced.clear();
+            self.spliced_len = 0;
             self.pos = 0;
         }
     }
     pub(crate) fn vec(&mut self) -> &mut Vec<u8> {
         &mut self.buf
     }
+    /// `data[range]` goes out next, from where it lies.
+    pub(crate) fn splice(&mut self, data: &std::sync::Arc<[u8]>, range: std::ops::Range<usize>) {
+        debug_assert!(range.end <= data.len(), "a spliced piece within its data");
+        self.spliced_len += range.len();
+        self.spliced.push(Spliced {
+            at: self.buf.len(),
+            data: std::sync::Arc::clone(data),
+            range,
+        });
+    }
     pub(crate) fn len(&self) -> usize {
-        self.buf.len() - self.pos
+        self.buf.len() + self.spliced_len - self.pos
     }
 }
 

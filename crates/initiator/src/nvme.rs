@@ -11,44 +11,8 @@ use std::time::Duration;
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 use nvme::fabrics::{Connect, DYNAMIC_CONTROLLER};
-use nvme::host::{next_len, Done, HostQueue, Spliced};
+use nvme::host::{next_len, Done, HostQueue};
 use nvme::sqe::{Cqe, Sqe, Status};
-
-/// Slices one `sendmsg` takes (Linux's IOV_MAX is 1,024).
-const SLICES_MAX: usize = 1024;
-
-/// What is left to send from byte `from` of `out` with `spliced` in it, as slices in order
-/// (into `slices`, at most [`SLICES_MAX`]); returns how many bytes are left in all.
-fn gather<'a>(
-    out: &'a [u8],
-    spliced: &'a [Spliced],
-    from: usize,
-    slices: &mut Vec<std::io::IoSlice<'a>>,
-) -> usize {
-    let mut skip = from;
-    let mut total = 0;
-    let mut push = |piece: &'a [u8]| {
-        if skip >= piece.len() {
-            skip -= piece.len();
-            return;
-        }
-        let rest = &piece[skip..];
-        skip = 0;
-        total += rest.len();
-        // One sendmsg takes at most IOV_MAX slices; the rest go in the next.
-        if slices.len() < SLICES_MAX {
-            slices.push(std::io::IoSlice::new(rest));
-        }
-    };
-    let mut at = 0;
-    for s in spliced {
-        push(out.get(at..s.at).unwrap_or(&[]));
-        push(s.data.get(s.range.clone()).unwrap_or(&[]));
-        at = s.at;
-    }
-    push(out.get(at..).unwrap_or(&[]));
-    total
-}
 
 /// Why a host command failed.
 #[derive(Debug)]
@@ -355,7 +319,10 @@ impl QueueConn {
             };
             let spliced = self.queue.spliced();
             let mut slices = Vec::with_capacity(2 * spliced.len() + 1);
-            let left = gather(&self.out, spliced, sent, &mut slices);
+            let pieces = spliced
+                .iter()
+                .map(|s| (s.at, s.data.get(s.range.clone()).unwrap_or(&[])));
+            let left = crate::splice::gather(&self.out, pieces, sent, &mut slices);
             if left == 0 {
                 break;
             }
@@ -807,39 +774,5 @@ pub fn status(cqe: &Cqe) -> Result<(), NvmeError> {
         Ok(())
     } else {
         Err(NvmeError::Status(cqe.status))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What is left after any number of bytes sent is the rest of the output with the
-    /// spliced pieces in their places, whatever piece the cut falls in.
-    #[test]
-    fn gather_resumes_at_any_byte() {
-        let data: std::sync::Arc<[u8]> = (100..200u8).collect();
-        let out: Vec<u8> = (0..10u8).collect();
-        let spliced = [
-            Spliced {
-                at: 3,
-                data: data.clone(),
-                range: 0..5,
-            },
-            Spliced {
-                at: 7,
-                data: data.clone(),
-                range: 50..52,
-            },
-        ];
-        let whole: Vec<u8> =
-            [&out[..3], &data[0..5], &out[3..7], &data[50..52], &out[7..]].concat();
-        for from in 0..=whole.len() {
-            let mut slices = Vec::new();
-            let left = gather(&out, &spliced, from, &mut slices);
-            let got: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
-            assert_eq!(left, whole.len() - from);
-            assert_eq!(got, whole[from..], "from {from}");
-        }
     }
 }

@@ -41,6 +41,13 @@ pub enum Transfer {
     },
     /// Write these bytes (given back in the completion for reuse).
     Write(Vec<u8>),
+    /// Write the first `len` bytes of a shared buffer, sent from where they lie rather than
+    /// copied into the output (a benchmark writing one pattern many times); the completion
+    /// gives back an empty buffer.
+    WriteShared {
+        data: std::sync::Arc<[u8]>,
+        len: usize,
+    },
 }
 
 /// SCSI task attribute.
@@ -92,6 +99,20 @@ impl Command {
     pub fn write(tag: u64, lun: u64, cdb: Cdb, data: Vec<u8>) -> Command {
         Command {
             transfer: Transfer::Write(data),
+            ..Command::none(tag, lun, cdb)
+        }
+    }
+
+    /// A command that writes the first `len` bytes of `data`, without copying them.
+    pub fn write_shared(
+        tag: u64,
+        lun: u64,
+        cdb: Cdb,
+        data: std::sync::Arc<[u8]>,
+        len: usize,
+    ) -> Command {
+        Command {
+            transfer: Transfer::WriteShared { data, len },
             ..Command::none(tag, lun, cdb)
         }
     }
@@ -261,6 +282,9 @@ struct ScsiTask {
     attr: TaskAttr,
     dir: Dir,
     buf: Vec<u8>,
+    /// A write's data when shared ([`Transfer::WriteShared`]): its first `edtl` bytes, and
+    /// `buf` empty.
+    shared: Option<std::sync::Arc<[u8]>>,
     edtl: u32,
     cmd_sn: u32,
     sent: bool,
@@ -269,6 +293,32 @@ struct ScsiTask {
     high: u32,
     /// Completed to the caller already (timeout); settled when the target says so.
     abandoned: bool,
+}
+
+impl ScsiTask {
+    /// Bytes of its write data.
+    fn write_len(&self) -> usize {
+        match &self.shared {
+            Some(_) => self.edtl as usize,
+            None => self.buf.len(),
+        }
+    }
+
+    /// A PDU `bhs` with its write data `range` as the data segment: the shared data spliced
+    /// into the output, the task's own copied.
+    fn put_data(&self, out: &mut Outbuf, bhs: &Bhs, range: std::ops::Range<usize>, tx: &Framing) {
+        let bytes = match &self.shared {
+            Some(data) => data.get(range.clone()),
+            None => self.buf.get(range.clone()),
+        }
+        .unwrap_or(&[]);
+        pdu::encode_head(out.vec(), bhs, bytes.len(), tx);
+        match &self.shared {
+            Some(data) if !bytes.is_empty() => out.splice(data, range),
+            _ => out.vec().extend_from_slice(bytes),
+        }
+        pdu::encode_tail(out.vec(), bytes, tx);
+    }
 }
 
 #[derive(Debug)]
@@ -419,9 +469,16 @@ impl Session {
         (self.cmd_sn, self.exp_cmd_sn, self.max_cmd_sn)
     }
 
-    /// Bytes waiting to be sent.
+    /// Bytes waiting to be sent, for a session that sends no shared write data
+    /// ([`Transfer::WriteShared`]); else see [`Session::output_slices`].
     pub fn output(&self) -> &[u8] {
         self.out.pending()
+    }
+
+    /// What waits to be sent, shared write data in its place, as slices for one `writev`
+    /// (at most 1,024; [`Session::output_len`] says how much is left in all).
+    pub fn output_slices<'a>(&'a self, into: &mut Vec<std::io::IoSlice<'a>>) {
+        self.out.slices(into);
     }
 
     /// `n` bytes of [`Session::output`] were sent.
@@ -452,6 +509,7 @@ impl Session {
         if self.scsi_outstanding >= self.config.max_outstanding_commands {
             return Err(Error::Full);
         }
+        let mut shared = None;
         let (dir, buf, edtl) = match cmd.transfer {
             Transfer::None => (Dir::None, Vec::new(), 0),
             Transfer::Read { len, mut buf } => {
@@ -470,6 +528,15 @@ impl Session {
                     .map_err(|_| Error::InvalidCommand("write longer than 4 GiB"))?;
                 (Dir::Write, data, len)
             }
+            Transfer::WriteShared { data, len } => {
+                if len > data.len() {
+                    return Err(Error::InvalidCommand("write longer than its shared data"));
+                }
+                let len = u32::try_from(len)
+                    .map_err(|_| Error::InvalidCommand("write longer than 4 GiB"))?;
+                shared = Some(data);
+                (Dir::Write, Vec::new(), len)
+            }
         };
         let deadline = now + self.config.command_timeout;
         let task = Task::Scsi(ScsiTask {
@@ -479,6 +546,7 @@ impl Session {
             attr: cmd.attr,
             dir,
             buf,
+            shared,
             edtl,
             cmd_sn: 0,
             sent: false,
@@ -906,7 +974,7 @@ impl Session {
         bhs.set_u32(off::CMD_SN, cmd_sn);
         bhs.set_u32(off::EXP_STAT_SN, exp_stat_sn);
         bhs.0[off::CDB..off::CDB + 16].copy_from_slice(t.cdb.padded());
-        let len = t.buf.len();
+        let len = t.write_len();
         let (imm, unsolicited_end) = match t.dir {
             Dir::Write => {
                 let imm = if immediate_data {
@@ -927,9 +995,8 @@ impl Session {
             flags |= 0x80;
         }
         bhs.set_flags(flags);
-        pdu::encode_into(out.vec(), &bhs, t.buf.get(..imm).unwrap_or(&[]), tx);
+        t.put_data(out, &bhs, 0..imm.min(len), tx);
         if unsolicited_end > imm {
-            let data = t.buf.get(imm..unsolicited_end).unwrap_or(&[]);
             data_out(
                 out,
                 tx,
@@ -937,8 +1004,8 @@ impl Session {
                 itt,
                 RESERVED_TAG,
                 exp_stat_sn,
-                data,
-                imm,
+                t,
+                imm..unsolicited_end,
                 max_seg,
             );
         }
@@ -1115,10 +1182,9 @@ impl Session {
             });
         }
         let end = u64::from(offset) + u64::from(len);
-        if len == 0 || len > max_burst || end > t.buf.len() as u64 || ttt == RESERVED_TAG {
+        if len == 0 || len > max_burst || end > t.write_len() as u64 || ttt == RESERVED_TAG {
             return Err(ProtocolError::BadR2t { itt, offset, len });
         }
-        let data = t.buf.get(offset as usize..end as usize).unwrap_or(&[]);
         let lun = encode_lun(t.lun);
         data_out(
             out,
@@ -1127,8 +1193,8 @@ impl Session {
             itt,
             ttt,
             exp_stat_sn,
-            data,
-            offset as usize,
+            t,
+            offset as usize..end as usize,
             max_seg,
         );
         Ok(())
@@ -1427,8 +1493,8 @@ fn residual(flags: u8, count: u32) -> Residual {
     }
 }
 
-/// Data-Out PDUs for `data`, which starts at `offset` of the command's buffer: DataSN from 0,
-/// segments of at most `max_seg`, F on the last.
+/// Data-Out PDUs for bytes `range` of task `t`'s write data: DataSN from 0, segments of at
+/// most `max_seg`, F on the last.
 #[allow(clippy::too_many_arguments)]
 fn data_out(
     out: &mut Outbuf,
@@ -1437,12 +1503,15 @@ fn data_out(
     itt: u32,
     ttt: u32,
     exp_stat_sn: u32,
-    data: &[u8],
-    offset: usize,
+    t: &ScsiTask,
+    range: std::ops::Range<usize>,
     max_seg: usize,
 ) {
-    let count = data.len().div_ceil(max_seg.max(1));
-    for (sn, chunk) in data.chunks(max_seg.max(1)).enumerate() {
+    let max_seg = max_seg.max(1);
+    let count = range.len().div_ceil(max_seg);
+    for sn in 0..count {
+        let start = range.start + sn * max_seg;
+        let end = (start + max_seg).min(range.end);
         let mut bhs = Bhs::new(Opcode::DataOut);
         if sn + 1 == count {
             bhs.set_flags(0x80);
@@ -1452,8 +1521,8 @@ fn data_out(
         bhs.set_u32(off::TTT, ttt);
         bhs.set_u32(off::EXP_STAT_SN, exp_stat_sn);
         bhs.set_u32(off::DATA_SN, sn as u32);
-        bhs.set_u32(off::BUFFER_OFFSET, (offset + sn * max_seg) as u32);
-        pdu::encode_into(out.vec(), &bhs, chunk, tx);
+        bhs.set_u32(off::BUFFER_OFFSET, start as u32);
+        t.put_data(out, &bhs, start..end, tx);
     }
 }
 
@@ -1776,6 +1845,65 @@ mod tests {
             data,
             "the buffer comes back"
         );
+    }
+
+    /// The wire bytes a session sends for a write: the command with immediate and
+    /// unsolicited data, then the Data-Out an R2T asks for (as one stream, as `writev`
+    /// sends it), and what the completion gives back.
+    fn write_wire(p: &Negotiated, command: Command) -> (Vec<u8>, Vec<u8>) {
+        let now = Instant::now();
+        let mut s = fake::session(fake::config(), p.clone(), 40, now);
+        let itt = s.submit(command, now).unwrap();
+        let mut wire = Vec::new();
+        let mut drain = |s: &mut Session| {
+            let mut slices = Vec::new();
+            s.output_slices(&mut slices);
+            let bytes: Vec<u8> = slices.iter().flat_map(|p| p.iter().copied()).collect();
+            assert_eq!(bytes.len(), s.output_len());
+            wire.extend_from_slice(&bytes);
+            // Sent in two writes: the cut may fall inside a spliced piece.
+            let half = bytes.len() / 2;
+            s.advance_output(half);
+            s.advance_output(bytes.len() - half);
+            assert_eq!(s.output_len(), 0);
+        };
+        drain(&mut s);
+        let mut r2t = target_pdu(Opcode::R2t, itt, 100, 11, 40);
+        r2t.set_flags(0x80);
+        r2t.set_u32(off::TTT, 0xabc);
+        r2t.set_u32(off::BUFFER_OFFSET, 8192);
+        r2t.set_u32(off::DESIRED_LENGTH, 20_001 - 8192);
+        feed(&mut s, &r2t, &[], now).unwrap();
+        drain(&mut s);
+        feed(&mut s, &response(itt, 100, 0), &[], now).unwrap();
+        let c = completions(&mut s);
+        (wire, c[0].result.as_ref().unwrap().data.clone())
+    }
+
+    /// A write of shared data sends byte for byte what a write of its own copy sends
+    /// (padding and digests included); its completion gives back an empty buffer.
+    #[test]
+    fn a_shared_write_sends_the_bytes_an_owned_one_does() {
+        let data: Vec<u8> = (0..30_000u32).map(|i| (i % 251) as u8).collect();
+        let shared: std::sync::Arc<[u8]> = data.clone().into();
+        for digests in [false, true] {
+            let mut p = fake::params();
+            p.header_digest = digests;
+            p.data_digest = digests;
+            // 20,001 bytes: the last Data-Out is padded.
+            let cdb = scsi::write10(0, 40);
+            let owned = Command::write(9, 2, cdb, data[..20_001].to_vec());
+            let (owned_wire, back) = write_wire(&p, owned);
+            assert_eq!(back, &data[..20_001], "the owned buffer comes back");
+            let (shared_wire, back) =
+                write_wire(&p, Command::write_shared(9, 2, cdb, shared.clone(), 20_001));
+            assert!(back.is_empty());
+            assert_eq!(shared_wire, owned_wire, "digests {digests}");
+        }
+        let (mut s, now) = new_session(40);
+        let cdb = scsi::write10(0, 40);
+        let long = Command::write_shared(1, 0, cdb, shared.clone(), 30_001);
+        assert!(matches!(s.submit(long, now), Err(Error::InvalidCommand(_))));
     }
 
     #[test]

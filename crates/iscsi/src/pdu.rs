@@ -451,14 +451,25 @@ fn read_u32_le(buf: &[u8], pos: usize) -> Option<u32> {
 
 /// Appends a complete PDU (header, optional digests, padded data) to `out`.
 pub fn encode_into(out: &mut Vec<u8>, bhs: &Bhs, data: &[u8], framing: &Framing) {
+    encode_head(out, bhs, data.len(), framing);
+    out.extend_from_slice(data);
+    encode_tail(out, data, framing);
+}
+
+/// A PDU's header (and its digest) for a data segment of `data_len` bytes that the caller
+/// sends after it, then ends with [`encode_tail`].
+pub fn encode_head(out: &mut Vec<u8>, bhs: &Bhs, data_len: usize, framing: &Framing) {
     let mut bhs = *bhs;
-    bhs.set_data_segment_len(data.len());
+    bhs.set_data_segment_len(data_len);
     out.extend_from_slice(&bhs.0);
     if framing.header_digest {
         out.extend_from_slice(&digest::crc32c(&bhs.0).to_le_bytes());
     }
+}
+
+/// What follows a data segment `data`: its padding and, when negotiated, its digest.
+pub fn encode_tail(out: &mut Vec<u8>, data: &[u8], framing: &Framing) {
     if !data.is_empty() {
-        out.extend_from_slice(data);
         let pad = padded(data.len()) - data.len();
         out.extend_from_slice(&[0u8; 3][..pad]);
         if framing.data_digest {

@@ -1605,6 +1605,16 @@ mod tests {
         b
     }
 
+    /// An R2T (TTT 0xabc, StatSN 100) for `len` bytes at `offset` of command `itt`.
+    fn r2t(itt: u32, offset: u32, len: u32) -> Bhs {
+        let mut b = target_pdu(Opcode::R2t, itt, 100, 11, 40);
+        b.set_flags(0x80);
+        b.set_u32(off::TTT, 0xabc);
+        b.set_u32(off::BUFFER_OFFSET, offset);
+        b.set_u32(off::DESIRED_LENGTH, len);
+        b
+    }
+
     fn submit_read(s: &mut Session, tag: u64, len: u32, now: Instant) -> (u32, Sent) {
         let itt = s
             .submit(
@@ -1815,12 +1825,7 @@ mod tests {
         assert_eq!(sent[1].bhs.u32_at(off::DATA_SN), 0);
         assert_eq!(sent[1].data, &data[4096..8192]);
         // R2T for the rest.
-        let mut r2t = target_pdu(Opcode::R2t, itt, 100, 11, 40);
-        r2t.set_flags(0x80);
-        r2t.set_u32(off::TTT, 0xabc);
-        r2t.set_u32(off::BUFFER_OFFSET, 8192);
-        r2t.set_u32(off::DESIRED_LENGTH, 20_000 - 8192);
-        feed(&mut s, &r2t, &[], now).unwrap();
+        feed(&mut s, &r2t(itt, 8192, 20_000 - 8192), &[], now).unwrap();
         let outs = take(&mut s);
         assert_eq!(outs.len(), 3);
         let mut offset = 8192;
@@ -1868,12 +1873,7 @@ mod tests {
             assert_eq!(s.output_len(), 0);
         };
         drain(&mut s);
-        let mut r2t = target_pdu(Opcode::R2t, itt, 100, 11, 40);
-        r2t.set_flags(0x80);
-        r2t.set_u32(off::TTT, 0xabc);
-        r2t.set_u32(off::BUFFER_OFFSET, 8192);
-        r2t.set_u32(off::DESIRED_LENGTH, 20_001 - 8192);
-        feed(&mut s, &r2t, &[], now).unwrap();
+        feed(&mut s, &r2t(itt, 8192, 20_001 - 8192), &[], now).unwrap();
         drain(&mut s);
         feed(&mut s, &response(itt, 100, 0), &[], now).unwrap();
         let c = completions(&mut s);

@@ -311,7 +311,8 @@ impl QueueConn {
     fn send_taking_input(&mut self) -> Result<(), NvmeError> {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         use rustix::io::Errno;
-        let deadline = std::time::Instant::now() + IO_TIMEOUT;
+        // IO_TIMEOUT without progress, however long the whole output takes.
+        let mut deadline = std::time::Instant::now() + IO_TIMEOUT;
         let mut sent = 0;
         loop {
             let Stream::Tcp(tcp) = &self.stream else {
@@ -332,6 +333,7 @@ impl QueueConn {
                 Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
                 Ok(n) => {
                     sent += n;
+                    deadline = std::time::Instant::now() + IO_TIMEOUT;
                     continue;
                 }
                 Err(Errno::AGAIN | Errno::INTR) => {}

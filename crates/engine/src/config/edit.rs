@@ -125,7 +125,7 @@ pub fn merge_into(
         }
     }
     let (base, running) = (&base, &running);
-    each_table(after.as_table_mut(), &mut |t| t.set_position(NEW));
+    each_table(after.as_table_mut(), &mut |t| t.set_at(NEW));
     let mut edits = Edits {
         touched: HashSet::new(),
         ours: kept.is_some(),
@@ -178,7 +178,7 @@ fn settle_as_parsed(table: &mut Table) -> Option<usize> {
     if !firsts.is_sorted() {
         table.sort_values_by(|_, a, _, b| first_header(a).cmp(&first_header(b)));
     }
-    let own = table.position().filter(|_| !table.is_implicit());
+    let own = table.at().filter(|_| !table.is_implicit());
     own.into_iter().chain(firsts.into_iter().flatten()).min()
 }
 
@@ -186,7 +186,7 @@ fn settle_as_parsed(table: &mut Table) -> Option<usize> {
 /// or a dotted table, which are written with the values.
 fn first_header(item: &Item) -> Option<usize> {
     fn under(t: &Table) -> Option<usize> {
-        let own = t.position().filter(|_| !t.is_implicit());
+        let own = t.at().filter(|_| !t.is_implicit());
         let children = t.iter().filter_map(|(_, item)| first_header(item)).min();
         own.into_iter().chain(children).min()
     }
@@ -273,8 +273,25 @@ fn changed_names<'a, T: PartialEq>(
     changed
 }
 
+/// A table's position as the merge counts it: toml_edit's rank of its header, never negative
+/// for what it parsed or the merge numbered.
+trait Ranked {
+    fn at(&self) -> Option<usize>;
+    fn set_at(&mut self, at: usize);
+}
+
+impl Ranked for Table {
+    fn at(&self) -> Option<usize> {
+        self.position().and_then(|p| usize::try_from(p).ok())
+    }
+
+    fn set_at(&mut self, at: usize) {
+        self.set_position(Some(isize::try_from(at).unwrap_or(isize::MAX)));
+    }
+}
+
 /// The position of a table the merge copies from the running config's rendering.
-const NEW: usize = usize::MAX;
+const NEW: usize = isize::MAX as usize;
 
 /// Calls `f` on `table` and every table under it, in the order toml_edit's `Display` visits
 /// them (a table, then its children in key order), skipping dotted tables as it does.
@@ -306,7 +323,7 @@ fn place_new_tables(doc: &mut Table) -> Vec<Option<usize>> {
     let mut was = Vec::new();
     let mut anchor = 0;
     each_table(doc, &mut |t| {
-        let own = t.position().filter(|&p| p != NEW);
+        let own = t.at().filter(|&p| p != NEW);
         anchor = own.unwrap_or(anchor);
         anchors.push(anchor);
         was.push(own);
@@ -318,7 +335,7 @@ fn place_new_tables(doc: &mut Table) -> Vec<Option<usize>> {
         rank[i] = r;
     }
     let mut ranks = rank.into_iter();
-    each_table(doc, &mut |t| t.set_position(ranks.next().unwrap_or(0)));
+    each_table(doc, &mut |t| t.set_at(ranks.next().unwrap_or(0)));
     order.into_iter().map(|i| was[i]).collect()
 }
 
@@ -390,7 +407,7 @@ fn merge_table(
     configs: Option<(&Config, &Config)>,
     edits: &mut Edits,
 ) {
-    let owner = doc.position();
+    let owner = doc.at();
     merge_table_of(doc, before, after, configs, owner, edits);
 }
 
@@ -404,11 +421,7 @@ fn merge_table_of(
     owner: Option<usize>,
     edits: &mut Edits,
 ) {
-    let owner = if doc.is_dotted() {
-        owner
-    } else {
-        doc.position()
-    };
+    let owner = if doc.is_dotted() { owner } else { doc.at() };
     let top = configs.is_some();
     for (key, wanted) in after.iter() {
         if top && key == "server" {

@@ -144,10 +144,25 @@ fn syntax_error(cx: &mut Cx<'_>, e: &toml::de::Error) {
     if let Some(near) = closest_expected(&message) {
         message.push_str(&format!(" (did you mean `{near}`?)"));
     }
+    let repeated = (message == "duplicate key")
+        .then(|| key_at(cx.src, &span))
+        .flatten();
+    if let Some(key) = &repeated {
+        message.push_str(&format!(" `{key}`"));
+    }
     let field = key_from_message(&message)
+        .or(repeated)
         .or_else(|| key_before(cx.src, span.start))
         .unwrap_or_else(|| "toml".to_string());
     cx.err(span, field, message);
+}
+
+/// The bare or quoted key `span` covers (the parser points a repeated key's error at it).
+fn key_at(src: &str, span: &std::ops::Range<usize>) -> Option<String> {
+    let key = src.get(span.clone())?.trim();
+    let bare = key.trim_matches('"');
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    (!bare.is_empty() && bare.chars().all(plain)).then(|| bare.to_string())
 }
 
 /// serde's type names as a person reads them: "expected i64" is "expected a whole number".

@@ -548,6 +548,16 @@ fn an_unknown_lun_option_is_named_not_read_as_a_size() {
 }
 
 #[test]
+fn a_key_written_twice_is_named_at_its_second_line() {
+    let text = with_device("name = \"a\"\nstore = \"ram\"\nsize = \"1G\"\nstore = \"file\"");
+    let e = one_error(&text, "store = \"file\"", "store");
+    assert!(e.message.contains("duplicate key `store`"), "{e}");
+    let text = with_device("name = \"a\"\n\"size\" = \"1G\"\nsize = \"2G\"");
+    let e = one_error(&text, "size = \"2G\"", "size");
+    assert!(e.message.contains("duplicate key `size`"), "{e}");
+}
+
+#[test]
 fn duplicate_device_names_paths_and_naas_are_errors() {
     let text = with_device("name = \"disk1\"\nstore = \"ram\"\nsize = \"1G\"");
     let e = one_error(&text, "name = \"disk1\"", "device \"disk1\": name");

@@ -13,6 +13,8 @@ use std::ops::Range;
 
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Key, Table};
 
+use super::Ranked;
+
 /// Where each table's part stands in a rendering: `parts[i]` is the text of the table of
 /// position `i` (the merge numbers a document's tables `0..n` in text order).
 #[derive(Debug, Default)]
@@ -82,8 +84,8 @@ fn by_parts<'a>(
         &mut Vec::new(),
         false,
         &mut |table, path, is_array| {
-            last = table.position().unwrap_or(last);
-            let kept = table.position().and_then(kept);
+            last = table.at().unwrap_or(last);
+            let kept = table.at().and_then(kept);
             parts.push((
                 last,
                 Part {
@@ -154,7 +156,7 @@ const BEFORE: &str = "_ = 0\n";
 /// values and dotted tables, under its key path); `first`: as the first part written.
 fn render_part(part: &Part<'_>, first: bool) -> Option<String> {
     let mut own = values_of(part.table)?;
-    own.set_position(1);
+    own.set_at(1);
     let Some((&last, above)) = part.path.split_last() else {
         // The root: its values alone; the document's decor is written around all parts.
         own.decor_mut().clear();
@@ -214,7 +216,7 @@ mod tests {
         let mut doc: DocumentMut = text.parse().unwrap();
         let mut tables = Vec::new();
         visit(doc.as_table(), &mut Vec::new(), false, &mut |t, _, _| {
-            tables.push(t.position().unwrap_or(0));
+            tables.push(t.at().unwrap_or(0));
         });
         let mut ranks: Vec<usize> = (0..tables.len()).collect();
         ranks.sort_by_key(|&i| tables[i]);
@@ -223,9 +225,7 @@ mod tests {
             at[i] = rank;
         }
         let mut at = at.into_iter();
-        super::super::each_table(doc.as_table_mut(), &mut |t| {
-            t.set_position(at.next().unwrap())
-        });
+        super::super::each_table(doc.as_table_mut(), &mut |t| t.set_at(at.next().unwrap()));
         doc
     }
 

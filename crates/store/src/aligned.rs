@@ -19,9 +19,12 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     capacity: usize,
+    /// The huge-page region the buffer lies in ([`huge_buffers`]), None for a heap block.
+    region: Option<Arc<memmap2::MmapMut>>,
 }
 
-// SAFETY: AlignedBuf owns its allocation exclusively (like Vec<u8>); shared access gives out
+// SAFETY: AlignedBuf owns its bytes exclusively (like Vec<u8>; buffers sharing a huge-page region
+// own disjoint ranges of it, and the region lives while any of them does); shared access gives out
 // only `&[u8]`, so sending or sharing it between threads is as safe as for a Vec<u8>.
 unsafe impl Send for AlignedBuf {}
 // SAFETY: see Send: `&AlignedBuf` only reads.
@@ -35,7 +38,12 @@ impl AlignedBuf {
         let layout = Layout::from_size_align(capacity, DIRECT_ALIGN_BYTES).ok()?;
         // SAFETY: the layout has a non-zero size (at least one page).
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-        Some(AlignedBuf { ptr, len, capacity })
+        Some(AlignedBuf {
+            ptr,
+            len,
+            capacity,
+            region: None,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -64,6 +72,9 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.region.is_some() {
+            return; // the region is unmapped with its last buffer
+        }
         // SAFETY: allocated in `zeroed` with exactly this size and alignment (checked there).
         unsafe {
             dealloc(
@@ -103,6 +114,40 @@ impl std::fmt::Debug for AlignedBuf {
             .field("capacity", &self.capacity)
             .finish()
     }
+}
+
+/// The size of a huge page (x86-64, arm64 with 4 KiB pages): pooled buffers of
+/// [`HUGE_BUFFER_MIN`] bytes and more lie in regions of whole huge pages.
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+/// Pooled buffers from this size on are made in huge-page regions. A direct I/O pins its
+/// buffer's pages for each transfer: for 1 MiB that is 256 pages, or a share of one huge page
+/// (docs/PERFORMANCE.md, *Large I/O and the device path*).
+pub const HUGE_BUFFER_MIN: usize = 1 << 20;
+
+/// Buffers of `capacity` bytes (a power of two from [`HUGE_BUFFER_MIN`]) in one fresh mapping
+/// of whole huge pages, aligned to one and advised to use them (`MADV_HUGEPAGE`; a kernel
+/// without transparent huge pages maps small ones): two 1 MiB buffers share a huge page,
+/// larger ones have a region each. Zeroed (fresh anonymous memory). None when mapping fails.
+fn huge_buffers(capacity: usize) -> Option<Vec<AlignedBuf>> {
+    debug_assert!(capacity.is_power_of_two() && capacity >= HUGE_BUFFER_MIN);
+    let size = capacity.max(HUGE_PAGE_BYTES);
+    // A huge page's worth more than needed, so that an aligned range of `size` lies inside.
+    let mut map = memmap2::MmapMut::map_anon(size.checked_add(HUGE_PAGE_BYTES)?).ok()?;
+    let start = map.as_mut_ptr() as usize;
+    let offset = start.next_multiple_of(HUGE_PAGE_BYTES) - start;
+    // Only advice: without it the buffers work the same on small pages.
+    let _ = map.advise_range(memmap2::Advice::HugePage, offset, size);
+    let base = map.as_mut_ptr().wrapping_add(offset);
+    let region = Arc::new(map);
+    let buffers = (0..size / capacity).map(|i| {
+        Some(AlignedBuf {
+            ptr: NonNull::new(base.wrapping_add(i * capacity))?,
+            len: capacity,
+            capacity,
+            region: Some(Arc::clone(&region)),
+        })
+    });
+    buffers.collect()
 }
 
 /// Pooled buffers hold at most this many bytes each; a larger request gets a buffer of its
@@ -162,13 +207,29 @@ impl BufPool {
         };
         let mut buf = match reused {
             Some(buf) => buf,
-            None => AlignedBuf::zeroed(DIRECT_ALIGN_BYTES << class)?,
+            None => self.made(DIRECT_ALIGN_BYTES << class)?,
         };
         buf.set_len(len);
         Some(PooledBuf {
             buf: ManuallyDrop::new(buf),
             home: Some(Arc::clone(&self.shared)),
         })
+    }
+
+    /// A new buffer of `capacity` bytes; made with siblings in a huge-page region, the
+    /// siblings go to the idle list (or are dropped past its limit: their memory then waits
+    /// for the region's last buffer).
+    fn made(&self, capacity: usize) -> Option<AlignedBuf> {
+        if capacity < HUGE_BUFFER_MIN {
+            return AlignedBuf::zeroed(capacity);
+        }
+        let mut buffers =
+            huge_buffers(capacity).or_else(|| AlignedBuf::zeroed(capacity).map(|b| vec![b]))?;
+        let buf = buffers.pop()?;
+        for sibling in buffers {
+            self.shared.give_back(sibling);
+        }
+        Some(buf)
     }
 
     /// Bytes held by idle buffers now.
@@ -278,6 +339,51 @@ mod tests {
             buf.iter_mut().for_each(|b| *b = 0xA5);
             assert!(buf.iter().all(|&b| b == 0xA5));
         }
+    }
+
+    #[test]
+    fn a_huge_page_holds_two_1_mib_buffers_each_its_own() {
+        let pool = BufPool::new(64 << 20);
+        let mut a = pool.take(1 << 20).unwrap();
+        // Its sibling waits in the pool, and is what the next take gets.
+        assert_eq!(pool.idle_bytes(), 1 << 20);
+        let mut b = pool.take(1 << 20).unwrap();
+        assert_eq!(pool.idle_bytes(), 0);
+        let (pa, pb) = (a.as_mut_ptr() as usize, b.as_mut_ptr() as usize);
+        assert_eq!(
+            pa.min(pb) % HUGE_PAGE_BYTES,
+            0,
+            "the pair starts a huge page"
+        );
+        assert_eq!(pa.abs_diff(pb), 1 << 20);
+        assert!(a.iter().chain(b.iter()).all(|&x| x == 0), "made zeroed");
+        a.iter_mut().for_each(|x| *x = 0xA5);
+        assert!(
+            b.iter().all(|&x| x == 0),
+            "writing one leaves the other alone"
+        );
+        drop(a);
+        // The region outlives the buffer dropped first.
+        b.iter_mut().for_each(|x| *x = 0x5A);
+        assert!(b.iter().all(|&x| x == 0x5A));
+        drop(b);
+        assert_eq!(pool.idle_bytes(), 2 << 20);
+    }
+
+    #[test]
+    fn larger_buffers_have_a_region_each_and_siblings_past_the_limit_are_dropped() {
+        let pool = BufPool::new(0);
+        let mut big = pool.take(3 << 20).unwrap();
+        assert_eq!(big.capacity(), 4 << 20);
+        assert_eq!(big.as_mut_ptr() as usize % HUGE_PAGE_BYTES, 0);
+        // No room for the sibling: dropped at once, its half kept mapped for this one.
+        let mut one = pool.take(1 << 20).unwrap();
+        assert_eq!(pool.idle_bytes(), 0);
+        one.iter_mut().for_each(|x| *x = 1);
+        big.iter_mut().for_each(|x| *x = 2);
+        assert!(one.iter().all(|&x| x == 1) && big.iter().all(|&x| x == 2));
+        // Smaller classes stay heap blocks.
+        assert!(pool.take(512 << 10).unwrap().region.is_none());
     }
 
     #[test]

@@ -135,8 +135,9 @@ fn huge_buffers(capacity: usize) -> Option<Vec<AlignedBuf>> {
     let mut map = memmap2::MmapMut::map_anon(size.checked_add(HUGE_PAGE_BYTES)?).ok()?;
     let start = map.as_mut_ptr() as usize;
     let offset = start.next_multiple_of(HUGE_PAGE_BYTES) - start;
-    // Only advice: without it the buffers work the same on small pages.
-    let _ = map.advise_range(memmap2::Advice::HugePage, offset, size);
+    // Only advice: without it the buffers work the same on small pages. The whole mapping, so
+    // that it stays one mapping (the unaligned edges are never touched, so never resident).
+    let _ = map.advise(memmap2::Advice::HugePage);
     let base = map.as_mut_ptr().wrapping_add(offset);
     let region = Arc::new(map);
     let buffers = (0..size / capacity).map(|i| {

@@ -122,7 +122,7 @@ const HUGE_PAGE_BYTES: usize = 2 << 20;
 /// Pooled buffers from this size on are made in huge-page regions. A direct I/O pins its
 /// buffer's pages for each transfer: for 1 MiB that is 256 pages, or a share of one huge page
 /// (docs/PERFORMANCE.md, *Large I/O and the device path*).
-pub const HUGE_BUFFER_MIN: usize = 1 << 20;
+const HUGE_BUFFER_MIN: usize = 1 << 20;
 
 /// Buffers of `capacity` bytes (a power of two from [`HUGE_BUFFER_MIN`]) in one fresh mapping
 /// of whole huge pages, aligned to one and advised to use them (`MADV_HUGEPAGE`; a kernel

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Where a deep queue's device reads wait inside the target: one ferrosan serving a file (direct
+# I/O on io_uring), `ferrosan bench` reading it at QD64, and `perf record` of the kernel's
+# io_uring, block and scheduler tracepoints for one second of the run, read by
+# bench/ring_trace.py (submission -> device, in the device, device done -> the worker runs the
+# completion, and what the worker was doing meanwhile). A second run without tracing gives the
+# IOPS the trace's own cost is measured against.
+#
+#   DEV=/path/to/file bench/ring-trace.sh
+#
+#   DEV        a file on a disk (required; read only)
+#   WORKLOAD   a `ferrosan bench` id (default randread-4k-qd64)
+#   FERROSAN   the binary (default $FERROSAN_BIN, else release/ferrosan under the cargo target
+#              directory; this script never builds it)
+# Results: bench/results/ring-trace-DATE.txt. Needs root (perf's tracepoints, drop_caches).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+LOG_TAG=ring-trace
+# shellcheck source=../scripts/lib/common.sh
+source scripts/lib/common.sh
+DEV=${DEV:?DEV=/path/to/file bench/ring-trace.sh}
+[[ -f $DEV ]] || die "DEV must be a file: $DEV"
+command -v perf >/dev/null || die "perf is needed (Debian: linux-perf)"
+WORKLOAD=${WORKLOAD:-randread-4k-qd64}
+BIN=${FERROSAN:-${FERROSAN_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan}}
+[[ -x $BIN ]] || die "no ferrosan binary at $BIN (build it: cargo build --release -p ferrosan)"
+IQN=iqn.2026-12.org.ferrosan:ring-trace
+WORK=$(mktemp -d)
+PID=""
+cleanup() {
+    [[ -z $PID ]] || stop_pid "$PID"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+OUT=bench/results/ring-trace-$(date +%Y-%m-%d-%H%M).txt
+EVENTS=(io_uring:io_uring_submit_req io_uring:io_uring_local_work_run block:block_rq_issue
+    block:block_rq_complete sched:sched_switch sched:sched_waking)
+
+# One run: a fresh daemon, the page cache dropped, the bench; with TRACE=1 one second of
+# tracepoints from the middle of its measured window.
+run() {
+    local trace=$1 port
+    port=$(free_port)
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    "$BIN" serve --listen "127.0.0.1:$port" --target "$IQN" --lun "file:$DEV" \
+        --control-socket "$WORK/ctl.sock" --state-dir "$WORK/state" >"$WORK/daemon.log" 2>&1 &
+    PID=$!
+    wait_port "$port" "$PID" 10 || die "the daemon did not start: $(cat "$WORK/daemon.log")"
+    "$BIN" bench --only "$WORKLOAD" --ramp 2 --runtime 8 --out "$WORK/bench" \
+        "iscsi://127.0.0.1:$port/$IQN/0" >"$WORK/bench.log" 2>&1 &
+    local bench=$!
+    if ((trace)); then
+        sleep 5
+        local args=()
+        for e in "${EVENTS[@]}"; do args+=(-e "$e"); done
+        perf record -q -a -o "$WORK/trace.data" "${args[@]}" -- sleep 1 2>/dev/null
+    fi
+    wait "$bench" || die "the bench failed: $(tail -3 "$WORK/bench.log")"
+    stop_pid "$PID"
+    PID=""
+    python3 - "$WORK/bench/results.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["rows"][0]
+if r["iops"] <= 0:
+    sys.exit("the bench measured no I/O")
+lat = r["latency_us"]
+print("%d IOPS, mean %.0f us, p99 %.0f us" % (r["iops"], lat["mean"], lat["p99"]))
+PY
+}
+
+untraced=$(run 0)
+traced=$(run 1)
+{
+    echo "# bench/ring-trace.sh $(date -u +%FT%TZ): $WORKLOAD from $DEV, $BIN ($("$BIN" --version)), checkout $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "# ferrosan bench, one iSCSI session; times per I/O from the kernel's tracepoints"
+    echo "untraced run: $untraced"
+    echo "traced run:   $traced"
+    perf script -i "$WORK/trace.data" 2>/dev/null | python3 bench/ring_trace.py
+} | tee "$OUT"
+log "results in $OUT"

@@ -6,7 +6,8 @@ block_rq_complete, paired by sector), and from the device's completion until the
 (block_rq_complete -> io_uring_local_work_run: a ring with deferred task work posts the
 completion only when its worker enters the kernel for it). The last is split by what the
 worker was doing when the first completion of a batch arrived: on a CPU (it finishes its turn
-first), or asleep (the wake-up: waking -> on a CPU -> the run). Exits non-zero when the trace
+first), or asleep (the wake-up: waking -> on a CPU -> the run; the interrupt that completes
+a burst runs before the worker it woke, when both are on one CPU). Exits non-zero when the trace
 holds no paired I/O (nothing measured is not a result)."""
 import re
 import statistics
@@ -57,6 +58,7 @@ def main():
     submitted, issued, pending = deque(), {}, []
     to_issue, in_device, to_run = [], [], []
     runs = 0
+    last_was_issue = False
     bursts, spreads, issues_since = [], [], []
     on_cpu = None
     batch = None  # (first completion, worker on a CPU then, waking, on a CPU)
@@ -74,9 +76,14 @@ def main():
             if field(rest, "pid") == str(worker) and batch and not batch[1] and batch[2] is None:
                 batch[2] = t
         elif name == "io_uring:io_uring_submit_req" and pid == worker:
+            if last_was_issue:
+                # A new io_uring_enter: what the last left unpaired (a lost event) is dropped.
+                submitted.clear()
+                last_was_issue = False
             submitted.append(t)
         elif name == "block:block_rq_issue" and pid == worker and submitted:
             # In submission order within the worker's io_uring_enter (one plug per call).
+            last_was_issue = True
             to_issue.append(t - submitted.popleft())
             issues_since.append(t)
             issued[sector(rest)] = t
@@ -86,11 +93,11 @@ def main():
                 continue
             in_device.append(t - start)
             # A burst: completions less than BURST_GAP apart (the device answering together).
-            if bursts and t - bursts[-1][1] < BURST_GAP:
+            if bursts and t - bursts[-1][2] < BURST_GAP:
                 bursts[-1][0] += 1
-                bursts[-1][1] = t
+                bursts[-1][2] = t
             else:
-                bursts.append([1, t])
+                bursts.append([1, t, t])
                 if len(issues_since) > 1:
                     spreads.append(issues_since[-1] - issues_since[0])
                 issues_since = []
@@ -114,13 +121,16 @@ def main():
     sizes = [b[0] for b in bursts]
     print(f"{'device completions per burst':34s} mean={statistics.mean(sizes):.1f} "
           f"({len(sizes)} bursts, <{BURST_GAP:.0f} us apart)")
+    # The kernel completes a burst's requests in one interrupt, on one CPU.
+    print(summary("a burst, first to last completion", [b[2] - b[1] for b in bursts if b[0] > 1]))
     print(summary("first to last issue between bursts", spreads))
     for state, xs in by_state.items():
         print(summary(f"first of a batch, worker {state}", xs))
     if wake_parts:
         a, b, c = zip(*wake_parts)
         print(f"{'asleep: done -> waking':34s} mean={statistics.mean(a):7.1f} us")
-        print(f"{'asleep: waking -> on a CPU':34s} mean={statistics.mean(b):7.1f} us")
+        print(f"{'asleep: waking -> on a CPU':34s} mean={statistics.mean(b):7.1f} us "
+              "(the interrupt completing the burst runs first)")
         print(f"{'asleep: on a CPU -> the run':34s} mean={statistics.mean(c):7.1f} us")
 
 

@@ -8,7 +8,13 @@ completion only when its worker enters the kernel for it). The last is split by 
 worker was doing when the first completion of a batch arrived: on a CPU (it finishes its turn
 first), or asleep (the wake-up: waking -> on a CPU -> the run; the interrupt that completes
 a burst runs before the worker it woke, when both are on one CPU). Exits non-zero when the trace
-holds no paired I/O (nothing measured is not a result)."""
+holds no paired I/O (nothing measured is not a result).
+
+  ring_trace.py [--device-only] < perf-script-output
+
+--device-only: the device's side alone (for a local run's trace, whose ring does not defer its
+completions: submission -> device, in the device, bursts)."""
+import bisect
 import re
 import statistics
 import sys
@@ -59,7 +65,8 @@ def main():
     to_issue, in_device, to_run = [], [], []
     runs = 0
     last_was_issue = False
-    bursts, spreads, issues_since = [], [], []
+    bursts, spreads, issues_since, issue_times = [], [], [], []
+    busy, since = 0.0, None  # the worker's time on a CPU, and since when it is on one
     on_cpu = None
     batch = None  # (first completion, worker on a CPU then, waking, on a CPU)
     by_state = {"on a CPU": [], "asleep": []}
@@ -68,8 +75,12 @@ def main():
         if name == "sched:sched_switch":
             if field(rest, "prev_pid") == str(worker):
                 on_cpu = False
+                if since is not None:
+                    busy += t - since
+                    since = None
             if field(rest, "next_pid") == str(worker):
                 on_cpu = True
+                since = t
                 if batch and not batch[1] and batch[3] is None:
                     batch[3] = t
         elif name == "sched:sched_waking":
@@ -86,6 +97,7 @@ def main():
             last_was_issue = True
             to_issue.append(t - submitted.popleft())
             issues_since.append(t)
+            issue_times.append(t)
             issued[sector(rest)] = t
         elif name == "block:block_rq_complete":
             start = issued.pop(sector(rest), None)
@@ -112,18 +124,31 @@ def main():
             if not running and waking is not None and oncpu is not None:
                 wake_parts.append((waking - first, oncpu - waking, t - oncpu))
             pending, batch = [], None
-    if not in_device or not to_run:
+    device_only = "--device-only" in sys.argv[1:]
+    if not in_device or not (to_run or device_only):
         sys.exit("ring_trace: no device I/O paired in the trace")
     print(summary("submission -> device", to_issue))
     print(summary("in the device", in_device))
-    print(summary("device done -> worker runs it", to_run))
-    print(f"{'completions per run':34s} {len(to_run) / max(runs, 1):.1f} ({runs} runs)")
+    if not device_only:
+        print(summary("device done -> worker runs it", to_run))
+        print(f"{'completions per run':34s} {len(to_run) / max(runs, 1):.1f} ({runs} runs)")
     sizes = [b[0] for b in bursts]
     print(f"{'device completions per burst':34s} mean={statistics.mean(sizes):.1f} "
           f"({len(sizes)} bursts, <{BURST_GAP:.0f} us apart)")
     # The kernel completes a burst's requests in one interrupt, on one CPU.
     print(summary("a burst, first to last completion", [b[2] - b[1] for b in bursts if b[0] > 1]))
     print(summary("first to last issue between bursts", spreads))
+    # How soon the device gets work again once a burst is answered: the submitter's turnaround
+    # (here the worker's turn and the client's; locally the benchmark's own loop).
+    turnaround = []
+    for _, _, end in bursts[:-1]:
+        i = bisect.bisect_right(issue_times, end)
+        if i < len(issue_times):
+            turnaround.append(issue_times[i] - end)
+    print(summary("a burst's last completion -> issue", turnaround))
+    if device_only:
+        return
+    print(f"{'the worker on a CPU, per burst':34s} mean={busy / max(len(bursts), 1):7.1f} us")
     for state, xs in by_state.items():
         print(summary(f"first of a batch, worker {state}", xs))
     if wake_parts:

@@ -601,7 +601,8 @@ impl Ownership for ImageOwnership {
     }
 
     fn take(&self, group: u16) -> io::Result<()> {
-        self.take_for(group, Asker::Initiator)
+        // The SCSI layer tells the nexuses once this returns (SET TARGET PORT GROUPS).
+        self.take_for(group, Asker::Initiator, None)
     }
 
     fn transitioning(&self, group: u16) -> bool {
@@ -622,9 +623,7 @@ impl ImageOwnership {
             .map(|&(tag, _)| tag)
             .ok_or_else(|| io::Error::other("this gateway serves no portal group"))?;
         if !self.is_active(group) {
-            self.take_for(group, Asker::Operator)?;
-            lu.follow_shared_reservations();
-            lu.access_state_changed(None);
+            self.take_for(group, Asker::Operator, Some(lu))?;
         }
         Ok(&self.gateways[self.me])
     }
@@ -693,19 +692,10 @@ impl ImageOwnership {
             Vigil::Wait => {}
             Vigil::Noticed(doubt) => self.log_doubt(doubt),
             Vigil::Take(fence) => {
-                self.takes.fetch_add(1, Ordering::AcqRel);
-                let taken = self.take_from(fence.as_deref());
-                self.takes.fetch_add(1, Ordering::AcqRel);
-                match taken {
-                    Ok(()) => {
-                        // The new owner checks writes against the latest reservations.
-                        lu.follow_shared_reservations();
-                        lu.access_state_changed(None);
-                    }
-                    Err(e) => {
-                        tracing::error!(device = %self.device, "taking {} over from its gone owner: {e}", observer.name());
-                        vigil.reset();
-                    }
+                let taken = self.transition(Some(lu), || self.take_from(fence.as_deref()));
+                if let Err(e) = taken {
+                    tracing::error!(device = %self.device, "taking {} over from its gone owner: {e}", observer.name());
+                    vigil.reset();
                 }
             }
         }
@@ -795,8 +785,8 @@ impl ImageOwnership {
     }
 
     /// Takes the image for `asker` if the policy allows (`policy::may_take`): an initiator
-    /// only from an owner not known to be alive.
-    fn take_for(&self, group: u16, asker: Asker) -> io::Result<()> {
+    /// only from an owner not known to be alive. `lu`: see [`ImageOwnership::transition`].
+    fn take_for(&self, group: u16, asker: Asker, lu: Option<&LogicalUnit>) -> io::Result<()> {
         if !self.serves(group) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -813,8 +803,26 @@ impl ImageOwnership {
                 format!("gateway {owner} owns the image and is alive"),
             ));
         }
+        self.transition(lu, || self.take_over(asker))
+    }
+
+    /// Runs `take`, one takeover by this gateway, with its groups transitioning meanwhile
+    /// (`takes` odd: commands through them are answered ASYMMETRIC ACCESS STATE TRANSITION).
+    /// When it succeeds, `lu` (every path but SET TARGET PORT GROUPS, whose SCSI layer does
+    /// it) follows the shared reservations and tells its nexuses before the transition ends:
+    /// the new owner serves nothing against stale registrations, and a host that sees the new
+    /// state in REPORT TARGET PORT GROUPS has had its unit attention first.
+    fn transition<E>(
+        &self,
+        lu: Option<&LogicalUnit>,
+        take: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
         self.takes.fetch_add(1, Ordering::AcqRel);
-        let result = self.take_over(asker);
+        let result = take();
+        if let (Ok(()), Some(lu)) = (&result, lu) {
+            lu.follow_shared_reservations();
+            lu.access_state_changed(None);
+        }
         self.takes.fetch_add(1, Ordering::AcqRel);
         result
     }

@@ -99,7 +99,10 @@ fio_wait() { wait_until "$2" test -e "$WORK/fio-$1.rc" || fail "fio $1 still run
 fio_verdict() {
     local name=$1 bytes=$2 rc err w r
     rc=$(cat "$WORK/fio-$name.rc")
-    ((rc == 0)) || fail "fio exited $rc: $(grep -m2 -iE 'verify|error' "$WORK/fio-$name.out" 2>/dev/null | tr '\n' ' ')"
+    # fio's own words (the shell's "Aborted" line repeats the command, options and all).
+    ((rc == 0)) || fail "fio exited $rc: $(grep -v '^/host/' "$WORK/fio-$name.out" 2>/dev/null |
+        grep -m3 -iE 'verify|error|assert|abort|fio:' | cut -c1-200 | tr '\n' ' ') (its last lines: $(
+        tail -n 3 "$WORK/fio-$name.out" 2>/dev/null | cut -c1-160 | tr '\n' ' '))"
     read -r err w r < <(awk '
         /"error"/ && err == "" { gsub(/[^0-9]/, "", $0); err = $0 }
         /"read" : \{/ { sect = "read" }

@@ -1322,8 +1322,8 @@ fn rbd_gateway_takes_over_from_a_gone_owner_by_itself() {
     let (status, sense, data) = read10(&mut ca, 0, 128);
     assert_eq!(status, 0, "read through A: {sense:?}\n{}", a.output());
     assert!(data == second, "A does not read what B acknowledged");
-    // No unit attention left: A raised the takeover's before its new state showed in REPORT
-    // TARGET PORT GROUPS (one raised after it once reached this write, a read later).
+    // No unit attention left: A raises the takeover's before its new state shows in REPORT
+    // TARGET PORT GROUPS, so the loop above has taken it; one raised later would reach here.
     assert_eq!(write10(&mut ca, 0, &first), (0, None), "{}", a.output());
 
     // A stops cleanly (the lock goes with it): the restarted B takes over without waiting for

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -523,6 +523,26 @@ async fn run(
     Ok((status_of(kind), answer))
 }
 
+/// What a refused body may still send, and for how long, before its connection is closed.
+const LINGER_BYTES: usize = 1024 * 1024;
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// Reads and drops the rest of a refused body, up to [`LINGER_BYTES`] and [`LINGER_TIME`]:
+/// a connection closed with unread data resets, and the reset can reach the client before
+/// the refusal does (it sees no answer at all, only a broken connection).
+async fn linger(body: &mut Incoming) {
+    let drained = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, Bytes::len);
+            if seen > LINGER_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIME, drained).await;
+}
+
 /// The request's body as the verb's arguments: empty, or one JSON object of at most
 /// `REQUEST_BYTES_MAX` bytes.
 async fn arguments(request: Request<Incoming>) -> Result<Map<String, Value>, Refused> {
@@ -535,17 +555,27 @@ async fn arguments(request: Request<Incoming>) -> Result<Map<String, Value>, Ref
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let mut body = request.into_body();
     if declared.is_some_and(|n| n > max) {
+        linger(&mut body).await;
         return Err(too_long());
     }
-    let body = match Limited::new(request.into_body(), max).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_long()),
-        Err(e) => {
+    let mut kept = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
             let message = format!("reading the request: {e}");
-            return Err(Refused(StatusCode::BAD_REQUEST, "bad_request", message));
+            Refused(StatusCode::BAD_REQUEST, "bad_request", message)
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if kept.len() + data.len() > max {
+            linger(&mut body).await;
+            return Err(too_long());
         }
-    };
+        kept.extend_from_slice(&data);
+    }
+    let body = kept;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }

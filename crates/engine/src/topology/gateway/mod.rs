@@ -14,6 +14,7 @@
 mod beat;
 mod policy;
 mod reservations;
+mod takeovers;
 
 pub use reservations::{ImageReservations, RESERVATIONS_KEY};
 
@@ -28,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use store::RbdStore;
+use takeovers::Takeovers;
 
 /// The image metadata key naming the gateway that owns the image and, after a space, the
 /// lock holder as librbd names it (the client's address: `NAME 10.0.0.5:0/3052916102`; one
@@ -105,9 +107,8 @@ pub struct ImageOwnership {
     /// The owner's index in `gateways` + 1; 0 while no gateway owns the image (as far as this
     /// one knows).
     owner: AtomicU32,
-    /// Counts takeovers by this gateway, twice each (odd while one runs): an observation made
-    /// while one ran is stale.
-    takes: AtomicU64,
+    /// Takeovers by this gateway, one at a time: an observation made while one ran is stale.
+    takeovers: Takeovers,
     /// Whether the owner is known to be alive, as this gateway's last look judged it (true
     /// while this gateway owns the image or has not judged yet).
     owner_alive: AtomicBool,
@@ -215,7 +216,7 @@ impl ImageOwnership {
             group_gateway,
             me,
             owner: AtomicU32::new(0),
-            takes: AtomicU64::new(0),
+            takeovers: Takeovers::default(),
             owner_alive: AtomicBool::new(true),
             holder: Mutex::new(None),
             explicit: settings.explicit,
@@ -442,10 +443,10 @@ impl ImageOwnership {
             // Registrations another gateway changed (through its PERSISTENT RESERVE OUT)
             // are enforced here within a period.
             lu.follow_shared_reservations();
-            let takes = self.takes.load(Ordering::Acquire);
+            let mark = self.takeovers.mark();
             let looked = Instant::now();
             let observed = self.observe();
-            if takes % 2 == 1 || self.takes.load(Ordering::Acquire) != takes {
+            if self.takeovers.since(mark) {
                 // A takeover ran meanwhile: what was observed may predate it.
                 continue;
             }
@@ -606,9 +607,7 @@ impl Ownership for ImageOwnership {
     }
 
     fn transitioning(&self, group: u16) -> bool {
-        // Odd while a takeover by this gateway runs (SET TARGET PORT GROUPS, `ctl device
-        // take`, or the vigil's).
-        self.takes.load(Ordering::Acquire) % 2 == 1 && self.serves(group)
+        self.takeovers.running() && self.serves(group)
     }
 }
 
@@ -807,7 +806,7 @@ impl ImageOwnership {
     }
 
     /// Runs `take`, one takeover by this gateway, with its groups transitioning meanwhile
-    /// (`takes` odd: commands through them are answered ASYMMETRIC ACCESS STATE TRANSITION).
+    /// (commands through them are answered ASYMMETRIC ACCESS STATE TRANSITION).
     /// When it succeeds, `lu` (every path but SET TARGET PORT GROUPS, whose SCSI layer does
     /// it) follows the shared reservations and tells its nexuses before the transition ends:
     /// the new owner serves nothing against stale registrations, and a host that sees the new
@@ -817,14 +816,14 @@ impl ImageOwnership {
         lu: Option<&LogicalUnit>,
         take: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
-        self.takes.fetch_add(1, Ordering::AcqRel);
-        let result = take();
-        if let (Ok(()), Some(lu)) = (&result, lu) {
-            lu.follow_shared_reservations();
-            lu.access_state_changed(None);
-        }
-        self.takes.fetch_add(1, Ordering::AcqRel);
-        result
+        self.takeovers.run(|| {
+            let result = take();
+            if let (Ok(()), Some(lu)) = (&result, lu) {
+                lu.follow_shared_reservations();
+                lu.access_state_changed(None);
+            }
+            result
+        })
     }
 
     fn take_over(&self, asker: Asker) -> io::Result<()> {

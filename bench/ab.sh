@@ -30,14 +30,8 @@ NEW=${2:?usage: bench/ab.sh OLD_BIN NEW_BIN [ROUNDS] [WORKLOADS]}
 cmp -s "$OLD" "$NEW" && die "$OLD and $NEW are the same build (build both from one worktree: docs/PERFORMANCE.md)"
 ROUNDS=${3:-3}
 WORKLOADS=${4:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64}
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
-    rm -rf "$WORK"
-    if [[ -n ${LUN_DIR:-} ]]; then rm -f "$LUN_DIR"/ab-old.img "$LUN_DIR"/ab-new.img; fi
-}
-trap cleanup EXIT
+scratch
+[[ -z ${LUN_DIR:-} ]] || on_exit 'rm -f "$LUN_DIR"/ab-old.img "$LUN_DIR"/ab-new.img'
 
 lun_spec() { # NAME
     if [[ -n ${LUN_DIR:-} ]]; then echo "file:$LUN_DIR/ab-$1.img,size=1G"; else echo ram:1G; fi
@@ -46,13 +40,10 @@ DOOR=${DOOR:-iscsi}
 start() { # NAME BIN PORT (NVMe/TCP on PORT + 1)
     local nvme=()
     [[ $DOOR == nvme ]] && nvme=(--nvme-listen "127.0.0.1:$(($3 + 1))")
-    "$2" serve --listen "127.0.0.1:$3" "${nvme[@]}" --target "iqn.2026-11.org.ferrosan:$1" \
-        --lun "$(lun_spec "$1")" --control-socket "$WORK/$1.sock" >"$WORK/$1.log" 2>&1 &
-    PIDS+=($!)
-    wait_port "$3" "${PIDS[-1]}" 10 || die "$1 did not start: $(cat "$WORK/$1.log")"
+    start_daemon "$1" "$3" "$2" serve --listen "127.0.0.1:$3" "${nvme[@]}" \
+        --target "iqn.2026-11.org.ferrosan:$1" --lun "$(lun_spec "$1")" \
+        --control-socket "$WORK/$1.sock"
 }
-# utime + stime of a process, in clock ticks.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 RUNTIME=5
 CLIENT=${CLIENT:-bench}
 [[ $CLIENT == fio && $DOOR != iscsi ]] && die "CLIENT=fio measures iSCSI only"
@@ -85,11 +76,10 @@ PY
 
 PORT_OLD=$(free_port)
 start old "$OLD" "$PORT_OLD"
-PID_OLD=${PIDS[-1]}
+PID_OLD=$PID
 PORT_NEW=$(free_port)
 start new "$NEW" "$PORT_NEW"
-PID_NEW=${PIDS[-1]}
-HZ=$(getconf CLK_TCK)
+PID_NEW=$PID
 OUT=bench/results/ab-$(date +%Y-%m-%d-%H%M).txt
 {
     echo "# bench/ab.sh $(date -u +%FT%TZ): old=$OLD new=$NEW rounds=$ROUNDS lun=$(lun_spec new) door=$DOOR client=$CLIENT"

@@ -10,6 +10,9 @@
 # target and workload, and a median ratio bench/fio per target and workload.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LOG_TAG=bench-vs-fio
+# shellcheck source=../scripts/lib/common.sh
+source "$ROOT/scripts/lib/common.sh"
 DEV=${DEV:?set DEV to a file with real data (not sparse) on the disk under test}
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
@@ -17,26 +20,14 @@ WORKLOADS=${WORKLOADS:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16}
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan
 FIO=$("$ROOT/bench/fio-libiscsi.sh")
 [[ -x $BIN ]] || (cd "$ROOT" && cargo build --release -q -p ferrosan)
-WORK=$(mktemp -d /tmp/bench-vs-fio.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+scratch /tmp/bench-vs-fio.XXXXXX
 
 IQN=iqn.2026-11.org.ferrosan:benchcheck
-FPORT=$(free_port)
-"$BIN" serve --listen 127.0.0.1:$FPORT --target $IQN --lun "file:$DEV" >"$WORK/ferrosan.log" 2>&1 &
-PIDS+=($!)
-wait_port $FPORT
-TPORT=$(free_port)
+read -r FPORT TPORT < <(two_ports)
+start_daemon ferrosan "$FPORT" "$BIN" serve --listen "127.0.0.1:$FPORT" --target "$IQN" \
+    --lun "file:$DEV"
 CTL=$((1000 + TPORT % 30000))
-tgtd -f -C $CTL --iscsi portal=127.0.0.1:$TPORT </dev/null >"$WORK/tgt.log" 2>&1 &
-PIDS+=($!)
-wait_port $TPORT
+start_daemon tgt "$TPORT" tgtd -f -C "$CTL" --iscsi "portal=127.0.0.1:$TPORT"
 for _ in $(seq 50); do tgtadm -C $CTL --lld iscsi --op new --mode target --tid 1 -T $IQN 2>/dev/null && break; sleep 0.1; done
 tgtadm -C $CTL --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 --bstype aio --backing-store "$DEV"
 tgtadm -C $CTL --lld iscsi --op bind --mode target --tid 1 -I ALL

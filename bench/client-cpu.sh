@@ -20,15 +20,7 @@ shift 2
 (($# > 0)) || die "usage: bench/client-cpu.sh ROUNDS WORKLOAD BIN..."
 IQN=iqn.2026-12.org.ferrosan:client-cpu
 NQN=nqn.2026-12.org.ferrosan:client-cpu
-WORK=$(mktemp -d)
-PID=""
-cleanup() {
-    stop_pid "$PID"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
+scratch
 OUT=bench/results/client-cpu-$(date +%Y-%m-%d-%H%M).txt
 {
     echo "# bench/client-cpu.sh $(date -u +%FT%TZ): rounds=$ROUNDS workload=$WORKLOAD, RAM LUN"
@@ -36,14 +28,10 @@ OUT=bench/results/client-cpu-$(date +%Y-%m-%d-%H%M).txt
 } >"$OUT"
 for round in $(seq 1 "$ROUNDS"); do
     for bin in "$@"; do
-        PORT=$(free_port)
-        NVME_PORT=$(free_port)
-        while [[ $NVME_PORT == "$PORT" ]]; do NVME_PORT=$(free_port); done
-        "$bin" serve --listen "127.0.0.1:$PORT" --nvme-listen "127.0.0.1:$NVME_PORT" \
-            --target "$IQN" --lun ram:1G --control-socket "$WORK/ctl.sock" >"$WORK/daemon.log" 2>&1 &
-        PID=$!
-        wait_port "$PORT" "$PID" 10 && wait_port "$NVME_PORT" "$PID" 5 \
-            || die "the daemon did not start: $(cat "$WORK/daemon.log")"
+        read -r PORT NVME_PORT < <(two_ports)
+        start_daemon daemon "$PORT $NVME_PORT" "$bin" serve --listen "127.0.0.1:$PORT" \
+            --nvme-listen "127.0.0.1:$NVME_PORT" --target "$IQN" --lun ram:1G \
+            --control-socket "$WORK/ctl.sock"
         for door in iscsi nvme; do
             url="iscsi://127.0.0.1:$PORT/$IQN/0"
             [[ $door == nvme ]] && url="nvme+tcp://127.0.0.1:$NVME_PORT/$NQN/1"
@@ -64,8 +52,7 @@ daemon = (int(after) - int(before)) / int(hz) * 1e6 / ios
 print(f"{r} {b} {door} {ios} {client:.0f} {daemon:.0f}")
 PY
         done
-        stop_pid "$PID"
-        PID=""
+        stop_spawned "$PID"
     done
 done
 cat "$OUT"

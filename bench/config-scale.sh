@@ -40,13 +40,10 @@ SIZES=${SIZES//,/ }
 ROUNDS=${3:-3}
 OPS=${OPS:-startup,status,luns,report-luns,create,map,save,create-save,reload}
 IQN=iqn.2026-12.org.ferrosan:scale
-WORK=$(mktemp -d /var/tmp/ferrosan-config-scale.XXXXXX)
+# A daemon holding 16,000 devices may take long to stop.
+STOP_GRACE=300
+scratch /var/tmp/ferrosan-config-scale.XXXXXX
 PID=""
-cleanup() {
-    stop_pid "$PID" 300
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 wants() { [[ ,$OPS, == *,$1,* ]]; }
 now() { echo "${EPOCHREALTIME/./}"; } # microseconds
@@ -65,18 +62,15 @@ timed() {
     awk -v d=$((t1 - t0)) 'BEGIN { printf "%.6f\n", d / 1e6 }' >>"$WORK/t.$label"
     echo $((c1 - c0)) >>"$WORK/c.$label"
 }
-TICK=$(getconf CLK_TCK)
-# cpu_ticks: the daemon's user and system CPU so far, in clock ticks (0 before it runs).
+# cpu_ticks: the daemon's CPU so far, in clock ticks (0 before it runs).
 cpu_ticks() {
-    [[ -n $PID && -r /proc/$PID/stat ]] || { echo 0; return; }
-    # Fields after the command name's closing parenthesis: utime and stime are 12th and 13th.
-    sed 's/.*) //' "/proc/$PID/stat" | awk '{ print $12 + $13 }'
+    if [[ -n $PID && -r /proc/$PID/stat ]]; then ticks "$PID"; else echo 0; fi
 }
 # row N LABEL: median, min and max of the times taken, into the results.
 row() {
     [[ -s $WORK/t.$2 ]] || return 0
     local cpu_ms
-    cpu_ms=$(awk -v tick="$TICK" '{ s += $1 } END { printf "%.2f", NR ? s * 1000 / tick / NR : 0 }' "$WORK/c.$2" 2>/dev/null || echo 0)
+    cpu_ms=$(awk -v tick="$HZ" '{ s += $1 } END { printf "%.2f", NR ? s * 1000 / tick / NR : 0 }' "$WORK/c.$2" 2>/dev/null || echo 0)
     sort -g "$WORK/t.$2" | awk -v n="$1" -v l="$2" -v cpu="$cpu_ms" '
         { t[NR] = $1 }
         END { printf "%-6s %-12s %10.6f %10.6f %10.6f %5d %9s\n", n, l, t[int((NR + 1) / 2)], t[1], t[NR], NR, cpu }' \
@@ -131,13 +125,8 @@ for n in $SIZES; do
     config "$n" "$port" >"$WORK/ferrosan.toml"
     log "N=$n: $(wc -c <"$WORK/ferrosan.toml") bytes of config"
     t0=$(now)
-    "$BIN" serve --config "$WORK/ferrosan.toml" --control-socket "$WORK/ctl.sock" \
-        --state-dir "$WORK/state" >"$WORK/daemon.log" 2>&1 &
-    PID=$!
-    until ctl status >/dev/null 2>&1; do
-        kill -0 "$PID" 2>/dev/null || die "the daemon did not start: $(tail -5 "$WORK/daemon.log")"
-        sleep 0.01
-    done
+    start_daemon_ctl daemon "$WORK/ctl.sock" "$BIN" serve --config "$WORK/ferrosan.toml" \
+        --control-socket "$WORK/ctl.sock" --state-dir "$WORK/state"
     t1=$(now)
     if wants startup; then
         awk -v d=$((t1 - t0)) 'BEGIN { printf "%.6f\n", d / 1e6 }' >"$WORK/t.startup"
@@ -193,7 +182,7 @@ for n in $SIZES; do
         done
         row "$n" reload
     fi
-    stop_pid "$PID" 300
+    stop_spawned "$PID"
     PID=""
 done
 log "results: $OUT"

@@ -24,27 +24,17 @@ CLIENT=${CLIENT:-$BIN}
 WORKLOADS=${3:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64}
 IQN=iqn.2026-11.org.ferrosan:doors
 NQN=nqn.2026-11.org.ferrosan:doors
-WORK=$(mktemp -d)
-PID=""
-cleanup() {
-    stop_pid "$PID"
-    rm -rf "$WORK"
-    if [[ -n ${LUN_DIR:-} ]]; then rm -f "$LUN_DIR"/doors.img; fi
-}
-trap cleanup EXIT
+scratch
 
 lun=ram:1G
-[[ -n ${LUN_DIR:-} ]] && lun=file:$LUN_DIR/doors.img,size=1G
-PORT=$(free_port)
-NVME_PORT=$(free_port)
-while [[ $NVME_PORT == "$PORT" ]]; do NVME_PORT=$(free_port); done
-"$BIN" serve --listen "127.0.0.1:$PORT" --nvme-listen "127.0.0.1:$NVME_PORT" --target "$IQN" \
-    --lun "$lun" --control-socket "$WORK/ctl.sock" >"$WORK/daemon.log" 2>&1 &
-PID=$!
-wait_port "$PORT" "$PID" 10 && wait_port "$NVME_PORT" "$PID" 5 || die "the daemon did not start: $(cat "$WORK/daemon.log")"
-# utime + stime of a process, in clock ticks.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
+if [[ -n ${LUN_DIR:-} ]]; then
+    lun=file:$LUN_DIR/doors.img,size=1G
+    on_exit 'rm -f "$LUN_DIR"/doors.img'
+fi
+read -r PORT NVME_PORT < <(two_ports)
+start_daemon daemon "$PORT $NVME_PORT" "$BIN" serve --listen "127.0.0.1:$PORT" \
+    --nvme-listen "127.0.0.1:$NVME_PORT" --target "$IQN" --lun "$lun" \
+    --control-socket "$WORK/ctl.sock"
 OUT=bench/results/doors-$(date +%Y-%m-%d-%H%M).txt
 {
     echo "# bench/doors.sh $(date -u +%FT%TZ): bin=$BIN client=$CLIENT rounds=$ROUNDS lun=$lun"

@@ -25,24 +25,16 @@ DIR=${2:-/var/tmp}
 command -v perf >/dev/null || die "perf is needed (apt-get install linux-perf)"
 IQN=iqn.2026-11.org.ferrosan:budget
 NQN=nqn.2026-11.org.ferrosan:budget
-WORK=$(mktemp -d)
+scratch
 FILE=$DIR/ferrosan-budget-$$.img
-PID=""
-cleanup() {
-    stop_pid "$PID"
-    rm -rf "$WORK" "$FILE"
-}
-trap cleanup EXIT
+on_exit 'rm -f "$FILE"'
 
 # Written whole first: reads come from the disk's blocks, not a hole.
 dd if=/dev/urandom of="$FILE" bs=1M count=1024 status=none
-PORT=$(free_port)
-NVME_PORT=$(free_port)
-while [[ $NVME_PORT == "$PORT" ]]; do NVME_PORT=$(free_port); done
-"$BIN" serve --listen "127.0.0.1:$PORT" --nvme-listen "127.0.0.1:$NVME_PORT" --target "$IQN" \
-    --lun ram:1G --lun "file:$FILE" --control-socket "$WORK/ctl.sock" >"$WORK/daemon.log" 2>&1 &
-PID=$!
-wait_port "$PORT" "$PID" 10 && wait_port "$NVME_PORT" "$PID" 5 || die "the daemon did not start: $(cat "$WORK/daemon.log")"
+read -r PORT NVME_PORT < <(two_ports)
+start_daemon daemon "$PORT $NVME_PORT" "$BIN" serve --listen "127.0.0.1:$PORT" \
+    --nvme-listen "127.0.0.1:$NVME_PORT" --target "$IQN" --lun ram:1G --lun "file:$FILE" \
+    --control-socket "$WORK/ctl.sock"
 OUT=bench/results/latency-budget-$(date +%Y-%m-%d-%H%M).txt
 echo "# bench/latency-budget.sh $(date -u +%FT%TZ): bin=$BIN file=$FILE; stages in us (bench/latency_budget.py)" >"$OUT"
 
@@ -83,12 +75,12 @@ FAILED=0
 pingpong() {
     local name=$1 srv half
     shift
-    sockperf sr --tcp -i 127.0.0.1 -p "$SP_PORT" "$@" >"$WORK/sockperf-sr.log" 2>&1 &
-    srv=$!
+    spawn "$WORK/sockperf-sr.log" sockperf sr --tcp -i 127.0.0.1 -p "$SP_PORT" "$@"
+    srv=$SPAWNED
     sleep 1
     half=$(sockperf pp --tcp -i 127.0.0.1 -p "$SP_PORT" -m 4096 -t 5 "$@" 2>&1 |
         sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p')
-    stop_pid "$srv"
+    stop_spawned "$srv"
     [[ -n $half ]] || die "sockperf measured nothing"
     echo "loopback-tcp-4k-pingpong-$name round_trip=$(echo "2 * $half" | bc)" | tee -a "$OUT"
 }

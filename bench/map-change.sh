@@ -10,15 +10,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=../scripts/lib/common.sh
 source scripts/lib/common.sh
 BIN=${1:?usage: bench/map-change.sh BIN [N] [SESSIONS]}; N=${2:-16000}; S=${3:-4}
-W=$(mktemp -d /var/tmp/ferrosan-map-change.XXXXXX); mkdir -p "$W/state"
-PORT=$(free_port) D="" H=""
-cleanup() {
-    [[ -n $H ]] && kill "$H" 2>/dev/null && wait "$H" 2>/dev/null
-    stop_pid "$D" 60
-    rm -rf "$W"
-}
-trap cleanup EXIT
-python3 - "$W" "$N" "$PORT" <<'PY'
+STOP_GRACE=60
+scratch /var/tmp/ferrosan-map-change.XXXXXX
+mkdir -p "$WORK/state"
+PORT=$(free_port)
+IQN=iqn.2026-12.org.ferrosan:scale
+python3 - "$WORK" "$N" "$PORT" <<'PY'
 import sys
 w, n, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 out=['[limits]\nmax_sessions = 64\n[[portal_group]]\ntag = 1\nlisten = ["127.0.0.1:' + port + '"]\n\n']
@@ -28,12 +25,26 @@ out += [f'    {{ lun = {i}, device = "v{i:05d}" }},\n' for i in range(n)]
 out.append('  ]\n')
 open(f'{w}/f.toml','w').write(''.join(out))
 PY
-$BIN serve --config $W/f.toml --control-socket $W/c.sock --state-dir $W/state >$W/d.log 2>&1 & D=$!
-until $BIN ctl --socket $W/c.sock status >/dev/null 2>&1; do sleep 0.1; done
-python3 bench/idle_sessions.py 127.0.0.1:$PORT iqn.2026-12.org.ferrosan:scale $S --ready $W/ready >/dev/null 2>&1 & H=$!
-until [[ -s $W/ready ]]; do sleep 0.1; done; sleep 1
-c0=$(sed 's/.*) //' /proc/$D/stat | awk '{print $12+$13}'); t0=$(date +%s%N)
-for r in 1 2 3 4 5; do $BIN ctl --socket $W/c.sock lun unmap iqn.2026-12.org.ferrosan:scale g $((N - 1)) >/dev/null; $BIN ctl --socket $W/c.sock lun map iqn.2026-12.org.ferrosan:scale g $((N - 1)) v$(printf %05d $((N - 1))) >/dev/null; done
+start_daemon_ctl daemon "$WORK/c.sock" "$BIN" serve --config "$WORK/f.toml" \
+    --control-socket "$WORK/c.sock" --state-dir "$WORK/state"
+spawn "$WORK/holder.log" python3 bench/idle_sessions.py "127.0.0.1:$PORT" "$IQN" "$S" \
+    --ready "$WORK/ready"
+HOLDER=$SPAWNED
+until [[ -s $WORK/ready ]]; do
+    kill -0 "$HOLDER" 2>/dev/null || die "the sessions did not all log in: $(tail -3 "$WORK/holder.log")"
+    sleep 0.1
+done
+sleep 1
+ctl() { "$BIN" ctl --socket "$WORK/c.sock" "$@" >/dev/null; }
+last=$((N - 1))
+c0=$(ticks "$PID")
+t0=$(date +%s%N)
+for _ in 1 2 3 4 5; do
+    ctl lun unmap "$IQN" g "$last"
+    ctl lun map "$IQN" g "$last" "v$(printf %05d "$last")"
+done
 sleep 2
-c1=$(sed 's/.*) //' /proc/$D/stat | awk '{print $12+$13}'); t1=$(date +%s%N)
-echo "$(basename $BIN): 10 map changes with $S sessions at $N LUNs: daemon CPU $(( (c1-c0)*10 )) ms, wall $(( (t1-t0)/1000000 - 2000 )) ms"
+c1=$(ticks "$PID")
+t1=$(date +%s%N)
+echo "$(basename "$BIN"): 10 map changes with $S sessions at $N LUNs:" \
+    "daemon CPU $(((c1 - c0) * 1000 / HZ)) ms, wall $(((t1 - t0) / 1000000 - 2000)) ms"

@@ -33,20 +33,10 @@ QUEUES=${QUEUES:-2}
 IDLE_S=${IDLE_S:-10}
 IQN=iqn.2026-12.org.ferrosan:nvme-controllers
 NQN=nqn.2026-12.org.ferrosan:nvme-controllers
-WORK=$(mktemp -d /var/tmp/ferrosan-nvme-controllers.XXXXXX)
-PID="" HOLDER="" RESULT=""
-cleanup() {
-    if [[ -n $HOLDER ]]; then
-        kill "$HOLDER" 2>/dev/null || true
-        wait "$HOLDER" 2>/dev/null || true
-    fi
-    stop_pid "$PID" 60
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+STOP_GRACE=60
+scratch /var/tmp/ferrosan-nvme-controllers.XXXXXX
+RESULT=""
 
-TICK=$(getconf CLK_TCK)
-cpu_ticks() { sed 's/.*) //' "/proc/$PID/stat" | awk '{ print $12 + $13 }'; }
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$PID/status"; }
 
 # config ISCSI_PORT NVME_PORT: one RAM LUN on both doors, room for 1000 controllers' queues.
@@ -81,18 +71,11 @@ CONFIG
 
 # start: a fresh daemon on free ports ($iscsi_port, $nvme_port), answering its control socket.
 start() {
-    iscsi_port=$(free_port)
-    nvme_port=$(free_port)
-    while [[ $nvme_port == "$iscsi_port" ]]; do nvme_port=$(free_port); done
+    read -r iscsi_port nvme_port < <(two_ports)
     config "$iscsi_port" "$nvme_port" >"$WORK/ferrosan.toml"
     rm -rf "$WORK/state" && mkdir -p "$WORK/state"
-    "$BIN" serve --config "$WORK/ferrosan.toml" --control-socket "$WORK/ctl.sock" \
-        --state-dir "$WORK/state" >"$WORK/daemon.log" 2>&1 &
-    PID=$!
-    until "$BIN" ctl --socket "$WORK/ctl.sock" status >/dev/null 2>&1; do
-        kill -0 "$PID" 2>/dev/null || die "the daemon did not start: $(tail -5 "$WORK/daemon.log")"
-        sleep 0.05
-    done
+    start_daemon_ctl daemon "$WORK/ctl.sock" "$BIN" serve --config "$WORK/ferrosan.toml" \
+        --control-socket "$WORK/ctl.sock" --state-dir "$WORK/state"
     sleep 1
 }
 
@@ -104,36 +87,33 @@ measure() {
     base=$(rss_kib)
     rm -f "$WORK/ready"
     if [[ $door == nvme ]]; then
-        python3 bench/idle_nvme.py "127.0.0.1:$nvme_port" "$NQN" "$n" --queues "$QUEUES" \
-            --ready "$WORK/ready" >"$WORK/holder.log" 2>&1 &
+        spawn "$WORK/holder.log" python3 bench/idle_nvme.py "127.0.0.1:$nvme_port" "$NQN" "$n" \
+            --queues "$QUEUES" --ready "$WORK/ready"
         want=$((n * (QUEUES + 1)))
     else
-        python3 bench/idle_sessions.py "127.0.0.1:$iscsi_port" "$IQN" "$n" \
-            --ready "$WORK/ready" >"$WORK/holder.log" 2>&1 &
+        spawn "$WORK/holder.log" python3 bench/idle_sessions.py "127.0.0.1:$iscsi_port" "$IQN" \
+            "$n" --ready "$WORK/ready"
         want=$n
     fi
-    HOLDER=$!
+    local holder=$SPAWNED
     until [[ -s $WORK/ready ]]; do
-        kill -0 "$HOLDER" 2>/dev/null ||
+        kill -0 "$holder" 2>/dev/null ||
             die "$door N=$n: not all connected: $(tail -3 "$WORK/holder.log")"
         sleep 0.1
     done
     sleep 2
-    c0=$(cpu_ticks)
+    c0=$(ticks "$PID")
     sleep "$IDLE_S"
-    c1=$(cpu_ticks)
+    c1=$(ticks "$PID")
     rss=$(rss_kib)
-    kill -0 "$HOLDER" 2>/dev/null || die "$door N=$n: the holder ended: $(tail -3 "$WORK/holder.log")"
+    kill -0 "$holder" 2>/dev/null || die "$door N=$n: the holder ended: $(tail -3 "$WORK/holder.log")"
     sessions=$("$BIN" ctl --socket "$WORK/ctl.sock" status | awk '$1 == "sessions" { print $2 }')
     conns=$("$BIN" ctl --socket "$WORK/ctl.sock" status | awk '$1 == "connections" { print $2 }')
     ((sessions == n && conns == want)) ||
         die "$door N=$n: the daemon lists $sessions sessions and $conns connections (want $n and $want)"
-    kill "$HOLDER" 2>/dev/null || true
-    wait "$HOLDER" 2>/dev/null || true
-    HOLDER=""
-    stop_pid "$PID" 60
-    PID=""
-    RESULT=$(awk -v n="$n" -v rss="$rss" -v base="$base" -v c=$((c1 - c0)) -v tick="$TICK" \
+    stop_spawned "$holder"
+    stop_spawned "$PID"
+    RESULT=$(awk -v n="$n" -v rss="$rss" -v base="$base" -v c=$((c1 - c0)) -v tick="$HZ" \
         -v s="$IDLE_S" 'BEGIN { printf "%d %.1f %.2f", rss, (rss - base) / n, c * 1000 / tick / s }')
 }
 

@@ -43,7 +43,6 @@ rbd_cluster_start "$CEPH" 6 "${PLACEMENT:-shared}"
 rbd create --size 2G rbd/cpu
 rbd_fill "$FIO" rbd cpu 2
 OSD=$(cat "$CEPH"/run/osd*.pid)
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # Per CPU: idle (+iowait) and all ticks so far, "cpu0:IDLE:ALL cpu1:...".
 cpu_ticks() { awk '$1 ~ /^cpu[0-9]+$/ {all = 0; for (i = 2; i <= NF; i++) all += $i; printf "%s:%d:%d ", $1, $5 + $6, all}' /proc/stat; }
 measure() { # round path workload fio-engine-args... -> one line

@@ -21,14 +21,8 @@ B=${2:?usage: bench/rbd-gateway-ab.sh A_BIN B_BIN [ROUNDS]}
 cmp -s "$A" "$B" && die "$A and $B are the same build"
 ROUNDS=${3:-2}
 WORKLOADS=${WORKLOADS:-seqread-1m-qd16,randread-4k-qd32,randwrite-4k-qd32}
-WORK=$(mktemp -d /var/tmp/ferrosan-rbd-gateway-ab.XXXXXX)
-PID=""
-cleanup() {
-    stop_pid "$PID"
-    scripts/ceph-single-node.sh stop "$WORK/ceph" >/dev/null 2>&1 || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+scratch /var/tmp/ferrosan-rbd-gateway-ab.XXXXXX
+on_exit 'scripts/ceph-single-node.sh stop "$WORK/ceph" >/dev/null 2>&1'
 scripts/ceph-single-node.sh start "$WORK/ceph" 4 >/dev/null 2>&1
 export CEPH_CONF=$WORK/ceph/ceph.conf
 rbd create --size 1G rbd/ab
@@ -45,10 +39,8 @@ OUT=bench/results/rbd-gateway-ab-$(date +%Y-%m-%d-%H%M).txt
 # measure LABEL BIN ROUND: one daemon of BIN, the workloads, its lines into $OUT.
 measure() {
     local label=$1 bin=$2 round=$3 out="$WORK/out-$1-$3"
-    "$bin" serve --config "$WORK/gw.toml" --gateway a --control-socket "$WORK/a.sock" \
-        --metrics-listen "127.0.0.1:$METRICS" >"$WORK/a.log" 2>&1 &
-    PID=$!
-    wait_port "$PORT" "$PID" 30 || die "$label did not listen: $(tail -5 "$WORK/a.log")"
+    START_SECONDS=30 start_daemon a "$PORT" "$bin" serve --config "$WORK/gw.toml" --gateway a \
+        --control-socket "$WORK/a.sock" --metrics-listen "127.0.0.1:$METRICS"
     sleep 3 # the gateway takes its image
     "$A" bench --destructive --runtime 8 --ramp 2 --only "$WORKLOADS" \
         --target-metrics "127.0.0.1:$METRICS" --out "$out" \
@@ -73,8 +65,7 @@ for r in rows:
     cpu = r.get("target_cpu_us_per_io")
     print(sys.argv[2], sys.argv[3], r["workload"]["id"], "%.0f" % r["iops"], "-" if cpu is None else "%.1f" % cpu)
 PY
-    stop_pid "$PID"
-    PID=""
+    stop_spawned "$PID"
 }
 for ((r = 1; r <= ROUNDS; r++)); do
     if ((r % 2)); then order=(A B); else order=(B A); fi

@@ -11,18 +11,16 @@
 # Starts a single-node cluster of its own (scripts/ceph-single-node.sh), stopped at the end.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LOG_TAG=rbd-images
+# shellcheck source=../scripts/lib/common.sh
+source "$ROOT/scripts/lib/common.sh"
 BIN=${1:?usage: $0 BIN [COUNT...]}
 shift
 COUNTS=("${@:-1 8 32}")
 read -r -a COUNTS <<<"${COUNTS[*]}"
-WORK=$(mktemp -d /var/tmp/ferrosan-rbd-images.XXXXXX)
+scratch /var/tmp/ferrosan-rbd-images.XXXXXX
+on_exit '"$ROOT/scripts/ceph-single-node.sh" stop "$WORK/ceph"'
 PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    "$ROOT/scripts/ceph-single-node.sh" stop "$WORK/ceph" || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 "$ROOT/scripts/ceph-single-node.sh" start "$WORK/ceph" 4 >/dev/null
 export CEPH_CONF=$WORK/ceph/ceph.conf
 max=0
@@ -53,15 +51,14 @@ takeover() {
     done
     printf '; takeover after SIGKILL: first image %.1f s, all %.1f s' "$first" "$(echo "$now - $start" | bc)"
 }
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 ops() {
     ceph --admin-daemon "$WORK/ceph/run/ceph-osd.0.asok" perf dump |
         python3 -c 'import json,sys; d=json.load(sys.stdin)["osd"]; print(d["op_w"], d["op_r"], d["op"])'
 }
 for n in "${COUNTS[@]}"; do
     {
-        printf '[[portal_group]]\ntag = 1\nlisten = ["127.0.0.1:%s"]\ngateway = "a"\n\n' "$(port)"
-        printf '[[portal_group]]\ntag = 2\nlisten = ["127.0.0.1:%s"]\ngateway = "b"\n\n' "$(port)"
+        printf '[[portal_group]]\ntag = 1\nlisten = ["127.0.0.1:%s"]\ngateway = "a"\n\n' "$(free_port)"
+        printf '[[portal_group]]\ntag = 2\nlisten = ["127.0.0.1:%s"]\ngateway = "b"\n\n' "$(free_port)"
         for ((i = 1; i <= n; i++)); do
             printf '[[device]]\nname = "v%d"\nstore = "rbd"\nimage = "rbd/img%d"\nceph_conf = "%s"\n\n' \
                 "$i" "$i" "$CEPH_CONF"
@@ -73,10 +70,10 @@ for n in "${COUNTS[@]}"; do
     } >"$WORK/gw.toml"
     PIDS=()
     for g in a b; do
-        metrics[$g]=$(port)
-        "$BIN" serve --config "$WORK/gw.toml" --gateway "$g" --control-socket "$WORK/$g.sock" \
-            --metrics-listen "127.0.0.1:${metrics[$g]}" >"$WORK/$g.log" 2>&1 &
-        PIDS+=($!)
+        metrics[$g]=$(free_port)
+        spawn "$WORK/$g.log" "$BIN" serve --config "$WORK/gw.toml" --gateway "$g" \
+            --control-socket "$WORK/$g.sock" --metrics-listen "127.0.0.1:${metrics[$g]}"
+        PIDS+=("$SPAWNED")
         sleep 6
     done
     sleep 9
@@ -94,6 +91,6 @@ print('%s images: OSD writes %.1f/s, reads %.1f/s, ops %.1f/s' % (('$n',) + tupl
     done
     line+=$(takeover "$n")
     echo "$line"
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do stop_spawned "$pid"; done
     PIDS=()
 done

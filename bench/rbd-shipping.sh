@@ -53,7 +53,6 @@ for gw in a b; do # a first: it takes the image's lock and owns it
 done
 wait_for_line "$WORK/b.log" "$GATEWAY_B_SEES_A" 10 || { echo "b does not see a as the owner:" >&2; cat "$WORK/b.log" >&2; exit 1; }
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 echo "round portal         workload            IOPS   mean-us  p99-us | gateway CPU us/IO: a  b"
 for r in $(seq "$ROUNDS"); do
     for w in ${WORKLOADS//,/ }; do

@@ -29,13 +29,7 @@ WORKLOAD=${WORKLOAD:-randread-4k-qd64}
 BIN=${FERROSAN:-${FERROSAN_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/ferrosan}}
 [[ -x $BIN ]] || die "no ferrosan binary at $BIN (build it: cargo build --release -p ferrosan)"
 IQN=iqn.2026-12.org.ferrosan:ring-trace
-WORK=$(mktemp -d)
-PID=""
-cleanup() {
-    [[ -z $PID ]] || stop_pid "$PID"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+scratch
 OUT=bench/results/ring-trace-$(date +%Y-%m-%d-%H%M).txt
 EVENTS=(io_uring:io_uring_submit_req io_uring:io_uring_local_work_run block:block_rq_issue
     block:block_rq_complete sched:sched_switch sched:sched_waking)
@@ -59,10 +53,8 @@ run() {
     port=$(free_port)
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    "$BIN" serve --listen "127.0.0.1:$port" --target "$IQN" --lun "file:$DEV" \
-        --control-socket "$WORK/ctl.sock" --state-dir "$WORK/state" >"$WORK/daemon.log" 2>&1 &
-    PID=$!
-    wait_port "$port" "$PID" 10 || die "the daemon did not start: $(cat "$WORK/daemon.log")"
+    start_daemon daemon "$port" "$BIN" serve --listen "127.0.0.1:$port" --target "$IQN" \
+        --lun "file:$DEV" --control-socket "$WORK/ctl.sock" --state-dir "$WORK/state"
     "$BIN" bench --only "$WORKLOAD" --ramp 2 --runtime 8 --out "$WORK/bench" \
         "iscsi://127.0.0.1:$port/$IQN/0" >"$WORK/bench.log" 2>&1 &
     local bench=$!
@@ -73,8 +65,7 @@ run() {
         perf record -q -a -o "$WORK/trace.data" "${args[@]}" -- sleep 1 2>/dev/null
     fi
     wait "$bench" || die "the bench failed: $(tail -3 "$WORK/bench.log")"
-    stop_pid "$PID"
-    PID=""
+    stop_spawned "$PID"
     result "$WORK/bench/results.json"
 }
 

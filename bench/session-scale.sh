@@ -41,17 +41,9 @@ ACTIVE=${ACTIVE-1 4 16 64}
 ACTIVE=${ACTIVE//,/ }
 IQN=iqn.2026-12.org.ferrosan:session-scale
 IDLE_S=20
-WORK=$(mktemp -d /var/tmp/ferrosan-session-scale.XXXXXX)
-PID="" HOLDER=""
-cleanup() {
-    [[ -n $HOLDER ]] && kill "$HOLDER" 2>/dev/null && wait "$HOLDER" 2>/dev/null
-    stop_pid "$PID" 60
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+STOP_GRACE=60
+scratch /var/tmp/ferrosan-session-scale.XXXXXX
 
-TICK=$(getconf CLK_TCK)
-cpu_ticks() { sed 's/.*) //' "/proc/$PID/stat" | awk '{ print $12 + $13 }'; }
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$PID/status"; }
 
 config() {
@@ -91,13 +83,8 @@ start() {
     port=$(free_port)
     config "$port" >"$WORK/ferrosan.toml"
     rm -rf "$WORK/state" && mkdir -p "$WORK/state"
-    "$BIN" serve --config "$WORK/ferrosan.toml" --control-socket "$WORK/ctl.sock" \
-        --state-dir "$WORK/state" >"$WORK/daemon.log" 2>&1 &
-    PID=$!
-    until "$BIN" ctl --socket "$WORK/ctl.sock" status >/dev/null 2>&1; do
-        kill -0 "$PID" 2>/dev/null || die "the daemon did not start: $(tail -5 "$WORK/daemon.log")"
-        sleep 0.05
-    done
+    start_daemon_ctl daemon "$WORK/ctl.sock" "$BIN" serve --config "$WORK/ferrosan.toml" \
+        --control-socket "$WORK/ctl.sock" --state-dir "$WORK/state"
     sleep 1
 }
 
@@ -105,17 +92,17 @@ for n in $SIZES; do
     start
     base=$(rss_kib)
     rm -f "$WORK/ready"
-    python3 bench/idle_sessions.py "127.0.0.1:$port" "$IQN" "$n" --ready "$WORK/ready" \
-        >"$WORK/holder.log" 2>&1 &
-    HOLDER=$!
+    spawn "$WORK/holder.log" python3 bench/idle_sessions.py "127.0.0.1:$port" "$IQN" "$n" \
+        --ready "$WORK/ready"
+    HOLDER=$SPAWNED
     until [[ -s $WORK/ready ]]; do
         kill -0 "$HOLDER" 2>/dev/null || die "N=$n: the sessions did not all log in: $(tail -3 "$WORK/holder.log")"
         sleep 0.1
     done
     sleep 2
-    c0=$(cpu_ticks)
+    c0=$(ticks "$PID")
     sleep "$IDLE_S"
-    c1=$(cpu_ticks)
+    c1=$(ticks "$PID")
     rss=$(rss_kib)
     python3 bench/idle_sessions.py "127.0.0.1:$port" "$IQN" --probe "$ROUNDS" >"$WORK/probe" ||
         die "N=$n: the login probe failed"
@@ -123,14 +110,12 @@ for n in $SIZES; do
     report=$(awk '$1 == "report_luns" { print $3 }' "$WORK/probe")
     sessions=$("$BIN" ctl --socket "$WORK/ctl.sock" --json sessions | grep -o '"initiator"' | wc -l)
     ((sessions >= n)) || die "N=$n: the daemon lists $sessions sessions"
-    awk -v n="$n" -v rss="$rss" -v base="$base" -v c=$((c1 - c0)) -v tick="$TICK" -v s="$IDLE_S" \
+    awk -v n="$n" -v rss="$rss" -v base="$base" -v c=$((c1 - c0)) -v tick="$HZ" -v s="$IDLE_S" \
         -v login="$login" -v report="$report" \
         'BEGIN { printf "%-6d %8d %8.1f %17.2f %9s %9s\n", n, rss, (rss - base) / n, c * 1000 / tick / s, login, report }' |
         tee -a "$OUT"
-    kill "$HOLDER" 2>/dev/null && wait "$HOLDER" 2>/dev/null || true
-    HOLDER=""
-    stop_pid "$PID" 60
-    PID=""
+    stop_spawned "$HOLDER"
+    stop_spawned "$PID"
 done
 
 [[ -n ${ACTIVE// /} ]] || { log "results: $OUT"; exit 0; }
@@ -138,19 +123,18 @@ FIO=$(bench/fio-libiscsi.sh)
 echo "# M  iops  cpu_us_io  (M sessions reading 4 KiB at random, queue depth 8 each, 10 s)" >>"$OUT"
 for m in $ACTIVE; do
     start
-    c0=$(cpu_ticks)
+    c0=$(ticks "$PID")
     # fio's file names take escaped colons.
     target="127.0.0.1:$port/$IQN/0"
     "$FIO" --name=active --ioengine=libiscsi --filename="iscsi\\://${target//:/\\:}" \
         --rw=randread --bs=4k --iodepth=8 --numjobs="$m" --time_based --runtime=10 \
         --group_reporting --output-format=json --output="$WORK/fio.json" 2>"$WORK/fio.err" ||
         die "M=$m: fio failed: $(tail -3 "$WORK/fio.err")"
-    c1=$(cpu_ticks)
+    c1=$(ticks "$PID")
     read -r iops ios < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]["read"]; print(round(j["iops"]), j["total_ios"])' "$WORK/fio.json")
     ((ios > 0)) || die "M=$m: fio read nothing"
-    awk -v m="$m" -v iops="$iops" -v c=$((c1 - c0)) -v tick="$TICK" -v ios="$ios" \
+    awk -v m="$m" -v iops="$iops" -v c=$((c1 - c0)) -v tick="$HZ" -v ios="$ios" \
         'BEGIN { printf "%-4d %8d %9.2f\n", m, iops, c * 1e6 / tick / ios }' | tee -a "$OUT"
-    stop_pid "$PID" 60
-    PID=""
+    stop_spawned "$PID"
 done
 log "results: $OUT"

@@ -20,15 +20,9 @@ BIN=${1:?usage: bench/snapshot-hold.sh BIN [SECONDS] [INTERVAL]}
 SECONDS_RUN=${2:-20}
 INTERVAL=${3:-2}
 IQN=iqn.2026-11.org.ferrosan:snapshot-hold
-WORK=$(mktemp -d)
+scratch
 LOOP=""
-PID=""
-cleanup() {
-    [[ -n $PID ]] && stop_pid "$PID"
-    xfs_unmount "$WORK/mnt" "$LOOP"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+on_exit 'xfs_unmount "$WORK/mnt" "$LOOP"'
 
 STAMP=$(date -u +%Y-%m-%d-%H%M)
 RESULT=bench/results/snapshot-hold-$STAMP.txt
@@ -56,9 +50,8 @@ iqn = "$IQN"
   any_initiator = true
   luns = [ { lun = 0, device = "boot" } ]
 TOML
-"$BIN" serve --config "$WORK/config.toml" --control-socket "$WORK/ctl.sock" > "$WORK/daemon.log" 2>&1 &
-PID=$!
-wait_port "$port" "$PID" 30 || die "the daemon did not listen: $(cat "$WORK/daemon.log")"
+START_SECONDS=30 start_daemon daemon "$port" "$BIN" serve --config "$WORK/config.toml" \
+    --control-socket "$WORK/ctl.sock"
 ctl() { "$BIN" ctl --socket "$WORK/ctl.sock" "$@"; }
 ctl volume create fast vm1 1G > /dev/null
 ctl lun map "$IQN" all 1 vm1 > /dev/null

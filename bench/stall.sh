@@ -16,6 +16,9 @@ DIR=${1:-/var/tmp}
 GIB=${2:-8}
 ROUNDS=${3:-2}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+LOG_TAG=stall
+# shellcheck source=../scripts/lib/common.sh
+source "$ROOT/scripts/lib/common.sh"
 if [[ -n ${FERROSAN_BIN:-} ]]; then
   BIN=$FERROSAN_BIN
 else
@@ -23,16 +26,10 @@ else
   (cd "$ROOT" && cargo build --release -q)
 fi
 case $(stat -f -c %T "$DIR") in tmpfs|ramfs) echo "$DIR is $(stat -f -c %T "$DIR"): use a disk filesystem" >&2; exit 2;; esac
-WORK=$(mktemp -d)
+scratch
 LUN=$DIR/ferrosan-stall-$$.img
-DAEMON=
-cleanup() {
-  if [ -n "$DAEMON" ]; then kill "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; fi
-  rm -rf "$WORK" "$LUN"
-}
-trap cleanup EXIT
-PORT=35300
-METRICS=35301
+on_exit 'rm -f "$LUN"'
+read -r PORT METRICS < <(two_ports)
 IQN=iqn.2026-11.org.ferrosan:stall
 URL=iscsi://127.0.0.1:$PORT/$IQN
 
@@ -70,8 +67,7 @@ iqn = "$IQN"
   any_initiator = true
   luns = [ { lun = 0, device = "disk" }, { lun = 1, device = "mem" } ]
 CFG
-  "$BIN" serve --config "$WORK/c.toml" > "$WORK/d.log" 2>&1 & DAEMON=$!
-  for _ in $(seq 50); do grep -q "serving on" "$WORK/d.log" && break; sleep 0.1; done
+  start_daemon daemon "$PORT $METRICS" "$BIN" serve --config "$WORK/c.toml"
   local t0 t1 alone n=0
   t0=$(date +%s.%N)
   qemu-img bench -c 20000 -d 1 -s 4096 -S 4096 "$URL/1" > /dev/null
@@ -92,7 +88,7 @@ CFG
   printf '| %s | %s | %s | %s | %s | %s |\n' "$1" "$alone" \
     "$(python3 -c "print(int($n/($t1-$t0)))")" \
     "$(grep -o '[0-9.]* seconds' "$WORK/w.log" | cut -d' ' -f1)" "${stalls:-0}" "${offloaded:-0}"
-  kill "$DAEMON"; wait "$DAEMON" 2>/dev/null || true; DAEMON=
+  stop_spawned "$PID"
 }
 
 echo "host: $(nproc) cores, $(uname -r), $DIR on $(stat -f -c %T "$DIR"), $GIB GiB per storm"

@@ -28,26 +28,17 @@ NQN=nqn.2026-11.org.ferrosan:syscalls
 KINDS=(recvfrom readv writev sendto setsockopt epoll_wait sched_yield io_uring_enter futex mprotect)
 EVENTS=raw_syscalls:sys_enter
 for k in "${KINDS[@]}"; do EVENTS+=",syscalls:sys_enter_$k"; done
-WORK=$(mktemp -d)
-PID=""
-cleanup() {
-    [[ -z $PID ]] || stop_pid "$PID"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+scratch
 OUT=bench/results/syscalls-$(date +%Y-%m-%d-%H%M%S).txt
 {
     echo "# bench/syscalls.sh $(date -u +%FT%TZ): workload=$WORKLOAD door=$DOOR client=$CLIENT lun=ram:1G"
     echo "# bin ios all ${KINDS[*]} (system calls per I/O)"
 } >"$OUT"
 for bin in "$@"; do
-    port=$(free_port)
-    nvme_port=$(free_port)
-    while [[ $nvme_port == "$port" ]]; do nvme_port=$(free_port); done
-    "$bin" serve --listen "127.0.0.1:$port" --nvme-listen "127.0.0.1:$nvme_port" --target "$IQN" \
-        --lun ram:1G --control-socket "$WORK/ctl.sock" >"$WORK/daemon.log" 2>&1 &
-    PID=$!
-    wait_port "$port" "$PID" 10 && wait_port "$nvme_port" "$PID" 5 || die "$bin did not start: $(cat "$WORK/daemon.log")"
+    read -r port nvme_port < <(two_ports)
+    start_daemon daemon "$port $nvme_port" "$bin" serve --listen "127.0.0.1:$port" \
+        --nvme-listen "127.0.0.1:$nvme_port" --target "$IQN" --lun ram:1G \
+        --control-socket "$WORK/ctl.sock"
     url="iscsi://127.0.0.1:$port/$IQN/0"
     [[ $DOOR == nvme ]] && url="nvme+tcp://127.0.0.1:$nvme_port/$NQN/1"
     "$CLIENT" bench --destructive --only seqwrite-1m-qd16 --ramp 0 --runtime 3 --out "$WORK/fill" "$url" >/dev/null 2>&1 ||
@@ -72,8 +63,7 @@ PY
     # perf -x, lines: COUNT,UNIT,EVENT,...; the events in the order asked.
     awk -F, -v bin="$bin" -v ios="$ios" '$3 ~ /sys_enter/ { v[n++] = $1 / ios }
         END { printf "%s %d", bin, ios; for (i = 0; i < n; i++) printf " %.2f", v[i]; printf "\n" }' "$WORK/perf.csv" >>"$OUT"
-    stop_pid "$PID"
-    PID=""
+    stop_spawned "$PID"
     rm -rf "$WORK/res" "$WORK/fill"
 done
 sed -n '2,$p' "$OUT" | sed 's/^# //' | column -t | sed 's/^/  /' >&2

@@ -21,13 +21,7 @@ ROUNDS=${2:-3}
 WORKLOADS=${3:-randread-4k-qd1,randread-4k-qd64,seqread-1m-qd16,randwrite-4k-qd64}
 NQN=nqn.2026-11.org.ferrosan:tls-bench
 HOSTNQN=nqn.2026-11.org.ferrosan:bench.tls
-WORK=$(mktemp -d)
-PID=""
-cleanup() {
-    stop_pid "$PID"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+scratch
 
 (umask 077 && python3 -c 'import base64, os, zlib
 k = os.urandom(32)
@@ -63,11 +57,7 @@ tls_keys = [ { host = "$HOSTNQN", key_file = "$WORK/tls.key" } ]
   initiators = ["$HOSTNQN"]
   luns = [ { lun = 0, device = "mem" } ]
 CONFIG
-"$BIN" serve --config "$WORK/ferrosan.toml" >"$WORK/daemon.log" 2>&1 &
-PID=$!
-wait_port "$PORT" "$PID" 10 || die "the daemon did not start: $(cat "$WORK/daemon.log")"
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
+start_daemon daemon "$PORT" "$BIN" serve --config "$WORK/ferrosan.toml"
 OUT=bench/results/tls-$(date +%Y-%m-%d-%H%M).txt
 {
     echo "# bench/tls.sh $(date -u +%FT%TZ): bin=$BIN rounds=$ROUNDS lun=ram:1G"

@@ -19,28 +19,17 @@ ROUNDS=1
 if [[ ${1:-} =~ ^[0-9]+$ ]]; then ROUNDS=$1; shift; fi
 (($# > 0)) || die "usage: bench/writes-after-reads.sh [ROUNDS] BIN..."
 for cmd in iscsi-perf qemu-img; do command -v "$cmd" >/dev/null || die "missing $cmd"; done
-WORK=$(mktemp -d -p /dev/shm)
-PID=""
-cleanup() {
-    stop_pid "$PID"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-HZ=$(getconf CLK_TCK)
+scratch -p /dev/shm
 OUT=bench/results/writes-after-reads-$(date +%Y-%m-%d-%H%M).txt
 echo "# bench/writes-after-reads.sh $(date -u +%FT%TZ) rounds=$ROUNDS; round bin write_iops cpu_us_per_write" >"$OUT"
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 for round in $(seq "$ROUNDS"); do
     for bin in "$@"; do
         rm -f "$WORK/lun.img"
         port=$(free_port)
         iqn=iqn.2026-11.org.ferrosan:war
-        "$bin" serve --listen "127.0.0.1:$port" --target "$iqn" \
-            --lun "file:$WORK/lun.img,size=1G" \
-            >"$WORK/daemon.log" 2>&1 &
-        PID=$!
-        wait_port "$port" "$PID" 10 || die "$bin did not start: $(cat "$WORK/daemon.log")"
+        start_daemon daemon "$port" "$bin" serve --listen "127.0.0.1:$port" --target "$iqn" \
+            --lun "file:$WORK/lun.img,size=1G"
         url=iscsi://127.0.0.1:$port/$iqn/0
         timeout 30 iscsi-perf -t 10 -b 8 -m 64 -r -n "$url" >/dev/null 2>&1 || true
         qemu-img bench -f raw -c 20000 -d 1 -s 4096 -S 4096 "$url" >/dev/null 2>&1
@@ -56,8 +45,7 @@ secs = $end - $start
 ticks = $((after - before))
 print(f'$round $bin {200000 / secs:.0f} {ticks / $HZ * 1e6 / 200000:.2f}')
 " | tee -a "$OUT"
-        stop_pid "$PID"
-        PID=""
+        stop_spawned "$PID"
     done
 done
 log "results: $OUT"

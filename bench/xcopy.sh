@@ -22,15 +22,9 @@ BEFORE=${1:?usage: bench/xcopy.sh BEFORE_BIN AFTER_BIN [SIZE] [ROUNDS]}
 AFTER=${2:?usage: bench/xcopy.sh BEFORE_BIN AFTER_BIN [SIZE] [ROUNDS]}
 SIZE=${3:-4G}
 ROUNDS=${4:-2}
-WORK=$(mktemp -d)
+scratch
 LOOP=""
-PID=""
-cleanup() {
-    [[ -n $PID ]] && stop_pid "$PID"
-    xfs_unmount "$WORK/mnt" "$LOOP"
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+on_exit 'xfs_unmount "$WORK/mnt" "$LOOP"'
 
 cargo build --release -q -p bench --example xcopy
 CLIENT=target/release/examples/xcopy
@@ -73,16 +67,14 @@ iqn = "iqn.2026-11.org.ferrosan:xcopy"
   any_initiator = true
   luns = [ { lun = 0, device = "src" }, { lun = 1, device = "dst" } ]
 TOML
-    "$2" serve --config "$WORK/config.toml" --control-socket "$WORK/$1.sock" > "$WORK/$1.log" 2>&1 &
-    PID=$!
-    wait_port "$port" "$PID" 30 || die "$1 did not listen: $(cat "$WORK/$1.log")"
+    START_SECONDS=30 start_daemon "$1" "$port" "$2" serve --config "$WORK/config.toml" \
+        --control-socket "$WORK/$1.sock"
     local out
     local fill=""
     [[ $STORE == ram ]] && fill=fill
     out=$("$CLIENT" "127.0.0.1:$port" iqn.2026-11.org.ferrosan:xcopy 0 1 4194304 8 $fill) \
         || die "$1: the copy failed"
-    stop_pid "$PID"
-    PID=""
+    stop_spawned "$PID"
     echo "$1 $out" | tee -a "$RESULT"
 }
 

@@ -212,6 +212,88 @@ stop_pid() {
     wait "$pid" 2>/dev/null || true
 }
 
+# A script's scratch directory and the processes it starts, undone by one EXIT trap (INT and
+# TERM exit through it too), so no script forgets a part of its cleanup:
+#   scratch [MKTEMP-ARGS...]   WORK: a new directory (mktemp -d), removed last at exit
+#   spawn LOG COMMAND...       COMMAND in the background, its output in LOG, its PID in
+#                              SPAWNED; stopped at exit (stop_pid) unless stopped before
+#   stop_spawned PID [GRACE]   stops it now and forgets it (a reaped PID may be reused);
+#                              GRACE as stop_pid's, STOP_GRACE (50) at exit
+#   on_exit 'COMMAND'          runs COMMAND at exit after the processes stop, before WORK
+#                              goes; the last given runs first
+# Call spawn from the script's own shell, not from $(...): the process must be its child.
+_SCRATCH_PIDS=()
+_SCRATCH_UNDO=()
+scratch() {
+    WORK=$(mktemp -d "$@")
+    trap _scratch_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+spawn() {
+    local log=$1
+    shift
+    "$@" >"$log" 2>&1 &
+    SPAWNED=$!
+    _SCRATCH_PIDS+=("$SPAWNED")
+}
+stop_spawned() {
+    local i
+    stop_pid "$1" "${2:-${STOP_GRACE:-50}}"
+    for i in "${!_SCRATCH_PIDS[@]}"; do
+        [[ ${_SCRATCH_PIDS[i]} != "$1" ]] || unset '_SCRATCH_PIDS[i]'
+    done
+}
+on_exit() { _SCRATCH_UNDO+=("$1"); }
+_scratch_cleanup() {
+    local pid i
+    for pid in "${_SCRATCH_PIDS[@]}"; do stop_pid "$pid" "${STOP_GRACE:-50}"; done
+    for ((i = ${#_SCRATCH_UNDO[@]} - 1; i >= 0; i--)); do eval "${_SCRATCH_UNDO[i]}" || true; done
+    [[ -z ${WORK:-} ]] || rm -rf "$WORK"
+}
+
+# start_daemon NAME PORTS COMMAND...: spawns COMMAND (a daemon; its log WORK/NAME.log, its PID
+# in PID) and waits until it accepts on each of PORTS (a space-separated list); dies with its
+# log if it does not within START_SECONDS (10).
+start_daemon() {
+    local name=$1 ports=$2 port
+    shift 2
+    spawn "$WORK/$name.log" "$@"
+    PID=$SPAWNED
+    for port in $ports; do
+        wait_port "$port" "$PID" "${START_SECONDS:-10}" ||
+            die "$name did not start: $(cat "$WORK/$name.log")"
+    done
+}
+
+# start_daemon_ctl NAME SOCKET COMMAND...: start_daemon's twin for a ferrosan daemon (COMMAND's
+# first word) whose start may take long (a large config): ready once its control socket SOCKET
+# answers `ctl status`, however long that takes while the daemon lives.
+start_daemon_ctl() {
+    local name=$1 socket=$2
+    shift 2
+    spawn "$WORK/$name.log" "$@"
+    PID=$SPAWNED
+    until "$1" ctl --socket "$socket" status >/dev/null 2>&1; do
+        kill -0 "$PID" 2>/dev/null || die "$name did not start: $(tail -5 "$WORK/$name.log")"
+        sleep 0.01
+    done
+}
+
+# two_ports: two distinct free loopback ports (free_port), on one line.
+two_ports() {
+    local a b
+    a=$(free_port)
+    b=$(free_port)
+    while [[ $b == "$a" ]]; do b=$(free_port); done
+    echo "$a $b"
+}
+
+# ticks PID: the CPU a process has used, all its threads (utime + stime), in clock ticks (HZ
+# a second). Fields counted after the command's name: the name may hold spaces.
+ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; }
+HZ=$(getconf CLK_TCK)
+
 # xfs_mount FILE SIZE DIR: an XFS filesystem of SIZE in FILE, on a loop device, mounted at DIR
 # (reflinks: a volume pool's snapshots and clones share extents). Prints the loop device;
 # xfs_unmount undoes it. Needs root.

@@ -99,7 +99,7 @@ CONFIG
 chmod 0600 "$OUT/ferrosan.toml" # it holds the CHAP secrets
 
 DAEMON_PORTS=("$PORT_OPT" "$PORT_NONOPT")
-start_daemon || die "ferrosan did not start"
+start_ferrosan || die "ferrosan did not start"
 log "ferrosan (PID $DAEMON_PID) on 127.0.0.1:$PORT_OPT (optimized) and 127.0.0.1:$PORT_NONOPT (non-optimized)"
 
 cp scripts/guest/kernel-iscsi.sh "$WORK/share/main.sh"

@@ -175,7 +175,7 @@ tls_subsystem tls384 "$TLS384_NQN" "$WORK/tls384.key" >>"$OUT/ferrosan.toml"
 "$FERROSAN_BIN" check-config "$OUT/ferrosan.toml" >/dev/null
 
 DAEMON_PORTS=("$PORT_OPT" "$PORT_NONOPT" "$ISCSI_PORT")
-start_daemon || die "ferrosan did not start"
+start_ferrosan || die "ferrosan did not start"
 log "ferrosan (PID $DAEMON_PID): NVMe/TCP on 127.0.0.1:$PORT_OPT (optimized) and 127.0.0.1:$PORT_NONOPT (non-optimized), iSCSI on 127.0.0.1:$ISCSI_PORT"
 
 cp scripts/guest/kernel-nvme.sh "$WORK/share/main.sh"

@@ -11,7 +11,7 @@
 #
 #   guest_run_setup          traps (guest_run_cleanup on exit), dependencies, the binary,
 #                            OUT emptied, the guest image; T_START, T_IMAGE
-#   start_daemon             start ferrosan on OUT/ferrosan.toml, wait for DAEMON_PORTS
+#   start_ferrosan           start ferrosan on OUT/ferrosan.toml, wait for DAEMON_PORTS
 #   follow_guest             until the guest powers off: restart, ALUA and log requests carried
 #                            out; sets T_BOOT, T_GUEST, timed_out; the guest and ferrosan stopped
 #   guest_verdicts TAG       every planned check must report ok: OUT/summary.txt, printed;
@@ -55,9 +55,9 @@ guest_run_cleanup() {
     exit "$rc"
 }
 
-# start_daemon: start ferrosan on the config (its log appended to ferrosan.log) and wait for
+# start_ferrosan: start ferrosan on the config (its log appended to ferrosan.log) and wait for
 # its ports.
-start_daemon() {
+start_ferrosan() {
     printf '\n==== %s: ferrosan serve --config %s\n' "$(date +%T)" "$OUT/ferrosan.toml" >>"$OUT/ferrosan.log"
     "$FERROSAN_BIN" serve --config "$OUT/ferrosan.toml" </dev/null >>"$OUT/ferrosan.log" 2>&1 &
     DAEMON_PID=$!
@@ -98,7 +98,7 @@ restart_daemon() {
     down=$(($(date +%s) - t0))
     DAEMON_PID=""
     sleep "$RESTART_GAP"
-    start_daemon || result="FAILED ferrosan did not start again"
+    start_ferrosan || result="FAILED ferrosan did not start again"
     log "ferrosan restarted (PID ${DAEMON_PID:-none}): $down s to stop, down $(($(date +%s) - t0)) s"
     echo "$result $mode: stopped in $down s, down $(($(date +%s) - t0)) s" >"$WORK/share/acks/restart-$n.tmp"
     mv "$WORK/share/acks/restart-$n.tmp" "$WORK/share/acks/restart-$n"

@@ -53,7 +53,9 @@ measure() { # round path workload fio-engine-args... -> one line
     o0=$(ticks "$OSD")
     local c0 c1
     c0=$(cpu_ticks)
-    /usr/bin/time -o "$WORK/time" -f "%U %S" "${CLIENT_CPUS[@]}" "$FIO" --name=x --rw="$rw" \
+    local cpus=("${CLIENT_CPUS[@]}")
+    [[ -n $GW ]] || cpus=("${LIBRBD_CPUS[@]}")
+    /usr/bin/time -o "$WORK/time" -f "%U %S" "${cpus[@]}" "$FIO" --name=x --rw="$rw" \
         --bs="$bs" --iodepth="$qd" "$@" --size=2g --time_based --runtime="$RUNTIME" \
         --norandommap --randrepeat=0 --output-format=json >"$WORK/out.json"
     [[ -n $GW ]] && g1=$(ticks "$GW")

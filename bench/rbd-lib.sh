@@ -18,9 +18,16 @@ source "$ROOT/scripts/lib/common.sh"
 #   that neither gets CPU the other leaves: a client with less to do (fio's libiscsi engine
 #   against its rbd engine) must not hand the OSD more CPU. Both paths' clients get the same
 #   share, as librbd's client host and the initiator's host would be the same machine.
-# Sets CLUSTER_PIDS (its daemons' pids).
+#   Every hop crosses CPUs, as it would cross hosts: fio's rbd engine, whose peer is the OSD,
+#   runs on the second half (LIBRBD_CPUS, its own CLIENT_SHARE % there; the gateways serve
+#   nothing meanwhile), fio's libiscsi engine, whose peer is a gateway, on the first. Loopback
+#   TCP to a process on the sender's own CPU costs the sender less: an OSD whose librbd client
+#   shared its CPU spent 1.01-1.16x less per 1 MiB read than for one elsewhere, in all 7
+#   rounds of bench/rbd-client-place.sh (docs/PERFORMANCE.md, *Every hop across cores*).
+# Sets LIBRBD_CPUS (the command prefix for fio's rbd engine: CLIENT_CPUS but under hosts) and
+# CLUSTER_PIDS (its daemons' pids).
 rbd_cluster_start() {
-    local dir=$1 gib=$2 placement=$3 half conf f cluster_cg="" client_cg
+    local dir=$1 gib=$2 placement=$3 half conf f cluster_cg="" client_cg far_cg
     CLIENT_CPUS=()
     GATEWAY_CPUS=()
     CLUSTER_PIDS=()
@@ -40,6 +47,11 @@ rbd_cluster_start() {
         # (sh moves itself into the cgroup, then becomes the command.)
         # shellcheck disable=SC2016
         CLIENT_CPUS=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$client_cg" taskset -c "0-$((half - 1))")
+        far_cg=$(rbd_cgroup client-far "${CLIENT_SHARE:-40}" "$(($(nproc) - half))") || return 1
+        # shellcheck disable=SC2016
+        LIBRBD_CPUS=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$far_cg" "${GATEWAY_CPUS[@]}")
+    else
+        LIBRBD_CPUS=("${CLIENT_CPUS[@]}")
     fi
     "$ROOT/scripts/ceph-single-node.sh" stop "$dir" 2>/dev/null || true
     rm -rf "$dir"
@@ -55,7 +67,7 @@ rbd_cluster_start() {
     fi
     case $placement in
         split) echo "[bench] placement: the cluster on CPUs 0-$((half - 1)), fio and the gateways on ${CLIENT_CPUS[2]}" >&2 ;;
-        hosts) echo "[bench] placement: the cluster (${CLUSTER_SHARE:-60} %) and fio (${CLIENT_SHARE:-40} %) on CPUs 0-$((half - 1)), the gateways alone on ${GATEWAY_CPUS[2]}" >&2 ;;
+        hosts) echo "[bench] placement: the cluster (${CLUSTER_SHARE:-60} %) and fio's libiscsi engine (${CLIENT_SHARE:-40} %) on CPUs 0-$((half - 1)), the gateways alone on ${GATEWAY_CPUS[2]}, and fio's rbd engine there (${CLIENT_SHARE:-40} %) while the gateways serve nothing" >&2 ;;
     esac
 }
 

@@ -19,7 +19,9 @@
 #      own, so a client's CPU is not taken from the OSD; hosts: every party as on a host of its
 #      own — the gateway alone on the second half, the cluster and fio on the first half held
 #      to fixed shares of it by CPU quotas, CLUSTER_SHARE 60 % and CLIENT_SHARE 40 %, root
-#      needed (bench/rbd-lib.sh); split and hosts need this script's own cluster).
+#      needed; fio's rbd engine on the second half with its own CLIENT_SHARE, so that every
+#      hop crosses CPUs as it would cross hosts (bench/rbd-lib.sh); split and hosts need this
+#      script's own cluster).
 # Two librbd references: fio's rbd engine as it comes (`librbd`: librbd's default write-around
 # cache acknowledges a write once it is sent, before the OSD has it: a 4 KiB write at QD1 in
 # ~90 us instead of ~490 us here), and with the librados settings the gateway itself runs
@@ -58,6 +60,7 @@ log() { echo "[bench-rbd] $*" >&2; }
 
 PLACEMENT=${PLACEMENT:-shared}
 CLIENT_CPUS=()
+LIBRBD_CPUS=()
 GATEWAY_CPUS=()
 if [[ -z ${CEPH_CONF:-} ]]; then
     OWN_CLUSTER=${CEPH_DIR:-$ROOT/target/bench-ceph}
@@ -91,15 +94,16 @@ cpu_ticks() { # path -> utime+stime of its gateway (0 for librbd)
 run() { # path workload -> "iops mbps mean_us cpu_us_per_io"
     local path=$1 w=$2 rw bs qd engine t0 t1
     read -r rw bs qd < <(fio_args "$w")
-    local ceph_args=${CEPH_ARGS:-}
+    local ceph_args=${CEPH_ARGS:-} cpus=("${CLIENT_CPUS[@]}")
     if [[ $path == librbd* ]]; then
+        cpus=("${LIBRBD_CPUS[@]}")
         engine=(--ioengine=rbd --pool="$POOL" --rbdname="$IMAGE" --clientname=admin)
         if [[ $path == librbd-gw ]]; then ceph_args="$ceph_args $GATEWAY_CEPH_ARGS"; fi
     else
         engine=(--ioengine=libiscsi --initiator=iqn.2026-11.org.ferrosan:fio --filename="${URL[$path]}")
     fi
     t0=$(cpu_ticks "$path")
-    CEPH_ARGS=$ceph_args "${CLIENT_CPUS[@]}" "$FIO" --name=x --rw="$rw" --bs="$bs" --iodepth="$qd" "${engine[@]}" --size="${IMAGE_GIB}g" \
+    CEPH_ARGS=$ceph_args "${cpus[@]}" "$FIO" --name=x --rw="$rw" --bs="$bs" --iodepth="$qd" "${engine[@]}" --size="${IMAGE_GIB}g" \
         --time_based --runtime="$RUNTIME" --ramp_time=2 --norandommap --randrepeat=0 \
         --output-format=json >"$WORK/out.json" 2>"$WORK/fio.err" || { cat "$WORK/fio.err" >&2; exit 1; }
     t1=$(cpu_ticks "$path")

@@ -220,6 +220,17 @@ fn bodies_and_rates_are_bounded_and_the_document_lists_every_verb() {
         api.statuses("POST", &["/v1/device-add"; 5], Some(&admin), Some(&big)),
         [413; 5]
     );
+    // A refusal before the body is read (who the caller is, what it may do) reads it away
+    // too.
+    let (reader, _) = api.token("grafana", "reader");
+    assert_eq!(
+        api.statuses("POST", &["/v1/device-add"; 3], Some(&reader), Some(&big)),
+        [403; 3]
+    );
+    assert_eq!(
+        api.statuses("POST", &["/v1/device-add"; 3], None, Some(&big)),
+        [401; 3]
+    );
     // Without a declared length (chunked), the same.
     assert_eq!(
         api.statuses_with(

@@ -357,7 +357,11 @@ async fn answer(api: &Api, from: Origin<'_>, request: Request<Incoming>) -> Resp
             };
             run(api, request, verb, who, &id).await
         }
-        Err(refused) => Err(refused),
+        Err(refused) => {
+            // Refused before its body was read: read it away, as `arguments` does.
+            linger(&mut request.into_body()).await;
+            Err(refused)
+        }
     };
     let (status, mut body) = match result {
         Ok(answered) => answered,
@@ -527,9 +531,10 @@ async fn run(
 const LINGER_BYTES: usize = 1024 * 1024;
 const LINGER_TIME: Duration = Duration::from_secs(2);
 
-/// Reads and drops the rest of a refused body, up to [`LINGER_BYTES`] and [`LINGER_TIME`]:
-/// a connection closed with unread data resets, and the reset can reach the client before
-/// the refusal does (it sees no answer at all, only a broken connection).
+/// Reads and drops the rest of a refused request's body, up to [`LINGER_BYTES`] and
+/// [`LINGER_TIME`]: a connection closed with unread data resets, and the reset can reach the
+/// client before the refusal does (it sees no answer at all, only a broken connection). Every
+/// refusal takes this way, the body's size or the caller's rights alike.
 async fn linger(body: &mut Incoming) {
     let drained = async {
         let mut seen = 0usize;

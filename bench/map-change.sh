@@ -27,13 +27,8 @@ open(f'{w}/f.toml','w').write(''.join(out))
 PY
 start_daemon_ctl daemon "$WORK/c.sock" "$BIN" serve --config "$WORK/f.toml" \
     --control-socket "$WORK/c.sock" --state-dir "$WORK/state"
-spawn "$WORK/holder.log" python3 bench/idle_sessions.py "127.0.0.1:$PORT" "$IQN" "$S" \
-    --ready "$WORK/ready"
-HOLDER=$SPAWNED
-until [[ -s $WORK/ready ]]; do
-    kill -0 "$HOLDER" 2>/dev/null || die "the sessions did not all log in: $(tail -3 "$WORK/holder.log")"
-    sleep 0.1
-done
+spawn_ready "the sessions did not all log in" python3 bench/idle_sessions.py "127.0.0.1:$PORT" \
+    "$IQN" "$S"
 sleep 1
 ctl() { "$BIN" ctl --socket "$WORK/c.sock" "$@" >/dev/null; }
 last=$((N - 1))

@@ -85,22 +85,16 @@ measure() {
     local door=$1 n=$2 base c0 c1 rss sessions conns want
     start
     base=$(rss_kib)
-    rm -f "$WORK/ready"
     if [[ $door == nvme ]]; then
-        spawn "$WORK/holder.log" python3 bench/idle_nvme.py "127.0.0.1:$nvme_port" "$NQN" "$n" \
-            --queues "$QUEUES" --ready "$WORK/ready"
+        spawn_ready "$door N=$n: not all connected" python3 bench/idle_nvme.py \
+            "127.0.0.1:$nvme_port" "$NQN" "$n" --queues "$QUEUES"
         want=$((n * (QUEUES + 1)))
     else
-        spawn "$WORK/holder.log" python3 bench/idle_sessions.py "127.0.0.1:$iscsi_port" "$IQN" \
-            "$n" --ready "$WORK/ready"
+        spawn_ready "$door N=$n: not all connected" python3 bench/idle_sessions.py \
+            "127.0.0.1:$iscsi_port" "$IQN" "$n"
         want=$n
     fi
-    local holder=$SPAWNED
-    until [[ -s $WORK/ready ]]; do
-        kill -0 "$holder" 2>/dev/null ||
-            die "$door N=$n: not all connected: $(tail -3 "$WORK/holder.log")"
-        sleep 0.1
-    done
+    local holder=$HOLDER
     sleep 2
     c0=$(ticks "$PID")
     sleep "$IDLE_S"

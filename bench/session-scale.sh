@@ -91,14 +91,8 @@ start() {
 for n in $SIZES; do
     start
     base=$(rss_kib)
-    rm -f "$WORK/ready"
-    spawn "$WORK/holder.log" python3 bench/idle_sessions.py "127.0.0.1:$port" "$IQN" "$n" \
-        --ready "$WORK/ready"
-    HOLDER=$SPAWNED
-    until [[ -s $WORK/ready ]]; do
-        kill -0 "$HOLDER" 2>/dev/null || die "N=$n: the sessions did not all log in: $(tail -3 "$WORK/holder.log")"
-        sleep 0.1
-    done
+    spawn_ready "N=$n: the sessions did not all log in" python3 bench/idle_sessions.py \
+        "127.0.0.1:$port" "$IQN" "$n"
     sleep 2
     c0=$(ticks "$PID")
     sleep "$IDLE_S"

@@ -280,6 +280,22 @@ start_daemon_ctl() {
     done
 }
 
+# spawn_ready WHAT COMMAND...: spawns COMMAND with `--ready WORK/ready` (a holder that writes
+# that file once it has done its part: bench/idle_sessions.py, bench/idle_nvme.py; its output
+# in WORK/holder.log, its PID in HOLDER) and waits for the file; dies saying WHAT did not
+# happen if COMMAND ends first.
+spawn_ready() {
+    local what=$1
+    shift
+    rm -f "$WORK/ready"
+    spawn "$WORK/holder.log" "$@" --ready "$WORK/ready"
+    HOLDER=$SPAWNED
+    until [[ -s $WORK/ready ]]; do
+        kill -0 "$HOLDER" 2>/dev/null || die "$what: $(tail -3 "$WORK/holder.log")"
+        sleep 0.1
+    done
+}
+
 # two_ports: two distinct free loopback ports (free_port), on one line.
 two_ports() {
     local a b

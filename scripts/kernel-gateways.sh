@@ -537,7 +537,7 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
 {
     printf 'kernel-gateways: ferrosan %s, guest %s (%s)\n' "$FERROSAN_BIN" "$(basename "$GUEST_DIR")" "${FERROSAN_GUEST_ACCEL:-tcg}"
     printf 'kernel-gateways: guest: %s\n' "$(guest_versions)"
-    printf 'kernel-gateways: fio 4 KiB random writes, iodepth 4, %s IOPS for %s s; SIGSTOP %s s; pass bar: stall <= %s s, one takeover per fault\n' \
+    printf 'kernel-gateways: fio 4 KiB random writes, iodepth 16, %s IOPS for %s s; SIGSTOP %s s; pass bar: stall <= %s s, one takeover per fault\n' \
         "$FIO_RATE" "$FIO_SECONDS" "$STOP_S" "$STALL_MAX_S"
     echo "kernel-gateways: initiator: iscsid.conf replacement_timeout 5, noop_out_interval 5, noop_out_timeout 5; multipath.conf device FERROSAN: prio alua, hardware_handler \"1 alua\", path_checker tur, no_path_retry queue, failback manual, path_grouping_policy per run (guest-console.log has the files)"
     echo "kernel-gateways: run nvme: nvme connect with nvme-cli's defaults (keep-alive 5 s, reconnect delay 10 s, ctrl-loss 600 s), native NVMe multipath"

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -565,22 +565,18 @@ async fn arguments(request: Request<Incoming>) -> Result<Map<String, Value>, Ref
         linger(&mut body).await;
         return Err(too_long());
     }
-    let mut kept = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            let message = format!("reading the request: {e}");
-            Refused(StatusCode::BAD_REQUEST, "bad_request", message)
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        if kept.len() + data.len() > max {
+    // Through a borrow, so that a body found too long can still be read away.
+    let body = match Limited::new(&mut body, max).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             linger(&mut body).await;
             return Err(too_long());
         }
-        kept.extend_from_slice(&data);
-    }
-    let body = kept;
+        Err(e) => {
+            let message = format!("reading the request: {e}");
+            return Err(Refused(StatusCode::BAD_REQUEST, "bad_request", message));
+        }
+    };
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }

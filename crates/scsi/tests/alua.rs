@@ -239,6 +239,9 @@ fn set_target_port_groups_takes_over_through_the_senders_group() {
     t.nexus = gateway_nexus(2, 2);
     clear_ua(&mut t);
     let list = stpg_list(&[(0x0, 2), (0x2, 1)]);
+    // A takeover is a cluster round trip and may wait behind another (the vigil's): the
+    // engine runs it on the I/O threads, never on a network worker.
+    assert!(t.lu.waits_for_device(&stpg_cdb(list.len() as u8)));
     t.ok(&stpg_cdb(list.len() as u8), &list);
     assert_eq!(fake.takes.load(Ordering::SeqCst), 1);
     assert_eq!(
@@ -324,6 +327,7 @@ fn without_an_owner_set_target_port_groups_is_not_offered() {
     t.nexus = gateway_nexus(1, 1);
     clear_ua(&mut t);
     let list = stpg_list(&[(0x0, 1)]);
+    assert!(!t.lu.waits_for_device(&stpg_cdb(8)));
     assert_sense(&t.err(&stpg_cdb(8), &list), 0x05, 0x20, 0x00);
     let inquiry = t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
     assert_eq!(inquiry[5] & 0x30, 0x10);

@@ -283,7 +283,7 @@ FIO_PID="" FIO_RC=""
 # and its write phase ran 131 s past the faults).
 fio_start() {
     FIO_RC=""
-    fio --name=kgw --filename="/dev/$DM" --direct=1 --ioengine=libaio --iodepth=16 \
+    exec_without_sigpipe fio --name=kgw --filename="/dev/$DM" --direct=1 --ioengine=libaio --iodepth=16 \
         --rw=randwrite --bs=4k --size="$FIO_SIZE" --rate_iops=,"$FIO_RATE" \
         --verify=crc32c --do_verify=1 --verify_fatal=0 --continue_on_error=verify \
         --write_lat_log="$WORK/lat" --log_avg_msec=0 --log_unix_epoch=1 \

@@ -82,7 +82,7 @@ io_moves() {
 fio_run() {
     local name=$1 offset=$2 size=$3
     shift 3
-    fio --name="$name" --filename="/dev/$DEV" --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
+    without_sigpipe fio --name="$name" --filename="/dev/$DEV" --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
         --iodepth=16 --offset="$offset" --size="$size" --verify=crc32c --do_verify=1 \
         --verify_fatal=1 --output-format=json --output="$WORK/fio-$name.json" "$@"
 }

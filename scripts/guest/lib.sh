@@ -67,6 +67,20 @@ skip_all() {
     for c in "$@"; do report "CHECK $c: FAILED not run: $why"; done
 }
 
+# without_sigpipe CMD...: run CMD with SIGPIPE ignored (the disposition survives exec). Linux's
+# nvme-tcp host sends a command from the submitting task itself when it can (the queue's own
+# CPU, nothing queued before it), without MSG_NOSIGNAL: once the target's end is gone (a FIN,
+# then a reset for the next segment) that send raises SIGPIPE on the task, and a program that
+# keeps SIGPIPE's default dies of it mid-I/O while the controller reconnects. QEMU ignores
+# SIGPIPE; fio does not (docs/NVME.md, *Linux hosts when the daemon dies*).
+without_sigpipe() { (exec_without_sigpipe "$@"); }
+# exec_without_sigpipe CMD...: the same in place of this shell: for `CMD &`, whose $! is then
+# CMD's own PID (signals sent to it reach CMD, not a shell waiting on it).
+exec_without_sigpipe() {
+    trap '' PIPE
+    exec "$@"
+}
+
 # wait_until SECONDS CMD...: poll CMD every half second.
 wait_until() {
     local secs=$1 i

@@ -638,6 +638,50 @@ fn a_host_that_stops_sending_keep_alives_loses_its_controller() {
     assert!(started.elapsed() >= Duration::from_millis(900));
 }
 
+/// A queue the controller ends (here: its host stopped sending Keep Alives) is closed the way
+/// a host still sending can take: the controller's FIN, then what the host sends meanwhile read
+/// and dropped, never a reset. A reset makes Linux's nvme-tcp host raise SIGPIPE in the
+/// application whose command met it (docs/NVME.md, *Linux hosts when the daemon dies*).
+#[test]
+fn a_queue_the_controller_ends_is_closed_without_a_reset() {
+    use std::io::{Read as _, Write as _};
+    let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
+    let mut admin = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+    let (mut c, data) = host::connect_command(0, 31, 0xFFFF, NQN, HOSTNQN, [3; 16]);
+    // KATO 1 s.
+    c.0[48..52].copy_from_slice(&1000u32.to_le_bytes());
+    let cntlid = admin.run_ok(c, data, 0).unwrap().cqe.dw0 as u16;
+    admin
+        .run_ok(host::property_set_cc(1 | 6 << 16 | 4 << 20), Vec::new(), 0)
+        .unwrap();
+    let tcp = std::net::TcpStream::connect(addr(nvme_port)).unwrap();
+    let mut raw = tcp.try_clone().unwrap();
+    let mut io = QueueConn::over(tcp, (false, false)).unwrap();
+    let (c, data) = host::connect_command(1, 7, cntlid, NQN, HOSTNQN, [3; 16]);
+    io.run_ok(c, data, 0).unwrap();
+    // No Keep Alive: the controller ends, and its I/O queue's connection with it.
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    let mut sink = [0u8; 4096];
+    loop {
+        match raw.read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => panic!(
+                "the queue ended with {e} after {:?}, not a close",
+                started.elapsed()
+            ),
+        }
+    }
+    // The host sends on, as one whose error recovery has not run yet does: a reset would
+    // answer the first capsule and fail the second.
+    for i in 0..3 {
+        let sent = raw.write_all(&[0u8; 72]);
+        assert!(sent.is_ok(), "capsule {i} after the close: {sent:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn controllers_are_sessions_to_ctl_and_a_hostile_queue_touches_no_other() {
     let ctl = common::Ctl::new();

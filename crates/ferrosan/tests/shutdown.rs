@@ -95,6 +95,13 @@ fn a_session_that_does_not_log_out_is_closed_when_the_grace_ends() {
         waited >= Duration::from_millis(900) && waited < Duration::from_secs(4),
         "closed after {waited:?}, grace 1 s"
     );
+    // An initiator that sends on before it notices meets a target still reading (and dropping)
+    // what comes, not a reset (`Conn::linger`).
+    for i in 0..3 {
+        let sent = std::io::Write::write_all(&mut client.stream, &[0u8; 48]);
+        assert!(sent.is_ok(), "PDU {i} after the close: {sent:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let status = daemon
         .wait_exit(Duration::from_secs(3))
         .expect("daemon still running after the grace");

@@ -151,6 +151,10 @@ async fn run(
     .await;
     end_session(at, &mut backend, &established, established_at, &result);
     drop(ticket);
+    // Nothing of the array is held while the connection lingers (a removed device's store,
+    // an RBD image's lock).
+    drop(backend);
+    door.conn.linger(&mut alarm).await;
     result
 }
 

@@ -52,6 +52,12 @@ pub(super) const IN_PLACE_MIN: usize = 64 * 1024;
 /// never more than a burst of them late.
 pub(super) const HELD_ANSWERS_MAX: usize = 16;
 
+/// How long, and for how many bytes, a connection this end closed goes on reading what its
+/// peer still sends ([`Conn::linger`]): a host closes its own end within milliseconds of
+/// seeing the close, and a peer that does not is not waited for longer.
+const LINGER_TIME: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1 << 20;
+
 /// What the driver owns of a connection: its stream, its receive buffer and its outbox.
 pub(super) struct Conn {
     pub(super) stream: Wire,
@@ -81,6 +87,35 @@ impl Conn {
             return Ok(());
         }
         self.stream.send(&mut self.out, self.peer).await
+    }
+
+    /// Ends a session's or queue's connection the way a host still sending can take: this
+    /// end's FIN first, then what the host sends meanwhile read and dropped until it closes its
+    /// own end (or [`LINGER_TIME`], [`LINGER_BYTES`]). A socket closed with input unread, or
+    /// sent to once closed, answers with a reset; under Linux's nvme-tcp host a reset raises
+    /// SIGPIPE in the application whose command met it (docs/NVME.md, *Linux hosts when the
+    /// daemon dies*). Only in the clear: a TLS stream is dropped as before.
+    pub(super) async fn linger(&mut self, alarm: &mut Alarm) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let Wire::Plain(stream) = &mut self.stream else {
+            return;
+        };
+        if stream.shutdown().await.is_err() || alarm.set(Instant::now() + LINGER_TIME).is_err() {
+            return;
+        }
+        let mut sink = vec![0u8; 16 << 10];
+        let mut read = 0;
+        while read < LINGER_BYTES {
+            tokio::select! {
+                biased;
+                n = stream.read(&mut sink) => match n {
+                    Ok(n) if n > 0 => read += n,
+                    // The host closed its end, or reset it.
+                    _ => return,
+                },
+                _ = alarm.rung() => return,
+            }
+        }
     }
 
     /// A payload was received in place and its command handled. Its answers may wait for the

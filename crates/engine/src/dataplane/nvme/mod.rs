@@ -279,6 +279,8 @@ impl Driver {
         backend.meter.report_io();
         shared.metrics.nvme_queues.dec();
         self.end(shared, &role, &backend, &result);
+        drop(backend);
+        self.conn.linger(&mut alarm).await;
         result
     }
 

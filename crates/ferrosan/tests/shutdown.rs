@@ -100,7 +100,7 @@ fn a_session_that_does_not_log_out_is_closed_when_the_grace_ends() {
     for i in 0..3 {
         let sent = std::io::Write::write_all(&mut client.stream, &[0u8; 48]);
         assert!(sent.is_ok(), "PDU {i} after the close: {sent:?}");
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
     let status = daemon
         .wait_exit(Duration::from_secs(3))

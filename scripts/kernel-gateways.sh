@@ -54,7 +54,8 @@
 #              KERNEL_GATEWAYS_TIMEOUT  seconds the guest may run (default: from the runs)
 #              KGW_FIO_RATE (100 write IOPS), KGW_FIO_SECONDS (120: fio's write phase; it must
 #              outlast the faults, ~95 s when each passes the bar), KGW_STOP_S (30),
-#              KGW_RETURN_S (20), KGW_RESUME_S (20), KGW_STALL_MAX_S (10)
+#              KGW_RETURN_S (20), KGW_RESUME_S (20), KGW_STALL_MAX_S (10),
+#              KGW_TAKEOVER_S (the gateways' gateway_takeover_s; default: ferrosan's)
 #              FERROSAN_GUEST_*         see scripts/lib/guest.sh (accelerator, mirror, cache)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -80,6 +81,7 @@ STOP_S=${KGW_STOP_S:-30}
 RETURN_S=${KGW_RETURN_S:-20}
 RESUME_S=${KGW_RESUME_S:-20}
 STALL_MAX_S=${KGW_STALL_MAX_S:-10}
+TAKEOVER_S=${KGW_TAKEOVER_S:-}
 read -r -a RUNS <<<"$POLICIES"
 ((${#RUNS[@]} > 0)) || die "KERNEL_GATEWAYS_POLICIES is empty"
 for p in "${RUNS[@]}"; do
@@ -277,6 +279,9 @@ run_start() {
         return 0
     fi
     gateways_config "$IQN" "rbd/kgw-$n" "$CEPH_CONF" "${GW_PORT[a]}" "${GW_PORT[b]}" "${nvme[@]}" >"$RUN_OUT/ferrosan.toml"
+    if [[ -n $TAKEOVER_S ]]; then
+        printf '\n[limits]\ngateway_takeover_s = %s\n' "$TAKEOVER_S" >>"$RUN_OUT/ferrosan.toml"
+    fi
     "$FERROSAN_BIN" check-config "$RUN_OUT/ferrosan.toml" >/dev/null
     # a first (it takes the image: nobody holds it), then b, which follows a.
     if ! start_gateway a; then
@@ -540,6 +545,7 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
     printf 'kernel-gateways: fio 4 KiB random writes, iodepth 16, %s IOPS for %s s; SIGSTOP %s s; pass bar: stall <= %s s, one takeover per fault\n' \
         "$FIO_RATE" "$FIO_SECONDS" "$STOP_S" "$STALL_MAX_S"
     echo "kernel-gateways: initiator: iscsid.conf replacement_timeout 5, noop_out_interval 5, noop_out_timeout 5; multipath.conf device FERROSAN: prio alua, hardware_handler \"1 alua\", path_checker tur, no_path_retry queue, failback manual, path_grouping_policy per run (guest-console.log has the files)"
+    printf 'kernel-gateways: gateways: gateway_takeover_s %s\n' "${TAKEOVER_S:-default (4)}"
     echo "kernel-gateways: run nvme: nvme connect with nvme-cli's defaults (keep-alive 5 s, reconnect delay 10 s, ctrl-loss 600 s), native NVMe multipath"
     echo "kernel-gateways: times in seconds after the fault as the guest asked for it (the host acts within ~0.2 s); stall = longest gap between two write completions"
     if ((${#planned[@]} == 0)); then

@@ -118,6 +118,29 @@ const FORMAT_EXTENDED: u8 = 1;
 /// FORMAT TYPE of the extended header (byte 4, bits 6..4).
 const EXTENDED_HEADER: u8 = 0x10;
 
+/// How long REPORT TARGET PORT GROUPS waits for a takeover through its group to end. A
+/// takeover takes 0.3-1 s (docs/PERFORMANCE.md, *RBD gateway takeover*); Linux's ALUA handler
+/// looks again 2 s after it saw a group transitioning, so waiting longer than that for one that
+/// does not end would only delay the same answer.
+pub(crate) const RTPG_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits (at most [`RTPG_SETTLE`]) for the takeovers through `nexus`'s groups to end, so that
+/// the report shows where they ended: a host that moves to this path while the takeover runs
+/// then uses it at once, where a transitioning group had its ALUA handler look again only
+/// seconds later.
+fn settle(lu: &crate::LogicalUnit, nexus: &Nexus) {
+    let Some(ownership) = lu.ownership() else {
+        return;
+    };
+    let deadline = std::time::Instant::now() + RTPG_SETTLE;
+    for group in nexus.target_port.groups.iter() {
+        if ownership.transitioning(group.id) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            ownership.settle(group.id, left);
+        }
+    }
+}
+
 /// REPORT TARGET PORT GROUPS (MAINTENANCE IN, service action 0Ah).
 pub(crate) fn report_target_port_groups(
     lu: &crate::LogicalUnit,
@@ -134,6 +157,7 @@ pub(crate) fn report_target_port_groups(
         FORMAT_EXTENDED => true,
         _ => return Err(Sense::invalid_field_in_cdb(1, Some(7))),
     };
+    settle(lu, nexus);
     data_in.extend_from_slice(&[0; 4]); // RETURN DATA LENGTH, filled in below
     if extended {
         // IMPLICIT TRANSITION TIME 0: an operator's change takes effect at once.

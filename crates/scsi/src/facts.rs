@@ -30,7 +30,8 @@ pub enum Durability {
     UnlessWriteBackOrFua,
     /// Always: a flush, or a write or deallocation as a side effect.
     Always,
-    /// Taking the LU over: a cluster round trip when the LU has an owner.
+    /// When the LU has an owner: taking it over (a cluster round trip), or waiting for a
+    /// takeover to end.
     Ownership,
     /// The reservations, when they are saved (APTPL or shared).
     Reservations,
@@ -173,11 +174,17 @@ pub fn facts(cdb: Cdb<'_>) -> Facts {
             ..anywhere
         },
         // REPORT TARGET PORT GROUPS (and the other reports): how an initiator learns the state.
+        // The former waits for a takeover through its group to end (`alua::settle`).
         MAINTENANCE_IN => Facts {
             under_spc2_reservation: true,
             when_not_ready: true,
             in_unavailable: true,
             in_transition: true,
+            durability: if cdb.service_action() == SA_REPORT_TARGET_PORT_GROUPS {
+                Durability::Ownership
+            } else {
+                Durability::None
+            },
             ..anywhere
         },
         READ_CAPACITY_10 => anywhere,

@@ -153,6 +153,14 @@ pub trait Ownership: Send + Sync {
         let _ = group;
         false
     }
+    /// Waits, at most `within`, for a takeover through `group` to end (REPORT TARGET PORT
+    /// GROUPS asks before it answers, so that a host moving to this path mid-takeover learns
+    /// the state the takeover ends in rather than retrying seconds later). An I/O thread's
+    /// call: the command waits for the device wherever its LU has an owner
+    /// ([`crate::LogicalUnit::waits_for_device`]). The default returns at once.
+    fn settle(&self, group: u16, within: std::time::Duration) {
+        let _ = (group, within);
+    }
     /// Whether this gateway's groups that do not own the LU are active/non-optimized: a
     /// command that needs the medium is run by the owner ([`Ownership::ship`]) instead of
     /// refused (standby). False while no owner is known.

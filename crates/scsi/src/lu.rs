@@ -361,7 +361,8 @@ impl LogicalUnit {
             Durability::UnlessWriteBack => !write_back,
             Durability::UnlessWriteBackOrFua => !write_back || fua,
             Durability::Always => true,
-            // SET TARGET PORT GROUPS takes the LU over: a cluster round trip or several.
+            // SET TARGET PORT GROUPS takes the LU over: a cluster round trip or several;
+            // REPORT TARGET PORT GROUPS waits for a takeover through its group to end.
             Durability::Ownership => self.ownership.get().is_some(),
             // With APTPL the new state is saved (and fsynced) before it completes.
             Durability::Reservations => self.reservations.persists(),

@@ -19,6 +19,11 @@ struct FakeOwner {
     refuse: std::sync::atomic::AtomicBool,
     /// Implicit only: initiators may not move the LU.
     implicit: std::sync::atomic::AtomicBool,
+    /// A wait for the transition ends it (group `moving` becomes the owner); otherwise the
+    /// transition outlasts every wait.
+    settle_ends: std::sync::atomic::AtomicBool,
+    /// The waits asked for, in ms.
+    settled: std::sync::Mutex<Vec<u128>>,
 }
 
 impl Ownership for FakeOwner {
@@ -30,6 +35,13 @@ impl Ownership for FakeOwner {
     }
     fn explicit(&self) -> bool {
         !self.implicit.load(Ordering::SeqCst)
+    }
+    fn settle(&self, group: u16, within: std::time::Duration) {
+        self.settled.lock().unwrap().push(within.as_millis());
+        if self.settle_ends.load(Ordering::SeqCst) && self.moving.load(Ordering::SeqCst) == group {
+            self.owner.store(group, Ordering::SeqCst);
+            self.moving.store(0, Ordering::SeqCst);
+        }
     }
     fn take(&self, group: u16) -> std::io::Result<()> {
         if self.refuse.load(Ordering::SeqCst) {
@@ -208,6 +220,39 @@ fn a_group_taking_over_is_transitioning_and_asks_for_retries() {
     assert_sense(&t.err(&read10(0, 1), &[]), 0x02, 0x04, 0x0B);
 }
 
+/// A host that moves to a path while a takeover through it runs asks REPORT TARGET PORT GROUPS
+/// first: the report waits (off the network threads) for the takeover to end and shows where
+/// it ended, instead of a transitioning group that Linux's ALUA handler looks at again only
+/// 2 s later. A takeover that outlasts the wait is reported transitioning.
+#[test]
+fn a_report_during_a_takeover_waits_for_its_end() {
+    let (mut t, fake) = owned(1);
+    t.nexus = gateway_nexus(2, 2);
+    clear_ua(&mut t);
+    assert!(t.lu.waits_for_device(&RTPG));
+    // Nothing moving: no wait.
+    t.ok(&RTPG, &[]);
+    assert!(fake.settled.lock().unwrap().is_empty());
+    fake.moving.store(2, Ordering::SeqCst);
+    fake.settle_ends.store(true, Ordering::SeqCst);
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0x2, 0x87), (2, 0x0, 0x87)]
+    );
+    // Bounded: at most the 2 s after which Linux would have looked again anyway.
+    let asked = fake.settled.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1);
+    assert!((1..=2000).contains(&asked[0]), "{asked:?}");
+    fake.moving.store(1, Ordering::SeqCst);
+    fake.settle_ends.store(false, Ordering::SeqCst);
+    t.nexus = gateway_nexus(3, 1);
+    clear_ua(&mut t);
+    assert_eq!(
+        states(&t.ok(&RTPG, &[])),
+        vec![(1, 0xF, 0x87), (2, 0x0, 0x87)]
+    );
+}
+
 #[test]
 fn nobody_owning_makes_every_group_standby() {
     let (mut t, _) = owned(0);
@@ -328,6 +373,7 @@ fn without_an_owner_set_target_port_groups_is_not_offered() {
     clear_ua(&mut t);
     let list = stpg_list(&[(0x0, 1)]);
     assert!(!t.lu.waits_for_device(&stpg_cdb(8)));
+    assert!(!t.lu.waits_for_device(&RTPG));
     assert_sense(&t.err(&stpg_cdb(8), &list), 0x05, 0x20, 0x00);
     let inquiry = t.ok(&[0x12, 0, 0, 0, 36, 0], &[]);
     assert_eq!(inquiry[5] & 0x30, 0x10);

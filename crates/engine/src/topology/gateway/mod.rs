@@ -609,6 +609,12 @@ impl Ownership for ImageOwnership {
     fn transitioning(&self, group: u16) -> bool {
         self.takeovers.running() && self.serves(group)
     }
+
+    fn settle(&self, group: u16, within: std::time::Duration) {
+        if self.serves(group) {
+            self.takeovers.settle(within);
+        }
+    }
 }
 
 impl ImageOwnership {

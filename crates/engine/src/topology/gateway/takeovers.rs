@@ -3,7 +3,8 @@
 //! mark (an observation made meanwhile may predate it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Takeovers by this gateway (the vigil's, `ctl device take`, SET TARGET PORT GROUPS).
 #[derive(Default)]
@@ -12,6 +13,10 @@ pub(super) struct Takeovers {
     /// `one`, so two at once cannot make it even while either runs.
     count: AtomicU64,
     one: Mutex<()>,
+    /// Told when a takeover ends (under `ended_lock`, so a waiter between its look and its
+    /// wait cannot miss it).
+    ended: Condvar,
+    ended_lock: Mutex<()>,
 }
 
 /// Where [`Takeovers::count`] stood when an observation began.
@@ -20,12 +25,18 @@ pub(super) struct Mark(u64);
 
 /// Ends a takeover however its closure ends (an early return or a panic): the count is never
 /// left odd.
-struct Ending<'a>(&'a AtomicU64);
+struct Ending<'a>(&'a Takeovers);
 
 impl Drop for Ending<'_> {
     fn drop(&mut self) {
-        let was = self.0.fetch_add(1, Ordering::AcqRel);
+        let _told = self
+            .0
+            .ended_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let was = self.0.count.fetch_add(1, Ordering::AcqRel);
         debug_assert_eq!(was % 2, 1, "a takeover ends only after it began");
+        self.0.ended.notify_all();
     }
 }
 
@@ -35,8 +46,29 @@ impl Takeovers {
         let _one = self.one.lock().unwrap_or_else(PoisonError::into_inner);
         let was = self.count.fetch_add(1, Ordering::AcqRel);
         debug_assert_eq!(was % 2, 0, "one takeover at a time");
-        let _ending = Ending(&self.count);
+        let _ending = Ending(self);
         take()
+    }
+
+    /// Waits, at most `within`, until no takeover runs; whether none does at the end.
+    pub(super) fn settle(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut told = self
+            .ended_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while self.running() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            told = self
+                .ended
+                .wait_timeout(told, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
     }
 
     /// Whether a takeover runs now.
@@ -121,6 +153,46 @@ mod tests {
         assert!(takeovers.since(before));
         let after = takeovers.mark();
         assert!(!takeovers.since(after));
+    }
+
+    /// A waiter learns of a takeover's end when it comes, not a poll later, and one that
+    /// outlasts the wait leaves the waiter at its bound.
+    #[test]
+    fn settling_waits_for_the_takeover_to_end_and_no_longer_than_asked() {
+        let takeovers = Arc::new(Takeovers::default());
+        assert!(takeovers.settle(Duration::ZERO));
+        let (entered, first_in) = mpsc::channel();
+        let (release, go) = mpsc::channel::<()>();
+        let taker = {
+            let t = Arc::clone(&takeovers);
+            std::thread::spawn(move || {
+                t.run(|| {
+                    entered.send(()).unwrap();
+                    go.recv().unwrap();
+                })
+            })
+        };
+        first_in.recv().unwrap();
+        let began = Instant::now();
+        assert!(!takeovers.settle(Duration::from_millis(50)));
+        assert!(began.elapsed() >= Duration::from_millis(50));
+        let waiter = {
+            let t = Arc::clone(&takeovers);
+            std::thread::spawn(move || (t.settle(Duration::from_secs(60)), Instant::now()))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let released = Instant::now();
+        release.send(()).unwrap();
+        taker.join().unwrap();
+        let (settled, at) = waiter.join().unwrap();
+        assert!(settled);
+        assert!(at >= released);
+        // Told at the end: well inside the 60 s it would otherwise wait.
+        assert!(
+            at - released < Duration::from_secs(10),
+            "{:?}",
+            at - released
+        );
     }
 
     #[test]

@@ -610,8 +610,12 @@ fn a_namespace_mapped_live_answers_an_nvme_host_at_once_as_one_mapped_at_connect
 
 /// A controller whose Keep Alive timeout is 1 s, enabled: its admin queue (which then sends no
 /// Keep Alive) and its controller ID.
-fn controller_with_kato_1s(nvme_port: u16) -> (QueueConn, u16) {
-    let mut admin = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
+fn controller_with_kato_1s(nvme_port: u16, tls: Option<&host::TlsPsk>) -> (QueueConn, u16) {
+    let mut admin = match tls {
+        None => QueueConn::open(addr(nvme_port), (false, false)),
+        Some(key) => QueueConn::open_tls(addr(nvme_port), (false, false), key, HOSTNQN, NQN),
+    }
+    .unwrap();
     let (mut c, data) = host::connect_command(0, 31, 0xFFFF, NQN, HOSTNQN, [3; 16]);
     c.0[48..52].copy_from_slice(&1000u32.to_le_bytes());
     let cntlid = admin.run_ok(c, data, 0).unwrap().cqe.dw0 as u16;
@@ -624,7 +628,7 @@ fn controller_with_kato_1s(nvme_port: u16) -> (QueueConn, u16) {
 #[test]
 fn a_host_that_stops_sending_keep_alives_loses_its_controller() {
     let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
-    let (_admin, cntlid) = controller_with_kato_1s(nvme_port);
+    let (_admin, cntlid) = controller_with_kato_1s(nvme_port, None);
     let mut io = QueueConn::open(addr(nvme_port), (false, false)).unwrap();
     let (c, data) = host::connect_command(1, 7, cntlid, NQN, HOSTNQN, [3; 16]);
     io.run_ok(c, data, 0).unwrap();
@@ -650,12 +654,36 @@ fn a_host_that_stops_sending_keep_alives_loses_its_controller() {
 /// application whose command met it (docs/NVME.md, *Linux hosts when the daemon dies*).
 #[test]
 fn a_queue_the_controller_ends_is_closed_without_a_reset() {
-    use std::io::{Read as _, Write as _};
     let (_daemon, nvme_port) = both_doors(&["ram:16M"]);
-    let (_admin, cntlid) = controller_with_kato_1s(nvme_port);
+    let (_admin, cntlid) = controller_with_kato_1s(nvme_port, None);
     let tcp = std::net::TcpStream::connect(addr(nvme_port)).unwrap();
-    let mut raw = tcp.try_clone().unwrap();
-    let mut io = QueueConn::over(tcp, (false, false)).unwrap();
+    let raw = tcp.try_clone().unwrap();
+    let io = QueueConn::over(tcp, (false, false)).unwrap();
+    closed_without_a_reset(io, raw, cntlid);
+}
+
+/// The same over TLS: the controller's close_notify and FIN, then the host's records read
+/// and dropped beneath TLS.
+#[test]
+fn a_queue_over_tls_the_controller_ends_is_closed_without_a_reset() {
+    let dir = std::env::temp_dir().join(format!("ferrosan-nvme-tls-linger-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (key, key_file) = tls_key(&dir, 3);
+    let (nvme_port, port) = (free_port(), free_port());
+    let _daemon =
+        Daemon::start_config_text(IQN, port, &tls_config(port, nvme_port, &key_file), &[]);
+    let (_admin, cntlid) = controller_with_kato_1s(nvme_port, Some(&key));
+    let tcp = std::net::TcpStream::connect(addr(nvme_port)).unwrap();
+    let raw = tcp.try_clone().unwrap();
+    let io = QueueConn::over_tls(tcp, (false, false), &key, HOSTNQN, NQN).unwrap();
+    closed_without_a_reset(io, raw, cntlid);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Connects `io` (whose socket `raw` is) to controller `cntlid`, whose keep-alive lapses;
+/// asserts the queue ends with a close that the host's later sends do not meet as a reset.
+fn closed_without_a_reset(mut io: QueueConn, mut raw: std::net::TcpStream, cntlid: u16) {
+    use std::io::{Read as _, Write as _};
     let (c, data) = host::connect_command(1, 7, cntlid, NQN, HOSTNQN, [3; 16]);
     io.run_ok(c, data, 0).unwrap();
     // No Keep Alive: the controller ends, and its I/O queue's connection with it.

@@ -266,6 +266,18 @@ impl QueueConn {
         subnqn: &str,
     ) -> Result<QueueConn, NvmeError> {
         let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        QueueConn::over_tls(tcp, digests, tls, hostnqn, subnqn)
+    }
+
+    /// As [`QueueConn::open_tls`], on a connection the caller made (and may keep a clone of,
+    /// to see what happens beneath TLS).
+    pub fn over_tls(
+        tcp: TcpStream,
+        digests: (bool, bool),
+        tls: &TlsPsk,
+        hostnqn: &str,
+        subnqn: &str,
+    ) -> Result<QueueConn, NvmeError> {
         tcp.set_nodelay(true)?;
         tcp.set_read_timeout(Some(IO_TIMEOUT))?;
         QueueConn::start(tls_over(tcp, tls, hostnqn, subnqn)?, digests)

@@ -90,26 +90,34 @@ impl Conn {
     }
 
     /// Ends a session's or queue's connection the way a host still sending can take: this
-    /// end's FIN first, then what the host sends meanwhile read and dropped until it closes its
-    /// own end (or [`LINGER_TIME`], [`LINGER_BYTES`]). A socket closed with input unread, or
-    /// sent to once closed, answers with a reset; under Linux's nvme-tcp host a reset raises
-    /// SIGPIPE in the application whose command met it (docs/NVME.md, *Linux hosts when the
-    /// daemon dies*). Only in the clear: a TLS stream is dropped as before.
+    /// end's FIN first (after TLS's close_notify), then what the host sends meanwhile read
+    /// from the socket and dropped until it closes its own end (or [`LINGER_TIME`],
+    /// [`LINGER_BYTES`]). A socket closed with input unread, or sent to once closed, answers
+    /// with a reset; under Linux's nvme-tcp host a reset raises SIGPIPE in the application
+    /// whose command met it (docs/NVME.md, *Linux hosts when the daemon dies*).
     pub(super) async fn linger(&mut self, alarm: &mut Alarm) {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let Wire::Plain(stream) = &mut self.stream else {
-            return;
-        };
-        if stream.shutdown().await.is_err() || alarm.set(Instant::now() + LINGER_TIME).is_err() {
+        if alarm.set(Instant::now() + LINGER_TIME).is_err() {
             return;
         }
+        // A TLS close_notify waits for room in the socket: the alarm bounds it.
+        let shut = tokio::select! {
+            biased;
+            shut = self.stream.shutdown() => shut.is_ok(),
+            _ = alarm.rung() => false,
+        };
+        if !shut {
+            return;
+        }
+        // Raw bytes, TLS or not: nothing of them is read as the protocol any more.
+        let socket = self.stream.socket();
         let mut sink = vec![0u8; 16 << 10];
         let mut read = 0;
         while read < LINGER_BYTES {
             tokio::select! {
                 biased;
-                n = stream.read(&mut sink) => match n {
-                    Ok(n) if n > 0 => read += n,
+                ready = socket.readable() => match ready.map(|()| socket.try_read(&mut sink)) {
+                    Ok(Ok(n)) if n > 0 => read += n,
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     // The host closed its end, or reset it.
                     _ => return,
                 },

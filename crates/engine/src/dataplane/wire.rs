@@ -59,6 +59,15 @@ impl Wire {
         }
     }
 
+    /// Ends this end's sending: TLS's close_notify first, then the socket's FIN. Reading goes
+    /// on (from [`Wire::socket`]).
+    pub(super) async fn shutdown(&mut self) -> std::io::Result<()> {
+        match self {
+            Wire::Plain(s) => s.shutdown().await,
+            Wire::Tls(s) => s.shutdown().await,
+        }
+    }
+
     /// Writes without waiting (a termination request on the way out); a TLS queue writes
     /// nothing here, as a record cannot be half sent.
     pub(super) fn try_write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {

@@ -8,12 +8,14 @@
 #      REPORT LUNS, a reload adding one device)
 #   3. bench/config-scale.sh    volumes (10, 100, 1000, 4000 in one pool: `volume create`
 #      unsaved and with --save)
+#   4. bench/nvme-controllers.sh idle NVMe/TCP controllers (an admin and two I/O queues each)
+#      beside idle iSCSI sessions (1, 10, 100, 1000: memory each, the daemon's idle CPU)
 #
 # then bench/scale_report.py: bench/results/scale-DATE.md (the tables) and .svg (the chart).
 #
 #   bench/scale.sh BIN
 #
-#   SESSIONS, ACTIVE, LUNS, VOLUMES   the counts of each curve (space-separated)
+#   SESSIONS, ACTIVE, LUNS, VOLUMES, CONTROLLERS   the counts of each curve (space-separated)
 #   ROUNDS                            calls per verb (default 5)
 # Results: the three results files (bench/results/{session,config}-scale-*) and the report.
 set -euo pipefail
@@ -38,5 +40,8 @@ luns=$(newest config-scale)
 OPS=create,create-save TAG=scale-volumes \
     bench/config-scale.sh "$BIN" "${VOLUMES:-10 100 1000 4000}" "$ROUNDS"
 volumes=$(newest config-scale)
-python3 bench/scale_report.py "$sessions" "$luns" "$volumes" "bench/results/scale-$STAMP"
-log "report: bench/results/scale-$STAMP.md and .svg (from $sessions, $luns, $volumes)"
+# shellcheck disable=SC2086 # the counts are words
+TAG=scale bench/nvme-controllers.sh "$BIN" ${CONTROLLERS:-1 10 100 1000}
+controllers=$(newest nvme-controllers)
+python3 bench/scale_report.py "$sessions" "$luns" "$volumes" "$controllers" "bench/results/scale-$STAMP"
+log "report: bench/results/scale-$STAMP.md and .svg (from $sessions, $luns, $volumes, $controllers)"

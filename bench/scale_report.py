@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The scale curves of one bench/scale.sh run: a Markdown table and an SVG chart.
 
-    bench/scale_report.py SESSION_RESULTS LUN_RESULTS VOLUME_RESULTS OUT_PREFIX
+    bench/scale_report.py SESSION_RESULTS LUN_RESULTS VOLUME_RESULTS NVME_RESULTS OUT_PREFIX
 
-Reads the results files of bench/session-scale.sh and bench/config-scale.sh (standard
-library only) and writes OUT_PREFIX.md (the tables) and OUT_PREFIX.svg (four panels, a log
+Reads the results files of bench/session-scale.sh, bench/config-scale.sh and
+bench/nvme-controllers.sh (standard library only) and writes OUT_PREFIX.md (the tables) and OUT_PREFIX.svg (four panels, a log
 x axis each: what grows with the count, against a flat line). Exits non-zero when a file
 holds no row, so a run that measured nothing cannot pass as a curve.
 """
@@ -33,6 +33,14 @@ def sessions(path):
     if not idle:
         sys.exit(f"{path}: no idle-session row")
     return idle, active
+
+
+def controllers(path):
+    """[(N, KiB per NVMe controller, KiB per iSCSI session, ms/s idle NVMe, iSCSI)]."""
+    out = [(int(r[0]), float(r[2]), float(r[4]), float(r[5]), float(r[6])) for r in rows(path, 7)]
+    if not out:
+        sys.exit(f"{path}: no row")
+    return out
 
 
 def verbs(path):
@@ -74,11 +82,13 @@ def panel(title, unit, series, left, top, w=420, h=240):
 
 
 def main():
-    if len(sys.argv) != 5:
+    if len(sys.argv) != 6:
         sys.exit(__doc__)
     idle, active = sessions(sys.argv[1])
     luns = verbs(sys.argv[2])
     volumes = verbs(sys.argv[3])
+    nvme = controllers(sys.argv[4])
+    out = sys.argv[5]
     md = ["| idle sessions | daemon RSS (KiB) | per session (KiB) | idle CPU (ms/s) | one more login (ms) | REPORT LUNS (ms) |",
           "|---:|---:|---:|---:|---:|---:|"]
     md += [f"| {n} | {rss} | {per} | {cpu} | {login} | {rep} |" for n, rss, per, cpu, login, rep in idle]
@@ -86,6 +96,9 @@ def main():
         md += ["", "| active sessions | IOPS (4 KiB random reads, QD8 each) | daemon CPU per I/O (µs) |",
                "|---:|---:|---:|"]
         md += [f"| {m} | {int(iops):,} | {cpu} |" for m, iops, cpu in active]
+    md += ["", "| idle NVMe/TCP controllers (iSCSI sessions) | per controller, 3 queues (KiB) | per iSCSI session (KiB) | idle CPU, controllers (ms/s) | idle CPU, sessions (ms/s) |",
+           "|---:|---:|---:|---:|---:|"]
+    md += [f"| {n} | {c} | {s} | {cc} | {sc} |" for n, c, s, cc, sc in nvme]
     for title, by in (("LUNs", luns), ("volumes", volumes)):
         md += ["", f"| {title} | " + " | ".join(f"{v} (ms)" for v in by) + " |",
                "|---:|" + "---:|" * len(by)]
@@ -93,15 +106,16 @@ def main():
         for n in counts:
             cells = [next((f"{t * 1000:.2f}" for m, t, _ in by[v] if m == n), "–") for v in by]
             md.append(f"| {n} | " + " | ".join(cells) + " |")
-    with open(sys.argv[4] + ".md", "w") as f:
+    with open(out + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     svg = ['<svg xmlns="http://www.w3.org/2000/svg" width="880" height="520" font-family="sans-serif">',
            '<rect width="880" height="520" fill="white"/>']
     # The daemon's whole idle CPU, not per session: /proc counts 10 ms ticks, so a few
     # sessions' share is below what it can tell.
-    svg += panel("idle sessions: memory each, CPU in all", "", {
-        "KiB per session": [(int(r[0]), float(r[2])) for r in idle],
-        "idle CPU, ms per s (all sessions)": [(int(r[0]), float(r[3])) for r in idle]}, 0, 0)
+    svg += panel("idle sessions and controllers: memory each, CPU in all", "", {
+        "KiB per iSCSI session": [(int(r[0]), float(r[2])) for r in idle],
+        "idle CPU, ms per s (all sessions)": [(int(r[0]), float(r[3])) for r in idle],
+        "KiB per NVMe/TCP controller (3 queues)": [(n, c) for n, c, _, _, _ in nvme]}, 0, 0)
     svg += panel("idle sessions: one more login", "ms", {
         "login": [(int(r[0]), float(r[4])) for r in idle]}, 440, 0)
     svg += panel("LUNs: start-up, reload, listing", "ms", {
@@ -109,7 +123,7 @@ def main():
     svg += panel("volumes: one verb", "ms", {
         v: [(n, t * 1000) for n, t, _ in volumes[v]] for v in volumes}, 440, 260)
     svg.append("</svg>")
-    with open(sys.argv[4] + ".svg", "w") as f:
+    with open(out + ".svg", "w") as f:
         f.write("\n".join(svg) + "\n")
     return 0
 

@@ -789,6 +789,7 @@ fn rbd_write_cache(cluster: &TestCluster, scratch: &Scratch) {
         daemon.output()
     );
     // Reported once: with the OSD back, the next flush succeeds and writes are answered again.
+    unless_laggy(cluster);
     wait_until("I/O resumes", Duration::from_secs(60), || {
         write10(&mut c, 4096, &[10u8; 4096]).0 == 0
             && command(&mut c, &SYNCHRONIZE_CACHE_10, Transfer::None).0 == 0

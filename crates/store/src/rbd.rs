@@ -40,6 +40,10 @@ pub struct RbdSpec {
 /// How far [`BlockStore::mapping`] looks ahead in one call (one librbd diff walk).
 const MAPPING_WINDOW_BYTES: u64 = 256 << 20;
 
+/// How long a close waits for the operations that still hold the image (each bounded by the
+/// client's operation timeout, which a lost cluster makes them wait for).
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One cluster connection per (config, client, role) shared by every image that names it, as
 /// a gateway serving many images keeps one session with the monitors. `observer`: a second
 /// connection for watching images (who owns them), which stays usable when the data
@@ -408,11 +412,16 @@ impl BlockStore for RbdStore {
     /// `max_avail`, which counts replication, the cluster's full ratio and the pool's quota).
     /// An image allocates its objects from there as it is written.
     fn space(&self) -> io::Result<Option<crate::Space>> {
-        let image = self.image.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let Some(image) = image else {
+        // The cluster, not the image: a look that outlasts a close must not hold the image
+        // open (its last holder closes it and releases its lock).
+        let cluster = self
+            .current()
+            .as_ref()
+            .map(|image| Arc::clone(image.cluster()));
+        let Some(cluster) = cluster else {
             return Ok(None);
         };
-        let (stored, available) = pool_usage_on(image.cluster(), &self.spec)?;
+        let (stored, available) = pool_usage_on(&cluster, &self.spec)?;
         Ok(Some(crate::Space {
             total_bytes: stored.saturating_add(available),
             used_bytes: stored,
@@ -596,8 +605,18 @@ impl BlockStore for RbdStore {
         // A write answered early is over before the image closes (its failure is logged:
         // nobody is left to report it to).
         self.drain();
-        let taken = self.image.write().unwrap_or_else(|p| p.into_inner()).take();
-        drop(taken);
+        let Some(image) = self.image.write().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        // An operation that took the image a moment before (one in flight, a look at its
+        // owners) holds it too, and the last holder closes it: waited for here, so that the
+        // close, and the lock's release with it, is over before a stopping daemon exits.
+        if !drop_as_last(image, CLOSE_WAIT) {
+            tracing::warn!(
+                image = %self.spec.image,
+                "still in use {CLOSE_WAIT:?} after its close: closed when its last operation ends"
+            );
+        }
     }
 
     fn medium_bytes(&self) -> io::Result<Option<u64>> {
@@ -616,6 +635,25 @@ impl BlockStore for RbdStore {
         }
         self.size_bytes.store(new_bytes, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// Drops `shared` once no other holder is left (within `wait`), so that its destructor runs on
+/// this thread; false when others still hold it then (the last of them drops it).
+fn drop_as_last<T>(mut shared: Arc<T>, wait: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match Arc::try_unwrap(shared) {
+            Ok(only) => {
+                drop(only);
+                return true;
+            }
+            Err(still) if std::time::Instant::now() < deadline => {
+                shared = still;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(_) => return false,
+        }
     }
 }
 
@@ -685,7 +723,45 @@ impl Submission {
 
 #[cfg(test)]
 mod tests {
-    use super::{df_usage, errno_of, image_io_error, librados_threads};
+    use super::{df_usage, drop_as_last, errno_of, image_io_error, librados_threads};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Records the thread its destructor ran on (an image's close, its lock's release).
+    struct Closes(std::sync::mpsc::Sender<std::thread::ThreadId>);
+
+    impl Drop for Closes {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().id());
+        }
+    }
+
+    /// A close waits for another holder that lets go within the wait, and then closes on its
+    /// own thread (a stopping daemon's, before it exits); one that outlasts the wait closes
+    /// the image itself when it lets go.
+    #[test]
+    fn an_image_is_closed_by_its_closer_once_other_holders_let_go() {
+        let (tx, closed_on) = std::sync::mpsc::channel();
+        let image = Arc::new(Closes(tx));
+        let held = Arc::clone(&image);
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(held);
+        });
+        assert!(drop_as_last(image, Duration::from_secs(30)));
+        assert_eq!(closed_on.recv().unwrap(), std::thread::current().id());
+        holder.join().unwrap();
+
+        let (tx, closed_on) = std::sync::mpsc::channel();
+        let image = Arc::new(Closes(tx));
+        let held = Arc::clone(&image);
+        assert!(!drop_as_last(image, Duration::from_millis(30)));
+        assert!(closed_on.try_recv().is_err(), "closed under its holder");
+        let holder = std::thread::spawn(move || drop(held));
+        let holder_id = holder.thread().id();
+        holder.join().unwrap();
+        assert_eq!(closed_on.recv().unwrap(), holder_id);
+    }
 
     /// A gateway's write refused for want of the lock is a fenced write; elsewhere EROFS stays.
     #[test]

@@ -241,6 +241,13 @@ pub struct QueueConn {
     withheld: Option<Vec<u8>>,
 }
 
+/// A queue's socket as every queue uses it: no Nagle delay, reads bounded by [`IO_TIMEOUT`].
+fn tuned(tcp: TcpStream) -> std::io::Result<TcpStream> {
+    tcp.set_nodelay(true)?;
+    tcp.set_read_timeout(Some(IO_TIMEOUT))?;
+    Ok(tcp)
+}
+
 impl QueueConn {
     /// Opens a connection and initializes it (ICReq / ICResp) with these digests.
     pub fn open(addr: SocketAddr, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {
@@ -251,9 +258,7 @@ impl QueueConn {
     /// Initializes a queue on a connection the caller made (from a chosen source address,
     /// say).
     pub fn over(stream: TcpStream, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(IO_TIMEOUT))?;
-        QueueConn::start(Stream::Tcp(stream), digests)
+        QueueConn::start(Stream::Tcp(tuned(stream)?), digests)
     }
 
     /// Opens a connection over TLS with `tls` for `hostnqn`'s queue to `subnqn`, and
@@ -278,9 +283,7 @@ impl QueueConn {
         hostnqn: &str,
         subnqn: &str,
     ) -> Result<QueueConn, NvmeError> {
-        tcp.set_nodelay(true)?;
-        tcp.set_read_timeout(Some(IO_TIMEOUT))?;
-        QueueConn::start(tls_over(tcp, tls, hostnqn, subnqn)?, digests)
+        QueueConn::start(tls_over(tuned(tcp)?, tls, hostnqn, subnqn)?, digests)
     }
 
     fn start(stream: Stream, digests: (bool, bool)) -> Result<QueueConn, NvmeError> {

@@ -10,6 +10,9 @@
 #   luns         `ctl luns` (every LUN listed)
 #   report-luns  REPORT LUNS on a fresh session (bench/idle_sessions.py --probe; the median of
 #                ROUNDS, each after its own login; its cpu_ms is not measured: 0)
+#   idle         nothing for IDLE_S seconds (default 12: two of the space watch's checks) right
+#                after the start-up's first check: its cpu_ms is the daemon's CPU per second
+#                idle, its time the seconds idled
 #   create       `ctl volume create pool NAME 1M` (a new device, not mapped, not saved)
 #   map          `ctl lun map TARGET g LUN NAME` of a volume made by `create` (not saved)
 #   save         `ctl save` (the running config over the file)
@@ -38,7 +41,8 @@ BIN=${1:?usage: bench/config-scale.sh BIN [SIZES] [ROUNDS]}
 SIZES=${2:-10 1000 4000}
 SIZES=${SIZES//,/ }
 ROUNDS=${3:-3}
-OPS=${OPS:-startup,status,luns,report-luns,create,map,save,create-save,reload}
+OPS=${OPS:-startup,idle,status,luns,report-luns,create,map,save,create-save,reload}
+IDLE_S=${IDLE_S:-12}
 IQN=iqn.2026-12.org.ferrosan:scale
 # A daemon holding 16,000 devices may take long to stop.
 STOP_GRACE=300
@@ -132,6 +136,17 @@ for n in $SIZES; do
         awk -v d=$((t1 - t0)) 'BEGIN { printf "%.6f\n", d / 1e6 }' >"$WORK/t.startup"
         cpu_ticks >"$WORK/c.startup"
         row "$n" startup
+    fi
+    if wants idle; then
+        # The space watch's first check (5 s after the start) walks every device once.
+        sleep 6
+        c0=$(cpu_ticks)
+        sleep "$IDLE_S"
+        c1=$(cpu_ticks)
+        echo "$IDLE_S" >"$WORK/t.idle"
+        # Ticks over IDLE_S seconds as a per-second rate: row's mean of one sample.
+        awk -v d=$((c1 - c0)) -v s="$IDLE_S" 'BEGIN { printf "%.2f\n", d / s }' >"$WORK/c.idle"
+        row "$n" idle
     fi
     # Before the verbs below add LUNs: the config's own N.
     if wants luns; then

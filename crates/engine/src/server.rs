@@ -653,7 +653,15 @@ fn watch_space(shared: &std::sync::Weak<Shared>) {
         if shared.is_shutting_down() {
             return;
         }
-        watch.check(&shared.topology(), &shared.metrics);
+        let began = std::time::Instant::now();
+        let topology = shared.topology();
+        watch.check(&topology, &shared.metrics);
+        let took = began.elapsed();
+        tracing::debug!(
+            devices = topology.devices.len(),
+            took_us = took.as_micros() as u64,
+            "space checked"
+        );
     }
 }
 

@@ -603,3 +603,82 @@ fn a_filling_filesystem_warns_first_then_fails_writes_and_recovers_when_freed() 
     drop(daemon);
     drop(fs);
 }
+
+/// The volumes of a directory pool share its filesystem's space, looked at once a check for
+/// all of them: when others fill that filesystem past `space_warning_percent` every volume is
+/// warned once (its metric and its count), freed below the re-arm margin they are re-armed,
+/// and filled again they are warned again (a check that finds the space where it was skips
+/// the volumes, not a change).
+#[test]
+fn a_pools_volumes_share_its_filesystems_space_and_are_warned_at_each_crossing() {
+    let Some(fs) = SmallFs::new("pool-space", 8 << 20) else {
+        eprintln!("SKIPPED: needs root and tmpfs mounts");
+        return;
+    };
+    let metrics_port = free_port();
+    let volume = |name: &str| {
+        format!(
+            "[[device]]\nname = \"{name}\"\nstore = \"file\"\npath = \"{}\"\nsize = \"16M\"\n\n",
+            fs.dir.join(format!("{name}.img")).display()
+        )
+    };
+    let body = format!(
+        "[[pool]]\nname = \"small\"\npath = \"{}\"\n\n{}{}[limits]\nspace_warning_percent = 60\n\n\
+         [[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  \
+         luns = [ {{ lun = 0, device = \"v0\" }}, {{ lun = 1, device = \"v1\" }} ]\n",
+        fs.dir.display(),
+        volume("v0"),
+        volume("v1"),
+    );
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let daemon = Daemon::start_config_args(IQN, &body, &["--metrics-listen", &listen]);
+    let warnings = |name: &str| {
+        let text = scrape(metrics_port);
+        let series = format!("ferrosan_device_space_warnings_total{{device=\"{name}\"}}");
+        text.contains(&series).then(|| metric(&text, &series))
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(12),
+                "{what} not within two checks\n{}",
+                daemon.output()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let used = |name: &str| {
+        let series = format!("ferrosan_device_space_used_ratio{{device=\"{name}\"}}");
+        let text = scrape(metrics_port);
+        text.contains(&series).then(|| metric(&text, &series))
+    };
+    until("both volumes' share", &|| {
+        used("v0").is_some() && used("v1").is_some()
+    });
+    assert!(used("v0").unwrap() < 0.6, "{:?}", used("v0"));
+    let filler = fs.dir.join("filler");
+    for round in 1..=2u8 {
+        // Someone else's 5 MiB of the 8.
+        std::fs::write(&filler, vec![round; 5 << 20]).unwrap();
+        let warned = |n| warnings("v0") == Some(n) && warnings("v1") == Some(n);
+        until("the warning", &|| warned(f64::from(round)));
+        assert!(used("v0").unwrap() >= 0.6 && used("v1").unwrap() >= 0.6);
+        std::thread::sleep(std::time::Duration::from_secs(6));
+        assert!(warned(f64::from(round)), "warned once per crossing");
+        std::fs::remove_file(&filler).unwrap();
+        until("the re-arm", &|| {
+            used("v0").is_some_and(|u| u < 0.5) && used("v1").is_some_and(|u| u < 0.5)
+        });
+    }
+    let output = daemon.output();
+    assert_eq!(
+        output
+            .matches("device space back below its warning threshold")
+            .count(),
+        4,
+        "{output}"
+    );
+    drop(daemon);
+    drop(fs);
+}

@@ -417,14 +417,7 @@ impl BlockStore for FileStore {
         if self.block_device {
             return Ok(None);
         }
-        let st = rustix::fs::fstatfs(&*self.file)?;
-        #[allow(clippy::unnecessary_cast)] // the fields' widths differ between platforms
-        Ok(Some(filesystem_space(
-            st.f_blocks as u64,
-            st.f_bfree as u64,
-            st.f_bavail as u64,
-            st.f_frsize as u64,
-        )))
+        Ok(Some(statfs_space(&rustix::fs::fstatfs(&*self.file)?)))
     }
 
     fn resize(&self, new_bytes: u64) -> io::Result<()> {
@@ -690,6 +683,22 @@ fn thin_lv_chunk(meta: &std::fs::Metadata) -> Option<u64> {
 /// is not free, and the space is what is in use plus what an unprivileged writer may still
 /// take (as `df` counts it). The blocks reserved for root are neither: counting them as in
 /// use made a filesystem with a large reservation look nearly full while it was nearly empty.
+/// The space of the filesystem `path` is on, measured as a file device's (`df`'s way): one
+/// `statfs` for every file device in one directory.
+pub fn path_space(path: &std::path::Path) -> io::Result<crate::Space> {
+    Ok(statfs_space(&rustix::fs::statfs(path)?))
+}
+
+fn statfs_space(st: &rustix::fs::StatFs) -> crate::Space {
+    #[allow(clippy::unnecessary_cast)] // the fields' widths differ between platforms
+    filesystem_space(
+        st.f_blocks as u64,
+        st.f_bfree as u64,
+        st.f_bavail as u64,
+        st.f_frsize as u64,
+    )
+}
+
 fn filesystem_space(blocks: u64, free: u64, available: u64, unit: u64) -> crate::Space {
     let used = blocks.saturating_sub(free);
     crate::Space {
@@ -721,6 +730,40 @@ mod tests {
         assert_eq!(plain.used_percent(), 95);
         // Full to the reserve: every byte a writer may take is taken.
         assert_eq!(filesystem_space(1000, 30, 0, 512).used_percent(), 100);
+        assert_eq!(space.used_per_mille(), 121);
+        // An exabyte space neither overflows nor reads empty.
+        let huge = crate::Space {
+            total_bytes: u64::MAX,
+            used_bytes: u64::MAX / 2,
+        };
+        assert_eq!((huge.used_percent(), huge.used_per_mille()), (49, 499));
+        let empty = crate::Space {
+            total_bytes: 0,
+            used_bytes: 0,
+        };
+        assert_eq!((empty.used_percent(), empty.used_per_mille()), (0, 0));
+    }
+
+    #[test]
+    fn a_directory_is_as_full_as_a_file_in_it() {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("ferrosan-space-{}", std::process::id()));
+        std::fs::write(&path, b"x").unwrap();
+        let _cleanup = TempPath(path.clone());
+        let file = std::fs::File::open(&path).unwrap();
+        let of_file = statfs_space(&rustix::fs::fstatfs(&file).unwrap());
+        let of_dir = path_space(&dir).unwrap();
+        // The same filesystem, moments apart: about the same size and use.
+        let near = |a: u64, b: u64| a.abs_diff(b) <= of_dir.total_bytes / 100;
+        assert!(of_dir.total_bytes > 0);
+        assert!(
+            near(of_file.total_bytes, of_dir.total_bytes),
+            "{of_file:?} {of_dir:?}"
+        );
+        assert!(
+            near(of_file.used_bytes, of_dir.used_bytes),
+            "{of_file:?} {of_dir:?}"
+        );
     }
 
     struct TempPath(PathBuf);

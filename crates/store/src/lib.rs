@@ -21,7 +21,7 @@ pub mod rbd;
 mod sys;
 
 pub use aligned::{AlignedBuf, BufPool, PooledBuf, DIRECT_ALIGN_BYTES, POOL_BUFFER_BYTES_MAX};
-pub use file::{Caching, FileStore, Inspection};
+pub use file::{path_space, Caching, FileStore, Inspection};
 pub use ram::{RamStore, RAM_PAGE_BYTES};
 pub use rbd::{errno_of, RbdSpec, RbdStore};
 
@@ -113,9 +113,19 @@ pub struct Space {
 impl Space {
     /// The share in use, in whole percent (0 for an empty space).
     pub fn used_percent(&self) -> u64 {
-        (self.used_bytes.min(self.total_bytes) * 100)
-            .checked_div(self.total_bytes)
-            .unwrap_or(0)
+        self.used_in(100)
+    }
+
+    /// The share in use, in whole thousandths (0 for an empty space): the same thousandths
+    /// are the same whole percent.
+    pub fn used_per_mille(&self) -> u64 {
+        self.used_in(1000)
+    }
+
+    fn used_in(&self, parts: u64) -> u64 {
+        let used = u128::from(self.used_bytes.min(self.total_bytes)) * u128::from(parts);
+        used.checked_div(u128::from(self.total_bytes))
+            .map_or(0, |share| share as u64)
     }
 }
 

@@ -60,6 +60,9 @@ impl Alarm {
             let mut expirations = [0u8; 8];
             match rustix::io::read(self.fd.get_ref(), &mut expirations) {
                 Ok(_) => {
+                    // Read until the next setting: a timerfd rings once per setting, so the
+                    // next wait need not read it only to find it empty.
+                    ready.clear_ready();
                     self.armed = None;
                     return Ok(());
                 }
@@ -124,6 +127,20 @@ mod tests {
             alarm.rung().await.unwrap();
             assert!(Instant::now() >= at, "rang early");
             assert_eq!(alarm.armed, None, "a rung alarm is disarmed");
+        });
+    }
+
+    #[test]
+    fn a_rung_alarm_shows_no_readiness_until_it_rings_again() {
+        worker_like_runtime().block_on(async {
+            let mut alarm = Alarm::new().unwrap();
+            alarm.set(Instant::now()).unwrap();
+            alarm.rung().await.unwrap();
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let shown = alarm.fd.poll_read_ready(&mut cx);
+            assert!(shown.is_pending(), "read once, it shows readable again");
+            alarm.set(Instant::now()).unwrap();
+            alarm.rung().await.unwrap();
         });
     }
 

@@ -280,7 +280,7 @@ impl RecvBuf {
             debug_assert!(false, "a receive buffer given back under TLS");
             return Ok(true);
         };
-        match socket.try_read(self.tail(stop)?) {
+        match read_draining(socket, self.tail(stop)?) {
             Ok(0) => Ok(false),
             Ok(n) => {
                 self.received(n);
@@ -329,9 +329,70 @@ impl RecvBuf {
     }
 }
 
+/// Reads what `socket` holds into `buf`, without waiting. A read shorter than `buf` took all
+/// the socket held, so its readiness is cleared as an empty read would: an idle connection's
+/// next wait then sleeps instead of reading once more to find nothing (a system call and a
+/// turn for each ping an idle session answers). tokio clears only the readiness this read
+/// saw: bytes that arrive after it wake the wait again.
+fn read_draining(socket: &tokio::net::TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut took = 0;
+    let read = socket.try_io(tokio::io::Interest::READABLE, || {
+        let (n, _) = rustix::net::recv(socket, &mut *buf, rustix::net::RecvFlags::empty())
+            .map_err(std::io::Error::from)?;
+        took = n;
+        match n > 0 && n < buf.len() {
+            true => Err(std::io::ErrorKind::WouldBlock.into()),
+            false => Ok(n),
+        }
+    });
+    match read {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && took > 0 => Ok(took),
+        read => read,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
+    use std::task::Poll;
+
+    /// Whether `socket` shows readable without waiting (one poll).
+    fn shows_readable(socket: &tokio::net::TcpStream) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        matches!(socket.poll_read_ready(&mut cx), Poll::Ready(Ok(())))
+    }
+
+    #[test]
+    fn a_short_read_clears_readiness_and_new_bytes_set_it_again() {
+        let rt = super::super::testing::runtime();
+        let (target, mut host, _) = super::super::testing::loopback(&rt);
+        rt.block_on(async {
+            let mut buf = [0u8; 64];
+            host.write_all(b"ping").unwrap();
+            target.readable().await.unwrap();
+            assert_eq!(read_draining(&target, &mut buf).unwrap(), 4);
+            assert!(
+                !shows_readable(&target),
+                "a drained socket still shows readable"
+            );
+            // Readiness comes back with the next bytes, not lost with the cleared one.
+            host.write_all(&[7u8; 100]).unwrap();
+            target.readable().await.unwrap();
+            // A full read leaves readiness as it was: more may be waiting.
+            assert_eq!(read_draining(&target, &mut buf).unwrap(), 64);
+            assert!(shows_readable(&target));
+            assert_eq!(read_draining(&target, &mut buf).unwrap(), 36);
+            assert_eq!(&buf[..36], &[7u8; 36]);
+            drop(host);
+            target.readable().await.unwrap();
+            assert_eq!(
+                read_draining(&target, &mut buf).unwrap(),
+                0,
+                "the end of the stream"
+            );
+        });
+    }
 
     fn receive(b: &mut RecvBuf, bytes: &[u8]) {
         let full = b.capacity();

@@ -16,7 +16,7 @@
 #   QUEUES=2  I/O queues per NVMe controller
 #   IDLE_S=10 seconds idled before the samples
 #   TAG=text  appended to the results file's name
-# Results: bench/results/nvme-controllers-DATE[-TAG].txt; fails if a controller or session did
+# Results: bench/results/nvme-controllers-DATE-HHMM[-TAG].txt; fails if a controller or session did
 # not connect, or the daemon does not list them all.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -111,7 +111,7 @@ measure() {
         -v s="$IDLE_S" 'BEGIN { printf "%d %.1f %.2f", rss, (rss - base) / n, c * 1000 / tick / s }')
 }
 
-OUT=bench/results/nvme-controllers-$(date +%Y-%m-%d)${TAG:+-$TAG}.txt
+OUT=bench/results/nvme-controllers-$(date +%Y-%m-%d-%H%M)${TAG:+-$TAG}.txt
 {
     echo "# bench/nvme-controllers.sh $(date -u +%FT%TZ): bin=$BIN counts=${COUNTS[*]} queues=$QUEUES (admin + $QUEUES I/O per controller) idle=${IDLE_S}s"
     echo "# checkout at $(git rev-parse --short HEAD 2>/dev/null || echo '?') (BIN may be another build); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -55,7 +55,11 @@ impl SpaceWatch {
         }
         let threshold = u64::from(topology.config.limits.space_warning_percent);
         for g in 0..self.groups.len() {
-            let pool = &topology.config.pools[self.groups[g].pool];
+            // The groups were made from this generation's config, so the pool is there.
+            let Some(pool) = topology.config.pools.get(self.groups[g].pool) else {
+                debug_assert!(false, "a group's pool is not in its generation's config");
+                continue;
+            };
             let Some(space) = pool_space(pool).filter(|s| s.total_bytes > 0) else {
                 continue;
             };

@@ -13,6 +13,9 @@
 #   idle         nothing for IDLE_S seconds (default 12: two of the space watch's checks) right
 #                after the start-up's first check: its cpu_ms is the daemon's CPU per second
 #                idle, its time the seconds idled
+#   changed      as idle, but the IDLE_S seconds right after a `ctl volume create` (a topology
+#                change, as a CSI create loop makes one every few seconds; the verb's own CPU
+#                not counted)
 #   create       `ctl volume create pool NAME 1M` (a new device, not mapped, not saved)
 #   map          `ctl lun map TARGET g LUN NAME` of a volume made by `create` (not saved)
 #   save         `ctl save` (the running config over the file)
@@ -41,7 +44,7 @@ BIN=${1:?usage: bench/config-scale.sh BIN [SIZES] [ROUNDS]}
 SIZES=${2:-10 1000 4000}
 SIZES=${SIZES//,/ }
 ROUNDS=${3:-3}
-OPS=${OPS:-startup,idle,status,luns,report-luns,create,map,save,create-save,reload}
+OPS=${OPS:-startup,idle,changed,status,luns,report-luns,create,map,save,create-save,reload}
 IDLE_S=${IDLE_S:-12}
 IQN=iqn.2026-12.org.ferrosan:scale
 # A daemon holding 16,000 devices may take long to stop.
@@ -147,6 +150,15 @@ for n in $SIZES; do
         # Ticks over IDLE_S seconds as a per-second rate: row's mean of one sample.
         awk -v d=$((c1 - c0)) -v s="$IDLE_S" 'BEGIN { printf "%.2f\n", d / s }' >"$WORK/c.idle"
         row "$n" idle
+    fi
+    if wants changed; then
+        ctl volume create pool changed 1M >/dev/null
+        c0=$(cpu_ticks)
+        sleep "$IDLE_S"
+        c1=$(cpu_ticks)
+        echo "$IDLE_S" >"$WORK/t.changed"
+        awk -v d=$((c1 - c0)) -v s="$IDLE_S" 'BEGIN { printf "%.2f\n", d / s }' >"$WORK/c.changed"
+        row "$n" changed
     fi
     # Before the verbs below add LUNs: the config's own N.
     if wants luns; then

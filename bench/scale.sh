@@ -34,7 +34,7 @@ newest() { ls -t bench/results/"$1"-*.txt | head -n 1; }
 ACTIVE=${ACTIVE-1 4 16 64} TAG=scale \
     bench/session-scale.sh "$BIN" "${SESSIONS:-1 10 100 1000}" 20
 sessions=$(newest session-scale)
-OPS=startup,idle,luns,report-luns,reload CACHE=page TAG=scale-luns \
+OPS=startup,idle,changed,luns,report-luns,reload CACHE=page TAG=scale-luns \
     bench/config-scale.sh "$BIN" "${LUNS:-1 256 4096 16000}" "$ROUNDS"
 luns=$(newest config-scale)
 OPS=create,create-save TAG=scale-volumes \

@@ -100,13 +100,14 @@ def main():
            "|---:|---:|---:|---:|---:|"]
     md += [f"| {n} | {c} | {s} | {cc} | {sc} |" for n, c, s, cc, sc in nvme]
     for title, by in (("LUNs", luns), ("volumes", volumes)):
-        heads = ("idle CPU (ms/s)" if v == "idle" else f"{v} (ms)" for v in by)
+        heads = ({"idle": "idle CPU (ms/s)", "changed": "idle CPU after a change (ms/s)"}.get(v, f"{v} (ms)")
+                 for v in by)
         md += ["", f"| {title} | " + " | ".join(heads) + " |",
                "|---:|" + "---:|" * len(by)]
         counts = sorted({n for pts in by.values() for n, _, _ in pts})
         for n in counts:
             # An idle row's time is the seconds idled; its CPU (ms per s) is the measure.
-            cells = [next((f"{c:.2f}" if v == "idle" else f"{t * 1000:.2f}"
+            cells = [next((f"{c:.2f}" if v in ("idle", "changed") else f"{t * 1000:.2f}"
                            for m, t, c in by[v] if m == n), "–") for v in by]
             md.append(f"| {n} | " + " | ".join(cells) + " |")
     with open(out + ".md", "w") as f:
@@ -123,7 +124,8 @@ def main():
         "login": [(int(r[0]), float(r[4])) for r in idle]}, 440, 0)
     svg += panel("LUNs: start-up, reload, listing", "ms", {
         v: [(n, t * 1000) for n, t, _ in luns[v]] for v in ("startup", "reload", "luns", "report-luns") if v in luns}
-        | {"idle CPU, ms per s": [(n, float(c)) for n, _, c in luns.get("idle", [])]}, 0, 260)
+        | {"idle CPU, ms per s": [(n, float(c)) for n, _, c in luns.get("idle", [])]}
+        | {"idle CPU after a change, ms per s": [(n, float(c)) for n, _, c in luns.get("changed", [])]}, 0, 260)
     svg += panel("volumes: one verb", "ms", {
         v: [(n, t * 1000) for n, t, _ in volumes[v]] for v in volumes}, 440, 260)
     svg.append("</svg>")

@@ -7,8 +7,8 @@
 mod common;
 
 use common::{
-    assert_identical, free_port, metric, pseudo_random_bytes, run_path, scrape, upload, Daemon,
-    LoopDevice, Scratch, IQN,
+    assert_identical, free_port, metric, pseudo_random_bytes, run_path, scrape, upload, Ctl,
+    Daemon, LoopDevice, Scratch, IQN,
 };
 use std::path::{Path, PathBuf};
 
@@ -492,6 +492,71 @@ impl Drop for SmallFs {
         let _ = std::process::Command::new("umount").arg(&self.dir).status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A volume created after the space watch told its pool's volumes their share gets it at the
+/// next check though the share did not move (a check that finds a pool's space unchanged
+/// skips the volumes it told), two created between two checks both do, and a volume deleted
+/// and created again under its name (its series went with it) gets it back.
+#[test]
+fn volumes_created_after_a_check_get_their_pools_share_though_it_did_not_move() {
+    let Some(fs) = SmallFs::new("pool-space-new", 8 << 20) else {
+        eprintln!("SKIPPED: needs root and tmpfs mounts");
+        return;
+    };
+    let metrics_port = free_port();
+    let ctl = Ctl::new();
+    let body = format!(
+        "[[pool]]\nname = \"small\"\npath = \"{}\"\n\n[[device]]\nname = \"v0\"\nstore = \"file\"\n\
+         path = \"{}\"\nsize = \"1M\"\n\n[[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  \
+         name = \"all\"\n  any_initiator = true\n  luns = [ {{ lun = 0, device = \"v0\" }} ]\n",
+        fs.dir.display(),
+        fs.dir.join("v0.img").display(),
+    );
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let socket = ctl.socket.display().to_string();
+    let daemon = Daemon::start_config_args(
+        IQN,
+        &body,
+        &["--metrics-listen", &listen, "--control-socket", &socket],
+    );
+    let used = |name: &str| {
+        let series = format!("ferrosan_device_space_used_ratio{{device=\"{name}\"}}");
+        let text = scrape(metrics_port);
+        text.contains(&series).then(|| metric(&text, &series))
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(30),
+                "{what} not within six checks (30 s)\n{}",
+                daemon.output()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let ok = |args: &[&str]| {
+        let r = ctl.json(args);
+        assert_eq!(r["ok"], true, "ctl {args:?}: {r}");
+    };
+    until("v0's share", &|| used("v0").is_some());
+    // Two changes back to back, most often between the same two checks.
+    ok(&["volume", "create", "small", "v1", "1M"]);
+    ok(&["volume", "create", "small", "v2", "1M"]);
+    until("the new volumes' share", &|| {
+        used("v1").is_some() && used("v2").is_some()
+    });
+    // Sparse files on tmpfs: the pool's share stayed within the thousandth the watch tells,
+    // so v0 was not told again and the new volumes were told as new.
+    let (v0, v1) = (used("v0").unwrap(), used("v1").unwrap());
+    assert!((v0 - v1).abs() < 0.001, "v0 {v0}, v1 {v1}");
+    ok(&["volume", "delete", "v1"]);
+    until("v1's series gone", &|| used("v1").is_none());
+    ok(&["volume", "create", "small", "v1", "1M"]);
+    until("v1's share again", &|| used("v1").is_some());
+    drop(daemon);
+    drop(fs);
 }
 
 /// The sense (key, ASC, ASCQ) of a failed command, from the initiator crate's client.

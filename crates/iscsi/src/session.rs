@@ -250,7 +250,7 @@ pub struct Session {
     last_rx: Instant,
     /// Last PDU the initiator sent of its own accord (not an answer to our NOP-In ping).
     last_activity: Instant,
-    ping: Option<(u32, Instant)>,
+    ping: Option<Ping>,
     data_in_buf: Vec<u8>,
     /// Reused for the lent slices of zero-copy reads (the outbox takes them, the capacity stays).
     lent_buf: Loan,
@@ -261,6 +261,25 @@ pub struct Session {
     tmfs: Vec<PendingTmf>,
     /// A SCSI Command whose immediate data the engine is receiving in place.
     staged: Option<(Bhs, DataOutBuf)>,
+}
+
+/// A NOP-In ping waiting for its NOP-Out.
+#[derive(Debug, Clone, Copy)]
+struct Ping {
+    ttt: u32,
+    sent: Instant,
+    /// Not answered within `nop_interval`: its timeout is the next deadline.
+    late: bool,
+}
+
+impl Ping {
+    fn sent(ttt: u32, sent: Instant) -> Ping {
+        Ping {
+            ttt,
+            sent,
+            late: false,
+        }
+    }
 }
 
 impl Session {
@@ -440,7 +459,12 @@ impl Session {
     /// the initiator sends. Moves later as PDUs arrive; calling `tick` early is harmless.
     pub fn next_deadline(&self) -> Option<Instant> {
         let ping = match self.ping {
-            Some((_, sent)) if self.last_rx <= sent => Some(sent + self.limits.nop_timeout),
+            Some(p) if self.last_rx <= p.sent && p.late => Some(p.sent + self.limits.nop_timeout),
+            // Where the next ping falls if this one is answered by then: the alarm armed for
+            // it stays armed through a prompt answer.
+            Some(p) if self.last_rx <= p.sent => {
+                Some(p.sent + self.limits.nop_interval.min(self.limits.nop_timeout))
+            }
             Some(_) => None,
             None if self.limits.nop_interval.is_zero() => None,
             None => Some(self.last_rx + self.limits.nop_interval),
@@ -470,16 +494,19 @@ impl Session {
         }
         if !reading {
             self.last_rx = now;
-            if let Some((ttt, _)) = self.ping {
-                self.ping = Some((ttt, now));
+            if let Some(p) = &mut self.ping {
+                *p = Ping::sent(p.ttt, now);
             }
             return Liveness::Continue;
         }
-        if let Some((_, sent)) = self.ping {
-            if self.last_rx <= sent
-                && now.saturating_duration_since(sent) >= self.limits.nop_timeout
-            {
-                return Liveness::DeadPeer;
+        if let Some(p) = &mut self.ping {
+            if self.last_rx <= p.sent {
+                let waited = now.saturating_duration_since(p.sent);
+                if waited >= self.limits.nop_timeout {
+                    return Liveness::DeadPeer;
+                }
+                // Not answered within an interval: its timeout is the next deadline.
+                p.late |= waited >= self.limits.nop_interval;
             }
         }
         if !self.limits.idle_timeout.is_zero() && self.idle_for(now) >= self.limits.idle_timeout {
@@ -496,7 +523,7 @@ impl Session {
             bhs.set_u32(off::TTT, ttt);
             self.stamp(&mut bhs, false);
             self.push_pdu(out, &bhs, &[]);
-            self.ping = Some((ttt, now));
+            self.ping = Some(Ping::sent(ttt, now));
         }
         Liveness::Continue
     }
@@ -559,10 +586,8 @@ impl Session {
         }
         // A NOP-Out answering our ping (ITT reserved) is not a command.
         if opcode == Opcode::NopOut && bhs.itt() == RESERVED_TAG {
-            if let Some((ttt, _)) = self.ping {
-                if bhs.u32_at(off::TTT) == ttt {
-                    self.ping = None;
-                }
+            if self.ping.is_some_and(|p| bhs.u32_at(off::TTT) == p.ttt) {
+                self.ping = None;
             }
             return Flow::Continue;
         }
@@ -610,13 +635,19 @@ impl Session {
     /// the turn's activity. `Some(Close)` once the session has logged out.
     /// `data_len`: the data segment's length (a payload received in place is not in `pdu`).
     fn arrived(&mut self, pdu: &Pdu<'_>, data_len: usize, now: Instant) -> Option<Flow> {
-        self.last_rx = now;
-        if self.logged_out {
-            return Some(Flow::Close);
-        }
         let bhs = &pdu.bhs;
         let answers_ping =
             bhs.opcode_raw() & 0x3f == Opcode::NopOut as u8 && bhs.itt() == RESERVED_TAG;
+        self.last_rx = match self.ping {
+            // The answer to our ping proves the peer alive as of the ping: the next one is
+            // due an interval after this one, as armed when it went out (one timer setting a
+            // ping on an idle connection, not two).
+            Some(p) if answers_ping && bhs.u32_at(off::TTT) == p.ttt => self.last_rx.max(p.sent),
+            _ => now,
+        };
+        if self.logged_out {
+            return Some(Flow::Close);
+        }
         if !answers_ping {
             self.last_activity = now;
         }

@@ -2027,18 +2027,52 @@ fn the_next_deadline_is_the_first_instant_a_tick_acts_on() {
     h.s.tick(due, true, &mut out);
     let ping = decode_all(&out.to_vec(), &h.s.framing());
     assert_eq!(ping[0].0.opcode_raw(), Opcode::NopIn as u8);
-    // Unanswered: its timeout is next, and the peer is dead exactly then.
+    // Unanswered, it is looked at where the next ping would fall had it been answered (an
+    // interval after it), then its timeout is next, and the peer is dead exactly then.
+    assert_eq!(h.s.next_deadline(), Some(due + Duration::from_secs(5)));
+    let mut out = Outbox::new(4);
+    let interval_on = due + Duration::from_secs(5);
+    assert_eq!(h.s.tick(interval_on, true, &mut out), Liveness::Continue);
+    assert!(out.is_empty(), "no second ping while one is unanswered");
     let timeout = h.s.next_deadline().unwrap();
     assert_eq!(timeout, due + Duration::from_secs(30));
-    let mut out = Outbox::new(4);
     let before = timeout - Duration::from_millis(1);
     assert_eq!(h.s.tick(before, true, &mut out), Liveness::Continue);
     assert_eq!(h.s.tick(timeout, true, &mut out), Liveness::DeadPeer);
-    // Answered: the next ping is an interval after the answer.
-    let ttt = ping[0].0.u32_at(off::TTT);
-    h.now = due + Duration::from_secs(2);
+}
+
+/// An answered ping leaves the deadline armed when it went out: the next ping is an interval
+/// after this one, not after its answer (an idle connection's alarm is set once a ping). An
+/// answer later than the interval has the next ping go out at once.
+#[test]
+fn the_next_ping_is_an_interval_after_the_last_one() {
+    let ping_at = |h: &mut Harness, at: Instant| {
+        let mut out = Outbox::new(4);
+        h.s.tick(at, true, &mut out);
+        let sent = decode_all(&out.to_vec(), &h.s.framing());
+        assert_eq!(sent.len(), 1, "one ping at {at:?}");
+        sent[0].0.u32_at(off::TTT)
+    };
+    let mut h = harness();
+    let due = h.s.next_deadline().unwrap();
+    let ttt = ping_at(&mut h, due);
+    let armed = h.s.next_deadline();
+    assert_eq!(armed, Some(due + Duration::from_secs(5)));
+    h.now = due + Duration::from_millis(1);
     h.send(immediate_nop_out(RESERVED_TAG, ttt), &[]);
-    assert_eq!(h.s.next_deadline(), Some(h.now + Duration::from_secs(5)));
+    assert_eq!(h.s.next_deadline(), armed, "the answer leaves it");
+    ping_at(&mut h, armed.unwrap());
+
+    // Answered 7 s after it went out: overdue, the next ping is due at once.
+    let mut h = harness();
+    let due = h.s.next_deadline().unwrap();
+    let ttt = ping_at(&mut h, due);
+    h.s.tick(due + Duration::from_secs(5), true, &mut Outbox::new(4));
+    h.now = due + Duration::from_secs(7);
+    h.send(immediate_nop_out(RESERVED_TAG, ttt), &[]);
+    assert_eq!(h.s.next_deadline(), Some(due + Duration::from_secs(5)));
+    let now = h.now;
+    ping_at(&mut h, now);
 }
 
 #[test]

@@ -496,8 +496,9 @@ impl Drop for SmallFs {
 
 /// A volume created after the space watch told its pool's volumes their share gets it at the
 /// next check though the share did not move (a check that finds a pool's space unchanged
-/// skips the volumes it told), two created between two checks both do, and a volume deleted
-/// and created again under its name (its series went with it) gets it back.
+/// skips the volumes it told), two created between two checks both do, a deleted one is not
+/// told when the share moves, and one created again under its name (its series went with
+/// the deleted one) gets it back.
 #[test]
 fn volumes_created_after_a_check_get_their_pools_share_though_it_did_not_move() {
     let Some(fs) = SmallFs::new("pool-space-new", 8 << 20) else {
@@ -553,6 +554,14 @@ fn volumes_created_after_a_check_get_their_pools_share_though_it_did_not_move() 
     assert!((v0 - v1).abs() < 0.001, "v0 {v0}, v1 {v1}");
     ok(&["volume", "delete", "v1"]);
     until("v1's series gone", &|| used("v1").is_none());
+    // The share moves: the pool's volumes are told again, the deleted one not.
+    let filler = fs.dir.join("filler");
+    std::fs::write(&filler, vec![1u8; 2 << 20]).unwrap();
+    until("the pool's new share", &|| {
+        used("v0").is_some_and(|u| u > v0 + 0.1)
+    });
+    assert_eq!(used("v1"), None, "a deleted volume told its pool's share");
+    assert!(used("v2").is_some_and(|u| u > v0 + 0.1));
     ok(&["volume", "create", "small", "v1", "1M"]);
     until("v1's share again", &|| used("v1").is_some());
     drop(daemon);

@@ -8,6 +8,10 @@
 #   startup      spawn of `ferrosan serve` until `ctl status` answers (devices opened)
 #   status       `ctl status`
 #   luns         `ctl luns` (every LUN listed)
+#   devices      `ctl device list` (every device's totals and LUN maps: what `ferrosan top`
+#                asks each frame)
+#   volumes      `ctl volume list` (every volume with its maps and exports: what a CSI
+#                ListVolumes asks)
 #   report-luns  REPORT LUNS on a fresh session (bench/idle_sessions.py --probe; the median of
 #                ROUNDS, each after its own login; its cpu_ms is not measured: 0)
 #   idle         nothing for IDLE_S seconds (default 12: two of the space watch's checks) right
@@ -44,7 +48,7 @@ BIN=${1:?usage: bench/config-scale.sh BIN [SIZES] [ROUNDS]}
 SIZES=${2:-10 1000 4000}
 SIZES=${SIZES//,/ }
 ROUNDS=${3:-3}
-OPS=${OPS:-startup,idle,changed,status,luns,report-luns,create,map,save,create-save,reload}
+OPS=${OPS:-startup,idle,changed,status,luns,devices,volumes,report-luns,create,map,save,create-save,reload}
 IDLE_S=${IDLE_S:-12}
 IQN=iqn.2026-12.org.ferrosan:scale
 # A daemon holding 16,000 devices may take long to stop.
@@ -164,6 +168,14 @@ for n in $SIZES; do
     if wants luns; then
         for ((r = 0; r < ROUNDS; r++)); do timed luns ctl luns; done
         row "$n" luns
+    fi
+    if wants devices; then
+        for ((r = 0; r < ROUNDS; r++)); do timed devices ctl device list; done
+        row "$n" devices
+    fi
+    if wants volumes; then
+        for ((r = 0; r < ROUNDS; r++)); do timed volumes ctl volume list; done
+        row "$n" volumes
     fi
     if wants report-luns; then
         # A fresh login each round, then REPORT LUNS: the median of the REPORT LUNS alone.

@@ -5,7 +5,8 @@
 #      login, REPORT LUNS) and active sessions (1, 4, 16, 64 reading at once: IOPS, the
 #      daemon's CPU per I/O)
 #   2. bench/config-scale.sh    LUNs (1, 256, 4096, 16000 devices mapped: start-up, the idle
-#      daemon's CPU, `ctl luns`, REPORT LUNS, a reload adding one device)
+#      daemon's CPU, and right after a change, `ctl luns`, `ctl device list`, `ctl volume
+#      list`, REPORT LUNS, a reload adding one device)
 #   3. bench/config-scale.sh    volumes (10, 100, 1000, 4000 in one pool: `volume create`
 #      unsaved and with --save)
 #   4. bench/nvme-controllers.sh idle NVMe/TCP controllers (an admin and two I/O queues each)
@@ -34,7 +35,7 @@ newest() { ls -t bench/results/"$1"-*.txt | head -n 1; }
 ACTIVE=${ACTIVE-1 4 16 64} TAG=scale \
     bench/session-scale.sh "$BIN" "${SESSIONS:-1 10 100 1000}" 20
 sessions=$(newest session-scale)
-OPS=startup,idle,changed,luns,report-luns,reload CACHE=page TAG=scale-luns \
+OPS=startup,idle,changed,luns,devices,volumes,report-luns,reload CACHE=page TAG=scale-luns \
     bench/config-scale.sh "$BIN" "${LUNS:-1 256 4096 16000}" "$ROUNDS"
 luns=$(newest config-scale)
 OPS=create,create-save TAG=scale-volumes \

@@ -3,6 +3,7 @@
 //! then). The result is validated whole and applied by the caller (`control::change`), as a
 //! reloaded file would be.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
@@ -166,22 +167,40 @@ fn device_remove(config: &mut Config, args: &Map<String, Value>) -> Result<Strin
 
 /// Where device `name` is mapped, as "TARGET group G LUN n".
 pub(super) fn mappings_of(config: &Config, name: &str) -> Vec<String> {
-    maps_of(config, name)
-        .map(|(t, g, m)| format!("{} group {} LUN {}", t.iqn, g.name, m.lun))
-        .collect()
+    maps_of(config, name).map(map_line).collect()
 }
 
-/// Every LUN map of device `name`: its target, its group and the map.
-pub(super) fn maps_of<'c>(
-    config: &'c Config,
-    name: &'c str,
-) -> impl Iterator<Item = (&'c TargetConfig, &'c InitiatorGroup, &'c LunMapping)> {
+/// A LUN map as "TARGET group G LUN n".
+pub(super) fn map_line((t, g, m): MapOf<'_>) -> String {
+    format!("{} group {} LUN {}", t.iqn, g.name, m.lun)
+}
+
+/// A LUN map: its target, its group and the map.
+pub(super) type MapOf<'c> = (&'c TargetConfig, &'c InitiatorGroup, &'c LunMapping);
+
+/// Every LUN map of the config, in its order.
+fn all_maps(config: &Config) -> impl Iterator<Item = MapOf<'_>> {
     config
         .targets
         .iter()
         .flat_map(|t| t.groups.iter().map(move |g| (&**t, g)))
         .flat_map(|(t, g)| g.luns.iter().map(move |m| (t, g, m)))
-        .filter(move |(_, _, m)| m.device == name)
+}
+
+/// Every LUN map of device `name`.
+pub(super) fn maps_of<'c>(config: &'c Config, name: &'c str) -> impl Iterator<Item = MapOf<'c>> {
+    all_maps(config).filter(move |(_, _, m)| m.device == name)
+}
+
+/// Every LUN map of the config by device, in one pass: for a listing that shows each device's
+/// maps (a search per device made those listings quadratic: `ctl device list` took 1.4 s and
+/// `ctl volume list` 2.1 s at 16,000 mapped volumes).
+pub(super) fn maps_by_device(config: &Config) -> HashMap<&str, Vec<MapOf<'_>>> {
+    let mut by: HashMap<&str, Vec<MapOf<'_>>> = HashMap::new();
+    for map in all_maps(config) {
+        by.entry(map.2.device.as_str()).or_default().push(map);
+    }
+    by
 }
 
 fn resize(config: &mut Config, args: &Map<String, Value>) -> Result<String, ControlError> {

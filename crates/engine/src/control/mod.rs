@@ -555,7 +555,9 @@ fn sessions(shared: &Shared) -> Value {
             row
         })
         .collect();
-    json!({ "sessions": list })
+    let mut answer = Map::new();
+    answer.insert("sessions".into(), Value::Array(list));
+    Value::Object(answer)
 }
 
 /// A session's own door's facts beside the common ones: an iSCSI session's ISID, CID and
@@ -589,9 +591,9 @@ fn add_door_facts(row: &mut Value, facts: &DoorFacts) {
     }
 }
 
-/// Where `device` is mapped: each target, group and LUN number.
-fn mapped_as(config: &crate::config::Config, device: &str) -> Vec<Value> {
-    edit::maps_of(config, device)
+/// Where a device is mapped (`maps`, its maps): each target, group and LUN number.
+fn mapped_as(maps: Option<&Vec<edit::MapOf<'_>>>) -> Vec<Value> {
+    (maps.into_iter().flatten())
         .map(|(t, g, m)| json!({"target": t.iqn.as_str(), "group": g.name, "lun": m.lun}))
         .collect()
 }
@@ -602,6 +604,7 @@ fn stats(shared: &Shared) -> Value {
     let topology = shared.topology();
     let mut names: Vec<&Arc<str>> = topology.devices.keys().collect();
     names.sort();
+    let maps = edit::maps_by_device(&topology.config);
     let devices: Vec<Value> = names
         .into_iter()
         .filter_map(|name| {
@@ -619,7 +622,7 @@ fn stats(shared: &Shared) -> Value {
                 "in_flight": device.unit.in_flight().count(),
                 "offline": device.unit.is_offline(),
                 "size_bytes": device.unit.capacity_bytes(),
-                "luns": mapped_as(&topology.config, name),
+                "luns": mapped_as(maps.get(&**name)),
             });
             // Only devices that can answer writes early have a write-back queue to show.
             if let Some(queue) = device.unit.write_back() {
@@ -715,7 +718,11 @@ fn luns(shared: &Shared) -> Value {
         .map(|d| &d.name)
         .filter(|name| !mapped.contains(name.as_str()))
         .collect();
-    json!({ "luns": list, "unmapped_devices": unmapped })
+    // Moved in, not through `json!`, which would copy every LUN's map again.
+    let mut answer = Map::new();
+    answer.insert("luns".into(), Value::Array(list));
+    answer.insert("unmapped_devices".into(), json!(unmapped));
+    Value::Object(answer)
 }
 
 fn reload(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {

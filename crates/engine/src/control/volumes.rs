@@ -10,13 +10,14 @@
 //! already there, it answers success with `"existed": true`; asked to delete what is gone,
 //! with `"deleted": false`.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::edit::text;
+use super::edit::{map_line, text, MapOf};
 use super::error::ControlError;
 use super::Step;
 use crate::config::{Config, DeviceConfig, Lineage, PoolConfig, PoolKind, StoreKind};
@@ -675,10 +676,10 @@ fn mappings(config: &Config, name: &str) -> Vec<String> {
     super::edit::mappings_of(config, name)
 }
 
-/// Who sees volume `name`, per map: what an orchestrator checks before it gives a volume to
-/// one host only.
-fn exports(config: &Config, name: &str) -> Vec<Value> {
-    super::edit::maps_of(config, name)
+/// Who sees a volume (`maps`, its maps), per map: what an orchestrator checks before it gives
+/// a volume to one host only.
+fn exports(maps: Option<&Vec<MapOf<'_>>>) -> Vec<Value> {
+    (maps.into_iter().flatten())
         .map(|(t, g, m)| {
             let initiators: Vec<&str> = g.initiators.iter().map(|i| i.as_str()).collect();
             json!({
@@ -985,27 +986,53 @@ fn snapshots_json(live: &Live, args: &Map<String, Value>) -> Result<Vec<Value>, 
     Ok(out)
 }
 
+/// Every volume with its size, maps, exports and snapshots. Each is looked up, not searched
+/// for: the maps by device and each pool's snapshots listed once (a search or a listing per
+/// volume made this quadratic in the volumes).
 fn list(live: &Live) -> Value {
     let topology = live.shared.topology();
     let config = live.seen;
-    let volumes: Vec<Value> = volumes(config)
-        .map(|(pool, d)| {
-            let snapshots = snapshot_names(live, pool, &d.name).unwrap_or_default();
-            let size = topology
-                .devices
-                .get(d.name.as_str())
-                .map(|o| o.unit.capacity_bytes());
-            json!({
-                "pool": pool.name, "volume": d.name, "size_bytes": size,
-                "mapped": mappings(config, &d.name), "exports": exports(config, &d.name),
-                "snapshots": snapshots,
-                "serial": d.serial, "clone_of": d.lineage.clone_of,
-                "created": d.lineage.created,
-            })
-        })
-        .collect();
+    let maps = super::edit::maps_by_device(config);
+    let mut snapshots_of: HashMap<&str, Option<HashMap<String, Vec<String>>>> = HashMap::new();
+    let mut listed_volumes = Vec::new();
+    for (pool, d) in volumes(config) {
+        let listed = snapshots_of
+            .entry(pool.name.as_str())
+            .or_insert_with(|| snapshots_by_volume(live, pool));
+        let snapshots = match listed {
+            Some(by) => by.get(&d.name).cloned().unwrap_or_default(),
+            None => snapshot_names(live, pool, &d.name).unwrap_or_default(),
+        };
+        let size = topology
+            .devices
+            .get(d.name.as_str())
+            .map(|o| o.unit.capacity_bytes());
+        let own = maps.get(d.name.as_str());
+        let mapped: Vec<String> = own.into_iter().flatten().copied().map(map_line).collect();
+        listed_volumes.push(json!({
+            "pool": pool.name, "volume": d.name, "size_bytes": size,
+            "mapped": mapped, "exports": exports(own),
+            "snapshots": snapshots,
+            "serial": d.serial, "clone_of": d.lineage.clone_of,
+            "created": d.lineage.created,
+        }));
+    }
     let pools: Vec<Value> = config.pools.iter().map(pool_json).collect();
-    json!({ "pools": pools, "volumes": volumes })
+    let mut answer = Map::new();
+    answer.insert("pools".into(), Value::Array(pools));
+    answer.insert("volumes".into(), Value::Array(listed_volumes));
+    Value::Object(answer)
+}
+
+/// `pool`'s snapshots by volume, in one listing (sorted, as one volume's are); None where a
+/// pool lists one volume's at a time (RBD) or its listing failed (each volume then asks).
+fn snapshots_by_volume(live: &Live, pool: &PoolConfig) -> Option<HashMap<String, Vec<String>>> {
+    let all = pool.medium().snapshots(live, None).ok()?;
+    let mut by: HashMap<String, Vec<String>> = HashMap::new();
+    for (volume, snapshot) in all {
+        by.entry(volume).or_default().push(snapshot);
+    }
+    Some(by)
 }
 
 /// A pool as the lists show it: its name, kind and where its volumes are.

@@ -20,7 +20,7 @@ mod volumes;
 pub use error::{ControlError, SocketError};
 pub use volumes::recover_pools;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -703,26 +703,20 @@ fn luns(shared: &Shared) -> Value {
             }
         }
     }
-    let mapped: HashSet<&str> = topology
-        .config
-        .targets
-        .iter()
-        .flat_map(|t| &t.groups)
-        .flat_map(|g| &g.luns)
-        .map(|m| m.device.as_str())
-        .collect();
-    let unmapped: Vec<&String> = topology
-        .config
-        .devices
-        .iter()
-        .map(|d| &d.name)
-        .filter(|name| !mapped.contains(name.as_str()))
-        .collect();
     // Moved in, not through `json!`, which would copy every LUN's map again.
     let mut answer = Map::new();
     answer.insert("luns".into(), Value::Array(list));
-    answer.insert("unmapped_devices".into(), json!(unmapped));
+    answer.insert("unmapped_devices".into(), json!(unmapped(&topology.config)));
     Value::Object(answer)
+}
+
+/// The devices of `config` no LUN maps.
+fn unmapped(config: &crate::config::Config) -> Vec<&String> {
+    let maps = edit::maps_by_device(config);
+    (config.devices.iter())
+        .map(|d| &d.name)
+        .filter(|name| !maps.contains_key(name.as_str()))
+        .collect()
 }
 
 fn reload(shared: &Shared, args: &Map<String, Value>) -> Result<Value, ControlError> {

@@ -971,9 +971,14 @@ fn volumes(config: &Config) -> impl Iterator<Item = (&PoolConfig, &DeviceConfig)
 fn snapshots_json(live: &Live, args: &Map<String, Value>) -> Result<Vec<Value>, ControlError> {
     let only = args.get("volume").and_then(Value::as_str);
     let mut out = Vec::new();
+    let mut snapshots = Snapshots::default();
     for (pool, device) in volumes(live.seen).filter(|(_, d)| only.is_none_or(|o| o == d.name)) {
         let medium = pool.medium();
-        for snapshot in snapshot_names(live, pool, &device.name)? {
+        let names = match only {
+            Some(_) => snapshot_names(live, pool, &device.name)?,
+            None => snapshots.of(live, pool, &device.name)?,
+        };
+        for snapshot in names {
             let created = medium
                 .snapshot_time(&device.name, &snapshot)
                 .and_then(crate::config::rfc3339);
@@ -993,16 +998,10 @@ fn list(live: &Live) -> Value {
     let topology = live.shared.topology();
     let config = live.seen;
     let maps = super::edit::maps_by_device(config);
-    let mut snapshots_of: HashMap<&str, Option<HashMap<String, Vec<String>>>> = HashMap::new();
+    let mut snapshots_of = Snapshots::default();
     let mut listed_volumes = Vec::new();
     for (pool, d) in volumes(config) {
-        let listed = snapshots_of
-            .entry(pool.name.as_str())
-            .or_insert_with(|| snapshots_by_volume(live, pool));
-        let snapshots = match listed {
-            Some(by) => by.get(&d.name).cloned().unwrap_or_default(),
-            None => snapshot_names(live, pool, &d.name).unwrap_or_default(),
-        };
+        let snapshots = snapshots_of.of(live, pool, &d.name).unwrap_or_default();
         let size = topology
             .devices
             .get(d.name.as_str())
@@ -1024,15 +1023,35 @@ fn list(live: &Live) -> Value {
     Value::Object(answer)
 }
 
-/// `pool`'s snapshots by volume, in one listing (sorted, as one volume's are); None where a
-/// pool lists one volume's at a time (RBD) or its listing failed (each volume then asks).
-fn snapshots_by_volume(live: &Live, pool: &PoolConfig) -> Option<HashMap<String, Vec<String>>> {
-    let all = pool.medium().snapshots(live, None).ok()?;
-    let mut by: HashMap<String, Vec<String>> = HashMap::new();
-    for (volume, snapshot) in all {
-        by.entry(volume).or_default().push(snapshot);
+/// The snapshots of many volumes, for a listing: each pool's listed once (sorted, as one
+/// volume's are) where it can list them all; a listing per volume made listings quadratic.
+#[derive(Default)]
+struct Snapshots<'c> {
+    /// By pool: its snapshots by volume, or None where it lists one volume's at a time (RBD)
+    /// or its whole listing failed (each volume then asks, and says why).
+    pools: HashMap<&'c str, Option<HashMap<String, Vec<String>>>>,
+}
+
+impl<'c> Snapshots<'c> {
+    fn of(
+        &mut self,
+        live: &Live,
+        pool: &'c PoolConfig,
+        volume: &str,
+    ) -> Result<Vec<String>, ControlError> {
+        let listed = self.pools.entry(pool.name.as_str()).or_insert_with(|| {
+            let all = pool.medium().snapshots(live, None).ok()?;
+            let mut by: HashMap<String, Vec<String>> = HashMap::new();
+            for (volume, snapshot) in all {
+                by.entry(volume).or_default().push(snapshot);
+            }
+            Some(by)
+        });
+        match listed {
+            Some(by) => Ok(by.get(volume).cloned().unwrap_or_default()),
+            None => snapshot_names(live, pool, volume),
+        }
     }
-    Some(by)
 }
 
 /// A pool as the lists show it: its name, kind and where its volumes are.

@@ -89,6 +89,18 @@ row() {
     rm -f "$WORK/t.$2" "$WORK/c.$2"
 }
 
+# idled N LABEL: the daemon's CPU per second over IDLE_S seconds from now, as a row (its time
+# the seconds idled; ticks over IDLE_S seconds as a rate: row's mean of one sample).
+idled() {
+    local c0 c1
+    c0=$(cpu_ticks)
+    sleep "$IDLE_S"
+    c1=$(cpu_ticks)
+    echo "$IDLE_S" >"$WORK/t.$2"
+    awk -v d=$((c1 - c0)) -v s="$IDLE_S" 'BEGIN { printf "%.2f\n", d / s }' >"$WORK/c.$2"
+    row "$1" "$2"
+}
+
 # config N: the config file of N devices in the pool (all mapped that fit), on stdout.
 config() {
     local n=$1 port=$2 i last=$(($1 < 16384 ? $1 : 16384)) cache=""
@@ -147,22 +159,11 @@ for n in $SIZES; do
     if wants idle; then
         # The space watch's first check (5 s after the start) walks every device once.
         sleep 6
-        c0=$(cpu_ticks)
-        sleep "$IDLE_S"
-        c1=$(cpu_ticks)
-        echo "$IDLE_S" >"$WORK/t.idle"
-        # Ticks over IDLE_S seconds as a per-second rate: row's mean of one sample.
-        awk -v d=$((c1 - c0)) -v s="$IDLE_S" 'BEGIN { printf "%.2f\n", d / s }' >"$WORK/c.idle"
-        row "$n" idle
+        idled "$n" idle
     fi
     if wants changed; then
         ctl volume create pool changed 1M >/dev/null
-        c0=$(cpu_ticks)
-        sleep "$IDLE_S"
-        c1=$(cpu_ticks)
-        echo "$IDLE_S" >"$WORK/t.changed"
-        awk -v d=$((c1 - c0)) -v s="$IDLE_S" 'BEGIN { printf "%.2f\n", d / s }' >"$WORK/c.changed"
-        row "$n" changed
+        idled "$n" changed
     fi
     # Before the verbs below add LUNs: the config's own N.
     if wants luns; then

@@ -521,22 +521,8 @@ fn volumes_created_after_a_check_get_their_pools_share_though_it_did_not_move() 
         &body,
         &["--metrics-listen", &listen, "--control-socket", &socket],
     );
-    let used = |name: &str| {
-        let series = format!("ferrosan_device_space_used_ratio{{device=\"{name}\"}}");
-        let text = scrape(metrics_port);
-        text.contains(&series).then(|| metric(&text, &series))
-    };
-    let until = |what: &str, done: &dyn Fn() -> bool| {
-        let started = std::time::Instant::now();
-        while !done() {
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(30),
-                "{what} not within six checks (30 s)\n{}",
-                daemon.output()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    };
+    let used = |name: &str| space_used(metrics_port, name);
+    let until = |what: &str, done: &dyn Fn() -> bool| within_six_checks(&daemon, what, done);
     let ok = |args: &[&str]| {
         let r = ctl.json(args);
         assert_eq!(r["ok"], true, "ctl {args:?}: {r}");
@@ -678,6 +664,34 @@ fn a_filling_filesystem_warns_first_then_fails_writes_and_recovers_when_freed() 
     drop(fs);
 }
 
+/// `series`' value on the daemon's metrics at `port`, if it has that series.
+fn series_value(port: u16, series: &str) -> Option<f64> {
+    let text = scrape(port);
+    text.contains(series).then(|| metric(&text, series))
+}
+
+/// Device `name`'s share of its space in use, if the space watch has told it.
+fn space_used(port: u16, name: &str) -> Option<f64> {
+    series_value(
+        port,
+        &format!("ferrosan_device_space_used_ratio{{device=\"{name}\"}}"),
+    )
+}
+
+/// Waits for `done`, up to six of the space watch's checks (30 s; a busy 2-core CI machine
+/// keeps that bound), else fails with `what` and the daemon's output.
+fn within_six_checks(daemon: &Daemon, what: &str, done: &dyn Fn() -> bool) {
+    let started = std::time::Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{what} not within six checks (30 s)\n{}",
+            daemon.output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 /// The volumes of a directory pool share its filesystem's space, looked at once a check for
 /// all of them: when others fill that filesystem past `space_warning_percent` every volume is
 /// warned once (its metric and its count), freed below the re-arm margin they are re-armed,
@@ -707,26 +721,11 @@ fn a_pools_volumes_share_its_filesystems_space_and_are_warned_at_each_crossing()
     let listen = format!("127.0.0.1:{metrics_port}");
     let daemon = Daemon::start_config_args(IQN, &body, &["--metrics-listen", &listen]);
     let warnings = |name: &str| {
-        let text = scrape(metrics_port);
         let series = format!("ferrosan_device_space_warnings_total{{device=\"{name}\"}}");
-        text.contains(&series).then(|| metric(&text, &series))
+        series_value(metrics_port, &series)
     };
-    let until = |what: &str, done: &dyn Fn() -> bool| {
-        let started = std::time::Instant::now();
-        while !done() {
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(30),
-                "{what} not within six checks (30 s)\n{}",
-                daemon.output()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    };
-    let used = |name: &str| {
-        let series = format!("ferrosan_device_space_used_ratio{{device=\"{name}\"}}");
-        let text = scrape(metrics_port);
-        text.contains(&series).then(|| metric(&text, &series))
-    };
+    let until = |what: &str, done: &dyn Fn() -> bool| within_six_checks(&daemon, what, done);
+    let used = |name: &str| space_used(metrics_port, name);
     until("both volumes' share", &|| {
         used("v0").is_some() && used("v1").is_some()
     });

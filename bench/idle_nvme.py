@@ -8,8 +8,10 @@ connection: ICReq / ICResp (PFV 0, HPDA 0, no digests, MAXR2T 0), then a Fabrics
 (QID 0 with CNTLID FFFFh and a 120 s KATO for the admin queue; QID 1..Q with the controller ID
 the admin Connect returned), SQSIZE 31. Between the admin queue and the I/O queues the
 controller is enabled: Property Set CC (EN=1, IOSQES=6, IOCQES=4), then Property Get CSTS
-until RDY. Each controller has its own random host identifier and host NQN (a device holds at
-most 32 of one host NQN). After that nothing but a Keep Alive on each admin queue every 30 s.
+until RDY, and one Asynchronous Event Request is left with it, as Linux's host does (it is
+answered only when an event comes). Each controller has its own random host identifier and host
+NQN (a device holds at most 32 of one host NQN). After that nothing but a Keep Alive on each
+admin queue every 30 s.
 Every response's status is checked; anything unexpected ends the run with an error.
 
 One process, one selector loop: what is measured is the target's cost per idle controller, not
@@ -38,7 +40,8 @@ ICREQ, ICRESP, C2H_TERM_REQ, CAPSULE_CMD, CAPSULE_RESP, C2H_DATA = 0x00, 0x01, 0
 FABRICS = 0x7F
 FCTYPE_PROPERTY_SET, FCTYPE_CONNECT, FCTYPE_PROPERTY_GET = 0x00, 0x01, 0x04
 REG_CC, REG_CSTS = 0x14, 0x1C
-KEEP_ALIVE = 0x18
+KEEP_ALIVE, ASYNC_EVENT_REQUEST = 0x18, 0x0C
+AER_CID = 3
 CC_ENABLE = 1 | 6 << 16 | 4 << 20  # EN, IOSQES 2^6 = 64 bytes, IOCQES 2^4 = 16 bytes
 
 
@@ -187,6 +190,7 @@ def controller(addr, subnqn, index, queues):
         if time.monotonic() > deadline:
             raise NvmeFailure(f"controller {cntlid}: CSTS.RDY not set after 10 s")
         time.sleep(0.01)
+    admin.sendall(capsule(sqe(ASYNC_EVENT_REQUEST, AER_CID)))
     out = [admin]
     for src, q in socks[1:]:
         io = open_queue(host, port, src)

@@ -2,7 +2,8 @@
 # What an idle NVMe/TCP controller costs the daemon beside an idle iSCSI session. For each
 # COUNT: a fresh ferrosan daemon (one RAM LUN, on an iSCSI and an NVMe/TCP listener) and COUNT
 # idle NVMe/TCP controllers held by one process (bench/idle_nvme.py: an admin queue and
-# QUEUES I/O queues each, a TCP connection per queue, nothing but a Keep Alive every 30 s);
+# QUEUES I/O queues each, a TCP connection per queue, an Asynchronous Event Request held on
+# the admin queue as Linux hosts leave one, nothing but a Keep Alive every 30 s);
 # then another fresh daemon and COUNT idle iSCSI sessions (bench/idle_sessions.py: one
 # connection each, answering the target's NOP-In pings). For each:
 #

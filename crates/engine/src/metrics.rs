@@ -508,6 +508,8 @@ series! {
     nvme_controllers: Gauge = "nvme_controllers";
     /// NVMe/TCP queues connected (admin and I/O), each one TCP connection
     nvme_queues: Gauge = "nvme_queues";
+    /// Connections parked while idle (NVMe/TCP queues): their socket and their protocol's state kept, their driver's memory given back until their host sends or a deadline comes
+    connections_parked: Gauge = "connections_parked";
     /// NVMe/TCP Connect commands by result: success, or why refused (invalid_host, invalid_parameters, controller_busy, sequence)
     nvme_connects: Family<LoginLabel, Counter> = "nvme_connects";
     /// NVMe/TCP queue authentications (DH-HMAC-CHAP) by result: success, or why they failed (failed: a wrong secret; hash_unusable, dh_group_unusable, incorrect_payload, incorrect_message, ...)

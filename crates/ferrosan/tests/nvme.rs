@@ -813,6 +813,83 @@ fn every_queue_passes_the_admission_from_its_own_address() {
     assert_eq!(q.run(c, data, 0).unwrap().cqe.status, Status::SUCCESS);
 }
 
+/// Both of a controller's queues once parked (idle a second, nothing open but a held event
+/// request: `driver.rs`, `Driven::Parked`).
+fn parked(metrics_port: u16) -> f64 {
+    let text = wait_for_metric(metrics_port, "ferrosan_connections_parked", |v| v == 2.0);
+    metric(&text, "ferrosan_connections_parked")
+}
+
+/// A parked queue gives its driver's memory back and keeps what its protocol needs: its I/O
+/// queue answers the next command with the data written before, its admin queue a Keep Alive
+/// and the event request it held when a namespace changes, and a reload that drops the host
+/// ends both though neither had a turn since (its view, kept, is readmitted at the next).
+#[test]
+fn a_parked_controller_serves_hears_and_is_readmitted_as_an_idle_one() {
+    let ctl = common::Ctl::new();
+    let socket = ctl.socket.display().to_string();
+    let (nvme_port, port, metrics_port) = (free_port(), free_port(), free_port());
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let text = config_text(port, nvme_port, "", &db_group());
+    let args = [
+        "--control-socket",
+        socket.as_str(),
+        "--metrics-listen",
+        &metrics,
+    ];
+    let daemon = Daemon::start_config_text(IQN, port, &text, &args);
+    let mut h = NvmeHost::connect(addr(nvme_port), NQN, HOSTNQN, 8).expect("connect");
+    let aec = nvme::identify::OAES_NS_ATTRIBUTE;
+    let features = host::sqe(
+        nvme::admin::opcode::SET_FEATURES,
+        0,
+        [0x0B, aec, 0, 0, 0, 0],
+    );
+    h.admin.run_ok(features, Vec::new(), 0).unwrap();
+    let aer = host::sqe(nvme::admin::opcode::ASYNC_EVENT_REQUEST, 0, [0; 6]);
+    let held = h.admin.submit(aer, Vec::new(), 0).unwrap();
+    let data = pattern(7, 4096);
+    h.write(1, 8, data.clone(), 512).unwrap();
+    assert_eq!(parked(metrics_port), 2.0, "both queues park");
+
+    assert_eq!(h.read(1, 8, 8, 512).unwrap(), data, "the I/O queue, woken");
+    let keep_alive = host::sqe(nvme::admin::opcode::KEEP_ALIVE, 0, [0; 6]);
+    h.admin.run_ok(keep_alive, Vec::new(), 0).unwrap();
+    assert_eq!(parked(metrics_port), 2.0, "both park again");
+
+    let changed = ctl.json(&["device", "set", "mem", "--read-only", "on"]);
+    assert_eq!(changed["ok"], true, "{changed}");
+    let done = h
+        .admin
+        .next_done()
+        .expect("the held event request completes");
+    assert_eq!(done.cqe.cid, held);
+    assert_eq!(
+        done.cqe.dw0,
+        nvme::controller::Notice::NamespaceAttribute.dw0()
+    );
+    assert_eq!(parked(metrics_port), 2.0, "and again");
+
+    let other = "  name = \"db\"\n  initiators = [\"iqn.2024-01.dev.ferrosan:other\"]\n  luns = [ { lun = 0, device = \"mem\" } ]";
+    // The file without the host; the live read-only setting is dropped with it.
+    let dropped = config_text(port, nvme_port, "", other);
+    std::fs::write(daemon.file("ferrosan.toml"), dropped).unwrap();
+    let reloaded = ctl.json(&["reload", "--discard"]);
+    assert_eq!(reloaded["ok"], true, "{reloaded}");
+    let started = Instant::now();
+    while h.read(1, 8, 1, 512).is_ok() {
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_secs(5),
+            "a parked queue outlived its admission"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = wait_for_metric(metrics_port, "ferrosan_nvme_queues", |v| v == 0.0);
+    assert_eq!(metric(&text, "ferrosan_nvme_queues"), 0.0);
+    assert_eq!(metric(&text, "ferrosan_connections_parked"), 0.0);
+}
+
 #[test]
 fn a_live_change_that_drops_the_host_ends_its_controller() {
     let ctl = common::Ctl::new();

@@ -518,6 +518,11 @@ impl Controller {
         self.deliver()
     }
 
+    /// How many event requests it holds (their commands stay open in the admin queue).
+    pub fn held_requests(&self) -> usize {
+        self.held.len()
+    }
+
     /// The held requests, answered Aborted – SQ Deletion when the controller goes away.
     pub fn take_held(&mut self) -> Vec<u16> {
         self.held.drain(..).collect()

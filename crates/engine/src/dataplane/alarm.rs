@@ -11,6 +11,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
@@ -52,11 +53,17 @@ impl Alarm {
     /// alarm is disarmed until the next [`Alarm::set`]. Cancel safe: dropping the future before
     /// it resolves leaves the alarm armed.
     pub async fn rung(&mut self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_rung(cx)).await
+    }
+
+    /// [`Alarm::rung`] as a poll, for a waiter that keeps no future per source (a parked
+    /// connection's).
+    pub fn poll_rung(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.armed.is_none() {
-            return std::future::pending().await;
+            return Poll::Pending;
         }
         loop {
-            let mut ready = self.fd.readable().await?;
+            let mut ready = ready!(self.fd.poll_read_ready(cx))?;
             let mut expirations = [0u8; 8];
             match rustix::io::read(self.fd.get_ref(), &mut expirations) {
                 Ok(_) => {
@@ -64,11 +71,11 @@ impl Alarm {
                     // next wait need not read it only to find it empty.
                     ready.clear_ready();
                     self.armed = None;
-                    return Ok(());
+                    return Poll::Ready(Ok(()));
                 }
                 // Readiness left from an expiry that a later `set` cancelled.
                 Err(rustix::io::Errno::AGAIN) => ready.clear_ready(),
-                Err(e) => return Err(e.into()),
+                Err(e) => return Poll::Ready(Err(e.into())),
             }
         }
     }

@@ -337,6 +337,17 @@ impl<'s> Backend<'s> {
         party: super::view::Party,
         completions: tokio::sync::mpsc::UnboundedSender<Box<Completed>>,
     ) -> Backend<'s> {
+        Backend::with_view(shared, View::new(party, topology), completions)
+    }
+
+    /// The backend of a session whose view outlived its last one (a parked connection's):
+    /// who it is, what it was admitted to and the topology it follows are the view's.
+    pub(super) fn with_view(
+        shared: &'s Shared,
+        view: View,
+        completions: tokio::sync::mpsc::UnboundedSender<Box<Completed>>,
+    ) -> Backend<'s> {
+        let party = &view.party;
         Backend {
             shared,
             answers: Answers {
@@ -349,7 +360,7 @@ impl<'s> Backend<'s> {
                 party.peer,
                 party.initiator.clone(),
             ),
-            view: View::new(party, topology),
+            view,
             tmf_waits: Vec::new(),
             ring: None,
             ring_failed: false,
@@ -387,6 +398,25 @@ impl<'s> Backend<'s> {
 
 impl Backend<'_> {
     /// Takes the LUN map (and what goes with it) of `group` for this session.
+    /// Nothing of the session's runs or waits here: no task management function, nothing on
+    /// the ring or the blocking pool, nothing answered and not yet delivered.
+    pub(super) fn idle(&self) -> bool {
+        self.tmf_waits.is_empty()
+            && self.ring.as_ref().is_none_or(|r| r.in_flight() == 0)
+            && self.group_commits.iter().all(|(_, g)| g.is_idle())
+            && self.answered.is_empty()
+            && self.budget.held() == 0
+    }
+
+    /// The session's view, to outlive this backend (a parked connection's, [`Backend::idle`]);
+    /// what the session counted is reported first.
+    pub(super) fn into_view(mut self) -> View {
+        debug_assert!(self.idle(), "only an idle backend gives its view away");
+        self.meter.report_io();
+        let left = View::new(self.view.party.clone(), &self.view.topology);
+        std::mem::replace(&mut self.view, left)
+    }
+
     pub(super) fn use_group(&mut self, group: &GroupRuntime) {
         self.view.use_group(group);
         self.meter.count_for(&group.lun_devices);

@@ -34,7 +34,6 @@ impl Budget {
         self.held >= self.max
     }
 
-    #[cfg(test)]
     pub(super) fn held(&self) -> usize {
         self.held
     }

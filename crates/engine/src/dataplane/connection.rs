@@ -147,8 +147,13 @@ async fn run(
         &mut completed,
         &mut told,
         &mut alarm,
+        None,
     )
-    .await;
+    .await
+    .and_then(|driven| match driven {
+        driver::Driven::Ended => Ok(()),
+        driver::Driven::Parked => Err(Closed::Invariant("an iSCSI session parked")),
+    });
     end_session(at, &mut backend, &established, established_at, &result);
     drop(ticket);
     // Nothing of the array is held while the connection lingers (a removed device's store,

@@ -5,7 +5,9 @@
 //! reaped, answers sent in one write), the receive buffer's policy (`recv.rs`), receive
 //! coalescing and busy polling (`wakeups.rs`), the memory budget, time (one alarm for the
 //! nearest deadline: the door's own, a receive batch's, the housekeeping that follows work;
-//! nothing wakes an idle session but its door's next deadline), what it follows (nudged by
+//! nothing wakes an idle session but its door's next deadline), parking an idle connection
+//! whose door allows it ([`Driven::Parked`]: its drive given back, the door waits small until
+//! its host sends), what it follows (nudged by
 //! `shared/nudge.rs` when a topology is published, an LU changes or the daemon shuts down: a
 //! topology change, a lost RBD image, a removed portal or the shutdown — ask the host to leave
 //! where the door can, close when nothing is left or the grace is over), and every way a
@@ -270,6 +272,27 @@ pub(super) trait Door {
 
     /// Nothing of the host's is outstanding in the target.
     fn quiescent(&self) -> bool;
+
+    /// Whether the connection may park while idle ([`Driven::Parked`]): nothing of its host's
+    /// outstanding but what outlives the drive (an NVMe admin queue's held event requests,
+    /// which its controller keeps). A door that never parks says false.
+    fn parkable(&self) -> bool {
+        false
+    }
+}
+
+/// How a drive ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Driven {
+    /// The session ends.
+    Ended,
+    /// It parked: idle for a housekeeping period, its door [`Door::parkable`], nothing in
+    /// the connection's buffers, ring or budget. The door gives back what an idle connection
+    /// need not hold (the drive's state, its backend's buffers and ring) and waits for its
+    /// socket, its alarm (set for the door's deadline) and its [`Told`] in a small future,
+    /// then drives again ([`drive`]'s `woke`). Idle connections are most of a large
+    /// array's: parked, one costs its socket and the state its protocol keeps.
+    Parked,
 }
 
 /// What closes a session from outside: the session registry or `ctl` (a reinstatement, `ctl
@@ -305,7 +328,8 @@ impl Told {
         self
     }
 
-    async fn heard(&mut self) -> Heard {
+    /// Waits until something is heard from outside.
+    pub(super) async fn heard(&mut self) -> Heard {
         let second = async {
             match &mut self.second {
                 Some(w) => w.heard().await,
@@ -554,6 +578,8 @@ enum Woken {
     BatchOver,
     /// The session ends.
     End,
+    /// The connection parks ([`Driven::Parked`]).
+    Park,
 }
 
 /// What the wait's select saw, handled once the select has let go of its borrows.
@@ -568,14 +594,16 @@ enum Event {
     Heard(Heard),
 }
 
-/// A logged-in session's life to its end: turns, waits, deadlines, looks.
+/// A logged-in session's life to its end, or until it parks. `woke`: what a parked
+/// connection heard from outside, handled first.
 pub(super) async fn drive<D: Door>(
     door: &mut D,
     backend: &mut Backend<'_>,
     completed: &mut mpsc::UnboundedReceiver<Box<Completed>>,
     told: &mut Told,
     alarm: &mut Alarm,
-) -> Result<(), Closed> {
+    woke: Option<Heard>,
+) -> Result<Driven, Closed> {
     let limits = &backend.shared.limits;
     let grace = Duration::from_secs(limits.shutdown_grace_s.into());
     let mut w = Waits {
@@ -591,11 +619,22 @@ pub(super) async fn drive<D: Door>(
         door_due: None,
         woke_empty: false,
     };
-    door.look(backend);
-    // The buffer the login was read into goes back now unless something came behind it: an
-    // idle session wakes for nothing after its login.
-    door.conn().give_back_if_empty();
-    let result = turns(door, backend, &mut w, alarm).await;
+    // A session parks no sooner than a period after it (re)started.
+    w.life.worked(Instant::now());
+    let result = match woke {
+        Some(heard) => match handle(door, backend, &mut w, Event::Heard(heard), None).await {
+            Ok(Woken::End) => Ok(Driven::Ended),
+            Ok(_) => turns(door, backend, &mut w, alarm).await,
+            Err(e) => Err(e),
+        },
+        None => {
+            door.look(backend);
+            // The buffer the login was read into goes back now unless something came behind
+            // it: an idle session wakes for nothing after its login but to park.
+            door.conn().give_back_if_empty();
+            turns(door, backend, &mut w, alarm).await
+        }
+    };
     w.wakeups.report();
     result
 }
@@ -605,7 +644,7 @@ async fn turns<D: Door>(
     backend: &mut Backend<'_>,
     w: &mut Waits<'_>,
     alarm: &mut Alarm,
-) -> Result<(), Closed> {
+) -> Result<Driven, Closed> {
     loop {
         // First whatever is buffered (pipelined behind the login).
         let turn = turn(door, backend)?;
@@ -613,13 +652,13 @@ async fn turns<D: Door>(
             flush(door).await?;
         }
         if turn.close {
-            return Ok(());
+            return Ok(Driven::Ended);
         }
         let was_congested = w.congested;
         watch_budget(backend, door.conn().peer, w);
         if was_congested && !w.congested && !door_tick(door, backend, Instant::now(), true).await? {
             // Its clocks start afresh: the silence while it did not read proves nothing.
-            return Ok(());
+            return Ok(Driven::Ended);
         }
         if !turn.drained && !w.congested {
             continue;
@@ -636,7 +675,7 @@ async fn turns<D: Door>(
                 w.wakeups.low_water_dropped();
             }
             match placed {
-                Some(true) => return Ok(()),
+                Some(true) => return Ok(Driven::Ended),
                 Some(false) => continue,
                 None => {}
             }
@@ -649,7 +688,8 @@ async fn turns<D: Door>(
         match wait(door, backend, w, alarm).await? {
             Woken::Work => {}
             Woken::BatchOver => w.timed_out = true,
-            Woken::End => return Ok(()),
+            Woken::End => return Ok(Driven::Ended),
+            Woken::Park => return Ok(Driven::Parked),
         }
     }
 }
@@ -729,6 +769,9 @@ async fn wait<D: Door>(
     w.door_due = earliest(w.door_due, door.deadline());
     if let Some(at) = earliest(earliest(batch, w.door_due), w.life.poll_timeout()) {
         alarm.set(at).map_err(Closed::timer)?;
+    }
+    if may_park(door, backend, w) {
+        return Ok(Woken::Park);
     }
     let stop = door.read_stop();
     let event = {
@@ -848,6 +891,24 @@ async fn rung_at<D: Door>(
     } else {
         Woken::Work
     })
+}
+
+/// Whether the connection parks instead of waiting ([`Driven::Parked`]): idle a whole
+/// housekeeping period, not congested nor batching receives (the socket's low-water mark at
+/// one byte, as a new drive assumes), nothing received, queued or held to send, nothing of
+/// its backend's running or waiting, and its door [`Door::parkable`]. Only in the clear:
+/// through TLS, OpenSSL may hold decrypted bytes its socket does not show.
+fn may_park<D: Door>(door: &mut D, backend: &Backend<'_>, w: &Waits<'_>) -> bool {
+    if !w.life.idle() || w.congested || w.wakeups.applied_low_water > 1 || !w.completed.is_empty() {
+        return false;
+    }
+    let conn = door.conn();
+    let quiet = conn.stream.plain().is_some()
+        && conn.buf.pending().is_empty()
+        && !conn.buf.holds()
+        && conn.out.is_empty()
+        && conn.held == 0;
+    quiet && backend.idle() && door.parkable()
 }
 
 /// Answers a completion and those that arrived meanwhile, in a single write: a device that

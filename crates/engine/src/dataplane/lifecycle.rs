@@ -33,6 +33,9 @@ pub struct Lifecycle {
     grace: Duration,
     /// Set once the session began to leave: it ends then at the latest.
     leave_deadline: Option<Instant>,
+    /// When it last worked: housekeeping comes again a period after it, so a session is idle
+    /// ([`Lifecycle::idle`]) only once a whole period passed without work.
+    last_work: Option<Instant>,
 }
 
 impl Lifecycle {
@@ -41,6 +44,7 @@ impl Lifecycle {
             housekeeping: None,
             grace,
             leave_deadline: None,
+            last_work: None,
         }
     }
 
@@ -56,6 +60,7 @@ impl Lifecycle {
     /// The session did work at `now` (commands, completions): housekeeping follows within a
     /// period, unless it is due already.
     pub fn worked(&mut self, now: Instant) {
+        self.last_work = Some(now);
         self.housekeeping.get_or_insert(now + HOUSEKEEPING);
     }
 
@@ -63,13 +68,24 @@ impl Lifecycle {
         self.housekeeping.is_some()
     }
 
-    /// Whether housekeeping is due at `now`; if so it is taken (the next comes with work).
+    /// Whether housekeeping is due at `now`; if so it is taken. The next is due a period
+    /// after the last work, if that is still ahead (a busy session keeps one a period), else
+    /// it comes with the next work.
     pub fn housekeeping_due(&mut self, now: Instant) -> bool {
         if self.housekeeping.is_some_and(|due| now >= due) {
-            self.housekeeping = None;
+            self.housekeeping = self
+                .last_work
+                .map(|at| at + HOUSEKEEPING)
+                .filter(|&next| next > now);
             return true;
         }
         false
+    }
+
+    /// Idle: a whole housekeeping period passed since its last work (its counts reported),
+    /// and it is not leaving. Only then may a connection park (`driver.rs`).
+    pub fn idle(&self) -> bool {
+        self.housekeeping.is_none() && self.leave_deadline.is_none()
     }
 
     /// Whether the session began to leave.
@@ -141,6 +157,35 @@ mod tests {
         assert!(life.housekeeping_due(t0 + Duration::from_secs(4)));
         assert!(!life.housekeeping_due(t0 + Duration::from_secs(4)));
         assert_eq!(life.poll_timeout(), None);
+        assert!(life.idle());
+    }
+
+    #[test]
+    fn a_session_is_idle_only_a_whole_period_after_its_last_work() {
+        let t0 = Instant::now();
+        let mut life = Lifecycle::new(Duration::from_secs(5));
+        life.worked(t0);
+        assert!(!life.idle(), "housekeeping is due");
+        let last = t0 + Duration::from_millis(900);
+        life.worked(last);
+        assert!(life.housekeeping_due(t0 + HOUSEKEEPING));
+        assert!(!life.idle(), "it worked within the period");
+        assert_eq!(life.poll_timeout(), Some(last + HOUSEKEEPING));
+        assert!(!life.housekeeping_due(last + Duration::from_millis(999)));
+        assert!(life.housekeeping_due(last + HOUSEKEEPING));
+        assert!(life.idle());
+        assert_eq!(life.poll_timeout(), None, "an idle session needs no clock");
+        life.worked(last + HOUSEKEEPING * 2);
+        assert!(!life.idle(), "work wakes it");
+    }
+
+    #[test]
+    fn a_leaving_session_is_never_idle() {
+        let t0 = Instant::now();
+        let mut life = Lifecycle::new(Duration::from_secs(5));
+        assert_eq!(life.leave(t0, SHUTDOWN, false, false), Leave::Stay);
+        assert!(life.housekeeping_due(t0 + HOUSEKEEPING));
+        assert!(!life.idle());
     }
 
     #[test]

@@ -16,9 +16,11 @@ use crate::shared::listening::Listening;
 use crate::topology::{DiskLun, GroupRuntime, TargetRuntime, Topology};
 
 /// Who a backend serves: the session's (or NVMe queue's) identity and where it came from.
+#[derive(Clone)]
 pub(super) struct Party {
     pub(super) door: Door,
-    pub(super) tls: Option<TlsProof>,
+    /// Boxed: most sessions have none, and a parked connection keeps its party.
+    pub(super) tls: Option<Box<TlsProof>>,
     pub(super) admitted: Admitted,
     /// Its target's name for this door (IQN or NQN; None for discovery).
     pub(super) target_name: Option<NodeName>,
@@ -138,7 +140,7 @@ impl View {
     fn standing(&self) -> Standing<'_> {
         Standing {
             door: self.party.door,
-            tls: self.party.tls.as_ref(),
+            tls: self.party.tls.as_deref(),
             initiator: &self.party.initiator,
             target_name: self.party.target_name.as_ref(),
             portal_group_tag: self.party.portal_group_tag,

@@ -32,7 +32,8 @@ pub(super) struct Life {
     last_command: Instant,
     kato: Duration,
     /// The namespaces as last compared (for notices).
-    shown: Option<Namespaces>,
+    /// Boxed: only an admin queue has them, and an I/O queue, parked, keeps its `Life`.
+    shown: Option<Box<Namespaces>>,
     /// A discovery controller's log as last compared (for its change notice).
     listed: Option<Vec<nvme::log::DiscoveryEntry>>,
 }
@@ -313,7 +314,7 @@ impl Driver {
             }
         }
         if life.shown.is_none() {
-            life.shown = Some(namespaces);
+            life.shown = Some(Box::new(namespaces));
         }
     }
 
@@ -388,7 +389,7 @@ impl Driver {
             return;
         }
         let now = self.namespaces_of(backend);
-        let Some(before) = life.shown.replace(now.clone()) else {
+        let Some(before) = life.shown.replace(Box::new(now.clone())) else {
             return;
         };
         let (ana_moved, changed) = view::changes(&before, &now);

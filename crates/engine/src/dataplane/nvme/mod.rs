@@ -11,7 +11,9 @@ mod io;
 pub(crate) mod view;
 mod wire;
 
+use std::future::Future as _;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use seam::outbox::Outbox;
@@ -26,8 +28,8 @@ use super::alarm::Alarm;
 use super::backend::{Backend, Completed};
 use super::closed::{Closed, Ended};
 use super::connection::NewConnection;
-use super::driver::{self, Conn, Door, Told, Turn};
-use super::view::Party;
+use super::driver::{self, Conn, Door, Driven, Heard, Told, Turn};
+use super::view::{Party, View};
 use crate::admission::controllers::ControllerEntry;
 
 use crate::shared::Shared;
@@ -77,7 +79,10 @@ fn largest_pdu(limits: &crate::config::Limits) -> usize {
     h2c.max(capsule) + digests
 }
 
-pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
+/// One NVMe/TCP queue's connection, from its first byte to its close. Every phase that
+/// outlives an await is a future of its own on the heap, given back when it ends: the task
+/// keeps only what a parked queue needs ([`Parked`]) and its wait.
+pub fn serve(shared: Arc<Shared>, conn: NewConnection) -> impl std::future::Future<Output = ()> {
     let NewConnection {
         stream,
         peer,
@@ -86,46 +91,75 @@ pub async fn serve(shared: Arc<Shared>, conn: NewConnection) {
         guard,
         prelogin,
         kind,
-        ..
     } = conn;
-    let _guard = guard;
-    let stream = match TcpStream::from_std(stream) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(%peer, "cannot register NVMe/TCP connection: {e}");
-            return;
+    let at = connect::Arrival {
+        peer,
+        local,
+        portal_group_tag,
+        discovery_only: kind == super::connection::ListenerKind::NvmeDiscovery,
+        tls: None,
+    };
+    let first = Box::pin(first_drive(Arc::clone(&shared), stream, at, prelogin));
+    async move {
+        let mut parked = first.await;
+        while let Some(mut p) = parked {
+            shared.metrics.connections_parked.inc();
+            let woke = p.wait().await;
+            shared.metrics.connections_parked.dec();
+            parked = Box::pin(p.drive(&shared, woke)).await;
         }
-    };
-    let Some((stream, tls)) = open(stream, &shared, &prelogin, peer).await else {
-        return;
-    };
-    let mut driver = Driver {
-        conn: Conn::new(stream, largest_pdu(&shared.limits), peer),
-        at: connect::Arrival {
-            peer,
-            local,
-            portal_group_tag,
-            discovery_only: kind == super::connection::ListenerKind::NvmeDiscovery,
-            tls,
-        },
-        out: Vec::new(),
-        queue: Queue::new(queue_limits(&shared.limits)),
-        qid: 0,
-        qid_held: false,
-        fused: None,
-        fused_pairs: Vec::new(),
-        reports: Vec::new(),
-        synced: Vec::new(),
-        aborts_held: Vec::new(),
-        closing: false,
-        auth: None,
-        auth_deadline: None,
-        auth_chosen: None,
-    };
-    match driver.serve(&shared, prelogin).await {
-        Ok(()) => tracing::debug!(%peer, "NVMe/TCP queue closed"),
+        // The connection counts until its queue ended.
+        drop(guard);
+    }
+}
+
+/// The queue's first drive; None once it ended (logged).
+async fn first_drive(
+    shared: Arc<Shared>,
+    stream: std::net::TcpStream,
+    at: connect::Arrival,
+    prelogin: crate::admission::prelogin::Ticket,
+) -> Option<Box<Parked>> {
+    let peer = at.peer;
+    parked_or_closed(peer, connect_and_drive(shared, stream, at, prelogin).await)
+}
+
+/// A queue that parked, or None (its end logged).
+fn parked_or_closed(
+    peer: std::net::SocketAddr,
+    driven: Result<Option<Box<Parked>>, Closed>,
+) -> Option<Box<Parked>> {
+    match driven {
+        Ok(Some(parked)) => return Some(parked),
+        Ok(None) => tracing::debug!(%peer, "NVMe/TCP queue closed"),
         Err(reason) => tracing::debug!(%peer, "NVMe/TCP queue closed: {reason}"),
     }
+    None
+}
+
+/// The queue's connection opened (TLS or not) and its Connect, then its first drive.
+async fn connect_and_drive(
+    shared: Arc<Shared>,
+    stream: std::net::TcpStream,
+    mut at: connect::Arrival,
+    prelogin: crate::admission::prelogin::Ticket,
+) -> Result<Option<Box<Parked>>, Closed> {
+    let peer = at.peer;
+    let stream = TcpStream::from_std(stream).map_err(|e| {
+        tracing::warn!(%peer, "cannot register NVMe/TCP connection: {e}");
+        Closed::Io(e)
+    })?;
+    let Some((stream, tls)) = open(stream, &shared, &prelogin, peer).await else {
+        return Ok(None);
+    };
+    at.tls = tls;
+    let driver = Driver::new(
+        stream,
+        at,
+        Queue::new(queue_limits(&shared.limits)),
+        &shared,
+    );
+    driver.serve(&shared, prelogin).await
 }
 
 /// The queue's stream (TLS or not, `wire::open`) within the login timeout; None when the
@@ -228,7 +262,7 @@ struct Driver {
     closing: bool,
     /// The queue's DH-HMAC-CHAP transaction, when its host must authenticate: until it has,
     /// only Authentication Send and Receive run (`Driver::command`).
-    auth: Option<nvme::auth::controller::Transaction>,
+    auth: Option<Box<nvme::auth::controller::Transaction>>,
     /// When a queue that has not authenticated yet is closed.
     auth_deadline: Option<Instant>,
     /// The hash and group the transaction in progress settled on (for its log line).
@@ -238,12 +272,199 @@ struct Driver {
     aborts_held: Vec<(u16, Instant)>,
 }
 
+/// What a parked queue keeps of its [`Driver`]: its stream, its queue's
+/// state (the commands it holds open, its SQ head, its digests), its ID and its
+/// authentication; the rest is empty while it may park ([`Driver::parkable`]) and made anew.
+struct Kept {
+    stream: wire::Wire,
+    /// Where it came from is its view's party's, but for this.
+    discovery_only: bool,
+    queue: Queue,
+    qid: u16,
+    qid_held: bool,
+    auth: Option<Box<nvme::auth::controller::Transaction>>,
+}
+
+/// A connected queue between drives ([`driver::Driven::Parked`]): what outlives a drive.
+/// Its view keeps who the queue is, what it was admitted to and the topology it follows (a
+/// queue parked through a reload is readmitted at its next turn, as one that was not).
+struct Parked {
+    kept: Kept,
+    carried: Carried,
+    /// Set for the door's deadline (an admin queue's keep-alive); None when it has none (an
+    /// I/O queue's): a new one is made when the queue drives again.
+    alarm: Option<Alarm>,
+}
+
+/// What a connected queue carries from drive to drive besides its driver.
+struct Carried {
+    role: Role,
+    life: io::Life,
+    view: View,
+    told: Told,
+}
+
+impl Parked {
+    /// Drives the queue again (`woke`: what it heard while parked) until it parks, or None
+    /// once it ended (logged).
+    async fn drive(
+        self: Box<Self>,
+        shared: &Arc<Shared>,
+        woke: Option<Heard>,
+    ) -> Option<Box<Parked>> {
+        let Parked {
+            kept,
+            carried,
+            alarm,
+        } = *self;
+        let peer = carried.view.party.peer;
+        let queue = Driver::resume(kept, &carried.view.party, shared);
+        let alarm = match alarm.map_or_else(Alarm::new, Ok) {
+            Ok(alarm) => alarm,
+            Err(e) => {
+                // Ended as a drive would end it, with no drive.
+                let Carried { role, view, .. } = carried;
+                let (completions, _) = tokio::sync::mpsc::unbounded_channel();
+                let mut backend = backend_of(shared, view, role.entry(), completions);
+                let result = Err(Closed::timer(e));
+                end_queue(&queue, &role, &mut backend, shared, &result);
+                return parked_or_closed(peer, result.map(|()| None));
+            }
+        };
+        parked_or_closed(peer, drive_queue(queue, carried, alarm, shared, woke).await)
+    }
+
+    /// Waits for what wakes a parked queue: its host's bytes (or its close), its alarm (the
+    /// door's deadline it was set for: a keep-alive's), or word from outside. Whatever it is,
+    /// the next drive finds it.
+    async fn wait(&mut self) -> Option<Heard> {
+        let Parked {
+            kept,
+            carried,
+            alarm,
+        } = self;
+        let told = &mut carried.told;
+        let socket = kept.stream.socket();
+        // Polled in place (no future per source): a parked queue's task stays small.
+        let mut heard = std::pin::pin!(told.heard());
+        std::future::poll_fn(|cx| {
+            if socket.poll_read_ready(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            if alarm.as_mut().is_some_and(|a| a.poll_rung(cx).is_ready()) {
+                return Poll::Ready(None);
+            }
+            heard.as_mut().poll(cx).map(Some)
+        })
+        .await
+    }
+}
+
+/// Drives a connected queue until it ends (None: ended, its end counted, its connection
+/// lingered) or parks.
+async fn drive_queue(
+    mut queue: Driver,
+    carried: Carried,
+    mut alarm: Alarm,
+    shared: &Arc<Shared>,
+    woke: Option<Heard>,
+) -> Result<Option<Box<Parked>>, Closed> {
+    let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
+    let Carried {
+        role,
+        life,
+        view,
+        mut told,
+    } = carried;
+    let mut backend = backend_of(shared, view, role.entry(), completions);
+    let mut door = Connected {
+        queue: &mut queue,
+        role,
+        life,
+        activity: seam::Activity::default(),
+        scratch: (Vec::new(), Vec::new()),
+    };
+    let driven = driver::drive(
+        &mut door,
+        &mut backend,
+        &mut completed,
+        &mut told,
+        &mut alarm,
+        woke,
+    )
+    .await;
+    let keeps_time = door.deadline().is_some();
+    let Connected { role, life, .. } = door;
+    if let Ok(Driven::Parked) = driven {
+        let view = backend.into_view();
+        return Ok(Some(Box::new(Parked {
+            kept: queue.park(),
+            carried: Carried {
+                role,
+                life,
+                view,
+                told,
+            },
+            alarm: keeps_time.then_some(alarm),
+        })));
+    }
+    let result = driven.map(|_| ());
+    end_queue(&queue, &role, &mut backend, shared, &result);
+    drop(backend);
+    queue.conn.linger(&mut alarm).await;
+    result.map(|()| None)
+}
+
+/// A connected queue's end: its counts reported, its controller (an admin queue's) or its
+/// place in one given up, logged and counted.
+fn end_queue(
+    queue: &Driver,
+    role: &Role,
+    backend: &mut Backend<'_>,
+    shared: &Shared,
+    result: &Result<(), Closed>,
+) {
+    backend.meter.report_io();
+    shared.metrics.nvme_queues.dec();
+    queue.end(shared, role, backend, result);
+}
+
+/// Where a queue came from, as its view's party says.
+fn arrival(party: &Party, discovery_only: bool) -> connect::Arrival {
+    connect::Arrival {
+        peer: party.peer,
+        local: party.local,
+        portal_group_tag: party.portal_group_tag,
+        discovery_only,
+        tls: party.tls.as_deref().cloned(),
+    }
+}
+
+/// The backend a connected queue runs its commands on, through `view`: its I/O and latency
+/// counted as its controller's, whichever queue carried it.
+fn backend_of<'s>(
+    shared: &'s Arc<Shared>,
+    view: View,
+    entry: &ControllerEntry,
+    completions: tokio::sync::mpsc::UnboundedSender<Box<Completed>>,
+) -> Backend<'s> {
+    let mut backend = Backend::with_view(shared, view, completions);
+    backend.meter.info = entry.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some((_, group)) = backend.view.group() {
+        let devices = Arc::clone(&group.lun_devices);
+        backend.meter.count_for(&devices);
+    }
+    backend
+}
+
 impl Driver {
+    /// The queue from its first byte to its Connect, then driven until it ends (None) or
+    /// parks.
     async fn serve(
-        &mut self,
+        mut self,
         shared: &Arc<Shared>,
         prelogin: crate::admission::prelogin::Ticket,
-    ) -> Result<(), Closed> {
+    ) -> Result<Option<Box<Parked>>, Closed> {
         let mut alarm = Alarm::new().map_err(Closed::timer)?;
         alarm
             .set(Instant::now() + prelogin.login_timeout)
@@ -252,36 +473,17 @@ impl Driver {
         let Some(role) = driver::before_login(shared, &prelogin, &mut alarm, connected).await?
         else {
             // The Connect was refused (its answer sent).
-            return Ok(());
+            return Ok(None);
         };
         drop(prelogin);
         shared.metrics.nvme_queues.inc();
-        let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
-        let mut backend = self.backend(shared, role.entry(), completions);
-        let mut told = told(role.entry());
-        let admin = matches!(role, Role::Admin(_));
-        let mut door = Connected {
-            queue: self,
+        let carried = Carried {
+            view: self.view(shared, role.entry()),
+            life: io::Life::new(matches!(role, Role::Admin(_))),
+            told: told(role.entry()),
             role,
-            life: io::Life::new(admin),
-            activity: seam::Activity::default(),
-            scratch: (Vec::new(), Vec::new()),
         };
-        let result = driver::drive(
-            &mut door,
-            &mut backend,
-            &mut completed,
-            &mut told,
-            &mut alarm,
-        )
-        .await;
-        let role = door.role;
-        backend.meter.report_io();
-        shared.metrics.nvme_queues.dec();
-        self.end(shared, &role, &backend, &result);
-        drop(backend);
-        self.conn.linger(&mut alarm).await;
-        result
+        drive_queue(self, carried, alarm, shared, None).await
     }
 
     /// Reads and answers until a Connect was accepted (`Some`) or refused (`None`).
@@ -394,11 +596,11 @@ impl Driver {
             host_nqn: parsed.hostnqn.clone(),
             subsystem_nqn: parsed.subnqn.clone(),
         };
-        self.auth = Some(nvme::auth::controller::Transaction::new(
+        self.auth = Some(Box::new(nvme::auth::controller::Transaction::new(
             keys,
             parties,
             shared.dhchap.clone(),
-        ));
+        )));
         self.auth_deadline =
             Some(Instant::now() + Duration::from_secs(shared.limits.login_timeout_s.into()));
     }
@@ -447,18 +649,12 @@ impl Driver {
         }
     }
 
-    /// The backend a connected queue runs its commands on: the controller's admission, nexus
-    /// and LUN map, as an iSCSI session's.
-    fn backend<'s>(
-        &self,
-        shared: &'s Arc<Shared>,
-        entry: &ControllerEntry,
-        completions: tokio::sync::mpsc::UnboundedSender<Box<Completed>>,
-    ) -> Backend<'s> {
-        let topology = shared.topology();
+    /// The view a connected queue runs its commands through: the controller's admission,
+    /// nexus and LUN map, as an iSCSI session's.
+    fn view(&self, shared: &Arc<Shared>, entry: &ControllerEntry) -> View {
         let party = Party {
             door: crate::admission::Door::Nvme,
-            tls: self.at.tls.clone(),
+            tls: self.at.tls.clone().map(Box::new),
             admitted: entry.admitted.clone(),
             target_name: entry.subsystem.clone(),
             initiator: entry.host.clone(),
@@ -466,18 +662,108 @@ impl Driver {
             local: self.at.local,
             portal_group_tag: self.at.portal_group_tag,
         };
-        let mut backend = Backend::new(shared, &topology, party, completions);
-        backend.view.nexus = entry.nexus.clone();
-        // The controller's I/O and latency, whichever queue carried it.
-        backend.meter.info = entry.info.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let topology = shared.topology();
+        let mut view = View::new(party, &topology);
+        view.nexus = entry.nexus.clone();
         if let Some((_, group)) = entry
             .admitted
             .membership()
             .and_then(|m| topology.group_of(m))
         {
-            backend.use_group(group);
+            view.use_group(group);
         }
-        backend
+        view
+    }
+
+    /// Whether the queue may park: nothing of its host's open but the event requests its
+    /// controller holds, no Abort waiting for a verdict, no command split in parts
+    /// or waiting for its fused half, its authentication (if any) done, and no Disconnect.
+    fn parkable(&self, role: &Role) -> bool {
+        let kept = match role {
+            Role::Admin(entry) => entry.state().held_requests(),
+            Role::Io(_) => 0,
+        };
+        self.queue.open() == kept
+            && self.fused.is_none()
+            && self.fused_pairs.is_empty()
+            && self.reports.is_empty()
+            && self.synced.is_empty()
+            && self.aborts_held.is_empty()
+            && !self.closing
+            && self.auth.as_ref().is_none_or(|a| a.authenticated())
+            && self.auth_deadline.is_none()
+    }
+
+    /// A queue on `stream`, before its Connect (`queue` fresh) or resumed from its [`Kept`].
+    fn new(stream: wire::Wire, at: connect::Arrival, queue: Queue, shared: &Shared) -> Driver {
+        Driver {
+            conn: Conn::new(stream, largest_pdu(&shared.limits), at.peer),
+            at,
+            out: Vec::new(),
+            queue,
+            qid: 0,
+            qid_held: false,
+            fused: None,
+            fused_pairs: Vec::new(),
+            reports: Vec::new(),
+            synced: Vec::new(),
+            aborts_held: Vec::new(),
+            closing: false,
+            auth: None,
+            auth_deadline: None,
+            auth_chosen: None,
+        }
+    }
+
+    /// What a parked queue keeps ([`Driver::parkable`]); the rest, empty, is given back.
+    fn park(self) -> Kept {
+        let Driver {
+            conn,
+            at,
+            out,
+            queue,
+            qid,
+            qid_held,
+            fused,
+            fused_pairs,
+            reports,
+            synced,
+            aborts_held,
+            closing,
+            auth,
+            auth_deadline,
+            auth_chosen: _,
+        } = self;
+        debug_assert!(conn.out.is_empty() && conn.buf.pending().is_empty() && out.is_empty());
+        debug_assert!(fused.is_none() && fused_pairs.is_empty() && reports.is_empty());
+        debug_assert!(synced.is_empty() && aborts_held.is_empty() && !closing);
+        debug_assert!(auth_deadline.is_none());
+        Kept {
+            stream: conn.stream,
+            discovery_only: at.discovery_only,
+            queue,
+            qid,
+            qid_held,
+            auth,
+        }
+    }
+
+    /// A parked queue driven again, from where its view says it came.
+    fn resume(kept: Kept, party: &Party, shared: &Shared) -> Driver {
+        let Kept {
+            stream,
+            discovery_only,
+            queue,
+            qid,
+            qid_held,
+            auth,
+        } = kept;
+        Driver {
+            qid,
+            qid_held,
+            auth,
+            ..Driver::new(stream, arrival(party, discovery_only), queue, shared)
+        }
     }
 
     /// Runs what is buffered: every whole PDU's command. Returns what the commands say of
@@ -974,6 +1260,10 @@ impl Door for Connected<'_> {
 
     fn quiescent(&self) -> bool {
         self.queue.queue.open() == 0
+    }
+
+    fn parkable(&self) -> bool {
+        self.queue.parkable(&self.role)
     }
 }
 

@@ -510,6 +510,8 @@ series! {
     nvme_queues: Gauge = "nvme_queues";
     /// Connections parked while idle (NVMe/TCP queues): their socket and their protocol's state kept, their driver's memory given back until their host sends or a deadline comes
     connections_parked: Gauge = "connections_parked";
+    /// Times a connection parked; after many, the daemon gives the heap's free pages back to the kernel (the memory the parked connections gave back)
+    connection_parks: Counter = "connection_parks";
     /// NVMe/TCP Connect commands by result: success, or why refused (invalid_host, invalid_parameters, controller_busy, sequence)
     nvme_connects: Family<LoginLabel, Counter> = "nvme_connects";
     /// NVMe/TCP queue authentications (DH-HMAC-CHAP) by result: success, or why they failed (failed: a wrong secret; hash_unusable, dh_group_unusable, incorrect_payload, incorrect_message, ...)

@@ -642,9 +642,11 @@ fn check_gateway(config: &Config) -> Result<(), StartError> {
 }
 
 /// Looks at the space the devices allocate from every few seconds until the daemon stops
-/// (`topology::space`): off the workers, as a filesystem may be slow to answer.
+/// (`topology::space`): off the workers, as a filesystem may be slow to answer. At the same
+/// pace, trims the heap after many connections parked ([`trim_after_parking`]).
 fn watch_space(shared: &std::sync::Weak<Shared>) {
     let mut watch = crate::topology::space::SpaceWatch::default();
+    let mut parks_trimmed = 0;
     loop {
         std::thread::sleep(crate::topology::space::CHECK_INTERVAL);
         let Some(shared) = shared.upgrade() else {
@@ -662,7 +664,33 @@ fn watch_space(shared: &std::sync::Weak<Shared>) {
             took_us = took.as_micros() as u64,
             "space checked"
         );
+        trim_after_parking(&shared, &mut parks_trimmed);
     }
+}
+
+/// Parks since the last trim that make a trim worth its walk of the heap: each parked
+/// connection gave back its drive's memory (several KiB).
+const TRIM_AFTER_PARKS: u64 = 64;
+
+/// Gives the heap's free pages back to the kernel once [`TRIM_AFTER_PARKS`] connections
+/// parked since the last time (`trimmed`: the parks counted then). glibc keeps what a process
+/// freed resident for its next allocations, so the memory a reconnect storm's queues gave back
+/// when they parked would otherwise stay in the daemon's RSS at the storm's peak. Off the
+/// workers: a trim walks every arena.
+fn trim_after_parking(shared: &Shared, trimmed: &mut u64) {
+    let parks = shared.metrics.connection_parks.get();
+    if parks.saturating_sub(*trimmed) < TRIM_AFTER_PARKS {
+        return;
+    }
+    *trimmed = parks;
+    let began = std::time::Instant::now();
+    let released = crate::dataplane::sys::trim_heap();
+    tracing::debug!(
+        parks,
+        released,
+        took_us = began.elapsed().as_micros() as u64,
+        "heap trimmed after connections parked"
+    );
 }
 
 /// The first retry of devices left out at start comes this long after it, each next one twice

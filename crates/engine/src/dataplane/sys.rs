@@ -2,7 +2,8 @@
 //! [`crate::dataplane::coalesce`], the receive low-water mark (`rustix`, `socket2` and `nix` all lack
 //! `SO_RCVLOWAT`); for [`crate::dataplane::alarm`], a timerfd registered with tokio's reactor
 //! (`AsyncFd::register` is `unsafe` since tokio 1.5x); for [`crate::io::stall`], the thread's voluntary context switches
-//! (`getrusage(RUSAGE_THREAD)`, not in `rustix` 1.x). The only `unsafe` of the crate.
+//! (`getrusage(RUSAGE_THREAD)`, not in `rustix` 1.x); for the heap trim after connections
+//! parked, glibc's `malloc_trim`. The only `unsafe` of the crate.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -64,6 +65,21 @@ pub fn voluntary_context_switches() -> u64 {
     u64::try_from(usage.ru_nvcsw).unwrap_or(0)
 }
 
+/// Gives the pages of the heap that hold no live allocation back to the kernel (glibc's
+/// `malloc_trim(0)`, every arena); true if any was. Elsewhere than glibc, nothing.
+pub fn trim_heap() -> bool {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: malloc_trim takes no pointer; it only releases memory glibc's allocator owns
+        // and no allocation holds, under the arenas' own locks.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +138,14 @@ mod tests {
         std::hint::black_box(x);
         // A busy loop never blocks (it may be preempted, which is not voluntary).
         assert_eq!(voluntary_context_switches(), after_sleep);
+    }
+
+    #[test]
+    fn a_trim_after_freeing_leaves_the_heap_usable() {
+        let freed: Vec<Vec<u8>> = (0..256).map(|i| vec![i as u8; 64 << 10]).collect();
+        drop(freed);
+        super::trim_heap();
+        let after = vec![7u8; 1 << 20];
+        assert!(after.iter().all(|&b| b == 7));
     }
 }

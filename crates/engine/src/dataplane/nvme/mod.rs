@@ -104,6 +104,7 @@ pub fn serve(shared: Arc<Shared>, conn: NewConnection) -> impl std::future::Futu
         let mut parked = first.await;
         while let Some(mut p) = parked {
             shared.metrics.connections_parked.inc();
+            shared.metrics.connection_parks.inc();
             let woke = p.wait().await;
             shared.metrics.connections_parked.dec();
             parked = Box::pin(p.drive(&shared, woke)).await;

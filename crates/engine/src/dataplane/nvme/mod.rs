@@ -154,12 +154,8 @@ async fn connect_and_drive(
         return Ok(None);
     };
     at.tls = tls;
-    let driver = Driver::new(
-        stream,
-        at,
-        Queue::new(queue_limits(&shared.limits)),
-        &shared,
-    );
+    let queue = Queue::new(queue_limits(&shared.limits));
+    let driver = Driver::new(stream, at, queue, &shared.limits);
     driver.serve(&shared, prelogin).await
 }
 
@@ -696,9 +692,14 @@ impl Driver {
     }
 
     /// A queue on `stream`, before its Connect (`queue` fresh) or resumed from its [`Kept`].
-    fn new(stream: wire::Wire, at: connect::Arrival, queue: Queue, shared: &Shared) -> Driver {
+    fn new(
+        stream: wire::Wire,
+        at: connect::Arrival,
+        queue: Queue,
+        limits: &crate::config::Limits,
+    ) -> Driver {
         Driver {
-            conn: Conn::new(stream, largest_pdu(&shared.limits), at.peer),
+            conn: Conn::new(stream, largest_pdu(limits), at.peer),
             at,
             out: Vec::new(),
             queue,
@@ -763,7 +764,12 @@ impl Driver {
             qid,
             qid_held,
             auth,
-            ..Driver::new(stream, arrival(party, discovery_only), queue, shared)
+            ..Driver::new(
+                stream,
+                arrival(party, discovery_only),
+                queue,
+                &shared.limits,
+            )
         }
     }
 
@@ -1315,28 +1321,17 @@ mod tests {
     fn queue(rt: &tokio::runtime::Runtime) -> (Driver, std::net::TcpStream) {
         let (target, client, peer) = crate::dataplane::testing::loopback(rt);
         let limits = crate::config::Limits::default();
+        let at = connect::Arrival {
+            peer,
+            local: peer,
+            portal_group_tag: 1,
+            discovery_only: false,
+            tls: None,
+        };
+        let queue = Queue::new(queue_limits(&limits));
         let driver = Driver {
-            conn: Conn::new(wire::Wire::Plain(target), largest_pdu(&limits), peer),
-            at: connect::Arrival {
-                peer,
-                local: peer,
-                portal_group_tag: 1,
-                discovery_only: false,
-                tls: None,
-            },
-            out: Vec::new(),
-            queue: Queue::new(queue_limits(&limits)),
             qid: 1,
-            qid_held: false,
-            fused: None,
-            fused_pairs: Vec::new(),
-            reports: Vec::new(),
-            synced: Vec::new(),
-            aborts_held: Vec::new(),
-            closing: false,
-            auth: None,
-            auth_deadline: None,
-            auth_chosen: None,
+            ..Driver::new(wire::Wire::Plain(target), at, queue, &limits)
         };
         (driver, client)
     }

@@ -9,7 +9,8 @@
 # (SIGKILL) so heaptrack's "leaked" is what was live then. A daemon with no connection is the
 # base.
 #
-#   bench/idle-heap.sh BIN [COUNT]     (COUNT default 300; QUEUES=2, IDLE_S=12, TAG=text)
+#   bench/idle-heap.sh BIN [COUNT]     (COUNT default 300; QUEUES=2, IDLE_S=12, TAG=text,
+#                                       KEEP_ALIVE_S=30: a Keep Alive per admin queue this often)
 #
 #   live_kib    the daemon's live heap after idling
 #   per_kib     (live_kib - the base's) / COUNT
@@ -27,6 +28,7 @@ BIN=${1:?usage: bench/idle-heap.sh BIN [COUNT]}
 COUNT=${2:-300}
 QUEUES=${QUEUES:-2}
 IDLE_S=${IDLE_S:-12}
+KEEP_ALIVE_S=${KEEP_ALIVE_S:-30}
 IQN=iqn.2026-12.org.ferrosan:idle-heap
 NQN=nqn.2026-12.org.ferrosan:idle-heap
 command -v heaptrack >/dev/null || die "heaptrack is not installed (apt-get install heaptrack)"
@@ -80,7 +82,7 @@ live() {
     wait_port "$metrics" "$tracker" 30 || die "the daemon did not start: $(tail -5 "$WORK/daemon.log")"
     daemon=$(pgrep -P "$tracker" -f "^$BIN serve" || pgrep -f "^$BIN serve --config $WORK/")
     case $door in
-    nvme) spawn_ready "$n controllers" python3 bench/idle_nvme.py "127.0.0.1:${ports[1]}" "$NQN" "$n" --queues "$QUEUES" ;;
+    nvme) spawn_ready "$n controllers" python3 bench/idle_nvme.py "127.0.0.1:${ports[1]}" "$NQN" "$n" --queues "$QUEUES" --keep-alive "$KEEP_ALIVE_S" ;;
     iscsi) spawn_ready "$n sessions" python3 bench/idle_sessions.py "127.0.0.1:${ports[0]}" "$IQN" "$n" ;;
     none) HOLDER="" ;;
     esac
@@ -102,7 +104,7 @@ OUT=bench/results/idle-heap-$(date +%Y-%m-%d-%H%M)${TAG:+-$TAG}.txt
 live none 0
 read -r base _ <<<"$RESULT"
 {
-    echo "# bench/idle-heap.sh $(date -u +%FT%TZ): bin=$BIN count=$COUNT queues=$QUEUES (admin + $QUEUES I/O per controller, an AER held) idle=${IDLE_S}s"
+    echo "# bench/idle-heap.sh $(date -u +%FT%TZ): bin=$BIN count=$COUNT queues=$QUEUES (admin + $QUEUES I/O per controller, an AER held, a Keep Alive every ${KEEP_ALIVE_S} s) idle=${IDLE_S}s"
     echo "# checkout at $(git rev-parse --short HEAD 2>/dev/null || echo '?') (BIN may be another build); heaptrack's live heap at a SIGKILL after idling; base (no connection) ${base} KiB"
     printf '# %-6s %8s %12s %10s %8s\n' door count live_kib per_kib parked
 } >"$OUT"

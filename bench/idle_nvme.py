@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Open N idle NVMe/TCP controllers to a subsystem and keep them alive.
 
-    idle_nvme.py HOST:PORT SUBNQN N [--queues Q] [--hold SECONDS] [--ready FILE]
+    idle_nvme.py HOST:PORT SUBNQN N [--queues Q] [--keep-alive SECONDS] [--hold SECONDS]
+                 [--ready FILE]
 
 Each controller is an admin queue and Q I/O queues (default 2), each queue its own TCP
 connection: ICReq / ICResp (PFV 0, HPDA 0, no digests, MAXR2T 0), then a Fabrics Connect
@@ -11,7 +12,8 @@ controller is enabled: Property Set CC (EN=1, IOSQES=6, IOCQES=4), then Property
 until RDY, and one Asynchronous Event Request is left with it, as Linux's host does (it is
 answered only when an event comes). Each controller has its own random host identifier and host
 NQN (a device holds at most 32 of one host NQN). After that nothing but a Keep Alive on each
-admin queue every 30 s.
+admin queue every 30 s (--keep-alive: Linux's host sends one every 2.5 s, half its default
+5 s timeout).
 Every response's status is checked; anything unexpected ends the run with an error.
 
 One process, one selector loop: what is measured is the target's cost per idle controller, not
@@ -205,12 +207,14 @@ def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     addr, subnqn, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    queues, hold, ready_file = 2, 3600.0, None
+    queues, hold, ready_file, keep_alive_s = 2, 3600.0, None, KEEP_ALIVE_S
     args = sys.argv[4:]
     while args:
         a = args.pop(0)
         if a == "--queues":
             queues = int(args.pop(0))
+        elif a == "--keep-alive":
+            keep_alive_s = float(args.pop(0))
         elif a == "--hold":
             hold = float(args.pop(0))
         elif a == "--ready":
@@ -240,14 +244,14 @@ def main():
         sys.stdout.write(msg)
         sys.stdout.flush()
     deadline = time.monotonic() + hold
-    next_ka = time.monotonic() + KEEP_ALIVE_S
+    next_ka = time.monotonic() + keep_alive_s
     try:
         while time.monotonic() < deadline:
             if time.monotonic() >= next_ka:
                 for admin, st in admins.items():
                     st[1] = 16 + (st[1] - 15) % 0x1000  # CIDs 16..4111, apart from the connect's
                     admin.sendall(capsule(sqe(KEEP_ALIVE, st[1])))
-                next_ka += KEEP_ALIVE_S
+                next_ka += keep_alive_s
             for key, _ in sel.select(timeout=1.0):
                 sock, admin = key.fileobj, key.data
                 _ptype, _flags, header, _data = read_pdu(sock)

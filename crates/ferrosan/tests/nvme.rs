@@ -814,10 +814,18 @@ fn every_queue_passes_the_admission_from_its_own_address() {
 }
 
 /// Both of a controller's queues once parked (idle a second, nothing open but a held event
-/// request: `driver.rs`, `Driven::Parked`).
+/// request: `driver.rs`, `Driven::Parked`); a queue woken soon after it parked waits up to 16 s
+/// before it parks again (`lifecycle::next_park_after`), so this waits up to 20.
 fn parked(metrics_port: u16) -> f64 {
-    let text = wait_for_metric(metrics_port, "ferrosan_connections_parked", |v| v == 2.0);
-    metric(&text, "ferrosan_connections_parked")
+    let mut parked = 0.0;
+    for _ in 0..4 {
+        let text = wait_for_metric(metrics_port, "ferrosan_connections_parked", |v| v == 2.0);
+        parked = metric(&text, "ferrosan_connections_parked");
+        if parked == 2.0 {
+            break;
+        }
+    }
+    parked
 }
 
 /// A parked queue gives its driver's memory back and keeps what its protocol needs: its I/O

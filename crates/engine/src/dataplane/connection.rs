@@ -148,6 +148,7 @@ async fn run(
         &mut told,
         &mut alarm,
         None,
+        super::lifecycle::HOUSEKEEPING,
     )
     .await
     .and_then(|driven| match driven {

@@ -594,8 +594,9 @@ enum Event {
     Heard(Heard),
 }
 
-/// A logged-in session's life to its end, or until it parks. `woke`: what a parked
-/// connection heard from outside, handled first.
+/// A logged-in session's life to its end, or until it parks once idle `park_after`
+/// (`lifecycle::next_park_after`). `woke`: what a parked connection heard from outside,
+/// handled first.
 pub(super) async fn drive<D: Door>(
     door: &mut D,
     backend: &mut Backend<'_>,
@@ -603,11 +604,12 @@ pub(super) async fn drive<D: Door>(
     told: &mut Told,
     alarm: &mut Alarm,
     woke: Option<Heard>,
+    park_after: Duration,
 ) -> Result<Driven, Closed> {
     let limits = &backend.shared.limits;
     let grace = Duration::from_secs(limits.shutdown_grace_s.into());
     let mut w = Waits {
-        life: Lifecycle::new(grace),
+        life: Lifecycle::new(grace, park_after),
         wakeups: Wakeups::new(
             Duration::from_micros(limits.coalesce_wait_us.into()),
             Arc::clone(&backend.shared.metrics),
@@ -767,10 +769,13 @@ async fn wait<D: Door>(
     // While congested only deadlines (and completions) may wake the connection.
     let batch = w.wakeups.batch_deadline().filter(|_| !w.congested);
     w.door_due = earliest(w.door_due, door.deadline());
+    // Asked before the alarm is set: becoming idle takes its own deadline off the clock.
+    let park = may_park(door, backend, w);
     if let Some(at) = earliest(earliest(batch, w.door_due), w.life.poll_timeout()) {
         alarm.set(at).map_err(Closed::timer)?;
     }
-    if may_park(door, backend, w) {
+    if park {
+        // The alarm stays set for the door's deadline, which the parked wait watches.
         return Ok(Woken::Park);
     }
     let stop = door.read_stop();
@@ -893,13 +898,17 @@ async fn rung_at<D: Door>(
     })
 }
 
-/// Whether the connection parks instead of waiting ([`Driven::Parked`]): idle a whole
-/// housekeeping period, not congested nor batching receives (the socket's low-water mark at
+/// Whether the connection parks instead of waiting ([`Driven::Parked`]): idle (`park_after`
+/// without work, `Lifecycle::idle`), not congested nor batching receives (the socket's low-water mark at
 /// one byte, as a new drive assumes), nothing received, queued or held to send, nothing of
 /// its backend's running or waiting, and its door [`Door::parkable`]. Only in the clear:
 /// through TLS, OpenSSL may hold decrypted bytes its socket does not show.
-fn may_park<D: Door>(door: &mut D, backend: &Backend<'_>, w: &Waits<'_>) -> bool {
-    if !w.life.idle() || w.congested || w.wakeups.applied_low_water > 1 || !w.completed.is_empty() {
+fn may_park<D: Door>(door: &mut D, backend: &Backend<'_>, w: &mut Waits<'_>) -> bool {
+    // A busy connection's wait stops at the first test.
+    if w.life.housekeeping_armed() || !w.life.idle(Instant::now()) {
+        return false;
+    }
+    if w.congested || w.wakeups.applied_low_water > 1 || !w.completed.is_empty() {
         return false;
     }
     let conn = door.conn();

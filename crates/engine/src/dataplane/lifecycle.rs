@@ -36,36 +36,59 @@ pub struct Lifecycle {
     /// When it last worked: housekeeping comes again a period after it, so a session is idle
     /// ([`Lifecycle::idle`]) only once a whole period passed without work.
     last_work: Option<Instant>,
+    /// How long without work makes it idle: a housekeeping period, or longer for a connection
+    /// whose host wakes it soon after it parks ([`next_park_after`]).
+    park_after: Duration,
+    /// When it becomes idle, once housekeeping found it without work but `park_after` is
+    /// longer than a period.
+    idle_at: Option<Instant>,
+}
+
+/// A park that lasts this long paid for its rebuild (tens of µs of CPU).
+pub const PARK_WORTH: Duration = Duration::from_secs(4);
+/// The longest a connection waits without work before it parks.
+pub const PARK_AFTER_MAX: Duration = Duration::from_secs(16);
+
+/// How long a connection must be idle before it parks next, from how long its last park
+/// lasted: a connection its host woke within [`PARK_WORTH`] (an NVMe admin queue under Linux's
+/// Keep Alive every 2.5 s) waits twice as long each time, up to [`PARK_AFTER_MAX`], which such
+/// a host's rhythm never leaves it; one that stayed parked longer parks after a period again.
+pub fn next_park_after(was: Duration, parked_for: Duration) -> Duration {
+    if parked_for >= PARK_WORTH {
+        HOUSEKEEPING
+    } else {
+        was.saturating_mul(2).min(PARK_AFTER_MAX)
+    }
 }
 
 impl Lifecycle {
-    pub fn new(grace: Duration) -> Lifecycle {
+    /// `park_after`: how long without work makes it idle (at least a housekeeping period).
+    pub fn new(grace: Duration, park_after: Duration) -> Lifecycle {
         Lifecycle {
             housekeeping: None,
             grace,
             leave_deadline: None,
             last_work: None,
+            park_after: park_after.max(HOUSEKEEPING),
+            idle_at: None,
         }
     }
 
     /// When the session next needs the clock for itself (None: not until it works or is
     /// told something).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.housekeeping, self.leave_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.housekeeping, self.leave_deadline, self.idle_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The session did work at `now` (commands, completions): housekeeping follows within a
     /// period, unless it is due already.
     pub fn worked(&mut self, now: Instant) {
         self.last_work = Some(now);
+        self.idle_at = None;
         self.housekeeping.get_or_insert(now + HOUSEKEEPING);
-    }
-
-    pub fn housekeeping_armed(&self) -> bool {
-        self.housekeeping.is_some()
     }
 
     /// Whether housekeeping is due at `now`; if so it is taken. The next is due a period
@@ -77,15 +100,35 @@ impl Lifecycle {
                 .last_work
                 .map(|at| at + HOUSEKEEPING)
                 .filter(|&next| next > now);
+            if self.housekeeping.is_none() {
+                self.idle_at = self
+                    .last_work
+                    .map(|at| at + self.park_after)
+                    .filter(|&at| at > now);
+            }
             return true;
         }
         false
     }
 
-    /// Idle: a whole housekeeping period passed since its last work (its counts reported),
-    /// and it is not leaving. Only then may a connection park (`driver.rs`).
-    pub fn idle(&self) -> bool {
-        self.housekeeping.is_none() && self.leave_deadline.is_none()
+    /// Whether housekeeping is pending (a cheap test before [`Lifecycle::idle`]).
+    pub fn housekeeping_armed(&self) -> bool {
+        self.housekeeping.is_some()
+    }
+
+    /// Idle at `now`: `park_after` passed since its last work (its counts reported), and it
+    /// is not leaving. Only then may a connection park (`driver.rs`).
+    pub fn idle(&mut self, now: Instant) -> bool {
+        if self.housekeeping.is_some() || self.leave_deadline.is_some() {
+            return false;
+        }
+        match self.idle_at {
+            Some(at) if now < at => false,
+            _ => {
+                self.idle_at = None;
+                true
+            }
+        }
     }
 
     /// Whether the session began to leave.
@@ -144,7 +187,7 @@ mod tests {
     #[test]
     fn housekeeping_follows_work_once_and_an_idle_session_needs_no_clock() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(Duration::from_secs(5));
+        let mut life = Lifecycle::new(Duration::from_secs(5), HOUSEKEEPING);
         assert_eq!(life.poll_timeout(), None, "nothing done, nothing due");
         life.worked(t0);
         life.worked(t0 + Duration::from_millis(500));
@@ -157,41 +200,66 @@ mod tests {
         assert!(life.housekeeping_due(t0 + Duration::from_secs(4)));
         assert!(!life.housekeeping_due(t0 + Duration::from_secs(4)));
         assert_eq!(life.poll_timeout(), None);
-        assert!(life.idle());
+        assert!(life.idle(t0 + Duration::from_secs(4)));
     }
 
     #[test]
     fn a_session_is_idle_only_a_whole_period_after_its_last_work() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(Duration::from_secs(5));
+        let mut life = Lifecycle::new(Duration::from_secs(5), HOUSEKEEPING);
         life.worked(t0);
-        assert!(!life.idle(), "housekeeping is due");
+        assert!(!life.idle(t0), "housekeeping is due");
         let last = t0 + Duration::from_millis(900);
         life.worked(last);
         assert!(life.housekeeping_due(t0 + HOUSEKEEPING));
-        assert!(!life.idle(), "it worked within the period");
+        assert!(!life.idle(t0 + HOUSEKEEPING), "it worked within the period");
         assert_eq!(life.poll_timeout(), Some(last + HOUSEKEEPING));
         assert!(!life.housekeeping_due(last + Duration::from_millis(999)));
         assert!(life.housekeeping_due(last + HOUSEKEEPING));
-        assert!(life.idle());
+        assert!(life.idle(last + HOUSEKEEPING));
         assert_eq!(life.poll_timeout(), None, "an idle session needs no clock");
         life.worked(last + HOUSEKEEPING * 2);
-        assert!(!life.idle(), "work wakes it");
+        assert!(!life.idle(last + HOUSEKEEPING * 2), "work wakes it");
+    }
+
+    #[test]
+    fn a_longer_wait_before_parking_is_kept_by_the_clock() {
+        let t0 = Instant::now();
+        let mut life = Lifecycle::new(Duration::from_secs(5), Duration::from_secs(4));
+        life.worked(t0);
+        assert!(life.housekeeping_due(t0 + HOUSEKEEPING));
+        let idle_at = t0 + Duration::from_secs(4);
+        assert_eq!(life.poll_timeout(), Some(idle_at), "woken to park");
+        assert!(!life.idle(t0 + Duration::from_secs(3)));
+        assert!(life.idle(idle_at));
+        assert_eq!(life.poll_timeout(), None, "once idle, no clock");
+        assert!(life.idle(idle_at), "and idle it stays until it works");
+        life.worked(idle_at + HOUSEKEEPING);
+        assert!(!life.idle(idle_at + HOUSEKEEPING));
+    }
+
+    #[test]
+    fn a_host_that_wakes_its_parked_connection_soon_makes_it_wait_longer_to_park() {
+        let short = Duration::from_millis(500);
+        assert_eq!(next_park_after(HOUSEKEEPING, short), 2 * HOUSEKEEPING);
+        assert_eq!(next_park_after(2 * HOUSEKEEPING, short), 4 * HOUSEKEEPING);
+        assert_eq!(next_park_after(PARK_AFTER_MAX, short), PARK_AFTER_MAX);
+        assert_eq!(next_park_after(PARK_AFTER_MAX, PARK_WORTH), HOUSEKEEPING);
     }
 
     #[test]
     fn a_leaving_session_is_never_idle() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(Duration::from_secs(5));
+        let mut life = Lifecycle::new(Duration::from_secs(5), HOUSEKEEPING);
         assert_eq!(life.leave(t0, SHUTDOWN, false, false), Leave::Stay);
         assert!(life.housekeeping_due(t0 + HOUSEKEEPING));
-        assert!(!life.idle());
+        assert!(!life.idle(t0 + Duration::from_secs(10)));
     }
 
     #[test]
     fn a_leaving_session_is_checked_each_period_and_at_its_deadline() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(Duration::from_secs(5));
+        let mut life = Lifecycle::new(Duration::from_secs(5), HOUSEKEEPING);
         assert!(!life.leaving());
         assert_eq!(life.leave(t0, SHUTDOWN, false, false), Leave::Stay);
         assert!(life.leaving());
@@ -216,7 +284,7 @@ mod tests {
     #[test]
     fn a_host_that_can_be_asked_is_asked_once_then_closed_after_the_grace() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(Duration::from_secs(5));
+        let mut life = Lifecycle::new(Duration::from_secs(5), HOUSEKEEPING);
         assert_eq!(life.leave(t0, None, true, false), Leave::Stay);
         assert_eq!(life.leave(t0, SHUTDOWN, true, false), Leave::Ask(5));
         let later = t0 + Duration::from_secs(4);
@@ -236,12 +304,12 @@ mod tests {
     fn a_host_that_cannot_be_asked_is_closed_once_quiet_or_after_the_grace() {
         let t0 = Instant::now();
         let gone = Some(Ended::ListenerRemoved);
-        let mut quiet = Lifecycle::new(Duration::from_secs(5));
+        let mut quiet = Lifecycle::new(Duration::from_secs(5), HOUSEKEEPING);
         assert_eq!(
             quiet.leave(t0, gone, false, true),
             Leave::Close(Ended::ListenerRemoved)
         );
-        let mut busy = Lifecycle::new(Duration::from_secs(5));
+        let mut busy = Lifecycle::new(Duration::from_secs(5), HOUSEKEEPING);
         assert_eq!(busy.leave(t0, gone, false, false), Leave::Stay);
         let later = t0 + Duration::from_secs(2);
         assert_eq!(busy.leave(later, gone, false, false), Leave::Stay);
@@ -250,7 +318,7 @@ mod tests {
             Leave::Close(Ended::ListenerRemoved),
             "its last command answered"
         );
-        let mut stuck = Lifecycle::new(Duration::from_secs(5));
+        let mut stuck = Lifecycle::new(Duration::from_secs(5), HOUSEKEEPING);
         assert_eq!(stuck.leave(t0, SHUTDOWN, false, false), Leave::Stay);
         assert_eq!(
             stuck.leave(t0 + Duration::from_secs(5), SHUTDOWN, false, false),
@@ -261,7 +329,7 @@ mod tests {
     #[test]
     fn leaving_without_grace_closes_at_once() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(Duration::ZERO);
+        let mut life = Lifecycle::new(Duration::ZERO, HOUSEKEEPING);
         assert_eq!(
             life.leave(t0, SHUTDOWN, true, false),
             Leave::Close(Ended::Shutdown)
@@ -271,7 +339,7 @@ mod tests {
     #[test]
     fn a_grace_longer_than_a_logout_can_say_is_capped() {
         let t0 = Instant::now();
-        let mut life = Lifecycle::new(Duration::from_secs(100_000));
+        let mut life = Lifecycle::new(Duration::from_secs(100_000), HOUSEKEEPING);
         assert_eq!(life.leave(t0, SHUTDOWN, true, false), Leave::Ask(u16::MAX));
     }
 }

@@ -29,6 +29,7 @@ use super::backend::{Backend, Completed};
 use super::closed::{Closed, Ended};
 use super::connection::NewConnection;
 use super::driver::{self, Conn, Door, Driven, Heard, Told, Turn};
+use super::lifecycle::{next_park_after, HOUSEKEEPING};
 use super::view::{Party, View};
 use crate::admission::controllers::ControllerEntry;
 
@@ -288,6 +289,10 @@ struct Kept {
 struct Parked {
     kept: Kept,
     carried: Carried,
+    /// When it parked, and how long it had to be idle first: a host that wakes it soon
+    /// makes it wait longer next time (`lifecycle::next_park_after`).
+    parked_at: Instant,
+    park_after: Duration,
     /// Set for the door's deadline (an admin queue's keep-alive); None when it has none (an
     /// I/O queue's): a new one is made when the queue drives again.
     alarm: Option<Alarm>,
@@ -312,8 +317,11 @@ impl Parked {
         let Parked {
             kept,
             carried,
+            parked_at,
+            park_after,
             alarm,
         } = *self;
+        let park_after = next_park_after(park_after, parked_at.elapsed());
         let peer = carried.view.party.peer;
         let queue = Driver::resume(kept, &carried.view.party, shared);
         let alarm = match alarm.map_or_else(Alarm::new, Ok) {
@@ -328,7 +336,8 @@ impl Parked {
                 return parked_or_closed(peer, result.map(|()| None));
             }
         };
-        parked_or_closed(peer, drive_queue(queue, carried, alarm, shared, woke).await)
+        let drive = drive_queue(queue, carried, alarm, shared, (woke, park_after));
+        parked_or_closed(peer, drive.await)
     }
 
     /// Waits for what wakes a parked queue: its host's bytes (or its close), its alarm (the
@@ -339,13 +348,21 @@ impl Parked {
             kept,
             carried,
             alarm,
+            ..
         } = self;
         let told = &mut carried.told;
         let socket = kept.stream.socket();
         // Polled in place (no future per source): a parked queue's task stays small.
         let mut heard = std::pin::pin!(told.heard());
+        let mut byte = [0u8; 1];
         std::future::poll_fn(|cx| {
-            if socket.poll_read_ready(cx).is_ready() {
+            // A peek, not the readiness alone: readiness a drive left set (its last read took
+            // all there was without meeting WouldBlock) would wake the queue for nothing, and
+            // each early wake makes it wait longer before it parks again.
+            if socket
+                .poll_peek(cx, &mut tokio::io::ReadBuf::new(&mut byte))
+                .is_ready()
+            {
                 return Poll::Ready(None);
             }
             if alarm.as_mut().is_some_and(|a| a.poll_rung(cx).is_ready()) {
@@ -358,13 +375,13 @@ impl Parked {
 }
 
 /// Drives a connected queue until it ends (None: ended, its end counted, its connection
-/// lingered) or parks.
+/// lingered) or parks: what woke it, and how long it must be idle to park.
 async fn drive_queue(
     mut queue: Driver,
     carried: Carried,
     mut alarm: Alarm,
     shared: &Arc<Shared>,
-    woke: Option<Heard>,
+    (woke, park_after): (Option<Heard>, Duration),
 ) -> Result<Option<Box<Parked>>, Closed> {
     let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
     let Carried {
@@ -388,6 +405,7 @@ async fn drive_queue(
         &mut told,
         &mut alarm,
         woke,
+        park_after,
     )
     .await;
     let keeps_time = door.deadline().is_some();
@@ -402,6 +420,8 @@ async fn drive_queue(
                 view,
                 told,
             },
+            parked_at: Instant::now(),
+            park_after,
             alarm: keeps_time.then_some(alarm),
         })));
     }
@@ -480,7 +500,7 @@ impl Driver {
             told: told(role.entry()),
             role,
         };
-        drive_queue(self, carried, alarm, shared, None).await
+        drive_queue(self, carried, alarm, shared, (None, HOUSEKEEPING)).await
     }
 
     /// Reads and answers until a Connect was accepted (`Some`) or refused (`None`).

@@ -860,11 +860,6 @@ fn a_parked_controller_serves_hears_and_is_readmitted_as_an_idle_one() {
     h.write(1, 8, data.clone(), 512).unwrap();
     assert_eq!(parked(metrics_port), 2.0, "both queues park");
 
-    assert_eq!(h.read(1, 8, 8, 512).unwrap(), data, "the I/O queue, woken");
-    let keep_alive = host::sqe(nvme::admin::opcode::KEEP_ALIVE, 0, [0; 6]);
-    h.admin.run_ok(keep_alive, Vec::new(), 0).unwrap();
-    assert_eq!(parked(metrics_port), 2.0, "both park again");
-
     let changed = ctl.json(&["device", "set", "mem", "--read-only", "on"]);
     assert_eq!(changed["ok"], true, "{changed}");
     let done = h
@@ -876,6 +871,12 @@ fn a_parked_controller_serves_hears_and_is_readmitted_as_an_idle_one() {
         done.cqe.dw0,
         nvme::controller::Notice::NamespaceAttribute.dw0()
     );
+    assert_eq!(parked(metrics_port), 2.0, "both park again");
+
+    assert_eq!(h.read(1, 8, 8, 512).unwrap(), data, "the I/O queue, woken");
+    // The Keep Alive last: the reload below comes well within its 15 s timeout.
+    let keep_alive = host::sqe(nvme::admin::opcode::KEEP_ALIVE, 0, [0; 6]);
+    h.admin.run_ok(keep_alive, Vec::new(), 0).unwrap();
     assert_eq!(parked(metrics_port), 2.0, "and again");
 
     let other = "  name = \"db\"\n  initiators = [\"iqn.2024-01.dev.ferrosan:other\"]\n  luns = [ { lun = 0, device = \"mem\" } ]";
@@ -896,6 +897,9 @@ fn a_parked_controller_serves_hears_and_is_readmitted_as_an_idle_one() {
     let text = wait_for_metric(metrics_port, "ferrosan_nvme_queues", |v| v == 0.0);
     assert_eq!(metric(&text, "ferrosan_nvme_queues"), 0.0);
     assert_eq!(metric(&text, "ferrosan_connections_parked"), 0.0);
+    // Ended by their readmission, not by a keep-alive timeout on a slow run.
+    let closed = r#"ferrosan_sessions_closed_total{reason="not_in_any_group"}"#;
+    assert!(metric(&text, closed) >= 1.0, "{text}");
 }
 
 #[test]

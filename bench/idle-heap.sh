@@ -35,37 +35,8 @@ command -v heaptrack >/dev/null || die "heaptrack is not installed (apt-get inst
 scratch /var/tmp/ferrosan-idle-heap.XXXXXX
 ulimit -n "$(ulimit -Hn)"
 
-config() {
-    cat <<CONFIG
-[server]
-metrics_listen = "127.0.0.1:$3"
-
-[limits]
-max_connections = 16384
-max_sessions = 4096
-max_connections_per_source = 128
-
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:$1"]
-nvme_listen = ["127.0.0.1:$2"]
-nvme_discovery_listen = []
-
-[[device]]
-name = "ram0"
-store = "ram"
-size = "64M"
-
-[[target]]
-iqn = "$IQN"
-nqn = "$NQN"
-
-  [[target.group]]
-  name = "g"
-  any_initiator = true
-  luns = [{ lun = 0, device = "ram0" }]
-CONFIG
-}
+# shellcheck source=idle-lib.sh
+source bench/idle-lib.sh
 
 # live DOOR N: a daemon under heaptrack holding N idle DOOR (nvme, iscsi, none) connections;
 # sets RESULT to "live_kib parked".
@@ -73,7 +44,7 @@ live() {
     local door=$1 n=$2 ports metrics daemon heap parked
     read -r -a ports < <(two_ports)
     metrics=$(free_port)
-    config "${ports[0]}" "${ports[1]}" "$metrics" >"$WORK/ferrosan.toml"
+    idle_config "${ports[0]}" "${ports[1]}" "$metrics" >"$WORK/ferrosan.toml"
     rm -rf "$WORK/state" && mkdir -p "$WORK/state"
     heap=$WORK/heap-$door-$n
     spawn "$WORK/daemon.log" heaptrack -o "$heap" "$BIN" serve --config "$WORK/ferrosan.toml" \

@@ -40,40 +40,13 @@ RESULT=""
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$PID/status"; }
 
-# config ISCSI_PORT NVME_PORT: one RAM LUN on both doors, room for 1000 controllers' queues.
-config() {
-    cat <<CONFIG
-[limits]
-max_connections = 16384
-max_sessions = 4096
-max_connections_per_source = 128
-
-[[portal_group]]
-tag = 1
-listen = ["127.0.0.1:$1"]
-nvme_listen = ["127.0.0.1:$2"]
-nvme_discovery_listen = []
-
-[[device]]
-name = "ram0"
-store = "ram"
-size = "64M"
-
-[[target]]
-iqn = "$IQN"
-nqn = "$NQN"
-
-  [[target.group]]
-  name = "g"
-  any_initiator = true
-  luns = [{ lun = 0, device = "ram0" }]
-CONFIG
-}
+# shellcheck source=idle-lib.sh
+source bench/idle-lib.sh
 
 # start: a fresh daemon on free ports ($iscsi_port, $nvme_port), answering its control socket.
 start() {
     read -r iscsi_port nvme_port < <(two_ports)
-    config "$iscsi_port" "$nvme_port" >"$WORK/ferrosan.toml"
+    idle_config "$iscsi_port" "$nvme_port" >"$WORK/ferrosan.toml"
     rm -rf "$WORK/state" && mkdir -p "$WORK/state"
     start_daemon_ctl daemon "$WORK/ctl.sock" "$BIN" serve --config "$WORK/ferrosan.toml" \
         --control-socket "$WORK/ctl.sock" --state-dir "$WORK/state"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Open N idle NVMe/TCP controllers to a subsystem and keep them alive.
 
-    idle_nvme.py HOST:PORT SUBNQN N [--queues Q] [--keep-alive SECONDS] [--hold SECONDS]
-                 [--ready FILE]
+    idle_nvme.py HOST:PORT SUBNQN N [--queues Q] [--keep-alive SECONDS] [--burst]
+                 [--hold SECONDS] [--ready FILE] [--answered FILE]
 
 Each controller is an admin queue and Q I/O queues (default 2), each queue its own TCP
 connection: ICReq / ICResp (PFV 0, HPDA 0, no digests, MAXR2T 0), then a Fabrics Connect
@@ -13,13 +13,15 @@ until RDY, and one Asynchronous Event Request is left with it, as Linux's host d
 answered only when an event comes). Each controller has its own random host identifier and host
 NQN (a device holds at most 32 of one host NQN). After that nothing but a Keep Alive on each
 admin queue every 30 s (--keep-alive: Linux's host sends one every 2.5 s, half its default
-5 s timeout).
+5 s timeout). The controllers' Keep Alives are spread evenly over the interval, as the timers of
+independent hosts are; --burst sends them all at once (hosts whose timers started together).
 Every response's status is checked; anything unexpected ends the run with an error.
 
 One process, one selector loop: what is measured is the target's cost per idle controller, not
 ours. Against a 127.x target the queues come from 32 per loopback source address (ferrosan
 limits connections per source). Writes "ready <n>" to FILE (or stdout) once all N controllers
-and their queues are connected, then holds them until SIGTERM or --hold seconds.
+and their queues are connected, then holds them until SIGTERM or --hold seconds; with
+--answered, keeps the number of Keep Alives answered so far in FILE (rewritten each second).
 """
 import os
 import resource
@@ -207,7 +209,8 @@ def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     addr, subnqn, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    queues, hold, ready_file, keep_alive_s = 2, 3600.0, None, KEEP_ALIVE_S
+    queues, hold, ready_file, keep_alive_s, burst = 2, 3600.0, None, KEEP_ALIVE_S, False
+    answered_file = None
     args = sys.argv[4:]
     while args:
         a = args.pop(0)
@@ -215,8 +218,12 @@ def main():
             queues = int(args.pop(0))
         elif a == "--keep-alive":
             keep_alive_s = float(args.pop(0))
+        elif a == "--burst":
+            burst = True
         elif a == "--hold":
             hold = float(args.pop(0))
+        elif a == "--answered":
+            answered_file = args.pop(0)
         elif a == "--ready":
             ready_file = args.pop(0)
         else:
@@ -244,15 +251,28 @@ def main():
         sys.stdout.write(msg)
         sys.stdout.flush()
     deadline = time.monotonic() + hold
-    next_ka = time.monotonic() + keep_alive_s
+    order = list(admins)
+    # The next Keep Alive is order[due]'s at next_ka; each controller's comes keep_alive_s after
+    # its last, the controllers `step` apart (all together with --burst).
+    step = 0.0 if burst else keep_alive_s / len(order)
+    due, next_ka = 0, time.monotonic() + keep_alive_s
+    answered, told = 0, time.monotonic()
     try:
         while time.monotonic() < deadline:
-            if time.monotonic() >= next_ka:
-                for admin, st in admins.items():
-                    st[1] = 16 + (st[1] - 15) % 0x1000  # CIDs 16..4111, apart from the connect's
-                    admin.sendall(capsule(sqe(KEEP_ALIVE, st[1])))
-                next_ka += keep_alive_s
-            for key, _ in sel.select(timeout=1.0):
+            if answered_file and time.monotonic() - told >= 1.0:
+                told = time.monotonic()
+                with open(answered_file + ".new", "w") as f:
+                    f.write(f"{answered}\n")
+                os.replace(answered_file + ".new", answered_file)
+            while time.monotonic() >= next_ka:
+                admin = order[due]
+                st = admins[admin]
+                st[1] = 16 + (st[1] - 15) % 0x1000  # CIDs 16..4111, apart from the connect's
+                admin.sendall(capsule(sqe(KEEP_ALIVE, st[1])))
+                due = (due + 1) % len(order)
+                next_ka += step if due else keep_alive_s - step * (len(order) - 1)
+            wait = min(1.0, max(0.0, next_ka - time.monotonic()))
+            for key, _ in sel.select(timeout=wait):
                 sock, admin = key.fileobj, key.data
                 _ptype, _flags, header, _data = read_pdu(sock)
                 what = f"controller {admins[admin][0]}" + ("" if sock is admin else " I/O queue")
@@ -260,6 +280,7 @@ def main():
                 _dw0, cid = parse_cqe(header, f"{what}: Keep Alive")
                 if sock is not admin or cid != admins[admin][1]:
                     raise NvmeFailure(f"{what}: an unexpected completion (CID {cid})")
+                answered += 1
     except (NvmeFailure, OSError) as e:
         sys.exit(f"while holding: {e}")
     return 0

@@ -90,7 +90,7 @@ done
     for bin in "$@"; do
         printf '# %-40s' "$bin"
         for col in 3 4 5 6 7; do
-            printf ' %9s' "$(awk -v b="$bin" -v c="$col" '$2 == b { print $c }' "$OUT" | sort -g |
+            printf ' %9s' "$(awk -v b="$bin" -v c="$col" '$1 !~ /^#/ && $2 == b { print $c }' "$OUT" | sort -g |
                 awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')"
         done
         echo

@@ -646,7 +646,7 @@ fn check_gateway(config: &Config) -> Result<(), StartError> {
 /// pace, trims the heap after many connections parked ([`trim_after_parking`]).
 fn watch_space(shared: &std::sync::Weak<Shared>) {
     let mut watch = crate::topology::space::SpaceWatch::default();
-    let mut parks_trimmed = 0;
+    let mut parked_low = 0;
     loop {
         std::thread::sleep(crate::topology::space::CHECK_INTERVAL);
         let Some(shared) = shared.upgrade() else {
@@ -664,29 +664,32 @@ fn watch_space(shared: &std::sync::Weak<Shared>) {
             took_us = took.as_micros() as u64,
             "space checked"
         );
-        trim_after_parking(&shared, &mut parks_trimmed);
+        trim_after_parking(&shared, &mut parked_low);
     }
 }
 
-/// Parks since the last trim that make a trim worth its walk of the heap: each parked
-/// connection gave back its drive's memory (several KiB).
-const TRIM_AFTER_PARKS: u64 = 64;
+/// More connections parked than at any check since the last trim, by this many, make a trim
+/// worth its walk of the heap: each gave back its drive's memory (several KiB).
+const TRIM_AFTER_PARKED: i64 = 64;
 
-/// Gives the heap's free pages back to the kernel once [`TRIM_AFTER_PARKS`] connections
-/// parked since the last time (`trimmed`: the parks counted then). glibc keeps what a process
+/// Gives the heap's free pages back to the kernel once [`TRIM_AFTER_PARKED`] more connections
+/// are parked than the fewest seen since the last trim (`low`). glibc keeps what a process
 /// freed resident for its next allocations, so the memory a reconnect storm's queues gave back
-/// when they parked would otherwise stay in the daemon's RSS at the storm's peak. Off the
-/// workers: a trim walks every arena.
-fn trim_after_parking(shared: &Shared, trimmed: &mut u64) {
-    let parks = shared.metrics.connection_parks.get();
-    if parks.saturating_sub(*trimmed) < TRIM_AFTER_PARKS {
+/// when they parked would otherwise stay in the daemon's RSS at the storm's peak. Counted on
+/// the parked connections, not the parks: queues their hosts wake and park again every few
+/// seconds (NVMe admin queues under Linux's Keep Alive) take back what they give, and a trim
+/// for them would walk the heap for nothing. Off the workers: a trim walks every arena.
+fn trim_after_parking(shared: &Shared, low: &mut i64) {
+    let parked = shared.metrics.connections_parked.get();
+    *low = (*low).min(parked);
+    if parked - *low < TRIM_AFTER_PARKED {
         return;
     }
-    *trimmed = parks;
+    *low = parked;
     let began = std::time::Instant::now();
     let released = crate::dataplane::sys::trim_heap();
     tracing::debug!(
-        parks,
+        parked,
         released,
         took_us = began.elapsed().as_micros() as u64,
         "heap trimmed after connections parked"

@@ -813,9 +813,10 @@ fn every_queue_passes_the_admission_from_its_own_address() {
     assert_eq!(q.run(c, data, 0).unwrap().cqe.status, Status::SUCCESS);
 }
 
-/// Both of a controller's queues once parked (idle a second, nothing open but a held event
-/// request: `driver.rs`, `Driven::Parked`); a queue woken soon after it parked waits up to 16 s
-/// before it parks again (`lifecycle::next_park_after`), so this waits up to 20.
+/// Both of a controller's queues once parked (idle a housekeeping period, nothing open but a
+/// held event request: `driver.rs`, `Driven::Parked`); a queue woken soon after it parked
+/// waits up to 16 s before it parks again (`lifecycle::Pace::after_park`), so this waits up
+/// to 20.
 fn parked(metrics_port: u16) -> f64 {
     let mut parked = 0.0;
     for _ in 0..4 {

@@ -148,7 +148,7 @@ async fn run(
         &mut told,
         &mut alarm,
         None,
-        super::lifecycle::HOUSEKEEPING,
+        super::lifecycle::Pace::every(super::lifecycle::HOUSEKEEPING),
     )
     .await
     .and_then(|driven| match driven {

@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, watch};
 use super::alarm::Alarm;
 use super::backend::{first_drained, ring_ready, Backend, Completed};
 use super::closed::{Closed, Ended};
-use super::lifecycle::{Leave, Lifecycle};
+use super::lifecycle::{Leave, Lifecycle, Pace};
 use super::recv::RecvBuf;
 use super::wakeups::Wakeups;
 use super::wire::Wire;
@@ -594,8 +594,8 @@ enum Event {
     Heard(Heard),
 }
 
-/// A logged-in session's life to its end, or until it parks once idle `park_after`
-/// (`lifecycle::next_park_after`). `woke`: what a parked connection heard from outside,
+/// A logged-in session's life to its end, or until it parks once idle as its `pace` says
+/// (`lifecycle::Pace`). `woke`: what a parked connection heard from outside,
 /// handled first.
 pub(super) async fn drive<D: Door>(
     door: &mut D,
@@ -604,12 +604,12 @@ pub(super) async fn drive<D: Door>(
     told: &mut Told,
     alarm: &mut Alarm,
     woke: Option<Heard>,
-    park_after: Duration,
+    pace: Pace,
 ) -> Result<Driven, Closed> {
     let limits = &backend.shared.limits;
     let grace = Duration::from_secs(limits.shutdown_grace_s.into());
     let mut w = Waits {
-        life: Lifecycle::new(grace, park_after),
+        life: Lifecycle::new(grace, pace),
         wakeups: Wakeups::new(
             Duration::from_micros(limits.coalesce_wait_us.into()),
             Arc::clone(&backend.shared.metrics),
@@ -914,10 +914,17 @@ fn may_park<D: Door>(door: &mut D, backend: &Backend<'_>, w: &mut Waits<'_>) -> 
     let conn = door.conn();
     let quiet = conn.stream.plain().is_some()
         && conn.buf.pending().is_empty()
-        && !conn.buf.holds()
         && conn.out.is_empty()
         && conn.held == 0;
-    quiet && backend.idle() && door.parkable()
+    if !(quiet && backend.idle() && door.parkable()) {
+        return false;
+    }
+    // Idle a whole period: its receive buffer goes back now, not a period later.
+    let conn = door.conn();
+    conn.give_back_if_empty();
+    debug_assert!(!conn.buf.holds());
+    w.life.parks();
+    true
 }
 
 /// Answers a completion and those that arrived meanwhile, in a single write: a device that
@@ -1007,8 +1014,10 @@ async fn housekeeping<D: Door>(
     if w.life.leaving() && !leave(door, backend, &mut w.life, now).await? {
         return Ok(false);
     }
-    if door.conn().buf.shrinks_later(may_release) || w.life.leaving() {
+    if w.life.leaving() {
         w.life.worked(now);
+    } else if door.conn().buf.shrinks_later(may_release) {
+        w.life.look_again(now);
     }
     Ok(true)
 }

@@ -29,7 +29,7 @@ use super::backend::{Backend, Completed};
 use super::closed::{Closed, Ended};
 use super::connection::NewConnection;
 use super::driver::{self, Conn, Door, Driven, Heard, Told, Turn};
-use super::lifecycle::{next_park_after, HOUSEKEEPING};
+use super::lifecycle::{Pace, HOUSEKEEPING, SLACK};
 use super::view::{Party, View};
 use crate::admission::controllers::ControllerEntry;
 
@@ -78,6 +78,18 @@ fn largest_pdu(limits: &crate::config::Limits) -> usize {
     let h2c = PduType::H2CData.hlen() + queue_limits(limits).maxh2cdata as usize;
     let capsule = PduType::CapsuleCmd.hlen() + IN_CAPSULE_BYTES as usize;
     h2c.max(capsule) + digests
+}
+
+/// A queue's first pace: an I/O queue's housekeeping comes a [`HOUSEKEEPING`] period after
+/// its work, as a session's; an admin queue's a [`SLACK`] after, since its commands are its
+/// controller's (Keep Alives, event requests, log pages), with no I/O to report. It parks that
+/// much sooner after each of its host's Keep Alives: under Linux's, every 2.5 s, parked for
+/// 2 s of them rather than 1.5.
+fn pace(role: &Role) -> Pace {
+    match role {
+        Role::Admin(_) => Pace::every(SLACK),
+        Role::Io(_) => Pace::every(HOUSEKEEPING),
+    }
 }
 
 /// One NVMe/TCP queue's connection, from its first byte to its close. Every phase that
@@ -290,9 +302,9 @@ struct Parked {
     kept: Kept,
     carried: Carried,
     /// When it parked, and how long it had to be idle first: a host that wakes it soon
-    /// makes it wait longer next time (`lifecycle::next_park_after`).
+    /// makes it wait longer next time (`lifecycle::Pace::after_park`).
     parked_at: Instant,
-    park_after: Duration,
+    pace: Pace,
     /// Set for the door's deadline (an admin queue's keep-alive); None when it has none (an
     /// I/O queue's): a new one is made when the queue drives again.
     alarm: Option<Alarm>,
@@ -318,10 +330,10 @@ impl Parked {
             kept,
             carried,
             parked_at,
-            park_after,
+            pace,
             alarm,
         } = *self;
-        let park_after = next_park_after(park_after, parked_at.elapsed());
+        let pace = pace.after_park(parked_at.elapsed());
         let peer = carried.view.party.peer;
         let queue = Driver::resume(kept, &carried.view.party, shared);
         let alarm = match alarm.map_or_else(Alarm::new, Ok) {
@@ -336,7 +348,7 @@ impl Parked {
                 return parked_or_closed(peer, result.map(|()| None));
             }
         };
-        let drive = drive_queue(queue, carried, alarm, shared, (woke, park_after));
+        let drive = drive_queue(queue, carried, alarm, shared, (woke, pace));
         parked_or_closed(peer, drive.await)
     }
 
@@ -381,7 +393,7 @@ async fn drive_queue(
     carried: Carried,
     mut alarm: Alarm,
     shared: &Arc<Shared>,
-    (woke, park_after): (Option<Heard>, Duration),
+    (woke, pace): (Option<Heard>, Pace),
 ) -> Result<Option<Box<Parked>>, Closed> {
     let (completions, mut completed) = tokio::sync::mpsc::unbounded_channel();
     let Carried {
@@ -405,7 +417,7 @@ async fn drive_queue(
         &mut told,
         &mut alarm,
         woke,
-        park_after,
+        pace,
     )
     .await;
     let keeps_time = door.deadline().is_some();
@@ -421,7 +433,7 @@ async fn drive_queue(
                 told,
             },
             parked_at: Instant::now(),
-            park_after,
+            pace,
             alarm: keeps_time.then_some(alarm),
         })));
     }
@@ -500,7 +512,8 @@ impl Driver {
             told: told(role.entry()),
             role,
         };
-        drive_queue(self, carried, alarm, shared, (None, HOUSEKEEPING)).await
+        let pace = pace(&carried.role);
+        drive_queue(self, carried, alarm, shared, (None, pace)).await
     }
 
     /// Reads and answers until a Connect was accepted (`Some`) or refused (`None`).

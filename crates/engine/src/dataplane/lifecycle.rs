@@ -54,7 +54,7 @@ pub struct Lifecycle {
 /// their worker, as the kernel rounds its own timers that need no precision (`round_jiffies`).
 /// Without it an idle connection whose host wakes it every few seconds (an NVMe admin queue
 /// under Linux's Keep Alive) woke its worker twice more per Keep Alive, for its housekeeping
-/// alone (docs/PERFORMANCE.md, *Idle controllers*).
+/// alone (docs/PERFORMANCE.md, *Cost as the array grows*).
 pub const SLACK: Duration = Duration::from_millis(250);
 
 /// `at` rounded up to [`SLACK`]: the same instant for every `at` in one slot.
@@ -72,8 +72,9 @@ pub fn coarse(at: Instant) -> Instant {
 
 /// A park must last this long to pay for its rebuild (tens of µs of CPU): the wakes of
 /// housekeeping it saves and the memory it gives back meanwhile. At 1,000 controllers under
-/// Linux's Keep Alive pace, parking each admin queue for 2 s of every 2.5 measured no dearer
-/// than keeping it awake (docs/PERFORMANCE.md, *Idle controllers*).
+/// Linux's Keep Alive pace, the build that parks each admin queue for 2 s of every 2.5 used
+/// 0.63-0.81 of the daemon CPU of the build before, which kept them awake
+/// (docs/PERFORMANCE.md, *Cost as the array grows*).
 pub const PARK_WORTH: Duration = Duration::from_secs(1);
 /// The longest a connection waits without work before it parks.
 pub const PARK_AFTER_MAX: Duration = Duration::from_secs(16);

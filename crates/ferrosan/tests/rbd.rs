@@ -630,6 +630,9 @@ fn cluster_away(cluster: &TestCluster, daemon: &Daemon) {
     unless_laggy(cluster);
     let deadline = Instant::now() + Duration::from_secs(60);
     while write10(&mut c, 0, &[8u8; 4096]).0 != 0 {
+        // A placement group can turn laggy only once its read lease runs out after the
+        // resume, past the first look: looked at again after each failed write.
+        unless_laggy(cluster);
         if Instant::now() > deadline {
             let said = daemon.output();
             let tail: Vec<&str> = said.lines().rev().take(20).collect();

@@ -898,11 +898,12 @@ async fn rung_at<D: Door>(
     })
 }
 
-/// Whether the connection parks instead of waiting ([`Driven::Parked`]): idle (`park_after`
-/// without work, `Lifecycle::idle`), not congested nor batching receives (the socket's low-water mark at
-/// one byte, as a new drive assumes), nothing received, queued or held to send, nothing of
+/// Whether the connection parks instead of waiting ([`Driven::Parked`]): idle as its pace
+/// says (`Lifecycle::idle`), not congested nor batching receives (the socket's low-water mark
+/// at one byte, as a new drive assumes), nothing received, queued or held to send, nothing of
 /// its backend's running or waiting, and its door [`Door::parkable`]. Only in the clear:
-/// through TLS, OpenSSL may hold decrypted bytes its socket does not show.
+/// through TLS, OpenSSL may hold decrypted bytes its socket does not show. When it parks, its
+/// receive buffer is given back here and a pending look at it comes off its clock.
 fn may_park<D: Door>(door: &mut D, backend: &Backend<'_>, w: &mut Waits<'_>) -> bool {
     // A busy connection's wait stops at the first test.
     if w.life.housekeeping_armed() || !w.life.idle(Instant::now()) {

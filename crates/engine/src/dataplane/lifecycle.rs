@@ -53,7 +53,7 @@ pub struct Lifecycle {
 /// connections whose housekeeping falls in the same slot are woken together, by one wake of
 /// their worker, as the kernel rounds its own timers that need no precision (`round_jiffies`).
 /// Without it an idle connection whose host wakes it every few seconds (an NVMe admin queue
-/// under Linux's Keep Alive) woke its worker twice more per Keep Alive, for its housekeeping
+/// under Linux's Keep Alive) wakes its worker twice more per Keep Alive, for its housekeeping
 /// alone (docs/PERFORMANCE.md, *Cost as the array grows*).
 pub const SLACK: Duration = Duration::from_millis(250);
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ferrosan's test command (the README's, and what CI's .ci/run calls).
 #
+#   0. checks the disk has room for the run (FERROSAN_TEST_NEED_GIB, 14, and 2 % of the disk)
 #   1. installs what the tests need when missing (Debian: libiscsi-bin,
 #      qemu-utils, qemu-block-extra, tgt, iperf3, util-linux, mount, e2fsprogs,
 #      prometheus, systemd, tmux, qemu-system-x86, mmdebstrap, curl;
@@ -58,6 +59,9 @@ case ${1:-} in
 esac
 # shellcheck source=lib/common.sh
 source scripts/lib/common.sh
+# The whole run builds from nothing: cargo's incremental caches (2.3 GiB of the debug build's
+# 6) would only be written, never read. --quick is for daily work, where they pay.
+((QUICK)) || export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 on_signal() {
     # Forward to the running steps and lanes, this shell's jobs (their own traps stop their
@@ -223,7 +227,23 @@ run_guest-suites() { once_more_on_emulator_panic guest-suites scripts/guest-suit
 # report (scripts/screenshots.sh; --docs refreshes docs/images/ from it).
 run_screenshots() { scripts/screenshots.sh; }
 
+# Room for the run on the disk that holds the tree: its builds, the guests' disks, Ceph's OSD
+# files and the steps' LUN files take up to NEED_GIB, and Ceph's monitor stops the test
+# clusters when less than 2 % of its disk is left (scripts/ceph-single-node.sh, `mon data
+# avail warn`). Out of room, a run fails twenty minutes in where it first writes (a monitor
+# low on space, a soak's write refused); it is said here at once instead.
+NEED_GIB=${FERROSAN_TEST_NEED_GIB:-14}
+check_space() {
+    local size avail need
+    read -r size avail < <(df --output=size,avail -k "$ROOT" | tail -n 1)
+    need=$((NEED_GIB * 1024 * 1024 + size / 50))
+    log "$((avail / 1048576)) GiB free on the disk of $ROOT; the run needs $((need / 1048576)) GiB" \
+        "($NEED_GIB GiB for its files, 2 % of the disk for Ceph's monitor)"
+    ((avail >= need)) || die "not enough room: free $(((need - avail) / 1048576 + 1)) GiB more and run again"
+}
+
 T_START=$(date +%s) C_START=$(cpu_ticks)
+step space check_space
 step deps ensure_deps
 # The guest images are built while cargo compiles (mmdebstrap mostly downloads and unpacks);
 # the tests wait for them, so that their timing checks have the machine to themselves.

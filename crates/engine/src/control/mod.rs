@@ -15,6 +15,7 @@ pub mod edit;
 pub mod error;
 mod export;
 pub mod reload;
+mod stats;
 mod volumes;
 
 pub use error::{ControlError, SocketError};
@@ -306,7 +307,13 @@ async fn reply<W: tokio::io::AsyncWrite + Unpin>(
     stream: &mut W,
     value: &Value,
 ) -> std::io::Result<()> {
-    let mut line = value.to_string();
+    reply_line(stream, value.to_string()).await
+}
+
+async fn reply_line<W: tokio::io::AsyncWrite + Unpin>(
+    stream: &mut W,
+    mut line: String,
+) -> std::io::Result<()> {
     line.push('\n');
     stream.write_all(line.as_bytes()).await
 }
@@ -339,9 +346,9 @@ async fn client(shared: Arc<Shared>, stream: UnixStream) {
                 let shared = Arc::clone(&shared);
                 let request = std::mem::take(&mut line);
                 // Verbs may open devices or write files: never on this runtime's thread.
-                tokio::task::spawn_blocking(move || handle(&shared, &request))
+                tokio::task::spawn_blocking(move || handle_line(&shared, &request))
                     .await
-                    .unwrap_or_else(|e| error(format!("internal error: {e}")))
+                    .unwrap_or_else(|e| error(format!("internal error: {e}")).to_string())
             }
             Ok(Err(e)) if e.kind() == ErrorKind::InvalidData => {
                 let _ = reply(&mut write, &error(e.to_string())).await;
@@ -349,7 +356,7 @@ async fn client(shared: Arc<Shared>, stream: UnixStream) {
             }
             Ok(Err(_)) => return,
         };
-        if reply(&mut write, &answer).await.is_err() {
+        if reply_line(&mut write, answer).await.is_err() {
             return;
         }
     }
@@ -388,23 +395,69 @@ async fn read_line_bounded<R: tokio::io::AsyncBufRead + Unpin>(
     }
 }
 
+/// An answer: a JSON value, or (`stats`) the text of a successful one, written straight from
+/// typed rows (see `stats.rs`).
+enum Answer {
+    Value(Value),
+    Text(String),
+}
+
 /// Answers one request line.
 pub fn handle(shared: &Shared, request: &[u8]) -> Value {
+    match answer(shared, request) {
+        Answer::Value(value) => value,
+        Answer::Text(text) => serde_json::from_str(&text)
+            .unwrap_or_else(|e| error(format!("internal error: an answer is not JSON: {e}"))),
+    }
+}
+
+/// Answers one request line, as the line to send (without its newline).
+pub fn handle_line(shared: &Shared, request: &[u8]) -> String {
+    match answer(shared, request) {
+        Answer::Value(value) => value.to_string(),
+        Answer::Text(text) => text,
+    }
+}
+
+fn answer(shared: &Shared, request: &[u8]) -> Answer {
     let request: Value = match serde_json::from_slice(request) {
         Ok(v) => v,
-        Err(e) => return error(format!("not a JSON request: {e}")),
+        Err(e) => return Answer::Value(error(format!("not a JSON request: {e}"))),
     };
     let Some(args) = request.as_object() else {
-        return error("a request is a JSON object with a \"verb\"");
+        return Answer::Value(error("a request is a JSON object with a \"verb\""));
     };
     let Some(verb) = args.get("verb").and_then(Value::as_str) else {
-        return error("missing \"verb\"");
+        return Answer::Value(error("missing \"verb\""));
     };
     let result = match verb {
+        "stats" => Ok(Answer::Text(stats::render(shared))),
+        _ => run_verb(shared, verb, args).map(Answer::Value),
+    };
+    if let Some(verb) = known_verb(verb) {
+        let kind = result.as_ref().map_or_else(ControlError::kind, |_| "ok");
+        shared.metrics.control_request(verb, kind);
+    }
+    match result {
+        Ok(Answer::Value(Value::Object(mut fields))) => {
+            fields.insert("ok".into(), Value::Bool(true));
+            Answer::Value(Value::Object(fields))
+        }
+        Ok(Answer::Value(other)) => Answer::Value(json!({ "ok": true, "result": other })),
+        Ok(text) => text,
+        Err(e) => {
+            tracing::warn!(kind = e.kind(), "ctl: {e}");
+            Answer::Value(failed(&e))
+        }
+    }
+}
+
+/// Runs every verb but `stats`.
+fn run_verb(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, ControlError> {
+    match verb {
         "status" => Ok(status(shared)),
         "sessions" => Ok(sessions(shared)),
         "luns" => Ok(luns(shared)),
-        "stats" => Ok(stats(shared)),
         "config" => Ok(json!({ "toml": shared.topology().config.to_toml() })),
         "reload" => reload(shared, args),
         "save" => save(shared),
@@ -422,21 +475,6 @@ pub fn handle(shared: &Shared, request: &[u8]) -> Value {
              token-revoke, {})",
             EDIT_VERBS.join(", ")
         ))),
-    };
-    if let Some(verb) = known_verb(verb) {
-        let kind = result.as_ref().map_or_else(ControlError::kind, |_| "ok");
-        shared.metrics.control_request(verb, kind);
-    }
-    match result {
-        Ok(Value::Object(mut fields)) => {
-            fields.insert("ok".into(), Value::Bool(true));
-            Value::Object(fields)
-        }
-        Ok(other) => json!({ "ok": true, "result": other }),
-        Err(e) => {
-            tracing::warn!(kind = e.kind(), "ctl: {e}");
-            failed(&e)
-        }
     }
 }
 
@@ -527,8 +565,15 @@ fn status(shared: &Shared) -> Value {
 }
 
 fn sessions(shared: &Shared) -> Value {
+    let mut answer = Map::new();
+    answer.insert("sessions".into(), Value::Array(session_rows(shared)));
+    Value::Object(answer)
+}
+
+/// Every session's row of `sessions` and `stats`.
+fn session_rows(shared: &Shared) -> Vec<Value> {
     let now = SystemTime::now();
-    let list: Vec<Value> = shared
+    shared
         .registry
         .sessions()
         .iter()
@@ -554,10 +599,7 @@ fn sessions(shared: &Shared) -> Value {
             add_door_facts(&mut row, &s.door);
             row
         })
-        .collect();
-    let mut answer = Map::new();
-    answer.insert("sessions".into(), Value::Array(list));
-    Value::Object(answer)
+        .collect()
 }
 
 /// A session's own door's facts beside the common ones: an iSCSI session's ISID, CID and
@@ -589,66 +631,6 @@ fn add_door_facts(row: &mut Value, facts: &DoorFacts) {
     if let (Some(row), Value::Object(more)) = (row.as_object_mut(), more) {
         row.extend(more);
     }
-}
-
-/// Where a device is mapped (`maps`, its maps): each target, group and LUN number.
-fn mapped_as(maps: Option<&Vec<edit::MapOf<'_>>>) -> Vec<Value> {
-    (maps.into_iter().flatten())
-        .map(|(t, g, m)| json!({"target": t.iqn.as_str(), "group": g.name, "lun": m.lun}))
-        .collect()
-}
-
-/// Totals since start per device and per session, for `ferrosan top` (which shows rates from
-/// two samples) and scripts; `in_flight` is the device's commands running now.
-fn stats(shared: &Shared) -> Value {
-    let topology = shared.topology();
-    let mut names: Vec<&Arc<str>> = topology.devices.keys().collect();
-    names.sort();
-    let maps = edit::maps_by_device(&topology.config);
-    let devices: Vec<Value> = names
-        .into_iter()
-        .filter_map(|name| {
-            let device = topology.devices.get(name)?;
-            let t = shared.metrics.device_totals(name);
-            let mut entry = json!({
-                "device": &**name,
-                "reads": t.reads,
-                "writes": t.writes,
-                "read_bytes": t.read_bytes,
-                "write_bytes": t.write_bytes,
-                "errors": t.errors,
-                "read_latency": t.read_latency.to_json(),
-                "write_latency": t.write_latency.to_json(),
-                "in_flight": device.unit.in_flight().count(),
-                "offline": device.unit.is_offline(),
-                "size_bytes": device.unit.capacity_bytes(),
-                "luns": mapped_as(maps.get(&**name)),
-            });
-            // Only devices that can answer writes early have a write-back queue to show.
-            if let Some(queue) = device.unit.write_back() {
-                entry["write_back_bytes"] = json!(queue.bytes);
-                entry["write_back_writes"] = json!(queue.writes);
-            }
-            Some(entry)
-        })
-        .collect();
-    // Each network worker's connections and busy share (its CPU time over the last second,
-    // busy polling left out), as placement sees them.
-    let workers: Vec<Value> = (0..shared.workers())
-        .map(|i| {
-            json!({
-                "worker": i,
-                "connections": shared.metrics.worker_connections(i).get(),
-                "busy": shared.metrics.worker_busy(i).get(),
-            })
-        })
-        .collect();
-    let mut all = sessions(shared);
-    all["devices"] = Value::Array(devices);
-    all["workers"] = Value::Array(workers);
-    all["uptime_ms"] = json!(shared.started.elapsed().map_or(0, |d| d.as_millis() as u64));
-    all["latency_bounds_ns"] = json!(crate::metrics::LATENCY_BOUNDS_NS.to_vec());
-    all
 }
 
 fn luns(shared: &Shared) -> Value {

@@ -28,7 +28,7 @@ pub(super) fn loopback(
 
 /// The daemon's state for `config` (TOML), its devices opened, as a start builds it (one
 /// worker, no gateways).
-pub(super) fn shared(config: &str) -> crate::shared::Shared {
+pub(crate) fn shared(config: &str) -> crate::shared::Shared {
     use std::sync::Arc;
     let config = crate::config::Config::from_toml_str(config, "test").expect("a valid config");
     let metrics = Arc::new(crate::metrics::Metrics::new());

@@ -106,9 +106,14 @@ fn check_all(capabilities: &[VolumeCapability]) -> Result<(), Status> {
 impl ControllerService {
     /// Every volume of the array, by name.
     async fn volumes(&self) -> Result<Vec<(String, VolumeInfo)>, Status> {
+        self.listed(json!({})).await
+    }
+
+    /// The volumes `volume-list` with `args` lists, by name.
+    async fn listed(&self, args: Value) -> Result<Vec<(String, VolumeInfo)>, Status> {
         let list = self
             .array
-            .call("volume-list", json!({}))
+            .call("volume-list", args)
             .await
             .map_err(|e| status(&e, Code::Internal))?;
         Ok(list["volumes"]
@@ -121,9 +126,10 @@ impl ControllerService {
             .unwrap_or_default())
     }
 
+    /// One volume, asked for alone: its answer does not grow with the array.
     async fn volume(&self, name: &str) -> Result<Option<VolumeInfo>, Status> {
         Ok(self
-            .volumes()
+            .listed(json!({ "volume": name }))
             .await?
             .into_iter()
             .find(|(n, _)| n == name)

@@ -309,7 +309,10 @@ enum VolumeVerb {
         save: SaveFlag,
     },
     /// The pools, their volumes, sizes, mappings and snapshots.
-    List,
+    List {
+        /// Only this volume (none listed if there is no such volume).
+        volume: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -931,7 +934,7 @@ fn volume_request(what: &VolumeVerb) -> Value {
         VolumeVerb::Delete { volume, save } => {
             json!({"verb": "volume-delete", "volume": volume, "save": save.save})
         }
-        VolumeVerb::List => json!({"verb": "volume-list"}),
+        VolumeVerb::List { volume } => json!({"verb": "volume-list", "volume": volume}),
         VolumeVerb::Export {
             volume,
             initiator,
@@ -1200,7 +1203,7 @@ fn human(verb: &Verb, r: &Value) -> String {
         Verb::Luns => human_luns(r),
         Verb::Config { .. } => text(&r["toml"]),
         Verb::Volume {
-            what: VolumeVerb::List,
+            what: VolumeVerb::List { .. },
         } => human_volumes(r),
         Verb::Pool {
             what: PoolVerb::List { .. },

@@ -210,6 +210,17 @@ fn scenario(kind: &Kind) {
     assert_eq!(listed["volumes"][0]["size_bytes"], 64 << 20, "{listed}");
     let snaps = ok(&ctl, &["snapshot", "list", "vm1"]);
     assert_eq!(snaps["snapshots"][0]["snapshot"], "s1", "{snaps}");
+    // One volume asked for alone is that volume's entry of the whole listing.
+    let one = ok(&ctl, &["volume", "list", "vm1"]);
+    assert_eq!(one["volumes"].as_array().map(Vec::len), Some(1), "{one}");
+    assert_eq!(one["volumes"][0], listed["volumes"][0], "{one}");
+    assert_eq!(
+        one["volumes"][0]["snapshots"],
+        serde_json::json!(["s1"]),
+        "{one}"
+    );
+    let none = ok(&ctl, &["volume", "list", "vm9"]);
+    assert_eq!(none["volumes"], serde_json::json!([]), "{none}");
 
     // A clone of the volume as it is now. An RBD pool clones a snapshot taken for it, named
     // after the clone and kept while the clone depends on it.

@@ -12,6 +12,8 @@
 #                asks each frame)
 #   volumes      `ctl volume list` (every volume with its maps and exports: what a CSI
 #                ListVolumes asks)
+#   volume       `ctl volume list v00000` (one volume: what the CSI driver asks before a
+#                snapshot or a capability check); fails unless it lists that one volume
 #   report-luns  REPORT LUNS on a fresh session (bench/idle_sessions.py --probe; the median of
 #                ROUNDS, each after its own login; its cpu_ms is not measured: 0)
 #   idle         nothing for IDLE_S seconds (default 12: two of the space watch's checks) right
@@ -48,7 +50,7 @@ BIN=${1:?usage: bench/config-scale.sh BIN [SIZES] [ROUNDS]}
 SIZES=${2:-10 1000 4000}
 SIZES=${SIZES//,/ }
 ROUNDS=${3:-3}
-OPS=${OPS:-startup,idle,changed,status,luns,devices,volumes,report-luns,create,map,save,create-save,reload}
+OPS=${OPS:-startup,idle,changed,status,luns,devices,volumes,volume,report-luns,create,map,save,create-save,reload}
 IDLE_S=${IDLE_S:-12}
 IQN=iqn.2026-12.org.ferrosan:scale
 # A daemon holding 16,000 devices may take long to stop.
@@ -177,6 +179,12 @@ for n in $SIZES; do
     if wants volumes; then
         for ((r = 0; r < ROUNDS; r++)); do timed volumes ctl volume list; done
         row "$n" volumes
+    fi
+    if wants volume; then
+        for ((r = 0; r < ROUNDS; r++)); do timed volume ctl --json volume list v00000; done
+        listed=$(python3 -c 'import json,sys; print(",".join(v["volume"] for v in json.load(sys.stdin)["volumes"]))' <"$WORK/out")
+        [[ $listed == v00000 ]] || die "N=$n: volume list v00000 listed \"$listed\", not that one volume"
+        row "$n" volume
     fi
     if wants report-luns; then
         # A fresh login each round, then REPORT LUNS: the median of the REPORT LUNS alone.

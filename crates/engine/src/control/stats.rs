@@ -184,7 +184,7 @@ iqn = "iqn.2026-12.test:t"
 
     #[test]
     fn every_device_has_its_totals_latencies_and_maps_in_name_order() {
-        let shared = crate::dataplane::testing::shared(CONFIG);
+        let shared = crate::shared::testing::shared(CONFIG);
         let io = IoCounts {
             reads: 3,
             read_bytes: 12288,

@@ -20,7 +20,7 @@ pub mod route;
 mod send;
 pub(crate) mod sys;
 #[cfg(test)]
-pub(crate) mod testing;
+mod testing;
 mod view;
 mod wakeups;
 mod wire;

@@ -5,6 +5,8 @@
 
 pub mod listening;
 pub mod nudge;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

@@ -36,6 +36,8 @@
 #   TAG=text             appended to the results file's name (e.g. a commit)
 #   CACHE=page           the devices' `cache` (default: none given, "auto"); with "page" a
 #                        device holds one descriptor, not two (16,000 devices in 20,000)
+#   POOL=none            no [[pool]]: the files are devices of their own (the volume verbs
+#                        then have no pool to work in)
 # Results: bench/results/config-scale-DATE[-TAG].txt, one row per N and verb: the wall
 # seconds of a call (median, min, max) and the daemon's CPU milliseconds a call took (its
 # mean; /proc's clock ticks, so take many ROUNDS), which a busy machine leaves honest.
@@ -112,11 +114,9 @@ config() {
 tag = 1
 listen = ["127.0.0.1:$port"]
 
-[[pool]]
-name = "pool"
-path = "$WORK/pool"
-
 CONFIG
+    # POOL=none: the same files as devices of their own, outside any pool.
+    [[ ${POOL:-} == none ]] || printf '[[pool]]\nname = "pool"\npath = "%s/pool"\n\n' "$WORK"
     for ((i = 0; i < n; i++)); do
         printf '[[device]]\nname = "v%05d"\nstore = "file"\npath = "%s/pool/v%05d.img"\nsize = "1M"\n%s\n' \
             "$i" "$WORK" "$i" "$cache"

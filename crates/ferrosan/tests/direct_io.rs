@@ -699,7 +699,19 @@ fn within_six_checks(daemon: &Daemon, what: &str, done: &dyn Fn() -> bool) {
 /// the volumes, not a change).
 #[test]
 fn a_pools_volumes_share_its_filesystems_space_and_are_warned_at_each_crossing() {
-    let Some(fs) = SmallFs::new("pool-space", 8 << 20) else {
+    devices_on_one_filesystem_are_warned_at_each_crossing(true);
+}
+
+/// The same for file devices outside any pool whose files share a filesystem: grouped by it,
+/// one device's look a check answers for both.
+#[test]
+fn file_devices_on_one_filesystem_share_its_space_and_are_warned_at_each_crossing() {
+    devices_on_one_filesystem_are_warned_at_each_crossing(false);
+}
+
+fn devices_on_one_filesystem_are_warned_at_each_crossing(pooled: bool) {
+    let tag = if pooled { "pool-space" } else { "fs-space" };
+    let Some(fs) = SmallFs::new(tag, 8 << 20) else {
         eprintln!("SKIPPED: needs root and tmpfs mounts");
         return;
     };
@@ -710,11 +722,17 @@ fn a_pools_volumes_share_its_filesystems_space_and_are_warned_at_each_crossing()
             fs.dir.join(format!("{name}.img")).display()
         )
     };
+    let pool = match pooled {
+        true => format!(
+            "[[pool]]\nname = \"small\"\npath = \"{}\"\n\n",
+            fs.dir.display()
+        ),
+        false => String::new(),
+    };
     let body = format!(
-        "[[pool]]\nname = \"small\"\npath = \"{}\"\n\n{}{}[limits]\nspace_warning_percent = 60\n\n\
+        "{pool}{}{}[limits]\nspace_warning_percent = 60\n\n\
          [[target]]\niqn = \"{IQN}\"\n  [[target.group]]\n  name = \"all\"\n  any_initiator = true\n  \
          luns = [ {{ lun = 0, device = \"v0\" }}, {{ lun = 1, device = \"v1\" }} ]\n",
-        fs.dir.display(),
         volume("v0"),
         volume("v1"),
     );

@@ -13,6 +13,8 @@ pub mod portals;
 pub mod preflight;
 pub mod space;
 pub mod state;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;

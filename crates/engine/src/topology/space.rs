@@ -391,18 +391,9 @@ mod tests {
             file("a"),
             file("b"),
         );
-        let config = crate::config::Config::from_toml_str(&config, "test").expect("valid");
-        let metrics = Arc::new(Metrics::new());
-        let context = super::super::DeviceContext::new(&config, Arc::clone(&metrics));
-        let devices = (config.devices.iter())
-            .map(|d| {
-                (
-                    d.name.as_str().into(),
-                    context.open(d, &config).expect("it opens"),
-                )
-            })
-            .collect();
-        let topology = Topology::assemble(config.clone(), devices, 1).expect("built");
+        let super::super::testing::Opened {
+            topology, metrics, ..
+        } = super::super::testing::opened(&config);
         let mut watch = SpaceWatch::default();
         watch.check(&topology, &metrics);
         assert_eq!(watch.filesystems.len(), 1, "one filesystem");

@@ -14,14 +14,13 @@ pub mod api;
 pub mod edit;
 pub mod error;
 mod export;
+mod listings;
 pub mod reload;
-mod stats;
 mod volumes;
 
 pub use error::{ControlError, SocketError};
 pub use volumes::recover_pools;
 
-use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -395,8 +394,8 @@ async fn read_line_bounded<R: tokio::io::AsyncBufRead + Unpin>(
     }
 }
 
-/// An answer: a JSON value, or (`stats`) the text of a successful one, written straight from
-/// typed rows (see `stats.rs`).
+/// An answer: a JSON value, or (`stats`, `luns`: a row per device or LUN) the text of a
+/// successful one, written straight from typed rows (see `listings.rs`).
 enum Answer {
     Value(Value),
     Text(String),
@@ -431,7 +430,8 @@ fn answer(shared: &Shared, request: &[u8]) -> Answer {
         return Answer::Value(error("missing \"verb\""));
     };
     let result = match verb {
-        "stats" => Ok(Answer::Text(stats::render(shared))),
+        "stats" => Ok(Answer::Text(listings::stats(shared))),
+        "luns" => Ok(Answer::Text(listings::luns(shared))),
         _ => run_verb(shared, verb, args).map(Answer::Value),
     };
     if let Some(verb) = known_verb(verb) {
@@ -452,12 +452,11 @@ fn answer(shared: &Shared, request: &[u8]) -> Answer {
     }
 }
 
-/// Runs every verb but `stats`.
+/// Runs every verb but `stats` and `luns`.
 fn run_verb(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, ControlError> {
     match verb {
         "status" => Ok(status(shared)),
         "sessions" => Ok(sessions(shared)),
-        "luns" => Ok(luns(shared)),
         "config" => Ok(json!({ "toml": shared.topology().config.to_toml() })),
         "reload" => reload(shared, args),
         "save" => save(shared),
@@ -633,67 +632,8 @@ fn add_door_facts(row: &mut Value, facts: &DoorFacts) {
     }
 }
 
-fn luns(shared: &Shared) -> Value {
-    let topology = shared.topology();
-    // By name once: a lookup per LUN stays O(1) at 16,000 LUNs (a search per LUN made the
-    // listing quadratic: 2.6 s of CPU there).
-    let configs: HashMap<&str, &crate::config::DeviceConfig> = topology
-        .config
-        .devices
-        .iter()
-        .map(|d| (d.name.as_str(), &**d))
-        .collect();
-    let mut list = Vec::new();
-    for t in &topology.targets {
-        for (g, group) in t.config.groups.iter().zip(&t.groups) {
-            for m in &g.luns {
-                let Some(device) = topology.devices.get(m.device.as_str()) else {
-                    continue;
-                };
-                let lu = &device.unit;
-                let dc = configs.get(m.device.as_str());
-                let (store, path) = dc.map_or(("?", None), |d| (d.store.name(), d.store.medium()));
-                let caps = lu.capabilities();
-                // Under RBD gateways: who owns the image, as this gateway knows it.
-                let (gateway_owner, owner_here, ships) = match &device.ownership {
-                    Some(o) => (
-                        json!(o.owner_name()),
-                        json!(o.owns_here()),
-                        json!(scsi::Ownership::ships(o.as_ref())),
-                    ),
-                    None => (Value::Null, Value::Null, Value::Null),
-                };
-                list.push(json!({
-                    "target": t.iqn.as_str(),
-                    "group": group.name,
-                    "lun": m.lun,
-                    "device": m.device,
-                    "store": store,
-                    "path": path,
-                    "size_bytes": lu.capacity_bytes(),
-                    "block_size": lu.settings().block_size,
-                    "read_only": m.read_only || lu.settings().read_only,
-                    "write_cache": lu.write_cache_enabled(),
-                    "ships_to_owner": ships,
-                    "direct": caps.direct,
-                    "offline": lu.is_offline(),
-                    "serial": lu.identity().serial,
-                    "product": lu.identity().product,
-                    "gateway_owner": gateway_owner,
-                    "owner_here": owner_here,
-                }));
-            }
-        }
-    }
-    // Moved in, not through `json!`, which would copy every LUN's map again.
-    let mut answer = Map::new();
-    answer.insert("luns".into(), Value::Array(list));
-    answer.insert("unmapped_devices".into(), json!(unmapped(&topology.config)));
-    Value::Object(answer)
-}
-
 /// The devices of `config` no LUN maps.
-fn unmapped(config: &crate::config::Config) -> Vec<&String> {
+pub(super) fn unmapped(config: &crate::config::Config) -> Vec<&String> {
     let maps = edit::maps_by_device(config);
     (config.devices.iter())
         .map(|d| &d.name)

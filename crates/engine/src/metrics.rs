@@ -75,8 +75,11 @@ pub const LATENCY_BOUNDS_NS: [u64; 18] = [
 ];
 
 /// Command latencies one connection counted (per device and direction) between two reports:
-/// plain integers, so the command path touches no shared memory.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// plain integers, so the command path touches no shared memory. Serialized as `stats` and
+/// `sessions` show it (`ferrosan top` takes percentiles of the difference of two): commands
+/// (`count`), summed nanoseconds (`sum_ns`), and per bucket of [`LATENCY_BOUNDS_NS`] (then
+/// +Inf) the commands that fell in it (`buckets`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct LatencyCounts {
     /// Per bucket (not cumulative); the last one is +Inf.
     pub buckets: [u64; LATENCY_BOUNDS_NS.len() + 1],
@@ -98,15 +101,9 @@ impl LatencyCounts {
         self.count += 1;
     }
 
-    /// The same, as `stats` shows it (`ferrosan top` takes percentiles of the difference
-    /// of two): commands, summed nanoseconds, and per bucket of [`LATENCY_BOUNDS_NS`] (then
-    /// +Inf) the commands that fell in it.
+    /// As a JSON value (see the type's serialization).
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "count": self.count,
-            "sum_ns": self.sum_ns,
-            "buckets": self.buckets.to_vec(),
-        })
+        serde_json::json!(self)
     }
 
     pub fn add(&mut self, other: &LatencyCounts) {

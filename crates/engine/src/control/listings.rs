@@ -36,8 +36,8 @@ struct DeviceRow<'a> {
     read_bytes: u64,
     write_bytes: u64,
     errors: u64,
-    read_latency: Latency,
-    write_latency: Latency,
+    read_latency: LatencyCounts,
+    write_latency: LatencyCounts,
     in_flight: usize,
     offline: bool,
     size_bytes: u64,
@@ -55,25 +55,6 @@ struct MappedAs<'a> {
     target: &'a str,
     group: &'a str,
     lun: u64,
-}
-
-/// Commands timed, their summed nanoseconds, and per bucket of [`LATENCY_BOUNDS_NS`] (then
-/// +Inf) the commands that fell in it.
-#[derive(Serialize)]
-pub(super) struct Latency {
-    count: u64,
-    sum_ns: u64,
-    buckets: [u64; LATENCY_BOUNDS_NS.len() + 1],
-}
-
-impl From<LatencyCounts> for Latency {
-    fn from(c: LatencyCounts) -> Latency {
-        Latency {
-            count: c.count,
-            sum_ns: c.sum_ns,
-            buckets: c.buckets,
-        }
-    }
 }
 
 /// A network worker's connections and busy share (its CPU time over the last second, busy
@@ -104,8 +85,8 @@ pub(super) fn stats(shared: &Shared) -> String {
                 read_bytes: t.read_bytes,
                 write_bytes: t.write_bytes,
                 errors: t.errors,
-                read_latency: t.read_latency.into(),
-                write_latency: t.write_latency.into(),
+                read_latency: t.read_latency,
+                write_latency: t.write_latency,
                 in_flight: device.unit.in_flight().count(),
                 offline: device.unit.is_offline(),
                 size_bytes: device.unit.capacity_bytes(),

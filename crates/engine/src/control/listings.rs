@@ -205,7 +205,7 @@ pub(super) fn luns(shared: &Shared) -> String {
 
 /// A typed answer's text. Its rows hold strings, integers, booleans and floats (serde_json
 /// writes a NaN or an infinite float as null rather than failing), so this does not fail.
-fn rendered<T: Serialize>(answer: &T) -> String {
+pub(super) fn rendered<T: Serialize>(answer: &T) -> String {
     serde_json::to_string(answer)
         .unwrap_or_else(|e| super::error(format!("internal error: {e}")).to_string())
 }

@@ -394,7 +394,8 @@ async fn read_line_bounded<R: tokio::io::AsyncBufRead + Unpin>(
     }
 }
 
-/// An answer: a JSON value, or (`stats`, `luns`: a row per device or LUN) the text of a
+/// An answer: a JSON value, or (`stats`, `luns`, `volume-list`: a row per device, LUN or
+/// volume) the text of a
 /// successful one, written straight from typed rows (see `listings.rs`).
 enum Answer {
     Value(Value),
@@ -432,6 +433,7 @@ fn answer(shared: &Shared, request: &[u8]) -> Answer {
     let result = match verb {
         "stats" => Ok(Answer::Text(listings::stats(shared))),
         "luns" => Ok(Answer::Text(listings::luns(shared))),
+        "volume-list" => volumes::list(shared, args).map(Answer::Text),
         _ => run_verb(shared, verb, args).map(Answer::Value),
     };
     if let Some(verb) = known_verb(verb) {
@@ -452,7 +454,7 @@ fn answer(shared: &Shared, request: &[u8]) -> Answer {
     }
 }
 
-/// Runs every verb but `stats` and `luns`.
+/// Runs every verb but `stats`, `luns` and `volume-list`.
 fn run_verb(shared: &Shared, verb: &str, args: &Map<String, Value>) -> Result<Value, ControlError> {
     match verb {
         "status" => Ok(status(shared)),

@@ -45,7 +45,8 @@
 # the guest found it gone, its last output and the kernel's I/O errors), guest-console.log (the guest's
 # kernel log, fio output, multipath -ll at each step), guest-report.log (its RESULT lines and
 # requests), POLICY/gateway-a.log and gateway-b.log (every life of each daemon, appended),
-# POLICY/ferrosan.toml, POLICY/metrics.tsv (the scrapes), POLICY/events.log (requests, signals,
+# POLICY/ferrosan.toml, POLICY/metrics.tsv (the scrapes: owner, takeovers, fencing, NOT READY
+# answers, device writes and those over 1 s), POLICY/events.log (requests, signals,
 # owner changes as the host saw them), ceph.log. Exit status: non-zero if a judged run failed.
 #
 # Environment: FERROSAN_BIN             prebuilt daemon (default: cargo build --release -p ferrosan)
@@ -185,10 +186,13 @@ start_gateway() {
     fi
 }
 
-METRICS=(takeovers fenced shipfail notready)
+METRICS=(takeovers fenced shipfail notready slow)
 # scrape G: read gateway G's metrics into CUR[G:...] and OWN_LAST[G]; a line in metrics.tsv.
+# `slow` counts the writes its devices took over a second to complete (the latency histogram's
+# count less its bucket le=1): a stall the guest sees with no slow write at either gateway lay
+# on the guest's side (its SCSI or multipath layer), one with them at the gateway or below.
 scrape() {
-    local g=$1 text vals owner tk fenced shipfail notready reasons
+    local g=$1 text vals owner tk fenced shipfail notready writes slow reasons
     [[ -n ${GW_PID[$g]:-} && -z ${GW_STOPPED[$g]:-} ]] || return 0
     text=$(curl -s -m 1 "http://127.0.0.1:${GW_MPORT[$g]}/metrics" 2>/dev/null) || return 0
     [[ -n $text ]] || return 0
@@ -198,15 +202,17 @@ scrape() {
         /^ferrosan_gateway_fenced_total\{/ { fenced += $NF }
         /^ferrosan_gateway_ship_failures_total\{/ { shipfail += $NF }
         /^ferrosan_device_errors_total\{/ && /not_ready/ { notready += $NF }
-        END { if (!seen) owner = "?"; print owner, tk + 0, fenced + 0, shipfail + 0, notready + 0, (reasons == "" ? "-" : reasons) }' <<<"$text")
-    read -r owner tk fenced shipfail notready reasons <<<"$vals"
-    CUR[$g:takeovers]=$tk CUR[$g:fenced]=$fenced CUR[$g:shipfail]=$shipfail CUR[$g:notready]=$notready
+        /^ferrosan_device_latency_seconds_count\{/ && /op="write"/ { writes += $NF }
+        /^ferrosan_device_latency_seconds_bucket\{/ && /op="write"/ && /le="1(\.0)?"/ { second += $NF }
+        END { if (!seen) owner = "?"; print owner, tk + 0, fenced + 0, shipfail + 0, notready + 0, writes + 0, writes - second, (reasons == "" ? "-" : reasons) }' <<<"$text")
+    read -r owner tk fenced shipfail notready writes slow reasons <<<"$vals"
+    CUR[$g:takeovers]=$tk CUR[$g:fenced]=$fenced CUR[$g:shipfail]=$shipfail CUR[$g:notready]=$notready CUR[$g:slow]=$slow
     if [[ ${OWN_LAST[$g]:-} != "$owner" ]]; then
         event "owner metric of gateway $g: ${OWN_LAST[$g]:-none} -> $owner"
         OWN_LAST[$g]=$owner
     fi
-    printf '%s %s owner=%s takeovers=%s fenced=%s ship_failures=%s not_ready=%s reasons=%s\n' \
-        "$(now)" "$g" "$owner" "$tk" "$fenced" "$shipfail" "$notready" "$reasons" >>"$RUN_OUT/metrics.tsv"
+    printf '%s %s owner=%s takeovers=%s fenced=%s ship_failures=%s not_ready=%s writes=%s slow_writes=%s reasons=%s\n' \
+        "$(now)" "$g" "$owner" "$tk" "$fenced" "$shipfail" "$notready" "$writes" "$slow" "$reasons" >>"$RUN_OUT/metrics.tsv"
 }
 # total METRIC: the run's sum over both gateways and all their lives.
 total() {
@@ -452,7 +458,7 @@ host_results() {
         echo "$name.owners_after=${MARK_OWN[$to]}"
         echo "$name.seconds=$(rel "${MARK_T[$to]}" "${MARK_T[$from]}")"
         local m a b
-        for m in fenced shipfail notready; do
+        for m in fenced shipfail notready slow; do
             a=$(awk -v k="$m" '$1 == "'"$from"'" { for (i = 3; i <= NF; i++) if (index($i, k "=") == 1) { sub(/.*=/, "", $i); print $i } }' "$RUN_OUT/marks" | head -n1)
             b=$(awk -v k="$m" '$1 == "'"$to"'" { for (i = 3; i <= NF; i++) if (index($i, k "=") == 1) { sub(/.*=/, "", $i); print $i } }' "$RUN_OUT/marks" | head -n1)
             echo "$name.$m=$(( ${b:-0} - ${a:-0} ))"
@@ -656,9 +662,9 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
         printf '  1 SIGKILL owner %s: stall %s s (longest gap between write completions, from %s to %s s after the kill); I/O disrupted until %s s (%s gaps over 1 s, %s s in all); max write latency %s s\n' \
             "$(res "$p" mark victim)" "${kgap:-?}" "$(wv kill gap_start)" "$(wv kill gap_end)" "${kuntil:-?}" "$(wv kill stalls)" "$(wv kill stalled)" "${klat:-?}"
         guest_events kill
-        printf '      host: takeovers %s; first "took over" %s s, first "fenced" %s s after the SIGKILL; owners after: %s; NOT READY answers %s, ship failures %s\n' \
+        printf '      host: takeovers %s; first "took over" %s s, first "fenced" %s s after the SIGKILL; owners after: %s; NOT READY answers %s, ship failures %s, device writes over 1 s %s\n' \
             "$(hres "$p" kill.takeovers)" "$(hres "$p" kill.first_took)" "$(hres "$p" kill.first_fenced)" "$(hres "$p" kill.owners_after)" \
-            "$(hres "$p" kill.notready)" "$(hres "$p" kill.shipfail)"
+            "$(hres "$p" kill.notready)" "$(hres "$p" kill.shipfail)" "$(hres "$p" kill.slow)"
         printf '  return of the killed gateway (%s s): takeovers %s, owners after: %s; longest gap %s s (%s over 1 s), max latency %s s; NOT READY %s, ship failures %s\n' \
             "$(hres "$p" return.seconds)" "$(hres "$p" return.takeovers)" "$(hres "$p" return.owners_after)" "$(wv return gap)" "$(wv return stalls)" "$(wv return max_lat)" \
             "$(hres "$p" return.notready)" "$(hres "$p" return.shipfail)"
@@ -667,9 +673,9 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
             "$STOP_S" "${suntil:-?}" "$(wv stop stalls)" "$(wv stop stalled)" "${sgap:-?}" "$(wv stop gap_start)" "$(wv stop gap_end)" "$from_det" "${sdet:-?}" \
             "$(detection "$sdet")" "${slat:-?}"
         guest_events stop
-        printf '      host: takeovers %s; first "took over" %s s, first "fenced" %s s after the SIGSTOP; owners at SIGCONT: %s; NOT READY %s, ship failures %s\n' \
+        printf '      host: takeovers %s; first "took over" %s s, first "fenced" %s s after the SIGSTOP; owners at SIGCONT: %s; NOT READY %s, ship failures %s, device writes over 1 s %s\n' \
             "$(hres "$p" stop.takeovers)" "$(hres "$p" stop.first_took)" "$(hres "$p" stop.first_fenced)" "$(hres "$p" stop.owners_after)" \
-            "$(hres "$p" stop.notready)" "$(hres "$p" stop.shipfail)"
+            "$(hres "$p" stop.notready)" "$(hres "$p" stop.shipfail)" "$(hres "$p" stop.slow)"
         printf '  resume (SIGCONT to the end of the run, %s s): takeovers %s, owners at the end: %s; longest gap %s s (%s over 1 s), max latency %s s\n' \
             "$(hres "$p" resume.seconds)" "$(hres "$p" resume.takeovers)" "$(hres "$p" resume.owners_after)" "$(wv resume gap)" "$(wv resume stalls)" "$(wv resume max_lat)"
         echo "  gateway log lines (seconds after the window's start):"

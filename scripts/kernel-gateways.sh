@@ -40,6 +40,10 @@
 # at most STALL_MAX_S after the guest's session to the stopped gateway failed (its first "ping
 # timeout" or "detected conn error" in the kernel log; for NVMe/TCP, its controller's first
 # keep-alive or I/O timeout or error recovery; the stall from the SIGSTOP itself is reported too). Fault times are the guest's, when it asked (the host acts within ~0.2 s).
+# Beside each fault, not judged: the guest's own pulse (a timestamp every 0.1 s from shell
+# builtins; its longest pause is a time the emulated guest itself did not run) and the gateways'
+# device writes that took over a second, so a stall is placed in the guest, at a gateway or in
+# Ceph.
 #
 # Results in target/kernel-gateways/: summary.txt (every number; for a run whose fio failed, when
 # the guest found it gone, its last output and the kernel's I/O errors), guest-console.log (the guest's
@@ -608,6 +612,8 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
             for (i = 5; i <= NF; i++) if (index($i, k "=") == 1) { print substr($i, length(k) + 2); exit } }' "$REPORT"; }
         ev() { awk -v p="$p" -v w="$1" -v k="$2" '$1 == "RESULT" && $2 == p && $3 == "events" && $4 == w {
             for (i = 5; i <= NF; i++) if (index($i, k "=") == 1) { print substr($i, length(k) + 2); exit } }' "$REPORT"; }
+        pv() { awk -v p="$p" -v w="$1" -v k="$2" '$1 == "RESULT" && $2 == p && $3 == "pulse" && $4 == w {
+            for (i = 5; i <= NF; i++) if (index($i, k "=") == 1) { print substr($i, length(k) + 2); exit } }' "$REPORT"; }
         # guest_events WINDOW: the guest kernel's view of the fault, per transport.
         guest_events() {
             if [[ $p == nvme ]]; then
@@ -617,6 +623,9 @@ read -r -a planned < <(sed -n 's/^PLAN //p' "$REPORT" | head -n1) || true
                 printf '      guest: conn error %s s, session recovery timeout %s s, path failed %s s, ALUA on the other path %s s (after the %s)\n' \
                     "$(ev "$1" conn_error)" "$(ev "$1" recovery_timeout)" "$(ev "$1" path_failed)" "$(ev "$1" alua_other)" "$1"
             fi
+            # A stall the guest's own pulse shares was the guest not running, not its storage.
+            printf '      guest pulse: longest pause %s s at %s s, %s over 0.5 s (after the %s)\n' \
+                "$(pv "$1" longest)" "$(pv "$1" at)" "$(pv "$1" over_half_s)" "$1"
         }
         # detection TIME: what the guest's first sign of the hang was.
         detection() {

@@ -48,6 +48,39 @@ FIO_SIZE=$((FIO_RATE * FIO_SECONDS * 4096))
 say() { printf '[%s] %s\n' "$(date +%T.%3N)" "$*"; }
 # epoch: the guest's clock, seconds with milliseconds (fio's log has milliseconds).
 epoch() { date +%s.%3N; }
+# pulse_start: the guest's own pulse while a run writes: a timestamp every 0.1 s from shell
+# builtins alone (no process started per beat), so a gap in it is a time the guest itself did
+# not run (its emulated CPUs starved on the host), not a stall of the storage.
+pulse_start() {
+    rm -f "$WORK/never" "$WORK/pulse"
+    mkfifo "$WORK/never"
+    (
+        # A FIFO opened both ways never has data nor ends: `read -t` on it is a builtin sleep.
+        exec 9<>"$WORK/never"
+        while :; do
+            printf '%s\n' "$EPOCHREALTIME"
+            read -r -t 0.1 -u 9 _
+        done
+    ) >"$WORK/pulse" &
+    PULSE_PID=$!
+}
+pulse_stop() {
+    [[ -n ${PULSE_PID:-} ]] || return 0
+    kill "$PULSE_PID" 2>/dev/null
+    wait "$PULSE_PID" 2>/dev/null
+    PULSE_PID=""
+}
+# pulse_window NAME FROM TO REF: the longest gap in the guest's pulse that overlaps [FROM, TO]
+# (longest, starting at: seconds after REF) and how many exceeded half a second.
+pulse_window() {
+    awk -v ws="$2" -v we="$3" -v ref="$4" -v name="$1" -v pol="$POLICY" '
+        { t = $1 + 0; if (have && t >= ws && prev <= we) { g = t - prev; if (g > mg) { mg = g; gs = prev } if (g > 0.5) n++ } prev = t; have = 1 }
+        END {
+            printf "RESULT %s pulse %s", pol, name
+            if (mg == 0) printf " longest=- at=- over_half_s=0\n"
+            else printf " longest=%.3f at=%.3f over_half_s=%d\n", mg, gs - ref, n
+        }' "$WORK/pulse"
+}
 # kmark NAME EPOCH: a line in the kernel's log, so that kernel events are timed against it.
 kmark() { echo "kgw: $1 at $2" >/dev/kmsg; }
 add() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a + b }'; }
@@ -499,6 +532,7 @@ run_faults() {
     FIO_GONE=""
     local t0 t_kill t_res t_restart t_stop t_cont t_end victim1="" victim2=""
     t0=$(epoch)
+    pulse_start
     fio_start
     if ! wait_io_flowing "$t0" 30 >/dev/null; then
         gfail "fio's writes do not reach the map"
@@ -578,6 +612,7 @@ run_faults() {
     host_request 10 mark end || true
 
     # fio: the rest of its write phase, then its verify pass over everything written.
+    pulse_stop
     if ! fio_wait $((FIO_SECONDS * 3 + 300)); then
         gfail "fio did not finish"
         return 1
@@ -604,6 +639,8 @@ run_faults() {
         window stop "$t_stop" "$t_cont" "$t_stop" overlap | report_stdin
         window resume "$t_cont" "$t_end" "$t_cont" within | report_stdin
         window all "$t0" "$t_end" "$t0" overlap | report_stdin
+        pulse_window kill "$t_kill" "$t_restart" "$t_kill" | report_stdin
+        pulse_window stop "$t_stop" "$t_cont" "$t_stop" | report_stdin
         # The gaps over a second, for the console.
         awk -F', *' -v t0="$t0" '$3 == 1 { t = $1 / 1000; if (have && t - prev > 1) printf "gap %.3f s: %.3f .. %.3f (s after fio started)\n", t - prev, prev - t0, t - t0; prev = t; have = 1 }' "$WORK/lat.sorted"
     fi

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
@@ -18,6 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::log_limit::LogLimiter;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -104,6 +106,19 @@ impl LatencyCounts {
     /// As a JSON value (see the type's serialization).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!(self)
+    }
+
+    /// Of the commands counted, how many took longer than `bound_ns` (one of
+    /// [`LATENCY_BOUNDS_NS`]), and the upper bound of the slowest one's bucket (None: beyond
+    /// the last bound).
+    pub fn slower_than(&self, bound_ns: u64) -> (u64, Option<u64>) {
+        let first = (LATENCY_BOUNDS_NS.iter())
+            .position(|&bound| bound > bound_ns)
+            .unwrap_or(LATENCY_BOUNDS_NS.len());
+        let slow = self.buckets.get(first..).unwrap_or(&[]);
+        let slowest = (slow.iter().rposition(|&n| n > 0))
+            .and_then(|i| LATENCY_BOUNDS_NS.get(first + i).copied());
+        (slow.iter().sum(), slowest)
     }
 
     pub fn add(&mut self, other: &LatencyCounts) {
@@ -620,6 +635,49 @@ struct DeviceSeries {
     errors: [Counter; ERROR_CAUSES.len()],
     /// By [`LATENCY_OPS`] index.
     latency: [BulkHistogram; LATENCY_OPS.len()],
+    /// The log lines of its slow commands ([`DeviceSeries::say_slow`]).
+    slow_log: Mutex<LogLimiter>,
+}
+
+/// A read or write that took longer than this is a slow one: logged, as the histogram counts
+/// it, so that an admin reading the journal learns which device stalled a host and when.
+pub const SLOW_COMMAND_NS: u64 = 1_000_000_000;
+
+/// At most one line a device per this long: every connection that used a stalled device
+/// reports its slow commands each second.
+const SLOW_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+impl DeviceSeries {
+    /// Logs the commands of one connection's report that took over [`SLOW_COMMAND_NS`], at
+    /// most once per [`SLOW_LOG_INTERVAL`], counting the reports held back since the last
+    /// line. True if it logged.
+    fn say_slow(&self, device: &str, op: &str, counts: &LatencyCounts, now: Instant) -> bool {
+        let (slow, slowest) = counts.slower_than(SLOW_COMMAND_NS);
+        if slow == 0 {
+            return false;
+        }
+        let admitted = (self.slow_log.lock().unwrap_or_else(|p| p.into_inner())).admit(now);
+        let Some(held_back) = admitted else {
+            return false;
+        };
+        let seconds = |ns: u64| ns as f64 / 1e9;
+        let slowest = match slowest {
+            Some(bound) => format!("the slowest within {} s", seconds(bound)),
+            None => format!(
+                "the slowest over {} s",
+                seconds(LATENCY_BOUNDS_NS[LATENCY_BOUNDS_NS.len() - 1])
+            ),
+        };
+        tracing::warn!(
+            device,
+            op,
+            slow,
+            reports_held_back = held_back,
+            "device {device}: {slow} {op}s took over {} s to complete ({slowest}): the device, or what it stands on, was slow",
+            seconds(SLOW_COMMAND_NS)
+        );
+        true
+    }
 }
 
 impl std::ops::Deref for Metrics {
@@ -736,6 +794,7 @@ impl Metrics {
                         })
                         .clone()
                 }),
+                slow_log: Mutex::new(LogLimiter::new(SLOW_LOG_INTERVAL)),
             })
         });
         Arc::clone(series)
@@ -792,7 +851,11 @@ impl Metrics {
     /// Adds one connection's command latencies on `device` (`op`: "read" or "write").
     pub fn add_latency(&self, device: &str, op: &'static str, counts: &LatencyCounts) {
         match LATENCY_OPS.iter().position(|&known| known == op) {
-            Some(i) => self.series(device).latency[i].add(counts),
+            Some(i) => {
+                let series = self.series(device);
+                series.latency[i].add(counts);
+                series.say_slow(device, op, counts, Instant::now());
+            }
             None => self
                 .device_latency
                 .get_or_create(&LatencyLabel {
@@ -1470,6 +1533,39 @@ mod tests {
         // A huge value saturates the sum instead of wrapping.
         c.observe(Duration::from_secs(u64::MAX));
         assert_eq!(c.sum_ns, u64::MAX);
+    }
+
+    #[test]
+    fn a_report_with_slow_commands_is_logged_once_per_interval_a_device() {
+        let mut fast = LatencyCounts::default();
+        fast.observe(Duration::from_millis(100));
+        fast.observe(Duration::from_secs(1));
+        assert_eq!(
+            fast.slower_than(SLOW_COMMAND_NS),
+            (0, None),
+            "1 s is not slow"
+        );
+        let mut slow = LatencyCounts::default();
+        slow.observe(Duration::from_millis(1500));
+        slow.observe(Duration::from_secs(2));
+        slow.observe(Duration::from_millis(100));
+        assert_eq!(slow.slower_than(SLOW_COMMAND_NS), (2, Some(2_500_000_000)));
+        let mut stuck = LatencyCounts::default();
+        stuck.observe(Duration::from_secs(30));
+        assert_eq!(stuck.slower_than(SLOW_COMMAND_NS), (1, None));
+
+        let m = Metrics::new();
+        let (d, e) = (m.series("d"), m.series("e"));
+        let t0 = Instant::now();
+        assert!(!d.say_slow("d", "write", &fast, t0), "nothing slow");
+        assert!(d.say_slow("d", "write", &slow, t0));
+        let soon = t0 + SLOW_LOG_INTERVAL - Duration::from_millis(1);
+        assert!(!d.say_slow("d", "read", &stuck, soon), "held back");
+        assert!(
+            e.say_slow("e", "write", &stuck, soon),
+            "each device its own"
+        );
+        assert!(d.say_slow("d", "read", &stuck, t0 + SLOW_LOG_INTERVAL));
     }
 
     #[test]

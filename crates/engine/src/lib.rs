@@ -1,6 +1,6 @@
 //! The ferrosan engine: the running target around the iSCSI and SCSI cores.
 //!
-//! Its rooms, and the only direction their imports run (docs/ARCHITECTURE.md, "Rooms"):
+//! Its rooms, and the only direction their imports run (docs/ARCHITECTURE.md, *Rooms of the engine*):
 //! [`server`] → {[`control`], [`dataplane`]} → [`shared`] → [`admission`] → [`topology`] →
 //! {[`io`], [`config`], [`metrics`]}. The control plane and the data plane never import each
 //! other; nothing imports the server.

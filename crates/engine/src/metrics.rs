@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -108,12 +108,22 @@ impl LatencyCounts {
         serde_json::json!(self)
     }
 
-    /// Of the commands counted, how many took longer than `bound_ns` (one of
-    /// [`LATENCY_BOUNDS_NS`]), and the upper bound of the slowest one's bucket (None: beyond
-    /// the last bound).
-    pub fn slower_than(&self, bound_ns: u64) -> (u64, Option<u64>) {
+    /// The bound a threshold is judged at: the first of [`LATENCY_BOUNDS_NS`] at or above it
+    /// (the buckets cannot tell apart the commands between two bounds); the last bound past it.
+    pub fn slow_bound(threshold_ns: u64) -> u64 {
+        let last = LATENCY_BOUNDS_NS[LATENCY_BOUNDS_NS.len() - 1];
+        (LATENCY_BOUNDS_NS.iter().copied())
+            .find(|&bound| bound >= threshold_ns)
+            .unwrap_or(last)
+    }
+
+    /// Of the commands counted, how many took longer than [`Self::slow_bound`] of
+    /// `threshold_ns`, and the upper bound of the slowest one's bucket (None: beyond the last
+    /// bound).
+    pub fn slower_than(&self, threshold_ns: u64) -> (u64, Option<u64>) {
+        let bound = Self::slow_bound(threshold_ns);
         let first = (LATENCY_BOUNDS_NS.iter())
-            .position(|&bound| bound > bound_ns)
+            .position(|&b| b > bound)
             .unwrap_or(LATENCY_BOUNDS_NS.len());
         let slow = self.buckets.get(first..).unwrap_or(&[]);
         let slowest = (slow.iter().rposition(|&n| n > 0))
@@ -615,6 +625,8 @@ pub struct Metrics {
     /// Each device's series by name, made at its first report or `stats` (see
     /// [`DeviceSeries`]); dropped with the series when the device goes.
     device_series: std::sync::RwLock<HashMap<String, Arc<DeviceSeries>>>,
+    /// Past this a read or write is slow and logged (`slow_command_ms`); 0 = never.
+    slow_command_ns: AtomicU64,
 }
 
 /// The ops of `device_latency_seconds`, in [`DeviceSeries::latency`]'s order.
@@ -639,9 +651,10 @@ struct DeviceSeries {
     slow_log: Mutex<LogLimiter>,
 }
 
-/// A read or write that took longer than this is a slow one: logged, as the histogram counts
-/// it, so that an admin reading the journal learns which device stalled a host and when.
-pub const SLOW_COMMAND_NS: u64 = 1_000_000_000;
+/// A read or write that took longer than this is a slow one (`slow_command_ms`, 1 s by
+/// default): logged, as the histogram counts it, so that an admin reading the journal learns
+/// which device stalled a host and when.
+const SLOW_COMMAND_NS: u64 = 1_000_000_000;
 
 /// At most one line a device per this long: every connection that used a stalled device
 /// reports its slow commands each second.
@@ -651,8 +664,18 @@ impl DeviceSeries {
     /// Logs the commands of one connection's report that took over [`SLOW_COMMAND_NS`], at
     /// most once per [`SLOW_LOG_INTERVAL`], counting the reports held back since the last
     /// line. True if it logged.
-    fn say_slow(&self, device: &str, op: &str, counts: &LatencyCounts, now: Instant) -> bool {
-        let (slow, slowest) = counts.slower_than(SLOW_COMMAND_NS);
+    fn say_slow(
+        &self,
+        device: &str,
+        op: &str,
+        counts: &LatencyCounts,
+        threshold_ns: u64,
+        now: Instant,
+    ) -> bool {
+        if threshold_ns == 0 {
+            return false;
+        }
+        let (slow, slowest) = counts.slower_than(threshold_ns);
         if slow == 0 {
             return false;
         }
@@ -674,7 +697,7 @@ impl DeviceSeries {
             slow,
             reports_held_back = held_back,
             "device {device}: {slow} {op}s took over {} s to complete ({slowest}): the device, or what it stands on, was slow",
-            seconds(SLOW_COMMAND_NS)
+            seconds(LatencyCounts::slow_bound(threshold_ns))
         );
         true
     }
@@ -748,7 +771,15 @@ impl Metrics {
             initiator_pairs: Mutex::new(std::collections::HashSet::new()),
             devices,
             device_series: std::sync::RwLock::default(),
+            slow_command_ns: AtomicU64::new(SLOW_COMMAND_NS),
         }
+    }
+
+    /// Reads and writes slower than `ms` milliseconds are logged from now on (the config's
+    /// `slow_command_ms`); 0: none.
+    pub fn set_slow_command_ms(&self, ms: u32) {
+        let ns = u64::from(ms) * 1_000_000;
+        self.slow_command_ns.store(ns, Ordering::Relaxed);
     }
 
     /// `device`'s series (see [`DeviceSeries`]), made in the families on first use: every
@@ -854,7 +885,8 @@ impl Metrics {
             Some(i) => {
                 let series = self.series(device);
                 series.latency[i].add(counts);
-                series.say_slow(device, op, counts, Instant::now());
+                let threshold = self.slow_command_ns.load(Ordering::Relaxed);
+                series.say_slow(device, op, counts, threshold, Instant::now());
             }
             None => self
                 .device_latency
@@ -1540,32 +1572,39 @@ mod tests {
         let mut fast = LatencyCounts::default();
         fast.observe(Duration::from_millis(100));
         fast.observe(Duration::from_secs(1));
-        assert_eq!(
-            fast.slower_than(SLOW_COMMAND_NS),
-            (0, None),
-            "1 s is not slow"
-        );
+        let at = SLOW_COMMAND_NS;
+        assert_eq!(fast.slower_than(at), (0, None), "1 s is not slow");
+        // Between two bounds, the next one up: 150 ms is judged at 250 ms.
+        assert_eq!(LatencyCounts::slow_bound(150_000_000), 250_000_000);
+        assert_eq!(fast.slower_than(150_000_000), (1, Some(1_000_000_000)));
+        assert_eq!(fast.slower_than(100_000_000), (1, Some(1_000_000_000)));
         let mut slow = LatencyCounts::default();
         slow.observe(Duration::from_millis(1500));
         slow.observe(Duration::from_secs(2));
         slow.observe(Duration::from_millis(100));
-        assert_eq!(slow.slower_than(SLOW_COMMAND_NS), (2, Some(2_500_000_000)));
+        assert_eq!(slow.slower_than(at), (2, Some(2_500_000_000)));
         let mut stuck = LatencyCounts::default();
         stuck.observe(Duration::from_secs(30));
-        assert_eq!(stuck.slower_than(SLOW_COMMAND_NS), (1, None));
+        assert_eq!(stuck.slower_than(at), (1, None));
 
         let m = Metrics::new();
         let (d, e) = (m.series("d"), m.series("e"));
         let t0 = Instant::now();
-        assert!(!d.say_slow("d", "write", &fast, t0), "nothing slow");
-        assert!(d.say_slow("d", "write", &slow, t0));
+        assert!(!d.say_slow("d", "write", &fast, at, t0), "nothing slow");
+        assert!(!d.say_slow("d", "write", &slow, 0, t0), "0: never");
+        assert!(d.say_slow("d", "write", &slow, at, t0));
         let soon = t0 + SLOW_LOG_INTERVAL - Duration::from_millis(1);
-        assert!(!d.say_slow("d", "read", &stuck, soon), "held back");
+        assert!(!d.say_slow("d", "read", &stuck, at, soon), "held back");
         assert!(
-            e.say_slow("e", "write", &stuck, soon),
+            e.say_slow("e", "write", &stuck, at, soon),
             "each device its own"
         );
-        assert!(d.say_slow("d", "read", &stuck, t0 + SLOW_LOG_INTERVAL));
+        assert!(d.say_slow("d", "read", &stuck, at, t0 + SLOW_LOG_INTERVAL));
+        let later = t0 + 2 * SLOW_LOG_INTERVAL;
+        assert!(
+            d.say_slow("d", "read", &fast, 100_000_000, later),
+            "a lower threshold"
+        );
     }
 
     #[test]

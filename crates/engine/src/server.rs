@@ -773,6 +773,7 @@ fn retry_left_out(shared: &std::sync::Weak<Shared>) {
 
 fn build(config: &Config) -> Result<Shared, OpenError> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
+    metrics.set_slow_command_ms(config.limits.slow_command_ms);
     let device_context = DeviceContext::new(config, Arc::clone(&metrics));
     let mut devices = HashMap::new();
     let mut unavailable = Vec::new();

@@ -401,6 +401,10 @@ limits! {
     /// it counts as a stall, moving that device's buffered writes off the network workers for a
     /// second; 0 = always run them off the workers.
     write_stall_us: u32 = 100, 0, 1_000_000;
+    /// Milliseconds past which a read or write is slow: a device's slow commands are logged,
+    /// one line per device every 10 s at most; 0 = never. Judged on the latency histogram's
+    /// buckets: a value between two of its bounds acts as the next bound up.
+    slow_command_ms: u32 = 1_000, 0, 2_500;
     /// Threads, all workers together, that run commands waiting for a device (durable writes,
     /// flushes, uncached reads, writes of a stalling device); each worker gets an equal share,
     /// at least one. Further such commands queue, bounded by each connection's memory.

@@ -625,7 +625,8 @@ pub struct Metrics {
     /// Each device's series by name, made at its first report or `stats` (see
     /// [`DeviceSeries`]); dropped with the series when the device goes.
     device_series: std::sync::RwLock<HashMap<String, Arc<DeviceSeries>>>,
-    /// Past this a read or write is slow and logged (`slow_command_ms`); 0 = never.
+    /// Past this a read or write is slow and logged: the config's `slow_command_ms`, set by
+    /// the server at start (its default lives in the config's limits); 0 = never.
     slow_command_ns: AtomicU64,
 }
 
@@ -651,19 +652,15 @@ struct DeviceSeries {
     slow_log: Mutex<LogLimiter>,
 }
 
-/// A read or write that took longer than this is a slow one (`slow_command_ms`, 1 s by
-/// default): logged, as the histogram counts it, so that an admin reading the journal learns
-/// which device stalled a host and when.
-const SLOW_COMMAND_NS: u64 = 1_000_000_000;
-
 /// At most one line a device per this long: every connection that used a stalled device
 /// reports its slow commands each second.
 const SLOW_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl DeviceSeries {
-    /// Logs the commands of one connection's report that took over [`SLOW_COMMAND_NS`], at
-    /// most once per [`SLOW_LOG_INTERVAL`], counting the reports held back since the last
-    /// line. True if it logged.
+    /// Logs the commands of one connection's report that took over `threshold_ns` (0: none
+    /// is slow), at most once per [`SLOW_LOG_INTERVAL`], counting the reports held back since
+    /// the last line: an admin reading the journal learns which device stalled a host and
+    /// when. True if it logged.
     fn say_slow(
         &self,
         device: &str,
@@ -771,7 +768,7 @@ impl Metrics {
             initiator_pairs: Mutex::new(std::collections::HashSet::new()),
             devices,
             device_series: std::sync::RwLock::default(),
-            slow_command_ns: AtomicU64::new(SLOW_COMMAND_NS),
+            slow_command_ns: AtomicU64::new(0),
         }
     }
 
@@ -1572,7 +1569,7 @@ mod tests {
         let mut fast = LatencyCounts::default();
         fast.observe(Duration::from_millis(100));
         fast.observe(Duration::from_secs(1));
-        let at = SLOW_COMMAND_NS;
+        let at = 1_000_000_000;
         assert_eq!(fast.slower_than(at), (0, None), "1 s is not slow");
         // Between two bounds, the next one up: 150 ms is judged at 250 ms.
         assert_eq!(LatencyCounts::slow_bound(150_000_000), 250_000_000);

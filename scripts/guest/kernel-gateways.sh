@@ -52,6 +52,7 @@ epoch() { date +%s.%3N; }
 # builtins alone (no process started per beat), so a gap in it is a time the guest itself did
 # not run (its emulated CPUs starved on the host), not a stall of the storage.
 pulse_start() {
+    pulse_stop # a run that returned early left its own
     rm -f "$WORK/never" "$WORK/pulse"
     mkfifo "$WORK/never"
     (
@@ -537,6 +538,7 @@ run_faults() {
     if ! wait_io_flowing "$t0" 30 >/dev/null; then
         gfail "fio's writes do not reach the map"
         cat "$WORK/fio.out"
+        pulse_stop
         return 1
     fi
     sleep_until "$(add "$t0" "$WARMUP_S")"

@@ -17,11 +17,13 @@ pub struct IscsiTarget {
 
 impl IscsiTarget {
     /// Logs in once to learn the LUN's size and block size (and that it is reachable).
-    /// `chap_secret`: the CHAP secret of a URL that names a user without a password.
+    /// `chap_secret`: the CHAP secret of a URL that names a user without a password;
+    /// `busy_poll`: how long each job spins on its socket for an answer before it sleeps.
     pub fn open(
         url: &str,
         initiator_name: &str,
         chap_secret: Option<&initiator::Secret>,
+        busy_poll: std::time::Duration,
     ) -> Result<IscsiTarget, String> {
         let name = redact(url);
         let mut parsed = IscsiUrl::parse(url).map_err(|e| format!("{name}: {e}"))?;
@@ -43,13 +45,14 @@ impl IscsiTarget {
         if capacity.block_size == 0 || capacity.bytes() == 0 {
             return Err(format!("{name}: the LUN reports no capacity"));
         }
+        config.busy_poll = busy_poll;
         Ok(IscsiTarget {
             info: TargetInfo {
                 name,
                 kind: "iscsi".into(),
                 capacity_bytes: capacity.bytes(),
                 block_size: capacity.block_size,
-                notes: Vec::new(),
+                notes: crate::busy_poll_note(busy_poll).into_iter().collect(),
                 node: parsed.target.clone(),
                 metrics: None,
             },
@@ -215,11 +218,13 @@ mod tests {
             "iscsi://127.0.0.1:1/iqn.2026-11.x:t/0",
             "iqn.2026-11.x:i",
             None,
+            std::time::Duration::ZERO,
         )
         .err()
         .unwrap();
         assert!(e.starts_with("iscsi://127.0.0.1:1/"), "{e}");
-        let e = IscsiTarget::open("iscsi://bob%pw@/nothing", "iqn.2026-11.x:i", None)
+        let none = std::time::Duration::ZERO;
+        let e = IscsiTarget::open("iscsi://bob%pw@/nothing", "iqn.2026-11.x:i", None, none)
             .err()
             .unwrap();
         assert!(!e.contains("pw"), "the password leaked: {e}");
@@ -227,6 +232,7 @@ mod tests {
             "iscsi://bob@127.0.0.1:1/iqn.2026-11.x:t/0",
             "iqn.2026-11.x:i",
             None,
+            std::time::Duration::ZERO,
         )
         .err()
         .unwrap();

@@ -51,6 +51,9 @@ pub struct Options {
     pub only: Vec<String>,
     /// ferrosan metrics endpoints to read target CPU from (`http://HOST:PORT/metrics`).
     pub target_metrics: Vec<String>,
+    /// How long a job spins on its socket (or its local ring) for an answer before it sleeps
+    /// (zero: it sleeps at once, as the kernel's initiators do).
+    pub busy_poll: Duration,
     pub targets: Vec<String>,
 }
 
@@ -66,6 +69,16 @@ pub struct Outcome {
     pub skipped: usize,
 }
 
+/// The note a target's rows carry when its client polls: its latency is a polling host's.
+fn busy_poll_note(spin: Duration) -> Option<String> {
+    (!spin.is_zero()).then(|| {
+        format!(
+            "the client spins up to {} µs for each answer before it sleeps (--busy-poll-us)",
+            spin.as_micros()
+        )
+    })
+}
+
 /// Opens a target named on the command line.
 fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
     if spec.starts_with("iscsi://") {
@@ -74,6 +87,7 @@ fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
             spec,
             &opts.initiator_name,
             opts.chap_secret.as_ref(),
+            opts.busy_poll,
         )?));
     }
     if spec.starts_with("nvme+tcp://") {
@@ -81,6 +95,7 @@ fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
             spec,
             &opts.host_nqn,
             opts.tls_key.as_ref(),
+            opts.busy_poll,
         )?));
     }
     let path = Path::new(spec);
@@ -89,11 +104,9 @@ fn open_target(spec: &str, opts: &Options) -> Result<Box<dyn Target>, String> {
             return Err(format!("{why}; not writing to it"));
         }
     }
-    Ok(Box::new(local::LocalTarget::open(
-        path,
-        opts.destructive,
-        opts.dsync,
-    )?))
+    Ok(Box::new(
+        local::LocalTarget::open(path, opts.destructive, opts.dsync)?.busy_polling(opts.busy_poll),
+    ))
 }
 
 fn timing(opts: &Options) -> Timing {

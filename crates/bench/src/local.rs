@@ -15,9 +15,18 @@ pub struct LocalTarget {
     file: Arc<File>,
     /// Writes with RWF_DSYNC: durable when done, like a write-through LUN.
     dsync: bool,
+    /// How long a job spins on its ring's completions before it sleeps in `io_uring_enter`.
+    busy_poll: std::time::Duration,
 }
 
 impl LocalTarget {
+    /// Its jobs spin on their rings' completions for up to `spin` before they sleep.
+    pub fn busy_polling(mut self, spin: std::time::Duration) -> LocalTarget {
+        self.busy_poll = spin;
+        self.info.notes.extend(crate::busy_poll_note(spin));
+        self
+    }
+
     /// Opens `path` for direct I/O; `writes`: read-write (the caller has checked it may).
     pub fn open(path: &Path, writes: bool, dsync: bool) -> Result<LocalTarget, String> {
         let shown = path.display();
@@ -87,6 +96,7 @@ impl LocalTarget {
             },
             file: Arc::new(file),
             dsync,
+            busy_poll: std::time::Duration::ZERO,
         })
     }
 }
@@ -131,6 +141,7 @@ impl Target for LocalTarget {
             buffers,
             finished: Vec::new(),
             dsync: self.dsync,
+            busy_poll: self.busy_poll,
         }))
     }
 }
@@ -142,6 +153,7 @@ struct LocalEngine {
     buffers: Vec<Option<PooledBuf>>,
     finished: Vec<Finished<usize>>,
     dsync: bool,
+    busy_poll: std::time::Duration,
 }
 
 impl Engine for LocalEngine {
@@ -169,23 +181,51 @@ impl Engine for LocalEngine {
 
     fn complete(&mut self, min: usize, out: &mut Vec<Done>) -> Result<(), String> {
         let before = out.len();
+        self.spin(min, out)?;
         while out.len() - before < min && self.ring.in_flight() > 0 {
             self.ring
                 .wait(min - (out.len() - before))
                 .map_err(|e| format!("io_uring: {e}"))?;
-            self.ring.reap(&mut self.finished);
-            for f in self.finished.drain(..) {
-                if let Some(slot) = self.buffers.get_mut(f.tag) {
-                    *slot = f.buf;
-                }
-                out.push((f.tag, f.result.map_err(|e| e.to_string())));
-            }
+            self.take(out);
         }
         Ok(())
     }
 
     fn data(&self, tag: usize) -> Option<&[u8]> {
         self.buffers.get(tag)?.as_ref().map(|b| &b[..])
+    }
+}
+
+impl LocalEngine {
+    /// Submits what is queued and reaps the ring without sleeping, for up to `busy_poll`,
+    /// until `min` I/Os completed (a polling client, as the socket's spins over the network).
+    fn spin(&mut self, min: usize, out: &mut Vec<Done>) -> Result<(), String> {
+        if self.busy_poll.is_zero() {
+            return Ok(());
+        }
+        let before = out.len();
+        let began = std::time::Instant::now();
+        while out.len() - before < min
+            && self.ring.in_flight() > 0
+            && began.elapsed() < self.busy_poll
+        {
+            // What is queued (new, or retried by the last reap) goes to the kernel first.
+            self.ring.submit().map_err(|e| format!("io_uring: {e}"))?;
+            self.take(out);
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Moves what completed into `out`, giving each tag its buffer back.
+    fn take(&mut self, out: &mut Vec<Done>) {
+        self.ring.reap(&mut self.finished);
+        for f in self.finished.drain(..) {
+            if let Some(slot) = self.buffers.get_mut(f.tag) {
+                *slot = f.buf;
+            }
+            out.push((f.tag, f.result.map_err(|e| e.to_string())));
+        }
     }
 }
 

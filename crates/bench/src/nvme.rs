@@ -68,6 +68,7 @@ pub struct NvmeTarget {
     hostnqn: String,
     /// The pre-shared key its queues use (a `?tls` URL).
     tls: Option<host::TlsPsk>,
+    busy_poll: std::time::Duration,
 }
 
 impl NvmeTarget {
@@ -76,6 +77,7 @@ impl NvmeTarget {
         url: &str,
         hostnqn: &str,
         tls_key: Option<&host::TlsPsk>,
+        busy_poll: std::time::Duration,
     ) -> Result<NvmeTarget, String> {
         let parsed = NvmeUrl::parse(url).map_err(|e| format!("{url}: {e}"))?;
         let tls = match (parsed.tls, tls_key) {
@@ -106,13 +108,14 @@ impl NvmeTarget {
                 kind: "nvme".into(),
                 capacity_bytes: blocks * u64::from(block_size),
                 block_size,
-                notes: Vec::new(),
+                notes: crate::busy_poll_note(busy_poll).into_iter().collect(),
                 node: Some(parsed.nqn.clone()),
                 metrics: None,
             },
             url: parsed,
             hostnqn: hostnqn.to_string(),
             tls,
+            busy_poll,
         })
     }
 }
@@ -124,7 +127,7 @@ impl Target for NvmeTarget {
 
     fn open(&self, queue_depth: usize, max_len: u32) -> Result<Box<dyn Engine>, String> {
         let depth = u16::try_from(queue_depth.max(1)).map_err(|_| "queue depth too large")?;
-        let h = NvmeHost::connect_secure(
+        let mut h = NvmeHost::connect_secure(
             self.url.addr,
             &self.url.nqn,
             &self.hostnqn,
@@ -133,6 +136,7 @@ impl Target for NvmeTarget {
             self.tls.as_ref(),
         )
         .map_err(|e| format!("{}: {e}", self.info.name))?;
+        h.io.set_busy_poll(self.busy_poll);
         let mut pattern = vec![0u8; max_len as usize];
         initiator::driver::random_bytes(&mut pattern);
         Ok(Box::new(NvmeEngine {

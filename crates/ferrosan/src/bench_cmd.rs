@@ -64,6 +64,13 @@ pub struct BenchArgs {
     /// How the target derives the TLS PSK from it: spec (default) or libnvme-1.15.
     #[arg(long, default_value = "spec", value_name = "HOW")]
     tls_derivation: String,
+    /// Spin up to this many microseconds on the socket (or, for a local device, the
+    /// io_uring) for each answer before sleeping: a polling host, as SPDK's initiator or
+    /// Linux's NVMe/TCP poll queues. Lowers latency at low queue depths and costs a CPU per
+    /// job. Default 0: sleep at once, as the kernel's initiators do.
+    #[arg(long, default_value_t = 0, value_name = "US",
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    busy_poll_us: u64,
     /// iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN,
     /// nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID, a file, or a block device.
     #[arg(required = true)]
@@ -109,6 +116,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         size,
         only: args.only,
         target_metrics: args.target_metrics,
+        busy_poll: Duration::from_micros(args.busy_poll_us),
         host_nqn: args.host_nqn.unwrap_or_else(default_host_nqn),
         initiator_name: args.initiator_name.unwrap_or_else(default_initiator_name),
         chap_secret,

@@ -257,6 +257,70 @@ fn a_device_a_running_daemon_serves_is_never_written_by_a_destructive_run() {
 }
 
 #[test]
+fn a_polling_client_runs_through_both_doors_and_on_a_local_file() {
+    let dir = disk_dir("bench-poll");
+    let file = image(&dir, "disk.img", 16 << 20);
+    // The LUN holds data too, so every target's reads can be told from zeros.
+    let lun = format!("file:{}", image(&dir, "lun.img", 16 << 20));
+    let out = dir.join("out");
+    let out_s = out.display().to_string();
+    let nvme_port = free_port();
+    let listen = format!("127.0.0.1:{nvme_port}");
+    let daemon = Daemon::start_with_args(IQN, &[lun.as_str()], &["--nvme-listen", &listen]);
+    let nqn = IQN.replacen("iqn.", "nqn.", 1);
+    let nvme_url = format!("nvme+tcp://{listen}/{nqn}/1");
+    let iscsi_url = daemon.url(0);
+    let run = run_path(
+        ferrosan(),
+        &[
+            "bench",
+            "--busy-poll-us",
+            "200",
+            "--destructive",
+            "--only",
+            "randwrite-4k-qd1,randread-4k-qd1",
+            "--ramp",
+            "0",
+            "--runtime",
+            "1",
+            "--out",
+            &out_s,
+            &iscsi_url,
+            &nvme_url,
+            &file,
+        ],
+    );
+    assert!(
+        run.success(),
+        "{}\n--- daemon\n{}",
+        run.describe(),
+        daemon.output()
+    );
+    let text = std::fs::read_to_string(out.join("results.json")).unwrap();
+    let results: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = results["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 3, "2 workloads x 3 targets: {text}");
+    for row in rows {
+        assert_eq!(row["errors"], 0, "{row}");
+        assert!(row["iops"].as_f64().unwrap() > 100.0, "{row}");
+        // Reads brought the data (the image's, or what the writes left), not zeros.
+        assert_eq!(row["reads_only_zeros"], false, "{row}");
+    }
+    // Every target's rows say their client polled: the latency is a polling host's.
+    for target in results["targets"].as_array().unwrap() {
+        let notes = target["notes"].to_string();
+        assert!(notes.contains("spins up to 200 µs"), "{target}");
+    }
+    // A spin beyond a second is refused before any I/O.
+    let long = run_path(
+        ferrosan(),
+        &["bench", "--busy-poll-us", "1000001", "--out", &out_s, &file],
+    );
+    assert_eq!(long.status.code(), Some(2), "{}", long.describe());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn bad_targets_and_options_fail_clearly() {
     let dir = disk_dir("bench-bad");
     let out = dir.join("out").display().to_string();

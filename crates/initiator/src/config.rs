@@ -188,6 +188,10 @@ pub struct ClientConfig {
     /// Blocking helpers: retry a command once more per unit attention it meets (up to
     /// `retries`) instead of returning it as an error.
     pub retry_unit_attention: bool,
+    /// How long a wait for the target's answer spins on the socket before it sleeps in
+    /// `poll(2)` (zero: it sleeps at once, as the kernel's initiators do). A polling host
+    /// answers a queue depth of 1 without a wake-up per answer, at the price of a CPU.
+    pub busy_poll: Duration,
 }
 
 impl ClientConfig {
@@ -203,6 +207,7 @@ impl ClientConfig {
             timeouts: Timeouts::default(),
             retries: 5,
             retry_unit_attention: false,
+            busy_poll: Duration::ZERO,
         }
     }
 }

@@ -426,6 +426,8 @@ impl Connection {
         wake: Option<BorrowedFd<'_>>,
         done: &impl Fn(&Connection) -> bool,
     ) -> Result<(), Error> {
+        // When the current spin on the socket began (none while reads find input).
+        let mut spinning: Option<Instant> = None;
         loop {
             // Write what we can, then read what has come.
             self.write_some()?;
@@ -459,6 +461,11 @@ impl Connection {
             if self.session.output_len() > 0 && self.write_some()? {
                 continue;
             }
+            let due = deadline.is_some_and(|d| d <= now);
+            if !due && wake.is_none() && self.spins(&read, &mut spinning, now) {
+                std::hint::spin_loop();
+                continue;
+            }
             let mut until = self.session.next_timeout();
             if let Some(d) = deadline {
                 if d <= now {
@@ -477,6 +484,19 @@ impl Connection {
                 });
             }
         }
+    }
+
+    /// Whether the wait reads the socket again at once rather than sleeping: within
+    /// `busy_poll` of the first read that found nothing, with nothing left to send.
+    fn spins(&self, read: &Got, spinning: &mut Option<Instant>, now: Instant) -> bool {
+        if self.config.busy_poll.is_zero() || self.session.output_len() > 0 {
+            return false;
+        }
+        if !matches!(read, Got::Nothing) {
+            *spinning = None;
+        }
+        let began = *spinning.get_or_insert(now);
+        now.saturating_duration_since(began) < self.config.busy_poll
     }
 
     fn drain_events(&mut self) {
@@ -1008,6 +1028,51 @@ mod tests {
         let err = client.test_unit_ready().unwrap().unwrap_err();
         assert_eq!(err.status, status::BUSY);
         drop(client);
+        assert_eq!(target.join().unwrap(), 2);
+    }
+
+    #[test]
+    fn a_polling_connection_gets_its_answers_and_keeps_its_deadlines() {
+        // Each answer comes 300 ms late; the connection spins up to 2 s for it.
+        let (port, target) =
+            fake_target_slow(vec![status::GOOD, status::BUSY], Duration::from_millis(300));
+        let mut config = client_config(port, 0);
+        config.busy_poll = Duration::from_secs(2);
+        let mut conn = Connection::connect(&config).unwrap();
+        for tag in [1, 2] {
+            conn.submit(Command::none(tag, 0, crate::scsi::test_unit_ready()))
+                .unwrap();
+        }
+        conn.flush().unwrap();
+        // A look that never waits does not spin either.
+        let started = Instant::now();
+        assert!(conn.try_completion().unwrap().is_none());
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "try_completion spun"
+        );
+        // A wait shorter than the spin ends at its deadline, not the spin's.
+        let started = Instant::now();
+        assert!(conn
+            .wait_completion(Duration::from_millis(20))
+            .unwrap()
+            .is_none());
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "the spin outlasted the deadline: {:?}",
+            started.elapsed()
+        );
+        // Both answers come, in order, to a wait that spins for them.
+        let first = conn.next_completion().unwrap();
+        let second = conn.next_completion().unwrap();
+        assert_eq!(
+            [
+                (first.tag, first.result.map(|r| r.status)),
+                (second.tag, second.result.map(|r| r.status))
+            ],
+            [(1, Ok(status::GOOD)), (2, Ok(status::BUSY))]
+        );
+        drop(conn);
         assert_eq!(target.join().unwrap(), 2);
     }
 

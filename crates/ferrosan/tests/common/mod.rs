@@ -754,16 +754,20 @@ pub struct Ctl {
     pub socket: PathBuf,
     /// The remote API instead: its URL, an admin token's file and the CA file.
     pub remote: Option<(String, PathBuf, PathBuf)>,
+    /// The socket's private directory when [`Ctl::new`] made it: removed when the last
+    /// clone is dropped (after the daemons declared after it).
+    dir: Option<std::sync::Arc<Scratch>>,
 }
 
 impl Ctl {
     /// A socket path in a fresh private directory, for `serve --control-socket`.
     pub fn new() -> Ctl {
-        let socket_dir = Scratch::new("ctl");
-        let socket = socket_dir.file("control.sock");
-        // The scratch dir is removed on drop; keep the path's directory alive with the daemon's.
-        std::mem::forget(socket_dir);
-        Ctl::at(socket)
+        let dir = Scratch::new("ctl");
+        Ctl {
+            socket: dir.file("control.sock"),
+            remote: None,
+            dir: Some(std::sync::Arc::new(dir)),
+        }
     }
 
     /// `ferrosan ctl` on the socket at `socket`.
@@ -771,6 +775,7 @@ impl Ctl {
         Ctl {
             socket,
             remote: None,
+            dir: None,
         }
     }
 
@@ -784,6 +789,7 @@ impl Ctl {
         Ctl {
             socket: self.socket.clone(),
             remote: Some((url.to_string(), token, state.join("api-cert.pem"))),
+            dir: self.dir.clone(),
         }
     }
 

@@ -37,28 +37,7 @@ impl LocalTarget {
                 "{shown}: neither a regular file nor a block device"
             ));
         }
-        let mut options = std::fs::OpenOptions::new();
-        options
-            .read(true)
-            .write(writes)
-            .custom_flags(libc_o_direct());
-        if block && writes {
-            // The kernel refuses O_EXCL on a block device that is mounted or claimed (LVM, md,
-            // a target serving it: ferrosan, LIO and SCST claim theirs): the last word on "in
-            // use". Reads disturb nobody and open it as it is.
-            options.custom_flags(libc_o_direct() | rustix::fs::OFlags::EXCL.bits() as i32);
-        }
-        let mut file = options.open(path).map_err(|e| match e.raw_os_error() {
-            // EBUSY
-            Some(16) => format!(
-                "{shown} is served or mounted by another program (EBUSY: a target such as \
-                 ferrosan, a mount, LVM or md holds it); not writing to it"
-            ),
-            Some(22) => format!(
-                "{shown}: the filesystem does not support direct I/O (O_DIRECT), e.g. tmpfs"
-            ),
-            _ => format!("{shown}: {e}"),
-        })?;
+        let mut file = open_direct(path, block, writes)?;
         let capacity = if block {
             file.seek(SeekFrom::End(0))
                 .map_err(|e| format!("{shown}: size: {e}"))?
@@ -99,6 +78,34 @@ impl LocalTarget {
             busy_poll: std::time::Duration::ZERO,
         })
     }
+}
+
+/// `path` opened for direct I/O (`writes`: read-write, and a block device exclusively), with
+/// the errors a user meets said plainly.
+fn open_direct(path: &Path, block: bool, writes: bool) -> Result<File, String> {
+    let shown = path.display();
+    let mut options = std::fs::OpenOptions::new();
+    options
+        .read(true)
+        .write(writes)
+        .custom_flags(libc_o_direct());
+    if block && writes {
+        // The kernel refuses O_EXCL on a block device that is mounted or claimed (LVM, md,
+        // a target serving it: ferrosan, LIO and SCST claim theirs): the last word on "in
+        // use". Reads disturb nobody and open it as it is.
+        options.custom_flags(libc_o_direct() | rustix::fs::OFlags::EXCL.bits() as i32);
+    }
+    options.open(path).map_err(|e| match e.raw_os_error() {
+        // EBUSY
+        Some(16) => format!(
+            "{shown} is served or mounted by another program (EBUSY: a target such as \
+             ferrosan, a mount, LVM or md holds it); not writing to it"
+        ),
+        Some(22) => {
+            format!("{shown}: the filesystem does not support direct I/O (O_DIRECT), e.g. tmpfs")
+        }
+        _ => format!("{shown}: {e}"),
+    })
 }
 
 fn libc_o_direct() -> i32 {
@@ -322,8 +329,19 @@ mod tests {
     use crate::plan::{plan, Timing};
     use std::time::Duration;
 
+    /// Where the tests' files go: under the build's target directory, on the disk (the temp
+    /// dir may be tmpfs, which has no direct I/O).
+    fn disk_dir() -> PathBuf {
+        option_env!("CARGO_TARGET_DIR")
+            .map_or_else(
+                || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"),
+                PathBuf::from,
+            )
+            .join("bench-tests")
+    }
+
     fn scratch(tag: &str, len: usize) -> PathBuf {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-tests");
+        let dir = disk_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{tag}-{}", std::process::id()));
         std::fs::write(&path, vec![0x5a; len]).unwrap();
@@ -396,7 +414,7 @@ mod tests {
 
     #[test]
     fn a_sparse_file_is_noted() {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-tests");
+        let dir = disk_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("sparse-{}", std::process::id()));
         let f = File::create(&path).unwrap();
@@ -456,7 +474,7 @@ mod tests {
     /// refused; a read-only run opens it without a claim.
     #[test]
     fn a_device_a_store_serves_is_refused_for_writes_and_read_for_reads() {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-tests");
+        let dir = disk_dir();
         let Some(dev) = store::loopdev::LoopDevice::attach(&dir, "served", 8 << 20) else {
             return;
         };

@@ -290,9 +290,11 @@ check_slow_lun_holds_no_other() {
 # LUN's reads wait for the reset in the host, not in ferrosan: the check before this one shows
 # the other LUN unaffected by the slow disk itself.)
 check_reset_of_a_slow_lun() {
-    local slow good t0 took read_pid worst=0 t1 i
+    local slow good t0 took read_pid worst=0 t1 i before answered
+    local said='task management: LogicalUnitReset answered after'
     slow=$(disk 2)
     good=$(disk 1)
+    before=$(grep -c "$said" "$WORK/ferrosan.log" || true)
     dd if="$slow" of=/dev/null bs=4096 skip=3072 count=1 iflag=direct status=none &
     read_pid=$!
     sleep 0.5
@@ -305,8 +307,13 @@ check_reset_of_a_slow_lun() {
         worst=$(awk -v a="$t1" -v b="$(now)" -v w="$worst" 'BEGIN { t = (b - a) * 1000; printf "%d", (t > w ? t : w) }')
     done
     wait "$read_pid" || echo "the read the reset met failed (the host may fail it or retry it)"
-    echo "LOGICAL UNIT RESET of the slow LUN answered in $took ms (the disk delays each I/O by $DELAY_MS ms); LUN 1's slowest read after it: $worst ms"
-    ((took <= DELAY_MS + 5000)) || fail "the reset took $took ms: more than the disk's delay and 5 s"
+    # ferrosan's answer is judged by its own log: when the kernel's ioctl returns is the guest
+    # kernel's error handling (once in 22 runs after 31.7 s, as its retried reads ended).
+    answered=$(grep "$said" "$WORK/ferrosan.log" | sed -n "$((before + 1))p" |
+        sed -E 's/.*answered after ([0-9]+) ms.*/\1/')
+    [[ $answered =~ ^[0-9]+$ ]] || fail "ferrosan logged no answer to the LOGICAL UNIT RESET"
+    echo "LOGICAL UNIT RESET of the slow LUN answered by ferrosan after $answered ms, sg_reset returned after $took ms (the disk delays each I/O by $DELAY_MS ms); LUN 1's slowest read after it: $worst ms"
+    ((answered <= DELAY_MS + 5000)) || fail "ferrosan answered the reset after $answered ms: more than the disk's delay and 5 s"
     ((worst < DELAY_MS / 4)) || fail "a read of LUN 1 took $worst ms after the reset"
 }
 

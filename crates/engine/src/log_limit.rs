@@ -62,6 +62,29 @@ pub(crate) fn device_io_failed(
     }
 }
 
+/// A reset (LOGICAL UNIT RESET, TARGET RESET, CLEAR TASK SET) answered once its LUs' commands
+/// in flight drained: a host's error recovery, which an admin reads beside the host's own log
+/// (and a slow device shows in how long it waited). At most one line a second across
+/// connections: a host may reset in a loop.
+pub(crate) fn reset_answered(function: &dyn std::fmt::Debug, luns: usize, waited: Duration) {
+    static LIMIT: std::sync::Mutex<LogLimiter> =
+        std::sync::Mutex::new(LogLimiter::new(Duration::from_secs(1)));
+    let admitted = LIMIT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .admit(std::time::Instant::now());
+    let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+    match admitted {
+        Some(suppressed) => tracing::info!(
+            luns,
+            waited_ms,
+            suppressed,
+            "task management: {function:?} answered after {waited_ms} ms (its LUs' commands in flight drained first)"
+        ),
+        None => tracing::debug!(luns, waited_ms, "task management: {function:?} answered"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,6 +86,22 @@ fn silent_for(client: &mut Raw, quiet: Duration, what: &str) {
         .unwrap();
 }
 
+/// How long the daemon's log says its last LOGICAL UNIT RESET waited before its answer.
+fn reset_waited_ms(daemon: &Daemon) -> u64 {
+    let log = daemon.output();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("task management: LogicalUnitReset answered after"))
+        .unwrap_or_else(|| panic!("no log line of the reset's answer:\n{log}"));
+    let after = line.split("answered after ").nth(1).unwrap_or_default();
+    after
+        .split(" ms")
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no wait in {line}"))
+}
+
 fn setup(fs: &LoopFs) -> Daemon {
     let lun = fs.path("lun0.img");
     Daemon::start_with(IQN, &[&format!("file:{},size=16M", lun.display())])
@@ -126,6 +142,12 @@ fn logical_unit_reset_waits_for_a_write_still_reaching_the_medium() {
     let done = writer.recv();
     assert_eq!(done.bhs.itt(), 100);
     assert_eq!(status_of(&done), 0, "the write completed");
+    // The daemon's log says the reset was answered, and how long it waited for the write.
+    let waited_ms = reset_waited_ms(&daemon);
+    assert!(
+        waited_ms >= 800,
+        "the reset waited {waited_ms} ms by the log"
+    );
     // Both sessions go on; the writer learns of the reset by a unit attention.
     writer.until_ready(&mut itt_w);
     resetter.ping(9);

@@ -236,6 +236,8 @@ pub(super) struct TmfWait {
     /// A LOGICAL UNIT RESET through a gateway that does not own the LU: the nexus it came
     /// through, to pass the reset on to the owner before answering.
     pub(super) at_owner: Option<scsi::Nexus>,
+    /// When it began waiting (its answer's log line says how long it waited).
+    pub(super) since: std::time::Instant,
 }
 
 impl TmfWait {
@@ -254,6 +256,7 @@ impl TmfWait {
             by,
             units,
             at_owner: None,
+            since: std::time::Instant::now(),
         }
     }
 

@@ -971,6 +971,7 @@ async fn finish_tmf<D: Door>(
         wait
     };
     wait.apply();
+    crate::log_limit::reset_answered(&wait.function, wait.units.len(), wait.since.elapsed());
     let tag = wait.tag;
     // The LUs take commands again (before the answer goes out).
     drop(wait);

@@ -116,10 +116,19 @@ fn idle_nvme_controllers_hold_small_receive_buffers_and_still_move_large_writes(
     const CONTROLLERS: usize = 32;
     let nvme_port = common::free_port();
     let listen = format!("127.0.0.1:{nvme_port}");
+    let metrics_port = common::free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
     let daemon = Daemon::start_with_args(
         IQN,
         &["ram:16M"],
-        &["--workers", "2", "--nvme-listen", &listen],
+        &[
+            "--workers",
+            "2",
+            "--nvme-listen",
+            &listen,
+            "--metrics-listen",
+            &metrics,
+        ],
     );
     let addr: std::net::SocketAddr = listen.parse().unwrap();
     let host =
@@ -133,17 +142,25 @@ fn idle_nvme_controllers_hold_small_receive_buffers_and_still_move_large_writes(
     for h in &mut hosts {
         h.read(1, 0, 1, 512).expect("read");
     }
-    // Two ticks without input: every queue gave its buffer back.
-    std::thread::sleep(Duration::from_millis(2300));
+    // Idle, every queue parks (gives its buffer and its driver's memory back) ...
+    let queues = (2 * CONTROLLERS) as f64;
+    let text =
+        common::wait_for_metric(metrics_port, "ferrosan_connections_parked", |v| v >= queues);
+    let parked = common::metric(&text, "ferrosan_connections_parked");
+    assert!(parked >= queues, "{parked} of {queues} queues parked");
+    // ... and the next space watch gives the heap's free pages back (64 more parked than
+    // before): measured before it, the RSS said whether the watch had come yet.
+    std::thread::sleep(engine::topology::space::CHECK_INTERVAL + Duration::from_millis(500));
     let after = rss_kib(daemon.pid());
     let per_controller = after.saturating_sub(before) / CONTROLLERS as u64;
     eprintln!(
         "{per_controller} KiB per idle NVMe controller, two queues ({before} -> {after} KiB)"
     );
-    // Three queues: 54 KiB per controller measured while each held the small buffer, 36
-    // without (the rest is mostly each connection's task).
+    // Parked and trimmed: 22-25 KiB per controller measured (the rest mostly each
+    // connection's socket and parked state); 54 while each queue held its small buffer,
+    // before queues parked.
     assert!(
-        per_controller < 46,
+        per_controller < 40,
         "{per_controller} KiB of RSS per idle controller ({before} KiB before, {after} after)"
     );
     let h = &mut hosts[0];

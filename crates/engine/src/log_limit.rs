@@ -35,6 +35,21 @@ impl LogLimiter {
     }
 }
 
+impl LogLimiter {
+    /// A process-wide limiter of one line a second (a `static`'s initial value).
+    const fn every_second() -> std::sync::Mutex<LogLimiter> {
+        std::sync::Mutex::new(LogLimiter::new(Duration::from_secs(1)))
+    }
+}
+
+/// [`LogLimiter::admit`] on a process-wide limiter, now.
+fn admit(limit: &std::sync::Mutex<LogLimiter>) -> Option<u64> {
+    limit
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .admit(std::time::Instant::now())
+}
+
 /// A failed device I/O: logged at most once a second across devices (a host retrying against
 /// a fenced or unreachable device fails every few milliseconds); every failure is also in the
 /// device's error metrics.
@@ -45,12 +60,8 @@ pub(crate) fn device_io_failed(
     len: u32,
     e: &std::io::Error,
 ) {
-    static LIMIT: std::sync::Mutex<LogLimiter> =
-        std::sync::Mutex::new(LogLimiter::new(Duration::from_secs(1)));
-    let admitted = LIMIT
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .admit(std::time::Instant::now());
+    static LIMIT: std::sync::Mutex<LogLimiter> = LogLimiter::every_second();
+    let admitted = admit(&LIMIT);
     match admitted {
         Some(suppressed) => tracing::warn!(
             lun,
@@ -67,12 +78,8 @@ pub(crate) fn device_io_failed(
 /// (and a slow device shows in how long it waited). At most one line a second across
 /// connections: a host may reset in a loop.
 pub(crate) fn reset_answered(function: &dyn std::fmt::Debug, luns: usize, waited: Duration) {
-    static LIMIT: std::sync::Mutex<LogLimiter> =
-        std::sync::Mutex::new(LogLimiter::new(Duration::from_secs(1)));
-    let admitted = LIMIT
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .admit(std::time::Instant::now());
+    static LIMIT: std::sync::Mutex<LogLimiter> = LogLimiter::every_second();
+    let admitted = admit(&LIMIT);
     let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
     match admitted {
         Some(suppressed) => tracing::info!(

@@ -149,8 +149,9 @@ fn idle_nvme_controllers_hold_small_receive_buffers_and_still_move_large_writes(
     let parked = common::metric(&text, "ferrosan_connections_parked");
     assert!(parked >= queues, "{parked} of {queues} queues parked");
     // ... and the next space watch gives the heap's free pages back (64 more parked than
-    // before): measured before it, the RSS said whether the watch had come yet.
-    std::thread::sleep(engine::topology::space::CHECK_INTERVAL + Duration::from_millis(500));
+    // before): measured before it, the RSS said whether the watch had come yet
+    // (two seconds of margin for the watch's thread on a busy machine).
+    std::thread::sleep(engine::topology::space::CHECK_INTERVAL + Duration::from_secs(2));
     let after = rss_kib(daemon.pid());
     let per_controller = after.saturating_sub(before) / CONTROLLERS as u64;
     eprintln!(

@@ -144,11 +144,12 @@ fn main() -> ExitCode {
                 control_socket,
                 workers,
                 gateway,
+                ..ConfigSource::default()
             };
             let source = resolve_source(source, metrics_listen);
             let loaded = source.and_then(|source| {
                 let mut c = match &source.path {
-                    Some(path) => Config::load(path).map_err(|e| e.to_string())?,
+                    Some(_) => source.read_file().map_err(|e| e.to_string())?,
                     None => Config::from_cli(
                         &listen,
                         &nvme_listen,

@@ -19,6 +19,8 @@ pub(crate) struct Cx<'a> {
     lines: OnceCell<LineIndex>,
     /// No text: the spans are [`Pos`]itions of a raw config made in memory.
     positions: bool,
+    /// Lines of the file before `src` (a part of it, read alone: `config::reread`).
+    lines_before: usize,
 }
 
 impl<'a> Cx<'a> {
@@ -29,6 +31,16 @@ impl<'a> Cx<'a> {
             errors: Vec::new(),
             lines: OnceCell::new(),
             positions: false,
+            lines_before: 0,
+        }
+    }
+
+    /// A context for `src`, the part of a file that follows its first `lines_before` lines:
+    /// lines are the file's.
+    pub(super) fn part(src: &'a str, file: &'a str, lines_before: usize) -> Self {
+        Cx {
+            lines_before,
+            ..Cx::new(src, file)
         }
     }
 
@@ -46,9 +58,11 @@ impl<'a> Cx<'a> {
         if self.positions {
             return (1, offset + 1);
         }
-        self.lines
+        let (line, column) = self
+            .lines
             .get_or_init(|| LineIndex::new(self.src))
-            .line_col(self.src, offset)
+            .line_col(self.src, offset);
+        (line + self.lines_before, column)
     }
 
     pub(crate) fn err(

@@ -212,6 +212,14 @@ fn key_before(src: &str, offset: usize) -> Option<String> {
 }
 
 pub(crate) fn from_toml_str(text: &str, file_name: &str) -> Result<Config, ConfigErrors> {
+    from_toml_str_seeded(text, file_name).map(|(config, _)| config)
+}
+
+/// [`from_toml_str`], with the `[server]`'s identity seed its devices were resolved with.
+pub(crate) fn from_toml_str_seeded(
+    text: &str,
+    file_name: &str,
+) -> Result<(Config, String), ConfigErrors> {
     let mut cx = Cx::new(text, file_name);
     let raw: RawFile = match toml::from_str(text) {
         Ok(raw) => raw,
@@ -220,8 +228,38 @@ pub(crate) fn from_toml_str(text: &str, file_name: &str) -> Result<Config, Confi
             return Err(ConfigErrors { errors: cx.errors });
         }
     };
+    let seed = (raw.server.as_ref())
+        .and_then(|s| s.identity_seed.as_ref())
+        .map(|seed| seed.get_ref().clone())
+        .unwrap_or_default();
     let config = resolve(&mut cx, &raw);
-    finished(cx, config)
+    finished(cx, config).map(|config| (config, seed))
+}
+
+/// The `[[device]]` tables of `part`, a part of a config file that holds nothing else and
+/// follows its first `lines_before` lines, each resolved as [`from_toml_str`] resolves it
+/// beside a `[server]` of identity seed `seed` and device roots `roots` (its origin the
+/// file's line); None if `part` holds anything else or refuses anything.
+pub(crate) fn devices_of_part(
+    part: &str,
+    file_name: &str,
+    lines_before: usize,
+    seed: &str,
+    roots: &[std::path::PathBuf],
+) -> Option<Vec<DeviceConfig>> {
+    let raw: RawFile = toml::from_str(part).ok()?;
+    let devices_only = raw.server.is_none()
+        && raw.limits.is_none()
+        && raw.portal_group.is_empty()
+        && raw.pool.is_empty()
+        && raw.target.is_empty()
+        && raw.discovery.is_none();
+    if !devices_only {
+        return None;
+    }
+    let mut cx = Cx::part(part, file_name, lines_before);
+    let devices = resolve_devices(&mut cx, &raw.device, seed, roots);
+    (cx.errors.is_empty() && devices.len() == raw.device.len()).then_some(devices)
 }
 
 /// A resolved config, or every error found, in the text's order.

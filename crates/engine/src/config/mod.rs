@@ -14,6 +14,7 @@ pub mod edit;
 mod file;
 mod names;
 mod pools;
+pub mod reread;
 mod source;
 mod store_kind;
 #[cfg(test)]
@@ -776,8 +777,14 @@ impl Config {
 
     /// Reads (at most [`CONFIG_FILE_BYTES_MAX`] bytes) and validates a config file.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigErrors> {
-        use std::io::Read as _;
         let path = path.as_ref();
+        let name = path.display().to_string();
+        Config::from_toml_str(&Config::file_text(path)?, &name)
+    }
+
+    /// A config file's text (at most [`CONFIG_FILE_BYTES_MAX`] bytes).
+    pub fn file_text(path: &Path) -> Result<String, ConfigErrors> {
+        use std::io::Read as _;
         let name = path.display().to_string();
         let io_error = |message: String| ConfigErrors {
             errors: vec![ConfigError {
@@ -798,7 +805,7 @@ impl Config {
                 "larger than {CONFIG_FILE_BYTES_MAX} bytes"
             )));
         }
-        Config::from_toml_str(&text, &name)
+        Ok(text)
     }
 
     /// Whether any CHAP secret is written in the config itself (`secret`), not read from a

@@ -41,6 +41,11 @@ impl Read {
         &self.config
     }
 
+    /// The text read.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
     /// How many `[[device]]` tables were parsed, if the text was read by difference (an
     /// unchanged text: zero); None if it was read whole.
     pub fn by_difference(&self) -> Option<usize> {

@@ -667,7 +667,7 @@ fn save_running(shared: &Shared, _lock: &reload::ApplyLock) -> Result<PathBuf, S
     // overrides do not reach it: the merge never writes `[server]` (`config::edit`).
     let config = shared.config_to_keep();
     let mut base = shared.file_base.lock().unwrap_or_else(|e| e.into_inner());
-    reload::save_config(path, &mut base, &config)?;
+    reload::save_config(path, &mut base, &config, Some(&shared.source))?;
     shared.unsaved.clear();
     Ok(path.to_path_buf())
 }

@@ -1078,10 +1078,21 @@ mod tests {
         assert!(buf.iter().all(|&b| b == 2));
     }
 
-    /// A path on the disk the workspace lives on (the test's temp dir may be tmpfs, which has
-    /// no direct I/O).
+    /// Where these tests keep files: in the build's target directory (`CARGO_TARGET_DIR` if
+    /// absolute, else the workspace's `target`), on the disk the build is on (the temp dir may
+    /// be tmpfs, which has no direct I/O), never in the source tree when the build is
+    /// elsewhere.
+    fn scratch_dir() -> PathBuf {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .filter(|dir| dir.is_absolute())
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+            .join("store-tests")
+    }
+
+    /// A path on the disk the build lives on.
     fn disk_path(tag: &str) -> TempPath {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/store-tests");
+        let dir = scratch_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join(format!("{tag}-{}", std::process::id()));
         let _ = std::fs::remove_file(&p);
@@ -1150,8 +1161,7 @@ mod tests {
 
     /// A loop device for the claim tests (None: skipped, the reason printed).
     fn loop_device(tag: &str) -> Option<crate::loopdev::LoopDevice> {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/store-tests");
-        crate::loopdev::LoopDevice::attach(&dir, tag, 8 * MIB)
+        crate::loopdev::LoopDevice::attach(&scratch_dir(), tag, 8 * MIB)
     }
 
     /// Opens `path` as another program claiming it would (mkfs, mount, `ferrosan bench

@@ -438,9 +438,20 @@ mod tests {
     use super::*;
     use std::os::unix::fs::OpenOptionsExt;
 
+    /// The build's target directory (`CARGO_TARGET_DIR` if absolute, else the workspace's
+    /// `target`): on the disk the build is on, where the temp dir may be tmpfs (no O_DIRECT),
+    /// and never in the source tree when the build is elsewhere.
+    fn target_dir() -> std::path::PathBuf {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(std::path::PathBuf::from)
+            .filter(|dir| dir.is_absolute())
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target")
+            })
+    }
+
     fn direct_file(tag: &str, len: u64) -> Option<(std::path::PathBuf, Arc<File>)> {
-        let dir =
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/ring-tests");
+        let dir = target_dir().join("ring-tests");
         std::fs::create_dir_all(&dir).ok()?;
         let path = dir.join(format!("{tag}-{}", std::process::id()));
         let f = std::fs::OpenOptions::new()

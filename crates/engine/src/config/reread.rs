@@ -115,7 +115,13 @@ fn by_difference(text: &str, last: &Read) -> Option<(Config, Vec<usize>, usize)>
     let before = last.heads.partition_point(|&at| at < part.start);
     let after = before + old_heads.len();
     debug_assert_eq!(last.heads.partition_point(|&at| at < part.old_end), after);
-    let lines_before = newlines(&old[..part.start]);
+    // The line a device's header is on is its origin's: counted once, when it was read.
+    let lines_before = match last.heads.get(before) {
+        Some(&at) if at == part.start => origin_line(&base.devices[before], &last.file_name)
+            .and_then(|line| usize::try_from(line - 1).ok()),
+        _ => None,
+    }
+    .unwrap_or_else(|| newlines(&old[..part.start]));
     let roots = &base.server.device_roots;
     let new = file::devices_of_part(new_part, &last.file_name, lines_before, &last.seed, roots)?;
     let moved = newlines(new_part) as i64 - newlines(old_part) as i64;
@@ -328,16 +334,16 @@ fn moved_by(
     if by == 0 {
         return Some(Arc::clone(d));
     }
-    let at = d
-        .origin
-        .0
-        .as_deref()?
-        .strip_prefix(file_name)?
-        .strip_prefix(':')?;
-    let line = at.parse::<i64>().ok()?.checked_add(by)?;
+    let line = origin_line(d, file_name)?.checked_add(by)?;
     let mut moved = super::DeviceConfig::clone(d);
     moved.origin = super::Origin(Some(format!("{file_name}:{line}")));
     Some(Arc::new(moved))
+}
+
+/// The line of `d`'s origin (`FILE:LINE`) in `file_name`.
+fn origin_line(d: &super::DeviceConfig, file_name: &str) -> Option<i64> {
+    let at = d.origin.0.as_deref()?.strip_prefix(file_name)?;
+    at.strip_prefix(':')?.parse().ok()
 }
 
 /// Debug builds (every test) check a read by difference against the whole way: the same

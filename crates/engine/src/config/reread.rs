@@ -113,8 +113,13 @@ fn by_difference(text: &str, last: &Read) -> Option<(Config, Vec<usize>, usize)>
     }
     let (old_heads, new_heads) = (device_tables_only(old_part)?, device_tables_only(new_part)?);
     let before = last.heads.partition_point(|&at| at < part.start);
-    let after = before + old_heads.len();
-    debug_assert_eq!(last.heads.partition_point(|&at| at < part.old_end), after);
+    let after = last.heads.partition_point(|&at| at < part.old_end);
+    // The headers the old part holds are the ones recorded there (then every index below is
+    // within the devices, whose count the headers' equals, and every later header lies past
+    // the part's end).
+    if after - before != old_heads.len() {
+        return None;
+    }
     // The line a device's header is on is its origin's: counted once, when it was read.
     let lines_before = match last.heads.get(before) {
         Some(&at) if at == part.start => origin_line(&base.devices[before], &last.file_name)
